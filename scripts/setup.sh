@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# scripts/setup.sh — installs the Debian packages topkd builds against, when any is missing.
+# Works as root; uses sudo otherwise. Safe to run again: it does nothing when all are there.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libhdf5-dev hdf5-tools libzstd-dev libyaml-dev
+      libcmocka-dev libopenblas-dev libcjson-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
