@@ -38,11 +38,19 @@ typedef struct tkd_st_tensor {
 
 typedef struct tkd_st_dir tkd_st_dir; /* opaque: all mapped files of one checkpoint directory */
 
+/* Element size in bytes (4, 2, 2, 4, 8, 1) and the safetensors spelling ("F32", "BF16", ...). */
+size_t tkd_dtype_size(tkd_dtype dt);
+const char *tkd_dtype_name(tkd_dtype dt);
+
 /* Opens <dir>/model.safetensors, or the shards named by <dir>/model.safetensors.index.json, or
  * <dir> itself when it is a .safetensors file. On success *out is owned by the caller
  * (tkd_st_close). */
 tkd_status tkd_st_open(const char *dir, tkd_st_dir **out);
 void tkd_st_close(tkd_st_dir *d); /* NULL is a no-op */
+
+/* Validates and indexes one safetensors image already in memory (label names it in messages).
+ * The buffer is borrowed: it must outlive *out. Used by the fuzz harness and by tests. */
+tkd_status tkd_st_open_memory(const char *label, const void *buf, size_t size, tkd_st_dir **out);
 
 /* Finds a tensor by name; NULL when absent. */
 const tkd_st_tensor *tkd_st_find(const tkd_st_dir *d, const char *name);

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Writes tests/data/broken/: tiny malformed safetensors and token files, one defect each.
+
+tests/data/broken/EXPECTED.tsv lists <file> <TAB> <status name> <TAB> <substring the error message
+must contain>; test_safetensors.c reads the st_* rows and test_tokens.c the tok_* rows.
+Run it again after changing a case: python3 tests/make_broken_files.py (stdlib only).
+"""
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "data", "broken")
+
+rows = []
+
+
+def put(name, data, status, substring):
+    with open(os.path.join(OUT, name), "wb") as f:
+        f.write(data)
+    rows.append((name, status, substring))
+
+
+def st(header, data=b"", hlen=None):
+    """A safetensors image: header given as a dict (dumped) or raw bytes."""
+    h = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(h) if hlen is None else hlen) + h + data
+
+
+F = "TKD_ERR_FORMAT"
+ok1 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+
+
+def safetensors_cases():
+    put("st_short.safetensors", b"\x10\x00\x00", F, "shorter than the 8-byte header length")
+    put("st_empty.safetensors", b"", F, "shorter than the 8-byte header length")
+    put("st_hlen_small.safetensors", st(b"{", hlen=1), F, "header length 1 is too small")
+    put("st_hlen_huge.safetensors", st(b"{}", hlen=1 << 40), F, "larger than the 100 MB limit")
+    put("st_hlen_past_eof.safetensors", st(b'{"a":1}', hlen=4096), F, "exceeds the file")
+    put("st_bad_json.safetensors", st(b'{"w": {"dtype": "F32",'), F, "not valid JSON")
+    put("st_not_object.safetensors", st(b"[1, 2, 3]"), F, "not an object")
+    put("st_entry_not_object.safetensors", st({"w": 3}), F, "tensor 'w': header entry is not a JSON object")
+    put("st_no_dtype.safetensors", st({"w": {"shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8), F,
+        "tensor 'w': missing or non-string \"dtype\"")
+    put("st_dtype_f64.safetensors", st({"w": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}}, b"\0" * 8),
+        F, "tensor 'w': dtype F64 is not supported")
+    put("st_shape_negative.safetensors", st({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}},
+                                            b"\0" * 8), F, "tensor 'w': shape[0] is not a non-negative integer")
+    put("st_shape_fraction.safetensors", st({"w": {"dtype": "F32", "shape": [2, 0.5], "data_offsets": [0, 4]}},
+                                            b"\0" * 4), F, "shape[1] is not a non-negative integer")
+    put("st_shape_9d.safetensors", st({"w": {"dtype": "U8", "shape": [1] * 9, "data_offsets": [0, 1]}}, b"\0"),
+        F, "shape has 9 dimensions")
+    put("st_offsets_one.safetensors", st({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}, b"\0" * 8),
+        F, "must be an array [begin, end]")
+    put("st_offsets_negative.safetensors", st({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}},
+                                              b"\0" * 8), F, "data_offsets are not non-negative integers")
+    put("st_begin_gt_end.safetensors", st({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}},
+                                          b"\0" * 8), F, "have begin > end")
+    put("st_truncated_data.safetensors", st({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+                                            b"\0" * 10), F, "end past the data region (10 bytes)")
+    put("st_size_mismatch.safetensors", st({"w": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 8]}},
+                                           b"\0" * 8), F, "tensor 'w': BF16 x shape [3] needs 6 bytes")
+    put("st_overlap.safetensors", st({"a": ok1, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
+                                     b"\0" * 12), F, "tensors 'a' (bytes 0..8) and 'b' (bytes 4..12) overlap")
+    put("st_duplicate.safetensors", st(b'{"w": %s, "w": %s}' % (json.dumps(ok1).encode(), json.dumps(
+        {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}).encode()), b"\0" * 16), F,
+        "tensor 'w' is defined twice")
+    put("st_bad_metadata.safetensors", st({"__metadata__": "pt", "w": ok1}, b"\0" * 8), F,
+        "\"__metadata__\" is not a JSON object")
+
+
+def tok_bin(magic, version, count, payload, header_len=256):
+    h = [0] * header_len
+    h[0], h[1], h[2] = magic, version, count
+    return struct.pack("<%di" % header_len, *h) + payload
+
+
+def npy(header_dict_text, payload, major=1):
+    """An .npy image with a hand-written header dict (no numpy here)."""
+    magic = b"\x93NUMPY" + bytes([major, 0])
+    lenfmt, lensize = ("<H", 2) if major == 1 else ("<I", 4)
+    h = header_dict_text.encode("latin1")
+    pad = (-(len(magic) + lensize + len(h) + 1)) % 64
+    h = h + b" " * pad + b"\n"
+    return magic + struct.pack(lenfmt, len(h)) + h + payload
+
+
+def token_cases():
+    u16 = struct.pack("<4H", 1, 2, 3, 4)
+    put("tok_bad_magic.bin", tok_bin(12345, 1, 4, u16), F, "bad magic 12345")
+    put("tok_bad_version.bin", tok_bin(20240520, 7, 4, u16), F, "version 7")
+    put("tok_short_header.bin", tok_bin(20240520, 1, 4, b"", header_len=100), F, "shorter than the 1024-byte")
+    put("tok_truncated.bin", tok_bin(20240520, 1, 10, u16), F, "truncated: the header promises 10 tokens")
+    put("tok_count_mismatch.bin", tok_bin(20240801, 2, 2, struct.pack("<4I", 1, 2, 3, 4)), F,
+        "token count mismatch: the header says 2 tokens")
+    put("tok_f4.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", b"\0" * 8),
+        "TKD_ERR_UNSUPPORTED", "dtype '<f4' is not supported")
+    put("tok_bigendian.npy", npy("{'descr': '>i4', 'fortran_order': False, 'shape': (2,), }", b"\0" * 8),
+        "TKD_ERR_UNSUPPORTED", "dtype '>i4' is not supported")
+    put("tok_fortran.npy", npy("{'descr': '<i4', 'fortran_order': True, 'shape': (2, 2), }", b"\0" * 16),
+        "TKD_ERR_UNSUPPORTED", "Fortran order")
+    put("tok_3d.npy", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (1, 2, 2), }", b"\0" * 16),
+        "TKD_ERR_UNSUPPORTED", "3 dimensions")
+    put("tok_npy_truncated.npy", npy("{'descr': '<u2', 'fortran_order': False, 'shape': (8,), }", b"\0" * 6),
+        F, "truncated: the header promises 8 tokens")
+    put("tok_npy_bad_header.npy", npy("{'descr': '<i4', 'shape': (2,), }", b"\0" * 8), F,
+        "no 'fortran_order'")
+    put("tok_npy_cut_header.npy", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", b"")[:20], F,
+        "header runs past the end of the file")
+    put("tok_npy_big_u4.npy", npy("{'descr': '<u4', 'fortran_order': False, 'shape': (3,), }",
+                                  struct.pack("<3I", 5, 0x80000000, 7)), F,
+        "token 2147483648 at token offset 1 does not fit in int32")
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    safetensors_cases()
+    token_cases()
+    with open(os.path.join(OUT, "EXPECTED.tsv"), "w") as f:
+        f.write("# file\tstatus\tmessage substring (written by tests/make_broken_files.py)\n")
+        for r in rows:
+            f.write("\t".join(r) + "\n")
+    print("wrote %d files to %s" % (len(rows), OUT))
+
+
+if __name__ == "__main__":
+    main()
