@@ -1,0 +1,170 @@
+/* cache_shard.h — one shard of the teacher cache (format version 1): an HDF5 file holding the
+ * teacher's top-k indices and logits, LSE, tokens and sequence indices for a run of sequences.
+ *
+ * The writer (used by teacher-dump) appends batches of whole sequences in order and publishes the
+ * file atomically: it writes "<name>.tmp", closes and fsyncs it, then renames it, so a file named
+ * shard-*.h5 is always complete. The reader side (used by cache_reader.c and tests) opens one
+ * shard, checks its identity attributes and reads runs of sequences, optionally only the first
+ * k' <= k columns. docs/cache-format.md is the user-facing spec of the file layout.
+ *
+ * HDF5 never prints: every failure becomes one tkd_status message naming the file and dataset.
+ */
+#ifndef TKD_CACHE_SHARD_H
+#define TKD_CACHE_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define TKD_CACHE_FORMAT_NAME "topkd-cache"
+#define TKD_CACHE_FORMAT_VERSION 1
+#define TKD_CACHE_SHA256_HEX 65 /* 64 hex digits + NUL */
+#define TKD_CACHE_FILE_MAX 256  /* shard file names inside a cache directory */
+
+/* How /topk/logits is stored. Values are stable (they never appear in files: names do). */
+typedef enum tkd_cache_dtype {
+    TKD_CACHE_DTYPE_HALF = 0,     /* IEEE binary16 (h5py: float16) */
+    TKD_CACHE_DTYPE_BFLOAT16 = 1, /* bfloat16 (an HDF5 float type with 8 exponent bits) */
+    TKD_CACHE_DTYPE_FLOAT32 = 2,
+} tkd_cache_dtype;
+
+/* Canonical name as written in files and manifests: "half", "bfloat16", "float32". */
+const char *tkd_cache_dtype_name(tkd_cache_dtype dt);
+
+/* Parses a dtype name ("half"/"float16"/"f16"/"fp16", "bfloat16"/"bf16", "float32"/"f32"/"fp32").
+ * TKD_ERR_CONFIG with the allowed values on anything else. */
+tkd_status tkd_cache_dtype_parse(const char *name, tkd_cache_dtype *out);
+
+/* Bytes per stored logit (2 or 4). */
+size_t tkd_cache_dtype_size(tkd_cache_dtype dt);
+
+/* What makes two shards (or a shard and its manifest) belong to the same cache. */
+typedef struct tkd_cache_identity {
+    int64_t vocab_size;
+    int32_t k;            /* stored top-k columns, 1..65535 */
+    int32_t seq_len;      /* positions per sequence (tokens hold seq_len + 1) */
+    float temperature;    /* the temperature the logits were taken at */
+    tkd_cache_dtype logits_dtype;
+    int32_t tail_samples; /* S tail draws per position; 0 = no /tail/indices */
+    char teacher_sha256[TKD_CACHE_SHA256_HEX];
+    char dataset_sha256[TKD_CACHE_SHA256_HEX];
+} tkd_cache_identity;
+
+/* Checks that the identity is usable (positive sizes, finite temperature > 0, hex digests).
+ * `what` names the source in the message (a file path or "config"). */
+tkd_status tkd_cache_identity_check(const tkd_cache_identity *id, const char *what);
+
+/* Compares two identities field by field; TKD_ERR_MISMATCH naming the first differing field and
+ * both values, prefixed with "<a_name> vs <b_name>". */
+tkd_status tkd_cache_identity_compare(const tkd_cache_identity *a, const char *a_name,
+                                      const tkd_cache_identity *b, const char *b_name);
+
+/* A batch of whole sequences in host memory, all row-major.
+ * As writer input the caller fills the pointers with its own buffers (nothing is copied or freed).
+ * As reader output the buffers come from tkd_cache_batch_alloc and belong to the batch until
+ * tkd_cache_batch_free. `k` is the number of columns the buffers hold (k' <= the cache's k). */
+typedef struct tkd_cache_batch {
+    int64_t num_seq;        /* sequences filled */
+    int64_t capacity;       /* sequences the buffers hold (reader side) */
+    int32_t seq_len;
+    int32_t k;
+    int32_t tail_samples;   /* S; 0 = no tail buffer */
+    int32_t *tokens;        // (capacity, seq_len + 1)
+    uint32_t *topk_indices; // (capacity, seq_len, k), largest teacher logit first
+    float *topk_logits;     // (capacity, seq_len, k), raw logits (widened to float on read)
+    float *lse;             // (capacity, seq_len)
+    int64_t *seq_index;     // (capacity) position of each sequence in the dataset
+    uint32_t *tail_indices; // (capacity, seq_len, S) or NULL when S == 0
+    int64_t *cache_seq;     // (capacity) global position in the cache (reader fills; may be NULL)
+} tkd_cache_batch;
+
+/* Allocates all buffers of a batch for `capacity` sequences (tail buffer only when S > 0) and sets
+ * the shape fields; num_seq = 0. On failure nothing stays allocated. */
+tkd_status tkd_cache_batch_alloc(tkd_cache_batch *b, int64_t capacity, int32_t seq_len, int32_t k,
+                                 int32_t tail_samples);
+
+/* Frees what tkd_cache_batch_alloc allocated and zeroes the struct. NULL-safe. */
+void tkd_cache_batch_free(tkd_cache_batch *b);
+
+/* ---- writer -------------------------------------------------------------------------------- */
+
+typedef struct tkd_shard_writer tkd_shard_writer;
+
+typedef struct tkd_shard_writer_opts {
+    int zstd_level;      /* 1..22; 0 = TKD_H5ZSTD_DEFAULT_LEVEL */
+    int64_t chunk_seqs;  /* sequences per HDF5 chunk; 0 = automatic (about 1 MiB per chunk) */
+    uint64_t tail_seed;  /* recorded as an attribute when tail_samples > 0 */
+} tkd_shard_writer_opts;
+
+/* What a finished shard looks like to the manifest. */
+typedef struct tkd_cache_shard_entry {
+    char file[TKD_CACHE_FILE_MAX]; /* name inside the cache directory, e.g. "shard-00000.h5" */
+    int64_t first_seq;             /* global cache position of the shard's first sequence */
+    int64_t num_seq;
+    uint64_t bytes;                /* file size */
+    char sha256[TKD_CACHE_SHA256_HEX];
+} tkd_cache_shard_entry;
+
+/* Creates "<path>.tmp" (replacing a stale one) and the empty datasets. `first_seq` is the global
+ * cache position of the first sequence that will be appended. opts may be NULL (defaults).
+ * On success *out is owned by the caller and must end with _finish or _abort. */
+tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
+                                 const tkd_cache_identity *id, int64_t first_seq,
+                                 const tkd_shard_writer_opts *opts);
+
+/* Appends b->num_seq sequences (shapes as in tkd_cache_batch with b->k == id.k, b->seq_len ==
+ * id.seq_len, b->tail_samples == id.tail_samples). Logits are converted from float to the shard's
+ * dtype with round-to-nearest-even. The batch is only read. On error the writer is still valid
+ * for _abort only. */
+tkd_status tkd_shard_writer_append(tkd_shard_writer *w, const tkd_cache_batch *b);
+
+/* Writes num_seq, closes, fsyncs, renames "<path>.tmp" to path, fsyncs the directory, and fills
+ * *entry (may be NULL) with the file's name, range, size and sha256. Frees w in every case; on
+ * failure the .tmp file is removed. */
+tkd_status tkd_shard_writer_finish(tkd_shard_writer *w, tkd_cache_shard_entry *entry);
+
+/* Closes w, removes the .tmp file and frees w. NULL-safe. */
+void tkd_shard_writer_abort(tkd_shard_writer *w);
+
+/* Sequences appended so far. */
+int64_t tkd_shard_writer_num_seq(const tkd_shard_writer *w);
+
+/* ---- reader -------------------------------------------------------------------------------- */
+
+typedef struct tkd_shard tkd_shard;
+
+/* What a shard says about itself (root attributes). */
+typedef struct tkd_shard_info {
+    tkd_cache_identity id;
+    int32_t version;
+    int64_t first_seq;
+    int64_t num_seq;
+    int64_t chunk_seqs;
+} tkd_shard_info;
+
+/* Opens a shard read-only, reads and checks its attributes (format name, version 1, identity
+ * valid) and the shapes and types of every dataset. `cache_bytes` bounds HDF5's chunk cache per
+ * dataset (0 = enough for one chunk). On success *out is the caller's, released by
+ * tkd_shard_close. Errors name the path: TKD_ERR_NOT_FOUND (no file / missing dataset),
+ * TKD_ERR_FORMAT (not HDF5, truncated, wrong shapes), TKD_ERR_UNSUPPORTED (other version). */
+tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes);
+
+/* Closes the file. NULL-safe. */
+void tkd_shard_close(tkd_shard *s);
+
+/* The attributes read at open; valid while s is open. */
+const tkd_shard_info *tkd_shard_get_info(const tkd_shard *s);
+
+/* Reads sequences [first, first + count) of the shard (shard-local numbering) into slots
+ * [slot, slot + count) of b, only the first b->k columns of the top-k datasets (b->k <= k), and
+ * /tail/indices when b->tail_samples > 0 (must then equal the shard's S). Sets b->cache_seq when
+ * present. Does not change b->num_seq. TKD_ERR_CHECKSUM when fletcher32 or zstd reports a corrupt
+ * chunk, naming the file, dataset and sequence range. */
+tkd_status tkd_shard_read(tkd_shard *s, int64_t first, int64_t count, tkd_cache_batch *b,
+                          int64_t slot);
+
+/* Sequences per chunk that a shard of this identity gets by default. */
+int64_t tkd_shard_default_chunk_seqs(const tkd_cache_identity *id);
+
+#endif /* TKD_CACHE_SHARD_H */

@@ -1,0 +1,307 @@
+/* test_cache_shard.c — shard writer/reader round trips: every logits dtype, shape edges (k = 1,
+ * one sequence, a partial last chunk, batches not aligned to chunks), tail indices present and
+ * absent, reading only the first k' columns, atomic publication, and h5dump through the plugin. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/half.h"
+#include "formats/cache_fsutil.h"
+#include "formats/cache_shard.h"
+#include "tests/cache_testutil.h"
+#include "tests/testutil.h"
+
+/* What a stored logit reads back as: the float rounded to the shard dtype and widened again. */
+static float stored(float x, tkd_cache_dtype dt)
+{
+    switch (dt) {
+    case TKD_CACHE_DTYPE_HALF: return tkd_f16_to_f32(tkd_f32_to_f16(x));
+    case TKD_CACHE_DTYPE_BFLOAT16: return tkd_bf16_to_f32(tkd_f32_to_bf16(x));
+    default: return x;
+    }
+}
+
+/* Reads every sequence of the shard at `path` with k' columns (one read per `run` sequences) and
+ * checks each value against the generator. */
+static void check_shard(const char *path, const tkd_cache_identity *id, int64_t first_seq,
+                        int64_t num_seq, int32_t kp, int64_t run, int with_tail)
+{
+    tkd_shard *s = NULL;
+    assert_int_equal(tkd_shard_open(&s, path, 0), TKD_OK);
+    const tkd_shard_info *in = tkd_shard_get_info(s);
+    assert_int_equal(in->num_seq, num_seq);
+    assert_int_equal(in->first_seq, first_seq);
+    assert_int_equal(tkd_cache_identity_compare(&in->id, "shard", id, "writer"), TKD_OK);
+    tkd_cache_batch got, want;
+    int32_t S = with_tail ? id->tail_samples : 0;
+    assert_int_equal(tkd_cache_batch_alloc(&got, run, id->seq_len, kp, S), TKD_OK);
+    assert_int_equal(tkd_cache_batch_alloc(&want, 1, id->seq_len, id->k, id->tail_samples), TKD_OK);
+    size_t T = (size_t)id->seq_len;
+    for (int64_t i0 = 0; i0 < num_seq; i0 += run) {
+        int64_t n = num_seq - i0 < run ? num_seq - i0 : run;
+        assert_int_equal(tkd_shard_read(s, i0, n, &got, 0), TKD_OK);
+        for (int64_t j = 0; j < n; j++) {
+            int64_t g = first_seq + i0 + j;
+            tkd_test_cache_fill(&want, id, g, 1);
+            assert_int_equal(got.cache_seq[j], g);
+            assert_int_equal(got.seq_index[j], want.seq_index[0]);
+            assert_memory_equal(got.tokens + j * (T + 1), want.tokens, (T + 1) * 4);
+            assert_memory_equal(got.lse + j * T, want.lse, T * 4);
+            for (size_t t = 0; t < T; t++)
+                for (int32_t c = 0; c < kp; c++) {
+                    size_t gi = ((size_t)j * T + t) * (size_t)kp + (size_t)c;
+                    size_t wi = t * (size_t)id->k + (size_t)c;
+                    assert_int_equal(got.topk_indices[gi], want.topk_indices[wi]);
+                    /* exact: the reader widens the same 16 bits the writer rounded to */
+                    float w = stored(want.topk_logits[wi], id->logits_dtype);
+                    assert_memory_equal(&got.topk_logits[gi], &w, 4);
+                }
+            if (S > 0)
+                assert_memory_equal(got.tail_indices + j * T * (size_t)S, want.tail_indices,
+                                    T * (size_t)S * 4);
+        }
+    }
+    tkd_cache_batch_free(&got);
+    tkd_cache_batch_free(&want);
+    tkd_shard_close(s);
+}
+
+static void roundtrip(tkd_cache_dtype dt, int32_t T, int32_t k, int32_t S, int64_t num_seq,
+                      int64_t batch, int64_t chunk)
+{
+    char *dir = tkd_test_mkdtemp("shard");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
+    tkd_cache_identity id = tkd_test_cache_identity(T, k, S, dt);
+    tkd_cache_shard_entry e;
+    assert_int_equal(tkd_test_cache_write_shard(path, &id, 40, num_seq, batch, chunk, &e), TKD_OK);
+    assert_int_equal(e.num_seq, num_seq);
+    assert_int_equal(e.first_seq, 40);
+    assert_string_equal(e.file, "shard-00000.h5");
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(e.bytes, (uint64_t)st.st_size);
+    check_shard(path, &id, 40, num_seq, k, 1, 1);       /* one sequence at a time */
+    check_shard(path, &id, 40, num_seq, k, 3, 0);       /* runs crossing chunk edges, no tail */
+    if (k > 1)
+        check_shard(path, &id, 40, num_seq, k - 1, 2, S > 0); /* first k' columns only */
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_roundtrip_half(void **state)
+{
+    (void)state;
+    roundtrip(TKD_CACHE_DTYPE_HALF, 7, 5, 0, 11, 3, 4); /* 11 = 2 full chunks of 4 + 3 */
+}
+
+static void test_roundtrip_bfloat16(void **state)
+{
+    (void)state;
+    roundtrip(TKD_CACHE_DTYPE_BFLOAT16, 7, 5, 0, 11, 4, 3);
+}
+
+static void test_roundtrip_float32(void **state)
+{
+    (void)state;
+    roundtrip(TKD_CACHE_DTYPE_FLOAT32, 5, 6, 0, 9, 9, 2);
+}
+
+static void test_edges_k1_one_sequence(void **state)
+{
+    (void)state;
+    roundtrip(TKD_CACHE_DTYPE_HALF, 3, 1, 0, 1, 1, 4);     /* k = 1, one sequence, partial chunk */
+    roundtrip(TKD_CACHE_DTYPE_BFLOAT16, 1, 1, 0, 5, 2, 0); /* seq_len 1, automatic chunking */
+}
+
+static void test_tail_indices(void **state)
+{
+    (void)state;
+    roundtrip(TKD_CACHE_DTYPE_HALF, 6, 4, 3, 7, 2, 3);
+    roundtrip(TKD_CACHE_DTYPE_FLOAT32, 2, 1, 1, 2, 2, 1);
+}
+
+static void test_kprime_is_first_columns(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("kprime");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
+    tkd_cache_identity id = tkd_test_cache_identity(4, 8, 0, TKD_CACHE_DTYPE_FLOAT32);
+    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    tkd_shard *s = NULL;
+    assert_int_equal(tkd_shard_open(&s, path, 0), TKD_OK);
+    tkd_cache_batch full, part;
+    assert_int_equal(tkd_cache_batch_alloc(&full, 3, 4, 8, 0), TKD_OK);
+    assert_int_equal(tkd_cache_batch_alloc(&part, 3, 4, 3, 0), TKD_OK);
+    assert_int_equal(tkd_shard_read(s, 0, 3, &full, 0), TKD_OK);
+    assert_int_equal(tkd_shard_read(s, 0, 3, &part, 0), TKD_OK);
+    for (int r = 0; r < 3 * 4; r++) {
+        assert_memory_equal(part.topk_indices + r * 3, full.topk_indices + r * 8, 3 * 4);
+        assert_memory_equal(part.topk_logits + r * 3, full.topk_logits + r * 8, 3 * 4);
+        /* sorted largest first, so the first k' are the k' largest */
+        assert_true(part.topk_logits[r * 3] >= part.topk_logits[r * 3 + 2]);
+    }
+    /* k' > k is refused, not silently clamped */
+    tkd_cache_batch wide;
+    assert_int_equal(tkd_cache_batch_alloc(&wide, 1, 4, 9, 0), TKD_OK);
+    assert_int_equal(tkd_shard_read(s, 0, 1, &wide, 0), TKD_ERR_INVALID_ARG);
+    tkd_cache_batch_free(&wide);
+    tkd_cache_batch_free(&full);
+    tkd_cache_batch_free(&part);
+    tkd_shard_close(s);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_publish_is_atomic(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("atomic");
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/shard-00003.h5", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    tkd_cache_identity id = tkd_test_cache_identity(4, 2, 0, TKD_CACHE_DTYPE_HALF);
+    tkd_cache_batch b;
+    assert_int_equal(tkd_cache_batch_alloc(&b, 2, 4, 2, 0), TKD_OK);
+    tkd_test_cache_fill(&b, &id, 0, 2);
+    tkd_shard_writer *w = NULL;
+    assert_int_equal(tkd_shard_writer_open(&w, path, &id, 0, NULL), TKD_OK);
+    assert_int_equal(tkd_shard_writer_append(w, &b), TKD_OK);
+    assert_int_equal(access(path, F_OK), -1); /* only the .tmp exists while writing */
+    assert_int_equal(access(tmp, F_OK), 0);
+    tkd_shard_writer_abort(w);
+    assert_int_equal(access(tmp, F_OK), -1);
+    assert_int_equal(access(path, F_OK), -1);
+
+    assert_int_equal(tkd_shard_writer_open(&w, path, &id, 0, NULL), TKD_OK);
+    assert_int_equal(tkd_shard_writer_append(w, &b), TKD_OK);
+    assert_int_equal(tkd_shard_writer_num_seq(w), 2);
+    tkd_cache_shard_entry e;
+    assert_int_equal(tkd_shard_writer_finish(w, &e), TKD_OK);
+    assert_int_equal(access(tmp, F_OK), -1);
+    char hex[65];
+    uint64_t bytes = 0;
+    assert_int_equal(tkd_cache_file_digest(path, hex, &bytes), TKD_OK);
+    assert_string_equal(hex, e.sha256);
+    assert_int_equal(bytes, e.bytes);
+    /* a mismatched batch is an argument error, not a crash */
+    assert_int_equal(tkd_shard_writer_open(&w, path, &id, 0, NULL), TKD_OK);
+    b.k = 3;
+    assert_int_equal(tkd_shard_writer_append(w, &b), TKD_ERR_INVALID_ARG);
+    b.k = 2;
+    tkd_shard_writer_abort(w);
+    assert_int_equal(access(path, F_OK), 0); /* the published shard is untouched */
+    tkd_cache_batch_free(&b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_sha256_known_answers(void **state)
+{
+    (void)state;
+    char hex[65];
+    tkd_cache_sha256_hex("", 0, hex);
+    assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    tkd_cache_sha256_hex("abc", 3, hex);
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"; /* 56 bytes: 2 blocks */
+    tkd_cache_sha256_hex(m, strlen(m), hex);
+    assert_string_equal(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+static void test_dtype_names(void **state)
+{
+    (void)state;
+    tkd_cache_dtype dt;
+    assert_int_equal(tkd_cache_dtype_parse("float16", &dt), TKD_OK);
+    assert_int_equal(dt, TKD_CACHE_DTYPE_HALF);
+    assert_int_equal(tkd_cache_dtype_parse("bf16", &dt), TKD_OK);
+    assert_int_equal(dt, TKD_CACHE_DTYPE_BFLOAT16);
+    assert_int_equal(tkd_cache_dtype_parse("int8", &dt), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "half, bfloat16, float32"));
+    assert_string_equal(tkd_cache_dtype_name(TKD_CACHE_DTYPE_FLOAT32), "float32");
+}
+
+/* h5dump (a stock HDF5 tool) reads the shard through build/plugins/libh5zstd.so and prints the
+ * logits we wrote: the plugin and the HDF5 half type are readable outside our code. */
+static void test_h5dump_reads_through_plugin(void **state)
+{
+    (void)state;
+    if (system("command -v h5dump >/dev/null 2>&1") != 0) {
+        printf("skipped: h5dump is not installed (scripts/setup.sh installs hdf5-tools)\n");
+        skip();
+    }
+    char *dir = tkd_test_mkdtemp("h5dump");
+    char path[4200], cmd[8800];
+    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
+    tkd_cache_identity id = tkd_test_cache_identity(3, 2, 0, TKD_CACHE_DTYPE_HALF);
+    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 2, 2, 1, NULL), TKD_OK);
+    snprintf(cmd, sizeof cmd,
+             "HDF5_PLUGIN_PATH='%s/plugins' h5dump -w 0 -m '%%.6f' -d /topk/logits '%s' 2>&1",
+             TKD_BINARY_DIR, path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    static char out[1 << 16];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    if (rc != 0)
+        fprintf(stderr, "h5dump output:\n%s\n", out);
+    assert_int_equal(rc, 0);
+    /* values follow "DATA {" as "(i,j,k): v, v," lines; parse every number after a colon */
+    char *data = strstr(out, "DATA {");
+    assert_non_null(data);
+    tkd_cache_batch want;
+    assert_int_equal(tkd_cache_batch_alloc(&want, 2, 3, 2, 0), TKD_OK);
+    tkd_test_cache_fill(&want, &id, 0, 2);
+    size_t count = 0;
+    for (char *line = strtok(data, "\n"); line; line = strtok(NULL, "\n")) {
+        char *q = strstr(line, "):");
+        if (!q)
+            continue;
+        q += 2;
+        for (;;) {
+            char *end;
+            double v = strtod(q, &end);
+            if (end == q)
+                break;
+            assert_true(count < 12);
+            float w = stored(want.topk_logits[count], TKD_CACHE_DTYPE_HALF);
+            /* h5dump prints 6 decimals of the widened half: equal within that rounding */
+            assert_true(tkd_test_close(v, w, 1e-6, 0));
+            count++;
+            q = end;
+            while (*q == ',' || *q == ' ')
+                q++;
+        }
+    }
+    assert_int_equal(count, 12); /* 2 sequences x 3 positions x 2 columns */
+    tkd_cache_batch_free(&want);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_half),
+        cmocka_unit_test(test_roundtrip_bfloat16),
+        cmocka_unit_test(test_roundtrip_float32),
+        cmocka_unit_test(test_edges_k1_one_sequence),
+        cmocka_unit_test(test_tail_indices),
+        cmocka_unit_test(test_kprime_is_first_columns),
+        cmocka_unit_test(test_publish_is_atomic),
+        cmocka_unit_test(test_sha256_known_answers),
+        cmocka_unit_test(test_dtype_names),
+        cmocka_unit_test(test_h5dump_reads_through_plugin),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
