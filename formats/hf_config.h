@@ -47,6 +47,9 @@ typedef struct tkd_model_config {
     int eos_token_id;             /* -1 when absent */
 } tkd_model_config;
 
+/* "llama", "qwen2", "mistral" (the model_type written to config.json). */
+const char *tkd_arch_name(tkd_arch arch);
+
 /* Fills cfg with defaults for a small llama (used before overriding fields from YAML). */
 void tkd_model_config_defaults(tkd_model_config *cfg);
 

@@ -1,0 +1,542 @@
+/* hf_config.c — see hf_config.h.
+ *
+ * Defaults follow transformers' LlamaConfig / Qwen2Config / MistralConfig, so a config.json that
+ * leaves a field out means here what it means there.
+ */
+#include "formats/hf_config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void tkd_model_config_defaults(tkd_model_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->arch = TKD_ARCH_LLAMA;
+    cfg->vocab_size = 50257; /* GPT-2 byte-level BPE, the demo's tokenizer */
+    cfg->hidden_size = 256;
+    cfg->intermediate_size = 768;
+    cfg->num_hidden_layers = 4;
+    cfg->num_attention_heads = 4;
+    cfg->num_key_value_heads = 2;
+    cfg->head_dim = 64;
+    cfg->max_position_embeddings = 1024;
+    cfg->rms_norm_eps = 1e-5f;
+    cfg->rope_theta = 10000.0;
+    cfg->tie_word_embeddings = 1;
+    cfg->attention_bias = 0;
+    cfg->initializer_range = 0.02f;
+    cfg->rope_scaling = TKD_ROPE_SCALING_NONE;
+    cfg->bos_token_id = -1;
+    cfg->eos_token_id = -1;
+}
+
+const char *tkd_arch_name(tkd_arch arch)
+{
+    switch (arch) {
+    case TKD_ARCH_LLAMA: return "llama";
+    case TKD_ARCH_QWEN2: return "qwen2";
+    case TKD_ARCH_MISTRAL: return "mistral";
+    }
+    return "?";
+}
+
+static const char *arch_class(tkd_arch arch)
+{
+    switch (arch) {
+    case TKD_ARCH_LLAMA: return "LlamaForCausalLM";
+    case TKD_ARCH_QWEN2: return "Qwen2ForCausalLM";
+    case TKD_ARCH_MISTRAL: return "MistralForCausalLM";
+    }
+    return "?";
+}
+
+tkd_status tkd_model_config_validate(const tkd_model_config *c)
+{
+#define POS(f)                                                                                      \
+    if (!(c->f > 0))                                                                                \
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: " #f " must be > 0 (got %g)", (double)c->f);
+    POS(vocab_size) POS(hidden_size) POS(intermediate_size) POS(num_hidden_layers)
+    POS(num_attention_heads) POS(num_key_value_heads) POS(head_dim) POS(max_position_embeddings)
+    POS(rms_norm_eps) POS(rope_theta)
+#undef POS
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "model config: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
+                             c->num_attention_heads, c->num_key_value_heads);
+    if (c->head_dim % 2 != 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: head_dim (%d) must be even for rotary embeddings",
+                             c->head_dim);
+    if (!(c->initializer_range >= 0))
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: initializer_range must be >= 0");
+    if (c->arch == TKD_ARCH_QWEN2 && !c->attention_bias)
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: qwen2 always has q/k/v bias; attention_bias must be 1");
+    if (c->arch == TKD_ARCH_MISTRAL && c->attention_bias)
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: mistral has no attention bias; attention_bias must be 0");
+    if (c->vocab_size > 0 && (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size))
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: bos/eos token id (%d/%d) >= vocab_size %d",
+                             c->bos_token_id, c->eos_token_id, c->vocab_size);
+    if (c->rope_scaling == TKD_ROPE_SCALING_LLAMA3) {
+        if (!(c->rope_factor >= 1.0) || !(c->rope_low_freq_factor > 0) ||
+            !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_pos <= 0)
+            return tkd_error_set(TKD_ERR_CONFIG,
+                                 "model config: llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < "
+                                 "high_freq_factor, original_max_position_embeddings > 0");
+    }
+    return TKD_OK;
+}
+
+/* ---- reading -------------------------------------------------------------------------------- */
+
+static const cJSON *field(const cJSON *o, const char *name)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsNull(j) ? NULL : j; /* null means "use the default", as in transformers */
+}
+
+/* Integer field: *out keeps its value when absent; required fields error when absent. */
+static tkd_status get_int(const char *path, const cJSON *o, const char *prefix, const char *name, int required,
+                          int *out)
+{
+    const cJSON *j = field(o, name);
+    if (!j) {
+        if (required)
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: required field \"%s%s\" is missing", path, prefix, name);
+        return TKD_OK;
+    }
+    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || fabs(j->valuedouble) > 2147483647.0)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s%s\" must be an integer", path, prefix, name);
+    *out = (int)j->valuedouble;
+    return TKD_OK;
+}
+
+static tkd_status get_num(const char *path, const cJSON *o, const char *prefix, const char *name, int required,
+                          double *out)
+{
+    const cJSON *j = field(o, name);
+    if (!j) {
+        if (required)
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: required field \"%s%s\" is missing", path, prefix, name);
+        return TKD_OK;
+    }
+    if (!cJSON_IsNumber(j))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s%s\" must be a number", path, prefix, name);
+    *out = j->valuedouble;
+    return TKD_OK;
+}
+
+static tkd_status get_bool(const char *path, const cJSON *o, const char *name, int *out)
+{
+    const cJSON *j = field(o, name);
+    if (!j)
+        return TKD_OK;
+    if (!cJSON_IsBool(j))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s\" must be true or false", path, name);
+    *out = cJSON_IsTrue(j);
+    return TKD_OK;
+}
+
+/* bos/eos: an int, a list of ints (the first is taken) or null. */
+static tkd_status get_token_id(const char *path, const cJSON *o, const char *name, int *out)
+{
+    const cJSON *j = field(o, name);
+    if (j && cJSON_IsArray(j))
+        j = cJSON_GetArrayItem(j, 0);
+    if (!j || cJSON_IsNull(j))
+        return TKD_OK;
+    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || j->valuedouble < 0 ||
+        j->valuedouble > 2147483647.0)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s\" must be a token id or a list of them", path, name);
+    *out = (int)j->valuedouble;
+    return TKD_OK;
+}
+
+static int has_architecture(const cJSON *root, const char *cls)
+{
+    const cJSON *a = field(root, "architectures"), *it;
+    cJSON_ArrayForEach(it, a) if (cJSON_IsString(it) && strcmp(it->valuestring, cls) == 0) return 1;
+    return 0;
+}
+
+static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
+{
+    const cJSON *mt = field(root, "model_type");
+    const char *m = cJSON_IsString(mt) ? mt->valuestring : "";
+    static const tkd_arch all[] = {TKD_ARCH_LLAMA, TKD_ARCH_QWEN2, TKD_ARCH_MISTRAL};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(m, tkd_arch_name(all[i])) == 0 || (!*m && has_architecture(root, arch_class(all[i])))) {
+            *arch = all[i];
+            return TKD_OK;
+        }
+    /* A llama under another name computes like a llama when transformers builds it as one. */
+    if (has_architecture(root, "LlamaForCausalLM")) {
+        *arch = TKD_ARCH_LLAMA;
+        return TKD_OK;
+    }
+    return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, mistral, or architectures "
+                         "[\"LlamaForCausalLM\"])",
+                         path, *m ? m : "(missing)");
+}
+
+/* rope_scaling (older transformers) or rope_parameters (newer): "default"/null or "llama3". */
+static tkd_status read_rope(const char *path, const cJSON *root, tkd_model_config *c)
+{
+    const char *key = "rope_parameters";
+    const cJSON *rp = field(root, key);
+    if (!rp) {
+        key = "rope_scaling";
+        rp = field(root, key);
+    }
+    TKD_TRY(get_num(path, root, "", "rope_theta", 0, &c->rope_theta));
+    if (!rp)
+        return TKD_OK;
+    if (!cJSON_IsObject(rp))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s\" must be an object or null", path, key);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "%s.", key);
+    TKD_TRY(get_num(path, rp, prefix, "rope_theta", 0, &c->rope_theta));
+    const cJSON *ty = field(rp, "rope_type");
+    if (!ty)
+        ty = field(rp, "type"); /* the older spelling */
+    if (ty && !cJSON_IsString(ty))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%srope_type\" must be a string", path, prefix);
+    const char *t = ty ? ty->valuestring : "default";
+    if (strcmp(t, "default") == 0) {
+        c->rope_scaling = TKD_ROPE_SCALING_NONE;
+        return TKD_OK;
+    }
+    if (strcmp(t, "llama3") != 0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "%s: %srope_type \"%.32s\" is not supported (default or llama3); it changes the "
+                             "positional encoding",
+                             path, prefix, t);
+    c->rope_scaling = TKD_ROPE_SCALING_LLAMA3;
+    TKD_TRY(get_num(path, rp, prefix, "factor", 1, &c->rope_factor));
+    TKD_TRY(get_num(path, rp, prefix, "low_freq_factor", 1, &c->rope_low_freq_factor));
+    TKD_TRY(get_num(path, rp, prefix, "high_freq_factor", 1, &c->rope_high_freq_factor));
+    return get_int(path, rp, prefix, "original_max_position_embeddings", 1, &c->rope_original_max_pos);
+}
+
+/* Fields that change the maths and that we do not implement: refuse them by name. */
+static tkd_status refuse_unsupported(const char *path, const cJSON *root, const tkd_model_config *c)
+{
+    const cJSON *act = field(root, "hidden_act");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: hidden_act \"%.32s\" is not supported (only silu)", path,
+                             cJSON_IsString(act) ? act->valuestring : "?");
+    static const char *moe[] = {"num_local_experts", "num_experts", "n_routed_experts"};
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+        int n = 0;
+        TKD_TRY(get_int(path, root, "", moe[i], 0, &n));
+        if (n > 0)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                                 "%s: %s = %d: mixture-of-experts models are not supported", path, moe[i], n);
+    }
+    int mlp_bias = 0, tp = 1, sw = 0, use_sw = 0, mwl = 28; /* max_window_layers: Qwen2Config's default */
+    TKD_TRY(get_bool(path, root, "mlp_bias", &mlp_bias));
+    if (mlp_bias)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: mlp_bias = true is not supported", path);
+    TKD_TRY(get_int(path, root, "", "pretraining_tp", 0, &tp));
+    if (tp > 1)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: pretraining_tp = %d is not supported (only 1)", path, tp);
+    TKD_TRY(get_int(path, root, "", "sliding_window", 0, &sw));
+    TKD_TRY(get_bool(path, root, "use_sliding_window", &use_sw));
+    TKD_TRY(get_int(path, root, "", "max_window_layers", 0, &mwl));
+    /* A window at least as long as the longest sequence never masks anything. Qwen2 applies the
+     * window only when use_sliding_window is on, and then to layers >= max_window_layers. */
+    int window_bites = sw > 0 && sw < c->max_position_embeddings;
+    if (c->arch == TKD_ARCH_QWEN2)
+        window_bites = window_bites && use_sw && mwl < c->num_hidden_layers;
+    if (window_bites)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "%s: sliding_window = %d (< max_position_embeddings %d) is in use: sliding-window "
+                             "attention is not supported",
+                             path, sw, c->max_position_embeddings);
+    /* newer transformers spell the per-layer choice out */
+    const cJSON *lt = field(root, "layer_types"), *it;
+    int i = 0;
+    cJSON_ArrayForEach(it, lt) {
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention") != 0)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                                 "%s: layer_types[%d] = \"%.32s\": only full_attention layers are supported", path,
+                                 i, cJSON_IsString(it) ? it->valuestring : "?");
+        i++;
+    }
+    return TKD_OK;
+}
+
+static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_config *c)
+{
+    memset(c, 0, sizeof *c);
+    TKD_TRY(read_arch(path, root, &c->arch));
+    TKD_TRY(get_int(path, root, "", "vocab_size", 1, &c->vocab_size));
+    TKD_TRY(get_int(path, root, "", "hidden_size", 1, &c->hidden_size));
+    TKD_TRY(get_int(path, root, "", "intermediate_size", 1, &c->intermediate_size));
+    TKD_TRY(get_int(path, root, "", "num_hidden_layers", 1, &c->num_hidden_layers));
+    TKD_TRY(get_int(path, root, "", "num_attention_heads", 1, &c->num_attention_heads));
+    c->num_key_value_heads = c->num_attention_heads;
+    TKD_TRY(get_int(path, root, "", "num_key_value_heads", 0, &c->num_key_value_heads));
+    c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
+    TKD_TRY(get_int(path, root, "", "head_dim", 0, &c->head_dim));
+    c->max_position_embeddings = c->arch == TKD_ARCH_LLAMA ? 2048 : c->arch == TKD_ARCH_QWEN2 ? 32768 : 131072;
+    TKD_TRY(get_int(path, root, "", "max_position_embeddings", 0, &c->max_position_embeddings));
+    double eps = 1e-6, init = 0.02;
+    TKD_TRY(get_num(path, root, "", "rms_norm_eps", 0, &eps));
+    TKD_TRY(get_num(path, root, "", "initializer_range", 0, &init));
+    c->rms_norm_eps = (float)eps;
+    c->initializer_range = (float)init;
+    TKD_TRY(get_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings));
+    if (c->arch == TKD_ARCH_LLAMA)
+        TKD_TRY(get_bool(path, root, "attention_bias", &c->attention_bias));
+    else
+        c->attention_bias = c->arch == TKD_ARCH_QWEN2; /* Qwen2: always; Mistral: never */
+    c->rope_theta = 10000.0;
+    TKD_TRY(read_rope(path, root, c));
+    c->bos_token_id = c->eos_token_id = -1;
+    TKD_TRY(get_token_id(path, root, "bos_token_id", &c->bos_token_id));
+    TKD_TRY(get_token_id(path, root, "eos_token_id", &c->eos_token_id));
+    return refuse_unsupported(path, root, c);
+}
+
+static tkd_status slurp(const char *path, char **out, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: cannot open: %s", path,
+                             strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (cap - n < 4096) {
+            cap = cap ? cap * 2 : 8192;
+            char *nb = cap > (64u << 20) ? NULL : realloc(buf, cap); /* a config.json is a few KB */
+            if (!nb) {
+                free(buf);
+                fclose(fp);
+                return tkd_error_set(TKD_ERR_FORMAT, "%s: too large for a config.json", path);
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + n, 1, cap - n - 1, fp);
+        n += k;
+        if (k == 0)
+            break;
+    }
+    int err = ferror(fp);
+    fclose(fp);
+    if (err) {
+        free(buf);
+        return tkd_error_set(TKD_ERR_IO, "%s: read error", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return TKD_OK;
+}
+
+/* "line L, column C" of a byte offset, for the parse error. */
+static void line_col(const char *text, size_t off, int *line, int *col)
+{
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off && text[i]; i++) {
+        if (text[i] == '\n') {
+            ++*line;
+            *col = 1;
+        } else {
+            ++*col;
+        }
+    }
+}
+
+tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
+{
+    char *text = NULL;
+    size_t len = 0;
+    TKD_TRY(slurp(path, &text, &len));
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root || !cJSON_IsObject(root)) {
+        int line = 0, col = 0;
+        line_col(text, end && root == NULL ? (size_t)(end - text) : 0, &line, &col);
+        cJSON_Delete(root);
+        free(text);
+        return tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: not a JSON object (config.json expected)", path, line, col);
+    }
+    free(text);
+    tkd_model_config c;
+    tkd_status st = read_fields(path, root, &c);
+    cJSON_Delete(root);
+    if (st == TKD_OK && (st = tkd_model_config_validate(&c)) != TKD_OK)
+        tkd_error_prefix(st, "%s", path);
+    if (st == TKD_OK)
+        *cfg = c;
+    return st;
+}
+
+/* ---- writing -------------------------------------------------------------------------------- */
+
+/* The shortest decimal that reads back as the same float ("1e-05", not "9.99999974737875e-06"),
+ * so Python sees the value the user wrote. */
+static void add_float(cJSON *o, const char *name, float v)
+{
+    char buf[48];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)v);
+        if (strtof(buf, NULL) == v)
+            break;
+    }
+    cJSON_AddRawToObject(o, name, buf);
+}
+
+static void add_double(cJSON *o, const char *name, double v)
+{
+    char buf[48];
+    if (v == floor(v) && fabs(v) < 1e15) { /* 500000.0, not 5e+05 */
+        snprintf(buf, sizeof buf, "%.1f", v);
+        cJSON_AddRawToObject(o, name, buf);
+        return;
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    /* keep it a float in Python (rope_theta: 10000.0, not 10000) */
+    if (!strpbrk(buf, ".eEn"))
+        strcat(buf, ".0");
+    cJSON_AddRawToObject(o, name, buf);
+}
+
+static void add_token(cJSON *o, const char *name, int id)
+{
+    if (id >= 0)
+        cJSON_AddNumberToObject(o, name, id);
+    else
+        cJSON_AddNullToObject(o, name);
+}
+
+static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    const char *cls = arch_class(c->arch);
+    cJSON_AddItemToObject(o, "architectures", cJSON_CreateStringArray(&cls, 1));
+    cJSON_AddStringToObject(o, "model_type", tkd_arch_name(c->arch));
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->num_key_value_heads);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
+    add_float(o, "rms_norm_eps", c->rms_norm_eps);
+    add_float(o, "initializer_range", c->initializer_range);
+    add_double(o, "rope_theta", c->rope_theta);
+    if (c->rope_scaling == TKD_ROPE_SCALING_LLAMA3) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        if (rs) {
+            cJSON_AddStringToObject(rs, "rope_type", "llama3");
+            add_double(rs, "factor", c->rope_factor);
+            add_double(rs, "low_freq_factor", c->rope_low_freq_factor);
+            add_double(rs, "high_freq_factor", c->rope_high_freq_factor);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_pos);
+        }
+    } else {
+        cJSON_AddNullToObject(o, "rope_scaling");
+    }
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings != 0);
+    if (c->arch == TKD_ARCH_LLAMA) {
+        cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias != 0);
+        cJSON_AddFalseToObject(o, "mlp_bias");
+        cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+    } else if (c->arch == TKD_ARCH_QWEN2) {
+        cJSON_AddFalseToObject(o, "use_sliding_window");
+        cJSON_AddNullToObject(o, "sliding_window");
+        cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
+    } else {
+        cJSON_AddNullToObject(o, "sliding_window");
+    }
+    cJSON_AddRawToObject(o, "attention_dropout", "0.0");
+    add_token(o, "bos_token_id", c->bos_token_id);
+    add_token(o, "eos_token_id", c->eos_token_id);
+    cJSON_AddStringToObject(o, "torch_dtype", dtype_name);
+    cJSON_AddStringToObject(o, "transformers_version", "4.46.0");
+    cJSON_AddTrueToObject(o, "use_cache");
+    return o;
+}
+
+static tkd_status write_atomic(const char *path, const char *text)
+{
+    size_t tn = strlen(path) + 16;
+    char *tmp = malloc(tn);
+    if (!tmp)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
+    snprintf(tmp, tn, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        tkd_status st = tkd_error_set(TKD_ERR_IO, "%s: cannot create temp file: %s", tmp, strerror(errno));
+        free(tmp);
+        return st;
+    }
+    /* mkstemp makes 0600; a config.json is meant to be shared like any other file */
+    fchmod(fd, 0644);
+    tkd_status st = TKD_OK;
+    size_t n = strlen(text), off = 0;
+    while (off < n && st == TKD_OK) {
+        ssize_t k = write(fd, text + off, n - off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            st = tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO, "%s: write failed: %s", tmp,
+                               strerror(errno));
+        else
+            off += (size_t)k;
+    }
+    if (st == TKD_OK && fsync(fd) != 0)
+        st = tkd_error_set(TKD_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+    close(fd);
+    if (st == TKD_OK && rename(tmp, path) != 0)
+        st = tkd_error_set(TKD_ERR_IO, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
+    if (st != TKD_OK)
+        unlink(tmp);
+    free(tmp);
+    return st;
+}
+
+tkd_status tkd_hf_config_write(const char *path, const tkd_model_config *cfg, const char *dtype_name)
+{
+    if (!dtype_name || (strcmp(dtype_name, "float32") != 0 && strcmp(dtype_name, "bfloat16") != 0))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: torch_dtype must be \"float32\" or \"bfloat16\"", path);
+    tkd_status st = tkd_model_config_validate(cfg);
+    if (st != TKD_OK)
+        return tkd_error_prefix(st, "%s", path);
+    cJSON *o = config_json(cfg, dtype_name);
+    char *text = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    if (!text)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
+    size_t n = strlen(text);
+    char *withnl = malloc(n + 2);
+    if (!withnl) {
+        free(text);
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
+    }
+    memcpy(withnl, text, n);
+    memcpy(withnl + n, "\n", 2);
+    free(text);
+    st = write_atomic(path, withnl);
+    free(withnl);
+    return st;
+}

@@ -1,0 +1,295 @@
+/* test_hf_config.c — config.json parsing for llama / qwen2 / mistral, each refusal by name, and the
+ * write -> read round trip. Sample configs live in tests/data/hf/. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "formats/hf_config.h"
+#include "tests/testutil.h"
+
+static char *g_dir; /* temp dir for generated configs */
+
+static int setup(void **state)
+{
+    (void)state;
+    g_dir = tkd_test_mkdtemp("hfcfg");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tkd_test_rmtree(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static void assert_msg_has(const char *needle)
+{
+    if (!strstr(tkd_error_msg(), needle))
+        fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
+}
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
+    return buf;
+}
+
+/* Writes a small config: the given model_type, the base fields that extra does not set, then extra. */
+static const char *small_config(const char *model_type, const char *extra)
+{
+    static const char *base[][2] = {
+        {"hidden_size", "64"},         {"intermediate_size", "96"}, {"num_hidden_layers", "3"},
+        {"num_attention_heads", "4"},  {"num_key_value_heads", "2"}, {"vocab_size", "100"},
+        {"max_position_embeddings", "512"},
+    };
+    const char *path = tmp_path("config.json");
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"%s\"", model_type);
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "\"%s\"", base[i][0]);
+        if (!strstr(extra, key))
+            fprintf(f, ",\n \"%s\": %s", base[i][0], base[i][1]);
+    }
+    fprintf(f, "%s%s}\n", *extra ? ",\n " : "", extra);
+    fclose(f);
+    return path;
+}
+
+static void test_llama32(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/llama32_1b.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_LLAMA);
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.hidden_size, 2048);
+    assert_int_equal(c.intermediate_size, 8192);
+    assert_int_equal(c.num_hidden_layers, 16);
+    assert_int_equal(c.num_attention_heads, 32);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_true(c.rms_norm_eps == 1e-5f);
+    assert_true(c.rope_theta == 500000.0);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.attention_bias, 0);
+    assert_int_equal(c.rope_scaling, TKD_ROPE_SCALING_LLAMA3);
+    assert_true(c.rope_factor == 32.0 && c.rope_low_freq_factor == 1.0 && c.rope_high_freq_factor == 4.0);
+    assert_int_equal(c.rope_original_max_pos, 8192);
+    assert_int_equal(c.bos_token_id, 128000);
+    assert_int_equal(c.eos_token_id, 128001);
+    assert_true(c.initializer_range == 0.02f);
+}
+
+static void test_qwen2_mistral_smollm(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/qwen25_05b.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_QWEN2);
+    assert_int_equal(c.attention_bias, 1); /* Qwen2 always has q/k/v bias */
+    assert_int_equal(c.head_dim, 64);      /* 896 / 14 */
+    assert_int_equal(c.num_key_value_heads, 2);
+    assert_true(c.rope_theta == 1e6);
+    assert_true(c.rms_norm_eps == 1e-6f);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.rope_scaling, TKD_ROPE_SCALING_NONE);
+
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/mistral_7b_v03.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_MISTRAL);
+    assert_int_equal(c.attention_bias, 0);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.vocab_size, 32768);
+
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/smollm_135m.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_LLAMA);
+    assert_int_equal(c.head_dim, 64); /* 576 / 9 */
+    assert_int_equal(c.bos_token_id, 0);
+    assert_int_equal(c.eos_token_id, 0); /* a list: the first */
+    assert_int_equal(c.num_key_value_heads, 3);
+}
+
+static void test_rope_parameters_and_defaults(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/llama_rope_parameters.json"), &c), TKD_OK);
+    assert_true(c.rope_theta == 250000.0);        /* from rope_parameters */
+    assert_int_equal(c.num_key_value_heads, 4);   /* default: heads */
+    assert_int_equal(c.head_dim, 16);             /* null: hidden / heads */
+    assert_int_equal(c.max_position_embeddings, 2048); /* LlamaConfig's default */
+    assert_true(c.rms_norm_eps == 1e-6f);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.bos_token_id, -1);
+    assert_true(c.initializer_range == 0.02f);
+
+    /* the transformers-written fixture: llama3 scaling inside rope_parameters */
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("fixtures/hf/llama_gqa_f32/config.json"), &c), TKD_OK);
+    assert_int_equal(c.rope_scaling, TKD_ROPE_SCALING_LLAMA3);
+    assert_true(c.rope_factor == 8.0 && c.rope_theta == 10000.0);
+    assert_int_equal(c.rope_original_max_pos, 32);
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("fixtures/hf/qwen2_tied_f32/config.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_QWEN2);
+    assert_true(c.rope_theta == 1e6);
+
+    /* the older "type" spelling and a look-alike model_type that transformers builds as a llama */
+    assert_int_equal(tkd_hf_config_read(small_config("my_llama", "\"architectures\": [\"LlamaForCausalLM\"], "
+                                                                 "\"rope_scaling\": {\"type\": \"default\"}"),
+                                        &c),
+                     TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_LLAMA);
+    /* model_type absent: the architectures entry decides */
+    assert_int_equal(tkd_hf_config_read(small_config("", "\"architectures\": [\"MistralForCausalLM\"]"), &c),
+                     TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_MISTRAL);
+    /* attention_bias on a llama */
+    assert_int_equal(tkd_hf_config_read(small_config("llama", "\"attention_bias\": true"), &c), TKD_OK);
+    assert_int_equal(c.attention_bias, 1);
+    /* a window that never bites is accepted */
+    assert_int_equal(tkd_hf_config_read(small_config("mistral", "\"sliding_window\": 4096"), &c), TKD_OK);
+    assert_int_equal(tkd_hf_config_read(small_config("qwen2", "\"use_sliding_window\": true, \"sliding_window\": "
+                                                              "16, \"max_window_layers\": 3"),
+                                        &c),
+                     TKD_OK);
+    assert_int_equal(tkd_hf_config_read(small_config("llama", "\"attention_dropout\": 0.1"), &c), TKD_OK);
+}
+
+typedef struct refusal {
+    const char *model_type, *extra;
+    tkd_status st;
+    const char *msg;
+} refusal;
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    static const refusal cases[] = {
+        {"llama", "\"hidden_act\": \"gelu\"", TKD_ERR_UNSUPPORTED, "hidden_act \"gelu\" is not supported"},
+        {"llama", "\"num_local_experts\": 8", TKD_ERR_UNSUPPORTED, "num_local_experts = 8: mixture-of-experts"},
+        {"qwen2", "\"num_experts\": 4", TKD_ERR_UNSUPPORTED, "num_experts = 4"},
+        {"mistral", "\"sliding_window\": 128", TKD_ERR_UNSUPPORTED, "sliding_window = 128"},
+        {"qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 1",
+         TKD_ERR_UNSUPPORTED, "sliding_window = 16"},
+        {"qwen2", "\"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"]",
+         TKD_ERR_UNSUPPORTED, "layer_types[1] = \"sliding_attention\""},
+        {"llama", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", TKD_ERR_UNSUPPORTED,
+         "rope_scaling.rope_type \"yarn\" is not supported"},
+        {"llama", "\"rope_parameters\": {\"type\": \"linear\", \"factor\": 2.0}", TKD_ERR_UNSUPPORTED,
+         "rope_parameters.rope_type \"linear\""},
+        {"llama", "\"mlp_bias\": true", TKD_ERR_UNSUPPORTED, "mlp_bias = true"},
+        {"llama", "\"pretraining_tp\": 2", TKD_ERR_UNSUPPORTED, "pretraining_tp = 2"},
+        {"gemma", "", TKD_ERR_UNSUPPORTED, "model_type \"gemma\" is not supported"},
+        {"llama", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                  "\"high_freq_factor\": 4.0}",
+         TKD_ERR_FORMAT, "required field \"rope_scaling.original_max_position_embeddings\" is missing"},
+        {"llama", "\"hidden_size\": \"big\"", TKD_ERR_FORMAT, "field \"hidden_size\" must be an integer"},
+        {"llama", "\"num_key_value_heads\": 3", TKD_ERR_CONFIG, "not a multiple of num_key_value_heads (3)"},
+        {"llama", "\"tie_word_embeddings\": 1", TKD_ERR_FORMAT, "\"tie_word_embeddings\" must be true or false"},
+        {"llama", "\"head_dim\": 15", TKD_ERR_CONFIG, "head_dim (15) must be even"},
+        {"llama", "\"eos_token_id\": 100", TKD_ERR_CONFIG, ">= vocab_size 100"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tkd_model_config c;
+        const char *path = small_config(cases[i].model_type, cases[i].extra);
+        tkd_status st = tkd_hf_config_read(path, &c);
+        if (st != cases[i].st)
+            fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
+        assert_msg_has(cases[i].msg);
+        assert_msg_has(path); /* every message names the file */
+    }
+}
+
+static void test_missing_and_malformed(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    const char *path = tmp_path("missing.json");
+    FILE *f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96,\n"
+          " \"num_attention_heads\": 4, \"vocab_size\": 100}\n", f);
+    fclose(f);
+    assert_int_equal(tkd_hf_config_read(path, &c), TKD_ERR_FORMAT);
+    assert_msg_has("missing.json: required field \"num_hidden_layers\" is missing");
+
+    path = tmp_path("bad.json");
+    f = fopen(path, "w");
+    fputs("{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 64,,\n}\n", f);
+    fclose(f);
+    assert_int_equal(tkd_hf_config_read(path, &c), TKD_ERR_FORMAT);
+    assert_msg_has("bad.json:3:");
+
+    assert_int_equal(tkd_hf_config_read(tmp_path("absent.json"), &c), TKD_ERR_NOT_FOUND);
+    assert_msg_has("absent.json: cannot open");
+}
+
+static void roundtrip(const char *src, const char *dtype)
+{
+    tkd_model_config a, b;
+    assert_int_equal(tkd_hf_config_read(src, &a), TKD_OK);
+    const char *out = tmp_path("written.json");
+    assert_int_equal(tkd_hf_config_write(out, &a, dtype), TKD_OK);
+    assert_int_equal(tkd_hf_config_read(out, &b), TKD_OK);
+    assert_int_equal(a.arch, b.arch);
+    assert_memory_equal(&a, &b, sizeof a); /* every field, bit for bit (read zeroes padding) */
+}
+
+static void test_write_read_roundtrip(void **state)
+{
+    (void)state;
+    roundtrip(tkd_test_src("data/hf/llama32_1b.json"), "bfloat16");
+    /* the written text is what transformers expects to see */
+    FILE *f = fopen(tmp_path("written.json"), "r");
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_non_null(strstr(text, "\"LlamaForCausalLM\""));
+    assert_non_null(strstr(text, "\"rope_theta\":\t500000.0"));
+    assert_non_null(strstr(text, "\"rms_norm_eps\":\t1e-05"));
+    assert_non_null(strstr(text, "\"torch_dtype\":\t\"bfloat16\""));
+    assert_non_null(strstr(text, "\"rope_type\":\t\"llama3\""));
+    assert_non_null(strstr(text, "\"transformers_version\""));
+
+    roundtrip(tkd_test_src("data/hf/qwen25_05b.json"), "float32");
+    roundtrip(tkd_test_src("data/hf/mistral_7b_v03.json"), "float32");
+    roundtrip(tkd_test_src("data/hf/smollm_135m.json"), "float32");
+    roundtrip(tkd_test_src("fixtures/hf/llama_gqa_f32/config.json"), "float32");
+
+    /* defaults are valid and round-trip too */
+    tkd_model_config d, e;
+    tkd_model_config_defaults(&d);
+    assert_int_equal(tkd_model_config_validate(&d), TKD_OK);
+    assert_int_equal(tkd_hf_config_write(tmp_path("d.json"), &d, "float32"), TKD_OK);
+    assert_int_equal(tkd_hf_config_read(tmp_path("d.json"), &e), TKD_OK);
+    assert_memory_equal(&d, &e, sizeof d);
+
+    assert_int_equal(tkd_hf_config_write(tmp_path("x.json"), &d, "float16"), TKD_ERR_INVALID_ARG);
+    d.arch = TKD_ARCH_QWEN2; /* qwen2 without bias cannot be written faithfully */
+    assert_int_equal(tkd_hf_config_write(tmp_path("x.json"), &d, "float32"), TKD_ERR_CONFIG);
+    assert_msg_has("attention_bias");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama32),
+        cmocka_unit_test(test_qwen2_mistral_smollm),
+        cmocka_unit_test(test_rope_parameters_and_defaults),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_missing_and_malformed),
+        cmocka_unit_test(test_write_read_roundtrip),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
