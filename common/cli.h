@@ -1,0 +1,50 @@
+/* cli.h — the command-line flags every topkd tool shares.
+ *
+ * Parses --config FILE, --set k=v (repeated; also --set=k=v and --config=FILE), --print-config,
+ * --help/-h, --resume, --overwrite, --verbose/-v, --quiet/-q and "--" (end of flags). Everything
+ * else that does not start with '-' is a positional argument left to the tool (e.g. the "merge"
+ * and "<dir>" of `teacher-dump merge <dir>`); an unknown flag is an error. Then
+ * tkd_cli_load_config builds the tool's config: schema defaults, the file, the --set overrides.
+ */
+#ifndef TKD_CLI_H
+#define TKD_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "common/status.h"
+
+typedef struct tkd_cli {
+    const char *config_path; /* --config FILE; NULL when absent. Points into argv. */
+    const char **sets;       /* --set assignments "k=v" in command-line order; array owned, */
+    size_t nsets;            /*   strings point into argv */
+    const char **args;       /* positional arguments in order; array owned, strings in argv */
+    size_t nargs;
+    bool print_config;       /* --print-config: print the effective config and exit */
+    bool help;               /* --help / -h */
+    bool resume;             /* --resume: continue an interrupted run */
+    bool overwrite;          /* --overwrite: replace an existing output */
+    int verbosity;           /* +1 per -v, -1 per -q */
+} tkd_cli;
+
+/* Parses argv[1..argc) into cli (which is overwritten). On error (TKD_ERR_INVALID_ARG: unknown
+ * flag, missing value, --resume with --overwrite) cli holds nothing to free. Otherwise the caller
+ * calls tkd_cli_free. argv must outlive cli. */
+tkd_status tkd_cli_parse(tkd_cli *cli, int argc, char *const *argv);
+
+/* Frees the arrays; safe on a zeroed cli and twice. */
+void tkd_cli_free(tkd_cli *cli);
+
+/* Log level from -v/-q: info by default, debug with -v, warn with -q, error with -qq. */
+tkd_log_level tkd_cli_log_level(const tkd_cli *cli);
+
+/* Defaults, then --config FILE, then every --set, into cfg (zeroed or freed before). */
+tkd_status tkd_cli_load_config(const tkd_cli *cli, const tkd_config_schema *schema, void *cfg);
+
+/* Writes "usage: <usage>", the shared flags and the schema's key reference (--help output). */
+void tkd_cli_print_help(FILE *out, const char *usage, const tkd_config_schema *schema);
+
+#endif /* TKD_CLI_H */
