@@ -39,9 +39,12 @@ typedef struct tkd_kl_params {
     int chunk_rows;      /* rows per chunk; 0 picks a default from N, V and a memory target */
     int grad_in_forward; /* 1: make dH, dW during forward (6·N·D·V FLOPs instead of 8·N·D·V) */
     int ignore_index;    /* label value that excludes a row (HF convention: -100) */
+    float grad_scale;    /* grad_in_forward only: forward makes the gradients of grad_scale·loss
+                          * (backward's `scale` cannot reach them); default 1 */
 } tkd_kl_params;
 
-/* Sets the defaults: renorm, τ = 1, alpha = 1, k_use = k, chunk auto, ignore_index = -100. */
+/* Sets the defaults: renorm, τ = 1, alpha = 1, k_use = k, s = 0, chunk auto, recompute mode,
+ * ignore_index = -100, grad_scale = 1. */
 void tkd_kl_params_defaults(tkd_kl_params *p, int k);
 
 /* One batch of rows, host pointers (fp32). */
@@ -64,6 +67,16 @@ typedef struct tkd_kl_result {
     double ce;       /* mean CE over kept rows */
     int64_t n_kept;  /* rows with label != ignore_index */
 } tkd_kl_result;
+
+/* Checks the parameters alone (τ > 0 finite, alpha in [0, 1], 0 ≤ k_use ≤ min(k, V), k_use ≥ 1
+ * except for sampled, sampled needs k_use + s ≥ 1, chunk_rows ≥ 0, grad_scale finite).
+ * TKD_ERR_INVALID_ARG names the field. Every implementation calls it on entry. */
+tkd_status tkd_kl_params_check(const tkd_kl_params *p, int v);
+
+/* Checks that a batch has the pointers its variant needs (h, w, labels; top-k when k_use > 0;
+ * teacher_lse for tail/sampled; tail_idx for sampled with s > 0) and sane sizes. Cheap; every
+ * implementation calls it on entry. Does not look at the values (that is tkd_kl_validate). */
+tkd_status tkd_kl_batch_check(const tkd_kl_params *p, const tkd_kl_batch *b);
 
 /* Checks the teacher side of a batch before it is trained on: every used index in [0, V), no
  * duplicate among a row's first k' indices, teacher logits and LSE finite, labels in [0, V) or

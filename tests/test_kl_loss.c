@@ -1,0 +1,473 @@
+/* test_kl_loss.c — the KL loss: the float64 reference against identities that do not use its
+ * formulas, validation errors, and the chunked CPU path against the reference. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kl_loss.h"
+#include "tests/testutil.h"
+
+/* ---- a synthetic batch built from a full teacher distribution ---------------------------- */
+
+typedef struct kcase {
+    int64_t n;
+    int d, v, k, s;
+    float *h;      /* (N, D) */
+    float *w;      /* (V, D) */
+    float *tfull;  /* (N, V) the teacher's full logits, from which the cache columns are cut */
+    int32_t *idx;  /* (N, k) */
+    float *tl;     /* (N, k) */
+    float *lse;    /* (N) log Σ exp(t / τ_cache) */
+    int32_t *draws;  /* (N, S) */
+    int32_t *labels; /* (N) */
+    double tau_cache;
+    uint64_t rng;
+} kcase;
+
+static double urand(kcase *c)
+{
+    c->rng ^= c->rng << 13;
+    c->rng ^= c->rng >> 7;
+    c->rng ^= c->rng << 17;
+    return ((c->rng >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static const float *sort_key; /* qsort has no context argument */
+static int by_key_desc(const void *a, const void *b)
+{
+    float x = sort_key[*(const int32_t *)a], y = sort_key[*(const int32_t *)b];
+    if (x != y)
+        return x > y ? -1 : 1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* Cuts the cache columns (top-k, LSE at τ_cache, S tail draws) out of c->tfull. */
+static void kcase_cut_teacher(kcase *c)
+{
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)c->v);
+    double *pt = malloc(sizeof(double) * (size_t)c->v);
+    for (int64_t i = 0; i < c->n; i++) {
+        const float *t = c->tfull + i * c->v;
+        for (int j = 0; j < c->v; j++)
+            order[j] = j;
+        sort_key = t;
+        qsort(order, (size_t)c->v, sizeof(int32_t), by_key_desc);
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j < c->v; j++)
+            m = fmax(m, t[j] / c->tau_cache);
+        for (int j = 0; j < c->v; j++)
+            sum += exp(t[j] / c->tau_cache - m);
+        c->lse[i] = (float)(m + log(sum));
+        for (int j = 0; j < c->k; j++) {
+            c->idx[i * c->k + j] = order[j];
+            c->tl[i * c->k + j] = t[order[j]];
+        }
+        /* draws from the teacher distribution restricted to the tail outside the full top-k */
+        double tail = 0.0;
+        for (int j = c->k; j < c->v; j++)
+            tail += pt[j] = exp(t[order[j]] / c->tau_cache - m);
+        for (int s = 0; s < c->s; s++) {
+            double u = urand(c) * tail, acc = 0.0;
+            int pick = c->v - 1;
+            for (int j = c->k; j < c->v; j++)
+                if ((acc += pt[j]) >= u) {
+                    pick = j;
+                    break;
+                }
+            c->draws[i * c->s + s] = order[pick];
+        }
+        if (c->s >= 3) /* a deliberately repeated draw: repeats must add up */
+            c->draws[i * c->s + 2] = c->draws[i * c->s];
+    }
+    free(order);
+    free(pt);
+}
+
+static kcase kcase_make(int64_t n, int d, int v, int k, int s, double tau_cache, uint64_t seed)
+{
+    kcase c = {.n = n, .d = d, .v = v, .k = k, .s = s, .tau_cache = tau_cache, .rng = seed * 2654435761u + 7};
+    c.h = malloc(sizeof(float) * (size_t)(n * d));
+    c.w = malloc(sizeof(float) * (size_t)v * (size_t)d);
+    c.tfull = malloc(sizeof(float) * (size_t)(n * v));
+    c.idx = malloc(sizeof(int32_t) * (size_t)(n * (k ? k : 1)));
+    c.tl = malloc(sizeof(float) * (size_t)(n * (k ? k : 1)));
+    c.lse = malloc(sizeof(float) * (size_t)n);
+    c.draws = malloc(sizeof(int32_t) * (size_t)(n * (s ? s : 1)));
+    c.labels = malloc(sizeof(int32_t) * (size_t)n);
+    tkd_test_randn(c.h, (size_t)(n * d), seed, 1.0f);
+    tkd_test_randn(c.w, (size_t)v * (size_t)d, seed + 1, 0.7f);
+    tkd_test_randn(c.tfull, (size_t)(n * v), seed + 2, 2.0f);
+    for (int64_t i = 0; i < n; i++)
+        c.labels[i] = i % 5 == 3 ? -100 : (int32_t)(urand(&c) * v); /* every fifth row masked */
+    kcase_cut_teacher(&c);
+    return c;
+}
+
+static void kcase_free(kcase *c)
+{
+    free(c->h), free(c->w), free(c->tfull), free(c->idx), free(c->tl), free(c->lse), free(c->draws),
+        free(c->labels);
+}
+
+static tkd_kl_batch kcase_batch(const kcase *c)
+{
+    tkd_kl_batch b = {.n = c->n, .d = c->d, .v = c->v, .h = c->h, .w = c->w, .topk_idx = c->idx,
+                      .topk_logit = c->tl, .teacher_lse = c->lse, .tail_idx = c->s ? c->draws : NULL,
+                      .labels = c->labels};
+    return b;
+}
+
+static tkd_kl_params params_of(tkd_kl_variant var, double tau, double alpha, int k, int k_use, int s)
+{
+    tkd_kl_params p;
+    tkd_kl_params_defaults(&p, k);
+    p.variant = var;
+    p.temperature = (float)tau;
+    p.alpha = (float)alpha;
+    p.k_use = k_use;
+    p.s = s;
+    return p;
+}
+
+static double max_abs(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+/* max |a − b| / max |b| (0 when b is all zero and a equals it) */
+static double rel_err_dd(const double *a, const double *b, size_t n)
+{
+    double e = 0.0;
+    for (size_t i = 0; i < n; i++)
+        e = fmax(e, fabs(a[i] - b[i]));
+    double m = max_abs(b, n);
+    return m > 0 ? e / m : e;
+}
+
+/* Dense KD of row i with the full teacher, written directly: τ² KL(softmax(T/τ) || softmax(s/τ)). */
+static double dense_kd_row(const kcase *c, int64_t i, double tau)
+{
+    double *s = malloc(sizeof(double) * (size_t)c->v);
+    double ms = -INFINITY, mt = -INFINITY, ss = 0.0, st = 0.0, kl = 0.0;
+    for (int j = 0; j < c->v; j++) {
+        double acc = 0.0;
+        for (int e = 0; e < c->d; e++)
+            acc += (double)c->h[i * c->d + e] * c->w[(int64_t)j * c->d + e];
+        s[j] = acc / tau;
+        ms = fmax(ms, s[j]);
+        mt = fmax(mt, c->tfull[i * c->v + j] / tau);
+    }
+    for (int j = 0; j < c->v; j++) {
+        ss += exp(s[j] - ms);
+        st += exp(c->tfull[i * c->v + j] / tau - mt);
+    }
+    for (int j = 0; j < c->v; j++) {
+        double lp = c->tfull[i * c->v + j] / tau - mt - log(st), lq = s[j] - ms - log(ss);
+        kl += exp(lp) * (lp - lq);
+    }
+    free(s);
+    return tau * tau * kl;
+}
+
+static double dense_kd_mean(const kcase *c, double tau)
+{
+    double sum = 0.0;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < c->n; i++)
+        if (c->labels[i] != -100) {
+            sum += dense_kd_row(c, i, tau);
+            kept++;
+        }
+    return sum / kept;
+}
+
+typedef struct grads {
+    double *dh, *dw;
+    tkd_kl_result res;
+} grads;
+
+static grads ref_run(const kcase *c, const tkd_kl_params *p)
+{
+    grads g = {.dh = malloc(sizeof(double) * (size_t)(c->n * c->d)), .dw = malloc(sizeof(double) * (size_t)c->v * c->d)};
+    tkd_kl_batch b = kcase_batch(c);
+    tkd_status st = tkd_kl_ref_f64(p, &b, &g.res, g.dh, g.dw);
+    if (st != TKD_OK)
+        fail_msg("ref: %s", tkd_error_msg());
+    return g;
+}
+
+static void grads_free(grads *g)
+{
+    free(g->dh), free(g->dw);
+}
+
+/* ---- the reference against identities that do not use its formulas -------------------- */
+
+/* With k = V every variant is the exact dense KL of the full teacher (a test-local formula). */
+static void test_ref_full_k_is_dense_kl(void **state)
+{
+    (void)state;
+    const double taus[] = {1.0, 2.5};
+    for (int ti = 0; ti < 2; ti++) {
+        kcase c = kcase_make(9, 5, 13, 13, 0, taus[ti], 11 + ti);
+        double want = dense_kd_mean(&c, taus[ti]);
+        tkd_kl_params pr = params_of(TKD_KL_VARIANT_RENORM, taus[ti], 1.0, 13, 13, 0);
+        tkd_kl_params pt = params_of(TKD_KL_VARIANT_TAIL, taus[ti], 1.0, 13, 13, 0);
+        tkd_kl_params ps = params_of(TKD_KL_VARIANT_SAMPLED, taus[ti], 1.0, 13, 13, 0);
+        grads gr = ref_run(&c, &pr), gt = ref_run(&c, &pt), gs = ref_run(&c, &ps);
+        /* 1e-6: the cache's LSE is rounded to fp32 (relative 6e-8 of |lse| ~ 5), and p = exp(t − lse) */
+        assert_true(tkd_test_close(gr.res.kd, want, 1e-9, 1e-9));
+        assert_true(tkd_test_close(gt.res.kd, want, 1e-6, 1e-6));
+        assert_true(tkd_test_close(gs.res.kd, want, 1e-6, 1e-6));
+        assert_true(want > 0.1); /* the case is not trivially zero */
+        assert_true(rel_err_dd(gt.dw, gr.dw, (size_t)13 * 5) < 1e-6);
+        assert_true(rel_err_dd(gs.dh, gr.dh, (size_t)9 * 5) < 1e-6);
+        grads_free(&gr), grads_free(&gt), grads_free(&gs);
+        kcase_free(&c);
+    }
+}
+
+/* When the teacher's tail has the student's own shape (t_v/τ = s_v/τ + const off the top-k),
+ * `tail` is exact: it equals dense KL, loss and gradients. */
+static void test_ref_tail_exact_when_tail_has_student_shape(void **state)
+{
+    (void)state;
+    const int n = 6, d = 4, v = 17, k = 5;
+    const double tau = 2.5;
+    kcase c = kcase_make(n, d, v, k, 0, tau, 21);
+    for (int64_t i = 0; i < n; i++) {
+        double smax = -INFINITY;
+        for (int j = 0; j < v; j++) {
+            double acc = 0.0;
+            for (int e = 0; e < d; e++)
+                acc += (double)c.h[i * d + e] * c.w[j * d + e];
+            c.tfull[i * v + j] = (float)(acc - 1.0); /* tail: student logits shifted */
+            smax = fmax(smax, acc);
+        }
+        for (int j = 0; j < k; j++) /* top-k: tokens 2j+i%2, well above every tail logit */
+            c.tfull[i * v + 2 * j + i % 2] = (float)(smax + 0.5 * j + 1.0);
+    }
+    kcase_cut_teacher(&c);
+    kcase full = c; /* the same teacher with k = V, through renorm (checked dense above) */
+    full.k = v;
+    full.idx = malloc(sizeof(int32_t) * n * v);
+    full.tl = malloc(sizeof(float) * n * v);
+    kcase_cut_teacher(&full);
+    tkd_kl_params pt = params_of(TKD_KL_VARIANT_TAIL, tau, 0.5, k, k, 0);
+    tkd_kl_params pd = params_of(TKD_KL_VARIANT_RENORM, tau, 0.5, v, v, 0);
+    grads gt = ref_run(&c, &pt), gd = ref_run(&full, &pd);
+    /* 1e-5: t is rounded to fp32 (relative 6e-8 of values ~ 10) and lse too */
+    assert_true(tkd_test_close(gt.res.kd, gd.res.kd, 1e-5, 1e-5));
+    assert_true(tkd_test_close(gt.res.kd, dense_kd_mean(&c, tau), 1e-5, 1e-5));
+    assert_true(rel_err_dd(gt.dh, gd.dh, (size_t)n * d) < 1e-5);
+    assert_true(rel_err_dd(gt.dw, gd.dw, (size_t)v * d) < 1e-5);
+    /* and renorm at the same k is not exact here, so the comparison has teeth */
+    tkd_kl_params pr = params_of(TKD_KL_VARIANT_RENORM, tau, 0.5, k, k, 0);
+    grads gr = ref_run(&c, &pr);
+    assert_true(rel_err_dd(gr.dw, gd.dw, (size_t)v * d) > 1e-2);
+    grads_free(&gt), grads_free(&gd), grads_free(&gr);
+    free(full.idx), free(full.tl);
+    kcase_free(&c);
+}
+
+/* `sampled` is unbiased: the exact expectation over every pair of draws (S = 2, repeats
+ * included, probability p_a p_b / r²) of its gradient is the dense-KD gradient, and of its loss
+ * the dense KD plus τ²·(E[Σ target log target] − Σ_tail p log p). One kept row. */
+static void test_ref_sampled_expectation_is_dense(void **state)
+{
+    (void)state;
+    const int d = 3, v = 9, k = 3;
+    const double tau = 2.0;
+    kcase c = kcase_make(1, d, v, k, 2, tau, 31);
+    c.labels[0] = 4;
+    kcase full = kcase_make(1, d, v, v, 0, tau, 31); /* same seeds: same h, w, teacher */
+    full.labels[0] = 4;
+    tkd_kl_params pd = params_of(TKD_KL_VARIANT_RENORM, tau, 1.0, v, v, 0);
+    tkd_kl_params ps = params_of(TKD_KL_VARIANT_SAMPLED, tau, 1.0, k, k, 2);
+    grads gd = ref_run(&full, &pd);
+    double p[9], tail_mass = 0.0, tail_plogp = 0.0;
+    unsigned char in_top[9] = {0};
+    for (int j = 0; j < k; j++)
+        in_top[c.idx[j]] = 1;
+    for (int j = 0; j < v; j++) {
+        double lp = c.tfull[j] / tau - c.lse[0];
+        p[j] = exp(lp);
+        if (!in_top[j])
+            tail_mass += p[j], tail_plogp += p[j] * lp;
+    }
+    double e_dh[3] = {0}, e_dw[27] = {0}, e_kd = 0.0, e_tlogt = 0.0, wsum = 0.0;
+    for (int a = 0; a < v; a++)
+        for (int bb = 0; bb < v; bb++) {
+            if (in_top[a] || in_top[bb])
+                continue;
+            double wt = p[a] * p[bb] / (tail_mass * tail_mass);
+            c.draws[0] = a, c.draws[1] = bb;
+            grads g = ref_run(&c, &ps);
+            for (int e = 0; e < d; e++)
+                e_dh[e] += wt * g.dh[e];
+            for (int e = 0; e < v * d; e++)
+                e_dw[e] += wt * g.dw[e];
+            e_kd += wt * g.res.kd;
+            e_tlogt += wt * (a == bb ? tail_mass * log(tail_mass) : tail_mass * log(tail_mass / 2));
+            wsum += wt;
+            grads_free(&g);
+        }
+    assert_true(fabs(wsum - 1.0) < 1e-12);
+    assert_true(tail_mass > 0.05); /* a real tail, or the test proves little */
+    /* 1e-6: the only difference is the fp32 rounding of the cache LSE in p = exp(t/τ − lse) */
+    assert_true(rel_err_dd(e_dh, gd.dh, (size_t)d) < 1e-6);
+    assert_true(rel_err_dd(e_dw, gd.dw, (size_t)v * d) < 1e-6);
+    assert_true(tkd_test_close(e_kd, gd.res.kd + tau * tau * (e_tlogt - tail_plogp), 1e-6, 1e-6));
+    /* a single pair of draws is not the dense gradient: the expectation is what matches */
+    c.draws[0] = c.draws[1] = c.idx[0] == 0 ? 1 : 0;
+    while (in_top[c.draws[0]])
+        c.draws[0] = c.draws[1] = c.draws[0] + 1;
+    grads g1 = ref_run(&c, &ps);
+    assert_true(rel_err_dd(g1.dw, gd.dw, (size_t)v * d) > 1e-3);
+    grads_free(&g1), grads_free(&gd);
+    kcase_free(&c), kcase_free(&full);
+}
+
+static void test_ref_ce_only(void **state)
+{
+    (void)state;
+    kcase c = kcase_make(10, 4, 11, 3, 0, 1.0, 41);
+    tkd_kl_params p = params_of(TKD_KL_VARIANT_RENORM, 1.0, 0.0, 3, 3, 0);
+    grads g = ref_run(&c, &p);
+    double sum = 0.0;
+    int kept = 0;
+    for (int64_t i = 0; i < c.n; i++) {
+        if (c.labels[i] == -100)
+            continue;
+        double z[11], m = -INFINITY, e = 0.0;
+        for (int j = 0; j < 11; j++) {
+            z[j] = 0.0;
+            for (int q = 0; q < 4; q++)
+                z[j] += (double)c.h[i * 4 + q] * c.w[j * 4 + q];
+            m = fmax(m, z[j]);
+        }
+        for (int j = 0; j < 11; j++)
+            e += exp(z[j] - m);
+        sum += m + log(e) - z[c.labels[i]];
+        kept++;
+    }
+    assert_int_equal(g.res.n_kept, kept);
+    assert_int_equal(kept, 8);
+    assert_true(tkd_test_close(g.res.loss, sum / kept, 1e-12, 1e-12));
+    assert_true(tkd_test_close(g.res.ce, sum / kept, 1e-12, 1e-12));
+    assert_true(g.res.kd > 0.0); /* still reported for logging */
+    for (int e = 0; e < 4; e++) /* masked row 3 gets no gradient */
+        assert_true(g.dh[3 * 4 + e] == 0.0);
+    grads_free(&g);
+    kcase_free(&c);
+}
+
+/* ---- validation ---------------------------------------------------------------------- */
+
+static void expect_format_error(const tkd_kl_params *p, const tkd_kl_batch *b, const char *what)
+{
+    tkd_status st = tkd_kl_validate(p, b);
+    if (st != TKD_ERR_FORMAT)
+        fail_msg("%s: expected TKD_ERR_FORMAT, got %s (%s)", what, tkd_status_name(st), tkd_error_msg());
+    if (!strstr(tkd_error_msg(), "row 3:"))
+        fail_msg("%s: message does not name row 3: %s", what, tkd_error_msg());
+}
+
+static void test_validate_errors(void **state)
+{
+    (void)state;
+    kcase c = kcase_make(6, 3, 20, 4, 3, 1.0, 51);
+    c.labels[3] = 5; /* row 3 kept (the default mask would drop it) */
+    tkd_kl_batch b = kcase_batch(&c);
+    tkd_kl_params ps = params_of(TKD_KL_VARIANT_SAMPLED, 1.0, 0.5, 4, 4, 3);
+    tkd_kl_params pt = params_of(TKD_KL_VARIANT_TAIL, 1.0, 0.5, 4, 4, 0);
+    assert_int_equal(tkd_kl_validate(&ps, &b), TKD_OK);
+
+    int32_t saved = c.idx[3 * 4 + 2];
+    c.idx[3 * 4 + 2] = c.idx[3 * 4 + 0];
+    expect_format_error(&ps, &b, "duplicate index");
+    ps.k_use = 2; /* the duplicate sits beyond k' = 2: not used, not an error */
+    c.draws[3 * 3 + 0] = c.draws[3 * 3 + 1] = c.draws[3 * 3 + 2] = c.idx[3 * 4 + 3];
+    assert_int_equal(tkd_kl_validate(&ps, &b), TKD_OK);
+    ps.k_use = 4;
+    c.idx[3 * 4 + 2] = saved;
+    expect_format_error(&ps, &b, "draw inside the top-k");
+    kcase_cut_teacher(&c); /* fresh draws */
+
+    c.idx[3 * 4 + 1] = 20;
+    expect_format_error(&pt, &b, "index >= V");
+    c.idx[3 * 4 + 1] = -1;
+    expect_format_error(&pt, &b, "negative index");
+    kcase_cut_teacher(&c);
+    c.tl[3 * 4 + 3] = NAN;
+    expect_format_error(&pt, &b, "NaN teacher logit");
+    kcase_cut_teacher(&c);
+    c.lse[3] = INFINITY;
+    expect_format_error(&pt, &b, "inf teacher LSE");
+    kcase_cut_teacher(&c);
+    c.draws[3 * 3 + 1] = 99;
+    expect_format_error(&ps, &b, "draw >= V");
+    kcase_cut_teacher(&c);
+    c.labels[3] = 20;
+    expect_format_error(&pt, &b, "label >= V");
+    c.labels[3] = -100; /* a masked row's teacher side is padding and is not checked */
+    c.idx[3 * 4 + 1] = 1000;
+    assert_int_equal(tkd_kl_validate(&pt, &b), TKD_OK);
+
+    /* parameters */
+    tkd_kl_params bad = pt;
+    bad.k_use = 5;
+    assert_int_equal(tkd_kl_validate(&bad, &b), TKD_ERR_INVALID_ARG);
+    bad = pt;
+    bad.k_use = 0;
+    assert_int_equal(tkd_kl_validate(&bad, &b), TKD_ERR_INVALID_ARG);
+    bad = ps;
+    bad.k_use = 0;
+    bad.s = 0;
+    assert_int_equal(tkd_kl_validate(&bad, &b), TKD_ERR_INVALID_ARG);
+    bad.s = 3; /* plain sampled distillation */
+    assert_int_equal(tkd_kl_validate(&bad, &b), TKD_OK);
+    bad = pt;
+    bad.temperature = 0.0f;
+    assert_int_equal(tkd_kl_validate(&bad, &b), TKD_ERR_INVALID_ARG);
+    bad = pt;
+    bad.alpha = 1.5f;
+    assert_int_equal(tkd_kl_validate(&bad, &b), TKD_ERR_INVALID_ARG);
+    kcase_free(&c);
+}
+
+static void test_variant_names(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(tkd_kl_variant_parse(tkd_kl_variant_name((tkd_kl_variant)i)), i);
+    assert_int_equal(tkd_kl_variant_parse("sampled"), TKD_KL_VARIANT_SAMPLED);
+    assert_int_equal(tkd_kl_variant_parse("dense"), -1);
+    tkd_kl_params p;
+    tkd_kl_params_defaults(&p, 7);
+    assert_int_equal(p.k_use, 7);
+    assert_int_equal(p.ignore_index, -100);
+    assert_true(p.alpha == 1.0f && p.temperature == 1.0f && p.grad_scale == 1.0f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_variant_names),
+        cmocka_unit_test(test_ref_full_k_is_dense_kl),
+        cmocka_unit_test(test_ref_tail_exact_when_tail_has_student_shape),
+        cmocka_unit_test(test_ref_sampled_expectation_is_dense),
+        cmocka_unit_test(test_ref_ce_only),
+        cmocka_unit_test(test_validate_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
