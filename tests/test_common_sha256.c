@@ -1,0 +1,101 @@
+/* test_common_sha256.c — FIPS 180 test vectors, streaming in odd pieces, files. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/sha256.h"
+#include "tests/testutil.h"
+
+static const char *hex_of(const void *data, size_t len)
+{
+    static char hex[TKD_SHA256_HEX_LEN];
+    uint8_t d[TKD_SHA256_BYTES];
+    tkd_sha256_buffer(data, len, d);
+    tkd_sha256_hex(d, hex);
+    return hex;
+}
+
+static const char *const TWO_BLOCK = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+static const char *const TWO_BLOCK_HEX =
+    "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1";
+static const char *const MILLION_A_HEX =
+    "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0";
+
+static void test_fips_vectors(void **state)
+{
+    (void)state;
+    assert_string_equal(hex_of("abc", 3),
+                        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    assert_string_equal(hex_of("", 0),
+                        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    assert_string_equal(hex_of(TWO_BLOCK, strlen(TWO_BLOCK)), TWO_BLOCK_HEX); /* 448 bits */
+    char *a = malloc(1000000);
+    memset(a, 'a', 1000000);
+    assert_string_equal(hex_of(a, 1000000), MILLION_A_HEX);
+    free(a);
+}
+
+static void test_streaming_pieces(void **state)
+{
+    (void)state;
+    /* the 56-byte message fed in pieces of every size 1..57 gives the same digest */
+    for (size_t piece = 1; piece <= 57; piece++) {
+        tkd_sha256 c;
+        uint8_t d[TKD_SHA256_BYTES];
+        char hex[TKD_SHA256_HEX_LEN];
+        tkd_sha256_init(&c);
+        size_t len = strlen(TWO_BLOCK);
+        for (size_t off = 0; off < len; off += piece)
+            tkd_sha256_update(&c, TWO_BLOCK + off, len - off < piece ? len - off : piece);
+        tkd_sha256_final(&c, d);
+        tkd_sha256_hex(d, hex);
+        assert_string_equal(hex, TWO_BLOCK_HEX);
+    }
+    /* a million 'a' in 1000 pieces of 1000 */
+    tkd_sha256 c;
+    uint8_t d[TKD_SHA256_BYTES];
+    char hex[TKD_SHA256_HEX_LEN], a[1000];
+    memset(a, 'a', sizeof a);
+    tkd_sha256_init(&c);
+    for (int i = 0; i < 1000; i++)
+        tkd_sha256_update(&c, a, sizeof a);
+    tkd_sha256_final(&c, d);
+    tkd_sha256_hex(d, hex);
+    assert_string_equal(hex, MILLION_A_HEX);
+}
+
+static void test_file(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("sha256");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/m", dir);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    for (int i = 0; i < 1000000; i++)
+        fputc('a', fp);
+    fclose(fp);
+    char hex[TKD_SHA256_HEX_LEN];
+    assert_int_equal(tkd_sha256_file_hex(path, hex), TKD_OK);
+    assert_string_equal(hex, MILLION_A_HEX);
+    snprintf(path, sizeof path, "%s/missing", dir);
+    assert_int_equal(tkd_sha256_file_hex(path, hex), TKD_ERR_NOT_FOUND);
+    assert_non_null(strstr(tkd_error_msg(), path));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fips_vectors),
+        cmocka_unit_test(test_streaming_pieces),
+        cmocka_unit_test(test_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
