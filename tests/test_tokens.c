@@ -1,0 +1,350 @@
+/* test_tokens.c — llm.c .bin and .npy token files, lists and globs, vocabulary check, windows, and
+ * every broken token file under tests/data/broken/ giving its own error. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "formats/tokens.h"
+#include "tests/testutil.h"
+
+static char *g_dir;
+
+static int setup(void **state)
+{
+    (void)state;
+    g_dir = tkd_test_mkdtemp("tokens");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tkd_test_rmtree(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[4][4096];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
+    return buf[k];
+}
+
+static void assert_msg_has(const char *needle)
+{
+    if (!strstr(tkd_error_msg(), needle))
+        fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
+}
+
+/* llm.c .bin: u16 tokens when magic is TKD_TOKENS_MAGIC_U16, else u32. */
+static const char *write_bin(const char *name, int magic, const int64_t *tok, int n)
+{
+    const char *path = tmp_path(name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    int32_t h[256] = {0};
+    h[0] = magic;
+    h[1] = magic == TKD_TOKENS_MAGIC_U16 ? 1 : 2;
+    h[2] = n;
+    fwrite(h, 4, 256, f);
+    for (int i = 0; i < n; i++) {
+        if (magic == TKD_TOKENS_MAGIC_U16) {
+            uint16_t v = (uint16_t)tok[i];
+            fwrite(&v, 2, 1, f);
+        } else {
+            uint32_t v = (uint32_t)tok[i];
+            fwrite(&v, 4, 1, f);
+        }
+    }
+    fclose(f);
+    return path;
+}
+
+/* .npy with the given descr and shape text, header version major (1 or 2), padded to 64 bytes as
+ * numpy does. */
+static const char *write_npy(const char *name, const char *descr, const char *shape, int major, const int64_t *tok,
+                             int n)
+{
+    const char *path = tmp_path(name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    char h[256];
+    int hl = snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    int pre = major == 1 ? 10 : 12;
+    while ((pre + hl + 1) % 64)
+        h[hl++] = ' ';
+    h[hl++] = '\n';
+    fwrite("\x93NUMPY", 1, 6, f);
+    uint8_t ver[2] = {(uint8_t)major, 0};
+    fwrite(ver, 1, 2, f);
+    uint32_t len = (uint32_t)hl;
+    fwrite(&len, major == 1 ? 2 : 4, 1, f);
+    fwrite(h, 1, (size_t)hl, f);
+    int sz = descr[2] - '0';
+    for (int i = 0; i < n; i++)
+        fwrite(&tok[i], (size_t)sz, 1, f); /* little-endian host: the low bytes come first */
+    fclose(f);
+    return path;
+}
+
+static void seq(int64_t *t, int n, int64_t base, int64_t step)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = base + step * i;
+}
+
+static void assert_stream(const tkd_tokens *ds, const int64_t *want, int n)
+{
+    assert_int_equal(tkd_tokens_count(ds), n);
+    const int32_t *d = tkd_tokens_data(ds);
+    for (int i = 0; i < n; i++)
+        if (d[i] != want[i])
+            fail_msg("token %d: %d != %lld", i, d[i], (long long)want[i]);
+}
+
+static void test_bin_u16_u32(void **state)
+{
+    (void)state;
+    int64_t t[300];
+    seq(t, 300, 65000, 3); /* crosses 65535 only in the u32 file below */
+    for (int i = 0; i < 300; i++)
+        t[i] %= 65536;
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(write_bin("a.bin", TKD_TOKENS_MAGIC_U16, t, 300), &ds), TKD_OK);
+    assert_stream(ds, t, 300);
+    assert_int_equal(tkd_tokens_num_files(ds), 1);
+    tkd_tokens_free(ds);
+
+    seq(t, 300, 100000, 7919);
+    assert_int_equal(tkd_tokens_open(write_bin("b.bin", TKD_TOKENS_MAGIC_U32, t, 300), &ds), TKD_OK);
+    assert_stream(ds, t, 300);
+    tkd_tokens_free(ds);
+}
+
+static void test_npy_dtypes_and_2d(void **state)
+{
+    (void)state;
+    int64_t t[24];
+    tkd_tokens *ds = NULL;
+    seq(t, 24, -3, 1000); /* <i4 keeps negatives (check_vocab refuses them later) */
+    assert_int_equal(tkd_tokens_open(write_npy("i4.npy", "<i4", "(24,)", 1, t, 24), &ds), TKD_OK);
+    assert_stream(ds, t, 24);
+    tkd_tokens_free(ds);
+
+    seq(t, 24, 60000, 200);
+    for (int i = 0; i < 24; i++)
+        t[i] %= 65536;
+    /* 2-D: rows concatenated in C order */
+    assert_int_equal(tkd_tokens_open(write_npy("u2.npy", "<u2", "(4, 6)", 1, t, 24), &ds), TKD_OK);
+    assert_stream(ds, t, 24);
+    tkd_tokens_free(ds);
+
+    seq(t, 24, 2000000000, 5000000); /* up to 2.115e9 < 2^31 */
+    assert_int_equal(tkd_tokens_open(write_npy("u4.npy", "<u4", "(3,8)", 2, t, 24), &ds), TKD_OK);
+    assert_stream(ds, t, 24);
+    tkd_tokens_free(ds);
+
+    seq(t, 24, 7, 123456);
+    assert_int_equal(tkd_tokens_open(write_npy("i8.npy", "<i8", "(24,)", 2, t, 24), &ds), TKD_OK);
+    assert_stream(ds, t, 24);
+    tkd_tokens_free(ds);
+
+    t[5] = (int64_t)1 << 40;
+    assert_int_equal(tkd_tokens_open(write_npy("i8big.npy", "<i8", "(24,)", 1, t, 24), &ds), TKD_ERR_FORMAT);
+    assert_msg_has("i8big.npy: token 1099511627776 at token offset 5 does not fit in int32");
+    assert_null(ds);
+}
+
+static void test_list_glob_locate_vocab(void **state)
+{
+    (void)state;
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/shards", g_dir);
+    assert_int_equal(tkd_test_rmtree(sub), 0);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", sub);
+    assert_int_equal(system(cmd), 0);
+    int64_t a[10], b[6], c[5];
+    seq(a, 10, 0, 1);
+    seq(b, 6, 100, 1);
+    seq(c, 5, 200, 1);
+    b[4] = 5000; /* out of a 1000-token vocabulary */
+    write_bin("shards/s1.bin", TKD_TOKENS_MAGIC_U16, a, 10);
+    write_npy("shards/s2.npy", "<i4", "(2, 3)", 1, b, 6);
+    write_bin("shards/s3.bin", TKD_TOKENS_MAGIC_U32, c, 5);
+    write_bin("shards/s0_empty.bin", TKD_TOKENS_MAGIC_U16, a, 0); /* sorts first, holds nothing */
+
+    tkd_tokens *ds = NULL;
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s/s*", sub);
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_count(ds), 21);
+    assert_int_equal(tkd_tokens_num_files(ds), 4);
+    int64_t first, count;
+    const char *f = tkd_tokens_file(ds, 2, &first, &count);
+    assert_non_null(strstr(f, "s2.npy"));
+    assert_int_equal(first, 10);
+    assert_int_equal(count, 6);
+    assert_int_equal(tkd_tokens_data(ds)[16], 200);
+
+    int64_t local;
+    assert_non_null(strstr(tkd_tokens_locate(ds, 0, &local), "s1.bin"));
+    assert_int_equal(local, 0);
+    assert_non_null(strstr(tkd_tokens_locate(ds, 14, &local), "s2.npy"));
+    assert_int_equal(local, 4);
+    assert_non_null(strstr(tkd_tokens_locate(ds, 20, &local), "s3.bin"));
+    assert_int_equal(local, 4);
+    assert_null(tkd_tokens_locate(ds, 21, &local));
+
+    assert_int_equal(tkd_tokens_check_vocab(ds, 5001), TKD_OK);
+    assert_int_equal(tkd_tokens_check_vocab(ds, 1000), TKD_ERR_MISMATCH);
+    assert_msg_has("s2.npy: token offset 4: id 5000 is outside the vocabulary [0, 1000)");
+    assert_int_equal(tkd_tokens_check_vocab(ds, 204), TKD_ERR_MISMATCH); /* 5000 comes before 204 */
+    tkd_tokens_free(ds);
+
+    /* a list, in the order given (not sorted) */
+    const char *list[2] = {tmp_path("shards/s3.bin"), tmp_path("shards/s1.bin")};
+    assert_int_equal(tkd_tokens_open_list(list, 2, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_count(ds), 15);
+    assert_int_equal(tkd_tokens_data(ds)[0], 200);
+    assert_int_equal(tkd_tokens_data(ds)[5], 0);
+    tkd_tokens_free(ds);
+
+    /* negative ids are refused by the vocabulary check */
+    int64_t neg[3] = {1, -7, 2};
+    assert_int_equal(tkd_tokens_open(write_npy("neg.npy", "<i4", "(3,)", 1, neg, 3), &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_check_vocab(ds, 10), TKD_ERR_MISMATCH);
+    assert_msg_has("neg.npy: token offset 1: id -7");
+    tkd_tokens_free(ds);
+
+    snprintf(pattern, sizeof pattern, "%s/*.nothing", sub);
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_ERR_NOT_FOUND);
+    assert_msg_has("*.nothing: the glob matches no files");
+    assert_int_equal(tkd_tokens_open(tmp_path("absent.bin"), &ds), TKD_ERR_NOT_FOUND);
+    assert_msg_has("absent.bin: cannot open");
+    assert_int_equal(tkd_tokens_open(tmp_path("shards/s0_empty.bin"), &ds), TKD_ERR_FORMAT);
+    assert_msg_has("s0_empty.bin: the dataset holds no tokens");
+    assert_null(ds);
+}
+
+/* Checks window count and contents against the definition, for many shapes. */
+static void check_windows(const tkd_tokens *ds, int L, int stride, int pad)
+{
+    int64_t n = tkd_tokens_count(ds);
+    const int32_t *d = tkd_tokens_data(ds);
+    int64_t nw = tkd_tokens_num_windows(ds, L, stride, pad);
+    int32_t tok[40], lab[40];
+    char *covered = calloc((size_t)n, 1);
+    for (int64_t i = 0; i < nw; i++) {
+        int valid = -1;
+        assert_int_equal(tkd_tokens_window(ds, L, stride, pad, i, tok, lab, &valid), TKD_OK);
+        int64_t s = i * stride;
+        int real = 0;
+        for (int j = 0; j <= L; j++)
+            assert_int_equal(tok[j], s + j < n ? d[s + j] : 0);
+        for (int j = 0; j < L; j++) {
+            if (s + j + 1 < n) {
+                assert_int_equal(lab[j], d[s + j + 1]);
+                covered[s + j + 1] = 1;
+                real++;
+            } else {
+                assert_int_equal(lab[j], TKD_TOKENS_IGNORE_LABEL);
+            }
+        }
+        assert_int_equal(valid, real);
+        if (!pad)
+            assert_int_equal(valid, L); /* drop mode: only whole windows */
+        assert_true(valid > 0);
+    }
+    if (pad) /* every token after the first is a label somewhere, when windows overlap or touch */
+        for (int64_t p = 1; p < n && stride <= L; p++)
+            assert_true(covered[p]);
+    if (!pad) /* one more window would not fit */
+        assert_true(nw * stride + L + 1 > n);
+    free(covered);
+    assert_int_equal(tkd_tokens_window(ds, L, stride, pad, nw, tok, lab, NULL), TKD_ERR_INVALID_ARG);
+}
+
+static void test_windows(void **state)
+{
+    (void)state;
+    int64_t t[37];
+    seq(t, 37, 1, 1);
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(write_bin("w.bin", TKD_TOKENS_MAGIC_U16, t, 10), &ds), TKD_OK);
+    /* the worked example from the docs: 10 tokens, seq_len 4, stride 4 */
+    assert_int_equal(tkd_tokens_num_windows(ds, 4, 4, 0), 2);
+    assert_int_equal(tkd_tokens_num_windows(ds, 4, 4, 1), 3);
+    int32_t tok[5], lab[4];
+    int valid;
+    assert_int_equal(tkd_tokens_window(ds, 4, 4, 1, 2, tok, lab, &valid), TKD_OK);
+    int32_t want_tok[5] = {9, 10, 0, 0, 0}, want_lab[4] = {10, -100, -100, -100};
+    assert_memory_equal(tok, want_tok, sizeof tok);
+    assert_memory_equal(lab, want_lab, sizeof lab);
+    assert_int_equal(valid, 1);
+    assert_int_equal(tkd_tokens_num_windows(ds, 9, 1, 0), 1);
+    assert_int_equal(tkd_tokens_num_windows(ds, 10, 1, 0), 0);
+    assert_int_equal(tkd_tokens_num_windows(ds, 10, 1, 1), 1);
+    assert_int_equal(tkd_tokens_num_windows(ds, 4, 0, 0), 0);
+    tkd_tokens_free(ds);
+
+    for (int n = 1; n <= 37; n += 3) {
+        assert_int_equal(tkd_tokens_open(write_bin("w.bin", TKD_TOKENS_MAGIC_U16, t, n), &ds), TKD_OK);
+        for (int L = 1; L <= 9; L += 2)
+            for (int stride = 1; stride <= 11; stride += 2)
+                for (int pad = 0; pad < 2; pad++)
+                    check_windows(ds, L, stride, pad);
+        tkd_tokens_free(ds);
+    }
+}
+
+static void test_broken_files(void **state)
+{
+    (void)state;
+    FILE *f = fopen(tkd_test_src("data/broken/EXPECTED.tsv"), "r");
+    assert_non_null(f);
+    char line[1024];
+    int cases = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "tok_", 4) != 0)
+            continue;
+        char *name = strtok(line, "\t"), *status = strtok(NULL, "\t"), *sub = strtok(NULL, "\t");
+        assert_non_null(sub);
+        char path[4096];
+        snprintf(path, sizeof path, "%s", tkd_test_src("data/broken/"));
+        strncat(path, name, sizeof path - strlen(path) - 1);
+        tkd_tokens *ds = NULL;
+        tkd_error_clear();
+        tkd_status st = tkd_tokens_open(path, &ds);
+        if (strcmp(tkd_status_name(st), status) != 0)
+            fail_msg("%s: got %s (%s), expected %s", name, tkd_status_name(st), tkd_error_msg(), status);
+        assert_null(ds);
+        assert_msg_has(sub);
+        assert_msg_has(name); /* the message names the file */
+        cases++;
+    }
+    fclose(f);
+    assert_true(cases >= 12);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bin_u16_u32),
+        cmocka_unit_test(test_npy_dtypes_and_2d),
+        cmocka_unit_test(test_list_glob_locate_vocab),
+        cmocka_unit_test(test_windows),
+        cmocka_unit_test(test_broken_files),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
