@@ -1,6 +1,8 @@
 /* tokens.c — see tokens.h. Files are little-endian, like the host (x86-64, aarch64). */
 #include "formats/tokens.h"
 
+#include "common/sha256.h"
+
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
@@ -447,4 +449,12 @@ tkd_status tkd_tokens_window(const tkd_tokens *ds, int seq_len, int stride, int 
     if (n_valid)
         *n_valid = valid;
     return TKD_OK;
+}
+
+void tkd_tokens_sha256(const tkd_tokens *ds, char hex[65])
+{
+    uint8_t digest[TKD_SHA256_BYTES];
+    /* the in-memory int32 array is the little-endian stream on the hosts we support */
+    tkd_sha256_buffer(ds->data, (size_t)ds->count * sizeof *ds->data, digest);
+    tkd_sha256_hex(digest, hex);
 }

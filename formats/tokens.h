@@ -63,4 +63,8 @@ int64_t tkd_tokens_num_windows(const tkd_tokens *ds, int seq_len, int stride, in
 tkd_status tkd_tokens_window(const tkd_tokens *ds, int seq_len, int stride, int pad_tail, int64_t i,
                              int32_t *tokens /* (seq_len + 1) */, int32_t *labels /* (seq_len) */, int *n_valid);
 
+/* SHA-256 of the token stream as little-endian int32 — the dataset's identity, independent of the
+ * files' formats and how the stream is split into files. hex: 64 lowercase digits + NUL. */
+void tkd_tokens_sha256(const tkd_tokens *ds, char hex[65]);
+
 #endif /* TKD_TOKENS_H */

@@ -307,6 +307,26 @@ static void test_windows(void **state)
     }
 }
 
+static void test_sha256_identity(void **state)
+{
+    (void)state;
+    int64_t t[10];
+    seq(t, 10, 1, 1);
+    tkd_tokens *a = NULL, *b = NULL;
+    assert_int_equal(tkd_tokens_open(write_bin("h.bin", TKD_TOKENS_MAGIC_U16, t, 10), &a), TKD_OK);
+    const char *parts[2] = {write_npy("h1.npy", "<i8", "(4,)", 1, t, 4),
+                            write_bin("h2.bin", TKD_TOKENS_MAGIC_U32, t + 4, 6)};
+    assert_int_equal(tkd_tokens_open_list(parts, 2, &b), TKD_OK);
+    char ha[65], hb[65];
+    tkd_tokens_sha256(a, ha);
+    tkd_tokens_sha256(b, hb);
+    /* python3: hashlib.sha256(struct.pack('<10i', *range(1, 11))).hexdigest() */
+    assert_string_equal(ha, "272bc3456b7ce85de2ce18d1964316879e840a1201a4664e967ef42ba3f76b96");
+    assert_string_equal(hb, ha); /* same tokens, other files and formats: same identity */
+    tkd_tokens_free(a);
+    tkd_tokens_free(b);
+}
+
 static void test_broken_files(void **state)
 {
     (void)state;
@@ -344,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_npy_dtypes_and_2d),
         cmocka_unit_test(test_list_glob_locate_vocab),
         cmocka_unit_test(test_windows),
+        cmocka_unit_test(test_sha256_identity),
         cmocka_unit_test(test_broken_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
