@@ -123,6 +123,26 @@ static void check_variant(tkd_kl_variant var, double tau, double alpha, int k_us
                      dw[i], fd_w[i]);
     for (int e = 0; e < D; e++) /* the masked row */
         assert_true(dh[2 * D + e] == 0.0);
+
+    /* the chunked fp32 path, chunks of 3 rows (N = 4 is not a multiple): fp32 logits and exps add
+     * ~1e-7 relative, so the same 1e-5 of the largest gradient plus 1e-5 for fp32 */
+    float fh[N * D], fw[V * D] = {0};
+    tkd_kl_cpu_ws *ws = NULL;
+    p.chunk_rows = 3;
+    tkd_kl_result rc;
+    assert_int_equal(tkd_kl_cpu_ws_init(&ws, &p, N, D, V), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &rc, NULL, NULL), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 1.0f, fh, fw), TKD_OK);
+    tkd_kl_cpu_ws_free(ws);
+    assert_true(tkd_test_close(rc.loss, r.loss, 1e-7, 1e-6));
+    for (int i = 0; i < N * D; i++)
+        if (fabs(fh[i] - fd_h[i]) > 2 * tol)
+            fail_msg("%s tau=%g dH[%d]: chunked %.9g, finite differences %.9g", tkd_kl_variant_name(var), tau, i,
+                     (double)fh[i], fd_h[i]);
+    for (int i = 0; i < V * D; i++)
+        if (fabs(fw[i] - fd_w[i]) > 2 * tol)
+            fail_msg("%s tau=%g dW[%d]: chunked %.9g, finite differences %.9g", tkd_kl_variant_name(var), tau, i,
+                     (double)fw[i], fd_w[i]);
 }
 
 static void test_gradcheck_renorm(void **state)

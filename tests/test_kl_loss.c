@@ -459,6 +459,242 @@ static void test_variant_names(void **state)
     assert_true(p.alpha == 1.0f && p.temperature == 1.0f && p.grad_scale == 1.0f);
 }
 
+/* ---- the chunked CPU path against the reference ------------------------------------------ */
+
+typedef struct cpu_out {
+    float *dh, *dw;
+    tkd_kl_result res;
+} cpu_out;
+
+/* Forward + backward (or forward alone with grad_in_forward) on a fresh workspace. */
+static cpu_out cpu_run(const kcase *c, tkd_kl_params p, int chunk, int grad_in_forward)
+{
+    cpu_out o = {.dh = malloc(sizeof(float) * (size_t)(c->n * c->d)),
+                 .dw = calloc((size_t)c->v * c->d, sizeof(float))};
+    p.chunk_rows = chunk;
+    p.grad_in_forward = grad_in_forward;
+    tkd_kl_batch b = kcase_batch(c);
+    tkd_kl_cpu_ws *ws = NULL;
+    if (tkd_kl_cpu_ws_init(&ws, &p, c->n, c->d, c->v) != TKD_OK ||
+        tkd_kl_cpu_forward(ws, &p, &b, &o.res, o.dh, o.dw) != TKD_OK ||
+        tkd_kl_cpu_backward(ws, &p, &b, p.grad_scale, o.dh, o.dw) != TKD_OK)
+        fail_msg("cpu: %s", tkd_error_msg());
+    tkd_kl_cpu_ws_free(ws);
+    return o;
+}
+
+static void cpu_out_free(cpu_out *o)
+{
+    free(o->dh), free(o->dw);
+}
+
+/* max |a − b| / max |b| over a float and a double array; NaN counts as infinitely wrong */
+static double rel_err_fd(const float *a, const double *b, size_t n)
+{
+    double e = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        e = isnan(d) ? INFINITY : fmax(e, d);
+    }
+    double m = max_abs(b, n);
+    return m > 0 ? e / m : e;
+}
+
+static double worst_loss_err, worst_grad_err, worst_extreme_grad_err; /* reported once, for docs and the lead */
+
+/* Loss: the fp32 logits from sgemm are off by about sqrt(D)·2^-24·|h||w| (~1e-7 relative here); the
+ * loss, summed in double, moves by as much: 1e-6 relative (+1e-7 absolute for losses near 0) leaves
+ * ~50x margin over what these cases show (1.5e-8).
+ * Gradients: the same logit error, fp32 exp, and fp32 sgemm sums over V = 203 or a chunk's rows:
+ * 2e-5 of the largest gradient (these cases show 5e-7). */
+#define LOSS_RTOL 1e-6
+#define LOSS_ATOL 1e-7
+#define GRAD_RTOL 2e-5
+/* With |W| = 5000 and |H| = 1, dH = dS·W and dW = dSᵀ·H sum terms far larger than the result (the
+ * rows of dS sum to ~0), so fp32 rounding of dS (2^-24 of each term) shows up to ~1e-5 of the
+ * largest gradient; 1e-4 keeps a margin and still catches a wrong formula (errors of O(1)). */
+#define EXTREME_GRAD_RTOL 1e-4
+
+static void expect_match(const char *what, const kcase *c, const cpu_out *o, const grads *g, double grad_rtol)
+{
+    double el = fabs(o->res.loss - g->res.loss) / (LOSS_ATOL / LOSS_RTOL + fabs(g->res.loss));
+    double ek = fabs(o->res.kd - g->res.kd) / (LOSS_ATOL / LOSS_RTOL + fabs(g->res.kd));
+    double ec = fabs(o->res.ce - g->res.ce) / (LOSS_ATOL / LOSS_RTOL + fabs(g->res.ce));
+    double eh = rel_err_fd(o->dh, g->dh, (size_t)(c->n * c->d)), ew = rel_err_fd(o->dw, g->dw, (size_t)c->v * c->d);
+    worst_loss_err = fmax(worst_loss_err, fmax(el, fmax(ek, ec)));
+    if (grad_rtol == GRAD_RTOL)
+        worst_grad_err = fmax(worst_grad_err, fmax(eh, ew));
+    else
+        worst_extreme_grad_err = fmax(worst_extreme_grad_err, fmax(eh, ew));
+    if (!(el <= LOSS_RTOL && ek <= LOSS_RTOL && ec <= LOSS_RTOL) || !isfinite(o->res.loss))
+        fail_msg("%s: loss %.10g kd %.10g ce %.10g, ref %.10g %.10g %.10g", what, o->res.loss, o->res.kd,
+                 o->res.ce, g->res.loss, g->res.kd, g->res.ce);
+    if (!(eh <= grad_rtol && ew <= grad_rtol))
+        fail_msg("%s: gradient error dH %.3g dW %.3g of the largest", what, eh, ew);
+    if (o->res.n_kept != g->res.n_kept)
+        fail_msg("%s: n_kept %lld, ref %lld", what, (long long)o->res.n_kept, (long long)g->res.n_kept);
+}
+
+/* Recompute and grad_in_forward do the same arithmetic on the same logits. */
+static void expect_same(const char *what, const kcase *c, const cpu_out *a, const cpu_out *b)
+{
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    double mh = 0, mw = 0, eh = 0, ew = 0;
+    for (size_t i = 0; i < nh; i++)
+        mh = fmax(mh, fabs(b->dh[i])), eh = fmax(eh, fabs(a->dh[i] - b->dh[i]));
+    for (size_t i = 0; i < nw; i++)
+        mw = fmax(mw, fabs(b->dw[i])), ew = fmax(ew, fabs(a->dw[i] - b->dw[i]));
+    /* 1e-6: only the order of fp32 additions may differ between the two modes' sgemm calls */
+    if (a->res.loss != b->res.loss || eh > 1e-6 * mh || ew > 1e-6 * mw)
+        fail_msg("%s: grad_in_forward differs from recompute: loss %.10g vs %.10g, dH %.3g dW %.3g", what,
+                 a->res.loss, b->res.loss, eh / mh, ew / mw);
+}
+
+static void check_one(const char *tag, const kcase *c, tkd_kl_params p, int chunk, double grad_rtol)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s %s tau=%g alpha=%g k'=%d/%d S=%d chunk=%d", tag,
+             tkd_kl_variant_name(p.variant), (double)p.temperature, (double)p.alpha, p.k_use, p.k, p.s, chunk);
+    grads g = ref_run(c, &p);
+    cpu_out o = cpu_run(c, p, chunk, 0), of = cpu_run(c, p, chunk, 1);
+    expect_match(what, c, &o, &g, grad_rtol);
+    expect_same(what, c, &of, &o);
+    grads_free(&g), cpu_out_free(&o), cpu_out_free(&of);
+}
+
+/* Every variant x τ x alpha x k' (x S for sampled), N = 37 in chunks of 8, V = 203. */
+static void test_chunked_matches_ref_grid(void **state)
+{
+    (void)state;
+    const double taus[] = {1.0, 2.5}, alphas[] = {0.0, 0.5, 1.0};
+    const int n = 37, d = 16, v = 203, k = 6;
+    for (int ti = 0; ti < 2; ti++) {
+        kcase c7 = kcase_make(n, d, v, k, 7, taus[ti], 100 + ti), c1 = kcase_make(n, d, v, k, 1, taus[ti], 100 + ti);
+        for (int ai = 0; ai < 3; ai++)
+            for (int var = 0; var < 3; var++) {
+                const int kus[] = {0, 1, k / 2, k};
+                for (int ki = 0; ki < 4; ki++) {
+                    for (int s = 0; s <= 7; s++) {
+                        if ((s != 0 && s != 1 && s != 7) || (var != TKD_KL_VARIANT_SAMPLED && s != 0))
+                            continue;
+                        if (kus[ki] == 0 && (var != TKD_KL_VARIANT_SAMPLED || s == 0))
+                            continue;
+                        tkd_kl_params p = params_of((tkd_kl_variant)var, taus[ti], alphas[ai], k, kus[ki], s);
+                        check_one("grid", s == 1 ? &c1 : &c7, p, 8, GRAD_RTOL);
+                    }
+                }
+            }
+        kcase_free(&c7), kcase_free(&c1);
+    }
+    print_message("worst error vs the float64 reference: loss %.3g (relative), gradients %.3g (of the largest)\n",
+                  worst_loss_err, worst_grad_err);
+}
+
+/* k = 1, one row, a single chunk of everything, and the automatic chunk size. */
+static void test_chunked_small_shapes(void **state)
+{
+    (void)state;
+    kcase c = kcase_make(13, 5, 29, 1, 7, 1.0, 200);
+    for (int var = 0; var < 3; var++) {
+        tkd_kl_params p = params_of((tkd_kl_variant)var, 1.0, 0.5, 1, 1, var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
+        check_one("k=1", &c, p, 3, GRAD_RTOL);
+        check_one("k=1 auto chunk", &c, p, 0, GRAD_RTOL);
+    }
+    kcase one = kcase_make(1, 3, 11, 4, 7, 2.5, 201);
+    one.labels[0] = 10;
+    for (int var = 0; var < 3; var++) {
+        tkd_kl_params p = params_of((tkd_kl_variant)var, 2.5, 0.5, 4, 2, var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
+        check_one("N=1", &one, p, 1, GRAD_RTOL);
+    }
+    kcase_free(&c), kcase_free(&one);
+}
+
+/* Logits of ±1e4 (student and teacher): no NaN, finite gradients, still the reference's values.
+ * H in {-1, 0, 1} and W in multiples of 2500 make the fp32 logits exact (multiples of 2500 up to
+ * 2e4), so the tolerances need not grow with the logits. */
+static void test_chunked_extreme_logits(void **state)
+{
+    (void)state;
+    const int n = 37, d = 4, v = 203, k = 6;
+    const double taus[] = {1.0, 2.5};
+    for (int ti = 0; ti < 2; ti++) {
+        kcase c = kcase_make(n, d, v, k, 7, taus[ti], 300 + ti);
+        for (int i = 0; i < n * d; i++)
+            c.h[i] = (float)((int)(urand(&c) * 3) - 1);
+        for (int i = 0; i < v * d; i++)
+            c.w[i] = (float)(2500 * ((int)(urand(&c) * 5) - 2));
+        for (int i = 0; i < n * v; i++)
+            c.tfull[i] = (float)(1e4 * (urand(&c) * 2 - 1));
+        c.tfull[5 * v + 7] = c.tfull[5 * v + 8]; /* a tie at the top does not matter either */
+        kcase_cut_teacher(&c);
+        for (int var = 0; var < 3; var++)
+            for (int ki = 1; ki <= k; ki += k - 1) {
+                tkd_kl_params p = params_of((tkd_kl_variant)var, taus[ti], 0.5, k, ki,
+                                            var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
+                check_one("extreme", &c, p, 8, EXTREME_GRAD_RTOL);
+            }
+        kcase_free(&c);
+    }
+    print_message("worst error so far, extreme logits included: loss %.3g; gradients of extreme cases %.3g\n",
+                  worst_loss_err, worst_extreme_grad_err);
+}
+
+/* backward scales by `scale` and accumulates into dw; a workspace serves smaller batches;
+ * grad_scale reaches grad_in_forward; a mismatched scale is refused. */
+static void test_chunked_scale_accumulate_reuse(void **state)
+{
+    (void)state;
+    kcase c = kcase_make(37, 6, 31, 4, 0, 1.0, 400);
+    tkd_kl_params p = params_of(TKD_KL_VARIANT_TAIL, 1.0, 0.5, 4, 4, 0);
+    p.chunk_rows = 5;
+    tkd_kl_cpu_ws *ws = NULL;
+    assert_int_equal(tkd_kl_cpu_ws_init(&ws, &p, 37, 6, 31), TKD_OK);
+    kcase small = c;
+    small.n = 20; /* the first 20 rows of the same batch */
+    grads g = ref_run(&small, &p);
+    tkd_kl_batch b = kcase_batch(&small);
+    float dh[37 * 6], dw[31 * 6];
+    for (int i = 0; i < 31 * 6; i++)
+        dw[i] = 1.0f;
+    tkd_kl_result res;
+    assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 1.0f, dh, dw), TKD_ERR_INVALID_ARG); /* no forward yet */
+    assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &res, NULL, NULL), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 0.25f, dh, dw), TKD_OK);
+    assert_true(tkd_test_close(res.loss, g.res.loss, LOSS_ATOL, LOSS_RTOL));
+    double mw = max_abs(g.dw, 31 * 6), mh = max_abs(g.dh, 20 * 6);
+    for (int i = 0; i < 31 * 6; i++)
+        assert_true(fabs(dw[i] - (1.0 + 0.25 * g.dw[i])) <= GRAD_RTOL * mw);
+    for (int i = 0; i < 20 * 6; i++)
+        assert_true(fabs(dh[i] - 0.25 * g.dh[i]) <= GRAD_RTOL * mh);
+
+    p.grad_in_forward = 1;
+    p.grad_scale = 0.5f;
+    memset(dw, 0, sizeof dw);
+    assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &res, dh, dw), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 0.5f, dh, dw), TKD_OK); /* a no-op */
+    assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 1.0f, dh, dw), TKD_ERR_INVALID_ARG);
+    for (int i = 0; i < 31 * 6; i++)
+        assert_true(fabs(dw[i] - 0.5 * g.dw[i]) <= GRAD_RTOL * mw);
+
+    b.n = 38; /* larger than the workspace */
+    assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &res, dh, dw), TKD_ERR_INVALID_ARG);
+    b.n = 20;
+    c.idx[4 * 4 + 1] = 31; /* out of range: refused, never read out of bounds */
+    assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &res, dh, dw), TKD_ERR_FORMAT);
+    assert_non_null(strstr(tkd_error_msg(), "row 4"));
+    for (int i = 0; i < 37; i++) /* every row masked: zero loss, zero dH, dW untouched */
+        c.labels[i] = -100;
+    p.grad_in_forward = 0;
+    dw[0] = 3.0f;
+    assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &res, NULL, NULL), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 1.0f, dh, dw), TKD_OK);
+    assert_true(res.loss == 0.0 && res.n_kept == 0 && dh[7] == 0.0f && dw[0] == 3.0f);
+    tkd_kl_cpu_ws_free(ws);
+    tkd_kl_cpu_ws_free(NULL);
+    grads_free(&g);
+    kcase_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +704,10 @@ int main(void)
         cmocka_unit_test(test_ref_sampled_expectation_is_dense),
         cmocka_unit_test(test_ref_ce_only),
         cmocka_unit_test(test_validate_errors),
+        cmocka_unit_test(test_chunked_matches_ref_grid),
+        cmocka_unit_test(test_chunked_small_shapes),
+        cmocka_unit_test(test_chunked_extreme_logits),
+        cmocka_unit_test(test_chunked_scale_accumulate_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
