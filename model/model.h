@@ -1,0 +1,127 @@
+/* model.h — the Llama-family decoder on the CPU: load / random init / save, forward, backward.
+ *
+ * Architecture (docs/model.md): token embedding; L blocks of
+ *   x += o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rmsnorm(x)
+ *   x += down_proj(silu(gate_proj(n2)) · up_proj(n2))                    n2 = rmsnorm(x)
+ * then a final RMSNorm. The model stops at the final hidden states (N, D), N = B·T: the LM head
+ * (V, D) is applied by the caller, chunked (the fused KL loss, teacher-dump's top-K), which is why
+ * backward takes dHidden and the loss adds its LM-head gradient straight into
+ * tkd_model_lm_head_grad(). Tied models share one (V, D) matrix for embedding and head, so the
+ * embedding's and the head's gradients add in one buffer.
+ *
+ * Memory: all parameters live in ONE allocation (m->params) with views; gradients (m->grads) are a
+ * second allocation of the same layout, made on the first training forward; activations are one
+ * allocation sized for the largest (B, T) seen and reused. tkd_model_params() lists every tensor
+ * (HF name, shape, offset into the flat arrays, weight decay yes / no) for the optimizer and
+ * checkpoints. Not thread-safe: one model, one caller at a time (the ops use OpenMP inside).
+ */
+#ifndef TKD_MODEL_H
+#define TKD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "formats/hf_config.h"
+#include "formats/safetensors.h"
+
+#define TKD_PARAM_NAME_MAX 80
+
+/* One parameter tensor: its Hugging Face name, shape and place in the flat arrays. */
+typedef struct tkd_param_info {
+    char name[TKD_PARAM_NAME_MAX]; /* e.g. "model.layers.3.self_attn.q_proj.weight" */
+    int ndim;                      /* 1 or 2 */
+    int64_t shape[2];
+    size_t offset;                 /* in floats, into params / grads / AdamW m and v */
+    size_t numel;
+    int decay;                     /* 1: AdamW weight decay applies (not norms, not biases) */
+} tkd_param_info;
+
+/* Views of one block's tensors (into params or into grads). Biases are NULL without attention_bias. */
+typedef struct tkd_layer_weights {
+    float *attn_norm; // (D)
+    float *wq;        // (H·Dh, D)
+    float *bq;        // (H·Dh)
+    float *wk;        // (Hkv·Dh, D)
+    float *bk;        // (Hkv·Dh)
+    float *wv;        // (Hkv·Dh, D)
+    float *bv;        // (Hkv·Dh)
+    float *wo;        // (D, H·Dh)
+    float *mlp_norm;  // (D)
+    float *wg;        // (F, D)
+    float *wu;        // (F, D)
+    float *wd;        // (D, F)
+} tkd_layer_weights;
+
+typedef struct tkd_model_weights {
+    float *embed;              // (V, D)
+    tkd_layer_weights *layers; // (L)
+    float *final_norm;         // (D)
+    float *lm_head;            // (V, D): == embed when tied
+} tkd_model_weights;
+
+typedef struct tkd_model_acts tkd_model_acts; /* private: activation buffers */
+
+typedef struct tkd_model {
+    tkd_model_config cfg;
+    size_t n_params;        /* floats in params (and grads) */
+    float *params;          /* one allocation, owned */
+    float *grads;           /* NULL until the first training forward; same layout as params */
+    tkd_model_weights w;    /* views into params */
+    tkd_model_weights g;    /* views into grads (all NULL while grads is NULL) */
+    tkd_param_info *info;   /* n_info entries, in storage order */
+    int n_info;
+    float *rope_cos;        // (max_position_embeddings, Dh/2)
+    float *rope_sin;        // (max_position_embeddings, Dh/2)
+    tkd_model_acts *acts;
+} tkd_model;
+
+/* A model with weights drawn from normal(0, cfg->initializer_range) by a seeded generator (same seed,
+ * same weights, on every machine), norm weights 1, biases 0 — transformers' own init for these models
+ * (no scaled output projections). On success *out is owned by the caller (tkd_model_free). */
+tkd_status tkd_model_init_random(const tkd_model_config *cfg, uint64_t seed, tkd_model **out);
+
+/* Loads <dir>/config.json and the safetensors weights (F32/F16/BF16, converted to fp32). A missing
+ * tensor is TKD_ERR_NOT_FOUND and a wrong shape TKD_ERR_FORMAT, each naming the tensor and the file.
+ * lm_head.weight is required unless tie_word_embeddings. *out owned by the caller. */
+tkd_status tkd_model_load_hf(const char *dir, tkd_model **out);
+
+/* Writes <dir>/config.json and <dir>/model.safetensors (dtype TKD_DTYPE_F32 or TKD_DTYPE_BF16;
+ * creates <dir> if absent), loadable by transformers' AutoModelForCausalLM.from_pretrained.
+ * lm_head.weight is omitted when tied. */
+tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype);
+
+void tkd_model_free(tkd_model *m); /* NULL is a no-op */
+
+/* The parameter list (n entries), in storage order. */
+const tkd_param_info *tkd_model_params(const tkd_model *m, int *n);
+
+/* Sizes the activation buffers for up to (B, T) once (forward does it on demand; calling it up front
+ * keeps allocation out of the training loop). training = 1 keeps every layer's activations for
+ * backward and allocates the gradients. T must not exceed max_position_embeddings. */
+tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
+
+/* Forward over tokens (B, T) int32 (each in [0, V), else TKD_ERR_INVALID_ARG naming the position).
+ * *hidden (optional) receives a view of the final hidden states (B·T, D) after the final RMSNorm,
+ * owned by the model and valid until the next forward. training = 0 keeps no activations (teacher);
+ * training = 1 keeps them for tkd_model_backward. */
+tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, int training,
+                             const float **hidden);
+
+/* Backward of the last training forward, given dHidden = ∂loss/∂hidden (B·T, D). ADDS into
+ * m->grads (so gradient accumulation over micro-batches is just several forward/backward pairs),
+ * including the embedding; the LM head's own gradient comes from the loss via tkd_model_lm_head_grad. */
+tkd_status tkd_model_backward(tkd_model *m, const float *dhidden);
+
+/* The LM-head weight (V, D) (the embedding when tied) and its gradient buffer (NULL before the first
+ * training forward); the loss adds dW into the latter. */
+const float *tkd_model_lm_head(const tkd_model *m);
+float *tkd_model_lm_head_grad(tkd_model *m);
+
+/* Zeroes all gradients (no-op when none are allocated). */
+void tkd_model_zero_grad(tkd_model *m);
+
+/* Full-vocabulary logits (N, V) = hidden (N, D) · lm_headᵀ — for tests and small vocabularies. */
+void tkd_model_logits(const tkd_model *m, const float *hidden, int64_t N, float *logits);
+
+#endif /* TKD_MODEL_H */
