@@ -1,0 +1,324 @@
+/* fileio.c — see fileio.h. */
+#include "common/fileio.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Maps errno to a status and a one-line message; disk full gets its own code and advice. */
+static tkd_status io_error(const char *path, const char *what, int err)
+{
+    if (err == ENOSPC || err == EDQUOT)
+        return tkd_error_set(TKD_ERR_NOSPACE, "%s: disk full while %s (%s); free space and retry",
+                             path, what, strerror(err));
+    return tkd_error_set(err == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: %s failed: %s", path,
+                         what, strerror(err));
+}
+
+/* The directory part of path ("." when there is none) into out. */
+static void dir_of(const char *path, char *out, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(out, cap, ".");
+    else if (slash == path)
+        snprintf(out, cap, "/");
+    else
+        snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+static char *concat(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = malloc(la + lb + 1);
+    if (s) {
+        memcpy(s, a, la);
+        memcpy(s + la, b, lb + 1);
+    }
+    return s;
+}
+
+tkd_status tkd_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return io_error(dir, "opening the directory for fsync", errno);
+    int rc = fsync(fd), err = errno;
+    close(fd);
+    /* some filesystems cannot fsync a directory; the rename itself has happened */
+    if (rc != 0 && err != EINVAL && err != EROFS)
+        return io_error(dir, "fsync of the directory", err);
+    return TKD_OK;
+}
+
+static tkd_status fsync_parent(const char *path)
+{
+    char dir[4096];
+    dir_of(path, dir, sizeof dir);
+    return tkd_fsync_dir(dir);
+}
+
+static void atomic_release(tkd_atomic_file *af)
+{
+    free(af->path);
+    free(af->tmp);
+    af->path = af->tmp = NULL;
+    af->fp = NULL;
+}
+
+tkd_status tkd_atomic_file_open(tkd_atomic_file *af, const char *path)
+{
+    memset(af, 0, sizeof *af);
+    af->path = strdup(path);
+    af->tmp = concat(path, ".tmp-XXXXXX");
+    if (!af->path || !af->tmp) {
+        atomic_release(af);
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
+    }
+    int fd = mkstemp(af->tmp);
+    if (fd < 0) {
+        tkd_status st = io_error(path, "creating a temporary file next to it", errno);
+        atomic_release(af);
+        return st;
+    }
+    fchmod(fd, 0644); /* mkstemp makes 0600; outputs are meant to be shared */
+    af->fp = fdopen(fd, "wb");
+    if (!af->fp) {
+        tkd_status st = io_error(af->tmp, "fdopen", errno);
+        close(fd);
+        unlink(af->tmp);
+        atomic_release(af);
+        return st;
+    }
+    return TKD_OK;
+}
+
+void tkd_atomic_file_abort(tkd_atomic_file *af)
+{
+    if (af->fp)
+        fclose(af->fp);
+    if (af->tmp)
+        unlink(af->tmp);
+    atomic_release(af);
+}
+
+tkd_status tkd_atomic_file_commit(tkd_atomic_file *af)
+{
+    tkd_status st = TKD_OK;
+    if (fflush(af->fp) != 0 || ferror(af->fp))
+        st = io_error(af->path, "writing", errno ? errno : EIO);
+    else if (fsync(fileno(af->fp)) != 0)
+        st = io_error(af->path, "fsync", errno);
+    int rc = fclose(af->fp);
+    af->fp = NULL;
+    if (st == TKD_OK && rc != 0)
+        st = io_error(af->path, "closing", errno);
+    if (st == TKD_OK && rename(af->tmp, af->path) != 0)
+        st = io_error(af->path, "renaming the temporary file over it", errno);
+    if (st != TKD_OK) {
+        unlink(af->tmp);
+        atomic_release(af);
+        return st;
+    }
+    st = fsync_parent(af->path);
+    atomic_release(af);
+    return st;
+}
+
+tkd_status tkd_file_write_atomic(const char *path, const void *data, size_t len)
+{
+    tkd_atomic_file af;
+    TKD_TRY(tkd_atomic_file_open(&af, path));
+    if (len && fwrite(data, 1, len, af.fp) != len) {
+        tkd_status st = io_error(path, "writing", errno ? errno : EIO);
+        tkd_atomic_file_abort(&af);
+        return st;
+    }
+    return tkd_atomic_file_commit(&af);
+}
+
+tkd_status tkd_mkdir_p(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "mkdir: bad path '%.100s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0')
+            continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return io_error(buf, "mkdir", errno);
+        buf[i] = c;
+    }
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return io_error(path, "stat", errno);
+    if (!S_ISDIR(sb.st_mode))
+        return tkd_error_set(TKD_ERR_IO, "%s: exists and is not a directory", path);
+    return TKD_OK;
+}
+
+tkd_status tkd_path_join(char *out, size_t cap, const char *a, const char *b)
+{
+    int n;
+    if (b[0] == '/' || !a[0])
+        n = snprintf(out, cap, "%s", b);
+    else if (a[strlen(a) - 1] == '/')
+        n = snprintf(out, cap, "%s%s", a, b);
+    else
+        n = snprintf(out, cap, "%s/%s", a, b);
+    if (n < 0 || (size_t)n >= cap)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "path too long (%d bytes, room for %zu): %.60s/%.60s",
+                             n, cap ? cap - 1 : 0, a, b);
+    return TKD_OK;
+}
+
+bool tkd_file_exists(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+tkd_status tkd_file_size(const char *path, uint64_t *size)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return io_error(path, "stat", errno);
+    if (!S_ISREG(sb.st_mode))
+        return tkd_error_set(TKD_ERR_IO, "%s: not a regular file", path);
+    *size = (uint64_t)sb.st_size;
+    return TKD_OK;
+}
+
+tkd_status tkd_read_file(const char *path, void **data, size_t *size)
+{
+    *data = NULL;
+    *size = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return io_error(path, "open", errno);
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(fp);
+        return tkd_error_set(TKD_ERR_IO, "%s: not a readable regular file", path);
+    }
+    size_t n = (size_t)sb.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(fp);
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, n);
+    }
+    size_t got = fread(buf, 1, n, fp);
+    int err = ferror(fp) ? errno : 0;
+    fclose(fp);
+    if (err || got != n) {
+        free(buf);
+        if (err)
+            return io_error(path, "read", err);
+        return tkd_error_set(TKD_ERR_IO, "%s: file shrank while reading (%zu of %zu bytes)", path,
+                             got, n);
+    }
+    buf[n] = '\0';
+    *data = buf;
+    *size = n;
+    return TKD_OK;
+}
+
+tkd_status tkd_remove_tree(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0)
+        return errno == ENOENT ? TKD_OK : io_error(path, "lstat", errno);
+    if (S_ISDIR(sb.st_mode)) {
+        DIR *d = opendir(path);
+        if (!d)
+            return io_error(path, "opendir", errno);
+        struct dirent *e;
+        tkd_status st = TKD_OK;
+        while (st == TKD_OK && (e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char child[4096];
+            st = tkd_path_join(child, sizeof child, path, e->d_name);
+            if (st == TKD_OK)
+                st = tkd_remove_tree(child);
+        }
+        closedir(d);
+        if (st != TKD_OK)
+            return st;
+        if (rmdir(path) != 0)
+            return io_error(path, "rmdir", errno);
+        return TKD_OK;
+    }
+    if (unlink(path) != 0 && errno != ENOENT)
+        return io_error(path, "unlink", errno);
+    return TKD_OK;
+}
+
+tkd_status tkd_make_temp_dir(const char *final, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s.tmp-XXXXXX", final);
+    if (n < 0 || (size_t)n >= cap)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: path too long for a temporary directory", final);
+    if (!mkdtemp(out))
+        return io_error(final, "creating a temporary directory next to it", errno);
+    return TKD_OK;
+}
+
+/* fsync of every regular file directly inside dir, then of dir: a checkpoint must be on disk
+ * before it gets its final name. */
+static tkd_status fsync_tree_shallow(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return io_error(dir, "opendir", errno);
+    struct dirent *e;
+    tkd_status st = TKD_OK;
+    while (st == TKD_OK && (e = readdir(d)) != NULL) {
+        char child[4096];
+        struct stat sb;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        st = tkd_path_join(child, sizeof child, dir, e->d_name);
+        if (st != TKD_OK || lstat(child, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        int fd = open(child, O_RDONLY);
+        if (fd < 0 || fsync(fd) != 0)
+            st = io_error(child, "fsync", errno);
+        if (fd >= 0)
+            close(fd);
+    }
+    closedir(d);
+    return st == TKD_OK ? tkd_fsync_dir(dir) : st;
+}
+
+tkd_status tkd_rename_dir_atomic(const char *tmp, const char *final)
+{
+    TKD_TRY(fsync_tree_shallow(tmp));
+    char *old = concat(final, ".old");
+    if (!old)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", final);
+    tkd_status st = tkd_remove_tree(old); /* left by an earlier crash */
+    bool had_final = st == TKD_OK && tkd_file_exists(final);
+    if (st == TKD_OK && had_final && rename(final, old) != 0)
+        st = io_error(final, "moving the previous version aside", errno);
+    if (st == TKD_OK && rename(tmp, final) != 0) {
+        st = io_error(final, "renaming the new version into place", errno);
+        if (had_final)
+            rename(old, final); /* put the previous version back */
+    }
+    if (st == TKD_OK)
+        st = fsync_parent(final);
+    if (st == TKD_OK && had_final)
+        st = tkd_remove_tree(old);
+    free(old);
+    return st;
+}

@@ -1,0 +1,67 @@
+/* fileio.h — file helpers that never leave a half-written file where a later run would trust it.
+ *
+ * Outputs (manifests, configs, checkpoints) reach their final name only by rename after an fsync:
+ * a crash leaves either the old complete file or the new complete one. A disk-full error is
+ * TKD_ERR_NOSPACE with "disk full" in the message; on any failure the temporary is removed.
+ */
+#ifndef TKD_FILEIO_H
+#define TKD_FILEIO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/status.h"
+
+/* Writes data[0..len) to path atomically: a temp file "<path>.tmp-XXXXXX" in the same directory,
+ * fsync, rename over path, fsync the directory. Mode 0644. */
+tkd_status tkd_file_write_atomic(const char *path, const void *data, size_t len);
+
+/* The same for output produced piece by piece (e.g. YAML written with fprintf): open gives a
+ * FILE* on the temp file; commit flushes, fsyncs, renames and fsyncs the directory; abort removes
+ * the temp. Exactly one of commit/abort must follow a successful open; both release the struct. */
+typedef struct tkd_atomic_file {
+    FILE *fp;          /* write here */
+    char *path;        /* final name (owned) */
+    char *tmp;         /* temp name (owned) */
+} tkd_atomic_file;
+
+tkd_status tkd_atomic_file_open(tkd_atomic_file *af, const char *path);
+tkd_status tkd_atomic_file_commit(tkd_atomic_file *af);
+void tkd_atomic_file_abort(tkd_atomic_file *af);
+
+/* mkdir -p with mode 0755; existing directories are fine, an existing non-directory is an error. */
+tkd_status tkd_mkdir_p(const char *path);
+
+/* out = a "/" b (no doubled slash; b absolute -> b). TKD_ERR_INVALID_ARG when it does not fit
+ * cap bytes with the NUL. */
+tkd_status tkd_path_join(char *out, size_t cap, const char *a, const char *b);
+
+/* True when path exists (any type). */
+bool tkd_file_exists(const char *path);
+
+/* Size in bytes of a regular file. TKD_ERR_NOT_FOUND when missing. */
+tkd_status tkd_file_size(const char *path, uint64_t *size);
+
+/* Reads a whole file into a malloc'd buffer the caller frees; *data gets one extra NUL byte
+ * after the contents (so text can be used as a C string), *size excludes it. */
+tkd_status tkd_read_file(const char *path, void **data, size_t *size);
+
+/* Fsyncs the directory itself (so entries created or renamed in it survive a crash). */
+tkd_status tkd_fsync_dir(const char *dir);
+
+/* Creates a fresh empty directory "<final>.tmp-XXXXXX" next to final, for building a checkpoint
+ * before tkd_rename_dir_atomic; its path goes to out (cap bytes). */
+tkd_status tkd_make_temp_dir(const char *final, char *out, size_t cap);
+
+/* Moves a completed directory tmp to final: fsyncs tmp; if final exists it is first renamed
+ * aside to "<final>.old", then tmp is renamed to final, the parent fsynced, and the old tree
+ * removed. A crash between the two renames leaves "<final>.old" complete; a later call removes
+ * any stale "<final>.old" first. */
+tkd_status tkd_rename_dir_atomic(const char *tmp, const char *final);
+
+/* rm -rf path (no error when missing). */
+tkd_status tkd_remove_tree(const char *path);
+
+#endif /* TKD_FILEIO_H */

@@ -1,0 +1,188 @@
+/* test_common_fileio.c — atomic writes leave no temporaries, directory swaps, path helpers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/fileio.h"
+#include "tests/testutil.h"
+
+static char *dir;
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = tkd_test_mkdtemp("fileio");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tkd_test_rmtree(dir);
+    free(dir);
+    return 0;
+}
+
+/* Number of entries in d whose name contains ".tmp-". */
+static int count_temps(const char *d)
+{
+    DIR *dp = opendir(d);
+    assert_non_null(dp);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)) != NULL)
+        n += strstr(e->d_name, ".tmp-") != NULL;
+    closedir(dp);
+    return n;
+}
+
+static const char *p(const char *name)
+{
+    static char buf[4][4200];
+    static int k;
+    k = (k + 1) % 4;
+    assert_int_equal(tkd_path_join(buf[k], sizeof buf[k], dir, name), TKD_OK);
+    return buf[k];
+}
+
+static void test_write_atomic_success(void **state)
+{
+    (void)state;
+    const char *f = p("manifest.yaml");
+    assert_int_equal(tkd_file_write_atomic(f, "one\n", 4), TKD_OK);
+    assert_int_equal(tkd_file_write_atomic(f, "second\n", 7), TKD_OK); /* replaces */
+    void *data;
+    size_t size;
+    assert_int_equal(tkd_read_file(f, &data, &size), TKD_OK);
+    assert_int_equal(size, 7);
+    assert_string_equal(data, "second\n"); /* NUL-terminated */
+    free(data);
+    uint64_t sz;
+    assert_int_equal(tkd_file_size(f, &sz), TKD_OK);
+    assert_int_equal(sz, 7);
+    struct stat sb;
+    assert_int_equal(stat(f, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0644);
+    assert_int_equal(count_temps(dir), 0);
+    /* an empty file is a valid output */
+    assert_int_equal(tkd_file_write_atomic(p("empty"), NULL, 0), TKD_OK);
+    assert_int_equal(tkd_file_size(p("empty"), &sz), TKD_OK);
+    assert_int_equal(sz, 0);
+}
+
+static void test_write_atomic_failure_leaves_nothing(void **state)
+{
+    (void)state;
+    /* directory missing: nothing can be created */
+    assert_int_equal(tkd_file_write_atomic(p("nodir/x.yaml"), "x", 1), TKD_ERR_NOT_FOUND);
+    assert_non_null(strstr(tkd_error_msg(), "nodir/x.yaml"));
+    /* the final rename fails (target is a non-empty directory) after the data was written:
+     * the temporary must be gone and the directory untouched */
+    assert_int_equal(tkd_mkdir_p(p("busy/inner")), TKD_OK);
+    assert_int_equal(tkd_file_write_atomic(p("busy"), "data", 4), TKD_ERR_IO);
+    assert_non_null(strstr(tkd_error_msg(), "renaming the temporary file"));
+    assert_int_equal(count_temps(dir), 0);
+    assert_true(tkd_file_exists(p("busy/inner")));
+    /* the streaming form: abort removes the temp */
+    tkd_atomic_file af;
+    assert_int_equal(tkd_atomic_file_open(&af, p("stream.txt")), TKD_OK);
+    fprintf(af.fp, "partial");
+    assert_int_equal(count_temps(dir), 1);
+    tkd_atomic_file_abort(&af);
+    assert_int_equal(count_temps(dir), 0);
+    assert_false(tkd_file_exists(p("stream.txt")));
+    assert_int_equal(tkd_atomic_file_open(&af, p("stream.txt")), TKD_OK);
+    fprintf(af.fp, "k: %d\n", 5);
+    assert_int_equal(tkd_atomic_file_commit(&af), TKD_OK);
+    assert_int_equal(count_temps(dir), 0);
+    assert_true(tkd_file_exists(p("stream.txt")));
+}
+
+static void test_read_and_size_errors(void **state)
+{
+    (void)state;
+    void *data = (void *)1;
+    size_t size = 9;
+    uint64_t sz;
+    assert_int_equal(tkd_read_file(p("missing"), &data, &size), TKD_ERR_NOT_FOUND);
+    assert_null(data);
+    assert_int_equal(size, 0);
+    assert_int_equal(tkd_file_size(p("missing"), &sz), TKD_ERR_NOT_FOUND);
+    assert_false(tkd_file_exists(p("missing")));
+    assert_int_equal(tkd_mkdir_p(p("d")), TKD_OK);
+    assert_int_equal(tkd_read_file(p("d"), &data, &size), TKD_ERR_IO);
+}
+
+static void test_mkdir_and_join(void **state)
+{
+    (void)state;
+    assert_int_equal(tkd_mkdir_p(p("a/b/c/")), TKD_OK);
+    assert_int_equal(tkd_mkdir_p(p("a/b/c")), TKD_OK); /* again: fine */
+    assert_int_equal(tkd_file_write_atomic(p("a/file"), "x", 1), TKD_OK);
+    assert_int_equal(tkd_mkdir_p(p("a/file/sub")), TKD_ERR_IO); /* a file in the way */
+    assert_int_equal(tkd_mkdir_p(p("a/file")), TKD_ERR_IO);
+    char out[16];
+    assert_int_equal(tkd_path_join(out, sizeof out, "runs", "x"), TKD_OK);
+    assert_string_equal(out, "runs/x");
+    assert_int_equal(tkd_path_join(out, sizeof out, "runs/", "x"), TKD_OK);
+    assert_string_equal(out, "runs/x");
+    assert_int_equal(tkd_path_join(out, sizeof out, "runs", "/abs"), TKD_OK);
+    assert_string_equal(out, "/abs");
+    assert_int_equal(tkd_path_join(out, sizeof out, "", "x"), TKD_OK);
+    assert_string_equal(out, "x");
+    assert_int_equal(tkd_path_join(out, sizeof out, "0123456789", "abcde"), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_path_join(out, sizeof out, "0123456789", "abcd"), TKD_OK); /* 15 + NUL */
+}
+
+static void write_ckpt(const char *path, const char *content)
+{
+    char f[4200];
+    assert_int_equal(tkd_path_join(f, sizeof f, path, "step.txt"), TKD_OK);
+    assert_int_equal(tkd_file_write_atomic(f, content, strlen(content)), TKD_OK);
+}
+
+static void test_rename_dir_atomic(void **state)
+{
+    (void)state;
+    const char *final = p("ckpt");
+    char tmp[4200];
+    /* first checkpoint: no previous version */
+    assert_int_equal(tkd_make_temp_dir(final, tmp, sizeof tmp), TKD_OK);
+    write_ckpt(tmp, "100");
+    assert_int_equal(tkd_rename_dir_atomic(tmp, final), TKD_OK);
+    /* second replaces it; a stale ".old" from a crash is cleaned up first */
+    assert_int_equal(tkd_mkdir_p(p("ckpt.old/junk")), TKD_OK);
+    assert_int_equal(tkd_make_temp_dir(final, tmp, sizeof tmp), TKD_OK);
+    write_ckpt(tmp, "200");
+    assert_int_equal(tkd_rename_dir_atomic(tmp, final), TKD_OK);
+    void *data;
+    size_t size;
+    assert_int_equal(tkd_read_file(p("ckpt/step.txt"), &data, &size), TKD_OK);
+    assert_string_equal(data, "200");
+    free(data);
+    assert_false(tkd_file_exists(p("ckpt.old")));
+    assert_false(tkd_file_exists(tmp));
+    assert_int_equal(count_temps(dir), 0);
+    assert_int_equal(tkd_remove_tree(p("ckpt")), TKD_OK);
+    assert_false(tkd_file_exists(p("ckpt")));
+    assert_int_equal(tkd_remove_tree(p("ckpt")), TKD_OK); /* missing is fine */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_write_atomic_success),
+        cmocka_unit_test(test_write_atomic_failure_leaves_nothing),
+        cmocka_unit_test(test_read_and_size_errors),
+        cmocka_unit_test(test_mkdir_and_join),
+        cmocka_unit_test(test_rename_dir_atomic),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
