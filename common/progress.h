@@ -1,0 +1,59 @@
+/* progress.h — progress display for long work (dumping a dataset, training for hours).
+ *
+ * On a terminal (stderr is a tty) one line is redrawn in place (\r) at most 10 times a second;
+ * otherwise (logs, CI) a plain line is printed every interval_s seconds (default 5). Each line has
+ * the label, done/total, percent, rate in units/s, ETA and a caller text (e.g. "3.1 B/token").
+ * finish prints a last line with the total time. Silent when the log level is below info (-q).
+ * Time comes from CLOCK_MONOTONIC inside this module; tkd_progress_format is the pure formatter.
+ * One tkd_progress belongs to one thread.
+ */
+#ifndef TKD_PROGRESS_H
+#define TKD_PROGRESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct tkd_progress {
+    char label[48];
+    char unit[24];
+    int64_t total;       /* <= 0: unknown (no percent, no ETA) */
+    int64_t done;
+    double t_start;      /* monotonic seconds */
+    double t_last;       /* when the last line was drawn */
+    double interval_s;   /* non-terminal: seconds between lines */
+    bool tty;            /* redraw one line in place */
+    bool enabled;        /* false under -q */
+    FILE *out;           /* stderr */
+    char extra[96];
+} tkd_progress;
+
+/* Monotonic clock in seconds. */
+double tkd_progress_now(void);
+
+/* Starts timing. unit names what done counts ("tokens", "seq"). */
+void tkd_progress_begin(tkd_progress *p, const char *label, int64_t total, const char *unit);
+
+/* Seconds between plain lines when stderr is not a terminal (default 5). */
+void tkd_progress_set_interval(tkd_progress *p, double seconds);
+
+/* Records done (absolute, not an increment) and extra (NULL keeps the previous text); draws when
+ * it is time to. Cheap enough to call every step. */
+void tkd_progress_update(tkd_progress *p, int64_t done, const char *extra);
+
+/* Draws the final line ("... done in 1:02:03 ..."), ending the terminal line. */
+void tkd_progress_finish(tkd_progress *p, const char *extra);
+
+/* "label 1234/10000 (12.3%)  456.7 tokens/s  ETA 0:19  extra" into buf (always NUL-terminated);
+ * with finished, "label 10000/10000 done in 0:21  456.7 tokens/s  extra". Returns strlen(buf). */
+size_t tkd_progress_format(char *buf, size_t cap, const char *label, int64_t done, int64_t total,
+                           double elapsed_s, const char *unit, const char *extra, bool finished);
+
+/* A duration as "M:SS" under an hour, "H:MM:SS" above, "--" when unknown (negative/NaN/inf). */
+size_t tkd_progress_format_duration(char *buf, size_t cap, double seconds);
+
+/* A rate with 3-4 significant digits and a k/M/G suffix: "456.7", "12.3k", "4.56M". */
+size_t tkd_progress_format_rate(char *buf, size_t cap, double per_second);
+
+#endif /* TKD_PROGRESS_H */
