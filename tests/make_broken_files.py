@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes tests/data/broken/: tiny malformed safetensors and token files, one defect each.
+"""Writes tests/data/broken/: tiny malformed safetensors and token files, one defect each (and a
+small valid seed for the fuzz target, tests/fuzz/corpus/).
 
 tests/data/broken/EXPECTED.tsv lists <file> <TAB> <status name> <TAB> <substring the error message
 must contain>; test_safetensors.c reads the st_* rows and test_tokens.c the tok_* rows.
@@ -112,8 +113,24 @@ def token_cases():
         "token 2147483648 at token offset 1 does not fit in int32")
 
 
+def fuzz_seed():
+    """A small valid file (F32, BF16, F16, I64, U8, an empty tensor) to seed tests/fuzz/."""
+    d = os.path.join(HERE, "fuzz", "corpus")
+    os.makedirs(d, exist_ok=True)
+    hdr = {"__metadata__": {"format": "pt"},
+           "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+           "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]},
+           "c": {"dtype": "F16", "shape": [1], "data_offsets": [22, 24]},
+           "d": {"dtype": "I64", "shape": [1], "data_offsets": [24, 32]},
+           "e": {"dtype": "U8", "shape": [0], "data_offsets": [32, 32]}}
+    data = struct.pack("<4f3HHq", 1.0, -2.0, 0.5, 3.0, 0x3f80, 0xc000, 0x3e00, 0x3c00, 7)
+    with open(os.path.join(d, "valid_small.safetensors"), "wb") as f:
+        f.write(st(hdr, data))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
+    fuzz_seed()
     safetensors_cases()
     token_cases()
     with open(os.path.join(OUT, "EXPECTED.tsv"), "w") as f:
