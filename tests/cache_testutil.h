@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "formats/cache_manifest.h"
 #include "formats/cache_shard.h"
 
 static inline tkd_cache_identity tkd_test_cache_identity(int32_t T, int32_t k, int32_t S,
@@ -87,6 +88,48 @@ static inline tkd_status tkd_test_cache_write_shard(const char *path, const tkd_
     else
         tkd_shard_writer_abort(w);
     tkd_cache_batch_free(&b);
+    return st;
+}
+
+/* A manifest for id with the demo-ish metadata the tests use (shards added by the caller). */
+static inline void tkd_test_cache_manifest(tkd_cache_manifest *m, const tkd_cache_identity *id)
+{
+    tkd_cache_manifest_init(m);
+    m->id = *id;
+    tkd_cache_manifest_set_str(&m->teacher_path, "/models/teacher: \"quoted\" path");
+    tkd_cache_manifest_set_str(&m->teacher_arch, "LlamaForCausalLM");
+    tkd_cache_manifest_set_str(&m->dataset_path, "data/tokens-*.bin");
+    tkd_cache_manifest_set_str(&m->tool_version, "0.1.0");
+    tkd_cache_manifest_set_str(&m->config_text, "seq_len: 4\nk: 3  # comment\nlist:\n  - a\n");
+    m->dataset_tokens = 123456;
+    m->stride = id->seq_len;
+    m->tail_seed = 7;
+}
+
+/* Writes a cache of `nshards` shards of `per` sequences (the last one `last`) into dir, with
+ * manifest.yaml listing them. Returns the first failing status. */
+static inline tkd_status tkd_test_cache_make(const char *dir, const tkd_cache_identity *id,
+                                             int nshards, int64_t per, int64_t last, int64_t chunk)
+{
+    tkd_cache_manifest m;
+    tkd_test_cache_manifest(&m, id);
+    tkd_status st = TKD_OK;
+    int64_t g = 0;
+    for (int i = 0; st == TKD_OK && i < nshards; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/shard-%05d.h5", dir, i);
+        int64_t n = i == nshards - 1 ? last : per;
+        tkd_cache_shard_entry e;
+        st = tkd_test_cache_write_shard(path, id, g, n, 3, chunk, &e);
+        if (st == TKD_OK)
+            st = tkd_cache_manifest_add_shard(&m, &e);
+        g += n;
+    }
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/manifest.yaml", dir);
+    if (st == TKD_OK)
+        st = tkd_cache_manifest_write(&m, mpath);
+    tkd_cache_manifest_free(&m);
     return st;
 }
 
