@@ -36,6 +36,10 @@
 #include "common/half.h" /* TKD_HD */
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TKD_TAIL_MAX_S 1024        /* draws per row */
 #define TKD_TAIL_MAX_V (1 << 20)   /* keeps Σ w_v below 2^64 */
 #define TKD_TAIL_WEIGHT_BITS 43    /* fixed-point scale of the weights */
@@ -107,5 +111,9 @@ static inline TKD_HD uint64_t tkd_tail_target(uint64_t u, uint64_t W)
     return (uint64_t)(((unsigned __int128)u * W) >> 64);
 #endif
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_TAIL_SAMPLE_H */

@@ -19,6 +19,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Largest k any path accepts (the CUDA kernel keeps k candidates per row in shared memory). */
 #define TKD_TOPK_MAX_K 128
 
@@ -36,5 +40,9 @@ tkd_status tkd_topk_ref(const float *logits, int64_t C, int64_t V, int k, float 
  * the order of a double sum. No allocation; OpenMP over rows. */
 tkd_status tkd_topk_cpu(const float *logits, int64_t C, int64_t V, int k, float tau,
                         uint32_t *out_idx, float *out_val, float *out_lse);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_TOPK_H */
