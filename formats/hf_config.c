@@ -5,16 +5,13 @@
  */
 #include "formats/hf_config.h"
 
+#include "common/fileio.h"
+
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 void tkd_model_config_defaults(tkd_model_config *cfg)
 {
@@ -306,42 +303,6 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     return refuse_unsupported(path, root, c);
 }
 
-static tkd_status slurp(const char *path, char **out, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: cannot open: %s", path,
-                             strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (cap - n < 4096) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = cap > (64u << 20) ? NULL : realloc(buf, cap); /* a config.json is a few KB */
-            if (!nb) {
-                free(buf);
-                fclose(fp);
-                return tkd_error_set(TKD_ERR_FORMAT, "%s: too large for a config.json", path);
-            }
-            buf = nb;
-        }
-        size_t k = fread(buf + n, 1, cap - n - 1, fp);
-        n += k;
-        if (k == 0)
-            break;
-    }
-    int err = ferror(fp);
-    fclose(fp);
-    if (err) {
-        free(buf);
-        return tkd_error_set(TKD_ERR_IO, "%s: read error", path);
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return TKD_OK;
-}
-
 /* "line L, column C" of a byte offset, for the parse error. */
 static void line_col(const char *text, size_t off, int *line, int *col)
 {
@@ -361,7 +322,7 @@ tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
 {
     char *text = NULL;
     size_t len = 0;
-    TKD_TRY(slurp(path, &text, &len));
+    TKD_TRY(tkd_read_file(path, (void **)&text, &len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root || !cJSON_IsObject(root)) {
@@ -477,44 +438,6 @@ static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
     return o;
 }
 
-static tkd_status write_atomic(const char *path, const char *text)
-{
-    size_t tn = strlen(path) + 16;
-    char *tmp = malloc(tn);
-    if (!tmp)
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
-    snprintf(tmp, tn, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        tkd_status st = tkd_error_set(TKD_ERR_IO, "%s: cannot create temp file: %s", tmp, strerror(errno));
-        free(tmp);
-        return st;
-    }
-    /* mkstemp makes 0600; a config.json is meant to be shared like any other file */
-    fchmod(fd, 0644);
-    tkd_status st = TKD_OK;
-    size_t n = strlen(text), off = 0;
-    while (off < n && st == TKD_OK) {
-        ssize_t k = write(fd, text + off, n - off);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            st = tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO, "%s: write failed: %s", tmp,
-                               strerror(errno));
-        else
-            off += (size_t)k;
-    }
-    if (st == TKD_OK && fsync(fd) != 0)
-        st = tkd_error_set(TKD_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    close(fd);
-    if (st == TKD_OK && rename(tmp, path) != 0)
-        st = tkd_error_set(TKD_ERR_IO, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-    if (st != TKD_OK)
-        unlink(tmp);
-    free(tmp);
-    return st;
-}
-
 tkd_status tkd_hf_config_write(const char *path, const tkd_model_config *cfg, const char *dtype_name)
 {
     if (!dtype_name || (strcmp(dtype_name, "float32") != 0 && strcmp(dtype_name, "bfloat16") != 0))
@@ -536,7 +459,7 @@ tkd_status tkd_hf_config_write(const char *path, const tkd_model_config *cfg, co
     memcpy(withnl, text, n);
     memcpy(withnl + n, "\n", 2);
     free(text);
-    st = write_atomic(path, withnl);
+    st = tkd_file_write_atomic(path, withnl, n + 1);
     free(withnl);
     return st;
 }

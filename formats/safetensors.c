@@ -7,10 +7,11 @@
  */
 #include "formats/safetensors.h"
 
+#include "common/fileio.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -395,41 +396,6 @@ static int file_exists(const char *p)
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-static tkd_status read_text(const char *path, char **out)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: cannot open: %s", path,
-                             strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, fp)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    int err = ferror(fp);
-    fclose(fp);
-    if (!buf)
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
-    if (err) {
-        free(buf);
-        return tkd_error_set(TKD_ERR_IO, "%s: read error", path);
-    }
-    buf[n] = '\0';
-    *out = buf;
-    return TKD_OK;
-}
-
 /* Shard names come from the index file: keep them inside the directory. */
 static int shard_name_ok(const char *s)
 {
@@ -440,7 +406,8 @@ static int shard_name_ok(const char *s)
 static tkd_status open_sharded(tkd_st_dir *d, const char *dir, const char *index_path)
 {
     char *text = NULL;
-    TKD_TRY(read_text(index_path, &text));
+    size_t len = 0;
+    TKD_TRY(tkd_read_file(index_path, (void **)&text, &len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 0);
     if (!root) {
@@ -776,27 +743,20 @@ static tkd_status build_header(const tkd_st_writer *w, sbuf *s)
     return TKD_OK;
 }
 
-static tkd_status write_all(int fd, const void *buf, size_t n, const char *path)
+/* fwrite that names the file; errno tells a full disk apart. */
+static tkd_status write_all(FILE *fp, const void *buf, size_t n, const char *path)
 {
-    const uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO, "%s: write failed: %s%s", path,
-                                 strerror(errno), errno == ENOSPC ? " (free some disk space and retry)" : "");
-        p += k;
-        n -= (size_t)k;
-    }
+    if (n && fwrite(buf, 1, n, fp) != n)
+        return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO, "%s: write failed: %s%s", path,
+                             strerror(errno), errno == ENOSPC ? " (disk full: free space and retry)" : "");
     return TKD_OK;
 }
 
-static tkd_status write_tensor_data(const tkd_st_writer *w, int fd, const char *tmp)
+static tkd_status write_tensor_data(const tkd_st_writer *w, FILE *fp, const char *path)
 {
     if (w->dtype == TKD_DTYPE_F32) {
         for (int i = 0; i < w->n; i++)
-            TKD_TRY(write_all(fd, w->e[i].data, w->e[i].count * 4, tmp));
+            TKD_TRY(write_all(fp, w->e[i].data, w->e[i].count * 4, path));
         return TKD_OK;
     }
     enum { CHUNK = 1 << 15 };
@@ -809,71 +769,37 @@ static tkd_status write_tensor_data(const tkd_st_writer *w, int fd, const char *
             size_t m = w->e[i].count - j < CHUNK ? w->e[i].count - j : CHUNK;
             for (size_t k = 0; k < m; k++)
                 buf[k] = tkd_f32_to_bf16(w->e[i].data[j + k]);
-            st = write_all(fd, buf, m * 2, tmp);
+            st = write_all(fp, buf, m * 2, path);
         }
     free(buf);
     return st;
-}
-
-/* fsync of the directory makes the rename itself durable. Failure here is not fatal. */
-static void fsync_parent(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(copy);
 }
 
 tkd_status tkd_st_writer_finish(tkd_st_writer *w, const char *path)
 {
     sbuf hdr = {0};
     tkd_status st = build_header(w, &hdr);
+    tkd_atomic_file af;
+    if (st == TKD_OK)
+        st = tkd_atomic_file_open(&af, path);
     if (st != TKD_OK) {
         free(hdr.p);
         return st;
     }
-    size_t tn = strlen(path) + 16;
-    char *tmp = malloc(tn);
-    if (!tmp) {
-        free(hdr.p);
-        return tkd_error_set(TKD_ERR_NOMEM, "safetensors writer: out of memory");
-    }
-    snprintf(tmp, tn, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        st = tkd_error_set(TKD_ERR_IO, "%s: cannot create temp file: %s", tmp, strerror(errno));
-        free(tmp);
-        free(hdr.p);
-        return st;
-    }
-    fchmod(fd, 0644); /* mkstemp makes 0600; a checkpoint is meant to be shared */
     uint8_t len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)hdr.n >> (8 * i));
-    st = write_all(fd, len8, 8, tmp);
+    st = write_all(af.fp, len8, 8, path);
     if (st == TKD_OK)
-        st = write_all(fd, hdr.p, hdr.n, tmp);
+        st = write_all(af.fp, hdr.p, hdr.n, path);
     if (st == TKD_OK)
-        st = write_tensor_data(w, fd, tmp);
-    if (st == TKD_OK && fsync(fd) != 0)
-        st = tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO, "%s: fsync failed: %s", tmp,
-                           strerror(errno));
-    if (close(fd) != 0 && st == TKD_OK)
-        st = tkd_error_set(TKD_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    if (st == TKD_OK && rename(tmp, path) != 0)
-        st = tkd_error_set(TKD_ERR_IO, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-    if (st != TKD_OK)
-        unlink(tmp); /* never leave a half-written file behind */
-    else
-        fsync_parent(path);
-    free(tmp);
+        st = write_tensor_data(w, af.fp, path);
     free(hdr.p);
-    return st;
+    if (st != TKD_OK) {
+        tkd_atomic_file_abort(&af); /* never leave a half-written file behind */
+        return st;
+    }
+    return tkd_atomic_file_commit(&af);
 }
 
 void tkd_st_writer_free(tkd_st_writer *w)

@@ -381,7 +381,7 @@ static void test_writer_refuses(void **state)
     assert_int_equal(tkd_st_writer_add(w, "n", 1, neg, &x), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_st_writer_add(w, "__metadata__", 0, NULL, &x), TKD_ERR_INVALID_ARG);
     /* an unwritable place leaves nothing and says where */
-    assert_int_equal(tkd_st_writer_finish(w, "/nonexistent-dir/model.safetensors"), TKD_ERR_IO);
+    assert_int_equal(tkd_st_writer_finish(w, "/nonexistent-dir/model.safetensors"), TKD_ERR_NOT_FOUND);
     assert_msg_has("/nonexistent-dir/model.safetensors");
     tkd_st_writer_free(w);
     tkd_st_writer_free(NULL);

@@ -3,7 +3,8 @@
  * Not built by CMake. Build and run it from the repository root with clang's libFuzzer:
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
- *       tests/fuzz/fuzz_safetensors.c formats/safetensors.c common/status.c -lcjson -lm -o /tmp/fuzz_st
+ *       tests/fuzz/fuzz_safetensors.c formats/safetensors.c common/status.c common/fileio.c -lcjson -lm \
+ *       -o /tmp/fuzz_st
  *   mkdir -p /tmp/st_corpus && cp tests/fuzz/corpus/[a-z]* tests/data/broken/st_[a-z]* /tmp/st_corpus/
  *   /tmp/fuzz_st -max_total_time=60 -max_len=4096 /tmp/st_corpus
  *
