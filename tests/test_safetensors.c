@@ -369,6 +369,47 @@ static void test_sharded(void **state)
     free(dir);
 }
 
+/* Checkpoints written by transformers (tests/fixtures/hf/): every tensor opens, tied heads are
+ * absent, and the bf16 file holds exactly the bf16 rounding of the f32 file (torch rounds to
+ * nearest even, as tkd_f32_to_bf16 does). */
+static void test_transformers_fixtures(void **state)
+{
+    (void)state;
+    static const char *pairs[][2] = {{"fixtures/hf/llama_gqa_f32", "fixtures/hf/llama_gqa_bf16"},
+                                     {"fixtures/hf/qwen2_tied_f32", "fixtures/hf/qwen2_tied_bf16"}};
+    for (int p = 0; p < 2; p++) {
+        tkd_st_dir *f = NULL, *b = NULL;
+        char fp[4096];
+        snprintf(fp, sizeof fp, "%s", tkd_test_src(pairs[p][0]));
+        assert_int_equal(tkd_st_open(fp, &f), TKD_OK);
+        assert_int_equal(tkd_st_open(tkd_test_src(pairs[p][1]), &b), TKD_OK);
+        assert_int_equal(tkd_st_count(f), tkd_st_count(b));
+        assert_true(tkd_st_count(f) >= 2 + 2 * 9);
+        assert_non_null(tkd_st_find(f, "model.layers.1.mlp.down_proj.weight"));
+        if (p == 1) { /* qwen2: tied head, q/k/v bias */
+            assert_null(tkd_st_find(f, "lm_head.weight"));
+            assert_non_null(tkd_st_find(f, "model.layers.0.self_attn.k_proj.bias"));
+        } else {
+            assert_non_null(tkd_st_find(f, "lm_head.weight"));
+        }
+        for (int i = 0; i < tkd_st_count(f); i++) {
+            const tkd_st_tensor *t = tkd_st_at(f, i);
+            assert_int_equal(t->dtype, TKD_DTYPE_F32);
+            size_t n = t->nbytes / 4;
+            float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+            assert_int_equal(tkd_st_read_f32(f, t->name, t->ndim, t->shape, x, n), TKD_OK);
+            assert_int_equal(tkd_st_read_f32(b, t->name, t->ndim, t->shape, y, n), TKD_OK);
+            for (size_t k = 0; k < n; k++)
+                if (tkd_bf16_to_f32(tkd_f32_to_bf16(x[k])) != y[k])
+                    fail_msg("%s[%zu]: bf16(%g) != %g", t->name, k, (double)x[k], (double)y[k]);
+            free(x);
+            free(y);
+        }
+        tkd_st_close(f);
+        tkd_st_close(b);
+    }
+}
+
 static void test_writer_refuses(void **state)
 {
     (void)state;
@@ -398,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_header_byte_flips),
         cmocka_unit_test(test_broken_files),
         cmocka_unit_test(test_sharded),
+        cmocka_unit_test(test_transformers_fixtures),
         cmocka_unit_test(test_writer_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
