@@ -25,6 +25,7 @@ typedef struct shard_pool {
 
 struct tkd_cache_reader {
     char *dir;
+    char *mpath;  /* the manifest file */
     tkd_cache_manifest m;
     char **paths; /* (num_shards) full path of each shard */
     int max_open;
@@ -58,7 +59,11 @@ static tkd_status reader_check_shard(const tkd_cache_reader *r, int64_t i, const
 {
     const tkd_shard_info *in = tkd_shard_get_info(s);
     const tkd_cache_shard_entry *e = &r->m.shards[i];
-    TKD_TRY(tkd_cache_identity_compare(&r->m.id, "manifest", &in->id, r->paths[i]));
+    if (tkd_cache_identity_compare(&r->m.id, r->mpath, &in->id, r->paths[i]) != TKD_OK) {
+        char msg[TKD_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+        return tkd_error_set(TKD_ERR_MISMATCH, "%s — the shard belongs to another cache; re-run teacher-dump", msg);
+    }
     if (in->first_seq != e->first_seq || in->num_seq != e->num_seq)
         return tkd_error_set(TKD_ERR_MISMATCH,
                              "%s: holds sequences %lld..+%lld but the manifest lists %lld..+%lld — the file was replaced; re-run teacher-dump",
@@ -201,7 +206,7 @@ tkd_status tkd_cache_reader_open(tkd_cache_reader **out, const char *dir,
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", dir);
     }
     r->max_open = o.max_open_shards > 0 ? o.max_open_shards : 8;
-    char *mpath = path_join(dir, o.manifest ? o.manifest : TKD_CACHE_MANIFEST_NAME);
+    char *mpath = r->mpath = path_join(dir, o.manifest ? o.manifest : TKD_CACHE_MANIFEST_NAME);
     tkd_status st = mpath ? tkd_cache_manifest_read(&r->m, mpath)
                           : tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", dir);
     if (st == TKD_ERR_NOT_FOUND)
@@ -214,7 +219,6 @@ tkd_status tkd_cache_reader_open(tkd_cache_reader **out, const char *dir,
         st = reader_check_shards(r, o.verify_sha256);
     if (st == TKD_OK)
         st = pool_init(&r->pool, r);
-    free(mpath);
     if (st != TKD_OK) {
         tkd_cache_reader_close(r);
         return st;
@@ -232,6 +236,7 @@ void tkd_cache_reader_close(tkd_cache_reader *r)
         free(r->paths[i]);
     free(r->paths);
     tkd_cache_manifest_free(&r->m);
+    free(r->mpath);
     free(r->dir);
     free(r);
 }

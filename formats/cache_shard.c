@@ -175,7 +175,7 @@ void tkd_cache_batch_free(tkd_cache_batch *b)
 /* ---- HDF5 errors -> one-line tkd_status ----------------------------------------------------- */
 
 typedef struct h5err_walk {
-    char desc[256];   /* innermost description */
+    char desc[256];   /* most specific description (where the error was detected) */
     int checksum;     /* a filter (fletcher32 / zstd) reported corrupt data */
     int nospace;
 } h5err_walk;
@@ -184,7 +184,8 @@ static herr_t h5err_visit(unsigned n, const H5E_error2_t *e, void *data)
 {
     h5err_walk *w = data;
     const char *d = e->desc ? e->desc : "";
-    if (n == 0 && d[0])
+    (void)n; /* the walk goes from the API call down: the last entry is the most specific */
+    if (d[0])
         snprintf(w->desc, sizeof w->desc, "%s", d);
     if (e->maj_num == H5E_PLINE || strstr(d, "Fletcher32") || strstr(d, "filter returned failure"))
         w->checksum = 1;
@@ -193,18 +194,50 @@ static herr_t h5err_visit(unsigned n, const H5E_error2_t *e, void *data)
     return 0;
 }
 
-/* HDF5's automatic printing is per thread in a thread-safe build, so every entry point (which may
- * run on a loader thread) silences it for its own thread. Cheap: a property store. */
-static void h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+/* The first HDF5 failure since the last entry point, recorded by h5_record while the library's
+ * error stack is still intact (a later successful call, e.g. closing a dataspace during cleanup,
+ * clears that stack). Per thread, like HDF5's own stacks. */
+static _Thread_local h5err_walk h5_first;
+static _Thread_local int h5_have_first;
 
-/* Turns the current HDF5 error stack into a tkd_status: `st` unless a filter reported corrupt data
- * (TKD_ERR_CHECKSUM) or the disk is full (TKD_ERR_NOSPACE). The message is the caller's text
- * followed by HDF5's innermost description. Clears the stack. */
+static herr_t h5_record(hid_t estack, void *data)
+{
+    (void)data;
+    if (!h5_have_first) {
+        memset(&h5_first, 0, sizeof h5_first);
+        H5Ewalk2(estack, H5E_WALK_DOWNWARD, h5err_visit, &h5_first);
+        h5_have_first = 1;
+    }
+    return 0;
+}
+
+/* HDF5's automatic error handler is per thread in a thread-safe build, so every entry point (which
+ * may run on a loader thread) installs ours: it records instead of printing. Cheap. */
+static void h5_quiet(void)
+{
+    H5Eset_auto2(H5E_DEFAULT, h5_record, NULL);
+    h5_have_first = 0;
+}
+
+/* Drops a failure we chose to ignore, so it is not reported by a later h5_fail. */
+static void h5_forget(void)
+{
+    h5_have_first = 0;
+    H5Eclear2(H5E_DEFAULT);
+}
+
+/* Turns the first recorded HDF5 failure into a tkd_status: `st` unless a filter reported corrupt
+ * data (TKD_ERR_CHECKSUM) or the disk is full (TKD_ERR_NOSPACE). The message is the caller's text
+ * followed by HDF5's innermost description. */
 static tkd_status h5_fail(tkd_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static tkd_status h5_fail(tkd_status st, const char *fmt, ...)
 {
     h5err_walk w = {{0}, 0, 0};
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5err_visit, &w);
+    if (h5_have_first)
+        w = h5_first;
+    else
+        H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5err_visit, &w);
+    h5_have_first = 0;
     H5Eclear2(H5E_DEFAULT);
     char msg[TKD_ERROR_MSG_MAX];
     va_list ap;
@@ -472,7 +505,7 @@ static void writer_free(tkd_shard_writer *w)
             H5Dclose(w->ds[d]);
     if (w->file >= 0)
         H5Fclose(w->file);
-    H5Eclear2(H5E_DEFAULT);
+    h5_forget();
     free(w->scratch);
     free(w->path);
     free(w->tmp_path);
@@ -693,7 +726,7 @@ void tkd_shard_close(tkd_shard *s)
         H5Tclose(s->logits_mtype);
     if (s->file >= 0)
         H5Fclose(s->file);
-    H5Eclear2(H5E_DEFAULT);
+    h5_forget();
     free(s->path);
     free(s);
 }
@@ -711,10 +744,13 @@ static tkd_status shard_read_attrs(tkd_shard *s)
         {"format", attr_read_str(s->file, "format", fmt, sizeof fmt)},
         {"version", attr_read(s->file, "version", H5T_NATIVE_INT64, &version)},
     };
-    for (size_t i = 0; i < 2; i++)
-        if (got[i].r != 1)
-            return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' %s — not a topkd cache shard",
-                           s->path, got[i].name, got[i].r == 0 ? "missing" : "unreadable");
+    for (size_t i = 0; i < 2; i++) {
+        if (got[i].r == 0)
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute '%s' missing — not a topkd cache shard",
+                                 s->path, got[i].name);
+        if (got[i].r < 0)
+            return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' unreadable", s->path, got[i].name);
+    }
     if (strcmp(fmt, TKD_CACHE_FORMAT_NAME) != 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: format is '%s', expected '%s'", s->path, fmt,
                              TKD_CACHE_FORMAT_NAME);
@@ -735,10 +771,13 @@ static tkd_status shard_read_attrs(tkd_shard *s)
         {"first_seq", attr_read(s->file, "first_seq", H5T_NATIVE_INT64, &in->first_seq)},
         {"num_seq", attr_read(s->file, "num_seq", H5T_NATIVE_INT64, &in->num_seq)},
     };
-    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
-        if (rest[i].r != 1)
-            return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' %s", s->path, rest[i].name,
-                           rest[i].r == 0 ? "missing (unfinished shard?)" : "unreadable");
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) {
+        if (rest[i].r == 0)
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute '%s' missing — not a complete topkd cache shard",
+                                 s->path, rest[i].name);
+        if (rest[i].r < 0)
+            return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' unreadable", s->path, rest[i].name);
+    }
     if (k > INT32_MAX || seq_len > INT32_MAX || S > INT32_MAX || k < 0 || seq_len < 0 || S < 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: k %lld / seq_len %lld / tail_samples %lld out of range",
                              s->path, (long long)k, (long long)seq_len, (long long)S);
@@ -781,7 +820,7 @@ static tkd_status shard_open_dataset(tkd_shard *s, int d, size_t cache_bytes)
     const char *group = d == DS_INDICES || d == DS_LOGITS ? "/topk" : d == DS_TAIL ? "/tail" : NULL;
     if ((group && H5Lexists(s->file, group, H5P_DEFAULT) <= 0) ||
         H5Lexists(s->file, ds_names[d], H5P_DEFAULT) <= 0) {
-        H5Eclear2(H5E_DEFAULT);
+        h5_forget();
         return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: dataset %s missing — the shard is incomplete or not a topkd cache",
                              s->path, ds_names[d]);
     }
@@ -828,7 +867,7 @@ static int64_t shard_chunk_seqs(hid_t file)
         H5Pclose(dcpl);
     if (ds >= 0)
         H5Dclose(ds);
-    H5Eclear2(H5E_DEFAULT);
+    h5_forget();
     return (int64_t)chunk[0];
 }
 
