@@ -7,7 +7,7 @@ extern "C" {
 #include "kernels/tail_sample.h"
 #include "kernels/tail_sample_cuda.h"
 
-#define TAIL_THREADS 256
+#define TAIL_THREADS 512
 #define TAIL_WARPS (TAIL_THREADS / 32)
 #define TAIL_ITEMS 8 /* contiguous tokens per thread per tile */
 

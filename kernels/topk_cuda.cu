@@ -9,7 +9,7 @@ extern "C" {
 #include <math.h>
 #include <stdlib.h>
 
-#define TOPK_THREADS 512
+#define TOPK_THREADS 1024 /* one block per row: a chunk of C rows rarely fills the GPU, so go wide */
 #define TOPK_WARPS (TOPK_THREADS / 32)
 #define TOPK_NO_ROW 0xffffffffffffffffull
 
@@ -149,6 +149,8 @@ static __device__ void topk_collect(const float *row, int64_t V, int k, topk_sme
         const int64_t v = base + threadIdx.x;
         const uint32_t key = v < V ? topk_key(row[v]) : 0u;
         const bool gt = v < V && key > thr, eq = v < V && key == thr;
+        if (!__syncthreads_or(gt || eq)) /* most tiles hold no winner: one barrier, not three */
+            continue;
         const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
         if (lane == 0) {
             sm->warp_gt[w] = (uint32_t)__popc(bg);
@@ -225,7 +227,8 @@ static __global__ void __launch_bounds__(TOPK_THREADS)
                 if ((key & mask) == prefix)
                     bin = (key >> shift) & 255u;
             }
-            topk_hist_add(sm.hist, bin);
+            if (__any_sync(0xffffffffu, bin < 256)) /* most warps hold no candidate by now */
+                topk_hist_add(sm.hist, bin);
         }
         __syncthreads();
         if (threadIdx.x < 32)
