@@ -57,14 +57,17 @@ tkd_status tkd_kl_params_check(const tkd_kl_params *p, int v)
     if (p->k_use > v)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: k_use %d exceeds the vocabulary size %d",
                              p->k_use, v);
+    /* alpha = 0 with no teacher columns is plain cross-entropy: CE-only training (e.g. a teacher
+     * trained from scratch) runs through the same fused kernel and never reads teacher arrays. */
+    const int ce_only = p->alpha == 0.0f && p->k_use == 0 && p->s == 0;
     if (p->variant == TKD_KL_VARIANT_SAMPLED) {
         if (p->s < 0)
             return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: tail draws s = %d must be >= 0", p->s);
-        if (p->k_use == 0 && p->s == 0)
+        if (p->k_use == 0 && p->s == 0 && !ce_only)
             return tkd_error_set(TKD_ERR_INVALID_ARG,
                                  "kl_loss: sampled with k_use = 0 and no tail draws has no target; "
                                  "use a cache with /tail/indices or k_use >= 1");
-    } else if (p->k_use == 0) {
+    } else if (p->k_use == 0 && !ce_only) {
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: %s needs k_use >= 1 (only sampled allows 0)",
                              tkd_kl_variant_name(p->variant));
     }
@@ -85,7 +88,7 @@ static tkd_status check_pointers(const tkd_kl_params *p, const tkd_kl_batch *b)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: batch has no labels");
     if (p->k_use > 0 && b->n > 0 && (!b->topk_idx || !b->topk_logit))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: batch has no top-k indices or logits");
-    if (p->variant != TKD_KL_VARIANT_RENORM && b->n > 0 && !b->teacher_lse)
+    if (p->variant != TKD_KL_VARIANT_RENORM && (p->k_use > 0 || p->s > 0) && b->n > 0 && !b->teacher_lse)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: %s needs the teacher LSE",
                              tkd_kl_variant_name(p->variant));
     if (p->variant == TKD_KL_VARIANT_SAMPLED && p->s > 0 && b->n > 0 && !b->tail_idx)
@@ -140,7 +143,7 @@ static tkd_status validate_row(const tkd_kl_params *p, const tkd_kl_batch *b, in
             break;
         }
     }
-    if (st == TKD_OK && p->variant != TKD_KL_VARIANT_RENORM && !isfinite(b->teacher_lse[i]))
+    if (st == TKD_OK && p->variant != TKD_KL_VARIANT_RENORM && b->teacher_lse && !isfinite(b->teacher_lse[i]))
         st = tkd_error_set(TKD_ERR_FORMAT, "kl_loss: row %lld: teacher LSE is not finite (%g); the cache is corrupt",
                            (long long)i, (double)b->teacher_lse[i]);
     if (st == TKD_OK && p->variant == TKD_KL_VARIANT_SAMPLED) {

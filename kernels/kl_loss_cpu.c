@@ -88,6 +88,10 @@ static teacher_row teacher_of(const tkd_kl_params *p, const tkd_kl_batch *b, int
     teacher_row tr = {.idx = b->topk_idx ? b->topk_idx + i * p->k : NULL,
                       .t = b->topk_logit ? b->topk_logit + i * p->k : NULL,
                       .dr = p->variant == TKD_KL_VARIANT_SAMPLED && p->s > 0 ? b->tail_idx + i * p->s : NULL};
+    if (kk == 0 && (p->variant != TKD_KL_VARIANT_SAMPLED || p->s == 0)) {
+        tr.mass = 1.0; /* CE only (alpha = 0): no teacher to read */
+        return tr;
+    }
     if (p->variant == TKD_KL_VARIANT_RENORM) {
         double m = -INFINITY, sum = 0.0;
         for (int j = 0; j < kk; j++)

@@ -1,10 +1,97 @@
-/* main.c — the student-train CLI (placeholder until its issue lands). */
+/* main.c — the student-train CLI: flags and config in, one run, a summary and an exit code out.
+ * Library code reports through tkd_status; this file alone prints errors and picks exit codes. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cli.h"
+#include "common/log.h"
+#include "common/signals.h"
+#include "student_train/train.h"
+#include "student_train/train_config.h"
+
+#define USAGE "student-train --config FILE [--set key=value ...] [--resume | --overwrite] [--print-config]"
+
+static int exit_code(tkd_status st)
+{
+    if (st == TKD_ERR_INTERRUPTED)
+        return 130;
+    if (st == TKD_ERR_CONFIG || st == TKD_ERR_INVALID_ARG)
+        return 2;
+    return 1;
+}
+
+static int fail(tkd_status st)
+{
+    fprintf(stderr, "student-train: %s\n", tkd_error_msg());
+    return exit_code(st);
+}
+
+static void print_summary(const tkd_train_result *r)
+{
+    printf("run       %s\n", r->run_path);
+    printf("steps     %lld (%lld tokens, %.1f s, %.0f tokens/s)\n", (long long)r->steps, (long long)r->tokens,
+           r->seconds, r->seconds > 0 ? (double)r->tokens / r->seconds : 0.0);
+    if (!isnan(r->val_ce))
+        printf("val CE    %.4f nats/token (perplexity %.2f)\n", r->val_ce, r->val_ppl);
+    if (!isnan(r->val_kd))
+        printf("val KD    %.4f\n", r->val_kd);
+    if (!isnan(r->top1_agree))
+        printf("top-1     %.4f agreement with the teacher\n", r->top1_agree);
+    /* one machine-readable line for scripts (the demo's table reads it) */
+    printf("RESULT val_ce=%.6f val_ppl=%.4f val_kd=%.6f top1=%.6f steps=%lld tokens=%lld seconds=%.2f\n", r->val_ce,
+           r->val_ppl, r->val_kd, r->top1_agree, (long long)r->steps, (long long)r->tokens, r->seconds);
+}
 
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "student-train: not built yet (see the open issues)\n");
-    return 2;
+    tkd_cli cli;
+    tkd_status st = tkd_cli_parse(&cli, argc, argv);
+    if (st != TKD_OK) {
+        fprintf(stderr, "student-train: %s\nusage: %s (--help lists every key)\n", tkd_error_msg(), USAGE);
+        return 2;
+    }
+    if (cli.help) {
+        tkd_cli_print_help(stdout, USAGE, &tkd_train_schema);
+        tkd_cli_free(&cli);
+        return 0;
+    }
+    tkd_log_set_level(tkd_cli_log_level(&cli));
+    tkd_train_config cfg = {0};
+    st = tkd_cli_load_config(&cli, &tkd_train_schema, &cfg);
+    char *yaml = NULL;
+    size_t yaml_len = 0;
+    if (st == TKD_OK) {
+        FILE *mem = open_memstream(&yaml, &yaml_len);
+        st = mem ? tkd_config_print(&tkd_train_schema, &cfg, mem) : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+        if (mem)
+            fclose(mem);
+    }
+    int rc = 0;
+    if (st != TKD_OK) {
+        rc = fail(st);
+    } else if (cli.print_config) {
+        fputs(yaml, stdout);
+    } else {
+        char name[512];
+        if (*cfg.run_name)
+            snprintf(name, sizeof name, "%s", cfg.run_name);
+        else
+            tkd_train_derive_name(name, sizeof name, cli.config_path, cli.sets, cli.nsets);
+        tkd_log_info("student-train %s: run %s/%s", TKD_VERSION, cfg.run_dir, name);
+        tkd_signals_install();
+        tkd_train_opts o = {.cfg = &cfg, .run_name = name, .config_yaml = yaml, .resume = cli.resume,
+                            .overwrite = cli.overwrite};
+        tkd_train_result res;
+        st = tkd_train_run(&o, &res);
+        if (st == TKD_OK)
+            print_summary(&res);
+        else
+            rc = fail(st);
+    }
+    free(yaml);
+    tkd_config_free(&tkd_train_schema, &cfg);
+    tkd_cli_free(&cli);
+    return rc;
 }

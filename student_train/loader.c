@@ -1,0 +1,217 @@
+/* loader.c — see loader.h. */
+#include "student_train/loader.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+
+struct tkd_loader {
+    tkd_loader_opts o;
+    tkd_cache_reader *cache;
+    const tkd_tokens *tokens;
+    int64_t *split;  // (n)
+    int64_t *order;  // (n) the current epoch's order
+    int64_t n;
+    int64_t epoch, offset;
+    tkd_cache_stream *stream;
+    int src_seq_len; /* positions per sequence in the source */
+    int src_k;       /* columns the source batch holds */
+    /* the batch handed out (repacked to seq_len and int32 ids) */
+    tkd_train_batch out;
+    int32_t *inputs, *labels, *topk_idx, *tail_idx;
+    float *topk_logit, *lse;
+    int64_t *seq;
+    int32_t *window; // (seq_len + 1) scratch for token windows
+};
+
+void tkd_loader_epoch_order(const tkd_loader *l, int64_t epoch, int64_t *order)
+{
+    memcpy(order, l->split, (size_t)l->n * sizeof *order);
+    if (l->o.shuffle) {
+        tkd_rng r;
+        tkd_rng_seed_stream(&r, l->o.seed, (uint64_t)epoch);
+        tkd_rng_shuffle_i64(&r, order, (size_t)l->n);
+    }
+}
+
+static tkd_status alloc_buffers(tkd_loader *l)
+{
+    size_t bt = (size_t)l->o.batch_size * (size_t)l->o.seq_len;
+    int k = l->cache ? l->o.k : 0;
+    int s = l->cache && l->o.with_tail ? tkd_cache_reader_manifest(l->cache)->id.tail_samples : 0;
+    l->inputs = malloc(bt * sizeof(int32_t));
+    l->labels = malloc(bt * sizeof(int32_t));
+    l->seq = malloc((size_t)l->o.batch_size * sizeof(int64_t));
+    l->window = malloc(((size_t)l->o.seq_len + 1) * sizeof(int32_t));
+    if (k > 0) {
+        l->topk_idx = malloc(bt * (size_t)k * sizeof(int32_t));
+        l->topk_logit = malloc(bt * (size_t)k * sizeof(float));
+        l->lse = malloc(bt * sizeof(float));
+    }
+    if (s > 0)
+        l->tail_idx = malloc(bt * (size_t)s * sizeof(int32_t));
+    if (!l->inputs || !l->labels || !l->seq || !l->window || (k > 0 && (!l->topk_idx || !l->topk_logit || !l->lse)) ||
+        (s > 0 && !l->tail_idx))
+        return tkd_error_set(TKD_ERR_NOMEM, "loader: out of memory for a batch of %d x %d", l->o.batch_size,
+                             l->o.seq_len);
+    l->out.k = k;
+    l->out.s = s;
+    l->out.t = l->o.seq_len;
+    l->out.inputs = l->inputs;
+    l->out.labels = l->labels;
+    l->out.topk_idx = l->topk_idx;
+    l->out.topk_logit = l->topk_logit;
+    l->out.teacher_lse = l->lse;
+    l->out.tail_idx = l->tail_idx;
+    l->out.seq = l->seq;
+    return TKD_OK;
+}
+
+tkd_status tkd_loader_open(tkd_loader **out, tkd_cache_reader *cache, const tkd_tokens *tokens,
+                           const int64_t *split, int64_t n, const tkd_loader_opts *opts)
+{
+    *out = NULL;
+    if ((!cache) == (!tokens) || n < 0 || opts->batch_size < 1 || opts->seq_len < 1)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "loader: give exactly one source, a batch size and a seq_len");
+    tkd_loader *l = calloc(1, sizeof *l);
+    if (!l)
+        return tkd_error_set(TKD_ERR_NOMEM, "loader: out of memory");
+    l->o = *opts;
+    l->cache = cache;
+    l->tokens = tokens;
+    l->n = n;
+    if (cache) {
+        const tkd_cache_manifest *m = tkd_cache_reader_manifest(cache);
+        l->src_seq_len = m->id.seq_len;
+        if (l->o.k <= 0 || l->o.k > m->id.k)
+            l->o.k = m->id.k;
+        if (l->o.with_tail && m->id.tail_samples == 0) {
+            free(l);
+            return tkd_error_set(TKD_ERR_MISMATCH, "loader: the cache has no tail draws (/tail/indices)");
+        }
+    } else {
+        l->src_seq_len = opts->seq_len;
+    }
+    if (l->o.seq_len > l->src_seq_len) {
+        int have = l->src_seq_len;
+        free(l);
+        return tkd_error_set(TKD_ERR_MISMATCH, "loader: data.seq_len %d is longer than the cache's %d",
+                             opts->seq_len, have);
+    }
+    l->split = malloc(((size_t)n + 1) * sizeof(int64_t));
+    l->order = malloc(((size_t)n + 1) * sizeof(int64_t));
+    tkd_status st = l->split && l->order ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "loader: out of memory");
+    if (st == TKD_OK) {
+        memcpy(l->split, split, (size_t)n * sizeof(int64_t));
+        st = alloc_buffers(l);
+    }
+    if (st != TKD_OK) {
+        tkd_loader_close(l);
+        return st;
+    }
+    *out = l;
+    return TKD_OK;
+}
+
+void tkd_loader_close(tkd_loader *l)
+{
+    if (!l)
+        return;
+    tkd_cache_stream_close(l->stream);
+    free(l->split);
+    free(l->order);
+    free(l->inputs);
+    free(l->labels);
+    free(l->topk_idx);
+    free(l->topk_logit);
+    free(l->lse);
+    free(l->tail_idx);
+    free(l->seq);
+    free(l->window);
+    free(l);
+}
+
+tkd_status tkd_loader_seek(tkd_loader *l, int64_t epoch, int64_t offset)
+{
+    if (offset < 0 || offset > l->n)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "loader: offset %lld outside the split of %lld sequences",
+                             (long long)offset, (long long)l->n);
+    tkd_cache_stream_close(l->stream);
+    l->stream = NULL;
+    l->epoch = epoch;
+    l->offset = offset;
+    tkd_loader_epoch_order(l, epoch, l->order);
+    if (l->cache && offset < l->n) {
+        tkd_cache_stream_opts so = {.batch_seq = l->o.batch_size, .k = l->o.k, .with_tail = l->o.with_tail,
+                                    .depth = l->o.prefetch < 2 ? 2 : l->o.prefetch};
+        return tkd_cache_stream_open(&l->stream, l->cache, l->order + offset, l->n - offset, &so);
+    }
+    return TKD_OK;
+}
+
+/* Copies sequence i of a cache batch into slot j, keeping the first t positions. A negative token
+ * marks padding (teacher-dump's padded last window): the model sees 0 there, the loss no label. */
+static void pack_cache_seq(tkd_loader *l, const tkd_cache_batch *cb, int64_t i, int j)
+{
+    int t = l->o.seq_len, k = l->out.k, s = l->out.s, src_t = cb->seq_len;
+    const int32_t *tok = cb->tokens + i * (src_t + 1);
+    for (int p = 0; p < t; p++) {
+        l->inputs[(size_t)j * t + p] = tok[p] < 0 ? 0 : tok[p];
+        l->labels[(size_t)j * t + p] = tok[p + 1] < 0 ? -100 : tok[p + 1];
+    }
+    size_t dst = (size_t)j * t, src = (size_t)i * src_t;
+    /* uint32 ids < 2^31 (checked by the kernel's validation) reinterpret as int32 unchanged */
+    memcpy(l->topk_idx + dst * k, cb->topk_indices + src * cb->k, (size_t)t * k * sizeof(int32_t));
+    memcpy(l->topk_logit + dst * k, cb->topk_logits + src * cb->k, (size_t)t * k * sizeof(float));
+    memcpy(l->lse + dst, cb->lse + src, (size_t)t * sizeof(float));
+    if (s > 0)
+        memcpy(l->tail_idx + dst * s, cb->tail_indices + src * s, (size_t)t * s * sizeof(int32_t));
+    l->seq[j] = cb->cache_seq ? cb->cache_seq[i] : cb->seq_index[i];
+}
+
+static tkd_status next_from_cache(tkd_loader *l, const tkd_train_batch **batch)
+{
+    const tkd_cache_batch *cb = NULL;
+    TKD_TRY(tkd_cache_stream_next(l->stream, &cb));
+    if (!cb)
+        return TKD_OK;
+    for (int64_t i = 0; i < cb->num_seq; i++)
+        pack_cache_seq(l, cb, i, (int)i);
+    l->out.b = (int)cb->num_seq;
+    l->offset += cb->num_seq;
+    *batch = &l->out;
+    return TKD_OK;
+}
+
+static tkd_status next_from_tokens(tkd_loader *l, const tkd_train_batch **batch)
+{
+    int t = l->o.seq_len;
+    int64_t nb = l->n - l->offset < l->o.batch_size ? l->n - l->offset : l->o.batch_size;
+    for (int64_t j = 0; j < nb; j++) {
+        int64_t w = l->order[l->offset + j];
+        TKD_TRY(tkd_tokens_window(l->tokens, t, t, 1, w, l->window, l->labels + (size_t)j * t, NULL));
+        memcpy(l->inputs + (size_t)j * t, l->window, (size_t)t * sizeof(int32_t));
+        l->seq[j] = w;
+    }
+    l->out.b = (int)nb;
+    l->offset += nb;
+    *batch = &l->out;
+    return TKD_OK;
+}
+
+tkd_status tkd_loader_next(tkd_loader *l, const tkd_train_batch **batch)
+{
+    *batch = NULL;
+    if (l->offset >= l->n)
+        return TKD_OK;
+    return l->cache ? next_from_cache(l, batch) : next_from_tokens(l, batch);
+}
+
+void tkd_loader_position(const tkd_loader *l, int64_t *epoch, int64_t *offset)
+{
+    *epoch = l->epoch;
+    *offset = l->offset;
+}
+
+int64_t tkd_loader_size(const tkd_loader *l) { return l->n; }

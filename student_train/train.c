@@ -1,0 +1,707 @@
+/* train.c — see train.h. The run is a small state machine over one struct (trainer): open the
+ * data, build the student and the loss, then alternate training steps, evaluations and
+ * checkpoints until the step budget, an error, a NaN or a signal ends it. */
+#include "student_train/train.h"
+
+#include <cblas.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/progress.h"
+#include "common/signals.h"
+#include "formats/cache_reader.h"
+#include "formats/tokens.h"
+#include "kernels/backend.h"
+#include "kernels/kl_loss.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "student_train/checkpoint.h"
+#include "student_train/loader.h"
+
+#define RUN_PATH_MAX 4096
+#define EVAL_CHUNK_ROWS 256 /* rows of full logits held at once for the top-1 agreement */
+
+typedef struct trainer {
+    const tkd_train_config *cfg;
+    const tkd_train_opts *opts;
+    tkd_cache_reader *cache, *val_cache;
+    tkd_tokens *tokens, *val_tokens;
+    tkd_loader *train, *val;
+    tkd_model *m;
+    tkd_adamw *opt;
+    tkd_optim_config ocfg;
+    tkd_kl_params kp;
+    tkd_kl_cpu_ws *ws;
+    float *dh;      // (B·T, D)
+    float *logits;  // (EVAL_CHUNK_ROWS, V)
+    int B, T, V, k_use, S;
+    int64_t total_steps;
+    tkd_train_state st;
+    char run[RUN_PATH_MAX], ckpt[RUN_PATH_MAX], metrics_path[RUN_PATH_MAX];
+    FILE *metrics;
+    double t0;            /* when the loop started (monotonic) */
+    int64_t tokens0;      /* tokens seen at that time (non-zero after a resume) */
+    tkd_progress progress;
+} trainer;
+
+typedef struct step_stats {
+    double loss, kd, ce, grad_norm, lr;
+    int64_t rows, tokens;
+} step_stats;
+
+typedef struct eval_stats {
+    double loss, kd, ce, top1;
+    int64_t rows;
+} eval_stats;
+
+static double now_s(void) { return tkd_progress_now(); }
+
+/* ---- data ------------------------------------------------------------------------------------ */
+
+/* Sequence ids [first, first + n) as a split. */
+static int64_t *range_split(int64_t first, int64_t n)
+{
+    int64_t *s = malloc(((size_t)n + 1) * sizeof *s);
+    for (int64_t i = 0; s && i < n; i++)
+        s[i] = first + i;
+    return s;
+}
+
+/* Splits n sequences into train (the first ones) and a held-out tail of val_fraction. */
+static void holdout(int64_t n, double frac, int64_t max_train, int64_t *n_train, int64_t *n_val)
+{
+    int64_t v = frac > 0 ? (int64_t)ceil((double)n * frac) : 0;
+    if (v >= n)
+        v = n - 1;
+    *n_val = v;
+    *n_train = n - v;
+    if (max_train > 0 && *n_train > max_train)
+        *n_train = max_train;
+}
+
+static tkd_status check_cache_against_config(trainer *tr, const tkd_cache_manifest *m)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (*c->expect_teacher_sha256 && strcmp(c->expect_teacher_sha256, m->id.teacher_sha256) != 0)
+        return tkd_error_set(TKD_ERR_MISMATCH,
+                             "%s: the cache was made by teacher %.12s…, the config expects %.12s… "
+                             "(data.expect_teacher_sha256) — point data.cache at the right cache",
+                             c->cache, m->id.teacher_sha256, c->expect_teacher_sha256);
+    if (c->kd_topk > m->id.k)
+        return tkd_error_set(TKD_ERR_CONFIG, "kd.topk = %d but the cache %s stores only k = %d", c->kd_topk,
+                             c->cache, m->id.k);
+    if (c->kd_variant == TKD_KL_VARIANT_SAMPLED && m->id.tail_samples == 0)
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "kd.variant = sampled needs tail draws, but the cache %s has none — "
+                             "re-run teacher-dump with cache.tail_samples > 0, or use renorm/tail", c->cache);
+    if (c->kd_variant != TKD_KL_VARIANT_RENORM && fabs(c->kd_temperature - m->id.temperature) > 1e-6)
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "kd.variant = %s needs kd.temperature = the cache's temperature %g (got %g)",
+                             tkd_kl_variant_name((tkd_kl_variant)c->kd_variant), (double)m->id.temperature,
+                             c->kd_temperature);
+    return TKD_OK;
+}
+
+static tkd_status open_cache_sources(trainer *tr, int64_t **tsplit, int64_t *nt, int64_t **vsplit, int64_t *nv)
+{
+    const tkd_train_config *c = tr->cfg;
+    TKD_TRY(tkd_cache_reader_open(&tr->cache, c->cache, NULL));
+    const tkd_cache_manifest *m = tkd_cache_reader_manifest(tr->cache);
+    TKD_TRY(check_cache_against_config(tr, m));
+    tr->V = (int)m->id.vocab_size;
+    tr->T = c->seq_len > 0 ? c->seq_len : m->id.seq_len;
+    tr->k_use = c->kd_topk > 0 ? c->kd_topk : m->id.k;
+    tr->S = c->kd_variant == TKD_KL_VARIANT_SAMPLED ? m->id.tail_samples : 0;
+    int64_t n = tkd_cache_reader_num_seq(tr->cache);
+    if (*c->val_cache) {
+        TKD_TRY(tkd_cache_reader_open(&tr->val_cache, c->val_cache, NULL));
+        const tkd_cache_manifest *vm = tkd_cache_reader_manifest(tr->val_cache);
+        if (vm->id.vocab_size != m->id.vocab_size || strcmp(vm->id.teacher_sha256, m->id.teacher_sha256) != 0 ||
+            vm->id.k < tr->k_use || vm->id.seq_len < tr->T || vm->id.tail_samples < tr->S)
+            return tkd_error_set(TKD_ERR_MISMATCH,
+                                 "%s: the validation cache does not match %s (teacher, vocabulary, k, seq_len "
+                                 "or tail draws differ)", c->val_cache, c->cache);
+        *nt = c->max_sequences > 0 && c->max_sequences < n ? c->max_sequences : n;
+        *nv = tkd_cache_reader_num_seq(tr->val_cache);
+        *tsplit = range_split(0, *nt);
+        *vsplit = range_split(0, *nv);
+    } else {
+        holdout(n, c->val_fraction, c->max_sequences, nt, nv);
+        *tsplit = range_split(0, *nt);
+        *vsplit = range_split(n - *nv, *nv);
+    }
+    return *tsplit && *vsplit ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+}
+
+static tkd_status open_token_sources(trainer *tr, int64_t **tsplit, int64_t *nt, int64_t **vsplit, int64_t *nv)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (c->kd_alpha > 0)
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "kd.alpha = %g needs a teacher: set data.cache (a teacher-dump output), or kd.alpha = 0 "
+                             "for CE-only training on data.tokens", c->kd_alpha);
+    if (c->tokens.n == 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "no data: set data.cache (a teacher cache) or data.tokens (token files)");
+    if (c->seq_len <= 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "data.seq_len must be set for CE-only training on data.tokens");
+    tr->T = c->seq_len;
+    tr->k_use = 0;
+    tr->S = 0;
+    TKD_TRY(tkd_tokens_open_list((const char *const *)c->tokens.items, (int)c->tokens.n, &tr->tokens));
+    int64_t n = tkd_tokens_num_windows(tr->tokens, tr->T, tr->T, 1);
+    if (c->val_tokens.n > 0) {
+        TKD_TRY(tkd_tokens_open_list((const char *const *)c->val_tokens.items, (int)c->val_tokens.n,
+                                     &tr->val_tokens));
+        *nt = c->max_sequences > 0 && c->max_sequences < n ? c->max_sequences : n;
+        *nv = tkd_tokens_num_windows(tr->val_tokens, tr->T, tr->T, 1);
+        *tsplit = range_split(0, *nt);
+        *vsplit = range_split(0, *nv);
+    } else {
+        holdout(n, c->val_fraction, c->max_sequences, nt, nv);
+        *tsplit = range_split(0, *nt);
+        *vsplit = range_split(n - *nv, *nv);
+    }
+    return *tsplit && *vsplit ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+}
+
+static tkd_status open_data(trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    int64_t *ts = NULL, *vs = NULL, nt = 0, nv = 0;
+    tkd_status st = *c->cache ? open_cache_sources(tr, &ts, &nt, &vs, &nv) : open_token_sources(tr, &ts, &nt, &vs, &nv);
+    if (st == TKD_OK && nt < 1)
+        st = tkd_error_set(TKD_ERR_CONFIG, "the training split is empty (%s)", *c->cache ? c->cache : "data.tokens");
+    tkd_loader_opts lo = {.batch_size = c->batch_size, .seq_len = tr->T, .k = tr->k_use, .with_tail = tr->S > 0,
+                          .prefetch = c->prefetch, .seed = (uint64_t)c->seed, .shuffle = 1};
+    if (st == TKD_OK)
+        st = tkd_loader_open(&tr->train, tr->cache, tr->cache ? NULL : tr->tokens, ts, nt, &lo);
+    lo.shuffle = 0;
+    if (st == TKD_OK && nv > 0) {
+        tkd_cache_reader *vc = tr->val_cache ? tr->val_cache : tr->cache;
+        const tkd_tokens *vt = tr->val_tokens ? tr->val_tokens : tr->tokens;
+        st = tkd_loader_open(&tr->val, vc, vc ? NULL : vt, vs, nv, &lo);
+    }
+    free(ts);
+    free(vs);
+    if (st == TKD_OK)
+        tkd_log_info("data: %" PRId64 " training and %" PRId64 " validation sequences of %d tokens%s", nt, nv, tr->T,
+                     tr->cache ? "" : " (CE only, no teacher)");
+    return st;
+}
+
+/* ---- model and loss ---------------------------------------------------------------------------- */
+
+static void student_config(const tkd_train_config *c, int vocab, tkd_model_config *mc)
+{
+    tkd_model_config_defaults(mc);
+    mc->arch = c->model_arch == TKD_TRAIN_ARCH_QWEN2 ? TKD_ARCH_QWEN2 : TKD_ARCH_LLAMA;
+    mc->vocab_size = vocab;
+    mc->hidden_size = c->hidden_size;
+    mc->intermediate_size = c->intermediate_size;
+    mc->num_hidden_layers = c->num_layers;
+    mc->num_attention_heads = c->num_heads;
+    mc->num_key_value_heads = c->num_kv_heads;
+    mc->head_dim = c->head_dim > 0 ? c->head_dim : c->hidden_size / c->num_heads;
+    mc->max_position_embeddings = c->max_position_embeddings;
+    mc->rope_theta = c->rope_theta;
+    mc->rms_norm_eps = (float)c->rms_norm_eps;
+    mc->tie_word_embeddings = c->tie_word_embeddings;
+    mc->attention_bias = mc->arch == TKD_ARCH_QWEN2;
+    mc->initializer_range = (float)c->init_std;
+}
+
+static tkd_status build_model(trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (c->model_init == TKD_TRAIN_INIT_HF) {
+        if (!*c->model_path)
+            return tkd_error_set(TKD_ERR_CONFIG, "model.init = hf needs model.path (a Hugging Face checkpoint dir)");
+        TKD_TRY(tkd_model_load_hf(c->model_path, &tr->m));
+    } else {
+        int vocab = tr->V > 0 ? tr->V : c->vocab_size;
+        if (vocab <= 0)
+            return tkd_error_set(TKD_ERR_CONFIG, "model.vocab_size must be set for a random student without a cache");
+        tkd_model_config mc;
+        student_config(c, vocab, &mc);
+        TKD_TRY(tkd_model_config_validate(&mc));
+        TKD_TRY(tkd_model_init_random(&mc, (uint64_t)c->seed, &tr->m));
+    }
+    int mv = tr->m->cfg.vocab_size;
+    if (tr->V > 0 && mv != tr->V)
+        return tkd_error_set(TKD_ERR_MISMATCH,
+                             "vocabulary mismatch: the student has %d tokens, the cache %s has %d — the student "
+                             "must use the teacher's tokenizer", mv, c->cache, tr->V);
+    if (c->vocab_size > 0 && c->vocab_size != mv)
+        return tkd_error_set(TKD_ERR_MISMATCH, "model.vocab_size = %d but the student has %d tokens", c->vocab_size, mv);
+    tr->V = mv;
+    if (tr->T > tr->m->cfg.max_position_embeddings)
+        return tkd_error_set(TKD_ERR_CONFIG, "seq_len %d exceeds the student's max_position_embeddings %d", tr->T,
+                             tr->m->cfg.max_position_embeddings);
+    if (tr->tokens)
+        TKD_TRY(tkd_tokens_check_vocab(tr->tokens, mv));
+    if (tr->val_tokens)
+        TKD_TRY(tkd_tokens_check_vocab(tr->val_tokens, mv));
+    return tkd_model_reserve(tr->m, tr->cfg->batch_size, tr->T, 1);
+}
+
+static tkd_status build_loss(trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    tkd_kl_params_defaults(&tr->kp, tr->k_use);
+    /* Without a cache the loss is plain CE (alpha = 0, no teacher columns) whatever the variant. */
+    tr->kp.variant = tr->cache ? (tkd_kl_variant)c->kd_variant : TKD_KL_VARIANT_RENORM;
+    tr->kp.temperature = (float)c->kd_temperature;
+    tr->kp.alpha = (float)c->kd_alpha;
+    tr->kp.k = tr->k_use;
+    tr->kp.k_use = tr->k_use;
+    tr->kp.s = tr->S;
+    tr->kp.chunk_rows = c->kd_chunk_size;
+    tr->kp.grad_in_forward = c->kd_grad_in_forward;
+    tr->kp.grad_scale = 1.0f / (float)c->grad_accum;
+    int64_t n_max = (int64_t)c->batch_size * tr->T;
+    int d = tr->m->cfg.hidden_size;
+    TKD_TRY(tkd_kl_cpu_ws_init(&tr->ws, &tr->kp, n_max, d, tr->V));
+    tr->dh = malloc((size_t)n_max * (size_t)d * sizeof(float));
+    tr->logits = malloc((size_t)EVAL_CHUNK_ROWS * (size_t)tr->V * sizeof(float));
+    if (!tr->dh || !tr->logits)
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the loss buffers");
+    return TKD_OK;
+}
+
+/* Steps the run takes: train.max_steps, else as many as epochs and max_tokens allow. */
+static int64_t plan_steps(const trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (c->max_steps > 0)
+        return c->max_steps;
+    int64_t per_step = (int64_t)c->batch_size * c->grad_accum;
+    int64_t n = tkd_loader_size(tr->train);
+    int64_t steps = (n * c->epochs + per_step - 1) / per_step;
+    if (c->max_tokens > 0) {
+        int64_t by_tokens = (c->max_tokens + per_step * tr->T - 1) / (per_step * tr->T);
+        if (by_tokens < steps)
+            steps = by_tokens;
+    }
+    return steps;
+}
+
+static tkd_status build_optimizer(trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    tkd_optim_config_defaults(&tr->ocfg);
+    tr->total_steps = plan_steps(tr);
+    tr->ocfg.lr = c->lr;
+    tr->ocfg.min_lr = c->min_lr;
+    tr->ocfg.warmup_steps = c->warmup_steps;
+    tr->ocfg.total_steps = tr->total_steps > 0 ? tr->total_steps : 1;
+    tr->ocfg.beta1 = c->beta1;
+    tr->ocfg.beta2 = c->beta2;
+    tr->ocfg.eps = c->eps;
+    tr->ocfg.weight_decay = c->weight_decay;
+    tr->ocfg.clip_norm = c->grad_clip;
+    return tkd_adamw_init(&tr->ocfg, tr->m->n_params, &tr->opt);
+}
+
+/* ---- one step ---------------------------------------------------------------------------------- */
+
+static void kl_batch_of(const trainer *tr, const tkd_train_batch *b, const float *hidden, tkd_kl_batch *kb)
+{
+    memset(kb, 0, sizeof *kb);
+    kb->n = (int64_t)b->b * b->t;
+    kb->d = tr->m->cfg.hidden_size;
+    kb->v = tr->V;
+    kb->h = hidden;
+    kb->w = tkd_model_lm_head(tr->m);
+    kb->topk_idx = b->topk_idx;
+    kb->topk_logit = b->topk_logit;
+    kb->teacher_lse = b->teacher_lse;
+    kb->tail_idx = b->tail_idx;
+    kb->labels = b->labels;
+}
+
+/* The next training batch, moving to the next epoch when this one is used up. */
+static tkd_status next_batch(trainer *tr, const tkd_train_batch **b)
+{
+    TKD_TRY(tkd_loader_next(tr->train, b));
+    if (*b)
+        return TKD_OK;
+    int64_t epoch, offset;
+    tkd_loader_position(tr->train, &epoch, &offset);
+    TKD_TRY(tkd_loader_seek(tr->train, epoch + 1, 0));
+    TKD_TRY(tkd_loader_next(tr->train, b));
+    if (!*b)
+        return tkd_error_set(TKD_ERR_INTERNAL, "the training split gave no batch after a new epoch");
+    return TKD_OK;
+}
+
+static int64_t count_labels(const tkd_train_batch *b)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < (int64_t)b->b * b->t; i++)
+        n += b->labels[i] != -100;
+    return n;
+}
+
+static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *ss)
+{
+    const float *hidden = NULL;
+    TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
+    tkd_kl_batch kb;
+    kl_batch_of(tr, b, hidden, &kb);
+    TKD_TRY(tkd_kl_validate(&tr->kp, &kb));
+    tkd_kl_result r;
+    float *dw = tkd_model_lm_head_grad(tr->m);
+    if (tr->kp.grad_in_forward) {
+        TKD_TRY(tkd_kl_cpu_forward(tr->ws, &tr->kp, &kb, &r, tr->dh, dw));
+    } else {
+        TKD_TRY(tkd_kl_cpu_forward(tr->ws, &tr->kp, &kb, &r, NULL, NULL));
+        TKD_TRY(tkd_kl_cpu_backward(tr->ws, &tr->kp, &kb, 1.0f / (float)tr->cfg->grad_accum, tr->dh, dw));
+    }
+    if (!isfinite(r.loss))
+        return tkd_error_set(TKD_ERR_NUMERIC, "the loss is %g at step %" PRId64 " (sequence %" PRId64 " …)", r.loss,
+                             tr->st.step + 1, b->seq[0]);
+    TKD_TRY(tkd_model_backward(tr->m, tr->dh));
+    ss->loss += r.loss * (double)r.n_kept;
+    ss->kd += r.kd * (double)r.n_kept;
+    ss->ce += r.ce * (double)r.n_kept;
+    ss->rows += r.n_kept;
+    ss->tokens += count_labels(b);
+    return TKD_OK;
+}
+
+static tkd_status train_step(trainer *tr, step_stats *ss)
+{
+    memset(ss, 0, sizeof *ss);
+    tkd_model_zero_grad(tr->m);
+    for (int a = 0; a < tr->cfg->grad_accum; a++) {
+        const tkd_train_batch *b = NULL;
+        TKD_TRY(next_batch(tr, &b));
+        TKD_TRY(micro_step(tr, b, ss));
+    }
+    tkd_status st = tkd_optim_clip(tr->m->grads, tr->m->n_params, tr->cfg->grad_clip, &ss->grad_norm);
+    if (st != TKD_OK)
+        return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
+    ss->lr = tkd_optim_lr(&tr->ocfg, tr->st.step);
+    int n_info = 0;
+    const tkd_param_info *info = tkd_model_params(tr->m, &n_info);
+    tkd_adamw_step(tr->opt, tr->m->params, tr->m->grads, info, n_info, ss->lr);
+    tr->st.step++;
+    tr->st.tokens_seen += ss->tokens;
+    tkd_loader_position(tr->train, &tr->st.epoch, &tr->st.offset);
+    if (ss->rows > 0) {
+        ss->loss /= (double)ss->rows;
+        ss->kd /= (double)ss->rows;
+        ss->ce /= (double)ss->rows;
+    }
+    return TKD_OK;
+}
+
+/* ---- evaluation -------------------------------------------------------------------------------- */
+
+/* Positions (label kept) where the student's argmax equals the teacher's top-1. */
+static int64_t top1_hits(trainer *tr, const tkd_train_batch *b, const float *hidden)
+{
+    int64_t n = (int64_t)b->b * b->t, hits = 0;
+    int d = tr->m->cfg.hidden_size;
+    for (int64_t r0 = 0; r0 < n; r0 += EVAL_CHUNK_ROWS) {
+        int64_t rows = n - r0 < EVAL_CHUNK_ROWS ? n - r0 : EVAL_CHUNK_ROWS;
+        tkd_model_logits(tr->m, hidden + r0 * d, rows, tr->logits);
+        for (int64_t i = 0; i < rows; i++) {
+            if (b->labels[r0 + i] == -100)
+                continue;
+            const float *row = tr->logits + i * tr->V;
+            int best = 0;
+            for (int v = 1; v < tr->V; v++)
+                if (row[v] > row[best])
+                    best = v;
+            hits += best == b->topk_idx[(r0 + i) * b->k];
+        }
+    }
+    return hits;
+}
+
+static tkd_status evaluate(trainer *tr, eval_stats *es)
+{
+    memset(es, 0, sizeof *es);
+    if (!tr->val)
+        return TKD_OK;
+    TKD_TRY(tkd_loader_seek(tr->val, 0, 0));
+    int64_t hits = 0;
+    tkd_kl_params kp = tr->kp;
+    kp.grad_in_forward = 0;
+    for (int nb = 0; tr->cfg->eval_batches == 0 || nb < tr->cfg->eval_batches; nb++) {
+        const tkd_train_batch *b = NULL;
+        TKD_TRY(tkd_loader_next(tr->val, &b));
+        if (!b)
+            break;
+        const float *hidden = NULL;
+        TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 0, &hidden));
+        tkd_kl_batch kb;
+        kl_batch_of(tr, b, hidden, &kb);
+        TKD_TRY(tkd_kl_validate(&kp, &kb));
+        tkd_kl_result r;
+        TKD_TRY(tkd_kl_cpu_forward(tr->ws, &kp, &kb, &r, NULL, NULL));
+        es->loss += r.loss * (double)r.n_kept;
+        es->kd += r.kd * (double)r.n_kept;
+        es->ce += r.ce * (double)r.n_kept;
+        es->rows += r.n_kept;
+        if (b->k > 0)
+            hits += top1_hits(tr, b, hidden);
+    }
+    if (es->rows > 0) {
+        es->loss /= (double)es->rows;
+        es->kd /= (double)es->rows;
+        es->ce /= (double)es->rows;
+        es->top1 = tr->k_use > 0 ? (double)hits / (double)es->rows : NAN;
+    }
+    return TKD_OK;
+}
+
+/* ---- run directory, metrics, checkpoints ---------------------------------------------------- */
+
+static void json_num(FILE *f, const char *key, double v)
+{
+    if (isfinite(v))
+        fprintf(f, ", \"%s\": %.9g", key, v);
+    else
+        fprintf(f, ", \"%s\": null", key);
+}
+
+static void log_train(trainer *tr, const step_stats *ss)
+{
+    double el = now_s() - tr->t0;
+    fprintf(tr->metrics, "{\"type\": \"train\", \"step\": %" PRId64 ", \"tokens\": %" PRId64, tr->st.step,
+            tr->st.tokens_seen);
+    json_num(tr->metrics, "loss", ss->loss);
+    json_num(tr->metrics, "kd", tr->kp.alpha > 0 ? ss->kd : NAN);
+    json_num(tr->metrics, "ce", ss->ce);
+    json_num(tr->metrics, "lr", ss->lr);
+    json_num(tr->metrics, "grad_norm", ss->grad_norm);
+    json_num(tr->metrics, "elapsed_s", el);
+    fprintf(tr->metrics, "}\n");
+    fflush(tr->metrics);
+}
+
+static void log_eval(trainer *tr, const eval_stats *es)
+{
+    fprintf(tr->metrics, "{\"type\": \"eval\", \"step\": %" PRId64 ", \"tokens\": %" PRId64, tr->st.step,
+            tr->st.tokens_seen);
+    json_num(tr->metrics, "val_loss", es->loss);
+    json_num(tr->metrics, "val_kd", tr->kp.alpha > 0 ? es->kd : NAN);
+    json_num(tr->metrics, "val_ce", es->ce);
+    json_num(tr->metrics, "val_ppl", exp(es->ce));
+    json_num(tr->metrics, "top1_agree", es->top1);
+    fprintf(tr->metrics, "}\n");
+    fflush(tr->metrics);
+    tkd_log_info("eval  step %" PRId64 ": val CE %.4f (ppl %.2f)%s", tr->st.step, es->ce, exp(es->ce), "");
+    if (tr->kp.alpha > 0 && es->rows > 0)
+        tkd_log_info("      val KD %.4f, top-1 agreement with the teacher %.3f", es->kd, es->top1);
+}
+
+/* Keeps the metrics lines of steps <= step (a resumed run rewrites what came after). */
+static tkd_status trim_metrics(const char *path, int64_t step)
+{
+    void *data = NULL;
+    size_t len = 0;
+    if (!tkd_file_exists(path))
+        return TKD_OK;
+    TKD_TRY(tkd_read_file(path, &data, &len));
+    char *text = data, *out = malloc(len + 1);
+    size_t o = 0;
+    for (char *line = text; out && line < text + len;) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        size_t n = nl ? (size_t)(nl - line) + 1 : (size_t)(text + len - line);
+        const char *sp = strstr(line, "\"step\": ");
+        long long s = sp && sp < line + n ? atoll(sp + 8) : 0;
+        if (s <= step) {
+            memcpy(out + o, line, n);
+            o += n;
+        }
+        line += n;
+    }
+    tkd_status st = out ? tkd_file_write_atomic(path, out, o) : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+    free(out);
+    free(data);
+    return st;
+}
+
+static tkd_status prepare_run_dir(trainer *tr)
+{
+    const tkd_train_opts *o = tr->opts;
+    TKD_TRY(tkd_path_join(tr->run, sizeof tr->run, tr->cfg->run_dir, o->run_name));
+    TKD_TRY(tkd_path_join(tr->ckpt, sizeof tr->ckpt, tr->run, "checkpoint"));
+    TKD_TRY(tkd_path_join(tr->metrics_path, sizeof tr->metrics_path, tr->run, "metrics.jsonl"));
+    if (o->overwrite)
+        TKD_TRY(tkd_remove_tree(tr->run));
+    if (!o->resume && tkd_file_exists(tr->metrics_path))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "%s already holds a run — add --resume to continue it, --overwrite to start over, "
+                             "or choose another run.name", tr->run);
+    if (o->resume && !tkd_file_exists(tr->ckpt))
+        return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: no checkpoint to resume from", tr->ckpt);
+    TKD_TRY(tkd_mkdir_p(tr->run));
+    char path[RUN_PATH_MAX];
+    TKD_TRY(tkd_path_join(path, sizeof path, tr->run, "config.yaml"));
+    TKD_TRY(tkd_file_write_atomic(path, o->config_yaml, strlen(o->config_yaml)));
+    if (o->resume) {
+        TKD_TRY(tkd_checkpoint_load(tr->ckpt, tr->m, tr->opt, &tr->st));
+        TKD_TRY(trim_metrics(tr->metrics_path, tr->st.step));
+        tkd_log_info("resumed %s at step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 ")", tr->ckpt, tr->st.step,
+                     tr->st.epoch, tr->st.offset);
+    }
+    tr->metrics = fopen(tr->metrics_path, o->resume ? "a" : "w");
+    if (!tr->metrics)
+        return tkd_error_set(TKD_ERR_IO, "%s: cannot open for writing", tr->metrics_path);
+    return tkd_loader_seek(tr->train, tr->st.epoch, tr->st.offset);
+}
+
+static tkd_status save(trainer *tr)
+{
+    TKD_TRY(tkd_checkpoint_save(tr->ckpt, tr->m, tr->opt, &tr->st, tr->opts->config_yaml));
+    tkd_log_info("checkpoint: %s (step %" PRId64 ")", tr->ckpt, tr->st.step);
+    return TKD_OK;
+}
+
+/* ---- the loop ----------------------------------------------------------------------------------- */
+
+/* The progress line counts steps; the extra text carries the loss and the token rate. */
+static void progress_line(trainer *tr, const step_stats *ss)
+{
+    char extra[96], rate[32];
+    double el = tkd_progress_now() - tr->t0;
+    tkd_progress_format_rate(rate, sizeof rate, el > 0 ? (double)(tr->st.tokens_seen - tr->tokens0) / el : 0);
+    snprintf(extra, sizeof extra, "loss %.4f  ce %.4f  lr %.2e  %s tok/s", ss->loss, ss->ce, ss->lr, rate);
+    tkd_progress_update(&tr->progress, tr->st.step, extra);
+}
+
+static tkd_status eval_and_log(trainer *tr, eval_stats *es)
+{
+    TKD_TRY(evaluate(tr, es));
+    if (es->rows > 0)
+        log_eval(tr, es);
+    return TKD_OK;
+}
+
+static tkd_status loop(trainer *tr, tkd_train_result *res)
+{
+    const tkd_train_config *c = tr->cfg;
+    step_stats ss = {0};
+    eval_stats es = {0};
+    while (tr->st.step < tr->total_steps) {
+        tkd_status st = train_step(tr, &ss);
+        if (st != TKD_OK)
+            return tkd_error_prefix(st, "training stopped (last good checkpoint: %s)", tr->ckpt);
+        res->train_loss = ss.loss;
+        if (tr->st.step % c->log_interval == 0 || tr->st.step == tr->total_steps)
+            log_train(tr, &ss);
+        progress_line(tr, &ss);
+        if (c->eval_interval > 0 && tr->st.step % c->eval_interval == 0 && tr->st.step < tr->total_steps)
+            TKD_TRY(eval_and_log(tr, &es));
+        if (c->checkpoint_interval > 0 && tr->st.step % c->checkpoint_interval == 0)
+            TKD_TRY(save(tr));
+        int sig = tkd_interrupted();
+        if (sig) {
+            TKD_TRY(save(tr));
+            return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted by signal %d at step %" PRId64
+                                 "; checkpoint saved — continue with --resume", sig, tr->st.step);
+        }
+    }
+    if (tr->total_steps > 0)
+        tkd_progress_finish(&tr->progress, NULL);
+    TKD_TRY(eval_and_log(tr, &es));
+    if (tr->total_steps > 0)
+        TKD_TRY(save(tr));
+    res->val_loss = es.rows ? es.loss : NAN;
+    res->val_kd = es.rows && tr->kp.alpha > 0 ? es.kd : NAN;
+    res->val_ce = es.rows ? es.ce : NAN;
+    res->val_ppl = es.rows ? exp(es.ce) : NAN;
+    res->top1_agree = es.rows ? es.top1 : NAN;
+    return TKD_OK;
+}
+
+static void trainer_free(trainer *tr)
+{
+    if (tr->metrics)
+        fclose(tr->metrics);
+    tkd_loader_close(tr->train);
+    tkd_loader_close(tr->val);
+    tkd_cache_reader_close(tr->cache);
+    tkd_cache_reader_close(tr->val_cache);
+    tkd_tokens_free(tr->tokens);
+    tkd_tokens_free(tr->val_tokens);
+    tkd_kl_cpu_ws_free(tr->ws);
+    tkd_adamw_free(tr->opt);
+    tkd_model_free(tr->m);
+    free(tr->dh);
+    free(tr->logits);
+}
+
+static tkd_status pick_device(const tkd_train_config *c)
+{
+    tkd_device got;
+    if (c->device == TKD_DEVICE_CUDA)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "device: cuda — the student's GPU backend is not built yet; use device: cpu (or auto)");
+    TKD_TRY(tkd_backend_resolve(TKD_DEVICE_CPU, &got));
+    if (c->device == TKD_DEVICE_AUTO && tkd_backend_cuda_devices() > 0)
+        tkd_log_info("device: a GPU answers, but the student's GPU backend is not built yet: training on the CPU");
+    return TKD_OK;
+}
+
+tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
+{
+    trainer tr = {.cfg = o->cfg, .opts = o};
+    memset(res, 0, sizeof *res);
+    tkd_status st = pick_device(o->cfg);
+    if (st == TKD_OK) st = open_data(&tr);
+    if (st == TKD_OK) st = build_model(&tr);
+    if (st == TKD_OK) st = build_loss(&tr);
+    if (st == TKD_OK) st = build_optimizer(&tr);
+    if (st == TKD_OK) st = prepare_run_dir(&tr);
+    if (st == TKD_OK) {
+        tr.t0 = now_s();
+        tr.tokens0 = tr.st.tokens_seen;
+        tkd_progress_begin(&tr.progress, "train", tr.total_steps, "steps");
+        tkd_log_info("student: %zu parameters, %d layers, D=%d, V=%d; %" PRId64 " steps of %d x %d x %d tokens",
+                     tr.m->n_params, tr.m->cfg.num_hidden_layers, tr.m->cfg.hidden_size, tr.V, tr.total_steps,
+                     o->cfg->batch_size, o->cfg->grad_accum, tr.T);
+        st = loop(&tr, res);
+    }
+    res->steps = tr.st.step;
+    res->tokens = tr.st.tokens_seen;
+    res->seconds = tr.t0 > 0 ? now_s() - tr.t0 : 0;
+    snprintf(res->run_path, sizeof res->run_path, "%s", tr.run);
+    /* keep the message of the first failure while the buffers are released */
+    char msg[TKD_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+    trainer_free(&tr);
+    if (st != TKD_OK)
+        tkd_error_copy(st, msg);
+    return st;
+}
+
+void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets, size_t nsets)
+{
+    size_t o = 0;
+    const char *base = config_path ? strrchr(config_path, '/') : NULL;
+    base = base ? base + 1 : (config_path ? config_path : "run");
+    const char *dot = strrchr(base, '.');
+    size_t blen = dot && dot > base ? (size_t)(dot - base) : strlen(base);
+    char tmp[1024];
+    int n = snprintf(tmp, sizeof tmp, "%.*s", (int)blen, base);
+    for (size_t i = 0; i < nsets && n > 0 && (size_t)n < sizeof tmp; i++)
+        n += snprintf(tmp + n, sizeof tmp - (size_t)n, "__%s", sets[i]);
+    for (const char *p = tmp; *p && o + 1 < cap; p++) {
+        char ch = *p;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                 ch == '_' || ch == '-';
+        out[o++] = ok ? ch : '-';
+    }
+    if (cap)
+        out[o] = '\0';
+}

@@ -1,0 +1,43 @@
+/* train.h — one student-train run: sources, student, fused loss, AdamW, evaluation, metrics and
+ * checkpoints under <run.dir>/<run.name>/. The CLI (main.c) parses flags and prints; this module
+ * does the work and reports through tkd_status + message. */
+#ifndef TKD_TRAIN_H
+#define TKD_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "student_train/train_config.h"
+
+typedef struct tkd_train_opts {
+    const tkd_train_config *cfg;
+    const char *run_name;    /* resolved name (never empty) */
+    const char *config_yaml; /* the effective config as YAML, saved with every output */
+    bool resume;             /* continue from <run>/checkpoint */
+    bool overwrite;          /* remove an existing run directory first */
+} tkd_train_opts;
+
+/* What a finished run measured last (the demo prints these). NaN where not applicable. */
+typedef struct tkd_train_result {
+    int64_t steps;
+    int64_t tokens;
+    double train_loss;   /* last logged training loss */
+    double val_loss;     /* alpha·KD + (1 − alpha)·CE on the validation split */
+    double val_kd;
+    double val_ce;       /* nats per token on the true next tokens */
+    double val_ppl;
+    double top1_agree;   /* fraction of positions where the student's argmax is the teacher's top-1 */
+    double seconds;
+    char run_path[4096];
+} tkd_train_result;
+
+/* Runs training (or only evaluation when train.max_steps resolves to 0 steps). */
+tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res);
+
+/* A run name from the config file's base name and the --set overrides, e.g.
+ * "demo-kd.variant=sampled" -> "demo__kd.variant-sampled" (only [A-Za-z0-9._-] kept). */
+void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets,
+                           size_t nsets);
+
+#endif /* TKD_TRAIN_H */

@@ -1,0 +1,74 @@
+/* train_config.c — the student-train schema (see train_config.h). */
+#include "student_train/train_config.h"
+
+#include <stddef.h>
+
+#define T tkd_train_config
+
+static const char *const init_names[] = {"random", "hf", NULL};
+static const char *const arch_names[] = {"llama", "qwen2", NULL};
+static const char *const variant_names[] = {"renorm", "tail", "sampled", NULL};
+static const char *const dtype_names[] = {"f32", "bf16", NULL};
+static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
+
+static const tkd_config_field fields[] = {
+    TKD_CFG_STRING(T, run_name, "run.name", "", "Run name: outputs go to <run.dir>/<name>/; empty = derived from the config file and --set overrides"),
+    TKD_CFG_STRING(T, run_dir, "run.dir", "runs", "Directory holding one folder per run"),
+
+    TKD_CFG_ENUM(T, model_init, "model.init", "random", init_names, "Student weights: random (from model.* and train.seed) or hf (a Hugging Face checkpoint dir in model.path)"),
+    TKD_CFG_STRING(T, model_path, "model.path", "", "Hugging Face checkpoint directory when model.init = hf"),
+    TKD_CFG_ENUM(T, model_arch, "model.arch", "llama", arch_names, "Architecture family of a random student (qwen2 adds q/k/v biases)"),
+    TKD_CFG_INT(T, vocab_size, "model.vocab_size", "0", 0, 1 << 24, "Vocabulary size; 0 = the cache's (it must equal the cache's anyway)"),
+    TKD_CFG_INT(T, hidden_size, "model.hidden_size", "128", 8, 65536, "Hidden size D"),
+    TKD_CFG_INT(T, intermediate_size, "model.intermediate_size", "384", 1, 262144, "SwiGLU inner size"),
+    TKD_CFG_INT(T, num_layers, "model.num_layers", "2", 1, 1024, "Decoder blocks"),
+    TKD_CFG_INT(T, num_heads, "model.num_heads", "4", 1, 1024, "Attention heads"),
+    TKD_CFG_INT(T, num_kv_heads, "model.num_kv_heads", "4", 1, 1024, "Key/value heads (grouped-query attention); divides num_heads"),
+    TKD_CFG_INT(T, head_dim, "model.head_dim", "0", 0, 1024, "Head size; 0 = hidden_size / num_heads"),
+    TKD_CFG_INT(T, max_position_embeddings, "model.max_position_embeddings", "1024", 1, 1 << 20, "Longest sequence the model accepts"),
+    TKD_CFG_FLOAT(T, rope_theta, "model.rope_theta", "10000", 1, 1e9, "RoPE base"),
+    TKD_CFG_FLOAT(T, rms_norm_eps, "model.rms_norm_eps", "1e-5", 0, 1, "RMSNorm epsilon"),
+    TKD_CFG_BOOL(T, tie_word_embeddings, "model.tie_word_embeddings", "false", "Share the embedding and the LM head"),
+    TKD_CFG_FLOAT(T, init_std, "model.init_std", "0.02", 0, 10, "Std of the normal init of a random student"),
+
+    TKD_CFG_STRING(T, cache, "data.cache", "", "Teacher cache directory (made by teacher-dump); empty = CE-only training on data.tokens"),
+    TKD_CFG_STRING_LIST(T, tokens, "data.tokens", NULL, "Token files (llm.c .bin or .npy, globs allowed) for CE-only training without a cache"),
+    TKD_CFG_STRING(T, val_cache, "data.val_cache", "", "Separate validation cache; empty = hold out data.val_fraction of data.cache"),
+    TKD_CFG_STRING_LIST(T, val_tokens, "data.val_tokens", NULL, "Validation token files for CE-only runs; empty = hold out data.val_fraction"),
+    TKD_CFG_FLOAT(T, val_fraction, "data.val_fraction", "0.05", 0, 0.9, "Fraction of sequences held out for evaluation when no separate validation set is given"),
+    TKD_CFG_INT(T, seq_len, "data.seq_len", "0", 0, 1 << 20, "Positions per sequence; 0 = the cache's seq_len (a shorter value uses each sequence's first positions)"),
+    TKD_CFG_INT(T, prefetch, "data.prefetch", "4", 1, 64, "Batches the loader thread reads ahead"),
+    TKD_CFG_STRING(T, expect_teacher_sha256, "data.expect_teacher_sha256", "", "When set, the cache's teacher sha256 must equal it (guards against a cache from another teacher)"),
+    TKD_CFG_INT64(T, max_sequences, "data.max_sequences", "0", 0, 1e15, "Use at most this many training sequences; 0 = all"),
+
+    TKD_CFG_ENUM(T, kd_variant, "kd.variant", "renorm", variant_names, "Loss variant: renorm (softmax over the top-k'), tail (exact top-k' + tail mass), sampled (top-k' + tail draws, unbiased; needs a cache with tail draws)"),
+    TKD_CFG_FLOAT(T, kd_temperature, "kd.temperature", "1", 0.01, 100, "Distillation temperature; tail and sampled need the cache's temperature"),
+    TKD_CFG_FLOAT(T, kd_alpha, "kd.alpha", "0.5", 0, 1, "KD weight: loss = alpha*KD + (1-alpha)*CE; 0 = CE only"),
+    TKD_CFG_INT(T, kd_topk, "kd.topk", "0", 0, 65535, "Use the first k' stored teacher tokens; 0 = all k"),
+    TKD_CFG_INT(T, kd_chunk_size, "kd.chunk_size", "0", 0, 1 << 24, "Rows per chunk of the fused LM-head + loss; 0 = automatic"),
+    TKD_CFG_BOOL(T, kd_grad_in_forward, "kd.grad_in_forward", "false", "Make LM-head gradients during forward (3 GEMMs instead of 4; ablation switch)"),
+
+    TKD_CFG_FLOAT(T, lr, "optim.lr", "3e-3", 0, 10, "Peak learning rate"),
+    TKD_CFG_FLOAT(T, min_lr, "optim.min_lr", "3e-4", 0, 10, "Learning rate at the end of the cosine decay"),
+    TKD_CFG_INT(T, warmup_steps, "optim.warmup_steps", "20", 0, 1 << 30, "Linear warmup steps"),
+    TKD_CFG_FLOAT(T, weight_decay, "optim.weight_decay", "0.1", 0, 10, "AdamW decoupled weight decay (not applied to norms and biases)"),
+    TKD_CFG_FLOAT(T, beta1, "optim.beta1", "0.9", 0, 0.999999, "AdamW beta1"),
+    TKD_CFG_FLOAT(T, beta2, "optim.beta2", "0.95", 0, 0.999999, "AdamW beta2"),
+    TKD_CFG_FLOAT(T, eps, "optim.eps", "1e-8", 0, 1, "AdamW epsilon"),
+    TKD_CFG_FLOAT(T, grad_clip, "optim.grad_clip", "1.0", 0, 1e9, "Global gradient-norm clip; 0 = off"),
+    TKD_CFG_INT(T, grad_accum, "optim.grad_accum", "1", 1, 1 << 20, "Micro-batches per optimizer step"),
+
+    TKD_CFG_INT(T, batch_size, "train.batch_size", "8", 1, 1 << 20, "Sequences per micro-batch"),
+    TKD_CFG_INT64(T, max_steps, "train.max_steps", "200", 0, 1e15, "Optimizer steps; 0 = until train.max_tokens or train.epochs"),
+    TKD_CFG_INT64(T, max_tokens, "train.max_tokens", "0", 0, 1e18, "Stop after this many training tokens; 0 = no limit"),
+    TKD_CFG_INT(T, epochs, "train.epochs", "1000", 1, 1 << 30, "Stop after this many passes over the training split"),
+    TKD_CFG_INT64(T, seed, "train.seed", "1234", 0, 9e18, "Seed of the init and of the per-epoch shuffle"),
+    TKD_CFG_INT(T, eval_interval, "train.eval_interval", "50", 0, 1 << 30, "Evaluate every N steps (and at the end); 0 = only at the end"),
+    TKD_CFG_INT(T, eval_batches, "train.eval_batches", "0", 0, 1 << 30, "Validation batches per evaluation; 0 = the whole split"),
+    TKD_CFG_INT(T, checkpoint_interval, "train.checkpoint_interval", "0", 0, 1 << 30, "Checkpoint every N steps (and at the end); 0 = only at the end"),
+    TKD_CFG_INT(T, log_interval, "train.log_interval", "10", 1, 1 << 30, "Steps between metrics.jsonl training records"),
+    TKD_CFG_ENUM(T, save_dtype, "train.save_dtype", "f32", dtype_names, "Dtype of the saved Hugging Face weights"),
+    TKD_CFG_ENUM(T, device, "device", "auto", device_names, "auto = CUDA when a GPU answers, else CPU"),
+};
+
+const tkd_config_schema tkd_train_schema = TKD_CONFIG_SCHEMA("student-train", fields);

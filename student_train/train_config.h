@@ -1,0 +1,80 @@
+/* train_config.h — student-train's settings: the typed struct and its schema (the one place every
+ * key, default, range and help text is declared; --help and --print-config come from it).
+ * docs/student-train.md explains the keys and the loss variants. */
+#ifndef TKD_TRAIN_CONFIG_H
+#define TKD_TRAIN_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/config.h"
+
+/* Enum indices of the schema's ENUM fields (the order of the allowed-name lists). */
+enum { TKD_TRAIN_INIT_RANDOM = 0, TKD_TRAIN_INIT_HF = 1 };
+enum { TKD_TRAIN_ARCH_LLAMA = 0, TKD_TRAIN_ARCH_QWEN2 = 1 };
+enum { TKD_TRAIN_SAVE_F32 = 0, TKD_TRAIN_SAVE_BF16 = 1 };
+
+typedef struct tkd_train_config {
+    /* run */
+    char *run_name;        /* "" = derived from the config file name and the --set overrides */
+    char *run_dir;         /* parent of runs/<name>/ */
+    /* model */
+    int model_init;        /* random | hf */
+    char *model_path;      /* HF checkpoint dir when init = hf */
+    int model_arch;        /* llama | qwen2 (random init) */
+    int vocab_size;        /* 0 = the cache's vocabulary */
+    int hidden_size;
+    int intermediate_size;
+    int num_layers;
+    int num_heads;
+    int num_kv_heads;
+    int head_dim;          /* 0 = hidden_size / num_heads */
+    int max_position_embeddings;
+    double rope_theta;
+    double rms_norm_eps;
+    bool tie_word_embeddings;
+    double init_std;
+    /* data */
+    char *cache;           /* teacher cache dir; "" = no teacher (CE only, from data.tokens) */
+    tkd_strlist tokens;    /* token files for CE-only runs (llm.c .bin / .npy) */
+    char *val_cache;       /* separate validation cache; "" = hold out val_fraction of data.cache */
+    tkd_strlist val_tokens;/* separate validation token files for CE-only runs */
+    double val_fraction;
+    int seq_len;           /* 0 = the cache's seq_len; may be shorter (first positions are used) */
+    int prefetch;          /* batches read ahead by the loader thread */
+    char *expect_teacher_sha256; /* "" = any; else the cache's teacher identity must equal it */
+    int64_t max_sequences; /* 0 = all; limits the training split (quick runs) */
+    /* kd */
+    int kd_variant;        /* renorm | tail | sampled (tkd_kl_variant) */
+    double kd_temperature;
+    double kd_alpha;       /* KD weight; CE weight is 1 - alpha */
+    int kd_topk;           /* k' <= cache k; 0 = all stored columns */
+    int kd_chunk_size;     /* rows per chunk of the fused loss; 0 = automatic */
+    bool kd_grad_in_forward;
+    /* optim */
+    double lr;
+    double min_lr;
+    int warmup_steps;
+    double weight_decay;
+    double beta1;
+    double beta2;
+    double eps;
+    double grad_clip;      /* 0 = no clipping */
+    int grad_accum;
+    /* train */
+    int batch_size;        /* sequences per micro-batch */
+    int64_t max_steps;     /* 0 = until max_tokens / epochs */
+    int64_t max_tokens;    /* 0 = no limit */
+    int epochs;
+    int64_t seed;
+    int eval_interval;     /* steps; 0 = only at the end */
+    int eval_batches;      /* 0 = the whole validation split */
+    int checkpoint_interval; /* steps; 0 = only at the end */
+    int log_interval;
+    int save_dtype;        /* f32 | bf16 for the HF weights */
+    int device;            /* auto | cpu | cuda */
+} tkd_train_config;
+
+extern const tkd_config_schema tkd_train_schema;
+
+#endif /* TKD_TRAIN_CONFIG_H */
