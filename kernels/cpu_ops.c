@@ -6,9 +6,13 @@
 #include <math.h>
 #include <string.h>
 
+/* Below this many element-operations a parallel region costs more than it saves (and on a loaded
+ * machine an oversubscribed barrier can cost milliseconds), so small calls stay on one thread. */
+#define TKD_OMP_MIN_WORK 32768
+
 void tkd_cpu_embedding_fwd(const int32_t *tok, int N, const float *emb, int D, float *out)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)N * D >= TKD_OMP_MIN_WORK)
     for (int n = 0; n < N; n++)
         memcpy(out + (int64_t)n * D, emb + (int64_t)tok[n] * D, sizeof(float) * (size_t)D);
 }
@@ -27,7 +31,7 @@ void tkd_cpu_embedding_bwd(const int32_t *tok, int N, const float *dout, int D, 
 void tkd_cpu_rmsnorm_fwd(const float *x, const float *w, int N, int D, float eps, float *y,
                          float *rstd)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)N * D >= TKD_OMP_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *xr = x + (int64_t)n * D;
         float *yr = y + (int64_t)n * D;
@@ -46,7 +50,7 @@ void tkd_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const 
                          int D, float *dx, float *dw)
 {
     if (dx) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)N * D >= TKD_OMP_MIN_WORK)
         for (int n = 0; n < N; n++) {
             const float *xr = x + (int64_t)n * D, *g = dy + (int64_t)n * D;
             float *o = dx + (int64_t)n * D;
@@ -61,7 +65,7 @@ void tkd_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const 
     }
     if (dw) {
         /* per column, rows in order: deterministic whatever the thread count */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)N * D >= TKD_OMP_MIN_WORK)
         for (int d = 0; d < D; d++) {
             double s = 0;
             for (int n = 0; n < N; n++)
@@ -79,7 +83,7 @@ void tkd_cpu_linear_fwd(const float *x, const float *w, const float *b, int N, i
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, M, K, 1.0f, x, K, w, K,
                 accumulate ? 1.0f : 0.0f, y, M);
     if (b) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)N * M >= TKD_OMP_MIN_WORK)
         for (int n = 0; n < N; n++)
             for (int m = 0; m < M; m++)
                 y[(int64_t)n * M + m] += b[m];
@@ -98,7 +102,7 @@ void tkd_cpu_linear_bwd(const float *dy, const float *x, const float *w, int N, 
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, K, N, 1.0f, dy, M, x, K, 1.0f, dw,
                     K);
     if (db) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)N * M >= TKD_OMP_MIN_WORK)
         for (int m = 0; m < M; m++) {
             double s = 0;
             for (int n = 0; n < N; n++)
@@ -146,7 +150,7 @@ static void cpu_rope(float *x, int N, int T, int nh, int dh, const float *cos_t,
                      const float *sin_t, float sign)
 {
     int half = dh / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)N * nh * dh >= TKD_OMP_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const float *c = cos_t + (n % T) * half, *s = sin_t + (n % T) * half;
         for (int h = 0; h < nh; h++) {
@@ -213,7 +217,7 @@ void tkd_cpu_attn_fwd(const float *q, const float *k, const float *v, int B, int
 {
     int grp = H / Hkv, qs = H * dh, kvs = Hkv * dh;
     float scale = (float)(1.0 / sqrt((double)dh));
-#pragma omp parallel for schedule(dynamic) collapse(2)
+#pragma omp parallel for schedule(dynamic) collapse(2) if ((int64_t)B * H * T * T * dh >= TKD_OMP_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int64_t q0 = (int64_t)b * T * qs + (int64_t)h * dh;
@@ -265,7 +269,7 @@ void tkd_cpu_attn_bwd(const float *dy, const float *q, const float *k, const flo
     int grp = H / Hkv, qs = H * dh, kvs = Hkv * dh;
     float scale = (float)(1.0 / sqrt((double)dh));
     /* parallel over (batch, kv head): the query heads sharing a kv head add into the same dk, dv */
-#pragma omp parallel for schedule(dynamic) collapse(2)
+#pragma omp parallel for schedule(dynamic) collapse(2) if ((int64_t)B * H * T * T * dh >= TKD_OMP_MIN_WORK)
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++) {
             int64_t kv0 = (int64_t)b * T * kvs + (int64_t)g * dh;
@@ -280,7 +284,7 @@ void tkd_cpu_attn_bwd(const float *dy, const float *q, const float *k, const flo
 
 void tkd_cpu_swiglu_fwd(const float *g, const float *u, int64_t n, float *h)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= TKD_OMP_MIN_WORK)
     for (int64_t i = 0; i < n; i++)
         h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -288,7 +292,7 @@ void tkd_cpu_swiglu_fwd(const float *g, const float *u, int64_t n, float *h)
 void tkd_cpu_swiglu_bwd(const float *dh, const float *g, const float *u, int64_t n, float *dg,
                         float *du)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= TKD_OMP_MIN_WORK)
     for (int64_t i = 0; i < n; i++) {
         float s = 1.0f / (1.0f + expf(-g[i]));
         if (dg)

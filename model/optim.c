@@ -61,7 +61,7 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, f
                        float one_m_b1, float b2, float one_m_b2, float eps, float step_size,
                        float bc2_sqrt)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++) {
         p[i] *= keep;
         m[i] += one_m_b1 * (g[i] - m[i]);
@@ -90,7 +90,7 @@ void tkd_adamw_step(tkd_adamw *o, float *params, const float *grads, const tkd_p
 double tkd_optim_grad_norm(const float *g, size_t n)
 {
     double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++)
         s += (double)g[i] * g[i];
     return sqrt(s);
@@ -113,7 +113,7 @@ tkd_status tkd_optim_clip(float *g, size_t n, double max_norm, double *norm_out)
 
 void tkd_optim_scale(float *g, size_t n, float s)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++)
         g[i] *= s;
 }

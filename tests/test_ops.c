@@ -1,0 +1,255 @@
+/* test_ops.c — each fast CPU op (kernels/cpu_ops.h) against its double reference
+ * (kernels/cpu_ops_ref.h), forward and backward, over awkward shapes: one row, T = 1, B = 3, widths
+ * that are odd or not multiples of 8, GQA ratios 1, 2 and 4. Backward outputs start from random
+ * values in both paths, which also checks the "backward adds into its outputs" convention.
+ *
+ * Tolerance: |fast − ref| ≤ 2e-5 + 2e-5·|ref| elementwise. The fast path accumulates in fp32 over at
+ * most ~130 terms of size O(1): worst-case relative rounding ~130·6e-8 ≈ 8e-6 of the largest term.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu_ops.h"
+#include "kernels/cpu_ops_ref.h"
+#include "tests/testutil.h"
+
+#define ATOL 2e-5
+#define RTOL 2e-5
+
+/* A float buffer and its double twin holding the same values. */
+typedef struct pair {
+    float *f;
+    double *d;
+    size_t n;
+} pair;
+
+static pair mk(size_t n, uint64_t seed, float std)
+{
+    pair p = {calloc(n + 1, sizeof(float)), calloc(n + 1, sizeof(double)), n};
+    assert_true(p.f && p.d);
+    if (std > 0)
+        tkd_test_randn(p.f, n, seed, std);
+    for (size_t i = 0; i < n; i++)
+        p.d[i] = p.f[i];
+    return p;
+}
+
+static void drop(pair *p)
+{
+    free(p->f);
+    free(p->d);
+}
+
+static void expect_close(const pair *p, const char *what)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        if (!tkd_test_close(p->f[i], p->d[i], ATOL, RTOL))
+            fail_msg("%s[%zu]: fast %.8g vs reference %.8g", what, i, p->f[i], p->d[i]);
+    }
+}
+
+static void test_embedding(void **s)
+{
+    (void)s;
+    enum { V = 11, D = 131, N = 300 }; /* N·D above the threads threshold */
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) /* repeats: backward must add */
+        tok[i] = (i * 7 + i / 5) % V;
+    pair e = mk((size_t)V * D, 1, 1), out = mk((size_t)N * D, 0, 0), dy = mk((size_t)N * D, 2, 1);
+    pair de = mk((size_t)V * D, 3, 1);
+    tkd_cpu_embedding_fwd(tok, N, e.f, D, out.f);
+    tkd_ref_embedding_fwd(tok, N, e.d, D, out.d);
+    expect_close(&out, "embedding out");
+    tkd_cpu_embedding_bwd(tok, N, dy.f, D, de.f);
+    tkd_ref_embedding_bwd(tok, N, dy.d, D, de.d);
+    expect_close(&de, "embedding demb");
+    drop(&e), drop(&out), drop(&dy), drop(&de);
+}
+
+static void test_rmsnorm(void **s)
+{
+    (void)s;
+    int shapes[][2] = {{1, 1}, {5, 7}, {3, 33}, {11, 130}, {300, 130}}; /* the last runs threaded */
+    for (int c = 0; c < 5; c++) {
+        int N = shapes[c][0], D = shapes[c][1];
+        pair x = mk((size_t)N * D, 10 + c, 2), w = mk(D, 20 + c, 1), y = mk((size_t)N * D, 0, 0);
+        pair r = mk(N, 0, 0), dy = mk((size_t)N * D, 30 + c, 1), dx = mk((size_t)N * D, 40 + c, 1);
+        pair dw = mk(D, 50 + c, 1);
+        tkd_cpu_rmsnorm_fwd(x.f, w.f, N, D, 1e-5f, y.f, r.f);
+        tkd_ref_rmsnorm_fwd(x.d, w.d, N, D, 1e-5f, y.d, r.d);
+        expect_close(&y, "rmsnorm y");
+        expect_close(&r, "rmsnorm rstd");
+        tkd_cpu_rmsnorm_bwd(dy.f, x.f, w.f, r.f, N, D, dx.f, dw.f);
+        tkd_ref_rmsnorm_bwd(dy.d, x.d, w.d, r.d, N, D, dx.d, dw.d);
+        expect_close(&dx, "rmsnorm dx");
+        expect_close(&dw, "rmsnorm dw");
+        drop(&x), drop(&w), drop(&y), drop(&r), drop(&dy), drop(&dx), drop(&dw);
+    }
+}
+
+static void test_linear(void **s)
+{
+    (void)s;
+    int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {3, 33, 17}, {22, 48, 131}, {300, 48, 131}};
+    for (int c = 0; c < 5; c++)
+        for (int variant = 0; variant < 2; variant++) { /* 0: bias + overwrite, 1: no bias + accumulate */
+            int N = shapes[c][0], K = shapes[c][1], M = shapes[c][2];
+            uint64_t sd = 100 * c + 10 * variant;
+            pair x = mk((size_t)N * K, sd + 1, 1), w = mk((size_t)M * K, sd + 2, 0.3f), b = mk(M, sd + 3, 1);
+            pair y = mk((size_t)N * M, sd + 4, 1), dy = mk((size_t)N * M, sd + 5, 1);
+            pair dx = mk((size_t)N * K, sd + 6, 1), dw = mk((size_t)M * K, sd + 7, 1), db = mk(M, sd + 8, 1);
+            tkd_cpu_linear_fwd(x.f, w.f, variant ? NULL : b.f, N, K, M, variant, y.f);
+            tkd_ref_linear_fwd(x.d, w.d, variant ? NULL : b.d, N, K, M, variant, y.d);
+            expect_close(&y, "linear y");
+            tkd_cpu_linear_bwd(dy.f, x.f, w.f, N, K, M, dx.f, dw.f, db.f);
+            tkd_ref_linear_bwd(dy.d, x.d, w.d, N, K, M, dx.d, dw.d, db.d);
+            expect_close(&dx, "linear dx");
+            expect_close(&dw, "linear dw");
+            expect_close(&db, "linear db");
+            drop(&x), drop(&w), drop(&b), drop(&y), drop(&dy), drop(&dx), drop(&dw), drop(&db);
+        }
+}
+
+/* llama3 scaling: band edges for theta 1e4, dh 16, original 32, low 1, high 4, factor 8 —
+ * wavelength 6.28 (kept), 19.9 (smoothed), 62.8 and above (divided by 8). */
+static void test_rope_inv_freq(void **s)
+{
+    (void)s;
+    float inv[8];
+    tkd_cpu_rope_inv_freq(1e4, 16, 1, 8.0, 1.0, 4.0, 32, inv);
+    for (int i = 0; i < 8; i++) {
+        double base = 1.0 / pow(1e4, 2.0 * i / 16), wl = 2 * M_PI / base, want;
+        if (wl < 32.0 / 4)
+            want = base;
+        else if (wl > 32.0 / 1)
+            want = base / 8;
+        else {
+            double sm = (32.0 / wl - 1.0) / (4.0 - 1.0);
+            want = (1 - sm) * base / 8 + sm * base;
+        }
+        assert_true(tkd_test_close(inv[i], want, 0, 1e-6));
+    }
+    assert_true(inv[0] == 1.0f);                          /* band 1: untouched */
+    assert_true(fabs(inv[2] * 8 - 1 / pow(1e4, 0.25)) < 1e-7); /* band 3: divided by factor */
+    float plain[8];
+    tkd_cpu_rope_inv_freq(1e4, 16, 0, 8.0, 1.0, 4.0, 32, plain);
+    assert_true(fabs(plain[2] - inv[2] * 8) < 1e-7 && plain[1] != inv[1]); /* scaling off: plain */
+}
+
+static void test_rope(void **s)
+{
+    (void)s;
+    /* B, T, nh, dh; the last runs threaded */
+    int cases[][4] = {{1, 1, 1, 2}, {3, 5, 3, 6}, {2, 7, 2, 16}, {1, 13, 4, 10}, {9, 64, 4, 16}};
+    for (int c = 0; c < 5; c++) {
+        int B = cases[c][0], T = cases[c][1], nh = cases[c][2], dh = cases[c][3], N = B * T;
+        float inv[8], cs[64 * 8], sn[64 * 8];
+        tkd_cpu_rope_inv_freq(c == 2 ? 1e4 : 5e5, dh, c == 2, 8.0, 1.0, 4.0, 32, inv);
+        tkd_cpu_rope_table(inv, dh, T, cs, sn);
+        pair x = mk((size_t)N * nh * dh, 200 + c, 1), g = mk((size_t)N * nh * dh, 300 + c, 1);
+        tkd_cpu_rope_fwd(x.f, N, T, nh, dh, cs, sn);
+        tkd_ref_rope_fwd(x.d, N, T, nh, dh, cs, sn);
+        expect_close(&x, "rope fwd");
+        tkd_cpu_rope_bwd(g.f, N, T, nh, dh, cs, sn);
+        tkd_ref_rope_bwd(g.d, N, T, nh, dh, cs, sn);
+        expect_close(&g, "rope bwd");
+        /* bwd is the inverse rotation: applying it after fwd restores the input */
+        pair y = mk((size_t)N * nh * dh, 400 + c, 1);
+        float *keep = malloc(sizeof(float) * y.n);
+        memcpy(keep, y.f, sizeof(float) * y.n);
+        tkd_cpu_rope_fwd(y.f, N, T, nh, dh, cs, sn);
+        tkd_cpu_rope_bwd(y.f, N, T, nh, dh, cs, sn);
+        for (size_t i = 0; i < y.n; i++)
+            assert_true(fabsf(y.f[i] - keep[i]) < 1e-6f);
+        free(keep);
+        drop(&x), drop(&g), drop(&y);
+    }
+}
+
+static void test_attention(void **s)
+{
+    (void)s;
+    /* B, T, H, Hkv, dh: one token; GQA 1 (B=3); GQA 2 with odd dh; GQA 4; GQA 4 with dh 3;
+     * GQA 4 big enough to run threaded (dk, dv shared by 4 query heads: a race would show) */
+    int cases[][5] = {{1, 1, 1, 1, 2}, {3, 5, 2, 2, 6}, {2, 7, 4, 2, 5}, {3, 9, 4, 1, 8}, {1, 13, 8, 2, 3},
+                      {3, 37, 8, 2, 10}};
+    for (int c = 0; c < 6; c++) {
+        int B = cases[c][0], T = cases[c][1], H = cases[c][2], Hkv = cases[c][3], dh = cases[c][4];
+        size_t N = (size_t)B * T, nq = N * H * dh, nkv = N * Hkv * dh, na = (size_t)B * H * T * T;
+        uint64_t sd = 1000 * c;
+        pair q = mk(nq, sd + 1, 1.5f), k = mk(nkv, sd + 2, 1.5f), v = mk(nkv, sd + 3, 1);
+        pair att = mk(na, 0, 0), y = mk(nq, 0, 0), dy = mk(nq, sd + 4, 1);
+        pair dq = mk(nq, sd + 5, 1), dk = mk(nkv, sd + 6, 1), dv = mk(nkv, sd + 7, 1);
+        tkd_cpu_attn_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, att.f, y.f);
+        tkd_ref_attn_fwd(q.d, k.d, v.d, B, T, H, Hkv, dh, att.d, y.d);
+        expect_close(&att, "attn probabilities");
+        expect_close(&y, "attn y");
+        for (size_t r = 0; r < (size_t)B * H * T; r++) { /* causal rows sum to 1 */
+            double sum = 0;
+            for (int j = 0; j < T; j++)
+                sum += att.f[r * T + j];
+            assert_true(fabs(sum - 1) < 1e-5);
+            for (int j = (int)(r % T) + 1; j < T; j++)
+                assert_true(att.f[r * T + j] == 0.0f);
+        }
+        tkd_cpu_attn_bwd(dy.f, q.f, k.f, v.f, att.f, B, T, H, Hkv, dh, dq.f, dk.f, dv.f);
+        tkd_ref_attn_bwd(dy.d, q.d, k.d, v.d, att.d, B, T, H, Hkv, dh, dq.d, dk.d, dv.d);
+        expect_close(&dq, "attn dq");
+        expect_close(&dk, "attn dk");
+        expect_close(&dv, "attn dv");
+        drop(&q), drop(&k), drop(&v), drop(&att), drop(&y), drop(&dy), drop(&dq), drop(&dk), drop(&dv);
+    }
+}
+
+/* Large scores must not overflow: softmax subtracts the row max. */
+static void test_attention_large_scores(void **s)
+{
+    (void)s;
+    int B = 1, T = 4, H = 1, Hkv = 1, dh = 2;
+    float q[8] = {100, 100, 100, 100, 100, 100, 100, 100}, k[8] = {100, 0, 0, 100, 100, 100, -100, 0};
+    float v[8] = {1, 2, 3, 4, 5, 6, 7, 8}, att[16], y[8];
+    tkd_cpu_attn_fwd(q, k, v, B, T, H, Hkv, dh, att, y);
+    for (int i = 0; i < 8; i++)
+        assert_true(isfinite(y[i]));
+    assert_true(fabsf(y[4] - 5) < 1e-5f && fabsf(y[5] - 6) < 1e-5f); /* row 2: key 2 dominates */
+}
+
+static void test_swiglu(void **s)
+{
+    (void)s;
+    int64_t sizes[] = {1, 7, 40001};
+    for (int c = 0; c < 3; c++) {
+        int64_t n = sizes[c];
+        pair g = mk(n, 500 + c, 4), u = mk(n, 600 + c, 1), h = mk(n, 0, 0), dh = mk(n, 700 + c, 1);
+        pair dg = mk(n, 800 + c, 1), du = mk(n, 900 + c, 1);
+        if (n > 2) { /* saturated gates: silu(-30) ≈ 0, silu(30) ≈ 30 */
+            g.f[0] = -30, g.d[0] = -30, g.f[1] = 30, g.d[1] = 30;
+        }
+        tkd_cpu_swiglu_fwd(g.f, u.f, n, h.f);
+        tkd_ref_swiglu_fwd(g.d, u.d, n, h.d);
+        expect_close(&h, "swiglu h");
+        tkd_cpu_swiglu_bwd(dh.f, g.f, u.f, n, dg.f, du.f);
+        tkd_ref_swiglu_bwd(dh.d, g.d, u.d, n, dg.d, du.d);
+        expect_close(&dg, "swiglu dg");
+        expect_close(&du, "swiglu du");
+        drop(&g), drop(&u), drop(&h), drop(&dh), drop(&dg), drop(&du);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embedding),     cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_linear),        cmocka_unit_test(test_rope_inv_freq),
+        cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_large_scores), cmocka_unit_test(test_swiglu),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
