@@ -1,0 +1,285 @@
+/* test_model.c — the model's contracts other than numerical parity (test_hf_parity.c) and gradients
+ * (test_gradcheck.c): seeded init, the parameter list, causality and batch independence, buffer reuse
+ * across shapes, gradient accumulation, tied LM-head gradients, errors; and the optimizer's schedule,
+ * clipping and AdamW update against hand-computed values.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "tests/testutil.h"
+
+static tkd_model_config small_cfg(int tied, int bias)
+{
+    tkd_model_config c;
+    tkd_model_config_defaults(&c);
+    c.vocab_size = 37, c.hidden_size = 20, c.intermediate_size = 28, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 6, c.max_position_embeddings = 16;
+    c.tie_word_embeddings = tied, c.attention_bias = bias, c.initializer_range = 0.2f;
+    c.rope_scaling = TKD_ROPE_SCALING_NONE, c.rope_theta = 1e4;
+    return c;
+}
+
+static tkd_model *make(int tied, int bias, uint64_t seed)
+{
+    tkd_model_config c = small_cfg(tied, bias);
+    tkd_model *m = NULL;
+    if (tkd_model_init_random(&c, seed, &m) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    return m;
+}
+
+static void test_init_is_seeded(void **s)
+{
+    (void)s;
+    tkd_model *a = make(0, 1, 5), *b = make(0, 1, 5), *c = make(0, 1, 6);
+    assert_int_equal(a->n_params, b->n_params);
+    assert_memory_equal(a->params, b->params, sizeof(float) * a->n_params);
+    assert_memory_not_equal(a->params, c->params, sizeof(float) * a->n_params);
+    int n;
+    const tkd_param_info *info = tkd_model_params(a, &n);
+    for (int i = 0; i < n; i++) {
+        const float *x = a->params + info[i].offset;
+        double sum = 0, sq = 0;
+        for (size_t j = 0; j < info[i].numel; j++)
+            sum += x[j], sq += (double)x[j] * x[j];
+        if (strstr(info[i].name, "norm.weight"))
+            assert_true(sum == (double)info[i].numel && sq == (double)info[i].numel); /* all ones */
+        else if (strstr(info[i].name, ".bias"))
+            assert_true(sq == 0);
+        else if (info[i].numel >= 500) { /* normal(0, 0.2): std within 10% on >= 500 draws */
+            double mean = sum / info[i].numel, sd = sqrt(sq / info[i].numel - mean * mean);
+            assert_true(fabs(mean) < 0.05 && fabs(sd - 0.2) < 0.02);
+        }
+    }
+    tkd_model_free(a), tkd_model_free(b), tkd_model_free(c);
+}
+
+static void test_param_list(void **s)
+{
+    (void)s;
+    for (int tied = 0; tied <= 1; tied++) {
+        tkd_model *m = make(tied, !tied, 1);
+        int n;
+        const tkd_param_info *info = tkd_model_params(m, &n);
+        size_t off = 0;
+        int nodecay = 0;
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(info[i].offset, off); /* contiguous, in order: one allocation */
+            off += info[i].numel;
+            int want = !(strstr(info[i].name, "norm") || strstr(info[i].name, ".bias"));
+            assert_int_equal(info[i].decay, want);
+            nodecay += !want;
+        }
+        assert_int_equal(off, m->n_params);
+        /* untied has q/k/v biases: 2 norms + 3 biases per layer + final norm */
+        assert_int_equal(nodecay, tied ? 2 * 2 + 1 : 2 * 5 + 1);
+        assert_string_equal(info[0].name, "model.embed_tokens.weight");
+        assert_string_equal(info[n - 1].name, tied ? "model.norm.weight" : "lm_head.weight");
+        assert_int_equal(n, 2 + !tied + 2 * (tied ? 9 : 12));
+        assert_true((tkd_model_lm_head(m) == m->w.embed) == tied);
+        assert_null(tkd_model_lm_head_grad(m)); /* no gradients before a training forward */
+        tkd_model_free(m);
+    }
+}
+
+/* Row b's hidden states depend only on row b, and position t only on positions <= t: a short run on a
+ * prefix of one row reproduces the long batched run, after the buffers were sized bigger. */
+static void test_causal_and_batch_independent(void **s)
+{
+    (void)s;
+    tkd_model *m = make(0, 1, 2);
+    enum { B = 3, T = 9, D = 20 };
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (i * 13 + 5) % 37;
+    const float *h = NULL;
+    assert_int_equal(tkd_model_forward(m, tok, B, T, 0, &h), TKD_OK);
+    float *big = malloc(sizeof(float) * B * T * D);
+    memcpy(big, h, sizeof(float) * B * T * D);
+    for (int b = 0; b < B; b++) {
+        assert_int_equal(tkd_model_forward(m, tok + b * T, 1, 4, 1, &h), TKD_OK); /* training path too */
+        for (int i = 0; i < 4 * D; i++)
+            assert_true(fabsf(h[i] - big[b * T * D + i]) <= 1e-5f * (1 + fabsf(big[b * T * D + i])));
+    }
+    /* changing a later token leaves earlier positions alone */
+    tok[5] = (tok[5] + 1) % 37;
+    assert_int_equal(tkd_model_forward(m, tok, B, T, 0, &h), TKD_OK);
+    assert_memory_equal(h, big, sizeof(float) * 5 * D);
+    assert_memory_not_equal(h + 5 * D, big + 5 * D, sizeof(float) * D);
+    free(big);
+    tkd_model_free(m);
+}
+
+/* Inference (no activations kept) and training forwards give the same hidden states. */
+static void test_inference_equals_training(void **s)
+{
+    (void)s;
+    tkd_model *m = make(1, 0, 3);
+    int32_t tok[2 * 7] = {1, 2, 3, 4, 5, 6, 7, 36, 0, 0, 9, 9, 9, 1};
+    const float *h = NULL;
+    float a[2 * 7 * 20];
+    assert_int_equal(tkd_model_forward(m, tok, 2, 7, 0, &h), TKD_OK);
+    memcpy(a, h, sizeof a);
+    assert_int_equal(tkd_model_forward(m, tok, 2, 7, 1, &h), TKD_OK);
+    assert_memory_equal(a, h, sizeof a);
+    tkd_model_free(m);
+}
+
+/* Two forward/backward pairs without zeroing give twice one; the tied head's gradient is
+ * the embedding's buffer, so what the loss adds there lands in the embedding gradient. */
+static void test_grad_accumulation_and_tied_head(void **s)
+{
+    (void)s;
+    tkd_model *m = make(1, 1, 4);
+    enum { N = 2 * 6, D = 20 };
+    int32_t tok[N] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+    float dh[N * D];
+    tkd_test_randn(dh, N * D, 9, 1);
+    assert_int_equal(tkd_model_forward(m, tok, 2, 6, 1, NULL), TKD_OK);
+    assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
+    assert_int_equal(tkd_model_backward(m, dh), TKD_ERR_INVALID_ARG); /* activations consumed */
+    float *once = malloc(sizeof(float) * m->n_params);
+    memcpy(once, m->grads, sizeof(float) * m->n_params);
+    assert_int_equal(tkd_model_forward(m, tok, 2, 6, 1, NULL), TKD_OK);
+    assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
+    /* not bit-exact: a repeated token's embedding row sums its rows in a different order */
+    for (size_t i = 0; i < m->n_params; i++)
+        assert_true(fabsf(m->grads[i] - 2 * once[i]) <= 1e-6f * (1 + fabsf(once[i])));
+    float *gh = tkd_model_lm_head_grad(m);
+    assert_ptr_equal(gh, m->g.embed);
+    size_t row_unused = 36 * D; /* token 36 is not in the batch: only the head path reaches it */
+    assert_true(gh[row_unused] == 0);
+    gh[row_unused] += 0.5f;
+    assert_true(m->grads[m->info[0].offset + row_unused] == 0.5f);
+    tkd_model_zero_grad(m);
+    for (size_t i = 0; i < m->n_params; i++)
+        assert_true(m->grads[i] == 0);
+    free(once);
+    tkd_model_free(m);
+}
+
+static void test_errors(void **s)
+{
+    (void)s;
+    tkd_model *m = make(0, 0, 1);
+    int32_t tok[4] = {0, 1, 37, 2};
+    assert_int_equal(tkd_model_forward(m, tok, 2, 2, 0, NULL), TKD_ERR_INVALID_ARG);
+    assert_non_null(strstr(tkd_error_msg(), "token 37 at batch row 1, position 0"));
+    int32_t many[17] = {0};
+    assert_int_equal(tkd_model_forward(m, many, 1, 17, 0, NULL), TKD_ERR_INVALID_ARG);
+    assert_non_null(strstr(tkd_error_msg(), "max_position_embeddings 16"));
+    float dh[20] = {0};
+    assert_int_equal(tkd_model_backward(m, dh), TKD_ERR_INVALID_ARG); /* no training forward yet */
+    assert_int_equal(tkd_model_forward(m, many, 1, 1, 0, NULL), TKD_OK);
+    assert_int_equal(tkd_model_backward(m, dh), TKD_ERR_INVALID_ARG); /* inference forward only */
+    tkd_model_config bad = small_cfg(0, 0);
+    bad.head_dim = 5; /* RoPE pairs need an even head_dim */
+    tkd_model *x = NULL;
+    assert_int_not_equal(tkd_model_init_random(&bad, 1, &x), TKD_OK);
+    assert_null(x);
+    char *dir = tkd_test_mkdtemp("model-err");
+    assert_int_not_equal(tkd_model_load_hf(dir, &x), TKD_OK); /* no config.json */
+    assert_null(x);
+    tkd_test_rmtree(dir);
+    free(dir);
+    tkd_model_free(m);
+}
+
+static void test_schedule(void **s)
+{
+    (void)s;
+    tkd_optim_config c;
+    tkd_optim_config_defaults(&c);
+    c.lr = 1.0, c.min_lr = 0.1, c.warmup_steps = 4, c.total_steps = 14;
+    assert_true(fabs(tkd_optim_lr(&c, 0) - 0.25) < 1e-15);
+    assert_true(fabs(tkd_optim_lr(&c, 3) - 1.0) < 1e-15);
+    assert_true(fabs(tkd_optim_lr(&c, 4) - 1.0) < 1e-15);        /* cosine starts at the peak */
+    assert_true(fabs(tkd_optim_lr(&c, 9) - 0.55) < 1e-12);       /* halfway: (lr + min) / 2 */
+    assert_true(fabs(tkd_optim_lr(&c, 14) - 0.1) < 1e-15);       /* end and after: min_lr */
+    assert_true(fabs(tkd_optim_lr(&c, 1000) - 0.1) < 1e-15);
+    c.warmup_steps = 0;
+    assert_true(fabs(tkd_optim_lr(&c, 0) - 1.0) < 1e-15);
+}
+
+static void test_clip(void **s)
+{
+    (void)s;
+    float g[4] = {3, 4, 0, 0}, norm_g[4];
+    double n;
+    assert_int_equal(tkd_optim_clip(g, 4, 10.0, &n), TKD_OK);
+    assert_true(n == 5.0 && g[0] == 3 && g[1] == 4); /* under the cap: untouched */
+    assert_int_equal(tkd_optim_clip(g, 4, 1.0, &n), TKD_OK);
+    assert_true(n == 5.0);
+    memcpy(norm_g, g, sizeof g);
+    assert_true(fabs(tkd_optim_grad_norm(norm_g, 4) - 1.0) < 1e-6);
+    assert_true(fabsf(g[0] - 0.6f) < 1e-6f && fabsf(g[1] - 0.8f) < 1e-6f);
+    g[2] = NAN;
+    assert_int_equal(tkd_optim_clip(g, 4, 1.0, &n), TKD_ERR_NUMERIC);
+    float a[3] = {1, 2, 3};
+    tkd_optim_scale(a, 3, 0.5f);
+    assert_true(a[0] == 0.5f && a[2] == 1.5f);
+    tkd_optim_zero(a, 3);
+    assert_true(a[0] == 0 && a[1] == 0 && a[2] == 0);
+}
+
+/* First AdamW step: m̂ = g, v̂ = g², so p ← p·(1 − lr·wd) − lr·g / (|g| + eps); no decay where
+ * decay = 0. Second step against the recurrences written out by hand. */
+static void test_adamw_step(void **s)
+{
+    (void)s;
+    tkd_optim_config c;
+    tkd_optim_config_defaults(&c);
+    c.beta1 = 0.9, c.beta2 = 0.99, c.eps = 1e-8, c.weight_decay = 0.5;
+    tkd_param_info info[2] = {{.name = "w", .ndim = 1, .shape = {2}, .offset = 0, .numel = 2, .decay = 1},
+                              {.name = "n", .ndim = 1, .shape = {2}, .offset = 2, .numel = 2, .decay = 0}};
+    float p[4] = {1, -2, 3, 4}, g[4] = {0.5f, -0.25f, 2, 0};
+    tkd_adamw *o = NULL;
+    assert_int_equal(tkd_adamw_init(&c, 4, &o), TKD_OK);
+    double lr = 0.1;
+    tkd_adamw_step(o, p, g, info, 2, lr);
+    assert_int_equal(o->step, 1);
+    double want[4] = {1 * (1 - 0.05) - 0.1, -2 * (1 - 0.05) + 0.1, 3 - 0.1, 4};
+    for (int i = 0; i < 4; i++)
+        assert_true(fabs(p[i] - want[i]) < 1e-6);
+    /* step 2 with the same gradient, by the recurrences */
+    double m[4], v[4], q[4];
+    for (int i = 0; i < 4; i++) {
+        m[i] = 0.1 * g[i] * 0.9 + 0.1 * g[i];
+        v[i] = 0.01 * g[i] * g[i] * 0.99 + 0.01 * g[i] * g[i];
+        q[i] = p[i];
+    }
+    tkd_adamw_step(o, p, g, info, 2, lr);
+    for (int i = 0; i < 4; i++) {
+        double wd = i < 2 ? 0.5 : 0.0, bc1 = 1 - 0.81, bc2 = 1 - 0.99 * 0.99;
+        double expect = q[i] * (1 - lr * wd) - lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + 1e-8);
+        assert_true(fabs(p[i] - expect) < 1e-6);
+        assert_true(fabs(o->m[i] - m[i]) < 1e-7 && fabs(o->v[i] - v[i]) < 1e-7);
+    }
+    tkd_adamw_free(o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_init_is_seeded),
+        cmocka_unit_test(test_param_list),
+        cmocka_unit_test(test_causal_and_batch_independent),
+        cmocka_unit_test(test_inference_equals_training),
+        cmocka_unit_test(test_grad_accumulation_and_tied_head),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_schedule),
+        cmocka_unit_test(test_clip),
+        cmocka_unit_test(test_adamw_step),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
