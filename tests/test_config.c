@@ -398,6 +398,42 @@ static void test_missing_file(void **state)
     tkd_config_free(&schema, &c);
 }
 
+/* Mutated configs (byte flips, insertions of YAML punctuation, truncation) must each load or fail
+ * with TKD_ERR_CONFIG and a one-line message naming the source; never crash (run under ASan). */
+static void test_fuzz_mutations(void **state)
+{
+    (void)state;
+    static const char base[] = "out_dir: runs/x\nseed: 7\nkd:\n  temperature: 2.5\n  loss: tail\n"
+                               "train:\n  files: [a, 'b c']\n  optim: {lr: 0.01, name: adam}\n";
+    static const char punct[] = ":-[]{},'\"#&*!|>%@ \n\t.~";
+    uint64_t x = 0x1234567;
+    char buf[sizeof base];
+    int ok = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        memcpy(buf, base, sizeof base);
+        size_t len = sizeof base - 1;
+        for (int m = 0; m < 1 + iter % 3 && len > 0; m++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+            size_t pos = (size_t)(x >> 8) % len;
+            if ((x & 3) == 0)
+                len = pos; /* truncate */
+            else
+                buf[pos] = (x & 3) == 1 ? (char)(x >> 40) : punct[(x >> 40) % (sizeof punct - 1)];
+        }
+        test_cfg c = {0};
+        assert_int_equal(tkd_config_defaults(&schema, &c), TKD_OK);
+        tkd_status st = tkd_config_apply_string(&schema, &c, "fuzz", buf, len);
+        if (st == TKD_OK) {
+            ok++;
+        } else {
+            assert_int_equal(st, TKD_ERR_CONFIG);
+            assert_true(strncmp(tkd_error_msg(), "fuzz:", 5) == 0);
+        }
+        tkd_config_free(&schema, &c);
+    }
+    assert_true(ok > 0 && ok < 3000); /* both outcomes were exercised */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_help_lists_every_key),
         cmocka_unit_test(test_schema_check),
         cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_fuzz_mutations),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
