@@ -126,6 +126,18 @@ tkd_status tkd_cache_identity_compare(const tkd_cache_identity *a, const char *a
     return TKD_OK;
 }
 
+double tkd_cache_raw_bytes_per_token(const tkd_cache_identity *id)
+{
+    return (double)(4 + tkd_cache_dtype_size(id->logits_dtype)) * id->k + 4.0 + 4.0 * id->tail_samples;
+}
+
+double tkd_cache_bytes_per_token(uint64_t file_bytes, int64_t num_seq, int32_t seq_len)
+{
+    if (num_seq <= 0 || seq_len <= 0)
+        return 0.0;
+    return (double)file_bytes / ((double)num_seq * (double)seq_len);
+}
+
 /* ---- batches -------------------------------------------------------------------------------- */
 
 tkd_status tkd_cache_batch_alloc(tkd_cache_batch *b, int64_t capacity, int32_t seq_len, int32_t k,
@@ -767,7 +779,6 @@ static tkd_status shard_read_attrs(tkd_shard *s)
         {"teacher_sha256", attr_read_str(s->file, "teacher_sha256", id->teacher_sha256, TKD_CACHE_SHA256_HEX)},
         {"dataset_sha256", attr_read_str(s->file, "dataset_sha256", id->dataset_sha256, TKD_CACHE_SHA256_HEX)},
         {"logits_dtype", attr_read_str(s->file, "logits_dtype", dtype, sizeof dtype)},
-        {"tail_samples", attr_read(s->file, "tail_samples", H5T_NATIVE_INT64, &S)},
         {"first_seq", attr_read(s->file, "first_seq", H5T_NATIVE_INT64, &in->first_seq)},
         {"num_seq", attr_read(s->file, "num_seq", H5T_NATIVE_INT64, &in->num_seq)},
     };
@@ -778,6 +789,9 @@ static tkd_status shard_read_attrs(tkd_shard *s)
         if (rest[i].r < 0)
             return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' unreadable", s->path, rest[i].name);
     }
+    /* tail_samples came with the tail draws: a shard without it has no /tail group (S = 0) */
+    if (attr_read(s->file, "tail_samples", H5T_NATIVE_INT64, &S) < 0)
+        return h5_fail(TKD_ERR_FORMAT, "%s: root attribute 'tail_samples' unreadable", s->path);
     if (k > INT32_MAX || seq_len > INT32_MAX || S > INT32_MAX || k < 0 || seq_len < 0 || S < 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: k %lld / seq_len %lld / tail_samples %lld out of range",
                              s->path, (long long)k, (long long)seq_len, (long long)S);

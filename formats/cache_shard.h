@@ -60,6 +60,14 @@ tkd_status tkd_cache_identity_check(const tkd_cache_identity *id, const char *wh
 tkd_status tkd_cache_identity_compare(const tkd_cache_identity *a, const char *a_name,
                                       const tkd_cache_identity *b, const char *b_name);
 
+/* Bytes per token the stored datasets take before compression: (4 + logit size)·k for the top-k
+ * indices and logits, + 4 for LSE, + 4·S for tail draws (tokens and seq_index are ignored:
+ * under 1% at real sequence lengths). For half and S = 0 that is (4 + 2)·k + 4. */
+double tkd_cache_raw_bytes_per_token(const tkd_cache_identity *id);
+
+/* What a shard costs on disk per token: file bytes / (num_seq · seq_len). 0 when empty. */
+double tkd_cache_bytes_per_token(uint64_t file_bytes, int64_t num_seq, int32_t seq_len);
+
 /* A batch of whole sequences in host memory, all row-major.
  * As writer input the caller fills the pointers with its own buffers (nothing is copied or freed).
  * As reader output the buffers come from tkd_cache_batch_alloc and belong to the batch until

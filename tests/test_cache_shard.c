@@ -12,8 +12,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+#include <zstd.h>
+
 #include "common/half.h"
 #include "formats/cache_fsutil.h"
+#include "formats/h5zstd.h"
 #include "formats/cache_shard.h"
 #include "tests/cache_testutil.h"
 #include "tests/testutil.h"
@@ -289,6 +293,99 @@ static void test_h5dump_reads_through_plugin(void **state)
     free(dir);
 }
 
+/* Runs the filter function the way HDF5 does, on a buffer from HDF5's allocator. */
+static size_t run_filter(unsigned flags, const void *in, size_t n, void **out)
+{
+    void *buf = H5allocate_memory(n ? n : 1, 0);
+    memcpy(buf, in, n);
+    size_t size = n, level = 3;
+    unsigned cd = (unsigned)level;
+    size_t got = tkd_h5zstd_class.filter(flags, 1, &cd, n, &size, &buf);
+    *out = buf;
+    return got;
+}
+
+static void test_zstd_filter_direct(void **state)
+{
+    (void)state;
+    enum { N = 10000 };
+    static uint8_t data[N];
+    for (int i = 0; i < N; i++)
+        data[i] = (uint8_t)((i * 7) % 13);
+    void *c = NULL, *d = NULL;
+    size_t cn = run_filter(0, data, N, &c);
+    assert_true(cn > 0 && cn < N / 10); /* periodic data compresses well */
+    assert_int_equal(ZSTD_getFrameContentSize(c, cn), N);
+    assert_int_equal(run_filter(H5Z_FLAG_REVERSE, c, cn, &d), N);
+    assert_memory_equal(d, data, N);
+    H5free_memory(d);
+    /* a frame without a content size (as streaming compressors write) still decodes */
+    ZSTD_CCtx *cctx = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
+    static uint8_t frame[N + 1024];
+    ZSTD_outBuffer o = {frame, sizeof frame, 0};
+    ZSTD_inBuffer i = {data, N, 0};
+    assert_int_equal(ZSTD_compressStream2(cctx, &o, &i, ZSTD_e_end), 0);
+    ZSTD_freeCCtx(cctx);
+    assert_int_equal(ZSTD_getFrameContentSize(frame, o.pos), ZSTD_CONTENTSIZE_UNKNOWN);
+    assert_int_equal(run_filter(H5Z_FLAG_REVERSE, frame, o.pos, &d), N);
+    assert_memory_equal(d, data, N);
+    H5free_memory(d);
+    /* truncated or garbage input is a failure (0), never a crash */
+    assert_int_equal(run_filter(H5Z_FLAG_REVERSE, c, cn / 2, &d), 0);
+    H5free_memory(d);
+    assert_int_equal(run_filter(H5Z_FLAG_REVERSE, frame, o.pos - 3, &d), 0);
+    H5free_memory(d);
+    assert_int_equal(run_filter(H5Z_FLAG_REVERSE, "garbage!", 8, &d), 0);
+    H5free_memory(d);
+    H5free_memory(c);
+    assert_int_equal(tkd_h5zstd_register(), TKD_OK); /* idempotent */
+    assert_int_equal(tkd_h5zstd_register(), TKD_OK);
+    assert_true(H5Zfilter_avail(TKD_H5ZSTD_FILTER_ID) > 0);
+}
+
+static void test_bytes_per_token(void **state)
+{
+    (void)state;
+    tkd_cache_identity id = tkd_test_cache_identity(64, 100, 0, TKD_CACHE_DTYPE_HALF);
+    assert_true(tkd_cache_raw_bytes_per_token(&id) == 604.0); /* (4 + 2)·100 + 4 */
+    id.logits_dtype = TKD_CACHE_DTYPE_FLOAT32;
+    id.tail_samples = 80;
+    assert_true(tkd_cache_raw_bytes_per_token(&id) == 804.0 + 320.0);
+    assert_true(tkd_cache_bytes_per_token(6400, 10, 64) == 10.0);
+    assert_true(tkd_cache_bytes_per_token(6400, 0, 64) == 0.0);
+    /* a real shard compresses: the generator's indices are regular, logits are not */
+    char *dir = tkd_test_mkdtemp("bpt");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
+    id = tkd_test_cache_identity(64, 32, 0, TKD_CACHE_DTYPE_HALF);
+    tkd_cache_shard_entry e;
+    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 16, 8, 0, &e), TKD_OK);
+    double bpt = tkd_cache_bytes_per_token(e.bytes, e.num_seq, id.seq_len);
+    printf("  shard of 16 x 64 tokens, k = 32 half: %.1f bytes/token stored, %.0f raw\n", bpt,
+           tkd_cache_raw_bytes_per_token(&id));
+    assert_true(bpt > 0 && bpt < tkd_cache_raw_bytes_per_token(&id) * 1.2);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* A shard from before the tail draws (no tail_samples attribute, no /tail group) reads with S = 0. */
+static void test_shard_without_tail_attribute(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("notail");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
+    tkd_cache_identity id = tkd_test_cache_identity(4, 2, 0, TKD_CACHE_DTYPE_HALF);
+    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    assert_true(H5Adelete(f, "tail_samples") >= 0);
+    H5Fclose(f);
+    check_shard(path, &id, 0, 3, 2, 3, 0);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -302,6 +399,9 @@ int main(void)
         cmocka_unit_test(test_sha256_known_answers),
         cmocka_unit_test(test_dtype_names),
         cmocka_unit_test(test_h5dump_reads_through_plugin),
+        cmocka_unit_test(test_zstd_filter_direct),
+        cmocka_unit_test(test_bytes_per_token),
+        cmocka_unit_test(test_shard_without_tail_attribute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
