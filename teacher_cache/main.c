@@ -1,10 +1,151 @@
-/* main.c — the teacher-dump CLI (placeholder until its issue lands). */
+/* main.c — the teacher-dump CLI: parse flags, load the config, run (or resume) the dump with a
+ * progress line, print the summary; `teacher-dump merge DIR` joins split workers' manifests.
+ * Every error is one line "teacher-dump: <file>:<place>: <what> — <what to do>" and a non-zero exit:
+ * 2 for usage and config errors, 130 / 143 after SIGINT / SIGTERM, 1 otherwise. */
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cli.h"
+#include "common/log.h"
+#include "common/progress.h"
+#include "common/signals.h"
+#include "formats/cache_shard.h"
+#include "teacher_cache/dump.h"
+#include "teacher_cache/dump_config.h"
+
+static const char usage[] =
+    "teacher-dump --config FILE [--set key=value ...] [--overwrite] [--print-config] [-v|-q]\n"
+    "       teacher-dump merge DIR\n"
+    "Runs the teacher once over a token dataset and writes its top-k logits, LSE and optional tail\n"
+    "draws to a cache directory (docs/teacher-dump.md). Re-running the same command resumes.";
+
+static int fail(tkd_status st)
+{
+    fprintf(stderr, "teacher-dump: %s\n", tkd_error_msg());
+    if (st == TKD_ERR_INTERRUPTED)
+        return tkd_interrupted() == SIGTERM ? 143 : 130;
+    return st == TKD_ERR_CONFIG || st == TKD_ERR_INVALID_ARG ? 2 : 1;
+}
+
+typedef struct progress_state {
+    tkd_progress bar;
+    long batches;
+    long signal_after; /* test hook: raise SIGINT after this many batches */
+} progress_state;
+
+static void on_progress(const tkd_dump_progress *p, void *user)
+{
+    progress_state *ps = user;
+    char extra[96] = "";
+    if (p->tokens_written > 0)
+        snprintf(extra, sizeof extra, "%.1f B/token", (double)p->bytes_written / (double)p->tokens_written);
+    /* The rate and ETA are about this run, so sequences done before a resume are left out. */
+    ps->bar.total = p->seq_total - p->seq_start;
+    tkd_progress_update(&ps->bar, p->seq_done - p->seq_start, extra);
+    if (ps->signal_after > 0 && ++ps->batches == ps->signal_after)
+        raise(SIGINT);
+}
+
+static long env_long(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? strtol(v, NULL, 10) : 0;
+}
+
+static void print_summary(const tkd_dump_summary *s)
+{
+    if (s->resumed_at >= s->range_end && s->seqs_run == 0) {
+        tkd_log_info("teacher-dump: %s is complete (sequences [%lld, %lld)); nothing to do", s->manifest,
+                     (long long)s->range_first, (long long)s->range_end);
+        return;
+    }
+    double tps = s->seconds > 0 ? (double)s->tokens_run / s->seconds : 0;
+    double bpt = s->tokens_written > 0 ? (double)s->bytes_run / (double)s->tokens_written : 0;
+    tkd_log_info("teacher-dump: done: %lld sequences, %lld tokens in %.1f s (%.0f tokens/s); %lld shards, "
+                 "%.1f bytes/token, %.2fx smaller than raw %.0f bytes/token; manifest %s",
+                 (long long)s->seqs_run, (long long)s->tokens_run, s->seconds, tps, (long long)s->shards_run, bpt,
+                 bpt > 0 ? s->raw_bytes_per_token / bpt : 0.0, s->raw_bytes_per_token, s->manifest);
+}
+
+static int run_merge(const tkd_cli *cli)
+{
+    if (cli->nargs != 2) {
+        tkd_error_set(TKD_ERR_INVALID_ARG, "merge: expected one directory (teacher-dump merge DIR) — see --help");
+        return fail(TKD_ERR_INVALID_ARG);
+    }
+    int64_t nseq = 0, nshards = 0;
+    tkd_status st = tkd_dump_merge(cli->args[1], &nseq, &nshards);
+    if (st != TKD_OK)
+        return fail(st);
+    tkd_log_info("teacher-dump: merged %lld shards, %lld sequences into %s/manifest.yaml", (long long)nshards,
+                 (long long)nseq, cli->args[1]);
+    return 0;
+}
+
+static int run_dump(const tkd_cli *cli)
+{
+    tkd_dump_config cfg = {0};
+    tkd_status st = tkd_cli_load_config(cli, &tkd_dump_schema, &cfg);
+    if (st == TKD_OK)
+        st = tkd_dump_config_finalize(&cfg, NULL);
+    if (st != TKD_OK) {
+        int rc = fail(st);
+        tkd_config_free(&tkd_dump_schema, &cfg);
+        return rc;
+    }
+    if (cli->print_config) {
+        st = tkd_config_print(&tkd_dump_schema, &cfg, stdout);
+        tkd_config_free(&tkd_dump_schema, &cfg);
+        return st == TKD_OK ? 0 : fail(st);
+    }
+    if (tkd_log_enabled(TKD_LOG_LEVEL_DEBUG))
+        tkd_config_print(&tkd_dump_schema, &cfg, stderr);
+    tkd_log_info("teacher-dump: %s -> %s (worker %d of %d, k %d, %s, tail %d)", cfg.teacher_path, cfg.output_dir,
+                 cfg.worker_index, cfg.worker_count, cfg.k, tkd_cache_dtype_name((tkd_cache_dtype)cfg.logits_dtype),
+                 cfg.tail_samples);
+    progress_state ps = {.signal_after = env_long("TKD_DUMP_TEST_SIGINT_AFTER_BATCHES")};
+    tkd_progress_begin(&ps.bar, "teacher-dump", 0, "seq");
+    tkd_dump_opts opts = {
+        .overwrite = cli->overwrite,
+        .progress = on_progress,
+        .progress_user = &ps,
+        .kill_after_batches = env_long("TKD_DUMP_TEST_KILL_AFTER_BATCHES"),
+    };
+    tkd_dump_summary sum;
+    st = tkd_signals_install();
+    if (st == TKD_OK)
+        st = tkd_dump_run(&cfg, &opts, &sum);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    if (st != TKD_OK)
+        return fail(st);
+    if (ps.bar.done > 0)
+        tkd_progress_finish(&ps.bar, NULL);
+    print_summary(&sum);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "teacher-dump: not built yet (see the open issues)\n");
-    return 2;
+    tkd_cli cli;
+    tkd_status st = tkd_cli_parse(&cli, argc, argv);
+    if (st != TKD_OK)
+        return fail(st);
+    tkd_log_set_level(tkd_cli_log_level(&cli));
+    int rc;
+    if (cli.help) {
+        tkd_cli_print_help(stdout, usage, &tkd_dump_schema);
+        rc = 0;
+    } else if (cli.nargs > 0 && strcmp(cli.args[0], "merge") == 0) {
+        rc = run_merge(&cli);
+    } else if (cli.nargs > 0) {
+        tkd_error_set(TKD_ERR_INVALID_ARG, "unexpected argument '%s' — the only command is 'merge DIR'; see --help",
+                      cli.args[0]);
+        rc = fail(TKD_ERR_INVALID_ARG);
+    } else {
+        rc = run_dump(&cli);
+    }
+    tkd_cli_free(&cli);
+    return rc;
 }

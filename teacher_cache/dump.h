@@ -1,0 +1,84 @@
+/* dump.h — teacher-dump as a library: run the teacher over a token dataset once and write the
+ * top-k cache (docs/teacher-dump.md; file layout in docs/cache-format.md), and merge the
+ * manifests of split workers.
+ *
+ * Per batch of sequences: teacher forward (no activations kept) → final hidden states (B·T, D);
+ * the LM head runs chunk by chunk over those rows, logits (C, V) = H_c Wᵀ, each chunk reduced at
+ * once to top-k (sorted, raw logits) + full-vocabulary LSE at the cache temperature (+ S tail
+ * draws), so (B·T, V) never exists. Finished batches go to the writer thread (writer_thread.h).
+ *
+ * Resume: a worker's manifest lists whole shards only; a re-run with the same identity checks the
+ * last listed shard's sha256 and continues after it. A different identity (teacher and dataset
+ * digests and paths, k, dtype, temperature, seq_len, stride, tail settings, shard size, last-window
+ * rule) against an existing cache is an error unless overwrite.
+ *
+ * Workers: worker i of n dumps a contiguous run of whole shards (dump_config.h), lists them in
+ * manifest.worker-<i>.yaml and, once its range is complete, writes worker-<i>.done; tkd_dump_merge
+ * joins the parts into manifest.yaml.
+ *
+ * Library code: nothing is printed; progress goes to a callback; Ctrl-C / SIGTERM are polled with
+ * tkd_interrupted() (common/signals.h) between LM-head chunks.
+ */
+#ifndef TKD_DUMP_H
+#define TKD_DUMP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "teacher_cache/dump_config.h"
+
+/* What the progress callback sees (sequences of this worker's range). */
+typedef struct tkd_dump_progress {
+    int64_t seq_done;      /* done, counting shards listed before a resume */
+    int64_t seq_total;     /* this worker's range */
+    int64_t seq_start;     /* done before this run (resume) */
+    int64_t tokens_run;    /* positions computed by this run */
+    double elapsed_s;      /* since compute started */
+    uint64_t bytes_written;  /* shard bytes finished by this run */
+    int64_t tokens_written;  /* positions in those shards */
+} tkd_dump_progress;
+
+typedef void (*tkd_dump_progress_fn)(const tkd_dump_progress *p, void *user);
+
+typedef struct tkd_dump_opts {
+    bool overwrite;                /* replace an existing cache of another identity */
+    tkd_dump_progress_fn progress; /* called after every batch; may be NULL */
+    void *progress_user;
+    /* Test hooks (0 = off). stop: act as if Ctrl-C came after this many batches. kill: wait until
+     * that many batches are written, then SIGKILL the process (a crash in the middle of a shard). */
+    int64_t stop_after_batches;
+    int64_t kill_after_batches;
+} tkd_dump_opts;
+
+typedef struct tkd_dump_summary {
+    int64_t range_first, range_end; /* this worker's windows */
+    int64_t resumed_at;             /* first window computed by this run (== range_end: nothing to do) */
+    int64_t seqs_run;               /* sequences computed by this run */
+    int64_t tokens_run;             /* positions computed (seqs_run · seq_len) */
+    int64_t shards_run;             /* shards finished by this run */
+    uint64_t bytes_run;             /* their bytes */
+    int64_t tokens_written;         /* positions in those shards */
+    double seconds;                 /* compute + write time of this run */
+    double raw_bytes_per_token;     /* uncompressed size of one position's row */
+    char manifest[4096];            /* path of this worker's manifest */
+    char teacher_sha256[65];
+    char dataset_sha256[65];
+} tkd_dump_summary;
+
+/* Runs (or resumes) the dump described by cfg (after tkd_dump_config_finalize). sum may be NULL.
+ * Errors are one line naming the file and place and what to do. TKD_ERR_INTERRUPTED on a signal
+ * (or the stop hook): the shard in progress is removed and the manifest lists the whole shards. */
+tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, tkd_dump_summary *sum);
+
+/* sha256 identity of a teacher checkpoint directory: the sha256 of the text with one line
+ * "<file name> <sha256 of the file>\n" for config.json and every *.safetensors file (sorted by
+ * name), so a changed weight file or config changes it. */
+tkd_status tkd_dump_teacher_sha256(const char *dir, char hex[65]);
+
+/* Joins dir/manifest.worker-*.yaml into dir/manifest.yaml. Checks: every worker 0..n-1 is there
+ * and has finished its range (worker-<i>.done), identities equal, the shards tile [0, N) without
+ * gap or overlap. *num_seq / *num_shards (may be NULL) get the merged totals. */
+tkd_status tkd_dump_merge(const char *dir, int64_t *num_seq, int64_t *num_shards);
+
+#endif /* TKD_DUMP_H */

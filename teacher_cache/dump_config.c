@@ -1,0 +1,140 @@
+/* dump_config.c — see dump_config.h. */
+#include "teacher_cache/dump_config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/cache_shard.h"
+
+static const char *const last_window_names[] = {"drop", "pad", NULL};
+/* Same order as tkd_cache_dtype, so the enum index is the dtype. */
+static const char *const dtype_names[] = {"half", "bfloat16", "float32", NULL};
+static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
+
+#define C tkd_dump_config
+static const tkd_config_field dump_fields[] = {
+    TKD_CFG_STRING(C, teacher_path, "teacher.path", NULL,
+                   "Hugging Face checkpoint directory of the teacher (config.json + *.safetensors)."),
+    TKD_CFG_STRING_LIST(C, data_paths, "data.paths", NULL,
+                        "token files (llm.c .bin or .npy) or glob patterns, concatenated in order."),
+    TKD_CFG_INT(C, seq_len, "data.seq_len", "256", 1, 1 << 20,
+                "positions per sequence; a window holds seq_len + 1 tokens (inputs + next-token labels)."),
+    TKD_CFG_INT(C, stride, "data.stride", "0", 0, 1 << 30,
+                "tokens between window starts; 0 = seq_len (windows share one boundary token)."),
+    TKD_CFG_ENUM(C, last_window, "data.last_window", "drop", last_window_names,
+                 "the last partial window: drop it, or pad it (padding labels are -100 in /tokens)."),
+    TKD_CFG_INT64(C, max_sequences, "data.max_sequences", "0", 0, 1e15,
+                  "dump at most this many windows (the first ones); 0 = all."),
+    TKD_CFG_INT(C, k, "cache.k", "100", 1, 128, "top-k teacher logits kept per position."),
+    TKD_CFG_ENUM(C, logits_dtype, "cache.logits_dtype", "half", dtype_names,
+                 "how /topk/logits is stored."),
+    TKD_CFG_FLOAT(C, temperature, "cache.temperature", "1.0", 1e-3, 1e3,
+                  "temperature of the stored LSE and tail draws (logits are stored raw)."),
+    TKD_CFG_INT(C, tail_samples, "cache.tail_samples", "0", 0, 1024,
+                "S tokens drawn per position from the teacher's distribution outside its top-k (0 = none)."),
+    TKD_CFG_INT64(C, seed, "cache.seed", "1234", 0, 9.0e18,
+                  "seed of the tail draws (keyed by seed, sequence index, position)."),
+    TKD_CFG_INT(C, shard_sequences, "cache.shard_sequences", "1024", 1, 1 << 30,
+                "sequences per shard file; fixed for the life of a cache."),
+    TKD_CFG_INT(C, zstd_level, "cache.zstd_level", "3", 1, 22, "zstd compression level of the shards."),
+    TKD_CFG_INT(C, batch_size, "run.batch_size", "8", 1, 1 << 16, "sequences per teacher forward."),
+    TKD_CFG_INT(C, chunk_rows, "lm_head.chunk_rows", "256", 1, 1 << 20,
+                "positions per LM-head chunk: memory is chunk_rows x vocab floats."),
+    TKD_CFG_ENUM(C, device, "device", "auto", device_names,
+                 "auto (CUDA when a GPU answers and the GPU teacher is built, else CPU), cpu, cuda."),
+    TKD_CFG_STRING(C, output_dir, "output.dir", NULL, "the cache directory (created when absent)."),
+    TKD_CFG_INT(C, worker_index, "workers.index", "0", 0, 1 << 20,
+                "this worker's index (0 = read RANK or SLURM_PROCID when set)."),
+    TKD_CFG_INT(C, worker_count, "workers.count", "1", 1, 1 << 20,
+                "number of workers splitting the dump (1 = read WORLD_SIZE or SLURM_NTASKS when set)."),
+};
+#undef C
+
+const tkd_config_schema tkd_dump_schema = TKD_CONFIG_SCHEMA("teacher-dump", dump_fields);
+
+/* Reads a non-negative integer environment variable; *found = false when unset or empty. */
+static tkd_status env_int(const char *(*get)(const char *), const char *name, int *out, bool *found)
+{
+    const char *v = get(name);
+    *found = v && *v;
+    if (!*found)
+        return TKD_OK;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < 0 || x > (1 << 20))
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "environment %s=%s: not a worker number — unset it or set workers.* in the config",
+                             name, v);
+    *out = (int)x;
+    return TKD_OK;
+}
+
+static const char *plain_getenv(const char *name) { return getenv(name); }
+
+/* RANK/WORLD_SIZE (torchrun, mpirun wrappers) first, then SLURM's. Both of a pair must be set. */
+static tkd_status workers_from_env(tkd_dump_config *cfg, const char *(*get)(const char *))
+{
+    static const char *const pairs[2][2] = {{"RANK", "WORLD_SIZE"}, {"SLURM_PROCID", "SLURM_NTASKS"}};
+    for (int p = 0; p < 2; p++) {
+        int idx = 0, cnt = 0;
+        bool fi, fc;
+        TKD_TRY(env_int(get, pairs[p][0], &idx, &fi));
+        TKD_TRY(env_int(get, pairs[p][1], &cnt, &fc));
+        if (fi && fc && cnt >= 1) {
+            cfg->worker_index = idx;
+            cfg->worker_count = cnt;
+            return TKD_OK;
+        }
+    }
+    return TKD_OK;
+}
+
+tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *))
+{
+    if (!getenv_fn)
+        getenv_fn = plain_getenv;
+    if (cfg->worker_index == 0 && cfg->worker_count == 1)
+        TKD_TRY(workers_from_env(cfg, getenv_fn));
+    if (cfg->stride == 0)
+        cfg->stride = cfg->seq_len;
+    if (!cfg->teacher_path || !*cfg->teacher_path)
+        return tkd_error_set(TKD_ERR_CONFIG, "teacher.path: not set — give the teacher's Hugging Face "
+                                             "checkpoint directory (--set teacher.path=DIR)");
+    if (cfg->data_paths.n == 0)
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "data.paths: not set — give token files or globs (--set data.paths=[a.bin])");
+    if (!cfg->output_dir || !*cfg->output_dir)
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "output.dir: not set — name the cache directory (--set output.dir=DIR)");
+    if (cfg->worker_index >= cfg->worker_count)
+        return tkd_error_set(TKD_ERR_CONFIG,
+                             "workers.index: %d is not below workers.count %d — indices run 0..count-1",
+                             cfg->worker_index, cfg->worker_count);
+    return TKD_OK;
+}
+
+double tkd_dump_raw_bytes_per_token(const tkd_dump_config *cfg)
+{
+    size_t lsz = tkd_cache_dtype_size((tkd_cache_dtype)cfg->logits_dtype);
+    return (4.0 + (double)lsz) * cfg->k + 4.0 + 4.0 * cfg->tail_samples;
+}
+
+void tkd_dump_worker_range(int64_t total, int64_t shard_sequences, int index, int count,
+                           int64_t *first, int64_t *end)
+{
+    int64_t nshards = (total + shard_sequences - 1) / shard_sequences;
+    int64_t s0 = nshards * index / count, s1 = nshards * (index + 1) / count;
+    *first = s0 * shard_sequences < total ? s0 * shard_sequences : total;
+    *end = s1 * shard_sequences < total ? s1 * shard_sequences : total;
+}
+
+void tkd_dump_manifest_name(int index, int count, char *out, size_t cap)
+{
+    if (count <= 1)
+        snprintf(out, cap, "manifest.yaml");
+    else
+        snprintf(out, cap, "manifest.worker-%d.yaml", index);
+}

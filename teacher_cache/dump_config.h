@@ -1,0 +1,75 @@
+/* dump_config.h — teacher-dump's settings: the config struct, its schema (the source of --help and
+ * --print-config), the checks that need more than one key, and the split of the dataset's windows
+ * between workers.
+ *
+ * Worker ranges are whole shards: the N_s = ceil(W / shard_sequences) shards of a W-window dump are
+ * dealt out contiguously, worker i getting shards [i·N_s/n, (i+1)·N_s/n). A shard's id (its file
+ * name) is first_seq / shard_sequences, so workers never collide on a file name, and one worker or
+ * n workers write exactly the same shards.
+ */
+#ifndef TKD_DUMP_CONFIG_H
+#define TKD_DUMP_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/status.h"
+
+typedef enum tkd_dump_last_window {
+    TKD_DUMP_LAST_WINDOW_DROP = 0, /* the last partial window is dropped */
+    TKD_DUMP_LAST_WINDOW_PAD = 1,  /* ... or padded (its padding labels are -100 in /tokens) */
+} tkd_dump_last_window;
+
+typedef enum tkd_dump_device {
+    TKD_DUMP_DEVICE_AUTO = 0,
+    TKD_DUMP_DEVICE_CPU = 1,
+    TKD_DUMP_DEVICE_CUDA = 2,
+} tkd_dump_device;
+
+typedef struct tkd_dump_config {
+    char *teacher_path;        /* teacher.path: HF checkpoint directory */
+    tkd_strlist data_paths;    /* data.paths: files or globs, concatenated in order */
+    int seq_len;               /* data.seq_len */
+    int stride;                /* data.stride; 0 = seq_len (resolved by tkd_dump_config_finalize) */
+    int last_window;           /* data.last_window: tkd_dump_last_window */
+    int64_t max_sequences;     /* data.max_sequences; 0 = every window */
+    int k;                     /* cache.k */
+    int logits_dtype;          /* cache.logits_dtype: tkd_cache_dtype (same order) */
+    double temperature;        /* cache.temperature */
+    int tail_samples;          /* cache.tail_samples */
+    int64_t seed;              /* cache.seed: key of the tail draws */
+    int shard_sequences;       /* cache.shard_sequences */
+    int zstd_level;            /* cache.zstd_level */
+    int batch_size;            /* run.batch_size */
+    int chunk_rows;            /* lm_head.chunk_rows */
+    int device;                /* device: tkd_dump_device */
+    char *output_dir;          /* output.dir */
+    int worker_index;          /* workers.index */
+    int worker_count;          /* workers.count */
+} tkd_dump_config;
+
+/* The schema: every key, its type, default, range and help line. */
+extern const tkd_config_schema tkd_dump_schema;
+
+/* Fills environment defaults and derived values, then checks what a single key cannot:
+ * - workers.index / workers.count left at 0 / 1 take RANK / WORLD_SIZE, else SLURM_PROCID /
+ *   SLURM_NTASKS, when those are set (a malformed value is an error naming the variable);
+ * - data.stride 0 becomes data.seq_len;
+ * - required keys (teacher.path, data.paths, output.dir) are set; index < count.
+ * TKD_ERR_CONFIG with "key: what — what to do". getenv_fn NULL means getenv (tests pass their own). */
+tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *));
+
+/* Bytes per token of an uncompressed cache row: (4 + dtype bytes)·k + 4 (LSE) + 4·S (tail ids). */
+double tkd_dump_raw_bytes_per_token(const tkd_dump_config *cfg);
+
+/* The windows [*first, *end) that worker `index` of `count` dumps out of `total` windows cut into
+ * shards of `shard_sequences`. Empty (first == end) when there are more workers than shards. */
+void tkd_dump_worker_range(int64_t total, int64_t shard_sequences, int index, int count,
+                           int64_t *first, int64_t *end);
+
+/* The manifest a worker writes: "manifest.yaml" when count == 1, else "manifest.worker-<i>.yaml". */
+void tkd_dump_manifest_name(int index, int count, char *out, size_t cap);
+
+#endif /* TKD_DUMP_CONFIG_H */

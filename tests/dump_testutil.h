@@ -1,0 +1,151 @@
+/* dump_testutil.h — header-only helpers for the teacher-dump tests: token files, configs built
+ * from YAML text, reading a whole cache back and comparing two caches dataset by dataset. Not a
+ * test itself (no test_ prefix). Include after <cmocka.h>. */
+#ifndef TKD_DUMP_TESTUTIL_H
+#define TKD_DUMP_TESTUTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/cache_reader.h"
+#include "teacher_cache/dump.h"
+#include "teacher_cache/dump_config.h"
+#include "tests/testutil.h"
+
+#define TKD_DT_LLAMA TKD_SOURCE_DIR "/tests/fixtures/hf/llama_gqa_f32" /* V = 131 */
+#define TKD_DT_QWEN TKD_SOURCE_DIR "/tests/fixtures/hf/qwen2_tied_f32"  /* V = 173 */
+
+/* Writes an int32 .npy of shape (rows, cols) (rows = 0: 1-D of cols). */
+static inline void tkd_dt_write_npy(const char *path, const int32_t *data, int rows, int cols)
+{
+    char shape[64], hdr[128];
+    if (rows > 0)
+        snprintf(shape, sizeof shape, "(%d, %d)", rows, cols);
+    else
+        snprintf(shape, sizeof shape, "(%d,)", cols);
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '<i4', 'fortran_order': False, 'shape': %s, }", shape);
+    int total = 10 + n + 1, pad = (64 - total % 64) % 64; /* header padded to 64 bytes, ends in \n */
+    memset(hdr + n, ' ', (size_t)pad);
+    hdr[n + pad] = '\n';
+    uint16_t hlen = (uint16_t)(n + pad + 1);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fwrite(&hlen, 2, 1, f);
+    fwrite(hdr, 1, hlen, f);
+    size_t cnt = (size_t)(rows > 0 ? rows : 1) * (size_t)cols;
+    assert_int_equal(fwrite(data, 4, cnt, f), cnt);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* n pseudo-random tokens in [0, vocab) written to <dir>/<name>; returns the path (static buffer). */
+static inline const char *tkd_dt_random_tokens(const char *dir, const char *name, int n, int vocab, uint64_t seed)
+{
+    static char path[4096];
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    assert_non_null(t);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 7;
+    for (int i = 0; i < n; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        t[i] = (int32_t)(s % (uint64_t)vocab);
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    tkd_dt_write_npy(path, t, 0, n);
+    free(t);
+    return path;
+}
+
+/* A finalized config: defaults, then the YAML text (parts split by "---" lines, in order). */
+static inline void tkd_dt_config(tkd_dump_config *cfg, const char *yaml)
+{
+    memset(cfg, 0, sizeof *cfg);
+    assert_int_equal(tkd_config_defaults(&tkd_dump_schema, cfg), TKD_OK);
+    /* Parts separated by "---" lines are applied in turn, so a later part overrides keys. */
+    for (const char *p = yaml; p;) {
+        const char *sep = strstr(p, "\n---\n");
+        size_t len = sep ? (size_t)(sep - p) + 1 : strlen(p);
+        tkd_status st = tkd_config_apply_string(&tkd_dump_schema, cfg, "test", p, len);
+        if (st != TKD_OK)
+            fail_msg("%s", tkd_error_msg());
+        p = sep ? sep + 5 : NULL;
+    }
+    assert_int_equal(tkd_dump_config_finalize(cfg, NULL), TKD_OK);
+}
+
+/* The common small setup: llama fixture, seq_len 16, k 8, 4-sequence shards, batches of 2; extra
+ * YAML overrides it. */
+static inline void tkd_dt_small_yaml(char *buf, size_t cap, const char *teacher, const char *data,
+                                     const char *out, const char *extra)
+{
+    snprintf(buf, cap,
+             "teacher: {path: '%s'}\n"
+             "data: {paths: ['%s'], seq_len: 16}\n"
+             "cache: {k: 8, shard_sequences: 4}\n"
+             "run: {batch_size: 2}\n"
+             "lm_head: {chunk_rows: 20}\n"
+             "output: {dir: '%s'}\n---\n%s",
+             teacher, data, out, extra);
+}
+
+/* Everything in a cache, read through the reader (manifest.yaml). Free with tkd_cache_batch_free. */
+static inline int64_t tkd_dt_read_all(const char *dir, tkd_cache_batch *b, tkd_cache_manifest *m)
+{
+    tkd_cache_reader *r = NULL;
+    tkd_status st = tkd_cache_reader_open(&r, dir, NULL);
+    if (st != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    const tkd_cache_manifest *rm = tkd_cache_reader_manifest(r);
+    int64_t n = tkd_cache_reader_num_seq(r);
+    assert_int_equal(tkd_cache_batch_alloc(b, n, rm->id.seq_len, rm->id.k, rm->id.tail_samples), TKD_OK);
+    st = tkd_cache_reader_read(r, 0, n, b, 0);
+    if (st != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    b->num_seq = n;
+    if (m)
+        assert_int_equal(tkd_cache_manifest_copy(m, rm), TKD_OK);
+    tkd_cache_reader_close(r);
+    return n;
+}
+
+/* Asserts that two caches hold the same values in every dataset (values, not file bytes: the HDF5
+ * file layout is not part of what resume and worker splits promise). */
+static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b)
+{
+    tkd_cache_batch a, b;
+    tkd_cache_manifest ma, mb;
+    tkd_dt_read_all(dir_a, &a, &ma);
+    tkd_dt_read_all(dir_b, &b, &mb);
+    assert_int_equal(tkd_cache_manifest_check_same(&ma, dir_a, &mb, dir_b), TKD_OK);
+    assert_int_equal(a.num_seq, b.num_seq);
+    assert_int_equal(ma.num_shards, mb.num_shards);
+    size_t n = (size_t)a.num_seq, T = (size_t)a.seq_len, k = (size_t)a.k, S = (size_t)a.tail_samples;
+    assert_memory_equal(a.tokens, b.tokens, n * (T + 1) * sizeof *a.tokens);
+    assert_memory_equal(a.topk_indices, b.topk_indices, n * T * k * sizeof *a.topk_indices);
+    assert_memory_equal(a.topk_logits, b.topk_logits, n * T * k * sizeof *a.topk_logits);
+    assert_memory_equal(a.lse, b.lse, n * T * sizeof *a.lse);
+    assert_memory_equal(a.seq_index, b.seq_index, n * sizeof *a.seq_index);
+    if (S)
+        assert_memory_equal(a.tail_indices, b.tail_indices, n * T * S * sizeof *a.tail_indices);
+    tkd_cache_batch_free(&a);
+    tkd_cache_batch_free(&b);
+    tkd_cache_manifest_free(&ma);
+    tkd_cache_manifest_free(&mb);
+}
+
+/* Number of files in dir whose name ends with suffix. */
+static inline int tkd_dt_count_suffix(const char *dir, const char *suffix)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "ls -1 '%s' | grep -c -- '%s$'", dir, suffix);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1)
+            n = -1;
+        pclose(p);
+    }
+    return n;
+}
+
+#endif /* TKD_DUMP_TESTUTIL_H */

@@ -1,0 +1,390 @@
+/* test_teacher_dump.c — teacher-dump in-process: the cache written for the transformers fixtures
+ * equals their reference top-k / LSE, an interrupted run resumes to the same cache, bad inputs and
+ * conflicting caches give their errors, worker ranges tile. The child-process cases (SIGKILL,
+ * SIGINT, two workers + merge) are in test_teacher_dump_cli.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/dump_testutil.h"
+
+/* ---- parity with transformers -------------------------------------------------------------------- */
+
+#define FIX_B 2
+#define FIX_T 11
+
+static float *read_f32(const char *path, size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(x);
+    assert_non_null(f);
+    assert_int_equal(fread(x, sizeof *x, n, f), n);
+    fclose(f);
+    return x;
+}
+
+/* The fixture's (B, T+1) tokens as a 2-D .npy: with seq_len T and stride T+1 the windows are
+ * exactly its rows. */
+static void write_fixture_tokens(const char *path)
+{
+    int32_t tok[FIX_B * (FIX_T + 1)];
+    FILE *f = fopen(tkd_test_src("fixtures/hf/tokens.i32"), "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(tok, 4, FIX_B * (FIX_T + 1), f), FIX_B * (FIX_T + 1));
+    fclose(f);
+    tkd_dt_write_npy(path, tok, FIX_B, FIX_T + 1);
+}
+
+/* Compares one cached row with the reference logits row (V). */
+static void check_row(const float *ref, int V, int k, const uint32_t *idx, const float *val, float lse,
+                      double val_tol, int row)
+{
+    /* Reference LSE in double. The C forward matches transformers to ~1e-6 relative (model tests),
+     * so 1e-4 on an LSE of a few units is loose enough for summation order and tight enough to
+     * catch a missing or doubled term (each term moves it by > 1e-3 here). */
+    double mx = ref[0], s = 0;
+    for (int v = 1; v < V; v++)
+        mx = ref[v] > mx ? ref[v] : mx;
+    for (int v = 0; v < V; v++)
+        s += exp(ref[v] - mx);
+    assert_true(tkd_test_close(lse, mx + log(s), 1e-4, 0));
+    /* The reference top-k: selection by the same total order (larger logit, then smaller id). */
+    int ref_idx[128];
+    char used[512] = {0};
+    for (int c = 0; c < k; c++) {
+        int best = -1;
+        for (int v = 0; v < V; v++)
+            if (!used[v] && (best < 0 || ref[v] > ref[best]))
+                best = v;
+        used[best] = 1;
+        ref_idx[c] = best;
+    }
+    for (int c = 0; c < k; c++) {
+        /* A different id is allowed only where the two logits tie within the forward's error. */
+        if ((int)idx[c] != ref_idx[c] && fabsf(ref[idx[c]] - ref[ref_idx[c]]) > 1e-5f)
+            fail_msg("row %d col %d: id %u (logit %g), reference id %d (logit %g)", row, c, idx[c], ref[idx[c]],
+                     ref_idx[c], ref[ref_idx[c]]);
+        if (!tkd_test_close(val[c], ref[idx[c]], val_tol, val_tol == 0 ? 1e-5 : 0x1p-11))
+            fail_msg("row %d col %d: logit %.6f, reference %.6f", row, c, val[c], ref[idx[c]]);
+        if (c > 0)
+            assert_true(val[c] <= val[c - 1]);
+    }
+}
+
+static void parity_case(const char *model, int V, const char *dtype)
+{
+    char *dir = tkd_test_mkdtemp("dump-parity");
+    char npy[4200], out[4200], yaml[16384], mpath[4200];
+    snprintf(npy, sizeof npy, "%s/tok.npy", dir);
+    snprintf(out, sizeof out, "%s/cache", dir);
+    write_fixture_tokens(npy);
+    snprintf(mpath, sizeof mpath, "%s/tests/fixtures/hf/%s", TKD_SOURCE_DIR, model);
+    snprintf(yaml, sizeof yaml,
+             "teacher: {path: '%s'}\n"
+             "data: {paths: ['%s'], seq_len: %d, stride: %d}\n"
+             "cache: {k: 16, logits_dtype: %s, shard_sequences: 1}\n"
+             "lm_head: {chunk_rows: 5}\n" /* awkward: chunks straddle sequences */
+             "output: {dir: '%s'}\n",
+             mpath, npy, FIX_T, FIX_T + 1, dtype, out);
+    tkd_dump_config cfg;
+    tkd_dt_config(&cfg, yaml);
+    tkd_status st = tkd_dump_run(&cfg, NULL, NULL);
+    if (st != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    tkd_config_free(&tkd_dump_schema, &cfg);
+
+    char lpath[4200];
+    snprintf(lpath, sizeof lpath, "%s/tests/fixtures/hf/%s.logits.f32", TKD_SOURCE_DIR, model);
+    float *ref = read_f32(lpath, (size_t)FIX_B * FIX_T * (size_t)V);
+    tkd_cache_batch b;
+    assert_int_equal(tkd_dt_read_all(out, &b, NULL), FIX_B);
+    /* half: 1e-3 (the issue's bound) + half's own rounding of the value (2^-11 relative);
+     * float32: the forward's own error only. */
+    double tol = strcmp(dtype, "half") == 0 ? 1e-3 : 0;
+    for (int r = 0; r < FIX_B * FIX_T; r++)
+        check_row(ref + (size_t)r * V, V, 16, b.topk_indices + r * 16, b.topk_logits + r * 16, b.lse[r],
+                  tol, r);
+    assert_int_equal(b.seq_index[1], 1);
+    tkd_cache_batch_free(&b);
+    free(ref);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_parity_llama_half(void **state) { (void)state; parity_case("llama_gqa_f32", 131, "half"); }
+static void test_parity_llama_bf16_weights(void **state) { (void)state; parity_case("llama_gqa_bf16", 131, "half"); }
+static void test_parity_qwen_float32(void **state) { (void)state; parity_case("qwen2_tied_f32", 173, "float32"); }
+static void test_parity_qwen_bf16_weights(void **state) { (void)state; parity_case("qwen2_tied_bf16", 173, "half"); }
+
+/* ---- resume -------------------------------------------------------------------------------------- */
+
+static void run_ok(const char *yaml, const tkd_dump_opts *opts, tkd_dump_summary *sum)
+{
+    tkd_dump_config cfg;
+    tkd_dt_config(&cfg, yaml);
+    tkd_status st = tkd_dump_run(&cfg, opts, sum);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    if (st != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+}
+
+static tkd_status run_status(const char *yaml, const tkd_dump_opts *opts)
+{
+    tkd_dump_config cfg;
+    tkd_dt_config(&cfg, yaml);
+    tkd_status st = tkd_dump_run(&cfg, opts, NULL);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    return st;
+}
+
+static void test_resume_after_stop(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-resume");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 1); /* 18 windows of 16 + 1 */
+    char a[4200], b[4200], ya[8192], yb[8192];
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    const char *extra = "cache: {k: 8, shard_sequences: 5, tail_samples: 3}\nrun: {batch_size: 2}\n";
+    tkd_dt_small_yaml(ya, sizeof ya, TKD_DT_LLAMA, tok, a, extra);
+    tkd_dt_small_yaml(yb, sizeof yb, TKD_DT_LLAMA, tok, b, extra);
+    tkd_dump_summary sum;
+    run_ok(ya, NULL, &sum);
+    assert_int_equal(sum.seqs_run, 18);
+    assert_int_equal(sum.shards_run, 4);
+
+    /* Shards of 5 in batches of 2, 2, 1: batch 5 is the middle of shard 1. */
+    tkd_dump_opts stop = {.stop_after_batches = 5};
+    assert_int_equal(run_status(yb, &stop), TKD_ERR_INTERRUPTED);
+    assert_non_null(strstr(tkd_error_msg(), "re-run the same command to resume"));
+    assert_int_equal(tkd_dt_count_suffix(b, ".tmp"), 0);
+    assert_int_equal(tkd_dt_count_suffix(b, ".h5"), 1);
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.resumed_at, 5);
+    assert_int_equal(sum.seqs_run, 13);
+    tkd_dt_assert_same_cache(a, b);
+
+    /* A finished cache re-run does nothing. */
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.seqs_run, 0);
+    assert_int_equal(sum.resumed_at, 18);
+
+    /* A damaged last shard is caught before resuming. */
+    char shard[4300];
+    snprintf(shard, sizeof shard, "%s/shard-00003.h5", b);
+    FILE *f = fopen(shard, "r+b");
+    assert_non_null(f);
+    fseek(f, -100, SEEK_END);
+    fputc(0x5a ^ fgetc(f), f);
+    fclose(f);
+    assert_int_equal(run_status(yb, NULL), TKD_ERR_CHECKSUM);
+    assert_non_null(strstr(tkd_error_msg(), "shard-00003.h5"));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- bad inputs ---------------------------------------------------------------------------------- */
+
+static void test_token_out_of_vocab(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-vocab");
+    int32_t t[200];
+    for (int i = 0; i < 200; i++)
+        t[i] = i % 100;
+    t[137] = 131; /* the llama fixture has V = 131 */
+    char npy[4200], out[4200], y[8192];
+    snprintf(npy, sizeof npy, "%s/bad.npy", dir);
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_write_npy(npy, t, 0, 200);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, npy, out, "");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_MISMATCH);
+    assert_non_null(strstr(tkd_error_msg(), "bad.npy"));
+    assert_non_null(strstr(tkd_error_msg(), "137"));
+    assert_non_null(strstr(tkd_error_msg(), "vocab"));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_other_config_needs_overwrite(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-conflict");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
+    char out[4200], y[8192];
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    run_ok(y, NULL, NULL);
+
+    /* another k */
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "cache: {k: 4}\n");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_MISMATCH);
+    assert_non_null(strstr(tkd_error_msg(), "manifest.yaml"));
+    assert_non_null(strstr(tkd_error_msg(), "--overwrite"));
+    /* another teacher (another vocabulary) */
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_QWEN, tok, out, "");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_MISMATCH);
+    assert_non_null(strstr(tkd_error_msg(), "vocab"));
+    /* another shard size: not in the identity, still refused */
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "cache: {shard_sequences: 3}\n");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_MISMATCH);
+    assert_non_null(strstr(tkd_error_msg(), "cache.shard_sequences"));
+
+    /* --overwrite replaces it: the old shards are gone, the new cache reads back with k 4 */
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "cache: {k: 4, shard_sequences: 3}\n");
+    tkd_dump_opts ow = {.overwrite = true};
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch b;
+    tkd_cache_manifest m;
+    assert_int_equal(tkd_dt_read_all(out, &b, &m), 7);
+    assert_int_equal(m.id.k, 4);
+    assert_int_equal(m.num_shards, 3);
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 3);
+    tkd_cache_batch_free(&b);
+    tkd_cache_manifest_free(&m);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_bad_settings(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-settings");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 100, 131, 3);
+    char out[4200], y[8192];
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "device: cuda\n");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(tkd_error_msg(), "not built yet"));
+    /* longer sequences than the teacher's positions */
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "data: {seq_len: 65}\n");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "max_position_embeddings"));
+    /* a dataset too short for one window */
+    const char *tiny = tkd_dt_random_tokens(dir, "tiny.npy", 40, 131, 4);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tiny, out, "data: {seq_len: 50}\n");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "no window"));
+    /* a teacher directory that does not exist */
+    tkd_dt_small_yaml(y, sizeof y, "/nonexistent/teacher", tok, out, "");
+    assert_int_not_equal(run_status(y, NULL), TKD_OK);
+    assert_non_null(strstr(tkd_error_msg(), "/nonexistent/teacher"));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- config and worker split ----------------------------------------------------------------------- */
+
+static const char *const *g_env;
+static const char *fake_getenv(const char *name)
+{
+    for (int i = 0; g_env[i]; i += 2)
+        if (strcmp(g_env[i], name) == 0)
+            return g_env[i + 1];
+    return NULL;
+}
+
+static tkd_status finalize_with(const char *const *env, const char *extra, tkd_dump_config *cfg)
+{
+    const char *y = "teacher: {path: t}\ndata: {paths: [d]}\noutput: {dir: o}\n";
+    memset(cfg, 0, sizeof *cfg);
+    assert_int_equal(tkd_config_defaults(&tkd_dump_schema, cfg), TKD_OK);
+    assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, cfg, "t", y, strlen(y)), TKD_OK);
+    assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, cfg, "t", extra, strlen(extra)), TKD_OK);
+    g_env = env;
+    return tkd_dump_config_finalize(cfg, fake_getenv);
+}
+
+static void test_config_workers_from_env(void **state)
+{
+    (void)state;
+    tkd_dump_config cfg;
+    static const char *const torch[] = {"RANK", "2", "WORLD_SIZE", "4", "SLURM_PROCID", "0", "SLURM_NTASKS", "9", NULL};
+    assert_int_equal(finalize_with(torch, "", &cfg), TKD_OK);
+    assert_int_equal(cfg.worker_index, 2);
+    assert_int_equal(cfg.worker_count, 4);
+    assert_int_equal(cfg.stride, cfg.seq_len); /* stride 0 means seq_len */
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    static const char *const slurm[] = {"SLURM_PROCID", "1", "SLURM_NTASKS", "3", NULL};
+    assert_int_equal(finalize_with(slurm, "", &cfg), TKD_OK);
+    assert_int_equal(cfg.worker_index, 1);
+    assert_int_equal(cfg.worker_count, 3);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    /* the config wins over the environment */
+    assert_int_equal(finalize_with(slurm, "workers: {index: 1, count: 2}\n", &cfg), TKD_OK);
+    assert_int_equal(cfg.worker_count, 2);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    static const char *const bad[] = {"RANK", "x1", "WORLD_SIZE", "4", NULL};
+    assert_int_equal(finalize_with(bad, "", &cfg), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "RANK=x1"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    static const char *const none[] = {NULL};
+    assert_int_equal(finalize_with(none, "workers: {index: 3, count: 3}\n", &cfg), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "workers.index"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    assert_int_equal(finalize_with(none, "teacher: {path: ''}\n", &cfg), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "teacher.path"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+}
+
+static void test_worker_ranges_tile(void **state)
+{
+    (void)state;
+    for (int64_t total = 0; total < 40; total++)
+        for (int64_t ss = 1; ss < 7; ss++)
+            for (int n = 1; n < 6; n++) {
+                int64_t expect = 0;
+                for (int i = 0; i < n; i++) {
+                    int64_t a, b;
+                    tkd_dump_worker_range(total, ss, i, n, &a, &b);
+                    assert_int_equal(a, expect);   /* contiguous, in order */
+                    assert_true(b >= a);
+                    assert_true(a % ss == 0 || a == total); /* whole shards */
+                    expect = b;
+                }
+                assert_int_equal(expect, total);
+            }
+    /* 18 windows in shards of 5 over 2 workers: shards {0, 1} and {2, 3} */
+    int64_t a, b;
+    tkd_dump_worker_range(18, 5, 1, 2, &a, &b);
+    assert_int_equal(a, 10);
+    assert_int_equal(b, 18);
+}
+
+static void test_raw_bytes_per_token(void **state)
+{
+    (void)state;
+    tkd_dump_config cfg;
+    static const char *const none[] = {NULL};
+    assert_int_equal(finalize_with(none, "cache: {k: 100}\n", &cfg), TKD_OK);
+    assert_true(tkd_dump_raw_bytes_per_token(&cfg) == 604.0); /* (4 + 2)·100 + 4 */
+    cfg.logits_dtype = 2;                                      /* float32 */
+    cfg.tail_samples = 10;
+    assert_true(tkd_dump_raw_bytes_per_token(&cfg) == 844.0); /* (4 + 4)·100 + 4 + 4·10 */
+    tkd_config_free(&tkd_dump_schema, &cfg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_llama_half),
+        cmocka_unit_test(test_parity_llama_bf16_weights),
+        cmocka_unit_test(test_parity_qwen_float32),
+        cmocka_unit_test(test_parity_qwen_bf16_weights),
+        cmocka_unit_test(test_resume_after_stop),
+        cmocka_unit_test(test_token_out_of_vocab),
+        cmocka_unit_test(test_other_config_needs_overwrite),
+        cmocka_unit_test(test_bad_settings),
+        cmocka_unit_test(test_config_workers_from_env),
+        cmocka_unit_test(test_worker_ranges_tile),
+        cmocka_unit_test(test_raw_bytes_per_token),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
