@@ -277,6 +277,8 @@ static tkd_status build_loss(trainer *tr)
 static int64_t plan_steps(const trainer *tr)
 {
     const tkd_train_config *c = tr->cfg;
+    if (c->eval_only)
+        return 0;
     if (c->max_steps > 0)
         return c->max_steps;
     int64_t per_step = (int64_t)c->batch_size * c->grad_accum;
@@ -538,7 +540,7 @@ static tkd_status prepare_run_dir(trainer *tr)
     TKD_TRY(tkd_path_join(tr->metrics_path, sizeof tr->metrics_path, tr->run, "metrics.jsonl"));
     if (o->overwrite)
         TKD_TRY(tkd_remove_tree(tr->run));
-    if (!o->resume && tkd_file_exists(tr->metrics_path))
+    if (!o->resume && !tr->cfg->eval_only && tkd_file_exists(tr->metrics_path))
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "%s already holds a run — add --resume to continue it, --overwrite to start over, "
                              "or choose another run.name", tr->run);
@@ -587,6 +589,20 @@ static tkd_status eval_and_log(trainer *tr, eval_stats *es)
     return TKD_OK;
 }
 
+/* train.stop_after: a checkpoint and no final evaluation, so that a run continued with --resume
+ * writes the same metrics and weights as one that never stopped. */
+static tkd_status stop_early(trainer *tr, tkd_train_result *res)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (c->checkpoint_interval <= 0 || tr->st.step % c->checkpoint_interval != 0)
+        TKD_TRY(save(tr));
+    tkd_progress_finish(&tr->progress, NULL);
+    tkd_log_info("stopped after step %" PRId64 " of %" PRId64 " (train.stop_after) — continue with --resume",
+                 tr->st.step, tr->total_steps);
+    res->val_loss = res->val_kd = res->val_ce = res->val_ppl = res->top1_agree = NAN;
+    return TKD_OK;
+}
+
 static tkd_status loop(trainer *tr, tkd_train_result *res)
 {
     const tkd_train_config *c = tr->cfg;
@@ -604,6 +620,8 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
             TKD_TRY(eval_and_log(tr, &es));
         if (c->checkpoint_interval > 0 && tr->st.step % c->checkpoint_interval == 0)
             TKD_TRY(save(tr));
+        if (c->stop_after > 0 && tr->st.step >= c->stop_after && tr->st.step < tr->total_steps)
+            return stop_early(tr, res);
         int sig = tkd_interrupted();
         if (sig) {
             TKD_TRY(save(tr));

@@ -8,7 +8,6 @@
 static const char *const init_names[] = {"random", "hf", NULL};
 static const char *const arch_names[] = {"llama", "qwen2", NULL};
 static const char *const variant_names[] = {"renorm", "tail", "sampled", NULL};
-static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 
 static const tkd_config_field fields[] = {
@@ -60,6 +59,7 @@ static const tkd_config_field fields[] = {
 
     TKD_CFG_INT(T, batch_size, "train.batch_size", "8", 1, 1 << 20, "Sequences per micro-batch"),
     TKD_CFG_INT64(T, max_steps, "train.max_steps", "200", 0, 1e15, "Optimizer steps; 0 = until train.max_tokens or train.epochs"),
+    TKD_CFG_INT64(T, stop_after, "train.stop_after", "0", 0, 1e15, "Stop once this step is done, writing a checkpoint, without changing the LR schedule (continue later with --resume); 0 = off"),
     TKD_CFG_INT64(T, max_tokens, "train.max_tokens", "0", 0, 1e18, "Stop after this many training tokens; 0 = no limit"),
     TKD_CFG_INT(T, epochs, "train.epochs", "1000", 1, 1 << 30, "Stop after this many passes over the training split"),
     TKD_CFG_INT64(T, seed, "train.seed", "1234", 0, 9e18, "Seed of the init and of the per-epoch shuffle"),
@@ -67,7 +67,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT(T, eval_batches, "train.eval_batches", "0", 0, 1 << 30, "Validation batches per evaluation; 0 = the whole split"),
     TKD_CFG_INT(T, checkpoint_interval, "train.checkpoint_interval", "0", 0, 1 << 30, "Checkpoint every N steps (and at the end); 0 = only at the end"),
     TKD_CFG_INT(T, log_interval, "train.log_interval", "10", 1, 1 << 30, "Steps between metrics.jsonl training records"),
-    TKD_CFG_ENUM(T, save_dtype, "train.save_dtype", "f32", dtype_names, "Dtype of the saved Hugging Face weights"),
+    TKD_CFG_BOOL(T, eval_only, "train.eval_only", "false", "Only evaluate the initial student on the validation split (e.g. a teacher loaded with model.init = hf)"),
     TKD_CFG_ENUM(T, device, "device", "auto", device_names, "auto = CUDA when a GPU answers, else CPU"),
 };
 

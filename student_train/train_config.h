@@ -12,7 +12,6 @@
 /* Enum indices of the schema's ENUM fields (the order of the allowed-name lists). */
 enum { TKD_TRAIN_INIT_RANDOM = 0, TKD_TRAIN_INIT_HF = 1 };
 enum { TKD_TRAIN_ARCH_LLAMA = 0, TKD_TRAIN_ARCH_QWEN2 = 1 };
-enum { TKD_TRAIN_SAVE_F32 = 0, TKD_TRAIN_SAVE_BF16 = 1 };
 
 typedef struct tkd_train_config {
     /* run */
@@ -64,6 +63,7 @@ typedef struct tkd_train_config {
     /* train */
     int batch_size;        /* sequences per micro-batch */
     int64_t max_steps;     /* 0 = until max_tokens / epochs */
+    int64_t stop_after;    /* 0 = off; else stop (with a checkpoint) once this step is done, schedule unchanged */
     int64_t max_tokens;    /* 0 = no limit */
     int epochs;
     int64_t seed;
@@ -71,7 +71,7 @@ typedef struct tkd_train_config {
     int eval_batches;      /* 0 = the whole validation split */
     int checkpoint_interval; /* steps; 0 = only at the end */
     int log_interval;
-    int save_dtype;        /* f32 | bf16 for the HF weights */
+    bool eval_only;        /* evaluate the initial student and stop (e.g. a teacher's val CE) */
     int device;            /* auto | cpu | cuda */
 } tkd_train_config;
 
