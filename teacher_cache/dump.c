@@ -529,8 +529,15 @@ static tkd_status run_compute(dump_ctx *c)
     } else {
         char msg[TKD_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", tkd_error_msg());
-        tkd_dump_writer_abort(w); /* removes the shard in progress */
+        /* On Ctrl-C, batches already computed are still written (a shard they complete is kept);
+         * then the shard in progress is removed. Other errors stop at once. */
+        if (st == TKD_ERR_INTERRUPTED && w)
+            tkd_dump_writer_drain(w);
+        tkd_dump_writer_abort(w);
         tkd_error_copy(st, msg);
+        if (st == TKD_ERR_NOSPACE && !strstr(msg, "disk full"))
+            tkd_error_set(st, "%s: disk full: %s — free space there and re-run the same command to resume",
+                          cfg->output_dir, msg);
     }
     c->sum->seconds = now_s() - t0;
     buffers_free(&buf);

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/tail_sample.h"
+#include "model/model.h"
 #include "tests/dump_testutil.h"
 
 /* ---- parity with transformers -------------------------------------------------------------------- */
@@ -78,6 +80,42 @@ static void check_row(const float *ref, int V, int k, const uint32_t *idx, const
     }
 }
 
+/* The stored tail draws are those of tkd_tail_sample_cpu on the C teacher's own logits keyed by the
+ * GLOBAL sequence index (a per-batch index would repeat draws across batches), and none is in its
+ * row's top-k. */
+static void check_tail(const char *model_dir, const char *npy, const tkd_cache_batch *b)
+{
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_load_hf(model_dir, &m), TKD_OK);
+    const int N = FIX_B * FIX_T, V = m->cfg.vocab_size, k = b->k, S = b->tail_samples;
+    int32_t in[FIX_B * FIX_T];
+    for (int s = 0; s < FIX_B; s++)
+        memcpy(in + s * FIX_T, b->tokens + s * (FIX_T + 1), FIX_T * sizeof *in);
+    float *logits = malloc((size_t)N * V * sizeof *logits);
+    for (int s = 0; s < FIX_B; s++) { /* one sequence per forward, as the dump ran it */
+        const float *hidden;
+        assert_int_equal(tkd_model_forward(m, in + s * FIX_T, 1, FIX_T, 0, &hidden), TKD_OK);
+        tkd_model_logits(m, hidden, FIX_T, logits + (size_t)s * FIX_T * V);
+    }
+    uint32_t *draws = malloc((size_t)N * S * sizeof *draws);
+    int64_t seq[FIX_B * FIX_T];
+    int32_t pos[FIX_B * FIX_T];
+    for (int r = 0; r < N; r++) {
+        seq[r] = r / FIX_T;
+        pos[r] = r % FIX_T;
+    }
+    assert_int_equal(tkd_tail_sample_cpu(logits, N, V, b->topk_indices, k, 1.0f, S, 99, seq, pos, draws), TKD_OK);
+    assert_memory_equal(draws, b->tail_indices, (size_t)N * S * sizeof *draws);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < S; j++)
+            for (int c = 0; c < k; c++)
+                assert_int_not_equal(b->tail_indices[r * S + j], b->topk_indices[r * k + c]);
+    (void)npy;
+    free(logits);
+    free(draws);
+    tkd_model_free(m);
+}
+
 static void parity_case(const char *model, int V, const char *dtype)
 {
     char *dir = tkd_test_mkdtemp("dump-parity");
@@ -89,7 +127,8 @@ static void parity_case(const char *model, int V, const char *dtype)
     snprintf(yaml, sizeof yaml,
              "teacher: {path: '%s'}\n"
              "data: {paths: ['%s'], seq_len: %d, stride: %d}\n"
-             "cache: {k: 16, logits_dtype: %s, shard_sequences: 1}\n"
+             "cache: {k: 16, logits_dtype: %s, shard_sequences: 1, tail_samples: 5, seed: 99}\n"
+             "run: {batch_size: 1}\n"    /* sequence 1 is the first of its batch */
              "lm_head: {chunk_rows: 5}\n" /* awkward: chunks straddle sequences */
              "output: {dir: '%s'}\n",
              mpath, npy, FIX_T, FIX_T + 1, dtype, out);
@@ -112,6 +151,7 @@ static void parity_case(const char *model, int V, const char *dtype)
         check_row(ref + (size_t)r * V, V, 16, b.topk_indices + r * 16, b.topk_logits + r * 16, b.lse[r],
                   tol, r);
     assert_int_equal(b.seq_index[1], 1);
+    check_tail(mpath, npy, &b);
     tkd_cache_batch_free(&b);
     free(ref);
     tkd_test_rmtree(dir);
