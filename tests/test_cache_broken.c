@@ -264,6 +264,57 @@ static void test_not_hdf5(void **state)
     expect_error(tkd_shard_open(&s, f->shard1, 0), TKD_ERR_FORMAT, "root attribute 'format' missing");
 }
 
+/* Every prefix of a good manifest either parses (a shorter shard list) or is a FORMAT error with a
+ * line:col — never a crash or another status. */
+static void test_manifest_every_truncation(void **state)
+{
+    fixture *f = *state;
+    FILE *fp = fopen(f->manifest, "rb");
+    static char text[8192];
+    size_t len = fread(text, 1, sizeof text, fp);
+    fclose(fp);
+    assert_true(len > 200 && len < sizeof text);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/cut.yaml", f->dir);
+    int parsed = 0;
+    for (size_t cut = 0; cut < len; cut++) {
+        fp = fopen(path, "wb");
+        fwrite(text, 1, cut, fp);
+        fclose(fp);
+        tkd_cache_manifest m;
+        tkd_status st = tkd_cache_manifest_read(&m, path);
+        if (st == TKD_OK) {
+            parsed++;
+            assert_true(m.num_shards <= 2);
+        } else {
+            assert_int_equal(st, TKD_ERR_FORMAT);
+            assert_non_null(strstr(tkd_error_msg(), "cut.yaml:"));
+        }
+        tkd_cache_manifest_free(&m);
+    }
+    assert_true(parsed > 0); /* cuts after the last required key parse */
+}
+
+/* A shard cut anywhere is refused at open (HDF5 compares the stored end of file with the size). */
+static void test_shard_every_16th_truncation(void **state)
+{
+    fixture *f = *state;
+    FILE *fp = fopen(f->shard0, "rb");
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fclose(fp);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/cut.h5", f->dir);
+    for (long cut = 0; cut < size; cut += size / 16) {
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd, "head -c %ld '%s' > '%s'", cut, f->shard0, path);
+        assert_int_equal(system(cmd), 0);
+        tkd_shard *s = NULL;
+        expect_error(tkd_shard_open(&s, path, 0), TKD_ERR_FORMAT, "cut.h5: not a readable HDF5 file");
+        assert_null(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -276,6 +327,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missing_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_manifest, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_hdf5, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_manifest_every_truncation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_every_16th_truncation, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
