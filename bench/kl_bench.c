@@ -1,0 +1,356 @@
+/* kl_bench.c — the CUDA fused chunked KL loss against its GEMM floor (a program, not a test).
+ *
+ * For each shape N×D×V (bf16 H and W, renorm, k = k' = 100, random data, 3% of rows masked):
+ * median ms of forward + backward in recompute mode and of forward in grad_in_forward mode, the
+ * effective TFLOP/s (8·N·D·V resp. 6·N·D·V over the time), the time of the plain cuBLAS GEMMs the
+ * method must do measured in the same run (four per chunk in recompute — H Wᵀ twice, dS W,
+ * dSᵀ H — three in grad_in_forward; same shapes, dtypes, layouts and chunking, through
+ * tkd_kl_cuda_gemm_floor) and the ratio to it, the peak device memory above the inputs, and a
+ * naive path that materialises all N×V fp32 logits (the same code with one chunk of N rows) where
+ * it fits. Peak memory is the drop in cudaMemGetInfo's free bytes from just after the inputs are
+ * on the device to just after the timed runs (all of dH, dW, the workspace and cuBLAS's handle;
+ * nothing is freed in between, so that is the peak).
+ *
+ *   kl_bench [--shapes 4096x4096x128256,...] [--reps 5] [--chunk 0]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "kernels/kl_loss.h"
+
+#ifdef TKD_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/kl_loss_cuda.h"
+
+#define BENCH_K 100
+#define MIB (1024.0 * 1024.0)
+
+typedef struct shape { int64_t n; int d, v; } shape;
+
+typedef struct bench_opts {
+    shape shapes[16];
+    int n_shapes, reps, chunk;
+} bench_opts;
+
+typedef struct bench_data {
+    tkd_kl_cuda_batch b;
+    float *dh, *dw; /* (N, D), (V, D) fp32 */
+} bench_data;
+
+typedef struct mode_result {
+    int ok;           /* 0: skipped (text in note) */
+    char note[64];
+    double ms, floor_ms;
+    double peak_mib, budget_mib;
+    int chunk;
+    double loss;
+} mode_result;
+
+static int die(tkd_status st, const char *what)
+{
+    fprintf(stderr, "kl_bench: %s: %s: %s\n", what, tkd_status_name(st), tkd_error_msg());
+    exit(1);
+}
+#define CHECK(expr) do { tkd_status st_ = (expr); if (st_ != TKD_OK) die(st_, #expr); } while (0)
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Teacher side on the host: k distinct ids per row spread over V, descending logits, an LSE
+ * above their log-sum-exp (so tail mass r > 0), labels with 3% ignored. */
+static void make_teacher(const shape *s, int32_t *idx, float *tl, float *lse, int32_t *labels)
+{
+    uint64_t rng = 1234;
+    int step = s->v / BENCH_K;
+    for (int64_t i = 0; i < s->n; i++) {
+        int start = (int)(splitmix(&rng) % (uint64_t)s->v);
+        double m = 0.0, sum = 0.0;
+        for (int j = 0; j < BENCH_K; j++) {
+            idx[i * BENCH_K + j] = (int32_t)((start + (int64_t)j * step) % s->v);
+            float t = 8.0f - 0.05f * j + (float)(splitmix(&rng) % 1000) * 1e-5f;
+            tl[i * BENCH_K + j] = t;
+            if (j == 0)
+                m = t;
+            sum += exp(t - m);
+        }
+        lse[i] = (float)(m + log(sum) + 0.7);
+        uint64_t u = splitmix(&rng);
+        labels[i] = (u % 100) < 3 ? -100 : (int32_t)((u >> 8) % (uint64_t)s->v);
+    }
+}
+
+static void data_init(bench_data *x, const shape *s)
+{
+    memset(x, 0, sizeof *x);
+    x->b.n = s->n, x->b.d = s->d, x->b.v = s->v;
+    size_t nh = (size_t)s->n * s->d, nw = (size_t)s->v * s->d, nk = (size_t)s->n * BENCH_K;
+    CHECK(tkd_kl_cuda_malloc((void **)&x->b.h, nh * 2));
+    CHECK(tkd_kl_cuda_malloc((void **)&x->b.w, nw * 2));
+    /* logits s = h·w with std ≈ 2: a realistic spread, never zeros */
+    CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)x->b.h, nh, 1, 1.0f));
+    CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)x->b.w, nw, 2, 2.0f / sqrtf((float)s->d)));
+    int32_t *idx = malloc(nk * 4), *labels = malloc((size_t)s->n * 4);
+    float *tl = malloc(nk * 4), *lse = malloc((size_t)s->n * 4);
+    if (!idx || !labels || !tl || !lse) {
+        fprintf(stderr, "kl_bench: host out of memory\n");
+        exit(1);
+    }
+    make_teacher(s, idx, tl, lse, labels);
+    CHECK(tkd_kl_cuda_malloc((void **)&x->b.topk_idx, nk * 4));
+    CHECK(tkd_kl_cuda_malloc((void **)&x->b.topk_logit, nk * 4));
+    CHECK(tkd_kl_cuda_malloc((void **)&x->b.teacher_lse, (size_t)s->n * 4));
+    CHECK(tkd_kl_cuda_malloc((void **)&x->b.labels, (size_t)s->n * 4));
+    CHECK(tkd_kl_cuda_to_device((void *)x->b.topk_idx, idx, nk * 4));
+    CHECK(tkd_kl_cuda_to_device((void *)x->b.topk_logit, tl, nk * 4));
+    CHECK(tkd_kl_cuda_to_device((void *)x->b.teacher_lse, lse, (size_t)s->n * 4));
+    CHECK(tkd_kl_cuda_to_device((void *)x->b.labels, labels, (size_t)s->n * 4));
+    free(idx), free(labels), free(tl), free(lse);
+}
+
+static void data_free(bench_data *x) { tkd_kl_cuda_batch_free(&x->b); }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* What one timed repetition runs. */
+typedef enum run_kind { RUN_RECOMPUTE, RUN_GIF, RUN_FLOOR4, RUN_FLOOR3 } run_kind;
+
+typedef struct run_ctx {
+    tkd_kl_cuda_ws *ws;
+    tkd_kl_params p;
+    bench_data *x;
+    const uint16_t *ds; /* floor's dS stand-in */
+    double loss;
+} run_ctx;
+
+static void run_once(run_ctx *c, run_kind kind)
+{
+    tkd_kl_result res;
+    tkd_kl_params p = c->p;
+    switch (kind) {
+    case RUN_RECOMPUTE:
+        p.grad_in_forward = 0;
+        CHECK(tkd_kl_cuda_forward(c->ws, &p, &c->x->b, &res, NULL, NULL));
+        CHECK(tkd_kl_cuda_backward(c->ws, &p, &c->x->b, 1.0f, c->x->dh, c->x->dw));
+        c->loss = res.loss;
+        break;
+    case RUN_GIF:
+        p.grad_in_forward = 1;
+        CHECK(tkd_kl_cuda_forward(c->ws, &p, &c->x->b, &res, c->x->dh, c->x->dw));
+        c->loss = res.loss;
+        break;
+    case RUN_FLOOR4:
+    case RUN_FLOOR3:
+        CHECK(tkd_kl_cuda_gemm_floor(c->ws, &c->x->b, kind == RUN_FLOOR4, c->ds, c->x->dh,
+                                     c->x->dw));
+        break;
+    }
+}
+
+/* Median ms over reps after one warm-up; every run ends synchronised (the API syncs). */
+static double time_median(run_ctx *c, run_kind kind, int reps)
+{
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+        fprintf(stderr, "kl_bench: cudaEventCreate failed\n");
+        exit(1);
+    }
+    run_once(c, kind);
+    double t[64];
+    if (reps > 64)
+        reps = 64;
+    for (int r = 0; r < reps; r++) {
+        cudaEventRecord(e0, 0);
+        run_once(c, kind);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t[r] = ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    return reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+}
+
+static size_t free_bytes(void)
+{
+    size_t f = 0, tot = 0;
+    CHECK(tkd_kl_cuda_mem_info(&f, &tot));
+    return f;
+}
+
+/* Chunked method with `chunk` rows (0 = auto): times n_modes modes (recompute, then
+ * grad_in_forward) and, with do_floor, both GEMM floors. */
+static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int do_floor,
+                          mode_result out[2])
+{
+    bench_data x;
+    data_init(&x, s);
+    size_t f0 = free_bytes();
+    CHECK(tkd_kl_cuda_malloc((void **)&x.dh, (size_t)s->n * s->d * 4));
+    CHECK(tkd_kl_cuda_malloc((void **)&x.dw, (size_t)s->v * s->d * 4));
+    CHECK(tkd_kl_cuda_memzero(x.dw, (size_t)s->v * s->d * 4));
+    run_ctx c = {0};
+    c.x = &x;
+    tkd_kl_params_defaults(&c.p, BENCH_K);
+    c.p.chunk_rows = chunk;
+    tkd_status st = tkd_kl_cuda_ws_init(&c.ws, &c.p, s->n, s->d, s->v);
+    if (st == TKD_ERR_DEVICE_OOM) {
+        for (int m = 0; m < 2; m++) {
+            out[m].ok = 0;
+            snprintf(out[m].note, sizeof out[m].note, "does not fit");
+        }
+        tkd_kl_cuda_free(x.dh), tkd_kl_cuda_free(x.dw);
+        data_free(&x);
+        return;
+    }
+    CHECK(st);
+    int cr = tkd_kl_cuda_ws_chunk_rows(c.ws);
+    double chunk_mib = (double)cr * ((s->v + 15) / 16 * 16) * 4 / MIB;
+    double budget = ((double)s->n * s->d * 4 + (double)s->v * s->d * 4) / MIB + chunk_mib + 512.0;
+    for (int m = 0; m < n_modes; m++) {
+        out[m].ms = time_median(&c, m == 0 ? RUN_RECOMPUTE : RUN_GIF, reps);
+        out[m].loss = c.loss;
+        out[m].ok = 1;
+        out[m].chunk = cr;
+        out[m].budget_mib = budget;
+    }
+    double peak = (double)(f0 - free_bytes()) / MIB;
+    out[0].peak_mib = out[1].peak_mib = peak;
+    out[0].floor_ms = out[1].floor_ms = NAN;
+    if (do_floor) {
+        void *ds = NULL;
+        size_t nds = tkd_kl_cuda_ds_stand_in_elems(c.ws);
+        CHECK(tkd_kl_cuda_malloc(&ds, nds * 2));
+        CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)ds, nds, 3, 1e-6f)); /* dS-sized values */
+        c.ds = (const uint16_t *)ds;
+        out[0].floor_ms = time_median(&c, RUN_FLOOR4, reps);
+        out[1].floor_ms = time_median(&c, RUN_FLOOR3, reps);
+        tkd_kl_cuda_free(ds);
+    }
+    tkd_kl_cuda_ws_free(c.ws);
+    tkd_kl_cuda_free(x.dh), tkd_kl_cuda_free(x.dw);
+    data_free(&x);
+}
+
+static void print_row(const shape *s, const char *mode, const mode_result *r, double flops,
+                      double floor_ms)
+{
+    char sh[48];
+    snprintf(sh, sizeof sh, "%lldx%dx%d", (long long)s->n, s->d, s->v);
+    if (!r->ok) {
+        printf("| %-18s | %-15s | %6s | %9s | %7s | %9s | %6s | %9s | %9s | %s\n", sh, mode, "-",
+               "-", "-", "-", "-", "-", "-", r->note);
+        return;
+    }
+    double ratio = r->ms / floor_ms;
+    printf("| %-18s | %-15s | %6d | %9.2f | %7.1f | %9.2f | %6.3f | %9.0f | %9.0f | loss %.4f %s\n",
+           sh, mode, r->chunk, r->ms, flops / (r->ms * 1e-3) / 1e12, floor_ms, ratio, r->peak_mib,
+           r->budget_mib, r->loss,
+           (ratio <= 1.10 && r->peak_mib <= r->budget_mib) ? "" : "(target missed)");
+}
+
+static int parse_shapes(const char *arg, bench_opts *o)
+{
+    o->n_shapes = 0;
+    const char *p = arg;
+    while (*p && o->n_shapes < 16) {
+        long long n;
+        int d, v, used = 0;
+        if (sscanf(p, "%lldx%dx%d%n", &n, &d, &v, &used) != 3 || n < 1 || d < 1 || v < 1)
+            return -1;
+        o->shapes[o->n_shapes++] = (shape){n, d, v};
+        p += used;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts o = {.n_shapes = 4, .reps = 5, .chunk = 0};
+    o.shapes[0] = (shape){4096, 4096, 128256};
+    o.shapes[1] = (shape){8192, 2048, 151552};
+    o.shapes[2] = (shape){32768, 2880, 201088};
+    o.shapes[3] = (shape){262144, 4096, 128256};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
+            if (parse_shapes(argv[++i], &o) != 0) {
+                fprintf(stderr, "kl_bench: --shapes wants NxDxV[,NxDxV...], got %s\n", argv[i]);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            o.reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--chunk") == 0 && i + 1 < argc) {
+            o.chunk = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: kl_bench [--shapes NxDxV,...] [--reps R] [--chunk C]\n");
+            return 2;
+        }
+    }
+    if (o.reps < 1)
+        o.reps = 1;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        printf("kl_bench: no CUDA device answers\n");
+        return 1;
+    }
+    printf("device: %s, %d SMs; reps %d (median), bf16 H/W, renorm, k = %d; dH and dW fp32\n",
+           prop.name, prop.multiProcessorCount, o.reps, BENCH_K);
+    printf("peak MiB = drop of cudaMemGetInfo free bytes after the inputs are on the device; "
+           "budget = dH + dW(fp32) + chunk buffer + 512 MiB\n");
+    printf("| %-18s | %-15s | %6s | %9s | %7s | %9s | %6s | %9s | %9s |\n", "N x D x V", "mode",
+           "chunk", "ms", "TFLOP/s", "GEMM ms", "ratio", "peak MiB", "budget");
+    for (int i = 0; i < o.n_shapes; i++) {
+        const shape *s = &o.shapes[i];
+        double ndv = (double)s->n * s->d * s->v;
+        mode_result r[2];
+        memset(r, 0, sizeof r);
+        bench_chunked(s, o.chunk, o.reps, 2, 1, r);
+        print_row(s, "recompute", &r[0], 8 * ndv, r[0].floor_ms);
+        print_row(s, "grad_in_forward", &r[1], 6 * ndv, r[1].floor_ms);
+        /* naive: all N×V fp32 logits at once, where they fit with a GiB to spare */
+        mode_result nv[2];
+        memset(nv, 0, sizeof nv);
+        double logits = (double)s->n * ((s->v + 15) / 16 * 16) * 4;
+        double need = logits + (double)s->n * s->d * 6 + (double)s->v * s->d * 6 + 1024 * MIB;
+        if (need < (double)free_bytes()) {
+            bench_chunked(s, (int)s->n, o.reps, 1, 0, nv);
+        } else {
+            nv[0].ok = 0;
+            snprintf(nv[0].note, sizeof nv[0].note, "does not fit (%.0f GiB of logits)",
+                     logits / (1024 * MIB));
+        }
+        print_row(s, "naive recompute", &nv[0], 8 * ndv, r[0].floor_ms);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+#else /* built without CUDA */
+
+int main(void)
+{
+    printf("kl_bench: this build has no CUDA backend (configure with -DTOPKD_CUDA=ON)\n");
+    return 0;
+}
+
+#endif

@@ -1,0 +1,1030 @@
+/* kl_loss_cuda.cu — see kl_loss_cuda.h. Row kernels (static) + cuBLAS bf16 GEMMs per chunk.
+ *
+ * Layout. Row-major everywhere on our side; cuBLAS is column-major, so a row-major (R, C) matrix
+ * with leading dimension ld is cuBLAS's (C, R) matrix with the same ld. The chunk buffer holds the
+ * fp32 logits (C, ldl), ldl = V rounded up to 16 floats so every row starts 64-byte aligned and
+ * float4 loads never straddle a row. The row kernel rewrites a row in place as bf16 dS: row i of
+ * dS starts where fp32 row i starts, so dS is the bf16 matrix (C, 2·ldl) whose first V columns
+ * hold the values. In-place is safe because the block reads fp32 tile t (elements [Tt, T(t+1)),
+ * T = kTile) before a barrier and then writes bf16 elements [Tt, T(t+1)), which overlay fp32
+ * elements [Tt/2, T(t+1)/2): all read already by this block, and none in tile t + 1.
+ *
+ * Per row (docs/loss.md): z = s/τ, q = softmax(z), q1 = softmax(s). KD is defined on z and
+ * multiplied by τ²; CE is at τ = 1; loss = α·KD + (1 − α)·CE, averaged over kept rows. The
+ * gradient wrt s is τ·α·(c_v·q_v − target_v) + (1 − α)(q1_v − [v = y]), times scale / n_kept,
+ * with c_v = Σ target for renorm and sampled, and for tail c_v = 1 on the top-k' and
+ * 1 − r/(1 − Q) elsewhere. The dense pass writes c_off·q + q1 terms for every v; a fix-up then
+ * rewrites the few special positions (top-k', tail draws, label) exactly.
+ */
+/* status.h and kl_loss.h are C headers without extern "C" guards; give them C linkage here. */
+extern "C" {
+#include "common/status.h"
+#include "kernels/kl_loss.h"
+}
+#include "kernels/kl_loss_cuda.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "kernels/cuda_check.h"
+
+namespace {
+
+constexpr int kThreads = 512;              /* row-kernel block: one row per block */
+constexpr int kWarps = kThreads / 32;
+constexpr int kVec = 4;                    /* float4 loads in flight per thread per tile */
+constexpr int kTile = kVec * 4 * kThreads; /* elements per tile (stats loop and in-place dS) */
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr double kOneMinusQFloor = 1e-12;  /* tail: 1 − Q floored, so r/(1 − Q) stays finite */
+constexpr size_t kBlasWsBytes = 32u << 20; /* cuBLAS workspace we hand it, so it allocates none */
+
+enum RowMode { kModeStats = 0, kModeGrad = 1, kModeStatsGrad = 2 };
+
+/* Bits of DevOut::err_bits: why a row's teacher data or label was rejected. */
+enum {
+    kErrTopkRange = 1, kErrTopkDup = 2, kErrTeacherNonFinite = 4, kErrLabelRange = 8,
+    kErrTailRange = 16, kErrTailInTopk = 32,
+};
+
+struct DevOut {
+    double loss, kd, ce;
+    long long n_kept;
+    long long err_row; /* first bad row, LLONG_MAX when none */
+    unsigned int err_bits;
+    float inv_n_kept;  /* 1 / n_kept (0 when no row is kept) */
+};
+
+/* What the row kernel needs; pointers to per-row arrays are already offset to the chunk. */
+struct RowArgs {
+    float *logits;  /* (rows, ldl) chunk buffer; rewritten as bf16 dS in grad modes */
+    long long ldl;
+    long long row0; /* global index of the chunk's first row (error reports) */
+    int v, k, k_use, s;
+    int variant;
+    float tau, alpha, grad_scale;
+    int ignore_index;
+    const int32_t *topk_idx;  /* (rows, k) */
+    const float *topk_logit;  /* (rows, k) */
+    const float *teacher_lse; /* (rows) */
+    const int32_t *tail_idx;  /* (rows, s) or NULL */
+    const int32_t *labels;    /* (rows) */
+    float *lse_tau, *lse_one; /* (rows) written by stats modes, read by kModeGrad */
+    float *log_omq;           /* (rows) tail: log(1 − Q), likewise */
+    double *row_loss, *row_kd, *row_ce; /* (rows) written by stats modes */
+    DevOut *out;
+};
+
+/* Per-row scalars shared by the block. */
+struct RowShared {
+    float lse_tau, lse_one, s_label, teacher_lse;
+    int label, bad, kept;
+    float c_off, c_in, c_tgt, c_ce; /* gradient coefficients, scale / n_kept folded in */
+    float log_omq; /* tail: log(1 − Q) = log Σ_{v∉I} q_v */
+    float red_m[kWarps], red_a[kWarps], red_t[kWarps], red_x[kWarps];
+};
+
+/* Dynamic shared memory: the k' top-k columns and the S tail draws of this row, and for `tail`
+ * a bitmap of the top-k' over V. */
+struct RowSmem {
+    int *idx_i; float *s_i, *t_i, *tgt_i; /* (k') */
+    int *idx_t; float *s_t, *tgt_t;       /* (S) */
+    unsigned *bitmap;                     /* (ceil(V / 32)) or NULL */
+};
+
+__host__ __device__ inline size_t bitmap_words(int v) { return ((size_t)v + 31) / 32; }
+
+__host__ __device__ inline size_t row_smem_bytes(int k_use, int s, int v, int tail)
+{
+    return (size_t)k_use * 16 + (size_t)s * 12 + (tail ? bitmap_words(v) * 4 : 0);
+}
+
+__device__ inline RowSmem row_smem_carve(unsigned char *base, int k_use, int s, int v, int tail)
+{
+    RowSmem m;
+    m.idx_i = (int *)base;
+    m.s_i = (float *)(m.idx_i + k_use);
+    m.t_i = m.s_i + k_use;
+    m.tgt_i = m.t_i + k_use;
+    m.idx_t = (int *)(m.tgt_i + k_use);
+    m.s_t = (float *)(m.idx_t + s);
+    m.tgt_t = m.s_t + s;
+    m.bitmap = tail ? (unsigned *)(m.tgt_t + s) : NULL;
+    (void)v;
+    return m;
+}
+
+/* ---- online log-sum-exp at τ and at 1, one pass ------------------------------------------- */
+
+/* Running state: max m of s, a1 = Σ exp(s − m), at = Σ exp((s − m)/τ) and, for `tail`,
+ * ax = the part of at outside the top-k' (so log(1 − Q) = log ax − log at without the
+ * cancellation of 1 − Σ q). The max of s/τ is m/τ because τ > 0, so one max serves all sums. */
+struct Lse3 { float m, a1, at, ax; };
+
+__device__ inline void lse3_rescale(Lse3 &x, float m_new, float l2e_tau)
+{
+    float d = x.m - m_new; /* -inf when x is empty: exp2 gives 0 and the sums stay 0 */
+    float ft = exp2f(d * l2e_tau);
+    x.a1 *= exp2f(d * kLog2e);
+    x.at *= ft;
+    x.ax *= ft;
+    x.m = m_new;
+}
+
+__device__ inline Lse3 lse3_merge(Lse3 x, Lse3 y, float l2e_tau)
+{
+    float m = fmaxf(x.m, y.m);
+    if (m == -INFINITY)
+        return x;
+    lse3_rescale(x, m, l2e_tau);
+    lse3_rescale(y, m, l2e_tau);
+    x.a1 += y.a1;
+    x.at += y.at;
+    x.ax += y.ax;
+    return x;
+}
+
+/* Adds four values (masked ones are -inf); top_bits: bit j set when element j is in the top-k'
+ * (only read when `tail`). */
+__device__ inline void lse3_add4(Lse3 &st, float4 x, float l2e_tau, bool same_tau, bool tail,
+                                 unsigned top_bits)
+{
+    float mloc = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+    if (mloc == -INFINITY)
+        return;
+    if (mloc > st.m)
+        lse3_rescale(st, mloc, l2e_tau);
+    float e[4] = {x.x - st.m, x.y - st.m, x.z - st.m, x.w - st.m};
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        st.a1 += exp2f(e[j] * kLog2e);
+    if (same_tau && !tail) {
+        st.at = st.a1;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float et = same_tau ? exp2f(e[j] * kLog2e) : exp2f(e[j] * l2e_tau);
+        st.at += et;
+        if (tail && !((top_bits >> j) & 1u))
+            st.ax += et;
+    }
+}
+
+/* float4 at row[e..e+3], elements ≥ v set to -inf (ldl padding holds garbage). */
+__device__ inline float4 load4_masked(const float *row, int e, int v)
+{
+    float4 x = *reinterpret_cast<const float4 *>(row + e);
+    if (e + 3 >= v) {
+        if (e + 1 >= v) x.y = -INFINITY;
+        if (e + 2 >= v) x.z = -INFINITY;
+        if (e + 3 >= v) x.w = -INFINITY;
+    }
+    return x;
+}
+
+/* The 4 top-k' bits of elements e..e+3 (e a multiple of 4, so one word holds them). */
+__device__ inline unsigned top4(const unsigned *bitmap, int e)
+{
+    return bitmap ? (bitmap[e >> 5] >> (e & 31)) & 0xfu : 0u;
+}
+
+/* Block-wide log-sum-exps of one row; results in sh (all threads see them after return).
+ * bitmap (V bits, shared) marks the top-k' for `tail`, else NULL. */
+__device__ void row_lse(const float *row, int v, float tau, const unsigned *bitmap, RowShared &sh)
+{
+    const float l2e_tau = kLog2e / tau;
+    const bool same_tau = tau == 1.0f, tail = bitmap != NULL;
+    Lse3 st = {-INFINITY, 0.0f, 0.0f, 0.0f};
+    for (int base = 0; base < v; base += kTile) {
+        float4 x[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; j++) { /* all loads first: kVec·16 bytes in flight per thread */
+            int e = base + j * 4 * kThreads + threadIdx.x * 4;
+            if (e < v)
+                x[j] = load4_masked(row, e, v);
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+            int e = base + j * 4 * kThreads + threadIdx.x * 4;
+            if (e < v)
+                lse3_add4(st, x[j], l2e_tau, same_tau, tail, top4(bitmap, e));
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        Lse3 o = {__shfl_xor_sync(0xffffffffu, st.m, off), __shfl_xor_sync(0xffffffffu, st.a1, off),
+                  __shfl_xor_sync(0xffffffffu, st.at, off), __shfl_xor_sync(0xffffffffu, st.ax, off)};
+        st = lse3_merge(st, o, l2e_tau);
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        sh.red_m[warp] = st.m;
+        sh.red_a[warp] = st.a1;
+        sh.red_t[warp] = st.at;
+        sh.red_x[warp] = st.ax;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        Lse3 acc = {sh.red_m[0], sh.red_a[0], sh.red_t[0], sh.red_x[0]};
+        for (int w = 1; w < kWarps; w++)
+            acc = lse3_merge(acc, Lse3{sh.red_m[w], sh.red_a[w], sh.red_t[w], sh.red_x[w]},
+                             l2e_tau);
+        sh.lse_one = acc.m + logf(acc.a1);
+        sh.lse_tau = acc.m / tau + logf(acc.at);
+        sh.log_omq = logf(acc.ax) - logf(acc.at); /* −inf when the top-k' hold all the mass */
+    }
+    __syncthreads();
+}
+
+/* ---- gather and validate the row's teacher side ----------------------------------------------- */
+
+__device__ void row_gather(const RowArgs &a, long long r, const float *row, RowSmem m,
+                           RowShared &sh)
+{
+    const int tid = threadIdx.x;
+    if (m.bitmap)
+        for (size_t w = tid; w < bitmap_words(a.v); w += kThreads)
+            m.bitmap[w] = 0u;
+    if (tid == 0) {
+        sh.bad = 0;
+        int y = a.labels[r];
+        sh.label = y;
+        sh.kept = y != a.ignore_index;
+        sh.teacher_lse = a.variant != TKD_KL_VARIANT_RENORM ? a.teacher_lse[r] : 0.0f;
+        sh.s_label = 0.0f;
+        if (sh.kept) {
+            if (y < 0 || y >= a.v)
+                sh.bad |= kErrLabelRange;
+            else
+                sh.s_label = row[y];
+        }
+        if (a.variant != TKD_KL_VARIANT_RENORM && !isfinite(sh.teacher_lse))
+            sh.bad |= kErrTeacherNonFinite;
+    }
+    __syncthreads();
+    int bad = 0;
+    for (int j = tid; j < a.k_use; j += kThreads) {
+        int id = a.topk_idx[r * a.k + j];
+        float t = a.topk_logit[r * a.k + j];
+        m.idx_i[j] = id;
+        m.t_i[j] = t;
+        if (id < 0 || id >= a.v) {
+            bad |= kErrTopkRange;
+            m.s_i[j] = 0.0f;
+        } else {
+            m.s_i[j] = row[id];
+            if (m.bitmap)
+                atomicOr(&m.bitmap[id >> 5], 1u << (id & 31));
+        }
+        if (!isfinite(t))
+            bad |= kErrTeacherNonFinite;
+    }
+    for (int j = tid; j < a.s; j += kThreads) {
+        int id = a.tail_idx[r * a.s + j];
+        m.idx_t[j] = id;
+        if (id < 0 || id >= a.v) {
+            bad |= kErrTailRange;
+            m.s_t[j] = 0.0f;
+        } else {
+            m.s_t[j] = row[id];
+        }
+    }
+    __syncthreads();
+    /* A duplicate among the top-k' or a draw inside the top-k' would double-count mass. */
+    for (int j = tid; j < a.k_use; j += kThreads)
+        for (int i = 0; i < j; i++)
+            if (m.idx_i[i] == m.idx_i[j])
+                bad |= kErrTopkDup;
+    for (int j = tid; j < a.s; j += kThreads)
+        for (int i = 0; i < a.k_use; i++)
+            if (m.idx_i[i] == m.idx_t[j])
+                bad |= kErrTailInTopk;
+    if (bad)
+        atomicOr(&sh.bad, bad);
+    __syncthreads();
+    if (tid == 0 && sh.bad && sh.kept) {
+        atomicOr(&a.out->err_bits, (unsigned)sh.bad);
+        atomicMin(&a.out->err_row, a.row0 + r);
+    }
+}
+
+/* ---- per-row loss and gradient coefficients (warp 0, double) ---------------------------------- */
+
+__device__ inline double warp_sum(double x)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
+}
+
+__device__ inline double warp_max(double x)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        x = fmax(x, __shfl_xor_sync(0xffffffffu, x, off));
+    return x;
+}
+
+/* Fills m.tgt_i / m.tgt_t and the coefficients in sh; returns KD (without τ²) on lane 0. */
+__device__ double row_kd_warp(const RowArgs &a, RowSmem m, RowShared &sh, double *c_off,
+                              double *c_in)
+{
+    const int lane = threadIdx.x % 32;
+    const double inv_tau = 1.0 / (double)a.tau, ltau = sh.lse_tau;
+    double kd = 0.0;
+    *c_off = *c_in = 1.0;
+    if (a.variant == TKD_KL_VARIANT_RENORM) {
+        double mt = -INFINITY;
+        for (int j = lane; j < a.k_use; j += 32)
+            mt = fmax(mt, m.t_i[j] * inv_tau);
+        mt = warp_max(mt);
+        double z = 0.0;
+        for (int j = lane; j < a.k_use; j += 32)
+            z += exp(m.t_i[j] * inv_tau - mt);
+        double log_z = log(warp_sum(z));
+        for (int j = lane; j < a.k_use; j += 32) {
+            double lp = m.t_i[j] * inv_tau - mt - log_z, p = exp(lp);
+            m.tgt_i[j] = (float)p;
+            kd += p * (lp - (m.s_i[j] * inv_tau - ltau));
+        }
+        return warp_sum(kd);
+    }
+    double p_sum = 0.0, q_sum = 0.0;
+    for (int j = lane; j < a.k_use; j += 32) {
+        double lp = m.t_i[j] * inv_tau - sh.teacher_lse, p = exp(lp);
+        double lq = m.s_i[j] * inv_tau - ltau;
+        m.tgt_i[j] = (float)p;
+        p_sum += p;
+        q_sum += exp(lq);
+        if (p > 0.0)
+            kd += p * (lp - lq);
+    }
+    p_sum = warp_sum(p_sum);
+    q_sum = warp_sum(q_sum);
+    kd = warp_sum(kd);
+    /* with k' = V there is no tail: r is rounding noise, not mass */
+    double r = a.k_use == a.v ? 0.0 : fmax(1.0 - p_sum, 0.0);
+    if (a.variant == TKD_KL_VARIANT_TAIL) {
+        (void)q_sum; /* 1 − Q comes from the stats pass, without cancellation */
+        double log_omq = fmax((double)sh.log_omq, log(kOneMinusQFloor)), omq = exp(log_omq);
+        *c_in = *c_off = p_sum + r; /* Σ target (1 unless the teacher's top-k' mass exceeds 1) */
+        if (r > 0.0) {
+            kd += r * (log(r) - log_omq);
+            *c_off -= r / omq;
+        }
+        return kd;
+    }
+    /* sampled: each draw carries r/S; a token drawn c times has target c·r/S */
+    double w = a.s > 0 ? r / a.s : 0.0, kd_t = 0.0;
+    for (int j = lane; j < a.s; j += 32) {
+        int c = 0;
+        for (int i = 0; i < a.s; i++)
+            c += m.idx_t[i] == m.idx_t[j];
+        double tgt = w * c;
+        m.tgt_t[j] = (float)tgt;
+        if (tgt > 0.0)
+            kd_t += w * (log(tgt) - (m.s_t[j] * inv_tau - ltau));
+    }
+    kd += warp_sum(kd_t);
+    *c_off = *c_in = p_sum + (a.s > 0 ? r : 0.0);
+    return kd;
+}
+
+template <int MODE>
+__device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared &sh)
+{
+    if (threadIdx.x >= 32)
+        return;
+    const int ok = sh.kept && !sh.bad;
+    double kd = 0.0, ce = 0.0, c_off = 0.0, c_in = 0.0;
+    if (ok) {
+        kd = row_kd_warp(a, m, sh, &c_off, &c_in) * (double)a.tau * a.tau;
+        ce = (double)sh.lse_one - sh.s_label;
+    }
+    if (threadIdx.x != 0)
+        return;
+    if (MODE != kModeGrad) {
+        a.row_kd[r] = ok ? kd : 0.0;
+        a.row_ce[r] = ok ? ce : 0.0;
+        a.row_loss[r] = ok ? a.alpha * kd + (1.0 - a.alpha) * ce : 0.0;
+    }
+    double g = ok ? (double)a.grad_scale * a.out->inv_n_kept : 0.0;
+    double kd_g = g * a.alpha * a.tau;
+    sh.c_off = (float)(kd_g * c_off);
+    sh.c_in = (float)(kd_g * c_in);
+    sh.c_tgt = (float)kd_g;
+    sh.c_ce = (float)(g * (1.0 - a.alpha));
+}
+
+/* ---- dS in place -------------------------------------------------------------------------- */
+
+struct GradCoef { float zs, zb, os, ob, c_q, c_ce; };
+
+__device__ inline float grad_dense(float s, const GradCoef &c)
+{
+    float q = exp2f(fmaf(s, c.zs, -c.zb));
+    float q1 = exp2f(fmaf(s, c.os, -c.ob));
+    return c.c_q * q + c.c_ce * q1;
+}
+
+__device__ inline uint2 pack4_bf16(float a, float b, float c, float d)
+{
+    __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+    uint2 u;
+    u.x = *reinterpret_cast<unsigned int *>(&lo);
+    u.y = *reinterpret_cast<unsigned int *>(&hi);
+    return u;
+}
+
+__device__ inline uint2 grad4(float4 x, const GradCoef &c, bool zero)
+{
+    if (zero)
+        return make_uint2(0u, 0u);
+    return pack4_bf16(grad_dense(x.x, c), grad_dense(x.y, c), grad_dense(x.z, c),
+                      grad_dense(x.w, c));
+}
+
+/* Exact gradient at a special position v (a top-k' column, a tail draw or the label). */
+__device__ float grad_special(const RowArgs &a, RowSmem m, const RowShared &sh, const GradCoef &c,
+                              int v, float s)
+{
+    float tgt = 0.0f, cq = sh.c_off;
+    for (int i = 0; i < a.k_use; i++)
+        if (m.idx_i[i] == v) {
+            tgt = m.tgt_i[i];
+            cq = sh.c_in;
+        }
+    if (a.variant == TKD_KL_VARIANT_SAMPLED)
+        for (int j = 0; j < a.s; j++)
+            if (m.idx_t[j] == v)
+                tgt = m.tgt_t[j];
+    float q = exp2f(fmaf(s, c.zs, -c.zb));
+    float q1 = exp2f(fmaf(s, c.os, -c.ob));
+    return cq * q - sh.c_tgt * tgt + sh.c_ce * (q1 - (v == sh.label ? 1.0f : 0.0f));
+}
+
+__device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const RowShared &sh)
+{
+    const int v = a.v, tid = threadIdx.x;
+    const bool zero = !sh.kept || sh.bad;
+    GradCoef c;
+    c.zs = kLog2e / a.tau;
+    c.zb = sh.lse_tau * kLog2e;
+    c.os = kLog2e;
+    c.ob = sh.lse_one * kLog2e;
+    c.c_q = sh.c_off;
+    c.c_ce = sh.c_ce;
+    __nv_bfloat16 *ds = reinterpret_cast<__nv_bfloat16 *>(row);
+    for (int base = 0; base < v; base += kTile) {
+        float4 x[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+            int e = base + j * 4 * kThreads + tid * 4;
+            if (e < v)
+                x[j] = *reinterpret_cast<const float4 *>(row + e);
+        }
+        __syncthreads(); /* every fp32 value this tile's bf16 stores overlay has been read */
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+            int e = base + j * 4 * kThreads + tid * 4;
+            if (e < v)
+                *reinterpret_cast<uint2 *>(ds + e) = grad4(x[j], c, zero);
+        }
+    }
+    __syncthreads();
+    if (zero)
+        return;
+    int n_special = a.k_use + (a.variant == TKD_KL_VARIANT_SAMPLED ? a.s : 0) + 1;
+    for (int j = tid; j < n_special; j += kThreads) {
+        int pos;
+        float s;
+        if (j < a.k_use) {
+            pos = m.idx_i[j];
+            s = m.s_i[j];
+        } else if (j < n_special - 1) {
+            pos = m.idx_t[j - a.k_use];
+            s = m.s_t[j - a.k_use];
+        } else {
+            pos = sh.label;
+            s = sh.s_label;
+        }
+        /* Writers of one position (repeated draws, label inside the top-k') store equal values. */
+        ds[pos] = __float2bfloat16_rn(grad_special(a, m, sh, c, pos, s));
+    }
+}
+
+/* One block per row of the chunk. */
+template <int MODE>
+__global__ void __launch_bounds__(kThreads, 2) kl_row_kernel(RowArgs a)
+{
+    extern __shared__ unsigned char dyn_smem[];
+    __shared__ RowShared sh;
+    const long long r = blockIdx.x;
+    float *row = a.logits + r * a.ldl;
+    const int tail = a.variant == TKD_KL_VARIANT_TAIL;
+    RowSmem m = row_smem_carve(dyn_smem, a.k_use, a.s, a.v, tail);
+    row_gather(a, r, row, m, sh);
+    if (MODE == kModeGrad) {
+        if (threadIdx.x == 0) {
+            sh.lse_tau = a.lse_tau[r];
+            sh.lse_one = a.lse_one[r];
+            sh.log_omq = tail ? a.log_omq[r] : 0.0f;
+        }
+        __syncthreads();
+    } else {
+        row_lse(row, a.v, a.tau, m.bitmap, sh);
+        if (threadIdx.x == 0) {
+            a.lse_tau[r] = sh.lse_tau;
+            a.lse_one[r] = sh.lse_one;
+            if (tail)
+                a.log_omq[r] = sh.log_omq;
+        }
+    }
+    row_finalize<MODE>(a, r, m, sh);
+    __syncthreads();
+    if (MODE != kModeStats)
+        row_grad_inplace(a, row, m, sh);
+}
+
+/* Counts kept rows and resets the error state (one block). */
+__global__ void kl_count_kernel(const int32_t *labels, long long n, int ignore_index, DevOut *out)
+{
+    __shared__ long long part[32];
+    long long c = 0;
+    for (long long i = threadIdx.x; i < n; i += blockDim.x)
+        c += labels[i] != ignore_index;
+    for (int off = 16; off > 0; off >>= 1)
+        c += __shfl_xor_sync(0xffffffffu, c, off);
+    if (threadIdx.x % 32 == 0)
+        part[threadIdx.x / 32] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long t = 0;
+        for (int w = 0; w < (int)(blockDim.x / 32); w++)
+            t += part[w];
+        out->n_kept = t;
+        out->inv_n_kept = t > 0 ? (float)(1.0 / (double)t) : 0.0f;
+        out->err_bits = 0;
+        out->err_row = 0x7fffffffffffffffLL;
+    }
+}
+
+/* Sums the per-row losses into the means (one block). */
+__global__ void kl_reduce_kernel(const double *row_loss, const double *row_kd,
+                                 const double *row_ce, long long n, DevOut *out)
+{
+    __shared__ double part[3][32];
+    double s[3] = {0.0, 0.0, 0.0};
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        s[0] += row_loss[i];
+        s[1] += row_kd[i];
+        s[2] += row_ce[i];
+    }
+    for (int j = 0; j < 3; j++) {
+        s[j] = warp_sum(s[j]);
+        if (threadIdx.x % 32 == 0)
+            part[j][threadIdx.x / 32] = s[j];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t[3] = {0.0, 0.0, 0.0};
+        for (int w = 0; w < (int)(blockDim.x / 32); w++)
+            for (int j = 0; j < 3; j++)
+                t[j] += part[j][w];
+        double inv = out->n_kept > 0 ? 1.0 / (double)out->n_kept : 0.0;
+        out->loss = t[0] * inv;
+        out->kd = t[1] * inv;
+        out->ce = t[2] * inv;
+    }
+}
+
+__device__ inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Irwin–Hall(4) scaled to unit variance: cheap, deterministic, normal enough for benchmarks. */
+__global__ void kl_fill_bf16_kernel(__nv_bfloat16 *x, size_t n, uint64_t seed, float std)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + i);
+        float u = 0.0f;
+        for (int j = 0; j < 4; j++)
+            u += (float)((h >> (16 * j)) & 0xffffu) * (1.0f / 65536.0f);
+        x[i] = __float2bfloat16_rn((u - 2.0f) * 1.7320508f * std);
+    }
+}
+
+} // namespace
+
+/* ---- workspace ------------------------------------------------------------------------------ */
+
+struct tkd_kl_cuda_ws {
+    int64_t n_max;
+    int d, v, chunk;
+    long long ldl;          /* fp32 logits leading dimension (V rounded up to 16) */
+    cublasHandle_t blas;
+    void *blas_ws;          /* kBlasWsBytes */
+    float *chunk_buf;       /* (chunk, ldl) fp32 logits / bf16 dS */
+    float *lse_tau, *lse_one, *log_omq; /* (n_max) */
+    double *row_stats;      /* (3, n_max): loss, kd, ce per row */
+    DevOut *out;
+    size_t bytes;
+};
+
+extern "C" int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v)
+{
+    const double target = 1024.0 * 1024.0 * 1024.0; /* one GiB of fp32 logits */
+    long long c = (long long)(target / (4.0 * (double)(v > 0 ? v : 1)));
+    c = c / 128 * 128;
+    long long n_up = (n_max + 127) / 128 * 128;
+    if (c > n_up) c = n_up;
+    if (c < 128) c = 128;
+    return (int)c;
+}
+
+static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMalloc(p, bytes));
+    ws->bytes += bytes;
+    return TKD_OK;
+}
+
+static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
+{
+    size_t n = (size_t)ws->n_max;
+    TKD_TRY(ws_alloc(ws, (void **)&ws->chunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float)));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_tau, n * sizeof(float)));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_one, n * sizeof(float)));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->log_omq, n * sizeof(float)));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->row_stats, 3 * n * sizeof(double)));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->out, sizeof(DevOut)));
+    TKD_TRY(ws_alloc(ws, &ws->blas_ws, kBlasWsBytes));
+    TKD_CUBLAS_CHECK(cublasCreate(&ws->blas));
+    TKD_CUBLAS_CHECK(cublasSetStream(ws->blas, 0));
+    TKD_CUBLAS_CHECK(cublasSetWorkspace(ws->blas, ws->blas_ws, kBlasWsBytes));
+    TKD_CUDA_CHECK(cudaMemset(ws->out, 0, sizeof(DevOut)));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_ws_init(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
+                                          int64_t n_max, int d, int v)
+{
+    *out = NULL;
+    if (n_max <= 0 || d <= 0 || v <= 0 || p->chunk_rows < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "kl_loss_cuda: ws_init: n_max %lld, d %d, v %d, chunk_rows %d: all "
+                             "must be positive (chunk_rows 0 = auto)",
+                             (long long)n_max, d, v, p->chunk_rows);
+    tkd_kl_cuda_ws *ws = (tkd_kl_cuda_ws *)calloc(1, sizeof *ws);
+    if (!ws)
+        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: ws_init: host allocation failed");
+    ws->n_max = n_max;
+    ws->d = d;
+    ws->v = v;
+    ws->ldl = ((long long)v + 15) / 16 * 16;
+    ws->chunk = p->chunk_rows > 0 ? p->chunk_rows : tkd_kl_cuda_default_chunk_rows(n_max, v);
+    if (ws->chunk > n_max)
+        ws->chunk = (int)n_max;
+    tkd_status st = ws_setup(ws);
+    if (st != TKD_OK) {
+        tkd_kl_cuda_ws_free(ws);
+        return tkd_error_prefix(st, "kl_loss_cuda: workspace for %lld rows x V %d, chunk %d",
+                                (long long)n_max, v, ws->chunk);
+    }
+    *out = ws;
+    return TKD_OK;
+}
+
+extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
+{
+    if (!ws)
+        return;
+    /* Teardown errors are not actionable; cudaFree(NULL) is a no-op. */
+    if (ws->blas)
+        (void)cublasDestroy(ws->blas);
+    (void)cudaFree(ws->chunk_buf);
+    (void)cudaFree(ws->lse_tau);
+    (void)cudaFree(ws->lse_one);
+    (void)cudaFree(ws->log_omq);
+    (void)cudaFree(ws->row_stats);
+    (void)cudaFree(ws->out);
+    (void)cudaFree(ws->blas_ws);
+    free(ws);
+}
+
+extern "C" int tkd_kl_cuda_ws_chunk_rows(const tkd_kl_cuda_ws *ws) { return ws->chunk; }
+extern "C" size_t tkd_kl_cuda_ws_bytes(const tkd_kl_cuda_ws *ws) { return ws->bytes; }
+
+extern "C" size_t tkd_kl_cuda_ds_stand_in_elems(const tkd_kl_cuda_ws *ws)
+{
+    return (size_t)ws->chunk * 2 * ws->ldl;
+}
+
+/* ---- GEMMs (cuBLAS column-major views of our row-major matrices) ------------------------------ */
+
+/* logits (rows, ldl) fp32 = H_c (rows, D) · Wᵀ; cuBLAS: (V × rows) = Wᵀ_cm(V × D) · H_cm(D × rows). */
+static tkd_status gemm_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, long long row0,
+                              int rows)
+{
+    const float one = 1.0f, zero = 0.0f;
+    TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_T, CUBLAS_OP_N, b->v, rows, b->d, &one,
+                                  b->w, CUDA_R_16BF, b->d, b->h + row0 * b->d, CUDA_R_16BF, b->d,
+                                  &zero, ws->chunk_buf, CUDA_R_32F, (int)ws->ldl,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return TKD_OK;
+}
+
+/* dH_c (rows, D) fp32 = dS (rows, V) · W;  dW (V, D) fp32 += dSᵀ · H_c. ds has ld 2·ldl (bf16). */
+static tkd_status gemm_grads(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, long long row0,
+                             int rows, const void *ds, float *dh, float *dw)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const int ldd = (int)(2 * ws->ldl);
+    TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_N, b->d, rows, b->v, &one,
+                                  b->w, CUDA_R_16BF, b->d, ds, CUDA_R_16BF, ldd, &zero,
+                                  dh + row0 * b->d, CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows, &one,
+                                  b->h + row0 * b->d, CUDA_R_16BF, b->d, ds, CUDA_R_16BF, ldd,
+                                  &one, dw, CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    return TKD_OK;
+}
+
+/* ---- forward / backward ----------------------------------------------------------------------- */
+
+static tkd_status check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                             const tkd_kl_cuda_batch *b, int need_grads, const float *dh,
+                             const float *dw)
+{
+    if (b->n < 0 || b->n > ws->n_max || b->d != ws->d || b->v != ws->v)
+        return tkd_error_set(TKD_ERR_MISMATCH,
+                             "kl_loss_cuda: batch (N %lld, D %d, V %d) does not fit the workspace "
+                             "(N max %lld, D %d, V %d); make a workspace for this shape",
+                             (long long)b->n, b->d, b->v, (long long)ws->n_max, ws->d, ws->v);
+    TKD_TRY(tkd_kl_params_check(p, b->v));
+    if (p->k_use > TKD_KL_CUDA_MAX_K)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: k_use %d exceeds the row kernel's "
+                             "limit %d; use fewer teacher columns", p->k_use, TKD_KL_CUDA_MAX_K);
+    if (!b->h || !b->w || !b->labels || (p->k_use > 0 && (!b->topk_idx || !b->topk_logit)) ||
+        (p->variant != TKD_KL_VARIANT_RENORM && !b->teacher_lse))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: batch lacks h, w, labels, the "
+                             "top-k columns or (tail, sampled) the teacher LSE");
+    int s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
+    if (s > TKD_KL_CUDA_MAX_S || (s > 0 && !b->tail_idx))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "kl_loss_cuda: sampled needs s in [0, %d] tail draws and tail_idx "
+                             "(s = %d, tail_idx %s)",
+                             TKD_KL_CUDA_MAX_S, s, b->tail_idx ? "set" : "NULL");
+    if (need_grads && (!dh || !dw))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: dh and dw are required here");
+    return TKD_OK;
+}
+
+static RowArgs row_args(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_batch *b,
+                        long long row0, float grad_scale)
+{
+    RowArgs a;
+    size_t n = (size_t)ws->n_max;
+    a.logits = ws->chunk_buf;
+    a.ldl = ws->ldl;
+    a.row0 = row0;
+    a.v = b->v;
+    a.k = p->k;
+    a.k_use = p->k_use;
+    a.s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
+    a.variant = (int)p->variant;
+    a.tau = p->temperature;
+    a.alpha = p->alpha;
+    a.grad_scale = grad_scale;
+    a.ignore_index = p->ignore_index;
+    a.topk_idx = a.k_use > 0 ? b->topk_idx + row0 * p->k : NULL;
+    a.topk_logit = a.k_use > 0 ? b->topk_logit + row0 * p->k : NULL;
+    a.teacher_lse = b->teacher_lse ? b->teacher_lse + row0 : NULL;
+    a.tail_idx = a.s > 0 ? b->tail_idx + row0 * a.s : NULL;
+    a.labels = b->labels + row0;
+    a.lse_tau = ws->lse_tau + row0;
+    a.lse_one = ws->lse_one + row0;
+    a.log_omq = ws->log_omq + row0;
+    a.row_loss = ws->row_stats + row0;
+    a.row_kd = ws->row_stats + n + row0;
+    a.row_ce = ws->row_stats + 2 * n + row0;
+    a.out = ws->out;
+    return a;
+}
+
+static tkd_status launch_rows(int mode, int rows, const RowArgs &a)
+{
+    size_t smem = row_smem_bytes(a.k_use, a.s, a.v, a.variant == TKD_KL_VARIANT_TAIL);
+    if (smem > 48 * 1024) { /* beyond the default limit: ask for it (tail's bitmap at large V) */
+        TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeStats>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeGrad>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeStatsGrad>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    if (mode == kModeStats)
+        kl_row_kernel<kModeStats><<<rows, kThreads, smem>>>(a);
+    else if (mode == kModeGrad)
+        kl_row_kernel<kModeGrad><<<rows, kThreads, smem>>>(a);
+    else
+        kl_row_kernel<kModeStatsGrad><<<rows, kThreads, smem>>>(a);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+static const char *err_reason(unsigned bits)
+{
+    if (bits & kErrTopkRange) return "a teacher top-k index is outside [0, V)";
+    if (bits & kErrTopkDup) return "a teacher top-k index repeats within the first k' columns";
+    if (bits & kErrTeacherNonFinite) return "a teacher logit or log-sum-exp is not finite";
+    if (bits & kErrLabelRange) return "a label is outside [0, V) and not ignore_index";
+    if (bits & kErrTailRange) return "a tail draw is outside [0, V)";
+    return "a tail draw repeats one of the row's top-k' tokens";
+}
+
+static tkd_status check_dev_out(const DevOut &o, const char *what)
+{
+    if (o.err_bits == 0)
+        return TKD_OK;
+    return tkd_error_set(TKD_ERR_FORMAT,
+                         "kl_loss_cuda: %s: row %lld (first bad row): %s (error bits 0x%x); "
+                         "check the teacher cache with tkd_kl_validate",
+                         what, o.err_row, err_reason(o.err_bits), o.err_bits);
+}
+
+extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                          const tkd_kl_cuda_batch *b, tkd_kl_result *res,
+                                          float *dh, float *dw)
+{
+    TKD_TRY(check_call(ws, p, b, p->grad_in_forward, dh, dw));
+    const long long n = b->n;
+    kl_count_kernel<<<1, 1024>>>(b->labels, n, p->ignore_index, ws->out);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    const int mode = p->grad_in_forward ? kModeStatsGrad : kModeStats;
+    for (long long row0 = 0; row0 < n; row0 += ws->chunk) {
+        int rows = (int)(n - row0 < ws->chunk ? n - row0 : ws->chunk);
+        TKD_TRY(gemm_logits(ws, b, row0, rows));
+        TKD_TRY(launch_rows(mode, rows, row_args(ws, p, b, row0, p->grad_scale)));
+        if (p->grad_in_forward)
+            TKD_TRY(gemm_grads(ws, b, row0, rows, ws->chunk_buf, dh, dw));
+    }
+    kl_reduce_kernel<<<1, 1024>>>(ws->row_stats, ws->row_stats + ws->n_max,
+                                  ws->row_stats + 2 * ws->n_max, n, ws->out);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    DevOut o;
+    TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
+    TKD_TRY(check_dev_out(o, "forward"));
+    res->loss = o.loss;
+    res->kd = o.kd;
+    res->ce = o.ce;
+    res->n_kept = o.n_kept;
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                           const tkd_kl_cuda_batch *b, float scale, float *dh,
+                                           float *dw)
+{
+    TKD_TRY(check_call(ws, p, b, 1, dh, dw));
+    for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
+        int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
+        TKD_TRY(gemm_logits(ws, b, row0, rows));
+        TKD_TRY(launch_rows(kModeGrad, rows, row_args(ws, p, b, row0, scale)));
+        TKD_TRY(gemm_grads(ws, b, row0, rows, ws->chunk_buf, dh, dw));
+    }
+    DevOut o;
+    TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
+    return check_dev_out(o, "backward");
+}
+
+extern "C" tkd_status tkd_kl_cuda_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
+                                             int recompute, const uint16_t *ds, float *dh,
+                                             float *dw)
+{
+    for (int pass = 0; pass < (recompute ? 2 : 1); pass++)
+        for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
+            int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
+            TKD_TRY(gemm_logits(ws, b, row0, rows));
+            if (pass == (recompute ? 1 : 0))
+                TKD_TRY(gemm_grads(ws, b, row0, rows, ds, dh, dw));
+        }
+    TKD_CUDA_CHECK(cudaDeviceSynchronize());
+    return TKD_OK;
+}
+
+/* ---- helpers ---------------------------------------------------------------------------------- */
+
+extern "C" tkd_status tkd_kl_cuda_malloc(void **ptr, size_t bytes)
+{
+    *ptr = NULL;
+    TKD_CUDA_CHECK(cudaMalloc(ptr, bytes ? bytes : 1));
+    return TKD_OK;
+}
+
+extern "C" void tkd_kl_cuda_free(void *ptr) { (void)cudaFree(ptr); }
+
+extern "C" tkd_status tkd_kl_cuda_memzero(void *ptr, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemset(ptr, 0, bytes));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_to_host(void *dst, const void *src, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_to_device(void *dst, const void *src, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    TKD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std)
+{
+    kl_fill_bf16_kernel<<<1024, 256>>>(reinterpret_cast<__nv_bfloat16 *>(dev), n, seed, std);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* Host fp32 -> device bf16 (n values). */
+static tkd_status upload_bf16(const uint16_t **out, const float *src, size_t n)
+{
+    uint16_t *tmp = (uint16_t *)malloc(n * sizeof *tmp + 1);
+    if (!tmp)
+        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: upload: %zu bf16 values", n);
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = tkd_f32_to_bf16(src[i]);
+    void *dev = NULL;
+    tkd_status st = tkd_kl_cuda_malloc(&dev, n * sizeof *tmp);
+    if (st == TKD_OK)
+        st = tkd_kl_cuda_to_device(dev, tmp, n * sizeof *tmp);
+    free(tmp);
+    *out = (const uint16_t *)dev;
+    return st;
+}
+
+template <typename T>
+static tkd_status upload_raw(const T **out, const T *src, size_t n)
+{
+    void *dev = NULL;
+    TKD_TRY(tkd_kl_cuda_malloc(&dev, n * sizeof(T)));
+    *out = (const T *)dev;
+    return tkd_kl_cuda_to_device(dev, src, n * sizeof(T));
+}
+
+static tkd_status batch_upload(tkd_kl_cuda_batch *o, const tkd_kl_params *p,
+                               const tkd_kl_batch *hb)
+{
+    size_t n = (size_t)hb->n;
+    TKD_TRY(upload_bf16(&o->h, hb->h, n * hb->d));
+    TKD_TRY(upload_bf16(&o->w, hb->w, (size_t)hb->v * hb->d));
+    TKD_TRY(upload_raw(&o->topk_idx, hb->topk_idx, n * p->k));
+    TKD_TRY(upload_raw(&o->topk_logit, hb->topk_logit, n * p->k));
+    TKD_TRY(upload_raw(&o->teacher_lse, hb->teacher_lse, n));
+    TKD_TRY(upload_raw(&o->labels, hb->labels, n));
+    if (hb->tail_idx && p->s > 0)
+        TKD_TRY(upload_raw(&o->tail_idx, hb->tail_idx, n * p->s));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_batch_upload(tkd_kl_cuda_batch *out, const tkd_kl_params *p,
+                                               const tkd_kl_batch *hb)
+{
+    memset(out, 0, sizeof *out);
+    out->n = hb->n;
+    out->d = hb->d;
+    out->v = hb->v;
+    tkd_status st = batch_upload(out, p, hb);
+    if (st != TKD_OK)
+        tkd_kl_cuda_batch_free(out);
+    return st;
+}
+
+extern "C" void tkd_kl_cuda_batch_free(tkd_kl_cuda_batch *b)
+{
+    if (!b)
+        return;
+    tkd_kl_cuda_free((void *)b->h);
+    tkd_kl_cuda_free((void *)b->w);
+    tkd_kl_cuda_free((void *)b->topk_idx);
+    tkd_kl_cuda_free((void *)b->topk_logit);
+    tkd_kl_cuda_free((void *)b->teacher_lse);
+    tkd_kl_cuda_free((void *)b->tail_idx);
+    tkd_kl_cuda_free((void *)b->labels);
+    memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,507 @@
+/* test_gpu_kl_loss.c — the CUDA KL loss (kernels/kl_loss_cuda.h) against the float64 reference
+ * tkd_kl_ref_f64, run on inputs already rounded to bf16, so the only differences are the GPU's
+ * accumulation order, its fp32 logits / log-sum-exps and the bf16 rounding of dS. Labelled gpu:
+ * exits 77 (skipped) where no GPU answers or the build has no CUDA backend.
+ *
+ * Tolerances (relative unless said):
+ *   loss, KD, CE: |Δ| ≤ 2e-4 + 2e-4·|ref|. The logits are fp32 sums of bf16 products (exact
+ *     products, ~1e-7 relative rounding), the log-sum-exps fp32 (~1e-7 of |lse|), the per-row
+ *     loss double; 2e-4 leaves room for the exp2 approximation on |s| up to ~100.
+ *   dH, dW: ‖Δ‖₂ / ‖ref‖₂ ≤ 1e-2. dS is rounded to bf16 (≤ 2^-9 = 2e-3 relative per element,
+ *     about 1e-3 in norm after the GEMM's fp32 sums); fp32 q adds ~1e-6.
+ *   extreme logits (|s| ~ 1e4): loss 1e-3 relative (fp32 logits have ulp ~1e-3 there, and the
+ *     loss is ~1e4 in size); gradients 3e-2, because q = exp(s/τ − lse) then carries an
+ *     absolute error of ~1e-3 where a row's dS is a small difference of two numbers near 1.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "kernels/kl_loss.h"
+#include "tests/testutil.h"
+
+#ifdef TKD_HAVE_CUDA
+#include "kernels/kl_loss_cuda.h"
+
+#define LOSS_TOL 2e-4
+#define GRAD_TOL 1e-2
+#define EXTREME_LOSS_TOL 1e-3
+#define EXTREME_GRAD_TOL 3e-2
+
+/* ---- a synthetic batch cut from full teacher logits ----------------------------------------- */
+
+typedef struct gcase {
+    int64_t n;
+    int d, v, k, s;
+    float *h, *w;         /* (N, D), (V, D), bf16-representable */
+    int32_t *idx;         /* (N, k) */
+    float *tl;            /* (N, k) */
+    float *lse;           /* (N) log Σ exp(t / τ_cache) over the full V */
+    int32_t *draws;       /* (N, S) outside the top-k, draw 1 repeats draw 0 */
+    int32_t *labels;      /* (N) every 5th row ignore_index */
+    uint64_t rng;
+} gcase;
+
+static uint64_t next_u64(gcase *c)
+{
+    c->rng ^= c->rng << 13;
+    c->rng ^= c->rng >> 7;
+    c->rng ^= c->rng << 17;
+    return c->rng;
+}
+
+static int rand_below(gcase *c, int n) { return (int)(next_u64(c) % (uint64_t)n); }
+
+static void round_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = tkd_bf16_to_f32(tkd_f32_to_bf16(x[i]));
+}
+
+/* One row's teacher columns: the k largest of t (V), sorted, and lse at τ_cache. */
+static void cut_row(gcase *c, int64_t i, const float *t, double tau_cache)
+{
+    int32_t *idx = c->idx + i * c->k;
+    for (int j = 0; j < c->k; j++) {
+        int best = -1;
+        for (int u = 0; u < c->v; u++) {
+            int taken = 0;
+            for (int q = 0; q < j && !taken; q++)
+                taken = idx[q] == u;
+            if (!taken && (best < 0 || t[u] > t[best]))
+                best = u;
+        }
+        idx[j] = best;
+        c->tl[i * c->k + j] = t[best];
+    }
+    double m = -INFINITY, sum = 0.0;
+    for (int u = 0; u < c->v; u++)
+        m = fmax(m, t[u] / tau_cache);
+    for (int u = 0; u < c->v; u++)
+        sum += exp(t[u] / tau_cache - m);
+    c->lse[i] = (float)(m + log(sum));
+    for (int j = 0; j < c->s; j++) {
+        int u, clash;
+        do {
+            u = rand_below(c, c->v);
+            clash = 0;
+            for (int q = 0; q < c->k; q++)
+                clash |= idx[q] == u;
+        } while (clash);
+        c->draws[i * c->s + j] = (j == 1) ? c->draws[i * c->s] : u; /* a repeated draw */
+    }
+}
+
+static gcase *case_make(int64_t n, int d, int v, int k, int s, double tau_cache, uint64_t seed,
+                        float hw_std)
+{
+    gcase *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    c->n = n, c->d = d, c->v = v, c->k = k, c->s = s;
+    c->rng = seed * 0x9e3779b97f4a7c15ull + 7;
+    c->h = malloc(sizeof(float) * (size_t)(n * d));
+    c->w = malloc(sizeof(float) * (size_t)v * d);
+    c->idx = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
+    c->tl = malloc(sizeof(float) * (size_t)(n * k + 1));
+    c->lse = malloc(sizeof(float) * (size_t)n);
+    c->draws = malloc(sizeof(int32_t) * (size_t)(n * s + 1));
+    c->labels = malloc(sizeof(int32_t) * (size_t)n);
+    float *t = malloc(sizeof(float) * (size_t)v);
+    assert_true(c->h && c->w && c->idx && c->tl && c->lse && c->draws && c->labels && t);
+    tkd_test_randn(c->h, (size_t)(n * d), seed + 1, hw_std);
+    tkd_test_randn(c->w, (size_t)v * d, seed + 2, hw_std);
+    round_bf16(c->h, (size_t)(n * d));
+    round_bf16(c->w, (size_t)v * d);
+    for (int64_t i = 0; i < n; i++) {
+        tkd_test_randn(t, (size_t)v, seed * 1000 + 17 + (uint64_t)i, 2.5f);
+        cut_row(c, i, t, tau_cache);
+        c->labels[i] = (i % 5 == 3) ? -100 : rand_below(c, v);
+    }
+    free(t);
+    return c;
+}
+
+static void case_free(gcase *c)
+{
+    free(c->h), free(c->w), free(c->idx), free(c->tl), free(c->lse), free(c->draws);
+    free(c->labels), free(c);
+}
+
+static tkd_kl_batch case_batch(const gcase *c)
+{
+    tkd_kl_batch b = {c->n, c->d, c->v, c->h, c->w, c->idx, c->tl, c->lse,
+                      c->s > 0 ? c->draws : NULL, c->labels};
+    return b;
+}
+
+/* ---- one GPU run and its comparison with the reference ---------------------------------------- */
+
+typedef struct errs {
+    double loss, dh, dw; /* loss: |Δ| / (1 + |ref|) over loss, kd, ce; grads: relative norms */
+} errs;
+
+/* ‖a − ref‖ / ‖ref‖; infinity when a holds a non-finite value (unwritten or NaN). */
+static double rel_norm(const float *a, const double *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]))
+            return INFINITY;
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double loss_err(const tkd_kl_result *g, const tkd_kl_result *r)
+{
+    double e = fabs(g->loss - r->loss) / (1.0 + fabs(r->loss));
+    e = fmax(e, fabs(g->kd - r->kd) / (1.0 + fabs(r->kd)));
+    e = fmax(e, fabs(g->ce - r->ce) / (1.0 + fabs(r->ce)));
+    return isfinite(g->loss) ? e : INFINITY;
+}
+
+typedef struct gpu_ctx {
+    tkd_kl_cuda_ws *ws;
+    tkd_kl_cuda_batch db;
+    float *dh, *dw;       /* device (N, D), (V, D) */
+    float *h_dh, *h_dw;   /* host copies */
+    float *poison;        /* host NaNs, (N, D) */
+} gpu_ctx;
+
+static void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
+{
+    tkd_kl_batch hb = case_batch(c);
+    tkd_kl_params up = *p; /* upload every stored column and draw, whatever p uses */
+    up.k = c->k;
+    up.s = c->s;
+    assert_int_equal(tkd_kl_cuda_batch_upload(&x->db, &up, &hb), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_ws_init(&x->ws, p, c->n, c->d, c->v), TKD_OK);
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    assert_int_equal(tkd_kl_cuda_malloc((void **)&x->dh, nh * 4), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_malloc((void **)&x->dw, nw * 4), TKD_OK);
+    x->h_dh = malloc(nh * 4 + 4);
+    x->h_dw = malloc(nw * 4 + 4);
+    x->poison = malloc(nh * 4 + 4);
+    assert_true(x->h_dh && x->h_dw && x->poison);
+    for (size_t i = 0; i < nh; i++)
+        x->poison[i] = NAN;
+}
+
+static void ctx_free(gpu_ctx *x)
+{
+    tkd_kl_cuda_ws_free(x->ws);
+    tkd_kl_cuda_batch_free(&x->db);
+    tkd_kl_cuda_free(x->dh), tkd_kl_cuda_free(x->dw);
+    free(x->h_dh), free(x->h_dw), free(x->poison);
+}
+
+/* Forward + gradients on the GPU (recompute: forward then backward(scale); grad_in_forward:
+ * forward with p->grad_scale = scale). dH is poisoned with NaN first, so an unwritten element
+ * fails; dW is zeroed (it accumulates). */
+static void gpu_run(gpu_ctx *x, const gcase *c, const tkd_kl_params *p, float scale,
+                    tkd_kl_result *res)
+{
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    assert_int_equal(tkd_kl_cuda_to_device(x->dh, x->poison, nh * 4), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_memzero(x->dw, nw * 4), TKD_OK);
+    tkd_kl_params q = *p;
+    tkd_status st;
+    if (q.grad_in_forward) {
+        q.grad_scale = scale;
+        st = tkd_kl_cuda_forward(x->ws, &q, &x->db, res, x->dh, x->dw);
+    } else {
+        st = tkd_kl_cuda_forward(x->ws, &q, &x->db, res, NULL, NULL);
+        if (st == TKD_OK)
+            st = tkd_kl_cuda_backward(x->ws, &q, &x->db, scale, x->dh, x->dw);
+    }
+    if (st != TKD_OK)
+        fail_msg("%s: %s", tkd_status_name(st), tkd_error_msg());
+    assert_int_equal(tkd_kl_cuda_to_host(x->h_dh, x->dh, nh * 4), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_to_host(x->h_dw, x->dw, nw * 4), TKD_OK);
+}
+
+typedef struct refout {
+    tkd_kl_result res;
+    double *dh, *dw;
+} refout;
+
+static void ref_run(const gcase *c, const tkd_kl_params *p, refout *r)
+{
+    tkd_kl_batch hb = case_batch(c);
+    r->dh = malloc(sizeof(double) * (size_t)(c->n * c->d) + 8);
+    r->dw = malloc(sizeof(double) * (size_t)c->v * c->d + 8);
+    assert_true(r->dh && r->dw);
+    tkd_status st = tkd_kl_ref_f64(p, &hb, &r->res, r->dh, r->dw);
+    if (st != TKD_OK)
+        fail_msg("reference: %s", tkd_error_msg());
+}
+
+static void ref_free(refout *r) { free(r->dh), free(r->dw); }
+
+static errs compare(const gpu_ctx *x, const gcase *c, const tkd_kl_result *g, const refout *r,
+                    double scale)
+{
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    errs e;
+    e.loss = loss_err(g, &r->res);
+    if (g->n_kept != r->res.n_kept)
+        e.loss = INFINITY;
+    double *sh = malloc(sizeof(double) * (nh > nw ? nh : nw) + 8);
+    assert_non_null(sh);
+    for (size_t i = 0; i < nh; i++)
+        sh[i] = scale * r->dh[i];
+    e.dh = rel_norm(x->h_dh, sh, nh);
+    for (size_t i = 0; i < nw; i++)
+        sh[i] = scale * r->dw[i];
+    e.dw = rel_norm(x->h_dw, sh, nw);
+    free(sh);
+    return e;
+}
+
+static void params_set(tkd_kl_params *p, int k, tkd_kl_variant var, float tau, float alpha,
+                       int k_use, int s, int chunk, int gif)
+{
+    tkd_kl_params_defaults(p, k);
+    p->variant = var;
+    p->temperature = tau;
+    p->alpha = alpha;
+    p->k_use = k_use;
+    p->s = var == TKD_KL_VARIANT_SAMPLED ? s : 0;
+    p->chunk_rows = chunk;
+    p->grad_in_forward = gif;
+}
+
+/* Runs both modes of one parameter set against the reference; returns the worst errors. */
+static errs check_params(gpu_ctx *x, const gcase *c, const tkd_kl_params *p0, float scale)
+{
+    refout r;
+    ref_run(c, p0, &r);
+    errs worst = {0, 0, 0};
+    for (int gif = 0; gif < 2; gif++) {
+        tkd_kl_params p = *p0;
+        p.grad_in_forward = gif;
+        tkd_kl_result g;
+        gpu_run(x, c, &p, scale, &g);
+        errs e = compare(x, c, &g, &r, scale);
+        worst.loss = fmax(worst.loss, e.loss);
+        worst.dh = fmax(worst.dh, e.dh);
+        worst.dw = fmax(worst.dw, e.dw);
+    }
+    ref_free(&r);
+    return worst;
+}
+
+static void expect_within(errs e, double loss_tol, double grad_tol, const char *what)
+{
+    if (!(e.loss <= loss_tol && e.dh <= grad_tol && e.dw <= grad_tol))
+        fail_msg("%s: loss err %.3g (tol %.1g), dH %.3g, dW %.3g (tol %.1g)", what, e.loss,
+                 loss_tol, e.dh, e.dw, grad_tol);
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+/* Every variant × τ × alpha × k' (× S for sampled), both modes, N = 37 rows in chunks of 16 (the
+ * last one short), V = 1003 (not a multiple of 8), masked rows, a repeated tail draw. */
+static void test_variant_grid(void **state)
+{
+    (void)state;
+    const int n = 37, d = 40, v = 1003, k = 8, s = 6;
+    const float taus[] = {1.0f, 2.5f}, alphas[] = {1.0f, 0.5f, 0.0f};
+    const int kus[] = {k, 3, 1}, ss[] = {0, s};
+    for (int ti = 0; ti < 2; ti++) {
+        gcase *c = case_make(n, d, v, k, s, taus[ti], 11 + ti, 0.35f);
+        tkd_kl_params p;
+        params_set(&p, k, TKD_KL_VARIANT_RENORM, taus[ti], 1.0f, k, s, 16, 0);
+        gpu_ctx x = {0};
+        ctx_init(&x, c, &p);
+        for (int var = 0; var < 3; var++) {
+            errs worst = {0, 0, 0};
+            for (int ai = 0; ai < 3; ai++)
+                for (int ki = 0; ki < 3; ki++)
+                    for (int si = 0; si < (var == TKD_KL_VARIANT_SAMPLED ? 2 : 1); si++) {
+                        params_set(&p, k, (tkd_kl_variant)var, taus[ti], alphas[ai], kus[ki],
+                                   ss[si], 16, 0);
+                        errs e = check_params(&x, c, &p, 1.0f);
+                        char what[160];
+                        snprintf(what, sizeof what, "%s tau %g alpha %g k' %d S %d",
+                                 tkd_kl_variant_name((tkd_kl_variant)var), taus[ti], alphas[ai],
+                                 kus[ki], p.s);
+                        expect_within(e, LOSS_TOL, GRAD_TOL, what);
+                        worst.loss = fmax(worst.loss, e.loss);
+                        worst.dh = fmax(worst.dh, e.dh);
+                        worst.dw = fmax(worst.dw, e.dw);
+                    }
+            printf("grid tau %.1f %-7s worst: loss %.2e  dH %.2e  dW %.2e\n", taus[ti],
+                   tkd_kl_variant_name((tkd_kl_variant)var), worst.loss, worst.dh, worst.dw);
+        }
+        ctx_free(&x);
+        case_free(c);
+    }
+}
+
+/* One row; k = 1; V = 5 (< one float4 pair); N not a multiple of the chunk; V > one in-place tile
+ * (4096) so several tiles and a ragged last tile; automatic chunk. Sampled, which has every term. */
+static void test_awkward_shapes(void **state)
+{
+    (void)state;
+    const struct { int n, d, v, k, s, chunk; } sh[] = {
+        {1, 8, 5, 1, 2, 0}, {130, 24, 4099, 1, 3, 128}, {65, 32, 20011, 16, 8, 0},
+        {50, 16, 9000, 4, 4, 7},
+    };
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+        gcase *c = case_make(sh[i].n, sh[i].d, sh[i].v, sh[i].k, sh[i].s, 1.5, 31 + i, 0.4f);
+        for (int var = 0; var < 3; var++) {
+            tkd_kl_params p;
+            params_set(&p, sh[i].k, (tkd_kl_variant)var, 1.5f, 0.7f, sh[i].k, sh[i].s,
+                       sh[i].chunk, 0);
+            gpu_ctx x = {0};
+            ctx_init(&x, c, &p);
+            errs e = check_params(&x, c, &p, 1.0f);
+            char what[160];
+            snprintf(what, sizeof what, "N %d D %d V %d k %d chunk %d(%d) %s", sh[i].n, sh[i].d,
+                     sh[i].v, sh[i].k, sh[i].chunk, tkd_kl_cuda_ws_chunk_rows(x.ws),
+                     tkd_kl_variant_name((tkd_kl_variant)var));
+            printf("%s: loss %.2e dH %.2e dW %.2e\n", what, e.loss, e.dh, e.dw);
+            expect_within(e, LOSS_TOL, GRAD_TOL, what);
+            ctx_free(&x);
+        }
+        case_free(c);
+    }
+}
+
+/* Student logits of size ~1e4: no NaN, the loss and gradients still match. */
+static void test_extreme_logits(void **state)
+{
+    (void)state;
+    gcase *c = case_make(23, 16, 777, 5, 4, 1.0, 77, 28.0f); /* |s| ~ 28² · 4 · 3 ≈ 1e4 */
+    for (int var = 0; var < 3; var++) {
+        tkd_kl_params p;
+        params_set(&p, 5, (tkd_kl_variant)var, 1.0f, 0.5f, 5, 4, 8, 0);
+        gpu_ctx x = {0};
+        ctx_init(&x, c, &p);
+        errs e = check_params(&x, c, &p, 1.0f);
+        printf("extreme %s: loss %.2e dH %.2e dW %.2e\n", tkd_kl_variant_name((tkd_kl_variant)var),
+               e.loss, e.dh, e.dw);
+        expect_within(e, EXTREME_LOSS_TOL, EXTREME_GRAD_TOL, "extreme logits");
+        ctx_free(&x);
+    }
+    case_free(c);
+}
+
+/* backward's scale multiplies the gradients; dW accumulates across calls; dH is overwritten. */
+static void test_scale_and_accumulate(void **state)
+{
+    (void)state;
+    gcase *c = case_make(29, 24, 513, 6, 0, 1.0, 5, 0.4f);
+    tkd_kl_params p;
+    params_set(&p, 6, TKD_KL_VARIANT_TAIL, 1.0f, 0.8f, 6, 0, 8, 0);
+    gpu_ctx x = {0};
+    ctx_init(&x, c, &p);
+    errs e = check_params(&x, c, &p, 0.25f);
+    expect_within(e, LOSS_TOL, GRAD_TOL, "scale 0.25");
+    /* a second backward without zeroing dW: dW doubles, dH stays */
+    tkd_kl_result g;
+    assert_int_equal(tkd_kl_cuda_forward(x.ws, &p, &x.db, &g, NULL, NULL), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_backward(x.ws, &p, &x.db, 0.25f, x.dh, x.dw), TKD_OK);
+    refout r;
+    ref_run(c, &p, &r);
+    size_t nw = (size_t)c->v * c->d;
+    assert_int_equal(tkd_kl_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
+    double *twice = malloc(sizeof(double) * nw);
+    assert_non_null(twice);
+    for (size_t i = 0; i < nw; i++)
+        twice[i] = 0.5 * r.dw[i];
+    double edw = rel_norm(x.h_dw, twice, nw);
+    printf("dW accumulated over two backward calls: rel err %.2e\n", edw);
+    assert_true(edw <= GRAD_TOL);
+    free(twice);
+    ref_free(&r);
+    ctx_free(&x);
+    case_free(c);
+}
+
+/* Every row masked: the loss is 0 over 0 kept rows and the gradients are exactly 0. */
+static void test_all_masked(void **state)
+{
+    (void)state;
+    gcase *c = case_make(9, 8, 100, 3, 0, 1.0, 3, 0.5f);
+    for (int i = 0; i < 9; i++)
+        c->labels[i] = -100;
+    tkd_kl_params p;
+    params_set(&p, 3, TKD_KL_VARIANT_RENORM, 1.0f, 0.5f, 3, 0, 4, 0);
+    gpu_ctx x = {0};
+    ctx_init(&x, c, &p);
+    tkd_kl_result g;
+    gpu_run(&x, c, &p, 1.0f, &g);
+    assert_int_equal(g.n_kept, 0);
+    assert_true(g.loss == 0.0);
+    for (int i = 0; i < 9 * 8; i++)
+        assert_true(x.h_dh[i] == 0.0f);
+    for (int i = 0; i < 100 * 8; i++)
+        assert_true(x.h_dw[i] == 0.0f);
+    ctx_free(&x);
+    case_free(c);
+}
+
+/* A duplicate teacher index or an index ≥ V is an error naming the row, not garbage. */
+static void test_bad_teacher_data(void **state)
+{
+    (void)state;
+    gcase *c = case_make(12, 8, 200, 4, 0, 1.0, 9, 0.5f);
+    tkd_kl_params p;
+    params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 5, 0);
+    c->idx[6 * 4 + 2] = c->idx[6 * 4 + 0]; /* row 6: a duplicate */
+    c->idx[9 * 4 + 1] = 200;               /* row 9: out of range */
+    c->labels[6] = 1, c->labels[9] = 2;    /* both kept */
+    gpu_ctx x = {0};
+    ctx_init(&x, c, &p);
+    tkd_kl_result g;
+    assert_int_equal(tkd_kl_cuda_forward(x.ws, &p, &x.db, &g, NULL, NULL), TKD_ERR_FORMAT);
+    printf("bad teacher data: %s\n", tkd_error_msg());
+    assert_non_null(strstr(tkd_error_msg(), "row 6"));
+    ctx_free(&x);
+    case_free(c);
+}
+
+/* A workspace the device cannot hold is TKD_ERR_DEVICE_OOM, not an abort. */
+static void test_device_oom(void **state)
+{
+    (void)state;
+    tkd_kl_params p;
+    params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 1 << 20, 0);
+    tkd_kl_cuda_ws *ws = NULL;
+    tkd_status st = tkd_kl_cuda_ws_init(&ws, &p, (int64_t)1 << 22, 64, 1 << 20); /* 4 TiB chunk */
+    assert_int_equal(st, TKD_ERR_DEVICE_OOM);
+    assert_null(ws);
+    printf("oom: %s\n", tkd_error_msg());
+}
+
+int main(void)
+{
+    tkd_test_require_gpu();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_variant_grid),     cmocka_unit_test(test_awkward_shapes),
+        cmocka_unit_test(test_extreme_logits),   cmocka_unit_test(test_scale_and_accumulate),
+        cmocka_unit_test(test_all_masked),       cmocka_unit_test(test_bad_teacher_data),
+        cmocka_unit_test(test_device_oom),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else /* no CUDA backend in this build */
+
+int main(void)
+{
+    printf("skipped: built without the CUDA backend\n");
+    return 77;
+}
+
+#endif
