@@ -61,3 +61,255 @@ void tkd_test_randn(float *x, size_t n, uint64_t seed, float std)
         x[i] = (float)(std * sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
     }
 }
+
+/* ---- a tiny teacher cache -------------------------------------------------------------------- */
+
+#include "common/rng.h"
+#include "formats/cache_manifest.h"
+#include "formats/cache_shard.h"
+#include "kernels/tail_sample.h"
+#include "kernels/topk.h"
+#include "model/model.h"
+
+/* Fills sequences g0 .. g0 + n - 1 into b: random tokens (seeded per sequence, so shard and batch
+ * boundaries do not matter), then the teacher's top-k / LSE / tail draws over each sequence's
+ * first T tokens. logits (T, V), pos (T) and seqs (T) are scratch. */
+static tkd_status teacher_fill(const tkd_test_teacher_opts *o, tkd_model *teacher, tkd_cache_batch *b,
+                               int64_t g0, int64_t n, float *logits, int32_t *pos, int64_t *seqs)
+{
+    int T = o->seq_len, V = o->vocab;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t g = g0 + j;
+        int32_t *tok = b->tokens + j * (T + 1);
+        tkd_rng r;
+        tkd_rng_seed_stream(&r, o->seed ^ 0x70c5ull, (uint64_t)g);
+        for (int t = 0; t <= T; t++)
+            tok[t] = (int32_t)tkd_rng_below(&r, (uint64_t)V);
+        const float *hidden = NULL;
+        TKD_TRY(tkd_model_forward(teacher, tok, 1, T, 0, &hidden));
+        tkd_model_logits(teacher, hidden, T, logits);
+        size_t row = (size_t)j * T;
+        TKD_TRY(tkd_topk_cpu(logits, T, V, o->k, o->temperature, b->topk_indices + row * o->k,
+                             b->topk_logits + row * o->k, b->lse + row));
+        if (o->tail_samples > 0) {
+            for (int t = 0; t < T; t++) {
+                pos[t] = t;
+                seqs[t] = g;
+            }
+            TKD_TRY(tkd_tail_sample_cpu(logits, T, V, b->topk_indices + row * o->k, o->k, o->temperature,
+                                        o->tail_samples, o->seed, seqs, pos,
+                                        b->tail_indices + row * o->tail_samples));
+        }
+        b->seq_index[j] = g;
+    }
+    b->num_seq = n;
+    return TKD_OK;
+}
+
+static void teacher_identity(const tkd_test_teacher_opts *o, tkd_cache_identity *id)
+{
+    memset(id, 0, sizeof *id);
+    id->vocab_size = o->vocab;
+    id->k = o->k;
+    id->seq_len = o->seq_len;
+    id->temperature = o->temperature;
+    id->logits_dtype = TKD_CACHE_DTYPE_FLOAT32;
+    id->tail_samples = o->tail_samples;
+    snprintf(id->teacher_sha256, sizeof id->teacher_sha256, "%s",
+             o->teacher_sha256 ? o->teacher_sha256
+                               : "abababababababababababababababababababababababababababababababab");
+    memset(id->dataset_sha256, 'c', 64);
+}
+
+static tkd_status teacher_model(const tkd_test_teacher_opts *o, tkd_model **out)
+{
+    tkd_model_config mc;
+    tkd_model_config_defaults(&mc);
+    mc.vocab_size = o->vocab;
+    mc.hidden_size = o->hidden;
+    mc.intermediate_size = 2 * o->hidden;
+    mc.num_hidden_layers = 1;
+    mc.num_attention_heads = 2;
+    mc.num_key_value_heads = 2;
+    mc.head_dim = o->hidden / 2;
+    mc.max_position_embeddings = o->seq_len;
+    mc.tie_word_embeddings = 0;
+    mc.initializer_range = o->init_std > 0 ? o->init_std : 0.5f;
+    TKD_TRY(tkd_model_config_validate(&mc));
+    TKD_TRY(tkd_model_init_random(&mc, o->seed, out));
+    /* Mostly a bigram model: the MLP's output is switched off and the attention's scaled down (with
+     * weights of std 0.5 the block's outputs would otherwise swamp the embedding), so the next-token
+     * distribution depends mainly on the current token (a tiny student learns it in a few dozen
+     * steps) and a little on the context. */
+    tkd_layer_weights *lw = &(*out)->w.layers[0];
+    size_t D = (size_t)o->hidden, F = (size_t)mc.intermediate_size;
+    for (size_t i = 0; i < D * D; i++)
+        lw->wo[i] *= 0.03f;
+    memset(lw->wd, 0, D * F * sizeof(float));
+    return TKD_OK;
+}
+
+/* Writes shard `i` holding sequences [g0, g0 + n). */
+static tkd_status teacher_shard(const char *dir, int i, const tkd_test_teacher_opts *o, const tkd_cache_identity *id,
+                                tkd_model *teacher, tkd_cache_batch *b, int64_t g0, int64_t n, float *logits,
+                                int32_t *pos, int64_t *seqs, tkd_cache_shard_entry *e)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/shard-%05d.h5", dir, i);
+    tkd_shard_writer_opts wo = {3, o->chunk_seqs, o->seed};
+    tkd_shard_writer *w = NULL;
+    TKD_TRY(tkd_shard_writer_open(&w, path, id, g0, &wo));
+    tkd_status st = TKD_OK;
+    for (int64_t s = 0; st == TKD_OK && s < n; s += b->capacity) {
+        int64_t m = n - s < b->capacity ? n - s : b->capacity;
+        st = teacher_fill(o, teacher, b, g0 + s, m, logits, pos, seqs);
+        if (st == TKD_OK && o->edit)
+            o->edit(b, g0 + s, o->edit_ctx);
+        if (st == TKD_OK)
+            st = tkd_shard_writer_append(w, b);
+    }
+    if (st != TKD_OK) {
+        tkd_shard_writer_abort(w);
+        return st;
+    }
+    return tkd_shard_writer_finish(w, e);
+}
+
+tkd_status tkd_test_teacher_cache(const char *dir, const tkd_test_teacher_opts *o)
+{
+    tkd_cache_identity id;
+    teacher_identity(o, &id);
+    tkd_model *teacher = NULL;
+    TKD_TRY(teacher_model(o, &teacher));
+    tkd_cache_batch b;
+    tkd_status st = tkd_cache_batch_alloc(&b, 4, o->seq_len, o->k, o->tail_samples);
+    float *logits = malloc((size_t)o->seq_len * (size_t)o->vocab * sizeof(float));
+    int32_t *pos = malloc((size_t)o->seq_len * sizeof(int32_t));
+    int64_t *seqs = malloc((size_t)o->seq_len * sizeof(int64_t));
+    tkd_cache_manifest m;
+    tkd_cache_manifest_init(&m);
+    m.id = id;
+    m.tail_seed = o->seed;
+    m.stride = o->seq_len;
+    tkd_cache_manifest_set_str(&m.teacher_path, "tests: random teacher");
+    tkd_cache_manifest_set_str(&m.teacher_arch, "LlamaForCausalLM");
+    tkd_cache_manifest_set_str(&m.dataset_path, "tests: random tokens");
+    tkd_cache_manifest_set_str(&m.tool_version, "test");
+    if (st == TKD_OK && (!logits || !pos || !seqs))
+        st = tkd_error_set(TKD_ERR_NOMEM, "test teacher cache: out of memory");
+    for (int i = 0, g = 0; st == TKD_OK && g < o->num_seq; i++) {
+        int n = o->num_seq - g < o->shard_seqs ? o->num_seq - g : o->shard_seqs;
+        tkd_cache_shard_entry e;
+        st = teacher_shard(dir, i, o, &id, teacher, &b, g, n, logits, pos, seqs, &e);
+        if (st == TKD_OK)
+            st = tkd_cache_manifest_add_shard(&m, &e);
+        g += n;
+    }
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/" TKD_CACHE_MANIFEST_NAME, dir);
+    if (st == TKD_OK)
+        st = tkd_cache_manifest_write(&m, mpath);
+    tkd_cache_manifest_free(&m);
+    tkd_cache_batch_free(&b);
+    tkd_model_free(teacher);
+    free(logits);
+    free(pos);
+    free(seqs);
+    return st;
+}
+
+char *tkd_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len)
+            *len = (size_t)n;
+    }
+    return buf;
+}
+
+int tkd_test_files_equal(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = tkd_test_read_file(a, &na), *y = tkd_test_read_file(b, &nb);
+    int eq = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
+
+/* ---- student-train in-process ------------------------------------------------------------------ */
+
+#include "common/log.h"
+#include "student_train/train.h"
+#include "student_train/train_config.h"
+
+tkd_status tkd_test_student_train(const char *run_dir, const char *name, const char *const *sets, size_t n,
+                                  int resume, tkd_train_result *res)
+{
+    tkd_train_result scratch;
+    const char **all = malloc((n + 2) * sizeof *all);
+    char dir_set[4200], name_set[600];
+    snprintf(dir_set, sizeof dir_set, "run.dir=%s", run_dir);
+    snprintf(name_set, sizeof name_set, "run.name=%s", name);
+    all[0] = dir_set;
+    all[1] = name_set;
+    for (size_t i = 0; i < n; i++)
+        all[2 + i] = sets[i];
+    tkd_train_config cfg = {0};
+    tkd_status st = tkd_config_load(&tkd_train_schema, &cfg, NULL, all, n + 2);
+    char *yaml = NULL;
+    size_t yaml_len = 0;
+    if (st == TKD_OK) {
+        FILE *mem = open_memstream(&yaml, &yaml_len);
+        st = tkd_config_print(&tkd_train_schema, &cfg, mem);
+        fclose(mem);
+    }
+    if (st == TKD_OK) {
+        tkd_log_level saved = tkd_log_get_level();
+        tkd_log_set_level(TKD_LOG_LEVEL_WARN);
+        tkd_train_opts o = {.cfg = &cfg, .run_name = name, .config_yaml = yaml, .resume = resume != 0};
+        st = tkd_train_run(&o, res ? res : &scratch);
+        tkd_log_set_level(saved);
+    }
+    free(yaml);
+    free(all);
+    tkd_config_free(&tkd_train_schema, &cfg);
+    return st;
+}
+
+int tkd_test_metrics(const char *metrics_path, const char *type, const char *key, double *out, int cap)
+{
+    char *text = tkd_test_read_file(metrics_path, NULL);
+    char want_type[64], want_key[64];
+    snprintf(want_type, sizeof want_type, "\"type\": \"%s\"", type);
+    snprintf(want_key, sizeof want_key, "\"%s\": ", key);
+    int count = 0;
+    for (char *line = text; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        char *k = strstr(line, want_key);
+        if (strstr(line, want_type) && k) {
+            const char *v = k + strlen(want_key);
+            if (count < cap)
+                out[count] = strncmp(v, "null", 4) == 0 ? NAN : strtod(v, NULL);
+            count++;
+        }
+        line = nl ? nl + 1 : line + strlen(line);
+    }
+    free(text);
+    return count;
+}
