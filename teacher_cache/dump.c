@@ -440,7 +440,12 @@ static tkd_status prepare_output(dump_ctx *c)
     c->sum->resumed_at = first;
     if (tkd_file_exists(c->manifest_path)) {
         tkd_cache_manifest old;
-        TKD_TRY(load_resume(&old, dir, c->manifest_path, first, end));
+        tkd_cache_manifest_init(&old);
+        tkd_status st = load_resume(&old, dir, c->manifest_path, first, end);
+        if (st != TKD_OK) {
+            tkd_cache_manifest_free(&old);
+            return st;
+        }
         for (int64_t i = 0; i < old.num_shards; i++)
             tkd_cache_manifest_add_shard(&c->tmpl, &old.shards[i]);
         tkd_cache_manifest_free(&old);

@@ -38,9 +38,10 @@ typedef struct progress_state {
 static void on_progress(const tkd_dump_progress *p, void *user)
 {
     progress_state *ps = user;
-    char extra[96] = "";
+    char extra[96];
+    int n = snprintf(extra, sizeof extra, "%.0f tokens/s", p->elapsed_s > 0 ? (double)p->tokens_run / p->elapsed_s : 0.0);
     if (p->tokens_written > 0)
-        snprintf(extra, sizeof extra, "%.1f B/token", (double)p->bytes_written / (double)p->tokens_written);
+        snprintf(extra + n, sizeof extra - (size_t)n, "  %.1f B/token", (double)p->bytes_written / (double)p->tokens_written);
     /* The rate and ETA are about this run, so sequences done before a resume are left out. */
     ps->bar.total = p->seq_total - p->seq_start;
     tkd_progress_update(&ps->bar, p->seq_done - p->seq_start, extra);
@@ -64,7 +65,7 @@ static void print_summary(const tkd_dump_summary *s)
     double tps = s->seconds > 0 ? (double)s->tokens_run / s->seconds : 0;
     double bpt = s->tokens_written > 0 ? (double)s->bytes_run / (double)s->tokens_written : 0;
     tkd_log_info("teacher-dump: done: %lld sequences, %lld tokens in %.1f s (%.0f tokens/s); %lld shards, "
-                 "%.1f bytes/token, %.2fx smaller than raw %.0f bytes/token; manifest %s",
+                 "%.1f bytes/token, compression %.2fx vs raw %.0f bytes/token; manifest %s",
                  (long long)s->seqs_run, (long long)s->tokens_run, s->seconds, tps, (long long)s->shards_run, bpt,
                  bpt > 0 ? s->raw_bytes_per_token / bpt : 0.0, s->raw_bytes_per_token, s->manifest);
 }

@@ -230,6 +230,34 @@ static void test_resume_after_stop(void **state)
     free(dir);
 }
 
+/* The padded last window keeps its real tokens; its padding labels are -100 in /tokens. */
+static void test_last_window_pad(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-pad");
+    int32_t t[40];
+    for (int i = 0; i < 40; i++)
+        t[i] = (i * 7) % 131;
+    char npy[4200], out[4200], y[8192];
+    snprintf(npy, sizeof npy, "%s/t.npy", dir);
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_write_npy(npy, t, 0, 40);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, npy, out, "data: {last_window: pad}\n");
+    tkd_dump_config cfg;
+    tkd_dt_config(&cfg, y);
+    assert_int_equal(tkd_dump_run(&cfg, NULL, NULL), TKD_OK);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    tkd_cache_batch b;
+    /* 40 tokens, windows of 17 every 16: starts 0, 16, 32; the last has 8 real tokens (7 labels) */
+    assert_int_equal(tkd_dt_read_all(out, &b, NULL), 3);
+    const int32_t *last = b.tokens + 2 * 17;
+    for (int j = 0; j < 17; j++)
+        assert_int_equal(last[j], j < 8 ? t[32 + j] : -100);
+    tkd_cache_batch_free(&b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 /* ---- bad inputs ---------------------------------------------------------------------------------- */
 
 static void test_token_out_of_vocab(void **state)
@@ -419,6 +447,7 @@ int main(void)
         cmocka_unit_test(test_parity_qwen_float32),
         cmocka_unit_test(test_parity_qwen_bf16_weights),
         cmocka_unit_test(test_resume_after_stop),
+        cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_token_out_of_vocab),
         cmocka_unit_test(test_other_config_needs_overwrite),
         cmocka_unit_test(test_bad_settings),
