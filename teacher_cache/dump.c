@@ -450,6 +450,13 @@ static tkd_status prepare_output(dump_ctx *c)
             tkd_cache_manifest_add_shard(&c->tmpl, &old.shards[i]);
         tkd_cache_manifest_free(&old);
         c->sum->resumed_at = tkd_cache_manifest_end_seq(&c->tmpl, first);
+        /* data.max_sequences grew since a run whose last shard was cut short: that shard is
+         * recomputed whole. Unlist it first, so the manifest never names a file being replaced. */
+        if (c->sum->resumed_at < end && c->sum->resumed_at % cfg->shard_sequences != 0) {
+            c->tmpl.num_shards--;
+            c->sum->resumed_at = tkd_cache_manifest_end_seq(&c->tmpl, first);
+            TKD_TRY(tkd_cache_manifest_write(&c->tmpl, c->manifest_path));
+        }
     } else {
         /* An empty manifest records the identity at once, so a second run with another config
          * is refused even before the first shard is done. */

@@ -211,6 +211,17 @@ static void test_resume_after_stop(void **state)
     assert_int_equal(sum.seqs_run, 13);
     tkd_dt_assert_same_cache(a, b);
 
+    /* A cache cut short by data.max_sequences (last shard 1 of 5) grows to the same cache. */
+    char c[4200], yc[8192], ycs[8300];
+    snprintf(c, sizeof c, "%s/c", dir);
+    tkd_dt_small_yaml(yc, sizeof yc, TKD_DT_LLAMA, tok, c, extra);
+    snprintf(ycs, sizeof ycs, "%s\n---\ndata: {max_sequences: 6}\n", yc);
+    run_ok(ycs, NULL, &sum);
+    assert_int_equal(sum.seqs_run, 6);
+    run_ok(yc, NULL, &sum);
+    assert_int_equal(sum.resumed_at, 5);
+    tkd_dt_assert_same_cache(a, c);
+
     /* A finished cache re-run does nothing. */
     run_ok(yb, NULL, &sum);
     assert_int_equal(sum.seqs_run, 0);
