@@ -223,7 +223,9 @@ static tkd_status build_model(trainer *tr)
             return tkd_error_set(TKD_ERR_CONFIG, "model.init = hf needs model.path (a Hugging Face checkpoint dir)");
         TKD_TRY(tkd_model_load_hf(c->model_path, &tr->m));
     } else {
-        int vocab = tr->V > 0 ? tr->V : c->vocab_size;
+        /* model.vocab_size, when set, builds that student, so a cache of another vocabulary is
+         * reported below with both sizes */
+        int vocab = c->vocab_size > 0 ? c->vocab_size : tr->V;
         if (vocab <= 0)
             return tkd_error_set(TKD_ERR_CONFIG, "model.vocab_size must be set for a random student without a cache");
         tkd_model_config mc;
@@ -376,14 +378,32 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *
     return TKD_OK;
 }
 
+/* Says which step and which cache sequences a failing micro-batch held: the loss names only a row
+ * of the batch (row r = slot r / t, position r % t). */
+static tkd_status batch_error(tkd_status st, const trainer *tr, const tkd_train_batch *b)
+{
+    char seqs[192];
+    int o = 0;
+    for (int j = 0; j < b->b && j < 8 && o < (int)sizeof seqs - 24; j++)
+        o += snprintf(seqs + o, sizeof seqs - (size_t)o, "%s%" PRId64, j ? ", " : "", b->seq[j]);
+    if (b->b > 8)
+        snprintf(seqs + o, sizeof seqs - (size_t)o, ", …");
+    return tkd_error_prefix(st, "step %" PRId64 ", sequences [%s] (row r: position r %% %d of the sequence number r / %d "
+                            "in this list)", tr->st.step + 1, seqs, b->t, b->t);
+}
+
 static tkd_status train_step(trainer *tr, step_stats *ss)
 {
     memset(ss, 0, sizeof *ss);
     tkd_model_zero_grad(tr->m);
     for (int a = 0; a < tr->cfg->grad_accum; a++) {
         const tkd_train_batch *b = NULL;
-        TKD_TRY(next_batch(tr, &b));
-        TKD_TRY(micro_step(tr, b, ss));
+        tkd_status st = next_batch(tr, &b);
+        if (st != TKD_OK)
+            return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
+        st = micro_step(tr, b, ss);
+        if (st != TKD_OK)
+            return batch_error(st, tr, b);
     }
     tkd_status st = tkd_optim_clip(tr->m->grads, tr->m->n_params, tr->cfg->grad_clip, &ss->grad_norm);
     if (st != TKD_OK)
@@ -610,6 +630,8 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
     eval_stats es = {0};
     while (tr->st.step < tr->total_steps) {
         tkd_status st = train_step(tr, &ss);
+        if (st != TKD_OK && !tkd_file_exists(tr->ckpt))
+            return tkd_error_prefix(st, "training stopped (no checkpoint written yet)");
         if (st != TKD_OK)
             return tkd_error_prefix(st, "training stopped (last good checkpoint: %s)", tr->ckpt);
         res->train_loss = ss.loss;
