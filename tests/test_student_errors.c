@@ -1,0 +1,365 @@
+/* test_student_errors.c — student-train's bad inputs, each one clear one-line error with the right
+ * status, and the last checkpoint left valid when training stops midway: a cache from another
+ * teacher than data.expect_teacher_sha256, a vocabulary mismatch (random student and HF init),
+ * kd.variant = sampled on a cache without tail draws, kd.topk > k, a temperature the cache was not
+ * written at, a corrupt chunk in the 2nd shard met in the middle of training, an infinite teacher
+ * logit (refused by validation) and a bogus LSE that makes the loss infinite. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/cache_reader.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "student_train/checkpoint.h"
+#include "student_train/loader.h"
+#include "student_train/train.h"
+#include "tests/testutil.h"
+
+/* Caches: V = 80, T = 8, k = 6, 40 sequences in shards of 16 (chunks of 4); 5 held out (val 0.125),
+ * 35 train, batches of 4. "good" has S = 2 tail draws, "notail" none. */
+enum { V = 80, T = 8, K = 6, NSEQ = 40, NTRAIN = 35, BATCH = 4 };
+#define SEED 1234 /* train.seed: the shuffle of the runs below */
+#define TEACHER_SHA "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+typedef struct fixture {
+    char *dir;
+    char good[4200], notail[4200], runs[4200];
+} fixture;
+
+static tkd_test_teacher_opts cache_opts(int tail)
+{
+    tkd_test_teacher_opts o = {.vocab = V, .hidden = 16, .seq_len = T, .k = K, .tail_samples = tail,
+                               .temperature = 1.0f, .num_seq = NSEQ, .shard_seqs = 16, .chunk_seqs = 4, .seed = 5,
+                               .teacher_sha256 = TEACHER_SHA};
+    return o;
+}
+
+static void make_dir(const char *path)
+{
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", path);
+    assert_int_equal(system(cmd), 0);
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    f->dir = tkd_test_mkdtemp("st-errors");
+    snprintf(f->good, sizeof f->good, "%s/good", f->dir);
+    snprintf(f->notail, sizeof f->notail, "%s/notail", f->dir);
+    snprintf(f->runs, sizeof f->runs, "%s/runs", f->dir);
+    make_dir(f->good);
+    make_dir(f->notail);
+    tkd_test_teacher_opts a = cache_opts(2), b = cache_opts(0);
+    if (tkd_test_teacher_cache(f->good, &a) != TKD_OK || tkd_test_teacher_cache(f->notail, &b) != TKD_OK) {
+        fprintf(stderr, "setup: %s\n", tkd_error_msg());
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    tkd_test_rmtree(f->dir);
+    free(f->dir);
+    free(f);
+    return 0;
+}
+
+/* Runs `name` on cache with a tiny student, then extra settings. */
+static tkd_status run(const fixture *f, const char *cache, const char *name, const char *const *extra, size_t n)
+{
+    const char *sets[32] = {"model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1",
+                            "model.num_heads=2", "model.num_kv_heads=2", "model.max_position_embeddings=8",
+                            "data.val_fraction=0.125", "train.batch_size=4", "train.log_interval=1",
+                            "train.eval_interval=0", "device=cpu", "train.max_steps=8"};
+    size_t nb = 12;
+    char cache_set[4300];
+    snprintf(cache_set, sizeof cache_set, "data.cache=%s", cache);
+    sets[nb++] = cache_set;
+    for (size_t i = 0; i < n; i++)
+        sets[nb++] = extra[i];
+    tkd_status st = tkd_test_student_train(f->runs, name, sets, nb, 0, NULL);
+    if (getenv("TKD_SHOW_ERRORS"))
+        printf("  %s -> %s\n", name, st == TKD_OK ? "ok" : tkd_error_msg());
+    return st;
+}
+
+/* The status and the message: one line, containing every given fragment. */
+static void expect_error(tkd_status got, tkd_status want, const char *const *fragments, int n)
+{
+    const char *msg = tkd_error_msg();
+    if (got != want)
+        fail_msg("got %s '%s', want %s", tkd_status_name(got), msg, tkd_status_name(want));
+    assert_null(strchr(msg, '\n'));
+    for (int i = 0; i < n; i++)
+        if (!strstr(msg, fragments[i]))
+            fail_msg("'%s' does not mention '%s'", msg, fragments[i]);
+}
+
+static void test_other_teacher(void **state)
+{
+    fixture *f = *state;
+    const char *wrong[] = {"data.expect_teacher_sha256=fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"};
+    const char *frag[] = {f->good, "0123456789ab", "fedcba987654", "data.expect_teacher_sha256"};
+    expect_error(run(f, f->good, "other-teacher", wrong, 1), TKD_ERR_MISMATCH, frag, 4);
+    const char *right[] = {"data.expect_teacher_sha256=" TEACHER_SHA, "train.max_steps=1"};
+    assert_int_equal(run(f, f->good, "right-teacher", right, 2), TKD_OK);
+}
+
+static void test_vocabulary_mismatch(void **state)
+{
+    fixture *f = *state;
+    const char *random_student[] = {"model.vocab_size=100"};
+    const char *frag[] = {"100", "80", f->good};
+    expect_error(run(f, f->good, "vocab-random", random_student, 1), TKD_ERR_MISMATCH, frag, 3);
+
+    /* a Hugging Face student of 72 tokens */
+    char hf[4300];
+    snprintf(hf, sizeof hf, "%s/hf72", f->dir);
+    tkd_model_config mc;
+    tkd_model_config_defaults(&mc);
+    mc.vocab_size = 72;
+    mc.hidden_size = 16;
+    mc.intermediate_size = 32;
+    mc.num_hidden_layers = 1;
+    mc.num_attention_heads = 2;
+    mc.num_key_value_heads = 2;
+    mc.head_dim = 8;
+    mc.max_position_embeddings = 8;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&mc, 1, &m), TKD_OK);
+    assert_int_equal(tkd_model_save_hf(m, hf, TKD_DTYPE_F32), TKD_OK);
+    tkd_model_free(m);
+    char path_set[4400];
+    snprintf(path_set, sizeof path_set, "model.path=%s", hf);
+    const char *hf_student[] = {"model.init=hf", path_set};
+    const char *frag_hf[] = {"72", "80", f->good};
+    expect_error(run(f, f->good, "vocab-hf", hf_student, 2), TKD_ERR_MISMATCH, frag_hf, 3);
+}
+
+static void test_sampled_needs_tail_draws(void **state)
+{
+    fixture *f = *state;
+    const char *extra[] = {"kd.variant=sampled"};
+    const char *frag[] = {"sampled", "tail draws", f->notail};
+    expect_error(run(f, f->notail, "sampled-notail", extra, 1), TKD_ERR_CONFIG, frag, 3);
+    const char *tail[] = {"kd.variant=tail", "train.max_steps=1"}; /* tail needs only the LSE */
+    assert_int_equal(run(f, f->notail, "tail-notail", tail, 2), TKD_OK);
+}
+
+static void test_topk_beyond_the_cache(void **state)
+{
+    fixture *f = *state;
+    const char *extra[] = {"kd.topk=7"};
+    const char *frag[] = {"kd.topk = 7", "k = 6", f->good};
+    expect_error(run(f, f->good, "topk7", extra, 1), TKD_ERR_CONFIG, frag, 3);
+    const char *ok[] = {"kd.topk=6", "train.max_steps=1"};
+    assert_int_equal(run(f, f->good, "topk6", ok, 2), TKD_OK);
+}
+
+static void test_temperature_of_the_cache(void **state)
+{
+    fixture *f = *state;
+    const char *extra[] = {"kd.variant=tail", "kd.temperature=2"};
+    const char *frag[] = {"kd.temperature", "1", "2"};
+    expect_error(run(f, f->good, "tail-t2", extra, 2), TKD_ERR_CONFIG, frag, 3);
+    const char *renorm[] = {"kd.variant=renorm", "kd.temperature=2", "train.max_steps=1"}; /* any τ */
+    assert_int_equal(run(f, f->good, "renorm-t2", renorm, 3), TKD_OK);
+}
+
+/* ---- failures in the middle of training --------------------------------------------------------- */
+
+/* Position of the first of the sequences [g0, g0 + n) in epoch 0's training order (seed SEED). */
+static int64_t first_position(const fixture *f, int64_t g0, int64_t n)
+{
+    tkd_cache_reader *r = NULL;
+    assert_int_equal(tkd_cache_reader_open(&r, f->good, NULL), TKD_OK);
+    int64_t split[NTRAIN], order[NTRAIN];
+    for (int64_t i = 0; i < NTRAIN; i++)
+        split[i] = i;
+    tkd_loader_opts o = {.batch_size = BATCH, .seq_len = T, .prefetch = 2, .seed = SEED, .shuffle = 1};
+    tkd_loader *l = NULL;
+    assert_int_equal(tkd_loader_open(&l, r, NULL, split, NTRAIN, &o), TKD_OK);
+    tkd_loader_epoch_order(l, 0, order);
+    tkd_loader_close(l);
+    tkd_cache_reader_close(r);
+    int64_t best = NTRAIN;
+    for (int64_t p = 0; p < NTRAIN; p++)
+        if (order[p] >= g0 && order[p] < g0 + n && p < best)
+            best = p;
+    return best;
+}
+
+/* A run with a checkpoint every step that must stop with `want` at step fail_step: the message says
+ * so, the checkpoint holds step fail_step - 1 and loads back into a student of the run's shape. */
+static void expect_stop(const fixture *f, const char *cache, const char *name, const char *const *extra, size_t n,
+                        tkd_status want, int64_t fail_step, const char *fragment, const char *fragment2)
+{
+    const char *sets[16] = {"train.checkpoint_interval=1"};
+    memcpy(sets + 1, extra, n * sizeof *sets);
+    tkd_status st = run(f, cache, name, sets, n + 1);
+    char ckpt[4400];
+    snprintf(ckpt, sizeof ckpt, "%s/%s/checkpoint", f->runs, name);
+    char step_text[64];
+    snprintf(step_text, sizeof step_text, "step %lld", (long long)fail_step);
+    const char *frag[] = {"training stopped (last good checkpoint: ", ckpt, step_text, fragment, fragment2};
+    expect_error(st, want, frag, 5);
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_load_hf(ckpt, &m), TKD_OK);
+    tkd_optim_config oc;
+    tkd_optim_config_defaults(&oc);
+    tkd_adamw *opt = NULL;
+    assert_int_equal(tkd_adamw_init(&oc, m->n_params, &opt), TKD_OK);
+    tkd_train_state ts;
+    assert_int_equal(tkd_checkpoint_load(ckpt, m, opt, &ts), TKD_OK);
+    assert_int_equal(ts.step, fail_step - 1);
+    assert_int_equal(opt->step, fail_step - 1);
+    for (size_t i = 0; i < m->n_params; i++)
+        assert_true(isfinite(m->params[i]));
+    tkd_adamw_free(opt);
+    tkd_model_free(m);
+    /* nothing half-written is left beside it */
+    char cmd[4600];
+    snprintf(cmd, sizeof cmd, "ls -a '%s/%s' | grep -q tmp", f->runs, name);
+    assert_int_not_equal(system(cmd), 0);
+}
+
+/* Flips one byte in the middle of the chunk of `dataset` holding shard-local sequence `seq`. */
+static void flip_chunk_byte(const char *path, const char *dataset, int64_t seq)
+{
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(file >= 0);
+    hid_t ds = H5Dopen2(file, dataset, H5P_DEFAULT);
+    assert_true(ds >= 0);
+    hsize_t coords[3] = {(hsize_t)seq, 0, 0};
+    unsigned mask;
+    haddr_t addr;
+    hsize_t size;
+    assert_true(H5Dget_chunk_info_by_coord(ds, coords, &mask, &addr, &size) >= 0);
+    assert_true(size > 16);
+    H5Dclose(ds);
+    H5Fclose(file);
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    long off = (long)(addr + size / 2);
+    fseek(fp, off, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, off, SEEK_SET);
+    fputc(c ^ 0x5a, fp);
+    fclose(fp);
+}
+
+/* A copy of the good cache with one compressed chunk of shard-00001.h5 (sequences 16..31) broken:
+ * the chunk chosen is one whose sequences come up only after a few steps, so checkpoints exist. */
+static void test_corrupt_shard_mid_training(void **state)
+{
+    fixture *f = *state;
+    char dir[4300], cmd[13000], shard[4400];
+    snprintf(dir, sizeof dir, "%s/corrupt", f->dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, f->good, dir);
+    assert_int_equal(system(cmd), 0);
+    int64_t chunk = -1, pos = 0;
+    for (int64_t c = 0; c < 4 && chunk < 0; c++) {
+        pos = first_position(f, 16 + 4 * c, 4);
+        if (pos >= 2 * BATCH)
+            chunk = c;
+    }
+    assert_true(chunk >= 0);
+    snprintf(shard, sizeof shard, "%s/shard-00001.h5", dir);
+    flip_chunk_byte(shard, "/topk/logits", 4 * chunk);
+    int64_t fail_step = pos / BATCH + 1;
+    const char *extra[] = {"train.max_steps=20"};
+    expect_stop(f, dir, "corrupt", extra, 1, TKD_ERR_CHECKSUM, fail_step, "shard-00001.h5", "/topk/logits");
+}
+
+typedef struct bad_value {
+    int64_t seq;   /* global sequence */
+    int pos;       /* position in it */
+    int what;      /* 0: top-1 logit = +inf, 1: LSE = -1e30 */
+} bad_value;
+
+static void plant(tkd_cache_batch *b, int64_t g0, void *ctx)
+{
+    const bad_value *bv = ctx;
+    if (bv->seq < g0 || bv->seq >= g0 + b->num_seq)
+        return;
+    size_t row = (size_t)(bv->seq - g0) * (size_t)b->seq_len + (size_t)bv->pos;
+    if (bv->what == 0)
+        b->topk_logits[row * (size_t)b->k] = INFINITY;
+    else
+        b->lse[row] = -1e30f;
+}
+
+/* A cache like the good one with one bad value planted in the sequence at training position 9
+ * (epoch 0, step 3); returns that step, and the sequence through *seq_text ("[.., g" or ", g"). */
+static int64_t make_bad_cache(const fixture *f, const char *dir, int what, char *seq_text, size_t cap)
+{
+    int64_t split_pos = 9, seq = -1;
+    for (int64_t g = 0; g < NTRAIN && seq < 0; g++)
+        if (first_position(f, g, 1) == split_pos)
+            seq = g;
+    assert_true(seq >= 0);
+    bad_value bv = {.seq = seq, .pos = 3, .what = what};
+    make_dir(dir);
+    tkd_test_teacher_opts o = cache_opts(2);
+    o.edit = plant;
+    o.edit_ctx = &bv;
+    assert_int_equal(tkd_test_teacher_cache(dir, &o), TKD_OK);
+    snprintf(seq_text, cap, ", %lld,", (long long)seq); /* 2nd of its batch of 4 */
+    return split_pos / BATCH + 1;
+}
+
+/* An infinite teacher logit is refused by the loss's validation before the step is taken. */
+static void test_infinite_teacher_logit(void **state)
+{
+    fixture *f = *state;
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/inf-logit", f->dir);
+    char seq[32];
+    int64_t step = make_bad_cache(f, dir, 0, seq, sizeof seq);
+    const char *extra[] = {"kd.variant=renorm"};
+    expect_stop(f, dir, "inf-logit", extra, 1, TKD_ERR_FORMAT, step, seq, "not finite (inf)");
+    /* without checkpoints the message does not point at one */
+    const char *no_ckpt[] = {"kd.variant=renorm", "train.checkpoint_interval=0"};
+    const char *frag[] = {"training stopped (no checkpoint written yet)", "step 3", "not finite (inf)"};
+    expect_error(run(f, dir, "inf-logit-nockpt", no_ckpt, 2), TKD_ERR_FORMAT, frag, 3);
+}
+
+/* A finite but absurd LSE passes validation and makes the tail loss infinite: training stops with a
+ * NUMERIC error naming the step, before the update, and keeps the last checkpoint. */
+static void test_nonfinite_loss(void **state)
+{
+    fixture *f = *state;
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/bad-lse", f->dir);
+    char seq[32];
+    int64_t step = make_bad_cache(f, dir, 1, seq, sizeof seq);
+    const char *extra[] = {"kd.variant=tail"};
+    expect_stop(f, dir, "bad-lse", extra, 1, TKD_ERR_NUMERIC, step, seq, "not finite");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_other_teacher),
+        cmocka_unit_test(test_vocabulary_mismatch),
+        cmocka_unit_test(test_sampled_needs_tail_draws),
+        cmocka_unit_test(test_topk_beyond_the_cache),
+        cmocka_unit_test(test_temperature_of_the_cache),
+        cmocka_unit_test(test_corrupt_shard_mid_training),
+        cmocka_unit_test(test_infinite_teacher_logit),
+        cmocka_unit_test(test_nonfinite_loss),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
