@@ -10,14 +10,18 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+static tkd_status errno_status(int err)
+{
+    return err == ENOSPC || err == EDQUOT ? TKD_ERR_NOSPACE : err == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO;
+}
+
 /* Maps errno to a status and a one-line message; disk full gets its own code and advice. */
 static tkd_status io_error(const char *path, const char *what, int err)
 {
-    if (err == ENOSPC || err == EDQUOT)
+    if (errno_status(err) == TKD_ERR_NOSPACE)
         return tkd_error_set(TKD_ERR_NOSPACE, "%s: disk full while %s (%s); free space and retry",
                              path, what, strerror(err));
-    return tkd_error_set(err == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: %s failed: %s", path,
-                         what, strerror(err));
+    return tkd_error_set(errno_status(err), "%s: %s failed: %s", path, what, strerror(err));
 }
 
 /* The directory part of path ("." when there is none) into out. */
@@ -61,6 +65,25 @@ static tkd_status fsync_parent(const char *path)
     char dir[4096];
     dir_of(path, dir, sizeof dir);
     return tkd_fsync_dir(dir);
+}
+
+tkd_status tkd_fsync_file(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return io_error(path, "opening for fsync", errno);
+    int rc = fsync(fd), err = errno;
+    close(fd);
+    return rc != 0 ? io_error(path, "fsync", err) : TKD_OK;
+}
+
+tkd_status tkd_rename_durable(const char *from, const char *to)
+{
+    if (rename(from, to) != 0) {
+        int err = errno;
+        return tkd_error_set(errno_status(err), "rename %s -> %s failed: %s", from, to, strerror(err));
+    }
+    return fsync_parent(to);
 }
 
 static void atomic_release(tkd_atomic_file *af)
@@ -120,12 +143,10 @@ tkd_status tkd_atomic_file_commit(tkd_atomic_file *af)
         st = io_error(af->path, "closing", errno);
     if (st == TKD_OK && rename(af->tmp, af->path) != 0)
         st = io_error(af->path, "renaming the temporary file over it", errno);
-    if (st != TKD_OK) {
+    if (st != TKD_OK)
         unlink(af->tmp);
-        atomic_release(af);
-        return st;
-    }
-    st = fsync_parent(af->path);
+    else
+        st = fsync_parent(af->path);
     atomic_release(af);
     return st;
 }
@@ -179,6 +200,20 @@ tkd_status tkd_path_join(char *out, size_t cap, const char *a, const char *b)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "path too long (%d bytes, room for %zu): %.60s/%.60s",
                              n, cap ? cap - 1 : 0, a, b);
     return TKD_OK;
+}
+
+tkd_status tkd_path_join_alloc(char **out, const char *a, const char *b)
+{
+    size_t cap = strlen(a) + strlen(b) + 2;
+    *out = malloc(cap);
+    if (!*out)
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory joining %.60s and %.60s", a, b);
+    tkd_status st = tkd_path_join(*out, cap, a, b); /* cannot fail: cap fits "a/b" */
+    if (st != TKD_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 bool tkd_file_exists(const char *path)

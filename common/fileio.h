@@ -38,6 +38,9 @@ tkd_status tkd_mkdir_p(const char *path);
  * cap bytes with the NUL. */
 tkd_status tkd_path_join(char *out, size_t cap, const char *a, const char *b);
 
+/* The same into a malloc'd string the caller frees (*out = NULL on failure). */
+tkd_status tkd_path_join_alloc(char **out, const char *a, const char *b);
+
 /* True when path exists (any type). */
 bool tkd_file_exists(const char *path);
 
@@ -50,6 +53,13 @@ tkd_status tkd_read_file(const char *path, void **data, size_t *size);
 
 /* Fsyncs the directory itself (so entries created or renamed in it survive a crash). */
 tkd_status tkd_fsync_dir(const char *dir);
+
+/* Fsyncs an existing file by path (e.g. one a library such as HDF5 wrote and closed). */
+tkd_status tkd_fsync_file(const char *path);
+
+/* rename(from, to), then fsyncs the directory holding `to` so the new name survives a crash. For
+ * files written and fsynced by other means (tkd_file_write_atomic does all of this itself). */
+tkd_status tkd_rename_durable(const char *from, const char *to);
 
 /* Creates a fresh empty directory "<final>.tmp-XXXXXX" next to final, for building a checkpoint
  * before tkd_rename_dir_atomic; its path goes to out (cap bytes). */

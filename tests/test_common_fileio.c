@@ -141,6 +141,47 @@ static void test_mkdir_and_join(void **state)
     assert_int_equal(tkd_path_join(out, sizeof out, "0123456789", "abcd"), TKD_OK); /* 15 + NUL */
 }
 
+static void test_path_join_alloc(void **state)
+{
+    (void)state;
+    char *out = (char *)1;
+    assert_int_equal(tkd_path_join_alloc(&out, "cache", "shard-00000.h5"), TKD_OK);
+    assert_string_equal(out, "cache/shard-00000.h5");
+    free(out);
+    assert_int_equal(tkd_path_join_alloc(&out, "cache/", "manifest.yaml"), TKD_OK); /* no "//" */
+    assert_string_equal(out, "cache/manifest.yaml");
+    free(out);
+    assert_int_equal(tkd_path_join_alloc(&out, "cache", "/abs/m.yaml"), TKD_OK);
+    assert_string_equal(out, "/abs/m.yaml");
+    free(out);
+    char longdir[5000]; /* longer than any fixed buffer the project uses */
+    memset(longdir, 'd', sizeof longdir - 1);
+    longdir[sizeof longdir - 1] = '\0';
+    assert_int_equal(tkd_path_join_alloc(&out, longdir, "x"), TKD_OK);
+    assert_int_equal(strlen(out), sizeof longdir + 1);
+    assert_string_equal(out + sizeof longdir - 1, "/x");
+    free(out);
+}
+
+static void test_fsync_and_rename_durable(void **state)
+{
+    (void)state;
+    assert_int_equal(tkd_file_write_atomic(p("s.h5.tmp"), "shard", 5), TKD_OK);
+    assert_int_equal(tkd_fsync_file(p("s.h5.tmp")), TKD_OK);
+    assert_int_equal(tkd_fsync_file(p("missing")), TKD_ERR_NOT_FOUND);
+    assert_non_null(strstr(tkd_error_msg(), "missing"));
+    assert_int_equal(tkd_rename_durable(p("s.h5.tmp"), p("s.h5")), TKD_OK);
+    assert_false(tkd_file_exists(p("s.h5.tmp")));
+    uint64_t sz = 0;
+    assert_int_equal(tkd_file_size(p("s.h5"), &sz), TKD_OK);
+    assert_int_equal(sz, 5);
+    /* a missing source is NOT_FOUND naming both names; the target is untouched */
+    assert_int_equal(tkd_rename_durable(p("s.h5.tmp"), p("s.h5")), TKD_ERR_NOT_FOUND);
+    assert_non_null(strstr(tkd_error_msg(), "s.h5.tmp -> "));
+    assert_true(tkd_file_exists(p("s.h5")));
+    assert_int_equal(tkd_rename_durable(p("s.h5"), p("nodir/s.h5")), TKD_ERR_NOT_FOUND);
+}
+
 static void write_ckpt(const char *path, const char *content)
 {
     char f[4200];
@@ -182,6 +223,8 @@ int main(void)
         cmocka_unit_test(test_write_atomic_failure_leaves_nothing),
         cmocka_unit_test(test_read_and_size_errors),
         cmocka_unit_test(test_mkdir_and_join),
+        cmocka_unit_test(test_path_join_alloc),
+        cmocka_unit_test(test_fsync_and_rename_durable),
         cmocka_unit_test(test_rename_dir_atomic),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
