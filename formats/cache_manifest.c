@@ -12,7 +12,8 @@
 #include <sys/stat.h>
 #include <yaml.h>
 
-#include "formats/cache_fsutil.h"
+#include "common/fileio.h"
+#include "common/sha256.h"
 
 void tkd_cache_manifest_init(tkd_cache_manifest *m)
 {
@@ -305,7 +306,7 @@ tkd_status tkd_cache_manifest_write(const tkd_cache_manifest *m, const char *pat
     }
     memcpy(all, header, hl);
     memcpy(all + hl, out.p, out.len);
-    tkd_status st = tkd_cache_write_atomic(path, all, hl + out.len);
+    tkd_status st = tkd_file_write_atomic(path, all, hl + out.len);
     free(all);
     free(out.p);
     return st;
@@ -650,14 +651,13 @@ tkd_status tkd_cache_manifest_merge(tkd_cache_manifest *out, const tkd_cache_man
 
 tkd_status tkd_cache_manifest_verify_shard(const char *dir, const tkd_cache_shard_entry *e)
 {
-    size_t cap = strlen(dir) + strlen(e->file) + 2;
-    char *path = malloc(cap);
-    if (!path)
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", dir);
-    snprintf(path, cap, "%s/%s", dir, e->file);
-    char hex[65];
+    char *path;
+    TKD_TRY(tkd_path_join_alloc(&path, dir, e->file));
+    char hex[TKD_SHA256_HEX_LEN];
     uint64_t bytes = 0;
-    tkd_status st = tkd_cache_file_digest(path, hex, &bytes);
+    tkd_status st = tkd_file_size(path, &bytes);
+    if (st == TKD_OK)
+        st = tkd_sha256_file_hex(path, hex);
     if (st == TKD_ERR_NOT_FOUND)
         st = tkd_error_set(st, "%s: listed in the manifest but missing — restore it or re-run teacher-dump", path);
     else if (st == TKD_OK && (bytes != e->bytes || strcmp(hex, e->sha256) != 0))

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/fileio.h"
+
 /* ---- a small LRU of open shards (one per reader and one per stream) --------------------------- */
 
 typedef struct shard_slot {
@@ -140,15 +142,6 @@ static tkd_status pool_read(shard_pool *p, int64_t seq, int64_t count, tkd_cache
 
 /* ---- opening ---------------------------------------------------------------------------------- */
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 /* Shards tile [0, N): a gap means per-worker manifests were not merged or a shard is unlisted. */
 static tkd_status reader_check_tiling(tkd_cache_reader *r, const char *mpath)
 {
@@ -173,8 +166,7 @@ static tkd_status reader_check_shards(tkd_cache_reader *r, int verify)
 {
     for (int64_t i = 0; i < r->m.num_shards; i++) {
         const tkd_cache_shard_entry *e = &r->m.shards[i];
-        if (!(r->paths[i] = path_join(r->dir, e->file)))
-            return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", r->dir);
+        TKD_TRY(tkd_path_join_alloc(&r->paths[i], r->dir, e->file));
         struct stat st;
         if (stat(r->paths[i], &st) != 0)
             return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
@@ -206,9 +198,10 @@ tkd_status tkd_cache_reader_open(tkd_cache_reader **out, const char *dir,
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", dir);
     }
     r->max_open = o.max_open_shards > 0 ? o.max_open_shards : 8;
-    char *mpath = r->mpath = path_join(dir, o.manifest ? o.manifest : TKD_CACHE_MANIFEST_NAME);
-    tkd_status st = mpath ? tkd_cache_manifest_read(&r->m, mpath)
-                          : tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", dir);
+    tkd_status st = tkd_path_join_alloc(&r->mpath, dir, o.manifest ? o.manifest : TKD_CACHE_MANIFEST_NAME);
+    const char *mpath = r->mpath;
+    if (st == TKD_OK)
+        st = tkd_cache_manifest_read(&r->m, mpath);
     if (st == TKD_ERR_NOT_FOUND)
         st = tkd_error_set(st, "%s: no manifest — not a teacher cache directory (teacher-dump writes one)", mpath);
     if (st == TKD_OK)

@@ -13,7 +13,8 @@
 #include <unistd.h>
 
 #include "common/half.h"
-#include "formats/cache_fsutil.h"
+#include "common/fileio.h"
+#include "common/sha256.h"
 #include "formats/h5zstd.h"
 
 /* The datasets of a shard, in a fixed order used by both writer and reader. */
@@ -696,13 +697,15 @@ tkd_status tkd_shard_writer_finish(tkd_shard_writer *w, tkd_cache_shard_entry *e
     h5_quiet();
     tkd_status st = writer_close_file(w);
     if (st == TKD_OK)
-        st = tkd_cache_fsync_path(w->tmp_path);
+        st = tkd_fsync_file(w->tmp_path);
     tkd_cache_shard_entry e;
     memset(&e, 0, sizeof e);
     if (st == TKD_OK)
-        st = tkd_cache_file_digest(w->tmp_path, e.sha256, &e.bytes);
+        st = tkd_file_size(w->tmp_path, &e.bytes);
     if (st == TKD_OK)
-        st = tkd_cache_rename_durable(w->tmp_path, w->path);
+        st = tkd_sha256_file_hex(w->tmp_path, e.sha256);
+    if (st == TKD_OK)
+        st = tkd_rename_durable(w->tmp_path, w->path);
     if (st != TKD_OK) {
         tkd_shard_writer_abort(w);
         return st;

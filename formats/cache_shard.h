@@ -15,11 +15,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sha256.h"
 #include "common/status.h"
 
 #define TKD_CACHE_FORMAT_NAME "topkd-cache"
 #define TKD_CACHE_FORMAT_VERSION 1
-#define TKD_CACHE_SHA256_HEX 65 /* 64 hex digits + NUL */
+#define TKD_CACHE_SHA256_HEX TKD_SHA256_HEX_LEN /* 64 hex digits + NUL */
 #define TKD_CACHE_FILE_MAX 256  /* shard file names inside a cache directory */
 
 /* How /topk/logits is stored. Values are stable (they never appear in files: names do). */

@@ -381,15 +381,6 @@ static tkd_status index_names(tkd_st_dir *d)
     return TKD_OK;
 }
 
-static char *path_join(const char *a, const char *b)
-{
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", a, b);
-    return p;
-}
-
 static int file_exists(const char *p)
 {
     struct stat sb;
@@ -434,11 +425,9 @@ static tkd_status open_sharded(tkd_st_dir *d, const char *dir, const char *index
             seen = strcmp(p->valuestring, e->valuestring) == 0;
         if (seen)
             continue;
-        char *sp = path_join(dir, e->valuestring);
-        if (!sp) {
-            st = tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", index_path);
+        char *sp;
+        if ((st = tkd_path_join_alloc(&sp, dir, e->valuestring)) != TKD_OK)
             goto out;
-        }
         if (!file_exists(sp))
             st = tkd_error_set(TKD_ERR_NOT_FOUND, "%s: shard %s (weight_map[\"%s\"]) does not exist", index_path,
                                sp, e->string);
@@ -484,10 +473,12 @@ tkd_status tkd_st_open(const char *path, tkd_st_dir **out)
         if (st == TKD_OK)
             st = index_names(d);
     } else {
-        char *single = path_join(path, "model.safetensors");
-        char *index = path_join(path, "model.safetensors.index.json");
-        if (!single || !index)
-            st = tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
+        char *single = NULL, *index = NULL;
+        st = tkd_path_join_alloc(&single, path, "model.safetensors");
+        if (st == TKD_OK)
+            st = tkd_path_join_alloc(&index, path, "model.safetensors.index.json");
+        if (st != TKD_OK)
+            ; /* out of memory */
         else if (file_exists(single) && (st = map_file(d, single)) == TKD_OK) /* transformers' order */
             st = index_names(d);
         else if (file_exists(single))
