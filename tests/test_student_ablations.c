@@ -1,0 +1,111 @@
+/* test_student_ablations.c — the files of configs/ablations/: each file is a valid student-train config;
+ * applied on top of configs/demo-student.yaml it gives exactly what its lines given as --set
+ * overrides give (the sed one-liner of docs/student-train.md turns each "key: value" line into
+ * --set key=value); every file changes something of the demo except alpha-0.5 (the demo's own
+ * value, kept for symmetric sweeps); and the derived run names all differ. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "student_train/train.h"
+#include "student_train/train_config.h"
+#include "tests/testutil.h"
+
+#define MAX_SETS 16
+
+/* The --set form of an ablation file, as the documented sed does it: every line that starts with
+ * a dotted key, "key: value" -> "key=value" (value up to a space or '#'). Returns the count. */
+static int file_sets(const char *path, char sets[MAX_SETS][256])
+{
+    char *text = tkd_test_read_file(path, NULL);
+    assert_non_null(text);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        size_t key = strspn(line, "abcdefghijklmnopqrstuvwxyz_.");
+        if (key == 0 || line[key] != ':')
+            continue;
+        const char *v = line + key + 1;
+        v += strspn(v, " ");
+        size_t vlen = strcspn(v, " #");
+        assert_true(n < MAX_SETS);
+        snprintf(sets[n++], 256, "%.*s=%.*s", (int)key, line, (int)vlen, v);
+    }
+    free(text);
+    return n;
+}
+
+static void test_ablations_combine_with_the_demo(void **state)
+{
+    (void)state;
+    char demo[4096], pattern[4096];
+    snprintf(demo, sizeof demo, "%s/configs/demo-student.yaml", TKD_SOURCE_DIR);
+    snprintf(pattern, sizeof pattern, "%s/configs/ablations/*.yaml", TKD_SOURCE_DIR);
+    glob_t g;
+    assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+    assert_true(g.gl_pathc >= 6);
+    char names[32][512];
+    assert_true(g.gl_pathc <= 32);
+    tkd_train_config base = {0};
+    assert_int_equal(tkd_config_load(&tkd_train_schema, &base, demo, NULL, 0), TKD_OK);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        const char *path = g.gl_pathv[i];
+        tkd_train_config alone = {0}, by_file = {0}, by_set = {0};
+        /* a valid config by itself (every key known, values in range) */
+        if (tkd_config_load(&tkd_train_schema, &alone, path, NULL, 0) != TKD_OK)
+            fail_msg("%s: %s", path, tkd_error_msg());
+        /* demo + the file, and demo + the file's lines as --set */
+        assert_int_equal(tkd_config_load(&tkd_train_schema, &by_file, demo, NULL, 0), TKD_OK);
+        assert_int_equal(tkd_config_apply_file(&tkd_train_schema, &by_file, path), TKD_OK);
+        char sets[MAX_SETS][256];
+        const char *ptrs[MAX_SETS];
+        int n = file_sets(path, sets);
+        assert_true(n >= 1);
+        for (int j = 0; j < n; j++)
+            ptrs[j] = sets[j];
+        if (tkd_config_load(&tkd_train_schema, &by_set, demo, ptrs, (size_t)n) != TKD_OK)
+            fail_msg("%s as --set: %s", path, tkd_error_msg());
+        if (!tkd_config_equal(&tkd_train_schema, &by_file, &by_set))
+            fail_msg("%s: its --set form gives another config than the file", path);
+        if (!strstr(path, "alpha-0.5") && tkd_config_equal(&tkd_train_schema, &by_file, &base))
+            fail_msg("%s changes nothing of the demo", path);
+        tkd_train_derive_name(names[i], sizeof names[i], demo, ptrs, (size_t)n);
+        assert_non_null(strstr(names[i], "demo-student__"));
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                fail_msg("%s and another ablation derive the same run name %s", path, names[i]);
+        tkd_config_free(&tkd_train_schema, &alone);
+        tkd_config_free(&tkd_train_schema, &by_file);
+        tkd_config_free(&tkd_train_schema, &by_set);
+    }
+    tkd_config_free(&tkd_train_schema, &base);
+    globfree(&g);
+}
+
+/* The name a sweep gets without run.name: config base name, then each override, made safe. */
+static void test_derived_run_names(void **state)
+{
+    (void)state;
+    char name[256];
+    const char *sets[] = {"kd.variant=sampled", "data.cache=demo-out/cache-top20-tail80", "kd.temperature=2"};
+    tkd_train_derive_name(name, sizeof name, "configs/demo-student.yaml", sets, 3);
+    assert_string_equal(name, "demo-student__kd.variant-sampled__data.cache-demo-out-cache-top20-tail80__kd.temperature-2");
+    tkd_train_derive_name(name, sizeof name, "demo-student.yaml", NULL, 0);
+    assert_string_equal(name, "demo-student");
+    tkd_train_derive_name(name, 8, "configs/demo-student.yaml", sets, 1); /* truncated, terminated */
+    assert_string_equal(name, "demo-st");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ablations_combine_with_the_demo),
+        cmocka_unit_test(test_derived_run_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
