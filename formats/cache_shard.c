@@ -583,6 +583,24 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
     return TKD_OK;
 }
 
+/* Transfers the block [start, start + count) of dataset ds through a memory space of that shape:
+ * writes wbuf when it is not NULL, else reads into rbuf. The writer and the reader share it so the
+ * dataspace handling (and its cleanup on every path) lives in one place. */
+static herr_t slab_io(hid_t ds, hid_t mtype, int rank, const hsize_t *start, const hsize_t *count, void *rbuf,
+                      const void *wbuf)
+{
+    hid_t fs = H5Dget_space(ds);
+    hid_t ms = H5Screate_simple(rank, count, NULL);
+    herr_t r = -1;
+    if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0)
+        r = wbuf ? H5Dwrite(ds, mtype, ms, fs, H5P_DEFAULT, wbuf) : H5Dread(ds, mtype, ms, fs, H5P_DEFAULT, rbuf);
+    if (ms >= 0)
+        H5Sclose(ms);
+    if (fs >= 0)
+        H5Sclose(fs);
+    return r;
+}
+
 /* Extends dataset d by n sequences and writes buf (n whole rows, already in file layout). */
 static herr_t writer_put(tkd_shard_writer *w, int d, int64_t n, hid_t mtype, const void *buf)
 {
@@ -592,16 +610,7 @@ static herr_t writer_put(tkd_shard_writer *w, int d, int64_t n, hid_t mtype, con
     hsize_t count[3] = {(hsize_t)n, s.row[0], s.row[1]};
     if (H5Dset_extent(w->ds[d], dims) < 0)
         return -1;
-    hid_t fs = H5Dget_space(w->ds[d]);
-    hid_t ms = H5Screate_simple(s.rank, count, NULL);
-    herr_t r = -1;
-    if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0)
-        r = H5Dwrite(w->ds[d], mtype, ms, fs, H5P_DEFAULT, buf);
-    if (ms >= 0)
-        H5Sclose(ms);
-    if (fs >= 0)
-        H5Sclose(fs);
-    return r;
+    return slab_io(w->ds[d], mtype, s.rank, start, count, NULL, buf);
 }
 
 /* Converts logits to the file dtype. Returns the buffer to write and its memory type (the file's
@@ -935,16 +944,7 @@ static herr_t shard_get(tkd_shard *s, int d, int64_t first, int64_t count, hsize
     ds_shape sh = shape_of(d, &s->info.id);
     hsize_t start[3] = {(hsize_t)first, 0, 0};
     hsize_t n[3] = {(hsize_t)count, sh.row[0], sh.rank == 3 ? cols : sh.row[1]};
-    hid_t fs = H5Dget_space(s->ds[d]);
-    hid_t ms = H5Screate_simple(sh.rank, n, NULL);
-    herr_t r = -1;
-    if (fs >= 0 && ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, n, NULL) >= 0)
-        r = H5Dread(s->ds[d], mtype, ms, fs, H5P_DEFAULT, buf);
-    if (ms >= 0)
-        H5Sclose(ms);
-    if (fs >= 0)
-        H5Sclose(fs);
-    return r;
+    return slab_io(s->ds[d], mtype, sh.rank, start, n, buf, NULL);
 }
 
 /* Widens n 16-bit logits stored at the start of buf into floats in place, from the back, so each
