@@ -642,7 +642,8 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
             TKD_TRY(eval_and_log(tr, &es));
         if (c->checkpoint_interval > 0 && tr->st.step % c->checkpoint_interval == 0)
             TKD_TRY(save(tr));
-        if (c->stop_after > 0 && tr->st.step >= c->stop_after && tr->st.step < tr->total_steps)
+        /* == (not >=): resuming with the same overrides (a derived run name includes them) goes on */
+        if (c->stop_after > 0 && tr->st.step == c->stop_after && tr->st.step < tr->total_steps)
             return stop_early(tr, res);
         int sig = tkd_interrupted();
         if (sig) {
