@@ -467,7 +467,7 @@ tkd_status tkd_st_open(const char *path, tkd_st_dir **out)
     tkd_st_dir *d = dir_new(path);
     if (!d)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
-    tkd_status st;
+    tkd_status st = TKD_OK;
     if (!S_ISDIR(sb.st_mode)) {
         st = map_file(d, path);
         if (st == TKD_OK)

@@ -282,7 +282,7 @@ static tkd_status load_file(tkd_tokens *ds, const char *path)
     uint8_t magic[6] = {0};
     size_t got = fread(magic, 1, 6, fp);
     rewind(fp);
-    tok_kind kind;
+    tok_kind kind = TOK_I32; /* set by the header parsers; initialised for the compiler */
     int64_t count = 0;
     tkd_status st = got == 6 && memcmp(magic, "\x93NUMPY", 6) == 0 ? npy_header(fp, path, size, &kind, &count)
                                                                    : bin_header(fp, path, size, &kind, &count);

@@ -78,7 +78,7 @@ static inline void tkd_dt_config(tkd_dump_config *cfg, const char *yaml)
 static inline void tkd_dt_small_yaml(char *buf, size_t cap, const char *teacher, const char *data,
                                      const char *out, const char *extra)
 {
-    snprintf(buf, cap,
+    int n = snprintf(buf, cap,
              "teacher: {path: '%s'}\n"
              "data: {paths: ['%s'], seq_len: 16}\n"
              "cache: {k: 8, shard_sequences: 4}\n"
@@ -86,6 +86,7 @@ static inline void tkd_dt_small_yaml(char *buf, size_t cap, const char *teacher,
              "lm_head: {chunk_rows: 20}\n"
              "output: {dir: '%s'}\n---\n%s",
              teacher, data, out, extra);
+    assert_true(n > 0 && (size_t)n < cap); /* a truncated config would test something else */
 }
 
 /* Everything in a cache, read through the reader (manifest.yaml). Free with tkd_cache_batch_free. */
@@ -137,7 +138,8 @@ static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b
 static inline int tkd_dt_count_suffix(const char *dir, const char *suffix)
 {
     char cmd[4200];
-    snprintf(cmd, sizeof cmd, "ls -1 '%s' | grep -c -- '%s$'", dir, suffix);
+    if (snprintf(cmd, sizeof cmd, "ls -1 '%s' | grep -c -- '%s$'", dir, suffix) >= (int)sizeof cmd)
+        return -1;
     FILE *p = popen(cmd, "r");
     int n = -1;
     if (p) {
