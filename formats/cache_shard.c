@@ -757,6 +757,25 @@ void tkd_shard_close(tkd_shard *s)
 
 const tkd_shard_info *tkd_shard_get_info(const tkd_shard *s) { return &s->info; }
 
+/* One attribute read: attr_read's result (1 read, 0 missing, < 0 HDF5 failure). */
+typedef struct attr_got {
+    const char *name;
+    int r;
+} attr_got;
+
+/* The first attribute of got[0..n) that is missing or unreadable, as a format error. */
+static tkd_status attrs_check(const tkd_shard *s, const attr_got *got, size_t n, const char *missing_hint)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (got[i].r == 0)
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute '%s' missing — %s", s->path, got[i].name,
+                                 missing_hint);
+        if (got[i].r < 0)
+            return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' unreadable", s->path, got[i].name);
+    }
+    return TKD_OK;
+}
+
 /* Reads the root attributes; missing ones are a format error naming the attribute. */
 static tkd_status shard_read_attrs(tkd_shard *s)
 {
@@ -764,17 +783,11 @@ static tkd_status shard_read_attrs(tkd_shard *s)
     tkd_shard_info *in = &s->info;
     tkd_cache_identity *id = &in->id;
     int64_t vocab = 0, k = 0, seq_len = 0, S = 0, version = 0;
-    struct { const char *name; int r; } got[] = {
+    attr_got got[] = {
         {"format", attr_read_str(s->file, "format", fmt, sizeof fmt)},
         {"version", attr_read(s->file, "version", H5T_NATIVE_INT64, &version)},
     };
-    for (size_t i = 0; i < 2; i++) {
-        if (got[i].r == 0)
-            return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute '%s' missing — not a topkd cache shard",
-                                 s->path, got[i].name);
-        if (got[i].r < 0)
-            return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' unreadable", s->path, got[i].name);
-    }
+    TKD_TRY(attrs_check(s, got, sizeof got / sizeof got[0], "not a topkd cache shard"));
     if (strcmp(fmt, TKD_CACHE_FORMAT_NAME) != 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: format is '%s', expected '%s'", s->path, fmt,
                              TKD_CACHE_FORMAT_NAME);
@@ -783,7 +796,7 @@ static tkd_status shard_read_attrs(tkd_shard *s)
                              "%s: cache format version %lld, this build reads version %d — use a matching topkd or re-create the cache",
                              s->path, (long long)version, TKD_CACHE_FORMAT_VERSION);
     in->version = (int32_t)version;
-    struct { const char *name; int r; } rest[] = {
+    attr_got rest[] = {
         {"vocab_size", attr_read(s->file, "vocab_size", H5T_NATIVE_INT64, &vocab)},
         {"k", attr_read(s->file, "k", H5T_NATIVE_INT64, &k)},
         {"seq_len", attr_read(s->file, "seq_len", H5T_NATIVE_INT64, &seq_len)},
@@ -794,13 +807,7 @@ static tkd_status shard_read_attrs(tkd_shard *s)
         {"first_seq", attr_read(s->file, "first_seq", H5T_NATIVE_INT64, &in->first_seq)},
         {"num_seq", attr_read(s->file, "num_seq", H5T_NATIVE_INT64, &in->num_seq)},
     };
-    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) {
-        if (rest[i].r == 0)
-            return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute '%s' missing — not a complete topkd cache shard",
-                                 s->path, rest[i].name);
-        if (rest[i].r < 0)
-            return h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' unreadable", s->path, rest[i].name);
-    }
+    TKD_TRY(attrs_check(s, rest, sizeof rest / sizeof rest[0], "not a complete topkd cache shard"));
     /* tail_samples came with the tail draws: a shard without it has no /tail group (S = 0) */
     if (attr_read(s->file, "tail_samples", H5T_NATIVE_INT64, &S) < 0)
         return h5_fail(TKD_ERR_FORMAT, "%s: root attribute 'tail_samples' unreadable", s->path);
