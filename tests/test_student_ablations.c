@@ -1,5 +1,5 @@
 /* test_student_ablations.c — the files of configs/ablations/: each file is a valid student-train config;
- * applied on top of configs/demo-student.yaml it gives exactly what its lines given as --set
+ * applied on top of configs/student-demo.yaml it gives exactly what its lines given as --set
  * overrides give (the sed one-liner of docs/student-train.md turns each "key: value" line into
  * --set key=value); every file changes something of the demo except alpha-0.5 (the demo's own
  * value, kept for symmetric sweeps); and the derived run names all differ. */
@@ -44,7 +44,7 @@ static void test_ablations_combine_with_the_demo(void **state)
 {
     (void)state;
     char demo[4096], pattern[4096];
-    snprintf(demo, sizeof demo, "%s/configs/demo-student.yaml", TKD_SOURCE_DIR);
+    snprintf(demo, sizeof demo, "%s/configs/student-demo.yaml", TKD_SOURCE_DIR);
     snprintf(pattern, sizeof pattern, "%s/configs/ablations/*.yaml", TKD_SOURCE_DIR);
     glob_t g;
     assert_int_equal(glob(pattern, 0, NULL, &g), 0);
@@ -75,7 +75,7 @@ static void test_ablations_combine_with_the_demo(void **state)
         if (!strstr(path, "alpha-0.5") && tkd_config_equal(&tkd_train_schema, &by_file, &base))
             fail_msg("%s changes nothing of the demo", path);
         tkd_train_derive_name(names[i], sizeof names[i], demo, ptrs, (size_t)n);
-        assert_non_null(strstr(names[i], "demo-student__"));
+        assert_non_null(strstr(names[i], "student-demo__"));
         for (size_t j = 0; j < i; j++)
             if (strcmp(names[i], names[j]) == 0)
                 fail_msg("%s and another ablation derive the same run name %s", path, names[i]);
@@ -93,12 +93,12 @@ static void test_derived_run_names(void **state)
     (void)state;
     char name[256];
     const char *sets[] = {"kd.variant=sampled", "data.cache=demo-out/cache-top20-tail80", "kd.temperature=2"};
-    tkd_train_derive_name(name, sizeof name, "configs/demo-student.yaml", sets, 3);
-    assert_string_equal(name, "demo-student__kd.variant-sampled__data.cache-demo-out-cache-top20-tail80__kd.temperature-2");
-    tkd_train_derive_name(name, sizeof name, "demo-student.yaml", NULL, 0);
-    assert_string_equal(name, "demo-student");
-    tkd_train_derive_name(name, 8, "configs/demo-student.yaml", sets, 1); /* truncated, terminated */
-    assert_string_equal(name, "demo-st");
+    tkd_train_derive_name(name, sizeof name, "configs/student-demo.yaml", sets, 3);
+    assert_string_equal(name, "student-demo__kd.variant-sampled__data.cache-demo-out-cache-top20-tail80__kd.temperature-2");
+    tkd_train_derive_name(name, sizeof name, "student-demo.yaml", NULL, 0);
+    assert_string_equal(name, "student-demo");
+    tkd_train_derive_name(name, 8, "configs/student-demo.yaml", sets, 1); /* truncated, terminated */
+    assert_string_equal(name, "student");
 }
 
 int main(void)
