@@ -178,6 +178,20 @@ static void test_temperature_of_the_cache(void **state)
     assert_int_equal(run(f, f->good, "renorm-t2", renorm, 3), TKD_OK);
 }
 
+/* data.val_cache: a cache of the same teacher is used whole for evaluation; one that lacks what
+ * the training cache's variant needs (tail draws for sampled) is refused naming both. */
+static void test_validation_cache(void **state)
+{
+    fixture *f = *state;
+    char val_set[4300];
+    snprintf(val_set, sizeof val_set, "data.val_cache=%s", f->notail);
+    const char *ok[] = {val_set, "kd.variant=tail", "train.max_steps=2"};
+    assert_int_equal(run(f, f->good, "val-cache", ok, 3), TKD_OK);
+    const char *sampled[] = {val_set, "kd.variant=sampled"};
+    const char *frag[] = {f->notail, f->good, "validation cache"};
+    expect_error(run(f, f->good, "val-cache-sampled", sampled, 2), TKD_ERR_MISMATCH, frag, 3);
+}
+
 /* ---- failures in the middle of training --------------------------------------------------------- */
 
 /* Position of the first of the sequences [g0, g0 + n) in epoch 0's training order (seed SEED). */
@@ -357,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_sampled_needs_tail_draws),
         cmocka_unit_test(test_topk_beyond_the_cache),
         cmocka_unit_test(test_temperature_of_the_cache),
+        cmocka_unit_test(test_validation_cache),
         cmocka_unit_test(test_corrupt_shard_mid_training),
         cmocka_unit_test(test_infinite_teacher_logit),
         cmocka_unit_test(test_nonfinite_loss),
