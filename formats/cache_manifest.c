@@ -583,15 +583,14 @@ tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path)
 
 /* ---- identity, merge, verification ------------------------------------------------------------ */
 
-static int str_eq(const char *a, const char *b) { return (!a && !b) || (a && b && strcmp(a, b) == 0); }
 
 tkd_status tkd_cache_manifest_check_same(const tkd_cache_manifest *a, const char *a_name,
                                          const tkd_cache_manifest *b, const char *b_name)
 {
+    /* Identity is content (the sha256 digests inside id), not where the files lived: a moved
+     * teacher or dataset directory must not block a resume or a merge. */
     TKD_TRY(tkd_cache_identity_compare(&a->id, a_name, &b->id, b_name));
-    const char *field = !str_eq(a->teacher_path, b->teacher_path)   ? "teacher.path"
-                        : !str_eq(a->dataset_path, b->dataset_path) ? "dataset.path"
-                        : a->dataset_tokens != b->dataset_tokens    ? "dataset.tokens"
+    const char *field = a->dataset_tokens != b->dataset_tokens      ? "dataset.tokens"
                         : a->stride != b->stride                    ? "dataset.stride"
                         : a->tail_seed != b->tail_seed              ? "tail_seed"
                                                                     : NULL;
