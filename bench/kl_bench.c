@@ -11,7 +11,11 @@
  * on the device to just after the timed runs (all of dH, dW, the workspace and cuBLAS's handle;
  * nothing is freed in between, so that is the peak).
  *
- *   kl_bench [--shapes 4096x4096x128256,...] [--reps 5] [--chunk 0]
+ *   kl_bench [--shapes 4096x4096x128256,...] [--reps 5] [--chunk 0] [--row-threads 128|256|512]
+ *            [--profile] [--no-naive]
+ * --profile adds, per shape, the device time of each stage (summed over chunks) and the row
+ * kernels' effective bandwidth (stats: reads N·V·4 bytes; grad: reads N·V·4, writes N·V·2;
+ * grad_in_forward rows: reads twice, writes once).
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,7 +38,7 @@ typedef struct shape { int64_t n; int d, v; } shape;
 
 typedef struct bench_opts {
     shape shapes[16];
-    int n_shapes, reps, chunk;
+    int n_shapes, reps, chunk, profile, naive;
 } bench_opts;
 
 typedef struct bench_data {
@@ -160,32 +164,32 @@ static void run_once(run_ctx *c, run_kind kind)
     }
 }
 
-/* Median ms over reps after one warm-up; every run ends synchronised (the API syncs). */
-static double time_median(run_ctx *c, run_kind kind, int reps)
+/* Device ms of one run (every run ends synchronised: the API syncs). */
+static double time_once(run_ctx *c, run_kind kind)
 {
     cudaEvent_t e0, e1;
     if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
         fprintf(stderr, "kl_bench: cudaEventCreate failed\n");
         exit(1);
     }
+    cudaEventRecord(e0, 0);
     run_once(c, kind);
-    double t[64];
-    if (reps > 64)
-        reps = 64;
-    for (int r = 0; r < reps; r++) {
-        cudaEventRecord(e0, 0);
-        run_once(c, kind);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        float ms = 0.0f;
-        cudaEventElapsedTime(&ms, e0, e1);
-        t[r] = ms;
-    }
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, e0, e1);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    return reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+    return ms;
 }
+
+static double median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+#define MAX_REPS 64
 
 static size_t free_bytes(void)
 {
@@ -196,8 +200,19 @@ static size_t free_bytes(void)
 
 /* Chunked method with `chunk` rows (0 = auto): times n_modes modes (recompute, then
  * grad_in_forward) and, with do_floor, both GEMM floors. */
+static void print_profile(const shape *s, int chunk, const double *ms)
+{
+    double nv = (double)s->n * s->v;
+    printf("  profile %lldx%dx%d chunk %d (ms): recompute: logits %.2f, stats rows %.2f (%.0f GB/s), "
+           "logits %.2f, grad rows %.2f (%.0f GB/s), dH %.2f, dW %.2f | grad_in_forward: logits "
+           "%.2f, rows %.2f (%.0f GB/s), dH %.2f, dW %.2f\n",
+           (long long)s->n, s->d, s->v, chunk, ms[0], ms[1], nv * 4 / (ms[1] * 1e6), ms[2], ms[3],
+           nv * 6 / (ms[3] * 1e6), ms[4], ms[5], ms[6], ms[7], nv * 10 / (ms[7] * 1e6), ms[8],
+           ms[9]);
+}
+
 static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int do_floor,
-                          mode_result out[2])
+                          int profile, mode_result out[2])
 {
     bench_data x;
     data_init(&x, s);
@@ -223,26 +238,45 @@ static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int 
     int cr = tkd_kl_cuda_ws_chunk_rows(c.ws);
     double chunk_mib = (double)cr * ((s->v + 15) / 16 * 16) * 4 / MIB;
     double budget = ((double)s->n * s->d * 4 + (double)s->v * s->d * 4) / MIB + chunk_mib + 512.0;
-    for (int m = 0; m < n_modes; m++) {
-        out[m].ms = time_median(&c, m == 0 ? RUN_RECOMPUTE : RUN_GIF, reps);
+    for (int m = 0; m < n_modes; m++) { /* warm-up: handles, kernels, cuBLAS heuristics */
+        run_once(&c, m == 0 ? RUN_RECOMPUTE : RUN_GIF);
         out[m].loss = c.loss;
         out[m].ok = 1;
         out[m].chunk = cr;
         out[m].budget_mib = budget;
     }
-    double peak = (double)(f0 - free_bytes()) / MIB;
+    double peak = (double)(f0 - free_bytes()) / MIB; /* nothing was freed: this is the peak */
     out[0].peak_mib = out[1].peak_mib = peak;
+    if (profile) {
+        double ms[TKD_KL_CUDA_PROFILE_STAGES];
+        CHECK(tkd_kl_cuda_profile(c.ws, &c.p, &x.b, x.dh, x.dw, ms));
+        print_profile(s, cr, ms);
+    }
     out[0].floor_ms = out[1].floor_ms = NAN;
+    void *ds = NULL;
     if (do_floor) {
-        void *ds = NULL;
         size_t nds = tkd_kl_cuda_ds_stand_in_elems(c.ws);
         CHECK(tkd_kl_cuda_malloc(&ds, nds * 2));
         CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)ds, nds, 3, 1e-6f)); /* dS-sized values */
         c.ds = (const uint16_t *)ds;
-        out[0].floor_ms = time_median(&c, RUN_FLOOR4, reps);
-        out[1].floor_ms = time_median(&c, RUN_FLOOR3, reps);
-        tkd_kl_cuda_free(ds);
+        run_once(&c, RUN_FLOOR4);
     }
+    /* Method and floor alternate rep by rep, so clock and temperature drift hit both alike. */
+    double t[4][MAX_REPS];
+    if (reps > MAX_REPS)
+        reps = MAX_REPS;
+    for (int r = 0; r < reps; r++)
+        for (int m = 0; m < n_modes; m++) {
+            t[m][r] = time_once(&c, m == 0 ? RUN_RECOMPUTE : RUN_GIF);
+            if (do_floor)
+                t[2 + m][r] = time_once(&c, m == 0 ? RUN_FLOOR4 : RUN_FLOOR3);
+        }
+    for (int m = 0; m < n_modes; m++) {
+        out[m].ms = median(t[m], reps);
+        if (do_floor)
+            out[m].floor_ms = median(t[2 + m], reps);
+    }
+    tkd_kl_cuda_free(ds);
     tkd_kl_cuda_ws_free(c.ws);
     tkd_kl_cuda_free(x.dh), tkd_kl_cuda_free(x.dw);
     data_free(&x);
@@ -286,7 +320,7 @@ static int parse_shapes(const char *arg, bench_opts *o)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {.n_shapes = 4, .reps = 5, .chunk = 0};
+    bench_opts o = {.n_shapes = 4, .reps = 5, .chunk = 0, .profile = 0, .naive = 1};
     o.shapes[0] = (shape){4096, 4096, 128256};
     o.shapes[1] = (shape){8192, 2048, 151552};
     o.shapes[2] = (shape){32768, 2880, 201088};
@@ -301,8 +335,15 @@ int main(int argc, char **argv)
             o.reps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--chunk") == 0 && i + 1 < argc) {
             o.chunk = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--row-threads") == 0 && i + 1 < argc) {
+            CHECK(tkd_kl_cuda_tune_row_threads(atoi(argv[++i])));
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            o.profile = 1;
+        } else if (strcmp(argv[i], "--no-naive") == 0) {
+            o.naive = 0;
         } else {
-            fprintf(stderr, "usage: kl_bench [--shapes NxDxV,...] [--reps R] [--chunk C]\n");
+            fprintf(stderr, "usage: kl_bench [--shapes NxDxV,...] [--reps R] [--chunk C] "
+                            "[--row-threads 128|256|512] [--profile] [--no-naive]\n");
             return 2;
         }
     }
@@ -324,7 +365,7 @@ int main(int argc, char **argv)
         double ndv = (double)s->n * s->d * s->v;
         mode_result r[2];
         memset(r, 0, sizeof r);
-        bench_chunked(s, o.chunk, o.reps, 2, 1, r);
+        bench_chunked(s, o.chunk, o.reps, 2, 1, o.profile, r);
         print_row(s, "recompute", &r[0], 8 * ndv, r[0].floor_ms);
         print_row(s, "grad_in_forward", &r[1], 6 * ndv, r[1].floor_ms);
         /* naive: all N×V fp32 logits at once, where they fit with a GiB to spare */
@@ -332,8 +373,11 @@ int main(int argc, char **argv)
         memset(nv, 0, sizeof nv);
         double logits = (double)s->n * ((s->v + 15) / 16 * 16) * 4;
         double need = logits + (double)s->n * s->d * 6 + (double)s->v * s->d * 6 + 1024 * MIB;
-        if (need < (double)free_bytes()) {
-            bench_chunked(s, (int)s->n, o.reps, 1, 0, nv);
+        if (!o.naive) {
+            nv[0].ok = 0;
+            snprintf(nv[0].note, sizeof nv[0].note, "skipped (--no-naive)");
+        } else if (need < (double)free_bytes()) {
+            bench_chunked(s, (int)s->n, o.reps, 1, 0, 0, nv);
         } else {
             nv[0].ok = 0;
             snprintf(nv[0].note, sizeof nv[0].note, "does not fit (%.0f GiB of logits)",

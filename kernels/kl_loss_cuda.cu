@@ -6,7 +6,7 @@
  * float4 loads never straddle a row. The row kernel rewrites a row in place as bf16 dS: row i of
  * dS starts where fp32 row i starts, so dS is the bf16 matrix (C, 2·ldl) whose first V columns
  * hold the values. In-place is safe because the block reads fp32 tile t (elements [Tt, T(t+1)),
- * T = kTile) before a barrier and then writes bf16 elements [Tt, T(t+1)), which overlay fp32
+ * T = 16 · blockDim) before a barrier and then writes bf16 elements [Tt, T(t+1)), which overlay fp32
  * elements [Tt/2, T(t+1)/2): all read already by this block, and none in tile t + 1.
  *
  * Per row (docs/loss.md): z = s/τ, q = softmax(z), q1 = softmax(s). KD is defined on z and
@@ -33,10 +33,11 @@ extern "C" {
 
 namespace {
 
-constexpr int kThreads = 512;              /* row-kernel block: one row per block */
-constexpr int kWarps = kThreads / 32;
+constexpr int kMaxThreads = 512;           /* row-kernel block: one row per block */
+constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr int kVec = 4;                    /* float4 loads in flight per thread per tile */
-constexpr int kTile = kVec * 4 * kThreads; /* elements per tile (stats loop and in-place dS) */
+constexpr int kDefaultRowThreads = 512;
+int g_row_threads = kDefaultRowThreads;    /* block size in use (tkd_kl_cuda_tune_row_threads) */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr double kOneMinusQFloor = 1e-12;  /* tail: 1 − Q floored, so r/(1 − Q) stays finite */
 constexpr size_t kBlasWsBytes = 32u << 20; /* cuBLAS workspace we hand it, so it allocates none */
@@ -83,11 +84,12 @@ struct RowShared {
     int label, bad, kept;
     float c_off, c_in, c_tgt, c_ce; /* gradient coefficients, scale / n_kept folded in */
     float log_omq; /* tail: log(1 − Q) = log Σ_{v∉I} q_v */
-    float red_m[kWarps], red_a[kWarps], red_t[kWarps], red_x[kWarps];
+    float red_m[kMaxWarps], red_a[kMaxWarps], red_t[kMaxWarps], red_x[kMaxWarps];
 };
 
-/* Dynamic shared memory: the k' top-k columns and the S tail draws of this row, and for `tail`
- * a bitmap of the top-k' over V. */
+/* Dynamic shared memory: the k' top-k columns and the S tail draws of this row, and in the stats
+ * modes a bitmap of the top-k' over V (duplicate and draw-inside-top-k' checks in O(k' + S), and
+ * `tail`'s sum outside the top-k'). */
 struct RowSmem {
     int *idx_i; float *s_i, *t_i, *tgt_i; /* (k') */
     int *idx_t; float *s_t, *tgt_t;       /* (S) */
@@ -96,12 +98,13 @@ struct RowSmem {
 
 __host__ __device__ inline size_t bitmap_words(int v) { return ((size_t)v + 31) / 32; }
 
-__host__ __device__ inline size_t row_smem_bytes(int k_use, int s, int v, int tail)
+__host__ __device__ inline size_t row_smem_bytes(int k_use, int s, int v, int with_bitmap)
 {
-    return (size_t)k_use * 16 + (size_t)s * 12 + (tail ? bitmap_words(v) * 4 : 0);
+    return (size_t)k_use * 16 + (size_t)s * 12 + (with_bitmap ? bitmap_words(v) * 4 : 0);
 }
 
-__device__ inline RowSmem row_smem_carve(unsigned char *base, int k_use, int s, int v, int tail)
+__device__ inline RowSmem row_smem_carve(unsigned char *base, int k_use, int s, int v,
+                                         int with_bitmap)
 {
     RowSmem m;
     m.idx_i = (int *)base;
@@ -111,12 +114,21 @@ __device__ inline RowSmem row_smem_carve(unsigned char *base, int k_use, int s, 
     m.idx_t = (int *)(m.tgt_i + k_use);
     m.s_t = (float *)(m.idx_t + s);
     m.tgt_t = m.s_t + s;
-    m.bitmap = tail ? (unsigned *)(m.tgt_t + s) : NULL;
+    m.bitmap = with_bitmap ? (unsigned *)(m.tgt_t + s) : NULL;
     (void)v;
     return m;
 }
 
 /* ---- online log-sum-exp at τ and at 1, one pass ------------------------------------------- */
+
+/* 2^x on the special-function unit, subnormal results flushed to 0 (a probability < 1e-38 is 0
+ * for this loss); exp2f would add a subnormal fix-up to every call. */
+__device__ inline float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 /* Running state: max m of s, a1 = Σ exp(s − m), at = Σ exp((s − m)/τ) and, for `tail`,
  * ax = the part of at outside the top-k' (so log(1 − Q) = log ax − log at without the
@@ -126,8 +138,8 @@ struct Lse3 { float m, a1, at, ax; };
 __device__ inline void lse3_rescale(Lse3 &x, float m_new, float l2e_tau)
 {
     float d = x.m - m_new; /* -inf when x is empty: exp2 gives 0 and the sums stay 0 */
-    float ft = exp2f(d * l2e_tau);
-    x.a1 *= exp2f(d * kLog2e);
+    float ft = fast_exp2(d * l2e_tau);
+    x.a1 *= fast_exp2(d * kLog2e);
     x.at *= ft;
     x.ax *= ft;
     x.m = m_new;
@@ -156,17 +168,19 @@ __device__ inline void lse3_add4(Lse3 &st, float4 x, float l2e_tau, bool same_ta
         return;
     if (mloc > st.m)
         lse3_rescale(st, mloc, l2e_tau);
-    float e[4] = {x.x - st.m, x.y - st.m, x.z - st.m, x.w - st.m};
+    float e[4] = {x.x - st.m, x.y - st.m, x.z - st.m, x.w - st.m}, e1[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++)
-        st.a1 += exp2f(e[j] * kLog2e);
+    for (int j = 0; j < 4; j++) {
+        e1[j] = fast_exp2(e[j] * kLog2e);
+        st.a1 += e1[j];
+    }
     if (same_tau && !tail) {
         st.at = st.a1;
         return;
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        float et = same_tau ? exp2f(e[j] * kLog2e) : exp2f(e[j] * l2e_tau);
+        float et = same_tau ? e1[j] : fast_exp2(e[j] * l2e_tau);
         st.at += et;
         if (tail && !((top_bits >> j) & 1u))
             st.ax += et;
@@ -198,17 +212,18 @@ __device__ void row_lse(const float *row, int v, float tau, const unsigned *bitm
     const float l2e_tau = kLog2e / tau;
     const bool same_tau = tau == 1.0f, tail = bitmap != NULL;
     Lse3 st = {-INFINITY, 0.0f, 0.0f, 0.0f};
-    for (int base = 0; base < v; base += kTile) {
+    const int nt = blockDim.x;
+    for (int base = 0; base < v; base += kVec * 4 * nt) {
         float4 x[kVec];
 #pragma unroll
         for (int j = 0; j < kVec; j++) { /* all loads first: kVec·16 bytes in flight per thread */
-            int e = base + j * 4 * kThreads + threadIdx.x * 4;
+            int e = base + j * 4 * nt + threadIdx.x * 4;
             if (e < v)
                 x[j] = load4_masked(row, e, v);
         }
 #pragma unroll
         for (int j = 0; j < kVec; j++) {
-            int e = base + j * 4 * kThreads + threadIdx.x * 4;
+            int e = base + j * 4 * nt + threadIdx.x * 4;
             if (e < v)
                 lse3_add4(st, x[j], l2e_tau, same_tau, tail, top4(bitmap, e));
         }
@@ -228,7 +243,7 @@ __device__ void row_lse(const float *row, int v, float tau, const unsigned *bitm
     __syncthreads();
     if (threadIdx.x == 0) {
         Lse3 acc = {sh.red_m[0], sh.red_a[0], sh.red_t[0], sh.red_x[0]};
-        for (int w = 1; w < kWarps; w++)
+        for (int w = 1; w < nt / 32; w++)
             acc = lse3_merge(acc, Lse3{sh.red_m[w], sh.red_a[w], sh.red_t[w], sh.red_x[w]},
                              l2e_tau);
         sh.lse_one = acc.m + logf(acc.a1);
@@ -245,7 +260,7 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
 {
     const int tid = threadIdx.x;
     if (m.bitmap)
-        for (size_t w = tid; w < bitmap_words(a.v); w += kThreads)
+        for (size_t w = tid; w < bitmap_words(a.v); w += blockDim.x)
             m.bitmap[w] = 0u;
     if (tid == 0) {
         sh.bad = 0;
@@ -265,7 +280,7 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
     }
     __syncthreads();
     int bad = 0;
-    for (int j = tid; j < a.k_use; j += kThreads) {
+    for (int j = tid; j < a.k_use; j += blockDim.x) {
         int id = a.topk_idx[r * a.k + j];
         float t = a.topk_logit[r * a.k + j];
         m.idx_i[j] = id;
@@ -275,13 +290,16 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
             m.s_i[j] = 0.0f;
         } else {
             m.s_i[j] = row[id];
-            if (m.bitmap)
-                atomicOr(&m.bitmap[id >> 5], 1u << (id & 31));
+            if (m.bitmap) { /* the second writer of a bit has found a duplicate */
+                unsigned bit = 1u << (id & 31);
+                if (atomicOr(&m.bitmap[id >> 5], bit) & bit)
+                    bad |= kErrTopkDup;
+            }
         }
         if (!isfinite(t))
             bad |= kErrTeacherNonFinite;
     }
-    for (int j = tid; j < a.s; j += kThreads) {
+    for (int j = tid; j < a.s; j += blockDim.x) {
         int id = a.tail_idx[r * a.s + j];
         m.idx_t[j] = id;
         if (id < 0 || id >= a.v) {
@@ -292,15 +310,13 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
         }
     }
     __syncthreads();
-    /* A duplicate among the top-k' or a draw inside the top-k' would double-count mass. */
-    for (int j = tid; j < a.k_use; j += kThreads)
-        for (int i = 0; i < j; i++)
-            if (m.idx_i[i] == m.idx_i[j])
-                bad |= kErrTopkDup;
-    for (int j = tid; j < a.s; j += kThreads)
-        for (int i = 0; i < a.k_use; i++)
-            if (m.idx_i[i] == m.idx_t[j])
-                bad |= kErrTailInTopk;
+    /* A draw inside the top-k' would double-count mass (duplicates were caught above). Forward
+     * checks; backward runs on the batch forward accepted and has no bitmap. */
+    for (int j = tid; j < (m.bitmap ? a.s : 0); j += blockDim.x) {
+        int id = m.idx_t[j];
+        if (id >= 0 && id < a.v && ((m.bitmap[id >> 5] >> (id & 31)) & 1u))
+            bad |= kErrTailInTopk;
+    }
     if (bad)
         atomicOr(&sh.bad, bad);
     __syncthreads();
@@ -419,12 +435,14 @@ __device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared
 
 /* ---- dS in place -------------------------------------------------------------------------- */
 
-struct GradCoef { float zs, zb, os, ob, c_q, c_ce; };
+struct GradCoef { float zs, zb, os, ob, c_q, c_ce; bool same_tau; };
 
 __device__ inline float grad_dense(float s, const GradCoef &c)
 {
-    float q = exp2f(fmaf(s, c.zs, -c.zb));
-    float q1 = exp2f(fmaf(s, c.os, -c.ob));
+    float q = fast_exp2(fmaf(s, c.zs, -c.zb));
+    if (c.same_tau) /* τ = 1: q1 = q, one exp per element */
+        return (c.c_q + c.c_ce) * q;
+    float q1 = fast_exp2(fmaf(s, c.os, -c.ob));
     return c.c_q * q + c.c_ce * q1;
 }
 
@@ -459,8 +477,8 @@ __device__ float grad_special(const RowArgs &a, RowSmem m, const RowShared &sh, 
         for (int j = 0; j < a.s; j++)
             if (m.idx_t[j] == v)
                 tgt = m.tgt_t[j];
-    float q = exp2f(fmaf(s, c.zs, -c.zb));
-    float q1 = exp2f(fmaf(s, c.os, -c.ob));
+    float q = fast_exp2(fmaf(s, c.zs, -c.zb));
+    float q1 = fast_exp2(fmaf(s, c.os, -c.ob));
     return cq * q - sh.c_tgt * tgt + sh.c_ce * (q1 - (v == sh.label ? 1.0f : 0.0f));
 }
 
@@ -475,19 +493,21 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
     c.ob = sh.lse_one * kLog2e;
     c.c_q = sh.c_off;
     c.c_ce = sh.c_ce;
+    c.same_tau = a.tau == 1.0f;
     __nv_bfloat16 *ds = reinterpret_cast<__nv_bfloat16 *>(row);
-    for (int base = 0; base < v; base += kTile) {
+    const int nt = blockDim.x;
+    for (int base = 0; base < v; base += kVec * 4 * nt) {
         float4 x[kVec];
 #pragma unroll
         for (int j = 0; j < kVec; j++) {
-            int e = base + j * 4 * kThreads + tid * 4;
+            int e = base + j * 4 * nt + tid * 4;
             if (e < v)
                 x[j] = *reinterpret_cast<const float4 *>(row + e);
         }
         __syncthreads(); /* every fp32 value this tile's bf16 stores overlay has been read */
 #pragma unroll
         for (int j = 0; j < kVec; j++) {
-            int e = base + j * 4 * kThreads + tid * 4;
+            int e = base + j * 4 * nt + tid * 4;
             if (e < v)
                 *reinterpret_cast<uint2 *>(ds + e) = grad4(x[j], c, zero);
         }
@@ -496,7 +516,7 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
     if (zero)
         return;
     int n_special = a.k_use + (a.variant == TKD_KL_VARIANT_SAMPLED ? a.s : 0) + 1;
-    for (int j = tid; j < n_special; j += kThreads) {
+    for (int j = tid; j < n_special; j += blockDim.x) {
         int pos;
         float s;
         if (j < a.k_use) {
@@ -516,14 +536,14 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
 
 /* One block per row of the chunk. */
 template <int MODE>
-__global__ void __launch_bounds__(kThreads, 2) kl_row_kernel(RowArgs a)
+__global__ void __launch_bounds__(kMaxThreads, 2) kl_row_kernel(RowArgs a)
 {
     extern __shared__ unsigned char dyn_smem[];
     __shared__ RowShared sh;
     const long long r = blockIdx.x;
     float *row = a.logits + r * a.ldl;
     const int tail = a.variant == TKD_KL_VARIANT_TAIL;
-    RowSmem m = row_smem_carve(dyn_smem, a.k_use, a.s, a.v, tail);
+    RowSmem m = row_smem_carve(dyn_smem, a.k_use, a.s, a.v, MODE != kModeGrad);
     row_gather(a, r, row, m, sh);
     if (MODE == kModeGrad) {
         if (threadIdx.x == 0) {
@@ -533,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 2) kl_row_kernel(RowArgs a)
         }
         __syncthreads();
     } else {
-        row_lse(row, a.v, a.tau, m.bitmap, sh);
+        row_lse(row, a.v, a.tau, tail ? m.bitmap : NULL, sh);
         if (threadIdx.x == 0) {
             a.lse_tau[r] = sh.lse_tau;
             a.lse_one[r] = sh.lse_one;
@@ -820,8 +840,8 @@ static RowArgs row_args(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl
 
 static tkd_status launch_rows(int mode, int rows, const RowArgs &a)
 {
-    size_t smem = row_smem_bytes(a.k_use, a.s, a.v, a.variant == TKD_KL_VARIANT_TAIL);
-    if (smem > 48 * 1024) { /* beyond the default limit: ask for it (tail's bitmap at large V) */
+    size_t smem = row_smem_bytes(a.k_use, a.s, a.v, mode != kModeGrad);
+    if (smem > 48 * 1024) { /* beyond the default limit: ask for it (the bitmap at large V) */
         TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeStats>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeGrad>,
@@ -830,11 +850,11 @@ static tkd_status launch_rows(int mode, int rows, const RowArgs &a)
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     }
     if (mode == kModeStats)
-        kl_row_kernel<kModeStats><<<rows, kThreads, smem>>>(a);
+        kl_row_kernel<kModeStats><<<rows, g_row_threads, smem>>>(a);
     else if (mode == kModeGrad)
-        kl_row_kernel<kModeGrad><<<rows, kThreads, smem>>>(a);
+        kl_row_kernel<kModeGrad><<<rows, g_row_threads, smem>>>(a);
     else
-        kl_row_kernel<kModeStatsGrad><<<rows, kThreads, smem>>>(a);
+        kl_row_kernel<kModeStatsGrad><<<rows, g_row_threads, smem>>>(a);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
@@ -916,6 +936,102 @@ extern "C" tkd_status tkd_kl_cuda_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cu
                 TKD_TRY(gemm_grads(ws, b, row0, rows, ds, dh, dw));
         }
     TKD_CUDA_CHECK(cudaDeviceSynchronize());
+    return TKD_OK;
+}
+
+/* ---- profiling and tuning (benchmarks) ------------------------------------------------------- */
+
+/* Events around every stage of every chunk; elapsed times summed per stage after one sync. */
+typedef struct prof_rec {
+    cudaEvent_t ev[2048];
+    int stage[2048];
+    int n;
+} prof_rec;
+
+static tkd_status prof_mark(prof_rec *pr, int stage)
+{
+    if (pr->n >= 2048)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: profile: too many chunks");
+    TKD_CUDA_CHECK(cudaEventCreate(&pr->ev[pr->n]));
+    TKD_CUDA_CHECK(cudaEventRecord(pr->ev[pr->n], 0));
+    pr->stage[pr->n++] = stage;
+    return TKD_OK;
+}
+
+static tkd_status prof_pass(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                            const tkd_kl_cuda_batch *b, float *dh, float *dw, prof_rec *pr)
+{
+    const int gif = p->grad_in_forward, base = gif ? 6 : 0;
+    kl_count_kernel<<<1, 1024>>>(b->labels, b->n, p->ignore_index, ws->out);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    for (int pass = 0; pass < (gif ? 1 : 2); pass++)
+        for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
+            int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
+            int grads = gif || pass == 1;
+            TKD_TRY(prof_mark(pr, base + 2 * pass));
+            TKD_TRY(gemm_logits(ws, b, row0, rows));
+            TKD_TRY(prof_mark(pr, base + 2 * pass + 1));
+            int mode = gif ? kModeStatsGrad : (pass ? kModeGrad : kModeStats);
+            TKD_TRY(launch_rows(mode, rows, row_args(ws, p, b, row0, 1.0f)));
+            if (grads) {
+                const float one = 1.0f, zero = 0.0f;
+                const int ldd = (int)(2 * ws->ldl);
+                TKD_TRY(prof_mark(pr, base + 4 - 2 * gif));
+                TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_N, b->d, rows, b->v,
+                                              &one, b->w, CUDA_R_16BF, b->d, ws->chunk_buf,
+                                              CUDA_R_16BF, ldd, &zero, dh + row0 * b->d,
+                                              CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT));
+                TKD_TRY(prof_mark(pr, base + 5 - 2 * gif));
+                TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows,
+                                              &one, b->h + row0 * b->d, CUDA_R_16BF, b->d,
+                                              ws->chunk_buf, CUDA_R_16BF, ldd, &one, dw,
+                                              CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT));
+            }
+        }
+    return prof_mark(pr, -1);
+}
+
+extern "C" tkd_status tkd_kl_cuda_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                          const tkd_kl_cuda_batch *b, float *dh, float *dw,
+                                          double ms[TKD_KL_CUDA_PROFILE_STAGES])
+{
+    TKD_TRY(check_call(ws, p, b, 1, dh, dw));
+    prof_rec *pr = (prof_rec *)calloc(1, sizeof *pr);
+    if (!pr)
+        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: profile: host allocation failed");
+    for (int i = 0; i < TKD_KL_CUDA_PROFILE_STAGES; i++)
+        ms[i] = 0.0;
+    tkd_status st = TKD_OK;
+    for (int gif = 0; gif < 2 && st == TKD_OK; gif++) {
+        tkd_kl_params q = *p;
+        q.grad_in_forward = gif;
+        pr->n = 0;
+        st = prof_pass(ws, &q, b, dh, dw, pr);
+        cudaError_t ce = cudaDeviceSynchronize();
+        if (st == TKD_OK && ce != cudaSuccess)
+            st = tkd_error_set(tkd_cuda_status(ce), "kl_loss_cuda: profile: %s",
+                               cudaGetErrorString(ce));
+        for (int i = 0; i + 1 < pr->n; i++) {
+            float t = 0.0f;
+            if (st == TKD_OK && cudaEventElapsedTime(&t, pr->ev[i], pr->ev[i + 1]) == cudaSuccess)
+                ms[pr->stage[i]] += t;
+        }
+        for (int i = 0; i < pr->n; i++)
+            (void)cudaEventDestroy(pr->ev[i]);
+    }
+    free(pr);
+    return st;
+}
+
+extern "C" tkd_status tkd_kl_cuda_tune_row_threads(int threads)
+{
+    if (threads != 0 && threads != 128 && threads != 256 && threads != 512)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "kl_loss_cuda: row threads %d: use 128, 256, 512 or 0 (default)",
+                             threads);
+    g_row_threads = threads ? threads : kDefaultRowThreads;
     return TKD_OK;
 }
 

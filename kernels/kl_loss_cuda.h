@@ -92,6 +92,25 @@ tkd_status tkd_kl_cuda_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b
                                   const uint16_t *ds, float *dh, float *dw);
 size_t tkd_kl_cuda_ds_stand_in_elems(const tkd_kl_cuda_ws *ws);
 
+/* Per-stage device time (ms, summed over chunks) of one recompute forward + backward and one
+ * grad_in_forward forward, for the benchmark's breakdown. Indices: */
+enum {
+    TKD_KL_CUDA_PROF_LOGITS_FWD = 0, TKD_KL_CUDA_PROF_STATS_ROWS = 1,
+    TKD_KL_CUDA_PROF_LOGITS_BWD = 2, TKD_KL_CUDA_PROF_GRAD_ROWS = 3,
+    TKD_KL_CUDA_PROF_DH_GEMM = 4, TKD_KL_CUDA_PROF_DW_GEMM = 5,
+    TKD_KL_CUDA_PROF_GIF_LOGITS = 6, TKD_KL_CUDA_PROF_GIF_ROWS = 7,
+    TKD_KL_CUDA_PROF_GIF_DH_GEMM = 8, TKD_KL_CUDA_PROF_GIF_DW_GEMM = 9,
+    TKD_KL_CUDA_PROFILE_STAGES = 10,
+};
+tkd_status tkd_kl_cuda_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                               const tkd_kl_cuda_batch *b, float *dh, float *dw,
+                               double ms[TKD_KL_CUDA_PROFILE_STAGES]);
+
+/* Row-kernel block size (128, 256 or 512 threads; 0 restores the default; one row per block),
+ * process-wide, not thread-safe. A tuning knob for the benchmark; the default is the measured
+ * best on an H200. */
+tkd_status tkd_kl_cuda_tune_row_threads(int threads);
+
 /* ---- small device-memory helpers (tests, benchmarks) ---------------------------------------- */
 
 /* Copies a host batch to the device: h and w rounded to bf16 (round to nearest even, as

@@ -377,6 +377,31 @@ static void test_awkward_shapes(void **state)
     }
 }
 
+/* Every row-kernel block size gives the same answers (the in-place tiles depend on it). */
+static void test_row_block_sizes(void **state)
+{
+    (void)state;
+    gcase *c = case_make(21, 16, 9001, 4, 4, 1.0, 51, 0.4f);
+    const int threads[] = {128, 256, 512};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(tkd_kl_cuda_tune_row_threads(threads[i]), TKD_OK);
+        for (int var = 0; var < 3; var++) {
+            tkd_kl_params p;
+            params_set(&p, 4, (tkd_kl_variant)var, 1.0f, 0.5f, 4, 4, 8, 0);
+            gpu_ctx x = {0};
+            ctx_init(&x, c, &p);
+            errs e = check_params(&x, c, &p, 1.0f);
+            printf("row threads %d %s: loss %.2e dH %.2e dW %.2e\n", threads[i],
+                   tkd_kl_variant_name((tkd_kl_variant)var), e.loss, e.dh, e.dw);
+            expect_within(e, LOSS_TOL, GRAD_TOL, "row block size");
+            ctx_free(&x);
+        }
+    }
+    assert_int_equal(tkd_kl_cuda_tune_row_threads(0), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_tune_row_threads(100), TKD_ERR_INVALID_ARG);
+    case_free(c);
+}
+
 /* Student logits of size ~1e4: no NaN, the loss and gradients still match. */
 static void test_extreme_logits(void **state)
 {
@@ -469,6 +494,64 @@ static void test_bad_teacher_data(void **state)
     assert_non_null(strstr(tkd_error_msg(), "row 6"));
     ctx_free(&x);
     case_free(c);
+    /* sampled: a tail draw that repeats one of the row's top-k' tokens */
+    c = case_make(12, 8, 200, 4, 3, 1.0, 10, 0.5f);
+    params_set(&p, 4, TKD_KL_VARIANT_SAMPLED, 1.0f, 1.0f, 4, 3, 5, 0);
+    c->draws[4 * 3 + 2] = c->idx[4 * 4 + 1];
+    c->labels[4] = 7;
+    gpu_ctx y = {0};
+    ctx_init(&y, c, &p);
+    assert_int_equal(tkd_kl_cuda_forward(y.ws, &p, &y.db, &g, NULL, NULL), TKD_ERR_FORMAT);
+    printf("bad tail draw: %s\n", tkd_error_msg());
+    assert_non_null(strstr(tkd_error_msg(), "row 4"));
+    assert_non_null(strstr(tkd_error_msg(), "tail draw"));
+    ctx_free(&y);
+    case_free(c);
+}
+
+/* The CUDA path against the chunked CPU path (tkd_kl_cpu_*) on the same bf16-representable inputs,
+ * both modes, every variant, different chunkings on the two sides. */
+static void test_against_cpu_path(void **state)
+{
+    (void)state;
+    gcase *c = case_make(45, 32, 2051, 7, 5, 2.0, 41, 0.4f);
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    float *cdh = malloc(nh * 4), *cdw = malloc(nw * 4);
+    double *rdh = malloc(nh * 8), *rdw = malloc(nw * 8);
+    assert_true(cdh && cdw && rdh && rdw);
+    tkd_kl_batch hb = case_batch(c);
+    for (int var = 0; var < 3; var++)
+        for (int gif = 0; gif < 2; gif++) {
+            tkd_kl_params p;
+            params_set(&p, 7, (tkd_kl_variant)var, 2.0f, 0.6f, 6, 5, 0, gif);
+            p.chunk_rows = 10;
+            tkd_kl_cpu_ws *cws = NULL;
+            assert_int_equal(tkd_kl_cpu_ws_init(&cws, &p, c->n, c->d, c->v), TKD_OK);
+            tkd_kl_result cr;
+            memset(cdw, 0, nw * 4);
+            assert_int_equal(tkd_kl_cpu_forward(cws, &p, &hb, &cr, cdh, cdw), TKD_OK);
+            if (!gif)
+                assert_int_equal(tkd_kl_cpu_backward(cws, &p, &hb, 1.0f, cdh, cdw), TKD_OK);
+            tkd_kl_cpu_ws_free(cws);
+            p.chunk_rows = 16;
+            gpu_ctx x = {0};
+            ctx_init(&x, c, &p);
+            tkd_kl_result g;
+            gpu_run(&x, c, &p, 1.0f, &g);
+            for (size_t i = 0; i < nh; i++)
+                rdh[i] = cdh[i];
+            for (size_t i = 0; i < nw; i++)
+                rdw[i] = cdw[i];
+            refout r = {cr, rdh, rdw};
+            errs e = compare(&x, c, &g, &r, 1.0);
+            printf("cuda vs cpu %s %s: loss %.2e dH %.2e dW %.2e\n",
+                   tkd_kl_variant_name((tkd_kl_variant)var), gif ? "grad_in_forward" : "recompute",
+                   e.loss, e.dh, e.dw);
+            expect_within(e, LOSS_TOL, GRAD_TOL, "cuda vs cpu");
+            ctx_free(&x);
+        }
+    free(cdh), free(cdw), free(rdh), free(rdw);
+    case_free(c);
 }
 
 /* A workspace the device cannot hold is TKD_ERR_DEVICE_OOM, not an abort. */
@@ -489,9 +572,9 @@ int main(void)
     tkd_test_require_gpu();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_variant_grid),     cmocka_unit_test(test_awkward_shapes),
-        cmocka_unit_test(test_extreme_logits),   cmocka_unit_test(test_scale_and_accumulate),
+        cmocka_unit_test(test_row_block_sizes),  cmocka_unit_test(test_extreme_logits),   cmocka_unit_test(test_scale_and_accumulate),
         cmocka_unit_test(test_all_masked),       cmocka_unit_test(test_bad_teacher_data),
-        cmocka_unit_test(test_device_oom),
+        cmocka_unit_test(test_against_cpu_path), cmocka_unit_test(test_device_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
