@@ -46,6 +46,7 @@ typedef struct trainer {
     FILE *metrics;
     double t0;            /* when the loop started (monotonic) */
     int64_t tokens0;      /* tokens seen at that time (non-zero after a resume) */
+    int64_t step0;        /* the step the loop started at */
     tkd_progress progress;
 } trainer;
 
@@ -598,7 +599,7 @@ static void progress_line(trainer *tr, const step_stats *ss)
     double el = tkd_progress_now() - tr->t0;
     tkd_progress_format_rate(rate, sizeof rate, el > 0 ? (double)(tr->st.tokens_seen - tr->tokens0) / el : 0);
     snprintf(extra, sizeof extra, "loss %.4f  ce %.4f  lr %.2e  %s tok/s", ss->loss, ss->ce, ss->lr, rate);
-    tkd_progress_update(&tr->progress, tr->st.step, extra);
+    tkd_progress_update(&tr->progress, tr->st.step - tr->step0, extra);
 }
 
 static tkd_status eval_and_log(trainer *tr, eval_stats *es)
@@ -707,7 +708,9 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     if (st == TKD_OK) {
         tr.t0 = now_s();
         tr.tokens0 = tr.st.tokens_seen;
-        tkd_progress_begin(&tr.progress, "train", tr.total_steps, "steps");
+        /* the rate and ETA are about this run: steps before a resume are not counted */
+        tr.step0 = tr.st.step;
+        tkd_progress_begin(&tr.progress, "train", tr.total_steps - tr.step0, "steps");
         tkd_log_info("student: %zu parameters, %d layers, D=%d, V=%d; %" PRId64 " steps of %d x %d x %d tokens",
                      tr.m->n_params, tr.m->cfg.num_hidden_layers, tr.m->cfg.hidden_size, tr.V, tr.total_steps,
                      o->cfg->batch_size, o->cfg->grad_accum, tr.T);
