@@ -1,4 +1,5 @@
 /* cache_shard.c — see cache_shard.h. */
+#define _GNU_SOURCE /* memfd_create: where a discarded shard's last writes go (writer_discard_io) */
 #include "formats/cache_shard.h"
 
 #include <errno.h>
@@ -9,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/half.h"
@@ -190,7 +193,7 @@ void tkd_cache_batch_free(tkd_cache_batch *b)
 typedef struct h5err_walk {
     char desc[256];   /* most specific description (where the error was detected) */
     int checksum;     /* a filter (fletcher32 / zstd) reported corrupt data */
-    int nospace;
+    int nospace;      /* a write failed with ENOSPC / EDQUOT (HDF5 reports it as a generic write error) */
 } h5err_walk;
 
 static herr_t h5err_visit(unsigned n, const H5E_error2_t *e, void *data)
@@ -217,8 +220,11 @@ static herr_t h5_record(hid_t estack, void *data)
 {
     (void)data;
     if (!h5_have_first) {
+        int err = errno; /* still the failed write's errno: HDF5 reports from right after it */
         memset(&h5_first, 0, sizeof h5_first);
         H5Ewalk2(estack, H5E_WALK_DOWNWARD, h5err_visit, &h5_first);
+        if (err == ENOSPC || err == EDQUOT)
+            h5_first.nospace = 1;
         h5_have_first = 1;
     }
     return 0;
@@ -230,6 +236,7 @@ static void h5_quiet(void)
 {
     H5Eset_auto2(H5E_DEFAULT, h5_record, NULL);
     h5_have_first = 0;
+    errno = 0; /* h5_record reads it: no stale ENOSPC from an earlier call */
 }
 
 /* Drops a failure we chose to ignore, so it is not reported by a later h5_fail. */
@@ -261,9 +268,13 @@ static tkd_status h5_fail(tkd_status st, const char *fmt, ...)
         st = TKD_ERR_CHECKSUM;
     else if (w.nospace)
         st = TKD_ERR_NOSPACE;
-    const char *hint = st == TKD_ERR_CHECKSUM ? " — the shard is corrupt; re-create it with teacher-dump"
-                       : st == TKD_ERR_NOSPACE ? " — free disk space and re-run"
-                                               : "";
+    if (st == TKD_ERR_NOSPACE) /* HDF5's text (time, buffer address, sizes) adds nothing here */
+        return tkd_error_set(st, "%s: disk full (No space left on device) — free disk space and re-run", msg);
+    /* HDF5 descriptions may hold newlines (a ctime() stamp); messages are one line */
+    for (char *c = w.desc; *c; c++)
+        if (*c == '\n' || *c == '\r' || *c == '\t')
+            *c = ' ';
+    const char *hint = st == TKD_ERR_CHECKSUM ? " — the shard is corrupt; re-create it with teacher-dump" : "";
     return tkd_error_set(st, "%s (HDF5: %s)%s", msg, w.desc[0] ? w.desc : "unknown error", hint);
 }
 
@@ -511,6 +522,23 @@ static hid_t writer_create_dataset(tkd_shard_writer *w, int d, int level)
     return ds;
 }
 
+/* The file is being thrown away: its descriptor is pointed at an anonymous in-memory file, so the
+ * writes HDF5 still makes while closing cannot fail on a full disk. That matters because HDF5 1.10
+ * frees a file whose close failed but keeps its ID, and then crashes (or spins) at exit. */
+static void writer_discard_io(tkd_shard_writer *w)
+{
+    void *handle = NULL;
+    if (w->file < 0 || H5Fget_vfd_handle(w->file, H5P_DEFAULT, &handle) < 0 || !handle) {
+        h5_forget();
+        return;
+    }
+    int mfd = memfd_create("topkd-discarded-shard", MFD_CLOEXEC);
+    if (mfd >= 0) {
+        dup2(mfd, *(int *)handle);
+        close(mfd);
+    }
+}
+
 static void writer_free(tkd_shard_writer *w)
 {
     for (int d = 0; d < DS_COUNT; d++)
@@ -523,6 +551,26 @@ static void writer_free(tkd_shard_writer *w)
     free(w->path);
     free(w->tmp_path);
     free(w);
+}
+
+/* H5Fcreate writes the superblock at once, and a create that fails on a full disk leaves HDF5 1.10
+ * unable to shut down (it spins at exit); so a directory with less than this free is refused before
+ * HDF5 sees it. Later writes are cached and meet a full disk at flush time, which is handled. */
+#define SHARD_MIN_FREE_BYTES (16u << 10)
+
+static tkd_status check_room(const char *tmp_path)
+{
+    char dir[4096];
+    const char *slash = strrchr(tmp_path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - tmp_path) + 1 : 1, slash ? tmp_path : ".");
+    struct statvfs sv;
+    if (statvfs(dir, &sv) != 0) /* the create will report whatever is wrong with the directory */
+        return TKD_OK;
+    unsigned long long avail = (unsigned long long)sv.f_bavail * (unsigned long long)sv.f_frsize;
+    if (avail < SHARD_MIN_FREE_BYTES)
+        return tkd_error_set(TKD_ERR_NOSPACE, "%s: disk full (%llu bytes free) — free disk space and re-run",
+                             tmp_path, avail);
+    return TKD_OK;
 }
 
 tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
@@ -553,6 +601,11 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
     }
     sprintf(w->tmp_path, "%s.tmp", path);
+    tkd_status room = check_room(w->tmp_path);
+    if (room != TKD_OK) {
+        writer_free(w);
+        return room;
+    }
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl >= 0)
         H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
@@ -678,16 +731,21 @@ void tkd_shard_writer_abort(tkd_shard_writer *w)
         return;
     char *tmp = w->tmp_path;
     w->tmp_path = NULL;
+    writer_discard_io(w);
     writer_free(w);
     if (tmp)
         unlink(tmp);
     free(tmp);
 }
 
-/* Closes the HDF5 file (flushing everything) after recording num_seq. */
+/* Closes the HDF5 file after recording num_seq. Everything is flushed first with the file still
+ * open: a flush that fails (disk full) leaves it to tkd_shard_writer_abort, which can close it
+ * safely; a failed H5Fclose could not be undone. */
 static tkd_status writer_close_file(tkd_shard_writer *w)
 {
-    herr_t r = attr_write_i64(w->file, "num_seq", w->num_seq);
+    if (attr_write_i64(w->file, "num_seq", w->num_seq) < 0 || H5Fflush(w->file, H5F_SCOPE_LOCAL) < 0)
+        return h5_fail(TKD_ERR_IO, "%s: writing the shard failed", w->tmp_path);
+    herr_t r = 0;
     for (int d = 0; d < DS_COUNT; d++) {
         if (w->ds[d] >= 0 && H5Dclose(w->ds[d]) < 0)
             r = -1;
