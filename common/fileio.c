@@ -19,7 +19,7 @@ static tkd_status errno_status(int err)
 static tkd_status io_error(const char *path, const char *what, int err)
 {
     if (errno_status(err) == TKD_ERR_NOSPACE)
-        return tkd_error_set(TKD_ERR_NOSPACE, "%s: disk full while %s (%s); free space and retry",
+        return tkd_error_set(TKD_ERR_NOSPACE, "%s: disk full while %s (%s) — free space and retry",
                              path, what, strerror(err));
     return tkd_error_set(errno_status(err), "%s: %s failed: %s", path, what, strerror(err));
 }
