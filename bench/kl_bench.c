@@ -11,7 +11,7 @@
  * on the device to just after the timed runs (all of dH, dW, the workspace and cuBLAS's handle;
  * nothing is freed in between, so that is the peak).
  *
- *   kl_bench [--shapes 4096x4096x128256,...] [--reps 5] [--chunk 0] [--row-threads 128|256|512]
+ *   kl_bench [--shapes 4096x4096x128256,...] [--reps 5] [--chunk 0] [--rows THREADSxVEC]
  *            [--profile] [--no-naive]
  * --profile adds, per shape, the device time of each stage (summed over chunks) and the row
  * kernels' effective bandwidth (stats: reads N·V·4 bytes; grad: reads N·V·4, writes N·V·2;
@@ -335,15 +335,20 @@ int main(int argc, char **argv)
             o.reps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--chunk") == 0 && i + 1 < argc) {
             o.chunk = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--row-threads") == 0 && i + 1 < argc) {
-            CHECK(tkd_kl_cuda_tune_row_threads(atoi(argv[++i])));
+        } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+            int t = 0, vec = 0;
+            if (sscanf(argv[++i], "%dx%d", &t, &vec) != 2) {
+                fprintf(stderr, "kl_bench: --rows wants THREADSxVEC, e.g. 256x8\n");
+                return 2;
+            }
+            CHECK(tkd_kl_cuda_tune_rows(t, vec));
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = 1;
         } else if (strcmp(argv[i], "--no-naive") == 0) {
             o.naive = 0;
         } else {
             fprintf(stderr, "usage: kl_bench [--shapes NxDxV,...] [--reps R] [--chunk C] "
-                            "[--row-threads 128|256|512] [--profile] [--no-naive]\n");
+                            "[--rows THREADSxVEC] [--profile] [--no-naive]\n");
             return 2;
         }
     }

@@ -12,9 +12,10 @@
  * Per row (docs/loss.md): z = s/τ, q = softmax(z), q1 = softmax(s). KD is defined on z and
  * multiplied by τ²; CE is at τ = 1; loss = α·KD + (1 − α)·CE, averaged over kept rows. The
  * gradient wrt s is τ·α·(c_v·q_v − target_v) + (1 − α)(q1_v − [v = y]), times scale / n_kept,
- * with c_v = Σ target for renorm and sampled, and for tail c_v = 1 on the top-k' and
- * 1 − r/(1 − Q) elsewhere. The dense pass writes c_off·q + q1 terms for every v; a fix-up then
- * rewrites the few special positions (top-k', tail draws, label) exactly.
+ * with c_v = M = Σ target; `tail` adds −τ·α·r·q_v/(1 − Q) = −τ·α·r·exp(z_v − LSE_{v∉I}(z)) off
+ * the top-k' (an exp that cannot overflow, however small 1 − Q). The dense pass writes the
+ * off-top-k' value for every v; a fix-up then rewrites the few special positions (top-k', tail
+ * draws, label) exactly.
  */
 /* status.h and kl_loss.h are C headers without extern "C" guards; give them C linkage here. */
 extern "C" {
@@ -35,11 +36,13 @@ namespace {
 
 constexpr int kMaxThreads = 512;           /* row-kernel block: one row per block */
 constexpr int kMaxWarps = kMaxThreads / 32;
-constexpr int kVec = 4;                    /* float4 loads in flight per thread per tile */
-constexpr int kDefaultRowThreads = 512;
-int g_row_threads = kDefaultRowThreads;    /* block size in use (tkd_kl_cuda_tune_row_threads) */
+/* Row kernels stream a row in tiles of VEC float4 loads per thread, all issued before any is used:
+ * VEC·16 bytes in flight per thread. VEC = 4 with 512-thread blocks (2 per SM) or VEC = 8 with
+ * ≤ 256-thread blocks (3 per SM), chosen by tkd_kl_cuda_tune_rows. */
+constexpr int kDefaultRowThreads = 512, kDefaultRowVec = 4;
+int g_row_threads = kDefaultRowThreads;
+int g_row_vec = kDefaultRowVec;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr double kOneMinusQFloor = 1e-12;  /* tail: 1 − Q floored, so r/(1 − Q) stays finite */
 constexpr size_t kBlasWsBytes = 32u << 20; /* cuBLAS workspace we hand it, so it allocates none */
 
 enum RowMode { kModeStats = 0, kModeGrad = 1, kModeStatsGrad = 2 };
@@ -83,8 +86,10 @@ struct RowShared {
     float lse_tau, lse_one, s_label, teacher_lse;
     int label, bad, kept;
     float c_off, c_in, c_tgt, c_ce; /* gradient coefficients, scale / n_kept folded in */
+    float c_x, x_b;                 /* tail: coefficient of exp(z − LSE_{v∉I}(z)), log2e·LSE_{v∉I} */
     float log_omq; /* tail: log(1 − Q) = log Σ_{v∉I} q_v */
     float red_m[kMaxWarps], red_a[kMaxWarps], red_t[kMaxWarps], red_x[kMaxWarps];
+    float red_mx[kMaxWarps];
 };
 
 /* Dynamic shared memory: the k' top-k columns and the S tail draws of this row, and in the stats
@@ -130,31 +135,31 @@ __device__ inline float fast_exp2(float x)
     return y;
 }
 
-/* Running state: max m of s, a1 = Σ exp(s − m), at = Σ exp((s − m)/τ) and, for `tail`,
- * ax = the part of at outside the top-k' (so log(1 − Q) = log ax − log at without the
- * cancellation of 1 − Σ q). The max of s/τ is m/τ because τ > 0, so one max serves all sums. */
-struct Lse3 { float m, a1, at, ax; };
+/* Running state: max m of s, a1 = Σ exp(s − m), at = Σ exp((s − m)/τ) and, for `tail`, the
+ * log-sum-exp of z over the tokens outside the top-k' around their own max mx:
+ * ax = Σ_{v∉I} exp((s_v − mx)/τ). So log(1 − Q) = LSE_{v∉I}(z) − LSE(z) is exact however small
+ * 1 − Q is (docs/loss.md), never 1 − Σ q. The max of s/τ is m/τ because τ > 0. */
+struct Lse3 { float m, a1, at, mx, ax; };
 
-__device__ inline void lse3_rescale(Lse3 &x, float m_new, float l2e_tau)
+/* Two partial sums around their own maxima, combined around the larger (l2e: log2 e / scale). */
+__device__ inline float sum_merge(float mx, float sx, float my, float sy, float m, float l2e)
 {
-    float d = x.m - m_new; /* -inf when x is empty: exp2 gives 0 and the sums stay 0 */
-    float ft = fast_exp2(d * l2e_tau);
-    x.a1 *= fast_exp2(d * kLog2e);
-    x.at *= ft;
-    x.ax *= ft;
-    x.m = m_new;
+    return sx * fast_exp2((mx - m) * l2e) + sy * fast_exp2((my - m) * l2e); /* −inf max: 0 */
 }
 
 __device__ inline Lse3 lse3_merge(Lse3 x, Lse3 y, float l2e_tau)
 {
     float m = fmaxf(x.m, y.m);
-    if (m == -INFINITY)
-        return x;
-    lse3_rescale(x, m, l2e_tau);
-    lse3_rescale(y, m, l2e_tau);
-    x.a1 += y.a1;
-    x.at += y.at;
-    x.ax += y.ax;
+    if (m > -INFINITY) {
+        x.a1 = sum_merge(x.m, x.a1, y.m, y.a1, m, kLog2e);
+        x.at = sum_merge(x.m, x.at, y.m, y.at, m, l2e_tau);
+        x.m = m;
+    }
+    float mt = fmaxf(x.mx, y.mx);
+    if (mt > -INFINITY) {
+        x.ax = sum_merge(x.mx, x.ax, y.mx, y.ax, mt, l2e_tau);
+        x.mx = mt;
+    }
     return x;
 }
 
@@ -163,15 +168,20 @@ __device__ inline Lse3 lse3_merge(Lse3 x, Lse3 y, float l2e_tau)
 __device__ inline void lse3_add4(Lse3 &st, float4 x, float l2e_tau, bool same_tau, bool tail,
                                  unsigned top_bits)
 {
+    float v4[4] = {x.x, x.y, x.z, x.w};
     float mloc = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
     if (mloc == -INFINITY)
         return;
-    if (mloc > st.m)
-        lse3_rescale(st, mloc, l2e_tau);
-    float e[4] = {x.x - st.m, x.y - st.m, x.z - st.m, x.w - st.m}, e1[4];
+    if (mloc > st.m) { /* st.m = −inf at first: the sums are 0 and stay 0 */
+        float d = st.m - mloc;
+        st.a1 *= fast_exp2(d * kLog2e);
+        st.at *= fast_exp2(d * l2e_tau);
+        st.m = mloc;
+    }
+    float e1[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        e1[j] = fast_exp2(e[j] * kLog2e);
+        e1[j] = fast_exp2((v4[j] - st.m) * kLog2e);
         st.a1 += e1[j];
     }
     if (same_tau && !tail) {
@@ -179,12 +189,25 @@ __device__ inline void lse3_add4(Lse3 &st, float4 x, float l2e_tau, bool same_ta
         return;
     }
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float et = same_tau ? e1[j] : fast_exp2(e[j] * l2e_tau);
-        st.at += et;
-        if (tail && !((top_bits >> j) & 1u))
-            st.ax += et;
+    for (int j = 0; j < 4; j++)
+        st.at += same_tau ? e1[j] : fast_exp2((v4[j] - st.m) * l2e_tau);
+    if (!tail)
+        return;
+    float tloc = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (!((top_bits >> j) & 1u))
+            tloc = fmaxf(tloc, v4[j]);
+    if (tloc == -INFINITY)
+        return;
+    if (tloc > st.mx) {
+        st.ax *= fast_exp2((st.mx - tloc) * l2e_tau);
+        st.mx = tloc;
     }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (!((top_bits >> j) & 1u))
+            st.ax += fast_exp2((v4[j] - st.mx) * l2e_tau);
 }
 
 /* float4 at row[e..e+3], elements ≥ v set to -inf (ldl padding holds garbage). */
@@ -207,22 +230,23 @@ __device__ inline unsigned top4(const unsigned *bitmap, int e)
 
 /* Block-wide log-sum-exps of one row; results in sh (all threads see them after return).
  * bitmap (V bits, shared) marks the top-k' for `tail`, else NULL. */
+template <int VEC>
 __device__ void row_lse(const float *row, int v, float tau, const unsigned *bitmap, RowShared &sh)
 {
     const float l2e_tau = kLog2e / tau;
     const bool same_tau = tau == 1.0f, tail = bitmap != NULL;
-    Lse3 st = {-INFINITY, 0.0f, 0.0f, 0.0f};
+    Lse3 st = {-INFINITY, 0.0f, 0.0f, -INFINITY, 0.0f};
     const int nt = blockDim.x;
-    for (int base = 0; base < v; base += kVec * 4 * nt) {
-        float4 x[kVec];
+    for (int base = 0; base < v; base += VEC * 4 * nt) {
+        float4 x[VEC];
 #pragma unroll
-        for (int j = 0; j < kVec; j++) { /* all loads first: kVec·16 bytes in flight per thread */
+        for (int j = 0; j < VEC; j++) { /* all loads first: VEC·16 bytes in flight per thread */
             int e = base + j * 4 * nt + threadIdx.x * 4;
             if (e < v)
                 x[j] = load4_masked(row, e, v);
         }
 #pragma unroll
-        for (int j = 0; j < kVec; j++) {
+        for (int j = 0; j < VEC; j++) {
             int e = base + j * 4 * nt + threadIdx.x * 4;
             if (e < v)
                 lse3_add4(st, x[j], l2e_tau, same_tau, tail, top4(bitmap, e));
@@ -230,7 +254,8 @@ __device__ void row_lse(const float *row, int v, float tau, const unsigned *bitm
     }
     for (int off = 16; off > 0; off >>= 1) {
         Lse3 o = {__shfl_xor_sync(0xffffffffu, st.m, off), __shfl_xor_sync(0xffffffffu, st.a1, off),
-                  __shfl_xor_sync(0xffffffffu, st.at, off), __shfl_xor_sync(0xffffffffu, st.ax, off)};
+                  __shfl_xor_sync(0xffffffffu, st.at, off), __shfl_xor_sync(0xffffffffu, st.mx, off),
+                  __shfl_xor_sync(0xffffffffu, st.ax, off)};
         st = lse3_merge(st, o, l2e_tau);
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -239,16 +264,19 @@ __device__ void row_lse(const float *row, int v, float tau, const unsigned *bitm
         sh.red_a[warp] = st.a1;
         sh.red_t[warp] = st.at;
         sh.red_x[warp] = st.ax;
+        sh.red_mx[warp] = st.mx;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        Lse3 acc = {sh.red_m[0], sh.red_a[0], sh.red_t[0], sh.red_x[0]};
+        Lse3 acc = {sh.red_m[0], sh.red_a[0], sh.red_t[0], sh.red_mx[0], sh.red_x[0]};
         for (int w = 1; w < nt / 32; w++)
-            acc = lse3_merge(acc, Lse3{sh.red_m[w], sh.red_a[w], sh.red_t[w], sh.red_x[w]},
-                             l2e_tau);
+            acc = lse3_merge(
+                acc, Lse3{sh.red_m[w], sh.red_a[w], sh.red_t[w], sh.red_mx[w], sh.red_x[w]},
+                l2e_tau);
         sh.lse_one = acc.m + logf(acc.a1);
         sh.lse_tau = acc.m / tau + logf(acc.at);
-        sh.log_omq = logf(acc.ax) - logf(acc.at); /* −inf when the top-k' hold all the mass */
+        /* LSE_{v∉I}(z) − LSE(z); −inf only when no token lies outside the top-k' */
+        sh.log_omq = acc.ax > 0.0f ? acc.mx / tau + logf(acc.ax) - sh.lse_tau : -INFINITY;
     }
     __syncthreads();
 }
@@ -344,12 +372,13 @@ __device__ inline double warp_max(double x)
 
 /* Fills m.tgt_i / m.tgt_t and the coefficients in sh; returns KD (without τ²) on lane 0. */
 __device__ double row_kd_warp(const RowArgs &a, RowSmem m, RowShared &sh, double *c_off,
-                              double *c_in)
+                              double *c_in, double *c_x)
 {
     const int lane = threadIdx.x % 32;
     const double inv_tau = 1.0 / (double)a.tau, ltau = sh.lse_tau;
     double kd = 0.0;
     *c_off = *c_in = 1.0;
+    *c_x = 0.0;
     if (a.variant == TKD_KL_VARIANT_RENORM) {
         double mt = -INFINITY;
         for (int j = lane; j < a.k_use; j += 32)
@@ -383,11 +412,11 @@ __device__ double row_kd_warp(const RowArgs &a, RowSmem m, RowShared &sh, double
     double r = a.k_use == a.v ? 0.0 : fmax(1.0 - p_sum, 0.0);
     if (a.variant == TKD_KL_VARIANT_TAIL) {
         (void)q_sum; /* 1 − Q comes from the stats pass, without cancellation */
-        double log_omq = fmax((double)sh.log_omq, log(kOneMinusQFloor)), omq = exp(log_omq);
+        (void)q_sum; /* 1 − Q comes from the stats pass, exact in the log domain */
         *c_in = *c_off = p_sum + r; /* Σ target (1 unless the teacher's top-k' mass exceeds 1) */
         if (r > 0.0) {
-            kd += r * (log(r) - log_omq);
-            *c_off -= r / omq;
+            kd += r * (log(r) - (double)sh.log_omq);
+            *c_x = r;
         }
         return kd;
     }
@@ -413,9 +442,9 @@ __device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared
     if (threadIdx.x >= 32)
         return;
     const int ok = sh.kept && !sh.bad;
-    double kd = 0.0, ce = 0.0, c_off = 0.0, c_in = 0.0;
+    double kd = 0.0, ce = 0.0, c_off = 0.0, c_in = 0.0, c_x = 0.0;
     if (ok) {
-        kd = row_kd_warp(a, m, sh, &c_off, &c_in) * (double)a.tau * a.tau;
+        kd = row_kd_warp(a, m, sh, &c_off, &c_in, &c_x) * (double)a.tau * a.tau;
         ce = (double)sh.lse_one - sh.s_label;
     }
     if (threadIdx.x != 0)
@@ -429,21 +458,29 @@ __device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared
     double kd_g = g * a.alpha * a.tau;
     sh.c_off = (float)(kd_g * c_off);
     sh.c_in = (float)(kd_g * c_in);
+    sh.c_x = (float)(kd_g * c_x);
+    sh.x_b = (sh.lse_tau + sh.log_omq) * kLog2e;
     sh.c_tgt = (float)kd_g;
     sh.c_ce = (float)(g * (1.0 - a.alpha));
 }
 
 /* ---- dS in place -------------------------------------------------------------------------- */
 
-struct GradCoef { float zs, zb, os, ob, c_q, c_ce; bool same_tau; };
+struct GradCoef { float zs, zb, os, ob, c_q, c_ce, c_x, xb; bool same_tau; };
+
+/* tail's −τ·α·r·q_v/(1 − Q) term (0 for the other variants, and on the top-k'). */
+__device__ inline float grad_tail_term(float s, const GradCoef &c)
+{
+    return c.c_x != 0.0f ? c.c_x * fast_exp2(fmaf(s, c.zs, -c.xb)) : 0.0f;
+}
 
 __device__ inline float grad_dense(float s, const GradCoef &c)
 {
     float q = fast_exp2(fmaf(s, c.zs, -c.zb));
     if (c.same_tau) /* τ = 1: q1 = q, one exp per element */
-        return (c.c_q + c.c_ce) * q;
+        return (c.c_q + c.c_ce) * q - grad_tail_term(s, c);
     float q1 = fast_exp2(fmaf(s, c.os, -c.ob));
-    return c.c_q * q + c.c_ce * q1;
+    return c.c_q * q + c.c_ce * q1 - grad_tail_term(s, c);
 }
 
 __device__ inline uint2 pack4_bf16(float a, float b, float c, float d)
@@ -468,10 +505,12 @@ __device__ float grad_special(const RowArgs &a, RowSmem m, const RowShared &sh, 
                               int v, float s)
 {
     float tgt = 0.0f, cq = sh.c_off;
+    bool in_top = false;
     for (int i = 0; i < a.k_use; i++)
         if (m.idx_i[i] == v) {
             tgt = m.tgt_i[i];
             cq = sh.c_in;
+            in_top = true;
         }
     if (a.variant == TKD_KL_VARIANT_SAMPLED)
         for (int j = 0; j < a.s; j++)
@@ -479,9 +518,11 @@ __device__ float grad_special(const RowArgs &a, RowSmem m, const RowShared &sh, 
                 tgt = m.tgt_t[j];
     float q = fast_exp2(fmaf(s, c.zs, -c.zb));
     float q1 = fast_exp2(fmaf(s, c.os, -c.ob));
-    return cq * q - sh.c_tgt * tgt + sh.c_ce * (q1 - (v == sh.label ? 1.0f : 0.0f));
+    float g = cq * q - sh.c_tgt * tgt + sh.c_ce * (q1 - (v == sh.label ? 1.0f : 0.0f));
+    return in_top ? g : g - grad_tail_term(s, c);
 }
 
+template <int VEC>
 __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const RowShared &sh)
 {
     const int v = a.v, tid = threadIdx.x;
@@ -492,21 +533,23 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
     c.os = kLog2e;
     c.ob = sh.lse_one * kLog2e;
     c.c_q = sh.c_off;
+    c.c_x = sh.c_x;
+    c.xb = sh.x_b;
     c.c_ce = sh.c_ce;
     c.same_tau = a.tau == 1.0f;
     __nv_bfloat16 *ds = reinterpret_cast<__nv_bfloat16 *>(row);
     const int nt = blockDim.x;
-    for (int base = 0; base < v; base += kVec * 4 * nt) {
-        float4 x[kVec];
+    for (int base = 0; base < v; base += VEC * 4 * nt) {
+        float4 x[VEC];
 #pragma unroll
-        for (int j = 0; j < kVec; j++) {
+        for (int j = 0; j < VEC; j++) {
             int e = base + j * 4 * nt + tid * 4;
             if (e < v)
                 x[j] = *reinterpret_cast<const float4 *>(row + e);
         }
         __syncthreads(); /* every fp32 value this tile's bf16 stores overlay has been read */
 #pragma unroll
-        for (int j = 0; j < kVec; j++) {
+        for (int j = 0; j < VEC; j++) {
             int e = base + j * 4 * nt + tid * 4;
             if (e < v)
                 *reinterpret_cast<uint2 *>(ds + e) = grad4(x[j], c, zero);
@@ -535,8 +578,8 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
 }
 
 /* One block per row of the chunk. */
-template <int MODE>
-__global__ void __launch_bounds__(kMaxThreads, 2) kl_row_kernel(RowArgs a)
+template <int MODE, int VEC>
+__global__ void __launch_bounds__(VEC == 4 ? 512 : 256, VEC == 4 ? 2 : 3) kl_row_kernel(RowArgs a)
 {
     extern __shared__ unsigned char dyn_smem[];
     __shared__ RowShared sh;
@@ -553,7 +596,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) kl_row_kernel(RowArgs a)
         }
         __syncthreads();
     } else {
-        row_lse(row, a.v, a.tau, tail ? m.bitmap : NULL, sh);
+        row_lse<VEC>(row, a.v, a.tau, tail ? m.bitmap : NULL, sh);
         if (threadIdx.x == 0) {
             a.lse_tau[r] = sh.lse_tau;
             a.lse_one[r] = sh.lse_one;
@@ -564,7 +607,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) kl_row_kernel(RowArgs a)
     row_finalize<MODE>(a, r, m, sh);
     __syncthreads();
     if (MODE != kModeStats)
-        row_grad_inplace(a, row, m, sh);
+        row_grad_inplace<VEC>(a, row, m, sh);
 }
 
 /* Counts kept rows and resets the error state (one block). */
@@ -838,25 +881,24 @@ static RowArgs row_args(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl
     return a;
 }
 
-static tkd_status launch_rows(int mode, int rows, const RowArgs &a)
+template <int VEC>
+static tkd_status launch_rows_vec(int mode, int rows, const RowArgs &a)
 {
     size_t smem = row_smem_bytes(a.k_use, a.s, a.v, mode != kModeGrad);
-    if (smem > 48 * 1024) { /* beyond the default limit: ask for it (the bitmap at large V) */
-        TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeStats>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeGrad>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        TKD_CUDA_CHECK(cudaFuncSetAttribute(kl_row_kernel<kModeStatsGrad>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
-    if (mode == kModeStats)
-        kl_row_kernel<kModeStats><<<rows, g_row_threads, smem>>>(a);
-    else if (mode == kModeGrad)
-        kl_row_kernel<kModeGrad><<<rows, g_row_threads, smem>>>(a);
-    else
-        kl_row_kernel<kModeStatsGrad><<<rows, g_row_threads, smem>>>(a);
+    void (*kern)(RowArgs) = mode == kModeStats  ? kl_row_kernel<kModeStats, VEC>
+                            : mode == kModeGrad ? kl_row_kernel<kModeGrad, VEC>
+                                                : kl_row_kernel<kModeStatsGrad, VEC>;
+    if (smem > 48 * 1024) /* beyond the default limit: ask for it (the bitmap at large V) */
+        TKD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+    kern<<<rows, g_row_threads, smem>>>(a);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
+}
+
+static tkd_status launch_rows(int mode, int rows, const RowArgs &a)
+{
+    return g_row_vec == 8 ? launch_rows_vec<8>(mode, rows, a) : launch_rows_vec<4>(mode, rows, a);
 }
 
 static const char *err_reason(unsigned bits)
@@ -912,6 +954,14 @@ extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_para
                                            const tkd_kl_cuda_batch *b, float scale, float *dh,
                                            float *dw)
 {
+    if (p->grad_in_forward) { /* forward made the gradients, of grad_scale·loss (docs/loss.md) */
+        if (scale != p->grad_scale)
+            return tkd_error_set(TKD_ERR_INVALID_ARG,
+                                 "kl_loss_cuda: grad_in_forward made the gradients with grad_scale "
+                                 "%g; backward's scale %g must equal it",
+                                 (double)p->grad_scale, (double)scale);
+        return TKD_OK;
+    }
     TKD_TRY(check_call(ws, p, b, 1, dh, dw));
     for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
         int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
@@ -1025,13 +1075,22 @@ extern "C" tkd_status tkd_kl_cuda_profile(tkd_kl_cuda_ws *ws, const tkd_kl_param
     return st;
 }
 
-extern "C" tkd_status tkd_kl_cuda_tune_row_threads(int threads)
+extern "C" tkd_status tkd_kl_cuda_tune_rows(int threads, int vec)
 {
-    if (threads != 0 && threads != 128 && threads != 256 && threads != 512)
+    if (threads == 0 && vec == 0) {
+        g_row_threads = kDefaultRowThreads;
+        g_row_vec = kDefaultRowVec;
+        return TKD_OK;
+    }
+    int ok = (vec == 4 && (threads == 128 || threads == 256 || threads == 512)) ||
+             (vec == 8 && (threads == 128 || threads == 256));
+    if (!ok)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "kl_loss_cuda: row threads %d: use 128, 256, 512 or 0 (default)",
-                             threads);
-    g_row_threads = threads ? threads : kDefaultRowThreads;
+                             "kl_loss_cuda: row kernels: %d threads x %d float4: use vec 4 with "
+                             "128/256/512 threads, vec 8 with 128/256, or 0, 0 for the default",
+                             threads, vec);
+    g_row_threads = threads;
+    g_row_vec = vec;
     return TKD_OK;
 }
 

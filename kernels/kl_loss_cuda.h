@@ -80,7 +80,9 @@ tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                float *dw);
 
 /* Backward (recompute mode), after tkd_kl_cuda_forward on the same batch: dh (N, D) overwritten
- * with ∂(scale·loss)/∂H, dw (V, D) accumulated (+=) with ∂(scale·loss)/∂W; device fp32 pointers. */
+ * with ∂(scale·loss)/∂H, dw (V, D) accumulated (+=) with ∂(scale·loss)/∂W; device fp32 pointers.
+ * With p->grad_in_forward it does nothing (forward made the gradients of grad_scale·loss) and
+ * only checks that scale == p->grad_scale, as the CPU path does. */
 tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                 const tkd_kl_cuda_batch *b, float scale, float *dh, float *dw);
 
@@ -106,10 +108,11 @@ tkd_status tkd_kl_cuda_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                const tkd_kl_cuda_batch *b, float *dh, float *dw,
                                double ms[TKD_KL_CUDA_PROFILE_STAGES]);
 
-/* Row-kernel block size (128, 256 or 512 threads; 0 restores the default; one row per block),
- * process-wide, not thread-safe. A tuning knob for the benchmark; the default is the measured
- * best on an H200. */
-tkd_status tkd_kl_cuda_tune_row_threads(int threads);
+/* Row kernels' shape, process-wide, not thread-safe: threads per block (one row per block) and
+ * float4 loads in flight per thread (vec 4: 128, 256 or 512 threads; vec 8: 128 or 256);
+ * (0, 0) restores the default. A tuning knob for the benchmark; the default is the measured best
+ * on an H200. */
+tkd_status tkd_kl_cuda_tune_rows(int threads, int vec);
 
 /* ---- small device-memory helpers (tests, benchmarks) ---------------------------------------- */
 

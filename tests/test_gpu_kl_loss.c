@@ -382,23 +382,23 @@ static void test_row_block_sizes(void **state)
 {
     (void)state;
     gcase *c = case_make(21, 16, 9001, 4, 4, 1.0, 51, 0.4f);
-    const int threads[] = {128, 256, 512};
-    for (int i = 0; i < 3; i++) {
-        assert_int_equal(tkd_kl_cuda_tune_row_threads(threads[i]), TKD_OK);
+    const int threads[] = {128, 256, 512, 128, 256}, vecs[] = {4, 4, 4, 8, 8};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(tkd_kl_cuda_tune_rows(threads[i], vecs[i]), TKD_OK);
         for (int var = 0; var < 3; var++) {
             tkd_kl_params p;
             params_set(&p, 4, (tkd_kl_variant)var, 1.0f, 0.5f, 4, 4, 8, 0);
             gpu_ctx x = {0};
             ctx_init(&x, c, &p);
             errs e = check_params(&x, c, &p, 1.0f);
-            printf("row threads %d %s: loss %.2e dH %.2e dW %.2e\n", threads[i],
+            printf("row threads %d vec %d %s: loss %.2e dH %.2e dW %.2e\n", threads[i], vecs[i],
                    tkd_kl_variant_name((tkd_kl_variant)var), e.loss, e.dh, e.dw);
             expect_within(e, LOSS_TOL, GRAD_TOL, "row block size");
             ctx_free(&x);
         }
     }
-    assert_int_equal(tkd_kl_cuda_tune_row_threads(0), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_tune_row_threads(100), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_kl_cuda_tune_rows(0, 0), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_tune_rows(512, 8), TKD_ERR_INVALID_ARG);
     case_free(c);
 }
 
@@ -418,6 +418,40 @@ static void test_extreme_logits(void **state)
         expect_within(e, EXTREME_LOSS_TOL, EXTREME_GRAD_TOL, "extreme logits");
         ctx_free(&x);
     }
+    case_free(c);
+}
+
+/* tail with 1 − Q far below any epsilon: every kept row's top-k' holds the student's argmax and
+ * the logits are ~1e4 apart, so 1 − Q ~ e^-100 or less. log(1 − Q) must be exact (docs/loss.md:
+ * the tail's own log-sum-exp, never 1 − Σ q), as in the reference. */
+static void test_tail_tiny_one_minus_q(void **state)
+{
+    (void)state;
+    gcase *c = case_make(17, 16, 500, 6, 0, 1.0, 83, 28.0f);
+    for (int64_t i = 0; i < c->n; i++) {
+        int best = 0;
+        double sbest = -INFINITY;
+        for (int j = 0; j < c->v; j++) {
+            double acc = 0.0;
+            for (int q = 0; q < c->d; q++)
+                acc += (double)c->h[i * c->d + q] * c->w[(size_t)j * c->d + q];
+            if (acc > sbest)
+                sbest = acc, best = j;
+        }
+        int present = 0;
+        for (int j = 0; j < c->k; j++)
+            present |= c->idx[i * c->k + j] == best;
+        if (!present)
+            c->idx[i * c->k + c->k - 1] = best;
+    }
+    tkd_kl_params p;
+    params_set(&p, 6, TKD_KL_VARIANT_TAIL, 1.0f, 0.7f, 6, 0, 5, 0);
+    gpu_ctx x = {0};
+    ctx_init(&x, c, &p);
+    errs e = check_params(&x, c, &p, 1.0f);
+    printf("tail, 1 - Q tiny: loss %.2e dH %.2e dW %.2e\n", e.loss, e.dh, e.dw);
+    expect_within(e, EXTREME_LOSS_TOL, EXTREME_GRAD_TOL, "tail with tiny 1 - Q");
+    ctx_free(&x);
     case_free(c);
 }
 
@@ -447,6 +481,13 @@ static void test_scale_and_accumulate(void **state)
     double edw = rel_norm(x.h_dw, twice, nw);
     printf("dW accumulated over two backward calls: rel err %.2e\n", edw);
     assert_true(edw <= GRAD_TOL);
+    /* grad_in_forward: backward is a no-op that insists on forward's grad_scale */
+    p.grad_in_forward = 1;
+    p.grad_scale = 0.25f;
+    assert_int_equal(tkd_kl_cuda_backward(x.ws, &p, &x.db, 0.25f, x.dh, x.dw), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_backward(x.ws, &p, &x.db, 1.0f, x.dh, x.dw), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_kl_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
+    assert_true(rel_norm(x.h_dw, twice, nw) == edw); /* untouched */
     free(twice);
     ref_free(&r);
     ctx_free(&x);
@@ -572,7 +613,8 @@ int main(void)
     tkd_test_require_gpu();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_variant_grid),     cmocka_unit_test(test_awkward_shapes),
-        cmocka_unit_test(test_row_block_sizes),  cmocka_unit_test(test_extreme_logits),   cmocka_unit_test(test_scale_and_accumulate),
+        cmocka_unit_test(test_row_block_sizes),  cmocka_unit_test(test_extreme_logits),
+        cmocka_unit_test(test_tail_tiny_one_minus_q),   cmocka_unit_test(test_scale_and_accumulate),
         cmocka_unit_test(test_all_masked),       cmocka_unit_test(test_bad_teacher_data),
         cmocka_unit_test(test_against_cpu_path), cmocka_unit_test(test_device_oom),
     };
