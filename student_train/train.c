@@ -4,6 +4,7 @@
 #include "student_train/train.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -495,7 +496,16 @@ static void json_num(FILE *f, const char *key, double v)
         fprintf(f, ", \"%s\": null", key);
 }
 
-static void log_train(trainer *tr, const step_stats *ss)
+/* A lost metrics line must not pass silently: a full disk is an error like any other write. */
+static tkd_status metrics_flush(trainer *tr)
+{
+    if (fflush(tr->metrics) != 0 || ferror(tr->metrics))
+        return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO, "%s: writing metrics failed: %s%s",
+                             tr->metrics_path, strerror(errno), errno == ENOSPC ? " (disk full — free space and --resume)" : "");
+    return TKD_OK;
+}
+
+static tkd_status log_train(trainer *tr, const step_stats *ss)
 {
     double el = now_s() - tr->t0;
     fprintf(tr->metrics, "{\"type\": \"train\", \"step\": %" PRId64 ", \"tokens\": %" PRId64, tr->st.step,
@@ -507,10 +517,10 @@ static void log_train(trainer *tr, const step_stats *ss)
     json_num(tr->metrics, "grad_norm", ss->grad_norm);
     json_num(tr->metrics, "elapsed_s", el);
     fprintf(tr->metrics, "}\n");
-    fflush(tr->metrics);
+    return metrics_flush(tr);
 }
 
-static void log_eval(trainer *tr, const eval_stats *es)
+static tkd_status log_eval(trainer *tr, const eval_stats *es)
 {
     fprintf(tr->metrics, "{\"type\": \"eval\", \"step\": %" PRId64 ", \"tokens\": %" PRId64, tr->st.step,
             tr->st.tokens_seen);
@@ -520,10 +530,11 @@ static void log_eval(trainer *tr, const eval_stats *es)
     json_num(tr->metrics, "val_ppl", exp(es->ce));
     json_num(tr->metrics, "top1_agree", es->top1);
     fprintf(tr->metrics, "}\n");
-    fflush(tr->metrics);
+    TKD_TRY(metrics_flush(tr));
     tkd_log_info("eval  step %" PRId64 ": val CE %.4f (ppl %.2f)%s", tr->st.step, es->ce, exp(es->ce), "");
     if (tr->kp.alpha > 0 && es->rows > 0)
         tkd_log_info("      val KD %.4f, top-1 agreement with the teacher %.3f", es->kd, es->top1);
+    return TKD_OK;
 }
 
 /* Keeps the metrics lines of steps <= step (a resumed run rewrites what came after). */
@@ -606,7 +617,7 @@ static tkd_status eval_and_log(trainer *tr, eval_stats *es)
 {
     TKD_TRY(evaluate(tr, es));
     if (es->rows > 0)
-        log_eval(tr, es);
+        TKD_TRY(log_eval(tr, es));
     return TKD_OK;
 }
 
@@ -637,7 +648,7 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
             return tkd_error_prefix(st, "training stopped (last good checkpoint: %s)", tr->ckpt);
         res->train_loss = ss.loss;
         if (tr->st.step % c->log_interval == 0 || tr->st.step == tr->total_steps)
-            log_train(tr, &ss);
+            TKD_TRY(log_train(tr, &ss));
         progress_line(tr, &ss);
         if (c->eval_interval > 0 && tr->st.step % c->eval_interval == 0 && tr->st.step < tr->total_steps)
             TKD_TRY(eval_and_log(tr, &es));
