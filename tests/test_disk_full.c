@@ -185,7 +185,7 @@ static void assert_dump_disk_full(const char *err_path, const char *out)
 static int64_t check_listed_shards(const char *out)
 {
     char path[4300];
-    snprintf(path, sizeof path, "%s/manifest.yaml", out);
+    assert_true(snprintf(path, sizeof path, "%s/manifest.yaml", out) < (int)sizeof path);
     if (!tkd_file_exists(path))
         return 0;
     tkd_cache_manifest m;
