@@ -171,12 +171,20 @@ tkd_status tkd_kl_validate(const tkd_kl_params *p, const tkd_kl_batch *b)
 {
     if (!b)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: batch is NULL");
-    TKD_TRY(tkd_kl_params_check(p, b->v));
-    TKD_TRY(check_pointers(p, b));
-    /* One bit per token; allocated per call (not per row), cleared row by row. */
     uint8_t *seen = calloc((size_t)b->v / 8 + 1, 1);
     if (!seen)
         return tkd_error_set(TKD_ERR_NOMEM, "kl_loss: validate: out of memory for %d bits", b->v);
+    tkd_status st = tkd_kl_validate_scratch(p, b, seen);
+    free(seen);
+    return st;
+}
+
+tkd_status tkd_kl_validate_scratch(const tkd_kl_params *p, const tkd_kl_batch *b, uint8_t *seen)
+{
+    if (!b)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: batch is NULL");
+    TKD_TRY(tkd_kl_params_check(p, b->v));
+    TKD_TRY(check_pointers(p, b));
     tkd_status st = TKD_OK;
     for (int64_t i = 0; i < b->n && st == TKD_OK; i++) {
         int32_t y = b->labels[i];
@@ -191,6 +199,5 @@ tkd_status tkd_kl_validate(const tkd_kl_params *p, const tkd_kl_batch *b)
         }
         st = validate_row(p, b, i, seen);
     }
-    free(seen);
     return st;
 }

@@ -83,6 +83,10 @@ tkd_status tkd_kl_batch_check(const tkd_kl_params *p, const tkd_kl_batch *b);
  * ignore_index, tail draws in [0, V) and outside the row's top-k'. TKD_ERR_FORMAT names the row. */
 tkd_status tkd_kl_validate(const tkd_kl_params *p, const tkd_kl_batch *b);
 
+/* The same with a caller-owned scratch of V/8 + 1 bytes, all zero on entry and zero again on return
+ * (so a training loop validates every batch without allocating). */
+tkd_status tkd_kl_validate_scratch(const tkd_kl_params *p, const tkd_kl_batch *b, uint8_t *seen);
+
 /* Dense float64 reference, independent of the chunked code (tests). Any of dh (N, D) / dw (V, D)
  * may be NULL; gradients are of result->loss (the mean) and are overwritten, not accumulated. */
 tkd_status tkd_kl_ref_f64(const tkd_kl_params *p, const tkd_kl_batch *b, tkd_kl_result *res,
@@ -91,6 +95,9 @@ tkd_status tkd_kl_ref_f64(const tkd_kl_params *p, const tkd_kl_batch *b, tkd_kl_
 /* Workspace for the chunked CPU path: sized once for (N max, V, chunk), reused every step. */
 typedef struct tkd_kl_cpu_ws tkd_kl_cpu_ws;
 tkd_status tkd_kl_cpu_ws_init(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64_t n_max, int d, int v);
+
+/* tkd_kl_validate with the workspace's scratch: no allocation per batch. */
+tkd_status tkd_kl_cpu_validate(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b);
 void tkd_kl_cpu_ws_free(tkd_kl_cpu_ws *ws); /* NULL is a no-op */
 
 /* Forward: the loss and per-row statistics kept in ws for backward. With grad_in_forward it also

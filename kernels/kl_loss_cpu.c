@@ -24,6 +24,7 @@ struct tkd_kl_cpu_ws {
     float *buf;      /* (chunk, V) logits, then ∂loss/∂s in place */
     float *s_top;    /* (chunk, k_cap) logits at the row's first k' teacher tokens */
     row_stat *stat;  /* (n_max) */
+    uint8_t *seen;   /* (V/8 + 1) zeroed scratch for tkd_kl_cpu_validate */
     int64_t last_n;  /* rows of the last forward; -1 before any */
     int64_t n_kept;
 };
@@ -50,7 +51,8 @@ tkd_status tkd_kl_cpu_ws_init(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64
     ws->buf = malloc(sizeof(float) * (size_t)chunk * (size_t)v);
     ws->s_top = malloc(sizeof(float) * (size_t)chunk * (size_t)ws->k_cap);
     ws->stat = malloc(sizeof(row_stat) * (size_t)n_max);
-    if (!ws->buf || !ws->s_top || !ws->stat) {
+    ws->seen = calloc((size_t)v / 8 + 1, 1);
+    if (!ws->buf || !ws->s_top || !ws->stat || !ws->seen) {
         tkd_kl_cpu_ws_free(ws);
         return tkd_error_set(TKD_ERR_NOMEM, "kl_loss cpu: out of memory for a chunk of %lld x %d logits",
                              (long long)chunk, v);
@@ -66,7 +68,15 @@ void tkd_kl_cpu_ws_free(tkd_kl_cpu_ws *ws)
     free(ws->buf);
     free(ws->s_top);
     free(ws->stat);
+    free(ws->seen);
     free(ws);
+}
+
+tkd_status tkd_kl_cpu_validate(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b)
+{
+    if (b && b->v != ws->v)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss cpu: batch V = %d, workspace V = %d", b->v, ws->v);
+    return tkd_kl_validate_scratch(p, b, ws->seen);
 }
 
 /* ---- one row ------------------------------------------------------------------------- */

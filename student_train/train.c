@@ -359,7 +359,7 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *
     TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
     tkd_kl_batch kb;
     kl_batch_of(tr, b, hidden, &kb);
-    TKD_TRY(tkd_kl_validate(&tr->kp, &kb));
+    TKD_TRY(tkd_kl_cpu_validate(tr->ws, &tr->kp, &kb));
     tkd_kl_result r;
     float *dw = tkd_model_lm_head_grad(tr->m);
     if (tr->kp.grad_in_forward) {
@@ -467,7 +467,7 @@ static tkd_status evaluate(trainer *tr, eval_stats *es)
         TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 0, &hidden));
         tkd_kl_batch kb;
         kl_batch_of(tr, b, hidden, &kb);
-        TKD_TRY(tkd_kl_validate(&kp, &kb));
+        TKD_TRY(tkd_kl_cpu_validate(tr->ws, &kp, &kb));
         tkd_kl_result r;
         TKD_TRY(tkd_kl_cpu_forward(tr->ws, &kp, &kb, &r, NULL, NULL));
         es->loss += r.loss * (double)r.n_kept;
