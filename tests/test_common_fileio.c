@@ -13,23 +13,6 @@
 #include "common/fileio.h"
 #include "tests/testutil.h"
 
-static char *dir;
-
-static int setup(void **state)
-{
-    (void)state;
-    dir = tkd_test_mkdtemp("fileio");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tkd_test_rmtree(dir);
-    free(dir);
-    return 0;
-}
-
 /* Number of entries in d whose name contains ".tmp-". */
 static int count_temps(const char *d)
 {
@@ -48,7 +31,7 @@ static const char *p(const char *name)
     static char buf[4][4200];
     static int k;
     k = (k + 1) % 4;
-    assert_int_equal(tkd_path_join(buf[k], sizeof buf[k], dir, name), TKD_OK);
+    assert_int_equal(tkd_path_join(buf[k], sizeof buf[k], tkd_test_group_dir, name), TKD_OK);
     return buf[k];
 }
 
@@ -70,7 +53,7 @@ static void test_write_atomic_success(void **state)
     struct stat sb;
     assert_int_equal(stat(f, &sb), 0);
     assert_int_equal(sb.st_mode & 0777, 0644);
-    assert_int_equal(count_temps(dir), 0);
+    assert_int_equal(count_temps(tkd_test_group_dir), 0);
     /* an empty file is a valid output */
     assert_int_equal(tkd_file_write_atomic(p("empty"), NULL, 0), TKD_OK);
     assert_int_equal(tkd_file_size(p("empty"), &sz), TKD_OK);
@@ -88,20 +71,20 @@ static void test_write_atomic_failure_leaves_nothing(void **state)
     assert_int_equal(tkd_mkdir_p(p("busy/inner")), TKD_OK);
     assert_int_equal(tkd_file_write_atomic(p("busy"), "data", 4), TKD_ERR_IO);
     assert_non_null(strstr(tkd_error_msg(), "renaming the temporary file"));
-    assert_int_equal(count_temps(dir), 0);
+    assert_int_equal(count_temps(tkd_test_group_dir), 0);
     assert_true(tkd_file_exists(p("busy/inner")));
     /* the streaming form: abort removes the temp */
     tkd_atomic_file af;
     assert_int_equal(tkd_atomic_file_open(&af, p("stream.txt")), TKD_OK);
     fprintf(af.fp, "partial");
-    assert_int_equal(count_temps(dir), 1);
+    assert_int_equal(count_temps(tkd_test_group_dir), 1);
     tkd_atomic_file_abort(&af);
-    assert_int_equal(count_temps(dir), 0);
+    assert_int_equal(count_temps(tkd_test_group_dir), 0);
     assert_false(tkd_file_exists(p("stream.txt")));
     assert_int_equal(tkd_atomic_file_open(&af, p("stream.txt")), TKD_OK);
     fprintf(af.fp, "k: %d\n", 5);
     assert_int_equal(tkd_atomic_file_commit(&af), TKD_OK);
-    assert_int_equal(count_temps(dir), 0);
+    assert_int_equal(count_temps(tkd_test_group_dir), 0);
     assert_true(tkd_file_exists(p("stream.txt")));
 }
 
@@ -210,7 +193,7 @@ static void test_rename_dir_atomic(void **state)
     free(data);
     assert_false(tkd_file_exists(p("ckpt.old")));
     assert_false(tkd_file_exists(tmp));
-    assert_int_equal(count_temps(dir), 0);
+    assert_int_equal(count_temps(tkd_test_group_dir), 0);
     assert_int_equal(tkd_remove_tree(p("ckpt")), TKD_OK);
     assert_false(tkd_file_exists(p("ckpt")));
     assert_int_equal(tkd_remove_tree(p("ckpt")), TKD_OK); /* missing is fine */
@@ -227,5 +210,5 @@ int main(void)
         cmocka_unit_test(test_fsync_and_rename_durable),
         cmocka_unit_test(test_rename_dir_atomic),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }

@@ -49,28 +49,11 @@ static const tkd_config_field test_fields[] = {
 };
 static const tkd_config_schema schema = TKD_CONFIG_SCHEMA("test-tool", test_fields);
 
-static char *tmpdir;
-
-static int setup(void **state)
-{
-    (void)state;
-    tmpdir = tkd_test_mkdtemp("config");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tkd_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
-/* Writes text to <tmpdir>/name and returns the path (static buffer). */
+/* Writes text to <the group temp dir>/name and returns the path (static buffer). */
 static const char *write_yaml(const char *name, const char *text)
 {
     static char path[4200];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    snprintf(path, sizeof path, "%s/%s", tkd_test_group_dir, name);
     FILE *fp = fopen(path, "w");
     assert_non_null(fp);
     fputs(text, fp);
@@ -308,7 +291,7 @@ static void test_print_reload_round_trip(void **state)
     assert_string_equal(a.train.files.items[4], "q'\"");
 
     char path[4200];
-    snprintf(path, sizeof path, "%s/printed.yaml", tmpdir);
+    snprintf(path, sizeof path, "%s/printed.yaml", tkd_test_group_dir);
     FILE *fp = fopen(path, "w");
     assert_non_null(fp);
     assert_int_equal(tkd_config_print(&schema, &a, fp), TKD_OK);
@@ -452,5 +435,5 @@ int main(void)
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_fuzz_mutations),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }

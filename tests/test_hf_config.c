@@ -13,34 +13,10 @@
 #include "formats/hf_config.h"
 #include "tests/testutil.h"
 
-static char *g_dir; /* temp dir for generated configs */
-
-static int setup(void **state)
-{
-    (void)state;
-    g_dir = tkd_test_mkdtemp("hfcfg");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tkd_test_rmtree(g_dir);
-    free(g_dir);
-    return 0;
-}
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(tkd_error_msg(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
-}
-
+/* A file in the group's temp dir (generated configs). */
 static const char *tmp_path(const char *name)
 {
-    static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
-    return buf;
+    return tkd_test_path(tkd_test_group_dir, name);
 }
 
 /* Writes a small config: the given model_type, the base fields that extra does not set, then extra. */
@@ -206,8 +182,8 @@ static void test_refusals(void **state)
         tkd_status st = tkd_hf_config_read(path, &c);
         if (st != cases[i].st)
             fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
-        assert_msg_has(cases[i].msg);
-        assert_msg_has(path); /* every message names the file */
+        tkd_test_assert_msg_has(cases[i].msg);
+        tkd_test_assert_msg_has(path); /* every message names the file */
     }
 }
 
@@ -221,17 +197,17 @@ static void test_missing_and_malformed(void **state)
           " \"num_attention_heads\": 4, \"vocab_size\": 100}\n", f);
     fclose(f);
     assert_int_equal(tkd_hf_config_read(path, &c), TKD_ERR_FORMAT);
-    assert_msg_has("missing.json: required field \"num_hidden_layers\" is missing");
+    tkd_test_assert_msg_has("missing.json: required field \"num_hidden_layers\" is missing");
 
     path = tmp_path("bad.json");
     f = fopen(path, "w");
     fputs("{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 64,,\n}\n", f);
     fclose(f);
     assert_int_equal(tkd_hf_config_read(path, &c), TKD_ERR_FORMAT);
-    assert_msg_has("bad.json:3:");
+    tkd_test_assert_msg_has("bad.json:3:");
 
     assert_int_equal(tkd_hf_config_read(tmp_path("absent.json"), &c), TKD_ERR_NOT_FOUND);
-    assert_msg_has("absent.json: open failed");
+    tkd_test_assert_msg_has("absent.json: open failed");
 }
 
 static void roundtrip(const char *src, const char *dtype)
@@ -278,7 +254,7 @@ static void test_write_read_roundtrip(void **state)
     assert_int_equal(tkd_hf_config_write(tmp_path("x.json"), &d, "float16"), TKD_ERR_INVALID_ARG);
     d.arch = TKD_ARCH_QWEN2; /* qwen2 without bias cannot be written faithfully */
     assert_int_equal(tkd_hf_config_write(tmp_path("x.json"), &d, "float32"), TKD_ERR_CONFIG);
-    assert_msg_has("attention_bias");
+    tkd_test_assert_msg_has("attention_bias");
 }
 
 int main(void)
@@ -291,5 +267,5 @@ int main(void)
         cmocka_unit_test(test_missing_and_malformed),
         cmocka_unit_test(test_write_read_roundtrip),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }

@@ -16,15 +16,6 @@
 #include "formats/safetensors.h"
 #include "tests/testutil.h"
 
-static char *join(const char *a, const char *b)
-{
-    static char buf[4][4096];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", a, b);
-    return buf[k];
-}
-
 static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "wb");
@@ -60,12 +51,6 @@ static int count_entries(const char *dir)
     return n;
 }
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(tkd_error_msg(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
-}
-
 /* Writes a, b (2-D), s (0-D scalar), z (empty) with values from seed. */
 static void write_sample(const char *path, tkd_dtype dt, float *a, float *b, float *s)
 {
@@ -88,7 +73,7 @@ static void test_roundtrip_f32(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("st");
-    const char *path = join(dir, "model.safetensors");
+    const char *path = tkd_test_path(dir, "model.safetensors");
     float a[7], b[15], s[1];
     write_sample(path, TKD_DTYPE_F32, a, b, s);
     assert_int_equal(count_entries(dir), 1); /* no temp file left behind */
@@ -139,7 +124,7 @@ static void test_roundtrip_bf16(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("st");
-    const char *path = join(dir, "w.safetensors");
+    const char *path = tkd_test_path(dir, "w.safetensors");
     float a[7], b[15], s[1];
     write_sample(path, TKD_DTYPE_BF16, a, b, s);
     tkd_st_dir *d = NULL;
@@ -190,15 +175,15 @@ static void test_f16_unaligned_and_errors(void **state)
     assert_true(got[3] == 0x1p-24f);
 
     assert_int_equal(tkd_st_read_f32(d, "h", 2, s41, got, 4), TKD_ERR_MISMATCH);
-    assert_msg_has("mem.safetensors: tensor 'h' has shape [2, 2], expected [4, 1]");
+    tkd_test_assert_msg_has("mem.safetensors: tensor 'h' has shape [2, 2], expected [4, 1]");
     assert_int_equal(tkd_st_read_f32(d, "h", 1, s41, got, 4), TKD_ERR_MISMATCH);
-    assert_msg_has("expected [4]");
+    tkd_test_assert_msg_has("expected [4]");
     assert_int_equal(tkd_st_read_f32(d, "h", 2, s22, got, 3), TKD_ERR_INVALID_ARG);
     int64_t s1[1] = {1};
     assert_int_equal(tkd_st_read_f32(d, "i", 1, s1, got, 1), TKD_ERR_UNSUPPORTED);
-    assert_msg_has("tensor 'i' is I32");
+    tkd_test_assert_msg_has("tensor 'i' is I32");
     assert_int_equal(tkd_st_read_f32(d, "lm_head.weight", 1, s1, got, 1), TKD_ERR_NOT_FOUND);
-    assert_msg_has("tensor 'lm_head.weight' is missing");
+    tkd_test_assert_msg_has("tensor 'lm_head.weight' is missing");
     tkd_st_close(d);
 }
 
@@ -216,7 +201,7 @@ static void test_every_truncation_refused(void **state)
         if (st != TKD_ERR_FORMAT)
             fail_msg("prefix of %zu bytes: status %s", k, tkd_status_name(st));
         assert_null(d);
-        assert_msg_has("cut.safetensors: ");
+        tkd_test_assert_msg_has("cut.safetensors: ");
         free(copy);
     }
 }
@@ -243,36 +228,18 @@ static void test_header_byte_flips(void **state)
     assert_true(refused > 100); /* most flips break something */
 }
 
+static tkd_status open_broken(const char *path)
+{
+    tkd_st_dir *d = NULL;
+    tkd_status st = tkd_st_open(path, &d);
+    assert_null(d);
+    return st;
+}
+
 static void test_broken_files(void **state)
 {
     (void)state;
-    char listpath[4096];
-    snprintf(listpath, sizeof listpath, "%s", tkd_test_src("data/broken/EXPECTED.tsv"));
-    FILE *f = fopen(listpath, "r");
-    assert_non_null(f);
-    char line[1024];
-    int cases = 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (strncmp(line, "st_", 3) != 0)
-            continue;
-        char *name = strtok(line, "\t"), *status = strtok(NULL, "\t"), *sub = strtok(NULL, "\t");
-        assert_non_null(sub);
-        char path[4096];
-        snprintf(path, sizeof path, "%s", tkd_test_src("data/broken/"));
-        strncat(path, name, sizeof path - strlen(path) - 1);
-        tkd_st_dir *d = NULL;
-        tkd_error_clear();
-        tkd_status st = tkd_st_open(path, &d);
-        if (strcmp(tkd_status_name(st), status) != 0)
-            fail_msg("%s: got %s (%s), expected %s", name, tkd_status_name(st), tkd_error_msg(), status);
-        assert_null(d);
-        assert_msg_has(sub);
-        assert_msg_has(name); /* the message names the file */
-        cases++;
-    }
-    fclose(f);
-    assert_true(cases >= 20);
+    assert_true(tkd_test_broken_files("st_", open_broken) >= 20);
 }
 
 /* Two shards and an index, as transformers writes them. */
@@ -283,11 +250,11 @@ static void write_shards(const char *dir, const float *x)
     assert_int_equal(tkd_st_writer_init(&w, TKD_DTYPE_F32), TKD_OK);
     assert_int_equal(tkd_st_writer_add(w, "a", 1, s4, x), TKD_OK);
     assert_int_equal(tkd_st_writer_add(w, "b", 1, s4, x + 4), TKD_OK);
-    assert_int_equal(tkd_st_writer_finish(w, join(dir, "model-00001-of-00002.safetensors")), TKD_OK);
+    assert_int_equal(tkd_st_writer_finish(w, tkd_test_path(dir, "model-00001-of-00002.safetensors")), TKD_OK);
     tkd_st_writer_free(w);
     assert_int_equal(tkd_st_writer_init(&w, TKD_DTYPE_BF16), TKD_OK);
     assert_int_equal(tkd_st_writer_add(w, "c", 1, s4, x + 8), TKD_OK);
-    assert_int_equal(tkd_st_writer_finish(w, join(dir, "model-00002-of-00002.safetensors")), TKD_OK);
+    assert_int_equal(tkd_st_writer_finish(w, tkd_test_path(dir, "model-00002-of-00002.safetensors")), TKD_OK);
     tkd_st_writer_free(w);
 }
 
@@ -307,11 +274,11 @@ static void test_sharded(void **state)
     float x[12] = {1, 2, 3, 4, 5, 6, 7, 8, 0.5f, 1.5f, -2, 1024};
     write_shards(dir, x);
     const char *s1 = "model-00001-of-00002.safetensors", *s2 = "model-00002-of-00002.safetensors";
-    const char *ix = join(dir, "model.safetensors.index.json");
+    const char *ix = tkd_test_path(dir, "model.safetensors.index.json");
     tkd_st_dir *d = NULL;
 
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_NOT_FOUND); /* no index yet */
-    assert_msg_has("neither model.safetensors nor model.safetensors.index.json");
+    tkd_test_assert_msg_has("neither model.safetensors nor model.safetensors.index.json");
 
     write_text(ix, index_json(s1, s1, s2));
     assert_int_equal(tkd_st_open(dir, &d), TKD_OK);
@@ -327,44 +294,44 @@ static void test_sharded(void **state)
 
     write_text(ix, index_json(s1, s2, s2)); /* b is really in shard 1 */
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
-    assert_msg_has("weight_map puts tensor 'b' in model-00002-of-00002.safetensors, but it is in");
+    tkd_test_assert_msg_has("weight_map puts tensor 'b' in model-00002-of-00002.safetensors, but it is in");
 
     write_text(ix, "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"q\": "
                    "\"model-00002-of-00002.safetensors\"}}");
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
-    assert_msg_has("tensor 'q' in model-00002-of-00002.safetensors, but that shard lacks it");
+    tkd_test_assert_msg_has("tensor 'q' in model-00002-of-00002.safetensors, but that shard lacks it");
 
     write_text(ix, index_json(s1, s1, "model-00003-of-00003.safetensors"));
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_NOT_FOUND);
-    assert_msg_has("model-00003-of-00003.safetensors (weight_map[\"c\"]) does not exist");
+    tkd_test_assert_msg_has("model-00003-of-00003.safetensors (weight_map[\"c\"]) does not exist");
 
     write_text(ix, index_json(s1, s1, "../etc/passwd"));
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
-    assert_msg_has("is not a shard file name");
+    tkd_test_assert_msg_has("is not a shard file name");
 
     write_text(ix, "{\"weight_map\": [");
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
-    assert_msg_has("model.safetensors.index.json: not valid JSON");
+    tkd_test_assert_msg_has("model.safetensors.index.json: not valid JSON");
 
     /* the same tensor in two shards */
     int64_t s4b[1] = {4};
     tkd_st_writer *w = NULL;
     assert_int_equal(tkd_st_writer_init(&w, TKD_DTYPE_F32), TKD_OK);
     assert_int_equal(tkd_st_writer_add(w, "a", 1, s4b, x), TKD_OK);
-    assert_int_equal(tkd_st_writer_finish(w, join(dir, "extra.safetensors")), TKD_OK);
+    assert_int_equal(tkd_st_writer_finish(w, tkd_test_path(dir, "extra.safetensors")), TKD_OK);
     tkd_st_writer_free(w);
     write_text(ix, "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"x\": \"extra.safetensors\"}}");
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
-    assert_msg_has("tensor 'a' is defined twice");
+    tkd_test_assert_msg_has("tensor 'a' is defined twice");
 
     /* model.safetensors wins over the index, as in transformers */
-    assert_int_equal(rename(join(dir, "extra.safetensors"), join(dir, "model.safetensors")), 0);
+    assert_int_equal(rename(tkd_test_path(dir, "extra.safetensors"), tkd_test_path(dir, "model.safetensors")), 0);
     assert_int_equal(tkd_st_open(dir, &d), TKD_OK);
     assert_int_equal(tkd_st_count(d), 1);
     tkd_st_close(d);
 
-    assert_int_equal(tkd_st_open(join(dir, "nope"), &d), TKD_ERR_NOT_FOUND);
-    assert_msg_has("nope");
+    assert_int_equal(tkd_st_open(tkd_test_path(dir, "nope"), &d), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("nope");
     tkd_test_rmtree(dir);
     free(dir);
 }
@@ -423,7 +390,7 @@ static void test_writer_refuses(void **state)
     assert_int_equal(tkd_st_writer_add(w, "__metadata__", 0, NULL, &x), TKD_ERR_INVALID_ARG);
     /* an unwritable place leaves nothing and says where */
     assert_int_equal(tkd_st_writer_finish(w, "/nonexistent-dir/model.safetensors"), TKD_ERR_NOT_FOUND);
-    assert_msg_has("/nonexistent-dir/model.safetensors");
+    tkd_test_assert_msg_has("/nonexistent-dir/model.safetensors");
     tkd_st_writer_free(w);
     tkd_st_writer_free(NULL);
     tkd_st_close(NULL);

@@ -13,36 +13,10 @@
 #include "formats/tokens.h"
 #include "tests/testutil.h"
 
-static char *g_dir;
-
-static int setup(void **state)
-{
-    (void)state;
-    g_dir = tkd_test_mkdtemp("tokens");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tkd_test_rmtree(g_dir);
-    free(g_dir);
-    return 0;
-}
-
+/* A file in the group's temp dir. */
 static const char *tmp_path(const char *name)
 {
-    static char buf[4][4096];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
-    return buf[k];
-}
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(tkd_error_msg(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
+    return tkd_test_path(tkd_test_group_dir, name);
 }
 
 /* llm.c .bin: u16 tokens when magic is TKD_TOKENS_MAGIC_U16, else u32. */
@@ -160,7 +134,7 @@ static void test_npy_dtypes_and_2d(void **state)
 
     t[5] = (int64_t)1 << 40;
     assert_int_equal(tkd_tokens_open(write_npy("i8big.npy", "<i8", "(24,)", 1, t, 24), &ds), TKD_ERR_FORMAT);
-    assert_msg_has("i8big.npy: token 1099511627776 at token offset 5 does not fit in int32");
+    tkd_test_assert_msg_has("i8big.npy: token 1099511627776 at token offset 5 does not fit in int32");
     assert_null(ds);
 }
 
@@ -168,7 +142,7 @@ static void test_list_glob_locate_vocab(void **state)
 {
     (void)state;
     char sub[4096];
-    snprintf(sub, sizeof sub, "%s/shards", g_dir);
+    snprintf(sub, sizeof sub, "%s/shards", tkd_test_group_dir);
     assert_int_equal(tkd_test_rmtree(sub), 0);
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", sub);
@@ -207,7 +181,7 @@ static void test_list_glob_locate_vocab(void **state)
 
     assert_int_equal(tkd_tokens_check_vocab(ds, 5001), TKD_OK);
     assert_int_equal(tkd_tokens_check_vocab(ds, 1000), TKD_ERR_MISMATCH);
-    assert_msg_has("s2.npy: token offset 4: id 5000 is outside the vocabulary [0, 1000)");
+    tkd_test_assert_msg_has("s2.npy: token offset 4: id 5000 is outside the vocabulary [0, 1000)");
     assert_int_equal(tkd_tokens_check_vocab(ds, 204), TKD_ERR_MISMATCH); /* 5000 comes before 204 */
     tkd_tokens_free(ds);
 
@@ -223,16 +197,16 @@ static void test_list_glob_locate_vocab(void **state)
     int64_t neg[3] = {1, -7, 2};
     assert_int_equal(tkd_tokens_open(write_npy("neg.npy", "<i4", "(3,)", 1, neg, 3), &ds), TKD_OK);
     assert_int_equal(tkd_tokens_check_vocab(ds, 10), TKD_ERR_MISMATCH);
-    assert_msg_has("neg.npy: token offset 1: id -7");
+    tkd_test_assert_msg_has("neg.npy: token offset 1: id -7");
     tkd_tokens_free(ds);
 
     snprintf(pattern, sizeof pattern, "%s/*.nothing", sub);
     assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_ERR_NOT_FOUND);
-    assert_msg_has("*.nothing: the glob matches no files");
+    tkd_test_assert_msg_has("*.nothing: the glob matches no files");
     assert_int_equal(tkd_tokens_open(tmp_path("absent.bin"), &ds), TKD_ERR_NOT_FOUND);
-    assert_msg_has("absent.bin: cannot open");
+    tkd_test_assert_msg_has("absent.bin: cannot open");
     assert_int_equal(tkd_tokens_open(tmp_path("shards/s0_empty.bin"), &ds), TKD_ERR_FORMAT);
-    assert_msg_has("s0_empty.bin: the dataset holds no tokens");
+    tkd_test_assert_msg_has("s0_empty.bin: the dataset holds no tokens");
     assert_null(ds);
 }
 
@@ -327,34 +301,18 @@ static void test_sha256_identity(void **state)
     tkd_tokens_free(b);
 }
 
+static tkd_status open_broken(const char *path)
+{
+    tkd_tokens *ds = NULL;
+    tkd_status st = tkd_tokens_open(path, &ds);
+    assert_null(ds);
+    return st;
+}
+
 static void test_broken_files(void **state)
 {
     (void)state;
-    FILE *f = fopen(tkd_test_src("data/broken/EXPECTED.tsv"), "r");
-    assert_non_null(f);
-    char line[1024];
-    int cases = 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (strncmp(line, "tok_", 4) != 0)
-            continue;
-        char *name = strtok(line, "\t"), *status = strtok(NULL, "\t"), *sub = strtok(NULL, "\t");
-        assert_non_null(sub);
-        char path[4096];
-        snprintf(path, sizeof path, "%s", tkd_test_src("data/broken/"));
-        strncat(path, name, sizeof path - strlen(path) - 1);
-        tkd_tokens *ds = NULL;
-        tkd_error_clear();
-        tkd_status st = tkd_tokens_open(path, &ds);
-        if (strcmp(tkd_status_name(st), status) != 0)
-            fail_msg("%s: got %s (%s), expected %s", name, tkd_status_name(st), tkd_error_msg(), status);
-        assert_null(ds);
-        assert_msg_has(sub);
-        assert_msg_has(name); /* the message names the file */
-        cases++;
-    }
-    fclose(f);
-    assert_true(cases >= 12);
+    assert_true(tkd_test_broken_files("tok_", open_broken) >= 12);
 }
 
 int main(void)
@@ -367,5 +325,5 @@ int main(void)
         cmocka_unit_test(test_sha256_identity),
         cmocka_unit_test(test_broken_files),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }

@@ -1,11 +1,20 @@
 /* testutil.c — see testutil.h. */
 #include "tests/testutil.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "common/fileio.h"
 #include "kernels/backend.h"
 
 char *tkd_test_mkdtemp(const char *tag)
@@ -36,6 +45,101 @@ const char *tkd_test_src(const char *rel)
     return buf;
 }
 
+const char *tkd_test_path(const char *dir, const char *name)
+{
+    static char buf[8][4200];
+    static int k;
+    k = (k + 1) % 8;
+    int n = snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= sizeof buf[k])
+        fail_msg("path %s/%s is too long", dir, name);
+    return buf[k];
+}
+
+char *tkd_test_group_dir;
+
+int tkd_test_group_dir_setup(void **state)
+{
+    /* the program's name tags the directory, so a leftover one says which test left it */
+    char exe[4096];
+    const char *tag = "group";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        tag = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
+    }
+    tkd_test_group_dir = tkd_test_mkdtemp(tag);
+    *state = tkd_test_group_dir;
+    return 0;
+}
+
+int tkd_test_group_dir_teardown(void **state)
+{
+    (void)state;
+    tkd_test_rmtree(tkd_test_group_dir);
+    free(tkd_test_group_dir);
+    tkd_test_group_dir = NULL;
+    return 0;
+}
+
+void tkd_test_assert_msg_has(const char *needle)
+{
+    if (!strstr(tkd_error_msg(), needle))
+        fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
+}
+
+int tkd_test_broken_files(const char *prefix, tkd_test_open_fn open_file)
+{
+    FILE *f = fopen(tkd_test_src("data/broken/EXPECTED.tsv"), "r");
+    assert_non_null(f);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", tkd_test_src("data/broken"));
+    char line[1024];
+    int cases = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, prefix, strlen(prefix)) != 0)
+            continue;
+        char *save = NULL;
+        char *name = strtok_r(line, "\t", &save), *status = strtok_r(NULL, "\t", &save);
+        char *sub = strtok_r(NULL, "\t", &save);
+        assert_non_null(sub);
+        tkd_error_clear();
+        tkd_status st = open_file(tkd_test_path(dir, name));
+        if (strcmp(tkd_status_name(st), status) != 0)
+            fail_msg("%s: got %s (%s), expected %s", name, tkd_status_name(st), tkd_error_msg(), status);
+        tkd_test_assert_msg_has(sub);
+        tkd_test_assert_msg_has(name); /* the message names the file */
+        cases++;
+    }
+    fclose(f);
+    return cases;
+}
+
+void tkd_test_flip_chunk_byte(const char *path, const char *dataset, int64_t row)
+{
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(file >= 0);
+    hid_t ds = H5Dopen2(file, dataset, H5P_DEFAULT);
+    assert_true(ds >= 0);
+    hsize_t coords[H5S_MAX_RANK] = {(hsize_t)row};
+    unsigned mask;
+    haddr_t addr;
+    hsize_t size;
+    assert_true(H5Dget_chunk_info_by_coord(ds, coords, &mask, &addr, &size) >= 0);
+    assert_true(size > 16);
+    H5Dclose(ds);
+    H5Fclose(file);
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    long off = (long)(addr + size / 2);
+    fseek(fp, off, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, off, SEEK_SET);
+    fputc(c ^ 0x5a, fp);
+    fclose(fp);
+}
+
 void tkd_test_require_gpu(void)
 {
     if (tkd_backend_cuda_devices() == 0) {
@@ -60,6 +164,62 @@ void tkd_test_randn(float *x, size_t n, uint64_t seed, float std)
         }
         x[i] = (float)(std * sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
     }
+}
+
+void tkd_test_fill_logits(float *x, size_t n, tkd_test_fill f, uint64_t seed)
+{
+    tkd_test_randn(x, n, seed, 3.0f);
+    for (size_t i = 0; i < n; i++) {
+        switch (f) {
+        case TKD_TEST_FILL_RANDN: break;
+        case TKD_TEST_FILL_TIES: x[i] = floorf(x[i]); break;
+        case TKD_TEST_FILL_EXTREME: {
+            int m = (int)(i % 7);
+            x[i] = m == 0 ? 1e4f : m == 3 ? -1e4f : x[i];
+            break;
+        }
+        case TKD_TEST_FILL_CONST: x[i] = 0.25f; break;
+        case TKD_TEST_FILL_ZEROS_SIGNED: x[i] = (i % 3 == 0) ? -0.0f : (i % 3 == 1) ? 0.0f : -1.0f; break;
+        }
+    }
+}
+
+/* ---- child processes ------------------------------------------------------------------------- */
+
+pid_t tkd_test_spawn(const char *bin, const char *const *args, const char *env, const char *out_path)
+{
+    const char *argv[32] = {bin};
+    int n = 1;
+    for (; args[n - 1]; n++) {
+        assert_true(n < 31);
+        argv[n] = args[n - 1];
+    }
+    argv[n] = NULL;
+    fflush(NULL); /* else the child would write our buffered output again */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        FILE *f = freopen(out_path, "w", stderr);
+        if (!f || dup2(fileno(stderr), 1) < 0)
+            _exit(99);
+        if (env)
+            putenv((char *)env);
+        execv(bin, (char *const *)argv);
+        _exit(98);
+    }
+    return pid;
+}
+
+int tkd_test_wait(pid_t pid)
+{
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
+}
+
+int tkd_test_run(const char *bin, const char *const *args, const char *env, const char *out_path)
+{
+    return tkd_test_wait(tkd_test_spawn(bin, args, env, out_path));
 }
 
 /* ---- a tiny teacher cache -------------------------------------------------------------------- */
@@ -177,6 +337,7 @@ static tkd_status teacher_shard(const char *dir, int i, const tkd_test_teacher_o
 
 tkd_status tkd_test_teacher_cache(const char *dir, const tkd_test_teacher_opts *o)
 {
+    TKD_TRY(tkd_mkdir_p(dir));
     tkd_cache_identity id;
     teacher_identity(o, &id);
     tkd_model *teacher = NULL;
@@ -216,6 +377,28 @@ tkd_status tkd_test_teacher_cache(const char *dir, const tkd_test_teacher_opts *
     free(pos);
     free(seqs);
     return st;
+}
+
+tkd_status tkd_test_student_dir_make(tkd_test_student_dir *s, const char *tag, const tkd_test_teacher_opts *o)
+{
+    memset(s, 0, sizeof *s);
+    s->dir = tkd_test_mkdtemp(tag);
+    snprintf(s->cache, sizeof s->cache, "%s/cache", s->dir);
+    snprintf(s->runs, sizeof s->runs, "%s/runs", s->dir);
+    tkd_status st = tkd_test_teacher_cache(s->cache, o);
+    if (st != TKD_OK) {
+        fprintf(stderr, "teacher cache %s: %s\n", s->cache, tkd_error_msg());
+        tkd_test_student_dir_free(s);
+    }
+    return st;
+}
+
+void tkd_test_student_dir_free(tkd_test_student_dir *s)
+{
+    if (s->dir)
+        tkd_test_rmtree(s->dir);
+    free(s->dir);
+    s->dir = NULL;
 }
 
 char *tkd_test_read_file(const char *path, size_t *len)

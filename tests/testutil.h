@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/status.h"
 
@@ -17,6 +18,33 @@ int tkd_test_rmtree(const char *path);
 /* Path of a file under the source tree's tests/ folder (static buffer, overwritten per call). */
 const char *tkd_test_src(const char *rel);
 
+/* "<dir>/<name>" in one of 8 static buffers used in turn (so a call's result outlives the next 7
+ * calls). Fails the test when the path does not fit. */
+const char *tkd_test_path(const char *dir, const char *name);
+
+/* A temp dir shared by a whole cmocka group: pass tkd_test_group_dir_setup / _teardown to
+ * cmocka_run_group_tests. Setup makes tkd_test_group_dir (tkd_test_mkdtemp tagged with the test
+ * program's name) and points *state at it; teardown removes and frees it. */
+extern char *tkd_test_group_dir;
+int tkd_test_group_dir_setup(void **state);
+int tkd_test_group_dir_teardown(void **state);
+
+/* Fails the test unless the calling thread's error message contains needle. */
+void tkd_test_assert_msg_has(const char *needle);
+
+/* Opens one broken file: returns its status and asserts nothing was handed out on failure. */
+typedef tkd_status (*tkd_test_open_fn)(const char *path);
+
+/* For every row of tests/data/broken/EXPECTED.tsv ("file<TAB>status<TAB>message substring") whose
+ * file name starts with prefix: open_file() must give that status, with a message containing the
+ * substring and naming the file. Returns the number of rows checked. */
+int tkd_test_broken_files(const char *prefix, tkd_test_open_fn open_file);
+
+/* Flips one byte in the middle of the stored (compressed) chunk of HDF5 dataset `dataset` in file
+ * path that holds element (row, 0, ...), found with H5Dget_chunk_info_by_coord; the file size does
+ * not change. The chunk must be larger than 16 bytes. */
+void tkd_test_flip_chunk_byte(const char *path, const char *dataset, int64_t row);
+
 /* Exits the process with 77 (ctest "skipped") when no CUDA device answers; GPU tests call it first. */
 void tkd_test_require_gpu(void);
 
@@ -25,6 +53,31 @@ int tkd_test_close(double a, double b, double atol, double rtol);
 
 /* Fills x[0..n) with a deterministic pseudo-random normal(0, std) sequence from seed. */
 void tkd_test_randn(float *x, size_t n, uint64_t seed, float std);
+
+/* Logit contents that stress a top-k's order, for the CPU and CUDA top-k tests. */
+typedef enum tkd_test_fill {
+    TKD_TEST_FILL_RANDN,        /* normal(0, 3) */
+    TKD_TEST_FILL_TIES,         /* the same, floored: about 20 distinct values, heavy ties */
+    TKD_TEST_FILL_EXTREME,      /* +-1e4 next to small values */
+    TKD_TEST_FILL_CONST,        /* all 0.25 */
+    TKD_TEST_FILL_ZEROS_SIGNED, /* -0, +0 and -1 in turn */
+} tkd_test_fill;
+
+/* Fills x[0..n) with the contents f from seed. */
+void tkd_test_fill_logits(float *x, size_t n, tkd_test_fill f, uint64_t seed);
+
+/* ---- child processes ------------------------------------------------------------------------- */
+
+/* Starts the program bin with arguments args (NULL-terminated, argv[0] excluded: bin is used) and,
+ * when env is not NULL, one extra environment assignment "NAME=value"; its stdout and stderr go to
+ * the file out_path. Returns the child's pid; fails the test when fork fails. */
+pid_t tkd_test_spawn(const char *bin, const char *const *args, const char *env, const char *out_path);
+
+/* Waits for a child of tkd_test_spawn; returns its exit code, or 1000 + the signal that killed it. */
+int tkd_test_wait(pid_t pid);
+
+/* tkd_test_spawn then tkd_test_wait. */
+int tkd_test_run(const char *bin, const char *const *args, const char *env, const char *out_path);
 
 /* ---- a tiny teacher cache for student-train tests ------------------------------------------- */
 
@@ -54,9 +107,23 @@ typedef struct tkd_test_teacher_opts {
     void *edit_ctx;
 } tkd_test_teacher_opts;
 
-/* Writes the cache (shard-NNNNN.h5 + manifest.yaml) into the existing directory dir. Returns the
- * first failing status (message set). */
+/* Writes the cache (shard-NNNNN.h5 + manifest.yaml) into the directory dir, made when missing.
+ * Returns the first failing status (message set). */
 tkd_status tkd_test_teacher_cache(const char *dir, const tkd_test_teacher_opts *o);
+
+/* The fixture of the student-train tests: a temp dir holding a teacher cache and a folder for runs. */
+typedef struct tkd_test_student_dir {
+    char *dir;        /* tkd_test_mkdtemp(tag) */
+    char cache[4200]; /* <dir>/cache: the tkd_test_teacher_cache of the options given */
+    char runs[4200];  /* <dir>/runs: run.dir for tkd_test_student_train */
+} tkd_test_student_dir;
+
+/* Makes s (the cache written with o). On failure prints the message to stderr and returns the
+ * status with nothing left to free (a group setup then returns -1). */
+tkd_status tkd_test_student_dir_make(tkd_test_student_dir *s, const char *tag, const tkd_test_teacher_opts *o);
+
+/* Removes the temp dir and frees s->dir. */
+void tkd_test_student_dir_free(tkd_test_student_dir *s);
 
 /* Reads a whole file into a malloc'd buffer (*len bytes, NUL-terminated); NULL when it cannot. */
 char *tkd_test_read_file(const char *path, size_t *len);
