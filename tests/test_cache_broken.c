@@ -71,14 +71,6 @@ static tkd_status open_reader(const fixture *f)
     return st;
 }
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *fp = fopen(path, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    fclose(fp);
-}
-
 static void test_truncated_shard(void **state)
 {
     fixture *f = *state;
@@ -89,35 +81,10 @@ static void test_truncated_shard(void **state)
     assert_null(s);
 }
 
-/* Flips one byte in the middle of chunk 0 of /topk/logits, found with H5Dget_chunk_info. */
-static void flip_chunk_byte(const char *path, const char *dataset)
-{
-    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    hid_t ds = H5Dopen2(file, dataset, H5P_DEFAULT);
-    hsize_t coords[3];
-    unsigned mask;
-    haddr_t addr;
-    hsize_t size;
-    hid_t space = H5Dget_space(ds);
-    assert_true(H5Dget_chunk_info(ds, space, 0, coords, &mask, &addr, &size) >= 0);
-    assert_true(size > 16);
-    H5Sclose(space);
-    H5Dclose(ds);
-    H5Fclose(file);
-    FILE *fp = fopen(path, "r+b");
-    assert_non_null(fp);
-    long off = (long)(addr + size / 2);
-    fseek(fp, off, SEEK_SET);
-    int c = fgetc(fp);
-    fseek(fp, off, SEEK_SET);
-    fputc(c ^ 0x5a, fp);
-    fclose(fp);
-}
-
 static void test_flipped_byte_in_chunk(void **state)
 {
     fixture *f = *state;
-    flip_chunk_byte(f->shard0, "/topk/logits");
+    tkd_test_flip_chunk_byte(f->shard0, "/topk/logits", 0); /* chunk 0: sequences 0 and 1 */
     tkd_cache_reader *r = NULL;
     assert_int_equal(tkd_cache_reader_open(&r, f->dir, NULL), TKD_OK); /* size is unchanged */
     tkd_cache_batch b;
@@ -161,9 +128,9 @@ static void test_wrong_format_version(void **state)
     set_int_attr(f->shard0, "version", 2);
     tkd_shard *s = NULL;
     expect_error(tkd_shard_open(&s, f->shard0, 0), TKD_ERR_UNSUPPORTED, "shard-00000.h5: cache format version 2");
-    write_text(f->manifest, "format: topkd-cache\nversion: 3\n");
+    tkd_test_write_text(f->manifest, "format: topkd-cache\nversion: 3\n");
     expect_error(open_reader(f), TKD_ERR_UNSUPPORTED, "manifest.yaml:2:10: cache format version 3");
-    write_text(f->manifest, "format: something-else\nversion: 1\n");
+    tkd_test_write_text(f->manifest, "format: something-else\nversion: 1\n");
     expect_error(open_reader(f), TKD_ERR_FORMAT, "manifest.yaml:1:9: format is 'something-else'");
 }
 
@@ -231,7 +198,7 @@ static void test_missing_shard(void **state)
 static void test_malformed_manifest(void **state)
 {
     fixture *f = *state;
-    write_text(f->manifest, "format: topkd-cache\nversion: 1\nteacher: [unclosed\nk: 3\n");
+    tkd_test_write_text(f->manifest, "format: topkd-cache\nversion: 1\nteacher: [unclosed\nk: 3\n");
     expect_error(open_reader(f), TKD_ERR_FORMAT, "manifest.yaml:4:");
     assert_non_null(strstr(tkd_error_msg(), "malformed YAML"));
     /* well-formed YAML with a bad value: the value's line:col */
@@ -243,18 +210,18 @@ static void test_malformed_manifest(void **state)
     expect_error(open_reader(f), TKD_ERR_FORMAT, "manifest.yaml:9:4: 'k' must be an integer");
     snprintf(text, sizeof text, "format: topkd-cache\nversion: 1\nteacher:\n  vocab_size: 1000\n"
                                 "dataset:\n  sha256: \"%064d\"\n  seq_len: 8\n", 0);
-    write_text(f->manifest, text);
+    tkd_test_write_text(f->manifest, text);
     expect_error(open_reader(f), TKD_ERR_FORMAT, "manifest.yaml:4:3: required key 'sha256'");
-    write_text(f->manifest, "- just\n- a list\n");
+    tkd_test_write_text(f->manifest, "- just\n- a list\n");
     expect_error(open_reader(f), TKD_ERR_FORMAT, "manifest.yaml:1:1: the manifest must be a mapping");
-    write_text(f->manifest, "");
+    tkd_test_write_text(f->manifest, "");
     expect_error(open_reader(f), TKD_ERR_FORMAT, "empty manifest");
 }
 
 static void test_not_hdf5(void **state)
 {
     fixture *f = *state;
-    write_text(f->shard0, "this is not an HDF5 file\n");
+    tkd_test_write_text(f->shard0, "this is not an HDF5 file\n");
     tkd_shard *s = NULL;
     expect_error(tkd_shard_open(&s, f->shard0, 0), TKD_ERR_FORMAT, "not a readable HDF5 file");
     expect_error(tkd_shard_open(&s, "/nonexistent/shard.h5", 0), TKD_ERR_NOT_FOUND, "/nonexistent/shard.h5");

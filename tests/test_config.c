@@ -49,15 +49,11 @@ static const tkd_config_field test_fields[] = {
 };
 static const tkd_config_schema schema = TKD_CONFIG_SCHEMA("test-tool", test_fields);
 
-/* Writes text to <the group temp dir>/name and returns the path (static buffer). */
+/* Writes text to <the group temp dir>/name and returns the path (tkd_test_path's buffer). */
 static const char *write_yaml(const char *name, const char *text)
 {
-    static char path[4200];
-    snprintf(path, sizeof path, "%s/%s", tkd_test_group_dir, name);
-    FILE *fp = fopen(path, "w");
-    assert_non_null(fp);
-    fputs(text, fp);
-    fclose(fp);
+    const char *path = tkd_test_path(tkd_test_group_dir, name);
+    tkd_test_write_text(path, text);
     return path;
 }
 

@@ -29,23 +29,10 @@
 #define FIX_T 11
 #define FIX_N (FIX_B * FIX_T)
 
+/* A file under tests/ (malloc'd, NUL-terminated). */
 static void *slurp(const char *rel, size_t *size)
 {
-    const char *path = tkd_test_src(rel);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    if (size)
-        *size = (size_t)n;
-    return buf;
+    return tkd_test_slurp(tkd_test_src(rel), size);
 }
 
 /* inputs (B, T) and labels (B, T) from the fixture's (B, T + 1) tokens */

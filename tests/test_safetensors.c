@@ -16,29 +16,6 @@
 #include "formats/safetensors.h"
 #include "tests/testutil.h"
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)sz + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return buf;
-}
-
 static int count_entries(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -79,7 +56,7 @@ static void test_roundtrip_f32(void **state)
     assert_int_equal(count_entries(dir), 1); /* no temp file left behind */
 
     size_t n;
-    uint8_t *raw = slurp(path, &n);
+    uint8_t *raw = (uint8_t *)tkd_test_slurp(path, &n);
     uint64_t hl = 0;
     memcpy(&hl, raw, 8);
     assert_int_equal(hl % 8, 0); /* data region 8-byte aligned */
@@ -280,7 +257,7 @@ static void test_sharded(void **state)
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_NOT_FOUND); /* no index yet */
     tkd_test_assert_msg_has("neither model.safetensors nor model.safetensors.index.json");
 
-    write_text(ix, index_json(s1, s1, s2));
+    tkd_test_write_text(ix, index_json(s1, s1, s2));
     assert_int_equal(tkd_st_open(dir, &d), TKD_OK);
     assert_int_equal(tkd_st_count(d), 3);
     float got[4];
@@ -292,24 +269,24 @@ static void test_sharded(void **state)
     assert_memory_equal(got, x + 4, sizeof got);
     tkd_st_close(d);
 
-    write_text(ix, index_json(s1, s2, s2)); /* b is really in shard 1 */
+    tkd_test_write_text(ix, index_json(s1, s2, s2)); /* b is really in shard 1 */
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
     tkd_test_assert_msg_has("weight_map puts tensor 'b' in model-00002-of-00002.safetensors, but it is in");
 
-    write_text(ix, "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"q\": "
+    tkd_test_write_text(ix, "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"q\": "
                    "\"model-00002-of-00002.safetensors\"}}");
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
     tkd_test_assert_msg_has("tensor 'q' in model-00002-of-00002.safetensors, but that shard lacks it");
 
-    write_text(ix, index_json(s1, s1, "model-00003-of-00003.safetensors"));
+    tkd_test_write_text(ix, index_json(s1, s1, "model-00003-of-00003.safetensors"));
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_NOT_FOUND);
     tkd_test_assert_msg_has("model-00003-of-00003.safetensors (weight_map[\"c\"]) does not exist");
 
-    write_text(ix, index_json(s1, s1, "../etc/passwd"));
+    tkd_test_write_text(ix, index_json(s1, s1, "../etc/passwd"));
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
     tkd_test_assert_msg_has("is not a shard file name");
 
-    write_text(ix, "{\"weight_map\": [");
+    tkd_test_write_text(ix, "{\"weight_map\": [");
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
     tkd_test_assert_msg_has("model.safetensors.index.json: not valid JSON");
 
@@ -320,7 +297,7 @@ static void test_sharded(void **state)
     assert_int_equal(tkd_st_writer_add(w, "a", 1, s4b, x), TKD_OK);
     assert_int_equal(tkd_st_writer_finish(w, tkd_test_path(dir, "extra.safetensors")), TKD_OK);
     tkd_st_writer_free(w);
-    write_text(ix, "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"x\": \"extra.safetensors\"}}");
+    tkd_test_write_text(ix, "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"x\": \"extra.safetensors\"}}");
     assert_int_equal(tkd_st_open(dir, &d), TKD_ERR_FORMAT);
     tkd_test_assert_msg_has("tensor 'a' is defined twice");
 

@@ -33,8 +33,6 @@ static void test_three_runs_share_one_cache(void **state)
     char *dir = tkd_test_mkdtemp("concurrent");
     char path[PATH_CAP], cmd[4 * PATH_CAP], a[PATH_CAP], b[PATH_CAP];
     snprintf(path, sizeof path, "%s/cache", dir);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", path);
-    assert_int_equal(system(cmd), 0);
     tkd_test_teacher_opts o = {.vocab = 80, .hidden = 16, .seq_len = 16, .k = 8, .tail_samples = 4,
                                .temperature = 1.0f, .num_seq = 40, .shard_seqs = 8, .seed = 3};
     assert_int_equal(tkd_test_teacher_cache(path, &o), TKD_OK);

@@ -9,7 +9,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +28,10 @@ enum { V = 80, T = 8, K = 6, NSEQ = 40, NTRAIN = 35, BATCH = 4 };
 #define SEED 1234 /* train.seed: the shuffle of the runs below */
 #define TEACHER_SHA "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
+/* s.cache is the "good" cache. */
 typedef struct fixture {
-    char *dir;
-    char good[4200], notail[4200], runs[4200];
+    tkd_test_student_dir s;
+    char notail[4200];
 } fixture;
 
 static tkd_test_teacher_opts cache_opts(int tail)
@@ -42,25 +42,19 @@ static tkd_test_teacher_opts cache_opts(int tail)
     return o;
 }
 
-static void make_dir(const char *path)
-{
-    char cmd[4300];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", path);
-    assert_int_equal(system(cmd), 0);
-}
-
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
-    f->dir = tkd_test_mkdtemp("st-errors");
-    snprintf(f->good, sizeof f->good, "%s/good", f->dir);
-    snprintf(f->notail, sizeof f->notail, "%s/notail", f->dir);
-    snprintf(f->runs, sizeof f->runs, "%s/runs", f->dir);
-    make_dir(f->good);
-    make_dir(f->notail);
     tkd_test_teacher_opts a = cache_opts(2), b = cache_opts(0);
-    if (tkd_test_teacher_cache(f->good, &a) != TKD_OK || tkd_test_teacher_cache(f->notail, &b) != TKD_OK) {
+    if (!f || tkd_test_student_dir_make(&f->s, "st-errors", &a) != TKD_OK) {
+        free(f);
+        return -1;
+    }
+    snprintf(f->notail, sizeof f->notail, "%s/notail", f->s.dir);
+    if (tkd_test_teacher_cache(f->notail, &b) != TKD_OK) {
         fprintf(stderr, "setup: %s\n", tkd_error_msg());
+        tkd_test_student_dir_free(&f->s);
+        free(f);
         return -1;
     }
     *state = f;
@@ -70,8 +64,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture *f = *state;
-    tkd_test_rmtree(f->dir);
-    free(f->dir);
+    if (f)
+        tkd_test_student_dir_free(&f->s);
     free(f);
     return 0;
 }
@@ -89,7 +83,7 @@ static tkd_status run(const fixture *f, const char *cache, const char *name, con
     sets[nb++] = cache_set;
     for (size_t i = 0; i < n; i++)
         sets[nb++] = extra[i];
-    tkd_status st = tkd_test_student_train(f->runs, name, sets, nb, 0, NULL);
+    tkd_status st = tkd_test_student_train(f->s.runs, name, sets, nb, 0, NULL);
     if (getenv("TKD_SHOW_ERRORS"))
         printf("  %s -> %s\n", name, st == TKD_OK ? "ok" : tkd_error_msg());
     return st;
@@ -111,22 +105,22 @@ static void test_other_teacher(void **state)
 {
     fixture *f = *state;
     const char *wrong[] = {"data.expect_teacher_sha256=fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"};
-    const char *frag[] = {f->good, "0123456789ab", "fedcba987654", "data.expect_teacher_sha256"};
-    expect_error(run(f, f->good, "other-teacher", wrong, 1), TKD_ERR_MISMATCH, frag, 4);
+    const char *frag[] = {f->s.cache, "0123456789ab", "fedcba987654", "data.expect_teacher_sha256"};
+    expect_error(run(f, f->s.cache, "other-teacher", wrong, 1), TKD_ERR_MISMATCH, frag, 4);
     const char *right[] = {"data.expect_teacher_sha256=" TEACHER_SHA, "train.max_steps=1"};
-    assert_int_equal(run(f, f->good, "right-teacher", right, 2), TKD_OK);
+    assert_int_equal(run(f, f->s.cache, "right-teacher", right, 2), TKD_OK);
 }
 
 static void test_vocabulary_mismatch(void **state)
 {
     fixture *f = *state;
     const char *random_student[] = {"model.vocab_size=100"};
-    const char *frag[] = {"100", "80", f->good};
-    expect_error(run(f, f->good, "vocab-random", random_student, 1), TKD_ERR_MISMATCH, frag, 3);
+    const char *frag[] = {"100", "80", f->s.cache};
+    expect_error(run(f, f->s.cache, "vocab-random", random_student, 1), TKD_ERR_MISMATCH, frag, 3);
 
     /* a Hugging Face student of 72 tokens */
     char hf[4300];
-    snprintf(hf, sizeof hf, "%s/hf72", f->dir);
+    snprintf(hf, sizeof hf, "%s/hf72", f->s.dir);
     tkd_model_config mc;
     tkd_model_config_defaults(&mc);
     mc.vocab_size = 72;
@@ -144,8 +138,8 @@ static void test_vocabulary_mismatch(void **state)
     char path_set[4400];
     snprintf(path_set, sizeof path_set, "model.path=%s", hf);
     const char *hf_student[] = {"model.init=hf", path_set};
-    const char *frag_hf[] = {"72", "80", f->good};
-    expect_error(run(f, f->good, "vocab-hf", hf_student, 2), TKD_ERR_MISMATCH, frag_hf, 3);
+    const char *frag_hf[] = {"72", "80", f->s.cache};
+    expect_error(run(f, f->s.cache, "vocab-hf", hf_student, 2), TKD_ERR_MISMATCH, frag_hf, 3);
 }
 
 static void test_sampled_needs_tail_draws(void **state)
@@ -162,10 +156,10 @@ static void test_topk_beyond_the_cache(void **state)
 {
     fixture *f = *state;
     const char *extra[] = {"kd.topk=7"};
-    const char *frag[] = {"kd.topk = 7", "k = 6", f->good};
-    expect_error(run(f, f->good, "topk7", extra, 1), TKD_ERR_CONFIG, frag, 3);
+    const char *frag[] = {"kd.topk = 7", "k = 6", f->s.cache};
+    expect_error(run(f, f->s.cache, "topk7", extra, 1), TKD_ERR_CONFIG, frag, 3);
     const char *ok[] = {"kd.topk=6", "train.max_steps=1"};
-    assert_int_equal(run(f, f->good, "topk6", ok, 2), TKD_OK);
+    assert_int_equal(run(f, f->s.cache, "topk6", ok, 2), TKD_OK);
 }
 
 static void test_temperature_of_the_cache(void **state)
@@ -173,9 +167,9 @@ static void test_temperature_of_the_cache(void **state)
     fixture *f = *state;
     const char *extra[] = {"kd.variant=tail", "kd.temperature=2"};
     const char *frag[] = {"kd.temperature", "1", "2"};
-    expect_error(run(f, f->good, "tail-t2", extra, 2), TKD_ERR_CONFIG, frag, 3);
+    expect_error(run(f, f->s.cache, "tail-t2", extra, 2), TKD_ERR_CONFIG, frag, 3);
     const char *renorm[] = {"kd.variant=renorm", "kd.temperature=2", "train.max_steps=1"}; /* any τ */
-    assert_int_equal(run(f, f->good, "renorm-t2", renorm, 3), TKD_OK);
+    assert_int_equal(run(f, f->s.cache, "renorm-t2", renorm, 3), TKD_OK);
 }
 
 /* data.val_cache: a cache of the same teacher is used whole for evaluation; one that lacks what
@@ -186,10 +180,10 @@ static void test_validation_cache(void **state)
     char val_set[4300];
     snprintf(val_set, sizeof val_set, "data.val_cache=%s", f->notail);
     const char *ok[] = {val_set, "kd.variant=tail", "train.max_steps=2"};
-    assert_int_equal(run(f, f->good, "val-cache", ok, 3), TKD_OK);
+    assert_int_equal(run(f, f->s.cache, "val-cache", ok, 3), TKD_OK);
     const char *sampled[] = {val_set, "kd.variant=sampled"};
-    const char *frag[] = {f->notail, f->good, "validation cache"};
-    expect_error(run(f, f->good, "val-cache-sampled", sampled, 2), TKD_ERR_MISMATCH, frag, 3);
+    const char *frag[] = {f->notail, f->s.cache, "validation cache"};
+    expect_error(run(f, f->s.cache, "val-cache-sampled", sampled, 2), TKD_ERR_MISMATCH, frag, 3);
 }
 
 /* ---- failures in the middle of training --------------------------------------------------------- */
@@ -198,7 +192,7 @@ static void test_validation_cache(void **state)
 static int64_t first_position(const fixture *f, int64_t g0, int64_t n)
 {
     tkd_cache_reader *r = NULL;
-    assert_int_equal(tkd_cache_reader_open(&r, f->good, NULL), TKD_OK);
+    assert_int_equal(tkd_cache_reader_open(&r, f->s.cache, NULL), TKD_OK);
     int64_t split[NTRAIN], order[NTRAIN];
     for (int64_t i = 0; i < NTRAIN; i++)
         split[i] = i;
@@ -224,7 +218,7 @@ static void expect_stop(const fixture *f, const char *cache, const char *name, c
     memcpy(sets + 1, extra, n * sizeof *sets);
     tkd_status st = run(f, cache, name, sets, n + 1);
     char ckpt[4400];
-    snprintf(ckpt, sizeof ckpt, "%s/%s/checkpoint", f->runs, name);
+    snprintf(ckpt, sizeof ckpt, "%s/%s/checkpoint", f->s.runs, name);
     char step_text[64];
     snprintf(step_text, sizeof step_text, "step %lld", (long long)fail_step);
     const char *frag[] = {"training stopped (last good checkpoint: ", ckpt, step_text, fragment, fragment2};
@@ -245,33 +239,8 @@ static void expect_stop(const fixture *f, const char *cache, const char *name, c
     tkd_model_free(m);
     /* nothing half-written is left beside it */
     char cmd[4600];
-    snprintf(cmd, sizeof cmd, "ls -a '%s/%s' | grep -q tmp", f->runs, name);
+    snprintf(cmd, sizeof cmd, "ls -a '%s/%s' | grep -q tmp", f->s.runs, name);
     assert_int_not_equal(system(cmd), 0);
-}
-
-/* Flips one byte in the middle of the chunk of `dataset` holding shard-local sequence `seq`. */
-static void flip_chunk_byte(const char *path, const char *dataset, int64_t seq)
-{
-    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    assert_true(file >= 0);
-    hid_t ds = H5Dopen2(file, dataset, H5P_DEFAULT);
-    assert_true(ds >= 0);
-    hsize_t coords[3] = {(hsize_t)seq, 0, 0};
-    unsigned mask;
-    haddr_t addr;
-    hsize_t size;
-    assert_true(H5Dget_chunk_info_by_coord(ds, coords, &mask, &addr, &size) >= 0);
-    assert_true(size > 16);
-    H5Dclose(ds);
-    H5Fclose(file);
-    FILE *fp = fopen(path, "r+b");
-    assert_non_null(fp);
-    long off = (long)(addr + size / 2);
-    fseek(fp, off, SEEK_SET);
-    int c = fgetc(fp);
-    fseek(fp, off, SEEK_SET);
-    fputc(c ^ 0x5a, fp);
-    fclose(fp);
 }
 
 /* A copy of the good cache with one compressed chunk of shard-00001.h5 (sequences 16..31) broken:
@@ -280,8 +249,8 @@ static void test_corrupt_shard_mid_training(void **state)
 {
     fixture *f = *state;
     char dir[4300], cmd[13000], shard[4400];
-    snprintf(dir, sizeof dir, "%s/corrupt", f->dir);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, f->good, dir);
+    snprintf(dir, sizeof dir, "%s/corrupt", f->s.dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, f->s.cache, dir);
     assert_int_equal(system(cmd), 0);
     int64_t chunk = -1, pos = 0;
     for (int64_t c = 0; c < 4 && chunk < 0; c++) {
@@ -291,7 +260,7 @@ static void test_corrupt_shard_mid_training(void **state)
     }
     assert_true(chunk >= 0);
     snprintf(shard, sizeof shard, "%s/shard-00001.h5", dir);
-    flip_chunk_byte(shard, "/topk/logits", 4 * chunk);
+    tkd_test_flip_chunk_byte(shard, "/topk/logits", 4 * chunk);
     int64_t fail_step = pos / BATCH + 1;
     const char *extra[] = {"train.max_steps=20"};
     expect_stop(f, dir, "corrupt", extra, 1, TKD_ERR_CHECKSUM, fail_step, "shard-00001.h5", "/topk/logits");
@@ -325,7 +294,6 @@ static int64_t make_bad_cache(const fixture *f, const char *dir, int what, char 
             seq = g;
     assert_true(seq >= 0);
     bad_value bv = {.seq = seq, .pos = 3, .what = what};
-    make_dir(dir);
     tkd_test_teacher_opts o = cache_opts(2);
     o.edit = plant;
     o.edit_ctx = &bv;
@@ -339,7 +307,7 @@ static void test_infinite_teacher_logit(void **state)
 {
     fixture *f = *state;
     char dir[4300];
-    snprintf(dir, sizeof dir, "%s/inf-logit", f->dir);
+    snprintf(dir, sizeof dir, "%s/inf-logit", f->s.dir);
     char seq[32];
     int64_t step = make_bad_cache(f, dir, 0, seq, sizeof seq);
     const char *extra[] = {"kd.variant=renorm"};
@@ -356,7 +324,7 @@ static void test_nonfinite_loss(void **state)
 {
     fixture *f = *state;
     char dir[4300];
-    snprintf(dir, sizeof dir, "%s/bad-lse", f->dir);
+    snprintf(dir, sizeof dir, "%s/bad-lse", f->s.dir);
     char seq[32];
     int64_t step = make_bad_cache(f, dir, 1, seq, sizeof seq);
     const char *extra[] = {"kd.variant=tail"};

@@ -309,9 +309,6 @@ static void test_tail_needs_a_cache_with_draws(void **state)
     fixture *f = *state;
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/notail", f->dir);
-    char cmd[4300];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
-    assert_int_equal(system(cmd), 0);
     tkd_test_teacher_opts to = {.vocab = V, .hidden = 16, .seq_len = T, .k = K, .temperature = 1.0f,
                                 .num_seq = 4, .shard_seqs = 4, .seed = 3};
     assert_int_equal(tkd_test_teacher_cache(dir, &to), TKD_OK);

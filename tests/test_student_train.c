@@ -21,10 +21,7 @@
 
 /* The cache: V = 96, T = 16, k = 8 stored columns, S = 4 tail draws, 48 sequences in 3 shards of
  * 16 (chunks of 4 sequences). 6 sequences (val_fraction 0.125) are held out, 42 train. */
-typedef struct fixture {
-    char *dir;
-    char cache[4200], runs[4200];
-} fixture;
+typedef tkd_test_student_dir fixture;
 
 #define STUDENT_SETS                                                                                          \
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",           \
@@ -35,17 +32,10 @@ typedef struct fixture {
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
-    f->dir = tkd_test_mkdtemp("student");
-    snprintf(f->cache, sizeof f->cache, "%s/cache", f->dir);
-    snprintf(f->runs, sizeof f->runs, "%s/runs", f->dir);
-    char cmd[4300];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", f->cache);
-    if (system(cmd) != 0)
-        return -1;
     tkd_test_teacher_opts o = {.vocab = 96, .hidden = 32, .seq_len = 16, .k = 8, .tail_samples = 4,
                                .temperature = 1.0f, .num_seq = 48, .shard_seqs = 16, .chunk_seqs = 4, .seed = 7};
-    if (tkd_test_teacher_cache(f->cache, &o) != TKD_OK) {
-        fprintf(stderr, "teacher cache: %s\n", tkd_error_msg());
+    if (!f || tkd_test_student_dir_make(f, "student", &o) != TKD_OK) {
+        free(f);
         return -1;
     }
     *state = f;
@@ -54,10 +44,9 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    fixture *f = *state;
-    tkd_test_rmtree(f->dir);
-    free(f->dir);
-    free(f);
+    if (*state)
+        tkd_test_student_dir_free(*state);
+    free(*state);
     return 0;
 }
 

@@ -423,6 +423,23 @@ char *tkd_test_read_file(const char *path, size_t *len)
     return buf;
 }
 
+char *tkd_test_slurp(const char *path, size_t *len)
+{
+    char *buf = tkd_test_read_file(path, len);
+    if (!buf)
+        fail_msg("cannot read %s", path);
+    return buf;
+}
+
+void tkd_test_write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        fail_msg("cannot write %s", path);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
 int tkd_test_files_equal(const char *a, const char *b)
 {
     size_t na = 0, nb = 0;

@@ -128,6 +128,13 @@ void tkd_test_student_dir_free(tkd_test_student_dir *s);
 /* Reads a whole file into a malloc'd buffer (*len bytes, NUL-terminated); NULL when it cannot. */
 char *tkd_test_read_file(const char *path, size_t *len);
 
+/* A whole file that must exist (the test fails otherwise), malloc'd and NUL-terminated; *len its
+ * size in bytes when len is not NULL. */
+char *tkd_test_slurp(const char *path, size_t *len);
+
+/* Writes text to path (replacing it); fails the test when it cannot. */
+void tkd_test_write_text(const char *path, const char *text);
+
 /* 1 when the two files exist and have the same bytes. */
 int tkd_test_files_equal(const char *a, const char *b);
 
