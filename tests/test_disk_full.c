@@ -25,7 +25,6 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/fileio.h"
@@ -144,20 +143,7 @@ static int run_dump(const char *cfg, const char *out, const char *err_path)
 {
     char set[4300];
     snprintf(set, sizeof set, "output.dir=%s", out);
-    const char *argv[] = {BIN, "-q", "--config", cfg, "--set", set, NULL};
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        FILE *f = freopen(err_path, "w", stderr);
-        if (!f || dup2(fileno(stderr), 1) < 0)
-            _exit(99);
-        execv(BIN, (char *const *)argv);
-        _exit(98);
-    }
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
+    return tkd_test_run(BIN, (const char *[]){"-q", "--config", cfg, "--set", set, NULL}, NULL, err_path);
 }
 
 /* stderr (quiet mode) is error lines only, each "teacher-dump: ...", and exactly one of them says the

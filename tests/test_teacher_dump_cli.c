@@ -10,55 +10,25 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/dump_testutil.h"
 
 #define BIN TKD_BINARY_DIR "/bin/teacher-dump"
 
-typedef struct child {
-    pid_t pid;
-    char err_path[4300];
-} child;
-
 /* Starts teacher-dump with args (NULL-terminated, argv[0] excluded) and one optional extra
  * environment assignment "NAME=value"; stdout and stderr go to <dir>/<tag>.err. */
-static void spawn(child *c, const char *dir, const char *tag, const char *env, const char *const *args)
+static pid_t spawn(const char *dir, const char *tag, const char *env, const char *const *args)
 {
-    snprintf(c->err_path, sizeof c->err_path, "%s/%s.err", dir, tag);
-    const char *argv[32] = {BIN};
-    int n = 1;
-    for (; args[n - 1]; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    fflush(NULL);
-    c->pid = fork();
-    assert_true(c->pid >= 0);
-    if (c->pid == 0) {
-        FILE *f = freopen(c->err_path, "w", stderr);
-        if (!f || dup2(fileno(stderr), 1) < 0)
-            _exit(99);
-        if (env)
-            putenv((char *)env);
-        execv(BIN, (char *const *)argv);
-        _exit(98);
-    }
+    char err_path[4300];
+    snprintf(err_path, sizeof err_path, "%s/%s.err", dir, tag);
+    return tkd_test_spawn(BIN, args, env, err_path);
 }
 
-/* Waits; returns the exit code, or 1000 + signal number when killed by a signal. */
-static int wait_child(child *c)
-{
-    int status = 0;
-    assert_int_equal(waitpid(c->pid, &status, 0), c->pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
-}
-
+/* spawn, then wait: the exit code, or 1000 + signal number when killed by a signal. */
 static int run(const char *dir, const char *tag, const char *env, const char *const *args)
 {
-    child c;
-    spawn(&c, dir, tag, env, args);
-    return wait_child(&c);
+    return tkd_test_wait(spawn(dir, tag, env, args));
 }
 
 /* The child's whole stderr (static buffer). */
@@ -107,127 +77,141 @@ static const char *setup(const char *dir)
     return cfg_path;
 }
 
-static void set_out(char *buf, size_t cap, const char *dir, const char *name)
+/* One test's files: a temp dir with setup()'s config, the cache under test <dir>/out and, for the
+ * tests that compare against one, the reference cache <dir>/ref. */
+typedef struct cli_case {
+    char *dir;
+    const char *cfg;
+    char out[4400];                    /* "output.dir=<dir>/out" */
+    char ref_dir[4300], out_dir[4300]; /* <dir>/ref, <dir>/out */
+} cli_case;
+
+static const char *const NO_ARGS[] = {NULL};
+
+/* Starts teacher-dump --config <cfg> --set output.dir=<dir>/out, then extra (NULL-terminated);
+ * output to <dir>/<tag>.err as spawn. */
+static pid_t spawn_out(const cli_case *c, const char *tag, const char *env, const char *const *extra)
 {
-    snprintf(buf, cap, "output.dir=%s/%s", dir, name);
+    const char *args[16] = {"--config", c->cfg, "--set", c->out};
+    int n = 4;
+    for (; extra[n - 4]; n++) {
+        assert_true(n < 15);
+        args[n] = extra[n - 4];
+    }
+    args[n] = NULL;
+    return spawn(c->dir, tag, env, args);
+}
+
+static int run_out(const cli_case *c, const char *tag, const char *env, const char *const *extra)
+{
+    return tkd_test_wait(spawn_out(c, tag, env, extra));
+}
+
+/* Makes the case; with_ref: also the reference cache, one uninterrupted run into <dir>/ref. */
+static void case_begin(cli_case *c, const char *tag, int with_ref)
+{
+    c->dir = tkd_test_mkdtemp(tag);
+    c->cfg = setup(c->dir);
+    snprintf(c->ref_dir, sizeof c->ref_dir, "%s/ref", c->dir);
+    snprintf(c->out_dir, sizeof c->out_dir, "%s/out", c->dir);
+    snprintf(c->out, sizeof c->out, "output.dir=%s", c->out_dir);
+    if (with_ref) {
+        char ref[4400];
+        snprintf(ref, sizeof ref, "output.dir=%s", c->ref_dir);
+        assert_int_equal(run(c->dir, "ref", NULL, (const char *[]){"--config", c->cfg, "--set", ref, NULL}), 0);
+    }
+}
+
+static void case_end(cli_case *c)
+{
+    tkd_test_rmtree(c->dir);
+    free(c->dir);
 }
 
 static void test_kill_mid_shard_then_resume(void **state)
 {
     (void)state;
-    char *dir = tkd_test_mkdtemp("dumpcli-kill");
-    const char *cfg = setup(dir);
-    char ref[4300], out[4300], ref_dir[4300], out_dir[4300];
-    set_out(ref, sizeof ref, dir, "ref");
-    set_out(out, sizeof out, dir, "out");
-    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
-    snprintf(out_dir, sizeof out_dir, "%s/out", dir);
-    assert_int_equal(run(dir, "ref", NULL, (const char *[]){"--config", cfg, "--set", ref, NULL}), 0);
-
+    cli_case c;
+    case_begin(&c, "dumpcli-kill", 1);
     /* Batch 3 is the first half of shard 1: the process dies with shard 0 listed and shard 1's
      * .tmp half written. */
-    int rc = run(dir, "kill", "TKD_DUMP_TEST_KILL_AFTER_BATCHES=3",
-                 (const char *[]){"--config", cfg, "--set", out, NULL});
-    assert_int_equal(rc, 1000 + SIGKILL);
-    assert_int_equal(tkd_dt_count_suffix(out_dir, ".h5.tmp"), 1);
-    assert_int_equal(tkd_dt_count_suffix(out_dir, ".h5"), 1);
+    assert_int_equal(run_out(&c, "kill", "TKD_DUMP_TEST_KILL_AFTER_BATCHES=3", NO_ARGS), 1000 + SIGKILL);
+    assert_int_equal(tkd_dt_count_suffix(c.out_dir, ".h5.tmp"), 1);
+    assert_int_equal(tkd_dt_count_suffix(c.out_dir, ".h5"), 1);
 
-    assert_int_equal(run(dir, "resume", NULL, (const char *[]){"--config", cfg, "--set", out, NULL}), 0);
-    assert_int_equal(tkd_dt_count_suffix(out_dir, ".tmp"), 0);
-    tkd_dt_assert_same_cache(ref_dir, out_dir);
-    tkd_test_rmtree(dir);
-    free(dir);
+    assert_int_equal(run_out(&c, "resume", NULL, NO_ARGS), 0);
+    assert_int_equal(tkd_dt_count_suffix(c.out_dir, ".tmp"), 0);
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
+    case_end(&c);
 }
 
 static void test_sigint_leaves_valid_manifest(void **state)
 {
     (void)state;
-    char *dir = tkd_test_mkdtemp("dumpcli-sigint");
-    const char *cfg = setup(dir);
-    char ref[4300], out[4300], ref_dir[4300], out_dir[4300];
-    set_out(ref, sizeof ref, dir, "ref");
-    set_out(out, sizeof out, dir, "out");
-    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
-    snprintf(out_dir, sizeof out_dir, "%s/out", dir);
-    assert_int_equal(run(dir, "ref", NULL, (const char *[]){"--config", cfg, "--set", ref, NULL}), 0);
-
-    int rc = run(dir, "int", "TKD_DUMP_TEST_SIGINT_AFTER_BATCHES=5",
-                 (const char *[]){"--config", cfg, "--set", out, NULL});
-    assert_int_equal(rc, 130);
-    assert_error_line(dir, "int", "re-run the same command to resume");
-    assert_int_equal(tkd_dt_count_suffix(out_dir, ".tmp"), 0);
+    cli_case c;
+    case_begin(&c, "dumpcli-sigint", 1);
+    assert_int_equal(run_out(&c, "int", "TKD_DUMP_TEST_SIGINT_AFTER_BATCHES=5", NO_ARGS), 130);
+    assert_error_line(c.dir, "int", "re-run the same command to resume");
+    assert_int_equal(tkd_dt_count_suffix(c.out_dir, ".tmp"), 0);
     /* the manifest reads back and lists whole shards only: two of four sequences each */
     tkd_cache_batch b;
     tkd_cache_manifest m;
-    assert_int_equal(tkd_dt_read_all(out_dir, &b, &m), 8);
+    assert_int_equal(tkd_dt_read_all(c.out_dir, &b, &m), 8);
     assert_int_equal(m.num_shards, 2);
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&m);
 
-    assert_int_equal(run(dir, "resume", NULL, (const char *[]){"--config", cfg, "--set", out, NULL}), 0);
-    tkd_dt_assert_same_cache(ref_dir, out_dir);
-    tkd_test_rmtree(dir);
-    free(dir);
+    assert_int_equal(run_out(&c, "resume", NULL, NO_ARGS), 0);
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
+    case_end(&c);
 }
 
 static void test_two_workers_and_merge(void **state)
 {
     (void)state;
-    char *dir = tkd_test_mkdtemp("dumpcli-workers");
-    const char *cfg = setup(dir);
-    char ref[4300], out[4300], ref_dir[4300], out_dir[4300];
-    set_out(ref, sizeof ref, dir, "ref");
-    set_out(out, sizeof out, dir, "out");
-    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
-    snprintf(out_dir, sizeof out_dir, "%s/out", dir);
-    assert_int_equal(run(dir, "ref", NULL, (const char *[]){"--config", cfg, "--set", ref, NULL}), 0);
+    cli_case c;
+    case_begin(&c, "dumpcli-workers", 1);
+    const char *worker1[] = {"--set", "workers.index=1", "--set", "workers.count=2", NULL};
+    const char *merge[] = {"merge", c.out_dir, NULL};
 
     /* Worker 1 only: merge must refuse (worker 0 missing). Then worker 0 via WORLD_SIZE/RANK, both
      * processes at once (worker 1 re-run finds its range complete). */
-    assert_int_equal(run(dir, "w1", NULL, (const char *[]){"--config", cfg, "--set", out, "--set", "workers.index=1",
-                                                           "--set", "workers.count=2", NULL}), 0);
-    assert_int_not_equal(run(dir, "merge1", NULL, (const char *[]){"merge", out_dir, NULL}), 0);
-    assert_error_line(dir, "merge1", "worker");
-    child c0, c1;
-    spawn(&c0, dir, "w0", "RANK=0", (const char *[]){"--config", cfg, "--set", out, "--set", "workers.count=2", NULL});
-    spawn(&c1, dir, "w1b", NULL, (const char *[]){"--config", cfg, "--set", out, "--set", "workers.index=1",
-                                                  "--set", "workers.count=2", NULL});
-    assert_int_equal(wait_child(&c0), 0);
-    assert_int_equal(wait_child(&c1), 0);
-    assert_int_equal(run(dir, "merge", NULL, (const char *[]){"merge", out_dir, NULL}), 0);
-    tkd_dt_assert_same_cache(ref_dir, out_dir);
+    assert_int_equal(run_out(&c, "w1", NULL, worker1), 0);
+    assert_int_not_equal(run(c.dir, "merge1", NULL, merge), 0);
+    assert_error_line(c.dir, "merge1", "worker");
+    pid_t w0 = spawn_out(&c, "w0", "RANK=0", (const char *[]){"--set", "workers.count=2", NULL});
+    pid_t w1 = spawn_out(&c, "w1b", NULL, worker1);
+    assert_int_equal(tkd_test_wait(w0), 0);
+    assert_int_equal(tkd_test_wait(w1), 0);
+    assert_int_equal(run(c.dir, "merge", NULL, merge), 0);
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
 
     /* The merged cache is a finished single-worker cache: a plain re-run has nothing to do. */
-    assert_int_equal(run(dir, "again", NULL, (const char *[]){"--config", cfg, "--set", out, NULL}), 0);
-    assert_non_null(strstr(child_err(dir, "again"), "nothing to do"));
-    tkd_test_rmtree(dir);
-    free(dir);
+    assert_int_equal(run_out(&c, "again", NULL, NO_ARGS), 0);
+    assert_non_null(strstr(child_err(c.dir, "again"), "nothing to do"));
+    case_end(&c);
 }
 
 static void test_cli_errors(void **state)
 {
     (void)state;
-    char *dir = tkd_test_mkdtemp("dumpcli-errors");
-    const char *cfg = setup(dir);
-    char out[4300];
-    set_out(out, sizeof out, dir, "out");
+    cli_case c;
+    case_begin(&c, "dumpcli-errors", 0);
     /* an unknown key: config error, exit 2 */
-    assert_int_equal(run(dir, "key", NULL, (const char *[]){"--config", cfg, "--set", "cache.kk=3", NULL}), 2);
-    assert_true(strncmp(child_err(dir, "key"), "teacher-dump: ", 14) == 0);
-    assert_non_null(strstr(child_err(dir, "key"), "cache.kk"));
+    assert_int_equal(run(c.dir, "key", NULL, (const char *[]){"--config", c.cfg, "--set", "cache.kk=3", NULL}), 2);
+    assert_true(strncmp(child_err(c.dir, "key"), "teacher-dump: ", 14) == 0);
+    assert_non_null(strstr(child_err(c.dir, "key"), "cache.kk"));
     /* a different config against an existing cache */
-    assert_int_equal(run(dir, "first", NULL, (const char *[]){"--config", cfg, "--set", out, "--set",
-                                                              "data.max_sequences=4", NULL}), 0);
-    assert_int_equal(run(dir, "other", NULL, (const char *[]){"--config", cfg, "--set", out, "--set", "cache.k=5", NULL}), 1);
-    assert_error_line(dir, "other", "--overwrite");
+    assert_int_equal(run_out(&c, "first", NULL, (const char *[]){"--set", "data.max_sequences=4", NULL}), 0);
+    assert_int_equal(run_out(&c, "other", NULL, (const char *[]){"--set", "cache.k=5", NULL}), 1);
+    assert_error_line(c.dir, "other", "--overwrite");
     /* --print-config: YAML with the resolved stride; --help: every key */
-    assert_int_equal(run(dir, "print", NULL, (const char *[]){"--config", cfg, "--set", out, "--print-config", NULL}), 0);
-    assert_non_null(strstr(child_err(dir, "print"), "stride: 16"));
-    assert_int_equal(run(dir, "help", NULL, (const char *[]){"--help", NULL}), 0);
-    assert_non_null(strstr(child_err(dir, "help"), "lm_head.chunk_rows"));
-    assert_non_null(strstr(child_err(dir, "help"), "merge DIR"));
-    tkd_test_rmtree(dir);
-    free(dir);
+    assert_int_equal(run_out(&c, "print", NULL, (const char *[]){"--print-config", NULL}), 0);
+    assert_non_null(strstr(child_err(c.dir, "print"), "stride: 16"));
+    assert_int_equal(run(c.dir, "help", NULL, (const char *[]){"--help", NULL}), 0);
+    assert_non_null(strstr(child_err(c.dir, "help"), "lm_head.chunk_rows"));
+    assert_non_null(strstr(child_err(c.dir, "help"), "merge DIR"));
+    case_end(&c);
 }
 
 int main(void)
