@@ -244,15 +244,7 @@ static void test_teacher_dump_disk_full(void **state)
 static void tiny_student(tkd_model **m, tkd_adamw **opt)
 {
     tkd_model_config mc;
-    tkd_model_config_defaults(&mc);
-    mc.vocab_size = 64;
-    mc.hidden_size = 16;
-    mc.intermediate_size = 32;
-    mc.num_hidden_layers = 1;
-    mc.num_attention_heads = 2;
-    mc.num_key_value_heads = 1;
-    mc.head_dim = 8;
-    mc.max_position_embeddings = 32;
+    tkd_test_tiny_llama(&mc, 64, 16, 1, 32);
     mc.tie_word_embeddings = 0;
     assert_int_equal(tkd_model_init_random(&mc, 3, m), TKD_OK);
     tkd_optim_config oc;

@@ -20,27 +20,6 @@
 #include "kernels/topk.h"
 #include "kernels/topk_cuda.h"
 
-enum fill { FILL_RANDN, FILL_TIES, FILL_EXTREME, FILL_CONST, FILL_ZEROS_SIGNED };
-
-/* The same awkward contents as tests/test_topk.c. */
-static void fill_logits(float *x, int64_t n, enum fill f, uint64_t seed)
-{
-    tkd_test_randn(x, (size_t)n, seed, 3.0f);
-    for (int64_t i = 0; i < n; i++) {
-        switch (f) {
-        case FILL_RANDN: break;
-        case FILL_TIES: x[i] = floorf(x[i]); break;
-        case FILL_EXTREME: {
-            int m = (int)(i % 7);
-            x[i] = m == 0 ? 1e4f : m == 3 ? -1e4f : x[i];
-            break;
-        }
-        case FILL_CONST: x[i] = 0.25f; break;
-        case FILL_ZEROS_SIGNED: x[i] = (i % 3 == 0) ? -0.0f : (i % 3 == 1) ? 0.0f : -1.0f; break;
-        }
-    }
-}
-
 static void *dev_alloc(size_t n)
 {
     void *p = NULL;
@@ -58,7 +37,7 @@ static void to_host(void *h, const void *d, size_t n)
     assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
-static void run_case(tkd_topk_cuda_ws *ws, int64_t C, int64_t V, int k, float tau, enum fill f,
+static void run_case(tkd_topk_cuda_ws *ws, int64_t C, int64_t V, int k, float tau, tkd_test_fill f,
                      int S, uint64_t seed)
 {
     const size_t nx = (size_t)(C * V), nk = (size_t)(C * k), ns = (size_t)(C * S);
@@ -69,7 +48,7 @@ static void run_case(tkd_topk_cuda_ws *ws, int64_t C, int64_t V, int k, float ta
     int64_t *seq = malloc((size_t)C * 8);
     int32_t *pos = malloc((size_t)C * 4);
     assert_true(x && v_cpu && v_gpu && l_cpu && l_gpu && i_cpu && i_gpu && t_cpu && t_gpu && seq && pos);
-    fill_logits(x, (int64_t)nx, f, seed);
+    tkd_test_fill_logits(x, nx, f, seed);
     for (int64_t r = 0; r < C; r++) {
         seq[r] = 123456789012ll + r / 5;
         pos[r] = (int32_t)(r % 5) * 1000;
@@ -112,16 +91,16 @@ static void run_case(tkd_topk_cuda_ws *ws, int64_t C, int64_t V, int k, float ta
 static void test_matches_cpu(void **state)
 {
     tkd_topk_cuda_ws *ws = *state;
-    run_case(ws, 3, 1001, 5, 1.0f, FILL_RANDN, 64, 1);       /* V not a multiple of 8 */
-    run_case(ws, 1, 37, 1, 1.0f, FILL_RANDN, 16, 2);         /* one row, k = 1 */
-    run_case(ws, 4, 4099, 128, 0.7f, FILL_RANDN, 100, 3);    /* k = 128, τ < 1 */
-    run_case(ws, 5, 2003, 100, 2.0f, FILL_TIES, 1024, 4);    /* many ties, S at its maximum */
-    run_case(ws, 3, 515, 64, 1.0f, FILL_EXTREME, 32, 5);     /* ±1e4 */
-    run_case(ws, 2, 300, 128, 1.3f, FILL_CONST, 50, 6);      /* all equal */
-    run_case(ws, 2, 301, 50, 1.0f, FILL_ZEROS_SIGNED, 20, 7); /* -0.0 ties +0.0 */
-    run_case(ws, 2, 128, 128, 1.0f, FILL_RANDN, 0, 8);       /* V == k (no tail) */
-    run_case(ws, 2, 1 << 20, 100, 1.0f, FILL_RANDN, 1024, 9); /* V = 2^20: > 48 KB shared */
-    run_case(ws, 64, 151936, 100, 1.0f, FILL_RANDN, 80, 10); /* a real chunk (Qwen2 vocab) */
+    run_case(ws, 3, 1001, 5, 1.0f, TKD_TEST_FILL_RANDN, 64, 1);       /* V not a multiple of 8 */
+    run_case(ws, 1, 37, 1, 1.0f, TKD_TEST_FILL_RANDN, 16, 2);         /* one row, k = 1 */
+    run_case(ws, 4, 4099, 128, 0.7f, TKD_TEST_FILL_RANDN, 100, 3);    /* k = 128, τ < 1 */
+    run_case(ws, 5, 2003, 100, 2.0f, TKD_TEST_FILL_TIES, 1024, 4);    /* many ties, S at its maximum */
+    run_case(ws, 3, 515, 64, 1.0f, TKD_TEST_FILL_EXTREME, 32, 5);     /* ±1e4 */
+    run_case(ws, 2, 300, 128, 1.3f, TKD_TEST_FILL_CONST, 50, 6);      /* all equal */
+    run_case(ws, 2, 301, 50, 1.0f, TKD_TEST_FILL_ZEROS_SIGNED, 20, 7); /* -0.0 ties +0.0 */
+    run_case(ws, 2, 128, 128, 1.0f, TKD_TEST_FILL_RANDN, 0, 8);       /* V == k (no tail) */
+    run_case(ws, 2, 1 << 20, 100, 1.0f, TKD_TEST_FILL_RANDN, 1024, 9); /* V = 2^20: > 48 KB shared */
+    run_case(ws, 64, 151936, 100, 1.0f, TKD_TEST_FILL_RANDN, 80, 10); /* a real chunk (Qwen2 vocab) */
 }
 
 static void test_flags(void **state)

@@ -122,15 +122,7 @@ static void test_vocabulary_mismatch(void **state)
     char hf[4300];
     snprintf(hf, sizeof hf, "%s/hf72", f->s.dir);
     tkd_model_config mc;
-    tkd_model_config_defaults(&mc);
-    mc.vocab_size = 72;
-    mc.hidden_size = 16;
-    mc.intermediate_size = 32;
-    mc.num_hidden_layers = 1;
-    mc.num_attention_heads = 2;
-    mc.num_key_value_heads = 2;
-    mc.head_dim = 8;
-    mc.max_position_embeddings = 8;
+    tkd_test_tiny_llama(&mc, 72, 16, 2, 8);
     tkd_model *m = NULL;
     assert_int_equal(tkd_model_init_random(&mc, 1, &m), TKD_OK);
     assert_int_equal(tkd_model_save_hf(m, hf, TKD_DTYPE_F32), TKD_OK);

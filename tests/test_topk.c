@@ -12,27 +12,6 @@
 #include "kernels/topk.h"
 #include "tests/testutil.h"
 
-enum fill { FILL_RANDN, FILL_TIES, FILL_EXTREME, FILL_CONST, FILL_ZEROS_SIGNED };
-
-/* Row contents that stress the order: heavy ties, ±1e4 next to small values, all equal, ±0. */
-static void fill_logits(float *x, int64_t C, int64_t V, enum fill f, uint64_t seed)
-{
-    tkd_test_randn(x, (size_t)(C * V), seed, 3.0f);
-    for (int64_t i = 0; i < C * V; i++) {
-        switch (f) {
-        case FILL_RANDN: break;
-        case FILL_TIES: x[i] = floorf(x[i]); break; /* ~20 distinct values */
-        case FILL_EXTREME: {
-            int m = (int)(i % 7);
-            x[i] = m == 0 ? 1e4f : m == 3 ? -1e4f : x[i];
-            break;
-        }
-        case FILL_CONST: x[i] = 0.25f; break;
-        case FILL_ZEROS_SIGNED: x[i] = (i % 3 == 0) ? -0.0f : (i % 3 == 1) ? 0.0f : -1.0f; break;
-        }
-    }
-}
-
 /* log Σ exp(t/τ) in long double with the max taken first: an independent reference. */
 static double lse_check(const float *row, int64_t V, float tau)
 {
@@ -74,14 +53,14 @@ static void check_order(const float *x, int64_t C, int64_t V, int k, const uint3
     free(taken);
 }
 
-static void run_case(int64_t C, int64_t V, int k, float tau, enum fill f, uint64_t seed)
+static void run_case(int64_t C, int64_t V, int k, float tau, tkd_test_fill f, uint64_t seed)
 {
     float *x = malloc((size_t)(C * V) * sizeof *x);
     uint32_t *i_ref = malloc((size_t)(C * k) * sizeof *i_ref), *i_cpu = malloc((size_t)(C * k) * sizeof *i_cpu);
     float *v_ref = malloc((size_t)(C * k) * sizeof *v_ref), *v_cpu = malloc((size_t)(C * k) * sizeof *v_cpu);
     float *l_ref = malloc((size_t)C * sizeof *l_ref), *l_cpu = malloc((size_t)C * sizeof *l_cpu);
     assert_true(x && i_ref && i_cpu && v_ref && v_cpu && l_ref && l_cpu);
-    fill_logits(x, C, V, f, seed);
+    tkd_test_fill_logits(x, (size_t)(C * V), f, seed);
     assert_int_equal(tkd_topk_ref(x, C, V, k, tau, i_ref, v_ref, l_ref), TKD_OK);
     assert_int_equal(tkd_topk_cpu(x, C, V, k, tau, i_cpu, v_cpu, l_cpu), TKD_OK);
     check_order(x, C, V, k, i_ref, v_ref);
@@ -100,16 +79,16 @@ static void run_case(int64_t C, int64_t V, int k, float tau, enum fill f, uint64
 static void test_shapes(void **state)
 {
     (void)state;
-    run_case(3, 1001, 5, 1.0f, FILL_RANDN, 1);      /* V not a multiple of 8 */
-    run_case(1, 37, 1, 1.0f, FILL_RANDN, 2);        /* one row, k = 1 */
-    run_case(4, 4099, 128, 0.7f, FILL_RANDN, 3);    /* k = 128, τ < 1 */
-    run_case(5, 2003, 100, 2.0f, FILL_TIES, 4);     /* many ties, τ > 1 */
-    run_case(3, 515, 64, 1.0f, FILL_EXTREME, 5);    /* ±1e4 among small values */
-    run_case(2, 300, 128, 1.3f, FILL_CONST, 6);     /* every logit equal: ids 0..k-1 */
-    run_case(2, 301, 50, 1.0f, FILL_ZEROS_SIGNED, 7); /* -0.0 ties +0.0 */
-    run_case(2, 128, 128, 1.0f, FILL_RANDN, 8);     /* V == k */
-    run_case(17, 3001, 20, 1.0f, FILL_RANDN, 9);    /* several rows through OpenMP */
-    run_case(0, 100, 10, 1.0f, FILL_RANDN, 10);     /* no rows */
+    run_case(3, 1001, 5, 1.0f, TKD_TEST_FILL_RANDN, 1);      /* V not a multiple of 8 */
+    run_case(1, 37, 1, 1.0f, TKD_TEST_FILL_RANDN, 2);        /* one row, k = 1 */
+    run_case(4, 4099, 128, 0.7f, TKD_TEST_FILL_RANDN, 3);    /* k = 128, τ < 1 */
+    run_case(5, 2003, 100, 2.0f, TKD_TEST_FILL_TIES, 4);     /* many ties, τ > 1 */
+    run_case(3, 515, 64, 1.0f, TKD_TEST_FILL_EXTREME, 5);    /* ±1e4 among small values */
+    run_case(2, 300, 128, 1.3f, TKD_TEST_FILL_CONST, 6);     /* every logit equal: ids 0..k-1 */
+    run_case(2, 301, 50, 1.0f, TKD_TEST_FILL_ZEROS_SIGNED, 7); /* -0.0 ties +0.0 */
+    run_case(2, 128, 128, 1.0f, TKD_TEST_FILL_RANDN, 8);     /* V == k */
+    run_case(17, 3001, 20, 1.0f, TKD_TEST_FILL_RANDN, 9);    /* several rows through OpenMP */
+    run_case(0, 100, 10, 1.0f, TKD_TEST_FILL_RANDN, 10);     /* no rows */
 }
 
 static void test_const_row_picks_smallest_ids(void **state)

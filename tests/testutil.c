@@ -281,18 +281,23 @@ static void teacher_identity(const tkd_test_teacher_opts *o, tkd_cache_identity 
     memset(id->dataset_sha256, 'c', 64);
 }
 
+void tkd_test_tiny_llama(tkd_model_config *mc, int vocab, int hidden, int kv_heads, int max_pos)
+{
+    tkd_model_config_defaults(mc);
+    mc->vocab_size = vocab;
+    mc->hidden_size = hidden;
+    mc->intermediate_size = 2 * hidden;
+    mc->num_hidden_layers = 1;
+    mc->num_attention_heads = 2;
+    mc->num_key_value_heads = kv_heads;
+    mc->head_dim = hidden / 2;
+    mc->max_position_embeddings = max_pos;
+}
+
 static tkd_status teacher_model(const tkd_test_teacher_opts *o, tkd_model **out)
 {
     tkd_model_config mc;
-    tkd_model_config_defaults(&mc);
-    mc.vocab_size = o->vocab;
-    mc.hidden_size = o->hidden;
-    mc.intermediate_size = 2 * o->hidden;
-    mc.num_hidden_layers = 1;
-    mc.num_attention_heads = 2;
-    mc.num_key_value_heads = 2;
-    mc.head_dim = o->hidden / 2;
-    mc.max_position_embeddings = o->seq_len;
+    tkd_test_tiny_llama(&mc, o->vocab, o->hidden, 2, o->seq_len);
     mc.tie_word_embeddings = 0;
     mc.initializer_range = o->init_std > 0 ? o->init_std : 0.5f;
     TKD_TRY(tkd_model_config_validate(&mc));

@@ -79,6 +79,12 @@ int tkd_test_wait(pid_t pid);
 /* tkd_test_spawn then tkd_test_wait. */
 int tkd_test_run(const char *bin, const char *const *args, const char *env, const char *out_path);
 
+/* A one-layer Llama of 2 attention heads for the model tests: the defaults of
+ * tkd_model_config_defaults (tied embeddings included), then vocab, hidden (even) and an MLP of
+ * 2 x hidden, head_dim hidden / 2, kv_heads (1 or 2) and max_pos positions. */
+struct tkd_model_config;
+void tkd_test_tiny_llama(struct tkd_model_config *mc, int vocab, int hidden, int kv_heads, int max_pos);
+
 /* ---- a tiny teacher cache for student-train tests ------------------------------------------- */
 
 struct tkd_cache_batch;
