@@ -89,6 +89,28 @@ static inline void tkd_dt_small_yaml(char *buf, size_t cap, const char *teacher,
     assert_true(n > 0 && (size_t)n < cap); /* a truncated config would test something else */
 }
 
+/* Writes <dir>/c.yaml for teacher-dump run as a child process: the llama fixture over 300 random
+ * tokens (seed tok_seed, written to <dir>/tok.npy), that is 18 windows of 16 tokens, k 8, shards of
+ * 4 sequences, batches of 2, lm_head chunks of 24 rows; cache_extra adds cache keys (", seed: 7" or
+ * ""). Returns the path (static buffer). */
+static inline const char *tkd_dt_cli_config(const char *dir, uint64_t tok_seed, const char *cache_extra)
+{
+    static char path[4300];
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, tok_seed);
+    char text[9000];
+    int n = snprintf(text, sizeof text,
+                     "teacher: {path: '%s'}\n"
+                     "data: {paths: ['%s'], seq_len: 16}\n"
+                     "cache: {k: 8, shard_sequences: 4%s}\n"
+                     "run: {batch_size: 2}\n"
+                     "lm_head: {chunk_rows: 24}\n",
+                     TKD_DT_LLAMA, tok, cache_extra);
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    snprintf(path, sizeof path, "%s/c.yaml", dir);
+    tkd_test_write_text(path, text);
+    return path;
+}
+
 /* Everything in a cache, read through the reader (manifest.yaml). Free with tkd_cache_batch_free. */
 static inline int64_t tkd_dt_read_all(const char *dir, tkd_cache_batch *b, tkd_cache_manifest *m)
 {

@@ -194,19 +194,8 @@ static void test_teacher_dump_disk_full(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("diskfull-dump");
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 5);
-    char cfg[4300], ref[4300], err[4300];
-    snprintf(cfg, sizeof cfg, "%s/c.yaml", dir);
-    FILE *f = fopen(cfg, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "teacher: {path: '%s'}\n"
-            "data: {paths: ['%s'], seq_len: 16}\n"
-            "cache: {k: 8, shard_sequences: 4}\n"
-            "run: {batch_size: 2}\n"
-            "lm_head: {chunk_rows: 24}\n",
-            TKD_DT_LLAMA, tok);
-    fclose(f);
+    const char *cfg = tkd_dt_cli_config(dir, 5, "");
+    char ref[4300], err[4300];
     snprintf(ref, sizeof ref, "%s/ref", dir);
     snprintf(err, sizeof err, "%s/ref.err", dir);
     assert_int_equal(run_dump(cfg, ref, err), 0);

@@ -269,12 +269,7 @@ static errs compare(const gpu_ctx *x, const gcase *c, const tkd_kl_result *g, co
 static void params_set(tkd_kl_params *p, int k, tkd_kl_variant var, float tau, float alpha,
                        int k_use, int s, int chunk, int gif)
 {
-    tkd_kl_params_defaults(p, k);
-    p->variant = var;
-    p->temperature = tau;
-    p->alpha = alpha;
-    p->k_use = k_use;
-    p->s = var == TKD_KL_VARIANT_SAMPLED ? s : 0;
+    *p = tkd_test_kl_params(var, tau, alpha, k, k_use, var == TKD_KL_VARIANT_SAMPLED ? s : 0);
     p->chunk_rows = chunk;
     p->grad_in_forward = gif;
 }

@@ -92,13 +92,7 @@ static void check_variant(tkd_kl_variant var, double tau, double alpha, int k_us
 {
     tiny c;
     tiny_make(&c, tau);
-    tkd_kl_params p;
-    tkd_kl_params_defaults(&p, K);
-    p.variant = var;
-    p.temperature = (float)tau;
-    p.alpha = (float)alpha;
-    p.k_use = k_use;
-    p.s = s;
+    tkd_kl_params p = tkd_test_kl_params(var, tau, alpha, K, k_use, s);
     tkd_kl_batch b = tiny_batch(&c);
     double dh[N * D], dw[V * D], fd_h[N * D], fd_w[V * D];
     tkd_kl_result r;

@@ -123,18 +123,6 @@ static tkd_kl_batch kcase_batch(const kcase *c)
     return b;
 }
 
-static tkd_kl_params params_of(tkd_kl_variant var, double tau, double alpha, int k, int k_use, int s)
-{
-    tkd_kl_params p;
-    tkd_kl_params_defaults(&p, k);
-    p.variant = var;
-    p.temperature = (float)tau;
-    p.alpha = (float)alpha;
-    p.k_use = k_use;
-    p.s = s;
-    return p;
-}
-
 static double max_abs(const double *x, size_t n)
 {
     double m = 0.0;
@@ -220,9 +208,9 @@ static void test_ref_full_k_is_dense_kl(void **state)
     for (int ti = 0; ti < 2; ti++) {
         kcase c = kcase_make(9, 5, 13, 13, 0, taus[ti], 11 + ti);
         double want = dense_kd_mean(&c, taus[ti]);
-        tkd_kl_params pr = params_of(TKD_KL_VARIANT_RENORM, taus[ti], 1.0, 13, 13, 0);
-        tkd_kl_params pt = params_of(TKD_KL_VARIANT_TAIL, taus[ti], 1.0, 13, 13, 0);
-        tkd_kl_params ps = params_of(TKD_KL_VARIANT_SAMPLED, taus[ti], 1.0, 13, 13, 0);
+        tkd_kl_params pr = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, taus[ti], 1.0, 13, 13, 0);
+        tkd_kl_params pt = tkd_test_kl_params(TKD_KL_VARIANT_TAIL, taus[ti], 1.0, 13, 13, 0);
+        tkd_kl_params ps = tkd_test_kl_params(TKD_KL_VARIANT_SAMPLED, taus[ti], 1.0, 13, 13, 0);
         grads gr = ref_run(&c, &pr), gt = ref_run(&c, &pt), gs = ref_run(&c, &ps);
         /* 1e-6: the cache's LSE is rounded to fp32 (relative 6e-8 of |lse| ~ 5), and p = exp(t − lse) */
         assert_true(tkd_test_close(gr.res.kd, want, 1e-9, 1e-9));
@@ -262,8 +250,8 @@ static void test_ref_tail_exact_when_tail_has_student_shape(void **state)
     full.idx = malloc(sizeof(int32_t) * n * v);
     full.tl = malloc(sizeof(float) * n * v);
     kcase_cut_teacher(&full);
-    tkd_kl_params pt = params_of(TKD_KL_VARIANT_TAIL, tau, 0.5, k, k, 0);
-    tkd_kl_params pd = params_of(TKD_KL_VARIANT_RENORM, tau, 0.5, v, v, 0);
+    tkd_kl_params pt = tkd_test_kl_params(TKD_KL_VARIANT_TAIL, tau, 0.5, k, k, 0);
+    tkd_kl_params pd = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, tau, 0.5, v, v, 0);
     grads gt = ref_run(&c, &pt), gd = ref_run(&full, &pd);
     /* 1e-5: t is rounded to fp32 (relative 6e-8 of values ~ 10) and lse too */
     assert_true(tkd_test_close(gt.res.kd, gd.res.kd, 1e-5, 1e-5));
@@ -271,7 +259,7 @@ static void test_ref_tail_exact_when_tail_has_student_shape(void **state)
     assert_true(rel_err_dd(gt.dh, gd.dh, (size_t)n * d) < 1e-5);
     assert_true(rel_err_dd(gt.dw, gd.dw, (size_t)v * d) < 1e-5);
     /* and renorm at the same k is not exact here, so the comparison has teeth */
-    tkd_kl_params pr = params_of(TKD_KL_VARIANT_RENORM, tau, 0.5, k, k, 0);
+    tkd_kl_params pr = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, tau, 0.5, k, k, 0);
     grads gr = ref_run(&c, &pr);
     assert_true(rel_err_dd(gr.dw, gd.dw, (size_t)v * d) > 1e-2);
     grads_free(&gt), grads_free(&gd), grads_free(&gr);
@@ -291,8 +279,8 @@ static void test_ref_sampled_expectation_is_dense(void **state)
     c.labels[0] = 4;
     kcase full = kcase_make(1, d, v, v, 0, tau, 31); /* same seeds: same h, w, teacher */
     full.labels[0] = 4;
-    tkd_kl_params pd = params_of(TKD_KL_VARIANT_RENORM, tau, 1.0, v, v, 0);
-    tkd_kl_params ps = params_of(TKD_KL_VARIANT_SAMPLED, tau, 1.0, k, k, 2);
+    tkd_kl_params pd = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, tau, 1.0, v, v, 0);
+    tkd_kl_params ps = tkd_test_kl_params(TKD_KL_VARIANT_SAMPLED, tau, 1.0, k, k, 2);
     grads gd = ref_run(&full, &pd);
     double p[9], tail_mass = 0.0, tail_plogp = 0.0;
     unsigned char in_top[9] = {0};
@@ -341,7 +329,7 @@ static void test_ref_ce_only(void **state)
 {
     (void)state;
     kcase c = kcase_make(10, 4, 11, 3, 0, 1.0, 41);
-    tkd_kl_params p = params_of(TKD_KL_VARIANT_RENORM, 1.0, 0.0, 3, 3, 0);
+    tkd_kl_params p = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, 1.0, 0.0, 3, 3, 0);
     grads g = ref_run(&c, &p);
     double sum = 0.0;
     int kept = 0;
@@ -388,8 +376,8 @@ static void test_validate_errors(void **state)
     kcase c = kcase_make(6, 3, 20, 4, 3, 1.0, 51);
     c.labels[3] = 5; /* row 3 kept (the default mask would drop it) */
     tkd_kl_batch b = kcase_batch(&c);
-    tkd_kl_params ps = params_of(TKD_KL_VARIANT_SAMPLED, 1.0, 0.5, 4, 4, 3);
-    tkd_kl_params pt = params_of(TKD_KL_VARIANT_TAIL, 1.0, 0.5, 4, 4, 0);
+    tkd_kl_params ps = tkd_test_kl_params(TKD_KL_VARIANT_SAMPLED, 1.0, 0.5, 4, 4, 3);
+    tkd_kl_params pt = tkd_test_kl_params(TKD_KL_VARIANT_TAIL, 1.0, 0.5, 4, 4, 0);
     assert_int_equal(tkd_kl_validate(&ps, &b), TKD_OK);
 
     int32_t saved = c.idx[3 * 4 + 2];
@@ -579,7 +567,7 @@ static void test_chunked_matches_ref_grid(void **state)
                             continue;
                         if (kus[ki] == 0 && (var != TKD_KL_VARIANT_SAMPLED || s == 0))
                             continue;
-                        tkd_kl_params p = params_of((tkd_kl_variant)var, taus[ti], alphas[ai], k, kus[ki], s);
+                        tkd_kl_params p = tkd_test_kl_params((tkd_kl_variant)var, taus[ti], alphas[ai], k, kus[ki], s);
                         check_one("grid", s == 1 ? &c1 : &c7, p, 8, GRAD_RTOL);
                     }
                 }
@@ -596,14 +584,16 @@ static void test_chunked_small_shapes(void **state)
     (void)state;
     kcase c = kcase_make(13, 5, 29, 1, 7, 1.0, 200);
     for (int var = 0; var < 3; var++) {
-        tkd_kl_params p = params_of((tkd_kl_variant)var, 1.0, 0.5, 1, 1, var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
+        tkd_kl_params p =
+            tkd_test_kl_params((tkd_kl_variant)var, 1.0, 0.5, 1, 1, var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
         check_one("k=1", &c, p, 3, GRAD_RTOL);
         check_one("k=1 auto chunk", &c, p, 0, GRAD_RTOL);
     }
     kcase one = kcase_make(1, 3, 11, 4, 7, 2.5, 201);
     one.labels[0] = 10;
     for (int var = 0; var < 3; var++) {
-        tkd_kl_params p = params_of((tkd_kl_variant)var, 2.5, 0.5, 4, 2, var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
+        tkd_kl_params p =
+            tkd_test_kl_params((tkd_kl_variant)var, 2.5, 0.5, 4, 2, var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
         check_one("N=1", &one, p, 1, GRAD_RTOL);
     }
     kcase_free(&c), kcase_free(&one);
@@ -629,7 +619,7 @@ static void test_chunked_extreme_logits(void **state)
         kcase_cut_teacher(&c);
         for (int var = 0; var < 3; var++)
             for (int ki = 1; ki <= k; ki += k - 1) {
-                tkd_kl_params p = params_of((tkd_kl_variant)var, taus[ti], 0.5, k, ki,
+                tkd_kl_params p = tkd_test_kl_params((tkd_kl_variant)var, taus[ti], 0.5, k, ki,
                                             var == TKD_KL_VARIANT_SAMPLED ? 7 : 0);
                 check_one("extreme", &c, p, 8, EXTREME_GRAD_RTOL);
             }
@@ -645,7 +635,7 @@ static void test_chunked_scale_accumulate_reuse(void **state)
 {
     (void)state;
     kcase c = kcase_make(37, 6, 31, 4, 0, 1.0, 400);
-    tkd_kl_params p = params_of(TKD_KL_VARIANT_TAIL, 1.0, 0.5, 4, 4, 0);
+    tkd_kl_params p = tkd_test_kl_params(TKD_KL_VARIANT_TAIL, 1.0, 0.5, 4, 4, 0);
     p.chunk_rows = 5;
     tkd_kl_cpu_ws *ws = NULL;
     assert_int_equal(tkd_kl_cpu_ws_init(&ws, &p, 37, 6, 31), TKD_OK);

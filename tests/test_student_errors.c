@@ -276,10 +276,18 @@ static void plant(tkd_cache_batch *b, int64_t g0, void *ctx)
         b->lse[row] = -1e30f;
 }
 
+typedef struct bad_cache {
+    char dir[4300]; /* <fixture dir>/<name> */
+    char seq[32];   /* the bad sequence as the message lists it in its batch: ", g," */
+    int64_t step;   /* the step that meets it */
+} bad_cache;
+
 /* A cache like the good one with one bad value planted in the sequence at training position 9
- * (epoch 0, step 3); returns that step, and the sequence through *seq_text ("[.., g" or ", g"). */
-static int64_t make_bad_cache(const fixture *f, const char *dir, int what, char *seq_text, size_t cap)
+ * (epoch 0, step 3), in <fixture dir>/<name>. */
+static bad_cache make_bad_cache(const fixture *f, const char *name, int what)
 {
+    bad_cache bc;
+    snprintf(bc.dir, sizeof bc.dir, "%s/%s", f->s.dir, name);
     int64_t split_pos = 9, seq = -1;
     for (int64_t g = 0; g < NTRAIN && seq < 0; g++)
         if (first_position(f, g, 1) == split_pos)
@@ -289,25 +297,23 @@ static int64_t make_bad_cache(const fixture *f, const char *dir, int what, char 
     tkd_test_teacher_opts o = cache_opts(2);
     o.edit = plant;
     o.edit_ctx = &bv;
-    assert_int_equal(tkd_test_teacher_cache(dir, &o), TKD_OK);
-    snprintf(seq_text, cap, ", %lld,", (long long)seq); /* 2nd of its batch of 4 */
-    return split_pos / BATCH + 1;
+    assert_int_equal(tkd_test_teacher_cache(bc.dir, &o), TKD_OK);
+    snprintf(bc.seq, sizeof bc.seq, ", %lld,", (long long)seq); /* 2nd of its batch of 4 */
+    bc.step = split_pos / BATCH + 1;
+    return bc;
 }
 
 /* An infinite teacher logit is refused by the loss's validation before the step is taken. */
 static void test_infinite_teacher_logit(void **state)
 {
     fixture *f = *state;
-    char dir[4300];
-    snprintf(dir, sizeof dir, "%s/inf-logit", f->s.dir);
-    char seq[32];
-    int64_t step = make_bad_cache(f, dir, 0, seq, sizeof seq);
+    bad_cache bc = make_bad_cache(f, "inf-logit", 0);
     const char *extra[] = {"kd.variant=renorm"};
-    expect_stop(f, dir, "inf-logit", extra, 1, TKD_ERR_FORMAT, step, seq, "not finite (inf)");
+    expect_stop(f, bc.dir, "inf-logit", extra, 1, TKD_ERR_FORMAT, bc.step, bc.seq, "not finite (inf)");
     /* without checkpoints the message does not point at one */
     const char *no_ckpt[] = {"kd.variant=renorm", "train.checkpoint_interval=0"};
     const char *frag[] = {"training stopped (no checkpoint written yet)", "step 3", "not finite (inf)"};
-    expect_error(run(f, dir, "inf-logit-nockpt", no_ckpt, 2), TKD_ERR_FORMAT, frag, 3);
+    expect_error(run(f, bc.dir, "inf-logit-nockpt", no_ckpt, 2), TKD_ERR_FORMAT, frag, 3);
 }
 
 /* A finite but absurd LSE passes validation and makes the tail loss infinite: training stops with a
@@ -315,12 +321,9 @@ static void test_infinite_teacher_logit(void **state)
 static void test_nonfinite_loss(void **state)
 {
     fixture *f = *state;
-    char dir[4300];
-    snprintf(dir, sizeof dir, "%s/bad-lse", f->s.dir);
-    char seq[32];
-    int64_t step = make_bad_cache(f, dir, 1, seq, sizeof seq);
+    bad_cache bc = make_bad_cache(f, "bad-lse", 1);
     const char *extra[] = {"kd.variant=tail"};
-    expect_stop(f, dir, "bad-lse", extra, 1, TKD_ERR_NUMERIC, step, seq, "not finite");
+    expect_stop(f, bc.dir, "bad-lse", extra, 1, TKD_ERR_NUMERIC, bc.step, bc.seq, "not finite");
 }
 
 int main(void)

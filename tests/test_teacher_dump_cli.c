@@ -58,26 +58,8 @@ static void assert_error_line(const char *dir, const char *tag, const char *need
         fail_msg("stderr of %s does not end in a one-line error with '%s':\n%s", tag, needle, err);
 }
 
-/* <dir>/c.yaml: 18 windows of 16 tokens in shards of 4, batches of 2, k 8, 3 tail draws. */
-static const char *setup(const char *dir)
-{
-    static char cfg_path[4300];
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 11);
-    snprintf(cfg_path, sizeof cfg_path, "%s/c.yaml", dir);
-    FILE *f = fopen(cfg_path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "teacher: {path: '%s'}\n"
-            "data: {paths: ['%s'], seq_len: 16}\n"
-            "cache: {k: 8, shard_sequences: 4, tail_samples: 3, seed: 7}\n"
-            "run: {batch_size: 2}\n"
-            "lm_head: {chunk_rows: 24}\n",
-            TKD_DT_LLAMA, tok);
-    fclose(f);
-    return cfg_path;
-}
-
-/* One test's files: a temp dir with setup()'s config, the cache under test <dir>/out and, for the
+/* One test's files: a temp dir with the config (18 windows of 16 tokens in shards of 4, batches
+ * of 2, k 8, 3 tail draws), the cache under test <dir>/out and, for the
  * tests that compare against one, the reference cache <dir>/ref. */
 typedef struct cli_case {
     char *dir;
@@ -111,7 +93,7 @@ static int run_out(const cli_case *c, const char *tag, const char *env, const ch
 static void case_begin(cli_case *c, const char *tag, int with_ref)
 {
     c->dir = tkd_test_mkdtemp(tag);
-    c->cfg = setup(c->dir);
+    c->cfg = tkd_dt_cli_config(c->dir, 11, ", tail_samples: 3, seed: 7");
     snprintf(c->ref_dir, sizeof c->ref_dir, "%s/ref", c->dir);
     snprintf(c->out_dir, sizeof c->out_dir, "%s/out", c->dir);
     snprintf(c->out, sizeof c->out, "output.dir=%s", c->out_dir);

@@ -184,6 +184,18 @@ void tkd_test_fill_logits(float *x, size_t n, tkd_test_fill f, uint64_t seed)
     }
 }
 
+tkd_kl_params tkd_test_kl_params(tkd_kl_variant var, double tau, double alpha, int k, int k_use, int s)
+{
+    tkd_kl_params p;
+    tkd_kl_params_defaults(&p, k);
+    p.variant = var;
+    p.temperature = (float)tau;
+    p.alpha = (float)alpha;
+    p.k_use = k_use;
+    p.s = s;
+    return p;
+}
+
 /* ---- child processes ------------------------------------------------------------------------- */
 
 pid_t tkd_test_spawn(const char *bin, const char *const *args, const char *env, const char *out_path)

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include "common/status.h"
+#include "kernels/kl_loss.h"
 
 /* Makes a fresh empty directory under $TMPDIR (or /tmp) named topkd-<tag>-XXXXXX; returns a
  * malloc'd path the caller frees (after tkd_test_rmtree). Aborts the test on failure. */
@@ -65,6 +66,9 @@ typedef enum tkd_test_fill {
 
 /* Fills x[0..n) with the contents f from seed. */
 void tkd_test_fill_logits(float *x, size_t n, tkd_test_fill f, uint64_t seed);
+
+/* KL loss parameters: the defaults for k stored columns, then the variant, τ, α, k_use and s. */
+tkd_kl_params tkd_test_kl_params(tkd_kl_variant var, double tau, double alpha, int k, int k_use, int s);
 
 /* ---- child processes ------------------------------------------------------------------------- */
 
