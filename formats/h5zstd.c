@@ -4,8 +4,17 @@
 #include <pthread.h>
 #include <zstd.h>
 
-/* HDF5 owns the chunk buffer: it must be reallocated with HDF5's allocator, because a plugin may
- * be linked against a different C runtime heap than the library that frees the buffer. */
+/* HDF5 owns the chunk buffer, so a new one must come from the allocator HDF5 frees with. In
+ * process that is H5allocate_memory. The loadable plugin is dlopened by whichever HDF5 the host
+ * has (h5dump's, or the copy bundled inside h5py): linking it against our libhdf5 would load a
+ * second HDF5 into that process, so it links none and uses malloc/free, which is what HDF5's
+ * allocator is on the platforms the plugin is built for (Linux, release builds of HDF5). */
+#ifdef TKD_H5ZSTD_PLUGIN
+#include <stdlib.h>
+#define H5allocate_memory(size, clear) malloc(size)
+#define H5free_memory(p) free(p)
+#define H5resize_memory(p, size) realloc(p, size)
+#endif
 static size_t h5zstd_replace_buf(void **buf, size_t *buf_size, void *out, size_t out_cap,
                                  size_t out_len)
 {
@@ -55,7 +64,12 @@ static size_t h5zstd_decompress_stream(size_t nbytes, size_t *buf_size, void **b
             break;
         }
         if (o.pos == o.size) {
-            out = H5resize_memory(out, cap * 2);
+            void *grown = H5resize_memory(out, cap * 2);
+            if (!grown) { /* keep `out` so it is freed below, not leaked */
+                ret = (size_t)-1;
+                break;
+            }
+            out = grown;
             cap *= 2;
         }
     }
