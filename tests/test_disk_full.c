@@ -141,7 +141,7 @@ static void assert_disk_full_msg(const char *path)
  * exit code, or 1000 + the signal that killed it. */
 static int run_dump(const char *cfg, const char *out, const char *err_path)
 {
-    char set[4300];
+    char set[4400];
     snprintf(set, sizeof set, "output.dir=%s", out);
     return tkd_test_run(BIN, (const char *[]){"-q", "--config", cfg, "--set", set, NULL}, NULL, err_path);
 }

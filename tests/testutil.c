@@ -23,7 +23,11 @@ char *tkd_test_mkdtemp(const char *tag)
     char *path = malloc(4096);
     if (!path)
         abort();
-    snprintf(path, 4096, "%s/topkd-%s-XXXXXX", base && *base ? base : "/tmp", tag);
+    int n = snprintf(path, 4096, "%s/topkd-%s-XXXXXX", base && *base ? base : "/tmp", tag);
+    if (n < 0 || n >= 4096) {
+        fprintf(stderr, "temp dir name for %s is too long\n", tag);
+        abort();
+    }
     if (!mkdtemp(path)) {
         perror(path);
         abort();
