@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/demo.sh — set up, build, then run the whole pipeline on the embedded default:
 #   1. the teacher: a small Llama trained on the Brown Corpus by student-train in CE-only mode
-#      (committed in data/demo-teacher/; --train-teacher trains it again, about 30 minutes);
+#      (committed in data/demo-teacher/; --train-teacher trains it again, about 20 minutes);
 #   2. teacher-dump: two caches of the same training windows, top-100 and top-20 + 80 tail draws,
 #      plus the same two for the validation windows;
 #   3. three students of one size, one init and one data order: CE only, KD on the top-100
@@ -31,7 +31,7 @@ if [ "$train_teacher" = 1 ] || [ ! -f data/demo-teacher/model.safetensors ]; the
   TOPKD_BIN=$bin ./scripts/make_demo_teacher.sh -q
 fi
 
-train_seqs=1024   # training windows of 64 tokens each the students see (one epoch)
+train_seqs=2048   # training windows of 64 tokens each the students see (one epoch of 128 steps)
 val_seqs=256      # validation windows every model is scored on
 echo "== 2. teacher-dump: caches of $train_seqs training and $val_seqs validation windows =="
 dump() { # name k tail_samples data max_sequences

@@ -2,7 +2,8 @@
 # scripts/make_demo_teacher.sh — trains the demo's teacher from scratch with student-train in
 # CE-only mode (configs/student-demo-teacher.yaml) and copies its weights to data/demo-teacher/
 # (config.json + model.safetensors, a Hugging Face checkpoint directory).
-# It takes about half an hour on two cores; scripts/demo.sh uses the committed result.
+# About 20 minutes on two cores (OMP_NUM_THREADS=1 when the machine is shared); scripts/demo.sh
+# uses the committed result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${TOPKD_BIN:-build/bin}
