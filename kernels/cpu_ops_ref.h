@@ -12,32 +12,56 @@
 
 #include <stdint.h>
 
-void tkd_ref_embedding_fwd(const int32_t *tok, int N, const double *emb, int D, double *out);
-void tkd_ref_embedding_bwd(const int32_t *tok, int N, const double *dout, int D, double *demb);
+/* Shapes as in cpu_ops.h; gradient outputs are added into (+=). */
+void tkd_ref_embedding_fwd(const int32_t *tok, // (N)
+                           int N, const double *emb, // (V, D)
+                           int D, double *out);      // (N, D)
+void tkd_ref_embedding_bwd(const int32_t *tok, // (N)
+                           int N, const double *dout, // (N, D)
+                           int D, double *demb);      // (V, D) +=
 
-void tkd_ref_rmsnorm_fwd(const double *x, const double *w, int N, int D, double eps, double *y,
-                         double *rstd);
-void tkd_ref_rmsnorm_bwd(const double *dy, const double *x, const double *w, const double *rstd,
-                         int N, int D, double *dx, double *dw);
+void tkd_ref_rmsnorm_fwd(const double *x, // (N, D)
+                         const double *w, // (D)
+                         int N, int D, double eps, double *y, // (N, D)
+                         double *rstd);                      // (N)
+void tkd_ref_rmsnorm_bwd(const double *dy,   // (N, D)
+                         const double *x,    // (N, D)
+                         const double *w,    // (D)
+                         const double *rstd, // (N) from the forward
+                         int N, int D, double *dx, // (N, D) +=
+                         double *dw);              // (D) +=
 
-void tkd_ref_linear_fwd(const double *x, const double *w, const double *b, int N, int K, int M,
-                        int accumulate, double *y);
-void tkd_ref_linear_bwd(const double *dy, const double *x, const double *w, int N, int K, int M,
-                        double *dx, double *dw, double *db);
+void tkd_ref_linear_fwd(const double *x, // (N, K)
+                        const double *w, // (M, K)
+                        const double *b, // (M) or NULL
+                        int N, int K, int M, int accumulate, double *y); // (N, M)
+void tkd_ref_linear_bwd(const double *dy, // (N, M)
+                        const double *x,  // (N, K)
+                        const double *w,  // (M, K)
+                        int N, int K, int M, double *dx, // (N, K) +=
+                        double *dw,                      // (M, K) +=
+                        double *db);                     // (M) +=
 
-void tkd_ref_rope_fwd(double *x, int N, int T, int nh, int dh, const float *cos_t,
-                      const float *sin_t);
-void tkd_ref_rope_bwd(double *dx, int N, int T, int nh, int dh, const float *cos_t,
-                      const float *sin_t);
+/* cos_t, sin_t: (T, dh / 2) from tkd_cpu_rope_table. */
+void tkd_ref_rope_fwd(double *x, // (N, nh, dh) in place
+                      int N, int T, int nh, int dh, const float *cos_t, const float *sin_t);
+void tkd_ref_rope_bwd(double *dx, // (N, nh, dh) in place
+                      int N, int T, int nh, int dh, const float *cos_t, const float *sin_t);
 
-void tkd_ref_attn_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
-                      int Hkv, int dh, double *att, double *y);
-void tkd_ref_attn_bwd(const double *dy, const double *q, const double *k, const double *v,
-                      const double *att, int B, int T, int H, int Hkv, int dh, double *dq,
-                      double *dk, double *dv);
+void tkd_ref_attn_fwd(const double *q, // (B·T, H·dh) after RoPE
+                      const double *k, // (B·T, Hkv·dh) after RoPE
+                      const double *v, // (B·T, Hkv·dh)
+                      int B, int T, int H, int Hkv, int dh, double *att, // (B, H, T, T)
+                      double *y);                                       // (B·T, H·dh)
+void tkd_ref_attn_bwd(const double *dy, // (B·T, H·dh)
+                      const double *q, const double *k, const double *v,
+                      const double *att, // (B, H, T, T) from the forward
+                      int B, int T, int H, int Hkv, int dh, double *dq, // (B·T, H·dh) +=
+                      double *dk,                                       // (B·T, Hkv·dh) +=
+                      double *dv);                                      // (B·T, Hkv·dh) +=
 
-void tkd_ref_swiglu_fwd(const double *g, const double *u, int64_t n, double *h);
-void tkd_ref_swiglu_bwd(const double *dh, const double *g, const double *u, int64_t n, double *dg,
-                        double *du);
+void tkd_ref_swiglu_fwd(const double *g, const double *u, int64_t n, double *h); // (n) each
+void tkd_ref_swiglu_bwd(const double *dh, const double *g, const double *u, int64_t n,
+                        double *dg, double *du); // (n) each, +=
 
 #endif /* TKD_CPU_OPS_REF_H */
