@@ -52,7 +52,8 @@ void tkd_st_close(tkd_st_dir *d); /* NULL is a no-op */
  * The buffer is borrowed: it must outlive *out. Used by the fuzz harness and by tests. */
 tkd_status tkd_st_open_memory(const char *label, const void *buf, size_t size, tkd_st_dir **out);
 
-/* Finds a tensor by name; NULL when absent. */
+/* Finds a tensor by name; NULL when absent; count/at walk all of them by index. The returned
+ * tensors are borrowed from d: valid until tkd_st_close(d). */
 const tkd_st_tensor *tkd_st_find(const tkd_st_dir *d, const char *name);
 int tkd_st_count(const tkd_st_dir *d);
 const tkd_st_tensor *tkd_st_at(const tkd_st_dir *d, int i);
@@ -63,7 +64,9 @@ tkd_status tkd_st_read_f32(const tkd_st_dir *d, const char *name, int ndim, cons
                            float *dst, size_t n);
 
 /* Writer: collects (name, shape, fp32 data) and writes one file in F32 or BF16, atomically
- * (temp file + fsync + rename). The data pointers must stay valid until tkd_st_writer_finish. */
+ * (temp file + fsync + rename). On success init gives *out to the caller, who releases it with
+ * tkd_st_writer_free (finish does not). add copies name and shape but borrows data: those
+ * pointers must stay valid until tkd_st_writer_finish. */
 typedef struct tkd_st_writer tkd_st_writer;
 tkd_status tkd_st_writer_init(tkd_st_writer **out, tkd_dtype dtype);
 tkd_status tkd_st_writer_add(tkd_st_writer *w, const char *name, int ndim, const int64_t *shape,
