@@ -120,7 +120,9 @@ tkd_status tkd_dump_config_text(const tkd_dump_config *cfg, char **out)
     if (!f)
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
     tkd_status st = tkd_config_print(&tkd_dump_schema, cfg, f);
-    fclose(f);
+    /* fclose is what sizes and terminates *out; if it fails the text may be cut short */
+    if (fclose(f) != 0 && st == TKD_OK)
+        st = tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
     if (st != TKD_OK) {
         free(*out);
         *out = NULL;
