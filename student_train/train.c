@@ -590,7 +590,9 @@ static tkd_status prepare_run_dir(trainer *tr)
     }
     tr->metrics = fopen(tr->metrics_path, o->resume ? "a" : "w");
     if (!tr->metrics)
-        return tkd_error_set(TKD_ERR_IO, "%s: cannot open for writing", tr->metrics_path);
+        return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO,
+                             "%s: cannot open the metrics file for writing: %s — check the run directory's "
+                             "permissions and free space", tr->metrics_path, strerror(errno));
     return tkd_loader_seek(tr->train, tr->st.epoch, tr->st.offset);
 }
 
@@ -732,6 +734,11 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     res->seconds = tr.t0 > 0 ? now_s() - tr.t0 : 0;
     snprintf(res->run_path, sizeof res->run_path, "%s", tr.run);
     /* keep the message of the first failure while the buffers are released */
+    /* every line was flushed and checked; a failing close can still lose the last ones (NFS) */
+    if (tr.metrics && fclose(tr.metrics) != 0 && st == TKD_OK)
+        st = tkd_error_set(TKD_ERR_IO, "%s: closing the metrics file failed: %s — its last lines may be missing",
+                           tr.metrics_path, strerror(errno));
+    tr.metrics = NULL;
     char msg[TKD_ERROR_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", tkd_error_msg());
     trainer_free(&tr);
