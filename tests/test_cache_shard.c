@@ -353,7 +353,9 @@ static void test_bytes_per_token(void **state)
     double bpt = tkd_cache_bytes_per_token(e.bytes, e.num_seq, id.seq_len);
     printf("  shard of 16 x 64 tokens, k = 32 half: %.1f bytes/token stored, %.0f raw\n", bpt,
            tkd_cache_raw_bytes_per_token(&id));
-    assert_true(bpt > 0 && bpt < tkd_cache_raw_bytes_per_token(&id) * 1.2);
+    /* observed 65 of 196 raw; a shard whose datasets went uncompressed would store the raw bytes plus
+     * HDF5's overhead (>= 196), so 0.6 of raw leaves a margin and still catches a missing filter */
+    assert_true(bpt > 0 && bpt < tkd_cache_raw_bytes_per_token(&id) * 0.6);
     tkd_test_rmtree(dir);
     free(dir);
 }

@@ -359,6 +359,93 @@ static void test_ref_ce_only(void **state)
     kcase_free(&c);
 }
 
+/* Every variant at k' < k, τ ≠ 1 and 0 < alpha < 1, against docs/loss.md's formulas written out here
+ * per row from the cache columns (no dense target vector, no shared helper): the cases above pin the
+ * reference only at k' = k (or k = V), alpha ∈ {0, 1}, so a reference that used all k stored columns,
+ * mixed alpha the wrong way round or normalised `renorm` over the wrong set would pass them and, the
+ * chunked paths being checked against it, take every fast path along. */
+static void test_ref_matches_doc_formulas_kprime_lt_k(void **state)
+{
+    (void)state;
+    enum { N = 11, D = 5, V = 23, K = 6, KU = 4, S = 4 };
+    const double tau = 2.0, alpha = 0.3;
+    kcase c = kcase_make(N, D, V, K, S, tau, 61); /* draws 0 and 2 of each row repeat */
+    for (int var = 0; var < 3; var++) {
+        double kd_sum = 0.0, ce_sum = 0.0;
+        int kept = 0;
+        for (int64_t i = 0; i < N; i++) {
+            if (c.labels[i] == -100)
+                continue;
+            double sv[V], lse_z = -INFINITY, lse_s = -INFINITY;
+            for (int j = 0; j < V; j++) {
+                sv[j] = 0.0;
+                for (int e = 0; e < D; e++)
+                    sv[j] += (double)c.h[i * D + e] * c.w[j * D + e];
+            }
+            double mz = -INFINITY, ms = -INFINITY, ez = 0.0, es = 0.0;
+            for (int j = 0; j < V; j++)
+                mz = fmax(mz, sv[j] / tau), ms = fmax(ms, sv[j]);
+            for (int j = 0; j < V; j++)
+                ez += exp(sv[j] / tau - mz), es += exp(sv[j] - ms);
+            lse_z = mz + log(ez), lse_s = ms + log(es);
+            ce_sum += lse_s - sv[c.labels[i]];
+            const int32_t *I = c.idx + i * K;
+            const float *t = c.tl + i * K;
+            double kdz = 0.0;
+            if (var == TKD_KL_VARIANT_RENORM) {
+                double m = -INFINITY, e = 0.0;
+                for (int j = 0; j < KU; j++)
+                    m = fmax(m, t[j] / tau);
+                for (int j = 0; j < KU; j++)
+                    e += exp(t[j] / tau - m);
+                for (int j = 0; j < KU; j++) {
+                    double lp = t[j] / tau - m - log(e);
+                    kdz += exp(lp) * (lp - (sv[I[j]] / tau - lse_z));
+                }
+            } else {
+                double psum = 0.0, qsum = 0.0;
+                for (int j = 0; j < KU; j++) {
+                    double lp = t[j] / tau - c.lse[i], lq = sv[I[j]] / tau - lse_z;
+                    psum += exp(lp), qsum += exp(lq);
+                    if (var == TKD_KL_VARIANT_TAIL)
+                        kdz += exp(lp) * (lp - lq);
+                }
+                double r = fmax(0.0, 1.0 - psum);
+                assert_true(r > 0.05); /* a real tail, or the tail terms prove little */
+                if (var == TKD_KL_VARIANT_TAIL)
+                    kdz += r * (log(r) - log1p(-qsum));
+                else /* target_v = p_v·[v ∈ I] + r·#{d = v}/S, summed token by token */
+                    for (int v = 0; v < V; v++) {
+                        double tv = 0.0;
+                        for (int j = 0; j < KU; j++)
+                            if (I[j] == v)
+                                tv += exp(t[j] / tau - c.lse[i]);
+                        for (int q = 0; q < S; q++)
+                            if (c.draws[i * S + q] == v)
+                                tv += r / S;
+                        if (tv > 0.0)
+                            kdz += tv * (log(tv) - (sv[v] / tau - lse_z));
+                    }
+            }
+            kd_sum += tau * tau * kdz;
+            kept++;
+        }
+        tkd_kl_params p = tkd_test_kl_params((tkd_kl_variant)var, tau, alpha, K, KU, var == TKD_KL_VARIANT_SAMPLED ? S : 0);
+        grads g = ref_run(&c, &p);
+        double kd = kd_sum / kept, ce = ce_sum / kept, a = p.alpha; /* alpha as the params hold it: fp32 0.3 */
+        /* 1e-10: both sides are double arithmetic on the same fp32 inputs, differing only in the order of
+         * operations (and log1p(−Q) against lse_tail − lse_z), ~1e-15 relative on values of order 1 */
+        if (!tkd_test_close(g.res.kd, kd, 1e-10, 1e-10) || !tkd_test_close(g.res.ce, ce, 1e-10, 1e-10) ||
+            !tkd_test_close(g.res.loss, a * kd + (1 - a) * ce, 1e-10, 1e-10))
+            fail_msg("%s: ref kd %.12g ce %.12g loss %.12g, formulas %.12g %.12g %.12g", tkd_kl_variant_name(p.variant),
+                     g.res.kd, g.res.ce, g.res.loss, kd, ce, a * kd + (1 - a) * ce);
+        assert_int_equal(g.res.n_kept, kept);
+        assert_true(kd > 0.1 && fabs(kd - ce) > 0.1); /* alpha's two sides are distinguishable */
+        grads_free(&g);
+    }
+    kcase_free(&c);
+}
+
 /* ---- validation ---------------------------------------------------------------------- */
 
 static void expect_format_error(const tkd_kl_params *p, const tkd_kl_batch *b, const char *what)
@@ -693,6 +780,7 @@ int main(void)
         cmocka_unit_test(test_ref_tail_exact_when_tail_has_student_shape),
         cmocka_unit_test(test_ref_sampled_expectation_is_dense),
         cmocka_unit_test(test_ref_ce_only),
+        cmocka_unit_test(test_ref_matches_doc_formulas_kprime_lt_k),
         cmocka_unit_test(test_validate_errors),
         cmocka_unit_test(test_chunked_matches_ref_grid),
         cmocka_unit_test(test_chunked_small_shapes),

@@ -116,6 +116,12 @@ static void test_top1_agreement_rises(void **state)
     printf("  top-1 agreement %.3f at init -> %.3f after 60 steps (val KD %.4f -> %.4f)\n", r0.top1_agree,
            r1.top1_agree, r0.val_kd, r1.val_kd);
     assert_true(r0.top1_agree >= 0 && r0.top1_agree <= 1);
+    /* The untrained student (init std 0.02, D = 32: logits of std ~0.1) is nearly uniform, so its
+     * validation CE is ln 96 = 4.564 nats plus ~var/2 = 0.006; 0.05 catches a CE summed over tokens,
+     * taken in bits (6.58) or on the wrong distribution, and perplexity must be its exp. */
+    assert_true(fabs(r0.val_ce - log(96.0)) < 0.05);
+    assert_true(tkd_test_close(r0.val_ppl, exp(r0.val_ce), 0, 1e-12));
+    assert_true(r0.val_loss == r0.val_kd); /* alpha = 1: the loss is the KD alone */
     assert_true(r1.top1_agree >= r0.top1_agree + 0.3);
     assert_true(r1.val_kd < r0.val_kd);
 }
@@ -177,9 +183,25 @@ static void test_resume_is_bit_exact(void **state)
     free(mb);
     assert_true(ra.train_loss == rb.train_loss); /* the doubles themselves, not their print */
     assert_true(ra.val_loss == rb.val_loss);
-    double losses[16];
+    double losses[16], kds[16], ces[16], ppl[16];
     assert_int_equal(tkd_test_metrics(b, "train", "loss", losses, 16), 12);
+    assert_int_equal(tkd_test_metrics(b, "train", "kd", kds, 16), 12);
+    assert_int_equal(tkd_test_metrics(b, "train", "ce", ces, 16), 12);
+    /* every logged loss is alpha·KD + (1 − alpha)·CE of its own KD and CE: 1e-7 relative covers the
+     * %.9g print (5e-9 each) and alpha held as fp32 0.7 (1.2e-8 of |KD − CE|); a swapped or missing
+     * weight is off by ~10% */
+    for (int i = 0; i < 12; i++) {
+        assert_true(kds[i] > 0 && ces[i] > 0 && fabs(kds[i] - ces[i]) > 0.05 * ces[i]);
+        assert_true(tkd_test_close(losses[i], 0.7 * kds[i] + 0.3 * ces[i], 0, 1e-7));
+    }
     assert_int_equal(tkd_test_metrics(b, "eval", "val_loss", losses, 16), 3); /* steps 4, 8 and the end */
+    assert_int_equal(tkd_test_metrics(b, "eval", "val_kd", kds, 16), 3);
+    assert_int_equal(tkd_test_metrics(b, "eval", "val_ce", ces, 16), 3);
+    assert_int_equal(tkd_test_metrics(b, "eval", "val_ppl", ppl, 16), 3);
+    for (int i = 0; i < 3; i++) {
+        assert_true(tkd_test_close(losses[i], 0.7 * kds[i] + 0.3 * ces[i], 0, 1e-7));
+        assert_true(tkd_test_close(ppl[i], exp(ces[i]), 0, 1e-7));
+    }
 }
 
 /* The checkpoint: an HF directory tkd_model_load_hf reads, the optimizer moments and the state,
