@@ -3,7 +3,6 @@
  * checkpoints until the step budget, an error, a NaN or a signal ends it. */
 #include "student_train/train.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -60,8 +59,6 @@ typedef struct eval_stats {
     double loss, kd, ce, top1;
     int64_t rows;
 } eval_stats;
-
-static double now_s(void) { return tkd_progress_now(); }
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
@@ -507,7 +504,7 @@ static tkd_status metrics_flush(trainer *tr)
 
 static tkd_status log_train(trainer *tr, const step_stats *ss)
 {
-    double el = now_s() - tr->t0;
+    double el = tkd_progress_now() - tr->t0;
     fprintf(tr->metrics, "{\"type\": \"train\", \"step\": %" PRId64 ", \"tokens\": %" PRId64, tr->st.step,
             tr->st.tokens_seen);
     json_num(tr->metrics, "loss", ss->loss);
@@ -698,11 +695,9 @@ static void trainer_free(trainer *tr)
 
 static tkd_status pick_device(const tkd_train_config *c)
 {
-    tkd_device got;
     if (c->device == TKD_DEVICE_CUDA)
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
                              "device: cuda — the student's GPU backend is not built yet; use device: cpu (or auto)");
-    TKD_TRY(tkd_backend_resolve(TKD_DEVICE_CPU, &got));
     if (c->device == TKD_DEVICE_AUTO && tkd_backend_cuda_devices() > 0)
         tkd_log_info("device: a GPU answers, but the student's GPU backend is not built yet: training on the CPU");
     return TKD_OK;
@@ -719,7 +714,7 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     if (st == TKD_OK) st = build_optimizer(&tr);
     if (st == TKD_OK) st = prepare_run_dir(&tr);
     if (st == TKD_OK) {
-        tr.t0 = now_s();
+        tr.t0 = tkd_progress_now();
         tr.tokens0 = tr.st.tokens_seen;
         /* the rate and ETA are about this run: steps before a resume are not counted */
         tr.step0 = tr.st.step;
@@ -731,7 +726,7 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     }
     res->steps = tr.st.step;
     res->tokens = tr.st.tokens_seen;
-    res->seconds = tr.t0 > 0 ? now_s() - tr.t0 : 0;
+    res->seconds = tr.t0 > 0 ? tkd_progress_now() - tr.t0 : 0;
     snprintf(res->run_path, sizeof res->run_path, "%s", tr.run);
     /* keep the message of the first failure while the buffers are released */
     /* every line was flushed and checked; a failing close can still lose the last ones (NFS) */
