@@ -70,3 +70,29 @@ void tkd_error_copy(tkd_status st, const char *msg)
     (void)st;
     snprintf(tkd_errbuf, sizeof tkd_errbuf, "%s", msg ? msg : "");
 }
+
+tkd_status tkd_error_hint(tkd_status st, const char *fmt, ...)
+{
+    size_t n = strnlen(tkd_errbuf, sizeof tkd_errbuf - 1);
+    /* " — " is 5 bytes in UTF-8; a message already at the limit keeps its own text. */
+    if (n + 6 >= sizeof tkd_errbuf)
+        return st;
+    memcpy(tkd_errbuf + n, " \xe2\x80\x94 ", 5);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tkd_errbuf + n + 5, sizeof tkd_errbuf - n - 5, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void tkd_error_save(tkd_error_saved *s, tkd_status st)
+{
+    s->st = st;
+    snprintf(s->msg, sizeof s->msg, "%s", tkd_errbuf);
+}
+
+tkd_status tkd_error_restore(const tkd_error_saved *s)
+{
+    snprintf(tkd_errbuf, sizeof tkd_errbuf, "%s", s->msg);
+    return s->st;
+}

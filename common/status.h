@@ -46,6 +46,19 @@ void tkd_error_clear(void);
 /* Copies another thread's message in (a worker hands its error to the main thread). */
 void tkd_error_copy(tkd_status st, const char *msg);
 
+/* Appends " — <hint>" to the calling thread's message (what to do next) and returns st. Use it
+ * instead of saving the message and re-setting it around the hint. */
+tkd_status tkd_error_hint(tkd_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A message kept across cleanup code that may set messages of its own (closing files, removing a
+ * temp dir): tkd_error_save() before the cleanup, tkd_error_restore() after it. */
+typedef struct tkd_error_saved {
+    tkd_status st;
+    char msg[1024]; /* TKD_ERROR_MSG_MAX, defined below */
+} tkd_error_saved;
+void tkd_error_save(tkd_error_saved *s, tkd_status st);
+tkd_status tkd_error_restore(const tkd_error_saved *s); /* puts the message back, returns s->st */
+
 /* Evaluates expr; on a non-zero status returns it from the enclosing function. */
 #define TKD_TRY(expr)                        \
     do {                                     \

@@ -23,6 +23,27 @@ static void test_error_set_and_prefix(void **state)
     assert_string_equal(tkd_error_msg(), "");
 }
 
+static void test_error_hint_and_save(void **state)
+{
+    (void)state;
+    tkd_error_set(TKD_ERR_CHECKSUM, "shard-00001.h5: checksum mismatch");
+    assert_int_equal(tkd_error_hint(TKD_ERR_CHECKSUM, "re-run teacher-dump %s", "cfg.yaml"), TKD_ERR_CHECKSUM);
+    assert_string_equal(tkd_error_msg(), "shard-00001.h5: checksum mismatch \xe2\x80\x94 re-run teacher-dump cfg.yaml");
+    tkd_error_saved keep;
+    tkd_error_save(&keep, TKD_ERR_CHECKSUM);
+    tkd_error_set(TKD_ERR_IO, "cleanup said something else");
+    assert_int_equal(tkd_error_restore(&keep), TKD_ERR_CHECKSUM);
+    assert_string_equal(tkd_error_msg(), "shard-00001.h5: checksum mismatch \xe2\x80\x94 re-run teacher-dump cfg.yaml");
+    /* a message at the limit keeps its own text rather than a cut hint */
+    char big[TKD_ERROR_MSG_MAX];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    tkd_error_set(TKD_ERR_IO, "%s", big);
+    tkd_error_hint(TKD_ERR_IO, "hint");
+    assert_int_equal(strlen(tkd_error_msg()), TKD_ERROR_MSG_MAX - 1);
+    assert_null(strstr(tkd_error_msg(), "hint"));
+}
+
 static void test_half_roundtrip_exhaustive(void **state)
 {
     (void)state;
@@ -44,6 +65,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_set_and_prefix),
+        cmocka_unit_test(test_error_hint_and_save),
         cmocka_unit_test(test_half_roundtrip_exhaustive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
