@@ -8,6 +8,10 @@
 #ifndef TKD_STATUS_H
 #define TKD_STATUS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum tkd_status {
     TKD_OK = 0,
     TKD_ERR_INVALID_ARG = -1,  /* caller passed something meaningless */
@@ -68,5 +72,9 @@ tkd_status tkd_error_restore(const tkd_error_saved *s); /* puts the message back
     } while (0)
 
 #define TKD_ERROR_MSG_MAX 1024
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_STATUS_H */

@@ -1,15 +1,133 @@
-/* backend.h — which compute backend runs: CPU always, CUDA when built in and a GPU answers.
- * The same binary serves both; `device: auto` picks CUDA when tkd_backend_cuda_devices() > 0. */
+/* backend.h — the one seam between the model and the hardware.
+ *
+ * model/ writes the architecture once and reaches every op through a tkd_backend: a table of op
+ * entry points plus device memory and copies, implemented twice in kernels/ — the CPU (fp32, the
+ * reference that every test holds the others to: backend_cpu.c over cpu_ops.h) and CUDA (bf16
+ * compute with fp32 accumulation: backend_cuda.c over ops_cuda.h, attn_cuda.h, topk_cuda.h).
+ * The tools open a backend once (tkd_backend_open, the one place `device: auto` is resolved) and
+ * name no backend's functions.
+ *
+ * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
+ * CUDA) unless its comment says host. Three element types appear in the signatures:
+ *   act  — activations and weights: be->act_size bytes (4 = fp32 on the CPU, 2 = bf16 on CUDA);
+ *   f32  — the residual stream, RMSNorm's rstd, RoPE tables, attention's saved statistics;
+ *   i32  — token ids.
+ * Ops are asynchronous on the backend's compute stream (CPU: synchronous); copies to the host
+ * and tkd_backend_sync order with it. Errors: TKD_ERR_DEVICE for a failed launch, TKD_ERR_DEVICE_OOM
+ * from alloc with a message saying how much was asked and what to lower.
+ *
+ * Layouts as kernels/cpu_ops.h: rows are N = B·T tokens, row n = (b = n / T, t = n % T); heads
+ * packed along the row, q (N, H·dh), k and v (N, Hkv·dh), query head h reads kv head h / (H / Hkv).
+ * Linear weights in the Hugging Face layout W (M out, K in). Backward ops ADD into gradients.
+ */
 #ifndef TKD_BACKEND_H
 #define TKD_BACKEND_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/device.h"
 #include "common/status.h"
 
-typedef enum tkd_device {
-    TKD_DEVICE_AUTO = 0,
-    TKD_DEVICE_CPU = 1,
-    TKD_DEVICE_CUDA = 2,
-} tkd_device;
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tkd_backend tkd_backend;
+
+/* The LM head + top-k consumer's arguments (teacher-dump): per row the top-k ids and raw logits
+ * of hidden · Wᵀ, the log-sum-exp at tau over the full vocabulary, and S tail draws (when S > 0)
+ * keyed by (seed, row_seq[r], row_pos[r]) as kernels/tail_sample.h defines them. Outputs are HOST
+ * memory (pinned when allocated with host_alloc), complete after tkd_backend_sync. */
+typedef struct tkd_lmhead_topk_args {
+    const void *hidden;      // (rows, D) act, backend memory
+    const void *w;           // (V, D) act, backend memory
+    int64_t rows;
+    int d;
+    int64_t v;
+    int k;
+    float tau;
+    int s;                   /* tail draws per row; 0 = none */
+    uint64_t seed;
+    const int64_t *row_seq;  // (rows) host: each row's sequence index (tail draws' key)
+    const int32_t *row_pos;  // (rows) host: each row's position
+    uint32_t *idx;           // (rows, k) host out
+    float *val;              // (rows, k) host out
+    float *lse;              // (rows) host out
+    uint32_t *tail;          // (rows, s) host out, or NULL when s == 0
+} tkd_lmhead_topk_args;
+
+typedef struct tkd_backend_ops {
+    /* ---- memory ---- */
+    tkd_status (*alloc)(tkd_backend *be, size_t bytes, const char *what, void **out); /* zeroed */
+    void (*free)(tkd_backend *be, void *p);                                            /* NULL ok */
+    tkd_status (*host_alloc)(tkd_backend *be, size_t bytes, void **out); /* pinned on CUDA */
+    void (*host_free)(tkd_backend *be, void *p);
+    tkd_status (*upload)(tkd_backend *be, void *dst, const void *src_host, size_t bytes);
+    tkd_status (*download)(tkd_backend *be, void *dst_host, const void *src, size_t bytes);
+    tkd_status (*upload_f32)(tkd_backend *be, void *dst_act, const float *src_host, size_t n);
+    tkd_status (*download_f32)(tkd_backend *be, float *dst_host, const void *src_act, size_t n);
+    tkd_status (*memset0)(tkd_backend *be, void *p, size_t bytes);
+    tkd_status (*sync)(tkd_backend *be); /* waits for all enqueued work; reports its errors */
+
+    /* ---- forward ---- */
+    /* x[n] = emb[tok[n]] */
+    tkd_status (*embedding_fwd)(tkd_backend *be, const int32_t *tok, int N, // (N) i32
+                                const void *emb, int D,                      // (V, D) act
+                                float *x);                                   // (N, D) f32
+    /* y = w · x · rstd, rstd = 1/sqrt(mean(x²) + eps); rstd may be NULL */
+    tkd_status (*rmsnorm_fwd)(tkd_backend *be, const float *x, // (N, D) f32
+                              const void *w, int N, int D, float eps, // (D) act
+                              void *y, float *rstd);                  // (N, D) act, (N) f32
+    /* x_out = x_in + branch, then y = rmsnorm(x_out) (x_out may equal x_in) */
+    tkd_status (*add_rmsnorm_fwd)(tkd_backend *be, const float *x_in, // (N, D) f32
+                                  const void *branch,                 // (N, D) act
+                                  float *x_out,                       // (N, D) f32
+                                  const void *w, int N, int D, float eps, // (D) act
+                                  void *y, float *rstd);                  // (N, D) act, (N) f32
+    /* y = x Wᵀ + b; b may be NULL */
+    tkd_status (*linear_fwd)(tkd_backend *be, const void *x, // (N, K) act
+                             const void *w, const void *b,    // (M, K) act, (M) act
+                             int N, int K, int M, void *y);   // (N, M) act
+    /* RoPE (rotate-half) on q and k in place, position t = n % T, tables (T, dh/2) f32 */
+    tkd_status (*rope_fwd)(tkd_backend *be, void *q, void *k, // (N, H·dh), (N, Hkv·dh) act
+                           int N, int T, int H, int Hkv, int dh, const float *cos_t,
+                           const float *sin_t);
+    /* causal GQA attention, scale 1/sqrt(dh); saved (attn_saved_bytes) keeps what backward needs
+     * (CPU: probabilities (B, H, T, T); CUDA: log-sum-exps (B, H, T)) */
+    tkd_status (*attn_fwd)(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T,
+                           int H, int Hkv, int dh, void *y, // (B·T, H·dh) act
+                           void *saved);
+    size_t (*attn_saved_bytes)(const tkd_backend *be, int B, int T, int H);
+    /* h = silu(g) · u */
+    tkd_status (*swiglu_fwd)(tkd_backend *be, const void *g, const void *u, int64_t n, void *h);
+
+    /* ---- backward (NULL where the backend has none yet: training then is refused) ---- */
+    tkd_status (*embedding_bwd)(tkd_backend *be, const int32_t *tok, int N, const float *dx, int D,
+                                float *demb); // (V, D) f32 +=
+    tkd_status (*rmsnorm_bwd)(tkd_backend *be, const void *dy, const float *x, const void *w,
+                              const float *rstd, int N, int D, float *dx, float *dw); // +=
+    tkd_status (*linear_bwd)(tkd_backend *be, const void *dy, const void *x, const void *w, int N,
+                             int K, int M, void *dx, float *dw, float *db); // +=
+    tkd_status (*rope_bwd)(tkd_backend *be, void *dq, void *dk, int N, int T, int H, int Hkv, int dh,
+                           const float *cos_t, const float *sin_t);
+    tkd_status (*attn_bwd)(tkd_backend *be, const void *dy, const void *q, const void *k,
+                           const void *v, const void *y, const void *saved, int B, int T, int H,
+                           int Hkv, int dh, void *dq, void *dk, void *dv); // +=
+    tkd_status (*swiglu_bwd)(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n,
+                             void *dg, void *du); // +=
+
+    /* ---- LM-head consumers ---- */
+    tkd_status (*lmhead_topk)(tkd_backend *be, const tkd_lmhead_topk_args *a);
+} tkd_backend_ops;
+
+struct tkd_backend {
+    tkd_device device;          /* TKD_DEVICE_CPU or TKD_DEVICE_CUDA, never AUTO */
+    const char *name;           /* "cpu" | "cuda" */
+    size_t act_size;            /* bytes of one act element: 4 (fp32) or 2 (bf16) */
+    const tkd_backend_ops *op;
+    void *impl;                 /* the implementation's own state */
+};
 
 /* 1 when this binary was built with the CUDA backend. */
 int tkd_backend_cuda_built(void);
@@ -20,8 +138,18 @@ int tkd_backend_cuda_devices(void);
 /* Resolves AUTO to CPU or CUDA; asking for CUDA where none answers is TKD_ERR_UNSUPPORTED. */
 tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got);
 
-/* Parses "auto" | "cpu" | "cuda"; -1 when unknown. And the reverse. */
-int tkd_device_parse(const char *name);
-const char *tkd_device_name(tkd_device d);
+/* Opens the backend for `want` (AUTO resolved here, the one place): the CPU one always exists;
+ * CUDA takes device `gpu` (a local rank) and makes its streams and handles. *out is owned by the
+ * caller (tkd_backend_close). */
+tkd_status tkd_backend_open(tkd_device want, int gpu, tkd_backend **out);
+void tkd_backend_close(tkd_backend *be); /* NULL is a no-op */
+
+/* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.c); use tkd_backend_open. */
+tkd_status tkd_backend_cpu_open(tkd_backend **out);
+tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_BACKEND_H */
