@@ -1,7 +1,7 @@
-/* backend.c — see backend.h. */
+/* backend.c — see backend.h: which backend runs, decided in one place. */
 #include "kernels/backend.h"
 
-#include <string.h>
+#include <stdlib.h>
 
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -38,9 +38,9 @@ tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got)
         *got = TKD_DEVICE_CPU;
     } else if (want == TKD_DEVICE_CUDA) {
         if (ngpu == 0)
-            return tkd_error_set(TKD_ERR_UNSUPPORTED, "device: cuda asked for, but %s",
+            return tkd_error_set(TKD_ERR_UNSUPPORTED, "device: cuda asked for, but %s — use device: cpu (or auto)",
                                  tkd_backend_cuda_built() ? "no GPU answers on this machine"
-                                                          : "this build has no CUDA backend");
+                                                          : "this build has no CUDA backend (nvcc was not found when it was built)");
         *got = TKD_DEVICE_CUDA;
     } else {
         *got = ngpu > 0 ? TKD_DEVICE_CUDA : TKD_DEVICE_CPU;
@@ -48,20 +48,26 @@ tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got)
     return TKD_OK;
 }
 
-int tkd_device_parse(const char *name)
+tkd_status tkd_backend_open(tkd_device want, int gpu, tkd_backend **out)
 {
-    if (strcmp(name, "auto") == 0) return TKD_DEVICE_AUTO;
-    if (strcmp(name, "cpu") == 0) return TKD_DEVICE_CPU;
-    if (strcmp(name, "cuda") == 0) return TKD_DEVICE_CUDA;
-    return -1;
+    *out = NULL;
+    tkd_device got;
+    TKD_TRY(tkd_backend_resolve(want, &got));
+    if (got == TKD_DEVICE_CPU)
+        return tkd_backend_cpu_open(out);
+#ifdef TKD_HAVE_CUDA
+    int n = tkd_backend_cuda_devices();
+    if (gpu < 0 || gpu >= n)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "device: GPU %d asked for, but %d answer%s", gpu, n,
+                             n == 1 ? "s" : "");
+    return tkd_backend_cuda_open(gpu, out);
+#else
+    return tkd_error_set(TKD_ERR_INTERNAL, "backend: CUDA resolved in a build without it");
+#endif
 }
 
-const char *tkd_device_name(tkd_device d)
+void tkd_backend_close(tkd_backend *be)
 {
-    switch (d) {
-    case TKD_DEVICE_AUTO: return "auto";
-    case TKD_DEVICE_CPU: return "cpu";
-    case TKD_DEVICE_CUDA: return "cuda";
-    }
-    return "?";
+    if (be)
+        be->op->close(be);
 }

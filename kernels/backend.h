@@ -47,6 +47,7 @@ typedef struct tkd_lmhead_topk_args {
     int64_t v;
     int k;
     float tau;
+    int chunk_rows;          /* rows of logits that exist at once (the backend keeps one chunk) */
     int s;                   /* tail draws per row; 0 = none */
     uint64_t seed;
     const int64_t *row_seq;  // (rows) host: each row's sequence index (tail draws' key)
@@ -58,6 +59,8 @@ typedef struct tkd_lmhead_topk_args {
 } tkd_lmhead_topk_args;
 
 typedef struct tkd_backend_ops {
+    void (*close)(tkd_backend *be); /* frees the backend itself (tkd_backend_close) */
+
     /* ---- memory ---- */
     tkd_status (*alloc)(tkd_backend *be, size_t bytes, const char *what, void **out); /* zeroed */
     void (*free)(tkd_backend *be, void *p);                                            /* NULL ok */

@@ -1,0 +1,288 @@
+/* backend_cpu.c — the CPU backend: fp32 everywhere, the ops of cpu_ops.h (OpenBLAS + OpenMP).
+ * It is the reference the CUDA backend is tested against; "device memory" is plain host memory,
+ * so a model's weights on this backend are its fp32 parameters themselves (no copy). */
+#include "kernels/backend.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/signals.h"
+#include "kernels/cpu_ops.h"
+#include "kernels/tail_sample.h"
+#include "kernels/topk.h"
+
+typedef struct cpu_impl {
+    float *logits;    // (chunk, V) scratch of the LM-head consumers, grown to the largest asked
+    size_t logits_n;
+    int64_t *row_seq; // (chunk) tail-draw keys of the chunk's rows
+    int32_t *row_pos; // (chunk)
+    size_t rows_n;
+} cpu_impl;
+
+static void cpu_close(tkd_backend *be)
+{
+    cpu_impl *c = be->impl;
+    free(c->logits);
+    free(c->row_seq);
+    free(c->row_pos);
+    free(c);
+    free(be);
+}
+
+static tkd_status cpu_alloc(tkd_backend *be, size_t bytes, const char *what, void **out)
+{
+    (void)be;
+    *out = calloc(1, bytes ? bytes : 1);
+    if (!*out)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory asking for %.1f MiB", what, bytes / 1048576.0);
+    return TKD_OK;
+}
+
+static void cpu_free(tkd_backend *be, void *p) { (void)be; free(p); }
+
+static tkd_status cpu_host_alloc(tkd_backend *be, size_t bytes, void **out)
+{
+    return cpu_alloc(be, bytes, "host buffer", out);
+}
+
+static tkd_status cpu_copy(tkd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes)
+        memmove(dst, src, bytes);
+    return TKD_OK;
+}
+
+static tkd_status cpu_copy_f32(tkd_backend *be, void *dst, const float *src, size_t n)
+{
+    return cpu_copy(be, dst, src, n * sizeof(float));
+}
+
+static tkd_status cpu_download_f32(tkd_backend *be, float *dst, const void *src, size_t n)
+{
+    return cpu_copy(be, dst, src, n * sizeof(float));
+}
+
+static tkd_status cpu_memset0(tkd_backend *be, void *p, size_t bytes)
+{
+    (void)be;
+    memset(p, 0, bytes);
+    return TKD_OK;
+}
+
+static tkd_status cpu_sync(tkd_backend *be) { (void)be; return TKD_OK; }
+
+/* ---- forward ---- */
+
+static tkd_status cpu_embedding_fwd(tkd_backend *be, const int32_t *tok, int N, const void *emb, int D, float *x)
+{
+    (void)be;
+    tkd_cpu_embedding_fwd(tok, N, emb, D, x);
+    return TKD_OK;
+}
+
+static tkd_status cpu_rmsnorm_fwd(tkd_backend *be, const float *x, const void *w, int N, int D, float eps, void *y,
+                                  float *rstd)
+{
+    (void)be;
+    tkd_cpu_rmsnorm_fwd(x, w, N, D, eps, y, rstd);
+    return TKD_OK;
+}
+
+static tkd_status cpu_add_rmsnorm_fwd(tkd_backend *be, const float *x_in, const void *branch, float *x_out,
+                                      const void *w, int N, int D, float eps, void *y, float *rstd)
+{
+    const float *br = branch;
+    int64_t n = (int64_t)N * D;
+#pragma omp parallel for if (n >= (1 << 16))
+    for (int64_t i = 0; i < n; i++)
+        x_out[i] = x_in[i] + br[i];
+    return cpu_rmsnorm_fwd(be, x_out, w, N, D, eps, y, rstd);
+}
+
+static tkd_status cpu_linear_fwd(tkd_backend *be, const void *x, const void *w, const void *b, int N, int K, int M,
+                                 void *y)
+{
+    (void)be;
+    tkd_cpu_linear_fwd(x, w, b, N, K, M, 0, y);
+    return TKD_OK;
+}
+
+static tkd_status cpu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, int H, int Hkv, int dh,
+                               const float *cos_t, const float *sin_t)
+{
+    (void)be;
+    tkd_cpu_rope_fwd(q, N, T, H, dh, cos_t, sin_t);
+    tkd_cpu_rope_fwd(k, N, T, Hkv, dh, cos_t, sin_t);
+    return TKD_OK;
+}
+
+static tkd_status cpu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H,
+                               int Hkv, int dh, void *y, void *saved)
+{
+    (void)be;
+    tkd_cpu_attn_fwd(q, k, v, B, T, H, Hkv, dh, saved, y);
+    return TKD_OK;
+}
+
+/* The CPU keeps the softmax probabilities (B, H, T, T): its backward reads them. */
+static size_t cpu_attn_saved_bytes(const tkd_backend *be, int B, int T, int H)
+{
+    (void)be;
+    return sizeof(float) * (size_t)B * (size_t)H * (size_t)T * (size_t)T;
+}
+
+static tkd_status cpu_swiglu_fwd(tkd_backend *be, const void *g, const void *u, int64_t n, void *h)
+{
+    (void)be;
+    tkd_cpu_swiglu_fwd(g, u, n, h);
+    return TKD_OK;
+}
+
+/* ---- backward ---- */
+
+static tkd_status cpu_embedding_bwd(tkd_backend *be, const int32_t *tok, int N, const float *dx, int D, float *demb)
+{
+    (void)be;
+    tkd_cpu_embedding_bwd(tok, N, dx, D, demb);
+    return TKD_OK;
+}
+
+static tkd_status cpu_rmsnorm_bwd(tkd_backend *be, const void *dy, const float *x, const void *w, const float *rstd,
+                                  int N, int D, float *dx, float *dw)
+{
+    (void)be;
+    tkd_cpu_rmsnorm_bwd(dy, x, w, rstd, N, D, dx, dw);
+    return TKD_OK;
+}
+
+static tkd_status cpu_linear_bwd(tkd_backend *be, const void *dy, const void *x, const void *w, int N, int K, int M,
+                                 void *dx, float *dw, float *db)
+{
+    (void)be;
+    tkd_cpu_linear_bwd(dy, x, w, N, K, M, dx, dw, db);
+    return TKD_OK;
+}
+
+static tkd_status cpu_rope_bwd(tkd_backend *be, void *dq, void *dk, int N, int T, int H, int Hkv, int dh,
+                               const float *cos_t, const float *sin_t)
+{
+    (void)be;
+    tkd_cpu_rope_bwd(dq, N, T, H, dh, cos_t, sin_t);
+    tkd_cpu_rope_bwd(dk, N, T, Hkv, dh, cos_t, sin_t);
+    return TKD_OK;
+}
+
+static tkd_status cpu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v,
+                               const void *y, const void *saved, int B, int T, int H, int Hkv, int dh, void *dq,
+                               void *dk, void *dv)
+{
+    (void)be;
+    (void)y;
+    tkd_cpu_attn_bwd(dy, q, k, v, saved, B, T, H, Hkv, dh, dq, dk, dv);
+    return TKD_OK;
+}
+
+static tkd_status cpu_swiglu_bwd(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n, void *dg,
+                                 void *du)
+{
+    (void)be;
+    tkd_cpu_swiglu_bwd(dh, g, u, n, dg, du);
+    return TKD_OK;
+}
+
+/* ---- LM-head consumers ---- */
+
+/* Grows the logits chunk and row keys to what a call needs (once per shape, never per chunk). */
+static tkd_status cpu_scratch(cpu_impl *c, int64_t rows, int64_t V)
+{
+    size_t need = (size_t)rows * (size_t)V;
+    if (need > c->logits_n) {
+        free(c->logits);
+        c->logits_n = 0;
+        if (!(c->logits = malloc(need * sizeof(float))))
+            return tkd_error_set(TKD_ERR_NOMEM, "lm_head.chunk_rows: out of memory for %lld x %lld logits — "
+                                 "lower lm_head.chunk_rows", (long long)rows, (long long)V);
+        c->logits_n = need;
+    }
+    if ((size_t)rows > c->rows_n) {
+        free(c->row_seq);
+        free(c->row_pos);
+        c->row_seq = malloc((size_t)rows * sizeof *c->row_seq);
+        c->row_pos = malloc((size_t)rows * sizeof *c->row_pos);
+        c->rows_n = c->row_seq && c->row_pos ? (size_t)rows : 0;
+        if (!c->rows_n)
+            return tkd_error_set(TKD_ERR_NOMEM, "lm_head: out of memory for %lld row keys", (long long)rows);
+    }
+    return TKD_OK;
+}
+
+static tkd_status cpu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a)
+{
+    cpu_impl *c = be->impl;
+    const float *H = a->hidden, *W = a->w;
+    int64_t C = a->chunk_rows < a->rows ? a->chunk_rows : a->rows;
+    TKD_TRY(cpu_scratch(c, C, a->v));
+    for (int64_t r0 = 0; r0 < a->rows; r0 += C) {
+        if (tkd_interrupted())
+            return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted");
+        int64_t n = a->rows - r0 < C ? a->rows - r0 : C;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)a->v, a->d, 1.0f, H + r0 * a->d, a->d, W,
+                    a->d, 0.0f, c->logits, (int)a->v);
+        uint32_t *idx = a->idx + r0 * a->k;
+        TKD_TRY(tkd_topk_cpu(c->logits, n, a->v, a->k, a->tau, idx, a->val + r0 * a->k, a->lse + r0));
+        if (a->s > 0)
+            TKD_TRY(tkd_tail_sample_cpu(c->logits, n, a->v, idx, a->k, a->tau, a->s, a->seed, a->row_seq + r0,
+                                        a->row_pos + r0, a->tail + r0 * a->s));
+    }
+    return TKD_OK;
+}
+
+static const tkd_backend_ops cpu_ops = {
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .upload_f32 = cpu_copy_f32,
+    .download_f32 = cpu_download_f32,
+    .memset0 = cpu_memset0,
+    .sync = cpu_sync,
+    .embedding_fwd = cpu_embedding_fwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
+    .linear_fwd = cpu_linear_fwd,
+    .rope_fwd = cpu_rope_fwd,
+    .attn_fwd = cpu_attn_fwd,
+    .attn_saved_bytes = cpu_attn_saved_bytes,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .embedding_bwd = cpu_embedding_bwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .linear_bwd = cpu_linear_bwd,
+    .rope_bwd = cpu_rope_bwd,
+    .attn_bwd = cpu_attn_bwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .lmhead_topk = cpu_lmhead_topk,
+};
+
+tkd_status tkd_backend_cpu_open(tkd_backend **out)
+{
+    *out = NULL;
+    tkd_backend *be = calloc(1, sizeof *be);
+    cpu_impl *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return tkd_error_set(TKD_ERR_NOMEM, "backend: out of memory");
+    }
+    be->device = TKD_DEVICE_CPU;
+    be->name = "cpu";
+    be->act_size = sizeof(float);
+    be->op = &cpu_ops;
+    be->impl = c;
+    *out = be;
+    return TKD_OK;
+}
