@@ -10,34 +10,38 @@
 
 #include "kernels/cpu_ops.h"
 
-/* One block's saved activations; in inference every block aliases the same set. */
+/* One block's saved activations (backend memory); in inference every block aliases one set.
+ * f32: the residual stream and rstd; act: everything the GEMMs read or write. */
 typedef struct layer_acts {
-    float *x;     // (N, D) the block's residual input
-    float *n1;    // (N, D) rmsnorm(x)
+    float *x;     // (N, D) f32 the block's residual input
+    void *n1;     // (N, D) rmsnorm(x)
     float *rstd1; // (N)
-    float *q;     // (N, H·Dh) after RoPE
-    float *k;     // (N, Hkv·Dh) after RoPE
-    float *v;     // (N, Hkv·Dh)
-    float *att;   // (B, H, T, T) softmax probabilities
-    float *y;     // (N, H·Dh) attention output before o_proj
-    float *x2;    // (N, D) x + o_proj(y)
-    float *n2;    // (N, D) rmsnorm(x2)
+    void *q;      // (N, H·Dh) after RoPE
+    void *k;      // (N, Hkv·Dh) after RoPE
+    void *v;      // (N, Hkv·Dh)
+    void *att;    // the attention's saved state (backend->attn_saved_bytes)
+    void *y;      // (N, H·Dh) attention output before o_proj
+    void *ao;     // (N, D) o_proj(y)
+    float *x2;    // (N, D) f32 x + ao
+    void *n2;     // (N, D) rmsnorm(x2)
     float *rstd2; // (N)
-    float *gt;    // (N, F) gate_proj(n2)
-    float *up;    // (N, F) up_proj(n2)
-    float *hm;    // (N, F) silu(gt)·up
+    void *gt;     // (N, F) gate_proj(n2)
+    void *up;     // (N, F) up_proj(n2)
+    void *hm;     // (N, F) silu(gt)·up
+    void *mo;     // (N, D) down_proj(hm)
 } layer_acts;
 
 struct tkd_model_acts {
     int cap_b, cap_t, training; /* what the buffers are sized for */
-    float *buf;                 /* the one allocation every float view below points into */
-    int32_t *tokens;            // (cap_b·cap_t) copy of the last forward's tokens (embedding bwd)
-    layer_acts *layer;          // (L)
-    float *xl;                  // (N, D) residual after the last block
-    float *hidden;              // (N, D) final rmsnorm(xl)
+    void *buf;                  /* the one backend allocation every view below points into */
+    int32_t *tokens;            // (cap_b·cap_t) backend copy of the last forward's tokens
+    layer_acts *layer;          // (L) host array of views
+    float *xl;                  // (N, D) f32 residual after the last block
+    void *hidden;               // (N, D) final rmsnorm(xl)
     float *rstdf;               // (N)
     /* backward scratch (training only) */
-    float *dx, *dn, *dq, *dk, *dv, *dy, *dg, *du, *dh;
+    float *dx;                  // (N, D) f32
+    void *dn, *dq, *dk, *dv, *dy, *dg, *du, *dh;
     int b, t;                   /* shape of the last forward */
     int have_train_fwd;         /* a training forward happened since the last backward */
 };
@@ -98,92 +102,163 @@ static void build_layout(tkd_model *m)
     m->n_params = off;
 }
 
-/* Points the views of w at base, following m->info's order. */
-static void set_views(const tkd_model *m, float *base, tkd_model_weights *w)
+/* Points a weights struct's views at base (elements of esz bytes), following m->info's order.
+ * One body for the host fp32 views (params, grads) and the backend views (dparams). */
+#define SET_VIEWS(m, base, esz, w, ptr_t)                                                  \
+    do {                                                                                   \
+        const tkd_model_config *c_ = &(m)->cfg;                                            \
+        int i_ = 0;                                                                        \
+        char *b_ = (char *)(base);                                                         \
+        (w)->embed = (ptr_t)(b_ + (m)->info[i_++].offset * (esz));                        \
+        for (int l_ = 0; l_ < c_->num_hidden_layers; l_++) {                               \
+            ptr_t *f_[12];                                                                 \
+            layer_fields_##ptr_t(&(w)->layers[l_], f_);                                    \
+            for (int j_ = 0; j_ < 12; j_++) {                                              \
+                int bias_ = j_ == 2 || j_ == 4 || j_ == 6;                                 \
+                *f_[j_] = bias_ && !c_->attention_bias ? NULL                              \
+                                                       : (ptr_t)(b_ + (m)->info[i_++].offset * (esz)); \
+            }                                                                              \
+        }                                                                                  \
+        (w)->final_norm = (ptr_t)(b_ + (m)->info[i_++].offset * (esz));                   \
+        (w)->lm_head = c_->tie_word_embeddings ? (w)->embed                                \
+                                               : (ptr_t)(b_ + (m)->info[i_++].offset * (esz)); \
+    } while (0)
+
+typedef float *fptr;
+typedef const void *cvptr;
+
+/* A block's 12 tensor slots in storage order (q/k/v biases at 2, 4, 6). */
+static void layer_fields_fptr(tkd_layer_weights *L, fptr *f[12])
 {
-    const tkd_model_config *c = &m->cfg;
-    int i = 0;
-#define NEXT() (base + m->info[i++].offset)
-    w->embed = NEXT();
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        tkd_layer_weights *L = &w->layers[l];
-        L->attn_norm = NEXT();
-        L->wq = NEXT();
-        L->bq = c->attention_bias ? NEXT() : NULL;
-        L->wk = NEXT();
-        L->bk = c->attention_bias ? NEXT() : NULL;
-        L->wv = NEXT();
-        L->bv = c->attention_bias ? NEXT() : NULL;
-        L->wo = NEXT();
-        L->mlp_norm = NEXT();
-        L->wg = NEXT();
-        L->wu = NEXT();
-        L->wd = NEXT();
-    }
-    w->final_norm = NEXT();
-    w->lm_head = c->tie_word_embeddings ? w->embed : NEXT();
-#undef NEXT
+    fptr *a[12] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
+                   &L->wo, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
+    memcpy(f, a, sizeof a);
 }
 
-/* Allocates a model for cfg with zeroed parameters, no gradients, no activations. */
-static tkd_status model_create(const tkd_model_config *cfg, tkd_model **out)
+static void layer_fields_cvptr(tkd_layer_dweights *L, cvptr *f[12])
+{
+    cvptr *a[12] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
+                    &L->wo, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
+    memcpy(f, a, sizeof a);
+}
+
+static void set_views(const tkd_model *m, float *base, tkd_model_weights *w)
+{
+    SET_VIEWS(m, base, sizeof(float), w, fptr);
+}
+
+static void set_dviews(tkd_model *m)
+{
+    SET_VIEWS(m, m->dparams, m->be->act_size, &m->d, cvptr);
+}
+
+static tkd_status model_alloc_weights(tkd_model *m);
+
+/* Allocates a model for cfg on be (owned when own_be) with zeroed compute weights: on the CPU the
+ * fp32 params themselves, elsewhere backend memory and no host params. No gradients/activations. */
+static tkd_status model_create(const tkd_model_config *cfg, tkd_backend *be, int own_be, tkd_model **out)
 {
     *out = NULL;
-    TKD_TRY(tkd_model_config_validate(cfg));
-    if (cfg->head_dim % 2 != 0)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "head_dim %d: RoPE needs an even head_dim", cfg->head_dim);
-    tkd_model *m = calloc(1, sizeof *m);
-    if (!m)
-        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
+    tkd_status st = tkd_model_config_validate(cfg);
+    if (st == TKD_OK && cfg->head_dim % 2 != 0)
+        st = tkd_error_set(TKD_ERR_UNSUPPORTED, "head_dim %d: RoPE needs an even head_dim", cfg->head_dim);
+    tkd_model *m = st == TKD_OK ? calloc(1, sizeof *m) : NULL;
+    if (!m) {
+        if (own_be)
+            tkd_backend_close(be);
+        return st != TKD_OK ? st : tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
+    }
     m->cfg = *cfg;
+    m->be = be;
+    m->be_owned = own_be;
     int L = cfg->num_hidden_layers, half = cfg->head_dim / 2, P = cfg->max_position_embeddings;
     m->info = calloc((size_t)(3 + 15 * L), sizeof *m->info);
     m->w.layers = calloc((size_t)L, sizeof *m->w.layers);
     m->g.layers = calloc((size_t)L, sizeof *m->g.layers);
+    m->d.layers = calloc((size_t)L, sizeof *m->d.layers);
     m->rope_cos = malloc(sizeof(float) * (size_t)P * half);
     m->rope_sin = malloc(sizeof(float) * (size_t)P * half);
-    float *inv = malloc(sizeof(float) * (size_t)half);
-    if (m->info && m->w.layers && m->g.layers && m->rope_cos && m->rope_sin && inv) {
-        build_layout(m);
-        m->params = calloc(m->n_params, sizeof(float));
-    }
-    if (!m->params) {
-        free(inv);
+    if (!m->info || !m->w.layers || !m->g.layers || !m->d.layers || !m->rope_cos || !m->rope_sin) {
         tkd_model_free(m);
-        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for %zu parameters", m->n_params);
+        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
     }
-    set_views(m, m->params, &m->w);
-    tkd_cpu_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
-                          cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
-                          cfg->rope_original_max_pos, inv);
-    tkd_cpu_rope_table(inv, cfg->head_dim, P, m->rope_cos, m->rope_sin);
-    free(inv);
+    build_layout(m);
+    st = model_alloc_weights(m);
+    if (st != TKD_OK) {
+        tkd_model_free(m);
+        return st;
+    }
     *out = m;
     return TKD_OK;
 }
 
-static void free_acts(tkd_model_acts *a)
+/* The compute weights and RoPE tables: host params on the CPU (aliased by the backend views),
+ * one backend allocation elsewhere. */
+static tkd_status model_alloc_weights(tkd_model *m)
 {
+    const tkd_model_config *cfg = &m->cfg;
+    int half = cfg->head_dim / 2, P = cfg->max_position_embeddings;
+    size_t rope_n = (size_t)P * half;
+    float inv[1024];
+    if (half > (int)(sizeof inv / sizeof inv[0]))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "head_dim %d: at most 2048 is supported", cfg->head_dim);
+    tkd_cpu_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
+                          cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
+                          cfg->rope_original_max_pos, inv);
+    tkd_cpu_rope_table(inv, cfg->head_dim, P, m->rope_cos, m->rope_sin);
+    if (m->be->device == TKD_DEVICE_CPU) {
+        m->params = calloc(m->n_params, sizeof(float));
+        if (!m->params)
+            return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for %zu parameters", m->n_params);
+        set_views(m, m->params, &m->w);
+        m->dparams = m->params;
+        m->d_rope_cos = m->rope_cos;
+        m->d_rope_sin = m->rope_sin;
+    } else {
+        const tkd_backend_ops *op = m->be->op;
+        TKD_TRY(op->alloc(m->be, m->n_params * m->be->act_size, "model weights", &m->dparams));
+        TKD_TRY(op->alloc(m->be, 2 * rope_n * sizeof(float), "RoPE tables", (void **)&m->d_rope_cos));
+        m->d_rope_sin = m->d_rope_cos + rope_n;
+        TKD_TRY(op->upload(m->be, m->d_rope_cos, m->rope_cos, rope_n * sizeof(float)));
+        TKD_TRY(op->upload(m->be, m->d_rope_sin, m->rope_sin, rope_n * sizeof(float)));
+    }
+    set_dviews(m);
+    return TKD_OK;
+}
+
+static void free_acts(tkd_model *m)
+{
+    tkd_model_acts *a = m->acts;
     if (!a)
         return;
-    free(a->buf);
-    free(a->tokens);
+    m->be->op->free(m->be, a->buf);
+    m->be->op->free(m->be, a->tokens);
     free(a->layer);
     free(a);
+    m->acts = NULL;
 }
 
 void tkd_model_free(tkd_model *m)
 {
     if (!m)
         return;
+    if (m->be) {
+        free_acts(m);
+        if (m->dparams != m->params)
+            m->be->op->free(m->be, m->dparams);
+        if (m->d_rope_cos != m->rope_cos)
+            m->be->op->free(m->be, m->d_rope_cos);
+        if (m->be_owned)
+            tkd_backend_close(m->be);
+    }
     free(m->params);
     free(m->grads);
     free(m->info);
     free(m->w.layers);
     free(m->g.layers);
+    free(m->d.layers);
     free(m->rope_cos);
     free(m->rope_sin);
-    free_acts(m->acts);
     free(m);
 }
 
@@ -195,35 +270,90 @@ const tkd_param_info *tkd_model_params(const tkd_model *m, int *n)
 
 /* ---- random init -------------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s)
+/* splitmix64's output for state s (the state before the call is s - golden). */
+static uint64_t splitmix64_at(uint64_t s)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    uint64_t z = s;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-/* Box-Muller on two 53-bit uniforms in (0, 1): platform-independent up to libm's log/cos. */
-static double randn(uint64_t *s)
+/* The i-th normal of the stream that starts at seed: Box-Muller on the 2i+1-th and 2i+2-th
+ * splitmix64 outputs (53-bit uniforms in (0, 1)). The stream is counter-based, so any element can
+ * be drawn on its own: the same numbers in any order or thread split, on every machine up to
+ * libm's log/cos. */
+static double randn_at(uint64_t seed, uint64_t i)
 {
-    double u1 = ((splitmix64(s) >> 11) + 0.5) * 0x1p-53;
-    double u2 = ((splitmix64(s) >> 11) + 0.5) * 0x1p-53;
+    const uint64_t golden = 0x9e3779b97f4a7c15ull;
+    double u1 = ((splitmix64_at(seed + (2 * i + 1) * golden) >> 11) + 0.5) * 0x1p-53;
+    double u2 = ((splitmix64_at(seed + (2 * i + 2) * golden) >> 11) + 0.5) * 0x1p-53;
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* Fills tensor p into x (host fp32): norms 1, biases 0, the rest normal(0, std) drawn from the
+ * stream at *drawn (which advances only for drawn tensors). */
+static void init_tensor(const tkd_param_info *p, uint64_t seed, uint64_t *drawn, double std, float *x)
+{
+    int is_norm = strstr(p->name, "norm.weight") != NULL, is_bias = strstr(p->name, ".bias") != NULL;
+    if (is_norm || is_bias) {
+        for (size_t j = 0; j < p->numel; j++)
+            x[j] = is_norm ? 1.0f : 0.0f;
+        return;
+    }
+    uint64_t base = *drawn;
+#pragma omp parallel for schedule(static) if (p->numel >= 65536)
+    for (size_t j = 0; j < p->numel; j++)
+        x[j] = (float)(randn_at(seed, base + j) * std);
+    *drawn += p->numel;
+}
+
+/* Largest tensor, in elements: the staging buffer for backends whose memory is not the host's. */
+static size_t largest_tensor(const tkd_model *m)
+{
+    size_t n = 0;
+    for (int i = 0; i < m->n_info; i++)
+        n = m->info[i].numel > n ? m->info[i].numel : n;
+    return n;
+}
+
+static tkd_status init_weights(tkd_model *m, uint64_t seed)
+{
+    int on_host = m->be->device == TKD_DEVICE_CPU;
+    float *stage = on_host ? NULL : malloc(largest_tensor(m) * sizeof(float));
+    if (!on_host && !stage)
+        return tkd_error_set(TKD_ERR_NOMEM, "model: out of host memory for the init's staging buffer");
+    uint64_t drawn = 0;
+    tkd_status st = TKD_OK;
+    for (int i = 0; i < m->n_info && st == TKD_OK; i++) {
+        const tkd_param_info *p = &m->info[i];
+        float *x = on_host ? m->params + p->offset : stage;
+        init_tensor(p, seed, &drawn, m->cfg.initializer_range, x);
+        if (!on_host)
+            st = m->be->op->upload_f32(m->be, (char *)m->dparams + p->offset * m->be->act_size, x, p->numel);
+    }
+    free(stage);
+    return st;
+}
+
+tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be, tkd_model **out)
+{
+    TKD_TRY(model_create(cfg, be, 0, out));
+    tkd_status st = init_weights(*out, seed);
+    if (st != TKD_OK) {
+        tkd_model_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 tkd_status tkd_model_init_random(const tkd_model_config *cfg, uint64_t seed, tkd_model **out)
 {
-    TKD_TRY(model_create(cfg, out));
-    tkd_model *m = *out;
-    uint64_t s = seed;
-    for (int i = 0; i < m->n_info; i++) {
-        const tkd_param_info *p = &m->info[i];
-        float *x = m->params + p->offset;
-        int is_norm = strstr(p->name, "norm.weight") != NULL, is_bias = strstr(p->name, ".bias") != NULL;
-        for (size_t j = 0; j < p->numel; j++)
-            x[j] = is_norm ? 1.0f : is_bias ? 0.0f : (float)(randn(&s) * cfg->initializer_range);
-    }
-    return TKD_OK;
+    *out = NULL;
+    tkd_backend *be = NULL;
+    TKD_TRY(tkd_backend_cpu_open(&be));
+    TKD_TRY(model_create(cfg, be, 1, out));
+    return init_weights(*out, seed); /* cannot fail on the CPU */
 }
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
@@ -234,18 +364,37 @@ static int ignorable(const char *name)
     return strstr(name, "rotary_emb.inv_freq") != NULL;
 }
 
+/* Reads every tensor the layout lists (converted to fp32, then to the backend's act type through a
+ * staging buffer where the backend's memory is not the host's). */
+static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
+{
+    int on_host = m->be->device == TKD_DEVICE_CPU;
+    float *stage = on_host ? NULL : malloc(largest_tensor(m) * sizeof(float));
+    if (!on_host && !stage)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of host memory for the load's staging buffer", dir);
+    tkd_status rc = TKD_OK;
+    for (int i = 0; i < m->n_info && rc == TKD_OK; i++) {
+        const tkd_param_info *p = &m->info[i];
+        if (!tkd_st_find(st, p->name)) {
+            rc = tkd_error_set(TKD_ERR_NOT_FOUND,
+                               "%s: tensor '%s' is missing (config.json asks for it, shape (%lld%s%lld)); "
+                               "check the checkpoint matches its config",
+                               dir, p->name, (long long)p->shape[0], p->ndim == 2 ? ", " : "",
+                               p->ndim == 2 ? (long long)p->shape[1] : 0LL);
+            break;
+        }
+        float *x = on_host ? m->params + p->offset : stage;
+        rc = tkd_st_read_f32(st, p->name, p->ndim, p->shape, x, p->numel);
+        if (rc == TKD_OK && !on_host)
+            rc = m->be->op->upload_f32(m->be, (char *)m->dparams + p->offset * m->be->act_size, x, p->numel);
+    }
+    free(stage);
+    return rc;
+}
+
 static tkd_status load_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
 {
-    for (int i = 0; i < m->n_info; i++) {
-        const tkd_param_info *p = &m->info[i];
-        if (!tkd_st_find(st, p->name))
-            return tkd_error_set(TKD_ERR_NOT_FOUND,
-                                 "%s: tensor '%s' is missing (config.json asks for it, shape (%lld%s%lld)); "
-                                 "check the checkpoint matches its config",
-                                 dir, p->name, (long long)p->shape[0], p->ndim == 2 ? ", " : "",
-                                 p->ndim == 2 ? (long long)p->shape[1] : 0LL);
-        TKD_TRY(tkd_st_read_f32(st, p->name, p->ndim, p->shape, m->params + p->offset, p->numel));
-    }
+    TKD_TRY(read_tensors(m, dir, st));
     /* A tensor we would silently ignore means the config and the weights disagree (e.g. q/k/v
      * biases present but attention_bias false): refuse rather than compute something else. */
     for (int i = 0; i < tkd_st_count(st); i++) {
@@ -262,17 +411,23 @@ static tkd_status load_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
     return TKD_OK;
 }
 
-tkd_status tkd_model_load_hf(const char *dir, tkd_model **out)
+static tkd_status load_hf(const char *dir, tkd_backend *be, int own_be, tkd_model **out)
 {
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     tkd_model_config cfg;
-    TKD_TRY(tkd_hf_config_read(path, &cfg));
     tkd_st_dir *st = NULL;
-    TKD_TRY(tkd_st_open(dir, &st));
+    tkd_status rc = tkd_hf_config_read(path, &cfg);
+    if (rc == TKD_OK)
+        rc = tkd_st_open(dir, &st);
+    if (rc != TKD_OK) {
+        if (own_be)
+            tkd_backend_close(be);
+        return rc;
+    }
     tkd_model *m = NULL;
-    tkd_status rc = model_create(&cfg, &m);
+    rc = model_create(&cfg, be, own_be, &m);
     if (rc == TKD_OK)
         rc = load_tensors(m, dir, st);
     tkd_st_close(st);
@@ -284,8 +439,24 @@ tkd_status tkd_model_load_hf(const char *dir, tkd_model **out)
     return TKD_OK;
 }
 
+tkd_status tkd_model_load_hf(const char *dir, tkd_model **out)
+{
+    *out = NULL;
+    tkd_backend *be = NULL;
+    TKD_TRY(tkd_backend_cpu_open(&be));
+    return load_hf(dir, be, 1, out);
+}
+
+tkd_status tkd_model_load_hf_on(const char *dir, tkd_backend *be, tkd_model **out)
+{
+    return load_hf(dir, be, 0, out);
+}
+
 tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype)
 {
+    if (!m->params)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: this model has no host fp32 weights to save (an inference "
+                             "model on %s)", dir, m->be->name);
     if (dtype != TKD_DTYPE_F32 && dtype != TKD_DTYPE_BF16)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: checkpoints are written in F32 or BF16", dir);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -309,19 +480,21 @@ tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtyp
 
 /* ---- activations -------------------------------------------------------------------------- */
 
-/* Hands out n floats from buf at *off; with buf NULL only counts (sizing pass). */
-static float *take(float *buf, size_t *off, size_t n)
+/* Hands out n elements of esz bytes from buf at *off (64-byte aligned); with buf NULL only counts. */
+static void *take(char *buf, size_t *off, size_t n, size_t esz)
 {
-    float *p = buf ? buf + *off : NULL;
-    *off += n;
+    void *p = buf ? buf + *off : NULL;
+    *off += (n * esz + 63) / 64 * 64;
     return p;
 }
 
-/* Points a's views into buf (NULL: sizing pass) and returns the floats needed. a->layer must exist. */
-static size_t carve(const tkd_model_config *c, tkd_model_acts *a, float *buf, int B, int T, int training)
+/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed. a->layer must exist. */
+static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int T, int training)
 {
+    const tkd_model_config *c = &m->cfg;
     size_t N = (size_t)B * T, D = c->hidden_size, F = c->intermediate_size;
-    size_t Q = q_dim(c), KV = kv_dim(c), ATT = (size_t)B * c->num_attention_heads * T * T;
+    size_t Q = q_dim(c), KV = kv_dim(c), A = m->be->act_size, S = sizeof(float);
+    size_t att = m->be->op->attn_saved_bytes(m->be, B, T, c->num_attention_heads);
     size_t off = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *t = &a->layer[l];
@@ -329,35 +502,37 @@ static size_t carve(const tkd_model_config *c, tkd_model_acts *a, float *buf, in
             *t = a->layer[0]; /* inference: every block reuses one set */
             continue;
         }
-        t->x = take(buf, &off, N * D);
-        t->n1 = take(buf, &off, N * D);
-        t->rstd1 = take(buf, &off, N);
-        t->q = take(buf, &off, N * Q);
-        t->k = take(buf, &off, N * KV);
-        t->v = take(buf, &off, N * KV);
-        t->att = take(buf, &off, ATT);
-        t->y = take(buf, &off, N * Q);
-        t->x2 = take(buf, &off, N * D);
-        t->n2 = take(buf, &off, N * D);
-        t->rstd2 = take(buf, &off, N);
-        t->gt = take(buf, &off, N * F);
-        t->up = take(buf, &off, N * F);
-        t->hm = take(buf, &off, N * F);
+        t->x = take(buf, &off, N * D, S);
+        t->n1 = take(buf, &off, N * D, A);
+        t->rstd1 = take(buf, &off, N, S);
+        t->q = take(buf, &off, N * Q, A);
+        t->k = take(buf, &off, N * KV, A);
+        t->v = take(buf, &off, N * KV, A);
+        t->att = take(buf, &off, att, 1);
+        t->y = take(buf, &off, N * Q, A);
+        t->ao = take(buf, &off, N * D, A);
+        /* inference: the residual stream is updated in place */
+        t->x2 = training ? take(buf, &off, N * D, S) : t->x;
+        t->n2 = training ? take(buf, &off, N * D, A) : t->n1;
+        t->rstd2 = take(buf, &off, N, S);
+        t->gt = take(buf, &off, N * F, A);
+        t->up = take(buf, &off, N * F, A);
+        t->hm = take(buf, &off, N * F, A);
+        t->mo = training ? take(buf, &off, N * D, A) : t->ao;
     }
-    /* inference: one residual stream updated in place */
-    a->xl = training ? take(buf, &off, N * D) : a->layer[0].x;
-    a->hidden = take(buf, &off, N * D);
-    a->rstdf = take(buf, &off, N);
+    a->xl = training ? take(buf, &off, N * D, S) : a->layer[0].x;
+    a->hidden = take(buf, &off, N * D, A);
+    a->rstdf = take(buf, &off, N, S);
     if (training) {
-        a->dx = take(buf, &off, N * D);
-        a->dn = take(buf, &off, N * D);
-        a->dq = take(buf, &off, N * Q);
-        a->dy = take(buf, &off, N * Q);
-        a->dk = take(buf, &off, N * KV);
-        a->dv = take(buf, &off, N * KV);
-        a->dg = take(buf, &off, N * F);
-        a->du = take(buf, &off, N * F);
-        a->dh = take(buf, &off, N * F);
+        a->dx = take(buf, &off, N * D, S);
+        a->dn = take(buf, &off, N * D, A);
+        a->dq = take(buf, &off, N * Q, A);
+        a->dy = take(buf, &off, N * Q, A);
+        a->dk = take(buf, &off, N * KV, A);
+        a->dv = take(buf, &off, N * KV, A);
+        a->dg = take(buf, &off, N * F, A);
+        a->du = take(buf, &off, N * F, A);
+        a->dh = take(buf, &off, N * F, A);
     }
     return off;
 }
@@ -366,6 +541,9 @@ static tkd_status alloc_grads(tkd_model *m)
 {
     if (m->grads)
         return TKD_OK;
+    if (!m->params || !m->be->op->linear_bwd)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: training on the %s backend is not built yet — use device: cpu",
+                             m->be->name);
     m->grads = calloc(m->n_params, sizeof(float));
     if (!m->grads)
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for %zu gradients", m->n_params);
@@ -388,76 +566,92 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
         return TKD_OK;
     int nb = a && a->cap_b > B ? a->cap_b : B, nt = a && a->cap_t > T ? a->cap_t : T;
     int tr = training || (a && a->training);
-    free_acts(a);
-    m->acts = NULL;
+    free_acts(m);
     a = calloc(1, sizeof *a);
-    size_t n = 0;
-    if (a && (a->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a->layer))) {
-        n = carve(&m->cfg, a, NULL, nb, nt, tr);
-        a->tokens = malloc(sizeof(int32_t) * (size_t)nb * nt);
-        a->buf = malloc(sizeof(float) * n);
+    if (!a || !(a->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a->layer))) {
+        free(a);
+        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
     }
-    if (!a || !a->layer || !a->tokens || !a->buf) {
-        free_acts(a);
-        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for activations of batch (%d, %d) (%zu MB)",
-                             nb, nt, n * sizeof(float) >> 20);
+    m->acts = a;
+    size_t n = carve(m, a, NULL, nb, nt, tr);
+    char what[128];
+    snprintf(what, sizeof what, "model: activations of batch (%d, %d)", nb, nt);
+    tkd_status st = m->be->op->alloc(m->be, n, what, &a->buf);
+    if (st == TKD_OK)
+        st = m->be->op->alloc(m->be, sizeof(int32_t) * (size_t)nb * nt, "model: tokens", (void **)&a->tokens);
+    if (st != TKD_OK) {
+        free_acts(m);
+        return tkd_error_hint(st, "lower the batch size or the sequence length");
     }
     a->cap_b = nb;
     a->cap_t = nt;
     a->training = tr;
-    carve(&m->cfg, a, a->buf, nb, nt, tr);
-    m->acts = a;
+    carve(m, a, a->buf, nb, nt, tr);
     return TKD_OK;
 }
 
 /* ---- forward / backward ------------------------------------------------------------------- */
 
-static void block_fwd(const tkd_model *m, const tkd_layer_weights *W, layer_acts *A, float *xnext, int B,
-                      int T)
+/* One block from A->n1 = rmsnorm(A->x): attention, MLP, and the residual add that makes the next
+ * block's input xnext together with its norm (next_norm weights into n_next, rstd_next). */
+static tkd_status block_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, float *xnext,
+                            const void *next_norm, void *n_next, float *rstd_next, int B, int T)
 {
     const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    tkd_backend *be = m->be;
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
     int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
-    tkd_cpu_rmsnorm_fwd(A->x, W->attn_norm, N, D, c->rms_norm_eps, A->n1, A->rstd1);
-    tkd_cpu_linear_fwd(A->n1, W->wq, W->bq, N, D, Q, 0, A->q);
-    tkd_cpu_linear_fwd(A->n1, W->wk, W->bk, N, D, KV, 0, A->k);
-    tkd_cpu_linear_fwd(A->n1, W->wv, W->bv, N, D, KV, 0, A->v);
-    tkd_cpu_rope_fwd(A->q, N, T, H, Dh, m->rope_cos, m->rope_sin);
-    tkd_cpu_rope_fwd(A->k, N, T, Hkv, Dh, m->rope_cos, m->rope_sin);
-    tkd_cpu_attn_fwd(A->q, A->k, A->v, B, T, H, Hkv, Dh, A->att, A->y);
-    memcpy(A->x2, A->x, sizeof(float) * (size_t)N * D);
-    tkd_cpu_linear_fwd(A->y, W->wo, NULL, N, Q, D, 1, A->x2);
-    tkd_cpu_rmsnorm_fwd(A->x2, W->mlp_norm, N, D, c->rms_norm_eps, A->n2, A->rstd2);
-    tkd_cpu_linear_fwd(A->n2, W->wg, NULL, N, D, F, 0, A->gt);
-    tkd_cpu_linear_fwd(A->n2, W->wu, NULL, N, D, F, 0, A->up);
-    tkd_cpu_swiglu_fwd(A->gt, A->up, (int64_t)N * F, A->hm);
-    if (xnext != A->x2)
-        memcpy(xnext, A->x2, sizeof(float) * (size_t)N * D);
-    tkd_cpu_linear_fwd(A->hm, W->wd, NULL, N, F, D, 1, xnext);
+    float eps = (float)c->rms_norm_eps;
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wq, W->bq, N, D, Q, A->q));
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wk, W->bk, N, D, KV, A->k));
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wv, W->bv, N, D, KV, A->v));
+    TKD_TRY(op->rope_fwd(be, A->q, A->k, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
+    TKD_TRY(op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, A->y, A->att));
+    TKD_TRY(op->linear_fwd(be, A->y, W->wo, NULL, N, Q, D, A->ao));
+    TKD_TRY(op->add_rmsnorm_fwd(be, A->x, A->ao, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
+    TKD_TRY(op->linear_fwd(be, A->n2, W->wg, NULL, N, D, F, A->gt));
+    TKD_TRY(op->linear_fwd(be, A->n2, W->wu, NULL, N, D, F, A->up));
+    TKD_TRY(op->swiglu_fwd(be, A->gt, A->up, (int64_t)N * F, A->hm));
+    TKD_TRY(op->linear_fwd(be, A->hm, W->wd, NULL, N, F, D, A->mo));
+    return op->add_rmsnorm_fwd(be, A->x2, A->mo, xnext, next_norm, N, D, eps, n_next, rstd_next);
+}
+
+static tkd_status check_tokens(const tkd_model *m, const int32_t *tokens, int64_t N, int T)
+{
+    for (int64_t n = 0; n < N; n++)
+        if (tokens[n] < 0 || tokens[n] >= m->cfg.vocab_size)
+            return tkd_error_set(TKD_ERR_INVALID_ARG,
+                                 "model: token %d at batch row %lld, position %lld is outside the vocabulary [0, %d)",
+                                 tokens[n], (long long)(n / T), (long long)(n % T), m->cfg.vocab_size);
+    return TKD_OK;
 }
 
 tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, int training,
-                             const float **hidden)
+                             const void **hidden)
 {
     const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
     int64_t N = (int64_t)B * T;
-    for (int64_t n = 0; n < N; n++)
-        if (tokens[n] < 0 || tokens[n] >= c->vocab_size)
-            return tkd_error_set(TKD_ERR_INVALID_ARG,
-                                 "model: token %d at batch row %lld, position %lld is outside the vocabulary [0, %d)",
-                                 tokens[n], (long long)(n / T), (long long)(n % T), c->vocab_size);
+    TKD_TRY(check_tokens(m, tokens, N, T));
     TKD_TRY(tkd_model_reserve(m, B, T, training));
     tkd_model_acts *a = m->acts;
     int L = c->num_hidden_layers, D = c->hidden_size;
-    memcpy(a->tokens, tokens, sizeof(int32_t) * (size_t)N);
-    tkd_cpu_embedding_fwd(tokens, (int)N, m->w.embed, D, a->layer[0].x);
+    float eps = (float)c->rms_norm_eps;
+    TKD_TRY(op->upload(m->be, a->tokens, tokens, sizeof(int32_t) * (size_t)N));
+    TKD_TRY(op->embedding_fwd(m->be, a->tokens, (int)N, m->d.embed, D, a->layer[0].x));
+    TKD_TRY(op->rmsnorm_fwd(m->be, a->layer[0].x, m->d.layers[0].attn_norm, (int)N, D, eps, a->layer[0].n1,
+                            a->layer[0].rstd1));
     for (int l = 0; l < L; l++) {
-        /* training: block l writes block l+1's input (or xl); inference: the one stream in place */
-        float *xnext = !training ? a->layer[0].x : l + 1 < L ? a->layer[l + 1].x : a->xl;
-        block_fwd(m, &m->w.layers[l], &a->layer[training ? l : 0], xnext, B, T);
+        /* block l makes block l+1's input and its normed copy (training: l+1's own buffers;
+         * inference: the one set, in place), the last block the final hidden states */
+        layer_acts *A = &a->layer[training ? l : 0];
+        int last = l + 1 == L;
+        layer_acts *nx = last ? NULL : &a->layer[training ? l + 1 : 0];
+        TKD_TRY(block_fwd(m, &m->d.layers[l], A, last ? a->xl : nx->x,
+                          last ? m->d.final_norm : m->d.layers[l + 1].attn_norm, last ? a->hidden : nx->n1,
+                          last ? a->rstdf : nx->rstd1, B, T));
     }
-    float *xl = training ? a->xl : a->layer[0].x;
-    tkd_cpu_rmsnorm_fwd(xl, m->w.final_norm, (int)N, D, c->rms_norm_eps, a->hidden, a->rstdf);
     a->b = B;
     a->t = T;
     a->have_train_fwd = training;
@@ -466,40 +660,39 @@ tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, 
     return TKD_OK;
 }
 
-static void zero(float *p, size_t n) { memset(p, 0, sizeof(float) * n); }
-
 /* On entry a->dx = ∂loss/∂(block output); on return ∂loss/∂(block input). */
-static void block_bwd(const tkd_model *m, const tkd_layer_weights *W, tkd_layer_weights *G,
-                      const layer_acts *A, tkd_model_acts *a, int B, int T)
+static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd_layer_weights *G,
+                            const layer_acts *A, tkd_model_acts *a, int B, int T)
 {
     const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    tkd_backend *be = m->be;
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
     int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
-    size_t NF = (size_t)N * F;
+    size_t NF = (size_t)N * F, As = be->act_size;
     /* MLP branch: out = x2 + down(silu(gate(n2)) · up(n2)) */
-    zero(a->dh, NF);
-    tkd_cpu_linear_bwd(a->dx, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL);
-    zero(a->dg, NF);
-    zero(a->du, NF);
-    tkd_cpu_swiglu_bwd(a->dh, A->gt, A->up, (int64_t)NF, a->dg, a->du);
-    zero(a->dn, (size_t)N * D);
-    tkd_cpu_linear_bwd(a->dg, A->n2, W->wg, N, D, F, a->dn, G->wg, NULL);
-    tkd_cpu_linear_bwd(a->du, A->n2, W->wu, N, D, F, a->dn, G->wu, NULL);
-    tkd_cpu_rmsnorm_bwd(a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm);
+    TKD_TRY(op->memset0(be, a->dh, NF * As));
+    TKD_TRY(op->linear_bwd(be, a->dx, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL));
+    TKD_TRY(op->memset0(be, a->dg, NF * As));
+    TKD_TRY(op->memset0(be, a->du, NF * As));
+    TKD_TRY(op->swiglu_bwd(be, a->dh, A->gt, A->up, (int64_t)NF, a->dg, a->du));
+    TKD_TRY(op->memset0(be, a->dn, (size_t)N * D * As));
+    TKD_TRY(op->linear_bwd(be, a->dg, A->n2, W->wg, N, D, F, a->dn, G->wg, NULL));
+    TKD_TRY(op->linear_bwd(be, a->du, A->n2, W->wu, N, D, F, a->dn, G->wu, NULL));
+    TKD_TRY(op->rmsnorm_bwd(be, a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm));
     /* attention branch: x2 = x + o_proj(attn(...)) */
-    zero(a->dy, (size_t)N * Q);
-    tkd_cpu_linear_bwd(a->dx, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL);
-    zero(a->dq, (size_t)N * Q);
-    zero(a->dk, (size_t)N * KV);
-    zero(a->dv, (size_t)N * KV);
-    tkd_cpu_attn_bwd(a->dy, A->q, A->k, A->v, A->att, B, T, H, Hkv, Dh, a->dq, a->dk, a->dv);
-    tkd_cpu_rope_bwd(a->dq, N, T, H, Dh, m->rope_cos, m->rope_sin);
-    tkd_cpu_rope_bwd(a->dk, N, T, Hkv, Dh, m->rope_cos, m->rope_sin);
-    zero(a->dn, (size_t)N * D);
-    tkd_cpu_linear_bwd(a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq);
-    tkd_cpu_linear_bwd(a->dk, A->n1, W->wk, N, D, KV, a->dn, G->wk, G->bk);
-    tkd_cpu_linear_bwd(a->dv, A->n1, W->wv, N, D, KV, a->dn, G->wv, G->bv);
-    tkd_cpu_rmsnorm_bwd(a->dn, A->x, W->attn_norm, A->rstd1, N, D, a->dx, G->attn_norm);
+    TKD_TRY(op->memset0(be, a->dy, (size_t)N * Q * As));
+    TKD_TRY(op->linear_bwd(be, a->dx, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL));
+    TKD_TRY(op->memset0(be, a->dq, (size_t)N * Q * As));
+    TKD_TRY(op->memset0(be, a->dk, (size_t)N * KV * As));
+    TKD_TRY(op->memset0(be, a->dv, (size_t)N * KV * As));
+    TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh, a->dq, a->dk, a->dv));
+    TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
+    TKD_TRY(op->memset0(be, a->dn, (size_t)N * D * As));
+    TKD_TRY(op->linear_bwd(be, a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq));
+    TKD_TRY(op->linear_bwd(be, a->dk, A->n1, W->wk, N, D, KV, a->dn, G->wk, G->bk));
+    TKD_TRY(op->linear_bwd(be, a->dv, A->n1, W->wv, N, D, KV, a->dn, G->wv, G->bv));
+    return op->rmsnorm_bwd(be, a->dn, A->x, W->attn_norm, A->rstd1, N, D, a->dx, G->attn_norm);
 }
 
 tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
@@ -508,24 +701,27 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
     if (!a || !a->have_train_fwd || !m->grads)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "model: backward needs a training forward (training = 1) first");
     const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
     int B = a->b, T = a->t, N = B * T, D = c->hidden_size;
-    zero(a->dx, (size_t)N * D);
-    tkd_cpu_rmsnorm_bwd(dhidden, a->xl, m->w.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm);
+    TKD_TRY(op->memset0(m->be, a->dx, sizeof(float) * (size_t)N * D));
+    TKD_TRY(op->rmsnorm_bwd(m->be, dhidden, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm));
     for (int l = c->num_hidden_layers - 1; l >= 0; l--)
-        block_bwd(m, &m->w.layers[l], &m->g.layers[l], &a->layer[l], a, B, T);
-    tkd_cpu_embedding_bwd(a->tokens, N, a->dx, D, m->g.embed);
+        TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T));
+    TKD_TRY(op->embedding_bwd(m->be, a->tokens, N, a->dx, D, m->g.embed));
     a->have_train_fwd = 0; /* activations are consumed: a second backward would double-count */
     return TKD_OK;
 }
 
 const float *tkd_model_lm_head(const tkd_model *m) { return m->w.lm_head; }
 
+const void *tkd_model_lm_head_dev(const tkd_model *m) { return m->d.lm_head; }
+
 float *tkd_model_lm_head_grad(tkd_model *m) { return m->grads ? m->g.lm_head : NULL; }
 
 void tkd_model_zero_grad(tkd_model *m)
 {
     if (m->grads)
-        zero(m->grads, m->n_params);
+        memset(m->grads, 0, sizeof(float) * m->n_params);
 }
 
 void tkd_model_logits(const tkd_model *m, const float *hidden, int64_t N, float *logits)

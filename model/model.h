@@ -1,4 +1,5 @@
-/* model.h — the Llama-family decoder on the CPU: load / random init / save, forward, backward.
+/* model.h — the Llama-family decoder: load / random init / save, forward, backward, written once
+ * over the backend seam (kernels/backend.h): every op runs on the model's backend, CPU or CUDA.
  *
  * Architecture (docs/model.md): token embedding; L blocks of
  *   x += o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rmsnorm(x)
@@ -8,6 +9,12 @@
  * backward takes dHidden and the loss adds its LM-head gradient straight into
  * tkd_model_lm_head_grad(). Tied models share one (V, D) matrix for embedding and head, so the
  * embedding's and the head's gradients add in one buffer.
+ *
+ * Backends: tkd_model_load_hf / tkd_model_init_random make a model on a CPU backend of its own;
+ * the _on variants put it on a backend the caller opened (and keeps open while the model lives).
+ * On the CPU the compute weights ARE the fp32 parameters (m->params, no copy); on CUDA they are a
+ * bf16 copy in device memory (m->dparams) and m->params is NULL for an inference-only model, so
+ * nothing below that reads m->params (save, backward, the optimizer) applies to it yet.
  *
  * Memory: all parameters live in ONE allocation (m->params) with views; gradients (m->grads) are a
  * second allocation of the same layout, made on the first training forward; activations are one
@@ -23,6 +30,7 @@
 
 #include "common/status.h"
 #include "formats/hf_config.h"
+#include "kernels/backend.h"
 #include "formats/safetensors.h"
 
 #define TKD_PARAM_NAME_MAX 80
@@ -60,6 +68,18 @@ typedef struct tkd_model_weights {
     float *lm_head;            // (V, D): == embed when tied
 } tkd_model_weights;
 
+/* The same tensors as the backend sees them: views into m->dparams (act elements, backend memory). */
+typedef struct tkd_layer_dweights {
+    const void *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *mlp_norm, *wg, *wu, *wd;
+} tkd_layer_dweights;
+
+typedef struct tkd_model_dweights {
+    const void *embed;
+    tkd_layer_dweights *layers; /* (L) */
+    const void *final_norm;
+    const void *lm_head;
+} tkd_model_dweights;
+
 typedef struct tkd_model_acts tkd_model_acts; /* private: activation buffers */
 
 typedef struct tkd_model {
@@ -71,9 +91,15 @@ typedef struct tkd_model {
     tkd_model_weights g;    /* views into grads (all NULL while grads is NULL) */
     tkd_param_info *info;   /* n_info entries, in storage order */
     int n_info;
-    float *rope_cos;        // (max_position_embeddings, Dh/2)
-    float *rope_sin;        // (max_position_embeddings, Dh/2)
+    float *rope_cos;        // (max_position_embeddings, Dh/2) host
+    float *rope_sin;        // (max_position_embeddings, Dh/2) host
     tkd_model_acts *acts;
+    tkd_backend *be;        /* where the ops run; owned when be_owned */
+    int be_owned;
+    void *dparams;          /* compute weights in backend memory (== params on the CPU) */
+    tkd_model_dweights d;   /* views into dparams */
+    float *d_rope_cos;      /* the RoPE tables in backend memory (== rope_cos on the CPU) */
+    float *d_rope_sin;
 } tkd_model;
 
 /* A model with weights drawn from normal(0, cfg->initializer_range) by a seeded generator (same seed,
@@ -81,10 +107,19 @@ typedef struct tkd_model {
  * (no scaled output projections). On success *out is owned by the caller (tkd_model_free). */
 tkd_status tkd_model_init_random(const tkd_model_config *cfg, uint64_t seed, tkd_model **out);
 
+/* The same weights on a caller's backend (be borrowed: it must outlive the model). The draws are a
+ * counter-based stream (splitmix64 steps), made in parallel and bit-identical to the CPU's. */
+tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be,
+                                    tkd_model **out);
+
 /* Loads <dir>/config.json and the safetensors weights (F32/F16/BF16, converted to fp32). A missing
  * tensor is TKD_ERR_NOT_FOUND and a wrong shape TKD_ERR_FORMAT, each naming the tensor and the file.
  * lm_head.weight is required unless tie_word_embeddings. *out owned by the caller. */
 tkd_status tkd_model_load_hf(const char *dir, tkd_model **out);
+
+/* The same onto a caller's backend (borrowed): on CUDA each tensor is converted on the way into
+ * bf16 device memory, and no host fp32 copy of the model is kept. */
+tkd_status tkd_model_load_hf_on(const char *dir, tkd_backend *be, tkd_model **out);
 
 /* Writes <dir>/config.json and <dir>/model.safetensors (dtype TKD_DTYPE_F32 or TKD_DTYPE_BF16;
  * creates <dir> if absent), loadable by transformers' AutoModelForCausalLM.from_pretrained.
@@ -101,12 +136,13 @@ const tkd_param_info *tkd_model_params(const tkd_model *m, int *n);
  * backward and allocates the gradients. T must not exceed max_position_embeddings. */
 tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
 
-/* Forward over tokens (B, T) int32 (each in [0, V), else TKD_ERR_INVALID_ARG naming the position).
- * *hidden (optional) receives a view of the final hidden states (B·T, D) after the final RMSNorm,
- * owned by the model and valid until the next forward. training = 0 keeps no activations (teacher);
+/* Forward over host tokens (B, T) int32 (each in [0, V), else TKD_ERR_INVALID_ARG naming the
+ * position). *hidden (optional) receives a view of the final hidden states (B·T, D) after the final
+ * RMSNorm, in backend memory as act elements (a const float * on the CPU backend), owned by the
+ * model and valid until the next forward; on CUDA the work is enqueued, not finished. training = 0 keeps no activations (teacher);
  * training = 1 keeps them for tkd_model_backward. */
 tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, int training,
-                             const float **hidden);
+                             const void **hidden);
 
 /* Backward of the last training forward, given dHidden = ∂loss/∂hidden (B·T, D). ADDS into
  * m->grads (so gradient accumulation over micro-batches is just several forward/backward pairs),
@@ -116,6 +152,8 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden);
 /* The LM-head weight (V, D) (the embedding when tied) and its gradient buffer (NULL before the first
  * training forward); the loss adds dW into the latter. */
 const float *tkd_model_lm_head(const tkd_model *m);
+/* The LM-head weight as the backend sees it (V, D) act elements: what LM-head consumers take. */
+const void *tkd_model_lm_head_dev(const tkd_model *m);
 float *tkd_model_lm_head_grad(tkd_model *m);
 
 /* Zeroes all gradients (no-op when none are allocated). */

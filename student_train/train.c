@@ -352,7 +352,7 @@ static int64_t count_labels(const tkd_train_batch *b)
 
 static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *ss)
 {
-    const float *hidden = NULL;
+    const void *hidden = NULL;
     TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
     tkd_kl_batch kb;
     kl_batch_of(tr, b, hidden, &kb);
@@ -460,7 +460,7 @@ static tkd_status evaluate(trainer *tr, eval_stats *es)
         TKD_TRY(tkd_loader_next(tr->val, &b));
         if (!b)
             break;
-        const float *hidden = NULL;
+        const void *hidden = NULL;
         TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 0, &hidden));
         tkd_kl_batch kb;
         kl_batch_of(tr, b, hidden, &kb);

@@ -501,7 +501,7 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
         tkd_cache_batch *b;
         TKD_TRY(tkd_dump_writer_acquire(w, &b));
         TKD_TRY(fill_tokens(c->ds, cfg, s, nb, b, buf));
-        const float *hidden;
+        const void *hidden;
         TKD_TRY(tkd_model_forward(c->model, buf->inputs, nb, (int)T, 0, &hidden));
         TKD_TRY(lm_head_topk(cfg, c->model, hidden, (int64_t)nb * T, s, b, buf));
         TKD_TRY(tkd_dump_writer_submit(w, b, s));

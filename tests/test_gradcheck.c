@@ -219,7 +219,7 @@ static const int32_t m_lab[MN] = {4, 9, 4, 10, 6, 3, 3, 7, 2, 5};
 static double model_loss(tkd_model *m, int grad)
 {
     int V = m->cfg.vocab_size, D = m->cfg.hidden_size;
-    const float *h = NULL;
+    const void *h = NULL;
     assert_int_equal(tkd_model_forward(m, m_in, MB, MT, grad, &h), TKD_OK);
     float lg[MN * 11], dlg[MN * 11], dh[MN * 8] = {0};
     tkd_model_logits(m, h, MN, lg);

@@ -78,7 +78,7 @@ static double max_rel_err(const float *a, const float *b, int n, int v)
 
 static float *model_logits(tkd_model *m, const int32_t *inputs, int training)
 {
-    const float *h = NULL;
+    const void *h = NULL;
     if (tkd_model_forward(m, inputs, FIX_B, FIX_T, training, &h) != TKD_OK)
         fail_msg("forward: %s", tkd_error_msg());
     float *lg = malloc(sizeof(float) * FIX_N * m->cfg.vocab_size);
@@ -151,7 +151,7 @@ static double cross_entropy(const float *lg, const int32_t *lab, int N, int V, f
 static double ce_step(tkd_model *m, const int32_t *in, const int32_t *lab)
 {
     int V = m->cfg.vocab_size, D = m->cfg.hidden_size;
-    const float *h = NULL;
+    const void *h = NULL;
     assert_int_equal(tkd_model_forward(m, in, FIX_B, FIX_T, 1, &h), TKD_OK);
     float *lg = malloc(sizeof(float) * FIX_N * V), *dlg = malloc(sizeof(float) * FIX_N * V);
     float *dh = calloc((size_t)FIX_N * D, sizeof(float));

@@ -102,20 +102,20 @@ static void test_causal_and_batch_independent(void **s)
     int32_t tok[B * T];
     for (int i = 0; i < B * T; i++)
         tok[i] = (i * 13 + 5) % 37;
-    const float *h = NULL;
+    const void *h = NULL;
     assert_int_equal(tkd_model_forward(m, tok, B, T, 0, &h), TKD_OK);
     float *big = malloc(sizeof(float) * B * T * D);
     memcpy(big, h, sizeof(float) * B * T * D);
     for (int b = 0; b < B; b++) {
         assert_int_equal(tkd_model_forward(m, tok + b * T, 1, 4, 1, &h), TKD_OK); /* training path too */
         for (int i = 0; i < 4 * D; i++)
-            assert_true(fabsf(h[i] - big[b * T * D + i]) <= 1e-5f * (1 + fabsf(big[b * T * D + i])));
+            assert_true(fabsf(((const float *)h)[i] - big[b * T * D + i]) <= 1e-5f * (1 + fabsf(big[b * T * D + i])));
     }
     /* changing a later token leaves earlier positions alone */
     tok[5] = (tok[5] + 1) % 37;
     assert_int_equal(tkd_model_forward(m, tok, B, T, 0, &h), TKD_OK);
     assert_memory_equal(h, big, sizeof(float) * 5 * D);
-    assert_memory_not_equal(h + 5 * D, big + 5 * D, sizeof(float) * D);
+    assert_memory_not_equal((const float *)h + 5 * D, big + 5 * D, sizeof(float) * D);
     free(big);
     tkd_model_free(m);
 }
@@ -126,7 +126,7 @@ static void test_inference_equals_training(void **s)
     (void)s;
     tkd_model *m = make(1, 0, 3);
     int32_t tok[2 * 7] = {1, 2, 3, 4, 5, 6, 7, 36, 0, 0, 9, 9, 9, 1};
-    const float *h = NULL;
+    const void *h = NULL;
     float a[2 * 7 * 20];
     assert_int_equal(tkd_model_forward(m, tok, 2, 7, 0, &h), TKD_OK);
     memcpy(a, h, sizeof a);

@@ -59,7 +59,7 @@ static void reference(const char *cache, const tkd_kl_params *p, tkd_kl_result *
     student_config(&mc);
     tkd_model *m = NULL;
     assert_int_equal(tkd_model_init_random(&mc, SEED, &m), TKD_OK);
-    const float *hidden = NULL;
+    const void *hidden = NULL;
     assert_int_equal(tkd_model_forward(m, in, NSEQ, T, 0, &hidden), TKD_OK);
     tkd_kl_batch b = {.n = NSEQ * T, .d = D, .v = V, .h = hidden, .w = tkd_model_lm_head(m),
                       .topk_idx = (const int32_t *)cb.topk_indices, .topk_logit = cb.topk_logits,

@@ -93,7 +93,7 @@ static void check_tail(const char *model_dir, const char *npy, const tkd_cache_b
         memcpy(in + s * FIX_T, b->tokens + s * (FIX_T + 1), FIX_T * sizeof *in);
     float *logits = malloc((size_t)N * V * sizeof *logits);
     for (int s = 0; s < FIX_B; s++) { /* one sequence per forward, as the dump ran it */
-        const float *hidden;
+        const void *hidden;
         assert_int_equal(tkd_model_forward(m, in + s * FIX_T, 1, FIX_T, 0, &hidden), TKD_OK);
         tkd_model_logits(m, hidden, FIX_T, logits + (size_t)s * FIX_T * V);
     }

@@ -261,7 +261,7 @@ static tkd_status teacher_fill(const tkd_test_teacher_opts *o, tkd_model *teache
         tkd_rng_seed_stream(&r, o->seed ^ 0x70c5ull, (uint64_t)g);
         for (int t = 0; t <= T; t++)
             tok[t] = (int32_t)tkd_rng_below(&r, (uint64_t)V);
-        const float *hidden = NULL;
+        const void *hidden = NULL;
         TKD_TRY(tkd_model_forward(teacher, tok, 1, T, 0, &hidden));
         tkd_model_logits(teacher, hidden, T, logits);
         size_t row = (size_t)j * T;
