@@ -1,6 +1,8 @@
 /* train_config.c — the student-train schema (see train_config.h). */
 #include "student_train/train_config.h"
 
+#include "common/device.h"
+
 #include <stddef.h>
 
 #define T tkd_train_config
@@ -8,7 +10,6 @@
 static const char *const init_names[] = {"random", "hf", NULL};
 static const char *const arch_names[] = {"llama", "qwen2", NULL};
 static const char *const variant_names[] = {"renorm", "tail", "sampled", NULL};
-static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 
 static const tkd_config_field fields[] = {
     TKD_CFG_STRING(T, run_name, "run.name", "", "Run name: outputs go to <run.dir>/<name>/; empty = derived from the config file and --set overrides"),
@@ -68,7 +69,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT(T, checkpoint_interval, "train.checkpoint_interval", "0", 0, 1 << 30, "Checkpoint every N steps (and at the end); 0 = only at the end"),
     TKD_CFG_INT(T, log_interval, "train.log_interval", "10", 1, 1 << 30, "Steps between metrics.jsonl training records"),
     TKD_CFG_BOOL(T, eval_only, "train.eval_only", "false", "Only evaluate the initial student on the validation split (e.g. a teacher loaded with model.init = hf)"),
-    TKD_CFG_ENUM(T, device, "device", "auto", device_names, "auto | cpu | cuda: the student runs on the CPU today (cuda is refused until the GPU model backend exists)"),
+    TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: the student runs on the CPU today (cuda is refused until the GPU model backend exists)"),
 };
 
 const tkd_config_schema tkd_train_schema = TKD_CONFIG_SCHEMA("student-train", fields);

@@ -11,7 +11,6 @@
 static const char *const last_window_names[] = {"drop", "pad", NULL};
 /* Same order as tkd_cache_dtype, so the enum index is the dtype. */
 static const char *const dtype_names[] = {"half", "bfloat16", "float32", NULL};
-static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 
 #define C tkd_dump_config
 static const tkd_config_field dump_fields[] = {
@@ -42,8 +41,8 @@ static const tkd_config_field dump_fields[] = {
     TKD_CFG_INT(C, batch_size, "run.batch_size", "8", 1, 1 << 16, "sequences per teacher forward."),
     TKD_CFG_INT(C, chunk_rows, "lm_head.chunk_rows", "256", 1, 1 << 20,
                 "positions per LM-head chunk: memory is chunk_rows x vocab floats."),
-    TKD_CFG_ENUM(C, device, "device", "auto", device_names,
-                 "auto (CUDA when a GPU answers and the GPU teacher is built, else CPU), cpu, cuda."),
+    TKD_CFG_ENUM(C, device, "device", "auto", tkd_device_names,
+                 "auto (CUDA when this build has it and a GPU answers, else CPU), cpu, cuda."),
     TKD_CFG_STRING(C, output_dir, "output.dir", NULL, "the cache directory (created when absent)."),
     TKD_CFG_INT(C, worker_index, "workers.index", "0", 0, 1 << 20,
                 "this worker's index (0 = read RANK or SLURM_PROCID when set)."),

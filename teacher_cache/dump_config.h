@@ -15,18 +15,13 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "common/device.h"
 #include "common/status.h"
 
 typedef enum tkd_dump_last_window {
     TKD_DUMP_LAST_WINDOW_DROP = 0, /* the last partial window is dropped */
     TKD_DUMP_LAST_WINDOW_PAD = 1,  /* ... or padded (its padding labels are -100 in /tokens) */
 } tkd_dump_last_window;
-
-typedef enum tkd_dump_device {
-    TKD_DUMP_DEVICE_AUTO = 0,
-    TKD_DUMP_DEVICE_CPU = 1,
-    TKD_DUMP_DEVICE_CUDA = 2,
-} tkd_dump_device;
 
 typedef struct tkd_dump_config {
     char *teacher_path;        /* teacher.path: HF checkpoint directory */
@@ -44,7 +39,7 @@ typedef struct tkd_dump_config {
     int zstd_level;            /* cache.zstd_level */
     int batch_size;            /* run.batch_size */
     int chunk_rows;            /* lm_head.chunk_rows */
-    int device;                /* device: tkd_dump_device */
+    int device;                /* device: tkd_device (common/device.h) */
     char *output_dir;          /* output.dir */
     int worker_index;          /* workers.index */
     int worker_count;          /* workers.count */
