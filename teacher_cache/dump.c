@@ -2,7 +2,6 @@
  * worker-finished markers live in dump_merge.c. */
 #include "teacher_cache/dump.h"
 
-#include <cblas.h>
 #include <glob.h>
 #include <signal.h>
 #include <stdio.h>
@@ -293,32 +292,29 @@ static tkd_status load_resume(tkd_cache_manifest *m, const char *dir, const char
 typedef struct dump_buffers {
     int32_t *inputs;   // (B, T)
     int32_t *labels;   // (T)
-    float *logits;     // (C, V)
-    int64_t *row_seq;  // (C) sequence index of each chunk row (tail draws)
-    int32_t *row_pos;  // (C) its position
+    int64_t *row_seq;  // (B·T) sequence index of each row (tail draws)
+    int32_t *row_pos;  // (B·T) its position
 } dump_buffers;
 
 static void buffers_free(dump_buffers *b)
 {
     free(b->inputs);
     free(b->labels);
-    free(b->logits);
     free(b->row_seq);
     free(b->row_pos);
     memset(b, 0, sizeof *b);
 }
 
-static tkd_status buffers_alloc(dump_buffers *b, int B, int T, int C, int64_t V)
+static tkd_status buffers_alloc(dump_buffers *b, int B, int T)
 {
-    b->inputs = malloc((size_t)B * (size_t)T * sizeof *b->inputs);
+    size_t N = (size_t)B * (size_t)T;
+    b->inputs = malloc(N * sizeof *b->inputs);
     b->labels = malloc((size_t)T * sizeof *b->labels);
-    b->logits = malloc((size_t)C * (size_t)V * sizeof *b->logits);
-    b->row_seq = malloc((size_t)C * sizeof *b->row_seq);
-    b->row_pos = malloc((size_t)C * sizeof *b->row_pos);
-    if (!b->inputs || !b->labels || !b->logits || !b->row_seq || !b->row_pos) {
+    b->row_seq = malloc(N * sizeof *b->row_seq);
+    b->row_pos = malloc(N * sizeof *b->row_pos);
+    if (!b->inputs || !b->labels || !b->row_seq || !b->row_pos) {
         buffers_free(b);
-        return tkd_error_set(TKD_ERR_NOMEM, "lm_head.chunk_rows: out of memory for %d x %lld logits — "
-                             "lower lm_head.chunk_rows or run.batch_size", C, (long long)V);
+        return tkd_error_set(TKD_ERR_NOMEM, "run.batch_size: out of memory for a batch of %d x %d tokens", B, T);
     }
     return TKD_OK;
 }
@@ -342,35 +338,28 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
     return TKD_OK;
 }
 
-/* The LM head over rows [0, N) of hidden, chunk by chunk: top-k + LSE (+ tail draws) per row. */
-static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, const float *hidden, // (N, D)
+/* The LM head over rows [0, N) of hidden, chunk by chunk on the model's backend: top-k + LSE
+ * (+ tail draws) per row, straight into the batch's host buffers. */
+static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, const void *hidden, // (N, D)
                                int64_t N, int64_t s, tkd_cache_batch *b, dump_buffers *buf)
 {
-    const int64_t V = m->cfg.vocab_size, D = m->cfg.hidden_size;
-    const int T = cfg->seq_len, k = cfg->k, S = cfg->tail_samples;
-    const float tau = (float)cfg->temperature;
-    const float *W = tkd_model_lm_head(m); // (V, D)
-    for (int64_t r0 = 0; r0 < N; r0 += cfg->chunk_rows) {
-        if (tkd_interrupted())
-            return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted");
-        int64_t c = N - r0 < cfg->chunk_rows ? N - r0 : cfg->chunk_rows;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, (int)V, (int)D, 1.0f,
-                    hidden + r0 * D, (int)D, W, (int)D, 0.0f, buf->logits, (int)V);
-        uint32_t *idx = b->topk_indices + r0 * k;
-        tkd_status st = tkd_topk_cpu(buf->logits, c, V, k, tau, idx, b->topk_logits + r0 * k, b->lse + r0);
-        if (st == TKD_OK && S > 0) {
-            for (int64_t r = 0; r < c; r++) {
-                buf->row_seq[r] = s + (r0 + r) / T;
-                buf->row_pos[r] = (int32_t)((r0 + r) % T);
-            }
-            st = tkd_tail_sample_cpu(buf->logits, c, V, idx, k, tau, S, (uint64_t)cfg->seed, buf->row_seq,
-                                     buf->row_pos, b->tail_indices + r0 * S);
-        }
-        if (st != TKD_OK)
-            return tkd_error_set(st, "%s: sequences %lld..%lld: %s — check the teacher's weights", cfg->teacher_path,
-                                 (long long)s, (long long)(s + N / T - 1), TKD_DUMP_PREV_MSG());
+    const int T = cfg->seq_len;
+    for (int64_t r = 0; r < N; r++) {
+        buf->row_seq[r] = s + r / T;
+        buf->row_pos[r] = (int32_t)(r % T);
     }
-    return TKD_OK;
+    tkd_lmhead_topk_args a = {
+        .hidden = hidden, .w = tkd_model_lm_head_dev(m), .rows = N, .d = m->cfg.hidden_size,
+        .v = m->cfg.vocab_size, .k = cfg->k, .tau = (float)cfg->temperature, .chunk_rows = cfg->chunk_rows,
+        .s = cfg->tail_samples, .seed = (uint64_t)cfg->seed, .row_seq = buf->row_seq, .row_pos = buf->row_pos,
+        .idx = b->topk_indices, .val = b->topk_logits, .lse = b->lse,
+        .tail = cfg->tail_samples > 0 ? b->tail_indices : NULL,
+    };
+    tkd_status st = m->be->op->lmhead_topk(m->be, &a);
+    if (st != TKD_OK && st != TKD_ERR_INTERRUPTED)
+        return tkd_error_set(st, "%s: sequences %lld..%lld: %s — check the teacher's weights", cfg->teacher_path,
+                             (long long)s, (long long)(s + N / T - 1), TKD_DUMP_PREV_MSG());
+    return st;
 }
 
 /* ---- the run ------------------------------------------------------------------------------------ */
@@ -379,6 +368,7 @@ typedef struct dump_ctx {
     const tkd_dump_config *cfg;
     const tkd_dump_opts *opts;
     tkd_dump_summary *sum;
+    tkd_backend *be;           /* where the teacher runs (device:) */
     tkd_model *model;
     tkd_tokens *ds;
     tkd_cache_manifest tmpl;   /* identity + (after resume) the listed shards */
@@ -389,9 +379,6 @@ static tkd_status check_compute_args(const dump_ctx *c)
 {
     const tkd_dump_config *cfg = c->cfg;
     int64_t V = c->model->cfg.vocab_size;
-    if (cfg->device == TKD_DUMP_DEVICE_CUDA)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "device: cuda: the GPU teacher forward is not built yet — "
-                             "use device: cpu (or auto)");
     tkd_status st = tkd_topk_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature);
     if (st == TKD_OK && cfg->tail_samples > 0)
         st = tkd_tail_sample_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature, cfg->tail_samples);
@@ -405,10 +392,22 @@ static tkd_status check_compute_args(const dump_ctx *c)
     return TKD_OK;
 }
 
+/* The GPU of this process on its node: LOCAL_RANK or SLURM_LOCALID when a launcher set them. */
+static int local_gpu(void)
+{
+    const char *v = getenv("LOCAL_RANK");
+    if (!v)
+        v = getenv("SLURM_LOCALID");
+    return v ? atoi(v) : 0;
+}
+
 static tkd_status load_inputs(dump_ctx *c)
 {
     const tkd_dump_config *cfg = c->cfg;
-    tkd_status st = tkd_model_load_hf(cfg->teacher_path, &c->model);
+    tkd_status st = tkd_backend_open(cfg->device, local_gpu(), &c->be);
+    if (st != TKD_OK)
+        return st;
+    st = tkd_model_load_hf_on(cfg->teacher_path, c->be, &c->model);
     if (st != TKD_OK)
         return tkd_error_prefix(st, "teacher.path");
     TKD_TRY(check_compute_args(c));
@@ -523,7 +522,7 @@ static tkd_status run_compute(dump_ctx *c)
     const tkd_dump_config *cfg = c->cfg;
     dump_buffers buf = {0};
     TKD_TRY(tkd_model_reserve(c->model, cfg->batch_size, cfg->seq_len, 0));
-    TKD_TRY(buffers_alloc(&buf, cfg->batch_size, cfg->seq_len, cfg->chunk_rows, c->model->cfg.vocab_size));
+    TKD_TRY(buffers_alloc(&buf, cfg->batch_size, cfg->seq_len));
     tkd_dump_writer_opts wo = {
         .dir = cfg->output_dir,
         .manifest_path = c->manifest_path,
@@ -629,5 +628,6 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     tkd_cache_manifest_free(&c.tmpl);
     tkd_tokens_free(c.ds);
     tkd_model_free(c.model);
+    tkd_backend_close(c.be);
     return st;
 }
