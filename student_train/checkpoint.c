@@ -162,7 +162,7 @@ static tkd_status check_same_arch(const tkd_model *a, const tkd_model *b, const 
         x->num_attention_heads != y->num_attention_heads || x->num_key_value_heads != y->num_key_value_heads ||
         x->head_dim != y->head_dim || x->tie_word_embeddings != y->tie_word_embeddings ||
         x->attention_bias != y->attention_bias || a->n_params != b->n_params)
-        return tkd_error_set(TKD_ERR_MISMATCH,
+        return tkd_error_set(TKD_ERR_CONFIG,
                              "%s: the checkpoint's architecture differs from the configured student "
                              "(resume with the config the run was started with)", dir);
     return TKD_OK;

@@ -94,6 +94,9 @@ static tkd_status check_cache_against_config(trainer *tr, const tkd_cache_manife
     if (c->kd_topk > m->id.k)
         return tkd_error_set(TKD_ERR_CONFIG, "kd.topk = %d but the cache %s stores only k = %d", c->kd_topk,
                              c->cache, m->id.k);
+    if (c->seq_len > m->id.seq_len)
+        return tkd_error_set(TKD_ERR_CONFIG, "data.seq_len = %d but the cache %s holds sequences of %d — lower "
+                             "data.seq_len (0 takes the cache's)", c->seq_len, c->cache, m->id.seq_len);
     if (c->kd_variant == TKD_KL_VARIANT_SAMPLED && m->id.tail_samples == 0)
         return tkd_error_set(TKD_ERR_CONFIG,
                              "kd.variant = sampled needs tail draws, but the cache %s has none — "

@@ -1,7 +1,7 @@
 /* main.c — the teacher-dump CLI: parse flags, load the config, run (or resume) the dump with a
  * progress line, print the summary; `teacher-dump merge DIR` joins split workers' manifests.
- * Every error is one line "teacher-dump: <file>:<place>: <what> — <what to do>" and a non-zero exit:
- * 2 for usage and config errors, 130 / 143 after SIGINT / SIGTERM, 1 otherwise. */
+ * Every error is one line "teacher-dump: <file>:<place>: <what> — <what to do>" and a non-zero exit
+ * from tkd_cli_exit_code (2 usage or config, 130 / 143 after SIGINT / SIGTERM, 1 otherwise). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,9 +24,7 @@ static const char usage[] =
 static int fail(tkd_status st)
 {
     fprintf(stderr, "teacher-dump: %s\n", tkd_error_msg());
-    if (st == TKD_ERR_INTERRUPTED)
-        return tkd_interrupted() == SIGTERM ? 143 : 130;
-    return st == TKD_ERR_CONFIG || st == TKD_ERR_INVALID_ARG ? 2 : 1;
+    return tkd_cli_exit_code(st, tkd_interrupted());
 }
 
 typedef struct progress_state {
