@@ -61,11 +61,8 @@ static tkd_status reader_check_shard(const tkd_cache_reader *r, int64_t i, const
 {
     const tkd_shard_info *in = tkd_shard_get_info(s);
     const tkd_cache_shard_entry *e = &r->m.shards[i];
-    if (tkd_cache_identity_compare(&r->m.id, r->mpath, &in->id, r->paths[i]) != TKD_OK) {
-        char msg[TKD_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
-        return tkd_error_set(TKD_ERR_MISMATCH, "%s — the shard belongs to another cache; re-run teacher-dump", msg);
-    }
+    if (tkd_cache_identity_compare(&r->m.id, r->mpath, &in->id, r->paths[i]) != TKD_OK)
+        return tkd_error_hint(TKD_ERR_MISMATCH, "the shard belongs to another cache; re-run teacher-dump");
     if (in->first_seq != e->first_seq || in->num_seq != e->num_seq)
         return tkd_error_set(TKD_ERR_MISMATCH,
                              "%s: holds sequences %lld..+%lld but the manifest lists %lld..+%lld — the file was replaced; re-run teacher-dump",

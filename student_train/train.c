@@ -737,12 +737,10 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
         st = tkd_error_set(TKD_ERR_IO, "%s: closing the metrics file failed: %s — its last lines may be missing",
                            tr.metrics_path, strerror(errno));
     tr.metrics = NULL;
-    char msg[TKD_ERROR_MSG_MAX];
-    snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+    tkd_error_saved keep;
+    tkd_error_save(&keep, st);
     trainer_free(&tr);
-    if (st != TKD_OK)
-        tkd_error_copy(st, msg);
-    return st;
+    return tkd_error_restore(&keep);
 }
 
 void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets, size_t nsets)
