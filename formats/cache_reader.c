@@ -257,7 +257,7 @@ struct tkd_cache_stream {
     int64_t next_out;      /* batch number _next hands out next */
     int held;              /* ring slot the consumer holds, -1 none */
     int stop, failed, thread_started;
-    char err[TKD_ERROR_MSG_MAX];
+    tkd_error_saved err;   /* the reader thread's failure, for the consumer's thread */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
@@ -297,7 +297,7 @@ static void *stream_main(void *arg)
         s->status[slot] = st;
         s->state[slot] = RING_FILLED;
         if (st != TKD_OK)
-            snprintf(s->err, sizeof s->err, "%s", tkd_error_msg());
+            tkd_error_save(&s->err, st);
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         if (st != TKD_OK)
@@ -405,7 +405,7 @@ tkd_status tkd_cache_stream_next(tkd_cache_stream *s, const tkd_cache_batch **ba
     tkd_status st = s->status[slot];
     if (st != TKD_OK) {
         s->failed = 1;
-        tkd_error_copy(st, s->err);
+        tkd_error_restore(&s->err);
     } else {
         s->held = slot;
         s->next_out++;
