@@ -103,7 +103,11 @@ static int run_dump(const tkd_cli *cli)
                  cfg.tail_samples);
     progress_state ps = {0};
     tkd_progress_begin(&ps.bar, "teacher-dump", 0, "seq");
-    tkd_dump_opts opts = {.overwrite = cli->overwrite, .progress = on_progress, .progress_user = &ps};
+    tkd_dump_opts opts = {
+        .overwrite = cli->overwrite,
+        .progress = on_progress,
+        .progress_user = &ps,
+    };
 #ifdef TKD_TEST_HOOKS
     ps.signal_after = tkd_test_hook_env("TKD_DUMP_TEST_SIGINT_AFTER_BATCHES");
     opts.kill_after_batches = tkd_test_hook_env("TKD_DUMP_TEST_KILL_AFTER_BATCHES");
