@@ -1,6 +1,7 @@
 /* cli.c — see cli.h. */
 #include "common/cli.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -147,4 +148,15 @@ void tkd_cli_print_help(FILE *out, const char *usage, const tkd_config_schema *s
           out);
     if (schema)
         tkd_config_print_help(schema, out);
+}
+
+int tkd_cli_exit_code(tkd_status st, int signo)
+{
+    if (st == TKD_OK)
+        return 0;
+    if (st == TKD_ERR_INTERRUPTED)
+        return 128 + (signo > 0 ? signo : SIGINT); /* what a shell reports for a process the signal killed */
+    if (st == TKD_ERR_CONFIG || st == TKD_ERR_INVALID_ARG)
+        return 2;
+    return 1;
 }

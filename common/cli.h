@@ -47,4 +47,11 @@ tkd_status tkd_cli_load_config(const tkd_cli *cli, const tkd_config_schema *sche
 /* Writes "usage: <usage>", the shared flags and the schema's key reference (--help output). */
 void tkd_cli_print_help(FILE *out, const char *usage, const tkd_config_schema *schema);
 
+/* The exit status every topkd tool gives for st (the table in README.md): 0 ok; 2 for a usage or
+ * config error (TKD_ERR_INVALID_ARG, TKD_ERR_CONFIG), however late it is found; 128 + signo after
+ * the signal that interrupted the run (TKD_ERR_INTERRUPTED: 130 for SIGINT, 143 for SIGTERM; signo
+ * 0, a stop asked for without a signal, counts as SIGINT); 1 for every other error. signo is what
+ * tkd_interrupted() returns. */
+int tkd_cli_exit_code(tkd_status st, int signo);
+
 #endif /* TKD_CLI_H */

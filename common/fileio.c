@@ -347,11 +347,8 @@ tkd_status tkd_rename_dir_atomic(const char *tmp, const char *final)
         st = io_error(final, "moving the previous version aside", errno);
     if (st == TKD_OK && rename(tmp, final) != 0) {
         st = io_error(final, "renaming the new version into place", errno);
-        if (had_final && rename(old, final) != 0) { /* put the previous version back */
-            char msg[TKD_ERROR_MSG_MAX];
-            snprintf(msg, sizeof msg, "%s", tkd_error_msg());
-            tkd_error_set(st, "%s; the previous version could not be put back either — it is at %s", msg, old);
-        }
+        if (had_final && rename(old, final) != 0) /* put the previous version back */
+            tkd_error_hint(st, "the previous version could not be put back either: it is at %s", old);
     }
     if (st == TKD_OK)
         st = fsync_parent(final);

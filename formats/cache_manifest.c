@@ -512,11 +512,8 @@ static tkd_status read_shard(yreader *y, yaml_node_t *item, tkd_cache_manifest *
     TKD_TRY(y_int(y, item, "bytes", 1, 0, INT64_MAX, &bytes));
     TKD_TRY(y_digest(y, item, "sha256", e.sha256));
     e.bytes = (uint64_t)bytes;
-    if (tkd_cache_manifest_add_shard(m, &e) != TKD_OK) {
-        char what[TKD_ERROR_MSG_MAX];
-        snprintf(what, sizeof what, "%s", tkd_error_msg());
-        return y_err(y, item, "%s", what);
-    }
+    if (tkd_cache_manifest_add_shard(m, &e) != TKD_OK)
+        return y_err(y, item, "%s", tkd_error_msg()); /* y_err formats its arguments before it sets */
     return TKD_OK;
 }
 
@@ -543,7 +540,7 @@ static tkd_status read_doc(yreader *y, tkd_cache_manifest *m)
     TKD_TRY(read_identity(y, root, m));
     TKD_TRY(read_shards(y, root, m));
     if (tkd_cache_identity_check(&m->id, y->path) != TKD_OK)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s", tkd_error_msg());
+        return TKD_ERR_FORMAT; /* its message names the file and the field */
     return TKD_OK;
 }
 

@@ -61,11 +61,8 @@ static tkd_status reader_check_shard(const tkd_cache_reader *r, int64_t i, const
 {
     const tkd_shard_info *in = tkd_shard_get_info(s);
     const tkd_cache_shard_entry *e = &r->m.shards[i];
-    if (tkd_cache_identity_compare(&r->m.id, r->mpath, &in->id, r->paths[i]) != TKD_OK) {
-        char msg[TKD_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
-        return tkd_error_set(TKD_ERR_MISMATCH, "%s — the shard belongs to another cache; re-run teacher-dump", msg);
-    }
+    if (tkd_cache_identity_compare(&r->m.id, r->mpath, &in->id, r->paths[i]) != TKD_OK)
+        return tkd_error_hint(TKD_ERR_MISMATCH, "the shard belongs to another cache; re-run teacher-dump");
     if (in->first_seq != e->first_seq || in->num_seq != e->num_seq)
         return tkd_error_set(TKD_ERR_MISMATCH,
                              "%s: holds sequences %lld..+%lld but the manifest lists %lld..+%lld — the file was replaced; re-run teacher-dump",
@@ -260,7 +257,7 @@ struct tkd_cache_stream {
     int64_t next_out;      /* batch number _next hands out next */
     int held;              /* ring slot the consumer holds, -1 none */
     int stop, failed, thread_started;
-    char err[TKD_ERROR_MSG_MAX];
+    tkd_error_saved err;   /* the reader thread's failure, for the consumer's thread */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
@@ -300,7 +297,7 @@ static void *stream_main(void *arg)
         s->status[slot] = st;
         s->state[slot] = RING_FILLED;
         if (st != TKD_OK)
-            snprintf(s->err, sizeof s->err, "%s", tkd_error_msg());
+            tkd_error_save(&s->err, st);
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         if (st != TKD_OK)
@@ -408,7 +405,7 @@ tkd_status tkd_cache_stream_next(tkd_cache_stream *s, const tkd_cache_batch **ba
     tkd_status st = s->status[slot];
     if (st != TKD_OK) {
         s->failed = 1;
-        tkd_error_copy(st, s->err);
+        tkd_error_restore(&s->err);
     } else {
         s->held = slot;
         s->next_out++;

@@ -86,12 +86,11 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
     if (st == TKD_OK)
         st = tkd_rename_dir_atomic(tmp, dir);
     if (st != TKD_OK) {
-        tkd_status keep = st;
-        char msg[TKD_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
-        tkd_remove_tree(tmp);
-        tkd_error_copy(keep, msg);
-        return tkd_error_prefix(keep, "checkpoint %s (the previous checkpoint is kept)", dir);
+        tkd_error_saved keep;
+        tkd_error_save(&keep, st);
+        tkd_remove_tree(tmp); /* may set a message of its own */
+        tkd_error_restore(&keep);
+        return tkd_error_prefix(st, "checkpoint %s (the previous checkpoint is kept)", dir);
     }
     return TKD_OK;
 }
@@ -162,7 +161,7 @@ static tkd_status check_same_arch(const tkd_model *a, const tkd_model *b, const 
         x->num_attention_heads != y->num_attention_heads || x->num_key_value_heads != y->num_key_value_heads ||
         x->head_dim != y->head_dim || x->tie_word_embeddings != y->tie_word_embeddings ||
         x->attention_bias != y->attention_bias || a->n_params != b->n_params)
-        return tkd_error_set(TKD_ERR_MISMATCH,
+        return tkd_error_set(TKD_ERR_CONFIG,
                              "%s: the checkpoint's architecture differs from the configured student "
                              "(resume with the config the run was started with)", dir);
     return TKD_OK;

@@ -30,7 +30,8 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
                                const tkd_train_state *st, const char *config_yaml);
 
 /* Restores m's parameters, opt's moments and step, and *st from dir. The checkpoint's
- * architecture must equal m's (TKD_ERR_MISMATCH naming the field otherwise). */
+ * architecture must equal m's: otherwise TKD_ERR_CONFIG (m was built from a config other than the
+ * run's, a usage error), naming the directory. */
 tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tkd_train_state *st);
 
 #endif /* TKD_CHECKPOINT_H */

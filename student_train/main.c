@@ -1,5 +1,6 @@
 /* main.c — the student-train CLI: flags and config in, one run, a summary and an exit code out.
- * Library code reports through tkd_status; this file alone prints errors and picks exit codes. */
+ * Library code reports through tkd_status; this file alone prints errors, with the exit codes of
+ * tkd_cli_exit_code (the same in every tool). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,19 +14,10 @@
 
 #define USAGE "student-train --config FILE [--set key=value ...] [--resume | --overwrite] [--print-config]"
 
-static int exit_code(tkd_status st)
-{
-    if (st == TKD_ERR_INTERRUPTED)
-        return 130;
-    if (st == TKD_ERR_CONFIG || st == TKD_ERR_INVALID_ARG)
-        return 2;
-    return 1;
-}
-
 static int fail(tkd_status st)
 {
     fprintf(stderr, "student-train: %s\n", tkd_error_msg());
-    return exit_code(st);
+    return tkd_cli_exit_code(st, tkd_interrupted());
 }
 
 static void print_summary(const tkd_train_result *r)
@@ -50,7 +42,7 @@ int main(int argc, char **argv)
     tkd_status st = tkd_cli_parse(&cli, argc, argv);
     if (st != TKD_OK) {
         fprintf(stderr, "student-train: %s\nusage: %s (--help lists every key)\n", tkd_error_msg(), USAGE);
-        return 2;
+        return tkd_cli_exit_code(st, 0);
     }
     if (cli.help) {
         tkd_cli_print_help(stdout, USAGE, &tkd_train_schema);

@@ -94,6 +94,9 @@ static tkd_status check_cache_against_config(trainer *tr, const tkd_cache_manife
     if (c->kd_topk > m->id.k)
         return tkd_error_set(TKD_ERR_CONFIG, "kd.topk = %d but the cache %s stores only k = %d", c->kd_topk,
                              c->cache, m->id.k);
+    if (c->seq_len > m->id.seq_len)
+        return tkd_error_set(TKD_ERR_CONFIG, "data.seq_len = %d but the cache %s holds sequences of %d — lower "
+                             "data.seq_len (0 takes the cache's)", c->seq_len, c->cache, m->id.seq_len);
     if (c->kd_variant == TKD_KL_VARIANT_SAMPLED && m->id.tail_samples == 0)
         return tkd_error_set(TKD_ERR_CONFIG,
                              "kd.variant = sampled needs tail draws, but the cache %s has none — "
@@ -734,12 +737,10 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
         st = tkd_error_set(TKD_ERR_IO, "%s: closing the metrics file failed: %s — its last lines may be missing",
                            tr.metrics_path, strerror(errno));
     tr.metrics = NULL;
-    char msg[TKD_ERROR_MSG_MAX];
-    snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+    tkd_error_saved keep;
+    tkd_error_save(&keep, st);
     trainer_free(&tr);
-    if (st != TKD_OK)
-        tkd_error_copy(st, msg);
-    return st;
+    return tkd_error_restore(&keep);
 }
 
 void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets, size_t nsets)

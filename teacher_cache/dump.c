@@ -484,13 +484,33 @@ static void report_progress(dump_ctx *c, tkd_dump_writer *w, int64_t done, doubl
     c->opts->progress(&p, c->opts->progress_user);
 }
 
+/* The test hooks of tkd_dump_opts, compiled into test builds only (common/test_hooks.h). */
+static bool test_stop(const tkd_dump_opts *o, int64_t nbatches)
+{
+#ifdef TKD_TEST_HOOKS
+    return o->stop_after_batches > 0 && nbatches >= o->stop_after_batches;
+#else
+    return false;
+#endif
+}
+
+static void test_kill(const tkd_dump_opts *o, int64_t nbatches, tkd_dump_writer *w)
+{
+#ifdef TKD_TEST_HOOKS
+    if (o->kill_after_batches > 0 && nbatches == o->kill_after_batches) {
+        tkd_dump_writer_drain(w); /* the batches so far are on disk: the crash is mid-shard, not mid-write */
+        raise(SIGKILL);
+    }
+#endif
+}
+
 static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *buf, double t0)
 {
     const tkd_dump_config *cfg = c->cfg;
     const int64_t ss = cfg->shard_sequences, T = cfg->seq_len;
     int64_t nbatches = 0;
     for (int64_t s = c->sum->resumed_at; s < c->sum->range_end;) {
-        if (tkd_interrupted() || (c->opts->stop_after_batches > 0 && nbatches >= c->opts->stop_after_batches))
+        if (tkd_interrupted() || test_stop(c->opts, nbatches))
             return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted");
         /* A batch never crosses a shard boundary, so a resumed or split run computes exactly the
          * same batches as one uninterrupted run. */
@@ -508,10 +528,7 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
         nbatches++;
         c->sum->seqs_run += nb;
         c->sum->tokens_run += nb * T;
-        if (c->opts->kill_after_batches > 0 && nbatches == c->opts->kill_after_batches) {
-            tkd_dump_writer_drain(w);
-            raise(SIGKILL);
-        }
+        test_kill(c->opts, nbatches, w);
         report_progress(c, w, s, t0);
     }
     return TKD_OK;

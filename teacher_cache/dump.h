@@ -45,8 +45,10 @@ typedef struct tkd_dump_opts {
     bool overwrite;                /* replace an existing cache of another identity */
     tkd_dump_progress_fn progress; /* called after every batch; may be NULL */
     void *progress_user;
-    /* Test hooks (0 = off). stop: act as if Ctrl-C came after this many batches. kill: wait until
-     * that many batches are written, then SIGKILL the process (a crash in the middle of a shard). */
+    /* Test hooks (0 = off), honoured only in test builds (TKD_TEST_HOOKS, common/test_hooks.h);
+     * the shipped teacher-dump ignores them. stop: act as if Ctrl-C came after this many batches.
+     * kill: wait until that many batches are written, then SIGKILL the process (a crash in the
+     * middle of a shard). */
     int64_t stop_after_batches;
     int64_t kill_after_batches;
 } tkd_dump_opts;

@@ -1,7 +1,7 @@
 /* main.c — the teacher-dump CLI: parse flags, load the config, run (or resume) the dump with a
  * progress line, print the summary; `teacher-dump merge DIR` joins split workers' manifests.
- * Every error is one line "teacher-dump: <file>:<place>: <what> — <what to do>" and a non-zero exit:
- * 2 for usage and config errors, 130 / 143 after SIGINT / SIGTERM, 1 otherwise. */
+ * Every error is one line "teacher-dump: <file>:<place>: <what> — <what to do>" and a non-zero exit
+ * from tkd_cli_exit_code (2 usage or config, 130 / 143 after SIGINT / SIGTERM, 1 otherwise). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/progress.h"
 #include "common/signals.h"
+#include "common/test_hooks.h"
 #include "formats/cache_shard.h"
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
@@ -24,15 +25,13 @@ static const char usage[] =
 static int fail(tkd_status st)
 {
     fprintf(stderr, "teacher-dump: %s\n", tkd_error_msg());
-    if (st == TKD_ERR_INTERRUPTED)
-        return tkd_interrupted() == SIGTERM ? 143 : 130;
-    return st == TKD_ERR_CONFIG || st == TKD_ERR_INVALID_ARG ? 2 : 1;
+    return tkd_cli_exit_code(st, tkd_interrupted());
 }
 
 typedef struct progress_state {
     tkd_progress bar;
     long batches;
-    long signal_after; /* test hook: raise SIGINT after this many batches */
+    long signal_after; /* test builds: raise SIGINT after this many batches */
 } progress_state;
 
 static void on_progress(const tkd_dump_progress *p, void *user)
@@ -45,14 +44,10 @@ static void on_progress(const tkd_dump_progress *p, void *user)
     /* The rate and ETA are about this run, so sequences done before a resume are left out. */
     ps->bar.total = p->seq_total - p->seq_start;
     tkd_progress_update(&ps->bar, p->seq_done - p->seq_start, extra);
+#ifdef TKD_TEST_HOOKS
     if (ps->signal_after > 0 && ++ps->batches == ps->signal_after)
         raise(SIGINT);
-}
-
-static long env_long(const char *name)
-{
-    const char *v = getenv(name);
-    return v ? strtol(v, NULL, 10) : 0;
+#endif
 }
 
 static void print_summary(const tkd_dump_summary *s)
@@ -106,14 +101,17 @@ static int run_dump(const tkd_cli *cli)
     tkd_log_info("teacher-dump: %s -> %s (worker %d of %d, k %d, %s, tail %d)", cfg.teacher_path, cfg.output_dir,
                  cfg.worker_index, cfg.worker_count, cfg.k, tkd_cache_dtype_name((tkd_cache_dtype)cfg.logits_dtype),
                  cfg.tail_samples);
-    progress_state ps = {.signal_after = env_long("TKD_DUMP_TEST_SIGINT_AFTER_BATCHES")};
+    progress_state ps = {0};
     tkd_progress_begin(&ps.bar, "teacher-dump", 0, "seq");
     tkd_dump_opts opts = {
         .overwrite = cli->overwrite,
         .progress = on_progress,
         .progress_user = &ps,
-        .kill_after_batches = env_long("TKD_DUMP_TEST_KILL_AFTER_BATCHES"),
     };
+#ifdef TKD_TEST_HOOKS
+    ps.signal_after = tkd_test_hook_env("TKD_DUMP_TEST_SIGINT_AFTER_BATCHES");
+    opts.kill_after_batches = tkd_test_hook_env("TKD_DUMP_TEST_KILL_AFTER_BATCHES");
+#endif
     tkd_dump_summary sum;
     st = tkd_signals_install();
     if (st == TKD_OK)

@@ -171,7 +171,8 @@ static void test_shard_manifest_mismatch(void **state)
 {
     fixture *f = *state;
     rewrite_manifest(f, edit_k);
-    expect_error(open_reader(f), TKD_ERR_MISMATCH, "shard-00000.h5: k differs (3 vs 4)");
+    expect_error(open_reader(f), TKD_ERR_MISMATCH,
+                 "shard-00000.h5: k differs (3 vs 4) — the shard belongs to another cache; re-run teacher-dump");
     rewrite_manifest(f, edit_k); /* k stays 3; now the vocab differs too, k is reported first */
     rewrite_manifest(f, edit_vocab);
     expect_error(open_reader(f), TKD_ERR_MISMATCH, "vocab_size differs (999 vs 1000)");

@@ -1,6 +1,6 @@
-/* test_cache_reader.c — manifest.yaml round trip and merge, whole-cache random access across
- * shards (all columns and the first k'), and the streaming loader (any order, partial last batch,
- * early close). */
+/* test_cache_reader.c — manifest.yaml round trip (and a shard list out of order) and merge,
+ * whole-cache random access across shards (all columns and the first k'), and the streaming loader
+ * (any order, partial last batch, early close). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,6 +37,26 @@ static void check_slot(const tkd_cache_batch *got, int64_t j, const tkd_cache_id
         assert_memory_equal(got->tail_indices + (size_t)j * T * (size_t)got->tail_samples,
                             want.tail_indices, T * (size_t)got->tail_samples * 4);
     tkd_cache_batch_free(&want);
+}
+
+/* The manifest at path with its one `from` replaced by `to`, read back: the status (message set). */
+static tkd_status read_edited(const char *path, const char *from, const char *to)
+{
+    char *text = tkd_test_slurp(path, NULL);
+    char *at = strstr(text, from);
+    assert_non_null(at);
+    char edited[8192];
+    int n = snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    assert_true(n > 0 && (size_t)n < sizeof edited);
+    char epath[4300];
+    snprintf(epath, sizeof epath, "%s.edited", path);
+    tkd_test_write_text(epath, edited);
+    free(text);
+    tkd_cache_manifest r;
+    tkd_status st = tkd_cache_manifest_read(&r, epath);
+    if (st == TKD_OK)
+        tkd_cache_manifest_free(&r);
+    return st;
 }
 
 static void test_manifest_roundtrip(void **state)
@@ -81,6 +101,12 @@ static void test_manifest_roundtrip(void **state)
         files += de->d_name[0] != '.';
     closedir(d);
     assert_int_equal(files, 1);
+    /* a shard list out of order is a format error that keeps what the list's check found, after
+     * the place in the file */
+    assert_int_equal(read_edited(path, "first_seq: 80", "first_seq: 75"), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("manifest.worker-1.yaml.edited:");
+    tkd_test_assert_msg_has(": manifest: shard shard-00008.h5 starts at sequence 75, before the end (80) of "
+                            "shard-00007.h5");
     tkd_cache_manifest_free(&m);
     tkd_cache_manifest_free(&r);
     tkd_test_rmtree(dir);

@@ -1,9 +1,10 @@
 /* test_student_errors.c — student-train's bad inputs, each one clear one-line error with the right
  * status, and the last checkpoint left valid when training stops midway: a cache from another
  * teacher than data.expect_teacher_sha256, a vocabulary mismatch (random student and HF init),
- * kd.variant = sampled on a cache without tail draws, kd.topk > k, a temperature the cache was not
- * written at, a corrupt chunk in the 2nd shard met in the middle of training, an infinite teacher
- * logit (refused by validation) and a bogus LSE that makes the loss infinite. */
+ * kd.variant = sampled on a cache without tail draws, kd.topk > k, data.seq_len longer than the
+ * cache's, a temperature the cache was not written at, a corrupt chunk in the 2nd shard met in the
+ * middle of training, an infinite teacher logit (refused by validation) and a bogus LSE that makes
+ * the loss infinite. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -152,6 +153,15 @@ static void test_topk_beyond_the_cache(void **state)
     expect_error(run(f, f->s.cache, "topk7", extra, 1), TKD_ERR_CONFIG, frag, 3);
     const char *ok[] = {"kd.topk=6", "train.max_steps=1"};
     assert_int_equal(run(f, f->s.cache, "topk6", ok, 2), TKD_OK);
+}
+
+/* A config error found once the cache is open is still a config error (exit 2), not a mismatch. */
+static void test_seq_len_beyond_the_cache(void **state)
+{
+    fixture *f = *state;
+    const char *extra[] = {"data.seq_len=9"};
+    const char *frag[] = {"data.seq_len = 9", "sequences of 8", f->s.cache};
+    expect_error(run(f, f->s.cache, "seq9", extra, 1), TKD_ERR_CONFIG, frag, 3);
 }
 
 static void test_temperature_of_the_cache(void **state)
@@ -333,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_vocabulary_mismatch),
         cmocka_unit_test(test_sampled_needs_tail_draws),
         cmocka_unit_test(test_topk_beyond_the_cache),
+        cmocka_unit_test(test_seq_len_beyond_the_cache),
         cmocka_unit_test(test_temperature_of_the_cache),
         cmocka_unit_test(test_validation_cache),
         cmocka_unit_test(test_corrupt_shard_mid_training),

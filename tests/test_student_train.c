@@ -255,14 +255,14 @@ static void test_checkpoint_loads_back(void **state)
     }
     assert_true(msum > 0 && vsum > 0); /* moments were restored, not left at zero */
 
-    /* an architecture that differs is refused, naming the directory */
+    /* an architecture that differs is refused as a config error (exit 2), naming the directory */
     tkd_model *other = NULL;
     mc.hidden_size = 16;
     mc.head_dim = 8;
     assert_int_equal(tkd_model_init_random(&mc, 1, &other), TKD_OK);
     tkd_adamw *opt2 = NULL;
     assert_int_equal(tkd_adamw_init(&oc, other->n_params, &opt2), TKD_OK);
-    assert_int_equal(tkd_checkpoint_load(dir, other, opt2, &st), TKD_ERR_MISMATCH);
+    assert_int_equal(tkd_checkpoint_load(dir, other, opt2, &st), TKD_ERR_CONFIG);
     assert_non_null(strstr(tkd_error_msg(), "architecture"));
     tkd_adamw_free(opt2);
     tkd_model_free(other);

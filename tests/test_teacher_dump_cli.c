@@ -1,7 +1,8 @@
-/* test_teacher_dump_cli.c — build/bin/teacher-dump as child processes: a SIGKILL in the middle of a
- * shard then a re-run gives the same cache as one uninterrupted run; SIGINT leaves a valid manifest,
- * no .tmp, exit 130 and a one-line hint; two concurrent workers + `merge` give the same cache as one
- * worker (tail draws included); merge refuses an unfinished split; errors are one line. */
+/* test_teacher_dump_cli.c — build/bin/teacher-dump (teacher-dump-testhooks where a test hook kills
+ * or interrupts it) as child processes: a SIGKILL in the middle of a shard then a re-run gives the
+ * same cache as one uninterrupted run; SIGINT leaves a valid manifest, no .tmp, exit 130 and a
+ * one-line hint; two concurrent workers + `merge` give the same cache as one worker (tail draws
+ * included); merge refuses an unfinished split; errors are one line. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,14 +16,17 @@
 #include "tests/dump_testutil.h"
 
 #define BIN TKD_BINARY_DIR "/bin/teacher-dump"
+#define BIN_HOOKS TKD_BINARY_DIR "/bin/teacher-dump-testhooks" /* the test build: hooks compiled in */
 
 /* Starts teacher-dump with args (NULL-terminated, argv[0] excluded) and one optional extra
- * environment assignment "NAME=value"; stdout and stderr go to <dir>/<tag>.err. */
+ * environment assignment "NAME=value"; stdout and stderr go to <dir>/<tag>.err. A test hook
+ * (TKD_DUMP_TEST_*) exists only in the test build, so that is the binary those runs start. */
 static pid_t spawn(const char *dir, const char *tag, const char *env, const char *const *args)
 {
     char err_path[4300];
     snprintf(err_path, sizeof err_path, "%s/%s.err", dir, tag);
-    return tkd_test_spawn(BIN, args, env, err_path);
+    int hook = env && strncmp(env, "TKD_DUMP_TEST_", 14) == 0;
+    return tkd_test_spawn(hook ? BIN_HOOKS : BIN, args, env, err_path);
 }
 
 /* spawn, then wait: the exit code, or 1000 + signal number when killed by a signal. */
@@ -198,8 +202,8 @@ static void test_cli_errors(void **state)
 
 int main(void)
 {
-    if (access(BIN, X_OK) != 0) {
-        printf("skipped: %s not built\n", BIN);
+    if (access(BIN, X_OK) != 0 || access(BIN_HOOKS, X_OK) != 0) {
+        printf("skipped: %s or %s not built\n", BIN, BIN_HOOKS);
         return 77;
     }
     const struct CMUnitTest tests[] = {

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 #include <hdf5.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +237,22 @@ int tkd_test_wait(pid_t pid)
 int tkd_test_run(const char *bin, const char *const *args, const char *env, const char *out_path)
 {
     return tkd_test_wait(tkd_test_spawn(bin, args, env, out_path));
+}
+
+int tkd_test_signal_when(pid_t pid, const char *path, int sig)
+{
+    /* 10 ms polls for up to two minutes: the tools get there in well under a second alone, far
+     * longer on a loaded machine */
+    for (int i = 0; i < 12000 && access(path, F_OK) != 0; i++) {
+        int status = 0;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        assert_true(r == 0 || r == pid);
+        if (r == pid) /* gone before it got there: its status tells the test what went wrong */
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
+        usleep(10000);
+    }
+    assert_int_equal(kill(pid, sig), 0);
+    return tkd_test_wait(pid);
 }
 
 /* ---- a tiny teacher cache -------------------------------------------------------------------- */

@@ -83,6 +83,11 @@ int tkd_test_wait(pid_t pid);
 /* tkd_test_spawn then tkd_test_wait. */
 int tkd_test_run(const char *bin, const char *const *args, const char *env, const char *out_path);
 
+/* Waits until path exists (a file the child makes once its signal handlers are in place), sends
+ * the child sig, then waits for it as tkd_test_wait does. A child that exits first gives its own
+ * status (so the test fails on it); path still missing after two minutes: the signal goes anyway. */
+int tkd_test_signal_when(pid_t pid, const char *path, int sig);
+
 /* A one-layer Llama of 2 attention heads for the model tests: the defaults of
  * tkd_model_config_defaults (tied embeddings included), then vocab, hidden (even) and an MLP of
  * 2 x hidden, head_dim hidden / 2, kv_heads (1 or 2) and max_pos positions. */
