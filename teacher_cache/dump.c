@@ -401,15 +401,36 @@ static int local_gpu(void)
     return v ? atoi(v) : 0;
 }
 
+/* The identity of an in-memory teacher: its parameter list (names, shapes) and init seed. */
+static void memory_teacher_sha256(const tkd_model *m, uint64_t seed, char hex[65])
+{
+    tkd_sha256 h;
+    tkd_sha256_init(&h);
+    tkd_sha256_update(&h, "in-memory teacher", 17);
+    tkd_sha256_update(&h, &seed, sizeof seed);
+    for (int i = 0; i < m->n_info; i++) {
+        tkd_sha256_update(&h, m->info[i].name, strlen(m->info[i].name));
+        tkd_sha256_update(&h, m->info[i].shape, sizeof m->info[i].shape);
+    }
+    uint8_t d[TKD_SHA256_BYTES];
+    tkd_sha256_final(&h, d);
+    tkd_sha256_hex(d, hex);
+}
+
 static tkd_status load_inputs(dump_ctx *c)
 {
     const tkd_dump_config *cfg = c->cfg;
-    tkd_status st = tkd_backend_open(cfg->device, local_gpu(), &c->be);
-    if (st != TKD_OK)
-        return st;
-    st = tkd_model_load_hf_on(cfg->teacher_path, c->be, &c->model);
-    if (st != TKD_OK)
-        return tkd_error_prefix(st, "teacher.path");
+    tkd_status st = TKD_OK;
+    if (c->opts->teacher) {
+        c->model = c->opts->teacher;
+        memory_teacher_sha256(c->model, c->opts->teacher_seed, c->sum->teacher_sha256);
+    } else {
+        TKD_TRY(tkd_backend_open(cfg->device, local_gpu(), &c->be));
+        st = tkd_model_load_hf_on(cfg->teacher_path, c->be, &c->model);
+        if (st != TKD_OK)
+            return tkd_error_prefix(st, "teacher.path");
+        TKD_TRY(tkd_dump_teacher_sha256(cfg->teacher_path, c->sum->teacher_sha256));
+    }
     TKD_TRY(check_compute_args(c));
     st = tkd_tokens_open_list((const char *const *)cfg->data_paths.items, (int)cfg->data_paths.n, &c->ds);
     if (st != TKD_OK)
@@ -418,7 +439,6 @@ static tkd_status load_inputs(dump_ctx *c)
     if (st != TKD_OK)
         return tkd_error_set(st, "%s (teacher %s has vocab %d) — use the teacher's own tokenizer",
                              TKD_DUMP_PREV_MSG(), cfg->teacher_path, c->model->cfg.vocab_size);
-    TKD_TRY(tkd_dump_teacher_sha256(cfg->teacher_path, c->sum->teacher_sha256));
     tkd_tokens_sha256(c->ds, c->sum->dataset_sha256);
     return make_template(&c->tmpl, cfg, c->model, c->ds, c->sum->teacher_sha256, c->sum->dataset_sha256);
 }
@@ -644,7 +664,8 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     }
     tkd_cache_manifest_free(&c.tmpl);
     tkd_tokens_free(c.ds);
-    tkd_model_free(c.model);
+    if (!c.opts->teacher)
+        tkd_model_free(c.model);
     tkd_backend_close(c.be);
     return st;
 }

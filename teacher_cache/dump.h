@@ -51,6 +51,12 @@ typedef struct tkd_dump_opts {
      * middle of a shard). */
     int64_t stop_after_batches;
     int64_t kill_after_batches;
+    /* A teacher already on a backend (borrowed; benchmarks use it for random weights without a
+     * checkpoint file): used instead of loading teacher.path, which then only labels the cache,
+     * and the cache's teacher_sha256 is the digest of the model's parameter list and init seed
+     * (teacher_seed), not of weight files. NULL: load teacher.path. */
+    struct tkd_model *teacher;
+    uint64_t teacher_seed;
 } tkd_dump_opts;
 
 typedef struct tkd_dump_summary {
