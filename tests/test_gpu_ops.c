@@ -1,0 +1,601 @@
+/* test_gpu_ops.c — the CUDA decoder ops (kernels/ops_cuda.h) against the double references of
+ * kernels/cpu_ops_ref.h, on inputs already rounded to bf16 (so the only differences are the device's
+ * own fp32 arithmetic and its one rounding to bf16), over awkward shapes: one row, row counts that
+ * fill no tile, widths that are not multiples of 8 (the scalar paths), pointers one element off
+ * 16-byte alignment. Outputs are poisoned (all bits set: NaN) before each launch, so an element a
+ * kernel skips fails. Labelled gpu: exits 77 (skipped) where no GPU answers or the build has no CUDA
+ * backend.
+ *
+ * Tolerances. A bf16 output is the device's fp32 value v rounded once to nearest: |bf16(v) − v| ≤
+ * half an ulp ≤ 2^-8·|v| (8 significant bits). So each bf16 output is held to
+ * |got − ref| ≤ 2^-8·|ref| + (a bound on v's own fp32 error, per op):
+ *   RMSNorm y: fp32 sum of squares (≤ 32 serial adds per thread, then a 9-level tree: ≤ 41·2^-24)
+ *     and 1/sqrt: ≤ 3e-6 relative; held to 1e-5·|ref|.
+ *   RoPE: x·c − y·s in fp32: ≤ 2^-23·(|x| + |y|) of the pair's inputs; held to 2^-21·(|x| + |y|).
+ *   SwiGLU: expf, a divide, two multiplies: ≤ ~6·2^-24 relative; held to 1e-5·|ref|, plus 1e-30
+ *     absolute: for g < −88.7 e^−g overflows fp32 and silu(g) comes out −0 instead of |g|·e^g < 1e-36
+ *     (the CPU fast path does the same).
+ *   linear: fp32 accumulation of K products on tensor cores, which may truncate rather than round
+ *     each add, in MMA blocks of 16 then across k-tiles: ≤ (K/16 + 16)·2^-23·Σ_k|x_k·w_k| (≤ 3.2e-5
+ *     of that sum at K = 4096); held to 1e-4·Σ_k|x_k·w_k|. The bias is added in fp32 before the
+ *     rounding, so it adds nothing.
+ * fp32 outputs: the embedding rows and the residual x_out = x_in + float(branch) (one IEEE add) are
+ * bit-identical to the host's; rstd within 1e-5 relative (the sum of squares above). The conversions
+ * are bit-identical to common/half.h's (NaN payloads included).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "tests/testutil.h"
+
+#ifdef TKD_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cpu_ops.h"
+#include "kernels/cpu_ops_ref.h"
+#include "kernels/ops_cuda.h"
+
+#define BF16_REL 0.00390625       /* 2^-8: one round-to-nearest into bf16 (see the top) */
+#define RMS_F32_REL 1e-5          /* fp32 sum of squares and 1/sqrt */
+#define ROPE_F32_ABS 4.76837158203125e-07 /* 2^-21, times |x| + |y| of the pair */
+#define SWIGLU_F32_REL 1e-5       /* expf, divide, multiplies */
+#define SWIGLU_ABS 1e-30          /* e^-g overflow for g < -88.7 */
+#define LINEAR_ACC_REL 1e-4       /* times Σ|x·w|: fp32 tensor-core accumulation */
+#define RSTD_REL 1e-5             /* rstd: fp32 sum of squares and 1/sqrt */
+
+static cudaStream_t g_stream; /* every launch goes to this (non-default) stream */
+
+/* ---- helpers ------------------------------------------------------------------------------------ */
+
+static void *dev_alloc(size_t n)
+{
+    void *p = NULL;
+    assert_int_equal(cudaMalloc(&p, n ? n : 1), cudaSuccess);
+    return p;
+}
+
+static void to_dev(void *d, const void *h, size_t n)
+{
+    assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+static void to_host(void *h, const void *d, size_t n)
+{
+    assert_int_equal(cudaStreamSynchronize(g_stream), cudaSuccess);
+    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+static void poison(void *d, size_t n) { assert_int_equal(cudaMemset(d, 0xff, n), cudaSuccess); }
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static void ok(tkd_status st, const char *what)
+{
+    if (st != TKD_OK)
+        fail_msg("%s: %s: %s", what, tkd_status_name(st), tkd_error_msg());
+}
+
+/* n bf16 values of normal(0, std) from seed. */
+static uint16_t *rand_bf16(size_t n, uint64_t seed, float std)
+{
+    float *f = xmalloc(n * 4);
+    uint16_t *b = xmalloc(n * 2);
+    tkd_test_randn(f, n, seed, std);
+    for (size_t i = 0; i < n; i++)
+        b[i] = tkd_f32_to_bf16(f[i]);
+    free(f);
+    return b;
+}
+
+static double *bf16_to_f64(const uint16_t *b, size_t n)
+{
+    double *d = xmalloc(n * 8);
+    for (size_t i = 0; i < n; i++)
+        d[i] = tkd_bf16_to_f32(b[i]);
+    return d;
+}
+
+/* Holds got[i] (a bf16) to |got − ref| ≤ BF16_REL·|ref| + rel·|ref| + abs + (abs_i ? abs_i[i] : 0);
+ * NaN fails. On failure names the worst element (row, column of a `cols`-wide matrix). */
+static void check_bf16(const char *what, const uint16_t *got, const double *ref, size_t n, size_t cols,
+                       double rel, double abs, const double *abs_i)
+{
+    size_t bad = 0, worst = 0;
+    double worst_ratio = -1.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = tkd_bf16_to_f32(got[i]), d = fabs(g - ref[i]);
+        double tol = (BF16_REL + rel) * fabs(ref[i]) + abs + (abs_i ? abs_i[i] : 0.0);
+        double ratio = d / tol;
+        if (!(d <= tol))
+            bad++;
+        if (!(ratio <= worst_ratio)) { /* NaN counts as worst */
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    if (bad) {
+        double g = tkd_bf16_to_f32(got[worst]);
+        double tol = (BF16_REL + rel) * fabs(ref[worst]) + abs + (abs_i ? abs_i[worst] : 0.0);
+        fail_msg("%s: %zu of %zu elements off; worst [%zu, %zu]: got %.9g (0x%04x) ref %.9g |d| %.3g tol %.3g",
+                 what, bad, n, worst / cols, worst % cols, g, got[worst], ref[worst], fabs(g - ref[worst]), tol);
+    }
+}
+
+/* fp32 outputs that must equal the host's bit for bit. */
+static void check_f32_bits(const char *what, const float *got, const float *want, size_t n, size_t cols)
+{
+    for (size_t i = 0; i < n; i++)
+        if (tkd_f32_bits(got[i]) != tkd_f32_bits(want[i]))
+            fail_msg("%s: [%zu, %zu]: got %.9g (0x%08x) want %.9g (0x%08x)", what, i / cols, i % cols,
+                     got[i], tkd_f32_bits(got[i]), want[i], tkd_f32_bits(want[i]));
+}
+
+/* ---- embedding ------------------------------------------------------------------------------------ */
+
+static void embedding_case(int N, int D)
+{
+    const int V = 50;
+    char what[128];
+    snprintf(what, sizeof what, "embedding N %d D %d", N, D);
+    uint16_t *emb = rand_bf16((size_t)V * D, 11 + D, 1.0f);
+    int32_t *tok = xmalloc((size_t)N * 4);
+    for (int n = 0; n < N; n++)
+        tok[n] = (int32_t)((n * 7919u + 3u) % V);
+    tok[0] = 0, tok[N - 1] = V - 1;
+    float *want = xmalloc((size_t)N * D * 4), *got = xmalloc((size_t)N * D * 4);
+    for (int n = 0; n < N; n++)
+        for (int d = 0; d < D; d++)
+            want[(size_t)n * D + d] = tkd_bf16_to_f32(emb[(size_t)tok[n] * D + d]);
+    uint16_t *d_emb = dev_alloc((size_t)V * D * 2);
+    int32_t *d_tok = dev_alloc((size_t)N * 4);
+    float *d_x = dev_alloc((size_t)N * D * 4);
+    to_dev(d_emb, emb, (size_t)V * D * 2);
+    to_dev(d_tok, tok, (size_t)N * 4);
+    poison(d_x, (size_t)N * D * 4);
+    ok(tkd_cuda_embedding_fwd(d_tok, N, d_emb, D, d_x, g_stream), what);
+    to_host(got, d_x, (size_t)N * D * 4);
+    check_f32_bits(what, got, want, (size_t)N * D, (size_t)D);
+    cudaFree(d_emb), cudaFree(d_tok), cudaFree(d_x);
+    free(emb), free(tok), free(want), free(got);
+}
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    const int ns[] = {1, 17, 1000}, ds[] = {64, 896, 1000, 1001, 4096, 7};
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+        for (size_t j = 0; j < sizeof ds / sizeof *ds; j++)
+            embedding_case(ns[i], ds[j]);
+    assert_int_equal(tkd_cuda_embedding_fwd(NULL, 1, NULL, 0, NULL, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_embedding_fwd(NULL, 0, NULL, 8, NULL, g_stream), TKD_OK); /* no rows */
+}
+
+/* ---- RMSNorm and the fused residual add ------------------------------------------------------------ */
+
+/* x (N, D) fp32: normal rows scaled by 10^(n % 5 − 2), and row 3 all zeros (rstd = 1/sqrt(eps)). */
+static float *rms_input(int N, int D, uint64_t seed)
+{
+    float *x = xmalloc((size_t)N * D * 4);
+    tkd_test_randn(x, (size_t)N * D, seed, 1.0f);
+    for (int n = 0; n < N; n++)
+        for (int d = 0; d < D; d++)
+            x[(size_t)n * D + d] *= n == 3 ? 0.0f : powf(10.0f, (float)(n % 5 - 2));
+    return x;
+}
+
+/* One RMSNorm (fused = 0) or residual add + RMSNorm (fused = 1, in place when inplace = 1). */
+static void rmsnorm_case(int N, int D, int fused, int inplace, int with_rstd)
+{
+    const float eps = 1e-6f;
+    const size_t nd = (size_t)N * D;
+    char what[160];
+    snprintf(what, sizeof what, "%s N %d D %d%s%s", fused ? "add_rmsnorm" : "rmsnorm", N, D,
+             inplace ? " in place" : "", with_rstd ? "" : " (rstd NULL)");
+    float *x = rms_input(N, D, 100 + D), *x_out = xmalloc(nd * 4), *got_x = xmalloc(nd * 4);
+    uint16_t *w = rand_bf16((size_t)D, 200 + D, 0.5f), *br = rand_bf16(nd, 300 + D, 2.0f);
+    for (int d = 0; d < D; d++) /* w around 1, as trained norms are */
+        w[d] = tkd_f32_to_bf16(1.0f + tkd_bf16_to_f32(w[d]));
+    for (size_t i = 0; i < nd; i++)
+        x_out[i] = fused ? x[i] + tkd_bf16_to_f32(br[i]) : x[i]; /* one fp32 add, as the device */
+    double *xd = xmalloc(nd * 8), *wd = bf16_to_f64(w, (size_t)D), *ref = xmalloc(nd * 8);
+    double *rref = xmalloc((size_t)N * 8);
+    for (size_t i = 0; i < nd; i++)
+        xd[i] = x_out[i];
+    tkd_ref_rmsnorm_fwd(xd, wd, N, D, eps, ref, rref);
+
+    float *d_x = dev_alloc(nd * 4), *d_xo = inplace ? d_x : dev_alloc(nd * 4);
+    float *d_r = dev_alloc((size_t)N * 4);
+    uint16_t *d_w = dev_alloc((size_t)D * 2), *d_b = dev_alloc(nd * 2), *d_y = dev_alloc(nd * 2);
+    to_dev(d_x, x, nd * 4);
+    to_dev(d_w, w, (size_t)D * 2);
+    to_dev(d_b, br, nd * 2);
+    poison(d_y, nd * 2);
+    poison(d_r, (size_t)N * 4);
+    if (fused && !inplace)
+        poison(d_xo, nd * 4);
+    float *rstd = with_rstd ? d_r : NULL;
+    if (fused)
+        ok(tkd_cuda_add_rmsnorm_fwd(d_x, d_b, d_xo, d_w, N, D, eps, d_y, rstd, g_stream), what);
+    else
+        ok(tkd_cuda_rmsnorm_fwd(d_x, d_w, N, D, eps, d_y, rstd, g_stream), what);
+
+    uint16_t *y = xmalloc(nd * 2);
+    float *r = xmalloc((size_t)N * 4);
+    to_host(y, d_y, nd * 2);
+    check_bf16(what, y, ref, nd, (size_t)D, RMS_F32_REL, 0.0, NULL);
+    if (fused) {
+        to_host(got_x, d_xo, nd * 4);
+        check_f32_bits(what, got_x, x_out, nd, (size_t)D);
+    }
+    to_host(r, d_r, (size_t)N * 4);
+    for (int n = 0; n < N; n++)
+        if (with_rstd ? !tkd_test_close(r[n], rref[n], 0.0, RSTD_REL) : tkd_f32_bits(r[n]) != 0xffffffffu)
+            fail_msg("%s: rstd[%d] = %.9g, ref %.9g%s", what, n, r[n], rref[n],
+                     with_rstd ? "" : " (rstd was NULL: must stay unwritten)");
+    cudaFree(d_x), cudaFree(d_r), cudaFree(d_w), cudaFree(d_b), cudaFree(d_y);
+    if (!inplace)
+        cudaFree(d_xo);
+    free(x), free(x_out), free(got_x), free(w), free(br), free(xd), free(wd), free(ref), free(rref);
+    free(y), free(r);
+}
+
+static void rmsnorm_all(int N, int D)
+{
+    rmsnorm_case(N, D, 0, 0, 1);
+    rmsnorm_case(N, D, 1, 0, 1);
+    rmsnorm_case(N, D, 1, 1, 0);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    /* 64..4096: one chunk per thread; 1001, 7: scalar path (D % 8 != 0) */
+    const int ns[] = {1, 17, 1000}, ds[] = {64, 896, 1000, 1001, 4096, 7};
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+        for (size_t j = 0; j < sizeof ds / sizeof *ds; j++)
+            rmsnorm_all(ns[i], ds[j]);
+    /* 2 and 4 chunks per thread (8192, 12000, 16384), scalar with 2 and 4 (5003, 16383) */
+    const int big[] = {8192, 12000, 16384, 5003, 16383};
+    for (size_t j = 0; j < sizeof big / sizeof *big; j++) {
+        rmsnorm_all(1, big[j]);
+        rmsnorm_all(17, big[j]);
+    }
+    rmsnorm_case(17, 896, 0, 0, 0); /* rstd NULL on the plain path too */
+    float *d = dev_alloc(64);
+    uint16_t *h = dev_alloc(64);
+    assert_int_equal(tkd_cuda_rmsnorm_fwd(d, h, 1, 16385, 1e-6f, h, NULL, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_rmsnorm_fwd(d, h, 1, 0, 1e-6f, h, NULL, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_add_rmsnorm_fwd(d, NULL, d, h, 1, 8, 1e-6f, h, NULL, g_stream),
+                     TKD_ERR_INVALID_ARG);
+    cudaFree(d), cudaFree(h);
+}
+
+/* ---- RoPE ----------------------------------------------------------------------------------------- */
+
+/* Reference for one tensor (N, nh·dh) of bf16 and the per-element bound 2^-21·(|x_i| + |x_partner|). */
+static void rope_ref(const uint16_t *x, int N, int T, int nh, int dh, const float *c, const float *s,
+                     double **ref, double **abs_i)
+{
+    const size_t n = (size_t)N * nh * dh;
+    const int half = dh / 2;
+    *ref = bf16_to_f64(x, n);
+    *abs_i = xmalloc(n * 8);
+    for (size_t r = 0; r < n / (size_t)dh; r++)
+        for (int i = 0; i < half; i++) {
+            size_t a = r * dh + i, b = a + half;
+            double m = ROPE_F32_ABS * (fabs((*ref)[a]) + fabs((*ref)[b]));
+            (*abs_i)[a] = (*abs_i)[b] = m;
+        }
+    tkd_ref_rope_fwd(*ref, N, T, nh, dh, c, s);
+}
+
+static void rope_case(int N, int T, int H, int Hkv, int dh, double theta)
+{
+    char what[160];
+    snprintf(what, sizeof what, "rope N %d T %d H %d Hkv %d dh %d", N, T, H, Hkv, dh);
+    const int half = dh / 2;
+    const size_t nq = (size_t)N * H * dh, nk = (size_t)N * Hkv * dh, nt = (size_t)T * half;
+    float *inv = xmalloc((size_t)half * 4), *c = xmalloc(nt * 4), *s = xmalloc(nt * 4);
+    tkd_cpu_rope_inv_freq(theta, dh, 0, 1.0, 1.0, 4.0, 8192, inv);
+    tkd_cpu_rope_table(inv, dh, T, c, s);
+    uint16_t *q = rand_bf16(nq, 400 + dh, 1.5f), *k = rand_bf16(nk, 500 + dh, 1.5f);
+    double *qref, *kref, *qabs, *kabs;
+    rope_ref(q, N, T, H, dh, c, s, &qref, &qabs);
+    rope_ref(k, N, T, Hkv, dh, c, s, &kref, &kabs);
+    uint16_t *d_q = dev_alloc(nq * 2), *d_k = dev_alloc(nk * 2);
+    float *d_c = dev_alloc(nt * 4), *d_s = dev_alloc(nt * 4);
+    to_dev(d_q, q, nq * 2);
+    to_dev(d_k, k, nk * 2);
+    to_dev(d_c, c, nt * 4);
+    to_dev(d_s, s, nt * 4);
+    ok(tkd_cuda_rope_fwd(d_q, d_k, N, T, H, Hkv, dh, d_c, d_s, g_stream), what);
+    to_host(q, d_q, nq * 2);
+    to_host(k, d_k, nk * 2);
+    char wq[200];
+    snprintf(wq, sizeof wq, "%s: q", what);
+    check_bf16(wq, q, qref, nq, (size_t)H * dh, 0.0, 0.0, qabs);
+    snprintf(wq, sizeof wq, "%s: k", what);
+    check_bf16(wq, k, kref, nk, (size_t)Hkv * dh, 0.0, 0.0, kabs);
+    cudaFree(d_q), cudaFree(d_k), cudaFree(d_c), cudaFree(d_s);
+    free(inv), free(c), free(s), free(q), free(k), free(qref), free(kref), free(qabs), free(kabs);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    rope_case(1, 1, 1, 1, 64, 10000.0);        /* one row, position 0 only */
+    rope_case(17, 5, 14, 2, 64, 1e6);          /* 4 sequences of 5 (t = n % T), H/Hkv = 7 */
+    rope_case(1000, 1000, 7, 1, 128, 500000.0); /* one long sequence, H/Hkv = 7 */
+    rope_case(17, 17, 4, 2, 48, 10000.0);      /* dh = 48: half = 24 */
+    rope_case(33, 8, 14, 2, 80, 10000.0);
+    rope_case(5, 3, 2, 2, 96, 10000.0);        /* H/Hkv = 1 */
+    rope_case(1000, 250, 2, 1, 128, 10000.0);  /* H/Hkv = 2 */
+    rope_case(17, 5, 3, 1, 20, 10000.0);       /* half = 10: scalar path */
+    rope_case(9, 4, 2, 2, 2, 10000.0);         /* dh = 2 */
+    uint16_t *d = dev_alloc(64);
+    float *f = dev_alloc(64);
+    assert_int_equal(tkd_cuda_rope_fwd(d, d, 1, 1, 1, 1, 63, f, f, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_rope_fwd(d, d, 1, 1, 1, 0, 64, f, f, g_stream), TKD_ERR_INVALID_ARG);
+    cudaFree(d), cudaFree(f);
+}
+
+/* ---- SwiGLU --------------------------------------------------------------------------------------- */
+
+/* off: elements the device pointers sit past a 16-byte boundary (1: the scalar path). */
+static void swiglu_case(int64_t n, int off)
+{
+    char what[96];
+    snprintf(what, sizeof what, "swiglu n %lld offset %d", (long long)n, off);
+    uint16_t *g = rand_bf16((size_t)n, 600 + (uint64_t)n, 4.0f), *u = rand_bf16((size_t)n, 700, 1.0f);
+    const float special[] = {0.0f, -0.0f, 30.0f, -30.0f, -87.0f, -100.0f, 100.0f, 1e-30f};
+    for (size_t j = 0; j < sizeof special / sizeof *special && (int64_t)j * 97 < n; j++)
+        g[j * 97] = tkd_f32_to_bf16(special[j]);
+    double *gd = bf16_to_f64(g, (size_t)n), *ud = bf16_to_f64(u, (size_t)n), *ref = xmalloc((size_t)n * 8);
+    tkd_ref_swiglu_fwd(gd, ud, n, ref);
+    uint16_t *d_g = dev_alloc((size_t)(n + off) * 2), *d_u = dev_alloc((size_t)(n + off) * 2);
+    uint16_t *d_h = dev_alloc((size_t)(n + off) * 2);
+    to_dev(d_g + off, g, (size_t)n * 2);
+    to_dev(d_u + off, u, (size_t)n * 2);
+    poison(d_h, (size_t)(n + off) * 2);
+    ok(tkd_cuda_swiglu_fwd(d_g + off, d_u + off, n, d_h + off, g_stream), what);
+    to_host(g, d_h + off, (size_t)n * 2); /* g's buffer now holds h */
+    check_bf16(what, g, ref, (size_t)n, (size_t)n, SWIGLU_F32_REL, SWIGLU_ABS, NULL);
+    cudaFree(d_g), cudaFree(d_u), cudaFree(d_h);
+    free(g), free(u), free(gd), free(ud), free(ref);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    const int64_t ns[] = {1, 7, 8, 1000, 1003, (1 << 20) + 5, 17 * 4864};
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+        swiglu_case(ns[i], 0);
+    swiglu_case(1003, 1);
+    swiglu_case(8, 1);
+    assert_int_equal(tkd_cuda_swiglu_fwd(NULL, NULL, -1, NULL, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_swiglu_fwd(NULL, NULL, 0, NULL, g_stream), TKD_OK);
+}
+
+/* ---- conversions ---------------------------------------------------------------------------------- */
+
+/* Every bf16 upper half with lower halves that round down, tie (to even, both parities of the kept
+ * bit), round up and carry into the exponent; random ones; so every exponent (subnormals, 0, inf,
+ * NaN payloads, the largest finite that rounds to inf) is covered. n = 65536·16 + 5. */
+static uint32_t *conv_values(size_t *n_out)
+{
+    const uint16_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000};
+    const size_t per = 16, n = 65536 * per + 5;
+    uint32_t *v = xmalloc(n * 4);
+    uint64_t s = 0x243f6a8885a308d3ull;
+    for (uint32_t hi = 0; hi < 65536; hi++)
+        for (size_t j = 0; j < per; j++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            uint32_t lo = j < sizeof lows / sizeof *lows ? lows[j] : (uint32_t)(s & 0xffffu);
+            v[hi * per + j] = hi << 16 | lo;
+        }
+    for (size_t i = 65536 * per; i < n; i++)
+        v[i] = 0x7f7fffffu - (uint32_t)(i & 3); /* the odd tail: largest finite values */
+    *n_out = n;
+    return v;
+}
+
+static void f32_to_bf16_run(const uint32_t *v, size_t n, int off)
+{
+    char what[80];
+    snprintf(what, sizeof what, "f32_to_bf16 n %zu offset %d", n, off);
+    float *d_src = dev_alloc((n + off) * 4);
+    uint16_t *d_dst = dev_alloc((n + off) * 2), *got = xmalloc(n * 2);
+    to_dev(d_src + off, v, n * 4);
+    poison(d_dst, (n + off) * 2);
+    ok(tkd_cuda_f32_to_bf16(d_src + off, d_dst + off, n, g_stream), what);
+    to_host(got, d_dst + off, n * 2);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t want = tkd_f32_to_bf16(tkd_bits_f32(v[i]));
+        if (got[i] != want)
+            fail_msg("%s: [%zu] 0x%08x -> 0x%04x, host 0x%04x", what, i, v[i], got[i], want);
+    }
+    cudaFree(d_src), cudaFree(d_dst), free(got);
+}
+
+static void bf16_to_f32_run(size_t n, int off)
+{
+    char what[80];
+    snprintf(what, sizeof what, "bf16_to_f32 n %zu offset %d", n, off);
+    uint16_t *src = xmalloc(n * 2);
+    uint32_t *got = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint16_t)(i * 40503u); /* odd multiplier: all 65536 patterns when n = 65536 */
+    uint16_t *d_src = dev_alloc((n + off) * 2);
+    float *d_dst = dev_alloc((n + off) * 4);
+    to_dev(d_src + off, src, n * 2);
+    poison(d_dst, (n + off) * 4);
+    ok(tkd_cuda_bf16_to_f32(d_src + off, d_dst + off, n, g_stream), what);
+    to_host(got, d_dst + off, n * 4);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != tkd_f32_bits(tkd_bf16_to_f32(src[i])))
+            fail_msg("%s: [%zu] 0x%04x -> 0x%08x, host 0x%08x", what, i, src[i], got[i],
+                     tkd_f32_bits(tkd_bf16_to_f32(src[i])));
+    cudaFree(d_src), cudaFree(d_dst), free(src), free(got);
+}
+
+static void test_convert(void **state)
+{
+    (void)state;
+    size_t n;
+    uint32_t *v = conv_values(&n);
+    f32_to_bf16_run(v, n, 0);     /* vector path and a tail of 5 */
+    f32_to_bf16_run(v, n - 2, 1); /* scalar path */
+    f32_to_bf16_run(v + 3, 1, 0);
+    free(v);
+    bf16_to_f32_run(65536, 0);
+    bf16_to_f32_run(65536, 1);
+    bf16_to_f32_run(13, 0);
+    assert_int_equal(tkd_cuda_f32_to_bf16(NULL, NULL, 0, g_stream), TKD_OK);
+    assert_int_equal(tkd_cuda_bf16_to_f32(NULL, NULL, 5, g_stream), TKD_ERR_INVALID_ARG);
+}
+
+/* ---- linear --------------------------------------------------------------------------------------- */
+
+typedef struct lin_case {
+    int n, k, m, bias;
+    int off, boff; /* elements x, w, y (off) and b (boff) sit past a 256-byte boundary */
+} lin_case;
+
+/* Runs one product; writes the device result (N, M) to out (bf16) and checks it against the
+ * reference. b_seed picks the bias values. Pointers off 16-byte alignment may be refused
+ * (TKD_ERR_INVALID_ARG, when cuBLASLt offers no algorithm for them: ops_cuda.h); then out is
+ * untouched and the refusal is printed. Returns 1 when the product ran. */
+static int linear_run(tkd_cuda_linear *lin, lin_case c, uint64_t b_seed, uint16_t *out)
+{
+    char what[128];
+    snprintf(what, sizeof what, "linear N %d K %d M %d%s offset %d/%d", c.n, c.k, c.m,
+             c.bias ? " bias" : "", c.off, c.boff);
+    const size_t nx = (size_t)c.n * c.k, nw = (size_t)c.m * c.k, ny = (size_t)c.n * c.m;
+    uint16_t *x = rand_bf16(nx, 800 + c.k, 1.0f), *w = rand_bf16(nw, 900 + c.m, 1.0f / sqrtf((float)c.k));
+    uint16_t *b = c.bias ? rand_bf16((size_t)c.m, b_seed, 0.5f) : NULL;
+    double *xd = bf16_to_f64(x, nx), *wd = bf16_to_f64(w, nw), *bd = b ? bf16_to_f64(b, (size_t)c.m) : NULL;
+    double *ref = xmalloc(ny * 8), *absum = xmalloc(ny * 8);
+    tkd_ref_linear_fwd(xd, wd, bd, c.n, c.k, c.m, 0, ref);
+    for (size_t i = 0; i < nx; i++)
+        xd[i] = fabs(xd[i]);
+    for (size_t i = 0; i < nw; i++)
+        wd[i] = fabs(wd[i]);
+    tkd_ref_linear_fwd(xd, wd, NULL, c.n, c.k, c.m, 0, absum);
+    for (size_t i = 0; i < ny; i++)
+        absum[i] *= LINEAR_ACC_REL;
+    uint16_t *d_x = dev_alloc((nx + c.off) * 2), *d_w = dev_alloc((nw + c.off) * 2);
+    uint16_t *d_y = dev_alloc((ny + c.off) * 2), *d_b = dev_alloc((size_t)(c.m + c.boff) * 2);
+    to_dev(d_x + c.off, x, nx * 2);
+    to_dev(d_w + c.off, w, nw * 2);
+    if (b)
+        to_dev(d_b + c.boff, b, (size_t)c.m * 2);
+    poison(d_y, (ny + c.off) * 2);
+    tkd_status st = tkd_cuda_linear_fwd(lin, d_x + c.off, d_w + c.off, b ? d_b + c.boff : NULL, c.n,
+                                        c.k, c.m, d_y + c.off, g_stream);
+    const int ran = !(st == TKD_ERR_INVALID_ARG && (c.off % 8 || c.boff % 8));
+    if (ran) {
+        ok(st, what);
+        to_host(out, d_y + c.off, ny * 2);
+        check_bf16(what, out, ref, ny, (size_t)c.m, 0.0, 0.0, absum);
+    } else {
+        tkd_test_assert_msg_has("no bf16 algorithm");
+        print_message("note: %s refused: %s\n", what, tkd_error_msg());
+    }
+    cudaFree(d_x), cudaFree(d_w), cudaFree(d_y), cudaFree(d_b);
+    free(x), free(w), free(b), free(xd), free(wd), free(bd), free(ref), free(absum);
+    return ran;
+}
+
+static void test_linear(void **state)
+{
+    (void)state;
+    tkd_cuda_linear *lin = NULL;
+    ok(tkd_cuda_linear_create(&lin), "linear_create");
+    const lin_case cases[] = {
+        {1, 64, 64, 0, 0, 0},       {1, 896, 1000, 1, 0, 0},  {17, 896, 128, 1, 0, 0},
+        {17, 1001, 77, 1, 0, 0},    /* K and M odd */         {1000, 896, 136, 1, 0, 0},
+        {1000, 64, 4096, 0, 0, 0},  {33, 4096, 512, 0, 0, 0}, {7, 13, 5, 1, 0, 0},
+        {257, 1000, 1003, 1, 0, 0}, {17, 896, 128, 1, 8, 8}, /* 16-byte, not 256-byte, aligned */
+        /* x, w, y 2 or 6 bytes past alignment; then the bias too */
+        {17, 896, 128, 0, 1, 0},    {17, 1001, 77, 1, 3, 0},  {1, 7, 3, 1, 1, 0},
+        {17, 896, 128, 1, 0, 1},    {17, 1001, 77, 1, 1, 3},
+    };
+    const size_t nc = sizeof cases / sizeof *cases;
+    uint16_t *first = xmalloc((size_t)cases[2].n * cases[2].m * 2);
+    uint16_t *again = xmalloc((size_t)cases[2].n * cases[2].m * 2);
+    for (size_t i = 0; i < nc; i++) {
+        uint16_t *out = xmalloc((size_t)cases[i].n * cases[i].m * 2);
+        linear_run(lin, cases[i], 1000 + i, out);
+        if (i == 2)
+            memcpy(first, out, (size_t)cases[2].n * cases[2].m * 2);
+        free(out);
+    }
+    /* The cached plan again, with the same bias (bit-identical) and with another bias vector. */
+    assert_true(linear_run(lin, cases[2], 1002, again));
+    assert_memory_equal(first, again, (size_t)cases[2].n * cases[2].m * 2);
+    assert_true(linear_run(lin, cases[2], 4242, again));
+    /* More shapes than the plan table holds (32), then a cached one again. */
+    for (int m = 8; m < 8 + 40; m++) {
+        lin_case c = {3, 24, m, m & 1, 0, 0};
+        uint16_t *out = xmalloc((size_t)3 * m * 2);
+        linear_run(lin, c, 5000 + m, out);
+        free(out);
+    }
+    assert_true(linear_run(lin, cases[2], 1002, again));
+    assert_memory_equal(first, again, (size_t)cases[2].n * cases[2].m * 2);
+
+    uint16_t *d = dev_alloc(4096);
+    assert_int_equal(tkd_cuda_linear_fwd(lin, d, d, NULL, 0, 8, 8, d, g_stream), TKD_OK); /* no rows */
+    assert_int_equal(tkd_cuda_linear_fwd(lin, d, d, NULL, 1, 0, 8, d, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_linear_fwd(lin, d, d, NULL, -1, 8, 8, d, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_linear_fwd(NULL, d, d, NULL, 1, 8, 8, d, g_stream), TKD_ERR_INVALID_ARG);
+    const uint16_t *odd = (const uint16_t *)((const char *)d + 1); /* not a bf16 address */
+    assert_int_equal(tkd_cuda_linear_fwd(lin, odd, d, NULL, 1, 8, 8, d + 64, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_linear_fwd(lin, d, d, odd, 1, 8, 8, d + 64, g_stream), TKD_ERR_INVALID_ARG);
+    cudaFree(d);
+    free(first), free(again);
+    tkd_cuda_linear_free(lin);
+    tkd_cuda_linear_free(NULL);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return cudaStreamCreate(&g_stream) == cudaSuccess ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    cudaStreamDestroy(g_stream);
+    return 0;
+}
+#endif /* TKD_HAVE_CUDA */
+
+int main(void)
+{
+    tkd_test_require_gpu();
+#ifdef TKD_HAVE_CUDA
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_convert),   cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_linear),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+#else
+    return 77;
+#endif
+}
