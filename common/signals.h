@@ -10,6 +10,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Installs the SIGINT and SIGTERM handlers and clears the flag. Call once from main. */
 tkd_status tkd_signals_install(void);
 
@@ -18,5 +22,9 @@ int tkd_interrupted(void);
 
 /* Clears the flag and puts the default actions back (tests, and tools that stop listening). */
 void tkd_signals_uninstall(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_SIGNALS_H */
