@@ -1,0 +1,345 @@
+/* teacher_bench.c — teacher-dump's GPU speed at real shapes (a program, not a test).
+ *
+ * For each shape (random weights from the model's own seeded init, no checkpoint file) on the
+ * CUDA backend, with B sequences of T random tokens:
+ *   fwd       the model forward alone (to the final hidden states), median of --reps;
+ *   fwd+topk  forward + the LM head with top-k 100 + LSE copied to the host (what a dump computes);
+ *   dump      the whole teacher-dump (tkd_dump_run with the model in memory): --batches batches
+ *             computed, top-k'd and written as zstd HDF5 shards under --out by the writer thread;
+ *   floor     the plain cuBLAS bf16 GEMMs the forward must do (q, k, v, o, gate, up, down per layer
+ *             and the LM head into fp32), measured in the same run: the GEMM rate and our ratio to it.
+ * MFU = (2·N_params + 4·L·T·D) · tokens/s ÷ 989 TFLOP/s (dense bf16 peak of an H100/H200 SXM).
+ * Memory: device bytes in use after the run minus before the model (nothing is freed in between,
+ * so it is the peak of our allocations; cuBLAS's own workspaces included).
+ *
+ *   teacher_bench [--shapes llama8b:8192:1,qwen05b:2048:16] [--reps 3] [--batches 4] [--out DIR]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/status.h"
+
+#ifdef TKD_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/backend.h"
+#include "model/model.h"
+#include "teacher_cache/dump.h"
+#include "teacher_cache/dump_config.h"
+
+#define PEAK_FLOPS 989e12
+#define TOPK 100
+
+typedef struct shape_def {
+    const char *name;
+    int arch, V, D, F, L, H, Hkv, tied, bias;
+    double theta;
+} shape_def;
+
+static const shape_def kShapes[] = {
+    {"llama8b", TKD_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 0, 0, 500000.0},
+    {"llama3b", TKD_ARCH_LLAMA, 128256, 3072, 8192, 28, 24, 8, 1, 0, 500000.0},
+    {"llama1b", TKD_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 1, 0, 500000.0},
+    {"qwen05b", TKD_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 1, 1, 1000000.0},
+};
+
+typedef struct run_spec { const shape_def *s; int T, B; } run_spec;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int die(const char *what)
+{
+    fprintf(stderr, "teacher_bench: %s: %s\n", what, tkd_error_msg());
+    return 1;
+}
+
+static void config_of(const shape_def *s, int T, tkd_model_config *c)
+{
+    tkd_model_config_defaults(c);
+    c->arch = s->arch;
+    c->vocab_size = s->V;
+    c->hidden_size = s->D;
+    c->intermediate_size = s->F;
+    c->num_hidden_layers = s->L;
+    c->num_attention_heads = s->H;
+    c->num_key_value_heads = s->Hkv;
+    c->head_dim = s->D / s->H;
+    c->max_position_embeddings = T > 8192 ? T : 8192;
+    c->rope_theta = s->theta;
+    c->tie_word_embeddings = s->tied;
+    c->attention_bias = s->bias;
+    c->initializer_range = 0.02f;
+}
+
+static size_t used_bytes(void)
+{
+    size_t f = 0, t = 0;
+    cudaMemGetInfo(&f, &t);
+    return t - f;
+}
+
+typedef struct timings { double fwd, topk, floor_ms, dump_tps, dump_s; int ok; } timings;
+
+/* median of n */
+static double median(double *x, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && x[j] < x[j - 1]; j--) {
+            double t = x[j]; x[j] = x[j - 1]; x[j - 1] = t;
+        }
+    return x[n / 2];
+}
+
+typedef struct host_out { uint32_t *idx; float *val, *lse; int64_t *seq; int32_t *pos; } host_out;
+
+static tkd_status fwd_once(tkd_model *m, const int32_t *tok, int B, int T, host_out *o, int topk)
+{
+    const void *h = NULL;
+    TKD_TRY(tkd_model_forward(m, tok, B, T, 0, &h));
+    if (!topk)
+        return m->be->op->sync(m->be);
+    tkd_lmhead_topk_args a = {.hidden = h, .w = tkd_model_lm_head_dev(m), .rows = (int64_t)B * T,
+                              .d = m->cfg.hidden_size, .v = m->cfg.vocab_size, .k = TOPK, .tau = 1.0f,
+                              .chunk_rows = 4096, .s = 0, .seed = 1, .row_seq = o->seq, .row_pos = o->pos,
+                              .idx = o->idx, .val = o->val, .lse = o->lse, .tail = NULL};
+    return m->be->op->lmhead_topk(m->be, &a);
+}
+
+/* One cuBLAS bf16 GEMM y (N, M) = x (N, K) · Wᵀ with fp32 accumulation (out fp32 when out32). */
+static int gemm(cublasHandle_t h, const void *x, const void *w, void *y, int N, int K, int M, int out32)
+{
+    const float one = 1.0f, zero = 0.0f;
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, w, CUDA_R_16BF, K, x, CUDA_R_16BF, K, &zero, y,
+                        out32 ? CUDA_R_32F : CUDA_R_16BF, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=
+           CUBLAS_STATUS_SUCCESS;
+}
+
+/* The forward's GEMMs on scratch buffers: ms of one pass (median of reps). */
+static double gemm_floor(const tkd_model_config *c, int N, int reps)
+{
+    size_t D = c->hidden_size, F = c->intermediate_size, Q = (size_t)c->num_attention_heads * c->head_dim;
+    size_t KV = (size_t)c->num_key_value_heads * c->head_dim, V = c->vocab_size;
+    size_t wmax = F * D > V * D ? F * D : V * D, amax = (size_t)N * (F > Q ? F : Q);
+    void *x = NULL, *w = NULL, *y = NULL;
+    cublasHandle_t h = NULL;
+    double t[16], ms = -1;
+    if (cudaMalloc(&x, amax * 2) || cudaMalloc(&w, wmax * 2) || cudaMalloc(&y, (size_t)N * V * 4) ||
+        cublasCreate(&h))
+        goto out;
+    cudaMemset(x, 0, amax * 2);
+    cudaMemset(w, 0, wmax * 2);
+    for (int r = 0; r < reps + 1 && r < 16; r++) {
+        cudaDeviceSynchronize();
+        double t0 = now_s();
+        int bad = 0;
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            bad |= gemm(h, x, w, y, N, D, Q, 0) | gemm(h, x, w, y, N, D, KV, 0) | gemm(h, x, w, y, N, D, KV, 0);
+            bad |= gemm(h, x, w, y, N, Q, D, 0) | gemm(h, x, w, y, N, D, F, 0) | gemm(h, x, w, y, N, D, F, 0);
+            bad |= gemm(h, x, w, y, N, F, D, 0);
+        }
+        bad |= gemm(h, x, w, y, N, D, V, 1);
+        cudaDeviceSynchronize();
+        if (bad)
+            goto out;
+        t[r] = (now_s() - t0) * 1e3;
+    }
+    ms = median(t + 1, reps);
+out:
+    if (h)
+        cublasDestroy(h);
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(y);
+    return ms;
+}
+
+static void write_npy_tokens(const char *path, int64_t n, int V)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return;
+    char hdr[128];
+    int len = snprintf(hdr, sizeof hdr, "{'descr': '<i4', 'fortran_order': False, 'shape': (%lld,), }",
+                       (long long)n);
+    int pad = 64 - (10 + len + 1) % 64;
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    uint16_t hl = (uint16_t)(len + pad + 1);
+    fwrite(&hl, 2, 1, f);
+    fwrite(hdr, 1, len, f);
+    for (int i = 0; i < pad; i++)
+        fputc(' ', f);
+    fputc('\n', f);
+    uint64_t s = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t t = (int32_t)((s >> 33) % (uint64_t)V);
+        fwrite(&t, 4, 1, f);
+    }
+    fclose(f);
+}
+
+/* The whole dump: --batches batches of B sequences written under out/<shape>. */
+static tkd_status whole_dump(tkd_model *m, const run_spec *r, int batches, const char *out, timings *tm)
+{
+    char dir[4096], tok[4200], yaml[16384];
+    snprintf(dir, sizeof dir, "%s/%s-%dx%d", out, r->s->name, r->T, r->B);
+    snprintf(tok, sizeof tok, "%s.npy", dir);
+    int64_t nseq = (int64_t)batches * r->B;
+    write_npy_tokens(tok, nseq * r->T + 1, r->s->V);
+    snprintf(yaml, sizeof yaml,
+             "teacher: {path: 'random:%s'}\ndata: {paths: ['%s'], seq_len: %d}\n"
+             "cache: {k: %d, shard_sequences: %d}\nrun: {batch_size: %d}\nlm_head: {chunk_rows: 4096}\n"
+             "device: cuda\noutput: {dir: '%s'}\n",
+             r->s->name, tok, r->T, TOPK, r->B * 2, r->B, dir);
+    tkd_dump_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    TKD_TRY(tkd_config_defaults(&tkd_dump_schema, &cfg));
+    tkd_status st = tkd_config_apply_string(&tkd_dump_schema, &cfg, "teacher_bench", yaml, strlen(yaml));
+    if (st == TKD_OK)
+        st = tkd_dump_config_finalize(&cfg, NULL);
+    tkd_dump_opts o = {.overwrite = true, .teacher = m, .teacher_seed = 1};
+    tkd_dump_summary sum;
+    if (st == TKD_OK)
+        st = tkd_dump_run(&cfg, &o, &sum);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    if (st == TKD_OK) {
+        tm->dump_s = sum.seconds;
+        tm->dump_tps = sum.tokens_run / sum.seconds;
+    }
+    return st;
+}
+
+static double params_of(const tkd_model *m)
+{
+    return (double)m->n_params;
+}
+
+static int run_one(const run_spec *r, int reps, int batches, const char *out)
+{
+    tkd_model_config c;
+    config_of(r->s, r->T, &c);
+    size_t base = used_bytes();
+    tkd_backend *be = NULL;
+    tkd_model *m = NULL;
+    if (tkd_backend_open(TKD_DEVICE_CUDA, 0, &be) != TKD_OK)
+        return die("backend");
+    double t0 = now_s();
+    if (tkd_model_init_random_on(&c, 1, be, &m) != TKD_OK)
+        return die("init");
+    double init_s = now_s() - t0;
+    int N = r->B * r->T;
+    int32_t *tok = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)((i * 2654435761u) % (unsigned)c.vocab_size);
+    host_out o;
+    be->op->host_alloc(be, sizeof(uint32_t) * N * TOPK, (void **)&o.idx);
+    be->op->host_alloc(be, sizeof(float) * N * TOPK, (void **)&o.val);
+    be->op->host_alloc(be, sizeof(float) * N, (void **)&o.lse);
+    o.seq = calloc(N, sizeof *o.seq);
+    o.pos = calloc(N, sizeof *o.pos);
+    timings tm = {0};
+    double tf[16], tt[16];
+    for (int i = 0; i < reps + 1 && i < 16; i++) {
+        double a = now_s();
+        if (fwd_once(m, tok, r->B, r->T, &o, 0) != TKD_OK)
+            return die("forward");
+        double b = now_s();
+        if (fwd_once(m, tok, r->B, r->T, &o, 1) != TKD_OK)
+            return die("forward + top-k");
+        tf[i] = (b - a) * 1e3;
+        tt[i] = (now_s() - b) * 1e3;
+    }
+    tm.fwd = median(tf + 1, reps);
+    tm.topk = median(tt + 1, reps);
+    if (out && whole_dump(m, r, batches, out, &tm) != TKD_OK)
+        return die("dump");
+    double mem = (used_bytes() - base) / 1073741824.0;
+    tm.floor_ms = gemm_floor(&c, N, reps);
+    double fpt = 2 * params_of(m) + 4.0 * c.num_hidden_layers * r->T * c.hidden_size;
+    double tps_f = N / (tm.fwd * 1e-3), tps_t = N / (tm.topk * 1e-3);
+    printf("| %s | %d x %d | %.1f | %.0f | %.0f | %.0f | %.3f | %.1f | %.3f | %.3f | %.3f | %.1f | %.1f |\n",
+           r->s->name, r->T, r->B, init_s, tps_f, tps_t, tm.dump_tps, out ? tm.fwd / (N / tm.dump_tps * 1e3) : 0,
+           tm.floor_ms, tm.fwd / tm.floor_ms, fpt * tps_t / PEAK_FLOPS, fpt * tm.dump_tps / PEAK_FLOPS, mem,
+           fpt * N / (tm.floor_ms * 1e-3) / 1e12);
+    fflush(stdout);
+    be->op->host_free(be, o.idx);
+    be->op->host_free(be, o.val);
+    be->op->host_free(be, o.lse);
+    free(o.seq);
+    free(o.pos);
+    free(tok);
+    tkd_model_free(m);
+    tkd_backend_close(be);
+    return 0;
+}
+
+static int parse_shapes(const char *arg, run_spec *rs, int *n)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", arg);
+    *n = 0;
+    for (char *tok = strtok(buf, ","); tok && *n < 16; tok = strtok(NULL, ",")) {
+        char name[64];
+        int T = 0, B = 0;
+        if (sscanf(tok, "%63[^:]:%d:%d", name, &T, &B) != 3 || T <= 0 || B <= 0)
+            return fprintf(stderr, "teacher_bench: --shapes wants NAME:T:B, e.g. llama8b:8192:1\n"), 1;
+        const shape_def *s = NULL;
+        for (size_t i = 0; i < sizeof kShapes / sizeof kShapes[0]; i++)
+            if (!strcmp(kShapes[i].name, name))
+                s = &kShapes[i];
+        if (!s)
+            return fprintf(stderr, "teacher_bench: unknown shape %s (llama8b, llama3b, llama1b, qwen05b)\n", name), 1;
+        rs[(*n)++] = (run_spec){s, T, B};
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    run_spec rs[16];
+    int n = 0, reps = 3, batches = 4;
+    const char *out = NULL;
+    if (parse_shapes("llama8b:8192:1,qwen05b:2048:16,qwen05b:8192:4", rs, &n))
+        return 2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
+            if (parse_shapes(argv[++i], rs, &n))
+                return 2;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
+            batches = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            out = argv[++i];
+        } else {
+            fprintf(stderr, "usage: teacher_bench [--shapes NAME:T:B,...] [--reps 3] [--batches 4] [--out DIR]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 15)
+        reps = 3;
+    printf("| shape | T x B | init s | fwd tok/s | fwd+top-k tok/s | dump tok/s | fwd/dump time | GEMM floor ms "
+           "| fwd/floor | MFU fwd+top-k | MFU dump | GiB | floor TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++)
+        if (run_one(&rs[i], reps, batches, out))
+            return 1;
+    return 0;
+}
+
+#else
+int main(void)
+{
+    fprintf(stderr, "teacher_bench: this build has no CUDA backend\n");
+    return 1;
+}
+#endif
