@@ -7,16 +7,22 @@
 #   3. three students of one size, one init and one data order: CE only, KD on the top-100
 #      cache (renorm), KD with the unbiased `sampled` variant on the top-20 + tail cache;
 #   4. a table: validation CE / perplexity of the teacher and each student, bytes/token per cache.
-# Everything lands in demo-out/ (removed first). CPU is enough.
+# Everything lands in demo-out/ (removed first). CPU is enough; --device cuda runs the dumps on the
+# GPU (auto: the GPU when one answers; the students stay on the CPU until GPU training lands).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 train_teacher=0
-for a in "$@"; do
-  case "$a" in
+device=cpu
+while [ $# -gt 0 ]; do
+  case "$1" in
     --train-teacher) train_teacher=1 ;;
-    *) echo "usage: scripts/demo.sh [--train-teacher]" >&2; exit 2 ;;
+    --device) device=${2:-}; shift ;;
+    --device=*) device=${1#--device=} ;;
+    *) echo "usage: scripts/demo.sh [--train-teacher] [--device cpu|cuda|auto]" >&2; exit 2 ;;
   esac
+  shift
 done
+case "$device" in cpu|cuda|auto) ;; *) echo "demo: --device takes cpu, cuda or auto" >&2; exit 2 ;; esac
 
 ./scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -35,7 +41,7 @@ train_seqs=2048   # training windows of 64 tokens each the students see (one epo
 val_seqs=256      # validation windows every model is scored on
 echo "== 2. teacher-dump: caches of $train_seqs training and $val_seqs validation windows =="
 dump() { # name k tail_samples data max_sequences
-  "$bin/teacher-dump" --config configs/teacher-demo.yaml --set output.dir=demo-out/$1 \
+  "$bin/teacher-dump" --config configs/teacher-demo.yaml --set output.dir=demo-out/$1 --set device=$device \
     --set cache.k=$2 --set cache.tail_samples=$3 --set "data.paths=[$4]" --set data.max_sequences=$5 \
     | tee demo-out/$1.log
 }

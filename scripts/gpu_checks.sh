@@ -14,6 +14,7 @@ run() { LD_LIBRARY_PATH=${libs:+$libs:}/usr/local/cuda/lib64 "$@"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 failed=0
+export TKD_SOURCE_DIR=$PWD # the GPU tests read fixtures and the demo data from this tree
 for t in "$bin"/test_gpu_*; do
   echo "== $(basename "$t")"
   run "$t" > "$tmp/test.log" 2>&1 || { echo "FAILED (exit $?)"; failed=1; }

@@ -45,9 +45,15 @@ int tkd_test_rmtree(const char *path)
 
 const char *tkd_test_src(const char *rel)
 {
-    static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/tests/%s", TKD_SOURCE_DIR, rel);
-    return buf;
+    /* a few buffers in turn, so that one call's result survives the next ones in an argument list;
+     * TKD_SOURCE_DIR in the environment wins (test binaries run from a copy of the tree elsewhere,
+     * as on the GPU machine) */
+    static char buf[8][4096];
+    static int k;
+    k = (k + 1) % 8;
+    const char *root = getenv("TKD_SOURCE_DIR");
+    snprintf(buf[k], sizeof buf[k], "%s/tests/%s", root ? root : TKD_SOURCE_DIR, rel);
+    return buf[k];
 }
 
 const char *tkd_test_path(const char *dir, const char *name)
