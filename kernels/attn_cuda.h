@@ -26,6 +26,13 @@ extern "C" {
 tkd_status tkd_cuda_attn_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
                              int H, int Hkv, int dh, uint16_t *y, float *lse, void *stream);
 
+/* The same maths by a simple kernel without tensor cores (one warp per query row, online softmax
+ * over keys 32 at a time): any even dh ≤ 256. The fallback for head sizes the flash kernel does not
+ * take (the test fixtures' 16, the demo's 32) and a second GPU reference for it. */
+tkd_status tkd_cuda_attn_fwd_simple(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                                    int T, int H, int Hkv, int dh, uint16_t *y, float *lse,
+                                    void *stream);
+
 #ifdef __cplusplus
 }
 #endif
