@@ -13,8 +13,9 @@
  *     weight off by ≤ 2^-8 relative, y by ≤ 2^-8·Σ p|v| / Σ p in the worst case (signs aligned),
  *     ≈ 2^-8·|v| / √(keys that matter) in practice; 1e-2 absolute covers two comparable keys with
  *     |v| ≈ 2 and rounding errors of one sign. fp32 scores and sums add ~1e-6.
- *   y, over a case: ‖Δ‖₂ / ‖ref‖₂ ≤ 1e-2 (random rounding gives ~3e-3; an indexing error gives
- *     O(1)).
+ *   y, over a case: ‖Δ‖₂ / ‖ref‖₂ ≤ 1e-2 (an indexing error gives O(1)).
+ *   A numpy model of these roundings (bf16 P and y, exact elsewhere) on this file's shapes and
+ *   input scales gave at most 0.34 of the element tolerance and a norm ratio of ≤ 2e-3.
  *   lse: |Δ| ≤ 1e-3 + 2e-5·|ref|. The scores are fp32 sums of exact bf16 products (error ≲
  *     dh·2^-24·Σ_d|q_d k_d|/√dh, typically √dh·2^-24·that), ex2.approx is good to ~2^-22, and the
  *     fp32 row sum of ≤ T terms to ~1e-5 relative: ~1e-5 absolute on lse at O(1) scores. The
