@@ -19,6 +19,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum tkd_kl_variant {
     TKD_KL_VARIANT_RENORM = 0,  /* softmax(t/τ) over the k' stored tokens */
     TKD_KL_VARIANT_TAIL = 1,    /* exact p on top-k', the tail mass r matched to 1 − Q */
@@ -111,5 +115,9 @@ tkd_status tkd_kl_cpu_forward(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const t
  * Must follow tkd_kl_cpu_forward on the same batch. */
 tkd_status tkd_kl_cpu_backward(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b,
                                float scale, float *dh, float *dw);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_KL_LOSS_H */

@@ -17,11 +17,8 @@
  * off-top-k' value for every v; a fix-up then rewrites the few special positions (top-k', tail
  * draws, label) exactly.
  */
-/* status.h and kl_loss.h are C headers without extern "C" guards; give them C linkage here. */
-extern "C" {
 #include "common/status.h"
 #include "kernels/kl_loss.h"
-}
 #include "kernels/kl_loss_cuda.h"
 
 #include <cuda_bf16.h>

@@ -1,7 +1,5 @@
 /* topk_cuda.cu — see topk_cuda.h. */
-extern "C" {
 #include "common/status.h"
-}
 #include "kernels/cuda_check.h"
 #include "kernels/topk.h"
 #include "kernels/topk_cuda.h"
