@@ -29,6 +29,7 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
 
 #define BENCH_K 100
@@ -98,8 +99,8 @@ static void data_init(bench_data *x, const shape *s)
     memset(x, 0, sizeof *x);
     x->b.n = s->n, x->b.d = s->d, x->b.v = s->v;
     size_t nh = (size_t)s->n * s->d, nw = (size_t)s->v * s->d, nk = (size_t)s->n * BENCH_K;
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.h, nh * 2));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.w, nw * 2));
+    CHECK(tkd_cuda_malloc((void **)&x->b.h, nh * 2, "H", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.w, nw * 2, "W", NULL));
     /* logits s = h·w with std ≈ 2: a realistic spread, never zeros */
     CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)x->b.h, nh, 1, 1.0f));
     CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)x->b.w, nw, 2, 2.0f / sqrtf((float)s->d)));
@@ -110,14 +111,14 @@ static void data_init(bench_data *x, const shape *s)
         exit(1);
     }
     make_teacher(s, idx, tl, lse, labels);
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.topk_idx, nk * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.topk_logit, nk * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.teacher_lse, (size_t)s->n * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.labels, (size_t)s->n * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.topk_idx, idx, nk * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.topk_logit, tl, nk * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.teacher_lse, lse, (size_t)s->n * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.labels, labels, (size_t)s->n * 4));
+    CHECK(tkd_cuda_malloc((void **)&x->b.topk_idx, nk * 4, "teacher ids", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.topk_logit, nk * 4, "teacher logits", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.teacher_lse, (size_t)s->n * 4, "teacher LSE", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.labels, (size_t)s->n * 4, "labels", NULL));
+    CHECK(tkd_cuda_to_device((void *)x->b.topk_idx, idx, nk * 4));
+    CHECK(tkd_cuda_to_device((void *)x->b.topk_logit, tl, nk * 4));
+    CHECK(tkd_cuda_to_device((void *)x->b.teacher_lse, lse, (size_t)s->n * 4));
+    CHECK(tkd_cuda_to_device((void *)x->b.labels, labels, (size_t)s->n * 4));
     free(idx), free(labels), free(tl), free(lse);
 }
 
@@ -194,7 +195,7 @@ static double median(double *t, int n)
 static size_t free_bytes(void)
 {
     size_t f = 0, tot = 0;
-    CHECK(tkd_kl_cuda_mem_info(&f, &tot));
+    CHECK(tkd_cuda_mem_info(&f, &tot));
     return f;
 }
 
@@ -217,9 +218,9 @@ static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int 
     bench_data x;
     data_init(&x, s);
     size_t f0 = free_bytes();
-    CHECK(tkd_kl_cuda_malloc((void **)&x.dh, (size_t)s->n * s->d * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x.dw, (size_t)s->v * s->d * 4));
-    CHECK(tkd_kl_cuda_memzero(x.dw, (size_t)s->v * s->d * 4));
+    CHECK(tkd_cuda_malloc((void **)&x.dh, (size_t)s->n * s->d * 4, "dH", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x.dw, (size_t)s->v * s->d * 4, "dW", NULL));
+    CHECK(tkd_cuda_memzero(x.dw, (size_t)s->v * s->d * 4));
     run_ctx c = {0};
     c.x = &x;
     tkd_kl_params_defaults(&c.p, BENCH_K);
@@ -230,7 +231,7 @@ static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int 
             out[m].ok = 0;
             snprintf(out[m].note, sizeof out[m].note, "does not fit");
         }
-        tkd_kl_cuda_free(x.dh), tkd_kl_cuda_free(x.dw);
+        tkd_cuda_free(x.dh), tkd_cuda_free(x.dw);
         data_free(&x);
         return;
     }
@@ -256,7 +257,7 @@ static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int 
     void *ds = NULL;
     if (do_floor) {
         size_t nds = tkd_kl_cuda_ds_stand_in_elems(c.ws);
-        CHECK(tkd_kl_cuda_malloc(&ds, nds * 2));
+        CHECK(tkd_cuda_malloc(&ds, nds * 2, "dS stand-in", NULL));
         CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)ds, nds, 3, 1e-6f)); /* dS-sized values */
         c.ds = (const uint16_t *)ds;
         run_once(&c, RUN_FLOOR4);
@@ -276,9 +277,9 @@ static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int 
         if (do_floor)
             out[m].floor_ms = median(t[2 + m], reps);
     }
-    tkd_kl_cuda_free(ds);
+    tkd_cuda_free(ds);
     tkd_kl_cuda_ws_free(c.ws);
-    tkd_kl_cuda_free(x.dh), tkd_kl_cuda_free(x.dw);
+    tkd_cuda_free(x.dh), tkd_cuda_free(x.dw);
     data_free(&x);
 }
 

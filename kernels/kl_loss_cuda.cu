@@ -28,6 +28,7 @@
 
 #include "common/half.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
 
 namespace {
 
@@ -707,9 +708,10 @@ extern "C" int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v)
     return (int)c;
 }
 
-static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes)
+static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes, const char *what,
+                           const char *hint)
 {
-    TKD_CUDA_CHECK(cudaMalloc(p, bytes));
+    TKD_TRY(tkd_cuda_malloc(p, bytes, what, hint));
     ws->bytes += bytes;
     return TKD_OK;
 }
@@ -717,13 +719,14 @@ static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes)
 static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
 {
     size_t n = (size_t)ws->n_max;
-    TKD_TRY(ws_alloc(ws, (void **)&ws->chunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_tau, n * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_one, n * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->log_omq, n * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->row_stats, 3 * n * sizeof(double)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->out, sizeof(DevOut)));
-    TKD_TRY(ws_alloc(ws, &ws->blas_ws, kBlasWsBytes));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->chunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float),
+                     "chunk buffer (fp32 logits)", "lower kd.chunk_size (rows per chunk)"));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_tau, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_one, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->log_omq, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->row_stats, 3 * n * sizeof(double), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->out, sizeof(DevOut), "loss sums", NULL));
+    TKD_TRY(ws_alloc(ws, &ws->blas_ws, kBlasWsBytes, "cuBLAS workspace", NULL));
     TKD_CUBLAS_CHECK(cublasCreate(&ws->blas));
     TKD_CUBLAS_CHECK(cublasSetStream(ws->blas, 0));
     TKD_CUBLAS_CHECK(cublasSetWorkspace(ws->blas, ws->blas_ws, kBlasWsBytes));
@@ -764,16 +767,15 @@ extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
 {
     if (!ws)
         return;
-    /* Teardown errors are not actionable; cudaFree(NULL) is a no-op. */
-    if (ws->blas)
+    if (ws->blas) /* teardown errors are not actionable */
         (void)cublasDestroy(ws->blas);
-    (void)cudaFree(ws->chunk_buf);
-    (void)cudaFree(ws->lse_tau);
-    (void)cudaFree(ws->lse_one);
-    (void)cudaFree(ws->log_omq);
-    (void)cudaFree(ws->row_stats);
-    (void)cudaFree(ws->out);
-    (void)cudaFree(ws->blas_ws);
+    tkd_cuda_free(ws->chunk_buf);
+    tkd_cuda_free(ws->lse_tau);
+    tkd_cuda_free(ws->lse_one);
+    tkd_cuda_free(ws->log_omq);
+    tkd_cuda_free(ws->row_stats);
+    tkd_cuda_free(ws->out);
+    tkd_cuda_free(ws->blas_ws);
     free(ws);
 }
 
@@ -1093,39 +1095,6 @@ extern "C" tkd_status tkd_kl_cuda_tune_rows(int threads, int vec)
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 
-extern "C" tkd_status tkd_kl_cuda_malloc(void **ptr, size_t bytes)
-{
-    *ptr = NULL;
-    TKD_CUDA_CHECK(cudaMalloc(ptr, bytes ? bytes : 1));
-    return TKD_OK;
-}
-
-extern "C" void tkd_kl_cuda_free(void *ptr) { (void)cudaFree(ptr); }
-
-extern "C" tkd_status tkd_kl_cuda_memzero(void *ptr, size_t bytes)
-{
-    TKD_CUDA_CHECK(cudaMemset(ptr, 0, bytes));
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_kl_cuda_to_host(void *dst, const void *src, size_t bytes)
-{
-    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_kl_cuda_to_device(void *dst, const void *src, size_t bytes)
-{
-    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_kl_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
-{
-    TKD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
-    return TKD_OK;
-}
-
 extern "C" tkd_status tkd_kl_cuda_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std)
 {
     kl_fill_bf16_kernel<<<1024, 256>>>(reinterpret_cast<__nv_bfloat16 *>(dev), n, seed, std);
@@ -1142,9 +1111,9 @@ static tkd_status upload_bf16(const uint16_t **out, const float *src, size_t n)
     for (size_t i = 0; i < n; i++)
         tmp[i] = tkd_f32_to_bf16(src[i]);
     void *dev = NULL;
-    tkd_status st = tkd_kl_cuda_malloc(&dev, n * sizeof *tmp);
+    tkd_status st = tkd_cuda_malloc(&dev, n * sizeof *tmp, "kl_loss_cuda: batch upload", NULL);
     if (st == TKD_OK)
-        st = tkd_kl_cuda_to_device(dev, tmp, n * sizeof *tmp);
+        st = tkd_cuda_to_device(dev, tmp, n * sizeof *tmp);
     free(tmp);
     *out = (const uint16_t *)dev;
     return st;
@@ -1154,9 +1123,9 @@ template <typename T>
 static tkd_status upload_raw(const T **out, const T *src, size_t n)
 {
     void *dev = NULL;
-    TKD_TRY(tkd_kl_cuda_malloc(&dev, n * sizeof(T)));
+    TKD_TRY(tkd_cuda_malloc(&dev, n * sizeof(T), "kl_loss_cuda: batch upload", NULL));
     *out = (const T *)dev;
-    return tkd_kl_cuda_to_device(dev, src, n * sizeof(T));
+    return tkd_cuda_to_device(dev, src, n * sizeof(T));
 }
 
 static tkd_status batch_upload(tkd_kl_cuda_batch *o, const tkd_kl_params *p,
@@ -1191,12 +1160,12 @@ extern "C" void tkd_kl_cuda_batch_free(tkd_kl_cuda_batch *b)
 {
     if (!b)
         return;
-    tkd_kl_cuda_free((void *)b->h);
-    tkd_kl_cuda_free((void *)b->w);
-    tkd_kl_cuda_free((void *)b->topk_idx);
-    tkd_kl_cuda_free((void *)b->topk_logit);
-    tkd_kl_cuda_free((void *)b->teacher_lse);
-    tkd_kl_cuda_free((void *)b->tail_idx);
-    tkd_kl_cuda_free((void *)b->labels);
+    tkd_cuda_free((void *)b->h);
+    tkd_cuda_free((void *)b->w);
+    tkd_cuda_free((void *)b->topk_idx);
+    tkd_cuda_free((void *)b->topk_logit);
+    tkd_cuda_free((void *)b->teacher_lse);
+    tkd_cuda_free((void *)b->tail_idx);
+    tkd_cuda_free((void *)b->labels);
     memset(b, 0, sizeof *b);
 }

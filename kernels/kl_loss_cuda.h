@@ -122,18 +122,9 @@ tkd_status tkd_kl_cuda_batch_upload(tkd_kl_cuda_batch *out, const tkd_kl_params 
                                     const tkd_kl_batch *hb);
 void tkd_kl_cuda_batch_free(tkd_kl_cuda_batch *b); /* frees what batch_upload allocated */
 
-tkd_status tkd_kl_cuda_malloc(void **ptr, size_t bytes);  /* cudaMalloc; OOM is an error */
-void tkd_kl_cuda_free(void *ptr);                         /* NULL is a no-op */
-tkd_status tkd_kl_cuda_memzero(void *ptr, size_t bytes);
-tkd_status tkd_kl_cuda_to_host(void *dst, const void *src, size_t bytes);
-tkd_status tkd_kl_cuda_to_device(void *dst, const void *src, size_t bytes);
-
 /* Fills n bf16 values at dev with a deterministic normal(0, std)-like sequence (benchmarks:
  * random data, never zeros). */
 tkd_status tkd_kl_cuda_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std);
-
-/* Free and total device memory (cudaMemGetInfo), for the benchmark's memory deltas. */
-tkd_status tkd_kl_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 #ifdef __cplusplus
 }

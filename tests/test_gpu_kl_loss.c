@@ -28,6 +28,7 @@
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
+#include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
 
 #define LOSS_TOL 2e-4
@@ -185,8 +186,8 @@ static void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
     assert_int_equal(tkd_kl_cuda_batch_upload(&x->db, &up, &hb), TKD_OK);
     assert_int_equal(tkd_kl_cuda_ws_init(&x->ws, p, c->n, c->d, c->v), TKD_OK);
     size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
-    assert_int_equal(tkd_kl_cuda_malloc((void **)&x->dh, nh * 4), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_malloc((void **)&x->dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_malloc((void **)&x->dh, nh * 4, "dH", NULL), TKD_OK);
+    assert_int_equal(tkd_cuda_malloc((void **)&x->dw, nw * 4, "dW", NULL), TKD_OK);
     x->h_dh = malloc(nh * 4 + 4);
     x->h_dw = malloc(nw * 4 + 4);
     x->poison = malloc(nh * 4 + 4);
@@ -199,7 +200,7 @@ static void ctx_free(gpu_ctx *x)
 {
     tkd_kl_cuda_ws_free(x->ws);
     tkd_kl_cuda_batch_free(&x->db);
-    tkd_kl_cuda_free(x->dh), tkd_kl_cuda_free(x->dw);
+    tkd_cuda_free(x->dh), tkd_cuda_free(x->dw);
     free(x->h_dh), free(x->h_dw), free(x->poison);
 }
 
@@ -210,8 +211,8 @@ static void gpu_run(gpu_ctx *x, const gcase *c, const tkd_kl_params *p, float sc
                     tkd_kl_result *res)
 {
     size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
-    assert_int_equal(tkd_kl_cuda_to_device(x->dh, x->poison, nh * 4), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_memzero(x->dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_device(x->dh, x->poison, nh * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_memzero(x->dw, nw * 4), TKD_OK);
     tkd_kl_params q = *p;
     tkd_status st;
     if (q.grad_in_forward) {
@@ -224,8 +225,8 @@ static void gpu_run(gpu_ctx *x, const gcase *c, const tkd_kl_params *p, float sc
     }
     if (st != TKD_OK)
         fail_msg("%s: %s", tkd_status_name(st), tkd_error_msg());
-    assert_int_equal(tkd_kl_cuda_to_host(x->h_dh, x->dh, nh * 4), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_to_host(x->h_dw, x->dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x->h_dh, x->dh, nh * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x->h_dw, x->dw, nw * 4), TKD_OK);
 }
 
 typedef struct refout {
@@ -468,7 +469,7 @@ static void test_scale_and_accumulate(void **state)
     refout r;
     ref_run(c, &p, &r);
     size_t nw = (size_t)c->v * c->d;
-    assert_int_equal(tkd_kl_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
     double *twice = malloc(sizeof(double) * nw);
     assert_non_null(twice);
     for (size_t i = 0; i < nw; i++)
@@ -481,7 +482,7 @@ static void test_scale_and_accumulate(void **state)
     p.grad_scale = 0.25f;
     assert_int_equal(tkd_kl_cuda_backward(x.ws, &p, &x.db, 0.25f, x.dh, x.dw), TKD_OK);
     assert_int_equal(tkd_kl_cuda_backward(x.ws, &p, &x.db, 1.0f, x.dh, x.dw), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_kl_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
     assert_true(rel_norm(x.h_dw, twice, nw) == edw); /* untouched */
     free(twice);
     ref_free(&r);
