@@ -30,6 +30,7 @@
 #ifdef TKD_HAVE_CUDA
 #include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
+#include "kernels/kl_loss_cuda_internal.h" /* the row kernels' launch shapes */
 
 #define LOSS_TOL 2e-4
 #define GRAD_TOL 1e-2
@@ -373,28 +374,37 @@ static void test_awkward_shapes(void **state)
     }
 }
 
-/* Every row-kernel block size gives the same answers (the in-place tiles depend on it). */
+/* Every row-kernel launch shape the benchmark may sweep (tkd_kl_cuda_ws_set_rows) gives the same
+ * answers: the in-place tiles depend on the block size. The product's shape is one of them. */
 static void test_row_block_sizes(void **state)
 {
     (void)state;
     gcase *c = case_make(21, 16, 9001, 4, 4, 1.0, 51, 0.4f);
     const int threads[] = {128, 256, 512, 128, 256}, vecs[] = {4, 4, 4, 8, 8};
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(tkd_kl_cuda_tune_rows(threads[i], vecs[i]), TKD_OK);
         for (int var = 0; var < 3; var++) {
             tkd_kl_params p;
             params_set(&p, 4, (tkd_kl_variant)var, 1.0f, 0.5f, 4, 4, 8, 0);
             gpu_ctx x = {0};
             ctx_init(&x, c, &p);
+            assert_int_equal(x.ws->row_threads, TKD_KL_CUDA_ROW_THREADS); /* fresh: the product's */
+            assert_int_equal(x.ws->row_vec, TKD_KL_CUDA_ROW_VEC);
+            assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, threads[i], vecs[i]), TKD_OK);
             errs e = check_params(&x, c, &p, 1.0f);
             printf("row threads %d vec %d %s: loss %.2e dH %.2e dW %.2e\n", threads[i], vecs[i],
                    tkd_kl_variant_name((tkd_kl_variant)var), e.loss, e.dh, e.dw);
             expect_within(e, LOSS_TOL, GRAD_TOL, "row block size");
+            if (i == 4 && var == 2) { /* the shapes the kernels are not built for are refused */
+                assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, 512, 8), TKD_ERR_INVALID_ARG);
+                assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, 1024, 4), TKD_ERR_INVALID_ARG);
+                assert_int_equal(x.ws->row_threads, 256); /* a refused shape changes nothing */
+                assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, 0, 0), TKD_OK);
+                assert_int_equal(x.ws->row_threads, TKD_KL_CUDA_ROW_THREADS);
+                assert_int_equal(x.ws->row_vec, TKD_KL_CUDA_ROW_VEC);
+            }
             ctx_free(&x);
         }
     }
-    assert_int_equal(tkd_kl_cuda_tune_rows(0, 0), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_tune_rows(512, 8), TKD_ERR_INVALID_ARG);
     case_free(c);
 }
 
