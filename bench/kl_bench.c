@@ -229,7 +229,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
     c.x = &x;
     tkd_kl_params_defaults(&c.p, BENCH_K);
     c.p.chunk_rows = chunk;
-    tkd_status st = tkd_kl_cuda_ws_init(&c.ws, &c.p, s->n, s->d, s->v);
+    tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, s->n, s->d, s->v);
     if (st == TKD_ERR_DEVICE_OOM) {
         for (int m = 0; m < 2; m++) {
             out[m].ok = 0;

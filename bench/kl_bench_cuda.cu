@@ -1,5 +1,6 @@
-/* kl_bench_cuda.cu — see kl_bench_cuda.h. Benchmark code only: the product (kernels/kl_loss_cuda.cu)
- * knows nothing of floors, profiles or random fills; this file composes its per-chunk stages. */
+/* kl_bench_cuda.cu — see kl_bench_cuda.h. Benchmark code only: the product
+ * (kernels/kl_loss_cuda.cu) knows nothing of floors, profiles or random fills; this file composes
+ * its per-chunk stages. */
 #include "bench/kl_bench_cuda.h"
 
 #include <cuda_bf16.h>
@@ -16,7 +17,7 @@ int chunk_len(const tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, long long ro
     return (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
 }
 
-/* ---- profile: events around every stage of every chunk, summed per stage after one sync ------- */
+/* ---- profile: events around every stage of every chunk, summed per stage after one sync ------ */
 
 constexpr int kMaxMarks = 2048;
 
@@ -85,7 +86,7 @@ tkd_status prof_collect(ProfRec *pr, tkd_status st, double *ms)
     return st;
 }
 
-/* ---- random data ------------------------------------------------------------------------------ */
+/* ---- random data ----------------------------------------------------------------------------- */
 
 __device__ inline uint64_t mix64(uint64_t x)
 {

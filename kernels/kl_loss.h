@@ -99,7 +99,8 @@ tkd_status tkd_kl_ref_f64(const tkd_kl_params *p, const tkd_kl_batch *b, tkd_kl_
 /* Workspace for the chunked CPU path: sized once for (N max, V, chunk), reused every step. On
  * success *out is owned by the caller (tkd_kl_cpu_ws_free). */
 typedef struct tkd_kl_cpu_ws tkd_kl_cpu_ws;
-tkd_status tkd_kl_cpu_ws_init(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64_t n_max, int d, int v);
+tkd_status tkd_kl_cpu_ws_create(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64_t n_max, int d,
+                                int v);
 
 /* tkd_kl_validate with the workspace's scratch: no allocation per batch. */
 tkd_status tkd_kl_cpu_validate(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b);

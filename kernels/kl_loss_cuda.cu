@@ -137,7 +137,7 @@ __device__ inline RowSmem row_smem_carve(unsigned char *base, int k_use, int s, 
     return m;
 }
 
-/* ---- online log-sum-exp at τ and at 1, one pass ------------------------------------------- */
+/* ---- online log-sum-exp at τ and at 1, one pass ---------------------------------------------- */
 
 /* 2^x on the special-function unit, subnormal results flushed to 0 (a probability < 1e-38 is 0
  * for this loss); exp2f would add a subnormal fix-up to every call. */
@@ -294,7 +294,7 @@ __device__ void row_lse(const float *row, int v, float tau, const unsigned *bitm
     __syncthreads();
 }
 
-/* ---- gather and validate the row's teacher side ----------------------------------------------- */
+/* ---- gather and validate the row's teacher side ---------------------------------------------- */
 
 __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowSmem m,
                            RowShared &sh)
@@ -367,7 +367,7 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
     }
 }
 
-/* ---- per-row loss and gradient coefficients (warp 0, double) ---------------------------------- */
+/* ---- per-row loss and gradient coefficients (warp 0, double) --------------------------------- */
 
 __device__ inline double warp_sum(double x)
 {
@@ -477,7 +477,7 @@ __device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared
     sh.c_ce = (float)(g * (1.0 - a.alpha));
 }
 
-/* ---- dS in place -------------------------------------------------------------------------- */
+/* ---- dS in place ----------------------------------------------------------------------------- */
 
 struct GradCoef { float zs, zb, os, ob, c_q, c_ce, c_x, xb; bool same_tau; };
 
@@ -677,7 +677,7 @@ __global__ void kl_reduce_kernel(const double *row_loss, const double *row_kd,
 
 } // namespace
 
-/* ---- workspace ------------------------------------------------------------------------------ */
+/* ---- workspace ------------------------------------------------------------------------------- */
 
 extern "C" int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v)
 {
@@ -716,18 +716,18 @@ static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
     return TKD_OK;
 }
 
-extern "C" tkd_status tkd_kl_cuda_ws_init(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
+extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
                                           int64_t n_max, int d, int v)
 {
     *out = NULL;
     if (n_max <= 0 || d <= 0 || v <= 0 || p->chunk_rows < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "kl_loss_cuda: ws_init: n_max %lld, d %d, v %d, chunk_rows %d: all "
+                             "kl_loss_cuda: ws_create: n_max %lld, d %d, v %d, chunk_rows %d: all "
                              "must be positive (chunk_rows 0 = auto)",
                              (long long)n_max, d, v, p->chunk_rows);
     tkd_kl_cuda_ws *ws = (tkd_kl_cuda_ws *)calloc(1, sizeof *ws);
     if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: ws_init: host allocation failed");
+        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: ws_create: host allocation failed");
     ws->n_max = n_max;
     ws->d = d;
     ws->v = v;
@@ -783,7 +783,7 @@ extern "C" tkd_status tkd_kl_cuda_ws_set_rows(tkd_kl_cuda_ws *ws, int threads, i
     return TKD_OK;
 }
 
-/* ---- per-chunk stages (cuBLAS column-major views of our row-major matrices) ------------------- */
+/* ---- per-chunk stages (cuBLAS column-major views of our row-major matrices) ------------------ */
 
 /* logits (rows, ldl) fp32 = H_c (rows, D) · Wᵀ; cuBLAS: (V × rows) = Wᵀ_cm(V × D) · H_cm(D × rows). */
 extern "C" tkd_status tkd_kl_cuda_chunk_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
@@ -914,7 +914,7 @@ extern "C" tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_pa
                             : launch_rows_vec<4>((int)mode, rows, ws->row_threads, a);
 }
 
-/* ---- forward / backward ----------------------------------------------------------------------- */
+/* ---- forward / backward ---------------------------------------------------------------------- */
 
 static const char *err_reason(unsigned bits)
 {
@@ -997,7 +997,7 @@ extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_para
     return check_dev_out(o, "backward");
 }
 
-/* ---- batch upload ----------------------------------------------------------------------------- */
+/* ---- batch upload ---------------------------------------------------------------------------- */
 
 /* Host fp32 -> device bf16 (n values). */
 static tkd_status upload_bf16(const uint16_t **out, const float *src, size_t n)

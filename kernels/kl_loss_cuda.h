@@ -58,14 +58,14 @@ typedef struct tkd_kl_cuda_batch {
  * Sized once; reused every step; one workspace per thread (it owns a cuBLAS handle). */
 typedef struct tkd_kl_cuda_ws tkd_kl_cuda_ws;
 
-/* Rows per chunk that tkd_kl_cuda_ws_init picks when p->chunk_rows == 0: the fp32 chunk buffer
+/* Rows per chunk that tkd_kl_cuda_ws_create picks when p->chunk_rows == 0: the fp32 chunk buffer
  * aims at 1 GiB (C · V · 4 bytes), C a multiple of 128, at least 128, at most N rounded up to 128. */
 int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v);
 
 /* Allocates a workspace on the current device for batches of up to n_max rows of (D, V).
  * p->chunk_rows (0 = default) fixes the chunk; the rest of p is read per call. On success *out is
  * owned by the caller (tkd_kl_cuda_ws_free). TKD_ERR_DEVICE_OOM when the device is too full. */
-tkd_status tkd_kl_cuda_ws_init(tkd_kl_cuda_ws **out, const tkd_kl_params *p, int64_t n_max, int d,
+tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p, int64_t n_max, int d,
                                int v);
 void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws); /* NULL is a no-op */
 
@@ -89,7 +89,7 @@ tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
 tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                 const tkd_kl_cuda_batch *b, float scale, float *dh, float *dw);
 
-/* ---- a host batch on the device ------------------------------------------------------------- */
+/* ---- a host batch on the device -------------------------------------------------------------- */
 
 /* Copies a host batch to the device: h and w rounded to bf16 (round to nearest even, as
  * common/half.h), the rest as is. On success out owns device memory (tkd_kl_cuda_batch_free). */

@@ -33,7 +33,7 @@ extern "C" {
 /* The device-side loss sums, kept-row count and first-bad-row state (defined in the .cu). */
 typedef struct tkd_kl_cuda_dev_out tkd_kl_cuda_dev_out;
 
-/* Sized once by tkd_kl_cuda_ws_init; every device buffer is counted in `bytes`. */
+/* Sized once by tkd_kl_cuda_ws_create; every device buffer is counted in `bytes`. */
 struct tkd_kl_cuda_ws {
     int64_t n_max;
     int d, v, chunk;
@@ -41,7 +41,7 @@ struct tkd_kl_cuda_ws {
     int row_threads, row_vec;  /* TKD_KL_CUDA_ROW_THREADS / _VEC unless tkd_kl_cuda_ws_set_rows */
     cublasHandle_t blas;
     void *blas_ws;             /* the cuBLAS workspace we hand it, so that it allocates none */
-    float *chunk_buf;          /* (chunk, ldl) fp32 logits, rewritten in place as bf16 dS (chunk, 2·ldl) */
+    float *chunk_buf;          /* (chunk, ldl) fp32 logits; in place bf16 dS (chunk, 2·ldl) */
     float *lse_tau, *lse_one, *log_omq; /* (n_max) per-row statistics */
     double *row_stats;         /* (3, n_max): loss, kd, ce per row */
     tkd_kl_cuda_dev_out *out;

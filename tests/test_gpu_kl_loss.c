@@ -185,7 +185,7 @@ static void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
     up.k = c->k;
     up.s = c->s;
     assert_int_equal(tkd_kl_cuda_batch_upload(&x->db, &up, &hb), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_ws_init(&x->ws, p, c->n, c->d, c->v), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_ws_create(&x->ws, p, c->n, c->d, c->v), TKD_OK);
     size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
     assert_int_equal(tkd_cuda_malloc((void **)&x->dh, nh * 4, "dH", NULL), TKD_OK);
     assert_int_equal(tkd_cuda_malloc((void **)&x->dw, nw * 4, "dW", NULL), TKD_OK);
@@ -573,7 +573,7 @@ static void test_against_cpu_path(void **state)
             params_set(&p, 7, (tkd_kl_variant)var, 2.0f, 0.6f, 6, 5, 0, gif);
             p.chunk_rows = 10;
             tkd_kl_cpu_ws *cws = NULL;
-            assert_int_equal(tkd_kl_cpu_ws_init(&cws, &p, c->n, c->d, c->v), TKD_OK);
+            assert_int_equal(tkd_kl_cpu_ws_create(&cws, &p, c->n, c->d, c->v), TKD_OK);
             tkd_kl_result cr;
             memset(cdw, 0, nw * 4);
             assert_int_equal(tkd_kl_cpu_forward(cws, &p, &hb, &cr, cdh, cdw), TKD_OK);
@@ -608,7 +608,7 @@ static void test_device_oom(void **state)
     tkd_kl_params p;
     params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 1 << 20, 0);
     tkd_kl_cuda_ws *ws = NULL;
-    tkd_status st = tkd_kl_cuda_ws_init(&ws, &p, (int64_t)1 << 22, 64, 1 << 20); /* 4 TiB chunk */
+    tkd_status st = tkd_kl_cuda_ws_create(&ws, &p, (int64_t)1 << 22, 64, 1 << 20); /* 4 TiB chunk */
     assert_int_equal(st, TKD_ERR_DEVICE_OOM);
     assert_null(ws);
     printf("oom: %s\n", tkd_error_msg());
