@@ -5,7 +5,7 @@
  * effective TFLOP/s (8·N·D·V resp. 6·N·D·V over the time), the time of the plain cuBLAS GEMMs the
  * method must do measured in the same run (four per chunk in recompute — H Wᵀ twice, dS W,
  * dSᵀ H — three in grad_in_forward; same shapes, dtypes, layouts and chunking, through
- * tkd_kl_cuda_gemm_floor) and the ratio to it, the peak device memory above the inputs, and a
+ * tkd_kl_bench_gemm_floor) and the ratio to it, the peak device memory above the inputs, and a
  * naive path that materialises all N×V fp32 logits (the same code with one chunk of N rows) where
  * it fits. Peak memory is the drop in cudaMemGetInfo's free bytes from just after the inputs are
  * on the device to just after the timed runs (all of dH, dW, the workspace and cuBLAS's handle;
@@ -15,7 +15,9 @@
  *            [--profile] [--no-naive]
  * --profile adds, per shape, the device time of each stage (summed over chunks) and the row
  * kernels' effective bandwidth (stats: reads N·V·4 bytes; grad: reads N·V·4, writes N·V·2;
- * grad_in_forward rows: reads twice, writes once).
+ * grad_in_forward rows: reads twice, writes once). --rows runs the row kernels with another launch
+ * shape (a sweep; the product always runs its own, kernels/kl_loss_cuda_internal.h).
+ * The floor, the profile, --rows and the random fill are in kl_bench_cuda.cu.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,6 +31,8 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "bench/kl_bench_cuda.h"
+#include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
 
 #define BENCH_K 100
@@ -39,6 +43,7 @@ typedef struct shape { int64_t n; int d, v; } shape;
 typedef struct bench_opts {
     shape shapes[16];
     int n_shapes, reps, chunk, profile, naive;
+    int row_threads, row_vec; /* --rows; 0, 0: the product's launch shape */
 } bench_opts;
 
 typedef struct bench_data {
@@ -98,11 +103,11 @@ static void data_init(bench_data *x, const shape *s)
     memset(x, 0, sizeof *x);
     x->b.n = s->n, x->b.d = s->d, x->b.v = s->v;
     size_t nh = (size_t)s->n * s->d, nw = (size_t)s->v * s->d, nk = (size_t)s->n * BENCH_K;
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.h, nh * 2));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.w, nw * 2));
+    CHECK(tkd_cuda_malloc((void **)&x->b.h, nh * 2, "H", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.w, nw * 2, "W", NULL));
     /* logits s = h·w with std ≈ 2: a realistic spread, never zeros */
-    CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)x->b.h, nh, 1, 1.0f));
-    CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)x->b.w, nw, 2, 2.0f / sqrtf((float)s->d)));
+    CHECK(tkd_kl_bench_fill_bf16((uint16_t *)x->b.h, nh, 1, 1.0f));
+    CHECK(tkd_kl_bench_fill_bf16((uint16_t *)x->b.w, nw, 2, 2.0f / sqrtf((float)s->d)));
     int32_t *idx = malloc(nk * 4), *labels = malloc((size_t)s->n * 4);
     float *tl = malloc(nk * 4), *lse = malloc((size_t)s->n * 4);
     if (!idx || !labels || !tl || !lse) {
@@ -110,14 +115,14 @@ static void data_init(bench_data *x, const shape *s)
         exit(1);
     }
     make_teacher(s, idx, tl, lse, labels);
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.topk_idx, nk * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.topk_logit, nk * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.teacher_lse, (size_t)s->n * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x->b.labels, (size_t)s->n * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.topk_idx, idx, nk * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.topk_logit, tl, nk * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.teacher_lse, lse, (size_t)s->n * 4));
-    CHECK(tkd_kl_cuda_to_device((void *)x->b.labels, labels, (size_t)s->n * 4));
+    CHECK(tkd_cuda_malloc((void **)&x->b.topk_idx, nk * 4, "teacher ids", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.topk_logit, nk * 4, "teacher logits", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.teacher_lse, (size_t)s->n * 4, "teacher LSE", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.labels, (size_t)s->n * 4, "labels", NULL));
+    CHECK(tkd_cuda_to_device((void *)x->b.topk_idx, idx, nk * 4));
+    CHECK(tkd_cuda_to_device((void *)x->b.topk_logit, tl, nk * 4));
+    CHECK(tkd_cuda_to_device((void *)x->b.teacher_lse, lse, (size_t)s->n * 4));
+    CHECK(tkd_cuda_to_device((void *)x->b.labels, labels, (size_t)s->n * 4));
     free(idx), free(labels), free(tl), free(lse);
 }
 
@@ -158,7 +163,7 @@ static void run_once(run_ctx *c, run_kind kind)
         break;
     case RUN_FLOOR4:
     case RUN_FLOOR3:
-        CHECK(tkd_kl_cuda_gemm_floor(c->ws, &c->x->b, kind == RUN_FLOOR4, c->ds, c->x->dh,
+        CHECK(tkd_kl_bench_gemm_floor(c->ws, &c->x->b, kind == RUN_FLOOR4, c->ds, c->x->dh,
                                      c->x->dw));
         break;
     }
@@ -194,12 +199,10 @@ static double median(double *t, int n)
 static size_t free_bytes(void)
 {
     size_t f = 0, tot = 0;
-    CHECK(tkd_kl_cuda_mem_info(&f, &tot));
+    CHECK(tkd_cuda_mem_info(&f, &tot));
     return f;
 }
 
-/* Chunked method with `chunk` rows (0 = auto): times n_modes modes (recompute, then
- * grad_in_forward) and, with do_floor, both GEMM floors. */
 static void print_profile(const shape *s, int chunk, const double *ms)
 {
     double nv = (double)s->n * s->v;
@@ -211,30 +214,33 @@ static void print_profile(const shape *s, int chunk, const double *ms)
            ms[9]);
 }
 
-static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int do_floor,
-                          int profile, mode_result out[2])
+/* Chunked method with `chunk` rows (0 = auto): times n_modes modes (recompute, then
+ * grad_in_forward) and, with do_floor, both GEMM floors. */
+static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_modes,
+                          int do_floor, int profile, mode_result out[2])
 {
     bench_data x;
     data_init(&x, s);
     size_t f0 = free_bytes();
-    CHECK(tkd_kl_cuda_malloc((void **)&x.dh, (size_t)s->n * s->d * 4));
-    CHECK(tkd_kl_cuda_malloc((void **)&x.dw, (size_t)s->v * s->d * 4));
-    CHECK(tkd_kl_cuda_memzero(x.dw, (size_t)s->v * s->d * 4));
+    CHECK(tkd_cuda_malloc((void **)&x.dh, (size_t)s->n * s->d * 4, "dH", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x.dw, (size_t)s->v * s->d * 4, "dW", NULL));
+    CHECK(tkd_cuda_memzero(x.dw, (size_t)s->v * s->d * 4));
     run_ctx c = {0};
     c.x = &x;
     tkd_kl_params_defaults(&c.p, BENCH_K);
     c.p.chunk_rows = chunk;
-    tkd_status st = tkd_kl_cuda_ws_init(&c.ws, &c.p, s->n, s->d, s->v);
+    tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, s->n, s->d, s->v);
     if (st == TKD_ERR_DEVICE_OOM) {
         for (int m = 0; m < 2; m++) {
             out[m].ok = 0;
             snprintf(out[m].note, sizeof out[m].note, "does not fit");
         }
-        tkd_kl_cuda_free(x.dh), tkd_kl_cuda_free(x.dw);
+        tkd_cuda_free(x.dh), tkd_cuda_free(x.dw);
         data_free(&x);
         return;
     }
     CHECK(st);
+    CHECK(tkd_kl_bench_set_rows(c.ws, o->row_threads, o->row_vec));
     int cr = tkd_kl_cuda_ws_chunk_rows(c.ws);
     double chunk_mib = (double)cr * ((s->v + 15) / 16 * 16) * 4 / MIB;
     double budget = ((double)s->n * s->d * 4 + (double)s->v * s->d * 4) / MIB + chunk_mib + 512.0;
@@ -248,23 +254,22 @@ static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int 
     double peak = (double)(f0 - free_bytes()) / MIB; /* nothing was freed: this is the peak */
     out[0].peak_mib = out[1].peak_mib = peak;
     if (profile) {
-        double ms[TKD_KL_CUDA_PROFILE_STAGES];
-        CHECK(tkd_kl_cuda_profile(c.ws, &c.p, &x.b, x.dh, x.dw, ms));
+        double ms[TKD_KL_BENCH_PROF_STAGES];
+        CHECK(tkd_kl_bench_profile(c.ws, &c.p, &x.b, x.dh, x.dw, ms));
         print_profile(s, cr, ms);
     }
     out[0].floor_ms = out[1].floor_ms = NAN;
     void *ds = NULL;
     if (do_floor) {
-        size_t nds = tkd_kl_cuda_ds_stand_in_elems(c.ws);
-        CHECK(tkd_kl_cuda_malloc(&ds, nds * 2));
-        CHECK(tkd_kl_cuda_fill_bf16((uint16_t *)ds, nds, 3, 1e-6f)); /* dS-sized values */
+        size_t nds = tkd_kl_bench_ds_elems(c.ws);
+        CHECK(tkd_cuda_malloc(&ds, nds * 2, "dS stand-in", NULL));
+        CHECK(tkd_kl_bench_fill_bf16((uint16_t *)ds, nds, 3, 1e-6f)); /* dS-sized values */
         c.ds = (const uint16_t *)ds;
         run_once(&c, RUN_FLOOR4);
     }
     /* Method and floor alternate rep by rep, so clock and temperature drift hit both alike. */
     double t[4][MAX_REPS];
-    if (reps > MAX_REPS)
-        reps = MAX_REPS;
+    const int reps = o->reps < MAX_REPS ? o->reps : MAX_REPS;
     for (int r = 0; r < reps; r++)
         for (int m = 0; m < n_modes; m++) {
             t[m][r] = time_once(&c, m == 0 ? RUN_RECOMPUTE : RUN_GIF);
@@ -276,9 +281,9 @@ static void bench_chunked(const shape *s, int chunk, int reps, int n_modes, int 
         if (do_floor)
             out[m].floor_ms = median(t[2 + m], reps);
     }
-    tkd_kl_cuda_free(ds);
+    tkd_cuda_free(ds);
     tkd_kl_cuda_ws_free(c.ws);
-    tkd_kl_cuda_free(x.dh), tkd_kl_cuda_free(x.dw);
+    tkd_cuda_free(x.dh), tkd_cuda_free(x.dw);
     data_free(&x);
 }
 
@@ -341,7 +346,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "kl_bench: --rows wants THREADSxVEC, e.g. 256x8\n");
                 return 2;
             }
-            CHECK(tkd_kl_cuda_tune_rows(t, vec));
+            o.row_threads = t;
+            o.row_vec = vec;
         } else if (strcmp(argv[i], "--profile") == 0) {
             o.profile = 1;
         } else if (strcmp(argv[i], "--no-naive") == 0) {
@@ -361,6 +367,9 @@ int main(int argc, char **argv)
     }
     printf("device: %s, %d SMs; reps %d (median), bf16 H/W, renorm, k = %d; dH and dW fp32\n",
            prop.name, prop.multiProcessorCount, o.reps, BENCH_K);
+    if (o.row_threads)
+        printf("row kernels: %d threads x %d float4 in flight (--rows; not the product's shape)\n",
+               o.row_threads, o.row_vec);
     printf("peak MiB = drop of cudaMemGetInfo free bytes after the inputs are on the device; "
            "budget = dH + dW(fp32) + chunk buffer + 512 MiB\n");
     printf("| %-18s | %-15s | %6s | %9s | %7s | %9s | %6s | %9s | %9s |\n", "N x D x V", "mode",
@@ -370,7 +379,7 @@ int main(int argc, char **argv)
         double ndv = (double)s->n * s->d * s->v;
         mode_result r[2];
         memset(r, 0, sizeof r);
-        bench_chunked(s, o.chunk, o.reps, 2, 1, o.profile, r);
+        bench_chunked(s, &o, o.chunk, 2, 1, o.profile, r);
         print_row(s, "recompute", &r[0], 8 * ndv, r[0].floor_ms);
         print_row(s, "grad_in_forward", &r[1], 6 * ndv, r[1].floor_ms);
         /* naive: all N×V fp32 logits at once, where they fit with a GiB to spare */
@@ -382,7 +391,7 @@ int main(int argc, char **argv)
             nv[0].ok = 0;
             snprintf(nv[0].note, sizeof nv[0].note, "skipped (--no-naive)");
         } else if (need < (double)free_bytes()) {
-            bench_chunked(s, (int)s->n, o.reps, 1, 0, 0, nv);
+            bench_chunked(s, &o, (int)s->n, 1, 0, 0, nv);
         } else {
             nv[0].ok = 0;
             snprintf(nv[0].note, sizeof nv[0].note, "does not fit (%.0f GiB of logits)",

@@ -18,6 +18,10 @@
 
 #include "common/half.h" /* TKD_HD */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* One Philox4x32 round on the counter, with the round key. */
 static inline TKD_HD void tkd_philox_round(uint32_t ctr[4], const uint32_t key[2])
 {
@@ -67,5 +71,9 @@ static inline TKD_HD double tkd_ctr_rng_uniform(uint64_t seed, uint64_t a, uint3
 {
     return (double)(tkd_ctr_rng_u64(seed, a, b, c) >> 11) * (1.0 / 9007199254740992.0);
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_CTR_RNG_H */

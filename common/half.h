@@ -12,6 +12,10 @@
 #define TKD_HD
 #endif
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 static inline TKD_HD uint32_t tkd_f32_bits(float f)
 {
     uint32_t u;
@@ -72,5 +76,9 @@ static inline TKD_HD uint16_t tkd_f32_to_f16(float f)
     a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round to nearest even */
     return (uint16_t)(sign | (uint16_t)(a >> 13));
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_HALF_H */

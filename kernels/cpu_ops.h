@@ -16,6 +16,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* out[n] = emb[tok[n]]. Tokens must already be validated to lie in [0, V). */
 void tkd_cpu_embedding_fwd(const int32_t *tok, // (N)
                            int N, const float *emb, // (V, D)
@@ -85,5 +89,9 @@ void tkd_cpu_attn_bwd(const float *dy, // (B·T, H·dh)
 void tkd_cpu_swiglu_fwd(const float *g, const float *u, int64_t n, float *h); // (n) each
 void tkd_cpu_swiglu_bwd(const float *dh, const float *g, const float *u, int64_t n,
                         float *dg, float *du); // (n) each, +=
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_CPU_OPS_H */

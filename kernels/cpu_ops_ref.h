@@ -12,6 +12,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Shapes as in cpu_ops.h; gradient outputs are added into (+=). */
 void tkd_ref_embedding_fwd(const int32_t *tok, // (N)
                            int N, const double *emb, // (V, D)
@@ -63,5 +67,9 @@ void tkd_ref_attn_bwd(const double *dy, // (B·T, H·dh)
 void tkd_ref_swiglu_fwd(const double *g, const double *u, int64_t n, double *h); // (n) each
 void tkd_ref_swiglu_bwd(const double *dh, const double *g, const double *u, int64_t n,
                         double *dg, double *du); // (n) each, +=
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_CPU_OPS_REF_H */

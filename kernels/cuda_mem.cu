@@ -45,3 +45,27 @@ extern "C" void tkd_cuda_free_host(void *p)
     if (p)
         (void)cudaFreeHost(p);
 }
+
+extern "C" tkd_status tkd_cuda_to_device(void *dst, const void *src, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_to_host(void *dst, const void *src, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_memzero(void *p, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    TKD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return TKD_OK;
+}

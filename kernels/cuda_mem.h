@@ -1,5 +1,6 @@
-/* cuda_mem.h — device memory for every .cu file: allocation with an out-of-memory message a user
- * can act on, and freeing that tolerates NULL. Header usable from C; defined only in CUDA builds. */
+/* cuda_mem.h — device memory for every .cu file (and the tests and benchmarks that drive them):
+ * allocation with an out-of-memory message a user can act on, freeing that tolerates NULL, and the
+ * plain synchronous copies. Header usable from C; defined only in CUDA builds. */
 #ifndef TKD_CUDA_MEM_H
 #define TKD_CUDA_MEM_H
 
@@ -21,6 +22,15 @@ tkd_status tkd_cuda_malloc_host(void **out, size_t bytes, const char *what);
 
 void tkd_cuda_free(void *p);      /* NULL is a no-op; teardown errors are not actionable */
 void tkd_cuda_free_host(void *p); /* NULL is a no-op */
+
+/* Synchronous copies and zero-fill of `bytes` on the legacy default stream, so they are ordered
+ * with the kernels launched there. TKD_ERR_DEVICE names the failing call. */
+tkd_status tkd_cuda_to_device(void *dst, const void *src, size_t bytes); /* host -> device */
+tkd_status tkd_cuda_to_host(void *dst, const void *src, size_t bytes);   /* device -> host */
+tkd_status tkd_cuda_memzero(void *p, size_t bytes);                      /* device */
+
+/* Free and total memory of the current device (cudaMemGetInfo). */
+tkd_status tkd_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 #ifdef __cplusplus
 }

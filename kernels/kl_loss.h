@@ -19,6 +19,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum tkd_kl_variant {
     TKD_KL_VARIANT_RENORM = 0,  /* softmax(t/τ) over the k' stored tokens */
     TKD_KL_VARIANT_TAIL = 1,    /* exact p on top-k', the tail mass r matched to 1 − Q */
@@ -95,7 +99,8 @@ tkd_status tkd_kl_ref_f64(const tkd_kl_params *p, const tkd_kl_batch *b, tkd_kl_
 /* Workspace for the chunked CPU path: sized once for (N max, V, chunk), reused every step. On
  * success *out is owned by the caller (tkd_kl_cpu_ws_free). */
 typedef struct tkd_kl_cpu_ws tkd_kl_cpu_ws;
-tkd_status tkd_kl_cpu_ws_init(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64_t n_max, int d, int v);
+tkd_status tkd_kl_cpu_ws_create(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64_t n_max, int d,
+                                int v);
 
 /* tkd_kl_validate with the workspace's scratch: no allocation per batch. */
 tkd_status tkd_kl_cpu_validate(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b);
@@ -111,5 +116,9 @@ tkd_status tkd_kl_cpu_forward(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const t
  * Must follow tkd_kl_cpu_forward on the same batch. */
 tkd_status tkd_kl_cpu_backward(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b,
                                float scale, float *dh, float *dw);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_KL_LOSS_H */

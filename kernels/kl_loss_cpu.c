@@ -33,7 +33,8 @@ struct tkd_kl_cpu_ws {
  * weights, and it bounds the memory no matter N. */
 #define TKD_KL_CPU_CHUNK_BYTES (64ll << 20)
 
-tkd_status tkd_kl_cpu_ws_init(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64_t n_max, int d, int v)
+tkd_status tkd_kl_cpu_ws_create(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int64_t n_max, int d,
+                                int v)
 {
     *out = NULL;
     TKD_TRY(tkd_kl_params_check(p, v));

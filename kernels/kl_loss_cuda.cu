@@ -1,4 +1,5 @@
-/* kl_loss_cuda.cu — see kl_loss_cuda.h. Row kernels (static) + cuBLAS bf16 GEMMs per chunk.
+/* kl_loss_cuda.cu — see kl_loss_cuda.h. Row kernels (static) + cuBLAS bf16 GEMMs per chunk; the
+ * workspace and the per-chunk stages forward/backward are made of are in kl_loss_cuda_internal.h.
  *
  * Layout. Row-major everywhere on our side; cuBLAS is column-major, so a row-major (R, C) matrix
  * with leading dimension ld is cuBLAS's (C, R) matrix with the same ld. The chunk buffer holds the
@@ -17,11 +18,6 @@
  * off-top-k' value for every v; a fix-up then rewrites the few special positions (top-k', tail
  * draws, label) exactly.
  */
-/* status.h and kl_loss.h are C headers without extern "C" guards; give them C linkage here. */
-extern "C" {
-#include "common/status.h"
-#include "kernels/kl_loss.h"
-}
 #include "kernels/kl_loss_cuda.h"
 
 #include <cuda_bf16.h>
@@ -30,35 +26,52 @@ extern "C" {
 #include <string.h>
 
 #include "common/half.h"
+#include "common/status.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
+#include "kernels/kl_loss.h"
+#include "kernels/kl_loss_cuda_internal.h"
 
-namespace {
-
-constexpr int kMaxThreads = 512;           /* row-kernel block: one row per block */
-constexpr int kMaxWarps = kMaxThreads / 32;
-/* Row kernels stream a row in tiles of VEC float4 loads per thread, all issued before any is used:
- * VEC·16 bytes in flight per thread. VEC = 4 with 512-thread blocks (2 per SM) or VEC = 8 with
- * ≤ 256-thread blocks (3 per SM), chosen by tkd_kl_cuda_tune_rows. */
-constexpr int kDefaultRowThreads = 512, kDefaultRowVec = 4;
-int g_row_threads = kDefaultRowThreads;
-int g_row_vec = kDefaultRowVec;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr size_t kBlasWsBytes = 32u << 20; /* cuBLAS workspace we hand it, so it allocates none */
-
-enum RowMode { kModeStats = 0, kModeGrad = 1, kModeStatsGrad = 2 };
-
-/* Bits of DevOut::err_bits: why a row's teacher data or label was rejected. */
-enum {
-    kErrTopkRange = 1, kErrTopkDup = 2, kErrTeacherNonFinite = 4, kErrLabelRange = 8,
-    kErrTailRange = 16, kErrTailInTopk = 32,
-};
-
-struct DevOut {
+/* Written by the count, row and reduce kernels; read back once per call. */
+struct tkd_kl_cuda_dev_out {
     double loss, kd, ce;
     long long n_kept;
     long long err_row; /* first bad row, LLONG_MAX when none */
     unsigned int err_bits;
     float inv_n_kept;  /* 1 / n_kept (0 when no row is kept) */
+};
+
+namespace {
+
+typedef tkd_kl_cuda_dev_out DevOut;
+
+/* Row kernels stream a row in tiles of VEC float4 loads per thread, all issued before any is used:
+ * VEC·16 bytes in flight per thread. The product runs VEC = 4 with 512-thread blocks (2 per SM,
+ * TKD_KL_CUDA_ROW_THREADS x TKD_KL_CUDA_ROW_VEC); VEC = 8 with ≤ 256-thread blocks (3 per SM) is
+ * there for the benchmark's sweep (tkd_kl_cuda_ws_set_rows). */
+constexpr int kMaxThreads = 512;           /* row-kernel block: one row per block */
+constexpr int kMaxWarps = kMaxThreads / 32;
+/* The (threads, vec) pairs the kernels are built for (their __launch_bounds__). */
+constexpr bool row_shape_ok(int threads, int vec)
+{
+    return (vec == 4 && (threads == 128 || threads == 256 || threads == 512)) ||
+           (vec == 8 && (threads == 128 || threads == 256));
+}
+static_assert(row_shape_ok(TKD_KL_CUDA_ROW_THREADS, TKD_KL_CUDA_ROW_VEC),
+              "the product's row shape must be one the row kernels are built for");
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr size_t kBlasWsBytes = 32u << 20; /* cuBLAS workspace we hand it, so it allocates none */
+
+enum RowMode {
+    kModeStats = TKD_KL_CUDA_ROWS_STATS,
+    kModeGrad = TKD_KL_CUDA_ROWS_GRAD,
+    kModeStatsGrad = TKD_KL_CUDA_ROWS_STATS_GRAD,
+};
+
+/* Bits of DevOut::err_bits: why a row's teacher data or label was rejected. */
+enum {
+    kErrTopkRange = 1, kErrTopkDup = 2, kErrTeacherNonFinite = 4, kErrLabelRange = 8,
+    kErrTailRange = 16, kErrTailInTopk = 32,
 };
 
 /* What the row kernel needs; pointers to per-row arrays are already offset to the chunk. */
@@ -124,7 +137,7 @@ __device__ inline RowSmem row_smem_carve(unsigned char *base, int k_use, int s, 
     return m;
 }
 
-/* ---- online log-sum-exp at τ and at 1, one pass ------------------------------------------- */
+/* ---- online log-sum-exp at τ and at 1, one pass ---------------------------------------------- */
 
 /* 2^x on the special-function unit, subnormal results flushed to 0 (a probability < 1e-38 is 0
  * for this loss); exp2f would add a subnormal fix-up to every call. */
@@ -281,7 +294,7 @@ __device__ void row_lse(const float *row, int v, float tau, const unsigned *bitm
     __syncthreads();
 }
 
-/* ---- gather and validate the row's teacher side ----------------------------------------------- */
+/* ---- gather and validate the row's teacher side ---------------------------------------------- */
 
 __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowSmem m,
                            RowShared &sh)
@@ -354,7 +367,7 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
     }
 }
 
-/* ---- per-row loss and gradient coefficients (warp 0, double) ---------------------------------- */
+/* ---- per-row loss and gradient coefficients (warp 0, double) --------------------------------- */
 
 __device__ inline double warp_sum(double x)
 {
@@ -464,7 +477,7 @@ __device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared
     sh.c_ce = (float)(g * (1.0 - a.alpha));
 }
 
-/* ---- dS in place -------------------------------------------------------------------------- */
+/* ---- dS in place ----------------------------------------------------------------------------- */
 
 struct GradCoef { float zs, zb, os, ob, c_q, c_ce, c_x, xb; bool same_tau; };
 
@@ -662,42 +675,9 @@ __global__ void kl_reduce_kernel(const double *row_loss, const double *row_kd,
     }
 }
 
-__device__ inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27; x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/* Irwin–Hall(4) scaled to unit variance: cheap, deterministic, normal enough for benchmarks. */
-__global__ void kl_fill_bf16_kernel(__nv_bfloat16 *x, size_t n, uint64_t seed, float std)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + i);
-        float u = 0.0f;
-        for (int j = 0; j < 4; j++)
-            u += (float)((h >> (16 * j)) & 0xffffu) * (1.0f / 65536.0f);
-        x[i] = __float2bfloat16_rn((u - 2.0f) * 1.7320508f * std);
-    }
-}
-
 } // namespace
 
-/* ---- workspace ------------------------------------------------------------------------------ */
-
-struct tkd_kl_cuda_ws {
-    int64_t n_max;
-    int d, v, chunk;
-    long long ldl;          /* fp32 logits leading dimension (V rounded up to 16) */
-    cublasHandle_t blas;
-    void *blas_ws;          /* kBlasWsBytes */
-    float *chunk_buf;       /* (chunk, ldl) fp32 logits / bf16 dS */
-    float *lse_tau, *lse_one, *log_omq; /* (n_max) */
-    double *row_stats;      /* (3, n_max): loss, kd, ce per row */
-    DevOut *out;
-    size_t bytes;
-};
+/* ---- workspace ------------------------------------------------------------------------------- */
 
 extern "C" int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v)
 {
@@ -710,9 +690,10 @@ extern "C" int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v)
     return (int)c;
 }
 
-static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes)
+static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes, const char *what,
+                           const char *hint)
 {
-    TKD_CUDA_CHECK(cudaMalloc(p, bytes));
+    TKD_TRY(tkd_cuda_malloc(p, bytes, what, hint));
     ws->bytes += bytes;
     return TKD_OK;
 }
@@ -720,13 +701,14 @@ static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes)
 static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
 {
     size_t n = (size_t)ws->n_max;
-    TKD_TRY(ws_alloc(ws, (void **)&ws->chunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_tau, n * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_one, n * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->log_omq, n * sizeof(float)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->row_stats, 3 * n * sizeof(double)));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->out, sizeof(DevOut)));
-    TKD_TRY(ws_alloc(ws, &ws->blas_ws, kBlasWsBytes));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->chunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float),
+                     "chunk buffer (fp32 logits)", "lower kd.chunk_size (rows per chunk)"));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_tau, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_one, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->log_omq, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->row_stats, 3 * n * sizeof(double), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->out, sizeof(DevOut), "loss sums", NULL));
+    TKD_TRY(ws_alloc(ws, &ws->blas_ws, kBlasWsBytes, "cuBLAS workspace", NULL));
     TKD_CUBLAS_CHECK(cublasCreate(&ws->blas));
     TKD_CUBLAS_CHECK(cublasSetStream(ws->blas, 0));
     TKD_CUBLAS_CHECK(cublasSetWorkspace(ws->blas, ws->blas_ws, kBlasWsBytes));
@@ -734,18 +716,18 @@ static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
     return TKD_OK;
 }
 
-extern "C" tkd_status tkd_kl_cuda_ws_init(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
+extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
                                           int64_t n_max, int d, int v)
 {
     *out = NULL;
     if (n_max <= 0 || d <= 0 || v <= 0 || p->chunk_rows < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "kl_loss_cuda: ws_init: n_max %lld, d %d, v %d, chunk_rows %d: all "
+                             "kl_loss_cuda: ws_create: n_max %lld, d %d, v %d, chunk_rows %d: all "
                              "must be positive (chunk_rows 0 = auto)",
                              (long long)n_max, d, v, p->chunk_rows);
     tkd_kl_cuda_ws *ws = (tkd_kl_cuda_ws *)calloc(1, sizeof *ws);
     if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: ws_init: host allocation failed");
+        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: ws_create: host allocation failed");
     ws->n_max = n_max;
     ws->d = d;
     ws->v = v;
@@ -753,11 +735,14 @@ extern "C" tkd_status tkd_kl_cuda_ws_init(tkd_kl_cuda_ws **out, const tkd_kl_par
     ws->chunk = p->chunk_rows > 0 ? p->chunk_rows : tkd_kl_cuda_default_chunk_rows(n_max, v);
     if (ws->chunk > n_max)
         ws->chunk = (int)n_max;
+    ws->row_threads = TKD_KL_CUDA_ROW_THREADS;
+    ws->row_vec = TKD_KL_CUDA_ROW_VEC;
+    const int chunk = ws->chunk;
     tkd_status st = ws_setup(ws);
     if (st != TKD_OK) {
         tkd_kl_cuda_ws_free(ws);
         return tkd_error_prefix(st, "kl_loss_cuda: workspace for %lld rows x V %d, chunk %d",
-                                (long long)n_max, v, ws->chunk);
+                                (long long)n_max, v, chunk);
     }
     *out = ws;
     return TKD_OK;
@@ -767,32 +752,42 @@ extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
 {
     if (!ws)
         return;
-    /* Teardown errors are not actionable; cudaFree(NULL) is a no-op. */
-    if (ws->blas)
+    if (ws->blas) /* teardown errors are not actionable */
         (void)cublasDestroy(ws->blas);
-    (void)cudaFree(ws->chunk_buf);
-    (void)cudaFree(ws->lse_tau);
-    (void)cudaFree(ws->lse_one);
-    (void)cudaFree(ws->log_omq);
-    (void)cudaFree(ws->row_stats);
-    (void)cudaFree(ws->out);
-    (void)cudaFree(ws->blas_ws);
+    tkd_cuda_free(ws->chunk_buf);
+    tkd_cuda_free(ws->lse_tau);
+    tkd_cuda_free(ws->lse_one);
+    tkd_cuda_free(ws->log_omq);
+    tkd_cuda_free(ws->row_stats);
+    tkd_cuda_free(ws->out);
+    tkd_cuda_free(ws->blas_ws);
     free(ws);
 }
 
 extern "C" int tkd_kl_cuda_ws_chunk_rows(const tkd_kl_cuda_ws *ws) { return ws->chunk; }
 extern "C" size_t tkd_kl_cuda_ws_bytes(const tkd_kl_cuda_ws *ws) { return ws->bytes; }
 
-extern "C" size_t tkd_kl_cuda_ds_stand_in_elems(const tkd_kl_cuda_ws *ws)
+extern "C" tkd_status tkd_kl_cuda_ws_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec)
 {
-    return (size_t)ws->chunk * 2 * ws->ldl;
+    if (threads == 0 && vec == 0) {
+        threads = TKD_KL_CUDA_ROW_THREADS;
+        vec = TKD_KL_CUDA_ROW_VEC;
+    }
+    if (!row_shape_ok(threads, vec))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "kl_loss_cuda: row kernels: %d threads x %d float4: use vec 4 with "
+                             "128/256/512 threads, vec 8 with 128/256, or 0, 0 for the default",
+                             threads, vec);
+    ws->row_threads = threads;
+    ws->row_vec = vec;
+    return TKD_OK;
 }
 
-/* ---- GEMMs (cuBLAS column-major views of our row-major matrices) ------------------------------ */
+/* ---- per-chunk stages (cuBLAS column-major views of our row-major matrices) ------------------ */
 
 /* logits (rows, ldl) fp32 = H_c (rows, D) · Wᵀ; cuBLAS: (V × rows) = Wᵀ_cm(V × D) · H_cm(D × rows). */
-static tkd_status gemm_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, long long row0,
-                              int rows)
+extern "C" tkd_status tkd_kl_cuda_chunk_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
+                                               int64_t row0, int rows)
 {
     const float one = 1.0f, zero = 0.0f;
     TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_T, CUBLAS_OP_N, b->v, rows, b->d, &one,
@@ -802,28 +797,33 @@ static tkd_status gemm_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, lo
     return TKD_OK;
 }
 
-/* dH_c (rows, D) fp32 = dS (rows, V) · W;  dW (V, D) fp32 += dSᵀ · H_c. ds has ld 2·ldl (bf16). */
-static tkd_status gemm_grads(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, long long row0,
-                             int rows, const void *ds, float *dh, float *dw)
+/* dH_c (rows, D) fp32 = dS (rows, V) · W; ds has ld 2·ldl (bf16). */
+extern "C" tkd_status tkd_kl_cuda_chunk_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
+                                           int64_t row0, int rows, const void *ds, float *dh)
 {
     const float one = 1.0f, zero = 0.0f;
-    const int ldd = (int)(2 * ws->ldl);
     TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_N, b->d, rows, b->v, &one,
-                                  b->w, CUDA_R_16BF, b->d, ds, CUDA_R_16BF, ldd, &zero,
-                                  dh + row0 * b->d, CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-    TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows, &one,
-                                  b->h + row0 * b->d, CUDA_R_16BF, b->d, ds, CUDA_R_16BF, ldd,
-                                  &one, dw, CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
+                                  b->w, CUDA_R_16BF, b->d, ds, CUDA_R_16BF, (int)(2 * ws->ldl),
+                                  &zero, dh + row0 * b->d, CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT));
     return TKD_OK;
 }
 
-/* ---- forward / backward ----------------------------------------------------------------------- */
+/* dW (V, D) fp32 += dSᵀ · H_c; ds has ld 2·ldl (bf16). */
+extern "C" tkd_status tkd_kl_cuda_chunk_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
+                                           int64_t row0, int rows, const void *ds, float *dw)
+{
+    const float one = 1.0f;
+    TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows, &one,
+                                  b->h + row0 * b->d, CUDA_R_16BF, b->d, ds, CUDA_R_16BF,
+                                  (int)(2 * ws->ldl), &one, dw, CUDA_R_32F, b->d,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return TKD_OK;
+}
 
-static tkd_status check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
-                             const tkd_kl_cuda_batch *b, int need_grads, const float *dh,
-                             const float *dw)
+extern "C" tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                             const tkd_kl_cuda_batch *b, int need_grads,
+                                             const float *dh, const float *dw)
 {
     if (b->n < 0 || b->n > ws->n_max || b->d != ws->d || b->v != ws->v)
         return tkd_error_set(TKD_ERR_MISMATCH,
@@ -846,6 +846,14 @@ static tkd_status check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                              TKD_KL_CUDA_MAX_S, s, b->tail_idx ? "set" : "NULL");
     if (need_grads && (!dh || !dw))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: dh and dw are required here");
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_count_kept(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                             const tkd_kl_cuda_batch *b)
+{
+    kl_count_kernel<<<1, 1024>>>(b->labels, b->n, p->ignore_index, ws->out);
+    TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
 
@@ -882,7 +890,7 @@ static RowArgs row_args(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl
 }
 
 template <int VEC>
-static tkd_status launch_rows_vec(int mode, int rows, const RowArgs &a)
+static tkd_status launch_rows_vec(int mode, int rows, int threads, const RowArgs &a)
 {
     size_t smem = row_smem_bytes(a.k_use, a.s, a.v, mode != kModeGrad);
     void (*kern)(RowArgs) = mode == kModeStats  ? kl_row_kernel<kModeStats, VEC>
@@ -891,15 +899,22 @@ static tkd_status launch_rows_vec(int mode, int rows, const RowArgs &a)
     if (smem > 48 * 1024) /* beyond the default limit: ask for it (the bitmap at large V) */
         TKD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem));
-    kern<<<rows, g_row_threads, smem>>>(a);
+    kern<<<rows, threads, smem>>>(a);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
 
-static tkd_status launch_rows(int mode, int rows, const RowArgs &a)
+extern "C" tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                             const tkd_kl_cuda_batch *b,
+                                             tkd_kl_cuda_rows_mode mode, int64_t row0, int rows,
+                                             float grad_scale)
 {
-    return g_row_vec == 8 ? launch_rows_vec<8>(mode, rows, a) : launch_rows_vec<4>(mode, rows, a);
+    const RowArgs a = row_args(ws, p, b, row0, grad_scale);
+    return ws->row_vec == 8 ? launch_rows_vec<8>((int)mode, rows, ws->row_threads, a)
+                            : launch_rows_vec<4>((int)mode, rows, ws->row_threads, a);
 }
+
+/* ---- forward / backward ---------------------------------------------------------------------- */
 
 static const char *err_reason(unsigned bits)
 {
@@ -921,21 +936,29 @@ static tkd_status check_dev_out(const DevOut &o, const char *what)
                          what, o.err_row, err_reason(o.err_bits), o.err_bits);
 }
 
+/* dH_c and dW from the chunk's dS in place. */
+static tkd_status chunk_grads(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, long long row0,
+                              int rows, float *dh, float *dw)
+{
+    TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ws->chunk_buf, dh));
+    return tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw);
+}
+
 extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                           const tkd_kl_cuda_batch *b, tkd_kl_result *res,
                                           float *dh, float *dw)
 {
-    TKD_TRY(check_call(ws, p, b, p->grad_in_forward, dh, dw));
+    TKD_TRY(tkd_kl_cuda_check_call(ws, p, b, p->grad_in_forward, dh, dw));
     const long long n = b->n;
-    kl_count_kernel<<<1, 1024>>>(b->labels, n, p->ignore_index, ws->out);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    const int mode = p->grad_in_forward ? kModeStatsGrad : kModeStats;
+    TKD_TRY(tkd_kl_cuda_count_kept(ws, p, b));
+    const tkd_kl_cuda_rows_mode mode =
+        p->grad_in_forward ? TKD_KL_CUDA_ROWS_STATS_GRAD : TKD_KL_CUDA_ROWS_STATS;
     for (long long row0 = 0; row0 < n; row0 += ws->chunk) {
         int rows = (int)(n - row0 < ws->chunk ? n - row0 : ws->chunk);
-        TKD_TRY(gemm_logits(ws, b, row0, rows));
-        TKD_TRY(launch_rows(mode, rows, row_args(ws, p, b, row0, p->grad_scale)));
+        TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
+        TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, mode, row0, rows, p->grad_scale));
         if (p->grad_in_forward)
-            TKD_TRY(gemm_grads(ws, b, row0, rows, ws->chunk_buf, dh, dw));
+            TKD_TRY(chunk_grads(ws, b, row0, rows, dh, dw));
     }
     kl_reduce_kernel<<<1, 1024>>>(ws->row_stats, ws->row_stats + ws->n_max,
                                   ws->row_stats + 2 * ws->n_max, n, ws->out);
@@ -962,179 +985,19 @@ extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_para
                                  (double)p->grad_scale, (double)scale);
         return TKD_OK;
     }
-    TKD_TRY(check_call(ws, p, b, 1, dh, dw));
+    TKD_TRY(tkd_kl_cuda_check_call(ws, p, b, 1, dh, dw));
     for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
         int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
-        TKD_TRY(gemm_logits(ws, b, row0, rows));
-        TKD_TRY(launch_rows(kModeGrad, rows, row_args(ws, p, b, row0, scale)));
-        TKD_TRY(gemm_grads(ws, b, row0, rows, ws->chunk_buf, dh, dw));
+        TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
+        TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, TKD_KL_CUDA_ROWS_GRAD, row0, rows, scale));
+        TKD_TRY(chunk_grads(ws, b, row0, rows, dh, dw));
     }
     DevOut o;
     TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
     return check_dev_out(o, "backward");
 }
 
-extern "C" tkd_status tkd_kl_cuda_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
-                                             int recompute, const uint16_t *ds, float *dh,
-                                             float *dw)
-{
-    for (int pass = 0; pass < (recompute ? 2 : 1); pass++)
-        for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
-            int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
-            TKD_TRY(gemm_logits(ws, b, row0, rows));
-            if (pass == (recompute ? 1 : 0))
-                TKD_TRY(gemm_grads(ws, b, row0, rows, ds, dh, dw));
-        }
-    TKD_CUDA_CHECK(cudaDeviceSynchronize());
-    return TKD_OK;
-}
-
-/* ---- profiling and tuning (benchmarks) ------------------------------------------------------- */
-
-/* Events around every stage of every chunk; elapsed times summed per stage after one sync. */
-typedef struct prof_rec {
-    cudaEvent_t ev[2048];
-    int stage[2048];
-    int n;
-} prof_rec;
-
-static tkd_status prof_mark(prof_rec *pr, int stage)
-{
-    if (pr->n >= 2048)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: profile: too many chunks");
-    TKD_CUDA_CHECK(cudaEventCreate(&pr->ev[pr->n]));
-    TKD_CUDA_CHECK(cudaEventRecord(pr->ev[pr->n], 0));
-    pr->stage[pr->n++] = stage;
-    return TKD_OK;
-}
-
-static tkd_status prof_pass(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
-                            const tkd_kl_cuda_batch *b, float *dh, float *dw, prof_rec *pr)
-{
-    const int gif = p->grad_in_forward, base = gif ? 6 : 0;
-    kl_count_kernel<<<1, 1024>>>(b->labels, b->n, p->ignore_index, ws->out);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    for (int pass = 0; pass < (gif ? 1 : 2); pass++)
-        for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
-            int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
-            int grads = gif || pass == 1;
-            TKD_TRY(prof_mark(pr, base + 2 * pass));
-            TKD_TRY(gemm_logits(ws, b, row0, rows));
-            TKD_TRY(prof_mark(pr, base + 2 * pass + 1));
-            int mode = gif ? kModeStatsGrad : (pass ? kModeGrad : kModeStats);
-            TKD_TRY(launch_rows(mode, rows, row_args(ws, p, b, row0, 1.0f)));
-            if (grads) {
-                const float one = 1.0f, zero = 0.0f;
-                const int ldd = (int)(2 * ws->ldl);
-                TKD_TRY(prof_mark(pr, base + 4 - 2 * gif));
-                TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_N, b->d, rows, b->v,
-                                              &one, b->w, CUDA_R_16BF, b->d, ws->chunk_buf,
-                                              CUDA_R_16BF, ldd, &zero, dh + row0 * b->d,
-                                              CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
-                                              CUBLAS_GEMM_DEFAULT));
-                TKD_TRY(prof_mark(pr, base + 5 - 2 * gif));
-                TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows,
-                                              &one, b->h + row0 * b->d, CUDA_R_16BF, b->d,
-                                              ws->chunk_buf, CUDA_R_16BF, ldd, &one, dw,
-                                              CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
-                                              CUBLAS_GEMM_DEFAULT));
-            }
-        }
-    return prof_mark(pr, -1);
-}
-
-extern "C" tkd_status tkd_kl_cuda_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
-                                          const tkd_kl_cuda_batch *b, float *dh, float *dw,
-                                          double ms[TKD_KL_CUDA_PROFILE_STAGES])
-{
-    TKD_TRY(check_call(ws, p, b, 1, dh, dw));
-    prof_rec *pr = (prof_rec *)calloc(1, sizeof *pr);
-    if (!pr)
-        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss_cuda: profile: host allocation failed");
-    for (int i = 0; i < TKD_KL_CUDA_PROFILE_STAGES; i++)
-        ms[i] = 0.0;
-    tkd_status st = TKD_OK;
-    for (int gif = 0; gif < 2 && st == TKD_OK; gif++) {
-        tkd_kl_params q = *p;
-        q.grad_in_forward = gif;
-        pr->n = 0;
-        st = prof_pass(ws, &q, b, dh, dw, pr);
-        cudaError_t ce = cudaDeviceSynchronize();
-        if (st == TKD_OK && ce != cudaSuccess)
-            st = tkd_error_set(tkd_cuda_status(ce), "kl_loss_cuda: profile: %s",
-                               cudaGetErrorString(ce));
-        for (int i = 0; i + 1 < pr->n; i++) {
-            float t = 0.0f;
-            if (st == TKD_OK && cudaEventElapsedTime(&t, pr->ev[i], pr->ev[i + 1]) == cudaSuccess)
-                ms[pr->stage[i]] += t;
-        }
-        for (int i = 0; i < pr->n; i++)
-            (void)cudaEventDestroy(pr->ev[i]);
-    }
-    free(pr);
-    return st;
-}
-
-extern "C" tkd_status tkd_kl_cuda_tune_rows(int threads, int vec)
-{
-    if (threads == 0 && vec == 0) {
-        g_row_threads = kDefaultRowThreads;
-        g_row_vec = kDefaultRowVec;
-        return TKD_OK;
-    }
-    int ok = (vec == 4 && (threads == 128 || threads == 256 || threads == 512)) ||
-             (vec == 8 && (threads == 128 || threads == 256));
-    if (!ok)
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "kl_loss_cuda: row kernels: %d threads x %d float4: use vec 4 with "
-                             "128/256/512 threads, vec 8 with 128/256, or 0, 0 for the default",
-                             threads, vec);
-    g_row_threads = threads;
-    g_row_vec = vec;
-    return TKD_OK;
-}
-
-/* ---- helpers ---------------------------------------------------------------------------------- */
-
-extern "C" tkd_status tkd_kl_cuda_malloc(void **ptr, size_t bytes)
-{
-    *ptr = NULL;
-    TKD_CUDA_CHECK(cudaMalloc(ptr, bytes ? bytes : 1));
-    return TKD_OK;
-}
-
-extern "C" void tkd_kl_cuda_free(void *ptr) { (void)cudaFree(ptr); }
-
-extern "C" tkd_status tkd_kl_cuda_memzero(void *ptr, size_t bytes)
-{
-    TKD_CUDA_CHECK(cudaMemset(ptr, 0, bytes));
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_kl_cuda_to_host(void *dst, const void *src, size_t bytes)
-{
-    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_kl_cuda_to_device(void *dst, const void *src, size_t bytes)
-{
-    TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_kl_cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
-{
-    TKD_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_kl_cuda_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std)
-{
-    kl_fill_bf16_kernel<<<1024, 256>>>(reinterpret_cast<__nv_bfloat16 *>(dev), n, seed, std);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
-}
+/* ---- batch upload ---------------------------------------------------------------------------- */
 
 /* Host fp32 -> device bf16 (n values). */
 static tkd_status upload_bf16(const uint16_t **out, const float *src, size_t n)
@@ -1145,9 +1008,9 @@ static tkd_status upload_bf16(const uint16_t **out, const float *src, size_t n)
     for (size_t i = 0; i < n; i++)
         tmp[i] = tkd_f32_to_bf16(src[i]);
     void *dev = NULL;
-    tkd_status st = tkd_kl_cuda_malloc(&dev, n * sizeof *tmp);
+    tkd_status st = tkd_cuda_malloc(&dev, n * sizeof *tmp, "kl_loss_cuda: batch upload", NULL);
     if (st == TKD_OK)
-        st = tkd_kl_cuda_to_device(dev, tmp, n * sizeof *tmp);
+        st = tkd_cuda_to_device(dev, tmp, n * sizeof *tmp);
     free(tmp);
     *out = (const uint16_t *)dev;
     return st;
@@ -1157,9 +1020,9 @@ template <typename T>
 static tkd_status upload_raw(const T **out, const T *src, size_t n)
 {
     void *dev = NULL;
-    TKD_TRY(tkd_kl_cuda_malloc(&dev, n * sizeof(T)));
+    TKD_TRY(tkd_cuda_malloc(&dev, n * sizeof(T), "kl_loss_cuda: batch upload", NULL));
     *out = (const T *)dev;
-    return tkd_kl_cuda_to_device(dev, src, n * sizeof(T));
+    return tkd_cuda_to_device(dev, src, n * sizeof(T));
 }
 
 static tkd_status batch_upload(tkd_kl_cuda_batch *o, const tkd_kl_params *p,
@@ -1194,12 +1057,12 @@ extern "C" void tkd_kl_cuda_batch_free(tkd_kl_cuda_batch *b)
 {
     if (!b)
         return;
-    tkd_kl_cuda_free((void *)b->h);
-    tkd_kl_cuda_free((void *)b->w);
-    tkd_kl_cuda_free((void *)b->topk_idx);
-    tkd_kl_cuda_free((void *)b->topk_logit);
-    tkd_kl_cuda_free((void *)b->teacher_lse);
-    tkd_kl_cuda_free((void *)b->tail_idx);
-    tkd_kl_cuda_free((void *)b->labels);
+    tkd_cuda_free((void *)b->h);
+    tkd_cuda_free((void *)b->w);
+    tkd_cuda_free((void *)b->topk_idx);
+    tkd_cuda_free((void *)b->topk_logit);
+    tkd_cuda_free((void *)b->teacher_lse);
+    tkd_cuda_free((void *)b->tail_idx);
+    tkd_cuda_free((void *)b->labels);
     memset(b, 0, sizeof *b);
 }

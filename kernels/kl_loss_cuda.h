@@ -16,6 +16,9 @@
  * teacher index / label / non-finite teacher value found on the device is TKD_ERR_FORMAT naming
  * the first bad row.
  *
+ * The row kernels run one fixed launch shape, the measured best (kernels/kl_loss_cuda_internal.h
+ * says which and why; the benchmark's per-stage timings and GEMM floor live in bench/).
+ *
  * This header has no CUDA types: it is includable from C and compiled in every build. Without the
  * CUDA backend (TKD_HAVE_CUDA undefined) the functions are not defined; check
  * tkd_backend_cuda_built() / #ifdef TKD_HAVE_CUDA before calling them.
@@ -55,14 +58,14 @@ typedef struct tkd_kl_cuda_batch {
  * Sized once; reused every step; one workspace per thread (it owns a cuBLAS handle). */
 typedef struct tkd_kl_cuda_ws tkd_kl_cuda_ws;
 
-/* Rows per chunk that tkd_kl_cuda_ws_init picks when p->chunk_rows == 0: the fp32 chunk buffer
+/* Rows per chunk that tkd_kl_cuda_ws_create picks when p->chunk_rows == 0: the fp32 chunk buffer
  * aims at 1 GiB (C · V · 4 bytes), C a multiple of 128, at least 128, at most N rounded up to 128. */
 int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v);
 
 /* Allocates a workspace on the current device for batches of up to n_max rows of (D, V).
  * p->chunk_rows (0 = default) fixes the chunk; the rest of p is read per call. On success *out is
  * owned by the caller (tkd_kl_cuda_ws_free). TKD_ERR_DEVICE_OOM when the device is too full. */
-tkd_status tkd_kl_cuda_ws_init(tkd_kl_cuda_ws **out, const tkd_kl_params *p, int64_t n_max, int d,
+tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p, int64_t n_max, int d,
                                int v);
 void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws); /* NULL is a no-op */
 
@@ -86,54 +89,13 @@ tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
 tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                 const tkd_kl_cuda_batch *b, float scale, float *dh, float *dw);
 
-/* The plain GEMMs the method must do, with the same shapes, dtypes, layouts and chunking and
- * nothing else (the benchmark's floor): per chunk the logits GEMM (twice when recompute), dS·W and
- * dSᵀ·H_c (beta = 1). ds (C, 2·ldl) bf16 device is a caller-filled stand-in for dS, ideally random
- * (tkd_kl_cuda_ds_stand_in_elems gives its size in bf16 elements). Synchronises at the end. */
-tkd_status tkd_kl_cuda_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int recompute,
-                                  const uint16_t *ds, float *dh, float *dw);
-size_t tkd_kl_cuda_ds_stand_in_elems(const tkd_kl_cuda_ws *ws);
-
-/* Per-stage device time (ms, summed over chunks) of one recompute forward + backward and one
- * grad_in_forward forward, for the benchmark's breakdown. Indices: */
-enum {
-    TKD_KL_CUDA_PROF_LOGITS_FWD = 0, TKD_KL_CUDA_PROF_STATS_ROWS = 1,
-    TKD_KL_CUDA_PROF_LOGITS_BWD = 2, TKD_KL_CUDA_PROF_GRAD_ROWS = 3,
-    TKD_KL_CUDA_PROF_DH_GEMM = 4, TKD_KL_CUDA_PROF_DW_GEMM = 5,
-    TKD_KL_CUDA_PROF_GIF_LOGITS = 6, TKD_KL_CUDA_PROF_GIF_ROWS = 7,
-    TKD_KL_CUDA_PROF_GIF_DH_GEMM = 8, TKD_KL_CUDA_PROF_GIF_DW_GEMM = 9,
-    TKD_KL_CUDA_PROFILE_STAGES = 10,
-};
-tkd_status tkd_kl_cuda_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
-                               const tkd_kl_cuda_batch *b, float *dh, float *dw,
-                               double ms[TKD_KL_CUDA_PROFILE_STAGES]);
-
-/* Row kernels' shape, process-wide, not thread-safe: threads per block (one row per block) and
- * float4 loads in flight per thread (vec 4: 128, 256 or 512 threads; vec 8: 128 or 256);
- * (0, 0) restores the default. A tuning knob for the benchmark; the default is the measured best
- * on an H200. */
-tkd_status tkd_kl_cuda_tune_rows(int threads, int vec);
-
-/* ---- small device-memory helpers (tests, benchmarks) ---------------------------------------- */
+/* ---- a host batch on the device -------------------------------------------------------------- */
 
 /* Copies a host batch to the device: h and w rounded to bf16 (round to nearest even, as
  * common/half.h), the rest as is. On success out owns device memory (tkd_kl_cuda_batch_free). */
 tkd_status tkd_kl_cuda_batch_upload(tkd_kl_cuda_batch *out, const tkd_kl_params *p,
                                     const tkd_kl_batch *hb);
 void tkd_kl_cuda_batch_free(tkd_kl_cuda_batch *b); /* frees what batch_upload allocated */
-
-tkd_status tkd_kl_cuda_malloc(void **ptr, size_t bytes);  /* cudaMalloc; OOM is an error */
-void tkd_kl_cuda_free(void *ptr);                         /* NULL is a no-op */
-tkd_status tkd_kl_cuda_memzero(void *ptr, size_t bytes);
-tkd_status tkd_kl_cuda_to_host(void *dst, const void *src, size_t bytes);
-tkd_status tkd_kl_cuda_to_device(void *dst, const void *src, size_t bytes);
-
-/* Fills n bf16 values at dev with a deterministic normal(0, std)-like sequence (benchmarks:
- * random data, never zeros). */
-tkd_status tkd_kl_cuda_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std);
-
-/* Free and total device memory (cudaMemGetInfo), for the benchmark's memory deltas. */
-tkd_status tkd_kl_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,5 @@
 /* tail_sample_cuda.cu — see tail_sample_cuda.h; the algorithm is in kernels/tail_sample.h. */
-extern "C" {
 #include "common/status.h"
-}
 #include "common/ctr_rng.h"
 #include "kernels/cuda_check.h"
 #include "kernels/tail_sample.h"

@@ -1,8 +1,7 @@
 /* topk_cuda.cu — see topk_cuda.h. */
-extern "C" {
 #include "common/status.h"
-}
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
 #include "kernels/topk.h"
 #include "kernels/topk_cuda.h"
 
@@ -249,36 +248,36 @@ static __global__ void __launch_bounds__(TOPK_THREADS)
     }
 }
 
+static tkd_status topk_ws_setup(tkd_topk_cuda_ws *ws)
+{
+    const size_t bytes = 2 * sizeof(unsigned long long);
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->d_flags, bytes, "topk_cuda: error flags", NULL));
+    TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_flags, bytes, "topk_cuda: error flags"));
+    TKD_CUDA_CHECK(cudaMemset(ws->d_flags, 0xff, bytes)); /* ~0: no row flagged */
+    return TKD_OK;
+}
+
 extern "C" tkd_status tkd_topk_cuda_ws_create(tkd_topk_cuda_ws **out)
 {
     *out = NULL;
     tkd_topk_cuda_ws *ws = (tkd_topk_cuda_ws *)calloc(1, sizeof *ws);
     if (!ws)
         return tkd_error_set(TKD_ERR_NOMEM, "topk_cuda: cannot allocate the workspace");
-    *out = ws;
-    tkd_status st = TKD_OK;
-    cudaError_t e = cudaMalloc((void **)&ws->d_flags, 2 * sizeof(unsigned long long));
-    if (e == cudaSuccess)
-        e = cudaMallocHost((void **)&ws->h_flags, 2 * sizeof(unsigned long long));
-    if (e == cudaSuccess)
-        e = cudaMemset(ws->d_flags, 0xff, 2 * sizeof(unsigned long long));
-    if (e != cudaSuccess) {
-        st = tkd_error_set(tkd_cuda_status(e), "topk_cuda: workspace allocation failed: %s",
-                           cudaGetErrorString(e));
+    tkd_status st = topk_ws_setup(ws);
+    if (st != TKD_OK) {
         tkd_topk_cuda_ws_free(ws);
-        *out = NULL;
+        return st;
     }
-    return st;
+    *out = ws;
+    return TKD_OK;
 }
 
 extern "C" void tkd_topk_cuda_ws_free(tkd_topk_cuda_ws *ws)
 {
     if (!ws)
         return;
-    if (ws->d_flags)
-        cudaFree(ws->d_flags);
-    if (ws->h_flags)
-        cudaFreeHost(ws->h_flags);
+    tkd_cuda_free(ws->d_flags);
+    tkd_cuda_free_host(ws->h_flags);
     free(ws);
 }
 

@@ -269,7 +269,7 @@ static tkd_status build_loss(trainer *tr)
     tr->kp.grad_scale = 1.0f / (float)c->grad_accum;
     int64_t n_max = (int64_t)c->batch_size * tr->T;
     int d = tr->m->cfg.hidden_size;
-    TKD_TRY(tkd_kl_cpu_ws_init(&tr->ws, &tr->kp, n_max, d, tr->V));
+    TKD_TRY(tkd_kl_cpu_ws_create(&tr->ws, &tr->kp, n_max, d, tr->V));
     tr->dh = malloc((size_t)n_max * (size_t)d * sizeof(float));
     tr->logits = malloc((size_t)EVAL_CHUNK_ROWS * (size_t)tr->V * sizeof(float));
     if (!tr->dh || !tr->logits)

@@ -28,7 +28,9 @@
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
+#include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
+#include "kernels/kl_loss_cuda_internal.h" /* the row kernels' launch shapes */
 
 #define LOSS_TOL 2e-4
 #define GRAD_TOL 1e-2
@@ -183,10 +185,10 @@ static void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
     up.k = c->k;
     up.s = c->s;
     assert_int_equal(tkd_kl_cuda_batch_upload(&x->db, &up, &hb), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_ws_init(&x->ws, p, c->n, c->d, c->v), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_ws_create(&x->ws, p, c->n, c->d, c->v), TKD_OK);
     size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
-    assert_int_equal(tkd_kl_cuda_malloc((void **)&x->dh, nh * 4), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_malloc((void **)&x->dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_malloc((void **)&x->dh, nh * 4, "dH", NULL), TKD_OK);
+    assert_int_equal(tkd_cuda_malloc((void **)&x->dw, nw * 4, "dW", NULL), TKD_OK);
     x->h_dh = malloc(nh * 4 + 4);
     x->h_dw = malloc(nw * 4 + 4);
     x->poison = malloc(nh * 4 + 4);
@@ -199,7 +201,7 @@ static void ctx_free(gpu_ctx *x)
 {
     tkd_kl_cuda_ws_free(x->ws);
     tkd_kl_cuda_batch_free(&x->db);
-    tkd_kl_cuda_free(x->dh), tkd_kl_cuda_free(x->dw);
+    tkd_cuda_free(x->dh), tkd_cuda_free(x->dw);
     free(x->h_dh), free(x->h_dw), free(x->poison);
 }
 
@@ -210,8 +212,8 @@ static void gpu_run(gpu_ctx *x, const gcase *c, const tkd_kl_params *p, float sc
                     tkd_kl_result *res)
 {
     size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
-    assert_int_equal(tkd_kl_cuda_to_device(x->dh, x->poison, nh * 4), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_memzero(x->dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_device(x->dh, x->poison, nh * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_memzero(x->dw, nw * 4), TKD_OK);
     tkd_kl_params q = *p;
     tkd_status st;
     if (q.grad_in_forward) {
@@ -224,8 +226,8 @@ static void gpu_run(gpu_ctx *x, const gcase *c, const tkd_kl_params *p, float sc
     }
     if (st != TKD_OK)
         fail_msg("%s: %s", tkd_status_name(st), tkd_error_msg());
-    assert_int_equal(tkd_kl_cuda_to_host(x->h_dh, x->dh, nh * 4), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_to_host(x->h_dw, x->dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x->h_dh, x->dh, nh * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x->h_dw, x->dw, nw * 4), TKD_OK);
 }
 
 typedef struct refout {
@@ -372,28 +374,37 @@ static void test_awkward_shapes(void **state)
     }
 }
 
-/* Every row-kernel block size gives the same answers (the in-place tiles depend on it). */
+/* Every row-kernel launch shape the benchmark may sweep (tkd_kl_cuda_ws_set_rows) gives the same
+ * answers: the in-place tiles depend on the block size. The product's shape is one of them. */
 static void test_row_block_sizes(void **state)
 {
     (void)state;
     gcase *c = case_make(21, 16, 9001, 4, 4, 1.0, 51, 0.4f);
     const int threads[] = {128, 256, 512, 128, 256}, vecs[] = {4, 4, 4, 8, 8};
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(tkd_kl_cuda_tune_rows(threads[i], vecs[i]), TKD_OK);
         for (int var = 0; var < 3; var++) {
             tkd_kl_params p;
             params_set(&p, 4, (tkd_kl_variant)var, 1.0f, 0.5f, 4, 4, 8, 0);
             gpu_ctx x = {0};
             ctx_init(&x, c, &p);
+            assert_int_equal(x.ws->row_threads, TKD_KL_CUDA_ROW_THREADS); /* fresh: the product's */
+            assert_int_equal(x.ws->row_vec, TKD_KL_CUDA_ROW_VEC);
+            assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, threads[i], vecs[i]), TKD_OK);
             errs e = check_params(&x, c, &p, 1.0f);
             printf("row threads %d vec %d %s: loss %.2e dH %.2e dW %.2e\n", threads[i], vecs[i],
                    tkd_kl_variant_name((tkd_kl_variant)var), e.loss, e.dh, e.dw);
             expect_within(e, LOSS_TOL, GRAD_TOL, "row block size");
+            if (i == 4 && var == 2) { /* the shapes the kernels are not built for are refused */
+                assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, 512, 8), TKD_ERR_INVALID_ARG);
+                assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, 1024, 4), TKD_ERR_INVALID_ARG);
+                assert_int_equal(x.ws->row_threads, 256); /* a refused shape changes nothing */
+                assert_int_equal(tkd_kl_cuda_ws_set_rows(x.ws, 0, 0), TKD_OK);
+                assert_int_equal(x.ws->row_threads, TKD_KL_CUDA_ROW_THREADS);
+                assert_int_equal(x.ws->row_vec, TKD_KL_CUDA_ROW_VEC);
+            }
             ctx_free(&x);
         }
     }
-    assert_int_equal(tkd_kl_cuda_tune_rows(0, 0), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_tune_rows(512, 8), TKD_ERR_INVALID_ARG);
     case_free(c);
 }
 
@@ -468,7 +479,7 @@ static void test_scale_and_accumulate(void **state)
     refout r;
     ref_run(c, &p, &r);
     size_t nw = (size_t)c->v * c->d;
-    assert_int_equal(tkd_kl_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
     double *twice = malloc(sizeof(double) * nw);
     assert_non_null(twice);
     for (size_t i = 0; i < nw; i++)
@@ -481,7 +492,7 @@ static void test_scale_and_accumulate(void **state)
     p.grad_scale = 0.25f;
     assert_int_equal(tkd_kl_cuda_backward(x.ws, &p, &x.db, 0.25f, x.dh, x.dw), TKD_OK);
     assert_int_equal(tkd_kl_cuda_backward(x.ws, &p, &x.db, 1.0f, x.dh, x.dw), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_kl_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
+    assert_int_equal(tkd_cuda_to_host(x.h_dw, x.dw, nw * 4), TKD_OK);
     assert_true(rel_norm(x.h_dw, twice, nw) == edw); /* untouched */
     free(twice);
     ref_free(&r);
@@ -562,7 +573,7 @@ static void test_against_cpu_path(void **state)
             params_set(&p, 7, (tkd_kl_variant)var, 2.0f, 0.6f, 6, 5, 0, gif);
             p.chunk_rows = 10;
             tkd_kl_cpu_ws *cws = NULL;
-            assert_int_equal(tkd_kl_cpu_ws_init(&cws, &p, c->n, c->d, c->v), TKD_OK);
+            assert_int_equal(tkd_kl_cpu_ws_create(&cws, &p, c->n, c->d, c->v), TKD_OK);
             tkd_kl_result cr;
             memset(cdw, 0, nw * 4);
             assert_int_equal(tkd_kl_cpu_forward(cws, &p, &hb, &cr, cdh, cdw), TKD_OK);
@@ -597,7 +608,7 @@ static void test_device_oom(void **state)
     tkd_kl_params p;
     params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 1 << 20, 0);
     tkd_kl_cuda_ws *ws = NULL;
-    tkd_status st = tkd_kl_cuda_ws_init(&ws, &p, (int64_t)1 << 22, 64, 1 << 20); /* 4 TiB chunk */
+    tkd_status st = tkd_kl_cuda_ws_create(&ws, &p, (int64_t)1 << 22, 64, 1 << 20); /* 4 TiB chunk */
     assert_int_equal(st, TKD_ERR_DEVICE_OOM);
     assert_null(ws);
     printf("oom: %s\n", tkd_error_msg());

@@ -68,7 +68,7 @@ static void check_variant(tkd_kl_variant variant, int grad_in_forward)
     tkd_kl_batch b = {.n = N, .d = D, .v = V, .h = h, .w = w, .labels = y};
     assert_int_equal(tkd_kl_validate(&p, &b), TKD_OK);
     tkd_kl_cpu_ws *ws = NULL;
-    assert_int_equal(tkd_kl_cpu_ws_init(&ws, &p, N, D, V), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_ws_create(&ws, &p, N, D, V), TKD_OK);
     tkd_kl_result r;
     memset(dw, 0, sizeof dw);
     if (grad_in_forward) {

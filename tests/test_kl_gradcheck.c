@@ -124,7 +124,7 @@ static void check_variant(tkd_kl_variant var, double tau, double alpha, int k_us
     tkd_kl_cpu_ws *ws = NULL;
     p.chunk_rows = 3;
     tkd_kl_result rc;
-    assert_int_equal(tkd_kl_cpu_ws_init(&ws, &p, N, D, V), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_ws_create(&ws, &p, N, D, V), TKD_OK);
     assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &rc, NULL, NULL), TKD_OK);
     assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 1.0f, fh, fw), TKD_OK);
     tkd_kl_cpu_ws_free(ws);

@@ -550,7 +550,7 @@ static cpu_out cpu_run(const kcase *c, tkd_kl_params p, int chunk, int grad_in_f
     p.grad_in_forward = grad_in_forward;
     tkd_kl_batch b = kcase_batch(c);
     tkd_kl_cpu_ws *ws = NULL;
-    if (tkd_kl_cpu_ws_init(&ws, &p, c->n, c->d, c->v) != TKD_OK ||
+    if (tkd_kl_cpu_ws_create(&ws, &p, c->n, c->d, c->v) != TKD_OK ||
         tkd_kl_cpu_forward(ws, &p, &b, &o.res, o.dh, o.dw) != TKD_OK ||
         tkd_kl_cpu_backward(ws, &p, &b, p.grad_scale, o.dh, o.dw) != TKD_OK)
         fail_msg("cpu: %s", tkd_error_msg());
@@ -725,7 +725,7 @@ static void test_chunked_scale_accumulate_reuse(void **state)
     tkd_kl_params p = tkd_test_kl_params(TKD_KL_VARIANT_TAIL, 1.0, 0.5, 4, 4, 0);
     p.chunk_rows = 5;
     tkd_kl_cpu_ws *ws = NULL;
-    assert_int_equal(tkd_kl_cpu_ws_init(&ws, &p, 37, 6, 31), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_ws_create(&ws, &p, 37, 6, 31), TKD_OK);
     kcase small = c;
     small.n = 20; /* the first 20 rows of the same batch */
     grads g = ref_run(&small, &p);

@@ -23,7 +23,7 @@ static void test_scratch_is_reused_cleanly(void **state)
     tkd_kl_params_defaults(&p, K);
     tkd_kl_batch b = {.n = N, .d = D, .v = V, .h = h, .w = w, .topk_idx = idx, .topk_logit = logit, .labels = y};
     tkd_kl_cpu_ws *ws = NULL;
-    assert_int_equal(tkd_kl_cpu_ws_init(&ws, &p, N, D, V), TKD_OK);
+    assert_int_equal(tkd_kl_cpu_ws_create(&ws, &p, N, D, V), TKD_OK);
     /* the same clean batch many times: ids seen in one call must not count as seen in the next */
     for (int rep = 0; rep < 3; rep++)
         assert_int_equal(tkd_kl_cpu_validate(ws, &p, &b), TKD_OK);

@@ -1,0 +1,58 @@
+/* kl_bench_cuda.h — the CUDA side of bench/kl_bench.c (bench/kl_bench_cuda.cu, built into the
+ * kl_bench target only): the GEMM floor the fused KL loss is measured against, per-stage device
+ * times, the row kernels' launch shape for a sweep, and random device data.
+ *
+ * Everything here drives the product's own per-chunk stages (kernels/kl_loss_cuda_internal.h), so
+ * the floor runs exactly the GEMMs tkd_kl_cuda_forward/backward run and the profile times exactly
+ * their stages. No CUDA types: kl_bench.c is C.
+ */
+#ifndef TKD_KL_BENCH_CUDA_H
+#define TKD_KL_BENCH_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/kl_loss.h"
+#include "kernels/kl_loss_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The plain GEMMs the method must do, with the same shapes, dtypes, layouts and chunking and
+ * nothing else: per chunk the logits GEMM (twice when recompute), dS·W and dSᵀ·H_c (beta = 1).
+ * ds (C, 2·ldl) bf16 device is a caller-filled stand-in for dS, ideally random
+ * (tkd_kl_bench_ds_elems gives its size in bf16 elements); dh (N, D), dw (V, D) fp32 device.
+ * Synchronises at the end. */
+tkd_status tkd_kl_bench_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int recompute,
+                                   const uint16_t *ds, float *dh, float *dw);
+size_t tkd_kl_bench_ds_elems(const tkd_kl_cuda_ws *ws);
+
+/* Per-stage device time (ms, summed over chunks) of one recompute forward + backward and one
+ * grad_in_forward forward (gradients of 1·loss). Indices of ms: */
+enum {
+    TKD_KL_BENCH_PROF_LOGITS_FWD = 0, TKD_KL_BENCH_PROF_STATS_ROWS = 1,
+    TKD_KL_BENCH_PROF_LOGITS_BWD = 2, TKD_KL_BENCH_PROF_GRAD_ROWS = 3,
+    TKD_KL_BENCH_PROF_DH_GEMM = 4, TKD_KL_BENCH_PROF_DW_GEMM = 5,
+    TKD_KL_BENCH_PROF_GIF_LOGITS = 6, TKD_KL_BENCH_PROF_GIF_ROWS = 7,
+    TKD_KL_BENCH_PROF_GIF_DH_GEMM = 8, TKD_KL_BENCH_PROF_GIF_DW_GEMM = 9,
+    TKD_KL_BENCH_PROF_STAGES = 10,
+};
+tkd_status tkd_kl_bench_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                const tkd_kl_cuda_batch *b, float *dh, float *dw,
+                                double ms[TKD_KL_BENCH_PROF_STAGES]);
+
+/* Row kernels' launch shape for this workspace (tkd_kl_cuda_ws_set_rows: threads x vec, 0 x 0 =
+ * the product's). */
+tkd_status tkd_kl_bench_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec);
+
+/* Fills n bf16 values at dev with a deterministic normal(0, std)-like sequence (random data, never
+ * zeros). Asynchronous on the legacy default stream. */
+tkd_status tkd_kl_bench_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TKD_KL_BENCH_CUDA_H */

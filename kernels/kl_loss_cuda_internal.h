@@ -1,0 +1,94 @@
+/* kl_loss_cuda_internal.h — the CUDA KL loss's workspace and its per-chunk stages, for bench/ and
+ * tests/ only. The product API is kernels/kl_loss_cuda.h; nothing in teacher_cache/, student_train/
+ * or model/ includes this header.
+ *
+ * tkd_kl_cuda_forward and tkd_kl_cuda_backward are loops over chunks of the stages below; the
+ * benchmark (bench/kl_bench_cuda.cu) runs the same stages one at a time to time each (profile) and
+ * to run the GEMMs alone (the floor), and sweeps the row kernels' launch shape on its own
+ * workspace with tkd_kl_cuda_ws_set_rows; tests/test_gpu_kl_loss.c checks every such shape.
+ * Usable from C with the CUDA include path (it names cuBLAS's handle type); CUDA builds only.
+ */
+#ifndef TKD_KL_LOSS_CUDA_INTERNAL_H
+#define TKD_KL_LOSS_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+
+#include "common/status.h"
+#include "kernels/kl_loss.h"
+#include "kernels/kl_loss_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The row kernels' launch shape, the one the product runs: 512 threads per block (one row per
+ * block, 2 blocks per SM) with 4 float4 loads in flight per thread. Measured best on an H200
+ * (docs/PERFORMANCE.md, 2026-11-30): 256 x 8 and 128 x 8 were no better. */
+#define TKD_KL_CUDA_ROW_THREADS 512
+#define TKD_KL_CUDA_ROW_VEC 4
+
+/* The device-side loss sums, kept-row count and first-bad-row state (defined in the .cu). */
+typedef struct tkd_kl_cuda_dev_out tkd_kl_cuda_dev_out;
+
+/* Sized once by tkd_kl_cuda_ws_create; every device buffer is counted in `bytes`. */
+struct tkd_kl_cuda_ws {
+    int64_t n_max;
+    int d, v, chunk;
+    long long ldl;             /* fp32 logits leading dimension: V rounded up to 16 floats */
+    int row_threads, row_vec;  /* TKD_KL_CUDA_ROW_THREADS / _VEC unless tkd_kl_cuda_ws_set_rows */
+    cublasHandle_t blas;
+    void *blas_ws;             /* the cuBLAS workspace we hand it, so that it allocates none */
+    float *chunk_buf;          /* (chunk, ldl) fp32 logits; in place bf16 dS (chunk, 2·ldl) */
+    float *lse_tau, *lse_one, *log_omq; /* (n_max) per-row statistics */
+    double *row_stats;         /* (3, n_max): loss, kd, ce per row */
+    tkd_kl_cuda_dev_out *out;
+    size_t bytes;
+};
+
+/* What the row kernel does with one chunk: the statistics pass of recompute forward, the gradient
+ * pass of backward (dS in place), or both in one pass (grad_in_forward). */
+typedef enum tkd_kl_cuda_rows_mode {
+    TKD_KL_CUDA_ROWS_STATS = 0,
+    TKD_KL_CUDA_ROWS_GRAD = 1,
+    TKD_KL_CUDA_ROWS_STATS_GRAD = 2,
+} tkd_kl_cuda_rows_mode;
+
+/* Sets the row kernels' launch shape for this workspace only: threads per block and float4 loads
+ * in flight per thread (vec 4: 128, 256 or 512 threads; vec 8: 128 or 256); (0, 0) restores
+ * TKD_KL_CUDA_ROW_THREADS x TKD_KL_CUDA_ROW_VEC. TKD_ERR_INVALID_ARG for any other pair. */
+tkd_status tkd_kl_cuda_ws_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec);
+
+/* The checks tkd_kl_cuda_forward/backward make on entry: the batch fits ws, p is valid for the
+ * CUDA path, and dh, dw are set when need_grads. */
+tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                  const tkd_kl_cuda_batch *b, int need_grads, const float *dh,
+                                  const float *dw);
+
+/* Counts the kept rows of b into ws and clears the error state; forward's first stage. */
+tkd_status tkd_kl_cuda_count_kept(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                  const tkd_kl_cuda_batch *b);
+
+/* Chunk [row0, row0 + rows): logits (rows, ldl) fp32 into ws->chunk_buf = H_c Wᵀ. */
+tkd_status tkd_kl_cuda_chunk_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
+                                    int rows);
+
+/* The row kernel over the chunk in ws->chunk_buf; gradient modes make ∂(grad_scale·loss)/∂s. */
+tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                  const tkd_kl_cuda_batch *b, tkd_kl_cuda_rows_mode mode,
+                                  int64_t row0, int rows, float grad_scale);
+
+/* dH_c (rows, D) fp32 = dS · W (overwrites rows row0.. of dh); dW (V, D) fp32 += dSᵀ · H_c.
+ * ds (rows, 2·ldl) bf16: ws->chunk_buf after a gradient mode, or any stand-in of that shape. */
+tkd_status tkd_kl_cuda_chunk_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
+                                int rows, const void *ds, float *dh);
+tkd_status tkd_kl_cuda_chunk_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
+                                int rows, const void *ds, float *dw);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TKD_KL_LOSS_CUDA_INTERNAL_H */
