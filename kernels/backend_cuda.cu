@@ -1,9 +1,340 @@
-/* backend_cuda.cu — the CUDA backend (being written: issue 10). */
+/* backend_cuda.cu — the CUDA backend: bf16 weights and activations, fp32 residual stream and
+ * statistics, every op on one non-blocking compute stream of the chosen GPU.
+ *
+ * Ops are the launchers of ops_cuda.h (row ops, cuBLASLt linear), attn_cuda.h (flash attention)
+ * and topk_cuda.h / tail_sample_cuda.h (the LM-head consumer). Scratch that depends on the shape
+ * of a call (the fp32 staging of uploads, the LM head's logits chunk and its per-row outputs) is
+ * grown to the largest call seen and then reused, so a steady loop allocates nothing.
+ * The backward entries are NULL until the GPU training work lands: the model refuses training. */
 #include "kernels/backend.h"
+
+#include <cublas_v2.h>
+#include <new>
+#include <stdlib.h>
+
+#include "common/signals.h"
+#include "kernels/attn_cuda.h"
+#include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
+#include "kernels/ops_cuda.h"
+#include "kernels/tail_sample_cuda.h"
+#include "kernels/topk_cuda.h"
+
+namespace {
+
+constexpr size_t kStageFloats = 16u << 20; /* 64 MiB of fp32 staging per conversion step */
+constexpr size_t kBlasWsBytes = 32u << 20;
+
+/* A device buffer that grows to the largest size asked and is then reused. */
+struct Grow {
+    void *p = nullptr;
+    size_t bytes = 0;
+};
+
+struct CudaImpl {
+    int gpu = 0;
+    cudaStream_t stream = nullptr;
+    tkd_cuda_linear *lin = nullptr;
+    cublasHandle_t blas = nullptr; /* the LM head's bf16 x bf16 -> fp32 logits GEMM */
+    void *blas_ws = nullptr;
+    tkd_topk_cuda_ws *topk = nullptr;
+    float *stage = nullptr;        // (kStageFloats) fp32 staging of upload_f32 / download_f32
+    Grow logits, idx, val, lse, tail, seq, pos;
+};
+
+CudaImpl *impl(tkd_backend *be) { return static_cast<CudaImpl *>(be->impl); }
+cudaStream_t stream_of(tkd_backend *be) { return impl(be)->stream; }
+
+tkd_status grow(Grow *g, size_t bytes, const char *what, const char *hint)
+{
+    if (bytes <= g->bytes)
+        return TKD_OK;
+    tkd_cuda_free(g->p);
+    g->p = nullptr;
+    g->bytes = 0;
+    TKD_TRY(tkd_cuda_malloc(&g->p, bytes, what, hint));
+    g->bytes = bytes;
+    return TKD_OK;
+}
+
+void cu_close(tkd_backend *be)
+{
+    CudaImpl *c = impl(be);
+    (void)cudaSetDevice(c->gpu);
+    if (c->stream)
+        (void)cudaStreamSynchronize(c->stream);
+    tkd_cuda_linear_free(c->lin);
+    if (c->blas)
+        (void)cublasDestroy(c->blas);
+    tkd_cuda_free(c->blas_ws);
+    tkd_topk_cuda_ws_free(c->topk);
+    tkd_cuda_free(c->stage);
+    for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos})
+        tkd_cuda_free(g->p);
+    if (c->stream)
+        (void)cudaStreamDestroy(c->stream);
+    delete c;
+    free(be);
+}
+
+/* ---- memory ---- */
+
+tkd_status cu_alloc(tkd_backend *be, size_t bytes, const char *what, void **out)
+{
+    TKD_TRY(tkd_cuda_malloc(out, bytes, what, "lower run.batch_size or data.seq_len, or use a GPU with more memory"));
+    TKD_CUDA_CHECK(cudaMemsetAsync(*out, 0, bytes, stream_of(be)));
+    return TKD_OK;
+}
+
+void cu_free(tkd_backend *be, void *p)
+{
+    (void)be;
+    tkd_cuda_free(p);
+}
+
+tkd_status cu_host_alloc(tkd_backend *be, size_t bytes, void **out)
+{
+    (void)be;
+    return tkd_cuda_malloc_host(out, bytes, "pinned host buffer");
+}
+
+void cu_host_free(tkd_backend *be, void *p)
+{
+    (void)be;
+    tkd_cuda_free_host(p);
+}
+
+/* Copies are ordered on the compute stream; from pageable host memory they return once the source
+ * may be reused, to it once the data is there. */
+tkd_status cu_upload(tkd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(be)));
+    return TKD_OK;
+}
+
+tkd_status cu_download(tkd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(be)));
+    TKD_CUDA_CHECK(cudaStreamSynchronize(stream_of(be)));
+    return TKD_OK;
+}
+
+/* fp32 host -> bf16 device through the fp32 staging buffer, kStageFloats at a time. */
+tkd_status cu_upload_f32(tkd_backend *be, void *dst, const float *src, size_t n)
+{
+    CudaImpl *c = impl(be);
+    for (size_t i = 0; i < n; i += kStageFloats) {
+        size_t m = n - i < kStageFloats ? n - i : kStageFloats;
+        TKD_CUDA_CHECK(cudaMemcpyAsync(c->stage, src + i, m * sizeof(float), cudaMemcpyHostToDevice, c->stream));
+        TKD_TRY(tkd_cuda_f32_to_bf16(c->stage, static_cast<uint16_t *>(dst) + i, m, c->stream));
+    }
+    return TKD_OK;
+}
+
+tkd_status cu_download_f32(tkd_backend *be, float *dst, const void *src, size_t n)
+{
+    CudaImpl *c = impl(be);
+    for (size_t i = 0; i < n; i += kStageFloats) {
+        size_t m = n - i < kStageFloats ? n - i : kStageFloats;
+        TKD_TRY(tkd_cuda_bf16_to_f32(static_cast<const uint16_t *>(src) + i, c->stage, m, c->stream));
+        TKD_CUDA_CHECK(cudaMemcpyAsync(dst + i, c->stage, m * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    }
+    TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return TKD_OK;
+}
+
+tkd_status cu_memset0(tkd_backend *be, void *p, size_t bytes)
+{
+    TKD_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_of(be)));
+    return TKD_OK;
+}
+
+tkd_status cu_sync(tkd_backend *be)
+{
+    TKD_CUDA_CHECK(cudaStreamSynchronize(stream_of(be)));
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* ---- forward ---- */
+
+typedef const uint16_t *cbf;
+typedef uint16_t *bf;
+
+tkd_status cu_embedding_fwd(tkd_backend *be, const int32_t *tok, int N, const void *emb, int D, float *x)
+{
+    return tkd_cuda_embedding_fwd(tok, N, static_cast<cbf>(emb), D, x, stream_of(be));
+}
+
+tkd_status cu_rmsnorm_fwd(tkd_backend *be, const float *x, const void *w, int N, int D, float eps, void *y,
+                          float *rstd)
+{
+    return tkd_cuda_rmsnorm_fwd(x, static_cast<cbf>(w), N, D, eps, static_cast<bf>(y), rstd, stream_of(be));
+}
+
+tkd_status cu_add_rmsnorm_fwd(tkd_backend *be, const float *x_in, const void *branch, float *x_out, const void *w,
+                              int N, int D, float eps, void *y, float *rstd)
+{
+    return tkd_cuda_add_rmsnorm_fwd(x_in, static_cast<cbf>(branch), x_out, static_cast<cbf>(w), N, D, eps,
+                                    static_cast<bf>(y), rstd, stream_of(be));
+}
+
+tkd_status cu_linear_fwd(tkd_backend *be, const void *x, const void *w, const void *b, int N, int K, int M, void *y)
+{
+    return tkd_cuda_linear_fwd(impl(be)->lin, static_cast<cbf>(x), static_cast<cbf>(w), static_cast<cbf>(b), N, K,
+                               M, static_cast<bf>(y), stream_of(be));
+}
+
+tkd_status cu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, int H, int Hkv, int dh, const float *cos_t,
+                       const float *sin_t)
+{
+    return tkd_cuda_rope_fwd(static_cast<bf>(q), static_cast<bf>(k), N, T, H, Hkv, dh, cos_t, sin_t, stream_of(be));
+}
+
+/* The flash kernel where it takes the head size, the simple one elsewhere (dh 16, 32, ...). */
+bool flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
+
+tkd_status cu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
+                       int dh, void *y, void *saved)
+{
+    auto fn = flash_takes(dh) ? tkd_cuda_attn_fwd : tkd_cuda_attn_fwd_simple;
+    return fn(static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v), B, T, H, Hkv, dh, static_cast<bf>(y),
+              static_cast<float *>(saved), stream_of(be));
+}
+
+/* Flash attention keeps only each row's log-sum-exp (B, H, T) for its backward. */
+size_t cu_attn_saved_bytes(const tkd_backend *be, int B, int T, int H)
+{
+    (void)be;
+    return sizeof(float) * (size_t)B * (size_t)H * (size_t)T;
+}
+
+tkd_status cu_swiglu_fwd(tkd_backend *be, const void *g, const void *u, int64_t n, void *h)
+{
+    return tkd_cuda_swiglu_fwd(static_cast<cbf>(g), static_cast<cbf>(u), n, static_cast<bf>(h), stream_of(be));
+}
+
+/* ---- the LM head + top-k consumer ---- */
+
+tkd_status lmhead_scratch(CudaImpl *c, const tkd_lmhead_topk_args *a, int64_t C)
+{
+    const char *hint = "lower lm_head.chunk_rows or run.batch_size";
+    size_t R = (size_t)a->rows;
+    TKD_TRY(grow(&c->logits, (size_t)C * (size_t)a->v * sizeof(float), "lm_head: logits chunk", hint));
+    TKD_TRY(grow(&c->idx, R * a->k * sizeof(uint32_t), "lm_head: top-k ids", hint));
+    TKD_TRY(grow(&c->val, R * a->k * sizeof(float), "lm_head: top-k logits", hint));
+    TKD_TRY(grow(&c->lse, R * sizeof(float), "lm_head: lse", hint));
+    if (a->s > 0) {
+        TKD_TRY(grow(&c->tail, R * a->s * sizeof(uint32_t), "lm_head: tail draws", hint));
+        TKD_TRY(grow(&c->seq, R * sizeof(int64_t), "lm_head: row keys", hint));
+        TKD_TRY(grow(&c->pos, R * sizeof(int32_t), "lm_head: row keys", hint));
+    }
+    return TKD_OK;
+}
+
+/* logits (n, V) fp32 = H[r0 : r0 + n] (n, D) · Wᵀ; cuBLAS column-major: (V × n) = Wᵀ · Hᵀ. */
+tkd_status lmhead_gemm(CudaImpl *c, const tkd_lmhead_topk_args *a, int64_t r0, int64_t n)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const uint16_t *h = static_cast<const uint16_t *>(a->hidden) + r0 * a->d;
+    TKD_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->v, (int)n, a->d, &one, a->w,
+                                  CUDA_R_16BF, a->d, h, CUDA_R_16BF, a->d, &zero, c->logits.p, CUDA_R_32F,
+                                  (int)a->v, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return TKD_OK;
+}
+
+tkd_status lmhead_download(CudaImpl *c, const tkd_lmhead_topk_args *a)
+{
+    size_t R = (size_t)a->rows;
+    TKD_CUDA_CHECK(cudaMemcpyAsync(a->idx, c->idx.p, R * a->k * sizeof(uint32_t), cudaMemcpyDeviceToHost, c->stream));
+    TKD_CUDA_CHECK(cudaMemcpyAsync(a->val, c->val.p, R * a->k * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    TKD_CUDA_CHECK(cudaMemcpyAsync(a->lse, c->lse.p, R * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    if (a->s > 0)
+        TKD_CUDA_CHECK(cudaMemcpyAsync(a->tail, c->tail.p, R * a->s * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                       c->stream));
+    return TKD_OK;
+}
+
+tkd_status cu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a)
+{
+    CudaImpl *c = impl(be);
+    int64_t C = a->chunk_rows < a->rows ? a->chunk_rows : a->rows;
+    TKD_TRY(lmhead_scratch(c, a, C));
+    uint32_t *idx = static_cast<uint32_t *>(c->idx.p);
+    float *val = static_cast<float *>(c->val.p), *lse = static_cast<float *>(c->lse.p);
+    if (a->s > 0) {
+        TKD_CUDA_CHECK(cudaMemcpyAsync(c->seq.p, a->row_seq, a->rows * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                       c->stream));
+        TKD_CUDA_CHECK(cudaMemcpyAsync(c->pos.p, a->row_pos, a->rows * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                       c->stream));
+    }
+    for (int64_t r0 = 0; r0 < a->rows; r0 += C) {
+        if (tkd_interrupted())
+            return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted");
+        int64_t n = a->rows - r0 < C ? a->rows - r0 : C;
+        const float *lg = static_cast<const float *>(c->logits.p);
+        TKD_TRY(lmhead_gemm(c, a, r0, n));
+        TKD_TRY(tkd_topk_cuda(c->topk, lg, n, a->v, a->k, a->tau, idx + r0 * a->k, val + r0 * a->k, lse + r0,
+                              c->stream));
+        if (a->s > 0)
+            TKD_TRY(tkd_tail_sample_cuda(c->topk, lg, n, a->v, idx + r0 * a->k, a->k, a->tau, a->s, a->seed,
+                                         static_cast<const int64_t *>(c->seq.p) + r0,
+                                         static_cast<const int32_t *>(c->pos.p) + r0,
+                                         static_cast<uint32_t *>(c->tail.p) + r0 * a->s, c->stream));
+    }
+    TKD_TRY(lmhead_download(c, a));
+    return tkd_topk_cuda_sync(c->topk, c->stream); /* waits, and reports non-finite logits by row */
+}
+
+const tkd_backend_ops cuda_ops = {
+    cu_close,
+    cu_alloc, cu_free, cu_host_alloc, cu_host_free, cu_upload, cu_download, cu_upload_f32, cu_download_f32,
+    cu_memset0, cu_sync,
+    cu_embedding_fwd, cu_rmsnorm_fwd, cu_add_rmsnorm_fwd, cu_linear_fwd, cu_rope_fwd, cu_attn_fwd,
+    cu_attn_saved_bytes, cu_swiglu_fwd,
+    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, /* backward: not yet on CUDA */
+    cu_lmhead_topk,
+};
+
+tkd_status cuda_setup(CudaImpl *c)
+{
+    TKD_CUDA_CHECK(cudaSetDevice(c->gpu));
+    TKD_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    TKD_TRY(tkd_cuda_linear_create(&c->lin));
+    TKD_TRY(tkd_cuda_malloc(&c->blas_ws, kBlasWsBytes, "cuBLAS workspace", nullptr));
+    TKD_CUBLAS_CHECK(cublasCreate(&c->blas));
+    TKD_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    TKD_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, kBlasWsBytes));
+    TKD_TRY(tkd_topk_cuda_ws_create(&c->topk));
+    return tkd_cuda_malloc(reinterpret_cast<void **>(&c->stage), kStageFloats * sizeof(float), "upload staging",
+                           nullptr);
+}
+
+} // namespace
 
 extern "C" tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out)
 {
-    (void)gpu;
-    *out = NULL;
-    return tkd_error_set(TKD_ERR_UNSUPPORTED, "device: cuda: the CUDA backend is not complete yet");
+    *out = nullptr;
+    tkd_backend *be = static_cast<tkd_backend *>(calloc(1, sizeof *be));
+    CudaImpl *c = new (std::nothrow) CudaImpl;
+    if (!be || !c) {
+        free(be);
+        delete c;
+        return tkd_error_set(TKD_ERR_NOMEM, "backend: out of memory");
+    }
+    c->gpu = gpu;
+    be->device = TKD_DEVICE_CUDA;
+    be->name = "cuda";
+    be->act_size = 2;
+    be->op = &cuda_ops;
+    be->impl = c;
+    tkd_status st = cuda_setup(c);
+    if (st != TKD_OK) {
+        tkd_error_saved keep;
+        tkd_error_save(&keep, st);
+        cu_close(be);
+        return tkd_error_prefix(tkd_error_restore(&keep), "device: cuda (GPU %d)", gpu);
+    }
+    *out = be;
+    return TKD_OK;
 }
