@@ -29,7 +29,11 @@
  * 1e-2 (measured on an H200: see the printed maxima); these bounds leave a factor ~3 over that. */
 #define LSE_ATOL 0.1
 #define TIE_DELTA 0.25
-#define MIN_SAME_TAIL 0.90
+/* A tail draw inverts the CDF of the row's tail mass at a counter-based uniform: when any logit of
+ * the row moves, the draws near the moved mass move with it, so about half differ between bf16 and
+ * fp32 logits (measured 0.50 on an H200). Identical draws on identical logits is test_gpu_model's
+ * LM-head check; here each draw must be valid and a large share the same. */
+#define MIN_SAME_TAIL 0.30
 
 static void demo_yaml(char *buf, size_t cap, const char *out, const char *device, const char *extra)
 {
@@ -96,8 +100,12 @@ static void compare_devices(const char *cpu_dir, const char *gpu_dir)
         const float *la = a.topk_logits + r * k, *lb = b.topk_logits + r * k;
         swaps += row_swaps(ia, la, ib, lb, (int)k) + row_swaps(ib, lb, ia, la, (int)k);
         top1_same += ia[0] == ib[0];
-        for (size_t j = 0; j < S; j++)
-            tail_same += a.tail_indices[r * S + j] == b.tail_indices[r * S + j];
+        for (size_t j = 0; j < S; j++) {
+            uint32_t t = b.tail_indices[r * S + j];
+            if (has_id(ib, (int)k, t) || t >= 4096)
+                fail_msg("position %zu: tail draw %u is in the top-k or outside the vocabulary", r, t);
+            tail_same += a.tail_indices[r * S + j] == t;
+        }
     }
     tail_same /= (double)(rows * S);
     printf("cuda vs cpu over %zu positions: max |Δlse| %.4f, top-k near-tie swaps %d, top-1 equal %.4f, "
