@@ -21,6 +21,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <errno.h>
+
+#include "common/fileio.h"
 #include "common/status.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -163,11 +166,11 @@ out:
     return ms;
 }
 
-static void write_npy_tokens(const char *path, int64_t n, int V)
+static tkd_status write_npy_tokens(const char *path, int64_t n, int V)
 {
     FILE *f = fopen(path, "wb");
     if (!f)
-        return;
+        return tkd_error_set(TKD_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     char hdr[128];
     int len = snprintf(hdr, sizeof hdr, "{'descr': '<i4', 'fortran_order': False, 'shape': (%lld,), }",
                        (long long)n);
@@ -185,7 +188,7 @@ static void write_npy_tokens(const char *path, int64_t n, int V)
         int32_t t = (int32_t)((s >> 33) % (uint64_t)V);
         fwrite(&t, 4, 1, f);
     }
-    fclose(f);
+    return fclose(f) == 0 ? TKD_OK : tkd_error_set(TKD_ERR_IO, "%s: write failed", path);
 }
 
 /* The whole dump: --batches batches of B sequences written under out/<shape>. */
@@ -195,7 +198,8 @@ static tkd_status whole_dump(tkd_model *m, const run_spec *r, int batches, const
     snprintf(dir, sizeof dir, "%s/%s-%dx%d", out, r->s->name, r->T, r->B);
     snprintf(tok, sizeof tok, "%s.npy", dir);
     int64_t nseq = (int64_t)batches * r->B;
-    write_npy_tokens(tok, nseq * r->T + 1, r->s->V);
+    TKD_TRY(tkd_mkdir_p(out));
+    TKD_TRY(write_npy_tokens(tok, nseq * r->T + 1, r->s->V));
     snprintf(yaml, sizeof yaml,
              "teacher: {path: 'random:%s'}\ndata: {paths: ['%s'], seq_len: %d}\n"
              "cache: {k: %d, shard_sequences: %d}\nrun: {batch_size: %d}\nlm_head: {chunk_rows: 4096}\n"
