@@ -49,6 +49,11 @@
 #define GUARD 4096          /* NaN elements after y and lse that must stay untouched */
 #define FULL_ROWS_MAX 1024  /* up to this T the float64 reference checks every row */
 
+/* The kernel under test: the flash kernel, or (test_simple) the simple fallback for other dh. */
+typedef tkd_status (*attn_fn)(const uint16_t *, const uint16_t *, const uint16_t *, int, int, int, int, int,
+                              uint16_t *, float *, void *);
+static attn_fn g_fwd = tkd_cuda_attn_fwd;
+
 typedef struct acase {
     const char *what;
     int B, T, H, Hkv, dh;
@@ -123,10 +128,10 @@ static void run_gpu(run *r, const acase *c)
     assert_int_equal(cudaMemset(dy, 0xff, 2 * (r->nq + GUARD)), cudaSuccess); /* bf16 NaN */
     assert_int_equal(cudaMemset(dy2, 0xff, 2 * r->nq), cudaSuccess);
     assert_int_equal(cudaMemset(dl, 0xff, sizeof(float) * (r->nl + GUARD)), cudaSuccess); /* NaN */
-    tkd_status st = tkd_cuda_attn_fwd(dq, dk, dv, c->B, c->T, c->H, c->Hkv, c->dh, dy, dl, NULL);
+    tkd_status st = g_fwd(dq, dk, dv, c->B, c->T, c->H, c->Hkv, c->dh, dy, dl, NULL);
     if (st != TKD_OK)
-        fail_msg("%s: tkd_cuda_attn_fwd: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
-    st = tkd_cuda_attn_fwd(dq, dk, dv, c->B, c->T, c->H, c->Hkv, c->dh, dy2, NULL, NULL);
+        fail_msg("%s: attention forward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
+    st = g_fwd(dq, dk, dv, c->B, c->T, c->H, c->Hkv, c->dh, dy2, NULL, NULL);
     assert_int_equal(st, TKD_OK);
     cudaError_t ce = cudaDeviceSynchronize();
     if (ce != cudaSuccess)
@@ -317,6 +322,23 @@ static void test_large_scores(void **state)
         run_case(&cases[i]);
 }
 
+/* The simple kernel (kernels/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures'
+ * 16, the demo teacher's 32) and one the flash kernel takes too, same references and tolerances. */
+static void test_simple(void **state)
+{
+    static const acase cases[] = {
+        {"simple: T = 1, dh 16", 1, 1, 2, 1, 16, 1.0f, 1, 21},
+        {"simple: T = 17, B = 2, GQA 2, dh 16", 2, 17, 4, 2, 16, 1.5f, 1, 22},
+        {"simple: T = 300, GQA 7, dh 32", 1, 300, 7, 1, 32, 1.5f, 1, 23},
+        {"simple: T = 1000, B = 2, GQA 2, dh 64", 2, 1000, 4, 2, 64, 1.0f, 1, 24},
+    };
+    (void)state;
+    g_fwd = tkd_cuda_attn_fwd_simple;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i]);
+    g_fwd = tkd_cuda_attn_fwd;
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -344,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_large_scores),
         cmocka_unit_test(test_long),
+        cmocka_unit_test(test_simple),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #else
