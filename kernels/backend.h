@@ -38,7 +38,9 @@ typedef struct tkd_backend tkd_backend;
 /* The LM head + top-k consumer's arguments (teacher-dump): per row the top-k ids and raw logits
  * of hidden · Wᵀ, the log-sum-exp at tau over the full vocabulary, and S tail draws (when S > 0)
  * keyed by (seed, row_seq[r], row_pos[r]) as kernels/tail_sample.h defines them. Outputs are HOST
- * memory (pinned when allocated with host_alloc), complete after tkd_backend_sync. */
+ * memory, complete when the call returns (on CUDA each chunk's results travel to pinned staging on
+ * a copy stream while the next chunk computes). A non-finite logit is TKD_ERR_NUMERIC naming the
+ * first bad row of its chunk. */
 typedef struct tkd_lmhead_topk_args {
     const void *hidden;      // (rows, D) act, backend memory
     const void *w;           // (V, D) act, backend memory

@@ -1,5 +1,6 @@
 /* backend_cuda.cu — the CUDA backend: bf16 weights and activations, fp32 residual stream and
- * statistics, every op on one non-blocking compute stream of the chosen GPU.
+ * statistics, every op on one non-blocking compute stream of the chosen GPU, and a second stream
+ * that carries the LM head's results to pinned host staging while the next chunk computes.
  *
  * Ops are the launchers of ops_cuda.h (row ops, cuBLASLt linear), attn_cuda.h (flash attention)
  * and topk_cuda.h / tail_sample_cuda.h (the LM-head consumer). Scratch that depends on the shape
@@ -11,6 +12,7 @@
 #include <cublas_v2.h>
 #include <new>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/signals.h"
 #include "kernels/attn_cuda.h"
@@ -31,15 +33,24 @@ struct Grow {
     size_t bytes = 0;
 };
 
+/* A pinned host buffer that grows to the largest size asked and is then reused. */
+struct GrowHost {
+    void *p = nullptr;
+    size_t bytes = 0;
+};
+
 struct CudaImpl {
     int gpu = 0;
     cudaStream_t stream = nullptr;
+    cudaStream_t copy = nullptr;   /* device-to-host copies of the LM head's results, beside compute */
+    cudaEvent_t chunk_done = nullptr;
     tkd_cuda_linear *lin = nullptr;
     cublasHandle_t blas = nullptr; /* the LM head's bf16 x bf16 -> fp32 logits GEMM */
     void *blas_ws = nullptr;
     tkd_topk_cuda_ws *topk = nullptr;
     float *stage = nullptr;        // (kStageFloats) fp32 staging of upload_f32 / download_f32
     Grow logits, idx, val, lse, tail, seq, pos;
+    GrowHost h_idx, h_val, h_lse, h_tail; /* pinned staging the copy stream writes into */
 };
 
 CudaImpl *impl(tkd_backend *be) { return static_cast<CudaImpl *>(be->impl); }
@@ -53,6 +64,18 @@ tkd_status grow(Grow *g, size_t bytes, const char *what, const char *hint)
     g->p = nullptr;
     g->bytes = 0;
     TKD_TRY(tkd_cuda_malloc(&g->p, bytes, what, hint));
+    g->bytes = bytes;
+    return TKD_OK;
+}
+
+tkd_status grow_host(GrowHost *g, size_t bytes, const char *what)
+{
+    if (bytes <= g->bytes)
+        return TKD_OK;
+    tkd_cuda_free_host(g->p);
+    g->p = nullptr;
+    g->bytes = 0;
+    TKD_TRY(tkd_cuda_malloc_host(&g->p, bytes, what));
     g->bytes = bytes;
     return TKD_OK;
 }
@@ -71,6 +94,14 @@ void cu_close(tkd_backend *be)
     tkd_cuda_free(c->stage);
     for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos})
         tkd_cuda_free(g->p);
+    for (GrowHost *g : {&c->h_idx, &c->h_val, &c->h_lse, &c->h_tail})
+        tkd_cuda_free_host(g->p);
+    if (c->copy)
+        (void)cudaStreamSynchronize(c->copy);
+    if (c->chunk_done)
+        (void)cudaEventDestroy(c->chunk_done);
+    if (c->copy)
+        (void)cudaStreamDestroy(c->copy);
     if (c->stream)
         (void)cudaStreamDestroy(c->stream);
     delete c;
@@ -228,8 +259,11 @@ tkd_status lmhead_scratch(CudaImpl *c, const tkd_lmhead_topk_args *a, int64_t C)
         TKD_TRY(grow(&c->tail, R * a->s * sizeof(uint32_t), "lm_head: tail draws", hint));
         TKD_TRY(grow(&c->seq, R * sizeof(int64_t), "lm_head: row keys", hint));
         TKD_TRY(grow(&c->pos, R * sizeof(int32_t), "lm_head: row keys", hint));
+        TKD_TRY(grow_host(&c->h_tail, R * a->s * sizeof(uint32_t), "lm_head: tail draws"));
     }
-    return TKD_OK;
+    TKD_TRY(grow_host(&c->h_idx, R * a->k * sizeof(uint32_t), "lm_head: top-k ids"));
+    TKD_TRY(grow_host(&c->h_val, R * a->k * sizeof(float), "lm_head: top-k logits"));
+    return grow_host(&c->h_lse, R * sizeof(float), "lm_head: lse");
 }
 
 /* logits (n, V) fp32 = H[r0 : r0 + n] (n, D) · Wᵀ; cuBLAS column-major: (V × n) = Wᵀ · Hᵀ. */
@@ -243,16 +277,35 @@ tkd_status lmhead_gemm(CudaImpl *c, const tkd_lmhead_topk_args *a, int64_t r0, i
     return TKD_OK;
 }
 
-tkd_status lmhead_download(CudaImpl *c, const tkd_lmhead_topk_args *a)
+/* Rows [r0, r0 + n) of the results, device -> pinned staging on the copy stream once the compute
+ * stream has made them: the copies of chunk c overlap the GEMM and top-k of chunk c + 1. */
+tkd_status lmhead_copy_chunk(CudaImpl *c, const tkd_lmhead_topk_args *a, int64_t r0, int64_t n)
+{
+    TKD_CUDA_CHECK(cudaEventRecord(c->chunk_done, c->stream));
+    TKD_CUDA_CHECK(cudaStreamWaitEvent(c->copy, c->chunk_done, 0));
+    const size_t k = (size_t)a->k, s = (size_t)a->s;
+    auto d2h = [&](GrowHost &h, const Grow &d, size_t per_row, size_t elem) -> cudaError_t {
+        return cudaMemcpyAsync(static_cast<char *>(h.p) + r0 * per_row * elem,
+                               static_cast<const char *>(d.p) + r0 * per_row * elem, n * per_row * elem,
+                               cudaMemcpyDeviceToHost, c->copy);
+    };
+    TKD_CUDA_CHECK(d2h(c->h_idx, c->idx, k, sizeof(uint32_t)));
+    TKD_CUDA_CHECK(d2h(c->h_val, c->val, k, sizeof(float)));
+    TKD_CUDA_CHECK(d2h(c->h_lse, c->lse, 1, sizeof(float)));
+    if (s > 0)
+        TKD_CUDA_CHECK(d2h(c->h_tail, c->tail, s, sizeof(uint32_t)));
+    return TKD_OK;
+}
+
+/* After both streams are done: the staging into the caller's buffers. */
+void lmhead_deliver(CudaImpl *c, const tkd_lmhead_topk_args *a)
 {
     size_t R = (size_t)a->rows;
-    TKD_CUDA_CHECK(cudaMemcpyAsync(a->idx, c->idx.p, R * a->k * sizeof(uint32_t), cudaMemcpyDeviceToHost, c->stream));
-    TKD_CUDA_CHECK(cudaMemcpyAsync(a->val, c->val.p, R * a->k * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    TKD_CUDA_CHECK(cudaMemcpyAsync(a->lse, c->lse.p, R * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    memcpy(a->idx, c->h_idx.p, R * a->k * sizeof(uint32_t));
+    memcpy(a->val, c->h_val.p, R * a->k * sizeof(float));
+    memcpy(a->lse, c->h_lse.p, R * sizeof(float));
     if (a->s > 0)
-        TKD_CUDA_CHECK(cudaMemcpyAsync(a->tail, c->tail.p, R * a->s * sizeof(uint32_t), cudaMemcpyDeviceToHost,
-                                       c->stream));
-    return TKD_OK;
+        memcpy(a->tail, c->h_tail.p, R * a->s * sizeof(uint32_t));
 }
 
 tkd_status cu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a)
@@ -281,9 +334,12 @@ tkd_status cu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a)
                                          static_cast<const int64_t *>(c->seq.p) + r0,
                                          static_cast<const int32_t *>(c->pos.p) + r0,
                                          static_cast<uint32_t *>(c->tail.p) + r0 * a->s, c->stream));
+        TKD_TRY(lmhead_copy_chunk(c, a, r0, n));
     }
-    TKD_TRY(lmhead_download(c, a));
-    return tkd_topk_cuda_sync(c->topk, c->stream); /* waits, and reports non-finite logits by row */
+    TKD_TRY(tkd_topk_cuda_sync(c->topk, c->stream)); /* waits, and reports non-finite logits by row */
+    TKD_CUDA_CHECK(cudaStreamSynchronize(c->copy));
+    lmhead_deliver(c, a);
+    return TKD_OK;
 }
 
 const tkd_backend_ops cuda_ops = {
@@ -300,6 +356,8 @@ tkd_status cuda_setup(CudaImpl *c)
 {
     TKD_CUDA_CHECK(cudaSetDevice(c->gpu));
     TKD_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    TKD_CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
+    TKD_CUDA_CHECK(cudaEventCreateWithFlags(&c->chunk_done, cudaEventDisableTiming));
     TKD_TRY(tkd_cuda_linear_create(&c->lin));
     TKD_TRY(tkd_cuda_malloc(&c->blas_ws, kBlasWsBytes, "cuBLAS workspace", nullptr));
     TKD_CUBLAS_CHECK(cublasCreate(&c->blas));
