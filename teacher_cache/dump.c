@@ -18,7 +18,7 @@
 #include "kernels/tail_sample.h"
 #include "kernels/topk.h"
 #include "model/model.h"
-#include "teacher_cache/dump_internal.h"
+#include "teacher_cache/dump_merge.h"
 #include "teacher_cache/writer_thread.h"
 
 static double now_s(void)
@@ -78,12 +78,6 @@ tkd_status tkd_dump_teacher_sha256(const char *dir, char hex[65])
     return st;
 }
 
-const char *tkd_dump_saved_msg(char buf[TKD_ERROR_MSG_MAX])
-{
-    snprintf(buf, TKD_ERROR_MSG_MAX, "%s", tkd_error_msg());
-    return buf;
-}
-
 static const char *arch_class(tkd_arch a)
 {
     switch (a) {
@@ -112,24 +106,6 @@ static char *join_paths(const tkd_strlist *l)
     return s;
 }
 
-tkd_status tkd_dump_config_text(const tkd_dump_config *cfg, char **out)
-{
-    size_t len = 0;
-    *out = NULL;
-    FILE *f = open_memstream(out, &len);
-    if (!f)
-        return tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
-    tkd_status st = tkd_config_print(&tkd_dump_schema, cfg, f);
-    /* fclose is what sizes and terminates *out; if it fails the text may be cut short */
-    if (fclose(f) != 0 && st == TKD_OK)
-        st = tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
-    if (st != TKD_OK) {
-        free(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 /* The manifest this run would write, with no shards yet. */
 static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cfg, const tkd_model *model,
                                 const tkd_tokens *ds, const char *teacher_hex, const char *dataset_hex)
@@ -154,7 +130,7 @@ static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cf
     if (st == TKD_OK) st = tkd_cache_manifest_set_str(&m->tool_version, TKD_VERSION);
     if (st == TKD_OK) {
         free(m->config_text);
-        st = tkd_dump_config_text(cfg, &m->config_text);
+        st = tkd_config_to_text(&tkd_dump_schema, cfg, &m->config_text);
     }
     free(paths);
     if (st == TKD_OK)
@@ -173,8 +149,8 @@ static tkd_status check_same_layout(const tkd_dump_config *cfg, const char *path
         st = tkd_config_apply_string(&tkd_dump_schema, &old, path, config_text, strlen(config_text));
     if (st != TKD_OK) {
         tkd_config_free(&tkd_dump_schema, &old);
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: config: cannot read the config it was made with (%s) — "
-                             "pass --overwrite to replace the cache", path, TKD_DUMP_PREV_MSG());
+        tkd_error_prefix(st, "%s: config: cannot read the config it was made with", path);
+        return tkd_error_hint(TKD_ERR_FORMAT, "pass --overwrite to replace the cache");
     }
     const char *key = old.shard_sequences != cfg->shard_sequences ? "cache.shard_sequences"
                       : old.last_window != cfg->last_window       ? "data.last_window"
@@ -199,13 +175,13 @@ static tkd_status check_existing(const char *dir, const tkd_cache_manifest *tmpl
             tkd_cache_manifest old;
             st = tkd_cache_manifest_read(&old, g.gl_pathv[i]);
             if (st != TKD_OK) {
-                st = tkd_error_set(st, "%s — fix or delete it, or pass --overwrite", TKD_DUMP_PREV_MSG());
+                st = tkd_error_hint(st, "fix or delete it, or pass --overwrite");
                 break;
             }
             st = tkd_cache_manifest_check_same(&old, g.gl_pathv[i], tmpl, "this config");
             if (st != TKD_OK)
-                st = tkd_error_set(st, "%s — this directory holds another cache: use another output.dir, "
-                                   "or pass --overwrite to replace it", TKD_DUMP_PREV_MSG());
+                st = tkd_error_hint(st, "this directory holds another cache: use another output.dir, "
+                                    "or pass --overwrite to replace it");
             else
                 st = check_same_layout(cfg, g.gl_pathv[i], old.config_text);
             tkd_cache_manifest_free(&old);
@@ -283,7 +259,7 @@ static tkd_status load_resume(tkd_cache_manifest *m, const char *dir, const char
     if (m->num_shards > 0) {
         tkd_status st = tkd_cache_manifest_verify_shard(dir, &m->shards[m->num_shards - 1]);
         if (st != TKD_OK)
-            return tkd_error_set(st, "%s (the last shard %s lists) — or pass --overwrite", TKD_DUMP_PREV_MSG(), path);
+            return tkd_error_hint(st, "the last shard %s lists; or pass --overwrite", path);
     }
     return TKD_OK;
 }
@@ -366,9 +342,10 @@ static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, c
             st = tkd_tail_sample_cpu(buf->logits, c, V, idx, k, tau, S, (uint64_t)cfg->seed, buf->row_seq,
                                      buf->row_pos, b->tail_indices + r0 * S);
         }
-        if (st != TKD_OK)
-            return tkd_error_set(st, "%s: sequences %lld..%lld: %s — check the teacher's weights", cfg->teacher_path,
-                                 (long long)s, (long long)(s + N / T - 1), TKD_DUMP_PREV_MSG());
+        if (st != TKD_OK) {
+            tkd_error_prefix(st, "%s: sequences %lld..%lld", cfg->teacher_path, (long long)s, (long long)(s + N / T - 1));
+            return tkd_error_hint(st, "check the teacher's weights");
+        }
     }
     return TKD_OK;
 }
@@ -395,9 +372,11 @@ static tkd_status check_compute_args(const dump_ctx *c)
     tkd_status st = tkd_topk_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature);
     if (st == TKD_OK && cfg->tail_samples > 0)
         st = tkd_tail_sample_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature, cfg->tail_samples);
-    if (st != TKD_OK)
-        return tkd_error_set(TKD_ERR_CONFIG, "cache.k / cache.tail_samples: %s (teacher %s has vocab %lld) — "
-                             "lower cache.k", TKD_DUMP_PREV_MSG(), cfg->teacher_path, (long long)V);
+    if (st != TKD_OK) {
+        tkd_error_prefix(st, "cache.k / cache.tail_samples");
+        return tkd_error_hint(TKD_ERR_CONFIG, "lower cache.k (teacher %s has vocab %lld)", cfg->teacher_path,
+                              (long long)V);
+    }
     if (cfg->seq_len > c->model->cfg.max_position_embeddings)
         return tkd_error_set(TKD_ERR_CONFIG, "data.seq_len: %d is above the teacher's max_position_embeddings %d (%s) "
                              "— lower data.seq_len", cfg->seq_len, c->model->cfg.max_position_embeddings,
@@ -417,8 +396,8 @@ static tkd_status load_inputs(dump_ctx *c)
         return tkd_error_prefix(st, "data.paths");
     st = tkd_tokens_check_vocab(c->ds, c->model->cfg.vocab_size);
     if (st != TKD_OK)
-        return tkd_error_set(st, "%s (teacher %s has vocab %d) — use the teacher's own tokenizer",
-                             TKD_DUMP_PREV_MSG(), cfg->teacher_path, c->model->cfg.vocab_size);
+        return tkd_error_hint(st, "use the tokenizer of teacher %s (vocab %d)", cfg->teacher_path,
+                              c->model->cfg.vocab_size);
     TKD_TRY(tkd_dump_teacher_sha256(cfg->teacher_path, c->sum->teacher_sha256));
     tkd_tokens_sha256(c->ds, c->sum->dataset_sha256);
     return make_template(&c->tmpl, cfg, c->model, c->ds, c->sum->teacher_sha256, c->sum->dataset_sha256);
@@ -541,17 +520,18 @@ static tkd_status run_compute(dump_ctx *c)
     if (st == TKD_OK) {
         st = tkd_dump_writer_finish(w);
     } else {
-        char msg[TKD_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+        tkd_error_saved saved;
+        tkd_error_save(&saved, st);
         /* On Ctrl-C, batches already computed are still written (a shard they complete is kept);
          * then the shard in progress is removed. Other errors stop at once. */
         if (st == TKD_ERR_INTERRUPTED && w)
             tkd_dump_writer_drain(w);
         tkd_dump_writer_abort(w);
-        tkd_error_copy(st, msg);
-        if (st == TKD_ERR_NOSPACE && !strstr(msg, "disk full"))
-            tkd_error_set(st, "%s: disk full: %s — free space there and re-run the same command to resume",
-                          cfg->output_dir, msg);
+        tkd_error_restore(&saved);
+        if (st == TKD_ERR_NOSPACE && !strstr(saved.msg, "disk full")) {
+            tkd_error_prefix(st, "%s: disk full", cfg->output_dir);
+            tkd_error_hint(st, "free space there and re-run the same command to resume");
+        }
     }
     c->sum->seconds = now_s() - t0;
     buffers_free(&buf);
@@ -621,10 +601,10 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     if (st == TKD_ERR_INTERRUPTED)
         st = interrupted_message(&c);
     if (c.manifest_path[0]) {
-        char msg[TKD_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+        tkd_error_saved saved;
+        tkd_error_save(&saved, st);
         summarize(&c);
-        tkd_error_copy(st, msg);
+        tkd_error_restore(&saved);
     }
     tkd_cache_manifest_free(&c.tmpl);
     tkd_tokens_free(c.ds);

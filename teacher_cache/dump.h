@@ -13,8 +13,8 @@
  * rule) against an existing cache is an error unless overwrite.
  *
  * Workers: worker i of n dumps a contiguous run of whole shards (dump_config.h), lists them in
- * manifest.worker-<i>.yaml and, once its range is complete, writes worker-<i>.done; tkd_dump_merge
- * joins the parts into manifest.yaml.
+ * manifest.worker-<i>.yaml and, once its range is complete, writes worker-<i>.done;
+ * tkd_dump_merge (dump_merge.h) joins the parts into manifest.yaml.
  *
  * Library code: nothing is printed; progress goes to a callback; Ctrl-C / SIGTERM are polled with
  * tkd_interrupted() (common/signals.h) between LM-head chunks.
@@ -75,10 +75,5 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
  * "<file name> <sha256 of the file>\n" for config.json and every *.safetensors file (sorted by
  * name), so a changed weight file or config changes it. */
 tkd_status tkd_dump_teacher_sha256(const char *dir, char hex[65]);
-
-/* Joins dir/manifest.worker-*.yaml into dir/manifest.yaml. Checks: every worker 0..n-1 is there
- * and has finished its range (worker-<i>.done), identities equal, the shards tile [0, N) without
- * gap or overlap. *num_seq / *num_shards (may be NULL) get the merged totals. */
-tkd_status tkd_dump_merge(const char *dir, int64_t *num_seq, int64_t *num_shards);
 
 #endif /* TKD_DUMP_H */

@@ -1,4 +1,4 @@
-/* dump_merge.c — joining split workers: the worker-<i>.done markers and tkd_dump_merge (dump.h).
+/* dump_merge.c — see dump_merge.h: the worker-<i>.done markers and tkd_dump_merge.
  *
  * Why a marker: a worker's manifest lists the whole shards it has written, but only the worker knows
  * where its range ends, so a worker stopped before its last shard looks just like a finished one.
@@ -10,8 +10,7 @@
 
 #include "common/fileio.h"
 #include "formats/cache_manifest.h"
-#include "teacher_cache/dump.h"
-#include "teacher_cache/dump_internal.h"
+#include "teacher_cache/dump_merge.h"
 
 typedef struct done_mark {
     int index, count;
@@ -55,9 +54,10 @@ static tkd_status worker_count_of(const tkd_cache_manifest *m, const char *path,
     tkd_status st = tkd_config_defaults(&tkd_dump_schema, cfg);
     if (st == TKD_OK && m->config_text)
         st = tkd_config_apply_string(&tkd_dump_schema, cfg, path, m->config_text, strlen(m->config_text));
-    if (st != TKD_OK)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: config: %s — re-run that worker with --overwrite", path,
-                             TKD_DUMP_PREV_MSG());
+    if (st != TKD_OK) {
+        tkd_error_prefix(st, "%s: config", path);
+        return tkd_error_hint(TKD_ERR_FORMAT, "re-run that worker with --overwrite");
+    }
     return TKD_OK;
 }
 
@@ -130,7 +130,7 @@ static tkd_status single_worker_text(tkd_dump_config *cfg, tkd_cache_manifest *o
     cfg->worker_index = 0;
     cfg->worker_count = 1;
     char *text = NULL;
-    TKD_TRY(tkd_dump_config_text(cfg, &text));
+    TKD_TRY(tkd_config_to_text(&tkd_dump_schema, cfg, &text));
     free(out->config_text);
     out->config_text = text;
     return TKD_OK;

@@ -14,6 +14,7 @@
 #include "formats/cache_shard.h"
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
+#include "teacher_cache/dump_merge.h"
 
 static const char usage[] =
     "teacher-dump --config FILE [--set key=value ...] [--overwrite] [--print-config] [-v|-q]\n"

@@ -24,8 +24,7 @@ struct tkd_dump_writer {
     int queue[NBUF], qhead, qlen;     /* submitted buffers, FIFO */
     bool busy;                        /* the thread is writing a buffer */
     bool stop, abort;
-    tkd_status err;                   /* first error of the thread */
-    char errmsg[TKD_ERROR_MSG_MAX];
+    tkd_error_saved err;              /* first error of the thread (err.st == TKD_OK: none) */
     tkd_dump_writer_stats stats;
 
     /* thread-only state */
@@ -38,10 +37,8 @@ struct tkd_dump_writer {
 
 static void set_error_locked(tkd_dump_writer *w, tkd_status st)
 {
-    if (w->err == TKD_OK) {
-        w->err = st;
-        snprintf(w->errmsg, sizeof w->errmsg, "%s", tkd_error_msg());
-    }
+    if (w->err.st == TKD_OK)
+        tkd_error_save(&w->err, st); /* handed to the compute thread by error_locked */
 }
 
 static tkd_status shard_open(tkd_dump_writer *w, int64_t first_seq)
@@ -114,7 +111,7 @@ static void *thread_main(void *arg)
         w->qhead = (w->qhead + 1) % NBUF;
         w->qlen--;
         w->busy = true;
-        bool failed = w->err != TKD_OK;
+        bool failed = w->err.st != TKD_OK;
         pthread_mutex_unlock(&w->mu);
 
         tkd_status st = failed ? TKD_OK : write_batch(w, &w->bufs[i], w->first_seq[i]);
@@ -184,19 +181,15 @@ tkd_status tkd_dump_writer_start(tkd_dump_writer **out, const tkd_dump_writer_op
     return TKD_OK;
 }
 
-static tkd_status error_locked(tkd_dump_writer *w)
-{
-    tkd_error_copy(w->err, w->errmsg);
-    return w->err;
-}
+static tkd_status error_locked(tkd_dump_writer *w) { return tkd_error_restore(&w->err); }
 
 tkd_status tkd_dump_writer_acquire(tkd_dump_writer *w, tkd_cache_batch **b)
 {
     *b = NULL;
     pthread_mutex_lock(&w->mu);
-    while (w->nfree == 0 && w->err == TKD_OK)
+    while (w->nfree == 0 && w->err.st == TKD_OK)
         pthread_cond_wait(&w->cv, &w->mu);
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
         error_locked(w);
     else
@@ -216,7 +209,7 @@ tkd_status tkd_dump_writer_submit(tkd_dump_writer *w, tkd_cache_batch *b, int64_
     w->first_seq[i] = first_seq;
     w->queue[(w->qhead + w->qlen) % NBUF] = i;
     w->qlen++;
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
         error_locked(w);
     pthread_cond_broadcast(&w->cv);
@@ -227,9 +220,9 @@ tkd_status tkd_dump_writer_submit(tkd_dump_writer *w, tkd_cache_batch *b, int64_
 tkd_status tkd_dump_writer_drain(tkd_dump_writer *w)
 {
     pthread_mutex_lock(&w->mu);
-    while ((w->qlen > 0 || w->busy) && w->err == TKD_OK)
+    while ((w->qlen > 0 || w->busy) && w->err.st == TKD_OK)
         pthread_cond_wait(&w->cv, &w->mu);
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
         error_locked(w);
     pthread_mutex_unlock(&w->mu);
@@ -250,9 +243,9 @@ static void stop_and_join(tkd_dump_writer *w, bool abort)
 tkd_status tkd_dump_writer_finish(tkd_dump_writer *w)
 {
     stop_and_join(w, false);
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
-        tkd_error_copy(st, w->errmsg);
+        tkd_error_restore(&w->err);
     writer_free(w);
     return st;
 }
