@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <hdf5.h>
 #include <math.h>
 #include <stdarg.h>
@@ -66,6 +67,16 @@ tkd_status tkd_cache_dtype_parse(const char *name, tkd_cache_dtype *out)
 }
 
 size_t tkd_cache_dtype_size(tkd_cache_dtype dt) { return dt == TKD_CACHE_DTYPE_FLOAT32 ? 4 : 2; }
+
+float tkd_cache_dtype_max(tkd_cache_dtype dt)
+{
+    switch (dt) {
+    case TKD_CACHE_DTYPE_HALF: return 65504.0f;          /* 0x7bff */
+    case TKD_CACHE_DTYPE_BFLOAT16: return 0x1.fep127f;  /* 0x7f7f */
+    case TKD_CACHE_DTYPE_FLOAT32: break;
+    }
+    return FLT_MAX;
+}
 
 static int is_hex_digest(const char *s)
 {

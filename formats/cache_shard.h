@@ -40,6 +40,10 @@ tkd_status tkd_cache_dtype_parse(const char *name, tkd_cache_dtype *out);
 /* Bytes per stored logit (2 or 4). */
 size_t tkd_cache_dtype_size(tkd_cache_dtype dt);
 
+/* Largest finite magnitude the dtype stores: 65504 (half), 0x1.fep127 ≈ 3.39e38 (bfloat16), FLT_MAX
+ * (float32). A larger float would be stored as inf (or clamped), so producers refuse it. */
+float tkd_cache_dtype_max(tkd_cache_dtype dt);
+
 /* What makes two shards (or a shard and its manifest) belong to the same cache. */
 typedef struct tkd_cache_identity {
     int64_t vocab_size;

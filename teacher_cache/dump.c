@@ -3,6 +3,7 @@
 #include "teacher_cache/dump.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <glob.h>
 #include <signal.h>
 #include <stdio.h>
@@ -318,6 +319,22 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
     return TKD_OK;
 }
 
+/* The top-k stage met a non-finite logit in the chunk's rows [0, c), which are rows r0.. of the
+ * batch starting at sequence s: names the sequence, position, token and value. A NaN or inf in the
+ * teacher's hidden states ends here too (every logit of that position is then NaN). */
+static tkd_status nonfinite_logit(const tkd_dump_config *cfg, const float *logits, // (c, V)
+                                  int64_t c, int64_t V, int64_t s, int64_t r0)
+{
+    int64_t row = 0, col = 0;
+    tkd_topk_first_nonfinite(logits, c, V, &row, &col);
+    const int64_t r = r0 + row, T = cfg->seq_len;
+    tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %lld: the teacher's logit for token %lld is %g",
+                  cfg->teacher_path, (long long)(s + r / T), (long long)(r % T), (long long)col,
+                  (double)logits[row * V + col]);
+    return tkd_error_hint(TKD_ERR_NUMERIC, "no cache.logits_dtype holds a non-finite value; check the teacher's "
+                          "weights (NaN or inf in them or in its activations)");
+}
+
 /* The LM head over rows [0, N) of hidden, chunk by chunk: top-k + LSE (+ tail draws) per row. */
 static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, const float *hidden, // (N, D)
                                int64_t N, int64_t s, tkd_cache_batch *b, dump_buffers *buf)
@@ -334,6 +351,8 @@ static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, c
                     hidden + r0 * D, (int)D, W, (int)D, 0.0f, buf->logits, (int)V);
         uint32_t *idx = b->topk_indices + r0 * k;
         tkd_status st = tkd_topk_cpu(buf->logits, c, V, k, tau, idx, b->topk_logits + r0 * k, b->lse + r0);
+        if (st == TKD_ERR_NUMERIC)
+            return nonfinite_logit(cfg, buf->logits, c, V, s, r0);
         if (st == TKD_OK && S > 0) {
             for (int64_t r = 0; r < c; r++) {
                 buf->row_seq[r] = s + (r0 + r) / T;
@@ -347,6 +366,45 @@ static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, c
             return tkd_error_hint(st, "check the teacher's weights");
         }
     }
+    return TKD_OK;
+}
+
+/* Logit i of the batch does not fit cache.logits_dtype: names its sequence, position and value and
+ * the dtypes that hold it. */
+static tkd_status unstorable_logit(const tkd_dump_config *cfg, const tkd_cache_batch *b, size_t i)
+{
+    const size_t T = (size_t)b->seq_len, k = (size_t)b->k;
+    const tkd_cache_dtype dt = (tkd_cache_dtype)cfg->logits_dtype;
+    const float x = b->topk_logits[i];
+    tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %zu: the teacher's logit %g (top-k column %zu) "
+                  "does not fit cache.logits_dtype %s (largest magnitude %g)", cfg->teacher_path,
+                  (long long)b->seq_index[i / (T * k)], (i / k) % T, (double)x, i % k, tkd_cache_dtype_name(dt),
+                  (double)tkd_cache_dtype_max(dt));
+    if (!isfinite(x))
+        return tkd_error_hint(TKD_ERR_NUMERIC, "no dtype holds a non-finite value; check the teacher's weights");
+    const char *holds = fabsf(x) <= tkd_cache_dtype_max(TKD_CACHE_DTYPE_BFLOAT16) ? "bfloat16 or float32, which hold"
+                                                                                  : "float32, which holds";
+    return tkd_error_hint(TKD_ERR_NUMERIC, "set cache.logits_dtype: %s it (a new cache: pass --overwrite or use "
+                          "another output.dir)", holds);
+}
+
+/* Every value of a finished batch fits the cache: top-k logits within cache.logits_dtype's range
+ * (beyond it half and bfloat16 would store inf), LSE finite (float32). Checked on the batch, after
+ * whichever top-k path made it, so that no path puts an inf or a NaN into a shard. */
+static tkd_status check_storable(const tkd_dump_config *cfg, const tkd_cache_batch *b)
+{
+    const float max = tkd_cache_dtype_max((tkd_cache_dtype)cfg->logits_dtype);
+    const size_t T = (size_t)b->seq_len, n = (size_t)b->num_seq * T, nk = n * (size_t)b->k;
+    for (size_t i = 0; i < nk; i++)
+        if (!(fabsf(b->topk_logits[i]) <= max)) /* NaN fails the comparison too */
+            return unstorable_logit(cfg, b, i);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(b->lse[i])) {
+            tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %zu: the log-sum-exp of the teacher's logits "
+                          "at cache.temperature %g is %g, beyond float32", cfg->teacher_path,
+                          (long long)b->seq_index[i / T], i % T, cfg->temperature, (double)b->lse[i]);
+            return tkd_error_hint(TKD_ERR_NUMERIC, "check the teacher's weights, or raise cache.temperature");
+        }
     return TKD_OK;
 }
 
@@ -483,6 +541,7 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
         const float *hidden;
         TKD_TRY(tkd_model_forward(c->model, buf->inputs, nb, (int)T, 0, &hidden));
         TKD_TRY(lm_head_topk(cfg, c->model, hidden, (int64_t)nb * T, s, b, buf));
+        TKD_TRY(check_storable(cfg, b));
         TKD_TRY(tkd_dump_writer_submit(w, b, s));
         s += nb;
         nbatches++;

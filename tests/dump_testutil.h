@@ -4,11 +4,13 @@
 #ifndef TKD_DUMP_TESTUTIL_H
 #define TKD_DUMP_TESTUTIL_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "formats/cache_reader.h"
+#include "model/model.h"
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
 #include "tests/testutil.h"
@@ -154,6 +156,29 @@ static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&ma);
     tkd_cache_manifest_free(&mb);
+}
+
+/* A one-layer Llama teacher (V = 64, D = 16, untied head, seeded weights) written as a Hugging Face
+ * directory <dir>/<name> for teacher-dump: its LM head is multiplied by head_scale (logits of about
+ * that size: a teacher beyond half's or float32's range), and when nan_token >= 0 that token's
+ * embedding row is NaN (the hidden states turn NaN from its first occurrence on). Returns the path
+ * (static buffer). */
+static inline const char *tkd_dt_odd_teacher(const char *dir, const char *name, float head_scale, int nan_token)
+{
+    static char path[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    tkd_model_config mc;
+    tkd_test_tiny_llama(&mc, 64, 16, 2, 64);
+    mc.tie_word_embeddings = 0;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&mc, 5, &m), TKD_OK);
+    for (size_t i = 0; i < (size_t)64 * 16; i++)
+        m->w.lm_head[i] *= head_scale;
+    for (int d = 0; nan_token >= 0 && d < 16; d++)
+        m->w.embed[nan_token * 16 + d] = NAN;
+    assert_int_equal(tkd_model_save_hf(m, path, TKD_DTYPE_F32), TKD_OK);
+    tkd_model_free(m);
+    return path;
 }
 
 /* Number of files in dir whose name ends with suffix. */

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/half.h"
 #include "kernels/tail_sample.h"
 #include "model/model.h"
 #include "tests/dump_testutil.h"
@@ -359,6 +360,119 @@ static void test_bad_settings(void **state)
     free(dir);
 }
 
+/* ---- values the cache cannot hold ---------------------------------------------------------------- */
+
+/* A teacher whose logits are about 1e6: half cannot hold them (largest 65504) and the run stops at
+ * the first one, naming it, with no shard written; bfloat16 (what the message proposes) and float32
+ * hold them, and the bfloat16 cache is the float32 one rounded once. */
+static void test_logits_beyond_half(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-range");
+    char teacher[4300], tok[4300], half[4300], bf16[4300], f32[4300], y[8192];
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "big", 1e7f, -1));
+    snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 6));
+    snprintf(half, sizeof half, "%s/half", dir);
+    snprintf(bf16, sizeof bf16, "%s/bf16", dir);
+    snprintf(f32, sizeof f32, "%s/f32", dir);
+
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, f32, "cache: {logits_dtype: float32}\n");
+    run_ok(y, NULL, NULL);
+    tkd_cache_batch want;
+    int64_t n = tkd_dt_read_all(f32, &want, NULL);
+    assert_true(fabsf(want.topk_logits[0]) > 65504.0f); /* the case under test: sequence 0, position 0 */
+
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit ");
+    tkd_test_assert_msg_has("does not fit cache.logits_dtype half (largest magnitude 65504)");
+    tkd_test_assert_msg_has("set cache.logits_dtype: bfloat16 or float32");
+    assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
+    assert_int_equal(tkd_dt_count_suffix(half, ".tmp"), 0);
+
+    /* the action: bfloat16, replacing the failed (empty) cache */
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "cache: {logits_dtype: bfloat16}\n");
+    tkd_dump_opts ow = {.overwrite = true};
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch got;
+    assert_int_equal(tkd_dt_read_all(half, &got, NULL), n);
+    size_t nk = (size_t)n * 16 * 8;
+    assert_memory_equal(got.topk_indices, want.topk_indices, nk * sizeof *got.topk_indices);
+    for (size_t i = 0; i < nk; i++)
+        assert_true(got.topk_logits[i] == tkd_bf16_to_f32(tkd_f32_to_bf16(want.topk_logits[i])));
+    tkd_cache_batch_free(&got);
+    tkd_cache_batch_free(&want);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* Logits near 1e36 at cache.temperature 0.001: the LSE (≈ 1e39) does not fit float32. The run
+ * stops naming it; the proposed action (a higher temperature) works. */
+static void test_lse_beyond_float32(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-lse");
+    char teacher[4300], tok[4300], out[4300], y[8192];
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "huge", 1e37f, -1));
+    snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 7));
+    snprintf(out, sizeof out, "%s/out", dir);
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 0.001}\n");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 0, position 0: the log-sum-exp of the teacher's logits at cache.temperature 0.001 is inf");
+    tkd_test_assert_msg_has("raise cache.temperature");
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
+
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 1}\n");
+    tkd_dump_opts ow = {.overwrite = true};
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch b;
+    int64_t n = tkd_dt_read_all(out, &b, NULL);
+    for (int64_t i = 0; i < n * 16; i++)
+        assert_true(isfinite(b.lse[i]) && b.lse[i] > 1e30f);
+    tkd_cache_batch_free(&b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* NaN in the teacher's output: token 9's embedding is NaN and token 9 first appears as the input at
+ * sequence 2, position 7, so the hidden states (and every logit) turn NaN from there. The message
+ * names that place; with the teacher's weights fixed the dump runs (after the --overwrite that the
+ * identity check then asks for, as the teacher's digest changed). */
+static void test_nan_in_teacher_output(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-nan");
+    int32_t t[200];
+    for (int i = 0; i < 200; i++)
+        t[i] = (i * 13 + 5) % 64 == 9 ? 10 : (i * 13 + 5) % 64;
+    t[2 * 16 + 7] = 9;
+    char npy[4300], teacher[4300], out[4300], y[8192];
+    snprintf(npy, sizeof npy, "%s/tok.npy", dir);
+    tkd_dt_write_npy(npy, t, 0, 200);
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "teacher", 1.0f, 9));
+    snprintf(out, sizeof out, "%s/out", dir);
+    tkd_dt_small_yaml(y, sizeof y, teacher, npy, out, "");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 2, position 7: the teacher's logit for token 0 is "); /* nan or -nan */
+    tkd_test_assert_msg_has("nan —");
+    tkd_test_assert_msg_has("check the teacher's weights");
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
+
+    tkd_dt_odd_teacher(dir, "teacher", 1.0f, -1); /* the weights fixed */
+    assert_int_equal(run_status(y, NULL), TKD_ERR_MISMATCH);
+    tkd_test_assert_msg_has("pass --overwrite");
+    tkd_dump_opts ow = {.overwrite = true};
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch b;
+    assert_int_equal(tkd_dt_read_all(out, &b, NULL), 12);
+    tkd_cache_batch_free(&b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 /* ---- config and worker split ----------------------------------------------------------------------- */
 
 static const char *const *g_env;
@@ -462,6 +576,9 @@ int main(void)
         cmocka_unit_test(test_token_out_of_vocab),
         cmocka_unit_test(test_other_config_needs_overwrite),
         cmocka_unit_test(test_bad_settings),
+        cmocka_unit_test(test_logits_beyond_half),
+        cmocka_unit_test(test_lse_beyond_float32),
+        cmocka_unit_test(test_nan_in_teacher_output),
         cmocka_unit_test(test_config_workers_from_env),
         cmocka_unit_test(test_worker_ranges_tile),
         cmocka_unit_test(test_raw_bytes_per_token),
