@@ -285,7 +285,7 @@ static tkd_status h5_fail(tkd_status st, const char *fmt, ...)
     for (char *c = w.desc; *c; c++)
         if (*c == '\n' || *c == '\r' || *c == '\t')
             *c = ' ';
-    const char *hint = st == TKD_ERR_CHECKSUM ? " — the shard is corrupt; re-create it with teacher-dump" : "";
+    const char *hint = st == TKD_ERR_CHECKSUM ? " — the shard is corrupt; " TKD_CACHE_REPAIR_HINT : "";
     return tkd_error_set(st, "%s (HDF5: %s)%s", msg, w.desc[0] ? w.desc : "unknown error", hint);
 }
 

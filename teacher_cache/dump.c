@@ -236,35 +236,6 @@ static tkd_status overwrite_clean(const char *dir, const tkd_dump_config *cfg, i
     return remove_glob(dir, TKD_CACHE_MANIFEST_NAME, -1, -1);
 }
 
-/* This worker's manifest from an earlier run: its shards must start at the range start, stay in
- * the range, exist with their sizes, and the last one must pass its sha256. */
-static tkd_status load_resume(tkd_cache_manifest *m, const char *dir, const char *path, int64_t first,
-                              int64_t end)
-{
-    TKD_TRY(tkd_cache_manifest_read(m, path));
-    int64_t got_end = tkd_cache_manifest_end_seq(m, first);
-    if (m->num_shards > 0 && (m->shards[0].first_seq != first || got_end > end))
-        return tkd_error_set(TKD_ERR_MISMATCH, "%s: lists sequences [%lld, %lld) but this worker's range is "
-                             "[%lld, %lld) — keep workers.* and data.max_sequences as before, or pass --overwrite",
-                             path, (long long)m->shards[0].first_seq, (long long)got_end, (long long)first,
-                             (long long)end);
-    for (int64_t i = 0; i + 1 < m->num_shards; i++) {
-        char p[4096];
-        uint64_t size = 0;
-        TKD_TRY(tkd_path_join(p, sizeof p, dir, m->shards[i].file));
-        if (tkd_file_size(p, &size) != TKD_OK || size != m->shards[i].bytes)
-            return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: listed in %s with %llu bytes but missing or resized — "
-                                 "restore it, or pass --overwrite to start again", p, path,
-                                 (unsigned long long)m->shards[i].bytes);
-    }
-    if (m->num_shards > 0) {
-        tkd_status st = tkd_cache_manifest_verify_shard(dir, &m->shards[m->num_shards - 1]);
-        if (st != TKD_OK)
-            return tkd_error_hint(st, "the last shard %s lists; or pass --overwrite", path);
-    }
-    return TKD_OK;
-}
-
 /* ---- compute ----------------------------------------------------------------------------------- */
 
 typedef struct dump_buffers {
@@ -416,7 +387,8 @@ typedef struct dump_ctx {
     tkd_dump_summary *sum;
     tkd_model *model;
     tkd_tokens *ds;
-    tkd_cache_manifest tmpl;   /* identity + (after resume) the listed shards */
+    tkd_cache_manifest tmpl;   /* identity + the shards kept from an earlier run (sorted) */
+    int64_t kept_seqs;         /* sequences in those shards */
     char manifest_path[4096];
 } dump_ctx;
 
@@ -461,6 +433,100 @@ static tkd_status load_inputs(dump_ctx *c)
     return make_template(&c->tmpl, cfg, c->model, c->ds, c->sum->teacher_sha256, c->sum->dataset_sha256);
 }
 
+/* An earlier run's manifest lists shards of this worker's range only, each starting where this
+ * config starts a shard; otherwise the range or the split changed. */
+static tkd_status check_listed_range(const tkd_cache_manifest *m, const char *path, int64_t first, int64_t end,
+                                     int64_t ss)
+{
+    for (int64_t i = 0; i < m->num_shards; i++) {
+        const tkd_cache_shard_entry *e = &m->shards[i];
+        if (e->first_seq < first || e->first_seq + e->num_seq > end || e->first_seq % ss != 0)
+            return tkd_error_set(TKD_ERR_MISMATCH, "%s: lists %s with sequences [%lld, %lld) but this worker's range "
+                                 "is [%lld, %lld) — keep workers.* and data.max_sequences as before, or pass "
+                                 "--overwrite", path, e->file, (long long)e->first_seq,
+                                 (long long)(e->first_seq + e->num_seq), (long long)first, (long long)end);
+    }
+    return TKD_OK;
+}
+
+/* Checks every listed shard's file against its listed size and sha256, several files at a time
+ * (one thread reads a few hundred MB/s: a large cache is otherwise a long wait at every re-run).
+ * (*failed)[i] is NULL for a good file, else its status and message; the caller frees them. */
+static tkd_status verify_listed(const char *dir, const tkd_cache_manifest *m, tkd_error_saved ***failed)
+{
+    tkd_error_saved **f = calloc((size_t)m->num_shards + 1, sizeof *f);
+    if (!f)
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+    int oom = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : oom)
+    for (int64_t i = 0; i < m->num_shards; i++) {
+        tkd_status st = tkd_cache_manifest_verify_shard(dir, &m->shards[i]);
+        if (st != TKD_OK && (f[i] = malloc(sizeof *f[i])))
+            tkd_error_save(f[i], st);
+        oom |= st != TKD_OK && !f[i];
+    }
+    *failed = f;
+    return oom ? tkd_error_set(TKD_ERR_NOMEM, "out of memory") : TKD_OK;
+}
+
+/* *keep = 1 when listed shard e stays: it is whole (not cut short by a smaller data.max_sequences
+ * before) and its file passed verify_listed (failed == NULL). A missing or damaged file is re-made
+ * and counted in the summary; other failures (unreadable) are errors. */
+static tkd_status shard_keep(dump_ctx *c, const tkd_cache_shard_entry *e, const tkd_error_saved *failed, int *keep)
+{
+    const int64_t ss = c->cfg->shard_sequences, left = c->sum->range_end - e->first_seq;
+    *keep = 0;
+    if (e->num_seq != (left < ss ? left : ss))
+        return TKD_OK;
+    if (failed && (failed->st == TKD_ERR_NOT_FOUND || failed->st == TKD_ERR_CHECKSUM)) {
+        /* the note is what was wrong, without the message's hint: the run is that hint */
+        const char *hint = strstr(failed->msg, " \xe2\x80\x94 ");
+        int len = hint ? (int)(hint - failed->msg) : (int)strlen(failed->msg);
+        if (c->sum->shards_damaged++ == 0)
+            snprintf(c->sum->damaged_note, sizeof c->sum->damaged_note, "%.*s", len, failed->msg);
+        return TKD_OK;
+    }
+    *keep = !failed;
+    return failed ? tkd_error_restore(failed) : TKD_OK;
+}
+
+/* This worker's manifest from an earlier run: the shards that pass shard_keep go into c->tmpl,
+ * the others are left to be re-made. The manifest is rewritten without them first, so that it
+ * never names a file being replaced. */
+static tkd_status load_resume(dump_ctx *c)
+{
+    tkd_cache_manifest old;
+    TKD_TRY(tkd_cache_manifest_read(&old, c->manifest_path));
+    tkd_error_saved **failed = NULL;
+    tkd_status st = check_listed_range(&old, c->manifest_path, c->sum->range_first, c->sum->range_end,
+                                       c->cfg->shard_sequences);
+    if (st == TKD_OK)
+        st = verify_listed(c->cfg->output_dir, &old, &failed);
+    for (int64_t i = 0; st == TKD_OK && i < old.num_shards; i++) {
+        int keep = 0;
+        st = shard_keep(c, &old.shards[i], failed[i], &keep);
+        if (st == TKD_OK && keep)
+            st = tkd_cache_manifest_add_shard(&c->tmpl, &old.shards[i]);
+    }
+    if (st == TKD_OK && c->tmpl.num_shards < old.num_shards)
+        st = tkd_cache_manifest_write(&c->tmpl, c->manifest_path);
+    for (int64_t i = 0; failed && i < old.num_shards; i++)
+        free(failed[i]);
+    free(failed);
+    tkd_cache_manifest_free(&old);
+    return st;
+}
+
+/* The first window at or after s that no kept shard holds. *next walks the kept shards (sorted) and
+ * is kept by the caller between calls with growing s. */
+static int64_t skip_kept(const tkd_cache_manifest *kept, int64_t *next, int64_t s)
+{
+    for (; *next < kept->num_shards && kept->shards[*next].first_seq <= s; (*next)++)
+        if (kept->shards[*next].first_seq == s)
+            s += kept->shards[*next].num_seq;
+    return s;
+}
+
 /* Output directory state → c->tmpl holds the shards already done; sets sum->resumed_at. */
 static tkd_status prepare_output(dump_ctx *c)
 {
@@ -476,44 +542,29 @@ static tkd_status prepare_output(dump_ctx *c)
         TKD_TRY(overwrite_clean(dir, cfg, first, end));
     else
         TKD_TRY(check_existing(dir, &c->tmpl, cfg));
-    c->sum->resumed_at = first;
     if (tkd_file_exists(c->manifest_path)) {
-        tkd_cache_manifest old;
-        tkd_cache_manifest_init(&old);
-        tkd_status st = load_resume(&old, dir, c->manifest_path, first, end);
-        if (st != TKD_OK) {
-            tkd_cache_manifest_free(&old);
-            return st;
-        }
-        for (int64_t i = 0; i < old.num_shards; i++)
-            tkd_cache_manifest_add_shard(&c->tmpl, &old.shards[i]);
-        tkd_cache_manifest_free(&old);
-        c->sum->resumed_at = tkd_cache_manifest_end_seq(&c->tmpl, first);
-        /* data.max_sequences grew since a run whose last shard was cut short: that shard is
-         * recomputed whole. Unlist it first, so the manifest never names a file being replaced. */
-        if (c->sum->resumed_at < end && c->sum->resumed_at % cfg->shard_sequences != 0) {
-            c->tmpl.num_shards--;
-            c->sum->resumed_at = tkd_cache_manifest_end_seq(&c->tmpl, first);
-            TKD_TRY(tkd_cache_manifest_write(&c->tmpl, c->manifest_path));
-        }
+        TKD_TRY(load_resume(c));
     } else {
         /* An empty manifest records the identity at once, so a second run with another config
          * is refused even before the first shard is done. */
         TKD_TRY(tkd_cache_manifest_write(&c->tmpl, c->manifest_path));
     }
+    int64_t next = 0;
+    c->sum->resumed_at = skip_kept(&c->tmpl, &next, first);
+    c->kept_seqs = tkd_cache_manifest_num_seq(&c->tmpl);
     return TKD_OK;
 }
 
-static void report_progress(dump_ctx *c, tkd_dump_writer *w, int64_t done, double t0)
+static void report_progress(dump_ctx *c, tkd_dump_writer *w, double t0)
 {
     if (!c->opts->progress)
         return;
     tkd_dump_writer_stats ws;
     tkd_dump_writer_get_stats(w, &ws);
     tkd_dump_progress p = {
-        .seq_done = done - c->sum->range_first,
+        .seq_done = c->kept_seqs + c->sum->seqs_run,
         .seq_total = c->sum->range_end - c->sum->range_first,
-        .seq_start = c->sum->resumed_at - c->sum->range_first,
+        .seq_start = c->kept_seqs,
         .tokens_run = c->sum->tokens_run,
         .elapsed_s = now_s() - t0,
         .bytes_written = ws.bytes,
@@ -526,8 +577,11 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
 {
     const tkd_dump_config *cfg = c->cfg;
     const int64_t ss = cfg->shard_sequences, T = cfg->seq_len;
-    int64_t nbatches = 0;
-    for (int64_t s = c->sum->resumed_at; s < c->sum->range_end;) {
+    int64_t nbatches = 0, next_kept = 0;
+    /* Shards kept from an earlier run are skipped: what is left is computed exactly as one
+     * uninterrupted run computes it. */
+    for (int64_t s = skip_kept(&c->tmpl, &next_kept, c->sum->range_first); s < c->sum->range_end;
+         s = skip_kept(&c->tmpl, &next_kept, s)) {
         if (tkd_interrupted() || (c->opts->stop_after_batches > 0 && nbatches >= c->opts->stop_after_batches))
             return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted");
         /* A batch never crosses a shard boundary, so a resumed or split run computes exactly the
@@ -551,7 +605,7 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
             tkd_dump_writer_drain(w);
             raise(SIGKILL);
         }
-        report_progress(c, w, s, t0);
+        report_progress(c, w, t0);
     }
     return TKD_OK;
 }
@@ -597,14 +651,17 @@ static tkd_status run_compute(dump_ctx *c)
     return st;
 }
 
-/* Counts what this run added to the manifest (for the summary). */
+/* Counts what this run added to the manifest, the shards not kept from before (for the summary). */
 static void summarize(dump_ctx *c)
 {
     tkd_cache_manifest m;
     if (tkd_cache_manifest_read(&m, c->manifest_path) != TKD_OK)
         return;
-    for (int64_t i = 0; i < m.num_shards; i++) {
-        if (m.shards[i].first_seq < c->sum->resumed_at)
+    const tkd_cache_manifest *kept = &c->tmpl; /* sorted, like m */
+    for (int64_t i = 0, j = 0; i < m.num_shards; i++) {
+        while (j < kept->num_shards && kept->shards[j].first_seq < m.shards[i].first_seq)
+            j++;
+        if (j < kept->num_shards && kept->shards[j].first_seq == m.shards[i].first_seq)
             continue;
         c->sum->shards_run++;
         c->sum->bytes_run += m.shards[i].bytes;
@@ -617,16 +674,16 @@ static tkd_status interrupted_message(dump_ctx *c)
 {
     int sig = tkd_interrupted();
     tkd_cache_manifest m;
-    int64_t done = c->sum->resumed_at;
+    int64_t done = c->kept_seqs;
     if (tkd_cache_manifest_read(&m, c->manifest_path) == TKD_OK) {
-        done = tkd_cache_manifest_end_seq(&m, c->sum->range_first);
+        done = tkd_cache_manifest_num_seq(&m);
         tkd_cache_manifest_free(&m);
     }
     return tkd_error_set(TKD_ERR_INTERRUPTED,
                          "%s: stopped by %s with %lld of %lld sequences in whole shards (the shard in progress was "
                          "removed) — re-run the same command to resume",
                          c->manifest_path, sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                         (long long)(done - c->sum->range_first),
+                         (long long)done,
                          (long long)(c->sum->range_end - c->sum->range_first));
 }
 

@@ -58,6 +58,9 @@ static long env_long(const char *name)
 
 static void print_summary(const tkd_dump_summary *s)
 {
+    if (s->shards_damaged > 0)
+        tkd_log_info("teacher-dump: re-made %lld listed shard(s) found missing or damaged; the first: %s",
+                     (long long)s->shards_damaged, s->damaged_note);
     if (s->resumed_at >= s->range_end && s->seqs_run == 0) {
         tkd_log_info("teacher-dump: %s is complete (sequences [%lld, %lld)); nothing to do", s->manifest,
                      (long long)s->range_first, (long long)s->range_end);

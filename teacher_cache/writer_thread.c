@@ -32,7 +32,7 @@ struct tkd_dump_writer {
     bool thread_started;
     tkd_shard_writer *shard;          /* the open shard, or NULL */
     int64_t shard_planned;            /* sequences the open shard must hold */
-    int64_t next_seq;                 /* where the next batch must start */
+    int64_t next_seq;                 /* where the next batch of the open shard must start */
 };
 
 static void set_error_locked(tkd_dump_writer *w, tkd_status st)
@@ -63,7 +63,8 @@ static tkd_status shard_close(tkd_dump_writer *w)
     tkd_status st = tkd_shard_writer_finish(w->shard, &e);
     w->shard = NULL;
     TKD_TRY(st);
-    TKD_TRY(tkd_cache_manifest_add_shard(&w->manifest, &e));
+    /* insert, not append: a shard re-made into a gap of the list (repair) goes in its place */
+    TKD_TRY(tkd_cache_manifest_insert_shard(&w->manifest, &e));
     st = tkd_cache_manifest_write(&w->manifest, w->manifest_path);
     if (st != TKD_OK) {
         /* The shard is complete but unlisted: a re-run rewrites it. Remove it so nothing
@@ -83,11 +84,14 @@ static tkd_status shard_close(tkd_dump_writer *w)
 
 static tkd_status write_batch(tkd_dump_writer *w, const tkd_cache_batch *b, int64_t first_seq)
 {
+    /* Between shards the next batch may start any shard (the caller skips the shards it keeps). */
+    if (!w->shard) {
+        TKD_TRY(shard_open(w, first_seq));
+        w->next_seq = first_seq;
+    }
     if (first_seq != w->next_seq)
         return tkd_error_set(TKD_ERR_INTERNAL, "%s: batch at sequence %lld, expected %lld — this is a bug",
                              w->dir, (long long)first_seq, (long long)w->next_seq);
-    if (!w->shard)
-        TKD_TRY(shard_open(w, first_seq));
     if (tkd_shard_writer_num_seq(w->shard) + b->num_seq > w->shard_planned)
         return tkd_error_set(TKD_ERR_INTERNAL, "%s: batch of %lld sequences at %lld crosses a shard "
                              "boundary — this is a bug", w->dir, (long long)b->num_seq, (long long)first_seq);
@@ -165,9 +169,6 @@ tkd_status tkd_dump_writer_start(tkd_dump_writer **out, const tkd_dump_writer_op
         w->free_list[w->nfree++] = i;
     }
     if (st == TKD_OK) {
-        w->next_seq = tkd_cache_manifest_end_seq(&w->manifest, 0);
-        if (w->manifest.num_shards == 0)
-            w->next_seq = -1; /* set by the first batch (the worker's range start) */
         if (pthread_create(&w->thread, NULL, thread_main, w) != 0)
             st = tkd_error_set(TKD_ERR_INTERNAL, "cannot start the shard writer thread");
         else
@@ -204,8 +205,6 @@ tkd_status tkd_dump_writer_submit(tkd_dump_writer *w, tkd_cache_batch *b, int64_
     if (i < 0 || i >= NBUF)
         return tkd_error_set(TKD_ERR_INTERNAL, "submit of a buffer the writer did not lend — this is a bug");
     pthread_mutex_lock(&w->mu);
-    if (w->next_seq < 0)
-        w->next_seq = first_seq;
     w->first_seq[i] = first_seq;
     w->queue[(w->qhead + w->qlen) % NBUF] = i;
     w->qlen++;

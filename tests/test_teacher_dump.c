@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/half.h"
@@ -228,7 +229,7 @@ static void test_resume_after_stop(void **state)
     assert_int_equal(sum.seqs_run, 0);
     assert_int_equal(sum.resumed_at, 18);
 
-    /* A damaged last shard is caught before resuming. */
+    /* A damaged last shard is caught before resuming, and re-made. */
     char shard[4300];
     snprintf(shard, sizeof shard, "%s/shard-00003.h5", b);
     FILE *f = fopen(shard, "r+b");
@@ -236,8 +237,116 @@ static void test_resume_after_stop(void **state)
     fseek(f, -100, SEEK_END);
     fputc(0x5a ^ fgetc(f), f);
     fclose(f);
-    assert_int_equal(run_status(yb, NULL), TKD_ERR_CHECKSUM);
-    assert_non_null(strstr(tkd_error_msg(), "shard-00003.h5"));
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.shards_damaged, 1);
+    assert_non_null(strstr(sum.damaged_note, "shard-00003.h5"));
+    assert_int_equal(sum.seqs_run, 3);
+    tkd_dt_assert_same_cache(a, b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- repair ------------------------------------------------------------------------------------- */
+
+/* What says a file was not rewritten: the same inode and modification time. */
+typedef struct file_id {
+    ino_t ino;
+    struct timespec mtime;
+} file_id;
+
+static file_id file_id_of(const char *dir, const char *name)
+{
+    struct stat st;
+    assert_int_equal(stat(tkd_test_path(dir, name), &st), 0);
+    return (file_id){st.st_ino, st.st_mtim};
+}
+
+static void assert_same_file(file_id a, file_id b)
+{
+    assert_int_equal(a.ino, b.ino);
+    assert_int_equal(a.mtime.tv_sec, b.mtime.tv_sec);
+    assert_int_equal(a.mtime.tv_nsec, b.mtime.tv_nsec);
+}
+
+/* What student-train's reader says about the cache in dir: the status of opening it and reading
+ * sequence seq (message in tkd_error_msg). */
+static tkd_status reader_status(const char *dir, int64_t seq)
+{
+    tkd_cache_reader *r = NULL;
+    tkd_status st = tkd_cache_reader_open(&r, dir, NULL);
+    if (st != TKD_OK)
+        return st;
+    tkd_cache_batch b;
+    const tkd_cache_manifest *m = tkd_cache_reader_manifest(r);
+    assert_int_equal(tkd_cache_batch_alloc(&b, 1, m->id.seq_len, m->id.k, 0), TKD_OK);
+    st = tkd_cache_reader_read(r, seq, 1, &b, 0);
+    tkd_cache_batch_free(&b);
+    tkd_cache_reader_close(r);
+    return st;
+}
+
+/* A finished cache (18 sequences in shards 0..4 of 4) with shard 1 damaged (a byte of its compressed
+ * logits flipped, same size) and shard 3 deleted. The reader's messages name the repair command;
+ * running it (the same teacher-dump, no --overwrite) re-makes exactly those two shards, leaves the
+ * others untouched (inode and mtime) and gives the cache of one uninterrupted run. A repair stopped
+ * half way leaves a manifest with a gap, which the reader reports with the same command, and the
+ * command completes it. */
+static void test_repair_missing_and_damaged(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-repair");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 12);
+    char a[4200], b[4200], ya[8192], yb[8192];
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    const char *extra = "cache: {tail_samples: 2}\n";
+    tkd_dt_small_yaml(ya, sizeof ya, TKD_DT_LLAMA, tok, a, extra);
+    tkd_dt_small_yaml(yb, sizeof yb, TKD_DT_LLAMA, tok, b, extra);
+    run_ok(ya, NULL, NULL);
+    run_ok(yb, NULL, NULL);
+
+    tkd_test_flip_chunk_byte(tkd_test_path(b, "shard-00001.h5"), "/topk/logits", 0);
+    assert_int_equal(reader_status(b, 5), TKD_ERR_CHECKSUM);
+    tkd_test_assert_msg_has("shard-00001.h5: reading /topk/logits");
+    tkd_test_assert_msg_has(TKD_CACHE_REPAIR_HINT);
+    assert_int_equal(unlink(tkd_test_path(b, "shard-00003.h5")), 0);
+    assert_int_equal(reader_status(b, 5), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("shard-00003.h5: listed in the manifest but missing — " TKD_CACHE_REPAIR_HINT);
+
+    file_id keep[3] = {file_id_of(b, "shard-00000.h5"), file_id_of(b, "shard-00002.h5"),
+                       file_id_of(b, "shard-00004.h5")};
+    tkd_dump_summary sum;
+    run_ok(yb, NULL, &sum); /* the action the messages name */
+    assert_int_equal(sum.shards_damaged, 2);
+    assert_non_null(strstr(sum.damaged_note, "shard-00001.h5"));
+    assert_int_equal(sum.shards_run, 2);
+    assert_int_equal(sum.seqs_run, 8);
+    assert_same_file(keep[0], file_id_of(b, "shard-00000.h5"));
+    assert_same_file(keep[1], file_id_of(b, "shard-00002.h5"));
+    assert_same_file(keep[2], file_id_of(b, "shard-00004.h5"));
+    tkd_dt_assert_same_cache(a, b);
+    tkd_cache_reader *r = NULL; /* the manifest lists the new files' digests */
+    tkd_cache_reader_opts verify = {.verify_sha256 = 1};
+    assert_int_equal(tkd_cache_reader_open(&r, b, &verify), TKD_OK);
+    tkd_cache_reader_close(r);
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.seqs_run, 0);
+    assert_int_equal(sum.shards_damaged, 0);
+
+    /* Stopped after one batch of the repair: shard 0 is unlisted (being re-made), shard 4 too. */
+    tkd_test_flip_chunk_byte(tkd_test_path(b, "shard-00004.h5"), "/lse", 0);
+    assert_int_equal(unlink(tkd_test_path(b, "shard-00000.h5")), 0);
+    tkd_dump_opts stop = {.stop_after_batches = 1};
+    assert_int_equal(run_status(yb, &stop), TKD_ERR_INTERRUPTED);
+    tkd_test_assert_msg_has("with 12 of 18 sequences in whole shards");
+    tkd_test_assert_msg_has("re-run the same command");
+    assert_int_equal(reader_status(b, 5), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("shard-00001.h5 starts at sequence 4, expected 0 — sequences are missing");
+    tkd_test_assert_msg_has("re-run the teacher-dump command that made this cache (without --overwrite)");
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.seqs_run, 6);
+    assert_int_equal(sum.shards_run, 2); /* 0 and 4; 1..3 were kept */
+    tkd_dt_assert_same_cache(a, b);
     tkd_test_rmtree(dir);
     free(dir);
 }
@@ -572,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_parity_qwen_float32),
         cmocka_unit_test(test_parity_qwen_bf16_weights),
         cmocka_unit_test(test_resume_after_stop),
+        cmocka_unit_test(test_repair_missing_and_damaged),
         cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_token_out_of_vocab),
         cmocka_unit_test(test_other_config_needs_overwrite),

@@ -127,6 +127,22 @@ static void test_kill_mid_shard_then_resume(void **state)
     case_end(&c);
 }
 
+/* A finished cache with a shard deleted: the same command (no --overwrite) re-makes it, says so, and
+ * the cache equals the uninterrupted one. */
+static void test_rerun_repairs_a_missing_shard(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-repair", 1);
+    assert_int_equal(run_out(&c, "first", NULL, NO_ARGS), 0);
+    assert_int_equal(unlink(tkd_test_path(c.out_dir, "shard-00002.h5")), 0);
+    assert_int_equal(run_out(&c, "repair", NULL, NO_ARGS), 0);
+    assert_non_null(strstr(child_err(c.dir, "repair"), "re-made 1 listed shard(s) found missing or damaged; the first: "));
+    assert_non_null(strstr(child_err(c.dir, "repair"), "shard-00002.h5: listed in the manifest but missing\n"));
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
+    case_end(&c);
+}
+
 static void test_sigint_leaves_valid_manifest(void **state)
 {
     (void)state;
@@ -205,6 +221,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_mid_shard_then_resume),
         cmocka_unit_test(test_sigint_leaves_valid_manifest),
+        cmocka_unit_test(test_rerun_repairs_a_missing_shard),
         cmocka_unit_test(test_two_workers_and_merge),
         cmocka_unit_test(test_cli_errors),
     };
