@@ -16,6 +16,7 @@
 #include "common/half.h"
 #include "kernels/tail_sample.h"
 #include "model/model.h"
+#include "teacher_cache/dump_merge.h"
 #include "tests/dump_testutil.h"
 
 /* ---- parity with transformers -------------------------------------------------------------------- */
@@ -582,6 +583,65 @@ static void test_nan_in_teacher_output(void **state)
     free(dir);
 }
 
+/* ---- merge ---------------------------------------------------------------------------------------- */
+
+/* The yaml of worker i of 3 over out (18 sequences, shards of 4: shards {0}, {1, 2}, {3, 4}). */
+static const char *worker_yaml(const char *tok, const char *out, int i)
+{
+    static char y[8192];
+    char extra[64];
+    snprintf(extra, sizeof extra, "workers: {index: %d, count: 3}\n", i);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, extra);
+    return y;
+}
+
+/* merge names the worker that is missing or incomplete and the command that completes it; each
+ * command, taken, lets merge succeed, and the merged cache equals one worker's. */
+static void test_merge_names_the_missing_worker(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-merge");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 13);
+    char ref[4200], out[4200], y[8192];
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, ref, "");
+    run_ok(y, NULL, NULL);
+
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("nothing to merge — run teacher-dump with workers.count > 1");
+    run_ok(worker_yaml(tok, out, 1), NULL, NULL);
+    run_ok(worker_yaml(tok, out, 2), NULL, NULL);
+    /* worker 0 never ran */
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("manifest.worker-0.yaml: missing: worker 0 of 3 has not started — run it with workers.index=0");
+    /* worker 0 stopped in its first shard */
+    tkd_dump_opts stop = {.stop_after_batches = 1};
+    assert_int_equal(run_status(worker_yaml(tok, out, 0), &stop), TKD_ERR_INTERRUPTED);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("worker-0.done: missing: worker 0 of 3 has not finished its range — run (or resume) it with workers.index=0");
+    run_ok(worker_yaml(tok, out, 0), NULL, NULL);
+    int64_t nseq = 0, nshards = 0;
+    assert_int_equal(tkd_dump_merge(out, &nseq, &nshards), TKD_OK);
+    assert_int_equal(nseq, 18);
+    assert_int_equal(nshards, 5);
+
+    /* a shard of worker 1 deleted after it finished */
+    assert_int_equal(unlink(tkd_test_path(out, "shard-00002.h5")), 0);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("shard-00002.h5: listed by worker 1 of 3");
+    tkd_test_assert_msg_has("re-run that worker with workers.index=1, without --overwrite");
+    /* ... and its repair stopped half way: the worker's list no longer covers its marked range */
+    assert_int_equal(run_status(worker_yaml(tok, out, 1), &stop), TKD_ERR_INTERRUPTED);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("manifest.worker-1.yaml: lists 4 of the 8 sequences [4, 12) of worker 1 of 3 — run (or resume) it with workers.index=1");
+    run_ok(worker_yaml(tok, out, 1), NULL, NULL);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_OK);
+    tkd_dt_assert_same_cache(ref, out);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 /* ---- config and worker split ----------------------------------------------------------------------- */
 
 static const char *const *g_env;
@@ -689,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_logits_beyond_half),
         cmocka_unit_test(test_lse_beyond_float32),
         cmocka_unit_test(test_nan_in_teacher_output),
+        cmocka_unit_test(test_merge_names_the_missing_worker),
         cmocka_unit_test(test_config_workers_from_env),
         cmocka_unit_test(test_worker_ranges_tile),
         cmocka_unit_test(test_raw_bytes_per_token),

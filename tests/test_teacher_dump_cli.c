@@ -176,7 +176,7 @@ static void test_two_workers_and_merge(void **state)
      * processes at once (worker 1 re-run finds its range complete). */
     assert_int_equal(run_out(&c, "w1", NULL, worker1), 0);
     assert_int_not_equal(run(c.dir, "merge1", NULL, merge), 0);
-    assert_error_line(c.dir, "merge1", "worker");
+    assert_error_line(c.dir, "merge1", "worker 0 of 2 has not started — run it with workers.index=0");
     pid_t w0 = spawn_out(&c, "w0", "RANK=0", (const char *[]){"--set", "workers.count=2", NULL});
     pid_t w1 = spawn_out(&c, "w1b", NULL, worker1);
     assert_int_equal(tkd_test_wait(w0), 0);
