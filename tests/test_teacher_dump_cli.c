@@ -7,9 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "tests/dump_testutil.h"
@@ -143,6 +145,30 @@ static void test_rerun_repairs_a_missing_shard(void **state)
     case_end(&c);
 }
 
+/* The shard to re-make is held open (locked) by another program: the last line is ours, saying so
+ * and what to do, never HDF5's raw "unable to lock file" nor its error stack; once the other
+ * program lets go, the same command completes the cache. */
+static void test_locked_file_message(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-locked", 1);
+    assert_int_equal(run_out(&c, "first", NULL, NO_ARGS), 0);
+    assert_int_equal(unlink(tkd_test_path(c.out_dir, "shard-00002.h5")), 0);
+    int fd = open(tkd_test_path(c.out_dir, "shard-00002.h5.tmp"), O_RDWR | O_CREAT, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    assert_int_equal(run_out(&c, "locked", NULL, NO_ARGS), 1);
+    assert_error_line(c.dir, "locked", "shard-00002.h5.tmp: locked: another program has this file open (HDF5 file "
+                                       "lock) — close it there");
+    assert_null(strstr(child_err(c.dir, "locked"), "HDF5-DIAG"));
+    assert_null(strstr(child_err(c.dir, "locked"), "errno"));
+    close(fd);
+    assert_int_equal(run_out(&c, "again", NULL, NO_ARGS), 0);
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
+    case_end(&c);
+}
+
 static void test_sigint_leaves_valid_manifest(void **state)
 {
     (void)state;
@@ -221,6 +247,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_mid_shard_then_resume),
         cmocka_unit_test(test_sigint_leaves_valid_manifest),
+        cmocka_unit_test(test_locked_file_message),
         cmocka_unit_test(test_rerun_repairs_a_missing_shard),
         cmocka_unit_test(test_two_workers_and_merge),
         cmocka_unit_test(test_cli_errors),
