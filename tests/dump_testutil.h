@@ -91,6 +91,23 @@ static inline void tkd_dt_small_yaml(char *buf, size_t cap, const char *teacher,
     assert_true(n > 0 && (size_t)n < cap); /* a truncated config would test something else */
 }
 
+/* tkd_dump_run on the config made from yaml (tkd_dt_config); the message stays in tkd_error_msg. */
+static inline tkd_status tkd_dt_run(const char *yaml, const tkd_dump_opts *opts, tkd_dump_summary *sum)
+{
+    tkd_dump_config cfg;
+    tkd_dt_config(&cfg, yaml);
+    tkd_status st = tkd_dump_run(&cfg, opts, sum);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    return st;
+}
+
+/* tkd_dt_run that must succeed (the test fails with the message otherwise). */
+static inline void tkd_dt_run_ok(const char *yaml, const tkd_dump_opts *opts, tkd_dump_summary *sum)
+{
+    if (tkd_dt_run(yaml, opts, sum) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+}
+
 /* Writes <dir>/c.yaml for teacher-dump run as a child process: the llama fixture over 300 random
  * tokens (seed tok_seed, written to <dir>/tok.npy), that is 18 windows of 16 tokens, k 8, shards of
  * 4 sequences, batches of 2, lm_head chunks of 24 rows; cache_extra adds cache keys (", seed: 7" or

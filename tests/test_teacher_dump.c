@@ -168,24 +168,9 @@ static void test_parity_qwen_bf16_weights(void **state) { (void)state; parity_ca
 
 /* ---- resume -------------------------------------------------------------------------------------- */
 
-static void run_ok(const char *yaml, const tkd_dump_opts *opts, tkd_dump_summary *sum)
-{
-    tkd_dump_config cfg;
-    tkd_dt_config(&cfg, yaml);
-    tkd_status st = tkd_dump_run(&cfg, opts, sum);
-    tkd_config_free(&tkd_dump_schema, &cfg);
-    if (st != TKD_OK)
-        fail_msg("%s", tkd_error_msg());
-}
+#define run_ok tkd_dt_run_ok
 
-static tkd_status run_status(const char *yaml, const tkd_dump_opts *opts)
-{
-    tkd_dump_config cfg;
-    tkd_dt_config(&cfg, yaml);
-    tkd_status st = tkd_dump_run(&cfg, opts, NULL);
-    tkd_config_free(&tkd_dump_schema, &cfg);
-    return st;
-}
+static tkd_status run_status(const char *yaml, const tkd_dump_opts *opts) { return tkd_dt_run(yaml, opts, NULL); }
 
 static void test_resume_after_stop(void **state)
 {
