@@ -5,7 +5,9 @@
  * Per batch of sequences: teacher forward (no activations kept) → final hidden states (B·T, D);
  * the LM head runs chunk by chunk over those rows, logits (C, V) = H_c Wᵀ, each chunk reduced at
  * once to top-k (sorted, raw logits) + full-vocabulary LSE at the cache temperature (+ S tail
- * draws), so (B·T, V) never exists. Finished batches go to the writer thread (writer_thread.h).
+ * draws), so (B·T, V) never exists. Each finished batch is checked to fit the cache (every top-k
+ * logit within cache.logits_dtype's range, every LSE finite: whichever top-k path made it, no inf
+ * or NaN reaches a shard), then goes to the writer thread (writer_thread.h).
  *
  * Resume and repair: a worker's manifest lists whole shards only; a re-run with the same identity
  * checks every listed shard against its listed size and sha256, keeps (does not touch) those that
