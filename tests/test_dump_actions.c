@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -177,22 +178,11 @@ static void test_token_beyond_vocab_retokenize(void **state)
     tkd_dt_run_ok(y, NULL, NULL);
 }
 
-static const char *const *g_env;
-static const char *fake_getenv(const char *name)
-{
-    for (int i = 0; g_env[i]; i += 2)
-        if (strcmp(g_env[i], name) == 0)
-            return g_env[i + 1];
-    return NULL;
-}
-
 /* Config assembly: a bad RANK ("unset it or set workers.* in the config") and each missing
  * required key ("--set key=...") pass once the named change is made. */
 static void test_config_messages_then_the_named_change(void **state)
 {
     (void)state;
-    static const char *const bad_env[] = {"RANK", "x1", "WORLD_SIZE", "2", NULL};
-    static const char *const no_env[] = {NULL};
     static const char *const sets[][2] = {
         {"teacher.path: not set", "teacher.path=DIR"},
         {"data.paths: not set", "data.paths=[a.bin]"},
@@ -202,19 +192,27 @@ static void test_config_messages_then_the_named_change(void **state)
     memset(&cfg, 0, sizeof cfg);
     assert_int_equal(tkd_config_defaults(&tkd_dump_schema, &cfg), TKD_OK);
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
-        g_env = no_env;
-        expect(tkd_dump_config_finalize(&cfg, fake_getenv), TKD_ERR_CONFIG, sets[i][0]);
+        expect(tkd_dump_config_finalize(&cfg, NULL), TKD_ERR_CONFIG, sets[i][0]);
         char hint[64];
         snprintf(hint, sizeof hint, "(--set %s)", sets[i][1]); /* the message's own example */
         tkd_test_assert_msg_has(hint);
         assert_int_equal(tkd_config_apply_set(&tkd_dump_schema, &cfg, sets[i][1]), TKD_OK);
     }
-    assert_int_equal(tkd_dump_config_finalize(&cfg, fake_getenv), TKD_OK);
-    g_env = bad_env;
-    expect(tkd_dump_config_finalize(&cfg, fake_getenv), TKD_ERR_CONFIG, "unset it or set workers.* in the config");
-    assert_int_equal(tkd_config_apply_set(&tkd_dump_schema, &cfg, "workers.index=1"), TKD_OK);
-    assert_int_equal(tkd_config_apply_set(&tkd_dump_schema, &cfg, "workers.count=2"), TKD_OK);
-    assert_int_equal(tkd_dump_config_finalize(&cfg, fake_getenv), TKD_OK);
+    assert_int_equal(tkd_dump_config_finalize(&cfg, NULL), TKD_OK);
+    assert_int_equal(setenv("RANK", "x1", 1), 0);
+    assert_int_equal(setenv("WORLD_SIZE", "2", 1), 0);
+    tkd_error_saved bad; /* asserted once the environment is clean again, for the other tests */
+    tkd_error_save(&bad, tkd_dump_config_finalize(&cfg, NULL));
+    tkd_status good = tkd_config_apply_set(&tkd_dump_schema, &cfg, "workers.index=1");
+    if (good == TKD_OK)
+        good = tkd_config_apply_set(&tkd_dump_schema, &cfg, "workers.count=2");
+    if (good == TKD_OK)
+        good = tkd_dump_config_finalize(&cfg, NULL);
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+    assert_int_equal(good, TKD_OK);
+    expect(tkd_error_restore(&bad), TKD_ERR_CONFIG,
+           "environment RANK=x1: not a worker number — unset it or set workers.* in the config");
     assert_int_equal(cfg.worker_index, 1);
     tkd_config_free(&tkd_dump_schema, &cfg);
 }
