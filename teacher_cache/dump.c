@@ -517,8 +517,8 @@ static tkd_status load_resume(dump_ctx *c)
     return st;
 }
 
-/* The first window at or after s that no kept shard holds. *next walks the kept shards (sorted) and
- * is kept by the caller between calls with growing s. */
+/* The first window at or after s that no kept shard holds. *next is the caller's cursor into the
+ * kept shards (sorted), carried from call to call as s grows. */
 static int64_t skip_kept(const tkd_cache_manifest *kept, int64_t *next, int64_t s)
 {
     for (; *next < kept->num_shards && kept->shards[*next].first_seq <= s; (*next)++)
