@@ -956,6 +956,24 @@ tkd_status tkd_config_print(const tkd_config_schema *schema, const void *cfg, FI
     return TKD_OK;
 }
 
+tkd_status tkd_config_to_text(const tkd_config_schema *schema, const void *cfg, char **out)
+{
+    size_t len = 0;
+    *out = NULL;
+    FILE *f = open_memstream(out, &len);
+    if (!f)
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
+    tkd_status st = tkd_config_print(schema, cfg, f);
+    /* fclose is what sizes and terminates *out; if it fails the text may be cut short */
+    if (fclose(f) != 0 && st == TKD_OK)
+        st = tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
+    if (st != TKD_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 static void help_default(char *buf, size_t cap, const tkd_config_field *f)
 {
     const char *d = f->def ? f->def : "";

@@ -114,6 +114,10 @@ tkd_status tkd_config_load(const tkd_config_schema *schema, void *cfg, const cha
 /* Writes cfg as a YAML document that tkd_config_apply_file reads back to an equal struct. */
 tkd_status tkd_config_print(const tkd_config_schema *schema, const void *cfg, FILE *out);
 
+/* The same YAML document as a malloc'd string in *out (the caller frees it; NULL on error), e.g. to
+ * save the effective config inside another file. */
+tkd_status tkd_config_to_text(const tkd_config_schema *schema, const void *cfg, char **out);
+
 /* Writes the key reference: every key with its type, default, range or allowed values, help. */
 void tkd_config_print_help(const tkd_config_schema *schema, FILE *out);
 

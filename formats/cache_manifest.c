@@ -78,7 +78,8 @@ static tkd_status manifest_push_shard(tkd_cache_manifest *m, const tkd_cache_sha
     return TKD_OK;
 }
 
-tkd_status tkd_cache_manifest_add_shard(tkd_cache_manifest *m, const tkd_cache_shard_entry *e)
+/* What add and insert both require: a plain file name with sequences, not listed yet. */
+static tkd_status check_new_entry(const tkd_cache_manifest *m, const tkd_cache_shard_entry *e)
 {
     if (e->first_seq < 0 || e->num_seq < 1 || !e->file[0] || strchr(e->file, '/'))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "manifest: shard '%s' (first_seq %lld, num_seq %lld) is not a plain file name with sequences",
@@ -86,13 +87,41 @@ tkd_status tkd_cache_manifest_add_shard(tkd_cache_manifest *m, const tkd_cache_s
     for (int64_t i = 0; i < m->num_shards; i++)
         if (strcmp(m->shards[i].file, e->file) == 0)
             return tkd_error_set(TKD_ERR_INVALID_ARG, "manifest: shard %s is listed twice", e->file);
-    int64_t end = tkd_cache_manifest_end_seq(m, 0);
-    if (m->num_shards > 0 && e->first_seq < end)
+    return TKD_OK;
+}
+
+/* a (listed before b) must end where b starts or before. */
+static tkd_status check_order(const tkd_cache_shard_entry *a, const tkd_cache_shard_entry *b)
+{
+    if (b->first_seq < a->first_seq + a->num_seq)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "manifest: shard %s starts at sequence %lld, before the end (%lld) of %s",
-                             e->file, (long long)e->first_seq, (long long)end,
-                             m->shards[m->num_shards - 1].file);
+                             b->file, (long long)b->first_seq, (long long)(a->first_seq + a->num_seq), a->file);
+    return TKD_OK;
+}
+
+tkd_status tkd_cache_manifest_add_shard(tkd_cache_manifest *m, const tkd_cache_shard_entry *e)
+{
+    TKD_TRY(check_new_entry(m, e));
+    if (m->num_shards > 0)
+        TKD_TRY(check_order(&m->shards[m->num_shards - 1], e));
     return manifest_push_shard(m, e);
+}
+
+tkd_status tkd_cache_manifest_insert_shard(tkd_cache_manifest *m, const tkd_cache_shard_entry *e)
+{
+    int64_t i = m->num_shards; /* e goes before shards[i..] */
+    while (i > 0 && m->shards[i - 1].first_seq > e->first_seq)
+        i--;
+    TKD_TRY(check_new_entry(m, e));
+    if (i > 0)
+        TKD_TRY(check_order(&m->shards[i - 1], e));
+    if (i < m->num_shards)
+        TKD_TRY(check_order(e, &m->shards[i]));
+    TKD_TRY(manifest_push_shard(m, e));
+    memmove(&m->shards[i + 1], &m->shards[i], (size_t)(m->num_shards - 1 - i) * sizeof *m->shards);
+    m->shards[i] = *e;
+    return TKD_OK;
 }
 
 int64_t tkd_cache_manifest_num_seq(const tkd_cache_manifest *m)
@@ -655,10 +684,10 @@ tkd_status tkd_cache_manifest_verify_shard(const char *dir, const tkd_cache_shar
     if (st == TKD_OK)
         st = tkd_sha256_file_hex(path, hex);
     if (st == TKD_ERR_NOT_FOUND)
-        st = tkd_error_set(st, "%s: listed in the manifest but missing — restore it or re-run teacher-dump", path);
+        st = tkd_error_set(st, "%s: listed in the manifest but missing — " TKD_CACHE_REPAIR_HINT, path);
     else if (st == TKD_OK && (bytes != e->bytes || strcmp(hex, e->sha256) != 0))
         st = tkd_error_set(TKD_ERR_CHECKSUM,
-                           "%s: %llu bytes with sha256 %.16s..., the manifest lists %llu bytes with %.16s... — the shard is damaged; delete it and re-run teacher-dump",
+                           "%s: %llu bytes with sha256 %.16s..., the manifest lists %llu bytes with %.16s... — the shard is damaged; " TKD_CACHE_REPAIR_HINT,
                            path, (unsigned long long)bytes, hex, (unsigned long long)e->bytes, e->sha256);
     free(path);
     return st;

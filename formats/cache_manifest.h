@@ -52,6 +52,10 @@ tkd_status tkd_cache_manifest_copy(tkd_cache_manifest *dst, const tkd_cache_mani
  * are appended in order); an overlap or a duplicate file name is TKD_ERR_INVALID_ARG. */
 tkd_status tkd_cache_manifest_add_shard(tkd_cache_manifest *m, const tkd_cache_shard_entry *e);
 
+/* Lists a finished shard in its place by first_seq (a shard re-made into a gap of the list): the
+ * same checks as _add_shard against both neighbours. */
+tkd_status tkd_cache_manifest_insert_shard(tkd_cache_manifest *m, const tkd_cache_shard_entry *e);
+
 /* Sum of num_seq over the listed shards. */
 int64_t tkd_cache_manifest_num_seq(const tkd_cache_manifest *m);
 

@@ -62,10 +62,10 @@ static tkd_status reader_check_shard(const tkd_cache_reader *r, int64_t i, const
     const tkd_shard_info *in = tkd_shard_get_info(s);
     const tkd_cache_shard_entry *e = &r->m.shards[i];
     if (tkd_cache_identity_compare(&r->m.id, r->mpath, &in->id, r->paths[i]) != TKD_OK)
-        return tkd_error_hint(TKD_ERR_MISMATCH, "the shard belongs to another cache; re-run teacher-dump");
+        return tkd_error_hint(TKD_ERR_MISMATCH, "the shard belongs to another cache; " TKD_CACHE_REPAIR_HINT);
     if (in->first_seq != e->first_seq || in->num_seq != e->num_seq)
         return tkd_error_set(TKD_ERR_MISMATCH,
-                             "%s: holds sequences %lld..+%lld but the manifest lists %lld..+%lld — the file was replaced; re-run teacher-dump",
+                             "%s: holds sequences %lld..+%lld but the manifest lists %lld..+%lld — the file was replaced; " TKD_CACHE_REPAIR_HINT,
                              r->paths[i], (long long)in->first_seq, (long long)in->num_seq,
                              (long long)e->first_seq, (long long)e->num_seq);
     return TKD_OK;
@@ -150,7 +150,7 @@ static tkd_status reader_check_tiling(tkd_cache_reader *r, const char *mpath)
     for (int64_t i = 0; i < m->num_shards; i++) {
         if (m->shards[i].first_seq != end)
             return tkd_error_set(TKD_ERR_FORMAT,
-                                 "%s: %s starts at sequence %lld, expected %lld — sequences are missing (unmerged worker manifests? run teacher-dump merge)",
+                                 "%s: %s starts at sequence %lld, expected %lld — sequences are missing: if the dump was split over workers, run every worker and then teacher-dump merge; else re-run the teacher-dump command that made this cache (without --overwrite) to complete it",
                                  mpath, m->shards[i].file, (long long)m->shards[i].first_seq, (long long)end);
         end += m->shards[i].num_seq;
     }
@@ -165,13 +165,15 @@ static tkd_status reader_check_shards(tkd_cache_reader *r, int verify)
         const tkd_cache_shard_entry *e = &r->m.shards[i];
         TKD_TRY(tkd_path_join_alloc(&r->paths[i], r->dir, e->file));
         struct stat st;
+        if (stat(r->paths[i], &st) != 0 && errno == ENOENT)
+            return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: listed in the manifest but missing — " TKD_CACHE_REPAIR_HINT,
+                                 r->paths[i]);
         if (stat(r->paths[i], &st) != 0)
-            return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
-                                 "%s: listed in the manifest but %s — restore it or re-run teacher-dump",
-                                 r->paths[i], errno == ENOENT ? "missing" : strerror(errno));
+            return tkd_error_set(TKD_ERR_IO, "%s: %s — check the file and its directory's permissions", r->paths[i],
+                                 strerror(errno));
         if ((uint64_t)st.st_size != e->bytes)
             return tkd_error_set(TKD_ERR_FORMAT,
-                                 "%s: %lld bytes, the manifest lists %llu — the shard is truncated or was replaced; re-run teacher-dump",
+                                 "%s: %lld bytes, the manifest lists %llu — the shard is truncated or was replaced; " TKD_CACHE_REPAIR_HINT,
                                  r->paths[i], (long long)st.st_size, (unsigned long long)e->bytes);
         if (verify)
             TKD_TRY(tkd_cache_manifest_verify_shard(r->dir, e));

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <hdf5.h>
 #include <math.h>
 #include <stdarg.h>
@@ -66,6 +67,16 @@ tkd_status tkd_cache_dtype_parse(const char *name, tkd_cache_dtype *out)
 }
 
 size_t tkd_cache_dtype_size(tkd_cache_dtype dt) { return dt == TKD_CACHE_DTYPE_FLOAT32 ? 4 : 2; }
+
+float tkd_cache_dtype_max(tkd_cache_dtype dt)
+{
+    switch (dt) {
+    case TKD_CACHE_DTYPE_HALF: return 65504.0f;          /* 0x7bff */
+    case TKD_CACHE_DTYPE_BFLOAT16: return 0x1.fep127f;  /* 0x7f7f */
+    case TKD_CACHE_DTYPE_FLOAT32: break;
+    }
+    return FLT_MAX;
+}
 
 static int is_hex_digest(const char *s)
 {
@@ -194,6 +205,7 @@ typedef struct h5err_walk {
     char desc[256];   /* most specific description (where the error was detected) */
     int checksum;     /* a filter (fletcher32 / zstd) reported corrupt data */
     int nospace;      /* a write failed with ENOSPC / EDQUOT (HDF5 reports it as a generic write error) */
+    int locked;       /* HDF5's flock of the file failed: another process has it open */
 } h5err_walk;
 
 static herr_t h5err_visit(unsigned n, const H5E_error2_t *e, void *data)
@@ -207,6 +219,8 @@ static herr_t h5err_visit(unsigned n, const H5E_error2_t *e, void *data)
         w->checksum = 1;
     if (strstr(d, "No space left"))
         w->nospace = 1;
+    if (strstr(d, "unable to lock file"))
+        w->locked = 1;
     return 0;
 }
 
@@ -252,7 +266,7 @@ static void h5_forget(void)
 static tkd_status h5_fail(tkd_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static tkd_status h5_fail(tkd_status st, const char *fmt, ...)
 {
-    h5err_walk w = {{0}, 0, 0};
+    h5err_walk w = {{0}, 0, 0, 0};
     if (h5_have_first)
         w = h5_first;
     else
@@ -274,8 +288,27 @@ static tkd_status h5_fail(tkd_status st, const char *fmt, ...)
     for (char *c = w.desc; *c; c++)
         if (*c == '\n' || *c == '\r' || *c == '\t')
             *c = ' ';
-    const char *hint = st == TKD_ERR_CHECKSUM ? " — the shard is corrupt; re-create it with teacher-dump" : "";
+    const char *hint = st == TKD_ERR_CHECKSUM ? " — the shard is corrupt; " TKD_CACHE_REPAIR_HINT : "";
     return tkd_error_set(st, "%s (HDF5: %s)%s", msg, w.desc[0] ? w.desc : "unknown error", hint);
+}
+
+/* A failed H5Fopen / H5Fcreate of path. HDF5 locks every file it opens (flock: shared to read,
+ * exclusive to write), so a file that another program has open for writing (h5py, HDFView, another
+ * topkd process), or is reading while we create it, fails with HDF5's "unable to lock file, errno =
+ * 11", which says neither what happened nor what to do: that case gets a message of its own. */
+static tkd_status h5_fail_open(tkd_status st, const char *path, const char *what)
+{
+    h5err_walk w = {{0}, 0, 0, 0};
+    if (h5_have_first)
+        w = h5_first;
+    else
+        H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, h5err_visit, &w);
+    if (!w.locked)
+        return h5_fail(st, "%s: %s", path, what);
+    h5_forget();
+    return tkd_error_set(TKD_ERR_IO, "%s: locked: another program has this file open (HDF5 file lock) — close it "
+                         "there (h5py, HDFView, another teacher-dump or student-train) and re-run; on a file system "
+                         "without working locks, set HDF5_USE_FILE_LOCKING=FALSE", path);
 }
 
 /* ---- HDF5 types ----------------------------------------------------------------------------- */
@@ -612,7 +645,7 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
     w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
     if (w->file < 0) {
-        tkd_status st = h5_fail(TKD_ERR_IO, "%s: cannot create shard", w->tmp_path);
+        tkd_status st = h5_fail_open(TKD_ERR_IO, w->tmp_path, "cannot create shard");
         writer_free(w);
         return st;
     }
@@ -729,6 +762,7 @@ void tkd_shard_writer_abort(tkd_shard_writer *w)
 {
     if (!w)
         return;
+    h5_quiet(); /* as in tkd_shard_close */
     char *tmp = w->tmp_path;
     w->tmp_path = NULL;
     writer_discard_io(w);
@@ -801,6 +835,7 @@ void tkd_shard_close(tkd_shard *s)
 {
     if (!s)
         return;
+    h5_quiet(); /* may run on a thread that made no other call here: HDF5 must not print there either */
     for (int d = 0; d < DS_COUNT; d++)
         if (s->ds[d] >= 0)
             H5Dclose(s->ds[d]);
@@ -986,7 +1021,7 @@ tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes)
     H5Pclose(fapl);
     tkd_status st = TKD_OK;
     if (s->file < 0)
-        st = h5_fail(TKD_ERR_FORMAT, "%s: not a readable HDF5 file (truncated or not a shard)", path);
+        st = h5_fail_open(TKD_ERR_FORMAT, path, "not a readable HDF5 file (truncated or not a shard)");
     if (st == TKD_OK)
         st = shard_read_attrs(s);
     if (st == TKD_OK)

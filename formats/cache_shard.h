@@ -23,6 +23,13 @@
 #define TKD_CACHE_SHA256_HEX TKD_SHA256_HEX_LEN /* 64 hex digits + NUL */
 #define TKD_CACHE_FILE_MAX 256  /* shard file names inside a cache directory */
 
+/* What to do about a shard that is missing, damaged or not the one the manifest lists: the hint of
+ * every such message. teacher-dump re-run on a cache checks each listed shard's sha256 and re-makes
+ * exactly the ones that fail (docs/teacher-dump.md, "Resume and repair"). */
+#define TKD_CACHE_REPAIR_HINT                                                                        \
+    "repair it by re-running the teacher-dump command that made this cache, without --overwrite "  \
+    "(its config is saved under config: in the manifest): it re-makes only missing or damaged shards"
+
 /* How /topk/logits is stored. Values are stable (they never appear in files: names do). */
 typedef enum tkd_cache_dtype {
     TKD_CACHE_DTYPE_HALF = 0,     /* IEEE binary16 (h5py: float16) */
@@ -39,6 +46,10 @@ tkd_status tkd_cache_dtype_parse(const char *name, tkd_cache_dtype *out);
 
 /* Bytes per stored logit (2 or 4). */
 size_t tkd_cache_dtype_size(tkd_cache_dtype dt);
+
+/* Largest finite magnitude the dtype stores: 65504 (half), 0x1.fep127 ≈ 3.39e38 (bfloat16), FLT_MAX
+ * (float32). A larger float would be stored as inf (or clamped), so producers refuse it. */
+float tkd_cache_dtype_max(tkd_cache_dtype dt);
 
 /* What makes two shards (or a shard and its manifest) belong to the same cache. */
 typedef struct tkd_cache_identity {

@@ -58,6 +58,9 @@ typedef struct tkd_lmhead_topk_args {
     float *val;              // (rows, k) host out
     float *lse;              // (rows) host out
     uint32_t *tail;          // (rows, s) host out, or NULL when s == 0
+    /* out, with TKD_ERR_NUMERIC: the first non-finite logit (row of hidden, token, value) */
+    int64_t bad_row, bad_col;
+    float bad_value;
 } tkd_lmhead_topk_args;
 
 typedef struct tkd_backend_ops {
@@ -123,7 +126,7 @@ typedef struct tkd_backend_ops {
                              void *dg, void *du); // +=
 
     /* ---- LM-head consumers ---- */
-    tkd_status (*lmhead_topk)(tkd_backend *be, const tkd_lmhead_topk_args *a);
+    tkd_status (*lmhead_topk)(tkd_backend *be, tkd_lmhead_topk_args *a);
 } tkd_backend_ops;
 
 struct tkd_backend {

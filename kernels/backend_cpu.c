@@ -218,7 +218,7 @@ static tkd_status cpu_scratch(cpu_impl *c, int64_t rows, int64_t V)
     return TKD_OK;
 }
 
-static tkd_status cpu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a)
+static tkd_status cpu_lmhead_topk(tkd_backend *be, tkd_lmhead_topk_args *a)
 {
     cpu_impl *c = be->impl;
     const float *H = a->hidden, *W = a->w;
@@ -231,7 +231,12 @@ static tkd_status cpu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)a->v, a->d, 1.0f, H + r0 * a->d, a->d, W,
                     a->d, 0.0f, c->logits, (int)a->v);
         uint32_t *idx = a->idx + r0 * a->k;
-        TKD_TRY(tkd_topk_cpu(c->logits, n, a->v, a->k, a->tau, idx, a->val + r0 * a->k, a->lse + r0));
+        tkd_status st = tkd_topk_cpu(c->logits, n, a->v, a->k, a->tau, idx, a->val + r0 * a->k, a->lse + r0);
+        if (st == TKD_ERR_NUMERIC && tkd_topk_first_nonfinite(c->logits, n, a->v, &a->bad_row, &a->bad_col)) {
+            a->bad_value = c->logits[a->bad_row * a->v + a->bad_col];
+            a->bad_row += r0;
+        }
+        TKD_TRY(st);
         if (a->s > 0)
             TKD_TRY(tkd_tail_sample_cpu(c->logits, n, a->v, idx, a->k, a->tau, a->s, a->seed, a->row_seq + r0,
                                         a->row_pos + r0, a->tail + r0 * a->s));

@@ -11,6 +11,7 @@
 
 #include <cublas_v2.h>
 #include <new>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -308,7 +309,37 @@ void lmhead_deliver(CudaImpl *c, const tkd_lmhead_topk_args *a)
         memcpy(a->tail, c->h_tail.p, R * a->s * sizeof(uint32_t));
 }
 
-tkd_status cu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a)
+/* After the top-k flagged a non-finite logit: the chunks again, one at a time, to find the first
+ * flagged row, then that row's logits on the host for the token and value (an error path only). */
+tkd_status lmhead_locate_nonfinite(CudaImpl *c, tkd_lmhead_topk_args *a, int64_t C)
+{
+    tkd_error_saved keep;
+    tkd_error_save(&keep, TKD_ERR_NUMERIC);
+    float *row = static_cast<float *>(malloc(sizeof(float) * a->v));
+    for (int64_t r0 = 0; row && r0 < a->rows; r0 += C) {
+        int64_t n = a->rows - r0 < C ? a->rows - r0 : C;
+        if (lmhead_gemm(c, a, r0, n) != TKD_OK ||
+            tkd_topk_cuda(c->topk, static_cast<const float *>(c->logits.p), n, a->v, a->k, a->tau,
+                          static_cast<uint32_t *>(c->idx.p), static_cast<float *>(c->val.p),
+                          static_cast<float *>(c->lse.p), c->stream) != TKD_OK ||
+            tkd_topk_cuda_sync(c->topk, c->stream) != TKD_ERR_NUMERIC)
+            continue;
+        int64_t bad = (int64_t)c->topk->h_flags[0];
+        if (cudaMemcpy(row, static_cast<const float *>(c->logits.p) + bad * a->v, sizeof(float) * a->v,
+                       cudaMemcpyDeviceToHost) != cudaSuccess)
+            break;
+        for (int64_t v = 0; v < a->v; v++)
+            if (!isfinite(row[v])) {
+                a->bad_row = r0 + bad, a->bad_col = v, a->bad_value = row[v];
+                break;
+            }
+        break;
+    }
+    free(row);
+    return tkd_error_restore(&keep);
+}
+
+tkd_status cu_lmhead_topk(tkd_backend *be, tkd_lmhead_topk_args *a)
 {
     CudaImpl *c = impl(be);
     int64_t C = a->chunk_rows < a->rows ? a->chunk_rows : a->rows;
@@ -336,7 +367,12 @@ tkd_status cu_lmhead_topk(tkd_backend *be, const tkd_lmhead_topk_args *a)
                                          static_cast<uint32_t *>(c->tail.p) + r0 * a->s, c->stream));
         TKD_TRY(lmhead_copy_chunk(c, a, r0, n));
     }
-    TKD_TRY(tkd_topk_cuda_sync(c->topk, c->stream)); /* waits, and reports non-finite logits by row */
+    tkd_status st = tkd_topk_cuda_sync(c->topk, c->stream); /* waits; flags non-finite logits */
+    if (st == TKD_ERR_NUMERIC) {
+        (void)cudaStreamSynchronize(c->copy);
+        return lmhead_locate_nonfinite(c, a, C);
+    }
+    TKD_TRY(st);
     TKD_CUDA_CHECK(cudaStreamSynchronize(c->copy));
     lmhead_deliver(c, a);
     return TKD_OK;

@@ -25,11 +25,23 @@ tkd_status tkd_topk_check_args(int64_t C, int64_t V, int k, float tau)
     return TKD_OK;
 }
 
+int tkd_topk_first_nonfinite(const float *logits, int64_t C, int64_t V, int64_t *row, int64_t *col)
+{
+    for (int64_t r = 0; r < C; r++)
+        for (int64_t c = 0; c < V; c++)
+            if (!isfinite(logits[r * V + c])) {
+                *row = r;
+                *col = c;
+                return 1;
+            }
+    return 0;
+}
+
+/* Row r (of V values) holds a non-finite value. */
 static tkd_status topk_nonfinite(const float *row, int64_t r, int64_t V)
 {
-    int64_t c = 0;
-    while (c < V && isfinite(row[c]))
-        c++;
+    int64_t zero = 0, c = V;
+    tkd_topk_first_nonfinite(row, 1, V, &zero, &c);
     return tkd_error_set(TKD_ERR_NUMERIC,
                          "topk: logits row %lld, column %lld is %g: the teacher produced a non-finite "
                          "logit; check the checkpoint's dtype and weights",

@@ -30,6 +30,10 @@ extern "C" {
  * TKD_ERR_INVALID_ARG with a message otherwise. */
 tkd_status tkd_topk_check_args(int64_t C, int64_t V, int k, float tau);
 
+/* The first non-finite value of logits (C, V) in row-major order: returns 1 and sets *row, *col, or
+ * returns 0. For the message of a caller that knows what the rows are (sequence, position). */
+int tkd_topk_first_nonfinite(const float *logits, int64_t C, int64_t V, int64_t *row, int64_t *col);
+
 /* Scalar reference. logits (C, V) fp32 rows; out_idx (C, k), out_val (C, k), out_lse (C), all
  * caller-owned. A NaN or ±Inf logit is TKD_ERR_NUMERIC naming the (first) row and column; the
  * outputs are then unspecified. Allocates one (V) index array per call (tests only). */

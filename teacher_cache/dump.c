@@ -2,6 +2,7 @@
  * worker-finished markers live in dump_merge.c. */
 #include "teacher_cache/dump.h"
 
+#include <math.h>
 #include <glob.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,7 +18,7 @@
 #include "kernels/tail_sample.h"
 #include "kernels/topk.h"
 #include "model/model.h"
-#include "teacher_cache/dump_internal.h"
+#include "teacher_cache/dump_merge.h"
 #include "teacher_cache/writer_thread.h"
 
 static double now_s(void)
@@ -77,12 +78,6 @@ tkd_status tkd_dump_teacher_sha256(const char *dir, char hex[65])
     return st;
 }
 
-const char *tkd_dump_saved_msg(char buf[TKD_ERROR_MSG_MAX])
-{
-    snprintf(buf, TKD_ERROR_MSG_MAX, "%s", tkd_error_msg());
-    return buf;
-}
-
 static const char *arch_class(tkd_arch a)
 {
     switch (a) {
@@ -111,24 +106,6 @@ static char *join_paths(const tkd_strlist *l)
     return s;
 }
 
-tkd_status tkd_dump_config_text(const tkd_dump_config *cfg, char **out)
-{
-    size_t len = 0;
-    *out = NULL;
-    FILE *f = open_memstream(out, &len);
-    if (!f)
-        return tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
-    tkd_status st = tkd_config_print(&tkd_dump_schema, cfg, f);
-    /* fclose is what sizes and terminates *out; if it fails the text may be cut short */
-    if (fclose(f) != 0 && st == TKD_OK)
-        st = tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
-    if (st != TKD_OK) {
-        free(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 /* The manifest this run would write, with no shards yet. */
 static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cfg, const tkd_model *model,
                                 const tkd_tokens *ds, const char *teacher_hex, const char *dataset_hex)
@@ -153,7 +130,7 @@ static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cf
     if (st == TKD_OK) st = tkd_cache_manifest_set_str(&m->tool_version, TKD_VERSION);
     if (st == TKD_OK) {
         free(m->config_text);
-        st = tkd_dump_config_text(cfg, &m->config_text);
+        st = tkd_config_to_text(&tkd_dump_schema, cfg, &m->config_text);
     }
     free(paths);
     if (st == TKD_OK)
@@ -172,8 +149,8 @@ static tkd_status check_same_layout(const tkd_dump_config *cfg, const char *path
         st = tkd_config_apply_string(&tkd_dump_schema, &old, path, config_text, strlen(config_text));
     if (st != TKD_OK) {
         tkd_config_free(&tkd_dump_schema, &old);
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: config: cannot read the config it was made with (%s) — "
-                             "pass --overwrite to replace the cache", path, TKD_DUMP_PREV_MSG());
+        tkd_error_prefix(st, "%s: config: cannot read the config it was made with", path);
+        return tkd_error_hint(TKD_ERR_FORMAT, "pass --overwrite to replace the cache");
     }
     const char *key = old.shard_sequences != cfg->shard_sequences ? "cache.shard_sequences"
                       : old.last_window != cfg->last_window       ? "data.last_window"
@@ -198,13 +175,13 @@ static tkd_status check_existing(const char *dir, const tkd_cache_manifest *tmpl
             tkd_cache_manifest old;
             st = tkd_cache_manifest_read(&old, g.gl_pathv[i]);
             if (st != TKD_OK) {
-                st = tkd_error_set(st, "%s — fix or delete it, or pass --overwrite", TKD_DUMP_PREV_MSG());
+                st = tkd_error_hint(st, "fix or delete it, or pass --overwrite");
                 break;
             }
             st = tkd_cache_manifest_check_same(&old, g.gl_pathv[i], tmpl, "this config");
             if (st != TKD_OK)
-                st = tkd_error_set(st, "%s — this directory holds another cache: use another output.dir, "
-                                   "or pass --overwrite to replace it", TKD_DUMP_PREV_MSG());
+                st = tkd_error_hint(st, "this directory holds another cache: use another output.dir, "
+                                    "or pass --overwrite to replace it");
             else
                 st = check_same_layout(cfg, g.gl_pathv[i], old.config_text);
             tkd_cache_manifest_free(&old);
@@ -258,35 +235,6 @@ static tkd_status overwrite_clean(const char *dir, const tkd_dump_config *cfg, i
     return remove_glob(dir, TKD_CACHE_MANIFEST_NAME, -1, -1);
 }
 
-/* This worker's manifest from an earlier run: its shards must start at the range start, stay in
- * the range, exist with their sizes, and the last one must pass its sha256. */
-static tkd_status load_resume(tkd_cache_manifest *m, const char *dir, const char *path, int64_t first,
-                              int64_t end)
-{
-    TKD_TRY(tkd_cache_manifest_read(m, path));
-    int64_t got_end = tkd_cache_manifest_end_seq(m, first);
-    if (m->num_shards > 0 && (m->shards[0].first_seq != first || got_end > end))
-        return tkd_error_set(TKD_ERR_MISMATCH, "%s: lists sequences [%lld, %lld) but this worker's range is "
-                             "[%lld, %lld) — keep workers.* and data.max_sequences as before, or pass --overwrite",
-                             path, (long long)m->shards[0].first_seq, (long long)got_end, (long long)first,
-                             (long long)end);
-    for (int64_t i = 0; i + 1 < m->num_shards; i++) {
-        char p[4096];
-        uint64_t size = 0;
-        TKD_TRY(tkd_path_join(p, sizeof p, dir, m->shards[i].file));
-        if (tkd_file_size(p, &size) != TKD_OK || size != m->shards[i].bytes)
-            return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: listed in %s with %llu bytes but missing or resized — "
-                                 "restore it, or pass --overwrite to start again", p, path,
-                                 (unsigned long long)m->shards[i].bytes);
-    }
-    if (m->num_shards > 0) {
-        tkd_status st = tkd_cache_manifest_verify_shard(dir, &m->shards[m->num_shards - 1]);
-        if (st != TKD_OK)
-            return tkd_error_set(st, "%s (the last shard %s lists) — or pass --overwrite", TKD_DUMP_PREV_MSG(), path);
-    }
-    return TKD_OK;
-}
-
 /* ---- compute ----------------------------------------------------------------------------------- */
 
 typedef struct dump_buffers {
@@ -338,6 +286,19 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
     return TKD_OK;
 }
 
+/* The LM head met a non-finite logit at row a->bad_row of the batch starting at sequence s: names
+ * the sequence, position, token and value. A NaN or inf in the teacher's hidden states ends here
+ * too (every logit of that position is then NaN). */
+static tkd_status nonfinite_logit(const tkd_dump_config *cfg, const tkd_lmhead_topk_args *a, int64_t s)
+{
+    const int64_t r = a->bad_row, T = cfg->seq_len;
+    tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %lld: the teacher's logit for token %lld is %g",
+                  cfg->teacher_path, (long long)(s + r / T), (long long)(r % T), (long long)a->bad_col,
+                  (double)a->bad_value);
+    return tkd_error_hint(TKD_ERR_NUMERIC, "no cache.logits_dtype holds a non-finite value; check the teacher's "
+                          "weights (NaN or inf in them or in its activations)");
+}
+
 /* The LM head over rows [0, N) of hidden, chunk by chunk on the model's backend: top-k + LSE
  * (+ tail draws) per row, straight into the batch's host buffers. */
 static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, const void *hidden, // (N, D)
@@ -356,10 +317,52 @@ static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, c
         .tail = cfg->tail_samples > 0 ? b->tail_indices : NULL,
     };
     tkd_status st = m->be->op->lmhead_topk(m->be, &a);
-    if (st != TKD_OK && st != TKD_ERR_INTERRUPTED)
-        return tkd_error_set(st, "%s: sequences %lld..%lld: %s — check the teacher's weights", cfg->teacher_path,
-                             (long long)s, (long long)(s + N / T - 1), TKD_DUMP_PREV_MSG());
+    if (st == TKD_ERR_NUMERIC)
+        return nonfinite_logit(cfg, &a, s);
+    if (st != TKD_OK && st != TKD_ERR_INTERRUPTED) {
+        tkd_error_prefix(st, "%s: sequences %lld..%lld", cfg->teacher_path, (long long)s, (long long)(s + N / T - 1));
+        return tkd_error_hint(st, "check the teacher's weights");
+    }
     return st;
+}
+
+/* Logit i of the batch does not fit cache.logits_dtype: names its sequence, position and value and
+ * the dtypes that hold it. */
+static tkd_status unstorable_logit(const tkd_dump_config *cfg, const tkd_cache_batch *b, size_t i)
+{
+    const size_t T = (size_t)b->seq_len, k = (size_t)b->k;
+    const tkd_cache_dtype dt = (tkd_cache_dtype)cfg->logits_dtype;
+    const float x = b->topk_logits[i];
+    tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %zu: the teacher's logit %g (top-k column %zu) "
+                  "does not fit cache.logits_dtype %s (largest magnitude %g)", cfg->teacher_path,
+                  (long long)b->seq_index[i / (T * k)], (i / k) % T, (double)x, i % k, tkd_cache_dtype_name(dt),
+                  (double)tkd_cache_dtype_max(dt));
+    if (!isfinite(x))
+        return tkd_error_hint(TKD_ERR_NUMERIC, "no dtype holds a non-finite value; check the teacher's weights");
+    const char *holds = fabsf(x) <= tkd_cache_dtype_max(TKD_CACHE_DTYPE_BFLOAT16) ? "bfloat16 or float32, which hold"
+                                                                                  : "float32, which holds";
+    return tkd_error_hint(TKD_ERR_NUMERIC, "set cache.logits_dtype: %s it (a new cache: pass --overwrite or use "
+                          "another output.dir)", holds);
+}
+
+/* Every value of a finished batch fits the cache: top-k logits within cache.logits_dtype's range
+ * (beyond it half and bfloat16 would store inf), LSE finite (float32). Checked on the batch, after
+ * whichever top-k path made it, so that no path puts an inf or a NaN into a shard. */
+static tkd_status check_storable(const tkd_dump_config *cfg, const tkd_cache_batch *b)
+{
+    const float max = tkd_cache_dtype_max((tkd_cache_dtype)cfg->logits_dtype);
+    const size_t T = (size_t)b->seq_len, n = (size_t)b->num_seq * T, nk = n * (size_t)b->k;
+    for (size_t i = 0; i < nk; i++)
+        if (!(fabsf(b->topk_logits[i]) <= max)) /* NaN fails the comparison too */
+            return unstorable_logit(cfg, b, i);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(b->lse[i])) {
+            tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %zu: the log-sum-exp of the teacher's logits "
+                          "at cache.temperature %g is %g, beyond float32", cfg->teacher_path,
+                          (long long)b->seq_index[i / T], i % T, cfg->temperature, (double)b->lse[i]);
+            return tkd_error_hint(TKD_ERR_NUMERIC, "check the teacher's weights, or raise cache.temperature");
+        }
+    return TKD_OK;
 }
 
 /* ---- the run ------------------------------------------------------------------------------------ */
@@ -371,7 +374,8 @@ typedef struct dump_ctx {
     tkd_backend *be;           /* where the teacher runs (device:) */
     tkd_model *model;
     tkd_tokens *ds;
-    tkd_cache_manifest tmpl;   /* identity + (after resume) the listed shards */
+    tkd_cache_manifest tmpl;   /* identity + the shards kept from an earlier run (sorted) */
+    int64_t kept_seqs;         /* sequences in those shards */
     char manifest_path[4096];
 } dump_ctx;
 
@@ -382,9 +386,11 @@ static tkd_status check_compute_args(const dump_ctx *c)
     tkd_status st = tkd_topk_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature);
     if (st == TKD_OK && cfg->tail_samples > 0)
         st = tkd_tail_sample_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature, cfg->tail_samples);
-    if (st != TKD_OK)
-        return tkd_error_set(TKD_ERR_CONFIG, "cache.k / cache.tail_samples: %s (teacher %s has vocab %lld) — "
-                             "lower cache.k", TKD_DUMP_PREV_MSG(), cfg->teacher_path, (long long)V);
+    if (st != TKD_OK) {
+        tkd_error_prefix(st, "cache.k / cache.tail_samples");
+        return tkd_error_hint(TKD_ERR_CONFIG, "lower cache.k (teacher %s has vocab %lld)", cfg->teacher_path,
+                              (long long)V);
+    }
     if (cfg->seq_len > c->model->cfg.max_position_embeddings)
         return tkd_error_set(TKD_ERR_CONFIG, "data.seq_len: %d is above the teacher's max_position_embeddings %d (%s) "
                              "— lower data.seq_len", cfg->seq_len, c->model->cfg.max_position_embeddings,
@@ -437,10 +443,104 @@ static tkd_status load_inputs(dump_ctx *c)
         return tkd_error_prefix(st, "data.paths");
     st = tkd_tokens_check_vocab(c->ds, c->model->cfg.vocab_size);
     if (st != TKD_OK)
-        return tkd_error_set(st, "%s (teacher %s has vocab %d) — use the teacher's own tokenizer",
-                             TKD_DUMP_PREV_MSG(), cfg->teacher_path, c->model->cfg.vocab_size);
+        return tkd_error_hint(st, "use the tokenizer of teacher %s (vocab %d)", cfg->teacher_path,
+                              c->model->cfg.vocab_size);
     tkd_tokens_sha256(c->ds, c->sum->dataset_sha256);
     return make_template(&c->tmpl, cfg, c->model, c->ds, c->sum->teacher_sha256, c->sum->dataset_sha256);
+}
+
+/* An earlier run's manifest lists shards of this worker's range only, each starting where this
+ * config starts a shard; otherwise the range or the split changed. */
+static tkd_status check_listed_range(const tkd_cache_manifest *m, const char *path, int64_t first, int64_t end,
+                                     int64_t ss)
+{
+    for (int64_t i = 0; i < m->num_shards; i++) {
+        const tkd_cache_shard_entry *e = &m->shards[i];
+        if (e->first_seq < first || e->first_seq + e->num_seq > end || e->first_seq % ss != 0)
+            return tkd_error_set(TKD_ERR_MISMATCH, "%s: lists %s with sequences [%lld, %lld) but this worker's range "
+                                 "is [%lld, %lld) — keep workers.* and data.max_sequences as before, or pass "
+                                 "--overwrite", path, e->file, (long long)e->first_seq,
+                                 (long long)(e->first_seq + e->num_seq), (long long)first, (long long)end);
+    }
+    return TKD_OK;
+}
+
+/* Checks every listed shard's file against its listed size and sha256, several files at a time
+ * (one thread reads a few hundred MB/s: a large cache is otherwise a long wait at every re-run).
+ * (*failed)[i] is NULL for a good file, else its status and message; the caller frees them. */
+static tkd_status verify_listed(const char *dir, const tkd_cache_manifest *m, tkd_error_saved ***failed)
+{
+    tkd_error_saved **f = calloc((size_t)m->num_shards + 1, sizeof *f);
+    if (!f)
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+    int oom = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : oom)
+    for (int64_t i = 0; i < m->num_shards; i++) {
+        tkd_status st = tkd_cache_manifest_verify_shard(dir, &m->shards[i]);
+        if (st != TKD_OK && (f[i] = malloc(sizeof *f[i])))
+            tkd_error_save(f[i], st);
+        oom |= st != TKD_OK && !f[i];
+    }
+    *failed = f;
+    return oom ? tkd_error_set(TKD_ERR_NOMEM, "out of memory") : TKD_OK;
+}
+
+/* *keep = 1 when listed shard e stays: it is whole (not cut short by a smaller data.max_sequences
+ * before) and its file passed verify_listed (failed == NULL). A missing or damaged file is re-made
+ * and counted in the summary; other failures (unreadable) are errors. */
+static tkd_status shard_keep(dump_ctx *c, const tkd_cache_shard_entry *e, const tkd_error_saved *failed, int *keep)
+{
+    const int64_t ss = c->cfg->shard_sequences, left = c->sum->range_end - e->first_seq;
+    *keep = 0;
+    if (e->num_seq != (left < ss ? left : ss))
+        return TKD_OK;
+    if (failed && (failed->st == TKD_ERR_NOT_FOUND || failed->st == TKD_ERR_CHECKSUM)) {
+        /* the note is what was wrong, without the message's hint: the run is that hint */
+        const char *hint = strstr(failed->msg, " \xe2\x80\x94 ");
+        int len = hint ? (int)(hint - failed->msg) : (int)strlen(failed->msg);
+        if (c->sum->shards_damaged++ == 0)
+            snprintf(c->sum->damaged_note, sizeof c->sum->damaged_note, "%.*s", len, failed->msg);
+        return TKD_OK;
+    }
+    *keep = !failed;
+    return failed ? tkd_error_restore(failed) : TKD_OK;
+}
+
+/* This worker's manifest from an earlier run: the shards that pass shard_keep go into c->tmpl,
+ * the others are left to be re-made. The manifest is rewritten without them first, so that it
+ * never names a file being replaced. */
+static tkd_status load_resume(dump_ctx *c)
+{
+    tkd_cache_manifest old;
+    TKD_TRY(tkd_cache_manifest_read(&old, c->manifest_path));
+    tkd_error_saved **failed = NULL;
+    tkd_status st = check_listed_range(&old, c->manifest_path, c->sum->range_first, c->sum->range_end,
+                                       c->cfg->shard_sequences);
+    if (st == TKD_OK)
+        st = verify_listed(c->cfg->output_dir, &old, &failed);
+    for (int64_t i = 0; st == TKD_OK && i < old.num_shards; i++) {
+        int keep = 0;
+        st = shard_keep(c, &old.shards[i], failed[i], &keep);
+        if (st == TKD_OK && keep)
+            st = tkd_cache_manifest_add_shard(&c->tmpl, &old.shards[i]);
+    }
+    if (st == TKD_OK && c->tmpl.num_shards < old.num_shards)
+        st = tkd_cache_manifest_write(&c->tmpl, c->manifest_path);
+    for (int64_t i = 0; failed && i < old.num_shards; i++)
+        free(failed[i]);
+    free(failed);
+    tkd_cache_manifest_free(&old);
+    return st;
+}
+
+/* The first window at or after s that no kept shard holds. *next is the caller's cursor into the
+ * kept shards (sorted), carried from call to call as s grows. */
+static int64_t skip_kept(const tkd_cache_manifest *kept, int64_t *next, int64_t s)
+{
+    for (; *next < kept->num_shards && kept->shards[*next].first_seq <= s; (*next)++)
+        if (kept->shards[*next].first_seq == s)
+            s += kept->shards[*next].num_seq;
+    return s;
 }
 
 /* Output directory state → c->tmpl holds the shards already done; sets sum->resumed_at. */
@@ -458,44 +558,29 @@ static tkd_status prepare_output(dump_ctx *c)
         TKD_TRY(overwrite_clean(dir, cfg, first, end));
     else
         TKD_TRY(check_existing(dir, &c->tmpl, cfg));
-    c->sum->resumed_at = first;
     if (tkd_file_exists(c->manifest_path)) {
-        tkd_cache_manifest old;
-        tkd_cache_manifest_init(&old);
-        tkd_status st = load_resume(&old, dir, c->manifest_path, first, end);
-        if (st != TKD_OK) {
-            tkd_cache_manifest_free(&old);
-            return st;
-        }
-        for (int64_t i = 0; i < old.num_shards; i++)
-            tkd_cache_manifest_add_shard(&c->tmpl, &old.shards[i]);
-        tkd_cache_manifest_free(&old);
-        c->sum->resumed_at = tkd_cache_manifest_end_seq(&c->tmpl, first);
-        /* data.max_sequences grew since a run whose last shard was cut short: that shard is
-         * recomputed whole. Unlist it first, so the manifest never names a file being replaced. */
-        if (c->sum->resumed_at < end && c->sum->resumed_at % cfg->shard_sequences != 0) {
-            c->tmpl.num_shards--;
-            c->sum->resumed_at = tkd_cache_manifest_end_seq(&c->tmpl, first);
-            TKD_TRY(tkd_cache_manifest_write(&c->tmpl, c->manifest_path));
-        }
+        TKD_TRY(load_resume(c));
     } else {
         /* An empty manifest records the identity at once, so a second run with another config
          * is refused even before the first shard is done. */
         TKD_TRY(tkd_cache_manifest_write(&c->tmpl, c->manifest_path));
     }
+    int64_t next = 0;
+    c->sum->resumed_at = skip_kept(&c->tmpl, &next, first);
+    c->kept_seqs = tkd_cache_manifest_num_seq(&c->tmpl);
     return TKD_OK;
 }
 
-static void report_progress(dump_ctx *c, tkd_dump_writer *w, int64_t done, double t0)
+static void report_progress(dump_ctx *c, tkd_dump_writer *w, double t0)
 {
     if (!c->opts->progress)
         return;
     tkd_dump_writer_stats ws;
     tkd_dump_writer_get_stats(w, &ws);
     tkd_dump_progress p = {
-        .seq_done = done - c->sum->range_first,
+        .seq_done = c->kept_seqs + c->sum->seqs_run,
         .seq_total = c->sum->range_end - c->sum->range_first,
-        .seq_start = c->sum->resumed_at - c->sum->range_first,
+        .seq_start = c->kept_seqs,
         .tokens_run = c->sum->tokens_run,
         .elapsed_s = now_s() - t0,
         .bytes_written = ws.bytes,
@@ -528,8 +613,11 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
 {
     const tkd_dump_config *cfg = c->cfg;
     const int64_t ss = cfg->shard_sequences, T = cfg->seq_len;
-    int64_t nbatches = 0;
-    for (int64_t s = c->sum->resumed_at; s < c->sum->range_end;) {
+    int64_t nbatches = 0, next_kept = 0;
+    /* Shards kept from an earlier run are skipped: what is left is computed exactly as one
+     * uninterrupted run computes it. */
+    for (int64_t s = skip_kept(&c->tmpl, &next_kept, c->sum->range_first); s < c->sum->range_end;
+         s = skip_kept(&c->tmpl, &next_kept, s)) {
         if (tkd_interrupted() || test_stop(c->opts, nbatches))
             return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted");
         /* A batch never crosses a shard boundary, so a resumed or split run computes exactly the
@@ -543,13 +631,14 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
         const void *hidden;
         TKD_TRY(tkd_model_forward(c->model, buf->inputs, nb, (int)T, 0, &hidden));
         TKD_TRY(lm_head_topk(cfg, c->model, hidden, (int64_t)nb * T, s, b, buf));
+        TKD_TRY(check_storable(cfg, b));
         TKD_TRY(tkd_dump_writer_submit(w, b, s));
         s += nb;
         nbatches++;
         c->sum->seqs_run += nb;
         c->sum->tokens_run += nb * T;
         test_kill(c->opts, nbatches, w);
-        report_progress(c, w, s, t0);
+        report_progress(c, w, t0);
     }
     return TKD_OK;
 }
@@ -577,31 +666,35 @@ static tkd_status run_compute(dump_ctx *c)
     if (st == TKD_OK) {
         st = tkd_dump_writer_finish(w);
     } else {
-        char msg[TKD_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+        tkd_error_saved saved;
+        tkd_error_save(&saved, st);
         /* On Ctrl-C, batches already computed are still written (a shard they complete is kept);
          * then the shard in progress is removed. Other errors stop at once. */
         if (st == TKD_ERR_INTERRUPTED && w)
             tkd_dump_writer_drain(w);
         tkd_dump_writer_abort(w);
-        tkd_error_copy(st, msg);
-        if (st == TKD_ERR_NOSPACE && !strstr(msg, "disk full"))
-            tkd_error_set(st, "%s: disk full: %s — free space there and re-run the same command to resume",
-                          cfg->output_dir, msg);
+        tkd_error_restore(&saved);
+        if (st == TKD_ERR_NOSPACE && !strstr(saved.msg, "disk full")) {
+            tkd_error_prefix(st, "%s: disk full", cfg->output_dir);
+            tkd_error_hint(st, "free space there and re-run the same command to resume");
+        }
     }
     c->sum->seconds = now_s() - t0;
     buffers_free(&buf);
     return st;
 }
 
-/* Counts what this run added to the manifest (for the summary). */
+/* Counts what this run added to the manifest, the shards not kept from before (for the summary). */
 static void summarize(dump_ctx *c)
 {
     tkd_cache_manifest m;
     if (tkd_cache_manifest_read(&m, c->manifest_path) != TKD_OK)
         return;
-    for (int64_t i = 0; i < m.num_shards; i++) {
-        if (m.shards[i].first_seq < c->sum->resumed_at)
+    const tkd_cache_manifest *kept = &c->tmpl; /* sorted, like m */
+    for (int64_t i = 0, j = 0; i < m.num_shards; i++) {
+        while (j < kept->num_shards && kept->shards[j].first_seq < m.shards[i].first_seq)
+            j++;
+        if (j < kept->num_shards && kept->shards[j].first_seq == m.shards[i].first_seq)
             continue;
         c->sum->shards_run++;
         c->sum->bytes_run += m.shards[i].bytes;
@@ -614,16 +707,16 @@ static tkd_status interrupted_message(dump_ctx *c)
 {
     int sig = tkd_interrupted();
     tkd_cache_manifest m;
-    int64_t done = c->sum->resumed_at;
+    int64_t done = c->kept_seqs;
     if (tkd_cache_manifest_read(&m, c->manifest_path) == TKD_OK) {
-        done = tkd_cache_manifest_end_seq(&m, c->sum->range_first);
+        done = tkd_cache_manifest_num_seq(&m);
         tkd_cache_manifest_free(&m);
     }
     return tkd_error_set(TKD_ERR_INTERRUPTED,
                          "%s: stopped by %s with %lld of %lld sequences in whole shards (the shard in progress was "
                          "removed) — re-run the same command to resume",
                          c->manifest_path, sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                         (long long)(done - c->sum->range_first),
+                         (long long)done,
                          (long long)(c->sum->range_end - c->sum->range_first));
 }
 
@@ -657,10 +750,10 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     if (st == TKD_ERR_INTERRUPTED)
         st = interrupted_message(&c);
     if (c.manifest_path[0]) {
-        char msg[TKD_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", tkd_error_msg());
+        tkd_error_saved saved;
+        tkd_error_save(&saved, st);
         summarize(&c);
-        tkd_error_copy(st, msg);
+        tkd_error_restore(&saved);
     }
     tkd_cache_manifest_free(&c.tmpl);
     tkd_tokens_free(c.ds);

@@ -5,16 +5,21 @@
  * Per batch of sequences: teacher forward (no activations kept) → final hidden states (B·T, D);
  * the LM head runs chunk by chunk over those rows, logits (C, V) = H_c Wᵀ, each chunk reduced at
  * once to top-k (sorted, raw logits) + full-vocabulary LSE at the cache temperature (+ S tail
- * draws), so (B·T, V) never exists. Finished batches go to the writer thread (writer_thread.h).
+ * draws), so (B·T, V) never exists. Each finished batch is checked to fit the cache (every top-k
+ * logit within cache.logits_dtype's range, every LSE finite: whichever top-k path made it, no inf
+ * or NaN reaches a shard), then goes to the writer thread (writer_thread.h).
  *
- * Resume: a worker's manifest lists whole shards only; a re-run with the same identity checks the
- * last listed shard's sha256 and continues after it. A different identity (teacher and dataset
- * digests and paths, k, dtype, temperature, seq_len, stride, tail settings, shard size, last-window
- * rule) against an existing cache is an error unless overwrite.
+ * Resume and repair: a worker's manifest lists whole shards only; a re-run with the same identity
+ * checks every listed shard against its listed size and sha256, keeps (does not touch) those that
+ * pass, and computes every shard of its range that is not kept: the rest of an interrupted run,
+ * and any shard found missing or damaged, so the cache ends as one uninterrupted run makes it. A
+ * different identity (teacher and dataset digests and paths, k, dtype, temperature, seq_len,
+ * stride, tail settings, shard size, last-window rule) against an existing cache is an error
+ * unless overwrite.
  *
  * Workers: worker i of n dumps a contiguous run of whole shards (dump_config.h), lists them in
- * manifest.worker-<i>.yaml and, once its range is complete, writes worker-<i>.done; tkd_dump_merge
- * joins the parts into manifest.yaml.
+ * manifest.worker-<i>.yaml and, once its range is complete, writes worker-<i>.done;
+ * tkd_dump_merge (dump_merge.h) joins the parts into manifest.yaml.
  *
  * Library code: nothing is printed; progress goes to a callback; Ctrl-C / SIGTERM are polled with
  * tkd_interrupted() (common/signals.h) between LM-head chunks.
@@ -30,9 +35,9 @@
 
 /* What the progress callback sees (sequences of this worker's range). */
 typedef struct tkd_dump_progress {
-    int64_t seq_done;      /* done, counting shards listed before a resume */
+    int64_t seq_done;      /* done, counting the shards kept from an earlier run */
     int64_t seq_total;     /* this worker's range */
-    int64_t seq_start;     /* done before this run (resume) */
+    int64_t seq_start;     /* in the shards kept from an earlier run (resume, repair) */
     int64_t tokens_run;    /* positions computed by this run */
     double elapsed_s;      /* since compute started */
     uint64_t bytes_written;  /* shard bytes finished by this run */
@@ -62,6 +67,8 @@ typedef struct tkd_dump_opts {
 typedef struct tkd_dump_summary {
     int64_t range_first, range_end; /* this worker's windows */
     int64_t resumed_at;             /* first window computed by this run (== range_end: nothing to do) */
+    int64_t shards_damaged;         /* listed shards found missing or damaged, re-made by this run */
+    char damaged_note[1024];        /* why the first of them was (its file, sizes and digests) */
     int64_t seqs_run;               /* sequences computed by this run */
     int64_t tokens_run;             /* positions computed (seqs_run · seq_len) */
     int64_t shards_run;             /* shards finished by this run */
@@ -83,10 +90,5 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
  * "<file name> <sha256 of the file>\n" for config.json and every *.safetensors file (sorted by
  * name), so a changed weight file or config changes it. */
 tkd_status tkd_dump_teacher_sha256(const char *dir, char hex[65]);
-
-/* Joins dir/manifest.worker-*.yaml into dir/manifest.yaml. Checks: every worker 0..n-1 is there
- * and has finished its range (worker-<i>.done), identities equal, the shards tile [0, N) without
- * gap or overlap. *num_seq / *num_shards (may be NULL) get the merged totals. */
-tkd_status tkd_dump_merge(const char *dir, int64_t *num_seq, int64_t *num_shards);
 
 #endif /* TKD_DUMP_H */

@@ -1,17 +1,17 @@
-/* dump_merge.c — joining split workers: the worker-<i>.done markers and tkd_dump_merge (dump.h).
+/* dump_merge.c — see dump_merge.h: the worker-<i>.done markers and tkd_dump_merge.
  *
  * Why a marker: a worker's manifest lists the whole shards it has written, but only the worker knows
  * where its range ends, so a worker stopped before its last shard looks just like a finished one.
  * The marker, written atomically once the range is complete, says "worker i of n covered [first, end)".
  */
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/fileio.h"
 #include "formats/cache_manifest.h"
-#include "teacher_cache/dump.h"
-#include "teacher_cache/dump_internal.h"
+#include "teacher_cache/dump_merge.h"
 
 typedef struct done_mark {
     int index, count;
@@ -55,9 +55,10 @@ static tkd_status worker_count_of(const tkd_cache_manifest *m, const char *path,
     tkd_status st = tkd_config_defaults(&tkd_dump_schema, cfg);
     if (st == TKD_OK && m->config_text)
         st = tkd_config_apply_string(&tkd_dump_schema, cfg, path, m->config_text, strlen(m->config_text));
-    if (st != TKD_OK)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: config: %s — re-run that worker with --overwrite", path,
-                             TKD_DUMP_PREV_MSG());
+    if (st != TKD_OK) {
+        tkd_error_prefix(st, "%s: config", path);
+        return tkd_error_hint(TKD_ERR_FORMAT, "re-run that worker with --overwrite");
+    }
     return TKD_OK;
 }
 
@@ -77,21 +78,57 @@ static void parts_free(merge_parts *p)
     free(p->names);
 }
 
-/* Reads manifest.worker-0..n-1.yaml (n from the first one found) and checks the markers tile. */
+/* The config of any worker's manifest (the first found: worker 0 may be the one missing) says how
+ * many workers there are. */
+static tkd_status find_worker_config(const char *dir, tkd_dump_config *cfg0)
+{
+    char pat[4096];
+    TKD_TRY(tkd_path_join(pat, sizeof pat, dir, "manifest.worker-*.yaml"));
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    if (glob(pat, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
+        globfree(&g);
+        return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: no manifest.worker-<i>.yaml: nothing to merge — run teacher-dump "
+                             "with workers.count > 1 into this directory first", dir);
+    }
+    tkd_cache_manifest m;
+    tkd_status st = tkd_cache_manifest_read(&m, g.gl_pathv[0]);
+    if (st == TKD_OK) {
+        st = worker_count_of(&m, g.gl_pathv[0], cfg0);
+        tkd_cache_manifest_free(&m);
+    }
+    globfree(&g);
+    return st;
+}
+
+/* Worker i of n marked [d->first, d->end) done: its manifest must list that whole range (a later
+ * re-run may have unlisted shards to re-make them) and each listed file must be in place. */
+static tkd_status check_worker_shards(const char *dir, const tkd_cache_manifest *m, const char *path, int i, int n,
+                                      const done_mark *d)
+{
+    if (tkd_cache_manifest_num_seq(m) != d->end - d->first ||
+        (m->num_shards > 0 && (m->shards[0].first_seq != d->first || tkd_cache_manifest_end_seq(m, 0) != d->end)))
+        return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: lists %lld of the %lld sequences [%lld, %lld) of worker %d of %d — "
+                             "run (or resume) it with workers.index=%d, then merge again", path,
+                             (long long)tkd_cache_manifest_num_seq(m), d->end - d->first, d->first, d->end, i, n, i);
+    for (int64_t j = 0; j < m->num_shards; j++) {
+        char p[4096];
+        uint64_t bytes = 0;
+        TKD_TRY(tkd_path_join(p, sizeof p, dir, m->shards[j].file));
+        if (tkd_file_size(p, &bytes) != TKD_OK || bytes != m->shards[j].bytes)
+            return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: listed by worker %d of %d (%s) but missing or not %llu bytes "
+                                 "— re-run that worker with workers.index=%d, without --overwrite (it re-makes missing "
+                                 "or damaged shards), then merge again", p, i, n, path,
+                                 (unsigned long long)m->shards[j].bytes, i);
+    }
+    return TKD_OK;
+}
+
+/* Reads manifest.worker-0..n-1.yaml and checks that each worker finished and that the markers tile. */
 static tkd_status read_parts(const char *dir, merge_parts *p, tkd_dump_config *cfg0, int64_t *total)
 {
-    /* Worker 0 always exists in a split run and its config says how many workers there are. */
-    char path0[4096];
-    TKD_TRY(tkd_path_join(path0, sizeof path0, dir, "manifest.worker-0.yaml"));
-    tkd_cache_manifest first;
-    tkd_status st = tkd_cache_manifest_read(&first, path0);
-    if (st == TKD_ERR_NOT_FOUND)
-        return tkd_error_set(st, "%s: missing: nothing to merge — run teacher-dump with workers.count > 1 "
-                             "into this directory first", path0);
-    TKD_TRY(st);
-    st = worker_count_of(&first, path0, cfg0);
-    tkd_cache_manifest_free(&first);
-    TKD_TRY(st);
+    TKD_TRY(find_worker_config(dir, cfg0));
+    tkd_status st;
     int n = cfg0->worker_count;
     p->m = calloc((size_t)n, sizeof *p->m);
     p->names = calloc((size_t)n, sizeof *p->names);
@@ -114,6 +151,7 @@ static tkd_status read_parts(const char *dir, merge_parts *p, tkd_dump_config *c
         TKD_TRY(st);
         done_mark d;
         TKD_TRY(read_mark(dir, i, n, &d));
+        TKD_TRY(check_worker_shards(dir, &p->m[i], p->names[i], i, n, &d));
         if (d.first != expect_first)
             return tkd_error_set(TKD_ERR_MISMATCH, "%s/worker-%d.done: starts at sequence %lld, worker %d ended at %lld "
                                  "— the workers ran with different settings; re-run them with --overwrite",
@@ -130,7 +168,7 @@ static tkd_status single_worker_text(tkd_dump_config *cfg, tkd_cache_manifest *o
     cfg->worker_index = 0;
     cfg->worker_count = 1;
     char *text = NULL;
-    TKD_TRY(tkd_dump_config_text(cfg, &text));
+    TKD_TRY(tkd_config_to_text(&tkd_dump_schema, cfg, &text));
     free(out->config_text);
     out->config_text = text;
     return TKD_OK;

@@ -15,6 +15,7 @@
 #include "formats/cache_shard.h"
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
+#include "teacher_cache/dump_merge.h"
 
 static const char usage[] =
     "teacher-dump --config FILE [--set key=value ...] [--overwrite] [--print-config] [-v|-q]\n"
@@ -52,6 +53,9 @@ static void on_progress(const tkd_dump_progress *p, void *user)
 
 static void print_summary(const tkd_dump_summary *s)
 {
+    if (s->shards_damaged > 0)
+        tkd_log_info("teacher-dump: re-made %lld listed shard(s) found missing or damaged; the first: %s",
+                     (long long)s->shards_damaged, s->damaged_note);
     if (s->resumed_at >= s->range_end && s->seqs_run == 0) {
         tkd_log_info("teacher-dump: %s is complete (sequences [%lld, %lld)); nothing to do", s->manifest,
                      (long long)s->range_first, (long long)s->range_end);

@@ -24,8 +24,7 @@ struct tkd_dump_writer {
     int queue[NBUF], qhead, qlen;     /* submitted buffers, FIFO */
     bool busy;                        /* the thread is writing a buffer */
     bool stop, abort;
-    tkd_status err;                   /* first error of the thread */
-    char errmsg[TKD_ERROR_MSG_MAX];
+    tkd_error_saved err;              /* first error of the thread (err.st == TKD_OK: none) */
     tkd_dump_writer_stats stats;
 
     /* thread-only state */
@@ -33,15 +32,13 @@ struct tkd_dump_writer {
     bool thread_started;
     tkd_shard_writer *shard;          /* the open shard, or NULL */
     int64_t shard_planned;            /* sequences the open shard must hold */
-    int64_t next_seq;                 /* where the next batch must start */
+    int64_t next_seq;                 /* where the next batch of the open shard must start */
 };
 
 static void set_error_locked(tkd_dump_writer *w, tkd_status st)
 {
-    if (w->err == TKD_OK) {
-        w->err = st;
-        snprintf(w->errmsg, sizeof w->errmsg, "%s", tkd_error_msg());
-    }
+    if (w->err.st == TKD_OK)
+        tkd_error_save(&w->err, st); /* handed to the compute thread by error_locked */
 }
 
 static tkd_status shard_open(tkd_dump_writer *w, int64_t first_seq)
@@ -66,7 +63,8 @@ static tkd_status shard_close(tkd_dump_writer *w)
     tkd_status st = tkd_shard_writer_finish(w->shard, &e);
     w->shard = NULL;
     TKD_TRY(st);
-    TKD_TRY(tkd_cache_manifest_add_shard(&w->manifest, &e));
+    /* insert, not append: a shard re-made into a gap of the list (repair) goes in its place */
+    TKD_TRY(tkd_cache_manifest_insert_shard(&w->manifest, &e));
     st = tkd_cache_manifest_write(&w->manifest, w->manifest_path);
     if (st != TKD_OK) {
         /* The shard is complete but unlisted: a re-run rewrites it. Remove it so nothing
@@ -86,11 +84,14 @@ static tkd_status shard_close(tkd_dump_writer *w)
 
 static tkd_status write_batch(tkd_dump_writer *w, const tkd_cache_batch *b, int64_t first_seq)
 {
+    /* Between shards the next batch may start any shard (the caller skips the shards it keeps). */
+    if (!w->shard) {
+        TKD_TRY(shard_open(w, first_seq));
+        w->next_seq = first_seq;
+    }
     if (first_seq != w->next_seq)
         return tkd_error_set(TKD_ERR_INTERNAL, "%s: batch at sequence %lld, expected %lld — this is a bug",
                              w->dir, (long long)first_seq, (long long)w->next_seq);
-    if (!w->shard)
-        TKD_TRY(shard_open(w, first_seq));
     if (tkd_shard_writer_num_seq(w->shard) + b->num_seq > w->shard_planned)
         return tkd_error_set(TKD_ERR_INTERNAL, "%s: batch of %lld sequences at %lld crosses a shard "
                              "boundary — this is a bug", w->dir, (long long)b->num_seq, (long long)first_seq);
@@ -114,7 +115,7 @@ static void *thread_main(void *arg)
         w->qhead = (w->qhead + 1) % NBUF;
         w->qlen--;
         w->busy = true;
-        bool failed = w->err != TKD_OK;
+        bool failed = w->err.st != TKD_OK;
         pthread_mutex_unlock(&w->mu);
 
         tkd_status st = failed ? TKD_OK : write_batch(w, &w->bufs[i], w->first_seq[i]);
@@ -168,9 +169,6 @@ tkd_status tkd_dump_writer_start(tkd_dump_writer **out, const tkd_dump_writer_op
         w->free_list[w->nfree++] = i;
     }
     if (st == TKD_OK) {
-        w->next_seq = tkd_cache_manifest_end_seq(&w->manifest, 0);
-        if (w->manifest.num_shards == 0)
-            w->next_seq = -1; /* set by the first batch (the worker's range start) */
         if (pthread_create(&w->thread, NULL, thread_main, w) != 0)
             st = tkd_error_set(TKD_ERR_INTERNAL, "cannot start the shard writer thread");
         else
@@ -184,19 +182,15 @@ tkd_status tkd_dump_writer_start(tkd_dump_writer **out, const tkd_dump_writer_op
     return TKD_OK;
 }
 
-static tkd_status error_locked(tkd_dump_writer *w)
-{
-    tkd_error_copy(w->err, w->errmsg);
-    return w->err;
-}
+static tkd_status error_locked(tkd_dump_writer *w) { return tkd_error_restore(&w->err); }
 
 tkd_status tkd_dump_writer_acquire(tkd_dump_writer *w, tkd_cache_batch **b)
 {
     *b = NULL;
     pthread_mutex_lock(&w->mu);
-    while (w->nfree == 0 && w->err == TKD_OK)
+    while (w->nfree == 0 && w->err.st == TKD_OK)
         pthread_cond_wait(&w->cv, &w->mu);
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
         error_locked(w);
     else
@@ -211,12 +205,10 @@ tkd_status tkd_dump_writer_submit(tkd_dump_writer *w, tkd_cache_batch *b, int64_
     if (i < 0 || i >= NBUF)
         return tkd_error_set(TKD_ERR_INTERNAL, "submit of a buffer the writer did not lend — this is a bug");
     pthread_mutex_lock(&w->mu);
-    if (w->next_seq < 0)
-        w->next_seq = first_seq;
     w->first_seq[i] = first_seq;
     w->queue[(w->qhead + w->qlen) % NBUF] = i;
     w->qlen++;
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
         error_locked(w);
     pthread_cond_broadcast(&w->cv);
@@ -227,9 +219,9 @@ tkd_status tkd_dump_writer_submit(tkd_dump_writer *w, tkd_cache_batch *b, int64_
 tkd_status tkd_dump_writer_drain(tkd_dump_writer *w)
 {
     pthread_mutex_lock(&w->mu);
-    while ((w->qlen > 0 || w->busy) && w->err == TKD_OK)
+    while ((w->qlen > 0 || w->busy) && w->err.st == TKD_OK)
         pthread_cond_wait(&w->cv, &w->mu);
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
         error_locked(w);
     pthread_mutex_unlock(&w->mu);
@@ -250,9 +242,9 @@ static void stop_and_join(tkd_dump_writer *w, bool abort)
 tkd_status tkd_dump_writer_finish(tkd_dump_writer *w)
 {
     stop_and_join(w, false);
-    tkd_status st = w->err;
+    tkd_status st = w->err.st;
     if (st != TKD_OK)
-        tkd_error_copy(st, w->errmsg);
+        tkd_error_restore(&w->err);
     writer_free(w);
     return st;
 }

@@ -5,8 +5,8 @@
  * with two batch buffers the compute thread fills one while the writer drains the other, so compute
  * waits only when the disk cannot keep up, and memory stays at two batches whatever the dataset size.
  *
- * The writer owns the shard files and the manifest of one worker. Batches arrive in cache order and
- * never span a shard boundary (the caller cuts them so). A shard is opened when a batch starts at a
+ * The writer owns the shard files and the manifest of one worker. Batches arrive in cache order
+ * (skipping shards the caller keeps) and never span a shard boundary (the caller cuts them so). A shard is opened when a batch starts at a
  * shard boundary, finished (renamed into place, digest taken) when it holds its planned sequences
  * (shard_sequences, or fewer for the worker's last one), and then the manifest is rewritten
  * atomically, so the manifest only ever lists whole shards. On abort, or on any error, the open
@@ -49,7 +49,9 @@ tkd_status tkd_dump_writer_start(tkd_dump_writer **out, const tkd_dump_writer_op
 tkd_status tkd_dump_writer_acquire(tkd_dump_writer *w, tkd_cache_batch **b);
 
 /* Hands a buffer from acquire, holding b->num_seq sequences at cache positions
- * [first_seq, first_seq + num_seq), to the writer thread. */
+ * [first_seq, first_seq + num_seq), to the writer thread. A batch continues the open shard, or,
+ * when none is open, starts a shard: any shard, so a caller may skip shards that are already done
+ * (resume, repair); each new shard is listed in its place in the manifest. */
 tkd_status tkd_dump_writer_submit(tkd_dump_writer *w, tkd_cache_batch *b, int64_t first_seq);
 
 /* Waits until every submitted batch is written; returns the writer's status. */

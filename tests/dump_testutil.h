@@ -4,11 +4,13 @@
 #ifndef TKD_DUMP_TESTUTIL_H
 #define TKD_DUMP_TESTUTIL_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "formats/cache_reader.h"
+#include "model/model.h"
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
 #include "tests/testutil.h"
@@ -89,6 +91,23 @@ static inline void tkd_dt_small_yaml(char *buf, size_t cap, const char *teacher,
     assert_true(n > 0 && (size_t)n < cap); /* a truncated config would test something else */
 }
 
+/* tkd_dump_run on the config made from yaml (tkd_dt_config); the message stays in tkd_error_msg. */
+static inline tkd_status tkd_dt_run(const char *yaml, const tkd_dump_opts *opts, tkd_dump_summary *sum)
+{
+    tkd_dump_config cfg;
+    tkd_dt_config(&cfg, yaml);
+    tkd_status st = tkd_dump_run(&cfg, opts, sum);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    return st;
+}
+
+/* tkd_dt_run that must succeed (the test fails with the message otherwise). */
+static inline void tkd_dt_run_ok(const char *yaml, const tkd_dump_opts *opts, tkd_dump_summary *sum)
+{
+    if (tkd_dt_run(yaml, opts, sum) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+}
+
 /* Writes <dir>/c.yaml for teacher-dump run as a child process: the llama fixture over 300 random
  * tokens (seed tok_seed, written to <dir>/tok.npy), that is 18 windows of 16 tokens, k 8, shards of
  * 4 sequences, batches of 2, lm_head chunks of 24 rows; cache_extra adds cache keys (", seed: 7" or
@@ -154,6 +173,29 @@ static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&ma);
     tkd_cache_manifest_free(&mb);
+}
+
+/* A one-layer Llama teacher (V = 64, D = 16, untied head, seeded weights) written as a Hugging Face
+ * directory <dir>/<name> for teacher-dump: its LM head is multiplied by head_scale (logits of about
+ * that size: a teacher beyond half's or float32's range), and when nan_token >= 0 that token's
+ * embedding row is NaN (the hidden states turn NaN from its first occurrence on). Returns the path
+ * (static buffer). */
+static inline const char *tkd_dt_odd_teacher(const char *dir, const char *name, float head_scale, int nan_token)
+{
+    static char path[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    tkd_model_config mc;
+    tkd_test_tiny_llama(&mc, 64, 16, 2, 64);
+    mc.tie_word_embeddings = 0;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&mc, 5, &m), TKD_OK);
+    for (size_t i = 0; i < (size_t)64 * 16; i++)
+        m->w.lm_head[i] *= head_scale;
+    for (int d = 0; nan_token >= 0 && d < 16; d++)
+        m->w.embed[nan_token * 16 + d] = NAN;
+    assert_int_equal(tkd_model_save_hf(m, path, TKD_DTYPE_F32), TKD_OK);
+    tkd_model_free(m);
+    return path;
 }
 
 /* Number of files in dir whose name ends with suffix. */

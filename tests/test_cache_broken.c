@@ -9,10 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "formats/cache_manifest.h"
@@ -172,7 +174,7 @@ static void test_shard_manifest_mismatch(void **state)
     fixture *f = *state;
     rewrite_manifest(f, edit_k);
     expect_error(open_reader(f), TKD_ERR_MISMATCH,
-                 "shard-00000.h5: k differs (3 vs 4) — the shard belongs to another cache; re-run teacher-dump");
+                 "shard-00000.h5: k differs (3 vs 4) — the shard belongs to another cache; repair it by re-running the teacher-dump command");
     rewrite_manifest(f, edit_k); /* k stays 3; now the vocab differs too, k is reported first */
     rewrite_manifest(f, edit_vocab);
     expect_error(open_reader(f), TKD_ERR_MISMATCH, "vocab_size differs (999 vs 1000)");
@@ -234,6 +236,43 @@ static void test_not_hdf5(void **state)
 
 /* Every prefix of a good manifest either parses (a shorter shard list) or is a FORMAT error with a
  * line:col — never a crash or another status. */
+/* An exclusive flock on path, as a program holding the file open for writing has (HDF5 locks the
+ * files it opens); the fd to close is returned. */
+static int lock_file(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    return fd;
+}
+
+/* A shard open for writing in another program: the reader and the writer say so in words (HDF5's
+ * own "unable to lock file, errno = 11" is not the message), and HDF5 prints nothing (teardown).
+ * The proposed action, closing it there, makes both work. */
+static void test_locked_shard(void **state)
+{
+    fixture *f = *state;
+    int fd = lock_file(f->shard1);
+    tkd_shard *s = NULL;
+    const char *what = "shard-00001.h5: locked: another program has this file open (HDF5 file lock) — close it there";
+    expect_error(tkd_shard_open(&s, f->shard1, 0), TKD_ERR_IO, what);
+    assert_null(strstr(tkd_error_msg(), "errno"));
+    expect_error(open_reader(f), TKD_ERR_IO, what);
+    close(fd); /* the other program closes it */
+    assert_int_equal(open_reader(f), TKD_OK);
+
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/shard-00009.h5", f->dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    fd = lock_file(tmp);
+    tkd_shard_writer *w = NULL;
+    expect_error(tkd_shard_writer_open(&w, path, &f->id, 0, NULL), TKD_ERR_IO, "shard-00009.h5.tmp: locked: ");
+    assert_null(w);
+    close(fd);
+    assert_int_equal(tkd_shard_writer_open(&w, path, &f->id, 0, NULL), TKD_OK);
+    tkd_shard_writer_abort(w);
+}
+
 static void test_manifest_every_truncation(void **state)
 {
     fixture *f = *state;
@@ -295,6 +334,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missing_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_manifest, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_hdf5, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_locked_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manifest_every_truncation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_every_16th_truncation, setup, teardown),
     };

@@ -59,6 +59,39 @@ static tkd_status read_edited(const char *path, const char *from, const char *to
     return st;
 }
 
+/* A shard re-made into a gap of the list goes in its place; overlaps on either side are refused. */
+static void test_manifest_insert_shard(void **state)
+{
+    (void)state;
+    tkd_cache_identity id = tkd_test_cache_identity(4, 3, 0, TKD_CACHE_DTYPE_HALF);
+    tkd_cache_manifest m;
+    tkd_test_cache_manifest(&m, &id);
+    tkd_cache_shard_entry e = {"shard-00002.h5", 20, 10, 1, {0}};
+    memset(e.sha256, 'c', 64);
+    assert_int_equal(tkd_cache_manifest_insert_shard(&m, &e), TKD_OK); /* into an empty list */
+    e = (tkd_cache_shard_entry){"shard-00000.h5", 0, 10, 1, {0}};
+    assert_int_equal(tkd_cache_manifest_insert_shard(&m, &e), TKD_OK); /* at the front */
+    e = (tkd_cache_shard_entry){"shard-00004.h5", 40, 5, 1, {0}};
+    assert_int_equal(tkd_cache_manifest_insert_shard(&m, &e), TKD_OK); /* at the end */
+    e = (tkd_cache_shard_entry){"shard-00001.h5", 12, 10, 1, {0}};
+    assert_int_equal(tkd_cache_manifest_insert_shard(&m, &e), TKD_ERR_INVALID_ARG); /* runs into 20 */
+    tkd_test_assert_msg_has("shard-00002.h5 starts at sequence 20, before the end (22) of shard-00001.h5");
+    e.first_seq = 8;
+    assert_int_equal(tkd_cache_manifest_insert_shard(&m, &e), TKD_ERR_INVALID_ARG); /* starts inside 0 */
+    tkd_test_assert_msg_has("shard-00001.h5 starts at sequence 8, before the end (10) of shard-00000.h5");
+    e.first_seq = 10;
+    snprintf(e.file, sizeof e.file, "shard-00004.h5");
+    assert_int_equal(tkd_cache_manifest_insert_shard(&m, &e), TKD_ERR_INVALID_ARG); /* name listed */
+    snprintf(e.file, sizeof e.file, "shard-00001.h5");
+    assert_int_equal(tkd_cache_manifest_insert_shard(&m, &e), TKD_OK); /* the gap, exactly */
+    assert_int_equal(m.num_shards, 4);
+    for (int i = 0; i < 3; i++)
+        assert_true(m.shards[i].first_seq < m.shards[i + 1].first_seq);
+    assert_string_equal(m.shards[1].file, "shard-00001.h5");
+    assert_int_equal(tkd_cache_manifest_end_seq(&m, 0), 45);
+    tkd_cache_manifest_free(&m);
+}
+
 static void test_manifest_roundtrip(void **state)
 {
     (void)state;
@@ -250,6 +283,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_manifest_roundtrip),
+        cmocka_unit_test(test_manifest_insert_shard),
         cmocka_unit_test(test_manifest_merge),
         cmocka_unit_test(test_reader_random_access),
         cmocka_unit_test(test_stream_any_order),

@@ -22,6 +22,7 @@
 
 #include "kernels/backend.h"
 #include "teacher_cache/dump.h"
+#include "teacher_cache/dump_merge.h"
 #include "tests/dump_testutil.h"
 #include "tests/testutil.h"
 

@@ -10,11 +10,14 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/half.h"
 #include "kernels/tail_sample.h"
 #include "kernels/backend.h"
 #include "model/model.h"
+#include "teacher_cache/dump_merge.h"
 #include "tests/dump_testutil.h"
 
 /* ---- parity with transformers -------------------------------------------------------------------- */
@@ -166,24 +169,9 @@ static void test_parity_qwen_bf16_weights(void **state) { (void)state; parity_ca
 
 /* ---- resume -------------------------------------------------------------------------------------- */
 
-static void run_ok(const char *yaml, const tkd_dump_opts *opts, tkd_dump_summary *sum)
-{
-    tkd_dump_config cfg;
-    tkd_dt_config(&cfg, yaml);
-    tkd_status st = tkd_dump_run(&cfg, opts, sum);
-    tkd_config_free(&tkd_dump_schema, &cfg);
-    if (st != TKD_OK)
-        fail_msg("%s", tkd_error_msg());
-}
+#define run_ok tkd_dt_run_ok
 
-static tkd_status run_status(const char *yaml, const tkd_dump_opts *opts)
-{
-    tkd_dump_config cfg;
-    tkd_dt_config(&cfg, yaml);
-    tkd_status st = tkd_dump_run(&cfg, opts, NULL);
-    tkd_config_free(&tkd_dump_schema, &cfg);
-    return st;
-}
+static tkd_status run_status(const char *yaml, const tkd_dump_opts *opts) { return tkd_dt_run(yaml, opts, NULL); }
 
 static void test_resume_after_stop(void **state)
 {
@@ -228,7 +216,7 @@ static void test_resume_after_stop(void **state)
     assert_int_equal(sum.seqs_run, 0);
     assert_int_equal(sum.resumed_at, 18);
 
-    /* A damaged last shard is caught before resuming. */
+    /* A damaged last shard is caught before resuming, and re-made. */
     char shard[4300];
     snprintf(shard, sizeof shard, "%s/shard-00003.h5", b);
     FILE *f = fopen(shard, "r+b");
@@ -236,8 +224,116 @@ static void test_resume_after_stop(void **state)
     fseek(f, -100, SEEK_END);
     fputc(0x5a ^ fgetc(f), f);
     fclose(f);
-    assert_int_equal(run_status(yb, NULL), TKD_ERR_CHECKSUM);
-    assert_non_null(strstr(tkd_error_msg(), "shard-00003.h5"));
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.shards_damaged, 1);
+    assert_non_null(strstr(sum.damaged_note, "shard-00003.h5"));
+    assert_int_equal(sum.seqs_run, 3);
+    tkd_dt_assert_same_cache(a, b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- repair ------------------------------------------------------------------------------------- */
+
+/* What says a file was not rewritten: the same inode and modification time. */
+typedef struct file_id {
+    ino_t ino;
+    struct timespec mtime;
+} file_id;
+
+static file_id file_id_of(const char *dir, const char *name)
+{
+    struct stat st;
+    assert_int_equal(stat(tkd_test_path(dir, name), &st), 0);
+    return (file_id){st.st_ino, st.st_mtim};
+}
+
+static void assert_same_file(file_id a, file_id b)
+{
+    assert_int_equal(a.ino, b.ino);
+    assert_int_equal(a.mtime.tv_sec, b.mtime.tv_sec);
+    assert_int_equal(a.mtime.tv_nsec, b.mtime.tv_nsec);
+}
+
+/* What student-train's reader says about the cache in dir: the status of opening it and reading
+ * sequence seq (message in tkd_error_msg). */
+static tkd_status reader_status(const char *dir, int64_t seq)
+{
+    tkd_cache_reader *r = NULL;
+    tkd_status st = tkd_cache_reader_open(&r, dir, NULL);
+    if (st != TKD_OK)
+        return st;
+    tkd_cache_batch b;
+    const tkd_cache_manifest *m = tkd_cache_reader_manifest(r);
+    assert_int_equal(tkd_cache_batch_alloc(&b, 1, m->id.seq_len, m->id.k, 0), TKD_OK);
+    st = tkd_cache_reader_read(r, seq, 1, &b, 0);
+    tkd_cache_batch_free(&b);
+    tkd_cache_reader_close(r);
+    return st;
+}
+
+/* A finished cache (18 sequences in shards 0..4 of 4) with shard 1 damaged (a byte of its compressed
+ * logits flipped, same size) and shard 3 deleted. The reader's messages name the repair command;
+ * running it (the same teacher-dump, no --overwrite) re-makes exactly those two shards, leaves the
+ * others untouched (inode and mtime) and gives the cache of one uninterrupted run. A repair stopped
+ * half way leaves a manifest with a gap, which the reader reports with the same command, and the
+ * command completes it. */
+static void test_repair_missing_and_damaged(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-repair");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 12);
+    char a[4200], b[4200], ya[8192], yb[8192];
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    const char *extra = "cache: {tail_samples: 2}\n";
+    tkd_dt_small_yaml(ya, sizeof ya, TKD_DT_LLAMA, tok, a, extra);
+    tkd_dt_small_yaml(yb, sizeof yb, TKD_DT_LLAMA, tok, b, extra);
+    run_ok(ya, NULL, NULL);
+    run_ok(yb, NULL, NULL);
+
+    tkd_test_flip_chunk_byte(tkd_test_path(b, "shard-00001.h5"), "/topk/logits", 0);
+    assert_int_equal(reader_status(b, 5), TKD_ERR_CHECKSUM);
+    tkd_test_assert_msg_has("shard-00001.h5: reading /topk/logits");
+    tkd_test_assert_msg_has(TKD_CACHE_REPAIR_HINT);
+    assert_int_equal(unlink(tkd_test_path(b, "shard-00003.h5")), 0);
+    assert_int_equal(reader_status(b, 5), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("shard-00003.h5: listed in the manifest but missing — " TKD_CACHE_REPAIR_HINT);
+
+    file_id keep[3] = {file_id_of(b, "shard-00000.h5"), file_id_of(b, "shard-00002.h5"),
+                       file_id_of(b, "shard-00004.h5")};
+    tkd_dump_summary sum;
+    run_ok(yb, NULL, &sum); /* the action the messages name */
+    assert_int_equal(sum.shards_damaged, 2);
+    assert_non_null(strstr(sum.damaged_note, "shard-00001.h5"));
+    assert_int_equal(sum.shards_run, 2);
+    assert_int_equal(sum.seqs_run, 8);
+    assert_same_file(keep[0], file_id_of(b, "shard-00000.h5"));
+    assert_same_file(keep[1], file_id_of(b, "shard-00002.h5"));
+    assert_same_file(keep[2], file_id_of(b, "shard-00004.h5"));
+    tkd_dt_assert_same_cache(a, b);
+    tkd_cache_reader *r = NULL; /* the manifest lists the new files' digests */
+    tkd_cache_reader_opts verify = {.verify_sha256 = 1};
+    assert_int_equal(tkd_cache_reader_open(&r, b, &verify), TKD_OK);
+    tkd_cache_reader_close(r);
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.seqs_run, 0);
+    assert_int_equal(sum.shards_damaged, 0);
+
+    /* Stopped after one batch of the repair: shard 0 is unlisted (being re-made), shard 4 too. */
+    tkd_test_flip_chunk_byte(tkd_test_path(b, "shard-00004.h5"), "/lse", 0);
+    assert_int_equal(unlink(tkd_test_path(b, "shard-00000.h5")), 0);
+    tkd_dump_opts stop = {.stop_after_batches = 1};
+    assert_int_equal(run_status(yb, &stop), TKD_ERR_INTERRUPTED);
+    tkd_test_assert_msg_has("with 12 of 18 sequences in whole shards");
+    tkd_test_assert_msg_has("re-run the same command");
+    assert_int_equal(reader_status(b, 5), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("shard-00001.h5 starts at sequence 4, expected 0 — sequences are missing");
+    tkd_test_assert_msg_has("re-run the teacher-dump command that made this cache (without --overwrite)");
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.seqs_run, 6);
+    assert_int_equal(sum.shards_run, 2); /* 0 and 4; 1..3 were kept */
+    tkd_dt_assert_same_cache(a, b);
     tkd_test_rmtree(dir);
     free(dir);
 }
@@ -363,6 +459,178 @@ static void test_bad_settings(void **state)
     free(dir);
 }
 
+/* ---- values the cache cannot hold ---------------------------------------------------------------- */
+
+/* A teacher whose logits are about 1e6: half cannot hold them (largest 65504) and the run stops at
+ * the first one, naming it, with no shard written; bfloat16 (what the message proposes) and float32
+ * hold them, and the bfloat16 cache is the float32 one rounded once. */
+static void test_logits_beyond_half(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-range");
+    char teacher[4300], tok[4300], half[4300], bf16[4300], f32[4300], y[8192];
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "big", 1e7f, -1));
+    snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 6));
+    snprintf(half, sizeof half, "%s/half", dir);
+    snprintf(bf16, sizeof bf16, "%s/bf16", dir);
+    snprintf(f32, sizeof f32, "%s/f32", dir);
+
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, f32, "cache: {logits_dtype: float32}\n");
+    run_ok(y, NULL, NULL);
+    tkd_cache_batch want;
+    int64_t n = tkd_dt_read_all(f32, &want, NULL);
+    assert_true(fabsf(want.topk_logits[0]) > 65504.0f); /* the case under test: sequence 0, position 0 */
+
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit ");
+    tkd_test_assert_msg_has("does not fit cache.logits_dtype half (largest magnitude 65504)");
+    tkd_test_assert_msg_has("set cache.logits_dtype: bfloat16 or float32");
+    assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
+    assert_int_equal(tkd_dt_count_suffix(half, ".tmp"), 0);
+
+    /* the action: bfloat16, replacing the failed (empty) cache */
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "cache: {logits_dtype: bfloat16}\n");
+    tkd_dump_opts ow = {.overwrite = true};
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch got;
+    assert_int_equal(tkd_dt_read_all(half, &got, NULL), n);
+    size_t nk = (size_t)n * 16 * 8;
+    assert_memory_equal(got.topk_indices, want.topk_indices, nk * sizeof *got.topk_indices);
+    for (size_t i = 0; i < nk; i++)
+        assert_true(got.topk_logits[i] == tkd_bf16_to_f32(tkd_f32_to_bf16(want.topk_logits[i])));
+    tkd_cache_batch_free(&got);
+    tkd_cache_batch_free(&want);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* Logits near 1e36 at cache.temperature 0.001: the LSE (≈ 1e39) does not fit float32. The run
+ * stops naming it; the proposed action (a higher temperature) works. */
+static void test_lse_beyond_float32(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-lse");
+    char teacher[4300], tok[4300], out[4300], y[8192];
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "huge", 1e37f, -1));
+    snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 7));
+    snprintf(out, sizeof out, "%s/out", dir);
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 0.001}\n");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 0, position 0: the log-sum-exp of the teacher's logits at cache.temperature 0.001 is inf");
+    tkd_test_assert_msg_has("raise cache.temperature");
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
+
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 1}\n");
+    tkd_dump_opts ow = {.overwrite = true};
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch b;
+    int64_t n = tkd_dt_read_all(out, &b, NULL);
+    for (int64_t i = 0; i < n * 16; i++)
+        assert_true(isfinite(b.lse[i]) && b.lse[i] > 1e30f);
+    tkd_cache_batch_free(&b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* NaN in the teacher's output: token 9's embedding is NaN and token 9 first appears as the input at
+ * sequence 2, position 7, so the hidden states (and every logit) turn NaN from there. The message
+ * names that place; with the teacher's weights fixed the dump runs (after the --overwrite that the
+ * identity check then asks for, as the teacher's digest changed). */
+static void test_nan_in_teacher_output(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-nan");
+    int32_t t[200];
+    for (int i = 0; i < 200; i++)
+        t[i] = (i * 13 + 5) % 64 == 9 ? 10 : (i * 13 + 5) % 64;
+    t[2 * 16 + 7] = 9;
+    char npy[4300], teacher[4300], out[4300], y[8192];
+    snprintf(npy, sizeof npy, "%s/tok.npy", dir);
+    tkd_dt_write_npy(npy, t, 0, 200);
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "teacher", 1.0f, 9));
+    snprintf(out, sizeof out, "%s/out", dir);
+    tkd_dt_small_yaml(y, sizeof y, teacher, npy, out, "");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 2, position 7: the teacher's logit for token 0 is "); /* nan or -nan */
+    tkd_test_assert_msg_has("nan —");
+    tkd_test_assert_msg_has("check the teacher's weights");
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
+
+    tkd_dt_odd_teacher(dir, "teacher", 1.0f, -1); /* the weights fixed */
+    assert_int_equal(run_status(y, NULL), TKD_ERR_MISMATCH);
+    tkd_test_assert_msg_has("pass --overwrite");
+    tkd_dump_opts ow = {.overwrite = true};
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch b;
+    assert_int_equal(tkd_dt_read_all(out, &b, NULL), 12);
+    tkd_cache_batch_free(&b);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- merge ---------------------------------------------------------------------------------------- */
+
+/* The yaml of worker i of 3 over out (18 sequences, shards of 4: shards {0}, {1, 2}, {3, 4}). */
+static const char *worker_yaml(const char *tok, const char *out, int i)
+{
+    static char y[8192];
+    char extra[64];
+    snprintf(extra, sizeof extra, "workers: {index: %d, count: 3}\n", i);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, extra);
+    return y;
+}
+
+/* merge names the worker that is missing or incomplete and the command that completes it; each
+ * command, taken, lets merge succeed, and the merged cache equals one worker's. */
+static void test_merge_names_the_missing_worker(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-merge");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 13);
+    char ref[4200], out[4200], y[8192];
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, ref, "");
+    run_ok(y, NULL, NULL);
+
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("nothing to merge — run teacher-dump with workers.count > 1");
+    run_ok(worker_yaml(tok, out, 1), NULL, NULL);
+    run_ok(worker_yaml(tok, out, 2), NULL, NULL);
+    /* worker 0 never ran */
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("manifest.worker-0.yaml: missing: worker 0 of 3 has not started — run it with workers.index=0");
+    /* worker 0 stopped in its first shard */
+    tkd_dump_opts stop = {.stop_after_batches = 1};
+    assert_int_equal(run_status(worker_yaml(tok, out, 0), &stop), TKD_ERR_INTERRUPTED);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("worker-0.done: missing: worker 0 of 3 has not finished its range — run (or resume) it with workers.index=0");
+    run_ok(worker_yaml(tok, out, 0), NULL, NULL);
+    int64_t nseq = 0, nshards = 0;
+    assert_int_equal(tkd_dump_merge(out, &nseq, &nshards), TKD_OK);
+    assert_int_equal(nseq, 18);
+    assert_int_equal(nshards, 5);
+
+    /* a shard of worker 1 deleted after it finished */
+    assert_int_equal(unlink(tkd_test_path(out, "shard-00002.h5")), 0);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("shard-00002.h5: listed by worker 1 of 3");
+    tkd_test_assert_msg_has("re-run that worker with workers.index=1, without --overwrite");
+    /* ... and its repair stopped half way: the worker's list no longer covers its marked range */
+    assert_int_equal(run_status(worker_yaml(tok, out, 1), &stop), TKD_ERR_INTERRUPTED);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("manifest.worker-1.yaml: lists 4 of the 8 sequences [4, 12) of worker 1 of 3 — run (or resume) it with workers.index=1");
+    run_ok(worker_yaml(tok, out, 1), NULL, NULL);
+    assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_OK);
+    tkd_dt_assert_same_cache(ref, out);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 /* ---- config and worker split ----------------------------------------------------------------------- */
 
 static const char *const *g_env;
@@ -462,10 +730,15 @@ int main(void)
         cmocka_unit_test(test_parity_qwen_float32),
         cmocka_unit_test(test_parity_qwen_bf16_weights),
         cmocka_unit_test(test_resume_after_stop),
+        cmocka_unit_test(test_repair_missing_and_damaged),
         cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_token_out_of_vocab),
         cmocka_unit_test(test_other_config_needs_overwrite),
         cmocka_unit_test(test_bad_settings),
+        cmocka_unit_test(test_logits_beyond_half),
+        cmocka_unit_test(test_lse_beyond_float32),
+        cmocka_unit_test(test_nan_in_teacher_output),
+        cmocka_unit_test(test_merge_names_the_missing_worker),
         cmocka_unit_test(test_config_workers_from_env),
         cmocka_unit_test(test_worker_ranges_tile),
         cmocka_unit_test(test_raw_bytes_per_token),

@@ -8,9 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "tests/dump_testutil.h"
@@ -131,6 +133,46 @@ static void test_kill_mid_shard_then_resume(void **state)
     case_end(&c);
 }
 
+/* A finished cache with a shard deleted: the same command (no --overwrite) re-makes it, says so, and
+ * the cache equals the uninterrupted one. */
+static void test_rerun_repairs_a_missing_shard(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-repair", 1);
+    assert_int_equal(run_out(&c, "first", NULL, NO_ARGS), 0);
+    assert_int_equal(unlink(tkd_test_path(c.out_dir, "shard-00002.h5")), 0);
+    assert_int_equal(run_out(&c, "repair", NULL, NO_ARGS), 0);
+    assert_non_null(strstr(child_err(c.dir, "repair"), "re-made 1 listed shard(s) found missing or damaged; the first: "));
+    assert_non_null(strstr(child_err(c.dir, "repair"), "shard-00002.h5: listed in the manifest but missing\n"));
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
+    case_end(&c);
+}
+
+/* The shard to re-make is held open (locked) by another program: the last line is ours, saying so
+ * and what to do, never HDF5's raw "unable to lock file" nor its error stack; once the other
+ * program lets go, the same command completes the cache. */
+static void test_locked_file_message(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-locked", 1);
+    assert_int_equal(run_out(&c, "first", NULL, NO_ARGS), 0);
+    assert_int_equal(unlink(tkd_test_path(c.out_dir, "shard-00002.h5")), 0);
+    int fd = open(tkd_test_path(c.out_dir, "shard-00002.h5.tmp"), O_RDWR | O_CREAT, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    assert_int_equal(run_out(&c, "locked", NULL, NO_ARGS), 1);
+    assert_error_line(c.dir, "locked", "shard-00002.h5.tmp: locked: another program has this file open (HDF5 file "
+                                       "lock) — close it there");
+    assert_null(strstr(child_err(c.dir, "locked"), "HDF5-DIAG"));
+    assert_null(strstr(child_err(c.dir, "locked"), "errno"));
+    close(fd);
+    assert_int_equal(run_out(&c, "again", NULL, NO_ARGS), 0);
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
+    case_end(&c);
+}
+
 static void test_sigint_leaves_valid_manifest(void **state)
 {
     (void)state;
@@ -164,7 +206,7 @@ static void test_two_workers_and_merge(void **state)
      * processes at once (worker 1 re-run finds its range complete). */
     assert_int_equal(run_out(&c, "w1", NULL, worker1), 0);
     assert_int_not_equal(run(c.dir, "merge1", NULL, merge), 0);
-    assert_error_line(c.dir, "merge1", "worker");
+    assert_error_line(c.dir, "merge1", "worker 0 of 2 has not started — run it with workers.index=0");
     pid_t w0 = spawn_out(&c, "w0", "RANK=0", (const char *[]){"--set", "workers.count=2", NULL});
     pid_t w1 = spawn_out(&c, "w1b", NULL, worker1);
     assert_int_equal(tkd_test_wait(w0), 0);
@@ -209,6 +251,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_mid_shard_then_resume),
         cmocka_unit_test(test_sigint_leaves_valid_manifest),
+        cmocka_unit_test(test_locked_file_message),
+        cmocka_unit_test(test_rerun_repairs_a_missing_shard),
         cmocka_unit_test(test_two_workers_and_merge),
         cmocka_unit_test(test_cli_errors),
     };
