@@ -202,7 +202,7 @@ static tkd_status whole_dump(tkd_model *m, const run_spec *r, int batches, const
     TKD_TRY(write_npy_tokens(tok, nseq * r->T + 1, r->s->V));
     snprintf(yaml, sizeof yaml,
              "teacher: {path: 'random:%s'}\ndata: {paths: ['%s'], seq_len: %d}\n"
-             "cache: {k: %d, shard_sequences: %d}\nrun: {batch_size: %d}\nlm_head: {chunk_rows: 4096}\n"
+             "cache: {k: %d, shard_sequences: %d}\nrun: {batch_size: %d}\nlm_head: {chunk_rows: 0}\n"
              "device: cuda\noutput: {dir: '%s'}\n",
              r->s->name, tok, r->T, TOPK, r->B * 2, r->B, dir);
     tkd_dump_config cfg;

@@ -286,6 +286,18 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
     return TKD_OK;
 }
 
+/* lm_head.chunk_rows, or its automatic value: 256 rows on the CPU (a few hundred MB of logits at
+ * real vocabularies), about 2 GiB of fp32 logits on a GPU (large GEMMs, few top-k launches). */
+static int chunk_rows_of(const tkd_dump_config *cfg, const tkd_model *m)
+{
+    if (cfg->chunk_rows > 0)
+        return cfg->chunk_rows;
+    if (m->be->device == TKD_DEVICE_CPU)
+        return 256;
+    int64_t rows = ((int64_t)2 << 30) / (4 * (int64_t)m->cfg.vocab_size) / 256 * 256;
+    return rows < 256 ? 256 : rows > (1 << 16) ? 1 << 16 : (int)rows;
+}
+
 /* The LM head met a non-finite logit at row a->bad_row of the batch starting at sequence s: names
  * the sequence, position, token and value. A NaN or inf in the teacher's hidden states ends here
  * too (every logit of that position is then NaN). */
@@ -311,7 +323,7 @@ static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, c
     }
     tkd_lmhead_topk_args a = {
         .hidden = hidden, .w = tkd_model_lm_head_dev(m), .rows = N, .d = m->cfg.hidden_size,
-        .v = m->cfg.vocab_size, .k = cfg->k, .tau = (float)cfg->temperature, .chunk_rows = cfg->chunk_rows,
+        .v = m->cfg.vocab_size, .k = cfg->k, .tau = (float)cfg->temperature, .chunk_rows = chunk_rows_of(cfg, m),
         .s = cfg->tail_samples, .seed = (uint64_t)cfg->seed, .row_seq = buf->row_seq, .row_pos = buf->row_pos,
         .idx = b->topk_indices, .val = b->topk_logits, .lse = b->lse,
         .tail = cfg->tail_samples > 0 ? b->tail_indices : NULL,
@@ -383,9 +395,10 @@ static tkd_status check_compute_args(const dump_ctx *c)
 {
     const tkd_dump_config *cfg = c->cfg;
     int64_t V = c->model->cfg.vocab_size;
-    tkd_status st = tkd_topk_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature);
+    const int C = chunk_rows_of(cfg, c->model);
+    tkd_status st = tkd_topk_check_args(C, V, cfg->k, (float)cfg->temperature);
     if (st == TKD_OK && cfg->tail_samples > 0)
-        st = tkd_tail_sample_check_args(cfg->chunk_rows, V, cfg->k, (float)cfg->temperature, cfg->tail_samples);
+        st = tkd_tail_sample_check_args(C, V, cfg->k, (float)cfg->temperature, cfg->tail_samples);
     if (st != TKD_OK) {
         tkd_error_prefix(st, "cache.k / cache.tail_samples");
         return tkd_error_hint(TKD_ERR_CONFIG, "lower cache.k (teacher %s has vocab %lld)", cfg->teacher_path,

@@ -39,8 +39,9 @@ static const tkd_config_field dump_fields[] = {
                 "sequences per shard file; fixed for the life of a cache."),
     TKD_CFG_INT(C, zstd_level, "cache.zstd_level", "3", 1, 22, "zstd compression level of the shards."),
     TKD_CFG_INT(C, batch_size, "run.batch_size", "8", 1, 1 << 16, "sequences per teacher forward."),
-    TKD_CFG_INT(C, chunk_rows, "lm_head.chunk_rows", "256", 1, 1 << 20,
-                "positions per LM-head chunk: memory is chunk_rows x vocab floats."),
+    TKD_CFG_INT(C, chunk_rows, "lm_head.chunk_rows", "0", 0, 1 << 20,
+                "positions per LM-head chunk: memory is chunk_rows x vocab floats; 0 = auto (256 on "
+                "the CPU, about 2 GiB of logits on a GPU)."),
     TKD_CFG_ENUM(C, device, "device", "auto", tkd_device_names,
                  "auto (CUDA when this build has it and a GPU answers, else CPU), cpu, cuda."),
     TKD_CFG_STRING(C, output_dir, "output.dir", NULL, "the cache directory (created when absent)."),
