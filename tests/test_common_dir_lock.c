@@ -6,50 +6,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/dir_lock.h"
 #include "tests/testutil.h"
-
-/* A child process that takes the lock (part NULL: exclusive) and holds it until killed. Returns its
- * pid once it holds the lock; fails the test when the child could not take it. */
-static pid_t holder(const char *dir, const char *part)
-{
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(fds[0]);
-        tkd_dir_lock *l = NULL;
-        tkd_status st = part ? tkd_dir_lock_take_part(dir, ".lock", part, "tool", &l)
-                             : tkd_dir_lock_take(dir, ".lock", "tool", &l);
-        char ok = st == TKD_OK ? 'y' : 'n';
-        if (write(fds[1], &ok, 1) != 1)
-            _exit(1);
-        for (;;)
-            pause();
-    }
-    close(fds[1]);
-    char ok = 0;
-    assert_int_equal(read(fds[0], &ok, 1), 1);
-    close(fds[0]);
-    assert_int_equal(ok, 'y');
-    return pid;
-}
-
-static void kill_holder(pid_t pid)
-{
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-}
 
 /* The message of a refusal must name the tool and the holder's pid. */
 static void assert_busy_names(tkd_status st, pid_t pid)
@@ -66,7 +29,7 @@ static void test_second_writer_refused_until_holder_dies(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("dirlock");
-    pid_t pid = holder(dir, NULL);
+    pid_t pid = tkd_test_lock_holder(dir, ".lock", NULL);
     tkd_dir_lock *l = NULL;
     assert_busy_names(tkd_dir_lock_take(dir, ".lock", "tool", &l), pid);
     assert_null(l);
@@ -76,7 +39,7 @@ static void test_second_writer_refused_until_holder_dies(void **state)
     assert_null(l);
 
     /* SIGKILL: the kernel drops the lock, nothing stale is left */
-    kill_holder(pid);
+    tkd_test_kill_holder(pid);
     assert_int_equal(tkd_dir_lock_take(dir, ".lock", "tool", &l), TKD_OK);
     assert_non_null(l);
     /* a second handle in the same process is refused as well (flock is per open file) */
@@ -94,7 +57,7 @@ static void test_parts_run_side_by_side(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("dirlock-parts");
-    pid_t w0 = holder(dir, "worker-0"), w1 = holder(dir, "worker-1");
+    pid_t w0 = tkd_test_lock_holder(dir, ".lock", "worker-0"), w1 = tkd_test_lock_holder(dir, ".lock", "worker-1");
     tkd_dir_lock *l = NULL;
     /* the same part again: refused naming that part's holder */
     assert_busy_names(tkd_dir_lock_take_part(dir, ".lock", "worker-1", "tool", &l), w1);
@@ -111,9 +74,9 @@ static void test_parts_run_side_by_side(void **state)
     tkd_dir_lock_release(l);
     assert_int_equal(tkd_dir_lock_take_part(dir, ".lock", "a/b", "tool", &l), TKD_ERR_INVALID_ARG);
 
-    kill_holder(w0);
+    tkd_test_kill_holder(w0);
     assert_int_equal(tkd_dir_lock_take(dir, ".lock", "tool", &l), TKD_ERR_BUSY); /* worker 1 still runs */
-    kill_holder(w1);
+    tkd_test_kill_holder(w1);
     assert_int_equal(tkd_dir_lock_take(dir, ".lock", "tool", &l), TKD_OK);
     tkd_dir_lock_release(l);
     tkd_test_rmtree(dir);

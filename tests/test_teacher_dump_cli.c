@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "teacher_cache/dump_dir.h"
 #include "tests/dump_testutil.h"
 
 #define BIN TKD_BINARY_DIR "/bin/teacher-dump"
@@ -174,6 +175,26 @@ static void test_two_workers_and_merge(void **state)
     case_end(&c);
 }
 
+/* A second writer on a cache directory stops at once with one line naming the holder's pid (exit
+ * 1), and so does merge; after the holder is SIGKILLed the same command runs. */
+static void test_second_writer_refused(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-lock", 0);
+    assert_int_equal(tkd_owned_dir_claim(&tkd_dump_dir_kind, c.out_dir), TKD_OK);
+    pid_t pid = tkd_test_lock_holder(c.out_dir, ".topkd-lock", NULL);
+    char want[64];
+    snprintf(want, sizeof want, "another teacher-dump (pid %ld) is writing there", (long)pid);
+    assert_int_equal(run_out(&c, "busy", NULL, NO_ARGS), 1);
+    assert_error_line(c.dir, "busy", want);
+    assert_int_equal(run(c.dir, "merge", NULL, (const char *[]){"merge", c.out_dir, NULL}), 1);
+    assert_error_line(c.dir, "merge", want);
+    tkd_test_kill_holder(pid);
+    assert_int_equal(run_out(&c, "free", NULL, NO_ARGS), 0);
+    case_end(&c);
+}
+
 static void test_cli_errors(void **state)
 {
     (void)state;
@@ -206,6 +227,7 @@ int main(void)
         cmocka_unit_test(test_kill_mid_shard_then_resume),
         cmocka_unit_test(test_sigint_leaves_valid_manifest),
         cmocka_unit_test(test_two_workers_and_merge),
+        cmocka_unit_test(test_second_writer_refused),
         cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -238,6 +238,48 @@ int tkd_test_run(const char *bin, const char *const *args, const char *env, cons
     return tkd_test_wait(tkd_test_spawn(bin, args, env, out_path));
 }
 
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include "common/dir_lock.h"
+
+pid_t tkd_test_lock_holder(const char *dir, const char *name, const char *part)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* a test that fails while the holder lives must not leave it behind */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1)
+            _exit(1);
+        close(fds[0]);
+        tkd_dir_lock *l = NULL;
+        tkd_status st = part ? tkd_dir_lock_take_part(dir, name, part, "holder", &l)
+                             : tkd_dir_lock_take(dir, name, "holder", &l);
+        char ok = st == TKD_OK ? 'y' : 'n';
+        if (write(fds[1], &ok, 1) != 1 || st != TKD_OK)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    char ok = 0;
+    assert_int_equal(read(fds[0], &ok, 1), 1);
+    close(fds[0]);
+    if (ok != 'y') {
+        tkd_test_wait(pid);
+        fail_msg("the lock holder could not take %s/%s", dir, name);
+    }
+    return pid;
+}
+
+void tkd_test_kill_holder(pid_t pid)
+{
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(tkd_test_wait(pid), 1000 + SIGKILL);
+}
+
 /* ---- a tiny teacher cache -------------------------------------------------------------------- */
 
 #include "common/rng.h"

@@ -83,6 +83,14 @@ int tkd_test_wait(pid_t pid);
 /* tkd_test_spawn then tkd_test_wait. */
 int tkd_test_run(const char *bin, const char *const *args, const char *env, const char *out_path);
 
+/* A child process (fork) that takes the lock <dir>/<name> (common/dir_lock.h: exclusive, or shared
+ * plus <name>.<part> when part is not NULL) and holds it until killed. Returns its pid once it holds
+ * the lock; fails the test when it could not take it. */
+pid_t tkd_test_lock_holder(const char *dir, const char *name, const char *part);
+
+/* SIGKILLs a child of tkd_test_lock_holder and reaps it. */
+void tkd_test_kill_holder(pid_t pid);
+
 /* A one-layer Llama of 2 attention heads for the model tests: the defaults of
  * tkd_model_config_defaults (tied embeddings included), then vocab, hidden (even) and an MLP of
  * 2 x hidden, head_dim hidden / 2, kv_heads (1 or 2) and max_pos positions. */
