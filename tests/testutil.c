@@ -543,7 +543,8 @@ tkd_status tkd_test_student_train(const char *run_dir, const char *name, const c
     if (st == TKD_OK) {
         tkd_log_level saved = tkd_log_get_level();
         tkd_log_set_level(TKD_LOG_LEVEL_WARN);
-        tkd_train_opts o = {.cfg = &cfg, .run_name = name, .config_yaml = yaml, .resume = resume != 0};
+        tkd_train_opts o = {.cfg = &cfg, .run_name = name, .config_yaml = yaml, .resume = resume == 1,
+                            .overwrite = resume == 2};
         st = tkd_train_run(&o, res ? res : &scratch);
         tkd_log_set_level(saved);
     }

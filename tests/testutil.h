@@ -158,7 +158,8 @@ int tkd_test_files_equal(const char *a, const char *b);
 
 /* Runs student-train in-process (tkd_train_run) on a config made of the schema's defaults and then
  * sets[0..n) ("key=value", as --set), as run `name` under run_dir (run.dir and run.name are set
- * here). resume = 1 continues that run from its checkpoint. res may be NULL. Info logs are off. */
+ * here). resume = 1 continues that run from its checkpoint (--resume), 2 starts it over
+ * (--overwrite). res may be NULL. Info logs are off. */
 struct tkd_train_result;
 tkd_status tkd_test_student_train(const char *run_dir, const char *name, const char *const *sets, size_t n,
                                   int resume, struct tkd_train_result *res);
