@@ -347,7 +347,6 @@ static void test_overwrite_removes_only_ours(void **state)
     snprintf(out, sizeof out, "%s/cache", dir);
     tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
     run_ok(y, NULL, NULL);
-    assert_true(tkd_file_exists(tkd_test_path(out, ".topkd-cache")));
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 2);
 
     snprintf(notes, sizeof notes, "%s/manifest-notes.yaml", out);
@@ -361,6 +360,7 @@ static void test_overwrite_removes_only_ours(void **state)
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 2);
     assert_true(tkd_file_exists(tkd_test_path(out, "manifest.yaml")));
     assert_int_equal(remove(notes), 0);
+    assert_true(tkd_file_exists(tkd_test_path(out, ".topkd-cache")));
 
     /* an older version's cache (no marker): taken over, then replaced */
     assert_int_equal(remove(tkd_test_path(out, ".topkd-cache")), 0);
