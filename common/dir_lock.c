@@ -24,6 +24,9 @@ struct tkd_dir_lock {
 static tkd_status open_lock_file(const char *path, int *fd)
 {
     *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* another user's lock file: flock works on a read-only descriptor too (only the pid is not written) */
+    if (*fd < 0 && errno == EACCES)
+        *fd = open(path, O_RDONLY | O_CLOEXEC);
     if (*fd < 0)
         return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
                              "%s: cannot open the lock file: %s — check that the directory exists and is writable",

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 
+#include "common/fileio.h"
 #include "formats/cache_manifest.h"
 
 #define LOCK_NAME ".topkd-lock"
@@ -25,8 +26,13 @@ const tkd_dir_kind tkd_dump_dir_kind = {
     .sign_text = "# topkd teacher cache manifest",
 };
 
-tkd_status tkd_dump_dir_lock_all(const char *dir, tkd_dir_lock **lock)
+tkd_status tkd_dump_dir_lock_merge(const char *dir, tkd_dir_lock **lock)
 {
+    char path[4096];
+    *lock = NULL;
+    TKD_TRY(tkd_path_join(path, sizeof path, dir, "manifest.worker-0.yaml"));
+    if (!tkd_file_exists(path))
+        return TKD_OK;
     return tkd_dir_lock_take(dir, LOCK_NAME, "teacher-dump", lock);
 }
 
@@ -50,7 +56,7 @@ tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock)
     *lock = NULL;
     TKD_TRY(tkd_owned_dir_claim(&tkd_dump_dir_kind, cfg->output_dir));
     if (cfg->worker_count == 1) {
-        TKD_TRY(tkd_dump_dir_lock_all(cfg->output_dir, lock));
+        TKD_TRY(tkd_dir_lock_take(cfg->output_dir, LOCK_NAME, "teacher-dump", lock));
     } else {
         char part[32];
         snprintf(part, sizeof part, "worker-%d", cfg->worker_index);

@@ -23,7 +23,8 @@ extern const tkd_dir_kind tkd_dump_dir_kind;
  * by the caller (tkd_dir_lock_release) when the run ends. */
 tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock);
 
-/* The exclusive lock for merge (the directory must exist; it is not claimed). */
-tkd_status tkd_dump_dir_lock_all(const char *dir, tkd_dir_lock **lock);
+/* The exclusive lock for merge. A directory without manifest.worker-0.yaml holds nothing to merge
+ * (merge says so): it is left untouched, with *lock = NULL and TKD_OK. */
+tkd_status tkd_dump_dir_lock_merge(const char *dir, tkd_dir_lock **lock);
 
 #endif /* TKD_DUMP_DIR_H */

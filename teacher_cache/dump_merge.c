@@ -145,7 +145,7 @@ tkd_status tkd_dump_merge(const char *dir, int64_t *num_seq, int64_t *num_shards
     tkd_cache_manifest_init(&out);
     int64_t total = 0;
     tkd_dir_lock *lock = NULL;
-    tkd_status st = tkd_dump_dir_lock_all(dir, &lock);
+    tkd_status st = tkd_dump_dir_lock_merge(dir, &lock);
     if (st == TKD_OK)
         st = read_parts(dir, &p, &cfg, &total);
     if (st == TKD_OK)

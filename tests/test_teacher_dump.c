@@ -380,6 +380,9 @@ static void test_overwrite_removes_only_ours(void **state)
     assert_false(tkd_file_exists(tkd_test_path(dir, "manifest.yaml")));
     assert_false(tkd_file_exists(tkd_test_path(dir, ".topkd-cache")));
     assert_true(tkd_file_exists(tok));
+    /* nor does merge leave a lock file in a directory that holds nothing to merge */
+    assert_int_equal(tkd_dump_merge(dir, NULL, NULL), TKD_ERR_NOT_FOUND);
+    assert_false(tkd_file_exists(tkd_test_path(dir, ".topkd-lock")));
     tkd_test_rmtree(dir);
     free(dir);
 }
