@@ -23,23 +23,9 @@ enum { NEW = 0, RESUME = 1, OVERWRITE = 2 }; /* tkd_test_student_train's modes *
 
 static int setup(void **state)
 {
-    fixture *f = calloc(1, sizeof *f);
     tkd_test_teacher_opts o = {.vocab = 64, .hidden = 16, .seq_len = 8, .k = 4, .temperature = 1.0f,
                                .num_seq = 32, .shard_seqs = 16, .seed = 5};
-    if (!f || tkd_test_student_dir_make(f, "rundir", &o) != TKD_OK) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    if (*state)
-        tkd_test_student_dir_free(*state);
-    free(*state);
-    return 0;
+    return tkd_test_student_setup(state, "rundir", &o);
 }
 
 /* A tiny student on the fixture's cache (4 steps, evaluation at the end), run `name` under run_dir
@@ -223,5 +209,5 @@ int main(void)
         cmocka_unit_test(test_dead_run_leftovers_cleaned),
         cmocka_unit_test(test_resume_finished_run_is_noop),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, tkd_test_student_teardown);
 }

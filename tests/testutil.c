@@ -464,6 +464,26 @@ void tkd_test_student_dir_free(tkd_test_student_dir *s)
     s->dir = NULL;
 }
 
+int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher_opts *o)
+{
+    tkd_test_student_dir *s = calloc(1, sizeof *s);
+    if (!s || tkd_test_student_dir_make(s, tag, o) != TKD_OK) {
+        free(s);
+        return -1;
+    }
+    *state = s;
+    return 0;
+}
+
+int tkd_test_student_teardown(void **state)
+{
+    if (*state)
+        tkd_test_student_dir_free(*state);
+    free(*state);
+    *state = NULL;
+    return 0;
+}
+
 char *tkd_test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

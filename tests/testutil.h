@@ -143,6 +143,11 @@ tkd_status tkd_test_student_dir_make(tkd_test_student_dir *s, const char *tag, c
 /* Removes the temp dir and frees s->dir. */
 void tkd_test_student_dir_free(tkd_test_student_dir *s);
 
+/* For a cmocka group setup / teardown: *state gets a malloc'd tkd_test_student_dir made with
+ * tkd_test_student_dir_make (setup returns -1 when that fails); teardown removes and frees it. */
+int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher_opts *o);
+int tkd_test_student_teardown(void **state);
+
 /* Reads a whole file into a malloc'd buffer (*len bytes, NUL-terminated); NULL when it cannot. */
 char *tkd_test_read_file(const char *path, size_t *len);
 
