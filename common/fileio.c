@@ -357,3 +357,64 @@ tkd_status tkd_rename_dir_atomic(const char *tmp, const char *final)
     free(old);
     return st;
 }
+
+tkd_status tkd_rename_dir_recover(const char *final)
+{
+    char *old = concat(final, ".old");
+    if (!old)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", final);
+    tkd_status st = TKD_OK;
+    if (tkd_file_exists(old)) {
+        if (!tkd_file_exists(final))
+            st = tkd_rename_durable(old, final);
+        else
+            st = tkd_remove_tree(old);
+    }
+    free(old);
+    return st;
+}
+
+/* Drops the last component of path in place ("a/b/" -> "a", "a" -> "."); false when nothing is
+ * left to drop ("/" or "."). */
+static bool strip_last(char *path)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        path[--n] = '\0';
+    if (!strcmp(path, "/") || !strcmp(path, "."))
+        return false;
+    char *slash = strrchr(path, '/');
+    if (!slash)
+        strcpy(path, ".");
+    else
+        slash[slash == path ? 1 : 0] = '\0';
+    return true;
+}
+
+/* realpath of the deepest existing ancestor of path (malloc'd into *out). */
+static tkd_status real_ancestor(const char *path, char **out)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "path too long: %.60s…", path);
+    while ((*out = realpath(buf, NULL)) == NULL) {
+        if ((errno != ENOENT && errno != ENOTDIR) || !strip_last(buf))
+            return io_error(path, "resolving the path", errno);
+    }
+    return TKD_OK;
+}
+
+tkd_status tkd_path_within(const char *inner, const char *outer, bool *within)
+{
+    *within = false;
+    struct stat o, s;
+    if (stat(outer, &o) != 0)
+        return errno == ENOENT || errno == ENOTDIR ? TKD_OK : io_error(outer, "stat", errno);
+    char *real = NULL;
+    TKD_TRY(real_ancestor(inner, &real));
+    /* real has no symlinks and no "..", so cutting components walks up the tree */
+    for (bool more = true; more && !*within; more = strip_last(real))
+        *within = stat(real, &s) == 0 && s.st_dev == o.st_dev && s.st_ino == o.st_ino;
+    free(real);
+    return TKD_OK;
+}

@@ -71,6 +71,17 @@ tkd_status tkd_make_temp_dir(const char *final, char *out, size_t cap);
  * any stale "<final>.old" first. */
 tkd_status tkd_rename_dir_atomic(const char *tmp, const char *final);
 
+/* After a crash inside tkd_rename_dir_atomic: when final is missing and "<final>.old" is there (the
+ * crash fell between the two renames), the previous version is put back; a "<final>.old" beside
+ * final is removed. Nothing there: nothing to do. */
+tkd_status tkd_rename_dir_recover(const char *final);
+
+/* *within = true when inner is outer or lies below it, compared by device and inode along inner's
+ * real path, so symlinks and other spellings of one directory are seen through. A tail of inner
+ * that does not exist yet is taken to lie where its deepest existing ancestor is. A missing outer
+ * contains nothing. */
+tkd_status tkd_path_within(const char *inner, const char *outer, bool *within);
+
 /* rm -rf path (no error when missing). */
 tkd_status tkd_remove_tree(const char *path);
 

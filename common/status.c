@@ -26,6 +26,7 @@ const char *tkd_status_name(tkd_status st)
     case TKD_ERR_NOSPACE: return "TKD_ERR_NOSPACE";
     case TKD_ERR_NOT_FOUND: return "TKD_ERR_NOT_FOUND";
     case TKD_ERR_INTERNAL: return "TKD_ERR_INTERNAL";
+    case TKD_ERR_BUSY: return "TKD_ERR_BUSY";
     }
     return "TKD_ERR_UNKNOWN";
 }

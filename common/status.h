@@ -29,6 +29,7 @@ typedef enum tkd_status {
     TKD_ERR_NOSPACE = -13,     /* disk full (ENOSPC) */
     TKD_ERR_NOT_FOUND = -14,   /* a file, dataset or tensor does not exist */
     TKD_ERR_INTERNAL = -15,    /* a bug: an invariant did not hold */
+    TKD_ERR_BUSY = -16,        /* another process is writing the same directory (its lock is held) */
 } tkd_status;
 
 /* Short stable name of a status, e.g. "TKD_ERR_FORMAT". Never NULL. */

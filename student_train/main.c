@@ -77,7 +77,10 @@ int main(int argc, char **argv)
                             .overwrite = cli.overwrite};
         tkd_train_result res;
         st = tkd_train_run(&o, &res);
-        if (st == TKD_OK)
+        if (st == TKD_OK && res.finished_before)
+            printf("run       %s finished at step %lld already; nothing to do (--overwrite starts it again)\n",
+                   res.run_path, (long long)res.steps);
+        else if (st == TKD_OK)
             print_summary(&res);
         else
             rc = fail(st);

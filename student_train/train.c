@@ -22,6 +22,7 @@
 #include "model/optim.h"
 #include "student_train/checkpoint.h"
 #include "student_train/loader.h"
+#include "student_train/run_dir.h"
 
 #define RUN_PATH_MAX 4096
 #define EVAL_CHUNK_ROWS 256 /* rows of full logits held at once for the top-1 agreement */
@@ -44,9 +45,11 @@ typedef struct trainer {
     tkd_train_state st;
     char run[RUN_PATH_MAX], ckpt[RUN_PATH_MAX], metrics_path[RUN_PATH_MAX];
     FILE *metrics;
+    tkd_dir_lock *lock;   /* the run directory's, held from start to end */
     double t0;            /* when the loop started (monotonic) */
     int64_t tokens0;      /* tokens seen at that time (non-zero after a resume) */
     int64_t step0;        /* the step the loop started at */
+    bool finished_before; /* --resume of a run that had already finished: nothing to do */
     tkd_progress progress;
 } trainer;
 
@@ -537,6 +540,24 @@ static tkd_status log_eval(trainer *tr, const eval_stats *es)
     return TKD_OK;
 }
 
+/* Length of the metrics.jsonl record starting at line, its '\n' included (text ends at end). */
+static size_t record_len(const char *line, const char *end)
+{
+    const char *nl = memchr(line, '\n', (size_t)(end - line));
+    return nl ? (size_t)(nl - line) + 1 : (size_t)(end - line);
+}
+
+/* A record's step, and whether it is an evaluation (is_eval may be NULL); log_train and log_eval
+ * write these exact spellings. */
+static int64_t record_step(const char *line, size_t n, bool *is_eval)
+{
+    const char *sp = strstr(line, "\"step\": ");
+    const char *ev = strstr(line, "\"type\": \"eval\"");
+    if (is_eval)
+        *is_eval = ev && ev < line + n;
+    return sp && sp < line + n ? atoll(sp + 8) : 0;
+}
+
 /* Keeps the metrics lines of steps <= step (a resumed run rewrites what came after). */
 static tkd_status trim_metrics(const char *path, int64_t step)
 {
@@ -548,11 +569,8 @@ static tkd_status trim_metrics(const char *path, int64_t step)
     char *text = data, *out = malloc(len + 1);
     size_t o = 0;
     for (char *line = text; out && line < text + len;) {
-        char *nl = memchr(line, '\n', (size_t)(text + len - line));
-        size_t n = nl ? (size_t)(nl - line) + 1 : (size_t)(text + len - line);
-        const char *sp = strstr(line, "\"step\": ");
-        long long s = sp && sp < line + n ? atoll(sp + 8) : 0;
-        if (s <= step) {
+        size_t n = record_len(line, text + len);
+        if (record_step(line, n, NULL) <= step) {
             memcpy(out + o, line, n);
             o += n;
         }
@@ -564,30 +582,67 @@ static tkd_status trim_metrics(const char *path, int64_t step)
     return st;
 }
 
+/* The checkpoint is at the last step and the final evaluation is in the metrics (or there is no
+ * validation split): a resume has nothing left to do. An evaluation at the last step is only ever
+ * the final one (eval_interval skips that step). */
+static bool run_finished(const trainer *tr)
+{
+    if (tr->total_steps <= 0 || tr->st.step < tr->total_steps)
+        return false;
+    if (!tr->val)
+        return true;
+    void *data = NULL;
+    size_t len = 0;
+    bool found = false;
+    if (tkd_read_file(tr->metrics_path, &data, &len) != TKD_OK)
+        return false;
+    for (char *line = data, *end = line + len; !found && line < end;) {
+        size_t n = record_len(line, end);
+        bool is_eval;
+        found = record_step(line, n, &is_eval) == tr->st.step && is_eval;
+        line += n;
+    }
+    free(data);
+    return found;
+}
+
+/* --resume: the checkpoint's state, and the metrics cut back to it. A finished run is left as it
+ * is (tr->finished_before): resuming it again appended its final records twice. */
+static tkd_status resume(trainer *tr)
+{
+    TKD_TRY(tkd_checkpoint_load(tr->ckpt, tr->m, tr->opt, &tr->st));
+    if (run_finished(tr)) {
+        tr->finished_before = true;
+        return TKD_OK;
+    }
+    TKD_TRY(trim_metrics(tr->metrics_path, tr->st.step));
+    tkd_log_info("resumed %s at step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 ")", tr->ckpt, tr->st.step,
+                 tr->st.epoch, tr->st.offset);
+    return TKD_OK;
+}
+
+/* tr->run is open and locked (tkd_run_dir_open). */
 static tkd_status prepare_run_dir(trainer *tr)
 {
     const tkd_train_opts *o = tr->opts;
-    TKD_TRY(tkd_path_join(tr->run, sizeof tr->run, tr->cfg->run_dir, o->run_name));
     TKD_TRY(tkd_path_join(tr->ckpt, sizeof tr->ckpt, tr->run, "checkpoint"));
     TKD_TRY(tkd_path_join(tr->metrics_path, sizeof tr->metrics_path, tr->run, "metrics.jsonl"));
     if (o->overwrite)
-        TKD_TRY(tkd_remove_tree(tr->run));
+        TKD_TRY(tkd_run_dir_clear(tr->run));
     if (!o->resume && !tr->cfg->eval_only && tkd_file_exists(tr->metrics_path))
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "%s already holds a run — add --resume to continue it, --overwrite to start over, "
                              "or choose another run.name", tr->run);
     if (o->resume && !tkd_file_exists(tr->ckpt))
         return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: no checkpoint to resume from", tr->ckpt);
-    TKD_TRY(tkd_mkdir_p(tr->run));
+    if (o->resume) {
+        TKD_TRY(resume(tr));
+        if (tr->finished_before)
+            return TKD_OK;
+    }
     char path[RUN_PATH_MAX];
     TKD_TRY(tkd_path_join(path, sizeof path, tr->run, "config.yaml"));
     TKD_TRY(tkd_file_write_atomic(path, o->config_yaml, strlen(o->config_yaml)));
-    if (o->resume) {
-        TKD_TRY(tkd_checkpoint_load(tr->ckpt, tr->m, tr->opt, &tr->st));
-        TKD_TRY(trim_metrics(tr->metrics_path, tr->st.step));
-        tkd_log_info("resumed %s at step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 ")", tr->ckpt, tr->st.step,
-                     tr->st.epoch, tr->st.offset);
-    }
     tr->metrics = fopen(tr->metrics_path, o->resume ? "a" : "w");
     if (!tr->metrics)
         return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO,
@@ -694,6 +749,7 @@ static void trainer_free(trainer *tr)
     tkd_model_free(tr->m);
     free(tr->dh);
     free(tr->logits);
+    tkd_dir_lock_release(tr->lock);
 }
 
 static tkd_status pick_device(const tkd_train_config *c)
@@ -711,12 +767,16 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     trainer tr = {.cfg = o->cfg, .opts = o};
     memset(res, 0, sizeof *res);
     tkd_status st = pick_device(o->cfg);
+    /* the run directory and its lock first: a second run on it is refused before anything loads */
+    if (st == TKD_OK) st = tkd_run_dir_open(o->cfg, o->run_name, tr.run, sizeof tr.run, &tr.lock);
     if (st == TKD_OK) st = open_data(&tr);
     if (st == TKD_OK) st = build_model(&tr);
     if (st == TKD_OK) st = build_loss(&tr);
     if (st == TKD_OK) st = build_optimizer(&tr);
     if (st == TKD_OK) st = prepare_run_dir(&tr);
-    if (st == TKD_OK) {
+    res->finished_before = tr.finished_before;
+    res->val_loss = res->val_kd = res->val_ce = res->val_ppl = res->top1_agree = NAN;
+    if (st == TKD_OK && !tr.finished_before) {
         tr.t0 = tkd_progress_now();
         tr.tokens0 = tr.st.tokens_seen;
         /* the rate and ETA are about this run: steps before a resume are not counted */

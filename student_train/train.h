@@ -15,7 +15,7 @@ typedef struct tkd_train_opts {
     const char *run_name;    /* resolved name (never empty) */
     const char *config_yaml; /* the effective config as YAML, saved with every output */
     bool resume;             /* continue from <run>/checkpoint */
-    bool overwrite;          /* remove an existing run directory first */
+    bool overwrite;          /* empty an existing run directory first (only what student-train made there) */
 } tkd_train_opts;
 
 /* What a finished run measured last (the demo prints these). NaN where not applicable. */
@@ -29,6 +29,7 @@ typedef struct tkd_train_result {
     double val_ppl;
     double top1_agree;   /* fraction of positions where the student's argmax is the teacher's top-1 */
     double seconds;
+    bool finished_before; /* --resume found the run finished: nothing was done or written */
     char run_path[4096];
 } tkd_train_result;
 

@@ -19,6 +19,7 @@
 #include "kernels/topk.h"
 #include "model/model.h"
 #include "teacher_cache/dump_merge.h"
+#include "teacher_cache/dump_dir.h"
 #include "teacher_cache/writer_thread.h"
 
 static double now_s(void)
@@ -214,16 +215,15 @@ static tkd_status remove_glob(const char *dir, const char *pattern, int64_t id_l
     return st;
 }
 
-/* --overwrite: a single worker clears the whole cache; worker i of n clears its own shards, its
- * manifest and marker, and the merged manifest (which no longer holds). */
+/* --overwrite, only in a directory teacher-dump made that holds nothing else (dump_dir.h): a single
+ * worker clears the whole cache; worker i of n clears its own shards, its manifest and marker, and
+ * the merged manifest (which no longer holds). The lock files stay: this run holds one of them. */
 static tkd_status overwrite_clean(const char *dir, const tkd_dump_config *cfg, int64_t first, int64_t end)
 {
-    if (cfg->worker_count == 1) {
-        TKD_TRY(remove_glob(dir, "shard-*.h5", -1, -1));
-        TKD_TRY(remove_glob(dir, "shard-*.h5.tmp", -1, -1));
-        TKD_TRY(remove_glob(dir, "worker-*.done", -1, -1));
-        return remove_glob(dir, "manifest*.yaml", -1, -1);
-    }
+    static const char *const locks[] = {".topkd-lock*", NULL};
+    if (cfg->worker_count == 1)
+        return tkd_owned_dir_clear(&tkd_dump_dir_kind, dir, locks);
+    TKD_TRY(tkd_owned_dir_check(&tkd_dump_dir_kind, dir));
     int64_t ss = cfg->shard_sequences;
     TKD_TRY(remove_glob(dir, "shard-*.h5", first / ss, (end + ss - 1) / ss));
     TKD_TRY(remove_glob(dir, "shard-*.h5.tmp", first / ss, (end + ss - 1) / ss));
@@ -741,7 +741,11 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     memset(c.sum, 0, sizeof *c.sum);
     tkd_cache_manifest_init(&c.tmpl);
     c.sum->raw_bytes_per_token = tkd_dump_raw_bytes_per_token(cfg);
-    tkd_status st = load_inputs(&c);
+    /* the directory and its lock first: a second writer is refused before minutes of hashing */
+    tkd_dir_lock *lock = NULL;
+    tkd_status st = tkd_dump_dir_open(cfg, &lock);
+    if (st == TKD_OK)
+        st = load_inputs(&c);
     if (st == TKD_OK) {
         int64_t nw = tkd_tokens_num_windows(c.ds, cfg->seq_len, cfg->stride,
                                             cfg->last_window == TKD_DUMP_LAST_WINDOW_PAD);
@@ -773,5 +777,6 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     if (!c.opts->teacher)
         tkd_model_free(c.model);
     tkd_backend_close(c.be);
+    tkd_dir_lock_release(lock);
     return st;
 }

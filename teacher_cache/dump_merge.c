@@ -12,6 +12,7 @@
 #include "common/fileio.h"
 #include "formats/cache_manifest.h"
 #include "teacher_cache/dump_merge.h"
+#include "teacher_cache/dump_dir.h"
 
 typedef struct done_mark {
     int index, count;
@@ -181,7 +182,10 @@ tkd_status tkd_dump_merge(const char *dir, int64_t *num_seq, int64_t *num_shards
     tkd_cache_manifest out;
     tkd_cache_manifest_init(&out);
     int64_t total = 0;
-    tkd_status st = read_parts(dir, &p, &cfg, &total);
+    tkd_dir_lock *lock = NULL;
+    tkd_status st = tkd_dump_dir_lock_merge(dir, &lock);
+    if (st == TKD_OK)
+        st = read_parts(dir, &p, &cfg, &total);
     if (st == TKD_OK)
         st = tkd_cache_manifest_merge(&out, p.m, p.n, (const char *const *)p.names);
     if (st == TKD_OK && tkd_cache_manifest_end_seq(&out, 0) != total)
@@ -204,5 +208,6 @@ tkd_status tkd_dump_merge(const char *dir, int64_t *num_seq, int64_t *num_shards
     tkd_cache_manifest_free(&out);
     tkd_config_free(&tkd_dump_schema, &cfg);
     parts_free(&p);
+    tkd_dir_lock_release(lock);
     return st;
 }

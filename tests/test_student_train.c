@@ -31,23 +31,9 @@ typedef tkd_test_student_dir fixture;
 
 static int setup(void **state)
 {
-    fixture *f = calloc(1, sizeof *f);
     tkd_test_teacher_opts o = {.vocab = 96, .hidden = 32, .seq_len = 16, .k = 8, .tail_samples = 4,
                                .temperature = 1.0f, .num_seq = 48, .shard_seqs = 16, .chunk_seqs = 4, .seed = 7};
-    if (!f || tkd_test_student_dir_make(f, "student", &o) != TKD_OK) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    if (*state)
-        tkd_test_student_dir_free(*state);
-    free(*state);
-    return 0;
+    return tkd_test_student_setup(state, "student", &o);
 }
 
 /* Runs `name` with the student settings, data.cache = the fixture's cache, then extra. */
@@ -307,5 +293,5 @@ int main(void)
         cmocka_unit_test(test_checkpoint_loads_back),
         cmocka_unit_test(test_existing_run_is_kept),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, tkd_test_student_teardown);
 }

@@ -14,10 +14,12 @@
 #include <unistd.h>
 
 #include "common/half.h"
+#include "common/fileio.h"
 #include "kernels/tail_sample.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "teacher_cache/dump_merge.h"
+#include "teacher_cache/dump_dir.h"
 #include "tests/dump_testutil.h"
 
 /* ---- parity with transformers -------------------------------------------------------------------- */
@@ -429,6 +431,103 @@ static void test_other_config_needs_overwrite(void **state)
     free(dir);
 }
 
+/* --overwrite removes only a cache teacher-dump made, and only its own files: a user's file among
+ * them (here one the old "manifest*.yaml" clean-up took) makes it refuse with nothing removed; a
+ * directory of other files is never taken as output.dir; a cache of an older version without the
+ * marker is recognised by its names and manifest. */
+static void test_overwrite_removes_only_ours(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-own");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
+    char out[4200], notes[4300], y[8192];
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    run_ok(y, NULL, NULL);
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 2);
+
+    snprintf(notes, sizeof notes, "%s/manifest-notes.yaml", out);
+    tkd_test_write_text(notes, "mine\n");
+    tkd_dump_opts ow = {.overwrite = true};
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "cache: {k: 4}\n");
+    assert_int_equal(run_status(y, &ow), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has(out);
+    tkd_test_assert_msg_has("'manifest-notes.yaml'");
+    assert_true(tkd_file_exists(notes));
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 2);
+    assert_true(tkd_file_exists(tkd_test_path(out, "manifest.yaml")));
+    assert_int_equal(remove(notes), 0);
+    assert_true(tkd_file_exists(tkd_test_path(out, ".topkd-cache")));
+
+    /* an older version's cache (no marker): taken over, then replaced */
+    assert_int_equal(remove(tkd_test_path(out, ".topkd-cache")), 0);
+    run_ok(y, &ow, NULL);
+    assert_true(tkd_file_exists(tkd_test_path(out, ".topkd-cache")));
+    tkd_cache_batch b;
+    tkd_cache_manifest m;
+    assert_int_equal(tkd_dt_read_all(out, &b, &m), 7);
+    assert_int_equal(m.id.k, 4);
+    tkd_cache_batch_free(&b);
+    tkd_cache_manifest_free(&m);
+
+    /* a directory of other files (the token file's own) is refused before anything is written */
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, dir, "");
+    assert_int_equal(run_status(y, &ow), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("not a teacher cache");
+    assert_false(tkd_file_exists(tkd_test_path(dir, "manifest.yaml")));
+    assert_false(tkd_file_exists(tkd_test_path(dir, ".topkd-cache")));
+    assert_true(tkd_file_exists(tok));
+    /* nor does merge leave a lock file in a directory that holds nothing to merge */
+    assert_int_equal(tkd_dump_merge(dir, NULL, NULL), TKD_ERR_NOT_FOUND);
+    assert_false(tkd_file_exists(tkd_test_path(dir, ".topkd-lock")));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* One writer per cache directory: while another process holds the lock, a dump refuses at once
+ * naming it; a worker of a split dump is refused only by a writer of its own part (or a single
+ * writer); once the holder is SIGKILLed, nothing stale is left. */
+static void test_one_writer_per_cache(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-lock");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
+    char out[4200], y[8192], want[64];
+    snprintf(out, sizeof out, "%s/cache", dir);
+    assert_int_equal(tkd_owned_dir_claim(&tkd_dump_dir_kind, out), TKD_OK); /* as the holder's dump did */
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+
+    pid_t pid = tkd_test_lock_holder(out, ".topkd-lock", NULL);
+    snprintf(want, sizeof want, "another teacher-dump (pid %ld)", (long)pid);
+    assert_int_equal(run_status(y, NULL), TKD_ERR_BUSY);
+    tkd_test_assert_msg_has(want);
+    assert_false(tkd_file_exists(tkd_test_path(out, "manifest.yaml")));
+    tkd_test_kill_holder(pid);
+    run_ok(y, NULL, NULL);
+
+    /* worker 1 of 2 is being written by someone else: worker 0 goes ahead, worker 1 and a
+     * single-worker dump (which would rewrite worker 1's shards) are refused */
+    char w0[8400], w1[8400];
+    snprintf(w0, sizeof w0, "%s\n---\nworkers: {index: 0, count: 2}\n", y);
+    snprintf(w1, sizeof w1, "%s\n---\nworkers: {index: 1, count: 2}\n", y);
+    tkd_dump_opts ow = {.overwrite = true};
+    pid = tkd_test_lock_holder(out, ".topkd-lock", "worker-1");
+    snprintf(want, sizeof want, "(pid %ld)", (long)pid);
+    assert_int_equal(run_status(w1, &ow), TKD_ERR_BUSY);
+    tkd_test_assert_msg_has(want);
+    assert_int_equal(run_status(y, &ow), TKD_ERR_BUSY);
+    tkd_test_assert_msg_has(want);
+    assert_int_equal(run_status(w0, &ow), TKD_OK);
+    assert_true(tkd_file_exists(tkd_test_path(out, "worker-0.done")));
+    tkd_test_kill_holder(pid);
+    assert_int_equal(run_status(w1, NULL), TKD_OK);
+    int64_t nseq = 0;
+    assert_int_equal(tkd_dump_merge(out, &nseq, NULL), TKD_OK);
+    assert_int_equal(nseq, 7);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 static void test_bad_settings(void **state)
 {
     (void)state;
@@ -734,6 +833,8 @@ int main(void)
         cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_token_out_of_vocab),
         cmocka_unit_test(test_other_config_needs_overwrite),
+        cmocka_unit_test(test_overwrite_removes_only_ours),
+        cmocka_unit_test(test_one_writer_per_cache),
         cmocka_unit_test(test_bad_settings),
         cmocka_unit_test(test_logits_beyond_half),
         cmocka_unit_test(test_lse_beyond_float32),

@@ -261,6 +261,48 @@ int tkd_test_signal_when(pid_t pid, const char *path, int sig)
     return tkd_test_wait(pid);
 }
 
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include "common/dir_lock.h"
+
+pid_t tkd_test_lock_holder(const char *dir, const char *name, const char *part)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* a test that fails while the holder lives must not leave it behind */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1)
+            _exit(1);
+        close(fds[0]);
+        tkd_dir_lock *l = NULL;
+        tkd_status st = part ? tkd_dir_lock_take_part(dir, name, part, "holder", &l)
+                             : tkd_dir_lock_take(dir, name, "holder", &l);
+        char ok = st == TKD_OK ? 'y' : 'n';
+        if (write(fds[1], &ok, 1) != 1 || st != TKD_OK)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    char ok = 0;
+    assert_int_equal(read(fds[0], &ok, 1), 1);
+    close(fds[0]);
+    if (ok != 'y') {
+        tkd_test_wait(pid);
+        fail_msg("the lock holder could not take %s/%s", dir, name);
+    }
+    return pid;
+}
+
+void tkd_test_kill_holder(pid_t pid)
+{
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(tkd_test_wait(pid), 1000 + SIGKILL);
+}
+
 /* ---- a tiny teacher cache -------------------------------------------------------------------- */
 
 #include "common/rng.h"
@@ -445,6 +487,26 @@ void tkd_test_student_dir_free(tkd_test_student_dir *s)
     s->dir = NULL;
 }
 
+int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher_opts *o)
+{
+    tkd_test_student_dir *s = calloc(1, sizeof *s);
+    if (!s || tkd_test_student_dir_make(s, tag, o) != TKD_OK) {
+        free(s);
+        return -1;
+    }
+    *state = s;
+    return 0;
+}
+
+int tkd_test_student_teardown(void **state)
+{
+    if (*state)
+        tkd_test_student_dir_free(*state);
+    free(*state);
+    *state = NULL;
+    return 0;
+}
+
 char *tkd_test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -524,7 +586,8 @@ tkd_status tkd_test_student_train(const char *run_dir, const char *name, const c
     if (st == TKD_OK) {
         tkd_log_level saved = tkd_log_get_level();
         tkd_log_set_level(TKD_LOG_LEVEL_WARN);
-        tkd_train_opts o = {.cfg = &cfg, .run_name = name, .config_yaml = yaml, .resume = resume != 0};
+        tkd_train_opts o = {.cfg = &cfg, .run_name = name, .config_yaml = yaml, .resume = resume == 1,
+                            .overwrite = resume == 2};
         st = tkd_train_run(&o, res ? res : &scratch);
         tkd_log_set_level(saved);
     }

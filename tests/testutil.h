@@ -88,6 +88,14 @@ int tkd_test_run(const char *bin, const char *const *args, const char *env, cons
  * status (so the test fails on it); path still missing after two minutes: the signal goes anyway. */
 int tkd_test_signal_when(pid_t pid, const char *path, int sig);
 
+/* A child process (fork) that takes the lock <dir>/<name> (common/dir_lock.h: exclusive, or shared
+ * plus <name>.<part> when part is not NULL) and holds it until killed. Returns its pid once it holds
+ * the lock; fails the test when it could not take it. */
+pid_t tkd_test_lock_holder(const char *dir, const char *name, const char *part);
+
+/* SIGKILLs a child of tkd_test_lock_holder and reaps it. */
+void tkd_test_kill_holder(pid_t pid);
+
 /* A one-layer Llama of 2 attention heads for the model tests: the defaults of
  * tkd_model_config_defaults (tied embeddings included), then vocab, hidden (even) and an MLP of
  * 2 x hidden, head_dim hidden / 2, kv_heads (1 or 2) and max_pos positions. */
@@ -140,6 +148,11 @@ tkd_status tkd_test_student_dir_make(tkd_test_student_dir *s, const char *tag, c
 /* Removes the temp dir and frees s->dir. */
 void tkd_test_student_dir_free(tkd_test_student_dir *s);
 
+/* For a cmocka group setup / teardown: *state gets a malloc'd tkd_test_student_dir made with
+ * tkd_test_student_dir_make (setup returns -1 when that fails); teardown removes and frees it. */
+int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher_opts *o);
+int tkd_test_student_teardown(void **state);
+
 /* Reads a whole file into a malloc'd buffer (*len bytes, NUL-terminated); NULL when it cannot. */
 char *tkd_test_read_file(const char *path, size_t *len);
 
@@ -155,7 +168,8 @@ int tkd_test_files_equal(const char *a, const char *b);
 
 /* Runs student-train in-process (tkd_train_run) on a config made of the schema's defaults and then
  * sets[0..n) ("key=value", as --set), as run `name` under run_dir (run.dir and run.name are set
- * here). resume = 1 continues that run from its checkpoint. res may be NULL. Info logs are off. */
+ * here). resume = 1 continues that run from its checkpoint (--resume), 2 starts it over
+ * (--overwrite). res may be NULL. Info logs are off. */
 struct tkd_train_result;
 tkd_status tkd_test_student_train(const char *run_dir, const char *name, const char *const *sets, size_t n,
                                   int resume, struct tkd_train_result *res);

@@ -1,0 +1,34 @@
+/* run_dir.h — student-train's run directory <run.dir>/<run.name>/: what it owns there, the lock of
+ * its one writer, and what a dead run left behind.
+ *
+ * Ownership (common/owned_dir.h): the directory carries the marker ".topkd-run"; student-train makes
+ * only config.yaml, metrics.jsonl, checkpoint/ and their temporaries there, and --overwrite removes
+ * only those, refusing a directory that holds anything else. Lock (common/dir_lock.h): the run holds
+ * ".topkd-lock" from start to end, so a second student-train on the same run is refused at once.
+ */
+#ifndef TKD_RUN_DIR_H
+#define TKD_RUN_DIR_H
+
+#include <stddef.h>
+
+#include "common/dir_lock.h"
+#include "common/status.h"
+#include "student_train/train_config.h"
+
+/* run.name must be one plain path component: not empty, ".", "..", nor holding '/'.
+ * TKD_ERR_CONFIG naming the key otherwise. */
+tkd_status tkd_run_dir_check_name(const char *name);
+
+/* Opens <cfg->run_dir>/<name> for this run (its path to run, cap bytes): checks the name; refuses a
+ * run directory that is, holds or lies inside data.cache or data.val_cache; claims the directory
+ * (made when missing; one student-train did not make is refused); takes its lock (TKD_ERR_BUSY
+ * naming the other run's pid); then removes the temporaries of a dead run and puts back a
+ * checkpoint a crash left renamed aside. The caller releases *lock when the run ends. */
+tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap,
+                            tkd_dir_lock **lock);
+
+/* --overwrite: empties the run directory of what student-train made (refusing, with nothing
+ * removed, when it holds anything else). Only for the lock holder. */
+tkd_status tkd_run_dir_clear(const char *run);
+
+#endif /* TKD_RUN_DIR_H */

@@ -1,0 +1,30 @@
+/* dump_dir.h — what teacher-dump owns in a cache directory, and the lock of its one writer.
+ *
+ * Ownership (common/owned_dir.h): a cache directory carries the marker ".topkd-cache"; teacher-dump
+ * makes only the names in tkd_dump_dir_kind there, and --overwrite removes only those, refusing a
+ * directory that holds anything else. Locking (common/dir_lock.h): a single-worker dump and merge
+ * hold ".topkd-lock" exclusively; worker i of a split dump holds it shared plus
+ * ".topkd-lock.worker-<i>" exclusively, so the workers run side by side in one directory while a
+ * second process on the same part, or a single-worker dump or merge, is refused at once.
+ */
+#ifndef TKD_DUMP_DIR_H
+#define TKD_DUMP_DIR_H
+
+#include "common/dir_lock.h"
+#include "common/owned_dir.h"
+#include "common/status.h"
+#include "teacher_cache/dump_config.h"
+
+extern const tkd_dir_kind tkd_dump_dir_kind;
+
+/* Takes cfg->output_dir for this run: claims it (made when missing; a directory teacher-dump did
+ * not make is refused), takes the lock for this worker (TKD_ERR_BUSY naming the other writer's
+ * pid), then removes the temporary files a dead writer of the same part left. *lock is released
+ * by the caller (tkd_dir_lock_release) when the run ends. */
+tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock);
+
+/* The exclusive lock for merge. A directory without manifest.worker-0.yaml holds nothing to merge
+ * (merge says so): it is left untouched, with *lock = NULL and TKD_OK. */
+tkd_status tkd_dump_dir_lock_merge(const char *dir, tkd_dir_lock **lock);
+
+#endif /* TKD_DUMP_DIR_H */
