@@ -1,6 +1,8 @@
 /* test_gpu_topk.c — the CUDA top-k/LSE and tail draws equal the CPU paths on the same inputs:
- * exact ids, bit-identical logits, lse within 1e-5 relative, identical draws. Labelled gpu; skips
- * (77) where no GPU answers or the CUDA backend is not built. */
+ * exact ids, bit-identical logits, lse within 1e-5 relative, identical draws; each case through
+ * the float4 and the scalar loads where V allows both, and rows built for each of the top-k's
+ * three selection paths, which must each take it. Labelled gpu; skips (77) where no GPU answers or
+ * the CUDA backend is not built. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -224,6 +226,9 @@ static void test_matches_cpu(void **state)
     run_case(ws, 2, 70000, 100, 1.0f, TKD_TEST_FILL_EXTREME, 40, 16); /* 10000 copies of 1e4 */
     run_case(ws, 4, 128256, 100, 1.0f, TKD_TEST_FILL_TIES, 80, 17);   /* Llama-3 vocab, ties */
     run_case(ws, 2, 128, 1, 1.0f, TKD_TEST_FILL_RANDN, 4, 18);        /* one float4 group per thread */
+    /* tail draws over 256-logit segments: a last segment of one logit; whole segments, 7 draws */
+    run_case(ws, 3, 257, 5, 1.0f, TKD_TEST_FILL_RANDN, 1024, 19);
+    run_case(ws, 3, 1024, 100, 0.8f, TKD_TEST_FILL_RANDN, 7, 20);
 }
 
 static void test_paths(void **state)
