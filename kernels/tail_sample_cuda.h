@@ -3,8 +3,11 @@
  * The algorithm and why it is exact across devices are in kernels/tail_sample.h: integer weights
  * from tkd_tail_weight(), targets from the Philox stream of common/ctr_rng.h, inverse CDF over
  * integer prefix sums (associative, so a block scan equals the CPU's sequential sum). One block
- * per row: top-k ids into a shared bitmap, tail max, Σ w, S targets rank-sorted in shared memory,
- * then one blocked scan of the row that hands each target to the token holding it.
+ * per row: top-k ids into a shared bitmap; the tail max (float4 loads, 4 in flight per thread, when
+ * V % 4 == 0 and the chunk is 16-byte aligned); the weight sum of each 256-logit segment, one warp
+ * per segment; W and the segments' offsets by a scan; S targets rank-sorted in shared memory; then
+ * only the segments that hold a target compute their weights again, and a warp scan hands each
+ * target to the token holding it (for S = 80 and V = 152k, 80 of 594 segments at most).
  * Header usable from C; requires a build with the CUDA backend.
  */
 #ifndef TKD_TAIL_SAMPLE_CUDA_H

@@ -2,10 +2,18 @@
  *
  * Same contract as kernels/topk.h (sorted by logit, ties by the smaller id; raw fp32 values;
  * lse = log Σ exp(t/τ)) and exactly the same ids and values as tkd_topk_cpu; lse agrees to ~1e-7
- * relative (float exps, double sums). One block per row: a 4-pass radix select over the order-
- * preserving integer keys of the logits finds the k-th largest key exactly (the first pass also
- * makes the online max/sum LSE and checks finiteness), one ordered pass collects the k winners
- * (ties at the threshold by smallest id), and a rank sort orders them.
+ * relative (fp32 exps of 16 logits summed in fp32, then in double). One block of 256 threads per
+ * row, float4 loads when V % 4 == 0 and the chunk is 16-byte aligned (scalar loads otherwise).
+ *   Pass 1, the only full read in the common case: the online max/sum LSE, finiteness, a histogram
+ *   of the top 12 bits of the order-preserving keys, and a shared-memory buffer of candidates
+ *   (key, id) at or above a threshold: the bin of the k-th largest key seen so far (first set from
+ *   the first 4096 logits, raised whenever the buffer fills), so every key of the row at or above
+ *   the final k-th bin is in the buffer. A bitonic sort of those candidates by (key desc, id asc)
+ *   gives the k winners (path 0).
+ *   A row with more than 4096 keys at or above a threshold bin (a plateau of near-equal logits)
+ *   overflows the buffer and takes refinement passes: the next 12 bits of the k-th bin; if the keys
+ *   at or above that sub-bin fit, one pass collects them for the sort (path 1); otherwise the last 8
+ *   bits give the exact k-th key and an ordered pass takes the ties at it by id (path 2).
  *
  * Launchers are asynchronous on the given stream (a cudaStream_t passed as void *, NULL = default
  * stream). A non-finite logit cannot be reported from inside a kernel: it sets a flag in the
@@ -29,6 +37,7 @@ extern "C" {
 typedef struct tkd_topk_cuda_ws {
     unsigned long long *d_flags; /* (2) device: first non-finite row, first bad-id row; ~0 = none */
     unsigned long long *h_flags; /* (2) pinned host copy read by tkd_topk_cuda_sync */
+    unsigned long long *d_paths; /* (3) device: rows per selection path (topk_cuda_internal.h) */
 } tkd_topk_cuda_ws;
 
 /* Allocates a workspace on the current device; the caller frees it with tkd_topk_cuda_ws_free. */
