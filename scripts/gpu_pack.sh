@@ -10,7 +10,7 @@ out=build-gpu-bin
 rm -rf "$out" .gpulibs
 mkdir -p "$out/plugins"
 cp "$build"/bin/test_gpu_* "$build"/bin/teacher-dump "$build"/bin/student-train "$out/"
-for b in kl_bench teacher_bench attn_bench; do [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/"; done
+for b in kl_bench teacher_bench attn_bench topk_bench shard_bench; do [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/"; done
 cp "$build/plugins/libh5zstd.so" "$out/plugins/"
 cp /usr/bin/h5dump "$out/"
 strip --strip-debug "$out"/* 2>/dev/null || true
