@@ -149,9 +149,10 @@ template <class T> __device__ T block_sum(T v)
     return total;
 }
 
-/* Row groups for a column reduction over N rows of `width` columns into (G, width) partials: at
- * least kMinGroupRows rows per group, at most kMaxGroups groups and G·width ≤ cap floats. Depends
- * only on (N, width, cap), so the summation order is fixed for a shape and workspace. */
+/* Row groups for a column reduction over N ≥ 1 rows of `width` ≤ cap columns into (G, width)
+ * partials: at least kMinGroupRows rows per group, at most kMaxGroups groups and G·width ≤ cap
+ * floats. Depends only on (N, width, cap), so the summation order is fixed for a shape and
+ * workspace. */
 void row_groups(int N, int width, size_t cap, int *rows_per, int *groups)
 {
     int r = (N + kMaxGroups - 1) / kMaxGroups;
@@ -369,13 +370,14 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
                 acc[j * W + i] += g[i] * (xv[i] * r);
         }
     }
-    if (a.part)
+    if (a.part) {
 #pragma unroll
         for (int j = 0; j < J; j++) {
             const int e = (j * nt + t) * W;
             if (e < a.d)
                 store_f32<W>(a.part + (int64_t)blockIdx.x * a.d + e, acc + j * W);
         }
+    }
 }
 
 template <bool VEC>
@@ -953,11 +955,11 @@ static tkd_status bwd_gemm(tkd_cuda_linear *lin, tkd_cuda_bwd_ws *ws, int kind, 
 /* db += Σ_n dy: per-group fp32 column sums into the workspace, then the fixed-order reduction. */
 static tkd_status bias_grad(tkd_cuda_bwd_ws *ws, const uint16_t *dy, int N, int M, float *db, cudaStream_t s)
 {
-    int rows_per, G;
-    row_groups(N, M, ws->part_floats, &rows_per, &G);
-    if ((size_t)M > ws->part_floats)
+    if ((size_t)M > ws->part_floats) /* row_groups needs room for one group */
         return tkd_error_set(TKD_ERR_INVALID_ARG, "linear_bwd: M = %d beyond the workspace's %zu partials", M,
                              ws->part_floats);
+    int rows_per, G;
+    row_groups(N, M, ws->part_floats, &rows_per, &G);
     colsum_bf16_kernel<<<dim3(G, (M + kEltThreads - 1) / kEltThreads), kEltThreads, 0, s>>>(dy, N, M, rows_per,
                                                                                            ws->part);
     TKD_CUDA_CHECK(cudaGetLastError());
@@ -1012,18 +1014,19 @@ static tkd_status segs_check(const tkd_cuda_param_seg *segs, int n, size_t *chun
     tkd_cuda_param_seg *s = (tkd_cuda_param_seg *)malloc((size_t)(n ? n : 1) * sizeof *s);
     if (!s)
         return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
-    memcpy(s, segs, (size_t)n * sizeof *s);
+    if (n > 0)
+        memcpy(s, segs, (size_t)n * sizeof *s);
     qsort(s, (size_t)n, sizeof *s, seg_cmp);
     *chunks = 0;
     for (int i = 0; i < n; i++) {
-        const bool wraps = s[i].offset + s[i].numel < s[i].offset;
-        if (wraps || (i + 1 < n && s[i].offset + s[i].numel > s[i + 1].offset) ||
-            s[i].offset + s[i].numel > (size_t)INT64_MAX) {
+        const size_t off = s[i].offset, len = s[i].numel, end = off + len;
+        if (end < off || end > (size_t)INT64_MAX || (i + 1 < n && end > s[i + 1].offset)) {
             free(s);
-            return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: segment at offset %zu (%zu elements) overlaps the "
-                                 "next or overflows", s[i].offset, s[i].numel);
+            return tkd_error_set(TKD_ERR_INVALID_ARG,
+                                 "adamw: segment at offset %zu (%zu elements) overlaps the next or overflows",
+                                 off, len);
         }
-        *chunks += (s[i].numel + kAdamChunk - 1) / kAdamChunk;
+        *chunks += (len + kAdamChunk - 1) / kAdamChunk;
     }
     free(s);
     return *chunks > (size_t)INT32_MAX
