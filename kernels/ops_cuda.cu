@@ -526,6 +526,13 @@ extern "C" tkd_status tkd_cuda_linear_create(tkd_cuda_linear **out)
     return TKD_OK;
 }
 
+extern "C" void tkd_cuda_linear_lt(tkd_cuda_linear *lin, void **handle, void **ws, size_t *ws_bytes)
+{
+    *handle = (void *)lin->lt;
+    *ws = lin->ws;
+    *ws_bytes = kLtWsBytes;
+}
+
 /* Fills p (zeroed) for key: descriptors, layouts and the heuristic's first algorithm. On failure
  * the caller destroys p. b is the bias pointer the heuristic inspects (NULL without bias). */
 static tkd_status plan_init(tkd_cuda_linear *lin, LinPlan *p, const LinKey &key, const void *b)

@@ -67,6 +67,10 @@ tkd_status tkd_cuda_linear_fwd(tkd_cuda_linear *lin, const uint16_t *x, // (N, K
                                const uint16_t *b, int N, int K, int M,  // (M) or NULL
                                uint16_t *y, void *stream);              // (N, M)
 
+/* lin's cuBLASLt handle (a cublasLtHandle_t) and workspace, lent to kernels/ops_bwd_cuda.cu's
+ * backward GEMMs: the same one-stream-at-a-time rule holds. */
+void tkd_cuda_linear_lt(tkd_cuda_linear *lin, void **handle, void **ws, size_t *ws_bytes);
+
 /* Conversions for uploads/downloads: dst[i] = bf16(src[i]) (round to nearest even) and back. */
 tkd_status tkd_cuda_f32_to_bf16(const float *src, uint16_t *dst, size_t n, void *stream);
 tkd_status tkd_cuda_bf16_to_f32(const uint16_t *src, float *dst, size_t n, void *stream);

@@ -1,0 +1,1131 @@
+/* ops_bwd_cuda.cu — see ops_bwd_cuda.h. Row, elementwise and reduction kernels (static, in an
+ * anonymous namespace), the embedding's sort (CUB, shipped with the CUDA toolkit), the linear
+ * backward's two GEMMs through cuBLASLt, and the optimizer kernels.
+ *
+ * Determinism without float atomics: every sum over rows is split into groups whose size depends
+ * only on the shape; one block sums a group in row order into a partial (or straight into its own
+ * output rows), and a second kernel adds the partials per column in group order. Vector paths move
+ * 8 bf16 (one uint4) or 8 fp32 (two float4) per thread, taken only when the pointers are 16-byte
+ * aligned and the row length keeps each row's start aligned; otherwise the same kernel runs a
+ * scalar path. Every bf16 rounding is common/half.h's tkd_f32_to_bf16, as on the host.
+ */
+#include "kernels/ops_bwd_cuda.h"
+
+#include <cub/cub.cuh>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
+
+namespace {
+
+constexpr int kEltThreads = 256;     /* elementwise kernels: block size */
+constexpr int kEltMaxBlocks = 4096;  /* grid-stride beyond this */
+constexpr int kRowMaxThreads = 512;  /* RMSNorm: ≤ 16 warps per block ... */
+constexpr int kRowMaxChunks = 4;     /* ... each thread owning ≤ 4 × 8 columns */
+constexpr int kRowMaxD = kRowMaxThreads * kRowMaxChunks * 8; /* 16384, as the forward */
+constexpr int kMaxGroups = 512;      /* row groups of a column reduction (partials per column) */
+constexpr int kMinGroupRows = 16;    /* ... each at least this many rows */
+constexpr int kEmbChunk = 64;        /* embedding: sorted rows per chunk */
+constexpr int kEmbThreads = 128;     /* embedding: threads per (chunk, column tile) block */
+constexpr int kNormBlocks = 1024;    /* gradient norm: fixed first-pass grid (partials) */
+constexpr int kNormThreads = 256;
+constexpr int kAdamChunk = 32768;    /* AdamW: elements per table chunk */
+constexpr int kAdamThreads = 256;
+constexpr size_t kMinPartFloats = (size_t)1 << 20; /* scratch floor: 4 MiB */
+constexpr int kBwdPlans = 32;        /* cached linear-backward GEMM plans */
+
+/* ---- small helpers ---------------------------------------------------------------------------- */
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+int elt_blocks(int64_t units)
+{
+    int64_t b = (units + kEltThreads - 1) / kEltThreads;
+    return (int)(b < 1 ? 1 : b > kEltMaxBlocks ? kEltMaxBlocks : b);
+}
+
+__device__ inline float bf(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+
+/* 8 bf16 (little-endian pairs in 4 words) to fp32 and back. */
+__device__ inline void unpack8(uint4 p, float f[8])
+{
+    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(w[j] << 16);
+        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+
+__device__ inline uint4 pack8(const float f[8])
+{
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        w[j] = (uint32_t)tkd_f32_to_bf16(f[2 * j]) | ((uint32_t)tkd_f32_to_bf16(f[2 * j + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ inline void load8_f32(const float *p, float f[8])
+{
+    const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+__device__ inline void store8_f32(float *p, const float f[8])
+{
+    *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
+    *reinterpret_cast<float4 *>(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+/* W consecutive bf16 (W = 8: one 16-byte load; W = 1: one element) as fp32, and back. */
+template <int W> __device__ inline void load_bf(const uint16_t *p, float f[W])
+{
+    if constexpr (W == 8)
+        unpack8(*reinterpret_cast<const uint4 *>(p), f);
+    else
+        f[0] = bf(p[0]);
+}
+
+template <int W> __device__ inline void store_bf(uint16_t *p, const float f[W])
+{
+    if constexpr (W == 8)
+        *reinterpret_cast<uint4 *>(p) = pack8(f);
+    else
+        p[0] = tkd_f32_to_bf16(f[0]);
+}
+
+/* W consecutive fp32 (W = 8: two float4; W = 4: one float4; W = 1: one element). */
+template <int W> __device__ inline void load_f32(const float *p, float f[W])
+{
+    if constexpr (W == 8) {
+        load8_f32(p, f);
+    } else if constexpr (W == 4) {
+        const float4 a = *reinterpret_cast<const float4 *>(p);
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    } else {
+        f[0] = p[0];
+    }
+}
+
+template <int W> __device__ inline void store_f32(float *p, const float f[W])
+{
+    if constexpr (W == 8)
+        store8_f32(p, f);
+    else if constexpr (W == 4)
+        *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
+    else
+        p[0] = f[0];
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, ≤ 1024) in a fixed tree; every thread gets it.
+ * Safe to call repeatedly: a thread reads `total` before it can reach the next call's first
+ * barrier, and warp 0 writes it only after that barrier. */
+template <class T> __device__ T block_sum(T v)
+{
+    __shared__ T part[32];
+    __shared__ T total;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nw ? part[lane] : (T)0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0)
+            total = v;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* Row groups for a column reduction over N ≥ 1 rows of `width` ≤ cap columns into (G, width)
+ * partials: at least kMinGroupRows rows per group, at most kMaxGroups groups and G·width ≤ cap
+ * floats. Depends only on (N, width, cap), so the summation order is fixed for a shape and
+ * workspace. */
+void row_groups(int N, int width, size_t cap, int *rows_per, int *groups)
+{
+    int r = (N + kMaxGroups - 1) / kMaxGroups;
+    r = r < kMinGroupRows ? kMinGroupRows : r;
+    int g = (N + r - 1) / r;
+    if ((size_t)g * width > cap) {
+        g = (int)(cap / (size_t)width);
+        r = (N + g - 1) / g;
+        g = (N + r - 1) / r;
+    }
+    *rows_per = r, *groups = g < 1 ? 1 : g;
+}
+
+/* out[c] += Σ_g part[g, c] for c < width: threadIdx.y walks groups y, y + 16, ... in double, then
+ * row 0 adds the 16 sums in order. Block (32, 16), grid ceil(width / 32). */
+__global__ void __launch_bounds__(512) partials_reduce_kernel(const float *part, // (G, width)
+                                                              int G, int width, float *out)
+{
+    __shared__ double s[16][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    double acc = 0.0;
+    if (c < width)
+        for (int g = threadIdx.y; g < G; g += 16)
+            acc += part[(size_t)g * width + c];
+    s[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < width) {
+        double t = 0.0;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            t += s[j][threadIdx.x];
+        out[c] += (float)t; /* one rounding, as the CPU's dw[d] += (float)s */
+    }
+}
+
+tkd_status partials_reduce(const float *part, int G, int width, float *out, cudaStream_t s)
+{
+    partials_reduce_kernel<<<(width + 31) / 32, dim3(32, 16), 0, s>>>(part, G, width, out);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* ---- embedding: sort, sum per chunk, join the tokens that span chunks ------------------------- */
+
+struct EmbArgs {
+    const int32_t *keys; /* (N) token ids, sorted (stable) */
+    const int32_t *rows; /* (N) their row indices */
+    const float *dx;     /* (N, D) */
+    float *demb;         /* (V, D) += */
+    float *head, *tail;  /* (chunks, D) scratch: a chunk's first / last token's piece */
+    int n, d;
+};
+
+/* Chunk c = sorted positions [64c, 64c + len) and a column tile of blockDim.x·VEC columns. Each
+ * thread walks the chunk in order summing each token's run of rows. A run that is the token's whole
+ * segment goes straight into demb (the chunk alone holds that token); the chunk's first run, when
+ * its token began in an earlier chunk, goes to head[c]; its last run, when the token continues in
+ * the next chunk, to tail[c] (a run that is both is a head). Rows are loaded 8 ahead. */
+template <int VEC>
+__global__ void __launch_bounds__(kEmbThreads) emb_pieces_kernel(EmbArgs a)
+{
+    __shared__ int32_t sk[kEmbChunk], sr[kEmbChunk];
+    const int c = blockIdx.x, p0 = c * kEmbChunk, len = min(kEmbChunk, a.n - p0);
+    for (int i = threadIdx.x; i < len; i += blockDim.x)
+        sk[i] = a.keys[p0 + i], sr[i] = a.rows[p0 + i];
+    __syncthreads();
+    const int col = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+    if (col >= a.d)
+        return;
+    const bool prev_same = p0 > 0 && a.keys[p0 - 1] == sk[0];
+    const bool next_same = p0 + len < a.n && a.keys[p0 + len] == sk[len - 1];
+    float acc[VEC] = {};
+    bool first = true; /* the run being summed is the chunk's first */
+    for (int i0 = 0; i0 < len; i0 += 8) {
+        float v[8][VEC];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i0 + j < len)
+                load_f32<VEC>(a.dx + (int64_t)sr[i0 + j] * a.d + col, v[j]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int i = i0 + j;
+            if (i >= len)
+                break;
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                acc[k] += v[j][k];
+            if (i + 1 < len && sk[i + 1] == sk[i])
+                continue;
+            float *dst = first && prev_same            ? a.head + (int64_t)c * a.d + col
+                         : i == len - 1 && next_same ? a.tail + (int64_t)c * a.d + col
+                                                     : nullptr;
+            if (dst) {
+                store_f32<VEC>(dst, acc);
+            } else {
+                float *e = a.demb + (int64_t)sk[i] * a.d + col, o[VEC];
+                load_f32<VEC>(e, o);
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    o[k] += acc[k];
+                store_f32<VEC>(e, o);
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                acc[k] = 0.0f;
+            first = false;
+        }
+    }
+}
+
+/* A token that continues past chunk c and did not start before it (else an earlier chunk joins
+ * it): demb[token] += tail[c] + head[c + 1] + head[c + 2] + ..., through the chunk where it ends.
+ * Same grid as emb_pieces_kernel; blocks of chunks with no such token return at once. */
+template <int VEC>
+__global__ void __launch_bounds__(kEmbThreads) emb_join_kernel(EmbArgs a, int chunks)
+{
+    const int c = blockIdx.x, p0 = c * kEmbChunk, len = min(kEmbChunk, a.n - p0);
+    const int col = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+    if (col >= a.d)
+        return;
+    const int32_t first = a.keys[p0], last = a.keys[p0 + len - 1];
+    const bool prev_same = p0 > 0 && a.keys[p0 - 1] == first;
+    const bool next_same = p0 + len < a.n && a.keys[p0 + len] == last;
+    if (!next_same || (prev_same && first == last))
+        return;
+    float acc[VEC], h[VEC];
+    load_f32<VEC>(a.tail + (int64_t)c * a.d + col, acc);
+    for (int j = c + 1; j < chunks; j++) {
+        load_f32<VEC>(a.head + (int64_t)j * a.d + col, h);
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            acc[k] += h[k];
+        const int end = min((j + 1) * kEmbChunk, a.n); /* chunk j is [64j, end) */
+        if (end >= a.n || a.keys[end - 1] != last || a.keys[end] != last)
+            break; /* the token ends inside chunk j */
+    }
+    float *e = a.demb + (int64_t)last * a.d + col, o[VEC];
+    load_f32<VEC>(e, o);
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        o[k] += acc[k];
+    store_f32<VEC>(e, o);
+}
+
+/* ---- RMSNorm backward ------------------------------------------------------------------------- */
+
+struct RmsBwdArgs {
+    const uint16_t *dy; /* (N, D) bf16 */
+    const float *x;     /* (N, D) */
+    const uint16_t *w;  /* (D) bf16 */
+    const float *rstd;  /* (N) */
+    float *dx;          /* (N, D) +=, or NULL */
+    float *part;        /* (G, D) dw partials, or NULL */
+    int n, d, rows_per;
+};
+
+/* Block b = rows [b·R, b·R + R), in order. Thread t owns the same columns as the forward (VEC:
+ * chunks of 8 at (j·nt + t)·8; else columns j·nt + t) and keeps their w and its dw partial in
+ * registers across the rows. Per row: pass 1 forms Σ g·x (g = dy·w) over the block (only when dx
+ * is wanted); pass 2 re-reads the row (L1-resident) for dx += r·(g − x·c) and dw += dy·x·r. */
+template <int CH, bool VEC>
+__global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs a)
+{
+    constexpr int W = VEC ? 8 : 1, J = VEC ? CH : CH * 8; /* values per access, accesses */
+    const int nt = blockDim.x, t = threadIdx.x;
+    const int r0 = blockIdx.x * a.rows_per, r1 = min(a.n, r0 + a.rows_per);
+    float w[J * W], acc[J * W];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int e = (j * nt + t) * W;
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            w[j * W + i] = 0.0f, acc[j * W + i] = 0.0f;
+        if (e < a.d)
+            load_bf<W>(a.w + e, w + j * W);
+    }
+    for (int row = r0; row < r1; row++) {
+        const int64_t off = (int64_t)row * a.d;
+        const float r = a.rstd[row];
+        float c = 0.0f;
+        if (a.dx) {
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int e = (j * nt + t) * W;
+                if (e >= a.d)
+                    continue;
+                float g[W], xv[W];
+                load_bf<W>(a.dy + off + e, g);
+                load_f32<W>(a.x + off + e, xv);
+#pragma unroll
+                for (int i = 0; i < W; i++)
+                    s += g[i] * w[j * W + i] * xv[i];
+            }
+            c = block_sum(s) * r / (float)a.d * r; /* mean(g·x̂), times r again for x̂ */
+        }
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int e = (j * nt + t) * W;
+            if (e >= a.d)
+                continue;
+            float g[W], xv[W];
+            load_bf<W>(a.dy + off + e, g);
+            load_f32<W>(a.x + off + e, xv);
+            if (a.dx) {
+                float o[W];
+                load_f32<W>(a.dx + off + e, o);
+#pragma unroll
+                for (int i = 0; i < W; i++)
+                    o[i] += r * (g[i] * w[j * W + i] - xv[i] * c);
+                store_f32<W>(a.dx + off + e, o);
+            }
+#pragma unroll
+            for (int i = 0; i < W; i++)
+                acc[j * W + i] += g[i] * (xv[i] * r);
+        }
+    }
+    if (a.part) {
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int e = (j * nt + t) * W;
+            if (e < a.d)
+                store_f32<W>(a.part + (int64_t)blockIdx.x * a.d + e, acc + j * W);
+        }
+    }
+}
+
+template <bool VEC>
+void rmsnorm_bwd_launch(const RmsBwdArgs &a, int G, int nt, int chunks, cudaStream_t s)
+{
+    if (chunks == 1)
+        rmsnorm_bwd_kernel<1, VEC><<<G, nt, 0, s>>>(a);
+    else if (chunks == 2)
+        rmsnorm_bwd_kernel<2, VEC><<<G, nt, 0, s>>>(a);
+    else
+        rmsnorm_bwd_kernel<kRowMaxChunks, VEC><<<G, nt, 0, s>>>(a);
+}
+
+/* ---- RoPE backward ---------------------------------------------------------------------------- */
+
+struct RopeArgs {
+    uint16_t *q, *k;            /* (N, H·dh), (N, Hkv·dh) bf16, in place */
+    const float *cos_t, *sin_t; /* (T, dh/2) */
+    int64_t n;
+    int t, h, hkv, half;
+};
+
+/* One unit = VEC pairs (i, i + half) of one head of one row, q heads first, then k heads; the
+ * forward's rotation transposed: d_i ← d_i c + d_{i+half} s, d_{i+half} ← d_{i+half} c − d_i s. */
+template <int VEC>
+__global__ void rope_bwd_kernel(RopeArgs a)
+{
+    const int heads = a.h + a.hkv, per_head = a.half / VEC;
+    const int64_t units = a.n * heads * per_head;
+    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
+         u += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = u / ((int64_t)heads * per_head);
+        const int rem = (int)(u - row * heads * per_head), hh = rem / per_head;
+        const int i = (rem - hh * per_head) * VEC;
+        uint16_t *x = hh < a.h ? a.q + (row * a.h + hh) * 2 * a.half
+                               : a.k + (row * a.hkv + (hh - a.h)) * 2 * a.half;
+        const int64_t tab = (row % a.t) * a.half + i;
+        float x0[VEC], x1[VEC], c[VEC], s[VEC], o0[VEC], o1[VEC];
+        load_bf<VEC>(x + i, x0);
+        load_bf<VEC>(x + i + a.half, x1);
+        load_f32<VEC>(a.cos_t + tab, c);
+        load_f32<VEC>(a.sin_t + tab, s);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            o0[j] = x0[j] * c[j] + x1[j] * s[j];
+            o1[j] = x1[j] * c[j] - x0[j] * s[j];
+        }
+        store_bf<VEC>(x + i, o0);
+        store_bf<VEC>(x + i + a.half, o1);
+    }
+}
+
+/* ---- flat elementwise kernels: SwiGLU backward, scale ----------------------------------------- */
+
+/* n elements as n / VEC units of VEC (grid-stride); with VEC = 8 the last n % 8 elements go one per
+ * thread to block 0. `Op` maps one unit or one element. */
+template <int VEC, class Op>
+__global__ void elementwise_kernel(Op op, int64_t n)
+{
+    const int64_t units = n / VEC;
+    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
+         u += (int64_t)gridDim.x * blockDim.x)
+        op.template unit<VEC>(u * VEC);
+    if (VEC > 1 && blockIdx.x == 0 && threadIdx.x < n - units * VEC)
+        op.template unit<1>(units * VEC + threadIdx.x);
+}
+
+template <class Op>
+tkd_status elementwise_run(const Op &op, int64_t n, bool vec, void *stream)
+{
+    if (n == 0)
+        return TKD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (vec)
+        elementwise_kernel<8, Op><<<elt_blocks(n / 8), kEltThreads, 0, s>>>(op, n);
+    else
+        elementwise_kernel<1, Op><<<elt_blocks(n), kEltThreads, 0, s>>>(op, n);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* s = σ(g) = 1 / (1 + e^−g): dg += dh·u·s·(1 + g·(1 − s)), du += dh·g·s, as kernels/cpu_ops.c. */
+struct SwigluBwdOp {
+    const uint16_t *dh, *g, *u;
+    uint16_t *dg, *du; /* either may be NULL */
+    template <int W> __device__ void unit(int64_t e) const
+    {
+        float d[W], gf[W], uf[W], s[W], o[W];
+        load_bf<W>(dh + e, d);
+        load_bf<W>(g + e, gf);
+        load_bf<W>(u + e, uf);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            s[j] = 1.0f / (1.0f + expf(-gf[j]));
+        if (dg) {
+            load_bf<W>(dg + e, o);
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                o[j] += d[j] * uf[j] * s[j] * (1.0f + gf[j] * (1.0f - s[j]));
+            store_bf<W>(dg + e, o);
+        }
+        if (du) {
+            load_bf<W>(du + e, o);
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                o[j] += d[j] * gf[j] * s[j];
+            store_bf<W>(du + e, o);
+        }
+    }
+};
+
+/* g *= f (one IEEE multiply per element, as tkd_optim_scale). */
+struct ScaleOp {
+    float *g;
+    float f;
+    template <int W> __device__ void unit(int64_t e) const
+    {
+        float v[W];
+        load_f32<W>(g + e, v);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            v[j] = __fmul_rn(v[j], f);
+        store_f32<W>(g + e, v);
+    }
+};
+
+/* ---- linear backward: bias column sums -------------------------------------------------------- */
+
+/* part[b, m] = Σ_{rows of group b, in order} dy[n, m] in fp32. Grid (G, ceil(M / 256)). */
+__global__ void __launch_bounds__(kEltThreads) colsum_bf16_kernel(const uint16_t *dy, // (N, M)
+                                                                  int n, int m_cols, int rows_per,
+                                                                  float *part) // (G, M)
+{
+    const int m = blockIdx.y * blockDim.x + threadIdx.x;
+    if (m >= m_cols)
+        return;
+    const int r0 = blockIdx.x * rows_per, r1 = min(n, r0 + rows_per);
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int r = r0; r < r1; r++)
+        acc += bf(dy[(int64_t)r * m_cols + m]);
+    part[(int64_t)blockIdx.x * m_cols + m] = acc;
+}
+
+/* ---- gradient norm ---------------------------------------------------------------------------- */
+
+/* part[b] = Σ g² (double) over block b's grid-stride share of units of VEC; with VEC = 8 block 0
+ * adds the last n % 8 elements. The block's sum is a fixed tree, so part is deterministic. */
+template <int VEC>
+__global__ void __launch_bounds__(kNormThreads) norm2_kernel(const float *g, int64_t n, double *part)
+{
+    const int64_t units = n / VEC;
+    double s = 0.0;
+    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
+         u += (int64_t)gridDim.x * blockDim.x) {
+        float f[VEC];
+        load_f32<VEC>(g + u * VEC, f);
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            s += (double)f[j] * f[j]; /* the product is exact in double */
+    }
+    if (VEC > 1 && blockIdx.x == 0 && threadIdx.x < n - units * VEC) {
+        const double f = g[units * VEC + threadIdx.x];
+        s += f * f;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+/* *out = Σ part[0, blocks) in a fixed tree; one block of kNormBlocks threads. */
+__global__ void __launch_bounds__(kNormBlocks) norm2_final_kernel(const double *part, int blocks,
+                                                                  double *out)
+{
+    double s = threadIdx.x < blocks ? part[threadIdx.x] : 0.0;
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        *out = s;
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------------ */
+
+struct AdamChunk {
+    int64_t off; /* first element */
+    int32_t len; /* ≤ kAdamChunk */
+    int32_t decay;
+};
+
+struct AdamArgs {
+    const AdamChunk *chunks;
+    int n_chunks;
+    bool vec; /* p, g, m, v, out all 16-byte aligned: 4-wide where the offset allows */
+    float *p;
+    const float *g;
+    float *m, *v;
+    uint16_t *out; /* or NULL */
+    float keep_decay, one_m_b1, b2, one_m_b2, eps, step_size, bc2_sqrt;
+};
+
+/* model/optim.c's adamw_span for one element, every operation IEEE-rounded (the _rn intrinsics
+ * keep nvcc from fusing multiply-adds, which the host's fp32 code does not do either). */
+__device__ inline void adamw_update(float &p, float g, float &m, float &v, float keep, const AdamArgs &a)
+{
+    p = __fmul_rn(p, keep);
+    m = __fadd_rn(m, __fmul_rn(a.one_m_b1, __fsub_rn(g, m)));
+    v = __fadd_rn(__fmul_rn(v, a.b2), __fmul_rn(__fmul_rn(a.one_m_b2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), a.bc2_sqrt), a.eps);
+    p = __fsub_rn(p, __fmul_rn(a.step_size, __fdiv_rn(m, denom)));
+}
+
+__device__ inline void adamw_one(const AdamArgs &a, int64_t i, float keep)
+{
+    float p = a.p[i], m = a.m[i], v = a.v[i];
+    adamw_update(p, a.g[i], m, v, keep, a);
+    a.p[i] = p, a.m[i] = m, a.v[i] = v;
+    if (a.out)
+        a.out[i] = tkd_f32_to_bf16(p);
+}
+
+__device__ inline void adamw_four(const AdamArgs &a, int64_t i, float keep)
+{
+    float4 p = *reinterpret_cast<const float4 *>(a.p + i), m = *reinterpret_cast<const float4 *>(a.m + i);
+    float4 v = *reinterpret_cast<const float4 *>(a.v + i);
+    const float4 g = *reinterpret_cast<const float4 *>(a.g + i);
+    adamw_update(p.x, g.x, m.x, v.x, keep, a);
+    adamw_update(p.y, g.y, m.y, v.y, keep, a);
+    adamw_update(p.z, g.z, m.z, v.z, keep, a);
+    adamw_update(p.w, g.w, m.w, v.w, keep, a);
+    *reinterpret_cast<float4 *>(a.p + i) = p;
+    *reinterpret_cast<float4 *>(a.m + i) = m;
+    *reinterpret_cast<float4 *>(a.v + i) = v;
+    if (a.out)
+        *reinterpret_cast<uint2 *>(a.out + i) =
+            make_uint2((uint32_t)tkd_f32_to_bf16(p.x) | (uint32_t)tkd_f32_to_bf16(p.y) << 16,
+                       (uint32_t)tkd_f32_to_bf16(p.z) | (uint32_t)tkd_f32_to_bf16(p.w) << 16);
+}
+
+/* Blocks walk the chunk table (grid-stride). In a chunk: scalar elements up to the first 16-byte
+ * boundary, 4-wide units, a scalar tail; without `vec`, all scalar. Purely elementwise, so any grid
+ * gives the same result. */
+__global__ void __launch_bounds__(kAdamThreads) adamw_kernel(AdamArgs a)
+{
+    for (int c = blockIdx.x; c < a.n_chunks; c += gridDim.x) {
+        const AdamChunk ch = a.chunks[c];
+        const float keep = ch.decay ? a.keep_decay : 1.0f; /* (float)(1 − lr·0) on the CPU */
+        const int head = a.vec ? min((int)((4 - (ch.off & 3)) & 3), ch.len) : ch.len;
+        const int units = (ch.len - head) / 4, body_end = head + units * 4;
+        for (int i = threadIdx.x; i < head; i += blockDim.x)
+            adamw_one(a, ch.off + i, keep);
+        for (int u = threadIdx.x; u < units; u += blockDim.x)
+            adamw_four(a, ch.off + head + 4 * (int64_t)u, keep);
+        for (int i = body_end + threadIdx.x; i < ch.len; i += blockDim.x)
+            adamw_one(a, ch.off + i, keep);
+    }
+}
+
+/* ---- linear backward: cuBLASLt plans ---------------------------------------------------------- */
+
+/* Column-major views (see ops_cuda.cu's linear): dx (N, K) is D = (K × N, ld K), W (M, K) is
+ * (K × M, ld K), dy (N, M) is (M × N, ld M), x (N, K) is (K × N, ld K), dW (M, K) is (K × M, ld K).
+ *   dgrad: dx (K × N) += W (K × M) · dy (M × N)           A = W, B = dy, no transposes, bf16 out;
+ *   wgrad: dW (K × M) += x (K × N) · dyᵀ (N × M)          A = x, B = dy transposed, fp32 out.
+ * Both with beta = 1 and C = D, so the old gradient is added in fp32 before the one rounding. */
+enum BwdKind { kDgrad = 0, kWgrad = 1 };
+
+struct BwdKey {
+    int kind, n, k, m;
+    int align[3]; /* A, B, C = D */
+};
+
+struct BwdPlan {
+    BwdKey key;
+    unsigned long long used; /* 0: free slot */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
+
+int ptr_align(const void *p)
+{
+    int a = 256;
+    while (a > 1 && ((uintptr_t)p & (uintptr_t)(a - 1)))
+        a >>= 1;
+    return a;
+}
+
+void bwd_plan_destroy(BwdPlan *p)
+{
+    if (p->lc) (void)cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) (void)cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) (void)cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+} // namespace
+
+struct tkd_cuda_bwd_ws {
+    int max_rows, max_d;
+    int32_t *iota;  /* (max_rows) 0, 1, ...: the sort's values in */
+    int32_t *keys;  /* (max_rows) sorted token ids */
+    int32_t *rows;  /* (max_rows) their rows */
+    void *sort_tmp; /* CUB's temporary storage */
+    size_t sort_bytes;
+    float *part;    /* (part_floats) partial sums */
+    size_t part_floats;
+    double *norm_part; /* (kNormBlocks) */
+    size_t bytes;
+    BwdPlan plans[kBwdPlans];
+    unsigned long long clock;
+};
+
+struct tkd_cuda_adamw {
+    AdamChunk *chunks; /* device (n_chunks) */
+    int n_chunks;
+};
+
+/* ---- workspace -------------------------------------------------------------------------------- */
+
+extern "C" void tkd_cuda_bwd_ws_free(tkd_cuda_bwd_ws *ws)
+{
+    if (!ws)
+        return;
+    for (int i = 0; i < kBwdPlans; i++)
+        if (ws->plans[i].used)
+            bwd_plan_destroy(&ws->plans[i]);
+    tkd_cuda_free(ws->iota);
+    tkd_cuda_free(ws->sort_tmp);
+    tkd_cuda_free(ws->part);
+    tkd_cuda_free(ws->norm_part);
+    free(ws);
+}
+
+static tkd_status bwd_ws_init(tkd_cuda_bwd_ws *ws)
+{
+    const size_t rows = (size_t)ws->max_rows, chunks = (rows + kEmbChunk - 1) / kEmbChunk;
+    size_t part = 2 * chunks * (size_t)ws->max_d; /* embedding head + tail */
+    if (part < (size_t)kMaxGroups * ws->max_d)
+        part = (size_t)kMaxGroups * ws->max_d;
+    ws->part_floats = part < kMinPartFloats ? kMinPartFloats : part;
+    TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, ws->sort_bytes, (const int32_t *)nullptr,
+                                                   (int32_t *)nullptr, (const int32_t *)nullptr,
+                                                   (int32_t *)nullptr, ws->max_rows, 0, 32));
+    const char *hint = "lower the batch size or sequence length";
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->iota, 3 * rows * sizeof(int32_t), "backward sort buffers", hint));
+    ws->keys = ws->iota + rows, ws->rows = ws->iota + 2 * rows;
+    TKD_TRY(tkd_cuda_malloc(&ws->sort_tmp, ws->sort_bytes, "backward sort scratch", hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->part, ws->part_floats * sizeof(float), "backward partial sums", hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->norm_part, kNormBlocks * sizeof(double), "gradient norm partials", NULL));
+    ws->bytes = 3 * rows * sizeof(int32_t) + ws->sort_bytes + ws->part_floats * sizeof(float) +
+                kNormBlocks * sizeof(double);
+    int32_t *iota = (int32_t *)malloc(rows * sizeof(int32_t));
+    if (!iota)
+        return tkd_error_set(TKD_ERR_NOMEM, "backward workspace: out of host memory");
+    for (size_t i = 0; i < rows; i++)
+        iota[i] = (int32_t)i;
+    tkd_status st = tkd_cuda_to_device(ws->iota, iota, rows * sizeof(int32_t));
+    free(iota);
+    return st;
+}
+
+extern "C" tkd_status tkd_cuda_bwd_ws_create(int max_rows, int max_d, tkd_cuda_bwd_ws **out)
+{
+    *out = NULL;
+    if (max_rows < 1 || max_d < 1)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "backward workspace: max_rows = %d, max_d = %d (≥ 1)",
+                             max_rows, max_d);
+    tkd_cuda_bwd_ws *ws = (tkd_cuda_bwd_ws *)calloc(1, sizeof *ws);
+    if (!ws)
+        return tkd_error_set(TKD_ERR_NOMEM, "backward workspace: out of host memory");
+    ws->max_rows = max_rows, ws->max_d = max_d;
+    tkd_status st = bwd_ws_init(ws);
+    if (st != TKD_OK) {
+        tkd_cuda_bwd_ws_free(ws);
+        return st;
+    }
+    *out = ws;
+    return TKD_OK;
+}
+
+extern "C" size_t tkd_cuda_bwd_ws_bytes(const tkd_cuda_bwd_ws *ws) { return ws ? ws->bytes : 0; }
+
+/* ---- launchers: embedding, RMSNorm, RoPE, SwiGLU ---------------------------------------------- */
+
+extern "C" tkd_status tkd_cuda_embedding_bwd(tkd_cuda_bwd_ws *ws, const int32_t *tok, int N,
+                                             const float *dx, int D, float *demb, void *stream)
+{
+    if (!ws || N < 0 || D < 1 || (N > 0 && (!tok || !dx || !demb)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "embedding_bwd: N = %d, D = %d or a NULL tensor", N, D);
+    const int chunks = (N + kEmbChunk - 1) / kEmbChunk;
+    if (N > ws->max_rows || 2 * (size_t)chunks * D > ws->part_floats)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "embedding_bwd: N = %d, D = %d beyond the workspace's %d rows of width %d",
+                             N, D, ws->max_rows, ws->max_d);
+    if (N == 0)
+        return TKD_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    size_t need = 0;
+    TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, need, tok, ws->keys, ws->iota, ws->rows, N, 0, 32, s));
+    if (need > ws->sort_bytes)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "embedding_bwd: the sort wants %zu bytes, the workspace has %zu",
+                             need, ws->sort_bytes);
+    TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws->sort_tmp, need, tok, ws->keys, ws->iota, ws->rows, N, 0,
+                                                   32, s));
+    EmbArgs a = {ws->keys, ws->rows, dx, demb, ws->part, ws->part + (size_t)chunks * D, N, D};
+    if (D % 4 == 0 && aligned16(dx) && aligned16(demb)) {
+        const dim3 grid(chunks, (D / 4 + kEmbThreads - 1) / kEmbThreads);
+        emb_pieces_kernel<4><<<grid, kEmbThreads, 0, s>>>(a);
+        emb_join_kernel<4><<<grid, kEmbThreads, 0, s>>>(a, chunks);
+    } else {
+        const dim3 grid(chunks, (D + kEmbThreads - 1) / kEmbThreads);
+        emb_pieces_kernel<1><<<grid, kEmbThreads, 0, s>>>(a);
+        emb_join_kernel<1><<<grid, kEmbThreads, 0, s>>>(a, chunks);
+    }
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_rmsnorm_bwd(tkd_cuda_bwd_ws *ws, const uint16_t *dy, const float *x,
+                                           const uint16_t *w, const float *rstd, int N, int D, float *dx,
+                                           float *dw, void *stream)
+{
+    if (!ws || N < 0 || D < 1 || D > kRowMaxD || (N > 0 && (dx || dw) && (!dy || !x || !w || !rstd)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "rmsnorm_bwd: N = %d, D = %d (1..%d) or a NULL tensor",
+                             N, D, kRowMaxD);
+    if (N == 0 || (!dx && !dw))
+        return TKD_OK;
+    int rows_per, G;
+    row_groups(N, D, ws->part_floats, &rows_per, &G);
+    RmsBwdArgs a = {dy, x, w, rstd, dx, dw ? ws->part : NULL, N, D, rows_per};
+    const bool vec = D % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && (!dx || aligned16(dx));
+    const int units = (D + 7) / 8; /* per-thread capacity is 8 values per chunk on both paths */
+    const int nt = units >= kRowMaxThreads ? kRowMaxThreads : (units + 31) / 32 * 32;
+    const int need = (units + nt - 1) / nt;
+    const int chunks = need == 1 ? 1 : need == 2 ? 2 : kRowMaxChunks;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (vec)
+        rmsnorm_bwd_launch<true>(a, G, nt, chunks, s);
+    else
+        rmsnorm_bwd_launch<false>(a, G, nt, chunks, s);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return dw ? partials_reduce(ws->part, G, D, dw, s) : TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_rope_bwd(uint16_t *dq, uint16_t *dk, int N, int T, int H, int Hkv, int dh,
+                                        const float *cos_t, const float *sin_t, void *stream)
+{
+    if (N < 0 || T < 1 || H < 1 || Hkv < 1 || dh < 2 || dh % 2 ||
+        (N > 0 && (!dq || !dk || !cos_t || !sin_t)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "rope_bwd: N = %d, T = %d, H = %d, Hkv = %d, dh = %d (even) or a NULL tensor",
+                             N, T, H, Hkv, dh);
+    if (N == 0)
+        return TKD_OK;
+    RopeArgs a = {dq, dk, cos_t, sin_t, N, T, H, Hkv, dh / 2};
+    const int64_t pairs = (int64_t)N * (H + Hkv) * a.half;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (a.half % 8 == 0 && aligned16(dq) && aligned16(dk) && aligned16(cos_t) && aligned16(sin_t))
+        rope_bwd_kernel<8><<<elt_blocks(pairs / 8), kEltThreads, 0, s>>>(a);
+    else
+        rope_bwd_kernel<1><<<elt_blocks(pairs), kEltThreads, 0, s>>>(a);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_swiglu_bwd(const uint16_t *dh, const uint16_t *g, const uint16_t *u,
+                                          int64_t n, uint16_t *dg, uint16_t *du, void *stream)
+{
+    if (n < 0 || (n > 0 && (dg || du) && (!dh || !g || !u)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "swiglu_bwd: n = %lld or a NULL tensor", (long long)n);
+    if (!dg && !du)
+        return TKD_OK;
+    SwigluBwdOp op = {dh, g, u, dg, du};
+    const bool vec = aligned16(dh) && aligned16(g) && aligned16(u) && (!dg || aligned16(dg)) &&
+                     (!du || aligned16(du));
+    return elementwise_run(op, n, vec, stream);
+}
+
+/* ---- launchers: linear backward --------------------------------------------------------------- */
+
+/* Fills p (zeroed) for key: descriptors, layouts and the heuristic's first algorithm for lin's
+ * workspace size. On failure the caller destroys p. */
+static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p, const BwdKey &key)
+{
+    p->key = key;
+    const bool wg = key.kind == kWgrad;
+    const cublasOperation_t ta = CUBLAS_OP_N, tb = wg ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TKD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (wg) {
+        TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, key.k, key.n, key.k)); /* x */
+        TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key.m, key.n, key.m)); /* dy */
+        TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, key.k, key.m, key.k));  /* dW */
+    } else {
+        TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, key.k, key.m, key.k)); /* W */
+        TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key.m, key.n, key.m)); /* dy */
+        TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, key.k, key.n, key.k)); /* dx */
+    }
+    cublasLtMatmulPreference_t pref = NULL;
+    TKD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t wsb = ws_bytes;
+    const uint32_t al[4] = {(uint32_t)key.align[0], (uint32_t)key.align[1], (uint32_t)key.align[2],
+                            (uint32_t)key.align[2]};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    cublasStatus_t e = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &wsb, sizeof wsb);
+    for (int i = 0; i < 4 && e == CUBLAS_STATUS_SUCCESS; i++)
+        e = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    if (e == CUBLAS_STATUS_SUCCESS)
+        e = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (e == CUBLAS_STATUS_NOT_SUPPORTED || (e == CUBLAS_STATUS_SUCCESS && found == 0))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "linear_bwd: cuBLASLt has no %s algorithm for N = %d, K = %d, M = %d "
+                             "(pointer alignments %s %d, dy %d, %s %d bytes)",
+                             wg ? "weight-gradient" : "input-gradient", key.n, key.k, key.m,
+                             wg ? "x" : "w", key.align[0], key.align[1], wg ? "dw" : "dx", key.align[2]);
+    TKD_CUBLAS_CHECK(e); /* the preference or heuristic call failed otherwise */
+    p->algo = res.algo;
+    return TKD_OK;
+}
+
+/* The cached plan for key, made (replacing the least recently used) when missing. */
+static tkd_status bwd_plan_get(tkd_cuda_bwd_ws *ws, cublasLtHandle_t lt, size_t ws_bytes, const BwdKey &key,
+                               BwdPlan **out)
+{
+    BwdPlan *victim = &ws->plans[0];
+    for (int i = 0; i < kBwdPlans; i++) {
+        BwdPlan *p = &ws->plans[i];
+        if (p->used && memcmp(&p->key, &key, sizeof key) == 0) {
+            p->used = ++ws->clock;
+            *out = p;
+            return TKD_OK;
+        }
+        if (p->used < victim->used)
+            victim = p;
+    }
+    if (victim->used)
+        bwd_plan_destroy(victim);
+    tkd_status st = bwd_plan_init(lt, ws_bytes, victim, key);
+    if (st != TKD_OK) {
+        bwd_plan_destroy(victim);
+        return st;
+    }
+    victim->used = ++ws->clock;
+    *out = victim;
+    return TKD_OK;
+}
+
+/* C += op(A)·op(B) with the plan for (kind, N, K, M) and these pointers' alignments. */
+static tkd_status bwd_gemm(tkd_cuda_linear *lin, tkd_cuda_bwd_ws *ws, int kind, int N, int K, int M,
+                           const void *A, const void *B, void *C, cudaStream_t s)
+{
+    BwdKey key;
+    memset(&key, 0, sizeof key); /* compared with memcmp */
+    key.kind = kind, key.n = N, key.k = K, key.m = M;
+    key.align[0] = ptr_align(A), key.align[1] = ptr_align(B), key.align[2] = ptr_align(C);
+    void *handle = NULL, *lt_ws = NULL;
+    size_t lt_ws_bytes = 0;
+    tkd_cuda_linear_lt(lin, &handle, &lt_ws, &lt_ws_bytes);
+    cublasLtHandle_t lt = (cublasLtHandle_t)handle;
+    BwdPlan *p = NULL;
+    TKD_TRY(bwd_plan_get(ws, lt, lt_ws_bytes, key, &p));
+    const float one = 1.0f;
+    TKD_CUBLAS_CHECK(cublasLtMatmul(lt, p->op, &one, A, p->la, B, p->lb, &one, C, p->lc, C, p->lc, &p->algo,
+                                    lt_ws, lt_ws_bytes, s));
+    return TKD_OK;
+}
+
+/* db += Σ_n dy: per-group fp32 column sums into the workspace, then the fixed-order reduction. */
+static tkd_status bias_grad(tkd_cuda_bwd_ws *ws, const uint16_t *dy, int N, int M, float *db, cudaStream_t s)
+{
+    if ((size_t)M > ws->part_floats) /* row_groups needs room for one group */
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "linear_bwd: M = %d beyond the workspace's %zu partials", M,
+                             ws->part_floats);
+    int rows_per, G;
+    row_groups(N, M, ws->part_floats, &rows_per, &G);
+    colsum_bf16_kernel<<<dim3(G, (M + kEltThreads - 1) / kEltThreads), kEltThreads, 0, s>>>(dy, N, M, rows_per,
+                                                                                           ws->part);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return partials_reduce(ws->part, G, M, db, s);
+}
+
+extern "C" tkd_status tkd_cuda_linear_bwd(tkd_cuda_linear *lin, tkd_cuda_bwd_ws *ws, const uint16_t *dy,
+                                          const uint16_t *x, const uint16_t *w, int N, int K, int M,
+                                          uint16_t *dx, float *dw, float *db, void *stream)
+{
+    if (!lin || !ws || N < 0 || K < 1 || M < 1 ||
+        (N > 0 && ((!dy && (dx || dw || db)) || (dx && !w) || (dw && !x))))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "linear_bwd: N = %d, K = %d, M = %d or a NULL tensor", N, K,
+                             M);
+    const void *bf16_ptrs[4] = {dy, x, w, dx};
+    for (int i = 0; i < 4; i++)
+        if ((uintptr_t)bf16_ptrs[i] & 1u)
+            return tkd_error_set(TKD_ERR_INVALID_ARG, "linear_bwd: a bf16 pointer is not 2-byte aligned");
+    if (((uintptr_t)dw & 3u) || ((uintptr_t)db & 3u))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "linear_bwd: an fp32 pointer is not 4-byte aligned");
+    if (N == 0)
+        return TKD_OK; /* no rows: nothing to add */
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dx)
+        TKD_TRY(bwd_gemm(lin, ws, kDgrad, N, K, M, w, dy, dx, s));
+    if (dw)
+        TKD_TRY(bwd_gemm(lin, ws, kWgrad, N, K, M, x, dy, dw, s));
+    if (db)
+        TKD_TRY(bias_grad(ws, dy, N, M, db, s));
+    return TKD_OK;
+}
+
+/* ---- launchers: optimizer --------------------------------------------------------------------- */
+
+extern "C" void tkd_cuda_adamw_free(tkd_cuda_adamw *a)
+{
+    if (!a)
+        return;
+    tkd_cuda_free(a->chunks);
+    free(a);
+}
+
+static int seg_cmp(const void *pa, const void *pb)
+{
+    const tkd_cuda_param_seg *a = (const tkd_cuda_param_seg *)pa, *b = (const tkd_cuda_param_seg *)pb;
+    return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/* Segments must not overlap (an element updated twice would race); sorted copy checked in order. */
+static tkd_status segs_check(const tkd_cuda_param_seg *segs, int n, size_t *chunks)
+{
+    tkd_cuda_param_seg *s = (tkd_cuda_param_seg *)malloc((size_t)(n ? n : 1) * sizeof *s);
+    if (!s)
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
+    if (n > 0)
+        memcpy(s, segs, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, seg_cmp);
+    *chunks = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t off = s[i].offset, len = s[i].numel, end = off + len;
+        if (end < off || end > (size_t)INT64_MAX || (i + 1 < n && end > s[i + 1].offset)) {
+            free(s);
+            return tkd_error_set(TKD_ERR_INVALID_ARG,
+                                 "adamw: segment at offset %zu (%zu elements) overlaps the next or overflows",
+                                 off, len);
+        }
+        *chunks += (len + kAdamChunk - 1) / kAdamChunk;
+    }
+    free(s);
+    return *chunks > (size_t)INT32_MAX
+               ? tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: %zu chunks are too many", *chunks)
+               : TKD_OK;
+}
+
+static tkd_status adamw_init(tkd_cuda_adamw *a, const tkd_cuda_param_seg *segs, int n_segs)
+{
+    size_t n_chunks = 0;
+    TKD_TRY(segs_check(segs, n_segs, &n_chunks));
+    AdamChunk *h = (AdamChunk *)malloc((n_chunks ? n_chunks : 1) * sizeof *h);
+    if (!h)
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
+    size_t c = 0;
+    for (int i = 0; i < n_segs; i++)
+        for (size_t o = 0; o < segs[i].numel; o += kAdamChunk) {
+            const size_t len = segs[i].numel - o < (size_t)kAdamChunk ? segs[i].numel - o : kAdamChunk;
+            h[c++] = AdamChunk{(int64_t)(segs[i].offset + o), (int32_t)len, segs[i].decay ? 1 : 0};
+        }
+    a->n_chunks = (int)n_chunks;
+    tkd_status st = tkd_cuda_malloc((void **)&a->chunks, (n_chunks ? n_chunks : 1) * sizeof *h,
+                                    "AdamW chunk table", NULL);
+    if (st == TKD_OK && n_chunks)
+        st = tkd_cuda_to_device(a->chunks, h, n_chunks * sizeof *h);
+    free(h);
+    return st;
+}
+
+extern "C" tkd_status tkd_cuda_adamw_create(const tkd_cuda_param_seg *segs, int n_segs, tkd_cuda_adamw **out)
+{
+    *out = NULL;
+    if (n_segs < 0 || (n_segs > 0 && !segs))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: %d segments or a NULL table", n_segs);
+    tkd_cuda_adamw *a = (tkd_cuda_adamw *)calloc(1, sizeof *a);
+    if (!a)
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
+    tkd_status st = adamw_init(a, segs, n_segs);
+    if (st != TKD_OK) {
+        tkd_cuda_adamw_free(a);
+        return st;
+    }
+    *out = a;
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, float *params, const float *grads, float *m,
+                                          float *v, double lr, double beta1, double beta2, double eps,
+                                          double weight_decay, int64_t step, uint16_t *params_bf16,
+                                          void *stream)
+{
+    if (!a || step < 1 || (a->n_chunks > 0 && (!params || !grads || !m || !v)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: step = %lld or a NULL tensor", (long long)step);
+    if (a->n_chunks == 0)
+        return TKD_OK;
+    /* the scalars exactly as model/optim.c's tkd_adamw_step forms them */
+    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+    AdamArgs k;
+    k.chunks = a->chunks, k.n_chunks = a->n_chunks;
+    k.vec = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v) &&
+            (!params_bf16 || aligned16(params_bf16));
+    k.p = params, k.g = grads, k.m = m, k.v = v, k.out = params_bf16;
+    k.keep_decay = (float)(1.0 - lr * weight_decay);
+    k.one_m_b1 = (float)(1.0 - beta1), k.b2 = (float)beta2, k.one_m_b2 = (float)(1.0 - beta2);
+    k.eps = (float)eps, k.step_size = (float)(lr / bc1), k.bc2_sqrt = (float)sqrt(bc2);
+    const int blocks = a->n_chunks < kEltMaxBlocks ? a->n_chunks : kEltMaxBlocks;
+    adamw_kernel<<<blocks, kAdamThreads, 0, (cudaStream_t)stream>>>(k);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_grad_norm2(tkd_cuda_bwd_ws *ws, const float *g, size_t n, double *norm2,
+                                          void *stream)
+{
+    if (!ws || !norm2 || n > (size_t)INT64_MAX || (n > 0 && !g))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "grad_norm2: n = %zu or a NULL pointer", n);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (n == 0) {
+        TKD_CUDA_CHECK(cudaMemsetAsync(norm2, 0, sizeof(double), s));
+        return TKD_OK;
+    }
+    const bool vec = aligned16(g);
+    const int64_t units = (int64_t)n / (vec ? 8 : 1);
+    int64_t b = (units + kNormThreads - 1) / kNormThreads;
+    const int blocks = (int)(b < 1 ? 1 : b > kNormBlocks ? kNormBlocks : b);
+    if (vec)
+        norm2_kernel<8><<<blocks, kNormThreads, 0, s>>>(g, (int64_t)n, ws->norm_part);
+    else
+        norm2_kernel<1><<<blocks, kNormThreads, 0, s>>>(g, (int64_t)n, ws->norm_part);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    norm2_final_kernel<<<1, kNormBlocks, 0, s>>>(ws->norm_part, blocks, norm2);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_scale(float *g, size_t n, float factor, void *stream)
+{
+    if (n > (size_t)INT64_MAX || (n > 0 && !g))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "scale: n = %zu or a NULL pointer", n);
+    ScaleOp op = {g, factor};
+    return elementwise_run(op, (int64_t)n, aligned16(g), stream);
+}
