@@ -22,10 +22,11 @@ constexpr int kPlans = 16;   /* cached plans: a teacher pass uses a shape or two
 constexpr int kDescs = 64;   /* descriptors one graph is built from: 19 tensors, 28 ops, graph, heur */
 constexpr int kOps = 16;     /* operations in the graph (14) */
 constexpr int kCfgs = 16;    /* engine configs taken from one heuristics query */
-constexpr int kMsg = 640;    /* a cached refusal's message */
+constexpr int kMsg = TKD_ERROR_MSG_MAX; /* a cached refusal's message */
 
 /* Unique ids of the tensors the variant pack names; the virtual ones count up from kUidVirtual. */
-enum : int64_t { kUidQ = 1, kUidK, kUidV, kUidY, kUidStats, kUidScale, kUidNegInf, kUidVirtual = 100 };
+constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidY = 4, kUidStats = 5, kUidScale = 6, kUidNegInf = 7;
+constexpr int64_t kUidVirtual = 100;
 
 struct Key {
     int B, T, H, Hkv, dh, lse; /* compared with memcmp: zero the padding */
@@ -314,35 +315,38 @@ tkd_status plan_try(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t *out,
 }
 
 /* p->plan: the first engine config (heuristics mode A, then FALLBACK) whose plan finalizes. When
- * none does, TKD_ERR_UNSUPPORTED with the counts and the last refusal's message. */
+ * none does, TKD_ERR_UNSUPPORTED with how many each mode offered and the first refusal's message
+ * (that of the heuristics' top choice, the engine we wanted). */
 tkd_status plan_pick(Plan *p, cudnnBackendDescriptor_t g)
 {
     static const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    char last[kMsg] = "no engine config offered";
-    int tried = 0;
+    static const char *const names[2] = {"A", "FALLBACK"};
+    char first[kMsg] = "";
+    int offered[2] = {0, 0};
     for (int m = 0; m < 2; m++) {
         tkd_status st = heuristics(p, g, modes[m]);
-        if (st != TKD_OK) {
-            if (st == TKD_ERR_DEVICE_OOM)
-                return st;
-            snprintf(last, sizeof last, "heuristics mode %s: %s", m == 0 ? "A" : "FALLBACK", tkd_error_msg());
-            continue;
-        }
-        for (int i = 0; i < p->ncfgs; i++, tried++) {
+        if (st == TKD_ERR_DEVICE_OOM)
+            return st;
+        if (st != TKD_OK && !first[0])
+            snprintf(first, sizeof first, "heuristics mode %s: %s", names[m], tkd_error_msg());
+        offered[m] = st == TKD_OK ? p->ncfgs : 0;
+        for (int i = 0; i < offered[m]; i++) {
             cudnnBackendDescriptor_t plan = NULL;
-            st = plan_try(p->cfgs[i], &plan, &p->ws_bytes);
-            if (st == TKD_OK) {
+            tkd_status pst = plan_try(p->cfgs[i], &plan, &p->ws_bytes);
+            if (pst == TKD_OK) {
                 p->plan = plan;
                 return TKD_OK;
             }
             destroy(plan);
-            if (st == TKD_ERR_DEVICE_OOM)
-                return st;
-            snprintf(last, sizeof last, "%s", tkd_error_msg());
+            if (pst == TKD_ERR_DEVICE_OOM)
+                return pst;
+            if (!first[0])
+                snprintf(first, sizeof first, "mode %s config %d: %s", names[m], i, tkd_error_msg());
         }
     }
-    return tkd_error_set(TKD_ERR_UNSUPPORTED, "%d engine configs tried, none built a plan; last: %s", tried,
-                         last);
+    return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                         "no engine built a plan (heuristics offered %d configs in mode A, %d in FALLBACK)%s%s",
+                         offered[0], offered[1], first[0] ? "; first refusal: " : "", first);
 }
 
 } // namespace

@@ -49,6 +49,9 @@ static inline tkd_status tkd_cudnn_fail(cudnnStatus_t e, const char *expr, const
 {
     char last[512] = "";
     cudnnGetLastErrorString(last, sizeof last); /* "" when cuDNN left no message */
+    for (char *c = last; *c; c++) /* cuDNN's traceback is several lines: make it one */
+        if (*c == '\n' || *c == '\r')
+            *c = c[1] ? '|' : '\0';
     tkd_status st = TKD_ERR_DEVICE;
     if (e == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
         st = TKD_ERR_DEVICE_OOM;

@@ -363,6 +363,82 @@ static void test_large_scores(void **state)
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
+/* One forward of shape c on the inputs of r into fresh NaN-filled buffers; y and lse back in
+ * hy, hl (host). Returns 0 when cuDNN refused the shape. */
+static int fwd_into(const acase *c, const uint16_t *dq, const uint16_t *dk, const uint16_t *dv, uint16_t *dy,
+                    float *dl, uint16_t *hy, float *hl)
+{
+    size_t ny = (size_t)c->B * c->T * c->H * c->dh, nl = (size_t)c->B * c->H * c->T;
+    assert_int_equal(cudaMemset(dy, 0xff, 2 * ny), cudaSuccess);
+    assert_int_equal(cudaMemset(dl, 0xff, 4 * nl), cudaSuccess);
+    if (!call(c, dq, dk, dv, dy, dl))
+        return 0;
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemcpy(hy, dy, 2 * ny, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(hl, dl, 4 * nl, cudaMemcpyDeviceToHost), cudaSuccess);
+    return 1;
+}
+
+/* lse of every row of shape c (inputs r) against the float64 reference; fails with the worst. */
+static void check_lse_all(const run *r, const acase *c, const float *lse)
+{
+    double *y = malloc(sizeof(double) * c->dh), *sc = malloc(sizeof(double) * c->T);
+    assert_true(y && sc);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int t = 0; t < c->T; t++) {
+                double ref = ref_row(r, c, b, h, t, y, sc), got = lse[((int64_t)b * c->H + h) * c->T + t];
+                if (!(fabs(got - ref) <= LSE_ATOL + LSE_RTOL * fabs(ref)))
+                    fail_msg("%s: lse[b=%d h=%d t=%d] = %.9g, ref64 %.9g", c->what, b, h, t, got, ref);
+            }
+    free(y), free(sc);
+}
+
+/* The plan table and the variant-pack cache: more shapes than the table holds (each checked on its
+ * lse, then the first ones again after their eviction), and one shape run into other output
+ * buffers and back, which must give the same bits (the same plan; a pack still pointing at the
+ * old buffers would leave the new ones NaN). */
+static void test_plan_cache(void **state)
+{
+    (void)state;
+    enum { N_T = 20, H = 2, HKV = 1, DH = 64 };
+    acase big = {"plan cache", 1, N_T, H, HKV, DH, 1.5f, 0, 31};
+    run r;
+    run_alloc(&r, &big); /* inputs for T = N_T; a shorter T reads the first rows (row stride unchanged) */
+    uint16_t *dq = dev_alloc(2 * r.nq), *dk = dev_alloc(2 * r.nkv), *dv = dev_alloc(2 * r.nkv);
+    uint16_t *dy = dev_alloc(2 * r.nq), *dy2 = dev_alloc(2 * r.nq);
+    float *dl = dev_alloc(4 * r.nl), *dl2 = dev_alloc(4 * r.nl);
+    assert_int_equal(cudaMemcpy(dq, r.qb, 2 * r.nq, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dk, r.kb, 2 * r.nkv, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dv, r.vb, 2 * r.nkv, cudaMemcpyHostToDevice), cudaSuccess);
+    char what[64];
+    for (int pass = 0; pass < 2; pass++)
+        for (int T = 1; T <= (pass ? 4 : N_T); T++) { /* pass 1: T = 1..4 were evicted */
+            acase c = big;
+            c.T = T, c.what = what;
+            snprintf(what, sizeof what, "plan cache T = %d (pass %d)", T, pass);
+            if (fwd_into(&c, dq, dk, dv, dy, dl, r.y, r.lse))
+                check_lse_all(&r, &c, r.lse);
+        }
+    acase c = big;
+    c.T = 17, c.what = "plan cache, other buffers";
+    uint16_t *y1 = malloc(2 * r.nq), *y2 = malloc(2 * r.nq);
+    float *l1 = malloc(4 * r.nl), *l2 = malloc(4 * r.nl);
+    assert_true(y1 && y2 && l1 && l2);
+    if (fwd_into(&c, dq, dk, dv, dy, dl, y1, l1)) {
+        const size_t ny = (size_t)c.T * H * DH, nl = (size_t)H * c.T;
+        for (int round = 0; round < 2; round++) { /* into dy2/dl2, then back into dy/dl */
+            assert_true(fwd_into(&c, dq, dk, dv, round ? dy : dy2, round ? dl : dl2, y2, l2));
+            if (memcmp(y1, y2, 2 * ny) != 0 || memcmp(l1, l2, 4 * nl) != 0)
+                fail_msg("plan cache: the same shape into %s buffers gave other bits (a variant pack kept "
+                         "stale pointers, or cuDNN's forward is not reproducible)", round ? "the first" : "new");
+        }
+    }
+    free(y1), free(y2), free(l1), free(l2);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dy), cudaFree(dy2), cudaFree(dl), cudaFree(dl2);
+    run_free(&r);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -416,6 +492,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_small),
+        cmocka_unit_test(test_plan_cache),
         cmocka_unit_test(test_large_scores),
         cmocka_unit_test(test_long),
     };
