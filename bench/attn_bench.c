@@ -1,18 +1,25 @@
-/* attn_bench.c — the speed of tkd_cuda_attn_fwd, the causal GQA attention forward (a program, not
- * a test; built only with the CUDA backend).
+/* attn_bench.c — the speed of tkd_cuda_attn_fwd, the causal GQA attention forward, next to cuDNN's
+ * fused attention through tkd_cudnn_attn_fwd (a program, not a test; built only with the CUDA
+ * backend).
  *
  * For each shape (B = 1, bf16 q, k, v uniform in [-1, 1)): the median of --reps timed launches
  * (cudaEvent pairs around each launch, after 2 untimed ones), with and without the lse output,
- * and TFLOP/s counting the two matrix products over the causal half: 4·B·H·T²·dh / 2. Shapes:
- * Llama 3 8B (H 32, Hkv 8, dh 128) and Qwen2 0.5B (H 14, Hkv 2, dh 64) at T = 8192 and 32768, or
- * those given with --shapes.
+ * and TFLOP/s counting the two matrix products over the causal half: 4·B·H·T²·dh / 2; ours first,
+ * then cuDNN's, whose first call per shape also builds its plan (that wall time is the "plan ms"
+ * column, with lse, then without), and the last column is the largest |difference| between the
+ * two's y and lse over the whole output, a sanity check (tests/test_gpu_attn_cudnn.c holds the
+ * tolerances). A shape cuDNN refuses shows "refused" and its message goes to stderr.
+ * Shapes: Llama 3 8B (H 32, Hkv 8, dh 128) and Qwen2 0.5B (H 14, Hkv 2, dh 64) at T = 8192 and
+ * 32768, or those given with --shapes.
  *
  *   attn_bench [--reps 10] [--shapes BxTxHxHkvxDH,...]
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/status.h"
 
@@ -20,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/attn_cuda.h"
+#include "kernels/attn_cudnn.h"
 
 typedef struct shape { int b, t, h, hkv, dh; const char *name; } shape;
 
@@ -55,19 +63,49 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median milliseconds of reps launches. */
-static double time_fwd(const shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                       uint16_t *y, float *lse, int reps)
+static double wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* One forward: ours when cudnn is NULL, else cuDNN's. */
+static tkd_status fwd(tkd_cudnn_attn *cudnn, const shape *s, const uint16_t *q, const uint16_t *k,
+                      const uint16_t *v, uint16_t *y, float *lse)
+{
+    if (!cudnn)
+        return tkd_cuda_attn_fwd(q, k, v, s->b, s->t, s->h, s->hkv, s->dh, y, lse, NULL);
+    return tkd_cudnn_attn_fwd(cudnn, q, k, v, s->b, s->t, s->h, s->hkv, s->dh, y, lse, NULL);
+}
+
+/* Median milliseconds of reps launches, or -1 when cuDNN refuses the shape (message on stderr).
+ * *first_ms: wall time of the first (untimed) call, through its completion. */
+static double time_fwd(tkd_cudnn_attn *cudnn, const shape *s, const uint16_t *q, const uint16_t *k,
+                       const uint16_t *v, uint16_t *y, float *lse, int reps, double *first_ms)
 {
     cudaEvent_t e0, e1;
     float *ms = malloc(sizeof(float) * (size_t)reps);
+    CUDA(cudaDeviceSynchronize());
+    const double t0 = wall_ms();
+    tkd_status st = fwd(cudnn, s, q, k, v, y, lse);
+    CUDA(cudaDeviceSynchronize());
+    *first_ms = wall_ms() - t0;
+    if (st == TKD_ERR_UNSUPPORTED && cudnn) {
+        fprintf(stderr, "attn_bench: %dx%dx%dx%dx%d %s lse: %s\n", s->b, s->t, s->h, s->hkv, s->dh,
+                lse ? "with" : "without", tkd_error_msg());
+        free(ms);
+        return -1.0;
+    }
+    if (st != TKD_OK)
+        die(cudnn ? "tkd_cudnn_attn_fwd" : "tkd_cuda_attn_fwd", tkd_error_msg());
     CUDA(cudaEventCreate(&e0));
     CUDA(cudaEventCreate(&e1));
-    for (int i = -2; i < reps; i++) {
+    for (int i = -1; i < reps; i++) {
         CUDA(cudaEventRecord(e0, 0));
-        tkd_status st = tkd_cuda_attn_fwd(q, k, v, s->b, s->t, s->h, s->hkv, s->dh, y, lse, NULL);
+        st = fwd(cudnn, s, q, k, v, y, lse);
         if (st != TKD_OK)
-            die("tkd_cuda_attn_fwd", tkd_error_msg());
+            die(cudnn ? "tkd_cudnn_attn_fwd" : "tkd_cuda_attn_fwd", tkd_error_msg());
         CUDA(cudaEventRecord(e1, 0));
         CUDA(cudaEventSynchronize(e1));
         if (i >= 0)
@@ -81,7 +119,54 @@ static double time_fwd(const shape *s, const uint16_t *q, const uint16_t *k, con
     return med;
 }
 
-static void bench_shape(const shape *s, int reps)
+static float bf16_to_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* max |y_ours − y_cudnn| and max |lse_ours − lse_cudnn| over the whole output (a sanity check
+ * next to the timings: the test holds the tolerances). */
+static void compare(tkd_cudnn_attn *cudnn, const shape *s, const uint16_t *q, const uint16_t *k,
+                    const uint16_t *v, uint16_t *y, float *lse, double *dy, double *dl)
+{
+    size_t nq = (size_t)s->b * s->t * s->h * s->dh, nl = (size_t)s->b * s->h * s->t;
+    uint16_t *y0 = malloc(nq * 2), *y1 = malloc(nq * 2);
+    float *l0 = malloc(nl * 4), *l1 = malloc(nl * 4);
+    if (!y0 || !y1 || !l0 || !l1)
+        die("malloc", "out of host memory");
+    if (fwd(NULL, s, q, k, v, y, lse) != TKD_OK)
+        die("tkd_cuda_attn_fwd", tkd_error_msg());
+    CUDA(cudaMemcpy(y0, y, nq * 2, cudaMemcpyDeviceToHost));
+    CUDA(cudaMemcpy(l0, lse, nl * 4, cudaMemcpyDeviceToHost));
+    if (fwd(cudnn, s, q, k, v, y, lse) != TKD_OK)
+        die("tkd_cudnn_attn_fwd", tkd_error_msg());
+    CUDA(cudaMemcpy(y1, y, nq * 2, cudaMemcpyDeviceToHost));
+    CUDA(cudaMemcpy(l1, lse, nl * 4, cudaMemcpyDeviceToHost));
+    *dy = *dl = 0.0;
+    for (size_t i = 0; i < nq; i++) {
+        double d = fabs((double)bf16_to_f32(y0[i]) - bf16_to_f32(y1[i]));
+        *dy = d > *dy || d != d ? d : *dy;
+    }
+    for (size_t i = 0; i < nl; i++) {
+        double d = fabs((double)l0[i] - l1[i]);
+        *dl = d > *dl || d != d ? d : *dl;
+    }
+    free(y0), free(y1), free(l0), free(l1);
+}
+
+/* "| ms | TFLOP/s " cells of one timing, or "refused" ones. */
+static void print_cells(double ms, double flop)
+{
+    if (ms < 0)
+        printf("| %9s | %7s ", "refused", "-");
+    else
+        printf("| %9.3f | %7.1f ", ms, flop / ms * 1e-9);
+}
+
+static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps)
 {
     size_t nq = (size_t)s->b * s->t * s->h * s->dh, nkv = (size_t)s->b * s->t * s->hkv * s->dh;
     uint16_t *q, *k, *v, *y;
@@ -92,10 +177,23 @@ static void bench_shape(const shape *s, int reps)
     CUDA(cudaMalloc((void **)&y, nq * 2));
     CUDA(cudaMalloc((void **)&lse, sizeof(float) * (size_t)s->b * s->h * s->t));
     fill_dev(q, nq, 1), fill_dev(k, nkv, 2), fill_dev(v, nkv, 3);
-    double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
-    double ms_lse = time_fwd(s, q, k, v, y, lse, reps), ms = time_fwd(s, q, k, v, y, NULL, reps);
-    printf("| %-12s | %d | %6d | %3d | %3d | %3d | %9.3f | %7.1f | %11.3f | %7.1f |\n", s->name, s->b,
-           s->t, s->h, s->hkv, s->dh, ms_lse, flop / ms_lse * 1e-9, ms, flop / ms * 1e-9);
+    double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0, first[4] = {0, 0, 0, 0};
+    double ms[4] = {time_fwd(NULL, s, q, k, v, y, lse, reps, &first[0]),
+                    time_fwd(NULL, s, q, k, v, y, NULL, reps, &first[1]), -1.0, -1.0};
+    if (cudnn) {
+        ms[2] = time_fwd(cudnn, s, q, k, v, y, lse, reps, &first[2]);
+        ms[3] = time_fwd(cudnn, s, q, k, v, y, NULL, reps, &first[3]);
+    }
+    printf("| %-12s | %d | %6d | %3d | %3d | %3d ", s->name, s->b, s->t, s->h, s->hkv, s->dh);
+    for (int i = 0; i < 4; i++)
+        print_cells(ms[i], flop);
+    if (cudnn && ms[2] >= 0) {
+        double dy, dl;
+        compare(cudnn, s, q, k, v, y, lse, &dy, &dl);
+        printf("| %6.0f / %-6.0f | %.2g / %.2g |\n", first[2], first[3], dy, dl);
+    } else {
+        printf("| %15s | - |\n", cudnn ? "refused" : "no cuDNN");
+    }
     CUDA(cudaFree(q));
     CUDA(cudaFree(k));
     CUDA(cudaFree(v));
@@ -131,12 +229,18 @@ int main(int argc, char **argv)
         die("--reps", "must be at least 1");
     struct cudaDeviceProp p;
     CUDA(cudaGetDeviceProperties(&p, 0));
+    tkd_cudnn_attn *cudnn = NULL;
+    if (tkd_cudnn_attn_create(&cudnn) != TKD_OK)
+        fprintf(stderr, "attn_bench: no cuDNN column: %s\n", tkd_error_msg());
     printf("attn_bench: %s, %d SMs, median of %d launches; TFLOP/s = 4·B·H·T²·dh/2 / time\n\n", p.name,
            p.multiProcessorCount, reps);
-    printf("| shape        | B |      T |   H | Hkv |  dh | ms (lse)  | TFLOP/s | ms (no lse) | TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| shape        | B |      T |   H | Hkv |  dh | ours ms (lse) | TFLOP/s | ours ms (no lse) | TFLOP/s "
+           "| cuDNN ms (lse) | TFLOP/s | cuDNN ms (no lse) | TFLOP/s | cuDNN plan ms (lse / no) "
+           "| max abs diff y / lse |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
-        bench_shape(&shapes[i], reps);
+        bench_shape(cudnn, &shapes[i], reps);
+    tkd_cudnn_attn_free(cudnn);
     return 0;
 }
 

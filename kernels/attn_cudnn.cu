@@ -1,0 +1,542 @@
+/* attn_cudnn.cu — see attn_cudnn.h. Host code only: the graph, heuristics, plans and variant packs
+ * of cuDNN's backend API. The pattern follows the one cudnn-frontend lowers its SDPA node to for
+ * cuDNN < 9.21 (its "composite" node: causal mask by GEN_INDEX + CMP_GE + BINARY_SELECT, softmax
+ * from reductions and pointwise ops, P in the io type before the second matmul); the code is ours. */
+#include "kernels/attn_cudnn.h"
+
+#include "common/status.h"
+#include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef TKD_HAVE_CUDNN
+
+namespace {
+
+constexpr int kPlans = 16;   /* cached plans: a teacher pass uses a shape or two (with, without lse) */
+constexpr int kDescs = 64;   /* descriptors one graph is built from: 19 tensors, 28 ops, graph, heur */
+constexpr int kOps = 16;     /* operations in the graph (14) */
+constexpr int kCfgs = 16;    /* engine configs taken from one heuristics query */
+constexpr int kMsg = TKD_ERROR_MSG_MAX; /* a cached refusal's message */
+
+/* Unique ids of the tensors the variant pack names; the virtual ones count up from kUidVirtual. */
+constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidY = 4, kUidStats = 5, kUidScale = 6, kUidNegInf = 7;
+constexpr int64_t kUidVirtual = 100;
+
+struct Key {
+    int B, T, H, Hkv, dh, lse; /* compared with memcmp: zero the padding */
+};
+
+struct Plan {
+    Key key;
+    unsigned long long used;          /* 0: free slot */
+    tkd_status refused;               /* not TKD_OK: cuDNN refused this key, why says how */
+    char why[kMsg];
+    cudnnBackendDescriptor_t desc[kDescs]; /* all the plan was built from, alive as long as it */
+    int ndesc;
+    cudnnBackendDescriptor_t ops[kOps];    /* the graph's operations, in order (also in desc) */
+    int nops;
+    int64_t next_uid;
+    cudnnBackendDescriptor_t cfgs[kCfgs];  /* the current heuristics query's engine configs */
+    int ncfgs;
+    cudnnBackendDescriptor_t plan;
+    int64_t ws_bytes;
+    float scale, neg_inf;                  /* by-value scalars: the variant pack points here */
+    cudnnBackendDescriptor_t pack;         /* the last call's variant pack and what it holds */
+    const void *pack_ptrs[6];
+};
+
+/* Every backend call in one place; failures pass through TKD_CUDNN_CHECK with the attribute named
+ * in the message (the macro prints the expression). */
+#define SET(d, name, type, n, v) TKD_CUDNN_CHECK(cudnnBackendSetAttribute((d), name, type, (n), (v)))
+
+/* Runs expr; on failure prefixes the message with what the graph step was. */
+#define STEP(what, expr)                                   \
+    do {                                                   \
+        tkd_status step_st_ = (expr);                      \
+        if (step_st_ != TKD_OK)                            \
+            return tkd_error_prefix(step_st_, "%s", what); \
+    } while (0)
+
+/* Teardown: a failure to destroy is not actionable (as cudaFree in tkd_cuda_free). */
+void destroy(cudnnBackendDescriptor_t d)
+{
+    if (d)
+        (void)cudnnBackendDestroyDescriptor(d);
+}
+
+void plan_destroy(Plan *p)
+{
+    destroy(p->pack);
+    destroy(p->plan);
+    for (int i = 0; i < p->ncfgs; i++)
+        destroy(p->cfgs[i]);
+    for (int i = p->ndesc - 1; i >= 0; i--)
+        destroy(p->desc[i]);
+    memset(p, 0, sizeof *p);
+}
+
+/* A new descriptor of type t, owned by p. */
+tkd_status keep(Plan *p, cudnnBackendDescriptorType_t t, cudnnBackendDescriptor_t *out)
+{
+    if (p->ndesc == kDescs)
+        return tkd_error_set(TKD_ERR_INTERNAL, "cudnn attention: more than %d descriptors", kDescs);
+    TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(t, &p->desc[p->ndesc]));
+    *out = p->desc[p->ndesc++];
+    return TKD_OK;
+}
+
+/* A 4-d tensor. uid 0: virtual (an intermediate cuDNN never writes out), numbered by p. */
+tkd_status tensor(Plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4],
+                  bool by_value, cudnnBackendDescriptor_t *out)
+{
+    cudnnBackendDescriptor_t t;
+    TKD_TRY(keep(p, CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
+    const bool is_virtual = uid == 0, yes = true;
+    const int64_t id = is_virtual ? p->next_uid++ : uid, align = 16;
+    SET(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+    SET(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim);
+    SET(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str);
+    SET(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id);
+    SET(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+    if (is_virtual)
+        SET(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes);
+    if (by_value)
+        SET(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(t));
+    *out = t;
+    return TKD_OK;
+}
+
+tkd_status add_op(Plan *p, cudnnBackendDescriptor_t op)
+{
+    if (p->nops == kOps)
+        return tkd_error_set(TKD_ERR_INTERNAL, "cudnn attention: more than %d operations", kOps);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(op));
+    p->ops[p->nops++] = op;
+    return TKD_OK;
+}
+
+/* y = mode(x[, b[, t]]) computed in prec; axis only for GEN_INDEX. */
+tkd_status pointwise(Plan *p, cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
+                     cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
+                     int64_t axis = -1)
+{
+    cudnnBackendDescriptor_t pw, op;
+    TKD_TRY(keep(p, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw));
+    SET(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    SET(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    if (mode == CUDNN_POINTWISE_GEN_INDEX)
+        SET(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(pw));
+    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &op));
+    const float one = 1.0f;
+    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    if (b)
+        SET(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    if (t)
+        SET(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
+    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
+    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
+    return add_op(p, op);
+}
+
+/* y = reduce(x) over the axes where y's dimension is 1, in fp32. */
+tkd_status reduction(Plan *p, cudnnReduceTensorOp_t red, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t rd, op;
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    TKD_TRY(keep(p, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, &rd));
+    SET(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red);
+    SET(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(rd));
+    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, &op));
+    SET(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    SET(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    SET(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd);
+    return add_op(p, op);
+}
+
+/* c = a·b batched over the two leading dims (b's head dim may divide a's: GQA), fp32 accumulation. */
+tkd_status matmul(Plan *p, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
+{
+    cudnnBackendDescriptor_t md, op;
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    TKD_TRY(keep(p, CUDNN_BACKEND_MATMUL_DESCRIPTOR, &md));
+    SET(md, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(md));
+    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, &op));
+    SET(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+    SET(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    SET(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    SET(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &md);
+    return add_op(p, op);
+}
+
+/* The graph's non-virtual tensors and the shapes of the virtual ones, for key. Dimensions are
+ * (b, h, s, d) as cuDNN's attention pattern wants them, strides our row-major token layout:
+ * q, y (B, H, T, dh) element (b, h, t, d) at ((b·T + t)·H + h)·dh + d; K enters transposed,
+ * (B, Hkv, dh, T); the score matrix S (B, H, T, T) and row statistics (B, H, T, 1) are virtual,
+ * with packed strides (lse (B, H, T) is exactly that row-statistics layout). */
+struct Shapes {
+    int64_t q_dim[4], q_str[4], kt_dim[4], kt_str[4], v_dim[4], v_str[4];
+    int64_t s_dim[4], s_str[4], r_dim[4], r_str[4], one[4];
+};
+
+Shapes shapes_for(const Key &k)
+{
+    const int64_t B = k.B, T = k.T, H = k.H, G = k.Hkv, D = k.dh;
+    Shapes s = {
+        {B, H, T, D}, {T * H * D, D, H * D, 1},
+        {B, G, D, T}, {T * G * D, D, 1, G * D},
+        {B, G, T, D}, {T * G * D, D, G * D, 1},
+        {B, H, T, T}, {H * T * T, T * T, T, 1},
+        {B, H, T, 1}, {H * T, T, 1, 1},
+        {1, 1, 1, 1},
+    };
+    return s;
+}
+
+/* S = scale·Q·Kᵀ with entries above the diagonal set to −inf: the masked scores *out (fp32). */
+tkd_status graph_scores(Plan *p, const Shapes &s, cudnnBackendDescriptor_t *out)
+{
+    cudnnBackendDescriptor_t q, kt, scale, neg_inf, sc, ss, row, col, keep_mask, masked;
+    const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    STEP("tensor q", tensor(p, kUidQ, bf16, s.q_dim, s.q_str, false, &q));
+    STEP("tensor k", tensor(p, kUidK, bf16, s.kt_dim, s.kt_str, false, &kt));
+    STEP("tensor scale", tensor(p, kUidScale, f32, s.one, s.one, true, &scale));
+    STEP("tensor -inf", tensor(p, kUidNegInf, f32, s.one, s.one, true, &neg_inf));
+    STEP("tensor S", tensor(p, 0, f32, s.s_dim, s.s_str, false, &sc));
+    STEP("tensor S·scale", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ss));
+    STEP("tensor row index", tensor(p, 0, CUDNN_DATA_INT32, s.s_dim, s.s_str, false, &row));
+    STEP("tensor column index", tensor(p, 0, CUDNN_DATA_INT32, s.s_dim, s.s_str, false, &col));
+    STEP("tensor causal mask", tensor(p, 0, CUDNN_DATA_BOOLEAN, s.s_dim, s.s_str, false, &keep_mask));
+    STEP("tensor masked S", tensor(p, 0, f32, s.s_dim, s.s_str, false, &masked));
+    STEP("matmul Q·Kᵀ", matmul(p, q, kt, sc));
+    STEP("pointwise S·scale", pointwise(p, CUDNN_POINTWISE_MUL, f32, sc, scale, NULL, ss));
+    STEP("gen index rows", pointwise(p, CUDNN_POINTWISE_GEN_INDEX, f32, ss, NULL, NULL, row, 2));
+    STEP("gen index columns", pointwise(p, CUDNN_POINTWISE_GEN_INDEX, f32, ss, NULL, NULL, col, 3));
+    STEP("row >= column", pointwise(p, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, NULL, keep_mask));
+    /* BINARY_SELECT: y = t ? x : b, so the scores stay where row ≥ column */
+    STEP("causal select", pointwise(p, CUDNN_POINTWISE_BINARY_SELECT, f32, ss, neg_inf, keep_mask, masked));
+    *out = masked;
+    return TKD_OK;
+}
+
+/* P = softmax(masked) over the key axis (bf16, the io type, as the second matmul wants), stats =
+ * max + log Σ exp(masked − max), then Y = P·V. stats non-virtual when the key asks for lse. */
+tkd_status graph_softmax_pv(Plan *p, const Shapes &s, cudnnBackendDescriptor_t masked)
+{
+    cudnnBackendDescriptor_t mx, sub, ex, sum, lg, stats, prob, v, y;
+    const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    STEP("tensor max", tensor(p, 0, f32, s.r_dim, s.r_str, false, &mx));
+    STEP("tensor S - max", tensor(p, 0, f32, s.s_dim, s.s_str, false, &sub));
+    STEP("tensor exp", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ex));
+    STEP("tensor sum", tensor(p, 0, f32, s.r_dim, s.r_str, false, &sum));
+    STEP("tensor log sum", tensor(p, 0, f32, s.r_dim, s.r_str, false, &lg));
+    STEP("tensor stats", tensor(p, p->key.lse ? kUidStats : 0, f32, s.r_dim, s.r_str, false, &stats));
+    STEP("tensor P", tensor(p, 0, bf16, s.s_dim, s.s_str, false, &prob));
+    STEP("tensor v", tensor(p, kUidV, bf16, s.v_dim, s.v_str, false, &v));
+    STEP("tensor y", tensor(p, kUidY, bf16, s.q_dim, s.q_str, false, &y));
+    STEP("reduce max", reduction(p, CUDNN_REDUCE_TENSOR_MAX, masked, mx));
+    STEP("pointwise S - max", pointwise(p, CUDNN_POINTWISE_SUB, f32, masked, mx, NULL, sub));
+    STEP("pointwise exp", pointwise(p, CUDNN_POINTWISE_EXP, f32, sub, NULL, NULL, ex));
+    STEP("reduce sum", reduction(p, CUDNN_REDUCE_TENSOR_ADD, ex, sum));
+    STEP("pointwise log", pointwise(p, CUDNN_POINTWISE_LOG, f32, sum, NULL, NULL, lg));
+    STEP("pointwise stats", pointwise(p, CUDNN_POINTWISE_ADD, f32, mx, lg, NULL, stats));
+    STEP("pointwise P", pointwise(p, CUDNN_POINTWISE_DIV, f32, ex, sum, NULL, prob));
+    STEP("matmul P·V", matmul(p, prob, v, y));
+    return TKD_OK;
+}
+
+/* The finalized operation graph for p->key. */
+tkd_status graph_build(Plan *p, cudnnHandle_t h, cudnnBackendDescriptor_t *out)
+{
+    const Shapes s = shapes_for(p->key);
+    cudnnBackendDescriptor_t masked, g;
+    p->next_uid = kUidVirtual;
+    TKD_TRY(graph_scores(p, s, &masked));
+    TKD_TRY(graph_softmax_pv(p, s, masked));
+    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g));
+    SET(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, p->nops, p->ops);
+    /* Deprecated since cuDNN 9.8 (the device comes from the current context), still accepted, and
+     * what cudnn-frontend sets when given a handle: the path PyTorch's cuDNN attention takes. */
+    SET(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(g));
+    *out = g;
+    return TKD_OK;
+}
+
+/* Asks the heuristics (mode) for engine configs of graph g into p->cfgs (replacing the last ones). */
+tkd_status heuristics(Plan *p, cudnnBackendDescriptor_t g, cudnnBackendHeurMode_t mode)
+{
+    cudnnBackendDescriptor_t heur;
+    for (int i = 0; i < p->ncfgs; i++)
+        destroy(p->cfgs[i]);
+    p->ncfgs = 0;
+    TKD_TRY(keep(p, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
+    SET(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g);
+    SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(heur));
+    int64_t avail = 0, got = 0;
+    TKD_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                             0, &avail, NULL));
+    const int64_t want = avail < kCfgs ? avail : kCfgs;
+    for (; p->ncfgs < want; p->ncfgs++)
+        TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &p->cfgs[p->ncfgs]));
+    if (want > 0)
+        TKD_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, want, &got, p->cfgs));
+    for (int64_t i = got; i < want; i++) /* fewer than announced: drop the unfilled ones */
+        destroy(p->cfgs[i]), p->cfgs[i] = NULL;
+    p->ncfgs = (int)got;
+    return TKD_OK;
+}
+
+/* An execution plan of engine config cfg: finalizing it is where an engine accepts or refuses. */
+tkd_status plan_try(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t *out, int64_t *ws_bytes)
+{
+    cudnnBackendDescriptor_t plan;
+    TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan));
+    *out = plan; /* the caller destroys it on failure */
+    SET(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(plan));
+    int64_t n = 0;
+    TKD_CUDNN_CHECK(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+                                             1, &n, ws_bytes));
+    return TKD_OK;
+}
+
+/* p->plan: the first engine config (heuristics mode A, then FALLBACK) whose plan finalizes. When
+ * none does, TKD_ERR_UNSUPPORTED with how many each mode offered and the first refusal's message
+ * (that of the heuristics' top choice, the engine we wanted). */
+tkd_status plan_pick(Plan *p, cudnnBackendDescriptor_t g)
+{
+    static const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    static const char *const names[2] = {"A", "FALLBACK"};
+    char first[kMsg] = "";
+    int offered[2] = {0, 0};
+    for (int m = 0; m < 2; m++) {
+        tkd_status st = heuristics(p, g, modes[m]);
+        if (st == TKD_ERR_DEVICE_OOM)
+            return st;
+        if (st != TKD_OK && !first[0])
+            snprintf(first, sizeof first, "heuristics mode %s: %s", names[m], tkd_error_msg());
+        offered[m] = st == TKD_OK ? p->ncfgs : 0;
+        for (int i = 0; i < offered[m]; i++) {
+            cudnnBackendDescriptor_t plan = NULL;
+            tkd_status pst = plan_try(p->cfgs[i], &plan, &p->ws_bytes);
+            if (pst == TKD_OK) {
+                p->plan = plan;
+                return TKD_OK;
+            }
+            destroy(plan);
+            if (pst == TKD_ERR_DEVICE_OOM)
+                return pst;
+            if (!first[0])
+                snprintf(first, sizeof first, "mode %s config %d: %s", names[m], i, tkd_error_msg());
+        }
+    }
+    return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                         "no engine built a plan (heuristics offered %d configs in mode A, %d in FALLBACK)%s%s",
+                         offered[0], offered[1], first[0] ? "; first refusal: " : "", first);
+}
+
+} // namespace
+
+struct tkd_cudnn_attn {
+    cudnnHandle_t h;
+    void *ws; /* (ws_bytes): shared by every plan, one call at a time */
+    size_t ws_bytes;
+    Plan plans[kPlans];
+    unsigned long long clock;
+};
+
+/* Builds p's plan for p->key and grows the workspace to it. Any failure but out-of-memory becomes
+ * TKD_ERR_UNSUPPORTED: the caller falls back, the message says why. */
+static tkd_status plan_init(tkd_cudnn_attn *a, Plan *p)
+{
+    cudnnBackendDescriptor_t g = NULL;
+    tkd_status st = graph_build(p, a->h, &g);
+    if (st == TKD_OK)
+        st = plan_pick(p, g);
+    if (st == TKD_OK && (size_t)p->ws_bytes > a->ws_bytes) {
+        tkd_cuda_free(a->ws); /* cudaFree waits for the kernels that may still use it */
+        a->ws = NULL, a->ws_bytes = 0;
+        st = tkd_cuda_malloc(&a->ws, (size_t)p->ws_bytes, "cuDNN attention workspace", NULL);
+        if (st == TKD_OK)
+            a->ws_bytes = (size_t)p->ws_bytes;
+    }
+    if (st != TKD_OK && st != TKD_ERR_DEVICE_OOM)
+        st = TKD_ERR_UNSUPPORTED;
+    const Key &k = p->key;
+    return st == TKD_OK ? st
+                        : tkd_error_prefix(st, "cuDNN attention B=%d T=%d H=%d Hkv=%d dh=%d%s", k.B, k.T, k.H,
+                                           k.Hkv, k.dh, k.lse ? " with lse" : "");
+}
+
+/* The cached plan for key, built (replacing the least recently used slot) when missing. A refusal
+ * is cached as well and returned again with its message. */
+static tkd_status plan_get(tkd_cudnn_attn *a, const Key &key, Plan **out)
+{
+    Plan *victim = &a->plans[0];
+    for (int i = 0; i < kPlans; i++) {
+        Plan *p = &a->plans[i];
+        if (p->used && memcmp(&p->key, &key, sizeof key) == 0) {
+            p->used = ++a->clock;
+            *out = p;
+            return p->refused == TKD_OK ? TKD_OK : tkd_error_set(p->refused, "%s", p->why);
+        }
+        if (p->used < victim->used)
+            victim = p;
+    }
+    if (victim->used)
+        plan_destroy(victim);
+    victim->key = key;
+    tkd_status st = plan_init(a, victim);
+    if (st != TKD_OK) {
+        plan_destroy(victim);
+        if (st == TKD_ERR_DEVICE_OOM) /* may pass: not cached */
+            return st;
+        victim->key = key, victim->refused = st;
+        snprintf(victim->why, sizeof victim->why, "%s", tkd_error_msg());
+    }
+    victim->used = ++a->clock;
+    *out = victim;
+    return st;
+}
+
+/* p->pack for these pointers: the last call's when they are the same (a model's layers reuse
+ * their buffers), else a new one. The by-value scalars point into p. */
+static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[6])
+{
+    if (p->pack && memcmp(p->pack_ptrs, ptrs, sizeof p->pack_ptrs) == 0)
+        return TKD_OK;
+    destroy(p->pack);
+    p->pack = NULL;
+    p->scale = (float)(1.0 / sqrt((double)p->key.dh));
+    p->neg_inf = -INFINITY;
+    int64_t uids[7] = {kUidQ, kUidK, kUidV, kUidY, kUidScale, kUidNegInf, kUidStats};
+    void *data[7] = {(void *)ptrs[0], (void *)ptrs[1], (void *)ptrs[2], (void *)ptrs[3], &p->scale,
+                     &p->neg_inf, (void *)ptrs[4]};
+    const int64_t n = p->key.lse ? 7 : 6;
+    void *ws = a->ws;
+    cudnnBackendDescriptor_t vp;
+    TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+    p->pack = vp; /* destroyed with p, or by the next pack_get, also after a failure below */
+    SET(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+    SET(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data);
+    SET(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    memset(p->pack_ptrs, 0, sizeof p->pack_ptrs); /* unusable until finalized */
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(vp));
+    memcpy(p->pack_ptrs, ptrs, sizeof p->pack_ptrs);
+    return TKD_OK;
+}
+
+extern "C" void tkd_cudnn_attn_free(tkd_cudnn_attn *a)
+{
+    if (!a)
+        return;
+    for (int i = 0; i < kPlans; i++)
+        if (a->plans[i].used)
+            plan_destroy(&a->plans[i]);
+    if (a->h)
+        (void)cudnnDestroy(a->h); /* teardown: not actionable */
+    tkd_cuda_free(a->ws);
+    free(a);
+}
+
+static tkd_status attn_init(tkd_cudnn_attn *a)
+{
+    const size_t ver = cudnnGetVersion();
+    if (ver < 90000)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN attention: the cuDNN loaded is %zu, 9.x needed", ver);
+    TKD_CUDNN_CHECK(cudnnCreate(&a->h));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cudnn_attn_create(tkd_cudnn_attn **out)
+{
+    *out = NULL;
+    tkd_cudnn_attn *a = (tkd_cudnn_attn *)calloc(1, sizeof *a);
+    if (!a)
+        return tkd_error_set(TKD_ERR_NOMEM, "cuDNN attention: out of host memory");
+    tkd_status st = attn_init(a);
+    if (st != TKD_OK) {
+        tkd_cudnn_attn_free(a);
+        return st;
+    }
+    *out = a;
+    return TKD_OK;
+}
+
+static int aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+extern "C" tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, const uint16_t *k,
+                                         const uint16_t *v, int B, int T, int H, int Hkv, int dh,
+                                         uint16_t *y, float *lse, void *stream)
+{
+    if (!a || B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "tkd_cudnn_attn_fwd: bad shape B=%d T=%d H=%d Hkv=%d (H must be a multiple of "
+                             "Hkv) or no state", B, T, H, Hkv);
+    if (dh < 8 || dh > 256 || dh % 8 != 0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "tkd_cudnn_attn_fwd: head dim %d is not supported (cuDNN: a multiple of 8, at "
+                             "most 256)", dh);
+    if (B == 0 || T == 0)
+        return TKD_OK;
+    if (!q || !k || !v || !y || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y) ||
+        !aligned16(lse))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "tkd_cudnn_attn_fwd: q, k, v, y (and lse) must be 16-byte aligned device pointers");
+    Key key;
+    memset(&key, 0, sizeof key);
+    key.B = B, key.T = T, key.H = H, key.Hkv = Hkv, key.dh = dh, key.lse = lse != NULL;
+    Plan *p = NULL;
+    TKD_TRY(plan_get(a, key, &p));
+    const void *ptrs[6] = {q, k, v, y, lse, a->ws};
+    TKD_TRY(pack_get(a, p, ptrs));
+    TKD_CUDNN_CHECK(cudnnSetStream(a->h, (cudaStream_t)stream));
+    TKD_CUDNN_CHECK(cudnnBackendExecute(a->h, p->plan, p->pack));
+    return TKD_OK;
+}
+
+#else /* built without cuDNN: the same entry points, refusing */
+
+struct tkd_cudnn_attn {
+    int unused;
+};
+
+extern "C" tkd_status tkd_cudnn_attn_create(tkd_cudnn_attn **out)
+{
+    *out = NULL;
+    return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                         "cuDNN attention: this build has no cuDNN (CMake found no cudnn_graph.h and libcudnn)");
+}
+
+extern "C" void tkd_cudnn_attn_free(tkd_cudnn_attn *a)
+{
+    (void)a;
+}
+
+extern "C" tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, const uint16_t *k,
+                                         const uint16_t *v, int B, int T, int H, int Hkv, int dh,
+                                         uint16_t *y, float *lse, void *stream)
+{
+    (void)a, (void)q, (void)k, (void)v, (void)B, (void)T, (void)H, (void)Hkv, (void)dh, (void)y, (void)lse;
+    (void)stream;
+    return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN attention: this build has no cuDNN");
+}
+
+#endif /* TKD_HAVE_CUDNN */
