@@ -17,6 +17,7 @@
 
 #include "common/signals.h"
 #include "kernels/attn_cuda.h"
+#include "kernels/attn_cudnn.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
 #include "kernels/ops_cuda.h"
@@ -49,6 +50,7 @@ struct CudaImpl {
     cublasHandle_t blas = nullptr; /* the LM head's bf16 x bf16 -> fp32 logits GEMM */
     void *blas_ws = nullptr;
     tkd_topk_cuda_ws *topk = nullptr;
+    tkd_cudnn_attn *cudnn = nullptr;  /* cuDNN's fused attention; NULL where cuDNN is absent */
     float *stage = nullptr;        // (kStageFloats) fp32 staging of upload_f32 / download_f32
     Grow logits, idx, val, lse, tail, seq, pos;
     GrowHost h_idx, h_val, h_lse, h_tail; /* pinned staging the copy stream writes into */
@@ -92,6 +94,7 @@ void cu_close(tkd_backend *be)
         (void)cublasDestroy(c->blas);
     tkd_cuda_free(c->blas_ws);
     tkd_topk_cuda_ws_free(c->topk);
+    tkd_cudnn_attn_free(c->cudnn);
     tkd_cuda_free(c->stage);
     for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos})
         tkd_cuda_free(g->p);
@@ -226,12 +229,23 @@ tkd_status cu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, int H, i
 /* The flash kernel where it takes the head size, the simple one elsewhere (dh 16, 32, ...). */
 bool flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
 
+/* cuDNN's fused attention first (about twice our kernel's rate on an H200); where cuDNN is absent or
+ * refuses the shape (a refusal is cached per shape, so asking again is free), our own kernels. */
 tkd_status cu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
                        int dh, void *y, void *saved)
 {
+    CudaImpl *c = impl(be);
+    if (c->cudnn) {
+        tkd_status st = tkd_cudnn_attn_fwd(c->cudnn, static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
+                                           B, T, H, Hkv, dh, static_cast<bf>(y), static_cast<float *>(saved),
+                                           c->stream);
+        if (st != TKD_ERR_UNSUPPORTED)
+            return st;
+        tkd_error_clear();
+    }
     auto fn = flash_takes(dh) ? tkd_cuda_attn_fwd : tkd_cuda_attn_fwd_simple;
     return fn(static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v), B, T, H, Hkv, dh, static_cast<bf>(y),
-              static_cast<float *>(saved), stream_of(be));
+              static_cast<float *>(saved), c->stream);
 }
 
 /* Flash attention keeps only each row's log-sum-exp (B, H, T) for its backward. */
@@ -400,6 +414,10 @@ tkd_status cuda_setup(CudaImpl *c)
     TKD_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
     TKD_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, kBlasWsBytes));
     TKD_TRY(tkd_topk_cuda_ws_create(&c->topk));
+    if (!getenv("TKD_NO_CUDNN") && tkd_cudnn_attn_create(&c->cudnn) != TKD_OK) {
+        c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
+        tkd_error_clear();
+    }
     return tkd_cuda_malloc(reinterpret_cast<void **>(&c->stage), kStageFloats * sizeof(float), "upload staging",
                            nullptr);
 }
