@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# scripts/gpu_pack.sh [BUILD_DIR] — packs what the GPU machine needs into build-gpu-bin/ (ignored by
-# git; carry it with the device tool): the GPU tests, both tools, the benchmarks, h5dump and the zstd
-# plugin, and the non-CUDA shared libraries they need as gpulibs.tgz (../shared/tools/gpu-libs.sh).
-# There: tar xzf build-gpu-bin/gpulibs.tgz && bash scripts/gpu_checks.sh build-gpu-bin .gpulibs
+# scripts/gpu_pack.sh [BUILD_DIR] — packs what the GPU machine needs into build-gpu-pack/bundle.tgz
+# (ignored by git; carry build-gpu-pack with the device tool): the GPU tests, both tools, the
+# benchmarks, h5dump and the zstd plugin under build-gpu-bin/, and the non-CUDA shared libraries they
+# need under .gpulibs/ (../shared/tools/gpu-libs.sh). One compressed file keeps the transfer small.
+# There: tar xzf build-gpu-pack/bundle.tgz && bash scripts/gpu_checks.sh build-gpu-bin .gpulibs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 out=build-gpu-bin
-rm -rf "$out" .gpulibs
-mkdir -p "$out/plugins"
+rm -rf "$out" .gpulibs build-gpu-pack
+mkdir -p "$out/plugins" build-gpu-pack
 cp "$build"/bin/test_gpu_* "$build"/bin/teacher-dump "$build"/bin/student-train "$out/"
 for b in kl_bench teacher_bench attn_bench topk_bench shard_bench; do [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/"; done
 cp "$build/plugins/libh5zstd.so" "$out/plugins/"
 cp /usr/bin/h5dump "$out/"
 strip --strip-debug "$out"/* 2>/dev/null || true
 ../shared/tools/gpu-libs.sh .gpulibs $(find "$out" -type f) >/dev/null
-tar czf "$out/gpulibs.tgz" .gpulibs
+tar czf build-gpu-pack/bundle.tgz "$out" .gpulibs
 rm -rf .gpulibs
-du -sh "$out"
+du -sh build-gpu-pack/bundle.tgz
