@@ -27,8 +27,9 @@
 #include "tests/testutil.h"
 
 /* bf16 rounding of D=128-wide activations over 4 layers moves logits of magnitude ~10 by a few
- * 1e-2 (measured on an H200: see the printed maxima); these bounds leave a factor ~3 over that. */
-#define LSE_ATOL 0.1
+ * 1e-2: max |Δlse| measured on an H200 0.059 with our flash kernel, 0.101 with cuDNN's attention
+ * (bf16 probabilities before P·V); these bounds leave a factor ~2 over that. */
+#define LSE_ATOL 0.2
 #define TIE_DELTA 0.25
 /* A tail draw inverts the CDF of the row's tail mass at a counter-based uniform: when any logit of
  * the row moves, the draws near the moved mass move with it, so about half differ between bf16 and
