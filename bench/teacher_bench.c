@@ -7,7 +7,9 @@
  *   dump      the whole teacher-dump (tkd_dump_run with the model in memory): --batches batches
  *             computed, top-k'd and written as zstd HDF5 shards under --out by the writer thread;
  *   floor     the plain cuBLAS bf16 GEMMs the forward must do (q, k, v, o, gate, up, down per layer
- *             and the LM head into fp32), measured in the same run: the GEMM rate and our ratio to it.
+ *             and the LM head into fp32), measured in the same run: the GEMM rate and our ratio to it;
+ *             the LM head's GEMM alone is reported too, and fwd+head = the forward with its logits
+ *             GEMM (what transformers' forward computes) = fwd + that GEMM's time.
  * MFU = (2·N_params + 4·L·T·D) · tokens/s ÷ 989 TFLOP/s (dense bf16 peak of an H100/H200 SXM).
  * Memory: device bytes in use after the run minus before the model (nothing is freed in between,
  * so it is the peak of our allocations; cuBLAS's own workspaces included).
@@ -91,7 +93,7 @@ static size_t used_bytes(void)
     return t - f;
 }
 
-typedef struct timings { double fwd, topk, floor_ms, dump_tps, dump_s; int ok; } timings;
+typedef struct timings { double fwd, topk, floor_ms, head_ms, dump_tps, dump_s; int ok; } timings;
 
 /* median of n */
 static double median(double *x, int n)
@@ -127,15 +129,16 @@ static int gemm(cublasHandle_t h, const void *x, const void *w, void *y, int N, 
            CUBLAS_STATUS_SUCCESS;
 }
 
-/* The forward's GEMMs on scratch buffers: ms of one pass (median of reps). */
-static double gemm_floor(const tkd_model_config *c, int N, int reps)
+/* The forward's GEMMs on scratch buffers: ms of one pass (median of reps), and in *head_ms the LM
+ * head's N x D x V GEMM into fp32 alone (the part of a forward that makes the logits). */
+static double gemm_floor(const tkd_model_config *c, int N, int reps, double *head_ms)
 {
     size_t D = c->hidden_size, F = c->intermediate_size, Q = (size_t)c->num_attention_heads * c->head_dim;
     size_t KV = (size_t)c->num_key_value_heads * c->head_dim, V = c->vocab_size;
     size_t wmax = F * D > V * D ? F * D : V * D, amax = (size_t)N * (F > Q ? F : Q);
     void *x = NULL, *w = NULL, *y = NULL;
     cublasHandle_t h = NULL;
-    double t[16], ms = -1;
+    double t[16], th[16], ms = -1;
     if (cudaMalloc(&x, amax * 2) || cudaMalloc(&w, wmax * 2) || cudaMalloc(&y, (size_t)N * V * 4) ||
         cublasCreate(&h))
         goto out;
@@ -150,13 +153,17 @@ static double gemm_floor(const tkd_model_config *c, int N, int reps)
             bad |= gemm(h, x, w, y, N, Q, D, 0) | gemm(h, x, w, y, N, D, F, 0) | gemm(h, x, w, y, N, D, F, 0);
             bad |= gemm(h, x, w, y, N, F, D, 0);
         }
+        cudaDeviceSynchronize();
+        double t1 = now_s();
         bad |= gemm(h, x, w, y, N, D, V, 1);
         cudaDeviceSynchronize();
         if (bad)
             goto out;
         t[r] = (now_s() - t0) * 1e3;
+        th[r] = (now_s() - t1) * 1e3;
     }
     ms = median(t + 1, reps);
+    *head_ms = median(th + 1, reps);
 out:
     if (h)
         cublasDestroy(h);
@@ -276,13 +283,16 @@ static int run_one(const run_spec *r, int reps, int batches, const char *out)
     if (out && whole_dump(m, r, batches, out, &tm) != TKD_OK)
         return die("dump");
     double mem = (used_bytes() - base) / 1073741824.0;
-    tm.floor_ms = gemm_floor(&c, N, reps);
+    tm.floor_ms = gemm_floor(&c, N, reps, &tm.head_ms);
     double fpt = 2 * params_of(m) + 4.0 * c.num_hidden_layers * r->T * c.hidden_size;
     double gemm_fpt = 2.0 * (gemm_params(&c) + (double)c.vocab_size * c.hidden_size); /* the floor's work */
     double tps_f = N / (tm.fwd * 1e-3), tps_t = N / (tm.topk * 1e-3);
-    printf("| %s | %d x %d | %.1f | %.0f | %.0f | %.0f | %.3f | %.1f | %.3f | %.3f | %.3f | %.1f | %.1f |\n",
-           r->s->name, r->T, r->B, init_s, tps_f, tps_t, tm.dump_tps, out ? tm.fwd / (N / tm.dump_tps * 1e3) : 0,
-           tm.floor_ms, tm.fwd / tm.floor_ms, fpt * tps_t / PEAK_FLOPS, fpt * tm.dump_tps / PEAK_FLOPS, mem,
+    double dump_ms = out ? N / tm.dump_tps * 1e3 : 0;
+    printf("| %s | %d x %d | %.1f | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.1f | %.1f | %.3f | %.3f | %.3f | %.1f | "
+           "%.1f |\n",
+           r->s->name, r->T, r->B, init_s, tps_f, N / ((tm.fwd + tm.head_ms) * 1e-3), tps_t, tm.dump_tps,
+           out ? dump_ms / tm.fwd : 0, out ? dump_ms / (tm.fwd + tm.head_ms) : 0, tm.floor_ms, tm.head_ms,
+           tm.fwd / (tm.floor_ms - tm.head_ms), fpt * tps_t / PEAK_FLOPS, fpt * tm.dump_tps / PEAK_FLOPS, mem,
            gemm_fpt * N / (tm.floor_ms * 1e-3) / 1e12);
     fflush(stdout);
     be->op->host_free(be, o.idx);
@@ -341,8 +351,9 @@ int main(int argc, char **argv)
     }
     if (reps < 1 || reps > 15)
         reps = 3;
-    printf("| shape | T x B | init s | fwd tok/s | fwd+top-k tok/s | dump tok/s | fwd/dump time | GEMM floor ms "
-           "| fwd/floor | MFU fwd+top-k | MFU dump | GiB | floor TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| shape | T x B | init s | fwd tok/s | fwd+head tok/s | fwd+top-k tok/s | dump tok/s | dump/fwd | "
+           "dump/(fwd+head) | GEMM floor ms | head GEMM ms | fwd/body floor | MFU fwd+top-k | MFU dump | GiB | "
+           "floor TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         if (run_one(&rs[i], reps, batches, out))
             return 1;
