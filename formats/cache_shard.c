@@ -742,9 +742,8 @@ static tkd_status writer_write_chunks(tkd_shard_writer *w)
     for (size_t i = 0; i < n; i++) {
         hsize_t offset[3] = {(hsize_t)ch[i].first_row, 0, 0};
         if (H5Dwrite_chunk(w->ds[ch[i].stream], H5P_DEFAULT, 0, offset, ch[i].size, ch[i].data) < 0)
-            return h5_fail(TKD_ERR_IO, "%s: writing %s, the chunk of sequences %lld..%lld, failed", w->tmp_path,
-                           ds_names[ch[i].stream], (long long)(w->first_seq + ch[i].first_row),
-                           (long long)(w->first_seq + ch[i].first_row + w->chunk_seqs - 1));
+            return h5_fail(TKD_ERR_IO, "%s: writing %s, the chunk from sequence %lld, failed", w->tmp_path,
+                           ds_names[ch[i].stream], (long long)(w->first_seq + ch[i].first_row));
     }
     return TKD_OK;
 }
@@ -824,9 +823,10 @@ void tkd_shard_writer_abort(tkd_shard_writer *w)
  * in the flush's metadata phase: HDF5 1.10.8 cannot close a file whose metadata flush failed (its
  * close stops at "slist already enabled?", frees the file but keeps its ID, and the process crashes
  * at exit). That phase is where a full disk strikes when the raw chunks are already written, as on
- * the parallel path. All the flush writes lies below the end of allocation (EOA; it does not grow
- * while flushing), so [0, EOA) is reserved, holes included. Best effort: a filesystem that cannot
- * reserve leaves it to the flush to report. */
+ * the parallel path. All that the flush writes lies below the end of allocation (EOA; it does not
+ * grow while flushing), so [0, EOA) is reserved, holes included, without changing the file size (the
+ * flush may give back a few KB of EOA: those stay reserved past the end of the file). Best effort: a
+ * filesystem that cannot reserve leaves it to the flush to report. */
 static tkd_status writer_reserve_flush_room(tkd_shard_writer *w)
 {
     hsize_t eoa = 0;

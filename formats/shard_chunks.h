@@ -7,6 +7,9 @@
  * Rows that do not fill a chunk wait in a per-dataset buffer for the next append; the last partial
  * chunk is padded with zero bytes at flush, as HDF5 fills the unwritten part of an edge chunk.
  * Nothing here calls HDF5: only the caller's thread does, because the library is not thread-safe.
+ * Memory: one chunk per dataset for held rows, per thread a zstd context and a chunk of shuffle
+ * space, and room for the filtered chunks of the largest append (about its raw size), all grown
+ * once and reused.
  */
 #ifndef TKD_SHARD_CHUNKS_H
 #define TKD_SHARD_CHUNKS_H
