@@ -13,6 +13,7 @@
  *              of append, and per second of append + finish;
  *   pos/s      positions per second of append + finish;
  *   ratio      raw row bytes / file bytes.
+ * --h5dwrite 0 skips the reference rows (e.g. to profile the parallel path alone with perf).
  * Each row is the fastest of --reps runs (append + finish), the least disturbed on a shared machine.
  * finish s − sha256 s is about what closing, fsync and the rename cost.
  * Rows look like a real teacher's: per position k distinct ids drawn log-uniformly over the vocabulary
@@ -21,7 +22,7 @@
  * generated before timing and written alternately.
  *
  *   shard_bench [--batches 64] [--seqs 16] [--seq-len 2048] [--k 100] [--vocab 151936]
- *               [--levels 1,3] [--threads 1,2,4,8] [--reps 1] [--out DIR]
+ *               [--levels 1,3] [--threads 1,2,4,8] [--reps 1] [--h5dwrite 1] [--out DIR]
  * --threads defaults to 1, 2, 4, ... up to the CPUs this process may use; "auto" in the table
  * marks the count a writer picks by itself (cache.writer_threads: 0).
  */
@@ -47,7 +48,7 @@ typedef struct bench_args {
     int64_t vocab;
     int levels[8], nlevels;
     int threads[16], nthreads;
-    int reps;
+    int reps, h5dwrite;
     const char *out;
 } bench_args;
 
@@ -151,7 +152,7 @@ static int parse_list(const char *s, int *out, int cap, int lo, int hi)
 
 static int parse_args(int argc, char **argv, bench_args *a)
 {
-    *a = (bench_args){64, 16, 2048, 100, 151936, {1, 3}, 2, {1}, 1, 1, "/tmp"};
+    *a = (bench_args){64, 16, 2048, 100, 151936, {1, 3}, 2, {1}, 1, 1, 1, "/tmp"};
     for (int t = 2; t <= omp_get_num_procs() && a->nthreads < 16; t *= 2)
         a->threads[a->nthreads++] = t;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -164,6 +165,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
         else if (!strcmp(f, "--levels")) { if ((a->nlevels = parse_list(v, a->levels, 8, 1, 22)) < 0) return -1; }
         else if (!strcmp(f, "--threads")) { if ((a->nthreads = parse_list(v, a->threads, 16, 1, 256)) < 0) return -1; }
         else if (!strcmp(f, "--reps")) a->reps = atoi(v);
+        else if (!strcmp(f, "--h5dwrite")) a->h5dwrite = atoi(v);
         else if (!strcmp(f, "--out")) a->out = v;
         else return -1;
     }
@@ -201,8 +203,10 @@ static tkd_status run_level(const bench_args *a, const tkd_cache_identity *id, i
 {
     tkd_shard_writer_opts o = {.zstd_level = level, .h5dwrite = 1};
     run_result r = {0, 0, 0, 0};
-    TKD_TRY(run_best(a, id, &o, gen, &r));
-    print_row(a, "H5Dwrite", level, raw_mb, &r);
+    if (a->h5dwrite) {
+        TKD_TRY(run_best(a, id, &o, gen, &r));
+        print_row(a, "H5Dwrite", level, raw_mb, &r);
+    }
     int autot = tkd_shard_writer_threads(0);
     for (int i = 0; i < a->nthreads; i++) {
         o = (tkd_shard_writer_opts){.zstd_level = level, .threads = a->threads[i]};
@@ -219,7 +223,7 @@ int main(int argc, char **argv)
     bench_args a;
     if (parse_args(argc, argv, &a)) {
         fprintf(stderr, "usage: shard_bench [--batches N] [--seqs B] [--seq-len T] [--k K] [--vocab V] "
-                        "[--levels 1,3] [--threads 1,2,4] [--reps R] [--out DIR]\n");
+                        "[--levels 1,3] [--threads 1,2,4] [--reps R] [--h5dwrite 0|1] [--out DIR]\n");
         return 2;
     }
     tkd_cache_identity id;
