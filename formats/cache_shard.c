@@ -7,6 +7,7 @@
 #include <float.h>
 #include <hdf5.h>
 #include <math.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include "common/fileio.h"
 #include "common/sha256.h"
 #include "formats/h5zstd.h"
+#include "formats/shard_chunks.h"
 
 /* The datasets of a shard, in a fixed order used by both writer and reader. */
 enum {
@@ -382,6 +384,12 @@ static hid_t file_type_of(int d, tkd_cache_dtype dt)
     }
 }
 
+/* Bytes per element of dataset d in the file (what shuffle transposes by). */
+static size_t file_elem_size(int d, tkd_cache_dtype dt)
+{
+    return d == DS_LOGITS ? tkd_cache_dtype_size(dt) : d == DS_SEQ_INDEX ? 8 : 4;
+}
+
 static hid_t mem_type_of(int d)
 {
     switch (d) {
@@ -523,6 +531,8 @@ struct tkd_shard_writer {
     hid_t ds[DS_COUNT];
     uint16_t *scratch; /* logits converted to 16 bits; grows to the largest batch */
     size_t scratch_cap;
+    int threads;              /* filtering threads (tkd_shard_writer_threads) */
+    tkd_shard_chunks *chunks; /* the parallel filter; NULL on the H5Dwrite path */
 };
 
 static hid_t writer_create_dataset(tkd_shard_writer *w, int d, int level)
@@ -580,6 +590,7 @@ static void writer_free(tkd_shard_writer *w)
     if (w->file >= 0)
         H5Fclose(w->file);
     h5_forget();
+    tkd_shard_chunks_free(w->chunks);
     free(w->scratch);
     free(w->path);
     free(w->tmp_path);
@@ -606,6 +617,28 @@ static tkd_status check_room(const char *tmp_path)
     return TKD_OK;
 }
 
+int tkd_shard_writer_threads(int requested)
+{
+    if (requested > 0)
+        return requested;
+    int cores = omp_get_num_procs(); /* the CPUs of this process's affinity mask */
+    int n = cores - 1 < 8 ? cores - 1 : 8;
+    return n < 1 ? 1 : n;
+}
+
+/* The parallel filter for the datasets this shard has, one chunk of chunk_seqs sequences each. */
+static tkd_status writer_start_chunks(tkd_shard_writer *w, int level)
+{
+    tkd_shard_chunk_stream streams[DS_COUNT];
+    for (int d = 0; d < DS_COUNT; d++) {
+        ds_shape s = shape_of(d, &w->id);
+        size_t elem = file_elem_size(d, w->id.logits_dtype);
+        streams[d] = (tkd_shard_chunk_stream){w->ds[d] < 0 ? 0 : row_elems(&s) * elem, elem};
+    }
+    tkd_status st = tkd_shard_chunks_create(&w->chunks, streams, DS_COUNT, w->chunk_seqs, level, w->threads);
+    return st == TKD_OK ? st : tkd_error_prefix(st, "%s", w->tmp_path);
+}
+
 tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
                                  const tkd_cache_identity *id, int64_t first_seq,
                                  const tkd_shard_writer_opts *opts)
@@ -614,10 +647,13 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
     TKD_TRY(tkd_h5zstd_register());
     h5_quiet();
     TKD_TRY(tkd_cache_identity_check(id, path));
-    tkd_shard_writer_opts o = opts ? *opts : (tkd_shard_writer_opts){0, 0, 0};
-    if (o.zstd_level < 0 || o.zstd_level > 22 || o.chunk_seqs < 0 || first_seq < 0)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: zstd level %d (1..22), chunk_seqs %lld, first_seq %lld",
-                             path, o.zstd_level, (long long)o.chunk_seqs, (long long)first_seq);
+    tkd_shard_writer_opts o = opts ? *opts : (tkd_shard_writer_opts){0, 0, 0, 0, 0};
+    if (o.zstd_level < 0 || o.zstd_level > 22 || o.chunk_seqs < 0 || first_seq < 0 || o.threads < 0 ||
+        o.threads > TKD_SHARD_WRITER_MAX_THREADS)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "%s: zstd level %d (1..22), chunk_seqs %lld, first_seq %lld, threads %d (0..%d)",
+                             path, o.zstd_level, (long long)o.chunk_seqs, (long long)first_seq, o.threads,
+                             TKD_SHARD_WRITER_MAX_THREADS);
     tkd_shard_writer *w = calloc(1, sizeof *w);
     if (!w)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", path);
@@ -627,6 +663,7 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
     w->id = *id;
     w->first_seq = first_seq;
     w->chunk_seqs = o.chunk_seqs ? o.chunk_seqs : tkd_shard_default_chunk_seqs(id);
+    w->threads = tkd_shard_writer_threads(o.threads);
     w->path = strdup(path);
     w->tmp_path = malloc(strlen(path) + 5);
     if (!w->path || !w->tmp_path) {
@@ -662,6 +699,13 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
     }
     if (write_root_attrs(w->file, id, first_seq, o.tail_seed) < 0) {
         tkd_status st = h5_fail(TKD_ERR_IO, "%s: cannot write root attributes", w->tmp_path);
+        tkd_shard_writer_abort(w);
+        return st;
+    }
+    /* the chunks we filter are little-endian file bytes taken straight from native buffers */
+    int native_le = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+    tkd_status st = o.h5dwrite || !native_le ? TKD_OK : writer_start_chunks(w, level);
+    if (st != TKD_OK) {
         tkd_shard_writer_abort(w);
         return st;
     }
@@ -716,10 +760,42 @@ static tkd_status writer_logits(tkd_shard_writer *w, const tkd_cache_batch *b, c
         w->scratch_cap = n;
     }
     int half = w->id.logits_dtype == TKD_CACHE_DTYPE_HALF;
+#pragma omp parallel for schedule(static) num_threads(w->threads) if (w->threads > 1 && n >= (1u << 16))
     for (size_t i = 0; i < n; i++)
         w->scratch[i] = half ? tkd_f32_to_f16(b->topk_logits[i]) : tkd_f32_to_bf16(b->topk_logits[i]);
     *buf = w->scratch;
     return TKD_OK;
+}
+
+/* Writes the chunks the parallel filter finished, as they are (filter mask 0: all filters applied). */
+static tkd_status writer_write_chunks(tkd_shard_writer *w)
+{
+    const tkd_shard_chunk *ch;
+    size_t n = tkd_shard_chunks_ready(w->chunks, &ch);
+    for (size_t i = 0; i < n; i++) {
+        hsize_t offset[3] = {(hsize_t)ch[i].first_row, 0, 0};
+        if (H5Dwrite_chunk(w->ds[ch[i].stream], H5P_DEFAULT, 0, offset, ch[i].size, ch[i].data) < 0)
+            return h5_fail(TKD_ERR_IO, "%s: writing %s, the chunk from sequence %lld, failed", w->tmp_path,
+                           ds_names[ch[i].stream], (long long)(w->first_seq + ch[i].first_row));
+    }
+    return TKD_OK;
+}
+
+/* The parallel path of an append: every dataset grows by n sequences, the chunks they complete are
+ * filtered on the writer's threads and written; a partial chunk waits for the next append. */
+static tkd_status writer_put_chunks(tkd_shard_writer *w, int64_t n, const void *const *bufs)
+{
+    for (int d = 0; d < DS_COUNT; d++) {
+        ds_shape s = shape_of(d, &w->id);
+        hsize_t dims[3] = {(hsize_t)(w->num_seq + n), s.row[0], s.row[1]};
+        if (w->ds[d] >= 0 && H5Dset_extent(w->ds[d], dims) < 0)
+            return h5_fail(TKD_ERR_IO, "%s: extending %s to %lld sequences failed", w->tmp_path, ds_names[d],
+                           (long long)(w->num_seq + n));
+    }
+    tkd_status st = tkd_shard_chunks_add(w->chunks, n, bufs);
+    if (st != TKD_OK)
+        return tkd_error_prefix(st, "%s", w->tmp_path);
+    return writer_write_chunks(w);
 }
 
 tkd_status tkd_shard_writer_append(tkd_shard_writer *w, const tkd_cache_batch *b)
@@ -738,6 +814,11 @@ tkd_status tkd_shard_writer_append(tkd_shard_writer *w, const tkd_cache_batch *b
     TKD_TRY(writer_logits(w, b, &logits));
     const void *bufs[DS_COUNT] = {b->tokens, b->topk_indices, logits, b->lse, b->seq_index,
                                   b->tail_indices};
+    if (w->chunks) {
+        TKD_TRY(writer_put_chunks(w, b->num_seq, bufs));
+        w->num_seq += b->num_seq;
+        return TKD_OK;
+    }
     for (int d = 0; d < DS_COUNT; d++) {
         if (w->ds[d] < 0)
             continue;
@@ -772,12 +853,44 @@ void tkd_shard_writer_abort(tkd_shard_writer *w)
     free(tmp);
 }
 
+/* Reserves the disk blocks the final H5Fflush writes to, so that a full disk is met here and not
+ * in the flush's metadata phase: HDF5 1.10.8 cannot close a file whose metadata flush failed (its
+ * close stops at "slist already enabled?", frees the file but keeps its ID, and the process crashes
+ * at exit). That phase is where a full disk strikes when the raw chunks are already written, as on
+ * the parallel path. All that the flush writes lies below the end of allocation (EOA; it does not
+ * grow while flushing), so [0, EOA) is reserved, holes included, without changing the file size (the
+ * flush may give back a few KB of EOA: those stay reserved past the end of the file). Best effort: a
+ * filesystem that cannot reserve leaves it to the flush to report. */
+static tkd_status writer_reserve_flush_room(tkd_shard_writer *w)
+{
+    hsize_t eoa = 0;
+    void *handle = NULL;
+    if (H5Fget_filesize(w->file, &eoa) < 0 || H5Fget_vfd_handle(w->file, H5P_DEFAULT, &handle) < 0 || !handle) {
+        h5_forget();
+        return TKD_OK;
+    }
+    if (eoa == 0 || fallocate(*(int *)handle, FALLOC_FL_KEEP_SIZE, 0, (off_t)eoa) == 0)
+        return TKD_OK;
+    if (errno == ENOSPC || errno == EDQUOT)
+        return tkd_error_set(TKD_ERR_NOSPACE,
+                             "%s: writing the shard failed: disk full (No space left on device) — free disk space and re-run",
+                             w->tmp_path);
+    return TKD_OK;
+}
+
 /* Closes the HDF5 file after recording num_seq. Everything is flushed first with the file still
  * open: a flush that fails (disk full) leaves it to tkd_shard_writer_abort, which can close it
  * safely; a failed H5Fclose could not be undone. */
 static tkd_status writer_close_file(tkd_shard_writer *w)
 {
-    if (attr_write_i64(w->file, "num_seq", w->num_seq) < 0 || H5Fflush(w->file, H5F_SCOPE_LOCAL) < 0)
+    if (w->chunks) { /* the last chunk, padded with zeros as HDF5 fills an edge chunk */
+        tkd_status st = tkd_shard_chunks_flush(w->chunks);
+        TKD_TRY(st == TKD_OK ? writer_write_chunks(w) : tkd_error_prefix(st, "%s", w->tmp_path));
+    }
+    if (attr_write_i64(w->file, "num_seq", w->num_seq) < 0)
+        return h5_fail(TKD_ERR_IO, "%s: writing the shard failed", w->tmp_path);
+    TKD_TRY(writer_reserve_flush_room(w));
+    if (H5Fflush(w->file, H5F_SCOPE_LOCAL) < 0)
         return h5_fail(TKD_ERR_IO, "%s: writing the shard failed", w->tmp_path);
     herr_t r = 0;
     for (int d = 0; d < DS_COUNT; d++) {

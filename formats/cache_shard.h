@@ -111,11 +111,27 @@ void tkd_cache_batch_free(tkd_cache_batch *b);
 
 typedef struct tkd_shard_writer tkd_shard_writer;
 
+#define TKD_SHARD_WRITER_MAX_THREADS 256
+
 typedef struct tkd_shard_writer_opts {
     int zstd_level;      /* 1..22; 0 = TKD_H5ZSTD_DEFAULT_LEVEL */
     int64_t chunk_seqs;  /* sequences per HDF5 chunk; 0 = automatic (about 1 MiB per chunk) */
     uint64_t tail_seed;  /* recorded as an attribute when tail_samples > 0 */
+    int threads;         /* threads filtering chunks (0..TKD_SHARD_WRITER_MAX_THREADS; 0 = automatic,
+                          * see tkd_shard_writer_threads) */
+    int h5dwrite;        /* nonzero: let H5Dwrite filter every chunk on the calling thread, the way
+                          * HDF5 does it alone — the reference the parallel path is tested against */
 } tkd_shard_writer_opts;
+
+/* How the writer filters: by default it runs the datasets' pipeline (shuffle → zstd → fletcher32)
+ * itself, on `threads` threads, one whole chunk each, and hands HDF5 the finished chunks
+ * (H5Dwrite_chunk, all filters applied). The file is the one H5Dwrite would make: same dataset
+ * properties, same chunk bytes, read by any HDF5 through its normal pipeline. */
+
+/* The threads a writer opened with opts.threads = requested uses: requested when > 0, else
+ * min(8, cores - 1) and at least 1, cores being the CPUs this process may run on — so a 2-core
+ * machine filters on the writer's own thread and leaves the other core to the teacher. */
+int tkd_shard_writer_threads(int requested);
 
 /* What a finished shard looks like to the manifest. */
 typedef struct tkd_cache_shard_entry {

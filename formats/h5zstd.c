@@ -2,7 +2,6 @@
 #include "formats/h5zstd.h"
 
 #include <pthread.h>
-#include <zstd.h>
 
 /* HDF5 owns the chunk buffer, so a new one must come from the allocator HDF5 frees with. In
  * process that is H5allocate_memory. The loadable plugin is dlopened by whichever HDF5 the host
@@ -24,12 +23,24 @@ static size_t h5zstd_replace_buf(void **buf, size_t *buf_size, void *out, size_t
     return out_len;
 }
 
+static int h5zstd_level(int level)
+{
+    return level < 1 || level > ZSTD_maxCLevel() ? TKD_H5ZSTD_DEFAULT_LEVEL : level;
+}
+
+/* ZSTD_compressCCtx ignores (resets) any parameter set on the context: the frame depends only on
+ * the input and the level, so it is the same bytes ZSTD_compress makes in the filter below. */
+size_t tkd_h5zstd_compress_into(ZSTD_CCtx *cctx, void *dst, size_t cap, const void *src, size_t n,
+                                int level)
+{
+    size_t r = ZSTD_compressCCtx(cctx, dst, cap, src, n, h5zstd_level(level));
+    return ZSTD_isError(r) ? 0 : r;
+}
+
 static size_t h5zstd_compress(const unsigned cd_values[], size_t cd_nelmts, size_t nbytes,
                               size_t *buf_size, void **buf)
 {
-    int level = cd_nelmts > 0 ? (int)cd_values[0] : TKD_H5ZSTD_DEFAULT_LEVEL;
-    if (level < 1 || level > ZSTD_maxCLevel())
-        level = TKD_H5ZSTD_DEFAULT_LEVEL;
+    int level = h5zstd_level(cd_nelmts > 0 ? (int)cd_values[0] : TKD_H5ZSTD_DEFAULT_LEVEL);
     size_t cap = ZSTD_compressBound(nbytes);
     void *out = H5allocate_memory(cap, 0);
     if (!out)

@@ -10,6 +10,8 @@
 #define TKD_H5ZSTD_H
 
 #include <hdf5.h>
+#include <stddef.h>
+#include <zstd.h>
 
 #include "common/status.h"
 
@@ -18,6 +20,14 @@
 
 /* The filter class (H5Z_class2_t) that H5Zregister and the plugin entry point hand to HDF5. */
 extern const H5Z_class2_t tkd_h5zstd_class;
+
+/* Compresses n bytes of src into dst (cap bytes, at least ZSTD_compressBound(n)) exactly as the
+ * filter's forward pass does with cd_values[0] = level (an out-of-range level falls back to the
+ * default, as there): one frame with its content size, from a context that may be reused (one per
+ * thread). The shard writer uses it to filter chunks itself before H5Dwrite_chunk. Returns the frame
+ * size, 0 on a zstd error. */
+size_t tkd_h5zstd_compress_into(ZSTD_CCtx *cctx, void *dst, size_t cap, const void *src, size_t n,
+                                int level);
 
 /* Registers the filter with the HDF5 library of this process. Idempotent and thread-safe (the
  * first call does the work; later calls return its result). Also switches off HDF5's automatic

@@ -668,7 +668,8 @@ static tkd_status run_compute(dump_ctx *c)
         .manifest = &c->tmpl,
         .range_end = c->sum->range_end,
         .shard_sequences = cfg->shard_sequences,
-        .shard = {.zstd_level = cfg->zstd_level, .chunk_seqs = 0, .tail_seed = (uint64_t)cfg->seed},
+        .shard = {.zstd_level = cfg->zstd_level, .chunk_seqs = 0, .tail_seed = (uint64_t)cfg->seed,
+                  .threads = cfg->writer_threads},
         .batch_capacity = cfg->batch_size,
     };
     tkd_dump_writer *w = NULL;

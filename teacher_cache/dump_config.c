@@ -38,6 +38,8 @@ static const tkd_config_field dump_fields[] = {
     TKD_CFG_INT(C, shard_sequences, "cache.shard_sequences", "1024", 1, 1 << 30,
                 "sequences per shard file; fixed for the life of a cache."),
     TKD_CFG_INT(C, zstd_level, "cache.zstd_level", "3", 1, 22, "zstd compression level of the shards."),
+    TKD_CFG_INT(C, writer_threads, "cache.writer_threads", "0", 0, TKD_SHARD_WRITER_MAX_THREADS,
+                "threads compressing shard chunks; 0 = min(8, cores - 1), at least 1."),
     TKD_CFG_INT(C, batch_size, "run.batch_size", "8", 1, 1 << 16, "sequences per teacher forward."),
     TKD_CFG_INT(C, chunk_rows, "lm_head.chunk_rows", "0", 0, 1 << 20,
                 "positions per LM-head chunk: memory is chunk_rows x vocab floats; 0 = auto (256 on "

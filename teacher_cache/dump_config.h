@@ -37,6 +37,7 @@ typedef struct tkd_dump_config {
     int64_t seed;              /* cache.seed: key of the tail draws */
     int shard_sequences;       /* cache.shard_sequences */
     int zstd_level;            /* cache.zstd_level */
+    int writer_threads;        /* cache.writer_threads; 0 = automatic (tkd_shard_writer_threads) */
     int batch_size;            /* run.batch_size */
     int chunk_rows;            /* lm_head.chunk_rows */
     int device;                /* device: tkd_device (common/device.h) */

@@ -29,7 +29,7 @@ typedef struct tkd_dump_writer_opts {
     const tkd_cache_manifest *manifest; /* identity + shards already listed; copied at start */
     int64_t range_end;                  /* end of this worker's windows: the last shard may be short */
     int64_t shard_sequences;
-    tkd_shard_writer_opts shard;        /* zstd level, tail seed */
+    tkd_shard_writer_opts shard;        /* zstd level, tail seed, compression threads */
     int64_t batch_capacity;             /* sequences per batch buffer */
 } tkd_dump_writer_opts;
 

@@ -77,7 +77,7 @@ static inline tkd_status tkd_test_cache_write_shard(const char *path, const tkd_
     tkd_cache_batch b;
     TKD_TRY(tkd_cache_batch_alloc(&b, batch, id->seq_len, id->k, id->tail_samples));
     tkd_shard_writer *w = NULL;
-    tkd_shard_writer_opts o = {3, chunk, 42};
+    tkd_shard_writer_opts o = {.zstd_level = 3, .chunk_seqs = chunk, .tail_seed = 42};
     tkd_status st = tkd_shard_writer_open(&w, path, id, g0, &o);
     for (int64_t i = 0; st == TKD_OK && i < num_seq; i += batch) {
         tkd_test_cache_fill(&b, id, g0 + i, num_seq - i < batch ? num_seq - i : batch);

@@ -435,8 +435,9 @@ static void test_manifest_write_disk_full(void **state)
 /* ---- the shard writer in process ---------------------------------------------------------------- */
 
 /* Writes one shard of 64 sequences of pseudo-random values (about 43 KB compressed: bigger than the
- * room the writer insists on before it starts) to path; returns the first failing status. */
-static tkd_status write_shard(const char *path, tkd_cache_shard_entry *e)
+ * room the writer insists on before it starts) to path, through H5Dwrite when h5dwrite is set, else
+ * through the parallel chunk path on 2 threads; returns the first failing status. */
+static tkd_status write_shard(const char *path, tkd_cache_shard_entry *e, int h5dwrite)
 {
     enum { NSEQ = 64 };
     tkd_cache_identity id;
@@ -459,7 +460,7 @@ static tkd_status write_shard(const char *path, tkd_cache_shard_entry *e)
     for (int i = 0; i < NSEQ; i++)
         b.seq_index[i] = i;
     tkd_shard_writer *w = NULL;
-    tkd_shard_writer_opts o = {.zstd_level = 3, .chunk_seqs = 4, .tail_seed = 0};
+    tkd_shard_writer_opts o = {.zstd_level = 3, .chunk_seqs = 4, .threads = 2, .h5dwrite = h5dwrite};
     tkd_status st = tkd_shard_writer_open(&w, path, &id, 0, &o);
     if (st == TKD_OK) {
         st = tkd_shard_writer_append(w, &b);
@@ -473,8 +474,10 @@ static tkd_status write_shard(const char *path, tkd_cache_shard_entry *e)
 }
 
 /* With 0 .. 28 KiB free the shard cannot be written: below 16 KiB the writer refuses before HDF5
- * starts, above it the disk fills while HDF5 flushes. Each failure is NOSPACE with no .tmp left;
- * then, with room, a shard is written and reads back (HDF5 survived the failed files). */
+ * starts, above it the disk fills while HDF5 flushes (H5Dwrite path) or while chunks are written or
+ * the flush's room is reserved (parallel path: a full disk in HDF5's metadata flush would leave a
+ * file HDF5 cannot close). Each failure is NOSPACE with no .tmp left; then, with room, a shard is
+ * written and reads back (HDF5 survived the failed files). Both paths, every 4 KiB (a tmpfs page). */
 static void test_shard_writer_disk_full(void **state)
 {
     (void)state;
@@ -483,20 +486,22 @@ static void test_shard_writer_disk_full(void **state)
     snprintf(path, sizeof path, "%s/shard-00000.h5", mnt);
     snprintf(ballast_path, sizeof ballast_path, "%s/ballast", mnt);
     tkd_cache_shard_entry e;
-    if (write_shard(path, &e) != TKD_OK)
+    if (write_shard(path, &e, 1) != TKD_OK)
         fail_msg("%s", tkd_error_msg());
     printf("# shard: %llu bytes\n", (unsigned long long)e.bytes);
     assert_true(e.bytes > 32 * 1024); /* else the loop below would not fill the disk */
     unlink(path);
     for (long keep_kb = 0; keep_kb <= 28; keep_kb += 4) {
-        ballast(mnt, keep_kb);
-        assert_int_equal(write_shard(path, &e), TKD_ERR_NOSPACE);
-        assert_disk_full_msg(path);
-        assert_int_equal(count_leftovers(mnt), 0);
-        assert_false(tkd_file_exists(path));
+        for (int h5dwrite = 0; h5dwrite <= 1; h5dwrite++) {
+            ballast(mnt, keep_kb);
+            assert_int_equal(write_shard(path, &e, h5dwrite), TKD_ERR_NOSPACE);
+            assert_disk_full_msg(path);
+            assert_int_equal(count_leftovers(mnt), 0);
+            assert_false(tkd_file_exists(path));
+        }
     }
     unlink(ballast_path);
-    if (write_shard(path, &e) != TKD_OK)
+    if (write_shard(path, &e, 0) != TKD_OK)
         fail_msg("%s", tkd_error_msg());
     tkd_shard *s = NULL;
     if (tkd_shard_open(&s, path, 0) != TKD_OK)

@@ -340,6 +340,37 @@ static void test_repair_missing_and_damaged(void **state)
     free(dir);
 }
 
+/* cache.writer_threads changes how many threads compress, never what the cache holds; it is
+ * 0 (automatic) .. TKD_SHARD_WRITER_MAX_THREADS. */
+static void test_writer_threads_same_cache(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-threads");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 5);
+    char a[4200], b[4200], ya[8192], yb[8192];
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    const char *one = "cache: {k: 8, shard_sequences: 7, tail_samples: 2, writer_threads: 1}\nrun: {batch_size: 3}\n";
+    const char *three = "cache: {k: 8, shard_sequences: 7, tail_samples: 2, writer_threads: 3}\nrun: {batch_size: 3}\n";
+    tkd_dt_small_yaml(ya, sizeof ya, TKD_DT_LLAMA, tok, a, one);
+    tkd_dt_small_yaml(yb, sizeof yb, TKD_DT_LLAMA, tok, b, three);
+    tkd_dump_summary sum;
+    run_ok(ya, NULL, &sum);
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.shards_run, 3);
+    tkd_dt_assert_same_cache(a, b);
+    tkd_dump_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    assert_int_equal(tkd_config_defaults(&tkd_dump_schema, &cfg), TKD_OK);
+    assert_int_equal(cfg.writer_threads, 0);
+    const char *bad = "cache: {writer_threads: 257}\n";
+    assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, &cfg, "t", bad, strlen(bad)), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("cache.writer_threads");
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 /* The padded last window keeps its real tokens; its padding labels are -100 in /tokens. */
 static void test_last_window_pad(void **state)
 {
@@ -830,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_parity_qwen_bf16_weights),
         cmocka_unit_test(test_resume_after_stop),
         cmocka_unit_test(test_repair_missing_and_damaged),
+        cmocka_unit_test(test_writer_threads_same_cache),
         cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_token_out_of_vocab),
         cmocka_unit_test(test_other_config_needs_overwrite),

@@ -402,7 +402,7 @@ static tkd_status teacher_shard(const char *dir, int i, const tkd_test_teacher_o
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/shard-%05d.h5", dir, i);
-    tkd_shard_writer_opts wo = {3, o->chunk_seqs, o->seed};
+    tkd_shard_writer_opts wo = {.zstd_level = 3, .chunk_seqs = o->chunk_seqs, .tail_seed = o->seed};
     tkd_shard_writer *w = NULL;
     TKD_TRY(tkd_shard_writer_open(&w, path, id, g0, &wo));
     tkd_status st = TKD_OK;
