@@ -5,6 +5,7 @@
  *   fwd       the model forward alone (to the final hidden states), median of --reps;
  *   fwd+topk  forward + the LM head with top-k 100 + LSE copied to the host (what a dump computes);
  *   dump      the whole teacher-dump (tkd_dump_run with the model in memory): --batches batches
+ *             (shards of 8 batches, so every 8th batch also pays a shard finish: fsync, sha256, manifest)
  *             computed, top-k'd and written as zstd HDF5 shards under --out by the writer thread;
  *   floor     the plain cuBLAS bf16 GEMMs the forward must do (q, k, v, o, gate, up, down per layer
  *             and the LM head into fp32), measured in the same run: the GEMM rate and our ratio to it;
@@ -14,7 +15,7 @@
  * Memory: device bytes in use after the run minus before the model (nothing is freed in between,
  * so it is the peak of our allocations; cuBLAS's own workspaces included).
  *
- *   teacher_bench [--shapes llama8b:8192:1,qwen05b:2048:16] [--reps 3] [--batches 4] [--out DIR]
+ *   teacher_bench [--shapes llama8b:8192:1,qwen05b:2048:16] [--reps 3] [--batches 16] [--out DIR]
  */
 #include <math.h>
 #include <stdint.h>
@@ -211,7 +212,7 @@ static tkd_status whole_dump(tkd_model *m, const run_spec *r, int batches, const
              "teacher: {path: 'random:%s'}\ndata: {paths: ['%s'], seq_len: %d}\n"
              "cache: {k: %d, shard_sequences: %d}\nrun: {batch_size: %d}\nlm_head: {chunk_rows: 0}\n"
              "device: cuda\noutput: {dir: '%s'}\n",
-             r->s->name, tok, r->T, TOPK, r->B * 2, r->B, dir);
+             r->s->name, tok, r->T, TOPK, r->B * 8, r->B, dir);
     tkd_dump_config cfg;
     memset(&cfg, 0, sizeof cfg);
     TKD_TRY(tkd_config_defaults(&tkd_dump_schema, &cfg));
@@ -330,7 +331,7 @@ static int parse_shapes(const char *arg, run_spec *rs, int *n)
 int main(int argc, char **argv)
 {
     run_spec rs[16];
-    int n = 0, reps = 3, batches = 4;
+    int n = 0, reps = 3, batches = 16;
     const char *out = NULL;
     if (parse_shapes("llama8b:8192:1,qwen05b:2048:16,qwen05b:8192:4", rs, &n))
         return 2;
@@ -345,7 +346,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
         } else {
-            fprintf(stderr, "usage: teacher_bench [--shapes NAME:T:B,...] [--reps 3] [--batches 4] [--out DIR]\n");
+            fprintf(stderr, "usage: teacher_bench [--shapes NAME:T:B,...] [--reps 3] [--batches 16] [--out DIR]\n");
             return 2;
         }
     }
