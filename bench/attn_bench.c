@@ -1,11 +1,15 @@
-/* attn_bench.c — the speed of tkd_cuda_attn_fwd, the causal GQA attention forward (a program, not
- * a test; built only with the CUDA backend).
+/* attn_bench.c — the speed of tkd_cuda_attn_fwd and tkd_cuda_attn_bwd, the causal GQA attention
+ * forward and backward (a program, not a test; built only with the CUDA backend).
  *
- * For each shape (B = 1, bf16 q, k, v uniform in [-1, 1)): the median of --reps timed launches
- * (cudaEvent pairs around each launch, after 2 untimed ones), with and without the lse output,
- * and TFLOP/s counting the two matrix products over the causal half: 4·B·H·T²·dh / 2. Shapes:
- * Llama 3 8B (H 32, Hkv 8, dh 128) and Qwen2 0.5B (H 14, Hkv 2, dh 64) at T = 8192 and 32768, or
- * those given with --shapes.
+ * For each shape (bf16 q, k, v, dy uniform in [-1, 1)): the median of --reps timed launches
+ * (cudaEvent pairs around each call, after 2 untimed ones) of the forward with and without the lse
+ * output, and of the backward (all three gradients, from the forward's y and lse). FLOPs, causal:
+ * forward 4·B·H·T²·dh/2 (its two matrix products over the causal half); backward 2.5 × that (the
+ * usual convention, as FlashAttention's benchmarks count it: five products, not the seven our
+ * deterministic backward does); fwd+bwd 3.5 × (over the sum of the lse forward's and the backward's
+ * times). Shapes: Llama 3 8B (H 32, Hkv 8, dh 128) and Qwen2 0.5B (H 14, Hkv 2, dh 64) at T = 8192
+ * and 32768 (the teachers), Llama 3.2 1B (32/8/64, T 8192), the ~3B student (24/8/128, T 8192)
+ * and Qwen2.5 0.5B (B 4, T 4096, 14/2/64) (issue 11's students), or those given with --shapes.
  *
  *   attn_bench [--reps 10] [--shapes BxTxHxHkvxDH,...]
  */
@@ -55,9 +59,27 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median milliseconds of reps launches. */
-static double time_fwd(const shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                       uint16_t *y, float *lse, int reps)
+/* The buffers of one shape. */
+typedef struct bufs {
+    uint16_t *q, *k, *v, *y, *dy, *dq, *dk, *dv;
+    float *lse;
+    tkd_cuda_attn_bwd_ws *ws;
+} bufs;
+
+/* One call of what is timed: 0 forward with lse, 1 forward without, 2 backward. */
+static void call(const shape *s, bufs *b, int what)
+{
+    tkd_status st = what == 2
+        ? tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh, b->dq,
+                            b->dk, b->dv, b->ws, NULL)
+        : tkd_cuda_attn_fwd(b->q, b->k, b->v, s->b, s->t, s->h, s->hkv, s->dh, b->y, what == 0 ? b->lse : NULL,
+                            NULL);
+    if (st != TKD_OK)
+        die(what == 2 ? "tkd_cuda_attn_bwd" : "tkd_cuda_attn_fwd", tkd_error_msg());
+}
+
+/* Median milliseconds of reps calls. */
+static double time_call(const shape *s, bufs *b, int what, int reps)
 {
     cudaEvent_t e0, e1;
     float *ms = malloc(sizeof(float) * (size_t)reps);
@@ -65,9 +87,7 @@ static double time_fwd(const shape *s, const uint16_t *q, const uint16_t *k, con
     CUDA(cudaEventCreate(&e1));
     for (int i = -2; i < reps; i++) {
         CUDA(cudaEventRecord(e0, 0));
-        tkd_status st = tkd_cuda_attn_fwd(q, k, v, s->b, s->t, s->h, s->hkv, s->dh, y, lse, NULL);
-        if (st != TKD_OK)
-            die("tkd_cuda_attn_fwd", tkd_error_msg());
+        call(s, b, what);
         CUDA(cudaEventRecord(e1, 0));
         CUDA(cudaEventSynchronize(e1));
         if (i >= 0)
@@ -84,32 +104,45 @@ static double time_fwd(const shape *s, const uint16_t *q, const uint16_t *k, con
 static void bench_shape(const shape *s, int reps)
 {
     size_t nq = (size_t)s->b * s->t * s->h * s->dh, nkv = (size_t)s->b * s->t * s->hkv * s->dh;
-    uint16_t *q, *k, *v, *y;
-    float *lse;
-    CUDA(cudaMalloc((void **)&q, nq * 2));
-    CUDA(cudaMalloc((void **)&k, nkv * 2));
-    CUDA(cudaMalloc((void **)&v, nkv * 2));
-    CUDA(cudaMalloc((void **)&y, nq * 2));
-    CUDA(cudaMalloc((void **)&lse, sizeof(float) * (size_t)s->b * s->h * s->t));
-    fill_dev(q, nq, 1), fill_dev(k, nkv, 2), fill_dev(v, nkv, 3);
+    bufs b;
+    CUDA(cudaMalloc((void **)&b.q, nq * 2));
+    CUDA(cudaMalloc((void **)&b.k, nkv * 2));
+    CUDA(cudaMalloc((void **)&b.v, nkv * 2));
+    CUDA(cudaMalloc((void **)&b.y, nq * 2));
+    CUDA(cudaMalloc((void **)&b.dy, nq * 2));
+    CUDA(cudaMalloc((void **)&b.dq, nq * 2));
+    CUDA(cudaMalloc((void **)&b.dk, nkv * 2));
+    CUDA(cudaMalloc((void **)&b.dv, nkv * 2));
+    CUDA(cudaMalloc((void **)&b.lse, sizeof(float) * (size_t)s->b * s->h * s->t));
+    if (tkd_cuda_attn_bwd_ws_create(&b.ws, s->b, s->t, s->h, s->dh) != TKD_OK)
+        die("tkd_cuda_attn_bwd_ws_create", tkd_error_msg());
+    fill_dev(b.q, nq, 1), fill_dev(b.k, nkv, 2), fill_dev(b.v, nkv, 3), fill_dev(b.dy, nq, 4);
+    CUDA(cudaMemset(b.dq, 0, nq * 2));
+    CUDA(cudaMemset(b.dk, 0, nkv * 2));
+    CUDA(cudaMemset(b.dv, 0, nkv * 2));
     double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
-    double ms_lse = time_fwd(s, q, k, v, y, lse, reps), ms = time_fwd(s, q, k, v, y, NULL, reps);
-    printf("| %-12s | %d | %6d | %3d | %3d | %3d | %9.3f | %7.1f | %11.3f | %7.1f |\n", s->name, s->b,
-           s->t, s->h, s->hkv, s->dh, ms_lse, flop / ms_lse * 1e-9, ms, flop / ms * 1e-9);
-    CUDA(cudaFree(q));
-    CUDA(cudaFree(k));
-    CUDA(cudaFree(v));
-    CUDA(cudaFree(y));
-    CUDA(cudaFree(lse));
+    double ms_lse = time_call(s, &b, 0, reps), ms = time_call(s, &b, 1, reps);
+    call(s, &b, 0); /* y and lse for the backward */
+    double ms_bwd = time_call(s, &b, 2, reps);
+    printf("| %-12s | %d | %6d | %3d | %3d | %3d | %9.3f | %7.1f | %11.3f | %7.1f | %9.3f | %7.1f | %7.1f |\n",
+           s->name, s->b, s->t, s->h, s->hkv, s->dh, ms_lse, flop / ms_lse * 1e-9, ms, flop / ms * 1e-9, ms_bwd,
+           2.5 * flop / ms_bwd * 1e-9, 3.5 * flop / (ms_lse + ms_bwd) * 1e-9);
+    tkd_cuda_attn_bwd_ws_free(b.ws);
+    uint16_t *p16[] = {b.q, b.k, b.v, b.y, b.dy, b.dq, b.dk, b.dv};
+    for (size_t i = 0; i < sizeof p16 / sizeof p16[0]; i++)
+        CUDA(cudaFree(p16[i]));
+    CUDA(cudaFree(b.lse));
 }
 
 int main(int argc, char **argv)
 {
     shape shapes[16] = {
-        {1, 8192, 32, 8, 128, "llama3-8b"}, {1, 32768, 32, 8, 128, "llama3-8b"},
-        {1, 8192, 14, 2, 64, "qwen2-0.5b"}, {1, 32768, 14, 2, 64, "qwen2-0.5b"},
+        {1, 8192, 32, 8, 128, "llama3-8b"},  {1, 32768, 32, 8, 128, "llama3-8b"},
+        {1, 8192, 14, 2, 64, "qwen2-0.5b"},  {1, 32768, 14, 2, 64, "qwen2-0.5b"},
+        {1, 8192, 32, 8, 64, "llama3.2-1b"}, {1, 8192, 24, 8, 128, "student-3b"},
+        {4, 4096, 14, 2, 64, "qwen2.5-0.5b"},
     };
-    int n = 4, reps = 10;
+    int n = 7, reps = 10;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
@@ -131,10 +164,12 @@ int main(int argc, char **argv)
         die("--reps", "must be at least 1");
     struct cudaDeviceProp p;
     CUDA(cudaGetDeviceProperties(&p, 0));
-    printf("attn_bench: %s, %d SMs, median of %d launches; TFLOP/s = 4·B·H·T²·dh/2 / time\n\n", p.name,
-           p.multiProcessorCount, reps);
-    printf("| shape        | B |      T |   H | Hkv |  dh | ms (lse)  | TFLOP/s | ms (no lse) | TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("attn_bench: %s, %d SMs, median of %d launches; TFLOP/s: forward 4·B·H·T²·dh/2 / time, "
+           "backward 2.5 × that (convention), fwd+bwd 3.5 × that / (fwd with lse + bwd)\n\n",
+           p.name, p.multiProcessorCount, reps);
+    printf("| shape        | B |      T |   H | Hkv |  dh | fwd ms (lse) | TFLOP/s | fwd ms (no lse) | TFLOP/s "
+           "| bwd ms | TFLOP/s | fwd+bwd TFLOP/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         bench_shape(&shapes[i], reps);
     return 0;
