@@ -478,9 +478,10 @@ static void report(const bcase *c, errs e64[3], errs ecpu[3], int with_cpu)
     int n = snprintf(line, sizeof line, "%-32s B=%d T=%-5d H=%-2d Hkv=%-2d dh=%-3d:", c->what, c->B, c->T, c->H,
                      c->Hkv, c->dh);
     for (int x = 0; x < 3 && n < (int)sizeof line; x++)
-        n += snprintf(line + n, sizeof line - n, " %s err/tol %.3f norm %.1e%s", kNames[x], e64[x].max,
-                      sqrt(e64[x].num / (e64[x].den > 0 ? e64[x].den : 1.0)), with_cpu ? "" : ";");
-    print_message("%s\n", line);
+        n += snprintf(line + n, sizeof line - n, " %s err/tol %.3f norm %.1e", kNames[x], e64[x].max,
+                      sqrt(e64[x].num / (e64[x].den > 0 ? e64[x].den : 1.0)));
+    print_message("%s (ref64%s, %s rows)\n", line, with_cpu ? " and cpu" : "",
+                  c->T <= FULL_ROWS_MAX ? "all" : "sampled");
     for (int r = 0; r < 1 + with_cpu; r++)
         for (int x = 0; x < 3; x++) {
             const errs *e = r ? &ecpu[x] : &e64[x];
