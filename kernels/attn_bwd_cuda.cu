@@ -475,13 +475,18 @@ extern "C" tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, c
         return st;
     if (B == 0 || T == 0 || (!dq && !dk && !dv))
         return TKD_OK;
+    if (!dy || !q || !k || !v || !y || !lse)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd: dy, q, k, v, y and lse are required");
     const int64_t rows = padded_rows(B, T, H);
     if (rows > ws->cap)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "tkd_cuda_attn_bwd: workspace too small for B=%d T=%d H=%d (%lld rows, made for %lld)",
                              B, T, H, (long long)rows, (long long)ws->cap);
+    const int64_t blocks = (rows + kWarps - 1) / kWarps; /* prep: one warp per workspace row */
+    if (blocks > INT32_MAX)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "tkd_cuda_attn_bwd: B·H·T = %lld rows exceed the launch grid",
+                             (long long)rows);
     cudaStream_t s = (cudaStream_t)stream;
-    const int64_t blocks = (rows + kWarps - 1) / kWarps;
     attn_bwd_prep_kernel<<<(unsigned)blocks, kThreads, 0, s>>>(dy, y, lse, ws->lse2, ws->dsum, rows, T,
                                                                 (int)(rows / ((int64_t)B * H)), H, dh);
     TKD_CUDA_CHECK(cudaGetLastError());

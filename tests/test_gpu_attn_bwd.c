@@ -611,6 +611,7 @@ static void test_errors(void **state)
     assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d + 1, l, 1, 4, 2, 1, 64, d, d, d, ws, NULL),
                      TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 4, 2, 1, 64, d, d, d, NULL, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, NULL, 1, 4, 2, 1, 64, d, d, d, ws, NULL), TKD_ERR_INVALID_ARG);
     /* made for B·H·ceil(T/128) = 2 tiles of 128 rows; T = 129 needs 4 */
     assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 129, 2, 1, 64, d, d, d, ws, NULL),
                      TKD_ERR_INVALID_ARG);
