@@ -18,6 +18,9 @@
  * before rounding). At the end y = O / l (bf16) and lse = (m·ln 2 + ln l), the natural log-sum-exp
  * of the scaled scores.
  *
+ * The PTX wrappers, the tile loader and the fragment helpers live in attn_cuda_common.cuh, shared
+ * with the backward (attn_bwd_cuda.cu).
+ *
  * Fragment layouts (PTX ISA, mma.m16n8k16 bf16, lane = 4·g + t): A regs {(g, 2t), (g+8, 2t),
  * (g, 2t+8), (g+8, 2t+8)} each holding 2 consecutive columns; B regs {(k = 2t, n = g),
  * (k = 2t+8, n = g)} each holding 2 consecutive k; C {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
@@ -33,15 +36,16 @@
  */
 #include "kernels/attn_cuda.h"
 
-#include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "common/status.h"
+#include "kernels/attn_cuda_common.cuh"
 #include "kernels/cuda_check.h"
 
 namespace {
+
+using namespace tkd_attn;
 
 constexpr int kWarps = 8;                /* per CTA, 16 query rows each */
 constexpr int kThreads = 32 * kWarps;
@@ -71,97 +75,7 @@ struct AttnArgs {
     float scale_log2;   /* log2(e) / sqrt(dh) */
 };
 
-/* ---- PTX wrappers -------------------------------------------------------------------------- */
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16-byte global → shared copy through L2 only; src_bytes = 0 stores 16 zero bytes instead. */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-/* Four 8×8 bf16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, r[i] receives
- * (row lane/4, columns 2(lane%4), +1) of matrix i, or with .trans (rows 2(lane%4), +1; column lane/4). */
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* c (16×8 fp32) += a (16×16 bf16, row) · b (16×8 bf16, col). */
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* 2^x (ex2.approx: ~2 ulp; 2^-inf = 0). */
-__device__ __forceinline__ float exp2_fast(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Two floats as a bf16 pair, lo in the low half (the lower column index), round to nearest. */
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-    uint32_t u;
-    memcpy(&u, &p, sizeof u);
-    return u;
-}
-
 /* ---- tile stages --------------------------------------------------------------------------- */
-
-/* Starts copying rows [r0, r0 + ROWS) of one head (global row stride ld elements) into the smem
- * tile s (ROWS, LD); rows ≥ T are zero-filled and read nothing. Not committed here. */
-template <int DH, int ROWS>
-__device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int64_t ld, int r0, int T)
-{
-    constexpr int CH = Geo<DH>::CH, LD = Geo<DH>::LD, N = ROWS * CH;
-#pragma unroll
-    for (int i = 0; i < (N + kThreads - 1) / kThreads; i++) {
-        const int c = (int)threadIdx.x + i * kThreads;
-        if (N % kThreads == 0 || c < N) {
-            const int r = c / CH, col = (c % CH) * 8;
-            const bool ok = r0 + r < T;
-            const uint16_t *src = ok ? g + (int64_t)(r0 + r) * ld + col : g;
-            cp_async16(smem_addr(s + r * LD + col), src, ok ? 16 : 0);
-        }
-    }
-}
-
-/* This warp's Q rows (16, DH) from smem as A fragments, one per 16-wide slice of d:
- * lanes 0-15 address rows 0-15 at column 16kk, lanes 16-31 the same rows at column 16kk + 8. */
-template <int DH>
-__device__ __forceinline__ void load_q_frags(uint32_t qf[DH / 16][4], const uint16_t *sq, int lane)
-{
-    const uint32_t base = smem_addr(sq + (lane & 15) * Geo<DH>::LD + (lane >> 4) * 8);
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; kk++)
-        ldsm_x4(base + kk * 32, qf[kk]);
-}
 
 /* s (16 rows × 64 keys, fp32 C fragments: s[nt] = keys 8nt .. 8nt+7) = Q Kᵀ for one K tile.
  * One ldmatrix.x4 gives the B fragments of two key octets (n-tiles 2np, 2np+1) for one k16 slice:
@@ -308,9 +222,9 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
     const uint16_t *gk = a.k + kv_off, *gv = a.v + kv_off;
     const int last = (min(q0 + kBr, a.T) - 1) / kBc; /* key tiles 0 .. last */
 
-    load_tile<DH, kBr>(sq, a.q + (int64_t)b * a.T * qld + (int64_t)h * DH, qld, q0, a.T);
-    load_tile<DH, kBc>(sk, gk, kvld, last * kBc, a.T);
-    load_tile<DH, kBc>(sv, gv, kvld, last * kBc, a.T);
+    load_rows<DH, kBr, kThreads>(sq, a.q + (int64_t)b * a.T * qld + (int64_t)h * DH, qld, q0, a.T);
+    load_rows<DH, kBc, kThreads>(sk, gk, kvld, last * kBc, a.T);
+    load_rows<DH, kBc, kThreads>(sv, gv, kvld, last * kBc, a.T);
     cp_async_commit();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = q0 + warp * 16;
@@ -323,10 +237,10 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
         cp_async_wait_all();
         __syncthreads(); /* tile j is in stage st for all; nobody still reads stage st ^ 1 */
         if (j == last)
-            load_q_frags<DH>(qf, sq + warp * 16 * LD, lane);
+            load_a_frags<DH>(qf, sq + warp * 16 * LD, lane);
         if (j > 0) {
-            load_tile<DH, kBc>(sk + (st ^ 1) * KS, gk, kvld, (j - 1) * kBc, a.T);
-            load_tile<DH, kBc>(sv + (st ^ 1) * KS, gv, kvld, (j - 1) * kBc, a.T);
+            load_rows<DH, kBc, kThreads>(sk + (st ^ 1) * KS, gk, kvld, (j - 1) * kBc, a.T);
+            load_rows<DH, kBc, kThreads>(sv + (st ^ 1) * KS, gv, kvld, (j - 1) * kBc, a.T);
             cp_async_commit();
         }
         const int k0 = j * kBc;

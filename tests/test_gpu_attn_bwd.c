@@ -1,0 +1,642 @@
+/* test_gpu_attn_bwd.c — the CUDA causal GQA attention backward (tkd_cuda_attn_bwd,
+ * kernels/attn_cuda.h) against a float64 reference of this file on every row (T ≤ 1024) or on
+ * sampled rows (the first and last 70, every 97th, both sides of each 64-row boundary), and
+ * against tkd_cpu_attn_bwd (fp32, kernels/cpu_ops.h, fed by tkd_cpu_attn_fwd's (B, H, T, T)
+ * probabilities) where that scratch is small. Inputs are rounded to bf16 first; y and lse come
+ * from the GPU forward (tkd_cuda_attn_fwd), as in training. Labelled gpu: exits 77 (skipped)
+ * where no GPU answers or the build has no CUDA backend.
+ *
+ * Each case runs the backward four ways and checks:
+ *   A: gradients into zeroed dq, dk, dv, followed by NaN guard bands: the guards untouched, every
+ *      element finite and within tolerance of the references (below);
+ *   B: the same into random bf16 dq, dk, dv: B = init + A up to two bf16 roundings (+= works,
+ *      and A's rounding happened once): |B − (init + A)| ≤ 2^-8·(1 + 2^-8)·(|A| + |B|);
+ *   C: B again: bit-identical to B (the backward is deterministic: no atomics);
+ *   D: (one case) dq alone, then dk and dv alone (the others NULL): bit-identical to B.
+ *
+ * Tolerances. The GPU computes S = Q Kᵀ and dP = dY Vᵀ in fp32 from exact bf16 products, P from
+ * the forward's fp32 lse, and rounds to bf16: P before dV += Pᵀ dY, dS before dK += dSᵀ Q and
+ * dQ += dS K (each term off by ≤ 2^-8 relative, independently), and each output element once. It
+ * also takes D_i = Σ_d dy_id·y_id from the forward's bf16 y, off from the exact Σ_j P_ij dP_ij by
+ * ~2^-8·‖dy_i ⊙ y_i‖₂ (the same error in every dS_ij of the row). An output element is a sum of
+ * such terms, so its error scales with their root-sum-square, not with its value (which can cancel:
+ * row 0's dq is exactly 0). The float64 reference gives each gradient row that scale,
+ *   dq_i: c·sqrt(Σ_j (P_ij·(|dP_ij| + |D_i| + ‖dy_i ⊙ y_i‖))²·ms(k_j)),
+ *   dk_j: c·sqrt(Σ_h Σ_i (P_ij·(|dP_ij| + |D_i| + ‖dy_i ⊙ y_i‖))²·ms(q_i)),
+ *   dv_j: sqrt(Σ_h Σ_i P_ij²·ms(dy_i)),
+ * (c = 1/sqrt(dh), ms = mean square over d, h over the query heads of the kv head), and the
+ * check per element is |Δ| ≤ ATOL·scale + RTOL·|ref|: RTOL for the final bf16 rounding (≤ 2^-8
+ * = 3.9e-3 relative), ATOL for the sum of the roundings above. Over a case and tensor,
+ * ‖Δ‖₂ / ‖ref‖₂ ≤ NORM_TOL (an indexing error gives O(1)). A numpy model of exactly these
+ * roundings (float64 elsewhere; tests/attn_bwd_tol_model.py) on this file's shapes and input
+ * scales gave at most 0.58 of the element tolerance (dq; dk 0.38, dv 0.45) and norm ratios ≤ 4.8e-3
+ * (2.3e-3 to 4.1e-3 at std ≤ 1.5; the peaked std-3 case is the largest, its dq and dk being small
+ * next to their terms). fp32 accumulation, ex2.approx and the fp32 lse add ~1e-6 relative.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "kernels/cpu_ops.h"
+#include "tests/testutil.h"
+
+#ifdef TKD_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/attn_cuda.h"
+
+#define ATOL 2e-2
+#define RTOL 1e-2
+#define NORM_TOL 1e-2
+#define ROUND2 (1.0 / 256.0 * (1.0 + 1.0 / 256.0)) /* two bf16 roundings, run B against A */
+#define INIT_STD 0.5f     /* B's initial dq, dk, dv */
+#define GUARD 4096        /* NaN elements after dq, dk, dv that must stay untouched */
+#define FULL_ROWS_MAX 1024 /* up to this T the float64 reference checks every row */
+
+typedef struct bcase {
+    const char *what;
+    int B, T, H, Hkv, dh;
+    float std;   /* q and k ~ normal(0, std²); v and dy ~ normal(0, 1) */
+    int cpu_ref; /* also against tkd_cpu_attn_bwd (B·H·T² floats of scratch) */
+    uint64_t seed;
+} bcase;
+
+/* The inputs as bf16-rounded floats and their bits; the shapes' element counts. */
+typedef struct inputs {
+    int64_t nq, nkv, nl;              /* elements of q / dy / dq, of k / v / dk / dv, of lse */
+    float *q, *k, *v, *dy;            /* (B·T, H·dh), (B·T, Hkv·dh) ×2, (B·T, H·dh) */
+    uint16_t *qb, *kb, *vb, *dyb;
+} inputs;
+
+/* Device buffers of one case; dq, dk, dv carry GUARD extra elements. */
+typedef struct dev {
+    uint16_t *q, *k, *v, *dy, *y, *dq, *dk, *dv;
+    float *lse;
+} dev;
+
+/* One backward's gradients, copied back (nq, nkv, nkv bf16). */
+typedef struct grads {
+    uint16_t *dq, *dk, *dv;
+} grads;
+
+/* float64 row statistics of every (b, h, t): lse, D = Σ_j P dP, ‖dy ⊙ y‖₂; mean squares of the
+ * rows of q, dy (B·T·H) and k (B·T·Hkv). */
+typedef struct stats {
+    double *lse, *D, *Dn;
+    double *msq, *msdy, *msk;
+} stats;
+
+/* Worst error of one gradient tensor over a case against one reference, and where. */
+typedef struct errs {
+    double max, num, den; /* max |Δ| / allowed; Σ Δ², Σ ref² */
+    int64_t n_bad;
+    char where[200];
+} errs;
+
+static const char *const kNames[3] = {"dq", "dk", "dv"};
+
+static void *dev_alloc(size_t n)
+{
+    void *p = NULL;
+    assert_int_equal(cudaMalloc(&p, n ? n : 1), cudaSuccess);
+    return p;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static void fill_bf16(float *x, uint16_t *xb, int64_t n, uint64_t seed, float std)
+{
+    tkd_test_randn(x, (size_t)n, seed, std);
+    for (int64_t i = 0; i < n; i++) {
+        xb[i] = tkd_f32_to_bf16(x[i]);
+        x[i] = tkd_bf16_to_f32(xb[i]);
+    }
+}
+
+static void inputs_make(inputs *in, const bcase *c)
+{
+    in->nq = (int64_t)c->B * c->T * c->H * c->dh;
+    in->nkv = (int64_t)c->B * c->T * c->Hkv * c->dh;
+    in->nl = (int64_t)c->B * c->H * c->T;
+    in->q = xmalloc(sizeof(float) * in->nq), in->dy = xmalloc(sizeof(float) * in->nq);
+    in->k = xmalloc(sizeof(float) * in->nkv), in->v = xmalloc(sizeof(float) * in->nkv);
+    in->qb = xmalloc(2 * in->nq), in->dyb = xmalloc(2 * in->nq);
+    in->kb = xmalloc(2 * in->nkv), in->vb = xmalloc(2 * in->nkv);
+    fill_bf16(in->q, in->qb, in->nq, c->seed * 5 + 1, c->std);
+    fill_bf16(in->k, in->kb, in->nkv, c->seed * 5 + 2, c->std);
+    fill_bf16(in->v, in->vb, in->nkv, c->seed * 5 + 3, 1.0f);
+    fill_bf16(in->dy, in->dyb, in->nq, c->seed * 5 + 4, 1.0f);
+}
+
+static void inputs_free(inputs *in)
+{
+    free(in->q), free(in->k), free(in->v), free(in->dy);
+    free(in->qb), free(in->kb), free(in->vb), free(in->dyb);
+}
+
+static void upload(void *d, const void *h, size_t n)
+{
+    assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+static void download(void *h, const void *d, size_t n)
+{
+    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+/* Uploads the inputs and runs the GPU forward for y and lse. */
+static void dev_make(dev *d, const inputs *in, const bcase *c)
+{
+    d->q = dev_alloc(2 * in->nq), d->dy = dev_alloc(2 * in->nq), d->y = dev_alloc(2 * in->nq);
+    d->k = dev_alloc(2 * in->nkv), d->v = dev_alloc(2 * in->nkv);
+    d->dq = dev_alloc(2 * (in->nq + GUARD));
+    d->dk = dev_alloc(2 * (in->nkv + GUARD)), d->dv = dev_alloc(2 * (in->nkv + GUARD));
+    d->lse = dev_alloc(sizeof(float) * in->nl);
+    upload(d->q, in->qb, 2 * in->nq), upload(d->dy, in->dyb, 2 * in->nq);
+    upload(d->k, in->kb, 2 * in->nkv), upload(d->v, in->vb, 2 * in->nkv);
+    tkd_status st = tkd_cuda_attn_fwd(d->q, d->k, d->v, c->B, c->T, c->H, c->Hkv, c->dh, d->y, d->lse, NULL);
+    if (st != TKD_OK)
+        fail_msg("%s: attention forward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
+}
+
+static void dev_free(dev *d)
+{
+    cudaFree(d->q), cudaFree(d->k), cudaFree(d->v), cudaFree(d->dy), cudaFree(d->y);
+    cudaFree(d->dq), cudaFree(d->dk), cudaFree(d->dv), cudaFree(d->lse);
+}
+
+static void grads_alloc(grads *g, const inputs *in)
+{
+    g->dq = xmalloc(2 * in->nq), g->dk = xmalloc(2 * in->nkv), g->dv = xmalloc(2 * in->nkv);
+}
+
+static void grads_free(grads *g) { free(g->dq), free(g->dk), free(g->dv); }
+
+/* Sets a gradient buffer to init (NULL: zeros) followed by GUARD NaNs. */
+static void grad_init(uint16_t *d, const uint16_t *init, int64_t n)
+{
+    if (init)
+        upload(d, init, 2 * n);
+    else
+        assert_int_equal(cudaMemset(d, 0, 2 * n), cudaSuccess);
+    assert_int_equal(cudaMemset(d + n, 0xff, 2 * GUARD), cudaSuccess);
+}
+
+/* Copies a gradient back and fails when its guard band changed. */
+static void grad_fetch(uint16_t *h, const uint16_t *d, int64_t n, const char *name, const bcase *c)
+{
+    uint16_t *guard = xmalloc(2 * GUARD);
+    download(h, d, 2 * n);
+    download(guard, d + n, 2 * GUARD);
+    for (int i = 0; i < GUARD; i++)
+        if (guard[i] != 0xffff)
+            fail_msg("%s: %s written past its end (element n + %d = 0x%04x)", c->what, name, i, guard[i]);
+    free(guard);
+}
+
+/* One backward: dq, dk, dv start at init (a struct of NULLs: zeros); `which` (bits 1 dq, 2 dk,
+ * 4 dv) picks the gradients asked for, the others passed as NULL. Results into out. */
+static void gpu_backward(const dev *d, const inputs *in, const bcase *c, tkd_cuda_attn_bwd_ws *ws,
+                         const grads *init, int which, grads *out)
+{
+    grad_init(d->dq, init->dq, in->nq);
+    grad_init(d->dk, init->dk, in->nkv);
+    grad_init(d->dv, init->dv, in->nkv);
+    tkd_status st = tkd_cuda_attn_bwd(d->dy, d->q, d->k, d->v, d->y, d->lse, c->B, c->T, c->H, c->Hkv, c->dh,
+                                      (which & 1) ? d->dq : NULL, (which & 2) ? d->dk : NULL,
+                                      (which & 4) ? d->dv : NULL, ws, NULL);
+    if (st != TKD_OK)
+        fail_msg("%s: attention backward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
+    cudaError_t ce = cudaDeviceSynchronize();
+    if (ce != cudaSuccess)
+        fail_msg("%s: backward kernels failed: %s", c->what, cudaGetErrorString(ce));
+    grad_fetch(out->dq, d->dq, in->nq, "dq", c);
+    grad_fetch(out->dk, d->dk, in->nkv, "dk", c);
+    grad_fetch(out->dv, d->dv, in->nkv, "dv", c);
+}
+
+/* ---- float64 reference ------------------------------------------------------------------- */
+
+static double dot64(const float *a, const float *b, int n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* four chains: not latency-bound */
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (double)a[i] * b[i], s1 += (double)a[i + 1] * b[i + 1];
+        s2 += (double)a[i + 2] * b[i + 2], s3 += (double)a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += (double)a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* Row t of head h in batch b of a (B·T, heads·dh) tensor. */
+static const float *row_of(const float *x, const bcase *c, int heads, int b, int t, int h)
+{
+    return x + (((int64_t)b * c->T + t) * heads + h) * c->dh;
+}
+
+/* lse, D and ‖dy ⊙ y‖ of query row i of head h in batch b (float64); sc: T doubles of scratch,
+ * y: dh doubles. */
+static void stats_row(const stats *s, const inputs *in, const bcase *c, int b, int h, int i, double *sc,
+                      double *y)
+{
+    const int g = h / (c->H / c->Hkv), dh = c->dh;
+    const float *qi = row_of(in->q, c, c->H, b, i, h), *dyi = row_of(in->dy, c, c->H, b, i, h);
+    const double scale = 1.0 / sqrt((double)dh);
+    double m = -INFINITY, sum = 0.0, D = 0.0, dn = 0.0;
+    for (int j = 0; j <= i; j++) {
+        sc[j] = dot64(qi, row_of(in->k, c, c->Hkv, b, j, g), dh) * scale;
+        m = fmax(m, sc[j]);
+    }
+    for (int j = 0; j <= i; j++)
+        sum += exp(sc[j] - m);
+    const double lse = m + log(sum);
+    for (int d = 0; d < dh; d++)
+        y[d] = 0.0;
+    for (int j = 0; j <= i; j++) {
+        const float *vj = row_of(in->v, c, c->Hkv, b, j, g);
+        const double p = exp(sc[j] - lse);
+        D += p * dot64(dyi, vj, dh);
+        for (int d = 0; d < dh; d++)
+            y[d] += p * vj[d];
+    }
+    for (int d = 0; d < dh; d++)
+        dn += (dyi[d] * y[d]) * (dyi[d] * y[d]);
+    const int64_t r = ((int64_t)b * c->H + h) * c->T + i;
+    s->lse[r] = lse, s->D[r] = D, s->Dn[r] = sqrt(dn);
+}
+
+static double mean_sq(const float *x, int n)
+{
+    return dot64(x, x, n) / n;
+}
+
+static void stats_make(stats *s, const inputs *in, const bcase *c)
+{
+    const int64_t nl = in->nl, nkr = (int64_t)c->B * c->T * c->Hkv;
+    s->lse = xmalloc(sizeof(double) * nl), s->D = xmalloc(sizeof(double) * nl);
+    s->Dn = xmalloc(sizeof(double) * nl);
+    s->msq = xmalloc(sizeof(double) * nl), s->msdy = xmalloc(sizeof(double) * nl);
+    s->msk = xmalloc(sizeof(double) * nkr);
+    for (int64_t r = 0; r < nl; r++) /* row r of (B·T, H) */
+        s->msq[r] = mean_sq(in->q + r * c->dh, c->dh), s->msdy[r] = mean_sq(in->dy + r * c->dh, c->dh);
+    for (int64_t r = 0; r < nkr; r++)
+        s->msk[r] = mean_sq(in->k + r * c->dh, c->dh);
+    double *sc = xmalloc(sizeof(double) * c->T), *y = xmalloc(sizeof(double) * c->dh);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int i = 0; i < c->T; i++)
+                stats_row(s, in, c, b, h, i, sc, y);
+    free(sc), free(y);
+}
+
+static void stats_free(stats *s)
+{
+    free(s->lse), free(s->D), free(s->Dn), free(s->msq), free(s->msdy), free(s->msk);
+}
+
+/* P_ij, dP_ij and the weight P·(|dP| + |D_i| + ‖dy_i ⊙ y_i‖) of one (query i, key j) pair. */
+static void pair(const stats *s, const inputs *in, const bcase *c, int b, int h, int i, int j, double *p,
+                 double *dp, double *w)
+{
+    const int g = h / (c->H / c->Hkv);
+    const int64_t r = ((int64_t)b * c->H + h) * c->T + i;
+    const double sij = dot64(row_of(in->q, c, c->H, b, i, h), row_of(in->k, c, c->Hkv, b, j, g), c->dh) /
+                       sqrt((double)c->dh);
+    *p = exp(sij - s->lse[r]);
+    *dp = dot64(row_of(in->dy, c, c->H, b, i, h), row_of(in->v, c, c->Hkv, b, j, g), c->dh);
+    *w = *p * (fabs(*dp) + fabs(s->D[r]) + s->Dn[r]);
+}
+
+/* dq of query row i, head h, batch b (dh doubles); returns its error scale. */
+static double ref_dq(const stats *s, const inputs *in, const bcase *c, int b, int h, int i, double *dq)
+{
+    const int g = h / (c->H / c->Hkv);
+    const double scale = 1.0 / sqrt((double)c->dh), D = s->D[((int64_t)b * c->H + h) * c->T + i];
+    double w2 = 0.0;
+    for (int d = 0; d < c->dh; d++)
+        dq[d] = 0.0;
+    for (int j = 0; j <= i; j++) {
+        double p, dp, w;
+        pair(s, in, c, b, h, i, j, &p, &dp, &w);
+        const float *kj = row_of(in->k, c, c->Hkv, b, j, g);
+        for (int d = 0; d < c->dh; d++)
+            dq[d] += scale * p * (dp - D) * kj[d];
+        w2 += w * w * s->msk[((int64_t)b * c->T + j) * c->Hkv + g];
+    }
+    return scale * sqrt(w2);
+}
+
+/* dk and dv of key row j, kv head g, batch b (dh doubles each), summed over the group's query
+ * heads; their error scales in sk, sv. */
+static void ref_dkv(const stats *s, const inputs *in, const bcase *c, int b, int g, int j, double *dk,
+                    double *dv, double *sk, double *sv)
+{
+    const int grp = c->H / c->Hkv;
+    const double scale = 1.0 / sqrt((double)c->dh);
+    double wk = 0.0, wv = 0.0;
+    for (int d = 0; d < c->dh; d++)
+        dk[d] = dv[d] = 0.0;
+    for (int h = g * grp; h < (g + 1) * grp; h++)
+        for (int i = j; i < c->T; i++) {
+            double p, dp, w;
+            pair(s, in, c, b, h, i, j, &p, &dp, &w);
+            const int64_t r = ((int64_t)b * c->T + i) * c->H + h; /* row of (B·T, H) */
+            const double ds = p * (dp - s->D[((int64_t)b * c->H + h) * c->T + i]);
+            const float *qi = in->q + r * c->dh, *dyi = in->dy + r * c->dh;
+            for (int d = 0; d < c->dh; d++)
+                dk[d] += scale * ds * qi[d], dv[d] += p * dyi[d];
+            wk += w * w * s->msq[r], wv += p * p * s->msdy[r];
+        }
+    *sk = scale * sqrt(wk), *sv = sqrt(wv);
+}
+
+/* ---- comparison -------------------------------------------------------------------------- */
+
+static int sampled(int t, int T)
+{
+    return T <= FULL_ROWS_MAX || t < 70 || t >= T - 70 || t % 97 == 0 || t % 64 == 0 || t % 64 == 63;
+}
+
+/* Compares one gradient row (dh elements of `got` bf16) with ref (dh doubles) at error scale sc. */
+static void note_row(errs *e, const uint16_t *got, const double *ref, double sc, int dh, const char *name,
+                     int b, int t, int head, const char *against)
+{
+    for (int d = 0; d < dh; d++) {
+        const double gv = tkd_bf16_to_f32(got[d]), diff = gv - ref[d];
+        const double excess = fabs(diff) / (ATOL * sc + RTOL * fabs(ref[d]));
+        e->num += diff * diff, e->den += ref[d] * ref[d];
+        if (!(excess <= 1.0))
+            e->n_bad++;
+        if (!(excess <= e->max)) {
+            e->max = isnan(excess) ? INFINITY : excess;
+            snprintf(e->where, sizeof e->where, "%s[b=%d t=%d head=%d d=%d]: gpu %.6g, %s %.6g (scale %.3g)",
+                     name, b, t, head, d, gv, against, ref[d], sc);
+        }
+    }
+}
+
+/* The GPU's gradients A against the float64 reference (e64) and, when cpu is not NULL, against
+ * tkd_cpu_attn_bwd's fp32 ones (ecpu: cpu->dq, dk, dv as floats), on the sampled rows. */
+static void check_refs(const grads *A, const stats *s, const inputs *in, const bcase *c, float *const cpu[3],
+                       errs e64[3], errs ecpu[3])
+{
+    const int dh = c->dh;
+    double *r0 = xmalloc(sizeof(double) * dh), *r1 = xmalloc(sizeof(double) * dh);
+    double *f = xmalloc(sizeof(double) * dh);
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < c->T; t++) {
+            if (!sampled(t, c->T))
+                continue;
+            for (int h = 0; h < c->H; h++) {
+                const int64_t o = (((int64_t)b * c->T + t) * c->H + h) * dh;
+                const double sc = ref_dq(s, in, c, b, h, t, r0);
+                note_row(&e64[0], A->dq + o, r0, sc, dh, "dq", b, t, h, "ref64");
+                if (cpu) {
+                    for (int d = 0; d < dh; d++)
+                        f[d] = cpu[0][o + d];
+                    note_row(&ecpu[0], A->dq + o, f, sc, dh, "dq", b, t, h, "cpu");
+                }
+            }
+            for (int g = 0; g < c->Hkv; g++) {
+                const int64_t o = (((int64_t)b * c->T + t) * c->Hkv + g) * dh;
+                double sk, sv;
+                ref_dkv(s, in, c, b, g, t, r0, r1, &sk, &sv);
+                note_row(&e64[1], A->dk + o, r0, sk, dh, "dk", b, t, g, "ref64");
+                note_row(&e64[2], A->dv + o, r1, sv, dh, "dv", b, t, g, "ref64");
+                for (int x = 1; cpu && x < 3; x++) {
+                    for (int d = 0; d < dh; d++)
+                        f[d] = cpu[x][o + d];
+                    note_row(&ecpu[x], (x == 1 ? A->dk : A->dv) + o, f, x == 1 ? sk : sv, dh, kNames[x], b, t,
+                             g, "cpu");
+                }
+            }
+        }
+    free(r0), free(r1), free(f);
+}
+
+/* tkd_cpu_attn_fwd + tkd_cpu_attn_bwd on the same inputs: fp32 dq, dk, dv (caller frees). */
+static void cpu_grads(const inputs *in, const bcase *c, float *out[3])
+{
+    float *att = xmalloc(sizeof(float) * (size_t)c->B * c->H * c->T * c->T);
+    float *y = xmalloc(sizeof(float) * in->nq);
+    out[0] = calloc((size_t)in->nq, sizeof(float));
+    out[1] = calloc((size_t)in->nkv, sizeof(float)), out[2] = calloc((size_t)in->nkv, sizeof(float));
+    assert_true(out[0] && out[1] && out[2]);
+    tkd_cpu_attn_fwd(in->q, in->k, in->v, c->B, c->T, c->H, c->Hkv, c->dh, att, y);
+    tkd_cpu_attn_bwd(in->dy, in->q, in->k, in->v, att, c->B, c->T, c->H, c->Hkv, c->dh, out[0], out[1], out[2]);
+    free(att), free(y);
+}
+
+/* Run B = init + run A up to two bf16 roundings, element by element. */
+static void check_accumulate(const uint16_t *a, const uint16_t *bb, const uint16_t *init, int64_t n,
+                             const char *name, const bcase *c)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const double av = tkd_bf16_to_f32(a[i]), bv = tkd_bf16_to_f32(bb[i]), iv = tkd_bf16_to_f32(init[i]);
+        if (!(fabs(bv - (iv + av)) <= ROUND2 * (fabs(av) + fabs(bv))))
+            fail_msg("%s: %s[%lld] += gave %.8g from init %.8g, but the gradient alone is %.8g "
+                     "(|diff| %.3g > two bf16 roundings)", c->what, name, (long long)i, bv, iv, av,
+                     fabs(bv - (iv + av)));
+    }
+}
+
+static void check_same_bits(const uint16_t *x, const uint16_t *y, int64_t n, const char *name, const char *what,
+                            const bcase *c)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] != y[i])
+            fail_msg("%s: %s[%lld] differs between two runs (%s): 0x%04x vs 0x%04x", c->what, name,
+                     (long long)i, what, x[i], y[i]);
+}
+
+static void check_finite(const grads *A, const inputs *in, const bcase *c)
+{
+    const uint16_t *t[3] = {A->dq, A->dk, A->dv};
+    for (int x = 0; x < 3; x++)
+        for (int64_t i = 0, n = x ? in->nkv : in->nq; i < n; i++)
+            if (!isfinite(tkd_bf16_to_f32(t[x][i])))
+                fail_msg("%s: %s[%lld] = 0x%04x is not finite", c->what, kNames[x], (long long)i, t[x][i]);
+}
+
+/* Prints the case's line and fails when any tensor is out of tolerance against either reference. */
+static void report(const bcase *c, errs e64[3], errs ecpu[3], int with_cpu)
+{
+    char line[400];
+    int n = snprintf(line, sizeof line, "%-32s B=%d T=%-5d H=%-2d Hkv=%-2d dh=%-3d:", c->what, c->B, c->T, c->H,
+                     c->Hkv, c->dh);
+    for (int x = 0; x < 3 && n < (int)sizeof line; x++)
+        n += snprintf(line + n, sizeof line - n, " %s err/tol %.3f norm %.1e", kNames[x], e64[x].max,
+                      sqrt(e64[x].num / (e64[x].den > 0 ? e64[x].den : 1.0)));
+    print_message("%s (ref64%s, %s rows)\n", line, with_cpu ? " and cpu" : "",
+                  c->T <= FULL_ROWS_MAX ? "all" : "sampled");
+    for (int r = 0; r < 1 + with_cpu; r++)
+        for (int x = 0; x < 3; x++) {
+            const errs *e = r ? &ecpu[x] : &e64[x];
+            const double norm = e->den > 0 ? sqrt(e->num / e->den) : 0.0;
+            if (e->n_bad > 0 || !(norm <= NORM_TOL))
+                fail_msg("%s: %s against %s: %lld elements out of tolerance (max err/tol %.3g), rel norm "
+                         "%.3g (tol %g); worst: %s", c->what, kNames[x], r ? "cpu" : "ref64",
+                         (long long)e->n_bad, e->max, norm, NORM_TOL, e->where);
+        }
+}
+
+/* Runs A, B, C (and D when `subsets`) and every check of the file comment. */
+static void run_case(const bcase *c, tkd_cuda_attn_bwd_ws *ws, int subsets)
+{
+    inputs in;
+    dev d;
+    stats s;
+    grads zero = {NULL, NULL, NULL}, init, A, Bg, C;
+    inputs_make(&in, c);
+    dev_make(&d, &in, c);
+    grads_alloc(&init, &in), grads_alloc(&A, &in), grads_alloc(&Bg, &in), grads_alloc(&C, &in);
+    float *tmp = xmalloc(sizeof(float) * (in.nq > in.nkv ? in.nq : in.nkv));
+    fill_bf16(tmp, init.dq, in.nq, c->seed * 5 + 5, INIT_STD);
+    fill_bf16(tmp, init.dk, in.nkv, c->seed * 7 + 6, INIT_STD);
+    fill_bf16(tmp, init.dv, in.nkv, c->seed * 11 + 7, INIT_STD);
+    free(tmp);
+
+    gpu_backward(&d, &in, c, ws, &zero, 7, &A);
+    gpu_backward(&d, &in, c, ws, &init, 7, &Bg);
+    gpu_backward(&d, &in, c, ws, &init, 7, &C);
+    check_finite(&A, &in, c);
+    check_same_bits(Bg.dq, C.dq, in.nq, "dq", "same inputs", c);
+    check_same_bits(Bg.dk, C.dk, in.nkv, "dk", "same inputs", c);
+    check_same_bits(Bg.dv, C.dv, in.nkv, "dv", "same inputs", c);
+    check_accumulate(A.dq, Bg.dq, init.dq, in.nq, "dq", c);
+    check_accumulate(A.dk, Bg.dk, init.dk, in.nkv, "dk", c);
+    check_accumulate(A.dv, Bg.dv, init.dv, in.nkv, "dv", c);
+    if (subsets) {
+        gpu_backward(&d, &in, c, ws, &init, 1, &C);
+        check_same_bits(Bg.dq, C.dq, in.nq, "dq", "dq alone vs all three", c);
+        check_same_bits(C.dk, init.dk, in.nkv, "dk", "dk = NULL left it alone", c);
+        gpu_backward(&d, &in, c, ws, &init, 6, &C);
+        check_same_bits(Bg.dk, C.dk, in.nkv, "dk", "dk and dv alone vs all three", c);
+        check_same_bits(Bg.dv, C.dv, in.nkv, "dv", "dk and dv alone vs all three", c);
+        check_same_bits(C.dq, init.dq, in.nq, "dq", "dq = NULL left it alone", c);
+    }
+    dev_free(&d);
+
+    errs e64[3], ecpu[3];
+    memset(e64, 0, sizeof e64), memset(ecpu, 0, sizeof ecpu);
+    float *cpu[3] = {NULL, NULL, NULL};
+    const int with_cpu = c->cpu_ref && c->T <= FULL_ROWS_MAX;
+    if (with_cpu)
+        cpu_grads(&in, c, cpu);
+    stats_make(&s, &in, c);
+    check_refs(&A, &s, &in, c, with_cpu ? cpu : NULL, e64, ecpu);
+    report(c, e64, ecpu, with_cpu);
+    stats_free(&s);
+    free(cpu[0]), free(cpu[1]), free(cpu[2]);
+    grads_free(&init), grads_free(&A), grads_free(&Bg), grads_free(&C);
+    inputs_free(&in);
+}
+
+/* Runs cases through one workspace sized for the largest of them (smaller calls reuse it). */
+static void run_cases(const bcase *cases, size_t n, int subsets_first)
+{
+    int B = 1, T = 1, H = 1;
+    for (size_t i = 0; i < n; i++) {
+        B = cases[i].B > B ? cases[i].B : B, T = cases[i].T > T ? cases[i].T : T;
+        H = cases[i].H > H ? cases[i].H : H;
+    }
+    tkd_cuda_attn_bwd_ws *ws = NULL;
+    tkd_status st = tkd_cuda_attn_bwd_ws_create(&ws, B, T, H, 128);
+    if (st != TKD_OK)
+        fail_msg("workspace: %s: %s", tkd_status_name(st), tkd_error_msg());
+    for (size_t i = 0; i < n; i++)
+        run_case(&cases[i], ws, subsets_first && i == 0);
+    tkd_cuda_attn_bwd_ws_free(ws);
+}
+
+/* Every row against float64 and the CPU's fp32 backward. */
+static void test_small(void **state)
+{
+    static const bcase cases[] = {
+        {"T = 17, B = 2, GQA 2, dh 64", 2, 17, 4, 2, 64, 1.5f, 1, 2},
+        {"T = 1", 1, 1, 2, 1, 64, 1.0f, 1, 1},
+        {"T = 1, dh 128, GQA 1", 1, 1, 1, 1, 128, 1.0f, 1, 10},
+        {"T = 65 (one key past a tile), dh 128", 1, 65, 2, 2, 128, 1.5f, 1, 3},
+        {"T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 1, 4},
+        {"T = 1000, B = 2, GQA 1, dh 64", 2, 1000, 2, 2, 64, 1.0f, 1, 5},
+        {"T = 333, GQA 3, dh 80", 1, 333, 6, 2, 80, 1.5f, 1, 6},
+        {"T = 200, B = 2, GQA 2, dh 48", 2, 200, 4, 2, 48, 1.5f, 1, 7},
+        {"T = 129, GQA 1, dh 96", 1, 129, 3, 3, 96, 1.5f, 1, 8},
+        {"T = 128 (one full tile), GQA 2, dh 64", 1, 128, 2, 1, 64, 1.5f, 1, 13},
+        {"T = 300, peaked softmax (std 3)", 1, 300, 2, 1, 64, 3.0f, 1, 9},
+    };
+    (void)state;
+    run_cases(cases, sizeof cases / sizeof cases[0], 1);
+}
+
+/* T 4097: the float64 reference on sampled rows (the CPU's (T, T) scratch would be 2 GB). */
+static void test_long(void **state)
+{
+    static const bcase cases[] = {
+        {"T = 4097, GQA 2, dh 128", 1, 4097, 4, 2, 128, 1.5f, 0, 11},
+        {"T = 4097, B = 2, GQA 2, dh 64", 2, 4097, 2, 1, 64, 1.0f, 0, 12},
+    };
+    (void)state;
+    run_cases(cases, sizeof cases / sizeof cases[0], 0);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    uint16_t *d = dev_alloc(1 << 16);
+    float *l = dev_alloc(1 << 16);
+    tkd_cuda_attn_bwd_ws *ws = NULL;
+    assert_int_equal(tkd_cuda_attn_bwd_ws_create(&ws, 1, 64, 2, 72), TKD_ERR_UNSUPPORTED);
+    assert_null(ws);
+    tkd_test_assert_msg_has("head dim 72");
+    assert_int_equal(tkd_cuda_attn_bwd_ws_create(&ws, 1, 0, 2, 64), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_attn_bwd_ws_create(&ws, 1, 64, 2, 64), TKD_OK);
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 4, 2, 1, 32, d, d, d, ws, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("head dim 32");
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 4, 6, 4, 64, d, d, d, ws, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, -1, 2, 1, 64, d, d, d, ws, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d + 1, l, 1, 4, 2, 1, 64, d, d, d, ws, NULL),
+                     TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 4, 2, 1, 64, d, d, d, NULL, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, NULL, 1, 4, 2, 1, 64, d, d, d, ws, NULL), TKD_ERR_INVALID_ARG);
+    /* made for B·H·ceil(T/128) = 2 tiles of 128 rows; T = 129 needs 4 */
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 129, 2, 1, 64, d, d, d, ws, NULL),
+                     TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("workspace too small");
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 0, 4, 2, 1, 64, d, d, d, ws, NULL), TKD_OK);
+    assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 4, 2, 1, 64, NULL, NULL, NULL, ws, NULL), TKD_OK);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    tkd_cuda_attn_bwd_ws_free(ws);
+    tkd_cuda_attn_bwd_ws_free(NULL);
+    cudaFree(d), cudaFree(l);
+}
+#endif /* TKD_HAVE_CUDA */
+
+int main(void)
+{
+    tkd_test_require_gpu();
+#ifdef TKD_HAVE_CUDA
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_small),
+        cmocka_unit_test(test_long),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+#else
+    return 77;
+#endif
+}
