@@ -21,6 +21,11 @@ for t in "$bin"/test_gpu_*; do
   tail -n 3 "$tmp/test.log"
 done
 
+echo "== teacher-dump --set device=cuda (the CLI end to end on the GPU)"
+run "$bin/teacher-dump" --config configs/teacher-demo.yaml -q --set device=cuda \
+  --set output.dir="$tmp/gpu-cache" --set data.max_sequences=64 --set cache.shard_sequences=32 || failed=1
+ls "$tmp/gpu-cache"
+
 echo "== h5py and transformers"
 run "$bin/teacher-dump" --config configs/teacher-demo.yaml -q --set teacher.path=data/demo-teacher \
   --set output.dir="$tmp/cache" --set data.max_sequences=8 --set cache.shard_sequences=8 --set cache.k=8

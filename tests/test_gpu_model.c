@@ -182,6 +182,23 @@ static void test_lmhead_topk_matches_cpu(void **state)
     free(w);
 }
 
+/* Activations that cannot fit: TKD_ERR_DEVICE_OOM naming what, how much, and what to lower; the
+ * model stays usable at a size that fits. */
+static void test_device_oom(void **state)
+{
+    (void)state;
+    tkd_model *g = load("llama_gqa_f32", g_gpu);
+    int T = g->cfg.max_position_embeddings < 64 ? g->cfg.max_position_embeddings : 64;
+    assert_int_equal(tkd_model_reserve(g, 1 << 22, T, 0), TKD_ERR_DEVICE_OOM); /* ~TBs of activations */
+    tkd_test_assert_msg_has("out of device memory asking for");
+    tkd_test_assert_msg_has("lower");
+    int32_t in[FIX_N];
+    fixture_inputs(in);
+    float *h = gpu_hidden(g, in);
+    free(h);
+    tkd_model_free(g);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -204,6 +221,7 @@ int main(void)
         cmocka_unit_test(test_qwen2_f32),
         cmocka_unit_test(test_qwen2_bf16),
         cmocka_unit_test(test_lmhead_topk_matches_cpu),
+        cmocka_unit_test(test_device_oom),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
