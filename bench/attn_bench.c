@@ -1,16 +1,22 @@
-/* attn_bench.c — the speed of tkd_cuda_attn_fwd, the causal GQA attention forward, next to cuDNN's
- * fused attention through tkd_cudnn_attn_fwd (a program, not a test; built only with the CUDA
- * backend).
+/* attn_bench.c — the speed of tkd_cuda_attn_fwd and tkd_cuda_attn_bwd, the causal GQA attention
+ * forward and backward, next to cuDNN's fused attention forward through tkd_cudnn_attn_fwd (a
+ * program, not a test; built only with the CUDA backend).
  *
- * For each shape (B = 1, bf16 q, k, v uniform in [-1, 1)): the median of --reps timed launches
- * (cudaEvent pairs around each launch, after 2 untimed ones), with and without the lse output,
- * and TFLOP/s counting the two matrix products over the causal half: 4·B·H·T²·dh / 2; ours first,
- * then cuDNN's, whose first call per shape also builds its plan (that wall time is the "plan ms"
- * column, with lse, then without), and the last column is the largest |difference| between the
- * two's y and lse over the whole output, a sanity check (tests/test_gpu_attn_cudnn.c holds the
- * tolerances). A shape cuDNN refuses shows "refused" and its message goes to stderr.
+ * For each shape (bf16 q, k, v, dy uniform in [-1, 1)): the median of --reps timed calls (cudaEvent
+ * pairs around each call, after 2 untimed ones). Two tables:
+ *  - forward: ours, then cuDNN's, each with and without the lse output; cuDNN's first call per
+ *    shape also builds its plan (that wall time is the "plan ms" column, with lse, then without),
+ *    and the last column is the largest |difference| between the two's y and lse over the whole
+ *    output, a sanity check (tests/test_gpu_attn_cudnn.c holds the tolerances). A shape cuDNN
+ *    refuses shows "refused" and its message goes to stderr.
+ *  - backward (ours; all three gradients from our forward's y and lse), next to our forward with
+ *    lse, and the two summed (one training step's attention).
+ * FLOPs, causal: forward 4·B·H·T²·dh/2 (its two matrix products over the causal half); backward
+ * 2.5 × that (the usual convention, as FlashAttention's benchmarks count it: five products, not the
+ * seven our deterministic backward does); fwd+bwd 3.5 × that over the sum of the two times.
  * Shapes: Llama 3 8B (H 32, Hkv 8, dh 128) and Qwen2 0.5B (H 14, Hkv 2, dh 64) at T = 8192 and
- * 32768, or those given with --shapes.
+ * 32768 (the teachers), Llama 3.2 1B (32/8/64, T 8192), the ~3B student (24/8/128, T 8192) and
+ * Qwen2.5 0.5B (B 4, T 4096, 14/2/64) (issue 11's students), or those given with --shapes.
  *
  *   attn_bench [--reps 10] [--shapes BxTxHxHkvxDH,...]
  */
@@ -70,42 +76,61 @@ static double wall_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-/* One forward: ours when cudnn is NULL, else cuDNN's. */
-static tkd_status fwd(tkd_cudnn_attn *cudnn, const shape *s, const uint16_t *q, const uint16_t *k,
-                      const uint16_t *v, uint16_t *y, float *lse)
+/* The device buffers of one shape. */
+typedef struct bufs {
+    uint16_t *q, *k, *v, *y, *dy, *dq, *dk, *dv; /* q, y, dy, dq (B·T, H·dh); the rest (B·T, Hkv·dh) */
+    float *lse;                                  /* (B, H, T) */
+    tkd_cuda_attn_bwd_ws *ws;
+} bufs;
+
+/* What one timed call does. */
+typedef enum what { FWD_LSE, FWD_NO_LSE, BWD } what;
+
+/* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, or our
+ * backward (cudnn ignored) from the y and lse in b. */
+static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 {
+    if (w == BWD)
+        return tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
+                                 b->dq, b->dk, b->dv, b->ws, NULL);
+    float *lse = w == FWD_LSE ? b->lse : NULL;
     if (!cudnn)
-        return tkd_cuda_attn_fwd(q, k, v, s->b, s->t, s->h, s->hkv, s->dh, y, lse, NULL);
-    return tkd_cudnn_attn_fwd(cudnn, q, k, v, s->b, s->t, s->h, s->hkv, s->dh, y, lse, NULL);
+        return tkd_cuda_attn_fwd(b->q, b->k, b->v, s->b, s->t, s->h, s->hkv, s->dh, b->y, lse, NULL);
+    return tkd_cudnn_attn_fwd(cudnn, b->q, b->k, b->v, s->b, s->t, s->h, s->hkv, s->dh, b->y, lse, NULL);
 }
 
-/* Median milliseconds of reps launches, or -1 when cuDNN refuses the shape (message on stderr).
+static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
+{
+    return w == BWD ? "tkd_cuda_attn_bwd" : cudnn ? "tkd_cudnn_attn_fwd" : "tkd_cuda_attn_fwd";
+}
+
+/* Median milliseconds of reps calls, or -1 when cuDNN refuses the shape (message on stderr).
  * *first_ms: wall time of the first (untimed) call, through its completion. */
-static double time_fwd(tkd_cudnn_attn *cudnn, const shape *s, const uint16_t *q, const uint16_t *k,
-                       const uint16_t *v, uint16_t *y, float *lse, int reps, double *first_ms)
+static double time_call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w, int reps, double *first_ms)
 {
     cudaEvent_t e0, e1;
     float *ms = malloc(sizeof(float) * (size_t)reps);
+    if (!ms)
+        die("malloc", "out of host memory");
     CUDA(cudaDeviceSynchronize());
     const double t0 = wall_ms();
-    tkd_status st = fwd(cudnn, s, q, k, v, y, lse);
+    tkd_status st = call(cudnn, s, b, w);
     CUDA(cudaDeviceSynchronize());
     *first_ms = wall_ms() - t0;
-    if (st == TKD_ERR_UNSUPPORTED && cudnn) {
+    if (st == TKD_ERR_UNSUPPORTED && cudnn && w != BWD) {
         fprintf(stderr, "attn_bench: %dx%dx%dx%dx%d %s lse: %s\n", s->b, s->t, s->h, s->hkv, s->dh,
-                lse ? "with" : "without", tkd_error_msg());
+                w == FWD_LSE ? "with" : "without", tkd_error_msg());
         free(ms);
         return -1.0;
     }
     if (st != TKD_OK)
-        die(cudnn ? "tkd_cudnn_attn_fwd" : "tkd_cuda_attn_fwd", tkd_error_msg());
+        die(call_name(cudnn, w), tkd_error_msg());
     CUDA(cudaEventCreate(&e0));
     CUDA(cudaEventCreate(&e1));
     for (int i = -1; i < reps; i++) {
         CUDA(cudaEventRecord(e0, 0));
-        st = fwd(cudnn, s, q, k, v, y, lse);
-        if (st != TKD_OK)
-            die(cudnn ? "tkd_cudnn_attn_fwd" : "tkd_cuda_attn_fwd", tkd_error_msg());
+        if ((st = call(cudnn, s, b, w)) != TKD_OK)
+            die(call_name(cudnn, w), tkd_error_msg());
         CUDA(cudaEventRecord(e1, 0));
         CUDA(cudaEventSynchronize(e1));
         if (i >= 0)
@@ -128,23 +153,22 @@ static float bf16_to_f32(uint16_t b)
 }
 
 /* max |y_ours − y_cudnn| and max |lse_ours − lse_cudnn| over the whole output (a sanity check
- * next to the timings: the test holds the tolerances). */
-static void compare(tkd_cudnn_attn *cudnn, const shape *s, const uint16_t *q, const uint16_t *k,
-                    const uint16_t *v, uint16_t *y, float *lse, double *dy, double *dl)
+ * next to the timings: the test holds the tolerances). Leaves cuDNN's y and lse in b. */
+static void compare(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, double *dy, double *dl)
 {
     size_t nq = (size_t)s->b * s->t * s->h * s->dh, nl = (size_t)s->b * s->h * s->t;
     uint16_t *y0 = malloc(nq * 2), *y1 = malloc(nq * 2);
     float *l0 = malloc(nl * 4), *l1 = malloc(nl * 4);
     if (!y0 || !y1 || !l0 || !l1)
         die("malloc", "out of host memory");
-    if (fwd(NULL, s, q, k, v, y, lse) != TKD_OK)
+    if (call(NULL, s, b, FWD_LSE) != TKD_OK)
         die("tkd_cuda_attn_fwd", tkd_error_msg());
-    CUDA(cudaMemcpy(y0, y, nq * 2, cudaMemcpyDeviceToHost));
-    CUDA(cudaMemcpy(l0, lse, nl * 4, cudaMemcpyDeviceToHost));
-    if (fwd(cudnn, s, q, k, v, y, lse) != TKD_OK)
+    CUDA(cudaMemcpy(y0, b->y, nq * 2, cudaMemcpyDeviceToHost));
+    CUDA(cudaMemcpy(l0, b->lse, nl * 4, cudaMemcpyDeviceToHost));
+    if (call(cudnn, s, b, FWD_LSE) != TKD_OK)
         die("tkd_cudnn_attn_fwd", tkd_error_msg());
-    CUDA(cudaMemcpy(y1, y, nq * 2, cudaMemcpyDeviceToHost));
-    CUDA(cudaMemcpy(l1, lse, nl * 4, cudaMemcpyDeviceToHost));
+    CUDA(cudaMemcpy(y1, b->y, nq * 2, cudaMemcpyDeviceToHost));
+    CUDA(cudaMemcpy(l1, b->lse, nl * 4, cudaMemcpyDeviceToHost));
     *dy = *dl = 0.0;
     for (size_t i = 0; i < nq; i++) {
         double d = fabs((double)bf16_to_f32(y0[i]) - bf16_to_f32(y1[i]));
@@ -166,48 +190,91 @@ static void print_cells(double ms, double flop)
         printf("| %9.3f | %7.1f ", ms, flop / ms * 1e-9);
 }
 
-static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps)
+static void print_shape(const shape *s)
+{
+    printf("| %-12s | %d | %6d | %3d | %3d | %3d ", s->name, s->b, s->t, s->h, s->hkv, s->dh);
+}
+
+static void bufs_alloc(bufs *b, const shape *s)
 {
     size_t nq = (size_t)s->b * s->t * s->h * s->dh, nkv = (size_t)s->b * s->t * s->hkv * s->dh;
-    uint16_t *q, *k, *v, *y;
-    float *lse;
-    CUDA(cudaMalloc((void **)&q, nq * 2));
-    CUDA(cudaMalloc((void **)&k, nkv * 2));
-    CUDA(cudaMalloc((void **)&v, nkv * 2));
-    CUDA(cudaMalloc((void **)&y, nq * 2));
-    CUDA(cudaMalloc((void **)&lse, sizeof(float) * (size_t)s->b * s->h * s->t));
-    fill_dev(q, nq, 1), fill_dev(k, nkv, 2), fill_dev(v, nkv, 3);
+    CUDA(cudaMalloc((void **)&b->q, nq * 2));
+    CUDA(cudaMalloc((void **)&b->k, nkv * 2));
+    CUDA(cudaMalloc((void **)&b->v, nkv * 2));
+    CUDA(cudaMalloc((void **)&b->y, nq * 2));
+    CUDA(cudaMalloc((void **)&b->dy, nq * 2));
+    CUDA(cudaMalloc((void **)&b->dq, nq * 2));
+    CUDA(cudaMalloc((void **)&b->dk, nkv * 2));
+    CUDA(cudaMalloc((void **)&b->dv, nkv * 2));
+    CUDA(cudaMalloc((void **)&b->lse, sizeof(float) * (size_t)s->b * s->h * s->t));
+    if (tkd_cuda_attn_bwd_ws_create(&b->ws, s->b, s->t, s->h, s->dh) != TKD_OK)
+        die("tkd_cuda_attn_bwd_ws_create", tkd_error_msg());
+    fill_dev(b->q, nq, 1), fill_dev(b->k, nkv, 2), fill_dev(b->v, nkv, 3), fill_dev(b->dy, nq, 4);
+    CUDA(cudaMemset(b->dq, 0, nq * 2));
+    CUDA(cudaMemset(b->dk, 0, nkv * 2));
+    CUDA(cudaMemset(b->dv, 0, nkv * 2));
+}
+
+static void bufs_free(bufs *b)
+{
+    tkd_cuda_attn_bwd_ws_free(b->ws);
+    uint16_t *p16[] = {b->q, b->k, b->v, b->y, b->dy, b->dq, b->dk, b->dv};
+    for (size_t i = 0; i < sizeof p16 / sizeof p16[0]; i++)
+        CUDA(cudaFree(p16[i]));
+    CUDA(cudaFree(b->lse));
+}
+
+/* Times one shape: prints its forward-table row now and returns our forward (lse) and backward
+ * medians for the backward table, printed after the forward one. */
+static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double *ms_fwd, double *ms_bwd)
+{
+    bufs b;
+    bufs_alloc(&b, s);
     double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0, first[4] = {0, 0, 0, 0};
-    double ms[4] = {time_fwd(NULL, s, q, k, v, y, lse, reps, &first[0]),
-                    time_fwd(NULL, s, q, k, v, y, NULL, reps, &first[1]), -1.0, -1.0};
+    double ms[4] = {time_call(NULL, s, &b, FWD_LSE, reps, &first[0]),
+                    time_call(NULL, s, &b, FWD_NO_LSE, reps, &first[1]), -1.0, -1.0};
     if (cudnn) {
-        ms[2] = time_fwd(cudnn, s, q, k, v, y, lse, reps, &first[2]);
-        ms[3] = time_fwd(cudnn, s, q, k, v, y, NULL, reps, &first[3]);
+        ms[2] = time_call(cudnn, s, &b, FWD_LSE, reps, &first[2]);
+        ms[3] = time_call(cudnn, s, &b, FWD_NO_LSE, reps, &first[3]);
     }
-    printf("| %-12s | %d | %6d | %3d | %3d | %3d ", s->name, s->b, s->t, s->h, s->hkv, s->dh);
+    print_shape(s);
     for (int i = 0; i < 4; i++)
         print_cells(ms[i], flop);
     if (cudnn && ms[2] >= 0) {
         double dy, dl;
-        compare(cudnn, s, q, k, v, y, lse, &dy, &dl);
+        compare(cudnn, s, &b, &dy, &dl);
         printf("| %6.0f / %-6.0f | %.2g / %.2g |\n", first[2], first[3], dy, dl);
     } else {
         printf("| %15s | - |\n", cudnn ? "refused" : "no cuDNN");
     }
-    CUDA(cudaFree(q));
-    CUDA(cudaFree(k));
-    CUDA(cudaFree(v));
-    CUDA(cudaFree(y));
-    CUDA(cudaFree(lse));
+    fflush(stdout);
+    if (call(NULL, s, &b, FWD_LSE) != TKD_OK) /* our y and lse for the backward (compare left cuDNN's) */
+        die("tkd_cuda_attn_fwd", tkd_error_msg());
+    double first_bwd;
+    *ms_fwd = ms[0];
+    *ms_bwd = time_call(NULL, s, &b, BWD, reps, &first_bwd);
+    bufs_free(&b);
+}
+
+static void print_bwd_row(const shape *s, double ms_fwd, double ms_bwd)
+{
+    double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
+    print_shape(s);
+    print_cells(ms_fwd, flop);
+    print_cells(ms_bwd, 2.5 * flop);
+    print_cells(ms_fwd + ms_bwd, 3.5 * flop);
+    printf("|\n");
 }
 
 int main(int argc, char **argv)
 {
     shape shapes[16] = {
-        {1, 8192, 32, 8, 128, "llama3-8b"}, {1, 32768, 32, 8, 128, "llama3-8b"},
-        {1, 8192, 14, 2, 64, "qwen2-0.5b"}, {1, 32768, 14, 2, 64, "qwen2-0.5b"},
+        {1, 8192, 32, 8, 128, "llama3-8b"},  {1, 32768, 32, 8, 128, "llama3-8b"},
+        {1, 8192, 14, 2, 64, "qwen2-0.5b"},  {1, 32768, 14, 2, 64, "qwen2-0.5b"},
+        {1, 8192, 32, 8, 64, "llama3.2-1b"}, {1, 8192, 24, 8, 128, "student-3b"},
+        {4, 4096, 14, 2, 64, "qwen2.5-0.5b"},
     };
-    int n = 4, reps = 10;
+    int n = 7, reps = 10;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
@@ -232,14 +299,23 @@ int main(int argc, char **argv)
     tkd_cudnn_attn *cudnn = NULL;
     if (tkd_cudnn_attn_create(&cudnn) != TKD_OK)
         fprintf(stderr, "attn_bench: no cuDNN column: %s\n", tkd_error_msg());
-    printf("attn_bench: %s, %d SMs, median of %d launches; TFLOP/s = 4·B·H·T²·dh/2 / time\n\n", p.name,
-           p.multiProcessorCount, reps);
+    printf("attn_bench: %s, %d SMs, median of %d calls; TFLOP/s: forward 4·B·H·T²·dh/2 / time, "
+           "backward 2.5 × that (convention), fwd+bwd 3.5 × that / (fwd with lse + bwd)\n\n",
+           p.name, p.multiProcessorCount, reps);
+    printf("forward\n\n");
     printf("| shape        | B |      T |   H | Hkv |  dh | ours ms (lse) | TFLOP/s | ours ms (no lse) | TFLOP/s "
            "| cuDNN ms (lse) | TFLOP/s | cuDNN ms (no lse) | TFLOP/s | cuDNN plan ms (lse / no) "
            "| max abs diff y / lse |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double ms_fwd[16], ms_bwd[16];
     for (int i = 0; i < n; i++)
-        bench_shape(cudnn, &shapes[i], reps);
+        bench_shape(cudnn, &shapes[i], reps, &ms_fwd[i], &ms_bwd[i]);
+    printf("\nbackward (ours)\n\n");
+    printf("| shape        | B |      T |   H | Hkv |  dh | fwd ms (lse) | TFLOP/s | bwd ms | TFLOP/s "
+           "| fwd+bwd ms | TFLOP/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++)
+        print_bwd_row(&shapes[i], ms_fwd[i], ms_bwd[i]);
     tkd_cudnn_attn_free(cudnn);
     return 0;
 }
