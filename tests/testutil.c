@@ -8,6 +8,7 @@
 #include <cmocka.h>
 #include <hdf5.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +237,21 @@ int tkd_test_wait(pid_t pid)
 int tkd_test_run(const char *bin, const char *const *args, const char *env, const char *out_path)
 {
     return tkd_test_wait(tkd_test_spawn(bin, args, env, out_path));
+}
+
+int tkd_test_wait_timeout(pid_t pid, double timeout_s)
+{
+    int status = 0;
+    for (double waited = 0; waited < timeout_s; waited += 0.01) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        assert_true(r == 0 || r == pid);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return -1;
 }
 
 /* ---- a tiny teacher cache -------------------------------------------------------------------- */
