@@ -3,6 +3,8 @@
  * parser, so one set of type rules applies everywhere. */
 #include "common/config.h"
 
+#include "common/fileio.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -580,19 +582,11 @@ tkd_status tkd_config_apply_string(const tkd_config_schema *schema, void *cfg, c
 
 tkd_status tkd_config_apply_file(const tkd_config_schema *schema, void *cfg, const char *path)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
-                             "%s: cannot open config file: %s", path, strerror(errno));
-    yaml_parser_t p;
-    if (!yaml_parser_initialize(&p)) {
-        fclose(fp);
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: cannot initialise the YAML parser", path);
-    }
-    yaml_parser_set_input_file(&p, fp);
-    tkd_status st = apply_parser(schema, cfg, &p, path);
-    yaml_parser_delete(&p);
-    fclose(fp);
+    void *text = NULL;
+    size_t len = 0;
+    TKD_TRY(tkd_read_input(path, "config file", &text, &len));
+    tkd_status st = tkd_config_apply_string(schema, cfg, path, text, len);
+    free(text);
     return st;
 }
 

@@ -254,13 +254,13 @@ static const char *kind_of(mode_t m)
 
 static tkd_status not_regular(const char *path, const char *what, mode_t m)
 {
-    return tkd_error_set(TKD_ERR_IO, "%s: the %s is %s, not a regular file — give the path of a regular file",
+    return tkd_error_set(TKD_ERR_IO, "%s: %s is %s, not a regular file — give the path of a regular file",
                          path, what, kind_of(m));
 }
 
 /* A read or open that returned EINTR: the user asked to stop (our handlers install without
  * SA_RESTART for exactly this). */
-static tkd_status interrupted(const char *path, const char *what)
+tkd_status tkd_input_interrupted(const char *path, const char *what)
 {
     int sig = tkd_interrupted();
     return tkd_error_set(TKD_ERR_INTERRUPTED, "%s: interrupted by %s while reading the %s", path,
@@ -270,9 +270,9 @@ static tkd_status interrupted(const char *path, const char *what)
 static tkd_status open_error(const char *path, const char *what, int err)
 {
     if (err == EINTR)
-        return interrupted(path, what);
+        return tkd_input_interrupted(path, what);
     return tkd_error_set(errno_status(err) == TKD_ERR_NOT_FOUND ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
-                         "%s: cannot open the %s: %s", path, what, strerror(err));
+                         "%s: cannot open %s: %s", path, what, strerror(err));
 }
 
 tkd_status tkd_input_check(const char *path, const char *what)
@@ -332,7 +332,7 @@ tkd_status tkd_fread_input(FILE *fp, void *buf, size_t n, size_t *got, const cha
     if (*got == n || !ferror(fp))
         return TKD_OK;
     if (errno == EINTR)
-        return interrupted(path, "file");
+        return tkd_input_interrupted(path, "file");
     return io_error(path, "read", errno ? errno : EIO);
 }
 

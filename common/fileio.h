@@ -72,6 +72,10 @@ tkd_status tkd_fopen_input(const char *path, const char *what, FILE **fp);
  * path. */
 tkd_status tkd_fread_input(FILE *fp, void *buf, size_t n, size_t *got, const char *path);
 
+/* Sets TKD_ERR_INTERRUPTED "<path>: interrupted by SIGINT while reading the <what>" (the signal
+ * tkd_interrupted() saw) and returns it: for readers that poll between the chunks of a long read. */
+tkd_status tkd_input_interrupted(const char *path, const char *what);
+
 /* Reads a whole input file into a malloc'd buffer the caller frees; *data gets one extra NUL
  * byte after the contents (so text can be used as a C string), *size excludes it. */
 tkd_status tkd_read_input(const char *path, const char *what, void **data, size_t *size);

@@ -547,23 +547,17 @@ static tkd_status read_doc(yreader *y, tkd_cache_manifest *m)
     return TKD_OK;
 }
 
-tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path)
+tkd_status tkd_cache_manifest_parse(tkd_cache_manifest *m, const char *path, const char *text, size_t len)
 {
     tkd_cache_manifest_init(m);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: %s", path,
-                             strerror(errno));
     yreader y;
     memset(&y, 0, sizeof y);
     y.path = path;
     yaml_parser_t p;
     tkd_status st = TKD_OK;
-    if (!yaml_parser_initialize(&p)) {
-        fclose(f);
+    if (!yaml_parser_initialize(&p))
         return tkd_error_set(TKD_ERR_NOMEM, "%s: cannot start the YAML parser", path);
-    }
-    yaml_parser_set_input_file(&p, f);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
     if (!yaml_parser_load(&p, &y.doc)) {
         st = tkd_error_set(TKD_ERR_FORMAT, "%s:%lu:%lu: malformed YAML: %s%s%s", path,
                            (unsigned long)p.problem_mark.line + 1,
@@ -575,9 +569,19 @@ tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path)
         yaml_document_delete(&y.doc);
     }
     yaml_parser_delete(&p);
-    fclose(f);
     if (st != TKD_OK)
         tkd_cache_manifest_free(m);
+    return st;
+}
+
+tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path)
+{
+    void *text = NULL;
+    size_t len = 0;
+    tkd_cache_manifest_init(m);
+    TKD_TRY(tkd_read_input(path, "cache manifest", &text, &len));
+    tkd_status st = tkd_cache_manifest_parse(m, path, text, len);
+    free(text);
     return st;
 }
 

@@ -967,10 +967,8 @@ tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes)
     *out = NULL;
     TKD_TRY(tkd_h5zstd_register());
     h5_quiet();
-    struct stat st_;
-    if (stat(path, &st_) != 0)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: %s", path,
-                             strerror(errno));
+    /* HDF5 opens the file itself: refuse a FIFO or a device before it can block on one */
+    TKD_TRY(tkd_input_check(path, "cache shard"));
     tkd_shard *s = calloc(1, sizeof *s);
     if (!s || !(s->path = strdup(path))) {
         free(s);

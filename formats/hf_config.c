@@ -322,7 +322,7 @@ tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
 {
     char *text = NULL;
     size_t len = 0;
-    TKD_TRY(tkd_read_file(path, (void **)&text, &len));
+    TKD_TRY(tkd_read_input(path, "model config", (void **)&text, &len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root || !cJSON_IsObject(root)) {

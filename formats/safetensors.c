@@ -327,14 +327,13 @@ static tkd_status record_file(tkd_st_dir *d, const char *path, const void *buf, 
 
 static tkd_status map_file(tkd_st_dir *d, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: cannot open: %s", path,
-                             strerror(errno));
+    int fd;
+    TKD_TRY(tkd_open_input(path, "safetensors file", &fd));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0) {
+        tkd_status st = tkd_error_set(TKD_ERR_IO, "%s: fstat failed: %s", path, strerror(errno));
         close(fd);
-        return tkd_error_set(TKD_ERR_IO, "%s: not a regular file", path);
+        return st;
     }
     size_t size = (size_t)sb.st_size;
     void *base = NULL;
@@ -398,7 +397,7 @@ static tkd_status open_sharded(tkd_st_dir *d, const char *dir, const char *index
 {
     char *text = NULL;
     size_t len = 0;
-    TKD_TRY(tkd_read_file(index_path, (void **)&text, &len));
+    TKD_TRY(tkd_read_input(index_path, "safetensors index", (void **)&text, &len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 0);
     if (!root) {

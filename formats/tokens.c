@@ -1,7 +1,9 @@
 /* tokens.c — see tokens.h. Files are little-endian, like the host (x86-64, aarch64). */
 #include "formats/tokens.h"
 
+#include "common/fileio.h"
 #include "common/sha256.h"
+#include "common/signals.h"
 
 #include <errno.h>
 #include <glob.h>
@@ -80,12 +82,18 @@ static tkd_status read_tokens(tkd_tokens *ds, FILE *fp, const char *path, tok_ki
     int32_t *dst = ds->data + ds->count;
     tkd_status st = TKD_OK;
     for (int64_t done = 0; done < count && st == TKD_OK;) {
-        size_t m = count - done < CHUNK ? (size_t)(count - done) : CHUNK;
-        if (fread(buf, tsz, m, fp) != m) {
-            st = tkd_error_set(TKD_ERR_IO, "%s: read failed at token offset %lld%s", path, (long long)done,
-                               ferror(fp) ? "" : " (file shrank while reading?)");
+        size_t m = count - done < CHUNK ? (size_t)(count - done) : CHUNK, got = 0;
+        /* a large file takes a while: Ctrl-C ends the read between chunks */
+        if (tkd_interrupted()) {
+            st = tkd_input_interrupted(path, "token file");
             break;
         }
+        st = tkd_fread_input(fp, buf, m * tsz, &got, path);
+        if (st == TKD_OK && got != m * tsz)
+            st = tkd_error_set(TKD_ERR_IO, "%s: read failed at token offset %lld (file shrank while reading?)", path,
+                               (long long)done);
+        if (st != TKD_OK)
+            break;
         for (size_t j = 0; j < m && st == TKD_OK; j++) {
             int64_t v;
             if (k == TOK_U16) {
@@ -269,14 +277,13 @@ static tkd_status npy_header(FILE *fp, const char *path, uint64_t size, tok_kind
 /* Appends one file's tokens to ds; it is recorded in ds->files only when whole. */
 static tkd_status load_file(tkd_tokens *ds, const char *path)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: cannot open token file: %s",
-                             path, strerror(errno));
+    FILE *fp;
+    TKD_TRY(tkd_fopen_input(path, "token file", &fp));
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(fp), &sb) != 0) {
+        tkd_status st = tkd_error_set(TKD_ERR_IO, "%s: fstat failed: %s", path, strerror(errno));
         fclose(fp);
-        return tkd_error_set(TKD_ERR_IO, "%s: not a regular file", path);
+        return st;
     }
     uint64_t size = (uint64_t)sb.st_size;
     uint8_t magic[6] = {0};

@@ -115,7 +115,7 @@ static int refuse_fifo_in_child(const char *fifo)
         void *data = NULL;
         size_t size = 0;
         tkd_status st = tkd_read_input(fifo, "token file", &data, &size);
-        const char *want = "the token file is a FIFO (named pipe), not a regular file";
+        const char *want = "token file is a FIFO (named pipe), not a regular file";
         _exit(st == TKD_ERR_IO && strstr(tkd_error_msg(), fifo) && strstr(tkd_error_msg(), want) ? 0 : 1);
     }
     return tkd_test_wait_timeout(pid, 10.0);
@@ -130,14 +130,14 @@ static void test_inputs_must_be_regular_files(void **state)
     void *data = NULL;
     size_t size = 0;
     assert_int_equal(tkd_read_file("/dev/null", &data, &size), TKD_ERR_IO);
-    tkd_test_assert_msg_has("/dev/null: the file is a character device, not a regular file");
+    tkd_test_assert_msg_has("/dev/null: file is a character device, not a regular file");
     assert_int_equal(tkd_mkdir_p(p("adir")), TKD_OK);
     FILE *fp = NULL;
     assert_int_equal(tkd_fopen_input(p("adir"), "config file", &fp), TKD_ERR_IO);
     assert_null(fp);
-    tkd_test_assert_msg_has("adir: the config file is a directory, not a regular file");
+    tkd_test_assert_msg_has("adir: config file is a directory, not a regular file");
     assert_int_equal(tkd_input_check(p("absent"), "shard"), TKD_ERR_NOT_FOUND);
-    tkd_test_assert_msg_has("absent: cannot open the shard: No such file or directory");
+    tkd_test_assert_msg_has("absent: cannot open shard: No such file or directory");
     /* a symbolic link to a regular file is fine, and the descriptor reads normally */
     assert_int_equal(tkd_file_write_atomic(p("real"), "abc", 3), TKD_OK);
     assert_int_equal(symlink(p("real"), p("link")), 0);

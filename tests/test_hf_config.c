@@ -207,7 +207,7 @@ static void test_missing_and_malformed(void **state)
     tkd_test_assert_msg_has("bad.json:3:");
 
     assert_int_equal(tkd_hf_config_read(tmp_path("absent.json"), &c), TKD_ERR_NOT_FOUND);
-    tkd_test_assert_msg_has("absent.json: open failed");
+    tkd_test_assert_msg_has("absent.json: cannot open model config: No such file");
 }
 
 static void roundtrip(const char *src, const char *dtype)

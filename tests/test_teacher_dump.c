@@ -8,10 +8,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
+#include "common/signals.h"
 #include "kernels/tail_sample.h"
 #include "model/model.h"
 #include "tests/dump_testutil.h"
@@ -292,6 +295,28 @@ static void test_token_out_of_vocab(void **state)
     free(dir);
 }
 
+/* Ctrl-C while the inputs are still being read: the message says what was being read (there is no
+ * cache yet to report on) and nothing is written. */
+static void test_interrupt_while_reading_inputs(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-intr");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 3);
+    char out[4200], y[8192];
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    assert_int_equal(tkd_signals_install(), TKD_OK);
+    raise(SIGINT);
+    tkd_status st = run_status(y, NULL);
+    tkd_signals_uninstall();
+    assert_int_equal(st, TKD_ERR_INTERRUPTED);
+    tkd_test_assert_msg_has("data.paths: ");
+    tkd_test_assert_msg_has("tok.npy: interrupted by SIGINT while reading the token file");
+    assert_false(tkd_file_exists(out));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 static void test_other_config_needs_overwrite(void **state)
 {
     (void)state;
@@ -460,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_resume_after_stop),
         cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_token_out_of_vocab),
+        cmocka_unit_test(test_interrupt_while_reading_inputs),
         cmocka_unit_test(test_other_config_needs_overwrite),
         cmocka_unit_test(test_bad_settings),
         cmocka_unit_test(test_config_workers_from_env),
