@@ -14,6 +14,7 @@
 
 #include "common/fileio.h"
 #include "common/sha256.h"
+#include "common/yaml_check.h"
 
 void tkd_cache_manifest_init(tkd_cache_manifest *m)
 {
@@ -547,12 +548,26 @@ static tkd_status read_doc(yreader *y, tkd_cache_manifest *m)
     return TKD_OK;
 }
 
+/* A key given twice would leave one of its values unread: refused, naming both lines. */
+static tkd_status duplicate_keys(yreader *y)
+{
+    const yaml_node_t *first, *second;
+    if (!tkd_yaml_duplicate_key(&y->doc, &first, &second))
+        return TKD_OK;
+    return y_err(y, second, "duplicate key '%s' (first at line %zu)", (const char *)second->data.scalar.value,
+                 first->start_mark.line + 1);
+}
+
 tkd_status tkd_cache_manifest_parse(tkd_cache_manifest *m, const char *path, const char *text, size_t len)
 {
     tkd_cache_manifest_init(m);
     yreader y;
     memset(&y, 0, sizeof y);
     y.path = path;
+    yaml_mark_t deep;
+    if (tkd_yaml_too_deep(text, len, TKD_YAML_MAX_DEPTH, &deep))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s:%zu:%zu: YAML nested deeper than %d levels: not a cache manifest",
+                             path, deep.line + 1, deep.column + 1, TKD_YAML_MAX_DEPTH);
     yaml_parser_t p;
     tkd_status st = TKD_OK;
     if (!yaml_parser_initialize(&p))
@@ -565,7 +580,9 @@ tkd_status tkd_cache_manifest_parse(tkd_cache_manifest *m, const char *path, con
                            p.problem ? p.problem : "parse error", p.context ? " " : "",
                            p.context ? p.context : "");
     } else {
-        st = read_doc(&y, m);
+        st = duplicate_keys(&y);
+        if (st == TKD_OK)
+            st = read_doc(&y, m);
         yaml_document_delete(&y.doc);
     }
     yaml_parser_delete(&p);

@@ -6,6 +6,7 @@
 #include "formats/hf_config.h"
 
 #include "common/fileio.h"
+#include "formats/json_check.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -303,21 +304,6 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     return refuse_unsupported(path, root, c);
 }
 
-/* "line L, column C" of a byte offset, for the parse error. */
-static void line_col(const char *text, size_t off, int *line, int *col)
-{
-    *line = 1;
-    *col = 1;
-    for (size_t i = 0; i < off && text[i]; i++) {
-        if (text[i] == '\n') {
-            ++*line;
-            *col = 1;
-        } else {
-            ++*col;
-        }
-    }
-}
-
 tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
 {
     char *text = NULL;
@@ -327,14 +313,16 @@ tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root || !cJSON_IsObject(root)) {
         int line = 0, col = 0;
-        line_col(text, end && root == NULL ? (size_t)(end - text) : 0, &line, &col);
+        tkd_json_line_col(text, len, end && root == NULL ? (size_t)(end - text) : 0, &line, &col);
         cJSON_Delete(root);
         free(text);
         return tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: not a JSON object (config.json expected)", path, line, col);
     }
+    tkd_status st = tkd_json_unique_keys(root, text, len, path);
     free(text);
     tkd_model_config c;
-    tkd_status st = read_fields(path, root, &c);
+    if (st == TKD_OK)
+        st = read_fields(path, root, &c);
     cJSON_Delete(root);
     if (st == TKD_OK && (st = tkd_model_config_validate(&c)) != TKD_OK)
         tkd_error_prefix(st, "%s", path);

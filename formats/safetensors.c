@@ -8,6 +8,7 @@
 #include "formats/safetensors.h"
 
 #include "common/fileio.h"
+#include "formats/json_check.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -264,8 +265,10 @@ static tkd_status parse_file(tkd_st_dir *d, const st_file *f)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: header is not valid JSON (error near header byte %ld)", path,
                              at);
     }
+    tkd_status st = tkd_json_unique_keys(root, text, (size_t)n, path);
     free(text);
-    tkd_status st = TKD_OK;
+    if (st != TKD_OK)
+        goto out;
     if (!cJSON_IsObject(root)) {
         st = tkd_error_set(TKD_ERR_FORMAT, "%s: header is JSON but not an object", path);
         goto out;
@@ -405,8 +408,10 @@ static tkd_status open_sharded(tkd_st_dir *d, const char *dir, const char *index
         free(text);
         return tkd_error_set(TKD_ERR_FORMAT, "%s: not valid JSON (error near byte %ld)", index_path, at);
     }
+    tkd_status st = tkd_json_unique_keys(root, text, len, index_path);
     free(text);
-    tkd_status st = TKD_OK;
+    if (st != TKD_OK)
+        goto out;
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         st = tkd_error_set(TKD_ERR_FORMAT, "%s: no \"weight_map\" object", index_path);

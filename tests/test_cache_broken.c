@@ -282,6 +282,22 @@ static void test_shard_every_16th_truncation(void **state)
     }
 }
 
+static tkd_status open_broken_manifest(const char *path)
+{
+    tkd_cache_manifest m;
+    tkd_status st = tkd_cache_manifest_read(&m, path);
+    tkd_cache_manifest_free(&m);
+    return st;
+}
+
+/* The man_* files of tests/data/broken/: a key given twice (the first value used to win) and
+ * nesting past the depth bound. */
+static void test_broken_manifests(void **state)
+{
+    (void)state;
+    assert_true(tkd_test_broken_files("man_", open_broken_manifest) >= 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -296,6 +312,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_not_hdf5, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manifest_every_truncation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_every_16th_truncation, setup, teardown),
+        cmocka_unit_test(test_broken_manifests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/config.h"
 #include "tests/testutil.h"
@@ -413,6 +414,61 @@ static void test_fuzz_mutations(void **state)
     assert_true(ok > 0 && ok < 3000); /* both outcomes were exercised */
 }
 
+static tkd_status open_broken(const char *path)
+{
+    test_cfg c = {0};
+    assert_int_equal(tkd_config_defaults(&schema, &c), TKD_OK);
+    tkd_status st = tkd_config_apply_file(&schema, &c, path);
+    tkd_config_free(&schema, &c);
+    return st;
+}
+
+static void test_broken_files(void **state)
+{
+    (void)state;
+    assert_true(tkd_test_broken_files("cfg_", open_broken) >= 2);
+}
+
+/* Nesting is bounded at TKD_YAML_MAX_DEPTH (64) levels, counting the top-level mapping: libyaml
+ * takes time quadratic in the depth, so 100,000 levels took over a minute before being refused. */
+static void test_nesting_depth(void **state)
+{
+    (void)state;
+    enum { DEEP = 100000 };
+    char *text = malloc(2 * DEEP + 64);
+    assert_non_null(text);
+    int n = sprintf(text, "train:\n  files: ");
+    memset(text + n, '[', DEEP);
+    memset(text + n + DEEP, ']', DEEP);
+    strcpy(text + n + 2 * DEEP, "\n");
+    test_cfg c = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(load_text(&c, text), TKD_ERR_CONFIG);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    /* the 63rd '[' is the 65th level: top mapping, train, then the lists */
+    expect_error("2:72", "YAML nested deeper than 64 levels", NULL);
+    assert_true((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) < 5.0);
+    tkd_config_free(&schema, &c);
+    /* 64 levels are read (and then refused for their type, not their depth) */
+    strcpy(text + n, "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[");  /* 62 */
+    memset(text + n + 62, ']', 62);
+    strcpy(text + n + 124, "\n");
+    assert_int_equal(load_text(&c, text), TKD_ERR_CONFIG);
+    expect_error("2:11", "train.files: expected a list of strings, got a sequence", NULL);
+    tkd_config_free(&schema, &c);
+    /* --set values go through the same check */
+    assert_int_equal(tkd_config_defaults(&schema, &c), TKD_OK);
+    strcpy(text, "train.files=");
+    memset(text + 12, '[', 100);
+    memset(text + 112, ']', 100);
+    text[212] = '\0';
+    assert_int_equal(tkd_config_apply_set(&schema, &c, text), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("YAML nested deeper than 64 levels at column 65");
+    tkd_config_free(&schema, &c);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -430,6 +486,8 @@ int main(void)
         cmocka_unit_test(test_schema_check),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_fuzz_mutations),
+        cmocka_unit_test(test_broken_files),
+        cmocka_unit_test(test_nesting_depth),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }
