@@ -144,6 +144,8 @@ const char *tkd_config_suggest(const char *word, const char *const *cands, size_
     size_t best_d = limit + 1;
     for (size_t i = 0; i < ncands; i++) {
         size_t d = edit_distance(word, cands[i]);
+        if (d == 0)
+            continue; /* the word itself: "did you mean" what was typed helps nobody */
         if (d < best_d) {
             best_d = d;
             best = cands[i];
@@ -639,6 +641,13 @@ tkd_status tkd_config_apply_set(const tkd_config_schema *schema, void *cfg, cons
     memcpy(key, assignment, klen);
     key[klen] = '\0';
     const tkd_config_field *f = tkd_config_find(schema, key);
+    if (!f && is_section(schema, key)) {
+        char buf[1024], list[768];
+        const char *names[128];
+        join_names(list, sizeof list, names, children(schema, key, buf, sizeof buf, names, 128));
+        return tkd_error_set(TKD_ERR_CONFIG, "--set %s: '%s' is a section, not a key; set one of its keys: %s",
+                             key, key, list);
+    }
     if (!f) {
         snprintf(name, sizeof name, "--set %s", key);
         const char *dot = strrchr(key, '.');

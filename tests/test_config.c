@@ -255,6 +255,17 @@ static void test_set_overrides(void **state)
     assert_non_null(strstr(tkd_error_msg(), "did you mean 'kd.temperature'?"));
     assert_int_equal(tkd_config_apply_set(&schema, &c, "kdd.alpha=3"), TKD_ERR_CONFIG);
     assert_non_null(strstr(tkd_error_msg(), "--set kdd.alpha: unknown key 'kdd.alpha' (did you mean 'kd.alpha'?)"));
+    /* a section named as a key: said so, never "did you mean" the very key typed (that was the
+     * hint for both, with "unknown key") */
+    assert_int_equal(tkd_config_apply_set(&schema, &c, "kd=3"), TKD_ERR_CONFIG);
+    assert_string_equal(tkd_error_msg(), "--set kd: 'kd' is a section, not a key; set one of its keys: "
+                                         "temperature, alpha, loss, top_k");
+    assert_int_equal(tkd_config_apply_set(&schema, &c, "train.optim=3"), TKD_ERR_CONFIG);
+    assert_string_equal(tkd_error_msg(), "--set train.optim: 'train.optim' is a section, not a key; set one of "
+                                         "its keys: lr, name");
+    const char *cands[] = {"seed", "speed"};
+    assert_string_equal(tkd_config_suggest("seed", cands, 2), "speed");
+    assert_null(tkd_config_suggest("seed", cands, 1));
     assert_int_equal(tkd_config_apply_set(&schema, &c, "kd.alpha=2"), TKD_ERR_CONFIG);
     assert_string_equal(tkd_error_msg(),
                         "--set kd.alpha=2: kd.alpha = 2 is out of range; it must be in [0, 1]");
