@@ -304,23 +304,18 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     return refuse_unsupported(path, root, c);
 }
 
-tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
+tkd_status tkd_hf_config_parse(const char *text, size_t len, const char *path, tkd_model_config *cfg)
 {
-    char *text = NULL;
-    size_t len = 0;
-    TKD_TRY(tkd_read_input(path, "model config", (void **)&text, &len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root || !cJSON_IsObject(root)) {
         int line = 0, col = 0;
         tkd_json_line_col(text, len, end && root == NULL ? (size_t)(end - text) : 0, &line, &col);
         cJSON_Delete(root);
-        free(text);
         return tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: not a JSON object (config.json expected)", path, line, col);
     }
-    tkd_status st = tkd_json_unique_keys(root, text, len, path);
-    free(text);
     tkd_model_config c;
+    tkd_status st = tkd_json_unique_keys(root, text, len, path);
     if (st == TKD_OK)
         st = read_fields(path, root, &c);
     cJSON_Delete(root);
@@ -328,6 +323,16 @@ tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
         tkd_error_prefix(st, "%s", path);
     if (st == TKD_OK)
         *cfg = c;
+    return st;
+}
+
+tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
+{
+    char *text = NULL;
+    size_t len = 0;
+    TKD_TRY(tkd_read_input(path, "model config", (void **)&text, &len));
+    tkd_status st = tkd_hf_config_parse(text, len, path, cfg);
+    free(text);
     return st;
 }
 
