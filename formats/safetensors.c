@@ -303,7 +303,9 @@ static tkd_status parse_file(tkd_st_dir *d, const st_file *f)
             goto out;
         }
     }
-    st = check_overlap(f, d->tensors + first, d->ntensors - first, data);
+    /* a header of __metadata__ alone adds no tensor (and d->tensors may still be NULL) */
+    if (d->ntensors > first)
+        st = check_overlap(f, d->tensors + first, d->ntensors - first, data);
 out:
     cJSON_Delete(root);
     return st;
@@ -371,7 +373,8 @@ static tkd_st_dir *dir_new(const char *where)
 /* Sorts by name and refuses a name that occurs twice (in one file or across shards). */
 static tkd_status index_names(tkd_st_dir *d)
 {
-    qsort(d->tensors, (size_t)d->ntensors, sizeof *d->tensors, cmp_name);
+    if (d->ntensors > 1) /* qsort must not see the NULL list of a file without tensors */
+        qsort(d->tensors, (size_t)d->ntensors, sizeof *d->tensors, cmp_name);
     for (int i = 1; i < d->ntensors; i++)
         if (strcmp(d->tensors[i - 1].name, d->tensors[i].name) == 0 &&
             d->tensors[i - 1].file == d->tensors[i].file)
