@@ -81,6 +81,9 @@ static tkd_status manifest_push_shard(tkd_cache_manifest *m, const tkd_cache_sha
 
 tkd_status tkd_cache_manifest_add_shard(tkd_cache_manifest *m, const tkd_cache_shard_entry *e)
 {
+    if (e->num_seq > INT64_MAX - e->first_seq) /* the end of the shard would overflow */
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "manifest: shard %s: first_seq %lld + num_seq %lld is past 2^63",
+                             e->file, (long long)e->first_seq, (long long)e->num_seq);
     if (e->first_seq < 0 || e->num_seq < 1 || !e->file[0] || strchr(e->file, '/'))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "manifest: shard '%s' (first_seq %lld, num_seq %lld) is not a plain file name with sequences",
                              e->file, (long long)e->first_seq, (long long)e->num_seq);

@@ -880,8 +880,9 @@ static tkd_status shard_read_attrs(tkd_shard *s)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute logits_dtype '%s' is not half, bfloat16 or float32",
                              s->path, dtype);
     TKD_TRY(tkd_cache_identity_check(id, s->path));
-    if (in->first_seq < 0 || in->num_seq < 0)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: first_seq %lld / num_seq %lld negative", s->path,
+    /* sequence numbers first_seq .. first_seq + num_seq must be representable (found by fuzz_shard) */
+    if (in->first_seq < 0 || in->num_seq < 0 || in->num_seq > INT64_MAX - in->first_seq)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: first_seq %lld / num_seq %lld negative or past 2^63", s->path,
                              (long long)in->first_seq, (long long)in->num_seq);
     return TKD_OK;
 }

@@ -134,6 +134,18 @@ static void test_wrong_format_version(void **state)
     expect_error(open_reader(f), TKD_ERR_FORMAT, "manifest.yaml:1:9: format is 'something-else'");
 }
 
+/* first_seq + num_seq past 2^63 is refused at open (found by fuzz_shard: reading such a shard
+ * overflowed the sequence numbers it reports) */
+static void test_sequence_range_overflow(void **state)
+{
+    fixture *f = *state;
+    set_int_attr(f->shard0, "first_seq", INT64_MAX);
+    tkd_shard *s = NULL;
+    expect_error(tkd_shard_open(&s, f->shard0, 0), TKD_ERR_FORMAT,
+                 "shard-00000.h5: first_seq 9223372036854775807 / num_seq 6 negative or past 2^63");
+    assert_null(s);
+}
+
 static void test_missing_dataset(void **state)
 {
     fixture *f = *state;
@@ -304,6 +316,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncated_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flipped_byte_in_chunk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_format_version, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sequence_range_overflow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_dataset, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_manifest_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_temperature_mismatch_and_gap, setup, teardown),
