@@ -181,6 +181,10 @@ def manifest_cases():
         "man_dup_k.yaml:24:1: duplicate key 'k' (first at line 14)")
     put("man_dup_shard_key.yaml", MANIFEST_OK.replace("    num_seq: 2\n", "    num_seq: 2\n    num_seq: 3\n").encode(),
         F, "man_dup_shard_key.yaml:22:5: duplicate key 'num_seq' (first at line 21)")
+    # first_seq + num_seq past 2^63 (the end of the shard overflowed)
+    put("man_seq_overflow.yaml", MANIFEST_OK.replace("    first_seq: 0\n", "    first_seq: 9223372036854775807\n")
+        .encode(), F, "man_seq_overflow.yaml:19:5: manifest: shard shard-00000.h5: first_seq 9223372036854775807 + "
+        "num_seq 2 is past 2^63")
     # libyaml's scanner is quadratic in nesting depth; 1000 levels is enough to show the bound
     put("man_deep.yaml", (MANIFEST_OK + "extra: " + "[" * 1000 + "]" * 1000 + "\n").encode(), F,
         "man_deep.yaml:24:71: YAML nested deeper than 64 levels")
@@ -196,7 +200,9 @@ def yaml_config_cases():
 
 
 def fuzz_seed():
-    """A small valid file (F32, BF16, F16, I64, U8, an empty tensor) to seed tests/fuzz/."""
+    """Small valid files to seed tests/fuzz/: a safetensors file (F32, BF16, F16, I64, U8, an empty
+    tensor), two token files and recipes for fuzz_shard. (corpus/manifest.yaml comes from
+    teacher-dump: see tests/fuzz/README.md.)"""
     d = os.path.join(HERE, "fuzz", "corpus")
     os.makedirs(d, exist_ok=True)
     hdr = {"__metadata__": {"format": "pt"},
@@ -208,6 +214,23 @@ def fuzz_seed():
     data = struct.pack("<4f3HHq", 1.0, -2.0, 0.5, 3.0, 0x3f80, 0xc000, 0x3e00, 0x3c00, 7)
     with open(os.path.join(d, "valid_small.safetensors"), "wb") as f:
         f.write(st(hdr, data))
+    # token files for fuzz_tokens: a 2-D int64 .npy and a uint16 llm.c .bin
+    with open(os.path.join(d, "valid_tokens.npy"), "wb") as f:
+        f.write(npy("{'descr': '<i8', 'fortran_order': False, 'shape': (3, 4), }", struct.pack("<12q", *range(12))))
+    with open(os.path.join(d, "valid_tokens.bin"), "wb") as f:
+        f.write(tok_bin(20240520, 1, 6, struct.pack("<6H", 5, 4, 3, 2, 1, 0)))
+    # recipes for fuzz_shard (see its header): untouched shards of each dtype, with and without
+    # tail draws; one with a root attribute rewritten; one with a byte flipped in the first chunk
+    recipes = {
+        "shard_half.recipe": bytes([0, 7, 7, 3, 0]),
+        "shard_bf16_tail.recipe": bytes([5, 3, 2, 5, 0]),
+        "shard_f32.recipe": bytes([2, 0, 0, 0, 0]),
+        "shard_attr_edit.recipe": bytes([0, 3, 3, 1, 1, 10, 1]) + struct.pack("<q", 99),
+        "shard_flip.recipe": bytes([4, 2, 4, 2, 0]) + bytes([0] * 40 + [0x10]),
+    }
+    for name, data in recipes.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
 
 
 def main():
