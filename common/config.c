@@ -562,8 +562,8 @@ static tkd_status apply_mapping(const tkd_config_schema *schema, void *cfg, yaml
     return TKD_OK;
 }
 
-static tkd_status apply_text(const tkd_config_schema *schema, void *cfg, const char *text, size_t len,
-                             const char *name)
+tkd_status tkd_config_apply_string(const tkd_config_schema *schema, void *cfg, const char *name,
+                                   const char *text, size_t len)
 {
     int *first = calloc(schema->nfields ? schema->nfields : 1, sizeof *first);
     if (!first)
@@ -586,12 +586,6 @@ static tkd_status apply_text(const tkd_config_schema *schema, void *cfg, const c
     }
     free(first);
     return st;
-}
-
-tkd_status tkd_config_apply_string(const tkd_config_schema *schema, void *cfg, const char *name,
-                                   const char *yaml, size_t len)
-{
-    return apply_text(schema, cfg, yaml, len, name);
 }
 
 tkd_status tkd_config_apply_file(const tkd_config_schema *schema, void *cfg, const char *path)

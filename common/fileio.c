@@ -258,8 +258,8 @@ static tkd_status not_regular(const char *path, const char *what, mode_t m)
                          path, what, kind_of(m));
 }
 
-/* A read or open that returned EINTR: the user asked to stop (our handlers install without
- * SA_RESTART for exactly this). */
+/* Also what an open or read that returned EINTR means: the user asked to stop (our handlers are
+ * installed without SA_RESTART for exactly this). */
 tkd_status tkd_input_interrupted(const char *path, const char *what)
 {
     int sig = tkd_interrupted();

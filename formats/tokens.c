@@ -75,6 +75,8 @@ static tkd_status check_payload(const char *path, int64_t count, size_t tsz, uin
 static tkd_status read_tokens(tkd_tokens *ds, FILE *fp, const char *path, tok_kind k, int64_t count)
 {
     enum { CHUNK = 1 << 14 };
+    if (count == 0)
+        return TKD_OK; /* ds->data may still be NULL: no pointer arithmetic on it (found by fuzz_tokens) */
     size_t tsz = kind_size(k);
     uint8_t *buf = malloc(CHUNK * 8); /* one buffer per file, reused for every chunk */
     if (!buf)

@@ -122,6 +122,9 @@ def token_cases():
         "npy header is not a Python dict: expected ',' or '}' after a value")
     put("tok_npy_fortran_word.npy", npy("{'descr': '<i4', 'fortran_order': Falsey, 'shape': (2,), }", b"\0" * 8),
         F, "'fortran_order' is neither True nor False")
+    # no tokens at all (reading them did pointer arithmetic on a NULL buffer: UBSan, found by fuzz_tokens)
+    put("tok_npy_empty.npy", npy("{'descr': '<u4', 'fortran_order': False, 'shape': (0,), }", b""), F,
+        "the dataset holds no tokens")
     put("tok_npy_big_u4.npy", npy("{'descr': '<u4', 'fortran_order': False, 'shape': (3,), }",
                                   struct.pack("<3I", 5, 0x80000000, 7)), F,
         "token 2147483648 at token offset 1 does not fit in int32")
@@ -145,6 +148,12 @@ def hf_config_cases():
     # each of these used to load with the first value
     put("hf_dup_vocab.json", HF_OK.replace('  "hidden_size"', '  "vocab_size": 256,\n  "hidden_size"').encode(),
         F, 'hf_dup_vocab.json:4:3: duplicate key "vocab_size" (first at line 3, column 3)')
+    # inf in a field (1e999), or a float field past FLT_MAX, was read and then written back as "inf"
+    # (found by fuzz_hf_config)
+    put("hf_inf.json", HF_OK.replace('"factor": 8.0', '"factor": 1e999').encode(), F,
+        'field "rope_scaling.factor" must be a finite number')
+    put("hf_float_overflow.json", HF_OK.replace('  "hidden_size"', '  "initializer_range": 1e93,\n  "hidden_size"')
+        .encode(), F, 'field "initializer_range" = 1e+93 does not fit a float')
     put("hf_dup_nested.json", HF_OK.replace('"factor": 8.0,', '"factor": 8.0, "factor": 2.0,').encode(), F,
         'duplicate key "factor" (first at line 9')
 
