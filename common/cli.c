@@ -84,6 +84,10 @@ tkd_status tkd_cli_parse(tkd_cli *cli, int argc, char *const *argv)
             flags_done = true;
         } else if (is_flag(a, "--config")) {
             const char *v = flag_value(a, strlen("--config"), argc, argv, &i);
+            /* "--config --print-config": the file name is missing, not "--print-config" */
+            if (v && v[0] == '-' && v[1] && a[strlen("--config")] != '=')
+                return fail(cli, tkd_error_set(TKD_ERR_INVALID_ARG, "--config needs a file name, got the option "
+                                               "'%s' — put the file right after --config", v));
             if (!v || !*v)
                 return fail(cli, tkd_error_set(TKD_ERR_INVALID_ARG, "--config needs a file name"));
             if (cli->config_path)

@@ -3,6 +3,9 @@
  * parser, so one set of type rules applies everywhere. */
 #include "common/config.h"
 
+#include "common/fileio.h"
+#include "common/yaml_check.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -141,6 +144,8 @@ const char *tkd_config_suggest(const char *word, const char *const *cands, size_
     size_t best_d = limit + 1;
     for (size_t i = 0; i < ncands; i++) {
         size_t d = edit_distance(word, cands[i]);
+        if (d == 0)
+            continue; /* the word itself: "did you mean" what was typed helps nobody */
         if (d < best_d) {
             best_d = d;
             best = cands[i];
@@ -454,27 +459,44 @@ static tkd_status syntax_error(const yaml_parser_t *p, const src_ctx *ctx)
                          p->problem_mark.column + 1, what);
 }
 
-/* Loads the single document of p into doc. On success the caller deletes doc. */
-static tkd_status load_document(yaml_parser_t *p, yaml_document_t *doc, const src_ctx *ctx)
+static tkd_status too_deep(const yaml_mark_t *m, const src_ctx *ctx)
 {
-    if (!yaml_parser_load(p, doc))
-        return syntax_error(p, ctx);
+    if (ctx->is_file)
+        return tkd_error_set(TKD_ERR_CONFIG, "%s:%zu:%zu: YAML nested deeper than %d levels — no setting needs that",
+                             ctx->name, m->line + 1, m->column + 1, TKD_YAML_MAX_DEPTH);
+    return tkd_error_set(TKD_ERR_CONFIG, "%s: YAML nested deeper than %d levels at column %zu", ctx->name,
+                         TKD_YAML_MAX_DEPTH, m->column + 1);
+}
+
+/* Loads the single document of text (len bytes) into doc. On success the caller deletes doc. */
+static tkd_status load_document(const char *text, size_t len, yaml_document_t *doc, const src_ctx *ctx)
+{
+    yaml_mark_t deep;
+    if (tkd_yaml_too_deep(text, len, TKD_YAML_MAX_DEPTH, &deep))
+        return too_deep(&deep, ctx);
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p))
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: cannot initialise the YAML parser", ctx->name);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+    tkd_status st = TKD_OK;
     yaml_document_t extra;
-    if (!yaml_parser_load(p, &extra)) {
+    if (!yaml_parser_load(&p, doc)) {
+        st = syntax_error(&p, ctx);
+    } else if (!yaml_parser_load(&p, &extra)) {
         yaml_document_delete(doc);
-        return syntax_error(p, ctx);
-    }
-    yaml_node_t *root2 = yaml_document_get_root_node(&extra);
-    if (root2) {
-        char lbuf[1100];
-        tkd_error_set(TKD_ERR_CONFIG, "%s: a second YAML document starts here; put all keys in one",
-                      loc(ctx, root2, lbuf, sizeof lbuf));
+        st = syntax_error(&p, ctx);
+    } else {
+        yaml_node_t *root2 = yaml_document_get_root_node(&extra);
+        if (root2) {
+            char lbuf[1100];
+            st = tkd_error_set(TKD_ERR_CONFIG, "%s: a second YAML document starts here; put all keys in one",
+                               loc(ctx, root2, lbuf, sizeof lbuf));
+            yaml_document_delete(doc);
+        }
         yaml_document_delete(&extra);
-        yaml_document_delete(doc);
-        return TKD_ERR_CONFIG;
     }
-    yaml_document_delete(&extra);
-    return TKD_OK;
+    yaml_parser_delete(&p);
+    return st;
 }
 
 static tkd_status apply_mapping(const tkd_config_schema *schema, void *cfg, yaml_document_t *doc,
@@ -540,15 +562,15 @@ static tkd_status apply_mapping(const tkd_config_schema *schema, void *cfg, yaml
     return TKD_OK;
 }
 
-static tkd_status apply_parser(const tkd_config_schema *schema, void *cfg, yaml_parser_t *p,
-                               const char *name)
+tkd_status tkd_config_apply_string(const tkd_config_schema *schema, void *cfg, const char *name,
+                                   const char *text, size_t len)
 {
     int *first = calloc(schema->nfields ? schema->nfields : 1, sizeof *first);
     if (!first)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", name);
     src_ctx ctx = {name, true, first};
     yaml_document_t doc;
-    tkd_status st = load_document(p, &doc, &ctx);
+    tkd_status st = load_document(text, len, &doc, &ctx);
     if (st == TKD_OK) {
         yaml_node_t *root = yaml_document_get_root_node(&doc);
         if (root && !is_null(root)) {
@@ -566,33 +588,13 @@ static tkd_status apply_parser(const tkd_config_schema *schema, void *cfg, yaml_
     return st;
 }
 
-tkd_status tkd_config_apply_string(const tkd_config_schema *schema, void *cfg, const char *name,
-                                   const char *yaml, size_t len)
-{
-    yaml_parser_t p;
-    if (!yaml_parser_initialize(&p))
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: cannot initialise the YAML parser", name);
-    yaml_parser_set_input_string(&p, (const unsigned char *)yaml, len);
-    tkd_status st = apply_parser(schema, cfg, &p, name);
-    yaml_parser_delete(&p);
-    return st;
-}
-
 tkd_status tkd_config_apply_file(const tkd_config_schema *schema, void *cfg, const char *path)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
-                             "%s: cannot open config file: %s", path, strerror(errno));
-    yaml_parser_t p;
-    if (!yaml_parser_initialize(&p)) {
-        fclose(fp);
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: cannot initialise the YAML parser", path);
-    }
-    yaml_parser_set_input_file(&p, fp);
-    tkd_status st = apply_parser(schema, cfg, &p, path);
-    yaml_parser_delete(&p);
-    fclose(fp);
+    void *text = NULL;
+    size_t len = 0;
+    TKD_TRY(tkd_read_input(path, "config file", &text, &len));
+    tkd_status st = tkd_config_apply_string(schema, cfg, path, text, len);
+    free(text);
     return st;
 }
 
@@ -601,12 +603,8 @@ static tkd_status set_from_text(const tkd_config_field *f, void *cfg, const char
                                 const char *name)
 {
     src_ctx ctx = {name, false, NULL};
-    yaml_parser_t p;
-    if (!yaml_parser_initialize(&p))
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: cannot initialise the YAML parser", name);
-    yaml_parser_set_input_string(&p, (const unsigned char *)text, strlen(text));
     yaml_document_t doc;
-    tkd_status st = load_document(&p, &doc, &ctx);
+    tkd_status st = load_document(text, strlen(text), &doc, &ctx);
     if (st == TKD_OK) {
         yaml_node_t *root = yaml_document_get_root_node(&doc);
         if (root) {
@@ -621,7 +619,6 @@ static tkd_status set_from_text(const tkd_config_field *f, void *cfg, const char
         }
         yaml_document_delete(&doc);
     }
-    yaml_parser_delete(&p);
     return st;
 }
 
@@ -638,6 +635,13 @@ tkd_status tkd_config_apply_set(const tkd_config_schema *schema, void *cfg, cons
     memcpy(key, assignment, klen);
     key[klen] = '\0';
     const tkd_config_field *f = tkd_config_find(schema, key);
+    if (!f && is_section(schema, key)) {
+        char buf[1024], list[768];
+        const char *names[128];
+        join_names(list, sizeof list, names, children(schema, key, buf, sizeof buf, names, 128));
+        return tkd_error_set(TKD_ERR_CONFIG, "--set %s: '%s' is a section, not a key; set one of its keys: %s",
+                             key, key, list);
+    }
     if (!f) {
         snprintf(name, sizeof name, "--set %s", key);
         const char *dot = strrchr(key, '.');

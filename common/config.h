@@ -132,7 +132,8 @@ const tkd_config_field *tkd_config_find(const tkd_config_schema *schema, const c
 void tkd_config_free(const tkd_config_schema *schema, void *cfg);
 
 /* The candidate closest to word by edit distance, when close enough to be a likely typo (distance
- * <= max(1, strlen/3)); NULL otherwise. Used for "did you mean" hints (also by cli.c). */
+ * <= max(1, strlen/3)); NULL otherwise. A candidate equal to word is never the answer. Used for
+ * "did you mean" hints (also by cli.c). */
 const char *tkd_config_suggest(const char *word, const char *const *cands, size_t ncands);
 
 /* Name of a type for messages and help ("int", "float", "string list", ...). */

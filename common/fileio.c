@@ -1,9 +1,12 @@
 /* fileio.c — see fileio.h. */
 #include "common/fileio.h"
 
+#include "common/signals.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -233,38 +236,141 @@ tkd_status tkd_file_size(const char *path, uint64_t *size)
     return TKD_OK;
 }
 
-tkd_status tkd_read_file(const char *path, void **data, size_t *size)
+/* "a FIFO (named pipe)", "a directory", ... for a file type that is not a regular file. */
+static const char *kind_of(mode_t m)
+{
+    if (S_ISFIFO(m))
+        return "a FIFO (named pipe)";
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    if (S_ISSOCK(m))
+        return "a socket";
+    return "not a plain file";
+}
+
+static tkd_status not_regular(const char *path, const char *what, mode_t m)
+{
+    return tkd_error_set(TKD_ERR_IO, "%s: %s is %s, not a regular file — give the path of a regular file",
+                         path, what, kind_of(m));
+}
+
+/* Also what an open or read that returned EINTR means: the user asked to stop (our handlers are
+ * installed without SA_RESTART for exactly this). */
+tkd_status tkd_input_interrupted(const char *path, const char *what)
+{
+    int sig = tkd_interrupted();
+    return tkd_error_set(TKD_ERR_INTERRUPTED, "%s: interrupted by %s while reading the %s", path,
+                         sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal", what);
+}
+
+static tkd_status open_error(const char *path, const char *what, int err)
+{
+    if (err == EINTR)
+        return tkd_input_interrupted(path, what);
+    return tkd_error_set(errno_status(err) == TKD_ERR_NOT_FOUND ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
+                         "%s: cannot open %s: %s", path, what, strerror(err));
+}
+
+tkd_status tkd_input_check(const char *path, const char *what)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return open_error(path, what, errno);
+    return S_ISREG(sb.st_mode) ? TKD_OK : not_regular(path, what, sb.st_mode);
+}
+
+tkd_status tkd_open_input(const char *path, const char *what, int *fd)
+{
+    *fd = -1;
+    /* stat first: opening a device can have effects of its own, and a FIFO would block */
+    TKD_TRY(tkd_input_check(path, what));
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f < 0)
+        return open_error(path, what, errno);
+    struct stat sb;
+    tkd_status st = TKD_OK;
+    if (fstat(f, &sb) != 0)
+        st = io_error(path, "fstat", errno);
+    else if (!S_ISREG(sb.st_mode)) /* swapped for something else since the stat */
+        st = not_regular(path, what, sb.st_mode);
+    if (st != TKD_OK) {
+        close(f);
+        return st;
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        st = io_error(path, "fcntl", errno);
+        close(f);
+        return st;
+    }
+    *fd = f;
+    return TKD_OK;
+}
+
+tkd_status tkd_fopen_input(const char *path, const char *what, FILE **fp)
+{
+    int fd;
+    *fp = NULL;
+    TKD_TRY(tkd_open_input(path, what, &fd));
+    *fp = fdopen(fd, "rb");
+    if (!*fp) {
+        tkd_status st = io_error(path, "fdopen", errno);
+        close(fd);
+        return st;
+    }
+    return TKD_OK;
+}
+
+tkd_status tkd_fread_input(FILE *fp, void *buf, size_t n, size_t *got, const char *path)
+{
+    errno = 0;
+    *got = fread(buf, 1, n, fp);
+    if (*got == n || !ferror(fp))
+        return TKD_OK;
+    if (errno == EINTR)
+        return tkd_input_interrupted(path, "file");
+    return io_error(path, "read", errno ? errno : EIO);
+}
+
+tkd_status tkd_read_input(const char *path, const char *what, void **data, size_t *size)
 {
     *data = NULL;
     *size = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return io_error(path, "open", errno);
+    FILE *fp;
+    TKD_TRY(tkd_fopen_input(path, what, &fp));
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(fp), &sb) != 0) {
+        tkd_status st = io_error(path, "fstat", errno);
         fclose(fp);
-        return tkd_error_set(TKD_ERR_IO, "%s: not a readable regular file", path);
+        return st;
     }
-    size_t n = (size_t)sb.st_size;
+    size_t n = (size_t)sb.st_size, got = 0;
     char *buf = malloc(n + 1);
     if (!buf) {
         fclose(fp);
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, n);
     }
-    size_t got = fread(buf, 1, n, fp);
-    int err = ferror(fp) ? errno : 0;
+    tkd_status st = tkd_fread_input(fp, buf, n, &got, path);
     fclose(fp);
-    if (err || got != n) {
+    if (st == TKD_OK && got != n)
+        st = tkd_error_set(TKD_ERR_IO, "%s: file shrank while reading (%zu of %zu bytes)", path, got, n);
+    if (st != TKD_OK) {
         free(buf);
-        if (err)
-            return io_error(path, "read", err);
-        return tkd_error_set(TKD_ERR_IO, "%s: file shrank while reading (%zu of %zu bytes)", path,
-                             got, n);
+        return st;
     }
     buf[n] = '\0';
     *data = buf;
     *size = n;
     return TKD_OK;
+}
+
+tkd_status tkd_read_file(const char *path, void **data, size_t *size)
+{
+    return tkd_read_input(path, "file", data, size);
 }
 
 tkd_status tkd_remove_tree(const char *path)

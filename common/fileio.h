@@ -47,8 +47,40 @@ bool tkd_file_exists(const char *path);
 /* Size in bytes of a regular file. TKD_ERR_NOT_FOUND when missing. */
 tkd_status tkd_file_size(const char *path, uint64_t *size);
 
-/* Reads a whole file into a malloc'd buffer the caller frees; *data gets one extra NUL byte
- * after the contents (so text can be used as a C string), *size excludes it. */
+/* ---- opening inputs ----------------------------------------------------------------------------
+ * Every file a tool reads (configs, token files, manifests, checkpoints, shards) is opened through
+ * these, so that a path naming a FIFO, a device or a directory is refused before anything blocks on
+ * it, and a SIGINT/SIGTERM seen while reading (tkd_interrupted(), or a read that returned EINTR)
+ * ends the read with TKD_ERR_INTERRUPTED. `what` names the file's role in messages ("token
+ * file", "config file"). */
+
+/* TKD_OK when path is a regular file (symbolic links followed); TKD_ERR_NOT_FOUND when missing;
+ * TKD_ERR_IO naming what it is (a FIFO, a directory, ...) otherwise. For files a library opens
+ * itself (HDF5). */
+tkd_status tkd_input_check(const char *path, const char *what);
+
+/* tkd_input_check, then open for reading (O_CLOEXEC). The open itself cannot block: it is made
+ * with O_NONBLOCK and the descriptor checked again, so a file swapped for a FIFO in between is
+ * refused too. On success *fd is the caller's to close (blocking mode restored). */
+tkd_status tkd_open_input(const char *path, const char *what, int *fd);
+
+/* The same as a FILE* ("rb") the caller fcloses. */
+tkd_status tkd_fopen_input(const char *path, const char *what, FILE **fp);
+
+/* fread of n bytes into buf; *got says how many came (fewer only at the end of the file). An
+ * interrupt before or during the read is TKD_ERR_INTERRUPTED, a read error TKD_ERR_IO; both name
+ * path. */
+tkd_status tkd_fread_input(FILE *fp, void *buf, size_t n, size_t *got, const char *path);
+
+/* Sets TKD_ERR_INTERRUPTED "<path>: interrupted by SIGINT while reading the <what>" (the signal
+ * tkd_interrupted() saw) and returns it: for readers that poll between the chunks of a long read. */
+tkd_status tkd_input_interrupted(const char *path, const char *what);
+
+/* Reads a whole input file into a malloc'd buffer the caller frees; *data gets one extra NUL
+ * byte after the contents (so text can be used as a C string), *size excludes it. */
+tkd_status tkd_read_input(const char *path, const char *what, void **data, size_t *size);
+
+/* tkd_read_input of a "file". */
 tkd_status tkd_read_file(const char *path, void **data, size_t *size);
 
 /* Fsyncs the directory itself (so entries created or renamed in it survive a crash). */

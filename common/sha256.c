@@ -2,7 +2,8 @@
  * blocks, big-endian words, length-in-bits padding. */
 #include "common/sha256.h"
 
-#include <errno.h>
+#include "common/fileio.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,10 +176,8 @@ void tkd_sha256_hex(const uint8_t digest[TKD_SHA256_BYTES], char hex[TKD_SHA256_
 tkd_status tkd_sha256_file(const char *path, uint8_t out[TKD_SHA256_BYTES])
 {
     enum { BLOCK = 1 << 20 };
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
-                             "%s: cannot open for sha256: %s", path, strerror(errno));
+    FILE *fp;
+    TKD_TRY(tkd_fopen_input(path, "file to checksum", &fp));
     uint8_t *buf = malloc(BLOCK);
     if (!buf) {
         fclose(fp);
@@ -186,16 +185,15 @@ tkd_status tkd_sha256_file(const char *path, uint8_t out[TKD_SHA256_BYTES])
     }
     tkd_sha256 c;
     tkd_sha256_init(&c);
-    size_t n;
-    while ((n = fread(buf, 1, BLOCK, fp)) > 0)
+    size_t n = BLOCK;
+    tkd_status st = TKD_OK;
+    while (st == TKD_OK && n == BLOCK && (st = tkd_fread_input(fp, buf, BLOCK, &n, path)) == TKD_OK)
         tkd_sha256_update(&c, buf, n);
-    int err = ferror(fp) ? errno : 0;
     free(buf);
     fclose(fp);
-    if (err)
-        return tkd_error_set(TKD_ERR_IO, "%s: read error during sha256: %s", path, strerror(err));
-    tkd_sha256_final(&c, out);
-    return TKD_OK;
+    if (st == TKD_OK)
+        tkd_sha256_final(&c, out);
+    return st;
 }
 
 tkd_status tkd_sha256_file_hex(const char *path, char hex[TKD_SHA256_HEX_LEN])

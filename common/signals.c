@@ -31,8 +31,11 @@ tkd_status tkd_signals_install(void)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    /* SA_RESTART: a read or write in progress continues; the flag is seen at the next poll */
-    sa.sa_flags = SA_RESTART;
+    /* No SA_RESTART: an open or read blocked on something slow (a pipe, a hung network mount)
+     * returns EINTR, which the input helpers (common/fileio.h) report as TKD_ERR_INTERRUPTED, so the
+     * first signal ends it instead of being swallowed. Reads of regular files on local disks,
+     * pthread waits and the tools' other work are not interrupted by a caught signal. */
+    sa.sa_flags = 0;
     g_signal = 0;
     if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0)
         return tkd_error_set(TKD_ERR_INTERNAL, "cannot install signal handlers: %s", strerror(errno));

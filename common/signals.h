@@ -4,6 +4,8 @@
  * finish or discard the current unit of work (a shard, a checkpoint), and exit with
  * TKD_ERR_INTERRUPTED, so nothing half-written is left behind. The handler also restores the
  * default action, so a second Ctrl-C kills the process at once for a user who will not wait.
+ * The handlers are installed without SA_RESTART: an open or read blocked on a slow file returns
+ * EINTR on the first signal (reported by common/fileio.h's input helpers as TKD_ERR_INTERRUPTED).
  */
 #ifndef TKD_SIGNALS_H
 #define TKD_SIGNALS_H

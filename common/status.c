@@ -7,6 +7,15 @@
 
 static _Thread_local char tkd_errbuf[TKD_ERROR_MSG_MAX];
 
+/* Messages quote what users and files supply (keys, values, names), which may hold a newline or
+ * another control character; each becomes '?' so that a message stays one printable line. */
+static void one_line(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            *s = '?';
+}
+
 const char *tkd_status_name(tkd_status st)
 {
     switch (st) {
@@ -37,6 +46,7 @@ tkd_status tkd_error_set(tkd_status st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(tkd_errbuf, sizeof tkd_errbuf, fmt, ap);
     va_end(ap);
+    one_line(tkd_errbuf);
     return st;
 }
 
@@ -59,6 +69,7 @@ tkd_status tkd_error_prefix(tkd_status st, const char *fmt, ...)
     size_t m = strnlen(old, rest - 1);
     memcpy(tkd_errbuf + n + 2, old, m);
     tkd_errbuf[n + 2 + m] = '\0';
+    one_line(tkd_errbuf);
     return st;
 }
 
@@ -83,6 +94,7 @@ tkd_status tkd_error_hint(tkd_status st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(tkd_errbuf + n + 5, sizeof tkd_errbuf - n - 5, fmt, ap);
     va_end(ap);
+    one_line(tkd_errbuf + n + 5);
     return st;
 }
 

@@ -36,7 +36,8 @@ typedef enum tkd_status {
 const char *tkd_status_name(tkd_status st);
 
 /* Records a printf-style message for the calling thread and returns st, so that library code can
- * write `return tkd_error_set(TKD_ERR_FORMAT, "%s: bad magic", path);`. */
+ * write `return tkd_error_set(TKD_ERR_FORMAT, "%s: bad magic", path);`. A message is one line:
+ * control characters in it (a newline inside a quoted key) become '?' (here, in _prefix and _hint). */
 tkd_status tkd_error_set(tkd_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prefixes the current message with "prefix: " (adds context on the way up). Returns st. */

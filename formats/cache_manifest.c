@@ -14,6 +14,7 @@
 
 #include "common/fileio.h"
 #include "common/sha256.h"
+#include "common/yaml_check.h"
 
 void tkd_cache_manifest_init(tkd_cache_manifest *m)
 {
@@ -81,6 +82,9 @@ static tkd_status manifest_push_shard(tkd_cache_manifest *m, const tkd_cache_sha
 /* What add and insert both require: a plain file name with sequences, not listed yet. */
 static tkd_status check_new_entry(const tkd_cache_manifest *m, const tkd_cache_shard_entry *e)
 {
+    if (e->num_seq > INT64_MAX - e->first_seq) /* the end of the shard would overflow */
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "manifest: shard %s: first_seq %lld + num_seq %lld is past 2^63",
+                             e->file, (long long)e->first_seq, (long long)e->num_seq);
     if (e->first_seq < 0 || e->num_seq < 1 || !e->file[0] || strchr(e->file, '/'))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "manifest: shard '%s' (first_seq %lld, num_seq %lld) is not a plain file name with sequences",
                              e->file, (long long)e->first_seq, (long long)e->num_seq);
@@ -573,23 +577,31 @@ static tkd_status read_doc(yreader *y, tkd_cache_manifest *m)
     return TKD_OK;
 }
 
-tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path)
+/* A key given twice would leave one of its values unread: refused, naming both lines. */
+static tkd_status duplicate_keys(yreader *y)
+{
+    const yaml_node_t *first, *second;
+    if (!tkd_yaml_duplicate_key(&y->doc, &first, &second))
+        return TKD_OK;
+    return y_err(y, second, "duplicate key '%s' (first at line %zu)", (const char *)second->data.scalar.value,
+                 first->start_mark.line + 1);
+}
+
+tkd_status tkd_cache_manifest_parse(tkd_cache_manifest *m, const char *path, const char *text, size_t len)
 {
     tkd_cache_manifest_init(m);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: %s", path,
-                             strerror(errno));
     yreader y;
     memset(&y, 0, sizeof y);
     y.path = path;
+    yaml_mark_t deep;
+    if (tkd_yaml_too_deep(text, len, TKD_YAML_MAX_DEPTH, &deep))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s:%zu:%zu: YAML nested deeper than %d levels: not a cache manifest",
+                             path, deep.line + 1, deep.column + 1, TKD_YAML_MAX_DEPTH);
     yaml_parser_t p;
     tkd_status st = TKD_OK;
-    if (!yaml_parser_initialize(&p)) {
-        fclose(f);
+    if (!yaml_parser_initialize(&p))
         return tkd_error_set(TKD_ERR_NOMEM, "%s: cannot start the YAML parser", path);
-    }
-    yaml_parser_set_input_file(&p, f);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
     if (!yaml_parser_load(&p, &y.doc)) {
         st = tkd_error_set(TKD_ERR_FORMAT, "%s:%lu:%lu: malformed YAML: %s%s%s", path,
                            (unsigned long)p.problem_mark.line + 1,
@@ -597,13 +609,25 @@ tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path)
                            p.problem ? p.problem : "parse error", p.context ? " " : "",
                            p.context ? p.context : "");
     } else {
-        st = read_doc(&y, m);
+        st = duplicate_keys(&y);
+        if (st == TKD_OK)
+            st = read_doc(&y, m);
         yaml_document_delete(&y.doc);
     }
     yaml_parser_delete(&p);
-    fclose(f);
     if (st != TKD_OK)
         tkd_cache_manifest_free(m);
+    return st;
+}
+
+tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path)
+{
+    void *text = NULL;
+    size_t len = 0;
+    tkd_cache_manifest_init(m);
+    TKD_TRY(tkd_read_input(path, "cache manifest", &text, &len));
+    tkd_status st = tkd_cache_manifest_parse(m, path, text, len);
+    free(text);
     return st;
 }
 

@@ -72,6 +72,9 @@ tkd_status tkd_cache_manifest_write(const tkd_cache_manifest *m, const char *pat
  * TKD_ERR_UNSUPPORTED (another format version). Unknown keys are ignored (docs: versioning). */
 tkd_status tkd_cache_manifest_read(tkd_cache_manifest *m, const char *path);
 
+/* The same for a manifest's text already in memory (len bytes); path names it in messages. */
+tkd_status tkd_cache_manifest_parse(tkd_cache_manifest *m, const char *path, const char *text, size_t len);
+
 /* Checks that two manifests describe the same cache (identity, teacher and dataset, stride, tail
  * seed): TKD_ERR_MISMATCH naming the first differing field. Names label the two in the message. */
 tkd_status tkd_cache_manifest_check_same(const tkd_cache_manifest *a, const char *a_name,

@@ -1028,8 +1028,9 @@ static tkd_status shard_read_attrs(tkd_shard *s)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute logits_dtype '%s' is not half, bfloat16 or float32",
                              s->path, dtype);
     TKD_TRY(tkd_cache_identity_check(id, s->path));
-    if (in->first_seq < 0 || in->num_seq < 0)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: first_seq %lld / num_seq %lld negative", s->path,
+    /* sequence numbers first_seq .. first_seq + num_seq must be representable (found by fuzz_shard) */
+    if (in->first_seq < 0 || in->num_seq < 0 || in->num_seq > INT64_MAX - in->first_seq)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: first_seq %lld / num_seq %lld negative or past 2^63", s->path,
                              (long long)in->first_seq, (long long)in->num_seq);
     return TKD_OK;
 }
@@ -1115,10 +1116,8 @@ tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes)
     *out = NULL;
     TKD_TRY(tkd_h5zstd_register());
     h5_quiet();
-    struct stat st_;
-    if (stat(path, &st_) != 0)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: %s", path,
-                             strerror(errno));
+    /* HDF5 opens the file itself: refuse a FIFO or a device before it can block on one */
+    TKD_TRY(tkd_input_check(path, "cache shard"));
     tkd_shard *s = calloc(1, sizeof *s);
     if (!s || !(s->path = strdup(path))) {
         free(s);

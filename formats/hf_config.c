@@ -6,8 +6,10 @@
 #include "formats/hf_config.h"
 
 #include "common/fileio.h"
+#include "formats/json_check.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,9 +125,21 @@ static tkd_status get_num(const char *path, const cJSON *o, const char *prefix, 
             return tkd_error_set(TKD_ERR_FORMAT, "%s: required field \"%s%s\" is missing", path, prefix, name);
         return TKD_OK;
     }
-    if (!cJSON_IsNumber(j))
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s%s\" must be a number", path, prefix, name);
+    /* 1e999 parses as inf, which nothing downstream (nor a config.json written back) can hold */
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s%s\" must be a finite number", path, prefix, name);
     *out = j->valuedouble;
+    return TKD_OK;
+}
+
+/* get_num for a field stored as float: beyond FLT_MAX it would become inf (found by fuzz_hf_config). */
+static tkd_status get_float(const char *path, const cJSON *o, const char *name, float *out)
+{
+    double v = *out;
+    TKD_TRY(get_num(path, o, "", name, 0, &v));
+    if (fabs(v) > FLT_MAX)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"%s\" = %g does not fit a float", path, name, v);
+    *out = (float)v;
     return TKD_OK;
 }
 
@@ -285,11 +299,10 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     TKD_TRY(get_int(path, root, "", "head_dim", 0, &c->head_dim));
     c->max_position_embeddings = c->arch == TKD_ARCH_LLAMA ? 2048 : c->arch == TKD_ARCH_QWEN2 ? 32768 : 131072;
     TKD_TRY(get_int(path, root, "", "max_position_embeddings", 0, &c->max_position_embeddings));
-    double eps = 1e-6, init = 0.02;
-    TKD_TRY(get_num(path, root, "", "rms_norm_eps", 0, &eps));
-    TKD_TRY(get_num(path, root, "", "initializer_range", 0, &init));
-    c->rms_norm_eps = (float)eps;
-    c->initializer_range = (float)init;
+    c->rms_norm_eps = 1e-6f;
+    c->initializer_range = 0.02f;
+    TKD_TRY(get_float(path, root, "rms_norm_eps", &c->rms_norm_eps));
+    TKD_TRY(get_float(path, root, "initializer_range", &c->initializer_range));
     TKD_TRY(get_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings));
     if (c->arch == TKD_ARCH_LLAMA)
         TKD_TRY(get_bool(path, root, "attention_bias", &c->attention_bias));
@@ -303,43 +316,35 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     return refuse_unsupported(path, root, c);
 }
 
-/* "line L, column C" of a byte offset, for the parse error. */
-static void line_col(const char *text, size_t off, int *line, int *col)
+tkd_status tkd_hf_config_parse(const char *text, size_t len, const char *path, tkd_model_config *cfg)
 {
-    *line = 1;
-    *col = 1;
-    for (size_t i = 0; i < off && text[i]; i++) {
-        if (text[i] == '\n') {
-            ++*line;
-            *col = 1;
-        } else {
-            ++*col;
-        }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root || !cJSON_IsObject(root)) {
+        int line = 0, col = 0;
+        tkd_json_line_col(text, len, end && root == NULL ? (size_t)(end - text) : 0, &line, &col);
+        cJSON_Delete(root);
+        return tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: not a JSON object (config.json expected)", path, line, col);
     }
+    tkd_model_config c;
+    tkd_status st = tkd_json_unique_keys(root, text, len, path);
+    if (st == TKD_OK)
+        st = read_fields(path, root, &c);
+    cJSON_Delete(root);
+    if (st == TKD_OK && (st = tkd_model_config_validate(&c)) != TKD_OK)
+        tkd_error_prefix(st, "%s", path);
+    if (st == TKD_OK)
+        *cfg = c;
+    return st;
 }
 
 tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg)
 {
     char *text = NULL;
     size_t len = 0;
-    TKD_TRY(tkd_read_file(path, (void **)&text, &len));
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root || !cJSON_IsObject(root)) {
-        int line = 0, col = 0;
-        line_col(text, end && root == NULL ? (size_t)(end - text) : 0, &line, &col);
-        cJSON_Delete(root);
-        free(text);
-        return tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: not a JSON object (config.json expected)", path, line, col);
-    }
+    TKD_TRY(tkd_read_input(path, "model config", (void **)&text, &len));
+    tkd_status st = tkd_hf_config_parse(text, len, path, cfg);
     free(text);
-    tkd_model_config c;
-    tkd_status st = read_fields(path, root, &c);
-    cJSON_Delete(root);
-    if (st == TKD_OK && (st = tkd_model_config_validate(&c)) != TKD_OK)
-        tkd_error_prefix(st, "%s", path);
-    if (st == TKD_OK)
-        *cfg = c;
     return st;
 }
 

@@ -7,6 +7,7 @@
 #ifndef TKD_HF_CONFIG_H
 #define TKD_HF_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -58,6 +59,9 @@ tkd_status tkd_model_config_validate(const tkd_model_config *cfg);
 
 /* Parses <path> (a config.json). Errors name the path and the field. */
 tkd_status tkd_hf_config_read(const char *path, tkd_model_config *cfg);
+
+/* The same for config.json text already in memory (len bytes); path names it in messages. */
+tkd_status tkd_hf_config_parse(const char *text, size_t len, const char *path, tkd_model_config *cfg);
 
 /* Writes a config.json that transformers' AutoModelForCausalLM.from_pretrained accepts
  * (architectures, model_type, torch_dtype given by dtype_name "float32" or "bfloat16"). */

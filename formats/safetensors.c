@@ -8,6 +8,7 @@
 #include "formats/safetensors.h"
 
 #include "common/fileio.h"
+#include "formats/json_check.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -264,8 +265,10 @@ static tkd_status parse_file(tkd_st_dir *d, const st_file *f)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: header is not valid JSON (error near header byte %ld)", path,
                              at);
     }
+    tkd_status st = tkd_json_unique_keys(root, text, (size_t)n, path);
     free(text);
-    tkd_status st = TKD_OK;
+    if (st != TKD_OK)
+        goto out;
     if (!cJSON_IsObject(root)) {
         st = tkd_error_set(TKD_ERR_FORMAT, "%s: header is JSON but not an object", path);
         goto out;
@@ -300,7 +303,9 @@ static tkd_status parse_file(tkd_st_dir *d, const st_file *f)
             goto out;
         }
     }
-    st = check_overlap(f, d->tensors + first, d->ntensors - first, data);
+    /* a header of __metadata__ alone adds no tensor (and d->tensors may still be NULL) */
+    if (d->ntensors > first)
+        st = check_overlap(f, d->tensors + first, d->ntensors - first, data);
 out:
     cJSON_Delete(root);
     return st;
@@ -327,14 +332,13 @@ static tkd_status record_file(tkd_st_dir *d, const char *path, const void *buf, 
 
 static tkd_status map_file(tkd_st_dir *d, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: cannot open: %s", path,
-                             strerror(errno));
+    int fd;
+    TKD_TRY(tkd_open_input(path, "safetensors file", &fd));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0) {
+        tkd_status st = tkd_error_set(TKD_ERR_IO, "%s: fstat failed: %s", path, strerror(errno));
         close(fd);
-        return tkd_error_set(TKD_ERR_IO, "%s: not a regular file", path);
+        return st;
     }
     size_t size = (size_t)sb.st_size;
     void *base = NULL;
@@ -369,7 +373,8 @@ static tkd_st_dir *dir_new(const char *where)
 /* Sorts by name and refuses a name that occurs twice (in one file or across shards). */
 static tkd_status index_names(tkd_st_dir *d)
 {
-    qsort(d->tensors, (size_t)d->ntensors, sizeof *d->tensors, cmp_name);
+    if (d->ntensors > 1) /* qsort must not see the NULL list of a file without tensors */
+        qsort(d->tensors, (size_t)d->ntensors, sizeof *d->tensors, cmp_name);
     for (int i = 1; i < d->ntensors; i++)
         if (strcmp(d->tensors[i - 1].name, d->tensors[i].name) == 0 &&
             d->tensors[i - 1].file == d->tensors[i].file)
@@ -398,7 +403,7 @@ static tkd_status open_sharded(tkd_st_dir *d, const char *dir, const char *index
 {
     char *text = NULL;
     size_t len = 0;
-    TKD_TRY(tkd_read_file(index_path, (void **)&text, &len));
+    TKD_TRY(tkd_read_input(index_path, "safetensors index", (void **)&text, &len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 0);
     if (!root) {
@@ -406,8 +411,10 @@ static tkd_status open_sharded(tkd_st_dir *d, const char *dir, const char *index
         free(text);
         return tkd_error_set(TKD_ERR_FORMAT, "%s: not valid JSON (error near byte %ld)", index_path, at);
     }
+    tkd_status st = tkd_json_unique_keys(root, text, len, index_path);
     free(text);
-    tkd_status st = TKD_OK;
+    if (st != TKD_OK)
+        goto out;
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         st = tkd_error_set(TKD_ERR_FORMAT, "%s: no \"weight_map\" object", index_path);

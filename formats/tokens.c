@@ -1,7 +1,9 @@
 /* tokens.c — see tokens.h. Files are little-endian, like the host (x86-64, aarch64). */
 #include "formats/tokens.h"
 
+#include "common/fileio.h"
 #include "common/sha256.h"
+#include "common/signals.h"
 
 #include <errno.h>
 #include <glob.h>
@@ -73,6 +75,8 @@ static tkd_status check_payload(const char *path, int64_t count, size_t tsz, uin
 static tkd_status read_tokens(tkd_tokens *ds, FILE *fp, const char *path, tok_kind k, int64_t count)
 {
     enum { CHUNK = 1 << 14 };
+    if (count == 0)
+        return TKD_OK; /* ds->data may still be NULL: no pointer arithmetic on it (found by fuzz_tokens) */
     size_t tsz = kind_size(k);
     uint8_t *buf = malloc(CHUNK * 8); /* one buffer per file, reused for every chunk */
     if (!buf)
@@ -80,12 +84,18 @@ static tkd_status read_tokens(tkd_tokens *ds, FILE *fp, const char *path, tok_ki
     int32_t *dst = ds->data + ds->count;
     tkd_status st = TKD_OK;
     for (int64_t done = 0; done < count && st == TKD_OK;) {
-        size_t m = count - done < CHUNK ? (size_t)(count - done) : CHUNK;
-        if (fread(buf, tsz, m, fp) != m) {
-            st = tkd_error_set(TKD_ERR_IO, "%s: read failed at token offset %lld%s", path, (long long)done,
-                               ferror(fp) ? "" : " (file shrank while reading?)");
+        size_t m = count - done < CHUNK ? (size_t)(count - done) : CHUNK, got = 0;
+        /* a large file takes a while: Ctrl-C ends the read between chunks */
+        if (tkd_interrupted()) {
+            st = tkd_input_interrupted(path, "token file");
             break;
         }
+        st = tkd_fread_input(fp, buf, m * tsz, &got, path);
+        if (st == TKD_OK && got != m * tsz)
+            st = tkd_error_set(TKD_ERR_IO, "%s: read failed at token offset %lld (file shrank while reading?)", path,
+                               (long long)done);
+        if (st != TKD_OK)
+            break;
         for (size_t j = 0; j < m && st == TKD_OK; j++) {
             int64_t v;
             if (k == TOK_U16) {
@@ -145,30 +155,103 @@ static tkd_status bin_header(FILE *fp, const char *path, uint64_t size, tok_kind
     return check_payload(path, *count, kind_size(*kind), size - BIN_HEADER_INTS * 4);
 }
 
-/* Points just past `'key':` (or "key":) in the npy header dict; NULL when the key is absent. */
-static const char *npy_key(const char *h, const char *key)
+/* The header dict of an .npy file ("{'descr': '<i4', 'fortran_order': False, 'shape': (10,), }"),
+ * read as the Python literal it is: each entry points at its value's text inside the header, NULL
+ * when absent. A key given twice or one numpy does not write is refused, so no value is silently
+ * ignored. */
+typedef struct npy_dict {
+    const char *descr, *fortran_order, *shape;
+} npy_dict;
+
+static const char *skip_space(const char *p)
 {
-    char pat[40];
-    for (int q = 0; q < 2; q++) {
-        snprintf(pat, sizeof pat, "%c%s%c", q ? '"' : '\'', key, q ? '"' : '\'');
-        const char *p = strstr(h, pat);
-        if (p) {
-            p += strlen(pat);
-            while (*p == ' ')
-                p++;
-            return *p == ':' ? p + 1 : NULL;
-        }
-    }
-    return NULL;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
 }
 
-static tkd_status npy_dtype(const char *path, const char *h, tok_kind *kind)
+/* Just past the Python literal at p: a quoted string, a bracketed tuple or list (nested, quotes
+ * skipped) or a bare word or number; NULL when it does not end. */
+static const char *npy_value_end(const char *p)
 {
-    const char *p = npy_key(h, "descr");
+    if (*p == '\'' || *p == '"') {
+        const char *e = strchr(p + 1, *p);
+        return e ? e + 1 : NULL;
+    }
+    if (*p == '(' || *p == '[') {
+        for (int depth = 0; *p; p++) {
+            if (*p == '\'' || *p == '"') {
+                if (!(p = strchr(p + 1, *p)))
+                    return NULL;
+            } else if (*p == '(' || *p == '[') {
+                depth++;
+            } else if ((*p == ')' || *p == ']') && --depth == 0) {
+                return p + 1;
+            }
+        }
+        return NULL;
+    }
+    const char *s = p;
+    while (*p && !strchr(",:{}()[]'\" \t\r\n", *p))
+        p++;
+    return p > s ? p : NULL;
+}
+
+static tkd_status npy_bad_dict(const char *path, const char *h, const char *p, const char *what)
+{
+    return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header is not a Python dict: %s at header byte %ld", path, what,
+                         (long)(p - h));
+}
+
+/* Stores the value of key (kl bytes at key) in its slot of d. */
+static tkd_status npy_put(const char *path, npy_dict *d, const char *key, size_t kl, const char *value)
+{
+    static const char *const names[] = {"descr", "fortran_order", "shape"};
+    const char **slots[] = {&d->descr, &d->fortran_order, &d->shape};
+    for (int i = 0; i < 3; i++) {
+        if (strlen(names[i]) != kl || strncmp(names[i], key, kl) != 0)
+            continue;
+        if (*slots[i])
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has the key '%s' twice", path, names[i]);
+        *slots[i] = value;
+        return TKD_OK;
+    }
+    return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has the key '%.*s'; numpy writes only descr, "
+                         "fortran_order and shape", path, (int)(kl < 40 ? kl : 40), key);
+}
+
+static tkd_status npy_parse_dict(const char *path, const char *h, npy_dict *d)
+{
+    memset(d, 0, sizeof *d);
+    const char *p = skip_space(h);
+    if (*p != '{')
+        return npy_bad_dict(path, h, p, "no opening '{'");
+    for (p = skip_space(p + 1); *p != '}'; p = skip_space(p)) {
+        const char *ke = *p == '\'' || *p == '"' ? strchr(p + 1, *p) : NULL;
+        if (!ke)
+            return npy_bad_dict(path, h, p, "expected a quoted key");
+        const char *key = p + 1, *colon = skip_space(ke + 1);
+        if (*colon != ':')
+            return npy_bad_dict(path, h, colon, "expected ':' after a key");
+        p = skip_space(colon + 1);
+        const char *ve = npy_value_end(p);
+        if (!ve)
+            return npy_bad_dict(path, h, p, "a value that does not end");
+        TKD_TRY(npy_put(path, d, key, (size_t)(ke - key), p));
+        p = skip_space(ve);
+        if (*p == ',')
+            p++;
+        else if (*p != '}')
+            return npy_bad_dict(path, h, p, "expected ',' or '}' after a value");
+    }
+    p = skip_space(p + 1);
+    return *p ? npy_bad_dict(path, h, p, "text after the closing '}'") : TKD_OK;
+}
+
+static tkd_status npy_dtype(const char *path, const char *p, tok_kind *kind)
+{
     if (!p)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has no 'descr' entry", path);
-    while (*p == ' ')
-        p++;
     char d[16] = "";
     if (*p == '\'' || *p == '"') {
         const char *e = strchr(p + 1, *p);
@@ -189,11 +272,21 @@ static tkd_status npy_dtype(const char *path, const char *h, tok_kind *kind)
                          path, *d ? d : "(structured or unreadable)");
 }
 
-static tkd_status npy_shape(const char *path, const char *h, int64_t *count)
+static tkd_status npy_fortran(const char *path, const char *p)
 {
-    const char *p = npy_key(h, "shape");
-    while (p && *p == ' ')
-        p++;
+    if (!p)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has no 'fortran_order' entry", path);
+    if (strncmp(p, "False", 5) == 0 && npy_value_end(p) == p + 5)
+        return TKD_OK;
+    if (strncmp(p, "True", 4) == 0 && npy_value_end(p) == p + 4)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "%s: npy array is in Fortran order; save it C-contiguous (np.ascontiguousarray)", path);
+    return tkd_error_set(TKD_ERR_FORMAT, "%s: npy 'fortran_order' is neither True nor False", path);
+}
+
+/* p: the 'shape' value, a tuple whose end npy_value_end has checked. */
+static tkd_status npy_shape(const char *path, const char *p, int64_t *count)
+{
     if (!p || *p != '(')
         return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has no 'shape' tuple", path);
     p++;
@@ -220,6 +313,16 @@ static tkd_status npy_shape(const char *path, const char *h, int64_t *count)
                              path, nd);
     *count = n;
     return TKD_OK;
+}
+
+/* The dict text h of an .npy header: the token kind and count it describes. */
+static tkd_status npy_parse_header(const char *path, const char *h, tok_kind *kind, int64_t *count)
+{
+    npy_dict d;
+    TKD_TRY(npy_parse_dict(path, h, &d));
+    TKD_TRY(npy_dtype(path, d.descr, kind));
+    TKD_TRY(npy_fortran(path, d.fortran_order));
+    return npy_shape(path, d.shape, count);
 }
 
 static tkd_status npy_header(FILE *fp, const char *path, uint64_t size, tok_kind *kind, int64_t *count)
@@ -250,17 +353,7 @@ static tkd_status npy_header(FILE *fp, const char *path, uint64_t size, tok_kind
         return tkd_error_set(TKD_ERR_IO, "%s: cannot read the npy header", path);
     }
     h[hl] = '\0';
-    tkd_status st = npy_dtype(path, h, kind);
-    const char *fo = st == TKD_OK ? npy_key(h, "fortran_order") : NULL;
-    while (fo && *fo == ' ')
-        fo++;
-    if (st == TKD_OK && !fo)
-        st = tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has no 'fortran_order' entry", path);
-    else if (st == TKD_OK && strncmp(fo, "False", 5) != 0)
-        st = tkd_error_set(TKD_ERR_UNSUPPORTED,
-                           "%s: npy array is in Fortran order; save it C-contiguous (np.ascontiguousarray)", path);
-    if (st == TKD_OK)
-        st = npy_shape(path, h, count);
+    tkd_status st = npy_parse_header(path, h, kind, count);
     free(h);
     TKD_TRY(st);
     return check_payload(path, *count, kind_size(*kind), size - start);
@@ -269,14 +362,13 @@ static tkd_status npy_header(FILE *fp, const char *path, uint64_t size, tok_kind
 /* Appends one file's tokens to ds; it is recorded in ds->files only when whole. */
 static tkd_status load_file(tkd_tokens *ds, const char *path)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO, "%s: cannot open token file: %s",
-                             path, strerror(errno));
+    FILE *fp;
+    TKD_TRY(tkd_fopen_input(path, "token file", &fp));
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(fp), &sb) != 0) {
+        tkd_status st = tkd_error_set(TKD_ERR_IO, "%s: fstat failed: %s", path, strerror(errno));
         fclose(fp);
-        return tkd_error_set(TKD_ERR_IO, "%s: not a regular file", path);
+        return st;
     }
     uint64_t size = (uint64_t)sb.st_size;
     uint8_t magic[6] = {0};

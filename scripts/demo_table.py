@@ -37,7 +37,7 @@ def main(out):
     ]
     print(f"{'model':46s} {'val CE':>8s} {'val ppl':>9s} {'top-1 agr':>9s} {'cache B/token':>14s}")
     for name, r, cache in rows:
-        agree = "" if math.isnan(r["top1"]) else f"{r['top1']:.3f}"
+        agree = f"{r['top1']:.3f}" if "top1" in r else ""  # left out when not measured
         bpt = f"{bytes_per_token(os.path.join(out, cache)):.1f}" if cache else ""
         print(f"{name:46s} {r['val_ce']:8.4f} {r['val_ppl']:9.2f} {agree:>9s} {bpt:>14s}")
     ce = rows[1][1]["val_ce"]

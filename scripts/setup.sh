@@ -2,8 +2,9 @@
 # scripts/setup.sh — installs the Debian packages topkd builds against, when any is missing.
 # Works as root; uses sudo otherwise. Safe to run again: it does nothing when all are there.
 set -euo pipefail
+# clang + libclang-rt-dev (libFuzzer and the sanitizer runtimes) build scripts/fuzz.sh's targets.
 pkgs=(build-essential cmake pkg-config libhdf5-dev hdf5-tools libzstd-dev libyaml-dev
-      libcmocka-dev libopenblas-openmp-dev libcjson-dev python3)
+      libcmocka-dev libopenblas-openmp-dev libcjson-dev python3 clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

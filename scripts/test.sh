@@ -2,6 +2,8 @@
 # scripts/test.sh — install what is missing (Debian), build, run every test.
 # Two builds: build/ (Release, CUDA backend when nvcc is found) and build-asan/ (Debug with
 # AddressSanitizer + UndefinedBehaviorSanitizer, CPU only). GPU tests skip where no GPU answers.
+# Then the parsers' libFuzzer targets run a fixed number of times each (scripts/fuzz.sh, about a
+# minute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -24,4 +26,9 @@ if [ "${TOPKD_SKIP_ASAN:-0}" != 1 ]; then
   LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE slow
+fi
+
+if [ "${TOPKD_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "== fuzz (libFuzzer + ASan + UBSan, fixed runs) =="
+  ./scripts/fuzz.sh
 fi

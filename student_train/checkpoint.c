@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/fileio.h"
+#include "formats/json_check.h"
 #include "formats/safetensors.h"
 
 #define CKPT_PATH_MAX 4096
@@ -115,9 +116,14 @@ static tkd_status read_state(const char *dir, tkd_adamw *opt, tkd_train_state *s
     TKD_TRY(tkd_path_join(path, sizeof path, dir, "state.json"));
     TKD_TRY(tkd_read_file(path, &text, &len));
     cJSON *o = cJSON_ParseWithLength(text, len);
+    tkd_status dup = o ? tkd_json_unique_keys(o, text, len, path) : TKD_OK;
     free(text);
     if (!o)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: not valid JSON", path);
+    if (dup != TKD_OK) {
+        cJSON_Delete(o);
+        return dup;
+    }
     uint64_t v[10];
     const char *keys[10] = {"step", "epoch", "offset", "tokens_seen", "adamw_step", "adamw_n",
                             "rng0", "rng1", "rng2", "rng3"};

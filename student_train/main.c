@@ -20,6 +20,20 @@ static int fail(tkd_status st)
     return tkd_cli_exit_code(st, tkd_interrupted());
 }
 
+/* One machine-readable line for scripts (the demo's table reads it). A value that was not measured
+ * (no evaluation ran, or no teacher to compare with) is left out, never printed as nan. */
+static void print_result_line(const tkd_train_result *r)
+{
+    printf("RESULT");
+    if (!isnan(r->val_ce))
+        printf(" val_ce=%.6f val_ppl=%.4f", r->val_ce, r->val_ppl);
+    if (!isnan(r->val_kd))
+        printf(" val_kd=%.6f", r->val_kd);
+    if (!isnan(r->top1_agree))
+        printf(" top1=%.6f", r->top1_agree);
+    printf(" steps=%lld tokens=%lld seconds=%.2f\n", (long long)r->steps, (long long)r->tokens, r->seconds);
+}
+
 static void print_summary(const tkd_train_result *r)
 {
     printf("run       %s\n", r->run_path);
@@ -27,13 +41,13 @@ static void print_summary(const tkd_train_result *r)
            r->seconds, r->seconds > 0 ? (double)r->tokens / r->seconds : 0.0);
     if (!isnan(r->val_ce))
         printf("val CE    %.4f nats/token (perplexity %.2f)\n", r->val_ce, r->val_ppl);
+    else
+        printf("val       no evaluation in this run\n");
     if (!isnan(r->val_kd))
         printf("val KD    %.4f\n", r->val_kd);
     if (!isnan(r->top1_agree))
         printf("top-1     %.4f agreement with the teacher\n", r->top1_agree);
-    /* one machine-readable line for scripts (the demo's table reads it) */
-    printf("RESULT val_ce=%.6f val_ppl=%.4f val_kd=%.6f top1=%.6f steps=%lld tokens=%lld seconds=%.2f\n", r->val_ce,
-           r->val_ppl, r->val_kd, r->top1_agree, (long long)r->steps, (long long)r->tokens, r->seconds);
+    print_result_line(r);
 }
 
 int main(int argc, char **argv)

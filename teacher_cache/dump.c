@@ -765,7 +765,7 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
         st = run_compute(&c);
     if (st == TKD_OK)
         st = tkd_dump_mark_done(cfg, c.sum->range_first, c.sum->range_end);
-    if (st == TKD_ERR_INTERRUPTED)
+    if (st == TKD_ERR_INTERRUPTED && c.manifest_path[0]) /* else: stopped while reading the inputs */
         st = interrupted_message(&c);
     if (c.manifest_path[0]) {
         tkd_error_saved saved;

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Writes tests/data/broken/: tiny malformed safetensors and token files, one defect each (and a
-small valid seed for the fuzz target, tests/fuzz/corpus/).
+"""Writes tests/data/broken/: tiny malformed safetensors, token, config.json, cache manifest and
+YAML config files, one defect each (and a small valid seed for the fuzz target, tests/fuzz/corpus/).
 
 tests/data/broken/EXPECTED.tsv lists <file> <TAB> <status name> <TAB> <substring the error message
-must contain>; test_safetensors.c reads the st_* rows and test_tokens.c the tok_* rows.
+must contain>; test_safetensors.c reads the st_* rows, test_tokens.c the tok_* rows,
+test_hf_config.c the hf_* rows, test_cache_broken.c the man_* rows and test_config.c the cfg_* rows.
 Run it again after changing a case: python3 tests/make_broken_files.py (stdlib only).
 """
 import json
@@ -65,7 +66,11 @@ def safetensors_cases():
                                      b"\0" * 12), F, "tensors 'a' (bytes 0..8) and 'b' (bytes 4..12) overlap")
     put("st_duplicate.safetensors", st(b'{"w": %s, "w": %s}' % (json.dumps(ok1).encode(), json.dumps(
         {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}).encode()), b"\0" * 16), F,
-        "tensor 'w' is defined twice")
+        'duplicate key "w"')
+    # the first "dtype" used to win silently
+    put("st_dup_dtype.safetensors", st(b'{"w": {"dtype": "F32", "dtype": "BF16", "shape": [2], '
+                                       b'"data_offsets": [0, 8]}}', b"\0" * 8), F,
+        'duplicate key "dtype" (first at line 1, column 8)')
     put("st_bad_metadata.safetensors", st({"__metadata__": "pt", "w": ok1}, b"\0" * 8), F,
         "\"__metadata__\" is not a JSON object")
 
@@ -108,13 +113,105 @@ def token_cases():
         "no 'fortran_order'")
     put("tok_npy_cut_header.npy", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", b"")[:20], F,
         "header runs past the end of the file")
+    # the first 'shape' used to win silently (the payload fits it)
+    put("tok_npy_dup_shape.npy", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), 'shape': (3,), }",
+                                     b"\0" * 8), F, "npy header has the key 'shape' twice")
+    put("tok_npy_extra_key.npy", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), 'order': 'C', }",
+                                     b"\0" * 8), F, "npy header has the key 'order'; numpy writes only")
+    put("tok_npy_not_dict.npy", npy("{'descr': '<i4', 'fortran_order': False 'shape': (2,)}", b"\0" * 8), F,
+        "npy header is not a Python dict: expected ',' or '}' after a value")
+    put("tok_npy_fortran_word.npy", npy("{'descr': '<i4', 'fortran_order': Falsey, 'shape': (2,), }", b"\0" * 8),
+        F, "'fortran_order' is neither True nor False")
+    # no tokens at all (reading them did pointer arithmetic on a NULL buffer: UBSan, found by fuzz_tokens)
+    put("tok_npy_empty.npy", npy("{'descr': '<u4', 'fortran_order': False, 'shape': (0,), }", b""), F,
+        "the dataset holds no tokens")
     put("tok_npy_big_u4.npy", npy("{'descr': '<u4', 'fortran_order': False, 'shape': (3,), }",
                                   struct.pack("<3I", 5, 0x80000000, 7)), F,
         "token 2147483648 at token offset 1 does not fit in int32")
 
 
+HF_OK = """{
+  "model_type": "llama",
+  "vocab_size": 128,
+  "hidden_size": 16,
+  "intermediate_size": 32,
+  "num_hidden_layers": 1,
+  "num_attention_heads": 2,
+  "num_key_value_heads": 1,
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}
+}
+"""
+
+
+def hf_config_cases():
+    # each of these used to load with the first value
+    put("hf_dup_vocab.json", HF_OK.replace('  "hidden_size"', '  "vocab_size": 256,\n  "hidden_size"').encode(),
+        F, 'hf_dup_vocab.json:4:3: duplicate key "vocab_size" (first at line 3, column 3)')
+    # inf in a field (1e999), or a float field past FLT_MAX, was read and then written back as "inf"
+    # (found by fuzz_hf_config)
+    put("hf_inf.json", HF_OK.replace('"factor": 8.0', '"factor": 1e999').encode(), F,
+        'field "rope_scaling.factor" must be a finite number')
+    put("hf_float_overflow.json", HF_OK.replace('  "hidden_size"', '  "initializer_range": 1e93,\n  "hidden_size"')
+        .encode(), F, 'field "initializer_range" = 1e+93 does not fit a float')
+    put("hf_dup_nested.json", HF_OK.replace('"factor": 8.0,', '"factor": 8.0, "factor": 2.0,').encode(), F,
+        'duplicate key "factor" (first at line 9')
+
+
+MANIFEST_OK = """format: topkd-cache
+version: 1
+teacher:
+  path: teacher
+  architecture: llama
+  vocab_size: 1000
+  sha256: "%s"
+dataset:
+  path: tokens.bin
+  sha256: "%s"
+  tokens: 100
+  seq_len: 8
+  stride: 8
+k: 4
+tail_samples: 0
+logits_dtype: half
+temperature: 1
+shards:
+  - file: shard-00000.h5
+    first_seq: 0
+    num_seq: 2
+    bytes: 100
+    sha256: "%s"
+""" % ("a" * 64, "b" * 64, "c" * 64)
+
+
+def manifest_cases():
+    # the first k / num_seq used to win silently
+    put("man_dup_k.yaml", (MANIFEST_OK + "k: 5\n").encode(), F,
+        "man_dup_k.yaml:24:1: duplicate key 'k' (first at line 14)")
+    put("man_dup_shard_key.yaml", MANIFEST_OK.replace("    num_seq: 2\n", "    num_seq: 2\n    num_seq: 3\n").encode(),
+        F, "man_dup_shard_key.yaml:22:5: duplicate key 'num_seq' (first at line 21)")
+    # first_seq + num_seq past 2^63 (the end of the shard overflowed)
+    put("man_seq_overflow.yaml", MANIFEST_OK.replace("    first_seq: 0\n", "    first_seq: 9223372036854775807\n")
+        .encode(), F, "man_seq_overflow.yaml:19:5: manifest: shard shard-00000.h5: first_seq 9223372036854775807 + "
+        "num_seq 2 is past 2^63")
+    # libyaml's scanner is quadratic in nesting depth; 1000 levels is enough to show the bound
+    put("man_deep.yaml", (MANIFEST_OK + "extra: " + "[" * 1000 + "]" * 1000 + "\n").encode(), F,
+        "man_deep.yaml:24:71: YAML nested deeper than 64 levels")
+
+
+def yaml_config_cases():
+    """For the test schema of tests/test_config.c (seed, kd.*, train.*)."""
+    c = "TKD_ERR_CONFIG"
+    put("cfg_dup_key.yaml", b"kd:\n  alpha: 0.5\n  top_k: 8\n  alpha: 0.7\n", c,
+        "cfg_dup_key.yaml:4:3: duplicate key 'kd.alpha' (first at line 2)")
+    put("cfg_deep.yaml", b"train:\n  files: " + b"[" * 1000 + b"]" * 1000 + b"\n", c,
+        "cfg_deep.yaml:2:72: YAML nested deeper than 64 levels")
+
+
 def fuzz_seed():
-    """A small valid file (F32, BF16, F16, I64, U8, an empty tensor) to seed tests/fuzz/."""
+    """Small valid files to seed tests/fuzz/: a safetensors file (F32, BF16, F16, I64, U8, an empty
+    tensor), two token files and recipes for fuzz_shard. (corpus/manifest.yaml comes from
+    teacher-dump: see tests/fuzz/README.md.)"""
     d = os.path.join(HERE, "fuzz", "corpus")
     os.makedirs(d, exist_ok=True)
     hdr = {"__metadata__": {"format": "pt"},
@@ -126,6 +223,23 @@ def fuzz_seed():
     data = struct.pack("<4f3HHq", 1.0, -2.0, 0.5, 3.0, 0x3f80, 0xc000, 0x3e00, 0x3c00, 7)
     with open(os.path.join(d, "valid_small.safetensors"), "wb") as f:
         f.write(st(hdr, data))
+    # token files for fuzz_tokens: a 2-D int64 .npy and a uint16 llm.c .bin
+    with open(os.path.join(d, "valid_tokens.npy"), "wb") as f:
+        f.write(npy("{'descr': '<i8', 'fortran_order': False, 'shape': (3, 4), }", struct.pack("<12q", *range(12))))
+    with open(os.path.join(d, "valid_tokens.bin"), "wb") as f:
+        f.write(tok_bin(20240520, 1, 6, struct.pack("<6H", 5, 4, 3, 2, 1, 0)))
+    # recipes for fuzz_shard (see its header): untouched shards of each dtype, with and without
+    # tail draws; one with a root attribute rewritten; one with a byte flipped in the first chunk
+    recipes = {
+        "shard_half.recipe": bytes([0, 7, 7, 3, 0]),
+        "shard_bf16_tail.recipe": bytes([5, 3, 2, 5, 0]),
+        "shard_f32.recipe": bytes([2, 0, 0, 0, 0]),
+        "shard_attr_edit.recipe": bytes([0, 3, 3, 1, 1, 10, 1]) + struct.pack("<q", 99),
+        "shard_flip.recipe": bytes([4, 2, 4, 2, 0]) + bytes([0] * 40 + [0x10]),
+    }
+    for name, data in recipes.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
 
 
 def main():
@@ -133,6 +247,9 @@ def main():
     fuzz_seed()
     safetensors_cases()
     token_cases()
+    hf_config_cases()
+    manifest_cases()
+    yaml_config_cases()
     with open(os.path.join(OUT, "EXPECTED.tsv"), "w") as f:
         f.write("# file\tstatus\tmessage substring (written by tests/make_broken_files.py)\n")
         for r in rows:

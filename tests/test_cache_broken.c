@@ -136,6 +136,18 @@ static void test_wrong_format_version(void **state)
     expect_error(open_reader(f), TKD_ERR_FORMAT, "manifest.yaml:1:9: format is 'something-else'");
 }
 
+/* first_seq + num_seq past 2^63 is refused at open (found by fuzz_shard: reading such a shard
+ * overflowed the sequence numbers it reports) */
+static void test_sequence_range_overflow(void **state)
+{
+    fixture *f = *state;
+    set_int_attr(f->shard0, "first_seq", INT64_MAX);
+    tkd_shard *s = NULL;
+    expect_error(tkd_shard_open(&s, f->shard0, 0), TKD_ERR_FORMAT,
+                 "shard-00000.h5: first_seq 9223372036854775807 / num_seq 6 negative or past 2^63");
+    assert_null(s);
+}
+
 static void test_missing_dataset(void **state)
 {
     fixture *f = *state;
@@ -322,12 +334,29 @@ static void test_shard_every_16th_truncation(void **state)
     }
 }
 
+static tkd_status open_broken_manifest(const char *path)
+{
+    tkd_cache_manifest m;
+    tkd_status st = tkd_cache_manifest_read(&m, path);
+    tkd_cache_manifest_free(&m);
+    return st;
+}
+
+/* The man_* files of tests/data/broken/: a key given twice (the first value used to win) and
+ * nesting past the depth bound. */
+static void test_broken_manifests(void **state)
+{
+    (void)state;
+    assert_true(tkd_test_broken_files("man_", open_broken_manifest) >= 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_truncated_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flipped_byte_in_chunk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_format_version, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sequence_range_overflow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_dataset, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_manifest_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_temperature_mismatch_and_gap, setup, teardown),
@@ -337,6 +366,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_locked_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manifest_every_truncation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_every_16th_truncation, setup, teardown),
+        cmocka_unit_test(test_broken_manifests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

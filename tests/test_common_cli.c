@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cli.h"
 #include "common/log.h"
+#include "tests/testutil.h"
 
 #define ARGC(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -77,6 +79,17 @@ static void test_parse_errors(void **state)
     expect_parse_error(5, a7, "--config given twice");
     char *a8[] = {"x", "--print-config=yes"};
     expect_parse_error(2, a8, "unknown option '--print-config'");
+    /* the next flag is not taken for the missing file name (it was, and the tool exited 1 on
+     * "--print-config: cannot open config file") */
+    char *a9[] = {"x", "--config", "--print-config"};
+    expect_parse_error(3, a9, "--config needs a file name, got the option '--print-config'");
+    char *a10[] = {"x", "--config", "-v", "--set", "a.b=1"};
+    expect_parse_error(5, a10, "--config needs a file name, got the option '-v'");
+    char *ok[] = {"x", "--config=-odd.yaml"};
+    tkd_cli cli;
+    assert_int_equal(tkd_cli_parse(&cli, 2, ok), TKD_OK);
+    assert_string_equal(cli.config_path, "-odd.yaml");
+    tkd_cli_free(&cli);
 }
 
 typedef struct small_cfg {
@@ -134,6 +147,28 @@ static void test_log_levels(void **state)
     free(buf);
 }
 
+/* Both tools: a --config without its file is a usage error, exit 2, naming the problem. */
+static void test_tools_missing_config_file(void **state)
+{
+    (void)state;
+    const char *tools[] = {TKD_BINARY_DIR "/bin/teacher-dump", TKD_BINARY_DIR "/bin/student-train"};
+    for (int i = 0; i < 2; i++)
+        if (access(tools[i], X_OK) != 0)
+            skip(); /* before anything is allocated: skip() jumps out */
+    char *dir = tkd_test_mkdtemp("cli");
+    const char *out = tkd_test_path(dir, "out.txt");
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--config", "--print-config", NULL};
+        assert_int_equal(tkd_test_run(tools[i], args, NULL, out), 2);
+        char *text = tkd_test_slurp(out, NULL);
+        if (!strstr(text, "--config needs a file name, got the option '--print-config'"))
+            fail_msg("%s printed: %s", tools[i], text);
+        free(text);
+    }
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -141,6 +176,7 @@ int main(void)
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_load_config_and_help),
         cmocka_unit_test(test_log_levels),
+        cmocka_unit_test(test_tools_missing_config_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,6 +105,52 @@ static void test_read_and_size_errors(void **state)
     assert_int_equal(tkd_read_file(p("d"), &data, &size), TKD_ERR_IO);
 }
 
+/* In a child (a FIFO open that blocks must fail the test, not hang it): the input helpers refuse
+ * a FIFO nobody writes to before opening it, naming the path and what it is. */
+static int refuse_fifo_in_child(const char *fifo)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        void *data = NULL;
+        size_t size = 0;
+        tkd_status st = tkd_read_input(fifo, "token file", &data, &size);
+        const char *want = "token file is a FIFO (named pipe), not a regular file";
+        _exit(st == TKD_ERR_IO && strstr(tkd_error_msg(), fifo) && strstr(tkd_error_msg(), want) ? 0 : 1);
+    }
+    return tkd_test_wait_timeout(pid, 10.0);
+}
+
+static void test_inputs_must_be_regular_files(void **state)
+{
+    (void)state;
+    const char *fifo = p("fifo");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(refuse_fifo_in_child(fifo), 0);
+    void *data = NULL;
+    size_t size = 0;
+    assert_int_equal(tkd_read_file("/dev/null", &data, &size), TKD_ERR_IO);
+    tkd_test_assert_msg_has("/dev/null: file is a character device, not a regular file");
+    assert_int_equal(tkd_mkdir_p(p("adir")), TKD_OK);
+    FILE *fp = NULL;
+    assert_int_equal(tkd_fopen_input(p("adir"), "config file", &fp), TKD_ERR_IO);
+    assert_null(fp);
+    tkd_test_assert_msg_has("adir: config file is a directory, not a regular file");
+    assert_int_equal(tkd_input_check(p("absent"), "shard"), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("absent: cannot open shard: No such file or directory");
+    /* a symbolic link to a regular file is fine, and the descriptor reads normally */
+    assert_int_equal(tkd_file_write_atomic(p("real"), "abc", 3), TKD_OK);
+    assert_int_equal(symlink(p("real"), p("link")), 0);
+    assert_int_equal(tkd_fopen_input(p("link"), "file", &fp), TKD_OK);
+    char buf[8];
+    size_t got = 0;
+    assert_int_equal(tkd_fread_input(fp, buf, sizeof buf, &got, p("link")), TKD_OK);
+    assert_int_equal(got, 3); /* fewer at the end of the file, not an error */
+    assert_memory_equal(buf, "abc", 3);
+    fclose(fp);
+}
+
 static void test_mkdir_and_join(void **state)
 {
     (void)state;
@@ -261,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_write_atomic_success),
         cmocka_unit_test(test_write_atomic_failure_leaves_nothing),
         cmocka_unit_test(test_read_and_size_errors),
+        cmocka_unit_test(test_inputs_must_be_regular_files),
         cmocka_unit_test(test_mkdir_and_join),
         cmocka_unit_test(test_path_join_alloc),
         cmocka_unit_test(test_fsync_and_rename_durable),

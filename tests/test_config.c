@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/config.h"
 #include "tests/testutil.h"
@@ -254,6 +255,17 @@ static void test_set_overrides(void **state)
     assert_non_null(strstr(tkd_error_msg(), "did you mean 'kd.temperature'?"));
     assert_int_equal(tkd_config_apply_set(&schema, &c, "kdd.alpha=3"), TKD_ERR_CONFIG);
     assert_non_null(strstr(tkd_error_msg(), "--set kdd.alpha: unknown key 'kdd.alpha' (did you mean 'kd.alpha'?)"));
+    /* a section named as a key: said so, never "did you mean" the very key typed (that was the
+     * hint for both, with "unknown key") */
+    assert_int_equal(tkd_config_apply_set(&schema, &c, "kd=3"), TKD_ERR_CONFIG);
+    assert_string_equal(tkd_error_msg(), "--set kd: 'kd' is a section, not a key; set one of its keys: "
+                                         "temperature, alpha, loss, top_k");
+    assert_int_equal(tkd_config_apply_set(&schema, &c, "train.optim=3"), TKD_ERR_CONFIG);
+    assert_string_equal(tkd_error_msg(), "--set train.optim: 'train.optim' is a section, not a key; set one of "
+                                         "its keys: lr, name");
+    const char *cands[] = {"seed", "speed"};
+    assert_string_equal(tkd_config_suggest("seed", cands, 2), "speed");
+    assert_null(tkd_config_suggest("seed", cands, 1));
     assert_int_equal(tkd_config_apply_set(&schema, &c, "kd.alpha=2"), TKD_ERR_CONFIG);
     assert_string_equal(tkd_error_msg(),
                         "--set kd.alpha=2: kd.alpha = 2 is out of range; it must be in [0, 1]");
@@ -410,6 +422,61 @@ static void test_fuzz_mutations(void **state)
     assert_true(ok > 0 && ok < 3000); /* both outcomes were exercised */
 }
 
+static tkd_status open_broken(const char *path)
+{
+    test_cfg c = {0};
+    assert_int_equal(tkd_config_defaults(&schema, &c), TKD_OK);
+    tkd_status st = tkd_config_apply_file(&schema, &c, path);
+    tkd_config_free(&schema, &c);
+    return st;
+}
+
+static void test_broken_files(void **state)
+{
+    (void)state;
+    assert_true(tkd_test_broken_files("cfg_", open_broken) >= 2);
+}
+
+/* Nesting is bounded at TKD_YAML_MAX_DEPTH (64) levels, counting the top-level mapping: libyaml
+ * takes time quadratic in the depth, so 100,000 levels took over a minute before being refused. */
+static void test_nesting_depth(void **state)
+{
+    (void)state;
+    enum { DEEP = 100000 };
+    char *text = malloc(2 * DEEP + 64);
+    assert_non_null(text);
+    int n = sprintf(text, "train:\n  files: ");
+    memset(text + n, '[', DEEP);
+    memset(text + n + DEEP, ']', DEEP);
+    strcpy(text + n + 2 * DEEP, "\n");
+    test_cfg c = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(load_text(&c, text), TKD_ERR_CONFIG);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    /* the 63rd '[' is the 65th level: top mapping, train, then the lists */
+    expect_error("2:72", "YAML nested deeper than 64 levels", NULL);
+    assert_true((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) < 5.0);
+    tkd_config_free(&schema, &c);
+    /* 64 levels are read (and then refused for their type, not their depth) */
+    strcpy(text + n, "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[");  /* 62 */
+    memset(text + n + 62, ']', 62);
+    strcpy(text + n + 124, "\n");
+    assert_int_equal(load_text(&c, text), TKD_ERR_CONFIG);
+    expect_error("2:11", "train.files: expected a list of strings, got a sequence", NULL);
+    tkd_config_free(&schema, &c);
+    /* --set values go through the same check */
+    assert_int_equal(tkd_config_defaults(&schema, &c), TKD_OK);
+    strcpy(text, "train.files=");
+    memset(text + 12, '[', 100);
+    memset(text + 112, ']', 100);
+    text[212] = '\0';
+    assert_int_equal(tkd_config_apply_set(&schema, &c, text), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("YAML nested deeper than 64 levels at column 65");
+    tkd_config_free(&schema, &c);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -427,6 +494,8 @@ int main(void)
         cmocka_unit_test(test_schema_check),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_fuzz_mutations),
+        cmocka_unit_test(test_broken_files),
+        cmocka_unit_test(test_nesting_depth),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }

@@ -207,7 +207,21 @@ static void test_missing_and_malformed(void **state)
     tkd_test_assert_msg_has("bad.json:3:");
 
     assert_int_equal(tkd_hf_config_read(tmp_path("absent.json"), &c), TKD_ERR_NOT_FOUND);
-    tkd_test_assert_msg_has("absent.json: open failed");
+    tkd_test_assert_msg_has("absent.json: cannot open model config: No such file");
+}
+
+static tkd_status open_broken(const char *path)
+{
+    tkd_model_config c;
+    return tkd_hf_config_read(path, &c);
+}
+
+/* The hf_* files of tests/data/broken/: duplicate keys, at the top level and nested, refused with
+ * the line of each occurrence (cJSON keeps both and its lookup took the first). */
+static void test_broken_files(void **state)
+{
+    (void)state;
+    assert_true(tkd_test_broken_files("hf_", open_broken) >= 2);
 }
 
 static void roundtrip(const char *src, const char *dtype)
@@ -265,6 +279,7 @@ int main(void)
         cmocka_unit_test(test_rope_parameters_and_defaults),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_missing_and_malformed),
+        cmocka_unit_test(test_broken_files),
         cmocka_unit_test(test_write_read_roundtrip),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);

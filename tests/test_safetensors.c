@@ -213,6 +213,20 @@ static tkd_status open_broken(const char *path)
     return st;
 }
 
+/* A header holding only __metadata__ is a file without tensors (fuzz_safetensors found the parser
+ * doing pointer arithmetic on the still-NULL tensor list: undefined behaviour UBSan stops at). */
+static void test_metadata_only(void **state)
+{
+    (void)state;
+    static const char hdr[] = "{\"__metadata__\": {\"format\": \"pt\"}}";
+    uint8_t buf[64] = {sizeof hdr - 1};
+    memcpy(buf + 8, hdr, sizeof hdr - 1);
+    tkd_st_dir *d = NULL;
+    assert_int_equal(tkd_st_open_memory("meta.safetensors", buf, 8 + sizeof hdr - 1, &d), TKD_OK);
+    assert_int_equal(tkd_st_count(d), 0);
+    tkd_st_close(d);
+}
+
 static void test_broken_files(void **state)
 {
     (void)state;
@@ -382,6 +396,7 @@ int main(void)
         cmocka_unit_test(test_every_truncation_refused),
         cmocka_unit_test(test_header_byte_flips),
         cmocka_unit_test(test_broken_files),
+        cmocka_unit_test(test_metadata_only),
         cmocka_unit_test(test_sharded),
         cmocka_unit_test(test_transformers_fixtures),
         cmocka_unit_test(test_writer_refuses),

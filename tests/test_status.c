@@ -44,6 +44,19 @@ static void test_error_hint_and_save(void **state)
     assert_null(strstr(tkd_error_msg(), "hint"));
 }
 
+/* Quoted input with a newline (a JSON key "\nvocab_size", found by fuzz_hf_config) must not split
+ * the message: control characters print as '?' through set, prefix and hint. */
+static void test_messages_stay_one_line(void **state)
+{
+    (void)state;
+    tkd_error_set(TKD_ERR_FORMAT, "duplicate key \"%s\"", "\nvocab\tsize\r\x7f");
+    assert_string_equal(tkd_error_msg(), "duplicate key \"?vocab?size??\"");
+    tkd_error_prefix(TKD_ERR_FORMAT, "a\nb.json");
+    assert_string_equal(tkd_error_msg(), "a?b.json: duplicate key \"?vocab?size??\"");
+    tkd_error_hint(TKD_ERR_FORMAT, "fix %s", "line\n2");
+    assert_string_equal(tkd_error_msg(), "a?b.json: duplicate key \"?vocab?size??\" \xe2\x80\x94 fix line?2");
+}
+
 static void test_half_roundtrip_exhaustive(void **state)
 {
     (void)state;
@@ -66,6 +79,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_set_and_prefix),
         cmocka_unit_test(test_error_hint_and_save),
+        cmocka_unit_test(test_messages_stay_one_line),
         cmocka_unit_test(test_half_roundtrip_exhaustive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

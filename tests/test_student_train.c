@@ -241,6 +241,16 @@ static void test_checkpoint_loads_back(void **state)
     }
     assert_true(msum > 0 && vsum > 0); /* moments were restored, not left at zero */
 
+    /* state.json with a key given twice is refused (cJSON would take the first "step") */
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    char *state_json = tkd_test_slurp(path, NULL), dup[8192];
+    assert_true(state_json[0] == '{');
+    snprintf(dup, sizeof dup, "{\n\t\"step\":\t\"2\",%s", state_json + 1);
+    tkd_test_write_text(path, dup);
+    free(state_json);
+    assert_int_equal(tkd_checkpoint_load(dir, fresh, opt, &st), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("state.json:3:2: duplicate key \"step\" (first at line 2, column 2)");
+
     /* an architecture that differs is refused as a config error (exit 2), naming the directory */
     tkd_model *other = NULL;
     mc.hidden_size = 16;

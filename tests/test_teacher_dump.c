@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -15,6 +16,7 @@
 
 #include "common/half.h"
 #include "common/fileio.h"
+#include "common/signals.h"
 #include "kernels/tail_sample.h"
 #include "kernels/backend.h"
 #include "model/model.h"
@@ -418,6 +420,31 @@ static void test_token_out_of_vocab(void **state)
     assert_non_null(strstr(tkd_error_msg(), "bad.npy"));
     assert_non_null(strstr(tkd_error_msg(), "137"));
     assert_non_null(strstr(tkd_error_msg(), "vocab"));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* Ctrl-C while the inputs are still being read: the message says what was being read (there is no
+ * cache yet to report on) and nothing is written. */
+static void test_interrupt_while_reading_inputs(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-intr");
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 3);
+    char out[4200], y[8192];
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    assert_int_equal(tkd_signals_install(), TKD_OK);
+    raise(SIGINT);
+    tkd_status st = run_status(y, NULL);
+    tkd_signals_uninstall();
+    assert_int_equal(st, TKD_ERR_INTERRUPTED);
+    tkd_test_assert_msg_has("data.paths: ");
+    tkd_test_assert_msg_has("tok.npy: interrupted by SIGINT while reading the token file");
+    /* the directory and its lock come first (a second writer is refused before any hashing), but
+     * no manifest or shard is written */
+    assert_false(tkd_file_exists(tkd_test_path(out, "manifest.yaml")));
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
     tkd_test_rmtree(dir);
     free(dir);
 }
@@ -864,6 +891,7 @@ int main(void)
         cmocka_unit_test(test_writer_threads_same_cache),
         cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_token_out_of_vocab),
+        cmocka_unit_test(test_interrupt_while_reading_inputs),
         cmocka_unit_test(test_other_config_needs_overwrite),
         cmocka_unit_test(test_overwrite_removes_only_ours),
         cmocka_unit_test(test_one_writer_per_cache),

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "teacher_cache/dump_dir.h"
@@ -266,6 +267,26 @@ static void test_cli_errors(void **state)
     case_end(&c);
 }
 
+/* A FIFO nobody writes to, given as the token file or as the config, is refused at once with a
+ * one-line error naming it (teacher-dump used to hang in open). */
+static void test_fifo_inputs_refused(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-fifo", 0);
+    char fifo[4400], paths[4500];
+    snprintf(fifo, sizeof fifo, "%s/tokens.fifo", c.dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(paths, sizeof paths, "data.paths=[%s]", fifo);
+    pid_t pid = spawn_out(&c, "tok", NULL, (const char *[]){"--set", paths, NULL});
+    assert_int_equal(tkd_test_wait_timeout(pid, 60.0), 1);
+    assert_error_line(c.dir, "tok", "tokens.fifo: token file is a FIFO (named pipe), not a regular file");
+    pid = spawn(c.dir, "cfg", NULL, (const char *[]){"--config", fifo, NULL});
+    assert_int_equal(tkd_test_wait_timeout(pid, 60.0), 1);
+    assert_error_line(c.dir, "cfg", "tokens.fifo: config file is a FIFO (named pipe)");
+    case_end(&c);
+}
+
 int main(void)
 {
     if (access(BIN, X_OK) != 0 || access(BIN_HOOKS, X_OK) != 0) {
@@ -280,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_two_workers_and_merge),
         cmocka_unit_test(test_second_writer_refused),
         cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_fifo_inputs_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,10 +5,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "common/signals.h"
 #include "common/status.h"
 #include "formats/tokens.h"
 #include "tests/testutil.h"
@@ -301,6 +305,41 @@ static void test_sha256_identity(void **state)
     tkd_tokens_free(b);
 }
 
+/* A token path that is a FIFO nobody writes to is refused at once (the open used to block
+ * forever); in a child, so that a hang fails the test instead of stalling it. */
+static void test_fifo_refused(void **state)
+{
+    (void)state;
+    const char *fifo = tmp_path("tokens.fifo");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tkd_tokens *ds = NULL;
+        tkd_status st = tkd_tokens_open(fifo, &ds);
+        _exit(st == TKD_ERR_IO && !ds && strstr(tkd_error_msg(), "tokens.fifo: token file is a FIFO") ? 0 : 1);
+    }
+    assert_int_equal(tkd_test_wait_timeout(pid, 10.0), 0);
+}
+
+/* Ctrl-C while a token file is being read ends the read with TKD_ERR_INTERRUPTED naming it. */
+static void test_interrupt_ends_the_read(void **state)
+{
+    (void)state;
+    int64_t t[10];
+    seq(t, 10, 1, 1);
+    const char *path = write_bin("int.bin", TKD_TOKENS_MAGIC_U16, t, 10);
+    assert_int_equal(tkd_signals_install(), TKD_OK);
+    raise(SIGINT); /* sets the flag only */
+    tkd_tokens *ds = NULL;
+    tkd_status st = tkd_tokens_open(path, &ds);
+    tkd_signals_uninstall();
+    assert_int_equal(st, TKD_ERR_INTERRUPTED);
+    assert_null(ds);
+    tkd_test_assert_msg_has("int.bin: interrupted by SIGINT while reading the token file");
+}
+
 static tkd_status open_broken(const char *path)
 {
     tkd_tokens *ds = NULL;
@@ -324,6 +363,8 @@ int main(void)
         cmocka_unit_test(test_windows),
         cmocka_unit_test(test_sha256_identity),
         cmocka_unit_test(test_broken_files),
+        cmocka_unit_test(test_fifo_refused),
+        cmocka_unit_test(test_interrupt_ends_the_read),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }

@@ -303,6 +303,21 @@ void tkd_test_kill_holder(pid_t pid)
     assert_int_equal(tkd_test_wait(pid), 1000 + SIGKILL);
 }
 
+int tkd_test_wait_timeout(pid_t pid, double timeout_s)
+{
+    int status = 0;
+    for (double waited = 0; waited < timeout_s; waited += 0.01) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        assert_true(r == 0 || r == pid);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 1000 + WTERMSIG(status);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return -1;
+}
+
 /* ---- a tiny teacher cache -------------------------------------------------------------------- */
 
 #include "common/rng.h"

@@ -96,6 +96,10 @@ pid_t tkd_test_lock_holder(const char *dir, const char *name, const char *part);
 /* SIGKILLs a child of tkd_test_lock_holder and reaps it. */
 void tkd_test_kill_holder(pid_t pid);
 
+/* tkd_test_wait for at most timeout_s seconds: a child still running then is killed (SIGKILL),
+ * reaped, and -1 returned, so a test of "does not hang" fails instead of hanging. */
+int tkd_test_wait_timeout(pid_t pid, double timeout_s);
+
 /* A one-layer Llama of 2 attention heads for the model tests: the defaults of
  * tkd_model_config_defaults (tied embeddings included), then vocab, hidden (even) and an MLP of
  * 2 x hidden, head_dim hidden / 2, kv_heads (1 or 2) and max_pos positions. */

@@ -1,15 +1,6 @@
 /* fuzz_safetensors.c — libFuzzer target for the safetensors header parser and the fp32 reader.
- *
- * Not built by CMake. Build and run it from the repository root with clang's libFuzzer:
- *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
- *       tests/fuzz/fuzz_safetensors.c formats/safetensors.c common/status.c common/fileio.c -lcjson -lm \
- *       -o /tmp/fuzz_st
- *   mkdir -p /tmp/st_corpus && cp tests/fuzz/corpus/[a-z]* tests/data/broken/st_[a-z]* /tmp/st_corpus/
- *   /tmp/fuzz_st -max_total_time=60 -max_len=4096 /tmp/st_corpus
- *
- * (tests/fuzz/corpus/ holds a small valid seed written by tests/make_broken_files.py; the fuzzer
- * adds what it finds to /tmp/st_corpus, outside the repository.)
+ * Built and run by scripts/fuzz.sh (seeds: tests/fuzz/corpus/*.safetensors and the st_* broken
+ * files).
  *
  * The property: any input either opens (and then every float tensor converts without reading
  * outside the buffer) or is refused with TKD_ERR_FORMAT and a message; nothing crashes or leaks.
