@@ -49,6 +49,7 @@ static void compress_scalar(uint32_t h[8], const uint8_t *p)
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 
 /* The same block function on x86's SHA extensions (about 5x the scalar code: the writer hashes
@@ -83,11 +84,16 @@ __attribute__((target("sha,sse4.1"))) static void compress_shani(uint32_t h[8], 
     _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(s1, t, 8));      /* HGFE */
 }
 
+/* CPUID leaf 7 EBX bit 29: SHA extensions; leaf 1 ECX bit 19: SSE4.1 (cpuid.h rather than
+ * __builtin_cpu_supports, which older clang does not know for "sha"). */
 static int have_shani(void)
 {
     static int known = -1;
-    if (known < 0)
-        known = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+    if (known < 0) {
+        unsigned a, b, c, d;
+        int sse41 = __get_cpuid(1, &a, &b, &c, &d) && (c >> 19 & 1);
+        known = sse41 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 29 & 1);
+    }
     return known;
 }
 #else
