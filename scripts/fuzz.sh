@@ -9,6 +9,9 @@
 #   scripts/fuzz.sh                      # every target, TOPKD_FUZZ_RUNS runs each (CI)
 #   scripts/fuzz.sh shard -max_total_time=600    # one target, longer, extra libFuzzer flags
 #
+# OpenMP (the shard writer compresses chunks in parallel) through GCC's libgomp: clang -fopenmp=libgomp
+# needs no libomp package.
+#
 # Runs per target are fixed (below; TOPKD_FUZZ_RUNS overrides them all): about ten seconds each on
 # one core of the CI machine, a minute for the six. The targets differ a thousandfold in speed (a
 # shard is written and fsynced per run, a safetensors header is parsed in memory).
@@ -25,9 +28,9 @@ if [ $# -gt 0 ]; then
 fi
 
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
-cflags="-g -O1 -std=c11 -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -DTKD_VERSION=\"fuzz\"
+cflags="-g -O1 -std=c11 -fopenmp=libgomp -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -DTKD_VERSION=\"fuzz\"
         $(pkg-config --cflags hdf5 libzstd yaml-0.1 libcjson)"
-libs="$(pkg-config --libs hdf5 libzstd yaml-0.1 libcjson) -lm -lpthread"
+libs="$(pkg-config --libs hdf5 libzstd yaml-0.1 libcjson) -fopenmp=libgomp -lm -lpthread"
 
 # The library sources the targets reach, instrumented for coverage (fuzzer-no-link) and ASan.
 srcs=(common/*.c $(ls formats/*.c | grep -v h5zstd_plugin) student_train/train_config.c
