@@ -2,10 +2,12 @@
  *
  * model/ writes the architecture once and reaches every op through a tkd_backend: a table of op
  * entry points plus device memory and copies, implemented twice in kernels/ — the CPU (fp32, the
- * reference that every test holds the others to: backend_cpu.c over cpu_ops.h) and CUDA (bf16
- * compute with fp32 accumulation: backend_cuda.c over ops_cuda.h, attn_cuda.h, topk_cuda.h).
- * The tools open a backend once (tkd_backend_open, the one place `device: auto` is resolved) and
- * name no backend's functions.
+ * reference that every test holds the others to: backend_cpu.c over cpu_ops.h, kl_loss.h and
+ * adamw.h) and CUDA (bf16 compute with fp32 accumulation: backend_cuda.cu over ops_cuda.h,
+ * ops_bwd_cuda.h, attn_cuda.h, attn_cudnn.h, attn_bwd_simple_cuda.h, kl_loss_cuda.h, topk_cuda.h).
+ * Besides the layer ops it carries what a training step needs: the fused KL loss, AdamW over a
+ * segment table, the gradient norm and scale. The tools open a backend once (tkd_backend_open, the
+ * one place `device: auto` is resolved) and name no backend's functions.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
  * CUDA) unless its comment says host. Three element types appear in the signatures:
