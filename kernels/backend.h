@@ -2,10 +2,12 @@
  *
  * model/ writes the architecture once and reaches every op through a tkd_backend: a table of op
  * entry points plus device memory and copies, implemented twice in kernels/ — the CPU (fp32, the
- * reference that every test holds the others to: backend_cpu.c over cpu_ops.h) and CUDA (bf16
- * compute with fp32 accumulation: backend_cuda.c over ops_cuda.h, attn_cuda.h, topk_cuda.h).
- * The tools open a backend once (tkd_backend_open, the one place `device: auto` is resolved) and
- * name no backend's functions.
+ * reference that every test holds the others to: backend_cpu.c over cpu_ops.h, kl_loss.h and
+ * adamw.h) and CUDA (bf16 compute with fp32 accumulation: backend_cuda.cu over ops_cuda.h,
+ * ops_bwd_cuda.h, attn_cuda.h, attn_cudnn.h, attn_bwd_simple_cuda.h, kl_loss_cuda.h, topk_cuda.h).
+ * Besides the layer ops it carries what a training step needs: the fused KL loss, AdamW over a
+ * segment table, the gradient norm and scale. The tools open a backend once (tkd_backend_open, the
+ * one place `device: auto` is resolved) and name no backend's functions.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
  * CUDA) unless its comment says host. Three element types appear in the signatures:
@@ -28,12 +30,21 @@
 
 #include "common/device.h"
 #include "common/status.h"
+#include "kernels/adamw.h"
+#include "kernels/kl_loss.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct tkd_backend tkd_backend;
+
+/* The fused KL loss's state on a backend (kl_create): the loss workspace and the batch's teacher
+ * side in backend memory. Opaque; one per training run. */
+typedef struct tkd_backend_kl tkd_backend_kl;
+
+/* A backend's AdamW segment table (adamw_create). Opaque. */
+typedef struct tkd_backend_adamw tkd_backend_adamw;
 
 /* The LM head + top-k consumer's arguments (teacher-dump): per row the top-k ids and raw logits
  * of hidden · Wᵀ, the log-sum-exp at tau over the full vocabulary, and S tail draws (when S > 0)
@@ -110,7 +121,8 @@ typedef struct tkd_backend_ops {
     /* h = silu(g) · u */
     tkd_status (*swiglu_fwd)(tkd_backend *be, const void *g, const void *u, int64_t n, void *h);
 
-    /* ---- backward (NULL where the backend has none yet: training then is refused) ---- */
+    /* ---- backward: every gradient output ADDS; activation gradients are act, the residual
+     * stream's dx, rstd and every weight gradient f32 (NULL entries: the model refuses training) */
     tkd_status (*embedding_bwd)(tkd_backend *be, const int32_t *tok, int N, const float *dx, int D,
                                 float *demb); // (V, D) f32 +=
     tkd_status (*rmsnorm_bwd)(tkd_backend *be, const void *dy, const float *x, const void *w,
@@ -127,6 +139,45 @@ typedef struct tkd_backend_ops {
 
     /* ---- LM-head consumers ---- */
     tkd_status (*lmhead_topk)(tkd_backend *be, tkd_lmhead_topk_args *a);
+
+    /* ---- training: optimizer and gradient helpers (kernels/adamw.h's maths) ---- */
+    /* f32 -> act, element by element (CUDA: round to nearest even bf16; CPU: a copy) */
+    tkd_status (*f32_to_act)(tkd_backend *be, const float *src, void *dst, size_t n); // (n) f32 -> act
+    /* The segments of a flat parameter array (host table, copied), built once per optimizer. */
+    tkd_status (*adamw_create)(tkd_backend *be, const tkd_adamw_seg *segs, int n_segs,
+                               tkd_backend_adamw **out);
+    void (*adamw_free)(tkd_backend *be, tkd_backend_adamw *a); /* NULL ok */
+    /* tkd_adamw_update over the table's segments, bit-identical on both backends; params_act (or
+     * NULL) receives the updated weights as act elements at the same offsets (the compute copy). */
+    tkd_status (*adamw_step)(tkd_backend *be, const tkd_backend_adamw *a, float *params, // (n) f32
+                             const float *grads, float *m, float *v,                   // (n) f32 each
+                             const tkd_adamw_hparams *h, int64_t step, void *params_act);
+    /* *norm2 (host) = Σ g², accumulated in double; waits for the work before it */
+    tkd_status (*grad_norm2)(tkd_backend *be, const float *g, size_t n, double *norm2);
+    tkd_status (*grad_scale)(tkd_backend *be, float *g, size_t n, float s); /* g *= s */
+
+    /* ---- the fused KL loss (kernels/kl_loss.h; CPU: tkd_kl_cpu_*, CUDA: tkd_kl_cuda_*) ---- */
+    /* State for batches of up to n_max rows of (D, V) with p's teacher columns (p->k) and tail
+     * draws (p->s); p->chunk_rows is fixed here, the rest of p is read per call. */
+    tkd_status (*kl_create)(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, int d, int v,
+                            tkd_backend_kl **out);
+    void (*kl_free)(tkd_backend *be, tkd_backend_kl *kl); /* NULL ok */
+    /* Takes the teacher side of a host batch (top-k, LSE, tail draws, labels; hb->h and hb->w are
+     * ignored) for the next kl_forward: the CPU keeps the pointers (the caller keeps the batch alive
+     * until kl_backward); CUDA copies it to pinned memory and sends it to the device on a copy
+     * stream, so the transfer runs while the model's forward computes. */
+    tkd_status (*kl_stage)(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p,
+                           const tkd_kl_batch *hb);
+    /* Validates the staged batch (tkd_kl_validate's checks and messages), then the loss of hidden h
+     * under head w; with p->grad_in_forward also dh (N, D) f32 overwritten and dw (V, D) f32 +=.
+     * Returns when res is known. */
+    tkd_status (*kl_forward)(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p,
+                             const void *h, const void *w, // (N, D) act, (V, D) act
+                             tkd_kl_result *res, float *dh, float *dw);
+    /* After kl_forward on the same batch (recompute mode): dh overwritten with ∂(scale·loss)/∂h,
+     * dw += ∂(scale·loss)/∂w. */
+    tkd_status (*kl_backward)(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p,
+                              const void *h, const void *w, float scale, float *dh, float *dw);
 } tkd_backend_ops;
 
 struct tkd_backend {

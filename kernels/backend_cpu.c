@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "common/signals.h"
+#include "kernels/adamw.h"
 #include "kernels/cpu_ops.h"
+#include "kernels/kl_loss.h"
 #include "kernels/tail_sample.h"
 #include "kernels/topk.h"
 
@@ -244,6 +246,131 @@ static tkd_status cpu_lmhead_topk(tkd_backend *be, tkd_lmhead_topk_args *a)
     return TKD_OK;
 }
 
+/* ---- training: optimizer and gradient helpers ---- */
+
+static tkd_status cpu_f32_to_act(tkd_backend *be, const float *src, void *dst, size_t n)
+{
+    return cpu_copy(be, dst, src, n * sizeof(float));
+}
+
+struct tkd_backend_adamw {
+    tkd_adamw_seg *segs; // (n) host copy of the table
+    int n;
+};
+
+static tkd_status cpu_adamw_create(tkd_backend *be, const tkd_adamw_seg *segs, int n_segs, tkd_backend_adamw **out)
+{
+    (void)be;
+    *out = NULL;
+    tkd_backend_adamw *a = calloc(1, sizeof *a);
+    if (a)
+        a->segs = malloc(sizeof *segs * (size_t)(n_segs > 0 ? n_segs : 1));
+    if (!a || !a->segs) {
+        free(a);
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of memory for %d segments", n_segs);
+    }
+    if (n_segs > 0)
+        memcpy(a->segs, segs, sizeof *segs * (size_t)n_segs);
+    a->n = n_segs;
+    *out = a;
+    return TKD_OK;
+}
+
+static void cpu_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
+{
+    (void)be;
+    if (a)
+        free(a->segs);
+    free(a);
+}
+
+/* The compute weights are the fp32 parameters themselves: params_act is NULL or params (a
+ * distinct buffer gets a copy of the updated segments). */
+static tkd_status cpu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, float *params, const float *grads,
+                                 float *m, float *v, const tkd_adamw_hparams *h, int64_t step, void *params_act)
+{
+    (void)be;
+    tkd_adamw_update(params, grads, m, v, a->segs, a->n, h, step);
+    if (params_act && params_act != params)
+        for (int i = 0; i < a->n; i++)
+            memcpy((float *)params_act + a->segs[i].offset, params + a->segs[i].offset,
+                   a->segs[i].numel * sizeof(float));
+    return TKD_OK;
+}
+
+static tkd_status cpu_grad_norm2(tkd_backend *be, const float *g, size_t n, double *norm2)
+{
+    (void)be;
+    *norm2 = tkd_grad_norm2(g, n);
+    return TKD_OK;
+}
+
+static tkd_status cpu_grad_scale(tkd_backend *be, float *g, size_t n, float s)
+{
+    (void)be;
+    tkd_grad_scale(g, n, s);
+    return TKD_OK;
+}
+
+/* ---- the fused KL loss ---- */
+
+struct tkd_backend_kl {
+    tkd_kl_cpu_ws *ws;
+    tkd_kl_batch b; /* the staged batch: the caller's host pointers, h and w set per call */
+};
+
+static tkd_status cpu_kl_create(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, int d, int v,
+                                tkd_backend_kl **out)
+{
+    (void)be;
+    *out = NULL;
+    tkd_backend_kl *kl = calloc(1, sizeof *kl);
+    if (!kl)
+        return tkd_error_set(TKD_ERR_NOMEM, "kl_loss: out of memory");
+    tkd_status st = tkd_kl_cpu_ws_create(&kl->ws, p, n_max, d, v);
+    if (st != TKD_OK) {
+        free(kl);
+        return st;
+    }
+    *out = kl;
+    return TKD_OK;
+}
+
+static void cpu_kl_free(tkd_backend *be, tkd_backend_kl *kl)
+{
+    (void)be;
+    if (kl)
+        tkd_kl_cpu_ws_free(kl->ws);
+    free(kl);
+}
+
+static tkd_status cpu_kl_stage(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p, const tkd_kl_batch *hb)
+{
+    (void)be;
+    (void)p;
+    kl->b = *hb;
+    return TKD_OK;
+}
+
+static tkd_status cpu_kl_forward(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p, const void *h,
+                                 const void *w, tkd_kl_result *res, float *dh, float *dw)
+{
+    (void)be;
+    kl->b.h = h;
+    kl->b.w = w;
+    TKD_TRY(tkd_kl_cpu_validate(kl->ws, p, &kl->b));
+    return tkd_kl_cpu_forward(kl->ws, p, &kl->b, res, dh, dw);
+}
+
+static tkd_status cpu_kl_backward(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p, const void *h,
+                                  const void *w, float scale, float *dh, float *dw)
+{
+    (void)be;
+    kl->b.h = h;
+    kl->b.w = w;
+    return tkd_kl_cpu_backward(kl->ws, p, &kl->b, scale, dh, dw);
+}
+
 static const tkd_backend_ops cpu_ops = {
     .close = cpu_close,
     .alloc = cpu_alloc,
@@ -271,6 +398,17 @@ static const tkd_backend_ops cpu_ops = {
     .attn_bwd = cpu_attn_bwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .lmhead_topk = cpu_lmhead_topk,
+    .f32_to_act = cpu_f32_to_act,
+    .adamw_create = cpu_adamw_create,
+    .adamw_free = cpu_adamw_free,
+    .adamw_step = cpu_adamw_step,
+    .grad_norm2 = cpu_grad_norm2,
+    .grad_scale = cpu_grad_scale,
+    .kl_create = cpu_kl_create,
+    .kl_free = cpu_kl_free,
+    .kl_stage = cpu_kl_stage,
+    .kl_forward = cpu_kl_forward,
+    .kl_backward = cpu_kl_backward,
 };
 
 tkd_status tkd_backend_cpu_open(tkd_backend **out)

@@ -2,11 +2,18 @@
  * statistics, every op on one non-blocking compute stream of the chosen GPU, and a second stream
  * that carries the LM head's results to pinned host staging while the next chunk computes.
  *
- * Ops are the launchers of ops_cuda.h (row ops, cuBLASLt linear), attn_cuda.h (flash attention)
- * and topk_cuda.h / tail_sample_cuda.h (the LM-head consumer). Scratch that depends on the shape
- * of a call (the fp32 staging of uploads, the LM head's logits chunk and its per-row outputs) is
- * grown to the largest call seen and then reused, so a steady loop allocates nothing.
- * The backward entries are NULL until the GPU training work lands: the model refuses training. */
+ * Ops are the launchers of ops_cuda.h (row ops, cuBLASLt linear), attn_cuda.h / attn_cudnn.h
+ * (attention forward), ops_bwd_cuda.h (the backward ops, AdamW, the gradient norm and scale),
+ * attn_bwd_simple_cuda.h (attention backward), kl_loss_cuda.h (the fused loss) and topk_cuda.h /
+ * tail_sample_cuda.h (the LM-head consumer). Scratch that depends on the shape of a call (the fp32
+ * staging of uploads, the LM head's logits chunk and its per-row outputs, the backward workspace,
+ * attention backward's δ) is grown to the largest call seen and then reused, so a steady loop
+ * allocates nothing after its first step.
+ *
+ * The fused loss runs on the legacy default stream (kl_loss_cuda.h): kl_forward / kl_backward make
+ * that stream wait for the compute stream (an event) and for the teacher batch's copy, and the
+ * loss's calls return only after a host synchronisation, so the compute stream's later work is
+ * ordered after them. */
 #include "kernels/backend.h"
 
 #include <cublas_v2.h>
@@ -16,10 +23,13 @@
 #include <string.h>
 
 #include "common/signals.h"
+#include "kernels/attn_bwd_simple_cuda.h"
 #include "kernels/attn_cuda.h"
 #include "kernels/attn_cudnn.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
+#include "kernels/kl_loss_cuda.h"
+#include "kernels/ops_bwd_cuda.h"
 #include "kernels/ops_cuda.h"
 #include "kernels/tail_sample_cuda.h"
 #include "kernels/topk_cuda.h"
@@ -54,6 +64,11 @@ struct CudaImpl {
     float *stage = nullptr;        // (kStageFloats) fp32 staging of upload_f32 / download_f32
     Grow logits, idx, val, lse, tail, seq, pos;
     GrowHost h_idx, h_val, h_lse, h_tail; /* pinned staging the copy stream writes into */
+    tkd_cuda_bwd_ws *bwd = nullptr; /* backward workspace for up to bwd_rows rows of width bwd_d */
+    int bwd_rows = 0, bwd_d = 0;
+    Grow attn_delta;               // (B, H, T) f32: attention backward's δ
+    double *norm2 = nullptr;       // (1) device: the gradient norm's sum of squares
+    double *h_norm2 = nullptr;     // (1) pinned: its copy
 };
 
 CudaImpl *impl(tkd_backend *be) { return static_cast<CudaImpl *>(be->impl); }
@@ -96,7 +111,10 @@ void cu_close(tkd_backend *be)
     tkd_topk_cuda_ws_free(c->topk);
     tkd_cudnn_attn_free(c->cudnn);
     tkd_cuda_free(c->stage);
-    for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos})
+    tkd_cuda_bwd_ws_free(c->bwd);
+    tkd_cuda_free(c->norm2);
+    tkd_cuda_free_host(c->h_norm2);
+    for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos, &c->attn_delta})
         tkd_cuda_free(g->p);
     for (GrowHost *g : {&c->h_idx, &c->h_val, &c->h_lse, &c->h_tail})
         tkd_cuda_free_host(g->p);
@@ -260,6 +278,84 @@ tkd_status cu_swiglu_fwd(tkd_backend *be, const void *g, const void *u, int64_t 
     return tkd_cuda_swiglu_fwd(static_cast<cbf>(g), static_cast<cbf>(u), n, static_cast<bf>(h), stream_of(be));
 }
 
+/* ---- backward ---- */
+
+/* The backward workspace, grown (after the stream drains: the old one may be in use) to at least
+ * N rows of width D; any existing one serves calls that need no particular size (N = D = 0). */
+tkd_status bwd_ws(CudaImpl *c, int N, int D, tkd_cuda_bwd_ws **out)
+{
+    if (!c->bwd || N > c->bwd_rows || D > c->bwd_d) {
+        int rows = N > c->bwd_rows ? N : c->bwd_rows, d = D > c->bwd_d ? D : c->bwd_d;
+        rows = rows > 0 ? rows : 1;
+        d = d > 0 ? d : 1;
+        TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        tkd_cuda_bwd_ws_free(c->bwd);
+        c->bwd = nullptr;
+        c->bwd_rows = c->bwd_d = 0;
+        TKD_TRY(tkd_cuda_bwd_ws_create(rows, d, &c->bwd));
+        c->bwd_rows = rows;
+        c->bwd_d = d;
+    }
+    *out = c->bwd;
+    return TKD_OK;
+}
+
+tkd_status cu_embedding_bwd(tkd_backend *be, const int32_t *tok, int N, const float *dx, int D, float *demb)
+{
+    tkd_cuda_bwd_ws *ws = nullptr;
+    TKD_TRY(bwd_ws(impl(be), N, D, &ws));
+    return tkd_cuda_embedding_bwd(ws, tok, N, dx, D, demb, stream_of(be));
+}
+
+tkd_status cu_rmsnorm_bwd(tkd_backend *be, const void *dy, const float *x, const void *w, const float *rstd, int N,
+                          int D, float *dx, float *dw)
+{
+    tkd_cuda_bwd_ws *ws = nullptr;
+    TKD_TRY(bwd_ws(impl(be), N, D, &ws)); /* sized for the embedding's rows at the first call */
+    return tkd_cuda_rmsnorm_bwd(ws, static_cast<cbf>(dy), x, static_cast<cbf>(w), rstd, N, D, dx, dw,
+                                stream_of(be));
+}
+
+tkd_status cu_linear_bwd(tkd_backend *be, const void *dy, const void *x, const void *w, int N, int K, int M,
+                         void *dx, float *dw, float *db)
+{
+    CudaImpl *c = impl(be);
+    tkd_cuda_bwd_ws *ws = nullptr;
+    TKD_TRY(bwd_ws(c, 0, 0, &ws));
+    return tkd_cuda_linear_bwd(c->lin, ws, static_cast<cbf>(dy), static_cast<cbf>(x), static_cast<cbf>(w), N, K,
+                               M, static_cast<bf>(dx), dw, db, c->stream);
+}
+
+tkd_status cu_rope_bwd(tkd_backend *be, void *dq, void *dk, int N, int T, int H, int Hkv, int dh, const float *cos_t,
+                       const float *sin_t)
+{
+    return tkd_cuda_rope_bwd(static_cast<bf>(dq), static_cast<bf>(dk), N, T, H, Hkv, dh, cos_t, sin_t,
+                             stream_of(be));
+}
+
+/* The saved state is the forward's log-sum-exps (B, H, T), whichever kernel made them (cuDNN's
+ * stats and our kernels' lse are the same quantity). Today every head size takes the simple
+ * deterministic kernels (kernels/attn_bwd_simple_cuda.h); the flash backward, when it lands, takes
+ * the head sizes it supports here, as cu_attn_fwd does with flash_takes. */
+tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
+                       const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
+{
+    CudaImpl *c = impl(be);
+    TKD_TRY(grow(&c->attn_delta, tkd_cuda_attn_bwd_simple_ws_bytes(B, T, H), "attention backward scratch",
+                 "lower run.batch_size or data.seq_len"));
+    return tkd_cuda_attn_bwd_simple(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
+                                    static_cast<cbf>(v), static_cast<cbf>(y), static_cast<const float *>(saved), B,
+                                    T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv),
+                                    static_cast<float *>(c->attn_delta.p), c->stream);
+}
+
+tkd_status cu_swiglu_bwd(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n, void *dg,
+                         void *du)
+{
+    return tkd_cuda_swiglu_bwd(static_cast<cbf>(dh), static_cast<cbf>(g), static_cast<cbf>(u), n,
+                               static_cast<bf>(dg), static_cast<bf>(du), stream_of(be));
+}
+
 /* ---- the LM head + top-k consumer ---- */
 
 tkd_status lmhead_scratch(CudaImpl *c, const tkd_lmhead_topk_args *a, int64_t C)
@@ -392,14 +488,247 @@ tkd_status cu_lmhead_topk(tkd_backend *be, tkd_lmhead_topk_args *a)
     return TKD_OK;
 }
 
+/* ---- training: optimizer and gradient helpers ---- */
+
+tkd_status cu_f32_to_act(tkd_backend *be, const float *src, void *dst, size_t n)
+{
+    return tkd_cuda_f32_to_bf16(src, static_cast<bf>(dst), n, stream_of(be));
+}
+
+} // namespace
+
+struct tkd_backend_adamw {
+    tkd_cuda_adamw *dev;
+};
+
+namespace {
+
+tkd_status cu_adamw_create(tkd_backend *be, const tkd_adamw_seg *segs, int n_segs, tkd_backend_adamw **out)
+{
+    (void)be;
+    *out = nullptr;
+    tkd_cuda_param_seg *t = static_cast<tkd_cuda_param_seg *>(malloc(sizeof *t * (size_t)(n_segs > 0 ? n_segs : 1)));
+    tkd_backend_adamw *a = new (std::nothrow) tkd_backend_adamw{nullptr};
+    if (!t || !a) {
+        free(t);
+        delete a;
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory for %d segments", n_segs);
+    }
+    for (int i = 0; i < n_segs; i++)
+        t[i] = tkd_cuda_param_seg{segs[i].offset, segs[i].numel, segs[i].decay};
+    tkd_status st = tkd_cuda_adamw_create(t, n_segs, &a->dev);
+    free(t);
+    if (st != TKD_OK) {
+        delete a;
+        return st;
+    }
+    *out = a;
+    return TKD_OK;
+}
+
+void cu_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
+{
+    (void)be;
+    if (!a)
+        return;
+    tkd_cuda_adamw_free(a->dev);
+    delete a;
+}
+
+tkd_status cu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, float *params, const float *grads, float *m,
+                         float *v, const tkd_adamw_hparams *h, int64_t step, void *params_act)
+{
+    return tkd_cuda_adamw_step(a->dev, params, grads, m, v, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, step,
+                               static_cast<bf>(params_act), stream_of(be));
+}
+
+tkd_status cu_grad_norm2(tkd_backend *be, const float *g, size_t n, double *norm2)
+{
+    CudaImpl *c = impl(be);
+    tkd_cuda_bwd_ws *ws = nullptr;
+    TKD_TRY(bwd_ws(c, 0, 0, &ws));
+    TKD_TRY(tkd_cuda_grad_norm2(ws, g, n, c->norm2, c->stream));
+    TKD_CUDA_CHECK(cudaMemcpyAsync(c->h_norm2, c->norm2, sizeof(double), cudaMemcpyDeviceToHost, c->stream));
+    TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    *norm2 = *c->h_norm2;
+    return TKD_OK;
+}
+
+tkd_status cu_grad_scale(tkd_backend *be, float *g, size_t n, float s)
+{
+    return tkd_cuda_scale(g, n, s, stream_of(be));
+}
+
+} // namespace
+
+/* ---- the fused KL loss ---- */
+
+/* The teacher side of one batch: five sections of n_max rows (widths k, k, 1, s, 1; 4-byte
+ * elements), in pinned host memory (hb's pointers, for validation) and on the device (dev's). */
+struct tkd_backend_kl {
+    tkd_kl_cuda_ws *ws = nullptr;
+    int64_t n_max = 0;
+    int k = 0, s = 0, v = 0;
+    size_t sec[5] = {0};            /* element offsets of idx, logit, lse, tail, labels */
+    size_t elems = 0;
+    char *h_buf = nullptr;          /* pinned (elems · 4 bytes) */
+    char *d_buf = nullptr;          /* device (elems · 4 bytes) */
+    tkd_kl_batch hb = {};           /* the staged batch, pointers into h_buf */
+    tkd_kl_cuda_batch dev = {};     /* the same on the device (h, w set per call) */
+    uint8_t *seen = nullptr;        /* (V/8 + 1) validation scratch, zero between calls */
+    cudaEvent_t staged = nullptr;   /* the batch's copy is on the device (copy stream) */
+    cudaEvent_t ready = nullptr;    /* the compute stream's work so far (hidden, zeroed grads) */
+};
+
+namespace {
+
+void kl_release(tkd_backend_kl *kl)
+{
+    if (!kl)
+        return;
+    if (kl->staged)
+        (void)cudaEventSynchronize(kl->staged);
+    tkd_kl_cuda_ws_free(kl->ws);
+    tkd_cuda_free_host(kl->h_buf);
+    tkd_cuda_free(kl->d_buf);
+    free(kl->seen);
+    if (kl->staged)
+        (void)cudaEventDestroy(kl->staged);
+    if (kl->ready)
+        (void)cudaEventDestroy(kl->ready);
+    delete kl;
+}
+
+tkd_status kl_setup(tkd_backend_kl *kl, const tkd_kl_params *p, int d)
+{
+    const size_t n = (size_t)kl->n_max, widths[5] = {(size_t)kl->k, (size_t)kl->k, 1, (size_t)kl->s, 1};
+    for (int i = 0; i < 5; i++) {
+        kl->sec[i] = kl->elems;
+        kl->elems += n * widths[i];
+    }
+    TKD_TRY(tkd_kl_cuda_ws_create(&kl->ws, p, kl->n_max, d, kl->v));
+    TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&kl->h_buf), kl->elems * 4, "loss: teacher staging"));
+    TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&kl->d_buf), kl->elems * 4, "loss: teacher batch",
+                            "lower run.batch_size or kd.topk"));
+    if (!(kl->seen = static_cast<uint8_t *>(calloc((size_t)kl->v / 8 + 1, 1))))
+        return tkd_error_set(TKD_ERR_NOMEM, "loss: out of host memory");
+    TKD_CUDA_CHECK(cudaEventCreateWithFlags(&kl->staged, cudaEventDisableTiming));
+    TKD_CUDA_CHECK(cudaEventCreateWithFlags(&kl->ready, cudaEventDisableTiming));
+    return TKD_OK;
+}
+
+tkd_status cu_kl_create(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, int d, int v, tkd_backend_kl **out)
+{
+    (void)be;
+    *out = nullptr;
+    tkd_backend_kl *kl = new (std::nothrow) tkd_backend_kl;
+    if (!kl)
+        return tkd_error_set(TKD_ERR_NOMEM, "loss: out of host memory");
+    kl->n_max = n_max;
+    kl->k = p->k;
+    kl->s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
+    kl->v = v;
+    tkd_status st = n_max > 0 && d > 0 && v > 0 && p->k >= 0 && p->s >= 0
+                        ? kl_setup(kl, p, d)
+                        : tkd_error_set(TKD_ERR_INVALID_ARG, "loss: n_max %lld, D %d, V %d, k %d, s %d",
+                                        (long long)n_max, d, v, p->k, p->s);
+    if (st != TKD_OK) {
+        kl_release(kl);
+        return st;
+    }
+    *out = kl;
+    return TKD_OK;
+}
+
+void cu_kl_free(tkd_backend *be, tkd_backend_kl *kl)
+{
+    (void)be;
+    kl_release(kl);
+}
+
+/* Section i of the staged batch: a copy of src (rows · width elements) into pinned memory, then
+ * to the device on the copy stream. Sets the host and device pointers (NULL when src is). */
+template <typename E>
+tkd_status kl_stage_section(CudaImpl *c, tkd_backend_kl *kl, int i, const E *src, int64_t rows, int width,
+                            const E **h, const E **d)
+{
+    *h = nullptr;
+    *d = nullptr;
+    if (!src || width == 0)
+        return TKD_OK;
+    size_t bytes = (size_t)rows * (size_t)width * sizeof(E);
+    E *hp = reinterpret_cast<E *>(kl->h_buf + kl->sec[i] * 4), *dp = reinterpret_cast<E *>(kl->d_buf + kl->sec[i] * 4);
+    memcpy(hp, src, bytes);
+    TKD_CUDA_CHECK(cudaMemcpyAsync(dp, hp, bytes, cudaMemcpyHostToDevice, c->copy));
+    *h = hp;
+    *d = dp;
+    return TKD_OK;
+}
+
+tkd_status cu_kl_stage(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p, const tkd_kl_batch *hb)
+{
+    CudaImpl *c = impl(be);
+    if (hb->n < 0 || hb->n > kl->n_max || hb->v != kl->v || p->k != kl->k)
+        return tkd_error_set(TKD_ERR_MISMATCH, "loss: batch of %lld rows, V %d, k %d does not fit the loss state "
+                             "(%lld rows, V %d, k %d)", (long long)hb->n, hb->v, p->k, (long long)kl->n_max, kl->v,
+                             kl->k);
+    int s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
+    if (s > kl->s)
+        return tkd_error_set(TKD_ERR_MISMATCH, "loss: %d tail draws per row, the loss state holds %d", s, kl->s);
+    TKD_CUDA_CHECK(cudaEventSynchronize(kl->staged)); /* the last batch's copy has left the staging */
+    kl->hb = *hb;
+    kl->hb.h = nullptr;
+    kl->hb.w = nullptr;
+    kl->dev = tkd_kl_cuda_batch{};
+    kl->dev.n = hb->n, kl->dev.d = hb->d, kl->dev.v = hb->v;
+    const int64_t n = hb->n;
+    TKD_TRY(kl_stage_section(c, kl, 0, hb->topk_idx, n, kl->k, &kl->hb.topk_idx, &kl->dev.topk_idx));
+    TKD_TRY(kl_stage_section(c, kl, 1, hb->topk_logit, n, kl->k, &kl->hb.topk_logit, &kl->dev.topk_logit));
+    TKD_TRY(kl_stage_section(c, kl, 2, hb->teacher_lse, n, 1, &kl->hb.teacher_lse, &kl->dev.teacher_lse));
+    TKD_TRY(kl_stage_section(c, kl, 3, hb->tail_idx, n, s, &kl->hb.tail_idx, &kl->dev.tail_idx));
+    TKD_TRY(kl_stage_section(c, kl, 4, hb->labels, n, 1, &kl->hb.labels, &kl->dev.labels));
+    TKD_CUDA_CHECK(cudaEventRecord(kl->staged, c->copy));
+    return TKD_OK;
+}
+
+/* The loss's stream (the legacy default stream) waits for the compute stream and the batch copy. */
+tkd_status kl_order(CudaImpl *c, tkd_backend_kl *kl)
+{
+    TKD_CUDA_CHECK(cudaEventRecord(kl->ready, c->stream));
+    TKD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(0), kl->ready, 0));
+    TKD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(0), kl->staged, 0));
+    return TKD_OK;
+}
+
+tkd_status cu_kl_forward(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p, const void *h, const void *w,
+                         tkd_kl_result *res, float *dh, float *dw)
+{
+    TKD_TRY(tkd_kl_validate_scratch(p, &kl->hb, kl->seen));
+    TKD_TRY(kl_order(impl(be), kl));
+    kl->dev.h = static_cast<cbf>(h);
+    kl->dev.w = static_cast<cbf>(w);
+    return tkd_kl_cuda_forward(kl->ws, p, &kl->dev, res, dh, dw);
+}
+
+tkd_status cu_kl_backward(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p, const void *h, const void *w,
+                          float scale, float *dh, float *dw)
+{
+    TKD_TRY(kl_order(impl(be), kl));
+    kl->dev.h = static_cast<cbf>(h);
+    kl->dev.w = static_cast<cbf>(w);
+    return tkd_kl_cuda_backward(kl->ws, p, &kl->dev, scale, dh, dw);
+}
+
 const tkd_backend_ops cuda_ops = {
     cu_close,
     cu_alloc, cu_free, cu_host_alloc, cu_host_free, cu_upload, cu_download, cu_upload_f32, cu_download_f32,
     cu_memset0, cu_sync,
     cu_embedding_fwd, cu_rmsnorm_fwd, cu_add_rmsnorm_fwd, cu_linear_fwd, cu_rope_fwd, cu_attn_fwd,
     cu_attn_saved_bytes, cu_swiglu_fwd,
-    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, /* backward: not yet on CUDA */
+    cu_embedding_bwd, cu_rmsnorm_bwd, cu_linear_bwd, cu_rope_bwd, cu_attn_bwd, cu_swiglu_bwd,
     cu_lmhead_topk,
+    cu_f32_to_act, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_grad_norm2, cu_grad_scale,
+    cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
 };
 
 tkd_status cuda_setup(CudaImpl *c)
@@ -414,6 +743,8 @@ tkd_status cuda_setup(CudaImpl *c)
     TKD_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
     TKD_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, kBlasWsBytes));
     TKD_TRY(tkd_topk_cuda_ws_create(&c->topk));
+    TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&c->norm2), sizeof(double), "gradient norm", nullptr));
+    TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_norm2), sizeof(double), "gradient norm"));
     if (!getenv("TKD_NO_CUDNN") && tkd_cudnn_attn_create(&c->cudnn) != TKD_OK) {
         c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
         tkd_error_clear();

@@ -152,11 +152,13 @@ static void set_dviews(tkd_model *m)
     SET_VIEWS(m, m->dparams, m->be->act_size, &m->d, cvptr);
 }
 
-static tkd_status model_alloc_weights(tkd_model *m);
+static tkd_status model_alloc_weights(tkd_model *m, int trainable);
 
 /* Allocates a model for cfg on be (owned when own_be) with zeroed compute weights: on the CPU the
- * fp32 params themselves, elsewhere backend memory and no host params. No gradients/activations. */
-static tkd_status model_create(const tkd_model_config *cfg, tkd_backend *be, int own_be, tkd_model **out)
+ * fp32 params themselves, elsewhere backend memory and no host params (and, when trainable, fp32
+ * master weights in backend memory). No gradients/activations. */
+static tkd_status model_create(const tkd_model_config *cfg, tkd_backend *be, int own_be, int trainable,
+                               tkd_model **out)
 {
     *out = NULL;
     tkd_status st = tkd_model_config_validate(cfg);
@@ -183,7 +185,7 @@ static tkd_status model_create(const tkd_model_config *cfg, tkd_backend *be, int
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
     }
     build_layout(m);
-    st = model_alloc_weights(m);
+    st = model_alloc_weights(m, trainable);
     if (st != TKD_OK) {
         tkd_model_free(m);
         return st;
@@ -192,9 +194,10 @@ static tkd_status model_create(const tkd_model_config *cfg, tkd_backend *be, int
     return TKD_OK;
 }
 
-/* The compute weights and RoPE tables: host params on the CPU (aliased by the backend views),
- * one backend allocation elsewhere. */
-static tkd_status model_alloc_weights(tkd_model *m)
+/* The compute weights and RoPE tables: host params on the CPU (aliased by the backend views and
+ * the master weights), one backend allocation elsewhere, plus one for the fp32 master weights of a
+ * trainable model. */
+static tkd_status model_alloc_weights(tkd_model *m, int trainable)
 {
     const tkd_model_config *cfg = &m->cfg;
     int half = cfg->head_dim / 2, P = cfg->max_position_embeddings;
@@ -212,11 +215,14 @@ static tkd_status model_alloc_weights(tkd_model *m)
             return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for %zu parameters", m->n_params);
         set_views(m, m->params, &m->w);
         m->dparams = m->params;
+        m->master = m->params;
         m->d_rope_cos = m->rope_cos;
         m->d_rope_sin = m->rope_sin;
     } else {
         const tkd_backend_ops *op = m->be->op;
         TKD_TRY(op->alloc(m->be, m->n_params * m->be->act_size, "model weights", &m->dparams));
+        if (trainable)
+            TKD_TRY(op->alloc(m->be, m->n_params * sizeof(float), "model: fp32 master weights", (void **)&m->master));
         TKD_TRY(op->alloc(m->be, 2 * rope_n * sizeof(float), "RoPE tables", (void **)&m->d_rope_cos));
         m->d_rope_sin = m->d_rope_cos + rope_n;
         TKD_TRY(op->upload(m->be, m->d_rope_cos, m->rope_cos, rope_n * sizeof(float)));
@@ -244,6 +250,9 @@ void tkd_model_free(tkd_model *m)
         return;
     if (m->be) {
         free_acts(m);
+        m->be->op->free(m->be, m->grads);
+        if (m->master != m->params)
+            m->be->op->free(m->be, m->master);
         if (m->dparams != m->params)
             m->be->op->free(m->be, m->dparams);
         if (m->d_rope_cos != m->rope_cos)
@@ -252,7 +261,6 @@ void tkd_model_free(tkd_model *m)
             tkd_backend_close(m->be);
     }
     free(m->params);
-    free(m->grads);
     free(m->info);
     free(m->w.layers);
     free(m->g.layers);
@@ -317,6 +325,25 @@ static size_t largest_tensor(const tkd_model *m)
     return n;
 }
 
+/* One fp32 tensor x (host) into the backend: into the master weights when the model has its own
+ * (the compute copy is made from them at the end, tkd_model_set_params), else straight into the
+ * compute weights as act elements. */
+static tkd_status put_tensor(tkd_model *m, const tkd_param_info *p, const float *x)
+{
+    const tkd_backend_ops *op = m->be->op;
+    if (m->master)
+        return op->upload(m->be, m->master + p->offset, x, p->numel * sizeof(float));
+    return op->upload_f32(m->be, (char *)m->dparams + p->offset * m->be->act_size, x, p->numel);
+}
+
+/* After the master weights were filled: the compute copy from them (no-op on the CPU). */
+static tkd_status refresh_compute_weights(tkd_model *m)
+{
+    if (!m->master || m->dparams == (void *)m->master)
+        return TKD_OK;
+    return m->be->op->f32_to_act(m->be, m->master, m->dparams, m->n_params);
+}
+
 static tkd_status init_weights(tkd_model *m, uint64_t seed)
 {
     int on_host = m->be->device == TKD_DEVICE_CPU;
@@ -330,15 +357,16 @@ static tkd_status init_weights(tkd_model *m, uint64_t seed)
         float *x = on_host ? m->params + p->offset : stage;
         init_tensor(p, seed, &drawn, m->cfg.initializer_range, x);
         if (!on_host)
-            st = m->be->op->upload_f32(m->be, (char *)m->dparams + p->offset * m->be->act_size, x, p->numel);
+            st = put_tensor(m, p, x);
     }
     free(stage);
-    return st;
+    return st == TKD_OK && !on_host ? refresh_compute_weights(m) : st;
 }
 
-tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be, tkd_model **out)
+static tkd_status init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be, int trainable,
+                                 tkd_model **out)
 {
-    TKD_TRY(model_create(cfg, be, 0, out));
+    TKD_TRY(model_create(cfg, be, 0, trainable, out));
     tkd_status st = init_weights(*out, seed);
     if (st != TKD_OK) {
         tkd_model_free(*out);
@@ -347,12 +375,23 @@ tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, 
     return st;
 }
 
+tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be, tkd_model **out)
+{
+    return init_random_on(cfg, seed, be, 0, out);
+}
+
+tkd_status tkd_model_init_random_for_training(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be,
+                                              tkd_model **out)
+{
+    return init_random_on(cfg, seed, be, 1, out);
+}
+
 tkd_status tkd_model_init_random(const tkd_model_config *cfg, uint64_t seed, tkd_model **out)
 {
     *out = NULL;
     tkd_backend *be = NULL;
     TKD_TRY(tkd_backend_cpu_open(&be));
-    TKD_TRY(model_create(cfg, be, 1, out));
+    TKD_TRY(model_create(cfg, be, 1, 0, out));
     return init_weights(*out, seed); /* cannot fail on the CPU */
 }
 
@@ -386,10 +425,10 @@ static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
         float *x = on_host ? m->params + p->offset : stage;
         rc = tkd_st_read_f32(st, p->name, p->ndim, p->shape, x, p->numel);
         if (rc == TKD_OK && !on_host)
-            rc = m->be->op->upload_f32(m->be, (char *)m->dparams + p->offset * m->be->act_size, x, p->numel);
+            rc = put_tensor(m, p, x);
     }
     free(stage);
-    return rc;
+    return rc == TKD_OK && !on_host ? refresh_compute_weights(m) : rc;
 }
 
 static tkd_status load_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
@@ -411,7 +450,7 @@ static tkd_status load_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
     return TKD_OK;
 }
 
-static tkd_status load_hf(const char *dir, tkd_backend *be, int own_be, tkd_model **out)
+static tkd_status load_hf(const char *dir, tkd_backend *be, int own_be, int trainable, tkd_model **out)
 {
     *out = NULL;
     char path[4096];
@@ -427,7 +466,7 @@ static tkd_status load_hf(const char *dir, tkd_backend *be, int own_be, tkd_mode
         return rc;
     }
     tkd_model *m = NULL;
-    rc = model_create(&cfg, be, own_be, &m);
+    rc = model_create(&cfg, be, own_be, trainable, &m);
     if (rc == TKD_OK)
         rc = load_tensors(m, dir, st);
     tkd_st_close(st);
@@ -444,19 +483,47 @@ tkd_status tkd_model_load_hf(const char *dir, tkd_model **out)
     *out = NULL;
     tkd_backend *be = NULL;
     TKD_TRY(tkd_backend_cpu_open(&be));
-    return load_hf(dir, be, 1, out);
+    return load_hf(dir, be, 1, 0, out);
 }
 
 tkd_status tkd_model_load_hf_on(const char *dir, tkd_backend *be, tkd_model **out)
 {
-    return load_hf(dir, be, 0, out);
+    return load_hf(dir, be, 0, 0, out);
 }
 
-tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype)
+tkd_status tkd_model_load_hf_for_training(const char *dir, tkd_backend *be, tkd_model **out)
 {
-    if (!m->params)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: this model has no host fp32 weights to save (an inference "
-                             "model on %s)", dir, m->be->name);
+    return load_hf(dir, be, 0, 1, out);
+}
+
+tkd_status tkd_model_get_params(const tkd_model *m, float *host)
+{
+    if (!m->master)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: no fp32 weights to read (an inference model on %s)",
+                             m->be->name);
+    if (m->master == m->params) {
+        memcpy(host, m->params, m->n_params * sizeof(float));
+        return TKD_OK;
+    }
+    return m->be->op->download(m->be, host, m->master, m->n_params * sizeof(float));
+}
+
+tkd_status tkd_model_set_params(tkd_model *m, const float *host)
+{
+    if (!m->master)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: no fp32 weights to set (an inference model on %s)",
+                             m->be->name);
+    if (m->master == m->params) {
+        memcpy(m->params, host, m->n_params * sizeof(float));
+        return TKD_OK;
+    }
+    TKD_TRY(m->be->op->upload(m->be, m->master, host, m->n_params * sizeof(float)));
+    return refresh_compute_weights(m);
+}
+
+/* The writer of tkd_model_save_hf over host fp32 weights params (the model's layout). */
+static tkd_status save_hf(const tkd_model *m, const float *params, const char *dir, tkd_dtype dtype)
+{
     if (dtype != TKD_DTYPE_F32 && dtype != TKD_DTYPE_BF16)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: checkpoints are written in F32 or BF16", dir);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -470,11 +537,28 @@ tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtyp
     tkd_status rc = TKD_OK;
     for (int i = 0; i < m->n_info && rc == TKD_OK; i++)
         rc = tkd_st_writer_add(w, m->info[i].name, m->info[i].ndim, m->info[i].shape,
-                               m->params + m->info[i].offset);
+                               params + m->info[i].offset);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (rc == TKD_OK)
         rc = tkd_st_writer_finish(w, path);
     tkd_st_writer_free(w);
+    return rc;
+}
+
+tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype)
+{
+    if (m->params)
+        return save_hf(m, m->params, dir, dtype);
+    if (!m->master)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: this model has no fp32 weights to save (an inference "
+                             "model on %s)", dir, m->be->name);
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of host memory for the %zu weights to save", dir, m->n_params);
+    tkd_status rc = tkd_model_get_params(m, host);
+    if (rc == TKD_OK)
+        rc = save_hf(m, host, dir, dtype);
+    free(host);
     return rc;
 }
 
@@ -537,16 +621,18 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
     return off;
 }
 
+/* The gradients: one backend allocation (host memory on the CPU), zeroed, laid out as params. */
 static tkd_status alloc_grads(tkd_model *m)
 {
     if (m->grads)
         return TKD_OK;
-    if (!m->params || !m->be->op->linear_bwd)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: training on the %s backend is not built yet — use device: cpu",
+    if (!m->be->op->linear_bwd)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: training on the %s backend is not built — use device: cpu",
                              m->be->name);
-    m->grads = calloc(m->n_params, sizeof(float));
-    if (!m->grads)
-        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for %zu gradients", m->n_params);
+    if (!m->master)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: this model was made for inference on %s (no fp32 master "
+                             "weights); make it with tkd_model_*_for_training to train it", m->be->name);
+    TKD_TRY(m->be->op->alloc(m->be, m->n_params * sizeof(float), "model: gradients", (void **)&m->grads));
     set_views(m, m->grads, &m->g);
     return TKD_OK;
 }
@@ -703,8 +789,13 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
     int B = a->b, T = a->t, N = B * T, D = c->hidden_size;
+    const void *dy = dhidden;
+    if (m->be->act_size != sizeof(float)) { /* the loss's fp32 gradient as the act the ops take */
+        TKD_TRY(op->f32_to_act(m->be, dhidden, a->dn, (size_t)N * D));
+        dy = a->dn; /* free until block_bwd zeroes it */
+    }
     TKD_TRY(op->memset0(m->be, a->dx, sizeof(float) * (size_t)N * D));
-    TKD_TRY(op->rmsnorm_bwd(m->be, dhidden, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm));
+    TKD_TRY(op->rmsnorm_bwd(m->be, dy, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm));
     for (int l = c->num_hidden_layers - 1; l >= 0; l--)
         TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T));
     TKD_TRY(op->embedding_bwd(m->be, a->tokens, N, a->dx, D, m->g.embed));
@@ -718,10 +809,11 @@ const void *tkd_model_lm_head_dev(const tkd_model *m) { return m->d.lm_head; }
 
 float *tkd_model_lm_head_grad(tkd_model *m) { return m->grads ? m->g.lm_head : NULL; }
 
-void tkd_model_zero_grad(tkd_model *m)
+tkd_status tkd_model_zero_grad(tkd_model *m)
 {
-    if (m->grads)
-        memset(m->grads, 0, sizeof(float) * m->n_params);
+    if (!m->grads)
+        return TKD_OK;
+    return m->be->op->memset0(m->be, m->grads, sizeof(float) * m->n_params);
 }
 
 void tkd_model_logits(const tkd_model *m, const float *hidden, int64_t N, float *logits)

@@ -11,16 +11,20 @@
  * embedding's and the head's gradients add in one buffer.
  *
  * Backends: tkd_model_load_hf / tkd_model_init_random make a model on a CPU backend of its own;
- * the _on variants put it on a backend the caller opened (and keeps open while the model lives).
- * On the CPU the compute weights ARE the fp32 parameters (m->params, no copy); on CUDA they are a
- * bf16 copy in device memory (m->dparams) and m->params is NULL for an inference-only model, so
- * nothing below that reads m->params (save, backward, the optimizer) applies to it yet.
+ * the _on and _for_training variants put it on a backend the caller opened (and keeps open while
+ * the model lives). On the CPU the compute weights ARE the fp32 parameters (m->params == m->master
+ * == m->dparams, no copy). On CUDA the compute weights are a bf16 copy in device memory
+ * (m->dparams) and m->params is NULL: an inference model (_on) has nothing else, a trainable one
+ * (_for_training) also keeps fp32 master weights in device memory (m->master), from which the
+ * AdamW kernel refreshes the bf16 copy after every update. Host copies of the weights exist only
+ * while loading, saving (tkd_model_save_hf) or through tkd_model_get_params / _set_params.
  *
- * Memory: all parameters live in ONE allocation (m->params) with views; gradients (m->grads) are a
- * second allocation of the same layout, made on the first training forward; activations are one
- * allocation sized for the largest (B, T) seen and reused. tkd_model_params() lists every tensor
- * (HF name, shape, offset into the flat arrays, weight decay yes / no) for the optimizer and
- * checkpoints. Not thread-safe: one model, one caller at a time (the ops use OpenMP inside).
+ * Memory: all parameters live in ONE allocation (m->master) with views; gradients (m->grads) are a
+ * second allocation of the same layout in backend memory (host on the CPU, device on CUDA), made on
+ * the first training forward; activations are one allocation sized for the largest (B, T) seen
+ * and reused. tkd_model_params() lists every tensor (HF name, shape, offset into the flat arrays,
+ * weight decay yes / no) for the optimizer and checkpoints. Not thread-safe: one model, one caller
+ * at a time (the ops use OpenMP inside).
  */
 #ifndef TKD_MODEL_H
 #define TKD_MODEL_H
@@ -85,10 +89,12 @@ typedef struct tkd_model_acts tkd_model_acts; /* private: activation buffers */
 typedef struct tkd_model {
     tkd_model_config cfg;
     size_t n_params;        /* floats in params (and grads) */
-    float *params;          /* one allocation, owned */
-    float *grads;           /* NULL until the first training forward; same layout as params */
-    tkd_model_weights w;    /* views into params */
-    tkd_model_weights g;    /* views into grads (all NULL while grads is NULL) */
+    float *params;          /* host fp32 weights, one allocation, owned (CPU; NULL on CUDA) */
+    float *master;          /* fp32 weights in backend memory (== params on the CPU; NULL for an
+                             * inference model on CUDA) */
+    float *grads;           /* backend memory; NULL until the first training forward; same layout */
+    tkd_model_weights w;    /* views into params (NULL on CUDA) */
+    tkd_model_weights g;    /* views into grads (all NULL while grads is NULL); backend memory */
     tkd_param_info *info;   /* n_info entries, in storage order */
     int n_info;
     float *rope_cos;        // (max_position_embeddings, Dh/2) host
@@ -112,6 +118,12 @@ tkd_status tkd_model_init_random(const tkd_model_config *cfg, uint64_t seed, tkd
 tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be,
                                     tkd_model **out);
 
+/* The same weights on a caller's backend, made for training: on CUDA the fp32 draws are kept as
+ * device master weights (bit-identical to the CPU's params) and the bf16 compute copy is made from
+ * them. On the CPU the same as tkd_model_init_random_on. */
+tkd_status tkd_model_init_random_for_training(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be,
+                                              tkd_model **out);
+
 /* Loads <dir>/config.json and the safetensors weights (F32/F16/BF16, converted to fp32). A missing
  * tensor is TKD_ERR_NOT_FOUND and a wrong shape TKD_ERR_FORMAT, each naming the tensor and the file.
  * lm_head.weight is required unless tie_word_embeddings. *out owned by the caller. */
@@ -121,9 +133,19 @@ tkd_status tkd_model_load_hf(const char *dir, tkd_model **out);
  * bf16 device memory, and no host fp32 copy of the model is kept. */
 tkd_status tkd_model_load_hf_on(const char *dir, tkd_backend *be, tkd_model **out);
 
+/* The same for training: fp32 master weights in backend memory (CUDA) beside the compute copy. */
+tkd_status tkd_model_load_hf_for_training(const char *dir, tkd_backend *be, tkd_model **out);
+
+/* All weights as host fp32 (n_params floats, the layout of tkd_model_params) from the master
+ * weights, and back (set refreshes the compute copy). TKD_ERR_UNSUPPORTED for an inference model on
+ * CUDA (no fp32 weights). */
+tkd_status tkd_model_get_params(const tkd_model *m, float *host);
+tkd_status tkd_model_set_params(tkd_model *m, const float *host);
+
 /* Writes <dir>/config.json and <dir>/model.safetensors (dtype TKD_DTYPE_F32 or TKD_DTYPE_BF16;
  * creates <dir> if absent), loadable by transformers' AutoModelForCausalLM.from_pretrained.
- * lm_head.weight is omitted when tied. */
+ * lm_head.weight is omitted when tied. On CUDA the master weights are downloaded to a host buffer
+ * for the writer (an inference model there has none: TKD_ERR_UNSUPPORTED). */
 tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype);
 
 void tkd_model_free(tkd_model *m); /* NULL is a no-op */
@@ -144,22 +166,25 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
 tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, int training,
                              const void **hidden);
 
-/* Backward of the last training forward, given dHidden = ∂loss/∂hidden (B·T, D). ADDS into
- * m->grads (so gradient accumulation over micro-batches is just several forward/backward pairs),
- * including the embedding; the LM head's own gradient comes from the loss via tkd_model_lm_head_grad. */
+/* Backward of the last training forward, given dHidden = ∂loss/∂hidden (B·T, D) fp32 in backend
+ * memory (what the backend's loss writes). ADDS into m->grads (so gradient accumulation over
+ * micro-batches is just several forward/backward pairs), including the embedding; the LM head's own
+ * gradient comes from the loss via tkd_model_lm_head_grad. On CUDA the work is enqueued. */
 tkd_status tkd_model_backward(tkd_model *m, const float *dhidden);
 
-/* The LM-head weight (V, D) (the embedding when tied) and its gradient buffer (NULL before the first
- * training forward); the loss adds dW into the latter. */
+/* The LM-head weight (V, D) (the embedding when tied) as host fp32 (NULL on CUDA) and its fp32
+ * gradient buffer in backend memory (NULL before the first training forward); the loss adds dW
+ * into the latter. */
 const float *tkd_model_lm_head(const tkd_model *m);
 /* The LM-head weight as the backend sees it (V, D) act elements: what LM-head consumers take. */
 const void *tkd_model_lm_head_dev(const tkd_model *m);
 float *tkd_model_lm_head_grad(tkd_model *m);
 
-/* Zeroes all gradients (no-op when none are allocated). */
-void tkd_model_zero_grad(tkd_model *m);
+/* Zeroes all gradients (no-op when none are allocated); enqueued on CUDA. */
+tkd_status tkd_model_zero_grad(tkd_model *m);
 
-/* Full-vocabulary logits (N, V) = hidden (N, D) · lm_headᵀ — for tests and small vocabularies. */
+/* Full-vocabulary logits (N, V) = hidden (N, D) · lm_headᵀ, host fp32 (models with host weights:
+ * the CPU) — for tests and small vocabularies. */
 void tkd_model_logits(const tkd_model *m, const float *hidden, int64_t N, float *logits);
 
 #endif /* TKD_MODEL_H */

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/adamw.h"
+
 void tkd_optim_config_defaults(tkd_optim_config *c)
 {
     c->lr = 3e-4;
@@ -46,76 +48,141 @@ tkd_status tkd_adamw_init(const tkd_optim_config *c, size_t n, tkd_adamw **out)
     return TKD_OK;
 }
 
+/* The update's hyper-parameters from the config at learning rate lr. */
+static tkd_adamw_hparams hparams(const tkd_optim_config *c, double lr)
+{
+    tkd_adamw_hparams h = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps,
+                           .weight_decay = c->weight_decay};
+    return h;
+}
+
 void tkd_adamw_free(tkd_adamw *o)
 {
     if (!o)
         return;
-    free(o->m);
+    if (o->be) {
+        o->be->op->adamw_free(o->be, o->table);
+        o->be->op->free(o->be, o->m);
+    } else {
+        free(o->m);
+    }
     free(o);
 }
 
-/* torch's _single_tensor_adamw in fp32, same operation order:
- * p *= 1 − lr·wd; m = lerp(m, g, 1 − β1); v = β2·v + (1 − β2)·g²;
- * p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps). */
-static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, float keep,
-                       float one_m_b1, float b2, float one_m_b2, float eps, float step_size,
-                       float bc2_sqrt)
+static tkd_status adamw_table(const tkd_model *m, tkd_backend_adamw **out)
 {
-#pragma omp parallel for schedule(static) if (n >= 32768)
-    for (size_t i = 0; i < n; i++) {
-        p[i] *= keep;
-        m[i] += one_m_b1 * (g[i] - m[i]);
-        v[i] = v[i] * b2 + one_m_b2 * g[i] * g[i];
-        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * (m[i] / denom);
+    tkd_adamw_seg *segs = malloc(sizeof *segs * (size_t)(m->n_info > 0 ? m->n_info : 1));
+    if (!segs)
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of memory");
+    for (int i = 0; i < m->n_info; i++)
+        segs[i] = (tkd_adamw_seg){.offset = m->info[i].offset, .numel = m->info[i].numel, .decay = m->info[i].decay};
+    tkd_status st = m->be->op->adamw_create(m->be, segs, m->n_info, out);
+    free(segs);
+    return st;
+}
+
+tkd_status tkd_adamw_init_on(const tkd_optim_config *c, const tkd_model *m, tkd_adamw **out)
+{
+    *out = NULL;
+    tkd_backend *be = m->be;
+    if (!be->op->adamw_step)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "adamw: the %s backend has no optimizer", be->name);
+    tkd_adamw *o = calloc(1, sizeof *o);
+    if (!o)
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of memory");
+    o->cfg = *c;
+    o->n = m->n_params;
+    o->be = be;
+    tkd_status st = be->op->alloc(be, 2 * m->n_params * sizeof(float), "AdamW moments", (void **)&o->m);
+    if (st == TKD_OK) {
+        o->v = o->m + m->n_params; /* m and v in one allocation */
+        st = adamw_table(m, &o->table);
     }
+    if (st != TKD_OK) {
+        tkd_adamw_free(o);
+        return st;
+    }
+    *out = o;
+    return TKD_OK;
+}
+
+tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr)
+{
+    if (o->be != m->be || o->n != m->n_params || !m->grads || !m->master)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: the state was not made for this model on %s, or the model "
+                             "has no gradients", m->be->name);
+    tkd_adamw_hparams h = hparams(&o->cfg, lr);
+    void *act = m->dparams != (void *)m->master ? m->dparams : NULL;
+    tkd_status st = m->be->op->adamw_step(m->be, o->table, m->master, m->grads, o->m, o->v, &h, o->step + 1, act);
+    if (st == TKD_OK)
+        o->step++;
+    return st;
+}
+
+tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v)
+{
+    if (!o->be) {
+        memcpy(m, o->m, o->n * sizeof(float));
+        memcpy(v, o->v, o->n * sizeof(float));
+        return TKD_OK;
+    }
+    TKD_TRY(o->be->op->download(o->be, m, o->m, o->n * sizeof(float)));
+    return o->be->op->download(o->be, v, o->v, o->n * sizeof(float));
+}
+
+tkd_status tkd_adamw_moments_set(tkd_adamw *o, const float *m, const float *v)
+{
+    if (!o->be) {
+        memcpy(o->m, m, o->n * sizeof(float));
+        memcpy(o->v, v, o->n * sizeof(float));
+        return TKD_OK;
+    }
+    TKD_TRY(o->be->op->upload(o->be, o->m, m, o->n * sizeof(float)));
+    TKD_TRY(o->be->op->upload(o->be, o->v, v, o->n * sizeof(float)));
+    return o->be->op->sync(o->be); /* the caller's host arrays may go once this returns */
 }
 
 void tkd_adamw_step(tkd_adamw *o, float *params, const float *grads, const tkd_param_info *info,
                     int n_info, double lr)
 {
-    const tkd_optim_config *c = &o->cfg;
     o->step++;
-    double bc1 = 1.0 - pow(c->beta1, (double)o->step), bc2 = 1.0 - pow(c->beta2, (double)o->step);
+    tkd_adamw_hparams h = hparams(&o->cfg, lr);
     for (int i = 0; i < n_info; i++) {
-        size_t off = info[i].offset;
-        /* scalars formed in double and rounded once, as Python floats reach torch's kernels */
-        double wd = info[i].decay ? c->weight_decay : 0.0;
-        adamw_span(params + off, grads + off, o->m + off, o->v + off, info[i].numel,
-                   (float)(1.0 - lr * wd), (float)(1.0 - c->beta1), (float)c->beta2,
-                   (float)(1.0 - c->beta2), (float)c->eps, (float)(lr / bc1), (float)sqrt(bc2));
+        tkd_adamw_seg seg = {.offset = info[i].offset, .numel = info[i].numel, .decay = info[i].decay};
+        tkd_adamw_update(params, grads, o->m, o->v, &seg, 1, &h, o->step);
     }
 }
 
-double tkd_optim_grad_norm(const float *g, size_t n)
-{
-    double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (n >= 32768)
-    for (size_t i = 0; i < n; i++)
-        s += (double)g[i] * g[i];
-    return sqrt(s);
-}
+double tkd_optim_grad_norm(const float *g, size_t n) { return sqrt(tkd_grad_norm2(g, n)); }
 
 tkd_status tkd_optim_clip(float *g, size_t n, double max_norm, double *norm_out)
 {
     double norm = tkd_optim_grad_norm(g, n);
     if (norm_out)
         *norm_out = norm;
-    if (!isfinite(norm))
-        return tkd_error_set(TKD_ERR_NUMERIC, "gradient norm is %g: the step is skipped (lower the lr?)", norm);
-    if (max_norm > 0) {
-        float coef = (float)(max_norm / (norm + 1e-6));
-        if (coef < 1.0f)
-            tkd_optim_scale(g, n, coef);
-    }
+    float coef = 1.0f;
+    TKD_TRY(tkd_grad_clip_coef(norm, max_norm, &coef));
+    if (coef < 1.0f)
+        tkd_optim_scale(g, n, coef);
     return TKD_OK;
 }
 
-void tkd_optim_scale(float *g, size_t n, float s)
+tkd_status tkd_optim_clip_model(tkd_model *m, double max_norm, double *norm_out)
 {
-#pragma omp parallel for schedule(static) if (n >= 32768)
-    for (size_t i = 0; i < n; i++)
-        g[i] *= s;
+    if (!m->grads)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "clip: the model has no gradients (no training forward yet)");
+    double norm2 = 0;
+    TKD_TRY(m->be->op->grad_norm2(m->be, m->grads, m->n_params, &norm2));
+    double norm = sqrt(norm2);
+    if (norm_out)
+        *norm_out = norm;
+    float coef = 1.0f;
+    TKD_TRY(tkd_grad_clip_coef(norm, max_norm, &coef));
+    if (coef < 1.0f)
+        TKD_TRY(m->be->op->grad_scale(m->be, m->grads, m->n_params, coef));
+    return TKD_OK;
 }
+
+void tkd_optim_scale(float *g, size_t n, float s) { tkd_grad_scale(g, n, s); }
 
 void tkd_optim_zero(float *g, size_t n) { memset(g, 0, sizeof(float) * n); }

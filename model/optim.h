@@ -3,6 +3,12 @@
  * (model/model.h). The update follows torch.optim.AdamW (single-tensor path) operation by
  * operation, so a training run can be checked against PyTorch step for step
  * (tests/test_hf_parity.c).
+ *
+ * Two ways to hold the state: tkd_adamw_init keeps the moments in host memory for tkd_adamw_step
+ * over host arrays (tests, tools); tkd_adamw_init_on keeps them in a model's backend memory for
+ * tkd_adamw_step_model and tkd_optim_clip_model, which run on the model's backend (the CPU: the same
+ * loops, kernels/adamw.h; CUDA: one fused multi-tensor kernel that also refreshes the bf16 compute
+ * weights). Both give the same bits on the CPU.
  */
 #ifndef TKD_OPTIM_H
 #define TKD_OPTIM_H
@@ -24,13 +30,16 @@ typedef struct tkd_optim_config {
 } tkd_optim_config;
 
 /* AdamW state: the moments share one allocation laid out like the parameters. Public so that
- * checkpoints can save and restore it (m, v: n floats each; step: updates taken so far). */
+ * checkpoints can save and restore it (m, v: n floats each, read and written on the host through
+ * tkd_adamw_moments_get / _set; step: updates taken so far). */
 typedef struct tkd_adamw {
     tkd_optim_config cfg;
     size_t n;
-    float *m; // (n) first moment
+    float *m; // (n) first moment (host, or backend memory with tkd_adamw_init_on)
     float *v; // (n) second moment
     int64_t step;
+    tkd_backend *be;           /* NULL: host state (tkd_adamw_init); else the model's backend */
+    tkd_backend_adamw *table;  /* the model's tensors as the backend's segment table */
 } tkd_adamw;
 
 /* Fills the defaults: lr 3e-4, min_lr 3e-5, no warmup, 1000 steps, betas (0.9, 0.95), eps 1e-8,
@@ -44,6 +53,21 @@ double tkd_optim_lr(const tkd_optim_config *c, int64_t step);
 /* State for n parameters, moments zeroed. *out owned by the caller (tkd_adamw_free). */
 tkd_status tkd_adamw_init(const tkd_optim_config *c, size_t n, tkd_adamw **out);
 void tkd_adamw_free(tkd_adamw *o); /* NULL is a no-op */
+
+/* State for model m's parameters in m's backend memory, moments zeroed (m->be must outlive it). */
+tkd_status tkd_adamw_init_on(const tkd_optim_config *c, const tkd_model *m, tkd_adamw **out);
+
+/* One update of m's fp32 master weights from m->grads on m's backend (o from tkd_adamw_init_on for
+ * m), as tkd_adamw_step: weight decay where the tensor's decay is set, o->step incremented first.
+ * The compute weights are refreshed (CUDA: the bf16 copy written by the same kernel). Enqueued. */
+tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr);
+
+/* tkd_optim_clip over m->grads on m's backend (waits for the gradients to get the norm). */
+tkd_status tkd_optim_clip_model(tkd_model *m, double max_norm, double *norm_out);
+
+/* The moments as host arrays m and v (o->n floats each), and back (checkpoints). */
+tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v);
+tkd_status tkd_adamw_moments_set(tkd_adamw *o, const float *m, const float *v);
 
 /* One update of params (n) from grads (n) at learning rate lr, tensor by tensor from info (weight
  * decay where info[i].decay). Increments o->step first (bias correction uses the new count). */

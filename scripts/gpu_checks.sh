@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_checks.sh BIN_DIR [LIB_DIR] — everything that needs the GPU machine, in one go:
 # the GPU tests (CUDA vs CPU), h5py reading a shard through the zstd plugin, and transformers
-# loading a checkpoint written by student-train (CONTRIBUTING.md, "Running on a GPU").
+# loading a checkpoint written by student-train on the GPU (CONTRIBUTING.md, "Running on a GPU").
 # BIN_DIR holds test_gpu_*, teacher-dump, student-train, h5dump and plugins/libh5zstd.so;
 # LIB_DIR the non-CUDA libraries they need (../shared/tools/gpu-libs.sh), if any.
 set -euo pipefail
@@ -29,8 +29,15 @@ ls "$tmp/gpu-cache"
 echo "== h5py and transformers"
 run "$bin/teacher-dump" --config configs/teacher-demo.yaml -q --set teacher.path=data/demo-teacher \
   --set output.dir="$tmp/cache" --set data.max_sequences=8 --set cache.shard_sequences=8 --set cache.k=8
+# a checkpoint trained on the GPU (16 CE steps from the demo teacher), measured on the CPU (fp32, as
+# transformers computes) and by transformers
+run "$bin/student-train" --config configs/student-demo.yaml -q --set run.dir="$tmp/runs" --set run.name=gpu \
+  --set device=cuda --set model.init=hf --set model.path=data/demo-teacher --set data.cache= --set data.val_cache= \
+  --set kd.alpha=0 --set "data.tokens=[data/brown-train.bin]" --set "data.val_tokens=[data/brown-val.bin]" \
+  --set train.max_steps=16 --set train.eval_batches=1 > /dev/null
+ckpt="$tmp/runs/gpu/checkpoint"
 ce=$(run "$bin/student-train" --config configs/student-demo.yaml -q --set run.dir="$tmp/runs" --set run.name=t \
-  --set model.init=hf --set model.path=data/demo-teacher --set train.eval_only=true --set data.cache= \
+  --set device=cpu --set model.init=hf --set model.path="$ckpt" --set train.eval_only=true --set data.cache= \
   --set data.val_cache= --set kd.alpha=0 --set "data.tokens=[data/brown-val.bin]" \
   --set "data.val_tokens=[data/brown-val.bin]" --set train.batch_size=4 --set train.eval_batches=1 |
   sed -n 's/^RESULT val_ce=\([^ ]*\).*/\1/p')
@@ -39,5 +46,5 @@ mkdir -p "$tmp/path"
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libs" "$bin/h5dump" > "$tmp/path/h5dump"
 chmod +x "$tmp/path/h5dump"
 PATH="$tmp/path:$PATH" HDF5_PLUGIN_PATH="$bin/plugins" \
-  python3 scripts/gpu_check.py "$tmp/cache/shard-00000.h5" data/demo-teacher data/brown-val.bin 4 64 "$ce"
+  python3 scripts/gpu_check.py "$tmp/cache/shard-00000.h5" "$ckpt" data/brown-val.bin 4 64 "$ce"
 exit $failed

@@ -13,19 +13,45 @@
 
 #define CKPT_PATH_MAX 4096
 
+/* 1 when the optimizer's moments are host memory (tkd_adamw_init, or the CPU backend). */
+static int moments_on_host(const tkd_adamw *opt)
+{
+    return !opt->be || opt->be->device == TKD_DEVICE_CPU;
+}
+
+/* Host arrays of 2·n floats for moments kept in device memory. */
+static tkd_status host_pair(const tkd_adamw *opt, float **out)
+{
+    *out = malloc(2 * opt->n * sizeof(float) + 1);
+    return *out ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of host memory for the optimizer state");
+}
+
 static tkd_status write_optimizer(const char *dir, const tkd_adamw *opt)
 {
     char path[CKPT_PATH_MAX];
     TKD_TRY(tkd_path_join(path, sizeof path, dir, "optimizer.safetensors"));
+    const float *m = opt->m, *v = opt->v;
+    float *tmp = NULL;
+    if (!moments_on_host(opt)) {
+        TKD_TRY(host_pair(opt, &tmp));
+        tkd_status st = tkd_adamw_moments_get(opt, tmp, tmp + opt->n);
+        if (st != TKD_OK) {
+            free(tmp);
+            return st;
+        }
+        m = tmp, v = tmp + opt->n;
+    }
     tkd_st_writer *w = NULL;
-    TKD_TRY(tkd_st_writer_init(&w, TKD_DTYPE_F32));
+    tkd_status st = tkd_st_writer_init(&w, TKD_DTYPE_F32);
     int64_t shape[1] = {(int64_t)opt->n};
-    tkd_status st = tkd_st_writer_add(w, "adamw.m", 1, shape, opt->m);
     if (st == TKD_OK)
-        st = tkd_st_writer_add(w, "adamw.v", 1, shape, opt->v);
+        st = tkd_st_writer_add(w, "adamw.m", 1, shape, m);
+    if (st == TKD_OK)
+        st = tkd_st_writer_add(w, "adamw.v", 1, shape, v);
     if (st == TKD_OK)
         st = tkd_st_writer_finish(w, path);
     tkd_st_writer_free(w);
+    free(tmp);
     return st;
 }
 
@@ -152,10 +178,18 @@ static tkd_status read_optimizer(const char *dir, tkd_adamw *opt)
     tkd_st_dir *d = NULL;
     TKD_TRY(tkd_st_open(path, &d));
     int64_t shape[1] = {(int64_t)opt->n};
-    tkd_status st = tkd_st_read_f32(d, "adamw.m", 1, shape, opt->m, opt->n);
+    float *m = opt->m, *v = opt->v, *tmp = NULL;
+    tkd_status st = moments_on_host(opt) ? TKD_OK : host_pair(opt, &tmp);
+    if (tmp)
+        m = tmp, v = tmp + opt->n;
     if (st == TKD_OK)
-        st = tkd_st_read_f32(d, "adamw.v", 1, shape, opt->v, opt->n);
+        st = tkd_st_read_f32(d, "adamw.m", 1, shape, m, opt->n);
+    if (st == TKD_OK)
+        st = tkd_st_read_f32(d, "adamw.v", 1, shape, v, opt->n);
     tkd_st_close(d);
+    if (st == TKD_OK && tmp)
+        st = tkd_adamw_moments_set(opt, m, v);
+    free(tmp);
     return st;
 }
 
@@ -179,7 +213,7 @@ tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tk
     TKD_TRY(tkd_model_load_hf(dir, &saved));
     tkd_status st = check_same_arch(saved, m, dir);
     if (st == TKD_OK)
-        memcpy(m->params, saved->params, m->n_params * sizeof(float));
+        st = tkd_model_set_params(m, saved->params);
     tkd_model_free(saved);
     TKD_TRY(st);
     TKD_TRY(read_optimizer(dir, opt));

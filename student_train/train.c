@@ -25,7 +25,8 @@
 #include "student_train/run_dir.h"
 
 #define RUN_PATH_MAX 4096
-#define EVAL_CHUNK_ROWS 256 /* rows of full logits held at once for the top-1 agreement */
+#define EVAL_CHUNK_ROWS 256 /* rows of full logits held at once for the top-1 agreement (CPU) */
+#define EVAL_CHUNK_BYTES ((size_t)1 << 30) /* the same on a device: about 1 GiB of fp32 logits */
 
 typedef struct trainer {
     const tkd_train_config *cfg;
@@ -33,13 +34,16 @@ typedef struct trainer {
     tkd_cache_reader *cache, *val_cache;
     tkd_tokens *tokens, *val_tokens;
     tkd_loader *train, *val;
+    tkd_backend *be; /* where the student, its loss and its optimizer run */
     tkd_model *m;
     tkd_adamw *opt;
     tkd_optim_config ocfg;
     tkd_kl_params kp;
-    tkd_kl_cpu_ws *ws;
-    float *dh;      // (B·T, D)
-    float *logits;  // (EVAL_CHUNK_ROWS, V)
+    tkd_backend_kl *kl;
+    float *dh;      // (B·T, D) f32, backend memory: the loss's ∂/∂hidden
+    float *logits;  // (EVAL_CHUNK_ROWS, V) host, CPU evaluation only
+    uint32_t *top1; // (B·T) host: the student's argmax per row (evaluation on a device)
+    float *top1_val, *top1_lse; // (B·T) host: the consumer's other outputs (unused)
     int B, T, V, k_use, S;
     int64_t total_steps;
     tkd_train_state st;
@@ -226,7 +230,7 @@ static tkd_status build_model(trainer *tr)
     if (c->model_init == TKD_TRAIN_INIT_HF) {
         if (!*c->model_path)
             return tkd_error_set(TKD_ERR_CONFIG, "model.init = hf needs model.path (a Hugging Face checkpoint dir)");
-        TKD_TRY(tkd_model_load_hf(c->model_path, &tr->m));
+        TKD_TRY(tkd_model_load_hf_for_training(c->model_path, tr->be, &tr->m));
     } else {
         /* model.vocab_size, when set, builds that student, so a cache of another vocabulary is
          * reported below with both sizes */
@@ -236,7 +240,7 @@ static tkd_status build_model(trainer *tr)
         tkd_model_config mc;
         student_config(c, vocab, &mc);
         TKD_TRY(tkd_model_config_validate(&mc));
-        TKD_TRY(tkd_model_init_random(&mc, (uint64_t)c->seed, &tr->m));
+        TKD_TRY(tkd_model_init_random_for_training(&mc, (uint64_t)c->seed, tr->be, &tr->m));
     }
     int mv = tr->m->cfg.vocab_size;
     if (tr->V > 0 && mv != tr->V)
@@ -272,11 +276,19 @@ static tkd_status build_loss(trainer *tr)
     tr->kp.grad_scale = 1.0f / (float)c->grad_accum;
     int64_t n_max = (int64_t)c->batch_size * tr->T;
     int d = tr->m->cfg.hidden_size;
-    TKD_TRY(tkd_kl_cpu_ws_create(&tr->ws, &tr->kp, n_max, d, tr->V));
-    tr->dh = malloc((size_t)n_max * (size_t)d * sizeof(float));
-    tr->logits = malloc((size_t)EVAL_CHUNK_ROWS * (size_t)tr->V * sizeof(float));
-    if (!tr->dh || !tr->logits)
-        return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the loss buffers");
+    TKD_TRY(tr->be->op->kl_create(tr->be, &tr->kp, n_max, d, tr->V, &tr->kl));
+    TKD_TRY(tr->be->op->alloc(tr->be, (size_t)n_max * (size_t)d * sizeof(float), "loss: dHidden", (void **)&tr->dh));
+    if (tr->be->device == TKD_DEVICE_CPU) {
+        tr->logits = malloc((size_t)EVAL_CHUNK_ROWS * (size_t)tr->V * sizeof(float));
+        if (!tr->logits)
+            return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the evaluation's logits");
+    } else {
+        tr->top1 = malloc((size_t)n_max * sizeof *tr->top1);
+        tr->top1_val = malloc((size_t)n_max * sizeof *tr->top1_val);
+        tr->top1_lse = malloc((size_t)n_max * sizeof *tr->top1_lse);
+        if (!tr->top1 || !tr->top1_val || !tr->top1_lse)
+            return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the evaluation's top-1 buffers");
+    }
     return TKD_OK;
 }
 
@@ -313,19 +325,18 @@ static tkd_status build_optimizer(trainer *tr)
     tr->ocfg.eps = c->eps;
     tr->ocfg.weight_decay = c->weight_decay;
     tr->ocfg.clip_norm = c->grad_clip;
-    return tkd_adamw_init(&tr->ocfg, tr->m->n_params, &tr->opt);
+    return tkd_adamw_init_on(&tr->ocfg, tr->m, &tr->opt);
 }
 
 /* ---- one step ---------------------------------------------------------------------------------- */
 
-static void kl_batch_of(const trainer *tr, const tkd_train_batch *b, const float *hidden, tkd_kl_batch *kb)
+/* The teacher side of a batch for the backend's loss (kl_stage); h and w come with kl_forward. */
+static void kl_batch_of(const trainer *tr, const tkd_train_batch *b, tkd_kl_batch *kb)
 {
     memset(kb, 0, sizeof *kb);
     kb->n = (int64_t)b->b * b->t;
     kb->d = tr->m->cfg.hidden_size;
     kb->v = tr->V;
-    kb->h = hidden;
-    kb->w = tkd_model_lm_head(tr->m);
     kb->topk_idx = b->topk_idx;
     kb->topk_logit = b->topk_logit;
     kb->teacher_lse = b->teacher_lse;
@@ -356,20 +367,24 @@ static int64_t count_labels(const tkd_train_batch *b)
     return n;
 }
 
+/* The teacher batch goes to the backend first (on CUDA its copy overlaps the model's forward);
+ * the loss validates it before using it, after the forward, as it always has. */
 static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *ss)
 {
+    const tkd_backend_ops *op = tr->be->op;
+    tkd_kl_batch kb;
+    kl_batch_of(tr, b, &kb);
+    TKD_TRY(op->kl_stage(tr->be, tr->kl, &tr->kp, &kb));
     const void *hidden = NULL;
     TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
-    tkd_kl_batch kb;
-    kl_batch_of(tr, b, hidden, &kb);
-    TKD_TRY(tkd_kl_cpu_validate(tr->ws, &tr->kp, &kb));
     tkd_kl_result r;
+    const void *w = tkd_model_lm_head_dev(tr->m);
     float *dw = tkd_model_lm_head_grad(tr->m);
     if (tr->kp.grad_in_forward) {
-        TKD_TRY(tkd_kl_cpu_forward(tr->ws, &tr->kp, &kb, &r, tr->dh, dw));
+        TKD_TRY(op->kl_forward(tr->be, tr->kl, &tr->kp, hidden, w, &r, tr->dh, dw));
     } else {
-        TKD_TRY(tkd_kl_cpu_forward(tr->ws, &tr->kp, &kb, &r, NULL, NULL));
-        TKD_TRY(tkd_kl_cpu_backward(tr->ws, &tr->kp, &kb, 1.0f / (float)tr->cfg->grad_accum, tr->dh, dw));
+        TKD_TRY(op->kl_forward(tr->be, tr->kl, &tr->kp, hidden, w, &r, NULL, NULL));
+        TKD_TRY(op->kl_backward(tr->be, tr->kl, &tr->kp, hidden, w, 1.0f / (float)tr->cfg->grad_accum, tr->dh, dw));
     }
     if (!isfinite(r.loss))
         return tkd_error_set(TKD_ERR_NUMERIC, "the loss is %g at step %" PRId64 " (sequence %" PRId64 " …)", r.loss,
@@ -400,7 +415,7 @@ static tkd_status batch_error(tkd_status st, const trainer *tr, const tkd_train_
 static tkd_status train_step(trainer *tr, step_stats *ss)
 {
     memset(ss, 0, sizeof *ss);
-    tkd_model_zero_grad(tr->m);
+    TKD_TRY(tkd_model_zero_grad(tr->m));
     for (int a = 0; a < tr->cfg->grad_accum; a++) {
         const tkd_train_batch *b = NULL;
         tkd_status st = next_batch(tr, &b);
@@ -410,13 +425,13 @@ static tkd_status train_step(trainer *tr, step_stats *ss)
         if (st != TKD_OK)
             return batch_error(st, tr, b);
     }
-    tkd_status st = tkd_optim_clip(tr->m->grads, tr->m->n_params, tr->cfg->grad_clip, &ss->grad_norm);
+    tkd_status st = tkd_optim_clip_model(tr->m, tr->cfg->grad_clip, &ss->grad_norm);
     if (st != TKD_OK)
         return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
     ss->lr = tkd_optim_lr(&tr->ocfg, tr->st.step);
-    int n_info = 0;
-    const tkd_param_info *info = tkd_model_params(tr->m, &n_info);
-    tkd_adamw_step(tr->opt, tr->m->params, tr->m->grads, info, n_info, ss->lr);
+    st = tkd_adamw_step_model(tr->opt, tr->m, ss->lr);
+    if (st != TKD_OK)
+        return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
     tr->st.step++;
     tr->st.tokens_seen += ss->tokens;
     tkd_loader_position(tr->train, &tr->st.epoch, &tr->st.offset);
@@ -430,7 +445,25 @@ static tkd_status train_step(trainer *tr, step_stats *ss)
 
 /* ---- evaluation -------------------------------------------------------------------------------- */
 
-/* Positions (label kept) where the student's argmax equals the teacher's top-1. */
+/* Positions (label kept) where the student's argmax equals the teacher's top-1, on a device: the
+ * backend's LM-head consumer with k = 1 (ties to the smaller id, as the host's first maximum). */
+static tkd_status top1_hits_dev(trainer *tr, const tkd_train_batch *b, const void *hidden, int64_t *hits)
+{
+    int64_t n = (int64_t)b->b * b->t;
+    size_t chunk = EVAL_CHUNK_BYTES / (sizeof(float) * (size_t)tr->V);
+    tkd_lmhead_topk_args a = {.hidden = hidden, .w = tkd_model_lm_head_dev(tr->m), .rows = n,
+                              .d = tr->m->cfg.hidden_size, .v = tr->V, .k = 1, .tau = 1.0f,
+                              .chunk_rows = chunk < 1 ? 1 : chunk > (size_t)n ? (int)n : (int)chunk,
+                              .idx = tr->top1, .val = tr->top1_val, .lse = tr->top1_lse};
+    TKD_TRY(tr->be->op->lmhead_topk(tr->be, &a));
+    *hits = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (b->labels[i] != -100)
+            *hits += (int32_t)tr->top1[i] == b->topk_idx[i * b->k];
+    return TKD_OK;
+}
+
+/* The same on the CPU (host fp32 hidden states and head): full logits EVAL_CHUNK_ROWS at a time. */
 static int64_t top1_hits(trainer *tr, const tkd_train_batch *b, const float *hidden)
 {
     int64_t n = (int64_t)b->b * b->t, hits = 0;
@@ -466,19 +499,23 @@ static tkd_status evaluate(trainer *tr, eval_stats *es)
         TKD_TRY(tkd_loader_next(tr->val, &b));
         if (!b)
             break;
+        tkd_kl_batch kb;
+        kl_batch_of(tr, b, &kb);
+        TKD_TRY(tr->be->op->kl_stage(tr->be, tr->kl, &kp, &kb));
         const void *hidden = NULL;
         TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 0, &hidden));
-        tkd_kl_batch kb;
-        kl_batch_of(tr, b, hidden, &kb);
-        TKD_TRY(tkd_kl_cpu_validate(tr->ws, &kp, &kb));
         tkd_kl_result r;
-        TKD_TRY(tkd_kl_cpu_forward(tr->ws, &kp, &kb, &r, NULL, NULL));
+        TKD_TRY(tr->be->op->kl_forward(tr->be, tr->kl, &kp, hidden, tkd_model_lm_head_dev(tr->m), &r, NULL, NULL));
         es->loss += r.loss * (double)r.n_kept;
         es->kd += r.kd * (double)r.n_kept;
         es->ce += r.ce * (double)r.n_kept;
         es->rows += r.n_kept;
-        if (b->k > 0)
-            hits += top1_hits(tr, b, hidden);
+        int64_t h = 0;
+        if (b->k > 0 && tr->be->device == TKD_DEVICE_CPU)
+            h = top1_hits(tr, b, hidden);
+        else if (b->k > 0)
+            TKD_TRY(top1_hits_dev(tr, b, hidden, &h));
+        hits += h;
     }
     if (es->rows > 0) {
         es->loss /= (double)es->rows;
@@ -744,21 +781,31 @@ static void trainer_free(trainer *tr)
     tkd_cache_reader_close(tr->val_cache);
     tkd_tokens_free(tr->tokens);
     tkd_tokens_free(tr->val_tokens);
-    tkd_kl_cpu_ws_free(tr->ws);
+    if (tr->be) {
+        tr->be->op->kl_free(tr->be, tr->kl);
+        tr->be->op->free(tr->be, tr->dh);
+    }
     tkd_adamw_free(tr->opt);
     tkd_model_free(tr->m);
-    free(tr->dh);
+    tkd_backend_close(tr->be);
     free(tr->logits);
+    free(tr->top1);
+    free(tr->top1_val);
+    free(tr->top1_lse);
     tkd_dir_lock_release(tr->lock);
 }
 
-static tkd_status pick_device(const tkd_train_config *c)
+/* device: auto | cpu | cuda resolved before anything is made (cuda where no GPU answers is refused
+ * here, with the hint to use cpu); the backend itself opens after the run directory's lock. */
+static tkd_status pick_device(const tkd_train_config *c, tkd_device *got)
 {
-    if (c->device == TKD_DEVICE_CUDA)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "device: cuda — the student's GPU backend is not built yet; use device: cpu (or auto)");
-    if (c->device == TKD_DEVICE_AUTO && tkd_backend_cuda_devices() > 0)
-        tkd_log_info("device: a GPU answers, but the student's GPU backend is not built yet: training on the CPU");
+    return tkd_backend_resolve((tkd_device)c->device, got);
+}
+
+static tkd_status open_backend(trainer *tr, tkd_device dev)
+{
+    TKD_TRY(tkd_backend_open(dev, 0, &tr->be));
+    tkd_log_info("device: %s%s", tr->be->name, dev == TKD_DEVICE_CUDA ? " (GPU 0: bf16 compute, fp32 master weights)" : "");
     return TKD_OK;
 }
 
@@ -766,9 +813,11 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
 {
     trainer tr = {.cfg = o->cfg, .opts = o};
     memset(res, 0, sizeof *res);
-    tkd_status st = pick_device(o->cfg);
+    tkd_device dev = TKD_DEVICE_CPU;
+    tkd_status st = pick_device(o->cfg, &dev);
     /* the run directory and its lock first: a second run on it is refused before anything loads */
     if (st == TKD_OK) st = tkd_run_dir_open(o->cfg, o->run_name, tr.run, sizeof tr.run, &tr.lock);
+    if (st == TKD_OK) st = open_backend(&tr, dev);
     if (st == TKD_OK) st = open_data(&tr);
     if (st == TKD_OK) st = build_model(&tr);
     if (st == TKD_OK) st = build_loss(&tr);

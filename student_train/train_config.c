@@ -69,7 +69,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT(T, checkpoint_interval, "train.checkpoint_interval", "0", 0, 1 << 30, "Checkpoint every N steps (and at the end); 0 = only at the end"),
     TKD_CFG_INT(T, log_interval, "train.log_interval", "10", 1, 1 << 30, "Steps between metrics.jsonl training records"),
     TKD_CFG_BOOL(T, eval_only, "train.eval_only", "false", "Only evaluate the initial student on the validation split (e.g. a teacher loaded with model.init = hf)"),
-    TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: the student runs on the CPU today (cuda is refused until the GPU model backend exists)"),
+    TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: where the student trains (cuda: bf16 compute, fp32 master weights and optimizer state on GPU 0); auto takes the GPU when one answers"),
 };
 
 const tkd_config_schema tkd_train_schema = TKD_CONFIG_SCHEMA("student-train", fields);
