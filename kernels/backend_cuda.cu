@@ -61,6 +61,9 @@ struct CudaImpl {
     void *blas_ws = nullptr;
     tkd_topk_cuda_ws *topk = nullptr;
     tkd_cudnn_attn *cudnn = nullptr;  /* cuDNN's fused attention; NULL where cuDNN is absent */
+    tkd_cuda_attn_bwd_ws *attn_bwd_ws = nullptr; /* the flash backward's, sized for attn_bwd_rows */
+    int64_t attn_bwd_rows = 0;
+    int attn_bwd_dh = 0;
     float *stage = nullptr;        // (kStageFloats) fp32 staging of upload_f32 / download_f32
     Grow logits, idx, val, lse, tail, seq, pos;
     GrowHost h_idx, h_val, h_lse, h_tail; /* pinned staging the copy stream writes into */
@@ -110,6 +113,7 @@ void cu_close(tkd_backend *be)
     tkd_cuda_free(c->blas_ws);
     tkd_topk_cuda_ws_free(c->topk);
     tkd_cudnn_attn_free(c->cudnn);
+    tkd_cuda_attn_bwd_ws_free(c->attn_bwd_ws);
     tkd_cuda_free(c->stage);
     tkd_cuda_bwd_ws_free(c->bwd);
     tkd_cuda_free(c->norm2);
@@ -337,10 +341,35 @@ tkd_status cu_rope_bwd(tkd_backend *be, void *dq, void *dk, int N, int T, int H,
  * stats and our kernels' lse are the same quantity). Today every head size takes the simple
  * deterministic kernels (kernels/attn_bwd_simple_cuda.h); the flash backward, when it lands, takes
  * the head sizes it supports here, as cu_attn_fwd does with flash_takes. */
+/* The flash backward's workspace, made again when a call needs more rows than it was made for
+ * (once per shape growth, never per step). */
+tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
+{
+    int64_t rows = (int64_t)B * H * ((T + 127) / 128);
+    if (c->attn_bwd_ws && rows <= c->attn_bwd_rows && dh <= c->attn_bwd_dh)
+        return TKD_OK;
+    TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* the old one may still be in use */
+    tkd_cuda_attn_bwd_ws_free(c->attn_bwd_ws);
+    c->attn_bwd_ws = nullptr;
+    TKD_TRY(tkd_cuda_attn_bwd_ws_create(&c->attn_bwd_ws, B, T, H, dh));
+    c->attn_bwd_rows = rows;
+    c->attn_bwd_dh = dh;
+    return TKD_OK;
+}
+
+/* The flash backward (deterministic, tensor cores) where it takes the head size; the simple
+ * deterministic kernels elsewhere (the demo student's and the fixtures' small heads). */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
                        const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
+    if (flash_takes(dh)) {
+        TKD_TRY(attn_bwd_ws_fit(c, B, T, H, dh));
+        return tkd_cuda_attn_bwd(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
+                                 static_cast<cbf>(y), static_cast<const float *>(saved), B, T, H, Hkv, dh,
+                                 static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv), c->attn_bwd_ws,
+                                 c->stream);
+    }
     TKD_TRY(grow(&c->attn_delta, tkd_cuda_attn_bwd_simple_ws_bytes(B, T, H), "attention backward scratch",
                  "lower run.batch_size or data.seq_len"));
     return tkd_cuda_attn_bwd_simple(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
