@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #define BIN_HEADER_INTS 256
+#define LLMC_EVAL_MAGIC 20240522 /* llm.c's multiple-choice eval files (HellaSwag, MMLU) */
 #define NPY_MAX_HEADER (1u << 20) /* numpy writes < 1 KB; anything huge is corrupt */
 
 typedef struct tok_file {
@@ -124,21 +125,27 @@ static tkd_status bin_header(FILE *fp, const char *path, uint64_t size, tok_kind
     int32_t h[BIN_HEADER_INTS];
     if (fread(h, 4, BIN_HEADER_INTS, fp) != BIN_HEADER_INTS)
         return tkd_error_set(TKD_ERR_IO, "%s: cannot read the header", path);
-    int want_version;
+    int want_version, former_version = -1;
     if (h[0] == TKD_TOKENS_MAGIC_U16) {
         *kind = TOK_U16;
-        want_version = 1;
+        want_version = TKD_TOKENS_VERSION_U16;
     } else if (h[0] == TKD_TOKENS_MAGIC_U32) {
         *kind = TOK_U32;
-        want_version = 2;
+        want_version = TKD_TOKENS_VERSION_U32;
+        former_version = TKD_TOKENS_VERSION_U32_TOPKD;
+    } else if (h[0] == LLMC_EVAL_MAGIC) {
+        return tkd_error_set(TKD_ERR_FORMAT,
+                             "%s: magic %d marks an llm.c eval file (multiple-choice examples such as HellaSwag), "
+                             "not a token file",
+                             path, h[0]);
     } else {
         return tkd_error_set(TKD_ERR_FORMAT,
                              "%s: bad magic %d (expected %d or %d): not an llm.c token file or a .npy array",
                              path, h[0], TKD_TOKENS_MAGIC_U16, TKD_TOKENS_MAGIC_U32);
     }
-    if (h[1] != want_version)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: llm.c header version %d does not go with magic %d (expected %d)",
-                             path, h[1], h[0], want_version);
+    if (h[1] != want_version && h[1] != former_version)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: llm.c header version %d does not go with magic %d (expected %d%s)",
+                             path, h[1], h[0], want_version, former_version > 0 ? ", or topkd's former 2" : "");
     if (h[2] < 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: negative token count %d in the header", path, h[2]);
     *count = h[2];

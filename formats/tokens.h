@@ -3,9 +3,10 @@
  *
  * A dataset is one file, a glob(3) pattern, or a list of either; files are taken in the order
  * given (a glob's matches sorted by name) and concatenated. Each file is either
- *   - llm.c .bin: 256 x int32 little-endian header (header[0] magic 20240520 -> uint16 tokens with
- *     header[1] = 1, or 20240801 -> uint32 tokens with header[1] = 2; header[2] the token count),
- *     then the tokens; or
+ *   - llm.c .bin: 256 x int32 little-endian header ([0] magic, [1] version, [2] token count, the
+ *     rest 0), then the tokens. Magic 20240520 with version 1: uint16 tokens (llm.c's GPT-2
+ *     files); 20240801 with version 7: uint32 tokens (llm.c's Llama 3 files). 20240801 with
+ *     version 2 is topkd's own former spelling of the uint32 header and is still read; or
  *   - .npy (format v1/v2/v3): dtype <i4, <u2, <u4 or <i8, 1-D or 2-D in C order. A 2-D array's
  *     rows are concatenated in order (rows are not treated as separate documents).
  * The kind is recognised by content (the \x93NUMPY magic), not by the file name.
@@ -26,6 +27,9 @@
 #define TKD_TOKENS_IGNORE_LABEL (-100)
 #define TKD_TOKENS_MAGIC_U16 20240520
 #define TKD_TOKENS_MAGIC_U32 20240801
+#define TKD_TOKENS_VERSION_U16 1 /* llm.c's GPT-2 header */
+#define TKD_TOKENS_VERSION_U32 7 /* llm.c's Llama 3 header */
+#define TKD_TOKENS_VERSION_U32_TOPKD 2 /* topkd's former uint32 header: read, never written by llm.c */
 
 typedef struct tkd_tokens tkd_tokens; /* opaque: the loaded dataset */
 

@@ -113,6 +113,17 @@ def token_cases():
         "token 2147483648 at token offset 1 does not fit in int32")
 
 
+def llmc_cases():
+    """llm.c headers: the eval-file magic, a version that does not go with its magic, a uint32 token
+    past int32."""
+    u32 = struct.pack("<4I", 128000, 1, 2, 3)
+    put("tok_llmc_eval.bin", tok_bin(20240522, 1, 4, u32), F, "magic 20240522 marks an llm.c eval file")
+    put("tok_v1_u32.bin", tok_bin(20240801, 1, 4, u32), F,
+        "version 1 does not go with magic 20240801 (expected 7, or topkd's former 2)")
+    put("tok_llama3_big.bin", tok_bin(20240801, 7, 3, struct.pack("<3I", 128000, 0x80000000, 7)), F,
+        "token 2147483648 at token offset 1 does not fit in int32")
+
+
 def fuzz_seed():
     """A small valid file (F32, BF16, F16, I64, U8, an empty tensor) to seed tests/fuzz/."""
     d = os.path.join(HERE, "fuzz", "corpus")
@@ -133,6 +144,7 @@ def main():
     fuzz_seed()
     safetensors_cases()
     token_cases()
+    llmc_cases()
     with open(os.path.join(OUT, "EXPECTED.tsv"), "w") as f:
         f.write("# file\tstatus\tmessage substring (written by tests/make_broken_files.py)\n")
         for r in rows:

@@ -1,4 +1,4 @@
-/* test_tokens.c — llm.c .bin and .npy token files, lists and globs, vocabulary check, windows, and
+/* test_tokens.c — llm.c .bin (every header llm.c writes) and .npy token files, lists and globs, vocabulary check, windows, and
  * every broken token file under tests/data/broken/ giving its own error. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,28 +19,49 @@ static const char *tmp_path(const char *name)
     return tkd_test_path(tkd_test_group_dir, name);
 }
 
-/* llm.c .bin: u16 tokens when magic is TKD_TOKENS_MAGIC_U16, else u32. */
-static const char *write_bin(const char *name, int magic, const int64_t *tok, int n)
+/* Stores the low `bytes` bytes of v at p, least significant first (every format here is
+ * little-endian), independent of the host's byte order. Returns p + bytes. */
+static uint8_t *put_le(uint8_t *p, uint64_t v, int bytes)
 {
-    const char *path = tmp_path(name);
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + bytes;
+}
+
+static void write_bytes(const char *path, const uint8_t *b, size_t n)
+{
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
-    int32_t h[256] = {0};
-    h[0] = magic;
-    h[1] = magic == TKD_TOKENS_MAGIC_U16 ? 1 : 2;
-    h[2] = n;
-    fwrite(h, 4, 256, f);
-    for (int i = 0; i < n; i++) {
-        if (magic == TKD_TOKENS_MAGIC_U16) {
-            uint16_t v = (uint16_t)tok[i];
-            fwrite(&v, 2, 1, f);
-        } else {
-            uint32_t v = (uint32_t)tok[i];
-            fwrite(&v, 4, 1, f);
-        }
-    }
-    fclose(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* An llm.c token file as llm.c's dev/data/data_common.py write_datafile lays it out: 256 int32
+ * little-endian (magic, version, token count, then 253 zeros), then the tokens as uint16 (magic
+ * 20240520) or uint32 (20240801). */
+static const char *write_llmc(const char *name, int magic, int version, const int64_t *tok, int n)
+{
+    int tsz = magic == TKD_TOKENS_MAGIC_U16 ? 2 : 4;
+    size_t len = 1024 + (size_t)n * (size_t)tsz;
+    uint8_t *b = calloc(1, len), *p = b;
+    assert_non_null(b);
+    p = put_le(p, (uint32_t)magic, 4);
+    p = put_le(p, (uint32_t)version, 4);
+    put_le(p, (uint32_t)n, 4);
+    p = b + 1024;
+    for (int i = 0; i < n; i++)
+        p = put_le(p, (uint64_t)tok[i], tsz);
+    const char *path = tmp_path(name);
+    write_bytes(path, b, len);
+    free(b);
     return path;
+}
+
+/* llm.c .bin with the header llm.c writes for that magic: GPT-2 (v1, uint16) or Llama 3 (v7, uint32). */
+static const char *write_bin(const char *name, int magic, const int64_t *tok, int n)
+{
+    int version = magic == TKD_TOKENS_MAGIC_U16 ? TKD_TOKENS_VERSION_U16 : TKD_TOKENS_VERSION_U32;
+    return write_llmc(name, magic, version, tok, n);
 }
 
 /* .npy with the given descr and shape text, header version major (1 or 2), padded to 64 bytes as
@@ -301,6 +322,39 @@ static void test_sha256_identity(void **state)
     tkd_tokens_free(b);
 }
 
+/* Every header llm.c's write_datafile writes, and topkd's former uint32 header. */
+static void test_llmc_headers(void **state)
+{
+    (void)state;
+    tkd_tokens *ds = NULL;
+    /* GPT-2: EOT 50256 before each document, ids up to 50256 (uint16) */
+    int64_t gpt2[6] = {50256, 15496, 995, 50256, 40, 65535};
+    assert_int_equal(tkd_tokens_open(write_llmc("gpt2.bin", 20240520, 1, gpt2, 6), &ds), TKD_OK);
+    assert_stream(ds, gpt2, 6);
+    tkd_tokens_free(ds);
+
+    /* Llama 3: magic 20240801 version 7, uint32; <|begin_of_text|> 128000 starts each document */
+    int64_t llama3[7] = {128000, 9906, 1917, 128000, 128255, 70000, 2147483647};
+    assert_int_equal(tkd_tokens_open(write_llmc("llama3.bin", 20240801, 7, llama3, 7), &ds), TKD_OK);
+    assert_stream(ds, llama3, 7);
+    assert_int_equal(tkd_tokens_check_vocab(ds, 128256), TKD_ERR_MISMATCH); /* 2^31 - 1 is no Llama 3 id */
+    tkd_test_assert_msg_has("llama3.bin: token offset 6: id 2147483647 is outside the vocabulary [0, 128256)");
+    tkd_tokens_free(ds);
+
+    /* version 2: what topkd asked for before it read llm.c's own files; still read */
+    assert_int_equal(tkd_tokens_open(write_llmc("former.bin", 20240801, 2, llama3, 5), &ds), TKD_OK);
+    assert_stream(ds, llama3, 5);
+    tkd_tokens_free(ds);
+
+    /* a uint32 token past int32 */
+    llama3[2] = 2147483648;
+    assert_int_equal(tkd_tokens_open(write_llmc("llama3_big.bin", 20240801, 7, llama3, 7), &ds), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("llama3_big.bin: token 2147483648 at token offset 2 does not fit in int32");
+    assert_null(ds);
+    assert_int_equal(tkd_tokens_open(write_llmc("v1_u32.bin", 20240801, 1, llama3, 2), &ds), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("version 1 does not go with magic 20240801 (expected 7, or topkd's former 2)");
+}
+
 static tkd_status open_broken(const char *path)
 {
     tkd_tokens *ds = NULL;
@@ -312,13 +366,14 @@ static tkd_status open_broken(const char *path)
 static void test_broken_files(void **state)
 {
     (void)state;
-    assert_true(tkd_test_broken_files("tok_", open_broken) >= 12);
+    assert_true(tkd_test_broken_files("tok_", open_broken) >= 16);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bin_u16_u32),
+        cmocka_unit_test(test_llmc_headers),
         cmocka_unit_test(test_npy_dtypes_and_2d),
         cmocka_unit_test(test_list_glob_locate_vocab),
         cmocka_unit_test(test_windows),
