@@ -1,5 +1,7 @@
-/* test_tokens.c — llm.c .bin (every header llm.c writes) and .npy token files, lists and globs, vocabulary check, windows, and
- * every broken token file under tests/data/broken/ giving its own error. */
+/* test_tokens.c — llm.c .bin (every header llm.c writes), .npy and Megatron-LM indexed datasets,
+ * lists and globs, documents, vocabulary check, windows, and every broken token file under
+ * tests/data/broken/ giving its own error. The files are written here byte by byte from the
+ * formats' layouts (docs/data-formats.md). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,6 +91,52 @@ static const char *write_npy(const char *name, const char *descr, const char *sh
         fwrite(&tok[i], (size_t)sz, 1, f); /* little-endian host: the low bytes come first */
     fclose(f);
     return path;
+}
+
+/* A Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx as megatron/core/datasets/indexed_dataset.py
+ * (IndexedDatasetBuilder, _IndexWriter) lays it out. .bin: the sequences' tokens back to back in the
+ * dtype of `code`. .idx: "MMIDIDX\0\0", uint64 version 1, uint8 dtype code, uint64 sequence_count,
+ * uint64 document_count, then int32 sizes[sequence_count], int64 pointers[sequence_count] (byte
+ * offsets of the sequences in .bin) and int64 document_indices[document_count] (0, then the sequence
+ * count after each document). tok holds every sequence's tokens in order. Returns the prefix. */
+static const char *write_megatron(const char *prefix, int code, const int64_t *tok, const int *sizes, int nseq,
+                                  const int64_t *docs, int ndocs)
+{
+    static const int bytes[9] = {0, 1, 1, 2, 4, 8, 8, 4, 2}; /* by dtype code */
+    int tsz = bytes[code], ntok = 0;
+    for (int s = 0; s < nseq; s++)
+        ntok += sizes[s];
+    uint8_t *bin = malloc((size_t)ntok * 8 + 1), *p = bin;
+    assert_non_null(bin);
+    for (int i = 0; i < ntok; i++)
+        p = put_le(p, (uint64_t)tok[i], tsz);
+    char path[4200];
+    snprintf(path, sizeof path, "%s.bin", tmp_path(prefix));
+    write_bytes(path, bin, (size_t)ntok * (size_t)tsz);
+    free(bin);
+
+    size_t len = 34 + 12 * (size_t)nseq + 8 * (size_t)ndocs;
+    uint8_t *idx = malloc(len);
+    assert_non_null(idx);
+    memcpy(idx, "MMIDIDX\0\0", 9);
+    p = put_le(idx + 9, 1, 8);
+    p = put_le(p, (uint64_t)code, 1);
+    p = put_le(p, (uint64_t)nseq, 8);
+    p = put_le(p, (uint64_t)ndocs, 8);
+    for (int s = 0; s < nseq; s++)
+        p = put_le(p, (uint32_t)sizes[s], 4);
+    int64_t at = 0;
+    for (int s = 0; s < nseq; s++) {
+        p = put_le(p, (uint64_t)at, 8);
+        at += (int64_t)sizes[s] * tsz;
+    }
+    for (int d = 0; d < ndocs; d++)
+        p = put_le(p, (uint64_t)docs[d], 8);
+    assert_int_equal((size_t)(p - idx), len);
+    snprintf(path, sizeof path, "%s.idx", tmp_path(prefix));
+    write_bytes(path, idx, len);
+    free(idx);
+    return tmp_path(prefix);
 }
 
 static void seq(int64_t *t, int n, int64_t base, int64_t step)
@@ -355,6 +403,216 @@ static void test_llmc_headers(void **state)
     tkd_test_assert_msg_has("version 1 does not go with magic 20240801 (expected 7, or topkd's former 2)");
 }
 
+/* tokens[j] of the document layout used below: sequences of 3, 2, 4, 0 and 1 tokens; documents
+ * {seq 0, 1}, {} (empty), {seq 2, 3 (empty)}, {seq 4}. */
+static const int MM_SIZES[5] = {3, 2, 4, 0, 1};
+static const int64_t MM_DOCS[5] = {0, 2, 2, 4, 5};
+
+static void check_mm_docs(const tkd_tokens *ds, int64_t doc0, int64_t first)
+{
+    int64_t want[4] = {0, 5, 5, 9}; /* the empty document starts where the next one does */
+    for (int d = 0; d < 4; d++)
+        assert_int_equal(tkd_tokens_doc_start(ds, doc0 + d), first + want[d]);
+}
+
+/* Each integer dtype Megatron writes, opened by prefix, .idx and .bin: the same stream, documents
+ * and identity as an llm.c file of those tokens. */
+static void test_megatron_dtypes(void **state)
+{
+    (void)state;
+    static const struct { int code; int64_t base, step; } dt[] = {
+        {8, 65000, 53}, {4, 100000, 12345}, {5, 7, 1 << 20}, {1, 250, 1}, {2, -5, 13}, {3, -300, 3000},
+    };
+    int64_t t[10];
+    for (size_t k = 0; k < sizeof dt / sizeof dt[0]; k++) {
+        seq(t, 10, dt[k].base, dt[k].step);
+        if (dt[k].code == 1 || dt[k].code == 8)
+            for (int i = 0; i < 10; i++)
+                t[i] %= dt[k].code == 1 ? 256 : 65536;
+        char name[32];
+        snprintf(name, sizeof name, "mm_code%d", dt[k].code);
+        const char *prefix = write_megatron(name, dt[k].code, t, MM_SIZES, 5, MM_DOCS, 5);
+        char by_idx[4200], by_bin[4200];
+        snprintf(by_idx, sizeof by_idx, "%s.idx", prefix);
+        snprintf(by_bin, sizeof by_bin, "%s.bin", prefix);
+        const char *names[3] = {prefix, by_idx, by_bin};
+        for (int w = 0; w < 3; w++) {
+            tkd_tokens *ds = NULL;
+            assert_int_equal(tkd_tokens_open(names[w], &ds), TKD_OK);
+            assert_stream(ds, t, 10);
+            assert_int_equal(tkd_tokens_num_files(ds), 1);
+            assert_string_equal(tkd_tokens_file(ds, 0, NULL, NULL), by_bin);
+            assert_int_equal(tkd_tokens_num_docs(ds), 4);
+            check_mm_docs(ds, 0, 0);
+            assert_int_equal(tkd_tokens_doc_start(ds, 4), -1);
+            assert_int_equal(tkd_tokens_doc_start(ds, -1), -1);
+            tkd_tokens_free(ds);
+        }
+    }
+    /* the same tokens as an llm.c file: same identity and windows */
+    tkd_tokens *mm = NULL, *lc = NULL;
+    seq(t, 10, 65000, 53);
+    for (int i = 0; i < 10; i++)
+        t[i] %= 65536;
+    assert_int_equal(tkd_tokens_open(tmp_path("mm_code8"), &mm), TKD_OK);
+    assert_int_equal(tkd_tokens_open(write_bin("mm_same.bin", TKD_TOKENS_MAGIC_U16, t, 10), &lc), TKD_OK);
+    char hm[65], hl[65];
+    tkd_tokens_sha256(mm, hm);
+    tkd_tokens_sha256(lc, hl);
+    assert_string_equal(hm, hl);
+    assert_int_equal(tkd_tokens_num_docs(lc), 0); /* llm.c files record no documents */
+    for (int64_t i = 0; i < tkd_tokens_num_windows(lc, 3, 2, 1); i++) {
+        int32_t a[4], b[4], la[3], lb[3];
+        assert_int_equal(tkd_tokens_window(mm, 3, 2, 1, i, a, la, NULL), TKD_OK);
+        assert_int_equal(tkd_tokens_window(lc, 3, 2, 1, i, b, lb, NULL), TKD_OK);
+        assert_memory_equal(a, b, sizeof a);
+        assert_memory_equal(la, lb, sizeof la);
+    }
+    tkd_tokens_free(mm);
+    tkd_tokens_free(lc);
+}
+
+/* Megatron datasets among other files: a glob takes each dataset once, documents are numbered
+ * across files, and a bad id names its document. */
+static void test_megatron_mixed(void **state)
+{
+    (void)state;
+    char sub[4096], cmd[4200];
+    snprintf(sub, sizeof sub, "%s/mixed", tkd_test_group_dir);
+    assert_int_equal(tkd_test_rmtree(sub), 0);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", sub);
+    assert_int_equal(system(cmd), 0);
+    int64_t a[10], b[4], c[10];
+    seq(a, 10, 0, 1);
+    seq(b, 4, 100, 1);
+    seq(c, 10, 200, 1);
+    c[6] = 999; /* in c's document 2 (tokens 5..8) */
+    write_megatron("mixed/a", 4, a, MM_SIZES, 5, MM_DOCS, 5);
+    write_bin("mixed/b.bin", TKD_TOKENS_MAGIC_U32, b, 4);
+    write_megatron("mixed/c", 8, c, MM_SIZES, 5, MM_DOCS, 5);
+    write_megatron("mixed/a.d", 4, a, MM_SIZES, 5, MM_DOCS, 5); /* sorts between a.bin and a.idx */
+    write_bin("mixed/d.bin", TKD_TOKENS_MAGIC_U16, b, 2);
+    write_bytes(tmp_path("mixed/d.notes"), (const uint8_t *)"x", 1);
+
+    tkd_tokens *ds = NULL;
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s/*.*", sub); /* a.bin a.d.bin a.d.idx a.idx b.bin c.bin ... d.notes */
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("d.notes: ");
+    snprintf(pattern, sizeof pattern, "%s/[abc].*", sub); /* each dataset once, where its .bin sorts */
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_num_files(ds), 4);
+    assert_non_null(strstr(tkd_tokens_file(ds, 1, NULL, NULL), "mixed/a.d.bin"));
+    assert_int_equal(tkd_tokens_count(ds), 34);
+    assert_int_equal(tkd_tokens_data(ds)[20], 100);
+    assert_int_equal(tkd_tokens_data(ds)[24], 200);
+    assert_int_equal(tkd_tokens_num_docs(ds), 12);
+    check_mm_docs(ds, 0, 0);
+    check_mm_docs(ds, 4, 10);
+    check_mm_docs(ds, 8, 24);
+    int64_t local;
+    assert_non_null(strstr(tkd_tokens_locate(ds, 30, &local), "mixed/c.bin"));
+    assert_int_equal(local, 6);
+    assert_int_equal(tkd_tokens_check_vocab(ds, 999), TKD_ERR_MISMATCH);
+    tkd_test_assert_msg_has("mixed/c.bin: token offset 6 (document 2): id 999 is outside the vocabulary");
+    tkd_tokens_free(ds);
+
+    /* only the indexes matched: each dataset where its .idx sorts */
+    snprintf(pattern, sizeof pattern, "%s/*.idx", sub);
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_num_files(ds), 3);
+    assert_non_null(strstr(tkd_tokens_file(ds, 2, NULL, NULL), "mixed/c.bin"));
+    tkd_tokens_free(ds);
+
+    /* the .bin of an llm.c file with a stray .idx beside it is still llm.c */
+    write_bytes(tmp_path("mixed/d.idx"), (const uint8_t *)"not an index", 12);
+    assert_int_equal(tkd_tokens_open(tmp_path("mixed/d.bin"), &ds), TKD_OK);
+    assert_stream(ds, b, 2);
+    tkd_tokens_free(ds);
+
+    /* a list: the order given, Megatron prefixes and files together */
+    char pc[4200];
+    snprintf(pc, sizeof pc, "%s/c", sub);
+    const char *list[2] = {tmp_path("mixed/b.bin"), pc};
+    assert_int_equal(tkd_tokens_open_list(list, 2, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_count(ds), 14);
+    check_mm_docs(ds, 0, 4);
+    tkd_tokens_free(ds);
+
+    /* a prefix with no .idx is an absent file; an .idx with no .bin names both */
+    snprintf(pc, sizeof pc, "%s/nothing", sub);
+    assert_int_equal(tkd_tokens_open(pc, &ds), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("mixed/nothing: cannot open token file");
+    snprintf(cmd, sizeof cmd, "rm '%s/c.bin'", sub);
+    assert_int_equal(system(cmd), 0);
+    snprintf(pc, sizeof pc, "%s/c", sub);
+    assert_int_equal(tkd_tokens_open(pc, &ds), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("mixed/c.bin: cannot open the data file of Megatron index");
+    tkd_test_assert_msg_has("mixed/c.idx");
+    assert_null(ds);
+}
+
+/* The in-memory index parser: what it reports, and the .bin length it insists on. */
+static void test_megatron_parse_memory(void **state)
+{
+    (void)state;
+    int64_t t[10];
+    seq(t, 10, 1, 1);
+    char path[4200];
+    snprintf(path, sizeof path, "%s.idx", write_megatron("mem", 3, t, MM_SIZES, 5, MM_DOCS, 5));
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint8_t idx[256];
+    size_t n = fread(idx, 1, sizeof idx, f);
+    fclose(f);
+    assert_int_equal(n, 34 + 12 * 5 + 8 * 5);
+    tkd_megatron_index mi;
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n, "m.bin", TKD_MEGATRON_BIN_UNKNOWN, &mi), TKD_OK);
+    assert_int_equal(mi.dtype_code, 3);
+    assert_int_equal(mi.token_bytes, 2);
+    assert_int_equal(mi.num_sequences, 5);
+    assert_int_equal(mi.num_documents, 4);
+    assert_int_equal(mi.num_tokens, 10);
+    assert_int_equal(mi.data_bytes, 20);
+    assert_ptr_equal(mi.sizes, idx + 34);
+    assert_ptr_equal(mi.doc_idx, idx + 34 + 60);
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n, "m.bin", 20, &mi), TKD_OK);
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n, "m.bin", 22, &mi), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("m.bin: 22 bytes, but the sizes in m.idx add up to 10 tokens of 2 bytes (20 bytes)");
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n - 1, "m.bin", 20, &mi), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("m.idx: sequence_count 5 and document_count 5 make a 134-byte index, but the file holds 133");
+    /* one mode byte per sequence after the document indices: the multimodal layout */
+    memset(idx + n, 0, 5);
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n + 5, "m.bin", 20, &mi), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("m.idx: a multimodal index");
+}
+
+/* tkd_tokens_read across files, and its range check. */
+static void test_read_ranges(void **state)
+{
+    (void)state;
+    int64_t t[12];
+    seq(t, 12, 1, 1);
+    const char *parts[3] = {write_bin("r1.bin", TKD_TOKENS_MAGIC_U16, t, 5), write_bin("r0.bin", TKD_TOKENS_MAGIC_U16, t, 0),
+                            write_npy("r2.npy", "<i8", "(7,)", 1, t + 5, 7)};
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open_list(parts, 3, &ds), TKD_OK);
+    int32_t out[12];
+    for (int first = 0; first <= 12; first++)
+        for (int n = 0; first + n <= 12; n++) {
+            memset(out, 0x55, sizeof out);
+            assert_int_equal(tkd_tokens_read(ds, first, n, out), TKD_OK);
+            for (int j = 0; j < n; j++)
+                assert_int_equal(out[j], t[first + j]);
+            if (n < 12)
+                assert_int_equal(out[n], 0x55555555); /* nothing written past n */
+        }
+    assert_int_equal(tkd_tokens_read(ds, 10, 3, out), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_tokens_read(ds, -1, 1, out), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_tokens_read(ds, 0, -1, out), TKD_ERR_INVALID_ARG);
+    tkd_tokens_free(ds);
+}
+
 static tkd_status open_broken(const char *path)
 {
     tkd_tokens *ds = NULL;
@@ -366,7 +624,7 @@ static tkd_status open_broken(const char *path)
 static void test_broken_files(void **state)
 {
     (void)state;
-    assert_true(tkd_test_broken_files("tok_", open_broken) >= 16);
+    assert_true(tkd_test_broken_files("tok_", open_broken) >= 34);
 }
 
 int main(void)
@@ -374,6 +632,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bin_u16_u32),
         cmocka_unit_test(test_llmc_headers),
+        cmocka_unit_test(test_megatron_dtypes),
+        cmocka_unit_test(test_megatron_mixed),
+        cmocka_unit_test(test_megatron_parse_memory),
+        cmocka_unit_test(test_read_ranges),
         cmocka_unit_test(test_npy_dtypes_and_2d),
         cmocka_unit_test(test_list_glob_locate_vocab),
         cmocka_unit_test(test_windows),
