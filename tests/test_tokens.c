@@ -587,6 +587,32 @@ static void test_megatron_parse_memory(void **state)
     tkd_test_assert_msg_has("m.idx: a multimodal index");
 }
 
+/* The files tests/write_token_files.py wrote by following llm.c's and Megatron's Python writers
+ * (a second writer, independent of the C ones above). */
+static void test_python_written_files(void **state)
+{
+    (void)state;
+    static const int64_t gpt2[7] = {50256, 15496, 995, 50256, 464, 2068, 65535};
+    static const int64_t llama3[8] = {128000, 9906, 1917, 128000, 791, 4062, 128255, 2147483647};
+    static const int64_t mm16[6] = {15496, 995, 50256, 464, 2068, 50256};
+    static const int64_t mm32[8] = {128000, 9906, 1917, 13, 128001, 791, 4062, 128001};
+    static const struct { const char *name; const int64_t *tok; int n, ndocs; int64_t starts[3]; } f[] = {
+        {"data/tokens/llmc_gpt2.bin", gpt2, 7, 0, {0}},
+        {"data/tokens/llmc_llama3.bin", llama3, 8, 0, {0}},
+        {"data/tokens/megatron_uint16", mm16, 6, 2, {0, 3}},
+        {"data/tokens/megatron_int32", mm32, 8, 3, {0, 5, 5}}, /* the empty 2nd document starts at the 3rd */
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        tkd_tokens *ds = NULL;
+        assert_int_equal(tkd_tokens_open(tkd_test_src(f[i].name), &ds), TKD_OK);
+        assert_stream(ds, f[i].tok, f[i].n);
+        assert_int_equal(tkd_tokens_num_docs(ds), f[i].ndocs);
+        for (int d = 0; d < f[i].ndocs; d++)
+            assert_int_equal(tkd_tokens_doc_start(ds, d), f[i].starts[d]);
+        tkd_tokens_free(ds);
+    }
+}
+
 /* tkd_tokens_read across files, and its range check. */
 static void test_read_ranges(void **state)
 {
@@ -635,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_megatron_dtypes),
         cmocka_unit_test(test_megatron_mixed),
         cmocka_unit_test(test_megatron_parse_memory),
+        cmocka_unit_test(test_python_written_files),
         cmocka_unit_test(test_read_ranges),
         cmocka_unit_test(test_npy_dtypes_and_2d),
         cmocka_unit_test(test_list_glob_locate_vocab),
