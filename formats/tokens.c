@@ -691,20 +691,23 @@ const char *tkd_tokens_file(const tkd_tokens *ds, int i, int64_t *first, int64_t
     return ds->files[i].path;
 }
 
-/* The file holding global offset g in [0, count): the last whose first <= g (empty files are
- * passed over because the file after them has the same first). */
-static int file_at(const tkd_tokens *ds, int64_t g)
+/* The last file whose first token (by_doc: first document) is <= v. A file holding none shares
+ * that number with the file after it, so the search passes over it to the file holding v. */
+static int last_file_from(const tkd_tokens *ds, int64_t v, int by_doc)
 {
     int lo = 0, hi = ds->nfiles - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (ds->files[mid].first <= g)
+        if ((by_doc ? ds->files[mid].doc0 : ds->files[mid].first) <= v)
             lo = mid;
         else
             hi = mid - 1;
     }
     return lo;
 }
+
+/* The file holding global offset g in [0, count). */
+static int file_at(const tkd_tokens *ds, int64_t g) { return last_file_from(ds, g, 0); }
 
 const char *tkd_tokens_locate(const tkd_tokens *ds, int64_t global, int64_t *local)
 {
@@ -751,15 +754,7 @@ int64_t tkd_tokens_doc_start(const tkd_tokens *ds, int64_t d)
 {
     if (d < 0 || d >= ds->ndocs)
         return -1;
-    int lo = 0, hi = ds->nfiles - 1; /* the last file whose first document is <= d holds it */
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (ds->files[mid].doc0 <= d)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const tok_file *f = &ds->files[lo];
+    const tok_file *f = &ds->files[last_file_from(ds, d, 1)];
     return f->first + mm_doc_start(&f->mm, d - f->doc0);
 }
 

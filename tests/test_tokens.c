@@ -139,6 +139,16 @@ static const char *write_megatron(const char *prefix, int code, const int64_t *t
     return tmp_path(prefix);
 }
 
+/* An empty directory name under the group's temp dir (made afresh); its path goes to out. */
+static void fresh_subdir(const char *name, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", tkd_test_group_dir, name);
+    assert_int_equal(tkd_test_rmtree(out), 0);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", out);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void seq(int64_t *t, int n, int64_t base, int64_t step)
 {
     for (int i = 0; i < n; i++)
@@ -211,11 +221,7 @@ static void test_list_glob_locate_vocab(void **state)
 {
     (void)state;
     char sub[4096];
-    snprintf(sub, sizeof sub, "%s/shards", tkd_test_group_dir);
-    assert_int_equal(tkd_test_rmtree(sub), 0);
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", sub);
-    assert_int_equal(system(cmd), 0);
+    fresh_subdir("shards", sub, sizeof sub);
     int64_t a[10], b[6], c[5];
     seq(a, 10, 0, 1);
     seq(b, 6, 100, 1);
@@ -478,10 +484,7 @@ static void test_megatron_mixed(void **state)
 {
     (void)state;
     char sub[4096], cmd[4200];
-    snprintf(sub, sizeof sub, "%s/mixed", tkd_test_group_dir);
-    assert_int_equal(tkd_test_rmtree(sub), 0);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", sub);
-    assert_int_equal(system(cmd), 0);
+    fresh_subdir("mixed", sub, sizeof sub);
     int64_t a[10], b[4], c[10];
     seq(a, 10, 0, 1);
     seq(b, 4, 100, 1);
