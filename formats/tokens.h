@@ -48,14 +48,14 @@
 #define TKD_TOKENS_VERSION_U32 7 /* llm.c's Llama 3 header */
 #define TKD_TOKENS_VERSION_U32_TOPKD 2 /* topkd's former uint32 header: read, never written by llm.c */
 
-typedef struct tkd_tokens tkd_tokens; /* opaque: the loaded dataset */
+typedef struct tkd_tokens tkd_tokens; /* opaque: the opened dataset */
 
 /* Opens the files named by spec: a path, a Megatron prefix or a glob pattern (a glob that matches
  * nothing is an error naming it). On success *out is owned by the caller (tkd_tokens_free), and
  * keeps the files mapped until then. */
 tkd_status tkd_tokens_open(const char *spec, tkd_tokens **out);
 
-/* Same for a list of specs (paths or globs), concatenated in the order given. */
+/* Same for a list of specs (paths, Megatron prefixes or globs), concatenated in the order given. */
 tkd_status tkd_tokens_open_list(const char *const *specs, int nspecs, tkd_tokens **out);
 
 void tkd_tokens_free(tkd_tokens *ds); /* NULL is a no-op */
