@@ -1,16 +1,33 @@
-/* tokens.h — token datasets: llm.c .bin shards and .npy arrays presented as one int32 stream,
- * cut into training windows.
+/* tokens.h — token datasets: llm.c .bin shards, .npy arrays and Megatron-LM indexed datasets,
+ * presented as one int32 stream, cut into training windows.
  *
- * A dataset is one file, a glob(3) pattern, or a list of either; files are taken in the order
- * given (a glob's matches sorted by name) and concatenated. Each file is either
- *   - llm.c .bin: 256 x int32 little-endian header (header[0] magic 20240520 -> uint16 tokens with
- *     header[1] = 1, or 20240801 -> uint32 tokens with header[1] = 2; header[2] the token count),
- *     then the tokens; or
+ * A dataset is one spec or a list of them: a file, a Megatron dataset's prefix, or a glob(3)
+ * pattern. Files are taken in the order given (a glob's matches sorted by name) and concatenated.
+ * Each is (layouts in docs/data-formats.md)
+ *   - llm.c .bin: 256 x int32 little-endian header ([0] magic, [1] version, [2] token count, the
+ *     rest 0), then the tokens. Magic 20240520 with version 1: uint16 tokens (llm.c's GPT-2
+ *     files); 20240801 with version 7: uint32 tokens (llm.c's Llama 3 files). 20240801 with
+ *     version 2 is topkd's own former spelling of the uint32 header and is still read;
  *   - .npy (format v1/v2/v3): dtype <i4, <u2, <u4 or <i8, 1-D or 2-D in C order. A 2-D array's
- *     rows are concatenated in order (rows are not treated as separate documents).
- * The kind is recognised by content (the \x93NUMPY magic), not by the file name.
- * Everything is loaded into memory; each file's global token offset is kept so that a message can
- * say "file X, token offset Y".
+ *     rows are concatenated in order (rows are not treated as separate documents);
+ *   - a Megatron-LM indexed dataset: PREFIX.idx (the "MMIDIDX" index: dtype, sequence lengths,
+ *     pointers, document indices) and PREFIX.bin (the sequences back to back), named by PREFIX,
+ *     PREFIX.idx or PREFIX.bin. Integer dtypes only. A glob that matches both files of one
+ *     dataset takes it once, where its .bin sorts.
+ * llm.c and .npy are told apart by content (the \x93NUMPY magic), not by name; a .bin is a
+ * Megatron data file when a PREFIX.idx beginning with the MMIDIDX magic lies beside it.
+ *
+ * Files are memory-mapped, not loaded: tokens are converted to int32 where they are read
+ * (windows, tkd_tokens_read), so a dataset larger than memory works. The files must not change
+ * while the dataset is open. Opening checks every header and index, and that uint32 / int64
+ * tokens fit in int32; each file's global token offset is kept so that a message can say "file X,
+ * token offset Y".
+ *
+ * Documents: the stream is the concatenation of all tokens, and windows cut across document
+ * boundaries for every format (as llm.c and Megatron's GPT dataset do): documents are told apart
+ * inside the stream by the BOS/EOS token the tokenizer wrote. A Megatron index also records where
+ * each document starts; those boundaries are kept (tkd_tokens_num_docs / tkd_tokens_doc_start)
+ * and a message about a token names its document.
  *
  * Windows: window i covers tokens [i*stride, i*stride + seq_len + 1): inputs are its first seq_len
  * tokens, labels the last seq_len. The last partial window is either dropped or padded with token 0
@@ -19,6 +36,7 @@
 #ifndef TKD_TOKENS_H
 #define TKD_TOKENS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -26,20 +44,30 @@
 #define TKD_TOKENS_IGNORE_LABEL (-100)
 #define TKD_TOKENS_MAGIC_U16 20240520
 #define TKD_TOKENS_MAGIC_U32 20240801
+#define TKD_TOKENS_VERSION_U16 1 /* llm.c's GPT-2 header */
+#define TKD_TOKENS_VERSION_U32 7 /* llm.c's Llama 3 header */
+#define TKD_TOKENS_VERSION_U32_TOPKD 2 /* topkd's former uint32 header: read, never written by llm.c */
 
-typedef struct tkd_tokens tkd_tokens; /* opaque: the loaded dataset */
+typedef struct tkd_tokens tkd_tokens; /* opaque: the opened dataset */
 
-/* Loads the files named by spec: a path or a glob pattern (a glob that matches nothing is an
- * error naming it). On success *out is owned by the caller (tkd_tokens_free). */
+/* Opens the files named by spec: a path, a Megatron prefix or a glob pattern (a glob that matches
+ * nothing is an error naming it). On success *out is owned by the caller (tkd_tokens_free), and
+ * keeps the files mapped until then. */
 tkd_status tkd_tokens_open(const char *spec, tkd_tokens **out);
 
-/* Same for a list of specs (paths or globs), concatenated in the order given. */
+/* Same for a list of specs (paths, Megatron prefixes or globs), concatenated in the order given. */
 tkd_status tkd_tokens_open_list(const char *const *specs, int nspecs, tkd_tokens **out);
 
 void tkd_tokens_free(tkd_tokens *ds); /* NULL is a no-op */
 
 int64_t tkd_tokens_count(const tkd_tokens *ds);
-/* The whole stream; valid until tkd_tokens_free. */
+/* Copies tokens [first, first + n) of the stream into out as int32. TKD_ERR_INVALID_ARG when the
+ * range is not inside the stream. */
+tkd_status tkd_tokens_read(const tkd_tokens *ds, int64_t first, int64_t n, int32_t *out /* (n) */);
+
+/* The whole stream as one int32 array, copied on the first call (count x 4 bytes; NULL when that
+ * does not fit in memory) and valid until tkd_tokens_free. For tests and small datasets; the first
+ * call must not race another call on the same ds. The tools use tkd_tokens_window. */
 const int32_t *tkd_tokens_data(const tkd_tokens *ds); // (count,)
 
 int tkd_tokens_num_files(const tkd_tokens *ds);
@@ -49,7 +77,15 @@ const char *tkd_tokens_file(const tkd_tokens *ds, int i, int64_t *first, int64_t
 /* Maps a global token offset to (file path, offset within that file); NULL when out of range. */
 const char *tkd_tokens_locate(const tkd_tokens *ds, int64_t global, int64_t *local);
 
-/* TKD_ERR_MISMATCH naming the file and token offset of the first id < 0 or >= vocab. */
+/* Documents the files record (today: Megatron indexes; llm.c and .npy files record none), in
+ * stream order. Document d starts at global token offset tkd_tokens_doc_start(ds, d) and ends where
+ * the next one starts, or at the end of its file; an empty document starts where the next one does.
+ * doc_start returns -1 when d is not in [0, num_docs). */
+int64_t tkd_tokens_num_docs(const tkd_tokens *ds);
+int64_t tkd_tokens_doc_start(const tkd_tokens *ds, int64_t d);
+
+/* TKD_ERR_MISMATCH naming the file and token offset (and document, when the file records
+ * documents) of the first id < 0 or >= vocab. */
 tkd_status tkd_tokens_check_vocab(const tkd_tokens *ds, int vocab);
 
 /* Number of windows of seq_len + 1 tokens every stride tokens. pad_tail = 0: only whole windows;
@@ -65,6 +101,32 @@ tkd_status tkd_tokens_window(const tkd_tokens *ds, int seq_len, int stride, int 
 
 /* SHA-256 of the token stream as little-endian int32 — the dataset's identity, independent of the
  * files' formats and how the stream is split into files. hex: 64 lowercase digits + NUL. */
-void tkd_tokens_sha256(const tkd_tokens *ds, char hex[65]);
+tkd_status tkd_tokens_sha256(const tkd_tokens *ds, char hex[65]); /* TKD_ERR_INTERRUPTED on a signal */
+
+/* ---- Megatron-LM index (.idx), parsed from memory (the loader and the fuzz target use it) ---- */
+
+#define TKD_MEGATRON_BIN_UNKNOWN UINT64_MAX /* bin_bytes when there is no data file to check against */
+
+typedef struct tkd_megatron_index {
+    int dtype_code;         /* Megatron's DType code: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16 */
+    int token_bytes;        /* 1, 2, 4 or 8 */
+    int64_t num_sequences;  /* sequence_count */
+    int64_t num_documents;  /* document_count - 1 (document_indices starts with 0) */
+    int64_t num_tokens;     /* the sum of sizes */
+    uint64_t data_bytes;    /* num_tokens * token_bytes: the length of the .bin */
+    /* views into the index bytes, little-endian and unaligned: */
+    const uint8_t *sizes;    // (num_sequences,) int32 tokens per sequence
+    const uint8_t *pointers; // (num_sequences,) int64 byte offset of each sequence in the .bin
+    const uint8_t *doc_idx;  // (num_documents + 1,) int64: document d holds sequences [doc_idx[d], doc_idx[d+1])
+} tkd_megatron_index;
+
+/* Checks the index idx[0..size) completely and describes it in *out: the MMIDIDX magic, version 1,
+ * an integer dtype code, counts that match the index's length, sizes >= 0, pointers inside a data
+ * file of bin_bytes bytes and stored back to back as Megatron's builder writes them, document
+ * indices from 0 to sequence_count that never decrease, and (unless bin_bytes is
+ * TKD_MEGATRON_BIN_UNKNOWN) sizes that add up to exactly bin_bytes. Messages name idx_name (and
+ * bin_name) and the field. *out points into idx, which must outlive it. */
+tkd_status tkd_tokens_parse_megatron_index(const char *idx_name, const void *idx, size_t size, const char *bin_name,
+                                           uint64_t bin_bytes, tkd_megatron_index *out);
 
 #endif /* TKD_TOKENS_H */

@@ -32,7 +32,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_FLOAT(T, init_std, "model.init_std", "0.02", 0, 10, "Std of the normal init of a random student"),
 
     TKD_CFG_STRING(T, cache, "data.cache", "", "Teacher cache directory (made by teacher-dump); empty = CE-only training on data.tokens"),
-    TKD_CFG_STRING_LIST(T, tokens, "data.tokens", NULL, "Token files (llm.c .bin or .npy, globs allowed) for CE-only training without a cache"),
+    TKD_CFG_STRING_LIST(T, tokens, "data.tokens", NULL, "Token files (llm.c .bin, .npy, Megatron prefix; globs allowed) for CE-only training without a cache"),
     TKD_CFG_STRING(T, val_cache, "data.val_cache", "", "Separate validation cache; empty = hold out data.val_fraction of data.cache"),
     TKD_CFG_STRING_LIST(T, val_tokens, "data.val_tokens", NULL, "Validation token files for CE-only runs; empty = hold out data.val_fraction"),
     TKD_CFG_FLOAT(T, val_fraction, "data.val_fraction", "0.05", 0, 0.9, "Fraction of sequences held out for evaluation when no separate validation set is given"),

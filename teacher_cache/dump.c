@@ -458,7 +458,7 @@ static tkd_status load_inputs(dump_ctx *c)
     if (st != TKD_OK)
         return tkd_error_hint(st, "use the tokenizer of teacher %s (vocab %d)", cfg->teacher_path,
                               c->model->cfg.vocab_size);
-    tkd_tokens_sha256(c->ds, c->sum->dataset_sha256);
+    TKD_TRY(tkd_tokens_sha256(c->ds, c->sum->dataset_sha256));
     return make_template(&c->tmpl, cfg, c->model, c->ds, c->sum->teacher_sha256, c->sum->dataset_sha256);
 }
 

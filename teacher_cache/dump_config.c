@@ -17,7 +17,7 @@ static const tkd_config_field dump_fields[] = {
     TKD_CFG_STRING(C, teacher_path, "teacher.path", NULL,
                    "Hugging Face checkpoint directory of the teacher (config.json + *.safetensors)."),
     TKD_CFG_STRING_LIST(C, data_paths, "data.paths", NULL,
-                        "token files (llm.c .bin or .npy) or glob patterns, concatenated in order."),
+                        "token files (llm.c .bin, .npy, Megatron prefix) or glob patterns, concatenated in order."),
     TKD_CFG_INT(C, seq_len, "data.seq_len", "256", 1, 1 << 20,
                 "positions per sequence; a window holds seq_len + 1 tokens (inputs + next-token labels)."),
     TKD_CFG_INT(C, stride, "data.stride", "0", 0, 1 << 30,

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes tests/data/broken/: tiny malformed safetensors, token, config.json, cache manifest and
-YAML config files, one defect each (and a small valid seed for the fuzz target, tests/fuzz/corpus/).
+"""Writes tests/data/broken/: tiny malformed safetensors, token (llm.c, .npy, Megatron-LM pairs: the row
+names the .idx, its .bin lies beside it), config.json, cache manifest and YAML config files, one
+defect each (and a small valid seed for the fuzz target, tests/fuzz/corpus/).
 
 tests/data/broken/EXPECTED.tsv lists <file> <TAB> <status name> <TAB> <substring the error message
 must contain>; test_safetensors.c reads the st_* rows, test_tokens.c the tok_* rows,
@@ -208,6 +209,70 @@ def yaml_config_cases():
         "cfg_deep.yaml:2:72: YAML nested deeper than 64 levels")
 
 
+def llmc_cases():
+    """llm.c headers: the eval-file magic, a version that does not go with its magic, a uint32 token
+    past int32."""
+    u32 = struct.pack("<4I", 128000, 1, 2, 3)
+    put("tok_llmc_eval.bin", tok_bin(20240522, 1, 4, u32), F, "magic 20240522 marks an llm.c eval file")
+    put("tok_v1_u32.bin", tok_bin(20240801, 1, 4, u32), F,
+        "version 1 does not go with magic 20240801 (expected 7, or topkd's former 2)")
+    put("tok_llama3_big.bin", tok_bin(20240801, 7, 3, struct.pack("<3I", 128000, 0x80000000, 7)), F,
+        "token 2147483648 at token offset 1 does not fit in int32")
+
+
+MM_SIZES = [3, 2, 4, 0, 1]  # five sequences, ten tokens
+MM_DOCS = [0, 2, 2, 4, 5]   # four documents (the second one empty)
+
+
+def mm_idx(code=8, sizes=MM_SIZES, docs=MM_DOCS, pointers=None, version=1, magic=b"MMIDIDX\x00\x00",
+           nseq=None, ndoc=None, tail=b""):
+    """A Megatron-LM .idx: magic, uint64 version, uint8 dtype code, uint64 sequence_count, uint64
+    document_count, int32 sizes, int64 pointers (back to back unless given), int64 document indices."""
+    tsz = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}.get(code, 2)
+    if pointers is None:
+        pointers = [sum(sizes[:i]) * tsz for i in range(len(sizes))]
+    return (magic + struct.pack("<QBQQ", version, code, len(sizes) if nseq is None else nseq,
+                                len(docs) if ndoc is None else ndoc)
+            + struct.pack("<%di" % len(sizes), *sizes) + struct.pack("<%dq" % len(pointers), *pointers)
+            + struct.pack("<%dq" % len(docs), *docs) + tail)
+
+
+def mm(name, idx, status, substring, nbin=20):
+    """tok_mm_<name>.idx (the row) with a .bin of nbin bytes beside it (none when nbin is None)."""
+    if nbin is not None:
+        with open(os.path.join(OUT, "tok_mm_%s.bin" % name), "wb") as f:
+            f.write(bytes(range(nbin)))
+    put("tok_mm_%s.idx" % name, idx, status, substring)
+
+
+def megatron_cases():
+    """Megatron-LM indexed datasets, one defect each (the .bin holds 10 uint16 tokens = 20 bytes)."""
+    mm("short", mm_idx()[:20], F, "20 bytes, shorter than the 34-byte MMIDIDX header")
+    mm("bad_magic", mm_idx(magic=b"MMIDIDY\x00\x00"), F, "bad magic (expected \"MMIDIDX\\x00\\x00\")")
+    mm("version", mm_idx(version=2), F, "index version 2 is not supported (expected 1)")
+    mm("dtype_float", mm_idx(code=7), "TKD_ERR_UNSUPPORTED", "dtype code 7 (float32) is not an integer type")
+    mm("dtype_code", mm_idx(code=9), F, "dtype code 9 is not one Megatron defines")
+    mm("truncated", mm_idx()[:-8], F, "sequence_count 5 and document_count 5 make a 134-byte index, but the file holds 126 bytes")
+    mm("huge_counts", mm_idx(nseq=1 << 62), F, "sequence_count 4611686018427387904 and document_count 5 are too "
+       "large for any index")
+    mm("trailing", mm_idx(tail=b"abc"), F, "3 bytes follow the document indices")
+    mm("multimodal", mm_idx(tail=b"\0" * 5), "TKD_ERR_UNSUPPORTED", "a multimodal index")
+    mm("no_docs", mm_idx(docs=[]), F, "document_count is 0")
+    mm("doc0", mm_idx(docs=[1, 2, 2, 4, 5]), F, "document_indices[0] = 1 (expected 0)")
+    mm("doc_decreasing", mm_idx(docs=[0, 3, 2, 5]), F,
+       "document_indices[2] = 2 is below document_indices[1] = 3: they must not decrease")
+    mm("doc_end", mm_idx(docs=[0, 2, 4]), F, "document_indices ends at 4, but sequence_count is 5")
+    mm("size_negative", mm_idx(sizes=[3, -1, 4, 0, 1], pointers=[0, 6, 4, 12, 12]), F, "sizes[1] = -1 is negative")
+    mm("bin_short", mm_idx(), F, "tok_mm_bin_short.bin: 16 bytes, but the sizes in", nbin=16)
+    mm("bin_long", mm_idx(), F, "tok_mm_bin_long.bin: 21 bytes, but the sizes", nbin=21)
+    mm("pointer_past", mm_idx(pointers=[0, 6, 10, 18, 1000]), F,
+       "pointers[4] = 1000 puts sequence 4 (2 bytes) outside")
+    mm("pointer_gap", mm_idx(pointers=[0, 6, 12, 18, 18]), F,
+       "pointers[2] = 12, but the sequences before it end at byte 10")
+    mm("no_bin", mm_idx(), "TKD_ERR_NOT_FOUND", "tok_mm_no_bin.bin: cannot open the data file of Megatron index",
+       nbin=None)
+
+
 def fuzz_seed():
     """Small valid files to seed tests/fuzz/: a safetensors file (F32, BF16, F16, I64, U8, an empty
     tensor), two token files and recipes for fuzz_shard. (corpus/manifest.yaml comes from
@@ -250,6 +315,8 @@ def main():
     hf_config_cases()
     manifest_cases()
     yaml_config_cases()
+    llmc_cases()
+    megatron_cases()
     with open(os.path.join(OUT, "EXPECTED.tsv"), "w") as f:
         f.write("# file\tstatus\tmessage substring (written by tests/make_broken_files.py)\n")
         for r in rows:

@@ -1,13 +1,15 @@
-/* test_tokens.c — llm.c .bin and .npy token files, lists and globs, vocabulary check, windows, and
- * every broken token file under tests/data/broken/ giving its own error. */
+/* test_tokens.c — llm.c .bin (every header llm.c writes), .npy and Megatron-LM indexed datasets,
+ * lists and globs, documents, vocabulary check, windows, and every broken token file under
+ * tests/data/broken/ giving its own error. The files are written here byte by byte from the
+ * formats' layouts (docs/data-formats.md). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,28 +25,49 @@ static const char *tmp_path(const char *name)
     return tkd_test_path(tkd_test_group_dir, name);
 }
 
-/* llm.c .bin: u16 tokens when magic is TKD_TOKENS_MAGIC_U16, else u32. */
-static const char *write_bin(const char *name, int magic, const int64_t *tok, int n)
+/* Stores the low `bytes` bytes of v at p, least significant first (every format here is
+ * little-endian), independent of the host's byte order. Returns p + bytes. */
+static uint8_t *put_le(uint8_t *p, uint64_t v, int bytes)
 {
-    const char *path = tmp_path(name);
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + bytes;
+}
+
+static void write_bytes(const char *path, const uint8_t *b, size_t n)
+{
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
-    int32_t h[256] = {0};
-    h[0] = magic;
-    h[1] = magic == TKD_TOKENS_MAGIC_U16 ? 1 : 2;
-    h[2] = n;
-    fwrite(h, 4, 256, f);
-    for (int i = 0; i < n; i++) {
-        if (magic == TKD_TOKENS_MAGIC_U16) {
-            uint16_t v = (uint16_t)tok[i];
-            fwrite(&v, 2, 1, f);
-        } else {
-            uint32_t v = (uint32_t)tok[i];
-            fwrite(&v, 4, 1, f);
-        }
-    }
-    fclose(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* An llm.c token file as llm.c's dev/data/data_common.py write_datafile lays it out: 256 int32
+ * little-endian (magic, version, token count, then 253 zeros), then the tokens as uint16 (magic
+ * 20240520) or uint32 (20240801). */
+static const char *write_llmc(const char *name, int magic, int version, const int64_t *tok, int n)
+{
+    int tsz = magic == TKD_TOKENS_MAGIC_U16 ? 2 : 4;
+    size_t len = 1024 + (size_t)n * (size_t)tsz;
+    uint8_t *b = calloc(1, len), *p = b;
+    assert_non_null(b);
+    p = put_le(p, (uint32_t)magic, 4);
+    p = put_le(p, (uint32_t)version, 4);
+    put_le(p, (uint32_t)n, 4);
+    p = b + 1024;
+    for (int i = 0; i < n; i++)
+        p = put_le(p, (uint64_t)tok[i], tsz);
+    const char *path = tmp_path(name);
+    write_bytes(path, b, len);
+    free(b);
     return path;
+}
+
+/* llm.c .bin with the header llm.c writes for that magic: GPT-2 (v1, uint16) or Llama 3 (v7, uint32). */
+static const char *write_bin(const char *name, int magic, const int64_t *tok, int n)
+{
+    int version = magic == TKD_TOKENS_MAGIC_U16 ? TKD_TOKENS_VERSION_U16 : TKD_TOKENS_VERSION_U32;
+    return write_llmc(name, magic, version, tok, n);
 }
 
 /* .npy with the given descr and shape text, header version major (1 or 2), padded to 64 bytes as
@@ -72,6 +95,62 @@ static const char *write_npy(const char *name, const char *descr, const char *sh
         fwrite(&tok[i], (size_t)sz, 1, f); /* little-endian host: the low bytes come first */
     fclose(f);
     return path;
+}
+
+/* A Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx as megatron/core/datasets/indexed_dataset.py
+ * (IndexedDatasetBuilder, _IndexWriter) lays it out. .bin: the sequences' tokens back to back in the
+ * dtype of `code`. .idx: "MMIDIDX\0\0", uint64 version 1, uint8 dtype code, uint64 sequence_count,
+ * uint64 document_count, then int32 sizes[sequence_count], int64 pointers[sequence_count] (byte
+ * offsets of the sequences in .bin) and int64 document_indices[document_count] (0, then the sequence
+ * count after each document). tok holds every sequence's tokens in order. Returns the prefix. */
+static const char *write_megatron(const char *prefix, int code, const int64_t *tok, const int *sizes, int nseq,
+                                  const int64_t *docs, int ndocs)
+{
+    static const int bytes[9] = {0, 1, 1, 2, 4, 8, 8, 4, 2}; /* by dtype code */
+    int tsz = bytes[code], ntok = 0;
+    for (int s = 0; s < nseq; s++)
+        ntok += sizes[s];
+    uint8_t *bin = malloc((size_t)ntok * 8 + 1), *p = bin;
+    assert_non_null(bin);
+    for (int i = 0; i < ntok; i++)
+        p = put_le(p, (uint64_t)tok[i], tsz);
+    char path[4200];
+    snprintf(path, sizeof path, "%s.bin", tmp_path(prefix));
+    write_bytes(path, bin, (size_t)ntok * (size_t)tsz);
+    free(bin);
+
+    size_t len = 34 + 12 * (size_t)nseq + 8 * (size_t)ndocs;
+    uint8_t *idx = malloc(len);
+    assert_non_null(idx);
+    memcpy(idx, "MMIDIDX\0\0", 9);
+    p = put_le(idx + 9, 1, 8);
+    p = put_le(p, (uint64_t)code, 1);
+    p = put_le(p, (uint64_t)nseq, 8);
+    p = put_le(p, (uint64_t)ndocs, 8);
+    for (int s = 0; s < nseq; s++)
+        p = put_le(p, (uint32_t)sizes[s], 4);
+    int64_t at = 0;
+    for (int s = 0; s < nseq; s++) {
+        p = put_le(p, (uint64_t)at, 8);
+        at += (int64_t)sizes[s] * tsz;
+    }
+    for (int d = 0; d < ndocs; d++)
+        p = put_le(p, (uint64_t)docs[d], 8);
+    assert_int_equal((size_t)(p - idx), len);
+    snprintf(path, sizeof path, "%s.idx", tmp_path(prefix));
+    write_bytes(path, idx, len);
+    free(idx);
+    return tmp_path(prefix);
+}
+
+/* An empty directory name under the group's temp dir (made afresh); its path goes to out. */
+static void fresh_subdir(const char *name, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", tkd_test_group_dir, name);
+    assert_int_equal(tkd_test_rmtree(out), 0);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", out);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void seq(int64_t *t, int n, int64_t base, int64_t step)
@@ -146,11 +225,7 @@ static void test_list_glob_locate_vocab(void **state)
 {
     (void)state;
     char sub[4096];
-    snprintf(sub, sizeof sub, "%s/shards", tkd_test_group_dir);
-    assert_int_equal(tkd_test_rmtree(sub), 0);
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", sub);
-    assert_int_equal(system(cmd), 0);
+    fresh_subdir("shards", sub, sizeof sub);
     int64_t a[10], b[6], c[5];
     seq(a, 10, 0, 1);
     seq(b, 6, 100, 1);
@@ -296,13 +371,293 @@ static void test_sha256_identity(void **state)
                             write_bin("h2.bin", TKD_TOKENS_MAGIC_U32, t + 4, 6)};
     assert_int_equal(tkd_tokens_open_list(parts, 2, &b), TKD_OK);
     char ha[65], hb[65];
-    tkd_tokens_sha256(a, ha);
-    tkd_tokens_sha256(b, hb);
+    assert_int_equal(tkd_tokens_sha256(a, ha), TKD_OK);
+    assert_int_equal(tkd_tokens_sha256(b, hb), TKD_OK);
     /* python3: hashlib.sha256(struct.pack('<10i', *range(1, 11))).hexdigest() */
     assert_string_equal(ha, "272bc3456b7ce85de2ce18d1964316879e840a1201a4664e967ef42ba3f76b96");
     assert_string_equal(hb, ha); /* same tokens, other files and formats: same identity */
     tkd_tokens_free(a);
     tkd_tokens_free(b);
+}
+
+/* Every header llm.c's write_datafile writes, and topkd's former uint32 header. */
+static void test_llmc_headers(void **state)
+{
+    (void)state;
+    tkd_tokens *ds = NULL;
+    /* GPT-2: EOT 50256 before each document, ids up to 50256 (uint16) */
+    int64_t gpt2[6] = {50256, 15496, 995, 50256, 40, 65535};
+    assert_int_equal(tkd_tokens_open(write_llmc("gpt2.bin", 20240520, 1, gpt2, 6), &ds), TKD_OK);
+    assert_stream(ds, gpt2, 6);
+    tkd_tokens_free(ds);
+
+    /* Llama 3: magic 20240801 version 7, uint32; <|begin_of_text|> 128000 starts each document */
+    int64_t llama3[7] = {128000, 9906, 1917, 128000, 128255, 70000, 2147483647};
+    assert_int_equal(tkd_tokens_open(write_llmc("llama3.bin", 20240801, 7, llama3, 7), &ds), TKD_OK);
+    assert_stream(ds, llama3, 7);
+    assert_int_equal(tkd_tokens_check_vocab(ds, 128256), TKD_ERR_MISMATCH); /* 2^31 - 1 is no Llama 3 id */
+    tkd_test_assert_msg_has("llama3.bin: token offset 6: id 2147483647 is outside the vocabulary [0, 128256)");
+    tkd_tokens_free(ds);
+
+    /* version 2: what topkd asked for before it read llm.c's own files; still read */
+    assert_int_equal(tkd_tokens_open(write_llmc("former.bin", 20240801, 2, llama3, 5), &ds), TKD_OK);
+    assert_stream(ds, llama3, 5);
+    tkd_tokens_free(ds);
+
+    /* a uint32 token past int32 */
+    llama3[2] = 2147483648;
+    assert_int_equal(tkd_tokens_open(write_llmc("llama3_big.bin", 20240801, 7, llama3, 7), &ds), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("llama3_big.bin: token 2147483648 at token offset 2 does not fit in int32");
+    assert_null(ds);
+    assert_int_equal(tkd_tokens_open(write_llmc("v1_u32.bin", 20240801, 1, llama3, 2), &ds), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("version 1 does not go with magic 20240801 (expected 7, or topkd's former 2)");
+}
+
+/* tokens[j] of the document layout used below: sequences of 3, 2, 4, 0 and 1 tokens; documents
+ * {seq 0, 1}, {} (empty), {seq 2, 3 (empty)}, {seq 4}. */
+static const int MM_SIZES[5] = {3, 2, 4, 0, 1};
+static const int64_t MM_DOCS[5] = {0, 2, 2, 4, 5};
+
+static void check_mm_docs(const tkd_tokens *ds, int64_t doc0, int64_t first)
+{
+    int64_t want[4] = {0, 5, 5, 9}; /* the empty document starts where the next one does */
+    for (int d = 0; d < 4; d++)
+        assert_int_equal(tkd_tokens_doc_start(ds, doc0 + d), first + want[d]);
+}
+
+/* Each integer dtype Megatron writes, opened by prefix, .idx and .bin: the same stream, documents
+ * and identity as an llm.c file of those tokens. */
+static void test_megatron_dtypes(void **state)
+{
+    (void)state;
+    static const struct { int code; int64_t base, step; } dt[] = {
+        {8, 65000, 53}, {4, 100000, 12345}, {5, 7, 1 << 20}, {1, 250, 1}, {2, -5, 13}, {3, -300, 3000},
+    };
+    int64_t t[10];
+    for (size_t k = 0; k < sizeof dt / sizeof dt[0]; k++) {
+        seq(t, 10, dt[k].base, dt[k].step);
+        if (dt[k].code == 1 || dt[k].code == 8)
+            for (int i = 0; i < 10; i++)
+                t[i] %= dt[k].code == 1 ? 256 : 65536;
+        char name[32];
+        snprintf(name, sizeof name, "mm_code%d", dt[k].code);
+        const char *prefix = write_megatron(name, dt[k].code, t, MM_SIZES, 5, MM_DOCS, 5);
+        char by_idx[4200], by_bin[4200];
+        snprintf(by_idx, sizeof by_idx, "%s.idx", prefix);
+        snprintf(by_bin, sizeof by_bin, "%s.bin", prefix);
+        const char *names[3] = {prefix, by_idx, by_bin};
+        for (int w = 0; w < 3; w++) {
+            tkd_tokens *ds = NULL;
+            assert_int_equal(tkd_tokens_open(names[w], &ds), TKD_OK);
+            assert_stream(ds, t, 10);
+            assert_int_equal(tkd_tokens_num_files(ds), 1);
+            assert_string_equal(tkd_tokens_file(ds, 0, NULL, NULL), by_bin);
+            assert_int_equal(tkd_tokens_num_docs(ds), 4);
+            check_mm_docs(ds, 0, 0);
+            assert_int_equal(tkd_tokens_doc_start(ds, 4), -1);
+            assert_int_equal(tkd_tokens_doc_start(ds, -1), -1);
+            tkd_tokens_free(ds);
+        }
+    }
+    /* the same tokens as an llm.c file: same identity and windows */
+    tkd_tokens *mm = NULL, *lc = NULL;
+    seq(t, 10, 65000, 53);
+    for (int i = 0; i < 10; i++)
+        t[i] %= 65536;
+    assert_int_equal(tkd_tokens_open(tmp_path("mm_code8"), &mm), TKD_OK);
+    assert_int_equal(tkd_tokens_open(write_bin("mm_same.bin", TKD_TOKENS_MAGIC_U16, t, 10), &lc), TKD_OK);
+    char hm[65], hl[65];
+    assert_int_equal(tkd_tokens_sha256(mm, hm), TKD_OK);
+    assert_int_equal(tkd_tokens_sha256(lc, hl), TKD_OK);
+    assert_string_equal(hm, hl);
+    assert_int_equal(tkd_tokens_num_docs(lc), 0); /* llm.c files record no documents */
+    for (int64_t i = 0; i < tkd_tokens_num_windows(lc, 3, 2, 1); i++) {
+        int32_t a[4], b[4], la[3], lb[3];
+        assert_int_equal(tkd_tokens_window(mm, 3, 2, 1, i, a, la, NULL), TKD_OK);
+        assert_int_equal(tkd_tokens_window(lc, 3, 2, 1, i, b, lb, NULL), TKD_OK);
+        assert_memory_equal(a, b, sizeof a);
+        assert_memory_equal(la, lb, sizeof la);
+    }
+    tkd_tokens_free(mm);
+    tkd_tokens_free(lc);
+}
+
+/* Megatron datasets among other files: a glob takes each dataset once, documents are numbered
+ * across files, and a bad id names its document. */
+static void test_megatron_mixed(void **state)
+{
+    (void)state;
+    char sub[4096], cmd[4200];
+    fresh_subdir("mixed", sub, sizeof sub);
+    int64_t a[10], b[4], c[10];
+    seq(a, 10, 0, 1);
+    seq(b, 4, 100, 1);
+    seq(c, 10, 200, 1);
+    c[6] = 999; /* in c's document 2 (tokens 5..8) */
+    write_megatron("mixed/a", 4, a, MM_SIZES, 5, MM_DOCS, 5);
+    write_bin("mixed/b.bin", TKD_TOKENS_MAGIC_U32, b, 4);
+    write_megatron("mixed/c", 8, c, MM_SIZES, 5, MM_DOCS, 5);
+    write_megatron("mixed/a.d", 4, a, MM_SIZES, 5, MM_DOCS, 5); /* sorts between a.bin and a.idx */
+    write_bin("mixed/d.bin", TKD_TOKENS_MAGIC_U16, b, 2);
+    write_bytes(tmp_path("mixed/d.notes"), (const uint8_t *)"x", 1);
+
+    tkd_tokens *ds = NULL;
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s/*.*", sub); /* a.bin a.d.bin a.d.idx a.idx b.bin c.bin ... d.notes */
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("d.notes: ");
+    snprintf(pattern, sizeof pattern, "%s/[abc].*", sub); /* each dataset once, where its .bin sorts */
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_num_files(ds), 4);
+    assert_non_null(strstr(tkd_tokens_file(ds, 1, NULL, NULL), "mixed/a.d.bin"));
+    assert_int_equal(tkd_tokens_count(ds), 34);
+    assert_int_equal(tkd_tokens_data(ds)[20], 100);
+    assert_int_equal(tkd_tokens_data(ds)[24], 200);
+    assert_int_equal(tkd_tokens_num_docs(ds), 12);
+    check_mm_docs(ds, 0, 0);
+    check_mm_docs(ds, 4, 10);
+    check_mm_docs(ds, 8, 24);
+    int64_t local;
+    assert_non_null(strstr(tkd_tokens_locate(ds, 30, &local), "mixed/c.bin"));
+    assert_int_equal(local, 6);
+    assert_int_equal(tkd_tokens_check_vocab(ds, 999), TKD_ERR_MISMATCH);
+    tkd_test_assert_msg_has("mixed/c.bin: token offset 6 (document 2): id 999 is outside the vocabulary");
+    tkd_tokens_free(ds);
+
+    /* only the indexes matched: each dataset where its .idx sorts */
+    snprintf(pattern, sizeof pattern, "%s/*.idx", sub);
+    assert_int_equal(tkd_tokens_open(pattern, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_num_files(ds), 3);
+    assert_non_null(strstr(tkd_tokens_file(ds, 2, NULL, NULL), "mixed/c.bin"));
+    tkd_tokens_free(ds);
+
+    /* the .bin of an llm.c file with a stray .idx beside it is still llm.c */
+    write_bytes(tmp_path("mixed/d.idx"), (const uint8_t *)"not an index", 12);
+    assert_int_equal(tkd_tokens_open(tmp_path("mixed/d.bin"), &ds), TKD_OK);
+    assert_stream(ds, b, 2);
+    tkd_tokens_free(ds);
+
+    /* a list: the order given, Megatron prefixes and files together */
+    char pc[4200];
+    snprintf(pc, sizeof pc, "%s/c", sub);
+    const char *list[2] = {tmp_path("mixed/b.bin"), pc};
+    assert_int_equal(tkd_tokens_open_list(list, 2, &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_count(ds), 14);
+    check_mm_docs(ds, 0, 4);
+    tkd_tokens_free(ds);
+
+    /* a prefix with no .idx is an absent file; an .idx with no .bin names both */
+    snprintf(pc, sizeof pc, "%s/nothing", sub);
+    assert_int_equal(tkd_tokens_open(pc, &ds), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("mixed/nothing: cannot open token file");
+    snprintf(cmd, sizeof cmd, "rm '%s/c.bin'", sub);
+    assert_int_equal(system(cmd), 0);
+    snprintf(pc, sizeof pc, "%s/c", sub);
+    assert_int_equal(tkd_tokens_open(pc, &ds), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("mixed/c.bin: cannot open the data file of Megatron index");
+    tkd_test_assert_msg_has("mixed/c.idx");
+    assert_null(ds);
+}
+
+/* The in-memory index parser: what it reports, and the .bin length it insists on. */
+static void test_megatron_parse_memory(void **state)
+{
+    (void)state;
+    int64_t t[10];
+    seq(t, 10, 1, 1);
+    char path[4200];
+    snprintf(path, sizeof path, "%s.idx", write_megatron("mem", 3, t, MM_SIZES, 5, MM_DOCS, 5));
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint8_t idx[256];
+    size_t n = fread(idx, 1, sizeof idx, f);
+    fclose(f);
+    assert_int_equal(n, 34 + 12 * 5 + 8 * 5);
+    tkd_megatron_index mi;
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n, "m.bin", TKD_MEGATRON_BIN_UNKNOWN, &mi), TKD_OK);
+    assert_int_equal(mi.dtype_code, 3);
+    assert_int_equal(mi.token_bytes, 2);
+    assert_int_equal(mi.num_sequences, 5);
+    assert_int_equal(mi.num_documents, 4);
+    assert_int_equal(mi.num_tokens, 10);
+    assert_int_equal(mi.data_bytes, 20);
+    assert_ptr_equal(mi.sizes, idx + 34);
+    assert_ptr_equal(mi.doc_idx, idx + 34 + 60);
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n, "m.bin", 20, &mi), TKD_OK);
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n, "m.bin", 22, &mi), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("m.bin: 22 bytes, but the sizes in m.idx add up to 10 tokens of 2 bytes (20 bytes)");
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n - 1, "m.bin", 20, &mi), TKD_ERR_FORMAT);
+    tkd_test_assert_msg_has("m.idx: sequence_count 5 and document_count 5 make a 134-byte index, but the file holds 133");
+    /* one mode byte per sequence after the document indices: the multimodal layout */
+    memset(idx + n, 0, 5);
+    assert_int_equal(tkd_tokens_parse_megatron_index("m.idx", idx, n + 5, "m.bin", 20, &mi), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("m.idx: a multimodal index");
+}
+
+/* The files tests/write_token_files.py wrote by following llm.c's and Megatron's Python writers
+ * (a second writer, independent of the C ones above). */
+static void test_python_written_files(void **state)
+{
+    (void)state;
+    static const int64_t gpt2[7] = {50256, 15496, 995, 50256, 464, 2068, 65535};
+    static const int64_t llama3[8] = {128000, 9906, 1917, 128000, 791, 4062, 128255, 2147483647};
+    static const int64_t mm16[6] = {15496, 995, 50256, 464, 2068, 50256};
+    static const int64_t mm32[8] = {128000, 9906, 1917, 13, 128001, 791, 4062, 128001};
+    static const struct { const char *name; const int64_t *tok; int n, ndocs; int64_t starts[3]; } f[] = {
+        {"data/tokens/llmc_gpt2.bin", gpt2, 7, 0, {0}},
+        {"data/tokens/llmc_llama3.bin", llama3, 8, 0, {0}},
+        {"data/tokens/megatron_uint16", mm16, 6, 2, {0, 3}},
+        {"data/tokens/megatron_int32", mm32, 8, 3, {0, 5, 5}}, /* the empty 2nd document starts at the 3rd */
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        tkd_tokens *ds = NULL;
+        assert_int_equal(tkd_tokens_open(tkd_test_src(f[i].name), &ds), TKD_OK);
+        assert_stream(ds, f[i].tok, f[i].n);
+        assert_int_equal(tkd_tokens_num_docs(ds), f[i].ndocs);
+        for (int d = 0; d < f[i].ndocs; d++)
+            assert_int_equal(tkd_tokens_doc_start(ds, d), f[i].starts[d]);
+        tkd_tokens_free(ds);
+    }
+}
+
+/* tkd_tokens_read across files, and its range check. */
+static void test_read_ranges(void **state)
+{
+    (void)state;
+    int64_t t[12];
+    seq(t, 12, 1, 1);
+    const char *parts[3] = {write_bin("r1.bin", TKD_TOKENS_MAGIC_U16, t, 5), write_bin("r0.bin", TKD_TOKENS_MAGIC_U16, t, 0),
+                            write_npy("r2.npy", "<i8", "(7,)", 1, t + 5, 7)};
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open_list(parts, 3, &ds), TKD_OK);
+    int32_t out[12];
+    for (int first = 0; first <= 12; first++)
+        for (int n = 0; first + n <= 12; n++) {
+            memset(out, 0x55, sizeof out);
+            assert_int_equal(tkd_tokens_read(ds, first, n, out), TKD_OK);
+            for (int j = 0; j < n; j++)
+                assert_int_equal(out[j], t[first + j]);
+            if (n < 12)
+                assert_int_equal(out[n], 0x55555555); /* nothing written past n */
+        }
+    assert_int_equal(tkd_tokens_read(ds, 10, 3, out), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_tokens_read(ds, -1, 1, out), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_tokens_read(ds, 0, -1, out), TKD_ERR_INVALID_ARG);
+    tkd_tokens_free(ds);
+}
+
+static tkd_status open_broken(const char *path)
+{
+    tkd_tokens *ds = NULL;
+    tkd_status st = tkd_tokens_open(path, &ds);
+    assert_null(ds);
+    return st;
+}
+
+static void test_broken_files(void **state)
+{
+    (void)state;
+    assert_true(tkd_test_broken_files("tok_", open_broken) >= 34);
 }
 
 /* A token path that is a FIFO nobody writes to is refused at once (the open used to block
@@ -340,31 +695,24 @@ static void test_interrupt_ends_the_read(void **state)
     tkd_test_assert_msg_has("int.bin: interrupted by SIGINT while reading the token file");
 }
 
-static tkd_status open_broken(const char *path)
-{
-    tkd_tokens *ds = NULL;
-    tkd_status st = tkd_tokens_open(path, &ds);
-    assert_null(ds);
-    return st;
-}
-
-static void test_broken_files(void **state)
-{
-    (void)state;
-    assert_true(tkd_test_broken_files("tok_", open_broken) >= 12);
-}
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fifo_refused),
+        cmocka_unit_test(test_interrupt_ends_the_read),
         cmocka_unit_test(test_bin_u16_u32),
+        cmocka_unit_test(test_llmc_headers),
+        cmocka_unit_test(test_megatron_dtypes),
+        cmocka_unit_test(test_megatron_mixed),
+        cmocka_unit_test(test_megatron_parse_memory),
+        cmocka_unit_test(test_python_written_files),
+        cmocka_unit_test(test_read_ranges),
         cmocka_unit_test(test_npy_dtypes_and_2d),
         cmocka_unit_test(test_list_glob_locate_vocab),
         cmocka_unit_test(test_windows),
         cmocka_unit_test(test_sha256_identity),
         cmocka_unit_test(test_broken_files),
-        cmocka_unit_test(test_fifo_refused),
-        cmocka_unit_test(test_interrupt_ends_the_read),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }
