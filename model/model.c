@@ -746,6 +746,18 @@ tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, 
     return TKD_OK;
 }
 
+/* The residual stream's gradient dx (f32) as the act-typed dy a linear backward reads: dx itself
+ * where act is fp32 (the CPU), else rounded into a->dn, which is free at both places this is used. */
+static tkd_status residual_grad_as_act(const tkd_model *m, tkd_model_acts *a, int N, const void **out)
+{
+    if (m->be->act_size == sizeof(float)) {
+        *out = a->dx;
+        return TKD_OK;
+    }
+    *out = a->dn;
+    return m->be->op->f32_to_act(m->be, a->dx, a->dn, (size_t)N * m->cfg.hidden_size);
+}
+
 /* On entry a->dx = ∂loss/∂(block output); on return ∂loss/∂(block input). */
 static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd_layer_weights *G,
                             const layer_acts *A, tkd_model_acts *a, int B, int T)
@@ -756,9 +768,11 @@ static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
     int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
     size_t NF = (size_t)N * F, As = be->act_size;
+    const void *dres = NULL;
     /* MLP branch: out = x2 + down(silu(gate(n2)) · up(n2)) */
     TKD_TRY(op->memset0(be, a->dh, NF * As));
-    TKD_TRY(op->linear_bwd(be, a->dx, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL));
+    TKD_TRY(residual_grad_as_act(m, a, N, &dres));
+    TKD_TRY(op->linear_bwd(be, dres, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL));
     TKD_TRY(op->memset0(be, a->dg, NF * As));
     TKD_TRY(op->memset0(be, a->du, NF * As));
     TKD_TRY(op->swiglu_bwd(be, a->dh, A->gt, A->up, (int64_t)NF, a->dg, a->du));
@@ -768,7 +782,8 @@ static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd
     TKD_TRY(op->rmsnorm_bwd(be, a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm));
     /* attention branch: x2 = x + o_proj(attn(...)) */
     TKD_TRY(op->memset0(be, a->dy, (size_t)N * Q * As));
-    TKD_TRY(op->linear_bwd(be, a->dx, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL));
+    TKD_TRY(residual_grad_as_act(m, a, N, &dres));
+    TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL));
     TKD_TRY(op->memset0(be, a->dq, (size_t)N * Q * As));
     TKD_TRY(op->memset0(be, a->dk, (size_t)N * KV * As));
     TKD_TRY(op->memset0(be, a->dv, (size_t)N * KV * As));
