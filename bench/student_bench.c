@@ -1,0 +1,372 @@
+/* student_bench.c — student-train's step speed on the CUDA backend at real shapes (a program, not a test).
+ *
+ * For each shape (random weights from tkd_model_init_random_for_training, no checkpoint) with B
+ * sequences of T random tokens and one host teacher batch (top-100 distinct ids per position in
+ * decreasing order of a random logit, an LSE a little above their log-sum-exp, labels = each row's
+ * teacher top-1; renorm, alpha 0.5, tau 1, recompute mode — the defaults of student-train), one step
+ * is what student_train/train.c's train_step does with grad_accum 1: zero grads, kl_stage, model
+ * forward (training), kl_forward + kl_backward, model backward, clip to 1.0, AdamW. Two warm-up
+ * steps, then --steps timed steps, each ending with a device sync (host wall clock around them).
+ *
+ * Columns: tokens/s and step ms (mean of the timed steps); MFU = (6·N_params + 12·L·T·D)·tokens/s
+ * ÷ 989 TFLOP/s (dense bf16 peak of an H100/H200 SXM); GiB = device bytes in use after the timed
+ * steps minus before the model (nothing is freed in between, so the peak of our allocations,
+ * cuBLAS's workspaces included); then the split of one extra step with a device sync between
+ * phases (so it sums to a little more than step ms: the stage's copy no longer overlaps the
+ * forward): data (kl_stage), fwd (model forward incl. attention), loss (kl forward + backward), bwd
+ * (model backward), opt (zero grads + clip + AdamW); and the loss of the last step.
+ *
+ *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
+ *
+ * Activation recomputation (--recompute) is not supported: the model keeps every layer's
+ * activations for backward.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/status.h"
+
+#ifdef TKD_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/backend.h"
+#include "kernels/kl_loss.h"
+#include "model/model.h"
+#include "model/optim.h"
+
+#define PEAK_FLOPS 989e12
+#define TOPK 100
+#define WARMUP 2
+
+typedef struct shape_def {
+    const char *name;
+    int arch, V, D, F, L, H, Hkv, tied, bias;
+    double theta;
+} shape_def;
+
+static const shape_def kShapes[] = {
+    {"llama1b", TKD_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 1, 0, 500000.0},
+    {"llama3b", TKD_ARCH_LLAMA, 128256, 3072, 8192, 28, 24, 8, 1, 0, 500000.0},
+    {"qwen05b", TKD_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 1, 1, 1000000.0},
+};
+
+typedef struct run_spec { const shape_def *s; int T, B; } run_spec;
+
+/* One host teacher batch (N rows of TOPK) and the student's input tokens (N). */
+typedef struct host_batch {
+    int32_t *tok, *idx, *labels;
+    float *logit, *lse;
+} host_batch;
+
+/* The phases of the split step, ms. */
+typedef struct split_ms { double data, fwd, loss, bwd, opt; } split_ms;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int die(const char *what)
+{
+    fprintf(stderr, "student_bench: %s: %s\n", what, tkd_error_msg());
+    return 1;
+}
+
+static void config_of(const shape_def *s, int T, tkd_model_config *c)
+{
+    tkd_model_config_defaults(c);
+    c->arch = s->arch;
+    c->vocab_size = s->V;
+    c->hidden_size = s->D;
+    c->intermediate_size = s->F;
+    c->num_hidden_layers = s->L;
+    c->num_attention_heads = s->H;
+    c->num_key_value_heads = s->Hkv;
+    c->head_dim = s->D / s->H;
+    c->max_position_embeddings = T > 8192 ? T : 8192;
+    c->rope_theta = s->theta;
+    c->tie_word_embeddings = s->tied;
+    c->attention_bias = s->bias;
+    c->initializer_range = 0.02f;
+}
+
+static size_t used_bytes(void)
+{
+    size_t f = 0, t = 0;
+    cudaMemGetInfo(&f, &t);
+    return t - f;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int desc_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+static void free_batch(host_batch *h)
+{
+    free(h->tok);
+    free(h->idx);
+    free(h->labels);
+    free(h->logit);
+    free(h->lse);
+}
+
+/* Random tokens in [0, V); per row TOPK distinct ids in [0, V) (rejection against the row's earlier
+ * ids) carrying logits drawn uniform in [0, 12) and sorted largest first; the LSE is their
+ * log-sum-exp + log(1 + 0.05) (a 5% tail); the label is the row's top-1 id. */
+static int make_batch(int64_t n, int v, host_batch *h)
+{
+    h->tok = malloc(sizeof(int32_t) * n);
+    h->labels = malloc(sizeof(int32_t) * n);
+    h->lse = malloc(sizeof(float) * n);
+    h->idx = malloc(sizeof(int32_t) * n * TOPK);
+    h->logit = malloc(sizeof(float) * n * TOPK);
+    if (!h->tok || !h->labels || !h->lse || !h->idx || !h->logit)
+        return 1;
+    uint64_t rng = 42;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t *id = h->idx + i * TOPK;
+        float *lg = h->logit + i * TOPK;
+        h->tok[i] = (int32_t)(splitmix(&rng) % (uint64_t)v);
+        for (int j = 0; j < TOPK; j++) {
+            int dup;
+            do {
+                id[j] = (int32_t)(splitmix(&rng) % (uint64_t)v);
+                dup = 0;
+                for (int q = 0; q < j && !dup; q++)
+                    dup = id[q] == id[j];
+            } while (dup);
+            lg[j] = (float)((splitmix(&rng) >> 11) * 0x1.0p-53 * 12.0);
+        }
+        qsort(lg, TOPK, sizeof(float), desc_float);
+        double sum = 0.0;
+        for (int j = 0; j < TOPK; j++)
+            sum += exp((double)lg[j] - lg[0]);
+        h->lse[i] = (float)(lg[0] + log(sum) + log1p(0.05));
+        h->labels[i] = id[0];
+    }
+    return 0;
+}
+
+/* Everything one step needs. */
+typedef struct bench_ctx {
+    tkd_backend *be;
+    tkd_model *m;
+    tkd_adamw *opt;
+    tkd_optim_config ocfg;
+    tkd_backend_kl *kl;
+    tkd_kl_params kp;
+    tkd_kl_batch kb;
+    host_batch hb;
+    float *dh; /* (N, D) fp32 ∂loss/∂hidden */
+    int B, T;
+    int64_t step;
+    double loss;
+} bench_ctx;
+
+/* Waits for the device (every stream) and reports errors enqueued before. */
+static tkd_status sync_all(bench_ctx *c)
+{
+    TKD_TRY(c->be->op->sync(c->be));
+    cudaError_t e = cudaDeviceSynchronize();
+    return e == cudaSuccess ? TKD_OK : tkd_error_set(TKD_ERR_DEVICE, "cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+}
+
+/* Lap timer for the split step: syncs when split is set, then returns ms since *t and resets it. */
+static tkd_status lap(bench_ctx *c, int split, double *t, double *ms)
+{
+    if (!split)
+        return TKD_OK;
+    TKD_TRY(sync_all(c));
+    double n = now_s();
+    *ms = (n - *t) * 1e3;
+    *t = n;
+    return TKD_OK;
+}
+
+/* One training step as train_step does it (grad_accum 1); with split, a sync after every phase and
+ * the phases' times in *sp. Ends with a device sync either way. */
+static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
+{
+    const tkd_backend_ops *op = c->be->op;
+    double zero_ms = 0, clip_ms = 0;
+    if (split)
+        TKD_TRY(sync_all(c)); /* the split starts from an idle device */
+    double t = now_s();
+    TKD_TRY(tkd_model_zero_grad(c->m));
+    TKD_TRY(lap(c, split, &t, &zero_ms));
+    TKD_TRY(op->kl_stage(c->be, c->kl, &c->kp, &c->kb));
+    TKD_TRY(lap(c, split, &t, &sp->data));
+    const void *hidden = NULL;
+    TKD_TRY(tkd_model_forward(c->m, c->hb.tok, c->B, c->T, 1, &hidden));
+    TKD_TRY(lap(c, split, &t, &sp->fwd));
+    tkd_kl_result r;
+    const void *w = tkd_model_lm_head_dev(c->m);
+    float *dw = tkd_model_lm_head_grad(c->m);
+    TKD_TRY(op->kl_forward(c->be, c->kl, &c->kp, hidden, w, &r, NULL, NULL));
+    TKD_TRY(op->kl_backward(c->be, c->kl, &c->kp, hidden, w, 1.0f, c->dh, dw));
+    TKD_TRY(lap(c, split, &t, &sp->loss));
+    if (!isfinite(r.loss))
+        return tkd_error_set(TKD_ERR_NUMERIC, "the loss is %g at step %lld", r.loss, (long long)c->step + 1);
+    c->loss = r.loss;
+    TKD_TRY(tkd_model_backward(c->m, c->dh));
+    TKD_TRY(lap(c, split, &t, &sp->bwd));
+    double norm = 0;
+    TKD_TRY(tkd_optim_clip_model(c->m, 1.0, &norm));
+    TKD_TRY(tkd_adamw_step_model(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step)));
+    TKD_TRY(lap(c, split, &t, &clip_ms));
+    if (split)
+        sp->opt = zero_ms + clip_ms;
+    c->step++;
+    return sync_all(c);
+}
+
+static int run_one(const run_spec *r, int steps)
+{
+    tkd_model_config cfg;
+    config_of(r->s, r->T, &cfg);
+    bench_ctx c;
+    memset(&c, 0, sizeof c);
+    c.B = r->B;
+    c.T = r->T;
+    int64_t N = (int64_t)r->B * r->T;
+    if (make_batch(N, cfg.vocab_size, &c.hb))
+        return fprintf(stderr, "student_bench: out of host memory for the teacher batch\n"), 1;
+    c.kb.n = N;
+    c.kb.d = cfg.hidden_size;
+    c.kb.v = cfg.vocab_size;
+    c.kb.topk_idx = c.hb.idx;
+    c.kb.topk_logit = c.hb.logit;
+    c.kb.teacher_lse = c.hb.lse;
+    c.kb.labels = c.hb.labels;
+    tkd_kl_params_defaults(&c.kp, TOPK);
+    c.kp.variant = TKD_KL_VARIANT_RENORM;
+    c.kp.temperature = 1.0f;
+    c.kp.alpha = 0.5f;
+    c.kp.grad_in_forward = 0;
+    if (tkd_kl_validate(&c.kp, &c.kb) != TKD_OK)
+        return die("teacher batch");
+
+    size_t base = used_bytes();
+    if (tkd_backend_open(TKD_DEVICE_CUDA, 0, &c.be) != TKD_OK)
+        return die("backend");
+    double t0 = now_s();
+    if (tkd_model_init_random_for_training(&cfg, 1, c.be, &c.m) != TKD_OK)
+        return die("init");
+    if (tkd_model_reserve(c.m, c.B, c.T, 1) != TKD_OK)
+        return die("reserve");
+    tkd_optim_config_defaults(&c.ocfg);
+    c.ocfg.clip_norm = 1.0;
+    c.ocfg.total_steps = WARMUP + steps + 1;
+    if (tkd_adamw_init_on(&c.ocfg, c.m, &c.opt) != TKD_OK)
+        return die("optimizer");
+    if (c.be->op->kl_create(c.be, &c.kp, N, cfg.hidden_size, cfg.vocab_size, &c.kl) != TKD_OK)
+        return die("loss");
+    if (c.be->op->alloc(c.be, (size_t)N * cfg.hidden_size * sizeof(float), "bench: dHidden", (void **)&c.dh) != TKD_OK)
+        return die("dHidden");
+    double init_s = now_s() - t0;
+
+    split_ms sp = {0};
+    for (int i = 0; i < WARMUP; i++)
+        if (step_once(&c, 0, &sp) != TKD_OK)
+            return die("warm-up step");
+    double ts = now_s();
+    for (int i = 0; i < steps; i++)
+        if (step_once(&c, 0, &sp) != TKD_OK)
+            return die("timed step");
+    double step_ms = (now_s() - ts) * 1e3 / steps;
+    double mem = (double)(used_bytes() - base) / 1073741824.0;
+    if (step_once(&c, 1, &sp) != TKD_OK)
+        return die("split step");
+
+    double tps = (double)N / (step_ms * 1e-3);
+    double fpt = 6.0 * (double)c.m->n_params + 12.0 * cfg.num_hidden_layers * (double)r->T * cfg.hidden_size;
+    printf("| %s | %d x %d | %.0f | %.1f | %.0f | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.4f |\n",
+           r->s->name, r->T, r->B, (double)c.m->n_params / 1e6, init_s, tps, step_ms, fpt * tps / PEAK_FLOPS, mem,
+           sp.fwd, sp.loss, sp.bwd, sp.opt, sp.data, sp.fwd + sp.loss + sp.bwd + sp.opt + sp.data, c.loss);
+    fflush(stdout);
+
+    c.be->op->free(c.be, c.dh);
+    c.be->op->kl_free(c.be, c.kl);
+    tkd_adamw_free(c.opt);
+    tkd_model_free(c.m);
+    tkd_backend_close(c.be);
+    free_batch(&c.hb);
+    return 0;
+}
+
+static int parse_shapes(const char *arg, run_spec *rs, int *n)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", arg);
+    *n = 0;
+    for (char *tok = strtok(buf, ","); tok && *n < 16; tok = strtok(NULL, ",")) {
+        char name[64];
+        int T = 0, B = 0;
+        if (sscanf(tok, "%63[^:]:%d:%d", name, &T, &B) != 3 || T <= 0 || B <= 0)
+            return fprintf(stderr, "student_bench: --shapes wants NAME:T:B, e.g. llama1b:8192:1\n"), 1;
+        const shape_def *s = NULL;
+        for (size_t i = 0; i < sizeof kShapes / sizeof kShapes[0]; i++)
+            if (!strcmp(kShapes[i].name, name))
+                s = &kShapes[i];
+        if (!s)
+            return fprintf(stderr, "student_bench: unknown shape %s (llama1b, llama3b, qwen05b)\n", name), 1;
+        rs[(*n)++] = (run_spec){s, T, B};
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    run_spec rs[16];
+    int n = 0, steps = 5;
+    if (parse_shapes("llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4", rs, &n))
+        return 2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
+            if (parse_shapes(argv[++i], rs, &n))
+                return 2;
+        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+            steps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--recompute")) {
+            fprintf(stderr, "student_bench: --recompute is not supported: activation recomputation is not "
+                            "implemented (the model keeps every layer's activations for backward)\n");
+            return 2;
+        } else {
+            fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5]\n");
+            return 2;
+        }
+    }
+    if (steps < 1)
+        steps = 5;
+    printf("| shape | T x B | params M | init s | tok/s | step ms | MFU | GiB | fwd ms | loss ms | bwd ms | "
+           "opt ms | data ms | split sum ms | loss |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++)
+        if (run_one(&rs[i], steps))
+            return 1;
+    return 0;
+}
+
+#else
+int main(void)
+{
+    fprintf(stderr, "student_bench: this build has no CUDA backend\n");
+    return 1;
+}
+#endif
