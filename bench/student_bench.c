@@ -16,10 +16,10 @@
  * forward): data (kl_stage), fwd (model forward incl. attention), loss (kl forward + backward), bwd
  * (model backward), opt (zero grads + clip + AdamW); and the loss of the last step.
  *
- *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
+ *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5] [--recompute]
  *
- * Activation recomputation (--recompute) is not supported: the model keeps every layer's
- * activations for backward.
+ * --recompute: activation recomputation (train.recompute: full): only each block's input is kept,
+ * backward recomputes the rest (memory down, about one forward more of compute).
  */
 #include <math.h>
 #include <stdint.h>
@@ -236,6 +236,8 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     return sync_all(c);
 }
 
+static int g_recompute;
+
 static int run_one(const run_spec *r, int steps)
 {
     tkd_model_config cfg;
@@ -268,6 +270,7 @@ static int run_one(const run_spec *r, int steps)
     double t0 = now_s();
     if (tkd_model_init_random_for_training(&cfg, 1, c.be, &c.m) != TKD_OK)
         return die("init");
+    tkd_model_set_recompute(c.m, g_recompute);
     if (tkd_model_reserve(c.m, c.B, c.T, 1) != TKD_OK)
         return die("reserve");
     tkd_optim_config_defaults(&c.ocfg);
@@ -344,9 +347,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             steps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--recompute")) {
-            fprintf(stderr, "student_bench: --recompute is not supported: activation recomputation is not "
-                            "implemented (the model keeps every layer's activations for backward)\n");
-            return 2;
+            g_recompute = 1;
         } else {
             fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5]\n");
             return 2;

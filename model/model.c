@@ -33,6 +33,7 @@ typedef struct layer_acts {
 
 struct tkd_model_acts {
     int cap_b, cap_t, training; /* what the buffers are sized for */
+    size_t bytes;               /* of buf */
     void *buf;                  /* the one backend allocation every view below points into */
     int32_t *tokens;            // (cap_b·cap_t) backend copy of the last forward's tokens
     layer_acts *layer;          // (L) host array of views
@@ -586,6 +587,13 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
             *t = a->layer[0]; /* inference: every block reuses one set */
             continue;
         }
+        if (m->recompute && l > 0) {
+            /* recompute: only each block's input is kept; the rest is one set, remade per block
+             * in backward */
+            *t = a->layer[0];
+            t->x = take(buf, &off, N * D, S);
+            continue;
+        }
         t->x = take(buf, &off, N * D, S);
         t->n1 = take(buf, &off, N * D, A);
         t->rstd1 = take(buf, &off, N, S);
@@ -637,6 +645,19 @@ static tkd_status alloc_grads(tkd_model *m)
     return TKD_OK;
 }
 
+size_t tkd_model_activation_bytes(const tkd_model *m)
+{
+    return m->acts ? m->acts->bytes : 0;
+}
+
+void tkd_model_set_recompute(tkd_model *m, int full)
+{
+    if (m->recompute == !!full)
+        return;
+    m->recompute = !!full;
+    free_acts(m); /* the next reserve carves for the new layout */
+}
+
 tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
 {
     if (B <= 0 || T <= 0)
@@ -671,6 +692,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
     }
     a->cap_b = nb;
     a->cap_t = nt;
+    a->bytes = n;
     a->training = tr;
     carve(m, a, a->buf, nb, nt, tr);
     return TKD_OK;
@@ -680,8 +702,9 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
 
 /* One block from A->n1 = rmsnorm(A->x): attention, MLP, and the residual add that makes the next
  * block's input xnext together with its norm (next_norm weights into n_next, rstd_next). */
-static tkd_status block_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, float *xnext,
-                            const void *next_norm, void *n_next, float *rstd_next, int B, int T)
+/* A block from A->n1 = rmsnorm(A->x) up to its MLP output A->mo (everything but the residual add
+ * that makes the next block's input). */
+static tkd_status block_fwd_body(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
 {
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
@@ -699,8 +722,26 @@ static tkd_status block_fwd(const tkd_model *m, const tkd_layer_dweights *W, lay
     TKD_TRY(op->linear_fwd(be, A->n2, W->wg, NULL, N, D, F, A->gt));
     TKD_TRY(op->linear_fwd(be, A->n2, W->wu, NULL, N, D, F, A->up));
     TKD_TRY(op->swiglu_fwd(be, A->gt, A->up, (int64_t)N * F, A->hm));
-    TKD_TRY(op->linear_fwd(be, A->hm, W->wd, NULL, N, F, D, A->mo));
-    return op->add_rmsnorm_fwd(be, A->x2, A->mo, xnext, next_norm, N, D, eps, n_next, rstd_next);
+    return op->linear_fwd(be, A->hm, W->wd, NULL, N, F, D, A->mo);
+}
+
+static tkd_status block_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, float *xnext,
+                            const void *next_norm, void *n_next, float *rstd_next, int B, int T)
+{
+    TKD_TRY(block_fwd_body(m, W, A, B, T));
+    int N = B * T, D = m->cfg.hidden_size;
+    return m->be->op->add_rmsnorm_fwd(m->be, A->x2, A->mo, xnext, next_norm, N, D, (float)m->cfg.rms_norm_eps, n_next,
+                                      rstd_next);
+}
+
+/* Recompute: block l's activations again from its kept input (same ops, same order: the same
+ * values), into the one shared set, just before its backward. */
+static tkd_status block_recompute(const tkd_model *m, int l, layer_acts *A, int B, int T)
+{
+    int N = B * T, D = m->cfg.hidden_size;
+    const tkd_layer_dweights *W = &m->d.layers[l];
+    TKD_TRY(m->be->op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, (float)m->cfg.rms_norm_eps, A->n1, A->rstd1));
+    return block_fwd_body(m, W, A, B, T);
 }
 
 static tkd_status check_tokens(const tkd_model *m, const int32_t *tokens, int64_t N, int T)
@@ -811,8 +852,11 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
     }
     TKD_TRY(op->memset0(m->be, a->dx, sizeof(float) * (size_t)N * D));
     TKD_TRY(op->rmsnorm_bwd(m->be, dy, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm));
-    for (int l = c->num_hidden_layers - 1; l >= 0; l--)
+    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+        if (m->recompute)
+            TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
         TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T));
+    }
     TKD_TRY(op->embedding_bwd(m->be, a->tokens, N, a->dx, D, m->g.embed));
     a->have_train_fwd = 0; /* activations are consumed: a second backward would double-count */
     return TKD_OK;

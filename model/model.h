@@ -106,6 +106,7 @@ typedef struct tkd_model {
     tkd_model_dweights d;   /* views into dparams */
     float *d_rope_cos;      /* the RoPE tables in backend memory (== rope_cos on the CPU) */
     float *d_rope_sin;
+    int recompute;          /* 1: training keeps only each block's input; backward recomputes the rest */
 } tkd_model;
 
 /* A model with weights drawn from normal(0, cfg->initializer_range) by a seeded generator (same seed,
@@ -157,6 +158,16 @@ const tkd_param_info *tkd_model_params(const tkd_model *m, int *n);
  * keeps allocation out of the training loop). training = 1 keeps every layer's activations for
  * backward and allocates the gradients. T must not exceed max_position_embeddings. */
 tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
+
+/* Activation recomputation (train.recompute: full): a training forward keeps only each block's
+ * input (B·T·D fp32 per layer) and one shared set of the other activations; backward recomputes a
+ * block's activations from its input just before that block's backward, with the same ops in the
+ * same order, so the gradients are identical to keeping everything (about one more forward of
+ * compute). Drops the activation buffers; the next forward sizes them for the new layout. */
+void tkd_model_set_recompute(tkd_model *m, int full);
+
+/* Bytes of the activation buffers sized now (0 before the first forward or reserve). */
+size_t tkd_model_activation_bytes(const tkd_model *m);
 
 /* Forward over host tokens (B, T) int32 (each in [0, V), else TKD_ERR_INVALID_ARG naming the
  * position). *hidden (optional) receives a view of the final hidden states (B·T, D) after the final

@@ -257,6 +257,7 @@ static tkd_status build_model(trainer *tr)
         TKD_TRY(tkd_tokens_check_vocab(tr->tokens, mv));
     if (tr->val_tokens)
         TKD_TRY(tkd_tokens_check_vocab(tr->val_tokens, mv));
+    tkd_model_set_recompute(tr->m, tr->cfg->recompute);
     return tkd_model_reserve(tr->m, tr->cfg->batch_size, tr->T, 1);
 }
 

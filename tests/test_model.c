@@ -168,6 +168,43 @@ static void test_grad_accumulation_and_tied_head(void **s)
     tkd_model_free(m);
 }
 
+/* train.recompute: full: the same hidden states and bit-identical gradients as keeping every
+ * activation (the same ops in the same order), and smaller activation buffers; switching back
+ * gives the first layout again. */
+static void test_recompute_same_gradients(void **s)
+{
+    (void)s;
+    tkd_model *m = make(0, 1, 7);
+    enum { N = 3 * 9, D = 20 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 11 + 3) % 37;
+    float dh[N * D];
+    tkd_test_randn(dh, N * D, 5, 1);
+    const void *h = NULL;
+    float *h0 = malloc(sizeof dh), *g0 = malloc(sizeof(float) * m->n_params);
+    assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
+    memcpy(h0, h, sizeof dh);
+    assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
+    memcpy(g0, m->grads, sizeof(float) * m->n_params);
+    size_t all = tkd_model_activation_bytes(m);
+    assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
+    tkd_model_set_recompute(m, 1);
+    assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
+    size_t kept = tkd_model_activation_bytes(m);
+    assert_memory_equal(h, h0, sizeof dh);
+    assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
+    assert_memory_equal(m->grads, g0, sizeof(float) * m->n_params);
+    printf("activations: %zu bytes kept without recompute, %zu with\n", all, kept);
+    assert_true(kept < all);
+    tkd_model_set_recompute(m, 0);
+    assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, NULL), TKD_OK);
+    assert_int_equal(tkd_model_activation_bytes(m), all);
+    free(h0);
+    free(g0);
+    tkd_model_free(m);
+}
+
 static void test_errors(void **s)
 {
     (void)s;
@@ -276,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_causal_and_batch_independent),
         cmocka_unit_test(test_inference_equals_training),
         cmocka_unit_test(test_grad_accumulation_and_tied_head),
+        cmocka_unit_test(test_recompute_same_gradients),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_schedule),
         cmocka_unit_test(test_clip),
