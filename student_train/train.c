@@ -126,6 +126,9 @@ static tkd_status open_cache_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
     TKD_TRY(check_cache_against_config(tr, m));
     tr->V = (int)m->id.vocab_size;
     tr->T = c->seq_len > 0 ? c->seq_len : m->id.seq_len;
+    if (tr->T < m->id.seq_len)
+        tkd_log_info("data.seq_len = %d: training on the first %d of each sequence's %d cached positions "
+                     "(0 takes them all)", tr->T, tr->T, m->id.seq_len);
     tr->k_use = c->kd_topk > 0 ? c->kd_topk : m->id.k;
     tr->S = c->kd_variant == TKD_KL_VARIANT_SAMPLED ? m->id.tail_samples : 0;
     int64_t n = tkd_cache_reader_num_seq(tr->cache);
@@ -269,8 +272,10 @@ static tkd_status build_model(trainer *tr)
         return tkd_error_set(TKD_ERR_MISMATCH, "model.vocab_size = %d but the student has %d tokens", c->vocab_size, mv);
     tr->V = mv;
     if (tr->T > tr->m->cfg.max_position_embeddings)
-        return tkd_error_set(TKD_ERR_CONFIG, "seq_len %d exceeds the student's max_position_embeddings %d", tr->T,
-                             tr->m->cfg.max_position_embeddings);
+        return tkd_error_set(TKD_ERR_CONFIG, "seq_len %d exceeds the student's max_position_embeddings %d — raise %s, "
+                             "or lower data.seq_len", tr->T, tr->m->cfg.max_position_embeddings,
+                             c->model_init == TKD_TRAIN_INIT_HF ? "max_position_embeddings in model.path's config.json"
+                                                               : "model.max_position_embeddings");
     if (tr->tokens)
         TKD_TRY(tkd_tokens_check_vocab(tr->tokens, mv));
     if (tr->val_tokens)

@@ -164,6 +164,10 @@ static void test_seq_len_beyond_the_cache(void **state)
     const char *extra[] = {"data.seq_len=9"};
     const char *frag[] = {"data.seq_len = 9", "sequences of 8", f->s.cache};
     expect_error(run(f, f->s.cache, "seq9", extra, 1), TKD_ERR_CONFIG, frag, 3);
+    /* the cache's 8 positions (data.seq_len 0) on a student of 4: the message names the key to raise */
+    const char *short_student[] = {"model.max_position_embeddings=4"};
+    const char *frag_pos[] = {"max_position_embeddings 4", "raise model.max_position_embeddings"};
+    expect_error(run(f, f->s.cache, "pos4", short_student, 1), TKD_ERR_CONFIG, frag_pos, 2);
 }
 
 static void test_temperature_of_the_cache(void **state)
