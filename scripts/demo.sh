@@ -58,9 +58,9 @@ student() { # name extra --set arguments...
     --set train.eval_batches=$eval_batches "$@" | tee demo-out/$name.log
 }
 student teacher-eval --set model.init=hf --set model.path=data/demo-teacher --set train.eval_only=true \
-  --set data.cache= --set data.val_cache= --set kd.alpha=0 \
+  --set data.cache= --set data.val_cache= --set kd.alpha=0 --set data.seq_len=64 \
   --set "data.tokens=[data/brown-train.bin]" --set "data.val_tokens=[data/brown-val.bin]"
-student ce-only --set data.cache= --set data.val_cache= --set kd.alpha=0 \
+student ce-only --set data.cache= --set data.val_cache= --set kd.alpha=0 --set data.seq_len=64 \
   --set "data.tokens=[data/brown-train.bin]" --set "data.val_tokens=[data/brown-val.bin]" \
   --set data.max_sequences=$train_seqs
 student kd-top100-renorm --set data.cache=demo-out/cache-top100 --set data.val_cache=demo-out/val-top100 \

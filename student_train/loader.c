@@ -1,6 +1,7 @@
 /* loader.c — see loader.h. */
 #include "student_train/loader.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,8 @@ struct tkd_loader {
     tkd_cache_stream *stream;
     int src_seq_len; /* positions per sequence in the source */
     int src_k;       /* columns the source batch holds */
+    int vocab;       /* the student's vocabulary when smaller than the cache's, else 0 */
+    int renorm;      /* the loss renormalises over the top-k' (tkd_loader_fit_vocab) */
     /* the batch handed out (repacked to seq_len and int32 ids) */
     tkd_train_batch out;
     int32_t *inputs, *labels, *topk_idx, *tail_idx;
@@ -150,6 +153,85 @@ tkd_status tkd_loader_seek(tkd_loader *l, int64_t epoch, int64_t offset)
     return TKD_OK;
 }
 
+tkd_status tkd_loader_fit_vocab(tkd_loader *l, int v, int renorm)
+{
+    if (!l->cache || v < 1)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "loader: fit_vocab needs a cache and a vocabulary size");
+    l->vocab = v < (int)tkd_cache_reader_manifest(l->cache)->id.vocab_size ? v : 0;
+    l->renorm = renorm;
+    return TKD_OK;
+}
+
+static int has_id(const int32_t *ids, int n, int32_t id)
+{
+    for (int e = 0; e < n; e++)
+        if (ids[e] == id)
+            return 1;
+    return 0;
+}
+
+/* The largest id < v that the row's columns (k) and draws (s) do not hold: a column's stand-in. */
+static int32_t free_id(const int32_t *idx, int k, const int32_t *dr, int s, int v)
+{
+    int32_t u = v - 1;
+    while (u > 0 && (has_id(idx, k, u) || has_id(dr, s, u)))
+        u--;
+    return u; /* k + s < v (checked by the loss's parameters), so one is found */
+}
+
+/* Maps one position's teacher entries beyond the student's vocabulary (see tkd_loader_fit_vocab);
+ * idx (k), logit (k), dr (s). Returns the entries mapped, or -1 when the row cannot be mapped. */
+static int fit_row(int32_t *idx, float *logit, int k, int32_t *dr, int s, int v, int renorm)
+{
+    int n = 0, kept = 0;
+    int32_t first_draw = -1;
+    for (int d = 0; d < s && first_draw < 0; d++)
+        first_draw = (uint32_t)dr[d] < (uint32_t)v ? dr[d] : -1;
+    for (int d = 0; d < s; d++)
+        if ((uint32_t)dr[d] >= (uint32_t)v) {
+            if (first_draw < 0)
+                return -1;
+            dr[d] = first_draw;
+            n++;
+        }
+    for (int j = 0; j < k; j++) {
+        if ((uint32_t)idx[j] < (uint32_t)v) {
+            kept++;
+            continue;
+        }
+        idx[j] = v; /* out of [0, v) and not a free id: keeps free_id from picking this slot's old id */
+        idx[j] = free_id(idx, k, dr, s, v);
+        logit[j] = TKD_LOADER_DROPPED_LOGIT;
+        n++;
+    }
+    return renorm && k > 0 && kept == 0 ? -1 : n;
+}
+
+/* Checks slot j's tokens against the student's vocabulary and maps its teacher entries. */
+static tkd_status fit_seq(tkd_loader *l, int j)
+{
+    int t = l->o.seq_len, k = l->out.k, s = l->out.s, v = l->vocab;
+    for (int p = 0; p < t; p++) {
+        int32_t x = l->inputs[(size_t)j * t + p], y = l->labels[(size_t)j * t + p];
+        if (x >= v || y >= v)
+            return tkd_error_hint(tkd_error_set(TKD_ERR_MISMATCH, "sequence %" PRId64 " position %d holds token %d, "
+                                                "beyond the student's vocabulary of %d (the cache's has %d)", l->seq[j], p,
+                                                x >= v ? x : y, v,
+                                                (int)tkd_cache_reader_manifest(l->cache)->id.vocab_size),
+                                  "the cache's extra ids are not unused: the student needs a vocabulary covering the data");
+    }
+    for (int p = 0; p < t; p++) {
+        size_t r = (size_t)j * t + p;
+        int n = fit_row(l->topk_idx + r * k, l->topk_logit + r * k, k, s ? l->tail_idx + r * s : NULL, s, v, l->renorm);
+        if (n < 0)
+            return tkd_error_set(TKD_ERR_FORMAT, "sequence %" PRId64 " position %d: every teacher %s lies beyond the "
+                                 "student's vocabulary of %d — nothing is left to distil there", l->seq[j], p,
+                                 l->renorm ? "top-k' token" : "tail draw", v);
+        l->out.beyond_vocab += n;
+    }
+    return TKD_OK;
+}
+
 /* Copies sequence i of a cache batch into slot j, keeping the first t positions. A negative token
  * marks padding (teacher-dump's padded last window): the model sees 0 there, the loss no label. */
 static void pack_cache_seq(tkd_loader *l, const tkd_cache_batch *cb, int64_t i, int j)
@@ -176,8 +258,12 @@ static tkd_status next_from_cache(tkd_loader *l, const tkd_train_batch **batch)
     TKD_TRY(tkd_cache_stream_next(l->stream, &cb));
     if (!cb)
         return TKD_OK;
-    for (int64_t i = 0; i < cb->num_seq; i++)
+    l->out.beyond_vocab = 0;
+    for (int64_t i = 0; i < cb->num_seq; i++) {
         pack_cache_seq(l, cb, i, (int)i);
+        if (l->vocab > 0)
+            TKD_TRY(fit_seq(l, (int)i));
+    }
     l->out.b = (int)cb->num_seq;
     l->offset += cb->num_seq;
     *batch = &l->out;

@@ -29,6 +29,8 @@ typedef struct tkd_train_batch {
     const float *teacher_lse;  // (b·t)
     const int32_t *tail_idx;   // (b·t, s)
     const int64_t *seq;        // (b) sequence ids within the source
+    int64_t beyond_vocab;      /* teacher entries (top-k' columns and tail draws) of this batch that
+                                * were beyond the student's vocabulary (tkd_loader_fit_vocab) */
 } tkd_train_batch;
 
 typedef struct tkd_loader tkd_loader;
@@ -49,6 +51,20 @@ typedef struct tkd_loader_opts {
 tkd_status tkd_loader_open(tkd_loader **out, tkd_cache_reader *cache, const tkd_tokens *tokens,
                            const int64_t *split, int64_t n, const tkd_loader_opts *opts);
 void tkd_loader_close(tkd_loader *l); /* NULL is a no-op */
+
+/* A student whose vocabulary V is smaller than the cache's (a teacher's embedding padded past its
+ * tokenizer, e.g. Qwen2.5-7B's 152064 rows against Qwen2.5-0.5B's 151936): every token of the data
+ * must then be < V (otherwise the next batch fails naming the sequence: the extra ids are not
+ * unused), and each stored teacher entry beyond V is mapped before the loss sees it:
+ *  - a top-k' column gets the logit TKD_LOADER_DROPPED_LOGIT and the id of a token the row does not
+ *    otherwise use (the largest such id < V): its teacher probability becomes 0, so `renorm`
+ *    renormalises over the other columns and `tail`/`sampled` count its mass in the tail r;
+ *  - a tail draw is replaced by the row's first draw within V (a row with none fails).
+ * With renorm set, a row whose k' columns all lie beyond V fails (nothing is left to renormalise).
+ * The number of mapped entries comes with each batch (beyond_vocab). v >= the cache's: no-op. */
+tkd_status tkd_loader_fit_vocab(tkd_loader *l, int v, int renorm);
+
+#define TKD_LOADER_DROPPED_LOGIT (-1e30f) /* exp(t/τ − lse) is 0 for every τ ≥ 0.01, yet finite */
 
 /* Positions the loader at (epoch, offset): the next batch starts at that offset of the epoch's
  * order. Used at start (0, 0) and on resume. */

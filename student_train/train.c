@@ -54,6 +54,8 @@ typedef struct trainer {
     int64_t tokens0;      /* tokens seen at that time (non-zero after a resume) */
     int64_t step0;        /* the step the loop started at */
     bool finished_before; /* --resume of a run that had already finished: nothing to do */
+    int64_t beyond_vocab; /* teacher entries beyond the student's vocabulary since the last record */
+    int64_t beyond_total; /* the same over this process's training steps (reported at the end) */
     tkd_progress progress;
 } trainer;
 
@@ -124,6 +126,9 @@ static tkd_status open_cache_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
     TKD_TRY(check_cache_against_config(tr, m));
     tr->V = (int)m->id.vocab_size;
     tr->T = c->seq_len > 0 ? c->seq_len : m->id.seq_len;
+    if (tr->T < m->id.seq_len)
+        tkd_log_info("data.seq_len = %d: training on the first %d of each sequence's %d cached positions "
+                     "(0 takes them all)", tr->T, tr->T, m->id.seq_len);
     tr->k_use = c->kd_topk > 0 ? c->kd_topk : m->id.k;
     tr->S = c->kd_variant == TKD_KL_VARIANT_SAMPLED ? m->id.tail_samples : 0;
     int64_t n = tkd_cache_reader_num_seq(tr->cache);
@@ -224,6 +229,20 @@ static void student_config(const tkd_train_config *c, int vocab, tkd_model_confi
     mc->initializer_range = (float)c->init_std;
 }
 
+/* A cache whose vocabulary is padded past the student's (same tokenizer, a larger embedding): the
+ * loaders check that the data never uses the extra ids and map teacher entries beyond mv. */
+static tkd_status fit_vocab(trainer *tr, int mv)
+{
+    int renorm = tr->cfg->kd_variant == TKD_KL_VARIANT_RENORM;
+    TKD_TRY(tkd_loader_fit_vocab(tr->train, mv, renorm));
+    if (tr->val)
+        TKD_TRY(tkd_loader_fit_vocab(tr->val, mv, renorm));
+    tkd_log_info("vocabulary: the cache's %d ids exceed the student's %d; the data must not use ids >= %d, and "
+                 "teacher entries beyond them are %s (counted as beyond_vocab in metrics.jsonl)", tr->V, mv, mv,
+                 renorm ? "dropped and the rest renormalised" : "counted in the tail mass");
+    return TKD_OK;
+}
+
 static tkd_status build_model(trainer *tr)
 {
     const tkd_train_config *c = tr->cfg;
@@ -243,16 +262,20 @@ static tkd_status build_model(trainer *tr)
         TKD_TRY(tkd_model_init_random_for_training(&mc, (uint64_t)c->seed, tr->be, &tr->m));
     }
     int mv = tr->m->cfg.vocab_size;
-    if (tr->V > 0 && mv != tr->V)
+    if (tr->V > 0 && mv > tr->V)
         return tkd_error_set(TKD_ERR_MISMATCH,
                              "vocabulary mismatch: the student has %d tokens, the cache %s has %d — the student "
                              "must use the teacher's tokenizer", mv, c->cache, tr->V);
+    if (tr->V > mv)
+        TKD_TRY(fit_vocab(tr, mv));
     if (c->vocab_size > 0 && c->vocab_size != mv)
         return tkd_error_set(TKD_ERR_MISMATCH, "model.vocab_size = %d but the student has %d tokens", c->vocab_size, mv);
     tr->V = mv;
     if (tr->T > tr->m->cfg.max_position_embeddings)
-        return tkd_error_set(TKD_ERR_CONFIG, "seq_len %d exceeds the student's max_position_embeddings %d", tr->T,
-                             tr->m->cfg.max_position_embeddings);
+        return tkd_error_set(TKD_ERR_CONFIG, "seq_len %d exceeds the student's max_position_embeddings %d — raise %s, "
+                             "or lower data.seq_len", tr->T, tr->m->cfg.max_position_embeddings,
+                             c->model_init == TKD_TRAIN_INIT_HF ? "max_position_embeddings in model.path's config.json"
+                                                               : "model.max_position_embeddings");
     if (tr->tokens)
         TKD_TRY(tkd_tokens_check_vocab(tr->tokens, mv));
     if (tr->val_tokens)
@@ -376,6 +399,8 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *
     tkd_kl_batch kb;
     kl_batch_of(tr, b, &kb);
     TKD_TRY(op->kl_stage(tr->be, tr->kl, &tr->kp, &kb));
+    tr->beyond_vocab += b->beyond_vocab;
+    tr->beyond_total += b->beyond_vocab;
     const void *hidden = NULL;
     TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
     tkd_kl_result r;
@@ -557,6 +582,9 @@ static tkd_status log_train(trainer *tr, const step_stats *ss)
     json_num(tr->metrics, "lr", ss->lr);
     json_num(tr->metrics, "grad_norm", ss->grad_norm);
     json_num(tr->metrics, "elapsed_s", el);
+    if (tr->V < (int)(tr->cache ? tkd_cache_reader_manifest(tr->cache)->id.vocab_size : 0))
+        fprintf(tr->metrics, ", \"beyond_vocab\": %" PRId64, tr->beyond_vocab);
+    tr->beyond_vocab = 0;
     fprintf(tr->metrics, "}\n");
     return metrics_flush(tr);
 }
@@ -761,6 +789,9 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
     }
     if (tr->total_steps > 0)
         tkd_progress_finish(&tr->progress, NULL);
+    if (tr->beyond_total > 0)
+        tkd_log_info("teacher entries beyond the student's vocabulary: %" PRId64 " in training (%s)", tr->beyond_total,
+                     tr->kp.variant == TKD_KL_VARIANT_RENORM ? "dropped, the rest renormalised" : "mass in the tail");
     TKD_TRY(eval_and_log(tr, &es));
     if (tr->total_steps > 0)
         TKD_TRY(save(tr));

@@ -101,11 +101,40 @@ static void test_derived_run_names(void **state)
     assert_string_equal(name, "student");
 }
 
+/* The real-pair student configs next to the teacher templates load by themselves, with the shapes
+ * of the models they are named after and data.seq_len following the cache. */
+static void check_real_student(const char *file, int arch, int vocab, int hidden, int layers, int heads, int kv)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/configs/%s", TKD_SOURCE_DIR, file);
+    tkd_train_config c = {0};
+    if (tkd_config_load(&tkd_train_schema, &c, path, NULL, 0) != TKD_OK)
+        fail_msg("%s: %s", path, tkd_error_msg());
+    assert_int_equal(c.model_arch, arch);
+    assert_int_equal(c.vocab_size, vocab);
+    assert_int_equal(c.hidden_size, hidden);
+    assert_int_equal(c.num_layers, layers);
+    assert_int_equal(c.num_heads, heads);
+    assert_int_equal(c.num_kv_heads, kv);
+    assert_int_equal(c.head_dim * heads, hidden);
+    assert_int_equal(c.seq_len, 0);
+    assert_true(c.tie_word_embeddings);
+    tkd_config_free(&tkd_train_schema, &c);
+}
+
+static void test_real_pair_students(void **state)
+{
+    (void)state;
+    check_real_student("student-qwen2.5-0.5b.yaml", TKD_TRAIN_ARCH_QWEN2, 151936, 896, 24, 14, 2);
+    check_real_student("student-llama3.2-1b.yaml", TKD_TRAIN_ARCH_LLAMA, 128256, 2048, 16, 32, 8);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ablations_combine_with_the_demo),
         cmocka_unit_test(test_derived_run_names),
+        cmocka_unit_test(test_real_pair_students),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

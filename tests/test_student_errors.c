@@ -131,7 +131,9 @@ static void test_vocabulary_mismatch(void **state)
     char path_set[4400];
     snprintf(path_set, sizeof path_set, "model.path=%s", hf);
     const char *hf_student[] = {"model.init=hf", path_set};
-    const char *frag_hf[] = {"72", "80", f->s.cache};
+    /* a smaller student is taken (a teacher's padded vocabulary) only while the data stays below its
+     * size: these random tokens do not */
+    const char *frag_hf[] = {"token 7", "beyond the student's vocabulary of 72 (the cache's has 80)", "not unused"};
     expect_error(run(f, f->s.cache, "vocab-hf", hf_student, 2), TKD_ERR_MISMATCH, frag_hf, 3);
 }
 
@@ -162,6 +164,10 @@ static void test_seq_len_beyond_the_cache(void **state)
     const char *extra[] = {"data.seq_len=9"};
     const char *frag[] = {"data.seq_len = 9", "sequences of 8", f->s.cache};
     expect_error(run(f, f->s.cache, "seq9", extra, 1), TKD_ERR_CONFIG, frag, 3);
+    /* the cache's 8 positions (data.seq_len 0) on a student of 4: the message names the key to raise */
+    const char *short_student[] = {"model.max_position_embeddings=4"};
+    const char *frag_pos[] = {"max_position_embeddings 4", "raise model.max_position_embeddings"};
+    expect_error(run(f, f->s.cache, "pos4", short_student, 1), TKD_ERR_CONFIG, frag_pos, 2);
 }
 
 static void test_temperature_of_the_cache(void **state)
