@@ -84,12 +84,15 @@ typedef struct bufs {
 } bufs;
 
 /* What one timed call does. */
-typedef enum what { FWD_LSE, FWD_NO_LSE, BWD } what;
+typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN } what;
 
-/* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, or our
- * backward (cudnn ignored) from the y and lse in b. */
+/* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, our backward
+ * (cudnn ignored) or cuDNN's (it overwrites dq, dk, dv) from the y and lse in b. */
 static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 {
+    if (w == BWD_CUDNN)
+        return tkd_cudnn_attn_bwd(cudnn, b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
+                                  b->dq, b->dk, b->dv, NULL);
     if (w == BWD)
         return tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                  b->dq, b->dk, b->dv, b->ws, NULL);
@@ -101,7 +104,10 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 
 static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
 {
-    return w == BWD ? "tkd_cuda_attn_bwd" : cudnn ? "tkd_cudnn_attn_fwd" : "tkd_cuda_attn_fwd";
+    return w == BWD_CUDNN ? "tkd_cudnn_attn_bwd"
+           : w == BWD     ? "tkd_cuda_attn_bwd"
+           : cudnn        ? "tkd_cudnn_attn_fwd"
+                          : "tkd_cuda_attn_fwd";
 }
 
 /* Median milliseconds of reps calls, or -1 when cuDNN refuses the shape (message on stderr).
@@ -118,8 +124,8 @@ static double time_call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w, 
     CUDA(cudaDeviceSynchronize());
     *first_ms = wall_ms() - t0;
     if (st == TKD_ERR_UNSUPPORTED && cudnn && w != BWD) {
-        fprintf(stderr, "attn_bench: %dx%dx%dx%dx%d %s lse: %s\n", s->b, s->t, s->h, s->hkv, s->dh,
-                w == FWD_LSE ? "with" : "without", tkd_error_msg());
+        fprintf(stderr, "attn_bench: %dx%dx%dx%dx%d %s: %s\n", s->b, s->t, s->h, s->hkv, s->dh,
+                w == FWD_LSE ? "with lse" : w == FWD_NO_LSE ? "without lse" : "backward", tkd_error_msg());
         free(ms);
         return -1.0;
     }
@@ -224,9 +230,9 @@ static void bufs_free(bufs *b)
     CUDA(cudaFree(b->lse));
 }
 
-/* Times one shape: prints its forward-table row now and returns our forward (lse) and backward
- * medians for the backward table, printed after the forward one. */
-static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double *ms_fwd, double *ms_bwd)
+/* Times one shape: prints its forward-table row now and returns the forward (lse) and backward
+ * medians, ours [0] and cuDNN's [1] (-1: refused or no cuDNN), for the backward table. */
+static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double ms_fwd[2], double ms_bwd[2])
 {
     bufs b;
     bufs_alloc(&b, s);
@@ -251,18 +257,21 @@ static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double 
     if (call(NULL, s, &b, FWD_LSE) != TKD_OK) /* our y and lse for the backward (compare left cuDNN's) */
         die("tkd_cuda_attn_fwd", tkd_error_msg());
     double first_bwd;
-    *ms_fwd = ms[0];
-    *ms_bwd = time_call(NULL, s, &b, BWD, reps, &first_bwd);
+    ms_fwd[0] = ms[0], ms_fwd[1] = ms[2];
+    ms_bwd[0] = time_call(NULL, s, &b, BWD, reps, &first_bwd);
+    ms_bwd[1] = cudnn ? time_call(cudnn, s, &b, BWD_CUDNN, reps, &first_bwd) : -1.0;
     bufs_free(&b);
 }
 
-static void print_bwd_row(const shape *s, double ms_fwd, double ms_bwd)
+static void print_bwd_row(const shape *s, const double ms_fwd[2], const double ms_bwd[2])
 {
     double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
     print_shape(s);
-    print_cells(ms_fwd, flop);
-    print_cells(ms_bwd, 2.5 * flop);
-    print_cells(ms_fwd + ms_bwd, 3.5 * flop);
+    print_cells(ms_fwd[0], flop);
+    print_cells(ms_bwd[0], 2.5 * flop);
+    print_cells(ms_fwd[0] + ms_bwd[0], 3.5 * flop);
+    print_cells(ms_bwd[1], 2.5 * flop);
+    print_cells(ms_fwd[1] < 0 || ms_bwd[1] < 0 ? -1.0 : ms_fwd[1] + ms_bwd[1], 3.5 * flop);
     printf("|\n");
 }
 
@@ -307,13 +316,13 @@ int main(int argc, char **argv)
            "| cuDNN ms (lse) | TFLOP/s | cuDNN ms (no lse) | TFLOP/s | cuDNN plan ms (lse / no) "
            "| max abs diff y / lse |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    double ms_fwd[16], ms_bwd[16];
+    double ms_fwd[16][2], ms_bwd[16][2];
     for (int i = 0; i < n; i++)
-        bench_shape(cudnn, &shapes[i], reps, &ms_fwd[i], &ms_bwd[i]);
-    printf("\nbackward (ours)\n\n");
+        bench_shape(cudnn, &shapes[i], reps, ms_fwd[i], ms_bwd[i]);
+    printf("\nbackward (ours; cuDNN's: its forward with lse + tkd_cudnn_attn_bwd)\n\n");
     printf("| shape        | B |      T |   H | Hkv |  dh | fwd ms (lse) | TFLOP/s | bwd ms | TFLOP/s "
-           "| fwd+bwd ms | TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| fwd+bwd ms | TFLOP/s | cuDNN bwd ms | TFLOP/s | cuDNN fwd+bwd ms | TFLOP/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         print_bwd_row(&shapes[i], ms_fwd[i], ms_bwd[i]);
     tkd_cudnn_attn_free(cudnn);

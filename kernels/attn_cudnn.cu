@@ -19,17 +19,19 @@
 namespace {
 
 constexpr int kPlans = 16;   /* cached plans: a teacher pass uses a shape or two (with, without lse) */
-constexpr int kDescs = 64;   /* descriptors one graph is built from: 19 tensors, 28 ops, graph, heur */
-constexpr int kOps = 16;     /* operations in the graph (14) */
+constexpr int kDescs = 128;  /* descriptors one graph is built from (backward: 31 tensors, 45 ops, graph, heur) */
+constexpr int kOps = 32;     /* operations in the graph (forward 14, backward at most 23) */
 constexpr int kCfgs = 16;    /* engine configs taken from one heuristics query */
 constexpr int kMsg = TKD_ERROR_MSG_MAX; /* a cached refusal's message */
 
 /* Unique ids of the tensors the variant pack names; the virtual ones count up from kUidVirtual. */
 constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidY = 4, kUidStats = 5, kUidScale = 6, kUidNegInf = 7;
+constexpr int64_t kUidDO = 8, kUidDQ = 9, kUidDK = 10, kUidDV = 11, kUidSoftmaxSum = 12, kUidOne = 13;
 constexpr int64_t kUidVirtual = 100;
 
 struct Key {
     int B, T, H, Hkv, dh, lse; /* compared with memcmp: zero the padding */
+    int bwd;                   /* 1: the backward graph (lse then always given) */
 };
 
 struct Plan {
@@ -45,10 +47,11 @@ struct Plan {
     cudnnBackendDescriptor_t cfgs[kCfgs];  /* the current heuristics query's engine configs */
     int ncfgs;
     cudnnBackendDescriptor_t plan;
-    int64_t ws_bytes;
-    float scale, neg_inf;                  /* by-value scalars: the variant pack points here */
+    int64_t ws_bytes;                      /* cuDNN's workspace for the plan */
+    int64_t ws_off;                        /* backward: our softmax_sum (B, H, T) fp32 before it */
+    float scale, neg_inf, one;             /* by-value scalars: the variant pack points here */
     cudnnBackendDescriptor_t pack;         /* the last call's variant pack and what it holds */
-    const void *pack_ptrs[6];
+    const void *pack_ptrs[12];
 };
 
 /* Every backend call in one place; failures pass through TKD_CUDNN_CHECK with the attribute named
@@ -204,8 +207,12 @@ Shapes shapes_for(const Key &k)
     return s;
 }
 
-/* S = scale·Q·Kᵀ with entries above the diagonal set to −inf: the masked scores *out (fp32). */
-tkd_status graph_scores(Plan *p, const Shapes &s, cudnnBackendDescriptor_t *out)
+/* S = scale·Q·Kᵀ with entries above the diagonal set to −inf: the masked scores *out (fp32); the
+ * tensors q, kᵀ and scale made for it in *q_out, *kt_out, *scale_out when not NULL (the backward
+ * reuses them). */
+tkd_status graph_scores(Plan *p, const Shapes &s, cudnnBackendDescriptor_t *out,
+                        cudnnBackendDescriptor_t *q_out = NULL, cudnnBackendDescriptor_t *kt_out = NULL,
+                        cudnnBackendDescriptor_t *scale_out = NULL)
 {
     cudnnBackendDescriptor_t q, kt, scale, neg_inf, sc, ss, row, col, keep_mask, masked;
     const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
@@ -227,6 +234,8 @@ tkd_status graph_scores(Plan *p, const Shapes &s, cudnnBackendDescriptor_t *out)
     /* BINARY_SELECT: y = t ? x : b, so the scores stay where row ≥ column */
     STEP("causal select", pointwise(p, CUDNN_POINTWISE_BINARY_SELECT, f32, ss, neg_inf, keep_mask, masked));
     *out = masked;
+    if (q_out)
+        *q_out = q, *kt_out = kt, *scale_out = scale;
     return TKD_OK;
 }
 
@@ -256,14 +265,127 @@ tkd_status graph_softmax_pv(Plan *p, const Shapes &s, cudnnBackendDescriptor_t m
     return TKD_OK;
 }
 
+/* y = x with another view (dims, strides, data type) of the same elements: cuDNN's reshape. */
+tkd_status reshape(Plan *p, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
+{
+    cudnnBackendDescriptor_t op;
+    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, &op));
+    SET(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    SET(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    return add_op(p, op);
+}
+
+/* The shapes the backward adds to Shapes: (B, H, T, T) transposed views of P and dS (keys as rows),
+ * K untransposed (B, Hkv, T, dh), the per-query-head dK/dV before the GQA sum (B, H, T, dh, packed). */
+struct BwdShapes {
+    int64_t st_dim[4], st_str[4], k_dim[4], k_str[4], full_dim[4], full_str[4];
+};
+
+BwdShapes bwd_shapes_for(const Key &k)
+{
+    const int64_t H = k.H, T = k.T, B = k.B, G = k.Hkv, D = k.dh;
+    BwdShapes s = {
+        {B, H, T, T}, {H * T * T, T * T, 1, T},
+        {B, G, T, D}, {T * G * D, D, G * D, 1},
+        {B, H, T, D}, {H * T * D, T * D, D, 1},
+    };
+    return s;
+}
+
+/* softmax_sum (B, H, T, 1) fp32, non-virtual (in our workspace) = rowsum(dO ⊙ O)·1, the frontend's
+ * "dO * O => softmax_sum" chain (the ·1 is its dropout-scale multiply, kept for the pattern). */
+tkd_status graph_softmax_sum(Plan *p, const Shapes &s, cudnnBackendDescriptor_t *dout, cudnnBackendDescriptor_t *out)
+{
+    cudnnBackendDescriptor_t dy, y, one, prod, sum, ssum;
+    const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    STEP("tensor dO", tensor(p, kUidDO, bf16, s.q_dim, s.q_str, false, &dy));
+    STEP("tensor O", tensor(p, kUidY, bf16, s.q_dim, s.q_str, false, &y));
+    STEP("tensor one", tensor(p, kUidOne, f32, s.one, s.one, true, &one));
+    STEP("tensor dO*O", tensor(p, 0, f32, s.q_dim, s.q_str, false, &prod));
+    STEP("tensor rowsum dO*O", tensor(p, 0, f32, s.r_dim, s.r_str, false, &sum));
+    STEP("tensor softmax_sum", tensor(p, kUidSoftmaxSum, f32, s.r_dim, s.r_str, false, &ssum));
+    STEP("pointwise dO*O", pointwise(p, CUDNN_POINTWISE_MUL, f32, dy, y, NULL, prod));
+    STEP("reduce dO*O", reduction(p, CUDNN_REDUCE_TENSOR_ADD, prod, sum));
+    STEP("pointwise softmax_sum", pointwise(p, CUDNN_POINTWISE_MUL, f32, sum, one, NULL, ssum));
+    *dout = dy, *out = ssum;
+    return TKD_OK;
+}
+
+/* out = a·b for a GQA-summed output (B, Hkv, T, dh): straight into out when H = Hkv, else into a
+ * virtual per-query-head (B, H, T, dh) bf16 tensor and a head-axis sum (the frontend's way). */
+tkd_status matmul_gqa(Plan *p, const BwdShapes &bs, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                      cudnnBackendDescriptor_t out, const char *what)
+{
+    if (p->key.H == p->key.Hkv) {
+        STEP(what, matmul(p, a, b, out));
+        return TKD_OK;
+    }
+    cudnnBackendDescriptor_t full;
+    STEP("tensor per-head gradient", tensor(p, 0, CUDNN_DATA_BFLOAT16, bs.full_dim, bs.full_str, false, &full));
+    STEP(what, matmul(p, a, b, full));
+    STEP("reduce over the group", reduction(p, CUDNN_REDUCE_TENSOR_ADD, full, out));
+    return TKD_OK;
+}
+
+/* The backward graph (cudnn-frontend's composite sdpa_backward with its deterministic choice on
+ * Hopper: dQ straight from dS·K, no fp32 atomic accumulator):
+ *   E = exp(masked S − stats) (P, fp32);  dV = Σgroup Pᵀ·dO;  dP = dO·Vᵀ;
+ *   dS = (dP − softmax_sum) ⊙ E · scale;  dK = Σgroup dSᵀ·Q;  dQ = dS·K. */
+tkd_status graph_backward(Plan *p, const Shapes &s)
+{
+    const BwdShapes bs = bwd_shapes_for(p->key);
+    const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t dy, ssum, masked, q, kt, scale, stats, sub, ex, pt, dv, vt, dp, dps, dpe, ds, dst, dk;
+    cudnnBackendDescriptor_t kk, dq;
+    TKD_TRY(graph_softmax_sum(p, s, &dy, &ssum));
+    TKD_TRY(graph_scores(p, s, &masked, &q, &kt, &scale));
+    STEP("tensor stats", tensor(p, kUidStats, f32, s.r_dim, s.r_str, false, &stats));
+    STEP("tensor S - stats", tensor(p, 0, f32, s.s_dim, s.s_str, false, &sub));
+    STEP("tensor exp", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ex));
+    STEP("pointwise S - stats", pointwise(p, CUDNN_POINTWISE_SUB, f32, masked, stats, NULL, sub));
+    STEP("pointwise exp", pointwise(p, CUDNN_POINTWISE_EXP, f32, sub, NULL, NULL, ex));
+    /* dV */
+    STEP("tensor Pᵀ", tensor(p, 0, bf16, bs.st_dim, bs.st_str, false, &pt));
+    STEP("tensor dv", tensor(p, kUidDV, bf16, s.v_dim, s.v_str, false, &dv));
+    STEP("reshape Pᵀ", reshape(p, ex, pt));
+    TKD_TRY(matmul_gqa(p, bs, pt, dy, dv, "matmul Pᵀ·dO"));
+    /* dP, dS */
+    int64_t vt_dim[4] = {s.v_dim[0], s.v_dim[1], s.v_dim[3], s.v_dim[2]};
+    int64_t vt_str[4] = {s.v_str[0], s.v_str[1], s.v_str[3], s.v_str[2]};
+    STEP("tensor vᵀ", tensor(p, kUidV, bf16, vt_dim, vt_str, false, &vt));
+    STEP("tensor dP", tensor(p, 0, f32, s.s_dim, s.s_str, false, &dp));
+    STEP("tensor dP - softmax_sum", tensor(p, 0, f32, s.s_dim, s.s_str, false, &dps));
+    STEP("tensor (dP - softmax_sum)·E", tensor(p, 0, f32, s.s_dim, s.s_str, false, &dpe));
+    STEP("tensor dS", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ds));
+    STEP("matmul dO·Vᵀ", matmul(p, dy, vt, dp));
+    STEP("pointwise dP - softmax_sum", pointwise(p, CUDNN_POINTWISE_SUB, f32, dp, ssum, NULL, dps));
+    STEP("pointwise ·E", pointwise(p, CUDNN_POINTWISE_MUL, f32, dps, ex, NULL, dpe));
+    STEP("pointwise dS·scale", pointwise(p, CUDNN_POINTWISE_MUL, f32, dpe, scale, NULL, ds));
+    /* dK */
+    STEP("tensor dSᵀ", tensor(p, 0, bf16, bs.st_dim, bs.st_str, false, &dst));
+    STEP("tensor dk", tensor(p, kUidDK, bf16, s.v_dim, s.v_str, false, &dk));
+    STEP("reshape dSᵀ", reshape(p, ds, dst));
+    TKD_TRY(matmul_gqa(p, bs, dst, q, dk, "matmul dSᵀ·Q"));
+    /* dQ */
+    STEP("tensor K", tensor(p, 0, bf16, bs.k_dim, bs.k_str, false, &kk));
+    STEP("tensor dq", tensor(p, kUidDQ, bf16, s.q_dim, s.q_str, false, &dq));
+    STEP("reshape K", reshape(p, kt, kk));
+    STEP("matmul dS·K", matmul(p, ds, kk, dq));
+    return TKD_OK;
+}
+
 /* The finalized operation graph for p->key. */
 tkd_status graph_build(Plan *p, cudnnHandle_t h, cudnnBackendDescriptor_t *out)
 {
     const Shapes s = shapes_for(p->key);
     cudnnBackendDescriptor_t masked, g;
     p->next_uid = kUidVirtual;
-    TKD_TRY(graph_scores(p, s, &masked));
-    TKD_TRY(graph_softmax_pv(p, s, masked));
+    if (p->key.bwd) {
+        TKD_TRY(graph_backward(p, s));
+    } else {
+        TKD_TRY(graph_scores(p, s, &masked));
+        TKD_TRY(graph_softmax_pv(p, s, masked));
+    }
     TKD_TRY(keep(p, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g));
     SET(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, p->nops, p->ops);
     /* Deprecated since cuDNN 9.8 (the device comes from the current context), still accepted, and
@@ -314,6 +436,27 @@ tkd_status plan_try(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t *out,
     return TKD_OK;
 }
 
+/* *nondet = whether engine config cfg's engine carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC. */
+tkd_status cfg_nondeterministic(cudnnBackendDescriptor_t cfg, bool *nondet)
+{
+    cudnnBackendDescriptor_t eng = NULL;
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    int64_t n = 0;
+    *nondet = false;
+    TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng));
+    cudnnStatus_t e = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                               &n, &eng);
+    if (e == CUDNN_STATUS_SUCCESS)
+        e = cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes);
+    destroy(eng);
+    TKD_CUDNN_CHECK(e);
+    for (int64_t i = 0; i < n; i++)
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)
+            *nondet = true;
+    return TKD_OK;
+}
+
 /* p->plan: the first engine config (heuristics mode A, then FALLBACK) whose plan finalizes. When
  * none does, TKD_ERR_UNSUPPORTED with how many each mode offered and the first refusal's message
  * (that of the heuristics' top choice, the engine we wanted). */
@@ -331,6 +474,16 @@ tkd_status plan_pick(Plan *p, cudnnBackendDescriptor_t g)
             snprintf(first, sizeof first, "heuristics mode %s: %s", names[m], tkd_error_msg());
         offered[m] = st == TKD_OK ? p->ncfgs : 0;
         for (int i = 0; i < offered[m]; i++) {
+            if (p->key.bwd) { /* training resumes bit-exactly: no engine that says it is not */
+                bool nondet = false;
+                tkd_status nst = cfg_nondeterministic(p->cfgs[i], &nondet);
+                if (nst != TKD_OK || nondet) {
+                    if (!first[0])
+                        snprintf(first, sizeof first, "mode %s config %d: %s", names[m], i,
+                                 nst != TKD_OK ? tkd_error_msg() : "engine is non-deterministic (skipped)");
+                    continue;
+                }
+            }
             cudnnBackendDescriptor_t plan = NULL;
             tkd_status pst = plan_try(p->cfgs[i], &plan, &p->ws_bytes);
             if (pst == TKD_OK) {
@@ -367,19 +520,23 @@ static tkd_status plan_init(tkd_cudnn_attn *a, Plan *p)
     tkd_status st = graph_build(p, a->h, &g);
     if (st == TKD_OK)
         st = plan_pick(p, g);
-    if (st == TKD_OK && (size_t)p->ws_bytes > a->ws_bytes) {
+    /* the backward's softmax_sum (B, H, T) fp32 goes first, cuDNN's workspace 256-aligned after it */
+    p->ws_off = p->key.bwd ? ((int64_t)p->key.B * p->key.H * p->key.T * 4 + 255) / 256 * 256 : 0;
+    const size_t need = (size_t)(p->ws_off + p->ws_bytes);
+    if (st == TKD_OK && need > a->ws_bytes) {
         tkd_cuda_free(a->ws); /* cudaFree waits for the kernels that may still use it */
         a->ws = NULL, a->ws_bytes = 0;
-        st = tkd_cuda_malloc(&a->ws, (size_t)p->ws_bytes, "cuDNN attention workspace", NULL);
+        st = tkd_cuda_malloc(&a->ws, need, "cuDNN attention workspace", NULL);
         if (st == TKD_OK)
-            a->ws_bytes = (size_t)p->ws_bytes;
+            a->ws_bytes = need;
     }
     if (st != TKD_OK && st != TKD_ERR_DEVICE_OOM)
         st = TKD_ERR_UNSUPPORTED;
     const Key &k = p->key;
     return st == TKD_OK ? st
-                        : tkd_error_prefix(st, "cuDNN attention B=%d T=%d H=%d Hkv=%d dh=%d%s", k.B, k.T, k.H,
-                                           k.Hkv, k.dh, k.lse ? " with lse" : "");
+                        : tkd_error_prefix(st, "cuDNN attention %s B=%d T=%d H=%d Hkv=%d dh=%d%s",
+                                           k.bwd ? "backward" : "forward", k.B, k.T, k.H, k.Hkv, k.dh,
+                                           !k.bwd && k.lse ? " with lse" : "");
 }
 
 /* The cached plan for key, built (replacing the least recently used slot) when missing. A refusal
@@ -413,9 +570,10 @@ static tkd_status plan_get(tkd_cudnn_attn *a, const Key &key, Plan **out)
     return st;
 }
 
-/* p->pack for these pointers: the last call's when they are the same (a model's layers reuse
- * their buffers), else a new one. The by-value scalars point into p. */
-static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[6])
+/* p->pack for these pointers (ptrs[12]: q, k, v, y, lse, workspace, then the backward's dy, dq,
+ * dk, dv, unused ones NULL): the last call's when they are the same (a model's layers reuse their
+ * buffers), else a new one. The by-value scalars point into p. */
+static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[12])
 {
     if (p->pack && memcmp(p->pack_ptrs, ptrs, sizeof p->pack_ptrs) == 0)
         return TKD_OK;
@@ -423,11 +581,19 @@ static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[6]
     p->pack = NULL;
     p->scale = (float)(1.0 / sqrt((double)p->key.dh));
     p->neg_inf = -INFINITY;
-    int64_t uids[7] = {kUidQ, kUidK, kUidV, kUidY, kUidScale, kUidNegInf, kUidStats};
-    void *data[7] = {(void *)ptrs[0], (void *)ptrs[1], (void *)ptrs[2], (void *)ptrs[3], &p->scale,
-                     &p->neg_inf, (void *)ptrs[4]};
-    const int64_t n = p->key.lse ? 7 : 6;
-    void *ws = a->ws;
+    p->one = 1.0f;
+    int64_t uids[13] = {kUidQ, kUidK, kUidV, kUidY, kUidScale, kUidNegInf, kUidStats};
+    void *data[13] = {(void *)ptrs[0], (void *)ptrs[1], (void *)ptrs[2], (void *)ptrs[3], &p->scale,
+                      &p->neg_inf, (void *)ptrs[4]};
+    int64_t n = p->key.lse ? 7 : 6;
+    if (p->key.bwd) {
+        const int64_t more[6] = {kUidDO, kUidDQ, kUidDK, kUidDV, kUidSoftmaxSum, kUidOne};
+        void *const mdata[6] = {(void *)ptrs[6], (void *)ptrs[7], (void *)ptrs[8], (void *)ptrs[9], a->ws, &p->one};
+        for (int i = 0; i < 6; i++)
+            uids[n + i] = more[i], data[n + i] = mdata[i];
+        n += 6;
+    }
+    void *ws = (char *)a->ws + p->ws_off;
     cudnnBackendDescriptor_t vp;
     TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
     p->pack = vp; /* destroyed with p, or by the next pack_get, also after a failure below */
@@ -505,7 +671,39 @@ extern "C" tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, c
     key.B = B, key.T = T, key.H = H, key.Hkv = Hkv, key.dh = dh, key.lse = lse != NULL;
     Plan *p = NULL;
     TKD_TRY(plan_get(a, key, &p));
-    const void *ptrs[6] = {q, k, v, y, lse, a->ws};
+    const void *ptrs[12] = {q, k, v, y, lse, a->ws};
+    TKD_TRY(pack_get(a, p, ptrs));
+    TKD_CUDNN_CHECK(cudnnSetStream(a->h, (cudaStream_t)stream));
+    TKD_CUDNN_CHECK(cudnnBackendExecute(a->h, p->plan, p->pack));
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, const uint16_t *q,
+                                         const uint16_t *k, const uint16_t *v, const uint16_t *y,
+                                         const float *lse, int B, int T, int H, int Hkv, int dh, uint16_t *dq,
+                                         uint16_t *dk, uint16_t *dv, void *stream)
+{
+    if (!a || B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "tkd_cudnn_attn_bwd: bad shape B=%d T=%d H=%d Hkv=%d (H must be a multiple of "
+                             "Hkv) or no state", B, T, H, Hkv);
+    if (dh < 8 || dh > 256 || dh % 8 != 0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "tkd_cudnn_attn_bwd: head dim %d is not supported (cuDNN: a multiple of 8, at "
+                             "most 256)", dh);
+    if (B == 0 || T == 0)
+        return TKD_OK;
+    const void *const all[10] = {dy, q, k, v, y, lse, dq, dk, dv, a};
+    for (int i = 0; i < 10; i++)
+        if (!all[i] || !aligned16(all[i]))
+            return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cudnn_attn_bwd: dy, q, k, v, y, lse, dq, dk, dv must "
+                                 "all be 16-byte aligned device pointers (argument %d is not)", i);
+    Key key;
+    memset(&key, 0, sizeof key);
+    key.B = B, key.T = T, key.H = H, key.Hkv = Hkv, key.dh = dh, key.lse = 1, key.bwd = 1;
+    Plan *p = NULL;
+    TKD_TRY(plan_get(a, key, &p));
+    const void *ptrs[12] = {q, k, v, y, lse, a->ws, dy, dq, dk, dv};
     TKD_TRY(pack_get(a, p, ptrs));
     TKD_CUDNN_CHECK(cudnnSetStream(a->h, (cudaStream_t)stream));
     TKD_CUDNN_CHECK(cudnnBackendExecute(a->h, p->plan, p->pack));
@@ -536,6 +734,16 @@ extern "C" tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, c
 {
     (void)a, (void)q, (void)k, (void)v, (void)B, (void)T, (void)H, (void)Hkv, (void)dh, (void)y, (void)lse;
     (void)stream;
+    return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN attention: this build has no cuDNN");
+}
+
+extern "C" tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, const uint16_t *q,
+                                         const uint16_t *k, const uint16_t *v, const uint16_t *y,
+                                         const float *lse, int B, int T, int H, int Hkv, int dh, uint16_t *dq,
+                                         uint16_t *dk, uint16_t *dv, void *stream)
+{
+    (void)a, (void)dy, (void)q, (void)k, (void)v, (void)y, (void)lse, (void)B, (void)T, (void)H, (void)Hkv;
+    (void)dh, (void)dq, (void)dk, (void)dv, (void)stream;
     return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN attention: this build has no cuDNN");
 }
 

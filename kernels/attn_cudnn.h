@@ -57,6 +57,28 @@ tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, // (B·T, H�
                               float *lse,                             // (B, H, T) or NULL
                               void *stream);
 
+/* The gradients of tkd_cudnn_attn_fwd / tkd_cuda_attn_fwd through cuDNN's fused attention backward,
+ * as cudnn-frontend's sdpa_backward lowers it: P recomputed from q, k and the forward's lse, then
+ * dV = Σgroup Pᵀ·dY, dP = dY·Vᵀ, dS = P ⊙ (dP − rowsum(dY ⊙ Y))·scale, dK = Σgroup dSᵀ·Q,
+ * dQ = dS·K (GQA: dK and dV per query head, summed over the group in the graph). Deterministic by
+ * construction where cuDNN allows it: dQ by its own matmul (no fp32 atomic accumulator, the
+ * frontend's deterministic choice on Hopper) and engine configs noted NONDETERMINISTIC skipped.
+ *
+ * Layouts as tkd_cuda_attn_bwd (attn_cuda.h): dy, y, q, dq (B·T, H·dh); k, v, dk, dv
+ * (B·T, Hkv·dh); lse (B, H, T) the natural-log stats of the forward. UNLIKE tkd_cuda_attn_bwd,
+ * dq, dk and dv are WRITTEN (overwritten), not added to, and all three are required: the same
+ * result as tkd_cuda_attn_bwd on zeroed gradients (what model.c passes). A workspace of
+ * B·H·T fp32 (rowsum(dY ⊙ Y)) plus cuDNN's own is part of the state's one workspace. Errors and
+ * fallbacks as tkd_cudnn_attn_fwd (TKD_ERR_UNSUPPORTED with cuDNN's reason: use tkd_cuda_attn_bwd). */
+tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, // (B·T, H·dh)
+                              const uint16_t *q,                       // (B·T, H·dh)
+                              const uint16_t *k, const uint16_t *v,    // (B·T, Hkv·dh) each
+                              const uint16_t *y, const float *lse,     // (B·T, H·dh), (B, H, T)
+                              int B, int T, int H, int Hkv, int dh,
+                              uint16_t *dq,                            // (B·T, H·dh), written
+                              uint16_t *dk, uint16_t *dv,              // (B·T, Hkv·dh), written
+                              void *stream);
+
 #ifdef __cplusplus
 }
 #endif
