@@ -133,7 +133,8 @@ typedef struct tkd_backend_ops {
                            const float *cos_t, const float *sin_t);
     tkd_status (*attn_bwd)(tkd_backend *be, const void *dy, const void *q, const void *k,
                            const void *v, const void *y, const void *saved, int B, int T, int H,
-                           int Hkv, int dh, void *dq, void *dk, void *dv); // +=
+                           int Hkv, int dh, void *dq, void *dk, void *dv); // arrive zeroed (the
+                           // model zeroes them): an implementation may add (CPU) or write (cuDNN)
     tkd_status (*swiglu_bwd)(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n,
                              void *dg, void *du); // +=
 

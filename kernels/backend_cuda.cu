@@ -357,12 +357,22 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
     return TKD_OK;
 }
 
-/* The flash backward (deterministic, tensor cores) where it takes the head size; the simple
- * deterministic kernels elsewhere (the demo student's and the fixtures' small heads). */
+/* cuDNN's fused backward (deterministic engines only) first; where cuDNN is absent or refuses, our
+ * flash backward (deterministic, tensor cores) where it takes the head size, and the simple
+ * deterministic kernels elsewhere. */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
                        const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
+    if (c->cudnn) { /* writes dq/dk/dv: the model hands them over zeroed, so += holds */
+        tkd_status st = tkd_cudnn_attn_bwd(c->cudnn, static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
+                                           static_cast<cbf>(v), static_cast<cbf>(y), static_cast<const float *>(saved),
+                                           B, T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk),
+                                           static_cast<bf>(dv), c->stream);
+        if (st != TKD_ERR_UNSUPPORTED)
+            return st;
+        tkd_error_clear();
+    }
     if (flash_takes(dh)) {
         TKD_TRY(attn_bwd_ws_fit(c, B, T, H, dh));
         return tkd_cuda_attn_bwd(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
