@@ -3,7 +3,7 @@
 # Works as root; uses sudo otherwise. Safe to run again: it does nothing when all are there.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libhdf5-dev hdf5-tools libzstd-dev libyaml-dev
-      libcmocka-dev libopenblas-openmp-dev libcjson-dev python3)
+      libcmocka-dev libopenblas-openmp-dev libcjson-dev libpcre2-dev libutf8proc-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
