@@ -521,7 +521,8 @@ static tkd_status load_normalizer(loader *L, const cJSON *norm)
     return refuse(L, "normalizer", what);
 }
 
-static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, const char *what, pcre2_code **out)
+static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, const char *what, pcre2_code **out,
+                                  bool *jit)
 {
     char *translated = NULL;
     tkd_status st = literal ? TKD_OK : tkd_tok_translate_pattern(pattern, what, &translated);
@@ -538,7 +539,7 @@ static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, 
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %s: PCRE2 cannot compile the pattern at offset %zu: %s", L->path,
                              what, (size_t)at, (const char *)msg);
     }
-    pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE); /* without JIT support pcre2_match interprets it */
+    *jit = pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE) == 0; /* else pcre2_match interprets it */
     return TKD_OK;
 }
 
@@ -572,7 +573,7 @@ static tkd_status load_split(loader *L, const cJSON *node)
         return malformed(L, "pre_tokenizer(Split).pattern", "neither {\"Regex\": ...} nor {\"String\": ...}");
     tkd_tok_step step = {.kind = TKD_TOK_STEP_SPLIT};
     st = compile_pattern(L, cJSON_IsString(rx) ? rx->valuestring : lit->valuestring, !cJSON_IsString(rx),
-                         "pre_tokenizer(Split).pattern", &step.re);
+                         "pre_tokenizer(Split).pattern", &step.re, &step.jit);
     return st == TKD_OK ? add_step(L, step) : st;
 }
 
@@ -584,7 +585,7 @@ static tkd_status load_byte_level(loader *L, const cJSON *node)
         return st;
     tkd_tok_step step = {.kind = TKD_TOK_STEP_BYTELEVEL, .add_prefix_space = flag(node, "add_prefix_space", true)};
     if (flag(node, "use_regex", true))
-        st = compile_pattern(L, gpt2_pattern, false, "pre_tokenizer(ByteLevel)", &step.re);
+        st = compile_pattern(L, gpt2_pattern, false, "pre_tokenizer(ByteLevel)", &step.re, &step.jit);
     return st == TKD_OK ? add_step(L, step) : st;
 }
 

@@ -432,12 +432,13 @@ static size_t utf8_len(uint8_t b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF
 
 /* Behavior Isolated: every match is a piece, and so is the text between two matches. The
  * ovector is read before handing on, since a later step reuses the match data. */
-static tkd_status split_isolated(tkd_tokenizer_ctx *ctx, int step, const pcre2_code *re, const uint8_t *s, size_t n,
-                                 tkd_token_ids *out)
+static tkd_status split_isolated(tkd_tokenizer_ctx *ctx, int step, const pcre2_code *re, bool jit, const uint8_t *s,
+                                 size_t n, tkd_token_ids *out)
 {
     size_t gap = 0, from = 0;
     while (from < n) {
-        int rc = pcre2_match(re, s, n, from, PCRE2_NO_UTF_CHECK, ctx->md, NULL);
+        int rc = jit ? pcre2_jit_match(re, s, n, from, 0, ctx->md, NULL)
+                     : pcre2_match(re, s, n, from, PCRE2_NO_UTF_CHECK, ctx->md, NULL);
         if (rc < 0)
             break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(ctx->md);
@@ -468,7 +469,7 @@ static tkd_status pretokenize(tkd_tokenizer_ctx *ctx, int step, const uint8_t *s
     }
     if (!st->re)
         return hand_on(ctx, step, s, n, out);
-    return split_isolated(ctx, step, st->re, s, n, out);
+    return split_isolated(ctx, step, st->re, st->jit, s, n, out);
 }
 
 /* ---- 2, 3. added tokens and the normalizer ---------------------------------------------------- */
@@ -519,14 +520,41 @@ static tkd_status split_added(tkd_tokenizer_ctx *ctx, int pass, const uint8_t *s
     return next_stage(ctx, pass, s + gap, n - gap, out);
 }
 
-/* NFC through utf8proc into ctx->ucs (decompose to code points, compose, re-encode in place).
- * ASCII text is its own NFC. */
+/* True when NFC leaves the code point c as it is whatever surrounds it: no decomposition, combining
+ * class 0, and never the second of a canonical composition (those are all marks, Mn/Mc, or Hangul
+ * jamo, which compose algorithmically). A text of such code points is its own NFC. */
+static bool nfc_inert(utf8proc_int32_t c)
+{
+    if (c < 0x80)
+        return true;
+    if ((c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF))
+        return false;
+    const utf8proc_property_t *p = utf8proc_get_property(c);
+    return p->combining_class == 0 && p->decomp_seqindex == UINT16_MAX && p->category != UTF8PROC_CATEGORY_MN &&
+           p->category != UTF8PROC_CATEGORY_MC && p->category != UTF8PROC_CATEGORY_ME;
+}
+
+static bool nfc_quick_yes(const uint8_t *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        utf8proc_int32_t c;
+        utf8proc_ssize_t l = utf8proc_iterate(s + i, (utf8proc_ssize_t)(n - i), &c);
+        if (l <= 0 || !nfc_inert(c))
+            return false;
+        i += (size_t)l;
+    }
+    return true;
+}
+
+/* NFC through utf8proc into ctx->ucs (decompose to code points, compose, re-encode in place), unless
+ * the quick check finds nothing NFC could change. */
 static tkd_status nfc(tkd_tokenizer_ctx *ctx, const uint8_t **s, size_t *n)
 {
-    size_t i = 0;
-    while (i < *n && (*s)[i] < 0x80)
-        i++;
-    if (i == *n)
+    if (nfc_quick_yes(*s, *n))
         return TKD_OK;
     utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
     for (;;) {

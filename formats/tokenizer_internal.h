@@ -50,6 +50,7 @@ typedef enum tkd_tok_step_kind { TKD_TOK_STEP_SPLIT = 0, TKD_TOK_STEP_BYTELEVEL 
 typedef struct tkd_tok_step {
     tkd_tok_step_kind kind;
     pcre2_code *re; /* Split, or ByteLevel with use_regex; NULL otherwise */
+    bool jit;       /* re is JIT-compiled: pcre2_jit_match (no UTF check: the text is valid) */
     bool add_prefix_space;
 } tkd_tok_step;
 
