@@ -87,6 +87,8 @@ void tkd_token_ids_free(tkd_token_ids *v)
 
 tkd_status tkd_token_ids_push(tkd_token_ids *v, const uint32_t *ids, size_t n)
 {
+    if (n == 0) /* ids may be NULL then (an empty prefix) */
+        return TKD_OK;
     if (v->n + n > v->cap) {
         size_t cap = v->cap ? v->cap : 1024;
         while (cap < v->n + n)

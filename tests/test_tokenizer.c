@@ -169,6 +169,72 @@ static void test_decode_round_trip(void **state)
     tkd_tokenizer_free(tok);
 }
 
+/* Appends code point c as UTF-8. */
+static size_t put_utf8(char *o, uint32_t c)
+{
+    if (c < 0x80)
+        return o[0] = (char)c, 1;
+    if (c < 0x800)
+        return o[0] = (char)(0xC0 | c >> 6), o[1] = (char)(0x80 | (c & 63)), 2;
+    if (c < 0x10000)
+        return o[0] = (char)(0xE0 | c >> 12), o[1] = (char)(0x80 | (c >> 6 & 63)), o[2] = (char)(0x80 | (c & 63)), 3;
+    o[0] = (char)(0xF0 | c >> 18), o[1] = (char)(0x80 | (c >> 12 & 63));
+    return o[2] = (char)(0x80 | (c >> 6 & 63)), o[3] = (char)(0x80 | (c & 63)), 4;
+}
+
+/* Random valid UTF-8 (ASCII, whitespace, every plane, <|endoftext|> pieces) goes through GPT-2
+ * (no normalizer) and decodes back to itself; random bytes (invalid UTF-8 included) never fail. */
+static void test_random_round_trip(void **state)
+{
+    (void)state;
+    tkd_tokenizer *tok = load_ok(tkd_test_src("fixtures/tokenizer/gpt2/tokenizer.json"));
+    tkd_tokenizer_ctx *ctx = NULL;
+    assert_int_equal(tkd_tokenizer_ctx_create(tok, &ctx), TKD_OK);
+    uint64_t x = 88172645463325252ull;
+    char text[4096], back[8192];
+    tkd_token_ids ids = {0};
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t n = 0;
+        int len = (int)((x >> 33) % 300);
+        for (int i = 0; i < len; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint32_t r = (uint32_t)(x >> 32), c;
+            switch (r % 8) {
+            case 0: c = " \t\n\r"[r / 8 % 4]; break;
+            case 1: c = 0x80 + r / 8 % 0x780; break;
+            case 2: c = 0x800 + r / 8 % 0xF800; break;
+            case 3: c = 0x10000 + r / 8 % 0x100000; break;
+            case 4: memcpy(text + n, "<|endoftext|>", 13), n += (r / 8 % 2) ? 13 : 7; continue;
+            default: c = 0x20 + r / 8 % 0x5F; break;
+            }
+            if (c >= 0xD800 && c < 0xE000)
+                c = 'x';
+            n += put_utf8(text + n, c);
+        }
+        bool raw = iter % 3 == 0; /* every third: the same bytes with some flipped (invalid UTF-8) */
+        for (size_t i = 0; raw && i < n; i += 1 + (x >> 40) % 7)
+            text[i] = (char)(text[i] ^ 0x80);
+        ids.n = 0;
+        assert_int_equal(tkd_tokenizer_encode(ctx, text, n, &ids), TKD_OK);
+        size_t at = 0;
+        for (size_t i = 0; i < ids.n; i++) {
+            size_t k;
+            const uint8_t *b = tkd_tokenizer_token_bytes(tok, ids.ids[i], &k);
+            assert_non_null(b);
+            assert_true(at + k <= sizeof back);
+            memcpy(back + at, b, k);
+            at += k;
+        }
+        if (!raw) {
+            assert_int_equal(at, n);
+            assert_memory_equal(back, text, n);
+        }
+    }
+    tkd_token_ids_free(&ids);
+    tkd_tokenizer_ctx_free(ctx);
+    tkd_tokenizer_free(tok);
+}
+
 /* ---- small made-up tokenizers ------------------------------------------------------------------- */
 
 /* The byte-level character of byte b, as UTF-8 (GPT-2's bytes_to_unicode). */
@@ -440,7 +506,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_gpt2),     cmocka_unit_test(test_parity_qwen3),
         cmocka_unit_test(test_parity_llama3),   cmocka_unit_test(test_real_specials),
-        cmocka_unit_test(test_decode_round_trip), cmocka_unit_test(test_bpe_basics),
+        cmocka_unit_test(test_decode_round_trip), cmocka_unit_test(test_random_round_trip),
+        cmocka_unit_test(test_bpe_basics),
         cmocka_unit_test(test_bpe_merge_order), cmocka_unit_test(test_lossy_utf8),
         cmocka_unit_test(test_added_normalized), cmocka_unit_test(test_template_and_config),
         cmocka_unit_test(test_refusals),        cmocka_unit_test(test_pattern_translation),
