@@ -135,8 +135,9 @@ typedef struct loader {
 
 static tkd_status refuse(const loader *L, const char *field, const char *what)
 {
-    return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %s: %s is not supported (topkd reads byte-level BPE tokenizers: "
-                         "GPT-2, Llama 3, Qwen2/2.5/3; docs/teacher-dump.md)", L->path, field, what);
+    tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %s: %s is not supported", L->path, field, what);
+    return tkd_error_hint(TKD_ERR_UNSUPPORTED, "topkd reads the byte-level BPE tokenizers of GPT-2, Llama 3 and "
+                          "Qwen2/2.5/3 (docs/teacher-dump.md, \"Tokenizing text\")");
 }
 
 static tkd_status malformed(const loader *L, const char *field, const char *what)
@@ -164,7 +165,8 @@ static tkd_status add_bytes(loader *L, const uint8_t *s, size_t n, uint32_t *off
     return TKD_OK;
 }
 
-/* A JSON value that must be null, false or absent (the feature it turns on is not implemented). */
+/* A JSON value that must be null, false, 0, "" or absent (the feature it turns on is not
+ * implemented); the message shows the value found. */
 static tkd_status want_off(const loader *L, const cJSON *obj, const char *key, const char *where)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
@@ -174,9 +176,12 @@ static tkd_status want_off(const loader *L, const cJSON *obj, const char *key, c
         return TKD_OK;
     if (cJSON_IsString(v) && v->valuestring[0] == '\0')
         return TKD_OK;
-    char field[96];
-    snprintf(field, sizeof field, "%s.%s", where, key);
-    return refuse(L, field, "a value other than null/false/0/\"\"");
+    char field[96], what[64];
+    char *text = cJSON_PrintUnformatted(v);
+    snprintf(field, sizeof field, "%s%s%s", where, *where ? "." : "", key);
+    snprintf(what, sizeof what, "%.40s%s", text ? text : "this value", text && strlen(text) > 40 ? "..." : "");
+    free(text);
+    return refuse(L, field, what);
 }
 
 /* Every key of obj must be in the NULL-terminated list. */
@@ -188,7 +193,7 @@ static tkd_status known_keys(const loader *L, const cJSON *obj, const char *wher
             ok = strcmp(*k, it->string) == 0;
         if (!ok) {
             char field[128];
-            snprintf(field, sizeof field, "%s.%s", where, it->string);
+            snprintf(field, sizeof field, "%s%s%s", where, *where ? "." : "", it->string);
             return refuse(L, field, "this key");
         }
     }

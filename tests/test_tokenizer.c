@@ -437,8 +437,8 @@ static void test_refusals(void **state)
         tkd_status st;
         const char *msg;
     } cases[] = {
-        {{.model_extra = ", \"byte_fallback\": true"}, TKD_ERR_UNSUPPORTED, "model.byte_fallback"},
-        {{.model_extra = ", \"dropout\": 0.1"}, TKD_ERR_UNSUPPORTED, "model.dropout"},
+        {{.model_extra = ", \"byte_fallback\": true"}, TKD_ERR_UNSUPPORTED, "model.byte_fallback: true is not supported"},
+        {{.model_extra = ", \"dropout\": 0.1"}, TKD_ERR_UNSUPPORTED, "model.dropout: 0.1 is not supported"},
         {{.model_extra = ", \"continuing_subword_prefix\": \"##\""}, TKD_ERR_UNSUPPORTED, "model.continuing_subword_prefix"},
         {{.model_extra = ", \"vocab_extra\": 1"}, TKD_ERR_UNSUPPORTED, "model.vocab_extra"},
         {{.normalizer = "{\"type\": \"Lowercase\"}"}, TKD_ERR_UNSUPPORTED, "normalizer: type Lowercase"},
@@ -460,7 +460,7 @@ static void test_refusals(void **state)
          TKD_ERR_UNSUPPORTED, "PCRE2 cannot compile"},
         {{.post = "{\"type\": \"RobertaProcessing\"}"}, TKD_ERR_UNSUPPORTED, "post_processor: type RobertaProcessing"},
         {{.decoder = "{\"type\": \"WordPiece\"}"}, TKD_ERR_UNSUPPORTED, "decoder: type WordPiece"},
-        {{.top_extra = ", \"extra\": 1"}, TKD_ERR_UNSUPPORTED, ".extra: this key"},
+        {{.top_extra = ", \"extra\": 1"}, TKD_ERR_UNSUPPORTED, "tokenizer.json: extra: this key is not supported — "},
         {{.added = "[{\"id\": 266, \"content\": \"<|bos|>\", \"lstrip\": true}]"}, TKD_ERR_UNSUPPORTED,
          "added_tokens[0].lstrip"},
         {{.extra_vocab = ", \"bad\": -1"}, TKD_ERR_FORMAT, "model.vocab: an id that is not an integer"},
