@@ -53,7 +53,8 @@ struct tkd_tokenizer_ctx {
     pcre2_match_data *md;
     bytebuf clean;            /* the text after lossy UTF-8 */
     bytebuf prefixed;         /* " " + piece for ByteLevel's add_prefix_space */
-    utf8proc_int32_t *ucs;    /* NFC: code points, then the normalized UTF-8 in place */
+    bytebuf normed;           /* a piece after NFC */
+    utf8proc_int32_t *ucs;    /* NFC of one stretch: code points, then its UTF-8 in place */
     size_t ucs_cap;
     /* BPE on one piece of n bytes: symbols (n) and the merge heap (3n: n - 1 pairs at first, at
      * most two new ones per merge). */
@@ -152,6 +153,7 @@ void tkd_tokenizer_ctx_free(tkd_tokenizer_ctx *ctx)
     pcre2_match_data_free(ctx->md);
     free(ctx->clean.p);
     free(ctx->prefixed.p);
+    free(ctx->normed.p);
     free(ctx->ucs);
     free(ctx->sym_id);
     free(ctx->sym_len);
@@ -536,38 +538,23 @@ static bool nfc_inert(utf8proc_int32_t c)
            p->category != UTF8PROC_CATEGORY_MC && p->category != UTF8PROC_CATEGORY_ME;
 }
 
-static bool nfc_quick_yes(const uint8_t *s, size_t n)
+/* Appends NFC(s[0, n)) to ctx->normed through utf8proc (decompose to code points in ctx->ucs,
+ * compose, re-encode in place). */
+static tkd_status nfc_segment(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, size_t *at)
 {
-    for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        utf8proc_int32_t c;
-        utf8proc_ssize_t l = utf8proc_iterate(s + i, (utf8proc_ssize_t)(n - i), &c);
-        if (l <= 0 || !nfc_inert(c))
-            return false;
-        i += (size_t)l;
-    }
-    return true;
-}
-
-/* NFC through utf8proc into ctx->ucs (decompose to code points, compose, re-encode in place), unless
- * the quick check finds nothing NFC could change. */
-static tkd_status nfc(tkd_tokenizer_ctx *ctx, const uint8_t **s, size_t *n)
-{
-    if (nfc_quick_yes(*s, *n))
-        return TKD_OK;
     utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
     for (;;) {
-        utf8proc_ssize_t got = utf8proc_decompose(*s, (utf8proc_ssize_t)*n, ctx->ucs, (utf8proc_ssize_t)ctx->ucs_cap, opt);
+        utf8proc_ssize_t got = utf8proc_decompose(s, (utf8proc_ssize_t)n, ctx->ucs, (utf8proc_ssize_t)ctx->ucs_cap, opt);
         if (got < 0)
             return tkd_error_set(TKD_ERR_INTERNAL, "NFC: %s", utf8proc_errmsg(got));
         if ((size_t)got < ctx->ucs_cap) {
             got = utf8proc_reencode(ctx->ucs, got, opt);
             if (got < 0)
                 return tkd_error_set(TKD_ERR_INTERNAL, "NFC: %s", utf8proc_errmsg(got));
-            *s = (const uint8_t *)ctx->ucs, *n = (size_t)got;
+            if (!reserve(&ctx->normed, *at + (size_t)got))
+                return tkd_error_set(TKD_ERR_NOMEM, "out of memory for %zu bytes of text", *at + (size_t)got);
+            memcpy(ctx->normed.p + *at, ctx->ucs, (size_t)got);
+            *at += (size_t)got;
             return TKD_OK;
         }
         size_t cap = (size_t)got + 1;
@@ -576,6 +563,49 @@ static tkd_status nfc(tkd_tokenizer_ctx *ctx, const uint8_t **s, size_t *n)
             return tkd_error_set(TKD_ERR_NOMEM, "out of memory for %zu code points", cap);
         ctx->ucs = p, ctx->ucs_cap = cap;
     }
+}
+
+static tkd_status copy_normed(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, size_t *at)
+{
+    if (!reserve(&ctx->normed, *at + n))
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory for %zu bytes of text", *at + n);
+    memcpy(ctx->normed.p + *at, s, n);
+    *at += n;
+    return TKD_OK;
+}
+
+/* NFC of s[0, n). Text is cut before every inert code point (NFC never joins across such a cut:
+ * the code point neither changes nor combines with what precedes it), the stretches between cuts
+ * that hold a code point NFC could change go through utf8proc, the rest is copied. Text with no
+ * such code point is left where it is (the common case: no copy). */
+static tkd_status nfc(tkd_tokenizer_ctx *ctx, const uint8_t **s, size_t *n)
+{
+    const uint8_t *t = *s;
+    size_t cut = 0, copied = 0, at = 0, seg = 0;
+    bool dirty = false, any = false;
+    tkd_status st = TKD_OK;
+    for (size_t i = 0; i < *n && st == TKD_OK;) {
+        utf8proc_int32_t c = t[i];
+        utf8proc_ssize_t l = 1;
+        if (c >= 0x80 && (l = utf8proc_iterate(t + i, (utf8proc_ssize_t)(*n - i), &c)) <= 0)
+            return tkd_error_set(TKD_ERR_INTERNAL, "NFC: invalid UTF-8 after the lossy conversion");
+        if (nfc_inert(c)) {
+            if (dirty)
+                st = nfc_segment(ctx, t + seg, i - seg, &at);
+            copied = dirty ? i : copied;
+            dirty = false;
+            cut = i;
+        } else if (!dirty) {
+            st = copy_normed(ctx, t + copied, cut - copied, &at);
+            seg = cut, dirty = any = true;
+        }
+        i += (size_t)l;
+    }
+    if (st != TKD_OK || !any)
+        return st;
+    st = dirty ? nfc_segment(ctx, t + seg, *n - seg, &at) : copy_normed(ctx, t + copied, *n - copied, &at);
+    *s = ctx->normed.p, *n = at;
+    return st;
 }
 
 static tkd_status after_normalize(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, tkd_token_ids *out)

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "formats/tokenizer.h"
 #include "formats/tokenizer_internal.h"
 #include "tests/testutil.h"
@@ -229,6 +231,48 @@ static void test_random_round_trip(void **state)
             assert_int_equal(at, n);
             assert_memory_equal(back, text, n);
         }
+    }
+    tkd_token_ids_free(&ids);
+    tkd_tokenizer_ctx_free(ctx);
+    tkd_tokenizer_free(tok);
+}
+
+/* Qwen3 normalizes with NFC, stretch by stretch: decoding its ids must give utf8proc's NFC of the
+ * whole text, for random mixes of letters, combining marks (in every order), jamo, precomposed and
+ * singleton-decomposing characters. */
+static void test_nfc_stretches(void **state)
+{
+    (void)state;
+    static const uint32_t pool[] = {'a', 'e', 'o', 'A', ' ', '>', '=', 0x301, 0x300, 0x308, 0x323, 0x302, 0x338,
+                                    0x1100, 0x1161, 0x11A8, 0xAC00, 0xE9, 0xC5, 0x212B, 0x2126, 0xF900, 0x4E2D,
+                                    0x304B, 0x3099, 0x0B47, 0x0B3E, 0x1E9B, 0xFB01, 0x0344, 0x2000, 0x1F600};
+    tkd_tokenizer *tok = load_ok(tkd_test_src("fixtures/tokenizer/qwen3"));
+    tkd_tokenizer_ctx *ctx = NULL;
+    assert_int_equal(tkd_tokenizer_ctx_create(tok, &ctx), TKD_OK);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    char text[2048], back[4096];
+    tkd_token_ids ids = {0};
+    for (int iter = 0; iter < 2000; iter++) {
+        size_t n = 0;
+        for (int i = 0, len = iter % 60 + 1; i < len; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            n += put_utf8(text + n, pool[(x >> 32) % (sizeof pool / sizeof pool[0])]);
+        }
+        text[n] = 0;
+        ids.n = 0;
+        assert_int_equal(tkd_tokenizer_encode(ctx, text, n, &ids), TKD_OK);
+        size_t at = 0;
+        for (size_t i = 0; i < ids.n; i++) {
+            size_t k;
+            const uint8_t *b = tkd_tokenizer_token_bytes(tok, ids.ids[i], &k);
+            memcpy(back + at, b, k);
+            at += k;
+        }
+        uint8_t *want = utf8proc_NFC((const uint8_t *)text);
+        assert_non_null(want);
+        if (at != strlen((char *)want) || memcmp(back, want, at) != 0)
+            fail_msg("iteration %d: NFC differs for '%s'", iter, text);
+        free(want);
     }
     tkd_token_ids_free(&ids);
     tkd_tokenizer_ctx_free(ctx);
@@ -507,7 +551,7 @@ int main(void)
         cmocka_unit_test(test_parity_gpt2),     cmocka_unit_test(test_parity_qwen3),
         cmocka_unit_test(test_parity_llama3),   cmocka_unit_test(test_real_specials),
         cmocka_unit_test(test_decode_round_trip), cmocka_unit_test(test_random_round_trip),
-        cmocka_unit_test(test_bpe_basics),
+        cmocka_unit_test(test_nfc_stretches),   cmocka_unit_test(test_bpe_basics),
         cmocka_unit_test(test_bpe_merge_order), cmocka_unit_test(test_lossy_utf8),
         cmocka_unit_test(test_added_normalized), cmocka_unit_test(test_template_and_config),
         cmocka_unit_test(test_refusals),        cmocka_unit_test(test_pattern_translation),
