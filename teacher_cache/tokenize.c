@@ -23,7 +23,8 @@ const char tkd_tokenize_usage[] =
     "Tokenizes text files or JSON Lines with the teacher's Hugging Face tokenizer into an llm.c token file\n"
     "(uint32 tokens, header 20240801 v7) that data.paths reads (docs/teacher-dump.md, \"Tokenizing text\").\n"
     "  --tokenizer PATH       tokenizer.json, or the checkpoint directory holding it (and tokenizer_config.json)\n"
-    "  --output OUT.bin       the token file; with --shard-tokens, OUT_000000.bin, OUT_000001.bin, ...\n"
+    "  --output OUT.bin       the token file; with --shard-tokens, OUT_000000.bin, OUT_000001.bin, ...;\n"
+    "                         a name ending in .npy writes a NumPy uint32 array instead\n"
     "  --format auto|text|jsonl  auto (default): .jsonl/.ndjson are JSON Lines, other files text\n"
     "  --field NAME           JSON Lines: the field holding the text (default: text)\n"
     "  --doc-separator STR    text: documents are separated by STR (\\n, \\t, \\r, \\\\ understood); default:\n"
@@ -175,23 +176,46 @@ typedef struct out_writer {
     char path[4096];    /* the open file */
 } out_writer;
 
-/* OUT.bin itself, or OUT_%06d.bin (".bin" replaced) for shard i. */
+static bool is_npy(const tkd_tokenize_opts *o)
+{
+    size_t n = strlen(o->output);
+    return n > 4 && strcmp(o->output + n - 4, ".npy") == 0;
+}
+
+/* OUT.bin (or OUT.npy) itself, or OUT_%06d.bin for shard i (the extension kept). */
 static tkd_status shard_path(const tkd_tokenize_opts *o, int i, char *out, size_t cap)
 {
     size_t n = strlen(o->output);
-    if (n > 4 && strcmp(o->output + n - 4, ".bin") == 0)
+    const char *ext = is_npy(o) ? ".npy" : ".bin";
+    if (n > 4 && strcmp(o->output + n - 4, ext) == 0)
         n -= 4;
-    int w = o->shard_tokens > 0 ? snprintf(out, cap, "%.*s_%06d.bin", (int)n, o->output, i)
+    int w = o->shard_tokens > 0 ? snprintf(out, cap, "%.*s_%06d%s", (int)n, o->output, i, ext)
                                 : snprintf(out, cap, "%s", o->output);
     if (w < 0 || (size_t)w >= cap)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --output '%s' is too long", o->output);
     return TKD_OK;
 }
 
+/* llm.c: 256 int32 {magic, version, count, 0...}. NumPy (an output named .npy): format 1.0, a
+ * 1-D '<u4' array, the header padded to NPY_HEADER bytes so that the count fits when it is known. */
+#define NPY_HEADER 128
 static tkd_status write_header(out_writer *w, int64_t ntok)
 {
-    int32_t h[LLMC_HEADER_INTS] = {LLMC_MAGIC_U32, TKD_TOKENIZE_VERSION, (int32_t)ntok};
-    if (fwrite(h, sizeof h, 1, w->af.fp) != 1)
+    size_t ok;
+    if (is_npy(w->o)) {
+        char h[NPY_HEADER + 1];
+        int n = snprintf(h + 10, sizeof h - 10, "{'descr': '<u4', 'fortran_order': False, 'shape': (%lld,), }",
+                         (long long)ntok);
+        memcpy(h, "\x93NUMPY\x01\x00", 8);
+        h[8] = (char)(NPY_HEADER - 10), h[9] = 0;
+        memset(h + 10 + n, ' ', (size_t)(NPY_HEADER - 10 - n));
+        h[NPY_HEADER - 1] = '\n';
+        ok = fwrite(h, NPY_HEADER, 1, w->af.fp);
+    } else {
+        int32_t h[LLMC_HEADER_INTS] = {LLMC_MAGIC_U32, TKD_TOKENIZE_VERSION, (int32_t)ntok};
+        ok = fwrite(h, sizeof h, 1, w->af.fp);
+    }
+    if (ok != 1)
         return tkd_error_set(TKD_ERR_IO, "%s: write failed", w->path);
     return TKD_OK;
 }
@@ -226,13 +250,14 @@ static tkd_status close_file(out_writer *w)
     return tkd_atomic_file_commit(&w->af);
 }
 
-/* llm.c's header holds the count as int32, so one file holds at most INT32_MAX tokens. */
+/* llm.c's header holds the count as int32, so one llm.c file holds at most INT32_MAX tokens. */
 static tkd_status writer_put(out_writer *w, const uint32_t *ids, size_t n)
 {
+    int64_t limit = is_npy(w->o) ? INT64_MAX : INT32_MAX;
     while (n > 0) {
         if (!w->open)
             TKD_TRY(open_file(w));
-        int64_t room = w->o->shard_tokens > 0 ? w->o->shard_tokens - w->in_file : INT32_MAX - w->in_file;
+        int64_t room = w->o->shard_tokens > 0 ? w->o->shard_tokens - w->in_file : limit - w->in_file;
         if (room == 0 && w->o->shard_tokens == 0) {
             tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %s would hold more than %d tokens (llm.c's limit)", w->path,
                           INT32_MAX);

@@ -8,8 +8,9 @@
  *
  * Output: llm.c's .bin layout as its dev/data/data_common.py writes Llama 3 tokens: a header of
  * 256 little-endian int32 {20240801, 7, number of tokens, 0, ...}, then the tokens as
- * little-endian uint32. One file, or shards of shard_tokens tokens (OUT_000000.bin, ...). Each file
- * is written under a temporary name and renamed once complete.
+ * little-endian uint32; or, for an output named *.npy, a NumPy 1-D '<u4' array. One file, or shards
+ * of shard_tokens tokens (OUT_000000.bin, ...). Each file is written under a temporary name and
+ * renamed once complete.
  */
 #ifndef TKD_TOKENIZE_H
 #define TKD_TOKENIZE_H

@@ -13,7 +13,10 @@
 
 #include "formats/text_docs.h"
 #include "formats/tokenizer.h"
+#include "formats/tokens.h"
+#include "teacher_cache/dump.h"
 #include "teacher_cache/tokenize.h"
+#include "tests/dump_testutil.h"
 #include "tests/testutil.h"
 
 #define BIN TKD_BINARY_DIR "/bin/teacher-dump"
@@ -379,6 +382,67 @@ static void test_cli(void **state)
     assert_int_equal(tkd_test_run(BIN, help, NULL, tmp("cli.out")), 0);
 }
 
+/* A byte-level tokenizer small enough for the llama fixture's 131 ids: printable ASCII (ids 0-93),
+ * space 94, newline 95, "he" 96, " t" 97, " the" 98, <|eos|> 99 (its eos_token). */
+static const char *ascii_tokenizer(void)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmp("ascii"));
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(tmp("ascii/tokenizer.json"), "w");
+    assert_non_null(f);
+    fprintf(f, "{\"added_tokens\": [{\"id\": 99, \"content\": \"<|eos|>\", \"special\": true, \"normalized\": false}],"
+               " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
+               " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
+               " \"vocab\": {");
+    for (int b = 0x21; b <= 0x7E; b++)
+        fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b - 0x21);
+    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95, \"he\": 96, \"\u0120t\": 97, \"\u0120the\": 98},"
+               " \"merges\": [\"h e\", \"\u0120 t\", \"\u0120t he\"]}}");
+    fclose(f);
+    tkd_test_write_text(tmp("ascii/tokenizer_config.json"), "{\"eos_token\": \"<|eos|>\"}");
+    return tmp("ascii");
+}
+
+/* teacher-dump with data.tokenizer: the text is tokenized on the fly into the same token stream as
+ * `tokenize` writes (same dataset sha256 and windows as a dump of that file). */
+static void test_dump_from_text(void **state)
+{
+    (void)state;
+    char tok[4200];
+    snprintf(tok, sizeof tok, "%s", ascii_tokenizer()); /* tmp()'s buffers are reused */
+    char text[4096] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(text, i % 3 ? "the cat sat on the mat. " : "then the end\n");
+    tkd_test_write_text(tmp("story.txt"), text);
+    tkd_test_write_text(tmp("more.jsonl"), "{\"text\": \"the other one\"}\n{\"text\": \"and the last\"}\n");
+    const char *inputs[] = {tmp("story.txt"), tmp("more.jsonl")};
+    tkd_tokenize_opts o = {.tokenizer = tok};
+    tkd_tokenize_summary tsum;
+    assert_int_equal(run(&o, tmp("story.npy"), inputs, 2, &tsum), TKD_OK);
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(tmp("story.npy"), &ds), TKD_OK); /* the .npy output reads as a dataset */
+    assert_int_equal(tkd_tokens_count(ds), tsum.tokens);
+    assert_int_equal(tkd_tokens_data(ds)[tsum.tokens - 1], 99); /* the EOS after the last document */
+    tkd_tokens_free(ds);
+
+    char yaml[9000], extra[4400];
+    tkd_dump_summary from_file, from_text;
+    tkd_dt_small_yaml(yaml, sizeof yaml, TKD_DT_LLAMA, tmp("story.npy"), tmp("cache-file"), "");
+    tkd_dt_run_ok(yaml, &(tkd_dump_opts){.overwrite = true}, &from_file);
+    snprintf(extra, sizeof extra, "data: {paths: ['%s', '%s'], tokenizer: '%s'}\n", tmp("story.txt"), tmp("m*.jsonl"), tok);
+    tkd_dt_small_yaml(yaml, sizeof yaml, TKD_DT_LLAMA, "unused", tmp("cache-text"), extra);
+    tkd_dt_run_ok(yaml, &(tkd_dump_opts){.overwrite = true}, &from_text);
+    assert_string_equal(from_text.dataset_sha256, from_file.dataset_sha256);
+    assert_int_equal(from_text.range_end, from_file.range_end);
+    assert_true(from_text.range_end >= 8);
+    /* A data.tokenizer that is not there: an error naming data.tokenizer. */
+    snprintf(extra, sizeof extra, "data: {paths: ['%s'], tokenizer: '%s/none'}\n", tmp("story.txt"), tok);
+    tkd_dt_small_yaml(yaml, sizeof yaml, TKD_DT_LLAMA, "unused", tmp("cache-text2"), extra);
+    assert_int_equal(tkd_dt_run(yaml, &(tkd_dump_opts){.overwrite = true}, &from_text), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("data.tokenizer: ");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -386,7 +450,7 @@ int main(void)
         cmocka_unit_test(test_reader_jsonl),     cmocka_unit_test(test_mixed_inputs),
         cmocka_unit_test(test_many_docs_and_shards), cmocka_unit_test(test_bos_from_template),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_parse_args),
-        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_cli),              cmocka_unit_test(test_dump_from_text),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }
