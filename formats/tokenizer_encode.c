@@ -567,6 +567,8 @@ static tkd_status nfc_segment(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n
 
 static tkd_status copy_normed(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, size_t *at)
 {
+    if (n == 0) /* the buffer may not exist yet */
+        return TKD_OK;
     if (!reserve(&ctx->normed, *at + n))
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory for %zu bytes of text", *at + n);
     memcpy(ctx->normed.p + *at, s, n);
