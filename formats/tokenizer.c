@@ -212,6 +212,24 @@ static bool flag(const cJSON *obj, const char *key, bool dflt)
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
 }
 
+typedef tkd_status (*node_fn)(loader *L, const cJSON *node);
+
+/* A Sequence (normalizer, pre-tokenizer, post-processor): each member of its list_key, in order. */
+static tkd_status each_member(loader *L, const cJSON *node, const char *list_key, node_fn fn)
+{
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, list_key);
+    for (const cJSON *it = cJSON_IsArray(list) ? list->child : NULL; it; it = it->next)
+        TKD_TRY(fn(L, it));
+    return TKD_OK;
+}
+
+static tkd_status refuse_type(const loader *L, const char *field, const char *type)
+{
+    char what[96];
+    snprintf(what, sizeof what, "type %s", type ? type : "(none)");
+    return refuse(L, field, what);
+}
+
 /* ---- model: vocabulary and merges -------------------------------------------------------- */
 
 static tkd_status max_id(const loader *L, const cJSON *vocab, const cJSON *added, int *out)
@@ -365,11 +383,8 @@ static tkd_status load_model(loader *L, const cJSON *model, const cJSON *added)
     const char *type = type_of(model);
     if (!cJSON_IsObject(model))
         return malformed(L, "model", "missing");
-    if (type && strcmp(type, "BPE") != 0) {
-        char what[96];
-        snprintf(what, sizeof what, "type %s", type);
-        return refuse(L, "model.type", what);
-    }
+    if (type && strcmp(type, "BPE") != 0)
+        return refuse_type(L, "model.type", type);
     tkd_status st = known_keys(L, model, "model", keys);
     if (st == TKD_OK)
         st = want_off(L, model, "dropout", "model");
@@ -512,18 +527,9 @@ static tkd_status load_normalizer(loader *L, const cJSON *norm)
         L->tok->nfc = true;
         return TKD_OK;
     }
-    if (type && strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(norm, "normalizers");
-        for (const cJSON *it = cJSON_IsArray(list) ? list->child : NULL; it; it = it->next) {
-            tkd_status st = load_normalizer(L, it);
-            if (st != TKD_OK)
-                return st;
-        }
-        return TKD_OK;
-    }
-    char what[96];
-    snprintf(what, sizeof what, "type %s", type ? type : "(none)");
-    return refuse(L, "normalizer", what);
+    if (type && strcmp(type, "Sequence") == 0)
+        return each_member(L, norm, "normalizers", load_normalizer);
+    return refuse_type(L, "normalizer", type);
 }
 
 static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, const char *what, pcre2_code **out,
@@ -597,24 +603,15 @@ static tkd_status load_byte_level(loader *L, const cJSON *node)
 static tkd_status load_pre_tokenizer(loader *L, const cJSON *node)
 {
     const char *type = type_of(node);
-    if (type && strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, "pretokenizers");
-        for (const cJSON *it = cJSON_IsArray(list) ? list->child : NULL; it; it = it->next) {
-            tkd_status st = load_pre_tokenizer(L, it);
-            if (st != TKD_OK)
-                return st;
-        }
-        return TKD_OK;
-    }
+    if (type && strcmp(type, "Sequence") == 0)
+        return each_member(L, node, "pretokenizers", load_pre_tokenizer);
     if (L->tok->nsteps > 0 && L->tok->steps[L->tok->nsteps - 1].kind == TKD_TOK_STEP_BYTELEVEL)
         return refuse(L, "pre_tokenizer", "a pre-tokenizer after ByteLevel");
     if (type && strcmp(type, "Split") == 0)
         return load_split(L, node);
     if (type && strcmp(type, "ByteLevel") == 0)
         return load_byte_level(L, node);
-    char what[96];
-    snprintf(what, sizeof what, "type %s", type ? type : "(none)");
-    return refuse(L, "pre_tokenizer", what);
+    return refuse_type(L, "pre_tokenizer", type);
 }
 
 /* ---- post-processor, decoder ---------------------------------------------------------------- */
@@ -665,15 +662,8 @@ static tkd_status load_post(loader *L, const cJSON *node)
     const char *type = type_of(node);
     if (type && strcmp(type, "ByteLevel") == 0) /* trim_offsets: offsets only, ids are unchanged */
         return TKD_OK;
-    if (type && strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, "processors");
-        for (const cJSON *it = cJSON_IsArray(list) ? list->child : NULL; it; it = it->next) {
-            tkd_status st = load_post(L, it);
-            if (st != TKD_OK)
-                return st;
-        }
-        return TKD_OK;
-    }
+    if (type && strcmp(type, "Sequence") == 0)
+        return each_member(L, node, "processors", load_post);
     if (type && strcmp(type, "TemplateProcessing") == 0) {
         const cJSON *single = cJSON_GetObjectItemCaseSensitive(node, "single");
         const cJSON *specials = cJSON_GetObjectItemCaseSensitive(node, "special_tokens");
@@ -685,9 +675,7 @@ static tkd_status load_post(loader *L, const cJSON *node)
         }
         return seen_a ? TKD_OK : malformed(L, "post_processor(TemplateProcessing).single", "no $A");
     }
-    char what[96];
-    snprintf(what, sizeof what, "type %s", type ? type : "(none)");
-    return refuse(L, "post_processor", what);
+    return refuse_type(L, "post_processor", type);
 }
 
 static tkd_status load_decoder(loader *L, const cJSON *node)
@@ -695,9 +683,7 @@ static tkd_status load_decoder(loader *L, const cJSON *node)
     const char *type = type_of(node);
     if (!node || cJSON_IsNull(node) || (type && strcmp(type, "ByteLevel") == 0))
         return TKD_OK;
-    char what[96];
-    snprintf(what, sizeof what, "type %s", type ? type : "(none)");
-    return refuse(L, "decoder", what);
+    return refuse_type(L, "decoder", type);
 }
 
 /* ---- tokenizer_config.json ------------------------------------------------------------------ */

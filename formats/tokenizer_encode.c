@@ -65,13 +65,20 @@ struct tkd_tokenizer_ctx {
     word_cache cache;
 };
 
+/* A capacity of at least need: cap (first when 0) doubled as often as it takes. */
+static size_t grown(size_t cap, size_t need, size_t first)
+{
+    cap = cap ? cap : first;
+    while (cap < need)
+        cap *= 2;
+    return cap;
+}
+
 static bool reserve(bytebuf *b, size_t n)
 {
     if (n <= b->cap)
         return true;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < n)
-        cap *= 2;
+    size_t cap = grown(b->cap, n, 4096);
     uint8_t *p = realloc(b->p, cap);
     if (!p)
         return false;
@@ -91,9 +98,7 @@ tkd_status tkd_token_ids_push(tkd_token_ids *v, const uint32_t *ids, size_t n)
     if (n == 0) /* ids may be NULL then (an empty prefix) */
         return TKD_OK;
     if (v->n + n > v->cap) {
-        size_t cap = v->cap ? v->cap : 1024;
-        while (cap < v->n + n)
-            cap *= 2;
+        size_t cap = grown(v->cap, v->n + n, 1024);
         uint32_t *p = realloc(v->ids, cap * sizeof *p);
         if (!p)
             return tkd_error_set(TKD_ERR_NOMEM, "out of memory for %zu token ids", cap);
@@ -274,9 +279,7 @@ static bool reserve_symbols(tkd_tokenizer_ctx *ctx, size_t n)
 {
     if (n <= ctx->sym_cap)
         return true;
-    size_t cap = ctx->sym_cap ? ctx->sym_cap : 256;
-    while (cap < n)
-        cap *= 2;
+    size_t cap = grown(ctx->sym_cap, n, 256);
     uint32_t *id = realloc(ctx->sym_id, cap * sizeof *id);
     ctx->sym_id = id ? id : ctx->sym_id;
     uint32_t *len = realloc(ctx->sym_len, cap * sizeof *len);

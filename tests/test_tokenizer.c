@@ -137,6 +137,21 @@ static void test_real_specials(void **state)
     tkd_tokenizer_free(g);
 }
 
+/* The bytes of ids into out (cap bytes); returns how many. Every id must have a token. */
+static size_t decode_ids(const tkd_tokenizer *tok, const tkd_token_ids *ids, char *out, size_t cap)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < ids->n; i++) {
+        size_t k;
+        const uint8_t *b = tkd_tokenizer_token_bytes(tok, ids->ids[i], &k);
+        assert_non_null(b);
+        assert_true(at + k <= cap);
+        memcpy(out + at, b, k);
+        at += k;
+    }
+    return at;
+}
+
 /* Decoding the ids gives the text back (valid UTF-8 that NFC does not change). */
 static void test_decode_round_trip(void **state)
 {
@@ -148,20 +163,12 @@ static void test_decode_round_trip(void **state)
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         char rel[128];
         snprintf(rel, sizeof rel, "fixtures/tokenizer/text/%s", files[f]);
-        size_t len, at = 0;
+        size_t len;
         char *text = tkd_test_slurp(tkd_test_src(rel), &len);
         tkd_token_ids ids = {0};
         assert_int_equal(tkd_tokenizer_encode(ctx, text, len, &ids), TKD_OK);
         char *back = malloc(len + 1);
-        for (size_t i = 0; i < ids.n; i++) {
-            size_t n;
-            const uint8_t *b = tkd_tokenizer_token_bytes(tok, ids.ids[i], &n);
-            assert_non_null(b);
-            assert_true(at + n <= len);
-            memcpy(back + at, b, n);
-            at += n;
-        }
-        assert_int_equal(at, len);
+        assert_int_equal(decode_ids(tok, &ids, back, len), len);
         assert_memory_equal(back, text, len);
         free(back);
         free(text);
@@ -218,15 +225,7 @@ static void test_random_round_trip(void **state)
             text[i] = (char)(text[i] ^ 0x80);
         ids.n = 0;
         assert_int_equal(tkd_tokenizer_encode(ctx, text, n, &ids), TKD_OK);
-        size_t at = 0;
-        for (size_t i = 0; i < ids.n; i++) {
-            size_t k;
-            const uint8_t *b = tkd_tokenizer_token_bytes(tok, ids.ids[i], &k);
-            assert_non_null(b);
-            assert_true(at + k <= sizeof back);
-            memcpy(back + at, b, k);
-            at += k;
-        }
+        size_t at = decode_ids(tok, &ids, back, sizeof back);
         if (!raw) {
             assert_int_equal(at, n);
             assert_memory_equal(back, text, n);
@@ -261,13 +260,7 @@ static void test_nfc_stretches(void **state)
         text[n] = 0;
         ids.n = 0;
         assert_int_equal(tkd_tokenizer_encode(ctx, text, n, &ids), TKD_OK);
-        size_t at = 0;
-        for (size_t i = 0; i < ids.n; i++) {
-            size_t k;
-            const uint8_t *b = tkd_tokenizer_token_bytes(tok, ids.ids[i], &k);
-            memcpy(back + at, b, k);
-            at += k;
-        }
+        size_t at = decode_ids(tok, &ids, back, sizeof back);
         uint8_t *want = utf8proc_NFC((const uint8_t *)text);
         assert_non_null(want);
         if (at != strlen((char *)want) || memcmp(back, want, at) != 0)
