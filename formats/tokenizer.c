@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <utf8proc.h>
 
 /* GPT-2's pattern, which ByteLevel applies when use_regex is true (tokenizers' byte_level.rs). */
 static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -478,8 +479,13 @@ static tkd_status added_entry(loader *L, const cJSON *it, size_t i, bool *normal
     if (st != TKD_OK)
         return st;
     uint32_t id = (uint32_t)cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
-    size_t n = strlen(content->valuestring);
-    st = add_bytes(L, (const uint8_t *)content->valuestring, n, &tok->added_off[i]);
+    *normalized = flag(it, "normalized", false);
+    /* tokenizers matches a normalized token by its content after the normalizer. */
+    uint8_t *nfc = *normalized && tok->nfc ? utf8proc_NFC((const uint8_t *)content->valuestring) : NULL;
+    const char *text = nfc ? (const char *)nfc : content->valuestring;
+    size_t n = strlen(text);
+    st = add_bytes(L, (const uint8_t *)text, n, &tok->added_off[i]);
+    free(nfc);
     tok->added_len[i] = (uint32_t)n;
     tok->added_id[i] = id;
     /* An id in both the vocabulary and the added tokens keeps its vocabulary bytes: they are the
@@ -777,10 +783,10 @@ static tkd_status load_json(loader *L, const cJSON *root)
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (st == TKD_OK)
         st = load_model(L, cJSON_GetObjectItemCaseSensitive(root, "model"), added);
+    if (st == TKD_OK) /* before the added tokens: a normalized one is matched by its normalized content */
+        st = load_normalizer(L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
     if (st == TKD_OK)
         st = load_added(L, added);
-    if (st == TKD_OK)
-        st = load_normalizer(L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     if (st == TKD_OK && (!pre || cJSON_IsNull(pre)))
         st = refuse(L, "pre_tokenizer", "null (no ByteLevel)");

@@ -432,6 +432,12 @@ static void test_added_normalized(void **state)
                        "\"x\xCC\x81\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
                        "\"normalized\": false, \"special\": true}]"};
     expect_ids(&m, "cafe\xCC\x81", (uint32_t[]){266}, 1);
+    /* Its content is normalized too: written decomposed in the file, it still matches. */
+    m.added = "[{\"id\": 266, \"content\": \"cafe\xCC\x81\", \"normalized\": true, \"special\": false}]";
+    expect_ids(&m, "caf\xC3\xA9", (uint32_t[]){266}, 1);
+    expect_ids(&m, "cafe\xCC\x81", (uint32_t[]){266}, 1);
+    m.added = "[{\"id\": 266, \"content\": \"caf\xC3\xA9\", \"normalized\": true, \"special\": false}, "
+              "{\"id\": 267, \"content\": \"x\xCC\x81\", \"normalized\": false, \"special\": true}]";
     /* A raw (normalized: false) token is matched before NFC, so its combining mark stays its own. */
     expect_ids(&m, "x\xCC\x81", (uint32_t[]){267}, 1);
 }
