@@ -4,7 +4,7 @@
 set -euo pipefail
 # clang + libclang-rt-dev (libFuzzer and the sanitizer runtimes) build scripts/fuzz.sh's targets.
 pkgs=(build-essential cmake pkg-config libhdf5-dev hdf5-tools libzstd-dev libyaml-dev
-      libcmocka-dev libopenblas-openmp-dev libcjson-dev python3 clang libclang-rt-dev)
+      libcmocka-dev libopenblas-openmp-dev libcjson-dev libpcre2-dev libutf8proc-dev python3 clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -19,6 +19,7 @@
 #include "kernels/topk.h"
 #include "model/model.h"
 #include "teacher_cache/dump_merge.h"
+#include "teacher_cache/dump_text.h"
 #include "teacher_cache/dump_dir.h"
 #include "teacher_cache/writer_thread.h"
 
@@ -451,9 +452,7 @@ static tkd_status load_inputs(dump_ctx *c)
         TKD_TRY(tkd_dump_teacher_sha256(cfg->teacher_path, c->sum->teacher_sha256));
     }
     TKD_TRY(check_compute_args(c));
-    st = tkd_tokens_open_list((const char *const *)cfg->data_paths.items, (int)cfg->data_paths.n, &c->ds);
-    if (st != TKD_OK)
-        return tkd_error_prefix(st, "data.paths");
+    TKD_TRY(tkd_dump_open_dataset(cfg, &c->ds));
     st = tkd_tokens_check_vocab(c->ds, c->model->cfg.vocab_size);
     if (st != TKD_OK)
         return tkd_error_hint(st, "use the tokenizer of teacher %s (vocab %d)", cfg->teacher_path,

@@ -17,7 +17,15 @@ static const tkd_config_field dump_fields[] = {
     TKD_CFG_STRING(C, teacher_path, "teacher.path", NULL,
                    "Hugging Face checkpoint directory of the teacher (config.json + *.safetensors)."),
     TKD_CFG_STRING_LIST(C, data_paths, "data.paths", NULL,
-                        "token files (llm.c .bin, .npy, Megatron prefix) or glob patterns, concatenated in order."),
+                        "token files (llm.c .bin, .npy, Megatron prefix) or glob patterns, concatenated in order; with "
+                        "data.tokenizer, text or JSON Lines files instead."),
+    TKD_CFG_STRING(C, data_tokenizer, "data.tokenizer", "",
+                   "tokenize data.paths (text, .jsonl) with this tokenizer.json or checkpoint directory "
+                   "first, as `teacher-dump tokenize` does; empty = data.paths are token files."),
+    TKD_CFG_STRING(C, data_text_field, "data.text_field", "text",
+                   "with data.tokenizer: the JSON Lines field holding the text."),
+    TKD_CFG_STRING(C, data_doc_separator, "data.doc_separator", "",
+                   "with data.tokenizer: text files are cut into documents at this string; empty = one per file."),
     TKD_CFG_INT(C, seq_len, "data.seq_len", "256", 1, 1 << 20,
                 "positions per sequence; a window holds seq_len + 1 tokens (inputs + next-token labels)."),
     TKD_CFG_INT(C, stride, "data.stride", "0", 0, 1 << 30,

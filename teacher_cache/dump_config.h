@@ -26,6 +26,9 @@ typedef enum tkd_dump_last_window {
 typedef struct tkd_dump_config {
     char *teacher_path;        /* teacher.path: HF checkpoint directory */
     tkd_strlist data_paths;    /* data.paths: files or globs, concatenated in order */
+    char *data_tokenizer;      /* data.tokenizer: "" = data_paths are token files; else they are text */
+    char *data_text_field;     /* data.text_field: the JSON Lines field holding the text */
+    char *data_doc_separator;  /* data.doc_separator: "" = one document per text file */
     int seq_len;               /* data.seq_len */
     int stride;                /* data.stride; 0 = seq_len (resolved by tkd_dump_config_finalize) */
     int last_window;           /* data.last_window: tkd_dump_last_window */

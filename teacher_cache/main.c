@@ -16,10 +16,12 @@
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
 #include "teacher_cache/dump_merge.h"
+#include "teacher_cache/tokenize.h"
 
 static const char usage[] =
     "teacher-dump --config FILE [--set key=value ...] [--overwrite] [--print-config] [-v|-q]\n"
     "       teacher-dump merge DIR\n"
+    "       teacher-dump tokenize --tokenizer PATH --output OUT.bin FILE...   (tokenize --help)\n"
     "Runs the teacher once over a token dataset and writes its top-k logits, LSE and optional tail\n"
     "draws to a cache directory (docs/teacher-dump.md). Re-running the same command resumes.";
 
@@ -129,8 +131,63 @@ static int run_dump(const tkd_cli *cli)
     return 0;
 }
 
+static void on_tokenize_progress(const tkd_tokenize_progress *p, void *user)
+{
+    tkd_progress *bar = user;
+    bar->total = (int64_t)((p->bytes_total + 999999) / 1000000);
+    char extra[96];
+    snprintf(extra, sizeof extra, "%lld docs  %.2fM tokens  %.0f tokens/s", (long long)p->docs, (double)p->tokens / 1e6,
+             p->elapsed_s > 0 ? (double)p->tokens / p->elapsed_s : 0.0);
+    tkd_progress_update(bar, (int64_t)(p->bytes_done / 1000000), extra);
+}
+
+static void print_tokenize_summary(const tkd_tokenize_summary *s)
+{
+    tkd_log_info("teacher-dump tokenize: done: %lld documents, %.1f MB of text -> %lld tokens in %d file(s) (%s%s) in "
+                 "%.1f s (%.1f MB/s); each document: %d id(s) before, %d after%s",
+                 (long long)s->docs, (double)s->bytes / 1e6, (long long)s->tokens, s->files, s->first,
+                 s->files > 1 ? ", ..." : "", s->seconds, s->seconds > 0 ? (double)s->bytes / 1e6 / s->seconds : 0.0,
+                 s->nprefix, s->nsuffix, s->eos_id >= 0 ? " + the EOS" : "");
+    if (s->stale[0])
+        tkd_log_warn("teacher-dump tokenize: %s is from an earlier run and was not rewritten; remove it before reading "
+                     "these shards with a glob", s->stale);
+}
+
+/* `teacher-dump tokenize ...`: its own flags (argv[0] is "tokenize"). */
+static int run_tokenize(int argc, char **argv)
+{
+    tkd_tokenize_opts o;
+    bool help;
+    int verbosity;
+    tkd_status st = tkd_tokenize_parse_args(argc, argv, &o, &help, &verbosity);
+    if (st != TKD_OK || help) {
+        tkd_tokenize_opts_free(&o);
+        if (st != TKD_OK)
+            return fail(st);
+        printf("usage: %s\n", tkd_tokenize_usage);
+        return 0;
+    }
+    tkd_log_set_level(verbosity > 0 ? TKD_LOG_LEVEL_DEBUG : verbosity < 0 ? TKD_LOG_LEVEL_WARN : TKD_LOG_LEVEL_INFO);
+    tkd_progress bar;
+    tkd_progress_begin(&bar, "tokenize", 0, "MB");
+    o.progress = on_tokenize_progress;
+    o.progress_user = &bar;
+    tkd_tokenize_summary sum;
+    st = tkd_signals_install();
+    if (st == TKD_OK)
+        st = tkd_tokenize_run(&o, &sum);
+    tkd_tokenize_opts_free(&o);
+    if (st != TKD_OK)
+        return fail(st);
+    tkd_progress_finish(&bar, NULL);
+    print_tokenize_summary(&sum);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "tokenize") == 0)
+        return run_tokenize(argc - 1, argv + 1);
     tkd_cli cli;
     tkd_status st = tkd_cli_parse(&cli, argc, argv);
     if (st != TKD_OK)
@@ -143,7 +200,7 @@ int main(int argc, char **argv)
     } else if (cli.nargs > 0 && strcmp(cli.args[0], "merge") == 0) {
         rc = run_merge(&cli);
     } else if (cli.nargs > 0) {
-        tkd_error_set(TKD_ERR_INVALID_ARG, "unexpected argument '%s' — the only command is 'merge DIR'; see --help",
+        tkd_error_set(TKD_ERR_INVALID_ARG, "unexpected argument '%s' — the commands are 'merge DIR' and 'tokenize'; see --help",
                       cli.args[0]);
         rc = fail(TKD_ERR_INVALID_ARG);
     } else {
