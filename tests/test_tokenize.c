@@ -142,6 +142,17 @@ static uint32_t *read_bin(const char *path, size_t *n)
     uint32_t *ids = malloc(4 * *n + 4);
     memcpy(ids, d + 1024, 4 * *n);
     free(d);
+    /* and the token reader teacher-dump and student-train use reads the same ids from it */
+    tkd_tokens *ds = NULL;
+    if (tkd_tokens_open(path, &ds) != TKD_OK)
+        fail_msg("%s: %s", path, tkd_error_msg());
+    assert_int_equal(tkd_tokens_count(ds), (int64_t)*n);
+    int32_t *back = malloc(4 * *n + 4);
+    assert_int_equal(tkd_tokens_read(ds, 0, (int64_t)*n, back), TKD_OK);
+    for (size_t i = 0; i < *n; i++)
+        assert_int_equal((uint32_t)back[i], ids[i]);
+    free(back);
+    tkd_tokens_free(ds);
     return ids;
 }
 
