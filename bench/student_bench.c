@@ -35,26 +35,13 @@
 
 #include "kernels/backend.h"
 #include "kernels/kl_loss.h"
+#include "bench/bench_util.h"
 #include "model/model.h"
 #include "model/optim.h"
 
 #define PEAK_FLOPS 989e12
 #define TOPK 100
 #define WARMUP 2
-
-typedef struct shape_def {
-    const char *name;
-    int arch, V, D, F, L, H, Hkv, tied, bias;
-    double theta;
-} shape_def;
-
-static const shape_def kShapes[] = {
-    {"llama1b", TKD_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 1, 0, 500000.0},
-    {"llama3b", TKD_ARCH_LLAMA, 128256, 3072, 8192, 28, 24, 8, 1, 0, 500000.0},
-    {"qwen05b", TKD_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 1, 1, 1000000.0},
-};
-
-typedef struct run_spec { const shape_def *s; int T, B; } run_spec;
 
 /* One host teacher batch (N rows of TOPK) and the student's input tokens (N). */
 typedef struct host_batch {
@@ -65,42 +52,10 @@ typedef struct host_batch {
 /* The phases of the split step, ms. */
 typedef struct split_ms { double data, fwd, loss, bwd, opt; } split_ms;
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static int die(const char *what)
 {
     fprintf(stderr, "student_bench: %s: %s\n", what, tkd_error_msg());
     return 1;
-}
-
-static void config_of(const shape_def *s, int T, tkd_model_config *c)
-{
-    tkd_model_config_defaults(c);
-    c->arch = s->arch;
-    c->vocab_size = s->V;
-    c->hidden_size = s->D;
-    c->intermediate_size = s->F;
-    c->num_hidden_layers = s->L;
-    c->num_attention_heads = s->H;
-    c->num_key_value_heads = s->Hkv;
-    c->head_dim = s->D / s->H;
-    c->max_position_embeddings = T > 8192 ? T : 8192;
-    c->rope_theta = s->theta;
-    c->tie_word_embeddings = s->tied;
-    c->attention_bias = s->bias;
-    c->initializer_range = 0.02f;
-}
-
-static size_t used_bytes(void)
-{
-    size_t f = 0, t = 0;
-    cudaMemGetInfo(&f, &t);
-    return t - f;
 }
 
 static uint64_t splitmix(uint64_t *s)
@@ -193,7 +148,7 @@ static tkd_status lap(bench_ctx *c, int split, double *t, double *ms)
     if (!split)
         return TKD_OK;
     TKD_TRY(sync_all(c));
-    double n = now_s();
+    double n = bench_now_s();
     *ms = (n - *t) * 1e3;
     *t = n;
     return TKD_OK;
@@ -207,7 +162,7 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     double zero_ms = 0, clip_ms = 0;
     if (split)
         TKD_TRY(sync_all(c)); /* the split starts from an idle device */
-    double t = now_s();
+    double t = bench_now_s();
     TKD_TRY(tkd_model_zero_grad(c->m));
     TKD_TRY(lap(c, split, &t, &zero_ms));
     TKD_TRY(op->kl_stage(c->be, c->kl, &c->kp, &c->kb));
@@ -241,7 +196,7 @@ static int g_recompute;
 static int run_one(const run_spec *r, int steps)
 {
     tkd_model_config cfg;
-    config_of(r->s, r->T, &cfg);
+    bench_config_of(r->s, r->T, &cfg);
     bench_ctx c;
     memset(&c, 0, sizeof c);
     c.B = r->B;
@@ -264,10 +219,10 @@ static int run_one(const run_spec *r, int steps)
     if (tkd_kl_validate(&c.kp, &c.kb) != TKD_OK)
         return die("teacher batch");
 
-    size_t base = used_bytes();
+    size_t base = bench_used_bytes();
     if (tkd_backend_open(TKD_DEVICE_CUDA, 0, &c.be) != TKD_OK)
         return die("backend");
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (tkd_model_init_random_for_training(&cfg, 1, c.be, &c.m) != TKD_OK)
         return die("init");
     tkd_model_set_recompute(c.m, g_recompute);
@@ -282,18 +237,18 @@ static int run_one(const run_spec *r, int steps)
         return die("loss");
     if (c.be->op->alloc(c.be, (size_t)N * cfg.hidden_size * sizeof(float), "bench: dHidden", (void **)&c.dh) != TKD_OK)
         return die("dHidden");
-    double init_s = now_s() - t0;
+    double init_s = bench_now_s() - t0;
 
     split_ms sp = {0};
     for (int i = 0; i < WARMUP; i++)
         if (step_once(&c, 0, &sp) != TKD_OK)
             return die("warm-up step");
-    double ts = now_s();
+    double ts = bench_now_s();
     for (int i = 0; i < steps; i++)
         if (step_once(&c, 0, &sp) != TKD_OK)
             return die("timed step");
-    double step_ms = (now_s() - ts) * 1e3 / steps;
-    double mem = (double)(used_bytes() - base) / 1073741824.0;
+    double step_ms = (bench_now_s() - ts) * 1e3 / steps;
+    double mem = (double)(bench_used_bytes() - base) / 1073741824.0;
     if (step_once(&c, 1, &sp) != TKD_OK)
         return die("split step");
 
@@ -313,36 +268,15 @@ static int run_one(const run_spec *r, int steps)
     return 0;
 }
 
-static int parse_shapes(const char *arg, run_spec *rs, int *n)
-{
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", arg);
-    *n = 0;
-    for (char *tok = strtok(buf, ","); tok && *n < 16; tok = strtok(NULL, ",")) {
-        char name[64];
-        int T = 0, B = 0;
-        if (sscanf(tok, "%63[^:]:%d:%d", name, &T, &B) != 3 || T <= 0 || B <= 0)
-            return fprintf(stderr, "student_bench: --shapes wants NAME:T:B, e.g. llama1b:8192:1\n"), 1;
-        const shape_def *s = NULL;
-        for (size_t i = 0; i < sizeof kShapes / sizeof kShapes[0]; i++)
-            if (!strcmp(kShapes[i].name, name))
-                s = &kShapes[i];
-        if (!s)
-            return fprintf(stderr, "student_bench: unknown shape %s (llama1b, llama3b, qwen05b)\n", name), 1;
-        rs[(*n)++] = (run_spec){s, T, B};
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
-    run_spec rs[16];
+    run_spec rs[BENCH_MAX_RUNS];
     int n = 0, steps = 5;
-    if (parse_shapes("llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4", rs, &n))
+    if (bench_parse_shapes("student_bench", "llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4", rs, &n))
         return 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
-            if (parse_shapes(argv[++i], rs, &n))
+            if (bench_parse_shapes("student_bench", argv[++i], rs, &n))
                 return 2;
         } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             steps = atoi(argv[++i]);

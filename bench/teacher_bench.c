@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
+#include "bench/bench_util.h"
 #include "model/model.h"
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
@@ -41,70 +42,13 @@
 #define PEAK_FLOPS 989e12
 #define TOPK 100
 
-typedef struct shape_def {
-    const char *name;
-    int arch, V, D, F, L, H, Hkv, tied, bias;
-    double theta;
-} shape_def;
-
-static const shape_def kShapes[] = {
-    {"llama8b", TKD_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 0, 0, 500000.0},
-    {"llama3b", TKD_ARCH_LLAMA, 128256, 3072, 8192, 28, 24, 8, 1, 0, 500000.0},
-    {"llama1b", TKD_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 1, 0, 500000.0},
-    {"qwen05b", TKD_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 1, 1, 1000000.0},
-};
-
-typedef struct run_spec { const shape_def *s; int T, B; } run_spec;
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static int die(const char *what)
 {
     fprintf(stderr, "teacher_bench: %s: %s\n", what, tkd_error_msg());
     return 1;
 }
 
-static void config_of(const shape_def *s, int T, tkd_model_config *c)
-{
-    tkd_model_config_defaults(c);
-    c->arch = s->arch;
-    c->vocab_size = s->V;
-    c->hidden_size = s->D;
-    c->intermediate_size = s->F;
-    c->num_hidden_layers = s->L;
-    c->num_attention_heads = s->H;
-    c->num_key_value_heads = s->Hkv;
-    c->head_dim = s->D / s->H;
-    c->max_position_embeddings = T > 8192 ? T : 8192;
-    c->rope_theta = s->theta;
-    c->tie_word_embeddings = s->tied;
-    c->attention_bias = s->bias;
-    c->initializer_range = 0.02f;
-}
-
-static size_t used_bytes(void)
-{
-    size_t f = 0, t = 0;
-    cudaMemGetInfo(&f, &t);
-    return t - f;
-}
-
 typedef struct timings { double fwd, topk, floor_ms, head_ms, dump_tps, dump_s; int ok; } timings;
-
-/* median of n */
-static double median(double *x, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && x[j] < x[j - 1]; j--) {
-            double t = x[j]; x[j] = x[j - 1]; x[j - 1] = t;
-        }
-    return x[n / 2];
-}
 
 typedef struct host_out { uint32_t *idx; float *val, *lse; int64_t *seq; int32_t *pos; } host_out;
 
@@ -147,7 +91,7 @@ static double gemm_floor(const tkd_model_config *c, int N, int reps, double *hea
     cudaMemset(w, 0, wmax * 2);
     for (int r = 0; r < reps + 1 && r < 16; r++) {
         cudaDeviceSynchronize();
-        double t0 = now_s();
+        double t0 = bench_now_s();
         int bad = 0;
         for (int l = 0; l < c->num_hidden_layers; l++) {
             bad |= gemm(h, x, w, y, N, D, Q, 0) | gemm(h, x, w, y, N, D, KV, 0) | gemm(h, x, w, y, N, D, KV, 0);
@@ -155,16 +99,16 @@ static double gemm_floor(const tkd_model_config *c, int N, int reps, double *hea
             bad |= gemm(h, x, w, y, N, F, D, 0);
         }
         cudaDeviceSynchronize();
-        double t1 = now_s();
+        double t1 = bench_now_s();
         bad |= gemm(h, x, w, y, N, D, V, 1);
         cudaDeviceSynchronize();
         if (bad)
             goto out;
-        t[r] = (now_s() - t0) * 1e3;
-        th[r] = (now_s() - t1) * 1e3;
+        t[r] = (bench_now_s() - t0) * 1e3;
+        th[r] = (bench_now_s() - t1) * 1e3;
     }
-    ms = median(t + 1, reps);
-    *head_ms = median(th + 1, reps);
+    ms = bench_median(t + 1, reps);
+    *head_ms = bench_median(th + 1, reps);
 out:
     if (h)
         cublasDestroy(h);
@@ -247,16 +191,16 @@ static double params_of(const tkd_model *m)
 static int run_one(const run_spec *r, int reps, int batches, const char *out)
 {
     tkd_model_config c;
-    config_of(r->s, r->T, &c);
-    size_t base = used_bytes();
+    bench_config_of(r->s, r->T, &c);
+    size_t base = bench_used_bytes();
     tkd_backend *be = NULL;
     tkd_model *m = NULL;
     if (tkd_backend_open(TKD_DEVICE_CUDA, 0, &be) != TKD_OK)
         return die("backend");
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (tkd_model_init_random_on(&c, 1, be, &m) != TKD_OK)
         return die("init");
-    double init_s = now_s() - t0;
+    double init_s = bench_now_s() - t0;
     int N = r->B * r->T;
     int32_t *tok = malloc(sizeof(int32_t) * N);
     for (int i = 0; i < N; i++)
@@ -270,20 +214,20 @@ static int run_one(const run_spec *r, int reps, int batches, const char *out)
     timings tm = {0};
     double tf[16], tt[16];
     for (int i = 0; i < reps + 1 && i < 16; i++) {
-        double a = now_s();
+        double a = bench_now_s();
         if (fwd_once(m, tok, r->B, r->T, &o, 0) != TKD_OK)
             return die("forward");
-        double b = now_s();
+        double b = bench_now_s();
         if (fwd_once(m, tok, r->B, r->T, &o, 1) != TKD_OK)
             return die("forward + top-k");
         tf[i] = (b - a) * 1e3;
-        tt[i] = (now_s() - b) * 1e3;
+        tt[i] = (bench_now_s() - b) * 1e3;
     }
-    tm.fwd = median(tf + 1, reps);
-    tm.topk = median(tt + 1, reps);
+    tm.fwd = bench_median(tf + 1, reps);
+    tm.topk = bench_median(tt + 1, reps);
     if (out && whole_dump(m, r, batches, out, &tm) != TKD_OK)
         return die("dump");
-    double mem = (used_bytes() - base) / 1073741824.0;
+    double mem = (bench_used_bytes() - base) / 1073741824.0;
     tm.floor_ms = gemm_floor(&c, N, reps, &tm.head_ms);
     double fpt = 2 * params_of(m) + 4.0 * c.num_hidden_layers * r->T * c.hidden_size;
     double gemm_fpt = 2.0 * (gemm_params(&c) + (double)c.vocab_size * c.hidden_size); /* the floor's work */
@@ -307,37 +251,16 @@ static int run_one(const run_spec *r, int reps, int batches, const char *out)
     return 0;
 }
 
-static int parse_shapes(const char *arg, run_spec *rs, int *n)
-{
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", arg);
-    *n = 0;
-    for (char *tok = strtok(buf, ","); tok && *n < 16; tok = strtok(NULL, ",")) {
-        char name[64];
-        int T = 0, B = 0;
-        if (sscanf(tok, "%63[^:]:%d:%d", name, &T, &B) != 3 || T <= 0 || B <= 0)
-            return fprintf(stderr, "teacher_bench: --shapes wants NAME:T:B, e.g. llama8b:8192:1\n"), 1;
-        const shape_def *s = NULL;
-        for (size_t i = 0; i < sizeof kShapes / sizeof kShapes[0]; i++)
-            if (!strcmp(kShapes[i].name, name))
-                s = &kShapes[i];
-        if (!s)
-            return fprintf(stderr, "teacher_bench: unknown shape %s (llama8b, llama3b, llama1b, qwen05b)\n", name), 1;
-        rs[(*n)++] = (run_spec){s, T, B};
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
-    run_spec rs[16];
+    run_spec rs[BENCH_MAX_RUNS];
     int n = 0, reps = 3, batches = 16;
     const char *out = NULL;
-    if (parse_shapes("llama8b:8192:1,qwen05b:2048:16,qwen05b:8192:4", rs, &n))
+    if (bench_parse_shapes("teacher_bench", "llama8b:8192:1,qwen05b:2048:16,qwen05b:8192:4", rs, &n))
         return 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
-            if (parse_shapes(argv[++i], rs, &n))
+            if (bench_parse_shapes("teacher_bench", argv[++i], rs, &n))
                 return 2;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);

@@ -20,11 +20,10 @@
 #include "common/half.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
+#include "kernels/ops_cuda_common.cuh"
 
 namespace {
 
-constexpr int kEltThreads = 256;     /* elementwise kernels: block size */
-constexpr int kEltMaxBlocks = 4096;  /* grid-stride beyond this */
 constexpr int kRowMaxThreads = 512;  /* RMSNorm: ≤ 16 warps per block ... */
 constexpr int kRowMaxChunks = 4;     /* ... each thread owning ≤ 4 × 8 columns */
 constexpr int kRowMaxD = kRowMaxThreads * kRowMaxChunks * 8; /* 16384, as the forward */
@@ -40,114 +39,6 @@ constexpr size_t kMinPartFloats = (size_t)1 << 20; /* scratch floor: 4 MiB */
 constexpr int kBwdPlans = 32;        /* cached linear-backward GEMM plans */
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-int elt_blocks(int64_t units)
-{
-    int64_t b = (units + kEltThreads - 1) / kEltThreads;
-    return (int)(b < 1 ? 1 : b > kEltMaxBlocks ? kEltMaxBlocks : b);
-}
-
-__device__ inline float bf(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
-
-/* 8 bf16 (little-endian pairs in 4 words) to fp32 and back. */
-__device__ inline void unpack8(uint4 p, float f[8])
-{
-    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-
-__device__ inline uint4 pack8(const float f[8])
-{
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        w[j] = (uint32_t)tkd_f32_to_bf16(f[2 * j]) | ((uint32_t)tkd_f32_to_bf16(f[2 * j + 1]) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-__device__ inline void load8_f32(const float *p, float f[8])
-{
-    const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
-__device__ inline void store8_f32(float *p, const float f[8])
-{
-    *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
-    *reinterpret_cast<float4 *>(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
-}
-
-/* W consecutive bf16 (W = 8: one 16-byte load; W = 1: one element) as fp32, and back. */
-template <int W> __device__ inline void load_bf(const uint16_t *p, float f[W])
-{
-    if constexpr (W == 8)
-        unpack8(*reinterpret_cast<const uint4 *>(p), f);
-    else
-        f[0] = bf(p[0]);
-}
-
-template <int W> __device__ inline void store_bf(uint16_t *p, const float f[W])
-{
-    if constexpr (W == 8)
-        *reinterpret_cast<uint4 *>(p) = pack8(f);
-    else
-        p[0] = tkd_f32_to_bf16(f[0]);
-}
-
-/* W consecutive fp32 (W = 8: two float4; W = 4: one float4; W = 1: one element). */
-template <int W> __device__ inline void load_f32(const float *p, float f[W])
-{
-    if constexpr (W == 8) {
-        load8_f32(p, f);
-    } else if constexpr (W == 4) {
-        const float4 a = *reinterpret_cast<const float4 *>(p);
-        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
-    } else {
-        f[0] = p[0];
-    }
-}
-
-template <int W> __device__ inline void store_f32(float *p, const float f[W])
-{
-    if constexpr (W == 8)
-        store8_f32(p, f);
-    else if constexpr (W == 4)
-        *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
-    else
-        p[0] = f[0];
-}
-
-/* Sum over the block (blockDim.x a multiple of 32, ≤ 1024) in a fixed tree; every thread gets it.
- * Safe to call repeatedly: a thread reads `total` before it can reach the next call's first
- * barrier, and warp 0 writes it only after that barrier. */
-template <class T> __device__ T block_sum(T v)
-{
-    __shared__ T part[32];
-    __shared__ T total;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    if (lane == 0)
-        part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nw ? part[lane] : (T)0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0)
-            total = v;
-    }
-    __syncthreads();
-    return total;
-}
 
 /* Row groups for a column reduction over N ≥ 1 rows of `width` ≤ cap columns into (G, width)
  * partials: at least kMinGroupRows rows per group, at most kMaxGroups groups and G·width ≤ cap
@@ -432,33 +323,6 @@ __global__ void rope_bwd_kernel(RopeArgs a)
 
 /* ---- flat elementwise kernels: SwiGLU backward, scale ----------------------------------------- */
 
-/* n elements as n / VEC units of VEC (grid-stride); with VEC = 8 the last n % 8 elements go one per
- * thread to block 0. `Op` maps one unit or one element. */
-template <int VEC, class Op>
-__global__ void elementwise_kernel(Op op, int64_t n)
-{
-    const int64_t units = n / VEC;
-    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
-         u += (int64_t)gridDim.x * blockDim.x)
-        op.template unit<VEC>(u * VEC);
-    if (VEC > 1 && blockIdx.x == 0 && threadIdx.x < n - units * VEC)
-        op.template unit<1>(units * VEC + threadIdx.x);
-}
-
-template <class Op>
-tkd_status elementwise_run(const Op &op, int64_t n, bool vec, void *stream)
-{
-    if (n == 0)
-        return TKD_OK;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        elementwise_kernel<8, Op><<<elt_blocks(n / 8), kEltThreads, 0, s>>>(op, n);
-    else
-        elementwise_kernel<1, Op><<<elt_blocks(n), kEltThreads, 0, s>>>(op, n);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
-}
-
 /* s = σ(g) = 1 / (1 + e^−g): dg += dh·u·s·(1 + g·(1 − s)), du += dh·g·s, as kernels/cpu_ops.c. */
 struct SwigluBwdOp {
     const uint16_t *dh, *g, *u;
@@ -648,30 +512,7 @@ struct BwdKey {
     int align[3]; /* A, B, C = D */
 };
 
-struct BwdPlan {
-    BwdKey key;
-    unsigned long long used; /* 0: free slot */
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-};
-
-int ptr_align(const void *p)
-{
-    int a = 256;
-    while (a > 1 && ((uintptr_t)p & (uintptr_t)(a - 1)))
-        a >>= 1;
-    return a;
-}
-
-void bwd_plan_destroy(BwdPlan *p)
-{
-    if (p->lc) (void)cublasLtMatrixLayoutDestroy(p->lc);
-    if (p->lb) (void)cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->la) (void)cublasLtMatrixLayoutDestroy(p->la);
-    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
-    memset(p, 0, sizeof *p);
-}
+using BwdPlan = LtPlan<BwdKey>;
 
 } // namespace
 
@@ -703,7 +544,7 @@ extern "C" void tkd_cuda_bwd_ws_free(tkd_cuda_bwd_ws *ws)
         return;
     for (int i = 0; i < kBwdPlans; i++)
         if (ws->plans[i].used)
-            bwd_plan_destroy(&ws->plans[i]);
+            lt_plan_destroy(&ws->plans[i]);
     tkd_cuda_free(ws->iota);
     tkd_cuda_free(ws->sort_tmp);
     tkd_cuda_free(ws->part);
@@ -882,18 +723,9 @@ static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p
     const uint64_t wsb = ws_bytes;
     const uint32_t al[4] = {(uint32_t)key.align[0], (uint32_t)key.align[1], (uint32_t)key.align[2],
                             (uint32_t)key.align[2]};
-    const cublasLtMatmulPreferenceAttributes_t which[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    cublasStatus_t e = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &wsb, sizeof wsb);
-    for (int i = 0; i < 4 && e == CUBLAS_STATUS_SUCCESS; i++)
-        e = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    if (e == CUBLAS_STATUS_SUCCESS)
-        e = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
-    (void)cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t e = lt_plan_heuristic(lt, p, pref, wsb, al, &res, &found);
     if (e == CUBLAS_STATUS_NOT_SUPPORTED || (e == CUBLAS_STATUS_SUCCESS && found == 0))
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "linear_bwd: cuBLASLt has no %s algorithm for N = %d, K = %d, M = %d "
@@ -909,27 +741,8 @@ static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p
 static tkd_status bwd_plan_get(tkd_cuda_bwd_ws *ws, cublasLtHandle_t lt, size_t ws_bytes, const BwdKey &key,
                                BwdPlan **out)
 {
-    BwdPlan *victim = &ws->plans[0];
-    for (int i = 0; i < kBwdPlans; i++) {
-        BwdPlan *p = &ws->plans[i];
-        if (p->used && memcmp(&p->key, &key, sizeof key) == 0) {
-            p->used = ++ws->clock;
-            *out = p;
-            return TKD_OK;
-        }
-        if (p->used < victim->used)
-            victim = p;
-    }
-    if (victim->used)
-        bwd_plan_destroy(victim);
-    tkd_status st = bwd_plan_init(lt, ws_bytes, victim, key);
-    if (st != TKD_OK) {
-        bwd_plan_destroy(victim);
-        return st;
-    }
-    victim->used = ++ws->clock;
-    *out = victim;
-    return TKD_OK;
+    return lt_plan_get(ws->plans, kBwdPlans, &ws->clock, key,
+                       [&](BwdPlan *p) { return bwd_plan_init(lt, ws_bytes, p, key); }, out);
 }
 
 /* C += op(A)·op(B) with the plan for (kind, N, K, M) and these pointers' alignments. */

@@ -16,84 +16,15 @@
 #include "common/half.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
+#include "kernels/ops_cuda_common.cuh"
 
 namespace {
 
-constexpr int kEltThreads = 256;       /* elementwise kernels: block size */
-constexpr int kEltMaxBlocks = 4096;    /* grid-stride beyond this (≈ 8 waves of 132 SMs × 4) */
 constexpr int kRowMaxThreads = 512;    /* RMSNorm: one block per row, ≤ 16 warps */
 constexpr int kRowMaxChunks = 4;       /* ... each thread holding ≤ 4 × 8 values in registers */
 constexpr int kRowMaxD = kRowMaxThreads * kRowMaxChunks * 8; /* 16384 */
 constexpr size_t kLtWsBytes = 32u << 20; /* cuBLASLt workspace, allocated once */
 constexpr int kLinPlans = 32;          /* cached GEMM plans (a model uses ~6 shapes per pass) */
-
-/* ---- small helpers ---------------------------------------------------------------------------- */
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-int elt_blocks(int64_t units)
-{
-    int64_t b = (units + kEltThreads - 1) / kEltThreads;
-    return (int)(b < 1 ? 1 : b > kEltMaxBlocks ? kEltMaxBlocks : b);
-}
-
-/* 8 bf16 (little-endian pairs in 4 words) to fp32 and back. */
-__device__ inline void unpack8(uint4 p, float f[8])
-{
-    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-
-__device__ inline uint4 pack8(const float f[8])
-{
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        w[j] = (uint32_t)tkd_f32_to_bf16(f[2 * j]) | ((uint32_t)tkd_f32_to_bf16(f[2 * j + 1]) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-__device__ inline void load8_f32(const float *p, float f[8])
-{
-    const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
-__device__ inline void store8_f32(float *p, const float f[8])
-{
-    *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
-    *reinterpret_cast<float4 *>(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
-}
-
-__device__ inline float bf(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
-
-/* Sum over the block (blockDim.x a multiple of 32, ≤ kRowMaxThreads); every thread gets it. */
-__device__ float block_sum(float v)
-{
-    __shared__ float part[kRowMaxThreads / 32];
-    __shared__ float total;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    if (lane == 0)
-        part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nw ? part[lane] : 0.0f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0)
-            total = v;
-    }
-    __syncthreads();
-    return total;
-}
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
@@ -277,19 +208,6 @@ __global__ void rope_kernel(RopeArgs a)
 
 /* ---- SwiGLU and the conversions: flat elementwise kernels ------------------------------------- */
 
-/* The elementwise kernels walk n elements as n / VEC units of VEC (grid-stride); with VEC = 8 the
- * last n % 8 elements go one per thread to block 0. `Op` maps one unit or one element. */
-template <int VEC, class Op>
-__global__ void elementwise_kernel(Op op, int64_t n)
-{
-    const int64_t units = n / VEC;
-    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
-         u += (int64_t)gridDim.x * blockDim.x)
-        op.template unit<VEC>(u * VEC);
-    if (VEC > 1 && blockIdx.x == 0 && threadIdx.x < n - units * VEC)
-        op.template unit<1>(units * VEC + threadIdx.x);
-}
-
 /* h = bf16(silu(g) · u) with silu(g) = g / (1 + e^−g), as kernels/cpu_ops.c computes it. */
 struct SwigluOp {
     const uint16_t *g, *u;
@@ -342,20 +260,6 @@ struct Bf16ToF32Op {
         }
     }
 };
-
-template <class Op>
-tkd_status elementwise_run(const Op &op, int64_t n, bool vec, void *stream)
-{
-    if (n == 0)
-        return TKD_OK;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        elementwise_kernel<8, Op><<<elt_blocks(n / 8), kEltThreads, 0, s>>>(op, n);
-    else
-        elementwise_kernel<1, Op><<<elt_blocks(n), kEltThreads, 0, s>>>(op, n);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
-}
 
 } // namespace
 
@@ -458,30 +362,7 @@ struct LinKey {
     int align[4]; /* x, w, y, b (b: 0 without bias) */
 };
 
-struct LinPlan {
-    LinKey key;
-    unsigned long long used; /* 0: free slot */
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-};
-
-int ptr_align(const void *p)
-{
-    int a = 256;
-    while (a > 1 && ((uintptr_t)p & (uintptr_t)(a - 1)))
-        a >>= 1;
-    return a;
-}
-
-void plan_destroy(LinPlan *p)
-{
-    if (p->lc) (void)cublasLtMatrixLayoutDestroy(p->lc);
-    if (p->lb) (void)cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->la) (void)cublasLtMatrixLayoutDestroy(p->la);
-    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
-    memset(p, 0, sizeof *p);
-}
+using LinPlan = LtPlan<LinKey>;
 
 } // namespace
 
@@ -498,7 +379,7 @@ extern "C" void tkd_cuda_linear_free(tkd_cuda_linear *lin)
         return;
     for (int i = 0; i < kLinPlans; i++)
         if (lin->plans[i].used)
-            plan_destroy(&lin->plans[i]);
+            lt_plan_destroy(&lin->plans[i]);
     if (lin->lt)
         (void)cublasLtDestroy(lin->lt);
     tkd_cuda_free(lin->ws);
@@ -559,18 +440,9 @@ static tkd_status plan_init(tkd_cuda_linear *lin, LinPlan *p, const LinKey &key,
     const uint64_t ws = kLtWsBytes;
     const uint32_t al[4] = {(uint32_t)key.align[1], (uint32_t)key.align[0], (uint32_t)key.align[2],
                             (uint32_t)key.align[2]}; /* A = W, B = x, C = D = y */
-    const cublasLtMatmulPreferenceAttributes_t which[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    cublasStatus_t e = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &ws, sizeof ws);
-    for (int i = 0; i < 4 && e == CUBLAS_STATUS_SUCCESS; i++)
-        e = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    if (e == CUBLAS_STATUS_SUCCESS)
-        e = cublasLtMatmulAlgoGetHeuristic(lin->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
-    (void)cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t e = lt_plan_heuristic(lin->lt, p, pref, ws, al, &res, &found);
     if (e == CUBLAS_STATUS_NOT_SUPPORTED || (e == CUBLAS_STATUS_SUCCESS && found == 0))
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "linear: cuBLASLt has no bf16 algorithm for N = %d, K = %d, M = %d%s "
@@ -585,27 +457,8 @@ static tkd_status plan_init(tkd_cuda_linear *lin, LinPlan *p, const LinKey &key,
 /* The cached plan for key, made (replacing the least recently used) when missing. */
 static tkd_status plan_get(tkd_cuda_linear *lin, const LinKey &key, const void *b, LinPlan **out)
 {
-    LinPlan *victim = &lin->plans[0];
-    for (int i = 0; i < kLinPlans; i++) {
-        LinPlan *p = &lin->plans[i];
-        if (p->used && memcmp(&p->key, &key, sizeof key) == 0) {
-            p->used = ++lin->clock;
-            *out = p;
-            return TKD_OK;
-        }
-        if (p->used < victim->used)
-            victim = p;
-    }
-    if (victim->used)
-        plan_destroy(victim);
-    tkd_status st = plan_init(lin, victim, key, b);
-    if (st != TKD_OK) {
-        plan_destroy(victim);
-        return st;
-    }
-    victim->used = ++lin->clock;
-    *out = victim;
-    return TKD_OK;
+    return lt_plan_get(lin->plans, kLinPlans, &lin->clock, key,
+                       [&](LinPlan *p) { return plan_init(lin, p, key, b); }, out);
 }
 
 extern "C" tkd_status tkd_cuda_linear_fwd(tkd_cuda_linear *lin, const uint16_t *x, const uint16_t *w,

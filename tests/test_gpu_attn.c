@@ -34,6 +34,7 @@
 
 #include "common/half.h"
 #include "kernels/cpu_ops.h"
+#include "tests/gpu_testutil.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -79,22 +80,6 @@ typedef struct errs {
     char where[160];        /* the worst failing element */
 } errs;
 
-static void *dev_alloc(size_t n)
-{
-    void *p = NULL;
-    assert_int_equal(cudaMalloc(&p, n ? n : 1), cudaSuccess);
-    return p;
-}
-
-static void fill_bf16(float *x, uint16_t *xb, int64_t n, uint64_t seed, float std)
-{
-    tkd_test_randn(x, (size_t)n, seed, std);
-    for (int64_t i = 0; i < n; i++) {
-        xb[i] = tkd_f32_to_bf16(x[i]);
-        x[i] = tkd_bf16_to_f32(xb[i]);
-    }
-}
-
 static uint32_t f32_bits(float f)
 {
     uint32_t u;
@@ -115,13 +100,14 @@ static void run_gpu(run *r, const acase *c)
     r->y = malloc(2 * (r->nq + GUARD)), r->y_nolse = malloc(2 * r->nq);
     r->lse = malloc(sizeof(float) * (r->nl + GUARD));
     assert_true(r->q && r->k && r->v && r->qb && r->kb && r->vb && r->y && r->y_nolse && r->lse);
-    fill_bf16(r->q, r->qb, r->nq, c->seed * 3 + 1, c->std);
-    fill_bf16(r->k, r->kb, r->nkv, c->seed * 3 + 2, c->std);
-    fill_bf16(r->v, r->vb, r->nkv, c->seed * 3 + 3, 1.0f);
+    tkd_test_fill_bf16(r->q, r->qb, r->nq, c->seed * 3 + 1, c->std);
+    tkd_test_fill_bf16(r->k, r->kb, r->nkv, c->seed * 3 + 2, c->std);
+    tkd_test_fill_bf16(r->v, r->vb, r->nkv, c->seed * 3 + 3, 1.0f);
 
-    uint16_t *dq = dev_alloc(2 * r->nq), *dk = dev_alloc(2 * r->nkv), *dv = dev_alloc(2 * r->nkv);
-    uint16_t *dy = dev_alloc(2 * (r->nq + GUARD)), *dy2 = dev_alloc(2 * r->nq);
-    float *dl = dev_alloc(sizeof(float) * (r->nl + GUARD));
+    uint16_t *dq = tkd_test_dev_alloc(2 * r->nq), *dk = tkd_test_dev_alloc(2 * r->nkv),
+             *dv = tkd_test_dev_alloc(2 * r->nkv);
+    uint16_t *dy = tkd_test_dev_alloc(2 * (r->nq + GUARD)), *dy2 = tkd_test_dev_alloc(2 * r->nq);
+    float *dl = tkd_test_dev_alloc(sizeof(float) * (r->nl + GUARD));
     assert_int_equal(cudaMemcpy(dq, r->qb, 2 * r->nq, cudaMemcpyHostToDevice), cudaSuccess);
     assert_int_equal(cudaMemcpy(dk, r->kb, 2 * r->nkv, cudaMemcpyHostToDevice), cudaSuccess);
     assert_int_equal(cudaMemcpy(dv, r->vb, 2 * r->nkv, cudaMemcpyHostToDevice), cudaSuccess);
@@ -342,8 +328,8 @@ static void test_simple(void **state)
 static void test_errors(void **state)
 {
     (void)state;
-    uint16_t *d = dev_alloc(4096);
-    float *l = dev_alloc(4096);
+    uint16_t *d = tkd_test_dev_alloc(4096);
+    float *l = tkd_test_dev_alloc(4096);
     assert_int_equal(tkd_cuda_attn_fwd(d, d, d, 1, 4, 2, 1, 32, d, l, NULL), TKD_ERR_UNSUPPORTED);
     tkd_test_assert_msg_has("head dim 32");
     assert_int_equal(tkd_cuda_attn_fwd(d, d, d, 1, 4, 2, 1, 72, d, l, NULL), TKD_ERR_UNSUPPORTED);

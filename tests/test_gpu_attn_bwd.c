@@ -45,6 +45,7 @@
 
 #include "common/half.h"
 #include "kernels/cpu_ops.h"
+#include "tests/gpu_testutil.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -102,42 +103,19 @@ typedef struct errs {
 
 static const char *const kNames[3] = {"dq", "dk", "dv"};
 
-static void *dev_alloc(size_t n)
-{
-    void *p = NULL;
-    assert_int_equal(cudaMalloc(&p, n ? n : 1), cudaSuccess);
-    return p;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void fill_bf16(float *x, uint16_t *xb, int64_t n, uint64_t seed, float std)
-{
-    tkd_test_randn(x, (size_t)n, seed, std);
-    for (int64_t i = 0; i < n; i++) {
-        xb[i] = tkd_f32_to_bf16(x[i]);
-        x[i] = tkd_bf16_to_f32(xb[i]);
-    }
-}
-
 static void inputs_make(inputs *in, const bcase *c)
 {
     in->nq = (int64_t)c->B * c->T * c->H * c->dh;
     in->nkv = (int64_t)c->B * c->T * c->Hkv * c->dh;
     in->nl = (int64_t)c->B * c->H * c->T;
-    in->q = xmalloc(sizeof(float) * in->nq), in->dy = xmalloc(sizeof(float) * in->nq);
-    in->k = xmalloc(sizeof(float) * in->nkv), in->v = xmalloc(sizeof(float) * in->nkv);
-    in->qb = xmalloc(2 * in->nq), in->dyb = xmalloc(2 * in->nq);
-    in->kb = xmalloc(2 * in->nkv), in->vb = xmalloc(2 * in->nkv);
-    fill_bf16(in->q, in->qb, in->nq, c->seed * 5 + 1, c->std);
-    fill_bf16(in->k, in->kb, in->nkv, c->seed * 5 + 2, c->std);
-    fill_bf16(in->v, in->vb, in->nkv, c->seed * 5 + 3, 1.0f);
-    fill_bf16(in->dy, in->dyb, in->nq, c->seed * 5 + 4, 1.0f);
+    in->q = tkd_test_xmalloc(sizeof(float) * in->nq), in->dy = tkd_test_xmalloc(sizeof(float) * in->nq);
+    in->k = tkd_test_xmalloc(sizeof(float) * in->nkv), in->v = tkd_test_xmalloc(sizeof(float) * in->nkv);
+    in->qb = tkd_test_xmalloc(2 * in->nq), in->dyb = tkd_test_xmalloc(2 * in->nq);
+    in->kb = tkd_test_xmalloc(2 * in->nkv), in->vb = tkd_test_xmalloc(2 * in->nkv);
+    tkd_test_fill_bf16(in->q, in->qb, in->nq, c->seed * 5 + 1, c->std);
+    tkd_test_fill_bf16(in->k, in->kb, in->nkv, c->seed * 5 + 2, c->std);
+    tkd_test_fill_bf16(in->v, in->vb, in->nkv, c->seed * 5 + 3, 1.0f);
+    tkd_test_fill_bf16(in->dy, in->dyb, in->nq, c->seed * 5 + 4, 1.0f);
 }
 
 static void inputs_free(inputs *in)
@@ -146,26 +124,17 @@ static void inputs_free(inputs *in)
     free(in->qb), free(in->kb), free(in->vb), free(in->dyb);
 }
 
-static void upload(void *d, const void *h, size_t n)
-{
-    assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
-static void download(void *h, const void *d, size_t n)
-{
-    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
 /* Uploads the inputs and runs the GPU forward for y and lse. */
 static void dev_make(dev *d, const inputs *in, const bcase *c)
 {
-    d->q = dev_alloc(2 * in->nq), d->dy = dev_alloc(2 * in->nq), d->y = dev_alloc(2 * in->nq);
-    d->k = dev_alloc(2 * in->nkv), d->v = dev_alloc(2 * in->nkv);
-    d->dq = dev_alloc(2 * (in->nq + GUARD));
-    d->dk = dev_alloc(2 * (in->nkv + GUARD)), d->dv = dev_alloc(2 * (in->nkv + GUARD));
-    d->lse = dev_alloc(sizeof(float) * in->nl);
-    upload(d->q, in->qb, 2 * in->nq), upload(d->dy, in->dyb, 2 * in->nq);
-    upload(d->k, in->kb, 2 * in->nkv), upload(d->v, in->vb, 2 * in->nkv);
+    d->q = tkd_test_dev_alloc(2 * in->nq), d->dy = tkd_test_dev_alloc(2 * in->nq),
+    d->y = tkd_test_dev_alloc(2 * in->nq);
+    d->k = tkd_test_dev_alloc(2 * in->nkv), d->v = tkd_test_dev_alloc(2 * in->nkv);
+    d->dq = tkd_test_dev_alloc(2 * (in->nq + GUARD));
+    d->dk = tkd_test_dev_alloc(2 * (in->nkv + GUARD)), d->dv = tkd_test_dev_alloc(2 * (in->nkv + GUARD));
+    d->lse = tkd_test_dev_alloc(sizeof(float) * in->nl);
+    tkd_test_to_dev(d->q, in->qb, 2 * in->nq), tkd_test_to_dev(d->dy, in->dyb, 2 * in->nq);
+    tkd_test_to_dev(d->k, in->kb, 2 * in->nkv), tkd_test_to_dev(d->v, in->vb, 2 * in->nkv);
     tkd_status st = tkd_cuda_attn_fwd(d->q, d->k, d->v, c->B, c->T, c->H, c->Hkv, c->dh, d->y, d->lse, NULL);
     if (st != TKD_OK)
         fail_msg("%s: attention forward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
@@ -179,7 +148,8 @@ static void dev_free(dev *d)
 
 static void grads_alloc(grads *g, const inputs *in)
 {
-    g->dq = xmalloc(2 * in->nq), g->dk = xmalloc(2 * in->nkv), g->dv = xmalloc(2 * in->nkv);
+    g->dq = tkd_test_xmalloc(2 * in->nq), g->dk = tkd_test_xmalloc(2 * in->nkv),
+    g->dv = tkd_test_xmalloc(2 * in->nkv);
 }
 
 static void grads_free(grads *g) { free(g->dq), free(g->dk), free(g->dv); }
@@ -188,7 +158,7 @@ static void grads_free(grads *g) { free(g->dq), free(g->dk), free(g->dv); }
 static void grad_init(uint16_t *d, const uint16_t *init, int64_t n)
 {
     if (init)
-        upload(d, init, 2 * n);
+        tkd_test_to_dev(d, init, 2 * n);
     else
         assert_int_equal(cudaMemset(d, 0, 2 * n), cudaSuccess);
     assert_int_equal(cudaMemset(d + n, 0xff, 2 * GUARD), cudaSuccess);
@@ -197,9 +167,9 @@ static void grad_init(uint16_t *d, const uint16_t *init, int64_t n)
 /* Copies a gradient back and fails when its guard band changed. */
 static void grad_fetch(uint16_t *h, const uint16_t *d, int64_t n, const char *name, const bcase *c)
 {
-    uint16_t *guard = xmalloc(2 * GUARD);
-    download(h, d, 2 * n);
-    download(guard, d + n, 2 * GUARD);
+    uint16_t *guard = tkd_test_xmalloc(2 * GUARD);
+    tkd_test_to_host(h, d, 2 * n, NULL);
+    tkd_test_to_host(guard, d + n, 2 * GUARD, NULL);
     for (int i = 0; i < GUARD; i++)
         if (guard[i] != 0xffff)
             fail_msg("%s: %s written past its end (element n + %d = 0x%04x)", c->what, name, i, guard[i]);
@@ -287,15 +257,15 @@ static double mean_sq(const float *x, int n)
 static void stats_make(stats *s, const inputs *in, const bcase *c)
 {
     const int64_t nl = in->nl, nkr = (int64_t)c->B * c->T * c->Hkv;
-    s->lse = xmalloc(sizeof(double) * nl), s->D = xmalloc(sizeof(double) * nl);
-    s->Dn = xmalloc(sizeof(double) * nl);
-    s->msq = xmalloc(sizeof(double) * nl), s->msdy = xmalloc(sizeof(double) * nl);
-    s->msk = xmalloc(sizeof(double) * nkr);
+    s->lse = tkd_test_xmalloc(sizeof(double) * nl), s->D = tkd_test_xmalloc(sizeof(double) * nl);
+    s->Dn = tkd_test_xmalloc(sizeof(double) * nl);
+    s->msq = tkd_test_xmalloc(sizeof(double) * nl), s->msdy = tkd_test_xmalloc(sizeof(double) * nl);
+    s->msk = tkd_test_xmalloc(sizeof(double) * nkr);
     for (int64_t r = 0; r < nl; r++) /* row r of (B·T, H) */
         s->msq[r] = mean_sq(in->q + r * c->dh, c->dh), s->msdy[r] = mean_sq(in->dy + r * c->dh, c->dh);
     for (int64_t r = 0; r < nkr; r++)
         s->msk[r] = mean_sq(in->k + r * c->dh, c->dh);
-    double *sc = xmalloc(sizeof(double) * c->T), *y = xmalloc(sizeof(double) * c->dh);
+    double *sc = tkd_test_xmalloc(sizeof(double) * c->T), *y = tkd_test_xmalloc(sizeof(double) * c->dh);
     for (int b = 0; b < c->B; b++)
         for (int h = 0; h < c->H; h++)
             for (int i = 0; i < c->T; i++)
@@ -395,8 +365,8 @@ static void check_refs(const grads *A, const stats *s, const inputs *in, const b
                        errs e64[3], errs ecpu[3])
 {
     const int dh = c->dh;
-    double *r0 = xmalloc(sizeof(double) * dh), *r1 = xmalloc(sizeof(double) * dh);
-    double *f = xmalloc(sizeof(double) * dh);
+    double *r0 = tkd_test_xmalloc(sizeof(double) * dh), *r1 = tkd_test_xmalloc(sizeof(double) * dh);
+    double *f = tkd_test_xmalloc(sizeof(double) * dh);
     for (int b = 0; b < c->B; b++)
         for (int t = 0; t < c->T; t++) {
             if (!sampled(t, c->T))
@@ -431,8 +401,8 @@ static void check_refs(const grads *A, const stats *s, const inputs *in, const b
 /* tkd_cpu_attn_fwd + tkd_cpu_attn_bwd on the same inputs: fp32 dq, dk, dv (caller frees). */
 static void cpu_grads(const inputs *in, const bcase *c, float *out[3])
 {
-    float *att = xmalloc(sizeof(float) * (size_t)c->B * c->H * c->T * c->T);
-    float *y = xmalloc(sizeof(float) * in->nq);
+    float *att = tkd_test_xmalloc(sizeof(float) * (size_t)c->B * c->H * c->T * c->T);
+    float *y = tkd_test_xmalloc(sizeof(float) * in->nq);
     out[0] = calloc((size_t)in->nq, sizeof(float));
     out[1] = calloc((size_t)in->nkv, sizeof(float)), out[2] = calloc((size_t)in->nkv, sizeof(float));
     assert_true(out[0] && out[1] && out[2]);
@@ -504,10 +474,10 @@ static void run_case(const bcase *c, tkd_cuda_attn_bwd_ws *ws, int subsets)
     inputs_make(&in, c);
     dev_make(&d, &in, c);
     grads_alloc(&init, &in), grads_alloc(&A, &in), grads_alloc(&Bg, &in), grads_alloc(&C, &in);
-    float *tmp = xmalloc(sizeof(float) * (in.nq > in.nkv ? in.nq : in.nkv));
-    fill_bf16(tmp, init.dq, in.nq, c->seed * 5 + 5, INIT_STD);
-    fill_bf16(tmp, init.dk, in.nkv, c->seed * 7 + 6, INIT_STD);
-    fill_bf16(tmp, init.dv, in.nkv, c->seed * 11 + 7, INIT_STD);
+    float *tmp = tkd_test_xmalloc(sizeof(float) * (in.nq > in.nkv ? in.nq : in.nkv));
+    tkd_test_fill_bf16(tmp, init.dq, in.nq, c->seed * 5 + 5, INIT_STD);
+    tkd_test_fill_bf16(tmp, init.dk, in.nkv, c->seed * 7 + 6, INIT_STD);
+    tkd_test_fill_bf16(tmp, init.dv, in.nkv, c->seed * 11 + 7, INIT_STD);
     free(tmp);
 
     gpu_backward(&d, &in, c, ws, &zero, 7, &A);
@@ -597,8 +567,8 @@ static void test_long(void **state)
 static void test_errors(void **state)
 {
     (void)state;
-    uint16_t *d = dev_alloc(1 << 16);
-    float *l = dev_alloc(1 << 16);
+    uint16_t *d = tkd_test_dev_alloc(1 << 16);
+    float *l = tkd_test_dev_alloc(1 << 16);
     tkd_cuda_attn_bwd_ws *ws = NULL;
     assert_int_equal(tkd_cuda_attn_bwd_ws_create(&ws, 1, 64, 2, 72), TKD_ERR_UNSUPPORTED);
     assert_null(ws);

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "tests/gpu_testutil.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -54,59 +55,6 @@
 static cudaStream_t g_stream; /* every launch goes to this (non-default) stream */
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
-
-static void *dev_alloc(size_t n)
-{
-    void *p = NULL;
-    assert_int_equal(cudaMalloc(&p, n ? n : 1), cudaSuccess);
-    return p;
-}
-
-static void to_dev(void *d, const void *h, size_t n)
-{
-    assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
-static void to_host(void *h, const void *d, size_t n)
-{
-    assert_int_equal(cudaStreamSynchronize(g_stream), cudaSuccess);
-    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
-static void poison(void *d, size_t n) { assert_int_equal(cudaMemset(d, 0xff, n), cudaSuccess); }
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void ok(tkd_status st, const char *what)
-{
-    if (st != TKD_OK)
-        fail_msg("%s: %s: %s", what, tkd_status_name(st), tkd_error_msg());
-}
-
-/* n bf16 values of normal(0, std) from seed. */
-static uint16_t *rand_bf16(size_t n, uint64_t seed, float std)
-{
-    float *f = xmalloc(n * 4);
-    uint16_t *b = xmalloc(n * 2);
-    tkd_test_randn(f, n, seed, std);
-    for (size_t i = 0; i < n; i++)
-        b[i] = tkd_f32_to_bf16(f[i]);
-    free(f);
-    return b;
-}
-
-static double *bf16_to_f64(const uint16_t *b, size_t n)
-{
-    double *d = xmalloc(n * 8);
-    for (size_t i = 0; i < n; i++)
-        d[i] = tkd_bf16_to_f32(b[i]);
-    return d;
-}
 
 /* Holds got[i] (a bf16) to |got − ref| ≤ BF16_REL·|ref| + rel·|ref| + abs + (abs_i ? abs_i[i] : 0);
  * NaN fails. On failure names the worst element (row, column of a `cols`-wide matrix). */
@@ -150,23 +98,23 @@ static void embedding_case(int N, int D)
     const int V = 50;
     char what[128];
     snprintf(what, sizeof what, "embedding N %d D %d", N, D);
-    uint16_t *emb = rand_bf16((size_t)V * D, 11 + D, 1.0f);
-    int32_t *tok = xmalloc((size_t)N * 4);
+    uint16_t *emb = tkd_test_rand_bf16((size_t)V * D, 11 + D, 1.0f);
+    int32_t *tok = tkd_test_xmalloc((size_t)N * 4);
     for (int n = 0; n < N; n++)
         tok[n] = (int32_t)((n * 7919u + 3u) % V);
     tok[0] = 0, tok[N - 1] = V - 1;
-    float *want = xmalloc((size_t)N * D * 4), *got = xmalloc((size_t)N * D * 4);
+    float *want = tkd_test_xmalloc((size_t)N * D * 4), *got = tkd_test_xmalloc((size_t)N * D * 4);
     for (int n = 0; n < N; n++)
         for (int d = 0; d < D; d++)
             want[(size_t)n * D + d] = tkd_bf16_to_f32(emb[(size_t)tok[n] * D + d]);
-    uint16_t *d_emb = dev_alloc((size_t)V * D * 2);
-    int32_t *d_tok = dev_alloc((size_t)N * 4);
-    float *d_x = dev_alloc((size_t)N * D * 4);
-    to_dev(d_emb, emb, (size_t)V * D * 2);
-    to_dev(d_tok, tok, (size_t)N * 4);
-    poison(d_x, (size_t)N * D * 4);
-    ok(tkd_cuda_embedding_fwd(d_tok, N, d_emb, D, d_x, g_stream), what);
-    to_host(got, d_x, (size_t)N * D * 4);
+    uint16_t *d_emb = tkd_test_dev_alloc((size_t)V * D * 2);
+    int32_t *d_tok = tkd_test_dev_alloc((size_t)N * 4);
+    float *d_x = tkd_test_dev_alloc((size_t)N * D * 4);
+    tkd_test_to_dev(d_emb, emb, (size_t)V * D * 2);
+    tkd_test_to_dev(d_tok, tok, (size_t)N * 4);
+    tkd_test_poison(d_x, (size_t)N * D * 4);
+    tkd_test_ok(tkd_cuda_embedding_fwd(d_tok, N, d_emb, D, d_x, g_stream), what);
+    tkd_test_to_host(got, d_x, (size_t)N * D * 4, g_stream);
     check_f32_bits(what, got, want, (size_t)N * D, (size_t)D);
     cudaFree(d_emb), cudaFree(d_tok), cudaFree(d_x);
     free(emb), free(tok), free(want), free(got);
@@ -188,7 +136,7 @@ static void test_embedding(void **state)
 /* x (N, D) fp32: normal rows scaled by 10^(n % 5 − 2), and row 3 all zeros (rstd = 1/sqrt(eps)). */
 static float *rms_input(int N, int D, uint64_t seed)
 {
-    float *x = xmalloc((size_t)N * D * 4);
+    float *x = tkd_test_xmalloc((size_t)N * D * 4);
     tkd_test_randn(x, (size_t)N * D, seed, 1.0f);
     for (int n = 0; n < N; n++)
         for (int d = 0; d < D; d++)
@@ -204,43 +152,45 @@ static void rmsnorm_case(int N, int D, int fused, int inplace, int with_rstd)
     char what[160];
     snprintf(what, sizeof what, "%s N %d D %d%s%s", fused ? "add_rmsnorm" : "rmsnorm", N, D,
              inplace ? " in place" : "", with_rstd ? "" : " (rstd NULL)");
-    float *x = rms_input(N, D, 100 + D), *x_out = xmalloc(nd * 4), *got_x = xmalloc(nd * 4);
-    uint16_t *w = rand_bf16((size_t)D, 200 + D, 0.5f), *br = rand_bf16(nd, 300 + D, 2.0f);
+    float *x = rms_input(N, D, 100 + D), *x_out = tkd_test_xmalloc(nd * 4), *got_x = tkd_test_xmalloc(nd * 4);
+    uint16_t *w = tkd_test_rand_bf16((size_t)D, 200 + D, 0.5f), *br = tkd_test_rand_bf16(nd, 300 + D, 2.0f);
     for (int d = 0; d < D; d++) /* w around 1, as trained norms are */
         w[d] = tkd_f32_to_bf16(1.0f + tkd_bf16_to_f32(w[d]));
     for (size_t i = 0; i < nd; i++)
         x_out[i] = fused ? x[i] + tkd_bf16_to_f32(br[i]) : x[i]; /* one fp32 add, as the device */
-    double *xd = xmalloc(nd * 8), *wd = bf16_to_f64(w, (size_t)D), *ref = xmalloc(nd * 8);
-    double *rref = xmalloc((size_t)N * 8);
+    double *xd = tkd_test_xmalloc(nd * 8), *wd = tkd_test_bf16_to_f64(w, (size_t)D),
+           *ref = tkd_test_xmalloc(nd * 8);
+    double *rref = tkd_test_xmalloc((size_t)N * 8);
     for (size_t i = 0; i < nd; i++)
         xd[i] = x_out[i];
     tkd_ref_rmsnorm_fwd(xd, wd, N, D, eps, ref, rref);
 
-    float *d_x = dev_alloc(nd * 4), *d_xo = inplace ? d_x : dev_alloc(nd * 4);
-    float *d_r = dev_alloc((size_t)N * 4);
-    uint16_t *d_w = dev_alloc((size_t)D * 2), *d_b = dev_alloc(nd * 2), *d_y = dev_alloc(nd * 2);
-    to_dev(d_x, x, nd * 4);
-    to_dev(d_w, w, (size_t)D * 2);
-    to_dev(d_b, br, nd * 2);
-    poison(d_y, nd * 2);
-    poison(d_r, (size_t)N * 4);
+    float *d_x = tkd_test_dev_alloc(nd * 4), *d_xo = inplace ? d_x : tkd_test_dev_alloc(nd * 4);
+    float *d_r = tkd_test_dev_alloc((size_t)N * 4);
+    uint16_t *d_w = tkd_test_dev_alloc((size_t)D * 2), *d_b = tkd_test_dev_alloc(nd * 2),
+             *d_y = tkd_test_dev_alloc(nd * 2);
+    tkd_test_to_dev(d_x, x, nd * 4);
+    tkd_test_to_dev(d_w, w, (size_t)D * 2);
+    tkd_test_to_dev(d_b, br, nd * 2);
+    tkd_test_poison(d_y, nd * 2);
+    tkd_test_poison(d_r, (size_t)N * 4);
     if (fused && !inplace)
-        poison(d_xo, nd * 4);
+        tkd_test_poison(d_xo, nd * 4);
     float *rstd = with_rstd ? d_r : NULL;
     if (fused)
-        ok(tkd_cuda_add_rmsnorm_fwd(d_x, d_b, d_xo, d_w, N, D, eps, d_y, rstd, g_stream), what);
+        tkd_test_ok(tkd_cuda_add_rmsnorm_fwd(d_x, d_b, d_xo, d_w, N, D, eps, d_y, rstd, g_stream), what);
     else
-        ok(tkd_cuda_rmsnorm_fwd(d_x, d_w, N, D, eps, d_y, rstd, g_stream), what);
+        tkd_test_ok(tkd_cuda_rmsnorm_fwd(d_x, d_w, N, D, eps, d_y, rstd, g_stream), what);
 
-    uint16_t *y = xmalloc(nd * 2);
-    float *r = xmalloc((size_t)N * 4);
-    to_host(y, d_y, nd * 2);
+    uint16_t *y = tkd_test_xmalloc(nd * 2);
+    float *r = tkd_test_xmalloc((size_t)N * 4);
+    tkd_test_to_host(y, d_y, nd * 2, g_stream);
     check_bf16(what, y, ref, nd, (size_t)D, RMS_F32_REL, 0.0, NULL);
     if (fused) {
-        to_host(got_x, d_xo, nd * 4);
+        tkd_test_to_host(got_x, d_xo, nd * 4, g_stream);
         check_f32_bits(what, got_x, x_out, nd, (size_t)D);
     }
-    to_host(r, d_r, (size_t)N * 4);
+    tkd_test_to_host(r, d_r, (size_t)N * 4, g_stream);
     for (int n = 0; n < N; n++)
         if (with_rstd ? !tkd_test_close(r[n], rref[n], 0.0, RSTD_REL) : tkd_f32_bits(r[n]) != 0xffffffffu)
             fail_msg("%s: rstd[%d] = %.9g, ref %.9g%s", what, n, r[n], rref[n],
@@ -274,8 +224,8 @@ static void test_rmsnorm(void **state)
         rmsnorm_all(17, big[j]);
     }
     rmsnorm_case(17, 896, 0, 0, 0); /* rstd NULL on the plain path too */
-    float *d = dev_alloc(64);
-    uint16_t *h = dev_alloc(64);
+    float *d = tkd_test_dev_alloc(64);
+    uint16_t *h = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rmsnorm_fwd(d, h, 1, 16385, 1e-6f, h, NULL, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_rmsnorm_fwd(d, h, 1, 0, 1e-6f, h, NULL, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_add_rmsnorm_fwd(d, NULL, d, h, 1, 8, 1e-6f, h, NULL, g_stream),
@@ -291,8 +241,8 @@ static void rope_ref(const uint16_t *x, int N, int T, int nh, int dh, const floa
 {
     const size_t n = (size_t)N * nh * dh;
     const int half = dh / 2;
-    *ref = bf16_to_f64(x, n);
-    *abs_i = xmalloc(n * 8);
+    *ref = tkd_test_bf16_to_f64(x, n);
+    *abs_i = tkd_test_xmalloc(n * 8);
     for (size_t r = 0; r < n / (size_t)dh; r++)
         for (int i = 0; i < half; i++) {
             size_t a = r * dh + i, b = a + half;
@@ -308,22 +258,23 @@ static void rope_case(int N, int T, int H, int Hkv, int dh, double theta)
     snprintf(what, sizeof what, "rope N %d T %d H %d Hkv %d dh %d", N, T, H, Hkv, dh);
     const int half = dh / 2;
     const size_t nq = (size_t)N * H * dh, nk = (size_t)N * Hkv * dh, nt = (size_t)T * half;
-    float *inv = xmalloc((size_t)half * 4), *c = xmalloc(nt * 4), *s = xmalloc(nt * 4);
+    float *inv = tkd_test_xmalloc((size_t)half * 4), *c = tkd_test_xmalloc(nt * 4),
+          *s = tkd_test_xmalloc(nt * 4);
     tkd_cpu_rope_inv_freq(theta, dh, 0, 1.0, 1.0, 4.0, 8192, inv);
     tkd_cpu_rope_table(inv, dh, T, c, s);
-    uint16_t *q = rand_bf16(nq, 400 + dh, 1.5f), *k = rand_bf16(nk, 500 + dh, 1.5f);
+    uint16_t *q = tkd_test_rand_bf16(nq, 400 + dh, 1.5f), *k = tkd_test_rand_bf16(nk, 500 + dh, 1.5f);
     double *qref, *kref, *qabs, *kabs;
     rope_ref(q, N, T, H, dh, c, s, &qref, &qabs);
     rope_ref(k, N, T, Hkv, dh, c, s, &kref, &kabs);
-    uint16_t *d_q = dev_alloc(nq * 2), *d_k = dev_alloc(nk * 2);
-    float *d_c = dev_alloc(nt * 4), *d_s = dev_alloc(nt * 4);
-    to_dev(d_q, q, nq * 2);
-    to_dev(d_k, k, nk * 2);
-    to_dev(d_c, c, nt * 4);
-    to_dev(d_s, s, nt * 4);
-    ok(tkd_cuda_rope_fwd(d_q, d_k, N, T, H, Hkv, dh, d_c, d_s, g_stream), what);
-    to_host(q, d_q, nq * 2);
-    to_host(k, d_k, nk * 2);
+    uint16_t *d_q = tkd_test_dev_alloc(nq * 2), *d_k = tkd_test_dev_alloc(nk * 2);
+    float *d_c = tkd_test_dev_alloc(nt * 4), *d_s = tkd_test_dev_alloc(nt * 4);
+    tkd_test_to_dev(d_q, q, nq * 2);
+    tkd_test_to_dev(d_k, k, nk * 2);
+    tkd_test_to_dev(d_c, c, nt * 4);
+    tkd_test_to_dev(d_s, s, nt * 4);
+    tkd_test_ok(tkd_cuda_rope_fwd(d_q, d_k, N, T, H, Hkv, dh, d_c, d_s, g_stream), what);
+    tkd_test_to_host(q, d_q, nq * 2, g_stream);
+    tkd_test_to_host(k, d_k, nk * 2, g_stream);
     char wq[200];
     snprintf(wq, sizeof wq, "%s: q", what);
     check_bf16(wq, q, qref, nq, (size_t)H * dh, 0.0, 0.0, qabs);
@@ -345,8 +296,8 @@ static void test_rope(void **state)
     rope_case(1000, 250, 2, 1, 128, 10000.0);  /* H/Hkv = 2 */
     rope_case(17, 5, 3, 1, 20, 10000.0);       /* half = 10: scalar path */
     rope_case(9, 4, 2, 2, 2, 10000.0);         /* dh = 2 */
-    uint16_t *d = dev_alloc(64);
-    float *f = dev_alloc(64);
+    uint16_t *d = tkd_test_dev_alloc(64);
+    float *f = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rope_fwd(d, d, 1, 1, 1, 1, 63, f, f, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_rope_fwd(d, d, 1, 1, 1, 0, 64, f, f, g_stream), TKD_ERR_INVALID_ARG);
     cudaFree(d), cudaFree(f);
@@ -359,19 +310,22 @@ static void swiglu_case(int64_t n, int off)
 {
     char what[96];
     snprintf(what, sizeof what, "swiglu n %lld offset %d", (long long)n, off);
-    uint16_t *g = rand_bf16((size_t)n, 600 + (uint64_t)n, 4.0f), *u = rand_bf16((size_t)n, 700, 1.0f);
+    uint16_t *g = tkd_test_rand_bf16((size_t)n, 600 + (uint64_t)n, 4.0f),
+             *u = tkd_test_rand_bf16((size_t)n, 700, 1.0f);
     const float special[] = {0.0f, -0.0f, 30.0f, -30.0f, -87.0f, -100.0f, 100.0f, 1e-30f};
     for (size_t j = 0; j < sizeof special / sizeof *special && (int64_t)j * 97 < n; j++)
         g[j * 97] = tkd_f32_to_bf16(special[j]);
-    double *gd = bf16_to_f64(g, (size_t)n), *ud = bf16_to_f64(u, (size_t)n), *ref = xmalloc((size_t)n * 8);
+    double *gd = tkd_test_bf16_to_f64(g, (size_t)n), *ud = tkd_test_bf16_to_f64(u, (size_t)n),
+           *ref = tkd_test_xmalloc((size_t)n * 8);
     tkd_ref_swiglu_fwd(gd, ud, n, ref);
-    uint16_t *d_g = dev_alloc((size_t)(n + off) * 2), *d_u = dev_alloc((size_t)(n + off) * 2);
-    uint16_t *d_h = dev_alloc((size_t)(n + off) * 2);
-    to_dev(d_g + off, g, (size_t)n * 2);
-    to_dev(d_u + off, u, (size_t)n * 2);
-    poison(d_h, (size_t)(n + off) * 2);
-    ok(tkd_cuda_swiglu_fwd(d_g + off, d_u + off, n, d_h + off, g_stream), what);
-    to_host(g, d_h + off, (size_t)n * 2); /* g's buffer now holds h */
+    uint16_t *d_g = tkd_test_dev_alloc((size_t)(n + off) * 2),
+             *d_u = tkd_test_dev_alloc((size_t)(n + off) * 2);
+    uint16_t *d_h = tkd_test_dev_alloc((size_t)(n + off) * 2);
+    tkd_test_to_dev(d_g + off, g, (size_t)n * 2);
+    tkd_test_to_dev(d_u + off, u, (size_t)n * 2);
+    tkd_test_poison(d_h, (size_t)(n + off) * 2);
+    tkd_test_ok(tkd_cuda_swiglu_fwd(d_g + off, d_u + off, n, d_h + off, g_stream), what);
+    tkd_test_to_host(g, d_h + off, (size_t)n * 2, g_stream); /* g's buffer now holds h */
     check_bf16(what, g, ref, (size_t)n, (size_t)n, SWIGLU_F32_REL, SWIGLU_ABS, NULL);
     cudaFree(d_g), cudaFree(d_u), cudaFree(d_h);
     free(g), free(u), free(gd), free(ud), free(ref);
@@ -398,7 +352,7 @@ static uint32_t *conv_values(size_t *n_out)
 {
     const uint16_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000};
     const size_t per = 16, n = 65536 * per + 5;
-    uint32_t *v = xmalloc(n * 4);
+    uint32_t *v = tkd_test_xmalloc(n * 4);
     uint64_t s = 0x243f6a8885a308d3ull;
     for (uint32_t hi = 0; hi < 65536; hi++)
         for (size_t j = 0; j < per; j++) {
@@ -416,12 +370,12 @@ static void f32_to_bf16_run(const uint32_t *v, size_t n, int off)
 {
     char what[80];
     snprintf(what, sizeof what, "f32_to_bf16 n %zu offset %d", n, off);
-    float *d_src = dev_alloc((n + off) * 4);
-    uint16_t *d_dst = dev_alloc((n + off) * 2), *got = xmalloc(n * 2);
-    to_dev(d_src + off, v, n * 4);
-    poison(d_dst, (n + off) * 2);
-    ok(tkd_cuda_f32_to_bf16(d_src + off, d_dst + off, n, g_stream), what);
-    to_host(got, d_dst + off, n * 2);
+    float *d_src = tkd_test_dev_alloc((n + off) * 4);
+    uint16_t *d_dst = tkd_test_dev_alloc((n + off) * 2), *got = tkd_test_xmalloc(n * 2);
+    tkd_test_to_dev(d_src + off, v, n * 4);
+    tkd_test_poison(d_dst, (n + off) * 2);
+    tkd_test_ok(tkd_cuda_f32_to_bf16(d_src + off, d_dst + off, n, g_stream), what);
+    tkd_test_to_host(got, d_dst + off, n * 2, g_stream);
     for (size_t i = 0; i < n; i++) {
         uint16_t want = tkd_f32_to_bf16(tkd_bits_f32(v[i]));
         if (got[i] != want)
@@ -434,16 +388,16 @@ static void bf16_to_f32_run(size_t n, int off)
 {
     char what[80];
     snprintf(what, sizeof what, "bf16_to_f32 n %zu offset %d", n, off);
-    uint16_t *src = xmalloc(n * 2);
-    uint32_t *got = xmalloc(n * 4);
+    uint16_t *src = tkd_test_xmalloc(n * 2);
+    uint32_t *got = tkd_test_xmalloc(n * 4);
     for (size_t i = 0; i < n; i++)
         src[i] = (uint16_t)(i * 40503u); /* odd multiplier: all 65536 patterns when n = 65536 */
-    uint16_t *d_src = dev_alloc((n + off) * 2);
-    float *d_dst = dev_alloc((n + off) * 4);
-    to_dev(d_src + off, src, n * 2);
-    poison(d_dst, (n + off) * 4);
-    ok(tkd_cuda_bf16_to_f32(d_src + off, d_dst + off, n, g_stream), what);
-    to_host(got, d_dst + off, n * 4);
+    uint16_t *d_src = tkd_test_dev_alloc((n + off) * 2);
+    float *d_dst = tkd_test_dev_alloc((n + off) * 4);
+    tkd_test_to_dev(d_src + off, src, n * 2);
+    tkd_test_poison(d_dst, (n + off) * 4);
+    tkd_test_ok(tkd_cuda_bf16_to_f32(d_src + off, d_dst + off, n, g_stream), what);
+    tkd_test_to_host(got, d_dst + off, n * 4, g_stream);
     for (size_t i = 0; i < n; i++)
         if (got[i] != tkd_f32_bits(tkd_bf16_to_f32(src[i])))
             fail_msg("%s: [%zu] 0x%04x -> 0x%08x, host 0x%08x", what, i, src[i], got[i],
@@ -484,10 +438,13 @@ static int linear_run(tkd_cuda_linear *lin, lin_case c, uint64_t b_seed, uint16_
     snprintf(what, sizeof what, "linear N %d K %d M %d%s offset %d/%d", c.n, c.k, c.m,
              c.bias ? " bias" : "", c.off, c.boff);
     const size_t nx = (size_t)c.n * c.k, nw = (size_t)c.m * c.k, ny = (size_t)c.n * c.m;
-    uint16_t *x = rand_bf16(nx, 800 + c.k, 1.0f), *w = rand_bf16(nw, 900 + c.m, 1.0f / sqrtf((float)c.k));
-    uint16_t *b = c.bias ? rand_bf16((size_t)c.m, b_seed, 0.5f) : NULL;
-    double *xd = bf16_to_f64(x, nx), *wd = bf16_to_f64(w, nw), *bd = b ? bf16_to_f64(b, (size_t)c.m) : NULL;
-    double *ref = xmalloc(ny * 8), *absum = xmalloc(ny * 8), *prod = xmalloc(ny * 8);
+    uint16_t *x = tkd_test_rand_bf16(nx, 800 + c.k, 1.0f),
+             *w = tkd_test_rand_bf16(nw, 900 + c.m, 1.0f / sqrtf((float)c.k));
+    uint16_t *b = c.bias ? tkd_test_rand_bf16((size_t)c.m, b_seed, 0.5f) : NULL;
+    double *xd = tkd_test_bf16_to_f64(x, nx), *wd = tkd_test_bf16_to_f64(w, nw),
+           *bd = b ? tkd_test_bf16_to_f64(b, (size_t)c.m) : NULL;
+    double *ref = tkd_test_xmalloc(ny * 8), *absum = tkd_test_xmalloc(ny * 8),
+           *prod = tkd_test_xmalloc(ny * 8);
     tkd_ref_linear_fwd(xd, wd, bd, c.n, c.k, c.m, 0, ref);
     tkd_ref_linear_fwd(xd, wd, NULL, c.n, c.k, c.m, 0, prod);
     for (size_t i = 0; i < nx; i++)
@@ -502,19 +459,20 @@ static int linear_run(tkd_cuda_linear *lin, lin_case c, uint64_t b_seed, uint16_
     int bias_after_round = b && (c.k % 8 || c.m % 8);
     for (size_t i = 0; i < ny; i++)
         absum[i] = absum[i] * LINEAR_ACC_REL + (bias_after_round ? ldexp(fabs(prod[i]), -8) : 0.0);
-    uint16_t *d_x = dev_alloc((nx + c.off) * 2), *d_w = dev_alloc((nw + c.off) * 2);
-    uint16_t *d_y = dev_alloc((ny + c.off) * 2), *d_b = dev_alloc((size_t)(c.m + c.boff) * 2);
-    to_dev(d_x + c.off, x, nx * 2);
-    to_dev(d_w + c.off, w, nw * 2);
+    uint16_t *d_x = tkd_test_dev_alloc((nx + c.off) * 2), *d_w = tkd_test_dev_alloc((nw + c.off) * 2);
+    uint16_t *d_y = tkd_test_dev_alloc((ny + c.off) * 2),
+             *d_b = tkd_test_dev_alloc((size_t)(c.m + c.boff) * 2);
+    tkd_test_to_dev(d_x + c.off, x, nx * 2);
+    tkd_test_to_dev(d_w + c.off, w, nw * 2);
     if (b)
-        to_dev(d_b + c.boff, b, (size_t)c.m * 2);
-    poison(d_y, (ny + c.off) * 2);
+        tkd_test_to_dev(d_b + c.boff, b, (size_t)c.m * 2);
+    tkd_test_poison(d_y, (ny + c.off) * 2);
     tkd_status st = tkd_cuda_linear_fwd(lin, d_x + c.off, d_w + c.off, b ? d_b + c.boff : NULL, c.n,
                                         c.k, c.m, d_y + c.off, g_stream);
     const int ran = !(st == TKD_ERR_INVALID_ARG && (c.off % 8 || c.boff % 8));
     if (ran) {
-        ok(st, what);
-        to_host(out, d_y + c.off, ny * 2);
+        tkd_test_ok(st, what);
+        tkd_test_to_host(out, d_y + c.off, ny * 2, g_stream);
         check_bf16(what, out, ref, ny, (size_t)c.m, 0.0, 0.0, absum);
     } else {
         tkd_test_assert_msg_has("no bf16 algorithm");
@@ -529,7 +487,7 @@ static void test_linear(void **state)
 {
     (void)state;
     tkd_cuda_linear *lin = NULL;
-    ok(tkd_cuda_linear_create(&lin), "linear_create");
+    tkd_test_ok(tkd_cuda_linear_create(&lin), "linear_create");
     const lin_case cases[] = {
         {1, 64, 64, 0, 0, 0},       {1, 896, 1000, 1, 0, 0},  {17, 896, 128, 1, 0, 0},
         {17, 1001, 77, 1, 0, 0},    /* K and M odd */         {1000, 896, 136, 1, 0, 0},
@@ -540,10 +498,10 @@ static void test_linear(void **state)
         {17, 896, 128, 1, 0, 1},    {17, 1001, 77, 1, 1, 3},
     };
     const size_t nc = sizeof cases / sizeof *cases;
-    uint16_t *first = xmalloc((size_t)cases[2].n * cases[2].m * 2);
-    uint16_t *again = xmalloc((size_t)cases[2].n * cases[2].m * 2);
+    uint16_t *first = tkd_test_xmalloc((size_t)cases[2].n * cases[2].m * 2);
+    uint16_t *again = tkd_test_xmalloc((size_t)cases[2].n * cases[2].m * 2);
     for (size_t i = 0; i < nc; i++) {
-        uint16_t *out = xmalloc((size_t)cases[i].n * cases[i].m * 2);
+        uint16_t *out = tkd_test_xmalloc((size_t)cases[i].n * cases[i].m * 2);
         linear_run(lin, cases[i], 1000 + i, out);
         if (i == 2)
             memcpy(first, out, (size_t)cases[2].n * cases[2].m * 2);
@@ -556,14 +514,14 @@ static void test_linear(void **state)
     /* More shapes than the plan table holds (32), then a cached one again. */
     for (int m = 8; m < 8 + 40; m++) {
         lin_case c = {3, 24, m, m & 1, 0, 0};
-        uint16_t *out = xmalloc((size_t)3 * m * 2);
+        uint16_t *out = tkd_test_xmalloc((size_t)3 * m * 2);
         linear_run(lin, c, 5000 + m, out);
         free(out);
     }
     assert_true(linear_run(lin, cases[2], 1002, again));
     assert_memory_equal(first, again, (size_t)cases[2].n * cases[2].m * 2);
 
-    uint16_t *d = dev_alloc(4096);
+    uint16_t *d = tkd_test_dev_alloc(4096);
     assert_int_equal(tkd_cuda_linear_fwd(lin, d, d, NULL, 0, 8, 8, d, g_stream), TKD_OK); /* no rows */
     assert_int_equal(tkd_cuda_linear_fwd(lin, d, d, NULL, 1, 0, 8, d, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_linear_fwd(lin, d, d, NULL, -1, 8, 8, d, g_stream), TKD_ERR_INVALID_ARG);

@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "tests/gpu_testutil.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -78,68 +79,16 @@ static tkd_cuda_linear *g_lin;
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
-static void *dev_alloc(size_t n)
-{
-    void *p = NULL;
-    assert_int_equal(cudaMalloc(&p, n ? n : 1), cudaSuccess);
-    return p;
-}
-
-static void to_dev(void *d, const void *h, size_t n)
-{
-    assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
-static void to_host(void *h, const void *d, size_t n)
-{
-    assert_int_equal(cudaStreamSynchronize(g_stream), cudaSuccess);
-    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
-static void poison(void *d, size_t n) { assert_int_equal(cudaMemset(d, 0xff, n), cudaSuccess); }
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void ok(tkd_status st, const char *what)
-{
-    if (st != TKD_OK)
-        fail_msg("%s: %s: %s", what, tkd_status_name(st), tkd_error_msg());
-}
-
 static float *rand_f32(size_t n, uint64_t seed, float std)
 {
-    float *f = xmalloc(n * 4);
+    float *f = tkd_test_xmalloc(n * 4);
     tkd_test_randn(f, n, seed, std);
     return f;
 }
 
-/* n bf16 values of normal(0, std) from seed. */
-static uint16_t *rand_bf16(size_t n, uint64_t seed, float std)
-{
-    float *f = rand_f32(n, seed, std);
-    uint16_t *b = xmalloc(n * 2);
-    for (size_t i = 0; i < n; i++)
-        b[i] = tkd_f32_to_bf16(f[i]);
-    free(f);
-    return b;
-}
-
-static double *bf16_to_f64(const uint16_t *b, size_t n)
-{
-    double *d = xmalloc(n * 8);
-    for (size_t i = 0; i < n; i++)
-        d[i] = tkd_bf16_to_f32(b[i]);
-    return d;
-}
-
 static double *f32_to_f64(const float *f, size_t n)
 {
-    double *d = xmalloc(n * 8);
+    double *d = tkd_test_xmalloc(n * 8);
     for (size_t i = 0; i < n; i++)
         d[i] = f[i];
     return d;
@@ -147,7 +96,7 @@ static double *f32_to_f64(const float *f, size_t n)
 
 static double *zeros64(size_t n)
 {
-    double *d = xmalloc(n * 8);
+    double *d = tkd_test_xmalloc(n * 8);
     memset(d, 0, n * 8);
     return d;
 }
@@ -179,7 +128,7 @@ static void check_vals(const char *what, const double *got, const double *ref, s
 static void check_bf16(const char *what, const uint16_t *got, const double *ref, size_t n, size_t cols,
                        const double *abs_i)
 {
-    double *g = bf16_to_f64(got, n);
+    double *g = tkd_test_bf16_to_f64(got, n);
     check_vals(what, g, ref, n, cols, BF16_REL, abs_i);
     free(g);
 }
@@ -236,11 +185,11 @@ static void emb_bwd_case(int N, int D, tok_pattern p, int width, int shift, int 
     char what[160];
     snprintf(what, sizeof what, "embedding_bwd N %d D %d pattern %d (%d, %d) offset %d", N, D, (int)p, width,
              shift, off);
-    int32_t *tok = xmalloc((size_t)N * 4);
+    int32_t *tok = tkd_test_xmalloc((size_t)N * 4);
     const int V = make_tokens(tok, N, p, width, shift);
     const size_t nd = (size_t)N * D, vd = (size_t)V * D;
     float *dx = rand_f32(nd, 10 + D, 1.0f), *e0 = rand_f32(vd, 20 + D, 0.5f);
-    double *ref = f32_to_f64(e0, vd), *abssum = xmalloc(vd * 8);
+    double *ref = f32_to_f64(e0, vd), *abssum = tkd_test_xmalloc(vd * 8);
     int *count = calloc((size_t)V, sizeof(int)), *row = calloc((size_t)V, sizeof(int));
     assert_non_null(count);
     assert_non_null(row);
@@ -257,15 +206,15 @@ static void emb_bwd_case(int N, int D, tok_pattern p, int width, int shift, int 
     const int chunks = (N + EMB_CHUNK - 1) / EMB_CHUNK;
     scale_all(abssum, vd, (EMB_CHUNK + chunks + 2) * U);
 
-    int32_t *d_tok = dev_alloc((size_t)N * 4);
-    float *d_dx = dev_alloc((nd + off) * 4), *d_e = dev_alloc((vd + off) * 4);
-    to_dev(d_tok, tok, (size_t)N * 4);
-    to_dev(d_dx + off, dx, nd * 4);
-    float *got = xmalloc(vd * 4), *again = xmalloc(vd * 4);
+    int32_t *d_tok = tkd_test_dev_alloc((size_t)N * 4);
+    float *d_dx = tkd_test_dev_alloc((nd + off) * 4), *d_e = tkd_test_dev_alloc((vd + off) * 4);
+    tkd_test_to_dev(d_tok, tok, (size_t)N * 4);
+    tkd_test_to_dev(d_dx + off, dx, nd * 4);
+    float *got = tkd_test_xmalloc(vd * 4), *again = tkd_test_xmalloc(vd * 4);
     for (int run = 0; run < 2; run++) {
-        to_dev(d_e + off, e0, vd * 4);
-        ok(tkd_cuda_embedding_bwd(g_ws, d_tok, N, d_dx + off, D, d_e + off, g_stream), what);
-        to_host(run ? again : got, d_e + off, vd * 4);
+        tkd_test_to_dev(d_e + off, e0, vd * 4);
+        tkd_test_ok(tkd_cuda_embedding_bwd(g_ws, d_tok, N, d_dx + off, D, d_e + off, g_stream), what);
+        tkd_test_to_host(run ? again : got, d_e + off, vd * 4, g_stream);
     }
     check_f32(what, got, ref, vd, (size_t)D, abssum);
     check_same_bits(what, got, again, vd * 4);
@@ -298,8 +247,8 @@ static void test_embedding_bwd(void **state)
     emb_bwd_case(1000, 64, TOK_BLOCKS, 1, 0, 0);   /* all distinct, in order */
     emb_bwd_case(1000, 4096, TOK_BLOCKS, 200, 17, 0);
     emb_bwd_case(1000, 896, TOK_UNIFORM, 0, 0, 1); /* 4 bytes off alignment: scalar path */
-    int32_t *d = dev_alloc(64);
-    float *f = dev_alloc(64);
+    int32_t *d = tkd_test_dev_alloc(64);
+    float *f = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_embedding_bwd(g_ws, d, WS_ROWS + 1, f, 8, f, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_embedding_bwd(g_ws, d, 1, f, 0, f, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_embedding_bwd(NULL, d, 1, f, 8, f, g_stream), TKD_ERR_INVALID_ARG);
@@ -314,7 +263,7 @@ static void test_embedding_bwd(void **state)
 static void rms_inputs(int N, int D, float **x, float **rstd)
 {
     *x = rand_f32((size_t)N * D, 100 + D, 1.0f);
-    *rstd = xmalloc((size_t)N * 4);
+    *rstd = tkd_test_xmalloc((size_t)N * 4);
     for (int n = 0; n < N; n++) {
         double ss = 0.0;
         for (int d = 0; d < D; d++) {
@@ -352,30 +301,33 @@ static void rms_bwd_case(int N, int D, int want_dx, int want_dw, int off)
     const size_t nd = (size_t)N * D;
     float *x, *rstd, *dx0 = rand_f32(nd, 300 + D, 1.0f), *dw0 = rand_f32((size_t)D, 400 + D, 1.0f);
     rms_inputs(N, D, &x, &rstd);
-    uint16_t *dy = rand_bf16(nd, 500 + D, 1.0f), *w = rand_bf16((size_t)D, 600 + D, 0.5f);
+    uint16_t *dy = tkd_test_rand_bf16(nd, 500 + D, 1.0f), *w = tkd_test_rand_bf16((size_t)D, 600 + D, 0.5f);
     for (int d = 0; d < D; d++) /* w around 1, as trained norms are */
         w[d] = tkd_f32_to_bf16(1.0f + tkd_bf16_to_f32(w[d]));
-    double *dyd = bf16_to_f64(dy, nd), *xd = f32_to_f64(x, nd), *wd = bf16_to_f64(w, (size_t)D);
+    double *dyd = tkd_test_bf16_to_f64(dy, nd), *xd = f32_to_f64(x, nd),
+           *wd = tkd_test_bf16_to_f64(w, (size_t)D);
     double *rd = f32_to_f64(rstd, (size_t)N), *dxr = f32_to_f64(dx0, nd), *dwr = f32_to_f64(dw0, (size_t)D);
-    double *dx_abs = xmalloc(nd * 8), *dw_abs = xmalloc((size_t)D * 8);
+    double *dx_abs = tkd_test_xmalloc(nd * 8), *dw_abs = tkd_test_xmalloc((size_t)D * 8);
     tkd_ref_rmsnorm_bwd(dyd, xd, wd, rd, N, D, dxr, dwr);
     rms_bounds(dyd, xd, wd, rstd, N, D, dx_abs, dw_abs);
 
-    uint16_t *d_dy = dev_alloc((nd + off) * 2), *d_w = dev_alloc((size_t)(D + off) * 2);
-    float *d_x = dev_alloc((nd + off) * 4), *d_r = dev_alloc((size_t)N * 4);
-    float *d_dx = dev_alloc((nd + off) * 4), *d_dw = dev_alloc((size_t)(D + off) * 4);
-    to_dev(d_dy + off, dy, nd * 2);
-    to_dev(d_w + off, w, (size_t)D * 2);
-    to_dev(d_x + off, x, nd * 4);
-    to_dev(d_r, rstd, (size_t)N * 4);
-    float *gdx[2] = {xmalloc(nd * 4), xmalloc(nd * 4)}, *gdw[2] = {xmalloc((size_t)D * 4), xmalloc((size_t)D * 4)};
+    uint16_t *d_dy = tkd_test_dev_alloc((nd + off) * 2), *d_w = tkd_test_dev_alloc((size_t)(D + off) * 2);
+    float *d_x = tkd_test_dev_alloc((nd + off) * 4), *d_r = tkd_test_dev_alloc((size_t)N * 4);
+    float *d_dx = tkd_test_dev_alloc((nd + off) * 4), *d_dw = tkd_test_dev_alloc((size_t)(D + off) * 4);
+    tkd_test_to_dev(d_dy + off, dy, nd * 2);
+    tkd_test_to_dev(d_w + off, w, (size_t)D * 2);
+    tkd_test_to_dev(d_x + off, x, nd * 4);
+    tkd_test_to_dev(d_r, rstd, (size_t)N * 4);
+    float *gdx[2] = {tkd_test_xmalloc(nd * 4), tkd_test_xmalloc(nd * 4)},
+          *gdw[2] = {tkd_test_xmalloc((size_t)D * 4), tkd_test_xmalloc((size_t)D * 4)};
     for (int run = 0; run < 2; run++) {
-        to_dev(d_dx + off, dx0, nd * 4);
-        to_dev(d_dw + off, dw0, (size_t)D * 4);
-        ok(tkd_cuda_rmsnorm_bwd(g_ws, d_dy + off, d_x + off, d_w + off, d_r, N, D, want_dx ? d_dx + off : NULL,
-                                want_dw ? d_dw + off : NULL, g_stream), what);
-        to_host(gdx[run], d_dx + off, nd * 4);
-        to_host(gdw[run], d_dw + off, (size_t)D * 4);
+        tkd_test_to_dev(d_dx + off, dx0, nd * 4);
+        tkd_test_to_dev(d_dw + off, dw0, (size_t)D * 4);
+        tkd_test_ok(tkd_cuda_rmsnorm_bwd(g_ws, d_dy + off, d_x + off, d_w + off, d_r, N, D,
+                                         want_dx ? d_dx + off : NULL, want_dw ? d_dw + off : NULL, g_stream),
+                    what);
+        tkd_test_to_host(gdx[run], d_dx + off, nd * 4, g_stream);
+        tkd_test_to_host(gdw[run], d_dw + off, (size_t)D * 4, g_stream);
     }
     char w2[200];
     snprintf(w2, sizeof w2, "%s: dx", what);
@@ -411,8 +363,8 @@ static void test_rmsnorm_bwd(void **state)
     rms_bwd_case(1000, 896, 1, 0, 0);
     rms_bwd_case(1000, 896, 0, 1, 0);
     rms_bwd_case(17, 896, 1, 1, 1); /* off alignment: scalar path */
-    float *f = dev_alloc(64);
-    uint16_t *h = dev_alloc(64);
+    float *f = tkd_test_dev_alloc(64);
+    uint16_t *h = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 1, 16385, f, f, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 1, 0, f, f, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_rmsnorm_bwd(NULL, h, f, h, f, 1, 8, f, f, g_stream), TKD_ERR_INVALID_ARG);
@@ -429,8 +381,8 @@ static void rope_bwd_ref(const uint16_t *x, int N, int T, int nh, int dh, const 
 {
     const size_t n = (size_t)N * nh * dh;
     const int half = dh / 2;
-    *ref = bf16_to_f64(x, n);
-    *abs_i = xmalloc(n * 8);
+    *ref = tkd_test_bf16_to_f64(x, n);
+    *abs_i = tkd_test_xmalloc(n * 8);
     for (size_t r = 0; r < n / (size_t)dh; r++)
         for (int i = 0; i < half; i++) {
             size_t a = r * dh + i, b = a + half;
@@ -446,22 +398,24 @@ static void rope_bwd_case(int N, int T, int H, int Hkv, int dh, int off)
     snprintf(what, sizeof what, "rope_bwd N %d T %d H %d Hkv %d dh %d offset %d", N, T, H, Hkv, dh, off);
     const int half = dh / 2;
     const size_t nq = (size_t)N * H * dh, nk = (size_t)N * Hkv * dh, nt = (size_t)T * half;
-    float *inv = xmalloc((size_t)half * 4), *c = xmalloc(nt * 4), *s = xmalloc(nt * 4);
+    float *inv = tkd_test_xmalloc((size_t)half * 4), *c = tkd_test_xmalloc(nt * 4),
+          *s = tkd_test_xmalloc(nt * 4);
     tkd_cpu_rope_inv_freq(10000.0, dh, 0, 1.0, 1.0, 4.0, 8192, inv);
     tkd_cpu_rope_table(inv, dh, T, c, s);
-    uint16_t *q = rand_bf16(nq, 700 + dh, 1.5f), *k = rand_bf16(nk, 800 + dh, 1.5f);
+    uint16_t *q = tkd_test_rand_bf16(nq, 700 + dh, 1.5f), *k = tkd_test_rand_bf16(nk, 800 + dh, 1.5f);
     double *qref, *kref, *qabs, *kabs;
     rope_bwd_ref(q, N, T, H, dh, c, s, &qref, &qabs);
     rope_bwd_ref(k, N, T, Hkv, dh, c, s, &kref, &kabs);
-    uint16_t *d_q = dev_alloc((nq + off) * 2), *d_k = dev_alloc((nk + off) * 2);
-    float *d_c = dev_alloc((nt + off) * 4), *d_s = dev_alloc((nt + off) * 4);
-    to_dev(d_q + off, q, nq * 2);
-    to_dev(d_k + off, k, nk * 2);
-    to_dev(d_c + off, c, nt * 4);
-    to_dev(d_s + off, s, nt * 4);
-    ok(tkd_cuda_rope_bwd(d_q + off, d_k + off, N, T, H, Hkv, dh, d_c + off, d_s + off, g_stream), what);
-    to_host(q, d_q + off, nq * 2);
-    to_host(k, d_k + off, nk * 2);
+    uint16_t *d_q = tkd_test_dev_alloc((nq + off) * 2), *d_k = tkd_test_dev_alloc((nk + off) * 2);
+    float *d_c = tkd_test_dev_alloc((nt + off) * 4), *d_s = tkd_test_dev_alloc((nt + off) * 4);
+    tkd_test_to_dev(d_q + off, q, nq * 2);
+    tkd_test_to_dev(d_k + off, k, nk * 2);
+    tkd_test_to_dev(d_c + off, c, nt * 4);
+    tkd_test_to_dev(d_s + off, s, nt * 4);
+    tkd_test_ok(tkd_cuda_rope_bwd(d_q + off, d_k + off, N, T, H, Hkv, dh, d_c + off, d_s + off, g_stream),
+                what);
+    tkd_test_to_host(q, d_q + off, nq * 2, g_stream);
+    tkd_test_to_host(k, d_k + off, nk * 2, g_stream);
     char wq[200];
     snprintf(wq, sizeof wq, "%s: dq", what);
     check_bf16(wq, q, qref, nq, (size_t)H * dh, qabs);
@@ -484,8 +438,8 @@ static void test_rope_bwd(void **state)
     rope_bwd_case(17, 5, 3, 1, 20, 0);       /* half = 10: scalar path */
     rope_bwd_case(9, 4, 2, 2, 2, 0);         /* dh = 2 */
     rope_bwd_case(17, 17, 4, 2, 48, 1);      /* off alignment: scalar path */
-    uint16_t *d = dev_alloc(64);
-    float *f = dev_alloc(64);
+    uint16_t *d = tkd_test_dev_alloc(64);
+    float *f = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rope_bwd(d, d, 1, 1, 1, 1, 63, f, f, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_rope_bwd(d, d, 1, 1, 1, 0, 64, f, f, g_stream), TKD_ERR_INVALID_ARG);
     cudaFree(d), cudaFree(f);
@@ -499,12 +453,14 @@ static void swiglu_bwd_case(int64_t n, int off, int want_dg, int want_du)
     snprintf(what, sizeof what, "swiglu_bwd n %lld offset %d%s%s", (long long)n, off, want_dg ? " dg" : "",
              want_du ? " du" : "");
     const size_t nn = (size_t)n;
-    uint16_t *dh = rand_bf16(nn, 900, 1.0f), *g = rand_bf16(nn, 1000 + nn, 4.0f), *u = rand_bf16(nn, 1100, 1.0f);
-    uint16_t *dg0 = rand_bf16(nn, 1200, 0.3f), *du0 = rand_bf16(nn, 1300, 0.3f);
+    uint16_t *dh = tkd_test_rand_bf16(nn, 900, 1.0f), *g = tkd_test_rand_bf16(nn, 1000 + nn, 4.0f),
+             *u = tkd_test_rand_bf16(nn, 1100, 1.0f);
+    uint16_t *dg0 = tkd_test_rand_bf16(nn, 1200, 0.3f), *du0 = tkd_test_rand_bf16(nn, 1300, 0.3f);
     const float special[] = {0.0f, -0.0f, 30.0f, -30.0f, -87.0f, -100.0f, 100.0f, 1e-30f, -1.278f};
     for (size_t j = 0; j < sizeof special / sizeof *special && j * 97 < nn; j++)
         g[j * 97] = tkd_f32_to_bf16(special[j]);
-    double *dgr = bf16_to_f64(dg0, nn), *dur = bf16_to_f64(du0, nn), *dga = xmalloc(nn * 8), *dua = xmalloc(nn * 8);
+    double *dgr = tkd_test_bf16_to_f64(dg0, nn), *dur = tkd_test_bf16_to_f64(du0, nn),
+           *dga = tkd_test_xmalloc(nn * 8), *dua = tkd_test_xmalloc(nn * 8);
     for (size_t i = 0; i < nn; i++) {
         double d = tkd_bf16_to_f32(dh[i]), gv = tkd_bf16_to_f32(g[i]), uv = tkd_bf16_to_f32(u[i]);
         double s = 1.0 / (1.0 + exp(-gv));
@@ -513,25 +469,27 @@ static void swiglu_bwd_case(int64_t n, int off, int want_dg, int want_du)
         dga[i] = SWIGLU_F32_REL * fabs(d * uv * s) * (1.0 + fabs(gv)) + SWIGLU_ABS;
         dua[i] = SWIGLU_F32_REL * fabs(d * gv * s) + SWIGLU_ABS;
     }
-    uint16_t *d_dh = dev_alloc((nn + off) * 2), *d_g = dev_alloc((nn + off) * 2), *d_u = dev_alloc((nn + off) * 2);
-    uint16_t *d_dg = dev_alloc((nn + off) * 2), *d_du = dev_alloc((nn + off) * 2);
-    to_dev(d_dh + off, dh, nn * 2);
-    to_dev(d_g + off, g, nn * 2);
-    to_dev(d_u + off, u, nn * 2);
-    to_dev(d_dg + off, dg0, nn * 2);
-    to_dev(d_du + off, du0, nn * 2);
-    ok(tkd_cuda_swiglu_bwd(d_dh + off, d_g + off, d_u + off, n, want_dg ? d_dg + off : NULL,
-                           want_du ? d_du + off : NULL, g_stream), what);
-    uint16_t *got = xmalloc(nn * 2);
+    uint16_t *d_dh = tkd_test_dev_alloc((nn + off) * 2), *d_g = tkd_test_dev_alloc((nn + off) * 2),
+             *d_u = tkd_test_dev_alloc((nn + off) * 2);
+    uint16_t *d_dg = tkd_test_dev_alloc((nn + off) * 2), *d_du = tkd_test_dev_alloc((nn + off) * 2);
+    tkd_test_to_dev(d_dh + off, dh, nn * 2);
+    tkd_test_to_dev(d_g + off, g, nn * 2);
+    tkd_test_to_dev(d_u + off, u, nn * 2);
+    tkd_test_to_dev(d_dg + off, dg0, nn * 2);
+    tkd_test_to_dev(d_du + off, du0, nn * 2);
+    tkd_test_ok(tkd_cuda_swiglu_bwd(d_dh + off, d_g + off, d_u + off, n, want_dg ? d_dg + off : NULL,
+                                    want_du ? d_du + off : NULL, g_stream),
+                what);
+    uint16_t *got = tkd_test_xmalloc(nn * 2);
     char w2[160];
     snprintf(w2, sizeof w2, "%s: dg", what);
-    to_host(got, d_dg + off, nn * 2);
+    tkd_test_to_host(got, d_dg + off, nn * 2, g_stream);
     if (want_dg)
         check_bf16(w2, got, dgr, nn, nn, dga);
     else
         check_same_bits(w2, got, dg0, nn * 2);
     snprintf(w2, sizeof w2, "%s: du", what);
-    to_host(got, d_du + off, nn * 2);
+    tkd_test_to_host(got, d_du + off, nn * 2, g_stream);
     if (want_du)
         check_bf16(w2, got, dur, nn, nn, dua);
     else
@@ -571,11 +529,14 @@ typedef struct lin_data {
 static void lin_data_make(lin_case c, lin_data *L)
 {
     const size_t ny = (size_t)c.n * c.m, nx = (size_t)c.n * c.k, nw = (size_t)c.m * c.k;
-    L->dy = rand_bf16(ny, 1400 + c.m, 1.0f), L->x = rand_bf16(nx, 1500 + c.k, 1.0f);
-    L->w = rand_bf16(nw, 1600 + c.m, 1.0f / sqrtf((float)c.k)), L->dx0 = rand_bf16(nx, 1700, 0.5f);
+    L->dy = tkd_test_rand_bf16(ny, 1400 + c.m, 1.0f), L->x = tkd_test_rand_bf16(nx, 1500 + c.k, 1.0f);
+    L->w = tkd_test_rand_bf16(nw, 1600 + c.m, 1.0f / sqrtf((float)c.k)),
+    L->dx0 = tkd_test_rand_bf16(nx, 1700, 0.5f);
     L->dw0 = rand_f32(nw, 1800, 0.5f), L->db0 = rand_f32((size_t)c.m, 1900, 0.5f);
-    double *dyd = bf16_to_f64(L->dy, ny), *xd = bf16_to_f64(L->x, nx), *wd = bf16_to_f64(L->w, nw);
-    L->dxr = bf16_to_f64(L->dx0, nx), L->dwr = f32_to_f64(L->dw0, nw), L->dbr = f32_to_f64(L->db0, (size_t)c.m);
+    double *dyd = tkd_test_bf16_to_f64(L->dy, ny), *xd = tkd_test_bf16_to_f64(L->x, nx),
+           *wd = tkd_test_bf16_to_f64(L->w, nw);
+    L->dxr = tkd_test_bf16_to_f64(L->dx0, nx), L->dwr = f32_to_f64(L->dw0, nw),
+    L->dbr = f32_to_f64(L->db0, (size_t)c.m);
     tkd_ref_linear_bwd(dyd, xd, wd, c.n, c.k, c.m, L->dxr, L->dwr, L->dbr);
     for (size_t i = 0; i < ny; i++)
         dyd[i] = fabs(dyd[i]);
@@ -611,18 +572,20 @@ static void linear_bwd_case(lin_case c)
     lin_data L;
     lin_data_make(c, &L);
     const size_t ny = (size_t)c.n * c.m, nx = (size_t)c.n * c.k, nw = (size_t)c.m * c.k, o = (size_t)c.off;
-    uint16_t *d_dy = dev_alloc((ny + o) * 2), *d_x = dev_alloc((nx + o) * 2), *d_w = dev_alloc((nw + o) * 2);
-    uint16_t *d_dx = dev_alloc((nx + o) * 2);
-    float *d_dw = dev_alloc((nw + o) * 4), *d_db = dev_alloc((c.m + o) * 4);
-    to_dev(d_dy + o, L.dy, ny * 2);
-    to_dev(d_x + o, L.x, nx * 2);
-    to_dev(d_w + o, L.w, nw * 2);
-    uint16_t *gdx[2] = {xmalloc(nx * 2), xmalloc(nx * 2)};
-    float *gdw[2] = {xmalloc(nw * 4), xmalloc(nw * 4)}, *gdb[2] = {xmalloc(c.m * 4), xmalloc(c.m * 4)};
+    uint16_t *d_dy = tkd_test_dev_alloc((ny + o) * 2), *d_x = tkd_test_dev_alloc((nx + o) * 2),
+             *d_w = tkd_test_dev_alloc((nw + o) * 2);
+    uint16_t *d_dx = tkd_test_dev_alloc((nx + o) * 2);
+    float *d_dw = tkd_test_dev_alloc((nw + o) * 4), *d_db = tkd_test_dev_alloc((c.m + o) * 4);
+    tkd_test_to_dev(d_dy + o, L.dy, ny * 2);
+    tkd_test_to_dev(d_x + o, L.x, nx * 2);
+    tkd_test_to_dev(d_w + o, L.w, nw * 2);
+    uint16_t *gdx[2] = {tkd_test_xmalloc(nx * 2), tkd_test_xmalloc(nx * 2)};
+    float *gdw[2] = {tkd_test_xmalloc(nw * 4), tkd_test_xmalloc(nw * 4)},
+          *gdb[2] = {tkd_test_xmalloc(c.m * 4), tkd_test_xmalloc(c.m * 4)};
     for (int run = 0; run < 2; run++) {
-        to_dev(d_dx + o, L.dx0, nx * 2);
-        to_dev(d_dw + o, L.dw0, nw * 4);
-        to_dev(d_db + o, L.db0, (size_t)c.m * 4);
+        tkd_test_to_dev(d_dx + o, L.dx0, nx * 2);
+        tkd_test_to_dev(d_dw + o, L.dw0, nw * 4);
+        tkd_test_to_dev(d_db + o, L.db0, (size_t)c.m * 4);
         tkd_status st = tkd_cuda_linear_bwd(g_lin, g_ws, d_dy + o, d_x + o, d_w + o, c.n, c.k, c.m,
                                             c.dx ? d_dx + o : NULL, c.dw ? d_dw + o : NULL, c.db ? d_db + o : NULL,
                                             g_stream);
@@ -631,10 +594,10 @@ static void linear_bwd_case(lin_case c)
             print_message("note: %s refused: %s\n", what, tkd_error_msg());
             goto out;
         }
-        ok(st, what);
-        to_host(gdx[run], d_dx + o, nx * 2);
-        to_host(gdw[run], d_dw + o, nw * 4);
-        to_host(gdb[run], d_db + o, (size_t)c.m * 4);
+        tkd_test_ok(st, what);
+        tkd_test_to_host(gdx[run], d_dx + o, nx * 2, g_stream);
+        tkd_test_to_host(gdw[run], d_dw + o, nw * 4, g_stream);
+        tkd_test_to_host(gdb[run], d_db + o, (size_t)c.m * 4, g_stream);
     }
     char w2[200];
     snprintf(w2, sizeof w2, "%s: dx", what);
@@ -679,8 +642,8 @@ static void test_linear_bwd(void **state)
         linear_bwd_case((lin_case){3, 24, m, 1, 1, m & 1, 0});
     linear_bwd_case(cases[2]);
 
-    uint16_t *d = dev_alloc(4096);
-    float *f = dev_alloc(4096);
+    uint16_t *d = tkd_test_dev_alloc(4096);
+    float *f = tkd_test_dev_alloc(4096);
     assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, d, d, 0, 8, 8, d, f, f, g_stream), TKD_OK); /* no rows */
     assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, d, d, 1, 0, 8, d, f, f, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_linear_bwd(NULL, g_ws, d, d, d, 1, 8, 8, d, f, f, g_stream), TKD_ERR_INVALID_ARG);
@@ -741,37 +704,40 @@ static void adamw_run(int off, int with_bf16)
     tkd_optim_config cfg;
     tkd_optim_config_defaults(&cfg);
     tkd_adamw *cpu = NULL;
-    ok(tkd_adamw_init(&cfg, n, &cpu), "adamw_init");
+    tkd_test_ok(tkd_adamw_init(&cfg, n, &cpu), "adamw_init");
     tkd_cuda_adamw *gpu = NULL;
-    ok(tkd_cuda_adamw_create(k_segs, ns, &gpu), "cuda_adamw_create");
+    tkd_test_ok(tkd_cuda_adamw_create(k_segs, ns, &gpu), "cuda_adamw_create");
 
-    float *p = rand_f32(n, 2000, 0.05f), *p0 = xmalloc(n * 4);
+    float *p = rand_f32(n, 2000, 0.05f), *p0 = tkd_test_xmalloc(n * 4);
     memcpy(p0, p, n * 4);
-    float *d_p = dev_alloc((n + o) * 4), *d_g = dev_alloc((n + o) * 4), *d_m = dev_alloc((n + o) * 4);
-    float *d_v = dev_alloc((n + o) * 4);
-    uint16_t *d_b = dev_alloc((n + o) * 2);
-    to_dev(d_p + o, p, n * 4);
+    float *d_p = tkd_test_dev_alloc((n + o) * 4), *d_g = tkd_test_dev_alloc((n + o) * 4),
+          *d_m = tkd_test_dev_alloc((n + o) * 4);
+    float *d_v = tkd_test_dev_alloc((n + o) * 4);
+    uint16_t *d_b = tkd_test_dev_alloc((n + o) * 2);
+    tkd_test_to_dev(d_p + o, p, n * 4);
     assert_int_equal(cudaMemset(d_m, 0, (n + o) * 4), cudaSuccess);
     assert_int_equal(cudaMemset(d_v, 0, (n + o) * 4), cudaSuccess);
-    poison(d_b, (n + o) * 2);
-    float *gp = xmalloc(n * 4), *gm = xmalloc(n * 4), *gv = xmalloc(n * 4);
-    uint16_t *gb = xmalloc(n * 2);
+    tkd_test_poison(d_b, (n + o) * 2);
+    float *gp = tkd_test_xmalloc(n * 4), *gm = tkd_test_xmalloc(n * 4), *gv = tkd_test_xmalloc(n * 4);
+    uint16_t *gb = tkd_test_xmalloc(n * 2);
     for (int s = 0; s < 5; s++) {
         float *g = rand_f32(n, 2100 + s, s == 2 ? 1e3f : 0.01f); /* step 3: large gradients */
         for (size_t i = 0; i < n; i += 101)
             g[i] = i % 2 ? 0.0f : 1e-20f; /* zeros; tiny ones whose squares are subnormal */
         const double lr = 1e-3 * (s + 1) / 5.0;
         tkd_adamw_step(cpu, p, g, info, ns, lr);
-        to_dev(d_g + o, g, n * 4);
-        ok(tkd_cuda_adamw_step(gpu, d_p + o, d_g + o, d_m + o, d_v + o, lr, cfg.beta1, cfg.beta2, cfg.eps,
-                               cfg.weight_decay, s + 1, with_bf16 ? d_b + o : NULL, g_stream), "adamw_step");
-        to_host(gp, d_p + o, n * 4);
-        to_host(gm, d_m + o, n * 4);
-        to_host(gv, d_v + o, n * 4);
+        tkd_test_to_dev(d_g + o, g, n * 4);
+        tkd_test_ok(tkd_cuda_adamw_step(gpu, d_p + o, d_g + o, d_m + o, d_v + o, lr, cfg.beta1, cfg.beta2,
+                                        cfg.eps, cfg.weight_decay, s + 1, with_bf16 ? d_b + o : NULL,
+                                        g_stream),
+                    "adamw_step");
+        tkd_test_to_host(gp, d_p + o, n * 4, g_stream);
+        tkd_test_to_host(gm, d_m + o, n * 4, g_stream);
+        tkd_test_to_host(gv, d_v + o, n * 4, g_stream);
         check_ulps("params", s + 1, gp, p, n);
         check_ulps("m", s + 1, gm, cpu->m, n);
         check_ulps("v", s + 1, gv, cpu->v, n);
-        to_host(gb, d_b + o, n * 2);
+        tkd_test_to_host(gb, d_b + o, n * 2, g_stream);
         for (size_t i = 0; i < n; i++) {
             const int gap = (i >= 3123 && i < 3128) || i >= 139569;
             uint16_t want = with_bf16 && !gap ? tkd_f32_to_bf16(p[i]) : 0xffff;
@@ -799,7 +765,7 @@ static void test_adamw(void **state)
     const tkd_cuda_param_seg overlap[] = {{0, 10, 1}, {9, 5, 0}};
     assert_int_equal(tkd_cuda_adamw_create(overlap, 2, &a), TKD_ERR_INVALID_ARG);
     assert_null(a);
-    ok(tkd_cuda_adamw_create(NULL, 0, &a), "adamw_create empty");
+    tkd_test_ok(tkd_cuda_adamw_create(NULL, 0, &a), "adamw_create empty");
     assert_int_equal(tkd_cuda_adamw_step(a, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, NULL, g_stream),
                      TKD_OK);
     assert_int_equal(tkd_cuda_adamw_step(a, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0, NULL, g_stream),
@@ -832,13 +798,13 @@ static void norm_case(size_t n, int off, float special)
         g[i] *= 1e3f; /* a spread of magnitudes */
     if (special != 0.0f)
         g[n / 2] = special;
-    double *d_out = dev_alloc(16);
-    float *d_g = dev_alloc((n + off) * 4);
-    to_dev(d_g + off, g, n * 4);
+    double *d_out = tkd_test_dev_alloc(16);
+    float *d_g = tkd_test_dev_alloc((n + off) * 4);
+    tkd_test_to_dev(d_g + off, g, n * 4);
     double got[2];
     for (int run = 0; run < 2; run++) {
-        ok(tkd_cuda_grad_norm2(g_ws, d_g + off, n, d_out, g_stream), what);
-        to_host(&got[run], d_out, 8);
+        tkd_test_ok(tkd_cuda_grad_norm2(g_ws, d_g + off, n, d_out, g_stream), what);
+        tkd_test_to_host(&got[run], d_out, 8, g_stream);
     }
     const double ref = norm2_ref(g, n);
     if (isfinite(ref) ? !(fabs(got[0] - ref) <= NORM2_REL * ref) : !(isnan(ref) ? isnan(got[0]) : got[0] == ref))
@@ -852,12 +818,12 @@ static void scale_case(size_t n, int off)
 {
     char what[64];
     snprintf(what, sizeof what, "scale n %zu offset %d", n, off);
-    float *g = rand_f32(n, 2300 + n, 2.0f), *got = xmalloc(n * 4);
-    float *d_g = dev_alloc((n + off) * 4);
-    to_dev(d_g + off, g, n * 4);
-    ok(tkd_cuda_scale(d_g + off, n, 0.3183f, g_stream), what);
+    float *g = rand_f32(n, 2300 + n, 2.0f), *got = tkd_test_xmalloc(n * 4);
+    float *d_g = tkd_test_dev_alloc((n + off) * 4);
+    tkd_test_to_dev(d_g + off, g, n * 4);
+    tkd_test_ok(tkd_cuda_scale(d_g + off, n, 0.3183f, g_stream), what);
     tkd_optim_scale(g, n, 0.3183f);
-    to_host(got, d_g + off, n * 4);
+    tkd_test_to_host(got, d_g + off, n * 4, g_stream);
     check_same_bits(what, got, g, n * 4);
     cudaFree(d_g);
     free(g), free(got);
@@ -875,9 +841,9 @@ static void test_grad_norm(void **state)
     scale_case(1003, 1);
     norm_case(100000, 0, INFINITY);
     norm_case(100000, 0, NAN);
-    double *d = dev_alloc(8), zero = 1.0;
-    ok(tkd_cuda_grad_norm2(g_ws, NULL, 0, d, g_stream), "grad_norm2 n 0");
-    to_host(&zero, d, 8);
+    double *d = tkd_test_dev_alloc(8), zero = 1.0;
+    tkd_test_ok(tkd_cuda_grad_norm2(g_ws, NULL, 0, d, g_stream), "grad_norm2 n 0");
+    tkd_test_to_host(&zero, d, 8, g_stream);
     assert_true(zero == 0.0);
     assert_int_equal(tkd_cuda_grad_norm2(NULL, (float *)d, 1, d, g_stream), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_scale(NULL, 5, 1.0f, g_stream), TKD_ERR_INVALID_ARG);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tests/gpu_testutil.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -23,23 +24,6 @@
 #include "kernels/topk.h"
 #include "kernels/topk_cuda.h"
 #include "kernels/topk_cuda_internal.h"
-
-static void *dev_alloc(size_t n)
-{
-    void *p = NULL;
-    assert_int_equal(cudaMalloc(&p, n ? n : 1), cudaSuccess);
-    return p;
-}
-
-static void to_dev(void *d, const void *h, size_t n)
-{
-    assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
-static void to_host(void *h, const void *d, size_t n)
-{
-    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-}
 
 /* Row contents built for one selection path of the CUDA top-k (kernels/topk_cuda.h). */
 typedef enum row_kind {
@@ -120,14 +104,14 @@ static void run_logits(tkd_topk_cuda_ws *ws, const float *x, int64_t C, int64_t 
         seq[r] = 123456789012ll + r / 5;
         pos[r] = (int32_t)(r % 5) * 1000;
     }
-    float *dx0 = dev_alloc((nx + (size_t)offset) * 4), *dv = dev_alloc(nk * 4);
-    float *dl = dev_alloc((size_t)C * 4), *dx = dx0 + offset;
-    uint32_t *di = dev_alloc(nk * 4), *dt = dev_alloc(ns * 4);
-    int64_t *dseq = dev_alloc((size_t)C * 8);
-    int32_t *dpos = dev_alloc((size_t)C * 4);
-    to_dev(dx, x, nx * 4);
-    to_dev(dseq, seq, (size_t)C * 8);
-    to_dev(dpos, pos, (size_t)C * 4);
+    float *dx0 = tkd_test_dev_alloc((nx + (size_t)offset) * 4), *dv = tkd_test_dev_alloc(nk * 4);
+    float *dl = tkd_test_dev_alloc((size_t)C * 4), *dx = dx0 + offset;
+    uint32_t *di = tkd_test_dev_alloc(nk * 4), *dt = tkd_test_dev_alloc(ns * 4);
+    int64_t *dseq = tkd_test_dev_alloc((size_t)C * 8);
+    int32_t *dpos = tkd_test_dev_alloc((size_t)C * 4);
+    tkd_test_to_dev(dx, x, nx * 4);
+    tkd_test_to_dev(dseq, seq, (size_t)C * 8);
+    tkd_test_to_dev(dpos, pos, (size_t)C * 4);
 
     unsigned long long got[TKD_TOPK_CUDA_PATHS];
     assert_int_equal(tkd_topk_cuda_paths(ws, NULL, got), TKD_OK); /* zeroes the counters */
@@ -138,9 +122,9 @@ static void run_logits(tkd_topk_cuda_ws *ws, const float *x, int64_t C, int64_t 
                          TKD_OK);
     assert_int_equal(tkd_topk_cuda_sync(ws, NULL), TKD_OK);
     assert_int_equal(tkd_topk_cuda_paths(ws, NULL, got), TKD_OK);
-    to_host(i_gpu, di, nk * 4);
-    to_host(v_gpu, dv, nk * 4);
-    to_host(l_gpu, dl, (size_t)C * 4);
+    tkd_test_to_host(i_gpu, di, nk * 4, NULL);
+    tkd_test_to_host(v_gpu, dv, nk * 4, NULL);
+    tkd_test_to_host(l_gpu, dl, (size_t)C * 4, NULL);
     check_topk(i_cpu, v_cpu, i_gpu, v_gpu, C, V, k, what); /* the same ids, the same fp32 bits */
     for (int64_t r = 0; r < C; r++) {
         /* GPU: fp32 exps of 16 logits summed in fp32, then in double: ~1e-7 relative; 1e-5 leaves
@@ -155,7 +139,7 @@ static void run_logits(tkd_topk_cuda_ws *ws, const float *x, int64_t C, int64_t 
                  got[2], paths[0], paths[1], paths[2]);
     if (S > 0 && V > k) {
         assert_int_equal(tkd_tail_sample_cpu(x, C, V, i_cpu, k, tau, S, 77, seq, pos, t_cpu), TKD_OK);
-        to_host(t_gpu, dt, ns * 4);
+        tkd_test_to_host(t_gpu, dt, ns * 4, NULL);
         for (size_t j = 0; j < ns; j++)
             if (t_cpu[j] != t_gpu[j])
                 fail_msg("%s C=%lld V=%lld: tail draw %zu of row %zu: gpu %u cpu %u", what,
@@ -256,15 +240,16 @@ static void test_flags(void **state)
     tkd_test_randn(x, C * V, 3, 1.0f);
     x[2 * V + 100] = NAN;
     x[3 * V + 1] = INFINITY;
-    float *dx = dev_alloc(sizeof x), *dv = dev_alloc(C * K * 4), *dl = dev_alloc(C * 4);
-    uint32_t *di = dev_alloc(C * K * 4), *dt = dev_alloc(C * 4 * 4);
+    float *dx = tkd_test_dev_alloc(sizeof x), *dv = tkd_test_dev_alloc(C * K * 4),
+          *dl = tkd_test_dev_alloc(C * 4);
+    uint32_t *di = tkd_test_dev_alloc(C * K * 4), *dt = tkd_test_dev_alloc(C * 4 * 4);
     int64_t seq[C] = {0, 1, 2, 3};
     int32_t pos[C] = {0, 0, 0, 0};
-    int64_t *dseq = dev_alloc(sizeof seq);
-    int32_t *dpos = dev_alloc(sizeof pos);
-    to_dev(dx, x, sizeof x);
-    to_dev(dseq, seq, sizeof seq);
-    to_dev(dpos, pos, sizeof pos);
+    int64_t *dseq = tkd_test_dev_alloc(sizeof seq);
+    int32_t *dpos = tkd_test_dev_alloc(sizeof pos);
+    tkd_test_to_dev(dx, x, sizeof x);
+    tkd_test_to_dev(dseq, seq, sizeof seq);
+    tkd_test_to_dev(dpos, pos, sizeof pos);
     assert_int_equal(tkd_topk_cuda(ws, dx, C, V, K, 1.0f, di, dv, dl, NULL), TKD_OK);
     assert_int_equal(tkd_topk_cuda_sync(ws, NULL), TKD_ERR_NUMERIC);
     assert_non_null(strstr(tkd_error_msg(), "row 2 "));
@@ -272,11 +257,11 @@ static void test_flags(void **state)
     /* Tail draws: a top-k id ≥ V in row 1 is flagged. */
     x[2 * V + 100] = 0.0f;
     x[3 * V + 1] = 0.0f;
-    to_dev(dx, x, sizeof x);
+    tkd_test_to_dev(dx, x, sizeof x);
     for (int i = 0; i < C * K; i++)
         idx[i] = (uint32_t)(i % K);
     idx[1 * K + 3] = V;
-    to_dev(di, idx, sizeof idx);
+    tkd_test_to_dev(di, idx, sizeof idx);
     assert_int_equal(tkd_tail_sample_cuda(ws, dx, C, V, di, K, 1.0f, 4, 1, dseq, dpos, dt, NULL), TKD_OK);
     assert_int_equal(tkd_topk_cuda_sync(ws, NULL), TKD_ERR_INVALID_ARG);
     assert_non_null(strstr(tkd_error_msg(), "row 1 "));

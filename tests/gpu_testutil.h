@@ -1,0 +1,44 @@
+/* gpu_testutil.h — host helpers shared by the CUDA tests (tests/test_gpu_*.c): device buffers and
+ * copies that fail the test on any CUDA error, NaN poisoning, random bf16 inputs and the status
+ * check. Built into the test_gpu_* executables only; everything here exists only where the build
+ * has the CUDA backend (TKD_HAVE_CUDA). */
+#ifndef TKD_GPU_TESTUTIL_H
+#define TKD_GPU_TESTUTIL_H
+
+#ifdef TKD_HAVE_CUDA
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* cudaMalloc of n bytes (1 when n is 0); the caller cudaFrees it. Fails the test on error. */
+void *tkd_test_dev_alloc(size_t n);
+
+/* n bytes host → device (synchronous cudaMemcpy). */
+void tkd_test_to_dev(void *d, const void *h, size_t n);
+
+/* n bytes device → host; first synchronizes `stream` (a cudaStream_t) when it is not NULL, for
+ * results of launches on a non-blocking stream. */
+void tkd_test_to_host(void *h, const void *d, size_t n, void *stream);
+
+/* Sets n bytes of device memory to all ones (bf16 and fp32 NaN), so an element a kernel skips
+ * fails its check. */
+void tkd_test_poison(void *d, size_t n);
+
+/* malloc of n bytes (1 when n is 0); fails the test when it returns NULL. */
+void *tkd_test_xmalloc(size_t n);
+
+/* Fails the test with "what: STATUS_NAME: message" unless st is TKD_OK. */
+void tkd_test_ok(tkd_status st, const char *what);
+
+/* n bf16 values of normal(0, std) from seed (tkd_test_randn, rounded); the caller frees. */
+uint16_t *tkd_test_rand_bf16(size_t n, uint64_t seed, float std);
+
+/* x[0..n) = normal(0, std) from seed rounded to bf16, xb the bf16 bits: x holds exactly what xb does. */
+void tkd_test_fill_bf16(float *x, uint16_t *xb, int64_t n, uint64_t seed, float std);
+
+/* The n bf16 values of b as doubles; the caller frees. */
+double *tkd_test_bf16_to_f64(const uint16_t *b, size_t n);
+
+#endif /* TKD_HAVE_CUDA */
+#endif
