@@ -34,12 +34,12 @@ run "$bin/teacher-dump" --config configs/teacher-demo.yaml -q --set teacher.path
 run "$bin/student-train" --config configs/student-demo.yaml -q --set run.dir="$tmp/runs" --set run.name=gpu \
   --set device=cuda --set model.init=hf --set model.path=data/demo-teacher --set data.cache= --set data.val_cache= \
   --set kd.alpha=0 --set "data.tokens=[data/brown-train.bin]" --set "data.val_tokens=[data/brown-val.bin]" \
-  --set train.max_steps=16 --set train.eval_batches=1 > /dev/null
+  --set data.seq_len=64 --set train.max_steps=16 --set train.eval_batches=1 > /dev/null
 ckpt="$tmp/runs/gpu/checkpoint"
 ce=$(run "$bin/student-train" --config configs/student-demo.yaml -q --set run.dir="$tmp/runs" --set run.name=t \
   --set device=cpu --set model.init=hf --set model.path="$ckpt" --set train.eval_only=true --set data.cache= \
   --set data.val_cache= --set kd.alpha=0 --set "data.tokens=[data/brown-val.bin]" \
-  --set "data.val_tokens=[data/brown-val.bin]" --set train.batch_size=4 --set train.eval_batches=1 |
+  --set "data.val_tokens=[data/brown-val.bin]" --set data.seq_len=64 --set train.batch_size=4 --set train.eval_batches=1 |
   sed -n 's/^RESULT val_ce=\([^ ]*\).*/\1/p')
 # h5dump needs our libraries, python must not see them (torch brings its own)
 mkdir -p "$tmp/path"
