@@ -29,8 +29,8 @@ fi
 
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 cflags="-g -O1 -std=c11 -fopenmp=libgomp -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -DTKD_VERSION=\"fuzz\"
-        $(pkg-config --cflags hdf5 libzstd yaml-0.1 libcjson)"
-libs="$(pkg-config --libs hdf5 libzstd yaml-0.1 libcjson) -fopenmp=libgomp -lm -lpthread"
+        $(pkg-config --cflags hdf5 libzstd yaml-0.1 libcjson libpcre2-8 libutf8proc)"
+libs="$(pkg-config --libs hdf5 libzstd yaml-0.1 libcjson libpcre2-8 libutf8proc) -fopenmp=libgomp -lm -lpthread"
 
 # The library sources the targets reach, instrumented for coverage (fuzzer-no-link) and ASan.
 srcs=(common/*.c $(ls formats/*.c | grep -v h5zstd_plugin) student_train/train_config.c
