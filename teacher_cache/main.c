@@ -197,6 +197,9 @@ int main(int argc, char **argv)
     if (st != TKD_OK)
         return fail(st);
     tkd_log_set_level(tkd_cli_log_level(&cli));
+    /* accepted so that old scripts keep working; a re-run resumes on its own */
+    if (cli.resume)
+        tkd_log_info("teacher-dump: --resume is not needed (re-running the same command resumes) and is ignored");
     int rc;
     if (cli.help) {
         tkd_cli_print_help(stdout, usage, &tkd_dump_schema);
