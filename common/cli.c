@@ -143,9 +143,12 @@ void tkd_cli_print_help(FILE *out, const char *usage, const tkd_config_schema *s
     fputs("options:\n"
           "  --config FILE      read settings from a YAML file\n"
           "  --set KEY=VALUE    override one setting (repeatable; VALUE is YAML: 2, true, [a, b], 'x: y')\n"
-          "  --print-config     print the effective config as YAML and exit\n"
-          "  --resume           continue an interrupted run from its last checkpoint\n"
-          "  --overwrite        replace an existing output instead of refusing\n"
+          "  --print-config     print the effective config as YAML and exit\n",
+          out);
+    /* only a tool that has something to resume from (student-train's checkpoint) offers --resume */
+    if (strstr(usage, "--resume"))
+        fputs("  --resume           continue an interrupted run from its last checkpoint\n", out);
+    fputs("  --overwrite        replace an existing output instead of refusing\n"
           "  -v, --verbose      more messages (debug)\n"
           "  -q, --quiet        fewer messages (-q: warnings and errors, -qq: errors only)\n"
           "  -h, --help         show this help\n\n",

@@ -44,7 +44,8 @@ tkd_log_level tkd_cli_log_level(const tkd_cli *cli);
 /* Defaults, then --config FILE, then every --set, into cfg (zeroed or freed before). */
 tkd_status tkd_cli_load_config(const tkd_cli *cli, const tkd_config_schema *schema, void *cfg);
 
-/* Writes "usage: <usage>", the shared flags and the schema's key reference (--help output). */
+/* Writes "usage: <usage>", the shared flags and the schema's key reference (--help output).
+ * --resume is listed only when usage offers it (teacher-dump resumes on a plain re-run). */
 void tkd_cli_print_help(FILE *out, const char *usage, const tkd_config_schema *schema);
 
 /* The exit status every topkd tool gives for st (the table in README.md): 0 ok; 2 for a usage or

@@ -42,6 +42,8 @@ size_t tkd_progress_format_rate(char *buf, size_t cap, double r)
     int i = 0;
     if (!(r >= 0) || isinf(r))
         return clamp_len(snprintf(buf, cap, "--"), cap);
+    if (r > 0 && r < 0.995)
+        return clamp_len(snprintf(buf, cap, "%.2g", r), cap);
     while (r >= 999.95 && i < 4) {
         r /= 1000.0;
         i++;
@@ -53,11 +55,14 @@ size_t tkd_progress_format_rate(char *buf, size_t cap, double r)
 }
 
 size_t tkd_progress_format(char *buf, size_t cap, const char *label, int64_t done, int64_t total,
-                           double elapsed_s, const char *unit, const char *extra, bool finished)
+                           double elapsed_s, const char *unit, int64_t rate_done, const char *rate_unit,
+                           const char *extra, bool finished)
 {
     char rate[32], dur[32];
+    bool own_rate = rate_unit && *rate_unit; /* the rate counts another unit than done */
     double per_s = elapsed_s > 0 ? (double)done / elapsed_s : NAN;
-    tkd_progress_format_rate(rate, sizeof rate, per_s);
+    tkd_progress_format_rate(rate, sizeof rate, own_rate && elapsed_s > 0 ? (double)rate_done / elapsed_s : per_s);
+    const char *runit = own_rate ? rate_unit : unit;
     size_t n = 0;
     if (!cap)
         return 0;
@@ -65,15 +70,17 @@ size_t tkd_progress_format(char *buf, size_t cap, const char *label, int64_t don
     n += clamp_len(snprintf(buf + n, cap - n, "%s %lld", label, (long long)done), cap - n);
     if (total > 0)
         n += clamp_len(snprintf(buf + n, cap - n, "/%lld", (long long)total), cap - n);
+    if (own_rate)
+        n += clamp_len(snprintf(buf + n, cap - n, " %s", unit), cap - n);
     if (finished) {
         tkd_progress_format_duration(dur, sizeof dur, elapsed_s);
-        n += clamp_len(snprintf(buf + n, cap - n, " done in %s  %s %s/s", dur, rate, unit), cap - n);
+        n += clamp_len(snprintf(buf + n, cap - n, " done in %s  %s %s/s", dur, rate, runit), cap - n);
     } else {
         if (total > 0) {
             double pct = 100.0 * (double)done / (double)total;
             n += clamp_len(snprintf(buf + n, cap - n, " (%.1f%%)", pct > 100 ? 100 : pct), cap - n);
         }
-        n += clamp_len(snprintf(buf + n, cap - n, "  %s %s/s", rate, unit), cap - n);
+        n += clamp_len(snprintf(buf + n, cap - n, "  %s %s/s", rate, runit), cap - n);
         if (total > 0) {
             double eta = per_s > 0 ? (double)(total > done ? total - done : 0) / per_s : NAN;
             tkd_progress_format_duration(dur, sizeof dur, eta);
@@ -100,11 +107,16 @@ void tkd_progress_begin(tkd_progress *p, const char *label, int64_t total, const
 
 void tkd_progress_set_interval(tkd_progress *p, double seconds) { p->interval_s = seconds; }
 
+void tkd_progress_set_rate_unit(tkd_progress *p, const char *rate_unit)
+{
+    snprintf(p->rate_unit, sizeof p->rate_unit, "%s", rate_unit ? rate_unit : "");
+}
+
 static void draw(tkd_progress *p, double now, bool finished)
 {
     char line[256];
-    tkd_progress_format(line, sizeof line, p->label, p->done, p->total, now - p->t_start, p->unit,
-                        p->extra, finished);
+    tkd_progress_format(line, sizeof line, p->label, p->done, p->total, now - p->t_start, p->unit, p->rate_done,
+                        p->rate_unit, p->extra, finished);
     if (p->tty) {
         /* \033[K clears what a longer previous line left on the right */
         fprintf(p->out, "\r%s\033[K%s", line, finished ? "\n" : "");
@@ -114,18 +126,26 @@ static void draw(tkd_progress *p, double now, bool finished)
     }
     fflush(p->out);
     p->t_last = now;
+    p->drawn = true;
 }
 
-void tkd_progress_update(tkd_progress *p, int64_t done, const char *extra)
+void tkd_progress_update_rate(tkd_progress *p, int64_t done, int64_t rate_done, const char *extra)
 {
     p->done = done;
+    p->rate_done = rate_done;
     if (extra)
         snprintf(p->extra, sizeof p->extra, "%s", extra);
     if (!p->enabled)
         return;
     double now = tkd_progress_now();
-    if (now - p->t_last >= (p->tty ? TTY_REDRAW_S : p->interval_s))
+    /* the first line as soon as there is a rate to show: a first batch can take minutes */
+    if ((!p->drawn && done > 0) || now - p->t_last >= (p->tty ? TTY_REDRAW_S : p->interval_s))
         draw(p, now, false);
+}
+
+void tkd_progress_update(tkd_progress *p, int64_t done, const char *extra)
+{
+    tkd_progress_update_rate(p, done, done, extra);
 }
 
 void tkd_progress_finish(tkd_progress *p, const char *extra)

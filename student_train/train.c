@@ -726,14 +726,13 @@ static tkd_status save(trainer *tr)
 
 /* ---- the loop ----------------------------------------------------------------------------------- */
 
-/* The progress line counts steps; the extra text carries the loss and the token rate. */
+/* The progress line counts steps and shows the token rate (a step can take seconds on a CPU, where
+ * "0.0 steps/s" would say nothing); the extra text carries the loss. */
 static void progress_line(trainer *tr, const step_stats *ss)
 {
-    char extra[96], rate[32];
-    double el = tkd_progress_now() - tr->t0;
-    tkd_progress_format_rate(rate, sizeof rate, el > 0 ? (double)(tr->st.tokens_seen - tr->tokens0) / el : 0);
-    snprintf(extra, sizeof extra, "loss %.4f  ce %.4f  lr %.2e  %s tok/s", ss->loss, ss->ce, ss->lr, rate);
-    tkd_progress_update(&tr->progress, tr->st.step - tr->step0, extra);
+    char extra[96];
+    snprintf(extra, sizeof extra, "loss %.4f  ce %.4f  lr %.2e", ss->loss, ss->ce, ss->lr);
+    tkd_progress_update_rate(&tr->progress, tr->st.step - tr->step0, tr->st.tokens_seen - tr->tokens0, extra);
 }
 
 static tkd_status eval_and_log(trainer *tr, eval_stats *es)
@@ -863,6 +862,7 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
         /* the rate and ETA are about this run: steps before a resume are not counted */
         tr.step0 = tr.st.step;
         tkd_progress_begin(&tr.progress, "train", tr.total_steps - tr.step0, "steps");
+        tkd_progress_set_rate_unit(&tr.progress, "tok");
         tkd_log_info("student: %zu parameters, %d layers, D=%d, V=%d; %" PRId64 " steps of %d x %d x %d tokens",
                      tr.m->n_params, tr.m->cfg.num_hidden_layers, tr.m->cfg.hidden_size, tr.V, tr.total_steps,
                      o->cfg->batch_size, o->cfg->grad_accum, tr.T);

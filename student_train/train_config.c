@@ -19,7 +19,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_ENUM(T, model_init, "model.init", "random", init_names, "Student weights: random (from model.* and train.seed) or hf (a Hugging Face checkpoint dir in model.path)"),
     TKD_CFG_STRING(T, model_path, "model.path", "", "Hugging Face checkpoint directory when model.init = hf"),
     TKD_CFG_ENUM(T, model_arch, "model.arch", "llama", arch_names, "Architecture family of a random student (qwen2 adds q/k/v biases)"),
-    TKD_CFG_INT(T, vocab_size, "model.vocab_size", "0", 0, 1 << 24, "Vocabulary size; 0 = the cache's (it must equal the cache's anyway)"),
+    TKD_CFG_INT(T, vocab_size, "model.vocab_size", "0", 0, 1 << 24, "Vocabulary size; 0 = the cache's. Smaller than the cache's only when the teacher's extra ids are padding the data never uses; never larger"),
     TKD_CFG_INT(T, hidden_size, "model.hidden_size", "128", 8, 65536, "Hidden size D"),
     TKD_CFG_INT(T, intermediate_size, "model.intermediate_size", "384", 1, 262144, "SwiGLU inner size"),
     TKD_CFG_INT(T, num_layers, "model.num_layers", "2", 1, 1024, "Decoder blocks"),
@@ -72,7 +72,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT(T, checkpoint_interval, "train.checkpoint_interval", "0", 0, 1 << 30, "Checkpoint every N steps (and at the end); 0 = only at the end"),
     TKD_CFG_INT(T, log_interval, "train.log_interval", "10", 1, 1 << 30, "Steps between metrics.jsonl training records"),
     TKD_CFG_BOOL(T, eval_only, "train.eval_only", "false", "Only evaluate the initial student on the validation split (e.g. a teacher loaded with model.init = hf)"),
-    TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: where the student trains (cuda: bf16 compute, fp32 master weights and optimizer state on GPU 0); auto takes the GPU when one answers"),
+    TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: where the student trains (cuda: bf16 compute, fp32 master weights and optimizer state on GPU 0); auto takes the GPU when this build has CUDA and one answers, else the CPU"),
 };
 
 const tkd_config_schema tkd_train_schema = TKD_CONFIG_SCHEMA("student-train", fields);

@@ -43,8 +43,11 @@ static const tkd_config_field dump_fields[] = {
                 "S tokens drawn per position from the teacher's distribution outside its top-k (0 = none)."),
     TKD_CFG_INT64(C, seed, "cache.seed", "1234", 0, 9.0e18,
                   "seed of the tail draws (keyed by seed, sequence index, position)."),
-    TKD_CFG_INT(C, shard_sequences, "cache.shard_sequences", "1024", 1, 1 << 30,
-                "sequences per shard file; fixed for the life of a cache."),
+    TKD_CFG_INT(C, shard_sequences, "cache.shard_sequences", "0", 0, 1 << 30,
+                "sequences per shard file; fixed for the life of a cache; 0 = 1024, or from cache.shard_tokens."),
+    TKD_CFG_INT64(C, shard_tokens, "cache.shard_tokens", "0", 0, 1 << 30,
+                  "size shards by positions instead: shard_sequences = max(1, shard_tokens / data.seq_len); "
+                  "0 = off; not with cache.shard_sequences."),
     TKD_CFG_INT(C, zstd_level, "cache.zstd_level", "3", 1, 22, "zstd compression level of the shards."),
     TKD_CFG_INT(C, writer_threads, "cache.writer_threads", "0", 0, TKD_SHARD_WRITER_MAX_THREADS,
                 "threads compressing shard chunks; 0 = min(8, cores - 1), at least 1."),
@@ -53,7 +56,8 @@ static const tkd_config_field dump_fields[] = {
                 "positions per LM-head chunk: memory is chunk_rows x vocab floats; 0 = auto (256 on "
                 "the CPU, about 2 GiB of logits on a GPU)."),
     TKD_CFG_ENUM(C, device, "device", "auto", tkd_device_names,
-                 "auto (CUDA when this build has it and a GPU answers, else CPU), cpu, cuda."),
+                 "auto (CUDA when this build has it and a GPU answers, else CPU), cpu, cuda (bf16 "
+                 "weights and activations on the GPU that LOCAL_RANK or SLURM_LOCALID names, else GPU 0)."),
     TKD_CFG_STRING(C, output_dir, "output.dir", NULL, "the cache directory (created when absent)."),
     TKD_CFG_INT(C, worker_index, "workers.index", "0", 0, 1 << 20,
                 "this worker's index (0 = read RANK or SLURM_PROCID when set)."),
@@ -102,6 +106,26 @@ static tkd_status workers_from_env(tkd_dump_config *cfg, const char *(*get)(cons
     return TKD_OK;
 }
 
+#define DEFAULT_SHARD_SEQUENCES 1024
+
+/* cache.shard_tokens into cache.shard_sequences: a CPU run wants shards of minutes, not of hours,
+ * and positions are what its time is proportional to. */
+static tkd_status resolve_shard_sequences(tkd_dump_config *cfg)
+{
+    if (cfg->shard_tokens > 0 && cfg->shard_sequences > 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "cache.shard_tokens (%lld) and cache.shard_sequences (%d) are both set — "
+                             "keep one (shard_tokens gives shard_tokens / data.seq_len sequences per shard)",
+                             (long long)cfg->shard_tokens, cfg->shard_sequences);
+    if (cfg->shard_tokens > 0) {
+        int64_t n = cfg->shard_tokens / cfg->seq_len;
+        cfg->shard_sequences = n > 1 ? (int)n : 1;
+        cfg->shard_tokens = 0; /* resolved: the printed config must load back to the same cache */
+    } else if (cfg->shard_sequences == 0) {
+        cfg->shard_sequences = DEFAULT_SHARD_SEQUENCES;
+    }
+    return TKD_OK;
+}
+
 tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *))
 {
     if (!getenv_fn)
@@ -110,6 +134,7 @@ tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_f
         TKD_TRY(workers_from_env(cfg, getenv_fn));
     if (cfg->stride == 0)
         cfg->stride = cfg->seq_len;
+    TKD_TRY(resolve_shard_sequences(cfg));
     if (!cfg->teacher_path || !*cfg->teacher_path)
         return tkd_error_set(TKD_ERR_CONFIG, "teacher.path: not set — give the teacher's Hugging Face "
                                              "checkpoint directory (--set teacher.path=DIR)");

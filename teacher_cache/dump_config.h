@@ -38,7 +38,8 @@ typedef struct tkd_dump_config {
     double temperature;        /* cache.temperature */
     int tail_samples;          /* cache.tail_samples */
     int64_t seed;              /* cache.seed: key of the tail draws */
-    int shard_sequences;       /* cache.shard_sequences */
+    int shard_sequences;       /* cache.shard_sequences; 0 = 1024 or from shard_tokens (finalize) */
+    int64_t shard_tokens;      /* cache.shard_tokens; 0 = off (finalize turns it into shard_sequences) */
     int zstd_level;            /* cache.zstd_level */
     int writer_threads;        /* cache.writer_threads; 0 = automatic (tkd_shard_writer_threads) */
     int batch_size;            /* run.batch_size */
@@ -56,6 +57,9 @@ extern const tkd_config_schema tkd_dump_schema;
  * - workers.index / workers.count left at 0 / 1 take RANK / WORLD_SIZE, else SLURM_PROCID /
  *   SLURM_NTASKS, when those are set (a malformed value is an error naming the variable);
  * - data.stride 0 becomes data.seq_len;
+ * - cache.shard_tokens N becomes shard_sequences = max(1, N / seq_len) (and then 0, so that the
+ *   printed config loads back the same); with shard_sequences also set it is an error naming both;
+ *   shard_sequences 0 without it becomes 1024;
  * - required keys (teacher.path, data.paths, output.dir) are set; index < count.
  * TKD_ERR_CONFIG with "key: what — what to do". getenv_fn NULL means getenv (tests pass their own). */
 tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *));

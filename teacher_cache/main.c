@@ -40,13 +40,15 @@ typedef struct progress_state {
 static void on_progress(const tkd_dump_progress *p, void *user)
 {
     progress_state *ps = user;
-    char extra[96];
-    int n = snprintf(extra, sizeof extra, "%.0f tokens/s", p->elapsed_s > 0 ? (double)p->tokens_run / p->elapsed_s : 0.0);
+    char extra[48] = "";
+    /* the cache's size per position so far, from the shards finished by this run */
     if (p->tokens_written > 0)
-        snprintf(extra + n, sizeof extra - (size_t)n, "  %.1f B/token", (double)p->bytes_written / (double)p->tokens_written);
-    /* The rate and ETA are about this run, so sequences done before a resume are left out. */
+        snprintf(extra, sizeof extra, "%.1f B/token", (double)p->bytes_written / (double)p->tokens_written);
+    /* The rate and ETA are about this run's compute (not the teacher's load), so sequences done
+     * before a resume are left out. */
+    ps->bar.t_start = tkd_progress_now() - p->elapsed_s;
     ps->bar.total = p->seq_total - p->seq_start;
-    tkd_progress_update(&ps->bar, p->seq_done - p->seq_start, extra);
+    tkd_progress_update_rate(&ps->bar, p->seq_done - p->seq_start, p->tokens_run, extra);
 #ifdef TKD_TEST_HOOKS
     if (ps->signal_after > 0 && ++ps->batches == ps->signal_after)
         raise(SIGINT);
@@ -109,6 +111,7 @@ static int run_dump(const tkd_cli *cli)
                  cfg.tail_samples);
     progress_state ps = {0};
     tkd_progress_begin(&ps.bar, "teacher-dump", 0, "seq");
+    tkd_progress_set_rate_unit(&ps.bar, "tok");
     tkd_dump_opts opts = {
         .overwrite = cli->overwrite,
         .progress = on_progress,
@@ -135,9 +138,10 @@ static void on_tokenize_progress(const tkd_tokenize_progress *p, void *user)
 {
     tkd_progress *bar = user;
     bar->total = (int64_t)((p->bytes_total + 999999) / 1000000);
-    char extra[96];
-    snprintf(extra, sizeof extra, "%lld docs  %.2fM tokens  %.0f tokens/s", (long long)p->docs, (double)p->tokens / 1e6,
-             p->elapsed_s > 0 ? (double)p->tokens / p->elapsed_s : 0.0);
+    char extra[96], rate[32];
+    tkd_progress_format_rate(rate, sizeof rate, p->elapsed_s > 0 ? (double)p->tokens / p->elapsed_s : 0.0);
+    snprintf(extra, sizeof extra, "%lld docs  %.2fM tokens  %s tok/s", (long long)p->docs, (double)p->tokens / 1e6,
+             rate);
     tkd_progress_update(bar, (int64_t)(p->bytes_done / 1000000), extra);
 }
 
@@ -193,6 +197,9 @@ int main(int argc, char **argv)
     if (st != TKD_OK)
         return fail(st);
     tkd_log_set_level(tkd_cli_log_level(&cli));
+    /* accepted so that old scripts keep working; a re-run resumes on its own */
+    if (cli.resume)
+        tkd_log_info("teacher-dump: --resume is not needed (re-running the same command resumes) and is ignored");
     int rc;
     if (cli.help) {
         tkd_cli_print_help(stdout, usage, &tkd_dump_schema);

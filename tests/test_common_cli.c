@@ -123,6 +123,13 @@ static void test_load_config_and_help(void **state)
     assert_non_null(strstr(buf, "usage: small [options] DIR\n"));
     assert_non_null(strstr(buf, "--set KEY=VALUE"));
     assert_non_null(strstr(buf, "  a.t  (float, default 1.5, range [0, 10])\n      A temperature."));
+    assert_null(strstr(buf, "--resume")); /* the usage does not offer it */
+    free(buf);
+    buf = NULL;
+    mem = open_memstream(&buf, &len);
+    tkd_cli_print_help(mem, "small [--resume | --overwrite] DIR", &small);
+    fclose(mem);
+    assert_non_null(strstr(buf, "  --resume           continue an interrupted run"));
     free(buf);
 }
 

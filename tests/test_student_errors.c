@@ -21,6 +21,7 @@
 #include "student_train/checkpoint.h"
 #include "student_train/loader.h"
 #include "student_train/train.h"
+#include "student_train/train_config.h"
 #include "tests/testutil.h"
 
 /* Caches: V = 80, T = 8, k = 6, 40 sequences in shards of 16 (chunks of 4); 5 held out (val 0.125),
@@ -135,6 +136,20 @@ static void test_vocabulary_mismatch(void **state)
      * size: these random tokens do not */
     const char *frag_hf[] = {"token 7", "beyond the student's vocabulary of 72 (the cache's has 80)", "not unused"};
     expect_error(run(f, f->s.cache, "vocab-hf", hf_student, 2), TKD_ERR_MISMATCH, frag_hf, 3);
+    /* --help says what these runs show (it used to say the sizes must be equal) */
+    char *help = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&help, &len);
+    tkd_config_print_help(&tkd_train_schema, mem);
+    fclose(mem);
+    const char *vocab = strstr(help, "model.vocab_size");
+    assert_non_null(vocab);
+    char *next = strstr(vocab, "\n  model."); /* the key's text ends where the next key starts */
+    assert_non_null(next);
+    *next = '\0';
+    assert_non_null(strstr(vocab, "Smaller than the cache's only when the teacher's extra ids are padding"));
+    assert_null(strstr(vocab, "must equal"));
+    free(help);
 }
 
 static void test_sampled_needs_tail_draws(void **state)

@@ -842,6 +842,43 @@ static void test_config_workers_from_env(void **state)
     tkd_config_free(&tkd_dump_schema, &cfg);
 }
 
+/* cache.shard_tokens sizes shards in positions; with shard_sequences too it is an error naming
+ * both; neither gives 1024 sequences; the resolved config prints and loads back the same. */
+static void test_config_shard_tokens(void **state)
+{
+    (void)state;
+    static const char *const none[] = {NULL};
+    tkd_dump_config cfg;
+    assert_int_equal(finalize_with(none, "data: {seq_len: 1024}\ncache: {shard_tokens: 65536}\n", &cfg), TKD_OK);
+    assert_int_equal(cfg.shard_sequences, 64);
+    assert_int_equal(cfg.shard_tokens, 0);
+    char *text = NULL;
+    assert_int_equal(tkd_config_to_text(&tkd_dump_schema, &cfg, &text), TKD_OK);
+    tkd_dump_config again;
+    assert_int_equal(finalize_with(none, text, &again), TKD_OK);
+    assert_true(tkd_config_equal(&tkd_dump_schema, &cfg, &again));
+    free(text);
+    tkd_config_free(&tkd_dump_schema, &again);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    /* fewer positions than one sequence: still one sequence per shard */
+    assert_int_equal(finalize_with(none, "data: {seq_len: 1024}\ncache: {shard_tokens: 1000}\n", &cfg), TKD_OK);
+    assert_int_equal(cfg.shard_sequences, 1);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    /* 700 / 256 (the default seq_len) rounds down */
+    assert_int_equal(finalize_with(none, "cache: {shard_tokens: 700}\n", &cfg), TKD_OK);
+    assert_int_equal(cfg.shard_sequences, 2);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    assert_int_equal(finalize_with(none, "", &cfg), TKD_OK);
+    assert_int_equal(cfg.shard_sequences, 1024);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    /* an explicit shard_sequences, even the default's value, is not silently overridden */
+    assert_int_equal(finalize_with(none, "cache: {shard_tokens: 65536, shard_sequences: 1024}\n", &cfg),
+                     TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "cache.shard_tokens (65536) and cache.shard_sequences (1024)"));
+    assert_non_null(strstr(tkd_error_msg(), " — keep one"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+}
+
 static void test_worker_ranges_tile(void **state)
 {
     (void)state;
@@ -901,6 +938,7 @@ int main(void)
         cmocka_unit_test(test_nan_in_teacher_output),
         cmocka_unit_test(test_merge_names_the_missing_worker),
         cmocka_unit_test(test_config_workers_from_env),
+        cmocka_unit_test(test_config_shard_tokens),
         cmocka_unit_test(test_worker_ranges_tile),
         cmocka_unit_test(test_raw_bytes_per_token),
     };

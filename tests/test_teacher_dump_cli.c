@@ -264,6 +264,12 @@ static void test_cli_errors(void **state)
     assert_int_equal(run(c.dir, "help", NULL, (const char *[]){"--help", NULL}), 0);
     assert_non_null(strstr(child_err(c.dir, "help"), "lm_head.chunk_rows"));
     assert_non_null(strstr(child_err(c.dir, "help"), "merge DIR"));
+    assert_null(strstr(child_err(c.dir, "help"), "--resume")); /* a re-run resumes */
+    /* --resume is still accepted (old scripts), with a note, and does what a re-run does */
+    assert_int_equal(run_out(&c, "resume-flag", NULL, (const char *[]){"--set", "data.max_sequences=4", "--resume", NULL}),
+                     0);
+    assert_non_null(strstr(child_err(c.dir, "resume-flag"), "teacher-dump: --resume is not needed"));
+    assert_non_null(strstr(child_err(c.dir, "resume-flag"), "is complete"));
     case_end(&c);
 }
 
