@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/cli.h"
 #include "common/log.h"
@@ -16,10 +18,12 @@
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
 #include "teacher_cache/dump_merge.h"
+#include "teacher_cache/launch.h"
 #include "teacher_cache/tokenize.h"
 
 static const char usage[] =
     "teacher-dump --config FILE [--set key=value ...] [--overwrite] [--print-config] [-v|-q]\n"
+    "             [--nproc-per-node N]   (N workers on this node, one per GPU, then merge)\n"
     "       teacher-dump merge DIR\n"
     "       teacher-dump tokenize --tokenizer PATH --output OUT.bin FILE...   (tokenize --help)\n"
     "Runs the teacher once over a token dataset and writes its top-k logits, LSE and optional tail\n"
@@ -35,6 +39,8 @@ typedef struct progress_state {
     tkd_progress bar;
     long batches;
     long signal_after; /* test builds: raise SIGINT after this many batches */
+    long stall_after;  /* test builds: wait for a signal after this many batches */
+    long fail_rank;    /* test builds: the worker of this RANK (>= 1) exits 3 at its first batch */
 } progress_state;
 
 static void on_progress(const tkd_dump_progress *p, void *user)
@@ -50,8 +56,14 @@ static void on_progress(const tkd_dump_progress *p, void *user)
     ps->bar.total = p->seq_total - p->seq_start;
     tkd_progress_update_rate(&ps->bar, p->seq_done - p->seq_start, p->tokens_run, extra);
 #ifdef TKD_TEST_HOOKS
-    if (ps->signal_after > 0 && ++ps->batches == ps->signal_after)
+    ++ps->batches;
+    if (ps->signal_after > 0 && ps->batches == ps->signal_after)
         raise(SIGINT);
+    if (ps->fail_rank > 0 && getenv("RANK") && atol(getenv("RANK")) == ps->fail_rank)
+        _exit(3);
+    if (ps->stall_after > 0 && ps->batches == ps->stall_after)
+        while (!tkd_interrupted())
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
 #endif
 }
 
@@ -120,6 +132,8 @@ static int run_dump(const tkd_cli *cli)
 #ifdef TKD_TEST_HOOKS
     ps.signal_after = tkd_test_hook_env("TKD_DUMP_TEST_SIGINT_AFTER_BATCHES");
     opts.kill_after_batches = tkd_test_hook_env("TKD_DUMP_TEST_KILL_AFTER_BATCHES");
+    ps.stall_after = tkd_test_hook_env("TKD_DUMP_TEST_STALL_AFTER_BATCHES");
+    ps.fail_rank = tkd_test_hook_env("TKD_DUMP_TEST_FAIL_RANK");
 #endif
     tkd_dump_summary sum;
     st = tkd_signals_install();
@@ -132,6 +146,37 @@ static int run_dump(const tkd_cli *cli)
         tkd_progress_finish(&ps.bar, NULL);
     print_summary(&sum);
     return 0;
+}
+
+/* --nproc-per-node N: the config is checked once here (a config error is one line, not N), the
+ * workers run, then their parts are merged. The split comes from the launcher, so workers.* must
+ * be left to it. */
+static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
+{
+    tkd_dump_config cfg = {0};
+    tkd_status st = tkd_cli_load_config(cli, &tkd_dump_schema, &cfg);
+    if (st == TKD_OK && (cfg.worker_index != 0 || cfg.worker_count != 1)) {
+        tkd_error_set(TKD_ERR_CONFIG, "workers.index/workers.count are set (%d/%d) with --nproc-per-node %d",
+                      cfg.worker_index, cfg.worker_count, nproc);
+        st = tkd_error_hint(TKD_ERR_CONFIG, "leave them out: the launcher gives each worker its index");
+    }
+    int rc = 0;
+    if (st == TKD_OK)
+        st = tkd_signals_install();
+    if (st == TKD_OK)
+        st = tkd_launch_workers(nproc, argc, argv, 30.0, &rc);
+    int64_t nseq = 0, nshards = 0;
+    if (st == TKD_OK && nproc > 1)
+        st = tkd_dump_merge(cfg.output_dir, &nseq, &nshards);
+    if (st == TKD_OK && nproc > 1)
+        tkd_log_info("teacher-dump: %d workers done; merged %lld shards, %lld sequences into %s/manifest.yaml", nproc,
+                     (long long)nshards, (long long)nseq, cfg.output_dir);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    if (st != TKD_OK && rc > 0) { /* a worker failed: its exit code */
+        fprintf(stderr, "teacher-dump: %s\n", tkd_error_msg());
+        return rc;
+    }
+    return st == TKD_OK ? 0 : fail(st);
 }
 
 static void on_tokenize_progress(const tkd_tokenize_progress *p, void *user)
@@ -192,8 +237,12 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "tokenize") == 0)
         return run_tokenize(argc - 1, argv + 1);
+    int nproc;
+    tkd_status st = tkd_launch_take_nproc(&argc, argv, &nproc);
+    if (st != TKD_OK)
+        return fail(st);
     tkd_cli cli;
-    tkd_status st = tkd_cli_parse(&cli, argc, argv);
+    st = tkd_cli_parse(&cli, argc, argv);
     if (st != TKD_OK)
         return fail(st);
     tkd_log_set_level(tkd_cli_log_level(&cli));
@@ -210,6 +259,8 @@ int main(int argc, char **argv)
         tkd_error_set(TKD_ERR_INVALID_ARG, "unexpected argument '%s' — the commands are 'merge DIR' and 'tokenize'; see --help",
                       cli.args[0]);
         rc = fail(TKD_ERR_INVALID_ARG);
+    } else if (nproc > 0 && !cli.print_config) {
+        rc = run_launch(&cli, nproc, argc, argv);
     } else {
         rc = run_dump(&cli);
     }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -220,6 +221,94 @@ static void test_two_workers_and_merge(void **state)
     case_end(&c);
 }
 
+/* --nproc-per-node 2: the launcher runs both workers and the merge; the cache equals one worker's. */
+static void test_nproc_per_node(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-nproc", 1);
+    assert_int_equal(run_out(&c, "launch", NULL, (const char *[]){"--nproc-per-node", "2", NULL}), 0);
+    assert_non_null(strstr(child_err(c.dir, "launch"), "started worker 1 of 2 (pid "));
+    assert_non_null(strstr(child_err(c.dir, "launch"), "2 workers done; merged "));
+    tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
+    /* workers.* are the launcher's to set; a malformed N is a usage error */
+    assert_int_equal(run_out(&c, "count", NULL, (const char *[]){"--nproc-per-node=2", "--set", "workers.count=2", NULL}),
+                     2);
+    assert_error_line(c.dir, "count", "workers.index/workers.count are set (0/2) with --nproc-per-node 2");
+    assert_int_equal(run_out(&c, "bad-n", NULL, (const char *[]){"--nproc-per-node", "two", NULL}), 2);
+    assert_error_line(c.dir, "bad-n", "--nproc-per-node: 'two' is not a number of processes");
+    case_end(&c);
+}
+
+/* The pids of the launcher's workers, from its "started worker i of n (pid P)" lines. */
+static void launched_pids(const char *dir, const char *tag, pid_t pids[2])
+{
+    const char *err = child_err(dir, tag);
+    for (int i = 0; i < 2; i++) {
+        char key[48];
+        snprintf(key, sizeof key, "started worker %d of 2 (pid ", i);
+        const char *p = strstr(err, key);
+        if (!p)
+            fail_msg("no '%s' in the stderr of %s:\n%s", key, tag, err);
+        pids[i] = (pid_t)atol(p + strlen(key));
+    }
+}
+
+/* Each worker has exited and been reaped (by the launcher: none is left behind). */
+static void assert_gone(const pid_t pids[2])
+{
+    for (int i = 0; i < 2; i++) {
+        errno = 0;
+        if (kill(pids[i], 0) == 0 || errno != ESRCH) {
+            kill(pids[i], SIGKILL);
+            fail_msg("worker %d (pid %ld) outlived the launcher", i, (long)pids[i]);
+        }
+    }
+}
+
+/* Worker 1 fails (exit 3) while worker 0 waits for a signal: the launcher stops worker 0, exits 3
+ * and names worker 1 with its pid. */
+static void test_nproc_failing_worker_stops_the_others(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-nproc-fail", 0);
+    setenv("TKD_DUMP_TEST_STALL_AFTER_BATCHES", "1", 1); /* inherited: spawn passes one variable */
+    pid_t pid = spawn_out(&c, "launch", "TKD_DUMP_TEST_FAIL_RANK=1", (const char *[]){"--nproc-per-node", "2", NULL});
+    unsetenv("TKD_DUMP_TEST_STALL_AFTER_BATCHES");
+    assert_int_equal(tkd_test_wait_timeout(pid, 120.0), 3);
+    pid_t pids[2];
+    launched_pids(c.dir, "launch", pids);
+    char want[96];
+    snprintf(want, sizeof want, "worker 1 of 2 (pid %ld) failed with exit code 3; the others were stopped",
+             (long)pids[1]);
+    assert_error_line(c.dir, "launch", want);
+    assert_gone(pids);
+    case_end(&c);
+}
+
+/* SIGTERM to the launcher reaches the workers (stalled, so only a signal ends them): all stop,
+ * the launcher exits 143 with the resume hint, no worker outlives it. */
+static void test_nproc_sigterm_stops_the_workers(void **state)
+{
+    (void)state;
+    cli_case c;
+    case_begin(&c, "dumpcli-nproc-term", 0);
+    pid_t pid = spawn_out(&c, "launch", "TKD_DUMP_TEST_STALL_AFTER_BATCHES=1", (const char *[]){"--nproc-per-node", "2", NULL});
+    /* both workers started (the second's line is written once it is forked) */
+    const char *err_path = tkd_test_path(c.dir, "launch.err");
+    for (int t = 0; t < 6000 && (access(err_path, F_OK) != 0 || !strstr(child_err(c.dir, "launch"), "started worker 1 of 2"));
+         t++)
+        usleep(10000);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_int_equal(tkd_test_wait_timeout(pid, 120.0), 143);
+    pid_t pids[2];
+    launched_pids(c.dir, "launch", pids);
+    assert_error_line(c.dir, "launch", "re-run the same command to resume");
+    assert_gone(pids);
+    case_end(&c);
+}
+
 /* A second writer on a cache directory stops at once with one line naming the holder's pid (exit
  * 1), and so does merge; after the holder is SIGKILLed the same command runs. */
 static void test_second_writer_refused(void **state)
@@ -305,6 +394,9 @@ int main(void)
         cmocka_unit_test(test_locked_file_message),
         cmocka_unit_test(test_rerun_repairs_a_missing_shard),
         cmocka_unit_test(test_two_workers_and_merge),
+        cmocka_unit_test(test_nproc_per_node),
+        cmocka_unit_test(test_nproc_failing_worker_stops_the_others),
+        cmocka_unit_test(test_nproc_sigterm_stops_the_workers),
         cmocka_unit_test(test_second_writer_refused),
         cmocka_unit_test(test_cli_errors),
         cmocka_unit_test(test_fifo_inputs_refused),

@@ -1,0 +1,190 @@
+/* launch.c — see launch.h. */
+#define _GNU_SOURCE
+#include "teacher_cache/launch.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/signals.h"
+
+#define MAX_PROCS 1024
+static const char flag[] = "--nproc-per-node";
+
+tkd_status tkd_launch_take_nproc(int *argc, char **argv, int *nproc)
+{
+    *nproc = 0;
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        if (strcmp(a, "--") == 0) { /* the rest are positional: copied untouched */
+            while (i < *argc)
+                argv[out++] = argv[i++];
+            break;
+        }
+        if (strcmp(a, flag) == 0)
+            val = i + 1 < *argc ? argv[++i] : "";
+        else if (strncmp(a, flag, sizeof flag - 1) == 0 && a[sizeof flag - 1] == '=')
+            val = a + sizeof flag;
+        if (!val) {
+            argv[out++] = argv[i];
+            continue;
+        }
+        char *end;
+        long n = strtol(val, &end, 10);
+        if (!*val || *end || n < 1 || n > MAX_PROCS) {
+            tkd_error_set(TKD_ERR_INVALID_ARG, "%s: '%s' is not a number of processes", flag, val);
+            return tkd_error_hint(TKD_ERR_INVALID_ARG, "give one process per GPU, 1 to %d", MAX_PROCS);
+        }
+        *nproc = (int)n;
+    }
+    *argc = out;
+    argv[out] = NULL;
+    return TKD_OK;
+}
+
+/* In the child after fork: the worker's environment and flags, then exec; never returns. */
+static void exec_worker(int i, int n, pid_t launcher, int argc, char **argv)
+{
+    setpgid(0, 0);
+    /* The launcher may have died before prctl: then nobody would forward a signal. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher)
+        _exit(127);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    char num[16];
+    snprintf(num, sizeof num, "%d", i);
+    setenv("RANK", num, 1);
+    setenv("LOCAL_RANK", num, 1);
+    snprintf(num, sizeof num, "%d", n);
+    setenv("WORLD_SIZE", num, 1);
+    /* argv[0] stays the name the user typed; -q goes before the others (a "--" may end the flags) */
+    char **a = calloc((size_t)argc + 2, sizeof *a);
+    if (!a)
+        _exit(127);
+    int k = 0;
+    a[k++] = argv[0];
+    if (i > 0)
+        a[k++] = "-q";
+    for (int j = 1; j < argc; j++)
+        a[k++] = argv[j];
+    execv("/proc/self/exe", a);
+    fprintf(stderr, "teacher-dump: worker %d: cannot run /proc/self/exe: %s\n", i, strerror(errno));
+    _exit(127);
+}
+
+/* The exit code a shell would show for a wait status. */
+static int exit_code_of(int ws)
+{
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void signal_all(const pid_t *pids, int n, int sig)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], sig);
+}
+
+/* The launcher's state while workers run: pids[i] > 0 while worker i runs. */
+typedef struct launch {
+    pid_t *pids;
+    int n, running;
+    int forwarded;           /* a signal to the launcher was sent on: exits are then expected */
+    int failed, failed_code; /* the first worker that failed, -1 while none */
+    pid_t failed_pid;
+    double kill_at;          /* when stopping after a failure: SIGKILL at this time, else 0 */
+} launch;
+
+/* Reaps every worker that has exited; the first failure stops the others. */
+static void reap(launch *L, double grace_s)
+{
+    int ws;
+    pid_t pid;
+    while ((pid = waitpid(-1, &ws, WNOHANG)) > 0) {
+        for (int i = 0; i < L->n; i++) {
+            if (L->pids[i] != pid)
+                continue;
+            L->pids[i] = 0;
+            L->running--;
+            int code = exit_code_of(ws);
+            if (code != 0 && L->failed < 0 && !L->forwarded) {
+                L->failed = i;
+                L->failed_code = code;
+                L->failed_pid = pid;
+                signal_all(L->pids, L->n, SIGTERM);
+                L->kill_at = now_s() + grace_s;
+            }
+        }
+    }
+}
+
+tkd_status tkd_launch_workers(int n, int argc, char **argv, double grace_s, int *exit_code)
+{
+    *exit_code = 0;
+    launch L = {.pids = calloc((size_t)n, sizeof(pid_t)), .n = n, .failed = -1};
+    if (!L.pids)
+        return tkd_error_set(TKD_ERR_NOMEM, "--nproc-per-node: out of memory");
+    pid_t self = getpid();
+    tkd_status st = TKD_OK;
+    for (int i = 0; i < n && !tkd_interrupted(); i++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0)
+            exec_worker(i, n, self, argc, argv);
+        if (pid < 0) {
+            st = tkd_error_set(TKD_ERR_IO, "--nproc-per-node: cannot start worker %d of %d: %s", i, n, strerror(errno));
+            *exit_code = 1;
+            signal_all(L.pids, n, SIGTERM);
+            break;
+        }
+        L.pids[i] = pid;
+        L.running++;
+        tkd_log_info("teacher-dump: started worker %d of %d (pid %ld)", i, n, (long)pid);
+    }
+    /* Poll rather than block in waitpid: a signal that lands just before a blocking wait would
+     * otherwise wait for workers that were never told to stop. */
+    while (L.running > 0) {
+        reap(&L, grace_s);
+        int sig = tkd_interrupted();
+        if (sig && !L.forwarded) {
+            signal_all(L.pids, n, sig);
+            L.forwarded = 1;
+        }
+        if (L.kill_at > 0 && now_s() > L.kill_at) {
+            signal_all(L.pids, n, SIGKILL);
+            L.kill_at = 0;
+        }
+        if (L.running > 0)
+            nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    free(L.pids);
+    if (st != TKD_OK)
+        return st;
+    if (L.failed >= 0) {
+        *exit_code = L.failed_code;
+        tkd_error_set(TKD_ERR_IO, "worker %d of %d (pid %ld) failed with exit code %d; the others were stopped", L.failed,
+                      n, (long)L.failed_pid, L.failed_code);
+        return tkd_error_hint(TKD_ERR_IO, "its error is above; fix it and re-run the same command (finished shards are kept)");
+    }
+    if (tkd_interrupted()) {
+        *exit_code = 128 + tkd_interrupted();
+        return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted: the %d workers stopped — re-run the same command to resume",
+                             n);
+    }
+    return TKD_OK;
+}
