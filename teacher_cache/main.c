@@ -11,12 +11,14 @@
 
 #include "common/cli.h"
 #include "common/log.h"
+#include "common/owned_dir.h"
 #include "common/progress.h"
 #include "common/signals.h"
 #include "common/test_hooks.h"
 #include "formats/cache_shard.h"
 #include "teacher_cache/dump.h"
 #include "teacher_cache/dump_config.h"
+#include "teacher_cache/dump_dir.h"
 #include "teacher_cache/dump_merge.h"
 #include "teacher_cache/launch.h"
 #include "teacher_cache/tokenize.h"
@@ -160,6 +162,10 @@ static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
                       cfg.worker_index, cfg.worker_count, nproc);
         st = tkd_error_hint(TKD_ERR_CONFIG, "leave them out: the launcher gives each worker its index");
     }
+    /* Made and marked here, before the workers start: workers that all find the directory new at
+     * once would each see the others' first files in it, not yet marked, and refuse it. */
+    if (st == TKD_OK)
+        st = tkd_owned_dir_claim(&tkd_dump_dir_kind, cfg.output_dir);
     int rc = 0;
     if (st == TKD_OK)
         st = tkd_signals_install();

@@ -276,7 +276,9 @@ static void test_nproc_failing_worker_stops_the_others(void **state)
     setenv("TKD_DUMP_TEST_STALL_AFTER_BATCHES", "1", 1); /* inherited: spawn passes one variable */
     pid_t pid = spawn_out(&c, "launch", "TKD_DUMP_TEST_FAIL_RANK=1", (const char *[]){"--nproc-per-node", "2", NULL});
     unsetenv("TKD_DUMP_TEST_STALL_AFTER_BATCHES");
-    assert_int_equal(tkd_test_wait_timeout(pid, 120.0), 3);
+    int rc = tkd_test_wait_timeout(pid, 120.0);
+    if (rc != 3)
+        fail_msg("exit %d, not 3:\n%s", rc, child_err(c.dir, "launch"));
     pid_t pids[2];
     launched_pids(c.dir, "launch", pids);
     char want[96];
