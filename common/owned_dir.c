@@ -25,6 +25,15 @@ static bool is_dot(const char *name)
     return !strcmp(name, ".") || !strcmp(name, "..");
 }
 
+/* The marker's temporary (tkd_file_write_atomic's "<marker>.tmp-XXXXXX"): another process claiming
+ * the same new directory at this moment (workers started together), or a claim that died half-way.
+ * Either way the directory is still as good as empty. */
+static bool is_marker_temp(const tkd_dir_kind *k, const char *name)
+{
+    size_t n = strlen(k->marker);
+    return strncmp(name, k->marker, n) == 0 && strncmp(name + n, ".tmp-", 5) == 0;
+}
+
 /* True when dir/name is a file beginning with text (an old version's signature). */
 static bool begins_with(const char *dir, const char *name, const char *text)
 {
@@ -57,7 +66,7 @@ static tkd_status scan(const tkd_dir_kind *k, const char *dir, dir_scan *s)
                              dir, strerror(errno));
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (is_dot(e->d_name))
+        if (is_dot(e->d_name) || is_marker_temp(k, e->d_name))
             continue;
         s->empty = false;
         if (!strcmp(e->d_name, k->marker))

@@ -9,7 +9,9 @@
  * A directory without the marker is taken into use only when it is empty, or when it was made by a
  * version of topkd from before markers: it holds nothing but the kind's names, and one of its files
  * (kind->sign_name) begins with the text that version wrote there (kind->sign_text). It gets its
- * marker then. Anything else — a user's folder, another tool's output — is refused.
+ * marker then. Anything else — a user's folder, another tool's output — is refused. The marker's own
+ * temporary file does not count: processes started together on a new directory (one worker per GPU)
+ * all take it, whichever writes its marker first.
  *
  * These checks are about ownership, not about concurrency: the caller holds the directory's lock
  * (common/dir_lock.h) before it removes anything.

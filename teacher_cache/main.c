@@ -162,8 +162,8 @@ static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
                       cfg.worker_index, cfg.worker_count, nproc);
         st = tkd_error_hint(TKD_ERR_CONFIG, "leave them out: the launcher gives each worker its index");
     }
-    /* Made and marked here, before the workers start: workers that all find the directory new at
-     * once would each see the others' first files in it, not yet marked, and refuse it. */
+    /* Made and marked once here, before the workers start: a directory that is not a cache is
+     * refused with one error instead of one per worker. */
     if (st == TKD_OK)
         st = tkd_owned_dir_claim(&tkd_dump_dir_kind, cfg.output_dir);
     int rc = 0;

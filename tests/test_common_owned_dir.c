@@ -33,6 +33,12 @@ static void test_claim(void **state)
     assert_int_equal(tkd_mkdir_p(at(dir, "empty")), TKD_OK);
     assert_int_equal(tkd_owned_dir_claim(&kind, at(dir, "empty")), TKD_OK);
     assert_true(tkd_file_exists(at(dir, "empty/.mark")));
+    /* another process's marker half-written (workers started together on a new directory): still
+     * as good as empty */
+    assert_int_equal(tkd_mkdir_p(at(dir, "racing")), TKD_OK);
+    tkd_test_write_text(at(dir, "racing/.mark.tmp-Ab12Cd"), "A thing");
+    assert_int_equal(tkd_owned_dir_claim(&kind, at(dir, "racing")), TKD_OK);
+    assert_true(tkd_file_exists(at(dir, "racing/.mark")));
     /* a marked directory stays claimable whatever else it holds (writing removes nothing) */
     tkd_test_write_text(at(dir, "empty/notes.txt"), "mine");
     assert_int_equal(tkd_owned_dir_claim(&kind, at(dir, "empty")), TKD_OK);
