@@ -412,13 +412,17 @@ static tkd_status check_compute_args(const dump_ctx *c)
     return TKD_OK;
 }
 
-/* The GPU of this process on its node: LOCAL_RANK or SLURM_LOCALID when a launcher set them. */
+/* The GPU of this process on its node: LOCAL_RANK or SLURM_LOCALID when a launcher set them,
+ * counted among the GPUs this process sees. */
 static int local_gpu(void)
 {
     const char *v = getenv("LOCAL_RANK");
     if (!v)
         v = getenv("SLURM_LOCALID");
-    return v ? atoi(v) : 0;
+    int gpu = v ? atoi(v) : 0, n = tkd_backend_cuda_devices();
+    /* a launcher that gives each task only its own GPU (srun --gpus-per-task=1,
+     * CUDA_VISIBLE_DEVICES of one device) leaves fewer GPUs visible than the local rank counts */
+    return n > 0 && gpu >= n ? gpu % n : gpu;
 }
 
 /* The identity of an in-memory teacher: its parameter list (names, shapes) and init seed. */
