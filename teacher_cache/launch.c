@@ -57,8 +57,16 @@ static void exec_worker(int i, int n, pid_t launcher, int argc, char **argv)
     /* The launcher may have died before prctl: then nobody would forward a signal. */
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher)
         _exit(127);
+    /* The launcher forked with SIGINT/SIGTERM blocked: a signal forwarded before this point stays
+     * pending and, now that the default action is back, ends the worker instead of running the
+     * launcher's handler in the child and being lost at exec. */
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigprocmask(SIG_UNBLOCK, &stop, NULL);
     char num[16];
     snprintf(num, sizeof num, "%d", i);
     setenv("RANK", num, 1);
@@ -141,11 +149,17 @@ tkd_status tkd_launch_workers(int n, int argc, char **argv, double grace_s, int 
         return tkd_error_set(TKD_ERR_NOMEM, "--nproc-per-node: out of memory");
     pid_t self = getpid();
     tkd_status st = TKD_OK;
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
     for (int i = 0; i < n && !tkd_interrupted(); i++) {
         fflush(NULL);
+        sigprocmask(SIG_BLOCK, &stop, &old); /* no signal between fork and the child's reset */
         pid_t pid = fork();
         if (pid == 0)
             exec_worker(i, n, self, argc, argv);
+        sigprocmask(SIG_SETMASK, &old, NULL);
         if (pid < 0) {
             st = tkd_error_set(TKD_ERR_IO, "--nproc-per-node: cannot start worker %d of %d: %s", i, n, strerror(errno));
             *exit_code = 1;
