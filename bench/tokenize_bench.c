@@ -173,7 +173,7 @@ int main(int argc, char **argv)
     }
     if (ntoks == 0) {
         toks[ntoks++] = TKD_BENCH_SOURCE_DIR "/tests/fixtures/tokenizer/gpt2";
-        toks[ntoks++] = TKD_BENCH_SOURCE_DIR "/tests/fixtures/tokenizer/qwen3";
+        toks[ntoks++] = TKD_BENCH_BINARY_DIR "/fixtures/tokenizer/qwen3";
         if (tkd_file_exists(TKD_BENCH_BINARY_DIR "/fixtures/llama3/tokenizer.json"))
             toks[ntoks++] = TKD_BENCH_BINARY_DIR "/fixtures/llama3";
     }

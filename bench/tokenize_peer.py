@@ -56,7 +56,8 @@ def main():
     texts, total = pieces(files)
     print(f"tokenize_peer: tokenizers {tokenizers.__version__}, {len(files)} texts ({len(texts)} pieces), "
           f"{total} bytes, {args.reps} reps, {os.cpu_count()} CPUs")
-    dirs = [os.path.join(ROOT, "tests", "fixtures", "tokenizer", d) for d in ("gpt2", "qwen3")] + [args.llama3]
+    dirs = [os.path.join(ROOT, "tests", "fixtures", "tokenizer", "gpt2"),
+            os.path.join(ROOT, "build", "fixtures", "tokenizer", "qwen3")] + [args.llama3]  # qwen3: unpacked by CMake
     for d in dirs:
         path = os.path.join(d, "tokenizer.json")
         if not os.path.exists(path):

@@ -20,7 +20,7 @@
 #include "tests/testutil.h"
 
 #define BIN TKD_BINARY_DIR "/bin/teacher-dump"
-#define QWEN3 TKD_SOURCE_DIR "/tests/fixtures/tokenizer/qwen3"
+#define QWEN3 TKD_BINARY_DIR "/fixtures/tokenizer/qwen3" /* unpacked by CMake */
 #define QWEN3_EOS 151645 /* <|im_end|>, tokenizer_config.json's eos_token */
 
 static const char *tmp(const char *name)

@@ -17,6 +17,9 @@
 #include "formats/tokenizer_internal.h"
 #include "tests/testutil.h"
 
+/* unpacked by CMake from tests/fixtures/tokenizer/qwen3.tar.xz (the JSON is 11 MB) */
+#define QWEN3_DIR TKD_BINARY_DIR "/fixtures/tokenizer/qwen3"
+
 /* ---- parity on the committed fixtures ---------------------------------------------------------- */
 
 static tkd_tokenizer *load_ok(const char *path)
@@ -97,7 +100,7 @@ static void test_parity_gpt2(void **state)
 static void test_parity_qwen3(void **state)
 {
     (void)state;
-    check_refs(tkd_test_src("fixtures/tokenizer/qwen3"), "qwen3"); /* a directory: its tokenizer.json */
+    check_refs(QWEN3_DIR, "qwen3"); /* a directory: its tokenizer.json */
 }
 
 /* Llama 3's files are fetched, not committed (fixtures/tokenizer/README.md): skipped without them. */
@@ -121,7 +124,7 @@ static void test_real_specials(void **state)
 {
     (void)state;
     const uint32_t *ids;
-    tkd_tokenizer *q = load_ok(tkd_test_src("fixtures/tokenizer/qwen3"));
+    tkd_tokenizer *q = load_ok(QWEN3_DIR);
     assert_int_equal(tkd_tokenizer_vocab_size(q), 151669);
     assert_int_equal(tkd_tokenizer_token_id(q, "<|endoftext|>"), 151643);
     assert_int_equal(tkd_tokenizer_token_id(q, "Ġthe"), 279);
@@ -156,7 +159,7 @@ static size_t decode_ids(const tkd_tokenizer *tok, const tkd_token_ids *ids, cha
 static void test_decode_round_trip(void **state)
 {
     (void)state;
-    tkd_tokenizer *tok = load_ok(tkd_test_src("fixtures/tokenizer/qwen3"));
+    tkd_tokenizer *tok = load_ok(QWEN3_DIR);
     tkd_tokenizer_ctx *ctx = NULL;
     assert_int_equal(tkd_tokenizer_ctx_create(tok, &ctx), TKD_OK);
     const char *files[] = {"00-english.txt", "01-code.txt", "04-cjk.txt", "05-emoji.txt", "11-long_runs.txt"};
@@ -245,7 +248,7 @@ static void test_nfc_stretches(void **state)
     static const uint32_t pool[] = {'a', 'e', 'o', 'A', ' ', '>', '=', 0x301, 0x300, 0x308, 0x323, 0x302, 0x338,
                                     0x1100, 0x1161, 0x11A8, 0xAC00, 0xE9, 0xC5, 0x212B, 0x2126, 0xF900, 0x4E2D,
                                     0x304B, 0x3099, 0x0B47, 0x0B3E, 0x1E9B, 0xFB01, 0x0344, 0x2000, 0x1F600};
-    tkd_tokenizer *tok = load_ok(tkd_test_src("fixtures/tokenizer/qwen3"));
+    tkd_tokenizer *tok = load_ok(QWEN3_DIR);
     tkd_tokenizer_ctx *ctx = NULL;
     assert_int_equal(tkd_tokenizer_ctx_create(tok, &ctx), TKD_OK);
     uint64_t x = 0x9E3779B97F4A7C15ull;
