@@ -688,7 +688,8 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
         st = m->be->op->alloc(m->be, sizeof(int32_t) * (size_t)nb * nt, "model: tokens", (void **)&a->tokens);
     if (st != TKD_OK) {
         free_acts(m);
-        return tkd_error_hint(st, "lower the batch size or the sequence length");
+        /* device allocations already say what to lower (cuda_mem); host ones do not */
+        return st == TKD_ERR_NOMEM ? tkd_error_hint(st, "lower the batch size or the sequence length") : st;
     }
     a->cap_b = nb;
     a->cap_t = nt;
