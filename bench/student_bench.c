@@ -3,9 +3,10 @@
  * For each shape (random weights from tkd_model_init_random_for_training, no checkpoint) with B
  * sequences of T random tokens and one host teacher batch (top-100 distinct ids per position in
  * decreasing order of a random logit, an LSE a little above their log-sum-exp, labels = each row's
- * teacher top-1; renorm, alpha 0.5, tau 1, recompute mode — the defaults of student-train), one step
- * is what student_train/train.c's train_step does with grad_accum 1: zero grads, kl_stage, model
- * forward (training), kl_forward + kl_backward, model backward, clip to 1.0, AdamW. Two warm-up
+ * teacher top-1; renorm, alpha 0.5, tau 1, the gradient made in the loss's forward — the defaults
+ * of student-train), one step is what student_train/train.c's train_step does with grad_accum 1:
+ * zero grads, kl_stage, model forward (training), kl_forward (+ kl_backward with --kd-recompute),
+ * model backward, clip to 1.0, AdamW. Two warm-up
  * steps, then --steps timed steps, each ending with a device sync (host wall clock around them).
  *
  * Columns: tokens/s and step ms (mean of the timed steps); MFU = (6·N_params + 12·L·T·D)·tokens/s
@@ -17,9 +18,12 @@
  * (model backward), opt (zero grads + clip + AdamW); and the loss of the last step.
  *
  *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5] [--recompute]
+ *                 [--kd-recompute]
  *
  * --recompute: activation recomputation (train.recompute: full): only each block's input is kept,
  * backward recomputes the rest (memory down, about one forward more of compute).
+ * --kd-recompute: the loss as kd.grad_in_forward: false does it (the logits chunk made again in
+ * kl_backward: 4 GEMMs instead of 3).
  */
 #include <math.h>
 #include <stdint.h>
@@ -173,8 +177,12 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     tkd_kl_result r;
     const void *w = tkd_model_lm_head_dev(c->m);
     float *dw = tkd_model_lm_head_grad(c->m);
-    TKD_TRY(op->kl_forward(c->be, c->kl, &c->kp, hidden, w, &r, NULL, NULL));
-    TKD_TRY(op->kl_backward(c->be, c->kl, &c->kp, hidden, w, 1.0f, c->dh, dw));
+    if (c->kp.grad_in_forward) {
+        TKD_TRY(op->kl_forward(c->be, c->kl, &c->kp, hidden, w, &r, c->dh, dw));
+    } else {
+        TKD_TRY(op->kl_forward(c->be, c->kl, &c->kp, hidden, w, &r, NULL, NULL));
+        TKD_TRY(op->kl_backward(c->be, c->kl, &c->kp, hidden, w, 1.0f, c->dh, dw));
+    }
     TKD_TRY(lap(c, split, &t, &sp->loss));
     if (!isfinite(r.loss))
         return tkd_error_set(TKD_ERR_NUMERIC, "the loss is %g at step %lld", r.loss, (long long)c->step + 1);
@@ -192,6 +200,7 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
 }
 
 static int g_recompute;
+static int g_kd_recompute; /* the loss in recompute mode (kd.grad_in_forward: false) */
 
 static int run_one(const run_spec *r, int steps)
 {
@@ -215,7 +224,7 @@ static int run_one(const run_spec *r, int steps)
     c.kp.variant = TKD_KL_VARIANT_RENORM;
     c.kp.temperature = 1.0f;
     c.kp.alpha = 0.5f;
-    c.kp.grad_in_forward = 0;
+    c.kp.grad_in_forward = !g_kd_recompute;
     if (tkd_kl_validate(&c.kp, &c.kb) != TKD_OK)
         return die("teacher batch");
 
@@ -282,8 +291,10 @@ int main(int argc, char **argv)
             steps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--recompute")) {
             g_recompute = 1;
+        } else if (!strcmp(argv[i], "--kd-recompute")) {
+            g_kd_recompute = 1;
         } else {
-            fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5]\n");
+            fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] [--recompute] [--kd-recompute]\n");
             return 2;
         }
     }

@@ -47,7 +47,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_FLOAT(T, kd_alpha, "kd.alpha", "0.5", 0, 1, "KD weight: loss = alpha*KD + (1-alpha)*CE; 0 = CE only"),
     TKD_CFG_INT(T, kd_topk, "kd.topk", "0", 0, 65535, "Use the first k' stored teacher tokens; 0 = all k"),
     TKD_CFG_INT(T, kd_chunk_size, "kd.chunk_size", "0", 0, 1 << 24, "Rows per chunk of the fused LM-head + loss; 0 = automatic"),
-    TKD_CFG_BOOL(T, kd_grad_in_forward, "kd.grad_in_forward", "false", "Make LM-head gradients during forward (3 GEMMs instead of 4; ablation switch)"),
+    TKD_CFG_BOOL(T, kd_grad_in_forward, "kd.grad_in_forward", "true", "Make the LM-head gradients in the loss's forward pass (3 GEMMs per chunk); false makes the logits again in backward (4)"),
 
     TKD_CFG_FLOAT(T, lr, "optim.lr", "3e-3", 0, 10, "Peak learning rate"),
     TKD_CFG_FLOAT(T, min_lr, "optim.min_lr", "3e-4", 0, 10, "Learning rate at the end of the cosine decay"),
