@@ -26,7 +26,7 @@
  *            failure).
  *
  * The rule, per gradient row (dq: one (b, query head, t); dk, dv: one (b, kv head, t)) of dh elements,
- * e = ‖row − ref64 row‖₂, and per tensor with e² summed over its rows:
+ * e = ‖row − ref64 row‖₂:
  *       e_impl ≤ K·e_emul + floor,   K = 2,   floor = FLOOR_ULPS·u·(rss(t) + ‖ref64 row‖) + rss(f),  u = 2^-8,
  * over the row's terms: dq_i: t_j = c·|P_ij·(dP_ij − D_i)|·‖k_j‖ (what rounding dS_ij can move),
  * f_j = c·FP32_DOT·P_ij·‖dy_i‖·(‖v_j‖ + ‖y_i‖)·‖k_j‖ (what fp32 dot products can move dP − D by: row
@@ -446,11 +446,6 @@ static int report(const refctx *r, int impl)
     int bad = 0;
     for (int x = 0; x < 3; x++) {
         const tally *t = &r->tl[impl][x];
-        if (!(t->e2_impl <= K_RULE * K_RULE * t->e2_emul)) { /* the rule over the whole tensor, no floor */
-            bad = 1;
-            printf("  %s %s: error norm over the tensor %.3g > %.0f x the emulation's %.3g\n", kImpl[impl], kNames[x],
-                   sqrt(t->e2_impl), K_RULE, sqrt(t->e2_emul));
-        }
         if (t->n_bad == 0)
             continue;
         bad = 1;
