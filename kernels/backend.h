@@ -7,8 +7,8 @@
  * ops_bwd_cuda.h, attn_cuda.h, attn_cudnn.h, attn_bwd_simple_cuda.h, kl_loss_cuda.h, topk_cuda.h).
  * Besides the layer ops it carries what a training step needs: the fused KL loss, AdamW over a
  * segment table, the gradient norm and scale; and two timing marks, through which
- * kernels/backend_profile.h's wrapper times every op of another backend. The tools open a backend once (tkd_backend_open, the
- * one place `device: auto` is resolved) and name no backend's functions.
+ * kernels/backend_profile.h's wrapper times every op of another backend. The tools open a backend
+ * once (tkd_backend_open, the one place `device: auto` is resolved) and name no backend's functions.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
  * CUDA) unless its comment says host. Three element types appear in the signatures:

@@ -169,7 +169,10 @@ static void prof_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
     prof_of(be)->inner->op->adamw_free(prof_of(be)->inner, a);
 }
 
-static void prof_kl_free(tkd_backend *be, tkd_backend_kl *kl) { prof_of(be)->inner->op->kl_free(prof_of(be)->inner, kl); }
+static void prof_kl_free(tkd_backend *be, tkd_backend_kl *kl)
+{
+    prof_of(be)->inner->op->kl_free(prof_of(be)->inner, kl);
+}
 
 static tkd_status prof_mark(tkd_backend *be, int64_t i) { return prof_of(be)->inner->op->mark(prof_of(be)->inner, i); }
 

@@ -86,7 +86,7 @@
 #define U_BF16 (1.0 / 256.0) /* bf16's unit roundoff: round-to-nearest errs by at most 2^-8·|x| */
 #define K_RULE 2.0           /* see the file comment */
 #define FLOOR_ULPS 2.0       /* see the file comment */
-#define FP32_DOT 0x1p-14      /* fp32 dot products of dh ≤ 128 bf16 pairs err by ≤ dh·2^-24 = 2^-17 of Σ|aᵢbᵢ| ≤ ‖a‖‖b‖: 8× */
+#define FP32_DOT 0x1p-14      /* an fp32 dot of dh ≤ 128 bf16 pairs errs by ≤ dh·2^-24 = 2^-17 of ‖a‖‖b‖: 8× that */
 #define GUARD 4096           /* NaN elements after each cuDNN gradient that must stay NaN */
 #define NWORST 5             /* rows printed per tensor on failure */
 
@@ -215,7 +215,8 @@ static uint16_t *fetch(const uint16_t *d, int64_t n, const char *impl, const cha
 static void gpu_run(inputs *in, const bcase *c, uint16_t *got[NIMPL][3])
 {
     const int64_t n3[3] = {in->nq, in->nkv, in->nkv};
-    uint16_t *q = tkd_test_dev_alloc(2 * in->nq), *dy = tkd_test_dev_alloc(2 * in->nq), *y = tkd_test_dev_alloc(2 * in->nq);
+    uint16_t *q = tkd_test_dev_alloc(2 * in->nq), *dy = tkd_test_dev_alloc(2 * in->nq);
+    uint16_t *y = tkd_test_dev_alloc(2 * in->nq);
     uint16_t *k = tkd_test_dev_alloc(2 * in->nkv), *v = tkd_test_dev_alloc(2 * in->nkv), *g[3];
     float *lse = tkd_test_dev_alloc(4 * in->nl);
     tkd_test_to_dev(q, in->qb, 2 * in->nq), tkd_test_to_dev(dy, in->dyb, 2 * in->nq);
