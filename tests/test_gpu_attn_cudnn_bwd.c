@@ -104,11 +104,10 @@ typedef struct bcase {
     uint64_t seed;
 } bcase;
 
-/* The bf16 inputs as floats and bits, y from the GPU forward (as floats), row norms. */
+/* The bf16 inputs (t), y from the GPU forward (as floats), row norms. */
 typedef struct inputs {
-    int64_t nq, nkv, nl;
-    float *q, *k, *v, *dy, *y; // (B·T, H·dh), (B·T, Hkv·dh) ×2, (B·T, H·dh) ×2
-    uint16_t *qb, *kb, *vb, *dyb;
+    tkd_test_attn_in t;
+    float *y;                          // (B·T, H·dh)
     double *nq_, *nk_, *nv, *ndy, *ny; // ‖q‖, ‖dy‖, ‖y‖ (B·T·H), ‖k‖, ‖v‖ (B·T·Hkv) per dh-row
 } inputs;
 
@@ -162,28 +161,19 @@ static double *norms_of(const float *x, int64_t rows, int dh)
 
 static void inputs_make(inputs *in, const bcase *c)
 {
-    in->nq = (int64_t)c->B * c->T * c->H * c->dh;
-    in->nkv = (int64_t)c->B * c->T * c->Hkv * c->dh;
-    in->nl = (int64_t)c->B * c->H * c->T;
-    in->q = tkd_test_xmalloc(4 * in->nq), in->dy = tkd_test_xmalloc(4 * in->nq), in->y = tkd_test_xmalloc(4 * in->nq);
-    in->k = tkd_test_xmalloc(4 * in->nkv), in->v = tkd_test_xmalloc(4 * in->nkv);
-    in->qb = tkd_test_xmalloc(2 * in->nq), in->dyb = tkd_test_xmalloc(2 * in->nq);
-    in->kb = tkd_test_xmalloc(2 * in->nkv), in->vb = tkd_test_xmalloc(2 * in->nkv);
-    tkd_test_fill_bf16(in->q, in->qb, in->nq, c->seed * 5 + 1, c->std);
-    tkd_test_fill_bf16(in->k, in->kb, in->nkv, c->seed * 5 + 2, c->std);
-    tkd_test_fill_bf16(in->v, in->vb, in->nkv, c->seed * 5 + 3, 1.0f);
-    tkd_test_fill_bf16(in->dy, in->dyb, in->nq, c->seed * 5 + 4, 1.0f);
-    in->nq_ = norms_of(in->q, in->nq / c->dh, c->dh);
-    in->ndy = norms_of(in->dy, in->nq / c->dh, c->dh);
-    in->nk_ = norms_of(in->k, in->nkv / c->dh, c->dh);
-    in->nv = norms_of(in->v, in->nkv / c->dh, c->dh);
+    tkd_test_attn_in_make(&in->t, c->B, c->T, c->H, c->Hkv, c->dh, c->std, c->seed);
+    in->y = tkd_test_xmalloc(sizeof(float) * in->t.nq);
+    in->ny = NULL; /* gpu_run: the norms of the GPU forward's y */
+    in->nq_ = norms_of(in->t.q, in->t.nq / c->dh, c->dh);
+    in->ndy = norms_of(in->t.dy, in->t.nq / c->dh, c->dh);
+    in->nk_ = norms_of(in->t.k, in->t.nkv / c->dh, c->dh);
+    in->nv = norms_of(in->t.v, in->t.nkv / c->dh, c->dh);
 }
 
 static void inputs_free(inputs *in)
 {
-    free(in->q), free(in->k), free(in->v), free(in->dy), free(in->y);
-    free(in->qb), free(in->kb), free(in->vb), free(in->dyb);
-    free(in->nq_), free(in->nk_), free(in->nv), free(in->ndy), free(in->ny);
+    tkd_test_attn_in_free(&in->t);
+    free(in->y), free(in->nq_), free(in->nk_), free(in->nv), free(in->ndy), free(in->ny);
 }
 
 /* ---- the GPU side ------------------------------------------------------------------------ */
@@ -214,25 +204,25 @@ static uint16_t *fetch(const uint16_t *d, int64_t n, const char *impl, const cha
  * bit for bit. y (as floats) into in->y. */
 static void gpu_run(inputs *in, const bcase *c, uint16_t *got[NIMPL][3])
 {
-    const int64_t n3[3] = {in->nq, in->nkv, in->nkv};
-    uint16_t *q = tkd_test_dev_alloc(2 * in->nq), *dy = tkd_test_dev_alloc(2 * in->nq);
-    uint16_t *y = tkd_test_dev_alloc(2 * in->nq);
-    uint16_t *k = tkd_test_dev_alloc(2 * in->nkv), *v = tkd_test_dev_alloc(2 * in->nkv), *g[3];
-    float *lse = tkd_test_dev_alloc(4 * in->nl);
-    tkd_test_to_dev(q, in->qb, 2 * in->nq), tkd_test_to_dev(dy, in->dyb, 2 * in->nq);
-    tkd_test_to_dev(k, in->kb, 2 * in->nkv), tkd_test_to_dev(v, in->vb, 2 * in->nkv);
+    const int64_t n3[3] = {in->t.nq, in->t.nkv, in->t.nkv};
+    uint16_t *q = tkd_test_dev_alloc(2 * in->t.nq), *dy = tkd_test_dev_alloc(2 * in->t.nq);
+    uint16_t *y = tkd_test_dev_alloc(2 * in->t.nq);
+    uint16_t *k = tkd_test_dev_alloc(2 * in->t.nkv), *v = tkd_test_dev_alloc(2 * in->t.nkv), *g[3];
+    float *lse = tkd_test_dev_alloc(4 * in->t.nl);
+    tkd_test_to_dev(q, in->t.qb, 2 * in->t.nq), tkd_test_to_dev(dy, in->t.dyb, 2 * in->t.nq);
+    tkd_test_to_dev(k, in->t.kb, 2 * in->t.nkv), tkd_test_to_dev(v, in->t.vb, 2 * in->t.nkv);
     tkd_status st = tkd_cudnn_attn_fwd(g_attn, q, k, v, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
     if (st == TKD_ERR_UNSUPPORTED) {
         printf("  (cuDNN forward refused, flash forward used: %s)\n", tkd_error_msg());
         st = tkd_cuda_attn_fwd(q, k, v, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
     }
     tkd_test_ok(st, "attention forward");
-    uint16_t *yh = tkd_test_xmalloc(2 * in->nq);
-    tkd_test_to_host(yh, y, 2 * in->nq, NULL);
-    for (int64_t i = 0; i < in->nq; i++)
+    uint16_t *yh = tkd_test_xmalloc(2 * in->t.nq);
+    tkd_test_to_host(yh, y, 2 * in->t.nq, NULL);
+    for (int64_t i = 0; i < in->t.nq; i++)
         in->y[i] = tkd_bf16_to_f32(yh[i]);
     free(yh);
-    in->ny = norms_of(in->y, in->nq / c->dh, c->dh);
+    in->ny = norms_of(in->y, in->t.nq / c->dh, c->dh);
     for (int x = 0; x < 3; x++)
         g[x] = tkd_test_dev_alloc(2 * (n3[x] + GUARD));
     tkd_cuda_attn_bwd_ws *ws = NULL;
@@ -312,12 +302,12 @@ static void query_row(refctx *r, int b, int h, int g, int i)
     const inputs *in = r->in;
     const int dh = c->dh;
     const double sc = 1.0 / sqrt((double)dh);
-    const float *qi = row_of(in->q, c, c->H, b, i, h), *dyi = row_of(in->dy, c, c->H, b, i, h);
+    const float *qi = row_of(in->t.q, c, c->H, b, i, h), *dyi = row_of(in->t.dy, c, c->H, b, i, h);
     const int64_t qr = ((int64_t)b * c->T + i) * c->H + h; /* row of (B·T, H) */
     double m = -INFINITY, sum = 0, dref = 0, tq2 = 0, fq2 = 0;
     for (int j = 0; j <= i; j++) {
-        r->s[j] = dot64(qi, row_of(in->k, c, c->Hkv, b, j, g), dh) * sc;
-        r->dp[j] = dot64(dyi, row_of(in->v, c, c->Hkv, b, j, g), dh);
+        r->s[j] = dot64(qi, row_of(in->t.k, c, c->Hkv, b, j, g), dh) * sc;
+        r->dp[j] = dot64(dyi, row_of(in->t.v, c, c->Hkv, b, j, g), dh);
         m = fmax(m, r->s[j]);
     }
     for (int j = 0; j <= i; j++)
@@ -333,7 +323,7 @@ static void query_row(refctx *r, int b, int h, int g, int i)
         const double ds = p * (r->dp[j] - dref), ds_o = bf16r(ds_u), ds_c = bf16r(sc * ds_u);
         /* the sizes the floor is made of (file comment): dS's own (its rounding) and fp32's in dP − D */
         const double t = sc * fabs(ds_u), f = sc * FP32_DOT * p * in->ndy[qr] * (in->nv[kr] + in->ny[qr]);
-        const float *kj = row_of(in->k, c, c->Hkv, b, j, g);
+        const float *kj = row_of(in->t.k, c, c->Hkv, b, j, g);
         double *dk0 = r->dk[0] + (int64_t)j * dh, *dk1 = r->dk[1] + (int64_t)j * dh, *dk2 = r->dk[2] + (int64_t)j * dh;
         double *dv0 = r->dv[0] + (int64_t)j * dh, *dv1 = r->dv[1] + (int64_t)j * dh, *dv2 = r->dv[2] + (int64_t)j * dh;
         for (int d = 0; d < dh; d++) {
