@@ -18,12 +18,18 @@
  * (model backward), opt (zero grads + clip + AdamW); and the loss of the last step.
  *
  *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5] [--recompute]
- *                 [--kd-recompute]
+ *                 [--kd-recompute] [--profile]
  *
  * --recompute: activation recomputation (train.recompute: full): only each block's input is kept,
  * backward recomputes the rest (memory down, about one forward more of compute).
  * --kd-recompute: the loss as kd.grad_in_forward: false does it (the logits chunk made again in
  * kl_backward: 4 GEMMs instead of 3).
+ * --profile: after the split step, two more steps through kernels/backend_profile.h's wrapper (CUDA
+ * events around every backend op on the compute stream, read back after the step: no sync per op;
+ * the first step makes the marks' storage, the second is reported),
+ * and after the main table one table per shape: per op name its group, calls, total ms, ms per step
+ * and % of the step's wall time (host clock around the step, which ends with a device sync), most
+ * time first; then the ops' sum and the rest of the step (host work between ops, launch gaps).
  */
 #include <math.h>
 #include <stdint.h>
@@ -38,6 +44,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
+#include "kernels/backend_profile.h"
 #include "kernels/kl_loss.h"
 #include "bench/bench_util.h"
 #include "model/model.h"
@@ -201,6 +208,59 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
 
 static int g_recompute;
 static int g_kd_recompute; /* the loss in recompute mode (kd.grad_in_forward: false) */
+static FILE *g_prof;     /* --profile: the per-shape tables, printed after the main one */
+static char *g_prof_buf;
+static size_t g_prof_len;
+
+/* Which part of the step an op belongs to, for the profile table. */
+static const char *op_group(const char *op)
+{
+    static const struct { const char *prefix, *group; } g[] = {
+        {"attn_", "attention"}, {"linear_", "linear"}, {"kl_", "KL loss"}, {"adamw_", "optimizer"},
+        {"grad_", "optimizer"}, {"rmsnorm_", "norm"}, {"add_rmsnorm_", "norm"}, {"embedding_", "embedding"},
+        {"rope_", "rope"}, {"swiglu_", "swiglu"},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        if (!strncmp(op, g[i].prefix, strlen(g[i].prefix)))
+            return g[i].group;
+    return "memory/sync";
+}
+
+/* Two steps with the backend wrapped by the profiler (the model's, the optimizer's and ours swapped
+ * for them), the first to make the wrapper's and the backend's mark storage, the second measured:
+ * its table into g_prof. */
+static tkd_status profile_step(bench_ctx *c, const char *shape)
+{
+    tkd_backend *bare = c->be, *prof = NULL;
+    TKD_TRY(tkd_backend_profile_wrap(bare, &prof));
+    c->be = c->m->be = c->opt->be = prof;
+    split_ms sp;
+    tkd_status st = step_once(c, 0, &sp);
+    tkd_backend_profile_reset(prof);
+    double t0 = bench_now_s();
+    if (st == TKD_OK)
+        st = step_once(c, 0, &sp);
+    double step_ms = (bench_now_s() - t0) * 1e3, sum = 0.0;
+    c->be = c->m->be = c->opt->be = bare;
+    tkd_profile_row rows[TKD_PROFILE_OPS];
+    int n = 0;
+    if (st == TKD_OK)
+        st = tkd_backend_profile_report(prof, rows, &n);
+    tkd_backend_close(prof);
+    TKD_TRY(st);
+    fprintf(g_prof, "\nProfile of one %s step (%.1f ms wall):\n\n"
+                    "| op | group | calls | total ms | ms per step | %% of step |\n|---|---|---:|---:|---:|---:|\n",
+            shape, step_ms);
+    for (int i = 0; i < n; i++) {
+        sum += rows[i].ms;
+        fprintf(g_prof, "| %s | %s | %lld | %.2f | %.2f | %.1f |\n", rows[i].op, op_group(rows[i].op),
+                (long long)rows[i].calls, rows[i].ms, rows[i].ms, 100.0 * rows[i].ms / step_ms);
+    }
+    fprintf(g_prof, "| (all ops) | | | %.2f | %.2f | %.1f |\n", sum, sum, 100.0 * sum / step_ms);
+    fprintf(g_prof, "| (outside ops: host, gaps) | | | %.2f | %.2f | %.1f |\n", step_ms - sum, step_ms - sum,
+            100.0 * (step_ms - sum) / step_ms);
+    return TKD_OK;
+}
 
 static int run_one(const run_spec *r, int steps)
 {
@@ -260,6 +320,8 @@ static int run_one(const run_spec *r, int steps)
     double mem = (double)(bench_used_bytes() - base) / 1073741824.0;
     if (step_once(&c, 1, &sp) != TKD_OK)
         return die("split step");
+    if (g_prof && profile_step(&c, r->s->name) != TKD_OK)
+        return die("profiled step");
 
     double tps = (double)N / (step_ms * 1e-3);
     double fpt = 6.0 * (double)c.m->n_params + 12.0 * cfg.num_hidden_layers * (double)r->T * cfg.hidden_size;
@@ -293,8 +355,11 @@ int main(int argc, char **argv)
             g_recompute = 1;
         } else if (!strcmp(argv[i], "--kd-recompute")) {
             g_kd_recompute = 1;
+        } else if (!strcmp(argv[i], "--profile")) {
+            if (!g_prof && !(g_prof = open_memstream(&g_prof_buf, &g_prof_len)))
+                return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
-            fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] [--recompute] [--kd-recompute]\n");
+            fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] [--recompute] [--kd-recompute] [--profile]\n");
             return 2;
         }
     }
@@ -306,6 +371,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         if (run_one(&rs[i], steps))
             return 1;
+    if (g_prof) {
+        fclose(g_prof);
+        fputs(g_prof_buf, stdout);
+        free(g_prof_buf);
+    }
     return 0;
 }
 

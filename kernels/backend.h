@@ -6,8 +6,9 @@
  * adamw.h) and CUDA (bf16 compute with fp32 accumulation: backend_cuda.cu over ops_cuda.h,
  * ops_bwd_cuda.h, attn_cuda.h, attn_cudnn.h, attn_bwd_simple_cuda.h, kl_loss_cuda.h, topk_cuda.h).
  * Besides the layer ops it carries what a training step needs: the fused KL loss, AdamW over a
- * segment table, the gradient norm and scale. The tools open a backend once (tkd_backend_open, the
- * one place `device: auto` is resolved) and name no backend's functions.
+ * segment table, the gradient norm and scale; and two timing marks, through which
+ * kernels/backend_profile.h's wrapper times every op of another backend. The tools open a backend
+ * once (tkd_backend_open, the one place `device: auto` is resolved) and name no backend's functions.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
  * CUDA) unless its comment says host. Three element types appear in the signatures:
@@ -179,6 +180,14 @@ typedef struct tkd_backend_ops {
      * dw += ∂(scale·loss)/∂w. */
     tkd_status (*kl_backward)(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p,
                               const void *h, const void *w, float scale, float *dh, float *dw);
+
+    /* ---- timing marks (for kernels/backend_profile.h; never a sync per mark) ---- */
+    /* Records mark i ≥ 0 after the work enqueued so far: CUDA an event recorded on the compute
+     * stream, CPU the monotonic clock. The backend keeps the marks (made at the first use of an
+     * index, freed with the backend); recording an index again replaces it. */
+    tkd_status (*mark)(tkd_backend *be, int64_t i);
+    /* *ms (host) = time from mark a to mark b, both recorded; waits for mark b. */
+    tkd_status (*mark_ms)(tkd_backend *be, int64_t a, int64_t b, double *ms);
 } tkd_backend_ops;
 
 struct tkd_backend {

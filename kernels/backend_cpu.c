@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/signals.h"
 #include "kernels/adamw.h"
@@ -20,6 +21,8 @@ typedef struct cpu_impl {
     int64_t *row_seq; // (chunk) tail-draw keys of the chunk's rows
     int32_t *row_pos; // (chunk)
     size_t rows_n;
+    double *marks;    // (marks_n) timing marks: CLOCK_MONOTONIC seconds
+    int64_t marks_n;
 } cpu_impl;
 
 static void cpu_close(tkd_backend *be)
@@ -28,6 +31,7 @@ static void cpu_close(tkd_backend *be)
     free(c->logits);
     free(c->row_seq);
     free(c->row_pos);
+    free(c->marks);
     free(c);
     free(be);
 }
@@ -371,6 +375,38 @@ static tkd_status cpu_kl_backward(tkd_backend *be, tkd_backend_kl *kl, const tkd
     return tkd_kl_cpu_backward(kl->ws, p, &kl->b, scale, dh, dw);
 }
 
+/* Mark i = the monotonic clock now (the ops before it have returned: they are synchronous). */
+static tkd_status cpu_mark(tkd_backend *be, int64_t i)
+{
+    cpu_impl *c = be->impl;
+    if (i < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "backend mark: index %lld", (long long)i);
+    if (i >= c->marks_n) { /* grows by doubling: a profiled step allocates a few times, then never */
+        int64_t n = c->marks_n ? c->marks_n : 256;
+        while (n <= i)
+            n *= 2;
+        double *m = realloc(c->marks, sizeof(double) * (size_t)n);
+        if (!m)
+            return tkd_error_set(TKD_ERR_NOMEM, "backend marks: out of memory for %lld", (long long)n);
+        c->marks = m;
+        c->marks_n = n;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    c->marks[i] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return TKD_OK;
+}
+
+static tkd_status cpu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
+{
+    cpu_impl *c = be->impl;
+    if (a < 0 || b < 0 || a >= c->marks_n || b >= c->marks_n)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "backend mark: %lld or %lld was never recorded", (long long)a,
+                             (long long)b);
+    *ms = (c->marks[b] - c->marks[a]) * 1e3;
+    return TKD_OK;
+}
+
 static const tkd_backend_ops cpu_ops = {
     .close = cpu_close,
     .alloc = cpu_alloc,
@@ -409,6 +445,8 @@ static const tkd_backend_ops cpu_ops = {
     .kl_stage = cpu_kl_stage,
     .kl_forward = cpu_kl_forward,
     .kl_backward = cpu_kl_backward,
+    .mark = cpu_mark,
+    .mark_ms = cpu_mark_ms,
 };
 
 tkd_status tkd_backend_cpu_open(tkd_backend **out)

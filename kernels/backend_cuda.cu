@@ -61,7 +61,7 @@ struct CudaImpl {
     void *blas_ws = nullptr;
     tkd_topk_cuda_ws *topk = nullptr;
     tkd_cudnn_attn *cudnn = nullptr;  /* cuDNN's fused attention; NULL where cuDNN is absent */
-    bool cudnn_bwd = false;            /* TKD_CUDNN_BWD=1: the backward through cuDNN too (opt-in) */
+    bool cudnn_bwd = true;             /* the backward through cuDNN too; TKD_CUDNN_BWD=0: our flash backward */
     tkd_cuda_attn_bwd_ws *attn_bwd_ws = nullptr; /* the flash backward's, sized for attn_bwd_rows */
     int64_t attn_bwd_rows = 0;
     int attn_bwd_dh = 0;
@@ -73,6 +73,8 @@ struct CudaImpl {
     Grow attn_delta;               // (B, H, T) f32: attention backward's δ
     double *norm2 = nullptr;       // (1) device: the gradient norm's sum of squares
     double *h_norm2 = nullptr;     // (1) pinned: its copy
+    cudaEvent_t *marks = nullptr;  // (marks_n) timing marks (backend.h's mark), made at first use
+    int64_t marks_n = 0;
 };
 
 CudaImpl *impl(tkd_backend *be) { return static_cast<CudaImpl *>(be->impl); }
@@ -123,6 +125,9 @@ void cu_close(tkd_backend *be)
         tkd_cuda_free(g->p);
     for (GrowHost *g : {&c->h_idx, &c->h_val, &c->h_lse, &c->h_tail})
         tkd_cuda_free_host(g->p);
+    for (int64_t i = 0; i < c->marks_n; i++)
+        (void)cudaEventDestroy(c->marks[i]); /* teardown: not actionable */
+    free(c->marks);
     if (c->copy)
         (void)cudaStreamSynchronize(c->copy);
     if (c->chunk_done)
@@ -358,10 +363,12 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
     return TKD_OK;
 }
 
-/* Our flash backward (deterministic, tensor cores) where it takes the head size, the simple
- * deterministic kernels elsewhere; with TKD_CUDNN_BWD=1, cuDNN's fused backward (deterministic
- * engines only) first: 1.09x / 1.27x faster student steps at 1B / 0.5B on an H200, but single
- * elements further from fp32 than ours (tests/test_gpu_attn_cudnn_bwd.c), so opt-in for now. */
+/* cuDNN's fused backward (deterministic engines only) first: 1.09x / 1.27x faster student steps at
+ * 1B / 0.5B on an H200, and as accurate as bf16 arithmetic in a flash backward allows, row by row
+ * against a float64 reference (tests/test_gpu_attn_cudnn_bwd.c, which holds ours to the same rule).
+ * Where cuDNN is absent, refuses the shape or TKD_CUDNN_BWD=0 is set: our flash backward
+ * (deterministic, tensor cores) where it takes the head size, the simple deterministic kernels
+ * elsewhere. */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
                        const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
 {
@@ -760,6 +767,49 @@ tkd_status cu_kl_backward(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_para
     return tkd_kl_cuda_backward(kl->ws, p, &kl->dev, scale, dh, dw);
 }
 
+/* ---- timing marks ---- */
+
+/* c->marks grown (by doubling) to hold index i, the new ones made as timing events. */
+tkd_status marks_fit(CudaImpl *c, int64_t i)
+{
+    if (i < c->marks_n)
+        return TKD_OK;
+    int64_t n = c->marks_n ? c->marks_n : 256;
+    while (n <= i)
+        n *= 2;
+    cudaEvent_t *m = static_cast<cudaEvent_t *>(realloc(c->marks, sizeof(cudaEvent_t) * (size_t)n));
+    if (!m)
+        return tkd_error_set(TKD_ERR_NOMEM, "backend marks: out of memory for %lld", (long long)n);
+    c->marks = m;
+    for (; c->marks_n < n; c->marks_n++)
+        TKD_CUDA_CHECK(cudaEventCreate(&c->marks[c->marks_n]));
+    return TKD_OK;
+}
+
+/* Mark i = an event recorded on the compute stream: read back only by cu_mark_ms. */
+tkd_status cu_mark(tkd_backend *be, int64_t i)
+{
+    CudaImpl *c = impl(be);
+    if (i < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "backend mark: index %lld", (long long)i);
+    TKD_TRY(marks_fit(c, i));
+    TKD_CUDA_CHECK(cudaEventRecord(c->marks[i], c->stream));
+    return TKD_OK;
+}
+
+tkd_status cu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
+{
+    CudaImpl *c = impl(be);
+    if (a < 0 || b < 0 || a >= c->marks_n || b >= c->marks_n)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "backend mark: %lld or %lld was never recorded", (long long)a,
+                             (long long)b);
+    float f = 0.0f;
+    TKD_CUDA_CHECK(cudaEventSynchronize(c->marks[b]));
+    TKD_CUDA_CHECK(cudaEventElapsedTime(&f, c->marks[a], c->marks[b]));
+    *ms = f;
+    return TKD_OK;
+}
+
 const tkd_backend_ops cuda_ops = {
     cu_close,
     cu_alloc, cu_free, cu_host_alloc, cu_host_free, cu_upload, cu_download, cu_upload_f32, cu_download_f32,
@@ -770,6 +820,7 @@ const tkd_backend_ops cuda_ops = {
     cu_lmhead_topk,
     cu_f32_to_act, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
+    cu_mark, cu_mark_ms,
 };
 
 tkd_status cuda_setup(CudaImpl *c)
@@ -786,7 +837,7 @@ tkd_status cuda_setup(CudaImpl *c)
     TKD_TRY(tkd_topk_cuda_ws_create(&c->topk));
     TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&c->norm2), sizeof(double), "gradient norm", nullptr));
     TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_norm2), sizeof(double), "gradient norm"));
-    c->cudnn_bwd = getenv("TKD_CUDNN_BWD") && !strcmp(getenv("TKD_CUDNN_BWD"), "1");
+    c->cudnn_bwd = !(getenv("TKD_CUDNN_BWD") && !strcmp(getenv("TKD_CUDNN_BWD"), "0"));
     if (!getenv("TKD_NO_CUDNN") && tkd_cudnn_attn_create(&c->cudnn) != TKD_OK) {
         c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
         tkd_error_clear();

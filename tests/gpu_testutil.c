@@ -68,6 +68,27 @@ void tkd_test_fill_bf16(float *x, uint16_t *xb, int64_t n, uint64_t seed, float 
     }
 }
 
+void tkd_test_attn_in_make(tkd_test_attn_in *in, int B, int T, int H, int Hkv, int dh, float std, uint64_t seed)
+{
+    in->nq = (int64_t)B * T * H * dh;
+    in->nkv = (int64_t)B * T * Hkv * dh;
+    in->nl = (int64_t)B * H * T;
+    in->q = tkd_test_xmalloc(sizeof(float) * in->nq), in->dy = tkd_test_xmalloc(sizeof(float) * in->nq);
+    in->k = tkd_test_xmalloc(sizeof(float) * in->nkv), in->v = tkd_test_xmalloc(sizeof(float) * in->nkv);
+    in->qb = tkd_test_xmalloc(2 * in->nq), in->dyb = tkd_test_xmalloc(2 * in->nq);
+    in->kb = tkd_test_xmalloc(2 * in->nkv), in->vb = tkd_test_xmalloc(2 * in->nkv);
+    tkd_test_fill_bf16(in->q, in->qb, in->nq, seed * 5 + 1, std);
+    tkd_test_fill_bf16(in->k, in->kb, in->nkv, seed * 5 + 2, std);
+    tkd_test_fill_bf16(in->v, in->vb, in->nkv, seed * 5 + 3, 1.0f);
+    tkd_test_fill_bf16(in->dy, in->dyb, in->nq, seed * 5 + 4, 1.0f);
+}
+
+void tkd_test_attn_in_free(tkd_test_attn_in *in)
+{
+    free(in->q), free(in->k), free(in->v), free(in->dy);
+    free(in->qb), free(in->kb), free(in->vb), free(in->dyb);
+}
+
 double *tkd_test_bf16_to_f64(const uint16_t *b, size_t n)
 {
     double *d = tkd_test_xmalloc(n * 8);

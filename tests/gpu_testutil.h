@@ -37,6 +37,17 @@ uint16_t *tkd_test_rand_bf16(size_t n, uint64_t seed, float std);
 /* x[0..n) = normal(0, std) from seed rounded to bf16, xb the bf16 bits: x holds exactly what xb does. */
 void tkd_test_fill_bf16(float *x, uint16_t *xb, int64_t n, uint64_t seed, float std);
 
+/* An attention case's random inputs (tests/test_gpu_attn*_bwd.c): q, k ~ normal(0, std²), v, dy ~
+ * normal(0, 1), all bf16-rounded (the floats hold exactly the bits), from seed. */
+typedef struct tkd_test_attn_in {
+    int64_t nq, nkv, nl;   /* elements of q / dy / dq, of k / v / dk / dv, of lse (B·H·T) */
+    float *q, *k, *v, *dy; // (B·T, H·dh), (B·T, Hkv·dh) ×2, (B·T, H·dh)
+    uint16_t *qb, *kb, *vb, *dyb;
+} tkd_test_attn_in;
+
+void tkd_test_attn_in_make(tkd_test_attn_in *in, int B, int T, int H, int Hkv, int dh, float std, uint64_t seed);
+void tkd_test_attn_in_free(tkd_test_attn_in *in);
+
 /* The n bf16 values of b as doubles; the caller frees. */
 double *tkd_test_bf16_to_f64(const uint16_t *b, size_t n);
 

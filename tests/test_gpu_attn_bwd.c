@@ -70,11 +70,7 @@ typedef struct bcase {
 } bcase;
 
 /* The inputs as bf16-rounded floats and their bits; the shapes' element counts. */
-typedef struct inputs {
-    int64_t nq, nkv, nl;              /* elements of q / dy / dq, of k / v / dk / dv, of lse */
-    float *q, *k, *v, *dy;            /* (B·T, H·dh), (B·T, Hkv·dh) ×2, (B·T, H·dh) */
-    uint16_t *qb, *kb, *vb, *dyb;
-} inputs;
+typedef tkd_test_attn_in inputs;
 
 /* Device buffers of one case; dq, dk, dv carry GUARD extra elements. */
 typedef struct dev {
@@ -105,24 +101,10 @@ static const char *const kNames[3] = {"dq", "dk", "dv"};
 
 static void inputs_make(inputs *in, const bcase *c)
 {
-    in->nq = (int64_t)c->B * c->T * c->H * c->dh;
-    in->nkv = (int64_t)c->B * c->T * c->Hkv * c->dh;
-    in->nl = (int64_t)c->B * c->H * c->T;
-    in->q = tkd_test_xmalloc(sizeof(float) * in->nq), in->dy = tkd_test_xmalloc(sizeof(float) * in->nq);
-    in->k = tkd_test_xmalloc(sizeof(float) * in->nkv), in->v = tkd_test_xmalloc(sizeof(float) * in->nkv);
-    in->qb = tkd_test_xmalloc(2 * in->nq), in->dyb = tkd_test_xmalloc(2 * in->nq);
-    in->kb = tkd_test_xmalloc(2 * in->nkv), in->vb = tkd_test_xmalloc(2 * in->nkv);
-    tkd_test_fill_bf16(in->q, in->qb, in->nq, c->seed * 5 + 1, c->std);
-    tkd_test_fill_bf16(in->k, in->kb, in->nkv, c->seed * 5 + 2, c->std);
-    tkd_test_fill_bf16(in->v, in->vb, in->nkv, c->seed * 5 + 3, 1.0f);
-    tkd_test_fill_bf16(in->dy, in->dyb, in->nq, c->seed * 5 + 4, 1.0f);
+    tkd_test_attn_in_make(in, c->B, c->T, c->H, c->Hkv, c->dh, c->std, c->seed);
 }
 
-static void inputs_free(inputs *in)
-{
-    free(in->q), free(in->k), free(in->v), free(in->dy);
-    free(in->qb), free(in->kb), free(in->vb), free(in->dyb);
-}
+static void inputs_free(inputs *in) { tkd_test_attn_in_free(in); }
 
 /* Uploads the inputs and runs the GPU forward for y and lse. */
 static void dev_make(dev *d, const inputs *in, const bcase *c)
