@@ -71,7 +71,10 @@ tkd_status tkd_optim_clip_model(tkd_model *m, double max_norm, double *norm_out)
  * instead of three times and written never (they keep their unclipped values). A non-finite norm
  * is TKD_ERR_NUMERIC and no update is taken. Per parameter and step on CUDA this moves 4 (norm) +
  * 28 (update: bf16 + residual master, g, m, v) bytes, plus the 4 of zeroing the gradients for the
- * next step: 36, against 4 + 8 (scale) + 30 (fp32 master and a bf16 copy) + 4 = 46 before. */
+ * next step: 36, against 4 + 8 (scale) + 30 (fp32 master and a bf16 copy) + 4 = 46 before.
+ * Zeroing stays tkd_model_zero_grad's own pass: writing 0 from the update would move the same 4
+ * bytes, an update over one shard of the parameters (ZeRO-1) would leave the others unzeroed, and
+ * the gradients stay readable after the step. */
 tkd_status tkd_adamw_clip_step_model(tkd_adamw *o, tkd_model *m, double lr, double max_norm, double *norm_out);
 
 /* The moments as host arrays m and v (o->n floats each), and back (checkpoints). */
