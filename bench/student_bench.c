@@ -6,7 +6,7 @@
  * teacher top-1; renorm, alpha 0.5, tau 1, the gradient made in the loss's forward — the defaults
  * of student-train), one step is what student_train/train.c's train_step does with grad_accum 1:
  * zero grads, kl_stage, model forward (training), kl_forward (+ kl_backward with --kd-recompute),
- * model backward, clip to 1.0, AdamW. Two warm-up
+ * model backward, clip to 1.0 inside AdamW. Two warm-up
  * steps, then --steps timed steps, each ending with a device sync (host wall clock around them).
  *
  * Columns: tokens/s and step ms (mean of the timed steps); MFU = (6·N_params + 12·L·T·D)·tokens/s
@@ -15,13 +15,15 @@
  * cuBLAS's workspaces included); then the split of one extra step with a device sync between
  * phases (so it sums to a little more than step ms: the stage's copy no longer overlaps the
  * forward): data (kl_stage), fwd (model forward incl. attention), loss (kl forward + backward), bwd
- * (model backward), opt (zero grads + clip + AdamW); and the loss of the last step.
+ * (model backward), opt (zero grads + norm + AdamW with the clip inside); and the loss of the last step.
  *
- *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5] [--recompute]
- *                 [--kd-recompute] [--profile]
+ *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
+ *                 [--recompute [none|attention|full]] [--kd-recompute] [--profile]
  *
- * --recompute: activation recomputation (train.recompute: full): only each block's input is kept,
- * backward recomputes the rest (memory down, about one forward more of compute).
+ * --recompute MODE: activation recomputation as train.recompute (model/model.h's tkd_recompute):
+ * full keeps only each block's input and backward recomputes the rest (memory down, about one
+ * forward more of compute); attention also keeps the MLP's activations and recomputes only the
+ * attention side. --recompute without a mode is full.
  * --kd-recompute: the loss as kd.grad_in_forward: false does it (the logits chunk made again in
  * kl_backward: 4 GEMMs instead of 3).
  * --profile: after the split step, two more steps through kernels/backend_profile.h's wrapper (CUDA
@@ -197,8 +199,7 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     TKD_TRY(tkd_model_backward(c->m, c->dh));
     TKD_TRY(lap(c, split, &t, &sp->bwd));
     double norm = 0;
-    TKD_TRY(tkd_optim_clip_model(c->m, 1.0, &norm));
-    TKD_TRY(tkd_adamw_step_model(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step)));
+    TKD_TRY(tkd_adamw_clip_step_model(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step), 1.0, &norm));
     TKD_TRY(lap(c, split, &t, &clip_ms));
     if (split)
         sp->opt = zero_ms + clip_ms;
@@ -206,7 +207,18 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     return sync_all(c);
 }
 
-static int g_recompute;
+static tkd_recompute g_recompute = TKD_RECOMPUTE_NONE;
+
+/* --recompute's optional mode: the index of name in TKD_RECOMPUTE_NAMES, or -1. */
+static int recompute_mode(const char *name)
+{
+    static const char *const names[] = TKD_RECOMPUTE_NAMES;
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], name))
+            return i;
+    return -1;
+}
+
 static int g_kd_recompute; /* the loss in recompute mode (kd.grad_in_forward: false) */
 static FILE *g_prof;     /* --profile: the per-shape tables, printed after the main one */
 static char *g_prof_buf;
@@ -351,15 +363,18 @@ int main(int argc, char **argv)
                 return 2;
         } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             steps = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--recompute")) {
-            g_recompute = 1;
+        } else if (!strcmp(argv[i], "--recompute")) { /* alone: full, as it always meant */
+            int mode = i + 1 < argc ? recompute_mode(argv[i + 1]) : -1;
+            g_recompute = mode < 0 ? TKD_RECOMPUTE_FULL : (tkd_recompute)mode;
+            i += mode >= 0;
         } else if (!strcmp(argv[i], "--kd-recompute")) {
             g_kd_recompute = 1;
         } else if (!strcmp(argv[i], "--profile")) {
             if (!g_prof && !(g_prof = open_memstream(&g_prof_buf, &g_prof_len)))
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
-            fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] [--recompute] [--kd-recompute] [--profile]\n");
+            fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] "
+                            "[--recompute [none|attention|full]] [--kd-recompute] [--profile]\n");
             return 2;
         }
     }

@@ -33,13 +33,15 @@ typedef struct tkd_adamw_hparams {
     double lr, beta1, beta2, eps, weight_decay;
 } tkd_adamw_hparams;
 
-/* One AdamW update of the elements of every segment of params (n) from grads, with moments m and v
- * (same layout); step is the 1-based count of this update (bias correction):
+/* One AdamW update of the elements of every segment of params (n) from grads · grad_scale (the
+ * clip coefficient applied on the fly, fp32-rounded before use: the bits of tkd_grad_scale first;
+ * 1 = unscaled; grads are not written), with moments m and v (same layout); step is the 1-based
+ * count of this update (bias correction):
  *   p *= 1 − lr·wd (decay segments); m += (1 − β1)(g − m); v = β2·v + (1 − β2)·g²;
  *   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 − β_i^step.
  * Elements outside every segment are not touched. */
-void tkd_adamw_update(float *params, const float *grads, float *m, float *v, const tkd_adamw_seg *segs,
-                      int n_segs, const tkd_adamw_hparams *h, int64_t step);
+void tkd_adamw_update(float *params, const float *grads, float grad_scale, float *m, float *v,
+                      const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step);
 
 /* Σ g² over g (n), accumulated in double (OpenMP reduction above 32768 elements). */
 double tkd_grad_norm2(const float *g, size_t n);

@@ -149,11 +149,19 @@ typedef struct tkd_backend_ops {
     tkd_status (*adamw_create)(tkd_backend *be, const tkd_adamw_seg *segs, int n_segs,
                                tkd_backend_adamw **out);
     void (*adamw_free)(tkd_backend *be, tkd_backend_adamw *a); /* NULL ok */
-    /* tkd_adamw_update over the table's segments, bit-identical on both backends; params_act (or
-     * NULL) receives the updated weights as act elements at the same offsets (the compute copy). */
-    tkd_status (*adamw_step)(tkd_backend *be, const tkd_backend_adamw *a, float *params, // (n) f32
-                             const float *grads, float *m, float *v,                   // (n) f32 each
-                             const tkd_adamw_hparams *h, int64_t step, void *params_act);
+    /* tkd_adamw_update over the table's segments with g scaled by grad_scale first (the clip
+     * coefficient, 1: none), bit-identical on both backends. The fp32 master weights are w (the
+     * act compute copy) with lo (be->master_lo_size bytes per element; NULL on the CPU, where w is
+     * fp32 and IS the master): both are read and rewritten. A sub-range [b, e) of the flat arrays:
+     * a table of the segments cut to it and shifted by −b, every pointer advanced by b. */
+    tkd_status (*adamw_step)(tkd_backend *be, const tkd_backend_adamw *a, void *w, void *lo, // (n) act, lo
+                             const float *grads, float *m, float *v,                        // (n) f32 each
+                             const tkd_adamw_hparams *h, int64_t step, float grad_scale);
+    /* Master weights from host fp32 (n) into (w, lo), and back, exactly (the CPU: a copy into w;
+     * CUDA: tkd_f32_split_bf16 / tkd_bf16_join_f32 through the staging buffer). Upload is ordered
+     * on the compute stream, download returns when the data is on the host. */
+    tkd_status (*master_upload)(tkd_backend *be, void *w, void *lo, const float *src_host, size_t n);
+    tkd_status (*master_download)(tkd_backend *be, float *dst_host, const void *w, const void *lo, size_t n);
     /* *norm2 (host) = Σ g², accumulated in double; waits for the work before it */
     tkd_status (*grad_norm2)(tkd_backend *be, const float *g, size_t n, double *norm2);
     tkd_status (*grad_scale)(tkd_backend *be, float *g, size_t n, float s); /* g *= s */
@@ -194,6 +202,9 @@ struct tkd_backend {
     tkd_device device;          /* TKD_DEVICE_CPU or TKD_DEVICE_CUDA, never AUTO */
     const char *name;           /* "cpu" | "cuda" */
     size_t act_size;            /* bytes of one act element: 4 (fp32) or 2 (bf16) */
+    size_t master_lo_size;      /* bytes per element the master weights keep beside the act compute
+                                 * copy: 0 (CPU: fp32 act is the master) or 2 (CUDA: an int16
+                                 * residual, so bf16 + residual is the exact fp32) */
     const tkd_backend_ops *op;
     void *impl;                 /* the implementation's own state */
 };

@@ -288,18 +288,26 @@ static void cpu_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
     free(a);
 }
 
-/* The compute weights are the fp32 parameters themselves: params_act is NULL or params (a
- * distinct buffer gets a copy of the updated segments). */
-static tkd_status cpu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, float *params, const float *grads,
-                                 float *m, float *v, const tkd_adamw_hparams *h, int64_t step, void *params_act)
+/* The compute weights are the fp32 master weights themselves (w; no low part). */
+static tkd_status cpu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, void *w, void *lo, const float *grads,
+                                 float *m, float *v, const tkd_adamw_hparams *h, int64_t step, float grad_scale)
 {
     (void)be;
-    tkd_adamw_update(params, grads, m, v, a->segs, a->n, h, step);
-    if (params_act && params_act != params)
-        for (int i = 0; i < a->n; i++)
-            memcpy((float *)params_act + a->segs[i].offset, params + a->segs[i].offset,
-                   a->segs[i].numel * sizeof(float));
+    (void)lo;
+    tkd_adamw_update(w, grads, grad_scale, m, v, a->segs, a->n, h, step);
     return TKD_OK;
+}
+
+static tkd_status cpu_master_upload(tkd_backend *be, void *w, void *lo, const float *src, size_t n)
+{
+    (void)lo;
+    return cpu_copy(be, w, src, n * sizeof(float));
+}
+
+static tkd_status cpu_master_download(tkd_backend *be, float *dst, const void *w, const void *lo, size_t n)
+{
+    (void)lo;
+    return cpu_copy(be, dst, w, n * sizeof(float));
 }
 
 static tkd_status cpu_grad_norm2(tkd_backend *be, const float *g, size_t n, double *norm2)
@@ -438,6 +446,8 @@ static const tkd_backend_ops cpu_ops = {
     .adamw_create = cpu_adamw_create,
     .adamw_free = cpu_adamw_free,
     .adamw_step = cpu_adamw_step,
+    .master_upload = cpu_master_upload,
+    .master_download = cpu_master_download,
     .grad_norm2 = cpu_grad_norm2,
     .grad_scale = cpu_grad_scale,
     .kl_create = cpu_kl_create,

@@ -583,11 +583,37 @@ void cu_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
     delete a;
 }
 
-tkd_status cu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, float *params, const float *grads, float *m,
-                         float *v, const tkd_adamw_hparams *h, int64_t step, void *params_act)
+tkd_status cu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, void *w, void *lo, const float *grads, float *m,
+                         float *v, const tkd_adamw_hparams *h, int64_t step, float grad_scale)
 {
-    return tkd_cuda_adamw_step(a->dev, params, grads, m, v, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, step,
-                               static_cast<bf>(params_act), stream_of(be));
+    return tkd_cuda_adamw_step(a->dev, static_cast<bf>(w), static_cast<int16_t *>(lo), grads, m, v, h->lr, h->beta1,
+                               h->beta2, h->eps, h->weight_decay, step, grad_scale, stream_of(be));
+}
+
+/* Master weights host fp32 <-> (bf16, int16 residual) through the fp32 staging buffer, as
+ * upload_f32 / download_f32 (loading, checkpoints: not the step's hot path). */
+tkd_status cu_master_upload(tkd_backend *be, void *w, void *lo, const float *src, size_t n)
+{
+    CudaImpl *c = impl(be);
+    for (size_t i = 0; i < n; i += kStageFloats) {
+        size_t k = n - i < kStageFloats ? n - i : kStageFloats;
+        TKD_CUDA_CHECK(cudaMemcpyAsync(c->stage, src + i, k * sizeof(float), cudaMemcpyHostToDevice, c->stream));
+        TKD_TRY(tkd_cuda_master_split(c->stage, static_cast<bf>(w) + i, static_cast<int16_t *>(lo) + i, k, c->stream));
+    }
+    return TKD_OK;
+}
+
+tkd_status cu_master_download(tkd_backend *be, float *dst, const void *w, const void *lo, size_t n)
+{
+    CudaImpl *c = impl(be);
+    for (size_t i = 0; i < n; i += kStageFloats) {
+        size_t k = n - i < kStageFloats ? n - i : kStageFloats;
+        TKD_TRY(tkd_cuda_master_join(static_cast<const uint16_t *>(w) + i, static_cast<const int16_t *>(lo) + i,
+                                     c->stage, k, c->stream));
+        TKD_CUDA_CHECK(cudaMemcpyAsync(dst + i, c->stage, k * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    }
+    TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return TKD_OK;
 }
 
 tkd_status cu_grad_norm2(tkd_backend *be, const float *g, size_t n, double *norm2)
@@ -818,7 +844,8 @@ const tkd_backend_ops cuda_ops = {
     cu_attn_saved_bytes, cu_swiglu_fwd,
     cu_embedding_bwd, cu_rmsnorm_bwd, cu_linear_bwd, cu_rope_bwd, cu_attn_bwd, cu_swiglu_bwd,
     cu_lmhead_topk,
-    cu_f32_to_act, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_grad_norm2, cu_grad_scale,
+    cu_f32_to_act, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
+    cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
     cu_mark, cu_mark_ms,
 };
@@ -862,6 +889,7 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out)
     be->device = TKD_DEVICE_CUDA;
     be->name = "cuda";
     be->act_size = 2;
+    be->master_lo_size = sizeof(int16_t);
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);

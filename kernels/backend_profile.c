@@ -56,9 +56,11 @@
     X(f32_to_act, (, const float *src, void *dst, size_t n), (, src, dst, n))                                         \
     X(adamw_create, (, const tkd_adamw_seg *segs, int n_segs, tkd_backend_adamw **out), (, segs, n_segs, out))        \
     X(adamw_step,                                                                                                     \
-      (, const tkd_backend_adamw *a, float *params, const float *grads, float *m, float *v,                           \
-       const tkd_adamw_hparams *h, int64_t step, void *params_act),                                                   \
-      (, a, params, grads, m, v, h, step, params_act))                                                                \
+      (, const tkd_backend_adamw *a, void *w, void *lo, const float *grads, float *m, float *v,                       \
+       const tkd_adamw_hparams *h, int64_t step, float grad_scale),                                                   \
+      (, a, w, lo, grads, m, v, h, step, grad_scale))                                                                 \
+    X(master_upload, (, void *w, void *lo, const float *src_host, size_t n), (, w, lo, src_host, n))                  \
+    X(master_download, (, float *dst_host, const void *w, const void *lo, size_t n), (, dst_host, w, lo, n))          \
     X(grad_norm2, (, const float *g, size_t n, double *norm2), (, g, n, norm2))                                       \
     X(grad_scale, (, float *g, size_t n, float s), (, g, n, s))                                                       \
     X(kl_create,                                                                                                      \
@@ -213,6 +215,7 @@ tkd_status tkd_backend_profile_wrap(tkd_backend *inner, tkd_backend **out)
     be->device = inner->device;
     be->name = inner->name;
     be->act_size = inner->act_size;
+    be->master_lo_size = inner->master_lo_size;
     be->op = &p->ops;
     be->impl = p;
     *out = be;

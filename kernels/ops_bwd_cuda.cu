@@ -368,6 +368,33 @@ struct ScaleOp {
     }
 };
 
+/* The master weights' exact split of fp32 src into bf16 hi and int16 lo (common/half.h), and the
+ * join back; elementwise, W at a time (the vector path only needs the pointers 16-byte aligned:
+ * 8 floats, 8 halves of each). */
+struct SplitOp {
+    const float *src;
+    uint16_t *hi;
+    int16_t *lo;
+    template <int W> __device__ void unit(int64_t e) const
+    {
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            hi[e + j] = tkd_f32_split_bf16(src[e + j], &lo[e + j]);
+    }
+};
+
+struct JoinOp {
+    const uint16_t *hi;
+    const int16_t *lo;
+    float *dst;
+    template <int W> __device__ void unit(int64_t e) const
+    {
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            dst[e + j] = tkd_bf16_join_f32(hi[e + j], lo[e + j]);
+    }
+};
+
 /* ---- linear backward: bias column sums -------------------------------------------------------- */
 
 /* part[b, m] = Σ_{rows of group b, in order} dy[n, m] in fp32. Grid (G, ceil(M / 256)). */
@@ -433,18 +460,20 @@ struct AdamChunk {
 struct AdamArgs {
     const AdamChunk *chunks;
     int n_chunks;
-    bool vec; /* p, g, m, v, out all 16-byte aligned: 4-wide where the offset allows */
-    float *p;
+    bool vec; /* g, m, v 16-byte and hi, lo 8-byte aligned: 4-wide where the offset allows */
+    uint16_t *hi;  /* the master weights: bf16 compute copy ... */
+    int16_t *lo;   /* ... and int16 residuals (common/half.h's split) */
     const float *g;
     float *m, *v;
-    uint16_t *out; /* or NULL */
-    float keep_decay, one_m_b1, b2, one_m_b2, eps, step_size, bc2_sqrt;
+    float gscale, keep_decay, one_m_b1, b2, one_m_b2, eps, step_size, bc2_sqrt;
 };
 
-/* model/optim.c's adamw_span for one element, every operation IEEE-rounded (the _rn intrinsics
- * keep nvcc from fusing multiply-adds, which the host's fp32 code does not do either). */
+/* model/optim.c's adamw_span for one element after the clip's g *= s, every operation IEEE-rounded
+ * (the _rn intrinsics keep nvcc from fusing multiply-adds, which the host's fp32 code does not do
+ * either). g·1 is g exactly, so s = 1 is no scaling. */
 __device__ inline void adamw_update(float &p, float g, float &m, float &v, float keep, const AdamArgs &a)
 {
+    g = __fmul_rn(g, a.gscale);
     p = __fmul_rn(p, keep);
     m = __fadd_rn(m, __fmul_rn(a.one_m_b1, __fsub_rn(g, m)));
     v = __fadd_rn(__fmul_rn(v, a.b2), __fmul_rn(__fmul_rn(a.one_m_b2, g), g));
@@ -452,31 +481,38 @@ __device__ inline void adamw_update(float &p, float g, float &m, float &v, float
     p = __fsub_rn(p, __fmul_rn(a.step_size, __fdiv_rn(m, denom)));
 }
 
+/* Per element: the exact fp32 master from (hi, lo), the update, both halves written back. */
 __device__ inline void adamw_one(const AdamArgs &a, int64_t i, float keep)
 {
-    float p = a.p[i], m = a.m[i], v = a.v[i];
+    float p = tkd_bf16_join_f32(a.hi[i], a.lo[i]), m = a.m[i], v = a.v[i];
     adamw_update(p, a.g[i], m, v, keep, a);
-    a.p[i] = p, a.m[i] = m, a.v[i] = v;
-    if (a.out)
-        a.out[i] = tkd_f32_to_bf16(p);
+    a.m[i] = m, a.v[i] = v;
+    a.hi[i] = tkd_f32_split_bf16(p, &a.lo[i]);
 }
 
+/* Four elements from i (a multiple of 4): 8-byte loads of hi and lo, 16-byte ones of g, m, v. */
 __device__ inline void adamw_four(const AdamArgs &a, int64_t i, float keep)
 {
-    float4 p = *reinterpret_cast<const float4 *>(a.p + i), m = *reinterpret_cast<const float4 *>(a.m + i);
-    float4 v = *reinterpret_cast<const float4 *>(a.v + i);
+    const uint2 h = *reinterpret_cast<const uint2 *>(a.hi + i), l = *reinterpret_cast<const uint2 *>(a.lo + i);
+    const uint32_t hw[2] = {h.x, h.y}, lw[2] = {l.x, l.y};
+    float4 m = *reinterpret_cast<const float4 *>(a.m + i), v = *reinterpret_cast<const float4 *>(a.v + i);
     const float4 g = *reinterpret_cast<const float4 *>(a.g + i);
-    adamw_update(p.x, g.x, m.x, v.x, keep, a);
-    adamw_update(p.y, g.y, m.y, v.y, keep, a);
-    adamw_update(p.z, g.z, m.z, v.z, keep, a);
-    adamw_update(p.w, g.w, m.w, v.w, keep, a);
-    *reinterpret_cast<float4 *>(a.p + i) = p;
-    *reinterpret_cast<float4 *>(a.m + i) = m;
-    *reinterpret_cast<float4 *>(a.v + i) = v;
-    if (a.out)
-        *reinterpret_cast<uint2 *>(a.out + i) =
-            make_uint2((uint32_t)tkd_f32_to_bf16(p.x) | (uint32_t)tkd_f32_to_bf16(p.y) << 16,
-                       (uint32_t)tkd_f32_to_bf16(p.z) | (uint32_t)tkd_f32_to_bf16(p.w) << 16);
+    float p[4], mm[4] = {m.x, m.y, m.z, m.w}, vv[4] = {v.x, v.y, v.z, v.w};
+    const float gg[4] = {g.x, g.y, g.z, g.w};
+    uint32_t ho[2] = {0, 0}, lo[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int sh = 16 * (j & 1);
+        p[j] = tkd_bf16_join_f32((uint16_t)(hw[j / 2] >> sh), (int16_t)(uint16_t)(lw[j / 2] >> sh));
+        adamw_update(p[j], gg[j], mm[j], vv[j], keep, a);
+        int16_t r;
+        ho[j / 2] |= (uint32_t)tkd_f32_split_bf16(p[j], &r) << sh;
+        lo[j / 2] |= (uint32_t)(uint16_t)r << sh;
+    }
+    *reinterpret_cast<float4 *>(a.m + i) = make_float4(mm[0], mm[1], mm[2], mm[3]);
+    *reinterpret_cast<float4 *>(a.v + i) = make_float4(vv[0], vv[1], vv[2], vv[3]);
+    *reinterpret_cast<uint2 *>(a.hi + i) = make_uint2(ho[0], ho[1]);
+    *reinterpret_cast<uint2 *>(a.lo + i) = make_uint2(lo[0], lo[1]);
 }
 
 /* Blocks walk the chunk table (grid-stride). In a chunk: scalar elements up to the first 16-byte
@@ -886,12 +922,13 @@ extern "C" tkd_status tkd_cuda_adamw_create(const tkd_cuda_param_seg *segs, int 
     return TKD_OK;
 }
 
-extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, float *params, const float *grads, float *m,
-                                          float *v, double lr, double beta1, double beta2, double eps,
-                                          double weight_decay, int64_t step, uint16_t *params_bf16,
-                                          void *stream)
+static bool aligned8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
+
+extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, uint16_t *w_hi, int16_t *w_lo, const float *grads,
+                                          float *m, float *v, double lr, double beta1, double beta2, double eps,
+                                          double weight_decay, int64_t step, float grad_scale, void *stream)
 {
-    if (!a || step < 1 || (a->n_chunks > 0 && (!params || !grads || !m || !v)))
+    if (!a || step < 1 || (a->n_chunks > 0 && (!w_hi || !w_lo || !grads || !m || !v)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: step = %lld or a NULL tensor", (long long)step);
     if (a->n_chunks == 0)
         return TKD_OK;
@@ -899,9 +936,9 @@ extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, float *params
     const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
     AdamArgs k;
     k.chunks = a->chunks, k.n_chunks = a->n_chunks;
-    k.vec = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v) &&
-            (!params_bf16 || aligned16(params_bf16));
-    k.p = params, k.g = grads, k.m = m, k.v = v, k.out = params_bf16;
+    k.vec = aligned16(grads) && aligned16(m) && aligned16(v) && aligned8(w_hi) && aligned8(w_lo);
+    k.hi = w_hi, k.lo = w_lo, k.g = grads, k.m = m, k.v = v;
+    k.gscale = grad_scale;
     k.keep_decay = (float)(1.0 - lr * weight_decay);
     k.one_m_b1 = (float)(1.0 - beta1), k.b2 = (float)beta2, k.one_m_b2 = (float)(1.0 - beta2);
     k.eps = (float)eps, k.step_size = (float)(lr / bc1), k.bc2_sqrt = (float)sqrt(bc2);
@@ -909,6 +946,23 @@ extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, float *params
     adamw_kernel<<<blocks, kAdamThreads, 0, (cudaStream_t)stream>>>(k);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_master_split(const float *src, uint16_t *w_hi, int16_t *w_lo, size_t n, void *stream)
+{
+    if (n > (size_t)INT64_MAX || (n > 0 && (!src || !w_hi || !w_lo)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "master_split: n = %zu or a NULL pointer", n);
+    SplitOp op = {src, w_hi, w_lo};
+    return elementwise_run(op, (int64_t)n, aligned16(src) && aligned16(w_hi) && aligned16(w_lo), stream);
+}
+
+extern "C" tkd_status tkd_cuda_master_join(const uint16_t *w_hi, const int16_t *w_lo, float *dst, size_t n,
+                                           void *stream)
+{
+    if (n > (size_t)INT64_MAX || (n > 0 && (!dst || !w_hi || !w_lo)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "master_join: n = %zu or a NULL pointer", n);
+    JoinOp op = {w_hi, w_lo, dst};
+    return elementwise_run(op, (int64_t)n, aligned16(dst) && aligned16(w_hi) && aligned16(w_lo), stream);
 }
 
 extern "C" tkd_status tkd_cuda_grad_norm2(tkd_cuda_bwd_ws *ws, const float *g, size_t n, double *norm2,

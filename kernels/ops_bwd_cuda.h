@@ -1,7 +1,7 @@
 /* ops_bwd_cuda.h — the backward passes of kernels/ops_cuda.h's decoder ops on a CUDA device
  * (embedding, RMSNorm, RoPE, SwiGLU, linear), and the optimizer's device kernels: one fused
- * multi-tensor AdamW over the flat fp32 master weights, the global gradient norm and a scale for
- * clipping.
+ * multi-tensor AdamW over the flat master weights (bf16 + int16 residual: exact fp32 in 4 bytes,
+ * two of them the compute copy), the global gradient norm and a scale.
  *
  * The maths is kernels/cpu_ops.h's and model/optim.c's (tests/test_gpu_ops_bwd.c holds these to the
  * double references on bf16-rounded inputs, and AdamW to tkd_adamw_step bit for bit). Convention as
@@ -106,18 +106,32 @@ void tkd_cuda_adamw_free(tkd_cuda_adamw *a); /* NULL is a no-op */
 
 /* One AdamW update of every segment's elements, model/optim.c's tkd_adamw_step operation by
  * operation in fp32 (IEEE-rounded, no fused multiply-adds), so it matches the CPU bit for bit:
+ *   g *= grad_scale (the clip coefficient; 1: none);
  *   p *= 1 − lr·wd (decay segments); m += (1 − β1)(g − m); v = β2·v + (1 − β2)·g·g;
  *   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 − β_i^step;
  * scalars formed in double on the host and rounded once, as the CPU does. `step` is the 1-based
- * count of this update (tkd_adamw's step after its increment). params_bf16 (n, or NULL) gets
- * bf16(p) of every updated element, at the same offsets. Elements outside every segment are not
- * touched. */
-tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, float *params, // (n) f32 master weights
-                               const float *grads,                    // (n) f32
-                               float *m, float *v,                    // (n) f32 each
+ * count of this update (tkd_adamw's step after its increment). The fp32 master weights p are held
+ * exactly as the bf16 compute copy w_hi plus int16 residuals w_lo (common/half.h's
+ * tkd_f32_split_bf16): the kernel joins them, updates, and splits the result back into both, so the
+ * compute copy is p rounded to the nearest bf16 with ties away from zero (not to even).
+ * Bytes per element and step: reads hi, lo, g, m, v (16), writes hi, lo, m, v (12): 28, against
+ * 30 for an fp32 master with a separate bf16 copy; with grad_scale the clip's own scale pass over
+ * g (8 more) is not needed.
+ * Elements outside every segment are not touched. The segments' offsets index every array, so a
+ * contiguous sub-range [b, e) of a flat array set is updated by a table built from the segments
+ * cut to [b, e) and shifted by −b, with every pointer advanced by b (or pointing at arrays that
+ * hold only that range). */
+tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a,
+                               uint16_t *w_hi, int16_t *w_lo,        // (n) bf16, (n) int16: the master
+                               const float *grads,                   // (n) f32
+                               float *m, float *v,                   // (n) f32 each
                                double lr, double beta1, double beta2, double eps,
-                               double weight_decay, int64_t step,
-                               uint16_t *params_bf16, void *stream);  // (n) bf16 or NULL
+                               double weight_decay, int64_t step, float grad_scale, void *stream);
+
+/* The exact split of fp32 src into the master's two halves, and the join back (loading and
+ * saving the master weights; common/half.h's tkd_f32_split_bf16 / tkd_bf16_join_f32). */
+tkd_status tkd_cuda_master_split(const float *src, uint16_t *w_hi, int16_t *w_lo, size_t n, void *stream);
+tkd_status tkd_cuda_master_join(const uint16_t *w_hi, const int16_t *w_lo, float *dst, size_t n, void *stream);
 
 /* *norm2 (a device double) = Σ g² accumulated in double: fixed per-block partials, then one block
  * sums them in a fixed order (deterministic for a given n and alignment of g). The global norm of

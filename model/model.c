@@ -156,8 +156,8 @@ static void set_dviews(tkd_model *m)
 static tkd_status model_alloc_weights(tkd_model *m, int trainable);
 
 /* Allocates a model for cfg on be (owned when own_be) with zeroed compute weights: on the CPU the
- * fp32 params themselves, elsewhere backend memory and no host params (and, when trainable, fp32
- * master weights in backend memory). No gradients/activations. */
+ * fp32 params themselves, elsewhere backend memory and no host params (and, when trainable, the
+ * master weights' residuals in backend memory). No gradients/activations. */
 static tkd_status model_create(const tkd_model_config *cfg, tkd_backend *be, int own_be, int trainable,
                                tkd_model **out)
 {
@@ -195,9 +195,9 @@ static tkd_status model_create(const tkd_model_config *cfg, tkd_backend *be, int
     return TKD_OK;
 }
 
-/* The compute weights and RoPE tables: host params on the CPU (aliased by the backend views and
- * the master weights), one backend allocation elsewhere, plus one for the fp32 master weights of a
- * trainable model. */
+/* The compute weights and RoPE tables: host params on the CPU (aliased by the backend views; they
+ * are the master weights too), one backend allocation elsewhere, plus one for the residuals that
+ * make the compute copy exact fp32 master weights in a trainable model (be->master_lo_size). */
 static tkd_status model_alloc_weights(tkd_model *m, int trainable)
 {
     const tkd_model_config *cfg = &m->cfg;
@@ -216,14 +216,14 @@ static tkd_status model_alloc_weights(tkd_model *m, int trainable)
             return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for %zu parameters", m->n_params);
         set_views(m, m->params, &m->w);
         m->dparams = m->params;
-        m->master = m->params;
         m->d_rope_cos = m->rope_cos;
         m->d_rope_sin = m->rope_sin;
     } else {
         const tkd_backend_ops *op = m->be->op;
         TKD_TRY(op->alloc(m->be, m->n_params * m->be->act_size, "model weights", &m->dparams));
-        if (trainable)
-            TKD_TRY(op->alloc(m->be, m->n_params * sizeof(float), "model: fp32 master weights", (void **)&m->master));
+        if (trainable) /* the master weights' low halves (the compute copy is their high half) */
+            TKD_TRY(op->alloc(m->be, m->n_params * m->be->master_lo_size, "model: master weights' residuals",
+                              &m->master_lo));
         TKD_TRY(op->alloc(m->be, 2 * rope_n * sizeof(float), "RoPE tables", (void **)&m->d_rope_cos));
         m->d_rope_sin = m->d_rope_cos + rope_n;
         TKD_TRY(op->upload(m->be, m->d_rope_cos, m->rope_cos, rope_n * sizeof(float)));
@@ -252,8 +252,7 @@ void tkd_model_free(tkd_model *m)
     if (m->be) {
         free_acts(m);
         m->be->op->free(m->be, m->grads);
-        if (m->master != m->params)
-            m->be->op->free(m->be, m->master);
+        m->be->op->free(m->be, m->master_lo);
         if (m->dparams != m->params)
             m->be->op->free(m->be, m->dparams);
         if (m->d_rope_cos != m->rope_cos)
@@ -326,23 +325,18 @@ static size_t largest_tensor(const tkd_model *m)
     return n;
 }
 
-/* One fp32 tensor x (host) into the backend: into the master weights when the model has its own
- * (the compute copy is made from them at the end, tkd_model_set_params), else straight into the
- * compute weights as act elements. */
+/* 1 when the model holds fp32 master weights (every CPU model; a _for_training one elsewhere). */
+static int has_master(const tkd_model *m) { return m->params || m->master_lo; }
+
+/* One fp32 tensor x (host) into the backend: exactly into the master weights when the model has
+ * them (their high half is the compute copy), else rounded into the compute weights. */
 static tkd_status put_tensor(tkd_model *m, const tkd_param_info *p, const float *x)
 {
     const tkd_backend_ops *op = m->be->op;
-    if (m->master)
-        return op->upload(m->be, m->master + p->offset, x, p->numel * sizeof(float));
-    return op->upload_f32(m->be, (char *)m->dparams + p->offset * m->be->act_size, x, p->numel);
-}
-
-/* After the master weights were filled: the compute copy from them (no-op on the CPU). */
-static tkd_status refresh_compute_weights(tkd_model *m)
-{
-    if (!m->master || m->dparams == (void *)m->master)
-        return TKD_OK;
-    return m->be->op->f32_to_act(m->be, m->master, m->dparams, m->n_params);
+    void *w = (char *)m->dparams + p->offset * m->be->act_size;
+    if (m->master_lo)
+        return op->master_upload(m->be, w, (char *)m->master_lo + p->offset * m->be->master_lo_size, x, p->numel);
+    return op->upload_f32(m->be, w, x, p->numel);
 }
 
 static tkd_status init_weights(tkd_model *m, uint64_t seed)
@@ -361,7 +355,7 @@ static tkd_status init_weights(tkd_model *m, uint64_t seed)
             st = put_tensor(m, p, x);
     }
     free(stage);
-    return st == TKD_OK && !on_host ? refresh_compute_weights(m) : st;
+    return st;
 }
 
 static tkd_status init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be, int trainable,
@@ -429,7 +423,7 @@ static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
             rc = put_tensor(m, p, x);
     }
     free(stage);
-    return rc == TKD_OK && !on_host ? refresh_compute_weights(m) : rc;
+    return rc;
 }
 
 static tkd_status load_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
@@ -499,27 +493,26 @@ tkd_status tkd_model_load_hf_for_training(const char *dir, tkd_backend *be, tkd_
 
 tkd_status tkd_model_get_params(const tkd_model *m, float *host)
 {
-    if (!m->master)
+    if (!has_master(m))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: no fp32 weights to read (an inference model on %s)",
                              m->be->name);
-    if (m->master == m->params) {
+    if (m->params) {
         memcpy(host, m->params, m->n_params * sizeof(float));
         return TKD_OK;
     }
-    return m->be->op->download(m->be, host, m->master, m->n_params * sizeof(float));
+    return m->be->op->master_download(m->be, host, m->dparams, m->master_lo, m->n_params);
 }
 
 tkd_status tkd_model_set_params(tkd_model *m, const float *host)
 {
-    if (!m->master)
+    if (!has_master(m))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: no fp32 weights to set (an inference model on %s)",
                              m->be->name);
-    if (m->master == m->params) {
+    if (m->params) {
         memcpy(m->params, host, m->n_params * sizeof(float));
         return TKD_OK;
     }
-    TKD_TRY(m->be->op->upload(m->be, m->master, host, m->n_params * sizeof(float)));
-    return refresh_compute_weights(m);
+    return m->be->op->master_upload(m->be, m->dparams, m->master_lo, host, m->n_params);
 }
 
 /* The writer of tkd_model_save_hf over host fp32 weights params (the model's layout). */
@@ -550,7 +543,7 @@ tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtyp
 {
     if (m->params)
         return save_hf(m, m->params, dir, dtype);
-    if (!m->master)
+    if (!has_master(m))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: this model has no fp32 weights to save (an inference "
                              "model on %s)", dir, m->be->name);
     float *host = malloc(m->n_params * sizeof(float));
@@ -587,22 +580,25 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
             *t = a->layer[0]; /* inference: every block reuses one set */
             continue;
         }
-        if (m->recompute && l > 0) {
-            /* recompute: only each block's input is kept; the rest is one set, remade per block
-             * in backward */
+        /* recompute: each block's input is kept (attention: and its MLP's activations); the rest
+         * is one set (block 0's), remade per block in backward. ao and mo are read only by the
+         * forward's residual adds, so sharing them needs no recompute. */
+        int shared = m->recompute != TKD_RECOMPUTE_NONE && l > 0;
+        if (shared)
             *t = a->layer[0];
-            t->x = take(buf, &off, N * D, S);
-            continue;
-        }
         t->x = take(buf, &off, N * D, S);
-        t->n1 = take(buf, &off, N * D, A);
-        t->rstd1 = take(buf, &off, N, S);
-        t->q = take(buf, &off, N * Q, A);
-        t->k = take(buf, &off, N * KV, A);
-        t->v = take(buf, &off, N * KV, A);
-        t->att = take(buf, &off, att, 1);
-        t->y = take(buf, &off, N * Q, A);
-        t->ao = take(buf, &off, N * D, A);
+        if (shared && m->recompute == TKD_RECOMPUTE_FULL)
+            continue;
+        if (!shared) {
+            t->n1 = take(buf, &off, N * D, A);
+            t->rstd1 = take(buf, &off, N, S);
+            t->q = take(buf, &off, N * Q, A);
+            t->k = take(buf, &off, N * KV, A);
+            t->v = take(buf, &off, N * KV, A);
+            t->att = take(buf, &off, att, 1);
+            t->y = take(buf, &off, N * Q, A);
+            t->ao = take(buf, &off, N * D, A);
+        }
         /* inference: the residual stream is updated in place */
         t->x2 = training ? take(buf, &off, N * D, S) : t->x;
         t->n2 = training ? take(buf, &off, N * D, A) : t->n1;
@@ -610,7 +606,8 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
         t->gt = take(buf, &off, N * F, A);
         t->up = take(buf, &off, N * F, A);
         t->hm = take(buf, &off, N * F, A);
-        t->mo = training ? take(buf, &off, N * D, A) : t->ao;
+        if (!shared)
+            t->mo = training ? take(buf, &off, N * D, A) : t->ao;
     }
     a->xl = training ? take(buf, &off, N * D, S) : a->layer[0].x;
     a->hidden = take(buf, &off, N * D, A);
@@ -637,7 +634,7 @@ static tkd_status alloc_grads(tkd_model *m)
     if (!m->be->op->linear_bwd)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: training on the %s backend is not built — use device: cpu",
                              m->be->name);
-    if (!m->master)
+    if (!has_master(m))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: this model was made for inference on %s (no fp32 master "
                              "weights); make it with tkd_model_*_for_training to train it", m->be->name);
     TKD_TRY(m->be->op->alloc(m->be, m->n_params * sizeof(float), "model: gradients", (void **)&m->grads));
@@ -650,11 +647,11 @@ size_t tkd_model_activation_bytes(const tkd_model *m)
     return m->acts ? m->acts->bytes : 0;
 }
 
-void tkd_model_set_recompute(tkd_model *m, int full)
+void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode)
 {
-    if (m->recompute == !!full)
+    if (m->recompute == mode)
         return;
-    m->recompute = !!full;
+    m->recompute = mode;
     free_acts(m); /* the next reserve carves for the new layout */
 }
 
@@ -703,6 +700,22 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
 
 /* One block from A->n1 = rmsnorm(A->x): attention, MLP, and the residual add that makes the next
  * block's input xnext together with its norm (next_norm weights into n_next, rstd_next). */
+/* A block's attention from A->n1 = rmsnorm(A->x): q, k (after RoPE), v, the attention output A->y
+ * and its saved state (what the attention side's backward reads). */
+static tkd_status block_attn_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
+{
+    const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    tkd_backend *be = m->be;
+    int N = B * T, D = c->hidden_size, H = c->num_attention_heads;
+    int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wq, W->bq, N, D, Q, A->q));
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wk, W->bk, N, D, KV, A->k));
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wv, W->bv, N, D, KV, A->v));
+    TKD_TRY(op->rope_fwd(be, A->q, A->k, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
+    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, A->y, A->att);
+}
+
 /* A block from A->n1 = rmsnorm(A->x) up to its MLP output A->mo (everything but the residual add
  * that makes the next block's input). */
 static tkd_status block_fwd_body(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
@@ -710,14 +723,9 @@ static tkd_status block_fwd_body(const tkd_model *m, const tkd_layer_dweights *W
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
     tkd_backend *be = m->be;
-    int N = B * T, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
-    int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
+    int N = B * T, D = c->hidden_size, F = c->intermediate_size, Q = q_dim(c);
     float eps = (float)c->rms_norm_eps;
-    TKD_TRY(op->linear_fwd(be, A->n1, W->wq, W->bq, N, D, Q, A->q));
-    TKD_TRY(op->linear_fwd(be, A->n1, W->wk, W->bk, N, D, KV, A->k));
-    TKD_TRY(op->linear_fwd(be, A->n1, W->wv, W->bv, N, D, KV, A->v));
-    TKD_TRY(op->rope_fwd(be, A->q, A->k, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
-    TKD_TRY(op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, A->y, A->att));
+    TKD_TRY(block_attn_fwd(m, W, A, B, T));
     TKD_TRY(op->linear_fwd(be, A->y, W->wo, NULL, N, Q, D, A->ao));
     TKD_TRY(op->add_rmsnorm_fwd(be, A->x, A->ao, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
     TKD_TRY(op->linear_fwd(be, A->n2, W->wg, NULL, N, D, F, A->gt));
@@ -735,13 +743,16 @@ static tkd_status block_fwd(const tkd_model *m, const tkd_layer_dweights *W, lay
                                       rstd_next);
 }
 
-/* Recompute: block l's activations again from its kept input (same ops, same order: the same
- * values), into the one shared set, just before its backward. */
+/* Recompute: what block l did not keep, again from its kept input (same ops, same order: the same
+ * values), into the one shared set, just before its backward: the attention side (attention mode)
+ * or the whole block (full). */
 static tkd_status block_recompute(const tkd_model *m, int l, layer_acts *A, int B, int T)
 {
     int N = B * T, D = m->cfg.hidden_size;
     const tkd_layer_dweights *W = &m->d.layers[l];
     TKD_TRY(m->be->op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, (float)m->cfg.rms_norm_eps, A->n1, A->rstd1));
+    if (m->recompute == TKD_RECOMPUTE_ATTENTION)
+        return block_attn_fwd(m, W, A, B, T);
     return block_fwd_body(m, W, A, B, T);
 }
 
@@ -854,7 +865,8 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
     TKD_TRY(op->memset0(m->be, a->dx, sizeof(float) * (size_t)N * D));
     TKD_TRY(op->rmsnorm_bwd(m->be, dy, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm));
     for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
-        if (m->recompute)
+        /* the last block's activations are still in the shared set: the forward ended with it */
+        if (m->recompute != TKD_RECOMPUTE_NONE && l + 1 < c->num_hidden_layers)
             TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
         TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T));
     }

@@ -12,14 +12,17 @@
  *
  * Backends: tkd_model_load_hf / tkd_model_init_random make a model on a CPU backend of its own;
  * the _on and _for_training variants put it on a backend the caller opened (and keeps open while
- * the model lives). On the CPU the compute weights ARE the fp32 parameters (m->params == m->master
- * == m->dparams, no copy). On CUDA the compute weights are a bf16 copy in device memory
- * (m->dparams) and m->params is NULL: an inference model (_on) has nothing else, a trainable one
- * (_for_training) also keeps fp32 master weights in device memory (m->master), from which the
- * AdamW kernel refreshes the bf16 copy after every update. Host copies of the weights exist only
- * while loading, saving (tkd_model_save_hf) or through tkd_model_get_params / _set_params.
+ * the model lives). On the CPU the compute weights ARE the fp32 parameters (m->params ==
+ * m->dparams, no copy). On CUDA the compute weights are a bf16 copy in device memory (m->dparams)
+ * and m->params is NULL: an inference model (_on) has nothing else; a trainable one
+ * (_for_training) also keeps an int16 residual per weight (m->master_lo), and bf16 + residual is
+ * the exact fp32 master weight (common/half.h's tkd_f32_split_bf16: the bf16 half is the fp32
+ * value rounded to nearest with ties away from zero, so it differs from round-to-nearest-even only
+ * at exact ties). The master costs 2 bytes beyond the compute copy instead of 4; the AdamW kernel
+ * updates both halves. Host copies of the weights exist only while loading, saving
+ * (tkd_model_save_hf) or through tkd_model_get_params / _set_params, always as plain fp32.
  *
- * Memory: all parameters live in ONE allocation (m->master) with views; gradients (m->grads) are a
+ * Memory: all parameters live in ONE allocation (m->dparams) with views; gradients (m->grads) are a
  * second allocation of the same layout in backend memory (host on the CPU, device on CUDA), made on
  * the first training forward; activations are one allocation sized for the largest (B, T) seen
  * and reused. tkd_model_params() lists every tensor (HF name, shape, offset into the flat arrays,
@@ -84,14 +87,28 @@ typedef struct tkd_model_dweights {
     const void *lm_head;
 } tkd_model_dweights;
 
+/* Activation recomputation (train.recompute). Values are the config's indices. */
+typedef enum tkd_recompute {
+    TKD_RECOMPUTE_NONE = 0,      /* every block keeps all its activations */
+    TKD_RECOMPUTE_FULL = 1,      /* only each block's input is kept */
+    TKD_RECOMPUTE_ATTENTION = 2, /* the input and the MLP's activations are kept */
+} tkd_recompute;
+
+/* tkd_recompute's names, indexed by value (the config's train.recompute, student_bench's
+ * --recompute). A macro so that the config schema builds without the model library (the config
+ * fuzzer compiles the schema alone). */
+#define TKD_RECOMPUTE_NAMES {"none", "full", "attention", NULL}
+
 typedef struct tkd_model_acts tkd_model_acts; /* private: activation buffers */
 
 typedef struct tkd_model {
     tkd_model_config cfg;
     size_t n_params;        /* floats in params (and grads) */
     float *params;          /* host fp32 weights, one allocation, owned (CPU; NULL on CUDA) */
-    float *master;          /* fp32 weights in backend memory (== params on the CPU; NULL for an
-                             * inference model on CUDA) */
+    void *master_lo;        /* the master weights' residuals in backend memory (n_params elements of
+                             * be->master_lo_size bytes: int16 on CUDA) beside the compute copy
+                             * dparams; NULL on the CPU (params are the master) and for an
+                             * inference model on CUDA */
     float *grads;           /* backend memory; NULL until the first training forward; same layout */
     tkd_model_weights w;    /* views into params (NULL on CUDA) */
     tkd_model_weights g;    /* views into grads (all NULL while grads is NULL); backend memory */
@@ -106,7 +123,7 @@ typedef struct tkd_model {
     tkd_model_dweights d;   /* views into dparams */
     float *d_rope_cos;      /* the RoPE tables in backend memory (== rope_cos on the CPU) */
     float *d_rope_sin;
-    int recompute;          /* 1: training keeps only each block's input; backward recomputes the rest */
+    tkd_recompute recompute; /* what training keeps of each block (tkd_model_set_recompute) */
 } tkd_model;
 
 /* A model with weights drawn from normal(0, cfg->initializer_range) by a seeded generator (same seed,
@@ -120,8 +137,8 @@ tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, 
                                     tkd_model **out);
 
 /* The same weights on a caller's backend, made for training: on CUDA the fp32 draws are kept as
- * device master weights (bit-identical to the CPU's params) and the bf16 compute copy is made from
- * them. On the CPU the same as tkd_model_init_random_on. */
+ * device master weights (bit-identical to the CPU's params), the bf16 compute copy being their high
+ * half. On the CPU the same as tkd_model_init_random_on. */
 tkd_status tkd_model_init_random_for_training(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be,
                                               tkd_model **out);
 
@@ -159,12 +176,17 @@ const tkd_param_info *tkd_model_params(const tkd_model *m, int *n);
  * backward and allocates the gradients. T must not exceed max_position_embeddings. */
 tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
 
-/* Activation recomputation (train.recompute: full): a training forward keeps only each block's
- * input (B·T·D fp32 per layer) and one shared set of the other activations; backward recomputes a
- * block's activations from its input just before that block's backward, with the same ops in the
- * same order, so the gradients are identical to keeping everything (about one more forward of
- * compute). Drops the activation buffers; the next forward sizes them for the new layout. */
-void tkd_model_set_recompute(tkd_model *m, int full);
+/* Sets the recomputation mode. Per token and layer a training forward keeps (A = act bytes, Q and
+ * KV the q and k/v widths): none (8 + 4A)·D + 2A·(Q + KV) + 3A·F bytes; attention (8 + A)·D +
+ * 3A·F (the input and the MLP's activations: the residual after attention, its norm, gate, up and
+ * their product), backward recomputing the attention side — input norm, q/k/v projections, RoPE,
+ * the attention forward — (by FLOPs about a third of the blocks' forward at the 1B and 3B shapes
+ * at T 8192, more at longer T); full 4·D (the input), backward recomputing the whole block (about
+ * one more forward). The recomputing modes add one shared set of what they do not keep. The ops run
+ * again in the same order on the same inputs, so the gradients are bit-identical in every mode;
+ * the last block is never recomputed (the shared set still holds its activations). Drops the
+ * activation buffers; the next forward sizes them for the new layout. */
+void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode);
 
 /* Bytes of the activation buffers sized now (0 before the first forward or reserve). */
 size_t tkd_model_activation_bytes(const tkd_model *m);

@@ -106,17 +106,41 @@ tkd_status tkd_adamw_init_on(const tkd_optim_config *c, const tkd_model *m, tkd_
     return TKD_OK;
 }
 
-tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr)
+/* One update of m's master weights from m->grads · grad_scale. */
+static tkd_status step_model(tkd_adamw *o, tkd_model *m, double lr, float grad_scale)
 {
-    if (o->be != m->be || o->n != m->n_params || !m->grads || !m->master)
+    if (o->be != m->be || o->n != m->n_params || !m->grads || (!m->params && !m->master_lo))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: the state was not made for this model on %s, or the model "
                              "has no gradients", m->be->name);
     tkd_adamw_hparams h = hparams(&o->cfg, lr);
-    void *act = m->dparams != (void *)m->master ? m->dparams : NULL;
-    tkd_status st = m->be->op->adamw_step(m->be, o->table, m->master, m->grads, o->m, o->v, &h, o->step + 1, act);
+    tkd_status st = m->be->op->adamw_step(m->be, o->table, m->dparams, m->master_lo, m->grads, o->m, o->v, &h,
+                                          o->step + 1, grad_scale);
     if (st == TKD_OK)
         o->step++;
     return st;
+}
+
+tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr) { return step_model(o, m, lr, 1.0f); }
+
+/* The gradient norm and the clip coefficient (1 when not clipping), the gradients untouched. */
+static tkd_status clip_coef_model(tkd_model *m, double max_norm, double *norm_out, float *coef)
+{
+    if (!m->grads)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "clip: the model has no gradients (no training forward yet)");
+    double norm2 = 0;
+    TKD_TRY(m->be->op->grad_norm2(m->be, m->grads, m->n_params, &norm2));
+    double norm = sqrt(norm2);
+    if (norm_out)
+        *norm_out = norm;
+    *coef = 1.0f;
+    return tkd_grad_clip_coef(norm, max_norm, coef);
+}
+
+tkd_status tkd_adamw_clip_step_model(tkd_adamw *o, tkd_model *m, double lr, double max_norm, double *norm_out)
+{
+    float coef = 1.0f;
+    TKD_TRY(clip_coef_model(m, max_norm, norm_out, &coef));
+    return step_model(o, m, lr, coef);
 }
 
 tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v)
@@ -149,7 +173,7 @@ void tkd_adamw_step(tkd_adamw *o, float *params, const float *grads, const tkd_p
     tkd_adamw_hparams h = hparams(&o->cfg, lr);
     for (int i = 0; i < n_info; i++) {
         tkd_adamw_seg seg = {.offset = info[i].offset, .numel = info[i].numel, .decay = info[i].decay};
-        tkd_adamw_update(params, grads, o->m, o->v, &seg, 1, &h, o->step);
+        tkd_adamw_update(params, grads, 1.0f, o->m, o->v, &seg, 1, &h, o->step);
     }
 }
 
@@ -169,15 +193,8 @@ tkd_status tkd_optim_clip(float *g, size_t n, double max_norm, double *norm_out)
 
 tkd_status tkd_optim_clip_model(tkd_model *m, double max_norm, double *norm_out)
 {
-    if (!m->grads)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "clip: the model has no gradients (no training forward yet)");
-    double norm2 = 0;
-    TKD_TRY(m->be->op->grad_norm2(m->be, m->grads, m->n_params, &norm2));
-    double norm = sqrt(norm2);
-    if (norm_out)
-        *norm_out = norm;
     float coef = 1.0f;
-    TKD_TRY(tkd_grad_clip_coef(norm, max_norm, &coef));
+    TKD_TRY(clip_coef_model(m, max_norm, norm_out, &coef));
     if (coef < 1.0f)
         TKD_TRY(m->be->op->grad_scale(m->be, m->grads, m->n_params, coef));
     return TKD_OK;

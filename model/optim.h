@@ -7,8 +7,8 @@
  * Two ways to hold the state: tkd_adamw_init keeps the moments in host memory for tkd_adamw_step
  * over host arrays (tests, tools); tkd_adamw_init_on keeps them in a model's backend memory for
  * tkd_adamw_step_model and tkd_optim_clip_model, which run on the model's backend (the CPU: the same
- * loops, kernels/adamw.h; CUDA: one fused multi-tensor kernel that also refreshes the bf16 compute
- * weights). Both give the same bits on the CPU.
+ * loops, kernels/adamw.h; CUDA: one fused multi-tensor kernel over the master weights held as the
+ * bf16 compute copy plus an int16 residual, model/model.h). Both give the same bits on the CPU.
  */
 #ifndef TKD_OPTIM_H
 #define TKD_OPTIM_H
@@ -59,11 +59,23 @@ tkd_status tkd_adamw_init_on(const tkd_optim_config *c, const tkd_model *m, tkd_
 
 /* One update of m's fp32 master weights from m->grads on m's backend (o from tkd_adamw_init_on for
  * m), as tkd_adamw_step: weight decay where the tensor's decay is set, o->step incremented first.
- * The compute weights are refreshed (CUDA: the bf16 copy written by the same kernel). Enqueued. */
+ * The compute weights are refreshed (CUDA: they are the master's high half). Enqueued. */
 tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr);
 
 /* tkd_optim_clip over m->grads on m's backend (waits for the gradients to get the norm). */
 tkd_status tkd_optim_clip_model(tkd_model *m, double max_norm, double *norm_out);
+
+/* tkd_optim_clip_model then tkd_adamw_step_model, with the same bits, but the clip coefficient is
+ * applied inside the update (g·s formed and rounded per element as the scale pass would) instead of
+ * a pass that scales m->grads in place: the gradients are read twice per step (norm, update)
+ * instead of three times and written never (they keep their unclipped values). A non-finite norm
+ * is TKD_ERR_NUMERIC and no update is taken. Per parameter and step on CUDA this moves 4 (norm) +
+ * 28 (update: bf16 + residual master, g, m, v) bytes, plus the 4 of zeroing the gradients for the
+ * next step: 36, against 4 + 8 (scale) + 30 (fp32 master and a bf16 copy) + 4 = 46 before.
+ * Zeroing stays tkd_model_zero_grad's own pass: writing 0 from the update would move the same 4
+ * bytes, an update over one shard of the parameters (ZeRO-1) would leave the others unzeroed, and
+ * the gradients stay readable after the step. */
+tkd_status tkd_adamw_clip_step_model(tkd_adamw *o, tkd_model *m, double lr, double max_norm, double *norm_out);
 
 /* The moments as host arrays m and v (o->n floats each), and back (checkpoints). */
 tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v);

@@ -451,11 +451,9 @@ static tkd_status train_step(trainer *tr, step_stats *ss)
         if (st != TKD_OK)
             return batch_error(st, tr, b);
     }
-    tkd_status st = tkd_optim_clip_model(tr->m, tr->cfg->grad_clip, &ss->grad_norm);
-    if (st != TKD_OK)
-        return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
     ss->lr = tkd_optim_lr(&tr->ocfg, tr->st.step);
-    st = tkd_adamw_step_model(tr->opt, tr->m, ss->lr);
+    /* clipping rides in the update: no pass scales the gradients in place */
+    tkd_status st = tkd_adamw_clip_step_model(tr->opt, tr->m, ss->lr, tr->cfg->grad_clip, &ss->grad_norm);
     if (st != TKD_OK)
         return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
     tr->st.step++;

@@ -2,13 +2,14 @@
 #include "student_train/train_config.h"
 
 #include "common/device.h"
+#include "model/model.h"
 
 #include <stddef.h>
 
 #define T tkd_train_config
 
 static const char *const init_names[] = {"random", "hf", NULL};
-static const char *const recompute_names[] = {"none", "full", NULL};
+static const char *const recompute_names[] = TKD_RECOMPUTE_NAMES; /* tkd_recompute's values */
 static const char *const arch_names[] = {"llama", "qwen2", NULL};
 static const char *const variant_names[] = {"renorm", "tail", "sampled", NULL};
 
@@ -59,7 +60,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_FLOAT(T, grad_clip, "optim.grad_clip", "1.0", 0, 1e9, "Global gradient-norm clip; 0 = off"),
     TKD_CFG_INT(T, grad_accum, "optim.grad_accum", "1", 1, 1 << 20, "Micro-batches per optimizer step"),
     TKD_CFG_ENUM(T, recompute, "train.recompute", "none", recompute_names,
-                 "none | full: full keeps only each layer's input and recomputes the rest in backward (less memory, ~1/3 more compute, identical gradients)"),
+                 "none | attention | full: attention keeps each layer's input and MLP activations and recomputes the attention side (norm, q/k/v, RoPE, attention) in backward; full keeps only each layer's input and recomputes the rest (least memory, ~1/3 more compute); gradients identical in every mode"),
 
     TKD_CFG_INT(T, batch_size, "train.batch_size", "8", 1, 1 << 20, "Sequences per micro-batch"),
     TKD_CFG_INT64(T, max_steps, "train.max_steps", "200", 0, 1e15, "Optimizer steps; 0 = until train.max_tokens or train.epochs"),

@@ -60,7 +60,7 @@ typedef struct tkd_train_config {
     double eps;
     double grad_clip;      /* 0 = no clipping */
     int grad_accum;
-    int recompute;         /* train.recompute: 0 none, 1 full */
+    int recompute;         /* train.recompute: a tkd_recompute (model/model.h): 0 none, 1 full, 2 attention */
     /* train */
     int batch_size;        /* sequences per micro-batch */
     int64_t max_steps;     /* 0 = until max_tokens / epochs */

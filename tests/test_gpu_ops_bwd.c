@@ -30,7 +30,8 @@
  *     dimensions, as for the bias epilogue in test_gpu_ops.c, and for N = 1 at K = M = 64), so dx
  *     gets one more 2^-8 of Σ|products| at every shape.
  *   AdamW: bit-identical to tkd_adamw_step (IEEE-rounded fp32 operations in the same order on both
- *     sides, no fused multiply-adds; ADAMW_MAX_ULP = 0), the bf16 copy equal to the host's rounding.
+ *     sides, no fused multiply-adds; ADAMW_MAX_ULP = 0) after the host's tkd_optim_scale, the master
+ *     weights joined from bf16 + residual, the bf16 half equal to the host's split.
  *   grad norm² (double): all terms positive, ≤ ~90 double roundings in the longest chain: held to
  *     1e-13 relative to a long-double pairwise reference. scale: bit-identical to tkd_optim_scale.
  */
@@ -691,9 +692,23 @@ static const tkd_cuda_param_seg k_segs[] = {
 };
 #define ADAMW_N 139574
 
-/* 5 steps of the device AdamW against tkd_adamw_step from the same start; off: elements every device
- * array sits past 16-byte alignment (scalar path); with_bf16: ask for the bf16 copy. */
-static void adamw_run(int off, int with_bf16)
+/* The master weights (n) from their device halves, joined on the host (common/half.h). */
+static void master_from_dev(const uint16_t *d_hi, const int16_t *d_lo, size_t n, float *out, uint16_t *hi)
+{
+    int16_t *lo = tkd_test_xmalloc(n * 2);
+    tkd_test_to_host(hi, d_hi, n * 2, g_stream);
+    tkd_test_to_host(lo, d_lo, n * 2, g_stream);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tkd_bf16_join_f32(hi[i], lo[i]);
+    free(lo);
+}
+
+/* 5 steps of the device AdamW against tkd_adamw_step from the same start, the master weights held
+ * on the device as bf16 + int16 residual (split on the host here, joined on the host to compare),
+ * steps 2 and 4 with a clip scale (the host scales a copy of g first, as tkd_optim_clip does);
+ * off: elements every device array sits past 16-byte alignment (scalar path). Dropping or
+ * misplacing the residual would leave the master at bf16 precision: the random start has low bits. */
+static void adamw_run(int off)
 {
     const int ns = (int)(sizeof k_segs / sizeof *k_segs);
     const size_t n = ADAMW_N, o = (size_t)off;
@@ -710,65 +725,107 @@ static void adamw_run(int off, int with_bf16)
 
     float *p = rand_f32(n, 2000, 0.05f), *p0 = tkd_test_xmalloc(n * 4);
     memcpy(p0, p, n * 4);
-    float *d_p = tkd_test_dev_alloc((n + o) * 4), *d_g = tkd_test_dev_alloc((n + o) * 4),
-          *d_m = tkd_test_dev_alloc((n + o) * 4);
-    float *d_v = tkd_test_dev_alloc((n + o) * 4);
-    uint16_t *d_b = tkd_test_dev_alloc((n + o) * 2);
-    tkd_test_to_dev(d_p + o, p, n * 4);
+    uint16_t *hi = tkd_test_xmalloc(n * 2);
+    int16_t *lo = tkd_test_xmalloc(n * 2);
+    size_t with_lo = 0;
+    for (size_t i = 0; i < n; i++) {
+        hi[i] = tkd_f32_split_bf16(p[i], &lo[i]);
+        with_lo += lo[i] != 0;
+    }
+    assert_true(with_lo > n / 2); /* the test means something only if the residuals carry bits */
+    float *d_g = tkd_test_dev_alloc((n + o) * 4), *d_m = tkd_test_dev_alloc((n + o) * 4),
+          *d_v = tkd_test_dev_alloc((n + o) * 4);
+    uint16_t *d_hi = tkd_test_dev_alloc((n + o) * 2);
+    int16_t *d_lo = tkd_test_dev_alloc((n + o) * 2);
+    tkd_test_to_dev(d_hi + o, hi, n * 2);
+    tkd_test_to_dev(d_lo + o, lo, n * 2);
     assert_int_equal(cudaMemset(d_m, 0, (n + o) * 4), cudaSuccess);
     assert_int_equal(cudaMemset(d_v, 0, (n + o) * 4), cudaSuccess);
-    tkd_test_poison(d_b, (n + o) * 2);
     float *gp = tkd_test_xmalloc(n * 4), *gm = tkd_test_xmalloc(n * 4), *gv = tkd_test_xmalloc(n * 4);
-    uint16_t *gb = tkd_test_xmalloc(n * 2);
     for (int s = 0; s < 5; s++) {
         float *g = rand_f32(n, 2100 + s, s == 2 ? 1e3f : 0.01f); /* step 3: large gradients */
         for (size_t i = 0; i < n; i += 101)
             g[i] = i % 2 ? 0.0f : 1e-20f; /* zeros; tiny ones whose squares are subnormal */
         const double lr = 1e-3 * (s + 1) / 5.0;
-        tkd_adamw_step(cpu, p, g, info, ns, lr);
+        const float scale = s % 2 ? 0.3f + 0.1f * s : 1.0f;
         tkd_test_to_dev(d_g + o, g, n * 4);
-        tkd_test_ok(tkd_cuda_adamw_step(gpu, d_p + o, d_g + o, d_m + o, d_v + o, lr, cfg.beta1, cfg.beta2,
-                                        cfg.eps, cfg.weight_decay, s + 1, with_bf16 ? d_b + o : NULL,
-                                        g_stream),
+        tkd_optim_scale(g, n, scale);
+        tkd_adamw_step(cpu, p, g, info, ns, lr);
+        tkd_test_ok(tkd_cuda_adamw_step(gpu, d_hi + o, d_lo + o, d_g + o, d_m + o, d_v + o, lr, cfg.beta1, cfg.beta2,
+                                        cfg.eps, cfg.weight_decay, s + 1, scale, g_stream),
                     "adamw_step");
-        tkd_test_to_host(gp, d_p + o, n * 4, g_stream);
+        master_from_dev(d_hi + o, d_lo + o, n, gp, hi);
         tkd_test_to_host(gm, d_m + o, n * 4, g_stream);
         tkd_test_to_host(gv, d_v + o, n * 4, g_stream);
-        check_ulps("params", s + 1, gp, p, n);
+        check_ulps("master weights", s + 1, gp, p, n);
         check_ulps("m", s + 1, gm, cpu->m, n);
         check_ulps("v", s + 1, gv, cpu->v, n);
-        tkd_test_to_host(gb, d_b + o, n * 2, g_stream);
         for (size_t i = 0; i < n; i++) {
             const int gap = (i >= 3123 && i < 3128) || i >= 139569;
-            uint16_t want = with_bf16 && !gap ? tkd_f32_to_bf16(p[i]) : 0xffff;
-            if (gb[i] != want)
-                fail_msg("adamw step %d: bf16 copy [%zu] = 0x%04x, want 0x%04x%s", s + 1, i, gb[i], want,
-                         gap ? " (outside every segment: untouched)" : "");
+            int16_t r;
+            const uint16_t want = tkd_f32_split_bf16(p[i], &r);
+            if (hi[i] != want)
+                fail_msg("adamw step %d: bf16 copy [%zu] = 0x%04x, want 0x%04x, the high half of %.9g", s + 1, i,
+                         hi[i], want, p[i]);
             if (gap && tkd_f32_bits(gp[i]) != tkd_f32_bits(p0[i]))
                 fail_msg("adamw step %d: [%zu] outside every segment changed", s + 1, i);
         }
         free(g);
     }
-    cudaFree(d_p), cudaFree(d_g), cudaFree(d_m), cudaFree(d_v), cudaFree(d_b);
-    free(p), free(p0), free(gp), free(gm), free(gv), free(gb);
+    cudaFree(d_hi), cudaFree(d_lo), cudaFree(d_g), cudaFree(d_m), cudaFree(d_v);
+    free(p), free(p0), free(gp), free(gm), free(gv), free(hi), free(lo);
     tkd_adamw_free(cpu);
     tkd_cuda_adamw_free(gpu);
+}
+
+/* The split and join launchers (loading and saving the master weights): exact both ways. */
+static void test_master_split_join(void **state)
+{
+    (void)state;
+    const size_t n = 70001;
+    float *x = rand_f32(n, 2200, 1.0f), *back = tkd_test_xmalloc(n * 4);
+    const uint32_t edges[] = {0x80000000u, 0x3f7f8000u, 0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x7f800000u};
+    for (size_t i = 0; i < sizeof edges / sizeof *edges; i++)
+        x[i * 997] = tkd_bits_f32(edges[i]);
+    float *d_x = tkd_test_dev_alloc(n * 4), *d_y = tkd_test_dev_alloc((n + 1) * 4);
+    uint16_t *d_hi = tkd_test_dev_alloc((n + 1) * 2), *hi = tkd_test_xmalloc(n * 2);
+    int16_t *d_lo = tkd_test_dev_alloc((n + 1) * 2);
+    tkd_test_to_dev(d_x, x, n * 4);
+    for (int off = 0; off < 2; off++) { /* off 1: the scalar path */
+        tkd_test_ok(tkd_cuda_master_split(d_x, d_hi + off, d_lo + off, n, g_stream), "master_split");
+        master_from_dev(d_hi + off, d_lo + off, n, back, hi);
+        for (size_t i = 0; i < n; i++) {
+            int16_t r;
+            if (tkd_f32_bits(back[i]) != tkd_f32_bits(x[i]) || hi[i] != tkd_f32_split_bf16(x[i], &r))
+                fail_msg("master_split (offset %d) [%zu]: 0x%08x gave hi 0x%04x, joined 0x%08x", off, i,
+                         tkd_f32_bits(x[i]), hi[i], tkd_f32_bits(back[i]));
+        }
+        tkd_test_ok(tkd_cuda_master_join(d_hi + off, d_lo + off, d_y + off, n, g_stream), "master_join");
+        tkd_test_to_host(back, d_y + off, n * 4, g_stream);
+        for (size_t i = 0; i < n; i++)
+            if (tkd_f32_bits(back[i]) != tkd_f32_bits(x[i]))
+                fail_msg("master_join (offset %d) [%zu]: 0x%08x, want 0x%08x", off, i, tkd_f32_bits(back[i]),
+                         tkd_f32_bits(x[i]));
+    }
+    cudaFree(d_x), cudaFree(d_y), cudaFree(d_hi), cudaFree(d_lo);
+    free(x), free(back), free(hi);
 }
 
 static void test_adamw(void **state)
 {
     (void)state;
-    adamw_run(0, 1);
-    adamw_run(1, 1); /* scalar path */
-    adamw_run(0, 0); /* no bf16 copy */
+    adamw_run(0);
+    adamw_run(1); /* scalar path */
     tkd_cuda_adamw *a = NULL;
     const tkd_cuda_param_seg overlap[] = {{0, 10, 1}, {9, 5, 0}};
     assert_int_equal(tkd_cuda_adamw_create(overlap, 2, &a), TKD_ERR_INVALID_ARG);
     assert_null(a);
     tkd_test_ok(tkd_cuda_adamw_create(NULL, 0, &a), "adamw_create empty");
-    assert_int_equal(tkd_cuda_adamw_step(a, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, NULL, g_stream),
+    assert_int_equal(tkd_cuda_adamw_step(a, NULL, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f,
+                                         g_stream),
                      TKD_OK);
-    assert_int_equal(tkd_cuda_adamw_step(a, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0, NULL, g_stream),
+    assert_int_equal(tkd_cuda_adamw_step(a, NULL, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0, 1.0f,
+                                         g_stream),
                      TKD_ERR_INVALID_ARG); /* step counts from 1 */
     tkd_cuda_adamw_free(a);
     tkd_cuda_adamw_free(NULL);
@@ -881,7 +938,7 @@ int main(void)
         cmocka_unit_test(test_embedding_bwd), cmocka_unit_test(test_rmsnorm_bwd),
         cmocka_unit_test(test_rope_bwd),      cmocka_unit_test(test_swiglu_bwd),
         cmocka_unit_test(test_linear_bwd),    cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_grad_norm),
+        cmocka_unit_test(test_master_split_join), cmocka_unit_test(test_grad_norm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 #else

@@ -4,10 +4,12 @@
  *      llama3 RoPE and head_dim 16; Qwen2 with q/k/v bias, tied head and head_dim 10), through the
  *      backends' own loss (a synthetic teacher: 8 top-k columns per row, one row masked): the loss,
  *      and every parameter tensor's gradient by relative norm.
- *   2. Five AdamW steps (clip 1.0) from the same weights on the same batch: the losses track.
- *      After them the GPU's bf16 compute weights must equal bf16(its fp32 master weights) exactly.
- *   3. The backend's AdamW step, gradient norm and scale: bit-identical to the CPU backend's on the
- *      same arrays (segments with and without decay, a gap no segment covers).
+ *   2. Five AdamW steps (clip 1.0; the CPU scales the gradients first, the GPU clips inside the
+ *      update) from the same weights on the same batch: the losses track. After them the GPU's
+ *      bf16 compute weights must equal the bf16 half of its fp32 master weights' split exactly.
+ *   3. The backend's AdamW step (master weights as bf16 + int16 residual on the GPU, one step with
+ *      a clip scale), gradient norm and scale: bit-identical to the CPU backend's on the same
+ *      arrays (segments with and without decay, a gap no segment covers).
  *   4. Determinism: one step twice from the same state gives the same gradient bits on the GPU.
  *   5. student-train device=cuda against device=cpu, the demo student (configs/student-demo.yaml's
  *      model, optimizer and batch) for 64 steps: CE only on the Brown token files (as
@@ -262,7 +264,8 @@ static void test_step_qwen2_bf16_tail(void **state) { (void)state; one_step("qwe
 
 /* ---- 2. five AdamW steps -------------------------------------------------------------------------- */
 
-/* The GPU's compute weights (bf16) must be the round-to-nearest-even of its master weights. */
+/* The GPU's compute weights (bf16) must be the high half of its master weights' exact split
+ * (round to nearest, ties away from zero: common/half.h's tkd_f32_split_bf16). */
 static void check_compute_copy(const side *g)
 {
     size_t n = g->m->n_params;
@@ -270,9 +273,11 @@ static void check_compute_copy(const side *g)
     ok(tkd_model_get_params(g->m, master), "get_params");
     ok(g->be->op->download_f32(g->be, act, g->m->dparams, n), "download compute weights");
     for (size_t i = 0; i < n; i++) {
-        float want = tkd_bf16_to_f32(tkd_f32_to_bf16(master[i]));
+        int16_t lo;
+        float want = tkd_bf16_to_f32(tkd_f32_split_bf16(master[i], &lo));
         if (memcmp(&want, &act[i], sizeof want) != 0)
-            fail_msg("compute weight %zu is %.9g, bf16 of its master weight %.9g is %.9g", i, act[i], master[i], want);
+            fail_msg("compute weight %zu is %.9g, the bf16 half of its master weight %.9g is %.9g", i, act[i], master[i],
+                     want);
     }
     free(master);
     free(act);
@@ -295,10 +300,9 @@ static void five_steps(const char *fixture)
             bad = s;
         if (s == 5)
             break;
-        ok(tkd_optim_clip_model(c.m, 1.0, &nc), "clip cpu");
-        ok(tkd_optim_clip_model(g.m, 1.0, &ng), "clip cuda");
+        ok(tkd_optim_clip_model(c.m, 1.0, &nc), "clip cpu"); /* the scale pass, then the update */
         ok(tkd_adamw_step_model(c.opt, c.m, STEP_LR), "adamw cpu");
-        ok(tkd_adamw_step_model(g.opt, g.m, STEP_LR), "adamw cuda");
+        ok(tkd_adamw_clip_step_model(g.opt, g.m, STEP_LR, 1.0, &ng), "clip + adamw cuda"); /* fused */
         printf("  %s step %d: loss cpu %.6f cuda %.6f, grad norm cpu %.5f cuda %.5f\n", fixture, s + 1, lc[s], lg[s],
                nc, ng);
     }
@@ -335,6 +339,18 @@ static void check_bits(const char *what, const float *got, const float *want, si
             fail_msg("%s: element %zu is %.9g on cuda, %.9g on cpu (must be the same bits)", what, i, got[i], want[i]);
 }
 
+/* The device's master weights (bf16 compute copy + int16 residual) as host fp32. */
+static void master_to_host(void *dact, void *dlo, float *host, size_t n)
+{
+    ok(g_gpu->op->master_download(g_gpu, host, dact, dlo, n), "master_download");
+}
+
+/* AdamW on both backends from the same fp32 state, three steps (the second with the clip's grad
+ * scale 0.37, which the CPU applies with its separate scale pass and the device inside the update):
+ * the device's master weights — joined from its bf16 half and residual — and moments must have the
+ * CPU's exact bits, and its compute copy must be the master's bf16 half. A kernel that dropped or
+ * mis-stored the residual would leave the master a bf16 value (the randn start has low bits set).
+ * Then the gradient norm and scale. */
 static void test_optimizer_ops_match_cpu(void **state)
 {
     (void)state;
@@ -348,29 +364,38 @@ static void test_optimizer_ops_match_cpu(void **state)
     for (int i = 0; i < N; i++)
         v[i] = v[i] * v[i];
     tkd_adamw_hparams h = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    float *dp = to_backend(g_gpu, p, N * 4), *dg = to_backend(g_gpu, g, N * 4);
-    float *dm = to_backend(g_gpu, m, N * 4), *dv = to_backend(g_gpu, v, N * 4);
-    void *dact = NULL;
+    float *dg = to_backend(g_gpu, g, N * 4), *dm = to_backend(g_gpu, m, N * 4), *dv = to_backend(g_gpu, v, N * 4);
+    void *dact = NULL, *dlo = NULL;
     ok(g_gpu->op->alloc(g_gpu, N * g_gpu->act_size, "bf16 copy", &dact), "alloc");
+    ok(g_gpu->op->alloc(g_gpu, N * g_gpu->master_lo_size, "residuals", &dlo), "alloc");
+    ok(g_gpu->op->master_upload(g_gpu, dact, dlo, p, N), "master_upload");
+    float *back = xmalloc(N * 4), *act = xmalloc(N * 4), *gs = xmalloc(N * 4);
+    master_to_host(dact, dlo, back, N);
+    check_bits("master weights after upload", back, p, N);
     tkd_backend_adamw *tc = NULL, *tg = NULL;
     ok(g_cpu->op->adamw_create(g_cpu, segs, 3, &tc), "adamw_create cpu");
     ok(g_gpu->op->adamw_create(g_gpu, segs, 3, &tg), "adamw_create cuda");
     for (int64_t step = 1; step <= 3; step++) {
-        ok(g_cpu->op->adamw_step(g_cpu, tc, p, g, m, v, &h, step, NULL), "adamw_step cpu");
-        ok(g_gpu->op->adamw_step(g_gpu, tg, dp, dg, dm, dv, &h, step, dact), "adamw_step cuda");
+        const float s = step == 2 ? 0.37f : 1.0f;
+        memcpy(gs, g, N * 4);
+        ok(g_cpu->op->grad_scale(g_cpu, gs, N, s), "grad_scale cpu");
+        ok(g_cpu->op->adamw_step(g_cpu, tc, p, NULL, gs, m, v, &h, step, 1.0f), "adamw_step cpu");
+        ok(g_gpu->op->adamw_step(g_gpu, tg, dact, dlo, dg, dm, dv, &h, step, s), "adamw_step cuda");
     }
-    float *back = xmalloc(N * 4), *act = xmalloc(N * 4);
-    ok(g_gpu->op->download(g_gpu, back, dp, N * 4), "download");
-    check_bits("adamw params", back, p, N);
+    master_to_host(dact, dlo, back, N);
+    check_bits("adamw master weights", back, p, N);
     ok(g_gpu->op->download(g_gpu, back, dm, N * 4), "download");
     check_bits("adamw m", back, m, N);
     ok(g_gpu->op->download(g_gpu, back, dv, N * 4), "download");
     check_bits("adamw v", back, v, N);
+    ok(g_gpu->op->download(g_gpu, back, dg, N * 4), "download");
+    check_bits("gradients (the update must not write them)", back, g, N);
     ok(g_gpu->op->download_f32(g_gpu, act, dact, N), "download bf16 copy");
-    for (int i = 0; i < N && g_gpu->act_size == 2; i++) {
-        float want = i >= 30007 && i < 30011 ? 0.0f : tkd_bf16_to_f32(tkd_f32_to_bf16(p[i]));
-        if (act[i] != want)
-            fail_msg("adamw bf16 copy: element %d is %.9g, want %.9g%s", i, act[i], want,
+    for (int i = 0; i < N; i++) {
+        int16_t lo;
+        float want = tkd_bf16_to_f32(tkd_f32_split_bf16(p[i], &lo)); /* the gap: its uploaded value */
+        if (memcmp(&act[i], &want, sizeof want) != 0)
+            fail_msg("adamw bf16 copy: element %d is %.9g, want %.9g (the high half of %.9g)%s", i, act[i], want, p[i],
                      i >= 30007 && i < 30011 ? " (outside every segment: untouched)" : "");
     }
     double n2c = 0, n2g = 0;
@@ -385,10 +410,10 @@ static void test_optimizer_ops_match_cpu(void **state)
     check_bits("grad_scale", back, g, N);
     g_cpu->op->adamw_free(g_cpu, tc);
     g_gpu->op->adamw_free(g_gpu, tg);
-    void *bufs[5] = {dp, dg, dm, dv, dact};
+    void *bufs[5] = {dg, dm, dv, dact, dlo};
     for (int i = 0; i < 5; i++)
         g_gpu->op->free(g_gpu, bufs[i]);
-    free(p), free(g), free(m), free(v), free(back), free(act);
+    free(p), free(g), free(m), free(v), free(back), free(act), free(gs);
 }
 
 /* ---- 4. determinism -------------------------------------------------------------------------------- */

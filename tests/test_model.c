@@ -168,13 +168,17 @@ static void test_grad_accumulation_and_tied_head(void **s)
     tkd_model_free(m);
 }
 
-/* train.recompute: full: the same hidden states and bit-identical gradients as keeping every
- * activation (the same ops in the same order), and smaller activation buffers; switching back
- * gives the first layout again. */
+/* train.recompute: full and attention: the same hidden states and bit-identical gradients as
+ * keeping every activation (the same ops in the same order), over three layers (the first and a
+ * middle one recomputed, the last kept), and smaller activation buffers, full the smallest;
+ * switching back gives the first layout again. */
 static void test_recompute_same_gradients(void **s)
 {
     (void)s;
-    tkd_model *m = make(0, 1, 7);
+    tkd_model_config cfg = small_cfg(0, 1);
+    cfg.num_hidden_layers = 3;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&cfg, 7, &m), TKD_OK);
     enum { N = 3 * 9, D = 20 };
     int32_t tok[N];
     for (int i = 0; i < N; i++)
@@ -187,17 +191,24 @@ static void test_recompute_same_gradients(void **s)
     memcpy(h0, h, sizeof dh);
     assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
     memcpy(g0, m->grads, sizeof(float) * m->n_params);
-    size_t all = tkd_model_activation_bytes(m);
-    assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
-    tkd_model_set_recompute(m, 1);
-    assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
-    size_t kept = tkd_model_activation_bytes(m);
-    assert_memory_equal(h, h0, sizeof dh);
-    assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
-    assert_memory_equal(m->grads, g0, sizeof(float) * m->n_params);
-    printf("activations: %zu bytes kept without recompute, %zu with\n", all, kept);
-    assert_true(kept < all);
-    tkd_model_set_recompute(m, 0);
+    size_t all = tkd_model_activation_bytes(m), kept[3] = {all, 0, 0};
+    const tkd_recompute modes[2] = {TKD_RECOMPUTE_FULL, TKD_RECOMPUTE_ATTENTION};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
+        tkd_model_set_recompute(m, modes[i]);
+        assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
+        kept[modes[i]] = tkd_model_activation_bytes(m);
+        assert_memory_equal(h, h0, sizeof dh);
+        assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
+        for (size_t j = 0; j < m->n_params; j++)
+            if (memcmp(&m->grads[j], &g0[j], sizeof(float)) != 0)
+                fail_msg("recompute %d: gradient %zu is %.9g, %.9g keeping everything", (int)modes[i], j, m->grads[j],
+                         g0[j]);
+    }
+    printf("activations: %zu bytes kept without recompute, %zu with attention, %zu with full\n", all,
+           kept[TKD_RECOMPUTE_ATTENTION], kept[TKD_RECOMPUTE_FULL]);
+    assert_true(kept[TKD_RECOMPUTE_FULL] < kept[TKD_RECOMPUTE_ATTENTION] && kept[TKD_RECOMPUTE_ATTENTION] < all);
+    tkd_model_set_recompute(m, TKD_RECOMPUTE_NONE);
     assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, NULL), TKD_OK);
     assert_int_equal(tkd_model_activation_bytes(m), all);
     free(h0);
@@ -305,6 +316,55 @@ static void test_adamw_step(void **s)
     tkd_adamw_free(o);
 }
 
+/* tkd_adamw_clip_step_model (the clip coefficient inside the update) against tkd_optim_clip_model
+ * then tkd_adamw_step_model (a pass scaling the gradients first): the same weights and moments to
+ * the bit over two clipped steps and one unclipped one; the fused path leaves the gradients as
+ * they were; a non-finite norm takes no step. */
+static void test_clip_step_fused(void **s)
+{
+    (void)s;
+    tkd_model *a = make(0, 1, 7), *b = make(0, 1, 7);
+    assert_int_equal(tkd_model_reserve(a, 1, 4, 1), TKD_OK);
+    assert_int_equal(tkd_model_reserve(b, 1, 4, 1), TKD_OK);
+    size_t n = a->n_params;
+    float *g = malloc(sizeof(float) * n);
+    tkd_optim_config c;
+    tkd_optim_config_defaults(&c);
+    tkd_adamw *oa = NULL, *ob = NULL;
+    assert_int_equal(tkd_adamw_init_on(&c, a, &oa), TKD_OK);
+    assert_int_equal(tkd_adamw_init_on(&c, b, &ob), TKD_OK);
+    const double caps[3] = {0.5, 0.25, 1e9}; /* the third does not clip */
+    for (int step = 0; step < 3; step++) {
+        tkd_test_randn(g, n, 40 + step, 0.3f);
+        memcpy(a->grads, g, sizeof(float) * n);
+        memcpy(b->grads, g, sizeof(float) * n);
+        double na = 0, nb = 0;
+        assert_int_equal(tkd_optim_clip_model(a, caps[step], &na), TKD_OK);
+        assert_int_equal(tkd_adamw_step_model(oa, a, 1e-2), TKD_OK);
+        assert_int_equal(tkd_adamw_clip_step_model(ob, b, 1e-2, caps[step], &nb), TKD_OK);
+        assert_true(na == nb);
+        assert_true(step == 2 || na > caps[step]); /* the first two steps do clip */
+        assert_memory_equal(b->params, a->params, sizeof(float) * n);
+        assert_memory_equal(ob->m, oa->m, sizeof(float) * n);
+        assert_memory_equal(ob->v, oa->v, sizeof(float) * n);
+        assert_memory_equal(b->grads, g, sizeof(float) * n);
+    }
+    float *p0 = malloc(sizeof(float) * n);
+    memcpy(p0, b->params, sizeof(float) * n);
+    b->grads[3] = NAN;
+    double nb = 0;
+    assert_int_equal(tkd_adamw_clip_step_model(ob, b, 1e-2, 1.0, &nb), TKD_ERR_NUMERIC);
+    assert_true(isnan(nb));
+    assert_int_equal(ob->step, 3);
+    assert_memory_equal(b->params, p0, sizeof(float) * n);
+    free(g);
+    free(p0);
+    tkd_adamw_free(oa);
+    tkd_adamw_free(ob);
+    tkd_model_free(a);
+    tkd_model_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -318,6 +378,7 @@ int main(void)
         cmocka_unit_test(test_schedule),
         cmocka_unit_test(test_clip),
         cmocka_unit_test(test_adamw_step),
+        cmocka_unit_test(test_clip_step_fused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
