@@ -33,13 +33,13 @@ static tkd_status env_int(const char *(*get)(const char *), const char *name, lo
                           bool *found)
 {
     const char *v = get(name);
-    *found = v != NULL;
-    if (!v)
+    *found = v && *v; /* set but empty: as unset, like a shell's test -n */
+    if (!*found)
         return TKD_OK;
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi)
+    if (*end || errno || x < lo || x > hi)
         return tkd_error_set(TKD_ERR_CONFIG, "environment %s=%s: not a number in %ld..%ld", name, v, lo, hi);
     *out = (int)x;
     return TKD_OK;
@@ -128,7 +128,7 @@ tkd_status tkd_dist_from_getenv(tkd_dist_info *out, const char *(*get)(const cha
     } else {
         /* SLURM_PROCID alone is set in a batch script run without srun: not a multi-task step */
         const char *p = get("SLURM_PROCID"), *n = get("SLURM_NTASKS");
-        if (p && n) {
+        if (p && *p && n && *n) {
             TKD_TRY(rank_pair(get, "SLURM_PROCID", "SLURM_NTASKS", &d, &found));
             TKD_TRY(from_slurm(&d, get));
         } else {

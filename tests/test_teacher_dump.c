@@ -833,6 +833,19 @@ static void test_config_workers_from_env(void **state)
     assert_int_equal(finalize_with(bad, "", &cfg), TKD_ERR_CONFIG);
     assert_non_null(strstr(tkd_error_msg(), "RANK=x1"));
     tkd_config_free(&tkd_dump_schema, &cfg);
+    /* read by common/dist.h as student-train reads it: half a pair is an error, not one worker,
+     * and srun's per-node task list is understood */
+    static const char *const half[] = {"SLURM_PROCID", "1", "SLURM_NTASKS", "3", "RANK", "1", NULL};
+    assert_int_equal(finalize_with(half, "", &cfg), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "RANK is set without WORLD_SIZE"));
+    assert_non_null(strstr(tkd_error_msg(), "unset it or set workers.* in the config"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    static const char *const srun[] = {"SLURM_PROCID", "5", "SLURM_NTASKS", "6", "SLURM_LOCALID", "1",
+                                       "SLURM_NODEID", "2", "SLURM_STEP_TASKS_PER_NODE", "2(x3)", NULL};
+    assert_int_equal(finalize_with(srun, "", &cfg), TKD_OK);
+    assert_int_equal(cfg.worker_index, 5);
+    assert_int_equal(cfg.worker_count, 6);
+    tkd_config_free(&tkd_dump_schema, &cfg);
     static const char *const none[] = {NULL};
     assert_int_equal(finalize_with(none, "workers: {index: 3, count: 3}\n", &cfg), TKD_ERR_CONFIG);
     assert_non_null(strstr(tkd_error_msg(), "workers.index"));
