@@ -250,7 +250,7 @@ tkd_status tkd_launch_workers(const char *tool, int n, int argc, char **argv, do
         *exit_code = L.failed_code;
         tkd_error_set(TKD_ERR_IO, "worker %d of %d (pid %ld) failed with exit code %d; the others were stopped", L.failed,
                       n, (long)L.failed_pid, L.failed_code);
-        return tkd_error_hint(TKD_ERR_IO, "its error is above; fix it and re-run the same command (finished shards are kept)");
+        return tkd_error_hint(TKD_ERR_IO, "its error is above; fix it and re-run the same command (it resumes)");
     }
     if (tkd_interrupted()) {
         *exit_code = 128 + tkd_interrupted();
