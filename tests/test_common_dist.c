@@ -23,20 +23,11 @@
 
 /* ---- environment ------------------------------------------------------------------------------ */
 
-static const char *const *g_env;
-static const char *fake_getenv(const char *name)
-{
-    for (int i = 0; g_env[i]; i += 2)
-        if (strcmp(g_env[i], name) == 0)
-            return g_env[i + 1];
-    return NULL;
-}
-
 static tkd_status info_of(const char *const *env, tkd_dist_info *d)
 {
-    g_env = env;
+    tkd_test_env = env;
     memset(d, 0x55, sizeof *d);
-    return tkd_dist_from_getenv(d, fake_getenv);
+    return tkd_dist_from_getenv(d, tkd_test_getenv);
 }
 
 static void assert_info(const tkd_dist_info *d, int rank, int world, int lr, int lw, const char *src)

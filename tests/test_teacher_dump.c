@@ -790,15 +790,6 @@ static void test_merge_names_the_missing_worker(void **state)
 
 /* ---- config and worker split ----------------------------------------------------------------------- */
 
-static const char *const *g_env;
-static const char *fake_getenv(const char *name)
-{
-    for (int i = 0; g_env[i]; i += 2)
-        if (strcmp(g_env[i], name) == 0)
-            return g_env[i + 1];
-    return NULL;
-}
-
 static tkd_status finalize_with(const char *const *env, const char *extra, tkd_dump_config *cfg)
 {
     const char *y = "teacher: {path: t}\ndata: {paths: [d]}\noutput: {dir: o}\n";
@@ -806,8 +797,8 @@ static tkd_status finalize_with(const char *const *env, const char *extra, tkd_d
     assert_int_equal(tkd_config_defaults(&tkd_dump_schema, cfg), TKD_OK);
     assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, cfg, "t", y, strlen(y)), TKD_OK);
     assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, cfg, "t", extra, strlen(extra)), TKD_OK);
-    g_env = env;
-    return tkd_dump_config_finalize(cfg, fake_getenv);
+    tkd_test_env = env;
+    return tkd_dump_config_finalize(cfg, tkd_test_getenv);
 }
 
 static void test_config_workers_from_env(void **state)
