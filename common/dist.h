@@ -28,6 +28,15 @@ typedef struct tkd_dist_info {
  * rank >= world, non-numbers) are TKD_ERR_CONFIG naming the variable and its value. */
 tkd_status tkd_dist_from_env(tkd_dist_info *out);
 
+/* The same with another lookup than getenv (tests; teacher-dump's config finalize takes one).
+ * Order: RANK/WORLD_SIZE when set (a launcher started inside a SLURM allocation, e.g.
+ * `--nproc-per-node` in an sbatch script, sets them for its children while the script's
+ * SLURM_PROCID=0 still describes the batch step), else SLURM_PROCID/SLURM_NTASKS when both are
+ * set, else rank 0 of 1. LOCAL_RANK defaults to RANK, LOCAL_WORLD_SIZE to WORLD_SIZE; under SLURM
+ * the local world comes from SLURM_STEP_TASKS_PER_NODE ("4(x2),3") at SLURM_NODEID, else
+ * SLURM_NTASKS_PER_NODE. */
+tkd_status tkd_dist_from_getenv(tkd_dist_info *out, const char *(*get)(const char *name));
+
 typedef enum tkd_rdzv_kind { TKD_RDZV_FILE = 0, TKD_RDZV_TCP = 1 } tkd_rdzv_kind;
 
 typedef struct tkd_rdzv_config {
@@ -44,6 +53,36 @@ typedef struct tkd_rdzv_config {
  * once this rank holds the blob; ranks that never arrive within timeout_s are an error naming
  * them (TKD_ERR_IO). */
 tkd_status tkd_rdzv_share(const tkd_rdzv_config *c, const tkd_dist_info *d, void *blob, size_t n);
+
+/* How the exchange works (both ways check the job id, the world size and n, so a file or a
+ * connection of another job, or a rank started with another world, is a clear error, never a
+ * silently wrong communicator); a SIGINT/SIGTERM (common/signals.h) ends any wait with
+ * TKD_ERR_INTERRUPTED. With world 1 nothing is exchanged.
+ * FILE: rank 0 writes <dir>/.rdzv-<job> (temp + rename; dir must exist: rank 0 does not make it);
+ *   every other rank polls for it, reads it and answers with <dir>/.rdzv-<job>.rank<r>; rank 0
+ *   waits for every answer, then removes them and the blob file. A crash leaves small files whose
+ *   names carry a job id that is never reused (SLURM job and step, or the launcher's nonce), so
+ *   they are harmless and never taken by a later job.
+ * TCP: rank 0 listens on port (all addresses), every other rank connects to host:port (retrying
+ *   while rank 0 is not up yet) and sends (magic, job, world, rank, n); rank 0 answers with the
+ *   blob or a refusal that says what differs. A connection of another job is refused and waited
+ *   past (its client gets the error); a rank of this job with another world or n ends the
+ *   exchange with an error on both sides. */
+
+/* The job id tkd_rdzv_share uses when c->job_id is NULL: TKD_JOB_ID (the launcher's nonce), else
+ * SLURM_JOB_ID[.SLURM_STEP_ID], else TORCHELASTIC_RUN_ID; characters other than [A-Za-z0-9._-]
+ * become '_'. "" when none is set (then a world > 1 exchange is TKD_ERR_CONFIG). */
+void tkd_dist_job_id(char *buf, size_t cap);
+
+/* Fills c for kind (-1 = auto: TCP when MASTER_ADDR and MASTER_PORT are both set, else FILE in
+ * dir), host and port from MASTER_ADDR / MASTER_PORT (host points into the environment), job_id
+ * NULL. TCP without MASTER_ADDR/MASTER_PORT, a bad port, or FILE without dir: TKD_ERR_CONFIG. */
+tkd_status tkd_rdzv_config_from_env(tkd_rdzv_config *c, int kind, const char *dir, double timeout_s);
+
+/* A TCP port free on this host now (bound to port 0 and released): what `--nproc-per-node` gives
+ * its ranks as MASTER_PORT. Another process may take it before rank 0 listens; then rank 0's
+ * listen fails with a message naming the port. */
+tkd_status tkd_dist_free_port(int *port);
 
 /* Heartbeats in dir (one small file per rank, replaced atomically): a rank beats once per step;
  * when a collective times out, tkd_dist_late_ranks writes into buf the ranks whose last beat is

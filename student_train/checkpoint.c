@@ -2,12 +2,16 @@
 #include "student_train/checkpoint.h"
 
 #include <cjson/cJSON.h>
+#include <glob.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "common/dist.h"
 #include "common/fileio.h"
+#include "common/signals.h"
 #include "formats/json_check.h"
 #include "formats/safetensors.h"
 
@@ -63,7 +67,9 @@ static tkd_status add_u64(cJSON *o, const char *key, uint64_t v)
     return cJSON_AddStringToObject(o, key, buf) ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
 }
 
-static tkd_status write_state(const char *dir, const tkd_adamw *opt, const tkd_train_state *s)
+/* state.json: the trainer's state, the optimizer's step and size, and the world its moments were
+ * sharded over (1 = optimizer.safetensors). */
+static tkd_status write_state(const char *dir, int64_t adamw_step, size_t n, int world, const tkd_train_state *s)
 {
     cJSON *o = cJSON_CreateObject();
     tkd_status st = o ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
@@ -71,8 +77,9 @@ static tkd_status write_state(const char *dir, const tkd_adamw *opt, const tkd_t
     if (st == TKD_OK) st = add_u64(o, "epoch", (uint64_t)s->epoch);
     if (st == TKD_OK) st = add_u64(o, "offset", (uint64_t)s->offset);
     if (st == TKD_OK) st = add_u64(o, "tokens_seen", (uint64_t)s->tokens_seen);
-    if (st == TKD_OK) st = add_u64(o, "adamw_step", (uint64_t)opt->step);
-    if (st == TKD_OK) st = add_u64(o, "adamw_n", (uint64_t)opt->n);
+    if (st == TKD_OK) st = add_u64(o, "adamw_step", (uint64_t)adamw_step);
+    if (st == TKD_OK) st = add_u64(o, "adamw_n", (uint64_t)n);
+    if (st == TKD_OK) st = add_u64(o, "optimizer_world", (uint64_t)world);
     for (int i = 0; i < 4 && st == TKD_OK; i++) {
         char key[16];
         snprintf(key, sizeof key, "rng%d", i);
@@ -107,7 +114,7 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
     if (st == TKD_OK)
         st = write_optimizer(tmp, opt);
     if (st == TKD_OK)
-        st = write_state(tmp, opt, s);
+        st = write_state(tmp, opt->step, opt->n, 1, s);
     if (st == TKD_OK && config_yaml)
         st = write_text(tmp, "config.yaml", config_yaml);
     if (st == TKD_OK)
@@ -134,7 +141,9 @@ static tkd_status get_u64(const cJSON *o, const char *key, const char *path, uin
     return TKD_OK;
 }
 
-static tkd_status read_state(const char *dir, tkd_adamw *opt, tkd_train_state *s)
+/* The state.json of dir into *s; *adamw_step and the optimizer's *world (1 when the key is absent:
+ * a checkpoint from before data-parallel training). Its n must equal the model's. */
+static tkd_status read_state(const char *dir, size_t n, int64_t *adamw_step, int *world, tkd_train_state *s)
 {
     char path[CKPT_PATH_MAX];
     void *text = NULL;
@@ -150,43 +159,92 @@ static tkd_status read_state(const char *dir, tkd_adamw *opt, tkd_train_state *s
         cJSON_Delete(o);
         return dup;
     }
-    uint64_t v[10];
-    const char *keys[10] = {"step", "epoch", "offset", "tokens_seen", "adamw_step", "adamw_n",
-                            "rng0", "rng1", "rng2", "rng3"};
+    uint64_t v[11] = {[10] = 1};
+    const char *keys[11] = {"step", "epoch", "offset", "tokens_seen", "adamw_step", "adamw_n",
+                            "rng0", "rng1", "rng2", "rng3", "optimizer_world"};
     tkd_status st = TKD_OK;
     for (int i = 0; i < 10 && st == TKD_OK; i++)
         st = get_u64(o, keys[i], path, &v[i]);
+    if (st == TKD_OK && cJSON_GetObjectItemCaseSensitive(o, keys[10]))
+        st = get_u64(o, keys[10], path, &v[10]);
     cJSON_Delete(o);
     TKD_TRY(st);
-    if (v[5] != opt->n)
+    if (v[5] != n)
         return tkd_error_set(TKD_ERR_MISMATCH, "%s: optimizer holds %llu values, the model %zu", path,
-                             (unsigned long long)v[5], opt->n);
+                             (unsigned long long)v[5], n);
+    if (v[10] < 1 || v[10] > (1u << 20))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: optimizer_world %llu is not a number of ranks", path,
+                             (unsigned long long)v[10]);
     s->step = (int64_t)v[0];
     s->epoch = (int64_t)v[1];
     s->offset = (int64_t)v[2];
     s->tokens_seen = (int64_t)v[3];
-    opt->step = (int64_t)v[4];
+    *adamw_step = (int64_t)v[4];
+    *world = (int)v[10];
     for (int i = 0; i < 4; i++)
         s->rng.s[i] = v[6 + i];
     return TKD_OK;
 }
 
-static tkd_status read_optimizer(const char *dir, tkd_adamw *opt)
+static void shard_name(char *buf, size_t cap, int rank, int world)
 {
-    char path[CKPT_PATH_MAX];
-    TKD_TRY(tkd_path_join(path, sizeof path, dir, "optimizer.safetensors"));
+    if (world <= 1)
+        snprintf(buf, cap, "optimizer.safetensors");
+    else
+        snprintf(buf, cap, "optimizer-rank%d-of%d.safetensors", rank, world);
+}
+
+/* Copies [lo, hi) of the moments held by rank r of world (its file covers [b, e)) into
+ * out_m/out_v, which start at parameter `base`. */
+static tkd_status read_overlap(const char *dir, int r, int world, size_t b, size_t e, size_t lo, size_t hi,
+                               size_t base, float *out_m, float *out_v)
+{
+    char name[64], path[CKPT_PATH_MAX];
+    shard_name(name, sizeof name, r, world);
+    TKD_TRY(tkd_path_join(path, sizeof path, dir, name));
+    if (!tkd_file_exists(path))
+        return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: missing — the checkpoint was written by %d rank%s and needs "
+                             "every one's optimizer shard", path, world, world > 1 ? "s" : "");
     tkd_st_dir *d = NULL;
     TKD_TRY(tkd_st_open(path, &d));
-    int64_t shape[1] = {(int64_t)opt->n};
-    float *m = opt->m, *v = opt->v, *tmp = NULL;
-    tkd_status st = moments_on_host(opt) ? TKD_OK : host_pair(opt, &tmp);
-    if (tmp)
-        m = tmp, v = tmp + opt->n;
-    if (st == TKD_OK)
-        st = tkd_st_read_f32(d, "adamw.m", 1, shape, m, opt->n);
-    if (st == TKD_OK)
-        st = tkd_st_read_f32(d, "adamw.v", 1, shape, v, opt->n);
+    tkd_status st = TKD_OK;
+    for (int k = 0; k < 2 && st == TKD_OK; k++) {
+        const char *tn = k ? "adamw.v" : "adamw.m";
+        const tkd_st_tensor *t = tkd_st_find(d, tn);
+        if (!t || t->dtype != TKD_DTYPE_F32 || t->ndim != 1 || (size_t)t->shape[0] != e - b)
+            st = tkd_error_set(TKD_ERR_FORMAT, "%s: tensor '%s' missing or not F32 (%zu,) — the range [%zu, %zu) of "
+                               "rank %d of %d", path, tn, e - b, b, e, r, world);
+        else
+            memcpy((k ? out_v : out_m) + (lo - base), (const float *)t->data + (lo - b), (hi - lo) * sizeof(float));
+    }
     tkd_st_close(d);
+    return st;
+}
+
+/* Moments of [begin, end) from a checkpoint whose optimizer was sharded over `world` ranks (1: one
+ * file): every old shard that overlaps the range gives its part (re-sharding when worlds differ). */
+static tkd_status read_moments(const char *dir, size_t n, int world, size_t begin, size_t end, float *out_m,
+                               float *out_v)
+{
+    for (int r = 0; r < world; r++) {
+        size_t b = 0, e = n, chunk;
+        if (world > 1)
+            tkd_zero_range(n, world, r, &b, &e, &chunk);
+        size_t lo = b > begin ? b : begin, hi = e < end ? e : end;
+        if (lo < hi)
+            TKD_TRY(read_overlap(dir, r, world, b, e, lo, hi, begin, out_m, out_v));
+    }
+    return TKD_OK;
+}
+
+static tkd_status read_optimizer(const char *dir, int world, tkd_adamw *opt)
+{
+    float *m = opt->m, *v = opt->v, *tmp = NULL;
+    if (!moments_on_host(opt)) {
+        TKD_TRY(host_pair(opt, &tmp));
+        m = tmp, v = tmp + opt->n;
+    }
+    tkd_status st = read_moments(dir, opt->n, world, 0, opt->n, m, v);
     if (st == TKD_OK && tmp)
         st = tkd_adamw_moments_set(opt, m, v);
     free(tmp);
@@ -207,7 +265,8 @@ static tkd_status check_same_arch(const tkd_model *a, const tkd_model *b, const 
     return TKD_OK;
 }
 
-tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tkd_train_state *s)
+/* Restores m's parameters from dir's weights (architecture checked). */
+static tkd_status load_weights(const char *dir, tkd_model *m)
 {
     tkd_model *saved = NULL;
     TKD_TRY(tkd_model_load_hf(dir, &saved));
@@ -215,7 +274,138 @@ tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tk
     if (st == TKD_OK)
         st = tkd_model_set_params(m, saved->params);
     tkd_model_free(saved);
-    TKD_TRY(st);
-    TKD_TRY(read_optimizer(dir, opt));
-    return read_state(dir, opt, s);
+    return st;
+}
+
+tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tkd_train_state *s)
+{
+    TKD_TRY(load_weights(dir, m));
+    int world = 1;
+    tkd_train_state st;
+    int64_t adamw_step;
+    TKD_TRY(read_state(dir, opt->n, &adamw_step, &world, &st));
+    TKD_TRY(read_optimizer(dir, world, opt));
+    opt->step = adamw_step;
+    *s = st;
+    return TKD_OK;
+}
+
+tkd_status tkd_checkpoint_load_shard(const char *dir, tkd_model *m, int rank, int world, float *mom_m,
+                                     float *mom_v, int64_t *adamw_step, tkd_train_state *s)
+{
+    size_t n = (size_t)m->n_params, begin, end, chunk;
+    tkd_zero_range(n, world, rank, &begin, &end, &chunk);
+    TKD_TRY(load_weights(dir, m));
+    int saved_world = 1;
+    tkd_train_state st;
+    TKD_TRY(read_state(dir, n, adamw_step, &saved_world, &st));
+    TKD_TRY(read_moments(dir, n, saved_world, begin, end, mom_m, mom_v));
+    *s = st;
+    return TKD_OK;
+}
+
+/* ---- data-parallel checkpoints ------------------------------------------------------------- */
+
+/* "<dir>.building-<job>-<step>": every rank of one job names the same staging directory. */
+static tkd_status staging_dir(char *out, size_t cap, const char *dir, const char *job, int64_t step)
+{
+    if (!job || !*job || strchr(job, '/'))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "checkpoint %s: no usable job id", dir);
+    int w = snprintf(out, cap, "%s.building-%s-%" PRId64, dir, job, step);
+    return w > 0 && (size_t)w < cap ? TKD_OK : tkd_error_set(TKD_ERR_INVALID_ARG, "checkpoint %s: path too long", dir);
+}
+
+tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_t step, int rank, int world,
+                                     size_t n, const float *m, const float *v)
+{
+    char stage[CKPT_PATH_MAX], name[64], path[CKPT_PATH_MAX];
+    size_t b, e, chunk;
+    tkd_zero_range(n, world, rank, &b, &e, &chunk);
+    static const float none[1];
+    TKD_TRY(staging_dir(stage, sizeof stage, dir, job_id, step));
+    TKD_TRY(tkd_mkdir_p(stage));
+    shard_name(name, sizeof name, rank, world);
+    TKD_TRY(tkd_path_join(path, sizeof path, stage, name));
+    tkd_st_writer *w = NULL;
+    int64_t shape[1] = {(int64_t)(e - b)};
+    tkd_status st = tkd_st_writer_init(&w, TKD_DTYPE_F32);
+    if (st == TKD_OK)
+        st = tkd_st_writer_add(w, "adamw.m", 1, shape, m ? m : none);
+    if (st == TKD_OK)
+        st = tkd_st_writer_add(w, "adamw.v", 1, shape, v ? v : none);
+    if (st == TKD_OK)
+        st = tkd_st_writer_finish(w, path); /* atomic: the file exists only once whole */
+    tkd_st_writer_free(w);
+    return st == TKD_OK ? TKD_OK : tkd_error_prefix(st, "checkpoint %s: rank %d's optimizer shard", dir, rank);
+}
+
+/* Waits until every rank's shard is in stage; on timeout names the missing files. */
+static tkd_status wait_shards(const char *stage, int world, double timeout_s)
+{
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int have = 0;;) {
+        char name[64], path[CKPT_PATH_MAX], missing[512] = "";
+        size_t len = 0;
+        have = 0;
+        for (int r = 0; r < world; r++) {
+            shard_name(name, sizeof name, r, world);
+            TKD_TRY(tkd_path_join(path, sizeof path, stage, name));
+            if (tkd_file_exists(path))
+                have++;
+            else if (len < sizeof missing - 1)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s", len ? ", " : "", name);
+        }
+        if (have == world)
+            return TKD_OK;
+        if (tkd_interrupted())
+            return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted while waiting for the ranks' optimizer shards");
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) * 1e-9 > timeout_s)
+            return tkd_error_set(TKD_ERR_IO, "%d of %d optimizer shards written after %.0f s; missing: %s", have,
+                                 world, timeout_s, missing);
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+}
+
+/* Staging directories of this checkpoint other than keep (a crashed job's, a failed step's). */
+static void remove_other_staging(const char *dir, const char *keep)
+{
+    char pattern[CKPT_PATH_MAX];
+    glob_t g;
+    snprintf(pattern, sizeof pattern, "%s.building-*", dir);
+    if (glob(pattern, GLOB_NOSORT, NULL, &g) != 0)
+        return;
+    for (size_t i = 0; i < g.gl_pathc; i++)
+        if (strcmp(g.gl_pathv[i], keep) != 0)
+            tkd_remove_tree(g.gl_pathv[i]);
+    globfree(&g);
+}
+
+tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t step, const tkd_model *m,
+                                 int64_t adamw_step, int world, const tkd_train_state *s,
+                                 const char *config_yaml, double timeout_s)
+{
+    char stage[CKPT_PATH_MAX];
+    TKD_TRY(staging_dir(stage, sizeof stage, dir, job_id, step));
+    tkd_status st = tkd_mkdir_p(stage);
+    if (st == TKD_OK)
+        st = tkd_model_save_hf(m, stage, TKD_DTYPE_F32);
+    if (st == TKD_OK)
+        st = write_state(stage, adamw_step, m->n_params, world, s);
+    if (st == TKD_OK && config_yaml)
+        st = write_text(stage, "config.yaml", config_yaml);
+    if (st == TKD_OK)
+        st = wait_shards(stage, world, timeout_s);
+    if (st == TKD_OK)
+        st = tkd_rename_dir_atomic(stage, dir);
+    if (st != TKD_OK) {
+        tkd_error_saved keep;
+        tkd_error_save(&keep, st);
+        tkd_remove_tree(stage);
+        tkd_error_restore(&keep);
+        return tkd_error_prefix(st, "checkpoint %s (the previous checkpoint is kept)", dir);
+    }
+    remove_other_staging(dir, stage);
+    return TKD_OK;
 }

@@ -1,8 +1,11 @@
 /* checkpoint.h — a training checkpoint directory, written whole or not at all.
  *
  * <dir>/config.json + model.safetensors  the student in Hugging Face form (F32: resume is exact)
- * <dir>/optimizer.safetensors            AdamW moments "adamw.m", "adamw.v" (n,) F32
- * <dir>/state.json                       step, loader position (epoch, offset), tokens seen, RNG
+ * <dir>/optimizer.safetensors            AdamW moments "adamw.m", "adamw.v" (n,) F32 (one process)
+ * <dir>/optimizer-rank<r>-of<W>.safetensors  instead, with W data-parallel ranks: rank r's moments
+ *                                        of [begin, end) = tkd_zero_range(n, W, r), (end - begin,) F32
+ * <dir>/state.json                       step, loader position (epoch, offset), tokens seen, RNG,
+ *                                        AdamW step, n and the optimizer's world W
  * <dir>/config.yaml                      the effective student-train config
  * The directory is built under a temporary name and renamed into place (common/fileio.h), so a
  * crash or a full disk leaves the previous checkpoint intact.
@@ -10,6 +13,7 @@
 #ifndef TKD_CHECKPOINT_H
 #define TKD_CHECKPOINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/rng.h"
@@ -33,5 +37,42 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
  * architecture must equal m's: otherwise TKD_ERR_CONFIG (m was built from a config other than the
  * run's, a usage error), naming the directory. */
 tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tkd_train_state *st);
+
+/* ---- data-parallel checkpoints (world > 1, ZeRO-1) ----------------------------------------------
+ * Every rank holds its shard of the AdamW moments; the checkpoint counts only once every shard is
+ * in it. At a checkpoint step:
+ *   1. every rank (0 included) calls tkd_checkpoint_save_shard: its shard goes into the staging
+ *      directory "<dir>.building-<job>-<step>" (made by whichever rank comes first; each file is
+ *      written atomically, so one that exists is whole);
+ *   2. rank 0 calls tkd_checkpoint_commit: the weights, state.json and config.yaml go into the same
+ *      staging directory, it waits until all W shard files are there (a barrier between 1 and 2
+ *      makes the wait immediate; without one the wait is the synchronisation), then renames the
+ *      staging directory over <dir> (tkd_rename_dir_atomic: the rename is the marker, made last).
+ * A rank that dies before writing its shard: commit times out naming the missing file(s), removes
+ * the staging directory and leaves the previous <dir> untouched. Staging directories of other jobs
+ * or steps (a crash) are removed by the next successful commit. The job id keeps a staging
+ * directory of a crashed job (whose shards may be stale) from being completed by a new one.
+ * Moments are host arrays: a GPU caller copies its shard to the host first. */
+
+/* Writes rank's moments m, v (end - begin floats each, [begin, end) = tkd_zero_range(n, world,
+ * rank); may be NULL when empty) for the checkpoint `dir` of `step`. */
+tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_t step, int rank, int world,
+                                     size_t n, const float *m, const float *v);
+
+/* Rank 0: writes the model (its full parameters, e.g. all-gathered), the state (adamw_step is the
+ * optimizer's step count; the optimizer's world is recorded) and config_yaml (may be NULL), waits
+ * up to timeout_s for the world's shards, then makes the checkpoint count as above. */
+tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t step, const tkd_model *m,
+                                 int64_t adamw_step, int world, const tkd_train_state *st,
+                                 const char *config_yaml, double timeout_s);
+
+/* Every rank on resume: restores m's parameters (all of them) and *st as tkd_checkpoint_load does,
+ * *adamw_step, and this rank's moments of [begin, end) = tkd_zero_range(n, world, rank) into
+ * mom_m, mom_v (end - begin floats each). The checkpoint may come from any world: the same (each
+ * rank reads its own shard), another (the range is assembled from the old shards that overlap it)
+ * or a one-process optimizer.safetensors (read as world 1). A missing shard is TKD_ERR_NOT_FOUND
+ * naming the file. */
+tkd_status tkd_checkpoint_load_shard(const char *dir, tkd_model *m, int rank, int world, float *mom_m,
+                                     float *mom_v, int64_t *adamw_step, tkd_train_state *st);
 
 #endif /* TKD_CHECKPOINT_H */

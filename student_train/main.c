@@ -7,12 +7,16 @@
 #include <string.h>
 
 #include "common/cli.h"
+#include "common/launch.h"
 #include "common/log.h"
 #include "common/signals.h"
 #include "student_train/train.h"
 #include "student_train/train_config.h"
 
-#define USAGE "student-train --config FILE [--set key=value ...] [--resume | --overwrite] [--print-config]"
+#define USAGE                                                                                           \
+    "student-train --config FILE [--set key=value ...] [--resume | --overwrite] [--print-config]\n"      \
+    "              [--nproc-per-node N]   (N data-parallel processes on this node, one per GPU;\n"       \
+    "                                      docs/distributed.md)"
 
 static int fail(tkd_status st)
 {
@@ -50,10 +54,29 @@ static void print_summary(const tkd_train_result *r)
     print_result_line(r);
 }
 
+/* --nproc-per-node N: the config was checked once here (an error is one line, not N); the ranks
+ * then run the same command line, each finding its rank in RANK/WORLD_SIZE. A failing rank's exit
+ * code is the launcher's. */
+static int run_launch(int nproc, int argc, char **argv)
+{
+    int rc = 0;
+    tkd_status st = tkd_signals_install();
+    if (st == TKD_OK)
+        st = tkd_launch_workers("student-train", nproc, argc, argv, 30.0, &rc);
+    if (st != TKD_OK && rc > 0) {
+        fprintf(stderr, "student-train: %s\n", tkd_error_msg());
+        return rc;
+    }
+    return st == TKD_OK ? 0 : fail(st);
+}
+
 int main(int argc, char **argv)
 {
+    int nproc;
+    tkd_status st = tkd_launch_take_nproc(&argc, argv, &nproc);
     tkd_cli cli;
-    tkd_status st = tkd_cli_parse(&cli, argc, argv);
+    if (st == TKD_OK)
+        st = tkd_cli_parse(&cli, argc, argv);
     if (st != TKD_OK) {
         fprintf(stderr, "student-train: %s\nusage: %s (--help lists every key)\n", tkd_error_msg(), USAGE);
         return tkd_cli_exit_code(st, 0);
@@ -79,6 +102,8 @@ int main(int argc, char **argv)
         rc = fail(st);
     } else if (cli.print_config) {
         fputs(yaml, stdout);
+    } else if (nproc > 0) {
+        rc = run_launch(nproc, argc, argv);
     } else {
         char name[512];
         if (*cfg.run_name)

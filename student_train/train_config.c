@@ -12,6 +12,7 @@ static const char *const init_names[] = {"random", "hf", NULL};
 static const char *const recompute_names[] = TKD_RECOMPUTE_NAMES; /* tkd_recompute's values */
 static const char *const arch_names[] = {"llama", "qwen2", NULL};
 static const char *const variant_names[] = {"renorm", "tail", "sampled", NULL};
+static const char *const rdzv_names[] = {"auto", "file", "tcp", NULL};
 
 static const tkd_config_field fields[] = {
     TKD_CFG_STRING(T, run_name, "run.name", "", "Run name: outputs go to <run.dir>/<name>/; empty = derived from the config file and --set overrides"),
@@ -74,6 +75,10 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT(T, log_interval, "train.log_interval", "10", 1, 1 << 30, "Steps between metrics.jsonl training records"),
     TKD_CFG_BOOL(T, eval_only, "train.eval_only", "false", "Only evaluate the initial student on the validation split (e.g. a teacher loaded with model.init = hf)"),
     TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: where the student trains (cuda: bf16 compute, fp32 master weights and optimizer state on GPU 0); auto takes the GPU when this build has CUDA and one answers, else the CPU"),
+
+    TKD_CFG_ENUM(T, dist_rendezvous, "dist.rendezvous", "auto", rdzv_names, "With several processes (--nproc-per-node, srun): how rank 0 hands the NCCL id to the others. file: through dist.dir; tcp: a connection to MASTER_ADDR:MASTER_PORT; auto: tcp when both are set in the environment (--nproc-per-node sets them), else file. Unused with one process"),
+    TKD_CFG_STRING(T, dist_dir, "dist.dir", "", "Directory every rank sees, for the file rendezvous and the per-rank heartbeats; empty = the run's directory"),
+    TKD_CFG_FLOAT(T, dist_timeout_s, "dist.timeout_s", "600", 1, 86400, "Seconds a rank waits for the others (rendezvous, a step's collectives, a checkpoint's shards) before the run ends with an error naming the late rank"),
 };
 
 const tkd_config_schema tkd_train_schema = TKD_CONFIG_SCHEMA("student-train", fields);

@@ -12,6 +12,11 @@
 /* Enum indices of the schema's ENUM fields (the order of the allowed-name lists). */
 enum { TKD_TRAIN_INIT_RANDOM = 0, TKD_TRAIN_INIT_HF = 1 };
 enum { TKD_TRAIN_ARCH_LLAMA = 0, TKD_TRAIN_ARCH_QWEN2 = 1 };
+enum { TKD_TRAIN_RDZV_AUTO = 0, TKD_TRAIN_RDZV_FILE = 1, TKD_TRAIN_RDZV_TCP = 2 };
+
+/* dist.rendezvous as the kind argument of tkd_rdzv_config_from_env (common/dist.h): -1 auto, else
+ * TKD_RDZV_FILE / TKD_RDZV_TCP. */
+static inline int tkd_train_rdzv_kind(int rendezvous) { return rendezvous - 1; }
 
 typedef struct tkd_train_config {
     /* run */
@@ -74,6 +79,10 @@ typedef struct tkd_train_config {
     int log_interval;
     bool eval_only;        /* evaluate the initial student and stop (e.g. a teacher's val CE) */
     int device;            /* auto | cpu | cuda */
+    /* dist: only read when the world (common/dist.h) is larger than 1 */
+    int dist_rendezvous;   /* auto | file | tcp (TKD_TRAIN_RDZV_*) */
+    char *dist_dir;        /* file rendezvous and heartbeats; "" = the run's directory */
+    double dist_timeout_s; /* how long a rank waits for the others (rendezvous, a collective, a checkpoint) */
 } tkd_train_config;
 
 extern const tkd_config_schema tkd_train_schema;

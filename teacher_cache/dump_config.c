@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dist.h"
 #include "formats/cache_shard.h"
 
 static const char *const last_window_names[] = {"drop", "pad", NULL};
@@ -68,41 +69,18 @@ static const tkd_config_field dump_fields[] = {
 
 const tkd_config_schema tkd_dump_schema = TKD_CONFIG_SCHEMA("teacher-dump", dump_fields);
 
-/* Reads a non-negative integer environment variable; *found = false when unset or empty. */
-static tkd_status env_int(const char *(*get)(const char *), const char *name, int *out, bool *found)
-{
-    const char *v = get(name);
-    *found = v && *v;
-    if (!*found)
-        return TKD_OK;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < 0 || x > (1 << 20))
-        return tkd_error_set(TKD_ERR_CONFIG,
-                             "environment %s=%s: not a worker number — unset it or set workers.* in the config",
-                             name, v);
-    *out = (int)x;
-    return TKD_OK;
-}
-
 static const char *plain_getenv(const char *name) { return getenv(name); }
 
-/* RANK/WORLD_SIZE (torchrun, mpirun wrappers) first, then SLURM's. Both of a pair must be set. */
+/* RANK/WORLD_SIZE, else SLURM_PROCID/SLURM_NTASKS (srun, one task per GPU): common/dist.h reads
+ * them as student-train does, so both tools agree on who is which rank. */
 static tkd_status workers_from_env(tkd_dump_config *cfg, const char *(*get)(const char *))
 {
-    static const char *const pairs[2][2] = {{"RANK", "WORLD_SIZE"}, {"SLURM_PROCID", "SLURM_NTASKS"}};
-    for (int p = 0; p < 2; p++) {
-        int idx = 0, cnt = 0;
-        bool fi, fc;
-        TKD_TRY(env_int(get, pairs[p][0], &idx, &fi));
-        TKD_TRY(env_int(get, pairs[p][1], &cnt, &fc));
-        if (fi && fc && cnt >= 1) {
-            cfg->worker_index = idx;
-            cfg->worker_count = cnt;
-            return TKD_OK;
-        }
-    }
+    tkd_dist_info d;
+    tkd_status st = tkd_dist_from_getenv(&d, get);
+    if (st != TKD_OK)
+        return tkd_error_hint(st, "unset it or set workers.* in the config");
+    cfg->worker_index = d.rank;
+    cfg->worker_count = d.world;
     return TKD_OK;
 }
 

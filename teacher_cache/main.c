@@ -20,7 +20,7 @@
 #include "teacher_cache/dump_config.h"
 #include "teacher_cache/dump_dir.h"
 #include "teacher_cache/dump_merge.h"
-#include "teacher_cache/launch.h"
+#include "common/launch.h"
 #include "teacher_cache/tokenize.h"
 
 static const char usage[] =
@@ -170,7 +170,7 @@ static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
     if (st == TKD_OK)
         st = tkd_signals_install();
     if (st == TKD_OK)
-        st = tkd_launch_workers(nproc, argc, argv, 30.0, &rc);
+        st = tkd_launch_workers("teacher-dump", nproc, argc, argv, 30.0, &rc);
     int64_t nseq = 0, nshards = 0;
     if (st == TKD_OK && nproc > 1)
         st = tkd_dump_merge(cfg.output_dir, &nseq, &nshards);

@@ -9,10 +9,12 @@
 #include <cmocka.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/cli.h"
+#include "common/fileio.h" /* tkd_file_exists */
 #include "tests/dump_testutil.h"
 
 #define DUMP TKD_BINARY_DIR "/bin/teacher-dump"
@@ -84,16 +86,20 @@ static pid_t dump(const char *tag, const char *extra)
     return tkd_test_spawn(DUMP, args, NULL, log);
 }
 
-/* student-train -q --config train.yaml --set run.name=<tag> [--set extra], as dump. */
-static pid_t train(const char *tag, const char *extra)
+/* student-train -q --config train.yaml --set run.name=<tag> [--set extra] [flag value], as dump. */
+static pid_t train_flag(const char *tag, const char *extra, const char *flag, const char *value)
 {
     char name[256];
     snprintf(name, sizeof name, "run.name=%s", tag);
-    const char *args[] = {"-q", "--config", train_cfg, "--set", name, extra ? "--set" : NULL, extra, NULL};
+    const char *args[] = {"-q", "--config", train_cfg, "--set", name, flag, value, NULL, NULL, NULL};
+    if (extra)
+        args[flag ? 7 : 5] = "--set", args[flag ? 8 : 6] = extra;
     char log[4400];
     snprintf(log, sizeof log, "%s.out", tkd_test_path(tkd_test_group_dir, tag));
     return tkd_test_spawn(TRAIN, args, NULL, log);
 }
+
+static pid_t train(const char *tag, const char *extra) { return train_flag(tag, extra, NULL, NULL); }
 
 /* The dump's output directory and the run's metrics.jsonl are made after the signal handlers are
  * installed: once they exist, a signal is a request to stop, not the default death. */
@@ -130,6 +136,35 @@ static void test_runtime_errors(void **state)
     assert_int_equal(tkd_test_wait(train("train-missing", path)), 1);
 }
 
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* student-train --nproc-per-node: a bad N and a config error are one usage error each (exit 2,
+ * the error once: checked before any rank starts); a SIGTERM to the launcher reaches the rank,
+ * which stops with its checkpoint: 143 as without the launcher. */
+static void test_train_nproc_per_node(void **state)
+{
+    (void)state;
+    const char *dir = tkd_test_group_dir;
+    assert_int_equal(tkd_test_wait(train_flag("np-bad", NULL, "--nproc-per-node", "two")), 2);
+    char *out = tkd_test_slurp(tkd_test_path(dir, "np-bad.out"), NULL);
+    assert_non_null(strstr(out, "student-train: --nproc-per-node: 'two' is not a number of processes"));
+    free(out);
+    assert_int_equal(tkd_test_wait(train_flag("np-key", "train.kk=3", "--nproc-per-node", "2")), 2);
+    out = tkd_test_slurp(tkd_test_path(dir, "np-key.out"), NULL);
+    assert_non_null(strstr(out, "train.kk"));
+    assert_int_equal(count_of(out, "student-train:"), 1); /* one error line, no rank started */
+    free(out);
+    assert_int_equal(tkd_test_signal_when(train_flag("np-term", NULL, "--nproc-per-node", "1"),
+                                          tkd_test_path(dir, "runs/np-term/metrics.jsonl"), SIGTERM), 143);
+    assert_true(tkd_file_exists(tkd_test_path(dir, "runs/np-term/checkpoint/state.json")));
+}
+
 int main(void)
 {
     if (access(DUMP, X_OK) != 0 || access(TRAIN, X_OK) != 0) {
@@ -138,6 +173,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mapping),
+        cmocka_unit_test(test_train_nproc_per_node),
         cmocka_unit_test(test_signals),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_runtime_errors),

@@ -212,7 +212,7 @@ static void test_config_messages_then_the_named_change(void **state)
     unsetenv("WORLD_SIZE");
     assert_int_equal(good, TKD_OK);
     expect(tkd_error_restore(&bad), TKD_ERR_CONFIG,
-           "environment RANK=x1: not a worker number — unset it or set workers.* in the config");
+           "environment RANK=x1: not a number in 0..1048575 — unset it or set workers.* in the config");
     assert_int_equal(cfg.worker_index, 1);
     tkd_config_free(&tkd_dump_schema, &cfg);
 }

@@ -790,15 +790,6 @@ static void test_merge_names_the_missing_worker(void **state)
 
 /* ---- config and worker split ----------------------------------------------------------------------- */
 
-static const char *const *g_env;
-static const char *fake_getenv(const char *name)
-{
-    for (int i = 0; g_env[i]; i += 2)
-        if (strcmp(g_env[i], name) == 0)
-            return g_env[i + 1];
-    return NULL;
-}
-
 static tkd_status finalize_with(const char *const *env, const char *extra, tkd_dump_config *cfg)
 {
     const char *y = "teacher: {path: t}\ndata: {paths: [d]}\noutput: {dir: o}\n";
@@ -806,8 +797,8 @@ static tkd_status finalize_with(const char *const *env, const char *extra, tkd_d
     assert_int_equal(tkd_config_defaults(&tkd_dump_schema, cfg), TKD_OK);
     assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, cfg, "t", y, strlen(y)), TKD_OK);
     assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, cfg, "t", extra, strlen(extra)), TKD_OK);
-    g_env = env;
-    return tkd_dump_config_finalize(cfg, fake_getenv);
+    tkd_test_env = env;
+    return tkd_dump_config_finalize(cfg, tkd_test_getenv);
 }
 
 static void test_config_workers_from_env(void **state)
@@ -832,6 +823,19 @@ static void test_config_workers_from_env(void **state)
     static const char *const bad[] = {"RANK", "x1", "WORLD_SIZE", "4", NULL};
     assert_int_equal(finalize_with(bad, "", &cfg), TKD_ERR_CONFIG);
     assert_non_null(strstr(tkd_error_msg(), "RANK=x1"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    /* read by common/dist.h as student-train reads it: half a pair is an error, not one worker,
+     * and srun's per-node task list is understood */
+    static const char *const half[] = {"SLURM_PROCID", "1", "SLURM_NTASKS", "3", "RANK", "1", NULL};
+    assert_int_equal(finalize_with(half, "", &cfg), TKD_ERR_CONFIG);
+    assert_non_null(strstr(tkd_error_msg(), "RANK is set without WORLD_SIZE"));
+    assert_non_null(strstr(tkd_error_msg(), "unset it or set workers.* in the config"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    static const char *const srun[] = {"SLURM_PROCID", "5", "SLURM_NTASKS", "6", "SLURM_LOCALID", "1",
+                                       "SLURM_NODEID", "2", "SLURM_STEP_TASKS_PER_NODE", "2(x3)", NULL};
+    assert_int_equal(finalize_with(srun, "", &cfg), TKD_OK);
+    assert_int_equal(cfg.worker_index, 5);
+    assert_int_equal(cfg.worker_count, 6);
     tkd_config_free(&tkd_dump_schema, &cfg);
     static const char *const none[] = {NULL};
     assert_int_equal(finalize_with(none, "workers: {index: 3, count: 3}\n", &cfg), TKD_ERR_CONFIG);

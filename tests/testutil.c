@@ -522,6 +522,16 @@ int tkd_test_student_teardown(void **state)
     return 0;
 }
 
+const char *const *tkd_test_env;
+
+const char *tkd_test_getenv(const char *name)
+{
+    for (int i = 0; tkd_test_env && tkd_test_env[i]; i += 2)
+        if (strcmp(tkd_test_env[i], name) == 0)
+            return tkd_test_env[i + 1];
+    return NULL;
+}
+
 char *tkd_test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

@@ -30,6 +30,11 @@ extern char *tkd_test_group_dir;
 int tkd_test_group_dir_setup(void **state);
 int tkd_test_group_dir_teardown(void **state);
 
+/* A fake environment for code that takes a getenv-like lookup: tkd_test_getenv(name) is the value
+ * after name in tkd_test_env ({"NAME", "value", ..., NULL}), or NULL. */
+extern const char *const *tkd_test_env;
+const char *tkd_test_getenv(const char *name);
+
 /* Fails the test unless the calling thread's error message contains needle. */
 void tkd_test_assert_msg_has(const char *needle);
 

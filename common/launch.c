@@ -1,9 +1,10 @@
 /* launch.c — see launch.h. */
 #define _GNU_SOURCE
-#include "teacher_cache/launch.h"
+#include "common/launch.h"
 
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/dist.h"
 #include "common/log.h"
 #include "common/signals.h"
 
@@ -50,8 +52,46 @@ tkd_status tkd_launch_take_nproc(int *argc, char **argv, int *nproc)
     return TKD_OK;
 }
 
+/* What every worker shares: the rendezvous point and the job's nonce. */
+typedef struct launch_env {
+    const char *tool;
+    char port[16];
+    char job[40];
+} launch_env;
+
+static tkd_status launch_env_make(launch_env *e, const char *tool)
+{
+    e->tool = tool;
+    const char *p = getenv("MASTER_PORT");
+    int port = 0;
+    if (p && *p)
+        snprintf(e->port, sizeof e->port, "%s", p);
+    else
+        TKD_TRY(tkd_dist_free_port(&port));
+    if (port)
+        snprintf(e->port, sizeof e->port, "%d", port);
+    /* unique among launches: the clock, the pid and a few random bytes */
+    uint32_t r = 0;
+    FILE *f = fopen("/dev/urandom", "re");
+    if (!f || fread(&r, sizeof r, 1, f) != 1)
+        r = (uint32_t)clock();
+    if (f)
+        fclose(f);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(e->job, sizeof e->job, "L%lx-%ld-%08x", (long)ts.tv_sec, (long)getpid(), r);
+    return TKD_OK;
+}
+
+static void set_env_int(const char *name, int v)
+{
+    char num[16];
+    snprintf(num, sizeof num, "%d", v);
+    setenv(name, num, 1);
+}
+
 /* In the child after fork: the worker's environment and flags, then exec; never returns. */
-static void exec_worker(int i, int n, pid_t launcher, int argc, char **argv)
+static void exec_worker(const launch_env *e, int i, int n, pid_t launcher, int argc, char **argv)
 {
     setpgid(0, 0);
     /* The launcher may have died before prctl: then nobody would forward a signal. */
@@ -67,12 +107,13 @@ static void exec_worker(int i, int n, pid_t launcher, int argc, char **argv)
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
     sigprocmask(SIG_UNBLOCK, &stop, NULL);
-    char num[16];
-    snprintf(num, sizeof num, "%d", i);
-    setenv("RANK", num, 1);
-    setenv("LOCAL_RANK", num, 1);
-    snprintf(num, sizeof num, "%d", n);
-    setenv("WORLD_SIZE", num, 1);
+    set_env_int("RANK", i);
+    set_env_int("LOCAL_RANK", i);
+    set_env_int("WORLD_SIZE", n);
+    set_env_int("LOCAL_WORLD_SIZE", n);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", e->port, 1);
+    setenv("TKD_JOB_ID", e->job, 1);
     /* argv[0] stays the name the user typed; -q goes before the others (a "--" may end the flags) */
     char **a = calloc((size_t)argc + 2, sizeof *a);
     if (!a)
@@ -84,7 +125,7 @@ static void exec_worker(int i, int n, pid_t launcher, int argc, char **argv)
     for (int j = 1; j < argc; j++)
         a[k++] = argv[j];
     execv("/proc/self/exe", a);
-    fprintf(stderr, "teacher-dump: worker %d: cannot run /proc/self/exe: %s\n", i, strerror(errno));
+    fprintf(stderr, "%s: worker %d: cannot run /proc/self/exe: %s\n", e->tool, i, strerror(errno));
     _exit(127);
 }
 
@@ -141,9 +182,25 @@ static void reap(launch *L, double grace_s)
     }
 }
 
-tkd_status tkd_launch_workers(int n, int argc, char **argv, double grace_s, int *exit_code)
+/* Started by another launcher (RANK/WORLD_SIZE set): each of its processes would start its own n.
+ * SLURM's variables are not enough to tell: a batch script run without srun has them too. */
+static tkd_status refuse_nested(int n)
+{
+    tkd_dist_info d;
+    TKD_TRY(tkd_dist_from_env(&d));
+    if (d.world <= 1 || strcmp(d.source, "env") != 0)
+        return TKD_OK;
+    tkd_error_set(TKD_ERR_CONFIG, "--nproc-per-node %d in rank %d of a job of %d (from %s variables)", n, d.rank,
+                  d.world, d.source);
+    return tkd_error_hint(TKD_ERR_CONFIG, "let one launcher start the processes: the other, or this one alone");
+}
+
+tkd_status tkd_launch_workers(const char *tool, int n, int argc, char **argv, double grace_s, int *exit_code)
 {
     *exit_code = 0;
+    launch_env env;
+    TKD_TRY(refuse_nested(n));
+    TKD_TRY(launch_env_make(&env, tool));
     launch L = {.pids = calloc((size_t)n, sizeof(pid_t)), .n = n, .failed = -1};
     if (!L.pids)
         return tkd_error_set(TKD_ERR_NOMEM, "--nproc-per-node: out of memory");
@@ -158,7 +215,7 @@ tkd_status tkd_launch_workers(int n, int argc, char **argv, double grace_s, int 
         sigprocmask(SIG_BLOCK, &stop, &old); /* no signal between fork and the child's reset */
         pid_t pid = fork();
         if (pid == 0)
-            exec_worker(i, n, self, argc, argv);
+            exec_worker(&env, i, n, self, argc, argv);
         sigprocmask(SIG_SETMASK, &old, NULL);
         if (pid < 0) {
             st = tkd_error_set(TKD_ERR_IO, "--nproc-per-node: cannot start worker %d of %d: %s", i, n, strerror(errno));
@@ -168,7 +225,7 @@ tkd_status tkd_launch_workers(int n, int argc, char **argv, double grace_s, int 
         }
         L.pids[i] = pid;
         L.running++;
-        tkd_log_info("teacher-dump: started worker %d of %d (pid %ld)", i, n, (long)pid);
+        tkd_log_info("%s: started worker %d of %d (pid %ld)", tool, i, n, (long)pid);
     }
     /* Poll rather than block in waitpid: a signal that lands just before a blocking wait would
      * otherwise wait for workers that were never told to stop. */
@@ -193,7 +250,7 @@ tkd_status tkd_launch_workers(int n, int argc, char **argv, double grace_s, int 
         *exit_code = L.failed_code;
         tkd_error_set(TKD_ERR_IO, "worker %d of %d (pid %ld) failed with exit code %d; the others were stopped", L.failed,
                       n, (long)L.failed_pid, L.failed_code);
-        return tkd_error_hint(TKD_ERR_IO, "its error is above; fix it and re-run the same command (finished shards are kept)");
+        return tkd_error_hint(TKD_ERR_IO, "its error is above; fix it and re-run the same command (it resumes)");
     }
     if (tkd_interrupted()) {
         *exit_code = 128 + tkd_interrupted();
