@@ -66,6 +66,14 @@ tkd_status tkd_backend_open(tkd_device want, int gpu, tkd_backend **out)
 #endif
 }
 
+#ifndef TKD_HAVE_CUDA
+void *tkd_backend_cuda_stream(tkd_backend *be)
+{
+    (void)be;
+    return NULL;
+}
+#endif
+
 void tkd_backend_close(tkd_backend *be)
 {
     if (be)

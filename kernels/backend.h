@@ -228,6 +228,10 @@ void tkd_backend_close(tkd_backend *be); /* NULL is a no-op */
 tkd_status tkd_backend_cpu_open(tkd_backend **out);
 tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out);
 
+/* The compute stream (a cudaStream_t) of a CUDA backend, NULL for any other: what code beside the
+ * seam (kernels/comm_nccl.h's collectives) orders its own stream against. */
+void *tkd_backend_cuda_stream(tkd_backend *be);
+
 #ifdef __cplusplus
 }
 #endif

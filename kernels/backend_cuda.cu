@@ -902,3 +902,8 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out)
     *out = be;
     return TKD_OK;
 }
+
+extern "C" void *tkd_backend_cuda_stream(tkd_backend *be)
+{
+    return be && be->device == TKD_DEVICE_CUDA ? static_cast<void *>(stream_of(be)) : nullptr;
+}

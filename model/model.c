@@ -869,10 +869,25 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
         if (m->recompute != TKD_RECOMPUTE_NONE && l + 1 < c->num_hidden_layers)
             TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
         TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T));
+        if (m->grad_hook)
+            TKD_TRY(m->grad_hook(m->grad_hook_ctx, m, l));
     }
     TKD_TRY(op->embedding_bwd(m->be, a->tokens, N, a->dx, D, m->g.embed));
     a->have_train_fwd = 0; /* activations are consumed: a second backward would double-count */
-    return TKD_OK;
+    return m->grad_hook ? m->grad_hook(m->grad_hook_ctx, m, -1) : TKD_OK;
+}
+
+void tkd_model_set_grad_hook(tkd_model *m, tkd_status (*fn)(void *ctx, tkd_model *m, int layer), void *ctx)
+{
+    m->grad_hook = fn;
+    m->grad_hook_ctx = ctx;
+}
+
+void tkd_model_layer_range(const tkd_model *m, int l, size_t *begin, size_t *end)
+{
+    int per = m->cfg.attention_bias ? 12 : 9; /* build_layout's tensors per block; the embedding is first */
+    *begin = m->info[1 + l * per].offset;
+    *end = m->info[1 + (l + 1) * per].offset; /* the next block's first tensor, or the final norm */
 }
 
 const float *tkd_model_lm_head(const tkd_model *m) { return m->w.lm_head; }

@@ -124,6 +124,8 @@ typedef struct tkd_model {
     float *d_rope_cos;      /* the RoPE tables in backend memory (== rope_cos on the CPU) */
     float *d_rope_sin;
     tkd_recompute recompute; /* what training keeps of each block (tkd_model_set_recompute) */
+    tkd_status (*grad_hook)(void *ctx, struct tkd_model *m, int layer); /* tkd_model_set_grad_hook */
+    void *grad_hook_ctx;
 } tkd_model;
 
 /* A model with weights drawn from normal(0, cfg->initializer_range) by a seeded generator (same seed,
@@ -212,6 +214,17 @@ const float *tkd_model_lm_head(const tkd_model *m);
 /* The LM-head weight as the backend sees it (V, D) act elements: what LM-head consumers take. */
 const void *tkd_model_lm_head_dev(const tkd_model *m);
 float *tkd_model_lm_head_grad(tkd_model *m);
+
+/* A hook tkd_model_backward calls as soon as gradients are final for this backward (data-parallel
+ * training starts reducing them while the earlier layers' backward runs): after block l's backward
+ * with layer = l (the tensors of tkd_model_layer_range(l)), and once at the end with layer = -1
+ * (everything else: the embedding, the final norm, the LM head). On CUDA the gradient work is
+ * enqueued, not finished: the hook orders its own work after the backend's stream. An error from the
+ * hook ends the backward with it. fn NULL: no hook. */
+void tkd_model_set_grad_hook(tkd_model *m, tkd_status (*fn)(void *ctx, tkd_model *m, int layer), void *ctx);
+
+/* The elements [begin, end) of the flat arrays that hold block l's tensors (contiguous: storage order). */
+void tkd_model_layer_range(const tkd_model *m, int l, size_t *begin, size_t *end);
 
 /* Zeroes all gradients (no-op when none are allocated); enqueued on CUDA. */
 tkd_status tkd_model_zero_grad(tkd_model *m);

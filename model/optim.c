@@ -69,34 +69,53 @@ void tkd_adamw_free(tkd_adamw *o)
     free(o);
 }
 
-static tkd_status adamw_table(const tkd_model *m, tkd_backend_adamw **out)
+/* The model's tensors cut to [begin, end), offsets counted from begin. */
+static tkd_status adamw_table(const tkd_model *m, size_t begin, size_t end, tkd_backend_adamw **out)
 {
     tkd_adamw_seg *segs = malloc(sizeof *segs * (size_t)(m->n_info > 0 ? m->n_info : 1));
     if (!segs)
         return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of memory");
-    for (int i = 0; i < m->n_info; i++)
-        segs[i] = (tkd_adamw_seg){.offset = m->info[i].offset, .numel = m->info[i].numel, .decay = m->info[i].decay};
-    tkd_status st = m->be->op->adamw_create(m->be, segs, m->n_info, out);
+    int n = 0;
+    for (int i = 0; i < m->n_info; i++) {
+        size_t s0 = m->info[i].offset, s1 = s0 + m->info[i].numel;
+        s0 = s0 > begin ? s0 : begin;
+        s1 = s1 < end ? s1 : end;
+        if (s0 < s1)
+            segs[n++] = (tkd_adamw_seg){.offset = s0 - begin, .numel = s1 - s0, .decay = m->info[i].decay};
+    }
+    tkd_status st = m->be->op->adamw_create(m->be, segs, n, out);
     free(segs);
     return st;
 }
 
 tkd_status tkd_adamw_init_on(const tkd_optim_config *c, const tkd_model *m, tkd_adamw **out)
 {
+    return tkd_adamw_init_shard(c, m, 0, m->n_params, out);
+}
+
+tkd_status tkd_adamw_init_shard(const tkd_optim_config *c, const tkd_model *m, size_t begin, size_t end,
+                                tkd_adamw **out)
+{
     *out = NULL;
     tkd_backend *be = m->be;
     if (!be->op->adamw_step)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "adamw: the %s backend has no optimizer", be->name);
+    if (begin > end || end > m->n_params)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: shard [%zu, %zu) outside the %zu parameters", begin, end,
+                             m->n_params);
     tkd_adamw *o = calloc(1, sizeof *o);
     if (!o)
         return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of memory");
     o->cfg = *c;
-    o->n = m->n_params;
+    o->n = end - begin;
+    o->begin = begin;
     o->be = be;
-    tkd_status st = be->op->alloc(be, 2 * m->n_params * sizeof(float), "AdamW moments", (void **)&o->m);
+    /* an empty shard (the last ranks of a tiny model) still gets a pair of floats: no 0-byte alloc */
+    size_t cap = o->n > 0 ? o->n : 1;
+    tkd_status st = be->op->alloc(be, 2 * cap * sizeof(float), "AdamW moments", (void **)&o->m);
     if (st == TKD_OK) {
-        o->v = o->m + m->n_params; /* m and v in one allocation */
-        st = adamw_table(m, &o->table);
+        o->v = o->m + cap; /* m and v in one allocation */
+        st = adamw_table(m, begin, end, &o->table);
     }
     if (st != TKD_OK) {
         tkd_adamw_free(o);
@@ -106,21 +125,30 @@ tkd_status tkd_adamw_init_on(const tkd_optim_config *c, const tkd_model *m, tkd_
     return TKD_OK;
 }
 
-/* One update of m's master weights from m->grads · grad_scale. */
-static tkd_status step_model(tkd_adamw *o, tkd_model *m, double lr, float grad_scale)
+tkd_status tkd_adamw_step_model_scaled(tkd_adamw *o, tkd_model *m, double lr, float grad_scale)
 {
-    if (o->be != m->be || o->n != m->n_params || !m->grads || (!m->params && !m->master_lo))
+    if (o->be != m->be || o->begin + o->n > m->n_params || !m->grads || (!m->params && !m->master_lo))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: the state was not made for this model on %s, or the model "
                              "has no gradients", m->be->name);
+    if (o->n == 0) { /* an empty shard: nothing to update, the step still counts */
+        o->step++;
+        return TKD_OK;
+    }
     tkd_adamw_hparams h = hparams(&o->cfg, lr);
-    tkd_status st = m->be->op->adamw_step(m->be, o->table, m->dparams, m->master_lo, m->grads, o->m, o->v, &h,
-                                          o->step + 1, grad_scale);
+    size_t b = o->begin; /* a ZeRO-1 shard [b, b + n): every array advanced by b (backend.h) */
+    void *w = (char *)m->dparams + b * m->be->act_size;
+    void *lo = m->master_lo ? (char *)m->master_lo + b * m->be->master_lo_size : NULL;
+    tkd_status st = m->be->op->adamw_step(m->be, o->table, w, lo, m->grads + b, o->m, o->v, &h, o->step + 1,
+                                          grad_scale);
     if (st == TKD_OK)
         o->step++;
     return st;
 }
 
-tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr) { return step_model(o, m, lr, 1.0f); }
+tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr)
+{
+    return tkd_adamw_step_model_scaled(o, m, lr, 1.0f);
+}
 
 /* The gradient norm and the clip coefficient (1 when not clipping), the gradients untouched. */
 static tkd_status clip_coef_model(tkd_model *m, double max_norm, double *norm_out, float *coef)
@@ -140,7 +168,7 @@ tkd_status tkd_adamw_clip_step_model(tkd_adamw *o, tkd_model *m, double lr, doub
 {
     float coef = 1.0f;
     TKD_TRY(clip_coef_model(m, max_norm, norm_out, &coef));
-    return step_model(o, m, lr, coef);
+    return tkd_adamw_step_model_scaled(o, m, lr, coef);
 }
 
 tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v)

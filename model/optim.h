@@ -38,6 +38,8 @@ typedef struct tkd_adamw {
     float *m; // (n) first moment (host, or backend memory with tkd_adamw_init_on)
     float *v; // (n) second moment
     int64_t step;
+    size_t begin;              /* the first parameter the state covers (tkd_adamw_init_shard; else 0):
+                                * m and v hold parameters [begin, begin + n) */
     tkd_backend *be;           /* NULL: host state (tkd_adamw_init); else the model's backend */
     tkd_backend_adamw *table;  /* the model's tensors as the backend's segment table */
 } tkd_adamw;
@@ -57,10 +59,21 @@ void tkd_adamw_free(tkd_adamw *o); /* NULL is a no-op */
 /* State for model m's parameters in m's backend memory, moments zeroed (m->be must outlive it). */
 tkd_status tkd_adamw_init_on(const tkd_optim_config *c, const tkd_model *m, tkd_adamw **out);
 
+/* ZeRO-1: state for the shard [begin, end) of m's parameters only (common/dist.h's tkd_zero_range),
+ * so each rank keeps the moments of its own shard: o->n = end − begin, o->begin = begin.
+ * tkd_adamw_step_model then updates only those elements of the master and compute weights (the
+ * caller all-gathers the rest); the moments functions move n values. */
+tkd_status tkd_adamw_init_shard(const tkd_optim_config *c, const tkd_model *m, size_t begin, size_t end,
+                                tkd_adamw **out);
+
 /* One update of m's fp32 master weights from m->grads on m's backend (o from tkd_adamw_init_on for
  * m), as tkd_adamw_step: weight decay where the tensor's decay is set, o->step incremented first.
  * The compute weights are refreshed (CUDA: they are the master's high half). Enqueued. */
 tkd_status tkd_adamw_step_model(tkd_adamw *o, tkd_model *m, double lr);
+
+/* The same with the gradients read as g · grad_scale (the clip coefficient: data parallelism
+ * computes it from every rank's shard; bit-identical to scaling g first). */
+tkd_status tkd_adamw_step_model_scaled(tkd_adamw *o, tkd_model *m, double lr, float grad_scale);
 
 /* tkd_optim_clip over m->grads on m's backend (waits for the gradients to get the norm). */
 tkd_status tkd_optim_clip_model(tkd_model *m, double max_norm, double *norm_out);

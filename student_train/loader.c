@@ -13,6 +13,8 @@ struct tkd_loader {
     const tkd_tokens *tokens;
     int64_t *split;  // (n)
     int64_t *order;  // (n) the current epoch's order
+    int64_t *mine;   // (n) data parallel: this rank's part of the order from the seek offset on
+    int world;       /* ranks (>= 1) */
     int64_t n;
     int64_t epoch, offset;
     tkd_cache_stream *stream;
@@ -102,9 +104,16 @@ tkd_status tkd_loader_open(tkd_loader **out, tkd_cache_reader *cache, const tkd_
         return tkd_error_set(TKD_ERR_MISMATCH, "loader: data.seq_len %d is longer than the cache's %d",
                              opts->seq_len, have);
     }
+    l->world = opts->world > 1 ? opts->world : 1;
+    l->o.rank = l->world > 1 ? opts->rank : 0;
+    if (l->o.rank < 0 || l->o.rank >= l->world) {
+        free(l);
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "loader: rank %d of %d", opts->rank, opts->world);
+    }
     l->split = malloc(((size_t)n + 1) * sizeof(int64_t));
     l->order = malloc(((size_t)n + 1) * sizeof(int64_t));
-    tkd_status st = l->split && l->order ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "loader: out of memory");
+    l->mine = malloc(((size_t)n + 1) * sizeof(int64_t));
+    tkd_status st = l->split && l->order && l->mine ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "loader: out of memory");
     if (st == TKD_OK) {
         memcpy(l->split, split, (size_t)n * sizeof(int64_t));
         st = alloc_buffers(l);
@@ -124,6 +133,7 @@ void tkd_loader_close(tkd_loader *l)
     tkd_cache_stream_close(l->stream);
     free(l->split);
     free(l->order);
+    free(l->mine);
     free(l->inputs);
     free(l->labels);
     free(l->topk_idx);
@@ -133,6 +143,38 @@ void tkd_loader_close(tkd_loader *l)
     free(l->seq);
     free(l->window);
     free(l);
+}
+
+/* This rank's part [*first, *first + *count) of the order in the global batch that starts at off. */
+static void rank_share(const tkd_loader *l, int64_t off, int64_t *first, int64_t *count)
+{
+    int64_t bs = l->o.batch_size, b = off + l->o.rank * bs, e = b + bs;
+    b = b < l->n ? b : l->n;
+    e = e < l->n ? e : l->n;
+    *first = b;
+    *count = e - b;
+}
+
+/* l->mine = this rank's parts of the global batches from offset to the end of the epoch, in order
+ * (with one rank: the order itself from offset). Returns how many. The cache stream reads them in
+ * batches of batch_size: every part but an epoch's last is exactly one batch. */
+static int64_t rank_order(tkd_loader *l, int64_t offset)
+{
+    int64_t n = 0, step = (int64_t)l->world * l->o.batch_size;
+    for (int64_t off = offset; off < l->n; off += step) {
+        int64_t first, count;
+        rank_share(l, off, &first, &count);
+        memcpy(l->mine + n, l->order + first, (size_t)count * sizeof(int64_t));
+        n += count;
+    }
+    return n;
+}
+
+/* Moves the position past the global batch this rank just took its part of. */
+static void advance(tkd_loader *l)
+{
+    int64_t step = (int64_t)l->world * l->o.batch_size;
+    l->offset = l->n - l->offset < step ? l->n : l->offset + step;
 }
 
 tkd_status tkd_loader_seek(tkd_loader *l, int64_t epoch, int64_t offset)
@@ -145,10 +187,11 @@ tkd_status tkd_loader_seek(tkd_loader *l, int64_t epoch, int64_t offset)
     l->epoch = epoch;
     l->offset = offset;
     tkd_loader_epoch_order(l, epoch, l->order);
-    if (l->cache && offset < l->n) {
+    int64_t n_mine = rank_order(l, offset);
+    if (l->cache && n_mine > 0) {
         tkd_cache_stream_opts so = {.batch_seq = l->o.batch_size, .k = l->o.k, .with_tail = l->o.with_tail,
                                     .depth = l->o.prefetch < 2 ? 2 : l->o.prefetch};
-        return tkd_cache_stream_open(&l->stream, l->cache, l->order + offset, l->n - offset, &so);
+        return tkd_cache_stream_open(&l->stream, l->cache, l->mine, n_mine, &so);
     }
     return TKD_OK;
 }
@@ -255,17 +298,27 @@ static void pack_cache_seq(tkd_loader *l, const tkd_cache_batch *cb, int64_t i, 
 static tkd_status next_from_cache(tkd_loader *l, const tkd_train_batch **batch)
 {
     const tkd_cache_batch *cb = NULL;
-    TKD_TRY(tkd_cache_stream_next(l->stream, &cb));
-    if (!cb)
-        return TKD_OK;
+    int64_t first, count;
+    rank_share(l, l->offset, &first, &count);
+    if (count > 0)
+        TKD_TRY(tkd_cache_stream_next(l->stream, &cb));
+    if (!cb && count > 0)
+        return tkd_error_set(TKD_ERR_INTERNAL, "loader: the cache stream ended before offset %lld of %lld",
+                             (long long)l->offset, (long long)l->n);
     l->out.beyond_vocab = 0;
+    if (!cb) { /* this rank's part of the epoch's short last batch is empty */
+        l->out.b = 0;
+        advance(l);
+        *batch = &l->out;
+        return TKD_OK;
+    }
     for (int64_t i = 0; i < cb->num_seq; i++) {
         pack_cache_seq(l, cb, i, (int)i);
         if (l->vocab > 0)
             TKD_TRY(fit_seq(l, (int)i));
     }
     l->out.b = (int)cb->num_seq;
-    l->offset += cb->num_seq;
+    advance(l);
     *batch = &l->out;
     return TKD_OK;
 }
@@ -273,15 +326,16 @@ static tkd_status next_from_cache(tkd_loader *l, const tkd_train_batch **batch)
 static tkd_status next_from_tokens(tkd_loader *l, const tkd_train_batch **batch)
 {
     int t = l->o.seq_len;
-    int64_t nb = l->n - l->offset < l->o.batch_size ? l->n - l->offset : l->o.batch_size;
+    int64_t first, nb;
+    rank_share(l, l->offset, &first, &nb);
     for (int64_t j = 0; j < nb; j++) {
-        int64_t w = l->order[l->offset + j];
+        int64_t w = l->order[first + j];
         TKD_TRY(tkd_tokens_window(l->tokens, t, t, 1, w, l->window, l->labels + (size_t)j * t, NULL));
         memcpy(l->inputs + (size_t)j * t, l->window, (size_t)t * sizeof(int32_t));
         l->seq[j] = w;
     }
     l->out.b = (int)nb;
-    l->offset += nb;
+    advance(l);
     *batch = &l->out;
     return TKD_OK;
 }

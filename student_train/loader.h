@@ -43,6 +43,12 @@ typedef struct tkd_loader_opts {
     int prefetch;       /* ring depth of the cache stream */
     uint64_t seed;      /* shuffle seed; the epoch number selects the stream */
     int shuffle;        /* 0: keep the split's order (evaluation) */
+    /* Data parallel (world > 1; 0 or 1: one process): every rank walks the same epoch order in
+     * global batches of world·batch_size sequences and takes [rank·batch_size, (rank+1)·batch_size)
+     * of each, so the ranks' sequences are disjoint and together are the one-process batch of
+     * world·batch_size. The position (offset) counts global batches' sequences, the same on every
+     * rank. A rank whose part of an epoch's short last batch is empty gets a batch with b = 0. */
+    int rank, world;
 } tkd_loader_opts;
 
 /* A loader over the sequences split[0..n) of a cache (cache != NULL) or of the windows of a token

@@ -6,10 +6,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dist.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/progress.h"
@@ -23,10 +25,12 @@
 #include "student_train/checkpoint.h"
 #include "student_train/loader.h"
 #include "student_train/run_dir.h"
+#include "student_train/zero.h"
 
 #define RUN_PATH_MAX 4096
 #define EVAL_CHUNK_ROWS 256 /* rows of full logits held at once for the top-1 agreement (CPU) */
 #define EVAL_CHUNK_BYTES ((size_t)1 << 30) /* the same on a device: about 1 GiB of fp32 logits */
+#define DIST_TIMEOUT_S 600.0 /* dist.timeout_s's default: the longest a rank waits for the others */
 
 typedef struct trainer {
     const tkd_train_config *cfg;
@@ -44,7 +48,7 @@ typedef struct trainer {
     float *logits;  // (EVAL_CHUNK_ROWS, V) host, CPU evaluation only
     uint32_t *top1; // (B·T) host: the student's argmax per row (evaluation on a device)
     float *top1_val, *top1_lse; // (B·T) host: the consumer's other outputs (unused)
-    int B, T, V, k_use, S;
+    int B, T, V, k_use, S; /* B: sequences per micro-batch on this rank (train.batch_size / world) */
     int64_t total_steps;
     tkd_train_state st;
     char run[RUN_PATH_MAX], ckpt[RUN_PATH_MAX], metrics_path[RUN_PATH_MAX];
@@ -57,11 +61,17 @@ typedef struct trainer {
     int64_t beyond_vocab; /* teacher entries beyond the student's vocabulary since the last record */
     int64_t beyond_total; /* the same over this process's training steps (reported at the end) */
     tkd_progress progress;
+    /* data parallel (zero.h): NULL for a single process that no launcher started */
+    tkd_dist_info dist;
+    tkd_zero *zero;
+    char dist_dir[RUN_PATH_MAX]; /* rendezvous file and heartbeats: <run.dir>/.<run.name>.dist */
+    double dist_timeout_s;       /* dist.timeout_s (the dist config keys land with the launcher) */
+    int stop_signal;             /* a signal any rank saw (agreed with the step's statistics) */
 } trainer;
 
 typedef struct step_stats {
     double loss, kd, ce, grad_norm, lr;
-    int64_t rows, tokens;
+    int64_t rows, tokens, beyond;
 } step_stats;
 
 typedef struct eval_stats {
@@ -190,8 +200,9 @@ static tkd_status open_data(trainer *tr)
     tkd_status st = *c->cache ? open_cache_sources(tr, &ts, &nt, &vs, &nv) : open_token_sources(tr, &ts, &nt, &vs, &nv);
     if (st == TKD_OK && nt < 1)
         st = tkd_error_set(TKD_ERR_CONFIG, "the training split is empty (%s)", *c->cache ? c->cache : "data.tokens");
-    tkd_loader_opts lo = {.batch_size = c->batch_size, .seq_len = tr->T, .k = tr->k_use, .with_tail = tr->S > 0,
-                          .prefetch = c->prefetch, .seed = (uint64_t)c->seed, .shuffle = 1};
+    tkd_loader_opts lo = {.batch_size = tr->B, .seq_len = tr->T, .k = tr->k_use, .with_tail = tr->S > 0,
+                          .prefetch = c->prefetch, .seed = (uint64_t)c->seed, .shuffle = 1,
+                          .rank = tr->dist.rank, .world = tr->dist.world};
     if (st == TKD_OK)
         st = tkd_loader_open(&tr->train, tr->cache, tr->cache ? NULL : tr->tokens, ts, nt, &lo);
     lo.shuffle = 0;
@@ -281,7 +292,7 @@ static tkd_status build_model(trainer *tr)
     if (tr->val_tokens)
         TKD_TRY(tkd_tokens_check_vocab(tr->val_tokens, mv));
     tkd_model_set_recompute(tr->m, tr->cfg->recompute);
-    return tkd_model_reserve(tr->m, tr->cfg->batch_size, tr->T, 1);
+    return tkd_model_reserve(tr->m, tr->B, tr->T, 1);
 }
 
 static tkd_status build_loss(trainer *tr)
@@ -298,7 +309,7 @@ static tkd_status build_loss(trainer *tr)
     tr->kp.chunk_rows = c->kd_chunk_size;
     tr->kp.grad_in_forward = c->kd_grad_in_forward;
     tr->kp.grad_scale = 1.0f / (float)c->grad_accum;
-    int64_t n_max = (int64_t)c->batch_size * tr->T;
+    int64_t n_max = (int64_t)tr->B * tr->T;
     int d = tr->m->cfg.hidden_size;
     TKD_TRY(tr->be->op->kl_create(tr->be, &tr->kp, n_max, d, tr->V, &tr->kl));
     TKD_TRY(tr->be->op->alloc(tr->be, (size_t)n_max * (size_t)d * sizeof(float), "loss: dHidden", (void **)&tr->dh));
@@ -349,7 +360,11 @@ static tkd_status build_optimizer(trainer *tr)
     tr->ocfg.eps = c->eps;
     tr->ocfg.weight_decay = c->weight_decay;
     tr->ocfg.clip_norm = c->grad_clip;
-    return tkd_adamw_init_on(&tr->ocfg, tr->m, &tr->opt);
+    if (!tr->zero)
+        return tkd_adamw_init_on(&tr->ocfg, tr->m, &tr->opt);
+    size_t b, e;
+    tkd_zero_shard(tr->zero, &b, &e);
+    return tkd_adamw_init_shard(&tr->ocfg, tr->m, b, e, &tr->opt);
 }
 
 /* ---- one step ---------------------------------------------------------------------------------- */
@@ -391,16 +406,38 @@ static int64_t count_labels(const tkd_train_batch *b)
     return n;
 }
 
+/* Data parallel: the loss of this rank's rows scaled by their share of the global batch's label
+ * tokens (all-reduced before the backward), so the gradients the ranks sum are the one-process
+ * gradient of the global batch: Σ_r (n_r / N)·mean_r = (1 / N)·Σ rows. One rank: n_r / N = 1 and
+ * the scale is the plain path's bit for bit. */
+static tkd_status global_scale(trainer *tr, int64_t labels, float *scale)
+{
+    double n = (double)labels;
+    TKD_TRY(tkd_zero_sum(tr->zero, &n, 1, "label-count all-reduce"));
+    *scale = n > 0 ? *scale * (float)((double)labels / n) : 0.0f;
+    return TKD_OK;
+}
+
 /* The teacher batch goes to the backend first (on CUDA its copy overlaps the model's forward);
- * the loss validates it before using it, after the forward, as it always has. */
-static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *ss)
+ * the loss validates it before using it, after the forward, as it always has. `last`: the step's
+ * last micro-batch (data parallel: its backward starts the gradient reductions). */
+static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, int last, step_stats *ss)
 {
     const tkd_backend_ops *op = tr->be->op;
+    int64_t labels = b->b > 0 ? count_labels(b) : 0;
+    float scale = 1.0f / (float)tr->cfg->grad_accum;
+    if (tr->zero) {
+        TKD_TRY(global_scale(tr, labels, &scale));
+        if (last)
+            tkd_zero_arm(tr->zero);
+    }
+    if (b->b == 0) /* this rank's part of an epoch's short last batch is empty */
+        return TKD_OK;
+    tr->kp.grad_scale = scale;
     tkd_kl_batch kb;
     kl_batch_of(tr, b, &kb);
     TKD_TRY(op->kl_stage(tr->be, tr->kl, &tr->kp, &kb));
-    tr->beyond_vocab += b->beyond_vocab;
-    tr->beyond_total += b->beyond_vocab;
+    ss->beyond += b->beyond_vocab;
     const void *hidden = NULL;
     TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
     tkd_kl_result r;
@@ -410,7 +447,7 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *
         TKD_TRY(op->kl_forward(tr->be, tr->kl, &tr->kp, hidden, w, &r, tr->dh, dw));
     } else {
         TKD_TRY(op->kl_forward(tr->be, tr->kl, &tr->kp, hidden, w, &r, NULL, NULL));
-        TKD_TRY(op->kl_backward(tr->be, tr->kl, &tr->kp, hidden, w, 1.0f / (float)tr->cfg->grad_accum, tr->dh, dw));
+        TKD_TRY(op->kl_backward(tr->be, tr->kl, &tr->kp, hidden, w, scale, tr->dh, dw));
     }
     if (!isfinite(r.loss))
         return tkd_error_set(TKD_ERR_NUMERIC, "the loss is %g at step %" PRId64 " (sequence %" PRId64 " …)", r.loss,
@@ -420,7 +457,7 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, step_stats *
     ss->kd += r.kd * (double)r.n_kept;
     ss->ce += r.ce * (double)r.n_kept;
     ss->rows += r.n_kept;
-    ss->tokens += count_labels(b);
+    ss->tokens += labels;
     return TKD_OK;
 }
 
@@ -438,26 +475,62 @@ static tkd_status batch_error(tkd_status st, const trainer *tr, const tkd_train_
                             "in this list)", tr->st.step + 1, seqs, b->t, b->t);
 }
 
+/* Data parallel: this rank's shard of the summed gradients, clipped by the global norm, AdamW on
+ * the shard, and the updated compute weights gathered from every rank. */
+static tkd_status zero_update(trainer *tr, step_stats *ss)
+{
+    TKD_TRY(tkd_zero_finish_grads(tr->zero));
+    float coef = 1.0f; /* clipping rides in the update: no pass scales the gradients in place */
+    TKD_TRY(tkd_zero_clip_coef(tr->zero, tr->cfg->grad_clip, &ss->grad_norm, &coef));
+    ss->lr = tkd_optim_lr(&tr->ocfg, tr->st.step);
+    TKD_TRY(tkd_adamw_step_model_scaled(tr->opt, tr->m, ss->lr, coef));
+    return tkd_zero_gather_weights(tr->zero);
+}
+
+static tkd_status plain_update(trainer *tr, step_stats *ss)
+{
+    ss->lr = tkd_optim_lr(&tr->ocfg, tr->st.step);
+    /* clipping rides in the update: no pass scales the gradients in place */
+    return tkd_adamw_clip_step_model(tr->opt, tr->m, ss->lr, tr->cfg->grad_clip, &ss->grad_norm);
+}
+
+/* Data parallel: the step's sums over every rank (rank 0 logs them, every rank counts the same
+ * tokens), and whether any rank saw a signal, so all stop at the same step. */
+static tkd_status agree_stats(trainer *tr, step_stats *ss)
+{
+    int sig = tkd_interrupted();
+    double v[7] = {ss->loss, ss->kd, ss->ce, (double)ss->rows, (double)ss->tokens, (double)ss->beyond, sig != 0};
+    TKD_TRY(tkd_zero_sum(tr->zero, v, 7, "step statistics all-reduce"));
+    ss->loss = v[0], ss->kd = v[1], ss->ce = v[2];
+    ss->rows = (int64_t)v[3], ss->tokens = (int64_t)v[4], ss->beyond = (int64_t)v[5];
+    tr->stop_signal = sig ? sig : v[6] > 0 ? SIGTERM : 0;
+    return TKD_OK;
+}
+
 static tkd_status train_step(trainer *tr, step_stats *ss)
 {
     memset(ss, 0, sizeof *ss);
+    if (tr->zero)
+        TKD_TRY(tkd_zero_begin_step(tr->zero, tr->st.step + 1));
     TKD_TRY(tkd_model_zero_grad(tr->m));
     for (int a = 0; a < tr->cfg->grad_accum; a++) {
         const tkd_train_batch *b = NULL;
         tkd_status st = next_batch(tr, &b);
         if (st != TKD_OK)
             return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
-        st = micro_step(tr, b, ss);
+        st = micro_step(tr, b, a + 1 == tr->cfg->grad_accum, ss);
         if (st != TKD_OK)
-            return batch_error(st, tr, b);
+            return b->b > 0 ? batch_error(st, tr, b) : tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
     }
-    ss->lr = tkd_optim_lr(&tr->ocfg, tr->st.step);
-    /* clipping rides in the update: no pass scales the gradients in place */
-    tkd_status st = tkd_adamw_clip_step_model(tr->opt, tr->m, ss->lr, tr->cfg->grad_clip, &ss->grad_norm);
+    tkd_status st = tr->zero ? zero_update(tr, ss) : plain_update(tr, ss);
+    if (st == TKD_OK && tr->zero)
+        st = agree_stats(tr, ss);
     if (st != TKD_OK)
         return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
     tr->st.step++;
     tr->st.tokens_seen += ss->tokens;
+    tr->beyond_vocab += ss->beyond;
+    tr->beyond_total += ss->beyond;
     tkd_loader_position(tr->train, &tr->st.epoch, &tr->st.offset);
     if (ss->rows > 0) {
         ss->loss /= (double)ss->rows;
@@ -523,6 +596,8 @@ static tkd_status evaluate(trainer *tr, eval_stats *es)
         TKD_TRY(tkd_loader_next(tr->val, &b));
         if (!b)
             break;
+        if (b->b == 0) /* data parallel: this rank's part of the last batch is empty */
+            continue;
         tkd_kl_batch kb;
         kl_batch_of(tr, b, &kb);
         TKD_TRY(tr->be->op->kl_stage(tr->be, tr->kl, &kp, &kb));
@@ -540,6 +615,11 @@ static tkd_status evaluate(trainer *tr, eval_stats *es)
         else if (b->k > 0)
             TKD_TRY(top1_hits_dev(tr, b, hidden, &h));
         hits += h;
+    }
+    if (tr->zero) {
+        double v[5] = {es->loss, es->kd, es->ce, (double)es->rows, (double)hits};
+        TKD_TRY(tkd_zero_sum(tr->zero, v, 5, "evaluation all-reduce"));
+        es->loss = v[0], es->kd = v[1], es->ce = v[2], es->rows = (int64_t)v[3], hits = (int64_t)v[4];
     }
     if (es->rows > 0) {
         es->loss /= (double)es->rows;
@@ -672,25 +752,50 @@ static bool run_finished(const trainer *tr)
 
 /* --resume: the checkpoint's state, and the metrics cut back to it. A finished run is left as it
  * is (tr->finished_before): resuming it again appended its final records twice. */
+/* Data parallel: the checkpoint holds the whole optimizer state (save_sharded); each rank keeps
+ * its shard of it, whatever the world size that wrote it. */
+static tkd_status load_sharded(trainer *tr)
+{
+    tkd_adamw *full = NULL;
+    TKD_TRY(tkd_adamw_init(&tr->ocfg, tr->m->n_params, &full));
+    tkd_status st = tkd_checkpoint_load(tr->ckpt, tr->m, full, &tr->st);
+    if (st == TKD_OK)
+        st = tkd_adamw_moments_set(tr->opt, full->m + tr->opt->begin, full->v + tr->opt->begin);
+    tr->opt->step = full->step;
+    tkd_adamw_free(full);
+    return st;
+}
+
 static tkd_status resume(trainer *tr)
 {
-    TKD_TRY(tkd_checkpoint_load(tr->ckpt, tr->m, tr->opt, &tr->st));
+    TKD_TRY(tr->zero ? load_sharded(tr) : tkd_checkpoint_load(tr->ckpt, tr->m, tr->opt, &tr->st));
     if (run_finished(tr)) {
         tr->finished_before = true;
         return TKD_OK;
     }
+    if (tr->dist.rank > 0) /* rank 0 owns the metrics and says what happens */
+        return TKD_OK;
     TKD_TRY(trim_metrics(tr->metrics_path, tr->st.step));
     tkd_log_info("resumed %s at step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 ")", tr->ckpt, tr->st.step,
                  tr->st.epoch, tr->st.offset);
     return TKD_OK;
 }
 
-/* tr->run is open and locked (tkd_run_dir_open). */
+/* Ranks > 0 on --resume: the same checkpoint as rank 0 (which found it before the rendezvous). */
+static tkd_status follow_resume(trainer *tr)
+{
+    TKD_TRY(resume(tr));
+    return tr->finished_before ? TKD_OK : tkd_loader_seek(tr->train, tr->st.epoch, tr->st.offset);
+}
+
+/* tr->run is open and locked (tkd_run_dir_open) on rank 0. */
 static tkd_status prepare_run_dir(trainer *tr)
 {
     const tkd_train_opts *o = tr->opts;
     TKD_TRY(tkd_path_join(tr->ckpt, sizeof tr->ckpt, tr->run, "checkpoint"));
     TKD_TRY(tkd_path_join(tr->metrics_path, sizeof tr->metrics_path, tr->run, "metrics.jsonl"));
+    if (tr->dist.rank > 0) /* the other ranks only read a checkpoint to resume from */
+        return o->resume ? follow_resume(tr) : tkd_loader_seek(tr->train, 0, 0);
     if (o->overwrite)
         TKD_TRY(tkd_run_dir_clear(tr->run));
     if (!o->resume && !tr->cfg->eval_only && tkd_file_exists(tr->metrics_path))
@@ -715,10 +820,31 @@ static tkd_status prepare_run_dir(trainer *tr)
     return tkd_loader_seek(tr->train, tr->st.epoch, tr->st.offset);
 }
 
+/* Data parallel: rank 0 writes the one-process checkpoint (the whole master weights and optimizer
+ * state gathered from every rank's shard), so a resume with any number of ranks re-shards it. */
+static tkd_status save_sharded(trainer *tr)
+{
+    TKD_TRY(tkd_zero_gather_master(tr->zero));
+    tkd_adamw *full = NULL;
+    if (tr->dist.rank == 0)
+        TKD_TRY(tkd_adamw_init(&tr->ocfg, tr->m->n_params, &full));
+    tkd_status st = tkd_zero_gather_moments(tr->zero, tr->opt, full ? full->m : NULL, full ? full->v : NULL);
+    if (st == TKD_OK && full) {
+        full->step = tr->opt->step;
+        st = tkd_checkpoint_save(tr->ckpt, tr->m, full, &tr->st, tr->opts->config_yaml);
+    }
+    tkd_adamw_free(full);
+    return st;
+}
+
 static tkd_status save(trainer *tr)
 {
-    TKD_TRY(tkd_checkpoint_save(tr->ckpt, tr->m, tr->opt, &tr->st, tr->opts->config_yaml));
-    tkd_log_info("checkpoint: %s (step %" PRId64 ")", tr->ckpt, tr->st.step);
+    if (tr->zero)
+        TKD_TRY(save_sharded(tr));
+    else
+        TKD_TRY(tkd_checkpoint_save(tr->ckpt, tr->m, tr->opt, &tr->st, tr->opts->config_yaml));
+    if (tr->dist.rank == 0)
+        tkd_log_info("checkpoint: %s (step %" PRId64 ")", tr->ckpt, tr->st.step);
     return TKD_OK;
 }
 
@@ -736,7 +862,7 @@ static void progress_line(trainer *tr, const step_stats *ss)
 static tkd_status eval_and_log(trainer *tr, eval_stats *es)
 {
     TKD_TRY(evaluate(tr, es));
-    if (es->rows > 0)
+    if (es->rows > 0 && tr->dist.rank == 0)
         TKD_TRY(log_eval(tr, es));
     return TKD_OK;
 }
@@ -748,9 +874,11 @@ static tkd_status stop_early(trainer *tr, tkd_train_result *res)
     const tkd_train_config *c = tr->cfg;
     if (c->checkpoint_interval <= 0 || tr->st.step % c->checkpoint_interval != 0)
         TKD_TRY(save(tr));
-    tkd_progress_finish(&tr->progress, NULL);
-    tkd_log_info("stopped after step %" PRId64 " of %" PRId64 " (train.stop_after) — continue with --resume",
-                 tr->st.step, tr->total_steps);
+    if (tr->dist.rank == 0) {
+        tkd_progress_finish(&tr->progress, NULL);
+        tkd_log_info("stopped after step %" PRId64 " of %" PRId64 " (train.stop_after) — continue with --resume",
+                     tr->st.step, tr->total_steps);
+    }
     res->val_loss = res->val_kd = res->val_ce = res->val_ppl = res->top1_agree = NAN;
     return TKD_OK;
 }
@@ -767,9 +895,10 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
         if (st != TKD_OK)
             return tkd_error_prefix(st, "training stopped (last good checkpoint: %s)", tr->ckpt);
         res->train_loss = ss.loss;
-        if (tr->st.step % c->log_interval == 0 || tr->st.step == tr->total_steps)
+        if (tr->dist.rank == 0 && (tr->st.step % c->log_interval == 0 || tr->st.step == tr->total_steps))
             TKD_TRY(log_train(tr, &ss));
-        progress_line(tr, &ss);
+        if (tr->dist.rank == 0)
+            progress_line(tr, &ss);
         if (c->eval_interval > 0 && tr->st.step % c->eval_interval == 0 && tr->st.step < tr->total_steps)
             TKD_TRY(eval_and_log(tr, &es));
         if (c->checkpoint_interval > 0 && tr->st.step % c->checkpoint_interval == 0)
@@ -777,16 +906,16 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
         /* == (not >=): resuming with the same overrides (a derived run name includes them) goes on */
         if (c->stop_after > 0 && tr->st.step == c->stop_after && tr->st.step < tr->total_steps)
             return stop_early(tr, res);
-        int sig = tkd_interrupted();
+        int sig = tr->zero ? tr->stop_signal : tkd_interrupted();
         if (sig) {
             TKD_TRY(save(tr));
             return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted by signal %d at step %" PRId64
                                  "; checkpoint saved — continue with --resume", sig, tr->st.step);
         }
     }
-    if (tr->total_steps > 0)
+    if (tr->total_steps > 0 && tr->dist.rank == 0)
         tkd_progress_finish(&tr->progress, NULL);
-    if (tr->beyond_total > 0)
+    if (tr->beyond_total > 0 && tr->dist.rank == 0)
         tkd_log_info("teacher entries beyond the student's vocabulary: %" PRId64 " in training (%s)", tr->beyond_total,
                      tr->kp.variant == TKD_KL_VARIANT_RENORM ? "dropped, the rest renormalised" : "mass in the tail");
     TKD_TRY(eval_and_log(tr, &es));
@@ -810,6 +939,7 @@ static void trainer_free(trainer *tr)
     tkd_cache_reader_close(tr->val_cache);
     tkd_tokens_free(tr->tokens);
     tkd_tokens_free(tr->val_tokens);
+    tkd_zero_close(tr->zero);
     if (tr->be) {
         tr->be->op->kl_free(tr->be, tr->kl);
         tr->be->op->free(tr->be, tr->dh);
@@ -833,8 +963,65 @@ static tkd_status pick_device(const tkd_train_config *c, tkd_device *got)
 
 static tkd_status open_backend(trainer *tr, tkd_device dev)
 {
-    TKD_TRY(tkd_backend_open(dev, 0, &tr->be));
-    tkd_log_info("device: %s%s", tr->be->name, dev == TKD_DEVICE_CUDA ? " (GPU 0: bf16 compute, fp32 master weights)" : "");
+    int ngpu = tkd_backend_cuda_devices();
+    int gpu = dev == TKD_DEVICE_CUDA && ngpu > 0 ? tr->dist.local_rank % ngpu : 0; /* srun --gpus-per-task=1 too */
+    TKD_TRY(tkd_backend_open(dev, gpu, &tr->be));
+    if (tr->dist.rank == 0)
+        tkd_log_info("device: %s%s", tr->be->name,
+                     dev == TKD_DEVICE_CUDA ? " (bf16 compute, fp32 master weights)" : "");
+    return TKD_OK;
+}
+
+/* Who this process is: one process (world 1, no launcher: the plain path), or a rank of a run a
+ * launcher started (`--nproc-per-node`, srun; even with one rank: the NCCL path). Sets the
+ * per-rank batch: train.batch_size is the global batch, split evenly over the ranks. */
+static tkd_status dist_setup(trainer *tr, tkd_device dev)
+{
+    const tkd_train_config *c = tr->cfg;
+    TKD_TRY(tkd_dist_from_env(&tr->dist));
+    tr->dist_timeout_s = DIST_TIMEOUT_S;
+    tr->B = c->batch_size;
+    if (strcmp(tr->dist.source, "single") == 0)
+        return TKD_OK;
+    if (dev != TKD_DEVICE_CUDA && tr->dist.world > 1)
+        return tkd_error_set(TKD_ERR_CONFIG, "%d ranks (%s) need device: cuda — data-parallel training runs over NCCL "
+                             "between GPUs; start one process for the CPU", tr->dist.world, tr->dist.source);
+    if (c->batch_size % tr->dist.world != 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "train.batch_size = %d is the global batch: it must be a multiple of the "
+                             "%d ranks (each takes batch_size / ranks sequences)", c->batch_size, tr->dist.world);
+    tr->B = c->batch_size / tr->dist.world;
+    return TKD_OK;
+}
+
+/* Rank 0 claims and locks the run directory as a single process does; the others only need its
+ * path (a resume reads the checkpoint there) and make the rendezvous directory beside it. */
+static tkd_status open_run_dir(trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (tr->dist.rank == 0)
+        TKD_TRY(tkd_run_dir_open(c, tr->opts->run_name, tr->run, sizeof tr->run, &tr->lock));
+    else
+        TKD_TRY(tkd_path_join(tr->run, sizeof tr->run, c->run_dir, tr->opts->run_name));
+    if (strcmp(tr->dist.source, "single") == 0)
+        return TKD_OK;
+    char name[512];
+    snprintf(name, sizeof name, ".%s.dist", tr->opts->run_name);
+    TKD_TRY(tkd_path_join(tr->dist_dir, sizeof tr->dist_dir, c->run_dir, name));
+    return tkd_mkdir_p(tr->dist_dir);
+}
+
+/* After the student exists (its gradients sized): the communicator, the shard and the hook. */
+static tkd_status open_zero(trainer *tr)
+{
+    if (strcmp(tr->dist.source, "single") == 0 || tr->be->device != TKD_DEVICE_CUDA)
+        return TKD_OK;
+    tkd_rdzv_config rc = {.kind = TKD_RDZV_FILE, .dir = tr->dist_dir, .timeout_s = tr->dist_timeout_s};
+    TKD_TRY(tkd_zero_open(&tr->dist, &rc, tr->dist_dir, tr->m, &tr->zero));
+    size_t b, e;
+    tkd_zero_shard(tr->zero, &b, &e);
+    if (tr->dist.rank == 0)
+        tkd_log_info("data parallel: %d ranks (%s), %d sequences each per micro-batch; rank 0 updates parameters "
+                     "[%zu, %zu) of %zu (ZeRO-1)", tr->dist.world, tr->dist.source, tr->B, b, e, tr->m->n_params);
     return TKD_OK;
 }
 
@@ -844,11 +1031,13 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     memset(res, 0, sizeof *res);
     tkd_device dev = TKD_DEVICE_CPU;
     tkd_status st = pick_device(o->cfg, &dev);
+    if (st == TKD_OK) st = dist_setup(&tr, dev);
     /* the run directory and its lock first: a second run on it is refused before anything loads */
-    if (st == TKD_OK) st = tkd_run_dir_open(o->cfg, o->run_name, tr.run, sizeof tr.run, &tr.lock);
+    if (st == TKD_OK) st = open_run_dir(&tr);
     if (st == TKD_OK) st = open_backend(&tr, dev);
     if (st == TKD_OK) st = open_data(&tr);
     if (st == TKD_OK) st = build_model(&tr);
+    if (st == TKD_OK) st = open_zero(&tr);
     if (st == TKD_OK) st = build_loss(&tr);
     if (st == TKD_OK) st = build_optimizer(&tr);
     if (st == TKD_OK) st = prepare_run_dir(&tr);
@@ -861,7 +1050,8 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
         tr.step0 = tr.st.step;
         tkd_progress_begin(&tr.progress, "train", tr.total_steps - tr.step0, "steps");
         tkd_progress_set_rate_unit(&tr.progress, "tok");
-        tkd_log_info("student: %zu parameters, %d layers, D=%d, V=%d; %" PRId64 " steps of %d x %d x %d tokens",
+        if (tr.dist.rank == 0)
+            tkd_log_info("student: %zu parameters, %d layers, D=%d, V=%d; %" PRId64 " steps of %d x %d x %d tokens",
                      tr.m->n_params, tr.m->cfg.num_hidden_layers, tr.m->cfg.hidden_size, tr.V, tr.total_steps,
                      o->cfg->batch_size, o->cfg->grad_accum, tr.T);
         st = loop(&tr, res);

@@ -1,0 +1,74 @@
+/* zero.h — student-train's data-parallel side (ZeRO-1 over NCCL, one process per GPU): the
+ * communicator, this rank's shard of the flat parameter arrays, the gradient reductions that start
+ * during the backward pass, and the collectives of a step, an evaluation and a checkpoint.
+ *
+ * A step on every rank: forward and backward of its part of the global batch, the loss scaled by
+ * its label tokens over the global count (tkd_zero_sum before the backward), so the summed
+ * gradient is the one-process gradient of the global batch up to summation order. The model's
+ * gradient hook (tkd_model_set_grad_hook) reduce-scatters each block's gradients into their
+ * owners' shards as soon as that block's backward is enqueued, while the earlier blocks' backward
+ * runs (the last micro-step only: before it the gradients are not final). Then the norm of the
+ * shards (all-reduced), clipping and AdamW on this rank's shard (tkd_adamw_init_shard), and the
+ * all-gather of the bf16 compute weights.
+ *
+ * Memory per parameter per rank: bf16 compute weights 2 B, fp32 gradients 4 B (the backward
+ * accumulates whole tensors), the int16 residual that makes the compute copy the exact fp32 master
+ * 2 B (the model's buffer is whole: only the shard is kept current, and tkd_zero_gather_master
+ * makes it whole before a save), AdamW moments 8 B / world.
+ */
+#ifndef TKD_ZERO_H
+#define TKD_ZERO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dist.h"
+#include "common/status.h"
+#include "model/model.h"
+#include "model/optim.h"
+
+typedef struct tkd_zero tkd_zero;
+
+/* Joins the ranks of d: rank 0 makes the NCCL id, tkd_rdzv_share hands it out (rc, whose
+ * timeout_s also bounds every collective), heartbeats go to beat_dir (one file per rank, named by
+ * tkd_dist_late_ranks when a collective times out). m (CUDA, trainable) gets the gradient hook.
+ * *out owned by the caller (tkd_zero_close, before m is freed). */
+tkd_status tkd_zero_open(const tkd_dist_info *d, const tkd_rdzv_config *rc, const char *beat_dir, tkd_model *m,
+                         tkd_zero **out);
+void tkd_zero_close(tkd_zero *z); /* NULL is a no-op */
+
+/* This rank's shard [*begin, *end) of the m->n_params parameters. */
+void tkd_zero_shard(const tkd_zero *z, size_t *begin, size_t *end);
+
+/* v[0..n) = the sum over the ranks (n <= 16); `what` names it in errors. */
+tkd_status tkd_zero_sum(tkd_zero *z, double *v, int n, const char *what);
+
+/* The step now running (heartbeats and error messages), beaten once here. */
+tkd_status tkd_zero_begin_step(tkd_zero *z, int64_t step);
+
+/* Arms the hook for the next backward (the last micro-step's: its gradients are final). */
+void tkd_zero_arm(tkd_zero *z);
+
+/* After the last micro-step: reduces what the hook did not (every bucket when this rank's part of
+ * the batch was empty, so the ranks issue the same collectives in the same order) and waits. On
+ * return this rank's shard of m->grads holds the summed gradients. */
+tkd_status tkd_zero_finish_grads(tkd_zero *z);
+
+/* The global gradient norm from the all-reduced shard sums of squares and the clip coefficient
+ * (1: none) for tkd_adamw_step_model_scaled; the gradients are not touched. */
+tkd_status tkd_zero_clip_coef(tkd_zero *z, double max_norm, double *norm_out, float *coef);
+
+/* After the shard's AdamW update: every rank's bf16 compute weights gathered (the CPU backend's
+ * compute weights are the master, tkd_zero_gather_master). */
+tkd_status tkd_zero_gather_weights(tkd_zero *z);
+
+/* Every rank's shard of the master weights' residuals gathered (the compute copy is gathered after
+ * every step), so that the whole fp32 master is current (a save or tkd_model_get_params reads it). */
+tkd_status tkd_zero_gather_master(tkd_zero *z);
+
+/* The whole moments (n_params floats each) into host m_host / v_host on rank 0 (NULL elsewhere) from
+ * every rank's shard of o, through m->grads as scratch (call between steps: the next step zeroes
+ * it). */
+tkd_status tkd_zero_gather_moments(tkd_zero *z, const tkd_adamw *o, float *m_host, float *v_host);
+
+#endif /* TKD_ZERO_H */
