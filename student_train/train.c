@@ -30,7 +30,6 @@
 #define RUN_PATH_MAX 4096
 #define EVAL_CHUNK_ROWS 256 /* rows of full logits held at once for the top-1 agreement (CPU) */
 #define EVAL_CHUNK_BYTES ((size_t)1 << 30) /* the same on a device: about 1 GiB of fp32 logits */
-#define DIST_TIMEOUT_S 600.0 /* dist.timeout_s's default: the longest a rank waits for the others */
 
 typedef struct trainer {
     const tkd_train_config *cfg;
@@ -65,7 +64,7 @@ typedef struct trainer {
     tkd_dist_info dist;
     tkd_zero *zero;
     char dist_dir[RUN_PATH_MAX]; /* rendezvous file and heartbeats: <run.dir>/.<run.name>.dist */
-    double dist_timeout_s;       /* dist.timeout_s (the dist config keys land with the launcher) */
+    double dist_timeout_s;       /* dist.timeout_s: the longest a rank waits for the others */
     int stop_signal;             /* a signal any rank saw (agreed with the step's statistics) */
 } trainer;
 
@@ -752,17 +751,23 @@ static bool run_finished(const trainer *tr)
 
 /* --resume: the checkpoint's state, and the metrics cut back to it. A finished run is left as it
  * is (tr->finished_before): resuming it again appended its final records twice. */
-/* Data parallel: the checkpoint holds the whole optimizer state (save_sharded); each rank keeps
- * its shard of it, whatever the world size that wrote it. */
+/* Data parallel: each rank restores the weights and its shard of the moments, whatever the number
+ * of ranks that wrote the checkpoint (checkpoint.h re-shards). */
 static tkd_status load_sharded(trainer *tr)
 {
-    tkd_adamw *full = NULL;
-    TKD_TRY(tkd_adamw_init(&tr->ocfg, tr->m->n_params, &full));
-    tkd_status st = tkd_checkpoint_load(tr->ckpt, tr->m, full, &tr->st);
+    size_t n = tr->opt->n;
+    float *mm = n ? malloc(n * sizeof(float)) : NULL, *vv = n ? malloc(n * sizeof(float)) : NULL;
+    int64_t adamw_step = 0;
+    tkd_status st = n && (!mm || !vv) ? tkd_error_set(TKD_ERR_NOMEM, "out of host memory for the optimizer shard")
+                                      : TKD_OK;
     if (st == TKD_OK)
-        st = tkd_adamw_moments_set(tr->opt, full->m + tr->opt->begin, full->v + tr->opt->begin);
-    tr->opt->step = full->step;
-    tkd_adamw_free(full);
+        st = tkd_checkpoint_load_shard(tr->ckpt, tr->m, tr->dist.rank, tr->dist.world, mm, vv, &adamw_step, &tr->st);
+    if (st == TKD_OK && n)
+        st = tkd_adamw_moments_set(tr->opt, mm, vv);
+    if (st == TKD_OK)
+        tr->opt->step = adamw_step;
+    free(mm);
+    free(vv);
     return st;
 }
 
@@ -820,20 +825,39 @@ static tkd_status prepare_run_dir(trainer *tr)
     return tkd_loader_seek(tr->train, tr->st.epoch, tr->st.offset);
 }
 
-/* Data parallel: rank 0 writes the one-process checkpoint (the whole master weights and optimizer
- * state gathered from every rank's shard), so a resume with any number of ranks re-shards it. */
+/* Data parallel (checkpoint.h's protocol): every rank writes its shard of the AdamW moments into
+ * the checkpoint being built, rank 0 the weights (the master made whole first) and the state, and
+ * commits once every shard is there; all ranks then learn whether the checkpoint counts. */
 static tkd_status save_sharded(trainer *tr)
 {
     TKD_TRY(tkd_zero_gather_master(tr->zero));
-    tkd_adamw *full = NULL;
-    if (tr->dist.rank == 0)
-        TKD_TRY(tkd_adamw_init(&tr->ocfg, tr->m->n_params, &full));
-    tkd_status st = tkd_zero_gather_moments(tr->zero, tr->opt, full ? full->m : NULL, full ? full->v : NULL);
-    if (st == TKD_OK && full) {
-        full->step = tr->opt->step;
-        st = tkd_checkpoint_save(tr->ckpt, tr->m, full, &tr->st, tr->opts->config_yaml);
-    }
-    tkd_adamw_free(full);
+    size_t n = tr->opt->n;
+    float *mm = n ? malloc(n * sizeof(float)) : NULL, *vv = n ? malloc(n * sizeof(float)) : NULL;
+    tkd_status st = n && (!mm || !vv) ? tkd_error_set(TKD_ERR_NOMEM, "out of host memory for the optimizer shard")
+                                      : TKD_OK;
+    if (st == TKD_OK && n)
+        st = tkd_adamw_moments_get(tr->opt, mm, vv);
+    char job[128];
+    tkd_dist_job_id(job, sizeof job);
+    if (st == TKD_OK)
+        st = tkd_checkpoint_save_shard(tr->ckpt, job, tr->st.step, tr->dist.rank, tr->dist.world,
+                                       tr->m->n_params, mm, vv);
+    free(mm);
+    free(vv);
+    if (st == TKD_OK && tr->dist.rank == 0)
+        st = tkd_checkpoint_commit(tr->ckpt, job, tr->st.step, tr->m, tr->opt->step, tr->dist.world, &tr->st,
+                                   tr->opts->config_yaml, tr->dist_timeout_s);
+    /* a rank that failed says so to the others, so none goes on believing the checkpoint counts */
+    double failed = st != TKD_OK;
+    tkd_error_saved keep;
+    tkd_error_save(&keep, st);
+    tkd_status agree = tkd_zero_sum(tr->zero, &failed, 1, "checkpoint agreement all-reduce");
+    st = tkd_error_restore(&keep);
+    if (st == TKD_OK && agree != TKD_OK)
+        return agree;
+    if (st == TKD_OK && failed > 0)
+        return tkd_error_set(TKD_ERR_IO, "checkpoint %s at step %" PRId64 ": another rank failed to write its part "
+                             "(its log says why); the previous checkpoint stays valid", tr->ckpt, tr->st.step);
     return st;
 }
 
@@ -979,7 +1003,7 @@ static tkd_status dist_setup(trainer *tr, tkd_device dev)
 {
     const tkd_train_config *c = tr->cfg;
     TKD_TRY(tkd_dist_from_env(&tr->dist));
-    tr->dist_timeout_s = DIST_TIMEOUT_S;
+    tr->dist_timeout_s = c->dist_timeout_s;
     tr->B = c->batch_size;
     if (strcmp(tr->dist.source, "single") == 0)
         return TKD_OK;
@@ -1004,9 +1028,13 @@ static tkd_status open_run_dir(trainer *tr)
         TKD_TRY(tkd_path_join(tr->run, sizeof tr->run, c->run_dir, tr->opts->run_name));
     if (strcmp(tr->dist.source, "single") == 0)
         return TKD_OK;
-    char name[512];
-    snprintf(name, sizeof name, ".%s.dist", tr->opts->run_name);
-    TKD_TRY(tkd_path_join(tr->dist_dir, sizeof tr->dist_dir, c->run_dir, name));
+    if (c->dist_dir && c->dist_dir[0]) {
+        snprintf(tr->dist_dir, sizeof tr->dist_dir, "%s", c->dist_dir);
+    } else { /* beside the run directory, not in it: its entries are the tool's own (run_dir.h) */
+        char name[512];
+        snprintf(name, sizeof name, ".%s.dist", tr->opts->run_name);
+        TKD_TRY(tkd_path_join(tr->dist_dir, sizeof tr->dist_dir, c->run_dir, name));
+    }
     return tkd_mkdir_p(tr->dist_dir);
 }
 
@@ -1015,7 +1043,9 @@ static tkd_status open_zero(trainer *tr)
 {
     if (strcmp(tr->dist.source, "single") == 0 || tr->be->device != TKD_DEVICE_CUDA)
         return TKD_OK;
-    tkd_rdzv_config rc = {.kind = TKD_RDZV_FILE, .dir = tr->dist_dir, .timeout_s = tr->dist_timeout_s};
+    tkd_rdzv_config rc;
+    TKD_TRY(tkd_rdzv_config_from_env(&rc, tkd_train_rdzv_kind(tr->cfg->dist_rendezvous), tr->dist_dir,
+                                     tr->dist_timeout_s));
     TKD_TRY(tkd_zero_open(&tr->dist, &rc, tr->dist_dir, tr->m, &tr->zero));
     size_t b, e;
     tkd_zero_shard(tr->zero, &b, &e);

@@ -77,7 +77,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: where the student trains (cuda: bf16 compute, fp32 master weights and optimizer state on GPU 0); auto takes the GPU when this build has CUDA and one answers, else the CPU"),
 
     TKD_CFG_ENUM(T, dist_rendezvous, "dist.rendezvous", "auto", rdzv_names, "With several processes (--nproc-per-node, srun): how rank 0 hands the NCCL id to the others. file: through dist.dir; tcp: a connection to MASTER_ADDR:MASTER_PORT; auto: tcp when both are set in the environment (--nproc-per-node sets them), else file. Unused with one process"),
-    TKD_CFG_STRING(T, dist_dir, "dist.dir", "", "Directory every rank sees, for the file rendezvous and the per-rank heartbeats; empty = the run's directory"),
+    TKD_CFG_STRING(T, dist_dir, "dist.dir", "", "Directory every rank sees, for the file rendezvous and the per-rank heartbeats; empty = <run.dir>/.<run.name>.dist"),
     TKD_CFG_FLOAT(T, dist_timeout_s, "dist.timeout_s", "600", 1, 86400, "Seconds a rank waits for the others (rendezvous, a step's collectives, a checkpoint's shards) before the run ends with an error naming the late rank"),
 };
 
