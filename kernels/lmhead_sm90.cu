@@ -69,6 +69,7 @@ struct Params {
     long long ldz;
     float *part;     /* stats: (3, n, ntiles) */
     float l2e_tau;   /* stats: log2(e) / τ */
+    int tau_mode;    /* stats: 1 when τ = 1, 2 when τ = 2, else 0 (store_stats) */
     unsigned *err;
 };
 
@@ -352,17 +353,45 @@ __device__ inline float row_sum_exp(const float (&acc)[kAcc], int h, Frag f, int
     return s + __shfl_xor_sync(0xffffffffu, s, 2);
 }
 
+/* τ = 2: (Σ exp(z − m), Σ exp((z − m)/2)) over row half h from one exp per element, e =
+ * exp((z − m)/2) and exp(z − m) = e², reduced over the quad. */
+__device__ inline float2 row_sum_exp_tau2(const float (&acc)[kAcc], int h, Frag f, int v, float m)
+{
+    const float l2e = 0.5f * kLog2e, mb = m * l2e;
+    float s1 = 0.0f, st = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float x = fast_exp2(fmaf(masked(acc, j, h, e, f, v), l2e, -mb));
+            st += x;
+            s1 = fmaf(x, x, s1);
+        }
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    st += __shfl_xor_sync(0xffffffffu, st, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    st += __shfl_xor_sync(0xffffffffu, st, 2);
+    return make_float2(s1, st);
+}
+
 /* Statistics epilogue: for each of this thread's two rows, m, s1 = Σ exp(z − m) and
  * st = Σ exp((z − m)/τ) over the tile's in-range columns, written by the quad's first lane to
- * part (3, n, ntiles) at V-tile ni. At τ = 1 st is s1 (one exp per element instead of two). */
+ * part (3, n, ntiles) at V-tile ni. One exp per element at τ = 1 (st = s1) and τ = 2 (squares),
+ * two otherwise: the special-function unit is the epilogue's bottleneck. */
 __device__ __forceinline__ void store_stats(const float (&acc)[kAcc], const Params &p, Frag f, int ni)
 {
     const size_t plane = (size_t)p.n * p.ntiles;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const float m = row_max(acc, h, f, p.v);
-        const float s1 = row_sum_exp(acc, h, f, p.v, m, kLog2e);
-        const float st = p.l2e_tau == kLog2e ? s1 : row_sum_exp(acc, h, f, p.v, m, p.l2e_tau);
+        float s1, st;
+        if (p.tau_mode == 2) {
+            const float2 s = row_sum_exp_tau2(acc, h, f, p.v, m);
+            s1 = s.x, st = s.y;
+        } else {
+            s1 = row_sum_exp(acc, h, f, p.v, m, kLog2e);
+            st = p.tau_mode == 1 ? s1 : row_sum_exp(acc, h, f, p.v, m, p.l2e_tau);
+        }
         const long long row = f.row0 + 8 * h;
         if ((threadIdx.x & 3) == 0 && row < p.n) {
             const size_t i = (size_t)row * p.ntiles + ni;
@@ -612,7 +641,8 @@ extern "C" tkd_status tkd_lmhead_sm90_stats(tkd_lmhead_sm90_ws *ws, const uint16
                              "τ > 0 (got %g)", (double)tau);
     Params p = params_of(ws, n, d, v);
     p.part = part;
-    p.l2e_tau = tau == 1.0f ? kLog2e : kLog2e / tau;
+    p.l2e_tau = kLog2e / tau;
+    p.tau_mode = tau == 1.0f ? 1 : tau == 2.0f ? 2 : 0;
     return launch<kEpiStats>(ws, h, w, d, p);
 }
 

@@ -16,7 +16,7 @@
  *     1-Lipschitz in the max-norm of the logits (B_i), and the ex2.approx of each term (relative
  *     ~2^-22), the fp32 products (z − m)·log2 e (≤ 20·1.44·u on every term that matters) and the
  *     fp32 result (|lse|·u) stay under 1e-5·(1 + |lse|).
- *   LSE at scale 1/τ: the same with B_i / τ.
+ *   LSE at scale 1/τ: the same with B_i / τ (τ = 1, 2 and 3: the epilogue's three paths).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -99,17 +99,57 @@ static void inputs_free(inputs *in)
     cudaFree(in->dh), cudaFree(in->dw);
 }
 
+/* h_i · w_v in float64. */
+static double ref_dot(const inputs *in, int64_t i, int v)
+{
+    const double *hi = in->h + i * in->d, *wv = in->w + (size_t)v * in->d;
+    double s = 0.0;
+    for (int k = 0; k < in->d; k++)
+        s += hi[k] * wv[k];
+    return s;
+}
+
 /* z[0..V) = h_i · w_vᵀ in float64. */
 static void ref_row(const inputs *in, int64_t i, double *z)
 {
-    const double *hi = in->h + i * in->d;
-    for (int v = 0; v < in->v; v++) {
-        const double *wv = in->w + (size_t)v * in->d;
-        double s = 0.0;
-        for (int k = 0; k < in->d; k++)
-            s += hi[k] * wv[k];
-        z[v] = s;
-    }
+    for (int v = 0; v < in->v; v++)
+        z[v] = ref_dot(in, i, v);
+}
+
+/* For a wrong logit: which elements of its 128 x 256 output tile have, in float64, the value we
+ * got. A hit elsewhere means a permuted layout (swizzle, descriptor, accumulator fragment); none
+ * means a wrong sum (a K step missed or doubled, garbage). */
+static void diagnose(const inputs *in, double got, int64_t i, int v)
+{
+    const int64_t r0 = i / TKD_LMHEAD_SM90_BM * TKD_LMHEAD_SM90_BM;
+    const int c0 = v / TKD_LMHEAD_SM90_BN * TKD_LMHEAD_SM90_BN;
+    int found = 0;
+    for (int64_t r = r0; r < r0 + TKD_LMHEAD_SM90_BM && r < in->n; r++)
+        for (int c = c0; c < c0 + TKD_LMHEAD_SM90_BN && c < in->v && found < 4; c++) {
+            double ref = ref_dot(in, r, c);
+            if (fabs(ref - got) <= 1e-5 * (fabs(got) + 1e-3) && found++ < 4)
+                printf("    the value got at (%lld, %d) is the reference of (%lld, %d): %+lld rows, %+d "
+                       "columns within the tile\n", (long long)i, v, (long long)r, c,
+                       (long long)(r - i), c - v);
+        }
+    if (!found)
+        printf("    no element of its 128 x 256 tile has the value got at (%lld, %d): not a permutation "
+               "(a wrong sum: K steps missed or doubled, stale or garbage data)\n", (long long)i, v);
+}
+
+/* Wrong elements by position in the output tile: rows in blocks of 16 (a consumer warp each; 0-3
+ * warpgroup 1, 4-7 warpgroup 2), columns in blocks of 32. */
+typedef struct fail_map { int rows[8], cols[8]; } fail_map;
+
+static void fail_map_print(const fail_map *f, const char *what)
+{
+    printf("    %s failures by tile row block of 16:", what);
+    for (int k = 0; k < 8; k++)
+        printf(" %d", f->rows[k]);
+    printf("; by tile column block of 32:");
+    for (int k = 0; k < 8; k++)
+        printf(" %d", f->cols[k]);
+    printf("\n");
 }
 
 static int is_poison(float x)
@@ -164,15 +204,21 @@ static int check_logits(const inputs *in, const float *got, int64_t ldz, row_fn 
 {
     double *ref = tkd_test_xmalloc(sizeof(double) * (size_t)in->v), num = 0.0, den = 0.0;
     int bad = 0;
+    fail_map fm = {{0}, {0}};
     for (int64_t i = 0; i < in->n; i++) {
         exp_row(in, i, ref, ctx);
         for (int v = 0; v < in->v; v++) {
             double g = got[i * ldz + v], d = fabs(g - ref[v]);
             double tol = k * in->d * FP32_U * in->hn[i] * in->wn[v];
             num += d * d, den += ref[v] * ref[v];
-            if (!(d <= tol) && bad++ < MAX_PRINTS)
+            if (d <= tol)
+                continue;
+            fm.rows[i % TKD_LMHEAD_SM90_BM / 16]++, fm.cols[v % TKD_LMHEAD_SM90_BN / 32]++;
+            if (bad++ < MAX_PRINTS)
                 printf("  %s %lldx%dx%d: row %lld col %d: expected %.9g got %.9g (|diff| %.3g > tol %.3g)\n",
                        what, (long long)in->n, in->d, in->v, (long long)i, v, ref[v], g, d, tol);
+            if (bad == 1)
+                diagnose(in, g, i, v);
         }
         for (int64_t c = in->v; guards && c < ldz; c++)
             if (!is_poison(got[i * ldz + c]) && bad++ < MAX_PRINTS)
@@ -181,6 +227,8 @@ static int check_logits(const inputs *in, const float *got, int64_t ldz, row_fn 
     for (int64_t c = 0; guards && c < ldz; c++)
         if (!is_poison(got[in->n * ldz + c]) && bad++ < MAX_PRINTS)
             printf("  %s: guard row %lld col %lld was written\n", what, (long long)in->n, (long long)c);
+    if (bad)
+        fail_map_print(&fm, what);
     double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
     if (!(rel <= REL_NORM_TOL) && bad++ < MAX_PRINTS)
         printf("  %s %lldx%dx%d: norm-wise error %.3g > %.1g\n", what, (long long)in->n, in->d, in->v,
@@ -203,7 +251,8 @@ static void f32_row(const inputs *in, int64_t i, double *z, const void *ctx)
         z[v] = m[i * (in->v + 2) + v];
 }
 
-/* Small shapes against float64; the first two with one CTA too (all tiles through one pipeline). */
+/* Small shapes against float64, with the full grid and with one CTA (all tiles through one
+ * pipeline, so its stages wrap and its phases flip across tiles). */
 static void test_logits_vs_f64(void **state)
 {
     tkd_lmhead_sm90_ws *ws = *state;
@@ -212,7 +261,7 @@ static void test_logits_vs_f64(void **state)
     int bad = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 100 + s, 0);
-        for (int ctas = 0; ctas <= (s < 2 ? 1 : 0); ctas++) {
+        for (int ctas = 0; ctas <= 1; ctas++) {
             tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
             float *z = run_logits(ws, &in, in.v + 2);
             bad += check_logits(&in, z, in.v + 2, f64_row, NULL, 2.0, 1, ctas ? "logits (1 CTA)" : "logits");
@@ -284,15 +333,16 @@ static double ref_lse(const double *z, int v, double tau)
     return m + log(s);
 }
 
-/* Checks rows h_off.. of in for τ = 1 and 2; returns the failures (printed up to MAX_PRINTS). */
+/* Checks rows h_off.. of in for τ = 1, 2 and 3 (the epilogue has a path for each: one exp, one
+ * exp and its square, two exps); returns the failures (printed up to MAX_PRINTS). */
 static int check_lse_case(tkd_lmhead_sm90_ws *ws, const inputs *in, int64_t h_off, const char *what)
 {
     const int64_t n = in->n - h_off;
     double *z = tkd_test_xmalloc(sizeof(double) * (size_t)in->v), wmax = 0.0;
-    float *g1[2], *gt[2];
-    for (int ti = 0; ti < 2; ti++) {
+    float *g1[3], *gt[3];
+    for (int ti = 0; ti < 3; ti++) {
         g1[ti] = tkd_test_xmalloc((size_t)n * 4), gt[ti] = tkd_test_xmalloc((size_t)n * 4);
-        run_lse(ws, in, h_off, ti ? 2.0f : 1.0f, g1[ti], gt[ti]);
+        run_lse(ws, in, h_off, (float)(ti + 1), g1[ti], gt[ti]);
     }
     for (int v = 0; v < in->v; v++)
         wmax = fmax(wmax, in->wn[v]);
@@ -300,8 +350,8 @@ static int check_lse_case(tkd_lmhead_sm90_ws *ws, const inputs *in, int64_t h_of
     for (int64_t r = 0; r < n; r++) {
         ref_row(in, h_off + r, z);
         const double e1 = ref_lse(z, in->v, 1.0), b = 2.0 * in->d * FP32_U * in->hn[h_off + r] * wmax;
-        for (int ti = 0; ti < 2; ti++) {
-            const double tau = ti ? 2.0 : 1.0, et = ref_lse(z, in->v, tau);
+        for (int ti = 0; ti < 3; ti++) {
+            const double tau = ti + 1, et = ref_lse(z, in->v, tau);
             const double t1 = b + LSE_TOL * (1 + fabs(e1)), tt = b / tau + LSE_TOL * (1 + fabs(et));
             if (!(fabs(g1[ti][r] - e1) <= t1) && bad++ < MAX_PRINTS)
                 printf("  %s %lldx%dx%d tau %g: row %lld: lse at 1: expected %.9g got %.9g (tol %.3g)\n",
@@ -311,7 +361,9 @@ static int check_lse_case(tkd_lmhead_sm90_ws *ws, const inputs *in, int64_t h_of
                        what, (long long)n, in->d, in->v, tau, (long long)r, et, gt[ti][r], tt);
         }
     }
-    free(z), free(g1[0]), free(gt[0]), free(g1[1]), free(gt[1]);
+    free(z);
+    for (int ti = 0; ti < 3; ti++)
+        free(g1[ti]), free(gt[ti]);
     return bad;
 }
 
