@@ -24,7 +24,8 @@
  * with the row statistics in its epilogue (kernels/lmhead_sm90.h: GEMM + per-tile partials +
  * combine into LSE at 1 and 1/τ) against cuBLAS's bf16 -> fp32 logits GEMM alone (the floor it
  * replaces) and cuBLAS + today's statistics row kernel (the pass it replaces), and our GEMM's fp32
- * epilogue against cuBLAS (the GEMM core); ms, TFLOP/s (2·N·D·V) and the ratio to cuBLAS alone.
+ * epilogue against cuBLAS (the GEMM core) and with no epilogue (the main loop alone); ms, TFLOP/s
+ * (2·N·D·V) and the ratio to cuBLAS alone.
  * It then checks our LSEs against the row kernel's and our logits against cuBLAS's (4 rows).
  */
 #include <math.h>
@@ -327,8 +328,9 @@ static void print_row(const shape *s, const char *mode, const mode_result *r, do
  * alternating rep by rep, then the checks. Our passes only where tkd_lmhead_sm90 runs. */
 static void bench_lmhead(const shape *s, const bench_opts *o)
 {
-    static const char *names[4] = {"cuBLAS logits", "cuBLAS + stats rows", "sm90 GEMM+stats",
-                                   "sm90 fp32 logits"};
+    static const char *names[TKD_KL_BENCH_LM_KINDS] = {
+        "cuBLAS logits", "cuBLAS + stats rows", "sm90 GEMM+stats", "sm90 fp32 logits",
+        "sm90 no epilogue"};
     bench_data x;
     data_init(&x, s);
     run_ctx c = {0};
@@ -346,8 +348,8 @@ static void bench_lmhead(const shape *s, const bench_opts *o)
         CHECK(tkd_cuda_malloc((void **)&c.lse1, (size_t)s->n * 4, "LSE", NULL));
         CHECK(tkd_cuda_malloc((void **)&c.lset, (size_t)s->n * 4, "LSE at tau", NULL));
     }
-    const int kinds = c.lw ? 4 : 2, reps = o->reps < MAX_REPS ? o->reps : MAX_REPS;
-    double t[4][MAX_REPS];
+    const int kinds = c.lw ? TKD_KL_BENCH_LM_KINDS : 2, reps = o->reps < MAX_REPS ? o->reps : MAX_REPS;
+    double t[TKD_KL_BENCH_LM_KINDS][MAX_REPS];
     for (int k = 0; k < kinds; k++) /* warm-up: handles, heuristics, module load */
         run_once(&c, RUN_LM_FIRST + k);
     for (int r = 0; r < reps; r++)

@@ -187,8 +187,11 @@ extern "C" tkd_status tkd_kl_bench_lmhead(tkd_kl_cuda_ws *ws, tkd_lmhead_sm90_ws
             TKD_TRY(tkd_lmhead_sm90_stats(lw, h, b->w, rows, b->d, b->v, p->temperature, part));
             TKD_TRY(tkd_lmhead_sm90_lse(part, rows, b->v, p->temperature, lse1 + row0, lset + row0));
             break;
-        default:
+        case TKD_KL_BENCH_LM_SM90_LOGITS:
             TKD_TRY(tkd_lmhead_sm90_logits(lw, h, b->w, rows, b->d, b->v, ws->chunk_buf, ws->ldl));
+            break;
+        default:
+            TKD_TRY(tkd_lmhead_sm90_mainloop(lw, h, b->w, rows, b->d, b->v));
         }
     }
     TKD_CUDA_CHECK(cudaDeviceSynchronize());

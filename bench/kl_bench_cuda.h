@@ -54,12 +54,14 @@ tkd_status tkd_kl_bench_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec);
  *                 top-k gather, the per-row loss: tkd_kl_cuda_chunk_rows in stats mode);
  *   SM90_STATS:   our GEMM with the statistics epilogue into part (3, chunk, ceil(V/256)), then the
  *                 combine into lse1 / lset (N) device;
- *   SM90_LOGITS:  our GEMM with the fp32 epilogue into ws's chunk buffer (the GEMM core's speed).
+ *   SM90_LOGITS:  our GEMM with the fp32 epilogue into ws's chunk buffer (the GEMM core's speed);
+ *   SM90_NONE:    our GEMM with no epilogue (the main loop alone: the epilogues cost the rest).
  * lw is NULL-able for the cuBLAS kinds. Synchronises at the end; SM90 kinds report a pipeline
  * timeout (tkd_lmhead_sm90_sync). */
 enum {
     TKD_KL_BENCH_LM_CUBLAS = 0, TKD_KL_BENCH_LM_CUBLAS_ROWS = 1,
-    TKD_KL_BENCH_LM_SM90_STATS = 2, TKD_KL_BENCH_LM_SM90_LOGITS = 3,
+    TKD_KL_BENCH_LM_SM90_STATS = 2, TKD_KL_BENCH_LM_SM90_LOGITS = 3, TKD_KL_BENCH_LM_SM90_NONE = 4,
+    TKD_KL_BENCH_LM_KINDS = 5,
 };
 struct tkd_lmhead_sm90_ws;
 tkd_status tkd_kl_bench_lmhead(tkd_kl_cuda_ws *ws, struct tkd_lmhead_sm90_ws *lw,

@@ -61,6 +61,11 @@ tkd_status tkd_lmhead_sm90_logits(tkd_lmhead_sm90_ws *ws, const uint16_t *h, con
 tkd_status tkd_lmhead_sm90_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
                                  int64_t n, int d, int v, float tau, float *part);
 
+/* For the benchmark: the same GEMM with no epilogue (writes nothing); its time is the main loop's,
+ * so the epilogues' cost is the difference. */
+tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
+                                    int64_t n, int d, int v);
+
 /* lse1 (N), lset (N) fp32 from the partials of tkd_lmhead_sm90_stats with the same N, V, τ. */
 tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau, float *lse1,
                                float *lset);

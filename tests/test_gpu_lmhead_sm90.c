@@ -416,7 +416,8 @@ static void test_stats_grid_invariant(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* Refusals: D not a multiple of 8, τ ≤ 0, odd ldz, misaligned h. */
+/* Refusals: D not a multiple of 8, τ ≤ 0, odd ldz, misaligned h; the benchmark's no-epilogue
+ * launch runs and ends. */
 static void test_arguments(void **state)
 {
     tkd_lmhead_sm90_ws *ws = *state;
@@ -426,6 +427,7 @@ static void test_arguments(void **state)
     assert_int_equal(tkd_lmhead_sm90_stats(ws, in.dh, in.dw, 8, 64, 16, 0.0f, dz), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_lmhead_sm90_logits(ws, in.dh, in.dw, 8, 64, 16, dz, 17), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_lmhead_sm90_logits(ws, in.dh + 1, in.dw, 7, 64, 16, dz, 18), TKD_ERR_INVALID_ARG);
+    tkd_test_ok(tkd_lmhead_sm90_mainloop(ws, in.dh, in.dw, 8, 64, 16), "mainloop (the benchmark's)");
     tkd_test_ok(tkd_lmhead_sm90_sync(ws), "sync");
     cudaFree(dz);
     inputs_free(&in);
