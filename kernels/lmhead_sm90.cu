@@ -259,6 +259,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, ui
     int prev = -1;
     for (int kt = 0; kt < p.ktiles; kt++) {
         mbar_wait(full_bar(base, r.stage), r.phase, r.failed, p.err);
+        __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
         const uint64_t da = smem_desc(stage_a(base, r.stage) + cw * 64 * 128);
         const uint64_t db = smem_desc(stage_b(base, r.stage));
         wgmma_fence();
