@@ -18,6 +18,15 @@
  * grad_in_forward rows: reads twice, writes once). --rows runs the row kernels with another launch
  * shape (a sweep; the product always runs its own, kernels/kl_loss_cuda_internal.h).
  * The floor, the profile, --rows and the random fill are in kl_bench_cuda.cu.
+ *
+ *   kl_bench --lmhead [--tau 2] [--shapes ...] [--reps 5] [--chunk 0]
+ * times the LM head's logits pass alone, in the loss's chunks of rows (issue 13): our Hopper GEMM
+ * with the row statistics in its epilogue (kernels/lmhead_sm90.h: GEMM + per-tile partials +
+ * combine into LSE at 1 and 1/τ) against cuBLAS's bf16 -> fp32 logits GEMM alone (the floor it
+ * replaces) and cuBLAS + today's statistics row kernel (the pass it replaces), and our GEMM's fp32
+ * epilogue against cuBLAS (the GEMM core) and with no epilogue (the main loop alone); ms, TFLOP/s
+ * (2·N·D·V) and the ratio to cuBLAS alone.
+ * It then checks our LSEs against the row kernel's and our logits against cuBLAS's (4 rows).
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,6 +43,7 @@
 #include "bench/kl_bench_cuda.h"
 #include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
+#include "kernels/lmhead_sm90.h"
 
 #define BENCH_K 100
 #define MIB (1024.0 * 1024.0)
@@ -44,6 +54,8 @@ typedef struct bench_opts {
     shape shapes[16];
     int n_shapes, reps, chunk, profile, naive;
     int row_threads, row_vec; /* --rows; 0, 0: the product's launch shape */
+    int lmhead;               /* --lmhead: the logits pass alone (bench_lmhead) */
+    float tau;                /* --tau, for --lmhead */
 } bench_opts;
 
 typedef struct bench_data {
@@ -135,7 +147,10 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* What one timed repetition runs. */
-typedef enum run_kind { RUN_RECOMPUTE, RUN_GIF, RUN_FLOOR4, RUN_FLOOR3 } run_kind;
+typedef enum run_kind {
+    RUN_RECOMPUTE, RUN_GIF, RUN_FLOOR4, RUN_FLOOR3,
+    RUN_LM_FIRST, /* RUN_LM_FIRST + TKD_KL_BENCH_LM_*: tkd_kl_bench_lmhead of that kind */
+} run_kind;
 
 typedef struct run_ctx {
     tkd_kl_cuda_ws *ws;
@@ -143,6 +158,8 @@ typedef struct run_ctx {
     bench_data *x;
     const uint16_t *ds; /* floor's dS stand-in */
     double loss;
+    tkd_lmhead_sm90_ws *lw;          /* --lmhead: NULL where our GEMM is unsupported */
+    float *part, *lse1, *lset;       /* --lmhead: (3, chunk, V/256) partials, (N) LSEs */
 } run_ctx;
 
 static void run_once(run_ctx *c, run_kind kind)
@@ -166,6 +183,9 @@ static void run_once(run_ctx *c, run_kind kind)
         CHECK(tkd_kl_bench_gemm_floor(c->ws, &c->x->b, kind == RUN_FLOOR4, c->ds, c->x->dh,
                                      c->x->dw));
         break;
+    default:
+        CHECK(tkd_kl_bench_lmhead(c->ws, c->lw, &p, &c->x->b, (int)kind - RUN_LM_FIRST, c->part,
+                                  c->lse1, c->lset));
     }
 }
 
@@ -304,6 +324,57 @@ static void print_row(const shape *s, const char *mode, const mode_result *r, do
            (ratio <= 1.10 && r->peak_mib <= r->budget_mib) ? "" : "(target missed)");
 }
 
+/* --lmhead, one shape: the four logits passes (run_kind RUN_LM_FIRST + TKD_KL_BENCH_LM_*),
+ * alternating rep by rep, then the checks. Our passes only where tkd_lmhead_sm90 runs. */
+static void bench_lmhead(const shape *s, const bench_opts *o)
+{
+    static const char *names[TKD_KL_BENCH_LM_KINDS] = {
+        "cuBLAS logits", "cuBLAS + stats rows", "sm90 GEMM+stats", "sm90 fp32 logits",
+        "sm90 no epilogue"};
+    bench_data x;
+    data_init(&x, s);
+    run_ctx c = {0};
+    c.x = &x;
+    tkd_kl_params_defaults(&c.p, BENCH_K);
+    c.p.chunk_rows = o->chunk;
+    c.p.temperature = o->tau;
+    CHECK(tkd_kl_cuda_ws_create(&c.ws, &c.p, s->n, s->d, s->v));
+    const int cr = tkd_kl_cuda_ws_chunk_rows(c.ws);
+    tkd_status st = tkd_lmhead_sm90_ws_create(&c.lw);
+    if (st != TKD_OK)
+        printf("  sm90 GEMM not timed: %s\n", tkd_error_msg());
+    else {
+        CHECK(tkd_cuda_malloc((void **)&c.part, tkd_lmhead_sm90_part_floats(cr, s->v) * 4, "partials", NULL));
+        CHECK(tkd_cuda_malloc((void **)&c.lse1, (size_t)s->n * 4, "LSE", NULL));
+        CHECK(tkd_cuda_malloc((void **)&c.lset, (size_t)s->n * 4, "LSE at tau", NULL));
+    }
+    const int kinds = c.lw ? TKD_KL_BENCH_LM_KINDS : 2, reps = o->reps < MAX_REPS ? o->reps : MAX_REPS;
+    double t[TKD_KL_BENCH_LM_KINDS][MAX_REPS];
+    for (int k = 0; k < kinds; k++) /* warm-up: handles, heuristics, module load */
+        run_once(&c, RUN_LM_FIRST + k);
+    for (int r = 0; r < reps; r++)
+        for (int k = 0; k < kinds; k++)
+            t[k][r] = time_once(&c, RUN_LM_FIRST + k);
+    const double flops = 2.0 * (double)s->n * s->d * s->v, base = median(t[0], reps);
+    for (int k = 0; k < kinds; k++) {
+        const double ms = k ? median(t[k], reps) : base;
+        printf("| %6lldx%dx%-6d | %5d | %-19s | %9.3f | %7.1f | %6.3f |\n", (long long)s->n, s->d, s->v,
+               cr, names[k], ms, flops / (ms * 1e-3) / 1e12, ms / base);
+    }
+    if (c.lw) {
+        double d1 = 0, dt = 0, zr = 0;
+        CHECK(tkd_kl_bench_lmhead_check(c.ws, c.lw, &x.b, c.lse1, c.lset, &d1, &dt, &zr));
+        printf("  check: max |LSE ours - row kernel| over %lld rows: %.3g at 1, %.3g at 1/tau; "
+               "logits (4 rows) max |ours - cuBLAS| / max |z| = %.3g%s\n", (long long)s->n, d1, dt, zr,
+               d1 <= 1e-3 && dt <= 1e-3 && zr <= 1e-5 ? "" : "  (MISMATCH: look before trusting the times)");
+    }
+    tkd_cuda_free(c.part), tkd_cuda_free(c.lse1), tkd_cuda_free(c.lset);
+    tkd_lmhead_sm90_ws_free(c.lw);
+    tkd_kl_cuda_ws_free(c.ws);
+    data_free(&x);
+    fflush(stdout);
+}
+
 static int parse_shapes(const char *arg, bench_opts *o)
 {
     o->n_shapes = 0;
@@ -325,7 +396,7 @@ static int parse_shapes(const char *arg, bench_opts *o)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {.n_shapes = 4, .reps = 5, .chunk = 0, .profile = 0, .naive = 1};
+    bench_opts o = {.n_shapes = 4, .reps = 5, .chunk = 0, .profile = 0, .naive = 1, .tau = 2.0f};
     o.shapes[0] = (shape){4096, 4096, 128256};
     o.shapes[1] = (shape){8192, 2048, 151552};
     o.shapes[2] = (shape){32768, 2880, 201088};
@@ -352,14 +423,22 @@ int main(int argc, char **argv)
             o.profile = 1;
         } else if (strcmp(argv[i], "--no-naive") == 0) {
             o.naive = 0;
+        } else if (strcmp(argv[i], "--lmhead") == 0) {
+            o.lmhead = 1;
+        } else if (strcmp(argv[i], "--tau") == 0 && i + 1 < argc) {
+            o.tau = (float)atof(argv[++i]);
         } else {
             fprintf(stderr, "usage: kl_bench [--shapes NxDxV,...] [--reps R] [--chunk C] "
-                            "[--rows THREADSxVEC] [--profile] [--no-naive]\n");
+                            "[--rows THREADSxVEC] [--profile] [--no-naive] | --lmhead [--tau T]\n");
             return 2;
         }
     }
     if (o.reps < 1)
         o.reps = 1;
+    if (!(o.tau > 0.0f)) {
+        fprintf(stderr, "kl_bench: --tau wants a temperature > 0\n");
+        return 2;
+    }
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
         printf("kl_bench: no CUDA device answers\n");
@@ -367,6 +446,15 @@ int main(int argc, char **argv)
     }
     printf("device: %s, %d SMs; reps %d (median), bf16 H/W, renorm, k = %d; dH and dW fp32\n",
            prop.name, prop.multiProcessorCount, o.reps, BENCH_K);
+    if (o.lmhead) {
+        printf("LM-head logits pass alone, tau %g, chunks of rows as the loss (TFLOP/s = 2NDV / time; "
+               "ratio = time / cuBLAS logits)\n", (double)o.tau);
+        printf("| %-20s | %5s | %-19s | %9s | %7s | %6s |\n", "N x D x V", "chunk", "pass", "ms",
+               "TFLOP/s", "ratio");
+        for (int i = 0; i < o.n_shapes; i++)
+            bench_lmhead(&o.shapes[i], &o);
+        return 0;
+    }
     if (o.row_threads)
         printf("row kernels: %d threads x %d float4 in flight (--rows; not the product's shape)\n",
                o.row_threads, o.row_vec);

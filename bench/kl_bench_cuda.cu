@@ -4,10 +4,13 @@
 #include "bench/kl_bench_cuda.h"
 
 #include <cuda_bf16.h>
+#include <math.h>
 #include <stdlib.h>
 
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda_internal.h"
+#include "kernels/lmhead_sm90.h"
 
 namespace {
 
@@ -161,4 +164,98 @@ extern "C" tkd_status tkd_kl_bench_fill_bf16(uint16_t *dev, size_t n, uint64_t s
     fill_bf16_kernel<<<1024, 256>>>(reinterpret_cast<__nv_bfloat16 *>(dev), n, seed, std);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_bench_lmhead(tkd_kl_cuda_ws *ws, tkd_lmhead_sm90_ws *lw,
+                                          const tkd_kl_params *p, const tkd_kl_cuda_batch *b,
+                                          int kind, float *part, float *lse1, float *lset)
+{
+    if (kind == TKD_KL_BENCH_LM_CUBLAS_ROWS)
+        TKD_TRY(tkd_kl_cuda_count_kept(ws, p, b)); /* the row kernel's loss sums start at zero */
+    for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
+        const int rows = chunk_len(ws, b, row0);
+        const uint16_t *h = b->h + row0 * b->d;
+        switch (kind) {
+        case TKD_KL_BENCH_LM_CUBLAS:
+            TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
+            break;
+        case TKD_KL_BENCH_LM_CUBLAS_ROWS:
+            TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
+            TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, TKD_KL_CUDA_ROWS_STATS, row0, rows, 1.0f));
+            break;
+        case TKD_KL_BENCH_LM_SM90_STATS:
+            TKD_TRY(tkd_lmhead_sm90_stats(lw, h, b->w, rows, b->d, b->v, p->temperature, part));
+            TKD_TRY(tkd_lmhead_sm90_lse(part, rows, b->v, p->temperature, lse1 + row0, lset + row0));
+            break;
+        case TKD_KL_BENCH_LM_SM90_LOGITS:
+            TKD_TRY(tkd_lmhead_sm90_logits(lw, h, b->w, rows, b->d, b->v, ws->chunk_buf, ws->ldl));
+            break;
+        default:
+            TKD_TRY(tkd_lmhead_sm90_mainloop(lw, h, b->w, rows, b->d, b->v));
+        }
+    }
+    TKD_CUDA_CHECK(cudaDeviceSynchronize());
+    return lw ? tkd_lmhead_sm90_sync(lw) : TKD_OK;
+}
+
+/* max_i |a_i − b_i| of two device float arrays of n. */
+static tkd_status max_abs_diff(const float *a, const float *b, size_t n, double *out)
+{
+    float *ha = (float *)malloc(n * 4 + 4), *hb = (float *)malloc(n * 4 + 4);
+    tkd_status st = ha && hb ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "kl_bench: lmhead check");
+    if (st == TKD_OK && cudaMemcpy(ha, a, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(hb, b, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        double m = 0.0;
+        for (size_t i = 0; i < n; i++)
+            m = fmax(m, isfinite(ha[i]) && isfinite(hb[i]) ? fabs((double)ha[i] - hb[i]) : INFINITY);
+        *out = m;
+    } else if (st == TKD_OK) {
+        st = tkd_error_set(TKD_ERR_DEVICE, "kl_bench: lmhead check: copy failed");
+    }
+    free(ha), free(hb);
+    return st;
+}
+
+/* The largest |our − cuBLAS| logit over the largest |cuBLAS logit|, on rows (ldl apart, first V
+ * columns) of two device (rows, ldl) fp32 buffers. */
+static tkd_status logits_rel_diff(const float *ours, const float *ref, int rows, long long ldl, int v,
+                                  double *out)
+{
+    const size_t nz = (size_t)rows * ldl;
+    float *ho = (float *)malloc(nz * 4), *hr = (float *)malloc(nz * 4);
+    tkd_status st = ho && hr ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "kl_bench: lmhead check");
+    if (st == TKD_OK && (cudaMemcpy(ho, ours, nz * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
+                         cudaMemcpy(hr, ref, nz * 4, cudaMemcpyDeviceToHost) != cudaSuccess))
+        st = tkd_error_set(TKD_ERR_DEVICE, "kl_bench: lmhead check: copy failed");
+    double dmax = 0.0, zmax = 0.0;
+    for (int r = 0; st == TKD_OK && r < rows; r++)
+        for (int c = 0; c < v; c++) {
+            const double o = ho[r * ldl + c], x = hr[r * ldl + c];
+            dmax = fmax(dmax, isfinite(o) ? fabs(o - x) : INFINITY);
+            zmax = fmax(zmax, fabs(x));
+        }
+    *out = zmax > 0.0 ? dmax / zmax : dmax;
+    free(ho), free(hr);
+    return st;
+}
+
+extern "C" tkd_status tkd_kl_bench_lmhead_check(tkd_kl_cuda_ws *ws, tkd_lmhead_sm90_ws *lw,
+                                                const tkd_kl_cuda_batch *b, const float *lse1,
+                                                const float *lset, double *max_d1, double *max_dt,
+                                                double *logits_rel)
+{
+    TKD_TRY(max_abs_diff(lse1, ws->lse_one, (size_t)b->n, max_d1));
+    TKD_TRY(max_abs_diff(lset, ws->lse_tau, (size_t)b->n, max_dt));
+    const int rows = b->n < 4 ? (int)b->n : 4;
+    float *ours = NULL;
+    TKD_TRY(tkd_cuda_malloc((void **)&ours, (size_t)rows * ws->ldl * 4, "kl_bench: lmhead check", NULL));
+    tkd_status st = tkd_lmhead_sm90_logits(lw, b->h, b->w, rows, b->d, b->v, ours, ws->ldl);
+    if (st == TKD_OK)
+        st = tkd_lmhead_sm90_sync(lw);
+    if (st == TKD_OK)
+        st = tkd_kl_cuda_chunk_logits(ws, b, 0, rows);
+    if (st == TKD_OK)
+        st = logits_rel_diff(ours, ws->chunk_buf, rows, ws->ldl, b->v, logits_rel);
+    tkd_cuda_free(ours);
+    return st;
 }

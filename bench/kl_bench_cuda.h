@@ -47,6 +47,36 @@ tkd_status tkd_kl_bench_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
  * the product's). */
 tkd_status tkd_kl_bench_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec);
 
+/* The LM head's logits pass alone over all N rows in ws's chunks (issue 13: our Hopper GEMM with
+ * the statistics in its epilogue against what it replaces). Per chunk:
+ *   CUBLAS:       cuBLAS's bf16 -> fp32 logits GEMM into ws's chunk buffer (the floor it replaces);
+ *   CUBLAS_ROWS:  the same plus today's statistics row kernel (LSE at τ and at 1, the teacher's
+ *                 top-k gather, the per-row loss: tkd_kl_cuda_chunk_rows in stats mode);
+ *   SM90_STATS:   our GEMM with the statistics epilogue into part (3, chunk, ceil(V/256)), then the
+ *                 combine into lse1 / lset (N) device;
+ *   SM90_LOGITS:  our GEMM with the fp32 epilogue into ws's chunk buffer (the GEMM core's speed);
+ *   SM90_NONE:    our GEMM with no epilogue (the main loop alone: the epilogues cost the rest).
+ * lw is NULL-able for the cuBLAS kinds. Synchronises at the end; SM90 kinds report a pipeline
+ * timeout (tkd_lmhead_sm90_sync). */
+enum {
+    TKD_KL_BENCH_LM_CUBLAS = 0, TKD_KL_BENCH_LM_CUBLAS_ROWS = 1,
+    TKD_KL_BENCH_LM_SM90_STATS = 2, TKD_KL_BENCH_LM_SM90_LOGITS = 3, TKD_KL_BENCH_LM_SM90_NONE = 4,
+    TKD_KL_BENCH_LM_KINDS = 5,
+};
+struct tkd_lmhead_sm90_ws;
+tkd_status tkd_kl_bench_lmhead(tkd_kl_cuda_ws *ws, struct tkd_lmhead_sm90_ws *lw,
+                               const tkd_kl_params *p, const tkd_kl_cuda_batch *b, int kind,
+                               float *part, float *lse1, float *lset);
+
+/* Our LSEs (lse1, lset (N) device, from SM90_STATS) against the row kernel's (ws, from
+ * CUBLAS_ROWS): the largest |difference| of each over N rows. And our fp32 logits against
+ * cuBLAS's on the first 4 rows of chunk 0: the largest |difference| over the largest |logit|
+ * (the chunk buffer is overwritten). */
+tkd_status tkd_kl_bench_lmhead_check(tkd_kl_cuda_ws *ws, struct tkd_lmhead_sm90_ws *lw,
+                                     const tkd_kl_cuda_batch *b, const float *lse1,
+                                     const float *lset, double *max_d1, double *max_dt,
+                                     double *logits_rel);
+
 /* Fills n bf16 values at dev with a deterministic normal(0, std)-like sequence (random data, never
  * zeros). Asynchronous on the legacy default stream. */
 tkd_status tkd_kl_bench_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std);

@@ -1,0 +1,683 @@
+/* lmhead_sm90.cu — see lmhead_sm90.h. Built for sm_90a only (kernels/CMakeLists.txt).
+ *
+ * The GEMM. Tiles of Z are 128 x 256 (BM x BN), K in steps of 64 (BK: one 128-byte swizzle span
+ * of bf16). A persistent grid (one CTA per SM) walks the tiles; each CTA has three warpgroups:
+ *   warpgroup 0, the producer: one thread issues the TMA loads (cp.async.bulk.tensor) of the H tile
+ *     (128 x 64) and the W tile (256 x 64) of each K step into a ring of 4 shared-memory stages,
+ *     each completing on that stage's `full` mbarrier (expect_tx of the 48 KB);
+ *   warpgroups 1 and 2, the consumers: each owns 64 rows of the tile, waits on `full`, issues four
+ *     wgmma.m64n256k16 (both operands from shared memory, 128-byte swizzle), keeps one K step of
+ *     wgmma in flight, and releases a stage on its `empty` mbarrier (one arrival per consumer warp)
+ *     once the wgmma that read it is done; after the last K step it runs the epilogue straight
+ *     from the 128 fp32 accumulators per thread.
+ * setmaxnreg moves registers from the producer (40) to the consumers (232). The producer and the
+ * consumers walk the same tile sequence, so the ring's stage/phase counters stay in step. Tiles
+ * are visited in groups of 16 M-tiles swept along V, so a wave of CTAs shares its H rows and W
+ * rows in L2.
+ *
+ * Shared memory per stage: A (128 rows x 128 B) then B (256 rows x 128 B), each 1024-byte aligned
+ * as the 128-byte swizzle wants (the TMA writes the swizzled layout; the wgmma descriptors say
+ * "128-byte swizzle, 8-row groups 1024 bytes apart"; the K step inside the span moves the start
+ * address by 32 bytes). Out-of-range rows and K columns of a box are zero-filled by the TMA.
+ *
+ * Accumulator fragment of wgmma m64nNk16 (fp32): in warp w of a warpgroup, lane l holds rows
+ * 16w + l/4 (+8) and columns 8j + 2(l%4) + e of the warpgroup's 64 x 256 block, register
+ * 4j + 2h + e for row 16w + l/4 + 8h. So a row lives in the 4 lanes of a quad: quad shuffles
+ * reduce it.
+ */
+#include "kernels/lmhead_sm90.h"
+
+#include <cuda.h>         /* CUtensorMap and its enums (types only: nothing links libcuda) */
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
+
+struct tkd_lmhead_sm90_ws {
+    unsigned *err; /* device: non-zero after a pipeline wait timed out */
+    int max_ctas;  /* 0: one CTA per SM */
+};
+
+namespace {
+
+constexpr int kBM = TKD_LMHEAD_SM90_BM, kBN = TKD_LMHEAD_SM90_BN, kBK = 64, kStages = 4;
+constexpr int kConsumers = 2;                 /* consumer warpgroups, 64 tile rows each */
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kAcc = kBN / 2;                 /* fp32 accumulators per consumer thread */
+constexpr int kGroupM = 16;                   /* M-tiles swept together along V */
+constexpr uint32_t kBytesA = kBM * kBK * 2, kBytesB = kBN * kBK * 2;
+constexpr uint32_t kStageBytes = kBytesA + kBytesB; /* 48 KB */
+constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + 2 * kStages * 8;
+constexpr float kLog2e = 1.4426950408889634f;
+/* A wait longer than this is a broken pipeline (legitimate waits are microseconds). */
+constexpr unsigned long long kWaitLimitNs = 4000000000ull;
+static_assert(kBK * 2 == 128, "a K step is one 128-byte swizzle span");
+static_assert(kBytesA % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+
+/* kEpiNone (benchmark only): no epilogue, so its time is the main loop's. */
+enum Epi { kEpiLogits = 0, kEpiStats = 1, kEpiNone = 2 };
+
+struct Params {
+    long long n;     /* rows of H (and Z) */
+    int v;           /* rows of W (columns of Z) */
+    int ktiles, mtiles, ntiles;
+    long long tiles; /* mtiles · ntiles */
+    float *z;        /* logits: (n, ldz) */
+    long long ldz;
+    float *part;     /* stats: (3, n, ntiles) */
+    float l2e_tau;   /* stats: log2(e) / τ */
+    int tau_mode;    /* stats: 1 when τ = 1, 2 when τ = 2, else 0 (store_stats) */
+    unsigned *err;
+};
+
+/* ---- PTX wrappers: shared-memory addresses, mbarriers, TMA, wgmma ---------------------------- */
+
+__device__ inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ inline unsigned long long globaltimer_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ inline void mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ inline bool mbar_try_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    return ok != 0;
+}
+
+/* Waits until the phase of parity `parity` of bar completed. Bounded: after kWaitLimitNs it sets
+ * *err, marks this thread failed and returns; a failed thread never waits again, so a broken
+ * pipeline ends the kernel (with garbage) instead of hanging it. */
+__device__ inline void mbar_wait(uint32_t bar, uint32_t parity, bool &failed, unsigned *err)
+{
+    if (failed)
+        return;
+    for (int spin = 0; spin < 1024; spin++) /* the common case: no clock reads */
+        if (mbar_try_wait(bar, parity))
+            return;
+    const unsigned long long t0 = globaltimer_ns();
+    while (!mbar_try_wait(bar, parity))
+        if (globaltimer_ns() - t0 > kWaitLimitNs) {
+            failed = true;
+            atomicOr(err, 1u);
+            return;
+        }
+}
+
+__device__ inline void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+/* The box of tm at (x = K column, y = row) into shared dst, completing bytes on bar. */
+__device__ inline void tma_load_2d(uint32_t dst, const CUtensorMap *tm, int x, int y, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"((uint64_t)tm), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+
+/* wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle layout whose rows are
+ * 128 bytes apart: start address >> 4 (bits 0-13), leading offset 16 B (unused by this layout,
+ * bits 16-29), stride 1024 B between 8-row groups (bits 32-45), base offset 0 (1024-aligned),
+ * layout 1 = 128-byte swizzle (bits 62-63). */
+__device__ inline uint64_t smem_desc(uint32_t addr)
+{
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+
+/* Keeps the compiler from moving accumulator reads or writes across a wgmma wait. */
+__device__ inline void fence_acc(float (&d)[kAcc])
+{
+#pragma unroll
+    for (int i = 0; i < kAcc; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d (64 x 256 of this warpgroup, fp32 fragment) (+)= A (64 x 16) · B (256 x 16)ᵀ, both operands in shared
+ * memory (descriptors); accumulate = 0 overwrites d. */
+__device__ inline void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* ---- the pipeline: ring stages, tile order ----------------------------------------------------- */
+
+/* Shared memory from `base` (1024-aligned): the stages, then the full and empty mbarriers. */
+__device__ inline uint32_t stage_a(uint32_t base, int s) { return base + s * kStageBytes; }
+__device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a(base, s) + kBytesA; }
+__device__ inline uint32_t full_bar(uint32_t base, int s) { return base + kStages * kStageBytes + 8 * s; }
+__device__ inline uint32_t empty_bar(uint32_t base, int s) { return full_bar(base, kStages + s); }
+
+/* A position in the ring: stage and the parity of its current phase. */
+struct Ring {
+    int stage;
+    uint32_t phase;
+    bool failed; /* a wait of this thread timed out (mbar_wait) */
+};
+
+__device__ inline void ring_next(Ring &r)
+{
+    if (++r.stage == kStages) {
+        r.stage = 0;
+        r.phase ^= 1u;
+    }
+}
+
+/* Tile t's (M-tile, V-tile): groups of kGroupM M-tiles (fewer in the last group), each group
+ * swept along V with its M-tiles innermost. */
+__device__ inline void tile_coords(long long t, const Params &p, int &mi, int &ni)
+{
+    const long long per_group = (long long)kGroupM * p.ntiles;
+    const int g = (int)(t / per_group);
+    const int first = g * kGroupM;
+    const int gm = min(kGroupM, p.mtiles - first);
+    const long long r = t - g * per_group;
+    mi = first + (int)(r % gm);
+    ni = (int)(r / gm);
+}
+
+/* The producer thread: for every tile of this CTA and every K step, waits for a free stage and
+ * loads the H box (rows mi·BM.., K kt·BK..) and the W box (rows ni·BN..) into it. */
+__device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const Params &p,
+                        uint32_t base)
+{
+    Ring r = {0, 0u, false};
+    for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        int mi, ni;
+        tile_coords(t, p, mi, ni);
+        for (int kt = 0; kt < p.ktiles; kt++) {
+            mbar_wait(empty_bar(base, r.stage), r.phase ^ 1u, r.failed, p.err);
+            const uint32_t full = full_bar(base, r.stage);
+            mbar_arrive_expect_tx(full, kStageBytes); /* zero-filled bytes count too */
+            tma_load_2d(stage_a(base, r.stage), tm_h, kt * kBK, mi * kBM, full);
+            tma_load_2d(stage_b(base, r.stage), tm_w, kt * kBK, ni * kBN, full);
+            ring_next(r);
+        }
+    }
+}
+
+/* One consumer warpgroup (cw = 0, 1: tile rows 64·cw..) over all K steps of a tile: acc (its
+ * 64 x 256 block) = H_tile · W_tileᵀ. One K step of wgmma stays in flight; a stage is released
+ * (one arrival per warp) once the wgmma that read it has completed. */
+__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, uint32_t base, int cw, Ring &r)
+{
+    int prev = -1;
+    for (int kt = 0; kt < p.ktiles; kt++) {
+        mbar_wait(full_bar(base, r.stage), r.phase, r.failed, p.err);
+        __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
+        const uint64_t da = smem_desc(stage_a(base, r.stage) + cw * 64 * 128);
+        const uint64_t db = smem_desc(stage_b(base, r.stage));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; kk++) /* 16 K = 32 bytes = 2 descriptor units */
+            wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
+        wgmma_commit();
+        if (prev >= 0) {
+            wgmma_wait<1>();
+            if ((threadIdx.x & 31) == 0)
+                mbar_arrive(empty_bar(base, prev));
+        }
+        prev = r.stage;
+        ring_next(r);
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    if ((threadIdx.x & 31) == 0)
+        mbar_arrive(empty_bar(base, prev));
+}
+
+/* ---- epilogues --------------------------------------------------------------------------------- */
+
+/* Where this thread's accumulators sit in Z: rows row0 + 8h (h = 0, 1), columns col0 + 8j + e
+ * (j < 32, e = 0, 1) hold acc[4j + 2h + e]. */
+struct Frag {
+    long long row0;
+    int col0;
+};
+
+__device__ inline Frag frag_of(int mi, int ni, int cw)
+{
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+    return {(long long)mi * kBM + cw * 64 + warp * 16 + lane / 4, ni * kBN + 2 * (lane & 3)};
+}
+
+/* Logits epilogue: the fragment to z (n, ldz), in-range elements only (ldz even: float2 stores). */
+__device__ __forceinline__ void store_logits(const float (&acc)[kAcc], const Params &p, Frag f)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const long long row = f.row0 + 8 * h;
+        if (row >= p.n)
+            continue;
+        float *zr = p.z + row * p.ldz;
+#pragma unroll
+        for (int j = 0; j < kBN / 8; j++) {
+            const int col = f.col0 + 8 * j;
+            if (col + 1 < p.v)
+                *reinterpret_cast<float2 *>(zr + col) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            else if (col < p.v)
+                zr[col] = acc[4 * j + 2 * h];
+        }
+    }
+}
+
+/* 2^x on the special-function unit; subnormal results flush to 0 (-inf gives 0). */
+__device__ inline float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Accumulator (j, h, e) of the fragment, or -inf where its column is at or past V. */
+__device__ inline float masked(const float (&acc)[kAcc], int j, int h, int e, Frag f, int v)
+{
+    return f.col0 + 8 * j + e < v ? acc[4 * j + 2 * h + e] : -INFINITY;
+}
+
+/* Max over the 256 columns of row half h, reduced over the quad that holds the row. */
+__device__ inline float row_max(const float (&acc)[kAcc], int h, Frag f, int v)
+{
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; j++)
+        m = fmaxf(m, fmaxf(masked(acc, j, h, 0, f, v), masked(acc, j, h, 1, f, v)));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+/* Σ exp2(l2e·(z − m)) over row half h (l2e = log2(e)/scale), reduced over the quad. */
+__device__ inline float row_sum_exp(const float (&acc)[kAcc], int h, Frag f, int v, float m, float l2e)
+{
+    const float mb = m * l2e;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            s += fast_exp2(fmaf(masked(acc, j, h, e, f, v), l2e, -mb));
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    return s + __shfl_xor_sync(0xffffffffu, s, 2);
+}
+
+/* τ = 2: (Σ exp(z − m), Σ exp((z − m)/2)) over row half h from one exp per element, e =
+ * exp((z − m)/2) and exp(z − m) = e², reduced over the quad. */
+__device__ inline float2 row_sum_exp_tau2(const float (&acc)[kAcc], int h, Frag f, int v, float m)
+{
+    const float l2e = 0.5f * kLog2e, mb = m * l2e;
+    float s1 = 0.0f, st = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float x = fast_exp2(fmaf(masked(acc, j, h, e, f, v), l2e, -mb));
+            st += x;
+            s1 = fmaf(x, x, s1);
+        }
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    st += __shfl_xor_sync(0xffffffffu, st, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    st += __shfl_xor_sync(0xffffffffu, st, 2);
+    return make_float2(s1, st);
+}
+
+/* Statistics epilogue: for each of this thread's two rows, m, s1 = Σ exp(z − m) and
+ * st = Σ exp((z − m)/τ) over the tile's in-range columns, written by the quad's first lane to
+ * part (3, n, ntiles) at V-tile ni. One exp per element at τ = 1 (st = s1) and τ = 2 (squares),
+ * two otherwise: the special-function unit is the epilogue's bottleneck. */
+__device__ __forceinline__ void store_stats(const float (&acc)[kAcc], const Params &p, Frag f, int ni)
+{
+    const size_t plane = (size_t)p.n * p.ntiles;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float m = row_max(acc, h, f, p.v);
+        float s1, st;
+        if (p.tau_mode == 2) {
+            const float2 s = row_sum_exp_tau2(acc, h, f, p.v, m);
+            s1 = s.x, st = s.y;
+        } else {
+            s1 = row_sum_exp(acc, h, f, p.v, m, kLog2e);
+            st = p.tau_mode == 1 ? s1 : row_sum_exp(acc, h, f, p.v, m, p.l2e_tau);
+        }
+        const long long row = f.row0 + 8 * h;
+        if ((threadIdx.x & 3) == 0 && row < p.n) {
+            const size_t i = (size_t)row * p.ntiles + ni;
+            p.part[i] = m;
+            p.part[plane + i] = s1;
+            p.part[2 * plane + i] = st;
+        }
+    }
+}
+
+/* A consumer warpgroup: every tile of this CTA, main loop then epilogue. */
+template <int kEpi>
+__device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
+{
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; i++)
+        acc[i] = 0.0f; /* the first wgmma of a tile overwrites; this only keeps them defined */
+    Ring r = {0, 0u, false};
+    for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        int mi, ni;
+        tile_coords(t, p, mi, ni);
+        mma_tile(acc, p, base, cw, r);
+        if (kEpi == kEpiLogits)
+            store_logits(acc, p, frag_of(mi, ni, cw));
+        else if (kEpi == kEpiStats)
+            store_stats(acc, p, frag_of(mi, ni, cw), ni);
+    }
+}
+
+/* The persistent GEMM: Z = H Wᵀ tile by tile, epilogue kEpi. tm_h: (n, D) bf16 boxes 64 x 128,
+ * tm_w: (v, D) bf16 boxes 64 x 256, both 128-byte swizzled. 384 threads, kSmemBytes dynamic. */
+template <int kEpi>
+__global__ void __launch_bounds__(kThreads, 1)
+lmhead_kernel(const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_w,
+              const Params p)
+{
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; s++) {
+            mbar_init(full_bar(base, s), 1);                  /* the producer's expect_tx */
+            mbar_init(empty_bar(base, s), 4 * kConsumers);    /* one arrival per consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 0)
+            produce(&tm_h, &tm_w, p, base);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        consume<kEpi>(p, base, threadIdx.x / 128 - 1);
+    }
+}
+
+/* lse1, lset (n) from part (3, n, T): per row M = max m_t, lse1 = M + log Σ s1_t e^(m_t − M),
+ * lset = M/τ + log Σ st_t e^((m_t − M)/τ). One warp per row. */
+__global__ void lse_combine_kernel(const float *part, long long n, int T, float inv_tau,
+                                   float *lse1, float *lset)
+{
+    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= n)
+        return;
+    const int lane = threadIdx.x & 31;
+    const size_t plane = (size_t)n * T;
+    const float *pm = part + (size_t)row * T, *p1 = pm + plane, *pt = pm + 2 * plane;
+    float m = -INFINITY;
+    for (int t = lane; t < T; t += 32)
+        m = fmaxf(m, pm[t]);
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float s1 = 0.0f, st = 0.0f;
+    for (int t = lane; t < T; t += 32) {
+        const float dm = pm[t] - m;
+        s1 += p1[t] * expf(dm);
+        st += pt[t] * expf(dm * inv_tau);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        st += __shfl_xor_sync(0xffffffffu, st, o);
+    }
+    if (lane == 0) {
+        lse1[row] = m + logf(s1);
+        lset[row] = m * inv_tau + logf(st);
+    }
+}
+
+/* ---- host side ----------------------------------------------------------------------------------- */
+
+/* cuTensorMapEncodeTiled from the driver through the runtime (no libcuda link); NULL if absent. */
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn()
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = []() {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = NULL;
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    return fn;
+}
+
+/* Tensor map of a row-major (rows, d) bf16 matrix, boxes of 64 columns x box_rows rows, 128-byte
+ * swizzle, zero fill out of range. */
+tkd_status make_tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int d, int box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+    if (!encode)
+        return tkd_error_set(TKD_ERR_DEVICE, "lmhead_sm90: the driver has no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[2] = {(cuuint64_t)d, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)d * 2};
+    const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows};
+    const cuuint32_t elem[2] = {1, 1};
+    CUresult r = encode(tm, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)ptr, dims, strides, box, elem,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return tkd_error_set(TKD_ERR_DEVICE, "lmhead_sm90: cuTensorMapEncodeTiled (%lld x %d, box %d) "
+                             "failed: CUresult %d", rows, d, box_rows, (int)r);
+    return TKD_OK;
+}
+
+tkd_status check_shape(const uint16_t *h, const uint16_t *w, int64_t n, int d, int v)
+{
+    if (!h || !w || n < 1 || n > INT32_MAX || v < 1 || d < 8)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: bad shape or pointer (N %lld, D %d, "
+                             "V %d; h %p, w %p)", (long long)n, d, v, (const void *)h, (const void *)w);
+    if (d % 8 != 0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "lmhead_sm90: D %d is not a multiple of 8 (TMA "
+                             "needs 16-byte row strides); use the cuBLAS path", d);
+    if (((uintptr_t)h | (uintptr_t)w) % 16 != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: h and w must be 16-byte aligned");
+    return tkd_lmhead_sm90_supported();
+}
+
+/* Fills the shape part of the kernel parameters. */
+Params params_of(tkd_lmhead_sm90_ws *ws, int64_t n, int d, int v)
+{
+    Params p = {};
+    p.n = n;
+    p.v = v;
+    p.ktiles = (d + kBK - 1) / kBK;
+    p.mtiles = (int)((n + kBM - 1) / kBM);
+    p.ntiles = tkd_lmhead_sm90_vtiles(v);
+    p.tiles = (long long)p.mtiles * p.ntiles;
+    p.err = ws->err;
+    return p;
+}
+
+template <int kEpi>
+tkd_status launch(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, const Params &p)
+{
+    CUtensorMap tm_h, tm_w;
+    TKD_TRY(make_tmap(&tm_h, h, p.n, d, kBM));
+    TKD_TRY(make_tmap(&tm_w, w, p.v, d, kBN));
+    int dev = 0, sms = 0;
+    TKD_CUDA_CHECK(cudaGetDevice(&dev));
+    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    long long grid = ws->max_ctas > 0 && ws->max_ctas < sms ? ws->max_ctas : sms;
+    if (grid > p.tiles)
+        grid = p.tiles;
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(lmhead_kernel<kEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)kSmemBytes));
+    lmhead_kernel<kEpi><<<(unsigned)grid, kThreads, kSmemBytes>>>(tm_h, tm_w, p);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+} // namespace
+
+extern "C" tkd_status tkd_lmhead_sm90_supported(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    TKD_CUDA_CHECK(cudaGetDevice(&dev));
+    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "lmhead_sm90: device %d is compute capability "
+                             "%d.%d; this GEMM is built for 9.0 (sm_90a) only; use the cuBLAS path",
+                             dev, major, minor);
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out)
+{
+    *out = NULL;
+    TKD_TRY(tkd_lmhead_sm90_supported());
+    tkd_lmhead_sm90_ws *ws = (tkd_lmhead_sm90_ws *)calloc(1, sizeof *ws);
+    if (!ws)
+        return tkd_error_set(TKD_ERR_NOMEM, "lmhead_sm90: workspace");
+    tkd_status st = tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "lmhead_sm90: error flag", NULL);
+    if (st == TKD_OK)
+        st = tkd_cuda_memzero(ws->err, sizeof *ws->err);
+    if (st != TKD_OK) {
+        tkd_lmhead_sm90_ws_free(ws);
+        return st;
+    }
+    *out = ws;
+    return TKD_OK;
+}
+
+extern "C" void tkd_lmhead_sm90_ws_free(tkd_lmhead_sm90_ws *ws)
+{
+    if (!ws)
+        return;
+    tkd_cuda_free(ws->err);
+    free(ws);
+}
+
+extern "C" void tkd_lmhead_sm90_ws_set_max_ctas(tkd_lmhead_sm90_ws *ws, int max_ctas)
+{
+    ws->max_ctas = max_ctas > 0 ? max_ctas : 0;
+}
+
+extern "C" int tkd_lmhead_sm90_vtiles(int v) { return (v + kBN - 1) / kBN; }
+
+extern "C" size_t tkd_lmhead_sm90_part_floats(int64_t n, int v)
+{
+    return 3 * (size_t)n * (size_t)tkd_lmhead_sm90_vtiles(v);
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_logits(tkd_lmhead_sm90_ws *ws, const uint16_t *h,
+                                             const uint16_t *w, int64_t n, int d, int v, float *z,
+                                             int64_t ldz)
+{
+    TKD_TRY(check_shape(h, w, n, d, v));
+    if (!z || ldz < v || ldz % 2 != 0 || (uintptr_t)z % 8 != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: z needs ldz >= V (%d), ldz even "
+                             "(got %lld) and 8-byte alignment", v, (long long)ldz);
+    Params p = params_of(ws, n, d, v);
+    p.z = z;
+    p.ldz = ldz;
+    return launch<kEpiLogits>(ws, h, w, d, p);
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h,
+                                            const uint16_t *w, int64_t n, int d, int v, float tau,
+                                            float *part)
+{
+    TKD_TRY(check_shape(h, w, n, d, v));
+    if (!part || !(tau > 0.0f) || !isfinite(tau))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: stats need part and a finite "
+                             "τ > 0 (got %g)", (double)tau);
+    Params p = params_of(ws, n, d, v);
+    p.part = part;
+    p.l2e_tau = kLog2e / tau;
+    p.tau_mode = tau == 1.0f ? 1 : tau == 2.0f ? 2 : 0;
+    return launch<kEpiStats>(ws, h, w, d, p);
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h,
+                                               const uint16_t *w, int64_t n, int d, int v)
+{
+    TKD_TRY(check_shape(h, w, n, d, v));
+    return launch<kEpiNone>(ws, h, w, d, params_of(ws, n, d, v));
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau,
+                                          float *lse1, float *lset)
+{
+    if (!part || !lse1 || !lset || n < 1 || v < 1 || !(tau > 0.0f) || !isfinite(tau))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: lse: bad arguments (N %lld, V %d, "
+                             "τ %g)", (long long)n, v, (double)tau);
+    constexpr int kRowsPerBlock = 8; /* one warp per row */
+    const long long blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+    lse_combine_kernel<<<(unsigned)blocks, 32 * kRowsPerBlock>>>(part, n, tkd_lmhead_sm90_vtiles(v),
+                                                                 1.0f / tau, lse1, lset);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_sync(tkd_lmhead_sm90_ws *ws)
+{
+    TKD_CUDA_CHECK(cudaDeviceSynchronize());
+    unsigned err = 0;
+    TKD_TRY(tkd_cuda_to_host(&err, ws->err, sizeof err));
+    if (err == 0)
+        return TKD_OK;
+    TKD_TRY(tkd_cuda_memzero(ws->err, sizeof *ws->err));
+    return tkd_error_set(TKD_ERR_INTERNAL, "lmhead_sm90: an mbarrier wait timed out (%.0f s) in a "
+                         "kernel launched on this workspace: a pipeline bug; its outputs are garbage",
+                         kWaitLimitNs * 1e-9);
+}

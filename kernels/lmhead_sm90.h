@@ -1,0 +1,81 @@
+/* lmhead_sm90.h — our own Hopper (sm_90a) GEMM for the LM head's logits chunk, Z = H · Wᵀ, whose
+ * epilogue can reduce each row while the tile is still in registers, so the fp32 logits never go to
+ * device memory (issue 13, first building block; not yet used by the loss).
+ *
+ * H (N, D) and W (V, D) are bf16 row-major on the device; accumulation is fp32 (wgmma). Two
+ * epilogues:
+ *   logits: Z (N, ldz) fp32 written out (verification against cuBLAS, and the GEMM core's speed);
+ *   stats:  per row i and V-tile t (TKD_LMHEAD_SM90_BN columns) the partials
+ *             m = max_v z_iv,  s1 = Σ_v exp(z_iv − m),  st = Σ_v exp((z_iv − m)/τ)
+ *           into part, then tkd_lmhead_sm90_lse combines them into per-row log-sum-exps at scale 1
+ *           and at scale 1/τ: lse1 = log Σ_v exp(z_v), lset = log Σ_v exp(z_v / τ).
+ *
+ * Limits: compute capability 9.0 only (every launcher returns TKD_ERR_UNSUPPORTED elsewhere, so a
+ * caller falls back to cuBLAS); D a multiple of 8 (TMA wants 16-byte row strides; a D that is not
+ * a multiple of 64 runs a zero-filled last K tile); 1 ≤ N, V < 2^31; h and w 16-byte aligned.
+ * All work runs on the legacy default stream; launchers do not synchronise. A kernel whose
+ * pipeline stalls (a bug, never by design) does not hang: every wait is bounded (seconds), sets an
+ * error flag and lets the kernel end with garbage; tkd_lmhead_sm90_sync reports it.
+ *
+ * Header usable from C; defined only in CUDA builds (TKD_HAVE_CUDA).
+ */
+#ifndef TKD_LMHEAD_SM90_H
+#define TKD_LMHEAD_SM90_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Output tile: BM rows of H by BN rows of W (columns of Z). */
+#define TKD_LMHEAD_SM90_BM 128
+#define TKD_LMHEAD_SM90_BN 256
+
+/* TKD_OK when the current device is compute capability 9.0, else TKD_ERR_UNSUPPORTED naming it. */
+tkd_status tkd_lmhead_sm90_supported(void);
+
+/* Workspace: the device error flag and the grid size. On success *out is owned by the caller
+ * (tkd_lmhead_sm90_ws_free). TKD_ERR_UNSUPPORTED on devices other than compute capability 9.0. */
+typedef struct tkd_lmhead_sm90_ws tkd_lmhead_sm90_ws;
+tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out);
+void tkd_lmhead_sm90_ws_free(tkd_lmhead_sm90_ws *ws); /* NULL is a no-op */
+
+/* Caps the persistent grid at max_ctas CTAs (0: one per SM, the default). Tests use 1 to push
+ * every tile through one CTA's pipeline. */
+void tkd_lmhead_sm90_ws_set_max_ctas(tkd_lmhead_sm90_ws *ws, int max_ctas);
+
+/* V-tiles per row (ceil(V / BN)) and the floats part holds: 3 · N · tiles. */
+int tkd_lmhead_sm90_vtiles(int v);
+size_t tkd_lmhead_sm90_part_floats(int64_t n, int v);
+
+/* z (N, ldz) fp32 = h (N, D) · w (V, D)ᵀ; columns [V, ldz) are not written. ldz ≥ V and even,
+ * z 8-byte aligned. */
+tkd_status tkd_lmhead_sm90_logits(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
+                                  int64_t n, int d, int v, float *z, int64_t ldz);
+
+/* part (3, N, tiles) fp32: planes m, s1, st of each row's V-tiles (see above) for z = h wᵀ; τ > 0. */
+tkd_status tkd_lmhead_sm90_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
+                                 int64_t n, int d, int v, float tau, float *part);
+
+/* For the benchmark: the same GEMM with no epilogue (writes nothing); its time is the main loop's,
+ * so the epilogues' cost is the difference. */
+tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
+                                    int64_t n, int d, int v);
+
+/* lse1 (N), lset (N) fp32 from the partials of tkd_lmhead_sm90_stats with the same N, V, τ. */
+tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau, float *lse1,
+                               float *lset);
+
+/* Waits for the device, then reports (and clears) a pipeline timeout of any earlier launch on ws:
+ * TKD_ERR_INTERNAL when one happened, TKD_ERR_DEVICE for a CUDA error. */
+tkd_status tkd_lmhead_sm90_sync(tkd_lmhead_sm90_ws *ws);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TKD_LMHEAD_SM90_H */

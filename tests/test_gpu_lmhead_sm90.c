@@ -1,0 +1,474 @@
+/* test_gpu_lmhead_sm90.c — our Hopper LM-head GEMM (kernels/lmhead_sm90.h): the fp32 logits
+ * epilogue against a CPU float64 reference and against cuBLAS (bf16 -> fp32, same inputs), and the
+ * statistics epilogue's log-sum-exps against a float64 reference, over awkward shapes (N, V not
+ * multiples of the 128 x 256 tile, one row, one column, D not a multiple of 64) and rows of huge
+ * and tiny logits. Labelled gpu: exits 77 where no GPU answers or it is not compute capability 9.0.
+ *
+ * Tolerances. The inputs are bf16, so every product h_k·w_k is exact in fp32 (8 + 8 significand
+ * bits) and the only error is the fp32 summation over D: any order of D − 1 fp32 additions is
+ * within (D − 1)·u·Σ_k |h_k w_k| of the exact sum (u = 2^-24, recursive summation), twice that if
+ * the tensor cores' adder truncates instead of rounding. Σ_k |h_k w_k| ≤ ‖h_i‖₂‖w_v‖₂ (Cauchy–
+ * Schwarz), cheap for every element. So:
+ *   logits vs float64:  |Δ| ≤ 2·D·u·‖h_i‖‖w_v‖ per element;
+ *   logits vs cuBLAS:   |Δ| ≤ 4·D·u·‖h_i‖‖w_v‖ (both sides carry the bound);
+ *   both also ‖Δ‖₂/‖ref‖₂ ≤ 1e-5 (fp32 sums land far under it; a wrong tile does not).
+ *   LSE at scale 1: |Δ| ≤ B_i + 1e-5·(1 + |lse|), B_i = 2·D·u·‖h_i‖·max_v ‖w_v‖: the LSE is
+ *     1-Lipschitz in the max-norm of the logits (B_i), and the ex2.approx of each term (relative
+ *     ~2^-22), the fp32 products (z − m)·log2 e (≤ 20·1.44·u on every term that matters) and the
+ *     fp32 result (|lse|·u) stay under 1e-5·(1 + |lse|).
+ *   LSE at scale 1/τ: the same with B_i / τ (τ = 1, 2 and 3: the epilogue's three paths).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "tests/testutil.h"
+
+#ifdef TKD_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/lmhead_sm90.h"
+#include "tests/gpu_testutil.h"
+
+#define FP32_U 5.9604644775390625e-8 /* 2^-24 */
+#define REL_NORM_TOL 1e-5
+#define LSE_TOL 1e-5
+#define MAX_PRINTS 8 /* failures printed per check; all are counted */
+
+/* Inputs: h (N, D), w (V, D) bf16, on the host as bits and doubles and on the device; the row
+ * norms ‖h_i‖₂, ‖w_v‖₂. */
+typedef struct inputs {
+    int64_t n;
+    int d, v;
+    uint16_t *hb, *wb;
+    double *h, *w, *hn, *wn;
+    uint16_t *dh, *dw;
+} inputs;
+
+/* Scales row i of h by 2^e (exact in bf16 while in range). */
+static void scale_row(uint16_t *row, int d, int e)
+{
+    for (int k = 0; k < d; k++)
+        row[k] = tkd_f32_to_bf16(ldexpf(tkd_bf16_to_f32(row[k]), e));
+}
+
+static double *row_norms(const double *x, int64_t rows, int d)
+{
+    double *nrm = tkd_test_xmalloc(sizeof(double) * (size_t)rows);
+    for (int64_t i = 0; i < rows; i++) {
+        double s = 0.0;
+        for (int k = 0; k < d; k++)
+            s += x[i * d + k] * x[i * d + k];
+        nrm[i] = sqrt(s);
+    }
+    return nrm;
+}
+
+/* Random h (std 1) and w (std 2.5/√D: logits of std ~2.5, like an LM head's). With extreme, rows
+ * i % 7 == 3 are scaled by 2^10 (logits ~1e4) and rows i % 7 == 5 by 2^-30 (logits ~1e-9). */
+static inputs inputs_make(int64_t n, int d, int v, uint64_t seed, int extreme)
+{
+    inputs in = {.n = n, .d = d, .v = v};
+    in.hb = tkd_test_rand_bf16((size_t)(n * d), seed, 1.0f);
+    in.wb = tkd_test_rand_bf16((size_t)v * d, seed + 1, 2.5f / sqrtf((float)d));
+    for (int64_t i = 0; extreme && i < n; i++)
+        if (i % 7 == 3 || i % 7 == 5)
+            scale_row(in.hb + i * d, d, i % 7 == 3 ? 10 : -30);
+    in.h = tkd_test_bf16_to_f64(in.hb, (size_t)(n * d));
+    in.w = tkd_test_bf16_to_f64(in.wb, (size_t)v * d);
+    in.hn = row_norms(in.h, n, d);
+    in.wn = row_norms(in.w, v, d);
+    in.dh = tkd_test_dev_alloc((size_t)(n * d) * 2);
+    in.dw = tkd_test_dev_alloc((size_t)v * d * 2);
+    tkd_test_to_dev(in.dh, in.hb, (size_t)(n * d) * 2);
+    tkd_test_to_dev(in.dw, in.wb, (size_t)v * d * 2);
+    return in;
+}
+
+static void inputs_free(inputs *in)
+{
+    free(in->hb), free(in->wb), free(in->h), free(in->w), free(in->hn), free(in->wn);
+    cudaFree(in->dh), cudaFree(in->dw);
+}
+
+/* h_i · w_v in float64. */
+static double ref_dot(const inputs *in, int64_t i, int v)
+{
+    const double *hi = in->h + i * in->d, *wv = in->w + (size_t)v * in->d;
+    double s = 0.0;
+    for (int k = 0; k < in->d; k++)
+        s += hi[k] * wv[k];
+    return s;
+}
+
+/* z[0..V) = h_i · w_vᵀ in float64. */
+static void ref_row(const inputs *in, int64_t i, double *z)
+{
+    for (int v = 0; v < in->v; v++)
+        z[v] = ref_dot(in, i, v);
+}
+
+/* For a wrong logit: which elements of its 128 x 256 output tile have, in float64, the value we
+ * got. A hit elsewhere means a permuted layout (swizzle, descriptor, accumulator fragment); none
+ * means a wrong sum (a K step missed or doubled, garbage). */
+static void diagnose(const inputs *in, double got, int64_t i, int v)
+{
+    const int64_t r0 = i / TKD_LMHEAD_SM90_BM * TKD_LMHEAD_SM90_BM;
+    const int c0 = v / TKD_LMHEAD_SM90_BN * TKD_LMHEAD_SM90_BN;
+    int found = 0;
+    for (int64_t r = r0; r < r0 + TKD_LMHEAD_SM90_BM && r < in->n; r++)
+        for (int c = c0; c < c0 + TKD_LMHEAD_SM90_BN && c < in->v && found < 4; c++) {
+            double ref = ref_dot(in, r, c);
+            if (fabs(ref - got) <= 1e-5 * (fabs(got) + 1e-3) && found++ < 4)
+                printf("    the value got at (%lld, %d) is the reference of (%lld, %d): %+lld rows, %+d "
+                       "columns within the tile\n", (long long)i, v, (long long)r, c,
+                       (long long)(r - i), c - v);
+        }
+    if (!found)
+        printf("    no element of its 128 x 256 tile has the value got at (%lld, %d): not a permutation "
+               "(a wrong sum: K steps missed or doubled, stale or garbage data)\n", (long long)i, v);
+}
+
+/* Wrong elements by position in the output tile: rows in blocks of 16 (a consumer warp each; 0-3
+ * warpgroup 1, 4-7 warpgroup 2), columns in blocks of 32. */
+typedef struct fail_map { int rows[8], cols[8]; } fail_map;
+
+static void fail_map_print(const fail_map *f, const char *what)
+{
+    printf("    %s failures by tile row block of 16:", what);
+    for (int k = 0; k < 8; k++)
+        printf(" %d", f->rows[k]);
+    printf("; by tile column block of 32:");
+    for (int k = 0; k < 8; k++)
+        printf(" %d", f->cols[k]);
+    printf("\n");
+}
+
+static int is_poison(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    return b == 0xffffffffu;
+}
+
+/* ---- the fp32 logits epilogue ---------------------------------------------------------------- */
+
+/* Our logits (N, ldz) fp32, ldz = V + 2 and one guard row past N, all poisoned first; returns the
+ * host copy ((N + 1) · ldz floats). */
+static float *run_logits(tkd_lmhead_sm90_ws *ws, const inputs *in, int64_t ldz)
+{
+    size_t bytes = (size_t)(in->n + 1) * ldz * 4;
+    float *dz = tkd_test_dev_alloc(bytes), *z = tkd_test_xmalloc(bytes);
+    tkd_test_poison(dz, bytes);
+    tkd_test_ok(tkd_lmhead_sm90_logits(ws, in->dh, in->dw, in->n, in->d, in->v, dz, ldz), "logits");
+    tkd_test_ok(tkd_lmhead_sm90_sync(ws), "logits sync");
+    tkd_test_to_host(z, dz, bytes, NULL);
+    cudaFree(dz);
+    return z;
+}
+
+/* cuBLAS's z (N, ldz) = H Wᵀ, bf16 inputs, fp32 accumulation and output (column-major view:
+ * Zᵀ (V x N) = W (D x V)ᵀ · H (D x N)). */
+static float *run_cublas(const inputs *in, int64_t ldz)
+{
+    size_t bytes = (size_t)in->n * ldz * 4;
+    float *dz = tkd_test_dev_alloc(bytes), *z = tkd_test_xmalloc(bytes);
+    cublasHandle_t hd;
+    assert_int_equal(cublasCreate(&hd), CUBLAS_STATUS_SUCCESS);
+    const float one = 1.0f, zero = 0.0f;
+    assert_int_equal(cublasGemmEx(hd, CUBLAS_OP_T, CUBLAS_OP_N, in->v, (int)in->n, in->d, &one, in->dw,
+                                  CUDA_R_16BF, in->d, in->dh, CUDA_R_16BF, in->d, &zero, dz, CUDA_R_32F,
+                                  (int)ldz, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_SUCCESS);
+    tkd_test_to_host(z, dz, bytes, NULL);
+    cublasDestroy(hd);
+    cudaFree(dz);
+    return z;
+}
+
+/* Element checks of got (N, ldz) against exp (row i from exp_row) with |Δ| ≤ k·D·u·‖h_i‖‖w_v‖;
+ * also the norm-wise error, and (when guards) that columns [V, ldz) and row N kept their poison.
+ * Prints up to MAX_PRINTS failures; returns their count. */
+typedef void (*row_fn)(const inputs *in, int64_t i, double *z, const void *ctx);
+
+static int check_logits(const inputs *in, const float *got, int64_t ldz, row_fn exp_row,
+                        const void *ctx, double k, int guards, const char *what)
+{
+    double *ref = tkd_test_xmalloc(sizeof(double) * (size_t)in->v), num = 0.0, den = 0.0;
+    int bad = 0;
+    fail_map fm = {{0}, {0}};
+    for (int64_t i = 0; i < in->n; i++) {
+        exp_row(in, i, ref, ctx);
+        for (int v = 0; v < in->v; v++) {
+            double g = got[i * ldz + v], d = fabs(g - ref[v]);
+            double tol = k * in->d * FP32_U * in->hn[i] * in->wn[v];
+            num += d * d, den += ref[v] * ref[v];
+            if (d <= tol)
+                continue;
+            fm.rows[i % TKD_LMHEAD_SM90_BM / 16]++, fm.cols[v % TKD_LMHEAD_SM90_BN / 32]++;
+            if (bad++ < MAX_PRINTS)
+                printf("  %s %lldx%dx%d: row %lld col %d: expected %.9g got %.9g (|diff| %.3g > tol %.3g)\n",
+                       what, (long long)in->n, in->d, in->v, (long long)i, v, ref[v], g, d, tol);
+            if (bad == 1)
+                diagnose(in, g, i, v);
+        }
+        for (int64_t c = in->v; guards && c < ldz; c++)
+            if (!is_poison(got[i * ldz + c]) && bad++ < MAX_PRINTS)
+                printf("  %s: row %lld col %lld past V was written\n", what, (long long)i, (long long)c);
+    }
+    for (int64_t c = 0; guards && c < ldz; c++)
+        if (!is_poison(got[in->n * ldz + c]) && bad++ < MAX_PRINTS)
+            printf("  %s: guard row %lld col %lld was written\n", what, (long long)in->n, (long long)c);
+    if (bad)
+        fail_map_print(&fm, what);
+    double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+    if (!(rel <= REL_NORM_TOL) && bad++ < MAX_PRINTS)
+        printf("  %s %lldx%dx%d: norm-wise error %.3g > %.1g\n", what, (long long)in->n, in->d, in->v,
+               rel, REL_NORM_TOL);
+    free(ref);
+    return bad;
+}
+
+static void f64_row(const inputs *in, int64_t i, double *z, const void *ctx)
+{
+    (void)ctx;
+    ref_row(in, i, z);
+}
+
+/* Row i of a float (N, ldz) matrix (ctx: the matrix; ldz = V + 2) as doubles. */
+static void f32_row(const inputs *in, int64_t i, double *z, const void *ctx)
+{
+    const float *m = ctx;
+    for (int v = 0; v < in->v; v++)
+        z[v] = m[i * (in->v + 2) + v];
+}
+
+/* Small shapes against float64, with the full grid and with one CTA (all tiles through one
+ * pipeline, so its stages wrap and its phases flip across tiles). */
+static void test_logits_vs_f64(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    const int shapes[][3] = {{1, 64, 1},   {63, 64, 127},  {65, 128, 129}, {200, 64, 1000},
+                             {130, 200, 257}, {300, 2048, 700}, {129, 64, 513}};
+    int bad = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 100 + s, 0);
+        for (int ctas = 0; ctas <= 1; ctas++) {
+            tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
+            float *z = run_logits(ws, &in, in.v + 2);
+            bad += check_logits(&in, z, in.v + 2, f64_row, NULL, 2.0, 1, ctas ? "logits (1 CTA)" : "logits");
+            free(z);
+        }
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+        inputs_free(&in);
+    }
+    assert_int_equal(bad, 0);
+}
+
+/* Larger shapes against cuBLAS: more tiles than SMs (the persistent loop), D = 4096 and a ragged
+ * one; one CTA gives the same bits as the full grid (each tile is computed alike). */
+static void test_logits_vs_cublas(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    const int shapes[][3] = {{1000, 4096, 5000}, {517, 2880, 3001}, {2048, 1024, 8192}};
+    int bad = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 200 + s, 0);
+        const int64_t ldz = in.v + 2;
+        float *z = run_logits(ws, &in, ldz), *zc = run_cublas(&in, ldz);
+        bad += check_logits(&in, z, ldz, f32_row, zc, 4.0, 1, "logits vs cuBLAS");
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, 3);
+        float *z3 = run_logits(ws, &in, ldz);
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+        for (int64_t i = 0; i < in.n * ldz; i++)
+            if (memcmp(&z[i], &z3[i], 4) != 0 && bad++ < MAX_PRINTS)
+                printf("  logits %lldx%dx%d: 3 CTAs differ from the full grid at row %lld col %lld: "
+                       "%.9g vs %.9g\n", (long long)in.n, in.d, in.v, (long long)(i / ldz),
+                       (long long)(i % ldz), z3[i], z[i]);
+        free(z), free(zc), free(z3);
+        inputs_free(&in);
+    }
+    assert_int_equal(bad, 0);
+}
+
+/* ---- the statistics epilogue ----------------------------------------------------------------- */
+
+/* lse1, lset (N) from the stats kernel and the combine, poisoned first. h_off: rows of in skipped
+ * (the launch sees rows h_off.. only, as a chunk of a larger H). */
+static void run_lse(tkd_lmhead_sm90_ws *ws, const inputs *in, int64_t h_off, float tau,
+                    float *lse1, float *lset)
+{
+    const int64_t n = in->n - h_off;
+    size_t pb = tkd_lmhead_sm90_part_floats(n, in->v) * 4;
+    float *part = tkd_test_dev_alloc(pb), *d1 = tkd_test_dev_alloc((size_t)n * 4),
+          *dt = tkd_test_dev_alloc((size_t)n * 4);
+    tkd_test_poison(part, pb);
+    tkd_test_poison(d1, (size_t)n * 4);
+    tkd_test_poison(dt, (size_t)n * 4);
+    tkd_test_ok(tkd_lmhead_sm90_stats(ws, in->dh + h_off * in->d, in->dw, n, in->d, in->v, tau, part),
+                "stats");
+    tkd_test_ok(tkd_lmhead_sm90_lse(part, n, in->v, tau, d1, dt), "lse");
+    tkd_test_ok(tkd_lmhead_sm90_sync(ws), "stats sync");
+    tkd_test_to_host(lse1, d1, (size_t)n * 4, NULL);
+    tkd_test_to_host(lset, dt, (size_t)n * 4, NULL);
+    cudaFree(part), cudaFree(d1), cudaFree(dt);
+}
+
+/* log Σ_v exp(z_v / τ) in float64. */
+static double ref_lse(const double *z, int v, double tau)
+{
+    double m = -INFINITY, s = 0.0;
+    for (int j = 0; j < v; j++)
+        m = fmax(m, z[j] / tau);
+    for (int j = 0; j < v; j++)
+        s += exp(z[j] / tau - m);
+    return m + log(s);
+}
+
+/* Checks rows h_off.. of in for τ = 1, 2 and 3 (the epilogue has a path for each: one exp, one
+ * exp and its square, two exps); returns the failures (printed up to MAX_PRINTS). */
+static int check_lse_case(tkd_lmhead_sm90_ws *ws, const inputs *in, int64_t h_off, const char *what)
+{
+    const int64_t n = in->n - h_off;
+    double *z = tkd_test_xmalloc(sizeof(double) * (size_t)in->v), wmax = 0.0;
+    float *g1[3], *gt[3];
+    for (int ti = 0; ti < 3; ti++) {
+        g1[ti] = tkd_test_xmalloc((size_t)n * 4), gt[ti] = tkd_test_xmalloc((size_t)n * 4);
+        run_lse(ws, in, h_off, (float)(ti + 1), g1[ti], gt[ti]);
+    }
+    for (int v = 0; v < in->v; v++)
+        wmax = fmax(wmax, in->wn[v]);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        ref_row(in, h_off + r, z);
+        const double e1 = ref_lse(z, in->v, 1.0), b = 2.0 * in->d * FP32_U * in->hn[h_off + r] * wmax;
+        for (int ti = 0; ti < 3; ti++) {
+            const double tau = ti + 1, et = ref_lse(z, in->v, tau);
+            const double t1 = b + LSE_TOL * (1 + fabs(e1)), tt = b / tau + LSE_TOL * (1 + fabs(et));
+            if (!(fabs(g1[ti][r] - e1) <= t1) && bad++ < MAX_PRINTS)
+                printf("  %s %lldx%dx%d tau %g: row %lld: lse at 1: expected %.9g got %.9g (tol %.3g)\n",
+                       what, (long long)n, in->d, in->v, tau, (long long)r, e1, g1[ti][r], t1);
+            if (!(fabs(gt[ti][r] - et) <= tt) && bad++ < MAX_PRINTS)
+                printf("  %s %lldx%dx%d tau %g: row %lld: lse at 1/tau: expected %.9g got %.9g (tol %.3g)\n",
+                       what, (long long)n, in->d, in->v, tau, (long long)r, et, gt[ti][r], tt);
+        }
+    }
+    free(z);
+    for (int ti = 0; ti < 3; ti++)
+        free(g1[ti]), free(gt[ti]);
+    return bad;
+}
+
+/* N x V over {1, 63, 65, 200} x {1, 127, 129, 1000, 20000} at D = 64 and 128, the cheaper part
+ * of that at D = 2048, a ragged D, every 7th row huge and every 7th tiny. */
+static void test_lse_vs_f64(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    const int ns[] = {1, 63, 65, 200}, vs[] = {1, 127, 129, 1000, 20000}, ds[] = {64, 128, 2048};
+    int bad = 0, seed = 300;
+    for (int di = 0; di < 3; di++)
+        for (int ni = 0; ni < 4; ni++)
+            for (int vi = 0; vi < 5; vi++) {
+                if (ds[di] == 2048 && (vs[vi] == 127 || (vs[vi] == 20000 && ns[ni] != 65)))
+                    continue; /* float64 reference cost; 129 and 1000 cover the same edges */
+                inputs in = inputs_make(ns[ni], ds[di], vs[vi], seed++, 1);
+                bad += check_lse_case(ws, &in, 0, "lse");
+                inputs_free(&in);
+            }
+    inputs in = inputs_make(70, 200, 1000, seed++, 1); /* ragged K, rows 5.. as a chunk */
+    bad += check_lse_case(ws, &in, 0, "lse ragged D");
+    bad += check_lse_case(ws, &in, 5, "lse rows 5..");
+    inputs_free(&in);
+    assert_int_equal(bad, 0);
+}
+
+/* One CTA and three CTAs give the same partials, bit for bit, as the full grid. */
+static void test_stats_grid_invariant(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    inputs in = inputs_make(300, 128, 20000, 400, 1); /* 3 x 79 tiles */
+    const size_t pf = tkd_lmhead_sm90_part_floats(in.n, in.v);
+    float *dp = tkd_test_dev_alloc(pf * 4), *ref = tkd_test_xmalloc(pf * 4), *got = tkd_test_xmalloc(pf * 4);
+    int bad = 0;
+    for (int g = 0; g < 3; g++) {
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, g == 0 ? 0 : g == 1 ? 1 : 3);
+        tkd_test_poison(dp, pf * 4);
+        tkd_test_ok(tkd_lmhead_sm90_stats(ws, in.dh, in.dw, in.n, in.d, in.v, 2.0f, dp), "stats");
+        tkd_test_ok(tkd_lmhead_sm90_sync(ws), "stats sync");
+        tkd_test_to_host(g ? got : ref, dp, pf * 4, NULL);
+        for (size_t i = 0; g && i < pf; i++)
+            if (memcmp(&got[i], &ref[i], 4) != 0 && bad++ < MAX_PRINTS)
+                printf("  stats with %d CTA(s): partial %zu (plane %zu, row %zu, tile %zu): %.9g vs %.9g\n",
+                       g == 1 ? 1 : 3, i, i / (pf / 3), i % (pf / 3) / tkd_lmhead_sm90_vtiles(in.v),
+                       i % (size_t)tkd_lmhead_sm90_vtiles(in.v), got[i], ref[i]);
+    }
+    tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+    cudaFree(dp), free(ref), free(got);
+    inputs_free(&in);
+    assert_int_equal(bad, 0);
+}
+
+/* Refusals: D not a multiple of 8, τ ≤ 0, odd ldz, misaligned h; the benchmark's no-epilogue
+ * launch runs and ends. */
+static void test_arguments(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    inputs in = inputs_make(8, 64, 16, 500, 0);
+    float *dz = tkd_test_dev_alloc(8 * 18 * 4);
+    assert_int_equal(tkd_lmhead_sm90_logits(ws, in.dh, in.dw, 8, 60, 16, dz, 18), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_lmhead_sm90_stats(ws, in.dh, in.dw, 8, 64, 16, 0.0f, dz), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_sm90_logits(ws, in.dh, in.dw, 8, 64, 16, dz, 17), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_sm90_logits(ws, in.dh + 1, in.dw, 7, 64, 16, dz, 18), TKD_ERR_INVALID_ARG);
+    tkd_test_ok(tkd_lmhead_sm90_mainloop(ws, in.dh, in.dw, 8, 64, 16), "mainloop (the benchmark's)");
+    tkd_test_ok(tkd_lmhead_sm90_sync(ws), "sync");
+    cudaFree(dz);
+    inputs_free(&in);
+}
+
+static int setup(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = NULL;
+    tkd_status st = tkd_lmhead_sm90_ws_create(&ws);
+    if (st != TKD_OK) {
+        printf("lmhead_sm90 workspace: %s: %s\n", tkd_status_name(st), tkd_error_msg());
+        return -1;
+    }
+    *state = ws;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    tkd_lmhead_sm90_ws_free(*state);
+    return 0;
+}
+#endif /* TKD_HAVE_CUDA */
+
+int main(void)
+{
+    tkd_test_require_gpu();
+#ifdef TKD_HAVE_CUDA
+    if (tkd_lmhead_sm90_supported() != TKD_OK) {
+        printf("skipped: %s\n", tkd_error_msg());
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_logits_vs_f64),
+        cmocka_unit_test(test_logits_vs_cublas),
+        cmocka_unit_test(test_lse_vs_f64),
+        cmocka_unit_test(test_stats_grid_invariant),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+#else
+    return 77;
+#endif
+}
