@@ -122,22 +122,24 @@ typedef struct tkd_backend_ops {
     /* h = silu(g) · u */
     tkd_status (*swiglu_fwd)(tkd_backend *be, const void *g, const void *u, int64_t n, void *h);
 
-    /* ---- backward: every gradient output ADDS; activation gradients are act, the residual
-     * stream's dx, rstd and every weight gradient f32 (NULL entries: the model refuses training) */
+    /* ---- backward: gradient outputs ADD unless said otherwise (the first contribution to an
+     * activation gradient overwrites, so no zeroing pass runs before it); activation gradients
+     * are act, the residual stream's dx, rstd and every weight gradient f32 (NULL entries: the
+     * model refuses training) */
     tkd_status (*embedding_bwd)(tkd_backend *be, const int32_t *tok, int N, const float *dx, int D,
                                 float *demb); // (V, D) f32 +=
     tkd_status (*rmsnorm_bwd)(tkd_backend *be, const void *dy, const float *x, const void *w,
                               const float *rstd, int N, int D, float *dx, float *dw); // +=
     tkd_status (*linear_bwd)(tkd_backend *be, const void *dy, const void *x, const void *w, int N,
-                             int K, int M, void *dx, float *dw, float *db); // +=
+                             int K, int M, void *dx, float *dw, float *db, // dw, db +=
+                             int dx_acc); // 1: dx += dy·W; 0: dx = dy·W (its old contents unread)
     tkd_status (*rope_bwd)(tkd_backend *be, void *dq, void *dk, int N, int T, int H, int Hkv, int dh,
                            const float *cos_t, const float *sin_t);
     tkd_status (*attn_bwd)(tkd_backend *be, const void *dy, const void *q, const void *k,
                            const void *v, const void *y, const void *saved, int B, int T, int H,
-                           int Hkv, int dh, void *dq, void *dk, void *dv); // arrive zeroed (the
-                           // model zeroes them): an implementation may add (CPU) or write (cuDNN)
+                           int Hkv, int dh, void *dq, void *dk, void *dv); // overwritten
     tkd_status (*swiglu_bwd)(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n,
-                             void *dg, void *du); // +=
+                             void *dg, void *du, int acc); // acc 1: +=; 0: overwritten
 
     /* ---- LM-head consumers ---- */
     tkd_status (*lmhead_topk)(tkd_backend *be, tkd_lmhead_topk_args *a);

@@ -164,9 +164,11 @@ static tkd_status cpu_rmsnorm_bwd(tkd_backend *be, const void *dy, const float *
 }
 
 static tkd_status cpu_linear_bwd(tkd_backend *be, const void *dy, const void *x, const void *w, int N, int K, int M,
-                                 void *dx, float *dw, float *db)
+                                 void *dx, float *dw, float *db, int dx_acc)
 {
     (void)be;
+    if (dx && !dx_acc) /* the CPU kernel adds: overwrite = add to zeros */
+        memset(dx, 0, sizeof(float) * (size_t)N * (size_t)K);
     tkd_cpu_linear_bwd(dy, x, w, N, K, M, dx, dw, db);
     return TKD_OK;
 }
@@ -186,14 +188,23 @@ static tkd_status cpu_attn_bwd(tkd_backend *be, const void *dy, const void *q, c
 {
     (void)be;
     (void)y;
+    memset(dq, 0, sizeof(float) * (size_t)B * T * H * dh); /* the CPU kernel adds; the op overwrites */
+    memset(dk, 0, sizeof(float) * (size_t)B * T * Hkv * dh);
+    memset(dv, 0, sizeof(float) * (size_t)B * T * Hkv * dh);
     tkd_cpu_attn_bwd(dy, q, k, v, saved, B, T, H, Hkv, dh, dq, dk, dv);
     return TKD_OK;
 }
 
 static tkd_status cpu_swiglu_bwd(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n, void *dg,
-                                 void *du)
+                                 void *du, int acc)
 {
     (void)be;
+    if (!acc) { /* the CPU kernel adds: overwrite = add to zeros */
+        if (dg)
+            memset(dg, 0, sizeof(float) * (size_t)n);
+        if (du)
+            memset(du, 0, sizeof(float) * (size_t)n);
+    }
     tkd_cpu_swiglu_bwd(dh, g, u, n, dg, du);
     return TKD_OK;
 }

@@ -327,13 +327,13 @@ tkd_status cu_rmsnorm_bwd(tkd_backend *be, const void *dy, const float *x, const
 }
 
 tkd_status cu_linear_bwd(tkd_backend *be, const void *dy, const void *x, const void *w, int N, int K, int M,
-                         void *dx, float *dw, float *db)
+                         void *dx, float *dw, float *db, int dx_acc)
 {
     CudaImpl *c = impl(be);
     tkd_cuda_bwd_ws *ws = nullptr;
     TKD_TRY(bwd_ws(c, 0, 0, &ws));
     return tkd_cuda_linear_bwd(c->lin, ws, static_cast<cbf>(dy), static_cast<cbf>(x), static_cast<cbf>(w), N, K,
-                               M, static_cast<bf>(dx), dw, db, c->stream);
+                               M, static_cast<bf>(dx), dw, db, dx_acc, c->stream);
 }
 
 tkd_status cu_rope_bwd(tkd_backend *be, void *dq, void *dk, int N, int T, int H, int Hkv, int dh, const float *cos_t,
@@ -373,7 +373,7 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
                        const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
-    if (c->cudnn && c->cudnn_bwd) { /* writes dq/dk/dv: the model hands them over zeroed, so += holds */
+    if (c->cudnn && c->cudnn_bwd) { /* writes dq/dk/dv, as the op's contract asks */
         tkd_status st = tkd_cudnn_attn_bwd(c->cudnn, static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
                                            static_cast<cbf>(v), static_cast<cbf>(y), static_cast<const float *>(saved),
                                            B, T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk),
@@ -382,6 +382,11 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
             return st;
         tkd_error_clear();
     }
+    /* our kernels add into dq/dk/dv: zero them first (the op overwrites) */
+    size_t nq = (size_t)B * T * H * dh * 2, nkv = (size_t)B * T * Hkv * dh * 2;
+    TKD_CUDA_CHECK(cudaMemsetAsync(dq, 0, nq, c->stream));
+    TKD_CUDA_CHECK(cudaMemsetAsync(dk, 0, nkv, c->stream));
+    TKD_CUDA_CHECK(cudaMemsetAsync(dv, 0, nkv, c->stream));
     if (flash_takes(dh)) {
         TKD_TRY(attn_bwd_ws_fit(c, B, T, H, dh));
         return tkd_cuda_attn_bwd(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
@@ -398,10 +403,10 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
 }
 
 tkd_status cu_swiglu_bwd(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n, void *dg,
-                         void *du)
+                         void *du, int acc)
 {
     return tkd_cuda_swiglu_bwd(static_cast<cbf>(dh), static_cast<cbf>(g), static_cast<cbf>(u), n,
-                               static_cast<bf>(dg), static_cast<bf>(du), stream_of(be));
+                               static_cast<bf>(dg), static_cast<bf>(du), acc, stream_of(be));
 }
 
 /* ---- the LM head + top-k consumer ---- */

@@ -40,8 +40,9 @@
       (, const void *dy, const float *x, const void *w, const float *rstd, int N, int D, float *dx, float *dw),       \
       (, dy, x, w, rstd, N, D, dx, dw))                                                                               \
     X(linear_bwd,                                                                                                     \
-      (, const void *dy, const void *x, const void *w, int N, int K, int M, void *dx, float *dw, float *db),          \
-      (, dy, x, w, N, K, M, dx, dw, db))                                                                              \
+      (, const void *dy, const void *x, const void *w, int N, int K, int M, void *dx, float *dw, float *db,           \
+       int dx_acc),                                                                                                   \
+      (, dy, x, w, N, K, M, dx, dw, db, dx_acc))                                                                      \
     X(rope_bwd,                                                                                                       \
       (, void *dq, void *dk, int N, int T, int H, int Hkv, int dh, const float *c, const float *s),                   \
       (, dq, dk, N, T, H, Hkv, dh, c, s))                                                                             \
@@ -50,8 +51,8 @@
        int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv),                                                  \
       (, dy, q, k, v, y, saved, B, T, H, Hkv, dh, dq, dk, dv))                                                        \
     X(swiglu_bwd,                                                                                                     \
-      (, const void *dh, const void *g, const void *u, int64_t n, void *dg, void *du),                                \
-      (, dh, g, u, n, dg, du))                                                                                        \
+      (, const void *dh, const void *g, const void *u, int64_t n, void *dg, void *du, int acc),                       \
+      (, dh, g, u, n, dg, du, acc))                                                                                   \
     X(lmhead_topk, (, tkd_lmhead_topk_args *a), (, a))                                                                \
     X(f32_to_act, (, const float *src, void *dst, size_t n), (, src, dst, n))                                         \
     X(adamw_create, (, const tkd_adamw_seg *segs, int n_segs, tkd_backend_adamw **out), (, segs, n_segs, out))        \

@@ -327,6 +327,18 @@ __global__ void rope_bwd_kernel(RopeArgs a)
 struct SwigluBwdOp {
     const uint16_t *dh, *g, *u;
     uint16_t *dg, *du; /* either may be NULL */
+    bool acc;          /* add into dg/du (their old values read), else overwrite them */
+    /* the gradient to add to: the old one (acc) or zeros, without reading the buffer */
+    template <int W> __device__ void old(const uint16_t *p, float *o) const
+    {
+        if (acc) {
+            load_bf<W>(p, o);
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < W; j++)
+            o[j] = 0.0f;
+    }
     template <int W> __device__ void unit(int64_t e) const
     {
         float d[W], gf[W], uf[W], s[W], o[W];
@@ -337,14 +349,14 @@ struct SwigluBwdOp {
         for (int j = 0; j < W; j++)
             s[j] = 1.0f / (1.0f + expf(-gf[j]));
         if (dg) {
-            load_bf<W>(dg + e, o);
+            old<W>(dg + e, o);
 #pragma unroll
             for (int j = 0; j < W; j++)
                 o[j] += d[j] * uf[j] * s[j] * (1.0f + gf[j] * (1.0f - s[j]));
             store_bf<W>(dg + e, o);
         }
         if (du) {
-            load_bf<W>(du + e, o);
+            old<W>(du + e, o);
 #pragma unroll
             for (int j = 0; j < W; j++)
                 o[j] += d[j] * gf[j] * s[j];
@@ -721,13 +733,13 @@ extern "C" tkd_status tkd_cuda_rope_bwd(uint16_t *dq, uint16_t *dk, int N, int T
 }
 
 extern "C" tkd_status tkd_cuda_swiglu_bwd(const uint16_t *dh, const uint16_t *g, const uint16_t *u,
-                                          int64_t n, uint16_t *dg, uint16_t *du, void *stream)
+                                          int64_t n, uint16_t *dg, uint16_t *du, int acc, void *stream)
 {
     if (n < 0 || (n > 0 && (dg || du) && (!dh || !g || !u)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "swiglu_bwd: n = %lld or a NULL tensor", (long long)n);
     if (!dg && !du)
         return TKD_OK;
-    SwigluBwdOp op = {dh, g, u, dg, du};
+    SwigluBwdOp op = {dh, g, u, dg, du, acc != 0};
     const bool vec = aligned16(dh) && aligned16(g) && aligned16(u) && (!dg || aligned16(dg)) &&
                      (!du || aligned16(du));
     return elementwise_run(op, n, vec, stream);
@@ -783,7 +795,7 @@ static tkd_status bwd_plan_get(tkd_cuda_bwd_ws *ws, cublasLtHandle_t lt, size_t 
 
 /* C += op(A)·op(B) with the plan for (kind, N, K, M) and these pointers' alignments. */
 static tkd_status bwd_gemm(tkd_cuda_linear *lin, tkd_cuda_bwd_ws *ws, int kind, int N, int K, int M,
-                           const void *A, const void *B, void *C, cudaStream_t s)
+                           const void *A, const void *B, void *C, float beta, cudaStream_t s)
 {
     BwdKey key;
     memset(&key, 0, sizeof key); /* compared with memcmp */
@@ -795,8 +807,8 @@ static tkd_status bwd_gemm(tkd_cuda_linear *lin, tkd_cuda_bwd_ws *ws, int kind, 
     cublasLtHandle_t lt = (cublasLtHandle_t)handle;
     BwdPlan *p = NULL;
     TKD_TRY(bwd_plan_get(ws, lt, lt_ws_bytes, key, &p));
-    const float one = 1.0f;
-    TKD_CUBLAS_CHECK(cublasLtMatmul(lt, p->op, &one, A, p->la, B, p->lb, &one, C, p->lc, C, p->lc, &p->algo,
+    const float one = 1.0f; /* beta 0: C is not read (the first contribution overwrites it) */
+    TKD_CUBLAS_CHECK(cublasLtMatmul(lt, p->op, &one, A, p->la, B, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
                                     lt_ws, lt_ws_bytes, s));
     return TKD_OK;
 }
@@ -817,7 +829,7 @@ static tkd_status bias_grad(tkd_cuda_bwd_ws *ws, const uint16_t *dy, int N, int 
 
 extern "C" tkd_status tkd_cuda_linear_bwd(tkd_cuda_linear *lin, tkd_cuda_bwd_ws *ws, const uint16_t *dy,
                                           const uint16_t *x, const uint16_t *w, int N, int K, int M,
-                                          uint16_t *dx, float *dw, float *db, void *stream)
+                                          uint16_t *dx, float *dw, float *db, int dx_acc, void *stream)
 {
     if (!lin || !ws || N < 0 || K < 1 || M < 1 ||
         (N > 0 && ((!dy && (dx || dw || db)) || (dx && !w) || (dw && !x))))
@@ -833,9 +845,9 @@ extern "C" tkd_status tkd_cuda_linear_bwd(tkd_cuda_linear *lin, tkd_cuda_bwd_ws 
         return TKD_OK; /* no rows: nothing to add */
     cudaStream_t s = (cudaStream_t)stream;
     if (dx)
-        TKD_TRY(bwd_gemm(lin, ws, kDgrad, N, K, M, w, dy, dx, s));
+        TKD_TRY(bwd_gemm(lin, ws, kDgrad, N, K, M, w, dy, dx, dx_acc ? 1.0f : 0.0f, s));
     if (dw)
-        TKD_TRY(bwd_gemm(lin, ws, kWgrad, N, K, M, x, dy, dw, s));
+        TKD_TRY(bwd_gemm(lin, ws, kWgrad, N, K, M, x, dy, dw, 1.0f, s));
     if (db)
         TKD_TRY(bias_grad(ws, dy, N, M, db, s));
     return TKD_OK;

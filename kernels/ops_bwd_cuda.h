@@ -70,11 +70,14 @@ tkd_status tkd_cuda_rope_bwd(uint16_t *dq, uint16_t *dk, int N, int T, int H, in
                              const float *cos_t, const float *sin_t, void *stream); // (T, dh/2)
 
 /* With s = σ(g): dg += dh·u·s·(1 + g·(1 − s)), du += dh·g·s; fp32 arithmetic on the bf16 inputs
- * and the old gradient, one bf16 rounding. dg or du may be NULL. */
+ * and the old gradient, one bf16 rounding. dg or du may be NULL. acc = 0 overwrites dg and du
+ * instead (their old contents are never read: no zeroing pass before the first contribution). */
 tkd_status tkd_cuda_swiglu_bwd(const uint16_t *dh, const uint16_t *g, const uint16_t *u, // (n) bf16
-                               int64_t n, uint16_t *dg, uint16_t *du, void *stream);    // (n) bf16 +=
+                               int64_t n, uint16_t *dg, uint16_t *du, int acc,          // (n) bf16 +=
+                               void *stream);
 
-/* dx += dy W (bf16: cuBLASLt with beta = 1, the add in fp32 before the one rounding),
+/* dx += dy W (bf16: cuBLASLt with beta = 1, the add in fp32 before the one rounding; dx_acc = 0:
+ * dx = dy W with beta = 0, dx's old contents never read),
  * dw += dyᵀ x (bf16 operands, fp32 accumulation, fp32 output with beta = 1),
  * db += Σ_n dy (fp32 column sums over fixed row groups, then summed per column in a fixed order).
  * `lin` lends its cuBLASLt handle and workspace; `ws` caches the two GEMM plans per shape. Shapes
@@ -86,7 +89,7 @@ tkd_status tkd_cuda_linear_bwd(tkd_cuda_linear *lin, tkd_cuda_bwd_ws *ws,
                                const uint16_t *w, int N, int K, int M, // (M, K) bf16
                                uint16_t *dx,                           // (N, K) bf16 +=
                                float *dw,                              // (M, K) f32 +=
-                               float *db, void *stream);               // (M) f32 +=
+                               float *db, int dx_acc, void *stream);   // (M) f32 +=
 
 /* ---- optimizer -------------------------------------------------------------------------------- */
 

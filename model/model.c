@@ -820,32 +820,25 @@ static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd
     tkd_backend *be = m->be;
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
     int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
-    size_t NF = (size_t)N * F, As = be->act_size;
+    size_t NF = (size_t)N * F;
     const void *dres = NULL;
+    /* The first contribution to each activation gradient overwrites it (dx_acc / acc 0, attn_bwd
+     * always): no zeroing pass over dh, dg, du, dn, dy, dq, dk, dv. */
     /* MLP branch: out = x2 + down(silu(gate(n2)) · up(n2)) */
-    TKD_TRY(op->memset0(be, a->dh, NF * As));
     TKD_TRY(residual_grad_as_act(m, a, N, &dres));
-    TKD_TRY(op->linear_bwd(be, dres, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL));
-    TKD_TRY(op->memset0(be, a->dg, NF * As));
-    TKD_TRY(op->memset0(be, a->du, NF * As));
-    TKD_TRY(op->swiglu_bwd(be, a->dh, A->gt, A->up, (int64_t)NF, a->dg, a->du));
-    TKD_TRY(op->memset0(be, a->dn, (size_t)N * D * As));
-    TKD_TRY(op->linear_bwd(be, a->dg, A->n2, W->wg, N, D, F, a->dn, G->wg, NULL));
-    TKD_TRY(op->linear_bwd(be, a->du, A->n2, W->wu, N, D, F, a->dn, G->wu, NULL));
+    TKD_TRY(op->linear_bwd(be, dres, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL, 0));
+    TKD_TRY(op->swiglu_bwd(be, a->dh, A->gt, A->up, (int64_t)NF, a->dg, a->du, 0));
+    TKD_TRY(op->linear_bwd(be, a->dg, A->n2, W->wg, N, D, F, a->dn, G->wg, NULL, 0));
+    TKD_TRY(op->linear_bwd(be, a->du, A->n2, W->wu, N, D, F, a->dn, G->wu, NULL, 1));
     TKD_TRY(op->rmsnorm_bwd(be, a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm));
     /* attention branch: x2 = x + o_proj(attn(...)) */
-    TKD_TRY(op->memset0(be, a->dy, (size_t)N * Q * As));
     TKD_TRY(residual_grad_as_act(m, a, N, &dres));
-    TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL));
-    TKD_TRY(op->memset0(be, a->dq, (size_t)N * Q * As));
-    TKD_TRY(op->memset0(be, a->dk, (size_t)N * KV * As));
-    TKD_TRY(op->memset0(be, a->dv, (size_t)N * KV * As));
+    TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL, 0));
     TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh, a->dq, a->dk, a->dv));
     TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
-    TKD_TRY(op->memset0(be, a->dn, (size_t)N * D * As));
-    TKD_TRY(op->linear_bwd(be, a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq));
-    TKD_TRY(op->linear_bwd(be, a->dk, A->n1, W->wk, N, D, KV, a->dn, G->wk, G->bk));
-    TKD_TRY(op->linear_bwd(be, a->dv, A->n1, W->wv, N, D, KV, a->dn, G->wv, G->bv));
+    TKD_TRY(op->linear_bwd(be, a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq, 0));
+    TKD_TRY(op->linear_bwd(be, a->dk, A->n1, W->wk, N, D, KV, a->dn, G->wk, G->bk, 1));
+    TKD_TRY(op->linear_bwd(be, a->dv, A->n1, W->wv, N, D, KV, a->dn, G->wv, G->bv, 1));
     return op->rmsnorm_bwd(be, a->dn, A->x, W->attn_norm, A->rstd1, N, D, a->dx, G->attn_norm);
 }
 

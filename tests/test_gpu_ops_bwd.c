@@ -448,19 +448,23 @@ static void test_rope_bwd(void **state)
 
 /* ---- SwiGLU ------------------------------------------------------------------------------------- */
 
-static void swiglu_bwd_case(int64_t n, int off, int want_dg, int want_du)
+/* acc = 0: dg and du are overwritten; they start as NaN, which must not reach the result. */
+static void swiglu_bwd_case(int64_t n, int off, int want_dg, int want_du, int acc)
 {
     char what[128];
-    snprintf(what, sizeof what, "swiglu_bwd n %lld offset %d%s%s", (long long)n, off, want_dg ? " dg" : "",
-             want_du ? " du" : "");
+    snprintf(what, sizeof what, "swiglu_bwd n %lld offset %d%s%s%s", (long long)n, off, want_dg ? " dg" : "",
+             want_du ? " du" : "", acc ? "" : " (overwrite)");
     const size_t nn = (size_t)n;
     uint16_t *dh = tkd_test_rand_bf16(nn, 900, 1.0f), *g = tkd_test_rand_bf16(nn, 1000 + nn, 4.0f),
              *u = tkd_test_rand_bf16(nn, 1100, 1.0f);
     uint16_t *dg0 = tkd_test_rand_bf16(nn, 1200, 0.3f), *du0 = tkd_test_rand_bf16(nn, 1300, 0.3f);
+    for (size_t i = 0; i < nn && !acc; i++)
+        dg0[i] = du0[i] = 0x7fc0; /* NaN */
     const float special[] = {0.0f, -0.0f, 30.0f, -30.0f, -87.0f, -100.0f, 100.0f, 1e-30f, -1.278f};
     for (size_t j = 0; j < sizeof special / sizeof *special && j * 97 < nn; j++)
         g[j * 97] = tkd_f32_to_bf16(special[j]);
-    double *dgr = tkd_test_bf16_to_f64(dg0, nn), *dur = tkd_test_bf16_to_f64(du0, nn),
+    double *dgr = acc ? tkd_test_bf16_to_f64(dg0, nn) : zeros64(nn),
+           *dur = acc ? tkd_test_bf16_to_f64(du0, nn) : zeros64(nn),
            *dga = tkd_test_xmalloc(nn * 8), *dua = tkd_test_xmalloc(nn * 8);
     for (size_t i = 0; i < nn; i++) {
         double d = tkd_bf16_to_f32(dh[i]), gv = tkd_bf16_to_f32(g[i]), uv = tkd_bf16_to_f32(u[i]);
@@ -479,7 +483,7 @@ static void swiglu_bwd_case(int64_t n, int off, int want_dg, int want_du)
     tkd_test_to_dev(d_dg + off, dg0, nn * 2);
     tkd_test_to_dev(d_du + off, du0, nn * 2);
     tkd_test_ok(tkd_cuda_swiglu_bwd(d_dh + off, d_g + off, d_u + off, n, want_dg ? d_dg + off : NULL,
-                                    want_du ? d_du + off : NULL, g_stream),
+                                    want_du ? d_du + off : NULL, acc, g_stream),
                 what);
     uint16_t *got = tkd_test_xmalloc(nn * 2);
     char w2[160];
@@ -504,12 +508,14 @@ static void test_swiglu_bwd(void **state)
     (void)state;
     const int64_t ns[] = {1, 7, 8, 1000, 1003, (1 << 20) + 5, 17 * 4864};
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
-        swiglu_bwd_case(ns[i], 0, 1, 1);
-    swiglu_bwd_case(1003, 1, 1, 1); /* scalar path */
-    swiglu_bwd_case(1003, 0, 1, 0);
-    swiglu_bwd_case(1003, 0, 0, 1);
-    assert_int_equal(tkd_cuda_swiglu_bwd(NULL, NULL, NULL, -1, NULL, NULL, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_swiglu_bwd(NULL, NULL, NULL, 0, NULL, NULL, g_stream), TKD_OK);
+        for (int acc = 0; acc < 2; acc++)
+            swiglu_bwd_case(ns[i], 0, 1, 1, acc);
+    swiglu_bwd_case(1003, 1, 1, 1, 1); /* scalar path */
+    swiglu_bwd_case(1003, 1, 1, 1, 0);
+    swiglu_bwd_case(1003, 0, 1, 0, 1);
+    swiglu_bwd_case(1003, 0, 0, 1, 0);
+    assert_int_equal(tkd_cuda_swiglu_bwd(NULL, NULL, NULL, -1, NULL, NULL, 1, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_swiglu_bwd(NULL, NULL, NULL, 0, NULL, NULL, 1, g_stream), TKD_OK);
 }
 
 /* ---- linear ------------------------------------------------------------------------------------- */
@@ -518,6 +524,7 @@ typedef struct lin_case {
     int n, k, m;
     int dx, dw, db; /* which gradients to ask for */
     int off;        /* elements x, w, dy, dx, dw, db sit past a 256-byte boundary */
+    int ov;         /* dx overwritten (dx_acc 0): it starts as NaN, which must not reach the result */
 } lin_case;
 
 typedef struct lin_data {
@@ -533,10 +540,12 @@ static void lin_data_make(lin_case c, lin_data *L)
     L->dy = tkd_test_rand_bf16(ny, 1400 + c.m, 1.0f), L->x = tkd_test_rand_bf16(nx, 1500 + c.k, 1.0f);
     L->w = tkd_test_rand_bf16(nw, 1600 + c.m, 1.0f / sqrtf((float)c.k)),
     L->dx0 = tkd_test_rand_bf16(nx, 1700, 0.5f);
+    for (size_t i = 0; i < nx && c.ov; i++)
+        L->dx0[i] = 0x7fc0; /* NaN */
     L->dw0 = rand_f32(nw, 1800, 0.5f), L->db0 = rand_f32((size_t)c.m, 1900, 0.5f);
     double *dyd = tkd_test_bf16_to_f64(L->dy, ny), *xd = tkd_test_bf16_to_f64(L->x, nx),
            *wd = tkd_test_bf16_to_f64(L->w, nw);
-    L->dxr = tkd_test_bf16_to_f64(L->dx0, nx), L->dwr = f32_to_f64(L->dw0, nw),
+    L->dxr = c.ov ? zeros64(nx) : tkd_test_bf16_to_f64(L->dx0, nx), L->dwr = f32_to_f64(L->dw0, nw),
     L->dbr = f32_to_f64(L->db0, (size_t)c.m);
     tkd_ref_linear_bwd(dyd, xd, wd, c.n, c.k, c.m, L->dxr, L->dwr, L->dbr);
     for (size_t i = 0; i < ny; i++)
@@ -568,8 +577,8 @@ static void lin_data_free(lin_data *L)
 static void linear_bwd_case(lin_case c)
 {
     char what[160];
-    snprintf(what, sizeof what, "linear_bwd N %d K %d M %d%s%s%s offset %d", c.n, c.k, c.m, c.dx ? " dx" : "",
-             c.dw ? " dw" : "", c.db ? " db" : "", c.off);
+    snprintf(what, sizeof what, "linear_bwd N %d K %d M %d%s%s%s offset %d%s", c.n, c.k, c.m, c.dx ? " dx" : "",
+             c.dw ? " dw" : "", c.db ? " db" : "", c.off, c.ov ? " (dx overwritten)" : "");
     lin_data L;
     lin_data_make(c, &L);
     const size_t ny = (size_t)c.n * c.m, nx = (size_t)c.n * c.k, nw = (size_t)c.m * c.k, o = (size_t)c.off;
@@ -589,7 +598,7 @@ static void linear_bwd_case(lin_case c)
         tkd_test_to_dev(d_db + o, L.db0, (size_t)c.m * 4);
         tkd_status st = tkd_cuda_linear_bwd(g_lin, g_ws, d_dy + o, d_x + o, d_w + o, c.n, c.k, c.m,
                                             c.dx ? d_dx + o : NULL, c.dw ? d_dw + o : NULL, c.db ? d_db + o : NULL,
-                                            g_stream);
+                                            !c.ov, g_stream);
         if (st == TKD_ERR_INVALID_ARG && c.off % 8) {
             tkd_test_assert_msg_has("cuBLASLt has no");
             print_message("note: %s refused: %s\n", what, tkd_error_msg());
@@ -629,29 +638,33 @@ static void test_linear_bwd(void **state)
 {
     (void)state;
     const lin_case cases[] = {
-        {1, 64, 64, 1, 1, 0, 0},        {1, 896, 1000, 1, 1, 1, 0},   {17, 896, 128, 1, 1, 1, 0},
-        {17, 1001, 77, 1, 1, 1, 0},     /* K and M odd */             {1000, 896, 136, 1, 1, 1, 0},
-        {1000, 64, 4096, 1, 1, 0, 0},   {33, 4096, 512, 1, 1, 0, 0},  {7, 13, 5, 1, 1, 1, 0},
-        {257, 1000, 1003, 1, 1, 1, 0},  {1000, 1001, 77, 1, 1, 1, 0}, {1000, 896, 128, 1, 0, 0, 0},
-        {1000, 896, 128, 0, 1, 0, 0},   {1000, 896, 128, 0, 0, 1, 0}, {17, 896, 128, 1, 1, 1, 8},
-        {17, 896, 128, 1, 1, 1, 1},     {17, 1001, 77, 1, 1, 1, 3}, /* 2 or 6 bytes off alignment */
+        {1, 64, 64, 1, 1, 0, 0, 0},        {1, 896, 1000, 1, 1, 1, 0, 0},   {17, 896, 128, 1, 1, 1, 0, 0},
+        {17, 1001, 77, 1, 1, 1, 0, 0},     /* K and M odd */             {1000, 896, 136, 1, 1, 1, 0, 0},
+        {1000, 64, 4096, 1, 1, 0, 0, 0},   {33, 4096, 512, 1, 1, 0, 0, 0},  {7, 13, 5, 1, 1, 1, 0, 0},
+        {257, 1000, 1003, 1, 1, 1, 0, 0},  {1000, 1001, 77, 1, 1, 1, 0, 0}, {1000, 896, 128, 1, 0, 0, 0, 0},
+        {1000, 896, 128, 0, 1, 0, 0, 0},   {1000, 896, 128, 0, 0, 1, 0, 0}, {17, 896, 128, 1, 1, 1, 8, 0},
+        {17, 896, 128, 1, 1, 1, 1, 0},     {17, 1001, 77, 1, 1, 1, 3, 0}, /* 2 or 6 bytes off alignment */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         linear_bwd_case(cases[i]);
+        lin_case ov = cases[i];
+        ov.ov = 1;
+        linear_bwd_case(ov);
+    }
     /* More shapes than the plan cache holds (32), then a cached one again (checked twice inside). */
     for (int m = 8; m < 8 + 40; m++)
-        linear_bwd_case((lin_case){3, 24, m, 1, 1, m & 1, 0});
+        linear_bwd_case((lin_case){3, 24, m, 1, 1, m & 1, 0, m % 3 == 0});
     linear_bwd_case(cases[2]);
 
     uint16_t *d = tkd_test_dev_alloc(4096);
     float *f = tkd_test_dev_alloc(4096);
-    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, d, d, 0, 8, 8, d, f, f, g_stream), TKD_OK); /* no rows */
-    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, d, d, 1, 0, 8, d, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_linear_bwd(NULL, g_ws, d, d, d, 1, 8, 8, d, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_linear_bwd(g_lin, NULL, d, d, d, 1, 8, 8, d, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, NULL, d, 1, 8, 8, d, f, f, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, d, d, 0, 8, 8, d, f, f, 1, g_stream), TKD_OK); /* no rows */
+    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, d, d, 1, 0, 8, d, f, f, 1, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_linear_bwd(NULL, g_ws, d, d, d, 1, 8, 8, d, f, f, 1, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_linear_bwd(g_lin, NULL, d, d, d, 1, 8, 8, d, f, f, 1, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, d, NULL, d, 1, 8, 8, d, f, f, 1, g_stream), TKD_ERR_INVALID_ARG);
     const uint16_t *odd = (const uint16_t *)((const char *)d + 1); /* not a bf16 address */
-    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, odd, d, d, 1, 8, 8, d + 64, f, f, g_stream),
+    assert_int_equal(tkd_cuda_linear_bwd(g_lin, g_ws, odd, d, d, 1, 8, 8, d + 64, f, f, 1, g_stream),
                      TKD_ERR_INVALID_ARG);
     cudaFree(d), cudaFree(f);
 }
