@@ -4,8 +4,9 @@
  *
  *   1. One rank (RANK=0 WORLD_SIZE=1: a real 1-rank communicator) against the plain single-process
  *      path, the demo student on a synthetic teacher cache for 8 steps: every logged loss and
- *      grad_norm, the checkpoint's model.safetensors and its AdamW moments (optimizer.safetensors
- *      against the rank's shard file, optimizer-rank0-of1.safetensors), BIT-IDENTICAL.
+ *      grad_norm, the checkpoint's model.safetensors and its AdamW moments (the one-process file
+ *      against the one rank's shard file, which a world of 1 also names optimizer.safetensors),
+ *      BIT-IDENTICAL.
  *      Why exact: with one rank every collective is an identity (a reduce into itself, a broadcast
  *      from itself, a sum of doubles over one rank), the loss scale n_r / N is exactly 1, the shard
  *      is the whole array with the same AdamW segment table, and the norm is the same sum.
@@ -150,7 +151,7 @@ static void same_file(const tkd_test_student_dir *f, const char *a, const char *
 }
 
 /* The AdamW moments of two checkpoints, the same bits: a one-process file against a rank's shard
- * file (a one-rank shard holds the whole arrays, under the same tensor names). */
+ * file (a one-rank shard holds the whole arrays under the same tensor names; its header differs). */
 static void same_moments(const tkd_test_student_dir *f, const char *a, const char *fa, const char *b,
                          const char *fb)
 {
@@ -195,7 +196,7 @@ static void test_one_rank_nccl_is_bit_identical(void **state)
                          b[s]);
     }
     same_file(f, "plain", "nccl1", "model.safetensors");
-    same_moments(f, "plain", "optimizer.safetensors", "nccl1", "optimizer-rank0-of1.safetensors");
+    same_moments(f, "plain", "optimizer.safetensors", "nccl1", "optimizer.safetensors");
 }
 
 /* ---- 2. two ranks follow one GPU ------------------------------------------------------------------- */

@@ -161,7 +161,11 @@ static int is_poison(float x)
 
 /* ---- the fp32 logits epilogue ---------------------------------------------------------------- */
 
-/* Our logits (N, ldz) fp32, ldz = V + 2 and one guard row past N, all poisoned first; returns the
+/* The row stride the tests give z: at least two guard columns past V, even (the kernel stores
+ * column pairs as 8-byte writes, so it takes only even strides). */
+static int64_t ldz_of(int64_t v) { return (v + 3) & ~(int64_t)1; }
+
+/* Our logits (N, ldz) fp32, ldz = ldz_of(V) and one guard row past N, all poisoned first; returns the
  * host copy ((N + 1) · ldz floats). */
 static float *run_logits(tkd_lmhead_sm90_ws *ws, const inputs *in, int64_t ldz)
 {
@@ -243,12 +247,12 @@ static void f64_row(const inputs *in, int64_t i, double *z, const void *ctx)
     ref_row(in, i, z);
 }
 
-/* Row i of a float (N, ldz) matrix (ctx: the matrix; ldz = V + 2) as doubles. */
+/* Row i of a float (N, ldz) matrix (ctx: the matrix; ldz = ldz_of(V)) as doubles. */
 static void f32_row(const inputs *in, int64_t i, double *z, const void *ctx)
 {
     const float *m = ctx;
     for (int v = 0; v < in->v; v++)
-        z[v] = m[i * (in->v + 2) + v];
+        z[v] = m[i * ldz_of(in->v) + v];
 }
 
 /* Small shapes against float64, with the full grid and with one CTA (all tiles through one
@@ -263,8 +267,8 @@ static void test_logits_vs_f64(void **state)
         inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 100 + s, 0);
         for (int ctas = 0; ctas <= 1; ctas++) {
             tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
-            float *z = run_logits(ws, &in, in.v + 2);
-            bad += check_logits(&in, z, in.v + 2, f64_row, NULL, 2.0, 1, ctas ? "logits (1 CTA)" : "logits");
+            float *z = run_logits(ws, &in, ldz_of(in.v));
+            bad += check_logits(&in, z, ldz_of(in.v), f64_row, NULL, 2.0, 1, ctas ? "logits (1 CTA)" : "logits");
             free(z);
         }
         tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
@@ -282,7 +286,7 @@ static void test_logits_vs_cublas(void **state)
     int bad = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 200 + s, 0);
-        const int64_t ldz = in.v + 2;
+        const int64_t ldz = ldz_of(in.v);
         float *z = run_logits(ws, &in, ldz), *zc = run_cublas(&in, ldz);
         bad += check_logits(&in, z, ldz, f32_row, zc, 4.0, 1, "logits vs cuBLAS");
         tkd_lmhead_sm90_ws_set_max_ctas(ws, 3);
