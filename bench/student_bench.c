@@ -32,6 +32,12 @@
  * and after the main table one table per shape: per op name its group, calls, total ms, ms per step
  * and % of the step's wall time (host clock around the step, which ends with a device sync), most
  * time first; then the ops' sum and the rest of the step (host work between ops, launch gaps).
+ * --nproc-per-node N: N processes, one per GPU (common/launch.h), training data parallel as
+ * student-train does with several ranks (student_train/zero.h: gradients reduced per block during
+ * the backward, AdamW on each rank's ZeRO-1 shard, the bf16 weights all-gathered; NCCL, TCP
+ * rendezvous on the launcher's MASTER_PORT). B is the batch of each GPU (weak scaling); rank 0
+ * prints the table with tok/s summed over the GPUs, and "x N GPUs" in the shape column. Compare
+ * against the same command without the flag for the scaling. (--profile is single-process only.)
  */
 #include <math.h>
 #include <stdint.h>
@@ -40,6 +46,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/dist.h"
+#include "common/fileio.h"
+#include "common/launch.h"
+#include "common/signals.h"
 #include "common/status.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -51,6 +61,7 @@
 #include "bench/bench_util.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "student_train/zero.h"
 
 #define PEAK_FLOPS 989e12
 #define TOPK 100
@@ -142,6 +153,7 @@ typedef struct bench_ctx {
     tkd_kl_batch kb;
     host_batch hb;
     float *dh; /* (N, D) fp32 ∂loss/∂hidden */
+    tkd_zero *zero; /* data parallel (--nproc-per-node), else NULL */
     int B, T;
     int64_t step;
     double loss;
@@ -167,6 +179,18 @@ static tkd_status lap(bench_ctx *c, int split, double *t, double *ms)
     return TKD_OK;
 }
 
+/* Data parallel: student-train's zero_update (the rank's shard of the summed gradients, clipped by
+ * the global norm inside AdamW, then every rank's compute weights gathered). */
+static tkd_status zero_update(bench_ctx *c)
+{
+    double norm = 0;
+    float coef = 1.0f;
+    TKD_TRY(tkd_zero_finish_grads(c->zero));
+    TKD_TRY(tkd_zero_clip_coef(c->zero, 1.0, &norm, &coef));
+    TKD_TRY(tkd_adamw_step_model_scaled(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step), coef));
+    return tkd_zero_gather_weights(c->zero);
+}
+
 /* One training step as train_step does it (grad_accum 1); with split, a sync after every phase and
  * the phases' times in *sp. Ends with a device sync either way. */
 static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
@@ -176,6 +200,8 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     if (split)
         TKD_TRY(sync_all(c)); /* the split starts from an idle device */
     double t = bench_now_s();
+    if (c->zero)
+        TKD_TRY(tkd_zero_begin_step(c->zero, c->step + 1));
     TKD_TRY(tkd_model_zero_grad(c->m));
     TKD_TRY(lap(c, split, &t, &zero_ms));
     TKD_TRY(op->kl_stage(c->be, c->kl, &c->kp, &c->kb));
@@ -190,16 +216,21 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
         TKD_TRY(op->kl_forward(c->be, c->kl, &c->kp, hidden, w, &r, c->dh, dw));
     } else {
         TKD_TRY(op->kl_forward(c->be, c->kl, &c->kp, hidden, w, &r, NULL, NULL));
-        TKD_TRY(op->kl_backward(c->be, c->kl, &c->kp, hidden, w, 1.0f, c->dh, dw));
+        TKD_TRY(op->kl_backward(c->be, c->kl, &c->kp, hidden, w, c->kp.grad_scale, c->dh, dw));
     }
     TKD_TRY(lap(c, split, &t, &sp->loss));
     if (!isfinite(r.loss))
         return tkd_error_set(TKD_ERR_NUMERIC, "the loss is %g at step %lld", r.loss, (long long)c->step + 1);
     c->loss = r.loss;
+    if (c->zero)
+        tkd_zero_arm(c->zero); /* each block's gradients reduced as soon as its backward is done */
     TKD_TRY(tkd_model_backward(c->m, c->dh));
     TKD_TRY(lap(c, split, &t, &sp->bwd));
     double norm = 0;
-    TKD_TRY(tkd_adamw_clip_step_model(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step), 1.0, &norm));
+    if (c->zero)
+        TKD_TRY(zero_update(c));
+    else
+        TKD_TRY(tkd_adamw_clip_step_model(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step), 1.0, &norm));
     TKD_TRY(lap(c, split, &t, &clip_ms));
     if (split)
         sp->opt = zero_ms + clip_ms;
@@ -208,6 +239,23 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
 }
 
 static tkd_recompute g_recompute = TKD_RECOMPUTE_NONE;
+static tkd_dist_info g_dist; /* this process among --nproc-per-node's (world 1 without it) */
+
+/* Data parallel: the communicator (TCP rendezvous on the launcher's MASTER_ADDR/PORT; heartbeats
+ * in /tmp), and the optimizer for this rank's shard only. */
+static tkd_status open_zero(bench_ctx *c)
+{
+    char job[128], dir[512];
+    tkd_dist_job_id(job, sizeof job);
+    snprintf(dir, sizeof dir, "/tmp/student_bench-%s", job);
+    TKD_TRY(tkd_mkdir_p(dir));
+    tkd_rdzv_config rc;
+    TKD_TRY(tkd_rdzv_config_from_env(&rc, -1, dir, 300.0));
+    TKD_TRY(tkd_zero_open(&g_dist, &rc, dir, c->m, &c->zero));
+    size_t b, e;
+    tkd_zero_shard(c->zero, &b, &e);
+    return tkd_adamw_init_shard(&c->ocfg, c->m, b, e, &c->opt);
+}
 
 /* --recompute's optional mode: the index of name in TKD_RECOMPUTE_NAMES, or -1. */
 static int recompute_mode(const char *name)
@@ -297,11 +345,12 @@ static int run_one(const run_spec *r, int steps)
     c.kp.temperature = 1.0f;
     c.kp.alpha = 0.5f;
     c.kp.grad_in_forward = !g_kd_recompute;
+    c.kp.grad_scale = 1.0f / (float)g_dist.world; /* the mean over every GPU's rows */
     if (tkd_kl_validate(&c.kp, &c.kb) != TKD_OK)
         return die("teacher batch");
 
     size_t base = bench_used_bytes();
-    if (tkd_backend_open(TKD_DEVICE_CUDA, 0, &c.be) != TKD_OK)
+    if (tkd_backend_open(TKD_DEVICE_CUDA, g_dist.local_rank, &c.be) != TKD_OK)
         return die("backend");
     double t0 = bench_now_s();
     if (tkd_model_init_random_for_training(&cfg, 1, c.be, &c.m) != TKD_OK)
@@ -312,7 +361,7 @@ static int run_one(const run_spec *r, int steps)
     tkd_optim_config_defaults(&c.ocfg);
     c.ocfg.clip_norm = 1.0;
     c.ocfg.total_steps = WARMUP + steps + 1;
-    if (tkd_adamw_init_on(&c.ocfg, c.m, &c.opt) != TKD_OK)
+    if (g_dist.world > 1 ? open_zero(&c) != TKD_OK : tkd_adamw_init_on(&c.ocfg, c.m, &c.opt) != TKD_OK)
         return die("optimizer");
     if (c.be->op->kl_create(c.be, &c.kp, N, cfg.hidden_size, cfg.vocab_size, &c.kl) != TKD_OK)
         return die("loss");
@@ -332,16 +381,24 @@ static int run_one(const run_spec *r, int steps)
     double mem = (double)(bench_used_bytes() - base) / 1073741824.0;
     if (step_once(&c, 1, &sp) != TKD_OK)
         return die("split step");
-    if (g_prof && profile_step(&c, r->s->name) != TKD_OK)
+    if (g_prof && g_dist.world == 1 && profile_step(&c, r->s->name) != TKD_OK)
         return die("profiled step");
 
-    double tps = (double)N / (step_ms * 1e-3);
+    double tps = (double)N * g_dist.world / (step_ms * 1e-3);
     double fpt = 6.0 * (double)c.m->n_params + 12.0 * cfg.num_hidden_layers * (double)r->T * cfg.hidden_size;
-    printf("| %s | %d x %d | %.0f | %.1f | %.0f | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.4f |\n",
-           r->s->name, r->T, r->B, (double)c.m->n_params / 1e6, init_s, tps, step_ms, fpt * tps / PEAK_FLOPS, mem,
-           sp.fwd, sp.loss, sp.bwd, sp.opt, sp.data, sp.fwd + sp.loss + sp.bwd + sp.opt + sp.data, c.loss);
-    fflush(stdout);
+    char gpus[32] = "";
+    if (g_dist.world > 1)
+        snprintf(gpus, sizeof gpus, " x %d GPUs", g_dist.world);
+    double mfu = fpt * tps / g_dist.world / PEAK_FLOPS; /* per GPU */
+    if (g_dist.rank == 0) {
+        printf("| %s%s | %d x %d | %.0f | %.1f | %.0f | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+               "%.4f |\n",
+               r->s->name, gpus, r->T, r->B, (double)c.m->n_params / 1e6, init_s, tps, step_ms, mfu, mem, sp.fwd,
+               sp.loss, sp.bwd, sp.opt, sp.data, sp.fwd + sp.loss + sp.bwd + sp.opt + sp.data, c.loss);
+        fflush(stdout);
+    }
 
+    tkd_zero_close(c.zero);
     c.be->op->free(c.be, c.dh);
     c.be->op->kl_free(c.be, c.kl);
     tkd_adamw_free(c.opt);
@@ -354,7 +411,18 @@ static int run_one(const run_spec *r, int steps)
 int main(int argc, char **argv)
 {
     run_spec rs[BENCH_MAX_RUNS];
-    int n = 0, steps = 5;
+    int n = 0, steps = 5, nproc = 0;
+    if (tkd_launch_take_nproc(&argc, argv, &nproc) != TKD_OK)
+        return die("--nproc-per-node");
+    if (nproc > 1) { /* the launcher: N copies of this program, one per GPU */
+        int rc = 0;
+        tkd_signals_install();
+        if (tkd_launch_workers("student_bench", nproc, argc, argv, 30.0, &rc) != TKD_OK)
+            return die("launch"), rc ? rc : 1;
+        return 0;
+    }
+    if (tkd_dist_from_env(&g_dist) != TKD_OK)
+        return die("environment");
     if (bench_parse_shapes("student_bench", "llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4", rs, &n))
         return 2;
     for (int i = 1; i < argc; i++) {
@@ -367,6 +435,7 @@ int main(int argc, char **argv)
             int mode = i + 1 < argc ? recompute_mode(argv[i + 1]) : -1;
             g_recompute = mode < 0 ? TKD_RECOMPUTE_FULL : (tkd_recompute)mode;
             i += mode >= 0;
+        } else if (!strcmp(argv[i], "-q")) { /* what the launcher gives ranks above 0 */
         } else if (!strcmp(argv[i], "--kd-recompute")) {
             g_kd_recompute = 1;
         } else if (!strcmp(argv[i], "--profile")) {
@@ -374,15 +443,17 @@ int main(int argc, char **argv)
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
             fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] "
-                            "[--recompute [none|attention|full]] [--kd-recompute] [--profile]\n");
+                            "[--recompute [none|attention|full]] [--kd-recompute] [--profile] "
+                            "[--nproc-per-node N]\n");
             return 2;
         }
     }
     if (steps < 1)
         steps = 5;
-    printf("| shape | T x B | params M | init s | tok/s | step ms | MFU | GiB | fwd ms | loss ms | bwd ms | "
-           "opt ms | data ms | split sum ms | loss |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    if (g_dist.rank == 0)
+        printf("| shape | T x B | params M | init s | tok/s | step ms | MFU | GiB | fwd ms | loss ms | bwd ms | "
+               "opt ms | data ms | split sum ms | loss |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         if (run_one(&rs[i], steps))
             return 1;
