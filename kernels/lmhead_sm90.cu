@@ -48,6 +48,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
@@ -706,6 +707,9 @@ extern "C" tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out)
     tkd_lmhead_sm90_ws *ws = (tkd_lmhead_sm90_ws *)calloc(1, sizeof *ws);
     if (!ws)
         return tkd_error_set(TKD_ERR_NOMEM, "lmhead_sm90: workspace");
+    const char *sched = getenv("TKD_LMHEAD_SM90_SCHED"); /* A/B runs without a rebuild */
+    ws->sched = sched && strcmp(sched, "coop") == 0 ? TKD_LMHEAD_SM90_SCHED_COOP
+                                                    : TKD_LMHEAD_SM90_SCHED_PINGPONG;
     tkd_status st = tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "lmhead_sm90: error flag", NULL);
     if (st == TKD_OK)
         st = tkd_cuda_memzero(ws->err, sizeof *ws->err);

@@ -63,7 +63,8 @@ void tkd_lmhead_sm90_ws_free(tkd_lmhead_sm90_ws *ws); /* NULL is a no-op */
  * every tile through one CTA's pipeline. */
 void tkd_lmhead_sm90_ws_set_max_ctas(tkd_lmhead_sm90_ws *ws, int max_ctas);
 
-/* The schedule of later launches on ws (default PINGPONG; anything else than COOP is PINGPONG). */
+/* The schedule of later launches on ws (anything else than COOP is PINGPONG). A new workspace
+ * takes PINGPONG, or COOP when the environment has TKD_LMHEAD_SM90_SCHED=coop. */
 void tkd_lmhead_sm90_ws_set_schedule(tkd_lmhead_sm90_ws *ws, tkd_lmhead_sm90_sched sched);
 
 /* V-tiles per row (ceil(V / BN)) and the floats part holds: 3 · N · tiles. */
