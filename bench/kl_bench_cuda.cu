@@ -55,10 +55,12 @@ tkd_status prof_pass(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cu
             const tkd_kl_cuda_rows_mode mode = gif    ? TKD_KL_CUDA_ROWS_STATS_GRAD
                                                : pass ? TKD_KL_CUDA_ROWS_GRAD
                                                       : TKD_KL_CUDA_ROWS_STATS;
+            int given = 0;
             TKD_TRY(prof_mark(pr, base + 2 * pass)); /* logits fwd / bwd / gif */
-            TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
+            TKD_TRY(tkd_kl_cuda_chunk_logits_auto(ws, p, b, row0, rows, pass == 0, &given));
             TKD_TRY(prof_mark(pr, base + 2 * pass + 1)); /* stats / grad / gif rows */
-            TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, mode, row0, rows, 1.0f));
+            TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, (tkd_kl_cuda_rows_mode)(mode | given), row0,
+                                           rows, 1.0f));
             if (!gif && pass == 0)
                 continue;
             TKD_TRY(prof_mark(pr, base + (gif ? 2 : 4))); /* dH GEMM */
@@ -151,12 +153,19 @@ extern "C" tkd_status tkd_kl_bench_profile(tkd_kl_cuda_ws *ws, const tkd_kl_para
     for (int gif = 0; gif < 2 && st == TKD_OK; gif++)
         st = prof_collect(pr, prof_pass(ws, p, b, gif, dh, dw, pr), ms);
     free(pr);
+    if (st == TKD_OK)
+        st = tkd_kl_cuda_sm90_check(ws);
     return st;
 }
 
 extern "C" tkd_status tkd_kl_bench_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec)
 {
     return tkd_kl_cuda_ws_set_rows(ws, threads, vec);
+}
+
+extern "C" tkd_status tkd_kl_bench_set_sm90(tkd_kl_cuda_ws *ws, int on)
+{
+    return tkd_kl_cuda_ws_set_sm90(ws, on);
 }
 
 extern "C" tkd_status tkd_kl_bench_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std)
@@ -170,7 +179,7 @@ extern "C" tkd_status tkd_kl_bench_lmhead(tkd_kl_cuda_ws *ws, tkd_lmhead_sm90_ws
                                           const tkd_kl_params *p, const tkd_kl_cuda_batch *b,
                                           int kind, float *part, float *lse1, float *lset)
 {
-    if (kind == TKD_KL_BENCH_LM_CUBLAS_ROWS)
+    if (kind == TKD_KL_BENCH_LM_CUBLAS_ROWS || kind == TKD_KL_BENCH_LM_SM90_ROWS)
         TKD_TRY(tkd_kl_cuda_count_kept(ws, p, b)); /* the row kernel's loss sums start at zero */
     for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
         const int rows = chunk_len(ws, b, row0);
@@ -186,6 +195,20 @@ extern "C" tkd_status tkd_kl_bench_lmhead(tkd_kl_cuda_ws *ws, tkd_lmhead_sm90_ws
         case TKD_KL_BENCH_LM_SM90_STATS:
             TKD_TRY(tkd_lmhead_sm90_stats(lw, h, b->w, rows, b->d, b->v, p->temperature, part));
             TKD_TRY(tkd_lmhead_sm90_lse(part, rows, b->v, p->temperature, lse1 + row0, lset + row0));
+            break;
+        case TKD_KL_BENCH_LM_SM90_LOGITS_STATS:
+        case TKD_KL_BENCH_LM_SM90_ROWS:
+            TKD_TRY(tkd_lmhead_sm90_logits_stats(lw, h, b->w, rows, b->d, b->v, p->temperature,
+                                                 ws->chunk_buf, ws->ldl, part));
+            if (kind == TKD_KL_BENCH_LM_SM90_LOGITS_STATS) {
+                TKD_TRY(tkd_lmhead_sm90_lse(part, rows, b->v, p->temperature, lse1 + row0, lset + row0));
+                break;
+            }
+            /* the loss's stage: the LSEs into ws, the row kernel takes them */
+            TKD_TRY(tkd_lmhead_sm90_lse(part, rows, b->v, p->temperature, ws->lse_one + row0,
+                                        ws->lse_tau + row0));
+            TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, (tkd_kl_cuda_rows_mode)(TKD_KL_CUDA_ROWS_STATS |
+                                           TKD_KL_CUDA_ROWS_LSE_GIVEN), row0, rows, 1.0f));
             break;
         case TKD_KL_BENCH_LM_SM90_LOGITS:
             TKD_TRY(tkd_lmhead_sm90_logits(lw, h, b->w, rows, b->d, b->v, ws->chunk_buf, ws->ldl));

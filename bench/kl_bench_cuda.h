@@ -30,7 +30,8 @@ tkd_status tkd_kl_bench_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *
 size_t tkd_kl_bench_ds_elems(const tkd_kl_cuda_ws *ws);
 
 /* Per-stage device time (ms, summed over chunks) of one recompute forward + backward and one
- * grad_in_forward forward (gradients of 1·loss). Indices of ms: */
+ * grad_in_forward forward (gradients of 1·loss), on the path ws takes (the logits stages are the
+ * sm90 GEMM with its fused statistics + their combine where tkd_kl_cuda_sm90_on). Indices of ms: */
 enum {
     TKD_KL_BENCH_PROF_LOGITS_FWD = 0, TKD_KL_BENCH_PROF_STATS_ROWS = 1,
     TKD_KL_BENCH_PROF_LOGITS_BWD = 2, TKD_KL_BENCH_PROF_GRAD_ROWS = 3,
@@ -54,14 +55,20 @@ tkd_status tkd_kl_bench_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec);
  *                 top-k gather, the per-row loss: tkd_kl_cuda_chunk_rows in stats mode);
  *   SM90_STATS:   our GEMM with the statistics epilogue into part (3, chunk, ceil(V/256)), then the
  *                 combine into lse1 / lset (N) device;
+ *   SM90_LOGITS_STATS: our GEMM writing the fp32 logits into ws's chunk buffer and the partials
+ *                 in one pass, then the combine (the loss's forward pass on sm_90);
+ *   SM90_ROWS:    SM90_LOGITS_STATS plus the row kernel taking those LSEs (what replaces
+ *                 CUBLAS_ROWS in the loss);
  *   SM90_LOGITS:  our GEMM with the fp32 epilogue into ws's chunk buffer (the GEMM core's speed);
  *   SM90_NONE:    our GEMM with no epilogue (the main loop alone: the epilogues cost the rest).
- * lw is NULL-able for the cuBLAS kinds. Synchronises at the end; SM90 kinds report a pipeline
- * timeout (tkd_lmhead_sm90_sync). */
+ * The SM90 kinds run lw's schedule (tkd_lmhead_sm90_ws_set_schedule). lw is NULL-able for the
+ * cuBLAS kinds. Synchronises at the end; SM90 kinds report a pipeline timeout
+ * (tkd_lmhead_sm90_sync). */
 enum {
     TKD_KL_BENCH_LM_CUBLAS = 0, TKD_KL_BENCH_LM_CUBLAS_ROWS = 1,
-    TKD_KL_BENCH_LM_SM90_STATS = 2, TKD_KL_BENCH_LM_SM90_LOGITS = 3, TKD_KL_BENCH_LM_SM90_NONE = 4,
-    TKD_KL_BENCH_LM_KINDS = 5,
+    TKD_KL_BENCH_LM_SM90_STATS = 2, TKD_KL_BENCH_LM_SM90_LOGITS_STATS = 3,
+    TKD_KL_BENCH_LM_SM90_ROWS = 4, TKD_KL_BENCH_LM_SM90_LOGITS = 5, TKD_KL_BENCH_LM_SM90_NONE = 6,
+    TKD_KL_BENCH_LM_KINDS = 7,
 };
 struct tkd_lmhead_sm90_ws;
 tkd_status tkd_kl_bench_lmhead(tkd_kl_cuda_ws *ws, struct tkd_lmhead_sm90_ws *lw,
@@ -76,6 +83,10 @@ tkd_status tkd_kl_bench_lmhead_check(tkd_kl_cuda_ws *ws, struct tkd_lmhead_sm90_
                                      const tkd_kl_cuda_batch *b, const float *lse1,
                                      const float *lset, double *max_d1, double *max_dt,
                                      double *logits_rel);
+
+/* Runs forward/backward on ws with (1) or without (0) its sm90 GEMM: TKD_ERR_UNSUPPORTED when ws
+ * has none (tkd_kl_cuda_ws_set_sm90). */
+tkd_status tkd_kl_bench_set_sm90(tkd_kl_cuda_ws *ws, int on);
 
 /* Fills n bf16 values at dev with a deterministic normal(0, std)-like sequence (random data, never
  * zeros). Asynchronous on the legacy default stream. */

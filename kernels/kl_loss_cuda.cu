@@ -1,6 +1,15 @@
 /* kl_loss_cuda.cu — see kl_loss_cuda.h. Row kernels (static) + cuBLAS bf16 GEMMs per chunk; the
  * workspace and the per-chunk stages forward/backward are made of are in kl_loss_cuda_internal.h.
  *
+ * The logits GEMM. On compute capability 9.0 (and D a multiple of 8, TKD_KL_SM90 not "0" when the
+ * workspace was made) the chunk's logits come from our Hopper GEMM (kernels/lmhead_sm90.h), whose
+ * epilogue in forward also reduces each row tile to (max, Σ exp at 1, Σ exp at 1/τ) partials; a
+ * small combine turns them into the LSEs, so the stats row kernel does not read the fp32 row for
+ * them (one N·V·4-byte read less per pass; the gather and the gradient still read the logits).
+ * Backward makes its logits with the same GEMM, so forward and backward see the same bits. `tail`
+ * keeps cuBLAS and the row kernel's own pass: its log(1 − Q) is a sum outside the row's top-k'
+ * that the GEMM cannot know. cuBLAS + the row kernel's pass are the fallback and the reference.
+ *
  * Layout. Row-major everywhere on our side; cuBLAS is column-major, so a row-major (R, C) matrix
  * with leading dimension ld is cuBLAS's (C, R) matrix with the same ld. The chunk buffer holds the
  * fp32 logits (C, ldl), ldl = V rounded up to 16 floats so every row starts 64-byte aligned and
@@ -31,6 +40,7 @@
 #include "kernels/cuda_mem.h"
 #include "kernels/kl_loss.h"
 #include "kernels/kl_loss_cuda_internal.h"
+#include "kernels/lmhead_sm90.h"
 
 /* Written by the count, row and reduce kernels; read back once per call. */
 struct tkd_kl_cuda_dev_out {
@@ -83,12 +93,13 @@ struct RowArgs {
     int variant;
     float tau, alpha, grad_scale;
     int ignore_index;
+    int lse_given;            /* stats modes: lse_tau / lse_one hold the chunk's LSEs already */
     const int32_t *topk_idx;  /* (rows, k) */
     const float *topk_logit;  /* (rows, k) */
     const float *teacher_lse; /* (rows) */
     const int32_t *tail_idx;  /* (rows, s) or NULL */
     const int32_t *labels;    /* (rows) */
-    float *lse_tau, *lse_one; /* (rows) written by stats modes, read by kModeGrad */
+    float *lse_tau, *lse_one; /* (rows) written by stats modes, read by kModeGrad and lse_given */
     float *log_omq;           /* (rows) tail: log(1 − Q), likewise */
     double *row_loss, *row_kd, *row_ce; /* (rows) written by stats modes */
     DevOut *out;
@@ -601,7 +612,7 @@ __global__ void __launch_bounds__(VEC == 4 ? 512 : 256, VEC == 4 ? 2 : 3) kl_row
     const int tail = a.variant == TKD_KL_VARIANT_TAIL;
     RowSmem m = row_smem_carve(dyn_smem, a.k_use, a.s, a.v, MODE != kModeGrad);
     row_gather(a, r, row, m, sh);
-    if (MODE == kModeGrad) {
+    if (MODE == kModeGrad || a.lse_given) { /* lse_given is never `tail` (the host checks) */
         if (threadIdx.x == 0) {
             sh.lse_tau = a.lse_tau[r];
             sh.lse_one = a.lse_one[r];
@@ -716,6 +727,27 @@ static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
     return TKD_OK;
 }
 
+/* Our Hopper GEMM for the logits where it runs (compute capability 9.0, D a multiple of 8) unless
+ * TKD_KL_SM90=0: its workspace and its statistics partials (3, chunk, ceil(V / 256)). Elsewhere
+ * nothing, and cuBLAS makes the logits. */
+static tkd_status sm90_setup(tkd_kl_cuda_ws *ws)
+{
+    const char *env = getenv("TKD_KL_SM90");
+    if ((env && strcmp(env, "0") == 0) || ws->d % 8 != 0)
+        return TKD_OK;
+    tkd_status st = tkd_lmhead_sm90_ws_create(&ws->lm);
+    if (st == TKD_ERR_UNSUPPORTED) { /* another device: the fallback is the answer, not an error */
+        tkd_error_clear();
+        return TKD_OK;
+    }
+    TKD_TRY(st);
+    TKD_TRY(ws_alloc(ws, (void **)&ws->lm_part,
+                     tkd_lmhead_sm90_part_floats(ws->chunk, ws->v) * sizeof(float),
+                     "logits GEMM statistics partials", "lower kd.chunk_size (rows per chunk)"));
+    ws->use_sm90 = 1;
+    return TKD_OK;
+}
+
 extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
                                           int64_t n_max, int d, int v)
 {
@@ -739,6 +771,8 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
     ws->row_vec = TKD_KL_CUDA_ROW_VEC;
     const int chunk = ws->chunk;
     tkd_status st = ws_setup(ws);
+    if (st == TKD_OK)
+        st = sm90_setup(ws);
     if (st != TKD_OK) {
         tkd_kl_cuda_ws_free(ws);
         return tkd_error_prefix(st, "kl_loss_cuda: workspace for %lld rows x V %d, chunk %d",
@@ -761,6 +795,8 @@ extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
     tkd_cuda_free(ws->row_stats);
     tkd_cuda_free(ws->out);
     tkd_cuda_free(ws->blas_ws);
+    tkd_lmhead_sm90_ws_free(ws->lm);
+    tkd_cuda_free(ws->lm_part);
     free(ws);
 }
 
@@ -821,6 +857,44 @@ extern "C" tkd_status tkd_kl_cuda_chunk_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda
     return TKD_OK;
 }
 
+extern "C" int tkd_kl_cuda_sm90_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p)
+{
+    return ws->use_sm90 && ws->lm && p->variant != TKD_KL_VARIANT_TAIL;
+}
+
+extern "C" tkd_status tkd_kl_cuda_ws_set_sm90(tkd_kl_cuda_ws *ws, int on)
+{
+    if (on && !ws->lm)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: this workspace has no sm90 logits "
+                             "GEMM (not compute capability 9.0, D %% 8 != 0, or TKD_KL_SM90=0 when "
+                             "it was made)");
+    ws->use_sm90 = on != 0;
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_chunk_logits_auto(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                                    const tkd_kl_cuda_batch *b, int64_t row0,
+                                                    int rows, int stats, int *rows_flag)
+{
+    *rows_flag = 0;
+    if (!tkd_kl_cuda_sm90_on(ws, p))
+        return tkd_kl_cuda_chunk_logits(ws, b, row0, rows);
+    const uint16_t *h = b->h + row0 * b->d;
+    if (!stats)
+        return tkd_lmhead_sm90_logits(ws->lm, h, b->w, rows, b->d, b->v, ws->chunk_buf, ws->ldl);
+    TKD_TRY(tkd_lmhead_sm90_logits_stats(ws->lm, h, b->w, rows, b->d, b->v, p->temperature,
+                                         ws->chunk_buf, ws->ldl, ws->lm_part));
+    TKD_TRY(tkd_lmhead_sm90_lse(ws->lm_part, rows, b->v, p->temperature, ws->lse_one + row0,
+                                ws->lse_tau + row0));
+    *rows_flag = TKD_KL_CUDA_ROWS_LSE_GIVEN;
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_kl_cuda_sm90_check(tkd_kl_cuda_ws *ws)
+{
+    return ws->lm ? tkd_lmhead_sm90_sync(ws->lm) : TKD_OK;
+}
+
 extern "C" tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                              const tkd_kl_cuda_batch *b, int need_grads,
                                              const float *dh, const float *dw)
@@ -874,6 +948,7 @@ static RowArgs row_args(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl
     a.alpha = p->alpha;
     a.grad_scale = grad_scale;
     a.ignore_index = p->ignore_index;
+    a.lse_given = 0;
     a.topk_idx = a.k_use > 0 ? b->topk_idx + row0 * p->k : NULL;
     a.topk_logit = a.k_use > 0 ? b->topk_logit + row0 * p->k : NULL;
     a.teacher_lse = b->teacher_lse ? b->teacher_lse + row0 : NULL;
@@ -909,9 +984,16 @@ extern "C" tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_pa
                                              tkd_kl_cuda_rows_mode mode, int64_t row0, int rows,
                                              float grad_scale)
 {
-    const RowArgs a = row_args(ws, p, b, row0, grad_scale);
-    return ws->row_vec == 8 ? launch_rows_vec<8>((int)mode, rows, ws->row_threads, a)
-                            : launch_rows_vec<4>((int)mode, rows, ws->row_threads, a);
+    const int given = (mode & TKD_KL_CUDA_ROWS_LSE_GIVEN) != 0;
+    const int base_mode = (int)mode & ~TKD_KL_CUDA_ROWS_LSE_GIVEN;
+    if (given && (base_mode == kModeGrad || p->variant == TKD_KL_VARIANT_TAIL))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: given LSEs are for the stats modes "
+                             "of renorm and sampled only (mode %d, variant %s)", (int)mode,
+                             tkd_kl_variant_name(p->variant));
+    RowArgs a = row_args(ws, p, b, row0, grad_scale);
+    a.lse_given = given;
+    return ws->row_vec == 8 ? launch_rows_vec<8>(base_mode, rows, ws->row_threads, a)
+                            : launch_rows_vec<4>(base_mode, rows, ws->row_threads, a);
 }
 
 /* ---- forward / backward ---------------------------------------------------------------------- */
@@ -954,9 +1036,10 @@ extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_param
     const tkd_kl_cuda_rows_mode mode =
         p->grad_in_forward ? TKD_KL_CUDA_ROWS_STATS_GRAD : TKD_KL_CUDA_ROWS_STATS;
     for (long long row0 = 0; row0 < n; row0 += ws->chunk) {
-        int rows = (int)(n - row0 < ws->chunk ? n - row0 : ws->chunk);
-        TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
-        TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, mode, row0, rows, p->grad_scale));
+        int rows = (int)(n - row0 < ws->chunk ? n - row0 : ws->chunk), given = 0;
+        TKD_TRY(tkd_kl_cuda_chunk_logits_auto(ws, p, b, row0, rows, 1, &given));
+        TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, (tkd_kl_cuda_rows_mode)(mode | given), row0, rows,
+                                       p->grad_scale));
         if (p->grad_in_forward)
             TKD_TRY(chunk_grads(ws, b, row0, rows, dh, dw));
     }
@@ -965,6 +1048,7 @@ extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_param
     TKD_CUDA_CHECK(cudaGetLastError());
     DevOut o;
     TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
+    TKD_TRY(tkd_kl_cuda_sm90_check(ws));
     TKD_TRY(check_dev_out(o, "forward"));
     res->loss = o.loss;
     res->kd = o.kd;
@@ -987,13 +1071,14 @@ extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_para
     }
     TKD_TRY(tkd_kl_cuda_check_call(ws, p, b, 1, dh, dw));
     for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
-        int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk);
-        TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
+        int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk), given = 0;
+        TKD_TRY(tkd_kl_cuda_chunk_logits_auto(ws, p, b, row0, rows, 0, &given));
         TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, TKD_KL_CUDA_ROWS_GRAD, row0, rows, scale));
         TKD_TRY(chunk_grads(ws, b, row0, rows, dh, dw));
     }
     DevOut o;
     TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
+    TKD_TRY(tkd_kl_cuda_sm90_check(ws));
     return check_dev_out(o, "backward");
 }
 

@@ -7,6 +7,10 @@
  * one loss per row to a device array, and (backward) turn the chunk into ∂loss/∂s in place as bf16;
  * then dH_c = dS W and dW += dSᵀ H_c (bf16 operands, fp32 accumulation and fp32 outputs).
  * Gradient dtypes: dH (N, D) fp32 and dW (V, D) fp32, both device memory.
+ * On compute capability 9.0 with D a multiple of 8 the logits GEMM is our own
+ * (kernels/lmhead_sm90.h) and, in forward, its epilogue also makes the per-row statistics, so the
+ * row kernel reads the chunk's logits once less; variant `tail` keeps cuBLAS. TKD_KL_SM90=0 in the
+ * environment when the workspace is made forces cuBLAS (the fallback and the reference).
  *
  * All work runs on the legacy default stream (stream 0) of the current device, so a caller's
  * cudaMemset/cudaMemcpy before or after is ordered with it. Nothing synchronises with the host
@@ -54,7 +58,8 @@ typedef struct tkd_kl_cuda_batch {
     const int32_t *labels;     /* (N) next-token ids; ignore_index excludes the row */
 } tkd_kl_cuda_batch;
 
-/* Workspace: the cuBLAS handle and its workspace, the chunk buffer, per-row statistics (N max).
+/* Workspace: the cuBLAS handle and its workspace, the chunk buffer, per-row statistics (N max),
+ * and on sm_90 our GEMM's statistics partials (3 · chunk · ceil(V / 256) floats).
  * Sized once; reused every step; one workspace per thread (it owns a cuBLAS handle). */
 typedef struct tkd_kl_cuda_ws tkd_kl_cuda_ws;
 

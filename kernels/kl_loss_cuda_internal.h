@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "kernels/kl_loss.h"
 #include "kernels/kl_loss_cuda.h"
+#include "kernels/lmhead_sm90.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,6 +42,10 @@ struct tkd_kl_cuda_ws {
     int row_threads, row_vec;  /* TKD_KL_CUDA_ROW_THREADS / _VEC unless tkd_kl_cuda_ws_set_rows */
     cublasHandle_t blas;
     void *blas_ws;             /* the cuBLAS workspace we hand it, so that it allocates none */
+    tkd_lmhead_sm90_ws *lm;    /* our Hopper logits GEMM, NULL where it does not run (not sm_90,
+                                * D not a multiple of 8, TKD_KL_SM90=0) */
+    float *lm_part;            /* (3, chunk, ceil(V / 256)) its statistics partials, with lm */
+    int use_sm90;              /* 1: forward/backward use lm (set when lm is; the bench toggles) */
     float *chunk_buf;          /* (chunk, ldl) fp32 logits; in place bf16 dS (chunk, 2·ldl) */
     float *lse_tau, *lse_one, *log_omq; /* (n_max) per-row statistics */
     double *row_stats;         /* (3, n_max): loss, kd, ce per row */
@@ -54,6 +59,10 @@ typedef enum tkd_kl_cuda_rows_mode {
     TKD_KL_CUDA_ROWS_STATS = 0,
     TKD_KL_CUDA_ROWS_GRAD = 1,
     TKD_KL_CUDA_ROWS_STATS_GRAD = 2,
+    /* flag, with the stats modes: the chunk's LSEs at 1 and 1/τ are already in ws (the sm90
+     * GEMM's fused statistics), so the row kernel reads them instead of its own pass over the
+     * row; not for `tail` (its 1 − Q needs the sum outside the top-k'). */
+    TKD_KL_CUDA_ROWS_LSE_GIVEN = 4,
 } tkd_kl_cuda_rows_mode;
 
 /* Sets the row kernels' launch shape for this workspace only: threads per block and float4 loads
@@ -71,11 +80,32 @@ tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params 
 tkd_status tkd_kl_cuda_count_kept(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                   const tkd_kl_cuda_batch *b);
 
-/* Chunk [row0, row0 + rows): logits (rows, ldl) fp32 into ws->chunk_buf = H_c Wᵀ. */
+/* Chunk [row0, row0 + rows): logits (rows, ldl) fp32 into ws->chunk_buf = H_c Wᵀ (cuBLAS: the
+ * fallback, the reference and the floor's GEMM). */
 tkd_status tkd_kl_cuda_chunk_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
                                     int rows);
 
-/* The row kernel over the chunk in ws->chunk_buf; gradient modes make ∂(grad_scale·loss)/∂s. */
+/* 1 when calls with p on ws run the sm90 path: ws->use_sm90 and a variant other than `tail`. */
+int tkd_kl_cuda_sm90_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);
+
+/* Bench/tests: use (1) or not (0) the sm90 GEMM on this workspace. TKD_ERR_UNSUPPORTED when ws
+ * has none (another device, D % 8 != 0, or TKD_KL_SM90=0 when it was made). */
+tkd_status tkd_kl_cuda_ws_set_sm90(tkd_kl_cuda_ws *ws, int on);
+
+/* The chunk's logits as forward (stats = 1) and backward (stats = 0) make them: with
+ * tkd_kl_cuda_sm90_on, our GEMM writes the logits and, with stats, its per-tile statistics, then
+ * combines them into ws->lse_one / lse_tau (rows row0..); *rows_flag is then
+ * TKD_KL_CUDA_ROWS_LSE_GIVEN for the stats modes. Otherwise cuBLAS and *rows_flag = 0. */
+tkd_status tkd_kl_cuda_chunk_logits_auto(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                         const tkd_kl_cuda_batch *b, int64_t row0, int rows,
+                                         int stats, int *rows_flag);
+
+/* After a pass that used the sm90 GEMM: waits, then reports a pipeline timeout of its kernels
+ * (TKD_ERR_INTERNAL) instead of letting garbage through; TKD_OK without it. */
+tkd_status tkd_kl_cuda_sm90_check(tkd_kl_cuda_ws *ws);
+
+/* The row kernel over the chunk in ws->chunk_buf; gradient modes make ∂(grad_scale·loss)/∂s.
+ * mode may carry TKD_KL_CUDA_ROWS_LSE_GIVEN (stats modes, not `tail`). */
 tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                   const tkd_kl_cuda_batch *b, tkd_kl_cuda_rows_mode mode,
                                   int64_t row0, int rows, float grad_scale);

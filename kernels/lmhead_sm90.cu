@@ -1,21 +1,36 @@
 /* lmhead_sm90.cu — see lmhead_sm90.h. Built for sm_90a only (kernels/CMakeLists.txt).
  *
- * The GEMM. Tiles of Z are 128 x 256 (BM x BN), K in steps of 64 (BK: one 128-byte swizzle span
+ * The GEMM. Tiles of Z are BN = 256 columns wide, K in steps of 64 (BK: one 128-byte swizzle span
  * of bf16). A persistent grid (one CTA per SM) walks the tiles; each CTA has three warpgroups:
  *   warpgroup 0, the producer: one thread issues the TMA loads (cp.async.bulk.tensor) of the H tile
- *     (128 x 64) and the W tile (256 x 64) of each K step into a ring of 4 shared-memory stages,
- *     each completing on that stage's `full` mbarrier (expect_tx of the 48 KB);
- *   warpgroups 1 and 2, the consumers: each owns 64 rows of the tile, waits on `full`, issues four
- *     wgmma.m64n256k16 (both operands from shared memory, 128-byte swizzle), keeps one K step of
- *     wgmma in flight, and releases a stage on its `empty` mbarrier (one arrival per consumer warp)
- *     once the wgmma that read it is done; after the last K step it runs the epilogue straight
- *     from the 128 fp32 accumulators per thread.
- * setmaxnreg moves registers from the producer (40) to the consumers (232). The producer and the
- * consumers walk the same tile sequence, so the ring's stage/phase counters stay in step. Tiles
- * are visited in groups of 16 M-tiles swept along V, so a wave of CTAs shares its H rows and W
- * rows in L2.
+ *     (rows x 64) and the W tile (256 x 64) of each K step into a ring of shared-memory stages,
+ *     each completing on that stage's `full` mbarrier (expect_tx of the stage's bytes);
+ *   warpgroups 1 and 2, the consumers: each waits on `full`, issues four wgmma.m64n256k16 per K
+ *     step (both operands from shared memory, 128-byte swizzle), keeps one K step of wgmma in
+ *     flight, and releases a stage on its `empty` mbarrier (one arrival per consuming warp) once
+ *     the wgmma that read it is done; after the last K step it runs the epilogue straight from the
+ *     128 fp32 accumulators per thread.
+ * Two schedules (tkd_lmhead_sm90_sched):
+ *   cooperative: 128 x 256 tiles, 4 stages of 48 KB; both consumers work on every tile (64 rows
+ *     each) and run its epilogue together, while the tensor cores wait.
+ *   ping-pong: 64 x 256 tiles, 5 stages of 40 KB; the consumers own whole tiles in alternation
+ *     (consumer 0 the CTA's tiles 0, 2, 4.., consumer 1 tiles 1, 3, 5..), so one runs its epilogue
+ *     while the other's wgmma run. A pair of `turn` mbarriers orders their main loops: consumer c
+ *     starts the main loop of its tile only after the other finished waiting on every stage of
+ *     the tile before it. That keeps the tensor cores with one warpgroup at a time and, more
+ *     importantly, keeps the ring's parity waits exact: a consumer that skips the other's K steps
+ *     must never wait on a stage whose previous fill has not even landed (an mbarrier's parity
+ *     tells only its last two phases apart).
+ *     The price: each W tile is loaded per 64 rows instead of per 128 (320 instead of 192 loaded
+ *     rows per 64 x 256 of output, from L2), so whether it wins is a measurement (kl_bench --lmhead
+ *     times both).
+ * setmaxnreg moves registers from the producer (40) to the consumers (232). Stage q of the ring
+ * (q = the CTA's tile sequence number · K steps + K step) sits in slot q mod stages with phase
+ * parity (q / stages) mod 2; producer and consumers derive it from the same tile sequence. Tiles are
+ * visited in groups of 2048 rows of H swept along V, so a wave of CTAs shares its H rows and W rows
+ * in L2.
  *
- * Shared memory per stage: A (128 rows x 128 B) then B (256 rows x 128 B), each 1024-byte aligned
+ * Shared memory per stage: A (rows x 128 B) then B (256 rows x 128 B), each 1024-byte aligned
  * as the 128-byte swizzle wants (the TMA writes the swizzled layout; the wgmma descriptors say
  * "128-byte swizzle, 8-row groups 1024 bytes apart"; the K step inside the span moves the start
  * address by 32 bytes). Out-of-range rows and K columns of a box are zero-filled by the TMA.
@@ -33,6 +48,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
@@ -40,26 +56,44 @@
 struct tkd_lmhead_sm90_ws {
     unsigned *err; /* device: non-zero after a pipeline wait timed out */
     int max_ctas;  /* 0: one CTA per SM */
+    tkd_lmhead_sm90_sched sched;
 };
 
 namespace {
 
-constexpr int kBM = TKD_LMHEAD_SM90_BM, kBN = TKD_LMHEAD_SM90_BN, kBK = 64, kStages = 4;
-constexpr int kConsumers = 2;                 /* consumer warpgroups, 64 tile rows each */
+constexpr int kBN = TKD_LMHEAD_SM90_BN, kBK = 64;
+constexpr int kConsumers = 2;                 /* consumer warpgroups */
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kAcc = kBN / 2;                 /* fp32 accumulators per consumer thread */
-constexpr int kGroupM = 16;                   /* M-tiles swept together along V */
-constexpr uint32_t kBytesA = kBM * kBK * 2, kBytesB = kBN * kBK * 2;
-constexpr uint32_t kStageBytes = kBytesA + kBytesB; /* 48 KB */
-constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + 2 * kStages * 8;
+constexpr int kAcc = kBN / 2;                 /* fp32 accumulators per consumer thread (64 x 256) */
+constexpr int kGroupRows = 2048;              /* rows of H whose tiles are swept together along V */
+constexpr uint32_t kBytesB = kBN * kBK * 2;
 constexpr float kLog2e = 1.4426950408889634f;
 /* A wait longer than this is a broken pipeline (legitimate waits are microseconds). */
 constexpr unsigned long long kWaitLimitNs = 4000000000ull;
 static_assert(kBK * 2 == 128, "a K step is one 128-byte swizzle span");
-static_assert(kBytesA % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles need 1024-byte alignment");
 
-/* kEpiNone (benchmark only): no epilogue, so its time is the main loop's. */
-enum Epi { kEpiLogits = 0, kEpiStats = 1, kEpiNone = 2 };
+/* What a schedule fixes (see the top of the file): tile rows, ring depth, shared memory, the
+ * arrivals that free a stage (one per consuming warp). */
+template <bool kPingPong>
+struct Sched {
+    static constexpr bool kPP = kPingPong;
+    static constexpr int kTileM = kPP ? 64 : TKD_LMHEAD_SM90_BM;
+    static constexpr int kStages = kPP ? 5 : 4;
+    static constexpr uint32_t kBytesA = kTileM * kBK * 2;
+    static constexpr uint32_t kStageBytes = kBytesA + kBytesB; /* 40 KB resp. 48 KB */
+    /* the stages, then the full, empty and (ping-pong) turn mbarriers */
+    static constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + (2 * kStages + 2) * 8;
+    static constexpr int kGroupM = kGroupRows / kTileM;
+    static constexpr unsigned kEmptyArrivals = kPP ? 4 : 4 * kConsumers;
+    static_assert(kBytesA % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+    static_assert(kSmemBytes <= 227 * 1024, "the ring must fit the 227 KB of shared memory a CTA may have");
+};
+using Coop = Sched<false>;
+using PingPong = Sched<true>;
+
+/* kEpiNone (benchmark only): no epilogue, so its time is the main loop's; kEpiLogitsStats: the
+ * logits and the statistics from the same accumulators (the loss's pass). */
+enum Epi { kEpiLogits = 0, kEpiStats = 1, kEpiNone = 2, kEpiLogitsStats = 3 };
 
 struct Params {
     long long n;     /* rows of H (and Z) */
@@ -71,6 +105,8 @@ struct Params {
     float *part;     /* stats: (3, n, ntiles) */
     float l2e_tau;   /* stats: log2(e) / τ */
     int tau_mode;    /* stats: 1 when τ = 1, 2 when τ = 2, else 0 (store_stats) */
+    float *sink;     /* no epilogue: always NULL, but the compiler cannot know, so the accumulators
+                      * stay live to a store that never runs (an honest main-loop time) */
     unsigned *err;
 };
 
@@ -197,11 +233,13 @@ __device__ inline void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64
 
 /* ---- the pipeline: ring stages, tile order ----------------------------------------------------- */
 
-/* Shared memory from `base` (1024-aligned): the stages, then the full and empty mbarriers. */
-__device__ inline uint32_t stage_a(uint32_t base, int s) { return base + s * kStageBytes; }
-__device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a(base, s) + kBytesA; }
-__device__ inline uint32_t full_bar(uint32_t base, int s) { return base + kStages * kStageBytes + 8 * s; }
-__device__ inline uint32_t empty_bar(uint32_t base, int s) { return full_bar(base, kStages + s); }
+/* Shared memory from `base` (1024-aligned): the stages, then the full, empty and turn mbarriers. */
+template <class S> __device__ inline uint32_t stage_a(uint32_t base, int s) { return base + s * S::kStageBytes; }
+template <class S> __device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a<S>(base, s) + S::kBytesA; }
+template <class S> __device__ inline uint32_t full_bar(uint32_t base, int s) { return base + S::kStages * S::kStageBytes + 8 * s; }
+template <class S> __device__ inline uint32_t empty_bar(uint32_t base, int s) { return full_bar<S>(base, S::kStages + s); }
+/* Ping-pong: consumer c may start its next main loop once turn_bar(c) completed a phase. */
+template <class S> __device__ inline uint32_t turn_bar(uint32_t base, int c) { return full_bar<S>(base, 2 * S::kStages + c); }
 
 /* A position in the ring: stage and the parity of its current phase. */
 struct Ring {
@@ -210,58 +248,72 @@ struct Ring {
     bool failed; /* a wait of this thread timed out (mbar_wait) */
 };
 
+template <class S>
 __device__ inline void ring_next(Ring &r)
 {
-    if (++r.stage == kStages) {
+    if (++r.stage == S::kStages) {
         r.stage = 0;
         r.phase ^= 1u;
     }
 }
 
+/* Moves r to ring position q (slot q mod stages, phase parity (q / stages) mod 2). */
+template <class S>
+__device__ inline void ring_seek(Ring &r, long long q)
+{
+    r.stage = (int)(q % S::kStages);
+    r.phase = (uint32_t)((q / S::kStages) & 1);
+}
+
 /* Tile t's (M-tile, V-tile): groups of kGroupM M-tiles (fewer in the last group), each group
  * swept along V with its M-tiles innermost. */
+template <class S>
 __device__ inline void tile_coords(long long t, const Params &p, int &mi, int &ni)
 {
-    const long long per_group = (long long)kGroupM * p.ntiles;
+    const long long per_group = (long long)S::kGroupM * p.ntiles;
     const int g = (int)(t / per_group);
-    const int first = g * kGroupM;
-    const int gm = min(kGroupM, p.mtiles - first);
+    const int first = g * S::kGroupM;
+    const int gm = min(S::kGroupM, p.mtiles - first);
     const long long r = t - g * per_group;
     mi = first + (int)(r % gm);
     ni = (int)(r / gm);
 }
 
 /* The producer thread: for every tile of this CTA and every K step, waits for a free stage and
- * loads the H box (rows mi·BM.., K kt·BK..) and the W box (rows ni·BN..) into it. */
+ * loads the H box (rows mi·kTileM.., K kt·BK..) and the W box (rows ni·BN..) into it. */
+template <class S>
 __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const Params &p,
-                        uint32_t base)
+                                        uint32_t base)
 {
     Ring r = {0, 0u, false};
     for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
         int mi, ni;
-        tile_coords(t, p, mi, ni);
+        tile_coords<S>(t, p, mi, ni);
         for (int kt = 0; kt < p.ktiles; kt++) {
-            mbar_wait(empty_bar(base, r.stage), r.phase ^ 1u, r.failed, p.err);
-            const uint32_t full = full_bar(base, r.stage);
-            mbar_arrive_expect_tx(full, kStageBytes); /* zero-filled bytes count too */
-            tma_load_2d(stage_a(base, r.stage), tm_h, kt * kBK, mi * kBM, full);
-            tma_load_2d(stage_b(base, r.stage), tm_w, kt * kBK, ni * kBN, full);
-            ring_next(r);
+            mbar_wait(empty_bar<S>(base, r.stage), r.phase ^ 1u, r.failed, p.err);
+            const uint32_t full = full_bar<S>(base, r.stage);
+            mbar_arrive_expect_tx(full, S::kStageBytes); /* zero-filled bytes count too */
+            tma_load_2d(stage_a<S>(base, r.stage), tm_h, kt * kBK, mi * S::kTileM, full);
+            tma_load_2d(stage_b<S>(base, r.stage), tm_w, kt * kBK, ni * kBN, full);
+            ring_next<S>(r);
         }
     }
 }
 
-/* One consumer warpgroup (cw = 0, 1: tile rows 64·cw..) over all K steps of a tile: acc (its
- * 64 x 256 block) = H_tile · W_tileᵀ. One K step of wgmma stays in flight; a stage is released
- * (one arrival per warp) once the wgmma that read it has completed. */
-__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, uint32_t base, int cw, Ring &r)
+/* One consumer warpgroup (cw = 0, 1) over all K steps of a tile: acc (64 x 256) = rows
+ * a_row.. (of the stage's A tile) · W_tileᵀ. One K step of wgmma stays in flight; a stage is
+ * released (one arrival per warp) once the wgmma that read it has completed. Ping-pong: once
+ * every stage of the tile has been waited for, the other consumer gets its turn. */
+template <class S>
+__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, uint32_t base, int cw,
+                                         int a_row, Ring &r)
 {
     int prev = -1;
     for (int kt = 0; kt < p.ktiles; kt++) {
-        mbar_wait(full_bar(base, r.stage), r.phase, r.failed, p.err);
+        mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
         __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
-        const uint64_t da = smem_desc(stage_a(base, r.stage) + cw * 64 * 128);
-        const uint64_t db = smem_desc(stage_b(base, r.stage));
+        const uint64_t da = smem_desc(stage_a<S>(base, r.stage) + a_row * 128);
+        const uint64_t db = smem_desc(stage_b<S>(base, r.stage));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; kk++) /* 16 K = 32 bytes = 2 descriptor units */
@@ -270,15 +322,17 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, ui
         if (prev >= 0) {
             wgmma_wait<1>();
             if ((threadIdx.x & 31) == 0)
-                mbar_arrive(empty_bar(base, prev));
+                mbar_arrive(empty_bar<S>(base, prev));
         }
         prev = r.stage;
-        ring_next(r);
+        ring_next<S>(r);
     }
+    if (S::kPP && (threadIdx.x & 127) == 0)
+        mbar_arrive(turn_bar<S>(base, 1 - cw));
     wgmma_wait<0>();
     fence_acc(acc);
     if ((threadIdx.x & 31) == 0)
-        mbar_arrive(empty_bar(base, prev));
+        mbar_arrive(empty_bar<S>(base, prev));
 }
 
 /* ---- epilogues --------------------------------------------------------------------------------- */
@@ -290,10 +344,12 @@ struct Frag {
     int col0;
 };
 
-__device__ inline Frag frag_of(int mi, int ni, int cw)
+/* a_row: the warpgroup's first row within the tile (cooperative: 64·cw; ping-pong: 0). */
+template <class S>
+__device__ inline Frag frag_of(int mi, int ni, int a_row)
 {
     const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
-    return {(long long)mi * kBM + cw * 64 + warp * 16 + lane / 4, ni * kBN + 2 * (lane & 3)};
+    return {(long long)mi * S::kTileM + a_row + warp * 16 + lane / 4, ni * kBN + 2 * (lane & 3)};
 }
 
 /* Logits epilogue: the fragment to z (n, ldz), in-range elements only (ldz even: float2 stores). */
@@ -404,8 +460,34 @@ __device__ __forceinline__ void store_stats(const float (&acc)[kAcc], const Para
     }
 }
 
-/* A consumer warpgroup: every tile of this CTA, main loop then epilogue. */
+/* No epilogue (benchmark): the accumulators go to a store guarded by p.sink, which is NULL at
+ * run time; the compiler must keep every wgmma result, so the main loop is timed as it runs. */
+__device__ __forceinline__ void sink_acc(const float (&acc)[kAcc], const Params &p)
+{
+    if (p.sink) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kAcc; i++)
+            s += acc[i];
+        p.sink[threadIdx.x] = s;
+    }
+}
+
 template <int kEpi>
+__device__ __forceinline__ void epilogue(const float (&acc)[kAcc], const Params &p, Frag f, int ni)
+{
+    if (kEpi == kEpiLogits || kEpi == kEpiLogitsStats)
+        store_logits(acc, p, f);
+    if (kEpi == kEpiStats || kEpi == kEpiLogitsStats)
+        store_stats(acc, p, f, ni);
+    if (kEpi == kEpiNone)
+        sink_acc(acc, p);
+}
+
+/* A consumer warpgroup (cw = 0, 1): its tiles of this CTA, main loop then epilogue. Cooperative:
+ * every tile of the CTA, rows 64·cw.. of each. Ping-pong: the CTA's tiles cw, cw + 2, .. whole,
+ * each main loop after the other consumer's turn (its previous tile's stages all waited for). */
+template <int kEpi, class S>
 __device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
 {
     float acc[kAcc];
@@ -413,41 +495,50 @@ __device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
     for (int i = 0; i < kAcc; i++)
         acc[i] = 0.0f; /* the first wgmma of a tile overwrites; this only keeps them defined */
     Ring r = {0, 0u, false};
-    for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const int a_row = S::kPP ? 0 : 64 * cw;
+    for (long long j = S::kPP ? cw : 0, mine = 0;; j += S::kPP ? 2 : 1, mine++) {
+        const long long t = blockIdx.x + j * gridDim.x; /* the CTA's j-th tile */
+        if (t >= p.tiles)
+            break;
         int mi, ni;
-        tile_coords(t, p, mi, ni);
-        mma_tile(acc, p, base, cw, r);
-        if (kEpi == kEpiLogits)
-            store_logits(acc, p, frag_of(mi, ni, cw));
-        else if (kEpi == kEpiStats)
-            store_stats(acc, p, frag_of(mi, ni, cw), ni);
+        tile_coords<S>(t, p, mi, ni);
+        ring_seek<S>(r, j * p.ktiles);
+        /* consumer 1's tile i follows consumer 0's tile i; consumer 0's tile i follows 1's i − 1 */
+        if (S::kPP && (cw == 1 || mine > 0))
+            mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1), r.failed, p.err);
+        mma_tile<S>(acc, p, base, cw, a_row, r);
+        epilogue<kEpi>(acc, p, frag_of<S>(mi, ni, a_row), ni);
     }
 }
 
-/* The persistent GEMM: Z = H Wᵀ tile by tile, epilogue kEpi. tm_h: (n, D) bf16 boxes 64 x 128,
- * tm_w: (v, D) bf16 boxes 64 x 256, both 128-byte swizzled. 384 threads, kSmemBytes dynamic. */
-template <int kEpi>
+/* The persistent GEMM: Z = H Wᵀ tile by tile, schedule S, epilogue kEpi. tm_h: (n, D) bf16 boxes
+ * 64 x kTileM, tm_w: (v, D) bf16 boxes 64 x 256, both 128-byte swizzled. 384 threads,
+ * S::kSmemBytes dynamic. */
+template <int kEpi, bool kPP>
 __global__ void __launch_bounds__(kThreads, 1)
 lmhead_kernel(const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_w,
               const Params p)
 {
+    using S = Sched<kPP>;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < kStages; s++) {
-            mbar_init(full_bar(base, s), 1);                  /* the producer's expect_tx */
-            mbar_init(empty_bar(base, s), 4 * kConsumers);    /* one arrival per consumer warp */
+        for (int s = 0; s < S::kStages; s++) {
+            mbar_init(full_bar<S>(base, s), 1);                     /* the producer's expect_tx */
+            mbar_init(empty_bar<S>(base, s), S::kEmptyArrivals);    /* one arrival per consuming warp */
         }
+        for (int c = 0; c < kConsumers; c++)
+            mbar_init(turn_bar<S>(base, c), 1); /* one thread of the other consumer */
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 0)
-            produce(&tm_h, &tm_w, p, base);
+            produce<S>(&tm_h, &tm_w, p, base);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        consume<kEpi>(p, base, threadIdx.x / 128 - 1);
+        consume<kEpi, S>(p, base, threadIdx.x / 128 - 1);
     }
 }
 
@@ -533,25 +624,26 @@ tkd_status check_shape(const uint16_t *h, const uint16_t *w, int64_t n, int d, i
     return tkd_lmhead_sm90_supported();
 }
 
-/* Fills the shape part of the kernel parameters. */
+/* Fills the shape part of the kernel parameters (M-tiles are the schedule's: set by launch). */
 Params params_of(tkd_lmhead_sm90_ws *ws, int64_t n, int d, int v)
 {
     Params p = {};
     p.n = n;
     p.v = v;
     p.ktiles = (d + kBK - 1) / kBK;
-    p.mtiles = (int)((n + kBM - 1) / kBM);
     p.ntiles = tkd_lmhead_sm90_vtiles(v);
-    p.tiles = (long long)p.mtiles * p.ntiles;
     p.err = ws->err;
     return p;
 }
 
-template <int kEpi>
-tkd_status launch(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, const Params &p)
+template <int kEpi, bool kPP>
+tkd_status launch_sched(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, Params p)
 {
+    using S = Sched<kPP>;
+    p.mtiles = (int)((p.n + S::kTileM - 1) / S::kTileM);
+    p.tiles = (long long)p.mtiles * p.ntiles;
     CUtensorMap tm_h, tm_w;
-    TKD_TRY(make_tmap(&tm_h, h, p.n, d, kBM));
+    TKD_TRY(make_tmap(&tm_h, h, p.n, d, S::kTileM));
     TKD_TRY(make_tmap(&tm_w, w, p.v, d, kBN));
     int dev = 0, sms = 0;
     TKD_CUDA_CHECK(cudaGetDevice(&dev));
@@ -559,10 +651,37 @@ tkd_status launch(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, 
     long long grid = ws->max_ctas > 0 && ws->max_ctas < sms ? ws->max_ctas : sms;
     if (grid > p.tiles)
         grid = p.tiles;
-    TKD_CUDA_CHECK(cudaFuncSetAttribute(lmhead_kernel<kEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)kSmemBytes));
-    lmhead_kernel<kEpi><<<(unsigned)grid, kThreads, kSmemBytes>>>(tm_h, tm_w, p);
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(lmhead_kernel<kEpi, kPP>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::kSmemBytes));
+    lmhead_kernel<kEpi, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes>>>(tm_h, tm_w, p);
     TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+template <int kEpi>
+tkd_status launch(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, const Params &p)
+{
+    return ws->sched == TKD_LMHEAD_SM90_SCHED_COOP ? launch_sched<kEpi, false>(ws, h, w, d, p)
+                                                   : launch_sched<kEpi, true>(ws, h, w, d, p);
+}
+
+tkd_status check_z(const float *z, int v, int64_t ldz)
+{
+    if (!z || ldz < v || ldz % 2 != 0 || (uintptr_t)z % 8 != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: z needs ldz >= V (%d), ldz even "
+                             "(got %lld) and 8-byte alignment", v, (long long)ldz);
+    return TKD_OK;
+}
+
+/* The statistics epilogue's part of p: partials (3, n, tiles) and τ. */
+tkd_status set_stats(Params &p, float *part, float tau)
+{
+    if (!part || !(tau > 0.0f) || !isfinite(tau))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: stats need part and a finite "
+                             "τ > 0 (got %g)", (double)tau);
+    p.part = part;
+    p.l2e_tau = kLog2e / tau;
+    p.tau_mode = tau == 1.0f ? 1 : tau == 2.0f ? 2 : 0;
     return TKD_OK;
 }
 
@@ -588,6 +707,9 @@ extern "C" tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out)
     tkd_lmhead_sm90_ws *ws = (tkd_lmhead_sm90_ws *)calloc(1, sizeof *ws);
     if (!ws)
         return tkd_error_set(TKD_ERR_NOMEM, "lmhead_sm90: workspace");
+    const char *sched = getenv("TKD_LMHEAD_SM90_SCHED"); /* A/B runs without a rebuild */
+    ws->sched = sched && strcmp(sched, "coop") == 0 ? TKD_LMHEAD_SM90_SCHED_COOP
+                                                    : TKD_LMHEAD_SM90_SCHED_PINGPONG;
     tkd_status st = tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "lmhead_sm90: error flag", NULL);
     if (st == TKD_OK)
         st = tkd_cuda_memzero(ws->err, sizeof *ws->err);
@@ -612,6 +734,12 @@ extern "C" void tkd_lmhead_sm90_ws_set_max_ctas(tkd_lmhead_sm90_ws *ws, int max_
     ws->max_ctas = max_ctas > 0 ? max_ctas : 0;
 }
 
+extern "C" void tkd_lmhead_sm90_ws_set_schedule(tkd_lmhead_sm90_ws *ws, tkd_lmhead_sm90_sched sched)
+{
+    ws->sched = sched == TKD_LMHEAD_SM90_SCHED_COOP ? TKD_LMHEAD_SM90_SCHED_COOP
+                                                    : TKD_LMHEAD_SM90_SCHED_PINGPONG;
+}
+
 extern "C" int tkd_lmhead_sm90_vtiles(int v) { return (v + kBN - 1) / kBN; }
 
 extern "C" size_t tkd_lmhead_sm90_part_floats(int64_t n, int v)
@@ -624,9 +752,7 @@ extern "C" tkd_status tkd_lmhead_sm90_logits(tkd_lmhead_sm90_ws *ws, const uint1
                                              int64_t ldz)
 {
     TKD_TRY(check_shape(h, w, n, d, v));
-    if (!z || ldz < v || ldz % 2 != 0 || (uintptr_t)z % 8 != 0)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: z needs ldz >= V (%d), ldz even "
-                             "(got %lld) and 8-byte alignment", v, (long long)ldz);
+    TKD_TRY(check_z(z, v, ldz));
     Params p = params_of(ws, n, d, v);
     p.z = z;
     p.ldz = ldz;
@@ -638,14 +764,22 @@ extern "C" tkd_status tkd_lmhead_sm90_stats(tkd_lmhead_sm90_ws *ws, const uint16
                                             float *part)
 {
     TKD_TRY(check_shape(h, w, n, d, v));
-    if (!part || !(tau > 0.0f) || !isfinite(tau))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: stats need part and a finite "
-                             "τ > 0 (got %g)", (double)tau);
     Params p = params_of(ws, n, d, v);
-    p.part = part;
-    p.l2e_tau = kLog2e / tau;
-    p.tau_mode = tau == 1.0f ? 1 : tau == 2.0f ? 2 : 0;
+    TKD_TRY(set_stats(p, part, tau));
     return launch<kEpiStats>(ws, h, w, d, p);
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_logits_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h,
+                                                   const uint16_t *w, int64_t n, int d, int v,
+                                                   float tau, float *z, int64_t ldz, float *part)
+{
+    TKD_TRY(check_shape(h, w, n, d, v));
+    TKD_TRY(check_z(z, v, ldz));
+    Params p = params_of(ws, n, d, v);
+    TKD_TRY(set_stats(p, part, tau));
+    p.z = z;
+    p.ldz = ldz;
+    return launch<kEpiLogitsStats>(ws, h, w, d, p);
 }
 
 extern "C" tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h,

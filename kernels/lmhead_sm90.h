@@ -1,14 +1,19 @@
 /* lmhead_sm90.h — our own Hopper (sm_90a) GEMM for the LM head's logits chunk, Z = H · Wᵀ, whose
- * epilogue can reduce each row while the tile is still in registers, so the fp32 logits never go to
- * device memory (issue 13, first building block; not yet used by the loss).
+ * epilogue can reduce each row while the tile is still in registers (issue 13). The CUDA KL loss
+ * (kernels/kl_loss_cuda.cu) runs its logits chunk through logits_stats on compute capability 9.0.
  *
- * H (N, D) and W (V, D) are bf16 row-major on the device; accumulation is fp32 (wgmma). Two
+ * H (N, D) and W (V, D) are bf16 row-major on the device; accumulation is fp32 (wgmma). Three
  * epilogues:
  *   logits: Z (N, ldz) fp32 written out (verification against cuBLAS, and the GEMM core's speed);
  *   stats:  per row i and V-tile t (TKD_LMHEAD_SM90_BN columns) the partials
  *             m = max_v z_iv,  s1 = Σ_v exp(z_iv − m),  st = Σ_v exp((z_iv − m)/τ)
  *           into part, then tkd_lmhead_sm90_lse combines them into per-row log-sum-exps at scale 1
- *           and at scale 1/τ: lse1 = log Σ_v exp(z_v), lset = log Σ_v exp(z_v / τ).
+ *           and at scale 1/τ: lse1 = log Σ_v exp(z_v), lset = log Σ_v exp(z_v / τ); the fp32
+ *           logits never reach device memory;
+ *   logits_stats: both from the same accumulators in one pass (the loss still needs the logits for
+ *           its teacher-column gather and the gradient, but no longer reads them for the LSEs).
+ * Every output element and partial is computed the same way whichever CTA or schedule runs its
+ * tile, so results do not depend on the grid (tests check it bit for bit).
  *
  * Limits: compute capability 9.0 only (every launcher returns TKD_ERR_UNSUPPORTED elsewhere, so a
  * caller falls back to cuBLAS); D a multiple of 8 (TMA wants 16-byte row strides; a D that is not
@@ -31,9 +36,19 @@
 extern "C" {
 #endif
 
-/* Output tile: BM rows of H by BN rows of W (columns of Z). */
+/* Output tile: BM rows of H by BN rows of W (columns of Z) in the cooperative schedule; 64 x BN
+ * in ping-pong. Partials are per BN columns in both. */
 #define TKD_LMHEAD_SM90_BM 128
 #define TKD_LMHEAD_SM90_BN 256
+
+/* How the two consumer warpgroups share the work (lmhead_sm90.cu says more):
+ *   PINGPONG (the default): each owns whole 64 x 256 tiles in alternation, so one runs its
+ *     epilogue while the other's wgmma run (more W traffic from L2: W is loaded per 64 rows);
+ *   COOP: both work on each 128 x 256 tile and run its epilogue together (tensor cores idle). */
+typedef enum tkd_lmhead_sm90_sched {
+    TKD_LMHEAD_SM90_SCHED_PINGPONG = 0,
+    TKD_LMHEAD_SM90_SCHED_COOP = 1,
+} tkd_lmhead_sm90_sched;
 
 /* TKD_OK when the current device is compute capability 9.0, else TKD_ERR_UNSUPPORTED naming it. */
 tkd_status tkd_lmhead_sm90_supported(void);
@@ -48,6 +63,10 @@ void tkd_lmhead_sm90_ws_free(tkd_lmhead_sm90_ws *ws); /* NULL is a no-op */
  * every tile through one CTA's pipeline. */
 void tkd_lmhead_sm90_ws_set_max_ctas(tkd_lmhead_sm90_ws *ws, int max_ctas);
 
+/* The schedule of later launches on ws (anything else than COOP is PINGPONG). A new workspace
+ * takes PINGPONG, or COOP when the environment has TKD_LMHEAD_SM90_SCHED=coop. */
+void tkd_lmhead_sm90_ws_set_schedule(tkd_lmhead_sm90_ws *ws, tkd_lmhead_sm90_sched sched);
+
 /* V-tiles per row (ceil(V / BN)) and the floats part holds: 3 · N · tiles. */
 int tkd_lmhead_sm90_vtiles(int v);
 size_t tkd_lmhead_sm90_part_floats(int64_t n, int v);
@@ -61,8 +80,14 @@ tkd_status tkd_lmhead_sm90_logits(tkd_lmhead_sm90_ws *ws, const uint16_t *h, con
 tkd_status tkd_lmhead_sm90_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
                                  int64_t n, int d, int v, float tau, float *part);
 
-/* For the benchmark: the same GEMM with no epilogue (writes nothing); its time is the main loop's,
- * so the epilogues' cost is the difference. */
+/* Both from one pass: z as tkd_lmhead_sm90_logits, part as tkd_lmhead_sm90_stats. */
+tkd_status tkd_lmhead_sm90_logits_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h,
+                                        const uint16_t *w, int64_t n, int d, int v, float tau,
+                                        float *z, int64_t ldz, float *part);
+
+/* For the benchmark: the same GEMM with no epilogue (writes nothing: the accumulators feed a store
+ * behind a run-time condition that never holds, so no wgmma can be dropped); its time is the main
+ * loop's, so the epilogues' cost is the difference. */
 tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
                                     int64_t n, int d, int v);
 

@@ -3,6 +3,14 @@
  * accumulation order, its fp32 logits / log-sum-exps and the bf16 rounding of dS. Labelled gpu:
  * exits 77 (skipped) where no GPU answers or the build has no CUDA backend.
  *
+ * Every test runs twice, as two cmocka groups: on the default path (our sm90 logits GEMM with the
+ * row statistics in its epilogue, where the device is compute capability 9.0 and D % 8 == 0) and
+ * with TKD_KL_SM90=0 (cuBLAS + the row kernel's own statistics pass: the fallback). The tests
+ * written before the sm90 path are unchanged; test_path_engaged says which path each group ran
+ * (so a silent fallback cannot pass for the sm90 path), test_deterministic that repeated calls give
+ * the same bits, test_paths_agree that both paths give the same answers closer than to the
+ * reference.
+ *
  * Tolerances (relative unless said):
  *   loss, KD, CE: |Δ| ≤ 2e-4 + 2e-4·|ref|. The logits are fp32 sums of bf16 products (exact
  *     products, ~1e-7 relative rounding), the log-sum-exps fp32 (~1e-7 of |lse|), the per-row
@@ -30,12 +38,22 @@
 #ifdef TKD_HAVE_CUDA
 #include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
-#include "kernels/kl_loss_cuda_internal.h" /* the row kernels' launch shapes */
+#include "kernels/kl_loss_cuda_internal.h" /* the row kernels' launch shapes, the sm90 switch */
+#include "kernels/lmhead_sm90.h"
 
 #define LOSS_TOL 2e-4
 #define GRAD_TOL 1e-2
 #define EXTREME_LOSS_TOL 1e-3
 #define EXTREME_GRAD_TOL 3e-2
+/* sm90 path against the fallback on the same inputs: the logits differ only in fp32 summation
+ * order (~1e-7 relative), so the losses agree to ~1e-6; dS may round to the neighbouring bf16 value
+ * where the fp32 value sits near a rounding boundary (≤ 2^-8 relative on those elements, a few of
+ * them), so dH and dW agree far inside one bf16 step in norm. */
+#define PATHS_LOSS_TOL 1e-5
+#define PATHS_GRAD_TOL 4e-3
+
+/* 1 in the group that runs with TKD_KL_SM90=0 (main sets the environment before each group). */
+static int g_fallback;
 
 /* ---- a synthetic batch cut from full teacher logits ----------------------------------------- */
 
@@ -601,6 +619,132 @@ static void test_against_cpu_path(void **state)
     case_free(c);
 }
 
+/* The path the group meant is the path the workspace takes: the sm90 GEMM on compute capability
+ * 9.0 unless TKD_KL_SM90=0, never for D % 8 != 0 or for `tail`. */
+static void test_path_engaged(void **state)
+{
+    (void)state;
+    const int sm90 = tkd_lmhead_sm90_supported() == TKD_OK;
+    tkd_error_clear();
+    tkd_kl_params p;
+    params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 8, 0);
+    tkd_kl_cuda_ws *ws = NULL;
+    assert_int_equal(tkd_kl_cuda_ws_create(&ws, &p, 21, 40, 1003), TKD_OK);
+    printf("path: %s (device %s compute capability 9.0, TKD_KL_SM90 %s)\n",
+           ws->lm ? "sm90 logits GEMM + fused statistics" : "cuBLAS + row-kernel statistics",
+           sm90 ? "is" : "is not", g_fallback ? "= 0" : "unset");
+    if (sm90 && !g_fallback && !ws->lm)
+        fail_msg("the workspace did not take the sm90 path on an sm_90 device");
+    if (g_fallback && ws->lm)
+        fail_msg("TKD_KL_SM90=0 did not force the cuBLAS fallback");
+    assert_int_equal(tkd_kl_cuda_sm90_on(ws, &p), ws->lm != NULL);
+    p.variant = TKD_KL_VARIANT_TAIL;
+    assert_int_equal(tkd_kl_cuda_sm90_on(ws, &p), 0); /* tail: the row kernel's own pass */
+    if (ws->lm) { /* the LSE flag is refused where it cannot be right */
+        assert_int_equal(tkd_kl_cuda_chunk_rows(ws, &p, NULL, (tkd_kl_cuda_rows_mode)
+                                                (TKD_KL_CUDA_ROWS_STATS | TKD_KL_CUDA_ROWS_LSE_GIVEN),
+                                                0, 1, 1.0f), TKD_ERR_INVALID_ARG);
+    }
+    tkd_kl_cuda_ws_free(ws);
+    assert_int_equal(tkd_kl_cuda_ws_create(&ws, &p, 21, 36, 1003), TKD_OK); /* D % 8 != 0 */
+    assert_null(ws->lm);
+    tkd_kl_cuda_ws_free(ws);
+}
+
+/* Host copies of one run's outputs. */
+typedef struct run_out {
+    tkd_kl_result res;
+    float *dh, *dw;
+} run_out;
+
+static run_out run_copy(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
+{
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    run_out o;
+    gpu_run(x, c, p, 1.0f, &o.res);
+    o.dh = malloc(nh * 4 + 4), o.dw = malloc(nw * 4 + 4);
+    assert_true(o.dh && o.dw);
+    memcpy(o.dh, x->h_dh, nh * 4), memcpy(o.dw, x->h_dw, nw * 4);
+    return o;
+}
+
+/* A case with several chunks, many GEMM tiles and several CTAs (N 300 in chunks of 128, V 5000). */
+static gcase *big_case(void) { return case_make(300, 256, 5000, 8, 4, 1.5, 61, 0.15f); }
+
+/* Two runs of the same call give the same loss, dH and dW, bit for bit (renorm, sampled and tail,
+ * both modes): no atomics in the order of any sum. */
+static void test_deterministic(void **state)
+{
+    (void)state;
+    gcase *c = big_case();
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    for (int var = 0; var < 3; var++)
+        for (int gif = 0; gif < 2; gif++) {
+            tkd_kl_params p;
+            params_set(&p, 8, (tkd_kl_variant)var, 1.5f, 0.6f, 8, 4, 128, gif);
+            gpu_ctx x = {0};
+            ctx_init(&x, c, &p);
+            run_out a = run_copy(&x, c, &p), b = run_copy(&x, c, &p);
+            const char *what = tkd_kl_variant_name((tkd_kl_variant)var);
+            if (memcmp(&a.res.loss, &b.res.loss, sizeof(double)) != 0)
+                fail_msg("%s %s: loss %.17g then %.17g", what, gif ? "gif" : "recompute", a.res.loss, b.res.loss);
+            for (size_t i = 0; i < nh; i++)
+                if (memcmp(&a.dh[i], &b.dh[i], 4) != 0)
+                    fail_msg("%s %s: dH[%zu] %.9g then %.9g", what, gif ? "gif" : "recompute", i, a.dh[i], b.dh[i]);
+            for (size_t i = 0; i < nw; i++)
+                if (memcmp(&a.dw[i], &b.dw[i], 4) != 0)
+                    fail_msg("%s %s: dW[%zu] %.9g then %.9g", what, gif ? "gif" : "recompute", i, a.dw[i], b.dw[i]);
+            free(a.dh), free(a.dw), free(b.dh), free(b.dw);
+            ctx_free(&x);
+        }
+    case_free(c);
+}
+
+/* The sm90 path and the fallback on one workspace (tkd_kl_cuda_ws_set_sm90), both modes, renorm
+ * and sampled, τ 1 and 2.5: the loss within PATHS_LOSS_TOL, dH and dW within PATHS_GRAD_TOL.
+ * Where the workspace has no sm90 GEMM (fallback group, other devices) it checks the refusal. */
+static void test_paths_agree(void **state)
+{
+    (void)state;
+    gcase *c = big_case();
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    for (int var = 0; var < 3; var += 2)
+        for (int ti = 0; ti < 2; ti++)
+            for (int gif = 0; gif < 2; gif++) {
+                tkd_kl_params p;
+                params_set(&p, 8, (tkd_kl_variant)var, ti ? 2.5f : 1.0f, 0.6f, 8, 4, 128, gif);
+                gpu_ctx x = {0};
+                ctx_init(&x, c, &p);
+                if (!x.ws->lm) {
+                    assert_int_equal(tkd_kl_cuda_ws_set_sm90(x.ws, 1), TKD_ERR_UNSUPPORTED);
+                    printf("paths agree: no sm90 GEMM in this group, nothing to compare\n");
+                    ctx_free(&x);
+                    case_free(c);
+                    return;
+                }
+                run_out a = run_copy(&x, c, &p);
+                assert_int_equal(tkd_kl_cuda_ws_set_sm90(x.ws, 0), TKD_OK);
+                run_out b = run_copy(&x, c, &p);
+                double dl = fabs(a.res.loss - b.res.loss) / (1.0 + fabs(b.res.loss)), num = 0, den = 0, ew;
+                for (size_t i = 0; i < nh; i++)
+                    num += (a.dh[i] - b.dh[i]) * (double)(a.dh[i] - b.dh[i]), den += b.dh[i] * (double)b.dh[i];
+                const double eh = sqrt(num / fmax(den, 1e-300));
+                num = den = 0;
+                for (size_t i = 0; i < nw; i++)
+                    num += (a.dw[i] - b.dw[i]) * (double)(a.dw[i] - b.dw[i]), den += b.dw[i] * (double)b.dw[i];
+                ew = sqrt(num / fmax(den, 1e-300));
+                printf("sm90 vs cuBLAS %s tau %g %s: loss %.2e dH %.2e dW %.2e\n",
+                       tkd_kl_variant_name((tkd_kl_variant)var), p.temperature,
+                       gif ? "grad_in_forward" : "recompute", dl, eh, ew);
+                if (!(dl <= PATHS_LOSS_TOL && eh <= PATHS_GRAD_TOL && ew <= PATHS_GRAD_TOL))
+                    fail_msg("sm90 vs cuBLAS: loss %.3g (tol %.1g), dH %.3g, dW %.3g (tol %.1g)", dl,
+                             PATHS_LOSS_TOL, eh, ew, PATHS_GRAD_TOL);
+                free(a.dh), free(a.dw), free(b.dh), free(b.dw);
+                ctx_free(&x);
+            }
+    case_free(c);
+}
+
 /* A workspace the device cannot hold is TKD_ERR_DEVICE_OOM, not an abort. */
 static void test_device_oom(void **state)
 {
@@ -618,13 +762,27 @@ int main(void)
 {
     tkd_test_require_gpu();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_path_engaged),
         cmocka_unit_test(test_variant_grid),     cmocka_unit_test(test_awkward_shapes),
         cmocka_unit_test(test_row_block_sizes),  cmocka_unit_test(test_extreme_logits),
         cmocka_unit_test(test_tail_tiny_one_minus_q),   cmocka_unit_test(test_scale_and_accumulate),
         cmocka_unit_test(test_all_masked),       cmocka_unit_test(test_bad_teacher_data),
         cmocka_unit_test(test_against_cpu_path), cmocka_unit_test(test_device_oom),
+        cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_paths_agree),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* The workspace reads TKD_KL_SM90 when it is made: first the default, then the fallback. */
+    int failed = 0;
+    for (g_fallback = 0; g_fallback < 2; g_fallback++) {
+        if (g_fallback)
+            setenv("TKD_KL_SM90", "0", 1);
+        else
+            unsetenv("TKD_KL_SM90");
+        failed += cmocka_run_group_tests_name(g_fallback ? "kl_loss, TKD_KL_SM90=0 (cuBLAS fallback)"
+                                                         : "kl_loss, default path (sm90 where it runs)",
+                                              tests, NULL, NULL);
+    }
+    unsetenv("TKD_KL_SM90");
+    return failed;
 }
 
 #else /* no CUDA backend in this build */

@@ -2,7 +2,10 @@
  * epilogue against a CPU float64 reference and against cuBLAS (bf16 -> fp32, same inputs), and the
  * statistics epilogue's log-sum-exps against a float64 reference, over awkward shapes (N, V not
  * multiples of the 128 x 256 tile, one row, one column, D not a multiple of 64) and rows of huge
- * and tiny logits. Labelled gpu: exits 77 where no GPU answers or it is not compute capability 9.0.
+ * and tiny logits; the fused logits + statistics epilogue (the loss's pass) against the two
+ * separate ones, bit for bit. Every test runs under both schedules (ping-pong, then cooperative: two
+ * cmocka groups, named so), and the partials must not depend on the schedule or the grid.
+ * Labelled gpu: exits 77 where no GPU answers or it is not compute capability 9.0.
  *
  * Tolerances. The inputs are bf16, so every product h_k·w_k is exact in fp32 (8 + 8 significand
  * bits) and the only error is the fp32 summation over D: any order of D − 1 fp32 additions is
@@ -42,6 +45,9 @@
 #define REL_NORM_TOL 1e-5
 #define LSE_TOL 1e-5
 #define MAX_PRINTS 8 /* failures printed per check; all are counted */
+
+/* The running group's schedule (setup_pingpong / setup_coop set it on the workspace). */
+static tkd_lmhead_sm90_sched g_sched;
 
 /* Inputs: h (N, D), w (V, D) bf16, on the host as bits and doubles and on the device; the row
  * norms ‖h_i‖₂, ‖w_v‖₂. */
@@ -137,8 +143,9 @@ static void diagnose(const inputs *in, double got, int64_t i, int v)
                "(a wrong sum: K steps missed or doubled, stale or garbage data)\n", (long long)i, v);
 }
 
-/* Wrong elements by position in the output tile: rows in blocks of 16 (a consumer warp each; 0-3
- * warpgroup 1, 4-7 warpgroup 2), columns in blocks of 32. */
+/* Wrong elements by position in a 128 x 256 block of the output: rows in blocks of 16 (a consumer
+ * warp each; cooperative: 0-3 warpgroup 1, 4-7 warpgroup 2; ping-pong: 0-3 the even 64-row tiles,
+ * 4-7 the odd ones, i.e. one warpgroup each on one CTA), columns in blocks of 32. */
 typedef struct fail_map { int rows[8], cols[8]; } fail_map;
 
 static void fail_map_print(const fail_map *f, const char *what)
@@ -256,12 +263,14 @@ static void f32_row(const inputs *in, int64_t i, double *z, const void *ctx)
 }
 
 /* Small shapes against float64, with the full grid and with one CTA (all tiles through one
- * pipeline, so its stages wrap and its phases flip across tiles). */
+ * pipeline, so its stages wrap and its phases flip across tiles); D = 8 and 40 as the loss's tests
+ * use (one K step, mostly zero-filled). */
 static void test_logits_vs_f64(void **state)
 {
     tkd_lmhead_sm90_ws *ws = *state;
     const int shapes[][3] = {{1, 64, 1},   {63, 64, 127},  {65, 128, 129}, {200, 64, 1000},
-                             {130, 200, 257}, {300, 2048, 700}, {129, 64, 513}};
+                             {130, 200, 257}, {300, 2048, 700}, {129, 64, 513}, {37, 8, 1003},
+                             {50, 40, 9000}};
     int bad = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 100 + s, 0);
@@ -394,29 +403,100 @@ static void test_lse_vs_f64(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* One CTA and three CTAs give the same partials, bit for bit, as the full grid. */
+/* Compares partials (pf floats) bit for bit; prints up to MAX_PRINTS differences. */
+static int same_partials(const float *got, const float *ref, size_t pf, int v, const char *what)
+{
+    int bad = 0;
+    const size_t tiles = (size_t)tkd_lmhead_sm90_vtiles(v);
+    for (size_t i = 0; i < pf; i++)
+        if (memcmp(&got[i], &ref[i], 4) != 0 && bad++ < MAX_PRINTS)
+            printf("  %s: partial %zu (plane %zu, row %zu, tile %zu): %.9g vs %.9g of the full grid\n",
+                   what, i, i / (pf / 3), i % (pf / 3) / tiles, i % tiles, got[i], ref[i]);
+    return bad;
+}
+
+/* One, two and three CTAs, and the other schedule, give the same partials, bit for bit, as the
+ * full grid (each tile is computed alike wherever it runs; ping-pong on 1 or 2 CTAs hands a CTA's
+ * tiles to its two consumers in another order than the full grid does). */
 static void test_stats_grid_invariant(void **state)
 {
     tkd_lmhead_sm90_ws *ws = *state;
-    inputs in = inputs_make(300, 128, 20000, 400, 1); /* 3 x 79 tiles */
+    inputs in = inputs_make(300, 128, 20000, 400, 1); /* 3 x 79 tiles (5 x 79 in ping-pong) */
     const size_t pf = tkd_lmhead_sm90_part_floats(in.n, in.v);
     float *dp = tkd_test_dev_alloc(pf * 4), *ref = tkd_test_xmalloc(pf * 4), *got = tkd_test_xmalloc(pf * 4);
+    const int ctas[] = {0, 1, 2, 3, 0};
     int bad = 0;
-    for (int g = 0; g < 3; g++) {
-        tkd_lmhead_sm90_ws_set_max_ctas(ws, g == 0 ? 0 : g == 1 ? 1 : 3);
+    for (int g = 0; g < 5; g++) {
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas[g]);
+        if (g == 4) /* the other schedule */
+            tkd_lmhead_sm90_ws_set_schedule(ws, g_sched == TKD_LMHEAD_SM90_SCHED_COOP
+                                                    ? TKD_LMHEAD_SM90_SCHED_PINGPONG
+                                                    : TKD_LMHEAD_SM90_SCHED_COOP);
         tkd_test_poison(dp, pf * 4);
         tkd_test_ok(tkd_lmhead_sm90_stats(ws, in.dh, in.dw, in.n, in.d, in.v, 2.0f, dp), "stats");
         tkd_test_ok(tkd_lmhead_sm90_sync(ws), "stats sync");
         tkd_test_to_host(g ? got : ref, dp, pf * 4, NULL);
-        for (size_t i = 0; g && i < pf; i++)
-            if (memcmp(&got[i], &ref[i], 4) != 0 && bad++ < MAX_PRINTS)
-                printf("  stats with %d CTA(s): partial %zu (plane %zu, row %zu, tile %zu): %.9g vs %.9g\n",
-                       g == 1 ? 1 : 3, i, i / (pf / 3), i % (pf / 3) / tkd_lmhead_sm90_vtiles(in.v),
-                       i % (size_t)tkd_lmhead_sm90_vtiles(in.v), got[i], ref[i]);
+        char what[96];
+        snprintf(what, sizeof what, "stats with %s", g == 4 ? "the other schedule (full grid)"
+                                                            : ctas[g] == 1 ? "1 CTA" : ctas[g] == 2 ? "2 CTAs" : "3 CTAs");
+        if (g)
+            bad += same_partials(got, ref, pf, in.v, what);
     }
     tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+    tkd_lmhead_sm90_ws_set_schedule(ws, g_sched);
     cudaFree(dp), free(ref), free(got);
     inputs_free(&in);
+    assert_int_equal(bad, 0);
+}
+
+/* The loss's pass: logits_stats writes the same logits as the logits epilogue and the same
+ * partials as the stats epilogue, bit for bit (the same accumulators), into a z with the loss's
+ * padded row stride; columns [V, ldz) and a guard row stay untouched. One CTA and the full grid;
+ * τ = 1 (and 2.5: the two-exp path); ragged N, V and D. */
+static void test_logits_stats(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    const int shapes[][3] = {{37, 40, 1003}, {300, 2048, 5000}, {1, 8, 5}, {517, 200, 3001}};
+    int bad = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 600 + s, s == 0);
+        const int64_t ldz = (in.v + 15) / 16 * 16 + 16; /* the loss's ldl, plus guard columns */
+        const size_t pf = tkd_lmhead_sm90_part_floats(in.n, in.v), zb = (size_t)(in.n + 1) * ldz * 4;
+        float *dz = tkd_test_dev_alloc(zb), *dp = tkd_test_dev_alloc(pf * 4);
+        float *z = tkd_test_xmalloc(zb), *zref = run_logits(ws, &in, ldz);
+        float *part = tkd_test_xmalloc(pf * 4), *pref = tkd_test_xmalloc(pf * 4);
+        for (int ctas = 0; ctas <= 1; ctas++)
+            for (int ti = 0; ti < 2; ti++) {
+                const float tau = ti ? 2.5f : 1.0f;
+                tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
+                tkd_test_poison(dz, zb), tkd_test_poison(dp, pf * 4);
+                tkd_test_ok(tkd_lmhead_sm90_stats(ws, in.dh, in.dw, in.n, in.d, in.v, tau, dp), "stats");
+                tkd_test_ok(tkd_lmhead_sm90_sync(ws), "stats sync");
+                tkd_test_to_host(pref, dp, pf * 4, NULL);
+                tkd_test_poison(dp, pf * 4);
+                tkd_test_ok(tkd_lmhead_sm90_logits_stats(ws, in.dh, in.dw, in.n, in.d, in.v, tau, dz,
+                                                         ldz, dp), "logits_stats");
+                tkd_test_ok(tkd_lmhead_sm90_sync(ws), "logits_stats sync");
+                tkd_test_to_host(z, dz, zb, NULL);
+                tkd_test_to_host(part, dp, pf * 4, NULL);
+                char what[96];
+                snprintf(what, sizeof what, "logits_stats %lldx%dx%d tau %g%s", (long long)in.n, in.d,
+                         in.v, tau, ctas ? " (1 CTA)" : "");
+                bad += same_partials(part, pref, pf, in.v, what);
+                for (int64_t i = 0; i < (in.n + 1) * ldz; i++) {
+                    const int in_z = i / ldz < in.n && i % ldz < in.v;
+                    const int ok = in_z ? memcmp(&z[i], &zref[i], 4) == 0 : is_poison(z[i]);
+                    if (!ok && bad++ < MAX_PRINTS)
+                        printf("  %s: z row %lld col %lld: %.9g, expected %s %.9g\n", what,
+                               (long long)(i / ldz), (long long)(i % ldz), z[i],
+                               in_z ? "the logits epilogue's" : "untouched poison", in_z ? zref[i] : 0.0);
+                }
+            }
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+        cudaFree(dz), cudaFree(dp);
+        free(z), free(zref), free(part), free(pref);
+        inputs_free(&in);
+    }
     assert_int_equal(bad, 0);
 }
 
@@ -431,13 +511,17 @@ static void test_arguments(void **state)
     assert_int_equal(tkd_lmhead_sm90_stats(ws, in.dh, in.dw, 8, 64, 16, 0.0f, dz), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_lmhead_sm90_logits(ws, in.dh, in.dw, 8, 64, 16, dz, 17), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_lmhead_sm90_logits(ws, in.dh + 1, in.dw, 7, 64, 16, dz, 18), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_sm90_logits_stats(ws, in.dh, in.dw, 8, 64, 16, 1.0f, dz, 17, dz),
+                     TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_sm90_logits_stats(ws, in.dh, in.dw, 8, 64, 16, -1.0f, dz, 18, dz),
+                     TKD_ERR_INVALID_ARG);
     tkd_test_ok(tkd_lmhead_sm90_mainloop(ws, in.dh, in.dw, 8, 64, 16), "mainloop (the benchmark's)");
     tkd_test_ok(tkd_lmhead_sm90_sync(ws), "sync");
     cudaFree(dz);
     inputs_free(&in);
 }
 
-static int setup(void **state)
+static int setup(void **state, tkd_lmhead_sm90_sched sched)
 {
     tkd_lmhead_sm90_ws *ws = NULL;
     tkd_status st = tkd_lmhead_sm90_ws_create(&ws);
@@ -445,9 +529,15 @@ static int setup(void **state)
         printf("lmhead_sm90 workspace: %s: %s\n", tkd_status_name(st), tkd_error_msg());
         return -1;
     }
+    g_sched = sched;
+    tkd_lmhead_sm90_ws_set_schedule(ws, sched);
+    printf("---- schedule: %s\n", sched == TKD_LMHEAD_SM90_SCHED_COOP ? "cooperative" : "ping-pong");
     *state = ws;
     return 0;
 }
+
+static int setup_pingpong(void **state) { return setup(state, TKD_LMHEAD_SM90_SCHED_PINGPONG); }
+static int setup_coop(void **state) { return setup(state, TKD_LMHEAD_SM90_SCHED_COOP); }
 
 static int teardown(void **state)
 {
@@ -470,8 +560,11 @@ int main(void)
         cmocka_unit_test(test_logits_vs_cublas),
         cmocka_unit_test(test_lse_vs_f64),
         cmocka_unit_test(test_stats_grid_invariant),
+        cmocka_unit_test(test_logits_stats),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int failed = cmocka_run_group_tests_name("lmhead_sm90 ping-pong", tests, setup_pingpong, teardown);
+    failed += cmocka_run_group_tests_name("lmhead_sm90 cooperative", tests, setup_coop, teardown);
+    return failed;
 #else
     return 77;
 #endif
