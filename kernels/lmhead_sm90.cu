@@ -27,8 +27,6 @@
  */
 #include "kernels/lmhead_sm90.h"
 
-#include <cuda.h>         /* CUtensorMap and its enums (types only: nothing links libcuda) */
-#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -36,6 +34,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
+#include "kernels/sm90_common.cuh"
 
 struct tkd_lmhead_sm90_ws {
     unsigned *err; /* device: non-zero after a pipeline wait timed out */
@@ -43,6 +42,8 @@ struct tkd_lmhead_sm90_ws {
 };
 
 namespace {
+
+using namespace tkd_sm90;
 
 constexpr int kBM = TKD_LMHEAD_SM90_BM, kBN = TKD_LMHEAD_SM90_BN, kBK = 64, kStages = 4;
 constexpr int kConsumers = 2;                 /* consumer warpgroups, 64 tile rows each */
@@ -53,8 +54,6 @@ constexpr uint32_t kBytesA = kBM * kBK * 2, kBytesB = kBN * kBK * 2;
 constexpr uint32_t kStageBytes = kBytesA + kBytesB; /* 48 KB */
 constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + 2 * kStages * 8;
 constexpr float kLog2e = 1.4426950408889634f;
-/* A wait longer than this is a broken pipeline (legitimate waits are microseconds). */
-constexpr unsigned long long kWaitLimitNs = 4000000000ull;
 static_assert(kBK * 2 == 128, "a K step is one 128-byte swizzle span");
 static_assert(kBytesA % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles need 1024-byte alignment");
 
@@ -74,91 +73,7 @@ struct Params {
     unsigned *err;
 };
 
-/* ---- PTX wrappers: shared-memory addresses, mbarriers, TMA, wgmma ---------------------------- */
-
-__device__ inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ inline unsigned long long globaltimer_ns()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ inline void mbar_init(uint32_t bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ inline bool mbar_try_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t ok;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-    return ok != 0;
-}
-
-/* Waits until the phase of parity `parity` of bar completed. Bounded: after kWaitLimitNs it sets
- * *err, marks this thread failed and returns; a failed thread never waits again, so a broken
- * pipeline ends the kernel (with garbage) instead of hanging it. */
-__device__ inline void mbar_wait(uint32_t bar, uint32_t parity, bool &failed, unsigned *err)
-{
-    if (failed)
-        return;
-    for (int spin = 0; spin < 1024; spin++) /* the common case: no clock reads */
-        if (mbar_try_wait(bar, parity))
-            return;
-    const unsigned long long t0 = globaltimer_ns();
-    while (!mbar_try_wait(bar, parity))
-        if (globaltimer_ns() - t0 > kWaitLimitNs) {
-            failed = true;
-            atomicOr(err, 1u);
-            return;
-        }
-}
-
-__device__ inline void mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-__device__ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-/* The box of tm at (x = K column, y = row) into shared dst, completing bytes on bar. */
-__device__ inline void tma_load_2d(uint32_t dst, const CUtensorMap *tm, int x, int y, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(dst), "l"((uint64_t)tm), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-
-/* wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle layout whose rows are
- * 128 bytes apart: start address >> 4 (bits 0-13), leading offset 16 B (unused by this layout,
- * bits 16-29), stride 1024 B between 8-row groups (bits 32-45), base offset 0 (1024-aligned),
- * layout 1 = 128-byte swizzle (bits 62-63). */
-__device__ inline uint64_t smem_desc(uint32_t addr)
-{
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-
-/* Keeps the compiler from moving accumulator reads or writes across a wgmma wait. */
-__device__ inline void fence_acc(float (&d)[kAcc])
-{
-#pragma unroll
-    for (int i = 0; i < kAcc; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
+/* ---- wgmma m64n256k16 (the helpers around it: sm90_common.cuh) ----------------------------- */
 
 /* d (64 x 256 of this warpgroup, fp32 fragment) (+)= A (64 x 16) · B (256 x 16)ᵀ, both operands in shared
  * memory (descriptors); accumulate = 0 overwrites d. */
@@ -203,21 +118,6 @@ __device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a(base, 
 __device__ inline uint32_t full_bar(uint32_t base, int s) { return base + kStages * kStageBytes + 8 * s; }
 __device__ inline uint32_t empty_bar(uint32_t base, int s) { return full_bar(base, kStages + s); }
 
-/* A position in the ring: stage and the parity of its current phase. */
-struct Ring {
-    int stage;
-    uint32_t phase;
-    bool failed; /* a wait of this thread timed out (mbar_wait) */
-};
-
-__device__ inline void ring_next(Ring &r)
-{
-    if (++r.stage == kStages) {
-        r.stage = 0;
-        r.phase ^= 1u;
-    }
-}
-
 /* Tile t's (M-tile, V-tile): groups of kGroupM M-tiles (fewer in the last group), each group
  * swept along V with its M-tiles innermost. */
 __device__ inline void tile_coords(long long t, const Params &p, int &mi, int &ni)
@@ -236,7 +136,7 @@ __device__ inline void tile_coords(long long t, const Params &p, int &mi, int &n
 __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const Params &p,
                         uint32_t base)
 {
-    Ring r = {0, 0u, false};
+    Ring<kStages> r;
     for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
         int mi, ni;
         tile_coords(t, p, mi, ni);
@@ -246,7 +146,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorM
             mbar_arrive_expect_tx(full, kStageBytes); /* zero-filled bytes count too */
             tma_load_2d(stage_a(base, r.stage), tm_h, kt * kBK, mi * kBM, full);
             tma_load_2d(stage_b(base, r.stage), tm_w, kt * kBK, ni * kBN, full);
-            ring_next(r);
+            r.next();
         }
     }
 }
@@ -254,7 +154,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorM
 /* One consumer warpgroup (cw = 0, 1: tile rows 64·cw..) over all K steps of a tile: acc (its
  * 64 x 256 block) = H_tile · W_tileᵀ. One K step of wgmma stays in flight; a stage is released
  * (one arrival per warp) once the wgmma that read it has completed. */
-__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, uint32_t base, int cw, Ring &r)
+__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, uint32_t base, int cw, Ring<kStages> &r)
 {
     int prev = -1;
     for (int kt = 0; kt < p.ktiles; kt++) {
@@ -273,10 +173,10 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, ui
                 mbar_arrive(empty_bar(base, prev));
         }
         prev = r.stage;
-        ring_next(r);
+        r.next();
     }
     wgmma_wait<0>();
-    fence_acc(acc);
+    fence_regs(acc);
     if ((threadIdx.x & 31) == 0)
         mbar_arrive(empty_bar(base, prev));
 }
@@ -314,14 +214,6 @@ __device__ __forceinline__ void store_logits(const float (&acc)[kAcc], const Par
                 zr[col] = acc[4 * j + 2 * h];
         }
     }
-}
-
-/* 2^x on the special-function unit; subnormal results flush to 0 (-inf gives 0). */
-__device__ inline float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
 }
 
 /* Accumulator (j, h, e) of the fragment, or -inf where its column is at or past V. */
@@ -412,7 +304,7 @@ __device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
 #pragma unroll
     for (int i = 0; i < kAcc; i++)
         acc[i] = 0.0f; /* the first wgmma of a tile overwrites; this only keeps them defined */
-    Ring r = {0, 0u, false};
+    Ring<kStages> r;
     for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
         int mi, ni;
         tile_coords(t, p, mi, ni);
@@ -438,7 +330,7 @@ lmhead_kernel(const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ 
             mbar_init(full_bar(base, s), 1);                  /* the producer's expect_tx */
             mbar_init(empty_bar(base, s), 4 * kConsumers);    /* one arrival per consumer warp */
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     if (threadIdx.x < 128) {
@@ -485,39 +377,13 @@ __global__ void lse_combine_kernel(const float *part, long long n, int T, float 
 
 /* ---- host side ----------------------------------------------------------------------------------- */
 
-/* cuTensorMapEncodeTiled from the driver through the runtime (no libcuda link); NULL if absent. */
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn()
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = []() {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                             &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            f = NULL;
-        return (PFN_cuTensorMapEncodeTiled_v12000)f;
-    }();
-    return fn;
-}
-
 /* Tensor map of a row-major (rows, d) bf16 matrix, boxes of 64 columns x box_rows rows, 128-byte
  * swizzle, zero fill out of range. */
 tkd_status make_tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int d, int box_rows)
 {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
-    if (!encode)
-        return tkd_error_set(TKD_ERR_DEVICE, "lmhead_sm90: the driver has no cuTensorMapEncodeTiled");
     const cuuint64_t dims[2] = {(cuuint64_t)d, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)d * 2};
-    const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows};
-    const cuuint32_t elem[2] = {1, 1};
-    CUresult r = encode(tm, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)ptr, dims, strides, box, elem,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return tkd_error_set(TKD_ERR_DEVICE, "lmhead_sm90: cuTensorMapEncodeTiled (%lld x %d, box %d) "
-                             "failed: CUresult %d", rows, d, box_rows, (int)r);
-    return TKD_OK;
+    return tkd_sm90::make_tmap(tm, ptr, 2, dims, strides, box_rows, "lmhead_sm90");
 }
 
 tkd_status check_shape(const uint16_t *h, const uint16_t *w, int64_t n, int d, int v)
@@ -570,15 +436,8 @@ tkd_status launch(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, 
 
 extern "C" tkd_status tkd_lmhead_sm90_supported(void)
 {
-    int dev = 0, major = 0, minor = 0;
-    TKD_CUDA_CHECK(cudaGetDevice(&dev));
-    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "lmhead_sm90: device %d is compute capability "
-                             "%d.%d; this GEMM is built for 9.0 (sm_90a) only; use the cuBLAS path",
-                             dev, major, minor);
-    return TKD_OK;
+    tkd_status st = check_cc90("lmhead_sm90");
+    return st == TKD_ERR_UNSUPPORTED ? tkd_error_hint(st, "use the cuBLAS path") : st;
 }
 
 extern "C" tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out)
