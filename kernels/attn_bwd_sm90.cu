@@ -104,7 +104,10 @@ struct Params {
 
 /* The CTA's passes: resident tiles blockIdx.x and ntiles − 1 − blockIdx.x (one pass when equal). */
 __device__ inline int n_passes(int ntiles) { return 2 * (int)blockIdx.x + 1 == ntiles ? 1 : 2; }
-__device__ inline int pass_tile(int pass, int ntiles) { return pass == 0 ? (int)blockIdx.x : ntiles - 1 - (int)blockIdx.x; }
+__device__ inline int pass_tile(int pass, int ntiles)
+{
+    return pass == 0 ? (int)blockIdx.x : ntiles - 1 - (int)blockIdx.x;
+}
 
 /* dQ kernel: the last 64-key tile that query rows [q0, q0 + 128) see. */
 __device__ inline int last_key_tile(int q0, int T) { return (min(q0 + kRes, T) - 1) / kStr; }
@@ -356,7 +359,8 @@ __device__ void dkv_produce(const CUtensorMap *tk, const CUtensorMap *tv, const 
         for (int s = 0; s < p.grp * per_h; s++) {
             const int h = g * p.grp + s / per_h, q0 = k0 + (s % per_h) * kStr;
             const uint32_t full = stage_acquire(r, bar0, 2 * S::kStrTile + 2 * kStr * 4, p.err);
-            const uint32_t st = base + S::kStage0 + 2 * r.stage * S::kStrTile, vec = base + S::kVec + r.stage * 2 * kStr * 4;
+            const uint32_t st = base + S::kStage0 + 2 * r.stage * S::kStrTile;
+            const uint32_t vec = base + S::kVec + r.stage * 2 * kStr * 4;
             load_tile<DH>(st, tq, S::kStrBox, h * DH, q0, b, full);
             load_tile<DH>(st + S::kStrTile, tdy, S::kStrBox, h * DH, q0, b, full);
             const int64_t w = ((int64_t)b * p.H + h) * p.Tp + q0; /* q0 + 64 ≤ Tp: prep padded */
