@@ -66,7 +66,7 @@ constexpr int kRows = 64;                /* rows per consumer warpgroup (wgmma M
 constexpr int kConsumers = 2;
 constexpr int kRes = kRows * kConsumers; /* resident tile rows */
 constexpr int kStr = 64;                 /* streamed tile rows per step */
-constexpr int kStages = 2;
+constexpr int kStages = 3; /* a step is ~1 µs of wgmma: two loads in flight cover TMA latency */
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr double kLog2e = 1.4426950408889634;
 static_assert(kRes == TKD_ATTN_BWD_PAD, "the dQ kernel reads 128 lse2/D values per tile from the padded workspace");
@@ -80,10 +80,10 @@ struct Smem {
     static constexpr uint32_t kResTile = kResBox * (DH / 64), kStrTile = kStrBox * (DH / 64);
     static constexpr uint32_t kStage0 = 2 * kResTile;
     static constexpr uint32_t kVec = kStage0 + 2 * kStages * kStrTile;
-    static constexpr uint32_t kVecBytes = 2 * kRes * 4;
+    static constexpr uint32_t kVecStage = kStages * 2 * kStr * 4, kVecRes = 2 * kRes * 4;
+    static constexpr uint32_t kVecBytes = kVecStage > kVecRes ? kVecStage : kVecRes;
     static constexpr uint32_t kBar = kVec + kVecBytes;
     static constexpr size_t kBytes = 1024 + kBar + 8 * (2 * kStages + 2);
-    static_assert(kStages * 2 * kStr * 4 <= kVecBytes, "dK/dV vectors fit");
     static_assert(kResBox % 1024 == 0 && kStrBox % 1024 == 0, "swizzled boxes need 1024-byte alignment");
 };
 
