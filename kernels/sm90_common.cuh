@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_mem.h"
 
 namespace tkd_sm90 {
 
@@ -155,6 +156,69 @@ __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.al
 template <int N>
 __device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 
+/* ---- wgmma instructions (bf16 × bf16 → fp32) -------------------------------------------------- *
+ * Accumulator operands: d[i] is %i; TKD_WG_D32_k names %32k .. %32k+31 in the instruction string and
+ * TKD_WG_ACC32(i) binds d[i .. i+31] to them. */
+#define TKD_WG_D32_0 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define TKD_WG_D32_1 \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define TKD_WG_D32_2 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define TKD_WG_D32_3 \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define TKD_WG_ACC8(i) \
+    "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
+        "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define TKD_WG_ACC32(i) TKD_WG_ACC8(i), TKD_WG_ACC8((i) + 8), TKD_WG_ACC8((i) + 16), TKD_WG_ACC8((i) + 24)
+
+/* d (64 x 256 of this warpgroup, fp32 fragment) (+)= A (64 x 16) · B (256 x 16)ᵀ, both operands K-major in
+ * shared memory (descriptors); accumulate = 0 overwrites d. */
+__device__ inline void wgmma_ss_n256(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" TKD_WG_D32_0 ", " TKD_WG_D32_1 ", "
+                 TKD_WG_D32_2 ", " TKD_WG_D32_3 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : TKD_WG_ACC32(0), TKD_WG_ACC32(32), TKD_WG_ACC32(64), TKD_WG_ACC32(96)
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* d (64 x 64, fp32 fragment) (+)= A (64 x 16) · B (64 x 16)ᵀ, both K-major in shared memory;
+ * accumulate = 0 overwrites d. */
+__device__ inline void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TKD_WG_D32_0 "}, %32, %33, "
+                 "p, 1, 1, 0, 0;\n}\n"
+                 : TKD_WG_ACC32(0)
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* d (64 x 64, fp32 fragment) += A (64 x 16, bf16 pairs in registers: the accumulator layout of a 64 x 16
+ * block) · B (16 x 64), B MN-major in shared memory (the transpose flag set). */
+__device__ inline void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TKD_WG_D32_0 "}, {%32, %33, %34, %35}, %36, "
+                 "p, 1, 1, 1;\n}\n"
+                 : TKD_WG_ACC32(0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+/* The same with B 16 x 128 (d 64 x 128). */
+__device__ inline void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" TKD_WG_D32_0 ", " TKD_WG_D32_1 "}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : TKD_WG_ACC32(0), TKD_WG_ACC32(32)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
 /* Keeps the compiler from moving reads or writes of d across a wgmma wait or fence. */
 template <int N>
 __device__ inline void fence_regs(float (&d)[N])
@@ -223,6 +287,20 @@ inline tkd_status check_cc90(const char *who)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: device %d is compute capability %d.%d; this kernel is "
                              "built for 9.0 (sm_90a) only", who, dev, major, minor);
     return TKD_OK;
+}
+
+/* Synchronises the device, then reads (and clears) a device error flag the bounded waits set:
+ * TKD_ERR_INTERNAL naming `who` when a wait timed out since the last check. */
+inline tkd_status check_wait_flag(unsigned *err, const char *who)
+{
+    TKD_CUDA_CHECK(cudaDeviceSynchronize());
+    unsigned h = 0;
+    TKD_TRY(tkd_cuda_to_host(&h, err, sizeof h));
+    if (h == 0)
+        return TKD_OK;
+    TKD_TRY(tkd_cuda_memzero(err, sizeof *err));
+    return tkd_error_set(TKD_ERR_INTERNAL, "%s: an mbarrier wait timed out (%.0f s) in a kernel launched on this "
+                         "workspace: a pipeline bug; its outputs are garbage", who, kWaitLimitNs * 1e-9);
 }
 
 } // namespace tkd_sm90
