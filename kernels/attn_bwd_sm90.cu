@@ -509,6 +509,59 @@ attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap t0, const __grid_consta
     }
 }
 
+/* ---- the probe (tests only) ---------------------------------------------------------------------- */
+
+/* c (64 rows of ldc fp32) = a 64 × N fragment of this warpgroup. */
+template <int N>
+__device__ inline void store_frag_f32(float *c, int ldc, const float (&acc)[N / 2])
+{
+    const int lane = threadIdx.x & 31, row = 16 * ((threadIdx.x / 32) & 3) + lane / 4;
+#pragma unroll
+    for (int j = 0; j < N / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) /* register 4j + i: row + 8(i / 2), column 8j + 2(lane % 4) + i % 2 */
+            c[(row + 8 * (i / 2)) * ldc + 8 * j + 2 * (lane & 3) + (i & 1)] = acc[4 * j + i];
+}
+
+/* One warpgroup runs the two wgmma paths of the kernels on A and B (64 × DH bf16, loaded by TMA as
+ * the streamed tiles are): c1 = A·Bᵀ (64 × 64, both K-major: scores), c2 = bf16(c1)·B (64 × DH:
+ * register A fragments from the accumulator, B MN-major: mma_rs). */
+template <int DH>
+__global__ void __launch_bounds__(128, 1)
+attn_bwd_sm90_probe_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, float *c1,
+                           float *c2, unsigned *err)
+{
+    extern __shared__ unsigned char smem_raw[];
+    constexpr uint32_t kBox = Smem<DH>::kStrBox, kTile = Smem<DH>::kStrTile;
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u, bar = base + 2 * kTile;
+    if (threadIdx.x == 0) {
+        mbar_init(bar, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(bar, 2 * kTile);
+        load_tile<DH>(base, &ta, kBox, 0, 0, 0, bar);
+        load_tile<DH>(base + kTile, &tb, kBox, 0, 0, 0, bar);
+    }
+    Ring<kStages> r;
+    consumer_wait(bar, 0, r, err);
+    float s[32], s2[32], acc[DH / 2];
+    scores<DH>(s, s2, base, base, kBox, base + kTile, base + kTile, kBox);
+    store_frag_f32<64>(c1, 64, s);
+    uint32_t a[4][4];
+    to_a_frags(a, s);
+    zero_regs(acc);
+    fence_regs(acc);
+    wgmma_fence();
+    mma_rs<DH>(acc, a, base + kTile, kBox);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+    fence_frags(a);
+    store_frag_f32<DH>(c2, DH, acc);
+}
+
 /* ---- host side ---------------------------------------------------------------------------------- */
 
 /* Tensor map of x (B·T, heads·dh) bf16 as (columns, T, B), boxes of 64 columns × rows rows. */
@@ -603,6 +656,23 @@ extern "C" tkd_status tkd_cuda_attn_bwd_sm90(const uint16_t *dy, const uint16_t 
     p.scale = (float)(1.0 / sqrt((double)dh));
     const Tensors x = {dy, q, k, v, B, T, H, Hkv};
     return dh == 64 ? launch<64>(x, p, dq, dk, dv, s) : launch<128>(x, p, dq, dk, dv, s);
+}
+
+extern "C" tkd_status tkd_cuda_attn_bwd_sm90_probe(const uint16_t *a, const uint16_t *b, int dh, float *c1,
+                                                   float *c2, tkd_cuda_attn_bwd_ws *ws)
+{
+    TKD_TRY(tkd_cuda_attn_bwd_sm90_supported(dh));
+    if (!a || !b || !c1 || !c2 || !ws || (((uintptr_t)a | (uintptr_t)b) & 15u) != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd_sm90_probe: bad pointer");
+    CUtensorMap ta, tb;
+    TKD_TRY(tmap_of(&ta, a, 1, kStr, 1, dh, kStr));
+    TKD_TRY(tmap_of(&tb, b, 1, kStr, 1, dh, kStr));
+    auto kernel = dh == 64 ? attn_bwd_sm90_probe_kernel<64> : attn_bwd_sm90_probe_kernel<128>;
+    const size_t smem = 1024 + 2 * (size_t)kStr * dh * 2 + 8;
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<1, 128, smem>>>(ta, tb, c1, c2, ws->err);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return check_wait_flag(ws->err, "tkd_cuda_attn_bwd_sm90_probe");
 }
 
 extern "C" tkd_status tkd_cuda_attn_bwd_sm90_check(tkd_cuda_attn_bwd_ws *ws)

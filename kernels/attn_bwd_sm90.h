@@ -44,6 +44,13 @@ tkd_status tkd_cuda_attn_bwd_sm90(const uint16_t *dy, const uint16_t *q, const u
  * pipeline wait time out (TKD_ERR_INTERNAL: its gradients are garbage); clears the flag. */
 tkd_status tkd_cuda_attn_bwd_sm90_check(tkd_cuda_attn_bwd_ws *ws);
 
+/* Tests only: the kernels' two wgmma paths on one tile, to tell a layout bug from a pipeline bug.
+ * a, b (64, dh) bf16 row-major on the device; c1 (64, 64) = a·bᵀ through TMA, 128-byte swizzle and
+ * K-major descriptors; c2 (64, dh) = bf16(c1)·b through register A fragments and an MN-major
+ * descriptor; fp32, row-major. Synchronous (checks ws's wait flag). dh 64 or 128, as supported. */
+tkd_status tkd_cuda_attn_bwd_sm90_probe(const uint16_t *a, const uint16_t *b, int dh, float *c1, float *c2,
+                                        tkd_cuda_attn_bwd_ws *ws);
+
 #ifdef __cplusplus
 }
 #endif

@@ -560,6 +560,76 @@ static void test_long(void **state)
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
+/* Compares got (rows × cols fp32) with ref (float64) column by column; fails naming the product, the
+ * first wrong elements and the likely culprit. An fp32 accumulation of ≤ 128 bf16 products errs by
+ * ≤ 128·2^-24 of Σ|a·b| (≤ 2^-17 ‖a‖‖b‖); 2^-12 of the row's scale passes any correct path and fails
+ * a permutation or a dropped block (O(1) errors). */
+static void probe_check(const float *got, const double *ref, const double *scale, int rows, int cols,
+                        const char *what, const char *culprit, int dh)
+{
+    int bad = 0;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            const double e = fabs(got[i * cols + j] - ref[i * cols + j]);
+            if (!(e <= 0x1p-12 * scale[i]) && bad++ < 6)
+                printf("  probe dh %d: %s[%d][%d] = %.6g, expected %.6g (row scale %.3g)\n", dh, what, i, j,
+                       (double)got[i * cols + j], ref[i * cols + j], scale[i]);
+        }
+    if (bad)
+        fail_msg("probe dh %d: %d of %d elements of %s wrong: suspect %s", dh, bad, rows * cols, what, culprit);
+}
+
+/* The wgmma paths alone, before any backward runs (tkd_cuda_attn_bwd_sm90_probe): c1 = A·Bᵀ checks
+ * TMA, the 128-byte swizzle and the K-major descriptors; c2 = bf16(c1)·B (from the GPU's own c1)
+ * checks the register A fragments and the MN-major descriptor. */
+static void test_probe(void **state)
+{
+    (void)state;
+    if (!g_wgmma)
+        skip();
+    for (int dh = 64; dh <= 128; dh += 64) {
+        const size_t n = 64 * (size_t)dh; /* elements of A, B and c2 */
+        uint16_t *a = tkd_test_rand_bf16(n, 101 + dh, 1.0f), *b = tkd_test_rand_bf16(n, 202 + dh, 1.0f);
+        double *af = tkd_test_bf16_to_f64(a, n), *bf = tkd_test_bf16_to_f64(b, n);
+        uint16_t *da = tkd_test_dev_alloc(2 * n), *db = tkd_test_dev_alloc(2 * n);
+        float *dc1 = tkd_test_dev_alloc(4 * 64 * 64), *dc2 = tkd_test_dev_alloc(4 * n);
+        tkd_test_to_dev(da, a, 2 * n), tkd_test_to_dev(db, b, 2 * n);
+        tkd_test_poison(dc1, 4 * 64 * 64), tkd_test_poison(dc2, 4 * n);
+        tkd_cuda_attn_bwd_ws *ws = NULL;
+        tkd_test_ok(tkd_cuda_attn_bwd_ws_create(&ws, 1, 64, 1, dh), "workspace");
+        tkd_test_ok(tkd_cuda_attn_bwd_sm90_probe(da, db, dh, dc1, dc2, ws), "probe");
+        float *c1 = tkd_test_xmalloc(4 * 64 * 64), *c2 = tkd_test_xmalloc(4 * n);
+        tkd_test_to_host(c1, dc1, 4 * 64 * 64, NULL), tkd_test_to_host(c2, dc2, 4 * n, NULL);
+        double *r1 = tkd_test_xmalloc(8 * 64 * 64), *r2 = tkd_test_xmalloc(8 * n);
+        double s1[64], s2[64];
+        for (int i = 0; i < 64; i++) {
+            s1[i] = s2[i] = 0;
+            for (int j = 0; j < 64; j++) {
+                double acc = 0, mag = 0;
+                for (int d = 0; d < dh; d++)
+                    acc += af[i * dh + d] * bf[j * dh + d], mag += fabs(af[i * dh + d] * bf[j * dh + d]);
+                r1[i * 64 + j] = acc, s1[i] = fmax(s1[i], mag);
+            }
+            for (int d = 0; d < dh; d++) {
+                double acc = 0, mag = 0;
+                for (int j = 0; j < 64; j++) {
+                    const double p = bf16r(c1[i * 64 + j]) * bf[j * dh + d];
+                    acc += p, mag += fabs(p);
+                }
+                r2[i * dh + d] = acc, s2[i] = fmax(s2[i], mag);
+            }
+        }
+        probe_check(c1, r1, s1, 64, 64, "c1 = A·Bᵀ", "the TMA boxes, the 128-byte swizzle or smem_desc (K-major)", dh);
+        probe_check(c2, r2, s2, 64, dh, "c2 = bf16(c1)·B",
+                    "smem_desc_mn (MN-major B: leading offset = the next 64 columns' box, stride 1024) or "
+                    "to_a_frags (accumulator → register A fragments)", dh);
+        printf("probe dh %d: both wgmma paths right\n", dh);
+        tkd_cuda_attn_bwd_ws_free(ws);
+        cudaFree(da), cudaFree(db), cudaFree(dc1), cudaFree(dc2);
+        free(a), free(b), free(af), free(bf), free(c1), free(c2), free(r1), free(r2);
+    }
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -612,6 +682,7 @@ int main(void)
         printf("wgmma backward not judged here: %s\n", tkd_error_msg());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_probe),
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_long),
     };
