@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "common/signals.h"
+#include "kernels/attn_bwd_cuda_internal.h"
 #include "kernels/attn_bwd_simple_cuda.h"
 #include "kernels/attn_bwd_sm90.h"
 #include "kernels/attn_cuda.h"
@@ -78,6 +79,7 @@ struct CudaImpl {
     Grow attn_delta;               // (B, H, T) f32: attention backward's δ
     double *norm2 = nullptr;       // (1) device: the gradient norm's sum of squares
     double *h_norm2 = nullptr;     // (1) pinned: its copy
+    unsigned *h_wait_err = nullptr; // (1) pinned: the wgmma attention backward's wait flag, read with the norm
     cudaEvent_t *marks = nullptr;  // (marks_n) timing marks (backend.h's mark), made at first use
     int64_t marks_n = 0;
 };
@@ -126,6 +128,7 @@ void cu_close(tkd_backend *be)
     tkd_cuda_bwd_ws_free(c->bwd);
     tkd_cuda_free(c->norm2);
     tkd_cuda_free_host(c->h_norm2);
+    tkd_cuda_free_host(c->h_wait_err);
     for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos, &c->attn_delta})
         tkd_cuda_free(g->p);
     for (GrowHost *g : {&c->h_idx, &c->h_val, &c->h_lse, &c->h_tail})
@@ -651,8 +654,15 @@ tkd_status cu_grad_norm2(tkd_backend *be, const float *g, size_t n, double *norm
     TKD_TRY(bwd_ws(c, 0, 0, &ws));
     TKD_TRY(tkd_cuda_grad_norm2(ws, g, n, c->norm2, c->stream));
     TKD_CUDA_CHECK(cudaMemcpyAsync(c->h_norm2, c->norm2, sizeof(double), cudaMemcpyDeviceToHost, c->stream));
+    *c->h_wait_err = 0;
+    if (c->attn_bwd_ws) /* the step's one synchronisation also reports a timed-out wgmma pipeline wait */
+        TKD_CUDA_CHECK(cudaMemcpyAsync(c->h_wait_err, c->attn_bwd_ws->err, sizeof(unsigned), cudaMemcpyDeviceToHost,
+                                       c->stream));
     TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     *norm2 = *c->h_norm2;
+    if (*c->h_wait_err)
+        return tkd_error_set(TKD_ERR_INTERNAL, "attention backward (wgmma): a pipeline wait timed out this step, "
+                             "so its gradients are garbage; TKD_ATTN_BWD=cudnn or flash avoids that kernel");
     return TKD_OK;
 }
 
@@ -907,6 +917,7 @@ tkd_status cuda_setup(CudaImpl *c)
     TKD_TRY(tkd_topk_cuda_ws_create(&c->topk));
     TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&c->norm2), sizeof(double), "gradient norm", nullptr));
     TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_norm2), sizeof(double), "gradient norm"));
+    TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_wait_err), sizeof(unsigned), "wait flag"));
     TKD_TRY(attn_bwd_choice(&c->attn_bwd));
     if (!getenv("TKD_NO_CUDNN") && tkd_cudnn_attn_create(&c->cudnn) != TKD_OK) {
         c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
