@@ -10,7 +10,13 @@
  *    output, a sanity check (tests/test_gpu_attn_cudnn.c holds the tolerances). A shape cuDNN
  *    refuses shows "refused" and its message goes to stderr.
  *  - backward (ours; all three gradients from our forward's y and lse), next to our forward with
- *    lse, and the two summed (one training step's attention).
+ *    lse, and the two summed (one training step's attention); cuDNN's; our Hopper wgmma backward
+ *    (tkd_cuda_attn_bwd_sm90, "-" where the device is not compute capability 9.0 or dh is not 64 or
+ *    128), its forward+backward with cuDNN's forward (what training would run), and the relative
+ *    L2 difference of its dq, dk, dv from our flash backward's on the same inputs (a sanity check:
+ *    bf16 roundings put it near 1e-3–1e-2; garbage is ~1; tests/test_gpu_attn_cudnn_bwd.c holds
+ *    the tolerances). Its bounded pipeline waits are checked after each shape (the run stops on a
+ *    timeout).
  * FLOPs, causal: forward 4·B·H·T²·dh/2 (its two matrix products over the causal half); backward
  * 2.5 × that (the usual convention, as FlashAttention's benchmarks count it: five products, not the
  * seven our deterministic backward does); fwd+bwd 3.5 × that over the sum of the two times.
@@ -32,6 +38,7 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/attn_bwd_sm90.h"
 #include "kernels/attn_cuda.h"
 #include "kernels/attn_cudnn.h"
 
@@ -84,12 +91,15 @@ typedef struct bufs {
 } bufs;
 
 /* What one timed call does. */
-typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN } what;
+typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_WGMMA } what;
 
 /* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, our backward
- * (cudnn ignored) or cuDNN's (it overwrites dq, dk, dv) from the y and lse in b. */
+ * (cudnn ignored), cuDNN's or the wgmma one (both overwrite dq, dk, dv) from the y and lse in b. */
 static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 {
+    if (w == BWD_WGMMA)
+        return tkd_cuda_attn_bwd_sm90(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
+                                      b->dq, b->dk, b->dv, b->ws, NULL);
     if (w == BWD_CUDNN)
         return tkd_cudnn_attn_bwd(cudnn, b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                   b->dq, b->dk, b->dv, NULL);
@@ -104,13 +114,15 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 
 static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
 {
-    return w == BWD_CUDNN ? "tkd_cudnn_attn_bwd"
+    return w == BWD_WGMMA ? "tkd_cuda_attn_bwd_sm90"
+           : w == BWD_CUDNN ? "tkd_cudnn_attn_bwd"
            : w == BWD     ? "tkd_cuda_attn_bwd"
            : cudnn        ? "tkd_cudnn_attn_fwd"
                           : "tkd_cuda_attn_fwd";
 }
 
-/* Median milliseconds of reps calls, or -1 when cuDNN refuses the shape (message on stderr).
+/* Median milliseconds of reps calls, or -1 when cuDNN or the wgmma backward refuses the shape
+ * (message on stderr).
  * *first_ms: wall time of the first (untimed) call, through its completion. */
 static double time_call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w, int reps, double *first_ms)
 {
@@ -123,7 +135,7 @@ static double time_call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w, 
     tkd_status st = call(cudnn, s, b, w);
     CUDA(cudaDeviceSynchronize());
     *first_ms = wall_ms() - t0;
-    if (st == TKD_ERR_UNSUPPORTED && cudnn && w != BWD) {
+    if (st == TKD_ERR_UNSUPPORTED && (cudnn || w == BWD_WGMMA) && w != BWD) {
         fprintf(stderr, "attn_bench: %dx%dx%dx%dx%d %s: %s\n", s->b, s->t, s->h, s->hkv, s->dh,
                 w == FWD_LSE ? "with lse" : w == FWD_NO_LSE ? "without lse" : "backward", tkd_error_msg());
         free(ms);
@@ -187,6 +199,39 @@ static void compare(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, double *dy, 
     free(y0), free(y1), free(l0), free(l1);
 }
 
+/* Our flash backward once on zeroed gradients, then the wgmma backward once: the relative L2
+ * difference ‖wgmma − ours‖ / ‖ours‖ over dq, dk and dv together; dies when a wgmma pipeline wait
+ * timed out. */
+static double wgmma_vs_ours(const shape *s, bufs *b)
+{
+    size_t n[3] = {(size_t)s->b * s->t * s->h * s->dh, (size_t)s->b * s->t * s->hkv * s->dh, 0};
+    n[2] = n[1];
+    uint16_t *g[3] = {b->dq, b->dk, b->dv}, *h[3][2];
+    for (int x = 0; x < 3; x++)
+        CUDA(cudaMemset(g[x], 0, n[x] * 2));
+    for (int run = 0; run < 2; run++) {
+        tkd_status st = call(NULL, s, b, run ? BWD_WGMMA : BWD);
+        if (st == TKD_OK && run)
+            st = tkd_cuda_attn_bwd_sm90_check(b->ws);
+        if (st != TKD_OK)
+            die(call_name(NULL, run ? BWD_WGMMA : BWD), tkd_error_msg());
+        for (int x = 0; x < 3; x++) {
+            if (!(h[x][run] = malloc(n[x] * 2)))
+                die("malloc", "out of host memory");
+            CUDA(cudaMemcpy(h[x][run], g[x], n[x] * 2, cudaMemcpyDeviceToHost));
+        }
+    }
+    double d2 = 0, r2 = 0;
+    for (int x = 0; x < 3; x++) {
+        for (size_t i = 0; i < n[x]; i++) {
+            const double o = bf16_to_f32(h[x][0][i]), w = bf16_to_f32(h[x][1][i]);
+            d2 += (w - o) * (w - o), r2 += o * o;
+        }
+        free(h[x][0]), free(h[x][1]);
+    }
+    return r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
+}
+
 /* "| ms | TFLOP/s " cells of one timing, or "refused" ones. */
 static void print_cells(double ms, double flop)
 {
@@ -230,9 +275,10 @@ static void bufs_free(bufs *b)
     CUDA(cudaFree(b->lse));
 }
 
-/* Times one shape: prints its forward-table row now and returns the forward (lse) and backward
- * medians, ours [0] and cuDNN's [1] (-1: refused or no cuDNN), for the backward table. */
-static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double ms_fwd[2], double ms_bwd[2])
+/* Times one shape: prints its forward-table row now and returns the forward (lse) medians, ours [0]
+ * and cuDNN's [1], the backward medians, ours [0], cuDNN's [1] and wgmma's [2] (-1: refused or
+ * absent), and wgmma's difference from ours [3] (-1: not run), for the backward table. */
+static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double ms_fwd[2], double ms_bwd[4])
 {
     bufs b;
     bufs_alloc(&b, s);
@@ -260,10 +306,12 @@ static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double 
     ms_fwd[0] = ms[0], ms_fwd[1] = ms[2];
     ms_bwd[0] = time_call(NULL, s, &b, BWD, reps, &first_bwd);
     ms_bwd[1] = cudnn ? time_call(cudnn, s, &b, BWD_CUDNN, reps, &first_bwd) : -1.0;
+    ms_bwd[2] = time_call(NULL, s, &b, BWD_WGMMA, reps, &first_bwd);
+    ms_bwd[3] = ms_bwd[2] >= 0 ? wgmma_vs_ours(s, &b) : -1.0;
     bufs_free(&b);
 }
 
-static void print_bwd_row(const shape *s, const double ms_fwd[2], const double ms_bwd[2])
+static void print_bwd_row(const shape *s, const double ms_fwd[2], const double ms_bwd[4])
 {
     double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
     print_shape(s);
@@ -272,7 +320,12 @@ static void print_bwd_row(const shape *s, const double ms_fwd[2], const double m
     print_cells(ms_fwd[0] + ms_bwd[0], 3.5 * flop);
     print_cells(ms_bwd[1], 2.5 * flop);
     print_cells(ms_fwd[1] < 0 || ms_bwd[1] < 0 ? -1.0 : ms_fwd[1] + ms_bwd[1], 3.5 * flop);
-    printf("|\n");
+    print_cells(ms_bwd[2], 2.5 * flop);
+    print_cells(ms_fwd[1] < 0 || ms_bwd[2] < 0 ? -1.0 : ms_fwd[1] + ms_bwd[2], 3.5 * flop);
+    if (ms_bwd[3] < 0)
+        printf("| - |\n");
+    else
+        printf("| %.1e |\n", ms_bwd[3]);
 }
 
 int main(int argc, char **argv)
@@ -316,13 +369,15 @@ int main(int argc, char **argv)
            "| cuDNN ms (lse) | TFLOP/s | cuDNN ms (no lse) | TFLOP/s | cuDNN plan ms (lse / no) "
            "| max abs diff y / lse |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    double ms_fwd[16][2], ms_bwd[16][2];
+    double ms_fwd[16][2], ms_bwd[16][4];
     for (int i = 0; i < n; i++)
         bench_shape(cudnn, &shapes[i], reps, ms_fwd[i], ms_bwd[i]);
-    printf("\nbackward (ours; cuDNN's: its forward with lse + tkd_cudnn_attn_bwd)\n\n");
+    printf("\nbackward (ours; cuDNN's: its forward with lse + tkd_cudnn_attn_bwd; wgmma: our Hopper backward, "
+           "its fwd+bwd with cuDNN's forward; rel diff: wgmma's gradients vs ours)\n\n");
     printf("| shape        | B |      T |   H | Hkv |  dh | fwd ms (lse) | TFLOP/s | bwd ms | TFLOP/s "
-           "| fwd+bwd ms | TFLOP/s | cuDNN bwd ms | TFLOP/s | cuDNN fwd+bwd ms | TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| fwd+bwd ms | TFLOP/s | cuDNN bwd ms | TFLOP/s | cuDNN fwd+bwd ms | TFLOP/s "
+           "| wgmma bwd ms | TFLOP/s | wgmma fwd+bwd ms | TFLOP/s | rel diff |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         print_bwd_row(&shapes[i], ms_fwd[i], ms_bwd[i]);
     tkd_cudnn_attn_free(cudnn);

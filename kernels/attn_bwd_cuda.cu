@@ -43,15 +43,10 @@
 #include <stdlib.h>
 
 #include "common/status.h"
+#include "kernels/attn_bwd_cuda_internal.h"
 #include "kernels/attn_cuda_common.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
-
-struct tkd_cuda_attn_bwd_ws {
-    float *lse2;  /* (B, H, Tp) lse·log2(e), +inf on padded rows */
-    float *dsum;  /* (B, H, Tp) D = Σ_d dy·y, 0 on padded rows */
-    int64_t cap;  /* floats in each: B·H·Tp at creation */
-};
 
 namespace {
 
@@ -59,7 +54,7 @@ using namespace tkd_attn;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kPad = 128;             /* Tp: T rounded up to this */
+constexpr int kPad = TKD_ATTN_BWD_PAD; /* Tp: T rounded up to this */
 constexpr int kKvKeys = 16 * kWarps;  /* dkv: keys per CTA */
 constexpr int kKvQ = 64;              /* dkv: queries per step */
 constexpr int kQRows = 16 * kWarps;   /* dq: query rows per CTA */
@@ -428,6 +423,25 @@ tkd_status check_args(const uint16_t *const *bf16, int n_bf16, int B, int T, int
 
 } // namespace
 
+tkd_status tkd_cuda_attn_bwd_prep(const uint16_t *dy, const uint16_t *y, const float *lse, int B, int T, int H,
+                                  int dh, tkd_cuda_attn_bwd_ws *ws, int *Tp, cudaStream_t stream)
+{
+    const int64_t rows = padded_rows(B, T, H);
+    if (rows > ws->cap)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "tkd_cuda_attn_bwd: workspace too small for B=%d T=%d H=%d (%lld rows, made for %lld)",
+                             B, T, H, (long long)rows, (long long)ws->cap);
+    const int64_t blocks = (rows + kWarps - 1) / kWarps; /* prep: one warp per workspace row */
+    if (blocks > INT32_MAX)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "tkd_cuda_attn_bwd: B·H·T = %lld rows exceed the launch grid",
+                             (long long)rows);
+    *Tp = (int)(rows / ((int64_t)B * H));
+    attn_bwd_prep_kernel<<<(unsigned)blocks, kThreads, 0, stream>>>(dy, y, lse, ws->lse2, ws->dsum, rows, T, *Tp,
+                                                                     H, dh);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
 extern "C" tkd_status tkd_cuda_attn_bwd_ws_create(tkd_cuda_attn_bwd_ws **out, int B, int T, int H, int dh)
 {
     *out = NULL;
@@ -447,6 +461,10 @@ extern "C" tkd_status tkd_cuda_attn_bwd_ws_create(tkd_cuda_attn_bwd_ws **out, in
     if (st == TKD_OK)
         st = tkd_cuda_malloc((void **)&ws->dsum, sizeof(float) * (size_t)ws->cap,
                              "attention backward workspace (D)", "lower the batch size or T");
+    if (st == TKD_OK)
+        st = tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "attention backward error flag", NULL);
+    if (st == TKD_OK)
+        st = tkd_cuda_memzero(ws->err, sizeof *ws->err);
     if (st != TKD_OK) {
         tkd_cuda_attn_bwd_ws_free(ws);
         return st;
@@ -461,6 +479,7 @@ extern "C" void tkd_cuda_attn_bwd_ws_free(tkd_cuda_attn_bwd_ws *ws)
         return;
     tkd_cuda_free(ws->lse2);
     tkd_cuda_free(ws->dsum);
+    tkd_cuda_free(ws->err);
     free(ws);
 }
 
@@ -477,23 +496,13 @@ extern "C" tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, c
         return TKD_OK;
     if (!dy || !q || !k || !v || !y || !lse)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd: dy, q, k, v, y and lse are required");
-    const int64_t rows = padded_rows(B, T, H);
-    if (rows > ws->cap)
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "tkd_cuda_attn_bwd: workspace too small for B=%d T=%d H=%d (%lld rows, made for %lld)",
-                             B, T, H, (long long)rows, (long long)ws->cap);
-    const int64_t blocks = (rows + kWarps - 1) / kWarps; /* prep: one warp per workspace row */
-    if (blocks > INT32_MAX)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "tkd_cuda_attn_bwd: B·H·T = %lld rows exceed the launch grid",
-                             (long long)rows);
     cudaStream_t s = (cudaStream_t)stream;
-    attn_bwd_prep_kernel<<<(unsigned)blocks, kThreads, 0, s>>>(dy, y, lse, ws->lse2, ws->dsum, rows, T,
-                                                                (int)(rows / ((int64_t)B * H)), H, dh);
-    TKD_CUDA_CHECK(cudaGetLastError());
+    int Tp = 0;
+    TKD_TRY(tkd_cuda_attn_bwd_prep(dy, y, lse, B, T, H, dh, ws, &Tp, s));
     BwdArgs a;
     a.dy = dy, a.q = q, a.k = k, a.v = v, a.lse2 = ws->lse2, a.dsum = ws->dsum;
     a.dq = dq, a.dk = dk, a.dv = dv;
-    a.T = T, a.Tp = (int)(rows / ((int64_t)B * H)), a.H = H, a.Hkv = Hkv, a.grp = H / Hkv;
+    a.T = T, a.Tp = Tp, a.H = H, a.Hkv = Hkv, a.grp = H / Hkv;
     a.n_qt = (T + kQRows - 1) / kQRows;
     a.scale_log2 = (float)(kLog2e / sqrt((double)dh));
     a.scale = (float)(1.0 / sqrt((double)dh));

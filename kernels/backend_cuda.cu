@@ -23,7 +23,9 @@
 #include <string.h>
 
 #include "common/signals.h"
+#include "kernels/attn_bwd_cuda_internal.h"
 #include "kernels/attn_bwd_simple_cuda.h"
+#include "kernels/attn_bwd_sm90.h"
 #include "kernels/attn_cuda.h"
 #include "kernels/attn_cudnn.h"
 #include "kernels/cuda_check.h"
@@ -51,6 +53,10 @@ struct GrowHost {
     size_t bytes = 0;
 };
 
+/* The attention backward tried first: cuDNN's (the default), our Hopper wgmma kernel, or our flash
+ * (mma.sync) kernel (TKD_ATTN_BWD=cudnn|wgmma|flash; the older TKD_CUDNN_BWD=0 means flash). */
+enum class AttnBwd { kCudnn, kWgmma, kFlash };
+
 struct CudaImpl {
     int gpu = 0;
     cudaStream_t stream = nullptr;
@@ -61,7 +67,7 @@ struct CudaImpl {
     void *blas_ws = nullptr;
     tkd_topk_cuda_ws *topk = nullptr;
     tkd_cudnn_attn *cudnn = nullptr;  /* cuDNN's fused attention; NULL where cuDNN is absent */
-    bool cudnn_bwd = true;             /* the backward through cuDNN too; TKD_CUDNN_BWD=0: our flash backward */
+    AttnBwd attn_bwd = AttnBwd::kCudnn; /* which attention backward goes first (TKD_ATTN_BWD) */
     tkd_cuda_attn_bwd_ws *attn_bwd_ws = nullptr; /* the flash backward's, sized for attn_bwd_rows */
     int64_t attn_bwd_rows = 0;
     int attn_bwd_dh = 0;
@@ -73,6 +79,7 @@ struct CudaImpl {
     Grow attn_delta;               // (B, H, T) f32: attention backward's δ
     double *norm2 = nullptr;       // (1) device: the gradient norm's sum of squares
     double *h_norm2 = nullptr;     // (1) pinned: its copy
+    unsigned *h_wait_err = nullptr; // (1) pinned: the wgmma attention backward's wait flag, read with the norm
     cudaEvent_t *marks = nullptr;  // (marks_n) timing marks (backend.h's mark), made at first use
     int64_t marks_n = 0;
 };
@@ -121,6 +128,7 @@ void cu_close(tkd_backend *be)
     tkd_cuda_bwd_ws_free(c->bwd);
     tkd_cuda_free(c->norm2);
     tkd_cuda_free_host(c->h_norm2);
+    tkd_cuda_free_host(c->h_wait_err);
     for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos, &c->attn_delta})
         tkd_cuda_free(g->p);
     for (GrowHost *g : {&c->h_idx, &c->h_val, &c->h_lse, &c->h_tail})
@@ -363,26 +371,45 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
     return TKD_OK;
 }
 
-/* cuDNN's fused backward (deterministic engines only) first: 1.09x / 1.27x faster student steps at
- * 1B / 0.5B on an H200, and as accurate as bf16 arithmetic in a flash backward allows, row by row
- * against a float64 reference (tests/test_gpu_attn_cudnn_bwd.c, which holds ours to the same rule).
- * Where cuDNN is absent, refuses the shape or TKD_CUDNN_BWD=0 is set: our flash backward
- * (deterministic, tensor cores) where it takes the head size, the simple deterministic kernels
- * elsewhere. */
+/* The attention backward, first choice c->attn_bwd (TKD_ATTN_BWD), then down the list: cuDNN's fused
+ * backward (deterministic engines only; the default: 1.09x / 1.27x faster student steps at 1B / 0.5B on
+ * an H200 than our flash kernel), our Hopper wgmma kernel (attn_bwd_sm90.h: compute capability 9.0,
+ * dh 64 or 128), our flash backward (deterministic, mma.sync) where it takes the head size, the
+ * simple deterministic kernels elsewhere. A choice that is absent or refuses the shape passes to
+ * the next; "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all three fast ones
+ * row by row to what bf16 arithmetic in a flash backward must cost, against a float64 reference. */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
                        const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
-    if (c->cudnn && c->cudnn_bwd) { /* writes dq/dk/dv, as the op's contract asks */
-        tkd_status st = tkd_cudnn_attn_bwd(c->cudnn, static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
-                                           static_cast<cbf>(v), static_cast<cbf>(y), static_cast<const float *>(saved),
-                                           B, T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk),
-                                           static_cast<bf>(dv), c->stream);
+    const float *lse = static_cast<const float *>(saved);
+    auto wgmma = [&]() -> tkd_status { /* TKD_ERR_UNSUPPORTED (message cleared) where it cannot run */
+        tkd_status st = tkd_cuda_attn_bwd_sm90_supported(dh);
+        if (st == TKD_OK)
+            st = attn_bwd_ws_fit(c, B, T, H, dh);
+        if (st == TKD_OK)
+            st = tkd_cuda_attn_bwd_sm90(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
+                                        static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh,
+                                        static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv),
+                                        c->attn_bwd_ws, c->stream);
+        if (st == TKD_ERR_UNSUPPORTED)
+            tkd_error_clear();
+        return st;
+    };
+    tkd_status st = TKD_ERR_UNSUPPORTED;
+    if (c->attn_bwd == AttnBwd::kWgmma && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
+        return st;
+    if (c->cudnn && c->attn_bwd != AttnBwd::kFlash) { /* writes dq/dk/dv, as the op's contract asks */
+        st = tkd_cudnn_attn_bwd(c->cudnn, static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
+                                static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh, static_cast<bf>(dq),
+                                static_cast<bf>(dk), static_cast<bf>(dv), c->stream);
         if (st != TKD_ERR_UNSUPPORTED)
             return st;
         tkd_error_clear();
     }
-    /* our kernels add into dq/dk/dv: zero them first (the op overwrites) */
+    if (c->attn_bwd == AttnBwd::kCudnn && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
+        return st;
+    /* our other kernels add into dq/dk/dv: zero them first (the op overwrites) */
     size_t nq = (size_t)B * T * H * dh * 2, nkv = (size_t)B * T * Hkv * dh * 2;
     TKD_CUDA_CHECK(cudaMemsetAsync(dq, 0, nq, c->stream));
     TKD_CUDA_CHECK(cudaMemsetAsync(dk, 0, nkv, c->stream));
@@ -390,15 +417,14 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
     if (flash_takes(dh)) {
         TKD_TRY(attn_bwd_ws_fit(c, B, T, H, dh));
         return tkd_cuda_attn_bwd(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
-                                 static_cast<cbf>(y), static_cast<const float *>(saved), B, T, H, Hkv, dh,
-                                 static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv), c->attn_bwd_ws,
-                                 c->stream);
+                                 static_cast<cbf>(y), lse, B, T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk),
+                                 static_cast<bf>(dv), c->attn_bwd_ws, c->stream);
     }
     TKD_TRY(grow(&c->attn_delta, tkd_cuda_attn_bwd_simple_ws_bytes(B, T, H), "attention backward scratch",
                  "lower run.batch_size or data.seq_len"));
     return tkd_cuda_attn_bwd_simple(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
-                                    static_cast<cbf>(v), static_cast<cbf>(y), static_cast<const float *>(saved), B,
-                                    T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv),
+                                    static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh,
+                                    static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv),
                                     static_cast<float *>(c->attn_delta.p), c->stream);
 }
 
@@ -628,8 +654,15 @@ tkd_status cu_grad_norm2(tkd_backend *be, const float *g, size_t n, double *norm
     TKD_TRY(bwd_ws(c, 0, 0, &ws));
     TKD_TRY(tkd_cuda_grad_norm2(ws, g, n, c->norm2, c->stream));
     TKD_CUDA_CHECK(cudaMemcpyAsync(c->h_norm2, c->norm2, sizeof(double), cudaMemcpyDeviceToHost, c->stream));
+    *c->h_wait_err = 0;
+    if (c->attn_bwd_ws) /* the step's one synchronisation also reports a timed-out wgmma pipeline wait */
+        TKD_CUDA_CHECK(cudaMemcpyAsync(c->h_wait_err, c->attn_bwd_ws->err, sizeof(unsigned), cudaMemcpyDeviceToHost,
+                                       c->stream));
     TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     *norm2 = *c->h_norm2;
+    if (*c->h_wait_err)
+        return tkd_error_set(TKD_ERR_INTERNAL, "attention backward (wgmma): a pipeline wait timed out this step, "
+                             "so its gradients are garbage; TKD_ATTN_BWD=cudnn or flash avoids that kernel");
     return TKD_OK;
 }
 
@@ -855,6 +888,21 @@ const tkd_backend_ops cuda_ops = {
     cu_mark, cu_mark_ms,
 };
 
+/* TKD_ATTN_BWD (cudnn, wgmma or flash; unset: cudnn, or flash where TKD_CUDNN_BWD=0, its older
+ * spelling). */
+tkd_status attn_bwd_choice(AttnBwd *out)
+{
+    const char *e = getenv("TKD_ATTN_BWD"), *old = getenv("TKD_CUDNN_BWD");
+    *out = old && !strcmp(old, "0") ? AttnBwd::kFlash : AttnBwd::kCudnn;
+    if (!e || !*e)
+        return TKD_OK;
+    if (!strcmp(e, "cudnn") || !strcmp(e, "wgmma") || !strcmp(e, "flash")) {
+        *out = e[0] == 'c' ? AttnBwd::kCudnn : e[0] == 'w' ? AttnBwd::kWgmma : AttnBwd::kFlash;
+        return TKD_OK;
+    }
+    return tkd_error_set(TKD_ERR_INVALID_ARG, "TKD_ATTN_BWD=%s: expected cudnn, wgmma or flash", e);
+}
+
 tkd_status cuda_setup(CudaImpl *c)
 {
     TKD_CUDA_CHECK(cudaSetDevice(c->gpu));
@@ -869,7 +917,8 @@ tkd_status cuda_setup(CudaImpl *c)
     TKD_TRY(tkd_topk_cuda_ws_create(&c->topk));
     TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&c->norm2), sizeof(double), "gradient norm", nullptr));
     TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_norm2), sizeof(double), "gradient norm"));
-    c->cudnn_bwd = !(getenv("TKD_CUDNN_BWD") && !strcmp(getenv("TKD_CUDNN_BWD"), "0"));
+    TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_wait_err), sizeof(unsigned), "wait flag"));
+    TKD_TRY(attn_bwd_choice(&c->attn_bwd));
     if (!getenv("TKD_NO_CUDNN") && tkd_cudnn_attn_create(&c->cudnn) != TKD_OK) {
         c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
         tkd_error_clear();

@@ -42,8 +42,6 @@
  */
 #include "kernels/lmhead_sm90.h"
 
-#include <cuda.h>         /* CUtensorMap and its enums (types only: nothing links libcuda) */
-#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -52,6 +50,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
+#include "kernels/sm90_common.cuh"
 
 struct tkd_lmhead_sm90_ws {
     unsigned *err; /* device: non-zero after a pipeline wait timed out */
@@ -61,6 +60,8 @@ struct tkd_lmhead_sm90_ws {
 
 namespace {
 
+using namespace tkd_sm90;
+
 constexpr int kBN = TKD_LMHEAD_SM90_BN, kBK = 64;
 constexpr int kConsumers = 2;                 /* consumer warpgroups */
 constexpr int kThreads = 128 * (1 + kConsumers);
@@ -68,8 +69,6 @@ constexpr int kAcc = kBN / 2;                 /* fp32 accumulators per consumer 
 constexpr int kGroupRows = 2048;              /* rows of H whose tiles are swept together along V */
 constexpr uint32_t kBytesB = kBN * kBK * 2;
 constexpr float kLog2e = 1.4426950408889634f;
-/* A wait longer than this is a broken pipeline (legitimate waits are microseconds). */
-constexpr unsigned long long kWaitLimitNs = 4000000000ull;
 static_assert(kBK * 2 == 128, "a K step is one 128-byte swizzle span");
 
 /* What a schedule fixes (see the top of the file): tile rows, ring depth, shared memory, the
@@ -110,127 +109,6 @@ struct Params {
     unsigned *err;
 };
 
-/* ---- PTX wrappers: shared-memory addresses, mbarriers, TMA, wgmma ---------------------------- */
-
-__device__ inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ inline unsigned long long globaltimer_ns()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ inline void mbar_init(uint32_t bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ inline bool mbar_try_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t ok;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-    return ok != 0;
-}
-
-/* Waits until the phase of parity `parity` of bar completed. Bounded: after kWaitLimitNs it sets
- * *err, marks this thread failed and returns; a failed thread never waits again, so a broken
- * pipeline ends the kernel (with garbage) instead of hanging it. */
-__device__ inline void mbar_wait(uint32_t bar, uint32_t parity, bool &failed, unsigned *err)
-{
-    if (failed)
-        return;
-    for (int spin = 0; spin < 1024; spin++) /* the common case: no clock reads */
-        if (mbar_try_wait(bar, parity))
-            return;
-    const unsigned long long t0 = globaltimer_ns();
-    while (!mbar_try_wait(bar, parity))
-        if (globaltimer_ns() - t0 > kWaitLimitNs) {
-            failed = true;
-            atomicOr(err, 1u);
-            return;
-        }
-}
-
-__device__ inline void mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-__device__ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-/* The box of tm at (x = K column, y = row) into shared dst, completing bytes on bar. */
-__device__ inline void tma_load_2d(uint32_t dst, const CUtensorMap *tm, int x, int y, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(dst), "l"((uint64_t)tm), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-
-/* wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle layout whose rows are
- * 128 bytes apart: start address >> 4 (bits 0-13), leading offset 16 B (unused by this layout,
- * bits 16-29), stride 1024 B between 8-row groups (bits 32-45), base offset 0 (1024-aligned),
- * layout 1 = 128-byte swizzle (bits 62-63). */
-__device__ inline uint64_t smem_desc(uint32_t addr)
-{
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-
-/* Keeps the compiler from moving accumulator reads or writes across a wgmma wait. */
-__device__ inline void fence_acc(float (&d)[kAcc])
-{
-#pragma unroll
-    for (int i = 0; i < kAcc; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/* d (64 x 256 of this warpgroup, fp32 fragment) (+)= A (64 x 16) · B (256 x 16)ᵀ, both operands in shared
- * memory (descriptors); accumulate = 0 overwrites d. */
-__device__ inline void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate)
-{
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
 /* ---- the pipeline: ring stages, tile order ----------------------------------------------------- */
 
 /* Shared memory from `base` (1024-aligned): the stages, then the full, empty and turn mbarriers. */
@@ -241,25 +119,9 @@ template <class S> __device__ inline uint32_t empty_bar(uint32_t base, int s) { 
 /* Ping-pong: consumer c may start its next main loop once turn_bar(c) completed a phase. */
 template <class S> __device__ inline uint32_t turn_bar(uint32_t base, int c) { return full_bar<S>(base, 2 * S::kStages + c); }
 
-/* A position in the ring: stage and the parity of its current phase. */
-struct Ring {
-    int stage;
-    uint32_t phase;
-    bool failed; /* a wait of this thread timed out (mbar_wait) */
-};
-
+/* Moves ring r to position q (slot q mod stages, phase parity (q / stages) mod 2). */
 template <class S>
-__device__ inline void ring_next(Ring &r)
-{
-    if (++r.stage == S::kStages) {
-        r.stage = 0;
-        r.phase ^= 1u;
-    }
-}
-
-/* Moves r to ring position q (slot q mod stages, phase parity (q / stages) mod 2). */
-template <class S>
-__device__ inline void ring_seek(Ring &r, long long q)
+__device__ inline void ring_seek(Ring<S::kStages> &r, long long q)
 {
     r.stage = (int)(q % S::kStages);
     r.phase = (uint32_t)((q / S::kStages) & 1);
@@ -285,7 +147,7 @@ template <class S>
 __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const Params &p,
                                         uint32_t base)
 {
-    Ring r = {0, 0u, false};
+    Ring<S::kStages> r;
     for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
         int mi, ni;
         tile_coords<S>(t, p, mi, ni);
@@ -295,7 +157,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorM
             mbar_arrive_expect_tx(full, S::kStageBytes); /* zero-filled bytes count too */
             tma_load_2d(stage_a<S>(base, r.stage), tm_h, kt * kBK, mi * S::kTileM, full);
             tma_load_2d(stage_b<S>(base, r.stage), tm_w, kt * kBK, ni * kBN, full);
-            ring_next<S>(r);
+            r.next();
         }
     }
 }
@@ -306,7 +168,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorM
  * every stage of the tile has been waited for, the other consumer gets its turn. */
 template <class S>
 __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, uint32_t base, int cw,
-                                         int a_row, Ring &r)
+                                         int a_row, Ring<S::kStages> &r)
 {
     int prev = -1;
     for (int kt = 0; kt < p.ktiles; kt++) {
@@ -317,7 +179,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, ui
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; kk++) /* 16 K = 32 bytes = 2 descriptor units */
-            wgmma_m64n256k16(acc, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
+            wgmma_ss_n256(acc, da + 2 * kk, db + 2 * kk, kt > 0 || kk > 0);
         wgmma_commit();
         if (prev >= 0) {
             wgmma_wait<1>();
@@ -325,12 +187,12 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, ui
                 mbar_arrive(empty_bar<S>(base, prev));
         }
         prev = r.stage;
-        ring_next<S>(r);
+        r.next();
     }
     if (S::kPP && (threadIdx.x & 127) == 0)
         mbar_arrive(turn_bar<S>(base, 1 - cw));
     wgmma_wait<0>();
-    fence_acc(acc);
+    fence_regs(acc);
     if ((threadIdx.x & 31) == 0)
         mbar_arrive(empty_bar<S>(base, prev));
 }
@@ -370,14 +232,6 @@ __device__ __forceinline__ void store_logits(const float (&acc)[kAcc], const Par
                 zr[col] = acc[4 * j + 2 * h];
         }
     }
-}
-
-/* 2^x on the special-function unit; subnormal results flush to 0 (-inf gives 0). */
-__device__ inline float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
 }
 
 /* Accumulator (j, h, e) of the fragment, or -inf where its column is at or past V. */
@@ -494,7 +348,7 @@ __device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
 #pragma unroll
     for (int i = 0; i < kAcc; i++)
         acc[i] = 0.0f; /* the first wgmma of a tile overwrites; this only keeps them defined */
-    Ring r = {0, 0u, false};
+    Ring<S::kStages> r;
     const int a_row = S::kPP ? 0 : 64 * cw;
     for (long long j = S::kPP ? cw : 0, mine = 0;; j += S::kPP ? 2 : 1, mine++) {
         const long long t = blockIdx.x + j * gridDim.x; /* the CTA's j-th tile */
@@ -529,7 +383,7 @@ lmhead_kernel(const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ 
         }
         for (int c = 0; c < kConsumers; c++)
             mbar_init(turn_bar<S>(base, c), 1); /* one thread of the other consumer */
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     if (threadIdx.x < 128) {
@@ -576,39 +430,13 @@ __global__ void lse_combine_kernel(const float *part, long long n, int T, float 
 
 /* ---- host side ----------------------------------------------------------------------------------- */
 
-/* cuTensorMapEncodeTiled from the driver through the runtime (no libcuda link); NULL if absent. */
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn()
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = []() {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                             &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            f = NULL;
-        return (PFN_cuTensorMapEncodeTiled_v12000)f;
-    }();
-    return fn;
-}
-
 /* Tensor map of a row-major (rows, d) bf16 matrix, boxes of 64 columns x box_rows rows, 128-byte
  * swizzle, zero fill out of range. */
 tkd_status make_tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int d, int box_rows)
 {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
-    if (!encode)
-        return tkd_error_set(TKD_ERR_DEVICE, "lmhead_sm90: the driver has no cuTensorMapEncodeTiled");
     const cuuint64_t dims[2] = {(cuuint64_t)d, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)d * 2};
-    const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)box_rows};
-    const cuuint32_t elem[2] = {1, 1};
-    CUresult r = encode(tm, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)ptr, dims, strides, box, elem,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return tkd_error_set(TKD_ERR_DEVICE, "lmhead_sm90: cuTensorMapEncodeTiled (%lld x %d, box %d) "
-                             "failed: CUresult %d", rows, d, box_rows, (int)r);
-    return TKD_OK;
+    return tkd_sm90::make_tmap(tm, ptr, 2, dims, strides, box_rows, "lmhead_sm90");
 }
 
 tkd_status check_shape(const uint16_t *h, const uint16_t *w, int64_t n, int d, int v)
@@ -689,15 +517,8 @@ tkd_status set_stats(Params &p, float *part, float tau)
 
 extern "C" tkd_status tkd_lmhead_sm90_supported(void)
 {
-    int dev = 0, major = 0, minor = 0;
-    TKD_CUDA_CHECK(cudaGetDevice(&dev));
-    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "lmhead_sm90: device %d is compute capability "
-                             "%d.%d; this GEMM is built for 9.0 (sm_90a) only; use the cuBLAS path",
-                             dev, major, minor);
-    return TKD_OK;
+    tkd_status st = check_cc90("lmhead_sm90");
+    return st == TKD_ERR_UNSUPPORTED ? tkd_error_hint(st, "use the cuBLAS path") : st;
 }
 
 extern "C" tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out)
@@ -805,13 +626,5 @@ extern "C" tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, f
 
 extern "C" tkd_status tkd_lmhead_sm90_sync(tkd_lmhead_sm90_ws *ws)
 {
-    TKD_CUDA_CHECK(cudaDeviceSynchronize());
-    unsigned err = 0;
-    TKD_TRY(tkd_cuda_to_host(&err, ws->err, sizeof err));
-    if (err == 0)
-        return TKD_OK;
-    TKD_TRY(tkd_cuda_memzero(ws->err, sizeof *ws->err));
-    return tkd_error_set(TKD_ERR_INTERNAL, "lmhead_sm90: an mbarrier wait timed out (%.0f s) in a "
-                         "kernel launched on this workspace: a pipeline bug; its outputs are garbage",
-                         kWaitLimitNs * 1e-9);
+    return check_wait_flag(ws->err, "lmhead_sm90");
 }

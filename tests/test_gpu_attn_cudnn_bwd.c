@@ -1,7 +1,9 @@
 /* test_gpu_attn_cudnn_bwd.c — is cuDNN's attention backward (tkd_cudnn_attn_bwd, kernels/attn_cudnn.h)
- * as accurate as bf16 arithmetic in a flash backward allows? And is our own flash backward
- * (tkd_cuda_attn_bwd, kernels/attn_cuda.h)? Both are judged by one rule against two CPU references
- * computed here on the same bf16 inputs, the same y (the GPU forward's bf16 output) and every row:
+ * as accurate as bf16 arithmetic in a flash backward allows? And are our own flash backward
+ * (tkd_cuda_attn_bwd, kernels/attn_cuda.h) and our Hopper wgmma backward (tkd_cuda_attn_bwd_sm90,
+ * kernels/attn_bwd_sm90.h; judged only on a compute capability 9.0 device)? All are judged by one
+ * rule against CPU references computed here on the same bf16 inputs, the same y (the GPU forward's
+ * bf16 output) and every row:
  *
  *   ref64 — the exact gradients in float64: P = exp(S − lse), D_i = Σ_j P_ij·dP_ij (exact),
  *           dS = P ⊙ (dP − D), dQ = c·dS·K, dK = c·Σgroup dSᵀ·Q, dV = Σgroup Pᵀ·dY (c = 1/sqrt(dh)).
@@ -13,7 +15,9 @@
  *            before the dQ and dK products (tensor cores take bf16 operands), each output rounded to
  *            bf16 once at the end;
  *     ours:  dS = bf16(P ⊙ (dP − D)), c applied to the fp32 dQ and dK accumulators (attn_bwd_cuda.cu);
- *            the GQA group summed in fp32 inside the CTA;
+ *            the GQA group summed in fp32 inside the CTA; the wgmma backward (attn_bwd_sm90.cu) makes
+ *            exactly these roundings too (P from the same fp32 formula, the same prep kernel's D), so
+ *            it is judged against the same emulation, only its fp32 accumulation order differs;
  *     cuDNN: dS = bf16(c·P ⊙ (dP − D)) and, for GQA, each query head's dK and dV rounded to bf16
  *            before the sum over the group: the order and types our graph declares (attn_cudnn.cu:
  *            "dS·scale" before the bf16 dSᵀ view, the per-head gradient a bf16 virtual tensor, the
@@ -55,12 +59,18 @@
  *     rounding of dQ per 64-key tile or of P before dS passes (x1.1–1.6: bf16 roundings of the same
  *     size, which is what the question allows). A wrong mask, scale or index gives O(1) errors.
  * Also per case: two runs of each backward are bit-identical (cuDNN: deterministic engines only; the
- * GPU resume is bit-exact and must stay so); cuDNN writes (gradient buffers pre-filled with NaN) and
- * writes nothing past the ends (NaN guard bands). Our backward adds into zeroed buffers.
+ * GPU resume is bit-exact and must stay so); cuDNN and the wgmma backward write (gradient buffers
+ * pre-filled with NaN: an unwritten element is a NaN row) and write nothing past the ends (NaN guard
+ * bands); the wgmma backward's bounded pipeline waits did not time out (its error flag). Our flash
+ * backward adds into zeroed buffers.
  * On failure the worst rows are printed: b, head, t, number of keys (or queries), e_impl, e_emul, the
- * floor and the rule's ratio; a summary line per case and implementation gives, per tensor, the worst
- * ratio (≤ 1 passes), both errors' relative norms against ref64 and their ratio.
- * Shapes: T 1, 17, 65, 129, 333, 1000, 2049 (not multiples of 64 or 128, one past a tile), B 1 and 2,
+ * floor and the rule's ratio, where the row sits in the wgmma kernels' tiling (128-row tile, its
+ * consumer warpgroup, warp and row within the warp's 16) and its first elements got vs ref64 vs emul;
+ * a summary line per case and implementation gives, per tensor, the worst ratio (≤ 1 passes), both
+ * errors' relative norms against ref64 and their ratio.
+ * Shapes: T 1, 17, 65, 129, 256, 257, 300, 333, 1000, 2049 (mostly not multiples of 64 or 128, one
+ * past a tile; 256 whole tiles; 257 and 2049 an odd count of 128-row tiles, so a middle tile of
+ * the wgmma kernels' pairing runs alone), B 1 and 2,
  * GQA groups 1, 2, 4, 7, dh 64 and 128, q and k std 1 to 3 (peaked softmax). A cuDNN refusal of a
  * case fails it (these are the shapes the student needs) with cuDNN's message. */
 #include <setjmp.h>
@@ -80,6 +90,7 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/attn_bwd_sm90.h"
 #include "kernels/attn_cuda.h"
 #include "kernels/attn_cudnn.h"
 
@@ -90,12 +101,14 @@
 #define GUARD 4096           /* NaN elements after each cuDNN gradient that must stay NaN */
 #define NWORST 5             /* rows printed per tensor on failure */
 
-enum { IMPL_CUDNN, IMPL_OURS, NIMPL };
+enum { IMPL_CUDNN, IMPL_OURS, IMPL_WGMMA, NIMPL };
 enum { GQ, GK, GV };
-static const char *const kImpl[NIMPL] = {"cuDNN", "ours"};
+static const char *const kImpl[NIMPL] = {"cuDNN", "ours", "wgmma"};
+#define NSHOW 4 /* elements of a worst row printed */
 static const char *const kNames[3] = {"dq", "dk", "dv"};
 
 static tkd_cudnn_attn *g_attn;
+static int g_wgmma; /* the wgmma backward runs on this device (compute capability 9.0) */
 
 typedef struct bcase {
     const char *what;
@@ -114,6 +127,7 @@ typedef struct inputs {
 typedef struct worst_row {
     double ratio, e_impl, e_emul, floor;
     int b, head, t, terms;
+    double got[NSHOW], ref[NSHOW], emu[NSHOW]; /* its first elements */
 } worst_row;
 
 /* The rule's tally over one case, implementation and tensor. */
@@ -199,9 +213,30 @@ static uint16_t *fetch(const uint16_t *d, int64_t n, const char *impl, const cha
     return h;
 }
 
+/* One run of backward impl on the device buffers into g (dq, dk, dv), synchronised; fails the case
+ * with the implementation's message (and, for wgmma, when a pipeline wait timed out). */
+static void run_bwd(int impl, const bcase *c, const uint16_t *dy, const uint16_t *q, const uint16_t *k,
+                    const uint16_t *v, const uint16_t *y, const float *lse, uint16_t *const g[3],
+                    tkd_cuda_attn_bwd_ws *ws)
+{
+    tkd_status st;
+    if (impl == IMPL_CUDNN)
+        st = tkd_cudnn_attn_bwd(g_attn, dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], NULL);
+    else if (impl == IMPL_OURS)
+        st = tkd_cuda_attn_bwd(dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], ws, NULL);
+    else
+        st = tkd_cuda_attn_bwd_sm90(dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], ws,
+                                    NULL);
+    if (st == TKD_OK && impl == IMPL_WGMMA)
+        st = tkd_cuda_attn_bwd_sm90_check(ws); /* synchronises */
+    if (st != TKD_OK)
+        fail_msg("%s: %s backward: %s: %s", c->what, kImpl[impl], tkd_status_name(st), tkd_error_msg());
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 /* Runs the forward (cuDNN's, as training does; our flash kernel where cuDNN refuses it) for y and lse,
- * then each backward twice: got[impl][tensor] host copies of the first run, the second compared
- * bit for bit. y (as floats) into in->y. */
+ * then each backward twice: got[impl][tensor] host copies of the first run (NULL for wgmma where
+ * it does not run), the second compared bit for bit. y (as floats) into in->y. */
 static void gpu_run(inputs *in, const bcase *c, uint16_t *got[NIMPL][3])
 {
     const int64_t n3[3] = {in->t.nq, in->t.nkv, in->t.nkv};
@@ -229,20 +264,15 @@ static void gpu_run(inputs *in, const bcase *c, uint16_t *got[NIMPL][3])
     tkd_test_ok(tkd_cuda_attn_bwd_ws_create(&ws, c->B, c->T, c->H, c->dh), "flash backward workspace");
     for (int impl = 0; impl < NIMPL; impl++)
         for (int run = 0; run < 2; run++) {
-            for (int x = 0; x < 3; x++) { /* cuDNN writes (NaN first), ours adds (zeros first); NaN guards */
-                assert_int_equal(cudaMemset(g[x], impl == IMPL_CUDNN ? 0xff : 0, 2 * n3[x]), cudaSuccess);
+            if (impl == IMPL_WGMMA && !g_wgmma) {
+                got[impl][0] = got[impl][1] = got[impl][2] = NULL;
+                break;
+            }
+            for (int x = 0; x < 3; x++) { /* ours adds (zeros first), the others write (NaN first); NaN guards */
+                assert_int_equal(cudaMemset(g[x], impl == IMPL_OURS ? 0 : 0xff, 2 * n3[x]), cudaSuccess);
                 tkd_test_poison(g[x] + n3[x], 2 * GUARD);
             }
-            if (impl == IMPL_CUDNN) {
-                st = tkd_cudnn_attn_bwd(g_attn, dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1],
-                                        g[2], NULL);
-                if (st != TKD_OK)
-                    fail_msg("%s: cuDNN backward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
-            } else {
-                tkd_test_ok(tkd_cuda_attn_bwd(dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1],
-                                              g[2], ws, NULL), "flash backward");
-            }
-            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            run_bwd(impl, c, dy, q, k, v, y, lse, g, ws);
             for (int x = 0; x < 3; x++) {
                 uint16_t *h = fetch(g[x], n3[x], kImpl[impl], kNames[x], c);
                 if (run == 0) {
@@ -283,15 +313,22 @@ static void tally_row(tally *t, const uint16_t *got, const double *emu, const do
     if (at == NWORST)
         return;
     memmove(&t->worst[at + 1], &t->worst[at], sizeof(worst_row) * (NWORST - 1 - at));
-    t->worst[at] = (worst_row){ratio, ei, ee, floor, b, head, row, terms};
+    worst_row *w = &t->worst[at];
+    *w = (worst_row){ratio, ei, ee, floor, b, head, row, terms, {0}, {0}, {0}};
+    for (int d = 0; d < NSHOW && d < dh; d++)
+        w->got[d] = tkd_bf16_to_f32(got[d]), w->ref[d] = ref[d], w->emu[d] = emu[d];
 }
 
-/* Both implementations' rows against their flavours: emu[0] ours, emu[1] cuDNN (dh doubles each). */
+/* Every implementation's row against its flavour: emu[0] ours (and wgmma's: the same roundings), emu[1]
+ * cuDNN (dh doubles each). */
 static void tally_both(refctx *r, int x, int64_t off, const double *ref, double *const emu[2], double floor, int b,
                        int head, int row, int terms)
 {
     tally_row(&r->tl[IMPL_OURS][x], r->got[IMPL_OURS][x] + off, emu[0], ref, r->c->dh, floor, b, head, row, terms);
     tally_row(&r->tl[IMPL_CUDNN][x], r->got[IMPL_CUDNN][x] + off, emu[1], ref, r->c->dh, floor, b, head, row, terms);
+    if (r->got[IMPL_WGMMA][x])
+        tally_row(&r->tl[IMPL_WGMMA][x], r->got[IMPL_WGMMA][x] + off, emu[0], ref, r->c->dh, floor, b, head, row,
+                  terms);
 }
 
 /* Query row i of head h (kv head g) in batch b: scores, P and dP in float64, then every flavour's
@@ -426,6 +463,8 @@ static void check_rows(refctx *r)
 /* The summary line of one implementation and, where the rule broke, its worst rows; 1 when it broke. */
 static int report(const refctx *r, int impl)
 {
+    if (!r->got[impl][0])
+        return 0; /* wgmma on a device it does not run on */
     printf("  %-5s", kImpl[impl]);
     for (int x = 0; x < 3; x++) {
         const tally *t = &r->tl[impl][x];
@@ -447,6 +486,12 @@ static int report(const refctx *r, int impl)
             printf("    b=%d %s=%d t=%d %s=%d: e_impl %.3e e_emul %.3e floor %.3e ratio %.2f\n", wr->b,
                    x == GQ ? "head" : "kv_head", wr->head, wr->t, x == GQ ? "keys" : "queries", wr->terms,
                    wr->e_impl, wr->e_emul, wr->floor, wr->ratio);
+            /* where the wgmma kernels hold the row: 128-row tile, consumer warpgroup, warp, row in warp */
+            printf("      (wgmma: %s tile %d, warpgroup %d, warp %d, row %d of 16) got / ref64 / emul:", x == GQ ?
+                   "query" : "key", wr->t / 128, wr->t % 128 / 64, wr->t % 64 / 16, wr->t % 16);
+            for (int d = 0; d < NSHOW; d++)
+                printf(" [%d] %.4g / %.4g / %.4g", d, wr->got[d], wr->ref[d], wr->emu[d]);
+            printf("\n");
         }
     }
     return bad;
@@ -467,15 +512,17 @@ static void run_case(const bcase *c)
     check_rows(&r);
     printf("%s (B=%d T=%d H=%d Hkv=%d dh=%d std %.1f): deterministic (two runs each bit-identical)\n", c->what,
            c->B, c->T, c->H, c->Hkv, c->dh, c->std);
-    const int bad_ours = report(&r, IMPL_OURS), bad_cudnn = report(&r, IMPL_CUDNN);
+    int bad[NIMPL], any = 0;
+    for (int i = 0; i < NIMPL; i++)
+        any |= bad[i] = report(&r, i);
     for (int i = 0; i < NIMPL; i++)
         for (int x = 0; x < 3; x++)
             free(got[i][x]);
     inputs_free(&in);
-    if (bad_ours || bad_cudnn)
-        fail_msg("%s: %s%s%s less accurate than bf16 arithmetic explains (rows above)", c->what,
-                 bad_cudnn ? "cuDNN's backward" : "", bad_ours && bad_cudnn ? " and " : "",
-                 bad_ours ? "our flash backward" : "");
+    if (any)
+        fail_msg("%s: less accurate than bf16 arithmetic explains (rows above):%s%s%s", c->what,
+                 bad[IMPL_CUDNN] ? " cuDNN's backward" : "", bad[IMPL_OURS] ? " our flash backward" : "",
+                 bad[IMPL_WGMMA] ? " our wgmma backward" : "");
 }
 
 static void run_cases(const bcase *cases, size_t n)
@@ -495,6 +542,8 @@ static void test_small(void **state)
         {"T = 129, B = 2, GQA 7", 2, 129, 14, 2, 64, 1.0f, 5},
         {"T = 333, GQA 2, dh 128", 1, 333, 8, 4, 128, 1.0f, 6},
         {"T = 300, peaked softmax (std 3)", 1, 300, 2, 1, 64, 3.0f, 7},
+        {"T = 256 (two whole tiles), B = 2, GQA 4", 2, 256, 8, 2, 64, 1.0f, 8},
+        {"T = 257 (3 tiles: the middle pair alone), GQA 4, dh 128", 1, 257, 4, 1, 128, 1.5f, 9},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
@@ -506,8 +555,79 @@ static void test_long(void **state)
         {"T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 11},
         {"T = 1000, B = 2, GQA 1", 2, 1000, 2, 2, 64, 1.0f, 12},
         {"T = 2049, GQA 4, dh 128", 1, 2049, 4, 1, 128, 1.0f, 13},
+        {"T = 1000, GQA 7, dh 64 (Qwen's group)", 1, 1000, 7, 1, 64, 1.5f, 14},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Compares got (rows × cols fp32) with ref (float64) column by column; fails naming the product, the
+ * first wrong elements and the likely culprit. An fp32 accumulation of ≤ 128 bf16 products errs by
+ * ≤ 128·2^-24 of Σ|a·b| (≤ 2^-17 ‖a‖‖b‖); 2^-12 of the row's scale passes any correct path and fails
+ * a permutation or a dropped block (O(1) errors). */
+static void probe_check(const float *got, const double *ref, const double *scale, int rows, int cols,
+                        const char *what, const char *culprit, int dh)
+{
+    int bad = 0;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            const double e = fabs(got[i * cols + j] - ref[i * cols + j]);
+            if (!(e <= 0x1p-12 * scale[i]) && bad++ < 6)
+                printf("  probe dh %d: %s[%d][%d] = %.6g, expected %.6g (row scale %.3g)\n", dh, what, i, j,
+                       (double)got[i * cols + j], ref[i * cols + j], scale[i]);
+        }
+    if (bad)
+        fail_msg("probe dh %d: %d of %d elements of %s wrong: suspect %s", dh, bad, rows * cols, what, culprit);
+}
+
+/* The wgmma paths alone, before any backward runs (tkd_cuda_attn_bwd_sm90_probe): c1 = A·Bᵀ checks
+ * TMA, the 128-byte swizzle and the K-major descriptors; c2 = bf16(c1)·B (from the GPU's own c1)
+ * checks the register A fragments and the MN-major descriptor. */
+static void test_probe(void **state)
+{
+    (void)state;
+    if (!g_wgmma)
+        skip();
+    for (int dh = 64; dh <= 128; dh += 64) {
+        const size_t n = 64 * (size_t)dh; /* elements of A, B and c2 */
+        uint16_t *a = tkd_test_rand_bf16(n, 101 + dh, 1.0f), *b = tkd_test_rand_bf16(n, 202 + dh, 1.0f);
+        double *af = tkd_test_bf16_to_f64(a, n), *bf = tkd_test_bf16_to_f64(b, n);
+        uint16_t *da = tkd_test_dev_alloc(2 * n), *db = tkd_test_dev_alloc(2 * n);
+        float *dc1 = tkd_test_dev_alloc(4 * 64 * 64), *dc2 = tkd_test_dev_alloc(4 * n);
+        tkd_test_to_dev(da, a, 2 * n), tkd_test_to_dev(db, b, 2 * n);
+        tkd_test_poison(dc1, 4 * 64 * 64), tkd_test_poison(dc2, 4 * n);
+        tkd_cuda_attn_bwd_ws *ws = NULL;
+        tkd_test_ok(tkd_cuda_attn_bwd_ws_create(&ws, 1, 64, 1, dh), "workspace");
+        tkd_test_ok(tkd_cuda_attn_bwd_sm90_probe(da, db, dh, dc1, dc2, ws), "probe");
+        float *c1 = tkd_test_xmalloc(4 * 64 * 64), *c2 = tkd_test_xmalloc(4 * n);
+        tkd_test_to_host(c1, dc1, 4 * 64 * 64, NULL), tkd_test_to_host(c2, dc2, 4 * n, NULL);
+        double *r1 = tkd_test_xmalloc(8 * 64 * 64), *r2 = tkd_test_xmalloc(8 * n);
+        double s1[64], s2[64];
+        for (int i = 0; i < 64; i++) {
+            s1[i] = s2[i] = 0;
+            for (int j = 0; j < 64; j++) {
+                double acc = 0, mag = 0;
+                for (int d = 0; d < dh; d++)
+                    acc += af[i * dh + d] * bf[j * dh + d], mag += fabs(af[i * dh + d] * bf[j * dh + d]);
+                r1[i * 64 + j] = acc, s1[i] = fmax(s1[i], mag);
+            }
+            for (int d = 0; d < dh; d++) {
+                double acc = 0, mag = 0;
+                for (int j = 0; j < 64; j++) {
+                    const double p = bf16r(c1[i * 64 + j]) * bf[j * dh + d];
+                    acc += p, mag += fabs(p);
+                }
+                r2[i * dh + d] = acc, s2[i] = fmax(s2[i], mag);
+            }
+        }
+        probe_check(c1, r1, s1, 64, 64, "c1 = A·Bᵀ", "the TMA boxes, the 128-byte swizzle or smem_desc (K-major)", dh);
+        probe_check(c2, r2, s2, 64, dh, "c2 = bf16(c1)·B",
+                    "smem_desc_mn (MN-major B: leading offset = the next 64 columns' box, stride 1024) or "
+                    "to_a_frags (accumulator → register A fragments)", dh);
+        printf("probe dh %d: both wgmma paths right\n", dh);
+        tkd_cuda_attn_bwd_ws_free(ws);
+        cudaFree(da), cudaFree(db), cudaFree(dc1), cudaFree(dc2);
+        free(a), free(b), free(af), free(bf), free(c1), free(c2), free(r1), free(r2);
+    }
 }
 
 static void test_errors(void **state)
@@ -522,6 +642,24 @@ static void test_errors(void **state)
     assert_int_equal(tkd_cudnn_attn_bwd(g_attn, p, p, p, p, p, l, 1, 8, 2, 2, 64, p, NULL, p, NULL),
                      TKD_ERR_INVALID_ARG); /* all gradients required */
     assert_int_equal(tkd_cudnn_attn_bwd(g_attn, p, p, p, p, p, l, 0, 8, 2, 2, 64, p, p, p, NULL), TKD_OK);
+    if (g_wgmma) { /* the wgmma backward's refusals */
+        tkd_cuda_attn_bwd_ws *ws = NULL;
+        tkd_test_ok(tkd_cuda_attn_bwd_ws_create(&ws, 1, 8, 3, 64), "workspace");
+        assert_int_equal(tkd_cuda_attn_bwd_sm90(p, p, p, p, p, l, 1, 8, 3, 2, 64, p, p, p, ws, NULL),
+                         TKD_ERR_INVALID_ARG); /* H not a multiple of Hkv */
+        assert_int_equal(tkd_cuda_attn_bwd_sm90(p, p, p, p, p, l, 1, 8, 2, 2, 96, p, p, p, ws, NULL),
+                         TKD_ERR_UNSUPPORTED); /* dh 96: the flash backward's */
+        assert_int_equal(tkd_cuda_attn_bwd_sm90(p, p, p, p, p, l, 1, 8, 2, 2, 64, NULL, p, p, ws, NULL),
+                         TKD_ERR_INVALID_ARG); /* all gradients required */
+        assert_int_equal(tkd_cuda_attn_bwd_sm90(p, p, p, p, p, l, 1, 8, 2, 2, 64, p + 1, p, p, ws, NULL),
+                         TKD_ERR_INVALID_ARG); /* unaligned */
+        assert_int_equal(tkd_cuda_attn_bwd_sm90(p, p, p, p, p, l, 1, 8, 2, 2, 64, p, p, p, NULL, NULL),
+                         TKD_ERR_INVALID_ARG); /* no workspace */
+        assert_int_equal(tkd_cuda_attn_bwd_sm90(p, p, p, p, p, l, 4, 8, 3, 3, 64, p, p, p, ws, NULL),
+                         TKD_ERR_INVALID_ARG); /* workspace made for fewer rows */
+        assert_int_equal(tkd_cuda_attn_bwd_sm90(p, p, p, p, p, l, 0, 8, 2, 2, 64, p, p, p, ws, NULL), TKD_OK);
+        tkd_cuda_attn_bwd_ws_free(ws);
+    }
     cudaFree(p), cudaFree(l);
 }
 #endif /* TKD_HAVE_CUDA */
@@ -539,8 +677,12 @@ int main(void)
         printf("tkd_cudnn_attn_create: %s\n", tkd_error_msg());
         return 1;
     }
+    g_wgmma = tkd_cuda_attn_bwd_sm90_supported(64) == TKD_OK;
+    if (!g_wgmma)
+        printf("wgmma backward not judged here: %s\n", tkd_error_msg());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_probe),
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_long),
     };
