@@ -10,7 +10,9 @@
  *    output, a sanity check (tests/test_gpu_attn_cudnn.c holds the tolerances). A shape cuDNN
  *    refuses shows "refused" and its message goes to stderr.
  *  - backward (ours; all three gradients from our forward's y and lse), next to our forward with
- *    lse, and the two summed (one training step's attention).
+ *    lse, and the two summed (one training step's attention); cuDNN's backward under its default
+ *    workspace budget (the calls it makes and cuDNN's workspace per call), and in one call over
+ *    the whole shape (its workspace and time; the same time when the budget already makes one).
  * FLOPs, causal: forward 4·B·H·T²·dh/2 (its two matrix products over the causal half); backward
  * 2.5 × that (the usual convention, as FlashAttention's benchmarks count it: five products, not the
  * seven our deterministic backward does); fwd+bwd 3.5 × that over the sum of the two times.
@@ -84,15 +86,17 @@ typedef struct bufs {
 } bufs;
 
 /* What one timed call does. */
-typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN } what;
+typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_CUDNN_ONE } what;
 
 /* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, our backward
  * (cudnn ignored) or cuDNN's (it overwrites dq, dk, dv) from the y and lse in b. */
 static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 {
-    if (w == BWD_CUDNN)
+    if (w == BWD_CUDNN || w == BWD_CUDNN_ONE) { /* ONE: no workspace budget, one call over the shape */
+        tkd_cudnn_attn_set_bwd_budget(cudnn, w == BWD_CUDNN_ONE ? 0 : TKD_CUDNN_ATTN_BWD_BUDGET);
         return tkd_cudnn_attn_bwd(cudnn, b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                   b->dq, b->dk, b->dv, NULL);
+    }
     if (w == BWD)
         return tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                  b->dq, b->dk, b->dv, b->ws, NULL);
@@ -104,7 +108,7 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 
 static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
 {
-    return w == BWD_CUDNN ? "tkd_cudnn_attn_bwd"
+    return w == BWD_CUDNN || w == BWD_CUDNN_ONE ? "tkd_cudnn_attn_bwd"
            : w == BWD     ? "tkd_cuda_attn_bwd"
            : cudnn        ? "tkd_cudnn_attn_fwd"
                           : "tkd_cuda_attn_fwd";
@@ -230,9 +234,16 @@ static void bufs_free(bufs *b)
     CUDA(cudaFree(b->lse));
 }
 
-/* Times one shape: prints its forward-table row now and returns the forward (lse) and backward
- * medians, ours [0] and cuDNN's [1] (-1: refused or no cuDNN), for the backward table. */
-static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double ms_fwd[2], double ms_bwd[2])
+/* The backward table's timings of one shape: ms_fwd ours [0] and cuDNN's [1] (with lse), ms_bwd
+ * ours [0], cuDNN's under the default workspace budget [1] and in one call [2] (-1: refused or no
+ * cuDNN); how cuDNN's runs under the budget. */
+typedef struct bwd_row {
+    double ms_fwd[2], ms_bwd[3];
+    tkd_cudnn_attn_bwd_info info;
+} bwd_row;
+
+/* Times one shape: prints its forward-table row now and fills r for the backward table. */
+static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, bwd_row *r)
 {
     bufs b;
     bufs_alloc(&b, s);
@@ -257,21 +268,31 @@ static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double 
     if (call(NULL, s, &b, FWD_LSE) != TKD_OK) /* our y and lse for the backward (compare left cuDNN's) */
         die("tkd_cuda_attn_fwd", tkd_error_msg());
     double first_bwd;
-    ms_fwd[0] = ms[0], ms_fwd[1] = ms[2];
-    ms_bwd[0] = time_call(NULL, s, &b, BWD, reps, &first_bwd);
-    ms_bwd[1] = cudnn ? time_call(cudnn, s, &b, BWD_CUDNN, reps, &first_bwd) : -1.0;
+    r->ms_fwd[0] = ms[0], r->ms_fwd[1] = ms[2];
+    r->ms_bwd[0] = time_call(NULL, s, &b, BWD, reps, &first_bwd);
+    r->ms_bwd[1] = r->ms_bwd[2] = -1.0;
+    memset(&r->info, 0, sizeof r->info);
+    if (cudnn) {
+        r->ms_bwd[1] = time_call(cudnn, s, &b, BWD_CUDNN, reps, &first_bwd);
+        if (tkd_cudnn_attn_bwd_plan(cudnn, s->b, s->t, s->h, s->hkv, s->dh, &r->info) != TKD_OK)
+            die("tkd_cudnn_attn_bwd_plan", tkd_error_msg());
+        r->ms_bwd[2] = r->info.calls > 1 ? time_call(cudnn, s, &b, BWD_CUDNN_ONE, reps, &first_bwd) : r->ms_bwd[1];
+        tkd_cudnn_attn_set_bwd_budget(cudnn, TKD_CUDNN_ATTN_BWD_BUDGET);
+    }
     bufs_free(&b);
 }
 
-static void print_bwd_row(const shape *s, const double ms_fwd[2], const double ms_bwd[2])
+static void print_bwd_row(const shape *s, const bwd_row *r)
 {
     double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
     print_shape(s);
-    print_cells(ms_fwd[0], flop);
-    print_cells(ms_bwd[0], 2.5 * flop);
-    print_cells(ms_fwd[0] + ms_bwd[0], 3.5 * flop);
-    print_cells(ms_bwd[1], 2.5 * flop);
-    print_cells(ms_fwd[1] < 0 || ms_bwd[1] < 0 ? -1.0 : ms_fwd[1] + ms_bwd[1], 3.5 * flop);
+    print_cells(r->ms_fwd[0], flop);
+    print_cells(r->ms_bwd[0], 2.5 * flop);
+    print_cells(r->ms_fwd[0] + r->ms_bwd[0], 3.5 * flop);
+    print_cells(r->ms_bwd[1], 2.5 * flop);
+    print_cells(r->ms_fwd[1] < 0 || r->ms_bwd[1] < 0 ? -1.0 : r->ms_fwd[1] + r->ms_bwd[1], 3.5 * flop);
+    printf("| %2d x %8.1f | %9.1f ", r->info.calls, r->info.ws_call / 1048576.0, r->info.ws_one_call / 1048576.0);
+    print_cells(r->ms_bwd[2], 2.5 * flop);
     printf("|\n");
 }
 
@@ -316,15 +337,16 @@ int main(int argc, char **argv)
            "| cuDNN ms (lse) | TFLOP/s | cuDNN ms (no lse) | TFLOP/s | cuDNN plan ms (lse / no) "
            "| max abs diff y / lse |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    double ms_fwd[16][2], ms_bwd[16][2];
+    bwd_row rows[16];
     for (int i = 0; i < n; i++)
-        bench_shape(cudnn, &shapes[i], reps, ms_fwd[i], ms_bwd[i]);
+        bench_shape(cudnn, &shapes[i], reps, &rows[i]);
     printf("\nbackward (ours; cuDNN's: its forward with lse + tkd_cudnn_attn_bwd)\n\n");
     printf("| shape        | B |      T |   H | Hkv |  dh | fwd ms (lse) | TFLOP/s | bwd ms | TFLOP/s "
-           "| fwd+bwd ms | TFLOP/s | cuDNN bwd ms | TFLOP/s | cuDNN fwd+bwd ms | TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| fwd+bwd ms | TFLOP/s | cuDNN bwd ms | TFLOP/s | cuDNN fwd+bwd ms | TFLOP/s "
+           "| cuDNN calls x ws MiB | one call ws MiB | cuDNN one call bwd ms | TFLOP/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
-        print_bwd_row(&shapes[i], ms_fwd[i], ms_bwd[i]);
+        print_bwd_row(&shapes[i], &rows[i]);
     tkd_cudnn_attn_free(cudnn);
     return 0;
 }

@@ -60,6 +60,13 @@
  * On failure the worst rows are printed: b, head, t, number of keys (or queries), e_impl, e_emul, the
  * floor and the rule's ratio; a summary line per case and implementation gives, per tensor, the worst
  * ratio (≤ 1 passes), both errors' relative norms against ref64 and their ratio.
+ * Grouped calls (test_grouped): cuDNN's backward under a lowered workspace budget runs as several
+ * calls over groups of batches and kv heads (attn_cudnn.h); each case compares them bit for bit with
+ * one call over the whole shape (the groups' plan prefers the one call's engine and knobs, so a
+ * difference means the engine computes a head differently in a smaller grid, or an offset or
+ * stride is wrong: the message names the element and both engines), and a T not a multiple of 4
+ * must stay one call. test_workspace prints cuDNN's workspace per student shape, one call and the
+ * calls the default budget makes (plans only: nothing of it is allocated).
  * Shapes: T 1, 17, 65, 129, 333, 1000, 2049 (not multiples of 64 or 128, one past a tile), B 1 and 2,
  * GQA groups 1, 2, 4, 7, dh 64 and 128, q and k std 1 to 3 (peaked softmax). A cuDNN refusal of a
  * case fails it (these are the shapes the student needs) with cuDNN's message. */
@@ -510,6 +517,144 @@ static void test_long(void **state)
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
+/* ---- grouped calls: the workspace bound ---------------------------------------------------- */
+
+static void print_info(const char *what, const tkd_cudnn_attn_bwd_info *i)
+{
+    printf("  %-34s one call %9.1f MiB (engine %lld) | %2d call(s) of %d batch(es) x %d kv head(s), "
+           "%9.1f MiB each (engine %lld)%s\n", what, i->ws_one_call / 1048576.0, (long long)i->one_call_engine,
+           i->calls, i->batches, i->kv_heads, i->ws_call / 1048576.0, (long long)i->engine,
+           i->nondet ? ", non-deterministic" : "");
+}
+
+/* cuDNN's backward of c's inputs under workspace budget (0: none) into fresh host copies g[3],
+ * gradients pre-filled with NaN, NaN guard bands after each; *info how it ran. */
+static void grouped_run(const bcase *c, const tkd_test_attn_in *t, size_t budget, uint16_t *g[3],
+                        tkd_cudnn_attn_bwd_info *info)
+{
+    const int64_t n3[3] = {t->nq, t->nkv, t->nkv};
+    uint16_t *q = tkd_test_dev_alloc(2 * t->nq), *dy = tkd_test_dev_alloc(2 * t->nq), *y = tkd_test_dev_alloc(2 * t->nq);
+    uint16_t *k = tkd_test_dev_alloc(2 * t->nkv), *v = tkd_test_dev_alloc(2 * t->nkv), *d[3];
+    float *lse = tkd_test_dev_alloc(4 * t->nl);
+    tkd_test_to_dev(q, t->qb, 2 * t->nq), tkd_test_to_dev(dy, t->dyb, 2 * t->nq);
+    tkd_test_to_dev(k, t->kb, 2 * t->nkv), tkd_test_to_dev(v, t->vb, 2 * t->nkv);
+    tkd_status st = tkd_cudnn_attn_fwd(g_attn, q, k, v, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    if (st == TKD_ERR_UNSUPPORTED)
+        st = tkd_cuda_attn_fwd(q, k, v, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    tkd_test_ok(st, "attention forward");
+    for (int x = 0; x < 3; x++) {
+        d[x] = tkd_test_dev_alloc(2 * (n3[x] + GUARD));
+        tkd_test_poison(d[x], 2 * (n3[x] + GUARD));
+    }
+    tkd_cudnn_attn_set_bwd_budget(g_attn, budget);
+    tkd_test_ok(tkd_cudnn_attn_bwd_plan(g_attn, c->B, c->T, c->H, c->Hkv, c->dh, info), "backward plan");
+    st = tkd_cudnn_attn_bwd(g_attn, dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, d[0], d[1], d[2], NULL);
+    tkd_cudnn_attn_set_bwd_budget(g_attn, TKD_CUDNN_ATTN_BWD_BUDGET);
+    if (st != TKD_OK)
+        fail_msg("%s: cuDNN backward (budget %zu): %s: %s", c->what, budget, tkd_status_name(st), tkd_error_msg());
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    for (int x = 0; x < 3; x++) {
+        g[x] = fetch(d[x], n3[x], "cuDNN (grouped)", kNames[x], c);
+        cudaFree(d[x]);
+    }
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dy), cudaFree(y), cudaFree(lse);
+}
+
+/* Fails at the first element where the grouped run's gradient x differs from the one call's,
+ * naming its batch, token, head and component and both plans' engines. */
+static void check_grouped_bits(const bcase *c, int x, const uint16_t *one, const uint16_t *grp, int64_t n,
+                               const tkd_cudnn_attn_bwd_info *ione, const tkd_cudnn_attn_bwd_info *igrp)
+{
+    const int heads = x == GQ ? c->H : c->Hkv;
+    for (int64_t i = 0; i < n; i++) {
+        if (one[i] == grp[i])
+            continue;
+        const int64_t row = i / ((int64_t)heads * c->dh);
+        fail_msg("%s: %s differs between one call and %d calls of %d batch(es) x %d kv head(s) at b=%lld t=%lld "
+                 "%s=%lld d=%lld: 0x%04x vs 0x%04x (engines %lld and %lld; the same engine should give the "
+                 "same bits)", c->what, kNames[x], igrp->calls, igrp->batches, igrp->kv_heads,
+                 (long long)(row / c->T), (long long)(row % c->T), x == GQ ? "head" : "kv_head",
+                 (long long)(i / c->dh % heads), (long long)(i % c->dh), one[i], grp[i],
+                 (long long)ione->engine, (long long)igrp->engine);
+    }
+}
+
+/* One call (no budget) against grouped calls (budget a third of one call's workspace, then 1 byte:
+ * one batch and one kv head per call): the same bits, and grouping happens exactly when split. */
+static void grouped_case(const bcase *c, int split)
+{
+    tkd_test_attn_in t;
+    tkd_test_attn_in_make(&t, c->B, c->T, c->H, c->Hkv, c->dh, c->std, c->seed);
+    const int64_t n3[3] = {t.nq, t.nkv, t.nkv};
+    uint16_t *one[3], *grp[3];
+    tkd_cudnn_attn_bwd_info ione, igrp;
+    grouped_run(c, &t, 0, one, &ione);
+    printf("%s (B=%d T=%d H=%d Hkv=%d dh=%d):\n", c->what, c->B, c->T, c->H, c->Hkv, c->dh);
+    print_info("no budget", &ione);
+    if (ione.calls != 1)
+        fail_msg("%s: %d calls without a budget", c->what, ione.calls);
+    if (split && ione.ws_one_call <= 0)
+        fail_msg("%s: cuDNN reports no workspace for the deterministic backward: nothing to bound", c->what);
+    const size_t budgets[2] = {ione.ws_one_call / 3 > 0 ? (size_t)ione.ws_one_call / 3 : 1, 1};
+    for (int bi = 0; bi < 2; bi++) {
+        grouped_run(c, &t, budgets[bi], grp, &igrp);
+        char what[64];
+        snprintf(what, sizeof what, "budget %zu bytes", budgets[bi]);
+        print_info(what, &igrp);
+        if (split != (igrp.calls > 1))
+            fail_msg("%s: %d call(s) under budget %zu, expected %s", c->what, igrp.calls, budgets[bi],
+                     split ? "several" : "one (T not a multiple of 4)");
+        if (igrp.calls > 1 && (size_t)igrp.ws_call > budgets[bi] && igrp.batches * igrp.kv_heads > 1)
+            fail_msg("%s: calls of %lld bytes over budget %zu though they could be smaller", c->what,
+                     (long long)igrp.ws_call, budgets[bi]);
+        for (int x = 0; x < 3; x++) {
+            check_grouped_bits(c, x, one[x], grp[x], n3[x], &ione, &igrp);
+            free(grp[x]);
+        }
+    }
+    for (int x = 0; x < 3; x++)
+        free(one[x]);
+    tkd_test_attn_in_free(&t);
+}
+
+static void test_grouped(void **state)
+{
+    (void)state;
+    static const bcase cases[] = {
+        {"grouped: B = 2, GQA 2", 2, 256, 8, 4, 64, 1.0f, 21},
+        {"grouped: B = 3, GQA 7 (Qwen's heads)", 3, 192, 14, 2, 64, 1.5f, 22},
+        {"grouped: GQA 3, dh 128 (the 3B's heads)", 1, 520, 24, 8, 128, 1.0f, 23},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        grouped_case(&cases[i], 1);
+    static const bcase odd = {"T = 130 (not a multiple of 4): one call", 2, 130, 4, 2, 64, 1.0f, 24};
+    grouped_case(&odd, 0);
+}
+
+/* Prints how the backward runs the students' shapes (plans only: nothing runs, nothing of the
+ * workspace is allocated) and checks the default budget holds where it can. */
+static void test_workspace(void **state)
+{
+    (void)state;
+    static const bcase shapes[] = {
+        {"Llama 3.2 1B, T 8192", 1, 8192, 32, 8, 64, 1, 0},
+        {"~3B, T 8192", 1, 8192, 24, 8, 128, 1, 0},
+        {"~3B, T 32768", 1, 32768, 24, 8, 128, 1, 0},
+        {"Qwen2.5-0.5B, 4 x T 4096", 4, 4096, 14, 2, 64, 1, 0},
+        {"Llama 3 8B, T 8192", 1, 8192, 32, 8, 128, 1, 0},
+    };
+    printf("cuDNN's backward workspace (default budget %zu MiB):\n", TKD_CUDNN_ATTN_BWD_BUDGET >> 20);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const bcase *c = &shapes[i];
+        tkd_cudnn_attn_bwd_info info;
+        tkd_test_ok(tkd_cudnn_attn_bwd_plan(g_attn, c->B, c->T, c->H, c->Hkv, c->dh, &info), c->what);
+        print_info(c->what, &info);
+        if ((size_t)info.ws_call > TKD_CUDNN_ATTN_BWD_BUDGET && info.batches * info.kv_heads > 1)
+            fail_msg("%s: calls of %lld bytes over the budget though they could be smaller", c->what,
+                     (long long)info.ws_call);
+    }
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -541,6 +686,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_workspace),
+        cmocka_unit_test(test_grouped),
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_long),
     };
