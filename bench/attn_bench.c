@@ -12,7 +12,10 @@
  *  - backward (ours; all three gradients from our forward's y and lse), next to our forward with
  *    lse, and the two summed (one training step's attention); cuDNN's backward under its default
  *    workspace budget (the calls it makes and cuDNN's workspace per call), and in one call over
- *    the whole shape (its workspace and time; the same time when the budget already makes one).
+ *    the whole shape (its workspace and time; the same time when the budget already makes one);
+ *    cuDNN's non-deterministic backward (tkd_cudnn_attn_set_bwd_nondet: fp32 dQ accumulation), "-"
+ *    where cuDNN offers none, and whether the engine it took is noted non-deterministic: the
+ *    difference to the deterministic column is what determinism costs.
  * FLOPs, causal: forward 4·B·H·T²·dh/2 (its two matrix products over the causal half); backward
  * 2.5 × that (the usual convention, as FlashAttention's benchmarks count it: five products, not the
  * seven our deterministic backward does); fwd+bwd 3.5 × that over the sum of the two times.
@@ -235,15 +238,15 @@ static void bufs_free(bufs *b)
 }
 
 /* The backward table's timings of one shape: ms_fwd ours [0] and cuDNN's [1] (with lse), ms_bwd
- * ours [0], cuDNN's under the default workspace budget [1] and in one call [2] (-1: refused or no
- * cuDNN); how cuDNN's runs under the budget. */
+ * ours [0], cuDNN's under the default workspace budget [1], in one call [2] and non-deterministic
+ * [3] (-1: refused or no cuDNN); how cuDNN's runs under the budget, deterministic and not. */
 typedef struct bwd_row {
-    double ms_fwd[2], ms_bwd[3];
-    tkd_cudnn_attn_bwd_info info;
+    double ms_fwd[2], ms_bwd[4];
+    tkd_cudnn_attn_bwd_info info, info_nd;
 } bwd_row;
 
 /* Times one shape: prints its forward-table row now and fills r for the backward table. */
-static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, bwd_row *r)
+static void bench_shape(tkd_cudnn_attn *cudnn, tkd_cudnn_attn *cudnn_nd, const shape *s, int reps, bwd_row *r)
 {
     bufs b;
     bufs_alloc(&b, s);
@@ -270,8 +273,14 @@ static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, bwd_row
     double first_bwd;
     r->ms_fwd[0] = ms[0], r->ms_fwd[1] = ms[2];
     r->ms_bwd[0] = time_call(NULL, s, &b, BWD, reps, &first_bwd);
-    r->ms_bwd[1] = r->ms_bwd[2] = -1.0;
+    r->ms_bwd[1] = r->ms_bwd[2] = r->ms_bwd[3] = -1.0;
     memset(&r->info, 0, sizeof r->info);
+    memset(&r->info_nd, 0, sizeof r->info_nd);
+    if (cudnn_nd && tkd_cudnn_attn_bwd_plan(cudnn_nd, s->b, s->t, s->h, s->hkv, s->dh, &r->info_nd) == TKD_OK)
+        r->ms_bwd[3] = time_call(cudnn_nd, s, &b, BWD_CUDNN, reps, &first_bwd);
+    else if (cudnn_nd)
+        fprintf(stderr, "attn_bench: %dx%dx%dx%dx%d non-deterministic backward: %s\n", s->b, s->t, s->h, s->hkv,
+                s->dh, tkd_error_msg());
     if (cudnn) {
         r->ms_bwd[1] = time_call(cudnn, s, &b, BWD_CUDNN, reps, &first_bwd);
         if (tkd_cudnn_attn_bwd_plan(cudnn, s->b, s->t, s->h, s->hkv, s->dh, &r->info) != TKD_OK)
@@ -293,7 +302,8 @@ static void print_bwd_row(const shape *s, const bwd_row *r)
     print_cells(r->ms_fwd[1] < 0 || r->ms_bwd[1] < 0 ? -1.0 : r->ms_fwd[1] + r->ms_bwd[1], 3.5 * flop);
     printf("| %2d x %8.1f | %9.1f ", r->info.calls, r->info.ws_call / 1048576.0, r->info.ws_one_call / 1048576.0);
     print_cells(r->ms_bwd[2], 2.5 * flop);
-    printf("|\n");
+    print_cells(r->ms_bwd[3], 2.5 * flop);
+    printf("| %s |\n", r->ms_bwd[3] < 0 ? "-" : r->info_nd.nondet ? "yes" : "no");
 }
 
 int main(int argc, char **argv)
@@ -326,9 +336,11 @@ int main(int argc, char **argv)
         die("--reps", "must be at least 1");
     struct cudaDeviceProp p;
     CUDA(cudaGetDeviceProperties(&p, 0));
-    tkd_cudnn_attn *cudnn = NULL;
+    tkd_cudnn_attn *cudnn = NULL, *cudnn_nd = NULL;
     if (tkd_cudnn_attn_create(&cudnn) != TKD_OK)
         fprintf(stderr, "attn_bench: no cuDNN column: %s\n", tkd_error_msg());
+    else if (tkd_cudnn_attn_create(&cudnn_nd) == TKD_OK)
+        tkd_cudnn_attn_set_bwd_nondet(cudnn_nd, 1);
     printf("attn_bench: %s, %d SMs, median of %d calls; TFLOP/s: forward 4·B·H·T²·dh/2 / time, "
            "backward 2.5 × that (convention), fwd+bwd 3.5 × that / (fwd with lse + bwd)\n\n",
            p.name, p.multiProcessorCount, reps);
@@ -339,15 +351,17 @@ int main(int argc, char **argv)
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     bwd_row rows[16];
     for (int i = 0; i < n; i++)
-        bench_shape(cudnn, &shapes[i], reps, &rows[i]);
+        bench_shape(cudnn, cudnn_nd, &shapes[i], reps, &rows[i]);
     printf("\nbackward (ours; cuDNN's: its forward with lse + tkd_cudnn_attn_bwd)\n\n");
     printf("| shape        | B |      T |   H | Hkv |  dh | fwd ms (lse) | TFLOP/s | bwd ms | TFLOP/s "
            "| fwd+bwd ms | TFLOP/s | cuDNN bwd ms | TFLOP/s | cuDNN fwd+bwd ms | TFLOP/s "
-           "| cuDNN calls x ws MiB | one call ws MiB | cuDNN one call bwd ms | TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| cuDNN calls x ws MiB | one call ws MiB | cuDNN one call bwd ms | TFLOP/s "
+           "| cuDNN non-det. bwd ms | TFLOP/s | noted non-det. |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         print_bwd_row(&shapes[i], &rows[i]);
     tkd_cudnn_attn_free(cudnn);
+    tkd_cudnn_attn_free(cudnn_nd);
     return 0;
 }
 

@@ -28,12 +28,14 @@ constexpr int kMsg = TKD_ERROR_MSG_MAX; /* a cached refusal's message */
 /* Unique ids of the tensors the variant pack names; the virtual ones count up from kUidVirtual. */
 constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidY = 4, kUidStats = 5, kUidScale = 6, kUidNegInf = 7;
 constexpr int64_t kUidDO = 8, kUidDQ = 9, kUidDK = 10, kUidDV = 11, kUidSoftmaxSum = 12, kUidOne = 13;
+constexpr int64_t kUidDQAccum = 14;
 constexpr int64_t kUidVirtual = 100;
 
 struct Key {
     int B, T, H, Hkv, dh, lse; /* compared with memcmp: zero the padding */
     int bwd;                   /* 1: the backward graph (lse then always given) */
     int Hs, Hkvs;              /* heads per token row in memory (H, Hkv unless a group of the backward) */
+    int nondet;                /* backward: dQ accumulated in fp32 (atomics), non-deterministic engines allowed */
 };
 
 /* Which engine and knob settings an engine config is: a group of the backward prefers its one-call
@@ -59,6 +61,7 @@ struct Plan {
     cudnnBackendDescriptor_t plan;
     int64_t ws_bytes;                      /* cuDNN's workspace for the plan */
     int64_t ws_off;                        /* backward: our softmax_sum (B, H, T) fp32 before it */
+    int64_t accum_off, accum_bytes;        /* non-deterministic backward: its dQ accumulator (B, H, T, dh) fp32 */
     Ident ident;                           /* the engine config the plan was made from */
     bool nondet;                           /* its engine is noted NONDETERMINISTIC */
     int gb, gk;                            /* backward: the call size chosen for this key (0: not yet) */
@@ -390,7 +393,16 @@ tkd_status graph_backward(Plan *p, const Shapes &s)
     STEP("tensor K", tensor(p, 0, bf16, bs.k_dim, bs.k_str, false, &kk));
     STEP("tensor dq", tensor(p, kUidDQ, bf16, s.q_dim, s.q_str, false, &dq));
     STEP("reshape K", reshape(p, kt, kk));
-    STEP("matmul dS·K", matmul(p, ds, kk, dq));
+    if (!p->key.nondet) {
+        STEP("matmul dS·K", matmul(p, ds, kk, dq));
+        return TKD_OK;
+    }
+    /* the frontend's non-deterministic choice: dQ summed over key tiles into an fp32 accumulator
+     * (zeroed before each call, in our workspace), then converted */
+    cudnnBackendDescriptor_t acc;
+    STEP("tensor dQ accumulator", tensor(p, kUidDQAccum, f32, bs.full_dim, bs.full_str, false, &acc));
+    STEP("matmul dS·K", matmul(p, ds, kk, acc));
+    STEP("pointwise dQ", pointwise(p, CUDNN_POINTWISE_IDENTITY, f32, acc, NULL, NULL, dq));
     return TKD_OK;
 }
 
@@ -531,7 +543,7 @@ bool cfg_admit(Plan *p, int i, int pass, const Ident *prefer, bool *nondet, Iden
         id->nknobs = 0, tkd_error_clear();
     if ((pass == 0) != (prefer && ident_same(*prefer, *id)))
         return false;
-    if (*nondet) { /* training resumes bit-exactly: no engine that says it is not */
+    if (*nondet && !p->key.nondet) { /* training resumes bit-exactly: no engine that says it is not */
         if (!why[0])
             snprintf(why, kMsg, "mode %s config %d: engine is non-deterministic (skipped)", mode, i);
         return false;
@@ -587,6 +599,7 @@ struct tkd_cudnn_attn {
     void *ws; /* (ws_bytes): shared by every plan, one call at a time */
     size_t ws_bytes;
     size_t bwd_budget; /* cuDNN's workspace of one backward call at most (0: no bound) */
+    int bwd_nondet;    /* the backward may take non-deterministic engines (fp32 dQ accumulation) */
     Plan plans[kPlans];
     unsigned long long clock;
 };
@@ -600,11 +613,14 @@ static tkd_status plan_init(tkd_cudnn_attn *a, Plan *p, const Ident *prefer)
     tkd_status st = graph_build(p, a->h, &g);
     if (st == TKD_OK)
         st = plan_pick(p, g, prefer);
-    /* the backward's softmax_sum (B, H, T) fp32 goes first, cuDNN's workspace 256-aligned after it */
-    p->ws_off = p->key.bwd ? ((int64_t)p->key.B * p->key.H * p->key.T * 4 + 255) / 256 * 256 : 0;
+    /* the backward's softmax_sum (B, H, T) fp32 goes first, then (non-deterministic) the dQ
+     * accumulator (B, H, T, dh) fp32, cuDNN's workspace after them, each 256-aligned */
+    const Key &k = p->key;
+    p->accum_off = k.bwd ? ((int64_t)k.B * k.H * k.T * 4 + 255) / 256 * 256 : 0;
+    p->accum_bytes = k.nondet ? (int64_t)k.B * k.H * k.T * k.dh * 4 : 0;
+    p->ws_off = p->accum_off + (p->accum_bytes + 255) / 256 * 256;
     if (st != TKD_OK && st != TKD_ERR_DEVICE_OOM)
         st = TKD_ERR_UNSUPPORTED;
-    const Key &k = p->key;
     return st == TKD_OK ? st
                         : tkd_error_prefix(st, "cuDNN attention %s B=%d T=%d H=%d Hkv=%d dh=%d%s",
                                            k.bwd ? "backward" : "forward", k.B, k.T, k.H, k.Hkv, k.dh,
@@ -655,8 +671,8 @@ static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[12
     p->scale = (float)(1.0 / sqrt((double)p->key.dh));
     p->neg_inf = -INFINITY;
     p->one = 1.0f;
-    int64_t uids[13] = {kUidQ, kUidK, kUidV, kUidY, kUidScale, kUidNegInf, kUidStats};
-    void *data[13] = {(void *)ptrs[0], (void *)ptrs[1], (void *)ptrs[2], (void *)ptrs[3], &p->scale,
+    int64_t uids[14] = {kUidQ, kUidK, kUidV, kUidY, kUidScale, kUidNegInf, kUidStats};
+    void *data[14] = {(void *)ptrs[0], (void *)ptrs[1], (void *)ptrs[2], (void *)ptrs[3], &p->scale,
                       &p->neg_inf, (void *)ptrs[4]};
     int64_t n = p->key.lse ? 7 : 6;
     if (p->key.bwd) {
@@ -666,6 +682,8 @@ static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[12
             uids[n + i] = more[i], data[n + i] = mdata[i];
         n += 6;
     }
+    if (p->key.nondet)
+        uids[n] = kUidDQAccum, data[n++] = (char *)a->ws + p->accum_off;
     void *ws = (char *)a->ws + p->ws_off;
     cudnnBackendDescriptor_t vp;
     TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
@@ -695,6 +713,9 @@ static tkd_status plan_run(tkd_cudnn_attn *a, Plan *p, const void *const ptrs_in
     memcpy(ptrs, ptrs_in, sizeof ptrs);
     ptrs[5] = a->ws;
     TKD_TRY(pack_get(a, p, ptrs));
+    if (p->accum_bytes) /* the accumulator starts at zero (cudnn-frontend leaves it to cuDNN from 9.6: kept) */
+        TKD_CUDA_CHECK(cudaMemsetAsync((char *)a->ws + p->accum_off, 0, (size_t)p->accum_bytes,
+                                       (cudaStream_t)stream));
     TKD_CUDNN_CHECK(cudnnSetStream(a->h, (cudaStream_t)stream));
     TKD_CUDNN_CHECK(cudnnBackendExecute(a->h, p->plan, p->pack));
     return TKD_OK;
@@ -784,12 +805,12 @@ static tkd_status bwd_shape_check(const tkd_cudnn_attn *a, int B, int T, int H, 
     return TKD_OK;
 }
 
-static Key bwd_key(int B, int T, int H, int Hkv, int dh)
+static Key bwd_key(const tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh)
 {
     Key key;
     memset(&key, 0, sizeof key);
     key.B = B, key.T = T, key.H = H, key.Hkv = Hkv, key.dh = dh, key.lse = 1, key.bwd = 1;
-    key.Hs = H, key.Hkvs = Hkv;
+    key.Hs = H, key.Hkvs = Hkv, key.nondet = a->bwd_nondet;
     return key;
 }
 
@@ -874,6 +895,11 @@ extern "C" void tkd_cudnn_attn_set_bwd_budget(tkd_cudnn_attn *a, size_t bytes)
         a->plans[i].gb = a->plans[i].gk = 0; /* choose the call sizes again */
 }
 
+extern "C" void tkd_cudnn_attn_set_bwd_nondet(tkd_cudnn_attn *a, int allow)
+{
+    a->bwd_nondet = allow != 0;
+}
+
 extern "C" tkd_status tkd_cudnn_attn_bwd_plan(tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh,
                                               tkd_cudnn_attn_bwd_info *info)
 {
@@ -882,7 +908,7 @@ extern "C" tkd_status tkd_cudnn_attn_bwd_plan(tkd_cudnn_attn *a, int B, int T, i
     if (B == 0 || T == 0)
         return TKD_OK;
     Plan *p = NULL, *run = NULL;
-    TKD_TRY(bwd_plans(a, bwd_key(B, T, H, Hkv, dh), &p, &run));
+    TKD_TRY(bwd_plans(a, bwd_key(a, B, T, H, Hkv, dh), &p, &run));
     info->ws_one_call = p->ws_bytes, info->ws_call = run->ws_bytes;
     info->batches = p->gb, info->kv_heads = p->gk, info->calls = (B / p->gb) * (Hkv / p->gk);
     info->nondet = run->nondet, info->engine = run->ident.engine, info->one_call_engine = p->ident.engine;
@@ -903,7 +929,7 @@ extern "C" tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, 
             return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cudnn_attn_bwd: dy, q, k, v, y, lse, dq, dk, dv must "
                                  "all be 16-byte aligned device pointers (argument %d is not)", i);
     Plan *p = NULL, *run = NULL;
-    TKD_TRY(bwd_plans(a, bwd_key(B, T, H, Hkv, dh), &p, &run));
+    TKD_TRY(bwd_plans(a, bwd_key(a, B, T, H, Hkv, dh), &p, &run));
     const int grp = H / Hkv;
     for (int b0 = 0; b0 < B; b0 += p->gb) /* one pass when one call fits */
         for (int k0 = 0; k0 < Hkv; k0 += p->gk) {
@@ -947,6 +973,11 @@ extern "C" tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, c
 extern "C" void tkd_cudnn_attn_set_bwd_budget(tkd_cudnn_attn *a, size_t bytes)
 {
     (void)a, (void)bytes;
+}
+
+extern "C" void tkd_cudnn_attn_set_bwd_nondet(tkd_cudnn_attn *a, int allow)
+{
+    (void)a, (void)allow;
 }
 
 extern "C" tkd_status tkd_cudnn_attn_bwd_plan(tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh,

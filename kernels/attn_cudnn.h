@@ -102,6 +102,14 @@ tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, // (B·T, H
  * call size is chosen again at its next call. Tests lower it to make the backward group its calls. */
 void tkd_cudnn_attn_set_bwd_budget(tkd_cudnn_attn *a, size_t bytes);
 
+/* allow = 1: tkd_cudnn_attn_bwd builds the graph cudnn-frontend builds when determinism is not
+ * asked for (dQ = dS·K summed over key tiles into an fp32 accumulator in our workspace, B·H·T·dh·4
+ * bytes, zeroed before each call, then converted to bf16) and takes engines cuDNN notes
+ * NONDETERMINISTIC; 0 (the default): deterministic engines only. Results are then not the same bits
+ * from run to run, so a resumed training run is not bit-exact; this is here to measure what
+ * determinism costs (TKD_CUDNN_BWD_NONDET=1 in the CUDA backend, bench/attn_bench's column). */
+void tkd_cudnn_attn_set_bwd_nondet(tkd_cudnn_attn *a, int allow);
+
 /* How tkd_cudnn_attn_bwd runs one shape. */
 typedef struct tkd_cudnn_attn_bwd_info {
     int64_t ws_one_call; /* cuDNN's workspace of one call over the whole shape, bytes */

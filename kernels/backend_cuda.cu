@@ -363,7 +363,8 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
     return TKD_OK;
 }
 
-/* cuDNN's fused backward (deterministic engines only) first: 1.09x / 1.27x faster student steps at
+/* cuDNN's fused backward (deterministic engines only; TKD_CUDNN_BWD_NONDET=1 allows the others, and
+ * a resumed run is then not bit-exact) first: 1.09x / 1.27x faster student steps at
  * 1B / 0.5B on an H200, and as accurate as bf16 arithmetic in a flash backward allows, row by row
  * against a float64 reference (tests/test_gpu_attn_cudnn_bwd.c, which holds ours to the same rule).
  * Where cuDNN is absent, refuses the shape or TKD_CUDNN_BWD=0 is set: our flash backward
@@ -874,6 +875,9 @@ tkd_status cuda_setup(CudaImpl *c)
         c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
         tkd_error_clear();
     }
+    const char *nondet = getenv("TKD_CUDNN_BWD_NONDET"); /* to measure what determinism costs */
+    if (c->cudnn && nondet && !strcmp(nondet, "1"))
+        tkd_cudnn_attn_set_bwd_nondet(c->cudnn, 1);
     return tkd_cuda_malloc(reinterpret_cast<void **>(&c->stage), kStageFloats * sizeof(float), "upload staging",
                            nullptr);
 }
