@@ -129,7 +129,8 @@ typedef struct tkd_backend_ops {
     tkd_status (*embedding_bwd)(tkd_backend *be, const int32_t *tok, int N, const float *dx, int D,
                                 float *demb); // (V, D) f32 +=
     tkd_status (*rmsnorm_bwd)(tkd_backend *be, const void *dy, const float *x, const void *w,
-                              const float *rstd, int N, int D, float *dx, float *dw); // +=
+                              const float *rstd, int N, int D, float *dx, float *dw, // +=
+                              void *dx_act); // (N, D) act or NULL: the new dx as act (may be dy)
     tkd_status (*linear_bwd)(tkd_backend *be, const void *dy, const void *x, const void *w, int N,
                              int K, int M, void *dx, float *dw, float *db, // dw, db +=
                              int dx_acc); // 1: dx += dy·W; 0: dx = dy·W (its old contents unread)

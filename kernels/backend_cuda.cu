@@ -318,12 +318,12 @@ tkd_status cu_embedding_bwd(tkd_backend *be, const int32_t *tok, int N, const fl
 }
 
 tkd_status cu_rmsnorm_bwd(tkd_backend *be, const void *dy, const float *x, const void *w, const float *rstd, int N,
-                          int D, float *dx, float *dw)
+                          int D, float *dx, float *dw, void *dx_act)
 {
     tkd_cuda_bwd_ws *ws = nullptr;
     TKD_TRY(bwd_ws(impl(be), N, D, &ws)); /* sized for the embedding's rows at the first call */
-    return tkd_cuda_rmsnorm_bwd(ws, static_cast<cbf>(dy), x, static_cast<cbf>(w), rstd, N, D, dx, dw,
-                                stream_of(be));
+    return tkd_cuda_rmsnorm_bwd(ws, static_cast<cbf>(dy), x, static_cast<cbf>(w), rstd, N, D, dx,
+                                static_cast<bf>(dx_act), dw, stream_of(be));
 }
 
 tkd_status cu_linear_bwd(tkd_backend *be, const void *dy, const void *x, const void *w, int N, int K, int M,
