@@ -177,8 +177,10 @@ typedef struct tkd_backend_ops {
     void (*kl_free)(tkd_backend *be, tkd_backend_kl *kl); /* NULL ok */
     /* Takes the teacher side of a host batch (top-k, LSE, tail draws, labels; hb->h and hb->w are
      * ignored) for the next kl_forward: the CPU keeps the pointers (the caller keeps the batch alive
-     * until kl_backward); CUDA copies it to pinned memory and sends it to the device on a copy
-     * stream, so the transfer runs while the model's forward computes. */
+     * until kl_backward); CUDA copies it to pinned memory (after waiting for the last batch's
+     * copy out of it) and sends it to the device on a copy stream. Call it after the model's
+     * forward is enqueued and before kl_forward: on CUDA the host copy and the transfer then run
+     * while the forward computes. */
     tkd_status (*kl_stage)(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p,
                            const tkd_kl_batch *hb);
     /* Validates the staged batch (tkd_kl_validate's checks and messages), then the loss of hidden h
