@@ -10,13 +10,18 @@
  *    output, a sanity check (tests/test_gpu_attn_cudnn.c holds the tolerances). A shape cuDNN
  *    refuses shows "refused" and its message goes to stderr.
  *  - backward (ours; all three gradients from our forward's y and lse), next to our forward with
- *    lse, and the two summed (one training step's attention); cuDNN's; our Hopper wgmma backward
- *    (tkd_cuda_attn_bwd_sm90, "-" where the device is not compute capability 9.0 or dh is not 64 or
- *    128), its forward+backward with cuDNN's forward (what training would run), and the relative
- *    L2 difference of its dq, dk, dv from our flash backward's on the same inputs (a sanity check:
- *    bf16 roundings put it near 1e-3–1e-2; garbage is ~1; tests/test_gpu_attn_cudnn_bwd.c holds
- *    the tolerances). Its bounded pipeline waits are checked after each shape (the run stops on a
- *    timeout).
+ *    lse, and the two summed (one training step's attention); cuDNN's backward under its default
+ *    workspace budget (the calls it makes and cuDNN's workspace per call), and in one call over
+ *    the whole shape (its workspace and time; the same time when the budget already makes one);
+ *    cuDNN's non-deterministic backward (tkd_cudnn_attn_set_bwd_nondet: fp32 dQ accumulation), "-"
+ *    where cuDNN offers none, and whether the engine it took is noted non-deterministic: the
+ *    difference to the deterministic column is what determinism costs; our Hopper wgmma backward
+ *    (tkd_cuda_attn_bwd_sm90, "-" where the device is not compute capability 9.0 or dh is not 64
+ *    or 128), its forward+backward with cuDNN's forward (what training would run), and the
+ *    relative L2 difference of its dq, dk, dv from our flash backward's on the same inputs (a
+ *    sanity check: bf16 roundings put it near 1e-3–1e-2; garbage is ~1;
+ *    tests/test_gpu_attn_cudnn_bwd.c holds the tolerances). Its bounded pipeline waits are checked
+ *    after each shape (the run stops on a timeout).
  * FLOPs, causal: forward 4·B·H·T²·dh/2 (its two matrix products over the causal half); backward
  * 2.5 × that (the usual convention, as FlashAttention's benchmarks count it: five products, not the
  * seven our deterministic backward does); fwd+bwd 3.5 × that over the sum of the two times.
@@ -91,18 +96,20 @@ typedef struct bufs {
 } bufs;
 
 /* What one timed call does. */
-typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_WGMMA } what;
+typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_CUDNN_ONE, BWD_WGMMA } what;
 
 /* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, our backward
- * (cudnn ignored), cuDNN's or the wgmma one (both overwrite dq, dk, dv) from the y and lse in b. */
+ * (cudnn ignored) or cuDNN's (it overwrites dq, dk, dv) from the y and lse in b. */
 static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 {
     if (w == BWD_WGMMA)
         return tkd_cuda_attn_bwd_sm90(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                       b->dq, b->dk, b->dv, b->ws, NULL);
-    if (w == BWD_CUDNN)
+    if (w == BWD_CUDNN || w == BWD_CUDNN_ONE) { /* ONE: no workspace budget, one call over the shape */
+        tkd_cudnn_attn_set_bwd_budget(cudnn, w == BWD_CUDNN_ONE ? 0 : TKD_CUDNN_ATTN_BWD_BUDGET);
         return tkd_cudnn_attn_bwd(cudnn, b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                   b->dq, b->dk, b->dv, NULL);
+    }
     if (w == BWD)
         return tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                  b->dq, b->dk, b->dv, b->ws, NULL);
@@ -115,14 +122,13 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
 static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
 {
     return w == BWD_WGMMA ? "tkd_cuda_attn_bwd_sm90"
-           : w == BWD_CUDNN ? "tkd_cudnn_attn_bwd"
+           : w == BWD_CUDNN || w == BWD_CUDNN_ONE ? "tkd_cudnn_attn_bwd"
            : w == BWD     ? "tkd_cuda_attn_bwd"
            : cudnn        ? "tkd_cudnn_attn_fwd"
                           : "tkd_cuda_attn_fwd";
 }
 
-/* Median milliseconds of reps calls, or -1 when cuDNN or the wgmma backward refuses the shape
- * (message on stderr).
+/* Median milliseconds of reps calls, or -1 when cuDNN refuses the shape (message on stderr).
  * *first_ms: wall time of the first (untimed) call, through its completion. */
 static double time_call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w, int reps, double *first_ms)
 {
@@ -232,6 +238,7 @@ static double wgmma_vs_ours(const shape *s, bufs *b)
     return r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
 }
 
+
 /* "| ms | TFLOP/s " cells of one timing, or "refused" ones. */
 static void print_cells(double ms, double flop)
 {
@@ -275,10 +282,18 @@ static void bufs_free(bufs *b)
     CUDA(cudaFree(b->lse));
 }
 
-/* Times one shape: prints its forward-table row now and returns the forward (lse) medians, ours [0]
- * and cuDNN's [1], the backward medians, ours [0], cuDNN's [1] and wgmma's [2] (-1: refused or
- * absent), and wgmma's difference from ours [3] (-1: not run), for the backward table. */
-static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double ms_fwd[2], double ms_bwd[4])
+/* The backward table's timings of one shape: ms_fwd ours [0] and cuDNN's [1] (with lse), ms_bwd
+ * ours [0], cuDNN's under the default workspace budget [1], in one call [2] and non-deterministic
+ * [3] (-1: refused or no cuDNN), our Hopper wgmma backward's [4] (-1: refused or not sm_90) and
+ * its relative difference from ours [5] (-1: not run); how cuDNN's runs under the budget,
+ * deterministic and not. */
+typedef struct bwd_row {
+    double ms_fwd[2], ms_bwd[6];
+    tkd_cudnn_attn_bwd_info info, info_nd;
+} bwd_row;
+
+/* Times one shape: prints its forward-table row now and fills r for the backward table. */
+static void bench_shape(tkd_cudnn_attn *cudnn, tkd_cudnn_attn *cudnn_nd, const shape *s, int reps, bwd_row *r)
 {
     bufs b;
     bufs_alloc(&b, s);
@@ -303,29 +318,47 @@ static void bench_shape(tkd_cudnn_attn *cudnn, const shape *s, int reps, double 
     if (call(NULL, s, &b, FWD_LSE) != TKD_OK) /* our y and lse for the backward (compare left cuDNN's) */
         die("tkd_cuda_attn_fwd", tkd_error_msg());
     double first_bwd;
-    ms_fwd[0] = ms[0], ms_fwd[1] = ms[2];
-    ms_bwd[0] = time_call(NULL, s, &b, BWD, reps, &first_bwd);
-    ms_bwd[1] = cudnn ? time_call(cudnn, s, &b, BWD_CUDNN, reps, &first_bwd) : -1.0;
-    ms_bwd[2] = time_call(NULL, s, &b, BWD_WGMMA, reps, &first_bwd);
-    ms_bwd[3] = ms_bwd[2] >= 0 ? wgmma_vs_ours(s, &b) : -1.0;
+    r->ms_fwd[0] = ms[0], r->ms_fwd[1] = ms[2];
+    r->ms_bwd[0] = time_call(NULL, s, &b, BWD, reps, &first_bwd);
+    r->ms_bwd[1] = r->ms_bwd[2] = r->ms_bwd[3] = -1.0;
+    memset(&r->info, 0, sizeof r->info);
+    memset(&r->info_nd, 0, sizeof r->info_nd);
+    if (cudnn_nd && tkd_cudnn_attn_bwd_plan(cudnn_nd, s->b, s->t, s->h, s->hkv, s->dh, &r->info_nd) == TKD_OK)
+        r->ms_bwd[3] = time_call(cudnn_nd, s, &b, BWD_CUDNN, reps, &first_bwd);
+    else if (cudnn_nd)
+        fprintf(stderr, "attn_bench: %dx%dx%dx%dx%d non-deterministic backward: %s\n", s->b, s->t, s->h, s->hkv,
+                s->dh, tkd_error_msg());
+    if (cudnn) {
+        r->ms_bwd[1] = time_call(cudnn, s, &b, BWD_CUDNN, reps, &first_bwd);
+        if (tkd_cudnn_attn_bwd_plan(cudnn, s->b, s->t, s->h, s->hkv, s->dh, &r->info) != TKD_OK)
+            die("tkd_cudnn_attn_bwd_plan", tkd_error_msg());
+        r->ms_bwd[2] = r->info.calls > 1 ? time_call(cudnn, s, &b, BWD_CUDNN_ONE, reps, &first_bwd) : r->ms_bwd[1];
+        tkd_cudnn_attn_set_bwd_budget(cudnn, TKD_CUDNN_ATTN_BWD_BUDGET);
+    }
+    r->ms_bwd[4] = time_call(NULL, s, &b, BWD_WGMMA, reps, &first_bwd);
+    r->ms_bwd[5] = r->ms_bwd[4] >= 0 ? wgmma_vs_ours(s, &b) : -1.0;
     bufs_free(&b);
 }
 
-static void print_bwd_row(const shape *s, const double ms_fwd[2], const double ms_bwd[4])
+static void print_bwd_row(const shape *s, const bwd_row *r)
 {
     double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
     print_shape(s);
-    print_cells(ms_fwd[0], flop);
-    print_cells(ms_bwd[0], 2.5 * flop);
-    print_cells(ms_fwd[0] + ms_bwd[0], 3.5 * flop);
-    print_cells(ms_bwd[1], 2.5 * flop);
-    print_cells(ms_fwd[1] < 0 || ms_bwd[1] < 0 ? -1.0 : ms_fwd[1] + ms_bwd[1], 3.5 * flop);
-    print_cells(ms_bwd[2], 2.5 * flop);
-    print_cells(ms_fwd[1] < 0 || ms_bwd[2] < 0 ? -1.0 : ms_fwd[1] + ms_bwd[2], 3.5 * flop);
-    if (ms_bwd[3] < 0)
+    print_cells(r->ms_fwd[0], flop);
+    print_cells(r->ms_bwd[0], 2.5 * flop);
+    print_cells(r->ms_fwd[0] + r->ms_bwd[0], 3.5 * flop);
+    print_cells(r->ms_bwd[1], 2.5 * flop);
+    print_cells(r->ms_fwd[1] < 0 || r->ms_bwd[1] < 0 ? -1.0 : r->ms_fwd[1] + r->ms_bwd[1], 3.5 * flop);
+    printf("| %2d x %8.1f | %9.1f ", r->info.calls, r->info.ws_call / 1048576.0, r->info.ws_one_call / 1048576.0);
+    print_cells(r->ms_bwd[2], 2.5 * flop);
+    print_cells(r->ms_bwd[3], 2.5 * flop);
+    printf("| %s ", r->ms_bwd[3] < 0 ? "-" : r->info_nd.nondet ? "yes" : "no");
+    print_cells(r->ms_bwd[4], 2.5 * flop);
+    print_cells(r->ms_fwd[1] < 0 || r->ms_bwd[4] < 0 ? -1.0 : r->ms_fwd[1] + r->ms_bwd[4], 3.5 * flop);
+    if (r->ms_bwd[5] < 0)
         printf("| - |\n");
     else
-        printf("| %.1e |\n", ms_bwd[3]);
+        printf("| %.1e |\n", r->ms_bwd[5]);
 }
 
 int main(int argc, char **argv)
@@ -358,9 +391,11 @@ int main(int argc, char **argv)
         die("--reps", "must be at least 1");
     struct cudaDeviceProp p;
     CUDA(cudaGetDeviceProperties(&p, 0));
-    tkd_cudnn_attn *cudnn = NULL;
+    tkd_cudnn_attn *cudnn = NULL, *cudnn_nd = NULL;
     if (tkd_cudnn_attn_create(&cudnn) != TKD_OK)
         fprintf(stderr, "attn_bench: no cuDNN column: %s\n", tkd_error_msg());
+    else if (tkd_cudnn_attn_create(&cudnn_nd) == TKD_OK)
+        tkd_cudnn_attn_set_bwd_nondet(cudnn_nd, 1);
     printf("attn_bench: %s, %d SMs, median of %d calls; TFLOP/s: forward 4·B·H·T²·dh/2 / time, "
            "backward 2.5 × that (convention), fwd+bwd 3.5 × that / (fwd with lse + bwd)\n\n",
            p.name, p.multiProcessorCount, reps);
@@ -369,18 +404,22 @@ int main(int argc, char **argv)
            "| cuDNN ms (lse) | TFLOP/s | cuDNN ms (no lse) | TFLOP/s | cuDNN plan ms (lse / no) "
            "| max abs diff y / lse |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    double ms_fwd[16][2], ms_bwd[16][4];
+    bwd_row rows[16];
     for (int i = 0; i < n; i++)
-        bench_shape(cudnn, &shapes[i], reps, ms_fwd[i], ms_bwd[i]);
+        bench_shape(cudnn, cudnn_nd, &shapes[i], reps, &rows[i]);
     printf("\nbackward (ours; cuDNN's: its forward with lse + tkd_cudnn_attn_bwd; wgmma: our Hopper backward, "
            "its fwd+bwd with cuDNN's forward; rel diff: wgmma's gradients vs ours)\n\n");
     printf("| shape        | B |      T |   H | Hkv |  dh | fwd ms (lse) | TFLOP/s | bwd ms | TFLOP/s "
            "| fwd+bwd ms | TFLOP/s | cuDNN bwd ms | TFLOP/s | cuDNN fwd+bwd ms | TFLOP/s "
+           "| cuDNN calls x ws MiB | one call ws MiB | cuDNN one call bwd ms | TFLOP/s "
+           "| cuDNN non-det. bwd ms | TFLOP/s | noted non-det. "
            "| wgmma bwd ms | TFLOP/s | wgmma fwd+bwd ms | TFLOP/s | rel diff |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+           "---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
-        print_bwd_row(&shapes[i], ms_fwd[i], ms_bwd[i]);
+        print_bwd_row(&shapes[i], &rows[i]);
     tkd_cudnn_attn_free(cudnn);
+    tkd_cudnn_attn_free(cudnn_nd);
     return 0;
 }
 

@@ -5,7 +5,7 @@
  * decreasing order of a random logit, an LSE a little above their log-sum-exp, labels = each row's
  * teacher top-1; renorm, alpha 0.5, tau 1, the gradient made in the loss's forward — the defaults
  * of student-train), one step is what student_train/train.c's train_step does with grad_accum 1:
- * zero grads, kl_stage, model forward (training), kl_forward (+ kl_backward with --kd-recompute),
+ * zero grads, model forward (training), kl_stage, kl_forward (+ kl_backward with --kd-recompute),
  * model backward, clip to 1.0 inside AdamW. Two warm-up
  * steps, then --steps timed steps, each ending with a device sync (host wall clock around them).
  *
@@ -204,11 +204,12 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
         TKD_TRY(tkd_zero_begin_step(c->zero, c->step + 1));
     TKD_TRY(tkd_model_zero_grad(c->m));
     TKD_TRY(lap(c, split, &t, &zero_ms));
-    TKD_TRY(op->kl_stage(c->be, c->kl, &c->kp, &c->kb));
-    TKD_TRY(lap(c, split, &t, &sp->data));
     const void *hidden = NULL;
     TKD_TRY(tkd_model_forward(c->m, c->hb.tok, c->B, c->T, 1, &hidden));
     TKD_TRY(lap(c, split, &t, &sp->fwd));
+    /* after the forward is enqueued, as train.c's micro_step: the host copy overlaps it */
+    TKD_TRY(op->kl_stage(c->be, c->kl, &c->kp, &c->kb));
+    TKD_TRY(lap(c, split, &t, &sp->data));
     tkd_kl_result r;
     const void *w = tkd_model_lm_head_dev(c->m);
     float *dw = tkd_model_lm_head_grad(c->m);

@@ -22,16 +22,28 @@ constexpr int kPlans = 16;   /* cached plans: a teacher pass uses a shape or two
 constexpr int kDescs = 128;  /* descriptors one graph is built from (backward: 31 tensors, 45 ops, graph, heur) */
 constexpr int kOps = 32;     /* operations in the graph (forward 14, backward at most 23) */
 constexpr int kCfgs = 16;    /* engine configs taken from one heuristics query */
+constexpr int kKnobs = 32;   /* knob choices of one engine config (cuDNN 9 has fewer knob types) */
 constexpr int kMsg = TKD_ERROR_MSG_MAX; /* a cached refusal's message */
 
 /* Unique ids of the tensors the variant pack names; the virtual ones count up from kUidVirtual. */
 constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidY = 4, kUidStats = 5, kUidScale = 6, kUidNegInf = 7;
 constexpr int64_t kUidDO = 8, kUidDQ = 9, kUidDK = 10, kUidDV = 11, kUidSoftmaxSum = 12, kUidOne = 13;
+constexpr int64_t kUidDQAccum = 14;
 constexpr int64_t kUidVirtual = 100;
 
 struct Key {
     int B, T, H, Hkv, dh, lse; /* compared with memcmp: zero the padding */
     int bwd;                   /* 1: the backward graph (lse then always given) */
+    int Hs, Hkvs;              /* heads per token row in memory (H, Hkv unless a group of the backward) */
+    int nondet;                /* backward: dQ accumulated in fp32 (atomics), non-deterministic engines allowed */
+};
+
+/* Which engine and knob settings an engine config is: a group of the backward prefers its one-call
+ * plan's, so that each (batch, head) is computed the same way. */
+struct Ident {
+    int64_t engine;          /* CUDNN_ATTR_ENGINE_GLOBAL_INDEX; -1: none */
+    int nknobs;
+    int64_t knob[kKnobs][2]; /* (type, value) in the config's order */
 };
 
 struct Plan {
@@ -49,6 +61,10 @@ struct Plan {
     cudnnBackendDescriptor_t plan;
     int64_t ws_bytes;                      /* cuDNN's workspace for the plan */
     int64_t ws_off;                        /* backward: our softmax_sum (B, H, T) fp32 before it */
+    int64_t accum_off, accum_bytes;        /* non-deterministic backward: its dQ accumulator (B, H, T, dh) fp32 */
+    Ident ident;                           /* the engine config the plan was made from */
+    bool nondet;                           /* its engine is noted NONDETERMINISTIC */
+    int gb, gk;                            /* backward: the call size chosen for this key (0: not yet) */
     float scale, neg_inf, one;             /* by-value scalars: the variant pack points here */
     cudnnBackendDescriptor_t pack;         /* the last call's variant pack and what it holds */
     const void *pack_ptrs[12];
@@ -191,18 +207,24 @@ tkd_status matmul(Plan *p, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t 
 struct Shapes {
     int64_t q_dim[4], q_str[4], kt_dim[4], kt_str[4], v_dim[4], v_str[4];
     int64_t s_dim[4], s_str[4], r_dim[4], r_str[4], one[4];
+    int64_t qv_str[4]; /* q's shape packed: virtual tensors of it (a group's rows are Hs heads wide) */
+    int64_t st_str[4]; /* lse (B, Hs, T) in memory: a group's stats are a slice of the whole */
 };
 
+/* Memory strides use the heads per row (Hs, Hkvs), so a group of the backward addresses its heads
+ * inside the whole tensors; virtual tensors stay packed. */
 Shapes shapes_for(const Key &k)
 {
-    const int64_t B = k.B, T = k.T, H = k.H, G = k.Hkv, D = k.dh;
+    const int64_t B = k.B, T = k.T, H = k.H, G = k.Hkv, D = k.dh, HS = k.Hs, GS = k.Hkvs;
     Shapes s = {
-        {B, H, T, D}, {T * H * D, D, H * D, 1},
-        {B, G, D, T}, {T * G * D, D, 1, G * D},
-        {B, G, T, D}, {T * G * D, D, G * D, 1},
+        {B, H, T, D}, {T * HS * D, D, HS * D, 1},
+        {B, G, D, T}, {T * GS * D, D, 1, GS * D},
+        {B, G, T, D}, {T * GS * D, D, GS * D, 1},
         {B, H, T, T}, {H * T * T, T * T, T, 1},
         {B, H, T, 1}, {H * T, T, 1, 1},
         {1, 1, 1, 1},
+        {T * H * D, D, H * D, 1},
+        {HS * T, T, 1, 1},
     };
     return s;
 }
@@ -250,7 +272,8 @@ tkd_status graph_softmax_pv(Plan *p, const Shapes &s, cudnnBackendDescriptor_t m
     STEP("tensor exp", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ex));
     STEP("tensor sum", tensor(p, 0, f32, s.r_dim, s.r_str, false, &sum));
     STEP("tensor log sum", tensor(p, 0, f32, s.r_dim, s.r_str, false, &lg));
-    STEP("tensor stats", tensor(p, p->key.lse ? kUidStats : 0, f32, s.r_dim, s.r_str, false, &stats));
+    STEP("tensor stats", tensor(p, p->key.lse ? kUidStats : 0, f32, s.r_dim, p->key.lse ? s.st_str : s.r_str,
+                                false, &stats));
     STEP("tensor P", tensor(p, 0, bf16, s.s_dim, s.s_str, false, &prob));
     STEP("tensor v", tensor(p, kUidV, bf16, s.v_dim, s.v_str, false, &v));
     STEP("tensor y", tensor(p, kUidY, bf16, s.q_dim, s.q_str, false, &y));
@@ -283,10 +306,10 @@ struct BwdShapes {
 
 BwdShapes bwd_shapes_for(const Key &k)
 {
-    const int64_t H = k.H, T = k.T, B = k.B, G = k.Hkv, D = k.dh;
+    const int64_t H = k.H, T = k.T, B = k.B, G = k.Hkv, D = k.dh, GS = k.Hkvs;
     BwdShapes s = {
         {B, H, T, T}, {H * T * T, T * T, 1, T},
-        {B, G, T, D}, {T * G * D, D, G * D, 1},
+        {B, G, T, D}, {T * GS * D, D, GS * D, 1}, /* K as it lies in memory (a view of kᵀ) */
         {B, H, T, D}, {H * T * D, T * D, D, 1},
     };
     return s;
@@ -301,7 +324,7 @@ tkd_status graph_softmax_sum(Plan *p, const Shapes &s, cudnnBackendDescriptor_t 
     STEP("tensor dO", tensor(p, kUidDO, bf16, s.q_dim, s.q_str, false, &dy));
     STEP("tensor O", tensor(p, kUidY, bf16, s.q_dim, s.q_str, false, &y));
     STEP("tensor one", tensor(p, kUidOne, f32, s.one, s.one, true, &one));
-    STEP("tensor dO*O", tensor(p, 0, f32, s.q_dim, s.q_str, false, &prod));
+    STEP("tensor dO*O", tensor(p, 0, f32, s.q_dim, s.qv_str, false, &prod));
     STEP("tensor rowsum dO*O", tensor(p, 0, f32, s.r_dim, s.r_str, false, &sum));
     STEP("tensor softmax_sum", tensor(p, kUidSoftmaxSum, f32, s.r_dim, s.r_str, false, &ssum));
     STEP("pointwise dO*O", pointwise(p, CUDNN_POINTWISE_MUL, f32, dy, y, NULL, prod));
@@ -339,7 +362,7 @@ tkd_status graph_backward(Plan *p, const Shapes &s)
     cudnnBackendDescriptor_t kk, dq;
     TKD_TRY(graph_softmax_sum(p, s, &dy, &ssum));
     TKD_TRY(graph_scores(p, s, &masked, &q, &kt, &scale));
-    STEP("tensor stats", tensor(p, kUidStats, f32, s.r_dim, s.r_str, false, &stats));
+    STEP("tensor stats", tensor(p, kUidStats, f32, s.r_dim, s.st_str, false, &stats));
     STEP("tensor S - stats", tensor(p, 0, f32, s.s_dim, s.s_str, false, &sub));
     STEP("tensor exp", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ex));
     STEP("pointwise S - stats", pointwise(p, CUDNN_POINTWISE_SUB, f32, masked, stats, NULL, sub));
@@ -370,7 +393,16 @@ tkd_status graph_backward(Plan *p, const Shapes &s)
     STEP("tensor K", tensor(p, 0, bf16, bs.k_dim, bs.k_str, false, &kk));
     STEP("tensor dq", tensor(p, kUidDQ, bf16, s.q_dim, s.q_str, false, &dq));
     STEP("reshape K", reshape(p, kt, kk));
-    STEP("matmul dS·K", matmul(p, ds, kk, dq));
+    if (!p->key.nondet) {
+        STEP("matmul dS·K", matmul(p, ds, kk, dq));
+        return TKD_OK;
+    }
+    /* the frontend's non-deterministic choice: dQ summed over key tiles into an fp32 accumulator
+     * (zeroed before each call, in our workspace), then converted */
+    cudnnBackendDescriptor_t acc;
+    STEP("tensor dQ accumulator", tensor(p, kUidDQAccum, f32, bs.full_dim, bs.full_str, false, &acc));
+    STEP("matmul dS·K", matmul(p, ds, kk, acc));
+    STEP("pointwise dQ", pointwise(p, CUDNN_POINTWISE_IDENTITY, f32, acc, NULL, NULL, dq));
     return TKD_OK;
 }
 
@@ -436,19 +468,21 @@ tkd_status plan_try(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t *out,
     return TKD_OK;
 }
 
-/* *nondet = whether engine config cfg's engine carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC. */
-tkd_status cfg_nondeterministic(cudnnBackendDescriptor_t cfg, bool *nondet)
+/* cfg's engine: whether it carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC, and its global index. */
+tkd_status cfg_engine(cudnnBackendDescriptor_t cfg, bool *nondet, int64_t *index)
 {
     cudnnBackendDescriptor_t eng = NULL;
     cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-    int64_t n = 0;
-    *nondet = false;
+    int64_t n = 0, m = 0;
+    *nondet = false, *index = -1;
     TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng));
     cudnnStatus_t e = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                                &n, &eng);
     if (e == CUDNN_STATUS_SUCCESS)
         e = cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                      CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes);
+    if (e == CUDNN_STATUS_SUCCESS)
+        e = cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &m, index);
     destroy(eng);
     TKD_CUDNN_CHECK(e);
     for (int64_t i = 0; i < n; i++)
@@ -457,10 +491,71 @@ tkd_status cfg_nondeterministic(cudnnBackendDescriptor_t cfg, bool *nondet)
     return TKD_OK;
 }
 
-/* p->plan: the first engine config (heuristics mode A, then FALLBACK) whose plan finalizes. When
- * none does, TKD_ERR_UNSUPPORTED with how many each mode offered and the first refusal's message
- * (that of the heuristics' top choice, the engine we wanted). */
-tkd_status plan_pick(Plan *p, cudnnBackendDescriptor_t g)
+/* id's knob choices: cfg's (type, value) pairs in its order. */
+tkd_status cfg_knobs(cudnnBackendDescriptor_t cfg, Ident *id)
+{
+    cudnnBackendDescriptor_t kc[kKnobs] = {};
+    int64_t n = 0, m = 0;
+    cudnnStatus_t e = CUDNN_STATUS_SUCCESS;
+    for (int i = 0; i < kKnobs && e == CUDNN_STATUS_SUCCESS; i++)
+        e = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &kc[i]);
+    if (e == CUDNN_STATUS_SUCCESS)
+        e = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, kKnobs,
+                                     &n, kc);
+    id->nknobs = e == CUDNN_STATUS_SUCCESS ? (int)(n < kKnobs ? n : kKnobs) : 0;
+    for (int i = 0; i < id->nknobs && e == CUDNN_STATUS_SUCCESS; i++) {
+        cudnnBackendKnobType_t type;
+        e = cudnnBackendGetAttribute(kc[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &m, &type);
+        id->knob[i][0] = (int64_t)type;
+        if (e == CUDNN_STATUS_SUCCESS)
+            e = cudnnBackendGetAttribute(kc[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &m,
+                                         &id->knob[i][1]);
+    }
+    for (int i = 0; i < kKnobs; i++)
+        destroy(kc[i]);
+    TKD_CUDNN_CHECK(e);
+    return TKD_OK;
+}
+
+bool ident_same(const Ident &a, const Ident &b)
+{
+    return a.engine == b.engine && a.nknobs == b.nknobs &&
+           memcmp(a.knob, b.knob, sizeof a.knob[0] * (size_t)a.nknobs) == 0;
+}
+
+/* Whether config i may be tried in pass `pass` of plan_pick (0: only configs like prefer, 1: the
+ * others), with its engine's description in *nondet and *id. The forward takes the heuristics'
+ * order undescribed; the backward leaves out engines noted non-deterministic and those it cannot
+ * describe, with the reason in why (when why is still empty). Knobs that cannot be read only make
+ * the config match prefer by its engine alone. */
+bool cfg_admit(Plan *p, int i, int pass, const Ident *prefer, bool *nondet, Ident *id, char *why, const char *mode)
+{
+    memset(id, 0, sizeof *id);
+    id->engine = -1, *nondet = false;
+    if (!p->key.bwd)
+        return pass == 1;
+    if (cfg_engine(p->cfgs[i], nondet, &id->engine) != TKD_OK) {
+        if (pass == 1 && !why[0])
+            snprintf(why, kMsg, "mode %s config %d: %s", mode, i, tkd_error_msg());
+        return false;
+    }
+    if (cfg_knobs(p->cfgs[i], id) != TKD_OK)
+        id->nknobs = 0, tkd_error_clear();
+    if ((pass == 0) != (prefer && ident_same(*prefer, *id)))
+        return false;
+    if (*nondet && !p->key.nondet) { /* training resumes bit-exactly: no engine that says it is not */
+        if (!why[0])
+            snprintf(why, kMsg, "mode %s config %d: engine is non-deterministic (skipped)", mode, i);
+        return false;
+    }
+    return true;
+}
+
+/* p->plan: the first engine config (heuristics mode A, then FALLBACK) whose plan finalizes, those
+ * like prefer (when not NULL) first in each mode. When none does, TKD_ERR_UNSUPPORTED with how many
+ * each mode offered and the first refusal's message (that of the heuristics' top choice, the engine
+ * we wanted). */
+tkd_status plan_pick(Plan *p, cudnnBackendDescriptor_t g, const Ident *prefer)
 {
     static const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
     static const char *const names[2] = {"A", "FALLBACK"};
@@ -473,29 +568,24 @@ tkd_status plan_pick(Plan *p, cudnnBackendDescriptor_t g)
         if (st != TKD_OK && !first[0])
             snprintf(first, sizeof first, "heuristics mode %s: %s", names[m], tkd_error_msg());
         offered[m] = st == TKD_OK ? p->ncfgs : 0;
-        for (int i = 0; i < offered[m]; i++) {
-            if (p->key.bwd) { /* training resumes bit-exactly: no engine that says it is not */
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < offered[m]; i++) {
                 bool nondet = false;
-                tkd_status nst = cfg_nondeterministic(p->cfgs[i], &nondet);
-                if (nst != TKD_OK || nondet) {
-                    if (!first[0])
-                        snprintf(first, sizeof first, "mode %s config %d: %s", names[m], i,
-                                 nst != TKD_OK ? tkd_error_msg() : "engine is non-deterministic (skipped)");
+                Ident id;
+                if (!cfg_admit(p, i, pass, prefer, &nondet, &id, first, names[m]))
                     continue;
+                cudnnBackendDescriptor_t plan = NULL;
+                tkd_status pst = plan_try(p->cfgs[i], &plan, &p->ws_bytes);
+                if (pst == TKD_OK) {
+                    p->plan = plan, p->ident = id, p->nondet = nondet;
+                    return TKD_OK;
                 }
+                destroy(plan);
+                if (pst == TKD_ERR_DEVICE_OOM)
+                    return pst;
+                if (!first[0])
+                    snprintf(first, sizeof first, "mode %s config %d: %s", names[m], i, tkd_error_msg());
             }
-            cudnnBackendDescriptor_t plan = NULL;
-            tkd_status pst = plan_try(p->cfgs[i], &plan, &p->ws_bytes);
-            if (pst == TKD_OK) {
-                p->plan = plan;
-                return TKD_OK;
-            }
-            destroy(plan);
-            if (pst == TKD_ERR_DEVICE_OOM)
-                return pst;
-            if (!first[0])
-                snprintf(first, sizeof first, "mode %s config %d: %s", names[m], i, tkd_error_msg());
-        }
     }
     return tkd_error_set(TKD_ERR_UNSUPPORTED,
                          "no engine built a plan (heuristics offered %d configs in mode A, %d in FALLBACK)%s%s",
@@ -508,40 +598,39 @@ struct tkd_cudnn_attn {
     cudnnHandle_t h;
     void *ws; /* (ws_bytes): shared by every plan, one call at a time */
     size_t ws_bytes;
+    size_t bwd_budget; /* cuDNN's workspace of one backward call at most (0: no bound) */
+    int bwd_nondet;    /* the backward may take non-deterministic engines (fp32 dQ accumulation) */
     Plan plans[kPlans];
     unsigned long long clock;
 };
 
-/* Builds p's plan for p->key and grows the workspace to it. Any failure but out-of-memory becomes
+/* Builds p's plan for p->key (the workspace grows when it first runs: a backward whose one-call
+ * plan is too big never allocates its workspace). Any failure but out-of-memory becomes
  * TKD_ERR_UNSUPPORTED: the caller falls back, the message says why. */
-static tkd_status plan_init(tkd_cudnn_attn *a, Plan *p)
+static tkd_status plan_init(tkd_cudnn_attn *a, Plan *p, const Ident *prefer)
 {
     cudnnBackendDescriptor_t g = NULL;
     tkd_status st = graph_build(p, a->h, &g);
     if (st == TKD_OK)
-        st = plan_pick(p, g);
-    /* the backward's softmax_sum (B, H, T) fp32 goes first, cuDNN's workspace 256-aligned after it */
-    p->ws_off = p->key.bwd ? ((int64_t)p->key.B * p->key.H * p->key.T * 4 + 255) / 256 * 256 : 0;
-    const size_t need = (size_t)(p->ws_off + p->ws_bytes);
-    if (st == TKD_OK && need > a->ws_bytes) {
-        tkd_cuda_free(a->ws); /* cudaFree waits for the kernels that may still use it */
-        a->ws = NULL, a->ws_bytes = 0;
-        st = tkd_cuda_malloc(&a->ws, need, "cuDNN attention workspace", NULL);
-        if (st == TKD_OK)
-            a->ws_bytes = need;
-    }
+        st = plan_pick(p, g, prefer);
+    /* the backward's softmax_sum (B, H, T) fp32 goes first, then (non-deterministic) the dQ
+     * accumulator (B, H, T, dh) fp32, cuDNN's workspace after them, each 256-aligned */
+    const Key &k = p->key;
+    p->accum_off = k.bwd ? ((int64_t)k.B * k.H * k.T * 4 + 255) / 256 * 256 : 0;
+    p->accum_bytes = k.nondet ? (int64_t)k.B * k.H * k.T * k.dh * 4 : 0;
+    p->ws_off = p->accum_off + (p->accum_bytes + 255) / 256 * 256;
     if (st != TKD_OK && st != TKD_ERR_DEVICE_OOM)
         st = TKD_ERR_UNSUPPORTED;
-    const Key &k = p->key;
     return st == TKD_OK ? st
                         : tkd_error_prefix(st, "cuDNN attention %s B=%d T=%d H=%d Hkv=%d dh=%d%s",
                                            k.bwd ? "backward" : "forward", k.B, k.T, k.H, k.Hkv, k.dh,
                                            !k.bwd && k.lse ? " with lse" : "");
 }
 
-/* The cached plan for key, built (replacing the least recently used slot) when missing. A refusal
- * is cached as well and returned again with its message. */
-static tkd_status plan_get(tkd_cudnn_attn *a, const Key &key, Plan **out)
+/* The cached plan for key, built (replacing the least recently used slot, never the one used last)
+ * when missing, preferring the engine config prefer (NULL: none). A refusal is cached as well and
+ * returned again with its message. */
+static tkd_status plan_get(tkd_cudnn_attn *a, const Key &key, Plan **out, const Ident *prefer = NULL)
 {
     Plan *victim = &a->plans[0];
     for (int i = 0; i < kPlans; i++) {
@@ -557,7 +646,7 @@ static tkd_status plan_get(tkd_cudnn_attn *a, const Key &key, Plan **out)
     if (victim->used)
         plan_destroy(victim);
     victim->key = key;
-    tkd_status st = plan_init(a, victim);
+    tkd_status st = plan_init(a, victim, prefer);
     if (st != TKD_OK) {
         plan_destroy(victim);
         if (st == TKD_ERR_DEVICE_OOM) /* may pass: not cached */
@@ -582,8 +671,8 @@ static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[12
     p->scale = (float)(1.0 / sqrt((double)p->key.dh));
     p->neg_inf = -INFINITY;
     p->one = 1.0f;
-    int64_t uids[13] = {kUidQ, kUidK, kUidV, kUidY, kUidScale, kUidNegInf, kUidStats};
-    void *data[13] = {(void *)ptrs[0], (void *)ptrs[1], (void *)ptrs[2], (void *)ptrs[3], &p->scale,
+    int64_t uids[14] = {kUidQ, kUidK, kUidV, kUidY, kUidScale, kUidNegInf, kUidStats};
+    void *data[14] = {(void *)ptrs[0], (void *)ptrs[1], (void *)ptrs[2], (void *)ptrs[3], &p->scale,
                       &p->neg_inf, (void *)ptrs[4]};
     int64_t n = p->key.lse ? 7 : 6;
     if (p->key.bwd) {
@@ -593,6 +682,8 @@ static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[12
             uids[n + i] = more[i], data[n + i] = mdata[i];
         n += 6;
     }
+    if (p->key.nondet)
+        uids[n] = kUidDQAccum, data[n++] = (char *)a->ws + p->accum_off;
     void *ws = (char *)a->ws + p->ws_off;
     cudnnBackendDescriptor_t vp;
     TKD_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
@@ -603,6 +694,30 @@ static tkd_status pack_get(tkd_cudnn_attn *a, Plan *p, const void *const ptrs[12
     memset(p->pack_ptrs, 0, sizeof p->pack_ptrs); /* unusable until finalized */
     TKD_CUDNN_CHECK(cudnnBackendFinalize(vp));
     memcpy(p->pack_ptrs, ptrs, sizeof p->pack_ptrs);
+    return TKD_OK;
+}
+
+/* Runs p on stream with ptrs (pack_get's layout; [5] is set here to the workspace, grown first to
+ * p's need: cudaFree waits for the kernels that may still use the old one). */
+static tkd_status plan_run(tkd_cudnn_attn *a, Plan *p, const void *const ptrs_in[12], void *stream)
+{
+    const size_t need = (size_t)(p->ws_off + p->ws_bytes);
+    if (need > a->ws_bytes) {
+        tkd_cuda_free(a->ws);
+        a->ws = NULL, a->ws_bytes = 0;
+        TKD_TRY(tkd_cuda_malloc(&a->ws, need, "cuDNN attention workspace",
+                                "lower data.seq_len or run.batch_size, or set TKD_CUDNN_BWD=0"));
+        a->ws_bytes = need;
+    }
+    const void *ptrs[12];
+    memcpy(ptrs, ptrs_in, sizeof ptrs);
+    ptrs[5] = a->ws;
+    TKD_TRY(pack_get(a, p, ptrs));
+    if (p->accum_bytes) /* the accumulator starts at zero (cudnn-frontend leaves it to cuDNN from 9.6: kept) */
+        TKD_CUDA_CHECK(cudaMemsetAsync((char *)a->ws + p->accum_off, 0, (size_t)p->accum_bytes,
+                                       (cudaStream_t)stream));
+    TKD_CUDNN_CHECK(cudnnSetStream(a->h, (cudaStream_t)stream));
+    TKD_CUDNN_CHECK(cudnnBackendExecute(a->h, p->plan, p->pack));
     return TKD_OK;
 }
 
@@ -634,6 +749,7 @@ extern "C" tkd_status tkd_cudnn_attn_create(tkd_cudnn_attn **out)
     tkd_cudnn_attn *a = (tkd_cudnn_attn *)calloc(1, sizeof *a);
     if (!a)
         return tkd_error_set(TKD_ERR_NOMEM, "cuDNN attention: out of host memory");
+    a->bwd_budget = TKD_CUDNN_ATTN_BWD_BUDGET;
     tkd_status st = attn_init(a);
     if (st != TKD_OK) {
         tkd_cudnn_attn_free(a);
@@ -669,12 +785,135 @@ extern "C" tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, c
     Key key;
     memset(&key, 0, sizeof key);
     key.B = B, key.T = T, key.H = H, key.Hkv = Hkv, key.dh = dh, key.lse = lse != NULL;
+    key.Hs = H, key.Hkvs = Hkv;
     Plan *p = NULL;
     TKD_TRY(plan_get(a, key, &p));
-    const void *ptrs[12] = {q, k, v, y, lse, a->ws};
-    TKD_TRY(pack_get(a, p, ptrs));
-    TKD_CUDNN_CHECK(cudnnSetStream(a->h, (cudaStream_t)stream));
-    TKD_CUDNN_CHECK(cudnnBackendExecute(a->h, p->plan, p->pack));
+    const void *const ptrs[12] = {q, k, v, y, lse};
+    return plan_run(a, p, ptrs, stream);
+}
+
+/* The shape checks of the backward's entry points (fn names the one called). */
+static tkd_status bwd_shape_check(const tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh, const char *fn)
+{
+    if (!a || B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "%s: bad shape B=%d T=%d H=%d Hkv=%d (H must be a multiple of Hkv) or no state", fn, B,
+                             T, H, Hkv);
+    if (dh < 8 || dh > 256 || dh % 8 != 0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "%s: head dim %d is not supported (cuDNN: a multiple of 8, at most 256)", fn, dh);
+    return TKD_OK;
+}
+
+static Key bwd_key(const tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh)
+{
+    Key key;
+    memset(&key, 0, sizeof key);
+    key.B = B, key.T = T, key.H = H, key.Hkv = Hkv, key.dh = dh, key.lse = 1, key.bwd = 1;
+    key.Hs = H, key.Hkvs = Hkv, key.nondet = a->bwd_nondet;
+    return key;
+}
+
+/* The key of one call over gb batches and gk kv heads (with their query heads) of k's tensors. */
+static Key group_key(const Key &k, int gb, int gk)
+{
+    Key g = k;
+    g.B = gb, g.Hkv = gk, g.H = gk * (k.H / k.Hkv);
+    return g;
+}
+
+/* The largest call gb·gk < limit (gb | B, gk | Hkv, more kv heads first on a tie) whose workspace,
+ * per bytes for each (batch, kv head), fits budget; (1, 1) when none does. */
+static void group_pick(int B, int Hkv, int64_t per, size_t budget, int limit, int *gb, int *gk)
+{
+    *gb = *gk = 1;
+    for (int kk = 1; kk <= Hkv; kk++)
+        for (int bb = 1; bb <= B; bb++) {
+            const int n = kk * bb;
+            if (Hkv % kk || B % bb || n >= limit || (size_t)((int64_t)n * per) > budget)
+                continue;
+            if (n > *gb * *gk || (n == *gb * *gk && kk > *gk))
+                *gb = bb, *gk = kk;
+        }
+}
+
+/* p (a one-call backward plan over budget): p->gb, p->gk the call size whose plan's workspace
+ * fits, estimated from the workspace per (batch, kv head) and checked on the group's own plan
+ * (smaller again until it fits or is one batch and one kv head). A group shape cuDNN refuses
+ * leaves the last size that worked (at first: one call). */
+static tkd_status bwd_split(tkd_cudnn_attn *a, Plan *p)
+{
+    const Key k = p->key;
+    int limit = k.B * k.Hkv;
+    int64_t per = (p->ws_bytes + limit - 1) / limit;
+    for (;;) {
+        int gb, gk;
+        group_pick(k.B, k.Hkv, per, a->bwd_budget, limit, &gb, &gk);
+        Plan *gp = NULL;
+        tkd_status st = plan_get(a, group_key(k, gb, gk), &gp, &p->ident);
+        if (st == TKD_ERR_UNSUPPORTED) {
+            tkd_error_clear();
+            return TKD_OK;
+        }
+        TKD_TRY(st);
+        p->gb = gb, p->gk = gk;
+        if ((size_t)gp->ws_bytes <= a->bwd_budget || gb * gk == 1)
+            return TKD_OK;
+        limit = gb * gk;
+        per = (gp->ws_bytes + limit - 1) / limit;
+    }
+}
+
+/* The one-call plan of key (*full, with the call size chosen in gb, gk) and the plan each call
+ * runs (*run: *full itself when one call fits the budget). */
+static tkd_status bwd_plans(tkd_cudnn_attn *a, const Key &key, Plan **full, Plan **run)
+{
+    Plan *p = NULL;
+    TKD_TRY(plan_get(a, key, &p));
+    *full = p;
+    if (!p->gb) {
+        p->gb = key.B, p->gk = key.Hkv;
+        if (a->bwd_budget && (size_t)p->ws_bytes > a->bwd_budget && key.T % 4 == 0) {
+            tkd_status st = bwd_split(a, p);
+            if (st != TKD_OK) {
+                p->gb = 0; /* decide again at the next call (out of memory may pass) */
+                return st;
+            }
+        }
+    }
+    if (p->gb == key.B && p->gk == key.Hkv) {
+        *run = p;
+        return TKD_OK;
+    }
+    return plan_get(a, group_key(key, p->gb, p->gk), run, &p->ident);
+}
+
+extern "C" void tkd_cudnn_attn_set_bwd_budget(tkd_cudnn_attn *a, size_t bytes)
+{
+    if (a->bwd_budget == bytes) /* attn_bench sets it before every timed call */
+        return;
+    a->bwd_budget = bytes;
+    for (int i = 0; i < kPlans; i++)
+        a->plans[i].gb = a->plans[i].gk = 0; /* choose the call sizes again */
+}
+
+extern "C" void tkd_cudnn_attn_set_bwd_nondet(tkd_cudnn_attn *a, int allow)
+{
+    a->bwd_nondet = allow != 0;
+}
+
+extern "C" tkd_status tkd_cudnn_attn_bwd_plan(tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh,
+                                              tkd_cudnn_attn_bwd_info *info)
+{
+    memset(info, 0, sizeof *info);
+    TKD_TRY(bwd_shape_check(a, B, T, H, Hkv, dh, "tkd_cudnn_attn_bwd_plan"));
+    if (B == 0 || T == 0)
+        return TKD_OK;
+    Plan *p = NULL, *run = NULL;
+    TKD_TRY(bwd_plans(a, bwd_key(a, B, T, H, Hkv, dh), &p, &run));
+    info->ws_one_call = p->ws_bytes, info->ws_call = run->ws_bytes;
+    info->batches = p->gb, info->kv_heads = p->gk, info->calls = (B / p->gb) * (Hkv / p->gk);
+    info->nondet = run->nondet, info->engine = run->ident.engine, info->one_call_engine = p->ident.engine;
     return TKD_OK;
 }
 
@@ -683,14 +922,7 @@ extern "C" tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, 
                                          const float *lse, int B, int T, int H, int Hkv, int dh, uint16_t *dq,
                                          uint16_t *dk, uint16_t *dv, void *stream)
 {
-    if (!a || B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "tkd_cudnn_attn_bwd: bad shape B=%d T=%d H=%d Hkv=%d (H must be a multiple of "
-                             "Hkv) or no state", B, T, H, Hkv);
-    if (dh < 8 || dh > 256 || dh % 8 != 0)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "tkd_cudnn_attn_bwd: head dim %d is not supported (cuDNN: a multiple of 8, at "
-                             "most 256)", dh);
+    TKD_TRY(bwd_shape_check(a, B, T, H, Hkv, dh, "tkd_cudnn_attn_bwd"));
     if (B == 0 || T == 0)
         return TKD_OK;
     const void *const all[10] = {dy, q, k, v, y, lse, dq, dk, dv, a};
@@ -698,15 +930,18 @@ extern "C" tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, 
         if (!all[i] || !aligned16(all[i]))
             return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cudnn_attn_bwd: dy, q, k, v, y, lse, dq, dk, dv must "
                                  "all be 16-byte aligned device pointers (argument %d is not)", i);
-    Key key;
-    memset(&key, 0, sizeof key);
-    key.B = B, key.T = T, key.H = H, key.Hkv = Hkv, key.dh = dh, key.lse = 1, key.bwd = 1;
-    Plan *p = NULL;
-    TKD_TRY(plan_get(a, key, &p));
-    const void *ptrs[12] = {q, k, v, y, lse, a->ws, dy, dq, dk, dv};
-    TKD_TRY(pack_get(a, p, ptrs));
-    TKD_CUDNN_CHECK(cudnnSetStream(a->h, (cudaStream_t)stream));
-    TKD_CUDNN_CHECK(cudnnBackendExecute(a->h, p->plan, p->pack));
+    Plan *p = NULL, *run = NULL;
+    TKD_TRY(bwd_plans(a, bwd_key(a, B, T, H, Hkv, dh), &p, &run));
+    const int grp = H / Hkv;
+    for (int b0 = 0; b0 < B; b0 += p->gb) /* one pass when one call fits */
+        for (int k0 = 0; k0 < Hkv; k0 += p->gk) {
+            /* the group's first element: row b0·T, query head k0·grp, kv head k0; lse (B, H, T) */
+            const int64_t oq = ((int64_t)b0 * T * H + (int64_t)k0 * grp) * dh;
+            const int64_t okv = ((int64_t)b0 * T * Hkv + k0) * dh, ol = ((int64_t)b0 * H + (int64_t)k0 * grp) * T;
+            const void *const ptrs[12] = {q + oq, k + okv, v + okv, y + oq, lse + ol, NULL,
+                                          dy + oq, dq + oq, dk + okv, dv + okv};
+            TKD_TRY(plan_run(a, run, ptrs, stream));
+        }
     return TKD_OK;
 }
 
@@ -734,6 +969,24 @@ extern "C" tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, c
 {
     (void)a, (void)q, (void)k, (void)v, (void)B, (void)T, (void)H, (void)Hkv, (void)dh, (void)y, (void)lse;
     (void)stream;
+    return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN attention: this build has no cuDNN");
+}
+
+extern "C" void tkd_cudnn_attn_set_bwd_budget(tkd_cudnn_attn *a, size_t bytes)
+{
+    (void)a, (void)bytes;
+}
+
+extern "C" void tkd_cudnn_attn_set_bwd_nondet(tkd_cudnn_attn *a, int allow)
+{
+    (void)a, (void)allow;
+}
+
+extern "C" tkd_status tkd_cudnn_attn_bwd_plan(tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh,
+                                              tkd_cudnn_attn_bwd_info *info)
+{
+    (void)a, (void)B, (void)T, (void)H, (void)Hkv, (void)dh;
+    memset(info, 0, sizeof *info);
     return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN attention: this build has no cuDNN");
 }
 

@@ -15,7 +15,7 @@
  * Plans: the first call for a shape (B, T, H, Hkv, dh, lse or not) builds the operation graph,
  * asks cuDNN's heuristics (mode A, then FALLBACK) for engine configs and keeps the first execution
  * plan that finalizes, in a small table (least recently used replaced); one device workspace grows
- * to the largest plan's need (at plan build, never per call). A shape no engine takes is
+ * to the largest need of a plan that runs (at its first call, never in a steady loop). A shape no engine takes is
  * TKD_ERR_UNSUPPORTED with cuDNN's message; the refusal is cached too, so asking again is cheap and
  * the caller falls back to tkd_cuda_attn_fwd. Any failure while building a plan other than device
  * out-of-memory is reported as TKD_ERR_UNSUPPORTED (so a cuDNN that rejects our graph degrades to
@@ -69,7 +69,20 @@ tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, // (B·T, H�
  * dq, dk and dv are WRITTEN (overwritten), not added to, and all three are required: the same
  * result as tkd_cuda_attn_bwd on zeroed gradients (what model.c passes). A workspace of
  * B·H·T fp32 (rowsum(dY ⊙ Y)) plus cuDNN's own is part of the state's one workspace. Errors and
- * fallbacks as tkd_cudnn_attn_fwd (TKD_ERR_UNSUPPORTED with cuDNN's reason: use tkd_cuda_attn_bwd). */
+ * fallbacks as tkd_cudnn_attn_fwd (TKD_ERR_UNSUPPORTED with cuDNN's reason: use tkd_cuda_attn_bwd).
+ *
+ * Workspace bound: cuDNN's deterministic engine keeps dS (or dP) of every (batch, head) in its
+ * workspace for the separate dQ = dS·K product: cudnn-frontend names it the "dP workspace" and
+ * sized it B·H·T²·2 bytes (T rounded up to 64) when it chose it itself (cuDNN 8.9); that is the
+ * ~4 GiB measured for the 1B student at T 8192, and would be 48 GiB for the 3B one at T 32768 (the
+ * plan reports the exact size: tkd_cudnn_attn_bwd_plan). When one call's workspace would
+ * pass the state's budget (TKD_CUDNN_ATTN_BWD_BUDGET unless set otherwise), the backward runs as
+ * several calls, each over gb batches × gk kv heads with their query heads (gb divides B, gk divides
+ * Hkv, the largest gb·gk whose workspace fits; at worst one batch and one kv head), addressing the
+ * same tensors at offsets with the full strides: no copies. The groups' plan prefers the one-call
+ * plan's engine and knobs, so the results are the same bits where that engine computes each
+ * (batch, head) alone, which tests/test_gpu_attn_cudnn_bwd.c checks. T not a multiple of 4 (lse
+ * offsets not 16-byte aligned) always takes one call. */
 tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, // (B·T, H·dh)
                               const uint16_t *q,                       // (B·T, H·dh)
                               const uint16_t *k, const uint16_t *v,    // (B·T, Hkv·dh) each
@@ -78,6 +91,40 @@ tkd_status tkd_cudnn_attn_bwd(tkd_cudnn_attn *a, const uint16_t *dy, // (B·T, H
                               uint16_t *dq,                            // (B·T, H·dh), written
                               uint16_t *dk, uint16_t *dv,              // (B·T, Hkv·dh), written
                               void *stream);
+
+/* The default bound on cuDNN's workspace for one backward call, in bytes: 512 MiB keeps the 1B
+ * student's attention backward at T 8192 (4 GiB in one call) to 8 calls of one kv head each, at the
+ * cost of ~1.5 % of the H200's memory; smaller budgets would split into calls too small to fill the
+ * GPU (one call of one kv head at 0.5B, T 4096 is 7 heads × 32 query tiles). */
+#define TKD_CUDNN_ATTN_BWD_BUDGET ((size_t)512 << 20)
+
+/* Sets the budget of tkd_cudnn_attn_bwd's workspace (0: no bound, always one call); each shape's
+ * call size is chosen again at its next call. Tests lower it to make the backward group its calls. */
+void tkd_cudnn_attn_set_bwd_budget(tkd_cudnn_attn *a, size_t bytes);
+
+/* allow = 1: tkd_cudnn_attn_bwd builds the graph cudnn-frontend builds when determinism is not
+ * asked for (dQ = dS·K summed over key tiles into an fp32 accumulator in our workspace, B·H·T·dh·4
+ * bytes, zeroed before each call, then converted to bf16) and takes engines cuDNN notes
+ * NONDETERMINISTIC; 0 (the default): deterministic engines only. Results are then not the same bits
+ * from run to run, so a resumed training run is not bit-exact; this is here to measure what
+ * determinism costs (TKD_CUDNN_BWD_NONDET=1 in the CUDA backend, bench/attn_bench's column). */
+void tkd_cudnn_attn_set_bwd_nondet(tkd_cudnn_attn *a, int allow);
+
+/* How tkd_cudnn_attn_bwd runs one shape. */
+typedef struct tkd_cudnn_attn_bwd_info {
+    int64_t ws_one_call; /* cuDNN's workspace of one call over the whole shape, bytes */
+    int64_t ws_call;     /* cuDNN's workspace of the calls made (= ws_one_call when calls = 1) */
+    int calls;           /* calls per backward, each over `batches` × `kv_heads` */
+    int batches, kv_heads;
+    int nondet;          /* the engine picked carries cuDNN's NONDETERMINISTIC note */
+    int64_t engine;      /* the calls' engine (cuDNN's global index), one_call_engine the one call's */
+    int64_t one_call_engine;
+} tkd_cudnn_attn_bwd_info;
+
+/* Builds (or finds) the plans tkd_cudnn_attn_bwd uses for this shape, without running them or
+ * allocating their workspace, and says how it will run. Errors as tkd_cudnn_attn_bwd. */
+tkd_status tkd_cudnn_attn_bwd_plan(tkd_cudnn_attn *a, int B, int T, int H, int Hkv, int dh,
+                                   tkd_cudnn_attn_bwd_info *info);
 
 #ifdef __cplusplus
 }

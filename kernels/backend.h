@@ -129,7 +129,8 @@ typedef struct tkd_backend_ops {
     tkd_status (*embedding_bwd)(tkd_backend *be, const int32_t *tok, int N, const float *dx, int D,
                                 float *demb); // (V, D) f32 +=
     tkd_status (*rmsnorm_bwd)(tkd_backend *be, const void *dy, const float *x, const void *w,
-                              const float *rstd, int N, int D, float *dx, float *dw); // +=
+                              const float *rstd, int N, int D, float *dx, float *dw, // +=
+                              void *dx_act); // (N, D) act or NULL: the new dx as act (may be dy)
     tkd_status (*linear_bwd)(tkd_backend *be, const void *dy, const void *x, const void *w, int N,
                              int K, int M, void *dx, float *dw, float *db, // dw, db +=
                              int dx_acc); // 1: dx += dy·W; 0: dx = dy·W (its old contents unread)
@@ -176,8 +177,10 @@ typedef struct tkd_backend_ops {
     void (*kl_free)(tkd_backend *be, tkd_backend_kl *kl); /* NULL ok */
     /* Takes the teacher side of a host batch (top-k, LSE, tail draws, labels; hb->h and hb->w are
      * ignored) for the next kl_forward: the CPU keeps the pointers (the caller keeps the batch alive
-     * until kl_backward); CUDA copies it to pinned memory and sends it to the device on a copy
-     * stream, so the transfer runs while the model's forward computes. */
+     * until kl_backward); CUDA copies it to pinned memory (after waiting for the last batch's
+     * copy out of it) and sends it to the device on a copy stream. Call it after the model's
+     * forward is enqueued and before kl_forward: on CUDA the host copy and the transfer then run
+     * while the forward computes. */
     tkd_status (*kl_stage)(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p,
                            const tkd_kl_batch *hb);
     /* Validates the staged batch (tkd_kl_validate's checks and messages), then the loss of hidden h

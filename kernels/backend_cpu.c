@@ -155,11 +155,14 @@ static tkd_status cpu_embedding_bwd(tkd_backend *be, const int32_t *tok, int N, 
     return TKD_OK;
 }
 
+/* act is fp32 here: the act copy of dx is dx itself (copied when asked elsewhere, after the rows are done). */
 static tkd_status cpu_rmsnorm_bwd(tkd_backend *be, const void *dy, const float *x, const void *w, const float *rstd,
-                                  int N, int D, float *dx, float *dw)
+                                  int N, int D, float *dx, float *dw, void *dx_act)
 {
     (void)be;
     tkd_cpu_rmsnorm_bwd(dy, x, w, rstd, N, D, dx, dw);
+    if (dx_act && dx && dx_act != dx)
+        memcpy(dx_act, dx, sizeof(float) * (size_t)N * (size_t)D);
     return TKD_OK;
 }
 

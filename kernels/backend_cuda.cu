@@ -326,12 +326,12 @@ tkd_status cu_embedding_bwd(tkd_backend *be, const int32_t *tok, int N, const fl
 }
 
 tkd_status cu_rmsnorm_bwd(tkd_backend *be, const void *dy, const float *x, const void *w, const float *rstd, int N,
-                          int D, float *dx, float *dw)
+                          int D, float *dx, float *dw, void *dx_act)
 {
     tkd_cuda_bwd_ws *ws = nullptr;
     TKD_TRY(bwd_ws(impl(be), N, D, &ws)); /* sized for the embedding's rows at the first call */
-    return tkd_cuda_rmsnorm_bwd(ws, static_cast<cbf>(dy), x, static_cast<cbf>(w), rstd, N, D, dx, dw,
-                                stream_of(be));
+    return tkd_cuda_rmsnorm_bwd(ws, static_cast<cbf>(dy), x, static_cast<cbf>(w), rstd, N, D, dx,
+                                static_cast<bf>(dx_act), dw, stream_of(be));
 }
 
 tkd_status cu_linear_bwd(tkd_backend *be, const void *dy, const void *x, const void *w, int N, int K, int M,
@@ -372,12 +372,13 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
 }
 
 /* The attention backward, first choice c->attn_bwd (TKD_ATTN_BWD), then down the list: cuDNN's fused
- * backward (deterministic engines only; the default: 1.09x / 1.27x faster student steps at 1B / 0.5B on
- * an H200 than our flash kernel), our Hopper wgmma kernel (attn_bwd_sm90.h: compute capability 9.0,
- * dh 64 or 128), our flash backward (deterministic, mma.sync) where it takes the head size, the
- * simple deterministic kernels elsewhere. A choice that is absent or refuses the shape passes to
- * the next; "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all three fast ones
- * row by row to what bf16 arithmetic in a flash backward must cost, against a float64 reference. */
+ * backward (deterministic engines only, TKD_CUDNN_BWD_NONDET=1 allows the others and a resumed run
+ * is then not bit-exact; the default: 1.09x / 1.27x faster student steps at 1B / 0.5B on an H200
+ * than our flash kernel), our Hopper wgmma kernel (attn_bwd_sm90.h: compute capability 9.0, dh 64
+ * or 128), our flash backward (deterministic, mma.sync) where it takes the head size, the simple
+ * deterministic kernels elsewhere. A choice that is absent or refuses the shape passes to the next;
+ * "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all the fast ones row by row
+ * to what bf16 arithmetic in a flash backward must cost, against a float64 reference. */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
                        const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
 {
@@ -923,6 +924,9 @@ tkd_status cuda_setup(CudaImpl *c)
         c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
         tkd_error_clear();
     }
+    const char *nondet = getenv("TKD_CUDNN_BWD_NONDET"); /* to measure what determinism costs */
+    if (c->cudnn && nondet && !strcmp(nondet, "1"))
+        tkd_cudnn_attn_set_bwd_nondet(c->cudnn, 1);
     return tkd_cuda_malloc(reinterpret_cast<void **>(&c->stage), kStageFloats * sizeof(float), "upload staging",
                            nullptr);
 }

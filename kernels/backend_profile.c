@@ -37,8 +37,9 @@
     X(swiglu_fwd, (, const void *g, const void *u, int64_t n, void *h), (, g, u, n, h))                               \
     X(embedding_bwd, (, const int32_t *tok, int N, const float *dx, int D, float *demb), (, tok, N, dx, D, demb))     \
     X(rmsnorm_bwd,                                                                                                    \
-      (, const void *dy, const float *x, const void *w, const float *rstd, int N, int D, float *dx, float *dw),       \
-      (, dy, x, w, rstd, N, D, dx, dw))                                                                               \
+      (, const void *dy, const float *x, const void *w, const float *rstd, int N, int D, float *dx, float *dw,        \
+       void *dx_act),                                                                                                 \
+      (, dy, x, w, rstd, N, D, dx, dw, dx_act))                                                                       \
     X(linear_bwd,                                                                                                     \
       (, const void *dy, const void *x, const void *w, int N, int K, int M, void *dx, float *dw, float *db,           \
        int dx_acc),                                                                                                   \

@@ -196,6 +196,7 @@ struct RmsBwdArgs {
     const uint16_t *w;  /* (D) bf16 */
     const float *rstd;  /* (N) */
     float *dx;          /* (N, D) +=, or NULL */
+    uint16_t *dxb;      /* (N, D) bf16: the new dx rounded, or NULL (may be dy: see below) */
     float *part;        /* (G, D) dw partials, or NULL */
     int n, d, rows_per;
 };
@@ -203,7 +204,9 @@ struct RmsBwdArgs {
 /* Block b = rows [b·R, b·R + R), in order. Thread t owns the same columns as the forward (VEC:
  * chunks of 8 at (j·nt + t)·8; else columns j·nt + t) and keeps their w and its dw partial in
  * registers across the rows. Per row: pass 1 forms Σ g·x (g = dy·w) over the block (only when dx
- * is wanted); pass 2 re-reads the row (L1-resident) for dx += r·(g − x·c) and dw += dy·x·r. */
+ * is wanted); pass 2 re-reads the row (L1-resident) for dx += r·(g − x·c) (and its bf16 rounding
+ * into dxb) and dw += dy·x·r. dxb may alias dy: each element of dy is read for the last time, by
+ * the thread that writes it, in pass 2 before that write (plain loads, no read-only cache). */
 template <int CH, bool VEC>
 __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs a)
 {
@@ -255,6 +258,8 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
                 for (int i = 0; i < W; i++)
                     o[i] += r * (g[i] * w[j * W + i] - xv[i] * c);
                 store_f32<W>(a.dx + off + e, o);
+                if (a.dxb)
+                    store_bf<W>(a.dxb + off + e, o);
             }
 #pragma unroll
             for (int i = 0; i < W; i++)
@@ -687,17 +692,20 @@ extern "C" tkd_status tkd_cuda_embedding_bwd(tkd_cuda_bwd_ws *ws, const int32_t 
 
 extern "C" tkd_status tkd_cuda_rmsnorm_bwd(tkd_cuda_bwd_ws *ws, const uint16_t *dy, const float *x,
                                            const uint16_t *w, const float *rstd, int N, int D, float *dx,
-                                           float *dw, void *stream)
+                                           uint16_t *dx_bf16, float *dw, void *stream)
 {
-    if (!ws || N < 0 || D < 1 || D > kRowMaxD || (N > 0 && (dx || dw) && (!dy || !x || !w || !rstd)))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "rmsnorm_bwd: N = %d, D = %d (1..%d) or a NULL tensor",
-                             N, D, kRowMaxD);
+    if (!ws || N < 0 || D < 1 || D > kRowMaxD || (N > 0 && (dx || dw) && (!dy || !x || !w || !rstd)) ||
+        (dx_bf16 && !dx))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "rmsnorm_bwd: N = %d, D = %d (1..%d), a NULL tensor or dx_bf16 without dx", N, D,
+                             kRowMaxD);
     if (N == 0 || (!dx && !dw))
         return TKD_OK;
     int rows_per, G;
     row_groups(N, D, ws->part_floats, &rows_per, &G);
-    RmsBwdArgs a = {dy, x, w, rstd, dx, dw ? ws->part : NULL, N, D, rows_per};
-    const bool vec = D % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && (!dx || aligned16(dx));
+    RmsBwdArgs a = {dy, x, w, rstd, dx, dx_bf16, dw ? ws->part : NULL, N, D, rows_per};
+    const bool vec = D % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && (!dx || aligned16(dx)) &&
+                     (!dx_bf16 || aligned16(dx_bf16));
     const int units = (D + 7) / 8; /* per-thread capacity is 8 values per chunk on both paths */
     const int nt = units >= kRowMaxThreads ? kRowMaxThreads : (units + 31) / 32 * 32;
     const int need = (units + nt - 1) / nt;

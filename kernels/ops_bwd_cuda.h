@@ -54,13 +54,16 @@ tkd_status tkd_cuda_embedding_bwd(tkd_cuda_bwd_ws *ws, const int32_t *tok, int N
 
 /* With g = dy·w, c = r²·Σ_d g·x / D (r = rstd[n]): dx += r·(g − x·c), dw += Σ_n dy·x·r.
  * Row sums in fp32; dw from per-block partials over fixed row groups, then summed per column in a
- * fixed order (double). 1 ≤ D ≤ 16384 (16-byte loads when D % 8 == 0 and dy, x, w, dx are 16-byte
+ * fixed order (double). dx_bf16 (NULL: none; needs dx) receives the new dx rounded as
+ * tkd_cuda_f32_to_bf16 rounds (the same bits as that pass after this call, without it); it may be
+ * dy itself. 1 ≤ D ≤ 16384 (16-byte loads when D % 8 == 0 and dy, x, w, dx, dx_bf16 are 16-byte
  * aligned); any N ≥ 0. */
 tkd_status tkd_cuda_rmsnorm_bwd(tkd_cuda_bwd_ws *ws, const uint16_t *dy, // (N, D) bf16
                                 const float *x,                         // (N, D) f32
                                 const uint16_t *w,                      // (D) bf16
                                 const float *rstd, int N, int D,        // (N) f32
                                 float *dx,                              // (N, D) f32 +=
+                                uint16_t *dx_bf16,                      // (N, D) bf16 or NULL
                                 float *dw, void *stream);               // (D) f32 +=
 
 /* The transpose of tkd_cuda_rope_fwd's rotation, in place on dq (N, H·dh) and dk (N, Hkv·dh):

@@ -800,20 +800,24 @@ tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, 
 }
 
 /* The residual stream's gradient dx (f32) as the act-typed dy a linear backward reads: dx itself
- * where act is fp32 (the CPU), else rounded into a->dn, which is free at both places this is used. */
-static tkd_status residual_grad_as_act(const tkd_model *m, tkd_model_acts *a, int N, const void **out)
+ * where act is fp32 (the CPU), else a->dn, where the rmsnorm backward that last updated dx wrote it
+ * rounded (residual_grad_act_out: no separate conversion pass over N·D). */
+static const void *residual_grad_act(const tkd_model *m, tkd_model_acts *a)
 {
-    if (m->be->act_size == sizeof(float)) {
-        *out = a->dx;
-        return TKD_OK;
-    }
-    *out = a->dn;
-    return m->be->op->f32_to_act(m->be, a->dx, a->dn, (size_t)N * m->cfg.hidden_size);
+    return m->be->act_size == sizeof(float) ? (const void *)a->dx : (const void *)a->dn;
 }
 
-/* On entry a->dx = ∂loss/∂(block output); on return ∂loss/∂(block input). */
+/* Where an rmsnorm backward writes the new dx as act for the linear backward after it: a->dn (its
+ * own dy, read by then, and free until that linear backward) unless act is fp32. */
+static void *residual_grad_act_out(const tkd_model *m, tkd_model_acts *a)
+{
+    return m->be->act_size == sizeof(float) ? NULL : a->dn;
+}
+
+/* On entry a->dx = ∂loss/∂(block output), and residual_grad_act holds it as act; on return
+ * ∂loss/∂(block input), also as act when act_out (the block below reads it). */
 static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd_layer_weights *G,
-                            const layer_acts *A, tkd_model_acts *a, int B, int T)
+                            const layer_acts *A, tkd_model_acts *a, int B, int T, int act_out)
 {
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
@@ -821,25 +825,25 @@ static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
     int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
     size_t NF = (size_t)N * F;
-    const void *dres = NULL;
+    const void *dres = residual_grad_act(m, a);
     /* The first contribution to each activation gradient overwrites it (dx_acc / acc 0, attn_bwd
      * always): no zeroing pass over dh, dg, du, dn, dy, dq, dk, dv. */
     /* MLP branch: out = x2 + down(silu(gate(n2)) · up(n2)) */
-    TKD_TRY(residual_grad_as_act(m, a, N, &dres));
     TKD_TRY(op->linear_bwd(be, dres, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL, 0));
     TKD_TRY(op->swiglu_bwd(be, a->dh, A->gt, A->up, (int64_t)NF, a->dg, a->du, 0));
     TKD_TRY(op->linear_bwd(be, a->dg, A->n2, W->wg, N, D, F, a->dn, G->wg, NULL, 0));
     TKD_TRY(op->linear_bwd(be, a->du, A->n2, W->wu, N, D, F, a->dn, G->wu, NULL, 1));
-    TKD_TRY(op->rmsnorm_bwd(be, a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm));
+    TKD_TRY(op->rmsnorm_bwd(be, a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm,
+                            residual_grad_act_out(m, a)));
     /* attention branch: x2 = x + o_proj(attn(...)) */
-    TKD_TRY(residual_grad_as_act(m, a, N, &dres));
     TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL, 0));
     TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh, a->dq, a->dk, a->dv));
     TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
     TKD_TRY(op->linear_bwd(be, a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq, 0));
     TKD_TRY(op->linear_bwd(be, a->dk, A->n1, W->wk, N, D, KV, a->dn, G->wk, G->bk, 1));
     TKD_TRY(op->linear_bwd(be, a->dv, A->n1, W->wv, N, D, KV, a->dn, G->wv, G->bv, 1));
-    return op->rmsnorm_bwd(be, a->dn, A->x, W->attn_norm, A->rstd1, N, D, a->dx, G->attn_norm);
+    return op->rmsnorm_bwd(be, a->dn, A->x, W->attn_norm, A->rstd1, N, D, a->dx, G->attn_norm,
+                           act_out ? residual_grad_act_out(m, a) : NULL);
 }
 
 tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
@@ -853,15 +857,16 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
     const void *dy = dhidden;
     if (m->be->act_size != sizeof(float)) { /* the loss's fp32 gradient as the act the ops take */
         TKD_TRY(op->f32_to_act(m->be, dhidden, a->dn, (size_t)N * D));
-        dy = a->dn; /* free until block_bwd zeroes it */
+        dy = a->dn; /* read by the final norm's backward, which then writes dx over it as act */
     }
     TKD_TRY(op->memset0(m->be, a->dx, sizeof(float) * (size_t)N * D));
-    TKD_TRY(op->rmsnorm_bwd(m->be, dy, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm));
+    TKD_TRY(op->rmsnorm_bwd(m->be, dy, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm,
+                            residual_grad_act_out(m, a)));
     for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
         /* the last block's activations are still in the shared set: the forward ended with it */
         if (m->recompute != TKD_RECOMPUTE_NONE && l + 1 < c->num_hidden_layers)
             TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
-        TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T));
+        TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T, l > 0));
         if (m->grad_hook)
             TKD_TRY(m->grad_hook(m->grad_hook_ctx, m, l));
     }

@@ -417,9 +417,14 @@ static tkd_status global_scale(trainer *tr, int64_t labels, float *scale)
     return TKD_OK;
 }
 
-/* The teacher batch goes to the backend first (on CUDA its copy overlaps the model's forward);
- * the loss validates it before using it, after the forward, as it always has. `last`: the step's
- * last micro-batch (data parallel: its backward starts the gradient reductions). */
+/* The teacher batch goes to the backend once the model's forward is enqueued: on CUDA the forward
+ * only queues work, so kl_stage's host copy into pinned memory (1.5–2 ms at the 0.5B shape) and its
+ * transfer on the copy stream run while the GPU computes the forward, instead of before it starts.
+ * backend.h's contract still holds: kl_stage comes before the kl_forward of its batch, and the
+ * pinned staging is free again (the previous micro-batch's kl_forward and kl_backward returned
+ * after a host sync, and kl_stage itself waits for the last copy out of it). The loss validates
+ * the batch before using it, as it always has. `last`: the step's last micro-batch (data parallel:
+ * its backward starts the gradient reductions). */
 static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, int last, step_stats *ss)
 {
     const tkd_backend_ops *op = tr->be->op;
@@ -433,12 +438,12 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, int last, st
     if (b->b == 0) /* this rank's part of an epoch's short last batch is empty */
         return TKD_OK;
     tr->kp.grad_scale = scale;
+    const void *hidden = NULL;
+    TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
     tkd_kl_batch kb;
     kl_batch_of(tr, b, &kb);
     TKD_TRY(op->kl_stage(tr->be, tr->kl, &tr->kp, &kb));
     ss->beyond += b->beyond_vocab;
-    const void *hidden = NULL;
-    TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
     tkd_kl_result r;
     const void *w = tkd_model_lm_head_dev(tr->m);
     float *dw = tkd_model_lm_head_grad(tr->m);

@@ -59,7 +59,10 @@
  *     rounding of dQ per 64-key tile or of P before dS passes (x1.1–1.6: bf16 roundings of the same
  *     size, which is what the question allows). A wrong mask, scale or index gives O(1) errors.
  * Also per case: two runs of each backward are bit-identical (cuDNN: deterministic engines only; the
- * GPU resume is bit-exact and must stay so); cuDNN and the wgmma backward write (gradient buffers
+ * GPU resume is bit-exact and must stay so); cuDNN's opt-in non-deterministic backward
+ * (tkd_cudnn_attn_set_bwd_nondet: fp32 dQ accumulation) is held to the same rule with cuDNN's
+ * flavour where cuDNN offers it (how many elements its two runs differ in is printed, not judged);
+ * cuDNN and the wgmma backward write (gradient buffers
  * pre-filled with NaN: an unwritten element is a NaN row) and write nothing past the ends (NaN guard
  * bands); the wgmma backward's bounded pipeline waits did not time out (its error flag). Our flash
  * backward adds into zeroed buffers.
@@ -68,6 +71,13 @@
  * consumer warpgroup, warp and row within the warp's 16) and its first elements got vs ref64 vs emul;
  * a summary line per case and implementation gives, per tensor, the worst ratio (≤ 1 passes), both
  * errors' relative norms against ref64 and their ratio.
+ * Grouped calls (test_grouped): cuDNN's backward under a lowered workspace budget runs as several
+ * calls over groups of batches and kv heads (attn_cudnn.h); each case compares them bit for bit with
+ * one call over the whole shape (the groups' plan prefers the one call's engine and knobs, so a
+ * difference means the engine computes a head differently in a smaller grid, or an offset or
+ * stride is wrong: the message names the element and both engines), and a T not a multiple of 4
+ * must stay one call. test_workspace prints cuDNN's workspace per student shape, one call and the
+ * calls the default budget makes (plans only: nothing of it is allocated).
  * Shapes: T 1, 17, 65, 129, 256, 257, 300, 333, 1000, 2049 (mostly not multiples of 64 or 128, one
  * past a tile; 256 whole tiles; 257 and 2049 an odd count of 128-row tiles, so a middle tile of
  * the wgmma kernels' pairing runs alone), B 1 and 2,
@@ -101,9 +111,9 @@
 #define GUARD 4096           /* NaN elements after each cuDNN gradient that must stay NaN */
 #define NWORST 5             /* rows printed per tensor on failure */
 
-enum { IMPL_CUDNN, IMPL_OURS, IMPL_WGMMA, NIMPL };
+enum { IMPL_CUDNN, IMPL_OURS, IMPL_WGMMA, IMPL_CUDNN_ND, NIMPL }; /* ND: tkd_cudnn_attn_set_bwd_nondet(1) */
 enum { GQ, GK, GV };
-static const char *const kImpl[NIMPL] = {"cuDNN", "ours", "wgmma"};
+static const char *const kImpl[NIMPL] = {"cuDNN", "ours", "wgmma", "cuDNN nondet"};
 #define NSHOW 4 /* elements of a worst row printed */
 static const char *const kNames[3] = {"dq", "dk", "dv"};
 
@@ -215,14 +225,20 @@ static uint16_t *fetch(const uint16_t *d, int64_t n, const char *impl, const cha
 
 /* One run of backward impl on the device buffers into g (dq, dk, dv), synchronised; fails the case
  * with the implementation's message (and, for wgmma, when a pipeline wait timed out). */
-static void run_bwd(int impl, const bcase *c, const uint16_t *dy, const uint16_t *q, const uint16_t *k,
-                    const uint16_t *v, const uint16_t *y, const float *lse, uint16_t *const g[3],
-                    tkd_cuda_attn_bwd_ws *ws)
+static int run_bwd(int impl, const bcase *c, const uint16_t *dy, const uint16_t *q, const uint16_t *k,
+                   const uint16_t *v, const uint16_t *y, const float *lse, uint16_t *const g[3],
+                   tkd_cuda_attn_bwd_ws *ws)
 {
     tkd_status st;
-    if (impl == IMPL_CUDNN)
+    if (impl == IMPL_CUDNN || impl == IMPL_CUDNN_ND) {
+        tkd_cudnn_attn_set_bwd_nondet(g_attn, impl == IMPL_CUDNN_ND);
         st = tkd_cudnn_attn_bwd(g_attn, dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], NULL);
-    else if (impl == IMPL_OURS)
+        tkd_cudnn_attn_set_bwd_nondet(g_attn, 0);
+        if (st == TKD_ERR_UNSUPPORTED && impl == IMPL_CUDNN_ND) { /* optional: judged where offered */
+            printf("  (no non-deterministic cuDNN backward for this shape: %s)\n", tkd_error_msg());
+            return 1;
+        }
+    } else if (impl == IMPL_OURS)
         st = tkd_cuda_attn_bwd(dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], ws, NULL);
     else
         st = tkd_cuda_attn_bwd_sm90(dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], ws,
@@ -232,6 +248,7 @@ static void run_bwd(int impl, const bcase *c, const uint16_t *dy, const uint16_t
     if (st != TKD_OK)
         fail_msg("%s: %s backward: %s: %s", c->what, kImpl[impl], tkd_status_name(st), tkd_error_msg());
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    return 0;
 }
 
 /* Runs the forward (cuDNN's, as training does; our flash kernel where cuDNN refuses it) for y and lse,
@@ -272,11 +289,21 @@ static void gpu_run(inputs *in, const bcase *c, uint16_t *got[NIMPL][3])
                 assert_int_equal(cudaMemset(g[x], impl == IMPL_OURS ? 0 : 0xff, 2 * n3[x]), cudaSuccess);
                 tkd_test_poison(g[x] + n3[x], 2 * GUARD);
             }
-            run_bwd(impl, c, dy, q, k, v, y, lse, g, ws);
+            if (run_bwd(impl, c, dy, q, k, v, y, lse, g, ws)) { /* not offered for this shape */
+                got[impl][0] = got[impl][1] = got[impl][2] = NULL;
+                break;
+            }
             for (int x = 0; x < 3; x++) {
                 uint16_t *h = fetch(g[x], n3[x], kImpl[impl], kNames[x], c);
                 if (run == 0) {
                     got[impl][x] = h;
+                } else if (impl == IMPL_CUDNN_ND) { /* allowed to differ: say how much */
+                    int64_t nd = 0;
+                    for (int64_t i = 0; i < n3[x]; i++)
+                        nd += got[impl][x][i] != h[i];
+                    printf("  cuDNN nondet %s: two runs differ in %lld of %lld elements\n", kNames[x], (long long)nd,
+                           (long long)n3[x]);
+                    free(h);
                 } else {
                     check_same_bits(got[impl][x], h, n3[x], kImpl[impl], kNames[x], c);
                     free(h);
@@ -320,15 +347,15 @@ static void tally_row(tally *t, const uint16_t *got, const double *emu, const do
 }
 
 /* Every implementation's row against its flavour: emu[0] ours (and wgmma's: the same roundings), emu[1]
- * cuDNN (dh doubles each). */
+ * cuDNN's, deterministic or not (the same roundings: dQ = bf16(dS)·K summed in fp32 either way) (dh
+ * doubles each). */
 static void tally_both(refctx *r, int x, int64_t off, const double *ref, double *const emu[2], double floor, int b,
                        int head, int row, int terms)
 {
-    tally_row(&r->tl[IMPL_OURS][x], r->got[IMPL_OURS][x] + off, emu[0], ref, r->c->dh, floor, b, head, row, terms);
-    tally_row(&r->tl[IMPL_CUDNN][x], r->got[IMPL_CUDNN][x] + off, emu[1], ref, r->c->dh, floor, b, head, row, terms);
-    if (r->got[IMPL_WGMMA][x])
-        tally_row(&r->tl[IMPL_WGMMA][x], r->got[IMPL_WGMMA][x] + off, emu[0], ref, r->c->dh, floor, b, head, row,
-                  terms);
+    for (int i = 0; i < NIMPL; i++) /* NULL: not run on this device or shape */
+        if (r->got[i][x])
+            tally_row(&r->tl[i][x], r->got[i][x] + off, emu[i == IMPL_OURS || i == IMPL_WGMMA ? 0 : 1], ref,
+                      r->c->dh, floor, b, head, row, terms);
 }
 
 /* Query row i of head h (kv head g) in batch b: scores, P and dP in float64, then every flavour's
@@ -520,9 +547,10 @@ static void run_case(const bcase *c)
             free(got[i][x]);
     inputs_free(&in);
     if (any)
-        fail_msg("%s: less accurate than bf16 arithmetic explains (rows above):%s%s%s", c->what,
+        fail_msg("%s: less accurate than bf16 arithmetic explains (rows above):%s%s%s%s", c->what,
                  bad[IMPL_CUDNN] ? " cuDNN's backward" : "", bad[IMPL_OURS] ? " our flash backward" : "",
-                 bad[IMPL_WGMMA] ? " our wgmma backward" : "");
+                 bad[IMPL_WGMMA] ? " our wgmma backward" : "",
+                 bad[IMPL_CUDNN_ND] ? " cuDNN's non-deterministic backward" : "");
 }
 
 static void run_cases(const bcase *cases, size_t n)
@@ -577,6 +605,145 @@ static void probe_check(const float *got, const double *ref, const double *scale
         }
     if (bad)
         fail_msg("probe dh %d: %d of %d elements of %s wrong: suspect %s", dh, bad, rows * cols, what, culprit);
+}
+
+/* ---- grouped calls: the workspace bound ---------------------------------------------------- */
+
+static void print_info(const char *what, const tkd_cudnn_attn_bwd_info *i)
+{
+    printf("  %-34s one call %9.1f MiB (engine %lld) | %2d call(s) of %d batch(es) x %d kv head(s), "
+           "%9.1f MiB each (engine %lld)%s\n", what, i->ws_one_call / 1048576.0, (long long)i->one_call_engine,
+           i->calls, i->batches, i->kv_heads, i->ws_call / 1048576.0, (long long)i->engine,
+           i->nondet ? ", non-deterministic" : "");
+}
+
+/* cuDNN's backward of c's inputs under workspace budget (0: none) into fresh host copies g[3],
+ * gradients pre-filled with NaN, NaN guard bands after each; *info how it ran. */
+static void grouped_run(const bcase *c, const tkd_test_attn_in *t, size_t budget, uint16_t *g[3],
+                        tkd_cudnn_attn_bwd_info *info)
+{
+    const int64_t n3[3] = {t->nq, t->nkv, t->nkv};
+    uint16_t *q = tkd_test_dev_alloc(2 * t->nq), *dy = tkd_test_dev_alloc(2 * t->nq);
+    uint16_t *y = tkd_test_dev_alloc(2 * t->nq);
+    uint16_t *k = tkd_test_dev_alloc(2 * t->nkv), *v = tkd_test_dev_alloc(2 * t->nkv), *d[3];
+    float *lse = tkd_test_dev_alloc(4 * t->nl);
+    tkd_test_to_dev(q, t->qb, 2 * t->nq), tkd_test_to_dev(dy, t->dyb, 2 * t->nq);
+    tkd_test_to_dev(k, t->kb, 2 * t->nkv), tkd_test_to_dev(v, t->vb, 2 * t->nkv);
+    tkd_status st = tkd_cudnn_attn_fwd(g_attn, q, k, v, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    if (st == TKD_ERR_UNSUPPORTED)
+        st = tkd_cuda_attn_fwd(q, k, v, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    tkd_test_ok(st, "attention forward");
+    for (int x = 0; x < 3; x++) {
+        d[x] = tkd_test_dev_alloc(2 * (n3[x] + GUARD));
+        tkd_test_poison(d[x], 2 * (n3[x] + GUARD));
+    }
+    tkd_cudnn_attn_set_bwd_budget(g_attn, budget);
+    tkd_test_ok(tkd_cudnn_attn_bwd_plan(g_attn, c->B, c->T, c->H, c->Hkv, c->dh, info), "backward plan");
+    st = tkd_cudnn_attn_bwd(g_attn, dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, d[0], d[1], d[2], NULL);
+    tkd_cudnn_attn_set_bwd_budget(g_attn, TKD_CUDNN_ATTN_BWD_BUDGET);
+    if (st != TKD_OK)
+        fail_msg("%s: cuDNN backward (budget %zu): %s: %s", c->what, budget, tkd_status_name(st), tkd_error_msg());
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    for (int x = 0; x < 3; x++) {
+        g[x] = fetch(d[x], n3[x], "cuDNN (grouped)", kNames[x], c);
+        cudaFree(d[x]);
+    }
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dy), cudaFree(y), cudaFree(lse);
+}
+
+/* Fails at the first element where the grouped run's gradient x differs from the one call's,
+ * naming its batch, token, head and component and both plans' engines. */
+static void check_grouped_bits(const bcase *c, int x, const uint16_t *one, const uint16_t *grp, int64_t n,
+                               const tkd_cudnn_attn_bwd_info *ione, const tkd_cudnn_attn_bwd_info *igrp)
+{
+    const int heads = x == GQ ? c->H : c->Hkv;
+    for (int64_t i = 0; i < n; i++) {
+        if (one[i] == grp[i])
+            continue;
+        const int64_t row = i / ((int64_t)heads * c->dh);
+        fail_msg("%s: %s differs between one call and %d calls of %d batch(es) x %d kv head(s) at b=%lld t=%lld "
+                 "%s=%lld d=%lld: 0x%04x vs 0x%04x (engines %lld and %lld; the same engine should give the "
+                 "same bits)", c->what, kNames[x], igrp->calls, igrp->batches, igrp->kv_heads,
+                 (long long)(row / c->T), (long long)(row % c->T), x == GQ ? "head" : "kv_head",
+                 (long long)(i / c->dh % heads), (long long)(i % c->dh), one[i], grp[i],
+                 (long long)ione->engine, (long long)igrp->engine);
+    }
+}
+
+/* One call (no budget) against grouped calls (budget a third of one call's workspace, then 1 byte:
+ * one batch and one kv head per call): the same bits, and grouping happens exactly when split. */
+static void grouped_case(const bcase *c, int split)
+{
+    tkd_test_attn_in t;
+    tkd_test_attn_in_make(&t, c->B, c->T, c->H, c->Hkv, c->dh, c->std, c->seed);
+    const int64_t n3[3] = {t.nq, t.nkv, t.nkv};
+    uint16_t *one[3], *grp[3];
+    tkd_cudnn_attn_bwd_info ione, igrp;
+    grouped_run(c, &t, 0, one, &ione);
+    printf("%s (B=%d T=%d H=%d Hkv=%d dh=%d):\n", c->what, c->B, c->T, c->H, c->Hkv, c->dh);
+    print_info("no budget", &ione);
+    if (ione.calls != 1)
+        fail_msg("%s: %d calls without a budget", c->what, ione.calls);
+    if (split && ione.ws_one_call <= 0)
+        fail_msg("%s: cuDNN reports no workspace for the deterministic backward: nothing to bound", c->what);
+    const size_t budgets[2] = {ione.ws_one_call / 3 > 0 ? (size_t)ione.ws_one_call / 3 : 1, 1};
+    for (int bi = 0; bi < 2; bi++) {
+        grouped_run(c, &t, budgets[bi], grp, &igrp);
+        char what[64];
+        snprintf(what, sizeof what, "budget %zu bytes", budgets[bi]);
+        print_info(what, &igrp);
+        if (split != (igrp.calls > 1))
+            fail_msg("%s: %d call(s) under budget %zu, expected %s", c->what, igrp.calls, budgets[bi],
+                     split ? "several" : "one (T not a multiple of 4)");
+        if (igrp.calls > 1 && (size_t)igrp.ws_call > budgets[bi] && igrp.batches * igrp.kv_heads > 1)
+            fail_msg("%s: calls of %lld bytes over budget %zu though they could be smaller", c->what,
+                     (long long)igrp.ws_call, budgets[bi]);
+        for (int x = 0; x < 3; x++) {
+            check_grouped_bits(c, x, one[x], grp[x], n3[x], &ione, &igrp);
+            free(grp[x]);
+        }
+    }
+    for (int x = 0; x < 3; x++)
+        free(one[x]);
+    tkd_test_attn_in_free(&t);
+}
+
+static void test_grouped(void **state)
+{
+    (void)state;
+    static const bcase cases[] = {
+        {"grouped: B = 2, GQA 2", 2, 256, 8, 4, 64, 1.0f, 21},
+        {"grouped: B = 3, GQA 7 (Qwen's heads)", 3, 192, 14, 2, 64, 1.5f, 22},
+        {"grouped: GQA 3, dh 128 (the 3B's heads)", 1, 520, 24, 8, 128, 1.0f, 23},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        grouped_case(&cases[i], 1);
+    static const bcase odd = {"T = 130 (not a multiple of 4): one call", 2, 130, 4, 2, 64, 1.0f, 24};
+    grouped_case(&odd, 0);
+}
+
+/* Prints how the backward runs the students' shapes (plans only: nothing runs, nothing of the
+ * workspace is allocated) and checks the default budget holds where it can. */
+static void test_workspace(void **state)
+{
+    (void)state;
+    static const bcase shapes[] = {
+        {"Llama 3.2 1B, T 8192", 1, 8192, 32, 8, 64, 1, 0},
+        {"~3B, T 8192", 1, 8192, 24, 8, 128, 1, 0},
+        {"~3B, T 32768", 1, 32768, 24, 8, 128, 1, 0},
+        {"Qwen2.5-0.5B, 4 x T 4096", 4, 4096, 14, 2, 64, 1, 0},
+        {"Llama 3 8B, T 8192", 1, 8192, 32, 8, 128, 1, 0},
+    };
+    printf("cuDNN's backward workspace (default budget %zu MiB):\n", TKD_CUDNN_ATTN_BWD_BUDGET >> 20);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const bcase *c = &shapes[i];
+        tkd_cudnn_attn_bwd_info info;
+        tkd_test_ok(tkd_cudnn_attn_bwd_plan(g_attn, c->B, c->T, c->H, c->Hkv, c->dh, &info), c->what);
+        print_info(c->what, &info);
+        if ((size_t)info.ws_call > TKD_CUDNN_ATTN_BWD_BUDGET && info.batches * info.kv_heads > 1)
+            fail_msg("%s: calls of %lld bytes over the budget though they could be smaller", c->what,
+                     (long long)info.ws_call);
+    }
 }
 
 /* The wgmma paths alone, before any backward runs (tkd_cuda_attn_bwd_sm90_probe): c1 = A·Bᵀ checks
@@ -683,6 +850,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_workspace),
+        cmocka_unit_test(test_grouped),
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_long),
     };

@@ -63,6 +63,7 @@
 #define F32_OUT_REL 1.1920928955078125e-07 /* 2^-23: an fp32 output's rounding and its += */
 #define EMB_CHUNK 64              /* ops_bwd_cuda.cu's kEmbChunk: serial rows per piece */
 #define RMS_DX_REL 1e-5           /* fp32 row sum and ~5 roundings */
+#define RMS_GUARD 64              /* 0xffff elements after dx_bf16 that must stay so */
 #define COLSUM_REL 1e-5           /* row-group fp32 sums (RMSNorm dw, linear db) */
 #define ROPE_F32_ABS 4.76837158203125e-07 /* 2^-21, times |x| + |y| of the pair */
 #define SWIGLU_F32_REL 1e-5       /* expf, divide, multiplies */
@@ -294,11 +295,28 @@ static void rms_bounds(const double *dy, const double *x, const double *w, const
     scale_all(dw_abs, (size_t)D, COLSUM_REL);
 }
 
-static void rms_bwd_case(int N, int D, int want_dx, int want_dw, int off)
+/* dx_bf16 modes of rms_bwd_case: none, a buffer of its own, written over dy (as model.c does). */
+enum { RMS_ACT_NONE, RMS_ACT_OWN, RMS_ACT_IN_DY };
+
+/* Fails unless act holds dx rounded by tkd_f32_to_bf16 (what tkd_cuda_f32_to_bf16 would write after
+ * the call: the fused rounding must give the same bits) and the GUARD elements after it are still
+ * 0xffff. */
+static void check_dx_bf16(const char *what, const uint16_t *act, const float *dx, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (act[i] != tkd_f32_to_bf16(dx[i]))
+            fail_msg("%s: dx_bf16 row %zu: 0x%04x, dx %.9g rounds to 0x%04x", what, i, act[i], (double)dx[i],
+                     tkd_f32_to_bf16(dx[i]));
+    for (size_t i = n; i < n + RMS_GUARD; i++)
+        if (act[i] != 0xffff)
+            fail_msg("%s: dx_bf16 written past its end (element n + %zu = 0x%04x)", what, i - n, act[i]);
+}
+
+static void rms_bwd_case(int N, int D, int want_dx, int want_dw, int off, int act)
 {
     char what[160];
-    snprintf(what, sizeof what, "rmsnorm_bwd N %d D %d%s%s offset %d", N, D, want_dx ? " dx" : "",
-             want_dw ? " dw" : "", off);
+    snprintf(what, sizeof what, "rmsnorm_bwd N %d D %d%s%s offset %d%s", N, D, want_dx ? " dx" : "",
+             want_dw ? " dw" : "", off, act == RMS_ACT_OWN ? " dx_bf16" : act == RMS_ACT_IN_DY ? " dx_bf16 in dy" : "");
     const size_t nd = (size_t)N * D;
     float *x, *rstd, *dx0 = rand_f32(nd, 300 + D, 1.0f), *dw0 = rand_f32((size_t)D, 400 + D, 1.0f);
     rms_inputs(N, D, &x, &rstd);
@@ -312,23 +330,34 @@ static void rms_bwd_case(int N, int D, int want_dx, int want_dw, int off)
     tkd_ref_rmsnorm_bwd(dyd, xd, wd, rd, N, D, dxr, dwr);
     rms_bounds(dyd, xd, wd, rstd, N, D, dx_abs, dw_abs);
 
-    uint16_t *d_dy = tkd_test_dev_alloc((nd + off) * 2), *d_w = tkd_test_dev_alloc((size_t)(D + off) * 2);
+    uint16_t *d_dy = tkd_test_dev_alloc((nd + off + RMS_GUARD) * 2), *d_w = tkd_test_dev_alloc((size_t)(D + off) * 2);
+    uint16_t *d_act = act == RMS_ACT_OWN ? tkd_test_dev_alloc((nd + off + RMS_GUARD) * 2) : NULL;
+    uint16_t *act_p = act == RMS_ACT_OWN ? d_act + off : act == RMS_ACT_IN_DY ? d_dy + off : NULL;
+    uint16_t *gact = tkd_test_xmalloc((nd + RMS_GUARD) * 2);
     float *d_x = tkd_test_dev_alloc((nd + off) * 4), *d_r = tkd_test_dev_alloc((size_t)N * 4);
     float *d_dx = tkd_test_dev_alloc((nd + off) * 4), *d_dw = tkd_test_dev_alloc((size_t)(D + off) * 4);
-    tkd_test_to_dev(d_dy + off, dy, nd * 2);
     tkd_test_to_dev(d_w + off, w, (size_t)D * 2);
     tkd_test_to_dev(d_x + off, x, nd * 4);
     tkd_test_to_dev(d_r, rstd, (size_t)N * 4);
     float *gdx[2] = {tkd_test_xmalloc(nd * 4), tkd_test_xmalloc(nd * 4)},
           *gdw[2] = {tkd_test_xmalloc((size_t)D * 4), tkd_test_xmalloc((size_t)D * 4)};
     for (int run = 0; run < 2; run++) {
+        tkd_test_poison(d_dy + off + nd, RMS_GUARD * 2); /* dy is overwritten in place: upload it per run */
+        tkd_test_to_dev(d_dy + off, dy, nd * 2);
+        if (d_act)
+            tkd_test_poison(d_act, (nd + off + RMS_GUARD) * 2);
         tkd_test_to_dev(d_dx + off, dx0, nd * 4);
         tkd_test_to_dev(d_dw + off, dw0, (size_t)D * 4);
         tkd_test_ok(tkd_cuda_rmsnorm_bwd(g_ws, d_dy + off, d_x + off, d_w + off, d_r, N, D,
-                                         want_dx ? d_dx + off : NULL, want_dw ? d_dw + off : NULL, g_stream),
+                                         want_dx ? d_dx + off : NULL, act_p, want_dw ? d_dw + off : NULL,
+                                         g_stream),
                     what);
         tkd_test_to_host(gdx[run], d_dx + off, nd * 4, g_stream);
         tkd_test_to_host(gdw[run], d_dw + off, (size_t)D * 4, g_stream);
+        if (act_p) {
+            tkd_test_to_host(gact, act_p, (nd + RMS_GUARD) * 2, g_stream);
+            check_dx_bf16(what, gact, gdx[run], nd);
+        }
     }
     char w2[200];
     snprintf(w2, sizeof w2, "%s: dx", what);
@@ -343,8 +372,8 @@ static void rms_bwd_case(int N, int D, int want_dx, int want_dw, int off)
     else
         check_same_bits(w2, gdw[0], dw0, (size_t)D * 4);
     check_same_bits(w2, gdw[0], gdw[1], (size_t)D * 4);
-    cudaFree(d_dy), cudaFree(d_w), cudaFree(d_x), cudaFree(d_r), cudaFree(d_dx), cudaFree(d_dw);
-    free(x), free(rstd), free(dx0), free(dw0), free(dy), free(w), free(dyd), free(xd), free(wd), free(rd);
+    cudaFree(d_dy), cudaFree(d_w), cudaFree(d_x), cudaFree(d_r), cudaFree(d_dx), cudaFree(d_dw), cudaFree(d_act);
+    free(gact), free(x), free(rstd), free(dx0), free(dw0), free(dy), free(w), free(dyd), free(xd), free(wd), free(rd);
     free(dxr), free(dwr), free(dx_abs), free(dw_abs), free(gdx[0]), free(gdx[1]), free(gdw[0]), free(gdw[1]);
 }
 
@@ -354,22 +383,28 @@ static void test_rmsnorm_bwd(void **state)
     /* 64..4096: one chunk per thread; 1001, 7: scalar path (D % 8 != 0) */
     const int ns[] = {1, 17, 1000}, ds[] = {64, 896, 1001, 7, 4096};
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
-        for (size_t j = 0; j < sizeof ds / sizeof *ds; j++)
-            rms_bwd_case(ns[i], ds[j], 1, 1, 0);
+        for (size_t j = 0; j < sizeof ds / sizeof *ds; j++) {
+            rms_bwd_case(ns[i], ds[j], 1, 1, 0, RMS_ACT_NONE);
+            rms_bwd_case(ns[i], ds[j], 1, 1, 0, RMS_ACT_IN_DY); /* model.c's call */
+        }
     /* 2 and 4 chunks per thread (8192, 12000, 16384), scalar with 2 and 4 (5003, 16383) */
     const int big[] = {8192, 12000, 16384, 5003, 16383};
     for (size_t j = 0; j < sizeof big / sizeof *big; j++)
-        rms_bwd_case(17, big[j], 1, 1, 0);
-    rms_bwd_case(9000, 64, 1, 1, 0); /* 18 rows per group */
-    rms_bwd_case(1000, 896, 1, 0, 0);
-    rms_bwd_case(1000, 896, 0, 1, 0);
-    rms_bwd_case(17, 896, 1, 1, 1); /* off alignment: scalar path */
+        rms_bwd_case(17, big[j], 1, 1, 0, j % 2 ? RMS_ACT_OWN : RMS_ACT_IN_DY);
+    rms_bwd_case(9000, 64, 1, 1, 0, RMS_ACT_IN_DY); /* 18 rows per group */
+    rms_bwd_case(1000, 896, 1, 0, 0, RMS_ACT_OWN);
+    rms_bwd_case(1000, 896, 0, 1, 0, RMS_ACT_NONE);
+    rms_bwd_case(17, 896, 1, 1, 1, RMS_ACT_NONE); /* off alignment: scalar path */
+    rms_bwd_case(17, 896, 1, 1, 1, RMS_ACT_IN_DY);
+    rms_bwd_case(17, 896, 1, 1, 1, RMS_ACT_OWN);
     float *f = tkd_test_dev_alloc(64);
     uint16_t *h = tkd_test_dev_alloc(64);
-    assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 1, 16385, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 1, 0, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_rmsnorm_bwd(NULL, h, f, h, f, 1, 8, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 0, 8, f, f, g_stream), TKD_OK); /* no rows */
+    assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 1, 16385, f, NULL, f, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 1, 0, f, NULL, f, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_rmsnorm_bwd(NULL, h, f, h, f, 1, 8, f, NULL, f, g_stream), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 1, 8, NULL, h, f, g_stream),
+                     TKD_ERR_INVALID_ARG); /* dx_bf16 without dx */
+    assert_int_equal(tkd_cuda_rmsnorm_bwd(g_ws, h, f, h, f, 0, 8, f, NULL, f, g_stream), TKD_OK); /* no rows */
     cudaFree(f), cudaFree(h);
 }
 
