@@ -53,8 +53,10 @@ struct GrowHost {
     size_t bytes = 0;
 };
 
-/* The attention backward tried first: cuDNN's (the default), our Hopper wgmma kernel, or our flash
- * (mma.sync) kernel (TKD_ATTN_BWD=cudnn|wgmma|flash; the older TKD_CUDNN_BWD=0 means flash). */
+/* The attention backward tried first: our Hopper wgmma kernel (the default: as fast as cuDNN's
+ * deterministic backward at head dim 64 with no workspace, where cuDNN needs B·H·T²·2 bytes or
+ * several slower calls; attn_bench, docs/PERFORMANCE.md), cuDNN's, or our flash (mma.sync) kernel
+ * (TKD_ATTN_BWD=wgmma|cudnn|flash; the older TKD_CUDNN_BWD=0 means flash). */
 enum class AttnBwd { kCudnn, kWgmma, kFlash };
 
 struct CudaImpl {
@@ -67,7 +69,7 @@ struct CudaImpl {
     void *blas_ws = nullptr;
     tkd_topk_cuda_ws *topk = nullptr;
     tkd_cudnn_attn *cudnn = nullptr;  /* cuDNN's fused attention; NULL where cuDNN is absent */
-    AttnBwd attn_bwd = AttnBwd::kCudnn; /* which attention backward goes first (TKD_ATTN_BWD) */
+    AttnBwd attn_bwd = AttnBwd::kWgmma; /* which attention backward goes first (TKD_ATTN_BWD) */
     tkd_cuda_attn_bwd_ws *attn_bwd_ws = nullptr; /* the flash backward's, sized for attn_bwd_rows */
     int64_t attn_bwd_rows = 0;
     int attn_bwd_dh = 0;
@@ -371,11 +373,11 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
     return TKD_OK;
 }
 
-/* The attention backward, first choice c->attn_bwd (TKD_ATTN_BWD), then down the list: cuDNN's fused
- * backward (deterministic engines only, TKD_CUDNN_BWD_NONDET=1 allows the others and a resumed run
- * is then not bit-exact; the default: 1.09x / 1.27x faster student steps at 1B / 0.5B on an H200
- * than our flash kernel), our Hopper wgmma kernel (attn_bwd_sm90.h: compute capability 9.0, dh 64
- * or 128), our flash backward (deterministic, mma.sync) where it takes the head size, the simple
+/* The attention backward, first choice c->attn_bwd (TKD_ATTN_BWD; default wgmma), then down the list:
+ * our Hopper wgmma kernel (attn_bwd_sm90.h: compute capability 9.0, dh 64 or 128, deterministic,
+ * no workspace), cuDNN's fused backward (deterministic engines only, TKD_CUDNN_BWD_NONDET=1 allows
+ * the others and a resumed run is then not bit-exact; its workspace bounded by calls over groups),
+ * our flash backward (deterministic, mma.sync) where it takes the head size, the simple
  * deterministic kernels elsewhere. A choice that is absent or refuses the shape passes to the next;
  * "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all the fast ones row by row
  * to what bf16 arithmetic in a flash backward must cost, against a float64 reference. */
@@ -889,12 +891,12 @@ const tkd_backend_ops cuda_ops = {
     cu_mark, cu_mark_ms,
 };
 
-/* TKD_ATTN_BWD (cudnn, wgmma or flash; unset: cudnn, or flash where TKD_CUDNN_BWD=0, its older
+/* TKD_ATTN_BWD (wgmma, cudnn or flash; unset: wgmma, or flash where TKD_CUDNN_BWD=0, its older
  * spelling). */
 tkd_status attn_bwd_choice(AttnBwd *out)
 {
     const char *e = getenv("TKD_ATTN_BWD"), *old = getenv("TKD_CUDNN_BWD");
-    *out = old && !strcmp(old, "0") ? AttnBwd::kFlash : AttnBwd::kCudnn;
+    *out = old && !strcmp(old, "0") ? AttnBwd::kFlash : AttnBwd::kWgmma;
     if (!e || !*e)
         return TKD_OK;
     if (!strcmp(e, "cudnn") || !strcmp(e, "wgmma") || !strcmp(e, "flash")) {
