@@ -125,15 +125,6 @@ static void run_ok(const tkd_test_student_dir *f, const char *name, int rank, in
         fail_msg("run %s (rank %d of %d) exited with %d (its error is printed above)", name, rank, world, rc);
 }
 
-static void losses(const tkd_test_student_dir *f, const char *run, const char *key, double *out, int want)
-{
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", f->runs, run);
-    int n = tkd_test_metrics(path, "train", key, out, want);
-    if (n != want)
-        fail_msg("%s: %d training records of %s, expected %d", path, n, key, want);
-}
-
 static void same_file(const tkd_test_student_dir *f, const char *a, const char *b, const char *file)
 {
     char pa[4400], pb[4400];
@@ -188,8 +179,8 @@ static void test_one_rank_nccl_is_bit_identical(void **state)
     const char *keys[] = {"loss", "grad_norm", "kd", "ce"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         double a[STEPS_EXACT], b[STEPS_EXACT];
-        losses(f, "plain", keys[k], a, STEPS_EXACT);
-        losses(f, "nccl1", keys[k], b, STEPS_EXACT);
+        tkd_test_train_metrics(f, "plain", keys[k], a, STEPS_EXACT);
+        tkd_test_train_metrics(f, "nccl1", keys[k], b, STEPS_EXACT);
         for (int s = 0; s < STEPS_EXACT; s++)
             if (memcmp(&a[s], &b[s], sizeof a[s]) != 0)
                 fail_msg("step %d: %s plain %.9g, one-rank NCCL %.9g (must be the same bits)", s + 1, keys[k], a[s],
@@ -223,10 +214,10 @@ static void test_two_ranks_follow_one_gpu(void **state)
     if (r0 != 0 || r1 != 0)
         fail_msg("two ranks exited with %d and %d (errors printed above)", r0, r1);
     double a[STEPS_CURVE], b[STEPS_CURVE], ta[STEPS_CURVE], tb[STEPS_CURVE];
-    losses(f, "one-gpu", "loss", a, STEPS_CURVE);
-    losses(f, "two-gpu", "loss", b, STEPS_CURVE);
-    losses(f, "one-gpu", "tokens", ta, STEPS_CURVE);
-    losses(f, "two-gpu", "tokens", tb, STEPS_CURVE);
+    tkd_test_train_metrics(f, "one-gpu", "loss", a, STEPS_CURVE);
+    tkd_test_train_metrics(f, "two-gpu", "loss", b, STEPS_CURVE);
+    tkd_test_train_metrics(f, "one-gpu", "tokens", ta, STEPS_CURVE);
+    tkd_test_train_metrics(f, "two-gpu", "tokens", tb, STEPS_CURVE);
     int worst = 0, bad = 0;
     for (int s = 0; s < STEPS_CURVE; s++) {
         double e = fabs(b[s] - a[s]) / fabs(a[s]);

@@ -473,15 +473,6 @@ static tkd_status train(const tkd_test_student_dir *f, const char *name, const c
     return st;
 }
 
-static void metrics_of(const tkd_test_student_dir *f, const char *run, const char *key, double *out, int want)
-{
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", f->runs, run);
-    int n = tkd_test_metrics(path, "train", key, out, want);
-    if (n != want)
-        fail_msg("%s: %d training records of %s, expected %d", path, n, key, want);
-}
-
 /* The same run on both devices: every logged loss within CURVE_RTOL, the final evaluation within
  * VAL_RTOL / TOP1_ATOL. Prints both curves every 8 steps. */
 static void cpu_vs_cuda(const tkd_test_student_dir *f, const char *tag, const char *const *extra, size_t n, int steps)
@@ -493,8 +484,8 @@ static void cpu_vs_cuda(const tkd_test_student_dir *f, const char *tag, const ch
     assert_int_equal(train(f, nc, "cpu", extra, n, 0, &rc), TKD_OK);
     assert_int_equal(train(f, ng, "cuda", extra, n, 0, &rg), TKD_OK);
     double *lc = xmalloc(sizeof(double) * steps), *lg = xmalloc(sizeof(double) * steps);
-    metrics_of(f, nc, "loss", lc, steps);
-    metrics_of(f, ng, "loss", lg, steps);
+    tkd_test_train_metrics(f, nc, "loss", lc, steps);
+    tkd_test_train_metrics(f, ng, "loss", lg, steps);
     int worst = 0, bad = 0;
     for (int s = 0; s < steps; s++) {
         double e = fabs(lg[s] - lc[s]) / fabs(lc[s]);

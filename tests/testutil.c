@@ -645,3 +645,12 @@ int tkd_test_metrics(const char *metrics_path, const char *type, const char *key
     free(text);
     return count;
 }
+
+void tkd_test_train_metrics(const tkd_test_student_dir *s, const char *run, const char *key, double *out, int want)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", s->runs, run);
+    int n = tkd_test_metrics(path, "train", key, out, want);
+    if (n != want)
+        fail_msg("%s: %d training records of %s, expected %d", path, n, key, want);
+}

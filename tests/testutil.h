@@ -187,4 +187,8 @@ tkd_status tkd_test_student_train(const char *run_dir, const char *name, const c
  * order, into out (up to cap); returns how many records had the key (null values count as NaN). */
 int tkd_test_metrics(const char *metrics_path, const char *type, const char *key, double *out, int cap);
 
+/* The `key` values of exactly `want` training records of run `run` under s's runs directory (its
+ * metrics.jsonl) into out; fails the test naming the file when there are not `want` of them. */
+void tkd_test_train_metrics(const tkd_test_student_dir *s, const char *run, const char *key, double *out, int want);
+
 #endif /* TKD_TESTUTIL_H */
