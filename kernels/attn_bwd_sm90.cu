@@ -35,8 +35,9 @@
  * heads (Qwen2.5-0.5B: 4 × 2 × 16 = 128 dK/dV CTAs on 132 SMs).
  *
  * Causal mask (the default's 64-row stream): tile starts are multiples of 64, so a consumer's 64
- * rows against a 64-row streamed tile are either wholly visible (skip nothing), on the diagonal (same start: elementwise key >
- * query → P = 0), or wholly masked (the warpgroup skips the step but still releases the stage).
+ * rows against a 64-row streamed tile are either wholly visible (skip nothing), on the diagonal
+ * (same start: elementwise key > query → P = 0), or wholly masked (the warpgroup skips the step but
+ * still releases the stage).
  * Ragged T: the tensor maps are 3-D (columns, T, B), so rows ≥ T of a box are zero-filled within
  * the batch; their lse2 is +inf and D 0 (prep pads to Tp), so P = 0 and they contribute nothing;
  * gradient rows ≥ T are not stored.
@@ -88,11 +89,11 @@ template <int DH, int STR, int STAGES>
 struct Cfg {
     static constexpr int kDh = DH, kStr = STR, kStages = STAGES;
     static_assert(STR == 64 || STR == 128, "streamed tiles of 64 or 128 rows");
-    static_assert(DH == 64 || STR == 64, "dh 128 with 128 streamed rows needs 256 accumulator registers");
+    static_assert(DH == 64 || STR == 64, "dh 128 with 128 streamed rows spills (ptxas -v: 48 and 140 bytes)");
 };
 
 /* Shared memory, byte offsets from a 1024-aligned base: the resident tiles, the ring's stages (two
- * streamed tiles each), the lse2/D vectors (dK/dV: 64 + 64 floats per stage; dQ: 128 + 128 for the
+ * streamed tiles each), the lse2/D vectors (dK/dV: kStr + kStr floats per stage; dQ: 128 + 128 for the
  * resident rows), the mbarriers. Each 64-column box of a tile is rows × 128 bytes. */
 template <class C>
 struct Smem {
@@ -668,39 +669,40 @@ struct Tensors {
     int B, T, H, Hkv;
 };
 
-/* The dK/dV kernel, then the dQ kernel, on stream, in tiling C. */
-template <class C>
+/* The dK/dV kernel in tiling Ck, then the dQ kernel in tiling Cq, on stream. */
+template <class Ck, class Cq = Ck>
 tkd_status launch(const Tensors &x, Params p, uint16_t *dq, uint16_t *dk, uint16_t *dv, cudaStream_t stream)
 {
-    constexpr int DH = C::kDh, kStr = C::kStr;
-    CUtensorMap res[4], str[4]; /* q, dy, k, v with boxes of 128 rows, and of kStr */
+    static_assert(Ck::kDh == Cq::kDh, "one head dim");
+    constexpr int DH = Ck::kDh;
+    CUtensorMap res[4], str[4]; /* q, dy (streamed by dK/dV), k, v (by dQ): boxes of 128 rows, and streamed */
     const uint16_t *src[4] = {x.q, x.dy, x.k, x.v};
     for (int i = 0; i < 4; i++) {
         const int heads = i < 2 ? x.H : x.Hkv;
         TKD_TRY(tmap_of(&res[i], src[i], x.B, x.T, heads, DH, kRes));
-        TKD_TRY(tmap_of(&str[i], src[i], x.B, x.T, heads, DH, kStr));
+        TKD_TRY(tmap_of(&str[i], src[i], x.B, x.T, heads, DH, i < 2 ? Ck::kStr : Cq::kStr));
     }
     p.g0 = dk, p.g1 = dv;
     const CUtensorMap dkv_maps[4] = {res[2], res[3], str[0], str[1]};
-    TKD_TRY((launch_one<C, false>(dkv_maps, p, x.Hkv, x.B, stream)));
+    TKD_TRY((launch_one<Ck, false>(dkv_maps, p, x.Hkv, x.B, stream)));
     p.g0 = dq, p.g1 = NULL;
     const CUtensorMap dq_maps[4] = {res[0], res[1], str[2], str[3]};
-    return launch_one<C, true>(dq_maps, p, x.H, x.B, stream);
+    return launch_one<Cq, true>(dq_maps, p, x.H, x.B, stream);
 }
 
 /* The variants: tilings for measuring (the table's order is their number; launch_variant
- * instantiates each). Head dim 128 has only 64-row streams: S and dP of 128 streamed rows plus dK and
- * dV would hold 4 × 64 fp32 accumulators per thread, over the 232 registers a consumer gets. */
+ * instantiates each, the words here say what it does). Head dim 128 has only 64-row streams: with
+ * 128 streamed rows both kernels spill (Cfg). */
 struct Variant {
-    int str, stages;
-    bool dh128; /* instantiated at head dim 128 too (else variant 0 runs there) */
+    bool dh128; /* its own tiling at head dim 128 too (else variant 0 runs there) */
     const char *what;
 };
 constexpr Variant kVariants[TKD_ATTN_BWD_SM90_NVARIANTS] = {
-    {64, 3, true, "64-row stream, 3 stages (default)"},
-    {128, 2, false, "128-row stream, 2 stages"},
-    {128, 3, false, "128-row stream, 3 stages"},
-    {64, 4, true, "64-row stream, 4 stages"},
+    {true, "64-row stream, 3 stages (default)"},
+    {false, "128-row stream, 2 stages"},
+    {false, "128-row stream, 3 stages"},
+    {true, "64-row stream, 4 stages"},
+    {false, "dK/dV as v0, dQ as v1"},
 };
 
 int g_variant_set = -1; /* tkd_cuda_attn_bwd_sm90_set_variant's; -1: the environment's */
@@ -732,6 +734,8 @@ tkd_status launch_variant(int v, int dh, const Tensors &x, const Params &p, uint
         return launch<Cfg<64, 128, 3>>(x, p, dq, dk, dv, s);
     case 3:
         return launch<Cfg<64, 64, 4>>(x, p, dq, dk, dv, s);
+    case 4:
+        return launch<Cfg<64, 64, 3>, Cfg<64, 128, 2>>(x, p, dq, dk, dv, s);
     default:
         return launch<Cfg<64, 64, 3>>(x, p, dq, dk, dv, s);
     }

@@ -50,7 +50,7 @@ tkd_status tkd_cuda_attn_bwd_sm90_check(tkd_cuda_attn_bwd_ws *ws);
  * else the environment's TKD_ATTN_BWD_SM90_VARIANT=<n> (read once; unset: 0, the default tiling; a
  * value naming no variant makes tkd_cuda_attn_bwd_sm90 fail with TKD_ERR_INVALID_ARG). Head dim 128
  * runs only some: for the others it runs variant 0 (tkd_cuda_attn_bwd_sm90_variant_runs says which). */
-#define TKD_ATTN_BWD_SM90_NVARIANTS 4
+#define TKD_ATTN_BWD_SM90_NVARIANTS 5
 
 /* Sets the variant of later calls in this process (-1: back to the environment's); not thread-safe
  * against calls in flight. TKD_ERR_INVALID_ARG when v is not -1 .. NVARIANTS − 1. */

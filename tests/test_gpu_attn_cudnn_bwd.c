@@ -118,9 +118,9 @@
  * tkd_cuda_attn_bwd_sm90_set_variant), each judged on its own. */
 enum { IMPL_CUDNN, IMPL_OURS, IMPL_CUDNN_ND, IMPL_WGMMA, NIMPL = IMPL_WGMMA + TKD_ATTN_BWD_SM90_NVARIANTS };
 enum { GQ, GK, GV };
-_Static_assert(TKD_ATTN_BWD_SM90_NVARIANTS == 4, "one name per wgmma variant below");
+_Static_assert(TKD_ATTN_BWD_SM90_NVARIANTS == 5, "one name per wgmma variant below");
 static const char *const kImpl[NIMPL] = {"cuDNN", "ours", "cuDNN nondet", "wgmma v0", "wgmma v1", "wgmma v2",
-                                         "wgmma v3"};
+                                         "wgmma v3", "wgmma v4"};
 #define NSHOW 4 /* elements of a worst row printed */
 static const char *const kNames[3] = {"dq", "dk", "dv"};
 
