@@ -89,6 +89,7 @@ template <int DH, int STR, int STAGES>
 struct Cfg {
     static constexpr int kDh = DH, kStr = STR, kStages = STAGES;
     static_assert(STR == 64 || STR == 128, "streamed tiles of 64 or 128 rows");
+    static_assert(TKD_ATTN_BWD_PAD % STR == 0, "a streamed tile's lse2/D rows stay inside the padded Tp");
     static_assert(DH == 64 || STR == 64, "dh 128 with 128 streamed rows spills (ptxas -v: 48 and 140 bytes)");
 };
 
