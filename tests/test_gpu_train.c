@@ -547,19 +547,6 @@ static void test_sampled_accum_gif_cpu_vs_cuda(void **state)
 
 /* ---- 6. resume on the GPU --------------------------------------------------------------------------- */
 
-static char *metrics_without_time(const char *path)
-{
-    char *text = tkd_test_read_file(path, NULL);
-    assert_non_null(text);
-    char *p;
-    while ((p = strstr(text, ", \"elapsed_s\": ")) != NULL) {
-        char *end = strchr(p + 2, '}');
-        assert_non_null(end);
-        memmove(p, end, strlen(end) + 1);
-    }
-    return text;
-}
-
 /* The first line where two texts differ, for the failure message. */
 static void first_diff_line(const char *a, const char *b, char *out, size_t cap)
 {
@@ -605,7 +592,7 @@ static void test_resume_on_gpu_is_bit_exact(void **state)
     }
     snprintf(a, sizeof a, "%s/gpu-straight/metrics.jsonl", f->runs);
     snprintf(b, sizeof b, "%s/gpu-split/metrics.jsonl", f->runs);
-    char *ma = metrics_without_time(a), *mb = metrics_without_time(b);
+    char *ma = tkd_test_metrics_without_time(a), *mb = tkd_test_metrics_without_time(b);
     if (strcmp(ma, mb) != 0) {
         char where[1024];
         first_diff_line(ma, mb, where, sizeof where);

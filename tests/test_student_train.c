@@ -112,20 +112,6 @@ static void test_top1_agreement_rises(void **state)
     assert_true(r1.val_kd < r0.val_kd);
 }
 
-/* Every line of a metrics file with the wall-clock field cut out (the only thing that differs). */
-static char *metrics_without_time(const char *path)
-{
-    char *text = tkd_test_read_file(path, NULL);
-    assert_non_null(text);
-    char *p;
-    while ((p = strstr(text, ", \"elapsed_s\": ")) != NULL) {
-        char *end = strchr(p + 2, '}');
-        assert_non_null(end);
-        memmove(p, end, strlen(end) + 1);
-    }
-    return text;
-}
-
 /* 12 steps straight vs 5 steps (train.stop_after) + --resume: with grad_accum = 2 and 11 batches
  * per epoch, the epoch boundary falls inside step 6, just after the stop. The weights, the AdamW
  * moments and every metrics record (to the printed digit) must be equal. */
@@ -163,7 +149,7 @@ static void test_resume_is_bit_exact(void **state)
     }
     run_path(a, sizeof a, f, "straight", "metrics.jsonl");
     run_path(b, sizeof b, f, "split", "metrics.jsonl");
-    char *ma = metrics_without_time(a), *mb = metrics_without_time(b);
+    char *ma = tkd_test_metrics_without_time(a), *mb = tkd_test_metrics_without_time(b);
     assert_string_equal(ma, mb);
     free(ma);
     free(mb);

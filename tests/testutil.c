@@ -654,3 +654,16 @@ void tkd_test_train_metrics(const tkd_test_student_dir *s, const char *run, cons
     if (n != want)
         fail_msg("%s: %d training records of %s, expected %d", path, n, key, want);
 }
+
+char *tkd_test_metrics_without_time(const char *path)
+{
+    char *text = tkd_test_read_file(path, NULL);
+    assert_non_null(text);
+    char *p;
+    while ((p = strstr(text, ", \"elapsed_s\": ")) != NULL) {
+        char *end = strchr(p + 2, '}');
+        assert_non_null(end);
+        memmove(p, end, strlen(end) + 1);
+    }
+    return text;
+}

@@ -187,6 +187,10 @@ tkd_status tkd_test_student_train(const char *run_dir, const char *name, const c
  * order, into out (up to cap); returns how many records had the key (null values count as NaN). */
 int tkd_test_metrics(const char *metrics_path, const char *type, const char *key, double *out, int cap);
 
+/* A metrics.jsonl file's text with every record's wall-clock field ("elapsed_s", the only thing two
+ * identical runs write differently) cut out; the caller frees it. Fails the test if unreadable. */
+char *tkd_test_metrics_without_time(const char *path);
+
 /* The `key` values of exactly `want` training records of run `run` under s's runs directory (its
  * metrics.jsonl) into out; fails the test naming the file when there are not `want` of them. */
 void tkd_test_train_metrics(const tkd_test_student_dir *s, const char *run, const char *key, double *out, int want);
