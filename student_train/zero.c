@@ -179,21 +179,3 @@ tkd_status tkd_zero_gather_master(tkd_zero *z)
     return tkd_comm_gather_shards(z->comm, NULL, z->m->master_lo, z->m->be->master_lo_size, z->m->n_params,
                                   z->chunk, "master-weight residual all-gather");
 }
-
-/* One moment array: every shard into the gradient buffer, then to rank 0's host. */
-static tkd_status gather_moment(tkd_zero *z, const float *shard, float *host)
-{
-    tkd_model *m = z->m;
-    TKD_TRY(tkd_comm_gather_shards(z->comm, shard, m->grads, sizeof(float), m->n_params, z->chunk,
-                                   "optimizer-state gather"));
-    return z->d.rank == 0 ? m->be->op->download(m->be, host, m->grads, m->n_params * sizeof(float)) : TKD_OK;
-}
-
-tkd_status tkd_zero_gather_moments(tkd_zero *z, const tkd_adamw *o, float *m_host, float *v_host)
-{
-    if (o->begin != z->begin || o->n != z->end - z->begin)
-        return tkd_error_set(TKD_ERR_INTERNAL, "zero: the optimizer holds [%zu, %zu), the shard is [%zu, %zu)",
-                             o->begin, o->begin + o->n, z->begin, z->end);
-    TKD_TRY(gather_moment(z, o->m, m_host));
-    return gather_moment(z, o->v, v_host);
-}

@@ -58,17 +58,11 @@ tkd_status tkd_zero_finish_grads(tkd_zero *z);
  * (1: none) for tkd_adamw_step_model_scaled; the gradients are not touched. */
 tkd_status tkd_zero_clip_coef(tkd_zero *z, double max_norm, double *norm_out, float *coef);
 
-/* After the shard's AdamW update: every rank's bf16 compute weights gathered (the CPU backend's
- * compute weights are the master, tkd_zero_gather_master). */
+/* After the shard's AdamW update: every rank's shard of the bf16 compute weights gathered. */
 tkd_status tkd_zero_gather_weights(tkd_zero *z);
 
 /* Every rank's shard of the master weights' residuals gathered (the compute copy is gathered after
  * every step), so that the whole fp32 master is current (a save or tkd_model_get_params reads it). */
 tkd_status tkd_zero_gather_master(tkd_zero *z);
-
-/* The whole moments (n_params floats each) into host m_host / v_host on rank 0 (NULL elsewhere) from
- * every rank's shard of o, through m->grads as scratch (call between steps: the next step zeroes
- * it). */
-tkd_status tkd_zero_gather_moments(tkd_zero *z, const tkd_adamw *o, float *m_host, float *v_host);
 
 #endif /* TKD_ZERO_H */
