@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"
+#include "common/progress.h"
 #include "common/signals.h"
 
 #define MAX_WORLD (1 << 20)
@@ -184,13 +185,6 @@ tkd_status tkd_rdzv_config_from_env(tkd_rdzv_config *c, int kind, const char *di
 
 /* ---- shared by both exchanges ----------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void nap(void) { nanosleep(&(struct timespec){0, POLL_NS}, NULL); }
 
 static tkd_status interrupted(const char *what)
@@ -292,7 +286,7 @@ static tkd_status file_rank0(const tkd_rdzv_config *c, const char *job, int worl
     if (!have)
         return tkd_error_set(TKD_ERR_NOMEM, "rendezvous: out of memory");
     int left = world - 1;
-    double deadline = now_s() + c->timeout_s;
+    double deadline = tkd_progress_now() + c->timeout_s;
     tkd_status st = TKD_OK;
     while (left > 0 && st == TKD_OK) {
         for (int r = 1; r < world && st == TKD_OK; r++) {
@@ -306,7 +300,7 @@ static tkd_status file_rank0(const tkd_rdzv_config *c, const char *job, int worl
             break;
         if (tkd_interrupted())
             st = interrupted("waiting for the other ranks");
-        else if (now_s() > deadline) {
+        else if (tkd_progress_now() > deadline) {
             char miss[160], how[4300];
             missing_ranks(have, world, miss, sizeof miss);
             snprintf(how, sizeof how, "no answer file %s.rank<r> in %s", strrchr(path, '/') + 1, c->dir);
@@ -330,11 +324,11 @@ static tkd_status file_other(const tkd_rdzv_config *c, const char *job, const tk
     char path[4096], ack[4096];
     TKD_TRY(file_path(path, sizeof path, c->dir, job, 0));
     TKD_TRY(file_path(ack, sizeof ack, c->dir, job, d->rank));
-    double deadline = now_s() + c->timeout_s;
+    double deadline = tkd_progress_now() + c->timeout_s;
     while (!tkd_file_exists(path)) {
         if (tkd_interrupted())
             return interrupted("waiting for rank 0");
-        if (now_s() > deadline) {
+        if (tkd_progress_now() > deadline) {
             char how[4200];
             snprintf(how, sizeof how, "no file %s", path);
             return timed_out("rank 0", c->timeout_s, how);
@@ -401,7 +395,7 @@ static tkd_status io_full(int fd, void *buf, size_t len, bool out, double deadli
         if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             return tkd_error_set(TKD_ERR_IO, "rendezvous: %s closed the connection%s%s", peer, k ? ": " : "",
                                  k ? strerror(errno) : "");
-        if (now_s() > deadline)
+        if (tkd_progress_now() > deadline)
             return tkd_error_set(TKD_ERR_IO, "rendezvous: %s did not %s in time", peer, out ? "take our message"
                                                                                             : "answer");
     }
@@ -444,7 +438,7 @@ static tkd_status tcp_serve(tcp_server *S, int fd, const char *peer)
 {
     tcp_msg m, a;
     size_t n = 0;
-    double dl = now_s() + 2.0 < S->deadline ? now_s() + 2.0 : S->deadline;
+    double dl = tkd_progress_now() + 2.0 < S->deadline ? tkd_progress_now() + 2.0 : S->deadline;
     if (io_full(fd, &m, sizeof m, false, dl, peer) != TKD_OK || !msg_read(&m, &n)) {
         snprintf(S->note, sizeof S->note, "; a connection from %s that is not a topkd rank was dropped", peer);
         return TKD_OK;
@@ -486,7 +480,7 @@ static tkd_status tcp_rank0(const tkd_rdzv_config *c, const char *job, int world
 {
     int lfd = -1;
     TKD_TRY(tcp_listen(c->port, world, &lfd));
-    tcp_server S = {.job = job, .world = world, .n = n, .blob = blob, .deadline = now_s() + c->timeout_s,
+    tcp_server S = {.job = job, .world = world, .n = n, .blob = blob, .deadline = tkd_progress_now() + c->timeout_s,
                     .have = calloc((size_t)world, 1), .left = world - 1};
     tkd_status st = S.have ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "rendezvous: out of memory");
     while (st == TKD_OK && S.left > 0) {
@@ -500,7 +494,7 @@ static tkd_status tcp_rank0(const tkd_rdzv_config *c, const char *job, int world
             close(fd);
         } else if (tkd_interrupted()) {
             st = interrupted("waiting for the other ranks");
-        } else if (now_s() > S.deadline) {
+        } else if (tkd_progress_now() > S.deadline) {
             char miss[160], who[200], how[400];
             missing_ranks(S.have, world, miss, sizeof miss);
             snprintf(who, sizeof who, "rank%s %s of %d", strchr(miss, ' ') ? "s" : "", miss, world);
@@ -533,7 +527,7 @@ static tkd_status tcp_connect(const char *host, int port, double deadline, int *
         int rc = connect(fd, ai->ai_addr, ai->ai_addrlen), err = rc == 0 ? 0 : errno;
         if (err == EINPROGRESS) {
             struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            double left = deadline - now_s();
+            double left = deadline - tkd_progress_now();
             int ms = left > 1.0 ? 1000 : left > 0 ? (int)(left * 1000) + 1 : 1;
             socklen_t l = sizeof err;
             err = poll(&pf, 1, ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) == 0 ? err : ETIMEDOUT;
@@ -559,13 +553,13 @@ static const char *refusal(uint32_t code)
 static tkd_status tcp_other(const tkd_rdzv_config *c, const char *job, const tkd_dist_info *d, void *blob,
                             size_t n)
 {
-    double deadline = now_s() + c->timeout_s;
+    double deadline = tkd_progress_now() + c->timeout_s;
     int fd = -1;
     tkd_status st;
     while ((st = tcp_connect(c->host, c->port, deadline, &fd)) == TKD_ERR_NOT_FOUND) {
         if (tkd_interrupted())
             return interrupted("connecting to rank 0");
-        if (now_s() > deadline) {
+        if (tkd_progress_now() > deadline) {
             char how[300];
             snprintf(how, sizeof how, "nothing listens on %s:%d", c->host, c->port);
             return timed_out("rank 0", c->timeout_s, how);

@@ -15,6 +15,7 @@
 
 #include "common/dist.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "common/signals.h"
 
 #define MAX_PROCS 1024
@@ -135,13 +136,6 @@ static int exit_code_of(int ws)
     return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void signal_all(const pid_t *pids, int n, int sig)
 {
     for (int i = 0; i < n; i++)
@@ -176,7 +170,7 @@ static void reap(launch *L, double grace_s)
                 L->failed_code = code;
                 L->failed_pid = pid;
                 signal_all(L->pids, L->n, SIGTERM);
-                L->kill_at = now_s() + grace_s;
+                L->kill_at = tkd_progress_now() + grace_s;
             }
         }
     }
@@ -236,7 +230,7 @@ tkd_status tkd_launch_workers(const char *tool, int n, int argc, char **argv, do
             signal_all(L.pids, n, sig);
             L.forwarded = 1;
         }
-        if (L.kill_at > 0 && now_s() > L.kill_at) {
+        if (L.kill_at > 0 && tkd_progress_now() > L.kill_at) {
             signal_all(L.pids, n, SIGKILL);
             L.kill_at = 0;
         }

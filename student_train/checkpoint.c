@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/progress.h"
 #include "common/dist.h"
 #include "common/fileio.h"
 #include "common/signals.h"
@@ -342,8 +343,7 @@ tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_
 /* Waits until every rank's shard is in stage; on timeout names the missing files. */
 static tkd_status wait_shards(const char *stage, int world, double timeout_s)
 {
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = tkd_progress_now();
     for (int have = 0;;) {
         char name[64], path[CKPT_PATH_MAX], missing[512] = "";
         size_t len = 0;
@@ -360,8 +360,7 @@ static tkd_status wait_shards(const char *stage, int world, double timeout_s)
             return TKD_OK;
         if (tkd_interrupted())
             return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted while waiting for the ranks' optimizer shards");
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) * 1e-9 > timeout_s)
+        if (tkd_progress_now() - t0 > timeout_s)
             return tkd_error_set(TKD_ERR_IO, "%d of %d optimizer shards written after %.0f s; missing: %s", have,
                                  world, timeout_s, missing);
         nanosleep(&(struct timespec){0, 20000000}, NULL);

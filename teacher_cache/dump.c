@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/progress.h"
 #include "common/fileio.h"
 #include "common/sha256.h"
 #include "common/signals.h"
@@ -22,13 +23,6 @@
 #include "teacher_cache/dump_text.h"
 #include "teacher_cache/dump_dir.h"
 #include "teacher_cache/writer_thread.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- identity --------------------------------------------------------------------------------- */
 
@@ -598,7 +592,7 @@ static void report_progress(dump_ctx *c, tkd_dump_writer *w, double t0)
         .seq_total = c->sum->range_end - c->sum->range_first,
         .seq_start = c->kept_seqs,
         .tokens_run = c->sum->tokens_run,
-        .elapsed_s = now_s() - t0,
+        .elapsed_s = tkd_progress_now() - t0,
         .bytes_written = ws.bytes,
         .tokens_written = ws.seqs * c->cfg->seq_len,
     };
@@ -677,7 +671,7 @@ static tkd_status run_compute(dump_ctx *c)
     };
     tkd_dump_writer *w = NULL;
     tkd_status st = tkd_dump_writer_start(&w, &wo);
-    double t0 = now_s();
+    double t0 = tkd_progress_now();
     if (st == TKD_OK)
         st = compute_loop(c, w, &buf, t0);
     if (st == TKD_OK) {
@@ -696,7 +690,7 @@ static tkd_status run_compute(dump_ctx *c)
             tkd_error_hint(st, "free space there and re-run the same command to resume");
         }
     }
-    c->sum->seconds = now_s() - t0;
+    c->sum->seconds = tkd_progress_now() - t0;
     buffers_free(&buf);
     return st;
 }
