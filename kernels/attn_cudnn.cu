@@ -706,7 +706,7 @@ static tkd_status plan_run(tkd_cudnn_attn *a, Plan *p, const void *const ptrs_in
         tkd_cuda_free(a->ws);
         a->ws = NULL, a->ws_bytes = 0;
         TKD_TRY(tkd_cuda_malloc(&a->ws, need, "cuDNN attention workspace",
-                                "lower data.seq_len or run.batch_size, or set TKD_CUDNN_BWD=0"));
+                                "lower data.seq_len or train.batch_size, or set TKD_ATTN_BWD=wgmma"));
         a->ws_bytes = need;
     }
     const void *ptrs[12];

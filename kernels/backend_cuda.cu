@@ -154,7 +154,9 @@ void cu_close(tkd_backend *be)
 
 tkd_status cu_alloc(tkd_backend *be, size_t bytes, const char *what, void **out)
 {
-    TKD_TRY(tkd_cuda_malloc(out, bytes, what, "lower run.batch_size or data.seq_len, or use a GPU with more memory"));
+    TKD_TRY(tkd_cuda_malloc(out, bytes, what,
+                            "lower the batch (teacher-dump run.batch_size, student-train train.batch_size) or "
+                            "data.seq_len, or use a GPU with more memory"));
     TKD_CUDA_CHECK(cudaMemsetAsync(*out, 0, bytes, stream_of(be)));
     return TKD_OK;
 }
@@ -424,7 +426,7 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
                                  static_cast<bf>(dv), c->attn_bwd_ws, c->stream);
     }
     TKD_TRY(grow(&c->attn_delta, tkd_cuda_attn_bwd_simple_ws_bytes(B, T, H), "attention backward scratch",
-                 "lower run.batch_size or data.seq_len"));
+                 "lower train.batch_size or data.seq_len"));
     return tkd_cuda_attn_bwd_simple(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
                                     static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh,
                                     static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv),
@@ -724,7 +726,7 @@ tkd_status kl_setup(tkd_backend_kl *kl, const tkd_kl_params *p, int d)
     TKD_TRY(tkd_kl_cuda_ws_create(&kl->ws, p, kl->n_max, d, kl->v));
     TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&kl->h_buf), kl->elems * 4, "loss: teacher staging"));
     TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&kl->d_buf), kl->elems * 4, "loss: teacher batch",
-                            "lower run.batch_size or kd.topk"));
+                            "lower train.batch_size or kd.topk"));
     if (!(kl->seen = static_cast<uint8_t *>(calloc((size_t)kl->v / 8 + 1, 1))))
         return tkd_error_set(TKD_ERR_NOMEM, "loss: out of host memory");
     TKD_CUDA_CHECK(cudaEventCreateWithFlags(&kl->staged, cudaEventDisableTiming));

@@ -10,10 +10,11 @@
 #define LOCK_NAME ".topkd-lock"
 
 /* Every entry student-train ever makes in a run directory (checkpoint.tmp-* and checkpoint.old come
- * from tkd_rename_dir_atomic, the other temporaries from tkd_file_write_atomic). */
+ * from tkd_rename_dir_atomic, checkpoint.building-* from a data-parallel checkpoint that a dead rank
+ * left unfinished (checkpoint.h), the other temporaries from tkd_file_write_atomic). */
 static const char *const run_names[] = {
     "config.yaml", "config.yaml.tmp-*", "metrics.jsonl", "metrics.jsonl.tmp-*", "checkpoint", "checkpoint.tmp-*",
-    "checkpoint.old", ".topkd-run", ".topkd-run.tmp-*", LOCK_NAME, NULL,
+    "checkpoint.old", "checkpoint.building-*", ".topkd-run", ".topkd-run.tmp-*", LOCK_NAME, NULL,
 };
 
 static const tkd_dir_kind run_kind = {

@@ -117,12 +117,16 @@ static void test_overwrite_removes_only_ours(void **state)
     assert_true(tkd_file_exists(in_run(f, "r", "checkpoint/state.json")));
     assert_int_equal(remove(in_run(f, "r", "notes.txt")), 0);
     assert_int_equal(remove(in_run(f, "r", ".topkd-run")), 0); /* as an older version left it */
+    /* what a rank that died during a data-parallel checkpoint leaves is ours too */
+    assert_int_equal(tkd_mkdir_p(in_run(f, "r", "checkpoint.building-job7-12")), TKD_OK);
+    tkd_test_write_text(in_run(f, "r", "checkpoint.building-job7-12/optimizer-rank0-of2.safetensors"), "x");
     tkd_train_result res;
     assert_int_equal(run(f, NULL, "r", OVERWRITE, "train.max_steps=2", &res), TKD_OK);
     assert_int_equal(res.steps, 2);
     double loss[8];
     assert_int_equal(tkd_test_metrics(in_run(f, "r", "metrics.jsonl"), "train", "loss", loss, 8), 2);
     assert_true(tkd_file_exists(in_run(f, "r", ".topkd-run")));
+    assert_false(tkd_file_exists(in_run(f, "r", "checkpoint.building-job7-12")));
 }
 
 /* One student-train per run directory: while another process holds its lock, a run stops at once
