@@ -21,11 +21,7 @@
  *    relative L2 difference of its dq, dk, dv from our flash backward's on the same inputs (a
  *    sanity check: bf16 roundings put it near 1e-3–1e-2; garbage is ~1;
  *    tests/test_gpu_attn_cudnn_bwd.c holds the tolerances). Its bounded pipeline waits are checked
- *    after each shape (the run stops on a timeout). Its column runs the variant in force
- *    (TKD_ATTN_BWD_SM90_VARIANT, default 0);
- *  - wgmma variants: the Hopper backward in each of its tilings (tkd_cuda_attn_bwd_sm90_set_variant),
- *    time, TFLOP/s and relative L2 difference from our flash backward, per shape; "= v0" where the
- *    head dim runs variant 0's tiling for that variant.
+ *    after each shape (the run stops on a timeout).
  * FLOPs, causal: forward 4·B·H·T²·dh/2 (its two matrix products over the causal half); backward
  * 2.5 × that (the usual convention, as FlashAttention's benchmarks count it: five products, not the
  * seven our deterministic backward does); fwd+bwd 3.5 × that over the sum of the two times.
@@ -293,7 +289,6 @@ static void bufs_free(bufs *b)
  * deterministic and not. */
 typedef struct bwd_row {
     double ms_fwd[2], ms_bwd[6];
-    double ms_var[TKD_ATTN_BWD_SM90_NVARIANTS], diff_var[TKD_ATTN_BWD_SM90_NVARIANTS]; /* -1: not run */
     tkd_cudnn_attn_bwd_info info, info_nd;
 } bwd_row;
 
@@ -342,17 +337,6 @@ static void bench_shape(tkd_cudnn_attn *cudnn, tkd_cudnn_attn *cudnn_nd, const s
     }
     r->ms_bwd[4] = time_call(NULL, s, &b, BWD_WGMMA, reps, &first_bwd);
     r->ms_bwd[5] = r->ms_bwd[4] >= 0 ? wgmma_vs_ours(s, &b) : -1.0;
-    for (int v = 0; v < TKD_ATTN_BWD_SM90_NVARIANTS; v++) {
-        r->ms_var[v] = r->diff_var[v] = -1.0;
-        if (r->ms_bwd[4] < 0 || tkd_cuda_attn_bwd_sm90_variant_runs(v, s->dh) != v)
-            continue;
-        if (tkd_cuda_attn_bwd_sm90_set_variant(v) != TKD_OK)
-            die("tkd_cuda_attn_bwd_sm90_set_variant", tkd_error_msg());
-        r->ms_var[v] = time_call(NULL, s, &b, BWD_WGMMA, reps, &first_bwd);
-        r->diff_var[v] = wgmma_vs_ours(s, &b);
-    }
-    if (tkd_cuda_attn_bwd_sm90_set_variant(-1) != TKD_OK)
-        die("tkd_cuda_attn_bwd_sm90_set_variant", tkd_error_msg());
     bufs_free(&b);
 }
 
@@ -375,28 +359,6 @@ static void print_bwd_row(const shape *s, const bwd_row *r)
         printf("| - |\n");
     else
         printf("| %.1e |\n", r->ms_bwd[5]);
-}
-
-/* The variants table's row: per variant ms, TFLOP/s and rel diff; "-" where the wgmma backward
- * does not run, "= v<n>" where the head dim runs another variant's tiling. */
-static void print_var_row(const shape *s, const bwd_row *r)
-{
-    double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
-    print_shape(s);
-    for (int v = 0; v < TKD_ATTN_BWD_SM90_NVARIANTS; v++) {
-        const int as = tkd_cuda_attn_bwd_sm90_variant_runs(v, s->dh);
-        if (r->ms_bwd[4] < 0)
-            printf("| %9s | %7s | - ", "-", "-");
-        else if (as != v) {
-            char same[16];
-            snprintf(same, sizeof same, "= v%d", as);
-            printf("| %9s | %7s | - ", same, "-");
-        } else {
-            print_cells(r->ms_var[v], 2.5 * flop);
-            printf("| %.1e ", r->diff_var[v]);
-        }
-    }
-    printf("|\n");
 }
 
 int main(int argc, char **argv)
@@ -456,18 +418,6 @@ int main(int argc, char **argv)
            "---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         print_bwd_row(&shapes[i], &rows[i]);
-    printf("\nwgmma backward variants (ms, TFLOP/s as above, rel diff vs our flash backward):");
-    for (int v = 0; v < TKD_ATTN_BWD_SM90_NVARIANTS; v++)
-        printf(" v%d %s;", v, tkd_cuda_attn_bwd_sm90_variant_name(v));
-    printf("\n\n| shape        | B |      T |   H | Hkv |  dh ");
-    for (int v = 0; v < TKD_ATTN_BWD_SM90_NVARIANTS; v++)
-        printf("| v%d ms | TFLOP/s | rel diff ", v);
-    printf("|\n|---|---|---|---|---|---");
-    for (int v = 0; v < TKD_ATTN_BWD_SM90_NVARIANTS; v++)
-        printf("|---|---|---");
-    printf("|\n");
-    for (int i = 0; i < n; i++)
-        print_var_row(&shapes[i], &rows[i]);
     tkd_cudnn_attn_free(cudnn);
     tkd_cudnn_attn_free(cudnn_nd);
     return 0;

@@ -34,23 +34,12 @@
  * tiles per head: the grid (pairs, heads, B) is one even wave-set even when there are only 2 kv
  * heads (Qwen2.5-0.5B: 4 × 2 × 16 = 128 dK/dV CTAs on 132 SMs).
  *
- * Causal mask (the default's 64-row stream): tile starts are multiples of 64, so a consumer's 64
- * rows against a 64-row streamed tile are either wholly visible (skip nothing), on the diagonal
- * (same start: elementwise key > query → P = 0), or wholly masked (the warpgroup skips the step but
- * still releases the stage).
+ * Causal mask: tile starts are multiples of 64, so a consumer's 64 rows against a 64-row streamed
+ * tile are either wholly visible (skip nothing), on the diagonal (same start: elementwise key >
+ * query → P = 0), or wholly masked (the warpgroup skips the step but still releases the stage).
  * Ragged T: the tensor maps are 3-D (columns, T, B), so rows ≥ T of a box are zero-filled within
  * the batch; their lse2 is +inf and D 0 (prep pads to Tp), so P = 0 and they contribute nothing;
  * gradient rows ≥ T are not stored.
- *
- * Variants (tkd_cuda_attn_bwd_sm90_set_variant, TKD_ATTN_BWD_SM90_VARIANT; the kVariants table):
- * the streamed tile's rows (kStr 64 or 128) and the ring's stages are template parameters (Cfg);
- * the resident 128 rows, the two consumer warpgroups and the order of every fp32 sum over a row's
- * terms are the same pipeline, so each variant is as deterministic as the default. With 128 streamed
- * rows the dQ kernel computes S and dP as 64 × 128 blocks (m64n128k16) and the dK/dV kernel as two
- * 64 × 64 halves (both blocks of 128 beside dK and dV spill); both then run their dS/P products with
- * K = 128 (8 register fragments) and half as many pipeline steps. Masking is general: a step is
- * skipped when no key of the warpgroup's rows is visible, masked elementwise (key > query, offset
- * by the tiles' starts) when some key is after some query.
  *
  * Fragments (wgmma m64nN, fp32): in warp w of a warpgroup, lane l holds rows 16w + l/4 + 8h and
  * columns 8j + 2(l%4) + e at register 4j + 2h + e. The A fragment of k-block c (columns 16c ..
@@ -62,7 +51,6 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/attn_bwd_cuda_internal.h"
@@ -77,28 +65,17 @@ using namespace tkd_sm90;
 constexpr int kRows = 64;                /* rows per consumer warpgroup (wgmma M) */
 constexpr int kConsumers = 2;
 constexpr int kRes = kRows * kConsumers; /* resident tile rows */
+constexpr int kStr = 64;                 /* streamed tile rows per step */
+constexpr int kStages = 3; /* a step is ~1 µs of wgmma: two loads in flight cover TMA latency */
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr double kLog2e = 1.4426950408889634;
 static_assert(kRes == TKD_ATTN_BWD_PAD, "the dQ kernel reads 128 lse2/D values per tile from the padded workspace");
 
-/* A tiling (a variant, chosen at run time: tkd_cuda_attn_bwd_sm90_set_variant): head dim DH, streamed
- * tiles of STR rows (64 or 128: a divisor of kRes, so every pass starts on a streamed tile's start, and
- * ≤ 128 so a streamed tile never passes Tp), a ring of STAGES stages (a 64-row step is ~1 µs of
- * wgmma: two loads in flight cover TMA latency). */
-template <int DH, int STR, int STAGES>
-struct Cfg {
-    static constexpr int kDh = DH, kStr = STR, kStages = STAGES;
-    static_assert(STR == 64 || STR == 128, "streamed tiles of 64 or 128 rows");
-    static_assert(TKD_ATTN_BWD_PAD % STR == 0, "a streamed tile's lse2/D rows stay inside the padded Tp");
-    static_assert(DH == 64 || STR == 64, "dh 128 with 128 streamed rows spills (ptxas -v: 48 and 140 bytes)");
-};
-
 /* Shared memory, byte offsets from a 1024-aligned base: the resident tiles, the ring's stages (two
- * streamed tiles each), the lse2/D vectors (dK/dV: kStr + kStr floats per stage; dQ: 128 + 128 for the
+ * streamed tiles each), the lse2/D vectors (dK/dV: 64 + 64 floats per stage; dQ: 128 + 128 for the
  * resident rows), the mbarriers. Each 64-column box of a tile is rows × 128 bytes. */
-template <class C>
+template <int DH>
 struct Smem {
-    static constexpr int DH = C::kDh, kStr = C::kStr, kStages = C::kStages;
     static constexpr uint32_t kResBox = kRes * 128, kStrBox = kStr * 128;
     static constexpr uint32_t kResTile = kResBox * (DH / 64), kStrTile = kStrBox * (DH / 64);
     static constexpr uint32_t kStage0 = 2 * kResTile;
@@ -110,14 +87,9 @@ struct Smem {
     static_assert(kResBox % 1024 == 0 && kStrBox % 1024 == 0, "swizzled boxes need 1024-byte alignment");
 };
 
-/* The mbarriers at bar0: kStages `full`, kStages `empty`, the resident tile's full and empty. */
-template <int kStages>
 __device__ inline uint32_t full_bar(uint32_t bar0, int s) { return bar0 + 8 * s; }
-template <int kStages>
 __device__ inline uint32_t empty_bar(uint32_t bar0, int s) { return bar0 + 8 * (kStages + s); }
-template <int kStages>
 __device__ inline uint32_t res_full_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages); }
-template <int kStages>
 __device__ inline uint32_t res_empty_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages + 1); }
 
 struct Params {
@@ -137,8 +109,7 @@ __device__ inline int pass_tile(int pass, int ntiles)
     return pass == 0 ? (int)blockIdx.x : ntiles - 1 - (int)blockIdx.x;
 }
 
-/* dQ kernel: the last kStr-key tile that query rows [q0, q0 + 128) see. */
-template <int kStr>
+/* dQ kernel: the last 64-key tile that query rows [q0, q0 + 128) see. */
 __device__ inline int last_key_tile(int q0, int T) { return (min(q0 + kRes, T) - 1) / kStr; }
 
 /* ---- fragments ----------------------------------------------------------------------------------- */
@@ -160,57 +131,33 @@ __device__ inline void zero_regs(float (&d)[N])
 }
 
 /* Keeps A fragments alive (and in place) until the wgmma that reads them has completed. */
-template <int NB>
-__device__ inline void fence_frags(uint32_t (&a)[NB][4])
+__device__ inline void fence_frags(uint32_t (&a)[4][4])
 {
 #pragma unroll
-    for (int c = 0; c < NB; c++)
+    for (int c = 0; c < 4; c++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             asm volatile("" : "+r"(a[c][i])::"memory");
 }
 
-/* The bf16 A fragments of the NB 64 × 16 column blocks of a 64 × 16·NB fp32 fragment (file comment),
- * into a[c0 .. c0 + NB − 1]. */
-template <int NB, int NA>
-__device__ inline void to_a_frags(uint32_t (&a)[NA][4], const float (&x)[8 * NB], int c0 = 0)
+/* The bf16 A fragments of the four 64 × 16 column blocks of a 64 × 64 fp32 fragment (file comment). */
+__device__ inline void to_a_frags(uint32_t (&a)[4][4], const float (&x)[32])
 {
 #pragma unroll
-    for (int c = 0; c < NB; c++)
+    for (int c = 0; c < 4; c++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            a[c0 + c][i] = pack_bf16(x[8 * c + 2 * i], x[8 * c + 2 * i + 1]);
+            a[c][i] = pack_bf16(x[8 * c + 2 * i], x[8 * c + 2 * i + 1]);
 }
 
 /* ---- the consumers' matrix products ---------------------------------------------------------- */
 
-/* d (64 x 128, fp32 fragment) (+)= A (64 x 16) · B (128 x 16)ᵀ, both K-major in shared memory;
- * accumulate = 0 overwrites d (sm90_common.cuh's n64 form, N 128, for 128-row streamed tiles). */
-__device__ inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" TKD_WG_D32_0 ", " TKD_WG_D32_1 "}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : TKD_WG_ACC32(0), TKD_WG_ACC32(32)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-/* m64nNk16 from shared memory, N = 64 or 128. */
-template <int N>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate)
-{
-    if constexpr (N == 64)
-        wgmma_ss_n64(d, desc_a, desc_b, accumulate);
-    else
-        wgmma_ss_n128(d, desc_a, desc_b, accumulate);
-}
-
-/* s = A0 · B0ᵀ and dp = A1 · B1ᵀ (64 × kStr fp32 fragments, K = DH), waited for: A0, A1 64 rows at
- * a0, a1 whose 64-column boxes are abox bytes apart, B0, B1 kStr rows at b0, b1 (boxes bbox apart),
+/* s = A0 · B0ᵀ and dp = A1 · B1ᵀ (64 × 64 fp32 fragments, K = DH), waited for: A0, A1 64 rows at
+ * a0, a1 whose 64-column boxes are abox bytes apart, B0, B1 64 rows at b0, b1 (boxes bbox apart),
  * all K-major and 128-byte swizzled. */
-template <class C>
-__device__ __forceinline__ void scores(float (&s)[C::kStr / 2], float (&dp)[C::kStr / 2], uint32_t a0, uint32_t a1,
-                                       uint32_t abox, uint32_t b0, uint32_t b1, uint32_t bbox)
+template <int DH>
+__device__ __forceinline__ void scores(float (&s)[32], float (&dp)[32], uint32_t a0, uint32_t a1, uint32_t abox,
+                                       uint32_t b0, uint32_t b1, uint32_t bbox)
 {
     zero_regs(s); /* overwritten by the first wgmma; this keeps them defined */
     zero_regs(dp);
@@ -218,30 +165,29 @@ __device__ __forceinline__ void scores(float (&s)[C::kStr / 2], float (&dp)[C::k
     fence_regs(dp);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C::kDh / 16; kk++) /* 16 columns = 32 bytes of a box */
-        wgmma_ss<C::kStr>(s, smem_desc(a0 + (kk / 4) * abox + (kk % 4) * 32),
-                          smem_desc(b0 + (kk / 4) * bbox + (kk % 4) * 32), kk > 0);
+    for (int kk = 0; kk < DH / 16; kk++) /* 16 columns = 32 bytes of a box */
+        wgmma_ss_n64(s, smem_desc(a0 + (kk / 4) * abox + (kk % 4) * 32),
+                     smem_desc(b0 + (kk / 4) * bbox + (kk % 4) * 32), kk > 0);
 #pragma unroll
-    for (int kk = 0; kk < C::kDh / 16; kk++)
-        wgmma_ss<C::kStr>(dp, smem_desc(a1 + (kk / 4) * abox + (kk % 4) * 32),
-                          smem_desc(b1 + (kk / 4) * bbox + (kk % 4) * 32), kk > 0);
+    for (int kk = 0; kk < DH / 16; kk++)
+        wgmma_ss_n64(dp, smem_desc(a1 + (kk / 4) * abox + (kk % 4) * 32),
+                     smem_desc(b1 + (kk / 4) * bbox + (kk % 4) * 32), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(s);
     fence_regs(dp);
 }
 
-/* acc (64 × DH) += A · B, A (64 × kStr) as kStr/16 k16 fragments, B the kStr × DH tile at b (rows =
- * K, MN-major: a k16 block is 16 rows = 2048 bytes; its two 64-column boxes bbox bytes apart).
- * Issued only: the caller commits and waits. */
-template <class C>
-__device__ __forceinline__ void mma_rs(float (&acc)[C::kDh / 2], const uint32_t (&a)[C::kStr / 16][4], uint32_t b,
-                                       uint32_t bbox)
+/* acc (64 × DH) += A · B, A (64 × 64) as four k16 fragments, B the 64 × DH tile at b (rows = K,
+ * MN-major: a k16 block is 16 rows = 2048 bytes; its two 64-column boxes bbox bytes apart). Issued
+ * only: the caller commits and waits. */
+template <int DH>
+__device__ __forceinline__ void mma_rs(float (&acc)[DH / 2], const uint32_t (&a)[4][4], uint32_t b, uint32_t bbox)
 {
 #pragma unroll
-    for (int c = 0; c < C::kStr / 16; c++) {
+    for (int c = 0; c < 4; c++) {
         const uint64_t db = smem_desc_mn(b + c * 2048, bbox);
-        if constexpr (C::kDh == 64)
+        if constexpr (DH == 64)
             wgmma_rs_n64(acc, a[c], db);
         else
             wgmma_rs_n128(acc, a[c], db);
@@ -249,16 +195,14 @@ __device__ __forceinline__ void mma_rs(float (&acc)[C::kDh / 2], const uint32_t 
 }
 
 /* dK/dV kernel, P and dS in place on the transposed blocks (rows: the warpgroup's 64 keys;
- * columns: the step's kStr queries, whose lse2 and D are l2[col], dd[col] in shared memory). With
- * mask set, keys after their query get P = 0: key row + off > query col (off = first key − first
- * query of the step). */
-template <int kStr>
-__device__ __forceinline__ void p_ds_keys(float (&s)[kStr / 2], float (&dp)[kStr / 2], const float *l2,
-                                          const float *dd, float scale_log2, bool mask, int off)
+ * columns: the step's 64 queries, whose lse2 and D are l2[col], dd[col] in shared memory). On the
+ * diagonal (both start together) keys after their query get P = 0. */
+__device__ __forceinline__ void p_ds_keys(float (&s)[32], float (&dp)[32], const float *l2, const float *dd,
+                                          float scale_log2, bool diag)
 {
-    const int lane = threadIdx.x & 31, row = 16 * ((threadIdx.x / 32) & 3) + lane / 4 + off;
+    const int lane = threadIdx.x & 31, row = 16 * ((threadIdx.x / 32) & 3) + lane / 4;
 #pragma unroll
-    for (int j = 0; j < kStr / 8; j++) {
+    for (int j = 0; j < 8; j++) {
         const int col = 8 * j + 2 * (lane & 3);
         const float2 l = *reinterpret_cast<const float2 *>(l2 + col);
         const float2 d = *reinterpret_cast<const float2 *>(dd + col);
@@ -268,7 +212,7 @@ __device__ __forceinline__ void p_ds_keys(float (&s)[kStr / 2], float (&dp)[kStr
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * h + e;
                 float p = fast_exp2(fmaf(s[i], scale_log2, -(e ? l.y : l.x)));
-                if (mask && row + 8 * h > col + e)
+                if (diag && row + 8 * h > col + e)
                     p = 0.f;
                 s[i] = p;
                 dp[i] = p * (dp[i] - (e ? d.y : d.x));
@@ -277,22 +221,20 @@ __device__ __forceinline__ void p_ds_keys(float (&s)[kStr / 2], float (&dp)[kStr
 }
 
 /* dQ kernel, P and dS in place (rows: the warpgroup's 64 queries, this thread's two with lse2
- * l2[h] and D d[h]; columns: the step's kStr keys). With mask set, keys after the query get P = 0:
- * key col + off > query row (off = first key − first query of the step). */
-template <int kStr>
-__device__ __forceinline__ void p_ds_queries(float (&s)[kStr / 2], float (&dp)[kStr / 2], const float (&l2)[2],
-                                             const float (&d)[2], float scale_log2, bool mask, int off)
+ * l2[h] and D d[h]; columns: the step's 64 keys). On the diagonal keys after the query get P = 0. */
+__device__ __forceinline__ void p_ds_queries(float (&s)[32], float (&dp)[32], const float (&l2)[2],
+                                             const float (&d)[2], float scale_log2, bool diag)
 {
-    const int lane = threadIdx.x & 31, row = 16 * ((threadIdx.x / 32) & 3) + lane / 4 - off;
+    const int lane = threadIdx.x & 31, row = 16 * ((threadIdx.x / 32) & 3) + lane / 4;
 #pragma unroll
-    for (int j = 0; j < kStr / 8; j++)
+    for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * h + e;
                 float p = fast_exp2(fmaf(s[i], scale_log2, -l2[h]));
-                if (mask && 8 * j + 2 * (lane & 3) + e > row + 8 * h)
+                if (diag && 8 * j + 2 * (lane & 3) + e > row + 8 * h)
                     p = 0.f;
                 s[i] = p;
                 dp[i] = p * (dp[i] - d[h]);
@@ -332,33 +274,31 @@ __device__ inline void load_tile(uint32_t dst, const CUtensorMap *tm, uint32_t b
 }
 
 /* Waits for the ring's current stage to be free and arms its `full` barrier for bytes. */
-template <int kStages>
 __device__ inline uint32_t stage_acquire(Ring<kStages> &r, uint32_t bar0, uint32_t bytes, unsigned *err)
 {
-    mbar_wait(empty_bar<kStages>(bar0, r.stage), r.phase ^ 1u, r.failed, err);
-    const uint32_t full = full_bar<kStages>(bar0, r.stage);
+    mbar_wait(empty_bar(bar0, r.stage), r.phase ^ 1u, r.failed, err);
+    const uint32_t full = full_bar(bar0, r.stage);
     mbar_arrive_expect_tx(full, bytes);
     return full;
 }
 
 /* dK/dV kernel's producer (one thread): per pass the K and V tile of kv head g, then for each
- * query head of the group and each kStr-query tile from the resident tile's first key to T, the Q
+ * query head of the group and each 64-query tile from the resident tile's first key to T, the Q
  * and dY tiles and their lse2 and D. */
-template <class C>
+template <int DH>
 __device__ void dkv_produce(const CUtensorMap *tk, const CUtensorMap *tv, const CUtensorMap *tq,
                             const CUtensorMap *tdy, const Params &p, uint32_t base, int g, int b)
 {
-    using S = Smem<C>;
-    constexpr int DH = C::kDh, kStr = C::kStr, kStages = C::kStages;
+    using S = Smem<DH>;
     const uint32_t bar0 = base + S::kBar;
     const int nq = (p.T + kStr - 1) / kStr;
     Ring<kStages> r;
     for (int pass = 0; pass < n_passes(p.ntiles); pass++) {
         const int k0 = pass_tile(pass, p.ntiles) * kRes, per_h = nq - k0 / kStr;
-        mbar_wait(res_empty_bar<kStages>(bar0), (pass & 1) ^ 1u, r.failed, p.err);
-        mbar_arrive_expect_tx(res_full_bar<kStages>(bar0), 2 * S::kResTile);
-        load_tile<DH>(base, tk, S::kResBox, g * DH, k0, b, res_full_bar<kStages>(bar0));
-        load_tile<DH>(base + S::kResTile, tv, S::kResBox, g * DH, k0, b, res_full_bar<kStages>(bar0));
+        mbar_wait(res_empty_bar(bar0), (pass & 1) ^ 1u, r.failed, p.err);
+        mbar_arrive_expect_tx(res_full_bar(bar0), 2 * S::kResTile);
+        load_tile<DH>(base, tk, S::kResBox, g * DH, k0, b, res_full_bar(bar0));
+        load_tile<DH>(base + S::kResTile, tv, S::kResBox, g * DH, k0, b, res_full_bar(bar0));
         for (int s = 0; s < p.grp * per_h; s++) {
             const int h = g * p.grp + s / per_h, q0 = k0 + (s % per_h) * kStr;
             const uint32_t full = stage_acquire(r, bar0, 2 * S::kStrTile + 2 * kStr * 4, p.err);
@@ -366,7 +306,7 @@ __device__ void dkv_produce(const CUtensorMap *tk, const CUtensorMap *tv, const 
             const uint32_t vec = base + S::kVec + r.stage * 2 * kStr * 4;
             load_tile<DH>(st, tq, S::kStrBox, h * DH, q0, b, full);
             load_tile<DH>(st + S::kStrTile, tdy, S::kStrBox, h * DH, q0, b, full);
-            const int64_t w = ((int64_t)b * p.H + h) * p.Tp + q0; /* q0 + kStr ≤ Tp: prep padded to 128 */
+            const int64_t w = ((int64_t)b * p.H + h) * p.Tp + q0; /* q0 + 64 ≤ Tp: prep padded */
             bulk_load(vec, p.lse2 + w, kStr * 4, full);
             bulk_load(vec + kStr * 4, p.dsum + w, kStr * 4, full);
             r.next();
@@ -376,18 +316,17 @@ __device__ void dkv_produce(const CUtensorMap *tk, const CUtensorMap *tv, const 
 
 /* dQ kernel's producer (one thread): per pass the Q and dY tile of query head h with their lse2 and
  * D, then the K and V tiles of its kv head from the last one the tile sees down to key 0. */
-template <class C>
+template <int DH>
 __device__ void dq_produce(const CUtensorMap *tq, const CUtensorMap *tdy, const CUtensorMap *tk,
                            const CUtensorMap *tv, const Params &p, uint32_t base, int h, int b)
 {
-    using S = Smem<C>;
-    constexpr int DH = C::kDh, kStr = C::kStr, kStages = C::kStages;
+    using S = Smem<DH>;
     const uint32_t bar0 = base + S::kBar, g = h / p.grp;
     Ring<kStages> r;
     for (int pass = 0; pass < n_passes(p.ntiles); pass++) {
-        const int q0 = pass_tile(pass, p.ntiles) * kRes, last = last_key_tile<kStr>(q0, p.T);
-        const uint32_t res = res_full_bar<kStages>(bar0);
-        mbar_wait(res_empty_bar<kStages>(bar0), (pass & 1) ^ 1u, r.failed, p.err);
+        const int q0 = pass_tile(pass, p.ntiles) * kRes, last = last_key_tile(q0, p.T);
+        const uint32_t res = res_full_bar(bar0);
+        mbar_wait(res_empty_bar(bar0), (pass & 1) ^ 1u, r.failed, p.err);
         mbar_arrive_expect_tx(res, 2 * S::kResTile + 2 * kRes * 4);
         load_tile<DH>(base, tq, S::kResBox, h * DH, q0, b, res);
         load_tile<DH>(base + S::kResTile, tdy, S::kResBox, h * DH, q0, b, res);
@@ -408,7 +347,6 @@ __device__ void dq_produce(const CUtensorMap *tq, const CUtensorMap *tdy, const 
 
 /* Waits for a barrier phase, then reconverges the warp (lanes may leave the wait's loop apart;
  * the .aligned wgmma instructions want the warp converged). */
-template <int kStages>
 __device__ inline void consumer_wait(uint32_t bar, uint32_t parity, Ring<kStages> &r, unsigned *err)
 {
     mbar_wait(bar, parity, r.failed, err);
@@ -422,35 +360,26 @@ __device__ inline void consumer_release(uint32_t bar)
         mbar_arrive(bar);
 }
 
-/* dK/dV kernel, one step of consumer warpgroup cw: the streamed Q and dY tile in stage `stage`;
- * mask/off as p_ds_keys takes them. */
-template <class C>
-__device__ __forceinline__ void dkv_step(float (&dk)[C::kDh / 2], float (&dv)[C::kDh / 2], const Params &p,
-                                         uint32_t base, const unsigned char *sp, int stage, int cw, bool mask, int off)
+/* dK/dV kernel, one step of consumer warpgroup cw: the streamed Q and dY tile in stage `stage`. */
+template <int DH>
+__device__ __forceinline__ void dkv_step(float (&dk)[DH / 2], float (&dv)[DH / 2], const Params &p, uint32_t base,
+                                         const unsigned char *sp, int stage, int cw, bool diag)
 {
-    using S = Smem<C>;
-    constexpr int kStr = C::kStr;
+    using S = Smem<DH>;
     const uint32_t sq = base + S::kStage0 + 2 * stage * S::kStrTile, sdy = sq + S::kStrTile;
     const uint32_t mine = cw * kRows * 128; /* the warpgroup's 64 rows of a resident box */
     const float *l2 = reinterpret_cast<const float *>(sp + S::kVec + stage * 2 * kStr * 4);
-    uint32_t pa[kStr / 16][4], dsa[kStr / 16][4];
-    /* Sᵀ, dPᵀ, P, dS per 64 queries (the tile's 64-row halves at 128 rows: 64 × 128 fp32 blocks of
-     * both next to dK and dV would pass the consumers' 232 registers) into the A fragments. */
-#pragma unroll
-    for (int hf = 0; hf < kStr / 64; hf++) {
-        using C64 = Cfg<C::kDh, 64, 3>; /* scores reads only kDh and kStr */
-        const uint32_t rows = hf * 64 * 128; /* 64 rows of a box, a multiple of 1024 bytes */
-        float s[32], dp[32];
-        scores<C64>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sq + rows, sdy + rows, S::kStrBox);
-        p_ds_keys<64>(s, dp, l2 + 64 * hf, l2 + kStr + 64 * hf, p.scale_log2, mask, off - 64 * hf);
-        to_a_frags<4>(pa, s, 4 * hf);
-        to_a_frags<4>(dsa, dp, 4 * hf);
-    }
+    float s[32], dp[32];
+    scores<DH>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sq, sdy, S::kStrBox); /* Sᵀ, dPᵀ */
+    p_ds_keys(s, dp, l2, l2 + kStr, p.scale_log2, diag);
+    uint32_t pa[4][4], dsa[4][4];
+    to_a_frags(pa, s);
+    to_a_frags(dsa, dp);
     fence_regs(dv);
     fence_regs(dk);
     wgmma_fence();
-    mma_rs<C>(dv, pa, sdy, S::kStrBox); /* dV += Pᵀ dY */
-    mma_rs<C>(dk, dsa, sq, S::kStrBox); /* dK += dSᵀ Q */
+    mma_rs<DH>(dv, pa, sdy, S::kStrBox); /* dV += Pᵀ dY */
+    mma_rs<DH>(dk, dsa, sq, S::kStrBox); /* dK += dSᵀ Q */
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dv);
@@ -459,14 +388,12 @@ __device__ __forceinline__ void dkv_step(float (&dk)[C::kDh / 2], float (&dv)[C:
     fence_frags(dsa);
 }
 
-/* dK/dV kernel, consumer warpgroup cw: keys kw .. kw + 63 (kw = k0 + 64·cw) of each pass against
- * every streamed step q0 .. q0 + kStr − 1; a step wholly before its keys (q0 + kStr ≤ kw) is
- * skipped (the stage is still released), one with a key after a query (q0 < kw + 63) masked. */
-template <class C>
+/* dK/dV kernel, consumer warpgroup cw: keys k0 + 64·cw .. of each pass against every streamed step;
+ * steps wholly before its keys are skipped (the stage is still released). */
+template <int DH>
 __device__ void dkv_consume(const Params &p, uint32_t base, const unsigned char *sp, int cw, int g, int b)
 {
-    constexpr int DH = C::kDh, kStr = C::kStr, kStages = C::kStages;
-    const uint32_t bar0 = base + Smem<C>::kBar;
+    const uint32_t bar0 = base + Smem<DH>::kBar;
     const int nq = (p.T + kStr - 1) / kStr;
     const int64_t ld = (int64_t)p.Hkv * DH, off = (int64_t)b * p.T * ld + (int64_t)g * DH;
     Ring<kStages> r;
@@ -475,71 +402,67 @@ __device__ void dkv_consume(const Params &p, uint32_t base, const unsigned char 
         const int k0 = pass_tile(pass, p.ntiles) * kRes, kw = k0 + cw * kRows, per_h = nq - k0 / kStr;
         zero_regs(dk);
         zero_regs(dv);
-        consumer_wait(res_full_bar<kStages>(bar0), pass & 1, r, p.err);
+        consumer_wait(res_full_bar(bar0), pass & 1, r, p.err);
         for (int s = 0; s < p.grp * per_h; s++) {
             const int q0 = k0 + (s % per_h) * kStr;
-            consumer_wait(full_bar<kStages>(bar0, r.stage), r.phase, r, p.err);
-            if (q0 + kStr > kw)
-                dkv_step<C>(dk, dv, p, base, sp, r.stage, cw, q0 < kw + kRows - 1, kw - q0);
-            consumer_release(empty_bar<kStages>(bar0, r.stage));
+            consumer_wait(full_bar(bar0, r.stage), r.phase, r, p.err);
+            if (q0 >= kw)
+                dkv_step<DH>(dk, dv, p, base, sp, r.stage, cw, q0 == kw);
+            consumer_release(empty_bar(bar0, r.stage));
             r.next();
         }
-        consumer_release(res_empty_bar<kStages>(bar0)); /* every wgmma reading K and V has completed */
+        consumer_release(res_empty_bar(bar0)); /* every wgmma reading K and V has completed */
         store_rows<DH>(p.g0 + off, ld, dk, p.scale, kw, p.T);
         store_rows<DH>(p.g1 + off, ld, dv, 1.f, kw, p.T);
     }
 }
 
-/* dQ kernel, one step of consumer warpgroup cw: the streamed K and V tile in stage `stage`;
- * mask/off as p_ds_queries takes them. */
-template <class C>
-__device__ __forceinline__ void dq_step(float (&dq)[C::kDh / 2], const float (&l2)[2], const float (&d)[2],
-                                        const Params &p, uint32_t base, int stage, int cw, bool mask, int off)
+/* dQ kernel, one step of consumer warpgroup cw: the streamed K and V tile in stage `stage`. */
+template <int DH>
+__device__ __forceinline__ void dq_step(float (&dq)[DH / 2], const float (&l2)[2], const float (&d)[2],
+                                        const Params &p, uint32_t base, int stage, int cw, bool diag)
 {
-    using S = Smem<C>;
-    constexpr int kStr = C::kStr;
+    using S = Smem<DH>;
     const uint32_t sk = base + S::kStage0 + 2 * stage * S::kStrTile, sv = sk + S::kStrTile;
     const uint32_t mine = cw * kRows * 128;
-    float s[kStr / 2], dp[kStr / 2];
-    scores<C>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sk, sv, S::kStrBox); /* S, dP */
-    p_ds_queries<kStr>(s, dp, l2, d, p.scale_log2, mask, off);
-    uint32_t dsa[kStr / 16][4];
-    to_a_frags<kStr / 16>(dsa, dp);
+    float s[32], dp[32];
+    scores<DH>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sk, sv, S::kStrBox); /* S, dP */
+    p_ds_queries(s, dp, l2, d, p.scale_log2, diag);
+    uint32_t dsa[4][4];
+    to_a_frags(dsa, dp);
     fence_regs(dq);
     wgmma_fence();
-    mma_rs<C>(dq, dsa, sk, S::kStrBox); /* dQ += dS K */
+    mma_rs<DH>(dq, dsa, sk, S::kStrBox); /* dQ += dS K */
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);
     fence_frags(dsa);
 }
 
-/* dQ kernel, consumer warpgroup cw: query rows r0 .. r0 + 63 (r0 = q0 + 64·cw) of each pass against
- * the key tiles j·kStr .. the producer streams (last down to 0); a tile wholly after its rows
- * (j·kStr > r0 + 63) is skipped, one with a key after a query (j·kStr + kStr − 1 > r0) masked. */
-template <class C>
+/* dQ kernel, consumer warpgroup cw: query rows q0 + 64·cw .. of each pass against the key tiles
+ * the producer streams (last down to 0); tiles wholly after its rows are skipped. */
+template <int DH>
 __device__ void dq_consume(const Params &p, uint32_t base, const unsigned char *sp, int cw, int h, int b)
 {
-    constexpr int DH = C::kDh, kStr = C::kStr, kStages = C::kStages;
-    const uint32_t bar0 = base + Smem<C>::kBar;
+    const uint32_t bar0 = base + Smem<DH>::kBar;
     const int64_t ld = (int64_t)p.H * DH, off = (int64_t)b * p.T * ld + (int64_t)h * DH;
-    const float *vl = reinterpret_cast<const float *>(sp + Smem<C>::kVec), *vd = vl + kRes;
+    const float *vl = reinterpret_cast<const float *>(sp + Smem<DH>::kVec), *vd = vl + kRes;
     const int mine = cw * kRows + 16 * ((threadIdx.x / 32) & 3) + (threadIdx.x & 31) / 4;
     Ring<kStages> r;
     float dq[DH / 2];
     for (int pass = 0; pass < n_passes(p.ntiles); pass++) {
         const int q0 = pass_tile(pass, p.ntiles) * kRes, r0 = q0 + cw * kRows;
         zero_regs(dq);
-        consumer_wait(res_full_bar<kStages>(bar0), pass & 1, r, p.err);
+        consumer_wait(res_full_bar(bar0), pass & 1, r, p.err);
         const float l2[2] = {vl[mine], vl[mine + 8]}, d[2] = {vd[mine], vd[mine + 8]};
-        for (int j = last_key_tile<kStr>(q0, p.T); j >= 0; j--) {
-            consumer_wait(full_bar<kStages>(bar0, r.stage), r.phase, r, p.err);
-            if (j * kStr <= r0 + kRows - 1)
-                dq_step<C>(dq, l2, d, p, base, r.stage, cw, j * kStr + kStr - 1 > r0, j * kStr - r0);
-            consumer_release(empty_bar<kStages>(bar0, r.stage));
+        for (int j = last_key_tile(q0, p.T); j >= 0; j--) {
+            consumer_wait(full_bar(bar0, r.stage), r.phase, r, p.err);
+            if (j * kStr <= r0)
+                dq_step<DH>(dq, l2, d, p, base, r.stage, cw, j * kStr == r0);
+            consumer_release(empty_bar(bar0, r.stage));
             r.next();
         }
-        consumer_release(res_empty_bar<kStages>(bar0)); /* Q, dY read; lse2 and D in registers */
+        consumer_release(res_empty_bar(bar0)); /* Q, dY read; lse2 and D in registers */
         store_rows<DH>(p.g0 + off, ld, dq, p.scale, r0, p.T);
     }
 }
@@ -547,9 +470,9 @@ __device__ void dq_consume(const Params &p, uint32_t base, const unsigned char *
 /* ---- the kernels -------------------------------------------------------------------------------- */
 
 /* kDQ false: the dK/dV kernel, grid (pairs of 128-key tiles, Hkv, B), maps t0, t1 = K, V (boxes of
- * 128 rows) and t2, t3 = Q, dY (C::kStr rows). kDQ true: the dQ kernel, grid (pairs of 128-query tiles, H,
- * B), t0, t1 = Q, dY (128 rows), t2, t3 = K, V (C::kStr rows). 384 threads, Smem<C>::kBytes dynamic. */
-template <class C, bool kDQ>
+ * 128 rows) and t2, t3 = Q, dY (64 rows). kDQ true: the dQ kernel, grid (pairs of 128-query tiles, H,
+ * B), t0, t1 = Q, dY (128 rows), t2, t3 = K, V (64 rows). 384 threads, Smem<DH>::kBytes dynamic. */
+template <int DH, bool kDQ>
 __global__ void __launch_bounds__(kThreads, 1)
 attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap t0, const __grid_constant__ CUtensorMap t1,
                      const __grid_constant__ CUtensorMap t2, const __grid_constant__ CUtensorMap t3, const Params p)
@@ -557,15 +480,14 @@ attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap t0, const __grid_consta
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     const unsigned char *sp = smem_raw + (base - raw);
-    constexpr int kStages = C::kStages;
-    const uint32_t bar0 = base + Smem<C>::kBar;
+    const uint32_t bar0 = base + Smem<DH>::kBar;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; s++) {
-            mbar_init(full_bar<kStages>(bar0, s), 1);               /* the producer's expect_tx */
-            mbar_init(empty_bar<kStages>(bar0, s), 4 * kConsumers); /* one arrival per consumer warp */
+            mbar_init(full_bar(bar0, s), 1);               /* the producer's expect_tx */
+            mbar_init(empty_bar(bar0, s), 4 * kConsumers); /* one arrival per consumer warp */
         }
-        mbar_init(res_full_bar<kStages>(bar0), 1);
-        mbar_init(res_empty_bar<kStages>(bar0), 4 * kConsumers);
+        mbar_init(res_full_bar(bar0), 1);
+        mbar_init(res_empty_bar(bar0), 4 * kConsumers);
         mbar_init_fence();
     }
     __syncthreads();
@@ -574,16 +496,16 @@ attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap t0, const __grid_consta
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 0) {
             if constexpr (kDQ)
-                dq_produce<C>(&t0, &t1, &t2, &t3, p, base, head, b);
+                dq_produce<DH>(&t0, &t1, &t2, &t3, p, base, head, b);
             else
-                dkv_produce<C>(&t0, &t1, &t2, &t3, p, base, head, b);
+                dkv_produce<DH>(&t0, &t1, &t2, &t3, p, base, head, b);
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         if constexpr (kDQ)
-            dq_consume<C>(p, base, sp, threadIdx.x / 128 - 1, head, b);
+            dq_consume<DH>(p, base, sp, threadIdx.x / 128 - 1, head, b);
         else
-            dkv_consume<C>(p, base, sp, threadIdx.x / 128 - 1, head, b);
+            dkv_consume<DH>(p, base, sp, threadIdx.x / 128 - 1, head, b);
     }
 }
 
@@ -609,9 +531,8 @@ __global__ void __launch_bounds__(128, 1)
 attn_bwd_sm90_probe_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, float *c1,
                            float *c2, unsigned *err)
 {
-    using C = Cfg<DH, 64, 3>; /* the products of 64-row streamed tiles */
     extern __shared__ unsigned char smem_raw[];
-    constexpr uint32_t kBox = Smem<C>::kStrBox, kTile = Smem<C>::kStrTile;
+    constexpr uint32_t kBox = Smem<DH>::kStrBox, kTile = Smem<DH>::kStrTile;
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u, bar = base + 2 * kTile;
     if (threadIdx.x == 0) {
         mbar_init(bar, 1);
@@ -623,17 +544,17 @@ attn_bwd_sm90_probe_kernel(const __grid_constant__ CUtensorMap ta, const __grid_
         load_tile<DH>(base, &ta, kBox, 0, 0, 0, bar);
         load_tile<DH>(base + kTile, &tb, kBox, 0, 0, 0, bar);
     }
-    Ring<C::kStages> r;
+    Ring<kStages> r;
     consumer_wait(bar, 0, r, err);
     float s[32], s2[32], acc[DH / 2];
-    scores<C>(s, s2, base, base, kBox, base + kTile, base + kTile, kBox);
+    scores<DH>(s, s2, base, base, kBox, base + kTile, base + kTile, kBox);
     store_frag_f32<64>(c1, 64, s);
     uint32_t a[4][4];
-    to_a_frags<4>(a, s);
+    to_a_frags(a, s);
     zero_regs(acc);
     fence_regs(acc);
     wgmma_fence();
-    mma_rs<C>(acc, a, base + kTile, kBox);
+    mma_rs<DH>(acc, a, base + kTile, kBox);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(acc);
@@ -652,15 +573,14 @@ tkd_status tmap_of(CUtensorMap *tm, const uint16_t *x, int B, int T, int heads, 
     return make_tmap(tm, x, 3, dims, strides, rows, "tkd_cuda_attn_bwd_sm90");
 }
 
-template <class C, bool kDQ>
+template <int DH, bool kDQ>
 tkd_status launch_one(const CUtensorMap (&tm)[4], const Params &p, int heads, int B, cudaStream_t stream)
 {
-    const size_t smem = Smem<C>::kBytes;
-    static_assert(Smem<C>::kBytes <= 227 * 1024, "over the opt-in shared memory of an sm_90 CTA");
-    TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90_kernel<C, kDQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const size_t smem = Smem<DH>::kBytes;
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90_kernel<DH, kDQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
     const dim3 grid((unsigned)((p.ntiles + 1) / 2), (unsigned)heads, (unsigned)B);
-    attn_bwd_sm90_kernel<C, kDQ><<<grid, kThreads, smem, stream>>>(tm[0], tm[1], tm[2], tm[3], p);
+    attn_bwd_sm90_kernel<DH, kDQ><<<grid, kThreads, smem, stream>>>(tm[0], tm[1], tm[2], tm[3], p);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
@@ -670,76 +590,23 @@ struct Tensors {
     int B, T, H, Hkv;
 };
 
-/* The dK/dV kernel in tiling Ck, then the dQ kernel in tiling Cq, on stream. */
-template <class Ck, class Cq = Ck>
+/* The dK/dV kernel, then the dQ kernel, on stream. */
+template <int DH>
 tkd_status launch(const Tensors &x, Params p, uint16_t *dq, uint16_t *dk, uint16_t *dv, cudaStream_t stream)
 {
-    static_assert(Ck::kDh == Cq::kDh, "one head dim");
-    constexpr int DH = Ck::kDh;
-    CUtensorMap res[4], str[4]; /* q, dy (streamed by dK/dV), k, v (by dQ): boxes of 128 rows, and streamed */
+    CUtensorMap res[4], str[4]; /* q, dy, k, v with boxes of 128 rows, and of 64 */
     const uint16_t *src[4] = {x.q, x.dy, x.k, x.v};
     for (int i = 0; i < 4; i++) {
         const int heads = i < 2 ? x.H : x.Hkv;
         TKD_TRY(tmap_of(&res[i], src[i], x.B, x.T, heads, DH, kRes));
-        TKD_TRY(tmap_of(&str[i], src[i], x.B, x.T, heads, DH, i < 2 ? Ck::kStr : Cq::kStr));
+        TKD_TRY(tmap_of(&str[i], src[i], x.B, x.T, heads, DH, kStr));
     }
     p.g0 = dk, p.g1 = dv;
     const CUtensorMap dkv_maps[4] = {res[2], res[3], str[0], str[1]};
-    TKD_TRY((launch_one<Ck, false>(dkv_maps, p, x.Hkv, x.B, stream)));
+    TKD_TRY((launch_one<DH, false>(dkv_maps, p, x.Hkv, x.B, stream)));
     p.g0 = dq, p.g1 = NULL;
     const CUtensorMap dq_maps[4] = {res[0], res[1], str[2], str[3]};
-    return launch_one<Cq, true>(dq_maps, p, x.H, x.B, stream);
-}
-
-/* The variants: tilings for measuring (the table's order is their number; launch_variant
- * instantiates each, the words here say what it does). Head dim 128 has only 64-row streams: with
- * 128 streamed rows both kernels spill (Cfg). */
-struct Variant {
-    bool dh128; /* its own tiling at head dim 128 too (else variant 0 runs there) */
-    const char *what;
-};
-constexpr Variant kVariants[TKD_ATTN_BWD_SM90_NVARIANTS] = {
-    {true, "64-row stream, 3 stages (default)"},
-    {false, "128-row stream, 2 stages"},
-    {false, "128-row stream, 3 stages"},
-    {true, "64-row stream, 4 stages"},
-    {false, "dK/dV as v0, dQ as v1"},
-};
-
-int g_variant_set = -1; /* tkd_cuda_attn_bwd_sm90_set_variant's; -1: the environment's */
-
-/* TKD_ATTN_BWD_SM90_VARIANT, read once: its number, 0 when unset or empty, -1 when it names no variant. */
-int env_variant()
-{
-    static const int v = [] {
-        const char *e = getenv("TKD_ATTN_BWD_SM90_VARIANT");
-        if (!e || !*e)
-            return 0;
-        char *end;
-        const long n = strtol(e, &end, 10);
-        return *end || n < 0 || n >= TKD_ATTN_BWD_SM90_NVARIANTS ? -1 : (int)n;
-    }();
-    return v;
-}
-
-/* Variant v's tiling (v as tkd_cuda_attn_bwd_sm90_variant_runs maps it) at head dim dh. */
-tkd_status launch_variant(int v, int dh, const Tensors &x, const Params &p, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                          cudaStream_t s)
-{
-    if (dh == 128)
-        return v == 3 ? launch<Cfg<128, 64, 4>>(x, p, dq, dk, dv, s) : launch<Cfg<128, 64, 3>>(x, p, dq, dk, dv, s);
-    switch (v) {
-    case 1:
-        return launch<Cfg<64, 128, 2>>(x, p, dq, dk, dv, s);
-    case 2:
-        return launch<Cfg<64, 128, 3>>(x, p, dq, dk, dv, s);
-    case 3:
-        return launch<Cfg<64, 64, 4>>(x, p, dq, dk, dv, s);
-    case 4:
-        return launch<Cfg<64, 64, 3>, Cfg<64, 128, 2>>(x, p, dq, dk, dv, s);
-    default:
-        return launch<Cfg<64, 64, 3>>(x, p, dq, dk, dv, s);
-    }
+    return launch_one<DH, true>(dq_maps, p, x.H, x.B, stream);
 }
 
 tkd_status check_args(const uint16_t *const *ptrs, int n, const float *lse, int B, int T, int H, int Hkv,
@@ -788,34 +655,7 @@ extern "C" tkd_status tkd_cuda_attn_bwd_sm90(const uint16_t *dy, const uint16_t 
     p.scale_log2 = (float)(kLog2e / sqrt((double)dh));
     p.scale = (float)(1.0 / sqrt((double)dh));
     const Tensors x = {dy, q, k, v, B, T, H, Hkv};
-    const int var = g_variant_set >= 0 ? g_variant_set : env_variant();
-    if (var < 0) {
-        tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd_sm90: TKD_ATTN_BWD_SM90_VARIANT=%s names no variant",
-                      getenv("TKD_ATTN_BWD_SM90_VARIANT"));
-        return tkd_error_hint(TKD_ERR_INVALID_ARG, "set it to 0 .. %d or unset it", TKD_ATTN_BWD_SM90_NVARIANTS - 1);
-    }
-    return launch_variant(tkd_cuda_attn_bwd_sm90_variant_runs(var, dh), dh, x, p, dq, dk, dv, s);
-}
-
-extern "C" tkd_status tkd_cuda_attn_bwd_sm90_set_variant(int v)
-{
-    if (v < -1 || v >= TKD_ATTN_BWD_SM90_NVARIANTS)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd_sm90_set_variant: %d is not -1 .. %d", v,
-                             TKD_ATTN_BWD_SM90_NVARIANTS - 1);
-    g_variant_set = v;
-    return TKD_OK;
-}
-
-extern "C" int tkd_cuda_attn_bwd_sm90_variant_runs(int v, int dh)
-{
-    if (v < 0 || v >= TKD_ATTN_BWD_SM90_NVARIANTS)
-        return -1;
-    return dh == 128 && !kVariants[v].dh128 ? 0 : v;
-}
-
-extern "C" const char *tkd_cuda_attn_bwd_sm90_variant_name(int v)
-{
-    return v < 0 || v >= TKD_ATTN_BWD_SM90_NVARIANTS ? NULL : kVariants[v].what;
+    return dh == 64 ? launch<64>(x, p, dq, dk, dv, s) : launch<128>(x, p, dq, dk, dv, s);
 }
 
 extern "C" tkd_status tkd_cuda_attn_bwd_sm90_probe(const uint16_t *a, const uint16_t *b, int dh, float *c1,
@@ -825,10 +665,10 @@ extern "C" tkd_status tkd_cuda_attn_bwd_sm90_probe(const uint16_t *a, const uint
     if (!a || !b || !c1 || !c2 || !ws || (((uintptr_t)a | (uintptr_t)b) & 15u) != 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd_sm90_probe: bad pointer");
     CUtensorMap ta, tb;
-    TKD_TRY(tmap_of(&ta, a, 1, 64, 1, dh, 64)); /* the probe's tiles: 64 rows */
-    TKD_TRY(tmap_of(&tb, b, 1, 64, 1, dh, 64));
+    TKD_TRY(tmap_of(&ta, a, 1, kStr, 1, dh, kStr));
+    TKD_TRY(tmap_of(&tb, b, 1, kStr, 1, dh, kStr));
     auto kernel = dh == 64 ? attn_bwd_sm90_probe_kernel<64> : attn_bwd_sm90_probe_kernel<128>;
-    const size_t smem = 1024 + 2 * (size_t)64 * dh * 2 + 8;
+    const size_t smem = 1024 + 2 * (size_t)kStr * dh * 2 + 8;
     TKD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<1, 128, smem>>>(ta, tb, c1, c2, ws->err);
     TKD_CUDA_CHECK(cudaGetLastError());

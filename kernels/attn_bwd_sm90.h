@@ -44,25 +44,6 @@ tkd_status tkd_cuda_attn_bwd_sm90(const uint16_t *dy, const uint16_t *q, const u
  * pipeline wait time out (TKD_ERR_INTERNAL: its gradients are garbage); clears the flag. */
 tkd_status tkd_cuda_attn_bwd_sm90_check(tkd_cuda_attn_bwd_ws *ws);
 
-/* Variants: tilings of the two kernels, for measuring which is fastest (attn_bwd_sm90.cu's table;
- * all give results of the same accuracy, each deterministic, but not bit-identical to each other:
- * the fp32 sums run in another order). The one in force is tkd_cuda_attn_bwd_sm90_set_variant's,
- * else the environment's TKD_ATTN_BWD_SM90_VARIANT=<n> (read once; unset: 0, the default tiling; a
- * value naming no variant makes tkd_cuda_attn_bwd_sm90 fail with TKD_ERR_INVALID_ARG). Head dim 128
- * runs only some: for the others it runs variant 0 (tkd_cuda_attn_bwd_sm90_variant_runs says which). */
-#define TKD_ATTN_BWD_SM90_NVARIANTS 5
-
-/* Sets the variant of later calls in this process (-1: back to the environment's); not thread-safe
- * against calls in flight. TKD_ERR_INVALID_ARG when v is not -1 .. NVARIANTS − 1. */
-tkd_status tkd_cuda_attn_bwd_sm90_set_variant(int v);
-
-/* The variant whose tiling runs when v is asked for at head dim dh (v itself, or 0); -1 when v is
- * not 0 .. NVARIANTS − 1. */
-int tkd_cuda_attn_bwd_sm90_variant_runs(int v, int dh);
-
-/* Variant v's tiling in words (streamed rows, stages); NULL when v is not a variant. */
-const char *tkd_cuda_attn_bwd_sm90_variant_name(int v);
-
 /* Tests only: the kernels' two wgmma paths on one tile, to tell a layout bug from a pipeline bug.
  * a, b (64, dh) bf16 row-major on the device; c1 (64, 64) = a·bᵀ through TMA, 128-byte swizzle and
  * K-major descriptors; c2 (64, dh) = bf16(c1)·b through register A fragments and an MN-major

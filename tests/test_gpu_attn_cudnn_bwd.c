@@ -58,9 +58,6 @@
  *     0.45 (x0.73–1.37); D rounded to bf16 fails (rows with dP ≈ D, ratios 1.8–3.9); an extra
  *     rounding of dQ per 64-key tile or of P before dS passes (x1.1–1.6: bf16 roundings of the same
  *     size, which is what the question allows). A wrong mask, scale or index gives O(1) errors.
- * The wgmma backward is judged once per variant (its tilings, tkd_cuda_attn_bwd_sm90_set_variant:
- * "wgmma v<n>" on its summary line with the tiling in words; a variant that runs another's tiling at
- * a head dim is said so and not run twice), each against the same emulation and for determinism.
  * Also per case: two runs of each backward are bit-identical (cuDNN: deterministic engines only; the
  * GPU resume is bit-exact and must stay so); cuDNN's opt-in non-deterministic backward
  * (tkd_cudnn_attn_set_bwd_nondet: fp32 dQ accumulation) is held to the same rule with cuDNN's
@@ -114,13 +111,9 @@
 #define GUARD 4096           /* NaN elements after each cuDNN gradient that must stay NaN */
 #define NWORST 5             /* rows printed per tensor on failure */
 
-/* ND: tkd_cudnn_attn_set_bwd_nondet(1); IMPL_WGMMA + v: the wgmma backward's variant v (its tilings,
- * tkd_cuda_attn_bwd_sm90_set_variant), each judged on its own. */
-enum { IMPL_CUDNN, IMPL_OURS, IMPL_CUDNN_ND, IMPL_WGMMA, NIMPL = IMPL_WGMMA + TKD_ATTN_BWD_SM90_NVARIANTS };
+enum { IMPL_CUDNN, IMPL_OURS, IMPL_WGMMA, IMPL_CUDNN_ND, NIMPL }; /* ND: tkd_cudnn_attn_set_bwd_nondet(1) */
 enum { GQ, GK, GV };
-_Static_assert(TKD_ATTN_BWD_SM90_NVARIANTS == 5, "one name per wgmma variant below");
-static const char *const kImpl[NIMPL] = {"cuDNN", "ours", "cuDNN nondet", "wgmma v0", "wgmma v1", "wgmma v2",
-                                         "wgmma v3", "wgmma v4"};
+static const char *const kImpl[NIMPL] = {"cuDNN", "ours", "wgmma", "cuDNN nondet"};
 #define NSHOW 4 /* elements of a worst row printed */
 static const char *const kNames[3] = {"dq", "dk", "dv"};
 
@@ -245,32 +238,17 @@ static int run_bwd(int impl, const bcase *c, const uint16_t *dy, const uint16_t 
             printf("  (no non-deterministic cuDNN backward for this shape: %s)\n", tkd_error_msg());
             return 1;
         }
-    } else if (impl == IMPL_OURS) {
+    } else if (impl == IMPL_OURS)
         st = tkd_cuda_attn_bwd(dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], ws, NULL);
-    } else {
-        tkd_test_ok(tkd_cuda_attn_bwd_sm90_set_variant(impl - IMPL_WGMMA), "wgmma variant");
+    else
         st = tkd_cuda_attn_bwd_sm90(dy, q, k, v, y, lse, c->B, c->T, c->H, c->Hkv, c->dh, g[0], g[1], g[2], ws,
                                     NULL);
-        tkd_test_ok(tkd_cuda_attn_bwd_sm90_set_variant(-1), "wgmma variant back to the environment's");
-    }
-    if (st == TKD_OK && impl >= IMPL_WGMMA)
+    if (st == TKD_OK && impl == IMPL_WGMMA)
         st = tkd_cuda_attn_bwd_sm90_check(ws); /* synchronises */
     if (st != TKD_OK)
         fail_msg("%s: %s backward: %s: %s", c->what, kImpl[impl], tkd_status_name(st), tkd_error_msg());
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     return 0;
-}
-
-/* Whether wgmma implementation impl runs on this case: on this device, and a variant that is not
- * another's tiling at this head dim (said once, on run 0). */
-static int wgmma_runs(int impl, const bcase *c, int run)
-{
-    if (!g_wgmma)
-        return 0;
-    const int v = impl - IMPL_WGMMA, as = tkd_cuda_attn_bwd_sm90_variant_runs(v, c->dh);
-    if (as != v && run == 0)
-        printf("  (%s: at dh %d it runs variant %d's tiling, judged above)\n", kImpl[impl], c->dh, as);
-    return as == v;
 }
 
 /* Runs the forward (cuDNN's, as training does; our flash kernel where cuDNN refuses it) for y and lse,
@@ -303,7 +281,7 @@ static void gpu_run(inputs *in, const bcase *c, uint16_t *got[NIMPL][3])
     tkd_test_ok(tkd_cuda_attn_bwd_ws_create(&ws, c->B, c->T, c->H, c->dh), "flash backward workspace");
     for (int impl = 0; impl < NIMPL; impl++)
         for (int run = 0; run < 2; run++) {
-            if (impl >= IMPL_WGMMA && !wgmma_runs(impl, c, run)) {
+            if (impl == IMPL_WGMMA && !g_wgmma) {
                 got[impl][0] = got[impl][1] = got[impl][2] = NULL;
                 break;
             }
@@ -376,7 +354,7 @@ static void tally_both(refctx *r, int x, int64_t off, const double *ref, double 
 {
     for (int i = 0; i < NIMPL; i++) /* NULL: not run on this device or shape */
         if (r->got[i][x])
-            tally_row(&r->tl[i][x], r->got[i][x] + off, emu[i == IMPL_OURS || i >= IMPL_WGMMA ? 0 : 1], ref,
+            tally_row(&r->tl[i][x], r->got[i][x] + off, emu[i == IMPL_OURS || i == IMPL_WGMMA ? 0 : 1], ref,
                       r->c->dh, floor, b, head, row, terms);
 }
 
@@ -514,15 +492,13 @@ static int report(const refctx *r, int impl)
 {
     if (!r->got[impl][0])
         return 0; /* wgmma on a device it does not run on */
-    printf("  %-8s", kImpl[impl]);
+    printf("  %-5s", kImpl[impl]);
     for (int x = 0; x < 3; x++) {
         const tally *t = &r->tl[impl][x];
         const double den = t->ref2 > 0 ? t->ref2 : 1.0;
         printf(" | %s worst %.2f, err %.1e vs emul %.1e (x%.2f)", kNames[x], t->max_ratio, sqrt(t->e2_impl / den),
                sqrt(t->e2_emul / den), t->e2_emul > 0 ? sqrt(t->e2_impl / t->e2_emul) : 0.0);
     }
-    if (impl >= IMPL_WGMMA)
-        printf(" | %s", tkd_cuda_attn_bwd_sm90_variant_name(impl - IMPL_WGMMA));
     printf("\n");
     int bad = 0;
     for (int x = 0; x < 3; x++) {
@@ -570,14 +546,10 @@ static void run_case(const bcase *c)
         for (int x = 0; x < 3; x++)
             free(got[i][x]);
     inputs_free(&in);
-    char wg[64] = "";
-    for (int i = IMPL_WGMMA; i < NIMPL; i++)
-        if (bad[i])
-            snprintf(wg + strlen(wg), sizeof wg - strlen(wg), " %d", i - IMPL_WGMMA);
     if (any)
-        fail_msg("%s: less accurate than bf16 arithmetic explains (rows above):%s%s%s%s%s", c->what,
+        fail_msg("%s: less accurate than bf16 arithmetic explains (rows above):%s%s%s%s", c->what,
                  bad[IMPL_CUDNN] ? " cuDNN's backward" : "", bad[IMPL_OURS] ? " our flash backward" : "",
-                 wg[0] ? " our wgmma backward, variant(s)" : "", wg,
+                 bad[IMPL_WGMMA] ? " our wgmma backward" : "",
                  bad[IMPL_CUDNN_ND] ? " cuDNN's non-deterministic backward" : "");
 }
 
@@ -837,16 +809,6 @@ static void test_errors(void **state)
     assert_int_equal(tkd_cudnn_attn_bwd(g_attn, p, p, p, p, p, l, 1, 8, 2, 2, 64, p, NULL, p, NULL),
                      TKD_ERR_INVALID_ARG); /* all gradients required */
     assert_int_equal(tkd_cudnn_attn_bwd(g_attn, p, p, p, p, p, l, 0, 8, 2, 2, 64, p, p, p, NULL), TKD_OK);
-    /* the variant selector: -1 .. NVARIANTS − 1; every variant runs at dh 64 as itself */
-    assert_int_equal(tkd_cuda_attn_bwd_sm90_set_variant(TKD_ATTN_BWD_SM90_NVARIANTS), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_attn_bwd_sm90_set_variant(-2), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_attn_bwd_sm90_variant_runs(TKD_ATTN_BWD_SM90_NVARIANTS, 64), -1);
-    assert_null(tkd_cuda_attn_bwd_sm90_variant_name(-1));
-    for (int v = 0; v < TKD_ATTN_BWD_SM90_NVARIANTS; v++) {
-        assert_int_equal(tkd_cuda_attn_bwd_sm90_variant_runs(v, 64), v);
-        assert_non_null(tkd_cuda_attn_bwd_sm90_variant_name(v));
-    }
-    assert_int_equal(tkd_cuda_attn_bwd_sm90_variant_runs(0, 128), 0);
     if (g_wgmma) { /* the wgmma backward's refusals */
         tkd_cuda_attn_bwd_ws *ws = NULL;
         tkd_test_ok(tkd_cuda_attn_bwd_ws_create(&ws, 1, 8, 3, 64), "workspace");
