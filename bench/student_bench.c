@@ -49,6 +49,7 @@
 #include "common/dist.h"
 #include "common/fileio.h"
 #include "common/launch.h"
+#include "common/rng.h"
 #include "common/signals.h"
 #include "common/status.h"
 
@@ -82,14 +83,6 @@ static int die(const char *what)
     return 1;
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int desc_float(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -121,16 +114,16 @@ static int make_batch(int64_t n, int v, host_batch *h)
     for (int64_t i = 0; i < n; i++) {
         int32_t *id = h->idx + i * TOPK;
         float *lg = h->logit + i * TOPK;
-        h->tok[i] = (int32_t)(splitmix(&rng) % (uint64_t)v);
+        h->tok[i] = (int32_t)(tkd_rng_splitmix64(&rng) % (uint64_t)v);
         for (int j = 0; j < TOPK; j++) {
             int dup;
             do {
-                id[j] = (int32_t)(splitmix(&rng) % (uint64_t)v);
+                id[j] = (int32_t)(tkd_rng_splitmix64(&rng) % (uint64_t)v);
                 dup = 0;
                 for (int q = 0; q < j && !dup; q++)
                     dup = id[q] == id[j];
             } while (dup);
-            lg[j] = (float)((splitmix(&rng) >> 11) * 0x1.0p-53 * 12.0);
+            lg[j] = (float)((tkd_rng_splitmix64(&rng) >> 11) * 0x1.0p-53 * 12.0);
         }
         qsort(lg, TOPK, sizeof(float), desc_float);
         double sum = 0.0;
@@ -179,18 +172,6 @@ static tkd_status lap(bench_ctx *c, int split, double *t, double *ms)
     return TKD_OK;
 }
 
-/* Data parallel: student-train's zero_update (the rank's shard of the summed gradients, clipped by
- * the global norm inside AdamW, then every rank's compute weights gathered). */
-static tkd_status zero_update(bench_ctx *c)
-{
-    double norm = 0;
-    float coef = 1.0f;
-    TKD_TRY(tkd_zero_finish_grads(c->zero));
-    TKD_TRY(tkd_zero_clip_coef(c->zero, 1.0, &norm, &coef));
-    TKD_TRY(tkd_adamw_step_model_scaled(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step), coef));
-    return tkd_zero_gather_weights(c->zero);
-}
-
 /* One training step as train_step does it (grad_accum 1); with split, a sync after every phase and
  * the phases' times in *sp. Ends with a device sync either way. */
 static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
@@ -229,7 +210,7 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     TKD_TRY(lap(c, split, &t, &sp->bwd));
     double norm = 0;
     if (c->zero)
-        TKD_TRY(zero_update(c));
+        TKD_TRY(tkd_zero_update(c->zero, c->opt, tkd_optim_lr(&c->ocfg, c->step), 1.0, &norm)); /* as student-train */
     else
         TKD_TRY(tkd_adamw_clip_step_model(c->opt, c->m, tkd_optim_lr(&c->ocfg, c->step), 1.0, &norm));
     TKD_TRY(lap(c, split, &t, &clip_ms));

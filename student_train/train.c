@@ -483,12 +483,8 @@ static tkd_status batch_error(tkd_status st, const trainer *tr, const tkd_train_
  * the shard, and the updated compute weights gathered from every rank. */
 static tkd_status zero_update(trainer *tr, step_stats *ss)
 {
-    TKD_TRY(tkd_zero_finish_grads(tr->zero));
-    float coef = 1.0f; /* clipping rides in the update: no pass scales the gradients in place */
-    TKD_TRY(tkd_zero_clip_coef(tr->zero, tr->cfg->grad_clip, &ss->grad_norm, &coef));
     ss->lr = tkd_optim_lr(&tr->ocfg, tr->st.step);
-    TKD_TRY(tkd_adamw_step_model_scaled(tr->opt, tr->m, ss->lr, coef));
-    return tkd_zero_gather_weights(tr->zero);
+    return tkd_zero_update(tr->zero, tr->opt, ss->lr, tr->cfg->grad_clip, &ss->grad_norm);
 }
 
 static tkd_status plain_update(trainer *tr, step_stats *ss)

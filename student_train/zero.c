@@ -179,3 +179,12 @@ tkd_status tkd_zero_gather_master(tkd_zero *z)
     return tkd_comm_gather_shards(z->comm, NULL, z->m->master_lo, z->m->be->master_lo_size, z->m->n_params,
                                   z->chunk, "master-weight residual all-gather");
 }
+
+tkd_status tkd_zero_update(tkd_zero *z, tkd_adamw *o, double lr, double max_norm, double *norm_out)
+{
+    float coef = 1.0f; /* clipping rides in the update: no pass scales the gradients in place */
+    TKD_TRY(tkd_zero_finish_grads(z));
+    TKD_TRY(tkd_zero_clip_coef(z, max_norm, norm_out, &coef));
+    TKD_TRY(tkd_adamw_step_model_scaled(o, z->m, lr, coef));
+    return tkd_zero_gather_weights(z);
+}

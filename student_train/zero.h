@@ -58,6 +58,11 @@ tkd_status tkd_zero_finish_grads(tkd_zero *z);
  * (1: none) for tkd_adamw_step_model_scaled; the gradients are not touched. */
 tkd_status tkd_zero_clip_coef(tkd_zero *z, double max_norm, double *norm_out, float *coef);
 
+/* The step's update after the last micro-step's backward: tkd_zero_finish_grads, the global norm
+ * and clip coefficient (tkd_zero_clip_coef: *norm_out), AdamW on this rank's shard (o from
+ * tkd_adamw_init_shard) with the coefficient inside, then tkd_zero_gather_weights. */
+tkd_status tkd_zero_update(tkd_zero *z, tkd_adamw *o, double lr, double max_norm, double *norm_out);
+
 /* After the shard's AdamW update: every rank's shard of the bf16 compute weights gathered. */
 tkd_status tkd_zero_gather_weights(tkd_zero *z);
 
