@@ -154,7 +154,8 @@ static int cmp_double(const void *a, const void *b)
 
 /* What one timed repetition runs. */
 typedef enum run_kind {
-    RUN_RECOMPUTE, RUN_GIF, RUN_RECOMPUTE_CUBLAS, RUN_GIF_CUBLAS, RUN_FLOOR4, RUN_FLOOR3,
+    RUN_RECOMPUTE, RUN_GIF, RUN_RECOMPUTE_CUBLAS, RUN_GIF_CUBLAS, RUN_RECOMPUTE_F32, RUN_GIF_F32,
+    RUN_FLOOR4, RUN_FLOOR3,
     RUN_LM_FIRST, /* RUN_LM_FIRST + TKD_KL_BENCH_LM_*: tkd_kl_bench_lmhead of that kind */
 } run_kind;
 
@@ -173,11 +174,15 @@ static void run_once(run_ctx *c, run_kind kind)
 {
     tkd_kl_result res;
     tkd_kl_params p = c->p;
-    if (kind <= RUN_GIF_CUBLAS && c->has_sm90) /* the path: sm90 unless a _CUBLAS kind */
-        CHECK(tkd_kl_bench_set_sm90(c->ws, kind <= RUN_GIF));
+    if (kind <= RUN_GIF_F32 && c->has_sm90) { /* the path: 0 fused, 1 cuBLAS, 2 sm90 fp32 logits */
+        const int q = kind / 2;
+        CHECK(tkd_kl_bench_set_sm90(c->ws, q != 1));
+        CHECK(tkd_kl_bench_set_fused(c->ws, q == 0));
+    }
     switch (kind) {
     case RUN_RECOMPUTE:
     case RUN_RECOMPUTE_CUBLAS:
+    case RUN_RECOMPUTE_F32:
         p.grad_in_forward = 0;
         CHECK(tkd_kl_cuda_forward(c->ws, &p, &c->x->b, &res, NULL, NULL));
         CHECK(tkd_kl_cuda_backward(c->ws, &p, &c->x->b, 1.0f, c->x->dh, c->x->dw));
@@ -185,6 +190,7 @@ static void run_once(run_ctx *c, run_kind kind)
         break;
     case RUN_GIF:
     case RUN_GIF_CUBLAS:
+    case RUN_GIF_F32:
         p.grad_in_forward = 1;
         CHECK(tkd_kl_cuda_forward(c->ws, &p, &c->x->b, &res, c->x->dh, c->x->dw));
         c->loss = res.loss;
@@ -246,10 +252,11 @@ static void print_profile(const shape *s, int chunk, const double *ms)
 }
 
 /* Chunked method with `chunk` rows (0 = auto): times n_modes modes (recompute, then
- * grad_in_forward), each on the sm90 path (out[m]; where the workspace has it) and the cuBLAS path
- * (out[2 + m]), and, with do_floor, both GEMM floors. */
+ * grad_in_forward), each on the product's path (out[m]: fused where the workspace has the sm90
+ * GEMM), the cuBLAS path (out[2 + m]) and the sm90 fp32-logits path (out[4 + m]), and, with
+ * do_floor, both GEMM floors. */
 static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_modes,
-                          int do_floor, int profile, mode_result out[4])
+                          int do_floor, int profile, mode_result out[6])
 {
     bench_data x;
     data_init(&x, s);
@@ -263,7 +270,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
     c.p.chunk_rows = chunk;
     tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, s->n, s->d, s->v);
     if (st == TKD_ERR_DEVICE_OOM) {
-        for (int m = 0; m < 4; m++) {
+        for (int m = 0; m < 6; m++) {
             out[m].ok = 0;
             snprintf(out[m].note, sizeof out[m].note, "does not fit");
         }
@@ -277,34 +284,42 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
     int cr = tkd_kl_cuda_ws_chunk_rows(c.ws);
     double chunk_mib = (double)cr * ((s->v + 15) / 16 * 16) * 4 / MIB;
     double budget = ((double)s->n * s->d * 4 + (double)s->v * s->d * 4) / MIB + chunk_mib + 512.0;
-    /* method m (recompute, gif) on path q (0 sm90, 1 cuBLAS) is out[2q + m], run kind method_kind */
-#define METHOD_KIND(q, m) ((q) ? ((m) ? RUN_GIF_CUBLAS : RUN_RECOMPUTE_CUBLAS) : ((m) ? RUN_GIF : RUN_RECOMPUTE))
-    const int paths = c.has_sm90 ? 2 : 1, q0 = c.has_sm90 ? 0 : 1;
+    /* method m (recompute, gif) on path q (0 fused, 1 cuBLAS, 2 sm90 fp32) is out[2q + m] */
+#define METHOD_KIND(q, m) ((run_kind)(2 * (q) + (m)))
+    const int paths = c.has_sm90 ? 3 : 1, q0 = c.has_sm90 ? 0 : 1;
     for (int q = q0; q < q0 + paths; q++) /* warm-up: handles, kernels, cuBLAS heuristics */
         for (int m = 0; m < n_modes; m++) {
             mode_result *r = &out[2 * q + m];
             run_once(&c, METHOD_KIND(q, m));
             r->loss = c.loss;
             r->ok = 1;
-            r->sm90 = q == 0;
-            r->chunk = cr;
+            r->sm90 = q != 1;
+            tkd_kl_params pm = c.p;
+            pm.grad_in_forward = m;
+            r->chunk = tkd_kl_bench_chunk_for(c.ws, &pm, 1);
             r->budget_mib = budget;
             r->floor_ms = NAN;
         }
     if (!c.has_sm90)
-        for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++) {
             snprintf(out[m].note, sizeof out[m].note, "no sm90 GEMM here");
+            snprintf(out[4 + m].note, sizeof out[4 + m].note, "no sm90 GEMM here");
+        }
     double peak = (double)(f0 - free_bytes()) / MIB; /* nothing was freed: this is the peak */
-    for (int m = 0; m < 4; m++)
+    for (int m = 0; m < 6; m++)
         out[m].peak_mib = peak;
+    static const char *const path_name[3] = {
+        "fused (sm90 GEMM: statistics, gather and the bf16 gradient tile in its epilogue)",
+        "cuBLAS", "sm90 fp32 logits (statistics in the epilogue)"};
     for (int q = q0; profile && q < q0 + paths; q++) {
         double ms[TKD_KL_BENCH_PROF_STAGES];
-        if (c.has_sm90)
-            CHECK(tkd_kl_bench_set_sm90(c.ws, q == 0));
-        printf("  profile path: %s\n", q == 0 ? "sm90 (logits stages include the fused statistics "
-                                                 "and their combine in forward)" : "cuBLAS");
+        if (c.has_sm90) {
+            CHECK(tkd_kl_bench_set_sm90(c.ws, q != 1));
+            CHECK(tkd_kl_bench_set_fused(c.ws, q == 0));
+        }
+        printf("  profile path: %s\n", path_name[q]);
         CHECK(tkd_kl_bench_profile(c.ws, &c.p, &x.b, x.dh, x.dw, ms));
-        print_profile(s, cr, ms);
+        print_profile(s, tkd_kl_bench_chunk_for(c.ws, &c.p, 1), ms);
     }
     void *ds = NULL;
     if (do_floor) {
@@ -315,20 +330,20 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
         run_once(&c, RUN_FLOOR4);
     }
     /* Methods and floor alternate rep by rep, so clock and temperature drift hit all alike. */
-    double t[6][MAX_REPS];
+    double t[8][MAX_REPS];
     const int reps = o->reps < MAX_REPS ? o->reps : MAX_REPS;
     for (int r = 0; r < reps; r++)
         for (int m = 0; m < n_modes; m++) {
             for (int q = q0; q < q0 + paths; q++)
                 t[2 * q + m][r] = time_once(&c, METHOD_KIND(q, m));
             if (do_floor)
-                t[4 + m][r] = time_once(&c, m == 0 ? RUN_FLOOR4 : RUN_FLOOR3);
+                t[6 + m][r] = time_once(&c, m == 0 ? RUN_FLOOR4 : RUN_FLOOR3);
         }
     for (int m = 0; m < n_modes; m++)
         for (int q = q0; q < q0 + paths; q++) {
             out[2 * q + m].ms = median(t[2 * q + m], reps);
             if (do_floor)
-                out[2 * q + m].floor_ms = median(t[4 + m], reps);
+                out[2 * q + m].floor_ms = median(t[6 + m], reps);
         }
 #undef METHOD_KIND
     tkd_cuda_free(ds);
@@ -343,12 +358,12 @@ static void print_row(const shape *s, const char *mode, const mode_result *r, do
     char sh[48];
     snprintf(sh, sizeof sh, "%lldx%dx%d", (long long)s->n, s->d, s->v);
     if (!r->ok) {
-        printf("| %-18s | %-22s | %6s | %9s | %7s | %9s | %6s | %9s | %9s | %s\n", sh, mode, "-",
+        printf("| %-18s | %-24s | %6s | %9s | %7s | %9s | %6s | %9s | %9s | %s\n", sh, mode, "-",
                "-", "-", "-", "-", "-", "-", r->note);
         return;
     }
     double ratio = r->ms / floor_ms;
-    printf("| %-18s | %-22s | %6d | %9.2f | %7.1f | %9.2f | %6.3f | %9.0f | %9.0f | loss %.4f %s\n",
+    printf("| %-18s | %-24s | %6d | %9.2f | %7.1f | %9.2f | %6.3f | %9.0f | %9.0f | loss %.4f %s\n",
            sh, mode, r->chunk, r->ms, flops / (r->ms * 1e-3) / 1e12, floor_ms, ratio, r->peak_mib,
            r->budget_mib, r->loss,
            (ratio <= 1.10 && r->peak_mib <= r->budget_mib) ? "" : "(target missed)");
@@ -523,20 +538,22 @@ int main(int argc, char **argv)
                o.row_threads, o.row_vec);
     printf("peak MiB = drop of cudaMemGetInfo free bytes after the inputs are on the device; "
            "budget = dH + dW(fp32) + chunk buffer + 512 MiB\n");
-    printf("| %-18s | %-22s | %6s | %9s | %7s | %9s | %6s | %9s | %9s |\n", "N x D x V", "mode",
+    printf("| %-18s | %-24s | %6s | %9s | %7s | %9s | %6s | %9s | %9s |\n", "N x D x V", "mode",
            "chunk", "ms", "TFLOP/s", "GEMM ms", "ratio", "peak MiB", "budget");
     for (int i = 0; i < o.n_shapes; i++) {
         const shape *s = &o.shapes[i];
         double ndv = (double)s->n * s->d * s->v;
-        mode_result r[4];
+        mode_result r[6];
         memset(r, 0, sizeof r);
         bench_chunked(s, &o, o.chunk, 2, 1, o.profile, r);
-        print_row(s, "recompute sm90", &r[0], 8 * ndv, r[2].floor_ms);
+        print_row(s, "recompute fused", &r[0], 8 * ndv, r[2].floor_ms);
+        print_row(s, "recompute sm90 fp32", &r[4], 8 * ndv, r[2].floor_ms);
         print_row(s, "recompute cuBLAS", &r[2], 8 * ndv, r[2].floor_ms);
-        print_row(s, "grad_in_forward sm90", &r[1], 6 * ndv, r[3].floor_ms);
+        print_row(s, "grad_in_forward fused", &r[1], 6 * ndv, r[3].floor_ms);
+        print_row(s, "grad_in_forward sm90 f32", &r[5], 6 * ndv, r[3].floor_ms);
         print_row(s, "grad_in_forward cuBLAS", &r[3], 6 * ndv, r[3].floor_ms);
         /* naive: all N×V fp32 logits at once, where they fit with a GiB to spare */
-        mode_result nv[4];
+        mode_result nv[6];
         memset(nv, 0, sizeof nv);
         double logits = (double)s->n * ((s->v + 15) / 16 * 16) * 4;
         double need = logits + (double)s->n * s->d * 6 + (double)s->v * s->d * 6 + 1024 * MIB;

@@ -42,32 +42,42 @@ tkd_status prof_mark(ProfRec *pr, int stage)
     return TKD_OK;
 }
 
+/* The product's per-chunk stage marks (0 logits, 1 rows, 2 dH, 3 dW) mapped to this pass's
+ * indices of ms. */
+struct MarkCtx {
+    ProfRec *pr;
+    int map[4];
+};
+
+tkd_status mark_cb(void *ctx, int stage)
+{
+    MarkCtx *m = static_cast<MarkCtx *>(ctx);
+    return prof_mark(m->pr, m->map[stage]);
+}
+
 /* One recompute forward + backward (gif = 0: stages 0..5) or one grad_in_forward forward (gif = 1:
- * stages 6..9), the product's stages in the product's order, a mark before each. */
+ * stages 6..9): the product's own chunk function (tkd_kl_cuda_run_chunk), which marks each stage. */
 tkd_status prof_pass(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_batch *b,
                      int gif, float *dh, float *dw, ProfRec *pr)
 {
-    const int base = gif ? TKD_KL_BENCH_PROF_GIF_LOGITS : TKD_KL_BENCH_PROF_LOGITS_FWD;
     TKD_TRY(tkd_kl_cuda_count_kept(ws, p, b));
-    for (int pass = 0; pass < (gif ? 1 : 2); pass++)
-        for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
-            const int rows = chunk_len(ws, b, row0);
-            const tkd_kl_cuda_rows_mode mode = gif    ? TKD_KL_CUDA_ROWS_STATS_GRAD
-                                               : pass ? TKD_KL_CUDA_ROWS_GRAD
-                                                      : TKD_KL_CUDA_ROWS_STATS;
-            int given = 0;
-            TKD_TRY(prof_mark(pr, base + 2 * pass)); /* logits fwd / bwd / gif */
-            TKD_TRY(tkd_kl_cuda_chunk_logits_auto(ws, p, b, row0, rows, pass == 0, &given));
-            TKD_TRY(prof_mark(pr, base + 2 * pass + 1)); /* stats / grad / gif rows */
-            TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, (tkd_kl_cuda_rows_mode)(mode | given), row0,
-                                           rows, 1.0f));
-            if (!gif && pass == 0)
-                continue;
-            TKD_TRY(prof_mark(pr, base + (gif ? 2 : 4))); /* dH GEMM */
-            TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ws->chunk_buf, dh));
-            TKD_TRY(prof_mark(pr, base + (gif ? 3 : 5))); /* dW GEMM */
-            TKD_TRY(tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw));
+    for (int pass = 0; pass < (gif ? 1 : 2); pass++) {
+        const tkd_kl_cuda_rows_mode mode = gif    ? TKD_KL_CUDA_ROWS_STATS_GRAD
+                                           : pass ? TKD_KL_CUDA_ROWS_GRAD
+                                                  : TKD_KL_CUDA_ROWS_STATS;
+        MarkCtx m = {pr, {0, 1, 4, 5}};
+        if (gif)
+            m = {pr, {TKD_KL_BENCH_PROF_GIF_LOGITS, TKD_KL_BENCH_PROF_GIF_ROWS,
+                      TKD_KL_BENCH_PROF_GIF_DH_GEMM, TKD_KL_BENCH_PROF_GIF_DW_GEMM}};
+        else if (pass)
+            m = {pr, {TKD_KL_BENCH_PROF_LOGITS_BWD, TKD_KL_BENCH_PROF_GRAD_ROWS,
+                      TKD_KL_BENCH_PROF_DH_GEMM, TKD_KL_BENCH_PROF_DW_GEMM}};
+        const int chunk = tkd_kl_cuda_chunk_for(ws, p, mode != TKD_KL_CUDA_ROWS_STATS);
+        for (long long row0 = 0; row0 < b->n; row0 += chunk) {
+            const int rows = (int)(b->n - row0 < chunk ? b->n - row0 : chunk);
+            TKD_TRY(tkd_kl_cuda_run_chunk(ws, p, b, mode, row0, rows, 1.0f, dh, dw, mark_cb, &m));
         }
+    }
     return prof_mark(pr, -1);
 }
 
@@ -166,6 +176,16 @@ extern "C" tkd_status tkd_kl_bench_set_rows(tkd_kl_cuda_ws *ws, int threads, int
 extern "C" tkd_status tkd_kl_bench_set_sm90(tkd_kl_cuda_ws *ws, int on)
 {
     return tkd_kl_cuda_ws_set_sm90(ws, on);
+}
+
+extern "C" tkd_status tkd_kl_bench_set_fused(tkd_kl_cuda_ws *ws, int on)
+{
+    return tkd_kl_cuda_ws_set_fused(ws, on);
+}
+
+extern "C" int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad)
+{
+    return tkd_kl_cuda_chunk_for(ws, p, grad);
 }
 
 extern "C" tkd_status tkd_kl_bench_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std)

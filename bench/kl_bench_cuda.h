@@ -31,7 +31,9 @@ size_t tkd_kl_bench_ds_elems(const tkd_kl_cuda_ws *ws);
 
 /* Per-stage device time (ms, summed over chunks) of one recompute forward + backward and one
  * grad_in_forward forward (gradients of 1·loss), on the path ws takes (the logits stages are the
- * sm90 GEMM with its fused statistics + their combine where tkd_kl_cuda_sm90_on). Indices of ms: */
+ * sm90 GEMM with its fused statistics + their combine where tkd_kl_cuda_sm90_on; on the fused path
+ * also the special-column lists; its dH stage includes scaling dH, its dW stage scaling H). Indices
+ * of ms: */
 enum {
     TKD_KL_BENCH_PROF_LOGITS_FWD = 0, TKD_KL_BENCH_PROF_STATS_ROWS = 1,
     TKD_KL_BENCH_PROF_LOGITS_BWD = 2, TKD_KL_BENCH_PROF_GRAD_ROWS = 3,
@@ -43,6 +45,11 @@ enum {
 tkd_status tkd_kl_bench_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                 const tkd_kl_cuda_batch *b, float *dh, float *dw,
                                 double ms[TKD_KL_BENCH_PROF_STAGES]);
+
+/* The fused path on (1) or off (0) for this workspace (tkd_kl_cuda_ws_set_fused), and the rows
+ * per chunk a call with p takes (grad: its gradient pass). */
+tkd_status tkd_kl_bench_set_fused(tkd_kl_cuda_ws *ws, int on);
+int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad);
 
 /* Row kernels' launch shape for this workspace (tkd_kl_cuda_ws_set_rows: threads x vec, 0 x 0 =
  * the product's). */

@@ -30,6 +30,7 @@
 #include "kernels/kl_loss_cuda.h"
 
 #include <cuda_bf16.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@ struct tkd_kl_cuda_dev_out {
     long long err_row; /* first bad row, LLONG_MAX when none */
     unsigned int err_bits;
     float inv_n_kept;  /* 1 / n_kept (0 when no row is kept) */
+    unsigned long long slow_rows; /* fused path: rows whose E was made again (row_exp_remake) */
 };
 
 namespace {
@@ -103,6 +105,18 @@ struct RowArgs {
     float *log_omq;           /* (rows) tail: log(1 − Q), likewise */
     double *row_loss, *row_kd, *row_ce; /* (rows) written by stats modes */
     DevOut *out;
+    /* Fused path (else NULL): the special columns' logits by slot, from the GEMM's gather */
+    const float *g;           /* (rows, ldg): slots k' top-k, then S draws, then the label */
+    int ldg;
+    /* ... and in the gradient modes the bf16 tile E = exp2(s·l2e_k − ref·ref_scale) */
+    __nv_bfloat16 *e;         /* (rows, lde) */
+    long long lde;
+    const float *ref;         /* (rows) */
+    float ref_scale, l2e_k;
+    int k_one;                /* E at scale 1 (α = 0), else at 1/τ */
+    float *sigma;             /* (rows) out: dS = sigma · E off the special columns */
+    const uint16_t *h, *w;    /* the batch's H (row0 is this chunk's first row) and W: the slow path */
+    int d;
 };
 
 /* Per-row scalars shared by the block. */
@@ -325,7 +339,7 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
             if (y < 0 || y >= a.v)
                 sh.bad |= kErrLabelRange;
             else
-                sh.s_label = row[y];
+                sh.s_label = a.g ? a.g[r * a.ldg + a.k_use + a.s] : row[y];
         }
         if (a.variant != TKD_KL_VARIANT_RENORM && !isfinite(sh.teacher_lse))
             sh.bad |= kErrTeacherNonFinite;
@@ -341,7 +355,7 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
             bad |= kErrTopkRange;
             m.s_i[j] = 0.0f;
         } else {
-            m.s_i[j] = row[id];
+            m.s_i[j] = a.g ? a.g[r * a.ldg + j] : row[id];
             if (m.bitmap) { /* the second writer of a bit has found a duplicate */
                 unsigned bit = 1u << (id & 31);
                 if (atomicOr(&m.bitmap[id >> 5], bit) & bit)
@@ -358,7 +372,7 @@ __device__ void row_gather(const RowArgs &a, long long r, const float *row, RowS
             bad |= kErrTailRange;
             m.s_t[j] = 0.0f;
         } else {
-            m.s_t[j] = row[id];
+            m.s_t[j] = a.g ? a.g[r * a.ldg + a.k_use + j] : row[id];
         }
     }
     __syncthreads();
@@ -601,6 +615,89 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
     }
 }
 
+/* ---- dS on the fused path: the dense part is E from the GEMM's epilogue ------------------------ */
+
+/* Where the dense gradient is one softmax (fused path) it is c·exp(k·s − LSE_k) = sigma · E with
+ * E = exp2(s·l2e_k − rb) from the epilogue and sigma = c·exp2(rb − LSE_k·log2 e); Σ_v E = 2^x with
+ * x = LSE_k·log2 e − rb. Past 2^kMaxLog2SumE the E tile may have overflowed (the reference column
+ * is far below the row's max) or would overflow dH's fp32 sums: the row is then made again here. */
+constexpr float kMaxLog2SumE = 64.0f;
+
+/* The slow path for one row (rare: the student's logit at the reference column is over ~44/k
+ * below its max): E = exp(k·s − LSE_k) made from h and W with one warp per column; zeros for a
+ * row whose gradient is zero. */
+__device__ void row_exp_remake(const RowArgs &a, long long r, __nv_bfloat16 *er, float lse_k,
+                               bool zero)
+{
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const __nv_bfloat162 *hr = reinterpret_cast<const __nv_bfloat162 *>(a.h + (a.row0 + r) * a.d);
+    const float lb = lse_k * kLog2e;
+    for (int col = warp; col < a.v; col += nw) {
+        float acc = 0.0f;
+        if (!zero) {
+            const __nv_bfloat162 *wr = reinterpret_cast<const __nv_bfloat162 *>(a.w + (size_t)col * a.d);
+            for (int i = lane; i < a.d / 2; i += 32) {
+                const float2 x = __bfloat1622float2(hr[i]), y = __bfloat1622float2(wr[i]);
+                acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+            }
+            for (int off = 16; off > 0; off >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        }
+        if (lane == 0)
+            er[col] = __float2bfloat16_rn(zero ? 0.0f : fast_exp2(fmaf(acc, a.l2e_k, -lb)));
+    }
+}
+
+/* The fused path's gradient pass of one row: sigma, the slow path where needed, then each special
+ * position's exact dS / sigma over E's value there (as row_grad_inplace writes dS). */
+__device__ void row_grad_fused(const RowArgs &a, long long r, RowSmem m, RowShared &sh)
+{
+    const bool zero = !sh.kept || sh.bad;
+    const float lse_k = a.k_one ? sh.lse_one : sh.lse_tau;
+    const float x = lse_k * kLog2e - a.ref[r] * a.ref_scale; /* the epilogue's rb, bit for bit */
+    const float c_dense = sh.c_off + sh.c_ce; /* one of the two is 0 unless τ = 1 (host checks) */
+    __nv_bfloat16 *er = a.e + r * a.lde;
+    const bool slow = !(x <= kMaxLog2SumE);
+    if (slow) {
+        row_exp_remake(a, r, er, lse_k, zero);
+        if (threadIdx.x == 0)
+            atomicAdd(&a.out->slow_rows, 1ull);
+    }
+    const float sigma = zero ? 0.0f : slow ? c_dense : c_dense * fast_exp2(-x);
+    if (threadIdx.x == 0)
+        a.sigma[r] = sigma;
+    __syncthreads(); /* the slow path's E is written before the special positions */
+    if (zero)
+        return; /* sigma 0: E is finite (x bounded or remade as zeros) and contributes nothing */
+    GradCoef c;
+    c.zs = kLog2e / a.tau;
+    c.zb = sh.lse_tau * kLog2e;
+    c.os = kLog2e;
+    c.ob = sh.lse_one * kLog2e;
+    c.c_q = sh.c_off;
+    c.c_x = 0.0f; /* not `tail` */
+    c.xb = 0.0f;
+    c.c_ce = sh.c_ce;
+    c.same_tau = a.tau == 1.0f;
+    const float inv = sigma > 0.0f ? 1.0f / sigma : 0.0f;
+    int n_special = a.k_use + a.s + 1;
+    for (int j = threadIdx.x; j < n_special; j += blockDim.x) {
+        int pos;
+        float s;
+        if (j < a.k_use) {
+            pos = m.idx_i[j];
+            s = m.s_i[j];
+        } else if (j < n_special - 1) {
+            pos = m.idx_t[j - a.k_use];
+            s = m.s_t[j - a.k_use];
+        } else {
+            pos = sh.label;
+            s = sh.s_label;
+        }
+        er[pos] = __float2bfloat16_rn(grad_special(a, m, sh, c, pos, s) * inv);
+    }
+}
+
 /* One block per row of the chunk. */
 template <int MODE, int VEC>
 __global__ void __launch_bounds__(VEC == 4 ? 512 : 256, VEC == 4 ? 2 : 3) kl_row_kernel(RowArgs a)
@@ -630,8 +727,125 @@ __global__ void __launch_bounds__(VEC == 4 ? 512 : 256, VEC == 4 ? 2 : 3) kl_row
     }
     row_finalize<MODE>(a, r, m, sh);
     __syncthreads();
-    if (MODE != kModeStats)
-        row_grad_inplace<VEC>(a, row, m, sh);
+    if (MODE != kModeStats) {
+        if (a.e)
+            row_grad_fused(a, r, m, sh);
+        else
+            row_grad_inplace<VEC>(a, row, m, sh);
+    }
+}
+
+/* ---- the fused path's small kernels ------------------------------------------------------------ */
+
+/* What sp_prep_kernel reads and writes; per-row pointers offset to the chunk. */
+struct SpArgs {
+    const int32_t *topk_idx; /* (rows, k), first k_use used */
+    int k, k_use;
+    const int32_t *tail_idx; /* (rows, s) or NULL */
+    int s;
+    const int32_t *labels;
+    int ignore_index, v, tiles, sp_l, d;
+    int2 *list;              /* (rows, sp_l) */
+    int *off;                /* (rows, tiles + 1) */
+    float *g;                /* (rows, sp_l): NaN, the epilogue overwrites the listed slots */
+    float *ref;              /* (rows) gif: the logit at the row's first listed slot, 0 if none */
+    const uint16_t *h, *w;   /* h offset to the chunk */
+};
+
+/* One warp per row: the row's special columns (top-k', draws, the label of a kept row; indices
+ * outside [0, V) are left out: the row kernel reports them) compacted in slot order by ballots,
+ * sorted by (column, slot) (a rank sort: pairs are distinct, so ranks are), each V-tile's first
+ * entry, and (ref) the logit at the first listed slot as a dot product. Dynamic smem: 2·sp_l int2
+ * per warp. */
+__global__ void sp_prep_kernel(SpArgs a, int rows)
+{
+    extern __shared__ int2 sp_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const long long r = (long long)blockIdx.x * (blockDim.x / 32) + warp;
+    if (r >= rows)
+        return; /* whole warps only: nothing below syncs the block */
+    int2 *raw = sp_smem + (size_t)warp * 2 * a.sp_l, *sorted = raw + a.sp_l;
+    const int n_items = a.k_use + a.s + 1;
+    int cnt = 0, first = INT_MAX;
+    for (int base = 0; base < n_items; base += 32) {
+        const int j = base + lane;
+        int col = -1;
+        if (j < n_items) {
+            if (j < a.k_use)
+                col = a.topk_idx[r * a.k + j];
+            else if (j < n_items - 1)
+                col = a.tail_idx[r * a.s + (j - a.k_use)];
+            else
+                col = a.labels[r] == a.ignore_index ? -1 : a.labels[r];
+            a.g[r * a.sp_l + j] = NAN;
+        }
+        const bool ok = col >= 0 && col < a.v;
+        const unsigned m = __ballot_sync(0xffffffffu, ok);
+        if (ok)
+            raw[cnt + __popc(m & ((1u << lane) - 1u))] = make_int2(col, j);
+        if (m && first == INT_MAX)
+            first = base + __ffs(m) - 1;
+        cnt += __popc(m);
+    }
+    __syncwarp();
+    for (int i = lane; i < cnt; i += 32) {
+        const int2 x = raw[i];
+        int rank = 0;
+        for (int q = 0; q < cnt; q++)
+            rank += raw[q].x < x.x || (raw[q].x == x.x && raw[q].y < x.y);
+        sorted[rank] = x;
+        a.list[r * a.sp_l + rank] = x;
+    }
+    __syncwarp();
+    for (int t = lane; t <= a.tiles; t += 32) { /* first entry with column ≥ 256·t */
+        int lo = 0, hi = cnt;
+        while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (sorted[mid].x < t * TKD_LMHEAD_SM90_BN)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        a.off[r * (a.tiles + 1) + t] = lo;
+    }
+    if (!a.ref)
+        return;
+    float acc = 0.0f;
+    if (first != INT_MAX) {
+        int col = 0;
+        for (int i = 0; i < cnt; i++)
+            if (raw[i].y == first)
+                col = raw[i].x;
+        const __nv_bfloat162 *hr = reinterpret_cast<const __nv_bfloat162 *>(a.h + r * a.d);
+        const __nv_bfloat162 *wr = reinterpret_cast<const __nv_bfloat162 *>(a.w + (size_t)col * a.d);
+        for (int i = lane; i < a.d / 2; i += 32) {
+            const float2 x = __bfloat1622float2(hr[i]), y = __bfloat1622float2(wr[i]);
+            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    }
+    if (lane == 0)
+        a.ref[r] = acc;
+}
+
+/* dh (rows, d) *= sigma per row. */
+__global__ void scale_rows_kernel(float *dh, const float *sigma, long long rows, int d)
+{
+    const long long n = rows * d;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dh[i] *= sigma[i / d];
+}
+
+/* hs (rows, d) bf16 = sigma_i · h_i (one rounding: h and sigma are exact inputs). */
+__global__ void scale_h_kernel(const __nv_bfloat16 *h, const float *sigma, long long rows, int d,
+                               __nv_bfloat16 *hs)
+{
+    const long long n = rows * d;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        hs[i] = __float2bfloat16_rn(sigma[i / d] * __bfloat162float(h[i]));
 }
 
 /* Counts kept rows and resets the error state (one block). */
@@ -654,6 +868,7 @@ __global__ void kl_count_kernel(const int32_t *labels, long long n, int ignore_i
         out->inv_n_kept = t > 0 ? (float)(1.0 / (double)t) : 0.0f;
         out->err_bits = 0;
         out->err_row = 0x7fffffffffffffffLL;
+        out->slow_rows = 0;
     }
 }
 
@@ -741,9 +956,27 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws)
         return TKD_OK;
     }
     TKD_TRY(st);
+    const char *fused = getenv("TKD_KL_FUSED");
+    ws->fused = !(fused && strcmp(fused, "0") == 0);
+    /* the fused path's chunks: bf16 E takes half the bytes of fp32 logits per row */
+    ws->chunk_e = ws->fused && 2LL * ws->chunk <= ws->n_max ? 2 * ws->chunk
+                  : ws->fused                               ? (int)ws->n_max
+                                                            : ws->chunk;
+    const size_t ce = (size_t)ws->chunk_e, tiles = (size_t)tkd_lmhead_sm90_vtiles(ws->v);
+    const char *hint = "lower kd.chunk_size (rows per chunk)";
     TKD_TRY(ws_alloc(ws, (void **)&ws->lm_part,
-                     tkd_lmhead_sm90_part_floats(ws->chunk, ws->v) * sizeof(float),
-                     "logits GEMM statistics partials", "lower kd.chunk_size (rows per chunk)"));
+                     tkd_lmhead_sm90_part_floats(ws->chunk_e, ws->v) * sizeof(float),
+                     "logits GEMM statistics partials", hint));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->sp_list, ce * ws->sp_l * 2 * sizeof(int32_t),
+                     "special-column lists", hint));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->sp_off, ce * (tiles + 1) * sizeof(int),
+                     "special-column offsets", hint));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->sp_g, ce * ws->sp_l * sizeof(float),
+                     "special-column logits", hint));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->ref, ce * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->sigma, ce * sizeof(float), "row statistics", NULL));
+    TKD_TRY(ws_alloc(ws, (void **)&ws->hs, ce * ws->d * sizeof(uint16_t), "scaled hidden states",
+                     hint));
     ws->use_sm90 = 1;
     return TKD_OK;
 }
@@ -767,6 +1000,8 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
     ws->chunk = p->chunk_rows > 0 ? p->chunk_rows : tkd_kl_cuda_default_chunk_rows(n_max, v);
     if (ws->chunk > n_max)
         ws->chunk = (int)n_max;
+    ws->chunk_e = ws->chunk;
+    ws->sp_l = p->k + p->s + 1;
     ws->row_threads = TKD_KL_CUDA_ROW_THREADS;
     ws->row_vec = TKD_KL_CUDA_ROW_VEC;
     const int chunk = ws->chunk;
@@ -797,6 +1032,12 @@ extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
     tkd_cuda_free(ws->blas_ws);
     tkd_lmhead_sm90_ws_free(ws->lm);
     tkd_cuda_free(ws->lm_part);
+    tkd_cuda_free(ws->sp_list);
+    tkd_cuda_free(ws->sp_off);
+    tkd_cuda_free(ws->sp_g);
+    tkd_cuda_free(ws->ref);
+    tkd_cuda_free(ws->sigma);
+    tkd_cuda_free(ws->hs);
     free(ws);
 }
 
@@ -833,28 +1074,40 @@ extern "C" tkd_status tkd_kl_cuda_chunk_logits(tkd_kl_cuda_ws *ws, const tkd_kl_
     return TKD_OK;
 }
 
-/* dH_c (rows, D) fp32 = dS (rows, V) · W; ds has ld 2·ldl (bf16). */
-extern "C" tkd_status tkd_kl_cuda_chunk_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
-                                           int64_t row0, int rows, const void *ds, float *dh)
+/* dH_c (rows, D) fp32 = dS (rows, V) · W; ds bf16 with leading dimension ld. */
+static tkd_status gemm_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0, int rows,
+                          const void *ds, long long ld, float *dh)
 {
     const float one = 1.0f, zero = 0.0f;
     TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_N, b->d, rows, b->v, &one,
-                                  b->w, CUDA_R_16BF, b->d, ds, CUDA_R_16BF, (int)(2 * ws->ldl),
-                                  &zero, dh + row0 * b->d, CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
+                                  b->w, CUDA_R_16BF, b->d, ds, CUDA_R_16BF, (int)ld, &zero,
+                                  dh + row0 * b->d, CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT));
     return TKD_OK;
 }
 
-/* dW (V, D) fp32 += dSᵀ · H_c; ds has ld 2·ldl (bf16). */
+/* dW (V, D) fp32 += dSᵀ · x (x: (rows, D) bf16, H_c or its scaled copy); ds as gemm_dh. */
+static tkd_status gemm_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, const uint16_t *x,
+                          int rows, const void *ds, long long ld, float *dw)
+{
+    const float one = 1.0f;
+    TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows, &one, x,
+                                  CUDA_R_16BF, b->d, ds, CUDA_R_16BF, (int)ld, &one, dw,
+                                  CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return TKD_OK;
+}
+
+/* The fp32 paths' in-place dS has leading dimension 2·ldl bf16. */
+extern "C" tkd_status tkd_kl_cuda_chunk_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
+                                           int64_t row0, int rows, const void *ds, float *dh)
+{
+    return gemm_dh(ws, b, row0, rows, ds, 2 * ws->ldl, dh);
+}
+
 extern "C" tkd_status tkd_kl_cuda_chunk_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
                                            int64_t row0, int rows, const void *ds, float *dw)
 {
-    const float one = 1.0f;
-    TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows, &one,
-                                  b->h + row0 * b->d, CUDA_R_16BF, b->d, ds, CUDA_R_16BF,
-                                  (int)(2 * ws->ldl), &one, dw, CUDA_R_32F, b->d,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return TKD_OK;
+    return gemm_dw(ws, b, b->h + row0 * b->d, rows, ds, 2 * ws->ldl, dw);
 }
 
 extern "C" int tkd_kl_cuda_sm90_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p)
@@ -934,7 +1187,7 @@ extern "C" tkd_status tkd_kl_cuda_count_kept(tkd_kl_cuda_ws *ws, const tkd_kl_pa
 static RowArgs row_args(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_batch *b,
                         long long row0, float grad_scale)
 {
-    RowArgs a;
+    RowArgs a = {}; /* the fused path's fields stay NULL here */
     size_t n = (size_t)ws->n_max;
     a.logits = ws->chunk_buf;
     a.ldl = ws->ldl;
@@ -996,6 +1249,181 @@ extern "C" tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_pa
                             : launch_rows_vec<4>(base_mode, rows, ws->row_threads, a);
 }
 
+/* ---- the fused path ----------------------------------------------------------------------------- */
+
+extern "C" int tkd_kl_cuda_fused_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p)
+{
+    const int s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
+    return tkd_kl_cuda_sm90_on(ws, p) && ws->fused && p->k_use + s + 1 <= ws->sp_l;
+}
+
+extern "C" int tkd_kl_cuda_fused_grad_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p)
+{
+    return tkd_kl_cuda_fused_on(ws, p) &&
+           (p->temperature == 1.0f || p->alpha == 1.0f || p->alpha == 0.0f);
+}
+
+extern "C" tkd_status tkd_kl_cuda_ws_set_fused(tkd_kl_cuda_ws *ws, int on)
+{
+    if (on && !ws->lm)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: this workspace has no sm90 GEMM, "
+                             "so no fused path");
+    ws->fused = on != 0;
+    return TKD_OK;
+}
+
+extern "C" int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad)
+{
+    return (grad ? tkd_kl_cuda_fused_grad_on(ws, p) : tkd_kl_cuda_fused_on(ws, p)) ? ws->chunk_e
+                                                                                   : ws->chunk;
+}
+
+static tkd_status mark(tkd_kl_cuda_mark_fn fn, void *ctx, int stage)
+{
+    return fn ? fn(ctx, stage) : TKD_OK;
+}
+
+/* The special-column lists (and, gif, the reference logits) of chunk [row0, row0 + rows). */
+static tkd_status fused_prep(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_batch *b,
+                             int64_t row0, int rows, int want_ref)
+{
+    SpArgs a;
+    a.k = p->k;
+    a.k_use = p->k_use;
+    a.s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
+    a.topk_idx = a.k_use > 0 ? b->topk_idx + row0 * p->k : NULL;
+    a.tail_idx = a.s > 0 ? b->tail_idx + row0 * a.s : NULL;
+    a.labels = b->labels + row0;
+    a.ignore_index = p->ignore_index;
+    a.v = b->v;
+    a.tiles = tkd_lmhead_sm90_vtiles(b->v);
+    a.sp_l = ws->sp_l;
+    a.d = b->d;
+    a.list = reinterpret_cast<int2 *>(ws->sp_list);
+    a.off = ws->sp_off;
+    a.g = ws->sp_g;
+    a.ref = want_ref ? ws->ref : NULL;
+    a.h = b->h + row0 * b->d;
+    a.w = b->w;
+    /* 8 rows (warps) per block where their lists fit 64 KB of shared memory, fewer for long lists */
+    const size_t per_warp = 2 * (size_t)ws->sp_l * sizeof(int2);
+    int warps = (int)(64 * 1024 / per_warp);
+    warps = warps < 1 ? 1 : warps > 8 ? 8 : warps;
+    const size_t smem = per_warp * warps;
+    if (smem > 48 * 1024)
+        TKD_CUDA_CHECK(cudaFuncSetAttribute(sp_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+    sp_prep_kernel<<<(rows + warps - 1) / warps, 32 * warps, smem>>>(a, rows);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+static unsigned grid_for(long long n)
+{
+    long long g = (n + 255) / 256;
+    return (unsigned)(g < 4096 ? g : 4096);
+}
+
+/* One chunk on the fused path: lists, the GEMM with its epilogue (statistics and gather; in the
+ * gradient modes E), the LSE combine (forward), the row kernel (losses; sigma and the special
+ * positions of dS), then dH = sigma·(E W) and dW += Eᵀ (sigma·H). */
+static tkd_status fused_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                              const tkd_kl_cuda_batch *b, int mode, int64_t row0, int rows,
+                              float grad_scale, float *dh, float *dw, tkd_kl_cuda_mark_fn mk,
+                              void *mk_ctx)
+{
+    const int grad = mode != kModeStats, stats = mode != kModeGrad;
+    const int k_one = p->alpha == 0.0f;
+    const float tau = p->temperature;
+    TKD_TRY(mark(mk, mk_ctx, 0));
+    TKD_TRY(fused_prep(ws, p, b, row0, rows, grad && stats));
+    tkd_lmhead_sm90_fused f;
+    memset(&f, 0, sizeof f);
+    f.tau = tau;
+    f.part = stats ? ws->lm_part : NULL;
+    f.sp_off = ws->sp_off;
+    f.sp_list = ws->sp_list;
+    f.sp_l = ws->sp_l;
+    f.g = ws->sp_g;
+    __nv_bfloat16 *e = reinterpret_cast<__nv_bfloat16 *>(ws->chunk_buf);
+    if (grad) {
+        f.e = reinterpret_cast<uint16_t *>(e);
+        f.lde = ws->ldl;
+        f.k_one = k_one;
+        /* gif: E relative to the logit at the first special column; backward: to the LSE */
+        f.ref = stats ? ws->ref : (k_one ? ws->lse_one : ws->lse_tau) + row0;
+        f.ref_scale = stats ? tkd_lmhead_sm90_exp_scale(tau, k_one) : kLog2e;
+    }
+    const uint16_t *h = b->h + row0 * b->d;
+    TKD_TRY(tkd_lmhead_sm90_fused_run(ws->lm, h, b->w, rows, b->d, b->v, &f));
+    if (stats)
+        TKD_TRY(tkd_lmhead_sm90_lse(ws->lm_part, rows, b->v, tau, ws->lse_one + row0,
+                                    ws->lse_tau + row0));
+    TKD_TRY(mark(mk, mk_ctx, 1));
+    RowArgs a = row_args(ws, p, b, row0, grad_scale);
+    a.lse_given = stats;
+    a.g = ws->sp_g;
+    a.ldg = ws->sp_l;
+    if (grad) {
+        a.e = e;
+        a.lde = ws->ldl;
+        a.ref = f.ref;
+        a.ref_scale = f.ref_scale;
+        a.l2e_k = tkd_lmhead_sm90_exp_scale(tau, k_one);
+        a.k_one = k_one;
+        a.sigma = ws->sigma;
+        a.h = b->h;
+        a.w = b->w;
+        a.d = b->d;
+    }
+    TKD_TRY(ws->row_vec == 8 ? launch_rows_vec<8>(mode, rows, ws->row_threads, a)
+                             : launch_rows_vec<4>(mode, rows, ws->row_threads, a));
+    if (!grad)
+        return TKD_OK;
+    TKD_TRY(mark(mk, mk_ctx, 2));
+    TKD_TRY(gemm_dh(ws, b, row0, rows, e, ws->ldl, dh));
+    const long long nd = (long long)rows * b->d;
+    scale_rows_kernel<<<grid_for(nd), 256>>>(dh + row0 * b->d, ws->sigma, rows, b->d);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    TKD_TRY(mark(mk, mk_ctx, 3));
+    scale_h_kernel<<<grid_for(nd), 256>>>(reinterpret_cast<const __nv_bfloat16 *>(h), ws->sigma,
+                                         rows, b->d, reinterpret_cast<__nv_bfloat16 *>(ws->hs));
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return gemm_dw(ws, b, ws->hs, rows, e, ws->ldl, dw);
+}
+
+/* One chunk on the fp32-logits paths (sm90 GEMM or cuBLAS): logits, the row kernel (dS in place
+ * in the gradient modes), dH and dW from that dS. */
+static tkd_status logits_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                               const tkd_kl_cuda_batch *b, int mode, int64_t row0, int rows,
+                               float grad_scale, float *dh, float *dw, tkd_kl_cuda_mark_fn mk,
+                               void *mk_ctx)
+{
+    int given = 0;
+    TKD_TRY(mark(mk, mk_ctx, 0));
+    TKD_TRY(tkd_kl_cuda_chunk_logits_auto(ws, p, b, row0, rows, mode != kModeGrad, &given));
+    TKD_TRY(mark(mk, mk_ctx, 1));
+    TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, (tkd_kl_cuda_rows_mode)(mode | given), row0, rows,
+                                   grad_scale));
+    if (mode == kModeStats)
+        return TKD_OK;
+    TKD_TRY(mark(mk, mk_ctx, 2));
+    TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ws->chunk_buf, dh));
+    TKD_TRY(mark(mk, mk_ctx, 3));
+    return tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw);
+}
+
+extern "C" tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                            const tkd_kl_cuda_batch *b, tkd_kl_cuda_rows_mode mode,
+                                            int64_t row0, int rows, float grad_scale, float *dh,
+                                            float *dw, tkd_kl_cuda_mark_fn mk, void *mk_ctx)
+{
+    const int grad = mode != TKD_KL_CUDA_ROWS_STATS;
+    const int fused = grad ? tkd_kl_cuda_fused_grad_on(ws, p) : tkd_kl_cuda_fused_on(ws, p);
+    return fused ? fused_chunk(ws, p, b, (int)mode, row0, rows, grad_scale, dh, dw, mk, mk_ctx)
+                 : logits_chunk(ws, p, b, (int)mode, row0, rows, grad_scale, dh, dw, mk, mk_ctx);
+}
+
 /* ---- forward / backward ---------------------------------------------------------------------- */
 
 static const char *err_reason(unsigned bits)
@@ -1018,14 +1446,6 @@ static tkd_status check_dev_out(const DevOut &o, const char *what)
                          what, o.err_row, err_reason(o.err_bits), o.err_bits);
 }
 
-/* dH_c and dW from the chunk's dS in place. */
-static tkd_status chunk_grads(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, long long row0,
-                              int rows, float *dh, float *dw)
-{
-    TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ws->chunk_buf, dh));
-    return tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw);
-}
-
 extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                           const tkd_kl_cuda_batch *b, tkd_kl_result *res,
                                           float *dh, float *dw)
@@ -1035,19 +1455,17 @@ extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_param
     TKD_TRY(tkd_kl_cuda_count_kept(ws, p, b));
     const tkd_kl_cuda_rows_mode mode =
         p->grad_in_forward ? TKD_KL_CUDA_ROWS_STATS_GRAD : TKD_KL_CUDA_ROWS_STATS;
-    for (long long row0 = 0; row0 < n; row0 += ws->chunk) {
-        int rows = (int)(n - row0 < ws->chunk ? n - row0 : ws->chunk), given = 0;
-        TKD_TRY(tkd_kl_cuda_chunk_logits_auto(ws, p, b, row0, rows, 1, &given));
-        TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, (tkd_kl_cuda_rows_mode)(mode | given), row0, rows,
-                                       p->grad_scale));
-        if (p->grad_in_forward)
-            TKD_TRY(chunk_grads(ws, b, row0, rows, dh, dw));
+    const int chunk = tkd_kl_cuda_chunk_for(ws, p, p->grad_in_forward);
+    for (long long row0 = 0; row0 < n; row0 += chunk) {
+        int rows = (int)(n - row0 < chunk ? n - row0 : chunk);
+        TKD_TRY(tkd_kl_cuda_run_chunk(ws, p, b, mode, row0, rows, p->grad_scale, dh, dw, NULL, NULL));
     }
     kl_reduce_kernel<<<1, 1024>>>(ws->row_stats, ws->row_stats + ws->n_max,
                                   ws->row_stats + 2 * ws->n_max, n, ws->out);
     TKD_CUDA_CHECK(cudaGetLastError());
     DevOut o;
     TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
+    ws->slow_rows = o.slow_rows;
     TKD_TRY(tkd_kl_cuda_sm90_check(ws));
     TKD_TRY(check_dev_out(o, "forward"));
     res->loss = o.loss;
@@ -1070,14 +1488,15 @@ extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_para
         return TKD_OK;
     }
     TKD_TRY(tkd_kl_cuda_check_call(ws, p, b, 1, dh, dw));
-    for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
-        int rows = (int)(b->n - row0 < ws->chunk ? b->n - row0 : ws->chunk), given = 0;
-        TKD_TRY(tkd_kl_cuda_chunk_logits_auto(ws, p, b, row0, rows, 0, &given));
-        TKD_TRY(tkd_kl_cuda_chunk_rows(ws, p, b, TKD_KL_CUDA_ROWS_GRAD, row0, rows, scale));
-        TKD_TRY(chunk_grads(ws, b, row0, rows, dh, dw));
+    const int chunk = tkd_kl_cuda_chunk_for(ws, p, 1);
+    for (long long row0 = 0; row0 < b->n; row0 += chunk) {
+        int rows = (int)(b->n - row0 < chunk ? b->n - row0 : chunk);
+        TKD_TRY(tkd_kl_cuda_run_chunk(ws, p, b, TKD_KL_CUDA_ROWS_GRAD, row0, rows, scale, dh, dw,
+                                      NULL, NULL));
     }
     DevOut o;
     TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
+    ws->slow_rows = o.slow_rows;
     TKD_TRY(tkd_kl_cuda_sm90_check(ws));
     return check_dev_out(o, "backward");
 }

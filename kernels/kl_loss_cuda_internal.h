@@ -46,7 +46,20 @@ struct tkd_kl_cuda_ws {
                                 * D not a multiple of 8, TKD_KL_SM90=0) */
     float *lm_part;            /* (3, chunk, ceil(V / 256)) its statistics partials, with lm */
     int use_sm90;              /* 1: forward/backward use lm (set when lm is; the bench toggles) */
-    float *chunk_buf;          /* (chunk, ldl) fp32 logits; in place bf16 dS (chunk, 2·ldl) */
+    float *chunk_buf;          /* (chunk, ldl) fp32 logits; in place bf16 dS (chunk, 2·ldl); on
+                                * the fused path bf16 E (chunk_e, ldl): twice the rows, same bytes */
+    /* The fused path (with lm, unless TKD_KL_FUSED=0): the sm90 GEMM's epilogue gathers the special
+     * columns and writes the gradient tile as bf16; chunks of chunk_e rows. */
+    int fused;                 /* 1: calls that qualify take it (tkd_kl_cuda_fused_on) */
+    int chunk_e;               /* rows per fused chunk: 2·chunk, at most n_max */
+    int sp_l;                  /* special slots per row: k + s + 1 of the params it was made with */
+    int32_t *sp_list;          /* (chunk_e, sp_l) (column, slot) pairs sorted by column */
+    int *sp_off;               /* (chunk_e, tiles + 1) each row-tile's first entry in sp_list */
+    float *sp_g;               /* (chunk_e, sp_l) the logits at the special columns, by slot */
+    float *ref, *sigma;        /* (chunk_e) E's reference logit; dS = sigma · E off the specials */
+    uint16_t *hs;              /* (chunk_e, D) bf16 sigma_i · h_i, dW's operand */
+    unsigned long long slow_rows; /* rows the last forward (+ backward) made E again: the student's
+                                   * logit at the row's first special column was far below its max */
     float *lse_tau, *lse_one, *log_omq; /* (n_max) per-row statistics */
     double *row_stats;         /* (3, n_max): loss, kd, ce per row */
     tkd_kl_cuda_dev_out *out;
@@ -104,6 +117,26 @@ tkd_status tkd_kl_cuda_chunk_logits_auto(tkd_kl_cuda_ws *ws, const tkd_kl_params
  * (TKD_ERR_INTERNAL) instead of letting garbage through; TKD_OK without it. */
 tkd_status tkd_kl_cuda_sm90_check(tkd_kl_cuda_ws *ws);
 
+/* 1 when calls with p on ws take the fused path (forward statistics and gather from the GEMM's
+ * epilogue, nothing written but the statistics); tkd_kl_cuda_fused_grad_on: its gradient too,
+ * the bf16 tile from the epilogue, which needs one softmax in the dense gradient: τ = 1, α = 1 or
+ * α = 0 (else the sm90 fp32-logits path makes the gradient). */
+int tkd_kl_cuda_fused_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);
+int tkd_kl_cuda_fused_grad_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);
+/* Bench/tests: allow (1) or not (0) the fused path on this workspace; TKD_ERR_UNSUPPORTED without
+ * the sm90 GEMM. */
+tkd_status tkd_kl_cuda_ws_set_fused(tkd_kl_cuda_ws *ws, int on);
+/* Stage marks of one chunk, for the benchmark's profile: called before each stage (0 logits GEMM
+ * with its preparation and combine, 1 row kernel, 2 dH, 3 dW) when not NULL. */
+typedef tkd_status (*tkd_kl_cuda_mark_fn)(void *ctx, int stage);
+/* One chunk [row0, row0 + rows) of forward (mode STATS or STATS_GRAD) or backward (GRAD), on the
+ * path the product takes for p; dh, dw only in the gradient modes. The product's loops call it. */
+tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
+                                 const tkd_kl_cuda_batch *b, tkd_kl_cuda_rows_mode mode,
+                                 int64_t row0, int rows, float grad_scale, float *dh, float *dw,
+                                 tkd_kl_cuda_mark_fn mark, void *mark_ctx);
+/* Rows per chunk of a call with p (chunk_e on the fused path for that mode, else chunk). */
+int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad);
 /* The row kernel over the chunk in ws->chunk_buf; gradient modes make ∂(grad_scale·loss)/∂s.
  * mode may carry TKD_KL_CUDA_ROWS_LSE_GIVEN (stats modes, not `tail`). */
 tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,

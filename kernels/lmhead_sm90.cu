@@ -42,6 +42,7 @@
  */
 #include "kernels/lmhead_sm90.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -90,9 +91,14 @@ struct Sched {
 using Coop = Sched<false>;
 using PingPong = Sched<true>;
 
-/* kEpiNone (benchmark only): no epilogue, so its time is the main loop's; kEpiLogitsStats: the
- * logits and the statistics from the same accumulators (the loss's pass). */
-enum Epi { kEpiLogits = 0, kEpiStats = 1, kEpiNone = 2, kEpiLogitsStats = 3 };
+/* Epilogue parts, a bit each, combined in one template argument. kEpiNone (benchmark only): no
+ * epilogue, so its time is the main loop's. kEpiExp: E = exp(k·z − ref) as bf16 (the loss's
+ * gradient tile up to a per-row factor); with kEpiStats both come from the same exps. kEpiGather:
+ * the logits at a per-row list of columns (the teacher's top-k', tail draws, label). */
+enum Epi {
+    kEpiLogits = 1, kEpiStats = 2, kEpiNone = 4, kEpiExp = 8, kEpiGather = 16,
+    kEpiLogitsStats = kEpiLogits | kEpiStats,
+};
 
 struct Params {
     long long n;     /* rows of H (and Z) */
@@ -107,6 +113,19 @@ struct Params {
     float *sink;     /* no epilogue: always NULL, but the compiler cannot know, so the accumulators
                       * stay live to a store that never runs (an honest main-loop time) */
     unsigned *err;
+};
+
+/* The fused epilogues' arguments (exp, gather): a kernel parameter of their own, so that the
+ * kernels without them keep Params small (a larger Params costs the others ~150 bytes of spills). */
+struct Fx {
+    __nv_bfloat16 *e; /* exp: (n, lde) */
+    long long lde;
+    const float *ref; /* exp: (n) per-row reference; E = exp2(z·l2e_k − ref·ref_scale) */
+    float ref_scale, l2e_k;
+    const int *sp_off;    /* gather: (n, ntiles + 1) start of each row-tile's entries in sp_list */
+    const int2 *sp_list;  /* gather: (n, sp_l) (column, slot) pairs, sorted by column per row */
+    int sp_l;
+    float *g;             /* gather: (n, sp_l) logits by slot */
 };
 
 /* ---- the pipeline: ring stages, tile order ----------------------------------------------------- */
@@ -314,6 +333,89 @@ __device__ __forceinline__ void store_stats(const float (&acc)[kAcc], const Para
     }
 }
 
+/* Row half h's E row (NULL past n) and its reference in exp2 units. */
+__device__ inline __nv_bfloat16 *exp_row(const Params &p, const Fx &x, Frag f, int h, float &rb)
+{
+    const long long row = f.row0 + 8 * h;
+    rb = row < p.n ? x.ref[row] * x.ref_scale : 0.0f;
+    return row < p.n ? x.e + row * x.lde : nullptr;
+}
+
+__device__ inline uint32_t exp_pair(const float (&acc)[kAcc], int j, int h, Frag f, int v, float l2e,
+                                    float rb)
+{
+    const __nv_bfloat162 b = __floats2bfloat162_rn(fast_exp2(fmaf(masked(acc, j, h, 0, f, v), l2e, -rb)),
+                                                   fast_exp2(fmaf(masked(acc, j, h, 1, f, v), l2e, -rb)));
+    return *reinterpret_cast<const uint32_t *>(&b);
+}
+
+/* Exp epilogue: E = exp2(z·l2e_k − ref·ref_scale), one exp per element and a pass of its own
+ * (sharing the statistics' exps costs registers the 168-register budget does not have: spills;
+ * the special-function unit has room, and the epilogue overlaps the other consumer's main loop).
+ * Whole 32-byte sectors per store: a quad holds columns 8j..8j+7 of a row as four bf16 pairs, so
+ * two quad shuffles per j pair regroup 16 columns into four 8-byte runs (lane q: columns 4q..4q+3
+ * of the 16). Stored as the fragment lies (16 bytes per row per instruction), half-sector writes
+ * made the L2 fetch the sectors from DRAM first: ncu counted 10.8 GB read for 1 GB of E. */
+__device__ __forceinline__ void store_exp(const float (&acc)[kAcc], const Params &p, const Fx &x, Frag f)
+{
+    const int q = threadIdx.x & 3;
+    const int tile_col = f.col0 - 2 * q;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float rb;
+        __nv_bfloat16 *er = exp_row(p, x, f, h, rb); /* the same for the quad: no early exit,
+                                                      * the shuffles need the whole warp */
+#pragma unroll
+        for (int jj = 0; jj < kBN / 16; jj++) {
+            const uint32_t a = exp_pair(acc, 2 * jj, h, f, p.v, x.l2e_k, rb);     /* cols 2q, 2q+1 */
+            const uint32_t b = exp_pair(acc, 2 * jj + 1, h, f, p.v, x.l2e_k, rb); /* 8 + 2q, .. */
+            const uint32_t r1 = __shfl_xor_sync(0xffffffffu, q < 2 ? b : a, 2);
+            const uint32_t lo = q < 2 ? a : r1, hi = q < 2 ? r1 : b; /* q<2: pairs q, q+2 of a */
+            const uint32_t r2 = __shfl_xor_sync(0xffffffffu, (q & 1) ? lo : hi, 1);
+            const uint2 out = (q & 1) ? make_uint2(r2, hi) : make_uint2(lo, r2);
+            const int col = tile_col + 16 * jj + 4 * q;
+            if (!er)
+                continue;
+            if (col + 3 < p.v) {
+                *reinterpret_cast<uint2 *>(er + col) = out;
+            } else {
+                const uint32_t w[2] = {out.x, out.y};
+                for (int e = 0; e < 4 && col + e < p.v; e++)
+                    reinterpret_cast<uint16_t *>(er)[col + e] = (uint16_t)(w[e / 2] >> (16 * (e & 1)));
+            }
+        }
+    }
+}
+
+/* Gather epilogue: each listed column of this row tile is held by one lane of the row's quad
+ * (column 8j + 2·(lane % 4) + e of the tile); that lane writes its logit to g at the entry's slot.
+ * The register is picked by an unrolled compare (registers cannot be indexed at run time). */
+__device__ __forceinline__ void gather_cols(const float (&acc)[kAcc], const Params &p, const Fx &x, Frag f,
+                                            int ni)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const long long row = f.row0 + 8 * h;
+        if (row >= p.n)
+            continue;
+        const int *off = x.sp_off + row * (p.ntiles + 1) + ni;
+        const int end = off[1];
+        for (int q = off[0]; q < end; q++) {
+            const int2 it = x.sp_list[row * x.sp_l + q];
+            const int local = it.x - ni * kBN;
+            if (((local >> 1) & 3) != (int)(threadIdx.x & 3))
+                continue;
+            const int jt = local >> 3, e = local & 1;
+            float val = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kBN / 8; j++)
+                if (j == jt)
+                    val = e ? acc[4 * j + 2 * h + 1] : acc[4 * j + 2 * h];
+            x.g[row * x.sp_l + it.y] = val;
+        }
+    }
+}
+
 /* No epilogue (benchmark): the accumulators go to a store guarded by p.sink, which is NULL at
  * run time; the compiler must keep every wgmma result, so the main loop is timed as it runs. */
 __device__ __forceinline__ void sink_acc(const float (&acc)[kAcc], const Params &p)
@@ -328,13 +430,22 @@ __device__ __forceinline__ void sink_acc(const float (&acc)[kAcc], const Params 
 }
 
 template <int kEpi>
-__device__ __forceinline__ void epilogue(const float (&acc)[kAcc], const Params &p, Frag f, int ni)
+__device__ __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &x, Frag f,
+                                         int ni)
 {
-    if (kEpi == kEpiLogits || kEpi == kEpiLogitsStats)
+    if (kEpi & kEpiGather)
+        gather_cols(acc, p, x, f, ni);
+    if (kEpi & kEpiLogits)
         store_logits(acc, p, f);
-    if (kEpi == kEpiStats || kEpi == kEpiLogitsStats)
+    if (kEpi & kEpiExp)
+        store_exp(acc, p, x, f);
+    /* The statistics after the exp pass, fenced: left to interleave the two, the compiler needs
+     * more than the 168 registers and spills (ptxas -v: 400 bytes); in this order, none. */
+    if ((kEpi & kEpiStats) && (kEpi & kEpiExp))
+        fence_regs(acc);
+    if (kEpi & kEpiStats)
         store_stats(acc, p, f, ni);
-    if (kEpi == kEpiNone)
+    if (kEpi & kEpiNone)
         sink_acc(acc, p);
 }
 
@@ -342,7 +453,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[kAcc], const Params 
  * every tile of the CTA, rows 64·cw.. of each. Ping-pong: the CTA's tiles cw, cw + 2, .. whole,
  * each main loop after the other consumer's turn (its previous tile's stages all waited for). */
 template <int kEpi, class S>
-__device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
+__device__ __forceinline__ void consume(const Params &p, const Fx &x, uint32_t base, int cw)
 {
     float acc[kAcc];
 #pragma unroll
@@ -361,7 +472,7 @@ __device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
         if (S::kPP && (cw == 1 || mine > 0))
             mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1), r.failed, p.err);
         mma_tile<S>(acc, p, base, cw, a_row, r);
-        epilogue<kEpi>(acc, p, frag_of<S>(mi, ni, a_row), ni);
+        epilogue<kEpi>(acc, p, x, frag_of<S>(mi, ni, a_row), ni);
     }
 }
 
@@ -371,7 +482,7 @@ __device__ __forceinline__ void consume(const Params &p, uint32_t base, int cw)
 template <int kEpi, bool kPP>
 __global__ void __launch_bounds__(kThreads, 1)
 lmhead_kernel(const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_w,
-              const Params p)
+              const Params p, const __grid_constant__ Fx fx)
 {
     using S = Sched<kPP>;
     extern __shared__ unsigned char smem_raw[];
@@ -392,7 +503,7 @@ lmhead_kernel(const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ 
             produce<S>(&tm_h, &tm_w, p, base);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        consume<kEpi, S>(p, base, threadIdx.x / 128 - 1);
+        consume<kEpi, S>(p, fx, base, threadIdx.x / 128 - 1);
     }
 }
 
@@ -465,7 +576,8 @@ Params params_of(tkd_lmhead_sm90_ws *ws, int64_t n, int d, int v)
 }
 
 template <int kEpi, bool kPP>
-tkd_status launch_sched(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, Params p)
+tkd_status launch_sched(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, Params p,
+                        const Fx &fx)
 {
     using S = Sched<kPP>;
     p.mtiles = (int)((p.n + S::kTileM - 1) / S::kTileM);
@@ -481,16 +593,17 @@ tkd_status launch_sched(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_
         grid = p.tiles;
     TKD_CUDA_CHECK(cudaFuncSetAttribute(lmhead_kernel<kEpi, kPP>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::kSmemBytes));
-    lmhead_kernel<kEpi, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes>>>(tm_h, tm_w, p);
+    lmhead_kernel<kEpi, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes>>>(tm_h, tm_w, p, fx);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
 
 template <int kEpi>
-tkd_status launch(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, const Params &p)
+tkd_status launch(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w, int d, const Params &p,
+                  const Fx &fx = Fx{})
 {
-    return ws->sched == TKD_LMHEAD_SM90_SCHED_COOP ? launch_sched<kEpi, false>(ws, h, w, d, p)
-                                                   : launch_sched<kEpi, true>(ws, h, w, d, p);
+    return ws->sched == TKD_LMHEAD_SM90_SCHED_COOP ? launch_sched<kEpi, false>(ws, h, w, d, p, fx)
+                                                   : launch_sched<kEpi, true>(ws, h, w, d, p, fx);
 }
 
 tkd_status check_z(const float *z, int v, int64_t ldz)
@@ -510,6 +623,40 @@ tkd_status set_stats(Params &p, float *part, float tau)
     p.part = part;
     p.l2e_tau = kLog2e / tau;
     p.tau_mode = tau == 1.0f ? 1 : tau == 2.0f ? 2 : 0;
+    return TKD_OK;
+}
+
+/* The fused epilogues' arguments into p; which parts run follows from what is set. */
+tkd_status set_fused(Params &p, Fx &x, const tkd_lmhead_sm90_fused *f, int &epi)
+{
+    epi = 0;
+    if (f->part) {
+        TKD_TRY(set_stats(p, f->part, f->tau));
+        epi |= kEpiStats;
+    }
+    if (f->e) {
+        if (f->lde < p.v || f->lde % 2 != 0 || (uintptr_t)f->e % 4 != 0 || !f->ref ||
+            !(f->tau > 0.0f) || !isfinite(f->tau))
+            return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: exp epilogue needs lde >= V "
+                                 "(%d) and even (got %lld), e 4-byte aligned, ref and τ > 0", p.v,
+                                 (long long)f->lde);
+        x.e = reinterpret_cast<__nv_bfloat16 *>(f->e);
+        x.lde = f->lde;
+        x.ref = f->ref;
+        x.ref_scale = f->ref_scale;
+        x.l2e_k = f->k_one ? kLog2e : kLog2e / f->tau;
+        epi |= kEpiExp;
+    }
+    if (f->sp_off) {
+        if (!f->sp_list || !f->g || f->sp_l < 1)
+            return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: gather needs sp_list, g and "
+                                 "sp_l >= 1 (got %d)", f->sp_l);
+        x.sp_off = f->sp_off;
+        x.sp_list = reinterpret_cast<const int2 *>(f->sp_list);
+        x.sp_l = f->sp_l;
+        x.g = f->g;
+        epi |= kEpiGather;
+    }
     return TKD_OK;
 }
 
@@ -601,6 +748,31 @@ extern "C" tkd_status tkd_lmhead_sm90_logits_stats(tkd_lmhead_sm90_ws *ws, const
     p.z = z;
     p.ldz = ldz;
     return launch<kEpiLogitsStats>(ws, h, w, d, p);
+}
+
+extern "C" float tkd_lmhead_sm90_exp_scale(float tau, int k_one)
+{
+    return k_one ? kLog2e : kLog2e / tau;
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_fused_run(tkd_lmhead_sm90_ws *ws, const uint16_t *h,
+                                                const uint16_t *w, int64_t n, int d, int v,
+                                                const tkd_lmhead_sm90_fused *f)
+{
+    TKD_TRY(check_shape(h, w, n, d, v));
+    Params p = params_of(ws, n, d, v);
+    Fx x = {};
+    int epi = 0;
+    TKD_TRY(set_fused(p, x, f, epi));
+    switch (epi) { /* the combinations the loss runs, each one kernel */
+    case kEpiStats | kEpiGather: return launch<kEpiStats | kEpiGather>(ws, h, w, d, p, x);
+    case kEpiExp | kEpiGather: return launch<kEpiExp | kEpiGather>(ws, h, w, d, p, x);
+    case kEpiStats | kEpiExp | kEpiGather:
+        return launch<kEpiStats | kEpiExp | kEpiGather>(ws, h, w, d, p, x);
+    default:
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "lmhead_sm90: fused epilogue 0x%x: only "
+                             "statistics + gather, exp + gather, and all three are built", epi);
+    }
 }
 
 extern "C" tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h,

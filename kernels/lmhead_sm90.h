@@ -10,8 +10,10 @@
  *           into part, then tkd_lmhead_sm90_lse combines them into per-row log-sum-exps at scale 1
  *           and at scale 1/τ: lse1 = log Σ_v exp(z_v), lset = log Σ_v exp(z_v / τ); the fp32
  *           logits never reach device memory;
- *   logits_stats: both from the same accumulators in one pass (the loss still needs the logits for
- *           its teacher-column gather and the gradient, but no longer reads them for the LSEs).
+ *   logits_stats: both from the same accumulators in one pass (the loss's fallback for the
+ *           two-softmax gradient: τ ≠ 1 with 0 < α < 1);
+ *   fused: statistics, the gradient tile as bf16 exps and the gather of listed columns, in the
+ *           combinations the loss runs (tkd_lmhead_sm90_fused_run below).
  * Every output element and partial is computed the same way whichever CTA or schedule runs its
  * tile, so results do not depend on the grid (tests check it bit for bit).
  *
@@ -84,6 +86,36 @@ tkd_status tkd_lmhead_sm90_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h, cons
 tkd_status tkd_lmhead_sm90_logits_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *h,
                                         const uint16_t *w, int64_t n, int d, int v, float tau,
                                         float *z, int64_t ldz, float *part);
+
+/* The loss's fused passes (kernels/kl_loss_cuda.cu), z = h wᵀ never written. Which parts run
+ * follows from what is set; the combinations built are statistics + gather (recompute forward),
+ * exp + gather (recompute backward) and all three (grad_in_forward):
+ *   part (stats): as tkd_lmhead_sm90_stats, at tau.
+ *   e (exp): e (N, lde) bf16 = exp2(z · l2e_k − ref[i] · ref_scale), l2e_k =
+ *       tkd_lmhead_sm90_exp_scale(tau, k_one) (log2 e, or log2 e / τ); with the statistics it
+ *       reuses their exps. With ref = the row's log-sum-exp at that scale (ref_scale = log2 e) it is
+ *       the softmax; with any ref ≤ max z it is the softmax up to a per-row factor, and finite
+ *       while k · (max z − ref) < 88. lde ≥ V and even, e 4-byte aligned; columns [V, lde) untouched.
+ *   gather (sp_off): g[i · sp_l + slot] = z[i, col] for every (col, slot) pair of row i's list
+ *       sp_list[i · sp_l ..] (int pairs, sorted by col, 0 ≤ col < V), whose entries for V-tile t
+ *       are [sp_off[i · (tiles + 1) + t], sp_off[i · (tiles + 1) + t + 1]). */
+typedef struct tkd_lmhead_sm90_fused {
+    float tau;
+    float *part;
+    uint16_t *e;
+    int64_t lde;
+    const float *ref;
+    float ref_scale;
+    int k_one;
+    const int *sp_off;
+    const int32_t *sp_list;
+    int sp_l;
+    float *g;
+} tkd_lmhead_sm90_fused;
+
+float tkd_lmhead_sm90_exp_scale(float tau, int k_one);
+tkd_status tkd_lmhead_sm90_fused_run(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
+                                     int64_t n, int d, int v, const tkd_lmhead_sm90_fused *f);
 
 /* For the benchmark: the same GEMM with no epilogue (writes nothing: the accumulators feed a store
  * behind a run-time condition that never holds, so no wgmma can be dropped); its time is the main

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "common/rng.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -500,6 +501,155 @@ static void test_logits_stats(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* ---- the loss's fused epilogues ------------------------------------------------------------- */
+
+#define SP_L 7 /* special slots per row in test_fused */
+
+/* Row i's special list: up to SP_L (column, slot) pairs, some slots left out (as an invalid index
+ * would be), one column repeated, sorted by (column, slot); off (tiles + 1) per row. */
+static void fused_lists(int64_t n, int v, uint64_t seed, int32_t *list, int *off)
+{
+    const int tiles = tkd_lmhead_sm90_vtiles(v);
+    for (int64_t i = 0; i < n; i++) {
+        int32_t *l = list + i * SP_L * 2;
+        int c = 0;
+        for (int slot = 0; slot < SP_L; slot++) {
+            uint64_t st = seed * 1000003u + (uint64_t)i * SP_L + slot;
+            const uint64_t r = tkd_rng_splitmix64(&st);
+            if (slot == 3 && i % 2)
+                continue; /* a left-out slot */
+            int col = slot == 5 && c > 0 ? l[0] : (int)(r % (uint64_t)v); /* slot 5: a repeat */
+            l[2 * c] = col, l[2 * c + 1] = slot;
+            c++;
+        }
+        for (int a = 1; a < c; a++) /* insertion sort by (column, slot) */
+            for (int b = a; b > 0 && (l[2 * b - 2] > l[2 * b] || (l[2 * b - 2] == l[2 * b] &&
+                                                                  l[2 * b - 1] > l[2 * b + 1])); b--) {
+                int32_t t0 = l[2 * b - 2], t1 = l[2 * b - 1];
+                l[2 * b - 2] = l[2 * b], l[2 * b - 1] = l[2 * b + 1], l[2 * b] = t0, l[2 * b + 1] = t1;
+            }
+        for (int t = 0; t <= tiles; t++) {
+            int k = 0;
+            while (k < c && l[2 * k] < t * TKD_LMHEAD_SM90_BN)
+                k++;
+            off[i * (tiles + 1) + t] = k;
+        }
+    }
+}
+
+/* One fused launch of parts `parts` (1 stats, 2 exp; gather always) against the logits zref
+ * (ldz) and the stats partials pref: gathered logits bit-equal, partials bit-equal, E within
+ * bf16 rounding of exp2(z·l2e_k − ref·ref_scale) computed from zref, untouched slots, columns
+ * [V, lde) and the guard row still poisoned. Returns the number of failures. */
+static int check_fused(tkd_lmhead_sm90_ws *ws, const inputs *in, const float *zref, int64_t ldz,
+                       const float *pref, float tau, int parts, int k_one, const char *what)
+{
+    const int tiles = tkd_lmhead_sm90_vtiles(in->v);
+    const int64_t n = in->n, lde = (in->v + 15) / 16 * 16 + 16;
+    const size_t pf = tkd_lmhead_sm90_part_floats(n, in->v), eb = (size_t)(n + 1) * lde * 2;
+    int32_t *list = tkd_test_xmalloc((size_t)n * SP_L * 8);
+    int *off = tkd_test_xmalloc((size_t)n * (tiles + 1) * 4);
+    fused_lists(n, in->v, 7 + (uint64_t)parts, list, off);
+    float *ref = tkd_test_xmalloc((size_t)n * 4), *g = tkd_test_xmalloc((size_t)n * SP_L * 4);
+    float *part = tkd_test_xmalloc(pf * 4);
+    uint16_t *e = tkd_test_xmalloc(eb);
+    for (int64_t i = 0; i < n; i++) /* a reference below the row's max (a logit of the row) */
+        ref[i] = zref[i * ldz + (i * 7919) % in->v];
+    int32_t *dlist = tkd_test_dev_alloc((size_t)n * SP_L * 8);
+    int *doff = tkd_test_dev_alloc((size_t)n * (tiles + 1) * 4);
+    float *dref = tkd_test_dev_alloc((size_t)n * 4), *dg = tkd_test_dev_alloc((size_t)n * SP_L * 4);
+    float *dp = tkd_test_dev_alloc(pf * 4);
+    uint16_t *de = tkd_test_dev_alloc(eb);
+    tkd_test_to_dev(dlist, list, (size_t)n * SP_L * 8);
+    tkd_test_to_dev(doff, off, (size_t)n * (tiles + 1) * 4);
+    tkd_test_to_dev(dref, ref, (size_t)n * 4);
+    tkd_test_poison(dg, (size_t)n * SP_L * 4), tkd_test_poison(dp, pf * 4), tkd_test_poison(de, eb);
+    tkd_lmhead_sm90_fused f = {.tau = tau, .k_one = k_one, .sp_off = doff, .sp_list = dlist,
+                               .sp_l = SP_L, .g = dg};
+    if (parts & 1)
+        f.part = dp;
+    if (parts & 2)
+        f.e = de, f.lde = lde, f.ref = dref, f.ref_scale = tkd_lmhead_sm90_exp_scale(tau, k_one);
+    tkd_test_ok(tkd_lmhead_sm90_fused_run(ws, in->dh, in->dw, n, in->d, in->v, &f), what);
+    tkd_test_ok(tkd_lmhead_sm90_sync(ws), what);
+    tkd_test_to_host(g, dg, (size_t)n * SP_L * 4, NULL);
+    tkd_test_to_host(part, dp, pf * 4, NULL);
+    tkd_test_to_host(e, de, eb, NULL);
+    int bad = (parts & 1) ? same_partials(part, pref, pf, in->v, what) : 0;
+    const double l2e_k = tkd_lmhead_sm90_exp_scale(tau, k_one);
+    for (int64_t i = 0; i < n; i++) {
+        int listed[SP_L] = {0};
+        for (int k = 0; k < off[i * (tiles + 1) + tiles]; k++) {
+            const int col = list[(i * SP_L + k) * 2], slot = list[(i * SP_L + k) * 2 + 1];
+            listed[slot] = 1;
+            if (memcmp(&g[i * SP_L + slot], &zref[i * ldz + col], 4) != 0 && bad++ < MAX_PRINTS)
+                printf("  %s: row %lld slot %d (column %d): gathered %.9g, logit %.9g\n", what,
+                       (long long)i, slot, col, g[i * SP_L + slot], zref[i * ldz + col]);
+        }
+        for (int slot = 0; slot < SP_L; slot++)
+            if (!listed[slot] && !is_poison(g[i * SP_L + slot]) && bad++ < MAX_PRINTS)
+                printf("  %s: row %lld slot %d is not listed but was written\n", what, (long long)i, slot);
+        for (int64_t c = 0; (parts & 2) && c < lde; c++) {
+            const uint16_t b = e[i * lde + c];
+            if (c >= in->v) {
+                if (b != 0xffffu && bad++ < MAX_PRINTS)
+                    printf("  %s: E row %lld col %lld past V was written\n", what, (long long)i, (long long)c);
+                continue;
+            }
+            const double x = exp2((double)zref[i * ldz + c] * (float)l2e_k - (double)(ref[i] * (float)l2e_k));
+            if (!(x > 1e-30 && x < 1e30))
+                continue; /* outside bf16's comfortable range (extreme rows): not judged */
+            const double got = tkd_bf16_to_f32(b);
+            if (!(fabs(got - x) <= 8e-3 * x) && bad++ < MAX_PRINTS)
+                printf("  %s: E row %lld col %lld: %.6g, expected %.6g\n", what, (long long)i, (long long)c, got, x);
+        }
+    }
+    for (int64_t c = 0; (parts & 2) && c < lde; c++)
+        if (e[n * lde + c] != 0xffffu && bad++ < MAX_PRINTS)
+            printf("  %s: E guard row col %lld was written\n", what, (long long)c);
+    cudaFree(dlist), cudaFree(doff), cudaFree(dref), cudaFree(dg), cudaFree(dp), cudaFree(de);
+    free(list), free(off), free(ref), free(g), free(part), free(e);
+    return bad;
+}
+
+/* The loss's fused passes (statistics + gather, exp + gather, all three; E at scale 1 and 1/τ)
+ * against the logits and statistics epilogues: ragged N, V and D, τ 1, 2 and 2.5, one CTA and the
+ * full grid. */
+static void test_fused(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    const int shapes[][3] = {{37, 40, 1003}, {300, 2048, 5000}, {1, 8, 5}, {517, 200, 3001}};
+    const float taus[] = {1.0f, 2.0f, 2.5f};
+    int bad = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        inputs in = inputs_make(shapes[s][0], shapes[s][1], shapes[s][2], 700 + s, s == 0);
+        const int64_t ldz = ldz_of(in.v);
+        float *zref = run_logits(ws, &in, ldz);
+        const size_t pf = tkd_lmhead_sm90_part_floats(in.n, in.v);
+        float *dp = tkd_test_dev_alloc(pf * 4), *pref = tkd_test_xmalloc(pf * 4);
+        for (int ti = 0; ti < 3; ti++) {
+            tkd_test_ok(tkd_lmhead_sm90_stats(ws, in.dh, in.dw, in.n, in.d, in.v, taus[ti], dp), "stats");
+            tkd_test_ok(tkd_lmhead_sm90_sync(ws), "stats sync");
+            tkd_test_to_host(pref, dp, pf * 4, NULL);
+            for (int parts = 1; parts <= 3; parts++)
+                for (int k_one = 0; k_one < (parts & 2 ? 2 : 1); k_one++)
+                    for (int ctas = 0; ctas <= (s == 0); ctas++) {
+                        char what[128];
+                        snprintf(what, sizeof what, "fused %s%s %lldx%dx%d tau %g k %s%s",
+                                 parts & 1 ? "stats+" : "", parts & 2 ? "exp+gather" : "gather",
+                                 (long long)in.n, in.d, in.v, taus[ti], k_one ? "1" : "1/tau",
+                                 ctas ? " (1 CTA)" : "");
+                        tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
+                        bad += check_fused(ws, &in, zref, ldz, pref, taus[ti], parts, k_one, what);
+                    }
+            tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+        }
+        cudaFree(dp), free(pref), free(zref);
+        inputs_free(&in);
+    }
+    assert_int_equal(bad, 0);
+}
+
 /* Refusals: D not a multiple of 8, τ ≤ 0, odd ldz, misaligned h; the benchmark's no-epilogue
  * launch runs and ends. */
 static void test_arguments(void **state)
@@ -561,6 +711,7 @@ int main(void)
         cmocka_unit_test(test_lse_vs_f64),
         cmocka_unit_test(test_stats_grid_invariant),
         cmocka_unit_test(test_logits_stats),
+        cmocka_unit_test(test_fused),
     };
     int failed = cmocka_run_group_tests_name("lmhead_sm90 ping-pong", tests, setup_pingpong, teardown);
     failed += cmocka_run_group_tests_name("lmhead_sm90 cooperative", tests, setup_coop, teardown);
