@@ -8,9 +8,13 @@
  * then dH_c = dS W and dW += dSᵀ H_c (bf16 operands, fp32 accumulation and fp32 outputs).
  * Gradient dtypes: dH (N, D) fp32 and dW (V, D) fp32, both device memory.
  * On compute capability 9.0 with D a multiple of 8 the logits GEMM is our own
- * (kernels/lmhead_sm90.h) and, in forward, its epilogue also makes the per-row statistics, so the
- * row kernel reads the chunk's logits once less; variant `tail` keeps cuBLAS. TKD_KL_SM90=0 in the
- * environment when the workspace is made forces cuBLAS (the fallback and the reference).
+ * (kernels/lmhead_sm90.h) and its epilogue does the row work (docs/loss.md, "the fused path"): in
+ * forward the per-row statistics and the gather of the special columns, so no logits are written;
+ * where the gradient's dense part is one softmax (τ = 1, α = 1 or α = 0) also the gradient tile as
+ * bf16 exps, scaled per row in dH and dW; chunks then hold twice the rows. Otherwise the fp32
+ * logits chunk makes the gradient. Variant `tail` keeps cuBLAS. TKD_KL_FUSED=0 in the environment
+ * when the workspace is made turns the fused path off, TKD_KL_SM90=0 forces cuBLAS (the fallback
+ * and the reference).
  *
  * All work runs on the legacy default stream (stream 0) of the current device, so a caller's
  * cudaMemset/cudaMemcpy before or after is ordered with it. Nothing synchronises with the host

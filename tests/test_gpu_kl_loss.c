@@ -4,12 +4,14 @@
  * exits 77 (skipped) where no GPU answers or the build has no CUDA backend.
  *
  * Every test runs twice, as two cmocka groups: on the default path (our sm90 logits GEMM with the
- * row statistics in its epilogue, where the device is compute capability 9.0 and D % 8 == 0) and
- * with TKD_KL_SM90=0 (cuBLAS + the row kernel's own statistics pass: the fallback). The tests
- * written before the sm90 path are unchanged; test_path_engaged says which path each group ran
- * (so a silent fallback cannot pass for the sm90 path), test_deterministic that repeated calls give
- * the same bits, test_paths_agree that both paths give the same answers closer than to the
- * reference.
+ * row work in its epilogue, where the device is compute capability 9.0 and D % 8 == 0: the fused
+ * path — statistics, gather and, where the gradient is one softmax, the bf16 gradient tile — else
+ * the fp32 logits it writes) and with TKD_KL_SM90=0 (cuBLAS + the row kernel's own statistics
+ * pass: the fallback). The tests written before the sm90 path are unchanged, so the variant grid
+ * runs the fused path wherever it applies; test_path_engaged says which path each group ran (so a
+ * silent fallback cannot pass for the sm90 path), test_deterministic that repeated calls give the
+ * same bits, test_paths_agree that the three paths agree and that the fused one is no less
+ * accurate, test_extreme_logits that the fused path's slow rows run and are right.
  *
  * Tolerances (relative unless said):
  *   loss, KD, CE: |Δ| ≤ 2e-4 + 2e-4·|ref|. The logits are fp32 sums of bf16 products (exact
