@@ -198,7 +198,7 @@ static void run_once(run_ctx *c, run_kind kind)
     case RUN_FLOOR4:
     case RUN_FLOOR3:
         CHECK(tkd_kl_bench_gemm_floor(c->ws, &c->x->b, kind == RUN_FLOOR4, c->ds, c->x->dh,
-                                     c->x->dw));
+                                     c->x->dw, c->p.dw_overwrite));
         break;
     default:
         CHECK(tkd_kl_bench_lmhead(c->ws, c->lw, &p, &c->x->b, (int)kind - RUN_LM_FIRST, c->part,
@@ -268,6 +268,8 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
     c.x = &x;
     tkd_kl_params_defaults(&c.p, BENCH_K);
     c.p.chunk_rows = chunk;
+    c.p.dw_overwrite = 1; /* as student-train's first micro-batch of a step calls it (and PyTorch
+                           * writes its dW): every timed run then makes the same dW */
     tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, s->n, s->d, s->v);
     if (st == TKD_ERR_DEVICE_OOM) {
         for (int m = 0; m < 6; m++) {

@@ -128,7 +128,7 @@ __global__ void fill_bf16_kernel(__nv_bfloat16 *x, size_t n, uint64_t seed, floa
 
 extern "C" tkd_status tkd_kl_bench_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
                                               int recompute, const uint16_t *ds, float *dh,
-                                              float *dw)
+                                              float *dw, int overwrite)
 {
     const int passes = recompute ? 2 : 1; /* recompute: the logits once per forward and backward */
     for (int pass = 0; pass < passes; pass++)
@@ -137,7 +137,7 @@ extern "C" tkd_status tkd_kl_bench_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_c
             TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
             if (pass == passes - 1) {
                 TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ds, dh));
-                TKD_TRY(tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ds, dw));
+                TKD_TRY(tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ds, dw, !(overwrite && row0 == 0)));
             }
         }
     TKD_CUDA_CHECK(cudaDeviceSynchronize());

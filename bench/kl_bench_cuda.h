@@ -21,12 +21,13 @@ extern "C" {
 #endif
 
 /* The plain GEMMs the method must do, with the same shapes, dtypes, layouts and chunking and
- * nothing else: per chunk the logits GEMM (twice when recompute), dS·W and dSᵀ·H_c (beta = 1).
+ * nothing else: per chunk the logits GEMM (twice when recompute), dS·W and dSᵀ·H_c (beta = 1;
+ * 0 in the first chunk with overwrite, as the loss does with tkd_kl_params.dw_overwrite).
  * ds (C, 2·ldl) bf16 device is a caller-filled stand-in for dS, ideally random
  * (tkd_kl_bench_ds_elems gives its size in bf16 elements); dh (N, D), dw (V, D) fp32 device.
  * Synchronises at the end. */
 tkd_status tkd_kl_bench_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int recompute,
-                                   const uint16_t *ds, float *dh, float *dw);
+                                   const uint16_t *ds, float *dh, float *dw, int overwrite);
 size_t tkd_kl_bench_ds_elems(const tkd_kl_cuda_ws *ws);
 
 /* Per-stage device time (ms, summed over chunks) of one recompute forward + backward and one

@@ -45,6 +45,10 @@ typedef struct tkd_kl_params {
     int ignore_index;    /* label value that excludes a row (HF convention: -100) */
     float grad_scale;    /* grad_in_forward only: forward makes the gradients of grad_scale·loss
                           * (backward's `scale` cannot reach them); default 1 */
+    int dw_overwrite;    /* 1: dw holds no gradient yet (zeros, or anything to be replaced): the
+                          * call that makes the gradients writes dW instead of adding to it (its
+                          * first chunk does not read dw: V·D·4 bytes less); a call with no rows
+                          * leaves dw as it was. 0 (default): dW += */
 } tkd_kl_params;
 
 /* Sets the defaults: renorm, τ = 1, alpha = 1, k_use = k, s = 0, chunk auto, recompute mode,

@@ -348,7 +348,8 @@ static tkd_status run_chunks(chunk_job job, float *dh, float *dw, double *kd_sum
             continue;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, d, v, 1.0f, job.ws->buf, v, b->w, d,
                     0.0f, dh + r0 * d, d);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, v, d, (int)rows, 1.0f, job.ws->buf, v, hc, d, 1.0f,
+        const float beta = job.p->dw_overwrite && r0 == 0 ? 0.0f : 1.0f; /* dw_overwrite: write, not add */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, v, d, (int)rows, 1.0f, job.ws->buf, v, hc, d, beta,
                     dw, d);
     }
     return TKD_OK;

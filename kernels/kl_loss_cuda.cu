@@ -1086,13 +1086,14 @@ static tkd_status gemm_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_
     return TKD_OK;
 }
 
-/* dW (V, D) fp32 += dSᵀ · x (x: (rows, D) bf16, H_c or its scaled copy); ds as gemm_dh. */
+/* dW (V, D) fp32 += dSᵀ · x (x: (rows, D) bf16, H_c or its scaled copy), or = when !accumulate;
+ * ds as gemm_dh. */
 static tkd_status gemm_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, const uint16_t *x,
-                          int rows, const void *ds, long long ld, float *dw)
+                          int rows, const void *ds, long long ld, float *dw, int accumulate)
 {
-    const float one = 1.0f;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     TKD_CUBLAS_CHECK(cublasGemmEx(ws->blas, CUBLAS_OP_N, CUBLAS_OP_T, b->d, b->v, rows, &one, x,
-                                  CUDA_R_16BF, b->d, ds, CUDA_R_16BF, (int)ld, &one, dw,
+                                  CUDA_R_16BF, b->d, ds, CUDA_R_16BF, (int)ld, &beta, dw,
                                   CUDA_R_32F, b->d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return TKD_OK;
 }
@@ -1105,9 +1106,10 @@ extern "C" tkd_status tkd_kl_cuda_chunk_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda
 }
 
 extern "C" tkd_status tkd_kl_cuda_chunk_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b,
-                                           int64_t row0, int rows, const void *ds, float *dw)
+                                           int64_t row0, int rows, const void *ds, float *dw,
+                                           int accumulate)
 {
-    return gemm_dw(ws, b, b->h + row0 * b->d, rows, ds, 2 * ws->ldl, dw);
+    return gemm_dw(ws, b, b->h + row0 * b->d, rows, ds, 2 * ws->ldl, dw, accumulate);
 }
 
 extern "C" int tkd_kl_cuda_sm90_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p)
@@ -1389,7 +1391,7 @@ static tkd_status fused_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
     scale_h_kernel<<<grid_for(nd), 256>>>(reinterpret_cast<const __nv_bfloat16 *>(h), ws->sigma,
                                          rows, b->d, reinterpret_cast<__nv_bfloat16 *>(ws->hs));
     TKD_CUDA_CHECK(cudaGetLastError());
-    return gemm_dw(ws, b, ws->hs, rows, e, ws->ldl, dw);
+    return gemm_dw(ws, b, ws->hs, rows, e, ws->ldl, dw, !(p->dw_overwrite && row0 == 0));
 }
 
 /* One chunk on the fp32-logits paths (sm90 GEMM or cuBLAS): logits, the row kernel (dS in place
@@ -1410,7 +1412,7 @@ static tkd_status logits_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
     TKD_TRY(mark(mk, mk_ctx, 2));
     TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ws->chunk_buf, dh));
     TKD_TRY(mark(mk, mk_ctx, 3));
-    return tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw);
+    return tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw, !(p->dw_overwrite && row0 == 0));
 }
 
 extern "C" tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,

@@ -143,12 +143,13 @@ tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                   const tkd_kl_cuda_batch *b, tkd_kl_cuda_rows_mode mode,
                                   int64_t row0, int rows, float grad_scale);
 
-/* dH_c (rows, D) fp32 = dS · W (overwrites rows row0.. of dh); dW (V, D) fp32 += dSᵀ · H_c.
+/* dH_c (rows, D) fp32 = dS · W (overwrites rows row0.. of dh); dW (V, D) fp32 += dSᵀ · H_c
+ * (= when !accumulate).
  * ds (rows, 2·ldl) bf16: ws->chunk_buf after a gradient mode, or any stand-in of that shape. */
 tkd_status tkd_kl_cuda_chunk_dh(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
                                 int rows, const void *ds, float *dh);
 tkd_status tkd_kl_cuda_chunk_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
-                                int rows, const void *ds, float *dw);
+                                int rows, const void *ds, float *dw, int accumulate);
 
 #ifdef __cplusplus
 }

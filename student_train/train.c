@@ -518,6 +518,9 @@ static tkd_status train_step(trainer *tr, step_stats *ss)
         tkd_status st = next_batch(tr, &b);
         if (st != TKD_OK)
             return tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);
+        /* The step's gradients were just zeroed and the loss writes the LM head's first: its
+         * first micro-batch may write that dW instead of adding to zeros (a V·D·4-byte read less). */
+        tr->kp.dw_overwrite = a == 0;
         st = micro_step(tr, b, a + 1 == tr->cfg->grad_accum, ss);
         if (st != TKD_OK)
             return b->b > 0 ? batch_error(st, tr, b) : tkd_error_prefix(st, "step %" PRId64, tr->st.step + 1);

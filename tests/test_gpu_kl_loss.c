@@ -227,13 +227,22 @@ static void ctx_free(gpu_ctx *x)
 
 /* Forward + gradients on the GPU (recompute: forward then backward(scale); grad_in_forward:
  * forward with p->grad_scale = scale). dH is poisoned with NaN first, so an unwritten element
- * fails; dW is zeroed (it accumulates). */
+ * fails; dW is zeroed (it accumulates), or poisoned too with p->dw_overwrite (it must be written). */
 static void gpu_run(gpu_ctx *x, const gcase *c, const tkd_kl_params *p, float scale,
                     tkd_kl_result *res)
 {
     size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
     assert_int_equal(tkd_cuda_to_device(x->dh, x->poison, nh * 4), TKD_OK);
-    assert_int_equal(tkd_cuda_memzero(x->dw, nw * 4), TKD_OK);
+    if (p->dw_overwrite) {
+        float *nan_w = malloc(nw * 4 + 4);
+        assert_non_null(nan_w);
+        for (size_t i = 0; i < nw; i++)
+            nan_w[i] = NAN;
+        assert_int_equal(tkd_cuda_to_device(x->dw, nan_w, nw * 4), TKD_OK);
+        free(nan_w);
+    } else {
+        assert_int_equal(tkd_cuda_memzero(x->dw, nw * 4), TKD_OK);
+    }
     tkd_kl_params q = *p;
     tkd_status st;
     if (q.grad_in_forward) {
@@ -305,6 +314,7 @@ static errs check_params(gpu_ctx *x, const gcase *c, const tkd_kl_params *p0, fl
     for (int gif = 0; gif < 2; gif++) {
         tkd_kl_params p = *p0;
         p.grad_in_forward = gif;
+        p.dw_overwrite = gif; /* both dW semantics against the reference: written, and added to 0 */
         tkd_kl_result g;
         gpu_run(x, c, &p, scale, &g);
         errs e = compare(x, c, &g, &r, scale);

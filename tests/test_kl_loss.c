@@ -716,6 +716,43 @@ static void test_chunked_extreme_logits(void **state)
                   worst_loss_err, worst_extreme_grad_err);
 }
 
+/* dw_overwrite: dW written, not added, whatever dw held (NaN here), over several chunks and in both
+ * modes: the same values as adding into zeros; off again, it adds. */
+static void test_chunked_dw_overwrite(void **state)
+{
+    (void)state;
+    kcase c = kcase_make(37, 6, 31, 4, 0, 1.0, 401);
+    tkd_kl_batch b = kcase_batch(&c);
+    for (int gif = 0; gif < 2; gif++) {
+        tkd_kl_params p = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, 1.0, 0.5, 4, 4, 0);
+        p.chunk_rows = 5;
+        p.grad_in_forward = gif;
+        tkd_kl_cpu_ws *ws = NULL;
+        assert_int_equal(tkd_kl_cpu_ws_create(&ws, &p, 37, 6, 31), TKD_OK);
+        float dh[37 * 6], dw0[31 * 6], dw1[31 * 6];
+        tkd_kl_result res;
+        for (int ow = 0; ow < 2; ow++) {
+            float *dw = ow ? dw1 : dw0;
+            for (int i = 0; i < 31 * 6; i++)
+                dw[i] = ow ? NAN : 0.0f;
+            p.dw_overwrite = ow;
+            assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &res, dh, dw), TKD_OK);
+            if (!gif)
+                assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 1.0f, dh, dw), TKD_OK);
+        }
+        for (int i = 0; i < 31 * 6; i++)
+            assert_true(dw1[i] == dw0[i]); /* ±0 alike */
+        p.dw_overwrite = 0; /* adds again: twice the gradient */
+        assert_int_equal(tkd_kl_cpu_forward(ws, &p, &b, &res, dh, dw1), TKD_OK);
+        if (!gif)
+            assert_int_equal(tkd_kl_cpu_backward(ws, &p, &b, 1.0f, dh, dw1), TKD_OK);
+        for (int i = 0; i < 31 * 6; i++)
+            assert_true(fabsf(dw1[i] - 2.0f * dw0[i]) <= 1e-6f * (1.0f + fabsf(dw0[i])));
+        tkd_kl_cpu_ws_free(ws);
+    }
+    kcase_free(&c);
+}
+
 /* backward scales by `scale` and accumulates into dw; a workspace serves smaller batches;
  * grad_scale reaches grad_in_forward; a mismatched scale is refused. */
 static void test_chunked_scale_accumulate_reuse(void **state)
@@ -786,6 +823,7 @@ int main(void)
         cmocka_unit_test(test_chunked_small_shapes),
         cmocka_unit_test(test_chunked_extreme_logits),
         cmocka_unit_test(test_chunked_scale_accumulate_reuse),
+        cmocka_unit_test(test_chunked_dw_overwrite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
