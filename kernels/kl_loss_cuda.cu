@@ -560,21 +560,51 @@ __device__ float grad_special(const RowArgs &a, RowSmem m, const RowShared &sh, 
     return in_top ? g : g - grad_tail_term(s, c);
 }
 
-template <int VEC>
-__device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const RowShared &sh)
+/* The row's gradient coefficients (after row_finalize). */
+__device__ inline GradCoef grad_coef(const RowArgs &a, const RowShared &sh)
 {
-    const int v = a.v, tid = threadIdx.x;
-    const bool zero = !sh.kept || sh.bad;
     GradCoef c;
     c.zs = kLog2e / a.tau;
     c.zb = sh.lse_tau * kLog2e;
     c.os = kLog2e;
     c.ob = sh.lse_one * kLog2e;
     c.c_q = sh.c_off;
-    c.c_x = sh.c_x;
+    c.c_x = sh.c_x; /* 0 unless `tail` */
     c.xb = sh.x_b;
     c.c_ce = sh.c_ce;
     c.same_tau = a.tau == 1.0f;
+    return c;
+}
+
+/* out[pos] = bf16(dS · mul) at the row's special positions (top-k', draws, label). Writers of one
+ * position (repeated draws, label inside the top-k') store equal values. */
+__device__ void write_specials(const RowArgs &a, RowSmem m, const RowShared &sh, const GradCoef &c,
+                               __nv_bfloat16 *out, float mul)
+{
+    const int n_special = a.k_use + a.s + 1; /* a.s is 0 unless `sampled` (row_args) */
+    for (int j = threadIdx.x; j < n_special; j += blockDim.x) {
+        int pos;
+        float s;
+        if (j < a.k_use) {
+            pos = m.idx_i[j];
+            s = m.s_i[j];
+        } else if (j < n_special - 1) {
+            pos = m.idx_t[j - a.k_use];
+            s = m.s_t[j - a.k_use];
+        } else {
+            pos = sh.label;
+            s = sh.s_label;
+        }
+        out[pos] = __float2bfloat16_rn(grad_special(a, m, sh, c, pos, s) * mul);
+    }
+}
+
+template <int VEC>
+__device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const RowShared &sh)
+{
+    const int v = a.v, tid = threadIdx.x;
+    const bool zero = !sh.kept || sh.bad;
+    const GradCoef c = grad_coef(a, sh);
     __nv_bfloat16 *ds = reinterpret_cast<__nv_bfloat16 *>(row);
     const int nt = blockDim.x;
     for (int base = 0; base < v; base += VEC * 4 * nt) {
@@ -594,25 +624,8 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
         }
     }
     __syncthreads();
-    if (zero)
-        return;
-    int n_special = a.k_use + (a.variant == TKD_KL_VARIANT_SAMPLED ? a.s : 0) + 1;
-    for (int j = tid; j < n_special; j += blockDim.x) {
-        int pos;
-        float s;
-        if (j < a.k_use) {
-            pos = m.idx_i[j];
-            s = m.s_i[j];
-        } else if (j < n_special - 1) {
-            pos = m.idx_t[j - a.k_use];
-            s = m.s_t[j - a.k_use];
-        } else {
-            pos = sh.label;
-            s = sh.s_label;
-        }
-        /* Writers of one position (repeated draws, label inside the top-k') store equal values. */
-        ds[pos] = __float2bfloat16_rn(grad_special(a, m, sh, c, pos, s));
-    }
+    if (!zero)
+        write_specials(a, m, sh, c, ds, 1.0f);
 }
 
 /* ---- dS on the fused path: the dense part is E from the GEMM's epilogue ------------------------ */
@@ -669,33 +682,8 @@ __device__ void row_grad_fused(const RowArgs &a, long long r, RowSmem m, RowShar
     __syncthreads(); /* the slow path's E is written before the special positions */
     if (zero)
         return; /* sigma 0: E is finite (x bounded or remade as zeros) and contributes nothing */
-    GradCoef c;
-    c.zs = kLog2e / a.tau;
-    c.zb = sh.lse_tau * kLog2e;
-    c.os = kLog2e;
-    c.ob = sh.lse_one * kLog2e;
-    c.c_q = sh.c_off;
-    c.c_x = 0.0f; /* not `tail` */
-    c.xb = 0.0f;
-    c.c_ce = sh.c_ce;
-    c.same_tau = a.tau == 1.0f;
-    const float inv = sigma > 0.0f ? 1.0f / sigma : 0.0f;
-    int n_special = a.k_use + a.s + 1;
-    for (int j = threadIdx.x; j < n_special; j += blockDim.x) {
-        int pos;
-        float s;
-        if (j < a.k_use) {
-            pos = m.idx_i[j];
-            s = m.s_i[j];
-        } else if (j < n_special - 1) {
-            pos = m.idx_t[j - a.k_use];
-            s = m.s_t[j - a.k_use];
-        } else {
-            pos = sh.label;
-            s = sh.s_label;
-        }
-        er[pos] = __float2bfloat16_rn(grad_special(a, m, sh, c, pos, s) * inv);
-    }
+    /* each special position holds its exact dS over sigma, so that sigma · E is dS there too */
+    write_specials(a, m, sh, grad_coef(a, sh), er, sigma > 0.0f ? 1.0f / sigma : 0.0f);
 }
 
 /* One block per row of the chunk. */
