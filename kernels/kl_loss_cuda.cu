@@ -636,6 +636,21 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
  * is far below the row's max) or would overflow dH's fp32 sums: the row is then made again here. */
 constexpr float kMaxLog2SumE = 64.0f;
 
+/* h · w over d (even) bf16 values, fp32 sums in a fixed order, on every lane of the warp. */
+__device__ inline float warp_dot_bf16(const uint16_t *h, const uint16_t *w, int d)
+{
+    const __nv_bfloat162 *h2 = reinterpret_cast<const __nv_bfloat162 *>(h);
+    const __nv_bfloat162 *w2 = reinterpret_cast<const __nv_bfloat162 *>(w);
+    float acc = 0.0f;
+    for (int i = threadIdx.x % 32; i < d / 2; i += 32) {
+        const float2 x = __bfloat1622float2(h2[i]), y = __bfloat1622float2(w2[i]);
+        acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+    }
+    for (int off = 16; off > 0; off >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    return acc;
+}
+
 /* The slow path for one row (rare: the student's logit at the reference column is over ~44/k
  * below its max): E = exp(k·s − LSE_k) made from h and W with one warp per column; zeros for a
  * row whose gradient is zero. */
@@ -643,19 +658,10 @@ __device__ void row_exp_remake(const RowArgs &a, long long r, __nv_bfloat16 *er,
                                bool zero)
 {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    const __nv_bfloat162 *hr = reinterpret_cast<const __nv_bfloat162 *>(a.h + (a.row0 + r) * a.d);
+    const uint16_t *hr = a.h + (a.row0 + r) * a.d;
     const float lb = lse_k * kLog2e;
     for (int col = warp; col < a.v; col += nw) {
-        float acc = 0.0f;
-        if (!zero) {
-            const __nv_bfloat162 *wr = reinterpret_cast<const __nv_bfloat162 *>(a.w + (size_t)col * a.d);
-            for (int i = lane; i < a.d / 2; i += 32) {
-                const float2 x = __bfloat1622float2(hr[i]), y = __bfloat1622float2(wr[i]);
-                acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-            }
-            for (int off = 16; off > 0; off >>= 1)
-                acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        }
+        const float acc = zero ? 0.0f : warp_dot_bf16(hr, a.w + (size_t)col * a.d, a.d);
         if (lane == 0)
             er[col] = __float2bfloat16_rn(zero ? 0.0f : fast_exp2(fmaf(acc, a.l2e_k, -lb)));
     }
@@ -804,14 +810,7 @@ __global__ void sp_prep_kernel(SpArgs a, int rows)
         for (int i = 0; i < cnt; i++)
             if (raw[i].y == first)
                 col = raw[i].x;
-        const __nv_bfloat162 *hr = reinterpret_cast<const __nv_bfloat162 *>(a.h + r * a.d);
-        const __nv_bfloat162 *wr = reinterpret_cast<const __nv_bfloat162 *>(a.w + (size_t)col * a.d);
-        for (int i = lane; i < a.d / 2; i += 32) {
-            const float2 x = __bfloat1622float2(hr[i]), y = __bfloat1622float2(wr[i]);
-            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-        }
-        for (int off = 16; off > 0; off >>= 1)
-            acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        acc = warp_dot_bf16(a.h + r * a.d, a.w + (size_t)col * a.d, a.d);
     }
     if (lane == 0)
         a.ref[r] = acc;
