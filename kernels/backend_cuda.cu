@@ -31,6 +31,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
 #include "kernels/kl_loss_cuda.h"
+#include "kernels/lmhead_sm90.h"
 #include "kernels/ops_bwd_cuda.h"
 #include "kernels/ops_cuda.h"
 #include "kernels/tail_sample_cuda.h"
@@ -75,6 +76,9 @@ struct CudaImpl {
     int attn_bwd_dh = 0;
     float *stage = nullptr;        // (kStageFloats) fp32 staging of upload_f32 / download_f32
     Grow logits, idx, val, lse, tail, seq, pos;
+    tkd_lmhead_sm90_ws *lm = nullptr; /* our sm90 GEMM for the LM head's top-k, made at first use */
+    int lm_tried = 0;
+    Grow lm_scratch, lm_flags;        /* its candidates and statistics; its failure flags */
     GrowHost h_idx, h_val, h_lse, h_tail; /* pinned staging the copy stream writes into */
     tkd_cuda_bwd_ws *bwd = nullptr; /* backward workspace for up to bwd_rows rows of width bwd_d */
     int bwd_rows = 0, bwd_d = 0;
@@ -131,7 +135,9 @@ void cu_close(tkd_backend *be)
     tkd_cuda_free(c->norm2);
     tkd_cuda_free_host(c->h_norm2);
     tkd_cuda_free_host(c->h_wait_err);
-    for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos, &c->attn_delta})
+    tkd_lmhead_sm90_ws_free(c->lm);
+    for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos, &c->attn_delta,
+                    &c->lm_scratch, &c->lm_flags})
         tkd_cuda_free(g->p);
     for (GrowHost *g : {&c->h_idx, &c->h_val, &c->h_lse, &c->h_tail})
         tkd_cuda_free_host(g->p);
@@ -533,11 +539,77 @@ tkd_status lmhead_locate_nonfinite(CudaImpl *c, tkd_lmhead_topk_args *a, int64_t
     return tkd_error_restore(&keep);
 }
 
+/* Candidates per row the top-k epilogue keeps (tkd_lmhead_sm90_topk); a row with more takes the
+ * logits path. */
+constexpr int kTopkCap = 4096;
+
+/* Whether the LM head's top-k goes through our sm90 GEMM's epilogues (no fp32 logits): on compute
+ * capability 9.0 with D % 8 == 0 and no tail draws (they need the whole row), where it pays — two
+ * GEMM passes against one plus writing and reading back the logits: D ≤ 1024 (docs/PERFORMANCE.md)
+ * — or always with TKD_TOPK_FUSED=1; never with TKD_TOPK_FUSED=0. */
+bool lmhead_fused_ok(CudaImpl *c, const tkd_lmhead_topk_args *a)
+{
+    const char *env = getenv("TKD_TOPK_FUSED");
+    const bool force = env && strcmp(env, "1") == 0;
+    if ((env && strcmp(env, "0") == 0) || a->s > 0 || a->d % 8 != 0 || (a->d > 1024 && !force) ||
+        a->v > INT32_MAX || tkd_lmhead_sm90_vtiles((int)a->v) < a->k || a->k > kTopkCap)
+        return false;
+    if (!c->lm_tried) {
+        c->lm_tried = 1;
+        if (tkd_lmhead_sm90_ws_create(&c->lm) != TKD_OK) {
+            tkd_error_clear(); /* another device: the logits path is the answer */
+            c->lm = nullptr;
+        } else {
+            tkd_lmhead_sm90_ws_set_stream(c->lm, c->stream);
+        }
+    }
+    return c->lm != nullptr;
+}
+
+/* The fused LM head over all chunks; *redo when a row had more than kTopkCap candidates or a
+ * non-finite logit (the caller then takes the logits path, which also names a bad logit). */
+tkd_status lmhead_topk_fused(CudaImpl *c, tkd_lmhead_topk_args *a, int64_t C, bool *redo)
+{
+    TKD_TRY(grow(&c->lm_scratch, tkd_lmhead_sm90_topk_bytes(C, (int)a->v, kTopkCap),
+                 "lm_head: top-k candidates", "lower lm_head.chunk_rows or run.batch_size"));
+    TKD_TRY(grow(&c->lm_flags, 2 * sizeof(unsigned), "lm_head: top-k flags", nullptr));
+    const unsigned init[2] = {0u, 0xffffffffu};
+    unsigned flags[2];
+    unsigned *d_flags = static_cast<unsigned *>(c->lm_flags.p);
+    TKD_CUDA_CHECK(cudaMemcpyAsync(d_flags, init, sizeof init, cudaMemcpyHostToDevice, c->stream));
+    for (int64_t r0 = 0; r0 < a->rows; r0 += C) {
+        if (tkd_interrupted())
+            return tkd_error_set(TKD_ERR_INTERRUPTED, "interrupted");
+        int64_t n = a->rows - r0 < C ? a->rows - r0 : C;
+        TKD_TRY(tkd_lmhead_sm90_topk(c->lm, static_cast<const uint16_t *>(a->hidden) + r0 * a->d,
+                                     static_cast<const uint16_t *>(a->w), n, a->d, (int)a->v, a->k,
+                                     a->tau, kTopkCap, c->lm_scratch.p, d_flags,
+                                     static_cast<uint32_t *>(c->idx.p) + r0 * a->k,
+                                     static_cast<float *>(c->val.p) + r0 * a->k,
+                                     static_cast<float *>(c->lse.p) + r0));
+        TKD_TRY(lmhead_copy_chunk(c, a, r0, n));
+    }
+    TKD_CUDA_CHECK(cudaMemcpyAsync(flags, d_flags, sizeof flags, cudaMemcpyDeviceToHost, c->stream));
+    TKD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    TKD_TRY(tkd_lmhead_sm90_sync(c->lm));
+    *redo = flags[0] != 0 || flags[1] != 0xffffffffu;
+    return TKD_OK;
+}
+
 tkd_status cu_lmhead_topk(tkd_backend *be, tkd_lmhead_topk_args *a)
 {
     CudaImpl *c = impl(be);
     int64_t C = a->chunk_rows < a->rows ? a->chunk_rows : a->rows;
     TKD_TRY(lmhead_scratch(c, a, C));
+    bool redo = true;
+    if (lmhead_fused_ok(c, a)) {
+        TKD_TRY(lmhead_topk_fused(c, a, C, &redo));
+        if (!redo) {
+            TKD_CUDA_CHECK(cudaStreamSynchronize(c->copy));
+            lmhead_deliver(c, a);
+            return TKD_OK;
+        }
+    }
     uint32_t *idx = static_cast<uint32_t *>(c->idx.p);
     float *val = static_cast<float *>(c->val.p), *lse = static_cast<float *>(c->lse.p);
     if (a->s > 0) {

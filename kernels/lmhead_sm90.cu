@@ -57,6 +57,7 @@ struct tkd_lmhead_sm90_ws {
     unsigned *err; /* device: non-zero after a pipeline wait timed out */
     int max_ctas;  /* 0: one CTA per SM */
     tkd_lmhead_sm90_sched sched;
+    cudaStream_t stream; /* of every launch; 0 (the legacy stream) unless set */
 };
 
 namespace {
@@ -96,7 +97,7 @@ using PingPong = Sched<true>;
  * gradient tile up to a per-row factor); with kEpiStats both come from the same exps. kEpiGather:
  * the logits at a per-row list of columns (the teacher's top-k', tail draws, label). */
 enum Epi {
-    kEpiLogits = 1, kEpiStats = 2, kEpiNone = 4, kEpiExp = 8, kEpiGather = 16,
+    kEpiLogits = 1, kEpiStats = 2, kEpiNone = 4, kEpiExp = 8, kEpiGather = 16, kEpiCand = 32,
     kEpiLogitsStats = kEpiLogits | kEpiStats,
 };
 
@@ -126,6 +127,11 @@ struct Fx {
     const int2 *sp_list;  /* gather: (n, sp_l) (column, slot) pairs, sorted by column per row */
     int sp_l;
     float *g;             /* gather: (n, sp_l) logits by slot */
+    const float *thr;     /* cand: (n) per-row threshold */
+    unsigned *cnt;        /* cand: (n) candidates seen per row (may pass cap) */
+    int2 *cand;           /* cand: (n, cap) (logit bits, column) */
+    int cap;
+    unsigned *flags;      /* cand: [1] the first row with a non-finite logit (UINT_MAX: none) */
 };
 
 /* ---- the pipeline: ring stages, tile order ----------------------------------------------------- */
@@ -429,6 +435,36 @@ __device__ __forceinline__ void sink_acc(const float (&acc)[kAcc], const Params 
     }
 }
 
+/* Candidate epilogue (teacher-dump's top-k): every in-range logit at or above its row's threshold
+ * is appended to the row's candidates (an atomic slot; past cap only counted), and a non-finite
+ * logit records its row. */
+__device__ __forceinline__ void store_cand(const float (&acc)[kAcc], const Params &p, const Fx &x, Frag f)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const long long row = f.row0 + 8 * h;
+        if (row >= p.n)
+            continue;
+        const float t = x.thr[row];
+#pragma unroll
+        for (int j = 0; j < kBN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int col = f.col0 + 8 * j + e;
+                const float z = acc[4 * j + 2 * h + e];
+                if (col >= p.v)
+                    continue;
+                if (z >= t) {
+                    const unsigned slot = atomicAdd(&x.cnt[row], 1u);
+                    if (slot < (unsigned)x.cap)
+                        x.cand[row * x.cap + slot] = make_int2(__float_as_int(z), col);
+                }
+                if (!(fabsf(z) <= 3.402823466e38f)) /* inf or NaN */
+                    atomicMin(&x.flags[1], (unsigned)row);
+            }
+    }
+}
+
 template <int kEpi>
 __device__ __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &x, Frag f,
                                          int ni)
@@ -445,6 +481,8 @@ __device__ __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, co
         fence_regs(acc);
     if (kEpi & kEpiStats)
         store_stats(acc, p, f, ni);
+    if (kEpi & kEpiCand)
+        store_cand(acc, p, x, f);
     if (kEpi & kEpiNone)
         sink_acc(acc, p);
 }
@@ -539,6 +577,86 @@ __global__ void lse_combine_kernel(const float *part, long long n, int T, float 
     }
 }
 
+/* The k-th largest tile maximum of each row (plane m of part (3, n, T)): at least k logits of the
+ * row are at or above it, so its top k are. -inf when T < k. One warp per row. */
+__global__ void topk_thr_kernel(const float *part, long long n, int T, int k, float *thr)
+{
+    const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= n)
+        return;
+    const int lane = threadIdx.x & 31;
+    const float *m = part + (size_t)row * T;
+    float best = -INFINITY;
+    for (int i = lane; i < T && T >= k; i += 32) {
+        const float x = m[i];
+        int c = 0;
+        for (int j = 0; j < T; j++)
+            c += m[j] >= x;
+        if (c >= k)
+            best = fmaxf(best, x);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if (lane == 0)
+        thr[row] = best;
+}
+
+/* Ascending order of (logit descending, column ascending) as one 64-bit key. */
+__device__ inline unsigned long long cand_key(int2 c)
+{
+    const unsigned u = (unsigned)c.x, ord = u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
+    return ((unsigned long long)(~ord) << 32) | (unsigned)c.y;
+}
+
+__device__ inline float key_logit(unsigned long long key)
+{
+    const unsigned ord = ~(unsigned)(key >> 32);
+    return __uint_as_float(ord ^ ((ord >> 31) ? 0x80000000u : 0xffffffffu));
+}
+
+/* One block per row: the row's candidates sorted (bitonic, in shared memory: a power of two ≥
+ * their count, at most cap) and the first k written out as (id, logit), ties by the smaller id
+ * (kernels/topk.h's order). A row with more than cap candidates counts in flags[0] and writes
+ * nothing (the caller runs the logits path instead). */
+__global__ void topk_select_kernel(const int2 *cand, const unsigned *cnt, int cap, long long n, int k,
+                                   uint32_t *idx, float *val, unsigned *flags)
+{
+    extern __shared__ unsigned long long keys[];
+    const long long row = blockIdx.x;
+    const unsigned c = cnt[row];
+    if (c > (unsigned)cap || c < (unsigned)k) { /* too many to sort here; too few: NaN maxima */
+        if (threadIdx.x == 0)
+            atomicAdd(&flags[0], 1u);
+        return;
+    }
+    int m = 1;
+    while (m < (int)c)
+        m <<= 1;
+    for (int i = threadIdx.x; i < m; i += blockDim.x)
+        keys[i] = i < (int)c ? cand_key(cand[row * cap + i]) : ~0ull;
+    __syncthreads();
+    for (int size = 2; size <= m; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < m; i += blockDim.x) {
+                const int j = i ^ stride;
+                if (j > i) {
+                    const bool up = (i & size) == 0;
+                    const unsigned long long a = keys[i], b = keys[j];
+                    if ((a > b) == up) {
+                        keys[i] = b;
+                        keys[j] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        const unsigned long long key = i < (int)c ? keys[i] : ~0ull;
+        idx[row * k + i] = (uint32_t)(key & 0xffffffffu);
+        val[row * k + i] = i < (int)c ? key_logit(key) : -INFINITY;
+    }
+}
+
 /* ---- host side ----------------------------------------------------------------------------------- */
 
 /* Tensor map of a row-major (rows, d) bf16 matrix, boxes of 64 columns x box_rows rows, 128-byte
@@ -593,7 +711,7 @@ tkd_status launch_sched(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_
         grid = p.tiles;
     TKD_CUDA_CHECK(cudaFuncSetAttribute(lmhead_kernel<kEpi, kPP>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::kSmemBytes));
-    lmhead_kernel<kEpi, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes>>>(tm_h, tm_w, p, fx);
+    lmhead_kernel<kEpi, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes, ws->stream>>>(tm_h, tm_w, p, fx);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
@@ -782,16 +900,71 @@ extern "C" tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uin
     return launch<kEpiNone>(ws, h, w, d, params_of(ws, n, d, v));
 }
 
-extern "C" tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau,
-                                          float *lse1, float *lset)
+static tkd_status launch_lse(const float *part, int64_t n, int v, float tau, float *lse1, float *lset,
+                             cudaStream_t stream)
 {
     if (!part || !lse1 || !lset || n < 1 || v < 1 || !(tau > 0.0f) || !isfinite(tau))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: lse: bad arguments (N %lld, V %d, "
                              "τ %g)", (long long)n, v, (double)tau);
     constexpr int kRowsPerBlock = 8; /* one warp per row */
     const long long blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
-    lse_combine_kernel<<<(unsigned)blocks, 32 * kRowsPerBlock>>>(part, n, tkd_lmhead_sm90_vtiles(v),
-                                                                 1.0f / tau, lse1, lset);
+    lse_combine_kernel<<<(unsigned)blocks, 32 * kRowsPerBlock, 0, stream>>>(
+        part, n, tkd_lmhead_sm90_vtiles(v), 1.0f / tau, lse1, lset);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau,
+                                          float *lse1, float *lset)
+{
+    return launch_lse(part, n, v, tau, lse1, lset, 0);
+}
+
+extern "C" void tkd_lmhead_sm90_ws_set_stream(tkd_lmhead_sm90_ws *ws, void *stream)
+{
+    ws->stream = static_cast<cudaStream_t>(stream);
+}
+
+extern "C" size_t tkd_lmhead_sm90_topk_bytes(int64_t n, int v, int cap)
+{
+    return tkd_lmhead_sm90_part_floats(n, v) * 4 + (size_t)n * (3 * 4 + (size_t)cap * 8) + 2 * 4 + 64;
+}
+
+extern "C" tkd_status tkd_lmhead_sm90_topk(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
+                                           int64_t n, int d, int v, int k, float tau, int cap,
+                                           void *scratch, unsigned *flags, uint32_t *idx,
+                                           float *val, float *lse)
+{
+    TKD_TRY(check_shape(h, w, n, d, v));
+    if (k < 1 || k > v || cap < k || cap > TKD_LMHEAD_SM90_TOPK_MAX_CAP || !scratch || !flags ||
+        !idx || !val || !lse)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_sm90: topk: k %d (V %d), cap %d (k..%d) "
+                             "or a NULL buffer", k, v, cap, TKD_LMHEAD_SM90_TOPK_MAX_CAP);
+    /* scratch: part (3, n, T), then thr, lse1, cnt (n each), then cand (n, cap) 8-byte aligned */
+    float *part = static_cast<float *>(scratch);
+    float *thr = part + tkd_lmhead_sm90_part_floats(n, v), *lse1 = thr + n;
+    unsigned *cnt = reinterpret_cast<unsigned *>(lse1 + n);
+    int2 *cand = reinterpret_cast<int2 *>(((uintptr_t)(cnt + n) + 7) & ~(uintptr_t)7);
+    const cudaStream_t st = ws->stream;
+    TKD_CUDA_CHECK(cudaMemsetAsync(cnt, 0, (size_t)n * 4, st));
+    Params p = params_of(ws, n, d, v);
+    TKD_TRY(set_stats(p, part, tau));
+    TKD_TRY(launch<kEpiStats>(ws, h, w, d, p));
+    TKD_TRY(launch_lse(part, n, v, tau, lse1, lse, st));
+    const long long blocks = (n + 7) / 8;
+    topk_thr_kernel<<<(unsigned)blocks, 256, 0, st>>>(part, n, tkd_lmhead_sm90_vtiles(v), k, thr);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    Fx x = {};
+    x.thr = thr, x.cnt = cnt, x.cand = cand, x.cap = cap, x.flags = flags;
+    TKD_TRY(launch<kEpiCand>(ws, h, w, d, params_of(ws, n, d, v), x));
+    int m = 1;
+    while (m < cap)
+        m <<= 1;
+    const size_t smem = (size_t)m * 8;
+    if (smem > 48 * 1024)
+        TKD_CUDA_CHECK(cudaFuncSetAttribute(topk_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+    topk_select_kernel<<<(unsigned)n, 256, smem, st>>>(cand, cnt, cap, n, k, idx, val, flags);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }

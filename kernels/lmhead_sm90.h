@@ -127,6 +127,27 @@ tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h, c
 tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau, float *lse1,
                                float *lset);
 
+/* The stream of later launches on ws (a cudaStream_t; NULL: the legacy default stream, as made). */
+void tkd_lmhead_sm90_ws_set_stream(tkd_lmhead_sm90_ws *ws, void *stream);
+
+/* Teacher-dump's LM head without its logits (issue 13): per row the top k of z = h wᵀ as
+ * (id, raw logit), sorted by logit, ties by the smaller id (kernels/topk.h's order), and
+ * lse = log Σ exp(z/τ). Two passes of the GEMM: the statistics epilogue (the LSE, and each 256-column
+ * tile's max, whose k-th largest bounds the row's k-th logit from below), then a candidate epilogue
+ * that keeps the logits at or above that bound (at least k, usually a few hundred), which a sort
+ * per row reduces to the top k. Pays where the GEMM is cheap against writing and reading back
+ * N·V fp32 logits: small D, large V. Exact unless flagged, in flags (2 unsigned, device; the caller
+ * sets flags[0] = 0 and flags[1] = UINT_MAX before the first call): flags[0] counts rows with more
+ * than cap candidates (their idx/val are not written), flags[1] is the first row holding a
+ * non-finite logit; the caller then takes the logits path for those rows. scratch holds
+ * tkd_lmhead_sm90_topk_bytes(n, v, cap) bytes (8-byte aligned); idx, val (n, k), lse (n) device.
+ * k ≤ cap ≤ TKD_LMHEAD_SM90_TOPK_MAX_CAP. Asynchronous on ws's stream. */
+#define TKD_LMHEAD_SM90_TOPK_MAX_CAP 8192
+size_t tkd_lmhead_sm90_topk_bytes(int64_t n, int v, int cap);
+tkd_status tkd_lmhead_sm90_topk(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
+                                int64_t n, int d, int v, int k, float tau, int cap, void *scratch,
+                                unsigned *flags, uint32_t *idx, float *val, float *lse);
+
 /* Waits for the device, then reports (and clears) a pipeline timeout of any earlier launch on ws:
  * TKD_ERR_INTERNAL when one happened, TKD_ERR_DEVICE for a CUDA error. */
 tkd_status tkd_lmhead_sm90_sync(tkd_lmhead_sm90_ws *ws);

@@ -40,6 +40,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/lmhead_sm90.h"
+#include "kernels/topk.h"
 #include "tests/gpu_testutil.h"
 
 #define FP32_U 5.9604644775390625e-8 /* 2^-24 */
@@ -650,6 +651,100 @@ static void test_fused(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* ---- teacher-dump's top-k without logits ------------------------------------------------------ */
+
+/* One tkd_lmhead_sm90_topk call with cap against tkd_topk_ref on our own fp32 logits (the same
+ * accumulators: ids and values must match exactly; lse within LSE_TOL). Returns failures; the
+ * flags (overflowed rows, first non-finite row) come back in flags. */
+static int check_topk(tkd_lmhead_sm90_ws *ws, const inputs *in, int k, float tau, int cap,
+                      unsigned flags[2], const char *what)
+{
+    const int64_t n = in->n, ldz = ldz_of(in->v);
+    float *z = run_logits(ws, in, ldz);
+    void *scratch = tkd_test_dev_alloc(tkd_lmhead_sm90_topk_bytes(n, in->v, cap));
+    unsigned *dflags = tkd_test_dev_alloc(8);
+    uint32_t *didx = tkd_test_dev_alloc((size_t)n * k * 4), *idx = tkd_test_xmalloc((size_t)n * k * 4);
+    float *dval = tkd_test_dev_alloc((size_t)n * k * 4), *val = tkd_test_xmalloc((size_t)n * k * 4);
+    float *dlse = tkd_test_dev_alloc((size_t)n * 4), *lse = tkd_test_xmalloc((size_t)n * 4);
+    const unsigned init[2] = {0u, 0xffffffffu};
+    tkd_test_to_dev(dflags, init, 8);
+    tkd_test_ok(tkd_lmhead_sm90_topk(ws, in->dh, in->dw, n, in->d, in->v, k, tau, cap, scratch,
+                                     dflags, didx, dval, dlse), what);
+    tkd_test_ok(tkd_lmhead_sm90_sync(ws), what);
+    tkd_test_to_host(flags, dflags, 8, NULL);
+    tkd_test_to_host(idx, didx, (size_t)n * k * 4, NULL);
+    tkd_test_to_host(val, dval, (size_t)n * k * 4, NULL);
+    tkd_test_to_host(lse, dlse, (size_t)n * 4, NULL);
+    uint32_t *ri = tkd_test_xmalloc((size_t)k * 4);
+    float *rv = tkd_test_xmalloc((size_t)k * 4), rl;
+    int bad = 0;
+    for (int64_t i = 0; i < n && flags[0] == 0 && flags[1] == 0xffffffffu; i++) {
+        tkd_test_ok(tkd_topk_ref(z + i * ldz, 1, in->v, k, tau, ri, rv, &rl), "topk_ref");
+        if ((memcmp(ri, idx + i * k, (size_t)k * 4) != 0 || memcmp(rv, val + i * k, (size_t)k * 4) != 0) &&
+            bad++ < MAX_PRINTS)
+            for (int j = 0; j < k; j++)
+                if (ri[j] != idx[i * k + j] || memcmp(&rv[j], &val[i * k + j], 4) != 0) {
+                    printf("  %s: row %lld rank %d: (%u, %.9g), expected (%u, %.9g)\n", what,
+                           (long long)i, j, idx[i * k + j], val[i * k + j], ri[j], rv[j]);
+                    break;
+                }
+        if (!(fabs(lse[i] - rl) <= LSE_TOL * (1 + fabs(rl))) && bad++ < MAX_PRINTS)
+            printf("  %s: row %lld lse %.9g, expected %.9g\n", what, (long long)i, lse[i], rl);
+    }
+    cudaFree(scratch), cudaFree(dflags), cudaFree(didx), cudaFree(dval), cudaFree(dlse);
+    free(z), free(idx), free(val), free(lse), free(ri), free(rv);
+    return bad;
+}
+
+/* Copies W row src over row dst (equal logits in every row: a tie the order must break by id). */
+static void copy_w_row(inputs *in, int dst, int src)
+{
+    memcpy(in->wb + (size_t)dst * in->d, in->wb + (size_t)src * in->d, (size_t)in->d * 2);
+}
+
+/* The top-k without logits: random rows at τ 1 and 2, rows with ties, rows whose top k crowd two
+ * tiles (many candidates), a cap too small for them (reported, not wrong), a non-finite logit
+ * (reported with its row); one CTA and the full grid. */
+static void test_topk(void **state)
+{
+    tkd_lmhead_sm90_ws *ws = *state;
+    int bad = 0;
+    unsigned flags[2];
+    inputs in = inputs_make(300, 896, 40000, 800, 0);
+    for (int ctas = 0; ctas <= 1; ctas++) {
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
+        bad += check_topk(ws, &in, 100, 1.0f, 4096, flags, ctas ? "topk tau 1 (1 CTA)" : "topk tau 1");
+        bad += flags[0] != 0 || flags[1] != 0xffffffffu;
+    }
+    tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+    bad += check_topk(ws, &in, 100, 2.0f, 4096, flags, "topk tau 2");
+    bad += flags[0] != 0 || flags[1] != 0xffffffffu;
+    for (int j = 0; j < 512; j++) /* crowding: columns 0..511 (two tiles) scaled up 4x */
+        scale_row(in.wb + (size_t)j * in.d, in.d, 2);
+    for (int j = 0; j < 40; j++) /* ties: 40 pairs of equal columns among the largest, far apart */
+        copy_w_row(&in, 20000 + 7 * j, 3 * j);
+    tkd_test_to_dev(in.dw, in.wb, (size_t)in.v * in.d * 2);
+    bad += check_topk(ws, &in, 100, 1.0f, 4096, flags, "topk ties, crowded");
+    if (flags[0] != 0 || flags[1] != 0xffffffffu) {
+        printf("  topk crowded: flags %u %u, expected none\n", flags[0], flags[1]);
+        bad++;
+    }
+    bad += check_topk(ws, &in, 100, 1.0f, 128, flags, "topk cap 128");
+    if (flags[0] == 0) {
+        printf("  topk cap 128: no row reported more candidates than the cap\n");
+        bad++;
+    }
+    in.hb[7 * in.d + 5] = 0x7f80; /* +inf in row 7 */
+    tkd_test_to_dev(in.dh, in.hb, (size_t)in.n * in.d * 2);
+    check_topk(ws, &in, 100, 1.0f, 4096, flags, "topk inf");
+    if (flags[1] != 7) {
+        printf("  topk inf: first non-finite row %u, expected 7\n", flags[1]);
+        bad++;
+    }
+    inputs_free(&in);
+    assert_int_equal(bad, 0);
+}
+
 /* Refusals: D not a multiple of 8, τ ≤ 0, odd ldz, misaligned h; the benchmark's no-epilogue
  * launch runs and ends. */
 static void test_arguments(void **state)
@@ -712,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_stats_grid_invariant),
         cmocka_unit_test(test_logits_stats),
         cmocka_unit_test(test_fused),
+        cmocka_unit_test(test_topk),
     };
     int failed = cmocka_run_group_tests_name("lmhead_sm90 ping-pong", tests, setup_pingpong, teardown);
     failed += cmocka_run_group_tests_name("lmhead_sm90 cooperative", tests, setup_coop, teardown);
