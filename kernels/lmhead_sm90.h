@@ -135,8 +135,10 @@ void tkd_lmhead_sm90_ws_set_stream(tkd_lmhead_sm90_ws *ws, void *stream);
  * lse = log Σ exp(z/τ). Two passes of the GEMM: the statistics epilogue (the LSE, and each 256-column
  * tile's max, whose k-th largest bounds the row's k-th logit from below), then a candidate epilogue
  * that keeps the logits at or above that bound (at least k, usually a few hundred), which a sort
- * per row reduces to the top k. Pays where the GEMM is cheap against writing and reading back
- * N·V fp32 logits: small D, large V. Exact unless flagged, in flags (2 unsigned, device; the caller
+ * per row reduces to the top k. Meant for small D and large V, where the GEMM is cheap against
+ * writing and reading back N·V fp32 logits; measured, two passes still lose to one cuBLAS GEMM plus
+ * the top-k kernel (docs/PERFORMANCE.md), so teacher-dump takes it only with TKD_TOPK_FUSED=1.
+ * Exact unless flagged, in flags (2 unsigned, device; the caller
  * sets flags[0] = 0 and flags[1] = UINT_MAX before the first call): flags[0] counts rows with more
  * than cap candidates (their idx/val are not written), flags[1] is the first row holding a
  * non-finite logit; the caller then takes the logits path for those rows. scratch holds
