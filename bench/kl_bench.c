@@ -298,7 +298,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
             r->sm90 = q != 1;
             tkd_kl_params pm = c.p;
             pm.grad_in_forward = m;
-            r->chunk = tkd_kl_bench_chunk_for(c.ws, &pm, 1);
+            r->chunk = tkd_kl_bench_chunk_for(c.ws, &pm, 1, s->n);
             r->budget_mib = budget;
             r->floor_ms = NAN;
         }
@@ -321,7 +321,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
         }
         printf("  profile path: %s\n", path_name[q]);
         CHECK(tkd_kl_bench_profile(c.ws, &c.p, &x.b, x.dh, x.dw, ms));
-        print_profile(s, tkd_kl_bench_chunk_for(c.ws, &c.p, 1), ms);
+        print_profile(s, tkd_kl_bench_chunk_for(c.ws, &c.p, 1, s->n), ms);
     }
     void *ds = NULL;
     if (do_floor) {

@@ -72,7 +72,7 @@ tkd_status prof_pass(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cu
         else if (pass)
             m = {pr, {TKD_KL_BENCH_PROF_LOGITS_BWD, TKD_KL_BENCH_PROF_GRAD_ROWS,
                       TKD_KL_BENCH_PROF_DH_GEMM, TKD_KL_BENCH_PROF_DW_GEMM}};
-        const int chunk = tkd_kl_cuda_chunk_for(ws, p, mode != TKD_KL_CUDA_ROWS_STATS);
+        const int chunk = tkd_kl_cuda_chunk_for(ws, p, mode != TKD_KL_CUDA_ROWS_STATS, b->n);
         for (long long row0 = 0; row0 < b->n; row0 += chunk) {
             const int rows = (int)(b->n - row0 < chunk ? b->n - row0 : chunk);
             TKD_TRY(tkd_kl_cuda_run_chunk(ws, p, b, mode, row0, rows, 1.0f, dh, dw, mark_cb, &m));
@@ -183,9 +183,10 @@ extern "C" tkd_status tkd_kl_bench_set_fused(tkd_kl_cuda_ws *ws, int on)
     return tkd_kl_cuda_ws_set_fused(ws, on);
 }
 
-extern "C" int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad)
+extern "C" int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad,
+                                      int64_t n)
 {
-    return tkd_kl_cuda_chunk_for(ws, p, grad);
+    return tkd_kl_cuda_chunk_for(ws, p, grad, n);
 }
 
 extern "C" tkd_status tkd_kl_bench_fill_bf16(uint16_t *dev, size_t n, uint64_t seed, float std)

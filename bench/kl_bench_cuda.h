@@ -50,7 +50,7 @@ tkd_status tkd_kl_bench_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
 /* The fused path on (1) or off (0) for this workspace (tkd_kl_cuda_ws_set_fused), and the rows
  * per chunk a call with p takes (grad: its gradient pass). */
 tkd_status tkd_kl_bench_set_fused(tkd_kl_cuda_ws *ws, int on);
-int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad);
+int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad, int64_t n);
 
 /* Row kernels' launch shape for this workspace (tkd_kl_cuda_ws_set_rows: threads x vec, 0 x 0 =
  * the product's). */

@@ -1261,10 +1261,16 @@ extern "C" tkd_status tkd_kl_cuda_ws_set_fused(tkd_kl_cuda_ws *ws, int on)
     return TKD_OK;
 }
 
-extern "C" int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad)
+extern "C" int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad,
+                                     int64_t n)
 {
-    return (grad ? tkd_kl_cuda_fused_grad_on(ws, p) : tkd_kl_cuda_fused_on(ws, p)) ? ws->chunk_e
-                                                                                   : ws->chunk;
+    if (!(grad ? tkd_kl_cuda_fused_grad_on(ws, p) : tkd_kl_cuda_fused_on(ws, p)))
+        return ws->chunk;
+    /* Balanced: as many chunks as chunk_e rows need, of equal size (a multiple of 128 rows) — a
+     * short last chunk runs its dH GEMM on fewer tiles than the GPU has SMs. */
+    const int64_t chunks = n > 0 ? (n + ws->chunk_e - 1) / ws->chunk_e : 1;
+    int64_t rows = ((n + chunks - 1) / chunks + 127) / 128 * 128;
+    return (int)(rows < ws->chunk_e ? rows : ws->chunk_e);
 }
 
 static tkd_status mark(tkd_kl_cuda_mark_fn fn, void *ctx, int stage)
@@ -1444,7 +1450,7 @@ extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_param
     TKD_TRY(tkd_kl_cuda_count_kept(ws, p, b));
     const tkd_kl_cuda_rows_mode mode =
         p->grad_in_forward ? TKD_KL_CUDA_ROWS_STATS_GRAD : TKD_KL_CUDA_ROWS_STATS;
-    const int chunk = tkd_kl_cuda_chunk_for(ws, p, p->grad_in_forward);
+    const int chunk = tkd_kl_cuda_chunk_for(ws, p, p->grad_in_forward, n);
     for (long long row0 = 0; row0 < n; row0 += chunk) {
         int rows = (int)(n - row0 < chunk ? n - row0 : chunk);
         TKD_TRY(tkd_kl_cuda_run_chunk(ws, p, b, mode, row0, rows, p->grad_scale, dh, dw, NULL, NULL));
@@ -1477,7 +1483,7 @@ extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_para
         return TKD_OK;
     }
     TKD_TRY(tkd_kl_cuda_check_call(ws, p, b, 1, dh, dw));
-    const int chunk = tkd_kl_cuda_chunk_for(ws, p, 1);
+    const int chunk = tkd_kl_cuda_chunk_for(ws, p, 1, b->n);
     for (long long row0 = 0; row0 < b->n; row0 += chunk) {
         int rows = (int)(b->n - row0 < chunk ? b->n - row0 : chunk);
         TKD_TRY(tkd_kl_cuda_run_chunk(ws, p, b, TKD_KL_CUDA_ROWS_GRAD, row0, rows, scale, dh, dw,

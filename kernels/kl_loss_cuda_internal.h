@@ -135,8 +135,9 @@ tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                  const tkd_kl_cuda_batch *b, tkd_kl_cuda_rows_mode mode,
                                  int64_t row0, int rows, float grad_scale, float *dh, float *dw,
                                  tkd_kl_cuda_mark_fn mark, void *mark_ctx);
-/* Rows per chunk of a call with p (chunk_e on the fused path for that mode, else chunk). */
-int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad);
+/* Rows per chunk of a call with p over n rows: on the fused path for that mode as many chunks as
+ * chunk_e rows need, balanced (128-row multiples); else chunk. */
+int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad, int64_t n);
 /* The row kernel over the chunk in ws->chunk_buf; gradient modes make ∂(grad_scale·loss)/∂s.
  * mode may carry TKD_KL_CUDA_ROWS_LSE_GIVEN (stats modes, not `tail`). */
 tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
