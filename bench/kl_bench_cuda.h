@@ -64,7 +64,8 @@ tkd_status tkd_kl_bench_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec);
  *   SM90_STATS:   our GEMM with the statistics epilogue into part (3, chunk, ceil(V/256)), then the
  *                 combine into lse1 / lset (N) device;
  *   SM90_LOGITS_STATS: our GEMM writing the fp32 logits into ws's chunk buffer and the partials
- *                 in one pass, then the combine (the loss's forward pass on sm_90);
+ *                 in one pass, then the combine (the loss's forward pass on sm_90 when the
+ *                 fused path is off);
  *   SM90_ROWS:    SM90_LOGITS_STATS plus the row kernel taking those LSEs (what replaces
  *                 CUBLAS_ROWS in the loss);
  *   SM90_LOGITS:  our GEMM with the fp32 epilogue into ws's chunk buffer (the GEMM core's speed);

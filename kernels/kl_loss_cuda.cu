@@ -3,12 +3,14 @@
  *
  * The logits GEMM. On compute capability 9.0 (and D a multiple of 8, TKD_KL_SM90 not "0" when the
  * workspace was made) the chunk's logits come from our Hopper GEMM (kernels/lmhead_sm90.h), whose
- * epilogue in forward also reduces each row tile to (max, Σ exp at 1, Σ exp at 1/τ) partials; a
- * small combine turns them into the LSEs, so the stats row kernel does not read the fp32 row for
- * them (one N·V·4-byte read less per pass; the gather and the gradient still read the logits).
- * Backward makes its logits with the same GEMM, so forward and backward see the same bits. `tail`
- * keeps cuBLAS and the row kernel's own pass: its log(1 − Q) is a sum outside the row's top-k'
- * that the GEMM cannot know. cuBLAS + the row kernel's pass are the fallback and the reference.
+ * epilogue reduces each row tile to (max, Σ exp at 1, Σ exp at 1/τ) partials; a small combine
+ * turns them into the LSEs. On the fused path (the section "the fused path" below, docs/loss.md)
+ * the epilogue also gathers each row's special columns and, in the gradient modes, writes the
+ * bf16 tile E, so no logits are stored; elsewhere (two softmaxes in the gradient, TKD_KL_FUSED=0)
+ * it writes the fp32 logits chunk that the row kernel gathers from and turns into dS. Forward and
+ * backward use the same GEMM, so they see the same bits. `tail` keeps cuBLAS and the row kernel's
+ * own pass: its log(1 − Q) is a sum outside the row's top-k' that the GEMM cannot know. cuBLAS +
+ * the row kernel's pass are the fallback and the reference.
  *
  * Layout. Row-major everywhere on our side; cuBLAS is column-major, so a row-major (R, C) matrix
  * with leading dimension ld is cuBLAS's (C, R) matrix with the same ld. The chunk buffer holds the

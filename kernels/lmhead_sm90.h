@@ -1,6 +1,8 @@
 /* lmhead_sm90.h — our own Hopper (sm_90a) GEMM for the LM head's logits chunk, Z = H · Wᵀ, whose
  * epilogue can reduce each row while the tile is still in registers (issue 13). The CUDA KL loss
- * (kernels/kl_loss_cuda.cu) runs its logits chunk through logits_stats on compute capability 9.0.
+ * (kernels/kl_loss_cuda.cu) runs its chunks through the fused epilogues on compute capability 9.0
+ * (logits_stats where the gradient needs the fp32 logits); teacher-dump can run its top-k through
+ * tkd_lmhead_sm90_topk (opt-in).
  *
  * H (N, D) and W (V, D) are bf16 row-major on the device; accumulation is fp32 (wgmma). Three
  * epilogues:
