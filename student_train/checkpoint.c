@@ -31,6 +31,23 @@ static tkd_status host_pair(const tkd_adamw *opt, float **out)
     return *out ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of host memory for the optimizer state");
 }
 
+/* path: a safetensors file of the moments adamw.m and adamw.v, n floats each (written whole or not
+ * at all). */
+static tkd_status write_moments(const char *path, size_t n, const float *m, const float *v)
+{
+    tkd_st_writer *w = NULL;
+    tkd_status st = tkd_st_writer_init(&w, TKD_DTYPE_F32);
+    int64_t shape[1] = {(int64_t)n};
+    if (st == TKD_OK)
+        st = tkd_st_writer_add(w, "adamw.m", 1, shape, m);
+    if (st == TKD_OK)
+        st = tkd_st_writer_add(w, "adamw.v", 1, shape, v);
+    if (st == TKD_OK)
+        st = tkd_st_writer_finish(w, path);
+    tkd_st_writer_free(w);
+    return st;
+}
+
 static tkd_status write_optimizer(const char *dir, const tkd_adamw *opt)
 {
     char path[CKPT_PATH_MAX];
@@ -46,16 +63,7 @@ static tkd_status write_optimizer(const char *dir, const tkd_adamw *opt)
         }
         m = tmp, v = tmp + opt->n;
     }
-    tkd_st_writer *w = NULL;
-    tkd_status st = tkd_st_writer_init(&w, TKD_DTYPE_F32);
-    int64_t shape[1] = {(int64_t)opt->n};
-    if (st == TKD_OK)
-        st = tkd_st_writer_add(w, "adamw.m", 1, shape, m);
-    if (st == TKD_OK)
-        st = tkd_st_writer_add(w, "adamw.v", 1, shape, v);
-    if (st == TKD_OK)
-        st = tkd_st_writer_finish(w, path);
-    tkd_st_writer_free(w);
+    tkd_status st = write_moments(path, opt->n, m, v);
     free(tmp);
     return st;
 }
@@ -327,16 +335,7 @@ tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_
     TKD_TRY(tkd_mkdir_p(stage));
     shard_name(name, sizeof name, rank, world);
     TKD_TRY(tkd_path_join(path, sizeof path, stage, name));
-    tkd_st_writer *w = NULL;
-    int64_t shape[1] = {(int64_t)(e - b)};
-    tkd_status st = tkd_st_writer_init(&w, TKD_DTYPE_F32);
-    if (st == TKD_OK)
-        st = tkd_st_writer_add(w, "adamw.m", 1, shape, m ? m : none);
-    if (st == TKD_OK)
-        st = tkd_st_writer_add(w, "adamw.v", 1, shape, v ? v : none);
-    if (st == TKD_OK)
-        st = tkd_st_writer_finish(w, path); /* atomic: the file exists only once whole */
-    tkd_st_writer_free(w);
+    tkd_status st = write_moments(path, e - b, m ? m : none, v ? v : none);
     return st == TKD_OK ? TKD_OK : tkd_error_prefix(st, "checkpoint %s: rank %d's optimizer shard", dir, rank);
 }
 
