@@ -1,9 +1,11 @@
 /* kl_bench.c — the CUDA fused chunked KL loss against its GEMM floor (a program, not a test).
  *
  * For each shape N×D×V (bf16 H and W, renorm, k = k' = 100, random data, 3% of rows masked):
- * median ms of forward + backward in recompute mode and of forward in grad_in_forward mode, each
- * on the sm90 path (our logits GEMM with the row statistics in its epilogue, where the device is
- * compute capability 9.0) and on the cuBLAS fallback, on one workspace in the same run; the
+ * median ms of forward + backward in recompute mode and of forward in grad_in_forward mode (dW
+ * written, as student-train's first micro-batch of a step does: tkd_kl_params.dw_overwrite), each
+ * on the product's path (where the device is compute capability 9.0 the fused one: our logits GEMM
+ * with the statistics, the gather and the bf16 gradient tile in its epilogue), on the sm90
+ * fp32-logits path and on the cuBLAS fallback, on one workspace in the same run; the
  * effective TFLOP/s (8·N·D·V resp. 6·N·D·V over the time), the time of the plain cuBLAS GEMMs the
  * method must do measured in the same run (four per chunk in recompute — H Wᵀ twice, dS W,
  * dSᵀ H — three in grad_in_forward; same shapes, dtypes, layouts and chunking, through
@@ -15,9 +17,10 @@
  *
  *   kl_bench [--shapes 4096x4096x128256,...] [--reps 5] [--chunk 0] [--rows THREADSxVEC]
  *            [--profile] [--no-naive]
- * --profile adds, per shape, the device time of each stage (summed over chunks) and the row
- * kernels' effective bandwidth (stats: reads N·V·4 bytes; grad: reads N·V·4, writes N·V·2;
- * grad_in_forward rows: reads twice, writes once). --rows runs the row kernels with another launch
+ * --profile adds, per shape and path, the device time of each stage (summed over chunks) and, on
+ * the paths whose row kernels read the fp32 logits, their effective bandwidth (stats: reads N·V·4
+ * bytes; grad: reads N·V·4, writes N·V·2; grad_in_forward rows: reads twice, writes once; the fused
+ * path's row kernels read k'+S+1 values per row, so none is printed). --rows runs the row kernels with another launch
  * shape (a sweep; the product always runs its own, kernels/kl_loss_cuda_internal.h).
  * The floor, the profile, --rows and the random fill are in kl_bench_cuda.cu.
  *
@@ -240,15 +243,20 @@ static size_t free_bytes(void)
     return f;
 }
 
-static void print_profile(const shape *s, int chunk, const double *ms)
+/* One path's stage times; rows_bw: its row kernels read the fp32 logits (bandwidth printed). */
+static void print_profile(const shape *s, int chunk, const double *ms, int rows_bw)
 {
     double nv = (double)s->n * s->v;
-    printf("  profile %lldx%dx%d chunk %d (ms): recompute: logits %.2f, stats rows %.2f (%.0f GB/s), "
-           "logits %.2f, grad rows %.2f (%.0f GB/s), dH %.2f, dW %.2f | grad_in_forward: logits "
-           "%.2f, rows %.2f (%.0f GB/s), dH %.2f, dW %.2f\n",
-           (long long)s->n, s->d, s->v, chunk, ms[0], ms[1], nv * 4 / (ms[1] * 1e6), ms[2], ms[3],
-           nv * 6 / (ms[3] * 1e6), ms[4], ms[5], ms[6], ms[7], nv * 10 / (ms[7] * 1e6), ms[8],
-           ms[9]);
+    char bw[3][32] = {"", "", ""};
+    const double bytes[3] = {4, 6, 10};
+    const int stage[3] = {1, 3, 7};
+    for (int i = 0; rows_bw && i < 3; i++)
+        snprintf(bw[i], sizeof bw[i], " (%.0f GB/s)", nv * bytes[i] / (ms[stage[i]] * 1e6));
+    printf("  profile %lldx%dx%d chunk %d (ms): recompute: logits %.2f, stats rows %.2f%s, logits "
+           "%.2f, grad rows %.2f%s, dH %.2f, dW %.2f | grad_in_forward: logits %.2f, rows %.2f%s, "
+           "dH %.2f, dW %.2f\n",
+           (long long)s->n, s->d, s->v, chunk, ms[0], ms[1], bw[0], ms[2], ms[3], bw[1], ms[4], ms[5],
+           ms[6], ms[7], bw[2], ms[8], ms[9]);
 }
 
 /* Chunked method with `chunk` rows (0 = auto): times n_modes modes (recompute, then
@@ -321,7 +329,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
         }
         printf("  profile path: %s\n", path_name[q]);
         CHECK(tkd_kl_bench_profile(c.ws, &c.p, &x.b, x.dh, x.dw, ms));
-        print_profile(s, tkd_kl_bench_chunk_for(c.ws, &c.p, 1, s->n), ms);
+        print_profile(s, tkd_kl_bench_chunk_for(c.ws, &c.p, 1, s->n), ms, !tkd_kl_bench_fused_on(c.ws, &c.p));
     }
     void *ds = NULL;
     if (do_floor) {

@@ -183,6 +183,11 @@ extern "C" tkd_status tkd_kl_bench_set_fused(tkd_kl_cuda_ws *ws, int on)
     return tkd_kl_cuda_ws_set_fused(ws, on);
 }
 
+extern "C" int tkd_kl_bench_fused_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p)
+{
+    return tkd_kl_cuda_fused_grad_on(ws, p);
+}
+
 extern "C" int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad,
                                       int64_t n)
 {

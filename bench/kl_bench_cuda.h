@@ -51,6 +51,8 @@ tkd_status tkd_kl_bench_profile(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
  * per chunk a call with p takes (grad: its gradient pass). */
 tkd_status tkd_kl_bench_set_fused(tkd_kl_cuda_ws *ws, int on);
 int tkd_kl_bench_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad, int64_t n);
+/* 1 when a grad_in_forward call with p on ws takes the fused path (its row kernels read no logits). */
+int tkd_kl_bench_fused_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);
 
 /* Row kernels' launch shape for this workspace (tkd_kl_cuda_ws_set_rows: threads x vec, 0 x 0 =
  * the product's). */
