@@ -103,7 +103,8 @@ int main(int argc, char **argv)
     } else if (cli.print_config) {
         fputs(yaml, stdout);
     } else if (nproc > 0) {
-        rc = run_launch(nproc, argc, argv);
+        st = tkd_train_check_world(&cfg, nproc, cfg.device); /* once here, not in every rank */
+        rc = st == TKD_OK ? run_launch(nproc, argc, argv) : fail(st);
     } else {
         char name[512];
         if (*cfg.run_name)

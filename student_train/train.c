@@ -1003,6 +1003,17 @@ static tkd_status open_backend(trainer *tr, tkd_device dev)
 /* Who this process is: one process (world 1, no launcher: the plain path), or a rank of a run a
  * launcher started (`--nproc-per-node`, srun; even with one rank: the NCCL path). Sets the
  * per-rank batch: train.batch_size is the global batch, split evenly over the ranks. */
+tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int device)
+{
+    if (device == TKD_DEVICE_CPU && world > 1)
+        return tkd_error_set(TKD_ERR_CONFIG, "%d ranks need device: cuda — data-parallel training runs over NCCL "
+                             "between GPUs; start one process for the CPU", world);
+    if (c->batch_size % world != 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "train.batch_size = %d is the global batch: it must be a multiple of the "
+                             "%d ranks (each takes batch_size / ranks sequences)", c->batch_size, world);
+    return TKD_OK;
+}
+
 static tkd_status dist_setup(trainer *tr, tkd_device dev)
 {
     const tkd_train_config *c = tr->cfg;
@@ -1011,12 +1022,7 @@ static tkd_status dist_setup(trainer *tr, tkd_device dev)
     tr->B = c->batch_size;
     if (strcmp(tr->dist.source, "single") == 0)
         return TKD_OK;
-    if (dev != TKD_DEVICE_CUDA && tr->dist.world > 1)
-        return tkd_error_set(TKD_ERR_CONFIG, "%d ranks (%s) need device: cuda — data-parallel training runs over NCCL "
-                             "between GPUs; start one process for the CPU", tr->dist.world, tr->dist.source);
-    if (c->batch_size % tr->dist.world != 0)
-        return tkd_error_set(TKD_ERR_CONFIG, "train.batch_size = %d is the global batch: it must be a multiple of the "
-                             "%d ranks (each takes batch_size / ranks sequences)", c->batch_size, tr->dist.world);
+    TKD_TRY(tkd_train_check_world(c, tr->dist.world, dev));
     tr->B = c->batch_size / tr->dist.world;
     return TKD_OK;
 }

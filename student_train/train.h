@@ -33,6 +33,11 @@ typedef struct tkd_train_result {
     char run_path[4096];
 } tkd_train_result;
 
+/* What training over `world` data-parallel ranks needs from the config: train.batch_size (the global
+ * batch) a multiple of world, and (world > 1) a CUDA device; `device` is the resolved device, or
+ * the configured one (auto passes) before the ranks start. TKD_ERR_CONFIG naming the rule. */
+tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int device);
+
 /* Runs training (or only evaluation when train.max_steps resolves to 0 steps). */
 tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res);
 

@@ -160,6 +160,18 @@ static void test_train_nproc_per_node(void **state)
     assert_non_null(strstr(out, "train.kk"));
     assert_int_equal(count_of(out, "student-train:"), 1); /* one error line, no rank started */
     free(out);
+    /* what the ranks would refuse, refused once before any starts: the config says device: cpu,
+     * and a global batch of 4 does not split over 3 ranks */
+    assert_int_equal(tkd_test_wait(train_flag("np-cpu", NULL, "--nproc-per-node", "2")), 2);
+    out = tkd_test_slurp(tkd_test_path(dir, "np-cpu.out"), NULL);
+    assert_non_null(strstr(out, "2 ranks need device: cuda"));
+    assert_int_equal(count_of(out, "student-train:"), 1);
+    free(out);
+    assert_int_equal(tkd_test_wait(train_flag("np-batch", "device=auto", "--nproc-per-node", "3")), 2);
+    out = tkd_test_slurp(tkd_test_path(dir, "np-batch.out"), NULL);
+    assert_non_null(strstr(out, "train.batch_size = 4 is the global batch: it must be a multiple of the 3 ranks"));
+    assert_int_equal(count_of(out, "student-train:"), 1);
+    free(out);
     assert_int_equal(tkd_test_signal_when(train_flag("np-term", NULL, "--nproc-per-node", "1"),
                                           tkd_test_path(dir, "runs/np-term/metrics.jsonl"), SIGTERM), 143);
     assert_true(tkd_file_exists(tkd_test_path(dir, "runs/np-term/checkpoint/state.json")));
