@@ -61,8 +61,8 @@ tkd_status tkd_rdzv_share(const tkd_rdzv_config *c, const tkd_dist_info *d, void
  * FILE: rank 0 writes <dir>/.rdzv-<job> (temp + rename; dir must exist: rank 0 does not make it);
  *   every other rank polls for it, reads it and answers with <dir>/.rdzv-<job>.rank<r>; rank 0
  *   waits for every answer, then removes them and the blob file. A crash leaves small files whose
- *   names carry a job id that is never reused (SLURM job and step, or the launcher's nonce), so
- *   they are harmless and never taken by a later job.
+ *   names carry a job id that is never reused (SLURM job, step and restart count, or the
+ *   launcher's nonce), so they are harmless and never taken by a later job.
  * TCP: rank 0 listens on port (all addresses), every other rank connects to host:port (retrying
  *   while rank 0 is not up yet) and sends (magic, job, world, rank, n); rank 0 answers with the
  *   blob or a refusal that says what differs. A connection of another job is refused and waited
@@ -70,7 +70,8 @@ tkd_status tkd_rdzv_share(const tkd_rdzv_config *c, const tkd_dist_info *d, void
  *   exchange with an error on both sides. */
 
 /* The job id tkd_rdzv_share uses when c->job_id is NULL: TKD_JOB_ID (the launcher's nonce), else
- * SLURM_JOB_ID[.SLURM_STEP_ID], else TORCHELASTIC_RUN_ID; characters other than [A-Za-z0-9._-]
+ * SLURM_JOB_ID[.SLURM_STEP_ID][.r<SLURM_RESTART_COUNT> when a requeue made it non-zero], else
+ * TORCHELASTIC_RUN_ID; characters other than [A-Za-z0-9._-]
  * become '_'. "" when none is set (then a world > 1 exchange is TKD_ERR_CONFIG). */
 void tkd_dist_job_id(char *buf, size_t cap);
 

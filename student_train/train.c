@@ -62,6 +62,7 @@ typedef struct trainer {
     tkd_progress progress;
     /* data parallel (zero.h): NULL for a single process that no launcher started */
     tkd_dist_info dist;
+    char job_id[128];            /* data parallel: this launch's id (rendezvous, checkpoint staging) */
     tkd_zero *zero;
     char dist_dir[RUN_PATH_MAX]; /* rendezvous file and heartbeats: <run.dir>/.<run.name>.dist */
     double dist_timeout_s;       /* dist.timeout_s: the longest a rank waits for the others */
@@ -841,15 +842,13 @@ static tkd_status save_sharded(trainer *tr)
                                       : TKD_OK;
     if (st == TKD_OK && n)
         st = tkd_adamw_moments_get(tr->opt, mm, vv);
-    char job[128];
-    tkd_dist_job_id(job, sizeof job);
     if (st == TKD_OK)
-        st = tkd_checkpoint_save_shard(tr->ckpt, job, tr->st.step, tr->dist.rank, tr->dist.world,
+        st = tkd_checkpoint_save_shard(tr->ckpt, tr->job_id, tr->st.step, tr->dist.rank, tr->dist.world,
                                        tr->m->n_params, mm, vv);
     free(mm);
     free(vv);
     if (st == TKD_OK && tr->dist.rank == 0)
-        st = tkd_checkpoint_commit(tr->ckpt, job, tr->st.step, tr->m, tr->opt->step, tr->dist.world, &tr->st,
+        st = tkd_checkpoint_commit(tr->ckpt, tr->job_id, tr->st.step, tr->m, tr->opt->step, tr->dist.world, &tr->st,
                                    tr->opts->config_yaml, tr->dist_timeout_s);
     /* a rank that failed says so to the others, so none goes on believing the checkpoint counts */
     double failed = st != TKD_OK;
@@ -1023,6 +1022,13 @@ static tkd_status dist_setup(trainer *tr, tkd_device dev)
     if (strcmp(tr->dist.source, "single") == 0)
         return TKD_OK;
     TKD_TRY(tkd_train_check_world(c, tr->dist.world, dev));
+    /* needed by every checkpoint, even in a world of one where the rendezvous exchanges nothing:
+     * refused now rather than at the first checkpoint */
+    tkd_dist_job_id(tr->job_id, sizeof tr->job_id);
+    if (!*tr->job_id)
+        return tkd_error_set(TKD_ERR_CONFIG, "rank %d of %d (%s) has no job id (TKD_JOB_ID, SLURM_JOB_ID or "
+                             "TORCHELASTIC_RUN_ID) — start the ranks with srun or --nproc-per-node, or export the same "
+                             "TKD_JOB_ID to every rank", tr->dist.rank, tr->dist.world, tr->dist.source);
     tr->B = c->batch_size / tr->dist.world;
     return TKD_OK;
 }

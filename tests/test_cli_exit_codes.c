@@ -172,6 +172,20 @@ static void test_train_nproc_per_node(void **state)
     assert_non_null(strstr(out, "train.batch_size = 4 is the global batch: it must be a multiple of the 3 ranks"));
     assert_int_equal(count_of(out, "student-train:"), 1);
     free(out);
+    /* a rank of a world of one with no job id is refused at once, not at its first checkpoint */
+    for (const char *const *v = (const char *const[]){"TKD_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID",
+                                                       "SLURM_PROCID", NULL}; *v; v++)
+        unsetenv(*v);
+    setenv("WORLD_SIZE", "1", 1);
+    char log[4400];
+    snprintf(log, sizeof log, "%s.out", tkd_test_path(dir, "no-job"));
+    pid_t pid = tkd_test_spawn(TRAIN, (const char *[]){"-q", "--config", train_cfg, "--set", "run.name=no-job", NULL},
+                               "RANK=0", log);
+    unsetenv("WORLD_SIZE");
+    assert_int_equal(tkd_test_wait(pid), 2);
+    out = tkd_test_slurp(log, NULL);
+    assert_non_null(strstr(out, "rank 0 of 1 (env) has no job id"));
+    free(out);
     assert_int_equal(tkd_test_signal_when(train_flag("np-term", NULL, "--nproc-per-node", "1"),
                                           tkd_test_path(dir, "runs/np-term/metrics.jsonl"), SIGTERM), 143);
     assert_true(tkd_file_exists(tkd_test_path(dir, "runs/np-term/checkpoint/state.json")));

@@ -296,6 +296,13 @@ static void test_no_job_id(void **state)
     char job[64];
     tkd_dist_job_id(job, sizeof job);
     assert_string_equal(job, "77.3");
+    setenv("SLURM_RESTART_COUNT", "2", 1); /* a requeued job: not the first attempt's files */
+    tkd_dist_job_id(job, sizeof job);
+    assert_string_equal(job, "77.3.r2");
+    setenv("SLURM_RESTART_COUNT", "0", 1);
+    tkd_dist_job_id(job, sizeof job);
+    assert_string_equal(job, "77.3");
+    unsetenv("SLURM_RESTART_COUNT");
     setenv("TKD_JOB_ID", "a/b c", 1); /* the launcher's nonce wins; unsafe characters are replaced */
     tkd_dist_job_id(job, sizeof job);
     assert_string_equal(job, "a_b_c");
