@@ -19,6 +19,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct tkd_progress {
     char label[48];
     char unit[24];
@@ -72,5 +76,9 @@ size_t tkd_progress_format_duration(char *buf, size_t cap, double seconds);
 /* A rate with 2-3 significant digits and a k/M/G suffix: "456", "45.6", "12.3k", "4.6M"; below 1
  * two significant digits ("0.042"), so that a slow rate does not read as zero. */
 size_t tkd_progress_format_rate(char *buf, size_t cap, double per_second);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TKD_PROGRESS_H */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/progress.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
 
@@ -30,13 +31,6 @@ struct tkd_comm {
 };
 
 namespace {
-
-double now_s()
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The poll interval: 20 µs while a collective is likely about to finish, 1 ms after that (a
  * spinning host core is all a wait costs). */
@@ -63,7 +57,7 @@ tkd_status fail(tkd_comm *c, tkd_status st, const char *what, const char *why)
 /* One turn of a wait loop: the heartbeat about once a second, then false once past the deadline. */
 bool keep_waiting(tkd_comm *c, double t0, double *beat)
 {
-    double t = now_s();
+    double t = tkd_progress_now();
     if (c->o.waiting && t - *beat >= 1.0) {
         c->o.waiting(c->o.ctx);
         *beat = t;
@@ -77,7 +71,7 @@ bool keep_waiting(tkd_comm *c, double t0, double *beat)
 /* r is what a non-blocking NCCL call returned: waits while the communicator says ncclInProgress. */
 tkd_status settle(tkd_comm *c, ncclResult_t r, const char *call, const char *what)
 {
-    double t0 = now_s(), beat = t0;
+    double t0 = tkd_progress_now(), beat = t0;
     while (r == ncclInProgress && c->comm) {
         if (!keep_waiting(c, t0, &beat)) {
             char why[256];
@@ -99,7 +93,7 @@ tkd_status settle(tkd_comm *c, ncclResult_t r, const char *call, const char *wha
  * (a peer that died shows up there before the deadline where NCCL notices it). */
 tkd_status wait_event(tkd_comm *c, cudaEvent_t ev, const char *what)
 {
-    double t0 = now_s(), beat = t0;
+    double t0 = tkd_progress_now(), beat = t0;
     char why[512];
     for (;;) {
         cudaError_t e = cudaEventQuery(ev);
@@ -262,8 +256,6 @@ extern "C" void tkd_comm_free(tkd_comm *c)
     delete c;
 }
 
-extern "C" int tkd_comm_rank(const tkd_comm *c) { return c->o.rank; }
-extern "C" int tkd_comm_world(const tkd_comm *c) { return c->o.world; }
 
 extern "C" tkd_status tkd_comm_allreduce_sum(tkd_comm *c, double *v, int n, const char *what)
 {

@@ -65,8 +65,6 @@ tkd_status tkd_comm_init(const tkd_comm_id *id, const tkd_comm_opts *opts, tkd_b
  * does not end within the timeout). NULL is a no-op. */
 void tkd_comm_free(tkd_comm *c);
 
-int tkd_comm_rank(const tkd_comm *c);
-int tkd_comm_world(const tkd_comm *c);
 
 /* v[0..n) (host) = the sum over the ranks of each rank's v, in double; n <= 16. After the comm
  * stream's earlier work; returns when the result is on the host. `what` names it in errors. */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/progress.h"
 #include "kernels/adamw.h"
 #include "kernels/comm_nccl.h"
 
@@ -16,6 +17,7 @@ struct tkd_zero {
     char beat_dir[4096];
     double stale_s;           /* a heartbeat older than this names its rank as late */
     int64_t step;
+    double last_beat;         /* tkd_progress_now() of the last per-step beat */
     int armed;                /* the hook reduces during this backward */
     int next_layer;           /* the next block whose bucket is due (backward runs L-1 .. 0) */
     int rest_done;            /* the bucket of the tensors outside the blocks was launched */
@@ -131,7 +133,12 @@ tkd_status tkd_zero_sum(tkd_zero *z, double *v, int n, const char *what)
 tkd_status tkd_zero_begin_step(tkd_zero *z, int64_t step)
 {
     z->step = step;
-    return tkd_dist_beat(z->beat_dir, z->d.rank, step);
+    const double now = tkd_progress_now();
+    if (now - z->last_beat >= 1.0) { /* a file write per step is shared-filesystem traffic */
+        z->last_beat = now;
+        beat(z);
+    }
+    return TKD_OK;
 }
 
 void tkd_zero_arm(tkd_zero *z)
@@ -141,7 +148,10 @@ void tkd_zero_arm(tkd_zero *z)
     z->rest_done = 0;
 }
 
-tkd_status tkd_zero_finish_grads(tkd_zero *z)
+/* After the last micro-step: reduces what the hook did not (every bucket when this rank's part of
+ * the batch was empty, so the ranks issue the same collectives in the same order) and waits. On
+ * return this rank's shard of m->grads holds the summed gradients. */
+static tkd_status finish_grads(tkd_zero *z)
 {
     z->armed = 0;
     for (; z->next_layer >= 0; z->next_layer--)
@@ -151,7 +161,9 @@ tkd_status tkd_zero_finish_grads(tkd_zero *z)
     return tkd_comm_wait(z->comm, "gradient reduce-scatter");
 }
 
-tkd_status tkd_zero_clip_coef(tkd_zero *z, double max_norm, double *norm_out, float *coef)
+/* The global gradient norm from the all-reduced shard sums of squares and the clip coefficient
+ * (1: none) for tkd_adamw_step_model_scaled; the gradients are not touched. */
+static tkd_status clip_coef(tkd_zero *z, double max_norm, double *norm_out, float *coef)
 {
     tkd_backend *be = z->m->be;
     float *g = z->m->grads + z->begin;
@@ -167,7 +179,8 @@ tkd_status tkd_zero_clip_coef(tkd_zero *z, double max_norm, double *norm_out, fl
     return tkd_grad_clip_coef(norm, max_norm, coef);
 }
 
-tkd_status tkd_zero_gather_weights(tkd_zero *z)
+/* After the shard's AdamW update: every rank's shard of the bf16 compute weights gathered. */
+static tkd_status gather_weights(tkd_zero *z)
 {
     return tkd_comm_gather_shards(z->comm, NULL, z->m->dparams, z->m->be->act_size, z->m->n_params, z->chunk,
                                   "compute-weight all-gather");
@@ -183,8 +196,8 @@ tkd_status tkd_zero_gather_master(tkd_zero *z)
 tkd_status tkd_zero_update(tkd_zero *z, tkd_adamw *o, double lr, double max_norm, double *norm_out)
 {
     float coef = 1.0f; /* clipping rides in the update: no pass scales the gradients in place */
-    TKD_TRY(tkd_zero_finish_grads(z));
-    TKD_TRY(tkd_zero_clip_coef(z, max_norm, norm_out, &coef));
+    TKD_TRY(finish_grads(z));
+    TKD_TRY(clip_coef(z, max_norm, norm_out, &coef));
     TKD_TRY(tkd_adamw_step_model_scaled(o, z->m, lr, coef));
-    return tkd_zero_gather_weights(z);
+    return gather_weights(z);
 }

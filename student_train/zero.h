@@ -43,28 +43,18 @@ void tkd_zero_shard(const tkd_zero *z, size_t *begin, size_t *end);
 /* v[0..n) = the sum over the ranks (n <= 16); `what` names it in errors. */
 tkd_status tkd_zero_sum(tkd_zero *z, double *v, int n, const char *what);
 
-/* The step now running (heartbeats and error messages), beaten once here. */
+/* The step now running (heartbeats and error messages); beats at most once a second (a lost beat
+ * only weakens a later message, so it is not an error). */
 tkd_status tkd_zero_begin_step(tkd_zero *z, int64_t step);
 
 /* Arms the hook for the next backward (the last micro-step's: its gradients are final). */
 void tkd_zero_arm(tkd_zero *z);
 
-/* After the last micro-step: reduces what the hook did not (every bucket when this rank's part of
- * the batch was empty, so the ranks issue the same collectives in the same order) and waits. On
- * return this rank's shard of m->grads holds the summed gradients. */
-tkd_status tkd_zero_finish_grads(tkd_zero *z);
-
-/* The global gradient norm from the all-reduced shard sums of squares and the clip coefficient
- * (1: none) for tkd_adamw_step_model_scaled; the gradients are not touched. */
-tkd_status tkd_zero_clip_coef(tkd_zero *z, double max_norm, double *norm_out, float *coef);
-
-/* The step's update after the last micro-step's backward: tkd_zero_finish_grads, the global norm
- * and clip coefficient (tkd_zero_clip_coef: *norm_out), AdamW on this rank's shard (o from
- * tkd_adamw_init_shard) with the coefficient inside, then tkd_zero_gather_weights. */
+/* The step's update after the last micro-step's backward: the gradient reductions the hook did not
+ * issue, the global norm (*norm_out) and clip coefficient, AdamW on this rank's shard (o from
+ * tkd_adamw_init_shard) with the coefficient inside, then every rank's shard of the bf16 compute
+ * weights gathered. */
 tkd_status tkd_zero_update(tkd_zero *z, tkd_adamw *o, double lr, double max_norm, double *norm_out);
-
-/* After the shard's AdamW update: every rank's shard of the bf16 compute weights gathered. */
-tkd_status tkd_zero_gather_weights(tkd_zero *z);
 
 /* Every rank's shard of the master weights' residuals gathered (the compute copy is gathered after
  * every step), so that the whole fp32 master is current (a save or tkd_model_get_params reads it). */

@@ -119,7 +119,8 @@ static void assert_loads_as(ckpt_fixture *f, int world, int64_t step)
     for (int r = 0; r < world; r++) {
         size_t b, e, chunk;
         tkd_zero_range(f->n, world, r, &b, &e, &chunk);
-        memset(m, 0xff, f->n * sizeof(float));
+        memset(m, 0xff, f->n * sizeof(float)); /* NaN: a moment the load does not write fails */
+        memset(v, 0xff, f->n * sizeof(float));
         int64_t adamw_step = -1;
         tkd_train_state st;
         tkd_status s = tkd_checkpoint_load_shard(f->ckpt, f->m, r, world, m, v, &adamw_step, &st);
