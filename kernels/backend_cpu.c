@@ -4,6 +4,7 @@
 #include "kernels/backend.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -410,6 +411,8 @@ static tkd_status cpu_mark(tkd_backend *be, int64_t i)
         double *m = realloc(c->marks, sizeof(double) * (size_t)n);
         if (!m)
             return tkd_error_set(TKD_ERR_NOMEM, "backend marks: out of memory for %lld", (long long)n);
+        for (int64_t j = c->marks_n; j < n; j++)
+            m[j] = NAN; /* not recorded yet: mark_ms refuses it */
         c->marks = m;
         c->marks_n = n;
     }
@@ -422,7 +425,7 @@ static tkd_status cpu_mark(tkd_backend *be, int64_t i)
 static tkd_status cpu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
 {
     cpu_impl *c = be->impl;
-    if (a < 0 || b < 0 || a >= c->marks_n || b >= c->marks_n)
+    if (a < 0 || b < 0 || a >= c->marks_n || b >= c->marks_n || isnan(c->marks[a]) || isnan(c->marks[b]))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "backend mark: %lld or %lld was never recorded", (long long)a,
                              (long long)b);
     *ms = (c->marks[b] - c->marks[a]) * 1e3;

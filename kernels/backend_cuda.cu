@@ -1039,5 +1039,7 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out)
 
 extern "C" void *tkd_backend_cuda_stream(tkd_backend *be)
 {
-    return be && be->device == TKD_DEVICE_CUDA ? static_cast<void *>(stream_of(be)) : nullptr;
+    /* the op table, not be->device: a profiling wrapper (kernels/backend_profile.c) copies the
+     * device but its impl is not ours */
+    return be && be->op == &cuda_ops ? static_cast<void *>(stream_of(be)) : nullptr;
 }

@@ -166,6 +166,47 @@ static void test_errors_pass_through(void **s)
     tkd_backend_close(inner);
 }
 
+/* An op that takes 5 ms: the profile must put its time on that op's row (a wrapper that marked
+ * both ends before or after the call would show ~0). */
+static tkd_status (*g_swiglu_fwd)(tkd_backend *, const void *, const void *, int64_t, void *);
+static tkd_status slow_swiglu_fwd(tkd_backend *be, const void *g, const void *u, int64_t n, void *h)
+{
+    nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
+    return g_swiglu_fwd(be, g, u, n, h);
+}
+
+static void test_time_lands_on_its_op(void **s)
+{
+    (void)s;
+    tkd_backend *inner = NULL, *prof = NULL;
+    assert_int_equal(tkd_backend_cpu_open(&inner), TKD_OK);
+    tkd_backend_ops slow = *inner->op;
+    g_swiglu_fwd = slow.swiglu_fwd;
+    slow.swiglu_fwd = slow_swiglu_fwd;
+    const tkd_backend_ops *orig = inner->op;
+    inner->op = &slow;
+    assert_int_equal(tkd_backend_profile_wrap(inner, &prof), TKD_OK);
+    tkd_model *m = make_model(prof);
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 7 + 1) % V;
+    float dh[N * D], h[N * D];
+    tkd_test_randn(dh, N * D, 6, 1.0f);
+    tkd_backend_profile_reset(prof);
+    step(m, tok, dh, h);
+    tkd_profile_row rows[TKD_PROFILE_OPS];
+    int n = 0;
+    assert_int_equal(tkd_backend_profile_report(prof, rows, &n), TKD_OK);
+    assert_true(n > 0);
+    assert_string_equal(rows[0].op, "swiglu_fwd"); /* most time first */
+    assert_int_equal(rows[0].calls, L);
+    assert_true(rows[0].ms >= 5.0 * L - 0.1);
+    tkd_model_free(m);
+    tkd_backend_close(prof);
+    inner->op = orig;
+    tkd_backend_close(inner);
+}
+
 /* The CPU's marks: the interval between two marks is the monotonic clock's. */
 static void test_cpu_marks(void **s)
 {
@@ -180,6 +221,7 @@ static void test_cpu_marks(void **s)
     assert_true(ms >= 19.9 && ms < 1000.0);
     assert_int_equal(be->op->mark(be, -1), TKD_ERR_INVALID_ARG);
     assert_int_equal(be->op->mark_ms(be, 3, 1 << 20, &ms), TKD_ERR_INVALID_ARG);
+    assert_int_equal(be->op->mark_ms(be, 3, 500, &ms), TKD_ERR_INVALID_ARG); /* in range, never recorded */
     tkd_backend_close(be);
 }
 
@@ -189,6 +231,7 @@ int main(void)
         cmocka_unit_test(test_same_results_and_counts),
         cmocka_unit_test(test_errors_pass_through),
         cmocka_unit_test(test_cpu_marks),
+        cmocka_unit_test(test_time_lands_on_its_op),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
