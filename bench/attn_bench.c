@@ -38,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/half.h"
 #include "common/status.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -168,14 +169,6 @@ static double time_call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w, 
     return med;
 }
 
-static float bf16_to_f32(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* max |y_ours − y_cudnn| and max |lse_ours − lse_cudnn| over the whole output (a sanity check
  * next to the timings: the test holds the tolerances). Leaves cuDNN's y and lse in b. */
 static void compare(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, double *dy, double *dl)
@@ -195,7 +188,7 @@ static void compare(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, double *dy, 
     CUDA(cudaMemcpy(l1, b->lse, nl * 4, cudaMemcpyDeviceToHost));
     *dy = *dl = 0.0;
     for (size_t i = 0; i < nq; i++) {
-        double d = fabs((double)bf16_to_f32(y0[i]) - bf16_to_f32(y1[i]));
+        double d = fabs((double)tkd_bf16_to_f32(y0[i]) - tkd_bf16_to_f32(y1[i]));
         *dy = d > *dy || d != d ? d : *dy;
     }
     for (size_t i = 0; i < nl; i++) {
@@ -230,7 +223,7 @@ static double wgmma_vs_ours(const shape *s, bufs *b)
     double d2 = 0, r2 = 0;
     for (int x = 0; x < 3; x++) {
         for (size_t i = 0; i < n[x]; i++) {
-            const double o = bf16_to_f32(h[x][0][i]), w = bf16_to_f32(h[x][1][i]);
+            const double o = tkd_bf16_to_f32(h[x][0][i]), w = tkd_bf16_to_f32(h[x][1][i]);
             d2 += (w - o) * (w - o), r2 += o * o;
         }
         free(h[x][0]), free(h[x][1]);

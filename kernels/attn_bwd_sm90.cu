@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "kernels/attn_bwd_cuda_internal.h"
+#include "kernels/attn_cuda_common.cuh" /* pack_bf16 */
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
 #include "kernels/sm90_common.cuh"
@@ -61,6 +62,7 @@
 namespace {
 
 using namespace tkd_sm90;
+using tkd_attn::pack_bf16;
 
 constexpr int kRows = 64;                /* rows per consumer warpgroup (wgmma M) */
 constexpr int kConsumers = 2;
@@ -113,14 +115,6 @@ __device__ inline int pass_tile(int pass, int ntiles)
 __device__ inline int last_key_tile(int q0, int T) { return (min(q0 + kRes, T) - 1) / kStr; }
 
 /* ---- fragments ----------------------------------------------------------------------------------- */
-
-__device__ inline uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return u;
-}
 
 template <int N>
 __device__ inline void zero_regs(float (&d)[N])

@@ -361,10 +361,6 @@ tkd_status cu_rope_bwd(tkd_backend *be, void *dq, void *dk, int N, int T, int H,
                              stream_of(be));
 }
 
-/* The saved state is the forward's log-sum-exps (B, H, T), whichever kernel made them (cuDNN's
- * stats and our kernels' lse are the same quantity). Today every head size takes the simple
- * deterministic kernels (kernels/attn_bwd_simple_cuda.h); the flash backward, when it lands, takes
- * the head sizes it supports here, as cu_attn_fwd does with flash_takes. */
 /* The flash backward's workspace, made again when a call needs more rows than it was made for
  * (once per shape growth, never per step). */
 tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)

@@ -698,8 +698,6 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
 
 /* ---- forward / backward ------------------------------------------------------------------- */
 
-/* One block from A->n1 = rmsnorm(A->x): attention, MLP, and the residual add that makes the next
- * block's input xnext together with its norm (next_norm weights into n_next, rstd_next). */
 /* A block's attention from A->n1 = rmsnorm(A->x): q, k (after RoPE), v, the attention output A->y
  * and its saved state (what the attention side's backward reads). */
 static tkd_status block_attn_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
