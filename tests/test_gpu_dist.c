@@ -71,13 +71,8 @@ static void clear_rank_env(void)
     unsetenv("SLURM_PROCID"), unsetenv("SLURM_NTASKS"), unsetenv("SLURM_LOCALID");
 }
 
-static int wait_child(pid_t pid)
-{
-    int ws = 0;
-    if (waitpid(pid, &ws, 0) != pid)
-        return -1;
-    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
-}
+/* A child's exit code; one that runs past 10 minutes (an NCCL hang) is killed: -1. */
+static int wait_child(pid_t pid) { return tkd_test_wait_timeout(pid, 600.0); }
 
 static int count_gpus(void)
 {
@@ -130,15 +125,8 @@ static void same_file(const tkd_test_student_dir *f, const char *a, const char *
     char pa[4400], pb[4400];
     snprintf(pa, sizeof pa, "%s/%s/checkpoint/%s", f->runs, a, file);
     snprintf(pb, sizeof pb, "%s/%s/checkpoint/%s", f->runs, b, file);
-    size_t na, nb;
-    char *da = tkd_test_slurp(pa, &na), *db = tkd_test_slurp(pb, &nb);
-    size_t i = 0;
-    while (i < na && i < nb && da[i] == db[i])
-        i++;
-    if (na != nb || i < na)
-        fail_msg("%s differs between %s and %s: sizes %zu / %zu, first differing byte %zu", file, a, b, na, nb, i);
-    free(da);
-    free(db);
+    if (!tkd_test_files_equal(pa, pb))
+        fail_msg("%s differs between %s and %s", file, a, b);
 }
 
 /* The AdamW moments of two checkpoints, the same bits: a one-process file against a rank's shard
