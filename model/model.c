@@ -97,6 +97,7 @@ static void build_layout(tkd_model *m)
         P("mlp.down_proj.weight", 2, D, F, 1);
 #undef P
     }
+    m->info_per_layer = c->num_hidden_layers > 0 ? (m->n_info - 1) / c->num_hidden_layers : 0;
     add_param(m, &off, "model.norm.weight", 1, D, 0, 0);
     if (!c->tie_word_embeddings)
         add_param(m, &off, "lm_head.weight", 2, V, D, 1);
@@ -881,7 +882,7 @@ void tkd_model_set_grad_hook(tkd_model *m, tkd_status (*fn)(void *ctx, tkd_model
 
 void tkd_model_layer_range(const tkd_model *m, int l, size_t *begin, size_t *end)
 {
-    int per = m->cfg.attention_bias ? 12 : 9; /* build_layout's tensors per block; the embedding is first */
+    const int per = m->info_per_layer; /* the embedding is first, then block by block */
     *begin = m->info[1 + l * per].offset;
     *end = m->info[1 + (l + 1) * per].offset; /* the next block's first tensor, or the final norm */
 }

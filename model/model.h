@@ -114,6 +114,7 @@ typedef struct tkd_model {
     tkd_model_weights g;    /* views into grads (all NULL while grads is NULL); backend memory */
     tkd_param_info *info;   /* n_info entries, in storage order */
     int n_info;
+    int info_per_layer;     /* entries of one block (they follow the embedding's, block by block) */
     float *rope_cos;        // (max_position_embeddings, Dh/2) host
     float *rope_sin;        // (max_position_embeddings, Dh/2) host
     tkd_model_acts *acts;

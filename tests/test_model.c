@@ -38,6 +38,40 @@ static tkd_model *make(int tied, int bias, uint64_t seed)
     return m;
 }
 
+/* tkd_model_layer_range (ZeRO's per-block buckets): block l's range holds exactly the tensors
+ * named model.layers.<l>.*, the ranges tile the parameters from the embedding's end to the final
+ * norm, with and without q/k/v biases and a separate head. */
+static void test_layer_ranges(void **s)
+{
+    (void)s;
+    for (int v = 0; v < 4; v++) {
+        tkd_model *m = make(v & 1, v >> 1, 3);
+        int n = 0;
+        const tkd_param_info *info = tkd_model_params(m, &n);
+        size_t prev_end = info[0].numel; /* the embedding comes first */
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+            size_t b, e;
+            tkd_model_layer_range(m, l, &b, &e);
+            assert_int_equal(b, prev_end);
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+            size_t covered = 0;
+            for (int i = 0; i < n; i++) {
+                const int inside = info[i].offset >= b && info[i].offset < e;
+                assert_int_equal(inside, strncmp(info[i].name, prefix, strlen(prefix)) == 0);
+                if (inside)
+                    covered += info[i].numel;
+            }
+            assert_int_equal(covered, e - b);
+            prev_end = e;
+        }
+        for (int i = 0; i < n; i++)
+            if (strcmp(info[i].name, "model.norm.weight") == 0)
+                assert_int_equal(info[i].offset, prev_end);
+        tkd_model_free(m);
+    }
+}
+
 static void test_init_is_seeded(void **s)
 {
     (void)s;
@@ -369,6 +403,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init_is_seeded),
+        cmocka_unit_test(test_layer_ranges),
         cmocka_unit_test(test_param_list),
         cmocka_unit_test(test_causal_and_batch_independent),
         cmocka_unit_test(test_inference_equals_training),
