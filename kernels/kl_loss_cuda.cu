@@ -43,6 +43,7 @@
 #include "kernels/cuda_mem.h"
 #include "kernels/kl_loss.h"
 #include "kernels/kl_loss_cuda_internal.h"
+#include "kernels/lmhead_grad_sm90.h"
 #include "kernels/lmhead_sm90.h"
 
 /* Written by the count, row and reduce kernels; read back once per call. */
@@ -945,8 +946,9 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws)
         return TKD_OK;
     }
     TKD_TRY(st);
-    const char *fused = getenv("TKD_KL_FUSED");
+    const char *fused = getenv("TKD_KL_FUSED"), *grad = getenv("TKD_KL_GRAD_SM90");
     ws->fused = !(fused && strcmp(fused, "0") == 0);
+    ws->grad_sm90 = grad && strcmp(grad, "1") == 0; /* opt-in until ours beat cuBLAS (PERFORMANCE.md) */
     /* the fused path's chunks: bf16 E takes half the bytes of fp32 logits per row */
     ws->chunk_e = ws->fused && 2LL * ws->chunk <= ws->n_max ? 2 * ws->chunk
                   : ws->fused                               ? (int)ws->n_max
@@ -1378,15 +1380,24 @@ static tkd_status fused_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
     if (!grad)
         return TKD_OK;
     TKD_TRY(mark(mk, mk_ctx, 2));
-    TKD_TRY(gemm_dh(ws, b, row0, rows, e, ws->ldl, dh));
     const long long nd = (long long)rows * b->d;
-    scale_rows_kernel<<<grid_for(nd), 256>>>(dh + row0 * b->d, ws->sigma, rows, b->d);
-    TKD_CUDA_CHECK(cudaGetLastError());
+    const uint16_t *e16 = reinterpret_cast<const uint16_t *>(e);
+    if (ws->grad_sm90) { /* sigma applied in the GEMM's epilogue */
+        TKD_TRY(tkd_lmhead_sm90_dh(ws->lm, e16, ws->ldl, b->w, rows, b->d, b->v, ws->sigma,
+                                   dh + row0 * b->d));
+    } else {
+        TKD_TRY(gemm_dh(ws, b, row0, rows, e, ws->ldl, dh));
+        scale_rows_kernel<<<grid_for(nd), 256>>>(dh + row0 * b->d, ws->sigma, rows, b->d);
+        TKD_CUDA_CHECK(cudaGetLastError());
+    }
     TKD_TRY(mark(mk, mk_ctx, 3));
     scale_h_kernel<<<grid_for(nd), 256>>>(reinterpret_cast<const __nv_bfloat16 *>(h), ws->sigma,
                                          rows, b->d, reinterpret_cast<__nv_bfloat16 *>(ws->hs));
     TKD_CUDA_CHECK(cudaGetLastError());
-    return gemm_dw(ws, b, ws->hs, rows, e, ws->ldl, dw, !(p->dw_overwrite && row0 == 0));
+    const int accumulate = !(p->dw_overwrite && row0 == 0);
+    if (ws->grad_sm90)
+        return tkd_lmhead_sm90_dw(ws->lm, e16, ws->ldl, ws->hs, rows, b->d, b->v, dw, accumulate);
+    return gemm_dw(ws, b, ws->hs, rows, e, ws->ldl, dw, accumulate);
 }
 
 /* One chunk on the fp32-logits paths (sm90 GEMM or cuBLAS): logits, the row kernel (dS in place

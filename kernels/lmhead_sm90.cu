@@ -51,46 +51,13 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_mem.h"
+#include "kernels/lmhead_sm90_pipe.cuh"
 #include "kernels/sm90_common.cuh"
-
-struct tkd_lmhead_sm90_ws {
-    unsigned *err; /* device: non-zero after a pipeline wait timed out */
-    int max_ctas;  /* 0: one CTA per SM */
-    tkd_lmhead_sm90_sched sched;
-    cudaStream_t stream; /* of every launch; 0 (the legacy stream) unless set */
-};
 
 namespace {
 
 using namespace tkd_sm90;
-
-constexpr int kBN = TKD_LMHEAD_SM90_BN, kBK = 64;
-constexpr int kConsumers = 2;                 /* consumer warpgroups */
-constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kAcc = kBN / 2;                 /* fp32 accumulators per consumer thread (64 x 256) */
-constexpr int kGroupRows = 2048;              /* rows of H whose tiles are swept together along V */
-constexpr uint32_t kBytesB = kBN * kBK * 2;
-constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kBK * 2 == 128, "a K step is one 128-byte swizzle span");
-
-/* What a schedule fixes (see the top of the file): tile rows, ring depth, shared memory, the
- * arrivals that free a stage (one per consuming warp). */
-template <bool kPingPong>
-struct Sched {
-    static constexpr bool kPP = kPingPong;
-    static constexpr int kTileM = kPP ? 64 : TKD_LMHEAD_SM90_BM;
-    static constexpr int kStages = kPP ? 5 : 4;
-    static constexpr uint32_t kBytesA = kTileM * kBK * 2;
-    static constexpr uint32_t kStageBytes = kBytesA + kBytesB; /* 40 KB resp. 48 KB */
-    /* the stages, then the full, empty and (ping-pong) turn mbarriers */
-    static constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + (2 * kStages + 2) * 8;
-    static constexpr int kGroupM = kGroupRows / kTileM;
-    static constexpr unsigned kEmptyArrivals = kPP ? 4 : 4 * kConsumers;
-    static_assert(kBytesA % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles need 1024-byte alignment");
-    static_assert(kSmemBytes <= 227 * 1024, "the ring must fit the 227 KB of shared memory a CTA may have");
-};
-using Coop = Sched<false>;
-using PingPong = Sched<true>;
+using namespace tkd_lmhead;
 
 /* Epilogue parts, a bit each, combined in one template argument. kEpiNone (benchmark only): no
  * epilogue, so its time is the main loop's. kEpiExp: E = exp(k·z − ref) as bf16 (the loss's
@@ -136,36 +103,6 @@ struct Fx {
 
 /* ---- the pipeline: ring stages, tile order ----------------------------------------------------- */
 
-/* Shared memory from `base` (1024-aligned): the stages, then the full, empty and turn mbarriers. */
-template <class S> __device__ inline uint32_t stage_a(uint32_t base, int s) { return base + s * S::kStageBytes; }
-template <class S> __device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a<S>(base, s) + S::kBytesA; }
-template <class S> __device__ inline uint32_t full_bar(uint32_t base, int s) { return base + S::kStages * S::kStageBytes + 8 * s; }
-template <class S> __device__ inline uint32_t empty_bar(uint32_t base, int s) { return full_bar<S>(base, S::kStages + s); }
-/* Ping-pong: consumer c may start its next main loop once turn_bar(c) completed a phase. */
-template <class S> __device__ inline uint32_t turn_bar(uint32_t base, int c) { return full_bar<S>(base, 2 * S::kStages + c); }
-
-/* Moves ring r to position q (slot q mod stages, phase parity (q / stages) mod 2). */
-template <class S>
-__device__ inline void ring_seek(Ring<S::kStages> &r, long long q)
-{
-    r.stage = (int)(q % S::kStages);
-    r.phase = (uint32_t)((q / S::kStages) & 1);
-}
-
-/* Tile t's (M-tile, V-tile): groups of kGroupM M-tiles (fewer in the last group), each group
- * swept along V with its M-tiles innermost. */
-template <class S>
-__device__ inline void tile_coords(long long t, const Params &p, int &mi, int &ni)
-{
-    const long long per_group = (long long)S::kGroupM * p.ntiles;
-    const int g = (int)(t / per_group);
-    const int first = g * S::kGroupM;
-    const int gm = min(S::kGroupM, p.mtiles - first);
-    const long long r = t - g * per_group;
-    mi = first + (int)(r % gm);
-    ni = (int)(r / gm);
-}
-
 /* The producer thread: for every tile of this CTA and every K step, waits for a free stage and
  * loads the H box (rows mi·kTileM.., K kt·BK..) and the W box (rows ni·BN..) into it. */
 template <class S>
@@ -175,7 +112,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_h, const CUtensorM
     Ring<S::kStages> r;
     for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
         int mi, ni;
-        tile_coords<S>(t, p, mi, ni);
+        tile_coords(t, p.mtiles, p.ntiles, S::kGroupM, mi, ni);
         for (int kt = 0; kt < p.ktiles; kt++) {
             mbar_wait(empty_bar<S>(base, r.stage), r.phase ^ 1u, r.failed, p.err);
             const uint32_t full = full_bar<S>(base, r.stage);
@@ -223,21 +160,6 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const Params &p, ui
 }
 
 /* ---- epilogues --------------------------------------------------------------------------------- */
-
-/* Where this thread's accumulators sit in Z: rows row0 + 8h (h = 0, 1), columns col0 + 8j + e
- * (j < 32, e = 0, 1) hold acc[4j + 2h + e]. */
-struct Frag {
-    long long row0;
-    int col0;
-};
-
-/* a_row: the warpgroup's first row within the tile (cooperative: 64·cw; ping-pong: 0). */
-template <class S>
-__device__ inline Frag frag_of(int mi, int ni, int a_row)
-{
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
-    return {(long long)mi * S::kTileM + a_row + warp * 16 + lane / 4, ni * kBN + 2 * (lane & 3)};
-}
 
 /* Logits epilogue: the fragment to z (n, ldz), in-range elements only (ldz even: float2 stores). */
 __device__ __forceinline__ void store_logits(const float (&acc)[kAcc], const Params &p, Frag f)
@@ -504,7 +426,7 @@ __device__ __forceinline__ void consume(const Params &p, const Fx &x, uint32_t b
         if (t >= p.tiles)
             break;
         int mi, ni;
-        tile_coords<S>(t, p, mi, ni);
+        tile_coords(t, p.mtiles, p.ntiles, S::kGroupM, mi, ni);
         ring_seek<S>(r, j * p.ktiles);
         /* consumer 1's tile i follows consumer 0's tile i; consumer 0's tile i follows 1's i − 1 */
         if (S::kPP && (cw == 1 || mine > 0))
@@ -525,15 +447,8 @@ lmhead_kernel(const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ 
     using S = Sched<kPP>;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S::kStages; s++) {
-            mbar_init(full_bar<S>(base, s), 1);                     /* the producer's expect_tx */
-            mbar_init(empty_bar<S>(base, s), S::kEmptyArrivals);    /* one arrival per consuming warp */
-        }
-        for (int c = 0; c < kConsumers; c++)
-            mbar_init(turn_bar<S>(base, c), 1); /* one thread of the other consumer */
-        mbar_init_fence();
-    }
+    if (threadIdx.x == 0)
+        init_bars<S>(base);
     __syncthreads();
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");

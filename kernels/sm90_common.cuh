@@ -176,15 +176,23 @@ __device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligne
         "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
 #define TKD_WG_ACC32(i) TKD_WG_ACC8(i), TKD_WG_ACC8((i) + 8), TKD_WG_ACC8((i) + 16), TKD_WG_ACC8((i) + 24)
 
-/* d (64 x 256 of this warpgroup, fp32 fragment) (+)= A (64 x 16) · B (256 x 16)ᵀ, both operands K-major in
- * shared memory (descriptors); accumulate = 0 overwrites d. */
-__device__ inline void wgmma_ss_n256(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate)
+/* d (64 x 256 of this warpgroup, fp32 fragment) (+)= A (64 x 16) · B (256 x 16)ᵀ, both operands in
+ * shared memory (descriptors), K-major unless kTransA / kTransB (then MN-major: smem_desc_mn);
+ * accumulate = 0 overwrites d. */
+template <int kTransA, int kTransB>
+__device__ inline void wgmma_ss_n256_t(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" TKD_WG_D32_0 ", " TKD_WG_D32_1 ", "
-                 TKD_WG_D32_2 ", " TKD_WG_D32_3 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 TKD_WG_D32_2 ", " TKD_WG_D32_3 "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
                  : TKD_WG_ACC32(0), TKD_WG_ACC32(32), TKD_WG_ACC32(64), TKD_WG_ACC32(96)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+}
+
+/* Both operands K-major. */
+__device__ inline void wgmma_ss_n256(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    wgmma_ss_n256_t<0, 0>(d, desc_a, desc_b, accumulate);
 }
 
 /* d (64 x 64, fp32 fragment) (+)= A (64 x 16) · B (64 x 16)ᵀ, both K-major in shared memory;
