@@ -5,7 +5,8 @@
  * bf16 out (what PyTorch's linear backward runs). Device time per call, median of --reps,
  * the kinds alternating rep by rep; TFLOP/s = 2·rows·D·V / time.
  *
- *   grad_bench [--shapes ROWSxDxV,...] [--reps N]
+ *   grad_bench [--shapes ROWSxDxV,...] [--reps N] [--sched pp|coop]
+ * --sched forces our kernels' schedule for both GEMMs (default: dH cooperative, dW ping-pong).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,18 +16,23 @@
 
 #ifdef TKD_HAVE_CUDA
 #include "bench/grad_bench_cuda.h"
+#include "kernels/lmhead_sm90.h"
 
 int main(int argc, char **argv)
 {
     const char *shapes = "4096x4096x128256,2816x2048x151552,8192x2880x201088";
-    int reps = 5;
+    int reps = 5, sched = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc)
             shapes = argv[++i];
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--sched") == 0 && i + 1 < argc && !strcmp(argv[i + 1], "pp"))
+            sched = TKD_LMHEAD_SM90_SCHED_PINGPONG, i++;
+        else if (strcmp(argv[i], "--sched") == 0 && i + 1 < argc && !strcmp(argv[i + 1], "coop"))
+            sched = TKD_LMHEAD_SM90_SCHED_COOP, i++;
         else {
-            fprintf(stderr, "usage: grad_bench [--shapes ROWSxDxV,...] [--reps N]\n");
+            fprintf(stderr, "usage: grad_bench [--shapes ROWSxDxV,...] [--reps N] [--sched pp|coop]\n");
             return 2;
         }
     }
@@ -48,7 +54,7 @@ int main(int argc, char **argv)
             break;
         }
         double ms[GB_N], rel = 0;
-        tkd_status st = tkd_grad_bench_run(rows, d, v, reps, ms, &rel);
+        tkd_status st = tkd_grad_bench_run(rows, d, v, reps, sched, ms, &rel);
         if (st != TKD_OK) {
             fprintf(stderr, "grad_bench: %s: %s\n", tok, tkd_error_msg());
             rc = 1;

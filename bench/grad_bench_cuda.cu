@@ -58,7 +58,8 @@ double rel_diff(const float *a, const float *b, size_t n)
 
 } // namespace
 
-extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, double ms[GB_N], double *maxrel)
+extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, int sched, double ms[GB_N],
+                                         double *maxrel)
 {
     const long long lde = ((long long)v + 15) / 16 * 16;
     Bufs b = {};
@@ -78,6 +79,8 @@ extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, d
     GB_TRY(tkd_cuda_malloc((void **)&b.dw, (size_t)v * d * 4, "dW", NULL));
     GB_TRY(tkd_cuda_malloc((void **)&b.dw2, (size_t)v * d * 4, "dW", NULL));
     GB_TRY(tkd_lmhead_sm90_ws_create(&lw));
+    if (lw)
+        tkd_lmhead_sm90_ws_set_grad_schedule(lw, sched);
     if (st == TKD_OK) {
         fill_kernel<<<4096, 256>>>((__nv_bfloat16 *)b.e, (size_t)rows * lde, 1, 0.0f, 1e-4f); /* E ~ softmax-sized */
         fill_kernel<<<4096, 256>>>((__nv_bfloat16 *)b.w, (size_t)v * d, 2, -0.05f, 0.05f);

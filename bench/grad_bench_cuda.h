@@ -23,9 +23,10 @@ enum {
     GB_N = 7,
 };
 
-/* Times each kind `reps` times (alternating rep by rep) at rows x D x V; *maxrel: the largest
- * relative norm difference of ours against cuBLAS (dH, dW). */
-tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, double ms[GB_N], double *maxrel);
+/* Times each kind `reps` times (alternating rep by rep) at rows x D x V, ours on schedule `sched`
+ * (tkd_lmhead_sm90_ws_set_grad_schedule: -1 the defaults); *maxrel: the largest relative norm
+ * difference of ours against cuBLAS (dH, dW). */
+tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, int sched, double ms[GB_N], double *maxrel);
 
 #ifdef __cplusplus
 }

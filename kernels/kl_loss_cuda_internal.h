@@ -35,6 +35,8 @@ extern "C" {
 typedef struct tkd_kl_cuda_dev_out tkd_kl_cuda_dev_out;
 
 /* Sized once by tkd_kl_cuda_ws_create; every device buffer is counted in `bytes`. */
+enum { kGradDH = 1, kGradDW = 2 }; /* tkd_kl_cuda_ws.grad_sm90 */
+
 struct tkd_kl_cuda_ws {
     int64_t n_max;
     int d, v, chunk;
@@ -51,9 +53,11 @@ struct tkd_kl_cuda_ws {
     /* The fused path (with lm, unless TKD_KL_FUSED=0): the sm90 GEMM's epilogue gathers the special
      * columns and writes the gradient tile as bf16; chunks of chunk_e rows. */
     int fused;                 /* 1: calls that qualify take it (tkd_kl_cuda_fused_on) */
-    int grad_sm90;             /* 1 (TKD_KL_GRAD_SM90=1): its dH and dW GEMMs are ours
-                                * (lmhead_grad_sm90.h), sigma and dW's accumulation in their
-                                * epilogues; 0: cuBLAS, then a scaling pass for dH */
+    int grad_sm90;             /* kGradDH, kGradDW bits: that GEMM is ours (lmhead_grad_sm90.h,
+                                * sigma resp. dW's accumulation in the epilogue), else cuBLAS (dH
+                                * then scaled in a pass). Default dH; TKD_KL_GRAD_SM90 = 0, dh, dw,
+                                * both picks */
+    int sms;                   /* the device's multiprocessors (dH's waves, tkd_kl_cuda_chunk_for) */
     int chunk_e;               /* rows per fused chunk: 2·chunk, at most n_max */
     int sp_l;                  /* special slots per row: k + s + 1 of the params it was made with */
     int32_t *sp_list;          /* (chunk_e, sp_l) (column, slot) pairs sorted by column */

@@ -5,24 +5,26 @@
  *                                 B = W (V, D): rows are K, N contiguous: MN-major;
  *   dW: M = V,    N = D, K = rows; A = Eᵀ: E's rows are K, M contiguous: MN-major,
  *                                 B = X (rows, D): MN-major.
- * Every operand is loaded in 64 x 64 bf16 boxes (128-byte swizzle) of one tensor map per matrix:
- * E's box at (column k0, row m0) for dH and at (column m0, row k0) for dW; W's and X's four boxes
- * of a 256-wide N tile side by side, 8 KB apart (the descriptors' leading offset). A K step of 16 is
- * +32 bytes inside a K-major box and +16 rows = +2048 bytes in an MN-major one (sm90_common.cuh).
+ * Operands are loaded by TMA (128-byte swizzle) as they lie: dH's A as one K-major box of 64 K x
+ * tile-rows of E at (column k0, row m0); dW's A as one MN-major 64 x 64 box of E per 64 of M at
+ * (column m0, row k0); B (W or X) as four MN-major 64 x 64 boxes side by side, 8 KB apart (the
+ * descriptors' leading offset). A K step of 16 is +32 bytes inside a K-major box and +16 rows =
+ * +2048 bytes in an MN-major one (sm90_common.cuh).
  *
- * The pipeline is the logits GEMM's ping-pong schedule (lmhead_sm90.cu, lmhead_sm90_pipe.cuh): a
- * producer thread fills a ring of 5 stages of 40 KB, two consumer warpgroups own whole 64 x 256
- * tiles in alternation, so one's epilogue (dW: read, add, write 64 KB of fp32) overlaps the other's
- * main loop. Tile order: dH (K = V long, few tiles) sweeps groups of 32 M-tiles along N, so a wave
- * of CTAs shares its E rows and W columns in L2 at each K step; dW (K = rows short, V/64 · D/256
- * tiles) runs N innermost, so the CTA that loads an E column block reuses it from L2 for the next
- * N tiles, and X (rows x D) stays in L2 throughout.
+ * The pipeline is the logits GEMM's (lmhead_sm90.cu, lmhead_sm90_pipe.cuh): a producer thread
+ * fills a ring of stages, two consumer warpgroups run wgmma m64n256k16 from it. Cooperative (the
+ * default: 128 x 256 tiles, both consumers on each, 4 stages of 48 KB) or ping-pong (64 x 256
+ * tiles owned in alternation, 5 stages of 40 KB); see pingpong_of for why cooperative. Tile order:
+ * dH (K = V long, few tiles) sweeps groups of 2048 rows along N, so a wave of CTAs shares its E rows
+ * and W columns in L2 at each K step; dW (K = rows short, V/128 · D/256 tiles) sweeps all of M per
+ * group of N tiles whose X columns fit 16 MB, so they stay in L2 while E streams past once per
+ * group. dW's epilogue reads the old values, which the producer prefetched into L2 before the tile's
+ * last K steps.
  */
 #include "kernels/lmhead_grad_sm90.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "kernels/cuda_check.h"
 #include "kernels/lmhead_sm90_pipe.cuh"
@@ -32,19 +34,19 @@ namespace {
 
 using namespace tkd_sm90;
 using namespace tkd_lmhead;
-using S = PingPong;
 
 enum Kind { kDH = 0, kDW = 1 };
 
 constexpr uint32_t kBox = 64 * 128;      /* one 64 x 64 bf16 box */
 constexpr int kBatch = 16;               /* dW epilogue: float2 loads issued before their stores */
 constexpr int kPrefetchSteps = 24;       /* dW: the tile's old values go to L2 this many K steps before its end */
-static_assert(S::kBytesA == kBox && kBytesB == 4 * kBox, "the ping-pong stage is one A box and four B boxes");
+static_assert(kBytesB == 4 * kBox, "a stage's B is four boxes");
+static_assert(Coop::kBytesA == 2 * kBox && PingPong::kBytesA == kBox, "a stage's A is one box per 64 rows");
 
 struct GParams {
     int m, n;              /* output rows and columns */
     int ktiles, mtiles, ntiles;
-    int group_m;           /* M-tiles swept together along N (1: N innermost) */
+    int group;             /* dH: M-tiles swept together along N; dW: N-tiles swept together along M */
     long long tiles;
     float *out;            /* (m, n) fp32, dense */
     const float *rowscale; /* dH: (m) */
@@ -52,59 +54,84 @@ struct GParams {
     unsigned *err;
 };
 
+/* Tile t's (M-tile, N-tile). dH: groups of `group` M-tiles, each swept along N (tile_coords). dW:
+ * groups of `group` N-tiles, each swept along all of M with its N-tiles innermost, so the X columns
+ * of a group (rows x 256·group bf16) stay in L2 while E streams past once per group. */
+template <int kKind>
+__device__ inline void coords(long long t, const GParams &p, int &mi, int &ni)
+{
+    if (kKind == kDH) {
+        tile_coords(t, p.mtiles, p.ntiles, p.group, mi, ni);
+        return;
+    }
+    const long long per_group = (long long)p.group * p.mtiles;
+    const int g = (int)(t / per_group);
+    const int first = g * p.group;
+    const int gn = min(p.group, p.ntiles - first);
+    const long long r = t - g * per_group;
+    ni = first + (int)(r % gn);
+    mi = (int)(r / gn);
+}
+
 /* dW's old values under output tile (mi, ni) into L2 (a bulk prefetch per row), so that the
  * epilogue's loads find them there. */
+template <class S>
 __device__ inline void prefetch_out(const GParams &p, int mi, int ni)
 {
     const uint32_t bytes = (uint32_t)min(kBN, p.n - ni * kBN) * 4;
-    for (int r = mi * 64; r < min(p.m, mi * 64 + 64); r++) {
+    for (int r = mi * S::kTileM; r < min(p.m, (mi + 1) * S::kTileM); r++) {
         const float *q = p.out + (long long)r * p.n + ni * kBN;
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q), "r"(bytes) : "memory");
     }
 }
 
-/* The producer thread: every K step of every tile of this CTA, the A box and the B boxes that hold
- * columns below N (a box wholly past N is not loaded; the accumulators it would feed are never
- * stored). */
-template <int kKind>
+/* The producer thread: every K step of every tile of this CTA, A and the B boxes that hold
+ * columns below N. dH's A is one K-major box of kTileM rows; dW's A is one MN-major box per 64 of
+ * M, those wholly past M skipped, as are B boxes wholly past N (the accumulators they would feed
+ * are never stored). */
+template <int kKind, class S>
 __device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const GParams &p,
                                         uint32_t base)
 {
     Ring<S::kStages> r;
     for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
         int mi, ni;
-        tile_coords(t, p.mtiles, p.ntiles, p.group_m, mi, ni);
+        coords<kKind>(t, p, mi, ni);
         const int nb = min(4, (p.n - ni * kBN + 63) / 64);
+        const int na = kKind == kDH ? 1 : min(S::kTileM / 64, (p.m - mi * S::kTileM + 63) / 64);
+        const uint32_t bytes = (kKind == kDH ? S::kBytesA : na * kBox) + nb * kBox;
         for (int kt = 0; kt < p.ktiles; kt++) {
             mbar_wait(empty_bar<S>(base, r.stage), r.phase ^ 1u, r.failed, p.err);
             const uint32_t full = full_bar<S>(base, r.stage);
             const uint32_t a = stage_a<S>(base, r.stage), b = stage_b<S>(base, r.stage);
-            mbar_arrive_expect_tx(full, kBox * (1 + nb)); /* zero-filled bytes count too */
+            mbar_arrive_expect_tx(full, bytes); /* zero-filled bytes count too */
             if (kKind == kDH)
-                tma_load_2d(a, tm_a, kt * kBK, mi * 64, full);
+                tma_load_2d(a, tm_a, kt * kBK, mi * S::kTileM, full);
             else
-                tma_load_2d(a, tm_a, mi * 64, kt * kBK, full);
+                for (int i = 0; i < na; i++)
+                    tma_load_2d(a + i * kBox, tm_a, mi * S::kTileM + 64 * i, kt * kBK, full);
             for (int i = 0; i < nb; i++)
                 tma_load_2d(b + i * kBox, tm_b, ni * kBN + 64 * i, kt * kBK, full);
             if (kKind == kDW && p.accumulate && kt == max(0, p.ktiles - kPrefetchSteps))
-                prefetch_out(p, mi, ni);
+                prefetch_out<S>(p, mi, ni);
             r.next();
         }
     }
 }
 
-/* One consumer warpgroup over all K steps of a tile: acc (64 x 256) = A_tile · B_tileᵀ, one K step
- * of wgmma in flight, a stage released (one arrival per warp) once the wgmma that read it are done;
+/* One consumer warpgroup over all K steps of a tile: acc (64 x 256) = its 64 rows of A (a_off bytes
+ * into the stage's A: 8 KB per warpgroup in either layout) · B_tileᵀ, one K step of wgmma in
+ * flight, a stage released (one arrival per warp) once the wgmma that read it are done; ping-pong:
  * after its last wait, the other consumer's turn. */
-template <int kKind>
+template <int kKind, class S>
 __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const GParams &p, uint32_t base, int cw,
-                                         Ring<S::kStages> &r)
+                                         uint32_t a_off, Ring<S::kStages> &r)
 {
     int prev = -1;
     for (int kt = 0; kt < p.ktiles; kt++) {
         mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
         __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
-        const uint32_t a = stage_a<S>(base, r.stage), b = stage_b<S>(base, r.stage);
+        const uint32_t a = stage_a<S>(base, r.stage) + a_off, b = stage_b<S>(base, r.stage);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; kk++) {
@@ -123,7 +150,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const GParams &p, u
         prev = r.stage;
         r.next();
     }
-    if ((threadIdx.x & 127) == 0)
+    if (S::kPP && (threadIdx.x & 127) == 0)
         mbar_arrive(turn_bar<S>(base, 1 - cw));
     wgmma_wait<0>();
     fence_regs(acc);
@@ -133,7 +160,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const GParams &p, u
 
 /* fp32 pair load and store that keep their program order: the compiler would otherwise sink each
  * load next to its use (to save registers), and the epilogue would wait one memory latency per pair
- * (measured: 19.7 ms instead of 9.2 for dW at 4096 x 4096 x 128256). */
+ * (measured: 19.7 ms instead of 7.4 for dW at 4096 x 4096 x 128256). */
 __device__ inline float2 ld_f2(const float *q)
 {
     float2 r;
@@ -179,9 +206,10 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kAcc], const GPara
     }
 }
 
-/* A consumer warpgroup (cw = 0, 1): the CTA's tiles cw, cw + 2, .., each main loop after the other
- * consumer's turn (lmhead_sm90.cu's ping-pong). */
-template <int kKind>
+/* A consumer warpgroup (cw = 0, 1), as lmhead_sm90.cu's: cooperative, rows 64·cw of every tile of
+ * the CTA; ping-pong, the CTA's tiles cw, cw + 2, .. whole, each main loop after the other
+ * consumer's turn. */
+template <int kKind, class S>
 __device__ __forceinline__ void consume(const GParams &p, uint32_t base, int cw)
 {
     float acc[kAcc];
@@ -189,26 +217,28 @@ __device__ __forceinline__ void consume(const GParams &p, uint32_t base, int cw)
     for (int i = 0; i < kAcc; i++)
         acc[i] = 0.0f;
     Ring<S::kStages> r;
-    for (long long j = cw, mine = 0;; j += 2, mine++) {
+    const int a_row = S::kPP ? 0 : 64 * cw;
+    for (long long j = S::kPP ? cw : 0, mine = 0;; j += S::kPP ? 2 : 1, mine++) {
         const long long t = blockIdx.x + j * gridDim.x;
         if (t >= p.tiles)
             break;
         int mi, ni;
-        tile_coords(t, p.mtiles, p.ntiles, p.group_m, mi, ni);
+        coords<kKind>(t, p, mi, ni);
         ring_seek<S>(r, j * p.ktiles);
-        if (cw == 1 || mine > 0)
+        if (S::kPP && (cw == 1 || mine > 0))
             mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1), r.failed, p.err);
-        mma_tile<kKind>(acc, p, base, cw, r);
-        store_tile<kKind>(acc, p, frag_of<S>(mi, ni, 0));
+        mma_tile<kKind, S>(acc, p, base, cw, (uint32_t)a_row * 128, r);
+        store_tile<kKind>(acc, p, frag_of<S>(mi, ni, a_row));
     }
 }
 
-/* tm_a: E (rows, V) boxes 64 x 64; tm_b: W (V, D) or X (rows, D), boxes 64 x 64. 384 threads,
- * S::kSmemBytes dynamic. */
-template <int kKind>
+/* tm_a: E (rows, V), boxes 64 x kTileM (dH) or 64 x 64 (dW); tm_b: W (V, D) or X (rows, D), boxes
+ * 64 x 64. 384 threads, S::kSmemBytes dynamic. */
+template <int kKind, bool kPP>
 __global__ void __launch_bounds__(kThreads, 1)
 grad_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const GParams p)
 {
+    using S = Sched<kPP>;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     if (threadIdx.x == 0)
@@ -217,21 +247,21 @@ grad_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CU
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 0)
-            produce<kKind>(&tm_a, &tm_b, p, base);
+            produce<kKind, S>(&tm_a, &tm_b, p, base);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        consume<kKind>(p, base, threadIdx.x / 128 - 1);
+        consume<kKind, S>(p, base, threadIdx.x / 128 - 1);
     }
 }
 
 /* ---- host side ----------------------------------------------------------------------------------- */
 
-/* A row-major (rows, cols) bf16 matrix with leading dimension ld, boxes of 64 x 64. */
-tkd_status tmap64(CUtensorMap *tm, const uint16_t *ptr, long long rows, int cols, long long ld)
+/* A row-major (rows, cols) bf16 matrix with leading dimension ld, boxes of 64 columns x box_rows. */
+tkd_status tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int cols, long long ld, int box_rows)
 {
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
-    return make_tmap(tm, ptr, 2, dims, strides, 64, "lmhead_grad_sm90");
+    return make_tmap(tm, ptr, 2, dims, strides, box_rows, "lmhead_grad_sm90");
 }
 
 tkd_status check_args(const uint16_t *e, int64_t lde, const uint16_t *b, int64_t rows, int d, int v,
@@ -250,27 +280,57 @@ tkd_status check_args(const uint16_t *e, int64_t lde, const uint16_t *b, int64_t
     return tkd_lmhead_sm90_supported();
 }
 
-template <int kKind>
+/* The schedule on ws: cooperative unless tkd_lmhead_sm90_ws_set_grad_schedule forced ping-pong.
+ * Measured (grad_bench, docs/PERFORMANCE.md): dH (K = V long, the epilogue negligible) gains most
+ * from 128-row tiles, which halve W's traffic per flop (ncu: tensor pipe 99.7 % active, against 86 %
+ * in ping-pong); dW also runs faster cooperative (6.3 against 9.4 ms at 4096 x 4096 x 128256),
+ * although there one consumer's read-add-write epilogue could hide under the other's main loop. */
+bool pingpong_of(const tkd_lmhead_sm90_ws *ws)
+{
+    return ws->grad_sched == 1 + TKD_LMHEAD_SM90_SCHED_PINGPONG;
+}
+
+/* Launches kind kKind on schedule S; tm_a for dH must have boxes of S::kTileM rows. */
+template <int kKind, bool kPP>
 tkd_status launch(tkd_lmhead_sm90_ws *ws, const CUtensorMap &tm_a, const CUtensorMap &tm_b, GParams p)
 {
+    using S = Sched<kPP>;
     p.ntiles = (p.n + kBN - 1) / kBN;
     p.mtiles = (p.m + S::kTileM - 1) / S::kTileM;
     p.tiles = (long long)p.mtiles * p.ntiles;
     p.err = ws->err;
+    if (kKind == kDH)
+        p.group = S::kGroupM;
     int dev = 0, sms = 0;
     TKD_CUDA_CHECK(cudaGetDevice(&dev));
     TKD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     long long grid = ws->max_ctas > 0 && ws->max_ctas < sms ? ws->max_ctas : sms;
     if (grid > p.tiles)
         grid = p.tiles;
-    TKD_CUDA_CHECK(cudaFuncSetAttribute(grad_kernel<kKind>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(grad_kernel<kKind, kPP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)S::kSmemBytes));
-    grad_kernel<kKind><<<(unsigned)grid, kThreads, S::kSmemBytes, ws->stream>>>(tm_a, tm_b, p);
+    grad_kernel<kKind, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes, ws->stream>>>(tm_a, tm_b, p);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
 
+/* dW's N-group: as many 256-column tiles as keep their X columns (rows x 256 bf16 each) within
+ * 16 MB, a third of the L2, so they stay there while E streams past. */
+int dw_group(int64_t rows, int ntiles)
+{
+    const int64_t per_tile = rows * kBN * 2;
+    const int64_t g = (16ll << 20) / per_tile;
+    return g < 1 ? 1 : g > ntiles ? ntiles : (int)g;
+}
+
 } // namespace
+
+extern "C" void tkd_lmhead_sm90_ws_set_grad_schedule(tkd_lmhead_sm90_ws *ws, int sched)
+{
+    ws->grad_sched = sched == TKD_LMHEAD_SM90_SCHED_PINGPONG ? 1 + TKD_LMHEAD_SM90_SCHED_PINGPONG
+                     : sched == TKD_LMHEAD_SM90_SCHED_COOP   ? 1 + TKD_LMHEAD_SM90_SCHED_COOP
+                                                             : 0;
+}
 
 extern "C" tkd_status tkd_lmhead_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde,
                                          const uint16_t *w, int64_t rows, int d, int v, const float *sigma,
@@ -279,17 +339,17 @@ extern "C" tkd_status tkd_lmhead_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t 
     TKD_TRY(check_args(e, lde, w, rows, d, v, dh, "dH"));
     if (!sigma)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_grad_sm90: dH: sigma is NULL");
+    const bool pp = pingpong_of(ws);
     CUtensorMap tm_e, tm_w;
-    TKD_TRY(tmap64(&tm_e, e, rows, v, lde));
-    TKD_TRY(tmap64(&tm_w, w, v, d, d));
+    TKD_TRY(tmap(&tm_e, e, rows, v, lde, pp ? PingPong::kTileM : Coop::kTileM));
+    TKD_TRY(tmap(&tm_w, w, v, d, d, 64));
     GParams p = {};
     p.m = (int)rows;
     p.n = d;
     p.ktiles = (v + kBK - 1) / kBK;
-    p.group_m = getenv("TKD_GRAD_GROUP_DH") ? atoi(getenv("TKD_GRAD_GROUP_DH")) : S::kGroupM; /* TUNING */
     p.out = dh;
     p.rowscale = sigma;
-    return launch<kDH>(ws, tm_e, tm_w, p);
+    return pp ? launch<kDH, true>(ws, tm_e, tm_w, p) : launch<kDH, false>(ws, tm_e, tm_w, p);
 }
 
 extern "C" tkd_status tkd_lmhead_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde,
@@ -298,14 +358,14 @@ extern "C" tkd_status tkd_lmhead_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t 
 {
     TKD_TRY(check_args(e, lde, x, rows, d, v, dw, "dW"));
     CUtensorMap tm_e, tm_x;
-    TKD_TRY(tmap64(&tm_e, e, rows, v, lde));
-    TKD_TRY(tmap64(&tm_x, x, rows, d, d));
+    TKD_TRY(tmap(&tm_e, e, rows, v, lde, 64));
+    TKD_TRY(tmap(&tm_x, x, rows, d, d, 64));
     GParams p = {};
     p.m = v;
     p.n = d;
     p.ktiles = (int)((rows + kBK - 1) / kBK);
-    p.group_m = getenv("TKD_GRAD_GROUP_DW") ? atoi(getenv("TKD_GRAD_GROUP_DW")) : 1; /* TUNING */
+    p.group = dw_group(rows, (d + kBN - 1) / kBN);
     p.out = dw;
     p.accumulate = accumulate != 0;
-    return launch<kDW>(ws, tm_e, tm_x, p);
+    return pingpong_of(ws) ? launch<kDW, true>(ws, tm_e, tm_x, p) : launch<kDW, false>(ws, tm_e, tm_x, p);
 }

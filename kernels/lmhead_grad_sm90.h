@@ -6,7 +6,7 @@
  *                                              or written over it),
  * so neither needs a separate scaling pass and dW's fp32 accumulation across chunks happens while
  * the tile is in registers. The same pipeline as the logits GEMM (kernels/lmhead_sm90.cu:
- * persistent CTAs, TMA producer, two ping-pong consumer warpgroups on 64 x 256 tiles); E, W and X
+ * persistent CTAs, a TMA producer, two consumer warpgroups, cooperative or ping-pong); E, W and X
  * enter shared memory as they lie in memory, the wgmma transpose flags read them K- or MN-major.
  * Each output element is summed in one fixed order, whatever the grid: results are bit-identical
  * for any CTA count (tests check it).
@@ -39,6 +39,11 @@ tkd_status tkd_lmhead_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t
  * NaN included, are never read); e (rows, lde) bf16, x (rows, D) bf16. */
 tkd_status tkd_lmhead_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde, const uint16_t *x,
                               int64_t rows, int d, int v, float *dw, int accumulate);
+
+/* The gradient GEMMs' schedule on ws: cooperative (128 x 256 tiles, both consumers on each) by
+ * default, measured faster for both; TKD_LMHEAD_SM90_SCHED_PINGPONG forces ping-pong, anything else
+ * restores the default. Results do not depend on it (tests check it bit for bit). */
+void tkd_lmhead_sm90_ws_set_grad_schedule(tkd_lmhead_sm90_ws *ws, int sched);
 
 #ifdef __cplusplus
 }

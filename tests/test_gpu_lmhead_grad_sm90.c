@@ -2,8 +2,9 @@
  * dH = sigma ⊙ (E·W) and dW (+)= Eᵀ·X against a float64 reference over awkward shapes (rows, V not
  * multiples of the 64 x 256 tile or of the 64-wide K step, one row, D = 8 and D not a multiple of
  * 64 or 256, E's row padding filled with NaN, which must never be read), dW written over a
- * NaN-filled buffer and added to random contents, the result bit-identical whatever the grid, and
- * the argument checks. Labelled gpu: exits 77 where no GPU answers or it is not compute capability
+ * NaN-filled buffer and added to random contents, the result bit-identical whatever the grid or
+ * schedule, and the argument checks; every test runs under the default schedule (cooperative) and
+ * with each forced (three cmocka groups). Labelled gpu: exits 77 where no GPU answers or it is not compute capability
  * 9.0.
  *
  * Tolerance. The operands are bf16, so each product is exact in fp32 and the only error is the fp32
@@ -35,6 +36,8 @@
 
 #define FP32_U 5.9604644775390625e-8 /* 2^-24 */
 #define MAX_PRINTS 8
+
+static int g_sched; /* the running group's schedule (setup) */
 
 /* One case: e (rows, lde) with NaN padding, w (V, D), x (rows, D), sigma (rows), host and device. */
 typedef struct grad_case {
@@ -204,7 +207,7 @@ static void test_dw_vs_f64(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* dH and dW on 1, 3 and all CTAs: bit-identical. */
+/* dH and dW on 1, 3 and all CTAs and on either schedule: bit-identical. */
 static void test_grid_invariant(void **state)
 {
     tkd_lmhead_sm90_ws *ws = *state;
@@ -213,9 +216,13 @@ static void test_grid_invariant(void **state)
     float *ddh = tkd_test_dev_alloc(nh * 4), *ddw = tkd_test_dev_alloc(nw * 4);
     float *h0 = tkd_test_xmalloc(nh * 4), *w0 = tkd_test_xmalloc(nw * 4);
     float *h1 = tkd_test_xmalloc(nh * 4), *w1 = tkd_test_xmalloc(nw * 4);
-    const int ctas[] = {0, 1, 3};
-    for (int g = 0; g < 3; g++) {
+    /* full grid, 1 and 3 CTAs on this group's schedules, then the full grid on each forced one */
+    const int ctas[] = {0, 1, 3, 0, 0};
+    const int scheds[] = {-2, -2, -2, TKD_LMHEAD_SM90_SCHED_PINGPONG, TKD_LMHEAD_SM90_SCHED_COOP};
+    for (int g = 0; g < 5; g++) {
         tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas[g]);
+        if (scheds[g] != -2)
+            tkd_lmhead_sm90_ws_set_grad_schedule(ws, scheds[g]);
         tkd_test_poison(ddh, nh * 4);
         tkd_test_poison(ddw, nw * 4);
         tkd_test_ok(tkd_lmhead_sm90_dh(ws, c.de, c.lde, c.dw_op, c.rows, c.d, c.v, c.dsig, ddh), "dh");
@@ -225,7 +232,7 @@ static void test_grid_invariant(void **state)
         tkd_test_to_host(g == 0 ? w0 : w1, ddw, nw * 4, NULL);
         if (g > 0) {
             if (memcmp(h0, h1, nh * 4) != 0 || memcmp(w0, w1, nw * 4) != 0)
-                printf("max_ctas %d: dH %s, dW %s the full grid's\n", ctas[g],
+                printf("run %d (max_ctas %d): dH %s, dW %s the first run's\n", g, ctas[g],
                        memcmp(h0, h1, nh * 4) ? "differs from" : "equals",
                        memcmp(w0, w1, nw * 4) ? "differs from" : "equals");
             assert_memory_equal(h0, h1, nh * 4);
@@ -233,6 +240,7 @@ static void test_grid_invariant(void **state)
         }
     }
     tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+    tkd_lmhead_sm90_ws_set_grad_schedule(ws, g_sched); /* the group's own again */
     cudaFree(ddh), cudaFree(ddw);
     free(h0), free(h1), free(w0), free(w1);
     case_free(&c);
@@ -257,7 +265,8 @@ static void test_arguments(void **state)
     case_free(&c);
 }
 
-static int setup(void **state)
+/* The group's schedule: -1 the default (cooperative), else forced. */
+static int setup(void **state, int sched)
 {
     tkd_lmhead_sm90_ws *ws = NULL;
     tkd_status st = tkd_lmhead_sm90_ws_create(&ws);
@@ -265,9 +274,15 @@ static int setup(void **state)
         printf("lmhead_sm90 workspace: %s: %s\n", tkd_status_name(st), tkd_error_msg());
         return -1;
     }
+    tkd_lmhead_sm90_ws_set_grad_schedule(ws, sched);
+    g_sched = sched;
     *state = ws;
     return 0;
 }
+
+static int setup_default(void **state) { return setup(state, -1); }
+static int setup_pingpong(void **state) { return setup(state, TKD_LMHEAD_SM90_SCHED_PINGPONG); }
+static int setup_coop(void **state) { return setup(state, TKD_LMHEAD_SM90_SCHED_COOP); }
 
 static int teardown(void **state)
 {
@@ -290,7 +305,10 @@ int main(void)
         cmocka_unit_test(test_dw_vs_f64),
         cmocka_unit_test(test_grid_invariant),
     };
-    return cmocka_run_group_tests_name("lmhead_grad_sm90", tests, setup, teardown);
+    int failed = cmocka_run_group_tests_name("lmhead_grad_sm90 default schedule", tests, setup_default, teardown);
+    failed += cmocka_run_group_tests_name("lmhead_grad_sm90 ping-pong", tests, setup_pingpong, teardown);
+    failed += cmocka_run_group_tests_name("lmhead_grad_sm90 cooperative", tests, setup_coop, teardown);
+    return failed;
 #else
     return 77;
 #endif
