@@ -42,18 +42,20 @@ struct Bufs {
     float *sigma, *dh, *dh2, *dw, *dw2;
 };
 
+/* ‖a − b‖ / ‖b‖ of two device arrays; NaN when they cannot be read or b is all zeros (a comparison
+ * that cannot be made must not print as agreement). */
 double rel_diff(const float *a, const float *b, size_t n)
 {
     float *ha = (float *)malloc(n * 4), *hb = (float *)malloc(n * 4);
     double num = 0, den = 0;
-    if (ha && hb && cudaMemcpy(ha, a, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
-        cudaMemcpy(hb, b, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess)
-        for (size_t i = 0; i < n; i++) {
-            num += ((double)ha[i] - hb[i]) * ((double)ha[i] - hb[i]);
-            den += (double)hb[i] * hb[i];
-        }
+    const bool ok = ha && hb && cudaMemcpy(ha, a, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                    cudaMemcpy(hb, b, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (size_t i = 0; ok && i < n; i++) {
+        num += ((double)ha[i] - hb[i]) * ((double)ha[i] - hb[i]);
+        den += (double)hb[i] * hb[i];
+    }
     free(ha), free(hb);
-    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+    return ok && den > 0 ? sqrt(num / den) : NAN;
 }
 
 } // namespace
@@ -139,8 +141,10 @@ extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, i
             } else if (st == TKD_OK) {
                 st = tkd_error_set(TKD_ERR_DEVICE, "grad_bench: %s", cudaGetErrorString(cudaGetLastError()));
             }
-            if (r == -1 && k == GB_PLAIN_DW && st == TKD_OK) /* after one accumulate each: same dW */
-                *maxrel = fmax(rel_diff(b.dh, b.dh2, (size_t)rows * d), rel_diff(b.dw, b.dw2, (size_t)v * d));
+            if (r == -1 && k == GB_PLAIN_DW && st == TKD_OK) { /* after one accumulate each: same dW */
+                const double rh = rel_diff(b.dh, b.dh2, (size_t)rows * d), rw = rel_diff(b.dw, b.dw2, (size_t)v * d);
+                *maxrel = isnan(rh) || isnan(rw) ? NAN : fmax(rh, rw); /* fmax would drop a NaN */
+            }
         }
     GB_TRY(tkd_lmhead_sm90_sync(lw));
     for (int k = 0; k < GB_N && st == TKD_OK; k++) {
