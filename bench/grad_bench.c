@@ -6,7 +6,7 @@
  * the kinds alternating rep by rep; TFLOP/s = 2·rows·D·V / time.
  *
  *   grad_bench [--shapes ROWSxDxV,...] [--reps N] [--sched pp|coop]
- * --sched forces our kernels' schedule for both GEMMs (default: dH cooperative, dW ping-pong).
+ * --sched forces our kernels' schedule for both GEMMs (default: cooperative).
  */
 #include <stdio.h>
 #include <stdlib.h>

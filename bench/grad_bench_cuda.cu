@@ -82,7 +82,7 @@ extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, i
     GB_TRY(tkd_cuda_malloc((void **)&b.dw2, (size_t)v * d * 4, "dW", NULL));
     GB_TRY(tkd_lmhead_sm90_ws_create(&lw));
     if (lw)
-        tkd_lmhead_sm90_ws_set_grad_schedule(lw, sched);
+        tkd_lmhead_grad_sm90_set_schedule(lw, sched);
     if (st == TKD_OK) {
         fill_kernel<<<4096, 256>>>((__nv_bfloat16 *)b.e, (size_t)rows * lde, 1, 0.0f, 1e-4f); /* E ~ softmax-sized */
         fill_kernel<<<4096, 256>>>((__nv_bfloat16 *)b.w, (size_t)v * d, 2, -0.05f, 0.05f);
@@ -102,7 +102,7 @@ extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, i
             cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
             switch (k) {
             case GB_OURS_DH:
-                st = tkd_lmhead_sm90_dh(lw, b.e, lde, b.w, rows, d, v, b.sigma, b.dh);
+                st = tkd_lmhead_grad_sm90_dh(lw, b.e, lde, b.w, rows, d, v, b.sigma, b.dh);
                 break;
             case GB_CUBLAS_DH:
                 bs = cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, d, (int)rows, v, &one, b.w, CUDA_R_16BF, d, b.e,
@@ -111,7 +111,7 @@ extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, i
                 scale_rows<<<4096, 256>>>(b.dh2, b.sigma, rows, d);
                 break;
             case GB_OURS_DW:
-                st = tkd_lmhead_sm90_dw(lw, b.e, lde, b.x, rows, d, v, b.dw, 1);
+                st = tkd_lmhead_grad_sm90_dw(lw, b.e, lde, b.x, rows, d, v, b.dw, 1);
                 break;
             case GB_CUBLAS_DW:
                 bs = cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_T, d, v, (int)rows, &one, b.x, CUDA_R_16BF, d, b.e,
@@ -124,7 +124,7 @@ extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, i
                                   CUBLAS_GEMM_DEFAULT);
                 break;
             case GB_OURS_DW0:
-                st = tkd_lmhead_sm90_dw(lw, b.e, lde, b.x, rows, d, v, b.dw2, 0);
+                st = tkd_lmhead_grad_sm90_dw(lw, b.e, lde, b.x, rows, d, v, b.dw2, 0);
                 break;
             default:
                 bs = cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_T, d, v, (int)rows, &one, b.x, CUDA_R_16BF, d, b.e,

@@ -948,12 +948,19 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws)
     TKD_TRY(st);
     const char *fused = getenv("TKD_KL_FUSED"), *grad = getenv("TKD_KL_GRAD_SM90");
     ws->fused = !(fused && strcmp(fused, "0") == 0);
-    /* dH ours, dW cuBLAS: what measured faster (docs/PERFORMANCE.md); the variable picks others */
-    ws->grad_sm90 = !grad                      ? kGradDH
-                    : strcmp(grad, "both") == 0 ? kGradDH | kGradDW
-                    : strcmp(grad, "dw") == 0   ? kGradDW
-                    : strcmp(grad, "dh") == 0   ? kGradDH
-                                                : 0;
+    /* By default dH on ours where D is a multiple of 256 (there as fast as cuBLAS, within 1 %, with
+     * sigma in its epilogue instead of a pass; its tiles are 256 wide, so at D 2880 a twelfth tile
+     * a quarter full makes it 4-6 % slower and cuBLAS does dH), dW on cuBLAS (ours 9-13 % slower);
+     * docs/PERFORMANCE.md. The variable picks others. */
+    if (!grad)
+        ws->grad_sm90 = ws->d % TKD_LMHEAD_SM90_BN == 0 ? TKD_KL_GRAD_DH : 0;
+    else if (strcmp(grad, "0") == 0 || strcmp(grad, "dh") == 0 || strcmp(grad, "dw") == 0 ||
+             strcmp(grad, "both") == 0)
+        ws->grad_sm90 = (grad[0] == 'b' || strcmp(grad, "dh") == 0 ? TKD_KL_GRAD_DH : 0) |
+                        (grad[0] == 'b' || strcmp(grad, "dw") == 0 ? TKD_KL_GRAD_DW : 0);
+    else
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: TKD_KL_GRAD_SM90=%s: want 0, dh, dw "
+                             "or both (which gradient GEMMs run on our Hopper kernels)", grad);
     int dev = 0;
     TKD_CUDA_CHECK(cudaGetDevice(&dev));
     TKD_CUDA_CHECK(cudaDeviceGetAttribute(&ws->sms, cudaDevAttrMultiProcessorCount, dev));
@@ -1280,27 +1287,27 @@ extern "C" tkd_status tkd_kl_cuda_ws_set_fused(tkd_kl_cuda_ws *ws, int on)
  * fp32 (V, D) gradient (8·V·D bytes at ~3 TB/s against one tile's 2·128·256·V flop at ~5.6 TFLOP/s
  * per SM: ≈ 2.3e-4·D) and the chunk's launches (0.1). 8192 rows at D 2048, V 151552: 4 × 2048 rows
  * (4 waves) instead of 3 × 2816 (176 tiles on 132 SMs: 6 waves). */
-static int dh_chunk_rows(const tkd_kl_cuda_ws *ws, int64_t n, int64_t c0)
+extern "C" int tkd_kl_cuda_dh_chunk_rows(int64_t n, int chunk_e, int64_t c0, int d, int sms)
 {
-    const int64_t nt = (ws->d + TKD_LMHEAD_SM90_BN - 1) / TKD_LMHEAD_SM90_BN;
-    const double per_chunk = 2.3e-4 * ws->d + 0.1;
+    const int64_t nt = (d + TKD_LMHEAD_SM90_BN - 1) / TKD_LMHEAD_SM90_BN;
+    const double per_chunk = 2.3e-4 * d + 0.1;
     int64_t best_rows = 0;
     double best = INFINITY;
-    for (int64_t c = c0; c <= c0 + 3; c++) {
+    for (int64_t c = c0 > 0 ? c0 : 1; c <= c0 + 3; c++) {
         const int64_t rows = ((n + c - 1) / c + 127) / 128 * 128;
-        if (rows > ws->chunk_e || rows < 128)
+        if (rows > chunk_e || rows < 128)
             continue;
         double cost = 0.0;
         for (int64_t row0 = 0; row0 < n; row0 += rows) {
             const int64_t r = n - row0 < rows ? n - row0 : rows;
-            cost += (double)((((r + 127) / 128) * nt + ws->sms - 1) / ws->sms) + per_chunk;
+            cost += (double)((((r + 127) / 128) * nt + sms - 1) / sms) + per_chunk;
         }
         if (cost < best)
             best = cost, best_rows = rows;
     }
     if (best_rows == 0) /* chunk_e below 128 rows: the plain cut */
-        best_rows = ((n + c0 - 1) / c0 + 127) / 128 * 128;
-    return (int)(best_rows < ws->chunk_e ? best_rows : ws->chunk_e);
+        best_rows = ((n + c0 - 1) / (c0 > 0 ? c0 : 1) + 127) / 128 * 128;
+    return (int)(best_rows < chunk_e ? best_rows : chunk_e);
 }
 
 extern "C" int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad,
@@ -1311,8 +1318,8 @@ extern "C" int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_para
     /* Balanced: as many chunks as chunk_e rows need, of equal size (a multiple of 128 rows) — a
      * short last chunk runs its dH GEMM on fewer tiles than the GPU has SMs. */
     const int64_t chunks = n > 0 ? (n + ws->chunk_e - 1) / ws->chunk_e : 1;
-    if (grad && (ws->grad_sm90 & kGradDH) && ws->sms > 0)
-        return dh_chunk_rows(ws, n, chunks);
+    if (grad && (ws->grad_sm90 & TKD_KL_GRAD_DH) && ws->sms > 0)
+        return tkd_kl_cuda_dh_chunk_rows(n, ws->chunk_e, chunks, ws->d, ws->sms);
     int64_t rows = ((n + chunks - 1) / chunks + 127) / 128 * 128;
     return (int)(rows < ws->chunk_e ? rows : ws->chunk_e);
 }
@@ -1422,8 +1429,8 @@ static tkd_status fused_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
     TKD_TRY(mark(mk, mk_ctx, 2));
     const long long nd = (long long)rows * b->d;
     const uint16_t *e16 = reinterpret_cast<const uint16_t *>(e);
-    if (ws->grad_sm90 & kGradDH) { /* sigma applied in the GEMM's epilogue */
-        TKD_TRY(tkd_lmhead_sm90_dh(ws->lm, e16, ws->ldl, b->w, rows, b->d, b->v, ws->sigma,
+    if (ws->grad_sm90 & TKD_KL_GRAD_DH) { /* sigma applied in the GEMM's epilogue */
+        TKD_TRY(tkd_lmhead_grad_sm90_dh(ws->lm, e16, ws->ldl, b->w, rows, b->d, b->v, ws->sigma,
                                    dh + row0 * b->d));
     } else {
         TKD_TRY(gemm_dh(ws, b, row0, rows, e, ws->ldl, dh));
@@ -1435,8 +1442,8 @@ static tkd_status fused_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                          rows, b->d, reinterpret_cast<__nv_bfloat16 *>(ws->hs));
     TKD_CUDA_CHECK(cudaGetLastError());
     const int accumulate = !(p->dw_overwrite && row0 == 0);
-    if (ws->grad_sm90 & kGradDW)
-        return tkd_lmhead_sm90_dw(ws->lm, e16, ws->ldl, ws->hs, rows, b->d, b->v, dw, accumulate);
+    if (ws->grad_sm90 & TKD_KL_GRAD_DW)
+        return tkd_lmhead_grad_sm90_dw(ws->lm, e16, ws->ldl, ws->hs, rows, b->d, b->v, dw, accumulate);
     return gemm_dw(ws, b, ws->hs, rows, e, ws->ldl, dw, accumulate);
 }
 

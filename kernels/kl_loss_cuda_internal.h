@@ -34,9 +34,10 @@ extern "C" {
 /* The device-side loss sums, kept-row count and first-bad-row state (defined in the .cu). */
 typedef struct tkd_kl_cuda_dev_out tkd_kl_cuda_dev_out;
 
-/* Sized once by tkd_kl_cuda_ws_create; every device buffer is counted in `bytes`. */
-enum { kGradDH = 1, kGradDW = 2 }; /* tkd_kl_cuda_ws.grad_sm90 */
+/* Which of the fused path's gradient GEMMs are ours (tkd_kl_cuda_ws.grad_sm90 bits). */
+enum { TKD_KL_GRAD_DH = 1, TKD_KL_GRAD_DW = 2 };
 
+/* Sized once by tkd_kl_cuda_ws_create; every device buffer is counted in `bytes`. */
 struct tkd_kl_cuda_ws {
     int64_t n_max;
     int d, v, chunk;
@@ -53,10 +54,11 @@ struct tkd_kl_cuda_ws {
     /* The fused path (with lm, unless TKD_KL_FUSED=0): the sm90 GEMM's epilogue gathers the special
      * columns and writes the gradient tile as bf16; chunks of chunk_e rows. */
     int fused;                 /* 1: calls that qualify take it (tkd_kl_cuda_fused_on) */
-    int grad_sm90;             /* kGradDH, kGradDW bits: that GEMM is ours (lmhead_grad_sm90.h,
-                                * sigma resp. dW's accumulation in the epilogue), else cuBLAS (dH
-                                * then scaled in a pass). Default dH; TKD_KL_GRAD_SM90 = 0, dh, dw,
-                                * both picks */
+    int grad_sm90;             /* TKD_KL_GRAD_DH, TKD_KL_GRAD_DW bits: that GEMM is ours
+                                * (lmhead_grad_sm90.h: sigma resp. dW's accumulation in the
+                                * epilogue), else cuBLAS (dH then scaled in a pass). Default: dH
+                                * where D is a multiple of 256; TKD_KL_GRAD_SM90 = 0, dh, dw, both
+                                * picks (sm90_setup) */
     int sms;                   /* the device's multiprocessors (dH's waves, tkd_kl_cuda_chunk_for) */
     int chunk_e;               /* rows per fused chunk: 2·chunk, at most n_max */
     int sp_l;                  /* special slots per row: k + s + 1 of the params it was made with */
@@ -143,8 +145,14 @@ tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                  int64_t row0, int rows, float grad_scale, float *dh, float *dw,
                                  tkd_kl_cuda_mark_fn mark, void *mark_ctx);
 /* Rows per chunk of a call with p over n rows: on the fused path for that mode as many chunks as
- * chunk_e rows need, balanced (128-row multiples); else chunk. */
+ * chunk_e rows need, balanced (128-row multiples) — in gradient modes where our dH GEMM runs, up to
+ * three chunks more where that fills its waves better (tkd_kl_cuda_dh_chunk_rows); else chunk. */
 int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad, int64_t n);
+
+/* The rows per chunk tkd_kl_cuda_chunk_for takes when our dH GEMM runs: n rows, at most chunk_e
+ * per chunk, at least c0 chunks, D columns, sms multiprocessors. Host arithmetic only (exposed for
+ * its test). The chunk count depends on sms, so dW's fp32 bits do too (chunks sum in order). */
+int tkd_kl_cuda_dh_chunk_rows(int64_t n, int chunk_e, int64_t c0, int d, int sms);
 /* The row kernel over the chunk in ws->chunk_buf; gradient modes make ∂(grad_scale·loss)/∂s.
  * mode may carry TKD_KL_CUDA_ROWS_LSE_GIVEN (stats modes, not `tail`). */
 tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,

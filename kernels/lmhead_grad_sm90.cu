@@ -51,6 +51,7 @@ struct GParams {
     float *out;            /* (m, n) fp32, dense */
     const float *rowscale; /* dH: (m) */
     int accumulate;        /* dW: add to out */
+    int prefetch;          /* dW accumulate: out is 16-byte aligned, as the L2 bulk prefetch needs */
     unsigned *err;
 };
 
@@ -73,8 +74,9 @@ __device__ inline void coords(long long t, const GParams &p, int &mi, int &ni)
     mi = (int)(r / gn);
 }
 
-/* dW's old values under output tile (mi, ni) into L2 (a bulk prefetch per row), so that the
- * epilogue's loads find them there. */
+/* dW's old values under output tile (mi, ni) into L2 (a bulk prefetch per row: 16-byte aligned,
+ * since out is and a row, N a multiple of 8, is 32-byte multiples long), so that the epilogue's
+ * loads find them there. */
 template <class S>
 __device__ inline void prefetch_out(const GParams &p, int mi, int ni)
 {
@@ -112,7 +114,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorM
                     tma_load_2d(a + i * kBox, tm_a, mi * S::kTileM + 64 * i, kt * kBK, full);
             for (int i = 0; i < nb; i++)
                 tma_load_2d(b + i * kBox, tm_b, ni * kBN + 64 * i, kt * kBK, full);
-            if (kKind == kDW && p.accumulate && kt == max(0, p.ktiles - kPrefetchSteps))
+            if (kKind == kDW && p.prefetch && kt == max(0, p.ktiles - kPrefetchSteps))
                 prefetch_out<S>(p, mi, ni);
             r.next();
         }
@@ -192,14 +194,14 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kAcc], const GPara
 #pragma unroll
             for (int j = 0; j < kBatch; j++) {
                 const int col = f.col0 + 8 * (jb + j);
-                old[j] = make_float2(0.0f, 0.0f);
+                old[j] = make_float2(-0.0f, -0.0f); /* x + (−0) is x, the sign of a zero included */
                 if (kKind == kDW && p.accumulate && col < p.n)
                     old[j] = ld_f2(o + col);
             }
 #pragma unroll
             for (int j = 0; j < kBatch; j++) {
                 const int col = f.col0 + 8 * (jb + j), i = 4 * (jb + j) + 2 * h;
-                if (col < p.n) /* fmaf(x, 1, old) and fmaf(x, s, 0) round as x + old and x·s */
+                if (col < p.n) /* fmaf(x, 1, old) and fmaf(x, s, −0) round as x + old and x·s */
                     st_f2(o + col, make_float2(fmaf(acc[i], s, old[j].x), fmaf(acc[i + 1], s, old[j].y)));
             }
         }
@@ -257,11 +259,12 @@ grad_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CU
 /* ---- host side ----------------------------------------------------------------------------------- */
 
 /* A row-major (rows, cols) bf16 matrix with leading dimension ld, boxes of 64 columns x box_rows. */
-tkd_status tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int cols, long long ld, int box_rows)
+tkd_status tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int cols, long long ld, int box_rows,
+                const char *who)
 {
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
-    return make_tmap(tm, ptr, 2, dims, strides, box_rows, "lmhead_grad_sm90");
+    return make_tmap(tm, ptr, 2, dims, strides, box_rows, who);
 }
 
 tkd_status check_args(const uint16_t *e, int64_t lde, const uint16_t *b, int64_t rows, int d, int v,
@@ -280,11 +283,12 @@ tkd_status check_args(const uint16_t *e, int64_t lde, const uint16_t *b, int64_t
     return tkd_lmhead_sm90_supported();
 }
 
-/* The schedule on ws: cooperative unless tkd_lmhead_sm90_ws_set_grad_schedule forced ping-pong.
+/* The schedule on ws: cooperative unless tkd_lmhead_grad_sm90_set_schedule forced ping-pong.
  * Measured (grad_bench, docs/PERFORMANCE.md): dH (K = V long, the epilogue negligible) gains most
  * from 128-row tiles, which halve W's traffic per flop (ncu: tensor pipe 99.7 % active, against 86 %
- * in ping-pong); dW also runs faster cooperative (6.3 against 9.4 ms at 4096 x 4096 x 128256),
- * although there one consumer's read-add-write epilogue could hide under the other's main loop. */
+ * in ping-pong); dW also runs faster cooperative (grad_bench: 6.3 against 9.4 ms at 4096 x 4096 x
+ * 128256), although there one consumer's read-add-write epilogue could hide under the other's main
+ * loop: ping-pong loads X per 64 rows and misses L2 (ncu: 13.6 GB read from DRAM). */
 bool pingpong_of(const tkd_lmhead_sm90_ws *ws)
 {
     return ws->grad_sched == 1 + TKD_LMHEAD_SM90_SCHED_PINGPONG;
@@ -325,14 +329,14 @@ int dw_group(int64_t rows, int ntiles)
 
 } // namespace
 
-extern "C" void tkd_lmhead_sm90_ws_set_grad_schedule(tkd_lmhead_sm90_ws *ws, int sched)
+extern "C" void tkd_lmhead_grad_sm90_set_schedule(tkd_lmhead_sm90_ws *ws, int sched)
 {
     ws->grad_sched = sched == TKD_LMHEAD_SM90_SCHED_PINGPONG ? 1 + TKD_LMHEAD_SM90_SCHED_PINGPONG
                      : sched == TKD_LMHEAD_SM90_SCHED_COOP   ? 1 + TKD_LMHEAD_SM90_SCHED_COOP
                                                              : 0;
 }
 
-extern "C" tkd_status tkd_lmhead_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde,
+extern "C" tkd_status tkd_lmhead_grad_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde,
                                          const uint16_t *w, int64_t rows, int d, int v, const float *sigma,
                                          float *dh)
 {
@@ -341,8 +345,8 @@ extern "C" tkd_status tkd_lmhead_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t 
         return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_grad_sm90: dH: sigma is NULL");
     const bool pp = pingpong_of(ws);
     CUtensorMap tm_e, tm_w;
-    TKD_TRY(tmap(&tm_e, e, rows, v, lde, pp ? PingPong::kTileM : Coop::kTileM));
-    TKD_TRY(tmap(&tm_w, w, v, d, d, 64));
+    TKD_TRY(tmap(&tm_e, e, rows, v, lde, pp ? PingPong::kTileM : Coop::kTileM, "lmhead_grad_sm90: dH: E"));
+    TKD_TRY(tmap(&tm_w, w, v, d, d, 64, "lmhead_grad_sm90: dH: W"));
     GParams p = {};
     p.m = (int)rows;
     p.n = d;
@@ -352,14 +356,14 @@ extern "C" tkd_status tkd_lmhead_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t 
     return pp ? launch<kDH, true>(ws, tm_e, tm_w, p) : launch<kDH, false>(ws, tm_e, tm_w, p);
 }
 
-extern "C" tkd_status tkd_lmhead_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde,
+extern "C" tkd_status tkd_lmhead_grad_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde,
                                          const uint16_t *x, int64_t rows, int d, int v, float *dw,
                                          int accumulate)
 {
     TKD_TRY(check_args(e, lde, x, rows, d, v, dw, "dW"));
     CUtensorMap tm_e, tm_x;
-    TKD_TRY(tmap(&tm_e, e, rows, v, lde, 64));
-    TKD_TRY(tmap(&tm_x, x, rows, d, d, 64));
+    TKD_TRY(tmap(&tm_e, e, rows, v, lde, 64, "lmhead_grad_sm90: dW: E"));
+    TKD_TRY(tmap(&tm_x, x, rows, d, d, 64, "lmhead_grad_sm90: dW: X"));
     GParams p = {};
     p.m = v;
     p.n = d;
@@ -367,5 +371,6 @@ extern "C" tkd_status tkd_lmhead_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t 
     p.group = dw_group(rows, (d + kBN - 1) / kBN);
     p.out = dw;
     p.accumulate = accumulate != 0;
+    p.prefetch = p.accumulate && (uintptr_t)dw % 16 == 0;
     return pingpong_of(ws) ? launch<kDW, true>(ws, tm_e, tm_x, p) : launch<kDW, false>(ws, tm_e, tm_x, p);
 }

@@ -12,8 +12,10 @@
  * for any CTA count (tests check it).
  *
  * Limits: compute capability 9.0 (TKD_ERR_UNSUPPORTED elsewhere: fall back to cuBLAS); D a multiple
- * of 8; lde ≥ V and a multiple of 8 (16-byte row strides for the TMA); e, w, x 16-byte aligned;
- * 1 ≤ rows, V < 2^31. Asynchronous on the workspace's stream; a stalled pipeline sets the
+ * of 8; lde ≥ V and a multiple of 8 (16-byte row strides for the TMA); e, w, x 16-byte aligned, dh
+ * and dw 8-byte aligned (dW's L2 prefetch runs only where dw is 16-byte aligned);
+ * 1 ≤ rows, V < 2^31. The functions take the logits GEMM's workspace (kernels/lmhead_sm90.h: its
+ * error flag, grid cap and stream). Asynchronous on the workspace's stream; a stalled pipeline sets the
  * workspace's error flag (tkd_lmhead_sm90_sync reports it) instead of hanging.
  *
  * Header usable from C; defined only in CUDA builds (TKD_HAVE_CUDA).
@@ -32,18 +34,18 @@ extern "C" {
 
 /* dh (rows, D) fp32 = sigma[i] · Σ_v e[i, v] · w[v, :]; e (rows, lde) bf16, w (V, D) bf16, sigma
  * (rows) fp32, dh dense (leading dimension D). */
-tkd_status tkd_lmhead_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde, const uint16_t *w,
+tkd_status tkd_lmhead_grad_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde, const uint16_t *w,
                               int64_t rows, int d, int v, const float *sigma, float *dh);
 
 /* dw (V, D) fp32 += Σ_i e[i, :]ᵀ · x[i, :] (accumulate ≠ 0), or = (accumulate = 0: dw's old contents,
  * NaN included, are never read); e (rows, lde) bf16, x (rows, D) bf16. */
-tkd_status tkd_lmhead_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde, const uint16_t *x,
+tkd_status tkd_lmhead_grad_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde, const uint16_t *x,
                               int64_t rows, int d, int v, float *dw, int accumulate);
 
 /* The gradient GEMMs' schedule on ws: cooperative (128 x 256 tiles, both consumers on each) by
  * default, measured faster for both; TKD_LMHEAD_SM90_SCHED_PINGPONG forces ping-pong, anything else
  * restores the default. Results do not depend on it (tests check it bit for bit). */
-void tkd_lmhead_sm90_ws_set_grad_schedule(tkd_lmhead_sm90_ws *ws, int sched);
+void tkd_lmhead_grad_sm90_set_schedule(tkd_lmhead_sm90_ws *ws, int sched);
 
 #ifdef __cplusplus
 }

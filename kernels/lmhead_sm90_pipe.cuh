@@ -18,7 +18,7 @@ struct tkd_lmhead_sm90_ws {
     int max_ctas;  /* 0: one CTA per SM */
     tkd_lmhead_sm90_sched sched;
     cudaStream_t stream; /* of every launch; 0 (the legacy stream) unless set */
-    int grad_sched;      /* gradient GEMMs: 0 each kind's own schedule, 1 + a schedule: that one */
+    int grad_sched;      /* gradient GEMMs: 0 the default (cooperative), 1 + a schedule: that one */
 };
 
 namespace tkd_lmhead {

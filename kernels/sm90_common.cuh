@@ -1,13 +1,14 @@
 /* sm90_common.cuh — Hopper (sm_90a) plumbing shared by the *_sm90.cu kernels (lmhead_sm90.cu,
- * attn_bwd_sm90.cu): shared-memory addresses, mbarriers with bounded waits, TMA tile loads, wgmma
- * shared-memory descriptors and fences, and the host side of tensor maps. Internal: included by
- * *_sm90.cu files only (they are built for sm_90a alone, kernels/CMakeLists.txt). Everything is
- * inline, so each file compiles its own copy.
+ * lmhead_grad_sm90.cu, attn_bwd_sm90.cu): shared-memory addresses, mbarriers with bounded waits, TMA
+ * tile loads, wgmma shared-memory descriptors and fences, and the host side of tensor maps.
+ * Internal: included by *_sm90.cu files (built for sm_90a alone, kernels/CMakeLists.txt) and the
+ * internal headers only they include (lmhead_sm90_pipe.cuh). Everything is inline, so each file
+ * compiles its own copy.
  *
  * Swizzled tiles: a TMA box of 64 bf16 columns (128 bytes) × R rows with CU_TENSOR_MAP_SWIZZLE_128B
  * lands as R rows of 128 bytes, 8-row groups of 1024 bytes, the 16-byte chunks of row r XOR-ed by
  * r % 8; it must start 1024-byte aligned. The same bytes serve wgmma in two ways:
- *   K-major (the 64 columns are the reduction dimension K): smem_desc_k, one 16-wide K step = +32
+ *   K-major (the 64 columns are the reduction dimension K): smem_desc, one 16-wide K step = +32
  *     bytes of start address inside the 128-byte span;
  *   MN-major (the rows are K, the 64 columns are M or N; the instruction's transpose flag set):
  *     smem_desc_mn, one 16-wide K step = 16 rows = +2048 bytes; a second 64-column block (N 128)

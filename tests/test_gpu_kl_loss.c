@@ -819,6 +819,46 @@ static void test_device_oom(void **state)
     printf("oom: %s\n", tkd_error_msg());
 }
 
+/* The fused path's chunk rows where our dH runs: whole dH waves, never above chunk_e. */
+static void test_dh_chunk_rows(void **state)
+{
+    (void)state;
+    /* 8192 rows, D 2048 (8 tiles wide), 132 SMs: 3 x 2816 rows are 2 waves each, 4 x 2048 one */
+    assert_int_equal(tkd_kl_cuda_dh_chunk_rows(8192, 2816, 3, 2048, 132), 2048);
+    /* 4096 rows at D 4096: one chunk (4 waves) beats two (2 x 2 waves + a chunk's cost) */
+    assert_int_equal(tkd_kl_cuda_dh_chunk_rows(4096, 4096, 1, 4096, 132), 4096);
+    assert_int_equal(tkd_kl_cuda_dh_chunk_rows(100, 4096, 1, 4096, 132), 128);
+    assert_int_equal(tkd_kl_cuda_dh_chunk_rows(100, 64, 2, 4096, 132), 64); /* below 128 rows */
+    for (int64_t n = 1; n < 40000; n += 997)
+        for (int ce = 64; ce <= 8192; ce *= 2) {
+            const int64_t c0 = (n + ce - 1) / ce;
+            const int r = tkd_kl_cuda_dh_chunk_rows(n, ce, c0, 2880, 132);
+            assert_true(r >= 1 && r <= ce);
+        }
+}
+
+/* TKD_KL_GRAD_SM90 is read when a workspace with our GEMM is made; a value it does not know is an
+ * error naming it, not a silent choice. */
+static void test_grad_env(void **state)
+{
+    (void)state;
+    tkd_kl_params p;
+    params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 0, 0);
+    setenv("TKD_KL_GRAD_SM90", "1", 1);
+    tkd_kl_cuda_ws *ws = NULL;
+    tkd_status st = tkd_kl_cuda_ws_create(&ws, &p, 64, 256, 1000);
+    unsetenv("TKD_KL_GRAD_SM90");
+    if (g_fallback || tkd_lmhead_sm90_supported() != TKD_OK) { /* no sm90 GEMM: nothing reads it */
+        tkd_error_clear();
+        assert_int_equal(st, TKD_OK);
+    } else {
+        assert_int_equal(st, TKD_ERR_INVALID_ARG);
+        assert_non_null(strstr(tkd_error_msg(), "TKD_KL_GRAD_SM90=1"));
+        printf("bad TKD_KL_GRAD_SM90: %s\n", tkd_error_msg());
+    }
+    tkd_kl_cuda_ws_free(ws);
+}
+
 int main(void)
 {
     tkd_test_require_gpu();
@@ -830,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_all_masked),       cmocka_unit_test(test_bad_teacher_data),
         cmocka_unit_test(test_against_cpu_path), cmocka_unit_test(test_device_oom),
         cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_paths_agree),
+        cmocka_unit_test(test_dh_chunk_rows),    cmocka_unit_test(test_grad_env),
     };
     /* The workspace reads TKD_KL_SM90 when it is made: first the default, then the fallback. */
     int failed = 0;

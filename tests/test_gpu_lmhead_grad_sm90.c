@@ -4,7 +4,7 @@
  * 64 or 256, E's row padding filled with NaN, which must never be read), dW written over a
  * NaN-filled buffer and added to random contents, the result bit-identical whatever the grid or
  * schedule, and the argument checks; every test runs under the default schedule (cooperative) and
- * with each forced (three cmocka groups). Labelled gpu: exits 77 where no GPU answers or it is not compute capability
+ * ping-pong (two cmocka groups), the float64 checks on the full grid and on one CTA. Labelled gpu: exits 77 where no GPU answers or it is not compute capability
  * 9.0.
  *
  * Tolerance. The operands are bf16, so each product is exact in fp32 and the only error is the fp32
@@ -105,7 +105,8 @@ static int check(const float *got, const double *ref, const double *bound, size_
     return bad;
 }
 
-/* dH of case c on ws, checked against float64. */
+/* dH of case c on ws, on the full grid and on one CTA (every tile through one pipeline: ring
+ * wrap-around, and ping-pong's turns), each checked against float64. */
 static int check_dh(tkd_lmhead_sm90_ws *ws, const grad_case *c)
 {
     const int64_t rows = c->rows;
@@ -113,10 +114,6 @@ static int check_dh(tkd_lmhead_sm90_ws *ws, const grad_case *c)
     const size_t n = (size_t)rows * d;
     float *ddh = tkd_test_dev_alloc(n * 4), *got = tkd_test_xmalloc(n * 4);
     double *ref = tkd_test_xmalloc(n * 8), *bound = tkd_test_xmalloc(n * 8);
-    tkd_test_poison(ddh, n * 4);
-    tkd_test_ok(tkd_lmhead_sm90_dh(ws, c->de, c->lde, c->dw_op, rows, d, v, c->dsig, ddh), "dh");
-    tkd_test_ok(tkd_lmhead_sm90_sync(ws), "dh sync");
-    tkd_test_to_host(got, ddh, n * 4, NULL);
     for (int64_t i = 0; i < rows; i++)
         for (int j = 0; j < d; j++) {
             double s = 0.0, a = 0.0;
@@ -128,33 +125,39 @@ static int check_dh(tkd_lmhead_sm90_ws *ws, const grad_case *c)
             ref[i * d + j] = c->sigma[i] * s;
             bound[i * d + j] = fabs(c->sigma[i]) * 2.0 * v * FP32_U * a;
         }
-    char what[96];
-    snprintf(what, sizeof what, "dH rows %lld D %d V %d", (long long)rows, d, v);
-    const int bad = check(got, ref, bound, n, d, what);
+    int bad = 0;
+    for (int ctas = 0; ctas <= 1; ctas++) {
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
+        tkd_test_poison(ddh, n * 4);
+        tkd_test_ok(tkd_lmhead_grad_sm90_dh(ws, c->de, c->lde, c->dw_op, rows, d, v, c->dsig, ddh), "dh");
+        tkd_test_ok(tkd_lmhead_sm90_sync(ws), "dh sync");
+        tkd_test_to_host(got, ddh, n * 4, NULL);
+        char what[96];
+        snprintf(what, sizeof what, "dH rows %lld D %d V %d%s", (long long)rows, d, v, ctas ? " one CTA" : "");
+        bad += check(got, ref, bound, n, d, what);
+    }
+    tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
     cudaFree(ddh);
     free(got), free(ref), free(bound);
     return bad;
 }
 
-/* dW of case c on ws: written over NaN (accumulate 0), then added to random contents. */
-static int check_dw(tkd_lmhead_sm90_ws *ws, const grad_case *c, int accumulate)
+/* dW of case c on ws, written over NaN (accumulate 0) or added to random contents, on the full
+ * grid and on one CTA; `off` floats into its buffer (2: 8- but not 16-byte aligned, where the L2
+ * prefetch must stand aside). */
+static int check_dw(tkd_lmhead_sm90_ws *ws, const grad_case *c, int accumulate, int off)
 {
     const int64_t rows = c->rows;
     const int d = c->d, v = c->v;
     const size_t n = (size_t)v * d;
-    float *ddw = tkd_test_dev_alloc(n * 4), *got = tkd_test_xmalloc(n * 4), *old = tkd_test_xmalloc(n * 4);
+    float *base = tkd_test_dev_alloc((n + (size_t)off) * 4), *ddw = base + off;
+    float *got = tkd_test_xmalloc(n * 4), *old = tkd_test_xmalloc(n * 4);
     uint16_t *oldb = tkd_test_xmalloc(n * 2);
     double *ref = tkd_test_xmalloc(n * 8), *bound = tkd_test_xmalloc(n * 8);
-    if (accumulate) {
+    if (accumulate)
         tkd_test_fill_bf16(old, oldb, (int64_t)n, 77 + (uint64_t)v, 3.0f);
-        tkd_test_to_dev(ddw, old, n * 4);
-    } else {
+    else
         memset(old, 0, n * 4);
-        tkd_test_poison(ddw, n * 4);
-    }
-    tkd_test_ok(tkd_lmhead_sm90_dw(ws, c->de, c->lde, c->dx, rows, d, v, ddw, accumulate), "dw");
-    tkd_test_ok(tkd_lmhead_sm90_sync(ws), "dw sync");
-    tkd_test_to_host(got, ddw, n * 4, NULL);
     for (size_t i = 0; i < n; i++)
         ref[i] = old[i], bound[i] = 0.0;
     for (int64_t r = 0; r < rows; r++)
@@ -168,20 +171,33 @@ static int check_dw(tkd_lmhead_sm90_ws *ws, const grad_case *c, int accumulate)
         }
     for (size_t i = 0; i < n; i++)
         bound[i] = bound[i] * 2.0 * (double)rows * FP32_U + 2 * FP32_U * fabs((double)old[i]);
-    char what[96];
-    snprintf(what, sizeof what, "dW rows %lld D %d V %d %s", (long long)rows, d, v,
-             accumulate ? "accumulate" : "overwrite");
-    const int bad = check(got, ref, bound, n, d, what);
-    cudaFree(ddw);
+    int bad = 0;
+    for (int ctas = 0; ctas <= 1; ctas++) {
+        tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas);
+        if (accumulate)
+            tkd_test_to_dev(ddw, old, n * 4);
+        else
+            tkd_test_poison(ddw, n * 4);
+        tkd_test_ok(tkd_lmhead_grad_sm90_dw(ws, c->de, c->lde, c->dx, rows, d, v, ddw, accumulate), "dw");
+        tkd_test_ok(tkd_lmhead_sm90_sync(ws), "dw sync");
+        tkd_test_to_host(got, ddw, n * 4, NULL);
+        char what[128];
+        snprintf(what, sizeof what, "dW rows %lld D %d V %d %s%s%s", (long long)rows, d, v,
+                 accumulate ? "accumulate" : "overwrite", off ? " 8-byte aligned" : "", ctas ? " one CTA" : "");
+        bad += check(got, ref, bound, n, d, what);
+    }
+    tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
+    cudaFree(base);
     free(got), free(old), free(oldb), free(ref), free(bound);
     return bad;
 }
 
 /* (rows, D, V): one row, D = 8, tiles cut in every direction, K not a multiple of 64, several
- * 64 x 256 tiles and groups, a long K. */
+ * tiles, a long K; 2100 rows: dH's tiles in two groups of 2048 rows; 8200 x 1032: dW's N tiles in
+ * groups of 3 (X's columns within 16 MB) and a short last group of 2. */
 static const int kShapes[][3] = {
     {1, 8, 1}, {1, 64, 300}, {63, 200, 65}, {70, 264, 130}, {129, 520, 1000}, {300, 96, 5003},
-    {200, 1024, 777},
+    {200, 1024, 777}, {2100, 8, 65}, {8200, 1032, 65},
 };
 
 static void test_dh_vs_f64(void **state)
@@ -200,8 +216,8 @@ static void test_dw_vs_f64(void **state)
     int bad = 0;
     for (size_t s = 0; s < sizeof kShapes / sizeof kShapes[0]; s++) {
         grad_case c = case_make(kShapes[s][0], kShapes[s][1], kShapes[s][2], 200 + s);
-        bad += check_dw(*state, &c, 0);
-        bad += check_dw(*state, &c, 1);
+        bad += check_dw(*state, &c, 0, 0);
+        bad += check_dw(*state, &c, 1, s == 4 ? 2 : 0); /* one shape into an 8-byte-aligned buffer */
         case_free(&c);
     }
     assert_int_equal(bad, 0);
@@ -222,11 +238,11 @@ static void test_grid_invariant(void **state)
     for (int g = 0; g < 5; g++) {
         tkd_lmhead_sm90_ws_set_max_ctas(ws, ctas[g]);
         if (scheds[g] != -2)
-            tkd_lmhead_sm90_ws_set_grad_schedule(ws, scheds[g]);
+            tkd_lmhead_grad_sm90_set_schedule(ws, scheds[g]);
         tkd_test_poison(ddh, nh * 4);
         tkd_test_poison(ddw, nw * 4);
-        tkd_test_ok(tkd_lmhead_sm90_dh(ws, c.de, c.lde, c.dw_op, c.rows, c.d, c.v, c.dsig, ddh), "dh");
-        tkd_test_ok(tkd_lmhead_sm90_dw(ws, c.de, c.lde, c.dx, c.rows, c.d, c.v, ddw, 0), "dw");
+        tkd_test_ok(tkd_lmhead_grad_sm90_dh(ws, c.de, c.lde, c.dw_op, c.rows, c.d, c.v, c.dsig, ddh), "dh");
+        tkd_test_ok(tkd_lmhead_grad_sm90_dw(ws, c.de, c.lde, c.dx, c.rows, c.d, c.v, ddw, 0), "dw");
         tkd_test_ok(tkd_lmhead_sm90_sync(ws), "sync");
         tkd_test_to_host(g == 0 ? h0 : h1, ddh, nh * 4, NULL);
         tkd_test_to_host(g == 0 ? w0 : w1, ddw, nw * 4, NULL);
@@ -240,7 +256,7 @@ static void test_grid_invariant(void **state)
         }
     }
     tkd_lmhead_sm90_ws_set_max_ctas(ws, 0);
-    tkd_lmhead_sm90_ws_set_grad_schedule(ws, g_sched); /* the group's own again */
+    tkd_lmhead_grad_sm90_set_schedule(ws, g_sched); /* the group's own again */
     cudaFree(ddh), cudaFree(ddw);
     free(h0), free(h1), free(w0), free(w1);
     case_free(&c);
@@ -251,15 +267,15 @@ static void test_arguments(void **state)
     tkd_lmhead_sm90_ws *ws = *state;
     grad_case c = case_make(8, 64, 16, 400);
     float *out = tkd_test_dev_alloc(64 * 64 * 4);
-    assert_int_equal(tkd_lmhead_sm90_dh(ws, c.de, c.lde, c.dw_op, 8, 60, 16, c.dsig, out), TKD_ERR_UNSUPPORTED);
-    assert_int_equal(tkd_lmhead_sm90_dh(ws, c.de, 20, c.dw_op, 8, 64, 16, c.dsig, out), TKD_ERR_UNSUPPORTED);
-    assert_int_equal(tkd_lmhead_sm90_dh(ws, c.de, 8, c.dw_op, 8, 64, 16, c.dsig, out), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_lmhead_sm90_dh(ws, c.de, c.lde, c.dw_op, 8, 64, 16, NULL, out), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_lmhead_sm90_dh(ws, c.de + 1, c.lde, c.dw_op, 8, 64, 16, c.dsig, out),
+    assert_int_equal(tkd_lmhead_grad_sm90_dh(ws, c.de, c.lde, c.dw_op, 8, 60, 16, c.dsig, out), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_lmhead_grad_sm90_dh(ws, c.de, 20, c.dw_op, 8, 64, 16, c.dsig, out), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_lmhead_grad_sm90_dh(ws, c.de, 8, c.dw_op, 8, 64, 16, c.dsig, out), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_grad_sm90_dh(ws, c.de, c.lde, c.dw_op, 8, 64, 16, NULL, out), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_grad_sm90_dh(ws, c.de + 1, c.lde, c.dw_op, 8, 64, 16, c.dsig, out),
                      TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_lmhead_sm90_dw(ws, c.de, c.lde, c.dx, 0, 64, 16, out, 0), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_lmhead_sm90_dw(ws, c.de, c.lde, c.dx, 8, 64, 16, out + 1, 0), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_lmhead_sm90_dw(ws, c.de, c.lde, NULL, 8, 64, 16, out, 0), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_grad_sm90_dw(ws, c.de, c.lde, c.dx, 0, 64, 16, out, 0), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_grad_sm90_dw(ws, c.de, c.lde, c.dx, 8, 64, 16, out + 1, 0), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_lmhead_grad_sm90_dw(ws, c.de, c.lde, NULL, 8, 64, 16, out, 0), TKD_ERR_INVALID_ARG);
     tkd_test_ok(tkd_lmhead_sm90_sync(ws), "sync");
     cudaFree(out);
     case_free(&c);
@@ -274,7 +290,7 @@ static int setup(void **state, int sched)
         printf("lmhead_sm90 workspace: %s: %s\n", tkd_status_name(st), tkd_error_msg());
         return -1;
     }
-    tkd_lmhead_sm90_ws_set_grad_schedule(ws, sched);
+    tkd_lmhead_grad_sm90_set_schedule(ws, sched);
     g_sched = sched;
     *state = ws;
     return 0;
@@ -282,7 +298,6 @@ static int setup(void **state, int sched)
 
 static int setup_default(void **state) { return setup(state, -1); }
 static int setup_pingpong(void **state) { return setup(state, TKD_LMHEAD_SM90_SCHED_PINGPONG); }
-static int setup_coop(void **state) { return setup(state, TKD_LMHEAD_SM90_SCHED_COOP); }
 
 static int teardown(void **state)
 {
@@ -305,9 +320,8 @@ int main(void)
         cmocka_unit_test(test_dw_vs_f64),
         cmocka_unit_test(test_grid_invariant),
     };
-    int failed = cmocka_run_group_tests_name("lmhead_grad_sm90 default schedule", tests, setup_default, teardown);
+    int failed = cmocka_run_group_tests_name("lmhead_grad_sm90 default (cooperative)", tests, setup_default, teardown);
     failed += cmocka_run_group_tests_name("lmhead_grad_sm90 ping-pong", tests, setup_pingpong, teardown);
-    failed += cmocka_run_group_tests_name("lmhead_grad_sm90 cooperative", tests, setup_coop, teardown);
     return failed;
 #else
     return 77;
