@@ -83,7 +83,7 @@ static tkd_status from_torch(tkd_dist_info *d, const char *(*get)(const char *))
         return tkd_error_set(TKD_ERR_CONFIG, "environment LOCAL_RANK=%d, LOCAL_WORLD_SIZE=%d, WORLD_SIZE=%d: "
                              "the local rank must be below the local world, which is at most the world",
                              d->local_rank, d->local_world, d->world);
-    snprintf(d->source, sizeof d->source, "env");
+    d->source = TKD_DIST_ENV;
     return TKD_OK;
 }
 
@@ -99,7 +99,7 @@ static tkd_status from_slurm(tkd_dist_info *d, const char *(*get)(const char *))
         d->local_world = tasks_on_node(get("SLURM_NTASKS_PER_NODE"), 0);
     if (d->local_world <= d->local_rank || d->local_world > d->world)
         d->local_world = d->local_rank + 1; /* unknown: the least that is consistent */
-    snprintf(d->source, sizeof d->source, "slurm");
+    d->source = TKD_DIST_SLURM;
     return TKD_OK;
 }
 
@@ -119,9 +119,19 @@ static tkd_status rank_pair(const char *(*get)(const char *), const char *rn, co
     return TKD_OK;
 }
 
+const char *tkd_dist_source_name(tkd_dist_source s)
+{
+    switch (s) {
+    case TKD_DIST_SINGLE: return "single";
+    case TKD_DIST_ENV: return "env";
+    case TKD_DIST_SLURM: return "slurm";
+    }
+    return "?";
+}
+
 tkd_status tkd_dist_from_getenv(tkd_dist_info *out, const char *(*get)(const char *name))
 {
-    tkd_dist_info d = {.rank = 0, .world = 1, .local_rank = 0, .local_world = 1, .source = "single"};
+    tkd_dist_info d = {.rank = 0, .world = 1, .local_rank = 0, .local_world = 1, .source = TKD_DIST_SINGLE};
     bool found;
     TKD_TRY(rank_pair(get, "RANK", "WORLD_SIZE", &d, &found));
     if (found) {

@@ -16,12 +16,22 @@
 
 #include "common/status.h"
 
+/* Where a process's rank came from. */
+typedef enum tkd_dist_source {
+    TKD_DIST_SINGLE = 0, /* no variables: rank 0 of 1 */
+    TKD_DIST_ENV = 1,    /* RANK / WORLD_SIZE (--nproc-per-node, torchrun-style launchers) */
+    TKD_DIST_SLURM = 2,  /* SLURM_PROCID / SLURM_NTASKS (srun) */
+} tkd_dist_source;
+
+/* "single", "env" or "slurm" (messages, logs); "?" for anything else. */
+const char *tkd_dist_source_name(tkd_dist_source s);
+
 typedef struct tkd_dist_info {
-    int rank;        /* 0 .. world-1 */
-    int world;       /* number of processes; 1 = not distributed */
-    int local_rank;  /* index among this node's processes: the GPU it takes (modulo those visible) */
-    int local_world; /* processes on this node */
-    char source[16]; /* where it came from: "slurm", "env" or "single" */
+    int rank;               /* 0 .. world-1 */
+    int world;              /* number of processes; 1 = not distributed */
+    int local_rank;         /* index among this node's processes: the GPU it takes (modulo those visible) */
+    int local_world;        /* processes on this node */
+    tkd_dist_source source; /* where it came from */
 } tkd_dist_info;
 
 /* Reads the environment as above. Partial or contradicting variables (RANK without WORLD_SIZE,

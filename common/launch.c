@@ -182,10 +182,10 @@ static tkd_status refuse_nested(int n)
 {
     tkd_dist_info d;
     TKD_TRY(tkd_dist_from_env(&d));
-    if (d.world <= 1 || strcmp(d.source, "env") != 0)
+    if (d.world <= 1 || d.source != TKD_DIST_ENV)
         return TKD_OK;
     tkd_error_set(TKD_ERR_CONFIG, "--nproc-per-node %d in rank %d of a job of %d (from %s variables)", n, d.rank,
-                  d.world, d.source);
+                  d.world, tkd_dist_source_name(d.source));
     return tkd_error_hint(TKD_ERR_CONFIG, "let one launcher start the processes: the other, or this one alone");
 }
 

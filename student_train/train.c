@@ -1019,7 +1019,7 @@ static tkd_status dist_setup(trainer *tr, tkd_device dev)
     TKD_TRY(tkd_dist_from_env(&tr->dist));
     tr->dist_timeout_s = c->dist_timeout_s;
     tr->B = c->batch_size;
-    if (strcmp(tr->dist.source, "single") == 0)
+    if (tr->dist.source == TKD_DIST_SINGLE)
         return TKD_OK;
     TKD_TRY(tkd_train_check_world(c, tr->dist.world, dev));
     /* needed by every checkpoint, even in a world of one where the rendezvous exchanges nothing:
@@ -1028,7 +1028,8 @@ static tkd_status dist_setup(trainer *tr, tkd_device dev)
     if (!*tr->job_id)
         return tkd_error_set(TKD_ERR_CONFIG, "rank %d of %d (%s) has no job id (TKD_JOB_ID, SLURM_JOB_ID or "
                              "TORCHELASTIC_RUN_ID) — start the ranks with srun or --nproc-per-node, or export the same "
-                             "TKD_JOB_ID to every rank", tr->dist.rank, tr->dist.world, tr->dist.source);
+                             "TKD_JOB_ID to every rank", tr->dist.rank, tr->dist.world,
+                             tkd_dist_source_name(tr->dist.source));
     tr->B = c->batch_size / tr->dist.world;
     return TKD_OK;
 }
@@ -1042,7 +1043,7 @@ static tkd_status open_run_dir(trainer *tr)
         TKD_TRY(tkd_run_dir_open(c, tr->opts->run_name, tr->run, sizeof tr->run, &tr->lock));
     else
         TKD_TRY(tkd_path_join(tr->run, sizeof tr->run, c->run_dir, tr->opts->run_name));
-    if (strcmp(tr->dist.source, "single") == 0)
+    if (tr->dist.source == TKD_DIST_SINGLE)
         return TKD_OK;
     if (c->dist_dir && c->dist_dir[0]) {
         snprintf(tr->dist_dir, sizeof tr->dist_dir, "%s", c->dist_dir);
@@ -1057,7 +1058,7 @@ static tkd_status open_run_dir(trainer *tr)
 /* After the student exists (its gradients sized): the communicator, the shard and the hook. */
 static tkd_status open_zero(trainer *tr)
 {
-    if (strcmp(tr->dist.source, "single") == 0 || tr->be->device != TKD_DEVICE_CUDA)
+    if (tr->dist.source == TKD_DIST_SINGLE || tr->be->device != TKD_DEVICE_CUDA)
         return TKD_OK;
     tkd_rdzv_config rc;
     TKD_TRY(tkd_rdzv_config_from_env(&rc, tkd_train_rdzv_kind(tr->cfg->dist_rendezvous), tr->dist_dir,
@@ -1067,7 +1068,8 @@ static tkd_status open_zero(trainer *tr)
     tkd_zero_shard(tr->zero, &b, &e);
     if (tr->dist.rank == 0)
         tkd_log_info("data parallel: %d ranks (%s), %d sequences each per micro-batch; rank 0 updates parameters "
-                     "[%zu, %zu) of %zu (ZeRO-1)", tr->dist.world, tr->dist.source, tr->B, b, e, tr->m->n_params);
+                     "[%zu, %zu) of %zu (ZeRO-1)", tr->dist.world, tkd_dist_source_name(tr->dist.source), tr->B, b,
+                     e, tr->m->n_params);
     return TKD_OK;
 }
 

@@ -36,7 +36,7 @@ static void assert_info(const tkd_dist_info *d, int rank, int world, int lr, int
     assert_int_equal(d->world, world);
     assert_int_equal(d->local_rank, lr);
     assert_int_equal(d->local_world, lw);
-    assert_string_equal(d->source, src);
+    assert_string_equal(tkd_dist_source_name(d->source), src);
 }
 
 static void test_env_good(void **state)
