@@ -287,45 +287,6 @@ void rmsnorm_bwd_launch(const RmsBwdArgs &a, int G, int nt, int chunks, cudaStre
         rmsnorm_bwd_kernel<kRowMaxChunks, VEC><<<G, nt, 0, s>>>(a);
 }
 
-/* ---- RoPE backward ---------------------------------------------------------------------------- */
-
-struct RopeArgs {
-    uint16_t *q, *k;            /* (N, H·dh), (N, Hkv·dh) bf16, in place */
-    const float *cos_t, *sin_t; /* (T, dh/2) */
-    int64_t n;
-    int t, h, hkv, half;
-};
-
-/* One unit = VEC pairs (i, i + half) of one head of one row, q heads first, then k heads; the
- * forward's rotation transposed: d_i ← d_i c + d_{i+half} s, d_{i+half} ← d_{i+half} c − d_i s. */
-template <int VEC>
-__global__ void rope_bwd_kernel(RopeArgs a)
-{
-    const int heads = a.h + a.hkv, per_head = a.half / VEC;
-    const int64_t units = a.n * heads * per_head;
-    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
-         u += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = u / ((int64_t)heads * per_head);
-        const int rem = (int)(u - row * heads * per_head), hh = rem / per_head;
-        const int i = (rem - hh * per_head) * VEC;
-        uint16_t *x = hh < a.h ? a.q + (row * a.h + hh) * 2 * a.half
-                               : a.k + (row * a.hkv + (hh - a.h)) * 2 * a.half;
-        const int64_t tab = (row % a.t) * a.half + i;
-        float x0[VEC], x1[VEC], c[VEC], s[VEC], o0[VEC], o1[VEC];
-        load_bf<VEC>(x + i, x0);
-        load_bf<VEC>(x + i + a.half, x1);
-        load_f32<VEC>(a.cos_t + tab, c);
-        load_f32<VEC>(a.sin_t + tab, s);
-#pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            o0[j] = x0[j] * c[j] + x1[j] * s[j];
-            o1[j] = x1[j] * c[j] - x0[j] * s[j];
-        }
-        store_bf<VEC>(x + i, o0);
-        store_bf<VEC>(x + i + a.half, o1);
-    }
-}
-
 /* ---- flat elementwise kernels: SwiGLU backward, scale ----------------------------------------- */
 
 /* s = σ(g) = 1 / (1 + e^−g): dg += dh·u·s·(1 + g·(1 − s)), du += dh·g·s, as kernels/cpu_ops.c. */
@@ -722,22 +683,7 @@ extern "C" tkd_status tkd_cuda_rmsnorm_bwd(tkd_cuda_bwd_ws *ws, const uint16_t *
 extern "C" tkd_status tkd_cuda_rope_bwd(uint16_t *dq, uint16_t *dk, int N, int T, int H, int Hkv, int dh,
                                         const float *cos_t, const float *sin_t, void *stream)
 {
-    if (N < 0 || T < 1 || H < 1 || Hkv < 1 || dh < 2 || dh % 2 ||
-        (N > 0 && (!dq || !dk || !cos_t || !sin_t)))
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "rope_bwd: N = %d, T = %d, H = %d, Hkv = %d, dh = %d (even) or a NULL tensor",
-                             N, T, H, Hkv, dh);
-    if (N == 0)
-        return TKD_OK;
-    RopeArgs a = {dq, dk, cos_t, sin_t, N, T, H, Hkv, dh / 2};
-    const int64_t pairs = (int64_t)N * (H + Hkv) * a.half;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (a.half % 8 == 0 && aligned16(dq) && aligned16(dk) && aligned16(cos_t) && aligned16(sin_t))
-        rope_bwd_kernel<8><<<elt_blocks(pairs / 8), kEltThreads, 0, s>>>(a);
-    else
-        rope_bwd_kernel<1><<<elt_blocks(pairs), kEltThreads, 0, s>>>(a);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
+    return rope_run<true>(dq, dk, N, T, H, Hkv, dh, cos_t, sin_t, stream, "rope_bwd");
 }
 
 extern "C" tkd_status tkd_cuda_swiglu_bwd(const uint16_t *dh, const uint16_t *g, const uint16_t *u,

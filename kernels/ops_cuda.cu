@@ -159,53 +159,6 @@ tkd_status rmsnorm_run(const RmsArgs &a, int N, void *stream)
     return TKD_OK;
 }
 
-/* ---- RoPE ------------------------------------------------------------------------------------- */
-
-struct RopeArgs {
-    uint16_t *q, *k;           /* (N, H·dh), (N, Hkv·dh) bf16, in place */
-    const float *cos_t, *sin_t; /* (T, dh/2) */
-    int64_t n;
-    int t, h, hkv, half;
-};
-
-/* One unit = VEC pairs (i, i + half) of one head of one row: x_i ← x_i c − x_{i+half} s,
- * x_{i+half} ← x_{i+half} c + x_i s, in fp32, one bf16 rounding; q heads first, then k heads. */
-template <int VEC>
-__global__ void rope_kernel(RopeArgs a)
-{
-    const int heads = a.h + a.hkv, per_head = a.half / VEC;
-    const int64_t units = a.n * heads * per_head;
-    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
-         u += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = u / ((int64_t)heads * per_head);
-        const int rem = (int)(u - row * heads * per_head), hh = rem / per_head;
-        const int i = (rem - hh * per_head) * VEC;
-        uint16_t *x = hh < a.h ? a.q + (row * a.h + hh) * 2 * a.half
-                               : a.k + (row * a.hkv + (hh - a.h)) * 2 * a.half;
-        const int64_t tab = (row % a.t) * a.half + i;
-        float x0[8], x1[8], c[8], s[8], o0[8], o1[8];
-        if (VEC == 8) {
-            unpack8(*reinterpret_cast<const uint4 *>(x + i), x0);
-            unpack8(*reinterpret_cast<const uint4 *>(x + i + a.half), x1);
-            load8_f32(a.cos_t + tab, c);
-            load8_f32(a.sin_t + tab, s);
-        } else {
-            x0[0] = bf(x[i]), x1[0] = bf(x[i + a.half]), c[0] = a.cos_t[tab], s[0] = a.sin_t[tab];
-        }
-#pragma unroll
-        for (int j = 0; j < VEC; j++) {
-            o0[j] = x0[j] * c[j] - x1[j] * s[j];
-            o1[j] = x1[j] * c[j] + x0[j] * s[j];
-        }
-        if (VEC == 8) {
-            *reinterpret_cast<uint4 *>(x + i) = pack8(o0);
-            *reinterpret_cast<uint4 *>(x + i + a.half) = pack8(o1);
-        } else {
-            x[i] = tkd_f32_to_bf16(o0[0]), x[i + a.half] = tkd_f32_to_bf16(o1[0]);
-        }
-    }
-}
-
 /* ---- SwiGLU and the conversions: flat elementwise kernels ------------------------------------- */
 
 /* h = bf16(silu(g) · u) with silu(g) = g / (1 + e^−g), as kernels/cpu_ops.c computes it. */
@@ -301,22 +254,7 @@ extern "C" tkd_status tkd_cuda_add_rmsnorm_fwd(const float *x_in, const uint16_t
 extern "C" tkd_status tkd_cuda_rope_fwd(uint16_t *q, uint16_t *k, int N, int T, int H, int Hkv, int dh,
                                         const float *cos_t, const float *sin_t, void *stream)
 {
-    if (N < 0 || T < 1 || H < 1 || Hkv < 1 || dh < 2 || dh % 2 ||
-        (N > 0 && (!q || !k || !cos_t || !sin_t)))
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "rope: N = %d, T = %d, H = %d, Hkv = %d, dh = %d (even) or a NULL tensor",
-                             N, T, H, Hkv, dh);
-    if (N == 0)
-        return TKD_OK;
-    RopeArgs a = {q, k, cos_t, sin_t, N, T, H, Hkv, dh / 2};
-    const int64_t pairs = (int64_t)N * (H + Hkv) * a.half;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (a.half % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(cos_t) && aligned16(sin_t))
-        rope_kernel<8><<<elt_blocks(pairs / 8), kEltThreads, 0, s>>>(a);
-    else
-        rope_kernel<1><<<elt_blocks(pairs), kEltThreads, 0, s>>>(a);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
+    return rope_run<false>(q, k, N, T, H, Hkv, dh, cos_t, sin_t, stream, "rope");
 }
 
 extern "C" tkd_status tkd_cuda_swiglu_fwd(const uint16_t *g, const uint16_t *u, int64_t n, uint16_t *h,

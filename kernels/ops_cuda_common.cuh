@@ -1,6 +1,6 @@
 /* ops_cuda_common.cuh — device helpers shared by ops_cuda.cu and ops_bwd_cuda.cu (internal; include
  * only from .cu files): bf16 ↔ fp32 conversion of 8 or W values, the block sum, the flat
- * elementwise skeleton and the cuBLASLt plan helpers. Everything here sits in an anonymous
+ * elementwise skeleton, RoPE (forward and backward) and the cuBLASLt plan helpers. Everything here sits in an anonymous
  * namespace, so each including file gets its own copy and no symbol is exported.
  *
  * Vector helpers move 8 elements per thread: 16 bytes of bf16 (one uint4) or 32 bytes of fp32 (two
@@ -164,6 +164,69 @@ tkd_status elementwise_run(const Op &op, int64_t n, bool vec, void *stream)
         elementwise_kernel<8, Op><<<elt_blocks(n / 8), kEltThreads, 0, s>>>(op, n);
     else
         elementwise_kernel<1, Op><<<elt_blocks(n), kEltThreads, 0, s>>>(op, n);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* ---- RoPE, forward and backward --------------------------------------------------------------- */
+
+struct RopeArgs {
+    uint16_t *q, *k;            /* (N, H·dh), (N, Hkv·dh) bf16, in place */
+    const float *cos_t, *sin_t; /* (T, dh/2) */
+    int64_t n;
+    int t, h, hkv, half;
+};
+
+/* One unit = VEC pairs (i, i + half) of one head of one row, q heads first, then k heads, rotated
+ * in fp32 with one bf16 rounding: forward x_i ← x_i c − x_{i+half} s, x_{i+half} ← x_{i+half} c +
+ * x_i s; the backward (kInverse) applies the transposed rotation to the gradients, i.e. s → −s. */
+template <int VEC, bool kInverse>
+__global__ void rope_kernel(RopeArgs a)
+{
+    const int heads = a.h + a.hkv, per_head = a.half / VEC;
+    const int64_t units = a.n * heads * per_head;
+    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
+         u += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = u / ((int64_t)heads * per_head);
+        const int rem = (int)(u - row * heads * per_head), hh = rem / per_head;
+        const int i = (rem - hh * per_head) * VEC;
+        uint16_t *x = hh < a.h ? a.q + (row * a.h + hh) * 2 * a.half
+                               : a.k + (row * a.hkv + (hh - a.h)) * 2 * a.half;
+        const int64_t tab = (row % a.t) * a.half + i;
+        float x0[VEC], x1[VEC], c[VEC], s[VEC], o0[VEC], o1[VEC];
+        load_bf<VEC>(x + i, x0);
+        load_bf<VEC>(x + i + a.half, x1);
+        load_f32<VEC>(a.cos_t + tab, c);
+        load_f32<VEC>(a.sin_t + tab, s);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const float sj = kInverse ? -s[j] : s[j];
+            o0[j] = x0[j] * c[j] - x1[j] * sj;
+            o1[j] = x1[j] * c[j] + x0[j] * sj;
+        }
+        store_bf<VEC>(x + i, o0);
+        store_bf<VEC>(x + i + a.half, o1);
+    }
+}
+
+/* Checks the shapes (`who` names the op in the message) and rotates q and k in place on `stream`. */
+template <bool kInverse>
+tkd_status rope_run(uint16_t *q, uint16_t *k, int N, int T, int H, int Hkv, int dh, const float *cos_t,
+                    const float *sin_t, void *stream, const char *who)
+{
+    if (N < 0 || T < 1 || H < 1 || Hkv < 1 || dh < 2 || dh % 2 ||
+        (N > 0 && (!q || !k || !cos_t || !sin_t)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: N = %d, T = %d, H = %d, Hkv = %d, dh = %d (even) or a NULL "
+                             "tensor", who, N, T, H, Hkv, dh);
+    if (N == 0)
+        return TKD_OK;
+    RopeArgs a = {q, k, cos_t, sin_t, N, T, H, Hkv, dh / 2};
+    const int64_t pairs = (int64_t)N * (H + Hkv) * a.half;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (a.half % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(cos_t) && aligned16(sin_t))
+        rope_kernel<8, kInverse><<<elt_blocks(pairs / 8), kEltThreads, 0, s>>>(a);
+    else
+        rope_kernel<1, kInverse><<<elt_blocks(pairs), kEltThreads, 0, s>>>(a);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
