@@ -147,7 +147,7 @@ __device__ __forceinline__ void p_ds(float s[2][4], float dp[2][4], const float 
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float p = exp2_fast(fmaf(s[nt][e], scale_log2, -l2[nt][e]));
+            float p = fast_exp2(fmaf(s[nt][e], scale_log2, -l2[nt][e]));
             if (diag && key_after(nt, e))
                 p = 0.f;
             s[nt][e] = p;

@@ -133,13 +133,13 @@ __device__ __forceinline__ void softmax_update(float s[kNt][4], float m[2], floa
         const float m_new = fmaxf(m[r], mx * scale_log2);
         /* a row with every key masked so far keeps m = −inf: subtract 0 so no −inf − −inf */
         const float m_sub = m_new == -INFINITY ? 0.f : m_new;
-        const float corr = exp2_fast(m[r] - m_sub);
+        const float corr = fast_exp2(m[r] - m_sub);
         m[r] = m_new;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNt; nt++) {
-            s[nt][2 * r] = exp2_fast(fmaf(s[nt][2 * r], scale_log2, -m_sub));
-            s[nt][2 * r + 1] = exp2_fast(fmaf(s[nt][2 * r + 1], scale_log2, -m_sub));
+            s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], scale_log2, -m_sub));
+            s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], scale_log2, -m_sub));
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         l[r] = l[r] * corr + sum;

@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cuda_fast_math.cuh"
+
 namespace tkd_attn {
 
 /* ---- PTX wrappers -------------------------------------------------------------------------- */
@@ -69,13 +71,7 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* 2^x (ex2.approx: ~2 ulp; 2^-inf = 0). */
-__device__ __forceinline__ float exp2_fast(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+using tkd_cuda::fast_exp2; /* 2^x on the special-function unit (cuda_fast_math.cuh) */
 
 /* Two floats as a bf16 pair, lo in the low half (the lower column index), round to nearest. */
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)

@@ -40,6 +40,7 @@
 #include "common/half.h"
 #include "common/status.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_fast_math.cuh"
 #include "kernels/cuda_mem.h"
 #include "kernels/kl_loss.h"
 #include "kernels/kl_loss_cuda_internal.h"
@@ -167,14 +168,7 @@ __device__ inline RowSmem row_smem_carve(unsigned char *base, int k_use, int s, 
 
 /* ---- online log-sum-exp at τ and at 1, one pass ---------------------------------------------- */
 
-/* 2^x on the special-function unit, subnormal results flushed to 0 (a probability < 1e-38 is 0
- * for this loss); exp2f would add a subnormal fix-up to every call. */
-__device__ inline float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
+using tkd_cuda::fast_exp2; /* 2^x on the special-function unit (cuda_fast_math.cuh) */
 
 /* Running state: max m of s, a1 = Σ exp(s − m), at = Σ exp((s − m)/τ) and, for `tail`, the
  * log-sum-exp of z over the tokens outside the top-k' around their own max mx:

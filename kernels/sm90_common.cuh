@@ -24,6 +24,7 @@
 
 #include "common/status.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_fast_math.cuh"
 #include "kernels/cuda_mem.h"
 
 namespace tkd_sm90 {
@@ -237,13 +238,7 @@ __device__ inline void fence_regs(float (&d)[N])
         asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* 2^x on the special-function unit; subnormal results flush to 0 (-inf gives 0). */
-__device__ inline float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
+using tkd_cuda::fast_exp2; /* 2^x on the special-function unit (cuda_fast_math.cuh) */
 
 /* ---- host side ----------------------------------------------------------------------------------- */
 
