@@ -182,7 +182,7 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
         TKD_TRY(sync_all(c)); /* the split starts from an idle device */
     double t = bench_now_s();
     if (c->zero)
-        TKD_TRY(tkd_zero_begin_step(c->zero, c->step + 1));
+        tkd_zero_begin_step(c->zero, c->step + 1);
     TKD_TRY(tkd_model_zero_grad(c->m));
     TKD_TRY(lap(c, split, &t, &zero_ms));
     const void *hidden = NULL;

@@ -157,12 +157,13 @@ tkd_status tkd_dist_from_env(tkd_dist_info *out) { return tkd_dist_from_getenv(o
 void tkd_dist_job_id(char *buf, size_t cap)
 {
     const char *t = getenv("TKD_JOB_ID"), *j = getenv("SLURM_JOB_ID"), *s = getenv("SLURM_STEP_ID");
-    const char *e = getenv("TORCHELASTIC_RUN_ID"), *rc = getenv("SLURM_RESTART_COUNT");
+    const char *e = getenv("TORCHELASTIC_RUN_ID"), *restarts = getenv("SLURM_RESTART_COUNT");
+    const bool has_step = s && *s, requeued = restarts && *restarts && strcmp(restarts, "0") != 0;
     if (t && *t)
         snprintf(buf, cap, "%s", t);
     else if (j && *j) /* a requeued job keeps its id and restarts its steps at 0: the count tells them apart */
-        snprintf(buf, cap, "%s%s%s%s%s", j, s && *s ? "." : "", s && *s ? s : "", rc && *rc && strcmp(rc, "0") ? ".r" : "",
-                 rc && *rc && strcmp(rc, "0") ? rc : "");
+        snprintf(buf, cap, "%s%s%s%s%s", j, has_step ? "." : "", has_step ? s : "", requeued ? ".r" : "",
+                 requeued ? restarts : "");
     else
         snprintf(buf, cap, "%s", e ? e : "");
     for (char *p = buf; *p; p++)

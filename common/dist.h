@@ -95,7 +95,8 @@ tkd_status tkd_rdzv_config_from_env(tkd_rdzv_config *c, int kind, const char *di
  * listen fails with a message naming the port. */
 tkd_status tkd_dist_free_port(int *port);
 
-/* Heartbeats in dir (one small file per rank, replaced atomically): a rank beats once per step;
+/* Heartbeats in dir (one small file per rank, replaced atomically): a rank beats as its steps start
+ * and while it waits in a collective, at most once a second (student_train/zero.c);
  * when a collective times out, tkd_dist_late_ranks writes into buf the ranks whose last beat is
  * missing, older than stale_s or behind the others' step, e.g. "rank 1 (last step 41, 95 s ago)"
  * ("" when none is). */

@@ -40,7 +40,8 @@ typedef struct tkd_progress {
     char extra[96];
 } tkd_progress;
 
-/* Monotonic clock in seconds. */
+/* Monotonic clock in seconds: the project's one clock for timeouts and rates (progress lines,
+ * rendezvous, collectives, checkpoints, the CPU backend's profiler marks). */
 double tkd_progress_now(void);
 
 /* Starts timing. unit names what done counts ("tokens", "seq"). */

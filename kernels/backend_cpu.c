@@ -7,8 +7,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/progress.h"
 #include "common/signals.h"
 #include "kernels/adamw.h"
 #include "kernels/cpu_ops.h"
@@ -22,7 +22,7 @@ typedef struct cpu_impl {
     int64_t *row_seq; // (chunk) tail-draw keys of the chunk's rows
     int32_t *row_pos; // (chunk)
     size_t rows_n;
-    double *marks;    // (marks_n) timing marks: CLOCK_MONOTONIC seconds
+    double *marks;    // (marks_n) timing marks: tkd_progress_now() seconds
     int64_t marks_n;
 } cpu_impl;
 
@@ -416,9 +416,7 @@ static tkd_status cpu_mark(tkd_backend *be, int64_t i)
         c->marks = m;
         c->marks_n = n;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    c->marks[i] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    c->marks[i] = tkd_progress_now();
     return TKD_OK;
 }
 

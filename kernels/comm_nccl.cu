@@ -210,9 +210,11 @@ extern "C" tkd_status tkd_comm_init(const tkd_comm_id *id, const tkd_comm_opts *
                                     tkd_comm **out)
 {
     *out = nullptr;
-    if (!be || be->device != TKD_DEVICE_CUDA)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "NCCL: data-parallel training needs the CUDA backend (got %s)",
-                             be ? be->name : "none");
+    /* the stream, not the device field: a profiling wrapper reports CUDA too but has no stream of
+     * its own, and the collectives must be ordered after the compute stream's work */
+    if (!be || !tkd_backend_cuda_stream(be))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "NCCL: data-parallel training needs the CUDA backend itself "
+                             "(got %s)", be ? be->name : "none");
     if (opts->world < 1 || opts->rank < 0 || opts->rank >= opts->world || !(opts->timeout_s > 0))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "NCCL: rank %d of %d with timeout %g s is not a valid rank",
                              opts->rank, opts->world, opts->timeout_s);
@@ -255,7 +257,6 @@ extern "C" void tkd_comm_free(tkd_comm *c)
     tkd_cuda_free_host(c->h_sum);
     delete c;
 }
-
 
 extern "C" tkd_status tkd_comm_allreduce_sum(tkd_comm *c, double *v, int n, const char *what)
 {

@@ -65,7 +65,6 @@ tkd_status tkd_comm_init(const tkd_comm_id *id, const tkd_comm_opts *opts, tkd_b
  * does not end within the timeout). NULL is a no-op. */
 void tkd_comm_free(tkd_comm *c);
 
-
 /* v[0..n) (host) = the sum over the ranks of each rank's v, in double; n <= 16. After the comm
  * stream's earlier work; returns when the result is on the host. `what` names it in errors. */
 tkd_status tkd_comm_allreduce_sum(tkd_comm *c, double *v, int n, const char *what);

@@ -9,9 +9,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/progress.h"
 #include "common/dist.h"
 #include "common/fileio.h"
+#include "common/progress.h"
 #include "common/signals.h"
 #include "formats/json_check.h"
 #include "formats/safetensors.h"

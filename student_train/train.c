@@ -512,7 +512,7 @@ static tkd_status train_step(trainer *tr, step_stats *ss)
 {
     memset(ss, 0, sizeof *ss);
     if (tr->zero)
-        TKD_TRY(tkd_zero_begin_step(tr->zero, tr->st.step + 1));
+        tkd_zero_begin_step(tr->zero, tr->st.step + 1);
     TKD_TRY(tkd_model_zero_grad(tr->m));
     for (int a = 0; a < tr->cfg->grad_accum; a++) {
         const tkd_train_batch *b = NULL;
@@ -999,9 +999,6 @@ static tkd_status open_backend(trainer *tr, tkd_device dev)
     return TKD_OK;
 }
 
-/* Who this process is: one process (world 1, no launcher: the plain path), or a rank of a run a
- * launcher started (`--nproc-per-node`, srun; even with one rank: the NCCL path). Sets the
- * per-rank batch: train.batch_size is the global batch, split evenly over the ranks. */
 tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int device)
 {
     if (device == TKD_DEVICE_CPU && world > 1)
@@ -1013,6 +1010,9 @@ tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int devic
     return TKD_OK;
 }
 
+/* Who this process is: one process (world 1, no launcher: the plain path), or a rank of a run a
+ * launcher started (`--nproc-per-node`, srun; even with one rank: the NCCL path). Sets the
+ * per-rank batch: train.batch_size is the global batch, split evenly over the ranks. */
 static tkd_status dist_setup(trainer *tr, tkd_device dev)
 {
     const tkd_train_config *c = tr->cfg;
@@ -1022,8 +1022,10 @@ static tkd_status dist_setup(trainer *tr, tkd_device dev)
     if (tr->dist.source == TKD_DIST_SINGLE)
         return TKD_OK;
     TKD_TRY(tkd_train_check_world(c, tr->dist.world, dev));
-    /* needed by every checkpoint, even in a world of one where the rendezvous exchanges nothing:
-     * refused now rather than at the first checkpoint */
+    /* on CUDA the rendezvous and every checkpoint's staging need it, even in a world of one where
+     * the rendezvous exchanges nothing: refused now rather than at the first checkpoint. The CPU
+     * (a world of one) would not use it, but is held to the same rule, so a launch line that is
+     * refused on one device is not accepted on the other. */
     tkd_dist_job_id(tr->job_id, sizeof tr->job_id);
     if (!*tr->job_id)
         return tkd_error_set(TKD_ERR_CONFIG, "rank %d of %d (%s) has no job id (TKD_JOB_ID, SLURM_JOB_ID or "
@@ -1063,6 +1065,7 @@ static tkd_status open_zero(trainer *tr)
     tkd_rdzv_config rc;
     TKD_TRY(tkd_rdzv_config_from_env(&rc, tkd_train_rdzv_kind(tr->cfg->dist_rendezvous), tr->dist_dir,
                                      tr->dist_timeout_s));
+    rc.job_id = tr->job_id; /* read once, in dist_setup */
     TKD_TRY(tkd_zero_open(&tr->dist, &rc, tr->dist_dir, tr->m, &tr->zero));
     size_t b, e;
     tkd_zero_shard(tr->zero, &b, &e);

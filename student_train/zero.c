@@ -17,7 +17,7 @@ struct tkd_zero {
     char beat_dir[4096];
     double stale_s;           /* a heartbeat older than this names its rank as late */
     int64_t step;
-    double last_beat;         /* tkd_progress_now() of the last per-step beat */
+    double last_beat;         /* tkd_progress_now() of the last beat (beat: at most one a second) */
     int armed;                /* the hook reduces during this backward */
     int next_layer;           /* the next block whose bucket is due (backward runs L-1 .. 0) */
     int rest_done;            /* the bucket of the tensors outside the blocks was launched */
@@ -29,10 +29,16 @@ static void late_ranks(void *ctx, char *buf, size_t n)
     tkd_dist_late_ranks(z->beat_dir, z->d.world, z->stale_s, buf, n);
 }
 
+/* This rank's heartbeat, at most once a second whoever calls (a step, or a collective's wait): a
+ * file write per step is shared-filesystem traffic, and a lost beat only weakens a later message. */
 static void beat(void *ctx)
 {
     tkd_zero *z = ctx;
-    (void)tkd_dist_beat(z->beat_dir, z->d.rank, z->step); /* a lost beat only weakens a later message */
+    const double now = tkd_progress_now();
+    if (now - z->last_beat < 1.0)
+        return;
+    z->last_beat = now;
+    (void)tkd_dist_beat(z->beat_dir, z->d.rank, z->step);
 }
 
 static tkd_status reduce(tkd_zero *z, size_t b, size_t e)
@@ -130,15 +136,10 @@ tkd_status tkd_zero_sum(tkd_zero *z, double *v, int n, const char *what)
     return tkd_comm_allreduce_sum(z->comm, v, n, what);
 }
 
-tkd_status tkd_zero_begin_step(tkd_zero *z, int64_t step)
+void tkd_zero_begin_step(tkd_zero *z, int64_t step)
 {
     z->step = step;
-    const double now = tkd_progress_now();
-    if (now - z->last_beat >= 1.0) { /* a file write per step is shared-filesystem traffic */
-        z->last_beat = now;
-        beat(z);
-    }
-    return TKD_OK;
+    beat(z);
 }
 
 void tkd_zero_arm(tkd_zero *z)

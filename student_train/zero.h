@@ -45,7 +45,7 @@ tkd_status tkd_zero_sum(tkd_zero *z, double *v, int n, const char *what);
 
 /* The step now running (heartbeats and error messages); beats at most once a second (a lost beat
  * only weakens a later message, so it is not an error). */
-tkd_status tkd_zero_begin_step(tkd_zero *z, int64_t step);
+void tkd_zero_begin_step(tkd_zero *z, int64_t step);
 
 /* Arms the hook for the next backward (the last micro-step's: its gradients are final). */
 void tkd_zero_arm(tkd_zero *z);

@@ -8,10 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "common/progress.h"
 #include "common/fileio.h"
+#include "common/progress.h"
 #include "common/sha256.h"
 #include "common/signals.h"
 #include "formats/cache_manifest.h"
