@@ -304,9 +304,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
             r->loss = c.loss;
             r->ok = 1;
             r->sm90 = q != 1;
-            tkd_kl_params pm = c.p;
-            pm.grad_in_forward = m;
-            r->chunk = tkd_kl_bench_chunk_for(c.ws, &pm, 1, s->n);
+            r->chunk = tkd_kl_bench_chunk_for(c.ws, &c.p, 1, s->n); /* the gradient pass's, either mode */
             r->budget_mib = budget;
             r->floor_ms = NAN;
         }

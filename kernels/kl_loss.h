@@ -111,12 +111,13 @@ tkd_status tkd_kl_cpu_validate(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const 
 void tkd_kl_cpu_ws_free(tkd_kl_cpu_ws *ws); /* NULL is a no-op */
 
 /* Forward: the loss and per-row statistics kept in ws for backward. With grad_in_forward it also
- * writes dh (N, D) and accumulates into dw (V, D) the gradient of the mean loss. */
+ * writes dh (N, D) and accumulates into dw (V, D) (writes it, with dw_overwrite) the gradient of
+ * the mean loss. */
 tkd_status tkd_kl_cpu_forward(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b,
                               tkd_kl_result *res, float *dh, float *dw);
 
 /* Backward (recompute mode): dh (N, D) overwritten with ∂(scale·loss)/∂H; dw (V, D) accumulated
- * (+=) with ∂(scale·loss)/∂W. scale lets gradient accumulation divide by the micro-step count.
+ * (+=) with ∂(scale·loss)/∂W (overwritten with dw_overwrite). scale lets gradient accumulation divide by the micro-step count.
  * Must follow tkd_kl_cpu_forward on the same batch. */
 tkd_status tkd_kl_cpu_backward(tkd_kl_cpu_ws *ws, const tkd_kl_params *p, const tkd_kl_batch *b,
                                float scale, float *dh, float *dw);

@@ -1287,9 +1287,9 @@ extern "C" int tkd_kl_cuda_dh_chunk_rows(int64_t n, int chunk_e, int64_t c0, int
     const double per_chunk = 2.3e-4 * d + 0.1;
     int64_t best_rows = 0;
     double best = INFINITY;
-    for (int64_t c = c0 > 0 ? c0 : 1; c <= c0 + 3; c++) {
+    for (int64_t c = c0; c <= c0 + 3; c++) {
         const int64_t rows = ((n + c - 1) / c + 127) / 128 * 128;
-        if (rows > chunk_e || rows < 128)
+        if (rows > chunk_e)
             continue;
         double cost = 0.0;
         for (int64_t row0 = 0; row0 < n; row0 += rows) {
@@ -1299,9 +1299,7 @@ extern "C" int tkd_kl_cuda_dh_chunk_rows(int64_t n, int chunk_e, int64_t c0, int
         if (cost < best)
             best = cost, best_rows = rows;
     }
-    if (best_rows == 0) /* chunk_e below 128 rows: the plain cut */
-        best_rows = ((n + c0 - 1) / (c0 > 0 ? c0 : 1) + 127) / 128 * 128;
-    return (int)(best_rows < chunk_e ? best_rows : chunk_e);
+    return best_rows > 0 ? (int)best_rows : chunk_e; /* none fits: chunk_e is below 128 rows (or n is 0) */
 }
 
 extern "C" int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad,
@@ -1312,7 +1310,7 @@ extern "C" int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_para
     /* Balanced: as many chunks as chunk_e rows need, of equal size (a multiple of 128 rows) — a
      * short last chunk runs its dH GEMM on fewer tiles than the GPU has SMs. */
     const int64_t chunks = n > 0 ? (n + ws->chunk_e - 1) / ws->chunk_e : 1;
-    if (grad && (ws->grad_sm90 & TKD_KL_GRAD_DH) && ws->sms > 0)
+    if (grad && (ws->grad_sm90 & TKD_KL_GRAD_DH)) /* sms is set wherever the fused path runs */
         return tkd_kl_cuda_dh_chunk_rows(n, ws->chunk_e, chunks, ws->d, ws->sms);
     int64_t rows = ((n + chunks - 1) / chunks + 127) / 128 * 128;
     return (int)(rows < ws->chunk_e ? rows : ws->chunk_e);
@@ -1469,6 +1467,10 @@ extern "C" tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_par
 {
     const int grad = mode != TKD_KL_CUDA_ROWS_STATS;
     const int fused = grad ? tkd_kl_cuda_fused_grad_on(ws, p) : tkd_kl_cuda_fused_on(ws, p);
+    const int cap = fused ? ws->chunk_e : ws->chunk; /* the rows chunk_buf holds on this path */
+    if (rows < 0 || rows > cap) /* callers cut with tkd_kl_cuda_chunk_for, which decides the same way */
+        return tkd_error_set(TKD_ERR_INTERNAL, "kl_loss_cuda: a chunk of %d rows on the %s path, whose "
+                             "buffer holds %d", rows, fused ? "fused" : "fp32-logits", cap);
     return fused ? fused_chunk(ws, p, b, (int)mode, row0, rows, grad_scale, dh, dw, mk, mk_ctx)
                  : logits_chunk(ws, p, b, (int)mode, row0, rows, grad_scale, dh, dw, mk, mk_ctx);
 }

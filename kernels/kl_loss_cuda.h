@@ -9,10 +9,11 @@
  * Gradient dtypes: dH (N, D) fp32 and dW (V, D) fp32, both device memory.
  * On compute capability 9.0 with D a multiple of 8 the logits GEMM is our own
  * (kernels/lmhead_sm90.h) and its epilogue does the row work (docs/loss.md, "the fused path"): in
- * forward the per-row statistics and the gather of the special columns, so no logits are written;
- * where the gradient's dense part is one softmax (τ = 1, α = 1 or α = 0) also the gradient tile as
- * bf16 exps, scaled per row in dH and dW; chunks then hold twice the rows. Otherwise the fp32
- * logits chunk makes the gradient. Variant `tail` keeps cuBLAS. TKD_KL_FUSED=0 in the environment
+ * recompute's forward the per-row statistics and the gather of the special columns, so no logits
+ * are written; where the gradient's dense part is one softmax (τ = 1, α = 1 or α = 0) also the
+ * gradient tile as bf16 exps, scaled per row in dH and dW, in both modes; those chunks hold up to
+ * twice the rows (tkd_kl_cuda_ws_chunk_rows is the fp32 chunk). Otherwise (two softmaxes) the fp32
+ * logits chunk makes the gradient, and in grad_in_forward also the statistics. Variant `tail` keeps cuBLAS. TKD_KL_FUSED=0 in the environment
  * when the workspace is made turns the fused path off, TKD_KL_SM90=0 forces cuBLAS (the fallback
  * and the reference).
  *
@@ -63,7 +64,8 @@ typedef struct tkd_kl_cuda_batch {
 } tkd_kl_cuda_batch;
 
 /* Workspace: the cuBLAS handle and its workspace, the chunk buffer, per-row statistics (N max),
- * and on sm_90 our GEMM's statistics partials (3 · chunk · ceil(V / 256) floats).
+ * and on sm_90 our GEMM's workspace, its statistics partials and the fused path's per-row buffers
+ * (special-column lists, references, sigma, the scaled hidden states), sized for its chunks.
  * Sized once; reused every step; one workspace per thread (it owns a cuBLAS handle). */
 typedef struct tkd_kl_cuda_ws tkd_kl_cuda_ws;
 
@@ -78,21 +80,23 @@ tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p, i
                                int v);
 void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws); /* NULL is a no-op */
 
-/* Chunk rows in use, and device bytes the workspace holds (chunk buffer, row statistics, cuBLAS
+/* Rows per fp32-logits chunk (the fused path cuts up to twice as many: tkd_kl_cuda_chunk_for in
+ * kl_loss_cuda_internal.h), and device bytes the workspace holds (chunk buffer, row statistics, cuBLAS
  * workspace; not the cuBLAS handle's own allocations). */
 int tkd_kl_cuda_ws_chunk_rows(const tkd_kl_cuda_ws *ws);
 size_t tkd_kl_cuda_ws_bytes(const tkd_kl_cuda_ws *ws);
 
 /* Forward over a device batch: res gets the mean loss over kept rows and its KD and CE parts; the
  * per-row log-sum-exps stay in ws for backward. With p->grad_in_forward, also dh (N, D) fp32 is
- * overwritten with ∂loss/∂H and dw (V, D) fp32 accumulated (+=) with ∂loss/∂W (device pointers;
- * may be NULL otherwise). Synchronises once (the result copy). */
+ * overwritten with ∂loss/∂H and dw (V, D) fp32 accumulated (+=) with ∂loss/∂W, or overwritten with
+ * p->dw_overwrite (device pointers; may be NULL otherwise). Synchronises once (the result copy). */
 tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                const tkd_kl_cuda_batch *b, tkd_kl_result *res, float *dh,
                                float *dw);
 
 /* Backward (recompute mode), after tkd_kl_cuda_forward on the same batch: dh (N, D) overwritten
- * with ∂(scale·loss)/∂H, dw (V, D) accumulated (+=) with ∂(scale·loss)/∂W; device fp32 pointers.
+ * with ∂(scale·loss)/∂H, dw (V, D) accumulated (+=) with ∂(scale·loss)/∂W (overwritten with
+ * p->dw_overwrite); device fp32 pointers.
  * With p->grad_in_forward it does nothing (forward made the gradients of grad_scale·loss) and
  * only checks that scale == p->grad_scale, as the CPU path does. */
 tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,

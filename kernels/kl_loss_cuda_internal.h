@@ -150,7 +150,7 @@ tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
 int tkd_kl_cuda_chunk_for(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p, int grad, int64_t n);
 
 /* The rows per chunk tkd_kl_cuda_chunk_for takes when our dH GEMM runs: n rows, at most chunk_e
- * per chunk, at least c0 chunks, D columns, sms multiprocessors. Host arithmetic only (exposed for
+ * per chunk, at least c0 ≥ 1 chunks, D columns, sms multiprocessors. Host arithmetic only (exposed for
  * its test). The chunk count depends on sms, so dW's fp32 bits do too (chunks sum in order). */
 int tkd_kl_cuda_dh_chunk_rows(int64_t n, int chunk_e, int64_t c0, int d, int sms);
 /* The row kernel over the chunk in ws->chunk_buf; gradient modes make ∂(grad_scale·loss)/∂s.

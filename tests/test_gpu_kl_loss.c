@@ -844,10 +844,17 @@ static void test_grad_env(void **state)
     (void)state;
     tkd_kl_params p;
     params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 0, 0);
+    const char *was = getenv("TKD_KL_GRAD_SM90"); /* scripts/gpu_checks.sh sets it for whole runs */
+    char saved[32] = "";
+    if (was)
+        snprintf(saved, sizeof saved, "%s", was);
     setenv("TKD_KL_GRAD_SM90", "1", 1);
     tkd_kl_cuda_ws *ws = NULL;
     tkd_status st = tkd_kl_cuda_ws_create(&ws, &p, 64, 256, 1000);
-    unsetenv("TKD_KL_GRAD_SM90");
+    if (was)
+        setenv("TKD_KL_GRAD_SM90", saved, 1);
+    else
+        unsetenv("TKD_KL_GRAD_SM90");
     if (g_fallback || tkd_lmhead_sm90_supported() != TKD_OK) { /* no sm90 GEMM: nothing reads it */
         tkd_error_clear();
         assert_int_equal(st, TKD_OK);
