@@ -80,6 +80,16 @@ float tkd_cache_dtype_max(tkd_cache_dtype dt)
     return FLT_MAX;
 }
 
+float tkd_cache_dtype_round(tkd_cache_dtype dt, float x)
+{
+    switch (dt) {
+    case TKD_CACHE_DTYPE_HALF: return tkd_f16_to_f32(tkd_f32_to_f16(x));
+    case TKD_CACHE_DTYPE_BFLOAT16: return tkd_bf16_to_f32(tkd_f32_to_bf16(x));
+    case TKD_CACHE_DTYPE_FLOAT32: break;
+    }
+    return x;
+}
+
 static int is_hex_digest(const char *s)
 {
     if (strlen(s) != 64)

@@ -51,6 +51,10 @@ size_t tkd_cache_dtype_size(tkd_cache_dtype dt);
  * (float32). A larger float would be stored as inf (or clamped), so producers refuse it. */
 float tkd_cache_dtype_max(tkd_cache_dtype dt);
 
+/* x as the dtype stores it and reads it back (round to nearest even; beyond the dtype's range the
+ * result is its inf, so callers check tkd_cache_dtype_max first). */
+float tkd_cache_dtype_round(tkd_cache_dtype dt, float x);
+
 /* What makes two shards (or a shard and its manifest) belong to the same cache. */
 typedef struct tkd_cache_identity {
     int64_t vocab_size;

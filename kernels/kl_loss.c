@@ -110,6 +110,22 @@ tkd_status tkd_kl_batch_check(const tkd_kl_params *p, const tkd_kl_batch *b)
     return TKD_OK;
 }
 
+/* tail and sampled read the stored logits as probabilities exp(t/τ − lse): their sum over the
+ * stored columns cannot exceed 1 for an exact cache (kl_loss.h, TKD_KL_MASS_MAX). */
+static tkd_status check_mass(const tkd_kl_params *p, const float *lg, int kk, float lse, int64_t i)
+{
+    double mass = 0.0;
+    for (int j = 0; j < kk; j++)
+        mass += exp((double)lg[j] / p->temperature - lse);
+    if (mass <= TKD_KL_MASS_MAX)
+        return TKD_OK;
+    return tkd_error_set(TKD_ERR_FORMAT,
+                         "kl_loss: row %lld: the teacher's stored probabilities sum to %g over the top-%d (at most "
+                         "%g for a cache whose logits were stored within %g of the teacher's); the cache's logits "
+                         "were rounded too coarsely or its LSE does not belong to them",
+                         (long long)i, mass, kk, TKD_KL_MASS_MAX, TKD_KL_LOGIT_ROUND_TOL);
+}
+
 /* One row's teacher side; `seen` is a V-bit map, all clear on entry and on return. */
 static tkd_status validate_row(const tkd_kl_params *p, const tkd_kl_batch *b, int64_t i, uint8_t *seen)
 {
@@ -146,6 +162,8 @@ static tkd_status validate_row(const tkd_kl_params *p, const tkd_kl_batch *b, in
     if (st == TKD_OK && p->variant != TKD_KL_VARIANT_RENORM && b->teacher_lse && !isfinite(b->teacher_lse[i]))
         st = tkd_error_set(TKD_ERR_FORMAT, "kl_loss: row %lld: teacher LSE is not finite (%g); the cache is corrupt",
                            (long long)i, (double)b->teacher_lse[i]);
+    if (st == TKD_OK && p->variant != TKD_KL_VARIANT_RENORM && b->teacher_lse)
+        st = check_mass(p, lg, kk, b->teacher_lse[i], i);
     if (st == TKD_OK && p->variant == TKD_KL_VARIANT_SAMPLED) {
         const int32_t *dr = b->tail_idx ? b->tail_idx + i * (int64_t)p->s : NULL;
         for (int d = 0; d < p->s && st == TKD_OK; d++) {

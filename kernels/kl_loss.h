@@ -86,9 +86,21 @@ tkd_status tkd_kl_params_check(const tkd_kl_params *p, int v);
  * implementation calls it on entry. Does not look at the values (that is tkd_kl_validate). */
 tkd_status tkd_kl_batch_check(const tkd_kl_params *p, const tkd_kl_batch *b);
 
+/* How exactly a cache holds the teacher's distribution. teacher-dump refuses to store a top-k logit
+ * whose rounding to cache.logits_dtype moves it by more than TKD_KL_LOGIT_ROUND_TOL · τ (τ the
+ * cache temperature): each stored probability exp(t/τ − lse) is then within a factor
+ * e^(±1/8) of the teacher's, and a row's stored top-k mass at most e^(1/8) ≈ 1.133, since the exact
+ * mass is ≤ 1 by the definition of the LSE. The loss refuses a row whose stored mass exceeds
+ * TKD_KL_MASS_MAX (the same bound plus room for the float32 LSE's own rounding, |lse|·2^-24, which
+ * stays below 0.01 for |lse| < 2^17): beyond it the cache was rounded too coarsely or is not one
+ * of ours, and `tail` (r = 1 − Σp) and `sampled` (target weights) would train on a broken target. */
+#define TKD_KL_LOGIT_ROUND_TOL 0.125
+#define TKD_KL_MASS_MAX 1.15
+
 /* Checks the teacher side of a batch before it is trained on: every used index in [0, V), no
  * duplicate among a row's first k' indices, teacher logits and LSE finite, labels in [0, V) or
- * ignore_index, tail draws in [0, V) and outside the row's top-k'. TKD_ERR_FORMAT names the row. */
+ * ignore_index, tail draws in [0, V) and outside the row's top-k', and for tail and sampled the
+ * row's stored top-k' mass Σ exp(t/τ − lse) ≤ TKD_KL_MASS_MAX. TKD_ERR_FORMAT names the row. */
 tkd_status tkd_kl_validate(const tkd_kl_params *p, const tkd_kl_batch *b);
 
 /* The same with a caller-owned scratch of V/8 + 1 bytes, all zero on entry and zero again on return

@@ -15,6 +15,7 @@
 #include "common/signals.h"
 #include "formats/cache_manifest.h"
 #include "formats/tokens.h"
+#include "kernels/kl_loss.h"
 #include "kernels/tail_sample.h"
 #include "kernels/topk.h"
 #include "model/model.h"
@@ -332,34 +333,63 @@ static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, c
     return st;
 }
 
-/* Logit i of the batch does not fit cache.logits_dtype: names its sequence, position and value and
- * the dtypes that hold it. */
+/* Whether dtype dt stores logit x within TKD_KL_LOGIT_ROUND_TOL · τ (kernels/kl_loss.h): in its range,
+ * and rounded to it by so little that exp(t/τ − lse) moves by at most a factor e^(1/8). */
+static bool dtype_holds(tkd_cache_dtype dt, float x, double tau)
+{
+    return fabsf(x) <= tkd_cache_dtype_max(dt) &&
+           fabs((double)tkd_cache_dtype_round(dt, x) - (double)x) <= TKD_KL_LOGIT_ROUND_TOL * tau;
+}
+
+/* The hint for a logit x that cache.logits_dtype does not hold: the other dtypes that do. */
+static tkd_status hint_dtypes(const tkd_dump_config *cfg, float x)
+{
+    if (!isfinite(x))
+        return tkd_error_hint(TKD_ERR_NUMERIC, "no dtype holds a non-finite value; check the teacher's weights");
+    char list[64] = "";
+    int n = 0;
+    for (int dt = TKD_CACHE_DTYPE_HALF; dt <= TKD_CACHE_DTYPE_FLOAT32; dt++)
+        if (dt != cfg->logits_dtype && dtype_holds((tkd_cache_dtype)dt, x, cfg->temperature))
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", n++ ? " or " : "",
+                     tkd_cache_dtype_name((tkd_cache_dtype)dt));
+    return tkd_error_hint(TKD_ERR_NUMERIC, "set cache.logits_dtype: %s, which hold%s it (a new cache: pass --overwrite "
+                          "or use another output.dir)", list, n > 1 ? "" : "s");
+}
+
+/* Logit i of the batch is not held by cache.logits_dtype: beyond its range, or rounded by more than
+ * the cache promises. Names its sequence, position and value and the dtypes that hold it. */
 static tkd_status unstorable_logit(const tkd_dump_config *cfg, const tkd_cache_batch *b, size_t i)
 {
     const size_t T = (size_t)b->seq_len, k = (size_t)b->k;
     const tkd_cache_dtype dt = (tkd_cache_dtype)cfg->logits_dtype;
     const float x = b->topk_logits[i];
-    tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %zu: the teacher's logit %g (top-k column %zu) "
-                  "does not fit cache.logits_dtype %s (largest magnitude %g)", cfg->teacher_path,
-                  (long long)b->seq_index[i / (T * k)], (i / k) % T, (double)x, i % k, tkd_cache_dtype_name(dt),
-                  (double)tkd_cache_dtype_max(dt));
-    if (!isfinite(x))
-        return tkd_error_hint(TKD_ERR_NUMERIC, "no dtype holds a non-finite value; check the teacher's weights");
-    const char *holds = fabsf(x) <= tkd_cache_dtype_max(TKD_CACHE_DTYPE_BFLOAT16) ? "bfloat16 or float32, which hold"
-                                                                                  : "float32, which holds";
-    return tkd_error_hint(TKD_ERR_NUMERIC, "set cache.logits_dtype: %s it (a new cache: pass --overwrite or use "
-                          "another output.dir)", holds);
+    const long long seq = (long long)b->seq_index[i / (T * k)];
+    if (!(fabsf(x) <= tkd_cache_dtype_max(dt))) /* NaN fails the comparison too */
+        tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %zu: the teacher's logit %g (top-k column %zu) "
+                      "does not fit cache.logits_dtype %s (largest magnitude %g)", cfg->teacher_path, seq,
+                      (i / k) % T, (double)x, i % k, tkd_cache_dtype_name(dt), (double)tkd_cache_dtype_max(dt));
+    else
+        tkd_error_set(TKD_ERR_NUMERIC, "%s: sequence %lld, position %zu: the teacher's logit %.9g (top-k column %zu) "
+                      "would be stored as %.9g in cache.logits_dtype %s, %g off — more than %g x cache.temperature, "
+                      "so its probability would be off by a factor up to e^%.1f", cfg->teacher_path, seq, (i / k) % T,
+                      (double)x, i % k, (double)tkd_cache_dtype_round(dt, x), tkd_cache_dtype_name(dt),
+                      fabs((double)tkd_cache_dtype_round(dt, x) - x), TKD_KL_LOGIT_ROUND_TOL,
+                      fabs((double)tkd_cache_dtype_round(dt, x) - x) / cfg->temperature);
+    return hint_dtypes(cfg, x);
 }
 
-/* Every value of a finished batch fits the cache: top-k logits within cache.logits_dtype's range
- * (beyond it half and bfloat16 would store inf), LSE finite (float32). Checked on the batch, after
- * whichever top-k path made it, so that no path puts an inf or a NaN into a shard. */
+/* Every value of a finished batch is held by the cache: each top-k logit in cache.logits_dtype's
+ * range (beyond it half and bfloat16 would store inf) and rounded to it by at most
+ * TKD_KL_LOGIT_ROUND_TOL · τ (a half logit near 45,000 is rounded by up to 16, and the stored
+ * probabilities of a row would sum to millions: kernels/kl_loss.h), the LSE finite (float32).
+ * Checked on the batch, after whichever top-k path made it, so that no path puts a value into a
+ * shard that breaks the stored distribution. */
 static tkd_status check_storable(const tkd_dump_config *cfg, const tkd_cache_batch *b)
 {
-    const float max = tkd_cache_dtype_max((tkd_cache_dtype)cfg->logits_dtype);
+    const tkd_cache_dtype dt = (tkd_cache_dtype)cfg->logits_dtype;
     const size_t T = (size_t)b->seq_len, n = (size_t)b->num_seq * T, nk = n * (size_t)b->k;
     for (size_t i = 0; i < nk; i++)
-        if (!(fabsf(b->topk_logits[i]) <= max)) /* NaN fails the comparison too */
+        if (!dtype_holds(dt, b->topk_logits[i], cfg->temperature))
             return unstorable_logit(cfg, b, i);
     for (size_t i = 0; i < n; i++)
         if (!isfinite(b->lse[i])) {

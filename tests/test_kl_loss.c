@@ -489,6 +489,23 @@ static void test_validate_errors(void **state)
     c.lse[3] = INFINITY;
     expect_format_error(&pt, &b, "inf teacher LSE");
     kcase_cut_teacher(&c);
+    /* the stored top-k mass Σ exp(t/τ − lse): an exact cache has at most 1 (plus the LSE's rounding);
+     * TKD_KL_MASS_MAX is the most a cache teacher-dump wrote can hold. Shifting the LSE moves the mass
+     * by a known factor: just under and just over the bound. */
+    double mass = 0.0;
+    for (int j = 0; j < 4; j++)
+        mass += exp((double)c.tl[3 * 4 + j] - c.lse[3]); /* τ = 1 */
+    float exact_lse = c.lse[3];
+    c.lse[3] = (float)(exact_lse + log(mass) - log(TKD_KL_MASS_MAX * 0.999));
+    assert_int_equal(tkd_kl_validate(&pt, &b), TKD_OK);
+    c.lse[3] = (float)(exact_lse + log(mass) - log(TKD_KL_MASS_MAX * 1.001));
+    expect_format_error(&pt, &b, "top-k mass above TKD_KL_MASS_MAX (tail)");
+    assert_non_null(strstr(tkd_error_msg(), "stored probabilities sum to 1.15"));
+    expect_format_error(&ps, &b, "top-k mass above TKD_KL_MASS_MAX (sampled)");
+    tkd_kl_params pr = pt; /* renorm reads no LSE */
+    pr.variant = TKD_KL_VARIANT_RENORM;
+    assert_int_equal(tkd_kl_validate(&pr, &b), TKD_OK);
+    c.lse[3] = exact_lse;
     c.draws[3 * 3 + 1] = 99;
     expect_format_error(&ps, &b, "draw >= V");
     kcase_cut_teacher(&c);

@@ -303,8 +303,8 @@ static void plant(tkd_cache_batch *b, int64_t g0, void *ctx)
     size_t row = (size_t)(bv->seq - g0) * (size_t)b->seq_len + (size_t)bv->pos;
     if (bv->what == 0)
         b->topk_logits[row * (size_t)b->k] = INFINITY;
-    else
-        b->lse[row] = -1e30f;
+    else /* the stored top-1 probability exp(t − lse) becomes e: the mass of a too coarsely rounded cache */
+        b->lse[row] = b->topk_logits[row * (size_t)b->k] - 1.0f;
 }
 
 typedef struct bad_cache {
@@ -347,14 +347,18 @@ static void test_infinite_teacher_logit(void **state)
     expect_error(run(f, bc.dir, "inf-logit-nockpt", no_ckpt, 2), TKD_ERR_FORMAT, frag, 3);
 }
 
-/* A finite but absurd LSE passes validation and makes the tail loss infinite: training stops with a
- * NUMERIC error naming the step, before the update, and keeps the last checkpoint. */
-static void test_nonfinite_loss(void **state)
+/* A row whose stored probabilities exp(t − lse) sum above 1 (a half cache of logits near 45,000
+ * stored them ±16 off, issue 20) would give tail a negative tail mass and sampled a broken target:
+ * the loss's validation refuses it before the step is taken, naming the step and the sum, and the
+ * last checkpoint is kept. (Before this check the run trained on it without a word.) */
+static void test_teacher_mass_above_one(void **state)
 {
     fixture *f = *state;
     bad_cache bc = make_bad_cache(f, "bad-lse", 1);
-    const char *extra[] = {"kd.variant=tail"};
-    expect_stop(f, bc.dir, "bad-lse", extra, 1, TKD_ERR_NUMERIC, bc.step, bc.seq, "not finite");
+    const char *tail[] = {"kd.variant=tail"};
+    expect_stop(f, bc.dir, "bad-lse-tail", tail, 1, TKD_ERR_FORMAT, bc.step, bc.seq, "stored probabilities sum to");
+    const char *renorm[] = {"kd.variant=renorm"}; /* reads no LSE: p̃ is renormalised over the top-k' */
+    assert_int_equal(run(f, bc.dir, "bad-lse-renorm", renorm, 1), TKD_OK);
 }
 
 int main(void)
@@ -369,7 +373,7 @@ int main(void)
         cmocka_unit_test(test_validation_cache),
         cmocka_unit_test(test_corrupt_shard_mid_training),
         cmocka_unit_test(test_infinite_teacher_logit),
-        cmocka_unit_test(test_nonfinite_loss),
+        cmocka_unit_test(test_teacher_mass_above_one),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -19,6 +19,7 @@
 #include "common/signals.h"
 #include "kernels/tail_sample.h"
 #include "kernels/backend.h"
+#include "kernels/kl_loss.h"
 #include "model/model.h"
 #include "teacher_cache/dump_merge.h"
 #include "teacher_cache/dump_dir.h"
@@ -619,17 +620,17 @@ static void test_bad_settings(void **state)
 /* ---- values the cache cannot hold ---------------------------------------------------------------- */
 
 /* A teacher whose logits are about 1e6: half cannot hold them (largest 65504) and the run stops at
- * the first one, naming it, with no shard written; bfloat16 (what the message proposes) and float32
- * hold them, and the bfloat16 cache is the float32 one rounded once. */
+ * the first one, naming it, with no shard written. bfloat16 has their range but rounds them by up to
+ * 2048 (8 significant bits), which would scale a stored probability by e^2048: it is refused too,
+ * and float32 (what both messages propose) holds them exactly. */
 static void test_logits_beyond_half(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("dump-range");
-    char teacher[4300], tok[4300], half[4300], bf16[4300], f32[4300], y[8192];
+    char teacher[4300], tok[4300], half[4300], f32[4300], y[8192];
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "big", 1e7f, -1));
     snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 6));
     snprintf(half, sizeof half, "%s/half", dir);
-    snprintf(bf16, sizeof bf16, "%s/bf16", dir);
     snprintf(f32, sizeof f32, "%s/f32", dir);
 
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, f32, "cache: {logits_dtype: float32}\n");
@@ -643,22 +644,91 @@ static void test_logits_beyond_half(void **state)
     printf("expected error: %s\n", tkd_error_msg());
     tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit ");
     tkd_test_assert_msg_has("does not fit cache.logits_dtype half (largest magnitude 65504)");
-    tkd_test_assert_msg_has("set cache.logits_dtype: bfloat16 or float32");
+    tkd_test_assert_msg_has("set cache.logits_dtype: float32, which holds it");
     assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
     assert_int_equal(tkd_dt_count_suffix(half, ".tmp"), 0);
 
-    /* the action: bfloat16, replacing the failed (empty) cache */
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "cache: {logits_dtype: bfloat16}\n");
     tkd_dump_opts ow = {.overwrite = true};
+    assert_int_equal(run_status(y, &ow), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit ");
+    tkd_test_assert_msg_has("in cache.logits_dtype bfloat16");
+    tkd_test_assert_msg_has("more than 0.125 x cache.temperature");
+    tkd_test_assert_msg_has("set cache.logits_dtype: float32, which holds it");
+    assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
+
+    /* the action: float32, replacing the failed (empty) cache; the same values as the first run */
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "cache: {logits_dtype: float32}\n");
     run_ok(y, &ow, NULL);
     tkd_cache_batch got;
     assert_int_equal(tkd_dt_read_all(half, &got, NULL), n);
     size_t nk = (size_t)n * 16 * 8;
     assert_memory_equal(got.topk_indices, want.topk_indices, nk * sizeof *got.topk_indices);
-    for (size_t i = 0; i < nk; i++)
-        assert_true(got.topk_logits[i] == tkd_bf16_to_f32(tkd_f32_to_bf16(want.topk_logits[i])));
+    assert_memory_equal(got.topk_logits, want.topk_logits, nk * sizeof *got.topk_logits);
     tkd_cache_batch_free(&got);
     tkd_cache_batch_free(&want);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* Logits near 45,000 are in half's range, but half's spacing there is 32: stored ±16 off, the row's
+ * probabilities exp(t − lse) would sum to millions and tail / sampled train on that (issue 20). The
+ * dump refuses the first such logit, naming it and what it would be stored as; float32 holds it.
+ * A teacher whose logits are about 100 is held by half (spacing 1/16) but not by bfloat16 (spacing
+ * 1/2): the rule is the rounding, not the range. The same teacher at cache.temperature 8 is held by
+ * bfloat16 too: the bound is in units of τ, as exp(t/τ − lse) is. */
+static void test_logits_rounded_too_coarsely(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-round");
+    char teacher[4300], tok[4300], out[4300], y[8192];
+    snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 6));
+    snprintf(out, sizeof out, "%s/out", dir);
+    /* the hidden states do not depend on the head: logits scale with head_scale; find the scale that
+     * puts the first top-1 logit at 45,000.3 */
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "unit", 1.0f, -1));
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32}\n");
+    run_ok(y, NULL, NULL);
+    tkd_cache_batch unit;
+    tkd_dt_read_all(out, &unit, NULL);
+    const float x1 = unit.topk_logits[0];
+    tkd_cache_batch_free(&unit);
+    assert_true(fabsf(x1) > 0.01f);
+    tkd_dump_opts ow = {.overwrite = true};
+
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "t45k", 45000.3f / x1, -1));
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "");
+    assert_int_equal(run_status(y, &ow), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit 45000.");
+    tkd_test_assert_msg_has("(top-k column 0) would be stored as ");
+    tkd_test_assert_msg_has("in cache.logits_dtype half");
+    tkd_test_assert_msg_has("set cache.logits_dtype: float32, which holds it");
+    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, tail_samples: 4}\n");
+    run_ok(y, &ow, NULL);
+
+    snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "t100", 100.3f / x1, -1));
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: bfloat16}\n");
+    assert_int_equal(run_status(y, &ow), TKD_ERR_NUMERIC);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("in cache.logits_dtype bfloat16");
+    tkd_test_assert_msg_has("set cache.logits_dtype: half or float32, which hold it");
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: half}\n");
+    run_ok(y, &ow, NULL);
+    tkd_cache_batch got;
+    int64_t n = tkd_dt_read_all(out, &got, NULL);
+    /* what the trainer checks: every row's stored mass within the promised bound */
+    for (int64_t r = 0; r < n * 16; r++) {
+        double mass = 0.0;
+        for (int j = 0; j < 8; j++)
+            mass += exp((double)got.topk_logits[r * 8 + j] - got.lse[r]);
+        assert_true(mass <= TKD_KL_MASS_MAX);
+    }
+    tkd_cache_batch_free(&got);
+    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: bfloat16, temperature: 8}\n");
+    run_ok(y, &ow, NULL);
     tkd_test_rmtree(dir);
     free(dir);
 }
@@ -938,6 +1008,7 @@ int main(void)
         cmocka_unit_test(test_one_writer_per_cache),
         cmocka_unit_test(test_bad_settings),
         cmocka_unit_test(test_logits_beyond_half),
+        cmocka_unit_test(test_logits_rounded_too_coarsely),
         cmocka_unit_test(test_lse_beyond_float32),
         cmocka_unit_test(test_nan_in_teacher_output),
         cmocka_unit_test(test_merge_names_the_missing_worker),
