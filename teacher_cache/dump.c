@@ -479,7 +479,7 @@ static tkd_status load_inputs(dump_ctx *c)
         TKD_TRY(tkd_dump_teacher_sha256(cfg->teacher_path, c->sum->teacher_sha256));
     }
     TKD_TRY(check_compute_args(c));
-    TKD_TRY(tkd_dump_open_dataset(cfg, &c->ds));
+    TKD_TRY(tkd_dump_open_dataset(cfg, c->model->cfg.vocab_size, &c->ds));
     st = tkd_tokens_check_vocab(c->ds, c->model->cfg.vocab_size);
     if (st != TKD_OK)
         return tkd_error_hint(st, "use the tokenizer of teacher %s (vocab %d)", cfg->teacher_path,
@@ -770,6 +770,7 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     c.sum->raw_bytes_per_token = tkd_dump_raw_bytes_per_token(cfg);
     /* the directory and its lock first: a second writer is refused before minutes of hashing */
     tkd_dir_lock *lock = NULL;
+    const bool fresh = !tkd_file_exists(cfg->output_dir);
     tkd_status st = tkd_dump_dir_open(cfg, &lock);
     if (st == TKD_OK)
         st = load_inputs(&c);
@@ -804,6 +805,9 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     if (!c.opts->teacher)
         tkd_model_free(c.model);
     tkd_backend_close(c.be);
-    tkd_dir_lock_release(lock);
+    if (st != TKD_OK && fresh && !c.manifest_path[0]) /* failed before the output was touched */
+        tkd_dump_dir_abandon(cfg, lock);
+    else
+        tkd_dir_lock_release(lock);
     return st;
 }

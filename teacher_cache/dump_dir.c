@@ -2,6 +2,7 @@
 #include "teacher_cache/dump_dir.h"
 
 #include <stdio.h>
+#include <unistd.h>
 
 #include "common/fileio.h"
 #include "formats/cache_manifest.h"
@@ -68,4 +69,19 @@ tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock)
         *lock = NULL;
     }
     return st;
+}
+
+void tkd_dump_dir_abandon(const tkd_dump_config *cfg, tkd_dir_lock *lock)
+{
+    char marker[4096], lockf[4096];
+    if (cfg->worker_count == 1 && lock &&
+        tkd_path_join(marker, sizeof marker, cfg->output_dir, tkd_dump_dir_kind.marker) == TKD_OK &&
+        tkd_path_join(lockf, sizeof lockf, cfg->output_dir, LOCK_NAME) == TKD_OK) {
+        /* the lock file goes while still held: a writer that opened it meanwhile is refused anyway,
+         * and one that comes later makes a new directory */
+        unlink(marker);
+        unlink(lockf);
+        rmdir(cfg->output_dir); /* fails, keeping the directory, when anything else is in it */
+    }
+    tkd_dir_lock_release(lock);
 }

@@ -23,6 +23,13 @@ extern const tkd_dir_kind tkd_dump_dir_kind;
  * by the caller (tkd_dir_lock_release) when the run ends. */
 tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock);
 
+/* A run that made cfg->output_dir and failed before writing anything into it (the teacher, the
+ * tokenizer or the data refused): removes what tkd_dump_dir_open put there (the marker and the lock
+ * file) and the directory, then releases lock, so a failed first run leaves nothing behind. Only for
+ * a single-worker run (it holds the directory exclusively); a directory that holds anything else
+ * is left as it is. */
+void tkd_dump_dir_abandon(const tkd_dump_config *cfg, tkd_dir_lock *lock);
+
 /* The exclusive lock for merge. A directory without manifest.worker-0.yaml holds nothing to merge
  * (merge says so): it is left untouched, with *lock = NULL and TKD_OK. */
 tkd_status tkd_dump_dir_lock_merge(const char *dir, tkd_dir_lock **lock);

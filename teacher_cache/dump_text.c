@@ -33,12 +33,13 @@ static tkd_status expand(const tkd_strlist *paths, glob_t *g, const char ***file
     return TKD_OK;
 }
 
-static tkd_status tokenize_to(const tkd_dump_config *cfg, const char *out_path)
+static tkd_status tokenize_to(const tkd_dump_config *cfg, int64_t vocab, const char *out_path)
 {
     glob_t g;
     tkd_tokenize_opts o = {
         .tokenizer = cfg->data_tokenizer,
         .output = out_path,
+        .vocab_limit = vocab,
         .field = cfg->data_text_field && *cfg->data_text_field ? cfg->data_text_field : "text",
         .separator = cfg->data_doc_separator && *cfg->data_doc_separator ? cfg->data_doc_separator : NULL,
     };
@@ -54,7 +55,7 @@ static tkd_status tokenize_to(const tkd_dump_config *cfg, const char *out_path)
     return st == TKD_OK ? st : tkd_error_prefix(st, "data.tokenizer");
 }
 
-tkd_status tkd_dump_open_dataset(const tkd_dump_config *cfg, tkd_tokens **out)
+tkd_status tkd_dump_open_dataset(const tkd_dump_config *cfg, int64_t vocab, tkd_tokens **out)
 {
     *out = NULL;
     if (!cfg->data_tokenizer || !*cfg->data_tokenizer) {
@@ -67,7 +68,7 @@ tkd_status tkd_dump_open_dataset(const tkd_dump_config *cfg, tkd_tokens **out)
     if (!mkdtemp(dir))
         return tkd_error_set(TKD_ERR_IO, "%s: cannot make a temporary directory for the tokens", dir);
     snprintf(path, sizeof path, "%s/tokens.npy", dir);
-    tkd_status st = tokenize_to(cfg, path);
+    tkd_status st = tokenize_to(cfg, vocab, path);
     if (st == TKD_OK)
         st = tkd_tokens_open(path, out);
     tkd_error_saved saved;

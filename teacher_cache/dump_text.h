@@ -11,8 +11,9 @@
 #include "teacher_cache/dump_config.h"
 
 /* Opens cfg's dataset into *out (owned by the caller: tkd_tokens_free). Text is tokenized into a
- * NumPy file in a temporary directory under $TMPDIR (else /tmp), loaded, and the directory removed.
- * Messages name data.paths or data.tokenizer. */
-tkd_status tkd_dump_open_dataset(const tkd_dump_config *cfg, tkd_tokens **out);
+ * NumPy file in a temporary directory under $TMPDIR (else /tmp), loaded, and the directory removed;
+ * an id >= vocab (the teacher's) is refused then, naming the text file and line. Messages name
+ * data.paths or data.tokenizer. */
+tkd_status tkd_dump_open_dataset(const tkd_dump_config *cfg, int64_t vocab, tkd_tokens **out);
 
 #endif /* TKD_DUMP_TEXT_H */

@@ -353,6 +353,21 @@ static tkd_status batch_fill(run_state *s, batch *b, bool *more)
     return TKD_OK;
 }
 
+/* A record's ids against o->vocab_limit: the place named is the text's, not the token file's (with
+ * teacher-dump's data.tokenizer that file is a temporary one the user never sees). */
+static tkd_status check_vocab(const run_state *s, const record *r, const tkd_token_ids *ids)
+{
+    const int64_t v = s->o->vocab_limit;
+    for (size_t i = 0; v > 0 && i < ids->n; i++)
+        if (ids->ids[i] >= (uint64_t)v) {
+            tkd_error_set(TKD_ERR_MISMATCH, "%s:%lld: the tokenizer %s gives id %u (token %zu of the document), "
+                          "beyond the teacher's vocabulary of %lld", s->o->inputs[r->file], (long long)r->line,
+                          tkd_tokenizer_path(s->tok), ids->ids[i], i, (long long)v);
+            return tkd_error_hint(TKD_ERR_MISMATCH, "use the teacher's own tokenizer");
+        }
+    return TKD_OK;
+}
+
 /* One record -> prefix + ids + suffix (+ EOS), on the calling thread's context. */
 static tkd_status encode_record(const run_state *s, tkd_tokenizer_ctx *ctx, const record *r, const char *text,
                                 tkd_token_ids *out)
@@ -375,7 +390,7 @@ static tkd_status encode_record(const run_state *s, tkd_tokenizer_ctx *ctx, cons
     if (st == TKD_OK && s->eos >= 0 && !(nsuf > 0 && suf[nsuf - 1] == eos))
         st = tkd_token_ids_push(out, &eos, 1);
     free(field);
-    return st;
+    return st == TKD_OK ? check_vocab(s, r, out) : st;
 }
 
 static void batch_encode(run_state *s, batch *b)

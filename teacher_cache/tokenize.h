@@ -41,6 +41,8 @@ typedef struct tkd_tokenize_opts {
     int64_t shard_tokens;    /* tokens per output file; 0: one file */
     int threads;             /* 0: OpenMP's default (OMP_NUM_THREADS, else the CPUs) */
     bool overwrite;          /* replace an existing output file */
+    int64_t vocab_limit;     /* > 0: an id >= this stops the run naming the file and line (teacher-dump's
+                                data.tokenizer passes the teacher's vocabulary); 0: no limit */
     void (*progress)(const tkd_tokenize_progress *p, void *user); /* after each batch; may be NULL */
     void *progress_user;
 } tkd_tokenize_opts;

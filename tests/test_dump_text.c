@@ -1,0 +1,148 @@
+/* test_dump_text.c — teacher-dump with data.tokenizer (teacher_cache/dump_text): a token id beyond
+ * the teacher's vocabulary is named by its text file and line (the token file it was written to is
+ * a temporary the user never sees), and a first run that fails before writing anything leaves no
+ * cache directory and no temporary tokens behind (issue 20, items 11 and 12). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "teacher_cache/dump.h"
+#include "tests/dump_testutil.h"
+#include "tests/testutil.h"
+
+static const char *tmp(const char *name)
+{
+    return tkd_test_path(tkd_test_group_dir, name);
+}
+
+/* A byte-level tokenizer: printable ASCII at ids 0-93, space 94, newline 95, <|eos|> 99, except
+ * 'Z', which is id `z_id` (200: beyond the llama fixture's 131 ids). Written to <group>/<name>. */
+static void write_tokenizer(const char *name, int z_id)
+{
+    char dir[4300], path[4400];
+    snprintf(dir, sizeof dir, "%s", tmp(name));
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"added_tokens\": [{\"id\": 99, \"content\": \"<|eos|>\", \"special\": true, \"normalized\": false}],"
+               " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
+               " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
+               " \"vocab\": {");
+    for (int b = 0x21; b <= 0x7E; b++)
+        fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b == 'Z' ? z_id : b - 0x21);
+    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95}, \"merges\": []}}");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    tkd_test_write_text(path, "{\"eos_token\": \"<|eos|>\"}");
+}
+
+/* Entries in dir other than . and .. (-1 when it cannot be listed). */
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int setup(void **state)
+{
+    if (tkd_test_group_dir_setup(state) != 0)
+        return -1;
+    write_tokenizer("tok-z200", 200);
+    write_tokenizer("tok-ok", 96);
+    char text[2048] = "";
+    for (int i = 0; i < 30; i++)
+        strcat(text, "{\"text\": \"the cat sat on the mat and looked at the dog.\"}\n");
+    tkd_test_write_text(tmp("good.jsonl"), text);
+    strcat(text, "{\"text\": \"and then Zed came\"}\n"); /* line 31 */
+    tkd_test_write_text(tmp("zed.jsonl"), text);
+    /* the temporary tokens go under $TMPDIR: one of the test's own, to be seen empty */
+    assert_int_equal(mkdir(tmp("tmpdir"), 0755), 0);
+    return setenv("TMPDIR", tmp("tmpdir"), 1);
+}
+
+static void yaml_for(char *y, size_t cap, const char *tokenizer, const char *text, const char *out)
+{
+    char extra[4400], tok[4300];
+    snprintf(tok, sizeof tok, "%s", tmp(tokenizer));
+    snprintf(extra, sizeof extra, "data: {paths: ['%s'], tokenizer: '%s'}\n", tmp(text), tok);
+    tkd_dt_small_yaml(y, cap, TKD_DT_LLAMA, "unused", out, extra);
+}
+
+/* An id the teacher does not have: the message names the text file and its line, not the
+ * temporary token file; nothing is left behind (no cache directory, no temporary tokens). */
+static void test_id_beyond_vocab_names_the_text(void **state)
+{
+    (void)state;
+    char y[9000], out[4300];
+    snprintf(out, sizeof out, "%s", tmp("cache-zed"));
+    yaml_for(y, sizeof y, "tok-z200", "zed.jsonl", out);
+    assert_int_equal(tkd_dt_run(y, NULL, NULL), TKD_ERR_MISMATCH);
+    printf("expected error: %s\n", tkd_error_msg());
+    tkd_test_assert_msg_has("data.tokenizer: ");
+    tkd_test_assert_msg_has("/zed.jsonl:31: the tokenizer ");
+    tkd_test_assert_msg_has("gives id 200 (token 9 of the document), beyond the teacher's vocabulary of 131");
+    assert_null(strstr(tkd_error_msg(), "tokens.npy"));
+    assert_false(exists(out));
+    assert_int_equal(count_entries(tmp("tmpdir")), 0);
+    /* the same tokenizer on text without a 'Z' is fine: the check is on the ids, not the vocabulary */
+    yaml_for(y, sizeof y, "tok-z200", "good.jsonl", out);
+    tkd_dt_run_ok(y, NULL, NULL);
+    assert_int_equal(count_entries(tmp("tmpdir")), 0);
+}
+
+/* A first run that fails before writing anything (a missing tokenizer, a missing teacher) removes
+ * the directory it made; a cache directory that was there before is kept as it was. */
+static void test_failed_first_run_leaves_nothing(void **state)
+{
+    (void)state;
+    char y[9000], out[4300];
+    snprintf(out, sizeof out, "%s", tmp("cache-fail"));
+    yaml_for(y, sizeof y, "tok-none", "good.jsonl", out);
+    assert_int_equal(tkd_dt_run(y, NULL, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("data.tokenizer: ");
+    assert_false(exists(out));
+    assert_int_equal(count_entries(tmp("tmpdir")), 0);
+
+    tkd_dt_small_yaml(y, sizeof y, "/nonexistent/teacher", tmp("good.jsonl"), out, "");
+    assert_int_not_equal(tkd_dt_run(y, NULL, NULL), TKD_OK);
+    tkd_test_assert_msg_has("/nonexistent/teacher");
+    assert_false(exists(out));
+
+    /* a cache made before: a failing run leaves it whole */
+    yaml_for(y, sizeof y, "tok-ok", "good.jsonl", out);
+    tkd_dt_run_ok(y, NULL, NULL);
+    int before = count_entries(out);
+    assert_true(before >= 3); /* marker, lock, manifest, shards */
+    yaml_for(y, sizeof y, "tok-none", "good.jsonl", out);
+    assert_int_equal(tkd_dt_run(y, NULL, NULL), TKD_ERR_NOT_FOUND);
+    assert_int_equal(count_entries(out), before);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_id_beyond_vocab_names_the_text),
+        cmocka_unit_test(test_failed_first_run_leaves_nothing),
+    };
+    return cmocka_run_group_tests(tests, setup, tkd_test_group_dir_teardown);
+}
