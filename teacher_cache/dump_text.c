@@ -39,6 +39,7 @@ static tkd_status tokenize_to(const tkd_dump_config *cfg, const char *out_path)
     tkd_tokenize_opts o = {
         .tokenizer = cfg->data_tokenizer,
         .output = out_path,
+        .no_lock = true, /* a directory of its own (mkdtemp), removed after: no lock file to leave there */
         .field = cfg->data_text_field && *cfg->data_text_field ? cfg->data_text_field : "text",
         .separator = cfg->data_doc_separator && *cfg->data_doc_separator ? cfg->data_doc_separator : NULL,
     };

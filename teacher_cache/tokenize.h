@@ -41,6 +41,7 @@ typedef struct tkd_tokenize_opts {
     int64_t shard_tokens;    /* tokens per output file; 0: one file */
     int threads;             /* 0: OpenMP's default (OMP_NUM_THREADS, else the CPUs) */
     bool overwrite;          /* replace an existing output file */
+    bool no_lock;            /* no lock file: the caller made the output's directory and is its only writer */
     void (*progress)(const tkd_tokenize_progress *p, void *user); /* after each batch; may be NULL */
     void *progress_user;
 } tkd_tokenize_opts;
