@@ -39,9 +39,11 @@ const char tkd_tokenize_usage[] =
     "  --doc-separator STR    text: documents are separated by STR (\\n, \\t, \\r, \\\\ understood); default:\n"
     "                         one document per file\n"
     "  --eos TOKEN|none       the token written after each document (default: the tokenizer's eos_token)\n"
-    "  --shard-tokens N       at most N tokens per output file (default: one file)\n"
-    "  --threads N            tokenizing threads (default: OMP_NUM_THREADS, else all CPUs)\n"
-    "  --overwrite            replace an existing output file\n"
+    "  --shard-tokens N       at most N tokens per output file (default: one file; a .bin file holds at\n"
+    "                         most 2147483647, llm.c's int32 count)\n"
+    "  --threads N            tokenizing threads, 1 to 4096 (default: OMP_NUM_THREADS, else all CPUs)\n"
+    "  --overwrite            replace an existing output (at the end: until the whole run has succeeded,\n"
+    "                         the files are temporaries and an earlier output stays as it was)\n"
     "  -v / -q                more / less output";
 
 /* ---- arguments ---------------------------------------------------------------------------------- */
@@ -198,6 +200,7 @@ typedef struct file_id {
     dev_t dev;
     ino_t ino;
     const char *path;
+    const char *role; /* "input", "tokenizer file" */
 } file_id;
 
 /* A finished output file under its temporary name, renamed to its final name by out_publish. */
@@ -251,10 +254,10 @@ static tkd_status check_not_read(const out_writer *w, const char *path)
         return TKD_OK;
     for (int i = 0; i < w->nreads; i++)
         if (w->reads[i].dev == sb.st_dev && w->reads[i].ino == sb.st_ino) {
-            tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: the output %s is the input %s (the same file)", path,
-                          w->reads[i].path);
-            return tkd_error_hint(TKD_ERR_INVALID_ARG, "choose another --output; writing it would replace the text "
-                                  "being read");
+            tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: the output %s is the %s %s (the same file)", path,
+                          w->reads[i].role, w->reads[i].path);
+            return tkd_error_hint(TKD_ERR_INVALID_ARG, "choose another --output; writing it would replace a file "
+                                  "this run reads");
         }
     return TKD_OK;
 }
@@ -624,7 +627,7 @@ static tkd_status resolve_eos(run_state *s)
 }
 
 /* Remembers path (device and inode, symlinks followed) as a file this run reads; missing is fine. */
-static tkd_status add_read(out_writer *w, const char *path)
+static tkd_status add_read(out_writer *w, const char *path, const char *role)
 {
     struct stat sb;
     if (stat(path, &sb) != 0)
@@ -633,7 +636,7 @@ static tkd_status add_read(out_writer *w, const char *path)
     if (!p)
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
     w->reads = p;
-    w->reads[w->nreads++] = (file_id){sb.st_dev, sb.st_ino, path};
+    w->reads[w->nreads++] = (file_id){sb.st_dev, sb.st_ino, path, role};
     return TKD_OK;
 }
 
@@ -658,7 +661,7 @@ static tkd_status setup(run_state *s, char *tok_config, size_t cap)
     for (int i = 0; i < s->o->ninputs; i++) {
         uint64_t size;
         TKD_TRY(tkd_file_size(s->o->inputs[i], &size));
-        TKD_TRY(add_read(&s->out, s->o->inputs[i]));
+        TKD_TRY(add_read(&s->out, s->o->inputs[i], "input"));
         s->bytes_total += size;
     }
     TKD_TRY(tkd_tokenizer_load(s->o->tokenizer, &s->tok));
@@ -666,8 +669,8 @@ static tkd_status setup(run_state *s, char *tok_config, size_t cap)
     const char *base;
     split_path(tkd_tokenizer_path(s->tok), dir, sizeof dir, &base);
     snprintf(tok_config, cap, "%s/tokenizer_config.json", dir);
-    TKD_TRY(add_read(&s->out, tkd_tokenizer_path(s->tok)));
-    TKD_TRY(add_read(&s->out, tok_config));
+    TKD_TRY(add_read(&s->out, tkd_tokenizer_path(s->tok), "tokenizer file"));
+    TKD_TRY(add_read(&s->out, tok_config, "tokenizer file"));
     TKD_TRY(check_outputs(&s->out));
     TKD_TRY(resolve_eos(s));
     s->threads = s->o->threads > 0 ? s->o->threads : omp_get_max_threads();

@@ -82,14 +82,14 @@ static int count_named(const char *dir, const char *prefix)
 
 /* ---- item 2: an output that is an input ------------------------------------------------------- */
 
-static void expect_same_file(const char *out, const char *input, const char *out_in_msg, const char *in_in_msg,
+static void expect_same_file(const char *out, const char *input, const char *out_in_msg, const char *read_in_msg,
                              int64_t shard_tokens)
 {
     const char *inputs[] = {input};
     tkd_tokenize_opts o = {.overwrite = true, .shard_tokens = shard_tokens};
     assert_int_equal(run_opts(&o, out, inputs, 1), TKD_ERR_INVALID_ARG);
     char want[16384];
-    snprintf(want, sizeof want, "tokenize: the output %s is the input %s (the same file)", out_in_msg, in_in_msg);
+    snprintf(want, sizeof want, "tokenize: the output %s is the %s (the same file)", out_in_msg, read_in_msg);
     tkd_test_assert_msg_has(want);
     tkd_test_assert_msg_has("choose another --output");
 }
@@ -104,16 +104,20 @@ static void test_output_is_input(void **state)
     tkd_test_write_text(doc, text);
     assert_int_equal(symlink("doc.txt", slink), 0);
     assert_int_equal(link(doc, hard), 0);
-    expect_same_file(doc, doc, doc, doc, 0);
-    expect_same_file(dotted, doc, dotted, doc, 0);
-    expect_same_file(slink, doc, slink, doc, 0);
-    expect_same_file(hard, doc, hard, doc, 0);
-    expect_same_file(doc, slink, doc, slink, 0); /* the input through the symlink */
+    char in_doc[4200], in_slink[4200], in_tok[4300], in_shard[4200];
+    snprintf(in_doc, sizeof in_doc, "input %s", doc);
+    snprintf(in_slink, sizeof in_slink, "input %s", slink);
+    expect_same_file(doc, doc, doc, in_doc, 0);
+    expect_same_file(dotted, doc, dotted, in_doc, 0);
+    expect_same_file(slink, doc, slink, in_doc, 0);
+    expect_same_file(hard, doc, hard, in_doc, 0);
+    expect_same_file(doc, slink, doc, in_slink, 0); /* the input through the symlink */
     /* the tokenizer's own file is read too */
     char tok_json[4200];
     snprintf(tok_json, sizeof tok_json, "%s/tokenizer.json", QWEN3);
     char *tok_before = tkd_test_slurp(tok_json, NULL);
-    expect_same_file(tok_json, doc, tok_json, tok_json, 0);
+    snprintf(in_tok, sizeof in_tok, "tokenizer file %s", tok_json);
+    expect_same_file(tok_json, doc, tok_json, in_tok, 0);
     char *tok_after = tkd_test_slurp(tok_json, NULL);
     assert_string_equal(tok_after, tok_before);
     free(tok_before);
@@ -122,7 +126,8 @@ static void test_output_is_input(void **state)
      * whatever its number (shard 7 of a run that would write one shard) */
     char *shard7 = join(dir, "out_000007.bin"), *out = join(dir, "out.bin");
     tkd_test_write_text(shard7, text);
-    expect_same_file(out, shard7, shard7, shard7, 1000);
+    snprintf(in_shard, sizeof in_shard, "input %s", shard7);
+    expect_same_file(out, shard7, shard7, in_shard, 1000);
     assert_int_equal(count_named(dir, "out_"), 1);
     char *kept = tkd_test_slurp(doc, NULL);
     assert_string_equal(kept, text); /* never replaced */
