@@ -30,6 +30,7 @@
 #include "common/cli.h"
 #include "common/launch.h"
 #include "common/signals.h"
+#include "formats/tokenizer.h"
 #include "teacher_cache/tokenize.h"
 #include "tests/testutil.h"
 
@@ -393,6 +394,55 @@ static void test_write_error_reason(void **state)
     free(dir);
 }
 
+/* ---- batches around long documents ---------------------------------------------------------- */
+
+/* Documents of 10, 10 and 17 MB among short ones: the second 10 MB one waits for the next batch,
+ * the 17 MB one is read in place as a batch of its own; the ids are those of each document on its
+ * own, in order, each followed by the EOS. */
+static void test_long_documents_in_order(void **state)
+{
+    (void)state;
+    size_t sizes[] = {5, 10u << 20, 10u << 20, 17u << 20, 7, 3u << 20};
+    enum { N = sizeof sizes / sizeof *sizes };
+    char *docs[N];
+    char *dir = fresh_dir("order"), *in = join(dir, "docs.txt"), *out = join(dir, "out.bin");
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    for (int i = 0; i < N; i++) {
+        docs[i] = malloc(sizes[i] + 1);
+        for (size_t j = 0; j < sizes[i]; j++) /* words of varying length, no separator inside */
+            docs[i][j] = j % (5 + (size_t)i) == 4 ? ' ' : (char)('a' + (j * 7 + (size_t)i) % 26);
+        docs[i][sizes[i]] = '\0';
+        fprintf(f, "%s%s", i ? "<DOC>" : "", docs[i]);
+    }
+    fclose(f);
+    const char *inputs[] = {in};
+    tkd_tokenize_opts o = {.separator = "<DOC>", .threads = 2};
+    assert_int_equal(run_opts(&o, out, inputs, 1), TKD_OK);
+    tkd_tokenizer *tok = NULL;
+    tkd_tokenizer_ctx *ctx = NULL;
+    assert_int_equal(tkd_tokenizer_load(QWEN3, &tok), TKD_OK);
+    assert_int_equal(tkd_tokenizer_ctx_create(tok, &ctx), TKD_OK);
+    tkd_token_ids want = {0};
+    uint32_t eos = (uint32_t)tkd_tokenizer_eos_id(tok);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(tkd_tokenizer_encode(ctx, docs[i], sizes[i], &want), TKD_OK);
+        assert_int_equal(tkd_token_ids_push(&want, &eos, 1), TKD_OK);
+        free(docs[i]);
+    }
+    size_t len;
+    char *got = tkd_test_slurp(out, &len);
+    assert_int_equal(len, 1024 + 4 * want.n);
+    assert_memory_equal(got + 1024, want.ids, 4 * want.n);
+    free(got);
+    tkd_token_ids_free(&want);
+    tkd_tokenizer_ctx_free(ctx);
+    tkd_tokenizer_free(tok);
+    free(in), free(out);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 /* ---- item 12: a document longer than a batch ------------------------------------------------- */
 
 #if !defined(__SANITIZE_ADDRESS__) /* ASan's shadow and quarantine make resident memory say nothing about ours */
@@ -457,7 +507,7 @@ int main(void)
         cmocka_unit_test(test_output_is_input),     cmocka_unit_test(test_second_writer_refused),
         cmocka_unit_test(test_numeric_flags),       cmocka_unit_test(test_cli_parse_int),
         cmocka_unit_test(test_interrupted_shards),  cmocka_unit_test(test_write_error_reason),
-        cmocka_unit_test(test_long_document_memory),
+        cmocka_unit_test(test_long_documents_in_order), cmocka_unit_test(test_long_document_memory),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }
