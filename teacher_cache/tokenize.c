@@ -162,7 +162,10 @@ static bool is_npy(const tkd_tokenize_opts *o)
  * file (a shard, or the whole output) holds at most INT32_MAX tokens; a .npy has no such limit. */
 static tkd_status check_limits(const tkd_tokenize_opts *o)
 {
-    if (o->shard_tokens < 0 || (!is_npy(o) && o->shard_tokens > INT32_MAX)) {
+    if (o->shard_tokens < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --shard-tokens %lld is negative (0: one file)",
+                             (long long)o->shard_tokens);
+    if (!is_npy(o) && o->shard_tokens > INT32_MAX) {
         tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --shard-tokens %lld is more than one llm.c .bin file holds "
                       "(%d tokens: its header counts them in an int32)", (long long)o->shard_tokens, INT32_MAX);
         return tkd_error_hint(TKD_ERR_INVALID_ARG, "give at most %d, or an --output named .npy", INT32_MAX);
