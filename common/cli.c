@@ -1,6 +1,8 @@
 /* cli.c — see cli.h. */
 #include "common/cli.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +122,24 @@ tkd_status tkd_cli_parse(tkd_cli *cli, int argc, char *const *argv)
     if (cli->resume && cli->overwrite)
         return fail(cli, tkd_error_set(TKD_ERR_INVALID_ARG,
                                        "--resume and --overwrite contradict each other; pick one"));
+    return TKD_OK;
+}
+
+tkd_status tkd_cli_parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!v || !*v)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s needs an integer value", flag);
+    const char *d = v + (*v == '+' || *v == '-');
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    /* strtoll alone takes " 7", "7x" (stopping early) and saturates 1e30's digits: all refused */
+    if (!isdigit((unsigned char)*d) || *end)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: '%s' is not an integer", flag, v);
+    if (errno == ERANGE || x < lo || x > hi)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: %s is out of range; it must be in [%lld, %lld]", flag, v,
+                             (long long)lo, (long long)hi);
+    *out = x;
     return TKD_OK;
 }
 

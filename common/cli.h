@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "common/config.h"
@@ -43,6 +44,13 @@ tkd_log_level tkd_cli_log_level(const tkd_cli *cli);
 
 /* Defaults, then --config FILE, then every --set, into cfg (zeroed or freed before). */
 tkd_status tkd_cli_load_config(const tkd_cli *cli, const tkd_config_schema *schema, void *cfg);
+
+/* The value v of a numeric flag (e.g. "--threads") as a decimal integer in [lo, hi]: an optional
+ * sign and digits, nothing else (no spaces, no "1e6", no "0x10"); a value strtoll cannot hold
+ * (ERANGE) is out of range, never saturated. TKD_ERR_INVALID_ARG naming the flag and the value:
+ * "--threads: 'x' is not an integer" or "--threads: 5000 is out of range; it must be in [1, 4096]".
+ * Every tool parses its numeric flags through this one. */
+tkd_status tkd_cli_parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out);
 
 /* Writes "usage: <usage>", the shared flags and the schema's key reference (--help output).
  * --resume is listed only when usage offers it (teacher-dump resumes on a plain re-run). */

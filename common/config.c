@@ -267,7 +267,8 @@ static tkd_status range_check(const char *where, const tkd_config_field *f, doub
                          where, f->key, text, lo, hi);
 }
 
-/* Integers: decimal, or a float spelling of an exact integer ("1e6") up to 2^53. */
+/* Integers: decimal, or a decimal float spelling of an exact integer ("1e6") up to 2^53. A value
+ * strtoll cannot hold is refused, never saturated; so are strtod's hex floats ("0x1p3"). */
 static bool parse_int64(const char *s, int64_t *out)
 {
     char *end;
@@ -277,6 +278,8 @@ static bool parse_int64(const char *s, int64_t *out)
         *out = v;
         return true;
     }
+    if (s[strspn(s, "0123456789+-.eE")] != '\0')
+        return false;
     double d = strtod(s, &end);
     if (!*s || *end || isspace((unsigned char)*s) || !isfinite(d) || d != floor(d) ||
         fabs(d) > 9007199254740992.0)

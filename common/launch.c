@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cli.h"
 #include "common/dist.h"
 #include "common/log.h"
 #include "common/progress.h"
@@ -40,12 +41,9 @@ tkd_status tkd_launch_take_nproc(int *argc, char **argv, int *nproc)
             argv[out++] = argv[i];
             continue;
         }
-        char *end;
-        long n = strtol(val, &end, 10);
-        if (!*val || *end || n < 1 || n > MAX_PROCS) {
-            tkd_error_set(TKD_ERR_INVALID_ARG, "%s: '%s' is not a number of processes", flag, val);
+        int64_t n;
+        if (tkd_cli_parse_int(flag, val, 1, MAX_PROCS, &n) != TKD_OK)
             return tkd_error_hint(TKD_ERR_INVALID_ARG, "give one process per GPU, 1 to %d", MAX_PROCS);
-        }
         *nproc = (int)n;
     }
     *argc = out;

@@ -40,6 +40,7 @@ static tkd_status tokenize_to(const tkd_dump_config *cfg, int64_t vocab, const c
         .tokenizer = cfg->data_tokenizer,
         .output = out_path,
         .vocab_limit = vocab,
+        .no_lock = true, /* a directory of its own (mkdtemp), removed after: no lock file to leave there */
         .field = cfg->data_text_field && *cfg->data_text_field ? cfg->data_text_field : "text",
         .separator = cfg->data_doc_separator && *cfg->data_doc_separator ? cfg->data_doc_separator : NULL,
     };

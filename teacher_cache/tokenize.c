@@ -1,13 +1,21 @@
 /* tokenize.c — see tokenize.h. The main thread reads records into a batch (up to 16 MB of text or
- * 4096 records), OpenMP threads each with their own tokenizer context turn the batch into ids (and
- * parse JSON Lines on the way), then the main thread writes the ids in order. */
+ * 4096 records; a longer record is a batch of its own, read in place), OpenMP threads each with
+ * their own tokenizer context turn the batch into ids (and parse JSON Lines on the way), then the
+ * main thread writes the ids in order. Every output file is staged under a temporary name; all of
+ * them get their final names only once the whole run has succeeded. */
 #include "teacher_cache/tokenize.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "common/cli.h"
+#include "common/dir_lock.h"
 #include "common/fileio.h"
 #include "common/progress.h"
 #include "common/signals.h"
@@ -17,6 +25,7 @@
 #define BATCH_RECORDS 4096
 #define LLMC_MAGIC_U32 20240801
 #define LLMC_HEADER_INTS 256
+#define MAX_THREADS 4096
 
 const char tkd_tokenize_usage[] =
     "teacher-dump tokenize --tokenizer PATH --output OUT.bin [options] FILE...\n"
@@ -30,9 +39,11 @@ const char tkd_tokenize_usage[] =
     "  --doc-separator STR    text: documents are separated by STR (\\n, \\t, \\r, \\\\ understood); default:\n"
     "                         one document per file\n"
     "  --eos TOKEN|none       the token written after each document (default: the tokenizer's eos_token)\n"
-    "  --shard-tokens N       at most N tokens per output file (default: one file)\n"
-    "  --threads N            tokenizing threads (default: OMP_NUM_THREADS, else all CPUs)\n"
-    "  --overwrite            replace an existing output file\n"
+    "  --shard-tokens N       at most N tokens per output file (default: one file; a .bin file holds at\n"
+    "                         most 2147483647, llm.c's int32 count)\n"
+    "  --threads N            tokenizing threads, 1 to 4096 (default: OMP_NUM_THREADS, else all CPUs)\n"
+    "  --overwrite            replace an existing output (at the end: until the whole run has succeeded,\n"
+    "                         the files are temporaries and an earlier output stays as it was)\n"
     "  -v / -q                more / less output";
 
 /* ---- arguments ---------------------------------------------------------------------------------- */
@@ -62,15 +73,11 @@ static char *unescape(const char *s)
     return out;
 }
 
-static tkd_status parse_int(const char *flag, const char *v, int64_t lo, int64_t *out)
+/* Through the tools' one numeric parser (common/cli.h): junk and overflow are refused, never saturated. */
+static tkd_status parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out)
 {
-    char *end;
-    long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %s needs an integer >= %lld (got '%s') — see --help", flag,
-                             (long long)lo, v ? v : "");
-    *out = x;
-    return TKD_OK;
+    tkd_status st = tkd_cli_parse_int(flag, v, lo, hi, out);
+    return st == TKD_OK ? st : tkd_error_hint(tkd_error_prefix(st, "tokenize"), "see --help");
 }
 
 /* One "--flag value" / "--flag=value"; returns TKD_ERR_NOT_FOUND for a flag it does not know. */
@@ -96,11 +103,11 @@ static tkd_status parse_flag(tkd_tokenize_opts *o, const char *name, const char 
             return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --format is auto, text or jsonl (got '%s')", v);
         o->kind = v[0] == 'a' ? TKD_TEXT_AUTO : v[0] == 't' ? TKD_TEXT_PLAIN : TKD_TEXT_JSONL;
     } else if (strcmp(name, "--shard-tokens") == 0) {
-        TKD_TRY(parse_int(name, v, 1, &x));
+        TKD_TRY(parse_int(name, v, 1, INT64_MAX, &x));
         o->shard_tokens = x;
     } else if (strcmp(name, "--threads") == 0) {
-        TKD_TRY(parse_int(name, v, 1, &x));
-        o->threads = (int)(x < 4096 ? x : 4096);
+        TKD_TRY(parse_int(name, v, 1, MAX_THREADS, &x));
+        o->threads = (int)x;
     } else {
         return TKD_ERR_NOT_FOUND;
     }
@@ -145,6 +152,30 @@ static tkd_status parse_one(tkd_tokenize_opts *o, int argc, char **argv, int *i,
     return TKD_OK;
 }
 
+static bool is_npy(const tkd_tokenize_opts *o)
+{
+    size_t n = strlen(o->output);
+    return n > 4 && strcmp(o->output + n - 4, ".npy") == 0;
+}
+
+/* What the output's format can hold: llm.c's header counts a file's tokens in an int32, so one .bin
+ * file (a shard, or the whole output) holds at most INT32_MAX tokens; a .npy has no such limit. */
+static tkd_status check_limits(const tkd_tokenize_opts *o)
+{
+    if (o->shard_tokens < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --shard-tokens %lld is negative (0: one file)",
+                             (long long)o->shard_tokens);
+    if (!is_npy(o) && o->shard_tokens > INT32_MAX) {
+        tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --shard-tokens %lld is more than one llm.c .bin file holds "
+                      "(%d tokens: its header counts them in an int32)", (long long)o->shard_tokens, INT32_MAX);
+        return tkd_error_hint(TKD_ERR_INVALID_ARG, "give at most %d, or an --output named .npy", INT32_MAX);
+    }
+    if (o->threads < 0 || o->threads > MAX_THREADS)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %d threads is out of range; it must be in [1, %d]",
+                             o->threads, MAX_THREADS);
+    return TKD_OK;
+}
+
 tkd_status tkd_tokenize_parse_args(int argc, char **argv, tkd_tokenize_opts *o, bool *help, int *verbosity)
 {
     memset(o, 0, sizeof *o);
@@ -162,10 +193,23 @@ tkd_status tkd_tokenize_parse_args(int argc, char **argv, tkd_tokenize_opts *o, 
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --tokenizer and --output are required — see --help");
     if (o->ninputs == 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: no input files — name the text or .jsonl files to tokenize");
-    return TKD_OK;
+    return check_limits(o);
 }
 
 /* ---- output: llm.c .bin files, maybe sharded ------------------------------------------------------ */
+
+/* A file this run reads (an input, the tokenizer's files): no output may be the same file. */
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    const char *path;
+    const char *role; /* "input", "tokenizer file" */
+} file_id;
+
+/* A finished output file under its temporary name, renamed to its final name by out_publish. */
+typedef struct staged {
+    char *tmp, *path;
+} staged;
 
 typedef struct out_writer {
     const tkd_tokenize_opts *o;
@@ -174,12 +218,21 @@ typedef struct out_writer {
     int shard;          /* files opened so far */
     int64_t in_file;    /* tokens in the open file */
     char path[4096];    /* the open file */
+    staged *done;       // (ndone,) finished, not yet renamed; tmp NULL once renamed
+    int ndone, cap_done;
+    file_id *reads;     // (nreads,) the files this run reads
+    int nreads;
 } out_writer;
 
-static bool is_npy(const tkd_tokenize_opts *o)
+/* The directory of path ("." when none) into dir; *base = its last component. */
+static void split_path(const char *path, char *dir, size_t cap, const char **base)
 {
-    size_t n = strlen(o->output);
-    return n > 4 && strcmp(o->output + n - 4, ".npy") == 0;
+    const char *slash = strrchr(path, '/');
+    *base = slash ? slash + 1 : path;
+    if (!slash)
+        snprintf(dir, cap, ".");
+    else
+        snprintf(dir, cap, "%.*s", slash == path ? 1 : (int)(slash - path), path);
 }
 
 /* OUT.bin (or OUT.npy) itself, or OUT_%06d.bin for shard i (the extension kept). */
@@ -196,12 +249,88 @@ static tkd_status shard_path(const tkd_tokenize_opts *o, int i, char *out, size_
     return TKD_OK;
 }
 
+/* Refuses path when it is (stat: symlinks followed, hard links seen) one of the files being read. */
+static tkd_status check_not_read(const out_writer *w, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return TKD_OK;
+    for (int i = 0; i < w->nreads; i++)
+        if (w->reads[i].dev == sb.st_dev && w->reads[i].ino == sb.st_ino) {
+            tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: the output %s is the %s %s (the same file)", path,
+                          w->reads[i].role, w->reads[i].path);
+            return tkd_error_hint(TKD_ERR_INVALID_ARG, "choose another --output; writing it would replace a file "
+                                  "this run reads");
+        }
+    return TKD_OK;
+}
+
+/* An output file that is already there: one of the inputs never; else only with --overwrite. */
+static tkd_status check_existing(const out_writer *w, const char *path)
+{
+    TKD_TRY(check_not_read(w, path));
+    if (!w->o->overwrite) {
+        tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %s exists", path);
+        return tkd_error_hint(TKD_ERR_INVALID_ARG, "pass --overwrite to replace it, or choose another --output");
+    }
+    return TKD_OK;
+}
+
+/* Is name ("train_000012.bin") "<stem><6 or more digits><ext>", a shard name of this output? */
+static bool is_shard_name(const char *name, const char *stem, size_t stem_len, const char *ext)
+{
+    size_t n = strlen(name), e = strlen(ext);
+    if (n < stem_len + 6 + e || strncmp(name, stem, stem_len) != 0 || strcmp(name + n - e, ext) != 0)
+        return false;
+    return strspn(name + stem_len, "0123456789") == n - stem_len - e;
+}
+
+/* Before anything is written: each output name already there (the one file, or every shard name
+ * OUT_<digits>.ext in its directory, whatever the count) is checked by check_existing, so an input
+ * that is an old shard is refused up front and a run without --overwrite stops at once. */
+static tkd_status check_outputs(const out_writer *w)
+{
+    char first[4096], dir[4096], path[8192];
+    const char *base;
+    TKD_TRY(shard_path(w->o, 0, first, sizeof first));
+    if (w->o->shard_tokens == 0)
+        return tkd_file_exists(first) ? check_existing(w, first) : TKD_OK;
+    split_path(first, dir, sizeof dir, &base);
+    size_t stem_len = strlen(base) - strlen("000000.bin"); /* base is "<stem>000000.bin" (or .npy) */
+    DIR *d = opendir(dir);
+    if (!d)
+        return TKD_OK; /* no directory yet: the temporary file's creation names the problem */
+    tkd_status st = TKD_OK;
+    for (struct dirent *e; st == TKD_OK && (e = readdir(d)) != NULL;)
+        if (is_shard_name(e->d_name, base, stem_len, base + strlen(base) - 4)) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            st = check_existing(w, strchr(first, '/') ? path : e->d_name);
+        }
+    closedir(d);
+    return st;
+}
+
 /* llm.c: 256 int32 {magic, version, count, 0...}. NumPy (an output named .npy): format 1.0, a
  * 1-D '<u4' array, the header padded to NPY_HEADER bytes so that the count fits when it is known. */
 #define NPY_HEADER 128
+
+/* A failed write, flush, fsync or close of the open file: errno's reason in the message (ENOSPC /
+ * EDQUOT: TKD_ERR_NOSPACE, "disk full"). */
+static tkd_status write_failed(const out_writer *w, const char *what, int err)
+{
+    if (err == 0)
+        err = EIO;
+    if (err == ENOSPC || err == EDQUOT) {
+        tkd_error_set(TKD_ERR_NOSPACE, "%s: disk full while %s (%s)", w->path, what, strerror(err));
+        return tkd_error_hint(TKD_ERR_NOSPACE, "free space and re-run");
+    }
+    return tkd_error_set(TKD_ERR_IO, "%s: %s failed: %s", w->path, what, strerror(err));
+}
+
 static tkd_status write_header(out_writer *w, int64_t ntok)
 {
     size_t ok;
+    errno = 0;
     if (is_npy(w->o)) {
         char h[NPY_HEADER + 1];
         int n = snprintf(h + 10, sizeof h - 10, "{'descr': '<u4', 'fortran_order': False, 'shape': (%lld,), }",
@@ -215,18 +344,14 @@ static tkd_status write_header(out_writer *w, int64_t ntok)
         int32_t h[LLMC_HEADER_INTS] = {LLMC_MAGIC_U32, TKD_TOKENIZE_VERSION, (int32_t)ntok};
         ok = fwrite(h, sizeof h, 1, w->af.fp);
     }
-    if (ok != 1)
-        return tkd_error_set(TKD_ERR_IO, "%s: write failed", w->path);
-    return TKD_OK;
+    return ok == 1 ? TKD_OK : write_failed(w, "writing the header", errno);
 }
 
 static tkd_status open_file(out_writer *w)
 {
     TKD_TRY(shard_path(w->o, w->shard, w->path, sizeof w->path));
-    if (!w->o->overwrite && tkd_file_exists(w->path)) {
-        tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %s exists", w->path);
-        return tkd_error_hint(TKD_ERR_INVALID_ARG, "pass --overwrite to replace it, or choose another --output");
-    }
+    if (tkd_file_exists(w->path)) /* checked up front too; this sees a name made since */
+        TKD_TRY(check_existing(w, w->path));
     TKD_TRY(tkd_atomic_file_open(&w->af, w->path));
     w->open = true;
     w->shard++;
@@ -234,20 +359,72 @@ static tkd_status open_file(out_writer *w)
     return write_header(w, 0);
 }
 
-/* The header gets the count, then the file its final name. */
-static tkd_status close_file(out_writer *w)
+/* The header gets the count, then the file is flushed, fsynced and closed under its temporary name
+ * and joins w->done; out_publish renames it. */
+static tkd_status finish_file(out_writer *w)
 {
     w->open = false;
-    if (fflush(w->af.fp) != 0 || fseek(w->af.fp, 0, SEEK_SET) != 0) {
-        tkd_atomic_file_abort(&w->af);
-        return tkd_error_set(TKD_ERR_IO, "%s: write failed", w->path);
+    tkd_status st = TKD_OK;
+    errno = 0;
+    if (fflush(w->af.fp) != 0 || fseek(w->af.fp, 0, SEEK_SET) != 0)
+        st = write_failed(w, "writing", errno);
+    if (st == TKD_OK)
+        st = write_header(w, w->in_file);
+    errno = 0;
+    if (st == TKD_OK && (fflush(w->af.fp) != 0 || ferror(w->af.fp)))
+        st = write_failed(w, "writing", errno);
+    if (st == TKD_OK && fsync(fileno(w->af.fp)) != 0)
+        st = write_failed(w, "fsync", errno);
+    if (st == TKD_OK && w->ndone == w->cap_done) {
+        int cap = w->cap_done ? 2 * w->cap_done : 16;
+        staged *p = realloc(w->done, (size_t)cap * sizeof *p);
+        if (!p)
+            st = tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+        else
+            w->done = p, w->cap_done = cap;
     }
-    tkd_status st = write_header(w, w->in_file);
     if (st != TKD_OK) {
         tkd_atomic_file_abort(&w->af);
         return st;
     }
-    return tkd_atomic_file_commit(&w->af);
+    int rc = fclose(w->af.fp), err = errno;
+    w->done[w->ndone++] = (staged){w->af.tmp, w->af.path}; /* taken over: tkd_atomic_file holds nothing now */
+    w->af = (tkd_atomic_file){0};
+    return rc == 0 ? TKD_OK : write_failed(w, "closing", err);
+}
+
+/* The end of a successful run: every staged file gets its final name, in order, then the
+ * directory is fsynced. Until here an interrupted run left no output name behind. */
+static tkd_status out_publish(out_writer *w)
+{
+    char dir[4096];
+    const char *base;
+    for (int i = 0; i < w->ndone; i++) {
+        if (rename(w->done[i].tmp, w->done[i].path) != 0)
+            return tkd_error_set(TKD_ERR_IO, "%s: renaming the finished file %s to it failed: %s", w->done[i].path,
+                                 w->done[i].tmp, strerror(errno));
+        free(w->done[i].tmp);
+        w->done[i].tmp = NULL;
+    }
+    if (w->ndone == 0)
+        return TKD_OK;
+    split_path(w->done[0].path, dir, sizeof dir, &base);
+    return tkd_fsync_dir(dir);
+}
+
+/* Removes what an unsuccessful run staged (the open file and the finished ones not renamed). */
+static void out_free(out_writer *w)
+{
+    if (w->open)
+        tkd_atomic_file_abort(&w->af);
+    for (int i = 0; i < w->ndone; i++) {
+        if (w->done[i].tmp)
+            unlink(w->done[i].tmp);
+        free(w->done[i].tmp);
+        free(w->done[i].path);
+    }
+    free(w->done);
+    free(w->reads);
 }
 
 /* llm.c's header holds the count as int32, so one llm.c file holds at most INT32_MAX tokens. */
@@ -264,11 +441,12 @@ static tkd_status writer_put(out_writer *w, const uint32_t *ids, size_t n)
             return tkd_error_hint(TKD_ERR_INVALID_ARG, "split the output with --shard-tokens");
         }
         size_t take = (size_t)room < n ? (size_t)room : n;
+        errno = 0;
         if (fwrite(ids, sizeof *ids, take, w->af.fp) != take)
-            return tkd_error_set(TKD_ERR_IO, "%s: write failed", w->path);
+            return write_failed(w, "writing", errno);
         w->in_file += (int64_t)take, ids += take, n -= take;
         if (w->o->shard_tokens > 0 && w->in_file == w->o->shard_tokens)
-            TKD_TRY(close_file(w));
+            TKD_TRY(finish_file(w));
     }
     return TKD_OK;
 }
@@ -276,20 +454,23 @@ static tkd_status writer_put(out_writer *w, const uint32_t *ids, size_t n)
 /* ---- batches -------------------------------------------------------------------------------------- */
 
 typedef struct record {
-    size_t off, len; /* in the batch's text */
+    size_t off, len; /* in the batch's text (a big batch's record: in b->big) */
     int64_t line;
     int file;
     bool jsonl;      /* a JSON Lines record: the text is one of its fields */
 } record;
 
 typedef struct batch {
-    char *text;
-    size_t used, cap;
+    char *text;               // (BATCH_BYTES,) allocated once
+    const char *big;          /* a record longer than BATCH_BYTES, alone in the batch: read in place */
+    size_t used;
     record rec[BATCH_RECORDS];
     tkd_token_ids ids[BATCH_RECORDS];
     tkd_status st[BATCH_RECORDS];
     char *msg[BATCH_RECORDS]; /* a failed record's message (strdup) */
     int n;
+    const char *pending;      /* a record read that did not fit: the next batch's first. It points */
+    record pending_rec;       /*   into the reader's buffer, valid until the reader's next call */
 } batch;
 
 typedef struct run_state {
@@ -303,31 +484,48 @@ typedef struct run_state {
     uint64_t bytes_before;   /* sizes of the inputs finished */
     uint64_t bytes_total;
     out_writer out;
+    tkd_dir_lock *lock;      /* the output's lock (.<output name>.topkd-lock beside it) */
 } run_state;
 
-static tkd_status batch_add(batch *b, const char *rec, size_t len, int64_t line, int file, bool jsonl)
+static const char *rec_text(const batch *b, int i)
 {
-    if (b->used + len > b->cap) {
-        size_t cap = b->cap ? b->cap : BATCH_BYTES;
-        while (cap < b->used + len)
-            cap *= 2;
-        char *p = realloc(b->text, cap);
-        if (!p)
-            return tkd_error_set(TKD_ERR_NOMEM, "out of memory for a batch of %zu bytes", cap);
-        b->text = p, b->cap = cap;
-    }
-    memcpy(b->text + b->used, rec, len);
-    b->rec[b->n++] = (record){b->used, len, line, file, jsonl};
-    b->used += len;
-    return TKD_OK;
+    return b->big ? b->big : b->text + b->rec[i].off;
 }
 
-/* Fills b from the inputs; *more is false once every input is read. */
+/* Puts one record in b: copied when it fits the batch's text; a record longer than a whole batch
+ * is read in place as a batch of its own (no copy: memory for it is the reader's buffer only);
+ * otherwise it waits in b->pending and the batch is full. Returns true when b is full. */
+static bool batch_take(batch *b, const char *text, record r)
+{
+    if (b->used + r.len <= BATCH_BYTES) {
+        memcpy(b->text + b->used, text, r.len);
+        r.off = b->used;
+        b->used += r.len;
+        b->rec[b->n++] = r;
+        return b->used == BATCH_BYTES;
+    }
+    if (b->n == 0) {
+        b->big = text;
+        b->rec[b->n++] = r;
+    } else {
+        b->pending = text;
+        b->pending_rec = r;
+    }
+    return true;
+}
+
+/* Fills b from the inputs (the pending record first); *more is false once every input is read. */
 static tkd_status batch_fill(run_state *s, batch *b, bool *more)
 {
-    b->n = 0, b->used = 0;
+    b->n = 0, b->used = 0, b->big = NULL;
     *more = true;
-    while (b->n < BATCH_RECORDS && b->used < BATCH_BYTES) {
+    if (b->pending) {
+        const char *text = b->pending;
+        b->pending = NULL;
+        if (batch_take(b, text, b->pending_rec))
+            return TKD_OK;
+    }
+    while (b->n < BATCH_RECORDS) {
         if (!s->reader) {
             if (s->file == s->o->ninputs) {
                 *more = false;
@@ -348,7 +546,9 @@ static tkd_status batch_fill(run_state *s, batch *b, bool *more)
             s->file++;
             continue;
         }
-        TKD_TRY(batch_add(b, rec, len, line, s->file, tkd_text_reader_kind(s->reader) == TKD_TEXT_JSONL));
+        bool jsonl = tkd_text_reader_kind(s->reader) == TKD_TEXT_JSONL;
+        if (batch_take(b, rec, (record){0, len, line, s->file, jsonl}))
+            return TKD_OK;
     }
     return TKD_OK;
 }
@@ -397,7 +597,7 @@ static void batch_encode(run_state *s, batch *b)
 {
 #pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1)
     for (int i = 0; i < b->n; i++) {
-        b->st[i] = encode_record(s, s->ctx[omp_get_thread_num()], &b->rec[i], b->text + b->rec[i].off, &b->ids[i]);
+        b->st[i] = encode_record(s, s->ctx[omp_get_thread_num()], &b->rec[i], rec_text(b, i), &b->ids[i]);
         b->msg[i] = b->st[i] != TKD_OK ? strdup(tkd_error_msg()) : NULL;
     }
 }
@@ -418,6 +618,8 @@ static tkd_status batch_write(run_state *s, batch *b, tkd_tokenize_summary *sum)
         st = writer_put(&s->out, b->ids[i].ids, b->ids[i].n);
         sum->docs++;
         sum->tokens += (int64_t)b->ids[i].n;
+        if (b->ids[i].cap > BATCH_BYTES / 4) /* a long document's ids are not kept for the rest of the run */
+            tkd_token_ids_free(&b->ids[i]);
     }
     return st;
 }
@@ -442,14 +644,52 @@ static tkd_status resolve_eos(run_state *s)
     return tkd_error_hint(TKD_ERR_INVALID_ARG, "pass --eos TOKEN (e.g. --eos '<|endoftext|>'), or --eos none");
 }
 
-static tkd_status setup(run_state *s)
+/* Remembers path (device and inode, symlinks followed) as a file this run reads; missing is fine. */
+static tkd_status add_read(out_writer *w, const char *path, const char *role)
 {
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return TKD_OK;
+    file_id *p = realloc(w->reads, (size_t)(w->nreads + 1) * sizeof *p);
+    if (!p)
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+    w->reads = p;
+    w->reads[w->nreads++] = (file_id){sb.st_dev, sb.st_ino, path, role};
+    return TKD_OK;
+}
+
+/* One writer per output: the lock file .<output's name>.topkd-lock in the output's directory
+ * (common/dir_lock.h), taken before anything is checked or written, so a second run into the same
+ * output stops at once naming the first one's pid. */
+static tkd_status lock_output(run_state *s)
+{
+    char dir[4096], name[4096];
+    const char *base;
+    split_path(s->o->output, dir, sizeof dir, &base);
+    snprintf(name, sizeof name, ".%s.topkd-lock", base);
+    tkd_status st = tkd_dir_lock_take(dir, name, "teacher-dump tokenize", &s->lock);
+    return st == TKD_OK ? st : tkd_error_prefix(st, "tokenize: --output %s", s->o->output);
+}
+
+static tkd_status setup(run_state *s, char *tok_config, size_t cap)
+{
+    TKD_TRY(check_limits(s->o));
+    if (!s->o->no_lock)
+        TKD_TRY(lock_output(s));
     for (int i = 0; i < s->o->ninputs; i++) {
         uint64_t size;
         TKD_TRY(tkd_file_size(s->o->inputs[i], &size));
+        TKD_TRY(add_read(&s->out, s->o->inputs[i], "input"));
         s->bytes_total += size;
     }
     TKD_TRY(tkd_tokenizer_load(s->o->tokenizer, &s->tok));
+    char dir[4096];
+    const char *base;
+    split_path(tkd_tokenizer_path(s->tok), dir, sizeof dir, &base);
+    snprintf(tok_config, cap, "%s/tokenizer_config.json", dir);
+    TKD_TRY(add_read(&s->out, tkd_tokenizer_path(s->tok), "tokenizer file"));
+    TKD_TRY(add_read(&s->out, tok_config, "tokenizer file"));
+    TKD_TRY(check_outputs(&s->out));
     TKD_TRY(resolve_eos(s));
     s->threads = s->o->threads > 0 ? s->o->threads : omp_get_max_threads();
     s->ctx = calloc((size_t)s->threads, sizeof *s->ctx);
@@ -483,22 +723,24 @@ static tkd_status run_batches(run_state *s, batch *b, tkd_tokenize_summary *sum)
         TKD_TRY(batch_write(s, b, sum));
         report(s, sum, t0);
         if (tkd_interrupted())
-            return tkd_error_set(TKD_ERR_INTERRUPTED, "tokenize: stopped by a signal after %lld documents; %d whole "
-                                 "file(s) kept, the one in progress removed — re-run the command to start again",
-                                 (long long)sum->docs, s->out.shard - (s->out.open ? 1 : 0));
+            return tkd_error_set(TKD_ERR_INTERRUPTED, "tokenize: stopped by a signal after %lld documents; nothing "
+                                 "written (the %d file(s) made so far were temporaries, now removed; an existing "
+                                 "output is untouched) — re-run the command to start again",
+                                 (long long)sum->docs, s->out.shard);
     }
     if (!s->out.open && s->out.shard == 0) /* no documents: still a (valid, empty) token file */
         TKD_TRY(open_file(&s->out));
     if (s->out.open)
-        TKD_TRY(close_file(&s->out));
+        TKD_TRY(finish_file(&s->out));
+    TKD_TRY(out_publish(&s->out));
     sum->seconds = tkd_progress_now() - t0;
     return TKD_OK;
 }
 
 static void teardown(run_state *s, batch *b)
 {
-    if (s->out.open)
-        tkd_atomic_file_abort(&s->out.af);
+    out_free(&s->out);
+    tkd_dir_lock_release(s->lock);
     tkd_text_reader_close(s->reader);
     for (int i = 0; s->ctx && i < s->threads; i++)
         tkd_tokenizer_ctx_free(s->ctx[i]);
@@ -518,8 +760,14 @@ tkd_status tkd_tokenize_run(const tkd_tokenize_opts *o, tkd_tokenize_summary *su
 {
     memset(sum, 0, sizeof *sum);
     run_state s = {.o = o, .out = {.o = o}};
+    char tok_config[4200]; /* a name add_read keeps */
     batch *b = calloc(1, sizeof *b);
-    tkd_status st = b ? setup(&s) : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+    char *text = malloc(BATCH_BYTES);
+    if (b)
+        b->text = text;
+    else
+        free(text);
+    tkd_status st = b && text ? setup(&s, tok_config, sizeof tok_config) : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
     if (st == TKD_OK)
         st = run_batches(&s, b, sum);
     if (st == TKD_OK) {

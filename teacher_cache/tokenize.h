@@ -10,7 +10,14 @@
  * 256 little-endian int32 {20240801, 7, number of tokens, 0, ...}, then the tokens as
  * little-endian uint32; or, for an output named *.npy, a NumPy 1-D '<u4' array. One file, or shards
  * of shard_tokens tokens (OUT_000000.bin, ...). Each file is written under a temporary name and
- * renamed once complete.
+ * fsynced; all of them are renamed to their final names only once the whole run has succeeded, so
+ * a run that fails or is interrupted leaves no output name (and removes its temporaries).
+ *
+ * Safety: the run holds the lock .<output name>.topkd-lock in the output's directory
+ * (common/dir_lock.h; a second run into the same output is TKD_ERR_BUSY naming the holder's pid);
+ * an output name that is a file the run reads (an input, tokenizer.json, tokenizer_config.json;
+ * compared by device and inode) is refused, and so, without overwrite, is any output name that
+ * exists (for shards: any OUT_<digits>.ext in the directory), all before anything is tokenized.
  */
 #ifndef TKD_TOKENIZE_H
 #define TKD_TOKENIZE_H
@@ -38,11 +45,12 @@ typedef struct tkd_tokenize_opts {
     const char *field;       /* JSON Lines: the field holding the text ("text") */
     char *separator;         /* text: the document separator (escapes decoded; owned); NULL: one per file */
     const char *eos;         /* NULL: the tokenizer's EOS; "none": no token between documents; else a token */
-    int64_t shard_tokens;    /* tokens per output file; 0: one file */
-    int threads;             /* 0: OpenMP's default (OMP_NUM_THREADS, else the CPUs) */
+    int64_t shard_tokens;    /* tokens per output file; 0: one file. At most INT32_MAX for .bin (int32 count) */
+    int threads;             /* 0: OpenMP's default (OMP_NUM_THREADS, else the CPUs); at most 4096 */
     bool overwrite;          /* replace an existing output file */
     int64_t vocab_limit;     /* > 0: an id >= this stops the run naming the file and line (teacher-dump's
                                 data.tokenizer passes the teacher's vocabulary); 0: no limit */
+    bool no_lock;            /* no lock file: the caller made the output's directory and is its only writer */
     void (*progress)(const tkd_tokenize_progress *p, void *user); /* after each batch; may be NULL */
     void *progress_user;
 } tkd_tokenize_opts;
@@ -67,8 +75,8 @@ void tkd_tokenize_opts_free(tkd_tokenize_opts *o);
 /* The `tokenize` usage text (flags and what they do), for --help. */
 extern const char tkd_tokenize_usage[];
 
-/* Runs it. A Ctrl-C (common/signals.h) stops after the current batch: TKD_ERR_INTERRUPTED, the file
- * in progress removed, completed shards kept. */
+/* Runs it. A Ctrl-C (common/signals.h) stops after the current batch: TKD_ERR_INTERRUPTED, every
+ * file this run wrote removed (an existing output untouched), so running it again starts afresh. */
 tkd_status tkd_tokenize_run(const tkd_tokenize_opts *o, tkd_tokenize_summary *sum);
 
 #endif /* TKD_TOKENIZE_H */

@@ -185,6 +185,13 @@ static void test_out_of_range(void **state)
     assert_int_equal(load_text(&c, "seed: 99999999999\n"), TKD_ERR_CONFIG);
     expect_error("1:7", "does not fit a 32-bit int", NULL);
     tkd_config_free(&schema, &c);
+    /* overflow is refused, not saturated; hex floats are not integers */
+    assert_int_equal(load_text(&c, "seed: 99999999999999999999\n"), TKD_ERR_CONFIG);
+    expect_error("1:7", "seed: expected an integer, got '99999999999999999999'", NULL);
+    tkd_config_free(&schema, &c);
+    assert_int_equal(load_text(&c, "seed: 0x1p3\n"), TKD_ERR_CONFIG);
+    expect_error("1:7", "seed: expected an integer, got '0x1p3'", NULL);
+    tkd_config_free(&schema, &c);
     /* bounds are inclusive */
     assert_int_equal(load_text(&c, "kd: {top_k: 1024, temperature: 100}\n"), TKD_OK);
     assert_int_equal(c.kd.top_k, 1024);

@@ -236,7 +236,7 @@ static void test_nproc_per_node(void **state)
                      2);
     assert_error_line(c.dir, "count", "workers.index/workers.count are set (0/2) with --nproc-per-node 2");
     assert_int_equal(run_out(&c, "bad-n", NULL, (const char *[]){"--nproc-per-node", "two", NULL}), 2);
-    assert_error_line(c.dir, "bad-n", "--nproc-per-node: 'two' is not a number of processes");
+    assert_error_line(c.dir, "bad-n", "--nproc-per-node: 'two' is not an integer");
     case_end(&c);
 }
 
