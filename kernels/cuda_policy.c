@@ -126,6 +126,27 @@ int tkd_cuda_policy_format(const tkd_cuda_policy *p, char *buf, size_t cap)
     return (int)n;
 }
 
+tkd_status tkd_cuda_policy_append_note(const tkd_cuda_policy *p, char **text)
+{
+    static const char head[] = "# CUDA kernel choices (docs/config.md): ";
+    const size_t had = *text ? strlen(*text) : 0, n = (size_t)tkd_cuda_policy_format(p, NULL, 0);
+    const bool nl = had > 0 && (*text)[had - 1] != '\n';
+    char *s = malloc(had + nl + sizeof head + n + 1);
+    if (!s)
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the CUDA policy's note");
+    memcpy(s, *text ? *text : "", had);
+    size_t at = had;
+    if (nl)
+        s[at++] = '\n';
+    memcpy(s + at, head, sizeof head - 1);
+    at += sizeof head - 1;
+    tkd_cuda_policy_format(p, s + at, n + 1);
+    memcpy(s + at + n, "\n", 2);
+    free(*text);
+    *text = s;
+    return TKD_OK;
+}
+
 bool tkd_cuda_policy_deterministic(const tkd_cuda_policy *p, const char **why)
 {
     for (int i = 0; i < kNumKnobs; i++)

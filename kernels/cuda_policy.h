@@ -68,6 +68,11 @@ tkd_status tkd_cuda_policy_from_env(tkd_cuda_policy *out, const char *(*get)(con
  * snprintf would write (truncated at cap). */
 int tkd_cuda_policy_format(const tkd_cuda_policy *p, char *buf, size_t cap);
 
+/* Appends "# CUDA kernel choices (docs/config.md): TKD_ATTN_BWD=... ...\n" to *text (malloc'd,
+ * replaced by a longer malloc'd copy): a YAML comment, so a run's config.yaml and a cache manifest's
+ * config record the choices without changing what either means to a reader. TKD_ERR_NOMEM. */
+tkd_status tkd_cuda_policy_append_note(const tkd_cuda_policy *p, char **text);
+
 /* Whether results are bit-identical run to run (and so across a resume): false when a knob that
  * trades determinism for speed is on (TKD_CUDNN_BWD_NONDET). *why (may be NULL) names it. */
 bool tkd_cuda_policy_deterministic(const tkd_cuda_policy *p, const char **why);

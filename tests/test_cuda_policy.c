@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda_policy.h"
@@ -125,6 +126,23 @@ static void test_retired_names(void **state)
     tkd_test_assert_msg_has("TKD_CUDNN_BWD is no longer read: use TKD_ATTN_BWD=flash");
 }
 
+/* The note a run's config.yaml and a cache's manifest get: a YAML comment line after the text. */
+static void test_append_note(void **state)
+{
+    (void)state;
+    tkd_cuda_policy p = tkd_cuda_policy_default();
+    char *text = strdup("kd:\n  alpha: 1"); /* no final newline: one is added before the note */
+    assert_int_equal(tkd_cuda_policy_append_note(&p, &text), TKD_OK);
+    assert_string_equal(text, "kd:\n  alpha: 1\n# CUDA kernel choices (docs/config.md): TKD_ATTN_BWD=wgmma "
+                              "TKD_CUDNN=on TKD_CUDNN_BWD_NONDET=off TKD_KL_SM90=on TKD_KL_FUSED=on "
+                              "TKD_KL_GRAD_SM90=auto TKD_TOPK_FUSED=off TKD_LMHEAD_SM90_SCHED=pingpong\n");
+    free(text);
+    text = NULL;
+    assert_int_equal(tkd_cuda_policy_append_note(&p, &text), TKD_OK);
+    assert_true(strncmp(text, "# CUDA kernel choices", 21) == 0);
+    free(text);
+}
+
 /* The knob table (for the docs' one table) lists every knob once, with its values. */
 static void test_knob_table(void **state)
 {
@@ -146,7 +164,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),      cmocka_unit_test(test_every_value),
         cmocka_unit_test(test_typos_refused), cmocka_unit_test(test_retired_names),
-        cmocka_unit_test(test_knob_table),
+        cmocka_unit_test(test_knob_table),    cmocka_unit_test(test_append_note),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
