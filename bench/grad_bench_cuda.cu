@@ -80,7 +80,7 @@ extern "C" tkd_status tkd_grad_bench_run(int64_t rows, int d, int v, int reps, i
     GB_TRY(tkd_cuda_malloc((void **)&b.dh2, (size_t)rows * d * 4, "dH", NULL));
     GB_TRY(tkd_cuda_malloc((void **)&b.dw, (size_t)v * d * 4, "dW", NULL));
     GB_TRY(tkd_cuda_malloc((void **)&b.dw2, (size_t)v * d * 4, "dW", NULL));
-    GB_TRY(tkd_lmhead_sm90_ws_create(&lw));
+    GB_TRY(tkd_lmhead_sm90_ws_create(&lw, TKD_LMHEAD_SM90_SCHED_PINGPONG));
     if (lw)
         tkd_lmhead_grad_sm90_set_schedule(lw, sched);
     if (st == TKD_OK) {

@@ -53,6 +53,10 @@
 #include "kernels/kl_loss_cuda.h"
 #include "kernels/lmhead_sm90.h"
 
+/* The kernel choices, from the environment through the one parser (kernels/cuda_policy.h), so the
+ * A/B variables that steer student-train steer this benchmark too. */
+static tkd_cuda_policy g_policy;
+
 #define BENCH_K 100
 #define MIB (1024.0 * 1024.0)
 
@@ -278,7 +282,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
     c.p.chunk_rows = chunk;
     c.p.dw_overwrite = 1; /* as student-train's first micro-batch of a step calls it (and PyTorch
                            * writes its dW): every timed run then makes the same dW */
-    tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, s->n, s->d, s->v);
+    tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, &g_policy, s->n, s->d, s->v);
     if (st == TKD_ERR_DEVICE_OOM) {
         for (int m = 0; m < 6; m++) {
             out[m].ok = 0;
@@ -421,9 +425,9 @@ static void bench_lmhead(const shape *s, const bench_opts *o)
     tkd_kl_params_defaults(&c.p, BENCH_K);
     c.p.chunk_rows = o->chunk;
     c.p.temperature = o->tau;
-    CHECK(tkd_kl_cuda_ws_create(&c.ws, &c.p, s->n, s->d, s->v));
+    CHECK(tkd_kl_cuda_ws_create(&c.ws, &c.p, &g_policy, s->n, s->d, s->v));
     const int cr = tkd_kl_cuda_ws_chunk_rows(c.ws);
-    tkd_status st = tkd_lmhead_sm90_ws_create(&c.lw);
+    tkd_status st = tkd_lmhead_sm90_ws_create(&c.lw, g_policy.lmhead_sched);
     if (st != TKD_OK)
         printf("  sm90 GEMM not timed: %s\n", tkd_error_msg());
     else {
@@ -487,6 +491,10 @@ int main(int argc, char **argv)
     o.shapes[1] = (shape){8192, 2048, 151552};
     o.shapes[2] = (shape){32768, 2880, 201088};
     o.shapes[3] = (shape){262144, 4096, 128256};
+    if (tkd_cuda_policy_from_env(&g_policy, NULL) != TKD_OK) {
+        fprintf(stderr, "kl_bench: %s\n", tkd_error_msg());
+        return 2;
+    }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
             if (parse_shapes(argv[++i], &o) != 0) {

@@ -60,7 +60,7 @@ tkd_status tkd_backend_open(tkd_device want, int gpu, tkd_backend **out)
     if (gpu < 0 || gpu >= n)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "device: GPU %d asked for, but %d answer%s", gpu, n,
                              n == 1 ? "s" : "");
-    return tkd_backend_cuda_open(gpu, out);
+    return tkd_backend_cuda_open(gpu, NULL, out);
 #else
     return tkd_error_set(TKD_ERR_INTERNAL, "backend: CUDA resolved in a build without it");
 #endif

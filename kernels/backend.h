@@ -32,6 +32,7 @@
 #include "common/device.h"
 #include "common/status.h"
 #include "kernels/adamw.h"
+#include "kernels/cuda_policy.h"
 #include "kernels/kl_loss.h"
 
 #ifdef __cplusplus
@@ -206,6 +207,7 @@ typedef struct tkd_backend_ops {
 struct tkd_backend {
     tkd_device device;          /* TKD_DEVICE_CPU or TKD_DEVICE_CUDA, never AUTO */
     const char *name;           /* "cpu" | "cuda" */
+    const tkd_cuda_policy *policy; /* CUDA: the kernel choices it runs with (cuda_policy.h); NULL on the CPU */
     size_t act_size;            /* bytes of one act element: 4 (fp32) or 2 (bf16) */
     size_t master_lo_size;      /* bytes per element the master weights keep beside the act compute
                                  * copy: 0 (CPU: fp32 act is the master) or 2 (CUDA: an int16
@@ -231,7 +233,7 @@ void tkd_backend_close(tkd_backend *be); /* NULL is a no-op */
 
 /* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.c); use tkd_backend_open. */
 tkd_status tkd_backend_cpu_open(tkd_backend **out);
-tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out);
+tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol, tkd_backend **out); /* pol NULL: from the environment */
 
 /* The compute stream (a cudaStream_t) of a CUDA backend, NULL for any other: what code beside the
  * seam (kernels/comm_nccl.h's collectives) orders its own stream against. */

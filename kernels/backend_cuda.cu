@@ -54,14 +54,9 @@ struct GrowHost {
     size_t bytes = 0;
 };
 
-/* The attention backward tried first: our Hopper wgmma kernel (the default: as fast as cuDNN's
- * deterministic backward at head dim 64 with no workspace, where cuDNN needs B·H·T²·2 bytes or
- * several slower calls; attn_bench, docs/PERFORMANCE.md), cuDNN's, or our flash (mma.sync) kernel
- * (TKD_ATTN_BWD=wgmma|cudnn|flash; the older TKD_CUDNN_BWD=0 means flash). */
-enum class AttnBwd { kCudnn, kWgmma, kFlash };
-
 struct CudaImpl {
     int gpu = 0;
+    tkd_cuda_policy pol;           /* every kernel choice (cuda_policy.h), fixed when the backend opens */
     cudaStream_t stream = nullptr;
     cudaStream_t copy = nullptr;   /* device-to-host copies of the LM head's results, beside compute */
     cudaEvent_t chunk_done = nullptr;
@@ -70,7 +65,6 @@ struct CudaImpl {
     void *blas_ws = nullptr;
     tkd_topk_cuda_ws *topk = nullptr;
     tkd_cudnn_attn *cudnn = nullptr;  /* cuDNN's fused attention; NULL where cuDNN is absent */
-    AttnBwd attn_bwd = AttnBwd::kWgmma; /* which attention backward goes first (TKD_ATTN_BWD) */
     tkd_cuda_attn_bwd_ws *attn_bwd_ws = nullptr; /* the flash backward's, sized for attn_bwd_rows */
     int64_t attn_bwd_rows = 0;
     int attn_bwd_dh = 0;
@@ -404,9 +398,9 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
         return st;
     };
     tkd_status st = TKD_ERR_UNSUPPORTED;
-    if (c->attn_bwd == AttnBwd::kWgmma && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
+    if (c->pol.attn_bwd == TKD_POLICY_ATTN_BWD_WGMMA && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
         return st;
-    if (c->cudnn && c->attn_bwd != AttnBwd::kFlash) { /* writes dq/dk/dv, as the op's contract asks */
+    if (c->cudnn && c->pol.attn_bwd != TKD_POLICY_ATTN_BWD_FLASH) { /* writes dq/dk/dv, as the op's contract asks */
         st = tkd_cudnn_attn_bwd(c->cudnn, static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
                                 static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh, static_cast<bf>(dq),
                                 static_cast<bf>(dk), static_cast<bf>(dv), c->stream);
@@ -414,7 +408,7 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
             return st;
         tkd_error_clear();
     }
-    if (c->attn_bwd == AttnBwd::kCudnn && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
+    if (c->pol.attn_bwd == TKD_POLICY_ATTN_BWD_CUDNN && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
         return st;
     /* our other kernels add into dq/dk/dv: zero them first (the op overwrites) */
     size_t nq = (size_t)B * T * H * dh * 2, nkv = (size_t)B * T * Hkv * dh * 2;
@@ -540,19 +534,18 @@ tkd_status lmhead_locate_nonfinite(CudaImpl *c, tkd_lmhead_topk_args *a, int64_t
 constexpr int kTopkCap = 4096;
 
 /* Whether the LM head's top-k goes through our sm90 GEMM's epilogues (no fp32 logits): only with
- * TKD_TOPK_FUSED=1, on compute capability 9.0 with D % 8 == 0 and no tail draws (they need the whole
+ * the policy's topk_fused (TKD_TOPK_FUSED=on), on compute capability 9.0 with D % 8 == 0 and no tail draws (they need the whole
  * row). Not the default: measured at the Qwen2.5-0.5B teacher (D 896, V 151936), its two GEMM
  * passes cost 36.2 ms per 32768 positions against 24.4 for cuBLAS's logits GEMM plus the top-k
  * kernel (docs/PERFORMANCE.md); it wins only once the candidates come out of the statistics pass. */
 bool lmhead_fused_ok(CudaImpl *c, const tkd_lmhead_topk_args *a)
 {
-    const char *env = getenv("TKD_TOPK_FUSED");
-    if (!env || strcmp(env, "1") != 0 || a->s > 0 || a->d % 8 != 0 || a->v > INT32_MAX ||
+    if (!c->pol.topk_fused || a->s > 0 || a->d % 8 != 0 || a->v > INT32_MAX ||
         tkd_lmhead_sm90_vtiles((int)a->v) < a->k || a->k > kTopkCap)
         return false;
     if (!c->lm_tried) {
         c->lm_tried = 1;
-        if (tkd_lmhead_sm90_ws_create(&c->lm) != TKD_OK) {
+        if (tkd_lmhead_sm90_ws_create(&c->lm, c->pol.lmhead_sched) != TKD_OK) {
             tkd_error_clear(); /* another device: the logits path is the answer */
             c->lm = nullptr;
         } else {
@@ -784,14 +777,14 @@ void kl_release(tkd_backend_kl *kl)
     delete kl;
 }
 
-tkd_status kl_setup(tkd_backend_kl *kl, const tkd_kl_params *p, int d)
+tkd_status kl_setup(tkd_backend_kl *kl, const tkd_kl_params *p, const tkd_cuda_policy *pol, int d)
 {
     const size_t n = (size_t)kl->n_max, widths[5] = {(size_t)kl->k, (size_t)kl->k, 1, (size_t)kl->s, 1};
     for (int i = 0; i < 5; i++) {
         kl->sec[i] = kl->elems;
         kl->elems += n * widths[i];
     }
-    TKD_TRY(tkd_kl_cuda_ws_create(&kl->ws, p, kl->n_max, d, kl->v));
+    TKD_TRY(tkd_kl_cuda_ws_create(&kl->ws, p, pol, kl->n_max, d, kl->v));
     TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&kl->h_buf), kl->elems * 4, "loss: teacher staging"));
     TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&kl->d_buf), kl->elems * 4, "loss: teacher batch",
                             "lower train.batch_size or kd.topk"));
@@ -804,7 +797,6 @@ tkd_status kl_setup(tkd_backend_kl *kl, const tkd_kl_params *p, int d)
 
 tkd_status cu_kl_create(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, int d, int v, tkd_backend_kl **out)
 {
-    (void)be;
     *out = nullptr;
     tkd_backend_kl *kl = new (std::nothrow) tkd_backend_kl;
     if (!kl)
@@ -814,7 +806,7 @@ tkd_status cu_kl_create(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, 
     kl->s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
     kl->v = v;
     tkd_status st = n_max > 0 && d > 0 && v > 0 && p->k >= 0 && p->s >= 0
-                        ? kl_setup(kl, p, d)
+                        ? kl_setup(kl, p, &impl(be)->pol, d)
                         : tkd_error_set(TKD_ERR_INVALID_ARG, "loss: n_max %lld, D %d, V %d, k %d, s %d",
                                         (long long)n_max, d, v, p->k, p->s);
     if (st != TKD_OK) {
@@ -961,21 +953,6 @@ const tkd_backend_ops cuda_ops = {
     cu_mark, cu_mark_ms,
 };
 
-/* TKD_ATTN_BWD (wgmma, cudnn or flash; unset: wgmma, or flash where TKD_CUDNN_BWD=0, its older
- * spelling). */
-tkd_status attn_bwd_choice(AttnBwd *out)
-{
-    const char *e = getenv("TKD_ATTN_BWD"), *old = getenv("TKD_CUDNN_BWD");
-    *out = old && !strcmp(old, "0") ? AttnBwd::kFlash : AttnBwd::kWgmma;
-    if (!e || !*e)
-        return TKD_OK;
-    if (!strcmp(e, "cudnn") || !strcmp(e, "wgmma") || !strcmp(e, "flash")) {
-        *out = e[0] == 'c' ? AttnBwd::kCudnn : e[0] == 'w' ? AttnBwd::kWgmma : AttnBwd::kFlash;
-        return TKD_OK;
-    }
-    return tkd_error_set(TKD_ERR_INVALID_ARG, "TKD_ATTN_BWD=%s: expected cudnn, wgmma or flash", e);
-}
-
 tkd_status cuda_setup(CudaImpl *c)
 {
     TKD_CUDA_CHECK(cudaSetDevice(c->gpu));
@@ -991,13 +968,11 @@ tkd_status cuda_setup(CudaImpl *c)
     TKD_TRY(tkd_cuda_malloc(reinterpret_cast<void **>(&c->norm2), sizeof(double), "gradient norm", nullptr));
     TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_norm2), sizeof(double), "gradient norm"));
     TKD_TRY(tkd_cuda_malloc_host(reinterpret_cast<void **>(&c->h_wait_err), sizeof(unsigned), "wait flag"));
-    TKD_TRY(attn_bwd_choice(&c->attn_bwd));
-    if (!getenv("TKD_NO_CUDNN") && tkd_cudnn_attn_create(&c->cudnn) != TKD_OK) {
+    if (c->pol.cudnn && tkd_cudnn_attn_create(&c->cudnn) != TKD_OK) {
         c->cudnn = nullptr; /* no cuDNN: our attention kernels serve alone */
         tkd_error_clear();
     }
-    const char *nondet = getenv("TKD_CUDNN_BWD_NONDET"); /* to measure what determinism costs */
-    if (c->cudnn && nondet && !strcmp(nondet, "1"))
+    if (c->cudnn && c->pol.cudnn_bwd_nondet) /* to measure what determinism costs */
         tkd_cudnn_attn_set_bwd_nondet(c->cudnn, 1);
     return tkd_cuda_malloc(reinterpret_cast<void **>(&c->stage), kStageFloats * sizeof(float), "upload staging",
                            nullptr);
@@ -1005,9 +980,14 @@ tkd_status cuda_setup(CudaImpl *c)
 
 } // namespace
 
-extern "C" tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out)
+extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol, tkd_backend **out)
 {
     *out = nullptr;
+    tkd_cuda_policy chosen;
+    if (pol)
+        chosen = *pol;
+    else
+        TKD_TRY(tkd_cuda_policy_from_env(&chosen, nullptr));
     tkd_backend *be = static_cast<tkd_backend *>(calloc(1, sizeof *be));
     CudaImpl *c = new (std::nothrow) CudaImpl;
     if (!be || !c) {
@@ -1016,6 +996,8 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, tkd_backend **out)
         return tkd_error_set(TKD_ERR_NOMEM, "backend: out of memory");
     }
     c->gpu = gpu;
+    c->pol = chosen;
+    be->policy = &c->pol;
     be->device = TKD_DEVICE_CUDA;
     be->name = "cuda";
     be->act_size = 2;

@@ -926,35 +926,36 @@ static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
     return TKD_OK;
 }
 
-/* Our Hopper GEMM for the logits where it runs (compute capability 9.0, D a multiple of 8) unless
- * TKD_KL_SM90=0: its workspace and its statistics partials (3, chunk, ceil(V / 256)). Elsewhere
- * nothing, and cuBLAS makes the logits. */
-static tkd_status sm90_setup(tkd_kl_cuda_ws *ws)
+/* Which gradient GEMMs run on ours (TKD_KL_GRAD_DH | TKD_KL_GRAD_DW). By default dH on ours where D
+ * is a multiple of 256 (there as fast as cuBLAS, within 1 %, with sigma in its epilogue instead of a
+ * pass; its tiles are 256 wide, so at D 2880 a twelfth tile a quarter full makes it 4-6 % slower and
+ * cuBLAS does dH), dW on cuBLAS (ours 9-13 % slower); docs/PERFORMANCE.md. The policy picks others. */
+static int grad_paths(int kl_grad, int d)
 {
-    const char *env = getenv("TKD_KL_SM90");
-    if ((env && strcmp(env, "0") == 0) || ws->d % 8 != 0)
+    switch (kl_grad) {
+    case TKD_POLICY_KL_GRAD_CUBLAS: return 0;
+    case TKD_POLICY_KL_GRAD_DH: return TKD_KL_GRAD_DH;
+    case TKD_POLICY_KL_GRAD_DW: return TKD_KL_GRAD_DW;
+    case TKD_POLICY_KL_GRAD_BOTH: return TKD_KL_GRAD_DH | TKD_KL_GRAD_DW;
+    default: return d % TKD_LMHEAD_SM90_BN == 0 ? TKD_KL_GRAD_DH : 0;
+    }
+}
+
+/* Our Hopper GEMM for the logits where it runs (compute capability 9.0, D a multiple of 8) unless
+ * the policy's kl_sm90 is off: its workspace and its statistics partials (3, chunk, ceil(V / 256)).
+ * Elsewhere nothing, and cuBLAS makes the logits. */
+static tkd_status sm90_setup(tkd_kl_cuda_ws *ws, const tkd_cuda_policy *pol)
+{
+    if (!pol->kl_sm90 || ws->d % 8 != 0)
         return TKD_OK;
-    tkd_status st = tkd_lmhead_sm90_ws_create(&ws->lm);
+    tkd_status st = tkd_lmhead_sm90_ws_create(&ws->lm, pol->lmhead_sched);
     if (st == TKD_ERR_UNSUPPORTED) { /* another device: the fallback is the answer, not an error */
         tkd_error_clear();
         return TKD_OK;
     }
     TKD_TRY(st);
-    const char *fused = getenv("TKD_KL_FUSED"), *grad = getenv("TKD_KL_GRAD_SM90");
-    ws->fused = !(fused && strcmp(fused, "0") == 0);
-    /* By default dH on ours where D is a multiple of 256 (there as fast as cuBLAS, within 1 %, with
-     * sigma in its epilogue instead of a pass; its tiles are 256 wide, so at D 2880 a twelfth tile
-     * a quarter full makes it 4-6 % slower and cuBLAS does dH), dW on cuBLAS (ours 9-13 % slower);
-     * docs/PERFORMANCE.md. The variable picks others. */
-    if (!grad)
-        ws->grad_sm90 = ws->d % TKD_LMHEAD_SM90_BN == 0 ? TKD_KL_GRAD_DH : 0;
-    else if (strcmp(grad, "0") == 0 || strcmp(grad, "dh") == 0 || strcmp(grad, "dw") == 0 ||
-             strcmp(grad, "both") == 0)
-        ws->grad_sm90 = (grad[0] == 'b' || strcmp(grad, "dh") == 0 ? TKD_KL_GRAD_DH : 0) |
-                        (grad[0] == 'b' || strcmp(grad, "dw") == 0 ? TKD_KL_GRAD_DW : 0);
-    else
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: TKD_KL_GRAD_SM90=%s: want 0, dh, dw "
-                             "or both (which gradient GEMMs run on our Hopper kernels)", grad);
+    ws->fused = pol->kl_fused != 0;
+    ws->grad_sm90 = grad_paths(pol->kl_grad, ws->d);
     int dev = 0;
     TKD_CUDA_CHECK(cudaGetDevice(&dev));
     TKD_CUDA_CHECK(cudaDeviceGetAttribute(&ws->sms, cudaDevAttrMultiProcessorCount, dev));
@@ -982,9 +983,10 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws)
 }
 
 extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
-                                          int64_t n_max, int d, int v)
+                                          const tkd_cuda_policy *pol, int64_t n_max, int d, int v)
 {
     *out = NULL;
+    const tkd_cuda_policy defaults = tkd_cuda_policy_default();
     if (n_max <= 0 || d <= 0 || v <= 0 || p->chunk_rows < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "kl_loss_cuda: ws_create: n_max %lld, d %d, v %d, chunk_rows %d: all "
@@ -1007,7 +1009,7 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
     const int chunk = ws->chunk;
     tkd_status st = ws_setup(ws);
     if (st == TKD_OK)
-        st = sm90_setup(ws);
+        st = sm90_setup(ws, pol ? pol : &defaults);
     if (st != TKD_OK) {
         tkd_kl_cuda_ws_free(ws);
         return tkd_error_prefix(st, "kl_loss_cuda: workspace for %lld rows x V %d, chunk %d",

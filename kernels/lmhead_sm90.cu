@@ -701,16 +701,14 @@ extern "C" tkd_status tkd_lmhead_sm90_supported(void)
     return st == TKD_ERR_UNSUPPORTED ? tkd_error_hint(st, "use the cuBLAS path") : st;
 }
 
-extern "C" tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out)
+extern "C" tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out, int sched)
 {
     *out = NULL;
     TKD_TRY(tkd_lmhead_sm90_supported());
     tkd_lmhead_sm90_ws *ws = (tkd_lmhead_sm90_ws *)calloc(1, sizeof *ws);
     if (!ws)
         return tkd_error_set(TKD_ERR_NOMEM, "lmhead_sm90: workspace");
-    const char *sched = getenv("TKD_LMHEAD_SM90_SCHED"); /* A/B runs without a rebuild */
-    ws->sched = sched && strcmp(sched, "coop") == 0 ? TKD_LMHEAD_SM90_SCHED_COOP
-                                                    : TKD_LMHEAD_SM90_SCHED_PINGPONG;
+    ws->sched = sched == TKD_LMHEAD_SM90_SCHED_COOP ? TKD_LMHEAD_SM90_SCHED_COOP : TKD_LMHEAD_SM90_SCHED_PINGPONG;
     tkd_status st = tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "lmhead_sm90: error flag", NULL);
     if (st == TKD_OK)
         st = tkd_cuda_memzero(ws->err, sizeof *ws->err);

@@ -57,18 +57,18 @@ typedef enum tkd_lmhead_sm90_sched {
 /* TKD_OK when the current device is compute capability 9.0, else TKD_ERR_UNSUPPORTED naming it. */
 tkd_status tkd_lmhead_sm90_supported(void);
 
-/* Workspace: the device error flag and the grid size. On success *out is owned by the caller
- * (tkd_lmhead_sm90_ws_free). TKD_ERR_UNSUPPORTED on devices other than compute capability 9.0. */
+/* Workspace: the device error flag, the grid size and the schedule (sched: a tkd_lmhead_sm90_sched,
+ * the CUDA policy's lmhead_sched; anything but COOP is PINGPONG). On success *out is owned by the
+ * caller (tkd_lmhead_sm90_ws_free). TKD_ERR_UNSUPPORTED on devices other than compute capability 9.0. */
 typedef struct tkd_lmhead_sm90_ws tkd_lmhead_sm90_ws;
-tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out);
+tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out, int sched); /* tkd_lmhead_sm90_sched */
 void tkd_lmhead_sm90_ws_free(tkd_lmhead_sm90_ws *ws); /* NULL is a no-op */
 
 /* Caps the persistent grid at max_ctas CTAs (0: one per SM, the default). Tests use 1 to push
  * every tile through one CTA's pipeline. */
 void tkd_lmhead_sm90_ws_set_max_ctas(tkd_lmhead_sm90_ws *ws, int max_ctas);
 
-/* The schedule of later launches on ws (anything else than COOP is PINGPONG). A new workspace
- * takes PINGPONG, or COOP when the environment has TKD_LMHEAD_SM90_SCHED=coop. */
+/* The schedule of later launches on ws (anything else than COOP is PINGPONG). */
 void tkd_lmhead_sm90_ws_set_schedule(tkd_lmhead_sm90_ws *ws, tkd_lmhead_sm90_sched sched);
 
 /* V-tiles per row (ceil(V / BN)) and the floats part holds: 3 · N · tiles. */

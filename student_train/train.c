@@ -34,6 +34,7 @@
 typedef struct trainer {
     const tkd_train_config *cfg;
     const tkd_train_opts *opts;
+    char *config_yaml;    /* opts->config_yaml plus the CUDA kernel choices, as config.yaml and checkpoints record it */
     tkd_cache_reader *cache, *val_cache;
     tkd_tokens *tokens, *val_tokens;
     tkd_loader *train, *val;
@@ -788,6 +789,10 @@ static tkd_status resume(trainer *tr)
     TKD_TRY(trim_metrics(tr->metrics_path, tr->st.step));
     tkd_log_info("resumed %s at step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 ")", tr->ckpt, tr->st.step,
                  tr->st.epoch, tr->st.offset);
+    const char *why = NULL;
+    if (tr->be->policy && !tkd_cuda_policy_deterministic(tr->be->policy, &why))
+        tkd_log_warn("%s is on: from here the run is not bit-identical to one that was never stopped (unset it "
+                     "for an exact resume; docs/config.md)", why);
     return TKD_OK;
 }
 
@@ -821,7 +826,7 @@ static tkd_status prepare_run_dir(trainer *tr)
     }
     char path[RUN_PATH_MAX];
     TKD_TRY(tkd_path_join(path, sizeof path, tr->run, "config.yaml"));
-    TKD_TRY(tkd_file_write_atomic(path, o->config_yaml, strlen(o->config_yaml)));
+    TKD_TRY(tkd_file_write_atomic(path, tr->config_yaml, strlen(tr->config_yaml)));
     tr->metrics = fopen(tr->metrics_path, o->resume ? "a" : "w");
     if (!tr->metrics)
         return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO,
@@ -849,7 +854,7 @@ static tkd_status save_sharded(trainer *tr)
     free(vv);
     if (st == TKD_OK && tr->dist.rank == 0)
         st = tkd_checkpoint_commit(tr->ckpt, tr->job_id, tr->st.step, tr->m, tr->opt->step, tr->dist.world, &tr->st,
-                                   tr->opts->config_yaml, tr->dist_timeout_s);
+                                   tr->config_yaml, tr->dist_timeout_s);
     /* a rank that failed says so to the others, so none goes on believing the checkpoint counts */
     double failed = st != TKD_OK;
     tkd_error_saved keep;
@@ -869,7 +874,7 @@ static tkd_status save(trainer *tr)
     if (tr->zero)
         TKD_TRY(save_sharded(tr));
     else
-        TKD_TRY(tkd_checkpoint_save(tr->ckpt, tr->m, tr->opt, &tr->st, tr->opts->config_yaml));
+        TKD_TRY(tkd_checkpoint_save(tr->ckpt, tr->m, tr->opt, &tr->st, tr->config_yaml));
     if (tr->dist.rank == 0)
         tkd_log_info("checkpoint: %s (step %" PRId64 ")", tr->ckpt, tr->st.step);
     return TKD_OK;
@@ -958,6 +963,7 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
 
 static void trainer_free(trainer *tr)
 {
+    free(tr->config_yaml);
     if (tr->metrics)
         fclose(tr->metrics);
     tkd_loader_close(tr->train);
@@ -996,7 +1002,15 @@ static tkd_status open_backend(trainer *tr, tkd_device dev)
     if (tr->dist.rank == 0)
         tkd_log_info("device: %s%s", tr->be->name,
                      dev == TKD_DEVICE_CUDA ? " (bf16 compute, fp32 master weights)" : "");
-    return TKD_OK;
+    if (!(tr->config_yaml = strdup(tr->opts->config_yaml)))
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+    if (!tr->be->policy)
+        return TKD_OK;
+    char text[512];
+    tkd_cuda_policy_format(tr->be->policy, text, sizeof text);
+    if (tr->dist.rank == 0)
+        tkd_log_debug("CUDA kernel choices: %s", text);
+    return tkd_cuda_policy_append_note(tr->be->policy, &tr->config_yaml);
 }
 
 tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int device)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/fileio.h"
+#include "common/log.h"
 #include "common/progress.h"
 #include "common/sha256.h"
 #include "common/signals.h"
@@ -128,6 +129,8 @@ static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cf
         free(m->config_text);
         st = tkd_config_to_text(&tkd_dump_schema, cfg, &m->config_text);
     }
+    if (st == TKD_OK && model->be && model->be->policy) /* which GPU kernels made the cache */
+        st = tkd_cuda_policy_append_note(model->be->policy, &m->config_text);
     free(paths);
     if (st == TKD_OK)
         st = tkd_cache_identity_check(&m->id, "config");
@@ -464,6 +467,14 @@ static void memory_teacher_sha256(const tkd_model *m, uint64_t seed, char hex[65
     tkd_sha256_hex(d, hex);
 }
 
+/* -v: the CUDA kernel choices in force (docs/config.md). */
+static void log_policy(const tkd_backend *be)
+{
+    char text[512];
+    if (be->policy && tkd_cuda_policy_format(be->policy, text, sizeof text) > 0)
+        tkd_log_debug("teacher-dump: CUDA kernel choices: %s", text);
+}
+
 static tkd_status load_inputs(dump_ctx *c)
 {
     const tkd_dump_config *cfg = c->cfg;
@@ -473,6 +484,7 @@ static tkd_status load_inputs(dump_ctx *c)
         memory_teacher_sha256(c->model, c->opts->teacher_seed, c->sum->teacher_sha256);
     } else {
         TKD_TRY(tkd_backend_open(cfg->device, local_gpu(), &c->be));
+        log_policy(c->be);
         st = tkd_model_load_hf_on(cfg->teacher_path, c->be, &c->model);
         if (st != TKD_OK)
             return tkd_error_prefix(st, "teacher.path");

@@ -54,7 +54,9 @@
 #define PATHS_LOSS_TOL 1e-5
 #define PATHS_GRAD_TOL 4e-3
 
-/* 1 in the group that runs with TKD_KL_SM90=0 (main sets the environment before each group). */
+/* The CUDA policy of the group being run (main runs the tests once per group: the default, our
+ * GEMM off, and the gradient GEMMs' other choices); g_fallback: our logits GEMM is off in it. */
+static tkd_cuda_policy g_pol;
 static int g_fallback;
 
 /* ---- a synthetic batch cut from full teacher logits ----------------------------------------- */
@@ -205,7 +207,7 @@ static void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
     up.k = c->k;
     up.s = c->s;
     assert_int_equal(tkd_kl_cuda_batch_upload(&x->db, &up, &hb), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_ws_create(&x->ws, p, c->n, c->d, c->v), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_ws_create(&x->ws, p, &g_pol, c->n, c->d, c->v), TKD_OK);
     size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
     assert_int_equal(tkd_cuda_malloc((void **)&x->dh, nh * 4, "dH", NULL), TKD_OK);
     assert_int_equal(tkd_cuda_malloc((void **)&x->dw, nw * 4, "dW", NULL), TKD_OK);
@@ -636,7 +638,7 @@ static void test_against_cpu_path(void **state)
 }
 
 /* The path the group meant is the path the workspace takes: the sm90 GEMM on compute capability
- * 9.0 unless TKD_KL_SM90=0, never for D % 8 != 0 or for `tail`. */
+ * 9.0 unless the policy's kl_sm90 is off, never for D % 8 != 0 or for `tail`. */
 static void test_path_engaged(void **state)
 {
     (void)state;
@@ -645,14 +647,14 @@ static void test_path_engaged(void **state)
     tkd_kl_params p;
     params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 8, 0);
     tkd_kl_cuda_ws *ws = NULL;
-    assert_int_equal(tkd_kl_cuda_ws_create(&ws, &p, 21, 40, 1003), TKD_OK);
-    printf("path: %s (device %s compute capability 9.0, TKD_KL_SM90 %s)\n",
+    assert_int_equal(tkd_kl_cuda_ws_create(&ws, &p, &g_pol, 21, 40, 1003), TKD_OK);
+    printf("path: %s (device %s compute capability 9.0, TKD_KL_SM90=%s)\n",
            ws->lm ? "sm90 logits GEMM + fused statistics" : "cuBLAS + row-kernel statistics",
-           sm90 ? "is" : "is not", g_fallback ? "= 0" : "unset");
+           sm90 ? "is" : "is not", g_fallback ? "off" : "on");
     if (sm90 && !g_fallback && !ws->lm)
         fail_msg("the workspace did not take the sm90 path on an sm_90 device");
     if (g_fallback && ws->lm)
-        fail_msg("TKD_KL_SM90=0 did not force the cuBLAS fallback");
+        fail_msg("kl_sm90 off did not force the cuBLAS fallback");
     assert_int_equal(tkd_kl_cuda_sm90_on(ws, &p), ws->lm != NULL);
     /* the fused path (the gradient tile from the epilogue): one softmax in the dense gradient */
     assert_int_equal(tkd_kl_cuda_fused_grad_on(ws, &p), ws->lm != NULL);
@@ -675,7 +677,7 @@ static void test_path_engaged(void **state)
                                                 0, 1, 1.0f), TKD_ERR_INVALID_ARG);
     }
     tkd_kl_cuda_ws_free(ws);
-    assert_int_equal(tkd_kl_cuda_ws_create(&ws, &p, 21, 36, 1003), TKD_OK); /* D % 8 != 0 */
+    assert_int_equal(tkd_kl_cuda_ws_create(&ws, &p, &g_pol, 21, 36, 1003), TKD_OK); /* D % 8 != 0 */
     assert_null(ws->lm);
     tkd_kl_cuda_ws_free(ws);
 }
@@ -813,7 +815,7 @@ static void test_device_oom(void **state)
     tkd_kl_params p;
     params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 1 << 20, 0);
     tkd_kl_cuda_ws *ws = NULL;
-    tkd_status st = tkd_kl_cuda_ws_create(&ws, &p, (int64_t)1 << 22, 64, 1 << 20); /* 4 TiB chunk */
+    tkd_status st = tkd_kl_cuda_ws_create(&ws, &p, &g_pol, (int64_t)1 << 22, 64, 1 << 20); /* 4 TiB chunk */
     assert_int_equal(st, TKD_ERR_DEVICE_OOM);
     assert_null(ws);
     printf("oom: %s\n", tkd_error_msg());
@@ -837,33 +839,32 @@ static void test_dh_chunk_rows(void **state)
         }
 }
 
-/* TKD_KL_GRAD_SM90 is read when a workspace with our GEMM is made; a value it does not know is an
- * error naming it, not a silent choice. */
-static void test_grad_env(void **state)
+/* The policy's gradient-GEMM choice is the one the workspace takes (on an sm_90 device with our
+ * logits GEMM; elsewhere both gradients stay on cuBLAS): D 256 is a multiple of 256, so auto puts dH
+ * on ours; D 264 is not, so auto leaves it on cuBLAS. */
+static void test_grad_paths(void **state)
 {
     (void)state;
     tkd_kl_params p;
     params_set(&p, 4, TKD_KL_VARIANT_RENORM, 1.0f, 1.0f, 4, 0, 0, 0);
-    const char *was = getenv("TKD_KL_GRAD_SM90"); /* scripts/gpu_checks.sh sets it for whole runs */
-    char saved[32] = "";
-    if (was)
-        snprintf(saved, sizeof saved, "%s", was);
-    setenv("TKD_KL_GRAD_SM90", "1", 1);
-    tkd_kl_cuda_ws *ws = NULL;
-    tkd_status st = tkd_kl_cuda_ws_create(&ws, &p, 64, 256, 1000);
-    if (was)
-        setenv("TKD_KL_GRAD_SM90", saved, 1);
-    else
-        unsetenv("TKD_KL_GRAD_SM90");
-    if (g_fallback || tkd_lmhead_sm90_supported() != TKD_OK) { /* no sm90 GEMM: nothing reads it */
-        tkd_error_clear();
-        assert_int_equal(st, TKD_OK);
-    } else {
-        assert_int_equal(st, TKD_ERR_INVALID_ARG);
-        assert_non_null(strstr(tkd_error_msg(), "TKD_KL_GRAD_SM90=1"));
-        printf("bad TKD_KL_GRAD_SM90: %s\n", tkd_error_msg());
+    static const struct {
+        int choice, d, want;
+    } cases[] = {
+        {TKD_POLICY_KL_GRAD_AUTO, 256, TKD_KL_GRAD_DH}, {TKD_POLICY_KL_GRAD_AUTO, 264, 0},
+        {TKD_POLICY_KL_GRAD_CUBLAS, 256, 0},           {TKD_POLICY_KL_GRAD_DH, 264, TKD_KL_GRAD_DH},
+        {TKD_POLICY_KL_GRAD_DW, 256, TKD_KL_GRAD_DW},  {TKD_POLICY_KL_GRAD_BOTH, 256, TKD_KL_GRAD_DH | TKD_KL_GRAD_DW},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tkd_cuda_policy pol = g_pol;
+        pol.kl_grad = cases[i].choice;
+        tkd_kl_cuda_ws *ws = NULL;
+        assert_int_equal(tkd_kl_cuda_ws_create(&ws, &p, &pol, 64, cases[i].d, 1000), TKD_OK);
+        const int want = ws->lm ? cases[i].want : 0;
+        if (ws->grad_sm90 != want)
+            fail_msg("kl_grad %d at D %d: the workspace took %d, want %d", cases[i].choice, cases[i].d,
+                     ws->grad_sm90, want);
+        tkd_kl_cuda_ws_free(ws);
     }
-    tkd_kl_cuda_ws_free(ws);
 }
 
 int main(void)
@@ -877,20 +878,27 @@ int main(void)
         cmocka_unit_test(test_all_masked),       cmocka_unit_test(test_bad_teacher_data),
         cmocka_unit_test(test_against_cpu_path), cmocka_unit_test(test_device_oom),
         cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_paths_agree),
-        cmocka_unit_test(test_dh_chunk_rows),    cmocka_unit_test(test_grad_env),
+        cmocka_unit_test(test_dh_chunk_rows),    cmocka_unit_test(test_grad_paths),
     };
-    /* The workspace reads TKD_KL_SM90 when it is made: first the default, then the fallback. */
+    /* The policy is handed to each workspace: the default, our logits GEMM off (cuBLAS and the row
+     * kernel's statistics), and the gradient GEMMs both on cuBLAS and both ours. */
+    static const struct {
+        const char *name;
+        int kl_sm90, kl_grad;
+    } groups[] = {
+        {"kl_loss, default policy (sm90 where it runs)", 1, TKD_POLICY_KL_GRAD_AUTO},
+        {"kl_loss, TKD_KL_SM90=off (cuBLAS fallback)", 0, TKD_POLICY_KL_GRAD_AUTO},
+        {"kl_loss, TKD_KL_GRAD_SM90=cublas", 1, TKD_POLICY_KL_GRAD_CUBLAS},
+        {"kl_loss, TKD_KL_GRAD_SM90=both", 1, TKD_POLICY_KL_GRAD_BOTH},
+    };
     int failed = 0;
-    for (g_fallback = 0; g_fallback < 2; g_fallback++) {
-        if (g_fallback)
-            setenv("TKD_KL_SM90", "0", 1);
-        else
-            unsetenv("TKD_KL_SM90");
-        failed += cmocka_run_group_tests_name(g_fallback ? "kl_loss, TKD_KL_SM90=0 (cuBLAS fallback)"
-                                                         : "kl_loss, default path (sm90 where it runs)",
-                                              tests, NULL, NULL);
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        g_pol = tkd_cuda_policy_default();
+        g_pol.kl_sm90 = groups[i].kl_sm90;
+        g_pol.kl_grad = groups[i].kl_grad;
+        g_fallback = !groups[i].kl_sm90;
+        failed += cmocka_run_group_tests_name(groups[i].name, tests, NULL, NULL);
     }
-    unsetenv("TKD_KL_SM90");
     return failed;
 }
 

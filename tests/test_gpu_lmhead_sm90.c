@@ -769,7 +769,7 @@ static void test_arguments(void **state)
 static int setup(void **state, tkd_lmhead_sm90_sched sched)
 {
     tkd_lmhead_sm90_ws *ws = NULL;
-    tkd_status st = tkd_lmhead_sm90_ws_create(&ws);
+    tkd_status st = tkd_lmhead_sm90_ws_create(&ws, sched);
     if (st != TKD_OK) {
         printf("lmhead_sm90 workspace: %s: %s\n", tkd_status_name(st), tkd_error_msg());
         return -1;
