@@ -8,6 +8,7 @@
 
 #include "common/dist.h"
 #include "formats/cache_shard.h"
+#include "formats/text_docs.h"
 
 static const char *const last_window_names[] = {"drop", "pad", NULL};
 /* Same order as tkd_cache_dtype, so the enum index is the dtype. */
@@ -126,7 +127,17 @@ tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_f
         return tkd_error_set(TKD_ERR_CONFIG,
                              "workers.index: %d is not below workers.count %d — indices run 0..count-1",
                              cfg->worker_index, cfg->worker_count);
-    return TKD_OK;
+    char *sep = NULL; /* checked here, before a teacher is loaded; the dataset reads it again */
+    tkd_status st = tkd_dump_doc_separator(cfg, &sep);
+    free(sep);
+    return st;
+}
+
+tkd_status tkd_dump_doc_separator(const tkd_dump_config *cfg, char **out)
+{
+    *out = NULL;
+    const char *s = cfg->data_doc_separator;
+    return s && *s ? tkd_text_unescape(s, "data.doc_separator", TKD_ERR_CONFIG, out) : TKD_OK;
 }
 
 double tkd_dump_raw_bytes_per_token(const tkd_dump_config *cfg)
