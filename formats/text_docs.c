@@ -182,22 +182,32 @@ static size_t lossy_source_offset(const char *s, size_t n, size_t at)
     return i;
 }
 
+/* The first byte of s[0, n) below 0x20 other than tab, CR and LF, or n. JSON has none anywhere
+ * (a string escapes them), and checking here keeps Jansson from seeing one: it drops a NUL that
+ * follows a number or a literal ({"n":1<NUL>} reads as {"n":1}). */
+static size_t first_control(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 && s[i] != '\t' && s[i] != '\r' && s[i] != '\n')
+            return i;
+    return n;
+}
+
 /* Where Jansson's error is in buf[0, len), 0-based. Its position is where the lexer stopped: past
- * the token its message quotes ("... near 'tok'"), past a control byte outside a string (quoted as
- * ''), at a control character inside a string (which it puts back), or anywhere near the end when
- * the record ends too soon ("near end of file": the column is then the one after the last byte). */
+ * the token its message quotes ("... near 'tok'"), at a tab or newline inside a string (put back
+ * before the message), or anywhere near the end when the record ends too soon ("near end of
+ * file": the column is then the one after the last byte). */
 static size_t error_offset(const json_error_t *e, const char *buf, size_t len)
 {
     size_t pos = e->position > 0 ? (size_t)e->position : 0;
     pos = pos < len ? pos : len;
+    if (strncmp(e->text, "control character", 17) == 0 || strncmp(e->text, "unexpected newline", 18) == 0)
+        return pos;
     if (strstr(e->text, " near end of file"))
         return len; /* something is missing after the last byte */
     const char *near = strstr(e->text, " near '");
     size_t tl = near ? strlen(near += 7) : 0; /* the token and its closing quote */
-    bool quoted = tl > 0 && near[tl - 1] == '\'' && strncmp(e->text, "control character", 17) != 0;
-    if (quoted && tl == 1)
-        pos = pos > 0 ? pos - 1 : 0;
-    else if (quoted && tl - 1 <= pos && memcmp(buf + pos - (tl - 1), near, tl - 1) == 0)
+    if (tl > 1 && near[tl - 1] == '\'' && tl - 1 <= pos && memcmp(buf + pos - (tl - 1), near, tl - 1) == 0)
         pos -= tl - 1;
     return pos;
 }
@@ -232,12 +242,7 @@ static tkd_status parse_error(const char *path, int64_t line, const char *rec, s
         return tkd_error_hint(TKD_ERR_FORMAT, "a JSON Lines record names each key once (Python would keep the "
                                               "last value, other readers the first)");
     }
-    unsigned char c = at < blen ? (unsigned char)buf[at] : ' ';
-    if (c < 0x20 && c != '\t' && c != '\r' && strncmp(e->text, "control character", 17) != 0)
-        tkd_error_set(TKD_ERR_FORMAT, "%s:%lld:%zu: a raw control character (0x%02x): %s", path, (long long)line, col,
-                      c, e->text); /* Jansson quotes it as '' */
-    else
-        tkd_error_set(TKD_ERR_FORMAT, "%s:%lld:%zu: %s", path, (long long)line, col, e->text);
+    tkd_error_set(TKD_ERR_FORMAT, "%s:%lld:%zu: %s", path, (long long)line, col, e->text);
     return tkd_error_hint(TKD_ERR_FORMAT, "a JSON Lines record is one JSON object on one line (RFC 8259)");
 }
 
@@ -246,6 +251,13 @@ static tkd_status parse_error(const char *path, int64_t line, const char *rec, s
  * escape decodes to whole characters, never to a byte that could continue a sequence before it. */
 static tkd_status parse_record(const char *path, int64_t line, const char *rec, size_t len, json_t **out)
 {
+    *out = NULL;
+    size_t c = first_control(rec, len);
+    if (c < len) {
+        tkd_error_set(TKD_ERR_FORMAT, "%s:%lld:%zu: a raw control character (0x%02x)", path, (long long)line, c + 1,
+                      (unsigned char)rec[c]);
+        return tkd_error_hint(TKD_ERR_FORMAT, "JSON allows none, a string escapes them (\\u%04x)", (unsigned char)rec[c]);
+    }
     json_error_t e;
     *out = json_loadb(rec, len, JSONL_FLAGS, &e);
     if (*out)

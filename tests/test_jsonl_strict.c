@@ -113,13 +113,14 @@ static void test_loose_records_refused(void **state)
 {
     (void)state;
     static const bad_record bad[] = {
-        {REC("{\"text\":\"abc\0def\"}"), "13: control character 0x0"},            /* a raw NUL */
-        {REC("{\"text\":\"a\tb\"}"), "11: control character 0x9"},                 /* a raw tab */
+        {REC("{\"text\":\"abc\0def\"}"), "13: a raw control character (0x00) — JSON allows none, a string escapes them (\\u0000)"},
+        {REC("{\"n\":1\0,\"text\":\"a\"}"), "7: a raw control character (0x00)"}, /* Jansson alone drops it */
+        {REC("{\"text\":\"a\tb\"}"), "11: control character 0x9"},                 /* a raw tab in a string */
         {REC("{\"text\":\"a\"}{\"text\":\"b\"}"), "13: end of file expected near '{'"}, /* two objects */
         {REC("{\"text\":\"a\"} junk"), "14: end of file expected near 'junk'"},
         {REC("{\"text\":\"a\"} // c"), "14: end of file expected near '/'"},
         {REC("{\"text\":\"a\"} /* c */"), "14: end of file expected near '/'"},
-        {REC("\x01{\"text\":\"a\"}"), "1: a raw control character (0x01)"},         /* cJSON's whitespace */
+        {REC("\x01{\"text\":\"a\"}"), "1: a raw control character (0x01)"},         /* whitespace to cJSON */
         {REC("{\"text\":\x0b\"a\"}"), "9: a raw control character (0x0b)"},
         {REC("{\"text\":\"a\"}\x0c"), "13: a raw control character (0x0c)"},
         {REC("{\"text\":\"a\",\"text\":\"b\"}"), "13: duplicate key \"text\" — a JSON Lines record names each key once"},
@@ -207,7 +208,7 @@ static void test_tokenize_refuses(void **state)
                            .field = "text"};
     tkd_tokenize_summary sum;
     assert_int_equal(tkd_tokenize_run(&o, &sum), TKD_ERR_FORMAT);
-    tkd_test_assert_msg_has("raw.jsonl:2:13: control character 0x0");
+    tkd_test_assert_msg_has("raw.jsonl:2:13: a raw control character (0x00)");
     assert_null(tkd_test_read_file(tmp("raw.bin"), NULL));
     tkd_test_write_text(tmp("dup.jsonl"), "{\"text\":\"first\",\"text\":\"last\"}\n");
     inputs[0] = tmp("dup.jsonl");
