@@ -27,7 +27,8 @@ static const tkd_config_field dump_fields[] = {
     TKD_CFG_STRING(C, data_text_field, "data.text_field", "text",
                    "with data.tokenizer: the JSON Lines field holding the text."),
     TKD_CFG_STRING(C, data_doc_separator, "data.doc_separator", "",
-                   "with data.tokenizer: text files are cut into documents at this string; empty = one per file."),
+                   "with data.tokenizer: text files are cut into documents at this string (\\n, \\t, \\r, \\\\ read as "
+                   "tokenize --doc-separator reads them); empty = one per file."),
     TKD_CFG_INT(C, seq_len, "data.seq_len", "256", 1, 1 << 20,
                 "positions per sequence; a window holds seq_len + 1 tokens (inputs + next-token labels)."),
     TKD_CFG_INT(C, stride, "data.stride", "0", 0, 1 << 30,
