@@ -4,7 +4,8 @@
  *
  * A reader hands out records: for plain text the document itself, for JSON Lines the raw line,
  * whose field tkd_text_jsonl_field extracts — a separate step so that callers can parse the lines
- * on many threads.
+ * on many threads. Records are parsed with Jansson, not the cJSON of our other JSON files: cJSON
+ * cannot hold a string with a NUL inside, which a JSON Lines text may have ("\u0000").
  */
 #ifndef TKD_TEXT_DOCS_H
 #define TKD_TEXT_DOCS_H
@@ -44,9 +45,22 @@ tkd_status tkd_text_reader_next(tkd_text_reader *r, const char **rec, size_t *le
 uint64_t tkd_text_reader_offset(const tkd_text_reader *r);
 
 /* The string `field` of the JSON object in rec[0, len) (one JSON Lines record of path, starting at
- * line): *text is malloc'd (the caller frees it), *tlen its length. TKD_ERR_FORMAT naming the file,
- * the line and the field when the line is not an object or the field is missing or not a string. */
+ * line): *text is malloc'd (the caller frees it; NUL-terminated for convenience), *tlen its length,
+ * which counts any NUL inside ("\u0000" is kept, as Python keeps it). The record is read as strictly
+ * as Python's json.loads reads it (RFC 8259): exactly one value, whitespace only space, tab, CR and
+ * LF, no raw control character in a string; and no key twice in an object (Python would keep the
+ * last, other readers the first); bytes that are not valid UTF-8 are first
+ * converted as the tokenizer converts them (each maximal ill-formed subsequence -> U+FFFD).
+ * TKD_ERR_FORMAT "path:line:col: what" when the record is not such JSON, "path:line: ..." when it
+ * is not an object or the field is missing or not a string. Thread-safe. */
 tkd_status tkd_text_jsonl_field(const char *path, int64_t line, const char *rec, size_t len, const char *field,
                                 char **text, size_t *tlen);
+
+/* The one escape rule of a document separator, for both tokenize's --doc-separator and the dump's
+ * data.doc_separator (so that one text gives one dataset): s with \n, \t, \r and \\ replaced by
+ * newline, tab, CR and a backslash -> *out (malloc'd; the caller frees it). Any other backslash
+ * (an unknown escape, a lone one at the end) is refused with `code`, the message naming `what`
+ * (the flag or the key). */
+tkd_status tkd_text_unescape(const char *s, const char *what, tkd_status code, char **out);
 
 #endif /* TKD_TEXT_DOCS_H */

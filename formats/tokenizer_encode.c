@@ -13,6 +13,7 @@
 #include "formats/tokenizer.h"
 
 #include "formats/tokenizer_internal.h"
+#include "formats/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -179,63 +180,16 @@ void tkd_tok_ctx_limit_cache(tkd_tokenizer_ctx *ctx, size_t entries)
 
 /* ---- 1. lossy UTF-8 ------------------------------------------------------------------------- */
 
-/* The length of the well-formed sequence at s[0, n) (Unicode table 3-7), or -(length of its
- * maximal ill-formed prefix, at least 1): what one U+FFFD replaces. */
-static long utf8_seq(const uint8_t *s, size_t n)
-{
-    uint8_t b = s[0];
-    if (b < 0x80)
-        return 1;
-    int need;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF)
-        need = 1;
-    else if (b >= 0xE0 && b <= 0xEF)
-        need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4)
-        need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else
-        return -1;
-    for (int i = 1; i <= need; i++) {
-        if ((size_t)i >= n || s[i] < lo || s[i] > hi)
-            return -i;
-        lo = 0x80, hi = 0xBF; /* only the second byte has a narrower range */
-    }
-    return need + 1;
-}
-
-/* The text itself when it is valid UTF-8, else a copy in ctx->clean with U+FFFD substituted. */
+/* The text itself when it is valid UTF-8, else a copy in ctx->clean with U+FFFD substituted
+ * (formats/utf8.h; the JSON Lines reader converts its records with the same routine). */
 static tkd_status lossy_utf8(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, const uint8_t **out, size_t *nout)
 {
-    size_t i = 0;
-    while (i < n) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        long l = utf8_seq(s + i, n - i);
-        if (l < 0)
-            break;
-        i += (size_t)l;
-    }
     *out = s, *nout = n;
-    if (i == n)
+    if (tkd_utf8_valid_prefix(s, n) == n)
         return TKD_OK;
     if (!reserve(&ctx->clean, 3 * n)) /* one U+FFFD (3 bytes) per byte at most */
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory for %zu bytes of text", n);
-    memcpy(ctx->clean.p, s, i);
-    size_t o = i;
-    while (i < n) {
-        long l = utf8_seq(s + i, n - i);
-        if (l > 0) {
-            memcpy(ctx->clean.p + o, s + i, (size_t)l);
-            o += (size_t)l, i += (size_t)l;
-        } else {
-            memcpy(ctx->clean.p + o, "\xEF\xBF\xBD", 3);
-            o += 3, i += (size_t)-l;
-        }
-    }
-    *out = ctx->clean.p, *nout = o;
+    *out = ctx->clean.p, *nout = tkd_utf8_lossy(s, n, ctx->clean.p);
     return TKD_OK;
 }
 

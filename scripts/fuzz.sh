@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 cc=${CC_FUZZ:-clang}
 out=build-fuzz
 jobs=$(nproc 2>/dev/null || echo 2)
-targets=(safetensors yaml_config hf_config tokens megatron manifest shard)
+targets=(safetensors yaml_config hf_config tokens megatron manifest shard jsonl)
 if [ $# -gt 0 ]; then
   targets=("$1")
   shift
@@ -29,8 +29,8 @@ fi
 
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 cflags="-g -O1 -std=c11 -fopenmp=libgomp -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -DTKD_VERSION=\"fuzz\"
-        $(pkg-config --cflags hdf5 libzstd yaml-0.1 libcjson libpcre2-8 libutf8proc)"
-libs="$(pkg-config --libs hdf5 libzstd yaml-0.1 libcjson libpcre2-8 libutf8proc) -fopenmp=libgomp -lm -lpthread"
+        $(pkg-config --cflags hdf5 libzstd yaml-0.1 libcjson jansson libpcre2-8 libutf8proc)"
+libs="$(pkg-config --libs hdf5 libzstd yaml-0.1 libcjson jansson libpcre2-8 libutf8proc) -fopenmp=libgomp -lm -lpthread"
 
 # The library sources the targets reach, instrumented for coverage (fuzzer-no-link) and ASan.
 srcs=(common/*.c $(ls formats/*.c | grep -v h5zstd_plugin) student_train/train_config.c
@@ -49,6 +49,7 @@ runs_of() {
   case $1 in
     safetensors) echo 300000 ;; hf_config) echo 60000 ;; manifest) echo 100000 ;;
     tokens) echo 30000 ;; megatron) echo 100000 ;; yaml_config) echo 1500 ;; shard) echo 1000 ;;
+    jsonl) echo 400000 ;;
   esac
 }
 
@@ -62,6 +63,7 @@ seeds() {
     megatron) ls tests/data/broken/tok_mm_*.idx ;;
     manifest) ls tests/fuzz/corpus/manifest.yaml tests/data/broken/man_* ;;
     shard) ls tests/fuzz/corpus/*.recipe ;;
+    jsonl) ls tests/fuzz/corpus/jsonl/* ;;
   esac
 }
 

@@ -8,6 +8,7 @@
 
 #include "common/dist.h"
 #include "formats/cache_shard.h"
+#include "formats/text_docs.h"
 
 static const char *const last_window_names[] = {"drop", "pad", NULL};
 /* Same order as tkd_cache_dtype, so the enum index is the dtype. */
@@ -26,7 +27,8 @@ static const tkd_config_field dump_fields[] = {
     TKD_CFG_STRING(C, data_text_field, "data.text_field", "text",
                    "with data.tokenizer: the JSON Lines field holding the text."),
     TKD_CFG_STRING(C, data_doc_separator, "data.doc_separator", "",
-                   "with data.tokenizer: text files are cut into documents at this string; empty = one per file."),
+                   "with data.tokenizer: text files are cut into documents at this string (\\n, \\t, \\r, \\\\ read as "
+                   "tokenize --doc-separator reads them); empty = one per file."),
     TKD_CFG_INT(C, seq_len, "data.seq_len", "256", 1, 1 << 20,
                 "positions per sequence; a window holds seq_len + 1 tokens (inputs + next-token labels)."),
     TKD_CFG_INT(C, stride, "data.stride", "0", 0, 1 << 30,
@@ -126,7 +128,17 @@ tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_f
         return tkd_error_set(TKD_ERR_CONFIG,
                              "workers.index: %d is not below workers.count %d — indices run 0..count-1",
                              cfg->worker_index, cfg->worker_count);
-    return TKD_OK;
+    char *sep = NULL; /* checked here, before a teacher is loaded; the dataset reads it again */
+    tkd_status st = tkd_dump_doc_separator(cfg, &sep);
+    free(sep);
+    return st;
+}
+
+tkd_status tkd_dump_doc_separator(const tkd_dump_config *cfg, char **out)
+{
+    *out = NULL;
+    const char *s = cfg->data_doc_separator;
+    return s && *s ? tkd_text_unescape(s, "data.doc_separator", TKD_ERR_CONFIG, out) : TKD_OK;
 }
 
 double tkd_dump_raw_bytes_per_token(const tkd_dump_config *cfg)

@@ -60,9 +60,16 @@ extern const tkd_config_schema tkd_dump_schema;
  * - cache.shard_tokens N becomes shard_sequences = max(1, N / seq_len) (and then 0, so that the
  *   printed config loads back the same); with shard_sequences also set it is an error naming both;
  *   shard_sequences 0 without it becomes 1024;
- * - required keys (teacher.path, data.paths, output.dir) are set; index < count.
+ * - required keys (teacher.path, data.paths, output.dir) are set; index < count;
+ * - data.doc_separator's escapes are ones tokenize's --doc-separator knows (tkd_dump_doc_separator).
  * TKD_ERR_CONFIG with "key: what — what to do". getenv_fn NULL means getenv (tests pass their own). */
 tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *));
+
+/* data.doc_separator as the tokenizer's reader takes it: its escapes read by the rule of tokenize's
+ * --doc-separator (tkd_text_unescape: \n, \t, \r, \\), so that one text gives one dataset either
+ * way. *out is malloc'd (the caller frees it), NULL for "" (one document per file). TKD_ERR_CONFIG
+ * naming the key for an escape it does not know (tkd_dump_config_finalize checks it early). */
+tkd_status tkd_dump_doc_separator(const tkd_dump_config *cfg, char **out);
 
 /* Bytes per token of an uncompressed cache row: (4 + dtype bytes)·k + 4 (LSE) + 4·S (tail ids). */
 double tkd_dump_raw_bytes_per_token(const tkd_dump_config *cfg);

@@ -42,8 +42,8 @@ static tkd_status tokenize_to(const tkd_dump_config *cfg, int64_t vocab, const c
         .vocab_limit = vocab,
         .no_lock = true, /* a directory of its own (mkdtemp), removed after: no lock file to leave there */
         .field = cfg->data_text_field && *cfg->data_text_field ? cfg->data_text_field : "text",
-        .separator = cfg->data_doc_separator && *cfg->data_doc_separator ? cfg->data_doc_separator : NULL,
     };
+    TKD_TRY(tkd_dump_doc_separator(cfg, &o.separator)); /* its escapes read as --doc-separator's */
     tkd_status st = expand(&cfg->data_paths, &g, &o.inputs, &o.ninputs);
     tkd_tokenize_summary sum;
     if (st == TKD_OK)
@@ -52,6 +52,7 @@ static tkd_status tokenize_to(const tkd_dump_config *cfg, int64_t vocab, const c
         tkd_log_info("teacher-dump: data.tokenizer: %lld documents, %.1f MB of text -> %lld tokens in %.1f s",
                      (long long)sum.docs, (double)sum.bytes / 1e6, (long long)sum.tokens, sum.seconds);
     free(o.inputs);
+    free(o.separator);
     globfree(&g);
     return st == TKD_OK ? st : tkd_error_prefix(st, "data.tokenizer");
 }

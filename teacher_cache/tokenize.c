@@ -56,23 +56,6 @@ void tkd_tokenize_opts_free(tkd_tokenize_opts *o)
     o->separator = NULL;
 }
 
-/* \n, \t, \r and \\ in s -> a malloc'd string. */
-static char *unescape(const char *s)
-{
-    char *out = malloc(strlen(s) + 1), *o = out;
-    for (; out && *s; s++) {
-        if (*s == '\\' && s[1] && strchr("ntr\\", s[1])) {
-            s++;
-            *o++ = *s == 'n' ? '\n' : *s == 't' ? '\t' : *s == 'r' ? '\r' : '\\';
-        } else {
-            *o++ = *s;
-        }
-    }
-    if (out)
-        *o = '\0';
-    return out;
-}
-
 /* Through the tools' one numeric parser (common/cli.h): junk and overflow are refused, never saturated. */
 static tkd_status parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -96,8 +79,8 @@ static tkd_status parse_flag(tkd_tokenize_opts *o, const char *name, const char 
         o->eos = v;
     else if (strcmp(name, "--doc-separator") == 0) {
         free(o->separator);
-        if (!(o->separator = unescape(v)))
-            return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+        o->separator = NULL;
+        TKD_TRY(tkd_text_unescape(v, "tokenize: --doc-separator", TKD_ERR_INVALID_ARG, &o->separator));
     } else if (strcmp(name, "--format") == 0) {
         if (strcmp(v, "auto") && strcmp(v, "text") && strcmp(v, "jsonl"))
             return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --format is auto, text or jsonl (got '%s')", v);
