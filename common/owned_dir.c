@@ -108,6 +108,7 @@ static tkd_status built_mark(const tkd_built_kind *k, const char *dir)
 /* What a look into a built directory found. */
 typedef struct built_scan {
     bool marked, signed_, only_files; /* marker; k->old_sign; nothing but the marker and k->files */
+    bool copied;                      /* a marker of the tool's naming another directory */
     char why[256];                    /* the first entry that is not the kind's; "" when none */
 } built_scan;
 
@@ -137,6 +138,7 @@ static tkd_status built_look(const tkd_built_kind *k, const char *dir, built_sca
             if (m == MARK_OTHER)
                 snprintf(s->why, sizeof s->why, "holds a %.200s that %s did not write", e->d_name, k->tool);
             s->marked |= marker && m == MARK_OURS;
+            s->copied |= marker && m == MARK_COPY;
         } else if (!matches(e->d_name, k->files))
             snprintf(s->why, sizeof s->why, "holds '%.200s', which a %s never holds", e->d_name, k->what);
         else if (k->old_sign && !strcmp(e->d_name, k->old_sign))
@@ -163,6 +165,8 @@ static tkd_status built_why(const tkd_built_kind *k, const char *dir, bool old_o
     TKD_TRY(built_look(k, dir, &s));
     if (s.why[0])
         snprintf(why, cap, "%s", s.why);
+    else if (!s.marked && !(old_ok && k->old_sign && s.signed_) && s.copied)
+        snprintf(why, cap, "its %s was written into another directory: this one is a copy", TKD_BUILT_MARKER);
     else if (!s.marked && !(old_ok && k->old_sign && s.signed_))
         snprintf(why, cap, "no %s file in it", TKD_BUILT_MARKER);
     else {
@@ -446,6 +450,28 @@ static bool prove(const dir_scan *s, const char *name, const char *path, const s
     return ok;
 }
 
+/* prove, allowing for a cooperating writer (another worker of a split dump) that is writing the entry
+ * or renaming it into place as we look: one that is gone since is no failure, and one that changed
+ * meanwhile gets a second look. */
+static bool proven(const dir_scan *s, const char *name, const char *path, struct stat *sb, const tkd_owned_name *r,
+                   char *why)
+{
+    for (int look = 0; look < 2; look++) {
+        if (prove(s, name, path, sb, r, why))
+            return true;
+        struct stat now;
+        if (lstat(path, &now) != 0)
+            return errno == ENOENT;
+        bool changed = now.st_ino != sb->st_ino || now.st_size != sb->st_size ||
+                       now.st_mtim.tv_sec != sb->st_mtim.tv_sec || now.st_mtim.tv_nsec != sb->st_mtim.tv_nsec ||
+                       now.st_mode != sb->st_mode;
+        *sb = now;
+        if (!changed)
+            return false;
+    }
+    return false;
+}
+
 /* Looks at one entry: marks what the directory holds, proves it, collects it for removal. */
 static tkd_status scan_entry(dir_scan *s, const char *name)
 {
@@ -469,7 +495,7 @@ static tkd_status scan_entry(dir_scan *s, const char *name)
     if (s->bad[0] && !marker) /* refused already; only whether it is marked still matters */
         return TKD_OK;
     char why[OWNED_WHY_MAX];
-    if (!prove(s, name, path, &sb, r, why)) {
+    if (!proven(s, name, path, &sb, r, why)) {
         if (!s->bad[0]) {
             snprintf(s->bad, sizeof s->bad, "%s", name);
             snprintf(s->why, sizeof s->why, "%s", why);
