@@ -5,9 +5,11 @@
  *    uses there and whose content (or a record of the tool's, such as a manifest listing it) shows
  *    that the tool wrote it — each name comes with its proof (tkd_owned_name);
  *  - a directory the tool builds whole and renames into place (a checkpoint, its staging copies): it
- *    carries the tool's marker file ".topkd-built" (written when the directory is made) and holds
- *    only regular files of the names such a directory holds (tkd_built_kind). Nothing is removed
- *    recursively: the files are unlinked one by one, then the empty directory is removed.
+ *    carries the tool's marker file ".topkd-built", written when the directory is made and naming
+ *    that directory's device and inode (which a rename keeps and a copy does not, so a user's
+ *    `cp -r checkpoint checkpoint.tmp-keep` is not taken for one), and holds only regular files of
+ *    the names such a directory holds (tkd_built_kind). Nothing is removed recursively: the files
+ *    are unlinked one by one, then the empty directory is removed.
  * Any entry that has one of the tool's names but fails its proof is refused, naming it, and then
  * nothing at all is removed.
  *

@@ -97,7 +97,8 @@ static tkd_status listed_open(const char *dir, void **ctx)
         listed_free(l);
         return st;
     }
-    qsort(l->names, l->n, sizeof *l->names, cmp_str);
+    if (l->n)
+        qsort(l->names, l->n, sizeof *l->names, cmp_str);
     *ctx = l;
     return TKD_OK;
 }
