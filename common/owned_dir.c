@@ -556,7 +556,14 @@ static tkd_status write_marker(const tkd_dir_kind *k, const char *dir)
 
 tkd_status tkd_owned_dir_claim(const tkd_dir_kind *k, const char *dir)
 {
+    char marker[OWNED_PATH_MAX];
+    struct stat sb;
     TKD_TRY(tkd_mkdir_p(dir));
+    TKD_TRY(tkd_path_join(marker, sizeof marker, dir, k->marker));
+    /* marked: ours whatever else it holds (taking it into use removes nothing), and no need to
+     * prove each entry here (which reads every manifest of a cache) */
+    if (lstat(marker, &sb) == 0 && S_ISREG(sb.st_mode) && marker_ok(k, marker, false))
+        return TKD_OK;
     dir_scan s = {.k = k, .dir = dir};
     TKD_TRY(scan(&s));
     if (s.marked)
