@@ -23,10 +23,12 @@ struct tkd_dir_lock {
 
 static tkd_status open_lock_file(const char *path, int *fd)
 {
-    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* O_NOFOLLOW: the pid is written into the file, so a symbolic link of that name (to a user's
+     * file) is refused rather than followed and truncated */
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     /* another user's lock file: flock works on a read-only descriptor too (only the pid is not written) */
     if (*fd < 0 && errno == EACCES)
-        *fd = open(path, O_RDONLY | O_CLOEXEC);
+        *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (*fd < 0)
         return tkd_error_set(errno == ENOENT ? TKD_ERR_NOT_FOUND : TKD_ERR_IO,
                              "%s: cannot open the lock file: %s — check that the directory exists and is writable",
@@ -45,6 +47,23 @@ static void write_pid(int fd)
 }
 
 /* The pid written in a lock file, 0 when none can be read. */
+bool tkd_dir_lock_file_proof(const char *path, void *ctx)
+{
+    (void)ctx;
+    char buf[32];
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    if (n == 0) /* made, or truncated by write_pid, a moment ago */
+        return true;
+    ssize_t i = 0;
+    while (i < n && buf[i] >= '0' && buf[i] <= '9')
+        i++;
+    return i > 0 && i == n - 1 && buf[i] == '\n';
+}
+
 static long read_pid(const char *path)
 {
     char buf[32] = {0};

@@ -17,6 +17,8 @@
 #ifndef TKD_DIR_LOCK_H
 #define TKD_DIR_LOCK_H
 
+#include <stdbool.h>
+
 #include "common/status.h"
 
 typedef struct tkd_dir_lock tkd_dir_lock;
@@ -31,6 +33,10 @@ tkd_status tkd_dir_lock_take(const char *dir, const char *name, const char *tool
  * <name> or another writer holds the same part. */
 tkd_status tkd_dir_lock_take_part(const char *dir, const char *name, const char *part, const char *tool,
                                   tkd_dir_lock **out);
+
+/* True when the regular file at path holds what a lock file holds: nothing, or a pid and a newline
+ * (the proof that lets a tool count it among its own files, common/owned_dir.h; ctx is unused). */
+bool tkd_dir_lock_file_proof(const char *path, void *ctx);
 
 /* Releases the lock(s) and frees l (NULL is a no-op). The files stay. */
 void tkd_dir_lock_release(tkd_dir_lock *l);

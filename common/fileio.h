@@ -93,28 +93,14 @@ tkd_status tkd_fsync_file(const char *path);
  * files written and fsynced by other means (tkd_file_write_atomic does all of this itself). */
 tkd_status tkd_rename_durable(const char *from, const char *to);
 
-/* Creates a fresh empty directory "<final>.tmp-XXXXXX" next to final, for building a checkpoint
- * before tkd_rename_dir_atomic; its path goes to out (cap bytes). */
-tkd_status tkd_make_temp_dir(const char *final, char *out, size_t cap);
-
-/* Moves a completed directory tmp to final: fsyncs tmp; if final exists it is first renamed
- * aside to "<final>.old", then tmp is renamed to final, the parent fsynced, and the old tree
- * removed. A crash between the two renames leaves "<final>.old" complete; a later call removes
- * any stale "<final>.old" first. */
-tkd_status tkd_rename_dir_atomic(const char *tmp, const char *final);
-
-/* After a crash inside tkd_rename_dir_atomic: when final is missing and "<final>.old" is there (the
- * crash fell between the two renames), the previous version is put back; a "<final>.old" beside
- * final is removed. Nothing there: nothing to do. */
-tkd_status tkd_rename_dir_recover(const char *final);
-
 /* *within = true when inner is outer or lies below it, compared by device and inode along inner's
  * real path, so symlinks and other spellings of one directory are seen through. A tail of inner
  * that does not exist yet is taken to lie where its deepest existing ancestor is. A missing outer
  * contains nothing. */
 tkd_status tkd_path_within(const char *inner, const char *outer, bool *within);
 
-/* rm -rf path (no error when missing). */
+/* rm -rf path (no error when missing). For tests and for a tree the caller made itself this run:
+ * what a tool removes from its directories goes through common/owned_dir.h, which proves it first. */
 tkd_status tkd_remove_tree(const char *path);
 
 #endif /* TKD_FILEIO_H */

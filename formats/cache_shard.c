@@ -1121,6 +1121,20 @@ static int64_t shard_chunk_seqs(hid_t file)
     return (int64_t)chunk[0];
 }
 
+bool tkd_shard_has_cache_format(const char *path)
+{
+    h5_quiet();
+    if (tkd_input_check(path, "cache shard") != TKD_OK) /* HDF5 would block on a FIFO */
+        return false;
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    char fmt[64] = "";
+    bool ours = f >= 0 && attr_read_str(f, "format", fmt, sizeof fmt) == 1 && !strcmp(fmt, TKD_CACHE_FORMAT_NAME);
+    if (f >= 0)
+        H5Fclose(f);
+    h5_forget();
+    return ours;
+}
+
 tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes)
 {
     *out = NULL;

@@ -12,6 +12,7 @@
 #ifndef TKD_CACHE_SHARD_H
 #define TKD_CACHE_SHARD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -192,6 +193,11 @@ tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes)
 
 /* Closes the file. NULL-safe. */
 void tkd_shard_close(tkd_shard *s);
+
+/* True when path is an HDF5 file whose root attribute "format" is TKD_CACHE_FORMAT_NAME (any version,
+ * damaged data or not): a file teacher-dump wrote, which its --overwrite may remove. False on any
+ * failure (its message is not meant to be shown). */
+bool tkd_shard_has_cache_format(const char *path);
 
 /* The attributes read at open; valid while s is open. */
 const tkd_shard_info *tkd_shard_get_info(const tkd_shard *s);

@@ -11,12 +11,39 @@
 
 #include "common/dist.h"
 #include "common/fileio.h"
+#include "common/owned_dir.h"
 #include "common/progress.h"
 #include "common/signals.h"
 #include "formats/json_check.h"
 #include "formats/safetensors.h"
 
 #define CKPT_PATH_MAX 4096
+
+/* Every file a checkpoint directory holds, with the temporaries of their atomic writes. */
+static const char *const ckpt_files[] = {
+    "config.json",           "config.json.tmp-*",           "model.safetensors",
+    "model.safetensors.tmp-*", "optimizer.safetensors",     "optimizer.safetensors.tmp-*",
+    "optimizer-rank[0-9]*-of[0-9]*.safetensors", "optimizer-rank[0-9]*-of[0-9]*.safetensors.tmp-*",
+    "state.json",            "state.json.tmp-*",            "config.yaml",
+    "config.yaml.tmp-*",     NULL,
+};
+
+const tkd_built_kind tkd_checkpoint_kind = {
+    .tool = "student-train",
+    .what = "checkpoint",
+    .files = ckpt_files,
+    /* every version wrote state.json into each checkpoint, beside the weights */
+    .old_sign = "state.json",
+};
+
+/* Removes a staging directory this process made and is abandoning (its error message kept). */
+static void drop_staging(const char *stage)
+{
+    tkd_error_saved keep;
+    tkd_error_save(&keep, TKD_ERR_IO);
+    tkd_built_dir_remove(&tkd_checkpoint_kind, stage, false); /* may set a message of its own */
+    tkd_error_restore(&keep);
+}
 
 /* 1 when the optimizer's moments are host memory (tkd_adamw_init, or the CPU backend). */
 static int moments_on_host(const tkd_adamw *opt)
@@ -118,7 +145,7 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
                                const tkd_train_state *s, const char *config_yaml)
 {
     char tmp[CKPT_PATH_MAX];
-    TKD_TRY(tkd_make_temp_dir(dir, tmp, sizeof tmp));
+    TKD_TRY(tkd_built_dir_make_temp(&tkd_checkpoint_kind, dir, tmp, sizeof tmp));
     tkd_status st = tkd_model_save_hf(m, tmp, TKD_DTYPE_F32);
     if (st == TKD_OK)
         st = write_optimizer(tmp, opt);
@@ -127,12 +154,9 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
     if (st == TKD_OK && config_yaml)
         st = write_text(tmp, "config.yaml", config_yaml);
     if (st == TKD_OK)
-        st = tkd_rename_dir_atomic(tmp, dir);
+        st = tkd_built_dir_rename(&tkd_checkpoint_kind, tmp, dir);
     if (st != TKD_OK) {
-        tkd_error_saved keep;
-        tkd_error_save(&keep, st);
-        tkd_remove_tree(tmp); /* may set a message of its own */
-        tkd_error_restore(&keep);
+        drop_staging(tmp);
         return tkd_error_prefix(st, "checkpoint %s (the previous checkpoint is kept)", dir);
     }
     return TKD_OK;
@@ -332,7 +356,7 @@ tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_
     tkd_zero_range(n, world, rank, &b, &e, &chunk);
     static const float none[1];
     TKD_TRY(staging_dir(stage, sizeof stage, dir, job_id, step));
-    TKD_TRY(tkd_mkdir_p(stage));
+    TKD_TRY(tkd_built_dir_make(&tkd_checkpoint_kind, stage));
     shard_name(name, sizeof name, rank, world);
     TKD_TRY(tkd_path_join(path, sizeof path, stage, name));
     tkd_status st = write_moments(path, e - b, m ? m : none, v ? v : none);
@@ -366,7 +390,9 @@ static tkd_status wait_shards(const char *stage, int world, double timeout_s)
     }
 }
 
-/* Staging directories of this checkpoint other than keep (a crashed job's, a failed step's). */
+/* Staging directories of this checkpoint other than keep (a crashed job's, a failed step's), each
+ * only when proven one (its marker and checkpoint files): any other stays, and the next start of
+ * the run (run_dir.h) refuses it by name. */
 static void remove_other_staging(const char *dir, const char *keep)
 {
     char pattern[CKPT_PATH_MAX];
@@ -376,7 +402,7 @@ static void remove_other_staging(const char *dir, const char *keep)
         return;
     for (size_t i = 0; i < g.gl_pathc; i++)
         if (strcmp(g.gl_pathv[i], keep) != 0)
-            tkd_remove_tree(g.gl_pathv[i]);
+            tkd_built_dir_remove(&tkd_checkpoint_kind, g.gl_pathv[i], false);
     globfree(&g);
 }
 
@@ -386,7 +412,7 @@ tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t st
 {
     char stage[CKPT_PATH_MAX];
     TKD_TRY(staging_dir(stage, sizeof stage, dir, job_id, step));
-    tkd_status st = tkd_mkdir_p(stage);
+    tkd_status st = tkd_built_dir_make(&tkd_checkpoint_kind, stage);
     if (st == TKD_OK)
         st = tkd_model_save_hf(m, stage, TKD_DTYPE_F32);
     if (st == TKD_OK)
@@ -396,12 +422,9 @@ tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t st
     if (st == TKD_OK)
         st = wait_shards(stage, world, timeout_s);
     if (st == TKD_OK)
-        st = tkd_rename_dir_atomic(stage, dir);
+        st = tkd_built_dir_rename(&tkd_checkpoint_kind, stage, dir);
     if (st != TKD_OK) {
-        tkd_error_saved keep;
-        tkd_error_save(&keep, st);
-        tkd_remove_tree(stage);
-        tkd_error_restore(&keep);
+        drop_staging(stage);
         return tkd_error_prefix(st, "checkpoint %s (the previous checkpoint is kept)", dir);
     }
     remove_other_staging(dir, stage);

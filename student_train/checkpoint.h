@@ -7,8 +7,12 @@
  * <dir>/state.json                       step, loader position (epoch, offset), tokens seen, RNG,
  *                                        AdamW step, n and the optimizer's world W
  * <dir>/config.yaml                      the effective student-train config
- * The directory is built under a temporary name and renamed into place (common/fileio.h), so a
- * crash or a full disk leaves the previous checkpoint intact.
+ * <dir>/.topkd-built                     the marker: student-train built it (common/owned_dir.h)
+ * The directory is built under a temporary name and renamed into place (common/owned_dir.h), so a
+ * crash or a full disk leaves the previous checkpoint intact. student-train removes a checkpoint
+ * directory (an old one, a staging one) only when it carries the marker and holds nothing but the
+ * files above; a checkpoint of a version from before markers (no marker, state.json among those
+ * files) is still read, and replaced the same way once it has been proven so.
  */
 #ifndef TKD_CHECKPOINT_H
 #define TKD_CHECKPOINT_H
@@ -16,10 +20,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/owned_dir.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "model/model.h"
 #include "model/optim.h"
+
+/* What a checkpoint directory holds (the proof that lets student-train remove one). */
+extern const tkd_built_kind tkd_checkpoint_kind;
 
 typedef struct tkd_train_state {
     int64_t step;        /* optimizer steps taken */
@@ -42,15 +50,16 @@ tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tk
  * Every rank holds its shard of the AdamW moments; the checkpoint counts only once every shard is
  * in it. At a checkpoint step:
  *   1. every rank (0 included) calls tkd_checkpoint_save_shard: its shard goes into the staging
- *      directory "<dir>.building-<job>-<step>" (made by whichever rank comes first; each file is
- *      written atomically, so one that exists is whole);
+ *      directory "<dir>.building-<job>-<step>" (made, with its marker, by whichever rank comes
+ *      first; each file is written atomically, so one that exists is whole);
  *   2. rank 0 calls tkd_checkpoint_commit: the weights, state.json and config.yaml go into the same
  *      staging directory, it waits until all W shard files are there (a barrier between 1 and 2
  *      makes the wait immediate; without one the wait is the synchronisation), then renames the
- *      staging directory over <dir> (tkd_rename_dir_atomic: the rename is the marker, made last).
+ *      staging directory over <dir> (tkd_built_dir_rename: the rename is what makes it count).
  * A rank that dies before writing its shard: commit times out naming the missing file(s), removes
  * the staging directory and leaves the previous <dir> untouched. Staging directories of other jobs
- * or steps (a crash) are removed by the next successful commit. The job id keeps a staging
+ * or steps (a crash) are removed by the next successful commit (when proven: marker and checkpoint
+ * files only). The job id keeps a staging
  * directory of a crashed job (whose shards may be stale) from being completed by a new one.
  * Moments are host arrays: a GPU caller copies its shard to the host first. */
 

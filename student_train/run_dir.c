@@ -2,29 +2,83 @@
 #include "student_train/run_dir.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/fileio.h"
 #include "common/owned_dir.h"
+#include "student_train/checkpoint.h"
 
 #define LOCK_NAME ".topkd-lock"
+/* The first line of the effective config student-train writes (common/config.c), every version alike. */
+#define CONFIG_HEAD "# effective config of student-train"
+/* The first bytes of every metrics record (train.c's log_train and log_eval). */
+#define RECORD_HEAD "{\"type\": \""
 
-/* Every entry student-train ever makes in a run directory (checkpoint.tmp-* and checkpoint.old come
- * from tkd_rename_dir_atomic, checkpoint.building-* from a data-parallel checkpoint that a dead rank
- * left unfinished (checkpoint.h), the other temporaries from tkd_file_write_atomic). */
-static const char *const run_names[] = {
-    "config.yaml", "config.yaml.tmp-*", "metrics.jsonl", "metrics.jsonl.tmp-*", "checkpoint", "checkpoint.tmp-*",
-    "checkpoint.old", "checkpoint.building-*", ".topkd-run", ".topkd-run.tmp-*", LOCK_NAME, NULL,
+/* ---- proofs: what shows that an entry of a run directory is one student-train wrote ------------- */
+
+static bool prove_config(const char *path, void *ctx)
+{
+    (void)ctx;
+    return tkd_owned_file_begins(path, CONFIG_HEAD, strlen(CONFIG_HEAD), false);
+}
+
+static bool prove_config_tmp(const char *path, void *ctx)
+{
+    (void)ctx;
+    return tkd_owned_file_begins(path, CONFIG_HEAD, strlen(CONFIG_HEAD), true);
+}
+
+/* metrics.jsonl (or its temporary): every line one record as student-train writes them, beginning
+ * with {"type": " and ending with }; the last one may be cut short (a crash while appending). */
+static bool prove_metrics(const char *path, void *ctx)
+{
+    (void)ctx;
+    void *data = NULL;
+    size_t len = 0, hl = strlen(RECORD_HEAD);
+    if (!tkd_owned_file_begins(path, RECORD_HEAD, hl, true) || tkd_read_file(path, &data, &len) != TKD_OK)
+        return false;
+    const char *t = data, *end = t + len;
+    bool ok = true;
+    while (ok && t < end) {
+        const char *nl = memchr(t, '\n', (size_t)(end - t));
+        size_t n = nl ? (size_t)(nl - t) : (size_t)(end - t);
+        ok = memcmp(t, RECORD_HEAD, n < hl ? n : hl) == 0 && (!nl || (n > hl && t[n - 1] == '}'));
+        t += n + (nl ? 1 : 0);
+    }
+    free(data);
+    return ok;
+}
+
+/* Every entry student-train ever makes in a run directory (the marker aside), with its proof:
+ * checkpoint.tmp-* and checkpoint.old come from tkd_built_dir_rename, checkpoint.building-* from a
+ * data-parallel checkpoint that a dead rank left unfinished (checkpoint.h), the other temporaries
+ * from tkd_file_write_atomic. Only checkpoint/ itself may be one of an older version without the
+ * marker (it is what --resume reads); the others must carry it. */
+static const tkd_owned_name run_names[] = {
+    {"config.yaml", prove_config, "it does not begin with '" CONFIG_HEAD "'", NULL, false},
+    {"config.yaml.tmp-*", prove_config_tmp, "it is neither empty nor begins like student-train's config", NULL, false},
+    {"metrics.jsonl", prove_metrics, "its lines are not student-train's metrics records", NULL, false},
+    {"metrics.jsonl.tmp-*", prove_metrics, "its lines are not student-train's metrics records", NULL, false},
+    {"checkpoint", NULL, NULL, &tkd_checkpoint_kind, true},
+    {"checkpoint.tmp-*", NULL, NULL, &tkd_checkpoint_kind, false},
+    {"checkpoint.old", NULL, NULL, &tkd_checkpoint_kind, false},
+    {"checkpoint.building-*", NULL, NULL, &tkd_checkpoint_kind, false},
+    {LOCK_NAME, tkd_dir_lock_file_proof, "it holds something other than a pid", NULL, false},
+    {NULL, NULL, NULL, NULL, false},
 };
+
+static const char *const run_keep[] = {LOCK_NAME, NULL};
 
 static const tkd_dir_kind run_kind = {
     .tool = "student-train",
     .what = "run directory",
     .marker = ".topkd-run",
     .names = run_names,
+    .keep = run_keep,
     /* every version wrote the effective config first, beginning with this line */
     .sign_name = "config.yaml",
-    .sign_text = "# effective config of student-train",
+    .sign_text = CONFIG_HEAD,
 };
 
 tkd_status tkd_run_dir_check_name(const char *name)
@@ -51,14 +105,15 @@ static tkd_status check_apart(const char *run, const char *cache, const char *ke
 }
 
 /* What a dead run leaves: half-written temporaries, and (a crash between the two renames of a
- * checkpoint) the previous checkpoint renamed aside. */
+ * checkpoint) the previous checkpoint renamed aside. Every entry of student-train's names is
+ * proven first: one it did not write stops the run, with nothing removed. */
 static tkd_status clean_after_crash(const char *run)
 {
     static const char *const temps[] = {"checkpoint.tmp-*", "config.yaml.tmp-*", "metrics.jsonl.tmp-*", NULL};
     char ckpt[4096];
-    TKD_TRY(tkd_owned_dir_remove(run, temps));
+    TKD_TRY(tkd_owned_dir_tidy(&run_kind, run, temps));
     TKD_TRY(tkd_path_join(ckpt, sizeof ckpt, run, "checkpoint"));
-    return tkd_rename_dir_recover(ckpt);
+    return tkd_built_dir_recover(&tkd_checkpoint_kind, ckpt);
 }
 
 tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap,
@@ -81,6 +136,5 @@ tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char 
 
 tkd_status tkd_run_dir_clear(const char *run)
 {
-    static const char *const keep[] = {LOCK_NAME, NULL};
-    return tkd_owned_dir_clear(&run_kind, run, keep);
+    return tkd_owned_dir_clear(&run_kind, run, NULL, NULL);
 }

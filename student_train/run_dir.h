@@ -2,8 +2,11 @@
  * its one writer, and what a dead run left behind.
  *
  * Ownership (common/owned_dir.h): the directory carries the marker ".topkd-run"; student-train makes
- * only config.yaml, metrics.jsonl, checkpoint/ and their temporaries there, and --overwrite removes
- * only those, refusing a directory that holds anything else. Lock (common/dir_lock.h): the run holds
+ * only config.yaml, metrics.jsonl, checkpoint/ and their temporaries there, and removes one only
+ * when it proves that it wrote it (config.yaml by its first line, metrics by its records, a
+ * checkpoint directory by its .topkd-built marker, checkpoint.h). --overwrite refuses a directory
+ * that holds anything else; every run refuses one holding an entry of those names that fails its
+ * proof (docs/what-topkd-deletes.md). Lock (common/dir_lock.h): the run holds
  * ".topkd-lock" from start to end, so a second student-train on the same run is refused at once.
  */
 #ifndef TKD_RUN_DIR_H
@@ -22,7 +25,8 @@ tkd_status tkd_run_dir_check_name(const char *name);
 /* Opens <cfg->run_dir>/<name> for this run (its path to run, cap bytes): checks the name; refuses a
  * run directory that is, holds or lies inside data.cache or data.val_cache; claims the directory
  * (made when missing; one student-train did not make is refused); takes its lock (TKD_ERR_BUSY
- * naming the other run's pid); then removes the temporaries of a dead run and puts back a
+ * naming the other run's pid); proves every entry of student-train's names (TKD_ERR_INVALID_ARG
+ * naming the first that fails); then removes the temporaries of a dead run and puts back a
  * checkpoint a crash left renamed aside. The caller releases *lock when the run ends. */
 tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap,
                             tkd_dir_lock **lock);

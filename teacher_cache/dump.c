@@ -190,47 +190,35 @@ static tkd_status check_existing(const char *dir, const tkd_cache_manifest *tmpl
     return st;
 }
 
-static tkd_status remove_glob(const char *dir, const char *pattern, int64_t id_lo, int64_t id_hi)
+/* What worker i of n removes for --overwrite: its own shards (with their temporaries), its done
+ * marker and manifest, and the merged manifest (which no longer holds). */
+typedef struct worker_own {
+    int64_t shard_lo, shard_hi; /* [lo, hi): the shard numbers of its range */
+    char done[64], manifest[64];
+} worker_own;
+
+static bool worker_picks(const char *name, void *arg)
 {
-    char pat[4096];
-    TKD_TRY(tkd_path_join(pat, sizeof pat, dir, pattern));
-    glob_t g;
-    memset(&g, 0, sizeof g);
-    tkd_status st = TKD_OK;
-    if (glob(pat, 0, NULL, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc && st == TKD_OK; i++) {
-            const char *base = strrchr(g.gl_pathv[i], '/');
-            long long id = -1;
-            if (id_lo >= 0 && (sscanf(base ? base + 1 : g.gl_pathv[i], "shard-%lld", &id) != 1 ||
-                               id < id_lo || id >= id_hi))
-                continue;
-            if (remove(g.gl_pathv[i]) != 0)
-                st = tkd_error_set(TKD_ERR_IO, "%s: cannot remove it for --overwrite — check permissions",
-                                   g.gl_pathv[i]);
-        }
-    }
-    globfree(&g);
-    return st;
+    const worker_own *w = arg;
+    long long id = -1;
+    int end = 0;
+    if (sscanf(name, "shard-%lld.h5%n", &id, &end) == 1 && (!name[end] || !strcmp(name + end, ".tmp")))
+        return id >= w->shard_lo && id < w->shard_hi;
+    return !strcmp(name, w->done) || !strcmp(name, w->manifest) || !strcmp(name, TKD_CACHE_MANIFEST_NAME);
 }
 
-/* --overwrite, only in a directory teacher-dump made that holds nothing else (dump_dir.h): a single
- * worker clears the whole cache; worker i of n clears its own shards, its manifest and marker, and
- * the merged manifest (which no longer holds). The lock files stay: this run holds one of them. */
+/* --overwrite, only in a directory teacher-dump made whose every entry it can prove it wrote
+ * (dump_dir.h): a single worker clears the whole cache; worker i of n only what worker_picks names.
+ * The lock files stay: this run holds one of them. */
 static tkd_status overwrite_clean(const char *dir, const tkd_dump_config *cfg, int64_t first, int64_t end)
 {
-    static const char *const locks[] = {".topkd-lock*", NULL};
     if (cfg->worker_count == 1)
-        return tkd_owned_dir_clear(&tkd_dump_dir_kind, dir, locks);
-    TKD_TRY(tkd_owned_dir_check(&tkd_dump_dir_kind, dir));
+        return tkd_owned_dir_clear(&tkd_dump_dir_kind, dir, NULL, NULL);
     int64_t ss = cfg->shard_sequences;
-    TKD_TRY(remove_glob(dir, "shard-*.h5", first / ss, (end + ss - 1) / ss));
-    TKD_TRY(remove_glob(dir, "shard-*.h5.tmp", first / ss, (end + ss - 1) / ss));
-    char name[64];
-    snprintf(name, sizeof name, "worker-%d.done", cfg->worker_index);
-    TKD_TRY(remove_glob(dir, name, -1, -1));
-    tkd_dump_manifest_name(cfg->worker_index, cfg->worker_count, name, sizeof name);
-    TKD_TRY(remove_glob(dir, name, -1, -1));
-    return remove_glob(dir, TKD_CACHE_MANIFEST_NAME, -1, -1);
+    worker_own w = {.shard_lo = first / ss, .shard_hi = (end + ss - 1) / ss};
+    snprintf(w.done, sizeof w.done, "worker-%d.done", cfg->worker_index);
+    tkd_dump_manifest_name(cfg->worker_index, cfg->worker_count, w.manifest, sizeof w.manifest);
+    return tkd_owned_dir_clear(&tkd_dump_dir_kind, dir, worker_picks, &w);
 }
 
 /* ---- compute ----------------------------------------------------------------------------------- */

@@ -1,30 +1,177 @@
 /* dump_dir.c — see dump_dir.h. */
 #include "teacher_cache/dump_dir.h"
 
+#include <glob.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/fileio.h"
 #include "formats/cache_manifest.h"
+#include "formats/cache_shard.h"
 
 #define LOCK_NAME ".topkd-lock"
+/* The first line of every manifest teacher-dump writes (cache_manifest.c), every version alike. */
+#define MANIFEST_HEAD "# topkd teacher cache manifest"
+/* The signature at the start of an HDF5 file, which H5Fcreate writes at once. */
+static const char hdf5_sig[] = "\x89HDF\r\n\x1a\n";
 
-/* Every entry teacher-dump ever makes in a cache directory. */
-static const char *const cache_names[] = {
-    TKD_CACHE_MANIFEST_NAME,     "manifest.worker-[0-9]*.yaml", "manifest*.yaml.tmp-*",
-    "shard-[0-9]*.h5",           "shard-[0-9]*.h5.tmp",         "worker-[0-9]*.done",
-    "worker-[0-9]*.done.tmp-*",  ".topkd-cache",                ".topkd-cache.tmp-*",
-    LOCK_NAME,                   LOCK_NAME ".worker-[0-9]*",    NULL,
+/* ---- proofs: what shows that an entry of a cache directory is one teacher-dump wrote ------------ */
+
+static bool prove_manifest(const char *path, void *ctx)
+{
+    (void)ctx;
+    return tkd_owned_file_begins(path, MANIFEST_HEAD, strlen(MANIFEST_HEAD), false);
+}
+
+/* A manifest's temporary: its beginning, or less (created, then the writer died). */
+static bool prove_manifest_tmp(const char *path, void *ctx)
+{
+    (void)ctx;
+    return tkd_owned_file_begins(path, MANIFEST_HEAD, strlen(MANIFEST_HEAD), true);
+}
+
+/* The shard names the directory's manifests list, sorted (the proof context of a cache). */
+typedef struct listed {
+    char **names; // (n)
+    size_t n, cap;
+} listed;
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void listed_free(void *ctx)
+{
+    listed *l = ctx;
+    for (size_t i = 0; l && i < l->n; i++)
+        free(l->names[i]);
+    if (l)
+        free(l->names);
+    free(l);
+}
+
+static tkd_status listed_add(listed *l, const tkd_cache_manifest *m)
+{
+    for (int64_t j = 0; j < m->num_shards; j++) {
+        if (l->n == l->cap) {
+            size_t cap = l->cap ? 2 * l->cap : 64;
+            char **p = realloc(l->names, cap * sizeof *p);
+            if (!p)
+                return tkd_error_set(TKD_ERR_NOMEM, "out of memory listing a cache's shards");
+            l->names = p;
+            l->cap = cap;
+        }
+        if (!(l->names[l->n] = strdup(m->shards[j].file)))
+            return tkd_error_set(TKD_ERR_NOMEM, "out of memory listing a cache's shards");
+        l->n++;
+    }
+    return TKD_OK;
+}
+
+/* Reads every manifest in dir that teacher-dump wrote; one that does not parse lists nothing (its
+ * shards are then proven by their content). */
+static tkd_status listed_open(const char *dir, void **ctx)
+{
+    listed *l = calloc(1, sizeof *l);
+    char pat[4096];
+    tkd_status st = l ? tkd_path_join(pat, sizeof pat, dir, "manifest*.yaml")
+                      : tkd_error_set(TKD_ERR_NOMEM, "out of memory listing a cache's shards");
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    if (st == TKD_OK && glob(pat, 0, NULL, &g) == 0) {
+        for (size_t i = 0; st == TKD_OK && i < g.gl_pathc; i++) {
+            struct stat sb;
+            tkd_cache_manifest m;
+            if (lstat(g.gl_pathv[i], &sb) != 0 || !S_ISREG(sb.st_mode) || !prove_manifest(g.gl_pathv[i], NULL) ||
+                tkd_cache_manifest_read(&m, g.gl_pathv[i]) != TKD_OK)
+                continue;
+            st = listed_add(l, &m);
+            tkd_cache_manifest_free(&m);
+        }
+    }
+    globfree(&g);
+    if (st != TKD_OK) {
+        listed_free(l);
+        return st;
+    }
+    if (l->n)
+        qsort(l->names, l->n, sizeof *l->names, cmp_str);
+    *ctx = l;
+    return TKD_OK;
+}
+
+/* A shard: listed by a manifest there, or an HDF5 file of the cache's format (written and renamed,
+ * and the writer died before its manifest listed it). */
+static bool prove_shard(const char *path, void *ctx)
+{
+    const listed *l = ctx;
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    if (l && l->n && bsearch(&name, l->names, l->n, sizeof *l->names, cmp_str))
+        return true;
+    return tkd_shard_has_cache_format(path);
+}
+
+/* A shard being written (or left by a dead writer): empty, or HDF5 from its first bytes on. */
+static bool prove_shard_tmp(const char *path, void *ctx)
+{
+    (void)ctx;
+    return tkd_owned_file_begins(path, hdf5_sig, sizeof hdf5_sig - 1, true);
+}
+
+/* worker-<i>.done as tkd_dump_mark_done writes it: it begins with "worker: <i>\n", i its name's (merge
+ * reads and checks the rest). */
+static bool prove_done(const char *path, void *ctx)
+{
+    (void)ctx;
+    char want[48];
+    const char *slash = strrchr(path, '/');
+    int named = -1;
+    if (sscanf(slash ? slash + 1 : path, "worker-%d.done", &named) != 1)
+        return false;
+    int n = snprintf(want, sizeof want, "worker: %d\n", named);
+    return tkd_owned_file_begins(path, want, (size_t)n, false);
+}
+
+static bool prove_done_tmp(const char *path, void *ctx)
+{
+    (void)ctx;
+    return tkd_owned_file_begins(path, "worker: ", 8, true);
+}
+
+#define NOT_MANIFEST "it does not begin with '" MANIFEST_HEAD "'"
+
+/* Every entry teacher-dump ever makes in a cache directory (the marker aside), with its proof. */
+static const tkd_owned_name cache_names[] = {
+    {TKD_CACHE_MANIFEST_NAME, prove_manifest, NOT_MANIFEST, NULL, false},
+    {"manifest.worker-[0-9]*.yaml", prove_manifest, NOT_MANIFEST, NULL, false},
+    {"manifest*.yaml.tmp-*", prove_manifest_tmp, "it is neither empty nor begins like a manifest", NULL, false},
+    {"shard-[0-9]*.h5", prove_shard, "no manifest there lists it, and it is not an HDF5 file of format "
+                                     "'" TKD_CACHE_FORMAT_NAME "'", NULL, false},
+    {"shard-[0-9]*.h5.tmp", prove_shard_tmp, "it is neither empty nor an HDF5 file", NULL, false},
+    {"worker-[0-9]*.done", prove_done, "it does not begin with the worker line its name calls for", NULL, false},
+    {"worker-[0-9]*.done.tmp-*", prove_done_tmp, "it is neither empty nor begins like a done marker", NULL, false},
+    {LOCK_NAME, tkd_dir_lock_file_proof, "it holds something other than a pid", NULL, false},
+    {LOCK_NAME ".worker-[0-9]*", tkd_dir_lock_file_proof, "it holds something other than a pid", NULL, false},
+    {NULL, NULL, NULL, NULL, false},
 };
+
+static const char *const cache_keep[] = {LOCK_NAME, LOCK_NAME ".worker-[0-9]*", NULL};
 
 const tkd_dir_kind tkd_dump_dir_kind = {
     .tool = "teacher-dump",
     .what = "teacher cache",
     .marker = ".topkd-cache",
     .names = cache_names,
+    .keep = cache_keep,
     /* every version wrote a manifest at once, with this first line */
     .sign_name = "manifest*.yaml",
-    .sign_text = "# topkd teacher cache manifest",
+    .sign_text = MANIFEST_HEAD,
+    .proofs_open = listed_open,
+    .proofs_close = listed_free,
 };
 
 tkd_status tkd_dump_dir_lock_merge(const char *dir, tkd_dir_lock **lock)
@@ -34,22 +181,30 @@ tkd_status tkd_dump_dir_lock_merge(const char *dir, tkd_dir_lock **lock)
     TKD_TRY(tkd_path_join(path, sizeof path, dir, "manifest.worker-0.yaml"));
     if (!tkd_file_exists(path))
         return TKD_OK;
-    return tkd_dir_lock_take(dir, LOCK_NAME, "teacher-dump", lock);
+    TKD_TRY(tkd_dir_lock_take(dir, LOCK_NAME, "teacher-dump", lock));
+    /* merge writes manifest.yaml over the one there: only over one teacher-dump wrote */
+    tkd_status st = tkd_owned_dir_tidy(&tkd_dump_dir_kind, dir, NULL);
+    if (st != TKD_OK) {
+        tkd_dir_lock_release(*lock);
+        *lock = NULL;
+    }
+    return st;
 }
 
-/* Temporary files of a dead writer: all of them under the exclusive lock; a worker's own only. */
+/* Every entry of a teacher-dump name proven, then the temporary files of a dead writer removed: all
+ * of them under the exclusive lock; a worker's own only. */
 static tkd_status remove_temps(const tkd_dump_config *cfg)
 {
     if (cfg->worker_count == 1) {
         static const char *const all[] = {"manifest*.yaml.tmp-*", "shard-[0-9]*.h5.tmp", "worker-[0-9]*.done.tmp-*",
                                           NULL};
-        return tkd_owned_dir_remove(cfg->output_dir, all);
+        return tkd_owned_dir_tidy(&tkd_dump_dir_kind, cfg->output_dir, all);
     }
     char manifest[96], done[96];
     snprintf(manifest, sizeof manifest, "manifest.worker-%d.yaml.tmp-*", cfg->worker_index);
     snprintf(done, sizeof done, "worker-%d.done.tmp-*", cfg->worker_index);
     const char *const own[] = {manifest, done, NULL};
-    return tkd_owned_dir_remove(cfg->output_dir, own);
+    return tkd_owned_dir_tidy(&tkd_dump_dir_kind, cfg->output_dir, own);
 }
 
 tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock)

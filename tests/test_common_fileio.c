@@ -1,4 +1,5 @@
-/* test_common_fileio.c — atomic writes leave no temporaries, directory swaps, path helpers. */
+/* test_common_fileio.c — atomic writes leave no temporaries, path helpers (directories built whole
+ * and swapped into place: test_common_owned_dir.c). */
 #include <setjmp.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -213,64 +214,6 @@ static void test_fsync_and_rename_durable(void **state)
     assert_int_equal(tkd_rename_durable(p("s.h5"), p("nodir/s.h5")), TKD_ERR_NOT_FOUND);
 }
 
-static void write_ckpt(const char *path, const char *content)
-{
-    char f[4200];
-    assert_int_equal(tkd_path_join(f, sizeof f, path, "step.txt"), TKD_OK);
-    assert_int_equal(tkd_file_write_atomic(f, content, strlen(content)), TKD_OK);
-}
-
-static void test_rename_dir_atomic(void **state)
-{
-    (void)state;
-    const char *final = p("ckpt");
-    char tmp[4200];
-    /* first checkpoint: no previous version */
-    assert_int_equal(tkd_make_temp_dir(final, tmp, sizeof tmp), TKD_OK);
-    write_ckpt(tmp, "100");
-    assert_int_equal(tkd_rename_dir_atomic(tmp, final), TKD_OK);
-    /* second replaces it; a stale ".old" from a crash is cleaned up first */
-    assert_int_equal(tkd_mkdir_p(p("ckpt.old/junk")), TKD_OK);
-    assert_int_equal(tkd_make_temp_dir(final, tmp, sizeof tmp), TKD_OK);
-    write_ckpt(tmp, "200");
-    assert_int_equal(tkd_rename_dir_atomic(tmp, final), TKD_OK);
-    void *data;
-    size_t size;
-    assert_int_equal(tkd_read_file(p("ckpt/step.txt"), &data, &size), TKD_OK);
-    assert_string_equal(data, "200");
-    free(data);
-    assert_false(tkd_file_exists(p("ckpt.old")));
-    assert_false(tkd_file_exists(tmp));
-    assert_int_equal(count_temps(tkd_test_group_dir), 0);
-    assert_int_equal(tkd_remove_tree(p("ckpt")), TKD_OK);
-    assert_false(tkd_file_exists(p("ckpt")));
-    assert_int_equal(tkd_remove_tree(p("ckpt")), TKD_OK); /* missing is fine */
-}
-
-/* A crash between the two renames of tkd_rename_dir_atomic leaves final missing and final.old
- * complete: recover puts it back; a final.old beside final is removed. */
-static void test_rename_dir_recover(void **state)
-{
-    (void)state;
-    char final[4200]; /* p() reuses its buffers */
-    snprintf(final, sizeof final, "%s", p("rck"));
-    assert_int_equal(tkd_rename_dir_recover(final), TKD_OK); /* nothing there: nothing to do */
-    assert_int_equal(tkd_mkdir_p(p("rck.old")), TKD_OK);
-    write_ckpt(p("rck.old"), "7");
-    assert_int_equal(tkd_rename_dir_recover(final), TKD_OK);
-    void *data;
-    size_t size;
-    assert_int_equal(tkd_read_file(p("rck/step.txt"), &data, &size), TKD_OK);
-    assert_string_equal(data, "7");
-    free(data);
-    assert_false(tkd_file_exists(p("rck.old")));
-    assert_int_equal(tkd_mkdir_p(p("rck.old")), TKD_OK);
-    assert_int_equal(tkd_rename_dir_recover(final), TKD_OK);
-    assert_false(tkd_file_exists(p("rck.old")));
-    assert_true(tkd_file_exists(p("rck/step.txt")));
-    assert_int_equal(tkd_remove_tree(final), TKD_OK);
-}
-
 static bool within(const char *inner, const char *outer)
 {
     bool w = true; /* the false cases below fail unless the call sets it */
@@ -311,8 +254,6 @@ int main(void)
         cmocka_unit_test(test_mkdir_and_join),
         cmocka_unit_test(test_path_join_alloc),
         cmocka_unit_test(test_fsync_and_rename_durable),
-        cmocka_unit_test(test_rename_dir_atomic),
-        cmocka_unit_test(test_rename_dir_recover),
         cmocka_unit_test(test_path_within),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);

@@ -182,12 +182,17 @@ static void test_missing_shard(void **state)
 {
     ckpt_fixture *f = *state;
     assert_int_equal(save_world(f, "jobB", 10, 3, -1, 5.0), TKD_OK);
-    /* a crashed job's staging directory, removed by the next good commit */
-    char stale[4400];
+    /* a crashed job's staging directory (its marker in it), removed by the next good commit; a
+     * user's directory of such a name (no marker) is not */
+    char stale[4400], mine[4400];
     snprintf(stale, sizeof stale, "%s.building-jobOld-10", f->ckpt);
-    assert_int_equal(tkd_mkdir_p(stale), TKD_OK);
+    snprintf(mine, sizeof mine, "%s.building-mine", f->ckpt);
+    assert_int_equal(tkd_built_dir_make(&tkd_checkpoint_kind, stale), TKD_OK);
+    assert_int_equal(tkd_mkdir_p(mine), TKD_OK);
     assert_int_equal(save_world(f, "jobB", 12, 3, -1, 5.0), TKD_OK);
     assert_false(tkd_file_exists(stale));
+    assert_true(tkd_file_exists(mine));
+    assert_int_equal(rmdir(mine), 0);
 
     assert_int_equal(save_world(f, "jobB", 14, 3, 1, 0.3), TKD_ERR_IO);
     tkd_test_assert_msg_has("(the previous checkpoint is kept)");
