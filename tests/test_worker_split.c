@@ -5,7 +5,8 @@
  *   naming the file that records the other split and both counts; merge records the count;
  * - merge checks every shard's sha256 against the worker manifest that lists it, and refuses worker
  *   files of another split;
- * - `--nproc-per-node 2` where every worker fails at start-up prints one line, without "resume".
+ * - `--nproc-per-node 2` where every worker fails at start-up prints one line, without "resume"
+ *   (teacher-dump and student-train, which share the launcher).
  * The dumps are 18 windows of 16 tokens in shards of 4: workers of 2 cover [0, 8) and [8, 18),
  * workers of 3 [0, 4), [4, 12) and [12, 18). */
 #include <setjmp.h>
@@ -22,6 +23,7 @@
 #include "tests/dump_testutil.h"
 
 #define BIN TKD_BINARY_DIR "/bin/teacher-dump"
+#define STUDENT_BIN TKD_BINARY_DIR "/bin/student-train"
 
 /* ---- half-set variables ------------------------------------------------------------------------ */
 
@@ -306,6 +308,28 @@ static void test_nproc_start_failure_is_one_line(void **state)
     free(dir);
 }
 
+/* student-train shares the launcher: two ranks that cannot start (here a cache that is not there,
+ * and on a build without CUDA, no device for two ranks) give one line too. */
+static void test_student_nproc_start_failure_is_one_line(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("split-student");
+    char run_dir[4400], cache[4400], err[4400];
+    snprintf(run_dir, sizeof run_dir, "run.dir=%s/runs", dir);
+    snprintf(cache, sizeof cache, "data.cache=%s/no-cache", dir);
+    snprintf(err, sizeof err, "%s/launch.err", dir);
+    const char *args[] = {"-q", "--config", tkd_test_src("../configs/student-demo.yaml"), "--set", run_dir, "--set", cache,
+                          "--nproc-per-node", "2", NULL};
+    int rc = tkd_test_run(STUDENT_BIN, args, NULL, err);
+    char *text = tkd_test_slurp(err, NULL);
+    if (rc == 0 || count_lines(text) != 1 || strstr(text, "resume") || !strstr(text, "student-train: worker ") ||
+        !strstr(text, " failed with exit code "))
+        fail_msg("exit %d, stderr not one line naming the worker and its error:\n%s", rc, text);
+    free(text);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -316,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_merge_checks_every_sha256),
         cmocka_unit_test(test_merge_refuses_two_splits),
         cmocka_unit_test(test_nproc_start_failure_is_one_line),
+        cmocka_unit_test(test_student_nproc_start_failure_is_one_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
