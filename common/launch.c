@@ -316,7 +316,8 @@ static tkd_status failure_message(const launch *L, const char *tool)
                              L->msgs[f]);
     tkd_error_set(TKD_ERR_IO, "worker %d of %d (pid %ld) failed with exit code %d%s%s", f, L->n, (long)L->failed_pid,
                   L->failed_code, note[0] ? "; " : "", note);
-    return tkd_error_hint(TKD_ERR_IO, "its error is above; fix it and re-run the same command (it resumes)");
+    return tkd_error_hint(TKD_ERR_IO, "it left no error message (a signal or a crash: its output, if any, is above); "
+                          "fix the cause and re-run the same command (it resumes)");
 }
 
 tkd_status tkd_launch_workers(const char *tool, int n, int argc, char **argv, double grace_s, int *exit_code)
