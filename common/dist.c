@@ -123,7 +123,8 @@ static tkd_status rank_pair(const char *(*get)(const char *), const char *rn, co
  * TKD_OK) when it does — rank 0, or a world of 1 — else TKD_ERR_CONFIG naming the variable set and
  * the one missing. A half pair that meant several processes must not run as rank 0 of 1: that
  * process would redo (and overwrite) the work of every other. */
-static tkd_status lone_single(const char *(*get)(const char *), const char *rn, const char *wn, const char *missing)
+static tkd_status lone_single(const char *(*get)(const char *), const char *rn, const char *wn, const char *missing,
+                              const char *setter)
 {
     bool fr, fw;
     int r = 0, w = 1;
@@ -131,10 +132,8 @@ static tkd_status lone_single(const char *(*get)(const char *), const char *rn, 
     TKD_TRY(env_int(get, wn, 1, MAX_WORLD, &w, &fw));
     if (r == 0 && w == 1)
         return TKD_OK;
-    tkd_error_set(TKD_ERR_CONFIG, "environment %s=%d is set without %s", fr && r != 0 ? rn : wn, fr && r != 0 ? r : w,
-                  missing);
-    return tkd_error_hint(TKD_ERR_CONFIG, "start the process with srun or --nproc-per-node (they set all of them), "
-                          "or unset it to run one process");
+    return tkd_error_set(TKD_ERR_CONFIG, "environment %s=%d is set without %s — set all of them or none (%s)",
+                         fr && r != 0 ? rn : wn, fr && r != 0 ? r : w, missing, setter);
 }
 
 /* SLURM_PROCID / SLURM_NTASKS: *found when both are set. A batch script run without srun (and an
@@ -150,7 +149,8 @@ static tkd_status slurm_pair(const char *(*get)(const char *), tkd_dist_info *d,
         return rank_pair(get, "SLURM_PROCID", "SLURM_NTASKS", d, found);
     if (!hp && !hn)
         return TKD_OK;
-    return lone_single(get, "SLURM_PROCID", "SLURM_NTASKS", hp ? "SLURM_NTASKS" : "SLURM_PROCID");
+    return lone_single(get, "SLURM_PROCID", "SLURM_NTASKS", hp ? "SLURM_NTASKS" : "SLURM_PROCID",
+                       "srun sets both for each task");
 }
 
 const char *tkd_dist_source_name(tkd_dist_source s)
@@ -175,7 +175,8 @@ tkd_status tkd_dist_from_getenv(tkd_dist_info *out, const char *(*get)(const cha
         if (found)
             TKD_TRY(from_slurm(&d, get));
         else
-            TKD_TRY(lone_single(get, "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK and WORLD_SIZE"));
+            TKD_TRY(lone_single(get, "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK and WORLD_SIZE",
+                                "--nproc-per-node and torchrun set all four"));
     }
     *out = d;
     return TKD_OK;
