@@ -305,6 +305,28 @@ static int64_t first_bad_shard(const char *dir, const tkd_cache_manifest *m)
     return bad;
 }
 
+/* Shard e, listed by worker i of n in path, failed the check: its message, from verify's again in
+ * this thread (messages are per thread), "<shard>: listed by worker i of n (path) but ...". */
+static tkd_status bad_shard_message(const char *dir, const tkd_cache_shard_entry *e, const char *path, int i, int n)
+{
+    char shard[4096], what[TKD_ERROR_MSG_MAX];
+    TKD_TRY(tkd_path_join(shard, sizeof shard, dir, e->file));
+    tkd_status st = tkd_cache_manifest_verify_shard(dir, e);
+    if (st == TKD_ERR_NOT_FOUND)
+        return tkd_error_set(st, "%s: listed by worker %d of %d (%s) but missing", shard, i, n, path);
+    if (st == TKD_OK) /* it changed between the two looks */
+        return tkd_error_set(TKD_ERR_CHECKSUM, "%s: listed by worker %d of %d (%s) but changed while merge read it",
+                             shard, i, n, path);
+    /* verify's "<shard>: <what> — <hint>": keep the what; the hint is to re-run the worker */
+    snprintf(what, sizeof what, "%s", tkd_error_msg());
+    char *dash = strstr(what, " \xe2\x80\x94 ");
+    if (dash)
+        *dash = '\0';
+    size_t len = strlen(shard);
+    const char *detail = strncmp(what, shard, len) == 0 && strncmp(what + len, ": ", 2) == 0 ? what + len + 2 : what;
+    return tkd_error_set(st, "%s: listed by worker %d of %d (%s) but not as listed: %s", shard, i, n, path, detail);
+}
+
 /* Worker i of n marked [d->first, d->end) done: its manifest must list that whole range (a later
  * re-run may have unlisted shards to re-make them) and each listed file must be in place. */
 static tkd_status check_worker_shards(const char *dir, const tkd_cache_manifest *m, const char *path, int i, int n,
@@ -318,23 +340,7 @@ static tkd_status check_worker_shards(const char *dir, const tkd_cache_manifest 
     int64_t bad = first_bad_shard(dir, m);
     if (bad == m->num_shards)
         return TKD_OK;
-    /* again in this thread, for its message (messages are per thread) */
-    tkd_status st = tkd_cache_manifest_verify_shard(dir, &m->shards[bad]);
-    if (st == TKD_OK) /* it changed between the two looks: a writer is still at work */
-        st = tkd_error_set(TKD_ERR_CHECKSUM, "%s/%s: changed while merge read it", dir, m->shards[bad].file);
-    /* verify's message says what is wrong ("<file>: <what> — <hint>"): keep the what; the hint is
-     * to re-run the worker that lists the shard */
-    char what[TKD_ERROR_MSG_MAX], shard[4096];
-    snprintf(what, sizeof what, "%s", tkd_error_msg());
-    char *dash = strstr(what, " \xe2\x80\x94 "), *detail = strstr(what, ": ");
-    if (dash)
-        *dash = '\0';
-    TKD_TRY(tkd_path_join(shard, sizeof shard, dir, m->shards[bad].file));
-    if (st == TKD_ERR_NOT_FOUND)
-        tkd_error_set(st, "%s: listed by worker %d of %d (%s) but missing", shard, i, n, path);
-    else
-        tkd_error_set(st, "%s: listed by worker %d of %d (%s) but not as listed: %s", shard, i, n, path,
-                      detail ? detail + 2 : what);
+    tkd_status st = bad_shard_message(dir, &m->shards[bad], path, i, n);
     return tkd_error_hint(st, "re-run that worker with workers.index=%d, without --overwrite (it re-makes missing or "
                           "damaged shards), then merge again", i);
 }
