@@ -306,7 +306,7 @@ static tkd_status failure_message(const launch *L, const char *tool)
         len += (size_t)snprintf(note + len, sizeof note - len, "%s%d other%s the same way", len ? ", " : "", same,
                                 same > 1 ? "s" : "");
     if (other)
-        len += (size_t)snprintf(note + len, sizeof note - len, "%s%d other%s with another error (-v shows it)",
+        len += (size_t)snprintf(note + len, sizeof note - len, "%s%d other%s with another error, shown by -v",
                                 len ? ", " : "", other, other > 1 ? "s" : "");
     if (stopped)
         snprintf(note + len, sizeof note - len, "%sthe others were stopped", len ? ", " : "");

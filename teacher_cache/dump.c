@@ -564,9 +564,10 @@ static tkd_status prepare_output(dump_ctx *c)
     TKD_TRY(tkd_path_join(c->manifest_path, sizeof c->manifest_path, dir, name));
     snprintf(c->sum->manifest, sizeof c->sum->manifest, "%s", c->manifest_path);
     int64_t first = c->sum->range_first, end = c->sum->range_end;
-    if (c->opts->overwrite)
+    if (c->opts->overwrite) {
         TKD_TRY(overwrite_clean(dir, cfg, first, end));
-    else {
+        TKD_TRY(tkd_dump_drop_other_split(cfg));
+    } else {
         TKD_TRY(check_existing(dir, &c->tmpl, cfg));
         TKD_TRY(tkd_dump_check_split(cfg, c->windows));
     }

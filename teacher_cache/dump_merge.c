@@ -4,11 +4,13 @@
  * where its range ends, so a worker stopped before its last shard looks just like a finished one.
  * The marker, written atomically once the range is complete, says "worker i of n covered [first, end)".
  */
+#include <errno.h>
 #include <glob.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/fileio.h"
 #include "formats/cache_manifest.h"
@@ -106,7 +108,10 @@ static tkd_status marker_split(const char *path, split_file *f)
     done_mark d;
     const char *base = strrchr(path, '/');
     int i = -1;
-    if (load_mark(path, &d) != TKD_OK) {
+    tkd_status st = load_mark(path, &d);
+    if (st == TKD_ERR_NOT_FOUND) /* removed since the listing: each_split_file skips it */
+        return st;
+    if (st != TKD_OK) {
         sscanf(base ? base + 1 : path, "worker-%d.done", &i);
         return tkd_error_set(TKD_ERR_FORMAT, "%s:1: not a worker-finished marker — delete it and re-run worker %d",
                              path, i);
@@ -115,7 +120,8 @@ static tkd_status marker_split(const char *path, split_file *f)
     return TKD_OK;
 }
 
-/* Calls visit(f, user) for every worker manifest and marker in dir, stopping at the first error. */
+/* Calls visit(f, user) for every worker manifest and marker in dir, stopping at the first error.
+ * A file removed between the listing and its reading (by a worker's --overwrite) is skipped. */
 static tkd_status each_split_file(const char *dir, tkd_status (*visit)(const split_file *, void *), void *user)
 {
     static const char *const pats[] = {"manifest.worker-[0-9]*.yaml", "worker-[0-9]*.done"};
@@ -131,6 +137,8 @@ static tkd_status each_split_file(const char *dir, tkd_status (*visit)(const spl
                 st = p == 0 ? manifest_split(f.path, &f) : marker_split(f.path, &f);
                 if (st == TKD_OK)
                     st = visit(&f, user);
+                else if (st == TKD_ERR_NOT_FOUND && !tkd_file_exists(f.path))
+                    st = TKD_OK;
             }
         }
         globfree(&g);
@@ -247,6 +255,22 @@ static void parts_free(merge_parts *p)
     }
     free(p->m);
     free(p->names);
+}
+
+/* --overwrite: a worker file of another count is removed (unlink: the other workers of this split
+ * may remove it first). */
+static tkd_status drop_other_file(const split_file *f, void *user)
+{
+    const tkd_dump_config *cfg = user;
+    if (f->count == cfg->worker_count || unlink(f->path) == 0 || errno == ENOENT)
+        return TKD_OK;
+    return tkd_error_set(TKD_ERR_IO, "%s: cannot remove it for --overwrite: %s — check permissions", f->path,
+                         strerror(errno));
+}
+
+tkd_status tkd_dump_drop_other_split(const tkd_dump_config *cfg)
+{
+    return each_split_file(cfg->output_dir, drop_other_file, (void *)cfg);
 }
 
 /* merge: every worker file in the directory belongs to the split of `first` (worker count n). */

@@ -36,4 +36,9 @@ tkd_status tkd_dump_merge(const char *dir, int64_t *num_seq, int64_t *num_shards
  * beside it when there are any, else as one worker's. */
 tkd_status tkd_dump_check_split(const tkd_dump_config *cfg, int64_t windows);
 
+/* --overwrite of worker i of n: removes the worker manifests and markers in cfg->output_dir that
+ * record another worker count (parsed as ours first: a file that is not is an error), so that once
+ * every worker of the new split has run with --overwrite, nothing of the old split is left. */
+tkd_status tkd_dump_drop_other_split(const tkd_dump_config *cfg);
+
 #endif /* TKD_DUMP_MERGE_H */

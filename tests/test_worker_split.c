@@ -249,8 +249,8 @@ static void test_merge_checks_every_sha256(void **state)
     split_end(&c);
 }
 
-/* A worker of 3 forced in with --overwrite rewrites shards worker 1 of 2 lists: merge refuses the
- * directory's two splits, naming the stray manifest. */
+/* A marker of 3 workers left beside 2 workers' parts: merge refuses the directory's two splits,
+ * naming it. */
 static void test_merge_refuses_two_splits(void **state)
 {
     (void)state;
@@ -258,12 +258,37 @@ static void test_merge_refuses_two_splits(void **state)
     split_begin(&c, "split-merge2");
     run_worker_ok(&c, 0, 2);
     run_worker_ok(&c, 1, 2);
-    if (run_worker(&c, 2, 3, NULL, true) != TKD_OK)
-        fail_msg("worker 2 of 3 with --overwrite: %s", tkd_error_msg());
+    tkd_test_write_text(tkd_test_path(c.out, "worker-2.done"), "worker: 2\nworkers: 3\nfirst_seq: 12\nend_seq: 18\n");
     assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_ERR_MISMATCH);
-    tkd_test_assert_msg_has("manifest.worker-2.yaml: records worker 2 of 3, but ");
+    tkd_test_assert_msg_has("worker-2.done: records worker 2 of 3, but ");
     tkd_test_assert_msg_has("manifest.worker-0.yaml records a split into 2 workers — ");
     assert_false(exists(c.out, "manifest.yaml"));
+    split_end(&c);
+}
+
+/* What the refusal advises works: every worker of a new count with --overwrite leaves nothing of
+ * the old split, and merge joins the new one into the same cache. */
+static void test_overwrite_on_every_worker_starts_a_new_split(void **state)
+{
+    (void)state;
+    split_case c;
+    split_begin(&c, "split-again");
+    for (int i = 0; i < 3; i++)
+        run_worker_ok(&c, i, 3);
+    assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
+    char ref[4300];
+    snprintf(ref, sizeof ref, "%s/ref", c.dir);
+    assert_int_equal(rename(c.out, ref), 0);
+    for (int i = 0; i < 3; i++)
+        run_worker_ok(&c, i, 3);
+    assert_refused(run_worker(&c, 0, 2, NULL, false), "worker 0 of 2 over 3 workers' parts");
+    for (int i = 0; i < 2; i++)
+        if (run_worker(&c, i, 2, NULL, true) != TKD_OK)
+            fail_msg("worker %d of 2 with --overwrite: %s", i, tkd_error_msg());
+    assert_false(exists(c.out, "manifest.worker-2.yaml"));
+    assert_false(exists(c.out, "worker-2.done"));
+    assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
+    tkd_dt_assert_same_cache(ref, c.out);
     split_end(&c);
 }
 
@@ -339,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_merged_manifest_records_the_count),
         cmocka_unit_test(test_merge_checks_every_sha256),
         cmocka_unit_test(test_merge_refuses_two_splits),
+        cmocka_unit_test(test_overwrite_on_every_worker_starts_a_new_split),
         cmocka_unit_test(test_nproc_start_failure_is_one_line),
         cmocka_unit_test(test_student_nproc_start_failure_is_one_line),
     };
