@@ -119,6 +119,40 @@ static tkd_status rank_pair(const char *(*get)(const char *), const char *rn, co
     return TKD_OK;
 }
 
+/* One of a pair set without the other, where it may still describe a single process: true (and
+ * TKD_OK) when it does — rank 0, or a world of 1 — else TKD_ERR_CONFIG naming the variable set and
+ * the one missing. A half pair that meant several processes must not run as rank 0 of 1: that
+ * process would redo (and overwrite) the work of every other. */
+static tkd_status lone_single(const char *(*get)(const char *), const char *rn, const char *wn, const char *missing,
+                              const char *setter)
+{
+    bool fr, fw;
+    int r = 0, w = 1;
+    TKD_TRY(env_int(get, rn, 0, MAX_WORLD - 1, &r, &fr));
+    TKD_TRY(env_int(get, wn, 1, MAX_WORLD, &w, &fw));
+    if (r == 0 && w == 1)
+        return TKD_OK;
+    return tkd_error_set(TKD_ERR_CONFIG, "environment %s=%d is set without %s — set all of them or none (%s)",
+                         fr && r != 0 ? rn : wn, fr && r != 0 ? r : w, missing, setter);
+}
+
+/* SLURM_PROCID / SLURM_NTASKS: *found when both are set. A batch script run without srun (and an
+ * salloc shell) may have only one of them, describing the allocation rather than this process:
+ * SLURM_PROCID=0 alone or SLURM_NTASKS=1 alone is one process; any other half pair (a task of a
+ * multi-task step that lost the other variable) is an error, as for RANK / WORLD_SIZE. */
+static tkd_status slurm_pair(const char *(*get)(const char *), tkd_dist_info *d, bool *found)
+{
+    const char *p = get("SLURM_PROCID"), *n = get("SLURM_NTASKS");
+    const bool hp = p && *p, hn = n && *n;
+    *found = hp && hn;
+    if (*found)
+        return rank_pair(get, "SLURM_PROCID", "SLURM_NTASKS", d, found);
+    if (!hp && !hn)
+        return TKD_OK;
+    return lone_single(get, "SLURM_PROCID", "SLURM_NTASKS", hp ? "SLURM_NTASKS" : "SLURM_PROCID",
+                       "srun sets both for each task");
+}
+
 const char *tkd_dist_source_name(tkd_dist_source s)
 {
     switch (s) {
@@ -137,14 +171,12 @@ tkd_status tkd_dist_from_getenv(tkd_dist_info *out, const char *(*get)(const cha
     if (found) {
         TKD_TRY(from_torch(&d, get));
     } else {
-        /* SLURM_PROCID alone is set in a batch script run without srun: not a multi-task step */
-        const char *p = get("SLURM_PROCID"), *n = get("SLURM_NTASKS");
-        if (p && *p && n && *n) {
-            TKD_TRY(rank_pair(get, "SLURM_PROCID", "SLURM_NTASKS", &d, &found));
+        TKD_TRY(slurm_pair(get, &d, &found));
+        if (found)
             TKD_TRY(from_slurm(&d, get));
-        } else {
-            d.rank = 0, d.world = 1;
-        }
+        else
+            TKD_TRY(lone_single(get, "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK and WORLD_SIZE",
+                                "--nproc-per-node and torchrun set all four"));
     }
     *out = d;
     return TKD_OK;

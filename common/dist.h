@@ -35,7 +35,11 @@ typedef struct tkd_dist_info {
 } tkd_dist_info;
 
 /* Reads the environment as above. Partial or contradicting variables (RANK without WORLD_SIZE,
- * rank >= world, non-numbers) are TKD_ERR_CONFIG naming the variable and its value. */
+ * rank >= world, non-numbers) are TKD_ERR_CONFIG naming the variable and its value. Half of the
+ * SLURM pair, or LOCAL_RANK / LOCAL_WORLD_SIZE without RANK and WORLD_SIZE, is an error too unless
+ * it describes one process (SLURM_PROCID=0 or SLURM_NTASKS=1 alone: a batch script or salloc shell
+ * run without srun; LOCAL_RANK=0, LOCAL_WORLD_SIZE=1): the message names the variable set and the
+ * one missing. */
 tkd_status tkd_dist_from_env(tkd_dist_info *out);
 
 /* The same with another lookup than getenv (tests; teacher-dump's config finalize takes one).

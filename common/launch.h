@@ -9,9 +9,13 @@
  * common/dist.h) and, for i > 0, an extra -q so that one progress line is shown. The workers inherit stdout/stderr. Each runs in its own process
  * group (a Ctrl-C on the terminal reaches the launcher only, which forwards it once) and gets
  * SIGTERM if the launcher dies without forwarding (PR_SET_PDEATHSIG), so none is left orphaned.
+ * A worker's final error line goes to the launcher (tkd_launch_send_error), which prints one line
+ * for the whole launch.
  */
 #ifndef TKD_LAUNCH_H
 #define TKD_LAUNCH_H
+
+#include <stdbool.h>
 
 #include "common/status.h"
 
@@ -26,7 +30,15 @@ tkd_status tkd_launch_take_nproc(int *argc, char **argv, int *nproc);
  * tkd_signals_install: a SIGINT/SIGTERM the launcher receives is sent on to every running worker,
  * which stop cleanly; then TKD_ERR_INTERRUPTED. A worker that fails (non-zero exit or killed)
  * stops the others (SIGTERM, SIGKILL after grace_s) and gives an error naming it (index, pid,
- * exit code); *exit_code is its exit code (128 + signal when killed), else 0. */
+ * exit code) followed by the worker's own error line when it sent one (tkd_launch_send_error):
+ * one line for the launch however many workers failed the same way, the others counted, their
+ * lines logged at debug level. *exit_code is its exit code (128 + signal when killed), else 0. */
 tkd_status tkd_launch_workers(const char *tool, int n, int argc, char **argv, double grace_s, int *exit_code);
+
+/* In a worker: hands msg (its final error, without the tool's prefix) to the launcher that started
+ * it, which prints the launch's one error line. False when this process was not started by
+ * tkd_launch_workers (or the launcher is gone): the caller prints msg itself. Each worker gets an
+ * inherited socket for this, named by TKD_LAUNCH_ERROR_FD. */
+bool tkd_launch_send_error(const char *msg);
 
 #endif /* TKD_LAUNCH_H */

@@ -285,6 +285,8 @@ static void em_body(emit *em, const tkd_cache_manifest *m)
     em_int(em, "tail_samples", m->id.tail_samples);
     em_uint(em, "tail_seed", m->tail_seed);
     em_str(em, "tool_version", m->tool_version);
+    if (m->workers > 0) /* absent otherwise: a single worker's manifest reads as before */
+        em_int(em, "workers", m->workers);
     em_shards(em, m);
     em_scalar(em, "config", YAML_PLAIN_SCALAR_STYLE);
     if (m->config_text)
@@ -524,6 +526,9 @@ static tkd_status read_identity(yreader *y, yaml_node_t *root, tkd_cache_manifes
     if (k > v)
         return y_err(y, y_get(y, root, "k"), "k is larger than teacher.vocab_size");
     TKD_TRY(y_str(y, root, "tool_version", 0, &m->tool_version));
+    int64_t w = 0;
+    TKD_TRY(y_int(y, root, "workers", 0, 0, INT32_MAX, &w));
+    m->workers = (int32_t)w;
     return y_str(y, root, "config", 0, &m->config_text);
 }
 

@@ -30,6 +30,9 @@ typedef struct tkd_cache_manifest {
     uint64_t tail_seed;       /* seed of the tail draws (meaningful when id.tail_samples > 0) */
     char *tool_version;
     char *config_text;        /* the effective config, opaque text (a YAML block in the file) */
+    int32_t workers;          /* a merged manifest: the number of workers whose parts it joins (key
+                               * `workers`); 0 = written by one process, or merged by a version that
+                               * did not record it (a worker's own manifest has its split in config) */
     int64_t num_shards;
     int64_t cap_shards;
     tkd_cache_shard_entry *shards; // (num_shards) sorted by first_seq, no overlaps

@@ -18,9 +18,11 @@
     "              [--nproc-per-node N]   (N data-parallel processes on this node, one per GPU;\n"       \
     "                                      docs/distributed.md)"
 
+/* A worker of --nproc-per-node hands its error to the launcher, which prints one line for all. */
 static int fail(tkd_status st)
 {
-    fprintf(stderr, "student-train: %s\n", tkd_error_msg());
+    if (!tkd_launch_send_error(tkd_error_msg()))
+        fprintf(stderr, "student-train: %s\n", tkd_error_msg());
     return tkd_cli_exit_code(st, tkd_interrupted());
 }
 

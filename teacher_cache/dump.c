@@ -403,6 +403,7 @@ typedef struct dump_ctx {
     tkd_tokens *ds;
     tkd_cache_manifest tmpl;   /* identity + the shards kept from an earlier run (sorted) */
     int64_t kept_seqs;         /* sequences in those shards */
+    int64_t windows;           /* sequences of the whole dump, all workers' */
     char manifest_path[4096];
 } dump_ctx;
 
@@ -593,10 +594,13 @@ static tkd_status prepare_output(dump_ctx *c)
     TKD_TRY(tkd_path_join(c->manifest_path, sizeof c->manifest_path, dir, name));
     snprintf(c->sum->manifest, sizeof c->sum->manifest, "%s", c->manifest_path);
     int64_t first = c->sum->range_first, end = c->sum->range_end;
-    if (c->opts->overwrite)
+    if (c->opts->overwrite) {
         TKD_TRY(overwrite_clean(dir, cfg, first, end));
-    else
+        TKD_TRY(tkd_dump_drop_other_split(cfg));
+    } else {
         TKD_TRY(check_existing(dir, &c->tmpl, cfg));
+        TKD_TRY(tkd_dump_check_split(cfg, c->windows));
+    }
     if (tkd_file_exists(c->manifest_path)) {
         TKD_TRY(load_resume(c));
     } else {
@@ -783,6 +787,7 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
             st = tkd_error_set(TKD_ERR_CONFIG, "data.paths: %lld tokens give no window of data.seq_len %d + 1 — "
                                "use a shorter seq_len or data.last_window: pad", (long long)tkd_tokens_count(c.ds),
                                cfg->seq_len);
+        c.windows = nw;
         tkd_dump_worker_range(nw, cfg->shard_sequences, cfg->worker_index, cfg->worker_count,
                               &c.sum->range_first, &c.sum->range_end);
     }

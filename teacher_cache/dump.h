@@ -19,7 +19,9 @@
  *
  * Workers: worker i of n dumps a contiguous run of whole shards (dump_config.h), lists them in
  * manifest.worker-<i>.yaml and, once its range is complete, writes worker-<i>.done;
- * tkd_dump_merge (dump_merge.h) joins the parts into manifest.yaml.
+ * tkd_dump_merge (dump_merge.h) joins the parts into manifest.yaml. A worker whose count or range
+ * differs from what the directory's files record is refused before it writes
+ * (tkd_dump_check_split); with overwrite it removes the files of the other split instead.
  *
  * Library code: nothing is printed; progress goes to a callback; Ctrl-C / SIGTERM are polled with
  * tkd_interrupted() (common/signals.h) between LM-head chunks.

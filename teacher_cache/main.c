@@ -31,9 +31,11 @@ static const char usage[] =
     "Runs the teacher once over a token dataset and writes its top-k logits, LSE and optional tail\n"
     "draws to a cache directory (docs/teacher-dump.md). Re-running the same command resumes.";
 
+/* A worker of --nproc-per-node hands its error to the launcher, which prints one line for all. */
 static int fail(tkd_status st)
 {
-    fprintf(stderr, "teacher-dump: %s\n", tkd_error_msg());
+    if (!tkd_launch_send_error(tkd_error_msg()))
+        fprintf(stderr, "teacher-dump: %s\n", tkd_error_msg());
     return tkd_cli_exit_code(st, tkd_interrupted());
 }
 
