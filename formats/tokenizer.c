@@ -673,7 +673,7 @@ static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, 
         return tkd_error_prefix(st, "%s: ", L->path);
     int err;
     PCRE2_SIZE at;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* PCRE2 refuses LITERAL with UCP */
     *out = pcre2_compile((PCRE2_SPTR)(literal ? pattern : translated), PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
     free(translated);
     if (!*out) {

@@ -13,6 +13,10 @@
  *     Sequence of them; decoder: ByteLevel;
  *   - beside it, tokenizer_config.json: add_bos_token / add_eos_token with bos_token / eos_token.
  * Anything else is refused (TKD_ERR_UNSUPPORTED) with a message naming the file and the field.
+ * Both files are read as Hugging Face (serde_json) reads them: a key twice in one object, a field
+ * of another JSON type than the one read, text that is not UTF-8, an id that is not an integer in
+ * [0, TKD_TOKENIZER_MAX_ID] are TKD_ERR_FORMAT naming the file and the place (line:column or the
+ * field's JSON path, e.g. added_tokens[3].id).
  *
  * Text is bytes. Hugging Face encodes Rust strings, so text that is not valid UTF-8 is first
  * converted as Python's bytes.decode("utf-8", "replace") and Rust's String::from_utf8_lossy do:

@@ -417,7 +417,8 @@ static void cache_put(word_cache *c, const uint8_t *s, size_t n, uint64_t h, con
     }
     size_t e = c->nentries++;
     memcpy(c->keys + c->nkeys, s, n);
-    memcpy(c->ids + c->nidsused, ids, nids * sizeof *ids);
+    if (nids > 0)
+        memcpy(c->ids + c->nidsused, ids, nids * sizeof *ids);
     c->key_off[e] = (uint32_t)c->nkeys, c->key_len[e] = (uint16_t)n;
     c->ids_off[e] = (uint32_t)c->nidsused, c->nids[e] = (uint16_t)nids;
     c->nkeys += n, c->nidsused += nids;
@@ -449,8 +450,8 @@ static tkd_status bpe(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, tkd_to
         return tkd_token_ids_push(out, hit, nids);
     size_t first = out->n;
     tkd_status st = bpe_merge_word(ctx, s, n, out);
-    if (st == TKD_OK)
-        cache_put(&ctx->cache, s, n, h, out->ids + first, out->n - first);
+    if (st == TKD_OK) /* a piece of bytes without tokens has no ids, and out->ids may still be NULL */
+        cache_put(&ctx->cache, s, n, h, out->n > first ? out->ids + first : NULL, out->n - first);
     return st;
 }
 

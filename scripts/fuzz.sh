@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 cc=${CC_FUZZ:-clang}
 out=build-fuzz
 jobs=$(nproc 2>/dev/null || echo 2)
-targets=(safetensors yaml_config hf_config tokens megatron manifest shard)
+targets=(safetensors yaml_config hf_config tokens megatron manifest shard tokenizer_json tokenizer_config)
 if [ $# -gt 0 ]; then
   targets=("$1")
   shift
@@ -49,6 +49,7 @@ runs_of() {
   case $1 in
     safetensors) echo 300000 ;; hf_config) echo 60000 ;; manifest) echo 100000 ;;
     tokens) echo 30000 ;; megatron) echo 100000 ;; yaml_config) echo 1500 ;; shard) echo 1000 ;;
+    tokenizer_json) echo 3000 ;; tokenizer_config) echo 3000 ;;
   esac
 }
 
@@ -62,6 +63,8 @@ seeds() {
     megatron) ls tests/data/broken/tok_mm_*.idx ;;
     manifest) ls tests/fuzz/corpus/manifest.yaml tests/data/broken/man_* ;;
     shard) ls tests/fuzz/corpus/*.recipe ;;
+    tokenizer_json) ls tests/fuzz/corpus/tokenizer/*.json ;;
+    tokenizer_config) ls tests/fuzz/corpus/tokenizer_config/*.json ;;
   esac
 }
 

@@ -545,6 +545,12 @@ static void test_pattern_translation(void **state)
                      "\"add_prefix_space\": false, \"use_regex\": false}]}",
               .merges = "[[\"a\", \"\xC3\xA1\"]]", .extra_vocab = ", \"a\xC3\xA1\": 268"};
     expect_ids(&m, "a\xE1\xA0\x8E b", (uint32_t[]){268, 0xA0, 0x8E, ' ', 'b'}, 5);
+    /* A {"String": ...} pattern is literal: "l.l" splits "hel.lo" and not "hello" (PCRE2 refused
+     * LITERAL with UCP, so no String pattern loaded). */
+    m = (mini){.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"String\": "
+                      "\"l.l\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", "
+                      "\"add_prefix_space\": false, \"use_regex\": false}]}"};
+    expect_ids(&m, "hel.lohello", (uint32_t[]){256, 'l', '.', 'l', 'o', 259}, 6);
 }
 
 /* Loads m and expects status st with every one of the NULL-terminated needles (and the file's path)
