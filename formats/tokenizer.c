@@ -389,7 +389,9 @@ static tkd_status alloc_tables(loader *L, size_t nvocab)
     tok->len = calloc(v, sizeof *tok->len);
     tok->vocab.mask = table_size(nvocab) - 1;
     tok->vocab.slots = calloc(tok->vocab.mask + 1, sizeof *tok->vocab.slots);
-    if (!tok->off || !tok->len || !tok->vocab.slots)
+    L->bytes_cap = 1 << 20; /* never NULL: an empty vocabulary key ("") points into it too */
+    tok->bytes = malloc(L->bytes_cap);
+    if (!tok->off || !tok->len || !tok->vocab.slots || !tok->bytes)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory for %zu tokens", L->path, v);
     memset(tok->off, 0xFF, v * sizeof *tok->off);
     for (int b = 0; b < 256; b++)
