@@ -269,14 +269,15 @@ static tkd_status flag(const loader *L, const cJSON *obj, const char *where, con
     return TKD_OK;
 }
 
-/* A field whose feature is not implemented: absent, null, false or "" pass (types: the cJSON types it
- * may have besides null); anything else is refused showing the value. */
+/* A field whose feature is not implemented: absent, null, false, 0 or "" pass (types: the cJSON types
+ * it may have besides null); anything else is refused showing the value. */
 static tkd_status want_off(const loader *L, const cJSON *obj, const char *where, const char *key, int types,
                            const char *want)
 {
     const cJSON *v;
     TKD_TRY(get_typed(L->path, obj, where, key, types | cJSON_NULL, want, &v));
-    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsString(v) && v->valuestring[0] == '\0'))
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
+        (cJSON_IsString(v) && v->valuestring[0] == '\0'))
         return TKD_OK;
     char what[64];
     char *text = cJSON_PrintUnformatted(v);
@@ -854,12 +855,30 @@ static tkd_status load_decoder(loader *L, const cJSON *node)
 
 /* ---- reading JSON as Hugging Face does ------------------------------------------------------- */
 
+/* True when the number literal at text[at] is the value of a "dropout" key: the one number in
+ * tokenizer.json that is not an integer. */
+static bool dropout_value(const char *text, size_t at)
+{
+    size_t i = at;
+    while (i > 0 && strchr(" \t\r\n", text[i - 1]))
+        i--;
+    if (i == 0 || text[--i] != ':')
+        return false;
+    while (i > 0 && strchr(" \t\r\n", text[i - 1]))
+        i--;
+    return i >= 10 && memcmp(text + i - 9, "\"dropout\"", 9) == 0 && text[i - 10] != '\\';
+}
+
 /* The offset of the first thing in text[0, n) that serde_json (Hugging Face) refuses and cJSON
- * would take: a byte that is not UTF-8, or a \u0000 escape (cJSON ends the C string there, so a key
- * "a\u0000b" would read as "a"); n when there is none. *why says which. */
-static size_t json_text_check(const char *text, size_t n, const char **why)
+ * would take: a byte that is not UTF-8; a \u0000 escape (cJSON ends the C string there, so a key
+ * "a\u0000b" would read as "a"); with integers_only (tokenizer.json, whose numbers are ids but for
+ * model.dropout), a number written with a fraction or an exponent, which serde refuses for an
+ * integer field and cJSON cannot tell from an integer (266.0). n when there is none; *why says
+ * which, and *len_out how many bytes of the text to show (the number), else 0. */
+static size_t json_text_check(const char *text, size_t n, bool integers_only, const char **why, int *len_out)
 {
     const uint8_t *s = (const uint8_t *)text;
+    bool in_string = false;
     for (size_t i = 0; i < n; i++) {
         if (s[i] >= 0x80) {
             long l = tkd_tok_utf8_seq(s + i, n - i);
@@ -874,6 +893,19 @@ static size_t json_text_check(const char *text, size_t n, const char **why)
                 return i;
             }
             i++; /* the escaped character */
+        } else if (s[i] == '"') {
+            in_string = !in_string;
+        } else if (!in_string && integers_only && (s[i] == '-' || (s[i] >= '0' && s[i] <= '9'))) {
+            size_t len = 1; /* the literal's length (text need not end with a NUL) */
+            while (i + len < n && strchr("0123456789+-.eE", text[i + len]) && text[i + len])
+                len++;
+            if ((memchr(text + i, '.', len) || memchr(text + i, 'e', len) || memchr(text + i, 'E', len)) &&
+                !dropout_value(text, i)) {
+                *why = "a number with a fraction or an exponent where tokenizers reads an integer (an id)";
+                *len_out = len < 40 ? (int)len : 40;
+                return i;
+            }
+            i += len - 1;
         }
     }
     return n;
@@ -882,20 +914,22 @@ static size_t json_text_check(const char *text, size_t n, const char **why)
 /* path's text parsed into *out, one JSON object, as Hugging Face's serde_json reads it or refused with
  * path:line:col: valid UTF-8, and no key twice in an object (json_check.h; Python and serde keep
  * the last, cJSON's lookups the first). */
-static tkd_status read_json(const char *path, cJSON **out)
+static tkd_status read_json(const char *path, bool integers_only, cJSON **out)
 {
     void *data = NULL;
     size_t n = 0;
     *out = NULL;
     TKD_TRY(tkd_read_file(path, &data, &n));
     const char *text = data, *why = NULL, *end = NULL;
-    size_t bad = json_text_check(text, n, &why);
+    int shown = 0;
+    size_t bad = json_text_check(text, n, integers_only, &why, &shown);
     cJSON *root = bad == n ? cJSON_ParseWithLengthOpts(text, n, &end, false) : NULL;
     tkd_status st = TKD_OK;
     int line, col;
     if (bad < n || !root) {
         tkd_json_line_col(text, n, bad < n ? bad : (size_t)(end - text), &line, &col);
-        st = tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: %s", path, line, col, bad < n ? why : "not valid JSON");
+        st = tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: %.*s%s%s", path, line, col, shown, text + (bad < n ? bad : 0),
+                           shown ? ": " : "", bad < n ? why : "not valid JSON");
     } else if (!cJSON_IsObject(root)) {
         st = tkd_error_set(TKD_ERR_FORMAT, "%s: not a JSON object", path);
     } else {
@@ -977,7 +1011,7 @@ static tkd_status load_config(loader *L)
         return st;
     }
     cJSON *cfg = NULL;
-    st = read_json(cfg_path, &cfg);
+    st = read_json(cfg_path, false, &cfg);
     if (st == TKD_OK)
         st = apply_config(L, cfg_path, cfg);
     cJSON_Delete(cfg);
@@ -1043,7 +1077,7 @@ tkd_status tkd_tokenizer_load(const char *path, tkd_tokenizer **out)
                            "holding one", tok->path);
     cJSON *root = NULL;
     if (st == TKD_OK)
-        st = read_json(tok->path, &root);
+        st = read_json(tok->path, true, &root);
     if (st == TKD_OK)
         st = load_json(&L, root);
     cJSON_Delete(root);
