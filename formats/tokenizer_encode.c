@@ -43,7 +43,8 @@ typedef struct word_cache {
  * defaults: a 32 KiB JIT stack, 10M match steps, 20 GB of heap). A pattern that backtracks over
  * a long piece, such as (?:ab)+(?=z) on 10 KB of "ab", needs far more than 32 KiB; one that still
  * hits a limit is an error, never taken as "no more matches" (which would cut the piece otherwise
- * than Hugging Face). The stack is address space reserved at once and filled only as used. */
+ * than Hugging Face). The large stack is address space reserved at once, so a context makes it
+ * only when a match first runs out of the default one. */
 #define JIT_STACK_START (64u << 10)
 #define JIT_STACK_MAX (256u << 20)
 #define MATCH_LIMIT 1000000000u /* steps of one match: seconds, not hours */
@@ -58,8 +59,8 @@ typedef struct bytebuf {
 struct tkd_tokenizer_ctx {
     const tkd_tokenizer *tok;
     pcre2_match_data *md;
-    pcre2_match_context *mctx; /* the limits above, and jit_stack */
-    pcre2_jit_stack *jit_stack;
+    pcre2_match_context *mctx; /* the limits above, and jit_stack once made */
+    pcre2_jit_stack *jit_stack; /* NULL until a match needs it */
     /* For messages: the text being encoded, and where ctx->prefixed's piece was copied from. */
     const uint8_t *text;
     size_t text_len;
@@ -158,14 +159,12 @@ tkd_status tkd_tokenizer_ctx_create(const tkd_tokenizer *tok, tkd_tokenizer_ctx 
     ctx->tok = tok;
     ctx->md = pcre2_match_data_create(1, NULL);
     ctx->mctx = pcre2_match_context_create(NULL);
-    ctx->jit_stack = pcre2_jit_stack_create(JIT_STACK_START, JIT_STACK_MAX, NULL);
-    if (ctx->mctx && ctx->jit_stack) {
-        pcre2_jit_stack_assign(ctx->mctx, NULL, ctx->jit_stack);
+    if (ctx->mctx) {
         pcre2_set_match_limit(ctx->mctx, MATCH_LIMIT);
         pcre2_set_depth_limit(ctx->mctx, MATCH_LIMIT);
         pcre2_set_heap_limit(ctx->mctx, HEAP_LIMIT_KIB);
     }
-    if (!ctx->md || !ctx->mctx || !ctx->jit_stack || !cache_init(&ctx->cache)) {
+    if (!ctx->md || !ctx->mctx || !cache_init(&ctx->cache)) {
         tkd_tokenizer_ctx_free(ctx);
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory for a tokenizer context");
     }
@@ -505,6 +504,22 @@ static tkd_status match_failed(const tkd_tokenizer_ctx *ctx, const tkd_tok_step 
     return tkd_error_hint(TKD_ERR_UNSUPPORTED, "the pattern backtracks too far over this piece; cut the text there");
 }
 
+/* One match of step's pattern in s[0, n) from `from`: PCRE2's status. A match that runs out of
+ * the default JIT stack is run again on the large one, made then. */
+static int match_at(tkd_tokenizer_ctx *ctx, const tkd_tok_step *st, const uint8_t *s, size_t n, size_t from)
+{
+    for (;;) {
+        int rc = st->jit ? pcre2_jit_match(st->re, s, n, from, 0, ctx->md, ctx->mctx)
+                         : pcre2_match(st->re, s, n, from, PCRE2_NO_UTF_CHECK, ctx->md, ctx->mctx);
+        if (rc != PCRE2_ERROR_JIT_STACKLIMIT || ctx->jit_stack)
+            return rc;
+        ctx->jit_stack = pcre2_jit_stack_create(JIT_STACK_START, JIT_STACK_MAX, NULL);
+        if (!ctx->jit_stack)
+            return rc;
+        pcre2_jit_stack_assign(ctx->mctx, NULL, ctx->jit_stack);
+    }
+}
+
 /* Behavior Isolated: every match is a piece, and so is the text between two matches. The
  * ovector is read before handing on, since a later step reuses the match data. */
 static tkd_status split_isolated(tkd_tokenizer_ctx *ctx, int step, const uint8_t *s, size_t n, tkd_token_ids *out)
@@ -512,8 +527,7 @@ static tkd_status split_isolated(tkd_tokenizer_ctx *ctx, int step, const uint8_t
     const tkd_tok_step *st = &ctx->tok->steps[step];
     size_t gap = 0, from = 0;
     while (from < n) {
-        int rc = st->jit ? pcre2_jit_match(st->re, s, n, from, 0, ctx->md, ctx->mctx)
-                         : pcre2_match(st->re, s, n, from, PCRE2_NO_UTF_CHECK, ctx->md, ctx->mctx);
+        int rc = match_at(ctx, st, s, n, from);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0)
