@@ -6,6 +6,7 @@
 #include "formats/tokenizer.h"
 
 #include "common/fileio.h"
+#include "formats/json_check.h"
 #include "formats/tokenizer_internal.h"
 
 #include <cjson/cJSON.h>
@@ -134,6 +135,25 @@ typedef struct loader {
     size_t bytes_cap;
 } loader;
 
+/* A field's JSON path for messages: where.key (key alone at the top level), where.key[i]. */
+typedef struct jpath {
+    char s[256];
+} jpath;
+
+static jpath at_key(const char *where, const char *key)
+{
+    jpath p;
+    snprintf(p.s, sizeof p.s, "%.160s%s%.80s", where, *where ? "." : "", key);
+    return p;
+}
+
+static jpath at_index(const char *where, const char *key, int i)
+{
+    jpath p;
+    snprintf(p.s, sizeof p.s, "%.160s%s%.40s[%d]", where, *where && *key ? "." : "", key, i);
+    return p;
+}
+
 static tkd_status refuse(const loader *L, const char *field, const char *what)
 {
     tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %s: %s is not supported", L->path, field, what);
@@ -150,6 +170,8 @@ static tkd_status malformed(const loader *L, const char *field, const char *what
 static tkd_status add_bytes(loader *L, const uint8_t *s, size_t n, uint32_t *off)
 {
     tkd_tokenizer *tok = L->tok;
+    if (tok->nbytes + n > UINT32_MAX - 1) /* offsets are uint32_t; TKD_TOK_NONE marks "no token" */
+        return malformed(L, "model.vocab", "more than 4 GiB of token text");
     if (tok->nbytes + n > L->bytes_cap) {
         size_t cap = L->bytes_cap ? L->bytes_cap * 2 : 1 << 20;
         while (cap < tok->nbytes + n)
@@ -166,23 +188,102 @@ static tkd_status add_bytes(loader *L, const uint8_t *s, size_t n, uint32_t *off
     return TKD_OK;
 }
 
-/* A JSON value that must be null, false, 0, "" or absent (the feature it turns on is not
- * implemented); the message shows the value found. */
-static tkd_status want_off(const loader *L, const cJSON *obj, const char *key, const char *where)
+/* ---- typed fields --------------------------------------------------------------------------- */
+
+/* Every field read is checked for its type here, so that a file Hugging Face refuses (serde) is not
+ * read with a default in its place. cJSON type bits name the types a field may have. */
+#define J_BOOL (cJSON_True | cJSON_False)
+
+static const char *json_kind(const cJSON *v)
+{
+    if (!v)
+        return "nothing";
+    if (cJSON_IsNull(v))
+        return "null";
+    if (cJSON_IsBool(v))
+        return "a boolean";
+    if (cJSON_IsNumber(v))
+        return "a number";
+    if (cJSON_IsString(v))
+        return "a string";
+    return cJSON_IsArray(v) ? "an array" : "an object";
+}
+
+/* obj[key] into *out when its type is one of `types`; *out = NULL when obj has no such key. Any
+ * other type is TKD_ERR_FORMAT naming file, where.key and want. */
+static tkd_status get_typed(const char *file, const cJSON *obj, const char *where, const char *key, int types,
+                            const char *want, const cJSON **out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
+    *out = NULL;
+    if (v && !((v->type & 0xFF) & types))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: %s: %s expected, not %s", file, at_key(where, key).s, want,
+                             json_kind(v));
+    *out = v;
+    return TKD_OK;
+}
+
+/* get_typed for a field that must be there. */
+static tkd_status get_required(const char *file, const cJSON *obj, const char *where, const char *key, int types,
+                               const char *want, const cJSON **out)
+{
+    TKD_TRY(get_typed(file, obj, where, key, types, want, out));
+    if (!*out)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: %s: missing (%s expected)", file, at_key(where, key).s, want);
+    return TKD_OK;
+}
+
+/* v as a token id: an integer in [0, TKD_TOKENIZER_MAX_ID]. */
+static bool id_value(const cJSON *v, uint32_t *id)
+{
+    *id = 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > TKD_TOKENIZER_MAX_ID)
+        return false;
+    *id = (uint32_t)v->valuedouble; /* in range: the conversion is defined */
+    return (double)*id == v->valuedouble;
+}
+
+static tkd_status bad_id(const char *file, const cJSON *v, const char *field)
+{
+    if (!cJSON_IsNumber(v))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: %s: a token id (an integer) expected, not %s", file, field,
+                             json_kind(v));
+    if (v->valuedouble >= 0 && v->valuedouble <= TKD_TOKENIZER_MAX_ID)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: %s: the token id %.17g is not an integer", file, field,
+                             v->valuedouble);
+    tkd_error_set(TKD_ERR_FORMAT, "%s: %s: the token id %.17g is outside [0, %d]", file, field, v->valuedouble,
+                  TKD_TOKENIZER_MAX_ID);
+    return tkd_error_hint(TKD_ERR_FORMAT, "topkd's limit; the largest vocabularies today hold about 262k tokens");
+}
+
+static tkd_status json_id(const char *file, const cJSON *v, const char *field, uint32_t *id)
+{
+    return id_value(v, id) ? TKD_OK : bad_id(file, v, field);
+}
+
+static tkd_status flag(const loader *L, const cJSON *obj, const char *where, const char *key, bool dflt, bool *out)
+{
+    const cJSON *v;
+    TKD_TRY(get_typed(L->path, obj, where, key, J_BOOL, "true or false", &v));
+    *out = v ? cJSON_IsTrue(v) : dflt;
+    return TKD_OK;
+}
+
+/* A field whose feature is not implemented: absent, null, false, 0 or "" pass (types: the cJSON types
+ * it may have besides null); anything else is refused showing the value. */
+static tkd_status want_off(const loader *L, const cJSON *obj, const char *where, const char *key, int types,
+                           const char *want)
+{
+    const cJSON *v;
+    TKD_TRY(get_typed(L->path, obj, where, key, types | cJSON_NULL, want, &v));
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
+        (cJSON_IsString(v) && v->valuestring[0] == '\0'))
         return TKD_OK;
-    if (cJSON_IsNumber(v) && v->valuedouble == 0)
-        return TKD_OK;
-    if (cJSON_IsString(v) && v->valuestring[0] == '\0')
-        return TKD_OK;
-    char field[96], what[64];
+    char what[64];
     char *text = cJSON_PrintUnformatted(v);
-    snprintf(field, sizeof field, "%s%s%s", where, *where ? "." : "", key);
     snprintf(what, sizeof what, "%.40s%s", text ? text : "this value", text && strlen(text) > 40 ? "..." : "");
     free(text);
-    return refuse(L, field, what);
+    return refuse(L, at_key(where, key).s, what);
 }
 
 /* Every key of obj must be in the NULL-terminated list. */
@@ -192,77 +293,107 @@ static tkd_status known_keys(const loader *L, const cJSON *obj, const char *wher
         bool ok = false;
         for (const char *const *k = keys; *k && !ok; k++)
             ok = strcmp(*k, it->string) == 0;
-        if (!ok) {
-            char field[128];
-            snprintf(field, sizeof field, "%s%s%s", where, *where ? "." : "", it->string);
-            return refuse(L, field, "this key");
-        }
+        if (!ok)
+            return refuse(L, at_key(where, it->string).s, "this key");
     }
     return TKD_OK;
 }
 
-static const char *type_of(const cJSON *obj)
+/* node (at where) must be an object; its "type" (a string) in *type, NULL when it has none. */
+static tkd_status node_type(const loader *L, const cJSON *node, const char *where, const char **type)
 {
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "type");
-    return cJSON_IsString(t) ? t->valuestring : NULL;
+    const cJSON *t;
+    *type = NULL;
+    if (!cJSON_IsObject(node))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: %s: an object expected, not %s", L->path, where, json_kind(node));
+    TKD_TRY(get_typed(L->path, node, where, "type", cJSON_String, "a string", &t));
+    *type = t ? t->valuestring : NULL;
+    return TKD_OK;
 }
 
-static bool flag(const cJSON *obj, const char *key, bool dflt)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
-}
+typedef tkd_status (*node_fn)(loader *L, const cJSON *node, const char *where);
 
-typedef tkd_status (*node_fn)(loader *L, const cJSON *node);
-
-/* A Sequence (normalizer, pre-tokenizer, post-processor): each member of its list_key, in order. */
-static tkd_status each_member(loader *L, const cJSON *node, const char *list_key, node_fn fn)
+/* A Sequence (normalizer, pre-tokenizer, post-processor): each member of its list_key, in order.
+ * The list is required (tokenizers' serde has no default for it); an empty one does nothing, as in
+ * tokenizers, where an empty Sequence passes its input through. */
+static tkd_status each_member(loader *L, const cJSON *node, const char *where, const char *list_key, node_fn fn)
 {
-    const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, list_key);
-    for (const cJSON *it = cJSON_IsArray(list) ? list->child : NULL; it; it = it->next)
-        TKD_TRY(fn(L, it));
+    const char *const keys[] = {"type", list_key, NULL};
+    const cJSON *list;
+    TKD_TRY(known_keys(L, node, where, keys));
+    TKD_TRY(get_required(L->path, node, where, list_key, cJSON_Array, "an array", &list));
+    int i = 0;
+    for (const cJSON *it = list->child; it; it = it->next, i++)
+        TKD_TRY(fn(L, it, at_index(where, list_key, i).s));
     return TKD_OK;
 }
 
 static tkd_status refuse_type(const loader *L, const char *field, const char *type)
 {
     char what[96];
-    snprintf(what, sizeof what, "type %s", type ? type : "(none)");
+    snprintf(what, sizeof what, "type %.60s", type ? type : "(none)");
     return refuse(L, field, what);
 }
 
 /* ---- model: vocabulary and merges -------------------------------------------------------- */
 
-static tkd_status max_id(const loader *L, const cJSON *vocab, const cJSON *added, int *out)
+static jpath vocab_path(const char *key)
 {
-    long best = -1;
-    for (const cJSON *it = vocab->child; it; it = it->next) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1u << 31) || it->valuedouble != (long)it->valuedouble)
-            return malformed(L, "model.vocab", "an id that is not an integer in [0, 2^31)");
-        best = it->valueint > best ? it->valueint : best;
+    jpath p;
+    snprintf(p.s, sizeof p.s, "model.vocab[\"%.40s%s\"]", key, strlen(key) > 40 ? "..." : "");
+    return p;
+}
+
+/* Checks every id of the vocabulary and the added tokens (added: an array of objects, or NULL) and
+ * sets the id space, 1 + the largest. An id space far larger than the entries is refused: each id
+ * costs 8 bytes of tables, and an id of 3e8 in a small file would allocate gigabytes for nothing. */
+static tkd_status scan_ids(const loader *L, const cJSON *vocab, const cJSON *added, int *out)
+{
+    uint32_t id, best = 0;
+    const cJSON *best_at = NULL;
+    long best_added = -1; /* index of the added token holding best, -1: a vocabulary entry */
+    size_t entries = 0;
+    for (const cJSON *it = vocab->child; it; it = it->next, entries++) {
+        if (!id_value(it, &id))
+            return bad_id(L->path, it, vocab_path(it->string).s);
+        if (!best_at || id > best)
+            best = id, best_at = it, best_added = -1;
     }
-    for (const cJSON *it = added ? added->child : NULL; it; it = it->next) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1u << 31))
-            return malformed(L, "added_tokens", "an entry without an integer id in [0, 2^31)");
-        best = id->valueint > best ? id->valueint : best;
+    long i = 0;
+    for (const cJSON *it = added ? added->child : NULL; it; it = it->next, i++, entries++) {
+        jpath where = at_index("", "added_tokens", (int)i);
+        const cJSON *v;
+        if (!cJSON_IsObject(it))
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: %s: an object expected, not %s", L->path, where.s, json_kind(it));
+        TKD_TRY(get_required(L->path, it, where.s, "id", cJSON_Number, "a token id (an integer)", &v));
+        TKD_TRY(json_id(L->path, v, at_key(where.s, "id").s, &id));
+        if (!best_at || id > best)
+            best = id, best_at = it, best_added = i;
     }
-    if (best < 0)
+    if (!best_at)
         return malformed(L, "model.vocab", "empty");
-    *out = (int)best + 1;
+    if ((size_t)best + 1 > 4 * entries + TKD_TOKENIZER_SPARSE_SLACK) {
+        jpath where = best_added < 0 ? vocab_path(best_at->string) : at_key(at_index("", "added_tokens", (int)best_added).s, "id");
+        tkd_error_set(TKD_ERR_FORMAT, "%s: %s: the id %u leaves most ids without a token (%zu entries in all)", L->path,
+                      where.s, best, entries);
+        return tkd_error_hint(TKD_ERR_FORMAT, "topkd refuses ids above 4 x the entries + %d", TKD_TOKENIZER_SPARSE_SLACK);
+    }
+    *out = (int)best + 1; /* best <= TKD_TOKENIZER_MAX_ID < INT_MAX */
     return TKD_OK;
 }
 
-static tkd_status alloc_tables(loader *L, int nvocab)
+static tkd_status alloc_tables(loader *L, size_t nvocab)
 {
     tkd_tokenizer *tok = L->tok;
     size_t v = (size_t)tok->vocab_size;
     tok->off = malloc(v * sizeof *tok->off);
     tok->len = calloc(v, sizeof *tok->len);
-    tok->vocab.mask = table_size((size_t)nvocab) - 1;
+    tok->vocab.mask = table_size(nvocab) - 1;
     tok->vocab.slots = calloc(tok->vocab.mask + 1, sizeof *tok->vocab.slots);
-    if (!tok->off || !tok->len || !tok->vocab.slots)
-        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory for %d tokens", L->path, tok->vocab_size);
+    L->bytes_cap = 1 << 20; /* never NULL: an empty vocabulary key ("") points into it too */
+    tok->bytes = malloc(L->bytes_cap);
+    if (!tok->off || !tok->len || !tok->vocab.slots || !tok->bytes)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory for %zu tokens", L->path, v);
     memset(tok->off, 0xFF, v * sizeof *tok->off);
     for (int b = 0; b < 256; b++)
         tok->byte_id[b] = TKD_TOK_NONE;
@@ -271,7 +402,8 @@ static tkd_status alloc_tables(loader *L, int nvocab)
 
 /* Vocabulary entries in the byte-level alphabet enter the map under their bytes; an entry with
  * other characters can never come out of a byte-level pre-tokenizer, so it is kept for decoding
- * only (as its UTF-8 text). */
+ * only (as its UTF-8 text). Two entries with one id are refused: the map finds an entry through the
+ * bytes its id points to, so the first would silently stop matching. */
 static tkd_status load_vocab(loader *L, const cJSON *vocab)
 {
     tkd_tokenizer *tok = L->tok;
@@ -289,7 +421,12 @@ static tkd_status load_vocab(loader *L, const cJSON *vocab)
             }
             buf = p;
         }
-        uint32_t id = (uint32_t)it->valueint;
+        uint32_t id = (uint32_t)it->valuedouble; /* checked by scan_ids */
+        if (tok->off[id] != TKD_TOK_NONE) {
+            st = tkd_error_set(TKD_ERR_FORMAT, "%s: %s: the id %u is already another entry's", L->path,
+                               vocab_path(it->string).s, id);
+            break;
+        }
         long nb = byte_level_decode(L->char_byte, it->string, buf);
         st = add_bytes(L, nb >= 0 ? buf : (const uint8_t *)it->string, nb >= 0 ? (size_t)nb : n, &tok->off[id]);
         if (st != TKD_OK)
@@ -381,41 +518,33 @@ static tkd_status load_model(loader *L, const cJSON *model, const cJSON *added)
 {
     static const char *const keys[] = {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
                                        "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges", NULL};
-    const char *type = type_of(model);
-    if (!cJSON_IsObject(model))
+    const char *type;
+    const cJSON *vocab, *merges, *unk, *fuse;
+    if (!model)
         return malformed(L, "model", "missing");
+    TKD_TRY(node_type(L, model, "model", &type));
     if (type && strcmp(type, "BPE") != 0)
         return refuse_type(L, "model.type", type);
-    tkd_status st = known_keys(L, model, "model", keys);
-    if (st == TKD_OK)
-        st = want_off(L, model, "dropout", "model");
-    if (st == TKD_OK)
-        st = want_off(L, model, "byte_fallback", "model");
-    if (st == TKD_OK)
-        st = want_off(L, model, "continuing_subword_prefix", "model");
-    if (st == TKD_OK)
-        st = want_off(L, model, "end_of_word_suffix", "model");
-    if (st != TKD_OK)
-        return st;
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
-        return malformed(L, "model", "vocab (an object) and merges (a list) are required");
-    L->tok->ignore_merges = flag(model, "ignore_merges", false);
-    st = max_id(L, vocab, added, &L->tok->vocab_size);
-    if (st == TKD_OK)
-        st = alloc_tables(L, cJSON_GetArraySize(vocab));
-    if (st == TKD_OK)
-        st = load_vocab(L, vocab);
-    if (st == TKD_OK)
-        st = load_merges(L, merges);
+    TKD_TRY(known_keys(L, model, "model", keys));
+    TKD_TRY(want_off(L, model, "model", "dropout", cJSON_Number, "a number or null"));
+    TKD_TRY(want_off(L, model, "model", "byte_fallback", J_BOOL, "true or false"));
+    TKD_TRY(want_off(L, model, "model", "continuing_subword_prefix", cJSON_String, "a string or null"));
+    TKD_TRY(want_off(L, model, "model", "end_of_word_suffix", cJSON_String, "a string or null"));
+    TKD_TRY(get_typed(L->path, model, "model", "fuse_unk", J_BOOL, "true or false", &fuse));
+    TKD_TRY(get_typed(L->path, model, "model", "unk_token", cJSON_String | cJSON_NULL, "a string or null", &unk));
+    TKD_TRY(flag(L, model, "model", "ignore_merges", false, &L->tok->ignore_merges));
+    TKD_TRY(get_required(L->path, model, "model", "vocab", cJSON_Object, "an object", &vocab));
+    TKD_TRY(get_required(L->path, model, "model", "merges", cJSON_Array, "an array", &merges));
+    TKD_TRY(scan_ids(L, vocab, added, &L->tok->vocab_size));
+    TKD_TRY(alloc_tables(L, (size_t)cJSON_GetArraySize(vocab)));
+    TKD_TRY(load_vocab(L, vocab));
+    TKD_TRY(load_merges(L, merges));
     /* With an unk_token, tokenizers puts it where a byte has no token; we never need to when all
      * 256 bytes have one. Without an unk_token such a byte is dropped, as tokenizers does. */
-    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-    for (int b = 0; st == TKD_OK && cJSON_IsString(unk) && b < 256; b++)
+    for (int b = 0; cJSON_IsString(unk) && b < 256; b++)
         if (L->tok->byte_id[b] == TKD_TOK_NONE)
-            st = refuse(L, "model.unk_token", "an unk_token with bytes missing from the vocabulary");
-    return st;
+            return refuse(L, "model.unk_token", "an unk_token with bytes missing from the vocabulary");
+    return TKD_OK;
 }
 
 /* ---- added tokens -------------------------------------------------------------------------- */
@@ -464,44 +593,42 @@ static tkd_status added_entry(loader *L, const cJSON *it, size_t i, bool *normal
 {
     static const char *const keys[] = {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special", NULL};
     tkd_tokenizer *tok = L->tok;
-    const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-    if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
-        return malformed(L, "added_tokens", "an entry without a non-empty content");
-    char where[96];
-    snprintf(where, sizeof where, "added_tokens[%zu]", i);
-    tkd_status st = known_keys(L, it, where, keys);
-    if (st == TKD_OK)
-        st = want_off(L, it, "single_word", where);
-    if (st == TKD_OK)
-        st = want_off(L, it, "lstrip", where);
-    if (st == TKD_OK)
-        st = want_off(L, it, "rstrip", where);
-    if (st != TKD_OK)
-        return st;
-    uint32_t id = (uint32_t)cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
-    *normalized = flag(it, "normalized", false);
+    jpath where = at_index("", "added_tokens", (int)i);
+    const cJSON *content, *idv;
+    bool special;
+    /* scan_ids checked that it is an object with an id */
+    TKD_TRY(known_keys(L, it, where.s, keys));
+    TKD_TRY(get_required(L->path, it, where.s, "content", cJSON_String, "a string", &content));
+    if (content->valuestring[0] == '\0')
+        return malformed(L, at_key(where.s, "content").s, "empty");
+    TKD_TRY(want_off(L, it, where.s, "single_word", J_BOOL, "true or false"));
+    TKD_TRY(want_off(L, it, where.s, "lstrip", J_BOOL, "true or false"));
+    TKD_TRY(want_off(L, it, where.s, "rstrip", J_BOOL, "true or false"));
+    TKD_TRY(flag(L, it, where.s, "normalized", false, normalized));
+    TKD_TRY(flag(L, it, where.s, "special", false, &special)); /* special or not, it is matched the same */
+    idv = cJSON_GetObjectItemCaseSensitive(it, "id");
+    uint32_t id = (uint32_t)idv->valuedouble;
     /* tokenizers matches a normalized token by its content after the normalizer. */
     uint8_t *nfc = *normalized && tok->nfc ? utf8proc_NFC((const uint8_t *)content->valuestring) : NULL;
     const char *text = nfc ? (const char *)nfc : content->valuestring;
     size_t n = strlen(text);
-    st = add_bytes(L, (const uint8_t *)text, n, &tok->added_off[i]);
+    tkd_status st = add_bytes(L, (const uint8_t *)text, n, &tok->added_off[i]);
     free(nfc);
     tok->added_len[i] = (uint32_t)n;
     tok->added_id[i] = id;
     /* An id in both the vocabulary and the added tokens keeps its vocabulary bytes: they are the
      * vocabulary map's key. */
-    if (tok->off[id] == TKD_TOK_NONE) {
+    if (st == TKD_OK && tok->off[id] == TKD_TOK_NONE) {
         tok->off[id] = tok->added_off[i];
         tok->len[id] = (uint32_t)n;
     }
-    *normalized = flag(it, "normalized", false);
     return st;
 }
 
 static tkd_status load_added(loader *L, const cJSON *added)
 {
     tkd_tokenizer *tok = L->tok;
-    size_t n = cJSON_IsArray(added) ? (size_t)cJSON_GetArraySize(added) : 0;
+    size_t n = added ? (size_t)cJSON_GetArraySize(added) : 0;
     tok->added_id = malloc((n + 1) * sizeof *tok->added_id);
     tok->added_off = malloc((n + 1) * sizeof *tok->added_off);
     tok->added_len = malloc((n + 1) * sizeof *tok->added_len);
@@ -524,18 +651,20 @@ static tkd_status load_added(loader *L, const cJSON *added)
 
 /* ---- normalizer and pre-tokenizers -------------------------------------------------------- */
 
-static tkd_status load_normalizer(loader *L, const cJSON *norm)
+static tkd_status load_normalizer(loader *L, const cJSON *norm, const char *where)
 {
+    static const char *const keys[] = {"type", NULL};
+    const char *type;
     if (!norm || cJSON_IsNull(norm))
         return TKD_OK;
-    const char *type = type_of(norm);
+    TKD_TRY(node_type(L, norm, where, &type));
     if (type && strcmp(type, "NFC") == 0) {
         L->tok->nfc = true;
-        return TKD_OK;
+        return known_keys(L, norm, where, keys);
     }
     if (type && strcmp(type, "Sequence") == 0)
-        return each_member(L, norm, "normalizers", load_normalizer);
-    return refuse_type(L, "normalizer", type);
+        return each_member(L, norm, where, "normalizers", load_normalizer);
+    return refuse_type(L, where, type);
 }
 
 static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, const char *what, pcre2_code **out,
@@ -547,7 +676,7 @@ static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, 
         return tkd_error_prefix(st, "%s: ", L->path);
     int err;
     PCRE2_SIZE at;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* PCRE2 refuses LITERAL with UCP */
     *out = pcre2_compile((PCRE2_SPTR)(literal ? pattern : translated), PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
     free(translated);
     if (!*out) {
@@ -560,7 +689,8 @@ static tkd_status compile_pattern(loader *L, const char *pattern, bool literal, 
     return TKD_OK;
 }
 
-static tkd_status add_step(loader *L, tkd_tok_step step)
+/* Appends step; where names its place in the file (for the encoder's messages). */
+static tkd_status add_step(loader *L, tkd_tok_step step, const char *where)
 {
     tkd_tokenizer *tok = L->tok;
     tkd_tok_step *p = realloc(tok->steps, (size_t)(tok->nsteps + 1) * sizeof *p);
@@ -568,56 +698,63 @@ static tkd_status add_step(loader *L, tkd_tok_step step)
         pcre2_code_free(step.re);
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", L->path);
     }
+    snprintf(step.where, sizeof step.where, "%.300s", where);
     tok->steps = p;
     tok->steps[tok->nsteps++] = step;
     return TKD_OK;
 }
 
-static tkd_status load_split(loader *L, const cJSON *node)
+static tkd_status load_split(loader *L, const cJSON *node, const char *where)
 {
     static const char *const keys[] = {"type", "pattern", "behavior", "invert", NULL};
-    tkd_status st = known_keys(L, node, "pre_tokenizer(Split)", keys);
-    if (st == TKD_OK)
-        st = want_off(L, node, "invert", "pre_tokenizer(Split)");
-    if (st != TKD_OK)
-        return st;
-    const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(node, "behavior");
-    if (!cJSON_IsString(behavior) || strcmp(behavior->valuestring, "Isolated") != 0)
-        return refuse(L, "pre_tokenizer(Split).behavior", cJSON_IsString(behavior) ? behavior->valuestring : "(none)");
-    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(node, "pattern");
-    const cJSON *rx = cJSON_GetObjectItemCaseSensitive(pat, "Regex"), *lit = cJSON_GetObjectItemCaseSensitive(pat, "String");
-    if (!cJSON_IsString(rx) && !cJSON_IsString(lit))
-        return malformed(L, "pre_tokenizer(Split).pattern", "neither {\"Regex\": ...} nor {\"String\": ...}");
+    static const char *const pat_keys[] = {"Regex", "String", NULL};
+    const cJSON *behavior, *pat, *rx, *lit;
+    TKD_TRY(known_keys(L, node, where, keys));
+    TKD_TRY(want_off(L, node, where, "invert", J_BOOL, "true or false"));
+    TKD_TRY(get_required(L->path, node, where, "behavior", cJSON_String, "a string", &behavior));
+    if (strcmp(behavior->valuestring, "Isolated") != 0)
+        return refuse(L, at_key(where, "behavior").s, behavior->valuestring);
+    jpath pw = at_key(where, "pattern");
+    TKD_TRY(get_required(L->path, node, where, "pattern", cJSON_Object, "an object", &pat));
+    TKD_TRY(known_keys(L, pat, pw.s, pat_keys));
+    TKD_TRY(get_typed(L->path, pat, pw.s, "Regex", cJSON_String, "a string", &rx));
+    TKD_TRY(get_typed(L->path, pat, pw.s, "String", cJSON_String, "a string", &lit));
+    if (!rx == !lit)
+        return malformed(L, pw.s, "neither {\"Regex\": ...} nor {\"String\": ...}");
     tkd_tok_step step = {.kind = TKD_TOK_STEP_SPLIT};
-    st = compile_pattern(L, cJSON_IsString(rx) ? rx->valuestring : lit->valuestring, !cJSON_IsString(rx),
-                         "pre_tokenizer(Split).pattern", &step.re, &step.jit);
-    return st == TKD_OK ? add_step(L, step) : st;
+    TKD_TRY(compile_pattern(L, rx ? rx->valuestring : lit->valuestring, !rx, pw.s, &step.re, &step.jit));
+    return add_step(L, step, pw.s);
 }
 
-static tkd_status load_byte_level(loader *L, const cJSON *node)
+static tkd_status load_byte_level(loader *L, const cJSON *node, const char *where)
 {
     static const char *const keys[] = {"type", "add_prefix_space", "trim_offsets", "use_regex", NULL};
-    tkd_status st = known_keys(L, node, "pre_tokenizer(ByteLevel)", keys);
-    if (st != TKD_OK)
-        return st;
-    tkd_tok_step step = {.kind = TKD_TOK_STEP_BYTELEVEL, .add_prefix_space = flag(node, "add_prefix_space", true)};
-    if (flag(node, "use_regex", true))
-        st = compile_pattern(L, gpt2_pattern, false, "pre_tokenizer(ByteLevel)", &step.re, &step.jit);
-    return st == TKD_OK ? add_step(L, step) : st;
+    bool regex, trim;
+    tkd_tok_step step = {.kind = TKD_TOK_STEP_BYTELEVEL};
+    TKD_TRY(known_keys(L, node, where, keys));
+    TKD_TRY(flag(L, node, where, "add_prefix_space", true, &step.add_prefix_space));
+    TKD_TRY(flag(L, node, where, "trim_offsets", true, &trim)); /* offsets only: ids are the same */
+    TKD_TRY(flag(L, node, where, "use_regex", true, &regex));
+    char what[300];
+    snprintf(what, sizeof what, "%.250s (ByteLevel's GPT-2 pattern)", where);
+    if (regex)
+        TKD_TRY(compile_pattern(L, gpt2_pattern, false, what, &step.re, &step.jit));
+    return add_step(L, step, what);
 }
 
-static tkd_status load_pre_tokenizer(loader *L, const cJSON *node)
+static tkd_status load_pre_tokenizer(loader *L, const cJSON *node, const char *where)
 {
-    const char *type = type_of(node);
+    const char *type;
+    TKD_TRY(node_type(L, node, where, &type));
     if (type && strcmp(type, "Sequence") == 0)
-        return each_member(L, node, "pretokenizers", load_pre_tokenizer);
+        return each_member(L, node, where, "pretokenizers", load_pre_tokenizer);
     if (L->tok->nsteps > 0 && L->tok->steps[L->tok->nsteps - 1].kind == TKD_TOK_STEP_BYTELEVEL)
-        return refuse(L, "pre_tokenizer", "a pre-tokenizer after ByteLevel");
+        return refuse(L, where, "a pre-tokenizer after ByteLevel");
     if (type && strcmp(type, "Split") == 0)
-        return load_split(L, node);
+        return load_split(L, node, where);
     if (type && strcmp(type, "ByteLevel") == 0)
-        return load_byte_level(L, node);
-    return refuse_type(L, "pre_tokenizer", type);
+        return load_byte_level(L, node, where);
+    return refuse_type(L, where, type);
 }
 
 /* ---- post-processor, decoder ---------------------------------------------------------------- */
@@ -632,80 +769,200 @@ static tkd_status push_id(loader *L, uint32_t **ids, int *n, uint32_t id)
     return TKD_OK;
 }
 
-/* One item of TemplateProcessing's `single`: the special token's ids go to the prefix before $A
- * and to the suffix after it. */
-static tkd_status template_item(loader *L, const cJSON *item, const cJSON *specials, bool *seen_a)
+/* The ids of special_tokens[name].ids (specials at sw) go to the prefix before $A, to the suffix
+ * after it. */
+static tkd_status template_special(loader *L, const cJSON *specials, const char *sw, const char *name, bool seen_a)
 {
-    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(item, "Sequence");
-    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
-    if (seq) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(seq, "id");
-        if (*seen_a || !cJSON_IsString(id) || strcmp(id->valuestring, "A") != 0)
-            return refuse(L, "post_processor(TemplateProcessing).single", "a template other than one $A");
-        *seen_a = true;
-        return TKD_OK;
-    }
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(sp, "id");
-    const cJSON *entry = cJSON_IsString(name) ? cJSON_GetObjectItemCaseSensitive(specials, name->valuestring) : NULL;
-    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids");
-    if (!cJSON_IsArray(ids))
-        return malformed(L, "post_processor(TemplateProcessing)", "a SpecialToken missing from special_tokens");
-    for (const cJSON *it = ids->child; it; it = it->next) {
-        if (!cJSON_IsNumber(it) || it->valueint < 0 || it->valueint >= L->tok->vocab_size)
-            return malformed(L, "post_processor(TemplateProcessing).special_tokens", "an id outside the vocabulary");
-        tkd_status st = *seen_a ? push_id(L, &L->tok->suffix, &L->tok->nsuffix, (uint32_t)it->valueint)
-                                : push_id(L, &L->tok->prefix, &L->tok->nprefix, (uint32_t)it->valueint);
-        if (st != TKD_OK)
-            return st;
+    const cJSON *entry, *ids;
+    TKD_TRY(get_typed(L->path, specials, sw, name, cJSON_Object, "an object", &entry));
+    if (!entry)
+        return malformed(L, at_key(sw, name).s, "a SpecialToken of the template missing from special_tokens");
+    jpath ew = at_key(sw, name);
+    TKD_TRY(get_required(L->path, entry, ew.s, "ids", cJSON_Array, "an array", &ids));
+    int i = 0;
+    for (const cJSON *it = ids->child; it; it = it->next, i++) {
+        uint32_t id;
+        jpath iw = at_index(ew.s, "ids", i);
+        TKD_TRY(json_id(L->path, it, iw.s, &id));
+        if (id >= (uint32_t)L->tok->vocab_size)
+            return malformed(L, iw.s, "an id outside the vocabulary");
+        TKD_TRY(seen_a ? push_id(L, &L->tok->suffix, &L->tok->nsuffix, id)
+                       : push_id(L, &L->tok->prefix, &L->tok->nprefix, id));
     }
     return TKD_OK;
 }
 
-static tkd_status load_post(loader *L, const cJSON *node)
+/* One item of TemplateProcessing's `single` (at where): {"Sequence": {"id": "A"}} once, or
+ * {"SpecialToken": {"id": name}}. */
+static tkd_status template_item(loader *L, const cJSON *item, const char *where, const char *sw,
+                                const cJSON *specials, bool *seen_a)
 {
+    static const char *const keys[] = {"Sequence", "SpecialToken", NULL};
+    const cJSON *seq, *sp, *id;
+    if (!cJSON_IsObject(item))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: %s: an object expected, not %s", L->path, where, json_kind(item));
+    TKD_TRY(known_keys(L, item, where, keys));
+    TKD_TRY(get_typed(L->path, item, where, "Sequence", cJSON_Object, "an object", &seq));
+    TKD_TRY(get_typed(L->path, item, where, "SpecialToken", cJSON_Object, "an object", &sp));
+    if (!seq == !sp)
+        return malformed(L, where, "not one of {\"Sequence\": ...} and {\"SpecialToken\": ...}");
+    jpath iw = at_key(where, seq ? "Sequence" : "SpecialToken");
+    TKD_TRY(get_required(L->path, seq ? seq : sp, iw.s, "id", cJSON_String, "a string", &id));
+    if (sp)
+        return template_special(L, specials, sw, id->valuestring, *seen_a);
+    if (*seen_a || strcmp(id->valuestring, "A") != 0)
+        return refuse(L, at_key(iw.s, "id").s, "a template other than one $A");
+    *seen_a = true;
+    return TKD_OK;
+}
+
+static tkd_status load_template(loader *L, const cJSON *node, const char *where)
+{
+    const cJSON *single, *specials;
+    TKD_TRY(get_required(L->path, node, where, "single", cJSON_Array, "an array", &single));
+    TKD_TRY(get_typed(L->path, node, where, "special_tokens", cJSON_Object, "an object", &specials));
+    jpath sw = at_key(where, "special_tokens");
+    bool seen_a = false;
+    int i = 0;
+    for (const cJSON *it = single->child; it; it = it->next, i++)
+        TKD_TRY(template_item(L, it, at_index(where, "single", i).s, sw.s, specials, &seen_a));
+    return seen_a ? TKD_OK : malformed(L, at_key(where, "single").s, "no $A");
+}
+
+static tkd_status load_post(loader *L, const cJSON *node, const char *where)
+{
+    const char *type;
     if (!node || cJSON_IsNull(node))
         return TKD_OK;
-    const char *type = type_of(node);
+    TKD_TRY(node_type(L, node, where, &type));
     if (type && strcmp(type, "ByteLevel") == 0) /* trim_offsets: offsets only, ids are unchanged */
         return TKD_OK;
     if (type && strcmp(type, "Sequence") == 0)
-        return each_member(L, node, "processors", load_post);
-    if (type && strcmp(type, "TemplateProcessing") == 0) {
-        const cJSON *single = cJSON_GetObjectItemCaseSensitive(node, "single");
-        const cJSON *specials = cJSON_GetObjectItemCaseSensitive(node, "special_tokens");
-        bool seen_a = false;
-        for (const cJSON *it = cJSON_IsArray(single) ? single->child : NULL; it; it = it->next) {
-            tkd_status st = template_item(L, it, specials, &seen_a);
-            if (st != TKD_OK)
-                return st;
-        }
-        return seen_a ? TKD_OK : malformed(L, "post_processor(TemplateProcessing).single", "no $A");
-    }
-    return refuse_type(L, "post_processor", type);
+        return each_member(L, node, where, "processors", load_post);
+    if (type && strcmp(type, "TemplateProcessing") == 0)
+        return load_template(L, node, where);
+    return refuse_type(L, where, type);
 }
 
 static tkd_status load_decoder(loader *L, const cJSON *node)
 {
-    const char *type = type_of(node);
-    if (!node || cJSON_IsNull(node) || (type && strcmp(type, "ByteLevel") == 0))
+    const char *type;
+    if (!node || cJSON_IsNull(node))
         return TKD_OK;
-    return refuse_type(L, "decoder", type);
+    TKD_TRY(node_type(L, node, "decoder", &type));
+    return type && strcmp(type, "ByteLevel") == 0 ? TKD_OK : refuse_type(L, "decoder", type);
+}
+
+/* ---- reading JSON as Hugging Face does ------------------------------------------------------- */
+
+/* True when the number literal at text[at] is the value of a "dropout" key: the one number in
+ * tokenizer.json that is not an integer. */
+static bool dropout_value(const char *text, size_t at)
+{
+    size_t i = at;
+    while (i > 0 && strchr(" \t\r\n", text[i - 1]))
+        i--;
+    if (i == 0 || text[--i] != ':')
+        return false;
+    while (i > 0 && strchr(" \t\r\n", text[i - 1]))
+        i--;
+    return i >= 10 && memcmp(text + i - 9, "\"dropout\"", 9) == 0 && text[i - 10] != '\\';
+}
+
+/* The offset of the first thing in text[0, n) that serde_json (Hugging Face) refuses and cJSON
+ * would take: a byte that is not UTF-8; a \u0000 escape (cJSON ends the C string there, so a key
+ * "a\u0000b" would read as "a"); with integers_only (tokenizer.json, whose numbers are ids but for
+ * model.dropout), a number written with a fraction or an exponent, which serde refuses for an
+ * integer field and cJSON cannot tell from an integer (266.0). n when there is none; *why says
+ * which, and *len_out how many bytes of the text to show (the number), else 0. */
+static size_t json_text_check(const char *text, size_t n, bool integers_only, const char **why, int *len_out)
+{
+    const uint8_t *s = (const uint8_t *)text;
+    bool in_string = false;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] >= 0x80) {
+            long l = tkd_tok_utf8_seq(s + i, n - i);
+            if (l < 0) {
+                *why = "not valid UTF-8";
+                return i;
+            }
+            i += (size_t)l - 1;
+        } else if (s[i] == '\\' && i + 1 < n) {
+            if (n - i >= 6 && s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0) {
+                *why = "a \\u0000 escape (a NUL character) is not supported";
+                return i;
+            }
+            i++; /* the escaped character */
+        } else if (s[i] == '"') {
+            in_string = !in_string;
+        } else if (!in_string && integers_only && (s[i] == '-' || (s[i] >= '0' && s[i] <= '9'))) {
+            size_t len = 1; /* the literal's length (text need not end with a NUL) */
+            while (i + len < n && strchr("0123456789+-.eE", text[i + len]) && text[i + len])
+                len++;
+            if ((memchr(text + i, '.', len) || memchr(text + i, 'e', len) || memchr(text + i, 'E', len)) &&
+                !dropout_value(text, i)) {
+                *why = "a number with a fraction or an exponent where tokenizers reads an integer (an id)";
+                *len_out = len < 40 ? (int)len : 40;
+                return i;
+            }
+            i += len - 1;
+        }
+    }
+    return n;
+}
+
+/* path's text parsed into *out, one JSON object, as Hugging Face's serde_json reads it or refused with
+ * path:line:col: valid UTF-8, and no key twice in an object (json_check.h; Python and serde keep
+ * the last, cJSON's lookups the first). */
+static tkd_status read_json(const char *path, bool integers_only, cJSON **out)
+{
+    void *data = NULL;
+    size_t n = 0;
+    *out = NULL;
+    TKD_TRY(tkd_read_file(path, &data, &n));
+    const char *text = data, *why = NULL, *end = NULL;
+    int shown = 0;
+    size_t bad = json_text_check(text, n, integers_only, &why, &shown);
+    cJSON *root = bad == n ? cJSON_ParseWithLengthOpts(text, n, &end, false) : NULL;
+    tkd_status st = TKD_OK;
+    int line, col;
+    if (bad < n || !root) {
+        tkd_json_line_col(text, n, bad < n ? bad : (size_t)(end - text), &line, &col);
+        st = tkd_error_set(TKD_ERR_FORMAT, "%s:%d:%d: %.*s%s%s", path, line, col, shown, text + (bad < n ? bad : 0),
+                           shown ? ": " : "", bad < n ? why : "not valid JSON");
+    } else if (!cJSON_IsObject(root)) {
+        st = tkd_error_set(TKD_ERR_FORMAT, "%s: not a JSON object", path);
+    } else {
+        st = tkd_json_unique_keys(root, text, n, path);
+    }
+    free(data);
+    if (st != TKD_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
+    *out = root;
+    return TKD_OK;
 }
 
 /* ---- tokenizer_config.json ------------------------------------------------------------------ */
 
-/* bos_token / eos_token: a string, or an AddedToken object with "content"; NULL when unset. */
-static const char *config_token(const cJSON *cfg, const char *key)
+/* bos_token / eos_token: a string, an AddedToken object with "content", or null; NULL when unset. */
+static tkd_status config_token(const char *cfg_path, const cJSON *cfg, const char *key, const char **content)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    const cJSON *v;
+    *content = NULL;
+    TKD_TRY(get_typed(cfg_path, cfg, "", key, cJSON_String | cJSON_Object | cJSON_NULL,
+                      "a string, an object with \"content\" or null", &v));
     if (cJSON_IsObject(v))
-        v = cJSON_GetObjectItemCaseSensitive(v, "content");
-    return cJSON_IsString(v) ? v->valuestring : NULL;
+        TKD_TRY(get_required(cfg_path, v, key, "content", cJSON_String, "a string", &v));
+    *content = cJSON_IsString(v) ? v->valuestring : NULL;
+    return TKD_OK;
 }
 
 static tkd_status config_special(loader *L, const char *cfg_path, const cJSON *cfg, const char *key, int64_t *id)
 {
-    const char *content = config_token(cfg, key);
+    const char *content;
+    TKD_TRY(config_token(cfg_path, cfg, key, &content));
     *id = content ? tkd_tokenizer_token_id(L->tok, content) : -1;
     if (content && *id < 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: %s '%s' is not a token of %s", cfg_path, key, content, L->path);
@@ -718,15 +975,13 @@ static tkd_status apply_config(loader *L, const char *cfg_path, const cJSON *cfg
 {
     tkd_tokenizer *tok = L->tok;
     int64_t bos, eos;
-    tkd_status st = config_special(L, cfg_path, cfg, "bos_token", &bos);
-    if (st == TKD_OK)
-        st = config_special(L, cfg_path, cfg, "eos_token", &eos);
-    if (st != TKD_OK)
-        return st;
+    const cJSON *add_bos, *add_eos;
+    TKD_TRY(config_special(L, cfg_path, cfg, "bos_token", &bos));
+    TKD_TRY(config_special(L, cfg_path, cfg, "eos_token", &eos));
+    TKD_TRY(get_typed(cfg_path, cfg, "", "add_bos_token", J_BOOL | cJSON_NULL, "true, false or null", &add_bos));
+    TKD_TRY(get_typed(cfg_path, cfg, "", "add_eos_token", J_BOOL | cJSON_NULL, "true, false or null", &add_eos));
     if (eos >= 0)
         tok->eos_id = eos;
-    const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
-    const cJSON *add_eos = cJSON_GetObjectItemCaseSensitive(cfg, "add_eos_token");
     if (!cJSON_IsBool(add_bos) && !cJSON_IsBool(add_eos))
         return TKD_OK;
     tok->nprefix = tok->nsuffix = 0;
@@ -735,10 +990,10 @@ static tkd_status apply_config(loader *L, const char *cfg_path, const cJSON *cfg
     if (cJSON_IsTrue(add_eos) && eos < 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: add_eos_token is true but eos_token is not set", cfg_path);
     if (cJSON_IsTrue(add_bos))
-        st = push_id(L, &tok->prefix, &tok->nprefix, (uint32_t)bos);
-    if (st == TKD_OK && cJSON_IsTrue(add_eos))
-        st = push_id(L, &tok->suffix, &tok->nsuffix, (uint32_t)eos);
-    return st;
+        TKD_TRY(push_id(L, &tok->prefix, &tok->nprefix, (uint32_t)bos));
+    if (cJSON_IsTrue(add_eos))
+        TKD_TRY(push_id(L, &tok->suffix, &tok->nsuffix, (uint32_t)eos));
+    return TKD_OK;
 }
 
 static tkd_status load_config(loader *L)
@@ -755,16 +1010,11 @@ static tkd_status load_config(loader *L)
         free(cfg_path);
         return st;
     }
-    void *text = NULL;
-    size_t n = 0;
-    st = tkd_read_file(cfg_path, &text, &n);
-    cJSON *cfg = st == TKD_OK ? cJSON_ParseWithLength(text, n) : NULL;
-    if (st == TKD_OK && !cJSON_IsObject(cfg))
-        st = tkd_error_set(TKD_ERR_FORMAT, "%s: not a JSON object", cfg_path);
+    cJSON *cfg = NULL;
+    st = read_json(cfg_path, false, &cfg);
     if (st == TKD_OK)
         st = apply_config(L, cfg_path, cfg);
     cJSON_Delete(cfg);
-    free(text);
     free(cfg_path);
     return st;
 }
@@ -775,32 +1025,31 @@ static tkd_status load_json(loader *L, const cJSON *root)
 {
     static const char *const keys[] = {"version", "truncation", "padding", "added_tokens", "normalizer",
                                        "pre_tokenizer", "post_processor", "decoder", "model", NULL};
-    tkd_status st = known_keys(L, root, "", keys);
-    if (st == TKD_OK)
-        st = want_off(L, root, "truncation", "");
-    if (st == TKD_OK)
-        st = want_off(L, root, "padding", "");
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    if (st == TKD_OK)
-        st = load_model(L, cJSON_GetObjectItemCaseSensitive(root, "model"), added);
-    if (st == TKD_OK) /* before the added tokens: a normalized one is matched by its normalized content */
-        st = load_normalizer(L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
-    if (st == TKD_OK)
-        st = load_added(L, added);
-    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    if (st == TKD_OK && (!pre || cJSON_IsNull(pre)))
-        st = refuse(L, "pre_tokenizer", "null (no ByteLevel)");
-    if (st == TKD_OK)
-        st = load_pre_tokenizer(L, pre);
-    if (st == TKD_OK && L->tok->steps[L->tok->nsteps - 1].kind != TKD_TOK_STEP_BYTELEVEL)
-        st = refuse(L, "pre_tokenizer", "a chain that does not end with ByteLevel");
-    if (st == TKD_OK)
-        st = load_post(L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
-    if (st == TKD_OK)
-        st = load_decoder(L, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
-    if (st == TKD_OK && L->tok->nsuffix > 0)
+    const cJSON *added, *model, *norm, *pre, *post, *dec;
+    TKD_TRY(known_keys(L, root, "", keys));
+    TKD_TRY(want_off(L, root, "", "truncation", cJSON_Object, "an object or null"));
+    TKD_TRY(want_off(L, root, "", "padding", cJSON_Object, "an object or null"));
+    TKD_TRY(get_typed(L->path, root, "", "added_tokens", cJSON_Array | cJSON_NULL, "an array", &added));
+    TKD_TRY(get_typed(L->path, root, "", "model", cJSON_Object, "an object", &model));
+    TKD_TRY(get_typed(L->path, root, "", "normalizer", cJSON_Object | cJSON_NULL, "an object or null", &norm));
+    TKD_TRY(get_typed(L->path, root, "", "pre_tokenizer", cJSON_Object | cJSON_NULL, "an object or null", &pre));
+    TKD_TRY(get_typed(L->path, root, "", "post_processor", cJSON_Object | cJSON_NULL, "an object or null", &post));
+    TKD_TRY(get_typed(L->path, root, "", "decoder", cJSON_Object | cJSON_NULL, "an object or null", &dec));
+    added = cJSON_IsArray(added) ? added : NULL;
+    TKD_TRY(load_model(L, model, added));
+    /* before the added tokens: a normalized one is matched by its normalized content */
+    TKD_TRY(load_normalizer(L, norm, "normalizer"));
+    TKD_TRY(load_added(L, added));
+    if (!pre || cJSON_IsNull(pre))
+        return refuse(L, "pre_tokenizer", "null (no ByteLevel)");
+    TKD_TRY(load_pre_tokenizer(L, pre, "pre_tokenizer"));
+    if (L->tok->nsteps == 0 || L->tok->steps[L->tok->nsteps - 1].kind != TKD_TOK_STEP_BYTELEVEL)
+        return refuse(L, "pre_tokenizer", "a chain that does not end with ByteLevel");
+    TKD_TRY(load_post(L, post, "post_processor"));
+    TKD_TRY(load_decoder(L, dec));
+    if (L->tok->nsuffix > 0)
         L->tok->eos_id = L->tok->suffix[L->tok->nsuffix - 1];
-    return st;
+    return TKD_OK;
 }
 
 /* path or path/tokenizer.json, malloc'd. */
@@ -823,17 +1072,12 @@ tkd_status tkd_tokenizer_load(const char *path, tkd_tokenizer **out)
     tkd_status st = resolve_path(path, &tok->path);
     loader L = {.tok = tok, .path = tok->path};
     byte_alphabet(L.char_byte);
-    void *text = NULL;
-    size_t n = 0;
     if (st == TKD_OK && !tkd_file_exists(tok->path))
         st = tkd_error_set(TKD_ERR_NOT_FOUND, "%s: no such file — give a tokenizer.json or the checkpoint directory "
                            "holding one", tok->path);
+    cJSON *root = NULL;
     if (st == TKD_OK)
-        st = tkd_read_file(tok->path, &text, &n);
-    cJSON *root = st == TKD_OK ? cJSON_ParseWithLength(text, n) : NULL;
-    free(text);
-    if (st == TKD_OK && !cJSON_IsObject(root))
-        st = tkd_error_set(TKD_ERR_FORMAT, "%s: not a JSON object", tok->path);
+        st = read_json(tok->path, true, &root);
     if (st == TKD_OK)
         st = load_json(&L, root);
     cJSON_Delete(root);

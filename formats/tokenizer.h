@@ -13,6 +13,10 @@
  *     Sequence of them; decoder: ByteLevel;
  *   - beside it, tokenizer_config.json: add_bos_token / add_eos_token with bos_token / eos_token.
  * Anything else is refused (TKD_ERR_UNSUPPORTED) with a message naming the file and the field.
+ * Both files are read as Hugging Face (serde_json) reads them: a key twice in one object, a field
+ * of another JSON type than the one read, text that is not UTF-8, an id that is not an integer in
+ * [0, TKD_TOKENIZER_MAX_ID] are TKD_ERR_FORMAT naming the file and the place (line:column or the
+ * field's JSON path, e.g. added_tokens[3].id).
  *
  * Text is bytes. Hugging Face encodes Rust strings, so text that is not valid UTF-8 is first
  * converted as Python's bytes.decode("utf-8", "replace") and Rust's String::from_utf8_lossy do:
@@ -34,6 +38,12 @@
 #include <stdint.h>
 
 #include "common/status.h"
+
+/* The largest token id topkd reads (2^24 - 1; the largest vocabularies today hold about 262k
+ * tokens), and the slack of the id space: 1 + the largest id may be at most 4 x the number of
+ * vocabulary entries and added tokens + TKD_TOKENIZER_SPARSE_SLACK. Each id costs tables. */
+#define TKD_TOKENIZER_MAX_ID ((1 << 24) - 1)
+#define TKD_TOKENIZER_SPARSE_SLACK (1 << 20)
 
 typedef struct tkd_tokenizer tkd_tokenizer;         /* opaque: the loaded tokenizer */
 typedef struct tkd_tokenizer_ctx tkd_tokenizer_ctx; /* opaque: one thread's encoding state */
@@ -82,7 +92,9 @@ void tkd_tokenizer_ctx_free(tkd_tokenizer_ctx *ctx); /* NULL is a no-op */
 
 /* Appends the ids of text[0, len) to out, as tokenizers' encode(text, add_special_tokens=False)
  * gives them: added tokens found in the text become their ids, the prefix/suffix are not added.
- * TKD_ERR_NOMEM is the only failure. */
+ * Fails with TKD_ERR_NOMEM, or TKD_ERR_UNSUPPORTED where a Split pattern's match
+ * stops at one of PCRE2's limits (the message names the pattern's place in tokenizer.json and the
+ * byte of the text): the ids are then never a guess. */
 tkd_status tkd_tokenizer_encode(tkd_tokenizer_ctx *ctx, const char *text, size_t len, tkd_token_ids *out);
 
 #endif /* TKD_TOKENIZER_H */

@@ -15,6 +15,7 @@
 #include "formats/tokenizer_internal.h"
 #include "formats/utf8.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -39,9 +40,16 @@ typedef struct word_cache {
     size_t max_entries; /* CACHE_ENTRIES, or less (tkd_tok_ctx_limit_cache) */
 } word_cache;
 
-typedef struct bpe_merge {
-    uint32_t rank, pos, merged;
-} bpe_merge;
+/* Split patterns: the JIT stack a context may grow to, and the interpreter's limits (PCRE2's
+ * defaults: a 32 KiB JIT stack, 10M match steps, 20 GB of heap). A pattern that backtracks over
+ * a long piece, such as (?:ab)+(?=z) on 10 KB of "ab", needs far more than 32 KiB; one that still
+ * hits a limit is an error, never taken as "no more matches" (which would cut the piece otherwise
+ * than Hugging Face). The large stack is address space reserved at once, so a context makes it
+ * only when a match first runs out of the default one. */
+#define JIT_STACK_START (64u << 10)
+#define JIT_STACK_MAX (256u << 20)
+#define MATCH_LIMIT 1000000000u /* steps of one match: seconds, not hours */
+#define HEAP_LIMIT_KIB (1u << 20) /* 1 GiB for the interpreter's backtracking frames */
 
 /* A growable byte buffer. */
 typedef struct bytebuf {
@@ -52,16 +60,23 @@ typedef struct bytebuf {
 struct tkd_tokenizer_ctx {
     const tkd_tokenizer *tok;
     pcre2_match_data *md;
+    pcre2_match_context *mctx; /* the limits above, and jit_stack once made */
+    pcre2_jit_stack *jit_stack; /* NULL until a match needs it */
+    /* For messages: the text being encoded, and where ctx->prefixed's piece was copied from. */
+    const uint8_t *text;
+    size_t text_len;
+    const uint8_t *prefixed_from;
     bytebuf clean;            /* the text after lossy UTF-8 */
     bytebuf prefixed;         /* " " + piece for ByteLevel's add_prefix_space */
     bytebuf normed;           /* a piece after NFC */
     utf8proc_int32_t *ucs;    /* NFC of one stretch: code points, then its UTF-8 in place */
     size_t ucs_cap;
-    /* BPE on one piece of n bytes: symbols (n) and the merge heap (3n: n - 1 pairs at first, at
-     * most two new ones per merge). */
-    uint32_t *sym_id, *sym_len;
-    int32_t *sym_prev, *sym_next;
-    bpe_merge *heap;
+    /* BPE on one piece of n bytes: symbols (n) and the merge heap (2n: n - 1 pairs at first; a
+     * merge pops one and pushes at most two, and there are at most n - 1 merges). 28 bytes per
+     * byte of the piece. */
+    uint32_t *sym_id;          // (n,) TKD_TOK_NONE: merged into the symbol before it
+    int32_t *sym_prev, *sym_next; // (n,) -1: none
+    uint64_t *heap;            // (2n,) rank << 32 | position
     size_t sym_cap;
     word_cache cache;
 };
@@ -144,7 +159,13 @@ tkd_status tkd_tokenizer_ctx_create(const tkd_tokenizer *tok, tkd_tokenizer_ctx 
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
     ctx->tok = tok;
     ctx->md = pcre2_match_data_create(1, NULL);
-    if (!ctx->md || !cache_init(&ctx->cache)) {
+    ctx->mctx = pcre2_match_context_create(NULL);
+    if (ctx->mctx) {
+        pcre2_set_match_limit(ctx->mctx, MATCH_LIMIT);
+        pcre2_set_depth_limit(ctx->mctx, MATCH_LIMIT);
+        pcre2_set_heap_limit(ctx->mctx, HEAP_LIMIT_KIB);
+    }
+    if (!ctx->md || !ctx->mctx || !cache_init(&ctx->cache)) {
         tkd_tokenizer_ctx_free(ctx);
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory for a tokenizer context");
     }
@@ -157,17 +178,23 @@ void tkd_tokenizer_ctx_free(tkd_tokenizer_ctx *ctx)
     if (!ctx)
         return;
     pcre2_match_data_free(ctx->md);
+    pcre2_match_context_free(ctx->mctx);
+    pcre2_jit_stack_free(ctx->jit_stack);
     free(ctx->clean.p);
     free(ctx->prefixed.p);
     free(ctx->normed.p);
     free(ctx->ucs);
     free(ctx->sym_id);
-    free(ctx->sym_len);
     free(ctx->sym_prev);
     free(ctx->sym_next);
     free(ctx->heap);
     cache_free(&ctx->cache);
     free(ctx);
+}
+
+void tkd_tok_ctx_limit_match(tkd_tokenizer_ctx *ctx, uint32_t steps)
+{
+    pcre2_set_match_limit(ctx->mctx, steps);
 }
 
 void tkd_tok_ctx_limit_cache(tkd_tokenizer_ctx *ctx, size_t entries)
@@ -195,70 +222,80 @@ static tkd_status lossy_utf8(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n,
 
 /* ---- 5. BPE ----------------------------------------------------------------------------------- */
 
-static bool merge_before(const bpe_merge *a, const bpe_merge *b)
+/* The merge heap: a 4-ary min-heap of rank << 32 | position, so that the lowest rank pops first and
+ * the leftmost of a rank on a tie (tokenizers' word.rs orders its BinaryHeap the same way). Four
+ * children of 8 bytes share a cache line: half the depth of a binary heap, which matters when a
+ * piece of megabytes puts millions of pairs in it. */
+static void heap_sift_down(uint64_t *h, size_t n, size_t i)
 {
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+    uint64_t x = h[i];
+    for (;;) {
+        size_t c = 4 * i + 1, best = c;
+        if (c >= n)
+            break;
+        for (size_t j = c + 1; j < c + 4 && j < n; j++)
+            best = h[j] < h[best] ? j : best;
+        if (h[best] >= x)
+            break;
+        h[i] = h[best];
+        i = best;
+    }
+    h[i] = x;
 }
 
-static void heap_push(bpe_merge *h, size_t *n, bpe_merge m)
+static void heap_push(uint64_t *h, size_t *n, uint64_t x)
 {
     size_t i = (*n)++;
-    while (i > 0 && merge_before(&m, &h[(i - 1) / 2])) {
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
+    while (i > 0 && x < h[(i - 1) / 4]) {
+        h[i] = h[(i - 1) / 4];
+        i = (i - 1) / 4;
     }
-    h[i] = m;
+    h[i] = x;
 }
 
-static bpe_merge heap_pop(bpe_merge *h, size_t *n)
+static uint64_t heap_pop(uint64_t *h, size_t *n)
 {
-    bpe_merge top = h[0], last = h[--(*n)];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && merge_before(&h[c + 1], &h[c]))
-            c++;
-        if (!merge_before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    h[i] = last;
+    uint64_t top = h[0];
+    h[0] = h[--(*n)];
+    if (*n > 0)
+        heap_sift_down(h, *n, 0);
     return top;
 }
 
+/* Sized to the piece (not doubled past it): a long piece is rare and its buffers are the largest
+ * the context holds. */
 static bool reserve_symbols(tkd_tokenizer_ctx *ctx, size_t n)
 {
     if (n <= ctx->sym_cap)
         return true;
-    size_t cap = grown(ctx->sym_cap, n, 256);
+    size_t cap = n < 2 * ctx->sym_cap ? 2 * ctx->sym_cap : n < 256 ? 256 : n;
     uint32_t *id = realloc(ctx->sym_id, cap * sizeof *id);
     ctx->sym_id = id ? id : ctx->sym_id;
-    uint32_t *len = realloc(ctx->sym_len, cap * sizeof *len);
-    ctx->sym_len = len ? len : ctx->sym_len;
     int32_t *prev = realloc(ctx->sym_prev, cap * sizeof *prev);
     ctx->sym_prev = prev ? prev : ctx->sym_prev;
     int32_t *next = realloc(ctx->sym_next, cap * sizeof *next);
     ctx->sym_next = next ? next : ctx->sym_next;
-    bpe_merge *heap = realloc(ctx->heap, 3 * cap * sizeof *heap);
+    uint64_t *heap = realloc(ctx->heap, 2 * cap * sizeof *heap);
     ctx->heap = heap ? heap : ctx->heap;
-    if (!id || !len || !prev || !next || !heap)
+    if (!id || !prev || !next || !heap)
         return false;
     ctx->sym_cap = cap;
     return true;
 }
 
-/* Pushes the merge of symbol pos with its next one, when that pair merges. */
-static void push_pair(tkd_tokenizer_ctx *ctx, size_t *nheap, int32_t pos)
+/* The merge of symbol pos with its next one, or NULL when that pair does not merge. */
+static const tkd_tok_pair_slot *pair_at(const tkd_tokenizer_ctx *ctx, int32_t pos)
 {
     if (pos < 0 || ctx->sym_next[pos] < 0)
-        return;
-    int32_t nx = ctx->sym_next[pos];
-    const tkd_tok_pair_slot *m = tkd_tok_pairmap_get(&ctx->tok->merges, ctx->sym_id[pos], ctx->sym_id[nx]);
+        return NULL;
+    return tkd_tok_pairmap_get(&ctx->tok->merges, ctx->sym_id[pos], ctx->sym_id[ctx->sym_next[pos]]);
+}
+
+static void push_pair(tkd_tokenizer_ctx *ctx, size_t *nheap, int32_t pos)
+{
+    const tkd_tok_pair_slot *m = pair_at(ctx, pos);
     if (m)
-        heap_push(ctx->heap, nheap, (bpe_merge){m->rank, (uint32_t)pos, m->merged});
+        heap_push(ctx->heap, nheap, (uint64_t)m->rank << 32 | (uint32_t)pos);
 }
 
 /* Builds the piece's symbols, one per byte (a byte without a token is dropped, as tokenizers drops
@@ -271,7 +308,6 @@ static size_t init_symbols(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n)
         if (id == TKD_TOK_NONE)
             continue;
         ctx->sym_id[k] = id;
-        ctx->sym_len[k] = 1;
         ctx->sym_prev[k] = (int32_t)k - 1;
         ctx->sym_next[k] = (int32_t)k + 1;
         k++;
@@ -281,40 +317,59 @@ static size_t init_symbols(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n)
     return k;
 }
 
-/* tokenizers' Word::merge_all: pop the lowest (rank, position); skip entries made stale by an
- * earlier merge (the pair there no longer yields the same token); merge; push the new pairs with
- * the neighbours. The symbols left, in order, are the piece's ids, appended to out. */
+/* The heap of the k symbols' first pairs, built in O(k) (Floyd) rather than by k pushes. */
+static size_t init_heap(tkd_tokenizer_ctx *ctx, size_t k)
+{
+    size_t n = 0;
+    for (size_t i = 0; i + 1 < k; i++) {
+        const tkd_tok_pair_slot *m = pair_at(ctx, (int32_t)i);
+        if (m)
+            ctx->heap[n++] = (uint64_t)m->rank << 32 | i;
+    }
+    for (size_t i = n / 4 + 1; i-- > 0;)
+        if (i < n)
+            heap_sift_down(ctx->heap, n, i);
+    return n;
+}
+
+/* tokenizers' Word::merge_all: pop the lowest (rank, position); skip an entry made stale by an
+ * earlier merge; merge; push the new pairs with the neighbours. An entry is stale when the pair at
+ * its position is no longer the one it was pushed for: the pair's rank differs (a pair has one
+ * rank: a later duplicate in merges replaced the earlier, tkd_tok_pairmap), which is tokenizers'
+ * test (the merged id differs), since symbols only grow and the same position can never hold
+ * another pair of the same bytes. The symbols left, in order, are the piece's ids, appended to
+ * out. O(n log n) in the piece's length n, 28 bytes of buffers per byte. */
 static tkd_status bpe_merge_word(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, tkd_token_ids *out)
 {
+    if (n > INT32_MAX)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: a piece of %zu bytes (a word, after pre-tokenizing) is longer "
+                             "than 2^31 - 1 bytes", ctx->tok->path, n);
     if (!reserve_symbols(ctx, n))
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory for a %zu-byte word", n);
-    size_t k = init_symbols(ctx, s, n), nheap = 0;
-    for (size_t i = 0; i + 1 < k; i++)
-        push_pair(ctx, &nheap, (int32_t)i);
+    size_t k = init_symbols(ctx, s, n), nheap = init_heap(ctx, k);
     while (nheap > 0) {
-        bpe_merge top = heap_pop(ctx->heap, &nheap);
-        int32_t pos = (int32_t)top.pos, nx = ctx->sym_next[pos];
-        if (ctx->sym_len[pos] == 0 || nx < 0)
+        uint64_t top = heap_pop(ctx->heap, &nheap);
+        int32_t pos = (int32_t)(uint32_t)top;
+        if (ctx->sym_id[pos] == TKD_TOK_NONE)
             continue;
-        const tkd_tok_pair_slot *m = tkd_tok_pairmap_get(&ctx->tok->merges, ctx->sym_id[pos], ctx->sym_id[nx]);
-        if (!m || m->merged != top.merged)
+        const tkd_tok_pair_slot *m = pair_at(ctx, pos);
+        if (!m || m->rank != (uint32_t)(top >> 32))
             continue;
-        ctx->sym_id[pos] = top.merged;
-        ctx->sym_len[pos] += ctx->sym_len[nx];
-        ctx->sym_len[nx] = 0;
+        int32_t nx = ctx->sym_next[pos];
+        ctx->sym_id[pos] = m->merged;
+        ctx->sym_id[nx] = TKD_TOK_NONE;
         ctx->sym_next[pos] = ctx->sym_next[nx];
         if (ctx->sym_next[nx] >= 0)
             ctx->sym_prev[ctx->sym_next[nx]] = pos;
         push_pair(ctx, &nheap, ctx->sym_prev[pos]);
         push_pair(ctx, &nheap, pos);
     }
-    for (size_t i = 0; i < k; i++)
-        if (ctx->sym_len[i] != 0) {
-            tkd_status st = tkd_token_ids_push(out, &ctx->sym_id[i], 1);
-            if (st != TKD_OK)
-                return st;
-        }
-    return TKD_OK;
+    /* The first symbol is never merged away (merges absorb the right one): walk from it, packing
+     * the ids to the front of sym_id. */
+    size_t m = 0;
+    for (int32_t i = k > 0 ? 0 : -1; i >= 0; i = ctx->sym_next[i])
+        ctx->sym_id[m++] = ctx->sym_id[i];
+    return tkd_token_ids_push(out, ctx->sym_id, m);
 }
 
 static const uint32_t *cache_get(const word_cache *c, const uint8_t *s, size_t n, uint64_t h, size_t *nids)
@@ -340,7 +395,8 @@ static void cache_put(word_cache *c, const uint8_t *s, size_t n, uint64_t h, con
     }
     size_t e = c->nentries++;
     memcpy(c->keys + c->nkeys, s, n);
-    memcpy(c->ids + c->nidsused, ids, nids * sizeof *ids);
+    if (nids > 0)
+        memcpy(c->ids + c->nidsused, ids, nids * sizeof *ids);
     c->key_off[e] = (uint32_t)c->nkeys, c->key_len[e] = (uint16_t)n;
     c->ids_off[e] = (uint32_t)c->nidsused, c->nids[e] = (uint16_t)nids;
     c->nkeys += n, c->nidsused += nids;
@@ -372,8 +428,8 @@ static tkd_status bpe(tkd_tokenizer_ctx *ctx, const uint8_t *s, size_t n, tkd_to
         return tkd_token_ids_push(out, hit, nids);
     size_t first = out->n;
     tkd_status st = bpe_merge_word(ctx, s, n, out);
-    if (st == TKD_OK)
-        cache_put(&ctx->cache, s, n, h, out->ids + first, out->n - first);
+    if (st == TKD_OK) /* a piece of bytes without tokens has no ids, and out->ids may still be NULL */
+        cache_put(&ctx->cache, s, n, h, out->n > first ? out->ids + first : NULL, out->n - first);
     return st;
 }
 
@@ -391,17 +447,70 @@ static tkd_status hand_on(tkd_tokenizer_ctx *ctx, int step, const uint8_t *s, si
 
 static size_t utf8_len(uint8_t b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
 
+/* "byte X of the text" for p, a place in a piece, into buf: a piece points into the text given to
+ * tkd_tokenizer_encode or into one of the context's copies of it. */
+static void describe_place(const tkd_tokenizer_ctx *ctx, const uint8_t *p, char *buf, size_t cap)
+{
+    uintptr_t at = (uintptr_t)p, pre = (uintptr_t)ctx->prefixed.p;
+    if (ctx->prefixed_from && at >= pre && at < pre + ctx->prefixed.cap) /* " " + a piece */
+        at = (uintptr_t)ctx->prefixed_from + (at > pre ? at - pre - 1 : 0);
+    const struct {
+        const uint8_t *base;
+        size_t n;
+        const char *what;
+    } texts[] = {{ctx->text, ctx->text_len, "the text"},
+                 {ctx->clean.p, ctx->clean.cap, "the text with invalid UTF-8 replaced"},
+                 {ctx->normed.p, ctx->normed.cap, "the text after NFC"}};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        if (texts[i].base && at >= (uintptr_t)texts[i].base && at <= (uintptr_t)texts[i].base + texts[i].n) {
+            snprintf(buf, cap, "byte %zu of %s", (size_t)(at - (uintptr_t)texts[i].base), texts[i].what);
+            return;
+        }
+    snprintf(buf, cap, "a piece of the text");
+}
+
+/* A match that ended with an error (a limit), not "no match": stopping there would cut the piece
+ * otherwise than Hugging Face does, so the encode fails naming the pattern and the place. */
+static tkd_status match_failed(const tkd_tokenizer_ctx *ctx, const tkd_tok_step *step, int rc, const uint8_t *p,
+                               size_t piece)
+{
+    PCRE2_UCHAR msg[256];
+    char place[128];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    describe_place(ctx, p, place, sizeof place);
+    tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %s: PCRE2 failed to match at %s (in a piece of %zu bytes): %s",
+                  ctx->tok->path, step->where, place, piece, (const char *)msg);
+    return tkd_error_hint(TKD_ERR_UNSUPPORTED, "the pattern backtracks too far over this piece; cut the text there");
+}
+
+/* One match of step's pattern in s[0, n) from `from`: PCRE2's status. A match that runs out of
+ * the default JIT stack is run again on the large one, made then. */
+static int match_at(tkd_tokenizer_ctx *ctx, const tkd_tok_step *st, const uint8_t *s, size_t n, size_t from)
+{
+    for (;;) {
+        int rc = st->jit ? pcre2_jit_match(st->re, s, n, from, 0, ctx->md, ctx->mctx)
+                         : pcre2_match(st->re, s, n, from, PCRE2_NO_UTF_CHECK, ctx->md, ctx->mctx);
+        if (rc != PCRE2_ERROR_JIT_STACKLIMIT || ctx->jit_stack)
+            return rc;
+        ctx->jit_stack = pcre2_jit_stack_create(JIT_STACK_START, JIT_STACK_MAX, NULL);
+        if (!ctx->jit_stack)
+            return rc;
+        pcre2_jit_stack_assign(ctx->mctx, NULL, ctx->jit_stack);
+    }
+}
+
 /* Behavior Isolated: every match is a piece, and so is the text between two matches. The
  * ovector is read before handing on, since a later step reuses the match data. */
-static tkd_status split_isolated(tkd_tokenizer_ctx *ctx, int step, const pcre2_code *re, bool jit, const uint8_t *s,
-                                 size_t n, tkd_token_ids *out)
+static tkd_status split_isolated(tkd_tokenizer_ctx *ctx, int step, const uint8_t *s, size_t n, tkd_token_ids *out)
 {
+    const tkd_tok_step *st = &ctx->tok->steps[step];
     size_t gap = 0, from = 0;
     while (from < n) {
-        int rc = jit ? pcre2_jit_match(re, s, n, from, 0, ctx->md, NULL)
-                     : pcre2_match(re, s, n, from, PCRE2_NO_UTF_CHECK, ctx->md, NULL);
-        if (rc < 0)
+        int rc = match_at(ctx, st, s, n, from);
+        if (rc == PCRE2_ERROR_NOMATCH)
             break;
+        if (rc < 0)
+            return match_failed(ctx, st, rc, s + from, n);
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(ctx->md);
         size_t ms = ov[0], me = ov[1];
         if (me == ms) { /* an empty match cuts nothing; search on from the next character */
@@ -426,11 +535,12 @@ static tkd_status pretokenize(tkd_tokenizer_ctx *ctx, int step, const uint8_t *s
             return tkd_error_set(TKD_ERR_NOMEM, "out of memory for a %zu-byte piece", n);
         ctx->prefixed.p[0] = ' ';
         memcpy(ctx->prefixed.p + 1, s, n);
+        ctx->prefixed_from = s;
         s = ctx->prefixed.p, n++;
     }
     if (!st->re)
         return hand_on(ctx, step, s, n, out);
-    return split_isolated(ctx, step, st->re, st->jit, s, n, out);
+    return split_isolated(ctx, step, s, n, out);
 }
 
 /* ---- 2, 3. added tokens and the normalizer ---------------------------------------------------- */
@@ -581,6 +691,7 @@ tkd_status tkd_tokenizer_encode(tkd_tokenizer_ctx *ctx, const char *text, size_t
 {
     const uint8_t *s;
     size_t n;
+    ctx->text = (const uint8_t *)text, ctx->text_len = len, ctx->prefixed_from = NULL;
     tkd_status st = lossy_utf8(ctx, (const uint8_t *)text, len, &s, &n);
     return st == TKD_OK ? split_added(ctx, 0, s, n, out) : st;
 }

@@ -52,6 +52,7 @@ typedef struct tkd_tok_step {
     pcre2_code *re; /* Split, or ByteLevel with use_regex; NULL otherwise */
     bool jit;       /* re is JIT-compiled: pcre2_jit_match (no UTF check: the text is valid) */
     bool add_prefix_space;
+    char where[320]; /* its place in tokenizer.json, e.g. "pre_tokenizer.pretokenizers[0].pattern" */
 } tkd_tok_step;
 
 struct tkd_tokenizer {
@@ -88,6 +89,31 @@ static inline uint64_t tkd_tok_hash(const uint8_t *s, size_t n)
     return h;
 }
 
+/* The length of the well-formed UTF-8 sequence at s[0, n) (Unicode table 3-7), or -(length of its
+ * maximal ill-formed prefix, at least 1): what one U+FFFD replaces. */
+static inline long tkd_tok_utf8_seq(const uint8_t *s, size_t n)
+{
+    uint8_t b = s[0];
+    if (b < 0x80)
+        return 1;
+    int need;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF)
+        need = 1;
+    else if (b >= 0xE0 && b <= 0xEF)
+        need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4)
+        need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    else
+        return -1;
+    for (int i = 1; i <= need; i++) {
+        if ((size_t)i >= n || s[i] < lo || s[i] > hi)
+            return -i;
+        lo = 0x80, hi = 0xBF; /* only the second byte has a narrower range */
+    }
+    return need + 1;
+}
+
 /* The id of bytes s[0, n) in the vocabulary map, TKD_TOK_NONE when absent. */
 uint32_t tkd_tok_strmap_get(const tkd_tokenizer *tok, const tkd_tok_strmap *m, const uint8_t *s, size_t n);
 
@@ -107,6 +133,10 @@ static inline const tkd_tok_pair_slot *tkd_tok_pairmap_get(const tkd_tok_pairmap
 /* Caps the context's word cache at `entries` words (at most its built-in size), so that tests see
  * the cache emptied and refilled within a small text. */
 void tkd_tok_ctx_limit_cache(tkd_tokenizer_ctx *ctx, size_t entries);
+
+/* Sets the context's PCRE2 match limit (steps of one match), so that tests see a match that stops at
+ * a limit become an error. */
+void tkd_tok_ctx_limit_match(tkd_tokenizer_ctx *ctx, uint32_t steps);
 
 /* Rewrites a Hugging Face (Oniguruma) pattern for PCRE2 into a malloc'd string: \s -> \p{White_Space},
  * \S -> \P{White_Space}. TKD_ERR_UNSUPPORTED naming the construct for escapes or classes whose

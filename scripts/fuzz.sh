@@ -13,7 +13,7 @@
 # needs no libomp package.
 #
 # Runs per target are fixed (below; TOPKD_FUZZ_RUNS overrides them all): about ten seconds each on
-# one core of the CI machine, a minute for the six. The targets differ a thousandfold in speed (a
+# one core of the CI machine, two to four minutes for the ten (a loaded machine is slower). The targets differ a thousandfold in speed (a
 # shard is written and fsynced per run, a safetensors header is parsed in memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 cc=${CC_FUZZ:-clang}
 out=build-fuzz
 jobs=$(nproc 2>/dev/null || echo 2)
-targets=(safetensors yaml_config hf_config tokens megatron manifest shard jsonl)
+targets=(safetensors yaml_config hf_config tokens megatron manifest shard jsonl tokenizer_json tokenizer_config)
 if [ $# -gt 0 ]; then
   targets=("$1")
   shift
@@ -50,6 +50,7 @@ runs_of() {
     safetensors) echo 300000 ;; hf_config) echo 60000 ;; manifest) echo 100000 ;;
     tokens) echo 30000 ;; megatron) echo 100000 ;; yaml_config) echo 1500 ;; shard) echo 1000 ;;
     jsonl) echo 400000 ;;
+    tokenizer_json) echo 3000 ;; tokenizer_config) echo 3000 ;;
   esac
 }
 
@@ -64,6 +65,8 @@ seeds() {
     manifest) ls tests/fuzz/corpus/manifest.yaml tests/data/broken/man_* ;;
     shard) ls tests/fuzz/corpus/*.recipe ;;
     jsonl) ls tests/fuzz/corpus/jsonl/* ;;
+    tokenizer_json) ls tests/fuzz/corpus/tokenizer/*.json ;;
+    tokenizer_config) ls tests/fuzz/corpus/tokenizer_config/*.json ;;
   esac
 }
 

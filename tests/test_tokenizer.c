@@ -494,7 +494,7 @@ static void test_refusals(void **state)
                  "\"invert\": false}"}, TKD_ERR_UNSUPPORTED, "does not end with ByteLevel"},
         {{.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": "
                  "\"\\\\s+\"}, \"behavior\": \"Removed\", \"invert\": false}, {\"type\": \"ByteLevel\"}]}"},
-         TKD_ERR_UNSUPPORTED, "pre_tokenizer(Split).behavior: Removed"},
+         TKD_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0].behavior: Removed"},
         {{.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": "
                  "\"\\\\w+\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\"}]}"},
          TKD_ERR_UNSUPPORTED, "the escape \\w"},
@@ -509,7 +509,7 @@ static void test_refusals(void **state)
         {{.top_extra = ", \"extra\": 1"}, TKD_ERR_UNSUPPORTED, "tokenizer.json: extra: this key is not supported — "},
         {{.added = "[{\"id\": 266, \"content\": \"<|bos|>\", \"lstrip\": true}]"}, TKD_ERR_UNSUPPORTED,
          "added_tokens[0].lstrip"},
-        {{.extra_vocab = ", \"bad\": -1"}, TKD_ERR_FORMAT, "model.vocab: an id that is not an integer"},
+        {{.extra_vocab = ", \"bad\": -1"}, TKD_ERR_FORMAT, "model.vocab[\"bad\"]: the token id -1 is outside [0, 16777215]"},
         {{.merges = "[\"h e x\"]"}, TKD_ERR_FORMAT, "not two tokens separated by one space"},
         {{.merges = "[\"h zz\"]"}, TKD_ERR_FORMAT, "'zz' is not in model.vocab"},
         {{.merges = "[\"h o\"]"}, TKD_ERR_FORMAT, "the merged token is not in model.vocab"},
@@ -545,6 +545,257 @@ static void test_pattern_translation(void **state)
                      "\"add_prefix_space\": false, \"use_regex\": false}]}",
               .merges = "[[\"a\", \"\xC3\xA1\"]]", .extra_vocab = ", \"a\xC3\xA1\": 268"};
     expect_ids(&m, "a\xE1\xA0\x8E b", (uint32_t[]){268, 0xA0, 0x8E, ' ', 'b'}, 5);
+    /* A {"String": ...} pattern is literal: "l.l" splits "hel.lo" and not "hello" (PCRE2 refused
+     * LITERAL with UCP, so no String pattern loaded). */
+    m = (mini){.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"String\": "
+                      "\"l.l\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", "
+                      "\"add_prefix_space\": false, \"use_regex\": false}]}"};
+    expect_ids(&m, "hel.lohello", (uint32_t[]){256, 'l', '.', 'l', 'o', 259}, 6);
+}
+
+/* Loads m and expects status st with every one of the NULL-terminated needles (and the file's path)
+ * in the message. */
+static void expect_refusal(const mini *m, tkd_status st, const char *const *needles, const char *what)
+{
+    tkd_tokenizer *tok = (tkd_tokenizer *)1;
+    const char *path = write_mini(m);
+    tkd_status got = tkd_tokenizer_load(path, &tok);
+    bool ok = got == st && strstr(tkd_error_msg(), m->config ? "tokenizer_config.json" : path);
+    for (const char *const *n = needles; *n && ok; n++)
+        ok = strstr(tkd_error_msg(), *n) != NULL;
+    if (!ok)
+        fail_msg("%s: status %d, message '%s'; want %d", what, got, tkd_error_msg(), st);
+    assert_null(tok);
+}
+
+#define REFUSED(m, st, ...) expect_refusal(&(m), st, (const char *const[]){__VA_ARGS__, NULL}, #m)
+
+/* Issue 20, item 5: a key twice in an object is refused where cJSON took the first and Hugging Face
+ * (serde, Python) the last, naming line and column; every field the loader reads has its type
+ * checked, the error naming its JSON path; invalid UTF-8 and \u0000 are refused. */
+static void test_strict_json(void **state)
+{
+    (void)state;
+    mini m = {.extra_vocab = ", \"he\": 268"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:", "duplicate key \"he\" (first at line");
+    m = (mini){.top_extra = ", \"model\": {\"type\": \"BPE\"}"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:", "duplicate key \"model\"");
+    m = (mini){.top_extra = ", \"pre_tokenizer\": null"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:4:1: duplicate key \"pre_tokenizer\" (first at line 1, column 57)");
+    m = (mini){.config = "{\"eos_token\": \"<|bos|>\",\n \"eos_token\": \"<|eos|>\"}"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer_config.json:2:2: duplicate key \"eos_token\" (first at line 1, column 2)");
+    /* types */
+    m = (mini){.added = "{\"<|bos|>\": 266}"};
+    REFUSED(m, TKD_ERR_FORMAT, "added_tokens: an array expected, not an object");
+    m = (mini){.added = "[{\"id\": \"266\", \"content\": \"<|bos|>\"}]"};
+    REFUSED(m, TKD_ERR_FORMAT, "added_tokens[0].id: a token id (an integer) expected, not a string");
+    m = (mini){.added = "[{\"id\": 266, \"content\": \"<|bos|>\", \"normalized\": \"no\"}]"};
+    REFUSED(m, TKD_ERR_FORMAT, "added_tokens[0].normalized: true or false expected, not a string");
+    m = (mini){.added = "[266]"};
+    REFUSED(m, TKD_ERR_FORMAT, "added_tokens[0]: an object expected, not a number");
+    m = (mini){.extra_vocab = ", \"x1\": 268.0"}; /* cJSON reads 268; serde refuses a float for a u32 */
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:7:", ": 268.0: a number with a fraction or an exponent where tokenizers reads an integer (an id)");
+    m = (mini){.added = "[{\"id\": 2.66e2, \"content\": \"<|bos|>\"}]"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:2:25: 2.66e2: a number with a fraction");
+    m = (mini){.model_extra = ", \"dropout\": 0.0"}; /* the one number that is not an id: 0 is no dropout */
+    expect_ids(&m, "hello", (uint32_t[]){259}, 1);
+    m = (mini){.extra_vocab = ", \"x1\": 259"};
+    REFUSED(m, TKD_ERR_FORMAT, "model.vocab[\"x1\"]: the id 259 is already another entry's");
+    m = (mini){.model_extra = ", \"ignore_merges\": 1"};
+    REFUSED(m, TKD_ERR_FORMAT, "model.ignore_merges: true or false expected, not a number");
+    m = (mini){.model_extra = ", \"unk_token\": 0"}; /* the key given twice is refused first */
+    REFUSED(m, TKD_ERR_FORMAT, "duplicate key \"unk_token\"");
+    m = (mini){.pre = "{\"type\": \"ByteLevel\", \"add_prefix_space\": \"false\"}"};
+    REFUSED(m, TKD_ERR_FORMAT, "pre_tokenizer.add_prefix_space: true or false expected, not a string");
+    m = (mini){.pre = "{\"type\": 7}"};
+    REFUSED(m, TKD_ERR_FORMAT, "pre_tokenizer.type: a string expected, not a number");
+    m = (mini){.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": 5}, "
+                      "\"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\"}]}"};
+    REFUSED(m, TKD_ERR_FORMAT, "pre_tokenizer.pretokenizers[0].pattern.Regex: a string expected, not a number");
+    m = (mini){.post = "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<|bos|>\"}}, "
+                       "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<|bos|>\": {\"ids\": [266.5]}}}"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:5:165: 266.5: a number with a fraction");
+    m.post = "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<|bos|>\"}}, "
+             "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<|bos|>\": {\"ids\": [\"266\"]}}}";
+    REFUSED(m, TKD_ERR_FORMAT, "post_processor.special_tokens.<|bos|>.ids[0]: a token id (an integer) expected, not a string");
+    m.post = "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<|bos|>\"}}, "
+             "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<|bos|>\": {\"ids\": [268]}}}";
+    REFUSED(m, TKD_ERR_FORMAT, "post_processor.special_tokens.<|bos|>.ids[0]: an id outside the vocabulary");
+    m = (mini){.model_extra = ", \"vocab\": []"};
+    REFUSED(m, TKD_ERR_FORMAT, "duplicate key \"vocab\"");
+    m = (mini){.config = "{\"eos_token\": 267}"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer_config.json: eos_token: a string, an object with \"content\" or null expected");
+    m = (mini){.config = "{\"eos_token\": {\"content\": [\"<|eos|>\"]}}"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer_config.json: eos_token.content: a string expected, not an array");
+    m = (mini){.config = "{\"add_bos_token\": \"true\", \"bos_token\": \"<|bos|>\"}"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer_config.json: add_bos_token: true, false or null expected, not a string");
+    m = (mini){.config = "{\"eos_token\": \"<|eos|>\",}"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer_config.json:1:", "not valid JSON");
+    /* text serde_json refuses: a vocabulary key that is not UTF-8, a NUL in a string */
+    m = (mini){.extra_vocab = ", \"x\xC3\": 268"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:", ": not valid UTF-8");
+    m = (mini){.extra_vocab = ", \"he\\u0000x\": 268"};
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:", "\\u0000 escape");
+    /* and a file within the rules still loads and encodes */
+    m = (mini){.config = "{\"eos_token\": {\"content\": \"<|eos|>\", \"lstrip\": false}, \"add_bos_token\": null}"};
+    expect_ids(&m, "hello\\u0000", (uint32_t[]){259, '\\', 'u', '0', '0', '0', '0'}, 7);
+}
+
+/* Issue 20, item 11: a Sequence with an empty list passes its input through (tokenizers'
+ * Sequence); one without its list, or with another type there, is refused naming the field. It
+ * crashed the loader (exit 139). */
+static void test_empty_sequences(void **state)
+{
+    (void)state;
+    mini m = {.pre = "{\"type\": \"Sequence\", \"pretokenizers\": []}"};
+    REFUSED(m, TKD_ERR_UNSUPPORTED, "pre_tokenizer: a chain that does not end with ByteLevel");
+    m.pre = "{\"type\": \"Sequence\"}";
+    REFUSED(m, TKD_ERR_FORMAT, "pre_tokenizer.pretokenizers: missing (an array expected)");
+    m.pre = "{\"type\": \"Sequence\", \"pretokenizers\": {}}";
+    REFUSED(m, TKD_ERR_FORMAT, "pre_tokenizer.pretokenizers: an array expected, not an object");
+    m.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Sequence\"}, {\"type\": \"ByteLevel\"}]}";
+    REFUSED(m, TKD_ERR_FORMAT, "pre_tokenizer.pretokenizers[0].pretokenizers: missing");
+    m.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [null, {\"type\": \"ByteLevel\"}]}";
+    REFUSED(m, TKD_ERR_FORMAT, "pre_tokenizer.pretokenizers[0]: an object expected, not null");
+    m = (mini){.normalizer = "{\"type\": \"Sequence\"}"};
+    REFUSED(m, TKD_ERR_FORMAT, "normalizer.normalizers: missing (an array expected)");
+    m = (mini){.post = "{\"type\": \"Sequence\", \"processors\": 1}"};
+    REFUSED(m, TKD_ERR_FORMAT, "post_processor.processors: an array expected, not a number");
+    m = (mini){.decoder = "{\"type\": \"Sequence\", \"decoders\": []}"};
+    REFUSED(m, TKD_ERR_UNSUPPORTED, "decoder: type Sequence is not supported");
+    /* empty lists inside a chain that ends with ByteLevel: the same ids as ByteLevel alone */
+    m = (mini){.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Sequence\", \"pretokenizers\": []}, "
+                      "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}]}",
+               .normalizer = "{\"type\": \"Sequence\", \"normalizers\": []}",
+               .post = "{\"type\": \"Sequence\", \"processors\": []}"};
+    expect_ids(&m, "hello world", (uint32_t[]){259, 264}, 2);
+    tkd_tokenizer *tok = load_ok(write_mini(&m));
+    const uint32_t *ids;
+    assert_int_equal(tkd_tokenizer_prefix(tok, &ids), 0);
+    tkd_tokenizer_free(tok);
+}
+
+/* Issue 20, item 12: ids above TKD_TOKENIZER_MAX_ID, or an id space far larger than the entries,
+ * are refused naming the id (2^31 - 1 reported "out of memory for -2147483648 tokens", 3e8
+ * allocated 1.3 GB). */
+static void test_id_limits(void **state)
+{
+    (void)state;
+    mini m = {.extra_vocab = ", \"x1\": 2147483647"};
+    REFUSED(m, TKD_ERR_FORMAT, "model.vocab[\"x1\"]: the token id 2147483647 is outside [0, 16777215]");
+    m.extra_vocab = ", \"x1\": 300000000";
+    REFUSED(m, TKD_ERR_FORMAT, "model.vocab[\"x1\"]: the token id 300000000 is outside [0, 16777215]");
+    m.extra_vocab = ", \"x1\": 100000000000000000000000000000000000000000";
+    REFUSED(m, TKD_ERR_FORMAT, "model.vocab[\"x1\"]: the token id 1e+41 is outside");
+    m.extra_vocab = ", \"x1\": 3e8"; /* as serde: an exponent is a float, never an id */
+    REFUSED(m, TKD_ERR_FORMAT, "tokenizer.json:7:", ": 3e8: a number with a fraction or an exponent");
+    /* 269 entries (267 in the vocabulary, 2 added): ids below 4 x 269 + 2^20 are accepted */
+    m.extra_vocab = ", \"x1\": 1049652";
+    REFUSED(m, TKD_ERR_FORMAT, "model.vocab[\"x1\"]: the id 1049652 leaves most ids without a token (269 entries in all)");
+    m.extra_vocab = NULL;
+    m.added = "[{\"id\": 16777215, \"content\": \"<|bos|>\"}]";
+    REFUSED(m, TKD_ERR_FORMAT, "added_tokens[0].id: the id 16777215 leaves most ids without a token");
+    m.added = "[{\"id\": 16777216, \"content\": \"<|bos|>\"}]";
+    REFUSED(m, TKD_ERR_FORMAT, "added_tokens[0].id: the token id 16777216 is outside [0, 16777215]");
+    m.added = NULL;
+    m.extra_vocab = ", \"x1\": 1049651";
+    tkd_tokenizer *tok = load_ok(write_mini(&m));
+    assert_int_equal(tkd_tokenizer_vocab_size(tok), 1049652);
+    tkd_tokenizer_free(tok);
+}
+
+/* Issue 20, item 6: a Split pattern that backtracks over a long piece. (?:ab)+(?=z) runs to the
+ * end of 10 KB of "ab" at every position before failing; PCRE2's default JIT stack (32 KiB) ran
+ * out and the error was taken for "no more matches", leaving the rest one piece (merged into
+ * "abab" tokens here). Each "ab" is its own piece, as in Hugging Face; and a match that does stop
+ * at a limit is an error naming the pattern and the byte, never a different cut. */
+static void test_split_backtracking(void **state)
+{
+    (void)state;
+    mini m = {.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": "
+                     "\"(?:ab)+(?=z)|ab\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", "
+                     "\"add_prefix_space\": false, \"use_regex\": false}]}",
+              .merges = "[\"a b\", \"ab ab\"]", .extra_vocab = ", \"ab\": 268, \"abab\": 269"};
+    enum { PAIRS = 5000 };
+    char *text = malloc(2 * PAIRS + 1);
+    for (int i = 0; i < PAIRS; i++)
+        memcpy(text + 2 * i, "ab", 2);
+    text[2 * PAIRS] = '\0';
+    tkd_tokenizer *tok = load_ok(write_mini(&m));
+    tkd_tokenizer_ctx *ctx = NULL;
+    assert_int_equal(tkd_tokenizer_ctx_create(tok, &ctx), TKD_OK);
+    tkd_token_ids got = {0};
+    assert_int_equal(tkd_tokenizer_encode(ctx, text, 2 * PAIRS, &got), TKD_OK);
+    assert_int_equal(got.n, PAIRS);
+    for (size_t i = 0; i < got.n; i++)
+        if (got.ids[i] != 268)
+            fail_msg("id %zu of %zu is %u, want 268 (\"ab\")", i, got.n, got.ids[i]);
+    /* with a limit this pattern reaches: an error, at the piece where it stopped */
+    tkd_tok_ctx_limit_match(ctx, 1000);
+    got.n = 0;
+    assert_int_equal(tkd_tokenizer_encode(ctx, text, 2 * PAIRS, &got), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("tokenizer.json: pre_tokenizer.pretokenizers[0].pattern: PCRE2 failed to match at byte 0 "
+                            "of the text (in a piece of 10000 bytes): match limit exceeded");
+    free(text);
+    tkd_token_ids_free(&got);
+    tkd_tokenizer_ctx_free(ctx);
+    tkd_tokenizer_free(tok);
+}
+
+/* The textbook BPE (tokenizers' word.rs without a heap): repeatedly merge the lowest-ranked pair,
+ * the leftmost on a tie. O(n^2): the reference for long pieces. */
+static size_t bpe_reference(const tkd_tokenizer *tok, const uint8_t *s, size_t n, uint32_t *ids)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (tok->byte_id[s[i]] != TKD_TOK_NONE)
+            ids[k++] = tok->byte_id[s[i]];
+    for (;;) {
+        size_t best = SIZE_MAX;
+        uint32_t rank = UINT32_MAX, merged = 0;
+        for (size_t i = 0; i + 1 < k; i++) {
+            const tkd_tok_pair_slot *p = tkd_tok_pairmap_get(&tok->merges, ids[i], ids[i + 1]);
+            if (p && p->rank < rank)
+                best = i, rank = p->rank, merged = p->merged;
+        }
+        if (best == SIZE_MAX)
+            return k;
+        ids[best] = merged;
+        memmove(ids + best + 1, ids + best + 2, (k - best - 2) * sizeof *ids);
+        k--;
+    }
+}
+
+/* Long single words (one piece each, thousands of bytes: the heap holds thousands of pairs) get the
+ * reference's ids: random letters, a run of one letter (ties everywhere), runs of two. */
+static void test_long_words(void **state)
+{
+    (void)state;
+    tkd_tokenizer *tok = load_ok(tkd_test_src("fixtures/tokenizer/gpt2/tokenizer.json"));
+    tkd_tokenizer_ctx *ctx = NULL;
+    assert_int_equal(tkd_tokenizer_ctx_create(tok, &ctx), TKD_OK);
+    enum { N = 3000 };
+    char *text = malloc(N + 1);
+    uint32_t *want = malloc(N * sizeof *want);
+    uint64_t x = 12345;
+    tkd_token_ids got = {0};
+    for (int iter = 0; iter < 6; iter++) {
+        size_t n = N - (size_t)iter * 7;
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            text[i] = iter == 0 ? 'a' : iter == 1 ? "ab"[x % 2] : iter == 2 ? "eeeeet"[x % 6] : (char)('a' + x % 26);
+        }
+        got.n = 0;
+        assert_int_equal(tkd_tokenizer_encode(ctx, text, n, &got), TKD_OK);
+        size_t k = bpe_reference(tok, (const uint8_t *)text, n, want);
+        tkd_token_ids w = {want, k, k};
+        assert_same_ids("long word", &got, &w);
+    }
+    free(text);
+    free(want);
+    tkd_token_ids_free(&got);
+    tkd_tokenizer_ctx_free(ctx);
+    tkd_tokenizer_free(tok);
 }
 
 int main(void)
@@ -557,6 +808,9 @@ int main(void)
         cmocka_unit_test(test_bpe_merge_order), cmocka_unit_test(test_lossy_utf8),
         cmocka_unit_test(test_added_normalized), cmocka_unit_test(test_template_and_config),
         cmocka_unit_test(test_refusals),        cmocka_unit_test(test_pattern_translation),
+        cmocka_unit_test(test_strict_json),     cmocka_unit_test(test_empty_sequences),
+        cmocka_unit_test(test_id_limits),       cmocka_unit_test(test_split_backtracking),
+        cmocka_unit_test(test_long_words),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }
