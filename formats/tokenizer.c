@@ -8,6 +8,7 @@
 #include "common/fileio.h"
 #include "formats/json_check.h"
 #include "formats/tokenizer_internal.h"
+#include "formats/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -881,7 +882,7 @@ static size_t json_text_check(const char *text, size_t n, bool integers_only, co
     bool in_string = false;
     for (size_t i = 0; i < n; i++) {
         if (s[i] >= 0x80) {
-            long l = tkd_tok_utf8_seq(s + i, n - i);
+            long l = tkd_utf8_seq(s + i, n - i);
             if (l < 0) {
                 *why = "not valid UTF-8";
                 return i;

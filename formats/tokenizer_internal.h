@@ -89,31 +89,6 @@ static inline uint64_t tkd_tok_hash(const uint8_t *s, size_t n)
     return h;
 }
 
-/* The length of the well-formed UTF-8 sequence at s[0, n) (Unicode table 3-7), or -(length of its
- * maximal ill-formed prefix, at least 1): what one U+FFFD replaces. */
-static inline long tkd_tok_utf8_seq(const uint8_t *s, size_t n)
-{
-    uint8_t b = s[0];
-    if (b < 0x80)
-        return 1;
-    int need;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF)
-        need = 1;
-    else if (b >= 0xE0 && b <= 0xEF)
-        need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4)
-        need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else
-        return -1;
-    for (int i = 1; i <= need; i++) {
-        if ((size_t)i >= n || s[i] < lo || s[i] > hi)
-            return -i;
-        lo = 0x80, hi = 0xBF; /* only the second byte has a narrower range */
-    }
-    return need + 1;
-}
-
 /* The id of bytes s[0, n) in the vocabulary map, TKD_TOK_NONE when absent. */
 uint32_t tkd_tok_strmap_get(const tkd_tokenizer *tok, const tkd_tok_strmap *m, const uint8_t *s, size_t n);
 
