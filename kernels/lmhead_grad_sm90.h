@@ -1,6 +1,6 @@
 /* lmhead_grad_sm90.h — our own Hopper (sm_90a) GEMMs for the LM head's gradients in the fused KL
  * loss (issue 13): the loss's gradient tile arrives as bf16 E (rows, V) with dS = sigma_i · E_iv
- * (kernels/kl_loss_cuda.cu), and
+ * (kernels/kl_loss_cuda_fused.cu), and
  *   dH (rows, D) fp32  = sigma ⊙ (E · W)      (row i scaled by sigma_i in the epilogue),
  *   dW (V, D)    fp32 (+)= Eᵀ · X             (X = sigma ⊙ H as bf16; added to dW in the epilogue,
  *                                              or written over it),

@@ -1,6 +1,6 @@
 /* lmhead_sm90.h — our own Hopper (sm_90a) GEMM for the LM head's logits chunk, Z = H · Wᵀ, whose
  * epilogue can reduce each row while the tile is still in registers (issue 13). The CUDA KL loss
- * (kernels/kl_loss_cuda.cu) runs its chunks through the fused epilogues on compute capability 9.0
+ * (kernels/kl_loss_cuda_fused.cu) runs its chunks through the fused epilogues on compute capability 9.0
  * (logits_stats where the gradient needs the fp32 logits); teacher-dump can run its top-k through
  * tkd_lmhead_sm90_topk (opt-in).
  *
@@ -89,7 +89,7 @@ tkd_status tkd_lmhead_sm90_logits_stats(tkd_lmhead_sm90_ws *ws, const uint16_t *
                                         const uint16_t *w, int64_t n, int d, int v, float tau,
                                         float *z, int64_t ldz, float *part);
 
-/* The loss's fused passes (kernels/kl_loss_cuda.cu), z = h wᵀ never written. Which parts run
+/* The loss's fused passes (kernels/kl_loss_cuda_fused.cu), z = h wᵀ never written. Which parts run
  * follows from what is set; the combinations built are statistics + gather (recompute forward),
  * exp + gather (recompute backward) and all three (grad_in_forward):
  *   part (stats): as tkd_lmhead_sm90_stats, at tau.
