@@ -100,6 +100,18 @@ void tkd_test_check_f64(const char *what, const double *got, const double *ref, 
     check_array(what, got, elem_f64, ref, n, tol, extra, where, ctx);
 }
 
+void tkd_test_check_bf16_mat(const char *what, const uint16_t *got, const double *ref, size_t n, size_t cols,
+                             tkd_test_tol tol, const double *extra)
+{
+    check_array(what, got, elem_bf16, ref, n, tol, extra, tkd_test_where_rowcol, &cols);
+}
+
+void tkd_test_check_f32_mat(const char *what, const float *got, const double *ref, size_t n, size_t cols,
+                            tkd_test_tol tol, const double *extra)
+{
+    check_array(what, got, elem_f32, ref, n, tol, extra, tkd_test_where_rowcol, &cols);
+}
+
 void tkd_test_where_rowcol(char *buf, size_t cap, int64_t i, const void *cols)
 {
     const int64_t c = (int64_t)*(const size_t *)cols;

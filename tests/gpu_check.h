@@ -56,6 +56,12 @@ void tkd_test_check_f32(const char *what, const float *got, const double *ref, s
 void tkd_test_check_f64(const char *what, const double *got, const double *ref, size_t n, tkd_test_tol tol,
                         const double *extra, tkd_test_where_fn where, const void *ctx);
 
+/* The same for a (n / cols, cols) matrix: the worst element named "[row r, col c]". */
+void tkd_test_check_bf16_mat(const char *what, const uint16_t *got, const double *ref, size_t n, size_t cols,
+                             tkd_test_tol tol, const double *extra);
+void tkd_test_check_f32_mat(const char *what, const float *got, const double *ref, size_t n, size_t cols,
+                            tkd_test_tol tol, const double *extra);
+
 /* Formatters: ctx points to a size_t column count ("[row r, col c]"), or is unused ("[i]"). */
 void tkd_test_where_rowcol(char *buf, size_t cap, int64_t i, const void *cols);
 void tkd_test_where_index(char *buf, size_t cap, int64_t i, const void *unused);
