@@ -87,6 +87,7 @@ static tkd_cudnn_attn *g_attn; /* one state for the whole run (plans cached acro
 static char g_no_cudnn[256];   /* why g_attn is NULL */
 
 typedef struct acase {
+    int table;     /* which test runs it (SMALL, LONG, ...) */
     const char *what;
     int B, T, H, Hkv, dh;
     float std;     /* q and k ~ normal(0, std²): scores ~ normal(0, std⁴); v ~ normal(0, 1) */
@@ -343,13 +344,56 @@ static void run_case(const acase *c)
     inputs_free(&in);
 }
 
-/* Runs a table; fails when an implementation it asked took none of its cases. */
-static void run_table(const char *table, const acase *cases, size_t n)
+#define FC (FLASH | CUDNN)
+
+/* The tables: small shapes (every row against both references); long sequences (the float64
+ * reference on sampled rows, the CPU's where its scratch fits); scores in the thousands (q, k ~
+ * normal(0, 30²): exp(s) overflows fp32 without the running max); the simple kernel
+ * (kernels/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures' 16, the demo
+ * teacher's 32) and one the flash kernel takes too. The T = 1000 cases at dh 64 and 128 are the
+ * teacher's shapes: cuDNN must take them. */
+enum { SMALL, LONG, LARGE, SIMPLE_K };
+static const char *const kTables[] = {"small", "long", "large scores", "simple"};
+static const acase kCases[] = {
+    {SMALL, "T = 1", 1, 1, 2, 1, 64, 1.0f, 1, FC, FLASH},
+    {SMALL, "T = 17, B = 2, GQA 2, dh 48", 2, 17, 4, 2, 48, 1.5f, 2, FC, FLASH},
+    {SMALL, "T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 3, FC, FC},
+    {SMALL, "T = 1000, B = 2, GQA 1, dh 64", 2, 1000, 2, 2, 64, 1.0f, 4, FC, FC},
+    {SMALL, "T = 1000, GQA 2, dh 48", 1, 1000, 4, 2, 48, 2.0f, 5, FC, FLASH},
+    {SMALL, "T = 333, GQA 3, dh 80", 1, 333, 6, 2, 80, 1.5f, 6, FC, FLASH},
+    {SMALL, "T = 200, B = 2, GQA 1, dh 96", 2, 200, 3, 3, 96, 1.5f, 7, FC, FLASH},
+    {SMALL, "T = 128 (one full query tile)", 1, 128, 2, 1, 128, 1.5f, 8, FC, FLASH},
+    {SMALL, "T = 65 (one key past a tile)", 1, 65, 2, 2, 64, 1.5f, 9, FC, FLASH},
+    {SMALL, "T = 1, GQA 1, dh 64", 1, 1, 2, 2, 64, 1.0f, 1, FC, FLASH},
+    {SMALL, "T = 1, B = 2, GQA 7, dh 128", 2, 1, 7, 1, 128, 1.0f, 2, FC, FLASH},
+    {SMALL, "T = 17, B = 2, GQA 2, dh 64", 2, 17, 4, 2, 64, 1.5f, 3, FC, FLASH},
+    {SMALL, "T = 17, GQA 7, dh 128", 1, 17, 14, 2, 128, 1.5f, 4, FC, FLASH},
+    {SMALL, "T = 1000, GQA 2, dh 128", 1, 1000, 4, 2, 128, 2.0f, 7, FC, FC},
+    {SMALL, "T = 1000, B = 2, GQA 7, dh 64", 2, 1000, 7, 1, 64, 1.5f, 8, FC, FC},
+    {LONG, "T = 8192, GQA 2, dh 128", 1, 8192, 4, 2, 128, 1.5f, 11, FC, FLASH},
+    {LONG, "T = 8192, GQA 7, dh 48", 1, 8192, 7, 1, 48, 1.5f, 12, FC, FLASH},
+    {LONG, "T = 8192, B = 2, GQA 1, dh 64", 2, 8192, 2, 2, 64, 1.0f, 13, FC, FLASH},
+    {LONG, "T = 4097, GQA 2, dh 128", 1, 4097, 2, 1, 128, 2.0f, 14, FC, FLASH},
+    {LONG, "T = 4097, B = 2, GQA 7, dh 64", 2, 4097, 7, 1, 64, 1.5f, 12, FC, FLASH},
+    {LONG, "T = 4097, GQA 1, dh 64", 1, 4097, 3, 3, 64, 1.0f, 13, FC, FLASH},
+    {LARGE, "large scores, dh 64", 1, 300, 2, 1, 64, 30.0f, 21, FC, FLASH},
+    {LARGE, "large scores, dh 128, T = 4100", 1, 4100, 2, 2, 128, 20.0f, 22, FC, FLASH},
+    {SIMPLE_K, "simple: T = 1, dh 16", 1, 1, 2, 1, 16, 1.0f, 21, SIMPLE | CUDNN, SIMPLE},
+    {SIMPLE_K, "simple: T = 17, B = 2, GQA 2, dh 16", 2, 17, 4, 2, 16, 1.5f, 22, SIMPLE | CUDNN, SIMPLE},
+    {SIMPLE_K, "simple: T = 300, GQA 7, dh 32", 1, 300, 7, 1, 32, 1.5f, 23, SIMPLE | CUDNN, SIMPLE},
+    {SIMPLE_K, "simple: T = 1000, B = 2, GQA 2, dh 64", 2, 1000, 4, 2, 64, 1.0f, 24, SIMPLE | FC, SIMPLE | FLASH},
+};
+
+/* Runs the cases of one table over their implementations; fails when an implementation it asked
+ * took none of them. */
+static void run_table(int which)
 {
+    const char *table = kTables[which];
     for (size_t x = 0; x < N_IMPL; x++)
         g_impls[x].asked = g_impls[x].ran = g_impls[x].refused = 0;
-    for (size_t i = 0; i < n; i++)
-        run_case(&cases[i]);
+    for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
+        if (kCases[i].table == which)
+            run_case(&kCases[i]);
     for (size_t x = 0; x < N_IMPL; x++) {
         const impl *m = &g_impls[x];
         if (m->asked)
@@ -359,71 +403,10 @@ static void run_table(const char *table, const acase *cases, size_t n)
     }
 }
 
-#define FC (FLASH | CUDNN)
-#define TABLE(name, cases) run_table(name, cases, sizeof cases / sizeof cases[0])
-
-static void test_small(void **state)
-{
-    static const acase cases[] = {
-        {"T = 1", 1, 1, 2, 1, 64, 1.0f, 1, FC, FLASH},
-        {"T = 17, B = 2, GQA 2, dh 48", 2, 17, 4, 2, 48, 1.5f, 2, FC, FLASH},
-        {"T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 3, FC, FC}, /* the teacher's shapes: */
-        {"T = 1000, B = 2, GQA 1, dh 64", 2, 1000, 2, 2, 64, 1.0f, 4, FC, FC}, /* cuDNN must take them */
-        {"T = 1000, GQA 2, dh 48", 1, 1000, 4, 2, 48, 2.0f, 5, FC, FLASH},
-        {"T = 333, GQA 3, dh 80", 1, 333, 6, 2, 80, 1.5f, 6, FC, FLASH},
-        {"T = 200, B = 2, GQA 1, dh 96", 2, 200, 3, 3, 96, 1.5f, 7, FC, FLASH},
-        {"T = 128 (one full query tile)", 1, 128, 2, 1, 128, 1.5f, 8, FC, FLASH},
-        {"T = 65 (one key past a tile)", 1, 65, 2, 2, 64, 1.5f, 9, FC, FLASH},
-        {"T = 1, GQA 1, dh 64", 1, 1, 2, 2, 64, 1.0f, 1, FC, FLASH},
-        {"T = 1, B = 2, GQA 7, dh 128", 2, 1, 7, 1, 128, 1.0f, 2, FC, FLASH},
-        {"T = 17, B = 2, GQA 2, dh 64", 2, 17, 4, 2, 64, 1.5f, 3, FC, FLASH},
-        {"T = 17, GQA 7, dh 128", 1, 17, 14, 2, 128, 1.5f, 4, FC, FLASH},
-        {"T = 1000, GQA 2, dh 128", 1, 1000, 4, 2, 128, 2.0f, 7, FC, FC},
-        {"T = 1000, B = 2, GQA 7, dh 64", 2, 1000, 7, 1, 64, 1.5f, 8, FC, FC},
-    };
-    (void)state;
-    TABLE("small", cases);
-}
-
-/* Long sequences: the float64 reference on sampled rows, the CPU's where its scratch fits. */
-static void test_long(void **state)
-{
-    static const acase cases[] = {
-        {"T = 8192, GQA 2, dh 128", 1, 8192, 4, 2, 128, 1.5f, 11, FC, FLASH},
-        {"T = 8192, GQA 7, dh 48", 1, 8192, 7, 1, 48, 1.5f, 12, FC, FLASH},
-        {"T = 8192, B = 2, GQA 1, dh 64", 2, 8192, 2, 2, 64, 1.0f, 13, FC, FLASH},
-        {"T = 4097, GQA 2, dh 128", 1, 4097, 2, 1, 128, 2.0f, 14, FC, FLASH},
-        {"T = 4097, B = 2, GQA 7, dh 64", 2, 4097, 7, 1, 64, 1.5f, 12, FC, FLASH},
-        {"T = 4097, GQA 1, dh 64", 1, 4097, 3, 3, 64, 1.0f, 13, FC, FLASH},
-    };
-    (void)state;
-    TABLE("long", cases);
-}
-
-/* Scores in the thousands (q, k ~ normal(0, 30²)): exp(s) overflows fp32 without the running max. */
-static void test_large_scores(void **state)
-{
-    static const acase cases[] = {
-        {"large scores, dh 64", 1, 300, 2, 1, 64, 30.0f, 21, FC, FLASH},
-        {"large scores, dh 128, T = 4100", 1, 4100, 2, 2, 128, 20.0f, 22, FC, FLASH},
-    };
-    (void)state;
-    TABLE("large scores", cases);
-}
-
-/* The simple kernel (kernels/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures'
- * 16, the demo teacher's 32) and one the flash kernel takes too. */
-static void test_simple(void **state)
-{
-    static const acase cases[] = {
-        {"simple: T = 1, dh 16", 1, 1, 2, 1, 16, 1.0f, 21, SIMPLE | CUDNN, SIMPLE},
-        {"simple: T = 17, B = 2, GQA 2, dh 16", 2, 17, 4, 2, 16, 1.5f, 22, SIMPLE | CUDNN, SIMPLE},
-        {"simple: T = 300, GQA 7, dh 32", 1, 300, 7, 1, 32, 1.5f, 23, SIMPLE | CUDNN, SIMPLE},
-        {"simple: T = 1000, B = 2, GQA 2, dh 64", 2, 1000, 4, 2, 64, 1.0f, 24, SIMPLE | FC, SIMPLE | FLASH},
-    };
-    (void)state;
-    TABLE("simple", cases);
-}
+static void test_small(void **state) { (void)state, run_table(SMALL); }
+static void test_long(void **state) { (void)state, run_table(LONG); }
+static void test_large_scores(void **state) { (void)state, run_table(LARGE); }
+static void test_simple(void **state) { (void)state, run_table(SIMPLE_K); }
 
 /* One cuDNN forward of shape c (inputs in) into fresh NaN-filled buffers dy, dl; y and lse back in
  * hy, hl. Returns 0 when cuDNN refused the shape. */
@@ -468,7 +451,7 @@ static void test_plan_cache(void **state)
     if (!g_attn)
         skip();
     enum { N_T = 20, H = 2, HKV = 1, DH = 64 };
-    acase big = {"plan cache", 1, N_T, H, HKV, DH, 1.5f, 31, CUDNN, 0};
+    acase big = {0, "plan cache", 1, N_T, H, HKV, DH, 1.5f, 31, CUDNN, 0};
     inputs in;
     inputs_make(&in, &big, 0);
     uint16_t *dy = tkd_test_dev_alloc(2 * in.nq), *dy2 = tkd_test_dev_alloc(2 * in.nq);
