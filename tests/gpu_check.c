@@ -123,3 +123,9 @@ void tkd_test_where_index(char *buf, size_t cap, int64_t i, const void *unused)
     (void)unused;
     snprintf(buf, cap, "[%lld]", (long long)i);
 }
+
+void tkd_test_where_step(char *buf, size_t cap, int64_t i, const void *unused)
+{
+    (void)unused;
+    snprintf(buf, cap, "step %lld", (long long)i + 1);
+}

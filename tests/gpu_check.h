@@ -62,8 +62,10 @@ void tkd_test_check_bf16_mat(const char *what, const uint16_t *got, const double
 void tkd_test_check_f32_mat(const char *what, const float *got, const double *ref, size_t n, size_t cols,
                             tkd_test_tol tol, const double *extra);
 
-/* Formatters: ctx points to a size_t column count ("[row r, col c]"), or is unused ("[i]"). */
+/* Formatters: ctx points to a size_t column count ("[row r, col c]"), or is unused ("[i]", and
+ * "step i + 1" for a training curve's losses). */
 void tkd_test_where_rowcol(char *buf, size_t cap, int64_t i, const void *cols);
 void tkd_test_where_index(char *buf, size_t cap, int64_t i, const void *unused);
+void tkd_test_where_step(char *buf, size_t cap, int64_t i, const void *unused);
 
 #endif
