@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cuda_runtime.h>
@@ -40,6 +41,14 @@ void *tkd_test_xmalloc(size_t n)
     void *p = malloc(n ? n : 1);
     assert_non_null(p);
     return p;
+}
+
+void tkd_test_skip_unless_ok(tkd_status st)
+{
+    if (st == TKD_OK)
+        return;
+    printf("skipped: %s\n", tkd_error_msg());
+    exit(77);
 }
 
 void tkd_test_ok(tkd_status st, const char *what)

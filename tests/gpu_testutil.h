@@ -5,6 +5,25 @@
 #ifndef TKD_GPU_TESTUTIL_H
 #define TKD_GPU_TESTUTIL_H
 
+/* A GPU test's main: exits 77 (skipped) where no GPU answers or the build has no CUDA backend, else
+ * runs `tests` (a CMUnitTest array, defined only where TKD_HAVE_CUDA is) between setup and teardown.
+ * The file includes cmocka.h first. */
+#ifdef TKD_HAVE_CUDA
+#define TKD_TEST_GPU_MAIN(tests, setup, teardown)                                                            \
+    int main(void)                                                                                           \
+    {                                                                                                        \
+        tkd_test_require_gpu();                                                                              \
+        return cmocka_run_group_tests(tests, setup, teardown);                                               \
+    }
+#else
+#define TKD_TEST_GPU_MAIN(tests, setup, teardown)                                                            \
+    int main(void)                                                                                           \
+    {                                                                                                        \
+        tkd_test_require_gpu();                                                                              \
+        return 77;                                                                                           \
+    }
+#endif
+
 #ifdef TKD_HAVE_CUDA
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +46,10 @@ void tkd_test_poison(void *d, size_t n);
 
 /* malloc of n bytes (1 when n is 0); fails the test when it returns NULL. */
 void *tkd_test_xmalloc(size_t n);
+
+/* Exits 77 (skipped), printing "skipped: message", unless st is TKD_OK: for a test whose hardware or
+ * library (sm90, cuDNN) is missing. */
+void tkd_test_skip_unless_ok(tkd_status st);
 
 /* Fails the test with "what: STATUS_NAME: message" unless st is TKD_OK. */
 void tkd_test_ok(tkd_status st, const char *what);

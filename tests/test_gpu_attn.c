@@ -549,19 +549,12 @@ static int group_teardown(void **state)
     g_attn = NULL;
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_errors),       cmocka_unit_test(test_cudnn_errors), cmocka_unit_test(test_small),
+    cmocka_unit_test(test_plan_cache),   cmocka_unit_test(test_large_scores), cmocka_unit_test(test_long),
+    cmocka_unit_test(test_simple),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),       cmocka_unit_test(test_cudnn_errors), cmocka_unit_test(test_small),
-        cmocka_unit_test(test_plan_cache),   cmocka_unit_test(test_large_scores), cmocka_unit_test(test_long),
-        cmocka_unit_test(test_simple),
-    };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, group_setup, group_teardown)

@@ -554,19 +554,12 @@ static void test_errors(void **state)
     tkd_cuda_attn_bwd_ws_free(NULL);
     cudaFree(d), cudaFree(l);
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_errors),
+    cmocka_unit_test(test_small),
+    cmocka_unit_test(test_long),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_small),
-        cmocka_unit_test(test_long),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, NULL, NULL)

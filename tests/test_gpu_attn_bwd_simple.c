@@ -177,18 +177,11 @@ static int teardown(void **state)
     cudaStreamDestroy(g_stream);
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_demo_shape), cmocka_unit_test(test_gqa6_two_chunks), cmocka_unit_test(test_one_position),
+    cmocka_unit_test(test_dh80),       cmocka_unit_test(test_dh256),          cmocka_unit_test(test_refuses_bad_shapes),
+};
 #endif
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_demo_shape), cmocka_unit_test(test_gqa6_two_chunks), cmocka_unit_test(test_one_position),
-        cmocka_unit_test(test_dh80),       cmocka_unit_test(test_dh256),          cmocka_unit_test(test_refuses_bad_shapes),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, setup, teardown)

@@ -513,19 +513,12 @@ static int teardown(void **state)
     cudaStreamDestroy(g_stream);
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_convert),   cmocka_unit_test(test_embedding),
+    cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
+    cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_linear),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_convert),   cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_linear),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, setup, teardown)

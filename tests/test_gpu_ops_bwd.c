@@ -931,20 +931,13 @@ static int teardown(void **state)
     cudaStreamDestroy(g_stream);
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_embedding_bwd), cmocka_unit_test(test_rmsnorm_bwd),
+    cmocka_unit_test(test_rope_bwd),      cmocka_unit_test(test_swiglu_bwd),
+    cmocka_unit_test(test_linear_bwd),    cmocka_unit_test(test_adamw),
+    cmocka_unit_test(test_master_split_join), cmocka_unit_test(test_grad_norm),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_embedding_bwd), cmocka_unit_test(test_rmsnorm_bwd),
-        cmocka_unit_test(test_rope_bwd),      cmocka_unit_test(test_swiglu_bwd),
-        cmocka_unit_test(test_linear_bwd),    cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_master_split_join), cmocka_unit_test(test_grad_norm),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, setup, teardown)
