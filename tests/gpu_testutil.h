@@ -71,6 +71,18 @@ typedef struct tkd_test_attn_in {
 void tkd_test_attn_in_make(tkd_test_attn_in *in, int B, int T, int H, int Hkv, int dh, float std, uint64_t seed);
 void tkd_test_attn_in_free(tkd_test_attn_in *in);
 
+/* One RoPE case of tkd_cuda_rope_fwd (backward 0) or tkd_cuda_rope_bwd (1) on `stream`: q (N, H·dh)
+ * and k (N, Hkv·dh) of normal(0, 1.5²) bf16 from seed_q, seed_k at `off` elements past 16-byte
+ * alignment, tables of theta for T positions, both outputs against ref64's rotation: each bf16
+ * output within 2^-8·|ref| (its rounding) + 2^-21·(|x| + |y|) of its pair (fp32 x·c ∓ y·s). */
+typedef struct tkd_test_rope {
+    int N, T, H, Hkv, dh, off, backward;
+    double theta;
+    uint64_t seed_q, seed_k;
+} tkd_test_rope;
+
+void tkd_test_rope_case(const tkd_test_rope *r, void *stream);
+
 /* The n bf16 values of b as doubles; the caller frees. */
 double *tkd_test_bf16_to_f64(const uint16_t *b, size_t n);
 

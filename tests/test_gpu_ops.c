@@ -36,7 +36,6 @@
 #include "common/half.h"
 #include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
-#include "tests/ref64.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -48,7 +47,6 @@
 
 #define BF16_REL 0.00390625       /* 2^-8: one round-to-nearest into bf16 (see the top) */
 #define RMS_F32_REL 1e-5          /* fp32 sum of squares and 1/sqrt */
-#define ROPE_F32_ABS 4.76837158203125e-07 /* 2^-21, times |x| + |y| of the pair */
 #define SWIGLU_F32_REL 1e-5       /* expf, divide, multiplies */
 #define SWIGLU_ABS 1e-30          /* e^-g overflow for g < -88.7 */
 #define LINEAR_ACC_REL 1e-4       /* times Σ|x·w|: fp32 tensor-core accumulation */
@@ -60,7 +58,6 @@ static cudaStream_t g_stream; /* every launch goes to this (non-default) stream 
 
 /* bf16 outputs: one round-to-nearest (2^-8·|ref|) on top of each op's fp32 bound (see the top). */
 static const tkd_test_tol kRmsTol = {0.0, BF16_REL + RMS_F32_REL, "bf16 y 2^-8 + fp32 sum of squares and 1/sqrt 1e-5"};
-static const tkd_test_tol kRopeTol = {0.0, BF16_REL, "bf16 2^-8, + 2^-21·(|x| + |y|) of the pair (fp32 x·c − y·s)"};
 static const tkd_test_tol kSwigluTol = {SWIGLU_ABS, BF16_REL + SWIGLU_F32_REL,
                                         "bf16 2^-8 + expf, divide, multiplies 1e-5; 1e-30: e^-g overflow"};
 static const tkd_test_tol kLinearTol = {0.0, BF16_REL, "bf16 2^-8, + 1e-4·Σ|x·w| (fp32 tensor-core accumulation)"};
@@ -218,36 +215,11 @@ static void test_rmsnorm(void **state)
 
 /* ---- RoPE ----------------------------------------------------------------------------------------- */
 
+/* q and k of seeds 400 + dh, 500 + dh; tests/gpu_testutil.h holds the check and its tolerance. */
 static void rope_case(int N, int T, int H, int Hkv, int dh, double theta)
 {
-    char what[160];
-    snprintf(what, sizeof what, "rope N %d T %d H %d Hkv %d dh %d", N, T, H, Hkv, dh);
-    const int half = dh / 2;
-    const size_t nq = (size_t)N * H * dh, nk = (size_t)N * Hkv * dh, nt = (size_t)T * half;
-    float *inv = tkd_test_xmalloc((size_t)half * 4), *c = tkd_test_xmalloc(nt * 4),
-          *s = tkd_test_xmalloc(nt * 4);
-    tkd_cpu_rope_inv_freq(theta, dh, 0, 1.0, 1.0, 4.0, 8192, inv);
-    tkd_cpu_rope_table(inv, dh, T, c, s);
-    uint16_t *q = tkd_test_rand_bf16(nq, 400 + dh, 1.5f), *k = tkd_test_rand_bf16(nk, 500 + dh, 1.5f);
-    double *qref, *kref, *qabs, *kabs;
-    tkd_ref64_rope(q, N, T, H, dh, c, s, 0, ROPE_F32_ABS, &qref, &qabs);
-    tkd_ref64_rope(k, N, T, Hkv, dh, c, s, 0, ROPE_F32_ABS, &kref, &kabs);
-    uint16_t *d_q = tkd_test_dev_alloc(nq * 2), *d_k = tkd_test_dev_alloc(nk * 2);
-    float *d_c = tkd_test_dev_alloc(nt * 4), *d_s = tkd_test_dev_alloc(nt * 4);
-    tkd_test_to_dev(d_q, q, nq * 2);
-    tkd_test_to_dev(d_k, k, nk * 2);
-    tkd_test_to_dev(d_c, c, nt * 4);
-    tkd_test_to_dev(d_s, s, nt * 4);
-    tkd_test_ok(tkd_cuda_rope_fwd(d_q, d_k, N, T, H, Hkv, dh, d_c, d_s, g_stream), what);
-    tkd_test_to_host(q, d_q, nq * 2, g_stream);
-    tkd_test_to_host(k, d_k, nk * 2, g_stream);
-    char wq[200];
-    snprintf(wq, sizeof wq, "%s: q", what);
-    tkd_test_check_bf16_mat(wq, q, qref, nq, (size_t)H * dh, kRopeTol, qabs);
-    snprintf(wq, sizeof wq, "%s: k", what);
-    tkd_test_check_bf16_mat(wq, k, kref, nk, (size_t)Hkv * dh, kRopeTol, kabs);
-    cudaFree(d_q), cudaFree(d_k), cudaFree(d_c), cudaFree(d_s);
-    free(inv), free(c), free(s), free(q), free(k), free(qref), free(kref), free(qabs), free(kabs);
+    const tkd_test_rope r = {N, T, H, Hkv, dh, 0, 0, theta, 400 + (uint64_t)dh, 500 + (uint64_t)dh};
+    tkd_test_rope_case(&r, g_stream);
 }
 
 static void test_rope(void **state)

@@ -48,7 +48,6 @@
 #include "common/half.h"
 #include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
-#include "tests/ref64.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -67,7 +66,6 @@
 #define RMS_DX_REL 1e-5           /* fp32 row sum and ~5 roundings */
 #define RMS_GUARD 64              /* 0xffff elements after dx_bf16 that must stay so */
 #define COLSUM_REL 1e-5           /* row-group fp32 sums (RMSNorm dw, linear db) */
-#define ROPE_F32_ABS 4.76837158203125e-07 /* 2^-21, times |x| + |y| of the pair */
 #define SWIGLU_F32_REL 1e-5       /* expf, divide, multiplies */
 #define SWIGLU_ABS 1e-30          /* σ(g) underflow for g < -88.7 */
 #define LINEAR_ACC_REL 1e-4       /* times Σ|products|: fp32 tensor-core accumulation */
@@ -110,7 +108,6 @@ static double *zeros64(size_t n)
 static const tkd_test_tol kEmbTol = {0.0, F32_OUT_REL, "fp32 2^-23, + (64 + chunks + 2)·u·Σ(|demb0| + Σ|dx|)"};
 static const tkd_test_tol kRmsDxTol = {0.0, F32_OUT_REL, "fp32 2^-23, + 1e-5·(r·|g| + r³/D·|x|·Σ|g·x|)"};
 static const tkd_test_tol kColsumTol = {0.0, F32_OUT_REL, "fp32 2^-23, + 1e-5·Σ|terms| (row-group fp32 sums)"};
-static const tkd_test_tol kRopeTol = {0.0, BF16_REL, "bf16 2^-8, + 2^-21·(|x| + |y|) of the pair (fp32 x·c ± y·s)"};
 static const tkd_test_tol kSwigluTol = {0.0, BF16_REL, "bf16 2^-8, + 1e-5 of the terms (expf, divide) + 1e-30"};
 static const tkd_test_tol kLinDxTol = {0.0, BF16_REL, "bf16 2^-8, + (1e-4 + 2^-8)·Σ|products| (fp32 accumulation, "
                                                       "cuBLASLt's rounding before beta·C)"};
@@ -383,37 +380,12 @@ static void test_rmsnorm_bwd(void **state)
 
 /* ---- RoPE --------------------------------------------------------------------------------------- */
 
+/* dq and dk of seeds 700 + dh, 800 + dh, theta 10000, `off` elements past 16-byte alignment;
+ * tests/gpu_testutil.h holds the check and its tolerance. */
 static void rope_bwd_case(int N, int T, int H, int Hkv, int dh, int off)
 {
-    char what[160];
-    snprintf(what, sizeof what, "rope_bwd N %d T %d H %d Hkv %d dh %d offset %d", N, T, H, Hkv, dh, off);
-    const int half = dh / 2;
-    const size_t nq = (size_t)N * H * dh, nk = (size_t)N * Hkv * dh, nt = (size_t)T * half;
-    float *inv = tkd_test_xmalloc((size_t)half * 4), *c = tkd_test_xmalloc(nt * 4),
-          *s = tkd_test_xmalloc(nt * 4);
-    tkd_cpu_rope_inv_freq(10000.0, dh, 0, 1.0, 1.0, 4.0, 8192, inv);
-    tkd_cpu_rope_table(inv, dh, T, c, s);
-    uint16_t *q = tkd_test_rand_bf16(nq, 700 + dh, 1.5f), *k = tkd_test_rand_bf16(nk, 800 + dh, 1.5f);
-    double *qref, *kref, *qabs, *kabs;
-    tkd_ref64_rope(q, N, T, H, dh, c, s, 1, ROPE_F32_ABS, &qref, &qabs);
-    tkd_ref64_rope(k, N, T, Hkv, dh, c, s, 1, ROPE_F32_ABS, &kref, &kabs);
-    uint16_t *d_q = tkd_test_dev_alloc((nq + off) * 2), *d_k = tkd_test_dev_alloc((nk + off) * 2);
-    float *d_c = tkd_test_dev_alloc((nt + off) * 4), *d_s = tkd_test_dev_alloc((nt + off) * 4);
-    tkd_test_to_dev(d_q + off, q, nq * 2);
-    tkd_test_to_dev(d_k + off, k, nk * 2);
-    tkd_test_to_dev(d_c + off, c, nt * 4);
-    tkd_test_to_dev(d_s + off, s, nt * 4);
-    tkd_test_ok(tkd_cuda_rope_bwd(d_q + off, d_k + off, N, T, H, Hkv, dh, d_c + off, d_s + off, g_stream),
-                what);
-    tkd_test_to_host(q, d_q + off, nq * 2, g_stream);
-    tkd_test_to_host(k, d_k + off, nk * 2, g_stream);
-    char wq[200];
-    snprintf(wq, sizeof wq, "%s: dq", what);
-    tkd_test_check_bf16_mat(wq, q, qref, nq, (size_t)H * dh, kRopeTol, qabs);
-    snprintf(wq, sizeof wq, "%s: dk", what);
-    tkd_test_check_bf16_mat(wq, k, kref, nk, (size_t)Hkv * dh, kRopeTol, kabs);
-    cudaFree(d_q), cudaFree(d_k), cudaFree(d_c), cudaFree(d_s);
-    free(inv), free(c), free(s), free(q), free(k), free(qref), free(kref), free(qabs), free(kabs);
+    const tkd_test_rope r = {N, T, H, Hkv, dh, off, 1, 10000.0, 700 + (uint64_t)dh, 800 + (uint64_t)dh};
+    tkd_test_rope_case(&r, g_stream);
 }
 
 static void test_rope_bwd(void **state)
