@@ -144,4 +144,30 @@ void tkd_test_rope_case(const tkd_test_rope *r, void *stream)
     cudaFree(d_q), cudaFree(d_k), cudaFree(d_c), cudaFree(d_s);
     free(inv), free(c), free(s), free(q), free(k), free(qref), free(kref), free(qabs), free(kabs);
 }
+
+void tkd_test_rope_cases(int backward, uint64_t seed_base, void *stream)
+{
+    static const struct {
+        int N, T, H, Hkv, dh, off;
+        double theta;
+    } shapes[] = {
+        {1, 1, 1, 1, 64, 0, 10000.0},        /* one row, position 0 only */
+        {17, 5, 14, 2, 64, 0, 1e6},          /* 4 sequences of 5 (t = n % T), H/Hkv = 7 */
+        {1000, 1000, 7, 1, 128, 0, 500000.0}, /* one long sequence, H/Hkv = 7 */
+        {1000, 1000, 14, 2, 64, 0, 10000.0},
+        {17, 17, 4, 2, 48, 0, 10000.0},      /* dh = 48: half = 24 */
+        {33, 8, 14, 2, 80, 0, 10000.0},
+        {5, 3, 2, 2, 96, 0, 10000.0},        /* H/Hkv = 1 */
+        {1000, 250, 2, 1, 128, 0, 10000.0},  /* H/Hkv = 2 */
+        {17, 5, 3, 1, 20, 0, 10000.0},       /* half = 10: scalar path */
+        {9, 4, 2, 2, 2, 0, 10000.0},         /* dh = 2 */
+        {17, 17, 4, 2, 48, 1, 10000.0},      /* one element off alignment: scalar path */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const tkd_test_rope r = {shapes[i].N, shapes[i].T, shapes[i].H, shapes[i].Hkv, shapes[i].dh, shapes[i].off,
+                                 backward, shapes[i].theta, seed_base + (uint64_t)shapes[i].dh,
+                                 seed_base + 100 + (uint64_t)shapes[i].dh};
+        tkd_test_rope_case(&r, stream);
+    }
+}
 #endif /* TKD_HAVE_CUDA */

@@ -83,6 +83,11 @@ typedef struct tkd_test_rope {
 
 void tkd_test_rope_case(const tkd_test_rope *r, void *stream);
 
+/* Every RoPE shape of the GPU tests in one direction (seeds base + dh and base + 100 + dh): one row,
+ * sequences of 5 (t = n % T), long sequences, GQA 1, 2 and 7, dh 2 to 128 (half = 10: the scalar
+ * path), one element off 16-byte alignment. */
+void tkd_test_rope_cases(int backward, uint64_t seed_base, void *stream);
+
 /* The n bf16 values of b as doubles; the caller frees. */
 double *tkd_test_bf16_to_f64(const uint16_t *b, size_t n);
 

@@ -215,25 +215,12 @@ static void test_rmsnorm(void **state)
 
 /* ---- RoPE ----------------------------------------------------------------------------------------- */
 
-/* q and k of seeds 400 + dh, 500 + dh; tests/gpu_testutil.h holds the check and its tolerance. */
-static void rope_case(int N, int T, int H, int Hkv, int dh, double theta)
-{
-    const tkd_test_rope r = {N, T, H, Hkv, dh, 0, 0, theta, 400 + (uint64_t)dh, 500 + (uint64_t)dh};
-    tkd_test_rope_case(&r, g_stream);
-}
-
+/* The shapes and the check: tests/gpu_testutil.h (tkd_test_rope_cases); q and k of seeds 400 + dh,
+ * 500 + dh. */
 static void test_rope(void **state)
 {
     (void)state;
-    rope_case(1, 1, 1, 1, 64, 10000.0);        /* one row, position 0 only */
-    rope_case(17, 5, 14, 2, 64, 1e6);          /* 4 sequences of 5 (t = n % T), H/Hkv = 7 */
-    rope_case(1000, 1000, 7, 1, 128, 500000.0); /* one long sequence, H/Hkv = 7 */
-    rope_case(17, 17, 4, 2, 48, 10000.0);      /* dh = 48: half = 24 */
-    rope_case(33, 8, 14, 2, 80, 10000.0);
-    rope_case(5, 3, 2, 2, 96, 10000.0);        /* H/Hkv = 1 */
-    rope_case(1000, 250, 2, 1, 128, 10000.0);  /* H/Hkv = 2 */
-    rope_case(17, 5, 3, 1, 20, 10000.0);       /* half = 10: scalar path */
-    rope_case(9, 4, 2, 2, 2, 10000.0);         /* dh = 2 */
+    tkd_test_rope_cases(0, 400, g_stream);
     uint16_t *d = tkd_test_dev_alloc(64);
     float *f = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rope_fwd(d, d, 1, 1, 1, 1, 63, f, f, g_stream), TKD_ERR_INVALID_ARG);

@@ -380,27 +380,12 @@ static void test_rmsnorm_bwd(void **state)
 
 /* ---- RoPE --------------------------------------------------------------------------------------- */
 
-/* dq and dk of seeds 700 + dh, 800 + dh, theta 10000, `off` elements past 16-byte alignment;
- * tests/gpu_testutil.h holds the check and its tolerance. */
-static void rope_bwd_case(int N, int T, int H, int Hkv, int dh, int off)
-{
-    const tkd_test_rope r = {N, T, H, Hkv, dh, off, 1, 10000.0, 700 + (uint64_t)dh, 800 + (uint64_t)dh};
-    tkd_test_rope_case(&r, g_stream);
-}
-
+/* The shapes and the check: tests/gpu_testutil.h (tkd_test_rope_cases); dq and dk of seeds 700 + dh,
+ * 800 + dh. */
 static void test_rope_bwd(void **state)
 {
     (void)state;
-    rope_bwd_case(1, 1, 1, 1, 64, 0);        /* one row, position 0 only */
-    rope_bwd_case(17, 5, 14, 2, 64, 0);      /* 4 sequences of 5 (t = n % T), H/Hkv = 7 */
-    rope_bwd_case(1000, 1000, 7, 1, 128, 0); /* one long sequence, H/Hkv = 7 */
-    rope_bwd_case(17, 17, 4, 2, 48, 0);      /* dh = 48: half = 24 */
-    rope_bwd_case(5, 3, 2, 2, 96, 0);        /* H/Hkv = 1 */
-    rope_bwd_case(1000, 250, 2, 1, 128, 0);  /* H/Hkv = 2 */
-    rope_bwd_case(1000, 1000, 14, 2, 64, 0);
-    rope_bwd_case(17, 5, 3, 1, 20, 0);       /* half = 10: scalar path */
-    rope_bwd_case(9, 4, 2, 2, 2, 0);         /* dh = 2 */
-    rope_bwd_case(17, 17, 4, 2, 48, 1);      /* off alignment: scalar path */
+    tkd_test_rope_cases(1, 700, g_stream);
     uint16_t *d = tkd_test_dev_alloc(64);
     float *f = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rope_bwd(d, d, 1, 1, 1, 1, 63, f, f, g_stream), TKD_ERR_INVALID_ARG);
