@@ -169,5 +169,12 @@ void tkd_test_rope_cases(int backward, uint64_t seed_base, void *stream)
                                  seed_base + 100 + (uint64_t)shapes[i].dh};
         tkd_test_rope_case(&r, stream);
     }
+    tkd_status (*const rope)(uint16_t *, uint16_t *, int, int, int, int, int, const float *, const float *, void *) =
+        backward ? tkd_cuda_rope_bwd : tkd_cuda_rope_fwd;
+    uint16_t *d = tkd_test_dev_alloc(64);
+    float *f = tkd_test_dev_alloc(64);
+    assert_int_equal(rope(d, d, 1, 1, 1, 1, 63, f, f, stream), TKD_ERR_INVALID_ARG); /* odd dh */
+    assert_int_equal(rope(d, d, 1, 1, 1, 0, 64, f, f, stream), TKD_ERR_INVALID_ARG); /* Hkv 0 */
+    cudaFree(d), cudaFree(f);
 }
 #endif /* TKD_HAVE_CUDA */

@@ -85,7 +85,7 @@ void tkd_test_rope_case(const tkd_test_rope *r, void *stream);
 
 /* Every RoPE shape of the GPU tests in one direction (seeds base + dh and base + 100 + dh): one row,
  * sequences of 5 (t = n % T), long sequences, GQA 1, 2 and 7, dh 2 to 128 (half = 10: the scalar
- * path), one element off 16-byte alignment. */
+ * path), one element off 16-byte alignment; then an odd dh and Hkv = 0 refused (TKD_ERR_INVALID_ARG). */
 void tkd_test_rope_cases(int backward, uint64_t seed_base, void *stream);
 
 /* The n bf16 values of b as doubles; the caller frees. */
