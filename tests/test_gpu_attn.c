@@ -334,11 +334,13 @@ static void run_case(const acase *c)
             m->refused++;
             continue;
         }
-        double ey = check_y(&in, c, m, o.y, "with lse"), ey2 = m->same_bits ? ey : check_y(&in, c, m, o.y_nolse, "without lse");
-        double el = check_lse(&in, c, m, o.lse);
+        const double ey = check_y(&in, c, m, o.y, "with lse");
+        const double ey2 = m->same_bits ? ey : check_y(&in, c, m, o.y_nolse, "without lse"); /* same bits: checked */
+        const double el = check_lse(&in, c, m, o.lse);
         m->ran++;
-        print_message("%-34s B=%d T=%-5d H=%-2d Hkv=%-2d dh=%-3d %-6s: y max err/tol %.3f (no lse %.3f), lse %.3f%s\n",
-                      c->what, c->B, c->T, c->H, c->Hkv, c->dh, m->name, ey, ey2, el, in.ycpu ? "" : " (no cpu ref)");
+        print_message("%-34s B=%d T=%-5d H=%-2d Hkv=%-2d dh=%-3d %-6s: y max err/tol %.3f (no lse %.3f), "
+                      "lse %.3f%s\n", c->what, c->B, c->T, c->H, c->Hkv, c->dh, m->name, ey, ey2, el,
+                      in.ycpu ? "" : " (no cpu ref)");
     }
     free(o.y), free(o.y_nolse), free(o.lse);
     inputs_free(&in);

@@ -496,11 +496,13 @@ static void cpu_vs_cuda(const tkd_test_student_dir *f, const char *tag, const ch
     for (int s = 0; s < steps; s++) {
         tkd_test_check_add(&k, s, lg[s], lc[s], 0.0);
         if (s % 8 == 0 || s == steps - 1)
-            printf("  %s step %3d: loss cpu %.5f cuda %.5f (%+.2e)\n", tag, s + 1, lc[s], lg[s], (lg[s] - lc[s]) / lc[s]);
+            printf("  %s step %3d: loss cpu %.5f cuda %.5f (%+.2e)\n", tag, s + 1, lc[s], lg[s],
+                   (lg[s] - lc[s]) / lc[s]);
     }
     printf("  %s: worst step %lld, err/tol %.3f (tolerance %.0e relative); val CE cpu %.5f cuda %.5f, val KD cpu %.5f "
            "cuda %.5f, top-1 cpu %.4f cuda %.4f; %.1f s vs %.1f s\n", tag, (long long)k.worst_i + 1, k.worst,
-           CURVE_RTOL, rc.val_ce, rg.val_ce, rc.val_kd, rg.val_kd, rc.top1_agree, rg.top1_agree, rc.seconds, rg.seconds);
+           CURVE_RTOL, rc.val_ce, rg.val_ce, rc.val_kd, rg.val_kd, rc.top1_agree, rg.top1_agree, rc.seconds,
+           rg.seconds);
     tkd_test_check_end(&k);
     assert_int_equal(rg.steps, steps);
     assert_int_equal(rg.tokens, rc.tokens);
