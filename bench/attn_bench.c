@@ -7,7 +7,7 @@
  *  - forward: ours, then cuDNN's, each with and without the lse output; cuDNN's first call per
  *    shape also builds its plan (that wall time is the "plan ms" column, with lse, then without),
  *    and the last column is the largest |difference| between the two's y and lse over the whole
- *    output, a sanity check (tests/test_gpu_attn_cudnn.c holds the tolerances). A shape cuDNN
+ *    output, a sanity check (tests/test_gpu_attn.c holds the tolerances). A shape cuDNN
  *    refuses shows "refused" and its message goes to stderr.
  *  - backward (ours; all three gradients from our forward's y and lse), next to our forward with
  *    lse, and the two summed (one training step's attention); cuDNN's backward under its default

@@ -1,19 +1,34 @@
-/* test_gpu_attn.c — the CUDA causal GQA attention forward (kernels/attn_cuda.h) against the CPU:
- * tkd_cpu_attn_fwd (fp32, kernels/cpu_ops.h) for every output where its (B, H, T, T) scratch is
- * small, and a float64 reference of this file for y and lse on every row (T ≤ 1024) or on a sample
- * of rows (the first and last 70, every 97th, both sides of each 128-row boundary). Inputs are
- * rounded to bf16 first, so the only differences are the GPU's fp32 accumulation order, its bf16
- * rounding of the probabilities P before P·V and the bf16 rounding of y. Every case also checks
- * that y and lse are written exactly where they should be (buffers pre-filled with NaN and
- * followed by a NaN guard band) and that lse = NULL gives bit-identical y. Labelled gpu: exits 77
- * (skipped) where no GPU answers or the build has no CUDA backend.
+/* test_gpu_attn.c — the causal GQA attention forward of every implementation against the CPU, as one
+ * table of cases run over the implementations (as ggml's test-backend-ops loops over backends): our
+ * flash kernel (tkd_cuda_attn_fwd), the simple kernel for the head sizes the flash kernel refuses
+ * (tkd_cuda_attn_fwd_simple) and cuDNN's fused attention where the build and the machine have it
+ * (tkd_cudnn_attn_fwd). References: tkd_cpu_attn_fwd (fp32, kernels/cpu_ops.h) for every y where its
+ * (B, H, T, T) scratch fits CPU_REF_MAX_BYTES, and the float64 row of tests/ref64.h for y and lse on
+ * every row (T ≤ 1024) or on a sample of rows (the first and last 70, every 97th, both sides of each
+ * 128-row boundary); both are computed once a case and shared by the implementations. Inputs are
+ * rounded to bf16 first, so the only differences are the device's fp32 accumulation order, its bf16
+ * rounding of the probabilities P before P·V and the bf16 rounding of y.
  *
- * Tolerances (v ~ normal(0, 1), so |y| ≲ 4):
+ * Each implementation runs a case twice, with lse and without: our kernels must give bit-identical y
+ * (one kernel, lse only stored); cuDNN builds two plans, so its second y is checked against the
+ * references on its own. Every output buffer is pre-filled with NaN and followed by a NaN guard band,
+ * so an unwritten element or a write past the end fails.
+ *
+ * Which implementation takes which case: each case names the implementations it runs on and those
+ * that must take it (a TKD_ERR_UNSUPPORTED there fails); the others may refuse (cuDNN's message is
+ * printed). Every case and table counts what ran, and a table fails when an implementation it asked
+ * refused every case ("cuDNN refused everything" does not pass). Where the build or the machine has
+ * no cuDNN, its runs are reported as not available and its own tests (plan cache, argument errors)
+ * skip. Labelled gpu: exits 77 (skipped) where no GPU answers or the build has no CUDA backend.
+ *
+ * Tolerances (v ~ normal(0, 1), so |y| ≲ 4), the same for every implementation:
  *   y, per element: |Δ| ≤ 1e-2 + 1e-2·|ref|. bf16 y: ≤ 2^-8 = 3.9e-3 relative. bf16 P: each
  *     weight off by ≤ 2^-8 relative, y by ≤ 2^-8·Σ p|v| / Σ p in the worst case (signs aligned),
  *     ≈ 2^-8·|v| / √(keys that matter) in practice; 1e-2 absolute covers two comparable keys with
- *     |v| ≈ 2 and rounding errors of one sign. fp32 scores and sums add ~1e-6.
- *   y, over a case: ‖Δ‖₂ / ‖ref‖₂ ≤ 1e-2 (an indexing error gives O(1)).
+ *     |v| ≈ 2 and rounding errors of one sign. fp32 scores and sums add ~1e-6. cuDNN normalises P
+ *     before the bf16 rounding (P = exp/Σ, then P·V) where the flash kernel rounds the unnormalised
+ *     exp(s − m) and divides y by Σ afterwards: the same relative rounding per weight, the same bound.
+ *   y, over a case: ‖Δ‖₂ / ‖ref‖₂ ≤ 1e-2 against each reference (an indexing error gives O(1)).
  *   A numpy model of these roundings (bf16 P and y, exact elsewhere) on this file's shapes and
  *   input scales gave at most 0.34 of the element tolerance and a norm ratio of ≤ 2e-3.
  *   lse: |Δ| ≤ 1e-3 + 2e-5·|ref|. The scores are fp32 sums of exact bf16 products (error ≲
@@ -34,295 +49,443 @@
 
 #include "common/half.h"
 #include "kernels/cpu_ops.h"
+#include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
+#include "tests/ref64.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include "kernels/attn_cuda.h"
+#include "kernels/attn_cudnn.h"
 
-#define Y_ATOL 1e-2
-#define Y_RTOL 1e-2
 #define Y_NORM_TOL 1e-2
-#define LSE_ATOL 1e-3
-#define LSE_RTOL 2e-5
-#define GUARD 4096          /* NaN elements after y and lse that must stay untouched */
-#define FULL_ROWS_MAX 1024  /* up to this T the float64 reference checks every row */
+#define GUARD 4096                     /* NaN elements after y and lse that must stay untouched */
+#define FULL_ROWS_MAX 1024             /* up to this T the float64 reference checks every row */
+#define CPU_REF_MAX_BYTES (256u << 20) /* tkd_cpu_attn_fwd's (B, H, T, T) scratch, at most */
 
-/* The kernel under test: the flash kernel, or (test_simple) the simple fallback for other dh. */
-typedef tkd_status (*attn_fn)(const uint16_t *, const uint16_t *, const uint16_t *, int, int, int, int, int,
-                              uint16_t *, float *, void *);
-static attn_fn g_fwd = tkd_cuda_attn_fwd;
+static const tkd_test_tol kYTol = {1e-2, 1e-2, "bf16 y (2^-8 rel) and bf16 P (2^-8 rel per weight, ~2^-8·|v| "
+                                               "on y); fp32 sums ~1e-6"};
+static const tkd_test_tol kLseTol = {1e-3, 2e-5, "fp32 scores, ex2.approx and row sums: ~1e-5 at O(1) scores; "
+                                                 "relative part for scores in the thousands"};
+
+/* The implementations, as bits of a case's masks. */
+enum { FLASH = 1, SIMPLE = 2, CUDNN = 4 };
+
+typedef struct impl {
+    const char *name;
+    unsigned bit;
+    int same_bits;          /* y without lse must equal y with lse bit for bit */
+    int asked, ran, refused; /* over one table */
+} impl;
+
+static impl g_impls[] = {{"flash", FLASH, 1, 0, 0, 0}, {"simple", SIMPLE, 1, 0, 0, 0}, {"cudnn", CUDNN, 0, 0, 0, 0}};
+#define N_IMPL (sizeof g_impls / sizeof g_impls[0])
+
+static tkd_cudnn_attn *g_attn; /* one state for the whole run (plans cached across cases); NULL: no cuDNN */
+static char g_no_cudnn[256];   /* why g_attn is NULL */
 
 typedef struct acase {
+    int table;     /* which test runs it (SMALL, LONG, ...) */
     const char *what;
     int B, T, H, Hkv, dh;
-    float std;   /* q and k ~ normal(0, std²): scores ~ normal(0, std⁴); v ~ normal(0, 1) */
-    int cpu_ref; /* also every y against tkd_cpu_attn_fwd (B·H·T² floats of scratch) */
+    float std;     /* q and k ~ normal(0, std²): scores ~ normal(0, std⁴); v ~ normal(0, 1) */
     uint64_t seed;
+    unsigned runs; /* the implementations it runs on */
+    unsigned must; /* those whose refusal fails the test (the others may refuse) */
 } acase;
 
-/* The inputs (bf16-rounded floats and their bits) and the GPU's outputs of one case. */
-typedef struct run {
+/* A case's inputs (bf16-rounded floats and their bits, on the host and the device) and references. */
+typedef struct inputs {
     int64_t nq, nkv, nl;   /* elements of q / y, of k / v, of lse */
     float *q, *k, *v;      /* (B·T, H·dh), (B·T, Hkv·dh) ×2 */
     uint16_t *qb, *kb, *vb;
-    uint16_t *y, *y_nolse; /* (B·T, H·dh) + GUARD */
+    uint16_t *dq, *dk, *dv; /* device copies of the bits */
+    double *y64, *lse64;   /* float64 y and lse on the sampled rows */
+    float *ycpu;           /* tkd_cpu_attn_fwd's y, or NULL where its scratch is too large */
+} inputs;
+
+/* One implementation's outputs of a case. */
+typedef struct outs {
+    uint16_t *y, *y_nolse; /* (B·T, H·dh) + GUARD each */
     float *lse;            /* (B, H, T) + GUARD */
-} run;
-
-/* Worst error seen over a case, and where. */
-typedef struct errs {
-    double max_y, num, den; /* max |Δy| / allowed; Σ Δ², Σ ref² */
-    double max_lse;         /* max |Δlse| / allowed */
-    int64_t n_bad;
-    char where[160];        /* the worst failing element */
-} errs;
-
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* Runs the kernel twice (with lse, then without) on fresh random inputs; checks the guard bands,
- * that every in-range output was written, and that both runs agree bit for bit. */
-static void run_gpu(run *r, const acase *c)
-{
-    r->nq = (int64_t)c->B * c->T * c->H * c->dh;
-    r->nkv = (int64_t)c->B * c->T * c->Hkv * c->dh;
-    r->nl = (int64_t)c->B * c->H * c->T;
-    r->q = malloc(sizeof(float) * r->nq), r->k = malloc(sizeof(float) * r->nkv);
-    r->v = malloc(sizeof(float) * r->nkv);
-    r->qb = malloc(2 * r->nq), r->kb = malloc(2 * r->nkv), r->vb = malloc(2 * r->nkv);
-    r->y = malloc(2 * (r->nq + GUARD)), r->y_nolse = malloc(2 * r->nq);
-    r->lse = malloc(sizeof(float) * (r->nl + GUARD));
-    assert_true(r->q && r->k && r->v && r->qb && r->kb && r->vb && r->y && r->y_nolse && r->lse);
-    tkd_test_fill_bf16(r->q, r->qb, r->nq, c->seed * 3 + 1, c->std);
-    tkd_test_fill_bf16(r->k, r->kb, r->nkv, c->seed * 3 + 2, c->std);
-    tkd_test_fill_bf16(r->v, r->vb, r->nkv, c->seed * 3 + 3, 1.0f);
-
-    uint16_t *dq = tkd_test_dev_alloc(2 * r->nq), *dk = tkd_test_dev_alloc(2 * r->nkv),
-             *dv = tkd_test_dev_alloc(2 * r->nkv);
-    uint16_t *dy = tkd_test_dev_alloc(2 * (r->nq + GUARD)), *dy2 = tkd_test_dev_alloc(2 * r->nq);
-    float *dl = tkd_test_dev_alloc(sizeof(float) * (r->nl + GUARD));
-    assert_int_equal(cudaMemcpy(dq, r->qb, 2 * r->nq, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaMemcpy(dk, r->kb, 2 * r->nkv, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaMemcpy(dv, r->vb, 2 * r->nkv, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaMemset(dy, 0xff, 2 * (r->nq + GUARD)), cudaSuccess); /* bf16 NaN */
-    assert_int_equal(cudaMemset(dy2, 0xff, 2 * r->nq), cudaSuccess);
-    assert_int_equal(cudaMemset(dl, 0xff, sizeof(float) * (r->nl + GUARD)), cudaSuccess); /* NaN */
-    tkd_status st = g_fwd(dq, dk, dv, c->B, c->T, c->H, c->Hkv, c->dh, dy, dl, NULL);
-    if (st != TKD_OK)
-        fail_msg("%s: attention forward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
-    st = g_fwd(dq, dk, dv, c->B, c->T, c->H, c->Hkv, c->dh, dy2, NULL, NULL);
-    assert_int_equal(st, TKD_OK);
-    cudaError_t ce = cudaDeviceSynchronize();
-    if (ce != cudaSuccess)
-        fail_msg("%s: kernel failed: %s", c->what, cudaGetErrorString(ce));
-    assert_int_equal(cudaMemcpy(r->y, dy, 2 * (r->nq + GUARD), cudaMemcpyDeviceToHost), cudaSuccess);
-    assert_int_equal(cudaMemcpy(r->y_nolse, dy2, 2 * r->nq, cudaMemcpyDeviceToHost), cudaSuccess);
-    assert_int_equal(cudaMemcpy(r->lse, dl, sizeof(float) * (r->nl + GUARD), cudaMemcpyDeviceToHost),
-                     cudaSuccess);
-    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dy), cudaFree(dy2), cudaFree(dl);
-
-    for (int64_t i = 0; i < GUARD; i++) {
-        if (r->y[r->nq + i] != 0xffff)
-            fail_msg("%s: y written past its end (element nq + %lld = 0x%04x)", c->what, (long long)i,
-                     r->y[r->nq + i]);
-        if (f32_bits(r->lse[r->nl + i]) != 0xffffffffu)
-            fail_msg("%s: lse written past its end (element %lld + %lld)", c->what, (long long)r->nl,
-                     (long long)i);
-    }
-    for (int64_t i = 0; i < r->nq; i++)
-        if (!isfinite(tkd_bf16_to_f32(r->y[i])) || r->y[i] != r->y_nolse[i])
-            fail_msg("%s: y[%lld] (row %lld, column %lld) = 0x%04x with lse, 0x%04x without "
-                     "(non-finite: unwritten or overflow; different: lse = NULL changed y)",
-                     c->what, (long long)i, (long long)(i / ((int64_t)c->H * c->dh)),
-                     (long long)(i % ((int64_t)c->H * c->dh)), r->y[i], r->y_nolse[i]);
-    for (int64_t i = 0; i < r->nl; i++)
-        if (!isfinite(r->lse[i]))
-            fail_msg("%s: lse[%lld] = %g (b·H + h = %lld, t = %lld)", c->what, (long long)i,
-                     (double)r->lse[i], (long long)(i / c->T), (long long)(i % c->T));
-}
-
-static void run_free(run *r)
-{
-    free(r->q), free(r->k), free(r->v), free(r->qb), free(r->kb), free(r->vb);
-    free(r->y), free(r->y_nolse), free(r->lse);
-}
-
-/* float64 softmax attention of query row t of head h in batch b: y (dh) and returns the lse.
- * sc: scratch of t + 1 doubles. */
-static double ref_row(const run *r, const acase *c, int b, int h, int t, double *y, double *sc)
-{
-    const int qs = c->H * c->dh, kvs = c->Hkv * c->dh, g = h / (c->H / c->Hkv);
-    const float *qi = r->q + ((int64_t)b * c->T + t) * qs + (int64_t)h * c->dh;
-    const float *k0 = r->k + (int64_t)b * c->T * kvs + (int64_t)g * c->dh;
-    const float *v0 = r->v + (int64_t)b * c->T * kvs + (int64_t)g * c->dh;
-    const double scale = 1.0 / sqrt((double)c->dh);
-    double m = -INFINITY, sum = 0.0;
-    for (int j = 0; j <= t; j++) {
-        double s = 0.0;
-        for (int d = 0; d < c->dh; d++)
-            s += (double)qi[d] * k0[(int64_t)j * kvs + d];
-        sc[j] = s * scale;
-        m = fmax(m, sc[j]);
-    }
-    for (int d = 0; d < c->dh; d++)
-        y[d] = 0.0;
-    for (int j = 0; j <= t; j++) {
-        double p = exp(sc[j] - m);
-        sum += p;
-        for (int d = 0; d < c->dh; d++)
-            y[d] += p * v0[(int64_t)j * kvs + d];
-    }
-    for (int d = 0; d < c->dh; d++)
-        y[d] /= sum;
-    return m + log(sum);
-}
-
-/* Records one y element's error: how far over its tolerance (≤ 1 passes) and where. */
-static void note_y(errs *e, double got, double ref, int b, int h, int t, int d,
-                   const char *against)
-{
-    double excess = fabs(got - ref) / (Y_ATOL + Y_RTOL * fabs(ref));
-    e->num += (got - ref) * (got - ref);
-    e->den += ref * ref;
-    if (excess > 1.0)
-        e->n_bad++;
-    if (excess > e->max_y) {
-        e->max_y = excess;
-        snprintf(e->where, sizeof e->where, "y[b=%d t=%d h=%d d=%d]: gpu %.6g, %s %.6g", b, t, h, d,
-                 got, against, ref);
-    }
-}
+} outs;
 
 static int sampled(int t, int T)
 {
     return T <= FULL_ROWS_MAX || t < 70 || t >= T - 70 || t % 97 == 0 || t % 128 == 0 || t % 128 == 127;
 }
 
-/* The float64 reference on the rows `sampled` picks, for y and lse. */
-static void check_ref64(const run *r, const acase *c, errs *e)
+static tkd_ref64_attn ref_of(const inputs *in, const acase *c)
 {
-    double *y = malloc(sizeof(double) * c->dh), *sc = malloc(sizeof(double) * c->T);
-    assert_true(y && sc);
+    return (tkd_ref64_attn){c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v};
+}
+
+/* y element i of (B·T, H·dh) as "y[b= t= h= d=]"; ctx: the case. */
+static void where_y(char *buf, size_t cap, int64_t i, const void *ctx)
+{
+    const acase *c = ctx;
+    const int64_t row = i / ((int64_t)c->H * c->dh), col = i % ((int64_t)c->H * c->dh);
+    snprintf(buf, cap, "y[b=%lld t=%lld h=%lld d=%lld]", (long long)(row / c->T), (long long)(row % c->T),
+             (long long)(col / c->dh), (long long)(col % c->dh));
+}
+
+/* lse element i of (B, H, T) as "lse[b= h= t=]"; ctx: the case. */
+static void where_lse(char *buf, size_t cap, int64_t i, const void *ctx)
+{
+    const acase *c = ctx;
+    const int64_t bh = i / c->T;
+    snprintf(buf, cap, "lse[b=%lld h=%lld t=%lld]", (long long)(bh / c->H), (long long)(bh % c->H),
+             (long long)(i % c->T));
+}
+
+/* Draws the inputs of shape c (all T rows), uploads them; refs: also the references. */
+static void inputs_make(inputs *in, const acase *c, int refs)
+{
+    memset(in, 0, sizeof *in);
+    in->nq = (int64_t)c->B * c->T * c->H * c->dh;
+    in->nkv = (int64_t)c->B * c->T * c->Hkv * c->dh;
+    in->nl = (int64_t)c->B * c->H * c->T;
+    in->q = tkd_test_xmalloc(sizeof(float) * in->nq), in->qb = tkd_test_xmalloc(2 * in->nq);
+    in->k = tkd_test_xmalloc(sizeof(float) * in->nkv), in->kb = tkd_test_xmalloc(2 * in->nkv);
+    in->v = tkd_test_xmalloc(sizeof(float) * in->nkv), in->vb = tkd_test_xmalloc(2 * in->nkv);
+    tkd_test_fill_bf16(in->q, in->qb, in->nq, c->seed * 3 + 1, c->std);
+    tkd_test_fill_bf16(in->k, in->kb, in->nkv, c->seed * 3 + 2, c->std);
+    tkd_test_fill_bf16(in->v, in->vb, in->nkv, c->seed * 3 + 3, 1.0f);
+    in->dq = tkd_test_dev_alloc(2 * in->nq), in->dk = tkd_test_dev_alloc(2 * in->nkv);
+    in->dv = tkd_test_dev_alloc(2 * in->nkv);
+    tkd_test_to_dev(in->dq, in->qb, 2 * in->nq);
+    tkd_test_to_dev(in->dk, in->kb, 2 * in->nkv);
+    tkd_test_to_dev(in->dv, in->vb, 2 * in->nkv);
+    if (!refs)
+        return;
+    const tkd_ref64_attn a = ref_of(in, c);
+    in->y64 = tkd_test_xmalloc(sizeof(double) * in->nq), in->lse64 = tkd_test_xmalloc(sizeof(double) * in->nl);
+    double *sc = tkd_test_xmalloc(sizeof(double) * c->T);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int t = 0; t < c->T; t++)
+                if (sampled(t, c->T))
+                    in->lse64[((int64_t)b * c->H + h) * c->T + t] = tkd_ref64_attn_row(
+                        &a, b, h, t, in->y64 + ((int64_t)b * c->T + t) * c->H * c->dh + (int64_t)h * c->dh, sc);
+    free(sc);
+    if ((double)c->B * c->H * c->T * c->T * sizeof(float) <= CPU_REF_MAX_BYTES) {
+        float *att = tkd_test_xmalloc(sizeof(float) * (size_t)c->B * c->H * c->T * c->T);
+        in->ycpu = tkd_test_xmalloc(sizeof(float) * in->nq);
+        tkd_cpu_attn_fwd(in->q, in->k, in->v, c->B, c->T, c->H, c->Hkv, c->dh, att, in->ycpu);
+        free(att);
+    }
+}
+
+static void inputs_free(inputs *in)
+{
+    free(in->q), free(in->k), free(in->v), free(in->qb), free(in->kb), free(in->vb);
+    free(in->y64), free(in->lse64), free(in->ycpu);
+    cudaFree(in->dq), cudaFree(in->dk), cudaFree(in->dv);
+}
+
+static tkd_status impl_fwd(const impl *m, const inputs *in, const acase *c, uint16_t *y, float *lse)
+{
+    switch (m->bit) {
+    case FLASH:
+        return tkd_cuda_attn_fwd(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    case SIMPLE:
+        return tkd_cuda_attn_fwd_simple(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    default:
+        return tkd_cudnn_attn_fwd(g_attn, in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    }
+}
+
+/* One call; returns 0 when the implementation refused the shape (message printed; fails where the
+ * case says it must take it). */
+static int call(const impl *m, const inputs *in, const acase *c, uint16_t *y, float *lse)
+{
+    tkd_status st = impl_fwd(m, in, c, y, lse);
+    if (st == TKD_ERR_UNSUPPORTED) {
+        print_message("%s (%s lse): %s refused: %s\n", c->what, lse ? "with" : "without", m->name, tkd_error_msg());
+        if (c->must & m->bit)
+            fail_msg("%s: %s must take this shape", c->what, m->name);
+        return 0;
+    }
+    if (st != TKD_OK)
+        fail_msg("%s: %s forward: %s: %s", c->what, m->name, tkd_status_name(st), tkd_error_msg());
+    return 1;
+}
+
+/* Fails unless the GUARD elements after y's nq (and lse's nl) still hold their NaN fill, and every
+ * in-range y is finite (non-finite: unwritten or overflow). */
+static void check_written(const inputs *in, const acase *c, const impl *m, const uint16_t *y, const float *lse,
+                          const char *which)
+{
+    char where[96];
+    for (int64_t i = 0; i < GUARD; i++) {
+        if (y[in->nq + i] != 0xffff)
+            fail_msg("%s: %s y (%s) written past its end (element nq + %lld = 0x%04x)", c->what, m->name, which,
+                     (long long)i, y[in->nq + i]);
+        if (lse && tkd_f32_bits(lse[in->nl + i]) != 0xffffffffu)
+            fail_msg("%s: %s lse written past its end (element %lld + %lld)", c->what, m->name, (long long)in->nl,
+                     (long long)i);
+    }
+    for (int64_t i = 0; i < in->nq; i++)
+        if (!isfinite(tkd_bf16_to_f32(y[i]))) {
+            where_y(where, sizeof where, i, c);
+            fail_msg("%s: %s %s (%s) = 0x%04x: unwritten or overflow", c->what, m->name, where, which, y[i]);
+        }
+    for (int64_t i = 0; lse && i < in->nl; i++)
+        if (!isfinite(lse[i])) {
+            where_lse(where, sizeof where, i, c);
+            fail_msg("%s: %s %s = %g", c->what, m->name, where, (double)lse[i]);
+        }
+}
+
+/* Runs implementation m with lse, then without, into NaN-filled buffers; checks what they wrote.
+ * Returns 0 when m refused the shape. */
+static int run_impl(const impl *m, const inputs *in, const acase *c, outs *o)
+{
+    uint16_t *dy = tkd_test_dev_alloc(2 * (in->nq + GUARD)), *dy2 = tkd_test_dev_alloc(2 * (in->nq + GUARD));
+    float *dl = tkd_test_dev_alloc(sizeof(float) * (in->nl + GUARD));
+    tkd_test_poison(dy, 2 * (in->nq + GUARD)); /* bf16 NaN */
+    tkd_test_poison(dy2, 2 * (in->nq + GUARD));
+    tkd_test_poison(dl, sizeof(float) * (in->nl + GUARD)); /* fp32 NaN */
+    int ok = call(m, in, c, dy, dl) && call(m, in, c, dy2, NULL);
+    cudaError_t ce = cudaDeviceSynchronize();
+    if (ce != cudaSuccess)
+        fail_msg("%s: %s: kernel failed: %s", c->what, m->name, cudaGetErrorString(ce));
+    tkd_test_to_host(o->y, dy, 2 * (in->nq + GUARD), NULL);
+    tkd_test_to_host(o->y_nolse, dy2, 2 * (in->nq + GUARD), NULL);
+    tkd_test_to_host(o->lse, dl, sizeof(float) * (in->nl + GUARD), NULL);
+    cudaFree(dy), cudaFree(dy2), cudaFree(dl);
+    if (!ok)
+        return 0;
+    check_written(in, c, m, o->y, o->lse, "with lse");
+    check_written(in, c, m, o->y_nolse, NULL, "without lse");
+    if (m->same_bits && memcmp(o->y, o->y_nolse, 2 * in->nq) != 0) {
+        int64_t i = 0;
+        char where[96];
+        while (o->y[i] == o->y_nolse[i])
+            i++;
+        where_y(where, sizeof where, i, c);
+        fail_msg("%s: %s %s = 0x%04x with lse, 0x%04x without (lse = NULL changed y)", c->what, m->name, where, o->y[i],
+                 o->y_nolse[i]);
+    }
+    return 1;
+}
+
+/* One y (bf16) against the float64 rows and, where there is one, the CPU's y; returns the worst
+ * err/tol, failing on any element out of tolerance or a norm ratio over Y_NORM_TOL. */
+static double check_y(const inputs *in, const acase *c, const impl *m, const uint16_t *y, const char *which)
+{
+    char what[2][160];
+    tkd_test_check k[2];
+    snprintf(what[0], sizeof what[0], "%s: %s y (%s) against ref64", c->what, m->name, which);
+    snprintf(what[1], sizeof what[1], "%s: %s y (%s) against cpu", c->what, m->name, which);
+    tkd_test_check_begin(&k[0], what[0], kYTol, where_y, c);
+    tkd_test_check_begin(&k[1], what[1], kYTol, where_y, c);
+    const int64_t cols = (int64_t)c->H * c->dh;
+    for (int64_t i = 0; i < in->nq; i++) {
+        if (sampled((int)(i / cols % c->T), c->T))
+            tkd_test_check_add(&k[0], i, tkd_bf16_to_f32(y[i]), in->y64[i], 0.0);
+        if (in->ycpu)
+            tkd_test_check_add(&k[1], i, tkd_bf16_to_f32(y[i]), in->ycpu[i], 0.0);
+    }
+    double worst = 0.0;
+    for (int r = 0; r < (in->ycpu ? 2 : 1); r++) {
+        tkd_test_check_end(&k[r]);
+        if (!(tkd_test_check_norm(&k[r]) <= Y_NORM_TOL))
+            fail_msg("%s: rel norm %.3g over %g (an indexing error gives O(1))", what[r], tkd_test_check_norm(&k[r]),
+                     Y_NORM_TOL);
+        worst = fmax(worst, k[r].worst);
+    }
+    return worst;
+}
+
+/* lse against the float64 rows; returns the worst err/tol. */
+static double check_lse(const inputs *in, const acase *c, const impl *m, const float *lse)
+{
+    char what[160];
+    tkd_test_check k;
+    snprintf(what, sizeof what, "%s: %s lse against ref64", c->what, m->name);
+    tkd_test_check_begin(&k, what, kLseTol, where_lse, c);
+    for (int64_t i = 0; i < in->nl; i++)
+        if (sampled((int)(i % c->T), c->T))
+            tkd_test_check_add(&k, i, lse[i], in->lse64[i], 0.0);
+    tkd_test_check_end(&k);
+    return k.worst;
+}
+
+/* One case over every implementation it names; counts into each implementation's tally. */
+static void run_case(const acase *c)
+{
+    inputs in;
+    inputs_make(&in, c, 1);
+    outs o = {tkd_test_xmalloc(2 * (in.nq + GUARD)), tkd_test_xmalloc(2 * (in.nq + GUARD)),
+              tkd_test_xmalloc(sizeof(float) * (in.nl + GUARD))};
+    for (size_t x = 0; x < N_IMPL; x++) {
+        impl *m = &g_impls[x];
+        if (!(c->runs & m->bit))
+            continue;
+        if (m->bit == CUDNN && !g_attn) {
+            print_message("%-34s %s: not available (%s)\n", c->what, m->name, g_no_cudnn);
+            continue;
+        }
+        m->asked++;
+        if (!run_impl(m, &in, c, &o)) {
+            m->refused++;
+            continue;
+        }
+        const double ey = check_y(&in, c, m, o.y, "with lse");
+        const double ey2 = m->same_bits ? ey : check_y(&in, c, m, o.y_nolse, "without lse"); /* same bits: checked */
+        const double el = check_lse(&in, c, m, o.lse);
+        m->ran++;
+        print_message("%-34s B=%d T=%-5d H=%-2d Hkv=%-2d dh=%-3d %-6s: y max err/tol %.3f (no lse %.3f), "
+                      "lse %.3f%s\n", c->what, c->B, c->T, c->H, c->Hkv, c->dh, m->name, ey, ey2, el,
+                      in.ycpu ? "" : " (no cpu ref)");
+    }
+    free(o.y), free(o.y_nolse), free(o.lse);
+    inputs_free(&in);
+}
+
+#define FC (FLASH | CUDNN)
+
+/* The tables: small shapes (every row against both references); long sequences (the float64
+ * reference on sampled rows, the CPU's where its scratch fits); scores in the thousands (q, k ~
+ * normal(0, 30²): exp(s) overflows fp32 without the running max); the simple kernel
+ * (kernels/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures' 16, the demo
+ * teacher's 32) and one the flash kernel takes too. The T = 1000 cases at dh 64 and 128 are the
+ * teacher's shapes: cuDNN must take them. */
+enum { SMALL, LONG, LARGE, SIMPLE_K };
+static const char *const kTables[] = {"small", "long", "large scores", "simple"};
+static const acase kCases[] = {
+    {SMALL, "T = 1", 1, 1, 2, 1, 64, 1.0f, 1, FC, FLASH},
+    {SMALL, "T = 17, B = 2, GQA 2, dh 48", 2, 17, 4, 2, 48, 1.5f, 2, FC, FLASH},
+    {SMALL, "T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 3, FC, FC},
+    {SMALL, "T = 1000, B = 2, GQA 1, dh 64", 2, 1000, 2, 2, 64, 1.0f, 4, FC, FC},
+    {SMALL, "T = 1000, GQA 2, dh 48", 1, 1000, 4, 2, 48, 2.0f, 5, FC, FLASH},
+    {SMALL, "T = 333, GQA 3, dh 80", 1, 333, 6, 2, 80, 1.5f, 6, FC, FLASH},
+    {SMALL, "T = 200, B = 2, GQA 1, dh 96", 2, 200, 3, 3, 96, 1.5f, 7, FC, FLASH},
+    {SMALL, "T = 128 (one full query tile)", 1, 128, 2, 1, 128, 1.5f, 8, FC, FLASH},
+    {SMALL, "T = 65 (one key past a tile)", 1, 65, 2, 2, 64, 1.5f, 9, FC, FLASH},
+    {SMALL, "T = 1, GQA 1, dh 64", 1, 1, 2, 2, 64, 1.0f, 1, FC, FLASH},
+    {SMALL, "T = 1, B = 2, GQA 7, dh 128", 2, 1, 7, 1, 128, 1.0f, 2, FC, FLASH},
+    {SMALL, "T = 17, B = 2, GQA 2, dh 64", 2, 17, 4, 2, 64, 1.5f, 3, FC, FLASH},
+    {SMALL, "T = 17, GQA 7, dh 128", 1, 17, 14, 2, 128, 1.5f, 4, FC, FLASH},
+    {SMALL, "T = 1000, GQA 2, dh 128", 1, 1000, 4, 2, 128, 2.0f, 7, FC, FC},
+    {SMALL, "T = 1000, B = 2, GQA 7, dh 64", 2, 1000, 7, 1, 64, 1.5f, 8, FC, FC},
+    {LONG, "T = 8192, GQA 2, dh 128", 1, 8192, 4, 2, 128, 1.5f, 11, FC, FLASH},
+    {LONG, "T = 8192, GQA 7, dh 48", 1, 8192, 7, 1, 48, 1.5f, 12, FC, FLASH},
+    {LONG, "T = 8192, B = 2, GQA 1, dh 64", 2, 8192, 2, 2, 64, 1.0f, 13, FC, FLASH},
+    {LONG, "T = 4097, GQA 2, dh 128", 1, 4097, 2, 1, 128, 2.0f, 14, FC, FLASH},
+    {LONG, "T = 4097, B = 2, GQA 7, dh 64", 2, 4097, 7, 1, 64, 1.5f, 12, FC, FLASH},
+    {LONG, "T = 4097, GQA 1, dh 64", 1, 4097, 3, 3, 64, 1.0f, 13, FC, FLASH},
+    {LARGE, "large scores, dh 64", 1, 300, 2, 1, 64, 30.0f, 21, FC, FLASH},
+    {LARGE, "large scores, dh 128, T = 4100", 1, 4100, 2, 2, 128, 20.0f, 22, FC, FLASH},
+    {SIMPLE_K, "simple: T = 1, dh 16", 1, 1, 2, 1, 16, 1.0f, 21, SIMPLE | CUDNN, SIMPLE},
+    {SIMPLE_K, "simple: T = 17, B = 2, GQA 2, dh 16", 2, 17, 4, 2, 16, 1.5f, 22, SIMPLE | CUDNN, SIMPLE},
+    {SIMPLE_K, "simple: T = 300, GQA 7, dh 32", 1, 300, 7, 1, 32, 1.5f, 23, SIMPLE | CUDNN, SIMPLE},
+    {SIMPLE_K, "simple: T = 1000, B = 2, GQA 2, dh 64", 2, 1000, 4, 2, 64, 1.0f, 24, SIMPLE | FC, SIMPLE | FLASH},
+};
+
+/* Runs the cases of one table over their implementations; fails when an implementation it asked
+ * took none of them. */
+static void run_table(int which)
+{
+    const char *table = kTables[which];
+    for (size_t x = 0; x < N_IMPL; x++)
+        g_impls[x].asked = g_impls[x].ran = g_impls[x].refused = 0;
+    for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
+        if (kCases[i].table == which)
+            run_case(&kCases[i]);
+    for (size_t x = 0; x < N_IMPL; x++) {
+        const impl *m = &g_impls[x];
+        if (m->asked)
+            print_message("%s: %s took %d of %d cases (%d refused)\n", table, m->name, m->ran, m->asked, m->refused);
+        if (m->asked && !m->ran)
+            fail_msg("%s: %s refused all %d cases it was asked", table, m->name, m->asked);
+    }
+}
+
+static void test_small(void **state) { (void)state, run_table(SMALL); }
+static void test_long(void **state) { (void)state, run_table(LONG); }
+static void test_large_scores(void **state) { (void)state, run_table(LARGE); }
+static void test_simple(void **state) { (void)state, run_table(SIMPLE_K); }
+
+/* One cuDNN forward of shape c (inputs in) into fresh NaN-filled buffers dy, dl; y and lse back in
+ * hy, hl. Returns 0 when cuDNN refused the shape. */
+static int fwd_into(const acase *c, const inputs *in, uint16_t *dy, float *dl, uint16_t *hy, float *hl)
+{
+    const size_t ny = (size_t)c->B * c->T * c->H * c->dh, nl = (size_t)c->B * c->H * c->T;
+    tkd_test_poison(dy, 2 * ny);
+    tkd_test_poison(dl, 4 * nl);
+    if (!call(&g_impls[2], in, c, dy, dl))
+        return 0;
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    tkd_test_to_host(hy, dy, 2 * ny, NULL);
+    tkd_test_to_host(hl, dl, 4 * nl, NULL);
+    return 1;
+}
+
+/* lse of every row of shape c (inputs in, drawn for a longer T: a shorter T reads their first rows)
+ * against the float64 row. */
+static void check_lse_all(const inputs *in, const acase *c, const float *lse)
+{
+    const tkd_ref64_attn a = ref_of(in, c);
+    double *y = tkd_test_xmalloc(sizeof(double) * c->dh), *sc = tkd_test_xmalloc(sizeof(double) * c->T);
+    tkd_test_check k;
+    tkd_test_check_begin(&k, c->what, kLseTol, where_lse, c);
     for (int b = 0; b < c->B; b++)
         for (int h = 0; h < c->H; h++)
             for (int t = 0; t < c->T; t++) {
-                if (!sampled(t, c->T))
-                    continue;
-                double lse = ref_row(r, c, b, h, t, y, sc);
-                const uint16_t *yg = r->y + ((int64_t)b * c->T + t) * c->H * c->dh + (int64_t)h * c->dh;
-                for (int d = 0; d < c->dh; d++)
-                    note_y(e, tkd_bf16_to_f32(yg[d]), y[d], b, h, t, d, "ref64");
-                double got = r->lse[((int64_t)b * c->H + h) * c->T + t];
-                double excess = fabs(got - lse) / (LSE_ATOL + LSE_RTOL * fabs(lse));
-                if (excess > e->max_lse) {
-                    e->max_lse = excess;
-                    if (excess > 1.0)
-                        snprintf(e->where, sizeof e->where, "lse[b=%d h=%d t=%d]: gpu %.9g, ref64 %.9g",
-                                 b, h, t, got, lse);
-                }
+                const int64_t i = ((int64_t)b * c->H + h) * c->T + t;
+                tkd_test_check_add(&k, i, lse[i], tkd_ref64_attn_row(&a, b, h, t, y, sc), 0.0);
             }
+    tkd_test_check_end(&k);
     free(y), free(sc);
 }
 
-/* Every y against tkd_cpu_attn_fwd on the same bf16-rounded inputs. */
-static void check_cpu(const run *r, const acase *c, errs *e)
+/* cuDNN's plan table and variant-pack cache: more shapes than the table holds (each checked on its
+ * lse, then the first ones again after their eviction), and one shape run into other output
+ * buffers and back, which must give the same bits (the same plan; a pack still pointing at the
+ * old buffers would leave the new ones NaN). */
+static void test_plan_cache(void **state)
 {
-    float *att = malloc(sizeof(float) * (size_t)c->B * c->H * c->T * c->T);
-    float *y = malloc(sizeof(float) * r->nq);
-    assert_true(att && y);
-    tkd_cpu_attn_fwd(r->q, r->k, r->v, c->B, c->T, c->H, c->Hkv, c->dh, att, y);
-    for (int64_t i = 0; i < r->nq; i++) {
-        int64_t row = i / ((int64_t)c->H * c->dh), col = i % ((int64_t)c->H * c->dh);
-        note_y(e, tkd_bf16_to_f32(r->y[i]), y[i], (int)(row / c->T), (int)(col / c->dh),
-               (int)(row % c->T), (int)(col % c->dh), "cpu");
+    (void)state;
+    if (!g_attn)
+        skip();
+    enum { N_T = 20, H = 2, HKV = 1, DH = 64 };
+    acase big = {0, "plan cache", 1, N_T, H, HKV, DH, 1.5f, 31, CUDNN, 0};
+    inputs in;
+    inputs_make(&in, &big, 0);
+    uint16_t *dy = tkd_test_dev_alloc(2 * in.nq), *dy2 = tkd_test_dev_alloc(2 * in.nq);
+    float *dl = tkd_test_dev_alloc(4 * in.nl), *dl2 = tkd_test_dev_alloc(4 * in.nl);
+    uint16_t *y1 = tkd_test_xmalloc(2 * in.nq), *y2 = tkd_test_xmalloc(2 * in.nq);
+    float *l1 = tkd_test_xmalloc(4 * in.nl), *l2 = tkd_test_xmalloc(4 * in.nl);
+    char what[64];
+    int took = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int T = 1; T <= (pass ? 4 : N_T); T++) { /* pass 1: T = 1..4 were evicted */
+            acase c = big;
+            c.T = T, c.what = what;
+            snprintf(what, sizeof what, "plan cache T = %d (pass %d)", T, pass);
+            if (fwd_into(&c, &in, dy, dl, y1, l1))
+                check_lse_all(&in, &c, l1), took++;
+        }
+    if (!took)
+        fail_msg("plan cache: cuDNN refused all %d shapes", N_T + 4);
+    acase c = big;
+    c.T = 17, c.what = "plan cache, other buffers";
+    if (fwd_into(&c, &in, dy, dl, y1, l1)) {
+        const size_t ny = (size_t)c.T * H * DH, nl = (size_t)H * c.T;
+        for (int round = 0; round < 2; round++) { /* into dy2/dl2, then back into dy/dl */
+            assert_true(fwd_into(&c, &in, round ? dy : dy2, round ? dl : dl2, y2, l2));
+            if (memcmp(y1, y2, 2 * ny) != 0 || memcmp(l1, l2, 4 * nl) != 0)
+                fail_msg("plan cache: the same shape into %s buffers gave other bits (a variant pack kept "
+                         "stale pointers, or cuDNN's forward is not reproducible)", round ? "the first" : "new");
+        }
     }
-    free(att), free(y);
-}
-
-static void run_case(const acase *c)
-{
-    run r;
-    errs e = {0};
-    run_gpu(&r, c);
-    check_ref64(&r, c, &e);
-    if (c->cpu_ref)
-        check_cpu(&r, c, &e);
-    double norm = sqrt(e.num / (e.den > 0 ? e.den : 1.0));
-    print_message("%-34s B=%d T=%-5d H=%-2d Hkv=%-2d dh=%-3d: y max err/tol %.3f, rel norm %.2e; "
-                  "lse max err/tol %.3f\n", c->what, c->B, c->T, c->H, c->Hkv, c->dh, e.max_y, norm,
-                  e.max_lse);
-    run_free(&r);
-    if (e.n_bad > 0 || e.max_lse > 1.0 || !(norm <= Y_NORM_TOL))
-        fail_msg("%s: %lld y elements out of tolerance, y rel norm %.3g (tol %g), lse err/tol %.3g; "
-                 "worst: %s", c->what, (long long)e.n_bad, norm, Y_NORM_TOL, e.max_lse, e.where);
-}
-
-static void test_small(void **state)
-{
-    static const acase cases[] = {
-        {"T = 1", 1, 1, 2, 1, 64, 1.0f, 1, 1},
-        {"T = 17, B = 2, GQA 2, dh 48", 2, 17, 4, 2, 48, 1.5f, 1, 2},
-        {"T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 1, 3},
-        {"T = 1000, B = 2, GQA 1, dh 64", 2, 1000, 2, 2, 64, 1.0f, 1, 4},
-        {"T = 1000, GQA 2, dh 48", 1, 1000, 4, 2, 48, 2.0f, 1, 5},
-        {"T = 333, GQA 3, dh 80", 1, 333, 6, 2, 80, 1.5f, 1, 6},
-        {"T = 200, B = 2, GQA 1, dh 96", 2, 200, 3, 3, 96, 1.5f, 1, 7},
-        {"T = 128 (one full query tile)", 1, 128, 2, 1, 128, 1.5f, 1, 8},
-        {"T = 65 (one key past a tile)", 1, 65, 2, 2, 64, 1.5f, 1, 9},
-    };
-    (void)state;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(&cases[i]);
-}
-
-/* Long sequences: only the float64 reference, on sampled rows. */
-static void test_long(void **state)
-{
-    static const acase cases[] = {
-        {"T = 8192, GQA 2, dh 128", 1, 8192, 4, 2, 128, 1.5f, 0, 11},
-        {"T = 8192, GQA 7, dh 48", 1, 8192, 7, 1, 48, 1.5f, 0, 12},
-        {"T = 8192, B = 2, GQA 1, dh 64", 2, 8192, 2, 2, 64, 1.0f, 0, 13},
-        {"T = 4097, GQA 2, dh 128", 1, 4097, 2, 1, 128, 2.0f, 0, 14},
-    };
-    (void)state;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(&cases[i]);
-}
-
-/* Scores in the thousands (q, k ~ normal(0, 30²)): exp(s) overflows fp32 without the running max. */
-static void test_large_scores(void **state)
-{
-    static const acase cases[] = {
-        {"large scores, dh 64", 1, 300, 2, 1, 64, 30.0f, 1, 21},
-        {"large scores, dh 128, T = 4100", 1, 4100, 2, 2, 128, 20.0f, 0, 22},
-    };
-    (void)state;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(&cases[i]);
-}
-
-/* The simple kernel (kernels/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures'
- * 16, the demo teacher's 32) and one the flash kernel takes too, same references and tolerances. */
-static void test_simple(void **state)
-{
-    static const acase cases[] = {
-        {"simple: T = 1, dh 16", 1, 1, 2, 1, 16, 1.0f, 1, 21},
-        {"simple: T = 17, B = 2, GQA 2, dh 16", 2, 17, 4, 2, 16, 1.5f, 1, 22},
-        {"simple: T = 300, GQA 7, dh 32", 1, 300, 7, 1, 32, 1.5f, 1, 23},
-        {"simple: T = 1000, B = 2, GQA 2, dh 64", 2, 1000, 4, 2, 64, 1.0f, 1, 24},
-    };
-    (void)state;
-    g_fwd = tkd_cuda_attn_fwd_simple;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(&cases[i]);
-    g_fwd = tkd_cuda_attn_fwd;
+    free(y1), free(y2), free(l1), free(l2);
+    cudaFree(dy), cudaFree(dy2), cudaFree(dl), cudaFree(dl2);
+    inputs_free(&in);
 }
 
 static void test_errors(void **state)
@@ -341,21 +504,59 @@ static void test_errors(void **state)
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     cudaFree(d), cudaFree(l);
 }
+
+static void test_cudnn_errors(void **state)
+{
+    (void)state;
+    if (!g_attn)
+        skip();
+    uint16_t *d = tkd_test_dev_alloc(4096);
+    float *l = tkd_test_dev_alloc(4096);
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d, d, d, 1, 4, 2, 1, 76, d, l, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("head dim 76"); /* not a multiple of 8 (72 is, and cuDNN takes it) */
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d, d, d, 1, 4, 2, 1, 512, d, l, NULL), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d, d, d, 1, 4, 6, 4, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d, d, d, 1, -1, 2, 1, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d + 1, d, d, 1, 4, 2, 1, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d, d, d, 1, 4, 2, 1, 64, d, l + 1, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cudnn_attn_fwd(NULL, d, d, d, 1, 4, 2, 1, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d, d, d, 0, 4, 2, 1, 64, d, l, NULL), TKD_OK); /* empty */
+    assert_int_equal(tkd_cudnn_attn_fwd(g_attn, d, d, d, 1, 0, 2, 1, 64, d, l, NULL), TKD_OK);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    tkd_cudnn_attn_free(NULL);
+    cudaFree(d), cudaFree(l);
+}
+
+/* cuDNN where the build and the machine have it: TKD_ERR_UNSUPPORTED leaves g_attn NULL (its runs
+ * reported as not available), any other failure fails the group. */
+static int group_setup(void **state)
+{
+    (void)state;
+    tkd_status st = tkd_cudnn_attn_create(&g_attn);
+    if (st == TKD_ERR_UNSUPPORTED) {
+        snprintf(g_no_cudnn, sizeof g_no_cudnn, "%s", tkd_error_msg());
+        print_message("cuDNN not available: %s\n", g_no_cudnn);
+        g_attn = NULL;
+        return 0;
+    }
+    if (st != TKD_OK)
+        print_message("tkd_cudnn_attn_create: %s: %s\n", tkd_status_name(st), tkd_error_msg());
+    return st == TKD_OK ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    tkd_cudnn_attn_free(g_attn);
+    g_attn = NULL;
+    return 0;
+}
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_errors),       cmocka_unit_test(test_cudnn_errors), cmocka_unit_test(test_small),
+    cmocka_unit_test(test_plan_cache),   cmocka_unit_test(test_large_scores), cmocka_unit_test(test_long),
+    cmocka_unit_test(test_simple),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_small),
-        cmocka_unit_test(test_large_scores),
-        cmocka_unit_test(test_long),
-        cmocka_unit_test(test_simple),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, group_setup, group_teardown)

@@ -45,7 +45,9 @@
 
 #include "common/half.h"
 #include "kernels/cpu_ops.h"
+#include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
+#include "tests/ref64.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -90,12 +92,14 @@ typedef struct stats {
     double *msq, *msdy, *msk;
 } stats;
 
-/* Worst error of one gradient tensor over a case against one reference, and where. */
-typedef struct errs {
-    double max, num, den; /* max |Δ| / allowed; Σ Δ², Σ ref² */
-    int64_t n_bad;
-    char where[200];
-} errs;
+/* Where an element of dq (B·T, H·dh) or dk, dv (B·T, Hkv·dh) is, for the checker's worst element. */
+typedef struct where_ctx {
+    const bcase *c;
+    int x; /* 0 dq, 1 dk, 2 dv */
+} where_ctx;
+
+static const tkd_test_tol kGradTol = {0.0, RTOL, "bf16 output rounding (2^-8 rel), + ATOL·scale: the roundings of P, "
+                                                 "dS and D, by the root-sum-square of the row's terms"};
 
 static const char *const kNames[3] = {"dq", "dk", "dv"};
 
@@ -181,59 +185,30 @@ static void gpu_backward(const dev *d, const inputs *in, const bcase *c, tkd_cud
 
 /* ---- float64 reference ------------------------------------------------------------------- */
 
-static double dot64(const float *a, const float *b, int n)
-{
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* four chains: not latency-bound */
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += (double)a[i] * b[i], s1 += (double)a[i + 1] * b[i + 1];
-        s2 += (double)a[i + 2] * b[i + 2], s3 += (double)a[i + 3] * b[i + 3];
-    }
-    for (; i < n; i++)
-        s0 += (double)a[i] * b[i];
-    return (s0 + s1) + (s2 + s3);
-}
-
 /* Row t of head h in batch b of a (B·T, heads·dh) tensor. */
 static const float *row_of(const float *x, const bcase *c, int heads, int b, int t, int h)
 {
-    return x + (((int64_t)b * c->T + t) * heads + h) * c->dh;
+    return tkd_ref64_row(x, c->T, heads, c->dh, b, t, h);
 }
 
-/* lse, D and ‖dy ⊙ y‖ of query row i of head h in batch b (float64); sc: T doubles of scratch,
- * y: dh doubles. */
+/* lse, D = Σ_j P_ij dP_ij = dy_i · y_i and ‖dy ⊙ y‖ of query row i of head h in batch b (float64);
+ * sc: T doubles of scratch, y: dh doubles. */
 static void stats_row(const stats *s, const inputs *in, const bcase *c, int b, int h, int i, double *sc,
                       double *y)
 {
-    const int g = h / (c->H / c->Hkv), dh = c->dh;
-    const float *qi = row_of(in->q, c, c->H, b, i, h), *dyi = row_of(in->dy, c, c->H, b, i, h);
-    const double scale = 1.0 / sqrt((double)dh);
-    double m = -INFINITY, sum = 0.0, D = 0.0, dn = 0.0;
-    for (int j = 0; j <= i; j++) {
-        sc[j] = dot64(qi, row_of(in->k, c, c->Hkv, b, j, g), dh) * scale;
-        m = fmax(m, sc[j]);
-    }
-    for (int j = 0; j <= i; j++)
-        sum += exp(sc[j] - m);
-    const double lse = m + log(sum);
-    for (int d = 0; d < dh; d++)
-        y[d] = 0.0;
-    for (int j = 0; j <= i; j++) {
-        const float *vj = row_of(in->v, c, c->Hkv, b, j, g);
-        const double p = exp(sc[j] - lse);
-        D += p * dot64(dyi, vj, dh);
-        for (int d = 0; d < dh; d++)
-            y[d] += p * vj[d];
-    }
-    for (int d = 0; d < dh; d++)
-        dn += (dyi[d] * y[d]) * (dyi[d] * y[d]);
+    const tkd_ref64_attn a = {c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v};
+    const float *dyi = row_of(in->dy, c, c->H, b, i, h);
+    const double lse = tkd_ref64_attn_row(&a, b, h, i, y, sc);
+    double D = 0.0, dn = 0.0;
+    for (int d = 0; d < c->dh; d++)
+        D += dyi[d] * y[d], dn += (dyi[d] * y[d]) * (dyi[d] * y[d]);
     const int64_t r = ((int64_t)b * c->H + h) * c->T + i;
     s->lse[r] = lse, s->D[r] = D, s->Dn[r] = sqrt(dn);
 }
 
 static double mean_sq(const float *x, int n)
 {
-    return dot64(x, x, n) / n;
+    return tkd_ref64_dot(x, x, n) / n;
 }
 
 static void stats_make(stats *s, const inputs *in, const bcase *c)
@@ -266,10 +241,10 @@ static void pair(const stats *s, const inputs *in, const bcase *c, int b, int h,
 {
     const int g = h / (c->H / c->Hkv);
     const int64_t r = ((int64_t)b * c->H + h) * c->T + i;
-    const double sij = dot64(row_of(in->q, c, c->H, b, i, h), row_of(in->k, c, c->Hkv, b, j, g), c->dh) /
+    const double sij = tkd_ref64_dot(row_of(in->q, c, c->H, b, i, h), row_of(in->k, c, c->Hkv, b, j, g), c->dh) /
                        sqrt((double)c->dh);
     *p = exp(sij - s->lse[r]);
-    *dp = dot64(row_of(in->dy, c, c->H, b, i, h), row_of(in->v, c, c->Hkv, b, j, g), c->dh);
+    *dp = tkd_ref64_dot(row_of(in->dy, c, c->H, b, i, h), row_of(in->v, c, c->Hkv, b, j, g), c->dh);
     *w = *p * (fabs(*dp) + fabs(s->D[r]) + s->Dn[r]);
 }
 
@@ -323,28 +298,26 @@ static int sampled(int t, int T)
     return T <= FULL_ROWS_MAX || t < 70 || t >= T - 70 || t % 97 == 0 || t % 64 == 0 || t % 64 == 63;
 }
 
-/* Compares one gradient row (dh elements of `got` bf16) with ref (dh doubles) at error scale sc. */
-static void note_row(errs *e, const uint16_t *got, const double *ref, double sc, int dh, const char *name,
-                     int b, int t, int head, const char *against)
+static void where_grad(char *buf, size_t cap, int64_t i, const void *ctx)
 {
-    for (int d = 0; d < dh; d++) {
-        const double gv = tkd_bf16_to_f32(got[d]), diff = gv - ref[d];
-        const double excess = fabs(diff) / (ATOL * sc + RTOL * fabs(ref[d]));
-        e->num += diff * diff, e->den += ref[d] * ref[d];
-        if (!(excess <= 1.0))
-            e->n_bad++;
-        if (!(excess <= e->max)) {
-            e->max = isnan(excess) ? INFINITY : excess;
-            snprintf(e->where, sizeof e->where, "%s[b=%d t=%d head=%d d=%d]: gpu %.6g, %s %.6g (scale %.3g)",
-                     name, b, t, head, d, gv, against, ref[d], sc);
-        }
-    }
+    const where_ctx *w = ctx;
+    const int heads = w->x ? w->c->Hkv : w->c->H;
+    const int64_t row = i / w->c->dh / heads;
+    snprintf(buf, cap, "%s[b=%lld t=%lld head=%lld d=%lld]", kNames[w->x], (long long)(row / w->c->T),
+             (long long)(row % w->c->T), (long long)(i / w->c->dh % heads), (long long)(i % w->c->dh));
+}
+
+/* One gradient row (dh elements of got, bf16, at element offset o) against ref at error scale sc. */
+static void note_row(tkd_test_check *k, const uint16_t *got, int64_t o, const double *ref, double sc, int dh)
+{
+    for (int d = 0; d < dh; d++)
+        tkd_test_check_add(k, o + d, tkd_bf16_to_f32(got[o + d]), ref[d], ATOL * sc);
 }
 
 /* The GPU's gradients A against the float64 reference (e64) and, when cpu is not NULL, against
  * tkd_cpu_attn_bwd's fp32 ones (ecpu: cpu->dq, dk, dv as floats), on the sampled rows. */
 static void check_refs(const grads *A, const stats *s, const inputs *in, const bcase *c, float *const cpu[3],
-                       errs e64[3], errs ecpu[3])
+                       tkd_test_check e64[3], tkd_test_check ecpu[3])
 {
     const int dh = c->dh;
     double *r0 = tkd_test_xmalloc(sizeof(double) * dh), *r1 = tkd_test_xmalloc(sizeof(double) * dh);
@@ -356,24 +329,23 @@ static void check_refs(const grads *A, const stats *s, const inputs *in, const b
             for (int h = 0; h < c->H; h++) {
                 const int64_t o = (((int64_t)b * c->T + t) * c->H + h) * dh;
                 const double sc = ref_dq(s, in, c, b, h, t, r0);
-                note_row(&e64[0], A->dq + o, r0, sc, dh, "dq", b, t, h, "ref64");
+                note_row(&e64[0], A->dq, o, r0, sc, dh);
                 if (cpu) {
                     for (int d = 0; d < dh; d++)
                         f[d] = cpu[0][o + d];
-                    note_row(&ecpu[0], A->dq + o, f, sc, dh, "dq", b, t, h, "cpu");
+                    note_row(&ecpu[0], A->dq, o, f, sc, dh);
                 }
             }
             for (int g = 0; g < c->Hkv; g++) {
                 const int64_t o = (((int64_t)b * c->T + t) * c->Hkv + g) * dh;
                 double sk, sv;
                 ref_dkv(s, in, c, b, g, t, r0, r1, &sk, &sv);
-                note_row(&e64[1], A->dk + o, r0, sk, dh, "dk", b, t, g, "ref64");
-                note_row(&e64[2], A->dv + o, r1, sv, dh, "dv", b, t, g, "ref64");
+                note_row(&e64[1], A->dk, o, r0, sk, dh);
+                note_row(&e64[2], A->dv, o, r1, sv, dh);
                 for (int x = 1; cpu && x < 3; x++) {
                     for (int d = 0; d < dh; d++)
                         f[d] = cpu[x][o + d];
-                    note_row(&ecpu[x], (x == 1 ? A->dk : A->dv) + o, f, x == 1 ? sk : sv, dh, kNames[x], b, t,
-                             g, "cpu");
+                    note_row(&ecpu[x], x == 1 ? A->dk : A->dv, o, f, x == 1 ? sk : sv, dh);
                 }
             }
         }
@@ -425,24 +397,23 @@ static void check_finite(const grads *A, const inputs *in, const bcase *c)
 }
 
 /* Prints the case's line and fails when any tensor is out of tolerance against either reference. */
-static void report(const bcase *c, errs e64[3], errs ecpu[3], int with_cpu)
+static void report(const bcase *c, const tkd_test_check e64[3], const tkd_test_check ecpu[3], int with_cpu)
 {
     char line[400];
     int n = snprintf(line, sizeof line, "%-32s B=%d T=%-5d H=%-2d Hkv=%-2d dh=%-3d:", c->what, c->B, c->T, c->H,
                      c->Hkv, c->dh);
     for (int x = 0; x < 3 && n < (int)sizeof line; x++)
-        n += snprintf(line + n, sizeof line - n, " %s err/tol %.3f norm %.1e", kNames[x], e64[x].max,
-                      sqrt(e64[x].num / (e64[x].den > 0 ? e64[x].den : 1.0)));
+        n += snprintf(line + n, sizeof line - n, " %s err/tol %.3f norm %.1e", kNames[x], e64[x].worst,
+                      tkd_test_check_norm(&e64[x]));
     print_message("%s (ref64%s, %s rows)\n", line, with_cpu ? " and cpu" : "",
                   c->T <= FULL_ROWS_MAX ? "all" : "sampled");
     for (int r = 0; r < 1 + with_cpu; r++)
         for (int x = 0; x < 3; x++) {
-            const errs *e = r ? &ecpu[x] : &e64[x];
-            const double norm = e->den > 0 ? sqrt(e->num / e->den) : 0.0;
-            if (e->n_bad > 0 || !(norm <= NORM_TOL))
-                fail_msg("%s: %s against %s: %lld elements out of tolerance (max err/tol %.3g), rel norm "
-                         "%.3g (tol %g); worst: %s", c->what, kNames[x], r ? "cpu" : "ref64",
-                         (long long)e->n_bad, e->max, norm, NORM_TOL, e->where);
+            const tkd_test_check *k = r ? &ecpu[x] : &e64[x];
+            tkd_test_check_end(k);
+            if (!(tkd_test_check_norm(k) <= NORM_TOL))
+                fail_msg("%s: rel norm %.3g over %g (an indexing error gives O(1))", k->what, tkd_test_check_norm(k),
+                         NORM_TOL);
         }
 }
 
@@ -483,8 +454,15 @@ static void run_case(const bcase *c, tkd_cuda_attn_bwd_ws *ws, int subsets)
     }
     dev_free(&d);
 
-    errs e64[3], ecpu[3];
-    memset(e64, 0, sizeof e64), memset(ecpu, 0, sizeof ecpu);
+    tkd_test_check e64[3], ecpu[3];
+    char what[2][3][160];
+    where_ctx wc[3] = {{c, 0}, {c, 1}, {c, 2}};
+    for (int x = 0; x < 3; x++) {
+        snprintf(what[0][x], sizeof what[0][x], "%s: %s against ref64", c->what, kNames[x]);
+        snprintf(what[1][x], sizeof what[1][x], "%s: %s against cpu", c->what, kNames[x]);
+        tkd_test_check_begin(&e64[x], what[0][x], kGradTol, where_grad, &wc[x]);
+        tkd_test_check_begin(&ecpu[x], what[1][x], kGradTol, where_grad, &wc[x]);
+    }
     float *cpu[3] = {NULL, NULL, NULL};
     const int with_cpu = c->cpu_ref && c->T <= FULL_ROWS_MAX;
     if (with_cpu)
@@ -576,19 +554,12 @@ static void test_errors(void **state)
     tkd_cuda_attn_bwd_ws_free(NULL);
     cudaFree(d), cudaFree(l);
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_errors),
+    cmocka_unit_test(test_small),
+    cmocka_unit_test(test_long),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_small),
-        cmocka_unit_test(test_long),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, NULL, NULL)

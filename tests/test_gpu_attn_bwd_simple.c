@@ -23,6 +23,9 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "tests/gpu_check.h"
+#include "tests/gpu_testutil.h"
+#include "tests/ref64.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -38,108 +41,70 @@ static cudaStream_t g_stream;
 
 static void *dev_copy(const void *h, size_t n)
 {
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
-    assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+    void *d = tkd_test_dev_alloc(n);
+    tkd_test_to_dev(d, h, n);
     return d;
 }
 
-static void to_host(void *h, const void *d, size_t n)
+static float *as_f32(const double *x, size_t n)
 {
-    assert_int_equal(cudaStreamSynchronize(g_stream), cudaSuccess);
-    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
-static uint16_t *rand_bf16(size_t n, uint64_t seed, float std)
-{
-    float *f = malloc(n * sizeof *f);
-    uint16_t *b = malloc(n * sizeof *b);
-    assert_non_null(f);
-    assert_non_null(b);
-    tkd_test_randn(f, n, seed, std);
+    float *f = tkd_test_xmalloc(n * sizeof *f);
     for (size_t i = 0; i < n; i++)
-        b[i] = tkd_f32_to_bf16(f[i]);
-    free(f);
-    return b;
+        f[i] = (float)x[i]; /* exact: x holds bf16 values */
+    return f;
 }
 
-static double *as_f64(const uint16_t *b, size_t n)
+/* lse (B, H, T) of the scaled causal scores (ref64's float64 row), rounded to fp32 (what the forward
+ * saves). */
+static float *host_lse(const double *q, const double *k, const double *v, int B, int T, int H, int Hkv, int dh)
 {
-    double *d = malloc(n * sizeof *d);
-    assert_non_null(d);
-    for (size_t i = 0; i < n; i++)
-        d[i] = tkd_bf16_to_f32(b[i]);
-    return d;
-}
-
-/* lse (B, H, T) of the scaled causal scores, in double, rounded to fp32 (what the forward saves). */
-static float *host_lse(const double *q, const double *k, int B, int T, int H, int Hkv, int dh)
-{
-    float *lse = malloc(sizeof *lse * (size_t)B * H * T);
-    assert_non_null(lse);
-    assert_true(T <= 512); /* s[] below */
-    double scale = 1.0 / sqrt((double)dh);
+    const size_t nq = (size_t)B * T * H * dh, nk = (size_t)B * T * Hkv * dh;
+    float *lse = tkd_test_xmalloc(sizeof *lse * (size_t)B * H * T), *qf = as_f32(q, nq), *kf = as_f32(k, nk),
+          *vf = as_f32(v, nk);
+    double *y = tkd_test_xmalloc(sizeof *y * dh), *sc = tkd_test_xmalloc(sizeof *sc * T);
+    const tkd_ref64_attn a = {B, T, H, Hkv, dh, qf, kf, vf};
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
-            for (int i = 0; i < T; i++) {
-                const double *qi = q + ((size_t)b * T + i) * H * dh + (size_t)h * dh;
-                double mx = -INFINITY, s[512];
-                for (int j = 0; j <= i; j++) {
-                    const double *kj = k + ((size_t)b * T + j) * Hkv * dh + (size_t)(h / (H / Hkv)) * dh;
-                    double d = 0;
-                    for (int c = 0; c < dh; c++)
-                        d += qi[c] * kj[c];
-                    s[j] = d * scale;
-                    mx = fmax(mx, s[j]);
-                }
-                double sum = 0;
-                for (int j = 0; j <= i; j++)
-                    sum += exp(s[j] - mx);
-                lse[((size_t)b * H + h) * T + i] = (float)(mx + log(sum));
-            }
+            for (int i = 0; i < T; i++)
+                lse[((size_t)b * H + h) * T + i] = (float)tkd_ref64_attn_row(&a, b, h, i, y, sc);
+    free(qf), free(kf), free(vf), free(y), free(sc);
     return lse;
 }
 
-/* Holds got (bf16) to the tolerance above; names the worst element on failure. */
+/* Holds got (bf16) to the tolerance above; prints the worst element, fails on any one off. */
 static void check(const char *what, const uint16_t *got, const double *ref, size_t n, size_t cols)
 {
     double mx = 0;
     for (size_t i = 0; i < n; i++)
         mx = fmax(mx, fabs(ref[i]));
-    size_t bad = 0, worst = 0;
-    double worst_ratio = -1;
-    for (size_t i = 0; i < n; i++) {
-        double g = tkd_bf16_to_f32(got[i]), d = fabs(g - ref[i]), tol = BF16_REL * fabs(ref[i]) + MAX_REL * mx;
-        bad += !(d <= tol);
-        if (!(d / tol <= worst_ratio)) {
-            worst_ratio = d / tol;
-            worst = i;
-        }
-    }
-    double g = tkd_bf16_to_f32(got[worst]);
-    printf("    %s: worst |d|/tol %.3f at [%zu, %zu] (got %.6g, ref %.6g; max|ref| %.4g)\n", what, worst_ratio,
-           worst / cols, worst % cols, g, ref[worst], mx);
-    if (bad)
-        fail_msg("%s: %zu of %zu elements off; worst [row %zu, col %zu]: got %.9g ref %.9g |d| %.3g tol %.3g", what,
-                 bad, n, worst / cols, worst % cols, g, ref[worst], fabs(g - ref[worst]),
-                 BF16_REL * fabs(ref[worst]) + MAX_REL * mx);
+    const tkd_test_tol tol = {MAX_REL * mx, BF16_REL, "bf16 rounding 2^-8 + fp32 accumulation 1e-4·max|ref|"};
+    tkd_test_check k;
+    char line[1024];
+    tkd_test_check_begin(&k, what, tol, tkd_test_where_rowcol, &cols);
+    for (size_t i = 0; i < n; i++)
+        tkd_test_check_add(&k, (int64_t)i, tkd_bf16_to_f32(got[i]), ref[i], 0.0);
+    tkd_test_check_describe(&k, line, sizeof line);
+    printf("    %s (max|ref| %.4g)\n", line, mx);
+    tkd_test_check_end(&k);
 }
 
 static void run_case(int B, int T, int H, int Hkv, int dh, uint64_t seed)
 {
     printf("  B %d, T %d, H %d, Hkv %d, dh %d\n", B, T, H, Hkv, dh);
     size_t nq = (size_t)B * T * H * dh, nk = (size_t)B * T * Hkv * dh;
-    uint16_t *q = rand_bf16(nq, seed, 1.0f), *k = rand_bf16(nk, seed + 1, 1.0f), *v = rand_bf16(nk, seed + 2, 1.0f);
-    uint16_t *dy = rand_bf16(nq, seed + 3, 1.0f), *dq0 = rand_bf16(nq, seed + 4, 0.1f);
-    uint16_t *dk0 = rand_bf16(nk, seed + 5, 0.1f), *dv0 = rand_bf16(nk, seed + 6, 0.1f);
-    double *Q = as_f64(q, nq), *K = as_f64(k, nk), *Vv = as_f64(v, nk), *DY = as_f64(dy, nq);
-    double *DQ = as_f64(dq0, nq), *DK = as_f64(dk0, nk), *DV = as_f64(dv0, nk);
+    uint16_t *q = tkd_test_rand_bf16(nq, seed, 1.0f), *k = tkd_test_rand_bf16(nk, seed + 1, 1.0f);
+    uint16_t *v = tkd_test_rand_bf16(nk, seed + 2, 1.0f);
+    uint16_t *dy = tkd_test_rand_bf16(nq, seed + 3, 1.0f), *dq0 = tkd_test_rand_bf16(nq, seed + 4, 0.1f);
+    uint16_t *dk0 = tkd_test_rand_bf16(nk, seed + 5, 0.1f), *dv0 = tkd_test_rand_bf16(nk, seed + 6, 0.1f);
+    double *Q = tkd_test_bf16_to_f64(q, nq), *K = tkd_test_bf16_to_f64(k, nk), *Vv = tkd_test_bf16_to_f64(v, nk);
+    double *DY = tkd_test_bf16_to_f64(dy, nq), *DQ = tkd_test_bf16_to_f64(dq0, nq);
+    double *DK = tkd_test_bf16_to_f64(dk0, nk), *DV = tkd_test_bf16_to_f64(dv0, nk);
     double *att = malloc(sizeof *att * (size_t)B * H * T * T), *y = malloc(sizeof *y * nq);
     assert_non_null(att);
     assert_non_null(y);
     tkd_ref_attn_fwd(Q, K, Vv, B, T, H, Hkv, dh, att, y);
     tkd_ref_attn_bwd(DY, Q, K, Vv, att, B, T, H, Hkv, dh, DQ, DK, DV);
-    float *lse = host_lse(Q, K, B, T, H, Hkv, dh);
+    float *lse = host_lse(Q, K, Vv, B, T, H, Hkv, dh);
 
     uint16_t *d_q = dev_copy(q, nq * 2), *d_k = dev_copy(k, nk * 2), *d_v = dev_copy(v, nk * 2);
     uint16_t *d_dy = dev_copy(dy, nq * 2);
@@ -154,9 +119,9 @@ static void run_case(int B, int T, int H, int Hkv, int dh, uint64_t seed)
             fail_msg("attn_bwd_simple: %s", tkd_error_msg());
         for (int t = 0; t < 3; t++)
             out[run][t] = malloc((t ? nk : nq) * 2);
-        to_host(out[run][0], d_dq, nq * 2);
-        to_host(out[run][1], d_dk, nk * 2);
-        to_host(out[run][2], d_dv, nk * 2);
+        tkd_test_to_host(out[run][0], d_dq, nq * 2, g_stream);
+        tkd_test_to_host(out[run][1], d_dk, nk * 2, g_stream);
+        tkd_test_to_host(out[run][2], d_dv, nk * 2, g_stream);
         cudaFree(d_dq);
         cudaFree(d_dk);
         cudaFree(d_dv);
@@ -212,18 +177,11 @@ static int teardown(void **state)
     cudaStreamDestroy(g_stream);
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_demo_shape), cmocka_unit_test(test_gqa6_two_chunks), cmocka_unit_test(test_one_position),
+    cmocka_unit_test(test_dh80),       cmocka_unit_test(test_dh256),          cmocka_unit_test(test_refuses_bad_shapes),
+};
 #endif
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_demo_shape), cmocka_unit_test(test_gqa6_two_chunks), cmocka_unit_test(test_one_position),
-        cmocka_unit_test(test_dh80),       cmocka_unit_test(test_dh256),          cmocka_unit_test(test_refuses_bad_shapes),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, setup, teardown)

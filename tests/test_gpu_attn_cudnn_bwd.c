@@ -95,6 +95,7 @@
 
 #include "common/half.h"
 #include "tests/gpu_testutil.h"
+#include "tests/ref64.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
@@ -162,24 +163,16 @@ typedef struct refctx {
 
 static double bf16r(double x) { return tkd_bf16_to_f32(tkd_f32_to_bf16((float)x)); }
 
-static double dot64(const float *a, const float *b, int n)
-{
-    double s = 0;
-    for (int i = 0; i < n; i++)
-        s += (double)a[i] * b[i];
-    return s;
-}
-
 static const float *row_of(const float *x, const bcase *c, int heads, int b, int t, int h)
 {
-    return x + (((int64_t)b * c->T + t) * heads + h) * c->dh;
+    return tkd_ref64_row(x, c->T, heads, c->dh, b, t, h);
 }
 
 static double *norms_of(const float *x, int64_t rows, int dh)
 {
     double *n = tkd_test_xmalloc(sizeof(double) * rows);
     for (int64_t r = 0; r < rows; r++)
-        n[r] = sqrt(dot64(x + r * dh, x + r * dh, dh));
+        n[r] = sqrt(tkd_ref64_dot(x + r * dh, x + r * dh, dh));
     return n;
 }
 
@@ -370,13 +363,13 @@ static void query_row(refctx *r, int b, int h, int g, int i)
     const int64_t qr = ((int64_t)b * c->T + i) * c->H + h; /* row of (B·T, H) */
     double m = -INFINITY, sum = 0, dref = 0, tq2 = 0, fq2 = 0;
     for (int j = 0; j <= i; j++) {
-        r->s[j] = dot64(qi, row_of(in->t.k, c, c->Hkv, b, j, g), dh) * sc;
-        r->dp[j] = dot64(dyi, row_of(in->t.v, c, c->Hkv, b, j, g), dh);
+        r->s[j] = tkd_ref64_dot(qi, row_of(in->t.k, c, c->Hkv, b, j, g), dh) * sc;
+        r->dp[j] = tkd_ref64_dot(dyi, row_of(in->t.v, c, c->Hkv, b, j, g), dh);
         m = fmax(m, r->s[j]);
     }
     for (int j = 0; j <= i; j++)
         sum += exp(r->s[j] - m);
-    const double lse = m + log(sum), dgpu = dot64(dyi, in->y + qr * dh, dh);
+    const double lse = m + log(sum), dgpu = tkd_ref64_dot(dyi, in->y + qr * dh, dh);
     for (int j = 0; j <= i; j++)
         dref += exp(r->s[j] - lse) * r->dp[j];
     for (int x = 0; x < 3; x++)

@@ -795,10 +795,7 @@ int main(void)
 {
     tkd_test_require_gpu();
 #ifdef TKD_HAVE_CUDA
-    if (tkd_lmhead_sm90_supported() != TKD_OK) {
-        printf("skipped: %s\n", tkd_error_msg());
-        return 77;
-    }
+    tkd_test_skip_unless_ok(tkd_lmhead_sm90_supported());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arguments),
         cmocka_unit_test(test_logits_vs_f64),

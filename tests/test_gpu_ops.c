@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
 #include "tests/testutil.h"
 
@@ -46,7 +47,6 @@
 
 #define BF16_REL 0.00390625       /* 2^-8: one round-to-nearest into bf16 (see the top) */
 #define RMS_F32_REL 1e-5          /* fp32 sum of squares and 1/sqrt */
-#define ROPE_F32_ABS 4.76837158203125e-07 /* 2^-21, times |x| + |y| of the pair */
 #define SWIGLU_F32_REL 1e-5       /* expf, divide, multiplies */
 #define SWIGLU_ABS 1e-30          /* e^-g overflow for g < -88.7 */
 #define LINEAR_ACC_REL 1e-4       /* times Σ|x·w|: fp32 tensor-core accumulation */
@@ -56,31 +56,11 @@ static cudaStream_t g_stream; /* every launch goes to this (non-default) stream 
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
-/* Holds got[i] (a bf16) to |got − ref| ≤ BF16_REL·|ref| + rel·|ref| + abs + (abs_i ? abs_i[i] : 0);
- * NaN fails. On failure names the worst element (row, column of a `cols`-wide matrix). */
-static void check_bf16(const char *what, const uint16_t *got, const double *ref, size_t n, size_t cols,
-                       double rel, double abs, const double *abs_i)
-{
-    size_t bad = 0, worst = 0;
-    double worst_ratio = -1.0;
-    for (size_t i = 0; i < n; i++) {
-        double g = tkd_bf16_to_f32(got[i]), d = fabs(g - ref[i]);
-        double tol = (BF16_REL + rel) * fabs(ref[i]) + abs + (abs_i ? abs_i[i] : 0.0);
-        double ratio = d / tol;
-        if (!(d <= tol))
-            bad++;
-        if (!(ratio <= worst_ratio)) { /* NaN counts as worst */
-            worst_ratio = ratio;
-            worst = i;
-        }
-    }
-    if (bad) {
-        double g = tkd_bf16_to_f32(got[worst]);
-        double tol = (BF16_REL + rel) * fabs(ref[worst]) + abs + (abs_i ? abs_i[worst] : 0.0);
-        fail_msg("%s: %zu of %zu elements off; worst [%zu, %zu]: got %.9g (0x%04x) ref %.9g |d| %.3g tol %.3g",
-                 what, bad, n, worst / cols, worst % cols, g, got[worst], ref[worst], fabs(g - ref[worst]), tol);
-    }
-}
+/* bf16 outputs: one round-to-nearest (2^-8·|ref|) on top of each op's fp32 bound (see the top). */
+static const tkd_test_tol kRmsTol = {0.0, BF16_REL + RMS_F32_REL, "bf16 y 2^-8 + fp32 sum of squares and 1/sqrt 1e-5"};
+static const tkd_test_tol kSwigluTol = {SWIGLU_ABS, BF16_REL + SWIGLU_F32_REL,
+                                        "bf16 2^-8 + expf, divide, multiplies 1e-5; 1e-30: e^-g overflow"};
+static const tkd_test_tol kLinearTol = {0.0, BF16_REL, "bf16 2^-8, + 1e-4·Σ|x·w| (fp32 tensor-core accumulation)"};
 
 /* fp32 outputs that must equal the host's bit for bit. */
 static void check_f32_bits(const char *what, const float *got, const float *want, size_t n, size_t cols)
@@ -185,7 +165,7 @@ static void rmsnorm_case(int N, int D, int fused, int inplace, int with_rstd)
     uint16_t *y = tkd_test_xmalloc(nd * 2);
     float *r = tkd_test_xmalloc((size_t)N * 4);
     tkd_test_to_host(y, d_y, nd * 2, g_stream);
-    check_bf16(what, y, ref, nd, (size_t)D, RMS_F32_REL, 0.0, NULL);
+    tkd_test_check_bf16_mat(what, y, ref, nd, (size_t)D, kRmsTol, NULL);
     if (fused) {
         tkd_test_to_host(got_x, d_xo, nd * 4, g_stream);
         check_f32_bits(what, got_x, x_out, nd, (size_t)D);
@@ -235,72 +215,12 @@ static void test_rmsnorm(void **state)
 
 /* ---- RoPE ----------------------------------------------------------------------------------------- */
 
-/* Reference for one tensor (N, nh·dh) of bf16 and the per-element bound 2^-21·(|x_i| + |x_partner|). */
-static void rope_ref(const uint16_t *x, int N, int T, int nh, int dh, const float *c, const float *s,
-                     double **ref, double **abs_i)
-{
-    const size_t n = (size_t)N * nh * dh;
-    const int half = dh / 2;
-    *ref = tkd_test_bf16_to_f64(x, n);
-    *abs_i = tkd_test_xmalloc(n * 8);
-    for (size_t r = 0; r < n / (size_t)dh; r++)
-        for (int i = 0; i < half; i++) {
-            size_t a = r * dh + i, b = a + half;
-            double m = ROPE_F32_ABS * (fabs((*ref)[a]) + fabs((*ref)[b]));
-            (*abs_i)[a] = (*abs_i)[b] = m;
-        }
-    tkd_ref_rope_fwd(*ref, N, T, nh, dh, c, s);
-}
-
-static void rope_case(int N, int T, int H, int Hkv, int dh, double theta)
-{
-    char what[160];
-    snprintf(what, sizeof what, "rope N %d T %d H %d Hkv %d dh %d", N, T, H, Hkv, dh);
-    const int half = dh / 2;
-    const size_t nq = (size_t)N * H * dh, nk = (size_t)N * Hkv * dh, nt = (size_t)T * half;
-    float *inv = tkd_test_xmalloc((size_t)half * 4), *c = tkd_test_xmalloc(nt * 4),
-          *s = tkd_test_xmalloc(nt * 4);
-    tkd_cpu_rope_inv_freq(theta, dh, 0, 1.0, 1.0, 4.0, 8192, inv);
-    tkd_cpu_rope_table(inv, dh, T, c, s);
-    uint16_t *q = tkd_test_rand_bf16(nq, 400 + dh, 1.5f), *k = tkd_test_rand_bf16(nk, 500 + dh, 1.5f);
-    double *qref, *kref, *qabs, *kabs;
-    rope_ref(q, N, T, H, dh, c, s, &qref, &qabs);
-    rope_ref(k, N, T, Hkv, dh, c, s, &kref, &kabs);
-    uint16_t *d_q = tkd_test_dev_alloc(nq * 2), *d_k = tkd_test_dev_alloc(nk * 2);
-    float *d_c = tkd_test_dev_alloc(nt * 4), *d_s = tkd_test_dev_alloc(nt * 4);
-    tkd_test_to_dev(d_q, q, nq * 2);
-    tkd_test_to_dev(d_k, k, nk * 2);
-    tkd_test_to_dev(d_c, c, nt * 4);
-    tkd_test_to_dev(d_s, s, nt * 4);
-    tkd_test_ok(tkd_cuda_rope_fwd(d_q, d_k, N, T, H, Hkv, dh, d_c, d_s, g_stream), what);
-    tkd_test_to_host(q, d_q, nq * 2, g_stream);
-    tkd_test_to_host(k, d_k, nk * 2, g_stream);
-    char wq[200];
-    snprintf(wq, sizeof wq, "%s: q", what);
-    check_bf16(wq, q, qref, nq, (size_t)H * dh, 0.0, 0.0, qabs);
-    snprintf(wq, sizeof wq, "%s: k", what);
-    check_bf16(wq, k, kref, nk, (size_t)Hkv * dh, 0.0, 0.0, kabs);
-    cudaFree(d_q), cudaFree(d_k), cudaFree(d_c), cudaFree(d_s);
-    free(inv), free(c), free(s), free(q), free(k), free(qref), free(kref), free(qabs), free(kabs);
-}
-
+/* The shapes and the check: tests/gpu_testutil.h (tkd_test_rope_cases); q and k of seeds 400 + dh,
+ * 500 + dh. */
 static void test_rope(void **state)
 {
     (void)state;
-    rope_case(1, 1, 1, 1, 64, 10000.0);        /* one row, position 0 only */
-    rope_case(17, 5, 14, 2, 64, 1e6);          /* 4 sequences of 5 (t = n % T), H/Hkv = 7 */
-    rope_case(1000, 1000, 7, 1, 128, 500000.0); /* one long sequence, H/Hkv = 7 */
-    rope_case(17, 17, 4, 2, 48, 10000.0);      /* dh = 48: half = 24 */
-    rope_case(33, 8, 14, 2, 80, 10000.0);
-    rope_case(5, 3, 2, 2, 96, 10000.0);        /* H/Hkv = 1 */
-    rope_case(1000, 250, 2, 1, 128, 10000.0);  /* H/Hkv = 2 */
-    rope_case(17, 5, 3, 1, 20, 10000.0);       /* half = 10: scalar path */
-    rope_case(9, 4, 2, 2, 2, 10000.0);         /* dh = 2 */
-    uint16_t *d = tkd_test_dev_alloc(64);
-    float *f = tkd_test_dev_alloc(64);
-    assert_int_equal(tkd_cuda_rope_fwd(d, d, 1, 1, 1, 1, 63, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_rope_fwd(d, d, 1, 1, 1, 0, 64, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    cudaFree(d), cudaFree(f);
+    tkd_test_rope_cases(0, 400, g_stream);
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------------- */
@@ -326,7 +246,7 @@ static void swiglu_case(int64_t n, int off)
     tkd_test_poison(d_h, (size_t)(n + off) * 2);
     tkd_test_ok(tkd_cuda_swiglu_fwd(d_g + off, d_u + off, n, d_h + off, g_stream), what);
     tkd_test_to_host(g, d_h + off, (size_t)n * 2, g_stream); /* g's buffer now holds h */
-    check_bf16(what, g, ref, (size_t)n, (size_t)n, SWIGLU_F32_REL, SWIGLU_ABS, NULL);
+    tkd_test_check_bf16_mat(what, g, ref, (size_t)n, (size_t)n, kSwigluTol, NULL);
     cudaFree(d_g), cudaFree(d_u), cudaFree(d_h);
     free(g), free(u), free(gd), free(ud), free(ref);
 }
@@ -473,7 +393,7 @@ static int linear_run(tkd_cuda_linear *lin, lin_case c, uint64_t b_seed, uint16_
     if (ran) {
         tkd_test_ok(st, what);
         tkd_test_to_host(out, d_y + c.off, ny * 2, g_stream);
-        check_bf16(what, out, ref, ny, (size_t)c.m, 0.0, 0.0, absum);
+        tkd_test_check_bf16_mat(what, out, ref, ny, (size_t)c.m, kLinearTol, absum);
     } else {
         tkd_test_assert_msg_has("no bf16 algorithm");
         print_message("note: %s refused: %s\n", what, tkd_error_msg());
@@ -547,19 +467,12 @@ static int teardown(void **state)
     cudaStreamDestroy(g_stream);
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_convert),   cmocka_unit_test(test_embedding),
+    cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
+    cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_linear),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_convert),   cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_linear),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, setup, teardown)

@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
 #include "tests/testutil.h"
 
@@ -65,7 +66,6 @@
 #define RMS_DX_REL 1e-5           /* fp32 row sum and ~5 roundings */
 #define RMS_GUARD 64              /* 0xffff elements after dx_bf16 that must stay so */
 #define COLSUM_REL 1e-5           /* row-group fp32 sums (RMSNorm dw, linear db) */
-#define ROPE_F32_ABS 4.76837158203125e-07 /* 2^-21, times |x| + |y| of the pair */
 #define SWIGLU_F32_REL 1e-5       /* expf, divide, multiplies */
 #define SWIGLU_ABS 1e-30          /* σ(g) underflow for g < -88.7 */
 #define LINEAR_ACC_REL 1e-4       /* times Σ|products|: fp32 tensor-core accumulation */
@@ -103,45 +103,15 @@ static double *zeros64(size_t n)
     return d;
 }
 
-/* Holds got[i] to |got − ref| ≤ rel·|ref| + abs_i[i] (abs_i may be NULL); NaN fails. On failure names
- * the worst element (row, column of a `cols`-wide matrix) and how many were off. */
-static void check_vals(const char *what, const double *got, const double *ref, size_t n, size_t cols,
-                       double rel, const double *abs_i)
-{
-    size_t bad = 0, worst = 0;
-    double worst_ratio = -1.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(got[i] - ref[i]), tol = rel * fabs(ref[i]) + (abs_i ? abs_i[i] : 0.0);
-        double ratio = d / tol;
-        if (!(d <= tol))
-            bad++;
-        if (!(ratio <= worst_ratio)) { /* NaN counts as worst */
-            worst_ratio = ratio;
-            worst = i;
-        }
-    }
-    if (bad) {
-        double tol = rel * fabs(ref[worst]) + (abs_i ? abs_i[worst] : 0.0);
-        fail_msg("%s: %zu of %zu elements off; worst [%zu, %zu]: got %.9g ref %.9g |d| %.3g tol %.3g", what, bad,
-                 n, worst / cols, worst % cols, got[worst], ref[worst], fabs(got[worst] - ref[worst]), tol);
-    }
-}
-
-static void check_bf16(const char *what, const uint16_t *got, const double *ref, size_t n, size_t cols,
-                       const double *abs_i)
-{
-    double *g = tkd_test_bf16_to_f64(got, n);
-    check_vals(what, g, ref, n, cols, BF16_REL, abs_i);
-    free(g);
-}
-
-static void check_f32(const char *what, const float *got, const double *ref, size_t n, size_t cols,
-                      const double *abs_i)
-{
-    double *g = f32_to_f64(got, n);
-    check_vals(what, g, ref, n, cols, F32_OUT_REL, abs_i);
-    free(g);
-}
+/* Each output's rounding (bf16 2^-8·|ref|, fp32 2^-23·|ref|) on top of the op's bound per element
+ * (abs_i, see the top). */
+static const tkd_test_tol kEmbTol = {0.0, F32_OUT_REL, "fp32 2^-23, + (64 + chunks + 2)·u·Σ(|demb0| + Σ|dx|)"};
+static const tkd_test_tol kRmsDxTol = {0.0, F32_OUT_REL, "fp32 2^-23, + 1e-5·(r·|g| + r³/D·|x|·Σ|g·x|)"};
+static const tkd_test_tol kColsumTol = {0.0, F32_OUT_REL, "fp32 2^-23, + 1e-5·Σ|terms| (row-group fp32 sums)"};
+static const tkd_test_tol kSwigluTol = {0.0, BF16_REL, "bf16 2^-8, + 1e-5 of the terms (expf, divide) + 1e-30"};
+static const tkd_test_tol kLinDxTol = {0.0, BF16_REL, "bf16 2^-8, + (1e-4 + 2^-8)·Σ|products| (fp32 accumulation, "
+                                                      "cuBLASLt's rounding before beta·C)"};
+static const tkd_test_tol kLinDwTol = {0.0, F32_OUT_REL, "fp32 2^-23, + 1e-4·Σ|products| (fp32 accumulation)"};
 
 /* Two runs from the same state must agree bit for bit. */
 static void check_same_bits(const char *what, const void *a, const void *b, size_t bytes)
@@ -218,7 +188,7 @@ static void emb_bwd_case(int N, int D, tok_pattern p, int width, int shift, int 
         tkd_test_ok(tkd_cuda_embedding_bwd(g_ws, d_tok, N, d_dx + off, D, d_e + off, g_stream), what);
         tkd_test_to_host(run ? again : got, d_e + off, vd * 4, g_stream);
     }
-    check_f32(what, got, ref, vd, (size_t)D, abssum);
+    tkd_test_check_f32_mat(what, got, ref, vd, (size_t)D, kEmbTol, abssum);
     check_same_bits(what, got, again, vd * 4);
     for (int v = 0; v < V; v++) /* untouched rows exact; single rows one IEEE add */
         for (int d = 0; d < D && count[v] <= 1; d++) {
@@ -362,13 +332,13 @@ static void rms_bwd_case(int N, int D, int want_dx, int want_dw, int off, int ac
     char w2[200];
     snprintf(w2, sizeof w2, "%s: dx", what);
     if (want_dx)
-        check_f32(w2, gdx[0], dxr, nd, (size_t)D, dx_abs);
+        tkd_test_check_f32_mat(w2, gdx[0], dxr, nd, (size_t)D, kRmsDxTol, dx_abs);
     else
         check_same_bits(w2, gdx[0], dx0, nd * 4); /* NULL: untouched */
     check_same_bits(w2, gdx[0], gdx[1], nd * 4);
     snprintf(w2, sizeof w2, "%s: dw", what);
     if (want_dw)
-        check_f32(w2, gdw[0], dwr, (size_t)D, (size_t)D, dw_abs);
+        tkd_test_check_f32_mat(w2, gdw[0], dwr, (size_t)D, (size_t)D, kColsumTol, dw_abs);
     else
         check_same_bits(w2, gdw[0], dw0, (size_t)D * 4);
     check_same_bits(w2, gdw[0], gdw[1], (size_t)D * 4);
@@ -410,75 +380,12 @@ static void test_rmsnorm_bwd(void **state)
 
 /* ---- RoPE --------------------------------------------------------------------------------------- */
 
-/* Reference (backward rotation) for one tensor (N, nh·dh) of bf16, and the per-element bound
- * 2^-21·(|x_i| + |x_partner|). */
-static void rope_bwd_ref(const uint16_t *x, int N, int T, int nh, int dh, const float *c, const float *s,
-                         double **ref, double **abs_i)
-{
-    const size_t n = (size_t)N * nh * dh;
-    const int half = dh / 2;
-    *ref = tkd_test_bf16_to_f64(x, n);
-    *abs_i = tkd_test_xmalloc(n * 8);
-    for (size_t r = 0; r < n / (size_t)dh; r++)
-        for (int i = 0; i < half; i++) {
-            size_t a = r * dh + i, b = a + half;
-            double m = ROPE_F32_ABS * (fabs((*ref)[a]) + fabs((*ref)[b]));
-            (*abs_i)[a] = (*abs_i)[b] = m;
-        }
-    tkd_ref_rope_bwd(*ref, N, T, nh, dh, c, s);
-}
-
-static void rope_bwd_case(int N, int T, int H, int Hkv, int dh, int off)
-{
-    char what[160];
-    snprintf(what, sizeof what, "rope_bwd N %d T %d H %d Hkv %d dh %d offset %d", N, T, H, Hkv, dh, off);
-    const int half = dh / 2;
-    const size_t nq = (size_t)N * H * dh, nk = (size_t)N * Hkv * dh, nt = (size_t)T * half;
-    float *inv = tkd_test_xmalloc((size_t)half * 4), *c = tkd_test_xmalloc(nt * 4),
-          *s = tkd_test_xmalloc(nt * 4);
-    tkd_cpu_rope_inv_freq(10000.0, dh, 0, 1.0, 1.0, 4.0, 8192, inv);
-    tkd_cpu_rope_table(inv, dh, T, c, s);
-    uint16_t *q = tkd_test_rand_bf16(nq, 700 + dh, 1.5f), *k = tkd_test_rand_bf16(nk, 800 + dh, 1.5f);
-    double *qref, *kref, *qabs, *kabs;
-    rope_bwd_ref(q, N, T, H, dh, c, s, &qref, &qabs);
-    rope_bwd_ref(k, N, T, Hkv, dh, c, s, &kref, &kabs);
-    uint16_t *d_q = tkd_test_dev_alloc((nq + off) * 2), *d_k = tkd_test_dev_alloc((nk + off) * 2);
-    float *d_c = tkd_test_dev_alloc((nt + off) * 4), *d_s = tkd_test_dev_alloc((nt + off) * 4);
-    tkd_test_to_dev(d_q + off, q, nq * 2);
-    tkd_test_to_dev(d_k + off, k, nk * 2);
-    tkd_test_to_dev(d_c + off, c, nt * 4);
-    tkd_test_to_dev(d_s + off, s, nt * 4);
-    tkd_test_ok(tkd_cuda_rope_bwd(d_q + off, d_k + off, N, T, H, Hkv, dh, d_c + off, d_s + off, g_stream),
-                what);
-    tkd_test_to_host(q, d_q + off, nq * 2, g_stream);
-    tkd_test_to_host(k, d_k + off, nk * 2, g_stream);
-    char wq[200];
-    snprintf(wq, sizeof wq, "%s: dq", what);
-    check_bf16(wq, q, qref, nq, (size_t)H * dh, qabs);
-    snprintf(wq, sizeof wq, "%s: dk", what);
-    check_bf16(wq, k, kref, nk, (size_t)Hkv * dh, kabs);
-    cudaFree(d_q), cudaFree(d_k), cudaFree(d_c), cudaFree(d_s);
-    free(inv), free(c), free(s), free(q), free(k), free(qref), free(kref), free(qabs), free(kabs);
-}
-
+/* The shapes and the check: tests/gpu_testutil.h (tkd_test_rope_cases); dq and dk of seeds 700 + dh,
+ * 800 + dh. */
 static void test_rope_bwd(void **state)
 {
     (void)state;
-    rope_bwd_case(1, 1, 1, 1, 64, 0);        /* one row, position 0 only */
-    rope_bwd_case(17, 5, 14, 2, 64, 0);      /* 4 sequences of 5 (t = n % T), H/Hkv = 7 */
-    rope_bwd_case(1000, 1000, 7, 1, 128, 0); /* one long sequence, H/Hkv = 7 */
-    rope_bwd_case(17, 17, 4, 2, 48, 0);      /* dh = 48: half = 24 */
-    rope_bwd_case(5, 3, 2, 2, 96, 0);        /* H/Hkv = 1 */
-    rope_bwd_case(1000, 250, 2, 1, 128, 0);  /* H/Hkv = 2 */
-    rope_bwd_case(1000, 1000, 14, 2, 64, 0);
-    rope_bwd_case(17, 5, 3, 1, 20, 0);       /* half = 10: scalar path */
-    rope_bwd_case(9, 4, 2, 2, 2, 0);         /* dh = 2 */
-    rope_bwd_case(17, 17, 4, 2, 48, 1);      /* off alignment: scalar path */
-    uint16_t *d = tkd_test_dev_alloc(64);
-    float *f = tkd_test_dev_alloc(64);
-    assert_int_equal(tkd_cuda_rope_bwd(d, d, 1, 1, 1, 1, 63, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    assert_int_equal(tkd_cuda_rope_bwd(d, d, 1, 1, 1, 0, 64, f, f, g_stream), TKD_ERR_INVALID_ARG);
-    cudaFree(d), cudaFree(f);
+    tkd_test_rope_cases(1, 700, g_stream);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------------- */
@@ -525,13 +432,13 @@ static void swiglu_bwd_case(int64_t n, int off, int want_dg, int want_du, int ac
     snprintf(w2, sizeof w2, "%s: dg", what);
     tkd_test_to_host(got, d_dg + off, nn * 2, g_stream);
     if (want_dg)
-        check_bf16(w2, got, dgr, nn, nn, dga);
+        tkd_test_check_bf16_mat(w2, got, dgr, nn, nn, kSwigluTol, dga);
     else
         check_same_bits(w2, got, dg0, nn * 2);
     snprintf(w2, sizeof w2, "%s: du", what);
     tkd_test_to_host(got, d_du + off, nn * 2, g_stream);
     if (want_du)
-        check_bf16(w2, got, dur, nn, nn, dua);
+        tkd_test_check_bf16_mat(w2, got, dur, nn, nn, kSwigluTol, dua);
     else
         check_same_bits(w2, got, du0, nn * 2);
     cudaFree(d_dh), cudaFree(d_g), cudaFree(d_u), cudaFree(d_dg), cudaFree(d_du);
@@ -647,19 +554,19 @@ static void linear_bwd_case(lin_case c)
     char w2[200];
     snprintf(w2, sizeof w2, "%s: dx", what);
     if (c.dx)
-        check_bf16(w2, gdx[0], L.dxr, nx, (size_t)c.k, L.dxa);
+        tkd_test_check_bf16_mat(w2, gdx[0], L.dxr, nx, (size_t)c.k, kLinDxTol, L.dxa);
     else
         check_same_bits(w2, gdx[0], L.dx0, nx * 2);
     check_same_bits(w2, gdx[0], gdx[1], nx * 2);
     snprintf(w2, sizeof w2, "%s: dw", what);
     if (c.dw)
-        check_f32(w2, gdw[0], L.dwr, nw, (size_t)c.k, L.dwa);
+        tkd_test_check_f32_mat(w2, gdw[0], L.dwr, nw, (size_t)c.k, kLinDwTol, L.dwa);
     else
         check_same_bits(w2, gdw[0], L.dw0, nw * 4);
     check_same_bits(w2, gdw[0], gdw[1], nw * 4);
     snprintf(w2, sizeof w2, "%s: db", what);
     if (c.db)
-        check_f32(w2, gdb[0], L.dbr, (size_t)c.m, (size_t)c.m, L.dba);
+        tkd_test_check_f32_mat(w2, gdb[0], L.dbr, (size_t)c.m, (size_t)c.m, kColsumTol, L.dba);
     else
         check_same_bits(w2, gdb[0], L.db0, (size_t)c.m * 4);
     check_same_bits(w2, gdb[0], gdb[1], (size_t)c.m * 4);
@@ -976,20 +883,13 @@ static int teardown(void **state)
     cudaStreamDestroy(g_stream);
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_embedding_bwd), cmocka_unit_test(test_rmsnorm_bwd),
+    cmocka_unit_test(test_rope_bwd),      cmocka_unit_test(test_swiglu_bwd),
+    cmocka_unit_test(test_linear_bwd),    cmocka_unit_test(test_adamw),
+    cmocka_unit_test(test_master_split_join), cmocka_unit_test(test_grad_norm),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_embedding_bwd), cmocka_unit_test(test_rmsnorm_bwd),
-        cmocka_unit_test(test_rope_bwd),      cmocka_unit_test(test_swiglu_bwd),
-        cmocka_unit_test(test_linear_bwd),    cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_master_split_join), cmocka_unit_test(test_grad_norm),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, setup, teardown)

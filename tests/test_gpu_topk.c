@@ -286,19 +286,12 @@ static int teardown(void **state)
     tkd_topk_cuda_ws_free(*state);
     return 0;
 }
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_matches_cpu),
+    cmocka_unit_test(test_paths),
+    cmocka_unit_test(test_flags),
+};
 #endif /* TKD_HAVE_CUDA */
 
-int main(void)
-{
-    tkd_test_require_gpu();
-#ifdef TKD_HAVE_CUDA
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_cpu),
-        cmocka_unit_test(test_paths),
-        cmocka_unit_test(test_flags),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-#else
-    return 77;
-#endif
-}
+TKD_TEST_GPU_MAIN(kTests, setup, teardown)

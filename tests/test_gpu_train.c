@@ -50,6 +50,7 @@
 #include "model/model.h"
 #include "model/optim.h"
 #include "student_train/train.h"
+#include "tests/gpu_check.h"
 #include "tests/testutil.h"
 
 #define FIX_B 2 /* tokens.i32 is (B, T + 1); see tests/fixtures/hf/README.md */
@@ -61,6 +62,8 @@
 #define GRAD_REL_NORM 5e-2
 #define STEP_LOSS_RTOL 2e-2
 #define CURVE_RTOL 3e-2
+static const tkd_test_tol kCurveTol = {0.0, CURVE_RTOL, "64 steps of divergence between bf16/fp32 trajectories; "
+                                                        "a GPU run that does not learn is 15-30 % off"};
 #define VAL_RTOL 2e-2
 #define TOP1_ATOL 0.05
 #define NORM2_RTOL 1e-12 /* Σ g² in double, two summation orders */
@@ -486,22 +489,21 @@ static void cpu_vs_cuda(const tkd_test_student_dir *f, const char *tag, const ch
     double *lc = xmalloc(sizeof(double) * steps), *lg = xmalloc(sizeof(double) * steps);
     tkd_test_train_metrics(f, nc, "loss", lc, steps);
     tkd_test_train_metrics(f, ng, "loss", lg, steps);
-    int worst = 0, bad = 0;
+    char what[96];
+    snprintf(what, sizeof what, "%s: training loss, cuda against cpu", tag);
+    tkd_test_check k;
+    tkd_test_check_begin(&k, what, kCurveTol, tkd_test_where_step, NULL);
     for (int s = 0; s < steps; s++) {
-        double e = fabs(lg[s] - lc[s]) / fabs(lc[s]);
-        if (!(e <= fabs(lg[worst] - lc[worst]) / fabs(lc[worst])))
-            worst = s;
-        bad += !(e <= CURVE_RTOL);
+        tkd_test_check_add(&k, s, lg[s], lc[s], 0.0);
         if (s % 8 == 0 || s == steps - 1)
-            printf("  %s step %3d: loss cpu %.5f cuda %.5f (%+.2e)\n", tag, s + 1, lc[s], lg[s], (lg[s] - lc[s]) / lc[s]);
+            printf("  %s step %3d: loss cpu %.5f cuda %.5f (%+.2e)\n", tag, s + 1, lc[s], lg[s],
+                   (lg[s] - lc[s]) / lc[s]);
     }
-    printf("  %s: worst step %d, relative %.3e (tolerance %.0e); val CE cpu %.5f cuda %.5f, val KD cpu %.5f cuda "
-           "%.5f, top-1 cpu %.4f cuda %.4f; %.1f s vs %.1f s\n", tag, worst + 1,
-           fabs(lg[worst] - lc[worst]) / fabs(lc[worst]), CURVE_RTOL, rc.val_ce, rg.val_ce, rc.val_kd, rg.val_kd,
-           rc.top1_agree, rg.top1_agree, rc.seconds, rg.seconds);
-    if (bad)
-        fail_msg("%s: %d of %d training losses differ by more than %.0e relative; worst at step %d: cuda %.6f, cpu "
-                 "%.6f", tag, bad, steps, CURVE_RTOL, worst + 1, lg[worst], lc[worst]);
+    printf("  %s: worst step %lld, err/tol %.3f (tolerance %.0e relative); val CE cpu %.5f cuda %.5f, val KD cpu %.5f "
+           "cuda %.5f, top-1 cpu %.4f cuda %.4f; %.1f s vs %.1f s\n", tag, (long long)k.worst_i + 1, k.worst,
+           CURVE_RTOL, rc.val_ce, rg.val_ce, rc.val_kd, rg.val_kd, rc.top1_agree, rg.top1_agree, rc.seconds,
+           rg.seconds);
+    tkd_test_check_end(&k);
     assert_int_equal(rg.steps, steps);
     assert_int_equal(rg.tokens, rc.tokens);
     if (!tkd_test_close(rg.val_ce, rc.val_ce, 0, VAL_RTOL))
