@@ -60,7 +60,8 @@ static const tkd_config_field dump_fields[] = {
                 "the CPU, about 2 GiB of logits on a GPU)."),
     TKD_CFG_ENUM(C, device, "device", "auto", tkd_device_names,
                  "auto (CUDA when this build has it and a GPU answers, else CPU), cpu, cuda (bf16 "
-                 "weights and activations on the GPU that LOCAL_RANK or SLURM_LOCALID names, else GPU 0)."),
+                 "weights and activations on the GPU that LOCAL_RANK or SLURM_LOCALID names when workers.* "
+                 "are left to the environment, else GPU 0)."),
     TKD_CFG_STRING(C, output_dir, "output.dir", NULL, "the cache directory (created when absent)."),
     TKD_CFG_INT(C, worker_index, "workers.index", "0", 0, 1 << 20,
                 "this worker's index (0 = read RANK or SLURM_PROCID when set)."),
