@@ -87,6 +87,11 @@ tkd_status tkd_backend_open_local(tkd_device dev, const tkd_dist_info *d, tkd_ba
     return open_on(dev, tkd_dist_local_gpu(d, n), n, out);
 }
 
+int tkd_backend_device_data_parallel(tkd_device dev)
+{
+    return dev != TKD_DEVICE_CPU; /* as backend_cpu.c's data_parallel = 0 */
+}
+
 #ifndef TKD_HAVE_CUDA
 void *tkd_backend_cuda_stream(tkd_backend *be)
 {

@@ -268,6 +268,10 @@ tkd_status tkd_backend_open(tkd_device dev, int gpu, tkd_backend **out);
 /* The same for a process of a job (both tools): CUDA on the GPU tkd_dist_local_gpu picks for d
  * among those that answer. */
 tkd_status tkd_backend_open_local(tkd_device dev, const tkd_dist_info *d, tkd_backend **out);
+
+/* 1 when a backend of the device a config names could train data-parallel (data_parallel once
+ * open; auto: it may resolve to CUDA): what a launcher checks before any backend opens. */
+int tkd_backend_device_data_parallel(tkd_device dev);
 void tkd_backend_close(tkd_backend *be); /* NULL is a no-op */
 
 /* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.c); use tkd_backend_open. */

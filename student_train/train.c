@@ -1015,7 +1015,7 @@ static tkd_status open_backend(trainer *tr, tkd_device dev)
 
 tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int device)
 {
-    if (device == TKD_DEVICE_CPU && world > 1)
+    if (world > 1 && !tkd_backend_device_data_parallel((tkd_device)device))
         return tkd_error_set(TKD_ERR_CONFIG, "%d ranks need device: cuda — data-parallel training runs over NCCL "
                              "between GPUs; start one process for the CPU", world);
     if (c->batch_size % world != 0)

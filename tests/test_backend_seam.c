@@ -1,7 +1,8 @@
 /* test_backend_seam.c — what the tools may ask a backend (kernels/backend.h's capabilities) and how
  * a process's backend is opened, on the CPU:
  * - the CPU backend's capabilities (host-addressable fp32 memory, no master residual, no data
- *   parallel, 256-row LM-head chunks) and what kernels/backend_profile.h's wrapper reports for it;
+ *   parallel, 256-row LM-head chunks), what kernels/backend_profile.h's wrapper reports for it, and
+ *   the launcher's check of a configured device;
  * - tkd_backend_open takes a resolved device only (auto is decided once, by tkd_backend_resolve);
  * - the local GPU both tools take (tkd_dist_local_gpu) from LOCAL_RANK, SLURM_LOCALID or neither,
  *   wrapping when there are more local ranks than GPUs, through an injected environment;
@@ -42,6 +43,10 @@ static void test_cpu_capabilities(void **s)
     assert_int_equal(be->data_parallel, 0);
     assert_null(be->policy);
     tkd_backend_close(be);
+    /* what a launcher checks before any backend opens agrees with the open backend's flag */
+    assert_int_equal(tkd_backend_device_data_parallel(TKD_DEVICE_CPU), 0);
+    assert_int_equal(tkd_backend_device_data_parallel(TKD_DEVICE_CUDA), 1);
+    assert_int_equal(tkd_backend_device_data_parallel(TKD_DEVICE_AUTO), 1); /* may resolve to CUDA */
 }
 
 /* The wrapper reports its inner backend's capabilities, except data parallel: the collectives need
