@@ -20,7 +20,8 @@
  *   act_size         — bytes of one act element;
  *   master_lo_size   — the fp32 master weights are the act compute copy plus a residual of this
  *                      many bytes (0: the act copy is the fp32 master itself);
- *   data_parallel    — kernels/comm_nccl.h's collectives run on this backend (several processes);
+ *   data_parallel    — kernels/comm_nccl.h's collectives run on this backend (several processes;
+ *                      before any backend opens, tkd_backend_device_data_parallel);
  *   op->lmhead_chunk_rows — the LM head's chunk when the config leaves it automatic.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
@@ -272,9 +273,10 @@ tkd_status tkd_backend_open_local(tkd_device dev, const tkd_dist_info *d, tkd_ba
 /* 1 when a backend of the device a config names could train data-parallel (data_parallel once
  * open; auto: it may resolve to CUDA): what a launcher checks before any backend opens. */
 int tkd_backend_device_data_parallel(tkd_device dev);
+
 void tkd_backend_close(tkd_backend *be); /* NULL is a no-op */
 
-/* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.c); use tkd_backend_open. */
+/* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.cu); use tkd_backend_open. */
 tkd_status tkd_backend_cpu_open(tkd_backend **out);
 tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol, tkd_backend **out); /* pol NULL: from the environment */
 
