@@ -332,7 +332,7 @@ static int run_one(const run_spec *r, int steps)
         return die("teacher batch");
 
     size_t base = bench_used_bytes();
-    if (tkd_backend_open(TKD_DEVICE_CUDA, g_dist.local_rank, &c.be) != TKD_OK)
+    if (tkd_backend_open_local(TKD_DEVICE_CUDA, &g_dist, &c.be) != TKD_OK) /* the tools' GPU rule */
         return die("backend");
     double t0 = bench_now_s();
     if (tkd_model_init_random_for_training(&cfg, 1, c.be, &c.m) != TKD_OK)

@@ -186,6 +186,11 @@ static const char *plain_getenv(const char *name) { return getenv(name); }
 
 tkd_status tkd_dist_from_env(tkd_dist_info *out) { return tkd_dist_from_getenv(out, plain_getenv); }
 
+int tkd_dist_local_gpu(const tkd_dist_info *d, int n_visible)
+{
+    return n_visible > 0 ? d->local_rank % n_visible : 0;
+}
+
 void tkd_dist_job_id(char *buf, size_t cap)
 {
     const char *t = getenv("TKD_JOB_ID"), *j = getenv("SLURM_JOB_ID"), *s = getenv("SLURM_STEP_ID");

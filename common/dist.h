@@ -51,6 +51,12 @@ tkd_status tkd_dist_from_env(tkd_dist_info *out);
  * SLURM_NTASKS_PER_NODE. */
 tkd_status tkd_dist_from_getenv(tkd_dist_info *out, const char *(*get)(const char *name));
 
+/* The GPU this process takes among the n_visible that answer: its local rank, modulo n_visible (a
+ * launcher that gives each task only its own GPUs — srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES
+ * of one device — leaves fewer visible than the local ranks count); 0 when none answer. The one
+ * rule both tools follow (kernels/backend.h's tkd_backend_open_local). */
+int tkd_dist_local_gpu(const tkd_dist_info *d, int n_visible);
+
 typedef enum tkd_rdzv_kind { TKD_RDZV_FILE = 0, TKD_RDZV_TCP = 1 } tkd_rdzv_kind;
 
 typedef struct tkd_rdzv_config {

@@ -3,18 +3,15 @@
 
 #include <stdarg.h>
 #include <string.h>
-#include <time.h>
 
 /* Written once by the CLI before threads start, read everywhere afterwards. */
 static tkd_log_level g_level = TKD_LOG_LEVEL_INFO;
-static bool g_timestamps;
 static FILE *g_out;
 static volatile bool g_status_line;
 
 void tkd_log_set_level(tkd_log_level level) { g_level = level; }
 tkd_log_level tkd_log_get_level(void) { return g_level; }
 bool tkd_log_enabled(tkd_log_level level) { return level <= g_level; }
-void tkd_log_set_timestamps(bool on) { g_timestamps = on; }
 void tkd_log_set_stream(FILE *out) { g_out = out; }
 void tkd_log_set_status_line(bool active) { g_status_line = active; }
 
@@ -37,12 +34,6 @@ void tkd_log_write(tkd_log_level level, const char *fmt, ...)
     size_t n = 0;
     if (g_status_line)
         n += (size_t)snprintf(line, sizeof line, "\r\033[K");
-    if (g_timestamps) {
-        time_t now = time(NULL);
-        struct tm tm;
-        localtime_r(&now, &tm);
-        n += strftime(line + n, sizeof line - n, "%Y-%m-%d %H:%M:%S ", &tm);
-    }
     /* info is the normal voice of the tools: no level word for it */
     if (level != TKD_LOG_LEVEL_INFO)
         n += (size_t)snprintf(line + n, sizeof line - n, "%s: ", tkd_log_level_name(level));

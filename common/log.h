@@ -1,8 +1,8 @@
 /* log.h — leveled messages to stderr for the command-line tools.
  *
  * One global level (set once by the CLI from -v / -q, before threads start) filters messages.
- * Each message is one line ("warn: ...", "error: ...", "debug: ...", info without a level word;
- * optionally after a wall-clock timestamp) written with a single fputs, so lines from different
+ * Each message is one line ("warn: ...", "error: ...", "debug: ...", info without a level word)
+ * written with a single fputs, so lines from different
  * threads never interleave. When a progress line is on the terminal (common/progress.h) it is
  * cleared first so the message does not land in the middle of it.
  * Library code reports errors through tkd_status, not through here; it may log at debug level.
@@ -26,9 +26,6 @@ tkd_log_level tkd_log_get_level(void);
 
 /* True when a message at level would be written (skip costly formatting otherwise). */
 bool tkd_log_enabled(tkd_log_level level);
-
-/* Prefix each line with "2024-05-01 12:00:00 " (local time). Off by default. */
-void tkd_log_set_timestamps(bool on);
 
 /* Where messages go; NULL restores stderr. For tests. */
 void tkd_log_set_stream(FILE *out);

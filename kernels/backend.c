@@ -31,6 +31,14 @@ int tkd_backend_cuda_devices(void)
 #endif
 }
 
+/* CUDA asked for where none answers: what to do instead. */
+static tkd_status no_cuda(void)
+{
+    return tkd_error_set(TKD_ERR_UNSUPPORTED, "device: cuda asked for, but %s — use device: cpu (or auto)",
+                         tkd_backend_cuda_built() ? "no GPU answers on this machine"
+                                                  : "this build has no CUDA backend (nvcc was not found when it was built)");
+}
+
 tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got)
 {
     int ngpu = tkd_backend_cuda_devices();
@@ -38,9 +46,7 @@ tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got)
         *got = TKD_DEVICE_CPU;
     } else if (want == TKD_DEVICE_CUDA) {
         if (ngpu == 0)
-            return tkd_error_set(TKD_ERR_UNSUPPORTED, "device: cuda asked for, but %s — use device: cpu (or auto)",
-                                 tkd_backend_cuda_built() ? "no GPU answers on this machine"
-                                                          : "this build has no CUDA backend (nvcc was not found when it was built)");
+            return no_cuda();
         *got = TKD_DEVICE_CUDA;
     } else {
         *got = ngpu > 0 ? TKD_DEVICE_CUDA : TKD_DEVICE_CPU;
@@ -48,22 +54,42 @@ tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got)
     return TKD_OK;
 }
 
-tkd_status tkd_backend_open(tkd_device want, int gpu, tkd_backend **out)
+/* dev resolved (CPU or CUDA); n: the GPUs that answer. */
+static tkd_status open_on(tkd_device dev, int gpu, int n, tkd_backend **out)
 {
     *out = NULL;
-    tkd_device got;
-    TKD_TRY(tkd_backend_resolve(want, &got));
-    if (got == TKD_DEVICE_CPU)
+    if (dev == TKD_DEVICE_CPU)
         return tkd_backend_cpu_open(out);
+    if (dev != TKD_DEVICE_CUDA)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "backend: device %d is not resolved (tkd_backend_resolve first)",
+                             (int)dev);
+    if (n == 0)
+        return no_cuda();
 #ifdef TKD_HAVE_CUDA
-    int n = tkd_backend_cuda_devices();
     if (gpu < 0 || gpu >= n)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "device: GPU %d asked for, but %d answer%s", gpu, n,
                              n == 1 ? "s" : "");
     return tkd_backend_cuda_open(gpu, NULL, out);
 #else
+    (void)gpu;
     return tkd_error_set(TKD_ERR_INTERNAL, "backend: CUDA resolved in a build without it");
 #endif
+}
+
+tkd_status tkd_backend_open(tkd_device dev, int gpu, tkd_backend **out)
+{
+    return open_on(dev, gpu, dev == TKD_DEVICE_CUDA ? tkd_backend_cuda_devices() : 0, out);
+}
+
+tkd_status tkd_backend_open_local(tkd_device dev, const tkd_dist_info *d, tkd_backend **out)
+{
+    int n = dev == TKD_DEVICE_CUDA ? tkd_backend_cuda_devices() : 0;
+    return open_on(dev, tkd_dist_local_gpu(d, n), n, out);
+}
+
+int tkd_backend_device_data_parallel(tkd_device dev)
+{
+    return dev != TKD_DEVICE_CPU; /* as backend_cpu.c's data_parallel = 0 */
 }
 
 #ifndef TKD_HAVE_CUDA

@@ -7,8 +7,22 @@
  * ops_bwd_cuda.h, attn_cuda.h, attn_cudnn.h, attn_bwd_simple_cuda.h, kl_loss_cuda.h, topk_cuda.h).
  * Besides the layer ops it carries what a training step needs: the fused KL loss, AdamW over a
  * segment table, the gradient norm and scale; and two timing marks, through which
- * kernels/backend_profile.h's wrapper times every op of another backend. The tools open a backend
- * once (tkd_backend_open, the one place `device: auto` is resolved) and name no backend's functions.
+ * kernels/backend_profile.h's wrapper times every op of another backend. The tools resolve the
+ * device once (tkd_backend_resolve, the one place `device: auto` is decided), open a backend once
+ * (tkd_backend_open_local: the GPU of a launcher's process is picked here, for both tools) and
+ * name no backend's functions.
+ *
+ * Capabilities: code above kernels/ never asks which device a backend is (be->device is for
+ * kernels/ and for printing); it asks what it needs to know, as fields and ops of struct
+ * tkd_backend below:
+ *   host_addressable — backend memory is host memory (tkd_backend_host_f32: and act is fp32, so a
+ *                      host float array is an act tensor as it is);
+ *   act_size         — bytes of one act element;
+ *   master_lo_size   — the fp32 master weights are the act compute copy plus a residual of this
+ *                      many bytes (0: the act copy is the fp32 master itself);
+ *   data_parallel    — kernels/comm_nccl.h's collectives run on this backend (several processes;
+ *                      before any backend opens, tkd_backend_device_data_parallel);
+ *   op->lmhead_chunk_rows — the LM head's chunk when the config leaves it automatic.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
  * CUDA) unless its comment says host. Three element types appear in the signatures:
@@ -30,6 +44,7 @@
 #include <stdint.h>
 
 #include "common/device.h"
+#include "common/dist.h"
 #include "common/status.h"
 #include "kernels/adamw.h"
 #include "kernels/cuda_policy.h"
@@ -145,6 +160,11 @@ typedef struct tkd_backend_ops {
 
     /* ---- LM-head consumers ---- */
     tkd_status (*lmhead_topk)(tkd_backend *be, tkd_lmhead_topk_args *a);
+    /* The chunk_rows lmhead_topk works well with for vocabulary v when the caller has no value of
+     * its own (lm_head.chunk_rows: 0): the CPU 256 rows (a few hundred MB of fp32 logits at real
+     * vocabularies); CUDA about 2 GiB of fp32 logits (large GEMMs, few top-k launches), a multiple
+     * of 256 in [256, 65536]. */
+    int (*lmhead_chunk_rows)(const tkd_backend *be, int64_t v);
 
     /* ---- training: optimizer and gradient helpers (kernels/adamw.h's maths) ---- */
     /* f32 -> act, element by element (CUDA: round to nearest even bf16; CPU: a copy) */
@@ -205,16 +225,31 @@ typedef struct tkd_backend_ops {
 } tkd_backend_ops;
 
 struct tkd_backend {
-    tkd_device device;          /* TKD_DEVICE_CPU or TKD_DEVICE_CUDA, never AUTO */
+    tkd_device device;          /* TKD_DEVICE_CPU or TKD_DEVICE_CUDA, never AUTO: for kernels/ and
+                                 * messages; callers above kernels/ ask the capabilities below */
     const char *name;           /* "cpu" | "cuda" */
     const tkd_cuda_policy *policy; /* CUDA: the kernel choices it runs with (cuda_policy.h); NULL on the CPU */
     size_t act_size;            /* bytes of one act element: 4 (fp32) or 2 (bf16) */
     size_t master_lo_size;      /* bytes per element the master weights keep beside the act compute
                                  * copy: 0 (CPU: fp32 act is the master) or 2 (CUDA: an int16
                                  * residual, so bf16 + residual is the exact fp32) */
+    int host_addressable;       /* 1: backend memory is host memory (CPU): the host reads and writes
+                                 * it in place, upload/download are plain copies; 0: reached only
+                                 * through upload/download (CUDA: device memory) */
+    int data_parallel;          /* 1: kernels/comm_nccl.h's collectives run on this backend's stream
+                                 * (CUDA: data-parallel training, ZeRO-1); 0: one process only (the
+                                 * CPU; a profiling wrapper, which has no stream of its own) */
     const tkd_backend_ops *op;
     void *impl;                 /* the implementation's own state */
 };
+
+/* 1 when a host fp32 array is an act tensor of be as it is (host-addressable memory, fp32 act: the
+ * CPU): the model then keeps one host copy of its weights that is also the compute copy and the
+ * master, and act results (hidden states, logits) are read in place. */
+static inline int tkd_backend_host_f32(const tkd_backend *be)
+{
+    return be->host_addressable && be->act_size == sizeof(float);
+}
 
 /* 1 when this binary was built with the CUDA backend. */
 int tkd_backend_cuda_built(void);
@@ -222,16 +257,26 @@ int tkd_backend_cuda_built(void);
 /* Number of CUDA devices that answer (0 without the backend, a driver or a GPU). */
 int tkd_backend_cuda_devices(void);
 
-/* Resolves AUTO to CPU or CUDA; asking for CUDA where none answers is TKD_ERR_UNSUPPORTED. */
+/* Resolves AUTO to CPU or CUDA, the one place it is decided: CUDA when this build has it and a GPU
+ * answers, else the CPU; asking for CUDA where none answers is TKD_ERR_UNSUPPORTED. */
 tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got);
 
-/* Opens the backend for `want` (AUTO resolved here, the one place): the CPU one always exists;
- * CUDA takes device `gpu` (a local rank) and makes its streams and handles. *out is owned by the
- * caller (tkd_backend_close). */
-tkd_status tkd_backend_open(tkd_device want, int gpu, tkd_backend **out);
+/* Opens the backend for a resolved device (CPU or CUDA; AUTO is TKD_ERR_INVALID_ARG: resolve it
+ * first): the CPU one always exists; CUDA takes device `gpu` among those that answer and makes its
+ * streams and handles. *out is owned by the caller (tkd_backend_close). */
+tkd_status tkd_backend_open(tkd_device dev, int gpu, tkd_backend **out);
+
+/* The same for a process of a job (both tools): CUDA on the GPU tkd_dist_local_gpu picks for d
+ * among those that answer. */
+tkd_status tkd_backend_open_local(tkd_device dev, const tkd_dist_info *d, tkd_backend **out);
+
+/* 1 when a backend of the device a config names could train data-parallel (data_parallel once
+ * open; auto: it may resolve to CUDA): what a launcher checks before any backend opens. */
+int tkd_backend_device_data_parallel(tkd_device dev);
+
 void tkd_backend_close(tkd_backend *be); /* NULL is a no-op */
 
-/* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.c); use tkd_backend_open. */
+/* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.cu); use tkd_backend_open. */
 tkd_status tkd_backend_cpu_open(tkd_backend **out);
 tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol, tkd_backend **out); /* pol NULL: from the environment */
 

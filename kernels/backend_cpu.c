@@ -430,6 +430,14 @@ static tkd_status cpu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
     return TKD_OK;
 }
 
+/* A fixed 256 rows: a few hundred MB of fp32 logits at real vocabularies, plenty of rows for the
+ * threaded GEMM and top-k. */
+static int cpu_lmhead_chunk_rows(const tkd_backend *be, int64_t v)
+{
+    (void)be, (void)v;
+    return 256;
+}
+
 static const tkd_backend_ops cpu_ops = {
     .close = cpu_close,
     .alloc = cpu_alloc,
@@ -457,6 +465,7 @@ static const tkd_backend_ops cpu_ops = {
     .attn_bwd = cpu_attn_bwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .lmhead_topk = cpu_lmhead_topk,
+    .lmhead_chunk_rows = cpu_lmhead_chunk_rows,
     .f32_to_act = cpu_f32_to_act,
     .adamw_create = cpu_adamw_create,
     .adamw_free = cpu_adamw_free,
@@ -487,6 +496,8 @@ tkd_status tkd_backend_cpu_open(tkd_backend **out)
     be->device = TKD_DEVICE_CPU;
     be->name = "cpu";
     be->act_size = sizeof(float);
+    be->host_addressable = 1;
+    be->data_parallel = 0;
     be->op = &cpu_ops;
     be->impl = c;
     *out = be;

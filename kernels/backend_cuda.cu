@@ -585,6 +585,15 @@ tkd_status lmhead_topk_fused(CudaImpl *c, tkd_lmhead_topk_args *a, int64_t C, bo
     return TKD_OK;
 }
 
+/* About 2 GiB of fp32 logits per chunk (large GEMMs, few top-k launches): a multiple of 256 rows in
+ * [256, 65536]. */
+int cu_lmhead_chunk_rows(const tkd_backend *be, int64_t v)
+{
+    (void)be;
+    int64_t rows = ((int64_t)2 << 30) / (4 * v) / 256 * 256;
+    return rows < 256 ? 256 : rows > (1 << 16) ? 1 << 16 : (int)rows;
+}
+
 tkd_status cu_lmhead_topk(tkd_backend *be, tkd_lmhead_topk_args *a)
 {
     CudaImpl *c = impl(be);
@@ -946,7 +955,7 @@ const tkd_backend_ops cuda_ops = {
     cu_embedding_fwd, cu_rmsnorm_fwd, cu_add_rmsnorm_fwd, cu_linear_fwd, cu_rope_fwd, cu_attn_fwd,
     cu_attn_saved_bytes, cu_swiglu_fwd,
     cu_embedding_bwd, cu_rmsnorm_bwd, cu_linear_bwd, cu_rope_bwd, cu_attn_bwd, cu_swiglu_bwd,
-    cu_lmhead_topk,
+    cu_lmhead_topk, cu_lmhead_chunk_rows,
     cu_f32_to_act, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
     cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
@@ -1002,6 +1011,8 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->name = "cuda";
     be->act_size = 2;
     be->master_lo_size = sizeof(int16_t);
+    be->host_addressable = 0;
+    be->data_parallel = 1;
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);

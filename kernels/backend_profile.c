@@ -168,6 +168,12 @@ static size_t prof_attn_saved_bytes(const tkd_backend *be, int B, int T, int H)
     return p->inner->op->attn_saved_bytes(p->inner, B, T, H);
 }
 
+static int prof_lmhead_chunk_rows(const tkd_backend *be, int64_t v)
+{
+    const prof *p = be->impl;
+    return p->inner->op->lmhead_chunk_rows(p->inner, v);
+}
+
 static void prof_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
 {
     prof_of(be)->inner->op->adamw_free(prof_of(be)->inner, a);
@@ -197,6 +203,7 @@ static void ops_fill(tkd_backend_ops *t, const tkd_backend_ops *in)
     t->attn_saved_bytes = in->attn_saved_bytes ? prof_attn_saved_bytes : NULL;
     t->adamw_free = in->adamw_free ? prof_adamw_free : NULL;
     t->kl_free = in->kl_free ? prof_kl_free : NULL;
+    t->lmhead_chunk_rows = in->lmhead_chunk_rows ? prof_lmhead_chunk_rows : NULL;
     t->mark = prof_mark;
     t->mark_ms = prof_mark_ms;
 }
@@ -218,6 +225,8 @@ tkd_status tkd_backend_profile_wrap(tkd_backend *inner, tkd_backend **out)
     be->name = inner->name;
     be->act_size = inner->act_size;
     be->master_lo_size = inner->master_lo_size;
+    be->host_addressable = inner->host_addressable;
+    be->data_parallel = 0; /* the collectives need the inner backend's stream, which this one does not show */
     be->op = &p->ops;
     be->impl = p;
     *out = be;

@@ -6,21 +6,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const variant_names[] = {"renorm", "tail", "sampled"};
+const char *const tkd_kl_variant_names[] = {"renorm", "tail", "sampled", NULL};
 
 int tkd_kl_variant_parse(const char *name)
 {
     if (!name)
         return -1;
-    for (int i = 0; i < 3; i++)
-        if (strcmp(name, variant_names[i]) == 0)
+    for (int i = 0; tkd_kl_variant_names[i]; i++)
+        if (strcmp(name, tkd_kl_variant_names[i]) == 0)
             return i;
     return -1;
 }
 
 const char *tkd_kl_variant_name(tkd_kl_variant v)
 {
-    return (unsigned)v < 3 ? variant_names[v] : "unknown";
+    return (unsigned)v <= TKD_KL_VARIANT_SAMPLED ? tkd_kl_variant_names[v] : "unknown";
 }
 
 void tkd_kl_params_defaults(tkd_kl_params *p, int k)

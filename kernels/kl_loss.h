@@ -29,6 +29,10 @@ typedef enum tkd_kl_variant {
     TKD_KL_VARIANT_SAMPLED = 2, /* exact p on top-k' plus r/S per tail draw (unbiased) */
 } tkd_kl_variant;
 
+/* NULL-terminated, indexed by tkd_kl_variant: the one list of the variants' names (kd.variant's
+ * allowed values, messages). */
+extern const char *const tkd_kl_variant_names[];
+
 /* Parses "renorm" | "tail" | "sampled"; -1 when unknown. And the reverse. */
 int tkd_kl_variant_parse(const char *name);
 const char *tkd_kl_variant_name(tkd_kl_variant v);

@@ -131,25 +131,17 @@ extern "C" int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v)
     return (int)c;
 }
 
-static tkd_status ws_alloc(tkd_kl_cuda_ws *ws, void **p, size_t bytes, const char *what,
-                           const char *hint)
-{
-    TKD_TRY(tkd_cuda_malloc(p, bytes, what, hint));
-    ws->bytes += bytes;
-    return TKD_OK;
-}
-
 static tkd_status ws_setup(tkd_kl_cuda_ws *ws)
 {
     size_t n = (size_t)ws->n_max;
-    TKD_TRY(ws_alloc(ws, (void **)&ws->chunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float),
-                     "chunk buffer (fp32 logits)", "lower kd.chunk_size (rows per chunk)"));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_tau, n * sizeof(float), "row statistics", NULL));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->lse_one, n * sizeof(float), "row statistics", NULL));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->log_omq, n * sizeof(float), "row statistics", NULL));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->row_stats, 3 * n * sizeof(double), "row statistics", NULL));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->out, sizeof(DevOut), "loss sums", NULL));
-    TKD_TRY(ws_alloc(ws, &ws->blas_ws, kBlasWsBytes, "cuBLAS workspace", NULL));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->chunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float),
+                            "chunk buffer (fp32 logits)", "lower kd.chunk_size (rows per chunk)"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->lse_tau, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->lse_one, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->log_omq, n * sizeof(float), "row statistics", NULL));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->row_stats, 3 * n * sizeof(double), "row statistics", NULL));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->out, sizeof(DevOut), "loss sums", NULL));
+    TKD_TRY(tkd_cuda_malloc(&ws->blas_ws, kBlasWsBytes, "cuBLAS workspace", NULL));
     TKD_CUBLAS_CHECK(cublasCreate(&ws->blas));
     TKD_CUBLAS_CHECK(cublasSetStream(ws->blas, 0));
     TKD_CUBLAS_CHECK(cublasSetWorkspace(ws->blas, ws->blas_ws, kBlasWsBytes));
@@ -196,19 +188,19 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws, const tkd_cuda_policy *pol)
                                                             : ws->chunk;
     const size_t ce = (size_t)ws->chunk_e, tiles = (size_t)tkd_lmhead_sm90_vtiles(ws->v);
     const char *hint = "lower kd.chunk_size (rows per chunk)";
-    TKD_TRY(ws_alloc(ws, (void **)&ws->lm_part,
-                     tkd_lmhead_sm90_part_floats(ws->chunk_e, ws->v) * sizeof(float),
-                     "logits GEMM statistics partials", hint));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->sp_list, ce * ws->sp_l * 2 * sizeof(int32_t),
-                     "special-column lists", hint));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->sp_off, ce * (tiles + 1) * sizeof(int),
-                     "special-column offsets", hint));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->sp_g, ce * ws->sp_l * sizeof(float),
-                     "special-column logits", hint));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->ref, ce * sizeof(float), "row statistics", NULL));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->sigma, ce * sizeof(float), "row statistics", NULL));
-    TKD_TRY(ws_alloc(ws, (void **)&ws->hs, ce * ws->d * sizeof(uint16_t), "scaled hidden states",
-                     hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->lm_part,
+                            tkd_lmhead_sm90_part_floats(ws->chunk_e, ws->v) * sizeof(float),
+                            "logits GEMM statistics partials", hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->sp_list, ce * ws->sp_l * 2 * sizeof(int32_t),
+                            "special-column lists", hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->sp_off, ce * (tiles + 1) * sizeof(int),
+                            "special-column offsets", hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->sp_g, ce * ws->sp_l * sizeof(float),
+                            "special-column logits", hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->ref, ce * sizeof(float), "row statistics", NULL));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->sigma, ce * sizeof(float), "row statistics", NULL));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->hs, ce * ws->d * sizeof(uint16_t), "scaled hidden states",
+                            hint));
     ws->use_sm90 = 1;
     return TKD_OK;
 }
@@ -275,7 +267,6 @@ extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
 }
 
 extern "C" int tkd_kl_cuda_ws_chunk_rows(const tkd_kl_cuda_ws *ws) { return ws->chunk; }
-extern "C" size_t tkd_kl_cuda_ws_bytes(const tkd_kl_cuda_ws *ws) { return ws->bytes; }
 
 /* ---- per-chunk stages (cuBLAS column-major views of our row-major matrices) ------------------ */
 

@@ -83,10 +83,8 @@ tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p, c
 void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws); /* NULL is a no-op */
 
 /* Rows per fp32-logits chunk (the fused path cuts up to twice as many: tkd_kl_cuda_chunk_for in
- * kl_loss_cuda_internal.h), and device bytes the workspace holds (chunk buffer, row statistics, cuBLAS
- * workspace; not the cuBLAS handle's own allocations). */
+ * kl_loss_cuda_internal.h). */
 int tkd_kl_cuda_ws_chunk_rows(const tkd_kl_cuda_ws *ws);
-size_t tkd_kl_cuda_ws_bytes(const tkd_kl_cuda_ws *ws);
 
 /* Forward over a device batch: res gets the mean loss over kept rows and its KD and CE parts; the
  * per-row log-sum-exps stay in ws for backward. With p->grad_in_forward, also dh (N, D) fp32 is

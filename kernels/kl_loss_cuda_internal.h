@@ -37,7 +37,7 @@ typedef struct tkd_kl_cuda_dev_out tkd_kl_cuda_dev_out;
 /* Which of the fused path's gradient GEMMs are ours (tkd_kl_cuda_ws.grad_sm90 bits). */
 enum { TKD_KL_GRAD_DH = 1, TKD_KL_GRAD_DW = 2 };
 
-/* Sized once by tkd_kl_cuda_ws_create; every device buffer is counted in `bytes`. */
+/* Sized once by tkd_kl_cuda_ws_create. */
 struct tkd_kl_cuda_ws {
     int64_t n_max;
     int d, v, chunk;
@@ -72,7 +72,6 @@ struct tkd_kl_cuda_ws {
     float *lse_tau, *lse_one, *log_omq; /* (n_max) per-row statistics */
     double *row_stats;         /* (3, n_max): loss, kd, ce per row */
     tkd_kl_cuda_dev_out *out;
-    size_t bytes;
 };
 
 /* What the row kernel does with one chunk: the statistics pass of recompute forward, the gradient

@@ -540,7 +540,6 @@ struct tkd_cuda_bwd_ws {
     float *part;    /* (part_floats) partial sums */
     size_t part_floats;
     double *norm_part; /* (kNormBlocks) */
-    size_t bytes;
     BwdPlan plans[kBwdPlans];
     unsigned long long clock;
 };
@@ -582,8 +581,6 @@ static tkd_status bwd_ws_init(tkd_cuda_bwd_ws *ws)
     TKD_TRY(tkd_cuda_malloc(&ws->sort_tmp, ws->sort_bytes, "backward sort scratch", hint));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->part, ws->part_floats * sizeof(float), "backward partial sums", hint));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->norm_part, kNormBlocks * sizeof(double), "gradient norm partials", NULL));
-    ws->bytes = 3 * rows * sizeof(int32_t) + ws->sort_bytes + ws->part_floats * sizeof(float) +
-                kNormBlocks * sizeof(double);
     int32_t *iota = (int32_t *)malloc(rows * sizeof(int32_t));
     if (!iota)
         return tkd_error_set(TKD_ERR_NOMEM, "backward workspace: out of host memory");
@@ -613,7 +610,6 @@ extern "C" tkd_status tkd_cuda_bwd_ws_create(int max_rows, int max_d, tkd_cuda_b
     return TKD_OK;
 }
 
-extern "C" size_t tkd_cuda_bwd_ws_bytes(const tkd_cuda_bwd_ws *ws) { return ws ? ws->bytes : 0; }
 
 /* ---- launchers: embedding, RMSNorm, RoPE, SwiGLU ---------------------------------------------- */
 

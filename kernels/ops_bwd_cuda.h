@@ -42,7 +42,6 @@ typedef struct tkd_cuda_bwd_ws tkd_cuda_bwd_ws;
  * full. */
 tkd_status tkd_cuda_bwd_ws_create(int max_rows, int max_d, tkd_cuda_bwd_ws **out);
 void tkd_cuda_bwd_ws_free(tkd_cuda_bwd_ws *ws); /* NULL is a no-op */
-size_t tkd_cuda_bwd_ws_bytes(const tkd_cuda_bwd_ws *ws); /* device bytes it holds */
 
 /* demb[tok[n]] += dx[n]. Deterministic: the (token, row) pairs are radix-sorted (stable, so each
  * token's rows stay in ascending order), chunks of 64 sorted rows sum their pieces per token, and a

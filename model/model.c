@@ -1,4 +1,5 @@
-/* model.c — see model.h. The layer maths is composed from kernels/cpu_ops.h. */
+/* model.c — see model.h. Every op goes through the backend's table (kernels/backend.h); kernels/cpu_ops.h
+ * only builds the RoPE tables on the host. */
 #include "model/model.h"
 
 #include <errno.h>
@@ -211,7 +212,7 @@ static tkd_status model_alloc_weights(tkd_model *m, int trainable)
                           cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
                           cfg->rope_original_max_pos, inv);
     tkd_cpu_rope_table(inv, cfg->head_dim, P, m->rope_cos, m->rope_sin);
-    if (m->be->device == TKD_DEVICE_CPU) {
+    if (tkd_backend_host_f32(m->be)) {
         m->params = calloc(m->n_params, sizeof(float));
         if (!m->params)
             return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory for %zu parameters", m->n_params);
@@ -342,7 +343,7 @@ static tkd_status put_tensor(tkd_model *m, const tkd_param_info *p, const float 
 
 static tkd_status init_weights(tkd_model *m, uint64_t seed)
 {
-    int on_host = m->be->device == TKD_DEVICE_CPU;
+    int on_host = tkd_backend_host_f32(m->be); /* straight into the host weights */
     float *stage = on_host ? NULL : malloc(largest_tensor(m) * sizeof(float));
     if (!on_host && !stage)
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of host memory for the init's staging buffer");
@@ -403,7 +404,7 @@ static int ignorable(const char *name)
  * staging buffer where the backend's memory is not the host's). */
 static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
 {
-    int on_host = m->be->device == TKD_DEVICE_CPU;
+    int on_host = tkd_backend_host_f32(m->be); /* straight into the host weights */
     float *stage = on_host ? NULL : malloc(largest_tensor(m) * sizeof(float));
     if (!on_host && !stage)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of host memory for the load's staging buffer", dir);
@@ -900,7 +901,8 @@ tkd_status tkd_model_zero_grad(tkd_model *m)
     return m->be->op->memset0(m->be, m->grads, sizeof(float) * m->n_params);
 }
 
-void tkd_model_logits(const tkd_model *m, const float *hidden, int64_t N, float *logits)
+tkd_status tkd_model_logits(const tkd_model *m, const void *hidden, int64_t N, void *logits)
 {
-    tkd_cpu_linear_fwd(hidden, m->w.lm_head, NULL, (int)N, m->cfg.hidden_size, m->cfg.vocab_size, 0, logits);
+    return m->be->op->linear_fwd(m->be, hidden, m->d.lm_head, NULL, (int)N, m->cfg.hidden_size, m->cfg.vocab_size,
+                                 logits);
 }

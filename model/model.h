@@ -230,8 +230,9 @@ void tkd_model_layer_range(const tkd_model *m, int l, size_t *begin, size_t *end
 /* Zeroes all gradients (no-op when none are allocated); enqueued on CUDA. */
 tkd_status tkd_model_zero_grad(tkd_model *m);
 
-/* Full-vocabulary logits (N, V) = hidden (N, D) · lm_headᵀ, host fp32 (models with host weights:
- * the CPU) — for tests and small vocabularies. */
-void tkd_model_logits(const tkd_model *m, const float *hidden, int64_t N, float *logits);
+/* Full-vocabulary logits (N, V) = hidden (N, D) · lm_headᵀ through the backend's linear: hidden
+ * (N, D) act and logits (N, V) act in backend memory (host fp32 where tkd_backend_host_f32, the CPU)
+ * — for tests and small vocabularies. */
+tkd_status tkd_model_logits(const tkd_model *m, const void *hidden, int64_t N, void *logits); // (N, D), (N, V)
 
 #endif /* TKD_MODEL_H */

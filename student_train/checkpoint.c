@@ -45,10 +45,10 @@ static void drop_staging(const char *stage)
     tkd_error_restore(&keep);
 }
 
-/* 1 when the optimizer's moments are host memory (tkd_adamw_init, or the CPU backend). */
+/* 1 when the optimizer's moments are host memory (tkd_adamw_init, or a host-addressable backend). */
 static int moments_on_host(const tkd_adamw *opt)
 {
-    return !opt->be || opt->be->device == TKD_DEVICE_CPU;
+    return !opt->be || opt->be->host_addressable;
 }
 
 /* Host arrays of 2·n floats for moments kept in device memory. */

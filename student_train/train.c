@@ -314,7 +314,7 @@ static tkd_status build_loss(trainer *tr)
     int d = tr->m->cfg.hidden_size;
     TKD_TRY(tr->be->op->kl_create(tr->be, &tr->kp, n_max, d, tr->V, &tr->kl));
     TKD_TRY(tr->be->op->alloc(tr->be, (size_t)n_max * (size_t)d * sizeof(float), "loss: dHidden", (void **)&tr->dh));
-    if (tr->be->device == TKD_DEVICE_CPU) {
+    if (tkd_backend_host_f32(tr->be)) { /* hidden states read in place: full logits on the host */
         tr->logits = malloc((size_t)EVAL_CHUNK_ROWS * (size_t)tr->V * sizeof(float));
         if (!tr->logits)
             return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the evaluation's logits");
@@ -565,14 +565,15 @@ static tkd_status top1_hits_dev(trainer *tr, const tkd_train_batch *b, const voi
     return TKD_OK;
 }
 
-/* The same on the CPU (host fp32 hidden states and head): full logits EVAL_CHUNK_ROWS at a time. */
-static int64_t top1_hits(trainer *tr, const tkd_train_batch *b, const float *hidden)
+/* The same where hidden states and head are host fp32 (tkd_backend_host_f32, the CPU): full logits
+ * EVAL_CHUNK_ROWS at a time. */
+static tkd_status top1_hits(trainer *tr, const tkd_train_batch *b, const float *hidden, int64_t *out)
 {
     int64_t n = (int64_t)b->b * b->t, hits = 0;
     int d = tr->m->cfg.hidden_size;
     for (int64_t r0 = 0; r0 < n; r0 += EVAL_CHUNK_ROWS) {
         int64_t rows = n - r0 < EVAL_CHUNK_ROWS ? n - r0 : EVAL_CHUNK_ROWS;
-        tkd_model_logits(tr->m, hidden + r0 * d, rows, tr->logits);
+        TKD_TRY(tkd_model_logits(tr->m, hidden + r0 * d, rows, tr->logits));
         for (int64_t i = 0; i < rows; i++) {
             if (b->labels[r0 + i] == -100)
                 continue;
@@ -584,7 +585,8 @@ static int64_t top1_hits(trainer *tr, const tkd_train_batch *b, const float *hid
             hits += best == b->topk_idx[(r0 + i) * b->k];
         }
     }
-    return hits;
+    *out = hits;
+    return TKD_OK;
 }
 
 static tkd_status evaluate(trainer *tr, eval_stats *es)
@@ -615,8 +617,8 @@ static tkd_status evaluate(trainer *tr, eval_stats *es)
         es->ce += r.ce * (double)r.n_kept;
         es->rows += r.n_kept;
         int64_t h = 0;
-        if (b->k > 0 && tr->be->device == TKD_DEVICE_CPU)
-            h = top1_hits(tr, b, hidden);
+        if (b->k > 0 && tkd_backend_host_f32(tr->be))
+            TKD_TRY(top1_hits(tr, b, hidden, &h));
         else if (b->k > 0)
             TKD_TRY(top1_hits_dev(tr, b, hidden, &h));
         hits += h;
@@ -996,12 +998,10 @@ static tkd_status pick_device(const tkd_train_config *c, tkd_device *got)
 
 static tkd_status open_backend(trainer *tr, tkd_device dev)
 {
-    int ngpu = tkd_backend_cuda_devices();
-    int gpu = dev == TKD_DEVICE_CUDA && ngpu > 0 ? tr->dist.local_rank % ngpu : 0; /* srun --gpus-per-task=1 too */
-    TKD_TRY(tkd_backend_open(dev, gpu, &tr->be));
+    TKD_TRY(tkd_backend_open_local(dev, &tr->dist, &tr->be)); /* the GPU of this rank on its node */
     if (tr->dist.rank == 0)
         tkd_log_info("device: %s%s", tr->be->name,
-                     dev == TKD_DEVICE_CUDA ? " (bf16 compute, fp32 master weights)" : "");
+                     tr->be->master_lo_size > 0 ? " (bf16 compute, fp32 master weights)" : "");
     if (!(tr->config_yaml = strdup(tr->opts->config_yaml)))
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
     if (!tr->be->policy)
@@ -1015,7 +1015,7 @@ static tkd_status open_backend(trainer *tr, tkd_device dev)
 
 tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int device)
 {
-    if (device == TKD_DEVICE_CPU && world > 1)
+    if (world > 1 && !tkd_backend_device_data_parallel((tkd_device)device))
         return tkd_error_set(TKD_ERR_CONFIG, "%d ranks need device: cuda — data-parallel training runs over NCCL "
                              "between GPUs; start one process for the CPU", world);
     if (c->batch_size % world != 0)
@@ -1074,7 +1074,7 @@ static tkd_status open_run_dir(trainer *tr)
 /* After the student exists (its gradients sized): the communicator, the shard and the hook. */
 static tkd_status open_zero(trainer *tr)
 {
-    if (tr->dist.source == TKD_DIST_SINGLE || tr->be->device != TKD_DEVICE_CUDA)
+    if (tr->dist.source == TKD_DIST_SINGLE || !tr->be->data_parallel)
         return TKD_OK;
     tkd_rdzv_config rc;
     TKD_TRY(tkd_rdzv_config_from_env(&rc, tkd_train_rdzv_kind(tr->cfg->dist_rendezvous), tr->dist_dir,

@@ -2,6 +2,7 @@
 #include "student_train/train_config.h"
 
 #include "common/device.h"
+#include "kernels/kl_loss.h"
 #include "model/model.h"
 
 #include <stddef.h>
@@ -11,7 +12,6 @@
 static const char *const init_names[] = {"random", "hf", NULL};
 static const char *const recompute_names[] = TKD_RECOMPUTE_NAMES; /* tkd_recompute's values */
 static const char *const arch_names[] = {"llama", "qwen2", NULL};
-static const char *const variant_names[] = {"renorm", "tail", "sampled", NULL};
 static const char *const rdzv_names[] = {"auto", "file", "tcp", NULL};
 
 static const tkd_config_field fields[] = {
@@ -44,7 +44,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_STRING(T, expect_teacher_sha256, "data.expect_teacher_sha256", "", "When set, the cache's teacher sha256 must equal it (guards against a cache from another teacher)"),
     TKD_CFG_INT64(T, max_sequences, "data.max_sequences", "0", 0, 1e15, "Use at most this many training sequences; 0 = all"),
 
-    TKD_CFG_ENUM(T, kd_variant, "kd.variant", "renorm", variant_names, "Loss variant: renorm (softmax over the top-k'), tail (exact top-k' + tail mass), sampled (top-k' + tail draws, unbiased; needs a cache with tail draws)"),
+    TKD_CFG_ENUM(T, kd_variant, "kd.variant", "renorm", tkd_kl_variant_names, "Loss variant: renorm (softmax over the top-k'), tail (exact top-k' + tail mass), sampled (top-k' + tail draws, unbiased; needs a cache with tail draws)"),
     TKD_CFG_FLOAT(T, kd_temperature, "kd.temperature", "1", 0.01, 100, "Distillation temperature; tail and sampled need the cache's temperature"),
     TKD_CFG_FLOAT(T, kd_alpha, "kd.alpha", "0.5", 0, 1, "KD weight: loss = alpha*KD + (1-alpha)*CE; 0 = CE only"),
     TKD_CFG_INT(T, kd_topk, "kd.topk", "0", 0, 65535, "Use the first k' stored teacher tokens; 0 = all k"),

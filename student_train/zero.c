@@ -88,7 +88,7 @@ tkd_status tkd_zero_open(const tkd_dist_info *d, const tkd_rdzv_config *rc, cons
                          tkd_zero **out)
 {
     *out = NULL;
-    if (!m->grads || !m->master_lo || m->be->device != TKD_DEVICE_CUDA)
+    if (!m->grads || !m->master_lo || !m->be->data_parallel)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "data parallel: the student must train on CUDA (device: cuda), "
                              "with its gradients allocated (tkd_model_reserve)");
     tkd_zero *z = calloc(1, sizeof *z);

@@ -272,16 +272,13 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
     return TKD_OK;
 }
 
-/* lm_head.chunk_rows, or its automatic value: 256 rows on the CPU (a few hundred MB of logits at
- * real vocabularies), about 2 GiB of fp32 logits on a GPU (large GEMMs, few top-k launches). */
+/* lm_head.chunk_rows, or the backend's automatic value (kernels/backend.h: 256 rows on the CPU,
+ * about 2 GiB of fp32 logits on a GPU). */
 static int chunk_rows_of(const tkd_dump_config *cfg, const tkd_model *m)
 {
     if (cfg->chunk_rows > 0)
         return cfg->chunk_rows;
-    if (m->be->device == TKD_DEVICE_CPU)
-        return 256;
-    int64_t rows = ((int64_t)2 << 30) / (4 * (int64_t)m->cfg.vocab_size) / 256 * 256;
-    return rows < 256 ? 256 : rows > (1 << 16) ? 1 << 16 : (int)rows;
+    return m->be->op->lmhead_chunk_rows(m->be, m->cfg.vocab_size);
 }
 
 /* The LM head met a non-finite logit at row a->bad_row of the batch starting at sequence s: names
@@ -427,19 +424,6 @@ static tkd_status check_compute_args(const dump_ctx *c)
     return TKD_OK;
 }
 
-/* The GPU of this process on its node: LOCAL_RANK or SLURM_LOCALID when a launcher set them,
- * counted among the GPUs this process sees. */
-static int local_gpu(void)
-{
-    const char *v = getenv("LOCAL_RANK");
-    if (!v)
-        v = getenv("SLURM_LOCALID");
-    int gpu = v ? atoi(v) : 0, n = tkd_backend_cuda_devices();
-    /* a launcher that gives each task only its own GPU (srun --gpus-per-task=1,
-     * CUDA_VISIBLE_DEVICES of one device) leaves fewer GPUs visible than the local rank counts */
-    return n > 0 && gpu >= n ? gpu % n : gpu;
-}
-
 /* The identity of an in-memory teacher: its parameter list (names, shapes) and init seed. */
 static void memory_teacher_sha256(const tkd_model *m, uint64_t seed, char hex[65])
 {
@@ -472,7 +456,9 @@ static tkd_status load_inputs(dump_ctx *c)
         c->model = c->opts->teacher;
         memory_teacher_sha256(c->model, c->opts->teacher_seed, c->sum->teacher_sha256);
     } else {
-        TKD_TRY(tkd_backend_open(cfg->device, local_gpu(), &c->be));
+        tkd_device dev;
+        TKD_TRY(tkd_backend_resolve((tkd_device)cfg->device, &dev));
+        TKD_TRY(tkd_backend_open_local(dev, &cfg->dist, &c->be)); /* the GPU of this worker on its node */
         log_policy(c->be);
         st = tkd_model_load_hf_on(cfg->teacher_path, c->be, &c->model);
         if (st != TKD_OK)

@@ -60,7 +60,8 @@ static const tkd_config_field dump_fields[] = {
                 "the CPU, about 2 GiB of logits on a GPU)."),
     TKD_CFG_ENUM(C, device, "device", "auto", tkd_device_names,
                  "auto (CUDA when this build has it and a GPU answers, else CPU), cpu, cuda (bf16 "
-                 "weights and activations on the GPU that LOCAL_RANK or SLURM_LOCALID names, else GPU 0)."),
+                 "weights and activations on the GPU that LOCAL_RANK or SLURM_LOCALID names when workers.* "
+                 "are left to the environment, else GPU 0)."),
     TKD_CFG_STRING(C, output_dir, "output.dir", NULL, "the cache directory (created when absent)."),
     TKD_CFG_INT(C, worker_index, "workers.index", "0", 0, 1 << 20,
                 "this worker's index (0 = read RANK or SLURM_PROCID when set)."),
@@ -74,15 +75,15 @@ const tkd_config_schema tkd_dump_schema = TKD_CONFIG_SCHEMA("teacher-dump", dump
 static const char *plain_getenv(const char *name) { return getenv(name); }
 
 /* RANK/WORLD_SIZE, else SLURM_PROCID/SLURM_NTASKS (srun, one task per GPU): common/dist.h reads
- * them as student-train does, so both tools agree on who is which rank. */
+ * them as student-train does, so both tools agree on who is which rank and which GPU it takes
+ * (its local rank). */
 static tkd_status workers_from_env(tkd_dump_config *cfg, const char *(*get)(const char *))
 {
-    tkd_dist_info d;
-    tkd_status st = tkd_dist_from_getenv(&d, get);
+    tkd_status st = tkd_dist_from_getenv(&cfg->dist, get);
     if (st != TKD_OK)
         return tkd_error_hint(st, "unset it or set workers.* in the config");
-    cfg->worker_index = d.rank;
-    cfg->worker_count = d.world;
+    cfg->worker_index = cfg->dist.rank;
+    cfg->worker_count = cfg->dist.world;
     return TKD_OK;
 }
 
@@ -110,6 +111,10 @@ tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_f
 {
     if (!getenv_fn)
         getenv_fn = plain_getenv;
+    /* workers.* in the config replace the environment: it is not read (rank 0 of 1 on its node,
+     * GPU 0) */
+    memset(&cfg->dist, 0, sizeof cfg->dist);
+    cfg->dist.world = cfg->dist.local_world = 1;
     if (cfg->worker_index == 0 && cfg->worker_count == 1)
         TKD_TRY(workers_from_env(cfg, getenv_fn));
     if (cfg->stride == 0)

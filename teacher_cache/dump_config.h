@@ -16,6 +16,7 @@
 
 #include "common/config.h"
 #include "common/device.h"
+#include "common/dist.h"
 #include "common/status.h"
 
 typedef enum tkd_dump_last_window {
@@ -48,6 +49,8 @@ typedef struct tkd_dump_config {
     char *output_dir;          /* output.dir */
     int worker_index;          /* workers.index */
     int worker_count;          /* workers.count */
+    tkd_dist_info dist;        /* not a key: this process among a launcher's (the environment, read
+                                * once by finalize; local_rank picks its GPU) */
 } tkd_dump_config;
 
 /* The schema: every key, its type, default, range and help line. */
@@ -55,7 +58,9 @@ extern const tkd_config_schema tkd_dump_schema;
 
 /* Fills environment defaults and derived values, then checks what a single key cannot:
  * - workers.index / workers.count left at 0 / 1 take RANK / WORLD_SIZE, else SLURM_PROCID /
- *   SLURM_NTASKS, when those are set (a malformed value is an error naming the variable);
+ *   SLURM_NTASKS, when those are set (a malformed or half-set value is an error naming the
+ *   variable), and cfg->dist all of common/dist.h's reading, whose local rank is the GPU this
+ *   worker takes; with workers.* set the environment is not read (cfg->dist: rank 0 of 1, GPU 0);
  * - data.stride 0 becomes data.seq_len;
  * - cache.shard_tokens N becomes shard_sequences = max(1, N / seq_len) (and then 0, so that the
  *   printed config loads back the same); with shard_sequences also set it is an error naming both;

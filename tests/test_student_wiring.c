@@ -116,8 +116,23 @@ static void test_reported_loss_is_the_reference_loss(void **state)
     tkd_test_student_dir_free(&sd);
 }
 
+/* kd.variant's allowed values are the loss's own list of names (one declaration, in kl_loss.h),
+ * in the enum's order. */
+static void test_variant_names_declared_once(void **state)
+{
+    (void)state;
+    const tkd_config_field *f = tkd_config_find(&tkd_train_schema, "kd.variant");
+    assert_non_null(f);
+    assert_ptr_equal(f->allowed, tkd_kl_variant_names);
+    for (int i = 0; tkd_kl_variant_names[i]; i++)
+        assert_int_equal(tkd_kl_variant_parse(tkd_kl_variant_names[i]), i);
+    assert_string_equal(tkd_kl_variant_names[TKD_KL_VARIANT_SAMPLED], "sampled");
+    assert_null(tkd_kl_variant_names[TKD_KL_VARIANT_SAMPLED + 1]);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_reported_loss_is_the_reference_loss)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_variant_names_declared_once),
+                                       cmocka_unit_test(test_reported_loss_is_the_reference_loss)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

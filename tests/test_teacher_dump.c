@@ -906,6 +906,18 @@ static void test_config_workers_from_env(void **state)
     assert_int_equal(finalize_with(srun, "", &cfg), TKD_OK);
     assert_int_equal(cfg.worker_index, 5);
     assert_int_equal(cfg.worker_count, 6);
+    assert_int_equal(cfg.dist.local_rank, 1); /* its GPU on its node (tkd_backend_open_local) */
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    /* workers set in the config replace the environment: one process of its own, on GPU 0 */
+    assert_int_equal(finalize_with(srun, "workers: {index: 0, count: 2}\n", &cfg), TKD_OK);
+    assert_int_equal(cfg.worker_count, 2);
+    assert_int_equal(cfg.dist.local_rank, 0);
+    assert_int_equal(cfg.dist.world, 1);
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    /* junk in the local rank is refused by the one parse, not read as GPU 0 */
+    static const char *const junk[] = {"RANK", "1", "WORLD_SIZE", "2", "LOCAL_RANK", "1x", NULL};
+    assert_int_equal(finalize_with(junk, "", &cfg), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("environment LOCAL_RANK=1x: not a number");
     tkd_config_free(&tkd_dump_schema, &cfg);
     static const char *const none[] = {NULL};
     assert_int_equal(finalize_with(none, "workers: {index: 3, count: 3}\n", &cfg), TKD_ERR_CONFIG);
