@@ -44,9 +44,9 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/attn_bwd_sm90.h"
-#include "kernels/attn_cuda.h"
-#include "kernels/attn_cudnn.h"
+#include "kernels/attn/attn_bwd_sm90.h"
+#include "kernels/attn/attn_cuda.h"
+#include "kernels/attn/attn_cudnn.h"
 
 typedef struct shape { int b, t, h, hkv, dh; const char *name; } shape;
 

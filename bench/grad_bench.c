@@ -1,5 +1,5 @@
 /* grad_bench.c — the LM head's gradient GEMMs of the fused KL loss (issue 13): our Hopper kernels
- * (kernels/lmhead_grad_sm90.h: dH = sigma ⊙ (E·W) with the scaling in the epilogue, dW += Eᵀ·X
+ * (kernels/gemm_sm90/lmhead_grad_sm90.h: dH = sigma ⊙ (E·W) with the scaling in the epilogue, dW += Eᵀ·X
  * with the fp32 accumulation in the epilogue) against cuBLAS doing the same work (fp32 out, a
  * scaling pass for dH, beta = 1 for dW) and against cuBLAS's plain GEMMs of the same sizes with
  * bf16 out (what PyTorch's linear backward runs). Device time per call, median of --reps,
@@ -16,7 +16,7 @@
 
 #ifdef TKD_HAVE_CUDA
 #include "bench/grad_bench_cuda.h"
-#include "kernels/lmhead_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
 
 int main(int argc, char **argv)
 {

@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda_check.h"
-#include "kernels/cuda_mem.h"
-#include "kernels/lmhead_grad_sm90.h"
-#include "kernels/lmhead_sm90.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_mem.h"
+#include "kernels/gemm_sm90/lmhead_grad_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
 
 namespace {
 

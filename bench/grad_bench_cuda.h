@@ -1,5 +1,5 @@
 /* grad_bench_cuda.h — the CUDA side of bench/grad_bench.c: the LM head's gradient GEMMs of the fused
- * KL loss, ours (kernels/lmhead_grad_sm90.h) against cuBLAS doing the same work, on random data. */
+ * KL loss, ours (kernels/gemm_sm90/lmhead_grad_sm90.h) against cuBLAS doing the same work, on random data. */
 #ifndef TKD_GRAD_BENCH_CUDA_H
 #define TKD_GRAD_BENCH_CUDA_H
 

@@ -21,12 +21,12 @@
  * the paths whose row kernels read the fp32 logits, their effective bandwidth (stats: reads N·V·4
  * bytes; grad: reads N·V·4, writes N·V·2; grad_in_forward rows: reads twice, writes once; the fused
  * path's row kernels read k'+S+1 values per row, so none is printed). --rows runs the row kernels with another launch
- * shape (a sweep; the product always runs its own, kernels/kl_loss_cuda_internal.h).
+ * shape (a sweep; the product always runs its own, kernels/loss/kl_loss_cuda_internal.h).
  * The floor, the profile, --rows and the random fill are in kl_bench_cuda.cu.
  *
  *   kl_bench --lmhead [--tau 2] [--shapes ...] [--reps 5] [--chunk 0]
  * times the LM head's logits pass alone, in the loss's chunks of rows (issue 13): our Hopper GEMM
- * with the row statistics in its epilogue (kernels/lmhead_sm90.h: GEMM + per-tile partials +
+ * with the row statistics in its epilogue (kernels/gemm_sm90/lmhead_sm90.h: GEMM + per-tile partials +
  * combine into LSE at 1 and 1/τ), with and without the fp32 logits written in the same pass, and
  * that plus the row kernel taking the LSEs (the loss's forward stage), against cuBLAS's bf16 ->
  * fp32 logits GEMM alone (the floor it replaces) and cuBLAS + today's statistics row kernel (the
@@ -43,17 +43,17 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include "bench/kl_bench_cuda.h"
-#include "kernels/cuda_mem.h"
-#include "kernels/kl_loss_cuda.h"
-#include "kernels/lmhead_sm90.h"
+#include "kernels/cuda/cuda_mem.h"
+#include "kernels/loss/kl_loss_cuda.h"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
 
-/* The kernel choices, from the environment through the one parser (kernels/cuda_policy.h), so the
+/* The kernel choices, from the environment through the one parser (kernels/cuda/cuda_policy.h), so the
  * A/B variables that steer student-train steer this benchmark too. */
 static tkd_cuda_policy g_policy;
 

@@ -1,5 +1,5 @@
 /* kl_bench_cuda.cu — see kl_bench_cuda.h. Benchmark code only: the product
- * (kernels/kl_loss_cuda.cu) knows nothing of floors, profiles or random fills; this file composes
+ * (kernels/loss/kl_loss_cuda.cu) knows nothing of floors, profiles or random fills; this file composes
  * its per-chunk stages. */
 #include "bench/kl_bench_cuda.h"
 
@@ -7,10 +7,10 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kernels/cuda_check.h"
-#include "kernels/cuda_mem.h"
-#include "kernels/kl_loss_cuda_internal.h"
-#include "kernels/lmhead_sm90.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_mem.h"
+#include "kernels/loss/kl_loss_cuda_internal.h"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
  * kl_bench target only): the GEMM floor the fused KL loss is measured against, per-stage device
  * times, the row kernels' launch shape for a sweep, and random device data.
  *
- * Everything here drives the product's own per-chunk stages (kernels/kl_loss_cuda_internal.h), so
+ * Everything here drives the product's own per-chunk stages (kernels/loss/kl_loss_cuda_internal.h), so
  * the floor runs exactly the GEMMs tkd_kl_cuda_forward/backward run and the profile times exactly
  * their stages. No CUDA types: kl_bench.c is C.
  */
@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "kernels/kl_loss.h"
-#include "kernels/kl_loss_cuda.h"
+#include "kernels/loss/kl_loss.h"
+#include "kernels/loss/kl_loss_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {

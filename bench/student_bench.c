@@ -58,7 +58,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/backend_profile.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "bench/bench_util.h"
 #include "model/model.h"
 #include "model/optim.h"

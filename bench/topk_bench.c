@@ -8,7 +8,7 @@
  * tkd_tail_sample_cuda (S = --tail draws, skipped when 0). Printed: medians in ms; the top-k's read
  * rate C·V·4 / t (pass 1 reads the chunk once on the common path); the copy's rate 2·C·V·4 / t; the
  * top-k's time over the copy's (0.5 = one read at copy speed); how many rows took each selection
- * path (kernels/topk_cuda_internal.h); the tail draws' time and its ratio to the copy.
+ * path (kernels/cuda/topk_cuda_internal.h); the tail draws' time and its ratio to the copy.
  *
  *   topk_bench [--rows 4096] [--vocabs 151936,128256] [--k 100] [--tail 80] [--reps 7]
  */
@@ -23,9 +23,9 @@
 #include <cuda_runtime.h>
 
 #include "bench/topk_bench_cuda.h"
-#include "kernels/tail_sample_cuda.h"
-#include "kernels/topk_cuda.h"
-#include "kernels/topk_cuda_internal.h"
+#include "kernels/cuda/tail_sample_cuda.h"
+#include "kernels/cuda/topk_cuda.h"
+#include "kernels/cuda/topk_cuda_internal.h"
 
 #define MAX_VOCABS 8
 #define MAX_REPS 101

@@ -3,7 +3,7 @@
 
 #include <cuda_bf16.h>
 
-#include "kernels/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
  *   act_size         — bytes of one act element;
  *   master_lo_size   — the fp32 master weights are the act compute copy plus a residual of this
  *                      many bytes (0: the act copy is the fp32 master itself);
- *   data_parallel    — kernels/comm_nccl.h's collectives run on this backend (several processes;
+ *   data_parallel    — kernels/comm/comm_nccl.h's collectives run on this backend (several processes;
  *                      before any backend opens, tkd_backend_device_data_parallel);
  *   op->lmhead_chunk_rows — the LM head's chunk when the config leaves it automatic.
  *
@@ -33,7 +33,7 @@
  * and tkd_backend_sync order with it. Errors: TKD_ERR_DEVICE for a failed launch, TKD_ERR_DEVICE_OOM
  * from alloc with a message saying how much was asked and what to lower.
  *
- * Layouts as kernels/cpu_ops.h: rows are N = B·T tokens, row n = (b = n / T, t = n % T); heads
+ * Layouts as kernels/cpu/cpu_ops.h: rows are N = B·T tokens, row n = (b = n / T, t = n % T); heads
  * packed along the row, q (N, H·dh), k and v (N, Hkv·dh), query head h reads kv head h / (H / Hkv).
  * Linear weights in the Hugging Face layout W (M out, K in). Backward ops ADD into gradients.
  */
@@ -46,9 +46,9 @@
 #include "common/device.h"
 #include "common/dist.h"
 #include "common/status.h"
-#include "kernels/adamw.h"
-#include "kernels/cuda_policy.h"
-#include "kernels/kl_loss.h"
+#include "kernels/cpu/adamw.h"
+#include "kernels/cuda/cuda_policy.h"
+#include "kernels/loss/kl_loss.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,7 +65,7 @@ typedef struct tkd_backend_adamw tkd_backend_adamw;
 
 /* The LM head + top-k consumer's arguments (teacher-dump): per row the top-k ids and raw logits
  * of hidden · Wᵀ, the log-sum-exp at tau over the full vocabulary, and S tail draws (when S > 0)
- * keyed by (seed, row_seq[r], row_pos[r]) as kernels/tail_sample.h defines them. Outputs are HOST
+ * keyed by (seed, row_seq[r], row_pos[r]) as kernels/cpu/tail_sample.h defines them. Outputs are HOST
  * memory, complete when the call returns (on CUDA each chunk's results travel to pinned staging on
  * a copy stream while the next chunk computes). A non-finite logit is TKD_ERR_NUMERIC naming the
  * first bad row of its chunk. */
@@ -166,7 +166,7 @@ typedef struct tkd_backend_ops {
      * of 256 in [256, 65536]. */
     int (*lmhead_chunk_rows)(const tkd_backend *be, int64_t v);
 
-    /* ---- training: optimizer and gradient helpers (kernels/adamw.h's maths) ---- */
+    /* ---- training: optimizer and gradient helpers (kernels/cpu/adamw.h's maths) ---- */
     /* f32 -> act, element by element (CUDA: round to nearest even bf16; CPU: a copy) */
     tkd_status (*f32_to_act)(tkd_backend *be, const float *src, void *dst, size_t n); // (n) f32 -> act
     /* The segments of a flat parameter array (host table, copied), built once per optimizer. */
@@ -190,7 +190,7 @@ typedef struct tkd_backend_ops {
     tkd_status (*grad_norm2)(tkd_backend *be, const float *g, size_t n, double *norm2);
     tkd_status (*grad_scale)(tkd_backend *be, float *g, size_t n, float s); /* g *= s */
 
-    /* ---- the fused KL loss (kernels/kl_loss.h; CPU: tkd_kl_cpu_*, CUDA: tkd_kl_cuda_*) ---- */
+    /* ---- the fused KL loss (kernels/loss/kl_loss.h; CPU: tkd_kl_cpu_*, CUDA: tkd_kl_cuda_*) ---- */
     /* State for batches of up to n_max rows of (D, V) with p's teacher columns (p->k) and tail
      * draws (p->s); p->chunk_rows is fixed here, the rest of p is read per call. */
     tkd_status (*kl_create)(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, int d, int v,
@@ -236,7 +236,7 @@ struct tkd_backend {
     int host_addressable;       /* 1: backend memory is host memory (CPU): the host reads and writes
                                  * it in place, upload/download are plain copies; 0: reached only
                                  * through upload/download (CUDA: device memory) */
-    int data_parallel;          /* 1: kernels/comm_nccl.h's collectives run on this backend's stream
+    int data_parallel;          /* 1: kernels/comm/comm_nccl.h's collectives run on this backend's stream
                                  * (CUDA: data-parallel training, ZeRO-1); 0: one process only (the
                                  * CPU; a profiling wrapper, which has no stream of its own) */
     const tkd_backend_ops *op;
@@ -276,12 +276,12 @@ int tkd_backend_device_data_parallel(tkd_device dev);
 
 void tkd_backend_close(tkd_backend *be); /* NULL is a no-op */
 
-/* The implementations (kernels/backend_cpu.c, kernels/backend_cuda.cu); use tkd_backend_open. */
+/* The implementations (kernels/cpu/backend_cpu.c, kernels/cuda/backend_cuda.cu); use tkd_backend_open. */
 tkd_status tkd_backend_cpu_open(tkd_backend **out);
 tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol, tkd_backend **out); /* pol NULL: from the environment */
 
 /* The compute stream (a cudaStream_t) of a CUDA backend, NULL for any other: what code beside the
- * seam (kernels/comm_nccl.h's collectives) orders its own stream against. */
+ * seam (kernels/comm/comm_nccl.h's collectives) orders its own stream against. */
 void *tkd_backend_cuda_stream(tkd_backend *be);
 
 #ifdef __cplusplus

@@ -1,4 +1,4 @@
-/* model.c — see model.h. Every op goes through the backend's table (kernels/backend.h); kernels/cpu_ops.h
+/* model.c — see model.h. Every op goes through the backend's table (kernels/backend.h); kernels/cpu/cpu_ops.h
  * only builds the RoPE tables on the host. */
 #include "model/model.h"
 
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kernels/cpu_ops.h"
+#include "kernels/cpu/cpu_ops.h"
 
 /* One block's saved activations (backend memory); in inference every block aliases one set.
  * f32: the residual stream and rstd; act: everything the GEMMs read or write. */

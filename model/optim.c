@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/adamw.h"
+#include "kernels/cpu/adamw.h"
 
 void tkd_optim_config_defaults(tkd_optim_config *c)
 {

@@ -7,7 +7,7 @@
  * Two ways to hold the state: tkd_adamw_init keeps the moments in host memory for tkd_adamw_step
  * over host arrays (tests, tools); tkd_adamw_init_on keeps them in a model's backend memory for
  * tkd_adamw_step_model and tkd_optim_clip_model, which run on the model's backend (the CPU: the same
- * loops, kernels/adamw.h; CUDA: one fused multi-tensor kernel over the master weights held as the
+ * loops, kernels/cpu/adamw.h; CUDA: one fused multi-tensor kernel over the master weights held as the
  * bf16 compute copy plus an int16 residual, model/model.h). Both give the same bits on the CPU.
  */
 #ifndef TKD_OPTIM_H

@@ -19,7 +19,7 @@
 #include "formats/cache_reader.h"
 #include "formats/tokens.h"
 #include "kernels/backend.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "student_train/checkpoint.h"

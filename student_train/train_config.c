@@ -2,7 +2,7 @@
 #include "student_train/train_config.h"
 
 #include "common/device.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "model/model.h"
 
 #include <stddef.h>

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 
 #include "common/progress.h"
-#include "kernels/adamw.h"
-#include "kernels/comm_nccl.h"
+#include "kernels/cpu/adamw.h"
+#include "kernels/comm/comm_nccl.h"
 
 struct tkd_zero {
     tkd_dist_info d;

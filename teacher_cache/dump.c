@@ -16,9 +16,9 @@
 #include "common/signals.h"
 #include "formats/cache_manifest.h"
 #include "formats/tokens.h"
-#include "kernels/kl_loss.h"
-#include "kernels/tail_sample.h"
-#include "kernels/topk.h"
+#include "kernels/loss/kl_loss.h"
+#include "kernels/cpu/tail_sample.h"
+#include "kernels/cpu/topk.h"
 #include "model/model.h"
 #include "teacher_cache/dump_merge.h"
 #include "teacher_cache/dump_text.h"
@@ -321,7 +321,7 @@ static tkd_status lm_head_topk(const tkd_dump_config *cfg, const tkd_model *m, c
     return st;
 }
 
-/* Whether dtype dt stores logit x within TKD_KL_LOGIT_ROUND_TOL · τ (kernels/kl_loss.h): in its range,
+/* Whether dtype dt stores logit x within TKD_KL_LOGIT_ROUND_TOL · τ (kernels/loss/kl_loss.h): in its range,
  * and rounded to it by so little that exp(t/τ − lse) moves by at most a factor e^(1/8). */
 static bool dtype_holds(tkd_cache_dtype dt, float x, double tau)
 {
@@ -369,7 +369,7 @@ static tkd_status unstorable_logit(const tkd_dump_config *cfg, const tkd_cache_b
 /* Every value of a finished batch is held by the cache: each top-k logit in cache.logits_dtype's
  * range (beyond it half and bfloat16 would store inf) and rounded to it by at most
  * TKD_KL_LOGIT_ROUND_TOL · τ (a half logit near 45,000 is rounded by up to 16, and the stored
- * probabilities of a row would sum to millions: kernels/kl_loss.h), the LSE finite (float32).
+ * probabilities of a row would sum to millions: kernels/loss/kl_loss.h), the LSE finite (float32).
  * Checked on the batch, after whichever top-k path made it, so that no path puts a value into a
  * shard that breaks the stored distribution. */
 static tkd_status check_storable(const tkd_dump_config *cfg, const tkd_cache_batch *b)

@@ -1,4 +1,4 @@
-"""attn_bwd_sm90_tiling.py — a block-level model of kernels/attn_bwd_sm90.cu's schedule, checked
+"""attn_bwd_sm90_tiling.py — a block-level model of kernels/attn/attn_bwd_sm90.cu's schedule, checked
 against dense float64 attention gradients (no roundings, so agreement is to ~1e-15).
 
 It walks the kernels' loops as written: CTA pairs of 128-row resident tiles (i and n-1-i, the middle

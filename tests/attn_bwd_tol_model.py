@@ -1,6 +1,6 @@
 """attn_bwd_tol_model.py — the rounding model behind tests/test_gpu_attn_bwd.c's tolerances.
 
-Exact float64 arithmetic except for the roundings the CUDA backward (kernels/attn_bwd_cuda.cu)
+Exact float64 arithmetic except for the roundings the CUDA backward (kernels/attn/attn_bwd_cuda.cu)
 does: P rounded to bf16 before dV += Pᵀ dY, dS before dK += dSᵀ Q and dQ += dS K, D = Σ dy·y from
 the forward's bf16 y (itself from bf16 P), and each output rounded to bf16 once. For the test's
 shapes and input scales it prints, per gradient, the worst |Δ| / (ATOL·scale + RTOL·|ref|) with the

@@ -13,9 +13,9 @@
 #include <cuda_runtime.h>
 
 #include "common/half.h"
-#include "kernels/cpu_ops.h"
-#include "kernels/ops_bwd_cuda.h"
-#include "kernels/ops_cuda.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/ops_bwd_cuda.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "tests/gpu_check.h"
 #include "tests/ref64.h"
 #include "tests/testutil.h"

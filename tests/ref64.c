@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "common/half.h"
-#include "kernels/cpu_ops_ref.h"
+#include "kernels/cpu/cpu_ops_ref.h"
 
 double tkd_ref64_dot(const float *a, const float *b, int n)
 {

@@ -14,7 +14,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/backend_profile.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "model/model.h"
 #include "tests/testutil.h"
 

@@ -18,7 +18,7 @@
 #include "common/dist.h"
 #include "kernels/backend.h"
 #include "kernels/backend_profile.h"
-#include "kernels/cpu_ops.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "model/model.h"
 #include "tests/testutil.h"
 

@@ -1,5 +1,5 @@
 /* test_bf16_split.c — common/half.h's exact split of a float into a bf16 and an int16 residual (the
- * CUDA backend's master weights, kernels/ops_bwd_cuda.h's AdamW). Over every one of the 2^32 bit
+ * CUDA backend's master weights, kernels/cuda/ops_bwd_cuda.h's AdamW). Over every one of the 2^32 bit
  * patterns in an optimised build (a few seconds), every 7th pattern plus the edges otherwise (the
  * sanitizer build is ~20× slower):
  *   - join(split(x)) has x's exact bits (NaN: a NaN, the payload is not kept);

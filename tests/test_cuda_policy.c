@@ -1,4 +1,4 @@
-/* test_cuda_policy.c — the CUDA kernel choices (kernels/cuda_policy.h), parsed once, one rule for
+/* test_cuda_policy.c — the CUDA kernel choices (kernels/cuda/cuda_policy.h), parsed once, one rule for
  * every variable: each knob's listed values (switches also 1 / 0), unset or empty = the default,
  * anything else an error naming the variable and its values; the retired spellings refused naming
  * their replacement; the printed form lists every knob; determinism named. CPU only: the policy is
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda_policy.h"
+#include "kernels/cuda/cuda_policy.h"
 #include "tests/testutil.h"
 
 /* A fake environment: name=value pairs. */

@@ -2,7 +2,7 @@
  * table of cases run over the implementations (as ggml's test-backend-ops loops over backends): our
  * flash kernel (tkd_cuda_attn_fwd), the simple kernel for the head sizes the flash kernel refuses
  * (tkd_cuda_attn_fwd_simple) and cuDNN's fused attention where the build and the machine have it
- * (tkd_cudnn_attn_fwd). References: tkd_cpu_attn_fwd (fp32, kernels/cpu_ops.h) for every y where its
+ * (tkd_cudnn_attn_fwd). References: tkd_cpu_attn_fwd (fp32, kernels/cpu/cpu_ops.h) for every y where its
  * (B, H, T, T) scratch fits CPU_REF_MAX_BYTES, and the float64 row of tests/ref64.h for y and lse on
  * every row (T ≤ 1024) or on a sample of rows (the first and last 70, every 97th, both sides of each
  * 128-row boundary); both are computed once a case and shared by the implementations. Inputs are
@@ -48,7 +48,7 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "kernels/cpu_ops.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
 #include "tests/ref64.h"
@@ -57,8 +57,8 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/attn_cuda.h"
-#include "kernels/attn_cudnn.h"
+#include "kernels/attn/attn_cuda.h"
+#include "kernels/attn/attn_cudnn.h"
 
 #define Y_NORM_TOL 1e-2
 #define GUARD 4096                     /* NaN elements after y and lse that must stay untouched */
@@ -351,7 +351,7 @@ static void run_case(const acase *c)
 /* The tables: small shapes (every row against both references); long sequences (the float64
  * reference on sampled rows, the CPU's where its scratch fits); scores in the thousands (q, k ~
  * normal(0, 30²): exp(s) overflows fp32 without the running max); the simple kernel
- * (kernels/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures' 16, the demo
+ * (kernels/attn/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures' 16, the demo
  * teacher's 32) and one the flash kernel takes too. The T = 1000 cases at dh 64 and 128 are the
  * teacher's shapes: cuDNN must take them. */
 enum { SMALL, LONG, LARGE, SIMPLE_K };

@@ -1,7 +1,7 @@
 /* test_gpu_attn_bwd.c — the CUDA causal GQA attention backward (tkd_cuda_attn_bwd,
- * kernels/attn_cuda.h) against a float64 reference of this file on every row (T ≤ 1024) or on
+ * kernels/attn/attn_cuda.h) against a float64 reference of this file on every row (T ≤ 1024) or on
  * sampled rows (the first and last 70, every 97th, both sides of each 64-row boundary), and
- * against tkd_cpu_attn_bwd (fp32, kernels/cpu_ops.h, fed by tkd_cpu_attn_fwd's (B, H, T, T)
+ * against tkd_cpu_attn_bwd (fp32, kernels/cpu/cpu_ops.h, fed by tkd_cpu_attn_fwd's (B, H, T, T)
  * probabilities) where that scratch is small. Inputs are rounded to bf16 first; y and lse come
  * from the GPU forward (tkd_cuda_attn_fwd), as in training. Labelled gpu: exits 77 (skipped)
  * where no GPU answers or the build has no CUDA backend.
@@ -44,7 +44,7 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "kernels/cpu_ops.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
 #include "tests/ref64.h"
@@ -53,7 +53,7 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/attn_cuda.h"
+#include "kernels/attn/attn_cuda.h"
 
 #define ATOL 2e-2
 #define RTOL 1e-2

@@ -1,5 +1,5 @@
-/* test_gpu_attn_bwd_simple.c — kernels/attn_bwd_simple_cuda.h's attention backward against the
- * double reference (kernels/cpu_ops_ref.h: softmax probabilities kept, dS = P ∘ (dP − rowsum(P ∘ dP)))
+/* test_gpu_attn_bwd_simple.c — kernels/attn/attn_bwd_simple_cuda.h's attention backward against the
+ * double reference (kernels/cpu/cpu_ops_ref.h: softmax probabilities kept, dS = P ∘ (dP − rowsum(P ∘ dP)))
  * on bf16-rounded inputs, over awkward shapes: one position, T not a multiple of the warp's 32,
  * GQA ratios 1, 2 and 6, head sizes 8 to 256 (one to eight output dims per lane). The log-sum-exps
  * the kernel reads are computed on the host in double from the same bf16 q and k, so only the
@@ -31,8 +31,8 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/attn_bwd_simple_cuda.h"
-#include "kernels/cpu_ops_ref.h"
+#include "kernels/attn/attn_bwd_simple_cuda.h"
+#include "kernels/cpu/cpu_ops_ref.h"
 
 #define BF16_REL 0.00390625 /* 2^-8: the output's one rounding plus fp32 error at a boundary */
 #define MAX_REL 1e-4        /* times max|ref|: fp32 accumulation over ≤ 420 terms */

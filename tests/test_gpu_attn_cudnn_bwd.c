@@ -1,7 +1,7 @@
-/* test_gpu_attn_cudnn_bwd.c — is cuDNN's attention backward (tkd_cudnn_attn_bwd, kernels/attn_cudnn.h)
+/* test_gpu_attn_cudnn_bwd.c — is cuDNN's attention backward (tkd_cudnn_attn_bwd, kernels/attn/attn_cudnn.h)
  * as accurate as bf16 arithmetic in a flash backward allows? And are our own flash backward
- * (tkd_cuda_attn_bwd, kernels/attn_cuda.h) and our Hopper wgmma backward (tkd_cuda_attn_bwd_sm90,
- * kernels/attn_bwd_sm90.h; judged only on a compute capability 9.0 device)? All are judged by one
+ * (tkd_cuda_attn_bwd, kernels/attn/attn_cuda.h) and our Hopper wgmma backward (tkd_cuda_attn_bwd_sm90,
+ * kernels/attn/attn_bwd_sm90.h; judged only on a compute capability 9.0 device)? All are judged by one
  * rule against CPU references computed here on the same bf16 inputs, the same y (the GPU forward's
  * bf16 output) and every row:
  *
@@ -101,9 +101,9 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/attn_bwd_sm90.h"
-#include "kernels/attn_cuda.h"
-#include "kernels/attn_cudnn.h"
+#include "kernels/attn/attn_bwd_sm90.h"
+#include "kernels/attn/attn_cuda.h"
+#include "kernels/attn/attn_cudnn.h"
 
 #define U_BF16 (1.0 / 256.0) /* bf16's unit roundoff: round-to-nearest errs by at most 2^-8·|x| */
 #define K_RULE 2.0           /* see the file comment */

@@ -1,5 +1,5 @@
 /* test_gpu_dist.c — data-parallel student training over NCCL (student_train/zero.h,
- * kernels/comm_nccl.h), every run in a forked child process: CUDA must not be initialised in a
+ * kernels/comm/comm_nccl.h), every run in a forked child process: CUDA must not be initialised in a
  * process that forks, so this parent never touches the GPU (even the GPU count comes from a child).
  *
  *   1. One rank (RANK=0 WORLD_SIZE=1: a real 1-rank communicator) against the plain single-process
@@ -41,7 +41,7 @@
 #include "common/fileio.h"
 #include "formats/safetensors.h"
 #include "kernels/backend.h"
-#include "kernels/comm_nccl.h"
+#include "kernels/comm/comm_nccl.h"
 #include "student_train/train.h"
 #include "tests/gpu_check.h"
 #include "tests/testutil.h"

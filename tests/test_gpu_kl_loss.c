@@ -1,4 +1,4 @@
-/* test_gpu_kl_loss.c — the CUDA KL loss (kernels/kl_loss_cuda.h) against the float64 reference
+/* test_gpu_kl_loss.c — the CUDA KL loss (kernels/loss/kl_loss_cuda.h) against the float64 reference
  * tkd_kl_ref_f64, run on inputs already rounded to bf16, so the only differences are the GPU's
  * accumulation order, its fp32 logits / log-sum-exps and the bf16 rounding of dS. Labelled gpu:
  * exits 77 (skipped) where no GPU answers or the build has no CUDA backend.
@@ -34,14 +34,14 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
-#include "kernels/cuda_mem.h"
-#include "kernels/kl_loss_cuda.h"
-#include "kernels/kl_loss_cuda_internal.h" /* the row kernels' launch shapes, the sm90 switch */
-#include "kernels/lmhead_sm90.h"
+#include "kernels/cuda/cuda_mem.h"
+#include "kernels/loss/kl_loss_cuda.h"
+#include "kernels/loss/kl_loss_cuda_internal.h" /* the row kernels' launch shapes, the sm90 switch */
+#include "kernels/gemm_sm90/lmhead_sm90.h"
 
 #define LOSS_TOL 2e-4
 #define GRAD_TOL 1e-2

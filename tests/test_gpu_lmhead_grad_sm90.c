@@ -1,4 +1,4 @@
-/* test_gpu_lmhead_grad_sm90.c — our Hopper gradient GEMMs of the LM head (kernels/lmhead_grad_sm90.h):
+/* test_gpu_lmhead_grad_sm90.c — our Hopper gradient GEMMs of the LM head (kernels/gemm_sm90/lmhead_grad_sm90.h):
  * dH = sigma ⊙ (E·W) and dW (+)= Eᵀ·X against a float64 reference over awkward shapes (rows, V not
  * multiples of the 64 x 256 tile or of the 64-wide K step, one row, D = 8 and D not a multiple of
  * 64 or 256, E's row padding filled with NaN, which must never be read), dW written over a
@@ -30,8 +30,8 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/lmhead_grad_sm90.h"
-#include "kernels/lmhead_sm90.h"
+#include "kernels/gemm_sm90/lmhead_grad_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
 #include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
 

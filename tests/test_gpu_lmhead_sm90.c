@@ -1,4 +1,4 @@
-/* test_gpu_lmhead_sm90.c — our Hopper LM-head GEMM (kernels/lmhead_sm90.h): the fp32 logits
+/* test_gpu_lmhead_sm90.c — our Hopper LM-head GEMM (kernels/gemm_sm90/lmhead_sm90.h): the fp32 logits
  * epilogue against a CPU float64 reference and against cuBLAS (bf16 -> fp32, same inputs), and the
  * statistics epilogue's log-sum-exps against a float64 reference, over awkward shapes (N, V not
  * multiples of the 128 x 256 tile, one row, one column, D not a multiple of 64) and rows of huge
@@ -39,8 +39,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "kernels/lmhead_sm90.h"
-#include "kernels/topk.h"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
+#include "kernels/cpu/topk.h"
 #include "tests/gpu_testutil.h"
 
 #define FP32_U 5.9604644775390625e-8 /* 2^-24 */

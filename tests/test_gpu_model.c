@@ -22,7 +22,7 @@
 
 #include "common/half.h"
 #include "kernels/backend.h"
-#include "kernels/topk.h"
+#include "kernels/cpu/topk.h"
 #include "model/model.h"
 #include "tests/gpu_check.h"
 #include "tests/testutil.h"

@@ -1,5 +1,5 @@
-/* test_gpu_ops.c — the CUDA decoder ops (kernels/ops_cuda.h) against the double references of
- * kernels/cpu_ops_ref.h, on inputs already rounded to bf16 (so the only differences are the device's
+/* test_gpu_ops.c — the CUDA decoder ops (kernels/cuda/ops_cuda.h) against the double references of
+ * kernels/cpu/cpu_ops_ref.h, on inputs already rounded to bf16 (so the only differences are the device's
  * own fp32 arithmetic and its one rounding to bf16), over awkward shapes: one row, row counts that
  * fill no tile, widths that are not multiples of 8 (the scalar paths), pointers one element off
  * 16-byte alignment. Outputs are poisoned (all bits set: NaN) before each launch, so an element a
@@ -41,9 +41,9 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/cpu_ops.h"
-#include "kernels/cpu_ops_ref.h"
-#include "kernels/ops_cuda.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/cuda/ops_cuda.h"
 
 #define BF16_REL 0.00390625       /* 2^-8: one round-to-nearest into bf16 (see the top) */
 #define RMS_F32_REL 1e-5          /* fp32 sum of squares and 1/sqrt */

@@ -1,5 +1,5 @@
-/* test_gpu_ops_bwd.c — the CUDA backward ops and optimizer kernels (kernels/ops_bwd_cuda.h) against
- * the double references of kernels/cpu_ops_ref.h and, for AdamW, model/optim.c's tkd_adamw_step, on
+/* test_gpu_ops_bwd.c — the CUDA backward ops and optimizer kernels (kernels/cuda/ops_bwd_cuda.h) against
+ * the double references of kernels/cpu/cpu_ops_ref.h and, for AdamW, model/optim.c's tkd_adamw_step, on
  * inputs already rounded to bf16, over awkward shapes: one row, row counts that fill no tile or
  * chunk, widths that are not multiples of 8 (the scalar paths), pointers one element off 16-byte
  * alignment, GQA ratios 1, 2 and 7, tokens repeated across the embedding's chunk boundaries. Every
@@ -53,10 +53,10 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/cpu_ops.h"
-#include "kernels/cpu_ops_ref.h"
-#include "kernels/ops_bwd_cuda.h"
-#include "kernels/ops_cuda.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/cuda/ops_bwd_cuda.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "model/optim.h"
 
 #define U 5.9604644775390625e-08  /* 2^-24 */

@@ -19,13 +19,13 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/tail_sample.h"
-#include "kernels/tail_sample_cuda.h"
-#include "kernels/topk.h"
-#include "kernels/topk_cuda.h"
-#include "kernels/topk_cuda_internal.h"
+#include "kernels/cpu/tail_sample.h"
+#include "kernels/cuda/tail_sample_cuda.h"
+#include "kernels/cpu/topk.h"
+#include "kernels/cuda/topk_cuda.h"
+#include "kernels/cuda/topk_cuda_internal.h"
 
-/* Row contents built for one selection path of the CUDA top-k (kernels/topk_cuda.h). */
+/* Row contents built for one selection path of the CUDA top-k (kernels/cuda/topk_cuda.h). */
 typedef enum row_kind {
     ROW_RANDN,   /* normal(0, 1): pass 1 alone (path 0) */
     ROW_BAND,    /* 20000 logits in [8, 9) on 8192 levels (ties), the rest normal(0, 1): more than

@@ -1,6 +1,6 @@
 /* test_gradcheck.c — backward passes against central finite differences.
  *
- * Ops: every double reference op (kernels/cpu_ops_ref.h) with the scalar loss L = Σ c·out for a fixed
+ * Ops: every double reference op (kernels/cpu/cpu_ops_ref.h) with the scalar loss L = Σ c·out for a fixed
  * random c, so ∂L/∂out = c is what backward receives. In double with step h = 1e-6 the difference
  * quotient is accurate to ~1e-9 (rounding ~1e-16/h, truncation ~h²), so the bound
  * |fd − analytic| ≤ 1e-7 + 1e-6·|analytic| is tight; the fast ops are tied to these by test_ops.c.
@@ -23,8 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu_ops.h"
-#include "kernels/cpu_ops_ref.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_ops_ref.h"
 #include "model/model.h"
 #include "tests/testutil.h"
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "kernels/cpu_ops.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "tests/gpu_check.h"
 #include "tests/ref64.h"
 #include "tests/testutil.h"

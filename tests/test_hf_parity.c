@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "kernels/cpu_ops.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "tests/testutil.h"

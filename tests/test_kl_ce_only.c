@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "tests/testutil.h"
 
 enum { N = 29, D = 6, V = 37 };

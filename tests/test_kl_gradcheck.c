@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "tests/testutil.h"
 
 enum { N = 4, D = 3, V = 7, K = 3, S = 3 };

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "tests/testutil.h"
 
 /* ---- a synthetic batch built from a full teacher distribution ---------------------------- */

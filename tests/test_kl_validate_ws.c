@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 
 enum { N = 3, K = 4, V = 50, D = 2 };
 

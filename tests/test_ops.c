@@ -1,5 +1,5 @@
-/* test_ops.c — each fast CPU op (kernels/cpu_ops.h) against its double reference
- * (kernels/cpu_ops_ref.h), forward and backward, over awkward shapes: one row, T = 1, B = 3, widths
+/* test_ops.c — each fast CPU op (kernels/cpu/cpu_ops.h) against its double reference
+ * (kernels/cpu/cpu_ops_ref.h), forward and backward, over awkward shapes: one row, T = 1, B = 3, widths
  * that are odd or not multiples of 8, GQA ratios 1, 2 and 4. Backward outputs start from random
  * values in both paths, which also checks the "backward adds into its outputs" convention.
  *
@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu_ops.h"
-#include "kernels/cpu_ops_ref.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_ops_ref.h"
 #include "tests/testutil.h"
 
 #define ATOL 2e-5

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "formats/cache_reader.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "student_train/loader.h"
 #include "student_train/train.h"
 #include "tests/testutil.h"

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "formats/cache_reader.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 #include "model/model.h"
 #include "student_train/train.h"
 #include "tests/testutil.h"

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "common/ctr_rng.h"
-#include "kernels/tail_sample.h"
-#include "kernels/topk.h"
+#include "kernels/cpu/tail_sample.h"
+#include "kernels/cpu/topk.h"
 #include "tests/testutil.h"
 
 static void test_philox_known_answers(void **state)

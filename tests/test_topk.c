@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/topk.h"
+#include "kernels/cpu/topk.h"
 #include "tests/testutil.h"
 
 /* log Σ exp(t/τ) in long double with the max taken first: an independent reference. */

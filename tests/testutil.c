@@ -323,8 +323,8 @@ int tkd_test_wait_timeout(pid_t pid, double timeout_s)
 #include "common/rng.h"
 #include "formats/cache_manifest.h"
 #include "formats/cache_shard.h"
-#include "kernels/tail_sample.h"
-#include "kernels/topk.h"
+#include "kernels/cpu/tail_sample.h"
+#include "kernels/cpu/topk.h"
 #include "model/model.h"
 
 /* Fills sequences g0 .. g0 + n - 1 into b: random tokens (seeded per sequence, so shard and batch

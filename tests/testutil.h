@@ -7,7 +7,7 @@
 #include <sys/types.h>
 
 #include "common/status.h"
-#include "kernels/kl_loss.h"
+#include "kernels/loss/kl_loss.h"
 
 /* Makes a fresh empty directory under $TMPDIR (or /tmp) named topkd-<tag>-XXXXXX; returns a
  * malloc'd path the caller frees (after tkd_test_rmtree). Aborts the test on failure. */
@@ -119,7 +119,7 @@ struct tkd_cache_batch;
  * with init_std large enough that its next-token distributions are peaked, and its block outputs
  * scaled by 0.1 so that it is mostly a bigram model a tiny student learns quickly); the sequences are
  * seeded random tokens; top-k, LSE and tail draws are computed from the teacher's full logits by
- * kernels/topk.h and kernels/tail_sample.h exactly as teacher-dump does. */
+ * kernels/cpu/topk.h and kernels/cpu/tail_sample.h exactly as teacher-dump does. */
 typedef struct tkd_test_teacher_opts {
     int vocab;          /* V (> k) */
     int hidden;         /* the teacher's D; one layer, 2 heads */

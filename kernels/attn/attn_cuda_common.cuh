@@ -1,0 +1,169 @@
+/* attn_cuda_common.cuh — device helpers shared by the flash-attention forward (attn_cuda.cu) and
+ * backward (attn_bwd_cuda.cu): PTX wrappers for cp.async, ldmatrix and the bf16 m16n8k16 MMA, and
+ * the fragment-level building blocks both passes use. Internal: included by those two .cu files
+ * and by the Hopper backward (attn_bwd_sm90.cu, for pack_bf16). Every function is __forceinline__, so each file compiles its own copy.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16 bf16, lane = 4·g + t): A regs {(g, 2t), (g+8, 2t),
+ * (g, 2t+8), (g+8, 2t+8)} each holding 2 consecutive columns; B regs {(k = 2t, n = g),
+ * (k = 2t+8, n = g)} each holding 2 consecutive k; C {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
+ * So the C fragments of two n8 tiles (columns 0..15) are, element for element, the A fragment of
+ * a 16 × 16 block with those columns as k (frag_c_to_a). A tile stored row-major in shared memory
+ * (row = n, contiguous in k) read by a plain ldmatrix gives B fragments of its transpose
+ * (mma_abt_16); stored with row = k, contiguous in n, ldmatrix.trans gives B fragments directly
+ * (mma_ab_acc).
+ *
+ * Shared-memory tiles have a row stride of LD = DH + 8 elements: each row is 16 bytes longer than
+ * a multiple of 128 (for DH = 48, 80, 96: 112, 176, 208 bytes, also 8 distinct 16-byte slots mod
+ * 128), so the 8 row addresses of one ldmatrix phase hit 8 different bank groups.
+ */
+#ifndef TKD_ATTN_CUDA_COMMON_CUH
+#define TKD_ATTN_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_fast_math.cuh"
+
+namespace tkd_attn {
+
+/* ---- PTX wrappers -------------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16-byte global → shared copy through L2 only; src_bytes = 0 stores 16 zero bytes instead. */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+/* Four 8×8 bf16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, r[i] receives
+ * (row lane/4, columns 2(lane%4), +1) of matrix i, or with .trans (rows 2(lane%4), +1; column lane/4). */
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c (16×8 fp32) += a (16×16 bf16, row) · b (16×8 bf16, col). */
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+using tkd_cuda::fast_exp2; /* 2^x on the special-function unit (cuda_fast_math.cuh) */
+
+/* Two floats as a bf16 pair, lo in the low half (the lower column index), round to nearest. */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &p, sizeof u);
+    return u;
+}
+
+/* ---- tiles and fragments ------------------------------------------------------------------- */
+
+/* Starts copying rows [r0, r0 + ROWS) of one head (DH bf16 columns; global row stride ld
+ * elements) into the smem tile s (ROWS, DH + 8), THREADS threads sharing the 16-byte chunks; rows
+ * ≥ T are zero-filled and read nothing. Not committed here. */
+template <int DH, int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows(uint16_t *s, const uint16_t *g, int64_t ld, int r0, int T)
+{
+    constexpr int CH = DH / 8, LD = DH + 8, N = ROWS * CH;
+#pragma unroll
+    for (int i = 0; i < (N + THREADS - 1) / THREADS; i++) {
+        const int c = (int)threadIdx.x + i * THREADS;
+        if (N % THREADS == 0 || c < N) {
+            const int r = c / CH, col = (c % CH) * 8;
+            const bool ok = r0 + r < T;
+            const uint16_t *src = ok ? g + (int64_t)(r0 + r) * ld + col : g;
+            cp_async16(smem_addr(s + r * LD + col), src, ok ? 16 : 0);
+        }
+    }
+}
+
+/* Rows 0..15 of the smem tile s (16, DH; row stride DH + 8) as A fragments, one per 16-wide slice
+ * of the columns: lanes 0-15 address rows 0-15 at column 16kk, lanes 16-31 the same rows at
+ * column 16kk + 8. */
+template <int DH>
+__device__ __forceinline__ void load_a_frags(uint32_t af[DH / 16][4], const uint16_t *s, int lane)
+{
+    const uint32_t base = smem_addr(s + (lane & 15) * (DH + 8) + (lane >> 4) * 8);
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; kk++)
+        ldsm_x4(base + kk * 32, af[kk]);
+}
+
+/* c (16 × 16 fp32: c[0] columns 0-7, c[1] columns 8-15) = A Bᵀ, A (16 × DH) given as fragments,
+ * B the smem rows 0..15 of s (16, DH; row stride DH + 8), so c[m][n] = Σ_d A[m][d]·B[n][d].
+ * One ldmatrix.x4 per 16-wide d slice gives the B fragments of both n8 tiles: lane → row
+ * (lane & 7) + 8·(lane ≥ 16), column 16kk + 8·((lane >> 3) & 1). */
+template <int DH>
+__device__ __forceinline__ void mma_abt_16(float c[2][4], const uint32_t af[DH / 16][4],
+                                           const uint16_t *s, int lane)
+{
+    const uint32_t base = smem_addr(s + ((lane & 7) + ((lane >> 4) << 3)) * (DH + 8) + ((lane >> 3) & 1) * 8);
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        c[0][e] = c[1][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; kk++) {
+        uint32_t b[4];
+        ldsm_x4(base + kk * 32, b);
+        mma_bf16(c[0], af[kk], b[0], b[1]);
+        mma_bf16(c[1], af[kk], b[2], b[3]);
+    }
+}
+
+/* acc (16 × DH fp32, acc[dt] = columns 8dt .. 8dt+7) += A B, A (16 × 16 bf16) one fragment, B the
+ * smem rows 0..15 of s (16, DH; row stride DH + 8) with the row as k. One ldmatrix.x4.trans gives
+ * the B fragments of two d octets: lane → row (lane & 7) + 8·((lane >> 3) & 1), column
+ * 16dp + 8·(lane ≥ 16). */
+template <int DH>
+__device__ __forceinline__ void mma_ab_acc(float acc[DH / 8][4], const uint32_t a[4], const uint16_t *s,
+                                           int lane)
+{
+    const uint32_t base = smem_addr(s + ((lane & 7) + ((lane >> 3) & 1) * 8) * (DH + 8) + (lane >> 4) * 8);
+#pragma unroll
+    for (int dp = 0; dp < DH / 16; dp++) {
+        uint32_t b[4];
+        ldsm_x4_trans(base + dp * 32, b);
+        mma_bf16(acc[2 * dp], a, b[0], b[1]);
+        mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+}
+
+/* The C fragments of two n8 tiles (16 × 16 fp32) rounded to bf16 as the A fragment of the same
+ * 16 × 16 block, its columns becoming k. */
+__device__ __forceinline__ void frag_c_to_a(uint32_t a[4], const float c[2][4])
+{
+    a[0] = pack_bf16(c[0][0], c[0][1]);
+    a[1] = pack_bf16(c[0][2], c[0][3]);
+    a[2] = pack_bf16(c[1][0], c[1][1]);
+    a[3] = pack_bf16(c[1][2], c[1][3]);
+}
+
+} // namespace tkd_attn
+
+#endif /* TKD_ATTN_CUDA_COMMON_CUH */

@@ -1,0 +1,90 @@
+/* attn_simple_cuda.cu — see attn_cuda.h: tkd_cuda_attn_fwd_simple, causal GQA attention by one warp
+ * per (query row, head, batch). Lane j scores key (32c + j) of chunk c; the warp keeps the running
+ * max m and sum l (online softmax, fp32); lane d accumulates output dims d, d + 32, ... */
+#include "kernels/attn/attn_cuda.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace {
+
+constexpr int kMaxDh = 256;
+constexpr int kDimsPerLane = kMaxDh / 32;
+
+__device__ float bf(uint16_t x) { return __uint_as_float((unsigned)x << 16); }
+
+__device__ uint16_t to_bf(float x)
+{
+    __nv_bfloat16 b = __float2bfloat16_rn(x);
+    return *reinterpret_cast<uint16_t *>(&b);
+}
+
+__device__ float warp_max(float x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+__device__ float warp_sum(float x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* grid (T, H, B), block 32. q row i of head h; keys/values of kv head h / (H / Hkv), rows ≤ i. */
+__global__ void attn_row(const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H, int Hkv, int dh,
+                         float scale, uint16_t *y, float *lse)
+{
+    int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
+    int64_t qs = (int64_t)H * dh, kvs = (int64_t)Hkv * dh;
+    const uint16_t *qi = q + ((int64_t)b * T + i) * qs + (int64_t)h * dh;
+    const uint16_t *kb = k + (int64_t)b * T * kvs + (int64_t)(h / (H / Hkv)) * dh;
+    const uint16_t *vb = v + (int64_t)b * T * kvs + (int64_t)(h / (H / Hkv)) * dh;
+    float m = -INFINITY, l = 0.0f, acc[kDimsPerLane] = {0};
+    for (int j0 = 0; j0 <= i; j0 += 32) {
+        int j = j0 + lane;
+        float s = -INFINITY;
+        if (j <= i) {
+            s = 0.0f;
+            for (int d = 0; d < dh; d++)
+                s += bf(qi[d]) * bf(kb[(int64_t)j * kvs + d]);
+            s *= scale;
+        }
+        float mn = fmaxf(m, warp_max(s));
+        float p = j <= i ? __expf(s - mn) : 0.0f, corr = __expf(m - mn);
+        l = l * corr + warp_sum(p);
+        for (int c = 0; c < kDimsPerLane; c++)
+            acc[c] *= corr;
+        int n = i - j0 + 1 < 32 ? i - j0 + 1 : 32;
+        for (int t = 0; t < n; t++) {
+            float pt = __shfl_sync(0xffffffffu, p, t);
+            const uint16_t *vj = vb + (int64_t)(j0 + t) * kvs;
+            for (int c = 0, d = lane; c < kDimsPerLane && d < dh; c++, d += 32)
+                acc[c] += pt * bf(vj[d]);
+        }
+        m = mn;
+    }
+    uint16_t *yi = y + ((int64_t)b * T + i) * qs + (int64_t)h * dh;
+    for (int c = 0, d = lane; c < kDimsPerLane && d < dh; c++, d += 32)
+        yi[d] = to_bf(acc[c] / l);
+    if (lse && lane == 0)
+        lse[((int64_t)b * H + h) * T + i] = m + logf(l);
+}
+
+} // namespace
+
+extern "C" tkd_status tkd_cuda_attn_fwd_simple(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
+                                               int H, int Hkv, int dh, uint16_t *y, float *lse, void *stream)
+{
+    if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || dh <= 0 || dh > kMaxDh || T > 65535 * 32)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "attn_simple: B %d, T %d, H %d, Hkv %d, dh %d: need positive sizes, "
+                             "H a multiple of Hkv and dh <= %d", B, T, H, Hkv, dh, kMaxDh);
+    dim3 grid((unsigned)T, (unsigned)H, (unsigned)B);
+    attn_row<<<grid, 32, 0, (cudaStream_t)stream>>>(q, k, v, T, H, Hkv, dh, (float)(1.0 / sqrt((double)dh)), y, lse);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}

@@ -1,0 +1,61 @@
+/* adamw.h — the optimizer's per-element maths on host fp32 arrays, one implementation for
+ * model/optim.c (host optimizer state) and the CPU backend's training ops (kernels/cpu/backend_cpu.c):
+ * the AdamW update over segments of a flat parameter array, the squared global gradient norm,
+ * the clip coefficient and the gradient scale.
+ *
+ * The update follows torch.optim.AdamW (single-tensor path) operation by operation in fp32, its
+ * scalars formed in double and rounded once as Python floats reach torch's kernels; the CUDA
+ * kernel (kernels/cuda/ops_bwd_cuda.h, tkd_cuda_adamw_step) forms the same scalars and matches it bit
+ * for bit. Loops use OpenMP above 32768 elements.
+ */
+#ifndef TKD_ADAMW_H
+#define TKD_ADAMW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One parameter tensor inside the flat arrays: elements [offset, offset + numel), weight decay
+ * when decay != 0 (model/model.h's tkd_param_info: not norms, not biases). */
+typedef struct tkd_adamw_seg {
+    size_t offset;
+    size_t numel;
+    int decay;
+} tkd_adamw_seg;
+
+/* The hyper-parameters of one update (lr already scheduled). */
+typedef struct tkd_adamw_hparams {
+    double lr, beta1, beta2, eps, weight_decay;
+} tkd_adamw_hparams;
+
+/* One AdamW update of the elements of every segment of params (n) from grads · grad_scale (the
+ * clip coefficient applied on the fly, fp32-rounded before use: the bits of tkd_grad_scale first;
+ * 1 = unscaled; grads are not written), with moments m and v (same layout); step is the 1-based
+ * count of this update (bias correction):
+ *   p *= 1 − lr·wd (decay segments); m += (1 − β1)(g − m); v = β2·v + (1 − β2)·g²;
+ *   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 − β_i^step.
+ * Elements outside every segment are not touched. */
+void tkd_adamw_update(float *params, const float *grads, float grad_scale, float *m, float *v,
+                      const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step);
+
+/* Σ g² over g (n), accumulated in double (OpenMP reduction above 32768 elements). */
+double tkd_grad_norm2(const float *g, size_t n);
+
+/* The factor torch.nn.utils.clip_grad_norm_ scales by for global norm `norm` and cap max_norm:
+ * (float)(max_norm / (norm + 1e-6)) when that is below 1, else 1 (also when max_norm <= 0, no
+ * clipping). A non-finite norm is TKD_ERR_NUMERIC ("the step is skipped"), *coef untouched. */
+tkd_status tkd_grad_clip_coef(double norm, double max_norm, float *coef);
+
+/* g *= s (fp32), element by element. */
+void tkd_grad_scale(float *g, size_t n, float s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TKD_ADAMW_H */
