@@ -1,6 +1,7 @@
 /* ops_bwd_cuda.cu — see ops_bwd_cuda.h. Row, elementwise and reduction kernels (static, in an
  * anonymous namespace), the embedding's sort (CUB, shipped with the CUDA toolkit), the linear
- * backward's two GEMMs through cuBLASLt, and the optimizer kernels.
+ * backward's two GEMMs through cuBLASLt, and the gradient norm; the optimizer's kernels (AdamW,
+ * master split / join, scale) are in ops_optim_cuda.cu.
  *
  * Determinism without float atomics: every sum over rows is split into groups whose size depends
  * only on the shape; one block sums a group in row order into a partial (or straight into its own
@@ -33,8 +34,6 @@ constexpr int kEmbChunk = 64;        /* embedding: sorted rows per chunk */
 constexpr int kEmbThreads = 128;     /* embedding: threads per (chunk, column tile) block */
 constexpr int kNormBlocks = 1024;    /* gradient norm: fixed first-pass grid (partials) */
 constexpr int kNormThreads = 256;
-constexpr int kAdamChunk = 32768;    /* AdamW: elements per table chunk */
-constexpr int kAdamThreads = 256;
 constexpr size_t kMinPartFloats = (size_t)1 << 20; /* scratch floor: 4 MiB */
 constexpr int kBwdPlans = 32;        /* cached linear-backward GEMM plans */
 
@@ -287,7 +286,7 @@ void rmsnorm_bwd_launch(const RmsBwdArgs &a, int G, int nt, int chunks, cudaStre
         rmsnorm_bwd_kernel<kRowMaxChunks, VEC><<<G, nt, 0, s>>>(a);
 }
 
-/* ---- flat elementwise kernels: SwiGLU backward, scale ----------------------------------------- */
+/* ---- flat elementwise kernels: SwiGLU backward ------------------------------------------------ */
 
 /* s = σ(g) = 1 / (1 + e^−g): dg += dh·u·s·(1 + g·(1 − s)), du += dh·g·s, as kernels/cpu/cpu_ops.c. */
 struct SwigluBwdOp {
@@ -328,48 +327,6 @@ struct SwigluBwdOp {
                 o[j] += d[j] * gf[j] * s[j];
             store_bf<W>(du + e, o);
         }
-    }
-};
-
-/* g *= f (one IEEE multiply per element, as tkd_optim_scale). */
-struct ScaleOp {
-    float *g;
-    float f;
-    template <int W> __device__ void unit(int64_t e) const
-    {
-        float v[W];
-        load_f32<W>(g + e, v);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            v[j] = __fmul_rn(v[j], f);
-        store_f32<W>(g + e, v);
-    }
-};
-
-/* The master weights' exact split of fp32 src into bf16 hi and int16 lo (common/half.h), and the
- * join back; elementwise, W at a time (the vector path only needs the pointers 16-byte aligned:
- * 8 floats, 8 halves of each). */
-struct SplitOp {
-    const float *src;
-    uint16_t *hi;
-    int16_t *lo;
-    template <int W> __device__ void unit(int64_t e) const
-    {
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            hi[e + j] = tkd_f32_split_bf16(src[e + j], &lo[e + j]);
-    }
-};
-
-struct JoinOp {
-    const uint16_t *hi;
-    const int16_t *lo;
-    float *dst;
-    template <int W> __device__ void unit(int64_t e) const
-    {
-#pragma unroll
-        for (int j = 0; j < W; j++)
-            dst[e + j] = tkd_bf16_join_f32(hi[e + j], lo[e + j]);
     }
 };
 
@@ -427,91 +384,6 @@ __global__ void __launch_bounds__(kNormBlocks) norm2_final_kernel(const double *
         *out = s;
 }
 
-/* ---- AdamW ------------------------------------------------------------------------------------ */
-
-struct AdamChunk {
-    int64_t off; /* first element */
-    int32_t len; /* ≤ kAdamChunk */
-    int32_t decay;
-};
-
-struct AdamArgs {
-    const AdamChunk *chunks;
-    int n_chunks;
-    bool vec; /* g, m, v 16-byte and hi, lo 8-byte aligned: 4-wide where the offset allows */
-    uint16_t *hi;  /* the master weights: bf16 compute copy ... */
-    int16_t *lo;   /* ... and int16 residuals (common/half.h's split) */
-    const float *g;
-    float *m, *v;
-    float gscale, keep_decay, one_m_b1, b2, one_m_b2, eps, step_size, bc2_sqrt;
-};
-
-/* model/optim.c's adamw_span for one element after the clip's g *= s, every operation IEEE-rounded
- * (the _rn intrinsics keep nvcc from fusing multiply-adds, which the host's fp32 code does not do
- * either). g·1 is g exactly, so s = 1 is no scaling. */
-__device__ inline void adamw_update(float &p, float g, float &m, float &v, float keep, const AdamArgs &a)
-{
-    g = __fmul_rn(g, a.gscale);
-    p = __fmul_rn(p, keep);
-    m = __fadd_rn(m, __fmul_rn(a.one_m_b1, __fsub_rn(g, m)));
-    v = __fadd_rn(__fmul_rn(v, a.b2), __fmul_rn(__fmul_rn(a.one_m_b2, g), g));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), a.bc2_sqrt), a.eps);
-    p = __fsub_rn(p, __fmul_rn(a.step_size, __fdiv_rn(m, denom)));
-}
-
-/* Per element: the exact fp32 master from (hi, lo), the update, both halves written back. */
-__device__ inline void adamw_one(const AdamArgs &a, int64_t i, float keep)
-{
-    float p = tkd_bf16_join_f32(a.hi[i], a.lo[i]), m = a.m[i], v = a.v[i];
-    adamw_update(p, a.g[i], m, v, keep, a);
-    a.m[i] = m, a.v[i] = v;
-    a.hi[i] = tkd_f32_split_bf16(p, &a.lo[i]);
-}
-
-/* Four elements from i (a multiple of 4): 8-byte loads of hi and lo, 16-byte ones of g, m, v. */
-__device__ inline void adamw_four(const AdamArgs &a, int64_t i, float keep)
-{
-    const uint2 h = *reinterpret_cast<const uint2 *>(a.hi + i), l = *reinterpret_cast<const uint2 *>(a.lo + i);
-    const uint32_t hw[2] = {h.x, h.y}, lw[2] = {l.x, l.y};
-    float4 m = *reinterpret_cast<const float4 *>(a.m + i), v = *reinterpret_cast<const float4 *>(a.v + i);
-    const float4 g = *reinterpret_cast<const float4 *>(a.g + i);
-    float p[4], mm[4] = {m.x, m.y, m.z, m.w}, vv[4] = {v.x, v.y, v.z, v.w};
-    const float gg[4] = {g.x, g.y, g.z, g.w};
-    uint32_t ho[2] = {0, 0}, lo[2] = {0, 0};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int sh = 16 * (j & 1);
-        p[j] = tkd_bf16_join_f32((uint16_t)(hw[j / 2] >> sh), (int16_t)(uint16_t)(lw[j / 2] >> sh));
-        adamw_update(p[j], gg[j], mm[j], vv[j], keep, a);
-        int16_t r;
-        ho[j / 2] |= (uint32_t)tkd_f32_split_bf16(p[j], &r) << sh;
-        lo[j / 2] |= (uint32_t)(uint16_t)r << sh;
-    }
-    *reinterpret_cast<float4 *>(a.m + i) = make_float4(mm[0], mm[1], mm[2], mm[3]);
-    *reinterpret_cast<float4 *>(a.v + i) = make_float4(vv[0], vv[1], vv[2], vv[3]);
-    *reinterpret_cast<uint2 *>(a.hi + i) = make_uint2(ho[0], ho[1]);
-    *reinterpret_cast<uint2 *>(a.lo + i) = make_uint2(lo[0], lo[1]);
-}
-
-/* Blocks walk the chunk table (grid-stride). In a chunk: scalar elements up to the first 16-byte
- * boundary, 4-wide units, a scalar tail; without `vec`, all scalar. Purely elementwise, so any grid
- * gives the same result. */
-__global__ void __launch_bounds__(kAdamThreads) adamw_kernel(AdamArgs a)
-{
-    for (int c = blockIdx.x; c < a.n_chunks; c += gridDim.x) {
-        const AdamChunk ch = a.chunks[c];
-        const float keep = ch.decay ? a.keep_decay : 1.0f; /* (float)(1 − lr·0) on the CPU */
-        const int head = a.vec ? min((int)((4 - (ch.off & 3)) & 3), ch.len) : ch.len;
-        const int units = (ch.len - head) / 4, body_end = head + units * 4;
-        for (int i = threadIdx.x; i < head; i += blockDim.x)
-            adamw_one(a, ch.off + i, keep);
-        for (int u = threadIdx.x; u < units; u += blockDim.x)
-            adamw_four(a, ch.off + head + 4 * (int64_t)u, keep);
-        for (int i = body_end + threadIdx.x; i < ch.len; i += blockDim.x)
-            adamw_one(a, ch.off + i, keep);
-    }
-}
-
 /* ---- linear backward: cuBLASLt plans ---------------------------------------------------------- */
 
 /* Column-major views (see ops_cuda.cu's linear): dx (N, K) is D = (K × N, ld K), W (M, K) is
@@ -542,11 +414,6 @@ struct tkd_cuda_bwd_ws {
     double *norm_part; /* (kNormBlocks) */
     BwdPlan plans[kBwdPlans];
     unsigned long long clock;
-};
-
-struct tkd_cuda_adamw {
-    AdamChunk *chunks; /* device (n_chunks) */
-    int n_chunks;
 };
 
 /* ---- workspace -------------------------------------------------------------------------------- */
@@ -803,130 +670,6 @@ extern "C" tkd_status tkd_cuda_linear_bwd(tkd_cuda_linear *lin, tkd_cuda_bwd_ws 
     return TKD_OK;
 }
 
-/* ---- launchers: optimizer --------------------------------------------------------------------- */
-
-extern "C" void tkd_cuda_adamw_free(tkd_cuda_adamw *a)
-{
-    if (!a)
-        return;
-    tkd_cuda_free(a->chunks);
-    free(a);
-}
-
-static int seg_cmp(const void *pa, const void *pb)
-{
-    const tkd_cuda_param_seg *a = (const tkd_cuda_param_seg *)pa, *b = (const tkd_cuda_param_seg *)pb;
-    return a->offset < b->offset ? -1 : a->offset > b->offset;
-}
-
-/* Segments must not overlap (an element updated twice would race); sorted copy checked in order. */
-static tkd_status segs_check(const tkd_cuda_param_seg *segs, int n, size_t *chunks)
-{
-    tkd_cuda_param_seg *s = (tkd_cuda_param_seg *)malloc((size_t)(n ? n : 1) * sizeof *s);
-    if (!s)
-        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
-    if (n > 0)
-        memcpy(s, segs, (size_t)n * sizeof *s);
-    qsort(s, (size_t)n, sizeof *s, seg_cmp);
-    *chunks = 0;
-    for (int i = 0; i < n; i++) {
-        const size_t off = s[i].offset, len = s[i].numel, end = off + len;
-        if (end < off || end > (size_t)INT64_MAX || (i + 1 < n && end > s[i + 1].offset)) {
-            free(s);
-            return tkd_error_set(TKD_ERR_INVALID_ARG,
-                                 "adamw: segment at offset %zu (%zu elements) overlaps the next or overflows",
-                                 off, len);
-        }
-        *chunks += (len + kAdamChunk - 1) / kAdamChunk;
-    }
-    free(s);
-    return *chunks > (size_t)INT32_MAX
-               ? tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: %zu chunks are too many", *chunks)
-               : TKD_OK;
-}
-
-static tkd_status adamw_init(tkd_cuda_adamw *a, const tkd_cuda_param_seg *segs, int n_segs)
-{
-    size_t n_chunks = 0;
-    TKD_TRY(segs_check(segs, n_segs, &n_chunks));
-    AdamChunk *h = (AdamChunk *)malloc((n_chunks ? n_chunks : 1) * sizeof *h);
-    if (!h)
-        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
-    size_t c = 0;
-    for (int i = 0; i < n_segs; i++)
-        for (size_t o = 0; o < segs[i].numel; o += kAdamChunk) {
-            const size_t len = segs[i].numel - o < (size_t)kAdamChunk ? segs[i].numel - o : kAdamChunk;
-            h[c++] = AdamChunk{(int64_t)(segs[i].offset + o), (int32_t)len, segs[i].decay ? 1 : 0};
-        }
-    a->n_chunks = (int)n_chunks;
-    tkd_status st = tkd_cuda_malloc((void **)&a->chunks, (n_chunks ? n_chunks : 1) * sizeof *h,
-                                    "AdamW chunk table", NULL);
-    if (st == TKD_OK && n_chunks)
-        st = tkd_cuda_to_device(a->chunks, h, n_chunks * sizeof *h);
-    free(h);
-    return st;
-}
-
-extern "C" tkd_status tkd_cuda_adamw_create(const tkd_cuda_param_seg *segs, int n_segs, tkd_cuda_adamw **out)
-{
-    *out = NULL;
-    if (n_segs < 0 || (n_segs > 0 && !segs))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: %d segments or a NULL table", n_segs);
-    tkd_cuda_adamw *a = (tkd_cuda_adamw *)calloc(1, sizeof *a);
-    if (!a)
-        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
-    tkd_status st = adamw_init(a, segs, n_segs);
-    if (st != TKD_OK) {
-        tkd_cuda_adamw_free(a);
-        return st;
-    }
-    *out = a;
-    return TKD_OK;
-}
-
-static bool aligned8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
-
-extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, uint16_t *w_hi, int16_t *w_lo, const float *grads,
-                                          float *m, float *v, double lr, double beta1, double beta2, double eps,
-                                          double weight_decay, int64_t step, float grad_scale, void *stream)
-{
-    if (!a || step < 1 || (a->n_chunks > 0 && (!w_hi || !w_lo || !grads || !m || !v)))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: step = %lld or a NULL tensor", (long long)step);
-    if (a->n_chunks == 0)
-        return TKD_OK;
-    /* the scalars exactly as model/optim.c's tkd_adamw_step forms them */
-    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-    AdamArgs k;
-    k.chunks = a->chunks, k.n_chunks = a->n_chunks;
-    k.vec = aligned16(grads) && aligned16(m) && aligned16(v) && aligned8(w_hi) && aligned8(w_lo);
-    k.hi = w_hi, k.lo = w_lo, k.g = grads, k.m = m, k.v = v;
-    k.gscale = grad_scale;
-    k.keep_decay = (float)(1.0 - lr * weight_decay);
-    k.one_m_b1 = (float)(1.0 - beta1), k.b2 = (float)beta2, k.one_m_b2 = (float)(1.0 - beta2);
-    k.eps = (float)eps, k.step_size = (float)(lr / bc1), k.bc2_sqrt = (float)sqrt(bc2);
-    const int blocks = a->n_chunks < kEltMaxBlocks ? a->n_chunks : kEltMaxBlocks;
-    adamw_kernel<<<blocks, kAdamThreads, 0, (cudaStream_t)stream>>>(k);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
-}
-
-extern "C" tkd_status tkd_cuda_master_split(const float *src, uint16_t *w_hi, int16_t *w_lo, size_t n, void *stream)
-{
-    if (n > (size_t)INT64_MAX || (n > 0 && (!src || !w_hi || !w_lo)))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "master_split: n = %zu or a NULL pointer", n);
-    SplitOp op = {src, w_hi, w_lo};
-    return elementwise_run(op, (int64_t)n, aligned16(src) && aligned16(w_hi) && aligned16(w_lo), stream);
-}
-
-extern "C" tkd_status tkd_cuda_master_join(const uint16_t *w_hi, const int16_t *w_lo, float *dst, size_t n,
-                                           void *stream)
-{
-    if (n > (size_t)INT64_MAX || (n > 0 && (!dst || !w_hi || !w_lo)))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "master_join: n = %zu or a NULL pointer", n);
-    JoinOp op = {w_hi, w_lo, dst};
-    return elementwise_run(op, (int64_t)n, aligned16(dst) && aligned16(w_hi) && aligned16(w_lo), stream);
-}
-
 extern "C" tkd_status tkd_cuda_grad_norm2(tkd_cuda_bwd_ws *ws, const float *g, size_t n, double *norm2,
                                           void *stream)
 {
@@ -949,12 +692,4 @@ extern "C" tkd_status tkd_cuda_grad_norm2(tkd_cuda_bwd_ws *ws, const float *g, s
     norm2_final_kernel<<<1, kNormBlocks, 0, s>>>(ws->norm_part, blocks, norm2);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
-}
-
-extern "C" tkd_status tkd_cuda_scale(float *g, size_t n, float factor, void *stream)
-{
-    if (n > (size_t)INT64_MAX || (n > 0 && !g))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "scale: n = %zu or a NULL pointer", n);
-    ScaleOp op = {g, factor};
-    return elementwise_run(op, (int64_t)n, aligned16(g), stream);
 }
