@@ -19,7 +19,7 @@
  *            exactly these roundings too (P from the same fp32 formula, the same prep kernel's D), so
  *            it is judged against the same emulation, only its fp32 accumulation order differs;
  *     cuDNN: dS = bf16(c·P ⊙ (dP − D)) and, for GQA, each query head's dK and dV rounded to bf16
- *            before the sum over the group: the order and types our graph declares (attn_cudnn.cu:
+ *            before the sum over the group: the order and types our graph declares (attn_cudnn_graph.cu:
  *            "dS·scale" before the bf16 dSᵀ view, the per-head gradient a bf16 virtual tensor, the
  *            sum a reduction). cuDNN's documentation states the SDPA backward's equations and fp32
  *            accumulation (compute type FLOAT) but not where its fused Hopper kernel rounds; what we

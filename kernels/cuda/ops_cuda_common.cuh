@@ -1,4 +1,4 @@
-/* ops_cuda_common.cuh — device helpers shared by ops_cuda.cu and ops_bwd_cuda.cu (internal; include
+/* ops_cuda_common.cuh — device helpers shared by ops_cuda.cu, ops_bwd_cuda.cu and ops_optim_cuda.cu (internal; include
  * only from .cu files): bf16 ↔ fp32 conversion of 8 or W values, the block sum, the flat
  * elementwise skeleton, RoPE (forward and backward) and the cuBLASLt plan helpers. Everything here sits in an anonymous
  * namespace, so each including file gets its own copy and no symbol is exported.
