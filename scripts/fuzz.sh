@@ -33,8 +33,9 @@ cflags="-g -O1 -std=c11 -fopenmp=libgomp -I. -D_POSIX_C_SOURCE=200809L -D_DEFAUL
 libs="$(pkg-config --libs hdf5 libzstd yaml-0.1 libcjson jansson libpcre2-8 libutf8proc) -fopenmp=libgomp -lm -lpthread"
 
 # The library sources the targets reach, instrumented for coverage (fuzzer-no-link) and ASan.
+# (train_config.c takes the loss-variant names from kernels/loss/kl_loss.c.)
 srcs=(common/*.c $(ls formats/*.c | grep -v h5zstd_plugin) student_train/train_config.c
-      teacher_cache/dump_config.c)
+      teacher_cache/dump_config.c kernels/loss/kl_loss.c)
 rm -rf "$out/obj" && mkdir -p "$out/obj" "$out/artifacts"
 echo "== fuzz: building ${#srcs[@]} sources with $cc"
 objs=()
