@@ -680,7 +680,7 @@ tkd_status tkd_dist_beat(const char *dir, int rank, int64_t step)
     TKD_TRY(tkd_path_join(path, sizeof path, dir, name));
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int len = snprintf(line, sizeof line, "step %lld time %.3f\n", (long long)step, wall_s());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644); /* never through a link */
     if (fd < 0)
         return tkd_error_set(TKD_ERR_IO, "heartbeat %s: %s", tmp, strerror(errno));
     bool ok = write(fd, line, (size_t)len) == len;

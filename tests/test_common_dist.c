@@ -372,6 +372,28 @@ static void test_heartbeats_name_late_ranks(void **state)
     free(dir);
 }
 
+/* A heartbeat's temporary is never written through a link: a symbolic link planted under its name
+ * (pointing at a user's file) makes the beat fail and leaves the file as it was. */
+static void test_heartbeat_not_through_a_link(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("beat-link");
+    char victim[4300];
+    snprintf(victim, sizeof victim, "%s", tkd_test_path(dir, "thesis.tex"));
+    tkd_test_write_text(victim, "three years of work\n");
+    assert_int_equal(symlink(victim, tkd_test_path(dir, ".beat-rank0.tmp")), 0);
+    assert_int_equal(tkd_dist_beat(dir, 0, 7), TKD_ERR_IO);
+    tkd_test_assert_msg_has(".beat-rank0.tmp");
+    char buf[64] = "";
+    FILE *f = fopen(victim, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(buf, sizeof buf, f));
+    fclose(f);
+    assert_string_equal(buf, "three years of work\n");
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_no_job_id),
         cmocka_unit_test(test_rdzv_config_from_env),
         cmocka_unit_test(test_heartbeats_name_late_ranks),
+        cmocka_unit_test(test_heartbeat_not_through_a_link),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
