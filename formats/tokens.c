@@ -383,24 +383,42 @@ static tkd_status vocab_error(const tok_file *f, int64_t local, int32_t t, int v
                          f->path, (long long)local, doc, t, vocab);
 }
 
+/* Passes the tokens of f to fn as int32, TOK_CHUNK at a time (buf (m,) holds the tokens from offset
+ * off of f), stopping at fn's first error; an interrupt stops it too, as an error naming the file.
+ * The vocabulary check and the checksum both read every token this way. */
+enum { TOK_CHUNK = 4096 };
+typedef tkd_status (*tok_chunk_fn)(void *ctx, const tok_file *f, int64_t off, const int32_t *buf, int64_t m);
+
+static tkd_status each_chunk(const tok_file *f, tok_chunk_fn fn, void *ctx)
+{
+    int32_t buf[TOK_CHUNK]; /* int32 in memory is the little-endian stream on the hosts we support */
+    size_t tsz = tkd_tokens_kind_size(f->kind);
+    for (int64_t off = 0; off < f->count; off += TOK_CHUNK) {
+        if ((off & ((1 << 22) - 1)) == 0 && tkd_interrupted())
+            return tkd_input_interrupted(f->path, "token file");
+        int64_t m = f->count - off < TOK_CHUNK ? f->count - off : TOK_CHUNK;
+        convert(f->tok + (size_t)off * tsz, f->kind, m, buf);
+        TKD_TRY(fn(ctx, f, off, buf, m));
+    }
+    return TKD_OK;
+}
+
+static tkd_status vocab_chunk(void *ctx, const tok_file *f, int64_t off, const int32_t *buf, int64_t m)
+{
+    int vocab = *(const int *)ctx;
+    for (int64_t j = 0; j < m; j++)
+        if (buf[j] < 0 || buf[j] >= vocab)
+            return vocab_error(f, off + j, buf[j], vocab);
+    return TKD_OK;
+}
+
 tkd_status tkd_tokens_check_vocab(const tkd_tokens *ds, int vocab)
 {
-    enum { CHUNK = 4096 };
-    int32_t buf[CHUNK];
     for (int i = 0; i < ds->nfiles; i++) {
         const tok_file *f = &ds->files[i];
         if ((f->kind == TOK_U8 && vocab > UINT8_MAX) || (f->kind == TOK_U16 && vocab > UINT16_MAX))
             continue; /* every value the file can hold is inside */
-        size_t tsz = tkd_tokens_kind_size(f->kind);
-        for (int64_t off = 0; off < f->count; off += CHUNK) {
-            if ((off & ((1 << 22) - 1)) == 0 && tkd_interrupted())
-                return tkd_input_interrupted(f->path, "token file");
-            int64_t m = f->count - off < CHUNK ? f->count - off : CHUNK;
-            convert(f->tok + (size_t)off * tsz, f->kind, m, buf);
-            for (int64_t j = 0; j < m; j++)
-                if (buf[j] < 0 || buf[j] >= vocab)
-                    return vocab_error(f, off + j, buf[j], vocab);
-        }
+        TKD_TRY(each_chunk(f, vocab_chunk, &vocab));
     }
     return TKD_OK;
 }
@@ -446,23 +464,19 @@ tkd_status tkd_tokens_window(const tkd_tokens *ds, int seq_len, int stride, int 
     return TKD_OK;
 }
 
+static tkd_status sha256_chunk(void *ctx, const tok_file *f, int64_t off, const int32_t *buf, int64_t m)
+{
+    (void)f, (void)off;
+    tkd_sha256_update(ctx, buf, (size_t)m * sizeof *buf);
+    return TKD_OK;
+}
+
 tkd_status tkd_tokens_sha256(const tkd_tokens *ds, char hex[65])
 {
-    enum { CHUNK = 4096 };
-    int32_t buf[CHUNK]; /* int32 in memory is the little-endian stream on the hosts we support */
     tkd_sha256 c;
     tkd_sha256_init(&c);
-    for (int i = 0; i < ds->nfiles; i++) {
-        const tok_file *f = &ds->files[i];
-        size_t tsz = tkd_tokens_kind_size(f->kind);
-        for (int64_t off = 0; off < f->count; off += CHUNK) {
-            if ((off & ((1 << 22) - 1)) == 0 && tkd_interrupted())
-                return tkd_input_interrupted(f->path, "token file");
-            int64_t m = f->count - off < CHUNK ? f->count - off : CHUNK;
-            convert(f->tok + (size_t)off * tsz, f->kind, m, buf);
-            tkd_sha256_update(&c, buf, (size_t)m * sizeof *buf);
-        }
-    }
+    for (int i = 0; i < ds->nfiles; i++)
+        TKD_TRY(each_chunk(&ds->files[i], sha256_chunk, &c));
     uint8_t digest[TKD_SHA256_BYTES];
     tkd_sha256_final(&c, digest);
     tkd_sha256_hex(digest, hex);
