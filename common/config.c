@@ -1,6 +1,7 @@
 /* config.c — see config.h. YAML is read with libyaml's document API (yaml_parser_load), so node
  * marks give line:column for every error; values from defaults and --set go through the same
- * parser, so one set of type rules applies everywhere. */
+ * parser, so one set of type rules applies everywhere. Here: reading (files, --set, defaults), the
+ * schema check, comparing and freeing; writing a config back out is config_print.c. */
 #include "common/config.h"
 
 #include "common/fileio.h"
@@ -14,7 +15,7 @@
 #include <strings.h>
 #include <yaml.h>
 
-#define KEY_MAX 256
+#include "common/config_internal.h"
 
 /* Where values come from, for messages: a file (name:line:col) or one --set / default text. */
 typedef struct src_ctx {
@@ -26,10 +27,6 @@ typedef struct src_ctx {
 /* ---- small helpers -------------------------------------------------------------------------- */
 
 static void *field_ptr(const tkd_config_field *f, void *cfg) { return (char *)cfg + f->offset; }
-static const void *field_cptr(const tkd_config_field *f, const void *cfg)
-{
-    return (const char *)cfg + f->offset;
-}
 
 static const char *loc(const src_ctx *ctx, const yaml_node_t *node, char *buf, size_t cap)
 {
@@ -47,13 +44,13 @@ static bool is_plain(const yaml_node_t *n)
     return n->type == YAML_SCALAR_NODE && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
 }
 
-static bool is_null_word(const char *s)
+bool tkd_config_is_null_word(const char *s)
 {
     return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
 }
 
 /* A YAML null: an empty value, ~ or null written without quotes. */
-static bool is_null(const yaml_node_t *n) { return is_plain(n) && is_null_word(scalar_text(n)); }
+bool is_null(const yaml_node_t *n) { return is_plain(n) && tkd_config_is_null_word(scalar_text(n)); }
 
 static const char *node_kind(const yaml_node_t *n)
 {
@@ -84,7 +81,7 @@ static void strlist_clear(tkd_strlist *l)
 }
 
 /* Numbers in messages: integers without a fraction, others shortest-ish. */
-static void fmt_num(char *buf, size_t cap, double v, bool integer)
+void tkd_config_fmt_num(char *buf, size_t cap, double v, bool integer)
 {
     if (integer)
         snprintf(buf, cap, "%.0f", v);
@@ -92,7 +89,6 @@ static void fmt_num(char *buf, size_t cap, double v, bool integer)
         snprintf(buf, cap, "%g", v);
 }
 
-static bool is_int_type(tkd_config_type t) { return t == TKD_CONFIG_INT || t == TKD_CONFIG_INT64; }
 
 const char *tkd_config_type_name(tkd_config_type type)
 {
@@ -206,7 +202,7 @@ static size_t children(const tkd_config_schema *schema, const char *prefix, char
     return n;
 }
 
-static void join_names(char *out, size_t cap, const char *const *names, size_t n)
+void tkd_config_join_names(char *out, size_t cap, const char *const *names, size_t n)
 {
     size_t used = 0;
     out[0] = '\0';
@@ -235,7 +231,7 @@ static tkd_status unknown_key(const tkd_config_schema *schema, const char *where
             }
         }
     }
-    join_names(list, sizeof list, names, n);
+    tkd_config_join_names(list, sizeof list, names, n);
     if (*prefix)
         return tkd_error_set(TKD_ERR_CONFIG, "%s: unknown key '%s'%s; keys allowed under '%s': %s",
                              where, key, hint, prefix, list);
@@ -261,8 +257,8 @@ static tkd_status range_check(const char *where, const tkd_config_field *f, doub
     if (!f->ranged || (v >= f->min && v <= f->max))
         return TKD_OK;
     char lo[64], hi[64];
-    fmt_num(lo, sizeof lo, f->min, is_int_type(f->type));
-    fmt_num(hi, sizeof hi, f->max, is_int_type(f->type));
+    tkd_config_fmt_num(lo, sizeof lo, f->min, tkd_config_is_int_type(f->type));
+    tkd_config_fmt_num(hi, sizeof hi, f->max, tkd_config_is_int_type(f->type));
     return tkd_error_set(TKD_ERR_CONFIG, "%s: %s = %s is out of range; it must be in [%s, %s]",
                          where, f->key, text, lo, hi);
 }
@@ -350,7 +346,7 @@ static tkd_status set_enum(const tkd_config_field *f, void *cfg, const yaml_node
     size_t na = 0;
     while (f->allowed[na])
         na++;
-    join_names(list, sizeof list, f->allowed, na);
+    tkd_config_join_names(list, sizeof list, f->allowed, na);
     if (n->type != YAML_SCALAR_NODE)
         return tkd_error_set(TKD_ERR_CONFIG, "%s: %s: expected one of: %s; got %s", where, f->key,
                              list, node_kind(n));
@@ -536,7 +532,7 @@ static tkd_status apply_pair(const tkd_config_schema *schema, void *cfg, yaml_do
         char buf[1024], list[768];
         const char *names[128];
         size_t n = children(schema, key, buf, sizeof buf, names, 128);
-        join_names(list, sizeof list, names, n);
+        tkd_config_join_names(list, sizeof list, names, n);
         return tkd_error_set(TKD_ERR_CONFIG, "%s: '%s' is a section; expected a mapping of: %s",
                              loc(ctx, vn, lbuf, sizeof lbuf), key, list);
     }
@@ -641,7 +637,7 @@ tkd_status tkd_config_apply_set(const tkd_config_schema *schema, void *cfg, cons
     if (!f && is_section(schema, key)) {
         char buf[1024], list[768];
         const char *names[128];
-        join_names(list, sizeof list, names, children(schema, key, buf, sizeof buf, names, 128));
+        tkd_config_join_names(list, sizeof list, names, children(schema, key, buf, sizeof buf, names, 128));
         return tkd_error_set(TKD_ERR_CONFIG, "--set %s: '%s' is a section, not a key; set one of its keys: %s",
                              key, key, list);
     }
@@ -766,7 +762,7 @@ bool tkd_config_equal(const tkd_config_schema *schema, const void *a, const void
 {
     for (size_t i = 0; i < schema->nfields; i++) {
         const tkd_config_field *f = &schema->fields[i];
-        const void *pa = field_cptr(f, a), *pb = field_cptr(f, b);
+        const void *pa = tkd_config_field_cptr(f, a), *pb = tkd_config_field_cptr(f, b);
         switch (f->type) {
         case TKD_CONFIG_INT:
         case TKD_CONFIG_ENUM:
@@ -805,213 +801,3 @@ bool tkd_config_equal(const tkd_config_schema *schema, const void *a, const void
     return true;
 }
 
-/* ---- printing ------------------------------------------------------------------------------- */
-
-/* Shortest %g spelling that reads back to exactly d, with ".0" so it looks like a float. */
-static void fmt_double(char *buf, size_t cap, double d)
-{
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(buf, cap, "%.*g", prec, d);
-        if (strtod(buf, NULL) == d)
-            break;
-    }
-    if (!strpbrk(buf, ".eEn"))
-        strncat(buf, ".0", cap - strlen(buf) - 1);
-}
-
-static bool emit_scalar(yaml_emitter_t *em, const char *s, yaml_scalar_style_t style)
-{
-    yaml_event_t ev;
-    /* plain style for a null word would read back as null, not as the string */
-    if (style == YAML_PLAIN_SCALAR_STYLE && is_null_word(s))
-        style = YAML_DOUBLE_QUOTED_SCALAR_STYLE;
-    return yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)strlen(s), 1, 1,
-                                        style) &&
-           yaml_emitter_emit(em, &ev);
-}
-
-static bool emit_simple(yaml_emitter_t *em, int which)
-{
-    yaml_event_t ev;
-    int ok;
-    switch (which) {
-    case 0: ok = yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE); break;
-    case 1: ok = yaml_mapping_end_event_initialize(&ev); break;
-    case 2: ok = yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1, YAML_FLOW_SEQUENCE_STYLE); break;
-    default: ok = yaml_sequence_end_event_initialize(&ev); break;
-    }
-    return ok && yaml_emitter_emit(em, &ev);
-}
-
-static bool emit_value(yaml_emitter_t *em, const tkd_config_field *f, const void *cfg)
-{
-    char buf[64];
-    const void *p = field_cptr(f, cfg);
-    switch (f->type) {
-    case TKD_CONFIG_INT:
-        snprintf(buf, sizeof buf, "%d", *(const int *)p);
-        return emit_scalar(em, buf, YAML_PLAIN_SCALAR_STYLE);
-    case TKD_CONFIG_INT64:
-        snprintf(buf, sizeof buf, "%lld", (long long)*(const int64_t *)p);
-        return emit_scalar(em, buf, YAML_PLAIN_SCALAR_STYLE);
-    case TKD_CONFIG_FLOAT:
-        fmt_double(buf, sizeof buf, *(const double *)p);
-        return emit_scalar(em, buf, YAML_PLAIN_SCALAR_STYLE);
-    case TKD_CONFIG_BOOL:
-        return emit_scalar(em, *(const bool *)p ? "true" : "false", YAML_PLAIN_SCALAR_STYLE);
-    case TKD_CONFIG_ENUM:
-        return emit_scalar(em, f->allowed[*(const int *)p], YAML_PLAIN_SCALAR_STYLE);
-    case TKD_CONFIG_STRING: {
-        const char *s = *(char *const *)p;
-        return emit_scalar(em, s ? s : "", YAML_PLAIN_SCALAR_STYLE);
-    }
-    case TKD_CONFIG_STRING_LIST: {
-        const tkd_strlist *l = p;
-        if (!emit_simple(em, 2))
-            return false;
-        for (size_t i = 0; i < l->n; i++)
-            if (!emit_scalar(em, l->items[i], YAML_PLAIN_SCALAR_STYLE))
-                return false;
-        return emit_simple(em, 3);
-    }
-    }
-    return false;
-}
-
-/* Number of leading dotted segments a and b share. */
-static int common_segments(const char *a, const char *b)
-{
-    int n = 0;
-    for (size_t i = 0;; i++) {
-        if (a[i] != b[i])
-            return n;
-        if (a[i] == '.')
-            n++;
-        if (!a[i])
-            return n; /* identical keys cannot happen (schema check) */
-    }
-}
-
-static int count_segments(const char *k)
-{
-    int n = 1;
-    for (; *k; k++)
-        n += *k == '.';
-    return n;
-}
-
-/* Emits the mapping body: opens and closes nested mappings as the dotted keys change. */
-static bool emit_fields(yaml_emitter_t *em, const tkd_config_schema *schema, const void *cfg)
-{
-    const char *prev = NULL;
-    int depth = 0; /* open nested mappings beyond the root */
-    for (size_t i = 0; i < schema->nfields; i++) {
-        const tkd_config_field *f = &schema->fields[i];
-        int keep = prev ? common_segments(prev, f->key) : 0;
-        for (; depth > keep; depth--)
-            if (!emit_simple(em, 1))
-                return false;
-        const char *seg = f->key;
-        for (int s = 0; s < depth; s++)
-            seg = strchr(seg, '.') + 1;
-        int total = count_segments(f->key);
-        for (; depth < total - 1; depth++) {
-            char name[KEY_MAX];
-            size_t len = strcspn(seg, ".");
-            memcpy(name, seg, len);
-            name[len] = '\0';
-            if (!emit_scalar(em, name, YAML_PLAIN_SCALAR_STYLE) || !emit_simple(em, 0))
-                return false;
-            seg += len + 1;
-        }
-        if (!emit_scalar(em, seg, YAML_PLAIN_SCALAR_STYLE) || !emit_value(em, f, cfg))
-            return false;
-        prev = f->key;
-    }
-    for (; depth > 0; depth--)
-        if (!emit_simple(em, 1))
-            return false;
-    return true;
-}
-
-tkd_status tkd_config_print(const tkd_config_schema *schema, const void *cfg, FILE *out)
-{
-    yaml_emitter_t em;
-    yaml_event_t ev;
-    if (!yaml_emitter_initialize(&em))
-        return tkd_error_set(TKD_ERR_NOMEM, "cannot initialise the YAML emitter");
-    yaml_emitter_set_output_file(&em, out);
-    yaml_emitter_set_unicode(&em, 1);
-    yaml_emitter_set_width(&em, -1);
-    fprintf(out, "# effective config of %s (topkd %s)\n", schema->tool ? schema->tool : "topkd",
-            TKD_VERSION);
-    bool ok = yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING) &&
-              yaml_emitter_emit(&em, &ev) &&
-              yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1) &&
-              yaml_emitter_emit(&em, &ev) && emit_simple(&em, 0) && emit_fields(&em, schema, cfg) &&
-              emit_simple(&em, 1) && yaml_document_end_event_initialize(&ev, 1) &&
-              yaml_emitter_emit(&em, &ev) && yaml_stream_end_event_initialize(&ev) &&
-              yaml_emitter_emit(&em, &ev) && yaml_emitter_flush(&em);
-    const char *problem = em.problem;
-    yaml_emitter_delete(&em);
-    if (!ok)
-        return tkd_error_set(TKD_ERR_IO, "printing the config failed: %s",
-                             problem ? problem : "write error");
-    if (fflush(out) != 0 || ferror(out))
-        return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO,
-                             "printing the config failed: %s", strerror(errno));
-    return TKD_OK;
-}
-
-tkd_status tkd_config_to_text(const tkd_config_schema *schema, const void *cfg, char **out)
-{
-    size_t len = 0;
-    *out = NULL;
-    FILE *f = open_memstream(out, &len);
-    if (!f)
-        return tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
-    tkd_status st = tkd_config_print(schema, cfg, f);
-    /* fclose is what sizes and terminates *out; if it fails the text may be cut short */
-    if (fclose(f) != 0 && st == TKD_OK)
-        st = tkd_error_set(TKD_ERR_NOMEM, "out of memory printing the config");
-    if (st != TKD_OK) {
-        free(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
-static void help_default(char *buf, size_t cap, const tkd_config_field *f)
-{
-    const char *d = f->def ? f->def : "";
-    if (*d)
-        snprintf(buf, cap, "%s", d);
-    else
-        snprintf(buf, cap, "%s", f->type == TKD_CONFIG_STRING_LIST ? "[]" : "\"\"");
-}
-
-void tkd_config_print_help(const tkd_config_schema *schema, FILE *out)
-{
-    fprintf(out, "Config keys of %s (YAML file via --config FILE; override with --set key=value):\n",
-            schema->tool ? schema->tool : "topkd");
-    for (size_t i = 0; i < schema->nfields; i++) {
-        const tkd_config_field *f = &schema->fields[i];
-        char def[256], extra[600] = "";
-        help_default(def, sizeof def, f);
-        if (f->ranged) {
-            char lo[64], hi[64];
-            fmt_num(lo, sizeof lo, f->min, is_int_type(f->type));
-            fmt_num(hi, sizeof hi, f->max, is_int_type(f->type));
-            snprintf(extra, sizeof extra, ", range [%s, %s]", lo, hi);
-        } else if (f->type == TKD_CONFIG_ENUM) {
-            size_t na = 0;
-            while (f->allowed[na])
-                na++;
-            char list[512];
-            join_names(list, sizeof list, f->allowed, na);
-            snprintf(extra, sizeof extra, ", one of: %s", list);
-        }
-        fprintf(out, "  %s  (%s, default %s%s)\n      %s\n", f->key, tkd_config_type_name(f->type),
-                def, extra, f->help ? f->help : "");
-    }
-}
