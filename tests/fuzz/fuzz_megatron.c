@@ -1,10 +1,11 @@
 /* fuzz_megatron.c — libFuzzer target for the Megatron-LM index parser
- * (tkd_tokens_parse_megatron_index in formats/tokens.c), fed the fuzz input as the .idx bytes.
+ * (tkd_tokens_parse_megatron_index in formats/tokens_megatron.c), fed the fuzz input as the .idx bytes.
  *
  * Not built by CMake. Build and run it from the repository root with clang's libFuzzer:
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
- *       tests/fuzz/fuzz_megatron.c formats/tokens.c common/status.c common/sha256.c -o /tmp/fuzz_mm
+ *       tests/fuzz/fuzz_megatron.c formats/tokens*.c common/status.c common/sha256.c common/fileio.c \
+ *       common/signals.c -o /tmp/fuzz_mm
  *   mkdir -p /tmp/mm_corpus && cp tests/data/broken/tok_mm_*.idx /tmp/mm_corpus/
  *   /tmp/fuzz_mm -max_total_time=60 -max_len=4096 /tmp/mm_corpus
  *

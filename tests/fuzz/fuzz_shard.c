@@ -1,4 +1,4 @@
-/* fuzz_shard.c — libFuzzer target for the shard reader (formats/cache_shard.c) and the zstd filter
+/* fuzz_shard.c — libFuzzer target for the shard reader (formats/cache_shard_read.c) and the zstd filter
  * (formats/h5zstd.c) behind it. Built and run by scripts/fuzz.sh.
  *
  * The input is a recipe, not the file. HDF5 1.10 (the system's library, not instrumented) has

@@ -1,4 +1,4 @@
-/* fuzz_tokenizer_json.c — libFuzzer target for tokenizer.json (formats/tokenizer.c, cJSON
+/* fuzz_tokenizer_json.c — libFuzzer target for tokenizer.json (formats/tokenizer*.c, cJSON
  * underneath): the input is the tokenizer.json of a directory without a tokenizer_config.json.
  * Built and run by scripts/fuzz.sh; the property is fuzz_tokenizer.h's. */
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* fuzz_tokens.c — libFuzzer target for token files (formats/tokens.c): the .npy header dict and the
+/* fuzz_tokens.c — libFuzzer target for token files (formats/tokens*.c): the .npy header dict and the
  * llm.c .bin header, from a file holding the fuzz input. Built and run by scripts/fuzz.sh.
  *
  * The property: any file either opens (its windows then read without error) or is refused with
