@@ -1,5 +1,5 @@
-/* model.c — see model.h. Every op goes through the backend's table (kernels/backend.h); kernels/cpu/cpu_ops.h
- * only builds the RoPE tables on the host. */
+/* model.c — see model.h. Every op goes through the backend's table (kernels/backend.h); the RoPE
+ * tables are built on the host by the backend-neutral kernels/rope_table.h. */
 #include "model/model.h"
 
 #include <errno.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/rope_table.h"
 
 /* One block's saved activations (backend memory); in inference every block aliases one set.
  * f32: the residual stream and rstd; act: everything the GEMMs read or write. */
@@ -208,10 +208,10 @@ static tkd_status model_alloc_weights(tkd_model *m, int trainable)
     float inv[1024];
     if (half > (int)(sizeof inv / sizeof inv[0]))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "head_dim %d: at most 2048 is supported", cfg->head_dim);
-    tkd_cpu_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
-                          cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
-                          cfg->rope_original_max_pos, inv);
-    tkd_cpu_rope_table(inv, cfg->head_dim, P, m->rope_cos, m->rope_sin);
+    tkd_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
+                      cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
+                      cfg->rope_original_max_pos, inv);
+    tkd_rope_table(inv, cfg->head_dim, P, m->rope_cos, m->rope_sin);
     if (tkd_backend_host_f32(m->be)) {
         m->params = calloc(m->n_params, sizeof(float));
         if (!m->params)
