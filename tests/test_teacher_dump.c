@@ -179,17 +179,27 @@ static void test_parity_qwen_bf16_weights(void **state) { (void)state; parity_ca
 
 static tkd_status run_status(const char *yaml, const tkd_dump_opts *opts) { return tkd_dt_run(yaml, opts, NULL); }
 
+/* Two caches of the Llama fixture over the same 300 random tokens (seed) in dir: the paths a, b
+ * (<dir>/a, <dir>/b; 4200 bytes each) and their configs ya, yb (8192 bytes each) with the extra
+ * YAML extra_a, extra_b. Returns the tokens' path (tkd_dt_random_tokens' static buffer). */
+static const char *two_caches(const char *dir, uint64_t seed, const char *extra_a, const char *extra_b,
+                              char *a, char *b, char *ya, char *yb)
+{
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, seed);
+    snprintf(a, 4200, "%s/a", dir);
+    snprintf(b, 4200, "%s/b", dir);
+    tkd_dt_small_yaml(ya, 8192, TKD_DT_LLAMA, tok, a, extra_a);
+    tkd_dt_small_yaml(yb, 8192, TKD_DT_LLAMA, tok, b, extra_b);
+    return tok;
+}
+
 static void test_resume_after_stop(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("dump-resume");
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 1); /* 18 windows of 16 + 1 */
     char a[4200], b[4200], ya[8192], yb[8192];
-    snprintf(a, sizeof a, "%s/a", dir);
-    snprintf(b, sizeof b, "%s/b", dir);
     const char *extra = "cache: {k: 8, shard_sequences: 5, tail_samples: 3}\nrun: {batch_size: 2}\n";
-    tkd_dt_small_yaml(ya, sizeof ya, TKD_DT_LLAMA, tok, a, extra);
-    tkd_dt_small_yaml(yb, sizeof yb, TKD_DT_LLAMA, tok, b, extra);
+    const char *tok = two_caches(dir, 1, extra, extra, a, b, ya, yb); /* 18 windows of 16 + 1 */
     tkd_dump_summary sum;
     run_ok(ya, NULL, &sum);
     assert_int_equal(sum.seqs_run, 18);
@@ -288,13 +298,9 @@ static void test_repair_missing_and_damaged(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("dump-repair");
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 12);
     char a[4200], b[4200], ya[8192], yb[8192];
-    snprintf(a, sizeof a, "%s/a", dir);
-    snprintf(b, sizeof b, "%s/b", dir);
     const char *extra = "cache: {tail_samples: 2}\n";
-    tkd_dt_small_yaml(ya, sizeof ya, TKD_DT_LLAMA, tok, a, extra);
-    tkd_dt_small_yaml(yb, sizeof yb, TKD_DT_LLAMA, tok, b, extra);
+    two_caches(dir, 12, extra, extra, a, b, ya, yb);
     run_ok(ya, NULL, NULL);
     run_ok(yb, NULL, NULL);
 
@@ -350,14 +356,10 @@ static void test_writer_threads_same_cache(void **state)
 {
     (void)state;
     char *dir = tkd_test_mkdtemp("dump-threads");
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 5);
     char a[4200], b[4200], ya[8192], yb[8192];
-    snprintf(a, sizeof a, "%s/a", dir);
-    snprintf(b, sizeof b, "%s/b", dir);
     const char *one = "cache: {k: 8, shard_sequences: 7, tail_samples: 2, writer_threads: 1}\nrun: {batch_size: 3}\n";
     const char *three = "cache: {k: 8, shard_sequences: 7, tail_samples: 2, writer_threads: 3}\nrun: {batch_size: 3}\n";
-    tkd_dt_small_yaml(ya, sizeof ya, TKD_DT_LLAMA, tok, a, one);
-    tkd_dt_small_yaml(yb, sizeof yb, TKD_DT_LLAMA, tok, b, three);
+    two_caches(dir, 5, one, three, a, b, ya, yb);
     tkd_dump_summary sum;
     run_ok(ya, NULL, &sum);
     run_ok(yb, NULL, &sum);
