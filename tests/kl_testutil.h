@@ -4,7 +4,8 @@
  * already rounded to bf16 (so the only differences are the GPU's accumulation order, its fp32
  * logits / log-sum-exps and the bf16 rounding of dS), and the loop over the CUDA policies every test
  * runs under. Not a test itself (no test_ prefix); its names are local to those two programs.
- * Include after <cmocka.h>, in a TKD_HAVE_CUDA build.
+ * Include after <cmocka.h>; everything but TKD_KL_TEST_MAIN exists only where the build has the CUDA
+ * backend (TKD_HAVE_CUDA).
  *
  * Tolerances (relative unless said):
  *   loss, KD, CE: |Δ| ≤ 2e-4 + 2e-4·|ref|. The logits are fp32 sums of bf16 products (exact
@@ -18,6 +19,27 @@
  */
 #ifndef TKD_KL_TESTUTIL_H
 #define TKD_KL_TESTUTIL_H
+
+/* A KL loss test's main (as gpu_testutil.h's TKD_TEST_GPU_MAIN): exits 77 (skipped) where no GPU
+ * answers or the build has no CUDA backend, else runs `tests` (a CMUnitTest array, defined only where
+ * TKD_HAVE_CUDA is) once per policy group (kl_test_run_groups). */
+#ifdef TKD_HAVE_CUDA
+#define TKD_KL_TEST_MAIN(tests)                                                                              \
+    int main(void)                                                                                           \
+    {                                                                                                        \
+        tkd_test_require_gpu();                                                                              \
+        return kl_test_run_groups(tests, sizeof tests / sizeof tests[0]);                                    \
+    }
+#else
+#define TKD_KL_TEST_MAIN(tests)                                                                              \
+    int main(void)                                                                                           \
+    {                                                                                                        \
+        printf("skipped: built without the CUDA backend\n");                                                 \
+        return 77;                                                                                           \
+    }
+#endif
+
+#ifdef TKD_HAVE_CUDA
 
 #include <math.h>
 #include <stdio.h>
@@ -348,5 +370,7 @@ static inline int kl_test_run_groups(const struct CMUnitTest *tests, size_t n_te
     }
     return failed;
 }
+
+#endif /* TKD_HAVE_CUDA */
 
 #endif

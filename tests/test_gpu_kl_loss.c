@@ -23,10 +23,10 @@
 
 #include "common/half.h"
 #include "kernels/loss/kl_loss.h"
+#include "tests/kl_testutil.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
-#include "tests/kl_testutil.h"
 
 /* ---- tests ------------------------------------------------------------------------------------ */
 
@@ -330,29 +330,17 @@ static void test_against_cpu_path(void **state)
     case_free(c);
 }
 
-int main(void)
-{
-    tkd_test_require_gpu();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_variant_grid),
-        cmocka_unit_test(test_awkward_shapes),
-        cmocka_unit_test(test_row_block_sizes),
-        cmocka_unit_test(test_extreme_logits),
-        cmocka_unit_test(test_tail_tiny_one_minus_q),
-        cmocka_unit_test(test_scale_and_accumulate),
-        cmocka_unit_test(test_all_masked),
-        cmocka_unit_test(test_bad_teacher_data),
-        cmocka_unit_test(test_against_cpu_path),
-    };
-    return kl_test_run_groups(tests, sizeof tests / sizeof tests[0]);
-}
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_variant_grid),
+    cmocka_unit_test(test_awkward_shapes),
+    cmocka_unit_test(test_row_block_sizes),
+    cmocka_unit_test(test_extreme_logits),
+    cmocka_unit_test(test_tail_tiny_one_minus_q),
+    cmocka_unit_test(test_scale_and_accumulate),
+    cmocka_unit_test(test_all_masked),
+    cmocka_unit_test(test_bad_teacher_data),
+    cmocka_unit_test(test_against_cpu_path),
+};
+#endif /* TKD_HAVE_CUDA */
 
-#else /* no CUDA backend in this build */
-
-int main(void)
-{
-    printf("skipped: built without the CUDA backend\n");
-    return 77;
-}
-
-#endif
+TKD_KL_TEST_MAIN(kTests)

@@ -18,10 +18,10 @@
 
 #include "common/half.h"
 #include "kernels/loss/kl_loss.h"
+#include "tests/kl_testutil.h"
 #include "tests/testutil.h"
 
 #ifdef TKD_HAVE_CUDA
-#include "tests/kl_testutil.h"
 
 /* The path the group meant is the path the workspace takes: the sm90 GEMM on compute capability
  * 9.0 unless the policy's kl_sm90 is off, never for D % 8 != 0 or for `tail`. */
@@ -257,26 +257,14 @@ static void test_grad_paths(void **state)
     }
 }
 
-int main(void)
-{
-    tkd_test_require_gpu();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_path_engaged),
-        cmocka_unit_test(test_device_oom),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_paths_agree),
-        cmocka_unit_test(test_dh_chunk_rows),
-        cmocka_unit_test(test_grad_paths),
-    };
-    return kl_test_run_groups(tests, sizeof tests / sizeof tests[0]);
-}
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_path_engaged),
+    cmocka_unit_test(test_device_oom),
+    cmocka_unit_test(test_deterministic),
+    cmocka_unit_test(test_paths_agree),
+    cmocka_unit_test(test_dh_chunk_rows),
+    cmocka_unit_test(test_grad_paths),
+};
+#endif /* TKD_HAVE_CUDA */
 
-#else /* no CUDA backend in this build */
-
-int main(void)
-{
-    printf("skipped: built without the CUDA backend\n");
-    return 77;
-}
-
-#endif
+TKD_KL_TEST_MAIN(kTests)
