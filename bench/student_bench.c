@@ -4,7 +4,7 @@
  * sequences of T random tokens and one host teacher batch (top-100 distinct ids per position in
  * decreasing order of a random logit, an LSE a little above their log-sum-exp, labels = each row's
  * teacher top-1; renorm, alpha 0.5, tau 1, the gradient made in the loss's forward — the defaults
- * of student-train), one step is what student_train/train.c's train_step does with grad_accum 1:
+ * of student-train), one step is what student_train/train_step.c's tkd_train_step does with grad_accum 1:
  * zero grads, model forward (training), kl_stage, kl_forward (+ kl_backward with --kd-recompute),
  * model backward, clip to 1.0 inside AdamW. Two warm-up
  * steps, then --steps timed steps, each ending with a device sync (host wall clock around them).
@@ -188,7 +188,7 @@ static tkd_status step_once(bench_ctx *c, int split, split_ms *sp)
     const void *hidden = NULL;
     TKD_TRY(tkd_model_forward(c->m, c->hb.tok, c->B, c->T, 1, &hidden));
     TKD_TRY(lap(c, split, &t, &sp->fwd));
-    /* after the forward is enqueued, as train.c's micro_step: the host copy overlaps it */
+    /* after the forward is enqueued, as train_step.c's micro_step: the host copy overlaps it */
     TKD_TRY(op->kl_stage(c->be, c->kl, &c->kp, &c->kb));
     TKD_TRY(lap(c, split, &t, &sp->data));
     tkd_kl_result r;

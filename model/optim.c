@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/cpu/adamw.h"
+#include "kernels/grad_clip.h"
 
 void tkd_optim_config_defaults(tkd_optim_config *c)
 {

@@ -21,7 +21,7 @@ for t in "$bin"/test_gpu_*; do
   tail -n 3 "$tmp/test.log"
 done
 
-# test_gpu_kl_loss runs its groups over the loss's policies itself (our GEMM off, gradients on
+# test_gpu_kl_loss and test_gpu_kl_loss_paths run their groups over the loss's policies themselves (our GEMM off, gradients on
 # cuBLAS, both ours), so no variable loop here
 
 echo "== teacher-dump --set device=cuda (the CLI end to end on the GPU)"

@@ -12,7 +12,7 @@
 #define LOCK_NAME ".topkd-lock"
 /* The first line of the effective config student-train writes (common/config.c), every version alike. */
 #define CONFIG_HEAD "# effective config of student-train"
-/* The first bytes of every metrics record (train.c's log_train and log_eval). */
+/* The first bytes of every metrics record (train_ckpt.c's tkd_train_log_train and tkd_train_log_eval). */
 #define RECORD_HEAD "{\"type\": \""
 
 /* ---- proofs: what shows that an entry of a run directory is one student-train wrote ------------- */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "common/progress.h"
-#include "kernels/cpu/adamw.h"
+#include "kernels/grad_clip.h"
 #include "kernels/comm/comm_nccl.h"
 
 struct tkd_zero {

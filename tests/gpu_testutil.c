@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/ops_bwd_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/rope_table.h"
 #include "tests/gpu_check.h"
 #include "tests/ref64.h"
 #include "tests/testutil.h"
@@ -122,8 +123,8 @@ void tkd_test_rope_case(const tkd_test_rope *r, void *stream)
     const int half = r->dh / 2, off = r->off;
     const size_t nq = (size_t)r->N * r->H * r->dh, nk = (size_t)r->N * r->Hkv * r->dh, nt = (size_t)r->T * half;
     float *inv = tkd_test_xmalloc((size_t)half * 4), *c = tkd_test_xmalloc(nt * 4), *s = tkd_test_xmalloc(nt * 4);
-    tkd_cpu_rope_inv_freq(r->theta, r->dh, 0, 1.0, 1.0, 4.0, 8192, inv);
-    tkd_cpu_rope_table(inv, r->dh, r->T, c, s);
+    tkd_rope_inv_freq(r->theta, r->dh, 0, 1.0, 1.0, 4.0, 8192, inv);
+    tkd_rope_table(inv, r->dh, r->T, c, s);
     uint16_t *q = tkd_test_rand_bf16(nq, r->seed_q, 1.5f), *k = tkd_test_rand_bf16(nk, r->seed_k, 1.5f);
     double *qref, *kref, *qabs, *kabs;
     tkd_ref64_rope(q, r->N, r->T, r->H, r->dh, c, s, r->backward, ROPE_F32_ABS, &qref, &qabs);

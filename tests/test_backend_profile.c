@@ -1,7 +1,7 @@
 /* test_backend_profile.c — the op profiler (kernels/backend_profile.h) over the CPU backend: a
  * two-layer model's training forward and backward through the wrapped backend give bit-identical
  * hidden states and gradients to the same model on the bare backend, and the report counts each op
- * as often as the model's structure calls it (derived below from model/model.c, not copied from a
+ * as often as the model's structure calls it (derived below from model/model_fwd_bwd.c, not copied from a
  * run); failures pass through with their message; a backend without timing marks is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,7 +41,7 @@ static void step(tkd_model *m, const int32_t *tok, const float *dh, float *hidde
 }
 
 /* The calls of one step() on the CPU (act = fp32: no f32_to_act; buffers reserved by an earlier
- * step: no alloc), from model/model.c with recompute off:
+ * step: no alloc), from model/model_fwd_bwd.c with recompute off:
  *   zero_grad: memset0 1.
  *   forward: upload 1 (tokens), embedding_fwd 1, rmsnorm_fwd 1 (layer 0's input norm); per layer
  *     (block_fwd_body + block_fwd): linear_fwd 7 (q, k, v, o, gate, up, down), rope_fwd 1,

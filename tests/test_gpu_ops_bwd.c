@@ -265,7 +265,7 @@ static void rms_bounds(const double *dy, const double *x, const double *w, const
     scale_all(dw_abs, (size_t)D, COLSUM_REL);
 }
 
-/* dx_bf16 modes of rms_bwd_case: none, a buffer of its own, written over dy (as model.c does). */
+/* dx_bf16 modes of rms_bwd_case: none, a buffer of its own, written over dy (as model_fwd_bwd.c does). */
 enum { RMS_ACT_NONE, RMS_ACT_OWN, RMS_ACT_IN_DY };
 
 /* Fails unless act holds dx rounded by tkd_f32_to_bf16 (what tkd_cuda_f32_to_bf16 would write after
@@ -355,7 +355,7 @@ static void test_rmsnorm_bwd(void **state)
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
         for (size_t j = 0; j < sizeof ds / sizeof *ds; j++) {
             rms_bwd_case(ns[i], ds[j], 1, 1, 0, RMS_ACT_NONE);
-            rms_bwd_case(ns[i], ds[j], 1, 1, 0, RMS_ACT_IN_DY); /* model.c's call */
+            rms_bwd_case(ns[i], ds[j], 1, 1, 0, RMS_ACT_IN_DY); /* model_fwd_bwd.c's call */
         }
     /* 2 and 4 chunks per thread (8192, 12000, 16384), scalar with 2 and 4 (5003, 16383) */
     const int big[] = {8192, 12000, 16384, 5003, 16383};

@@ -25,6 +25,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/rope_table.h"
 #include "model/model.h"
 #include "tests/testutil.h"
 
@@ -150,8 +151,8 @@ static void test_rope(void **s)
 {
     (void)s;
     float inv[3], cs[5 * 3], sn[5 * 3];
-    tkd_cpu_rope_inv_freq(10.0, 6, 0, 1, 1, 4, 8, inv); /* small theta: large angles */
-    tkd_cpu_rope_table(inv, 6, 5, cs, sn);
+    tkd_rope_inv_freq(10.0, 6, 0, 1, 1, 4, 8, inv); /* small theta: large angles */
+    tkd_rope_table(inv, 6, 5, cs, sn);
     op_ctx o = {.N = 10, .T = 5, .H = 2, .dh = 6, .cs = cs, .sn = sn};
     size_t n = 120;
     o.x = randd(n, 10, 1), o.c = randd(n, 11, 1), o.tmp = calloc(n, sizeof(double));

@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/rope_table.h"
 #include "tests/testutil.h"
 
 #define ATOL 2e-5
@@ -123,7 +124,7 @@ static void test_rope_inv_freq(void **s)
 {
     (void)s;
     float inv[8];
-    tkd_cpu_rope_inv_freq(1e4, 16, 1, 8.0, 1.0, 4.0, 32, inv);
+    tkd_rope_inv_freq(1e4, 16, 1, 8.0, 1.0, 4.0, 32, inv);
     for (int i = 0; i < 8; i++) {
         double base = 1.0 / pow(1e4, 2.0 * i / 16), wl = 2 * M_PI / base, want;
         if (wl < 32.0 / 4)
@@ -139,7 +140,7 @@ static void test_rope_inv_freq(void **s)
     assert_true(inv[0] == 1.0f);                          /* band 1: untouched */
     assert_true(fabs(inv[2] * 8 - 1 / pow(1e4, 0.25)) < 1e-7); /* band 3: divided by factor */
     float plain[8];
-    tkd_cpu_rope_inv_freq(1e4, 16, 0, 8.0, 1.0, 4.0, 32, plain);
+    tkd_rope_inv_freq(1e4, 16, 0, 8.0, 1.0, 4.0, 32, plain);
     assert_true(fabs(plain[2] - inv[2] * 8) < 1e-7 && plain[1] != inv[1]); /* scaling off: plain */
 }
 
@@ -151,8 +152,8 @@ static void test_rope(void **s)
     for (int c = 0; c < 5; c++) {
         int B = cases[c][0], T = cases[c][1], nh = cases[c][2], dh = cases[c][3], N = B * T;
         float inv[8], cs[64 * 8], sn[64 * 8];
-        tkd_cpu_rope_inv_freq(c == 2 ? 1e4 : 5e5, dh, c == 2, 8.0, 1.0, 4.0, 32, inv);
-        tkd_cpu_rope_table(inv, dh, T, cs, sn);
+        tkd_rope_inv_freq(c == 2 ? 1e4 : 5e5, dh, c == 2, 8.0, 1.0, 4.0, 32, inv);
+        tkd_rope_table(inv, dh, T, cs, sn);
         pair x = mk((size_t)N * nh * dh, 200 + c, 1), g = mk((size_t)N * nh * dh, 300 + c, 1);
         tkd_cpu_rope_fwd(x.f, N, T, nh, dh, cs, sn);
         tkd_ref_rope_fwd(x.d, N, T, nh, dh, cs, sn);

@@ -19,7 +19,7 @@
 
 enum { V = 96, T = 16, K = 8, S = 4, NSEQ = 12, D = 32, SEED = 99 };
 
-/* The student student-train builds from the sets below (train.c's student_config, written out
+/* The student student-train builds from the sets below (train_setup.c's student_config, written out
  * again here on purpose). */
 static void student_config(tkd_model_config *mc)
 {

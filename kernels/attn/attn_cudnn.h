@@ -67,7 +67,7 @@ tkd_status tkd_cudnn_attn_fwd(tkd_cudnn_attn *a, const uint16_t *q, // (B·T, H�
  * Layouts as tkd_cuda_attn_bwd (attn_cuda.h): dy, y, q, dq (B·T, H·dh); k, v, dk, dv
  * (B·T, Hkv·dh); lse (B, H, T) the natural-log stats of the forward. UNLIKE tkd_cuda_attn_bwd,
  * dq, dk and dv are WRITTEN (overwritten), not added to, and all three are required: the same
- * result as tkd_cuda_attn_bwd on zeroed gradients (what model.c passes). A workspace of
+ * result as tkd_cuda_attn_bwd on zeroed gradients (what model_fwd_bwd.c passes). A workspace of
  * B·H·T fp32 (rowsum(dY ⊙ Y)) plus cuDNN's own is part of the state's one workspace. Errors and
  * fallbacks as tkd_cudnn_attn_fwd (TKD_ERR_UNSUPPORTED with cuDNN's reason: use tkd_cuda_attn_bwd).
  *

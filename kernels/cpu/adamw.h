@@ -1,7 +1,7 @@
 /* adamw.h — the optimizer's per-element maths on host fp32 arrays, one implementation for
  * model/optim.c (host optimizer state) and the CPU backend's training ops (kernels/cpu/backend_cpu.c):
  * the AdamW update over segments of a flat parameter array, the squared global gradient norm,
- * the clip coefficient and the gradient scale.
+ * and the gradient scale (the clip coefficient, the same on every backend, is kernels/grad_clip.h).
  *
  * The update follows torch.optim.AdamW (single-tensor path) operation by operation in fp32, its
  * scalars formed in double and rounded once as Python floats reach torch's kernels; the CUDA
@@ -45,11 +45,6 @@ void tkd_adamw_update(float *params, const float *grads, float grad_scale, float
 
 /* Σ g² over g (n), accumulated in double (OpenMP reduction above 32768 elements). */
 double tkd_grad_norm2(const float *g, size_t n);
-
-/* The factor torch.nn.utils.clip_grad_norm_ scales by for global norm `norm` and cap max_norm:
- * (float)(max_norm / (norm + 1e-6)) when that is below 1, else 1 (also when max_norm <= 0, no
- * clipping). A non-finite norm is TKD_ERR_NUMERIC ("the step is skipped"), *coef untouched. */
-tkd_status tkd_grad_clip_coef(double norm, double max_norm, float *coef);
 
 /* g *= s (fp32), element by element. */
 void tkd_grad_scale(float *g, size_t n, float s);

@@ -55,15 +55,6 @@ void tkd_cpu_linear_bwd(const float *dy, // (N, M)
                         float *dw,                      // (M, K) +=
                         float *db);                     // (M) +=
 
-/* RoPE inverse frequencies as transformers computes them (fp32 arithmetic, same order):
- * inv[i] = 1 / theta^(2i / dh); with llama3 scaling (llama3 != 0) wavelengths 2π/inv above
- * orig_max / low_ff are divided by factor, those below orig_max / high_ff kept, smoothed between. */
-void tkd_cpu_rope_inv_freq(double theta, int dh, int llama3, double factor, double low_ff,
-                           double high_ff, int orig_max, float *inv_freq); // (dh / 2)
-/* cos/sin tables for positions 0..T-1: angle = (float)(inv[i] · t), as transformers' fp32 matmul. */
-void tkd_cpu_rope_table(const float *inv_freq, // (dh / 2)
-                        int dh, int T, float *cos_t, // (T, dh / 2)
-                        float *sin_t);               // (T, dh / 2)
 /* In place, rotate-half convention (pairs i, i + dh/2): x ← x cos + rotate_half(x) sin, position
  * t = n % T. bwd rotates the gradient back by the same angle (the transpose of the rotation). */
 void tkd_cpu_rope_fwd(float *x, // (N, nh, dh)

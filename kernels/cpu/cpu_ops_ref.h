@@ -4,7 +4,7 @@
  * a double and every loop is the plain textbook one, so these define what is correct: the fast CPU
  * path and the CUDA kernels are compared with them (tests/test_ops.c), and finite differences check
  * their backward passes in double (tests/test_gradcheck.c). Not for production: no threads, no BLAS.
- * RoPE takes the same fp32 cos/sin tables as the fast path (tkd_cpu_rope_table), so both rotate by
+ * RoPE takes the same fp32 cos/sin tables as the fast path (tkd_rope_table), so both rotate by
  * the same angles.
  */
 #ifndef TKD_CPU_OPS_REF_H
@@ -46,7 +46,7 @@ void tkd_ref_linear_bwd(const double *dy, // (N, M)
                         double *dw,                      // (M, K) +=
                         double *db);                     // (M) +=
 
-/* cos_t, sin_t: (T, dh / 2) from tkd_cpu_rope_table. */
+/* cos_t, sin_t: (T, dh / 2) from tkd_rope_table. */
 void tkd_ref_rope_fwd(double *x, // (N, nh, dh) in place
                       int N, int T, int nh, int dh, const float *cos_t, const float *sin_t);
 void tkd_ref_rope_bwd(double *dx, // (N, nh, dh) in place

@@ -1,0 +1,357 @@
+/* model_fwd_bwd.c — the decoder's passes (model.h): the activation buffers sized for a batch, the
+ * forward (with activation recompute), the backward into the gradients, and the LM head. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "model/model_internal.h"
+
+/* ---- activations -------------------------------------------------------------------------- */
+
+/* Hands out n elements of esz bytes from buf at *off (64-byte aligned); with buf NULL only counts. */
+static void *take(char *buf, size_t *off, size_t n, size_t esz)
+{
+    void *p = buf ? buf + *off : NULL;
+    *off += (n * esz + 63) / 64 * 64;
+    return p;
+}
+
+/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed. a->layer must exist. */
+static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int T, int training)
+{
+    const tkd_model_config *c = &m->cfg;
+    size_t N = (size_t)B * T, D = c->hidden_size, F = c->intermediate_size;
+    size_t Q = q_dim(c), KV = kv_dim(c), A = m->be->act_size, S = sizeof(float);
+    size_t att = m->be->op->attn_saved_bytes(m->be, B, T, c->num_attention_heads);
+    size_t off = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        layer_acts *t = &a->layer[l];
+        if (!training && l > 0) {
+            *t = a->layer[0]; /* inference: every block reuses one set */
+            continue;
+        }
+        /* recompute: each block's input is kept (attention: and its MLP's activations); the rest
+         * is one set (block 0's), remade per block in backward. ao and mo are read only by the
+         * forward's residual adds, so sharing them needs no recompute. */
+        int shared = m->recompute != TKD_RECOMPUTE_NONE && l > 0;
+        if (shared)
+            *t = a->layer[0];
+        t->x = take(buf, &off, N * D, S);
+        if (shared && m->recompute == TKD_RECOMPUTE_FULL)
+            continue;
+        if (!shared) {
+            t->n1 = take(buf, &off, N * D, A);
+            t->rstd1 = take(buf, &off, N, S);
+            t->q = take(buf, &off, N * Q, A);
+            t->k = take(buf, &off, N * KV, A);
+            t->v = take(buf, &off, N * KV, A);
+            t->att = take(buf, &off, att, 1);
+            t->y = take(buf, &off, N * Q, A);
+            t->ao = take(buf, &off, N * D, A);
+        }
+        /* inference: the residual stream is updated in place */
+        t->x2 = training ? take(buf, &off, N * D, S) : t->x;
+        t->n2 = training ? take(buf, &off, N * D, A) : t->n1;
+        t->rstd2 = take(buf, &off, N, S);
+        t->gt = take(buf, &off, N * F, A);
+        t->up = take(buf, &off, N * F, A);
+        t->hm = take(buf, &off, N * F, A);
+        if (!shared)
+            t->mo = training ? take(buf, &off, N * D, A) : t->ao;
+    }
+    a->xl = training ? take(buf, &off, N * D, S) : a->layer[0].x;
+    a->hidden = take(buf, &off, N * D, A);
+    a->rstdf = take(buf, &off, N, S);
+    if (training) {
+        a->dx = take(buf, &off, N * D, S);
+        a->dn = take(buf, &off, N * D, A);
+        a->dq = take(buf, &off, N * Q, A);
+        a->dy = take(buf, &off, N * Q, A);
+        a->dk = take(buf, &off, N * KV, A);
+        a->dv = take(buf, &off, N * KV, A);
+        a->dg = take(buf, &off, N * F, A);
+        a->du = take(buf, &off, N * F, A);
+        a->dh = take(buf, &off, N * F, A);
+    }
+    return off;
+}
+
+/* The gradients: one backend allocation (host memory on the CPU), zeroed, laid out as params. */
+static tkd_status alloc_grads(tkd_model *m)
+{
+    if (m->grads)
+        return TKD_OK;
+    if (!m->be->op->linear_bwd)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: training on the %s backend is not built — use device: cpu",
+                             m->be->name);
+    if (!has_master(m))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: this model was made for inference on %s (no fp32 master "
+                             "weights); make it with tkd_model_*_for_training to train it", m->be->name);
+    TKD_TRY(m->be->op->alloc(m->be, m->n_params * sizeof(float), "model: gradients", (void **)&m->grads));
+    tkd_model_set_views(m, m->grads, &m->g);
+    return TKD_OK;
+}
+
+size_t tkd_model_activation_bytes(const tkd_model *m)
+{
+    return m->acts ? m->acts->bytes : 0;
+}
+
+void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode)
+{
+    if (m->recompute == mode)
+        return;
+    m->recompute = mode;
+    tkd_model_free_acts(m); /* the next reserve carves for the new layout */
+}
+
+tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
+{
+    if (B <= 0 || T <= 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "model: batch shape (%d, %d) must be positive", B, T);
+    if (T > m->cfg.max_position_embeddings)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "model: sequence length %d exceeds max_position_embeddings %d; use a shorter seq_len",
+                             T, m->cfg.max_position_embeddings);
+    if (training)
+        TKD_TRY(alloc_grads(m));
+    tkd_model_acts *a = m->acts;
+    if (a && a->cap_b >= B && a->cap_t >= T && a->training >= training)
+        return TKD_OK;
+    int nb = a && a->cap_b > B ? a->cap_b : B, nt = a && a->cap_t > T ? a->cap_t : T;
+    int tr = training || (a && a->training);
+    tkd_model_free_acts(m);
+    a = calloc(1, sizeof *a);
+    if (!a || !(a->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a->layer))) {
+        free(a);
+        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
+    }
+    m->acts = a;
+    size_t n = carve(m, a, NULL, nb, nt, tr);
+    char what[128];
+    snprintf(what, sizeof what, "model: activations of batch (%d, %d)", nb, nt);
+    tkd_status st = m->be->op->alloc(m->be, n, what, &a->buf);
+    if (st == TKD_OK)
+        st = m->be->op->alloc(m->be, sizeof(int32_t) * (size_t)nb * nt, "model: tokens", (void **)&a->tokens);
+    if (st != TKD_OK) {
+        tkd_model_free_acts(m);
+        /* device allocations already say what to lower (cuda_mem); host ones do not */
+        return st == TKD_ERR_NOMEM ? tkd_error_hint(st, "lower the batch size or the sequence length") : st;
+    }
+    a->cap_b = nb;
+    a->cap_t = nt;
+    a->bytes = n;
+    a->training = tr;
+    carve(m, a, a->buf, nb, nt, tr);
+    return TKD_OK;
+}
+
+/* ---- forward / backward ------------------------------------------------------------------- */
+
+/* A block's attention from A->n1 = rmsnorm(A->x): q, k (after RoPE), v, the attention output A->y
+ * and its saved state (what the attention side's backward reads). */
+static tkd_status block_attn_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
+{
+    const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    tkd_backend *be = m->be;
+    int N = B * T, D = c->hidden_size, H = c->num_attention_heads;
+    int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wq, W->bq, N, D, Q, A->q));
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wk, W->bk, N, D, KV, A->k));
+    TKD_TRY(op->linear_fwd(be, A->n1, W->wv, W->bv, N, D, KV, A->v));
+    TKD_TRY(op->rope_fwd(be, A->q, A->k, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
+    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, A->y, A->att);
+}
+
+/* A block from A->n1 = rmsnorm(A->x) up to its MLP output A->mo (everything but the residual add
+ * that makes the next block's input). */
+static tkd_status block_fwd_body(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
+{
+    const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    tkd_backend *be = m->be;
+    int N = B * T, D = c->hidden_size, F = c->intermediate_size, Q = q_dim(c);
+    float eps = (float)c->rms_norm_eps;
+    TKD_TRY(block_attn_fwd(m, W, A, B, T));
+    TKD_TRY(op->linear_fwd(be, A->y, W->wo, NULL, N, Q, D, A->ao));
+    TKD_TRY(op->add_rmsnorm_fwd(be, A->x, A->ao, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
+    TKD_TRY(op->linear_fwd(be, A->n2, W->wg, NULL, N, D, F, A->gt));
+    TKD_TRY(op->linear_fwd(be, A->n2, W->wu, NULL, N, D, F, A->up));
+    TKD_TRY(op->swiglu_fwd(be, A->gt, A->up, (int64_t)N * F, A->hm));
+    return op->linear_fwd(be, A->hm, W->wd, NULL, N, F, D, A->mo);
+}
+
+static tkd_status block_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, float *xnext,
+                            const void *next_norm, void *n_next, float *rstd_next, int B, int T)
+{
+    TKD_TRY(block_fwd_body(m, W, A, B, T));
+    int N = B * T, D = m->cfg.hidden_size;
+    return m->be->op->add_rmsnorm_fwd(m->be, A->x2, A->mo, xnext, next_norm, N, D, (float)m->cfg.rms_norm_eps, n_next,
+                                      rstd_next);
+}
+
+/* Recompute: what block l did not keep, again from its kept input (same ops, same order: the same
+ * values), into the one shared set, just before its backward: the attention side (attention mode)
+ * or the whole block (full). */
+static tkd_status block_recompute(const tkd_model *m, int l, layer_acts *A, int B, int T)
+{
+    int N = B * T, D = m->cfg.hidden_size;
+    const tkd_layer_dweights *W = &m->d.layers[l];
+    TKD_TRY(m->be->op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, (float)m->cfg.rms_norm_eps, A->n1, A->rstd1));
+    if (m->recompute == TKD_RECOMPUTE_ATTENTION)
+        return block_attn_fwd(m, W, A, B, T);
+    return block_fwd_body(m, W, A, B, T);
+}
+
+static tkd_status check_tokens(const tkd_model *m, const int32_t *tokens, int64_t N, int T)
+{
+    for (int64_t n = 0; n < N; n++)
+        if (tokens[n] < 0 || tokens[n] >= m->cfg.vocab_size)
+            return tkd_error_set(TKD_ERR_INVALID_ARG,
+                                 "model: token %d at batch row %lld, position %lld is outside the vocabulary [0, %d)",
+                                 tokens[n], (long long)(n / T), (long long)(n % T), m->cfg.vocab_size);
+    return TKD_OK;
+}
+
+tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, int training,
+                             const void **hidden)
+{
+    const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    int64_t N = (int64_t)B * T;
+    TKD_TRY(check_tokens(m, tokens, N, T));
+    TKD_TRY(tkd_model_reserve(m, B, T, training));
+    tkd_model_acts *a = m->acts;
+    int L = c->num_hidden_layers, D = c->hidden_size;
+    float eps = (float)c->rms_norm_eps;
+    TKD_TRY(op->upload(m->be, a->tokens, tokens, sizeof(int32_t) * (size_t)N));
+    TKD_TRY(op->embedding_fwd(m->be, a->tokens, (int)N, m->d.embed, D, a->layer[0].x));
+    TKD_TRY(op->rmsnorm_fwd(m->be, a->layer[0].x, m->d.layers[0].attn_norm, (int)N, D, eps, a->layer[0].n1,
+                            a->layer[0].rstd1));
+    for (int l = 0; l < L; l++) {
+        /* block l makes block l+1's input and its normed copy (training: l+1's own buffers;
+         * inference: the one set, in place), the last block the final hidden states */
+        layer_acts *A = &a->layer[training ? l : 0];
+        int last = l + 1 == L;
+        layer_acts *nx = last ? NULL : &a->layer[training ? l + 1 : 0];
+        TKD_TRY(block_fwd(m, &m->d.layers[l], A, last ? a->xl : nx->x,
+                          last ? m->d.final_norm : m->d.layers[l + 1].attn_norm, last ? a->hidden : nx->n1,
+                          last ? a->rstdf : nx->rstd1, B, T));
+    }
+    a->b = B;
+    a->t = T;
+    a->have_train_fwd = training;
+    if (hidden)
+        *hidden = a->hidden;
+    return TKD_OK;
+}
+
+/* The residual stream's gradient dx (f32) as the act-typed dy a linear backward reads: dx itself
+ * where act is fp32 (the CPU), else a->dn, where the rmsnorm backward that last updated dx wrote it
+ * rounded (residual_grad_act_out: no separate conversion pass over N·D). */
+static const void *residual_grad_act(const tkd_model *m, tkd_model_acts *a)
+{
+    return m->be->act_size == sizeof(float) ? (const void *)a->dx : (const void *)a->dn;
+}
+
+/* Where an rmsnorm backward writes the new dx as act for the linear backward after it: a->dn (its
+ * own dy, read by then, and free until that linear backward) unless act is fp32. */
+static void *residual_grad_act_out(const tkd_model *m, tkd_model_acts *a)
+{
+    return m->be->act_size == sizeof(float) ? NULL : a->dn;
+}
+
+/* On entry a->dx = ∂loss/∂(block output), and residual_grad_act holds it as act; on return
+ * ∂loss/∂(block input), also as act when act_out (the block below reads it). */
+static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd_layer_weights *G,
+                            const layer_acts *A, tkd_model_acts *a, int B, int T, int act_out)
+{
+    const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    tkd_backend *be = m->be;
+    int N = B * T, D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads;
+    int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
+    size_t NF = (size_t)N * F;
+    const void *dres = residual_grad_act(m, a);
+    /* The first contribution to each activation gradient overwrites it (dx_acc / acc 0, attn_bwd
+     * always): no zeroing pass over dh, dg, du, dn, dy, dq, dk, dv. */
+    /* MLP branch: out = x2 + down(silu(gate(n2)) · up(n2)) */
+    TKD_TRY(op->linear_bwd(be, dres, A->hm, W->wd, N, F, D, a->dh, G->wd, NULL, 0));
+    TKD_TRY(op->swiglu_bwd(be, a->dh, A->gt, A->up, (int64_t)NF, a->dg, a->du, 0));
+    TKD_TRY(op->linear_bwd(be, a->dg, A->n2, W->wg, N, D, F, a->dn, G->wg, NULL, 0));
+    TKD_TRY(op->linear_bwd(be, a->du, A->n2, W->wu, N, D, F, a->dn, G->wu, NULL, 1));
+    TKD_TRY(op->rmsnorm_bwd(be, a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm,
+                            residual_grad_act_out(m, a)));
+    /* attention branch: x2 = x + o_proj(attn(...)) */
+    TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL, 0));
+    TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh, a->dq, a->dk, a->dv));
+    TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
+    TKD_TRY(op->linear_bwd(be, a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq, 0));
+    TKD_TRY(op->linear_bwd(be, a->dk, A->n1, W->wk, N, D, KV, a->dn, G->wk, G->bk, 1));
+    TKD_TRY(op->linear_bwd(be, a->dv, A->n1, W->wv, N, D, KV, a->dn, G->wv, G->bv, 1));
+    return op->rmsnorm_bwd(be, a->dn, A->x, W->attn_norm, A->rstd1, N, D, a->dx, G->attn_norm,
+                           act_out ? residual_grad_act_out(m, a) : NULL);
+}
+
+tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
+{
+    tkd_model_acts *a = m->acts;
+    if (!a || !a->have_train_fwd || !m->grads)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "model: backward needs a training forward (training = 1) first");
+    const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    int B = a->b, T = a->t, N = B * T, D = c->hidden_size;
+    const void *dy = dhidden;
+    if (m->be->act_size != sizeof(float)) { /* the loss's fp32 gradient as the act the ops take */
+        TKD_TRY(op->f32_to_act(m->be, dhidden, a->dn, (size_t)N * D));
+        dy = a->dn; /* read by the final norm's backward, which then writes dx over it as act */
+    }
+    TKD_TRY(op->memset0(m->be, a->dx, sizeof(float) * (size_t)N * D));
+    TKD_TRY(op->rmsnorm_bwd(m->be, dy, a->xl, m->d.final_norm, a->rstdf, N, D, a->dx, m->g.final_norm,
+                            residual_grad_act_out(m, a)));
+    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+        /* the last block's activations are still in the shared set: the forward ended with it */
+        if (m->recompute != TKD_RECOMPUTE_NONE && l + 1 < c->num_hidden_layers)
+            TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
+        TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T, l > 0));
+        if (m->grad_hook)
+            TKD_TRY(m->grad_hook(m->grad_hook_ctx, m, l));
+    }
+    TKD_TRY(op->embedding_bwd(m->be, a->tokens, N, a->dx, D, m->g.embed));
+    a->have_train_fwd = 0; /* activations are consumed: a second backward would double-count */
+    return m->grad_hook ? m->grad_hook(m->grad_hook_ctx, m, -1) : TKD_OK;
+}
+
+void tkd_model_set_grad_hook(tkd_model *m, tkd_status (*fn)(void *ctx, tkd_model *m, int layer), void *ctx)
+{
+    m->grad_hook = fn;
+    m->grad_hook_ctx = ctx;
+}
+
+void tkd_model_layer_range(const tkd_model *m, int l, size_t *begin, size_t *end)
+{
+    const int per = m->info_per_layer; /* the embedding is first, then block by block */
+    *begin = m->info[1 + l * per].offset;
+    *end = m->info[1 + (l + 1) * per].offset; /* the next block's first tensor, or the final norm */
+}
+
+const float *tkd_model_lm_head(const tkd_model *m) { return m->w.lm_head; }
+
+const void *tkd_model_lm_head_dev(const tkd_model *m) { return m->d.lm_head; }
+
+float *tkd_model_lm_head_grad(tkd_model *m) { return m->grads ? m->g.lm_head : NULL; }
+
+tkd_status tkd_model_zero_grad(tkd_model *m)
+{
+    if (!m->grads)
+        return TKD_OK;
+    return m->be->op->memset0(m->be, m->grads, sizeof(float) * m->n_params);
+}
+
+tkd_status tkd_model_logits(const tkd_model *m, const void *hidden, int64_t N, void *logits)
+{
+    return m->be->op->linear_fwd(m->be, hidden, m->d.lm_head, NULL, (int)N, m->cfg.hidden_size, m->cfg.vocab_size,
+                                 logits);
+}

@@ -1,0 +1,176 @@
+/* model_hf.c — a model's weights in and out (model.h): Hugging Face checkpoints (config.json and
+ * safetensors) loaded and saved, the fp32 parameters read and written as one host array. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/model.h"
+#include "model/model_internal.h"
+
+/* ---- checkpoints -------------------------------------------------------------------------- */
+
+/* Tensors a checkpoint may carry that we do not use (old Llama exports store RoPE buffers). */
+static int ignorable(const char *name)
+{
+    return strstr(name, "rotary_emb.inv_freq") != NULL;
+}
+
+/* Reads every tensor the layout lists (converted to fp32, then to the backend's act type through a
+ * staging buffer where the backend's memory is not the host's). */
+static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
+{
+    int on_host = tkd_backend_host_f32(m->be); /* straight into the host weights */
+    float *stage = on_host ? NULL : malloc(tkd_model_largest_tensor(m) * sizeof(float));
+    if (!on_host && !stage)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of host memory for the load's staging buffer", dir);
+    tkd_status rc = TKD_OK;
+    for (int i = 0; i < m->n_info && rc == TKD_OK; i++) {
+        const tkd_param_info *p = &m->info[i];
+        if (!tkd_st_find(st, p->name)) {
+            rc = tkd_error_set(TKD_ERR_NOT_FOUND,
+                               "%s: tensor '%s' is missing (config.json asks for it, shape (%lld%s%lld)); "
+                               "check the checkpoint matches its config",
+                               dir, p->name, (long long)p->shape[0], p->ndim == 2 ? ", " : "",
+                               p->ndim == 2 ? (long long)p->shape[1] : 0LL);
+            break;
+        }
+        float *x = on_host ? m->params + p->offset : stage;
+        rc = tkd_st_read_f32(st, p->name, p->ndim, p->shape, x, p->numel);
+        if (rc == TKD_OK && !on_host)
+            rc = tkd_model_put_tensor(m, p, x);
+    }
+    free(stage);
+    return rc;
+}
+
+static tkd_status load_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
+{
+    TKD_TRY(read_tensors(m, dir, st));
+    /* A tensor we would silently ignore means the config and the weights disagree (e.g. q/k/v
+     * biases present but attention_bias false): refuse rather than compute something else. */
+    for (int i = 0; i < tkd_st_count(st); i++) {
+        const tkd_st_tensor *t = tkd_st_at(st, i);
+        int known = ignorable(t->name) || (m->cfg.tie_word_embeddings && !strcmp(t->name, "lm_head.weight"));
+        for (int j = 0; j < m->n_info && !known; j++)
+            known = !strcmp(t->name, m->info[j].name);
+        if (!known)
+            return tkd_error_set(TKD_ERR_FORMAT,
+                                 "%s: tensor '%s' is not part of the architecture config.json describes "
+                                 "(check num_hidden_layers, attention_bias, tie_word_embeddings)",
+                                 t->file, t->name);
+    }
+    return TKD_OK;
+}
+
+static tkd_status load_hf(const char *dir, tkd_backend *be, int own_be, int trainable, tkd_model **out)
+{
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    tkd_model_config cfg;
+    tkd_st_dir *st = NULL;
+    tkd_status rc = tkd_hf_config_read(path, &cfg);
+    if (rc == TKD_OK)
+        rc = tkd_st_open(dir, &st);
+    if (rc != TKD_OK) {
+        if (own_be)
+            tkd_backend_close(be);
+        return rc;
+    }
+    tkd_model *m = NULL;
+    rc = tkd_model_create(&cfg, be, own_be, trainable, &m);
+    if (rc == TKD_OK)
+        rc = load_tensors(m, dir, st);
+    tkd_st_close(st);
+    if (rc != TKD_OK) {
+        tkd_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return TKD_OK;
+}
+
+tkd_status tkd_model_load_hf(const char *dir, tkd_model **out)
+{
+    *out = NULL;
+    tkd_backend *be = NULL;
+    TKD_TRY(tkd_backend_cpu_open(&be));
+    return load_hf(dir, be, 1, 0, out);
+}
+
+tkd_status tkd_model_load_hf_on(const char *dir, tkd_backend *be, tkd_model **out)
+{
+    return load_hf(dir, be, 0, 0, out);
+}
+
+tkd_status tkd_model_load_hf_for_training(const char *dir, tkd_backend *be, tkd_model **out)
+{
+    return load_hf(dir, be, 0, 1, out);
+}
+
+tkd_status tkd_model_get_params(const tkd_model *m, float *host)
+{
+    if (!has_master(m))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: no fp32 weights to read (an inference model on %s)",
+                             m->be->name);
+    if (m->params) {
+        memcpy(host, m->params, m->n_params * sizeof(float));
+        return TKD_OK;
+    }
+    return m->be->op->master_download(m->be, host, m->dparams, m->master_lo, m->n_params);
+}
+
+tkd_status tkd_model_set_params(tkd_model *m, const float *host)
+{
+    if (!has_master(m))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: no fp32 weights to set (an inference model on %s)",
+                             m->be->name);
+    if (m->params) {
+        memcpy(m->params, host, m->n_params * sizeof(float));
+        return TKD_OK;
+    }
+    return m->be->op->master_upload(m->be, m->dparams, m->master_lo, host, m->n_params);
+}
+
+/* The writer of tkd_model_save_hf over host fp32 weights params (the model's layout). */
+static tkd_status save_hf(const tkd_model *m, const float *params, const char *dir, tkd_dtype dtype)
+{
+    if (dtype != TKD_DTYPE_F32 && dtype != TKD_DTYPE_BF16)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: checkpoints are written in F32 or BF16", dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return tkd_error_set(errno == ENOSPC ? TKD_ERR_NOSPACE : TKD_ERR_IO, "%s: cannot create directory: %s",
+                             dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TKD_TRY(tkd_hf_config_write(path, &m->cfg, dtype == TKD_DTYPE_F32 ? "float32" : "bfloat16"));
+    tkd_st_writer *w = NULL;
+    TKD_TRY(tkd_st_writer_init(&w, dtype));
+    tkd_status rc = TKD_OK;
+    for (int i = 0; i < m->n_info && rc == TKD_OK; i++)
+        rc = tkd_st_writer_add(w, m->info[i].name, m->info[i].ndim, m->info[i].shape,
+                               params + m->info[i].offset);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (rc == TKD_OK)
+        rc = tkd_st_writer_finish(w, path);
+    tkd_st_writer_free(w);
+    return rc;
+}
+
+tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype)
+{
+    if (m->params)
+        return save_hf(m, m->params, dir, dtype);
+    if (!has_master(m))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: this model has no fp32 weights to save (an inference "
+                             "model on %s)", dir, m->be->name);
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of host memory for the %zu weights to save", dir, m->n_params);
+    tkd_status rc = tkd_model_get_params(m, host);
+    if (rc == TKD_OK)
+        rc = save_hf(m, host, dir, dtype);
+    free(host);
+    return rc;
+}
