@@ -1,6 +1,9 @@
 /* backend.c — see backend.h: which backend runs, decided in one place. */
 #include "kernels/backend.h"
 
+#include "kernels/cpu/tail_sample.h"
+#include "kernels/cpu/topk.h"
+
 #include <stdlib.h>
 
 #ifdef TKD_HAVE_CUDA
@@ -104,4 +107,10 @@ void tkd_backend_close(tkd_backend *be)
 {
     if (be)
         be->op->close(be);
+}
+
+tkd_status tkd_backend_lmhead_topk_check(int64_t chunk_rows, int64_t v, int k, float tau, int s)
+{
+    TKD_TRY(tkd_topk_check_args(chunk_rows, v, k, tau));
+    return s > 0 ? tkd_tail_sample_check_args(chunk_rows, v, k, tau, s) : TKD_OK;
 }

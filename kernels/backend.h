@@ -257,6 +257,12 @@ int tkd_backend_cuda_built(void);
 /* Number of CUDA devices that answer (0 without the backend, a driver or a GPU). */
 int tkd_backend_cuda_devices(void);
 
+/* The LM head + top-k op's argument rules, the same on every backend (lmhead_topk checks them
+ * again): chunk rows C ≥ 0, 1 ≤ k ≤ 128, k ≤ V ≤ INT32_MAX, τ finite > 0, and with S > 0 tail
+ * draws the tail's rules (V within its limit, S in range). TKD_ERR_INVALID_ARG with a message. A
+ * tool checks its config with it before anything is computed. */
+tkd_status tkd_backend_lmhead_topk_check(int64_t chunk_rows, int64_t v, int k, float tau, int s);
+
 /* Resolves AUTO to CPU or CUDA, the one place it is decided: CUDA when this build has it and a GPU
  * answers, else the CPU; asking for CUDA where none answers is TKD_ERR_UNSUPPORTED. */
 tkd_status tkd_backend_resolve(tkd_device want, tkd_device *got);

@@ -16,9 +16,8 @@
 #include "common/signals.h"
 #include "formats/cache_manifest.h"
 #include "formats/tokens.h"
+#include "kernels/backend.h"
 #include "kernels/loss/kl_loss.h"
-#include "kernels/cpu/tail_sample.h"
-#include "kernels/cpu/topk.h"
 #include "model/model.h"
 #include "teacher_cache/dump_merge.h"
 #include "teacher_cache/dump_text.h"
@@ -409,9 +408,7 @@ static tkd_status check_compute_args(const dump_ctx *c)
     const tkd_dump_config *cfg = c->cfg;
     int64_t V = c->model->cfg.vocab_size;
     const int C = chunk_rows_of(cfg, c->model);
-    tkd_status st = tkd_topk_check_args(C, V, cfg->k, (float)cfg->temperature);
-    if (st == TKD_OK && cfg->tail_samples > 0)
-        st = tkd_tail_sample_check_args(C, V, cfg->k, (float)cfg->temperature, cfg->tail_samples);
+    tkd_status st = tkd_backend_lmhead_topk_check(C, V, cfg->k, (float)cfg->temperature, cfg->tail_samples);
     if (st != TKD_OK) {
         tkd_error_prefix(st, "cache.k / cache.tail_samples");
         return tkd_error_hint(TKD_ERR_CONFIG, "lower cache.k (teacher %s has vocab %lld)", cfg->teacher_path,

@@ -155,6 +155,22 @@ static void test_model_logits_through_backend(void **s)
     tkd_backend_close(inner);
 }
 
+/* The LM head + top-k op's argument rules, one function for every backend and the tools: the top-k
+ * rules always, the tail's only with draws. */
+static void test_lmhead_topk_check(void **state)
+{
+    (void)state;
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, 151936, 100, 1.0f, 0), TKD_OK);
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, 151936, 100, 1.0f, 80), TKD_OK);
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, 151936, 0, 1.0f, 0), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, 151936, 129, 1.0f, 0), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, 64, 100, 1.0f, 0), TKD_ERR_INVALID_ARG); /* k > V */
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, 151936, 100, 0.0f, 0), TKD_ERR_INVALID_ARG);
+    /* a vocabulary the tail's integer weights cannot sum: refused only when draws are asked for */
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, (1 << 20) + 1, 100, 1.0f, 0), TKD_OK);
+    assert_int_equal(tkd_backend_lmhead_topk_check(256, (1 << 20) + 1, 100, 1.0f, 4), TKD_ERR_INVALID_ARG);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -163,6 +179,7 @@ int main(void)
         cmocka_unit_test(test_open_takes_resolved_device),
         cmocka_unit_test(test_local_gpu),
         cmocka_unit_test(test_model_logits_through_backend),
+        cmocka_unit_test(test_lmhead_topk_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
