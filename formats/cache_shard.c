@@ -78,6 +78,18 @@ float tkd_cache_dtype_round(tkd_cache_dtype dt, float x)
     return x;
 }
 
+float tkd_cache_dtype_exact_below(tkd_cache_dtype dt, double tol)
+{
+    if (dt == TKD_CACHE_DTYPE_FLOAT32)
+        return INFINITY;
+    if (!(tol > 0.0))
+        return 0.0f;
+    int e;
+    frexp(tol, &e); /* tol = f · 2^e, f in [0.5, 1): floor(log2 tol) = e − 1 */
+    const int mant = dt == TKD_CACHE_DTYPE_HALF ? 10 : 7;
+    return (float)fmin(ldexp(1.0, mant + 2 + e - 1), (double)tkd_cache_dtype_max(dt));
+}
+
 static int is_hex_digest(const char *s)
 {
     if (strlen(s) != 64)

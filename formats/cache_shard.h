@@ -56,6 +56,13 @@ float tkd_cache_dtype_max(tkd_cache_dtype dt);
  * result is its inf, so callers check tkd_cache_dtype_max first). */
 float tkd_cache_dtype_round(tkd_cache_dtype dt, float x);
 
+/* The magnitude below which the dtype stores every float within tol of its value (0 < tol): rounding
+ * to nearest moves a value by at most half a spacing, so every |x| < 2^(m + 2 + floor(log2 tol)) is
+ * within tol (m the stored mantissa bits: 10 half, 7 bfloat16), capped at the dtype's largest value;
+ * INFINITY for float32 (finite values are stored exactly). At tol 1/8: 512 half, 64 bfloat16. A
+ * producer checks only values at or beyond it (teacher-dump's per-logit rule). */
+float tkd_cache_dtype_exact_below(tkd_cache_dtype dt, double tol);
+
 /* What makes two shards (or a shard and its manifest) belong to the same cache. */
 typedef struct tkd_cache_identity {
     int64_t vocab_size;

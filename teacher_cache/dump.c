@@ -375,8 +375,11 @@ static tkd_status check_storable(const tkd_dump_config *cfg, const tkd_cache_bat
 {
     const tkd_cache_dtype dt = (tkd_cache_dtype)cfg->logits_dtype;
     const size_t T = (size_t)b->seq_len, n = (size_t)b->num_seq * T, nk = n * (size_t)b->k;
+    /* one comparison for the logits any real teacher has (|t| < 512 at τ = 1 in half); only larger
+     * ones, and NaN, are rounded to see */
+    const float exact = tkd_cache_dtype_exact_below(dt, TKD_KL_LOGIT_ROUND_TOL * cfg->temperature);
     for (size_t i = 0; i < nk; i++)
-        if (!dtype_holds(dt, b->topk_logits[i], cfg->temperature))
+        if (!(fabsf(b->topk_logits[i]) < exact) && !dtype_holds(dt, b->topk_logits[i], cfg->temperature))
             return unstorable_logit(cfg, b, i);
     for (size_t i = 0; i < n; i++)
         if (!isfinite(b->lse[i])) {

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -377,6 +378,45 @@ static void test_shard_without_tail_attribute(void **state)
     free(dir);
 }
 
+/* tkd_cache_dtype_exact_below: every float below it is stored within tol (checked on a dense sweep of
+ * each binade and on the last float below it), and it is tight: the binade above holds a value
+ * rounded by more than tol (a bound one binade too low would make teacher-dump round-trip every
+ * logit of a real teacher for nothing). */
+static void test_exact_below(void **state)
+{
+    (void)state;
+    assert_true(tkd_cache_dtype_exact_below(TKD_CACHE_DTYPE_HALF, 0.125) == 512.0f);
+    assert_true(tkd_cache_dtype_exact_below(TKD_CACHE_DTYPE_BFLOAT16, 0.125) == 64.0f);
+    assert_true(isinf(tkd_cache_dtype_exact_below(TKD_CACHE_DTYPE_FLOAT32, 0.125)));
+    assert_true(tkd_cache_dtype_exact_below(TKD_CACHE_DTYPE_HALF, 1e6) == 65504.0f); /* capped at the range */
+    const tkd_cache_dtype dts[] = {TKD_CACHE_DTYPE_HALF, TKD_CACHE_DTYPE_BFLOAT16};
+    const double tols[] = {0.125, 0.0875, 0.3, 2.0, 1e-3};
+    for (int d = 0; d < 2; d++)
+        for (size_t t = 0; t < sizeof tols / sizeof tols[0]; t++) {
+            const float lim = tkd_cache_dtype_exact_below(dts[d], tols[t]);
+            double worst_below = 0.0, worst_above = 0.0;
+            for (float lo = lim / 4096.0f; lo < lim; lo *= 2.0f) /* 12 binades below, 1024 steps each */
+                for (int i = 0; i < 1024; i++) {
+                    const float x = lo * (1.0f + (float)i / 1024.0f) * (i % 2 ? -1.0f : 1.0f);
+                    if (fabsf(x) < lim)
+                        worst_below = fmax(worst_below, fabs(tkd_cache_dtype_round(dts[d], x) - (double)x));
+                }
+            const float last = nextafterf(lim, 0.0f);
+            worst_below = fmax(worst_below, fabs(tkd_cache_dtype_round(dts[d], last) - (double)last));
+            for (int i = 0; i < 4096; i++) {
+                const float x = lim * (1.0f + (float)i / 4096.0f);
+                if (fabsf(x) <= tkd_cache_dtype_max(dts[d]))
+                    worst_above = fmax(worst_above, fabs(tkd_cache_dtype_round(dts[d], x) - (double)x));
+            }
+            if (!(worst_below <= tols[t]))
+                fail_msg("%s, tol %g: below %g a value is rounded by %g", tkd_cache_dtype_name(dts[d]), tols[t],
+                         (double)lim, worst_below);
+            if (lim < tkd_cache_dtype_max(dts[d]) && !(worst_above > tols[t]))
+                fail_msg("%s, tol %g: %g is not tight (the next binade rounds by at most %g)",
+                         tkd_cache_dtype_name(dts[d]), tols[t], (double)lim, worst_above);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -392,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_zstd_filter_direct),
         cmocka_unit_test(test_bytes_per_token),
         cmocka_unit_test(test_shard_without_tail_attribute),
+        cmocka_unit_test(test_exact_below),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
