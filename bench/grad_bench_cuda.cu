@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/gemm_sm90/lmhead_grad_sm90.h"
 #include "kernels/gemm_sm90/lmhead_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90_tuning.h"
 
 namespace {
 

@@ -52,6 +52,7 @@
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/loss/kl_loss_cuda.h"
 #include "kernels/gemm_sm90/lmhead_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90_tuning.h"
 
 /* The kernel choices, from the environment through the one parser (kernels/cuda/cuda_policy.h), so the
  * A/B variables that steer student-train steer this benchmark too. */

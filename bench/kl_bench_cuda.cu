@@ -10,7 +10,9 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/loss/kl_loss_cuda_internal.h"
+#include "kernels/loss/kl_loss_cuda_tuning.h"
 #include "kernels/gemm_sm90/lmhead_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90_tuning.h"
 
 namespace {
 

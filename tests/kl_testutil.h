@@ -51,7 +51,7 @@
 #include "tests/testutil.h"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/loss/kl_loss_cuda.h"
-#include "kernels/loss/kl_loss_cuda_internal.h" /* the row kernels' launch shapes, the sm90 switch */
+#include "kernels/loss/kl_loss_cuda_tuning.h" /* the row kernels' launch shapes, the sm90 switch */
 #include "kernels/gemm_sm90/lmhead_sm90.h"
 
 #define LOSS_TOL 2e-4

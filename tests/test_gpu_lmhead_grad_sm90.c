@@ -32,6 +32,7 @@
 
 #include "kernels/gemm_sm90/lmhead_grad_sm90.h"
 #include "kernels/gemm_sm90/lmhead_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90_tuning.h"
 #include "tests/gpu_check.h"
 #include "tests/gpu_testutil.h"
 

@@ -40,6 +40,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/gemm_sm90/lmhead_sm90.h"
+#include "kernels/gemm_sm90/lmhead_sm90_tuning.h"
 #include "kernels/cpu/topk.h"
 #include "tests/gpu_testutil.h"
 

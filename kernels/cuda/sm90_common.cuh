@@ -2,7 +2,7 @@
  * lmhead_grad_sm90.cu, attn_bwd_sm90.cu): shared-memory addresses, mbarriers with bounded waits, TMA
  * tile loads, wgmma shared-memory descriptors and fences, and the host side of tensor maps.
  * Internal: included by *_sm90.cu files (built for sm_90a alone, kernels/CMakeLists.txt) and the
- * internal headers only they include (lmhead_sm90_pipe.cuh). Everything is inline, so each file
+ * internal headers only they include (gemm_sm90_pipe.cuh). Everything is inline, so each file
  * compiles its own copy.
  *
  * Swizzled tiles: a TMA box of 64 bf16 columns (128 bytes) × R rows with CU_TENSOR_MAP_SWIZZLE_128B

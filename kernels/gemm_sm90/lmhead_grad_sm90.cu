@@ -11,8 +11,9 @@
  * descriptors' leading offset). A K step of 16 is +32 bytes inside a K-major box and +16 rows =
  * +2048 bytes in an MN-major one (sm90_common.cuh).
  *
- * The pipeline is the logits GEMM's (lmhead_sm90.cu, lmhead_sm90_pipe.cuh): a producer thread
- * fills a ring of stages, two consumer warpgroups run wgmma m64n256k16 from it. Cooperative (the
+ * Both run on gemm_sm90/'s one driver (gemm_sm90_pipe.cuh) as the problem Grad<kKind>, which
+ * supplies only the tile order, the loads, the wgmma's operand layouts and the epilogue: a producer
+ * thread fills a ring of stages, two consumer warpgroups run wgmma m64n256k16 from it. Cooperative (the
  * default: 128 x 256 tiles, both consumers on each, 4 stages of 48 KB) or ping-pong (64 x 256
  * tiles owned in alternation, 5 stages of 40 KB); see pingpong_of for why cooperative. Tile order:
  * dH (K = V long, few tiles) sweeps groups of 2048 rows along N, so a wave of CTAs shares its E rows
@@ -27,8 +28,8 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/gemm_sm90/lmhead_sm90_pipe.cuh"
 #include "kernels/cuda/sm90_common.cuh"
+#include "kernels/gemm_sm90/gemm_sm90_pipe.cuh"
 
 namespace {
 
@@ -87,77 +88,56 @@ __device__ inline void prefetch_out(const GParams &p, int mi, int ni)
     }
 }
 
-/* The producer thread: every K step of every tile of this CTA, A and the B boxes that hold
- * columns below N. dH's A is one K-major box of kTileM rows; dW's A is one MN-major box per 64 of
- * M, those wholly past M skipped, as are B boxes wholly past N (the accumulators they would feed
- * are never stored). */
+/* What the producer loads for output tile t: A and the B boxes that hold columns below N. dH's A
+ * is one K-major box of kTileM rows; dW's A is one MN-major box per 64 of M, those wholly past M
+ * skipped, as are B boxes wholly past N (the accumulators they would feed are never stored). */
+struct GradTile {
+    int mi, ni;
+    int na, nb; /* A boxes (dW) and B boxes loaded per stage */
+    uint32_t bytes;
+};
+
 template <int kKind, class S>
-__device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const GParams &p,
-                                        uint32_t base)
+__device__ __forceinline__ GradTile grad_tile(const GParams &p, long long t)
 {
-    Ring<S::kStages> r;
-    for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        int mi, ni;
-        coords<kKind>(t, p, mi, ni);
-        const int nb = min(4, (p.n - ni * kBN + 63) / 64);
-        const int na = kKind == kDH ? 1 : min(S::kTileM / 64, (p.m - mi * S::kTileM + 63) / 64);
-        const uint32_t bytes = (kKind == kDH ? S::kBytesA : na * kBox) + nb * kBox;
-        for (int kt = 0; kt < p.ktiles; kt++) {
-            mbar_wait(empty_bar<S>(base, r.stage), r.phase ^ 1u, r.failed, p.err);
-            const uint32_t full = full_bar<S>(base, r.stage);
-            const uint32_t a = stage_a<S>(base, r.stage), b = stage_b<S>(base, r.stage);
-            mbar_arrive_expect_tx(full, bytes); /* zero-filled bytes count too */
-            if (kKind == kDH)
-                tma_load_2d(a, tm_a, kt * kBK, mi * S::kTileM, full);
-            else
-                for (int i = 0; i < na; i++)
-                    tma_load_2d(a + i * kBox, tm_a, mi * S::kTileM + 64 * i, kt * kBK, full);
-            for (int i = 0; i < nb; i++)
-                tma_load_2d(b + i * kBox, tm_b, ni * kBN + 64 * i, kt * kBK, full);
-            if (kKind == kDW && p.prefetch && kt == max(0, p.ktiles - kPrefetchSteps))
-                prefetch_out<S>(p, mi, ni);
-            r.next();
-        }
-    }
+    GradTile tl;
+    coords<kKind>(t, p, tl.mi, tl.ni);
+    tl.nb = min(4, (p.n - tl.ni * kBN + 63) / 64);
+    tl.na = kKind == kDH ? 1 : min(S::kTileM / 64, (p.m - tl.mi * S::kTileM + 63) / 64);
+    tl.bytes = (kKind == kDH ? S::kBytesA : tl.na * kBox) + tl.nb * kBox;
+    return tl;
 }
 
-/* One consumer warpgroup over all K steps of a tile: acc (64 x 256) = its 64 rows of A (a_off bytes
- * into the stage's A: 8 KB per warpgroup in either layout) · B_tileᵀ, one K step of wgmma in
- * flight, a stage released (one arrival per warp) once the wgmma that read it are done; ping-pong:
- * after its last wait, the other consumer's turn. */
+/* K step kt of tile tl into the stage at a (A) and b (B); dW with accumulate also prefetches the
+ * tile's old values into L2 kPrefetchSteps steps before its end. */
 template <int kKind, class S>
-__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const GParams &p, uint32_t base, int cw,
-                                         uint32_t a_off, Ring<S::kStages> &r)
+__device__ __forceinline__ void grad_load(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const GParams &p,
+                                          const GradTile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
 {
-    int prev = -1;
-    for (int kt = 0; kt < p.ktiles; kt++) {
-        mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
-        __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
-        const uint32_t a = stage_a<S>(base, r.stage) + a_off, b = stage_b<S>(base, r.stage);
-        wgmma_fence();
+    if (kKind == kDH)
+        tma_load_2d(a, tm_a, kt * kBK, tl.mi * S::kTileM, full);
+    else
+        for (int i = 0; i < tl.na; i++)
+            tma_load_2d(a + i * kBox, tm_a, tl.mi * S::kTileM + 64 * i, kt * kBK, full);
+    for (int i = 0; i < tl.nb; i++)
+        tma_load_2d(b + i * kBox, tm_b, tl.ni * kBN + 64 * i, kt * kBK, full);
+    if (kKind == kDW && p.prefetch && kt == max(0, p.ktiles - kPrefetchSteps))
+        prefetch_out<S>(p, tl.mi, tl.ni);
+}
+
+/* One K step's wgmma: B (W or X) MN-major as four boxes 8 KB apart; A K-major (dH: +32 bytes per
+ * K step of 16) or MN-major (dW: +16 rows = +2048 bytes). */
+template <int kKind>
+__device__ __forceinline__ void grad_mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
+{
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; kk++) {
-            const uint64_t db = smem_desc_mn(b + 2048 * kk, kBox);
-            if (kKind == kDH)
-                wgmma_ss_n256_t<0, 1>(acc, smem_desc(a) + 2 * kk, db, kt > 0 || kk > 0);
-            else
-                wgmma_ss_n256_t<1, 1>(acc, smem_desc_mn(a + 2048 * kk, kBox), db, kt > 0 || kk > 0);
-        }
-        wgmma_commit();
-        if (prev >= 0) {
-            wgmma_wait<1>();
-            if ((threadIdx.x & 31) == 0)
-                mbar_arrive(empty_bar<S>(base, prev));
-        }
-        prev = r.stage;
-        r.next();
+    for (int kk = 0; kk < kBK / 16; kk++) {
+        const uint64_t db = smem_desc_mn(b + 2048 * kk, kBox);
+        if (kKind == kDH)
+            wgmma_ss_n256_t<0, 1>(acc, smem_desc(a) + 2 * kk, db, !first || kk > 0);
+        else
+            wgmma_ss_n256_t<1, 1>(acc, smem_desc_mn(a + 2048 * kk, kBox), db, !first || kk > 0);
     }
-    if (S::kPP && (threadIdx.x & 127) == 0)
-        mbar_arrive(turn_bar<S>(base, 1 - cw));
-    wgmma_wait<0>();
-    fence_regs(acc);
-    if ((threadIdx.x & 31) == 0)
-        mbar_arrive(empty_bar<S>(base, prev));
 }
 
 /* fp32 pair load and store that keep their program order: the compiler would otherwise sink each
@@ -208,64 +188,33 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kAcc], const GPara
     }
 }
 
-/* A consumer warpgroup (cw = 0, 1), as lmhead_sm90.cu's: cooperative, rows 64·cw of every tile of
- * the CTA; ping-pong, the CTA's tiles cw, cw + 2, .. whole, each main loop after the other
- * consumer's turn. */
-template <int kKind, class S>
-__device__ __forceinline__ void consume(const GParams &p, uint32_t base, int cw)
-{
-    float acc[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; i++)
-        acc[i] = 0.0f;
-    Ring<S::kStages> r;
-    const int a_row = S::kPP ? 0 : 64 * cw;
-    for (long long j = S::kPP ? cw : 0, mine = 0;; j += S::kPP ? 2 : 1, mine++) {
-        const long long t = blockIdx.x + j * gridDim.x;
-        if (t >= p.tiles)
-            break;
-        int mi, ni;
-        coords<kKind>(t, p, mi, ni);
-        ring_seek<S>(r, j * p.ktiles);
-        if (S::kPP && (cw == 1 || mine > 0))
-            mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1), r.failed, p.err);
-        mma_tile<kKind, S>(acc, p, base, cw, (uint32_t)a_row * 128, r);
-        store_tile<kKind>(acc, p, frag_of<S>(mi, ni, a_row));
-    }
-}
+struct NoExtra {};
 
-/* tm_a: E (rows, V), boxes 64 x kTileM (dH) or 64 x 64 (dW); tm_b: W (V, D) or X (rows, D), boxes
- * 64 x 64. 384 threads, S::kSmemBytes dynamic. */
-template <int kKind, bool kPP>
-__global__ void __launch_bounds__(kThreads, 1)
-grad_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const GParams p)
-{
-    using S = Sched<kPP>;
-    extern __shared__ unsigned char smem_raw[];
-    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    if (threadIdx.x == 0)
-        init_bars<S>(base);
-    __syncthreads();
-    if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x == 0)
-            produce<kKind, S>(&tm_a, &tm_b, p, base);
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        consume<kKind, S>(p, base, threadIdx.x / 128 - 1);
+/* dH or dW as a problem of the driver (gemm_sm90_pipe.cuh). */
+template <int kKind>
+struct Grad {
+    using Params = GParams;
+    using Extra = NoExtra;
+    using Tile = GradTile;
+    template <class S>
+    __device__ static __forceinline__ Tile tile(const Params &p, long long t) { return grad_tile<kKind, S>(p, t); }
+    template <class S>
+    __device__ static __forceinline__ void load(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const Params &p,
+                                                const Tile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
+    {
+        grad_load<kKind, S>(tm_a, tm_b, p, tl, a, b, full, kt);
     }
-}
+    __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
+    {
+        grad_mma<kKind>(acc, a, b, first);
+    }
+    __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Extra &, Frag f, int)
+    {
+        store_tile<kKind>(acc, p, f);
+    }
+};
 
 /* ---- host side ----------------------------------------------------------------------------------- */
-
-/* A row-major (rows, cols) bf16 matrix with leading dimension ld, boxes of 64 columns x box_rows. */
-tkd_status tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int cols, long long ld, int box_rows,
-                const char *who)
-{
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
-    return make_tmap(tm, ptr, 2, dims, strides, box_rows, who);
-}
 
 tkd_status check_args(const uint16_t *e, int64_t lde, const uint16_t *b, int64_t rows, int d, int v,
                       const float *out, const char *what)
@@ -296,7 +245,7 @@ bool pingpong_of(const tkd_lmhead_sm90_ws *ws)
 
 /* Launches kind kKind on schedule S; tm_a for dH must have boxes of S::kTileM rows. */
 template <int kKind, bool kPP>
-tkd_status launch(tkd_lmhead_sm90_ws *ws, const CUtensorMap &tm_a, const CUtensorMap &tm_b, GParams p)
+tkd_status launch(const tkd_lmhead_sm90_ws *ws, const CUtensorMap &tm_a, const CUtensorMap &tm_b, GParams p)
 {
     using S = Sched<kPP>;
     p.ntiles = (p.n + kBN - 1) / kBN;
@@ -305,17 +254,7 @@ tkd_status launch(tkd_lmhead_sm90_ws *ws, const CUtensorMap &tm_a, const CUtenso
     p.err = ws->err;
     if (kKind == kDH)
         p.group = S::kGroupM;
-    int dev = 0, sms = 0;
-    TKD_CUDA_CHECK(cudaGetDevice(&dev));
-    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    long long grid = ws->max_ctas > 0 && ws->max_ctas < sms ? ws->max_ctas : sms;
-    if (grid > p.tiles)
-        grid = p.tiles;
-    TKD_CUDA_CHECK(cudaFuncSetAttribute(grad_kernel<kKind, kPP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)S::kSmemBytes));
-    grad_kernel<kKind, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes, ws->stream>>>(tm_a, tm_b, p);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
+    return gemm_launch<Grad<kKind>, kPP>(ws, tm_a, tm_b, p, NoExtra{});
 }
 
 /* dW's N-group: as many 256-column tiles as keep their X columns (rows x 256 bf16 each) within
@@ -329,13 +268,6 @@ int dw_group(int64_t rows, int ntiles)
 
 } // namespace
 
-extern "C" void tkd_lmhead_grad_sm90_set_schedule(tkd_lmhead_sm90_ws *ws, int sched)
-{
-    ws->grad_sched = sched == TKD_LMHEAD_SM90_SCHED_PINGPONG ? 1 + TKD_LMHEAD_SM90_SCHED_PINGPONG
-                     : sched == TKD_LMHEAD_SM90_SCHED_COOP   ? 1 + TKD_LMHEAD_SM90_SCHED_COOP
-                                                             : 0;
-}
-
 extern "C" tkd_status tkd_lmhead_grad_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde,
                                          const uint16_t *w, int64_t rows, int d, int v, const float *sigma,
                                          float *dh)
@@ -345,8 +277,8 @@ extern "C" tkd_status tkd_lmhead_grad_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint
         return tkd_error_set(TKD_ERR_INVALID_ARG, "lmhead_grad_sm90: dH: sigma is NULL");
     const bool pp = pingpong_of(ws);
     CUtensorMap tm_e, tm_w;
-    TKD_TRY(tmap(&tm_e, e, rows, v, lde, pp ? PingPong::kTileM : Coop::kTileM, "lmhead_grad_sm90: dH: E"));
-    TKD_TRY(tmap(&tm_w, w, v, d, d, 64, "lmhead_grad_sm90: dH: W"));
+    TKD_TRY(bf16_tmap(&tm_e, e, rows, v, lde, pp ? PingPong::kTileM : Coop::kTileM, "lmhead_grad_sm90: dH: E"));
+    TKD_TRY(bf16_tmap(&tm_w, w, v, d, d, 64, "lmhead_grad_sm90: dH: W"));
     GParams p = {};
     p.m = (int)rows;
     p.n = d;
@@ -362,8 +294,8 @@ extern "C" tkd_status tkd_lmhead_grad_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint
 {
     TKD_TRY(check_args(e, lde, x, rows, d, v, dw, "dW"));
     CUtensorMap tm_e, tm_x;
-    TKD_TRY(tmap(&tm_e, e, rows, v, lde, 64, "lmhead_grad_sm90: dW: E"));
-    TKD_TRY(tmap(&tm_x, x, rows, d, d, 64, "lmhead_grad_sm90: dW: X"));
+    TKD_TRY(bf16_tmap(&tm_e, e, rows, v, lde, 64, "lmhead_grad_sm90: dW: E"));
+    TKD_TRY(bf16_tmap(&tm_x, x, rows, d, d, 64, "lmhead_grad_sm90: dW: X"));
     GParams p = {};
     p.m = v;
     p.n = d;

@@ -42,11 +42,6 @@ tkd_status tkd_lmhead_grad_sm90_dh(tkd_lmhead_sm90_ws *ws, const uint16_t *e, in
 tkd_status tkd_lmhead_grad_sm90_dw(tkd_lmhead_sm90_ws *ws, const uint16_t *e, int64_t lde, const uint16_t *x,
                               int64_t rows, int d, int v, float *dw, int accumulate);
 
-/* The gradient GEMMs' schedule on ws: cooperative (128 x 256 tiles, both consumers on each) by
- * default, measured faster for both; TKD_LMHEAD_SM90_SCHED_PINGPONG forces ping-pong, anything else
- * restores the default. Results do not depend on it (tests check it bit for bit). */
-void tkd_lmhead_grad_sm90_set_schedule(tkd_lmhead_sm90_ws *ws, int sched);
-
 #ifdef __cplusplus
 }
 #endif

@@ -26,7 +26,8 @@
  * pipeline stalls (a bug, never by design) does not hang: every wait is bounded (seconds), sets an
  * error flag and lets the kernel end with garbage; tkd_lmhead_sm90_sync reports it.
  *
- * Header usable from C; defined only in CUDA builds (TKD_HAVE_CUDA).
+ * Tuning hooks (a grid cap, the schedule, the bare main loop) are in lmhead_sm90_tuning.h, for
+ * bench/ and tests/ only. Header usable from C; defined only in CUDA builds (TKD_HAVE_CUDA).
  */
 #ifndef TKD_LMHEAD_SM90_H
 #define TKD_LMHEAD_SM90_H
@@ -63,13 +64,6 @@ tkd_status tkd_lmhead_sm90_supported(void);
 typedef struct tkd_lmhead_sm90_ws tkd_lmhead_sm90_ws;
 tkd_status tkd_lmhead_sm90_ws_create(tkd_lmhead_sm90_ws **out, int sched); /* tkd_lmhead_sm90_sched */
 void tkd_lmhead_sm90_ws_free(tkd_lmhead_sm90_ws *ws); /* NULL is a no-op */
-
-/* Caps the persistent grid at max_ctas CTAs (0: one per SM, the default). Tests use 1 to push
- * every tile through one CTA's pipeline. */
-void tkd_lmhead_sm90_ws_set_max_ctas(tkd_lmhead_sm90_ws *ws, int max_ctas);
-
-/* The schedule of later launches on ws (anything else than COOP is PINGPONG). */
-void tkd_lmhead_sm90_ws_set_schedule(tkd_lmhead_sm90_ws *ws, tkd_lmhead_sm90_sched sched);
 
 /* V-tiles per row (ceil(V / BN)) and the floats part holds: 3 · N · tiles. */
 int tkd_lmhead_sm90_vtiles(int v);
@@ -118,12 +112,6 @@ typedef struct tkd_lmhead_sm90_fused {
 float tkd_lmhead_sm90_exp_scale(float tau, int k_one);
 tkd_status tkd_lmhead_sm90_fused_run(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
                                      int64_t n, int d, int v, const tkd_lmhead_sm90_fused *f);
-
-/* For the benchmark: the same GEMM with no epilogue (writes nothing: the accumulators feed a store
- * behind a run-time condition that never holds, so no wgmma can be dropped); its time is the main
- * loop's, so the epilogues' cost is the difference. */
-tkd_status tkd_lmhead_sm90_mainloop(tkd_lmhead_sm90_ws *ws, const uint16_t *h, const uint16_t *w,
-                                    int64_t n, int d, int v);
 
 /* lse1 (N), lset (N) fp32 from the partials of tkd_lmhead_sm90_stats with the same N, V, τ. */
 tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau, float *lse1,

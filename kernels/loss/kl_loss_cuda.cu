@@ -302,16 +302,6 @@ extern "C" int tkd_kl_cuda_sm90_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params
     return ws->use_sm90 && ws->lm && p->variant != TKD_KL_VARIANT_TAIL;
 }
 
-extern "C" tkd_status tkd_kl_cuda_ws_set_sm90(tkd_kl_cuda_ws *ws, int on)
-{
-    if (on && !ws->lm)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: this workspace has no sm90 logits "
-                             "GEMM (not compute capability 9.0, D %% 8 != 0, or TKD_KL_SM90=0 when "
-                             "it was made)");
-    ws->use_sm90 = on != 0;
-    return TKD_OK;
-}
-
 extern "C" tkd_status tkd_kl_cuda_chunk_logits_auto(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                                     const tkd_kl_cuda_batch *b, int64_t row0,
                                                     int rows, int stats, int *rows_flag)

@@ -263,15 +263,6 @@ extern "C" int tkd_kl_cuda_fused_grad_on(const tkd_kl_cuda_ws *ws, const tkd_kl_
            (p->temperature == 1.0f || p->alpha == 1.0f || p->alpha == 0.0f);
 }
 
-extern "C" tkd_status tkd_kl_cuda_ws_set_fused(tkd_kl_cuda_ws *ws, int on)
-{
-    if (on && !ws->lm)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: this workspace has no sm90 GEMM, "
-                             "so no fused path");
-    ws->fused = on != 0;
-    return TKD_OK;
-}
-
 /* Rows per chunk when our dH GEMM runs (cooperative 128 x 256 tiles, K = V: one wave of tiles
  * costs as much as a whole 128 x 256 x V tile, however few tiles it holds): among c0 .. c0 + 3
  * chunks of equal size (multiples of 128 rows, at most chunk_e), the one whose dH waves plus a

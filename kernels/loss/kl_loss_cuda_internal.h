@@ -5,7 +5,7 @@
  * tkd_kl_cuda_forward and tkd_kl_cuda_backward are loops over chunks of the stages below; the
  * benchmark (bench/kl_bench_cuda.cu) runs the same stages one at a time to time each (profile) and
  * to run the GEMMs alone (the floor), and sweeps the row kernels' launch shape on its own
- * workspace with tkd_kl_cuda_ws_set_rows; tests/test_gpu_kl_loss.c checks every such shape.
+ * workspace with tkd_kl_cuda_ws_set_rows (kl_loss_cuda_tuning.h); tests/test_gpu_kl_loss.c checks every such shape.
  * Usable from C with the CUDA include path (it names cuBLAS's handle type); CUDA builds only.
  */
 #ifndef TKD_KL_LOSS_CUDA_INTERNAL_H
@@ -86,11 +86,6 @@ typedef enum tkd_kl_cuda_rows_mode {
     TKD_KL_CUDA_ROWS_LSE_GIVEN = 4,
 } tkd_kl_cuda_rows_mode;
 
-/* Sets the row kernels' launch shape for this workspace only: threads per block and float4 loads
- * in flight per thread (vec 4: 128, 256 or 512 threads; vec 8: 128 or 256); (0, 0) restores
- * TKD_KL_CUDA_ROW_THREADS x TKD_KL_CUDA_ROW_VEC. TKD_ERR_INVALID_ARG for any other pair. */
-tkd_status tkd_kl_cuda_ws_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec);
-
 /* The checks tkd_kl_cuda_forward/backward make on entry: the batch fits ws, p is valid for the
  * CUDA path, and dh, dw are set when need_grads. */
 tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
@@ -108,10 +103,6 @@ tkd_status tkd_kl_cuda_chunk_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch 
 
 /* 1 when calls with p on ws run the sm90 path: ws->use_sm90 and a variant other than `tail`. */
 int tkd_kl_cuda_sm90_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);
-
-/* Bench/tests: use (1) or not (0) the sm90 GEMM on this workspace. TKD_ERR_UNSUPPORTED when ws
- * has none (another device, D % 8 != 0, or TKD_KL_SM90=0 when it was made). */
-tkd_status tkd_kl_cuda_ws_set_sm90(tkd_kl_cuda_ws *ws, int on);
 
 /* The chunk's logits as forward (stats = 1) and backward (stats = 0) make them: with
  * tkd_kl_cuda_sm90_on, our GEMM writes the logits and, with stats, its per-tile statistics, then
@@ -131,9 +122,6 @@ tkd_status tkd_kl_cuda_sm90_check(tkd_kl_cuda_ws *ws);
  * α = 0 (else the sm90 fp32-logits path makes the gradient). */
 int tkd_kl_cuda_fused_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);
 int tkd_kl_cuda_fused_grad_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);
-/* Bench/tests: allow (1) or not (0) the fused path on this workspace; TKD_ERR_UNSUPPORTED without
- * the sm90 GEMM. */
-tkd_status tkd_kl_cuda_ws_set_fused(tkd_kl_cuda_ws *ws, int on);
 /* Stage marks of one chunk, for the benchmark's profile: called before each stage (0 logits GEMM
  * with its preparation and combine, 1 row kernel, 2 dH, 3 dW) when not NULL. */
 typedef tkd_status (*tkd_kl_cuda_mark_fn)(void *ctx, int stage);

@@ -704,19 +704,3 @@ extern "C" tkd_status tkd_kl_cuda_chunk_rows(tkd_kl_cuda_ws *ws, const tkd_kl_pa
     return launch_rows(ws, base_mode, rows, a);
 }
 
-extern "C" tkd_status tkd_kl_cuda_ws_set_rows(tkd_kl_cuda_ws *ws, int threads, int vec)
-{
-    if (threads == 0 && vec == 0) {
-        threads = TKD_KL_CUDA_ROW_THREADS;
-        vec = TKD_KL_CUDA_ROW_VEC;
-    }
-    if (!row_shape_ok(threads, vec))
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "kl_loss_cuda: row kernels: %d threads x %d float4: use vec 4 with "
-                             "128/256/512 threads, vec 8 with 128/256, or 0, 0 for the default",
-                             threads, vec);
-    ws->row_threads = threads;
-    ws->row_vec = vec;
-    return TKD_OK;
-}
-

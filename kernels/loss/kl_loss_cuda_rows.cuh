@@ -1,7 +1,8 @@
 /* kl_loss_cuda_rows.cuh — what the fused KL loss's three CUDA files share, and nothing else includes:
  * kl_loss_cuda.cu (the workspace, the per-chunk GEMM stages, forward / backward), kl_loss_cuda_rows.cu
  * (the row kernel: statistics, per-row loss, dS in place) and kl_loss_cuda_fused.cu (the fused path:
- * the special columns, the GEMM with the loss epilogue, sigma and the scaled dH / dW). Kernels stay
+ * the special columns, the GEMM with the loss epilogue, sigma and the scaled dH / dW), and the tuning
+ * hooks' kl_loss_cuda_tuning.cu (the row shapes it may set). Kernels stay
  * static in their files; these are the launchers and the argument blocks they take.
  */
 #ifndef TKD_KL_LOSS_CUDA_ROWS_CUH

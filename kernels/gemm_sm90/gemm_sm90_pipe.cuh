@@ -1,0 +1,266 @@
+/* gemm_sm90_pipe.cuh — the one Hopper GEMM driver: the persistent producer/consumer pipeline that
+ * every GEMM of gemm_sm90/ runs (the logits GEMM with its loss and top-k epilogues,
+ * lmhead_sm90_logits.cuh; the gradient GEMMs dH and dW, lmhead_grad_sm90.cu; the benchmark's
+ * main loop, lmhead_sm90_tuning.cu). It holds the workspace, tile sizes, the two schedules' ring
+ * geometry, the mbarriers, the tile order, where an accumulator fragment sits, and the pipeline
+ * itself (producer, consumer main loop, consumer tile loop, kernel, launch), written once; a GEMM
+ * supplies only its problem: how a tile's operands are loaded, how one K step's wgmma read them,
+ * and its epilogue (the contract is at "the driver" below). lmhead_sm90.cu's header comment
+ * describes the pipeline. Internal to gemm_sm90/ (built for sm_90a alone).
+ */
+#ifndef TKD_GEMM_SM90_PIPE_CUH
+#define TKD_GEMM_SM90_PIPE_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/sm90_common.cuh"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
+
+struct tkd_lmhead_sm90_ws {
+    unsigned *err; /* device: non-zero after a pipeline wait timed out */
+    int max_ctas;  /* 0: one CTA per SM */
+    tkd_lmhead_sm90_sched sched;
+    cudaStream_t stream; /* of every launch; 0 (the legacy stream) unless set */
+    int grad_sched;      /* gradient GEMMs: 0 the default (cooperative), 1 + a schedule: that one */
+};
+
+namespace tkd_lmhead {
+
+using tkd_sm90::Ring;
+
+constexpr int kBN = TKD_LMHEAD_SM90_BN, kBK = 64;
+constexpr int kConsumers = 2;                 /* consumer warpgroups */
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kAcc = kBN / 2;                 /* fp32 accumulators per consumer thread (64 x 256) */
+constexpr int kGroupRows = 2048;              /* rows of H whose tiles are swept together along V */
+constexpr uint32_t kBytesB = kBN * kBK * 2;
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kBK * 2 == 128, "a K step is one 128-byte swizzle span");
+
+/* What a schedule fixes (lmhead_sm90.cu's header): tile rows, ring depth, shared memory, the
+ * arrivals that free a stage (one per consuming warp). */
+template <bool kPingPong>
+struct Sched {
+    static constexpr bool kPP = kPingPong;
+    static constexpr int kTileM = kPP ? 64 : TKD_LMHEAD_SM90_BM;
+    static constexpr int kStages = kPP ? 5 : 4;
+    static constexpr uint32_t kBytesA = kTileM * kBK * 2;
+    static constexpr uint32_t kStageBytes = kBytesA + kBytesB; /* 40 KB resp. 48 KB */
+    /* the stages, then the full, empty and (ping-pong) turn mbarriers */
+    static constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + (2 * kStages + 2) * 8;
+    static constexpr int kGroupM = kGroupRows / kTileM;
+    static constexpr unsigned kEmptyArrivals = kPP ? 4 : 4 * kConsumers;
+    static_assert(kBytesA % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+    static_assert(kSmemBytes <= 227 * 1024, "the ring must fit the 227 KB of shared memory a CTA may have");
+};
+using Coop = Sched<false>;
+using PingPong = Sched<true>;
+
+/* Shared memory from `base` (1024-aligned): the stages, then the full, empty and turn mbarriers. */
+template <class S> __device__ inline uint32_t stage_a(uint32_t base, int s) { return base + s * S::kStageBytes; }
+template <class S> __device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a<S>(base, s) + S::kBytesA; }
+template <class S> __device__ inline uint32_t full_bar(uint32_t base, int s) { return base + S::kStages * S::kStageBytes + 8 * s; }
+template <class S> __device__ inline uint32_t empty_bar(uint32_t base, int s) { return full_bar<S>(base, S::kStages + s); }
+/* Ping-pong: consumer c may start its next main loop once turn_bar(c) completed a phase. */
+template <class S> __device__ inline uint32_t turn_bar(uint32_t base, int c) { return full_bar<S>(base, 2 * S::kStages + c); }
+
+/* Thread 0 initialises the ring's mbarriers; the caller then __syncthreads(). */
+template <class S>
+__device__ inline void init_bars(uint32_t base)
+{
+    for (int s = 0; s < S::kStages; s++) {
+        tkd_sm90::mbar_init(full_bar<S>(base, s), 1);                  /* the producer's expect_tx */
+        tkd_sm90::mbar_init(empty_bar<S>(base, s), S::kEmptyArrivals); /* one arrival per consuming warp */
+    }
+    for (int c = 0; c < kConsumers; c++)
+        tkd_sm90::mbar_init(turn_bar<S>(base, c), 1); /* one thread of the other consumer */
+    tkd_sm90::mbar_init_fence();
+}
+
+/* Moves ring r to position q (slot q mod stages, phase parity (q / stages) mod 2). */
+template <class S>
+__device__ inline void ring_seek(Ring<S::kStages> &r, long long q)
+{
+    r.stage = (int)(q % S::kStages);
+    r.phase = (uint32_t)((q / S::kStages) & 1);
+}
+
+/* Tile t's (M-tile, N-tile): groups of group_m M-tiles (fewer in the last group), each group
+ * swept along N with its M-tiles innermost (group_m 1: N innermost). */
+__device__ inline void tile_coords(long long t, int mtiles, int ntiles, int group_m, int &mi, int &ni)
+{
+    const long long per_group = (long long)group_m * ntiles;
+    const int g = (int)(t / per_group);
+    const int first = g * group_m;
+    const int gm = min(group_m, mtiles - first);
+    const long long r = t - g * per_group;
+    mi = first + (int)(r % gm);
+    ni = (int)(r / gm);
+}
+
+/* Where this thread's accumulators sit in the output: rows row0 + 8h (h = 0, 1), columns
+ * col0 + 8j + e (j < 32, e = 0, 1) hold acc[4j + 2h + e]. */
+struct Frag {
+    long long row0;
+    int col0;
+};
+
+/* a_row: the warpgroup's first row within the tile (cooperative: 64·cw; ping-pong: 0). */
+template <class S>
+__device__ inline Frag frag_of(int mi, int ni, int a_row)
+{
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) & 3;
+    return {(long long)mi * S::kTileM + a_row + warp * 16 + lane / 4, ni * kBN + 2 * (lane & 3)};
+}
+
+/* ---- the driver ---------------------------------------------------------------------------------
+ * A GEMM is a problem class P with:
+ *   P::Params   the kernel's parameters, by value; members tiles (long long), ktiles (int), err;
+ *   P::Extra    a second parameter (__grid_constant__) for arguments only some epilogues read, so
+ *               the others keep Params small (a larger Params costs them spills);
+ *   P::Tile     what the producer and consumers need to know of one output tile: mi, ni (its M-
+ *               and N-tile) and bytes (what one stage of it loads, zero-filled bytes included);
+ *   template <class S> static Tile tile(const Params &, long long t): the CTA-independent tile t;
+ *   template <class S> static void load(tm_a, tm_b, p, tile, a, b, full, kt): the TMA loads of K
+ *               step kt into a stage (A at shared address a, B at b), completing on `full`;
+ *   static void mma(acc, a, b, bool first): one K step's four wgmma m64n256k16 reading the
+ *               warpgroup's 64 rows of A at a and B at b, overwriting acc when first;
+ *   static void epilogue(acc, p, x, Frag, int ni): the tile's output from the 128 accumulators. */
+
+/* The producer thread: for every tile of this CTA and every K step, waits for a free stage and
+ * has P load it. */
+template <class P, class S>
+__device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorMap *tm_b,
+                                        const typename P::Params &p, uint32_t base)
+{
+    Ring<S::kStages> r;
+    for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        const typename P::Tile tl = P::template tile<S>(p, t);
+        for (int kt = 0; kt < p.ktiles; kt++) {
+            tkd_sm90::mbar_wait(empty_bar<S>(base, r.stage), r.phase ^ 1u, r.failed, p.err);
+            const uint32_t full = full_bar<S>(base, r.stage);
+            tkd_sm90::mbar_arrive_expect_tx(full, tl.bytes); /* zero-filled bytes count too */
+            P::template load<S>(tm_a, tm_b, p, tl, stage_a<S>(base, r.stage), stage_b<S>(base, r.stage),
+                                full, kt);
+            r.next();
+        }
+    }
+}
+
+/* One consumer warpgroup (cw = 0, 1) over all K steps of a tile: acc (64 x 256) = rows a_row.. of
+ * the stage's A tile · B_tileᵀ. One K step of wgmma stays in flight; a stage is released (one
+ * arrival per warp) once the wgmma that read it has completed. Ping-pong: once every stage of the
+ * tile has been waited for, the other consumer gets its turn. */
+template <class P, class S>
+__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const typename P::Params &p, uint32_t base,
+                                         int cw, int a_row, Ring<S::kStages> &r)
+{
+    int prev = -1;
+    for (int kt = 0; kt < p.ktiles; kt++) {
+        tkd_sm90::mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
+        __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
+        tkd_sm90::wgmma_fence();
+        P::mma(acc, stage_a<S>(base, r.stage) + a_row * 128, stage_b<S>(base, r.stage), kt == 0);
+        tkd_sm90::wgmma_commit();
+        if (prev >= 0) {
+            tkd_sm90::wgmma_wait<1>();
+            if ((threadIdx.x & 31) == 0)
+                tkd_sm90::mbar_arrive(empty_bar<S>(base, prev));
+        }
+        prev = r.stage;
+        r.next();
+    }
+    if (S::kPP && (threadIdx.x & 127) == 0)
+        tkd_sm90::mbar_arrive(turn_bar<S>(base, 1 - cw));
+    tkd_sm90::wgmma_wait<0>();
+    tkd_sm90::fence_regs(acc);
+    if ((threadIdx.x & 31) == 0)
+        tkd_sm90::mbar_arrive(empty_bar<S>(base, prev));
+}
+
+/* A consumer warpgroup (cw = 0, 1): its tiles of this CTA, main loop then epilogue. Cooperative:
+ * every tile of the CTA, rows 64·cw.. of each. Ping-pong: the CTA's tiles cw, cw + 2, .. whole,
+ * each main loop after the other consumer's turn (its previous tile's stages all waited for). */
+template <class P, class S>
+__device__ __forceinline__ void consume(const typename P::Params &p, const typename P::Extra &x,
+                                        uint32_t base, int cw)
+{
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; i++)
+        acc[i] = 0.0f; /* the first wgmma of a tile overwrites; this only keeps them defined */
+    Ring<S::kStages> r;
+    const int a_row = S::kPP ? 0 : 64 * cw;
+    for (long long j = S::kPP ? cw : 0, mine = 0;; j += S::kPP ? 2 : 1, mine++) {
+        const long long t = blockIdx.x + j * gridDim.x; /* the CTA's j-th tile */
+        if (t >= p.tiles)
+            break;
+        const typename P::Tile tl = P::template tile<S>(p, t);
+        ring_seek<S>(r, j * p.ktiles);
+        /* consumer 1's tile i follows consumer 0's tile i; consumer 0's tile i follows 1's i − 1 */
+        if (S::kPP && (cw == 1 || mine > 0))
+            tkd_sm90::mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1),
+                                r.failed, p.err);
+        mma_tile<P, S>(acc, p, base, cw, a_row, r);
+        P::epilogue(acc, p, x, frag_of<S>(tl.mi, tl.ni, a_row), tl.ni);
+    }
+}
+
+/* The persistent GEMM of problem P on schedule kPP: 384 threads, Sched<kPP>::kSmemBytes dynamic;
+ * tm_a and tm_b are P's operands (boxes as its load wants, 128-byte swizzled). */
+template <class P, bool kPP>
+__global__ void __launch_bounds__(kThreads, 1)
+gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+            const typename P::Params p, const __grid_constant__ typename P::Extra x)
+{
+    using S = Sched<kPP>;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (tkd_sm90::smem_u32(smem_raw) + 1023u) & ~1023u;
+    if (threadIdx.x == 0)
+        init_bars<S>(base);
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 0)
+            produce<P, S>(&tm_a, &tm_b, p, base);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        consume<P, S>(p, x, base, threadIdx.x / 128 - 1);
+    }
+}
+
+/* Launches P's GEMM on ws's stream: one CTA per SM (ws->max_ctas caps it), no more than tiles. */
+template <class P, bool kPP>
+tkd_status gemm_launch(const tkd_lmhead_sm90_ws *ws, const CUtensorMap &tm_a, const CUtensorMap &tm_b,
+                       const typename P::Params &p, const typename P::Extra &x)
+{
+    using S = Sched<kPP>;
+    int dev = 0, sms = 0;
+    TKD_CUDA_CHECK(cudaGetDevice(&dev));
+    TKD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    long long grid = ws->max_ctas > 0 && ws->max_ctas < sms ? ws->max_ctas : sms;
+    if (grid > p.tiles)
+        grid = p.tiles;
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<P, kPP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)S::kSmemBytes));
+    gemm_kernel<P, kPP><<<(unsigned)grid, kThreads, S::kSmemBytes, ws->stream>>>(tm_a, tm_b, p, x);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* A row-major (rows, cols) bf16 matrix with leading dimension ld as a tensor map: boxes of 64
+ * columns x box_rows rows, 128-byte swizzle, zero fill out of range. */
+inline tkd_status bf16_tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows, int cols, long long ld,
+                            int box_rows, const char *who)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
+    return tkd_sm90::make_tmap(tm, ptr, 2, dims, strides, box_rows, who);
+}
+
+} // namespace tkd_lmhead
+
+#endif /* TKD_GEMM_SM90_PIPE_CUH */
