@@ -232,6 +232,23 @@ gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CU
     }
 }
 
+/* One K step (64) of the four wgmma m64n256k16 from a stage, for either operand layout: K-major
+ * (kMN 0: a K step of 16 is +32 bytes = 2 descriptor units inside the swizzle span) or MN-major
+ * (kMN 1: 64 x 64 boxes kBoxBytes apart along M/N, a K step of 16 is +16 rows = +2048 bytes).
+ * A problem's mma is one call of it; first overwrites acc. */
+constexpr uint32_t kBoxBytes = 64 * 128; /* one 64 x 64 bf16 box */
+
+template <int kAMN, int kBMN>
+__device__ __forceinline__ void kstep_mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
+{
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; kk++) {
+        const uint64_t da = kAMN ? tkd_sm90::smem_desc_mn(a + 2048 * kk, kBoxBytes) : tkd_sm90::smem_desc(a) + 2 * kk;
+        const uint64_t db = kBMN ? tkd_sm90::smem_desc_mn(b + 2048 * kk, kBoxBytes) : tkd_sm90::smem_desc(b) + 2 * kk;
+        tkd_sm90::wgmma_ss_n256_t<kAMN, kBMN>(acc, da, db, !first || kk > 0);
+    }
+}
+
 /* Launches P's GEMM on ws's stream: one CTA per SM (ws->max_ctas caps it), no more than tiles. */
 template <class P, bool kPP>
 tkd_status gemm_launch(const tkd_lmhead_sm90_ws *ws, const CUtensorMap &tm_a, const CUtensorMap &tm_b,

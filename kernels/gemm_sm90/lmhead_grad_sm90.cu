@@ -38,7 +38,7 @@ using namespace tkd_lmhead;
 
 enum Kind { kDH = 0, kDW = 1 };
 
-constexpr uint32_t kBox = 64 * 128;      /* one 64 x 64 bf16 box */
+constexpr uint32_t kBox = kBoxBytes;
 constexpr int kBatch = 16;               /* dW epilogue: float2 loads issued before their stores */
 constexpr int kPrefetchSteps = 24;       /* dW: the tile's old values go to L2 this many K steps before its end */
 static_assert(kBytesB == 4 * kBox, "a stage's B is four boxes");
@@ -125,21 +125,6 @@ __device__ __forceinline__ void grad_load(const CUtensorMap *tm_a, const CUtenso
         prefetch_out<S>(p, tl.mi, tl.ni);
 }
 
-/* One K step's wgmma: B (W or X) MN-major as four boxes 8 KB apart; A K-major (dH: +32 bytes per
- * K step of 16) or MN-major (dW: +16 rows = +2048 bytes). */
-template <int kKind>
-__device__ __forceinline__ void grad_mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
-{
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; kk++) {
-        const uint64_t db = smem_desc_mn(b + 2048 * kk, kBox);
-        if (kKind == kDH)
-            wgmma_ss_n256_t<0, 1>(acc, smem_desc(a) + 2 * kk, db, !first || kk > 0);
-        else
-            wgmma_ss_n256_t<1, 1>(acc, smem_desc_mn(a + 2048 * kk, kBox), db, !first || kk > 0);
-    }
-}
-
 /* fp32 pair load and store that keep their program order: the compiler would otherwise sink each
  * load next to its use (to save registers), and the epilogue would wait one memory latency per pair
  * (measured: 19.7 ms instead of 7.4 for dW at 4096 x 4096 x 128256). */
@@ -206,7 +191,7 @@ struct Grad {
     }
     __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
     {
-        grad_mma<kKind>(acc, a, b, first);
+        kstep_mma<kKind == kDW, 1>(acc, a, b, first); /* A: E K-major (dH) or Eᵀ MN-major (dW); B MN-major */
     }
     __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Extra &, Frag f, int)
     {

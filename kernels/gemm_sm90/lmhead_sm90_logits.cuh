@@ -98,15 +98,6 @@ __device__ __forceinline__ void logits_load(const CUtensorMap *tm_h, const CUten
     tma_load_2d(b, tm_w, kt * kBK, tl.ni * kBN, full);
 }
 
-/* Both operands K-major: a K step of 16 is 32 bytes = 2 descriptor units into the swizzle span. */
-__device__ __forceinline__ void logits_mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
-{
-    const uint64_t da = smem_desc(a), db = smem_desc(b);
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; kk++)
-        wgmma_ss_n256(acc, da + 2 * kk, db + 2 * kk, !first || kk > 0);
-}
-
 /* ---- epilogues --------------------------------------------------------------------------------- */
 
 /* Logits epilogue: the fragment to z (n, ldz), in-range elements only (ldz even: float2 stores). */
@@ -360,7 +351,7 @@ struct Logits {
     }
     __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
     {
-        logits_mma(acc, a, b, first);
+        kstep_mma<0, 0>(acc, a, b, first); /* H and W both K-major */
     }
     __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &x, Frag f,
                                                     int ni)
