@@ -4,8 +4,8 @@
  * operation, so a training run can be checked against PyTorch step for step
  * (tests/test_hf_parity.c).
  *
- * Two ways to hold the state: tkd_adamw_init keeps the moments in host memory for tkd_adamw_step
- * over host arrays (tests, tools); tkd_adamw_init_on keeps them in a model's backend memory for
+ * Two ways to hold the state: tkd_adamw_init keeps the moments in host memory (checkpoint tests;
+ * tests/optim_testutil.h steps it over host arrays); tkd_adamw_init_on keeps them in a model's backend memory for
  * tkd_adamw_step_model and tkd_optim_clip_model, which run on the model's backend (the CPU: the same
  * loops, kernels/cpu/adamw.h; CUDA: one fused multi-tensor kernel over the master weights held as the
  * bf16 compute copy plus an int16 residual, model/model.h). Both give the same bits on the CPU.
@@ -93,22 +93,5 @@ tkd_status tkd_adamw_clip_step_model(tkd_adamw *o, tkd_model *m, double lr, doub
 /* The moments as host arrays m and v (o->n floats each), and back (checkpoints). */
 tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v);
 tkd_status tkd_adamw_moments_set(tkd_adamw *o, const float *m, const float *v);
-
-/* One update of params (n) from grads (n) at learning rate lr, tensor by tensor from info (weight
- * decay where info[i].decay). Increments o->step first (bias correction uses the new count). */
-void tkd_adamw_step(tkd_adamw *o, float *params, const float *grads, const tkd_param_info *info,
-                    int n_info, double lr);
-
-/* Global L2 norm of g (n), accumulated in double. */
-double tkd_optim_grad_norm(const float *g, size_t n);
-
-/* Clips g (n) to global norm max_norm as torch.nn.utils.clip_grad_norm_ does (coefficient
- * max_norm / (norm + 1e-6), applied only when below 1). Returns the norm before clipping; a
- * non-finite norm is TKD_ERR_NUMERIC (nothing is scaled), so a blown-up step is never taken. */
-tkd_status tkd_optim_clip(float *g, size_t n, double max_norm, double *norm_out);
-
-/* Gradient accumulation: g ← g·s (e.g. s = 1/micro_steps when losses were summed), and g ← 0. */
-void tkd_optim_scale(float *g, size_t n, float s);
-void tkd_optim_zero(float *g, size_t n);
 
 #endif /* TKD_OPTIM_H */

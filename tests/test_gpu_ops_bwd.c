@@ -58,6 +58,7 @@
 #include "kernels/cuda/ops_bwd_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "model/optim.h"
+#include "tests/optim_testutil.h"
 
 #define U 5.9604644775390625e-08  /* 2^-24 */
 #define BF16_REL 0.00390625       /* 2^-8: one round-to-nearest into bf16 */

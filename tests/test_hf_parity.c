@@ -23,6 +23,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "tests/optim_testutil.h"
 #include "tests/testutil.h"
 
 #define FIX_B 2  /* tokens.i32 is (B, T + 1); see tests/fixtures/hf/README.md */

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "tests/optim_testutil.h"
 #include "tests/testutil.h"
 
 static tkd_model_config small_cfg(int tied, int bias)

@@ -109,7 +109,7 @@ tkd_status tkd_cuda_adamw_create(const tkd_cuda_param_seg *segs, int n_segs, // 
                                  tkd_cuda_adamw **out);
 void tkd_cuda_adamw_free(tkd_cuda_adamw *a); /* NULL is a no-op */
 
-/* One AdamW update of every segment's elements, model/optim.c's tkd_adamw_step operation by
+/* One AdamW update of every segment's elements, tests/optim_testutil.c's tkd_adamw_step operation by
  * operation in fp32 (IEEE-rounded, no fused multiply-adds), so it matches the CPU bit for bit:
  *   g *= grad_scale (the clip coefficient; 1: none);
  *   p *= 1 − lr·wd (decay segments); m += (1 − β1)(g − m); v = β2·v + (1 − β2)·g·g;
