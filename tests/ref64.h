@@ -9,10 +9,14 @@
 #include <stdint.h>
 
 /* A causal GQA attention problem, row-major: q and dy (B·T, H·dh), k and v (B·T, Hkv·dh); query head h
- * reads kv head h / (H / Hkv); scores scaled by 1/√dh. */
+ * reads kv head h / (H / Hkv); scores scaled by 1/√dh. window > 0: query t sees keys t − window < j ≤ t;
+ * sinks (H) or NULL: a per-head logit in the softmax's denominator (kernels/attn/attn_cuda.h's
+ * tkd_attn_mask). */
 typedef struct tkd_ref64_attn {
     int B, T, H, Hkv, dh;
     const float *q, *k, *v;
+    int window;
+    const float *sinks;
 } tkd_ref64_attn;
 
 /* Σ a_i·b_i over n in float64 (four chains, so long rows are not latency-bound). */
@@ -21,8 +25,9 @@ double tkd_ref64_dot(const float *a, const float *b, int n);
 /* Row t of head h in batch b of a (B·T, heads·dh) tensor. */
 const float *tkd_ref64_row(const float *x, int T, int heads, int dh, int b, int t, int h);
 
-/* Query row t of head h in batch b: y (dh doubles) = softmax(scores)·V over keys 0..t, and returns
- * the row's log-sum-exp; sc: scratch of t + 1 doubles, left holding the scaled scores. */
+/* Query row t of head h in batch b: y (dh doubles) = softmax(scores)·V over keys 0..t (those in the
+ * window), and returns the row's log-sum-exp (the sink's term included); sc: scratch of t + 1
+ * doubles, left holding the scaled scores of the keys seen. */
 double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *y, double *sc);
 
 /* RoPE of one bf16 tensor x (N, nh·dh), position n % T, cos/sin tables c, s (T, dh/2): *ref (the

@@ -94,6 +94,8 @@ typedef struct acase {
     uint64_t seed;
     unsigned runs; /* the implementations it runs on */
     unsigned must; /* those whose refusal fails the test (the others may refuse) */
+    int window;    /* tkd_attn_mask's sliding window (0: none) */
+    float sink_std; /* > 0: per-head sinks ~ normal(0, sink_std²); 0: none */
 } acase;
 
 /* A case's inputs (bf16-rounded floats and their bits, on the host and the device) and references. */
@@ -102,6 +104,7 @@ typedef struct inputs {
     float *q, *k, *v;      /* (B·T, H·dh), (B·T, Hkv·dh) ×2 */
     uint16_t *qb, *kb, *vb;
     uint16_t *dq, *dk, *dv; /* device copies of the bits */
+    float *sinks, *dsinks;  /* (H) host and device, or NULL */
     double *y64, *lse64;   /* float64 y and lse on the sampled rows */
     float *ycpu;           /* tkd_cpu_attn_fwd's y, or NULL where its scratch is too large */
 } inputs;
@@ -119,7 +122,7 @@ static int sampled(int t, int T)
 
 static tkd_ref64_attn ref_of(const inputs *in, const acase *c)
 {
-    return (tkd_ref64_attn){c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v};
+    return (tkd_ref64_attn){c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v, c->window, in->sinks};
 }
 
 /* y element i of (B·T, H·dh) as "y[b= t= h= d=]"; ctx: the case. */
@@ -158,6 +161,14 @@ static void inputs_make(inputs *in, const acase *c, int refs)
     tkd_test_to_dev(in->dq, in->qb, 2 * in->nq);
     tkd_test_to_dev(in->dk, in->kb, 2 * in->nkv);
     tkd_test_to_dev(in->dv, in->vb, 2 * in->nkv);
+    if (c->sink_std > 0.0f) {
+        uint16_t *bits = tkd_test_xmalloc(2 * (size_t)c->H);
+        in->sinks = tkd_test_xmalloc(sizeof(float) * c->H);
+        tkd_test_fill_bf16(in->sinks, bits, c->H, c->seed * 3 + 4, c->sink_std);
+        in->dsinks = tkd_test_dev_alloc(sizeof(float) * c->H);
+        tkd_test_to_dev(in->dsinks, in->sinks, sizeof(float) * c->H);
+        free(bits);
+    }
     if (!refs)
         return;
     const tkd_ref64_attn a = ref_of(in, c);
@@ -170,7 +181,8 @@ static void inputs_make(inputs *in, const acase *c, int refs)
                     in->lse64[((int64_t)b * c->H + h) * c->T + t] = tkd_ref64_attn_row(
                         &a, b, h, t, in->y64 + ((int64_t)b * c->T + t) * c->H * c->dh + (int64_t)h * c->dh, sc);
     free(sc);
-    if ((double)c->B * c->H * c->T * c->T * sizeof(float) <= CPU_REF_MAX_BYTES) {
+    /* the CPU's attention is plain causal: a reference for the unmasked cases only */
+    if (!c->window && !in->sinks && (double)c->B * c->H * c->T * c->T * sizeof(float) <= CPU_REF_MAX_BYTES) {
         float *att = tkd_test_xmalloc(sizeof(float) * (size_t)c->B * c->H * c->T * c->T);
         in->ycpu = tkd_test_xmalloc(sizeof(float) * in->nq);
         tkd_cpu_attn_fwd(in->q, in->k, in->v, c->B, c->T, c->H, c->Hkv, c->dh, att, in->ycpu);
@@ -181,18 +193,27 @@ static void inputs_make(inputs *in, const acase *c, int refs)
 static void inputs_free(inputs *in)
 {
     free(in->q), free(in->k), free(in->v), free(in->qb), free(in->kb), free(in->vb);
-    free(in->y64), free(in->lse64), free(in->ycpu);
-    cudaFree(in->dq), cudaFree(in->dk), cudaFree(in->dv);
+    free(in->y64), free(in->lse64), free(in->ycpu), free(in->sinks);
+    cudaFree(in->dq), cudaFree(in->dk), cudaFree(in->dv), cudaFree(in->dsinks);
 }
 
 static tkd_status impl_fwd(const impl *m, const inputs *in, const acase *c, uint16_t *y, float *lse)
 {
+    const tkd_attn_mask mask = {c->window, in->dsinks};
+    const int masked = c->window || in->dsinks;
     switch (m->bit) {
-    case FLASH:
-        return tkd_cuda_attn_fwd(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+    case FLASH: /* the plain entry point on unmasked cases: it is the one the product calls there */
+        return masked ? tkd_cuda_attn_fwd_masked(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, &mask, y,
+                                                 lse, NULL)
+                      : tkd_cuda_attn_fwd(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
     case SIMPLE:
-        return tkd_cuda_attn_fwd_simple(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
+        return masked ? tkd_cuda_attn_fwd_simple_masked(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh,
+                                                        &mask, y, lse, NULL)
+                      : tkd_cuda_attn_fwd_simple(in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse,
+                                                 NULL);
     default:
+        if (masked)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN's graph here has no window or sinks");
         return tkd_cudnn_attn_fwd(g_attn, in->dq, in->dk, in->dv, c->B, c->T, c->H, c->Hkv, c->dh, y, lse, NULL);
     }
 }
@@ -354,36 +375,49 @@ static void run_case(const acase *c)
  * (kernels/attn/attn_simple_cuda.cu) at the head sizes only it takes (the fixtures' 16, the demo
  * teacher's 32) and one the flash kernel takes too. The T = 1000 cases at dh 64 and 128 are the
  * teacher's shapes: cuDNN must take them. */
-enum { SMALL, LONG, LARGE, SIMPLE_K };
-static const char *const kTables[] = {"small", "long", "large scores", "simple"};
+enum { SMALL, LONG, LARGE, SIMPLE_K, MASKED };
+static const char *const kTables[] = {"small", "long", "large scores", "simple", "window and sinks"};
+#define FS (FLASH | SIMPLE)
 static const acase kCases[] = {
-    {SMALL, "T = 1", 1, 1, 2, 1, 64, 1.0f, 1, FC, FLASH},
-    {SMALL, "T = 17, B = 2, GQA 2, dh 48", 2, 17, 4, 2, 48, 1.5f, 2, FC, FLASH},
-    {SMALL, "T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 3, FC, FC},
-    {SMALL, "T = 1000, B = 2, GQA 1, dh 64", 2, 1000, 2, 2, 64, 1.0f, 4, FC, FC},
-    {SMALL, "T = 1000, GQA 2, dh 48", 1, 1000, 4, 2, 48, 2.0f, 5, FC, FLASH},
-    {SMALL, "T = 333, GQA 3, dh 80", 1, 333, 6, 2, 80, 1.5f, 6, FC, FLASH},
-    {SMALL, "T = 200, B = 2, GQA 1, dh 96", 2, 200, 3, 3, 96, 1.5f, 7, FC, FLASH},
-    {SMALL, "T = 128 (one full query tile)", 1, 128, 2, 1, 128, 1.5f, 8, FC, FLASH},
-    {SMALL, "T = 65 (one key past a tile)", 1, 65, 2, 2, 64, 1.5f, 9, FC, FLASH},
-    {SMALL, "T = 1, GQA 1, dh 64", 1, 1, 2, 2, 64, 1.0f, 1, FC, FLASH},
-    {SMALL, "T = 1, B = 2, GQA 7, dh 128", 2, 1, 7, 1, 128, 1.0f, 2, FC, FLASH},
-    {SMALL, "T = 17, B = 2, GQA 2, dh 64", 2, 17, 4, 2, 64, 1.5f, 3, FC, FLASH},
-    {SMALL, "T = 17, GQA 7, dh 128", 1, 17, 14, 2, 128, 1.5f, 4, FC, FLASH},
-    {SMALL, "T = 1000, GQA 2, dh 128", 1, 1000, 4, 2, 128, 2.0f, 7, FC, FC},
-    {SMALL, "T = 1000, B = 2, GQA 7, dh 64", 2, 1000, 7, 1, 64, 1.5f, 8, FC, FC},
-    {LONG, "T = 8192, GQA 2, dh 128", 1, 8192, 4, 2, 128, 1.5f, 11, FC, FLASH},
-    {LONG, "T = 8192, GQA 7, dh 48", 1, 8192, 7, 1, 48, 1.5f, 12, FC, FLASH},
-    {LONG, "T = 8192, B = 2, GQA 1, dh 64", 2, 8192, 2, 2, 64, 1.0f, 13, FC, FLASH},
-    {LONG, "T = 4097, GQA 2, dh 128", 1, 4097, 2, 1, 128, 2.0f, 14, FC, FLASH},
-    {LONG, "T = 4097, B = 2, GQA 7, dh 64", 2, 4097, 7, 1, 64, 1.5f, 12, FC, FLASH},
-    {LONG, "T = 4097, GQA 1, dh 64", 1, 4097, 3, 3, 64, 1.0f, 13, FC, FLASH},
-    {LARGE, "large scores, dh 64", 1, 300, 2, 1, 64, 30.0f, 21, FC, FLASH},
-    {LARGE, "large scores, dh 128, T = 4100", 1, 4100, 2, 2, 128, 20.0f, 22, FC, FLASH},
-    {SIMPLE_K, "simple: T = 1, dh 16", 1, 1, 2, 1, 16, 1.0f, 21, SIMPLE | CUDNN, SIMPLE},
-    {SIMPLE_K, "simple: T = 17, B = 2, GQA 2, dh 16", 2, 17, 4, 2, 16, 1.5f, 22, SIMPLE | CUDNN, SIMPLE},
-    {SIMPLE_K, "simple: T = 300, GQA 7, dh 32", 1, 300, 7, 1, 32, 1.5f, 23, SIMPLE | CUDNN, SIMPLE},
-    {SIMPLE_K, "simple: T = 1000, B = 2, GQA 2, dh 64", 2, 1000, 4, 2, 64, 1.0f, 24, SIMPLE | FC, SIMPLE | FLASH},
+    {SMALL, "T = 1", 1, 1, 2, 1, 64, 1.0f, 1, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 17, B = 2, GQA 2, dh 48", 2, 17, 4, 2, 48, 1.5f, 2, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 1000, GQA 7, dh 128", 1, 1000, 7, 1, 128, 1.5f, 3, FC, FC, 0, 0.0f},
+    {SMALL, "T = 1000, B = 2, GQA 1, dh 64", 2, 1000, 2, 2, 64, 1.0f, 4, FC, FC, 0, 0.0f},
+    {SMALL, "T = 1000, GQA 2, dh 48", 1, 1000, 4, 2, 48, 2.0f, 5, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 333, GQA 3, dh 80", 1, 333, 6, 2, 80, 1.5f, 6, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 200, B = 2, GQA 1, dh 96", 2, 200, 3, 3, 96, 1.5f, 7, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 128 (one full query tile)", 1, 128, 2, 1, 128, 1.5f, 8, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 65 (one key past a tile)", 1, 65, 2, 2, 64, 1.5f, 9, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 1, GQA 1, dh 64", 1, 1, 2, 2, 64, 1.0f, 1, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 1, B = 2, GQA 7, dh 128", 2, 1, 7, 1, 128, 1.0f, 2, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 17, B = 2, GQA 2, dh 64", 2, 17, 4, 2, 64, 1.5f, 3, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 17, GQA 7, dh 128", 1, 17, 14, 2, 128, 1.5f, 4, FC, FLASH, 0, 0.0f},
+    {SMALL, "T = 1000, GQA 2, dh 128", 1, 1000, 4, 2, 128, 2.0f, 7, FC, FC, 0, 0.0f},
+    {SMALL, "T = 1000, B = 2, GQA 7, dh 64", 2, 1000, 7, 1, 64, 1.5f, 8, FC, FC, 0, 0.0f},
+    {LONG, "T = 8192, GQA 2, dh 128", 1, 8192, 4, 2, 128, 1.5f, 11, FC, FLASH, 0, 0.0f},
+    {LONG, "T = 8192, GQA 7, dh 48", 1, 8192, 7, 1, 48, 1.5f, 12, FC, FLASH, 0, 0.0f},
+    {LONG, "T = 8192, B = 2, GQA 1, dh 64", 2, 8192, 2, 2, 64, 1.0f, 13, FC, FLASH, 0, 0.0f},
+    {LONG, "T = 4097, GQA 2, dh 128", 1, 4097, 2, 1, 128, 2.0f, 14, FC, FLASH, 0, 0.0f},
+    {LONG, "T = 4097, B = 2, GQA 7, dh 64", 2, 4097, 7, 1, 64, 1.5f, 12, FC, FLASH, 0, 0.0f},
+    {LONG, "T = 4097, GQA 1, dh 64", 1, 4097, 3, 3, 64, 1.0f, 13, FC, FLASH, 0, 0.0f},
+    {LARGE, "large scores, dh 64", 1, 300, 2, 1, 64, 30.0f, 21, FC, FLASH, 0, 0.0f},
+    {LARGE, "large scores, dh 128, T = 4100", 1, 4100, 2, 2, 128, 20.0f, 22, FC, FLASH, 0, 0.0f},
+    {SIMPLE_K, "simple: T = 1, dh 16", 1, 1, 2, 1, 16, 1.0f, 21, SIMPLE | CUDNN, SIMPLE, 0, 0.0f},
+    {SIMPLE_K, "simple: T = 17, B = 2, GQA 2, dh 16", 2, 17, 4, 2, 16, 1.5f, 22, SIMPLE | CUDNN, SIMPLE, 0, 0.0f},
+    {SIMPLE_K, "simple: T = 300, GQA 7, dh 32", 1, 300, 7, 1, 32, 1.5f, 23, SIMPLE | CUDNN, SIMPLE, 0, 0.0f},
+    {SIMPLE_K, "simple: T = 1000, B = 2, GQA 2, dh 64", 2, 1000, 4, 2, 64, 1.0f, 24, SIMPLE | FC, SIMPLE | FLASH, 0, 0.0f},
+    /* sliding windows (Mistral, Qwen2/3, gpt-oss's sliding layers) and gpt-oss's sinks, on both of
+     * our kernels: a window of one key (only the query's own), one key tile, one not a multiple of
+     * the tiles, one longer than the sequence (= plain causal), sinks alone and with a window, and
+     * sinks large enough to take most of the weight */
+    {MASKED, "window 1, dh 64", 1, 100, 2, 1, 64, 1.5f, 41, FS, FS, 1, 0.0f},
+    {MASKED, "window 64, dh 48, B = 2", 2, 300, 4, 2, 48, 1.5f, 42, FS, FS, 64, 0.0f},
+    {MASKED, "window 128 + sinks, GQA 8, dh 64", 1, 1000, 8, 1, 64, 1.5f, 43, FS, FS, 128, 2.0f},
+    {MASKED, "window 200, dh 128, T = 4097", 1, 4097, 4, 2, 128, 1.5f, 44, FS, FS, 200, 0.0f},
+    {MASKED, "window 5000 > T, dh 80", 1, 1000, 2, 2, 80, 1.5f, 45, FS, FS, 5000, 0.0f},
+    {MASKED, "sinks, dh 96", 1, 333, 6, 2, 96, 1.5f, 46, FS, FS, 0, 2.0f},
+    {MASKED, "large sinks, dh 64, T = 17", 2, 17, 4, 4, 64, 1.0f, 47, FS, FS, 0, 8.0f},
+    {MASKED, "window 128 + sinks, dh 16 (simple only)", 1, 700, 4, 2, 16, 1.5f, 48, SIMPLE, SIMPLE, 128, 2.0f},
 };
 
 /* Runs the cases of one table over their implementations; fails when an implementation it asked
@@ -409,6 +443,7 @@ static void test_small(void **state) { (void)state, run_table(SMALL); }
 static void test_long(void **state) { (void)state, run_table(LONG); }
 static void test_large_scores(void **state) { (void)state, run_table(LARGE); }
 static void test_simple(void **state) { (void)state, run_table(SIMPLE_K); }
+static void test_masked(void **state) { (void)state, run_table(MASKED); }
 
 /* One cuDNN forward of shape c (inputs in) into fresh NaN-filled buffers dy, dl; y and lse back in
  * hy, hl. Returns 0 when cuDNN refused the shape. */
@@ -453,7 +488,7 @@ static void test_plan_cache(void **state)
     if (!g_attn)
         skip();
     enum { N_T = 20, H = 2, HKV = 1, DH = 64 };
-    acase big = {0, "plan cache", 1, N_T, H, HKV, DH, 1.5f, 31, CUDNN, 0};
+    acase big = {0, "plan cache", 1, N_T, H, HKV, DH, 1.5f, 31, CUDNN, 0, 0, 0.0f};
     inputs in;
     inputs_make(&in, &big, 0);
     uint16_t *dy = tkd_test_dev_alloc(2 * in.nq), *dy2 = tkd_test_dev_alloc(2 * in.nq);
@@ -501,6 +536,11 @@ static void test_errors(void **state)
     assert_int_equal(tkd_cuda_attn_fwd(d, d, d, 1, -1, 2, 1, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_attn_fwd(d + 1, d, d, 1, 4, 2, 1, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_attn_fwd(d, d, d, 0, 4, 2, 1, 64, d, l, NULL), TKD_OK); /* empty batch */
+    const tkd_attn_mask neg = {-1, NULL};
+    assert_int_equal(tkd_cuda_attn_fwd_masked(d, d, d, 1, 4, 2, 1, 64, &neg, d, l, NULL), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("window -1");
+    assert_int_equal(tkd_cuda_attn_fwd_simple_masked(d, d, d, 1, 4, 2, 1, 64, &neg, d, l, NULL), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("window -1");
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     cudaFree(d), cudaFree(l);
 }
@@ -555,7 +595,7 @@ static int group_teardown(void **state)
 static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_errors),       cmocka_unit_test(test_cudnn_errors), cmocka_unit_test(test_small),
     cmocka_unit_test(test_plan_cache),   cmocka_unit_test(test_large_scores), cmocka_unit_test(test_long),
-    cmocka_unit_test(test_simple),
+    cmocka_unit_test(test_simple),       cmocka_unit_test(test_masked),
 };
 #endif /* TKD_HAVE_CUDA */
 

@@ -196,7 +196,7 @@ static const float *row_of(const float *x, const bcase *c, int heads, int b, int
 static void stats_row(const stats *s, const inputs *in, const bcase *c, int b, int h, int i, double *sc,
                       double *y)
 {
-    const tkd_ref64_attn a = {c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v};
+    const tkd_ref64_attn a = {c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v, 0, NULL};
     const float *dyi = row_of(in->dy, c, c->H, b, i, h);
     const double lse = tkd_ref64_attn_row(&a, b, h, i, y, sc);
     double D = 0.0, dn = 0.0;

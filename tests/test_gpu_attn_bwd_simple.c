@@ -62,7 +62,7 @@ static float *host_lse(const double *q, const double *k, const double *v, int B,
     float *lse = tkd_test_xmalloc(sizeof *lse * (size_t)B * H * T), *qf = as_f32(q, nq), *kf = as_f32(k, nk),
           *vf = as_f32(v, nk);
     double *y = tkd_test_xmalloc(sizeof *y * dh), *sc = tkd_test_xmalloc(sizeof *sc * T);
-    const tkd_ref64_attn a = {B, T, H, Hkv, dh, qf, kf, vf};
+    const tkd_ref64_attn a = {B, T, H, Hkv, dh, qf, kf, vf, 0, NULL};
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < T; i++)

@@ -90,7 +90,7 @@ static void test_ref64_attention(void **state)
     assert_true(q && k && v && y && att);
     tkd_test_randn(q, nq, 1, 1.5f), tkd_test_randn(k, nk, 2, 1.5f), tkd_test_randn(v, nk, 3, 1.0f);
     tkd_cpu_attn_fwd(q, k, v, B, T, H, HKV, DH, att, y);
-    const tkd_ref64_attn a = {B, T, H, HKV, DH, q, k, v};
+    const tkd_ref64_attn a = {B, T, H, HKV, DH, q, k, v, 0, NULL};
     double y64[DH], sc[T];
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)

@@ -73,6 +73,8 @@ struct AttnArgs {
     int T, H, Hkv, grp; /* grp = H / Hkv query heads per kv head */
     int n_qt;           /* query tiles: ceil(T / kBr) */
     float scale_log2;   /* log2(e) / sqrt(dh) */
+    int window;         /* tkd_attn_mask: 0 or the sliding window */
+    const float *sinks; /* (H) or NULL */
 };
 
 /* ---- tile stages --------------------------------------------------------------------------- */
@@ -100,9 +102,10 @@ __device__ __forceinline__ void qk_tile(float s[kNt][4], const uint32_t qf[DH / 
         }
 }
 
-/* Sets to −inf the scores of keys after their query row (causal) and of keys ≥ T (zero-filled
- * rows). k0: the tile's first key; row0: the warp's first query row. */
-__device__ __forceinline__ void mask_tile(float s[kNt][4], int k0, int row0, int T, int lane)
+/* Sets to −inf the scores of keys after their query row (causal), of keys ≥ T (zero-filled rows)
+ * and, with a window, of keys at or before row − window. k0: the tile's first key; row0: the
+ * warp's first query row. */
+__device__ __forceinline__ void mask_tile(float s[kNt][4], int k0, int row0, int T, int window, int lane)
 {
     const int row = row0 + (lane >> 2), key = k0 + (lane & 3) * 2;
 #pragma unroll
@@ -110,7 +113,7 @@ __device__ __forceinline__ void mask_tile(float s[kNt][4], int k0, int row0, int
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int kj = key + nt * 8 + (e & 1), qi = row + (e >> 1) * 8;
-            if (kj > qi || kj >= T)
+            if (kj > qi || kj >= T || (window > 0 && kj <= qi - window))
                 s[nt][e] = -INFINITY;
         }
 }
@@ -209,7 +212,7 @@ __device__ __forceinline__ void store_out(const AttnArgs &a, float o[DH / 8][4],
 
 /* One CTA: query rows [q0, q0 + kBr) of head h of batch b against keys [0, min(q0 + kBr, T)).
  * Tile order, pipeline and layouts: see the file comment. */
-template <int DH>
+template <int DH, bool kMask>
 __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(const AttnArgs a)
 {
     extern __shared__ __align__(16) uint16_t smem[];
@@ -220,7 +223,9 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
     const int64_t qld = (int64_t)a.H * DH, kvld = (int64_t)a.Hkv * DH;
     const int64_t kv_off = (int64_t)b * a.T * kvld + (int64_t)(h / a.grp) * DH;
     const uint16_t *gk = a.k + kv_off, *gv = a.v + kv_off;
-    const int last = (min(q0 + kBr, a.T) - 1) / kBc; /* key tiles 0 .. last */
+    const int last = (min(q0 + kBr, a.T) - 1) / kBc; /* key tiles first .. last */
+    const int window = kMask ? a.window : 0; /* kMask false: plain causal, no register spent on it */
+    const int first = window > 0 ? max(0, q0 - window + 1) / kBc : 0; /* row q0's first key's tile */
 
     load_rows<DH, kBr, kThreads>(sq, a.q + (int64_t)b * a.T * qld + (int64_t)h * DH, qld, q0, a.T);
     load_rows<DH, kBc, kThreads>(sk, gk, kvld, last * kBc, a.T);
@@ -230,15 +235,20 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = q0 + warp * 16;
     uint32_t qf[DH / 16][4];
     float o[DH / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    if (kMask && a.sinks) { /* the sink as a key of score sinks[h] and no value: a start of the running max
+                    * and sum (one lane of the row's quad holds its 1; the quad's sums add up) */
+        m[0] = m[1] = a.sinks[h] * (float)kLog2e;
+        l[0] = l[1] = (lane & 3) == 0 ? 1.f : 0.f;
+    }
 #pragma unroll
     for (int dt = 0; dt < DH / 8; dt++)
         o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-    for (int j = last, st = 0; j >= 0; j--, st ^= 1) {
+    for (int j = last, st = 0; j >= first; j--, st ^= 1) {
         cp_async_wait_all();
         __syncthreads(); /* tile j is in stage st for all; nobody still reads stage st ^ 1 */
         if (j == last)
             load_a_frags<DH>(qf, sq + warp * 16 * LD, lane);
-        if (j > 0) {
+        if (j > first) {
             load_rows<DH, kBc, kThreads>(sk + (st ^ 1) * KS, gk, kvld, (j - 1) * kBc, a.T);
             load_rows<DH, kBc, kThreads>(sv + (st ^ 1) * KS, gv, kvld, (j - 1) * kBc, a.T);
             cp_async_commit();
@@ -246,26 +256,35 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
         const int k0 = j * kBc;
         if (k0 > row0 + 15)
             continue; /* every key of the tile is after every row of this warp */
+        if (window > 0 && k0 + kBc - 1 <= row0 - window)
+            continue; /* every key of the tile is before every row's window */
         float s[kNt][4];
         qk_tile<DH>(s, qf, sk + st * KS, lane);
-        if (k0 + kBc - 1 > row0 || k0 + kBc > a.T)
-            mask_tile(s, k0, row0, a.T, lane);
+        if (k0 + kBc - 1 > row0 || k0 + kBc > a.T || (window > 0 && k0 <= row0 + 15 - window))
+            mask_tile(s, k0, row0, a.T, window, lane);
         softmax_update<DH>(s, m, l, o, a.scale_log2);
         pv_tile<DH>(o, s, sv + st * KS, lane);
     }
     store_out<DH>(a, o, m, l, sq, b, h, q0);
 }
 
+template <int DH, bool kMask>
+tkd_status launch_mask(const AttnArgs &a, int B, cudaStream_t stream)
+{
+    const size_t smem = Geo<DH>::SMEM;
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<DH, kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+    const dim3 grid((unsigned)(B * a.H), (unsigned)a.n_qt);
+    attn_fwd_kernel<DH, kMask><<<grid, kThreads, smem, stream>>>(a);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* A window or sinks take the kernel built for them; plain causal attention the one without. */
 template <int DH>
 tkd_status launch(const AttnArgs &a, int B, cudaStream_t stream)
 {
-    const size_t smem = Geo<DH>::SMEM;
-    TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-    const dim3 grid((unsigned)(B * a.H), (unsigned)a.n_qt);
-    attn_fwd_kernel<DH><<<grid, kThreads, smem, stream>>>(a);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
+    return a.window > 0 || a.sinks ? launch_mask<DH, true>(a, B, stream) : launch_mask<DH, false>(a, B, stream);
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -276,6 +295,15 @@ extern "C" tkd_status tkd_cuda_attn_fwd(const uint16_t *q, const uint16_t *k, co
                                         int T, int H, int Hkv, int dh, uint16_t *y, float *lse,
                                         void *stream)
 {
+    return tkd_cuda_attn_fwd_masked(q, k, v, B, T, H, Hkv, dh, NULL, y, lse, stream);
+}
+
+extern "C" tkd_status tkd_cuda_attn_fwd_masked(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                                               int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
+                                               uint16_t *y, float *lse, void *stream)
+{
+    if (mask && mask->window < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_fwd: window %d < 0", mask->window);
     if (dh != 48 && dh != 64 && dh != 80 && dh != 96 && dh != 128)
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
                              "tkd_cuda_attn_fwd: head dim %d is not supported (48, 64, 80, 96 or 128)", dh);
@@ -297,6 +325,8 @@ extern "C" tkd_status tkd_cuda_attn_fwd(const uint16_t *q, const uint16_t *k, co
     a.q = q, a.k = k, a.v = v, a.y = y, a.lse = lse;
     a.T = T, a.H = H, a.Hkv = Hkv, a.grp = H / Hkv, a.n_qt = (int)n_qt;
     a.scale_log2 = (float)(kLog2e / sqrt((double)dh));
+    a.window = mask ? mask->window : 0;
+    a.sinks = mask ? mask->sinks : NULL;
     cudaStream_t st = (cudaStream_t)stream;
     switch (dh) {
     case 48: return launch<48>(a, B, st);

@@ -27,6 +27,29 @@ extern "C" {
 tkd_status tkd_cuda_attn_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
                              int H, int Hkv, int dh, uint16_t *y, float *lse, void *stream);
 
+/* What changes a query row's softmax beyond causality (issue 22's teachers), both optional:
+ *   window: a sliding window of `window` keys ending at the query's own: query i sees key j when
+ *           i − window < j ≤ i (transformers' sliding_window; Mistral, Qwen2/3 with windows,
+ *           gpt-oss's sliding layers). 0: every key j ≤ i.
+ *   sinks:  (H) fp32 on the device, one learned logit per query head in the softmax's denominator,
+ *           in the units of the scaled scores (gpt-oss's attention sinks):
+ *           p_ij = exp(s_ij) / (exp(sink_h) + Σ_j' exp(s_ij')). The sink has no value (it only
+ *           takes weight away from the keys), and lse includes it: log(exp(sink_h) + Σ_j exp(s_ij)).
+ *           NULL: none. */
+typedef struct tkd_attn_mask {
+    int window;
+    const float *sinks;
+} tkd_attn_mask;
+
+/* tkd_cuda_attn_fwd / tkd_cuda_attn_fwd_simple under mask (NULL: plain causal, the same bits as
+ * the functions without it). window < 0 is TKD_ERR_INVALID_ARG. */
+tkd_status tkd_cuda_attn_fwd_masked(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
+                                    int H, int Hkv, int dh, const tkd_attn_mask *mask, uint16_t *y,
+                                    float *lse, void *stream);
+tkd_status tkd_cuda_attn_fwd_simple_masked(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                                           int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
+                                           uint16_t *y, float *lse, void *stream);
+
 /* The same maths by a simple kernel without tensor cores (one warp per query row, online softmax
  * over keys 32 at a time): any even dh ≤ 256. The fallback for head sizes the flash kernel does not
  * take (the test fixtures' 16, the demo's 32) and a second GPU reference for it. */

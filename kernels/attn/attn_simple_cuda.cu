@@ -35,17 +35,18 @@ __device__ float warp_sum(float x)
     return x;
 }
 
-/* grid (T, H, B), block 32. q row i of head h; keys/values of kv head h / (H / Hkv), rows ≤ i. */
+/* grid (T, H, B), block 32. q row i of head h; keys/values of kv head h / (H / Hkv), rows j ≤ i
+ * (and j > i − window when window > 0); sinks (H) or NULL: the sink starts the running max and sum. */
 __global__ void attn_row(const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H, int Hkv, int dh,
-                         float scale, uint16_t *y, float *lse)
+                         float scale, int window, const float *sinks, uint16_t *y, float *lse)
 {
     int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
     int64_t qs = (int64_t)H * dh, kvs = (int64_t)Hkv * dh;
     const uint16_t *qi = q + ((int64_t)b * T + i) * qs + (int64_t)h * dh;
     const uint16_t *kb = k + (int64_t)b * T * kvs + (int64_t)(h / (H / Hkv)) * dh;
     const uint16_t *vb = v + (int64_t)b * T * kvs + (int64_t)(h / (H / Hkv)) * dh;
-    float m = -INFINITY, l = 0.0f, acc[kDimsPerLane] = {0};
-    for (int j0 = 0; j0 <= i; j0 += 32) {
+    float m = sinks ? sinks[h] : -INFINITY, l = sinks ? 1.0f : 0.0f, acc[kDimsPerLane] = {0};
+    for (int j0 = window > 0 ? max(0, i - window + 1) : 0; j0 <= i; j0 += 32) {
         int j = j0 + lane;
         float s = -INFINITY;
         if (j <= i) {
@@ -80,11 +81,21 @@ __global__ void attn_row(const uint16_t *q, const uint16_t *k, const uint16_t *v
 extern "C" tkd_status tkd_cuda_attn_fwd_simple(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
                                                int H, int Hkv, int dh, uint16_t *y, float *lse, void *stream)
 {
+    return tkd_cuda_attn_fwd_simple_masked(q, k, v, B, T, H, Hkv, dh, NULL, y, lse, stream);
+}
+
+extern "C" tkd_status tkd_cuda_attn_fwd_simple_masked(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                                                      int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
+                                                      uint16_t *y, float *lse, void *stream)
+{
+    if (mask && mask->window < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "attn_simple: window %d < 0", mask->window);
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || dh <= 0 || dh > kMaxDh || T > 65535 * 32)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "attn_simple: B %d, T %d, H %d, Hkv %d, dh %d: need positive sizes, "
                              "H a multiple of Hkv and dh <= %d", B, T, H, Hkv, dh, kMaxDh);
     dim3 grid((unsigned)T, (unsigned)H, (unsigned)B);
-    attn_row<<<grid, 32, 0, (cudaStream_t)stream>>>(q, k, v, T, H, Hkv, dh, (float)(1.0 / sqrt((double)dh)), y, lse);
+    attn_row<<<grid, 32, 0, (cudaStream_t)stream>>>(q, k, v, T, H, Hkv, dh, (float)(1.0 / sqrt((double)dh)),
+                                                     mask ? mask->window : 0, mask ? mask->sinks : NULL, y, lse);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
