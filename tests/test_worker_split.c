@@ -6,7 +6,8 @@
  * - merge checks every shard's sha256 against the worker manifest that lists it, and refuses worker
  *   files of another split;
  * - `--nproc-per-node 2` where every worker fails at start-up prints one line, without "resume"
- *   (teacher-dump and student-train, which share the launcher).
+ *   (teacher-dump and student-train, which share the launcher);
+ * - two workers merged write the same shard files, byte for byte, as one worker (issue 26).
  * The dumps are 18 windows of 16 tokens in shards of 4: workers of 2 cover [0, 8) and [8, 18),
  * workers of 3 [0, 4), [4, 12) and [12, 18). */
 #include <setjmp.h>
@@ -292,6 +293,26 @@ static void test_overwrite_on_every_worker_starts_a_new_split(void **state)
     split_end(&c);
 }
 
+/* A dump split over two workers and merged writes the very files one worker writes (issue 26): the
+ * same shards, equal byte for byte, with equal sha256 in the manifests; a second later, so that a
+ * time recorded in a shard would show. */
+static void test_split_gives_the_same_files(void **state)
+{
+    (void)state;
+    split_case c;
+    split_begin(&c, "split-bytes");
+    run_worker_ok(&c, 0, 1);
+    char ref[4300];
+    snprintf(ref, sizeof ref, "%s/ref", c.dir);
+    assert_int_equal(rename(c.out, ref), 0);
+    tkd_dt_next_second();
+    run_worker_ok(&c, 0, 2);
+    run_worker_ok(&c, 1, 2);
+    assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
+    tkd_dt_assert_same_bytes(ref, c.out);
+    split_end(&c);
+}
+
 /* ---- the launcher's one line -------------------------------------------------------------------- */
 
 /* The lines of a file. */
@@ -365,6 +386,7 @@ int main(void)
         cmocka_unit_test(test_merge_checks_every_sha256),
         cmocka_unit_test(test_merge_refuses_two_splits),
         cmocka_unit_test(test_overwrite_on_every_worker_starts_a_new_split),
+        cmocka_unit_test(test_split_gives_the_same_files),
         cmocka_unit_test(test_nproc_start_failure_is_one_line),
         cmocka_unit_test(test_student_nproc_start_failure_is_one_line),
     };
