@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/cli.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/owned_dir.h"
 #include "common/progress.h"
@@ -166,6 +167,9 @@ static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
     }
     /* Made and marked once here, before the workers start: a directory that is not a cache is
      * refused with one error instead of one per worker. */
+    char made[4096] = ""; /* the folders made here, removed again when every worker is refused */
+    if (st == TKD_OK)
+        st = tkd_mkdir_p_made(cfg.output_dir, made, sizeof made);
     if (st == TKD_OK)
         st = tkd_owned_dir_claim(&tkd_dump_dir_kind, cfg.output_dir);
     int rc = 0;
@@ -173,6 +177,8 @@ static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
         st = tkd_signals_install();
     if (st == TKD_OK)
         st = tkd_launch_workers("teacher-dump", nproc, argc, argv, 30.0, &rc);
+    if (st != TKD_OK && made[0]) /* a directory a worker wrote into stays (tkd_dump_dir_abandon) */
+        tkd_dump_dir_abandon(cfg.output_dir, made, NULL);
     int64_t nseq = 0, nshards = 0;
     if (st == TKD_OK && nproc > 1)
         st = tkd_dump_merge(cfg.output_dir, &nseq, &nshards);

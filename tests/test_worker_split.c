@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/dist.h"
+#include "common/fileio.h"
 #include "teacher_cache/dump_merge.h"
 #include "tests/dump_testutil.h"
 
@@ -325,7 +326,8 @@ static int count_lines(const char *text)
 }
 
 /* Every worker fails at start-up (a teacher that is not there): one line on stderr, naming the
- * worker and its error, without resume advice (nothing was written to resume). */
+ * worker and its error, without resume advice (nothing was written to resume), and no output.dir
+ * left behind. */
 static void test_nproc_start_failure_is_one_line(void **state)
 {
     (void)state;
@@ -342,6 +344,8 @@ static void test_nproc_start_failure_is_one_line(void **state)
         !strstr(text, "teacher-dump: worker ") || !strstr(text, " failed with exit code "))
         fail_msg("exit %d, stderr not one line naming the worker and its error:\n%s", rc, text);
     free(text);
+    /* the launcher made output.dir for the workers: nothing was written, so it is gone again */
+    assert_false(tkd_file_exists(tkd_test_path(dir, "out")));
 
     /* the same through a half-set variable: one line, exit 2 */
     const char *plain[] = {"--config", cfg, "--set", out, NULL};
