@@ -32,7 +32,8 @@ const char tkd_tokenize_usage[] =
     "Tokenizes text files or JSON Lines with the teacher's Hugging Face tokenizer into an llm.c token file\n"
     "(uint32 tokens, header 20240801 v7) that data.paths reads (docs/teacher-dump.md, \"Tokenizing text\").\n"
     "  --tokenizer PATH       tokenizer.json, or the checkpoint directory holding it (and tokenizer_config.json)\n"
-    "  --output OUT.bin       the token file; with --shard-tokens, OUT_000000.bin, OUT_000001.bin, ...;\n"
+    "  --output OUT.bin       the token file (its folder is made when missing); with --shard-tokens,\n"
+    "                         OUT_000000.bin, OUT_000001.bin, ...;\n"
     "                         a name ending in .npy writes a NumPy uint32 array instead\n"
     "  --format auto|text|jsonl  auto (default): .jsonl/.ndjson are JSON Lines, other files text\n"
     "  --field NAME           JSON Lines: the field holding the text (default: text)\n"
@@ -468,6 +469,7 @@ typedef struct run_state {
     uint64_t bytes_total;
     out_writer out;
     tkd_dir_lock *lock;      /* the output's lock (.<output name>.topkd-lock beside it) */
+    char made[4096];         /* the shallowest folder of the output's path this run made; "" for none */
 } run_state;
 
 static const char *rec_text(const batch *b, int i)
@@ -644,14 +646,37 @@ static tkd_status add_read(out_writer *w, const char *path, const char *role)
 /* One writer per output: the lock file .<output's name>.topkd-lock in the output's directory
  * (common/dir_lock.h), taken before anything is checked or written, so a second run into the same
  * output stops at once naming the first one's pid. */
+static void lock_name(const run_state *s, char *dir, size_t cap, char *name, size_t name_cap)
+{
+    const char *base;
+    split_path(s->o->output, dir, cap, &base);
+    snprintf(name, name_cap, ".%s.topkd-lock", base);
+}
+
+/* The output's folder is made when missing, as teacher-dump makes output.dir (mkdir -p); a run that
+ * fails removes the folders it made (unmake_output_dir) and never one the user had. */
 static tkd_status lock_output(run_state *s)
 {
     char dir[4096], name[4096];
-    const char *base;
-    split_path(s->o->output, dir, sizeof dir, &base);
-    snprintf(name, sizeof name, ".%s.topkd-lock", base);
-    tkd_status st = tkd_dir_lock_take(dir, name, "teacher-dump tokenize", &s->lock);
+    lock_name(s, dir, sizeof dir, name, sizeof name);
+    tkd_status st = tkd_mkdir_p_made(dir, s->made, sizeof s->made);
+    if (st == TKD_OK)
+        st = tkd_dir_lock_take(dir, name, "teacher-dump tokenize", &s->lock);
     return st == TKD_OK ? st : tkd_error_prefix(st, "tokenize: --output %s", s->o->output);
+}
+
+/* A failed run: the folders it made go again, with the lock file in them (this run's, made there by
+ * it), each by rmdir, so one that holds anything else stays. Called with the lock still held. */
+static void unmake_output_dir(const run_state *s)
+{
+    char dir[4096], name[4096], path[8200];
+    if (!s->made[0])
+        return;
+    lock_name(s, dir, sizeof dir, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (s->lock)
+        unlink(path);
+    tkd_rmdir_made(dir, s->made);
 }
 
 static tkd_status setup(run_state *s, char *tok_config, size_t cap)
@@ -720,9 +745,11 @@ static tkd_status run_batches(run_state *s, batch *b, tkd_tokenize_summary *sum)
     return TKD_OK;
 }
 
-static void teardown(run_state *s, batch *b)
+static void teardown(run_state *s, batch *b, bool failed)
 {
     out_free(&s->out);
+    if (failed)
+        unmake_output_dir(s);
     tkd_dir_lock_release(s->lock);
     tkd_text_reader_close(s->reader);
     for (int i = 0; s->ctx && i < s->threads; i++)
@@ -767,6 +794,6 @@ tkd_status tkd_tokenize_run(const tkd_tokenize_opts *o, tkd_tokenize_summary *su
     }
     tkd_error_saved saved;
     tkd_error_save(&saved, st);
-    teardown(&s, b);
+    teardown(&s, b, st != TKD_OK);
     return tkd_error_restore(&saved);
 }

@@ -13,6 +13,9 @@
  * fsynced; all of them are renamed to their final names only once the whole run has succeeded, so
  * a run that fails or is interrupted leaves no output name (and removes its temporaries).
  *
+ * The output's directory is made when missing (mkdir -p, as teacher-dump makes output.dir); a run
+ * that fails removes the folders it made, never one that was there before.
+ *
  * Safety: the run holds the lock .<output name>.topkd-lock in the output's directory
  * (common/dir_lock.h; a second run into the same output is TKD_ERR_BUSY naming the holder's pid);
  * an output name that is a file the run reads (an input, tokenizer.json, tokenizer_config.json;
