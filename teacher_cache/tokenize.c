@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -610,6 +611,26 @@ static tkd_status batch_write(run_state *s, batch *b, tkd_tokenize_summary *sum)
 }
 
 /* ---- the run ------------------------------------------------------------------------------------- */
+
+static const char *plural(int64_t n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
+
+size_t tkd_tokenize_format_totals(char *buf, size_t cap, const tkd_tokenize_summary *s)
+{
+    char dur[32], size[32], tok_rate[32], byte_rate[32];
+    bool timed = s->seconds > 0;
+    tkd_progress_format_duration(dur, sizeof dur, s->seconds);
+    tkd_progress_format_bytes(size, sizeof size, (double)s->bytes);
+    tkd_progress_format_rate(tok_rate, sizeof tok_rate, timed ? (double)s->tokens / s->seconds : NAN);
+    tkd_progress_format_bytes(byte_rate, sizeof byte_rate, timed ? (double)s->bytes / s->seconds : NAN);
+    int n = snprintf(buf, cap, "done in %s: %d %s, %s of text, %lld %s, %lld %s (%s tok/s, %s/s)", dur, s->files,
+                     plural(s->files, "file", "files"), size, (long long)s->docs,
+                     plural(s->docs, "document", "documents"), (long long)s->tokens,
+                     plural(s->tokens, "token", "tokens"), tok_rate, byte_rate);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap ? cap - 1 : 0;
+}
 
 static tkd_status resolve_eos(run_state *s)
 {

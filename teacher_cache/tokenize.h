@@ -78,6 +78,11 @@ void tkd_tokenize_opts_free(tkd_tokenize_opts *o);
 /* The `tokenize` usage text (flags and what they do), for --help. */
 extern const char tkd_tokenize_usage[];
 
+/* The totals of a finished run for the closing progress line, e.g. "done in 0:02: 3 files, 45.6 MB
+ * of text, 1200 documents, 9876543 tokens (4.9M tok/s, 22.8 MB/s)": the real counts, whatever the
+ * size of the input. Returns strlen(buf). */
+size_t tkd_tokenize_format_totals(char *buf, size_t cap, const tkd_tokenize_summary *s);
+
 /* Runs it. A Ctrl-C (common/signals.h) stops after the current batch: TKD_ERR_INTERRUPTED, every
  * file this run wrote removed (an existing output untouched), so running it again starts afresh. */
 tkd_status tkd_tokenize_run(const tkd_tokenize_opts *o, tkd_tokenize_summary *sum);
