@@ -664,9 +664,7 @@ static tkd_status add_read(out_writer *w, const char *path, const char *role)
     return TKD_OK;
 }
 
-/* One writer per output: the lock file .<output's name>.topkd-lock in the output's directory
- * (common/dir_lock.h), taken before anything is checked or written, so a second run into the same
- * output stops at once naming the first one's pid. */
+/* The output's directory and the name of its lock file, ".<output's name>.topkd-lock". */
 static void lock_name(const run_state *s, char *dir, size_t cap, char *name, size_t name_cap)
 {
     const char *base;
@@ -674,8 +672,10 @@ static void lock_name(const run_state *s, char *dir, size_t cap, char *name, siz
     snprintf(name, name_cap, ".%s.topkd-lock", base);
 }
 
-/* The output's folder is made when missing, as teacher-dump makes output.dir (mkdir -p); a run that
- * fails removes the folders it made (unmake_output_dir) and never one the user had. */
+/* One writer per output: the lock file in the output's directory (common/dir_lock.h), taken before
+ * anything is checked or written, so a second run into the same output stops at once naming the
+ * first one's pid. The directory is made when missing, as teacher-dump makes output.dir (mkdir -p);
+ * a run that fails removes the folders it made (unmake_output_dir) and never one the user had. */
 static tkd_status lock_output(run_state *s)
 {
     char dir[4096], name[4096];
