@@ -168,9 +168,16 @@ tkd_status tkd_file_write_atomic(const char *path, const void *data, size_t len)
 
 tkd_status tkd_mkdir_p(const char *path)
 {
+    return tkd_mkdir_p_made(path, NULL, 0);
+}
+
+tkd_status tkd_mkdir_p_made(const char *path, char *made, size_t cap)
+{
     char buf[4096];
     size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf)
+    if (made && cap)
+        made[0] = '\0';
+    if (n == 0 || n >= sizeof buf || (made && cap <= n))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "mkdir: bad path '%.100s'", path);
     memcpy(buf, path, n + 1);
     for (size_t i = 1; i <= n; i++) {
@@ -178,8 +185,12 @@ tkd_status tkd_mkdir_p(const char *path)
             continue;
         char c = buf[i];
         buf[i] = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        if (mkdir(buf, 0755) == 0) {
+            if (made && !made[0]) /* every folder after the first made is below it, and ours */
+                memcpy(made, buf, i + 1);
+        } else if (errno != EEXIST) {
             return io_error(buf, "mkdir", errno);
+        }
         buf[i] = c;
     }
     struct stat sb;
@@ -188,6 +199,27 @@ tkd_status tkd_mkdir_p(const char *path)
     if (!S_ISDIR(sb.st_mode))
         return tkd_error_set(TKD_ERR_IO, "%s: exists and is not a directory", path);
     return TKD_OK;
+}
+
+void tkd_rmdir_made(const char *path, const char *made)
+{
+    char buf[4096];
+    size_t top = strlen(made), n = strlen(path);
+    if (top == 0 || n >= sizeof buf)
+        return;
+    memcpy(buf, path, n + 1);
+    /* made is a prefix of path (tkd_mkdir_p_made cut it there): stop once the folder is above it */
+    while (n >= top) {
+        while (n > 1 && buf[n - 1] == '/') /* "a/b/" is "a/b" */
+            buf[--n] = '\0';
+        if (n < top || rmdir(buf) != 0)
+            return;
+        char *slash = strrchr(buf, '/');
+        if (!slash || slash == buf)
+            return;
+        *slash = '\0';
+        n = (size_t)(slash - buf);
+    }
 }
 
 tkd_status tkd_path_join(char *out, size_t cap, const char *a, const char *b)

@@ -34,6 +34,16 @@ void tkd_atomic_file_abort(tkd_atomic_file *af);
 /* mkdir -p with mode 0755; existing directories are fine, an existing non-directory is an error. */
 tkd_status tkd_mkdir_p(const char *path);
 
+/* tkd_mkdir_p that says what it made: made (cap bytes) gets the shallowest directory this call
+ * created ("" when every one was there already; the folders below it up to path are this call's
+ * too), so that a run that fails can remove exactly those (tkd_rmdir_made) and never a folder the
+ * user had. made is "" after an error too, unless the call made something before failing. */
+tkd_status tkd_mkdir_p_made(const char *path, char *made, size_t cap);
+
+/* Undoes tkd_mkdir_p_made(path, made): removes path, then each parent up to and including made,
+ * with rmdir, so a folder that holds anything stays (and those above it). Nothing when made is "". */
+void tkd_rmdir_made(const char *path, const char *made);
+
 /* out = a "/" b (no doubled slash; b absolute -> b). TKD_ERR_INVALID_ARG when it does not fit
  * cap bytes with the NUL. */
 tkd_status tkd_path_join(char *out, size_t cap, const char *a, const char *b);

@@ -54,6 +54,21 @@ size_t tkd_progress_format_rate(char *buf, size_t cap, double r)
     return clamp_len(snprintf(buf, cap, "%.0f%.1s", r, &suffix[i]), cap);
 }
 
+size_t tkd_progress_format_bytes(char *buf, size_t cap, double b)
+{
+    static const char *const unit[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+    int i = 0;
+    if (!(b >= 0) || isinf(b))
+        return clamp_len(snprintf(buf, cap, "--"), cap);
+    while (b >= 999.5 && i < 5) {
+        b /= 1000.0;
+        i++;
+    }
+    if (i == 0) /* whole bytes */
+        return clamp_len(snprintf(buf, cap, "%.0f B", b), cap);
+    return clamp_len(snprintf(buf, cap, b < 99.95 ? "%.1f %s" : "%.0f %s", b, unit[i]), cap);
+}
+
 size_t tkd_progress_format(char *buf, size_t cap, const char *label, int64_t done, int64_t total,
                            double elapsed_s, const char *unit, int64_t rate_done, const char *rate_unit,
                            const char *extra, bool finished)
@@ -112,11 +127,8 @@ void tkd_progress_set_rate_unit(tkd_progress *p, const char *rate_unit)
     snprintf(p->rate_unit, sizeof p->rate_unit, "%s", rate_unit ? rate_unit : "");
 }
 
-static void draw(tkd_progress *p, double now, bool finished)
+static void emit(tkd_progress *p, const char *line, double now, bool finished)
 {
-    char line[256];
-    tkd_progress_format(line, sizeof line, p->label, p->done, p->total, now - p->t_start, p->unit, p->rate_done,
-                        p->rate_unit, p->extra, finished);
     if (p->tty) {
         /* \033[K clears what a longer previous line left on the right */
         fprintf(p->out, "\r%s\033[K%s", line, finished ? "\n" : "");
@@ -127,6 +139,14 @@ static void draw(tkd_progress *p, double now, bool finished)
     fflush(p->out);
     p->t_last = now;
     p->drawn = true;
+}
+
+static void draw(tkd_progress *p, double now, bool finished)
+{
+    char line[256];
+    tkd_progress_format(line, sizeof line, p->label, p->done, p->total, now - p->t_start, p->unit, p->rate_done,
+                        p->rate_unit, p->extra, finished);
+    emit(p, line, now, finished);
 }
 
 void tkd_progress_update_rate(tkd_progress *p, int64_t done, int64_t rate_done, const char *extra)
@@ -154,4 +174,13 @@ void tkd_progress_finish(tkd_progress *p, const char *extra)
         snprintf(p->extra, sizeof p->extra, "%s", extra);
     if (p->enabled)
         draw(p, tkd_progress_now(), true);
+}
+
+void tkd_progress_finish_text(tkd_progress *p, const char *text)
+{
+    char line[512];
+    if (!p->enabled)
+        return;
+    snprintf(line, sizeof line, "%s %s", p->label, text ? text : "");
+    emit(p, line, tkd_progress_now(), true);
 }

@@ -63,6 +63,11 @@ void tkd_progress_update_rate(tkd_progress *p, int64_t done, int64_t rate_done, 
 /* Draws the final line ("... done in 1:02:03 ..."), ending the terminal line. */
 void tkd_progress_finish(tkd_progress *p, const char *extra);
 
+/* Ends the progress as tkd_progress_finish does, with the caller's own text after the label in place
+ * of done/total and the rate: for a tool whose totals say more than its progress unit does
+ * ("tokenize done in 0:02: 3 files, 45.6 MB of text, ..."; a small input is "0/1 MB" in MB). */
+void tkd_progress_finish_text(tkd_progress *p, const char *text);
+
 /* "label 1234/10000 (12.3%)  456.7 tokens/s  ETA 0:19  extra" into buf (always NUL-terminated);
  * with finished, "label 10000/10000 done in 0:21  456.7 tokens/s  extra". With a rate_unit (NULL
  * or "": none) the rate is rate_done/elapsed in it and unit follows the counts:
@@ -77,6 +82,10 @@ size_t tkd_progress_format_duration(char *buf, size_t cap, double seconds);
 /* A rate with 2-3 significant digits and a k/M/G suffix: "456", "45.6", "12.3k", "4.6M"; below 1
  * two significant digits ("0.042"), so that a slow rate does not read as zero. */
 size_t tkd_progress_format_rate(char *buf, size_t cap, double per_second);
+
+/* A byte count in decimal units with 3 significant digits: "512 B", "45.6 kB", "12.3 MB", "4.6 GB",
+ * so that a small file does not read as "0.0 MB"; "--" when negative or not finite. */
+size_t tkd_progress_format_bytes(char *buf, size_t cap, double bytes);
 
 #ifdef __cplusplus
 }

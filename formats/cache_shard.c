@@ -236,20 +236,18 @@ static hid_t writer_create_dataset(tkd_shard_writer *w, int d, int level)
     hid_t sp = H5Screate_simple(s.rank, dims, maxdims);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
-    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     hid_t ft = tkd_shard_file_type_of(d, w->id.logits_dtype);
     size_t chunk_bytes = (size_t)w->chunk_seqs * tkd_shard_row_elems(&s) * 8;
     hid_t ds = -1;
     /* Filter order is the order of these calls: shuffle, zstd (mandatory), fletcher32. A chunk
-     * cache of two chunks keeps a partly filled chunk in memory between appends. */
-    if (sp >= 0 && dcpl >= 0 && dapl >= 0 && lcpl >= 0 && ft >= 0 &&
+     * cache of two chunks keeps a partly filled chunk in memory between appends. No modification
+     * time: a shard's bytes depend on its data only (tkd_shard_writer_open). */
+    if (sp >= 0 && dcpl >= 0 && dapl >= 0 && ft >= 0 && H5Pset_obj_track_times(dcpl, 0) >= 0 &&
         H5Pset_chunk(dcpl, s.rank, chunk) >= 0 && H5Pset_shuffle(dcpl) >= 0 &&
         H5Pset_filter(dcpl, TKD_H5ZSTD_FILTER_ID, H5Z_FLAG_MANDATORY, 1, &cd) >= 0 &&
-        H5Pset_fletcher32(dcpl) >= 0 && H5Pset_create_intermediate_group(lcpl, 1) >= 0 &&
-        H5Pset_chunk_cache(dapl, 521, 2 * chunk_bytes + (1u << 20), 1.0) >= 0)
-        ds = H5Dcreate2(w->file, tkd_shard_ds_names[d], ft, sp, lcpl, dcpl, dapl);
+        H5Pset_fletcher32(dcpl) >= 0 && H5Pset_chunk_cache(dapl, 521, 2 * chunk_bytes + (1u << 20), 1.0) >= 0)
+        ds = H5Dcreate2(w->file, tkd_shard_ds_names[d], ft, sp, H5P_DEFAULT, dcpl, dapl);
     H5Tclose(ft);
-    H5Pclose(lcpl);
     H5Pclose(dapl);
     H5Pclose(dcpl);
     H5Sclose(sp);
@@ -317,6 +315,40 @@ int tkd_shard_writer_threads(int requested)
     return n < 1 ? 1 : n;
 }
 
+/* A shard's bytes are a function of its data and settings alone, so that two dumps of the same
+ * data give the same files and the manifests' sha256 can be compared across runs and machines.
+ * HDF5 would record each object's modification time (track times): it is off for the root group
+ * here, for the groups (writer_create_groups) and for every dataset (writer_create_dataset). The
+ * rest of the file (addresses, free space, superblock) follows from the order of our calls. */
+static hid_t writer_create_file(const char *path)
+{
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    hid_t f = -1;
+    if (fcpl >= 0 && fapl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0 &&
+        H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) >= 0)
+        f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
+    H5Pclose(fapl);
+    H5Pclose(fcpl);
+    return f;
+}
+
+/* /topk, and /tail when the shard has tail draws: made here, without modification times (an
+ * intermediate group HDF5 made on its own would take the default, times tracked). */
+static herr_t writer_create_groups(tkd_shard_writer *w)
+{
+    hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+    herr_t r = gcpl >= 0 && H5Pset_obj_track_times(gcpl, 0) >= 0 ? 0 : -1;
+    for (int i = 0; i < 2 && r >= 0; i++) {
+        if (i == 1 && w->id.tail_samples == 0)
+            break;
+        hid_t g = H5Gcreate2(w->file, i == 0 ? "/topk" : "/tail", H5P_DEFAULT, gcpl, H5P_DEFAULT);
+        r = g < 0 ? -1 : H5Gclose(g);
+    }
+    H5Pclose(gcpl);
+    return r;
+}
+
 /* The parallel filter for the datasets this shard has, one chunk of chunk_seqs sequences each. */
 static tkd_status writer_start_chunks(tkd_shard_writer *w, int level)
 {
@@ -367,14 +399,15 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
         writer_free(w);
         return room;
     }
-    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (fapl >= 0)
-        H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
-    w->file = H5Fcreate(w->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    H5Pclose(fapl);
+    w->file = writer_create_file(w->tmp_path);
     if (w->file < 0) {
         tkd_status st = tkd_shard_h5_fail_open(TKD_ERR_IO, w->tmp_path, "cannot create shard");
         writer_free(w);
+        return st;
+    }
+    if (writer_create_groups(w) < 0) {
+        tkd_status st = tkd_shard_h5_fail(TKD_ERR_IO, "%s: cannot create the groups /topk and /tail", w->tmp_path);
+        tkd_shard_writer_abort(w);
         return st;
     }
     int level = o.zstd_level ? o.zstd_level : TKD_H5ZSTD_DEFAULT_LEVEL;

@@ -14,6 +14,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "common/signals.h"
 #include "student_train/train_internal.h"
 
@@ -72,7 +73,7 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
             TKD_TRY(eval_and_log(tr, &es));
         if (c->checkpoint_interval > 0 && tr->st.step % c->checkpoint_interval == 0)
             TKD_TRY(tkd_train_save(tr));
-        /* == (not >=): resuming with the same overrides (a derived run name includes them) goes on */
+        /* == (not >=): a run resumed with the same overrides goes on */
         if (c->stop_after > 0 && tr->st.step == c->stop_after && tr->st.step < tr->total_steps)
             return stop_early(tr, res);
         int sig = tr->zero ? tr->stop_signal : tkd_interrupted();
@@ -272,23 +273,99 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     return tkd_error_restore(&keep);
 }
 
+/* ---- the derived run name --------------------------------------------------------------------- */
+
+/* Overrides a derived run name leaves out: where the outputs go (the name is a folder of run.dir:
+ * a path in it would only repeat that), and settings that change how a run goes but never what it
+ * trains, so that a sweep's names show what it sweeps and a run resumed with another stop_after is
+ * the same run. */
+static const char *const unnamed_keys[] = {
+    "run.dir", "run.name", "dist.dir",                                               /* locations */
+    "dist.rendezvous", "dist.timeout_s", "data.prefetch", "train.stop_after", "train.log_interval",
+    "train.checkpoint_interval", NULL,
+};
+
+/* A derived name longer than this keeps its first characters and a hash of the whole name. */
+#define RUN_NAME_MAX 96
+#define RUN_NAME_HASH 8 /* hex digits of the sha256 of the whole name */
+
+static bool name_leaves_out(const char *set)
+{
+    size_t klen = strcspn(set, "=");
+    for (const char *const *k = unnamed_keys; *k; k++)
+        if (strlen(*k) == klen && strncmp(*k, set, klen) == 0)
+            return true;
+    return false;
+}
+
+/* One value of an override as it goes into a name: without YAML quotes and spaces around it, a
+ * path by its last component ("/caches/qwen-top100/" -> "qwen-top100"). [a, e) in, appended at
+ * out[*n], cap bytes. */
+static void name_put_value(char *out, size_t cap, size_t *n, const char *a, const char *e)
+{
+    while (a < e && (*a == ' ' || *a == '\'' || *a == '"'))
+        a++;
+    while (e > a && (e[-1] == ' ' || e[-1] == '\'' || e[-1] == '"' || (e[-1] == '/' && e - 1 > a)))
+        e--;
+    for (const char *c = e; c > a; c--)
+        if (c[-1] == '/') {
+            a = c;
+            break;
+        }
+    int w = snprintf(out + *n, cap - *n, "%.*s", (int)(e - a), a);
+    *n += w < 0 ? 0 : (size_t)w < cap - *n ? (size_t)w : cap - *n - 1;
+}
+
+/* "__key=value" for one override; a list "[a/x.bin, b/y.bin]" gives each element its last
+ * component, joined by ','. */
+static void name_put_set(char *out, size_t cap, size_t *n, const char *set)
+{
+    size_t klen = strcspn(set, "=");
+    int w = snprintf(out + *n, cap - *n, "__%.*s=", (int)klen, set);
+    *n += w < 0 ? 0 : (size_t)w < cap - *n ? (size_t)w : cap - *n - 1;
+    const char *v = set[klen] ? set + klen + 1 : set + klen, *end = v + strlen(v);
+    bool list = v[0] == '[' && end > v + 1 && end[-1] == ']';
+    if (!list) {
+        name_put_value(out, cap, n, v, end);
+        return;
+    }
+    for (const char *p = v + 1; p <= end - 1;) {
+        const char *comma = memchr(p, ',', (size_t)(end - 1 - p));
+        const char *e = comma ? comma : end - 1;
+        if (p > v + 1 && *n + 1 < cap)
+            out[(*n)++] = ',', out[*n] = '\0';
+        name_put_value(out, cap, n, p, e);
+        p = e + 1;
+    }
+}
+
 void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets, size_t nsets)
 {
-    size_t o = 0;
+    char full[8192];
     const char *base = config_path ? strrchr(config_path, '/') : NULL;
     base = base ? base + 1 : (config_path ? config_path : "run");
     const char *dot = strrchr(base, '.');
     size_t blen = dot && dot > base ? (size_t)(dot - base) : strlen(base);
-    char tmp[1024];
-    int n = snprintf(tmp, sizeof tmp, "%.*s", (int)blen, base);
-    for (size_t i = 0; i < nsets && n > 0 && (size_t)n < sizeof tmp; i++)
-        n += snprintf(tmp + n, sizeof tmp - (size_t)n, "__%s", sets[i]);
-    for (const char *p = tmp; *p && o + 1 < cap; p++) {
-        char ch = *p;
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                 ch == '_' || ch == '-';
-        out[o++] = ok ? ch : '-';
+    int w = snprintf(full, sizeof full, "%.*s", (int)blen, base);
+    size_t n = w < 0 ? 0 : (size_t)w < sizeof full ? (size_t)w : sizeof full - 1;
+    for (size_t i = 0; i < nsets; i++)
+        if (!name_leaves_out(sets[i]))
+            name_put_set(full, sizeof full, &n, sets[i]);
+    for (char *c = full; *c; c++) { /* one folder name, readable in a shell */
+        bool ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+                  *c == '_' || *c == '-';
+        *c = ok ? *c : '-';
+    }
+    if (n > RUN_NAME_MAX) { /* the first part stays readable; the hash tells long names apart, run to run alike */
+        uint8_t d[TKD_SHA256_BYTES];
+        char hex[TKD_SHA256_HEX_LEN];
+        tkd_sha256_buffer(full, n, d);
+        tkd_sha256_hex(d, hex);
+        size_t keep = RUN_NAME_MAX - RUN_NAME_HASH - 1;
+        while (keep > 0 && (full[keep - 1] == '_' || full[keep - 1] == '-' || full[keep - 1] == '.'))
+            keep--;
+        snprintf(full + keep, sizeof full - keep, "-%.*s", RUN_NAME_HASH, hex);
     }
     if (cap)
-        out[o] = '\0';
+        snprintf(out, cap, "%s", full);
 }

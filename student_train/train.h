@@ -41,8 +41,13 @@ tkd_status tkd_train_check_world(const tkd_train_config *c, int world, int devic
 /* Runs training (or only evaluation when train.max_steps resolves to 0 steps). */
 tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res);
 
-/* A run name from the config file's base name and the --set overrides, e.g.
- * "demo-kd.variant=sampled" -> "demo__kd.variant-sampled" (only [A-Za-z0-9._-] kept). */
+/* A run name from the config file's base name and the --set overrides that define the run, e.g.
+ * demo.yaml with kd.variant=sampled, data.cache=/caches/top20/, run.dir=/tmp/runs ->
+ * "demo__kd.variant-sampled__data.cache-top20": a path value by its last component, the output
+ * locations (run.dir, run.name, dist.dir) and the settings that never change what is trained
+ * (train.stop_after, the log and checkpoint intervals, data.prefetch, dist.*) left out, only
+ * [A-Za-z0-9._-] kept. A name longer than 96 characters keeps its first 87 and "-" plus 8 hex digits
+ * of the whole name's sha256. The full overrides are in the run's config.yaml. Truncated to cap. */
 void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets,
                            size_t nsets);
 

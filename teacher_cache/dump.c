@@ -760,8 +760,10 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     c.sum->raw_bytes_per_token = tkd_dump_raw_bytes_per_token(cfg);
     /* the directory and its lock first: a second writer is refused before minutes of hashing */
     tkd_dir_lock *lock = NULL;
-    const bool fresh = !tkd_file_exists(cfg->output_dir);
-    tkd_status st = tkd_dump_dir_open(cfg, &lock);
+    char made[4096]; /* the folders this run makes, removed again if it is refused (tkd_dump_dir_abandon) */
+    tkd_status st = tkd_mkdir_p_made(cfg->output_dir, made, sizeof made);
+    if (st == TKD_OK)
+        st = tkd_dump_dir_open(cfg, &lock);
     if (st == TKD_OK)
         st = load_inputs(&c);
     if (st == TKD_OK) {
@@ -796,8 +798,8 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
     if (!c.opts->teacher)
         tkd_model_free(c.model);
     tkd_backend_close(c.be);
-    if (st != TKD_OK && fresh && !c.manifest_path[0]) /* failed before the output was touched */
-        tkd_dump_dir_abandon(cfg, lock);
+    if (st != TKD_OK && made[0] && cfg->worker_count == 1 && !c.manifest_path[0]) /* before writing */
+        tkd_dump_dir_abandon(cfg->output_dir, made, lock);
     else
         tkd_dir_lock_release(lock);
     return st;

@@ -1,6 +1,8 @@
 /* dump_dir.c — see dump_dir.h. */
 #include "teacher_cache/dump_dir.h"
 
+#include <dirent.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,17 +228,49 @@ tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock)
     return st;
 }
 
-void tkd_dump_dir_abandon(const tkd_dump_config *cfg, tkd_dir_lock *lock)
+/* Holds dir nothing but what tkd_dump_dir_open and the launcher put there: the marker and lock files? */
+static bool only_open_leftovers(const char *dir)
 {
-    char marker[4096], lockf[4096];
-    if (cfg->worker_count == 1 && lock &&
-        tkd_path_join(marker, sizeof marker, cfg->output_dir, tkd_dump_dir_kind.marker) == TKD_OK &&
-        tkd_path_join(lockf, sizeof lockf, cfg->output_dir, LOCK_NAME) == TKD_OK) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool only = true;
+    for (struct dirent *e; only && (e = readdir(d)) != NULL;) {
+        const char *n = e->d_name;
+        only = !strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, tkd_dump_dir_kind.marker) || !strcmp(n, LOCK_NAME) ||
+               fnmatch(LOCK_NAME ".worker-[0-9]*", n, 0) == 0;
+    }
+    closedir(d);
+    return only;
+}
+
+static void unlink_in(const char *dir, const char *name)
+{
+    char path[4096];
+    if (tkd_path_join(path, sizeof path, dir, name) == TKD_OK)
+        unlink(path);
+}
+
+void tkd_dump_dir_abandon(const char *dir, const char *made, tkd_dir_lock *lock)
+{
+    tkd_error_saved failure; /* the message of why the run failed, which the caller still prints */
+    tkd_error_save(&failure, TKD_ERR_IO);
+    /* lock NULL and the lock held by another writer: its directory now, left alone */
+    if (made[0] && (lock || tkd_dir_lock_take(dir, LOCK_NAME, "teacher-dump", &lock) == TKD_OK) &&
+        only_open_leftovers(dir)) {
         /* the lock file goes while still held: a writer that opened it meanwhile is refused anyway,
          * and one that comes later makes a new directory */
-        unlink(marker);
-        unlink(lockf);
-        rmdir(cfg->output_dir); /* fails, keeping the directory, when anything else is in it */
+        glob_t g;
+        char pat[4096];
+        if (tkd_path_join(pat, sizeof pat, dir, LOCK_NAME ".worker-[0-9]*") == TKD_OK && glob(pat, 0, NULL, &g) == 0) {
+            for (size_t i = 0; i < g.gl_pathc; i++)
+                unlink(g.gl_pathv[i]);
+            globfree(&g);
+        }
+        unlink_in(dir, tkd_dump_dir_kind.marker);
+        unlink_in(dir, LOCK_NAME);
+        tkd_rmdir_made(dir, made); /* rmdir only: anything that appeared meanwhile keeps its folder */
     }
     tkd_dir_lock_release(lock);
+    tkd_error_restore(&failure);
 }

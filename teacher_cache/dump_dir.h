@@ -27,12 +27,15 @@ extern const tkd_dir_kind tkd_dump_dir_kind;
  * by the caller (tkd_dir_lock_release) when the run ends. */
 tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock);
 
-/* A run that made cfg->output_dir and failed before writing anything into it (the teacher, the
- * tokenizer or the data refused): removes what tkd_dump_dir_open put there (the marker and the lock
- * file) and the directory, then releases lock, so a failed first run leaves nothing behind. Only for
- * a single-worker run (it holds the directory exclusively); a directory that holds anything else
- * is left as it is. */
-void tkd_dump_dir_abandon(const tkd_dump_config *cfg, tkd_dir_lock *lock);
+/* A run that made dir (made: the shallowest folder it created, tkd_mkdir_p_made; "" when dir was
+ * there already) and failed before writing anything into it (the teacher, the tokenizer or the data
+ * refused, or every worker of --nproc-per-node failed): removes what tkd_dump_dir_open and the
+ * workers put there (the marker and the lock files) and the folders this run made, then releases
+ * lock, so a refused first run leaves nothing behind. lock is the exclusive lock of a single-worker
+ * run, or NULL: taken here (the launcher, once its workers are gone; held by another writer, nothing
+ * is touched). A directory that holds anything else is left as it is, and a folder the user had is
+ * never removed. */
+void tkd_dump_dir_abandon(const char *dir, const char *made, tkd_dir_lock *lock);
 
 /* The exclusive lock for merge, then every entry of teacher-dump's names proven (merge writes
  * manifest.yaml over the one there). A directory without manifest.worker-0.yaml holds nothing to

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/cli.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/owned_dir.h"
 #include "common/progress.h"
@@ -166,6 +167,9 @@ static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
     }
     /* Made and marked once here, before the workers start: a directory that is not a cache is
      * refused with one error instead of one per worker. */
+    char made[4096] = ""; /* the folders made here, removed again when every worker is refused */
+    if (st == TKD_OK)
+        st = tkd_mkdir_p_made(cfg.output_dir, made, sizeof made);
     if (st == TKD_OK)
         st = tkd_owned_dir_claim(&tkd_dump_dir_kind, cfg.output_dir);
     int rc = 0;
@@ -173,6 +177,8 @@ static int run_launch(const tkd_cli *cli, int nproc, int argc, char **argv)
         st = tkd_signals_install();
     if (st == TKD_OK)
         st = tkd_launch_workers("teacher-dump", nproc, argc, argv, 30.0, &rc);
+    if (st != TKD_OK && made[0]) /* a directory a worker wrote into stays (tkd_dump_dir_abandon) */
+        tkd_dump_dir_abandon(cfg.output_dir, made, NULL);
     int64_t nseq = 0, nshards = 0;
     if (st == TKD_OK && nproc > 1)
         st = tkd_dump_merge(cfg.output_dir, &nseq, &nshards);
@@ -200,11 +206,8 @@ static void on_tokenize_progress(const tkd_tokenize_progress *p, void *user)
 
 static void print_tokenize_summary(const tkd_tokenize_summary *s)
 {
-    tkd_log_info("teacher-dump tokenize: done: %lld documents, %.1f MB of text -> %lld tokens in %d file(s) (%s%s) in "
-                 "%.1f s (%.1f MB/s); each document: %d id(s) before, %d after%s",
-                 (long long)s->docs, (double)s->bytes / 1e6, (long long)s->tokens, s->files, s->first,
-                 s->files > 1 ? ", ..." : "", s->seconds, s->seconds > 0 ? (double)s->bytes / 1e6 / s->seconds : 0.0,
-                 s->nprefix, s->nsuffix, s->eos_id >= 0 ? " + the EOS" : "");
+    tkd_log_info("teacher-dump tokenize: wrote %s%s; each document: %d id(s) before, %d after%s", s->first,
+                 s->files > 1 ? ", ..." : "", s->nprefix, s->nsuffix, s->eos_id >= 0 ? " + the EOS" : "");
     if (s->stale[0])
         tkd_log_warn("teacher-dump tokenize: %s is from an earlier run and was not rewritten; remove it before reading "
                      "these shards with a glob", s->stale);
@@ -236,7 +239,9 @@ static int run_tokenize(int argc, char **argv)
     tkd_tokenize_opts_free(&o);
     if (st != TKD_OK)
         return fail(st);
-    tkd_progress_finish(&bar, NULL);
+    char totals[256]; /* the real counts: a small input is "0/1" in the bar's MB */
+    tkd_tokenize_format_totals(totals, sizeof totals, &sum);
+    tkd_progress_finish_text(&bar, totals);
     print_tokenize_summary(&sum);
     return 0;
 }

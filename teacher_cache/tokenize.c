@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +33,8 @@ const char tkd_tokenize_usage[] =
     "Tokenizes text files or JSON Lines with the teacher's Hugging Face tokenizer into an llm.c token file\n"
     "(uint32 tokens, header 20240801 v7) that data.paths reads (docs/teacher-dump.md, \"Tokenizing text\").\n"
     "  --tokenizer PATH       tokenizer.json, or the checkpoint directory holding it (and tokenizer_config.json)\n"
-    "  --output OUT.bin       the token file; with --shard-tokens, OUT_000000.bin, OUT_000001.bin, ...;\n"
+    "  --output OUT.bin       the token file (its folder is made when missing); with --shard-tokens,\n"
+    "                         OUT_000000.bin, OUT_000001.bin, ...;\n"
     "                         a name ending in .npy writes a NumPy uint32 array instead\n"
     "  --format auto|text|jsonl  auto (default): .jsonl/.ndjson are JSON Lines, other files text\n"
     "  --field NAME           JSON Lines: the field holding the text (default: text)\n"
@@ -468,6 +470,7 @@ typedef struct run_state {
     uint64_t bytes_total;
     out_writer out;
     tkd_dir_lock *lock;      /* the output's lock (.<output name>.topkd-lock beside it) */
+    char made[4096];         /* the shallowest folder of the output's path this run made; "" for none */
 } run_state;
 
 static const char *rec_text(const batch *b, int i)
@@ -609,6 +612,26 @@ static tkd_status batch_write(run_state *s, batch *b, tkd_tokenize_summary *sum)
 
 /* ---- the run ------------------------------------------------------------------------------------- */
 
+static const char *plural(int64_t n, const char *one, const char *many)
+{
+    return n == 1 ? one : many;
+}
+
+size_t tkd_tokenize_format_totals(char *buf, size_t cap, const tkd_tokenize_summary *s)
+{
+    char dur[32], size[32], tok_rate[32], byte_rate[32];
+    bool timed = s->seconds > 0;
+    tkd_progress_format_duration(dur, sizeof dur, s->seconds);
+    tkd_progress_format_bytes(size, sizeof size, (double)s->bytes);
+    tkd_progress_format_rate(tok_rate, sizeof tok_rate, timed ? (double)s->tokens / s->seconds : NAN);
+    tkd_progress_format_bytes(byte_rate, sizeof byte_rate, timed ? (double)s->bytes / s->seconds : NAN);
+    int n = snprintf(buf, cap, "done in %s: %d %s, %s of text, %lld %s, %lld %s (%s tok/s, %s/s)", dur, s->files,
+                     plural(s->files, "file", "files"), size, (long long)s->docs,
+                     plural(s->docs, "document", "documents"), (long long)s->tokens,
+                     plural(s->tokens, "token", "tokens"), tok_rate, byte_rate);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap ? cap - 1 : 0;
+}
+
 static tkd_status resolve_eos(run_state *s)
 {
     const char *e = s->o->eos;
@@ -641,17 +664,40 @@ static tkd_status add_read(out_writer *w, const char *path, const char *role)
     return TKD_OK;
 }
 
-/* One writer per output: the lock file .<output's name>.topkd-lock in the output's directory
- * (common/dir_lock.h), taken before anything is checked or written, so a second run into the same
- * output stops at once naming the first one's pid. */
+/* The output's directory and the name of its lock file, ".<output's name>.topkd-lock". */
+static void lock_name(const run_state *s, char *dir, size_t cap, char *name, size_t name_cap)
+{
+    const char *base;
+    split_path(s->o->output, dir, cap, &base);
+    snprintf(name, name_cap, ".%s.topkd-lock", base);
+}
+
+/* One writer per output: the lock file in the output's directory (common/dir_lock.h), taken before
+ * anything is checked or written, so a second run into the same output stops at once naming the
+ * first one's pid. The directory is made when missing, as teacher-dump makes output.dir (mkdir -p);
+ * a run that fails removes the folders it made (unmake_output_dir) and never one the user had. */
 static tkd_status lock_output(run_state *s)
 {
     char dir[4096], name[4096];
-    const char *base;
-    split_path(s->o->output, dir, sizeof dir, &base);
-    snprintf(name, sizeof name, ".%s.topkd-lock", base);
-    tkd_status st = tkd_dir_lock_take(dir, name, "teacher-dump tokenize", &s->lock);
+    lock_name(s, dir, sizeof dir, name, sizeof name);
+    tkd_status st = tkd_mkdir_p_made(dir, s->made, sizeof s->made);
+    if (st == TKD_OK)
+        st = tkd_dir_lock_take(dir, name, "teacher-dump tokenize", &s->lock);
     return st == TKD_OK ? st : tkd_error_prefix(st, "tokenize: --output %s", s->o->output);
+}
+
+/* A failed run: the folders it made go again, with the lock file in them (this run's, made there by
+ * it), each by rmdir, so one that holds anything else stays. Called with the lock still held. */
+static void unmake_output_dir(const run_state *s)
+{
+    char dir[4096], name[4096], path[8200];
+    if (!s->made[0])
+        return;
+    lock_name(s, dir, sizeof dir, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (s->lock)
+        unlink(path);
+    tkd_rmdir_made(dir, s->made);
 }
 
 static tkd_status setup(run_state *s, char *tok_config, size_t cap)
@@ -720,9 +766,11 @@ static tkd_status run_batches(run_state *s, batch *b, tkd_tokenize_summary *sum)
     return TKD_OK;
 }
 
-static void teardown(run_state *s, batch *b)
+static void teardown(run_state *s, batch *b, bool failed)
 {
     out_free(&s->out);
+    if (failed)
+        unmake_output_dir(s);
     tkd_dir_lock_release(s->lock);
     tkd_text_reader_close(s->reader);
     for (int i = 0; s->ctx && i < s->threads; i++)
@@ -767,6 +815,6 @@ tkd_status tkd_tokenize_run(const tkd_tokenize_opts *o, tkd_tokenize_summary *su
     }
     tkd_error_saved saved;
     tkd_error_save(&saved, st);
-    teardown(&s, b);
+    teardown(&s, b, st != TKD_OK);
     return tkd_error_restore(&saved);
 }

@@ -13,6 +13,9 @@
  * fsynced; all of them are renamed to their final names only once the whole run has succeeded, so
  * a run that fails or is interrupted leaves no output name (and removes its temporaries).
  *
+ * The output's directory is made when missing (mkdir -p, as teacher-dump makes output.dir); a run
+ * that fails removes the folders it made, never one that was there before.
+ *
  * Safety: the run holds the lock .<output name>.topkd-lock in the output's directory
  * (common/dir_lock.h; a second run into the same output is TKD_ERR_BUSY naming the holder's pid);
  * an output name that is a file the run reads (an input, tokenizer.json, tokenizer_config.json;
@@ -74,6 +77,11 @@ void tkd_tokenize_opts_free(tkd_tokenize_opts *o);
 
 /* The `tokenize` usage text (flags and what they do), for --help. */
 extern const char tkd_tokenize_usage[];
+
+/* The totals of a finished run for the closing progress line, e.g. "done in 0:02: 3 files, 45.6 MB
+ * of text, 1200 documents, 9876543 tokens (4.9M tok/s, 22.8 MB/s)": the real counts, whatever the
+ * size of the input. Returns strlen(buf). */
+size_t tkd_tokenize_format_totals(char *buf, size_t cap, const tkd_tokenize_summary *s);
 
 /* Runs it. A Ctrl-C (common/signals.h) stops after the current batch: TKD_ERR_INTERRUPTED, every
  * file this run wrote removed (an existing output untouched), so running it again starts afresh. */

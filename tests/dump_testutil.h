@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "formats/cache_reader.h"
 #include "model/model.h"
@@ -150,8 +152,8 @@ static inline int64_t tkd_dt_read_all(const char *dir, tkd_cache_batch *b, tkd_c
     return n;
 }
 
-/* Asserts that two caches hold the same values in every dataset (values, not file bytes: the HDF5
- * file layout is not part of what resume and worker splits promise). */
+/* Asserts that two caches hold the same values in every dataset (tkd_dt_assert_same_bytes also
+ * compares the files). */
 static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b)
 {
     tkd_cache_batch a, b;
@@ -173,6 +175,42 @@ static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&ma);
     tkd_cache_manifest_free(&mb);
+}
+
+/* Asserts that two caches list the same shards with the same sha256, and that the files are equal
+ * byte for byte (shard-NNNNN.h5 depends on the data and the cache settings only: docs/cache-format.md). */
+static inline void tkd_dt_assert_same_bytes(const char *dir_a, const char *dir_b)
+{
+    tkd_cache_manifest ma, mb;
+    char pa[4400], pb[4400];
+    snprintf(pa, sizeof pa, "%s/manifest.yaml", dir_a);
+    snprintf(pb, sizeof pb, "%s/manifest.yaml", dir_b);
+    assert_int_equal(tkd_cache_manifest_read(&ma, pa), TKD_OK);
+    assert_int_equal(tkd_cache_manifest_read(&mb, pb), TKD_OK);
+    assert_int_equal(ma.num_shards, mb.num_shards);
+    assert_true(ma.num_shards > 0);
+    for (int64_t i = 0; i < ma.num_shards; i++) {
+        assert_string_equal(ma.shards[i].file, mb.shards[i].file);
+        if (strcmp(ma.shards[i].sha256, mb.shards[i].sha256) != 0)
+            fail_msg("%s: sha256 %s in %s, %s in %s", ma.shards[i].file, ma.shards[i].sha256, dir_a,
+                     mb.shards[i].sha256, dir_b);
+        int na = snprintf(pa, sizeof pa, "%s/%s", dir_a, ma.shards[i].file);
+        int nb = snprintf(pb, sizeof pb, "%s/%s", dir_b, mb.shards[i].file);
+        assert_true(na > 0 && (size_t)na < sizeof pa && nb > 0 && (size_t)nb < sizeof pb);
+        if (!tkd_test_files_equal(pa, pb))
+            fail_msg("%s and %s differ", pa, pb);
+    }
+    tkd_cache_manifest_free(&ma);
+    tkd_cache_manifest_free(&mb);
+}
+
+/* Sleeps into the next second of the wall clock: a file written after it that records a time (as
+ * HDF5 does unless told not to) differs from one written before. */
+static inline void tkd_dt_next_second(void)
+{
+    time_t t0 = time(NULL);
+    while (time(NULL) == t0)
+        usleep(20000);
 }
 
 /* A one-layer Llama teacher (V = 64, D = 16, untied head, seeded weights) written as a Hugging Face

@@ -173,6 +173,41 @@ static void test_mkdir_and_join(void **state)
     assert_int_equal(tkd_path_join(out, sizeof out, "0123456789", "abcd"), TKD_OK); /* 15 + NUL */
 }
 
+/* tkd_mkdir_p_made names the shallowest folder it made; tkd_rmdir_made removes those folders and no
+ * folder that was there before, nor one that holds anything (issue 26). */
+static void test_mkdir_made_and_undone(void **state)
+{
+    (void)state;
+    char made[4300];
+    assert_int_equal(tkd_mkdir_p(p("m/have")), TKD_OK);
+    assert_int_equal(tkd_mkdir_p_made(p("m/have/new1/new2/"), made, sizeof made), TKD_OK);
+    assert_string_equal(made, p("m/have/new1"));
+    tkd_rmdir_made(p("m/have/new1/new2/"), made);
+    assert_false(tkd_file_exists(p("m/have/new1")));
+    assert_true(tkd_file_exists(p("m/have")));
+    /* all there: nothing made, nothing removed */
+    assert_int_equal(tkd_mkdir_p_made(p("m/have"), made, sizeof made), TKD_OK);
+    assert_string_equal(made, "");
+    tkd_rmdir_made(p("m/have"), made);
+    assert_true(tkd_file_exists(p("m/have")));
+    /* a folder made that then got a file: it stays, and so do those above it */
+    assert_int_equal(tkd_mkdir_p_made(p("m/n1/n2"), made, sizeof made), TKD_OK);
+    assert_string_equal(made, p("m/n1"));
+    assert_int_equal(tkd_file_write_atomic(p("m/n1/keep"), "x", 1), TKD_OK);
+    tkd_rmdir_made(p("m/n1/n2"), made);
+    assert_false(tkd_file_exists(p("m/n1/n2")));
+    assert_true(tkd_file_exists(p("m/n1/keep")));
+    /* a relative path from a fresh top folder */
+    char cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(tkd_test_group_dir), 0);
+    assert_int_equal(tkd_mkdir_p_made("r1/r2", made, sizeof made), TKD_OK);
+    assert_string_equal(made, "r1");
+    tkd_rmdir_made("r1/r2", made);
+    assert_false(tkd_file_exists("r1"));
+    assert_int_equal(chdir(cwd), 0);
+}
+
 static void test_path_join_alloc(void **state)
 {
     (void)state;
@@ -252,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_read_and_size_errors),
         cmocka_unit_test(test_inputs_must_be_regular_files),
         cmocka_unit_test(test_mkdir_and_join),
+        cmocka_unit_test(test_mkdir_made_and_undone),
         cmocka_unit_test(test_path_join_alloc),
         cmocka_unit_test(test_fsync_and_rename_durable),
         cmocka_unit_test(test_path_within),

@@ -136,6 +136,32 @@ static void test_plain_lines_when_not_a_terminal(void **state)
     free(buf);
 }
 
+/* Byte counts in the unit that shows them, and a closing line of the caller's own text. */
+static void test_bytes_and_finish_text(void **state)
+{
+    (void)state;
+    char b[32];
+    static const struct { double v; const char *s; } cases[] = {
+        {0, "0 B"}, {312, "312 B"}, {999, "999 B"}, {999.6, "1.0 kB"}, {1234, "1.2 kB"}, {45.6e6, "45.6 MB"},
+        {123.4e9, "123 GB"}, {NAN, "--"}, {-1, "--"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tkd_progress_format_bytes(b, sizeof b, cases[i].v);
+        assert_string_equal(b, cases[i].s);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    tkd_progress p;
+    tkd_progress_begin(&p, "tokenize", 1, "MB");
+    p.out = mem;
+    p.tty = false;
+    tkd_progress_finish_text(&p, "done in 0:00: 1 file");
+    fclose(mem);
+    assert_string_equal(buf, "tokenize done in 0:00: 1 file\n");
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -143,6 +169,7 @@ int main(void)
         cmocka_unit_test(test_format_line),
         cmocka_unit_test(test_format_rate_in_another_unit),
         cmocka_unit_test(test_plain_lines_when_not_a_terminal),
+        cmocka_unit_test(test_bytes_and_finish_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,18 +87,65 @@ static void test_ablations_combine_with_the_demo(void **state)
     globfree(&g);
 }
 
-/* The name a sweep gets without run.name: config base name, then each override, made safe. */
+/* The name a sweep gets without run.name: config base name, then each override that defines the run,
+ * a path by its last component, made safe. */
 static void test_derived_run_names(void **state)
 {
     (void)state;
     char name[256];
     const char *sets[] = {"kd.variant=sampled", "data.cache=demo-out/cache-top20-tail80", "kd.temperature=2"};
     tkd_train_derive_name(name, sizeof name, "configs/student-demo.yaml", sets, 3);
-    assert_string_equal(name, "student-demo__kd.variant-sampled__data.cache-demo-out-cache-top20-tail80__kd.temperature-2");
+    assert_string_equal(name, "student-demo__kd.variant-sampled__data.cache-cache-top20-tail80__kd.temperature-2");
     tkd_train_derive_name(name, sizeof name, "student-demo.yaml", NULL, 0);
     assert_string_equal(name, "student-demo");
     tkd_train_derive_name(name, 8, "configs/student-demo.yaml", sets, 1); /* truncated, terminated */
     assert_string_equal(name, "student");
+}
+
+/* Issue 26: the overrides of a real run, with paths. run.dir and the other output locations are not
+ * part of the name, a path is its last component (quotes and a trailing '/' aside, each element of a
+ * list), and the rest keeps its order; the full overrides stay in config.yaml. */
+static void test_derived_names_with_paths(void **state)
+{
+    (void)state;
+    char name[256];
+    const char *sets[] = {"data.cache=/tmp/x/cache", "run.dir=/tmp/x/runs", "train.max_steps=60",
+                          "data.val_cache=", "model.path='/models/Qwen2.5-0.5B/'", "dist.dir=/shared/rdzv",
+                          "data.tokens=[data/a/train.bin, /b/val.bin]", "train.stop_after=30"};
+    tkd_train_derive_name(name, sizeof name, "configs/student-qwen2.5-0.5b.yaml", sets, 3);
+    assert_string_equal(name, "student-qwen2.5-0.5b__data.cache-cache__train.max_steps-60");
+    tkd_train_derive_name(name, sizeof name, "c.yaml", sets + 1, 7);
+    assert_string_equal(name, "c__train.max_steps-60__data.val_cache-__model.path-Qwen2.5-0.5B__data.tokens-train.bin-val.bin");
+    assert_null(strstr(name, "tmp"));
+    assert_null(strstr(name, "runs"));
+    assert_null(strstr(name, "stop_after"));
+    /* run.name and run.dir given alone: only the config's stem */
+    const char *where[] = {"run.dir=/tmp/x/runs", "run.name=", "train.log_interval=1"};
+    tkd_train_derive_name(name, sizeof name, "c.yaml", where, 3);
+    assert_string_equal(name, "c");
+}
+
+/* A long derived name: its first 87 characters, then "-" and 8 hex digits of the whole name's sha256,
+ * 96 in all; the same overrides give the same name, and names differing only past the cut differ. */
+static void test_long_derived_names_hashed(void **state)
+{
+    (void)state;
+    char a[256], b[256], again[256];
+    const char *sets[] = {"kd.variant=sampled", "kd.temperature=2", "optim.lr=0.001", "optim.min_lr=0.0001",
+                          "optim.warmup_steps=100", "train.seed=7", "kd.topk=20"};
+    const char *other[] = {"kd.variant=sampled", "kd.temperature=2", "optim.lr=0.001", "optim.min_lr=0.0001",
+                           "optim.warmup_steps=100", "train.seed=7", "kd.topk=21"};
+    tkd_train_derive_name(a, sizeof a, "configs/student-demo.yaml", sets, 7);
+    tkd_train_derive_name(again, sizeof again, "configs/student-demo.yaml", sets, 7);
+    tkd_train_derive_name(b, sizeof b, "configs/student-demo.yaml", other, 7);
+    assert_int_equal(strlen(a), 96);
+    assert_string_equal(a, again);
+    assert_string_not_equal(a, b);
+    assert_int_equal(strncmp(a, "student-demo__kd.variant-sampled__kd.temperature-2__optim.lr-0.001__optim.min_lr-0.0001__o",
+                             87), 0);
+    assert_int_equal(a[87], '-');
+    assert_int_equal(strspn(a + 88, "0123456789abcdef"), 8);
+    assert_int_equal(strncmp(a, b, 88), 0); /* only the hash tells them apart */
 }
 
 /* The real-pair student configs next to the teacher templates load by themselves, with the shapes
@@ -134,6 +181,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ablations_combine_with_the_demo),
         cmocka_unit_test(test_derived_run_names),
+        cmocka_unit_test(test_derived_names_with_paths),
+        cmocka_unit_test(test_long_derived_names_hashed),
         cmocka_unit_test(test_real_pair_students),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -350,7 +350,7 @@ static void test_repair_missing_and_damaged(void **state)
     free(dir);
 }
 
-/* cache.writer_threads changes how many threads compress, never what the cache holds; it is
+/* cache.writer_threads changes how many threads compress, never what the cache holds (not a byte); it is
  * 0 (automatic) .. TKD_SHARD_WRITER_MAX_THREADS. */
 static void test_writer_threads_same_cache(void **state)
 {
@@ -365,6 +365,7 @@ static void test_writer_threads_same_cache(void **state)
     run_ok(yb, NULL, &sum);
     assert_int_equal(sum.shards_run, 3);
     tkd_dt_assert_same_cache(a, b);
+    tkd_dt_assert_same_bytes(a, b);
     tkd_dump_config cfg;
     memset(&cfg, 0, sizeof cfg);
     assert_int_equal(tkd_config_defaults(&tkd_dump_schema, &cfg), TKD_OK);
@@ -373,6 +374,25 @@ static void test_writer_threads_same_cache(void **state)
     assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, &cfg, "t", bad, strlen(bad)), TKD_ERR_CONFIG);
     tkd_test_assert_msg_has("cache.writer_threads");
     tkd_config_free(&tkd_dump_schema, &cfg);
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
+/* Two dumps of the same data with the same settings, a second apart, write the same shard files
+ * byte for byte (no HDF5 modification times), so their manifests' sha256 are equal (issue 26). */
+static void test_two_dumps_same_bytes(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-bytes");
+    char a[4200], b[4200], ya[8192], yb[8192];
+    const char *extra = "cache: {k: 8, shard_sequences: 7, tail_samples: 2}\n";
+    two_caches(dir, 9, extra, extra, a, b, ya, yb);
+    tkd_dump_summary sum;
+    run_ok(ya, NULL, &sum);
+    tkd_dt_next_second();
+    run_ok(yb, NULL, &sum);
+    assert_int_equal(sum.shards_run, 3);
+    tkd_dt_assert_same_bytes(a, b);
     tkd_test_rmtree(dir);
     free(dir);
 }
@@ -618,6 +638,7 @@ int main(void)
         cmocka_unit_test(test_resume_after_stop),
         cmocka_unit_test(test_repair_missing_and_damaged),
         cmocka_unit_test(test_writer_threads_same_cache),
+        cmocka_unit_test(test_two_dumps_same_bytes),
         cmocka_unit_test(test_last_window_pad),
         cmocka_unit_test(test_merge_names_the_missing_worker),
         cmocka_unit_test(test_config_workers_from_env),

@@ -46,6 +46,44 @@ static void test_token_out_of_vocab(void **state)
     free(dir);
 }
 
+/* A dump refused for its inputs (a token file that is not there, a tokenizer that does not load)
+ * leaves no directory behind: neither output.dir nor the folders above it that the run made; a
+ * folder the user had stays (issue 26). */
+static void test_refused_dump_leaves_no_directory(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("dump-refused");
+    char out[4200], y[8192], extra[9000], missing[4200], tok[4200], text[4200];
+    snprintf(missing, sizeof missing, "%s/missing.npy", dir);
+    snprintf(out, sizeof out, "%s/new/caches/c1", dir);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, missing, out, "");
+    assert_int_equal(run_status(y, NULL), TKD_ERR_NOT_FOUND);
+    tkd_test_assert_msg_has("missing.npy: cannot open token file");
+    assert_false(tkd_file_exists(tkd_test_path(dir, "new")));
+
+    /* a tokenizer.json that does not parse, into a folder the user made: it stays, empty */
+    snprintf(tok, sizeof tok, "%s/tok", dir);
+    assert_int_equal(tkd_mkdir_p(tok), TKD_OK);
+    tkd_test_write_text(tkd_test_path(tok, "tokenizer.json"), "{\"model\": ");
+    snprintf(text, sizeof text, "%s/doc.txt", dir);
+    tkd_test_write_text(text, "some text to tokenize");
+    assert_int_equal(tkd_mkdir_p(tkd_test_path(dir, "have")), TKD_OK);
+    snprintf(out, sizeof out, "%s/have/c2", dir);
+    snprintf(extra, sizeof extra, "data: {paths: ['%s'], tokenizer: '%s'}\n", text, tok);
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
+    assert_int_not_equal(run_status(y, NULL), TKD_OK);
+    tkd_test_assert_msg_has("data.tokenizer: ");
+    tkd_test_assert_msg_has("tokenizer.json");
+    assert_false(tkd_file_exists(out));
+    assert_true(tkd_file_exists(tkd_test_path(dir, "have")));
+    /* an output.dir that was there already (empty) stays, and gets nothing */
+    assert_int_equal(tkd_mkdir_p(out), TKD_OK);
+    assert_int_not_equal(run_status(y, NULL), TKD_OK);
+    assert_true(tkd_file_exists(out));
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 /* Ctrl-C while the inputs are still being read: the message says what was being read (there is no
  * cache yet to report on) and nothing is written. */
 static void test_interrupt_while_reading_inputs(void **state)
@@ -424,6 +462,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_token_out_of_vocab),
+        cmocka_unit_test(test_refused_dump_leaves_no_directory),
         cmocka_unit_test(test_interrupt_while_reading_inputs),
         cmocka_unit_test(test_other_config_needs_overwrite),
         cmocka_unit_test(test_overwrite_removes_only_ours),

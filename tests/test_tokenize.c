@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fileio.h"
 #include "formats/text_docs.h"
 #include "formats/tokenizer.h"
 #include "formats/tokens.h"
@@ -393,6 +394,73 @@ static void test_cli(void **state)
     assert_int_equal(tkd_test_run(BIN, help, NULL, tmp("cli.out")), 0);
 }
 
+/* --output into a folder that is not there: the folders are made (as teacher-dump makes output.dir);
+ * a run that fails removes the folders it made, and never one that was there (issue 26). */
+static void test_cli_output_into_new_folder(void **state)
+{
+    (void)state;
+    tkd_test_write_text(tmp("new.txt"), "Text for a folder that is not there yet.");
+    const char *ok[] = {"tokenize", "--tokenizer", QWEN3, "--output", tmp("fresh/sub/out.bin"), tmp("new.txt"), NULL};
+    assert_int_equal(tkd_test_run(BIN, ok, NULL, tmp("new.out")), 0);
+    size_t n;
+    free(read_bin(tmp("fresh/sub/out.bin"), &n));
+    assert_true(n > 3);
+    /* a failing run into new folders: they go again */
+    tkd_test_write_text(tmp("new.jsonl"), "not json\n");
+    const char *bad[] = {"tokenize", "--tokenizer", QWEN3, "--output", tmp("fresh2/sub/out.bin"), tmp("new.jsonl"), NULL};
+    assert_int_equal(tkd_test_run(BIN, bad, NULL, tmp("new.out")), 1);
+    assert_false(tkd_file_exists(tmp("fresh2")));
+    /* below a folder the user had: only what the run made goes */
+    const char *below[] = {"tokenize", "--tokenizer", QWEN3, "--output", tmp("fresh/sub2/out.bin"), tmp("new.jsonl"), NULL};
+    assert_int_equal(tkd_test_run(BIN, below, NULL, tmp("new.out")), 1);
+    assert_false(tkd_file_exists(tmp("fresh/sub2")));
+    assert_true(tkd_file_exists(tmp("fresh/sub/out.bin")));
+    /* a folder that was there and is empty stays */
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmp("mine"));
+    assert_int_equal(system(cmd), 0);
+    const char *mine[] = {"tokenize", "--tokenizer", QWEN3, "--output", tmp("mine/out.bin"), tmp("new.jsonl"), NULL};
+    assert_int_equal(tkd_test_run(BIN, mine, NULL, tmp("new.out")), 1);
+    assert_true(tkd_file_exists(tmp("mine")));
+    assert_false(tkd_file_exists(tmp("mine/out.bin")));
+}
+
+/* The closing line's totals, from the summary: real counts in units that show them. */
+static void test_format_totals(void **state)
+{
+    (void)state;
+    char line[256];
+    tkd_tokenize_summary s = {.docs = 1200, .tokens = 9876543, .bytes = 45600000, .files = 3, .seconds = 2};
+    tkd_tokenize_format_totals(line, sizeof line, &s);
+    assert_string_equal(line, "done in 0:02: 3 files, 45.6 MB of text, 1200 documents, 9876543 tokens (4.9M tok/s, "
+                              "22.8 MB/s)");
+    s = (tkd_tokenize_summary){.docs = 1, .tokens = 4, .bytes = 312, .files = 1, .seconds = 0.25};
+    tkd_tokenize_format_totals(line, sizeof line, &s);
+    assert_string_equal(line, "done in 0:00: 1 file, 312 B of text, 1 document, 4 tokens (16.0 tok/s, 1.2 kB/s)");
+}
+
+/* The binary's closing line on a small input: its real totals, never "0/1 done ... 0.0 MB/s" (the
+ * progress counts whole MB) (issue 26). */
+static void test_cli_closing_line(void **state)
+{
+    (void)state;
+    tkd_test_write_text(tmp("small.txt"), "one small document");
+    tkd_test_write_text(tmp("small2.txt"), "and another one");
+    const char *args[] = {"tokenize", "--tokenizer", QWEN3, "--output", tmp("small.bin"), "--overwrite",
+                          tmp("small.txt"), tmp("small2.txt"), NULL};
+    assert_int_equal(tkd_test_run(BIN, args, NULL, tmp("small.out")), 0);
+    size_t n;
+    free(read_bin(tmp("small.bin"), &n));
+    char *out = tkd_test_slurp(tmp("small.out"), NULL);
+    char want[128];
+    snprintf(want, sizeof want, " of text, 2 documents, %zu tokens (", n);
+    const char *line = strstr(out, "tokenize done in 0:0");
+    if (!line || !strstr(line, ": 1 file, 33 B of text, 2 documents, ") || !strstr(line, want) ||
+        !strstr(line, " tok/s, ") || !strstr(line, "B/s)\n") || strstr(out, "0/1"))
+        fail_msg("closing line without the run's totals (%s):\n%s", want, out);
+    free(out);
+}
+
 /* A byte-level tokenizer small enough for the llama fixture's 131 ids: printable ASCII (ids 0-93),
  * space 94, newline 95, "he" 96, " t" 97, " the" 98, <|eos|> 99 (its eos_token). */
 static const char *ascii_tokenizer(void)
@@ -462,6 +530,8 @@ int main(void)
         cmocka_unit_test(test_many_docs_and_shards), cmocka_unit_test(test_bos_from_template),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_parse_args),
         cmocka_unit_test(test_cli),              cmocka_unit_test(test_dump_from_text),
+        cmocka_unit_test(test_cli_output_into_new_folder), cmocka_unit_test(test_format_totals),
+        cmocka_unit_test(test_cli_closing_line),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }

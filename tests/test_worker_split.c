@@ -6,7 +6,8 @@
  * - merge checks every shard's sha256 against the worker manifest that lists it, and refuses worker
  *   files of another split;
  * - `--nproc-per-node 2` where every worker fails at start-up prints one line, without "resume"
- *   (teacher-dump and student-train, which share the launcher).
+ *   (teacher-dump and student-train, which share the launcher);
+ * - two workers merged write the same shard files, byte for byte, as one worker (issue 26).
  * The dumps are 18 windows of 16 tokens in shards of 4: workers of 2 cover [0, 8) and [8, 18),
  * workers of 3 [0, 4), [4, 12) and [12, 18). */
 #include <setjmp.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/dist.h"
+#include "common/fileio.h"
 #include "teacher_cache/dump_merge.h"
 #include "tests/dump_testutil.h"
 
@@ -292,6 +294,26 @@ static void test_overwrite_on_every_worker_starts_a_new_split(void **state)
     split_end(&c);
 }
 
+/* A dump split over two workers and merged writes the very files one worker writes (issue 26): the
+ * same shards, equal byte for byte, with equal sha256 in the manifests; a second later, so that a
+ * time recorded in a shard would show. */
+static void test_split_gives_the_same_files(void **state)
+{
+    (void)state;
+    split_case c;
+    split_begin(&c, "split-bytes");
+    run_worker_ok(&c, 0, 1);
+    char ref[4300];
+    snprintf(ref, sizeof ref, "%s/ref", c.dir);
+    assert_int_equal(rename(c.out, ref), 0);
+    tkd_dt_next_second();
+    run_worker_ok(&c, 0, 2);
+    run_worker_ok(&c, 1, 2);
+    assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
+    tkd_dt_assert_same_bytes(ref, c.out);
+    split_end(&c);
+}
+
 /* ---- the launcher's one line -------------------------------------------------------------------- */
 
 /* The lines of a file. */
@@ -304,7 +326,8 @@ static int count_lines(const char *text)
 }
 
 /* Every worker fails at start-up (a teacher that is not there): one line on stderr, naming the
- * worker and its error, without resume advice (nothing was written to resume). */
+ * worker and its error, without resume advice (nothing was written to resume), and no output.dir
+ * left behind. */
 static void test_nproc_start_failure_is_one_line(void **state)
 {
     (void)state;
@@ -321,6 +344,8 @@ static void test_nproc_start_failure_is_one_line(void **state)
         !strstr(text, "teacher-dump: worker ") || !strstr(text, " failed with exit code "))
         fail_msg("exit %d, stderr not one line naming the worker and its error:\n%s", rc, text);
     free(text);
+    /* the launcher made output.dir for the workers: nothing was written, so it is gone again */
+    assert_false(tkd_file_exists(tkd_test_path(dir, "out")));
 
     /* the same through a half-set variable: one line, exit 2 */
     const char *plain[] = {"--config", cfg, "--set", out, NULL};
@@ -365,6 +390,7 @@ int main(void)
         cmocka_unit_test(test_merge_checks_every_sha256),
         cmocka_unit_test(test_merge_refuses_two_splits),
         cmocka_unit_test(test_overwrite_on_every_worker_starts_a_new_split),
+        cmocka_unit_test(test_split_gives_the_same_files),
         cmocka_unit_test(test_nproc_start_failure_is_one_line),
         cmocka_unit_test(test_student_nproc_start_failure_is_one_line),
     };
