@@ -144,6 +144,52 @@ static void test_rope_inv_freq(void **s)
     assert_true(fabs(plain[2] - inv[2] * 8) < 1e-7 && plain[1] != inv[1]); /* scaling off: plain */
 }
 
+/* YaRN in double, the formula of transformers' _compute_yarn_parameters written out plainly. */
+static double yarn_want(int i, double theta, int dh, double factor, double bf, double bs, int omax, int trunc)
+{
+    double lo = dh * log(omax / (bf * 2 * M_PI)) / (2 * log(theta));
+    double hi = dh * log(omax / (bs * 2 * M_PI)) / (2 * log(theta));
+    if (trunc)
+        lo = floor(lo), hi = ceil(hi);
+    lo = fmax(lo, 0), hi = fmin(hi, dh - 1);
+    if (lo == hi)
+        hi += 0.001;
+    const double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1), w_extra = 1 - ramp;
+    const double extra = 1 / pow(theta, 2.0 * i / dh);
+    return extra / factor * (1 - w_extra) + extra * w_extra;
+}
+
+/* YaRN with gpt-oss's parameters (θ 150000, factor 32, β 32 / 1, 4096 original positions, no
+ * truncation) and truncated: the fast dimensions kept, the slow ones divided by the factor, a
+ * linear ramp between; the attention factor 0.1·ln 32 + 1; the scaled table at scale 1 equals the
+ * plain one bit for bit. */
+static void test_rope_yarn(void **s)
+{
+    (void)s;
+    for (int trunc = 0; trunc < 2; trunc++) {
+        float inv[32], af = 0;
+        tkd_rope_inv_freq_yarn(150000.0, 64, 32.0, 32.0, 1.0, 4096, trunc, 0.0, inv, &af);
+        for (int i = 0; i < 32; i++)
+            assert_true(tkd_test_close(inv[i], yarn_want(i, 150000.0, 64, 32.0, 32.0, 1.0, 4096, trunc), 0, 2e-6));
+        assert_true(inv[0] == 1.0f);                                              /* fastest: kept */
+        assert_true(fabs(inv[31] * 32 - 1 / pow(150000.0, 62.0 / 64)) < 1e-6 * inv[31] * 32); /* slowest: / 32 */
+        assert_true(fabs(af - (0.1 * log(32.0) + 1)) < 1e-6);
+    }
+    float inv[8], af = 0;
+    tkd_rope_inv_freq_yarn(1e4, 16, 1.0, 32.0, 1.0, 4096, 1, 0.0, inv, &af);
+    assert_true(af == 1.0f); /* factor 1: no scaling of the attention */
+    tkd_rope_inv_freq_yarn(1e4, 16, 4.0, 32.0, 1.0, 4096, 1, 0.7, inv, &af);
+    assert_true(af == 0.7f); /* an explicit attention_factor wins */
+    float c1[5 * 8], s1[5 * 8], c2[5 * 8], s2[5 * 8];
+    tkd_rope_table(inv, 16, 5, c1, s1);
+    tkd_rope_table_scaled(inv, 16, 5, 1.0f, c2, s2);
+    assert_memory_equal(c1, c2, sizeof c1);
+    assert_memory_equal(s1, s2, sizeof s1);
+    tkd_rope_table_scaled(inv, 16, 5, 1.5f, c2, s2);
+    for (int i = 0; i < 5 * 8; i++)
+        assert_true(c2[i] == c1[i] * 1.5f && s2[i] == s1[i] * 1.5f);
+}
+
 static void test_rope(void **s)
 {
     (void)s;
@@ -248,7 +294,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),     cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_linear),        cmocka_unit_test(test_rope_inv_freq),
+        cmocka_unit_test(test_linear),        cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_large_scores), cmocka_unit_test(test_swiglu),
     };
