@@ -36,13 +36,14 @@ double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *
     const float *qi = tkd_ref64_row(a->q, a->T, a->H, dh, b, t, h);
     const double scale = 1.0 / sqrt((double)dh);
     double m = -INFINITY, sum = 0.0;
-    for (int j = 0; j <= t; j++) {
+    const int j0 = a->window > 0 && t >= a->window ? t - a->window + 1 : 0;
+    for (int j = j0; j <= t; j++) {
         sc[j] = tkd_ref64_dot(qi, tkd_ref64_row(a->k, a->T, a->Hkv, dh, b, j, g), dh) * scale;
         m = fmax(m, sc[j]);
     }
     for (int d = 0; d < dh; d++)
         y[d] = 0.0;
-    for (int j = 0; j <= t; j++) {
+    for (int j = j0; j <= t; j++) {
         const float *vj = tkd_ref64_row(a->v, a->T, a->Hkv, dh, b, j, g);
         const double p = exp(sc[j] - m);
         sum += p;
