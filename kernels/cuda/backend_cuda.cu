@@ -783,6 +783,7 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->master_lo_size = sizeof(int16_t);
     be->host_addressable = 0;
     be->data_parallel = 1;
+    be->attn_window = 0; /* no attention kernel masks a sliding window yet (no_window_yet) */
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);
