@@ -32,11 +32,16 @@ const float *tkd_ref64_row(const float *x, int T, int heads, int dh, int b, int 
 
 double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *y, double *sc)
 {
+    return tkd_ref64_attn_window_row(a, 0, b, h, t, y, sc);
+}
+
+double tkd_ref64_attn_window_row(const tkd_ref64_attn *a, int window, int b, int h, int t, double *y, double *sc)
+{
     const int g = h / (a->H / a->Hkv), dh = a->dh;
     const float *qi = tkd_ref64_row(a->q, a->T, a->H, dh, b, t, h);
     const double scale = 1.0 / sqrt((double)dh);
     double m = -INFINITY, sum = 0.0;
-    const int j0 = a->window > 0 && t >= a->window ? t - a->window + 1 : 0;
+    const int j0 = window > 0 && t >= window ? t - window + 1 : 0;
     for (int j = j0; j <= t; j++) {
         sc[j] = tkd_ref64_dot(qi, tkd_ref64_row(a->k, a->T, a->Hkv, dh, b, j, g), dh) * scale;
         m = fmax(m, sc[j]);

@@ -9,13 +9,10 @@
 #include <stdint.h>
 
 /* A causal GQA attention problem, row-major: q and dy (B·T, H·dh), k and v (B·T, Hkv·dh); query head h
- * reads kv head h / (H / Hkv); scores scaled by 1/√dh. window > 0: query t attends keys
- * t − window < j ≤ t only (a sliding window counting the query itself); 0 (left out of an
- * initializer): full causal. */
+ * reads kv head h / (H / Hkv); scores scaled by 1/√dh. */
 typedef struct tkd_ref64_attn {
     int B, T, H, Hkv, dh;
     const float *q, *k, *v;
-    int window;
 } tkd_ref64_attn;
 
 /* Σ a_i·b_i over n in float64 (four chains, so long rows are not latency-bound). */
@@ -24,10 +21,13 @@ double tkd_ref64_dot(const float *a, const float *b, int n);
 /* Row t of head h in batch b of a (B·T, heads·dh) tensor. */
 const float *tkd_ref64_row(const float *x, int T, int heads, int dh, int b, int t, int h);
 
-/* Query row t of head h in batch b: y (dh doubles) = softmax(scores)·V over keys j0..t (j0 = 0, or
- * t − window + 1 inside a window), and returns the row's log-sum-exp; sc: scratch of t + 1 doubles,
- * left holding the scaled scores at [j0, t]. */
+/* Query row t of head h in batch b: y (dh doubles) = softmax(scores)·V over keys 0..t, and returns
+ * the row's log-sum-exp; sc: scratch of t + 1 doubles, left holding the scaled scores. */
 double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *y, double *sc);
+
+/* The same inside a sliding window (window ≥ 1; 0: full causal): over keys t − window < j ≤ t only
+ * (the window counts the query itself), sc holding the scores at [j0, t], j0 = max(0, t − window + 1). */
+double tkd_ref64_attn_window_row(const tkd_ref64_attn *a, int window, int b, int h, int t, double *y, double *sc);
 
 /* RoPE of one bf16 tensor x (N, nh·dh), position n % T, cos/sin tables c, s (T, dh/2): *ref (the
  * rotation, backward = the inverse one), and *bound, per element bound·(|x_i| + |x_partner|) (the

@@ -92,12 +92,12 @@ static void test_ref64_attention(void **state)
     tkd_test_randn(q, nq, 1, 1.5f), tkd_test_randn(k, nk, 2, 1.5f), tkd_test_randn(v, nk, 3, 1.0f);
     for (int W = 0; W <= 3; W += 3) {
         tkd_cpu_attn_window_fwd(q, k, v, B, T, H, HKV, DH, W, att, y);
-        const tkd_ref64_attn a = {B, T, H, HKV, DH, q, k, v, W};
+        const tkd_ref64_attn a = {B, T, H, HKV, DH, q, k, v};
         double y64[DH], sc[T];
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
                 for (int t = 0; t < T; t++) {
-                    const double lse = tkd_ref64_attn_row(&a, b, h, t, y64, sc);
+                    const double lse = tkd_ref64_attn_window_row(&a, W, b, h, t, y64, sc);
                     const float *yc = tkd_ref64_row(y, T, H, DH, b, t, h);
                     double sum = 0;
                     for (int j = W && t >= W ? t - W + 1 : 0; j <= t; j++)
