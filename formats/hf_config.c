@@ -364,7 +364,8 @@ static tkd_status read_windows(const char *path, const cJSON *root, tkd_model_co
         return TKD_OK;
     }
     if (c->arch == TKD_ARCH_MISTRAL) {
-        memset(lt, sw > 0, sizeof lt);
+        for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++)
+            lt[l] = (unsigned char)(sw > 0);
     } else {
         if (!use_sw)
             sw = 0;
