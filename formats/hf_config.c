@@ -43,18 +43,27 @@ const char *tkd_arch_name(tkd_arch arch)
     case TKD_ARCH_LLAMA: return "llama";
     case TKD_ARCH_QWEN2: return "qwen2";
     case TKD_ARCH_MISTRAL: return "mistral";
+    case TKD_ARCH_QWEN3: return "qwen3";
     }
     return "?";
 }
 
-static const char *arch_class(tkd_arch arch)
+const char *tkd_arch_class(tkd_arch arch)
 {
     switch (arch) {
     case TKD_ARCH_LLAMA: return "LlamaForCausalLM";
     case TKD_ARCH_QWEN2: return "Qwen2ForCausalLM";
     case TKD_ARCH_MISTRAL: return "MistralForCausalLM";
+    case TKD_ARCH_QWEN3: return "Qwen3ForCausalLM";
     }
     return "?";
+}
+
+int tkd_arch_qk_norm(tkd_arch arch) { return arch == TKD_ARCH_QWEN3; }
+
+int tkd_model_config_window(const tkd_model_config *c, int l)
+{
+    return c->sliding_window > 0 && l >= 0 && l < TKD_MAX_WINDOW_LAYERS && c->layer_sliding[l] ? c->sliding_window : 0;
 }
 
 tkd_status tkd_model_config_validate(const tkd_model_config *c)
@@ -77,8 +86,22 @@ tkd_status tkd_model_config_validate(const tkd_model_config *c)
         return tkd_error_set(TKD_ERR_CONFIG, "model config: initializer_range must be >= 0");
     if (c->arch == TKD_ARCH_QWEN2 && !c->attention_bias)
         return tkd_error_set(TKD_ERR_CONFIG, "model config: qwen2 always has q/k/v bias; attention_bias must be 1");
-    if (c->arch == TKD_ARCH_MISTRAL && c->attention_bias)
-        return tkd_error_set(TKD_ERR_CONFIG, "model config: mistral has no attention bias; attention_bias must be 0");
+    if ((c->arch == TKD_ARCH_MISTRAL || c->arch == TKD_ARCH_QWEN3) && c->attention_bias)
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: %s is built without attention bias here; attention_bias "
+                             "must be 0", tkd_arch_name(c->arch));
+    if (c->sliding_window < 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: sliding_window must be >= 0 (0: none), got %d",
+                             c->sliding_window);
+    if (c->sliding_window > 0 && c->num_hidden_layers > TKD_MAX_WINDOW_LAYERS)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model config: sliding windows over %d layers: at most %d layers "
+                             "can slide", c->num_hidden_layers, TKD_MAX_WINDOW_LAYERS);
+    for (int l = 0; c->sliding_window > 0 && l < c->num_hidden_layers; l++) {
+        /* what config.json can say: Llama has no window, Mistral's covers every layer */
+        int slides = tkd_model_config_window(c, l) > 0;
+        if ((c->arch == TKD_ARCH_LLAMA && slides) || (c->arch == TKD_ARCH_MISTRAL && !slides))
+            return tkd_error_set(TKD_ERR_CONFIG, "model config: layer %d %s a sliding window, which %s cannot express",
+                                 l, slides ? "has" : "lacks", tkd_arch_class(c->arch));
+    }
     if (c->vocab_size > 0 && (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size))
         return tkd_error_set(TKD_ERR_CONFIG, "model config: bos/eos token id (%d/%d) >= vocab_size %d",
                              c->bos_token_id, c->eos_token_id, c->vocab_size);
@@ -180,9 +203,9 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
 {
     const cJSON *mt = field(root, "model_type");
     const char *m = cJSON_IsString(mt) ? mt->valuestring : "";
-    static const tkd_arch all[] = {TKD_ARCH_LLAMA, TKD_ARCH_QWEN2, TKD_ARCH_MISTRAL};
+    static const tkd_arch all[] = {TKD_ARCH_LLAMA, TKD_ARCH_QWEN2, TKD_ARCH_MISTRAL, TKD_ARCH_QWEN3};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (strcmp(m, tkd_arch_name(all[i])) == 0 || (!*m && has_architecture(root, arch_class(all[i])))) {
+        if (strcmp(m, tkd_arch_name(all[i])) == 0 || (!*m && has_architecture(root, tkd_arch_class(all[i])))) {
             *arch = all[i];
             return TKD_OK;
         }
@@ -192,7 +215,7 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
         return TKD_OK;
     }
     return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, mistral, or architectures "
+                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, qwen3, mistral, or architectures "
                          "[\"LlamaForCausalLM\"])",
                          path, *m ? m : "(missing)");
 }
@@ -251,36 +274,118 @@ static tkd_status refuse_unsupported(const char *path, const cJSON *root, const 
             return tkd_error_set(TKD_ERR_UNSUPPORTED,
                                  "%s: %s = %d: mixture-of-experts models are not supported", path, moe[i], n);
     }
-    int mlp_bias = 0, tp = 1, sw = 0, use_sw = 0, mwl = 28; /* max_window_layers: Qwen2Config's default */
+    int mlp_bias = 0, tp = 1;
     TKD_TRY(get_bool(path, root, "mlp_bias", &mlp_bias));
     if (mlp_bias)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: mlp_bias = true is not supported", path);
     TKD_TRY(get_int(path, root, "", "pretraining_tp", 0, &tp));
     if (tp > 1)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: pretraining_tp = %d is not supported (only 1)", path, tp);
-    TKD_TRY(get_int(path, root, "", "sliding_window", 0, &sw));
-    TKD_TRY(get_bool(path, root, "use_sliding_window", &use_sw));
-    TKD_TRY(get_int(path, root, "", "max_window_layers", 0, &mwl));
-    /* A window at least as long as the longest sequence never masks anything. Qwen2 applies the
-     * window only when use_sliding_window is on, and then to layers >= max_window_layers. */
-    int window_bites = sw > 0 && sw < c->max_position_embeddings;
-    if (c->arch == TKD_ARCH_QWEN2)
-        window_bites = window_bites && use_sw && mwl < c->num_hidden_layers;
-    if (window_bites)
+    if (c->arch == TKD_ARCH_QWEN3 && c->attention_bias)
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "%s: sliding_window = %d (< max_position_embeddings %d) is in use: sliding-window "
-                             "attention is not supported",
-                             path, sw, c->max_position_embeddings);
-    /* newer transformers spell the per-layer choice out */
+                             "%s: attention_bias = true on qwen3 (biases on q/k/v and o_proj) is not supported", path);
+    return TKD_OK;
+}
+
+/* ---- sliding windows ------------------------------------------------------------------------ */
+
+/* layer_types (transformers >= 4.54 spells the per-layer choice out): flags[l] = 1 for
+ * "sliding_attention", 0 for "full_attention"; *present = 0 when the field is absent. */
+static tkd_status read_layer_types(const char *path, const cJSON *root, const tkd_model_config *c,
+                                   unsigned char *flags, int *present)
+{
     const cJSON *lt = field(root, "layer_types"), *it;
-    int i = 0;
+    *present = lt != NULL;
+    if (!lt)
+        return TKD_OK;
+    if (!cJSON_IsArray(lt))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"layer_types\" must be a list of strings", path);
+    int n = cJSON_GetArraySize(lt), i = 0;
+    if (n != c->num_hidden_layers)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: layer_types has %d entries for num_hidden_layers %d", path, n,
+                             c->num_hidden_layers);
     cJSON_ArrayForEach(it, lt) {
-        if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention") != 0)
+        const char *t = cJSON_IsString(it) ? it->valuestring : "?";
+        int slides = strcmp(t, "sliding_attention") == 0;
+        if (!slides && strcmp(t, "full_attention") != 0)
             return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                                 "%s: layer_types[%d] = \"%.32s\": only full_attention layers are supported", path,
-                                 i, cJSON_IsString(it) ? it->valuestring : "?");
+                                 "%s: layer_types[%d] = \"%.32s\": only full_attention and sliding_attention "
+                                 "layers are supported", path, i, t);
+        if (i < TKD_MAX_WINDOW_LAYERS)
+            flags[i] = (unsigned char)slides;
+        else if (slides)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: layer_types[%d] slides: at most %d layers can slide", path,
+                                 i, TKD_MAX_WINDOW_LAYERS);
         i++;
     }
+    return TKD_OK;
+}
+
+/* sliding_window as transformers reads it: a positive integer, or null (no window). *sw keeps its
+ * default when the key is absent (Mistral and Qwen2/3 default to 4096 there). */
+static tkd_status read_window_size(const char *path, const cJSON *root, int *sw)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (cJSON_IsNull(j)) {
+        *sw = 0;
+        return TKD_OK;
+    }
+    TKD_TRY(get_int(path, root, "", "sliding_window", 0, sw));
+    if (j && *sw <= 0) /* a window of 0 keys would leave every query nothing to attend */
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"sliding_window\" must be a positive integer or null (got %d)",
+                             path, *sw);
+    return TKD_OK;
+}
+
+/* Which layers slide, following each configuration class of transformers 5:
+ *   mistral — every layer, with sliding_window (4096 when the key is absent; null: none); MistralConfig
+ *             does not read layer_types (it only warns), so neither do we;
+ *   qwen2/3 — sliding_window counts only with use_sliding_window; layer_types when present, else the
+ *             layers >= max_window_layers (default 28); a sliding layer without a window in effect is
+ *             refused (transformers' mask builder raises there);
+ *   llama   — LlamaForCausalLM has no window: a window that would mask is refused, as before. */
+static tkd_status read_windows(const char *path, const cJSON *root, tkd_model_config *c)
+{
+    int sw = c->arch == TKD_ARCH_LLAMA ? 0 : 4096, use_sw = 0, mwl = 28, has_lt = 0;
+    unsigned char lt[TKD_MAX_WINDOW_LAYERS] = {0};
+    TKD_TRY(read_window_size(path, root, &sw));
+    TKD_TRY(get_bool(path, root, "use_sliding_window", &use_sw));
+    TKD_TRY(get_int(path, root, "", "max_window_layers", 0, &mwl));
+    TKD_TRY(read_layer_types(path, root, c, lt, &has_lt));
+    int L = c->num_hidden_layers, any = 0;
+    if (c->arch == TKD_ARCH_LLAMA) {
+        for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++)
+            any |= lt[l];
+        if ((sw > 0 && sw < c->max_position_embeddings) || any)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                                 "%s: sliding_window = %d / sliding_attention layers on a llama: LlamaForCausalLM "
+                                 "has no sliding window, so this checkpoint is not what it claims",
+                                 path, sw);
+        return TKD_OK;
+    }
+    if (c->arch == TKD_ARCH_MISTRAL) {
+        for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++)
+            lt[l] = (unsigned char)(sw > 0);
+    } else {
+        if (!use_sw)
+            sw = 0;
+        for (int l = 0; l < L && !has_lt && l < TKD_MAX_WINDOW_LAYERS; l++)
+            lt[l] = (unsigned char)(sw > 0 && l >= mwl);
+        for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++)
+            if (lt[l] && sw == 0)
+                return tkd_error_set(TKD_ERR_FORMAT,
+                                     "%s: layer_types[%d] is sliding_attention but no sliding window is in effect "
+                                     "(use_sliding_window false or sliding_window null)", path, l);
+        if (sw > 0 && !has_lt && L > TKD_MAX_WINDOW_LAYERS && mwl < L)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: sliding windows over %d layers: at most %d layers can slide",
+                                 path, L, TKD_MAX_WINDOW_LAYERS);
+    }
+    for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++)
+        any |= lt[l];
+    if (!any)
+        return TKD_OK;
+    c->sliding_window = sw;
+    memcpy(c->layer_sliding, lt, sizeof lt);
     return TKD_OK;
 }
 
@@ -295,16 +400,20 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     TKD_TRY(get_int(path, root, "", "num_attention_heads", 1, &c->num_attention_heads));
     c->num_key_value_heads = c->num_attention_heads;
     TKD_TRY(get_int(path, root, "", "num_key_value_heads", 0, &c->num_key_value_heads));
-    c->head_dim = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
+    /* Qwen3Config's head_dim is a field of its own (128), not hidden_size / heads */
+    c->head_dim = c->arch == TKD_ARCH_QWEN3 ? 128
+                  : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
     TKD_TRY(get_int(path, root, "", "head_dim", 0, &c->head_dim));
-    c->max_position_embeddings = c->arch == TKD_ARCH_LLAMA ? 2048 : c->arch == TKD_ARCH_QWEN2 ? 32768 : 131072;
+    c->max_position_embeddings = c->arch == TKD_ARCH_LLAMA                                 ? 2048
+                                 : c->arch == TKD_ARCH_QWEN2 || c->arch == TKD_ARCH_QWEN3 ? 32768
+                                                                                         : 131072;
     TKD_TRY(get_int(path, root, "", "max_position_embeddings", 0, &c->max_position_embeddings));
     c->rms_norm_eps = 1e-6f;
     c->initializer_range = 0.02f;
     TKD_TRY(get_float(path, root, "rms_norm_eps", &c->rms_norm_eps));
     TKD_TRY(get_float(path, root, "initializer_range", &c->initializer_range));
     TKD_TRY(get_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings));
-    if (c->arch == TKD_ARCH_LLAMA)
+    if (c->arch == TKD_ARCH_LLAMA || c->arch == TKD_ARCH_QWEN3)
         TKD_TRY(get_bool(path, root, "attention_bias", &c->attention_bias));
     else
         c->attention_bias = c->arch == TKD_ARCH_QWEN2; /* Qwen2: always; Mistral: never */
@@ -313,7 +422,8 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     c->bos_token_id = c->eos_token_id = -1;
     TKD_TRY(get_token_id(path, root, "bos_token_id", &c->bos_token_id));
     TKD_TRY(get_token_id(path, root, "eos_token_id", &c->eos_token_id));
-    return refuse_unsupported(path, root, c);
+    TKD_TRY(refuse_unsupported(path, root, c));
+    return read_windows(path, root, c);
 }
 
 tkd_status tkd_hf_config_parse(const char *text, size_t len, const char *path, tkd_model_config *cfg)
@@ -390,12 +500,38 @@ static void add_token(cJSON *o, const char *name, int id)
         cJSON_AddNullToObject(o, name);
 }
 
+/* The window fields as the architecture's configuration class reads them back (read_windows):
+ * Mistral's one sliding_window, or Qwen2/3's use_sliding_window + sliding_window +
+ * max_window_layers (the first sliding layer) with layer_types spelled out, which transformers 5
+ * reads in preference (any pattern of sliding layers, not only a suffix). */
+static void add_windows(cJSON *o, const tkd_model_config *c)
+{
+    int L = c->num_hidden_layers, first = L;
+    for (int l = L - 1; l >= 0; l--)
+        if (tkd_model_config_window(c, l))
+            first = l;
+    if (first == L)
+        cJSON_AddNullToObject(o, "sliding_window");
+    else
+        cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+    if (c->arch == TKD_ARCH_MISTRAL)
+        return; /* every layer slides or none (tkd_model_config_validate) */
+    cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
+    cJSON_AddNumberToObject(o, "max_window_layers", first);
+    if (first == L)
+        return;
+    cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+    for (int l = 0; lt && l < L; l++)
+        cJSON_AddItemToArray(lt, cJSON_CreateString(tkd_model_config_window(c, l) ? "sliding_attention"
+                                                                                  : "full_attention"));
+}
+
 static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
-    const char *cls = arch_class(c->arch);
+    const char *cls = tkd_arch_class(c->arch);
     cJSON_AddItemToObject(o, "architectures", cJSON_CreateStringArray(&cls, 1));
     cJSON_AddStringToObject(o, "model_type", tkd_arch_name(c->arch));
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
@@ -423,16 +559,13 @@ static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
         cJSON_AddNullToObject(o, "rope_scaling");
     }
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == TKD_ARCH_LLAMA) {
+    if (c->arch == TKD_ARCH_LLAMA || c->arch == TKD_ARCH_QWEN3)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias != 0);
+    if (c->arch == TKD_ARCH_LLAMA) {
         cJSON_AddFalseToObject(o, "mlp_bias");
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);
-    } else if (c->arch == TKD_ARCH_QWEN2) {
-        cJSON_AddFalseToObject(o, "use_sliding_window");
-        cJSON_AddNullToObject(o, "sliding_window");
-        cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
     } else {
-        cJSON_AddNullToObject(o, "sliding_window");
+        add_windows(o, c);
     }
     cJSON_AddRawToObject(o, "attention_dropout", "0.0");
     add_token(o, "bos_token_id", c->bos_token_id);

@@ -1,8 +1,9 @@
 /* hf_config.h — the Llama-family architecture description, read from / written to a Hugging Face
- * config.json (cJSON). Covers model_type llama, qwen2, mistral and look-alikes (e.g. SmolLM is
- * model_type llama). A field that changes the maths and is not supported (sliding window in use,
- * MoE experts, hidden_act other than silu, unknown rope_scaling type) is TKD_ERR_UNSUPPORTED with a
- * message naming the field. See docs/model.md.
+ * config.json (cJSON). Covers model_type llama, qwen2, qwen3, mistral and look-alikes (e.g. SmolLM
+ * is model_type llama), with the sliding windows Mistral and Qwen2/3 configs ask for, per layer. A
+ * field that changes the maths and is not supported (MoE experts, hidden_act other than silu,
+ * unknown rope_scaling type, a layer type other than full or sliding attention) is
+ * TKD_ERR_UNSUPPORTED with a message naming the field. See docs/model.md.
  */
 #ifndef TKD_HF_CONFIG_H
 #define TKD_HF_CONFIG_H
@@ -15,8 +16,13 @@
 typedef enum tkd_arch {
     TKD_ARCH_LLAMA = 0,   /* LlamaForCausalLM (also SmolLM and other llama look-alikes) */
     TKD_ARCH_QWEN2 = 1,   /* Qwen2ForCausalLM: q/k/v bias always on */
-    TKD_ARCH_MISTRAL = 2, /* MistralForCausalLM with sliding_window null or >= max positions */
+    TKD_ARCH_MISTRAL = 2, /* MistralForCausalLM: sliding_window (default 4096) on every layer */
+    TKD_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM: RMSNorm of each q and k head before RoPE, no bias */
 } tkd_arch;
+
+/* Layers whose sliding window a config can describe (tkd_model_config.layer_sliding). Deeper
+ * models are fine as long as no layer slides. */
+#define TKD_MAX_WINDOW_LAYERS 512
 
 typedef enum tkd_rope_scaling {
     TKD_ROPE_SCALING_NONE = 0,
@@ -46,10 +52,24 @@ typedef struct tkd_model_config {
     int rope_original_max_pos;
     int bos_token_id;             /* -1 when absent */
     int eos_token_id;             /* -1 when absent */
+    /* Sliding-window attention: query i of a sliding layer attends keys j with
+     * i - sliding_window < j <= i (the window counts the query itself; transformers'
+     * sliding_window_overlay). 0: no layer slides. */
+    int sliding_window;
+    unsigned char layer_sliding[TKD_MAX_WINDOW_LAYERS]; /* 1: layer l slides (only where sliding_window > 0) */
 } tkd_model_config;
 
-/* "llama", "qwen2", "mistral" (the model_type written to config.json). */
+/* "llama", "qwen2", "qwen3", "mistral" (the model_type written to config.json). */
 const char *tkd_arch_name(tkd_arch arch);
+
+/* "LlamaForCausalLM", ... (the architectures entry written to config.json). */
+const char *tkd_arch_class(tkd_arch arch);
+
+/* 1 when the architecture normalises each q and k head (RMSNorm over head_dim) before RoPE: Qwen3. */
+int tkd_arch_qk_norm(tkd_arch arch);
+
+/* Layer l's attention window: sliding_window where layer l slides, else 0 (full causal). */
+int tkd_model_config_window(const tkd_model_config *cfg, int l);
 
 /* Fills cfg with defaults for a small llama (used before overriding fields from YAML). */
 void tkd_model_config_defaults(tkd_model_config *cfg);

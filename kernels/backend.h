@@ -22,6 +22,8 @@
  *                      many bytes (0: the act copy is the fp32 master itself);
  *   data_parallel    — kernels/comm/comm_nccl.h's collectives run on this backend (several processes;
  *                      before any backend opens, tkd_backend_device_data_parallel);
+ *   attn_window      — attn_fwd / attn_bwd apply a sliding window shorter than the sequence (the
+ *                      model refuses such a layer, naming it, on a backend without);
  *   op->lmhead_chunk_rows — the LM head's chunk when the config leaves it automatic.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
@@ -130,9 +132,12 @@ typedef struct tkd_backend_ops {
                            int N, int T, int H, int Hkv, int dh, const float *cos_t,
                            const float *sin_t);
     /* causal GQA attention, scale 1/sqrt(dh); saved (attn_saved_bytes) keeps what backward needs
-     * (CPU: probabilities (B, H, T, T); CUDA: log-sum-exps (B, H, T)) */
+     * (CPU: probabilities (B, H, T, T); CUDA: log-sum-exps (B, H, T)). window > 0: query i attends
+     * only keys i − window < j ≤ i (the window counts the query itself, as transformers'
+     * sliding_window); 0, or ≥ T, masks nothing beyond causality. A window shorter than T is
+     * TKD_ERR_UNSUPPORTED unless be->attn_window. */
     tkd_status (*attn_fwd)(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T,
-                           int H, int Hkv, int dh, void *y, // (B·T, H·dh) act
+                           int H, int Hkv, int dh, int window, void *y, // (B·T, H·dh) act
                            void *saved);
     size_t (*attn_saved_bytes)(const tkd_backend *be, int B, int T, int H);
     /* h = silu(g) · u */
@@ -154,7 +159,8 @@ typedef struct tkd_backend_ops {
                            const float *cos_t, const float *sin_t);
     tkd_status (*attn_bwd)(tkd_backend *be, const void *dy, const void *q, const void *k,
                            const void *v, const void *y, const void *saved, int B, int T, int H,
-                           int Hkv, int dh, void *dq, void *dk, void *dv); // overwritten
+                           int Hkv, int dh, int window, // the forward's
+                           void *dq, void *dk, void *dv); // overwritten
     tkd_status (*swiglu_bwd)(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n,
                              void *dg, void *du, int acc); // acc 1: +=; 0: overwritten
 
@@ -169,6 +175,8 @@ typedef struct tkd_backend_ops {
     /* ---- training: optimizer and gradient helpers (kernels/cpu/adamw.h's maths) ---- */
     /* f32 -> act, element by element (CUDA: round to nearest even bf16; CPU: a copy) */
     tkd_status (*f32_to_act)(tkd_backend *be, const float *src, void *dst, size_t n); // (n) f32 -> act
+    /* act -> f32, exact (an act row that an f32-input op such as rmsnorm_fwd reads: Qwen3's q/k norm) */
+    tkd_status (*act_to_f32)(tkd_backend *be, const void *src, float *dst, size_t n); // (n) act -> f32
     /* The segments of a flat parameter array (host table, copied), built once per optimizer. */
     tkd_status (*adamw_create)(tkd_backend *be, const tkd_adamw_seg *segs, int n_segs,
                                tkd_backend_adamw **out);
@@ -239,6 +247,8 @@ struct tkd_backend {
     int data_parallel;          /* 1: kernels/comm/comm_nccl.h's collectives run on this backend's stream
                                  * (CUDA: data-parallel training, ZeRO-1); 0: one process only (the
                                  * CPU; a profiling wrapper, which has no stream of its own) */
+    int attn_window;            /* 1: attn_fwd / attn_bwd mask a sliding window shorter than T (the
+                                 * CPU); 0: they do not yet (CUDA), and the model refuses such a layer */
     const tkd_backend_ops *op;
     void *impl;                 /* the implementation's own state */
 };

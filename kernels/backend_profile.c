@@ -32,8 +32,9 @@
       (, void *q, void *k, int N, int T, int H, int Hkv, int dh, const float *c, const float *s),                     \
       (, q, k, N, T, H, Hkv, dh, c, s))                                                                               \
     X(attn_fwd,                                                                                                       \
-      (, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv, int dh, void *y, void *saved),    \
-      (, q, k, v, B, T, H, Hkv, dh, y, saved))                                                                        \
+      (, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv, int dh, int window, void *y,      \
+       void *saved),                                                                                                  \
+      (, q, k, v, B, T, H, Hkv, dh, window, y, saved))                                                                \
     X(swiglu_fwd, (, const void *g, const void *u, int64_t n, void *h), (, g, u, n, h))                               \
     X(embedding_bwd, (, const int32_t *tok, int N, const float *dx, int D, float *demb), (, tok, N, dx, D, demb))     \
     X(rmsnorm_bwd,                                                                                                    \
@@ -49,13 +50,14 @@
       (, dq, dk, N, T, H, Hkv, dh, c, s))                                                                             \
     X(attn_bwd,                                                                                                       \
       (, const void *dy, const void *q, const void *k, const void *v, const void *y, const void *saved, int B,       \
-       int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv),                                                  \
-      (, dy, q, k, v, y, saved, B, T, H, Hkv, dh, dq, dk, dv))                                                        \
+       int T, int H, int Hkv, int dh, int window, void *dq, void *dk, void *dv),                                      \
+      (, dy, q, k, v, y, saved, B, T, H, Hkv, dh, window, dq, dk, dv))                                                \
     X(swiglu_bwd,                                                                                                     \
       (, const void *dh, const void *g, const void *u, int64_t n, void *dg, void *du, int acc),                       \
       (, dh, g, u, n, dg, du, acc))                                                                                   \
     X(lmhead_topk, (, tkd_lmhead_topk_args *a), (, a))                                                                \
     X(f32_to_act, (, const float *src, void *dst, size_t n), (, src, dst, n))                                         \
+    X(act_to_f32, (, const void *src, float *dst, size_t n), (, src, dst, n))                                         \
     X(adamw_create, (, const tkd_adamw_seg *segs, int n_segs, tkd_backend_adamw **out), (, segs, n_segs, out))        \
     X(adamw_step,                                                                                                     \
       (, const tkd_backend_adamw *a, void *w, void *lo, const float *grads, float *m, float *v,                       \
@@ -227,6 +229,7 @@ tkd_status tkd_backend_profile_wrap(tkd_backend *inner, tkd_backend **out)
     be->master_lo_size = inner->master_lo_size;
     be->host_addressable = inner->host_addressable;
     be->data_parallel = 0; /* the collectives need the inner backend's stream, which this one does not show */
+    be->attn_window = inner->attn_window;
     be->op = &p->ops;
     be->impl = p;
     *out = be;

@@ -54,6 +54,10 @@ static void build_layout(tkd_model *m)
         if (c->attention_bias)
             P("self_attn.v_proj.bias", 1, kv_dim(c), 0, 0);
         P("self_attn.o_proj.weight", 2, D, q_dim(c), 1);
+        if (tkd_arch_qk_norm(c->arch)) {
+            P("self_attn.q_norm.weight", 1, c->head_dim, 0, 0);
+            P("self_attn.k_norm.weight", 1, c->head_dim, 0, 0);
+        }
         P("post_attention_layernorm.weight", 1, D, 0, 0);
         P("mlp.gate_proj.weight", 2, F, D, 1);
         P("mlp.up_proj.weight", 2, F, D, 1);
@@ -67,6 +71,19 @@ static void build_layout(tkd_model *m)
     m->n_params = off;
 }
 
+/* A block's tensor slots in storage order; the optional ones are the q/k/v biases (with
+ * attention_bias) and Qwen3's q/k norms. */
+enum { LAYER_SLOTS = 14 };
+
+static int slot_present(const tkd_model_config *c, int j)
+{
+    if (j == 2 || j == 4 || j == 6)
+        return c->attention_bias;
+    if (j == 8 || j == 9)
+        return tkd_arch_qk_norm(c->arch);
+    return 1;
+}
+
 /* Points a weights struct's views at base (elements of esz bytes), following m->info's order.
  * One body for the host fp32 views (params, grads) and the backend views (dparams). */
 #define SET_VIEWS(m, base, esz, w, ptr_t)                                                  \
@@ -76,13 +93,10 @@ static void build_layout(tkd_model *m)
         char *b_ = (char *)(base);                                                         \
         (w)->embed = (ptr_t)(b_ + (m)->info[i_++].offset * (esz));                        \
         for (int l_ = 0; l_ < c_->num_hidden_layers; l_++) {                               \
-            ptr_t *f_[12];                                                                 \
+            ptr_t *f_[LAYER_SLOTS];                                                        \
             layer_fields_##ptr_t(&(w)->layers[l_], f_);                                    \
-            for (int j_ = 0; j_ < 12; j_++) {                                              \
-                int bias_ = j_ == 2 || j_ == 4 || j_ == 6;                                 \
-                *f_[j_] = bias_ && !c_->attention_bias ? NULL                              \
-                                                       : (ptr_t)(b_ + (m)->info[i_++].offset * (esz)); \
-            }                                                                              \
+            for (int j_ = 0; j_ < LAYER_SLOTS; j_++)                                       \
+                *f_[j_] = slot_present(c_, j_) ? (ptr_t)(b_ + (m)->info[i_++].offset * (esz)) : NULL; \
         }                                                                                  \
         (w)->final_norm = (ptr_t)(b_ + (m)->info[i_++].offset * (esz));                   \
         (w)->lm_head = c_->tie_word_embeddings ? (w)->embed                                \
@@ -92,18 +106,18 @@ static void build_layout(tkd_model *m)
 typedef float *fptr;
 typedef const void *cvptr;
 
-/* A block's 12 tensor slots in storage order (q/k/v biases at 2, 4, 6). */
-static void layer_fields_fptr(tkd_layer_weights *L, fptr *f[12])
+/* A block's slots in storage order (q/k/v biases at 2, 4, 6; q/k norms at 8, 9). */
+static void layer_fields_fptr(tkd_layer_weights *L, fptr *f[LAYER_SLOTS])
 {
-    fptr *a[12] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
-                   &L->wo, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
+    fptr *a[LAYER_SLOTS] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
+                            &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
     memcpy(f, a, sizeof a);
 }
 
-static void layer_fields_cvptr(tkd_layer_dweights *L, cvptr *f[12])
+static void layer_fields_cvptr(tkd_layer_dweights *L, cvptr *f[LAYER_SLOTS])
 {
-    cvptr *a[12] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
-                    &L->wo, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
+    cvptr *a[LAYER_SLOTS] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
+                             &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
     memcpy(f, a, sizeof a);
 }
 
@@ -139,7 +153,7 @@ tkd_status tkd_model_create(const tkd_model_config *cfg, tkd_backend *be, int ow
     m->be = be;
     m->be_owned = own_be;
     int L = cfg->num_hidden_layers, half = cfg->head_dim / 2, P = cfg->max_position_embeddings;
-    m->info = calloc((size_t)(3 + 15 * L), sizeof *m->info);
+    m->info = calloc((size_t)(3 + LAYER_SLOTS * L), sizeof *m->info);
     m->w.layers = calloc((size_t)L, sizeof *m->w.layers);
     m->g.layers = calloc((size_t)L, sizeof *m->g.layers);
     m->d.layers = calloc((size_t)L, sizeof *m->d.layers);

@@ -4,7 +4,9 @@
  * Architecture (docs/model.md): token embedding; L blocks of
  *   x += o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rmsnorm(x)
  *   x += down_proj(silu(gate_proj(n2)) · up_proj(n2))                    n2 = rmsnorm(x)
- * then a final RMSNorm. The model stops at the final hidden states (N, D), N = B·T: the LM head
+ * then a final RMSNorm. Qwen3 normalises each head of q and k (RMSNorm over head_dim with weights
+ * q_norm, k_norm (Dh)) between the projection and RoPE: the backend's row RMSNorm over (N·H, Dh)
+ * rows. A layer with a sliding window (tkd_model_config_window) attends i − W < j ≤ i. The model stops at the final hidden states (N, D), N = B·T: the LM head
  * (V, D) is applied by the caller, chunked (the fused KL loss, teacher-dump's top-K), which is why
  * backward takes dHidden and the loss adds its LM-head gradient straight into
  * tkd_model_lm_head_grad(). Tied models share one (V, D) matrix for embedding and head, so the
@@ -52,7 +54,8 @@ typedef struct tkd_param_info {
     int decay;                     /* 1: AdamW weight decay applies (not norms, not biases) */
 } tkd_param_info;
 
-/* Views of one block's tensors (into params or into grads). Biases are NULL without attention_bias. */
+/* Views of one block's tensors (into params or into grads). Biases are NULL without attention_bias,
+ * q_norm and k_norm without tkd_arch_qk_norm. */
 typedef struct tkd_layer_weights {
     float *attn_norm; // (D)
     float *wq;        // (H·Dh, D)
@@ -62,6 +65,8 @@ typedef struct tkd_layer_weights {
     float *wv;        // (Hkv·Dh, D)
     float *bv;        // (Hkv·Dh)
     float *wo;        // (D, H·Dh)
+    float *q_norm;    // (Dh) Qwen3 only, else NULL
+    float *k_norm;    // (Dh) Qwen3 only, else NULL
     float *mlp_norm;  // (D)
     float *wg;        // (F, D)
     float *wu;        // (F, D)
@@ -77,7 +82,7 @@ typedef struct tkd_model_weights {
 
 /* The same tensors as the backend sees them: views into m->dparams (act elements, backend memory). */
 typedef struct tkd_layer_dweights {
-    const void *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *mlp_norm, *wg, *wu, *wd;
+    const void *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *q_norm, *k_norm, *mlp_norm, *wg, *wu, *wd;
 } tkd_layer_dweights;
 
 typedef struct tkd_model_dweights {

@@ -45,6 +45,12 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
             t->rstd1 = take(buf, &off, N, S);
             t->q = take(buf, &off, N * Q, A);
             t->k = take(buf, &off, N * KV, A);
+            if (has_qk_norm(c)) {
+                t->qr = take(buf, &off, N * Q, S);
+                t->kr = take(buf, &off, N * KV, S);
+                t->rstdq = take(buf, &off, N * c->num_attention_heads, S);
+                t->rstdk = take(buf, &off, N * c->num_key_value_heads, S);
+            }
             t->v = take(buf, &off, N * KV, A);
             t->att = take(buf, &off, att, 1);
             t->y = take(buf, &off, N * Q, A);
@@ -73,6 +79,8 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
         a->dg = take(buf, &off, N * F, A);
         a->du = take(buf, &off, N * F, A);
         a->dh = take(buf, &off, N * F, A);
+        if (has_qk_norm(c))
+            a->dqk = take(buf, &off, N * Q, S);
     }
     return off;
 }
@@ -90,6 +98,23 @@ static tkd_status alloc_grads(tkd_model *m)
                              "weights); make it with tkd_model_*_for_training to train it", m->be->name);
     TKD_TRY(m->be->op->alloc(m->be, m->n_params * sizeof(float), "model: gradients", (void **)&m->grads));
     tkd_model_set_views(m, m->grads, &m->g);
+    return TKD_OK;
+}
+
+/* A layer whose window is shorter than T needs a backend whose attention masks it: refused here,
+ * naming the layer, rather than silently run as full attention. */
+static tkd_status check_windows(const tkd_model *m, int T)
+{
+    if (m->be->attn_window)
+        return TKD_OK;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        int w = tkd_model_config_window(&m->cfg, l);
+        if (w > 0 && w < T)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                                 "model: layer %d has sliding_window %d < sequence length %d, and the %s backend's "
+                                 "attention does not mask a window yet; use device: cpu or sequences of at most %d",
+                                 l, w, T, m->be->name, w);
+    }
     return TKD_OK;
 }
 
@@ -114,6 +139,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "model: sequence length %d exceeds max_position_embeddings %d; use a shorter seq_len",
                              T, m->cfg.max_position_embeddings);
+    TKD_TRY(check_windows(m, T));
     if (training)
         TKD_TRY(alloc_grads(m));
     tkd_model_acts *a = m->acts;
@@ -149,32 +175,55 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
 
 /* ---- forward / backward ------------------------------------------------------------------- */
 
-/* A block's attention from A->n1 = rmsnorm(A->x): q, k (after RoPE), v, the attention output A->y
- * and its saved state (what the attention side's backward reads). */
-static tkd_status block_attn_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
+/* One projection of n1 into q or k, then (Qwen3) each head's RMSNorm: the row RMSNorm over
+ * (N·heads, Dh) rows, from its f32 copy raw (saved for backward) into out. Without the norm the
+ * projection writes out itself. */
+static tkd_status qk_proj(const tkd_model *m, const void *n1, const void *w, const void *b, const void *norm,
+                          int N, int heads, float *raw, float *rstd, void *out) // raw (N, heads·Dh) f32
+{
+    const tkd_model_config *c = &m->cfg;
+    const tkd_backend_ops *op = m->be->op;
+    tkd_backend *be = m->be;
+    int D = c->hidden_size, Dh = c->head_dim, M = heads * Dh;
+    if (!norm)
+        return op->linear_fwd(be, n1, w, b, N, D, M, out);
+    /* fp32 act (the CPU): the projection is already the f32 input the norm reads */
+    int f32_act = be->act_size == sizeof(float);
+    TKD_TRY(op->linear_fwd(be, n1, w, b, N, D, M, f32_act ? (void *)raw : out));
+    if (!f32_act)
+        TKD_TRY(op->act_to_f32(be, out, raw, (size_t)N * M));
+    return op->rmsnorm_fwd(be, raw, norm, N * heads, Dh, (float)c->rms_norm_eps, out, rstd);
+}
+
+/* Block l's attention from A->n1 = rmsnorm(A->x): q, k (normed per head for Qwen3, then RoPE), v,
+ * the attention output A->y over the layer's window, and its saved state (what the attention
+ * side's backward reads). */
+static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dweights *W, layer_acts *A, int B,
+                                 int T)
 {
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
     tkd_backend *be = m->be;
     int N = B * T, D = c->hidden_size, H = c->num_attention_heads;
-    int Hkv = c->num_key_value_heads, Dh = c->head_dim, Q = q_dim(c), KV = kv_dim(c);
-    TKD_TRY(op->linear_fwd(be, A->n1, W->wq, W->bq, N, D, Q, A->q));
-    TKD_TRY(op->linear_fwd(be, A->n1, W->wk, W->bk, N, D, KV, A->k));
+    int Hkv = c->num_key_value_heads, Dh = c->head_dim, KV = kv_dim(c);
+    TKD_TRY(qk_proj(m, A->n1, W->wq, W->bq, W->q_norm, N, H, A->qr, A->rstdq, A->q));
+    TKD_TRY(qk_proj(m, A->n1, W->wk, W->bk, W->k_norm, N, Hkv, A->kr, A->rstdk, A->k));
     TKD_TRY(op->linear_fwd(be, A->n1, W->wv, W->bv, N, D, KV, A->v));
     TKD_TRY(op->rope_fwd(be, A->q, A->k, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
-    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, A->y, A->att);
+    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, tkd_model_config_window(c, l), A->y, A->att);
 }
 
 /* A block from A->n1 = rmsnorm(A->x) up to its MLP output A->mo (everything but the residual add
  * that makes the next block's input). */
-static tkd_status block_fwd_body(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, int B, int T)
+static tkd_status block_fwd_body(const tkd_model *m, int l, const tkd_layer_dweights *W, layer_acts *A, int B,
+                                 int T)
 {
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
     tkd_backend *be = m->be;
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, Q = q_dim(c);
     float eps = (float)c->rms_norm_eps;
-    TKD_TRY(block_attn_fwd(m, W, A, B, T));
+    TKD_TRY(block_attn_fwd(m, l, W, A, B, T));
     TKD_TRY(op->linear_fwd(be, A->y, W->wo, NULL, N, Q, D, A->ao));
     TKD_TRY(op->add_rmsnorm_fwd(be, A->x, A->ao, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
     TKD_TRY(op->linear_fwd(be, A->n2, W->wg, NULL, N, D, F, A->gt));
@@ -183,10 +232,10 @@ static tkd_status block_fwd_body(const tkd_model *m, const tkd_layer_dweights *W
     return op->linear_fwd(be, A->hm, W->wd, NULL, N, F, D, A->mo);
 }
 
-static tkd_status block_fwd(const tkd_model *m, const tkd_layer_dweights *W, layer_acts *A, float *xnext,
-                            const void *next_norm, void *n_next, float *rstd_next, int B, int T)
+static tkd_status block_fwd(const tkd_model *m, int l, layer_acts *A, float *xnext, const void *next_norm,
+                            void *n_next, float *rstd_next, int B, int T)
 {
-    TKD_TRY(block_fwd_body(m, W, A, B, T));
+    TKD_TRY(block_fwd_body(m, l, &m->d.layers[l], A, B, T));
     int N = B * T, D = m->cfg.hidden_size;
     return m->be->op->add_rmsnorm_fwd(m->be, A->x2, A->mo, xnext, next_norm, N, D, (float)m->cfg.rms_norm_eps, n_next,
                                       rstd_next);
@@ -201,8 +250,8 @@ static tkd_status block_recompute(const tkd_model *m, int l, layer_acts *A, int 
     const tkd_layer_dweights *W = &m->d.layers[l];
     TKD_TRY(m->be->op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, (float)m->cfg.rms_norm_eps, A->n1, A->rstd1));
     if (m->recompute == TKD_RECOMPUTE_ATTENTION)
-        return block_attn_fwd(m, W, A, B, T);
-    return block_fwd_body(m, W, A, B, T);
+        return block_attn_fwd(m, l, W, A, B, T);
+    return block_fwd_body(m, l, W, A, B, T);
 }
 
 static tkd_status check_tokens(const tkd_model *m, const int32_t *tokens, int64_t N, int T)
@@ -236,7 +285,7 @@ tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, 
         layer_acts *A = &a->layer[training ? l : 0];
         int last = l + 1 == L;
         layer_acts *nx = last ? NULL : &a->layer[training ? l + 1 : 0];
-        TKD_TRY(block_fwd(m, &m->d.layers[l], A, last ? a->xl : nx->x,
+        TKD_TRY(block_fwd(m, l, A, last ? a->xl : nx->x,
                           last ? m->d.final_norm : m->d.layers[l + 1].attn_norm, last ? a->hidden : nx->n1,
                           last ? a->rstdf : nx->rstd1, B, T));
     }
@@ -263,11 +312,26 @@ static void *residual_grad_act_out(const tkd_model *m, tkd_model_acts *a)
     return m->be->act_size == sizeof(float) ? NULL : a->dn;
 }
 
+/* Backward of qk_proj's norm (Qwen3; nothing without it): d (N, heads·Dh) act holds ∂loss/∂out on
+ * entry and ∂loss/∂raw on return, through a->dqk (f32, zeroed first: the row backward adds); the
+ * norm weight's gradient adds into dw. */
+static tkd_status qk_norm_bwd(const tkd_model *m, tkd_model_acts *a, void *d, const float *raw, const void *norm,
+                              const float *rstd, int N, int heads, float *dw)
+{
+    if (!norm)
+        return TKD_OK;
+    tkd_backend *be = m->be;
+    int Dh = m->cfg.head_dim;
+    TKD_TRY(be->op->memset0(be, a->dqk, sizeof(float) * (size_t)N * heads * Dh));
+    return be->op->rmsnorm_bwd(be, d, raw, norm, rstd, N * heads, Dh, a->dqk, dw, d);
+}
+
 /* On entry a->dx = ∂loss/∂(block output), and residual_grad_act holds it as act; on return
  * ∂loss/∂(block input), also as act when act_out (the block below reads it). */
-static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd_layer_weights *G,
-                            const layer_acts *A, tkd_model_acts *a, int B, int T, int act_out)
+static tkd_status block_bwd(const tkd_model *m, int l, tkd_layer_weights *G, const layer_acts *A, tkd_model_acts *a,
+                            int B, int T, int act_out)
 {
+    const tkd_layer_dweights *W = &m->d.layers[l];
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
     tkd_backend *be = m->be;
@@ -286,8 +350,11 @@ static tkd_status block_bwd(const tkd_model *m, const tkd_layer_dweights *W, tkd
                             residual_grad_act_out(m, a)));
     /* attention branch: x2 = x + o_proj(attn(...)) */
     TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL, 0));
-    TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh, a->dq, a->dk, a->dv));
+    TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh,
+                         tkd_model_config_window(c, l), a->dq, a->dk, a->dv));
     TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
+    TKD_TRY(qk_norm_bwd(m, a, a->dq, A->qr, W->q_norm, A->rstdq, N, H, G->q_norm));
+    TKD_TRY(qk_norm_bwd(m, a, a->dk, A->kr, W->k_norm, A->rstdk, N, Hkv, G->k_norm));
     TKD_TRY(op->linear_bwd(be, a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq, 0));
     TKD_TRY(op->linear_bwd(be, a->dk, A->n1, W->wk, N, D, KV, a->dn, G->wk, G->bk, 1));
     TKD_TRY(op->linear_bwd(be, a->dv, A->n1, W->wv, N, D, KV, a->dn, G->wv, G->bv, 1));
@@ -315,7 +382,7 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
         /* the last block's activations are still in the shared set: the forward ended with it */
         if (m->recompute != TKD_RECOMPUTE_NONE && l + 1 < c->num_hidden_layers)
             TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
-        TKD_TRY(block_bwd(m, &m->d.layers[l], &m->g.layers[l], &a->layer[l], a, B, T, l > 0));
+        TKD_TRY(block_bwd(m, l, &m->g.layers[l], &a->layer[l], a, B, T, l > 0));
         if (m->grad_hook)
             TKD_TRY(m->grad_hook(m->grad_hook_ctx, m, l));
     }

@@ -17,6 +17,10 @@ typedef struct layer_acts {
     float *rstd1; // (N)
     void *q;      // (N, H·Dh) after RoPE
     void *k;      // (N, Hkv·Dh) after RoPE
+    float *qr;    // (N, H·Dh) f32 q_proj(n1) before Qwen3's per-head norm (NULL without it)
+    float *kr;    // (N, Hkv·Dh) f32 k_proj(n1) before the norm
+    float *rstdq; // (N·H) f32 the per-head norms' rstd
+    float *rstdk; // (N·Hkv)
     void *v;      // (N, Hkv·Dh)
     void *att;    // the attention's saved state (backend->attn_saved_bytes)
     void *y;      // (N, H·Dh) attention output before o_proj
@@ -42,12 +46,14 @@ struct tkd_model_acts {
     /* backward scratch (training only) */
     float *dx;                  // (N, D) f32
     void *dn, *dq, *dk, *dv, *dy, *dg, *du, *dh;
+    float *dqk;                 // (N, H·Dh) f32 the q/k norms' input gradient (Qwen3), q's then k's
     int b, t;                   /* shape of the last forward */
     int have_train_fwd;         /* a training forward happened since the last backward */
 };
 
 static inline int q_dim(const tkd_model_config *c) { return c->num_attention_heads * c->head_dim; }
 static inline int kv_dim(const tkd_model_config *c) { return c->num_key_value_heads * c->head_dim; }
+static inline int has_qk_norm(const tkd_model_config *c) { return tkd_arch_qk_norm(c->arch); }
 
 /* 1 when the model holds fp32 master weights (every CPU model; a _for_training one elsewhere). */
 static inline int has_master(const tkd_model *m) { return m->params || m->master_lo; }

@@ -291,7 +291,8 @@ static tkd_status check_same_arch(const tkd_model *a, const tkd_model *b, const 
         x->intermediate_size != y->intermediate_size || x->num_hidden_layers != y->num_hidden_layers ||
         x->num_attention_heads != y->num_attention_heads || x->num_key_value_heads != y->num_key_value_heads ||
         x->head_dim != y->head_dim || x->tie_word_embeddings != y->tie_word_embeddings ||
-        x->attention_bias != y->attention_bias || a->n_params != b->n_params)
+        x->attention_bias != y->attention_bias || x->arch != y->arch || x->sliding_window != y->sliding_window ||
+        memcmp(x->layer_sliding, y->layer_sliding, sizeof x->layer_sliding) != 0 || a->n_params != b->n_params)
         return tkd_error_set(TKD_ERR_CONFIG,
                              "%s: the checkpoint's architecture differs from the configured student "
                              "(resume with the config the run was started with)", dir);

@@ -11,7 +11,7 @@
 
 static const char *const init_names[] = {"random", "hf", NULL};
 static const char *const recompute_names[] = TKD_RECOMPUTE_NAMES; /* tkd_recompute's values */
-static const char *const arch_names[] = {"llama", "qwen2", NULL};
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", NULL}; /* TKD_TRAIN_ARCH_* */
 static const char *const rdzv_names[] = {"auto", "file", "tcp", NULL};
 
 static const tkd_config_field fields[] = {
@@ -20,7 +20,7 @@ static const tkd_config_field fields[] = {
 
     TKD_CFG_ENUM(T, model_init, "model.init", "random", init_names, "Student weights: random (from model.* and train.seed) or hf (a Hugging Face checkpoint dir in model.path)"),
     TKD_CFG_STRING(T, model_path, "model.path", "", "Hugging Face checkpoint directory when model.init = hf"),
-    TKD_CFG_ENUM(T, model_arch, "model.arch", "llama", arch_names, "Architecture family of a random student (qwen2 adds q/k/v biases)"),
+    TKD_CFG_ENUM(T, model_arch, "model.arch", "llama", arch_names, "Architecture family of a random student (qwen2 adds q/k/v biases; qwen3 an RMSNorm on each q and k head)"),
     TKD_CFG_INT(T, vocab_size, "model.vocab_size", "0", 0, 1 << 24, "Vocabulary size; 0 = the cache's. Smaller than the cache's only when the teacher's extra ids are padding the data never uses; never larger"),
     TKD_CFG_INT(T, hidden_size, "model.hidden_size", "128", 8, 65536, "Hidden size D"),
     TKD_CFG_INT(T, intermediate_size, "model.intermediate_size", "384", 1, 262144, "SwiGLU inner size"),

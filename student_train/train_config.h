@@ -11,7 +11,7 @@
 
 /* Enum indices of the schema's ENUM fields (the order of the allowed-name lists). */
 enum { TKD_TRAIN_INIT_RANDOM = 0, TKD_TRAIN_INIT_HF = 1 };
-enum { TKD_TRAIN_ARCH_LLAMA = 0, TKD_TRAIN_ARCH_QWEN2 = 1 };
+enum { TKD_TRAIN_ARCH_LLAMA = 0, TKD_TRAIN_ARCH_QWEN2 = 1, TKD_TRAIN_ARCH_QWEN3 = 2 };
 enum { TKD_TRAIN_RDZV_AUTO = 0, TKD_TRAIN_RDZV_FILE = 1, TKD_TRAIN_RDZV_TCP = 2 };
 
 /* dist.rendezvous as the kind argument of tkd_rdzv_config_from_env (common/dist.h): -1 auto, else
@@ -25,7 +25,7 @@ typedef struct tkd_train_config {
     /* model */
     int model_init;        /* random | hf */
     char *model_path;      /* HF checkpoint dir when init = hf */
-    int model_arch;        /* llama | qwen2 (random init) */
+    int model_arch;        /* llama | qwen2 | qwen3 (random init) */
     int vocab_size;        /* 0 = the cache's vocabulary */
     int hidden_size;
     int intermediate_size;

@@ -153,7 +153,9 @@ tkd_status tkd_train_open_data(trainer *tr)
 static void student_config(const tkd_train_config *c, int vocab, tkd_model_config *mc)
 {
     tkd_model_config_defaults(mc);
-    mc->arch = c->model_arch == TKD_TRAIN_ARCH_QWEN2 ? TKD_ARCH_QWEN2 : TKD_ARCH_LLAMA;
+    static const tkd_arch archs[] = {[TKD_TRAIN_ARCH_LLAMA] = TKD_ARCH_LLAMA, [TKD_TRAIN_ARCH_QWEN2] = TKD_ARCH_QWEN2,
+                                     [TKD_TRAIN_ARCH_QWEN3] = TKD_ARCH_QWEN3};
+    mc->arch = archs[c->model_arch];
     mc->vocab_size = vocab;
     mc->hidden_size = c->hidden_size;
     mc->intermediate_size = c->intermediate_size;

@@ -74,16 +74,6 @@ tkd_status tkd_dump_teacher_sha256(const char *dir, char hex[65])
     return st;
 }
 
-static const char *arch_class(tkd_arch a)
-{
-    switch (a) {
-    case TKD_ARCH_LLAMA: return "LlamaForCausalLM";
-    case TKD_ARCH_QWEN2: return "Qwen2ForCausalLM";
-    case TKD_ARCH_MISTRAL: return "MistralForCausalLM";
-    }
-    return "?";
-}
-
 /* data.paths joined with ", " (the manifest's dataset path). */
 static char *join_paths(const tkd_strlist *l)
 {
@@ -121,7 +111,7 @@ static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cf
     char *paths = join_paths(&cfg->data_paths);
     tkd_status st = paths ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
     if (st == TKD_OK) st = tkd_cache_manifest_set_str(&m->teacher_path, cfg->teacher_path);
-    if (st == TKD_OK) st = tkd_cache_manifest_set_str(&m->teacher_arch, arch_class(model->cfg.arch));
+    if (st == TKD_OK) st = tkd_cache_manifest_set_str(&m->teacher_arch, tkd_arch_class(model->cfg.arch));
     if (st == TKD_OK) st = tkd_cache_manifest_set_str(&m->dataset_path, paths);
     if (st == TKD_OK) st = tkd_cache_manifest_set_str(&m->tool_version, TKD_VERSION);
     if (st == TKD_OK) {

@@ -57,6 +57,13 @@ double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *
     return m + log(sum);
 }
 
+double tkd_ref64_attn_window_row(const tkd_ref64_attn *a, int window, int b, int h, int t, double *y, double *sc)
+{
+    tkd_ref64_attn w = *a;
+    w.window = window;
+    return tkd_ref64_attn_row(&w, b, h, t, y, sc);
+}
+
 void tkd_ref64_rope(const uint16_t *x, int N, int T, int nh, int dh, const float *c, const float *s, int backward,
                     double bound, double **ref, double **abs_i)
 {

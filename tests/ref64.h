@@ -30,6 +30,10 @@ const float *tkd_ref64_row(const float *x, int T, int heads, int dh, int b, int 
  * doubles, left holding the scaled scores of the keys seen. */
 double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *y, double *sc);
 
+/* The same with a's window replaced by window (≥ 1; 0: full causal): over keys t − window < j ≤ t
+ * only (the window counts the query itself), sc holding the scores at [j0, t], j0 = max(0, t − window + 1). */
+double tkd_ref64_attn_window_row(const tkd_ref64_attn *a, int window, int b, int h, int t, double *y, double *sc);
+
 /* RoPE of one bf16 tensor x (N, nh·dh), position n % T, cos/sin tables c, s (T, dh/2): *ref (the
  * rotation, backward = the inverse one), and *bound, per element bound·(|x_i| + |x_partner|) (the
  * fp32 x·c − y·s error). The caller frees both. */

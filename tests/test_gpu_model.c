@@ -1,8 +1,9 @@
 /* test_gpu_model.c — the whole forward on the CUDA backend: the committed transformers fixtures
- * (tests/fixtures/hf: Llama GQA untied with llama3 RoPE, Qwen2 with q/k/v bias and tied head; F32
- * and BF16 checkpoints) loaded onto the GPU, their logits against transformers' fp32 logits, their
+ * (tests/fixtures/hf: Llama GQA untied with llama3 RoPE, Qwen2 with q/k/v bias and tied head, Qwen3
+ * with per-head q/k norms; F32 and BF16 checkpoints) loaded onto the GPU, their logits against transformers' fp32 logits, their
  * final hidden states against the CPU backend's; and the backend's LM head + top-k consumer against
- * the CPU one on the same bf16-rounded hidden states. Exits 77 where no GPU answers.
+ * the CPU one on the same bf16-rounded hidden states; a sliding window the CUDA attention cannot mask
+ * yet is refused. Exits 77 where no GPU answers.
  *
  * Tolerances: the GPU rounds weights and every activation the GEMMs read to bf16 (8 significant
  * bits: relative error 2^-9 per rounding), accumulating in fp32, over 2 layers of width 40–80:
@@ -124,6 +125,31 @@ static void test_llama_bf16(void **state) { (void)state; check_fixture("llama_gq
 static void test_qwen2_f32(void **state) { (void)state; check_fixture("qwen2_tied_f32"); }
 static void test_qwen2_bf16(void **state) { (void)state; check_fixture("qwen2_tied_bf16"); }
 
+#ifdef TKD_HF_FIXTURES_QWEN3
+/* Qwen3's per-head q/k norms on CUDA: the projection converted to fp32 (act_to_f32), then the row
+ * RMSNorm over (N·heads, head_dim) rows, as on the CPU. */
+static void test_qwen3_f32(void **state) { (void)state; check_fixture("qwen3_hd32_f32"); }
+static void test_qwen3_bf16(void **state) { (void)state; check_fixture("qwen3_hd32_bf16"); }
+
+/* No CUDA attention kernel masks a sliding window yet (attn_window 0): a layer whose window is
+ * shorter than the sequence is refused before anything runs, naming it; one the sequence fits in
+ * runs. */
+static void test_window_refused(void **state)
+{
+    (void)state;
+    int32_t in[FIX_N];
+    fixture_inputs(in);
+    assert_int_equal(g_gpu->attn_window, 0);
+    tkd_model *g = load("qwen3_window_f32", g_gpu);
+    assert_int_equal(tkd_model_forward(g, in, FIX_B, FIX_T, 0, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("layer 1 has sliding_window 4 < sequence length 11, and the cuda backend's attention "
+                            "does not mask a window yet");
+    assert_int_equal(tkd_model_forward(g, in, 1, 4, 0, NULL), TKD_OK);
+    assert_int_equal(g_gpu->op->sync(g_gpu), TKD_OK);
+    tkd_model_free(g);
+}
+#endif
+
 /* One consumer run on backend be over host fp32 hidden (rows, D) and head W (V, D). */
 static void lmhead_on(tkd_backend *be, const float *h, const float *w, int64_t rows, int D, int64_t V, int k,
                       int S, uint32_t *idx, float *val, float *lse, uint32_t *tail)
@@ -226,6 +252,11 @@ int main(void)
         cmocka_unit_test(test_llama_bf16),
         cmocka_unit_test(test_qwen2_f32),
         cmocka_unit_test(test_qwen2_bf16),
+#ifdef TKD_HF_FIXTURES_QWEN3
+        cmocka_unit_test(test_qwen3_f32),
+        cmocka_unit_test(test_qwen3_bf16),
+        cmocka_unit_test(test_window_refused),
+#endif
         cmocka_unit_test(test_lmhead_topk_matches_cpu),
         cmocka_unit_test(test_device_oom),
     };

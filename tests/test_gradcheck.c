@@ -6,7 +6,7 @@
  * |fd − analytic| ≤ 1e-7 + 1e-6·|analytic| is tight; the fast ops are tied to these by test_ops.c.
  *
  * Whole model: the fp32 model (tiny: V=11, D=8, 2 layers, H=2, Hkv=1, Dh=4, F=12, B=2, T=5, q/k/v
- * bias; untied and tied variants) under mean next-token cross-entropy of its full logits, every
+ * bias; untied and tied variants; and Qwen3: per-head q/k norms, Dh=6, layer 1 sliding with W=2) under mean next-token cross-entropy of its full logits, every
  * parameter perturbed. fp32 forward noise on the loss is ~1e-6; a five-point stencil with step
  * h = 2^-7 has truncation O(h^4), so the quotient is good to ~2e-4 absolute at these weights:
  * the bound is |fd − analytic| ≤ 1e-3 + 2e-2·|analytic| per element, and in addition each tensor's
@@ -70,7 +70,7 @@ static void check(const char *what, double *x, size_t n, const double *an, loss_
 }
 
 typedef struct op_ctx {
-    int N, D, K, M, T, B, H, Hkv, dh, V;
+    int N, D, K, M, T, B, H, Hkv, dh, V, window;
     double *x, *w, *b, *c, *out, *rstd, *g, *u, *q, *k, *v, *att, *tmp;
     int32_t *tok;
     const float *cs, *sn;
@@ -166,16 +166,18 @@ static void test_rope(void **s)
 static double loss_attn(void *p)
 {
     op_ctx *o = p;
-    tkd_ref_attn_fwd(o->q, o->k, o->v, o->B, o->T, o->H, o->Hkv, o->dh, o->att, o->out);
+    tkd_ref_attn_window_fwd(o->q, o->k, o->v, o->B, o->T, o->H, o->Hkv, o->dh, o->window, o->att, o->out);
     return dot(o->c, o->out, (size_t)o->B * o->T * o->H * o->dh);
 }
 
 static void test_attention(void **s)
 {
     (void)s;
-    int cfgs[][5] = {{2, 4, 2, 2, 3}, {1, 5, 4, 2, 2}, {2, 3, 4, 1, 3}}; /* B, T, H, Hkv, dh: GQA 1, 2, 4 */
-    for (int c = 0; c < 3; c++) {
-        op_ctx o = {.B = cfgs[c][0], .T = cfgs[c][1], .H = cfgs[c][2], .Hkv = cfgs[c][3], .dh = cfgs[c][4]};
+    /* B, T, H, Hkv, dh, window: GQA 1, 2, 4, full causal; then sliding windows of 2 and 1 keys */
+    int cfgs[][6] = {{2, 4, 2, 2, 3, 0}, {1, 5, 4, 2, 2, 0}, {2, 3, 4, 1, 3, 0}, {2, 6, 4, 2, 3, 2}, {1, 4, 2, 1, 2, 1}};
+    for (int c = 0; c < 5; c++) {
+        op_ctx o = {.B = cfgs[c][0], .T = cfgs[c][1], .H = cfgs[c][2], .Hkv = cfgs[c][3], .dh = cfgs[c][4],
+                    .window = cfgs[c][5]};
         size_t N = (size_t)o.B * o.T, nq = N * o.H * o.dh, nkv = N * o.Hkv * o.dh;
         o.q = randd(nq, 20 + c, 1), o.k = randd(nkv, 30 + c, 1), o.v = randd(nkv, 40 + c, 1);
         o.c = randd(nq, 50 + c, 1), o.out = calloc(nq, sizeof(double));
@@ -242,7 +244,9 @@ static double model_loss(tkd_model *m, int grad)
     return loss / MN;
 }
 
-static void model_gradcheck(int tied, int bias)
+/* qwen3: per-head q/k norms with head_dim 6 != D/H = 4, and layer 1 sliding with a window of 2
+ * keys (< T = 5), so the norms' weights and the masked attention are differentiated too. */
+static void model_gradcheck(int tied, int bias, int qwen3)
 {
     tkd_model_config c;
     tkd_model_config_defaults(&c);
@@ -250,6 +254,10 @@ static void model_gradcheck(int tied, int bias)
     c.num_attention_heads = 2, c.num_key_value_heads = 1, c.head_dim = 4, c.max_position_embeddings = 8;
     c.tie_word_embeddings = tied, c.attention_bias = bias, c.rope_theta = 100.0, c.rms_norm_eps = 1e-5f;
     c.initializer_range = 0.5f, c.rope_scaling = TKD_ROPE_SCALING_NONE;
+    if (qwen3) {
+        c.arch = TKD_ARCH_QWEN3, c.head_dim = 6;
+        c.sliding_window = 2, c.layer_sliding[1] = 1;
+    }
     tkd_model *m = NULL;
     if (tkd_model_init_random(&c, 7, &m) != TKD_OK)
         fail_msg("%s", tkd_error_msg());
@@ -283,18 +291,20 @@ static void model_gradcheck(int tied, int bias)
             e2 += (fd - an) * (fd - an);
             a2 += an * an;
             if (!tkd_test_close(fd, an, 1e-3, 2e-2))
-                fail_msg("tied=%d %s[%zu]: finite difference %.6g vs backward %.6g", tied, p->name, j, fd, an);
+                fail_msg("tied=%d qwen3=%d %s[%zu]: finite difference %.6g vs backward %.6g", tied, qwen3, p->name, j,
+                         fd, an);
         }
         double rel = sqrt(e2 / fmax(a2, 1e-30));
-        printf("tied=%d bias=%d %-45s |g| %.3e rel L2 err %.2e\n", tied, bias, p->name, sqrt(a2), rel);
+        printf("tied=%d bias=%d qwen3=%d %-45s |g| %.3e rel L2 err %.2e\n", tied, bias, qwen3, p->name, sqrt(a2), rel);
         assert_true(a2 > 0); /* every parameter influences the loss */
         assert_true(rel <= 1e-2);
     }
     tkd_model_free(m);
 }
 
-static void test_model_untied_bias(void **s) { (void)s; model_gradcheck(0, 1); }
-static void test_model_tied(void **s) { (void)s; model_gradcheck(1, 0); }
+static void test_model_untied_bias(void **s) { (void)s; model_gradcheck(0, 1, 0); }
+static void test_model_tied(void **s) { (void)s; model_gradcheck(1, 0, 0); }
+static void test_model_qwen3_window(void **s) { (void)s; model_gradcheck(0, 0, 1); }
 
 int main(void)
 {
@@ -303,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_model_untied_bias), cmocka_unit_test(test_model_tied),
+        cmocka_unit_test(test_model_qwen3_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

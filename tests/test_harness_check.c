@@ -79,7 +79,8 @@ static void test_check_zero_tolerance_and_extra(void **state)
     tkd_test_check_bf16_mat("bf16 mat", b, r, 2, 1, kTol, NULL);
 }
 
-/* ref64's attention row against tkd_cpu_attn_fwd (fp32) on a GQA shape; row 0 is v_0 exactly. */
+/* ref64's attention row against tkd_cpu_attn_window_fwd (fp32) on a GQA shape, full causal and
+ * with a window of 3 keys; row 0 is v_0 exactly. */
 static void test_ref64_attention(void **state)
 {
     (void)state;
@@ -89,23 +90,25 @@ static void test_ref64_attention(void **state)
     float *att = malloc(sizeof(float) * B * H * T * T);
     assert_true(q && k && v && y && att);
     tkd_test_randn(q, nq, 1, 1.5f), tkd_test_randn(k, nk, 2, 1.5f), tkd_test_randn(v, nk, 3, 1.0f);
-    tkd_cpu_attn_fwd(q, k, v, B, T, H, HKV, DH, att, y);
-    const tkd_ref64_attn a = {B, T, H, HKV, DH, q, k, v, 0, NULL};
-    double y64[DH], sc[T];
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                const double lse = tkd_ref64_attn_row(&a, b, h, t, y64, sc);
-                const float *yc = tkd_ref64_row(y, T, H, DH, b, t, h);
-                double sum = 0;
-                for (int j = 0; j <= t; j++)
-                    sum += exp(sc[j] - lse);
-                assert_true(fabs(sum - 1.0) < 1e-12);
-                for (int d = 0; d < DH; d++)
-                    assert_true(tkd_test_close(y64[d], yc[d], 1e-5, 1e-5));
-                if (t == 0)
-                    assert_true(y64[0] == tkd_ref64_row(v, T, HKV, DH, b, 0, h / 2)[0]);
-            }
+    for (int W = 0; W <= 3; W += 3) {
+        tkd_cpu_attn_window_fwd(q, k, v, B, T, H, HKV, DH, W, att, y);
+        const tkd_ref64_attn a = {B, T, H, HKV, DH, q, k, v, 0, NULL};
+        double y64[DH], sc[T];
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    const double lse = tkd_ref64_attn_window_row(&a, W, b, h, t, y64, sc);
+                    const float *yc = tkd_ref64_row(y, T, H, DH, b, t, h);
+                    double sum = 0;
+                    for (int j = W && t >= W ? t - W + 1 : 0; j <= t; j++)
+                        sum += exp(sc[j] - lse);
+                    assert_true(fabs(sum - 1.0) < 1e-12);
+                    for (int d = 0; d < DH; d++)
+                        assert_true(tkd_test_close(y64[d], yc[d], 1e-5, 1e-5));
+                    if (t == 0)
+                        assert_true(y64[0] == tkd_ref64_row(v, T, HKV, DH, b, 0, h / 2)[0]);
+                }
+    }
     free(q), free(k), free(v), free(y), free(att);
 }
 

@@ -1,5 +1,6 @@
-/* test_hf_config.c — config.json parsing for llama / qwen2 / mistral, each refusal by name, and the
- * write -> read round trip. Sample configs live in tests/data/hf/. */
+/* test_hf_config.c — config.json parsing for llama / qwen2 / qwen3 / mistral, their sliding windows
+ * per layer, each refusal by name, and the write -> read round trip. Sample configs live in
+ * tests/data/hf/. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -155,11 +156,16 @@ static void test_refusals(void **state)
         {"llama", "\"hidden_act\": \"gelu\"", TKD_ERR_UNSUPPORTED, "hidden_act \"gelu\" is not supported"},
         {"llama", "\"num_local_experts\": 8", TKD_ERR_UNSUPPORTED, "num_local_experts = 8: mixture-of-experts"},
         {"qwen2", "\"num_experts\": 4", TKD_ERR_UNSUPPORTED, "num_experts = 4"},
-        {"mistral", "\"sliding_window\": 128", TKD_ERR_UNSUPPORTED, "sliding_window = 128"},
-        {"qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 1",
-         TKD_ERR_UNSUPPORTED, "sliding_window = 16"},
+        {"llama", "\"sliding_window\": 128", TKD_ERR_UNSUPPORTED, "sliding_window = 128 / sliding_attention layers on a llama"},
         {"qwen2", "\"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"]",
-         TKD_ERR_UNSUPPORTED, "layer_types[1] = \"sliding_attention\""},
+         TKD_ERR_FORMAT, "layer_types[1] is sliding_attention but no sliding window is in effect"},
+        {"qwen3", "\"layer_types\": [\"full_attention\", \"chunked_attention\", \"full_attention\"]",
+         TKD_ERR_UNSUPPORTED, "layer_types[1] = \"chunked_attention\": only full_attention and sliding_attention"},
+        {"qwen3", "\"layer_types\": [\"full_attention\"]", TKD_ERR_FORMAT,
+         "layer_types has 1 entries for num_hidden_layers 3"},
+        {"qwen3", "\"layer_types\": \"full_attention\"", TKD_ERR_FORMAT, "\"layer_types\" must be a list of strings"},
+        {"mistral", "\"sliding_window\": 0", TKD_ERR_FORMAT, "\"sliding_window\" must be a positive integer or null"},
+        {"qwen3", "\"attention_bias\": true", TKD_ERR_UNSUPPORTED, "attention_bias = true on qwen3"},
         {"llama", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", TKD_ERR_UNSUPPORTED,
          "rope_scaling.rope_type \"yarn\" is not supported"},
         {"llama", "\"rope_parameters\": {\"type\": \"linear\", \"factor\": 2.0}", TKD_ERR_UNSUPPORTED,
@@ -185,6 +191,75 @@ static void test_refusals(void **state)
         tkd_test_assert_msg_has(cases[i].msg);
         tkd_test_assert_msg_has(path); /* every message names the file */
     }
+}
+
+/* Which layers slide (tkd_model_config_window), per architecture, as transformers 5's config classes
+ * decide it (docs/model.md). */
+static void test_sliding_windows(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    struct {
+        const char *model_type, *extra;
+        int want[3]; /* window of layers 0, 1, 2 */
+    } cases[] = {
+        {"mistral", "\"sliding_window\": 128", {128, 128, 128}},
+        {"mistral", "\"sliding_window\": null", {0, 0, 0}},
+        {"mistral", "\"rope_theta\": 10000.0", {4096, 4096, 4096}}, /* absent: MistralConfig's 4096 */
+        /* Qwen2/3: only with use_sliding_window, on the layers >= max_window_layers */
+        {"qwen2", "\"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 1", {0, 16, 16}},
+        {"qwen2", "\"use_sliding_window\": false, \"sliding_window\": 16, \"max_window_layers\": 1", {0, 0, 0}},
+        {"qwen3", "\"use_sliding_window\": true, \"max_window_layers\": 2", {0, 0, 4096}}, /* default size */
+        {"qwen3", "\"use_sliding_window\": true, \"sliding_window\": null", {0, 0, 0}},
+        {"qwen3", "\"use_sliding_window\": true, \"sliding_window\": 8", {0, 0, 0}}, /* default mwl 28 */
+        /* layer_types, when present, wins over max_window_layers */
+        {"qwen3", "\"use_sliding_window\": true, \"sliding_window\": 8, \"max_window_layers\": 0, "
+                  "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"]", {8, 0, 8}},
+        {"qwen2", "\"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\"]", {0, 0, 0}},
+        {"llama", "\"sliding_window\": 4096", {0, 0, 0}}, /* never masks (>= max positions): accepted */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (tkd_hf_config_read(small_config(cases[i].model_type, cases[i].extra), &c) != TKD_OK)
+            fail_msg("case %zu (%s): %s", i, cases[i].extra, tkd_error_msg());
+        for (int l = 0; l < 3; l++)
+            if (tkd_model_config_window(&c, l) != cases[i].want[l])
+                fail_msg("case %zu (%s): layer %d window %d, want %d", i, cases[i].extra, l,
+                         tkd_model_config_window(&c, l), cases[i].want[l]);
+    }
+    /* a Mistral config whose layers disagree cannot be written: MistralConfig has one window */
+    assert_int_equal(tkd_hf_config_read(small_config("mistral", "\"sliding_window\": 8"), &c), TKD_OK);
+    c.layer_sliding[1] = 0;
+    assert_int_equal(tkd_model_config_validate(&c), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("layer 1 lacks a sliding window, which MistralForCausalLM cannot express");
+}
+
+/* Qwen3: its own defaults (head_dim 128, no bias, untied, 32768 positions) and a published config. */
+static void test_qwen3(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3", "\"rope_theta\": 1000000.0"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_QWEN3);
+    assert_int_equal(c.head_dim, 128); /* Qwen3Config's default, not hidden / heads = 16 */
+    assert_int_equal(c.attention_bias, 0);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_true(tkd_arch_qk_norm(c.arch) && !tkd_arch_qk_norm(TKD_ARCH_QWEN2));
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3", "\"max_position_embeddings\": null"), &c), TKD_OK);
+    assert_int_equal(c.max_position_embeddings, 32768);
+    /* model_type absent: the architectures entry decides */
+    assert_int_equal(tkd_hf_config_read(small_config("", "\"architectures\": [\"Qwen3ForCausalLM\"]"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_QWEN3);
+
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/qwen3_8b.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_QWEN3);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.hidden_size / c.num_attention_heads, 128);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.max_position_embeddings, 40960);
+    assert_true(c.rope_theta == 1e6);
+    assert_int_equal(c.eos_token_id, 151645);
+    assert_int_equal(c.sliding_window, 0);
+    assert_string_equal(tkd_arch_class(c.arch), "Qwen3ForCausalLM");
 }
 
 static void test_missing_and_malformed(void **state)
@@ -256,6 +331,21 @@ static void test_write_read_roundtrip(void **state)
     roundtrip(tkd_test_src("data/hf/mistral_7b_v03.json"), "float32");
     roundtrip(tkd_test_src("data/hf/smollm_135m.json"), "float32");
     roundtrip(tkd_test_src("fixtures/hf/llama_gqa_f32/config.json"), "float32");
+    roundtrip(tkd_test_src("data/hf/qwen3_8b.json"), "bfloat16");
+    /* windows: Mistral's one, and a Qwen3 pattern that max_window_layers alone cannot say */
+    roundtrip(small_config("mistral", "\"sliding_window\": 8"), "float32");
+    roundtrip(small_config("qwen3", "\"head_dim\": 32, \"use_sliding_window\": true, \"sliding_window\": 8, "
+                                    "\"layer_types\": [\"sliding_attention\", \"full_attention\", "
+                                    "\"sliding_attention\"]"),
+              "float32");
+    f = fopen(tmp_path("written.json"), "r");
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_non_null(strstr(text, "\"Qwen3ForCausalLM\""));
+    assert_non_null(strstr(text, "\"use_sliding_window\":\ttrue"));
+    assert_non_null(strstr(text, "\"max_window_layers\":\t0"));
+    assert_non_null(strstr(text, "\"sliding_attention\", \"full_attention\", \"sliding_attention\""));
 
     /* defaults are valid and round-trip too */
     tkd_model_config d, e;
@@ -278,6 +368,8 @@ int main(void)
         cmocka_unit_test(test_qwen2_mistral_smollm),
         cmocka_unit_test(test_rope_parameters_and_defaults),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_sliding_windows),
+        cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_missing_and_malformed),
         cmocka_unit_test(test_broken_files),
         cmocka_unit_test(test_write_read_roundtrip),

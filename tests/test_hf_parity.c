@@ -1,6 +1,10 @@
 /* test_hf_parity.c — the CPU model against transformers: logits of four committed checkpoints
  * (tests/fixtures/hf, made by make_hf_fixtures.py), five AdamW steps against PyTorch's losses,
- * checkpoint write/read round trips, and broken checkpoints that must name the bad tensor.
+ * checkpoint write/read round trips, and broken checkpoints that must name the bad tensor. With
+ * TKD_HF_FIXTURES_QWEN3 (tests/CMakeLists.txt defines it once the fixtures of
+ * `make_hf_fixtures.py --only qwen3_hd32,qwen3_window,mistral_window` are in tests/fixtures/hf)
+ * also Qwen3 (F32, BF16; head_dim != D/H) and sliding windows shorter than the sequence (Qwen3 on
+ * one layer, Mistral on all), each fixture required.
  *
  * Relative error, per position n: max_v |ours − ref| / max_v |ref|; asserted ≤ 1e-4 everywhere
  * (fp32 everywhere on both sides, so only summation order differs: ~1e-6 is typical).
@@ -113,6 +117,38 @@ static void test_logits_llama_gqa_f32(void **s) { (void)s; check_logits("llama_g
 static void test_logits_llama_gqa_bf16(void **s) { (void)s; check_logits("llama_gqa_bf16"); }
 static void test_logits_qwen2_tied_f32(void **s) { (void)s; check_logits("qwen2_tied_f32"); }
 static void test_logits_qwen2_tied_bf16(void **s) { (void)s; check_logits("qwen2_tied_bf16"); }
+
+#ifdef TKD_HF_FIXTURES_QWEN3
+static void test_logits_qwen3_hd32_f32(void **s) { (void)s; check_logits("qwen3_hd32_f32"); }
+static void test_logits_qwen3_hd32_bf16(void **s) { (void)s; check_logits("qwen3_hd32_bf16"); }
+static void test_logits_qwen3_window_f32(void **s) { (void)s; check_logits("qwen3_window_f32"); }
+static void test_logits_mistral_window_f32(void **s) { (void)s; check_logits("mistral_window_f32"); }
+
+/* The new fixtures are what their names say: Qwen3's q/k norms with head_dim != D/H, and windows
+ * shorter than the T = 11 the logits are compared at, read from transformers 5's own config.json. */
+static void test_fixture_shapes_qwen3_windows(void **s)
+{
+    (void)s;
+    tkd_model *m = load_fixture("qwen3_hd32_bf16");
+    assert_int_equal(m->cfg.arch, TKD_ARCH_QWEN3);
+    assert_int_equal(m->cfg.head_dim, 32); /* != D/H = 8 */
+    assert_int_equal(m->cfg.hidden_size / m->cfg.num_attention_heads, 8);
+    assert_non_null(m->w.layers[1].k_norm);
+    assert_int_equal(tkd_model_config_window(&m->cfg, 0) + tkd_model_config_window(&m->cfg, 1), 0);
+    tkd_model_free(m);
+    m = load_fixture("qwen3_window_f32");
+    assert_int_equal(tkd_model_config_window(&m->cfg, 0), 0);
+    assert_int_equal(tkd_model_config_window(&m->cfg, 1), 4);
+    assert_true(m->cfg.tie_word_embeddings);
+    tkd_model_free(m);
+    m = load_fixture("mistral_window_f32");
+    assert_int_equal(m->cfg.arch, TKD_ARCH_MISTRAL);
+    assert_int_equal(tkd_model_config_window(&m->cfg, 0), 5);
+    assert_int_equal(tkd_model_config_window(&m->cfg, 1), 5);
+    assert_int_equal(m->cfg.head_dim, 16);
+    tkd_model_free(m);
+}
+#endif
 
 static void test_fixture_shapes(void **s)
 {
@@ -249,8 +285,12 @@ static void test_save_roundtrip(void **s)
     (void)s;
     char *dir = tkd_test_mkdtemp("model-save");
     char sub[4200];
+#ifdef TKD_HF_FIXTURES_QWEN3
+    const char *names[] = {"llama_gqa_f32", "qwen2_tied_f32", "qwen3_hd32_f32", "qwen3_window_f32", "mistral_window_f32"};
+#else
     const char *names[] = {"llama_gqa_f32", "qwen2_tied_f32"};
-    for (int k = 0; k < 2; k++)
+#endif
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         for (int bf = 0; bf <= 1; bf++) {
             tkd_model *m = load_fixture(names[k]), *r = NULL;
             snprintf(sub, sizeof sub, "%s/%s_%d", dir, names[k], bf);
@@ -260,6 +300,7 @@ static void test_save_roundtrip(void **s)
             assert_int_equal(r->n_params, m->n_params);
             assert_int_equal(r->cfg.tie_word_embeddings, m->cfg.tie_word_embeddings);
             assert_int_equal(r->cfg.rope_scaling, m->cfg.rope_scaling);
+            assert_memory_equal(&r->cfg, &m->cfg, sizeof m->cfg); /* the arch and its windows too */
             for (size_t i = 0; i < m->n_params; i++) {
                 float want = bf ? tkd_bf16_to_f32(tkd_f32_to_bf16(m->params[i])) : m->params[i];
                 if (r->params[i] != want)
@@ -335,7 +376,9 @@ static void test_bad_checkpoints(void **s)
 }
 
 /* Writes checkpoints for transformers to load (TKD_HF_VERIFY_OUT): the Llama fixture after one
- * AdamW step (BF16) and a random-init Qwen2-shaped student (F32), with our logits of each. */
+ * AdamW step (BF16), a random-init Qwen2-shaped student (F32) and a random-init Qwen3 student with
+ * head_dim != D/H, non-unit q/k norms and a window of 4 keys on layer 1 (F32), with our logits of
+ * each. */
 static void test_write_for_transformers(void **s)
 {
     (void)s;
@@ -359,9 +402,20 @@ static void test_write_for_transformers(void **s)
     /* bf16 file: compare transformers with our logits of the bf16-rounded weights */
     for (size_t i = 0; i < t->n_params; i++)
         t->params[i] = tkd_bf16_to_f32(tkd_f32_to_bf16(t->params[i]));
+    tkd_model_config c3 = cfg;
+    c3.arch = TKD_ARCH_QWEN3, c3.attention_bias = 0, c3.head_dim = 16; /* D/H = 10 */
+    c3.sliding_window = 4, c3.layer_sliding[1] = 1, c3.initializer_range = 0.2f;
+    tkd_model *q3 = NULL;
+    assert_int_equal(tkd_model_init_random(&c3, 43, &q3), TKD_OK);
+    for (int l = 0; l < c3.num_hidden_layers; l++) /* norms away from 1, so transformers must apply them */
+        for (int j = 0; j < c3.head_dim; j++) {
+            q3->w.layers[l].q_norm[j] = 1.0f + 0.05f * (float)(j % 7) - 0.1f * (float)l;
+            q3->w.layers[l].k_norm[j] = 0.8f + 0.03f * (float)(j % 5);
+        }
     struct { tkd_model *m; const char *name; tkd_dtype dt; } ck[] = {
-        {r, "ours_qwen2_random_f32", TKD_DTYPE_F32}, {t, "ours_llama_step_bf16", TKD_DTYPE_BF16}};
-    for (int k = 0; k < 2; k++) {
+        {r, "ours_qwen2_random_f32", TKD_DTYPE_F32}, {t, "ours_llama_step_bf16", TKD_DTYPE_BF16},
+        {q3, "ours_qwen3_window_random_f32", TKD_DTYPE_F32}};
+    for (int k = 0; k < 3; k++) {
         snprintf(path, sizeof path, "%s/%s", out, ck[k].name);
         assert_int_equal(tkd_model_save_hf(ck[k].m, path, ck[k].dt), TKD_OK);
         float *lg = model_logits(ck[k].m, in, 0);
@@ -375,6 +429,7 @@ static void test_write_for_transformers(void **s)
     tkd_adamw_free(opt);
     tkd_model_free(r);
     tkd_model_free(t);
+    tkd_model_free(q3);
 }
 
 int main(void)
@@ -385,6 +440,13 @@ int main(void)
         cmocka_unit_test(test_logits_llama_gqa_bf16),
         cmocka_unit_test(test_logits_qwen2_tied_f32),
         cmocka_unit_test(test_logits_qwen2_tied_bf16),
+#ifdef TKD_HF_FIXTURES_QWEN3
+        cmocka_unit_test(test_fixture_shapes_qwen3_windows),
+        cmocka_unit_test(test_logits_qwen3_hd32_f32),
+        cmocka_unit_test(test_logits_qwen3_hd32_bf16),
+        cmocka_unit_test(test_logits_qwen3_window_f32),
+        cmocka_unit_test(test_logits_mistral_window_f32),
+#endif
         cmocka_unit_test(test_train_parity),
         cmocka_unit_test(test_save_roundtrip),
         cmocka_unit_test(test_bad_checkpoints),

@@ -30,6 +30,14 @@ static tkd_model_config small_cfg(int tied, int bias)
     return c;
 }
 
+/* small_cfg as Qwen3: no bias, head_dim 8 != D/H = 5 (q is wider than the hidden state). */
+static tkd_model_config qwen3_cfg(void)
+{
+    tkd_model_config c = small_cfg(0, 0);
+    c.arch = TKD_ARCH_QWEN3, c.head_dim = 8;
+    return c;
+}
+
 static tkd_model *make(int tied, int bias, uint64_t seed)
 {
     tkd_model_config c = small_cfg(tied, bias);
@@ -207,10 +215,8 @@ static void test_grad_accumulation_and_tied_head(void **s)
  * keeping every activation (the same ops in the same order), over three layers (the first and a
  * middle one recomputed, the last kept), and smaller activation buffers, full the smallest;
  * switching back gives the first layout again. */
-static void test_recompute_same_gradients(void **s)
+static void recompute_same_gradients(tkd_model_config cfg)
 {
-    (void)s;
-    tkd_model_config cfg = small_cfg(0, 1);
     cfg.num_hidden_layers = 3;
     tkd_model *m = NULL;
     assert_int_equal(tkd_model_init_random(&cfg, 7, &m), TKD_OK);
@@ -249,6 +255,121 @@ static void test_recompute_same_gradients(void **s)
     free(h0);
     free(g0);
     tkd_model_free(m);
+}
+
+static void test_recompute_same_gradients(void **s)
+{
+    (void)s;
+    recompute_same_gradients(small_cfg(0, 1));
+}
+
+/* Qwen3 with a window on the middle layer: the per-head norms' saved inputs and the window are
+ * remade in the shared set too. */
+static void test_recompute_qwen3_window(void **s)
+{
+    (void)s;
+    tkd_model_config c = qwen3_cfg();
+    c.sliding_window = 3, c.layer_sliding[1] = 1;
+    recompute_same_gradients(c);
+}
+
+/* Qwen3's q_norm / k_norm: (head_dim) each, after o_proj as transformers lists them, no decay,
+ * initialised to 1; its config and tensors survive a save and load (the logits too). */
+static void test_qwen3_params_and_save(void **s)
+{
+    (void)s;
+    tkd_model_config c = qwen3_cfg();
+    tkd_model *m = NULL, *r = NULL, *llama = make(0, 0, 4);
+    assert_int_equal(tkd_model_init_random(&c, 4, &m), TKD_OK);
+    assert_int_equal(m->n_params - llama->n_params, /* q/k/v/o widen with head_dim 8 vs 6, plus the norms */
+                     (size_t)2 * (20 * 8 * (4 + 2 + 2 + 4) - 20 * 6 * (4 + 2 + 2 + 4) + 2 * 8));
+    int n, found = 0;
+    const tkd_param_info *info = tkd_model_params(m, &n);
+    for (int i = 0; i < n; i++)
+        if (strstr(info[i].name, "_norm.weight") && strstr(info[i].name, "self_attn")) {
+            assert_true(strstr(info[i - 1 - (found & 1)].name, "o_proj.weight") != NULL);
+            assert_int_equal(info[i].ndim, 1);
+            assert_int_equal(info[i].shape[0], 8);
+            assert_int_equal(info[i].decay, 0);
+            assert_true(m->params[info[i].offset] == 1.0f && m->params[info[i].offset + 7] == 1.0f);
+            found++;
+        }
+    assert_int_equal(found, 2 * 2);
+    assert_ptr_equal(m->w.layers[1].q_norm, m->params + info[1 + m->info_per_layer + 5].offset);
+    assert_null(llama->w.layers[0].q_norm);
+    /* distinct norm weights, so a load that mixed them up would show in the logits */
+    tkd_test_randn(m->w.layers[0].q_norm, 8, 11, 0.5f);
+    tkd_test_randn(m->w.layers[1].k_norm, 8, 12, 0.5f);
+    char *dir = tkd_test_mkdtemp("model-qwen3");
+    assert_int_equal(tkd_model_save_hf(m, dir, TKD_DTYPE_F32), TKD_OK);
+    if (tkd_model_load_hf(dir, &r) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    assert_int_equal(r->cfg.arch, TKD_ARCH_QWEN3);
+    assert_int_equal(r->cfg.head_dim, 8);
+    assert_memory_equal(r->params, m->params, sizeof(float) * m->n_params);
+    int32_t tok[6] = {1, 5, 9, 36, 2, 2};
+    const void *h = NULL;
+    float a[6 * 20];
+    assert_int_equal(tkd_model_forward(m, tok, 1, 6, 0, &h), TKD_OK);
+    memcpy(a, h, sizeof a);
+    assert_int_equal(tkd_model_forward(r, tok, 1, 6, 0, &h), TKD_OK);
+    assert_memory_equal(a, h, sizeof a);
+    tkd_test_rmtree(dir);
+    free(dir);
+    tkd_model_free(r);
+    tkd_model_free(m);
+    tkd_model_free(llama);
+}
+
+/* A one-layer model with a window of W keys: position t sees tokens t − W + 1 … t only, so changing
+ * token 0 moves positions < W and leaves the rest bit for bit; with the window off it moves them all. */
+static void test_sliding_window_masks(void **s)
+{
+    (void)s;
+    enum { T = 9, W = 3, D = 20 };
+    for (int windowed = 0; windowed <= 1; windowed++) {
+        tkd_model_config c = qwen3_cfg();
+        c.num_hidden_layers = 1;
+        c.sliding_window = windowed ? W : 0, c.layer_sliding[0] = (unsigned char)windowed;
+        tkd_model *m = NULL;
+        assert_int_equal(tkd_model_init_random(&c, 9, &m), TKD_OK);
+        int32_t tok[T] = {3, 1, 4, 1, 5, 9, 2, 6, 5};
+        const void *h = NULL;
+        float a[T * D];
+        assert_int_equal(tkd_model_forward(m, tok, 1, T, 0, &h), TKD_OK);
+        memcpy(a, h, sizeof a);
+        tok[0] = 30;
+        assert_int_equal(tkd_model_forward(m, tok, 1, T, 1, &h), TKD_OK);
+        for (int t = 0; t < T; t++) {
+            int same = memcmp(a + t * D, (const float *)h + t * D, sizeof(float) * D) == 0;
+            if (same != (windowed && t >= W))
+                fail_msg("window %d: position %d %s when token 0 changed", windowed ? W : 0, t,
+                         same ? "did not move" : "moved");
+        }
+        tkd_model_free(m);
+    }
+}
+
+/* A backend whose attention has no window (be->attn_window 0, as CUDA today) is refused for a layer
+ * whose window is shorter than the sequence, naming it; a window the sequence fits in runs. */
+static void test_window_needs_backend(void **s)
+{
+    (void)s;
+    tkd_model_config c = qwen3_cfg();
+    c.sliding_window = 4, c.layer_sliding[1] = 1;
+    tkd_backend *be = NULL;
+    assert_int_equal(tkd_backend_cpu_open(&be), TKD_OK);
+    be->attn_window = 0;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random_on(&c, 1, be, &m), TKD_OK);
+    int32_t tok[5] = {1, 2, 3, 4, 5};
+    assert_int_equal(tkd_model_forward(m, tok, 1, 4, 0, NULL), TKD_OK);
+    assert_int_equal(tkd_model_forward(m, tok, 1, 5, 0, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("layer 1 has sliding_window 4 < sequence length 5");
+    tkd_test_assert_msg_has("the cpu backend's attention does not mask a window yet");
+    assert_int_equal(tkd_model_reserve(m, 1, 5, 1), TKD_ERR_UNSUPPORTED);
+    tkd_model_free(m);
+    tkd_backend_close(be);
 }
 
 static void test_errors(void **s)
@@ -410,6 +531,10 @@ int main(void)
         cmocka_unit_test(test_inference_equals_training),
         cmocka_unit_test(test_grad_accumulation_and_tied_head),
         cmocka_unit_test(test_recompute_same_gradients),
+        cmocka_unit_test(test_recompute_qwen3_window),
+        cmocka_unit_test(test_qwen3_params_and_save),
+        cmocka_unit_test(test_sliding_window_masks),
+        cmocka_unit_test(test_window_needs_backend),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_schedule),
         cmocka_unit_test(test_clip),

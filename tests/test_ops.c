@@ -255,6 +255,56 @@ static void test_attention(void **s)
     }
 }
 
+/* Sliding windows: query i attends keys i − W < j ≤ i (W keys counting itself, transformers'
+ * convention), fast path against the double reference forward and backward; W ≥ T is full causal
+ * bit for bit; W = 1 returns each row's own v. */
+static void test_attention_window(void **s)
+{
+    (void)s;
+    int cases[][6] = {{2, 9, 4, 2, 5, 3}, {1, 7, 2, 1, 4, 1}, {3, 6, 4, 4, 3, 5}, {1, 5, 2, 2, 6, 5},
+                      {1, 4, 2, 1, 4, 9}, {2, 37, 8, 2, 10, 16}}; /* B, T, H, Hkv, dh, W */
+    for (int c = 0; c < 6; c++) {
+        int B = cases[c][0], T = cases[c][1], H = cases[c][2], Hkv = cases[c][3], dh = cases[c][4], W = cases[c][5];
+        size_t N = (size_t)B * T, nq = N * H * dh, nkv = N * Hkv * dh, na = (size_t)B * H * T * T;
+        uint64_t sd = 7000 + 100 * c;
+        pair q = mk(nq, sd + 1, 1.5f), k = mk(nkv, sd + 2, 1.5f), v = mk(nkv, sd + 3, 1);
+        pair att = mk(na, 0, 0), y = mk(nq, 0, 0), dy = mk(nq, sd + 4, 1);
+        pair dq = mk(nq, sd + 5, 1), dk = mk(nkv, sd + 6, 1), dv = mk(nkv, sd + 7, 1);
+        tkd_cpu_attn_window_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, att.f, y.f);
+        tkd_ref_attn_window_fwd(q.d, k.d, v.d, B, T, H, Hkv, dh, W, att.d, y.d);
+        expect_close(&att, "window attn probabilities");
+        expect_close(&y, "window attn y");
+        for (size_t r = 0; r < (size_t)B * H * T; r++) {
+            int i = (int)(r % T);
+            double sum = 0;
+            for (int j = 0; j < T; j++) {
+                int inside = j <= i && j > i - W;
+                if (inside != (att.f[r * T + j] > 0.0f) || inside != (att.d[r * T + j] > 0.0))
+                    fail_msg("case %d row %d key %d: probability %g (window %d)", c, i, j, att.f[r * T + j], W);
+                sum += att.f[r * T + j];
+            }
+            assert_true(fabs(sum - 1) < 1e-5);
+        }
+        if (W == 1) /* only the query's own key: y_i = v_i */
+            for (size_t n = 0; n < N; n++)
+                for (int h = 0; h < H; h++)
+                    for (int d = 0; d < dh; d++)
+                        assert_true(fabsf(y.f[(n * H + h) * dh + d] - v.f[(n * Hkv + h / (H / Hkv)) * dh + d]) < 1e-6f);
+        if (W >= T) { /* nothing beyond causality is masked */
+            float *yf = malloc(sizeof(float) * nq), *af = malloc(sizeof(float) * na);
+            tkd_cpu_attn_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, af, yf);
+            assert_memory_equal(yf, y.f, sizeof(float) * nq);
+            free(yf), free(af);
+        }
+        tkd_cpu_attn_bwd(dy.f, q.f, k.f, v.f, att.f, B, T, H, Hkv, dh, dq.f, dk.f, dv.f);
+        tkd_ref_attn_bwd(dy.d, q.d, k.d, v.d, att.d, B, T, H, Hkv, dh, dq.d, dk.d, dv.d);
+        expect_close(&dq, "window attn dq");
+        expect_close(&dk, "window attn dk");
+        expect_close(&dv, "window attn dv");
+        drop(&q), drop(&k), drop(&v), drop(&att), drop(&y), drop(&dy), drop(&dq), drop(&dk), drop(&dv);
+    }
+}
+
 /* Large scores must not overflow: softmax subtracts the row max. */
 static void test_attention_large_scores(void **s)
 {
@@ -296,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_embedding),     cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_linear),        cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_window),
         cmocka_unit_test(test_attention_large_scores), cmocka_unit_test(test_swiglu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

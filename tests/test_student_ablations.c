@@ -150,7 +150,8 @@ static void test_long_derived_names_hashed(void **state)
 
 /* The real-pair student configs next to the teacher templates load by themselves, with the shapes
  * of the models they are named after and data.seq_len following the cache. */
-static void check_real_student(const char *file, int arch, int vocab, int hidden, int layers, int heads, int kv)
+static void check_real_student(const char *file, int arch, int vocab, int hidden, int layers, int heads, int kv,
+                               int head_dim)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/configs/%s", TKD_SOURCE_DIR, file);
@@ -163,7 +164,7 @@ static void check_real_student(const char *file, int arch, int vocab, int hidden
     assert_int_equal(c.num_layers, layers);
     assert_int_equal(c.num_heads, heads);
     assert_int_equal(c.num_kv_heads, kv);
-    assert_int_equal(c.head_dim * heads, hidden);
+    assert_int_equal(c.head_dim, head_dim);
     assert_int_equal(c.seq_len, 0);
     assert_true(c.tie_word_embeddings);
     tkd_config_free(&tkd_train_schema, &c);
@@ -172,8 +173,9 @@ static void check_real_student(const char *file, int arch, int vocab, int hidden
 static void test_real_pair_students(void **state)
 {
     (void)state;
-    check_real_student("student-qwen2.5-0.5b.yaml", TKD_TRAIN_ARCH_QWEN2, 151936, 896, 24, 14, 2);
-    check_real_student("student-llama3.2-1b.yaml", TKD_TRAIN_ARCH_LLAMA, 128256, 2048, 16, 32, 8);
+    check_real_student("student-qwen2.5-0.5b.yaml", TKD_TRAIN_ARCH_QWEN2, 151936, 896, 24, 14, 2, 64);
+    check_real_student("student-llama3.2-1b.yaml", TKD_TRAIN_ARCH_LLAMA, 128256, 2048, 16, 32, 8, 64);
+    check_real_student("student-qwen3-0.6b.yaml", TKD_TRAIN_ARCH_QWEN3, 151936, 1024, 28, 16, 8, 128); /* != D/H */
 }
 
 int main(void)

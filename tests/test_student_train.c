@@ -265,6 +265,45 @@ static void test_checkpoint_loads_back(void **state)
     assert_true(v[0] >= 0 && v[0] <= 1);
 }
 
+/* model.arch: qwen3 builds, trains, checkpoints and exports a Qwen3 student (head_dim 24 != D/H = 16):
+ * the checkpoint reads back as Qwen3ForCausalLM with its q/k norms, which training moved off their
+ * initial 1 (their gradients reach AdamW), and a resume from it continues. */
+static void test_qwen3_student(void **state)
+{
+    fixture *f = *state;
+    const char *extra[] = {"model.arch=qwen3", "model.head_dim=24", "kd.variant=tail", "train.max_steps=6",
+                           "train.checkpoint_interval=4"};
+    assert_int_equal(run(f, "qwen3", extra, 5, 0, NULL), TKD_OK);
+    char dir[4400], path[4500];
+    run_path(dir, sizeof dir, f, "qwen3", "checkpoint");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *cfg = tkd_test_read_file(path, NULL);
+    assert_non_null(cfg);
+    assert_non_null(strstr(cfg, "\"Qwen3ForCausalLM\""));
+    assert_non_null(strstr(cfg, "\"attention_bias\":\tfalse"));
+    free(cfg);
+    tkd_model *hf = NULL;
+    if (tkd_model_load_hf(dir, &hf) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    assert_int_equal(hf->cfg.arch, TKD_ARCH_QWEN3);
+    assert_int_equal(hf->cfg.head_dim, 24);
+    for (int n = 0; n < 2; n++) {
+        const float *w = n ? hf->w.layers[0].k_norm : hf->w.layers[0].q_norm;
+        assert_non_null(w);
+        int moved = 0;
+        for (int i = 0; i < 24; i++)
+            moved += w[i] != 1.0f;
+        if (moved < 12)
+            fail_msg("%s_norm: only %d of 24 weights moved in 6 steps", n ? "k" : "q", moved);
+    }
+    tkd_model_free(hf);
+    const char *more[] = {"model.arch=qwen3", "model.head_dim=24", "kd.variant=tail", "train.max_steps=8",
+                          "train.checkpoint_interval=4"};
+    tkd_train_result res;
+    assert_int_equal(run(f, "qwen3", more, 5, 1, &res), TKD_OK);
+    assert_true(isfinite(res.val_kd));
+}
+
 /* A finished run is not silently overwritten; --resume of a finished run takes no step. */
 static void test_existing_run_is_kept(void **state)
 {
@@ -287,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_top1_agreement_rises),
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_checkpoint_loads_back),
+        cmocka_unit_test(test_qwen3_student),
         cmocka_unit_test(test_existing_run_is_kept),
     };
     return cmocka_run_group_tests(tests, setup, tkd_test_student_teardown);

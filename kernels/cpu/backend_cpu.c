@@ -126,10 +126,10 @@ static tkd_status cpu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, 
 }
 
 static tkd_status cpu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H,
-                               int Hkv, int dh, void *y, void *saved)
+                               int Hkv, int dh, int window, void *y, void *saved)
 {
     (void)be;
-    tkd_cpu_attn_fwd(q, k, v, B, T, H, Hkv, dh, saved, y);
+    tkd_cpu_attn_window_fwd(q, k, v, B, T, H, Hkv, dh, window, saved, y);
     return TKD_OK;
 }
 
@@ -187,11 +187,12 @@ static tkd_status cpu_rope_bwd(tkd_backend *be, void *dq, void *dk, int N, int T
 }
 
 static tkd_status cpu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v,
-                               const void *y, const void *saved, int B, int T, int H, int Hkv, int dh, void *dq,
-                               void *dk, void *dv)
+                               const void *y, const void *saved, int B, int T, int H, int Hkv, int dh, int window,
+                               void *dq, void *dk, void *dv)
 {
     (void)be;
     (void)y;
+    (void)window; /* the saved probabilities are zero outside the window */
     memset(dq, 0, sizeof(float) * (size_t)B * T * H * dh); /* the CPU kernel adds; the op overwrites */
     memset(dk, 0, sizeof(float) * (size_t)B * T * Hkv * dh);
     memset(dv, 0, sizeof(float) * (size_t)B * T * Hkv * dh);
@@ -268,6 +269,11 @@ static tkd_status cpu_lmhead_topk(tkd_backend *be, tkd_lmhead_topk_args *a)
 /* ---- training: optimizer and gradient helpers ---- */
 
 static tkd_status cpu_f32_to_act(tkd_backend *be, const float *src, void *dst, size_t n)
+{
+    return cpu_copy(be, dst, src, n * sizeof(float));
+}
+
+static tkd_status cpu_act_to_f32(tkd_backend *be, const void *src, float *dst, size_t n)
 {
     return cpu_copy(be, dst, src, n * sizeof(float));
 }
@@ -467,6 +473,7 @@ static const tkd_backend_ops cpu_ops = {
     .lmhead_topk = cpu_lmhead_topk,
     .lmhead_chunk_rows = cpu_lmhead_chunk_rows,
     .f32_to_act = cpu_f32_to_act,
+    .act_to_f32 = cpu_act_to_f32,
     .adamw_create = cpu_adamw_create,
     .adamw_free = cpu_adamw_free,
     .adamw_step = cpu_adamw_step,
@@ -498,6 +505,7 @@ tkd_status tkd_backend_cpu_open(tkd_backend **out)
     be->act_size = sizeof(float);
     be->host_addressable = 1;
     be->data_parallel = 0;
+    be->attn_window = 1;
     be->op = &cpu_ops;
     be->impl = c;
     *out = be;

@@ -150,26 +150,35 @@ static float dotf(const float *a, const float *b, int n)
     return s;
 }
 
-/* One (batch, head): rows are independent, the causal row i touches keys 0..i only. */
+/* The first key query i attends: i - window + 1 (the window counts the query itself), or 0 when
+ * window is 0 (full causal) or reaches back past the start. */
+static inline int attn_first_key(int i, int window)
+{
+    return window > 0 && i >= window ? i - window + 1 : 0;
+}
+
+/* One (batch, head): rows are independent, row i touches keys j0..i only (j0 = 0: causal). */
 static void attn_fwd_head(const float *q, const float *k, const float *v, int T, int qs, int kvs,
-                          int dh, float scale, float *att, float *y)
+                          int dh, int window, float scale, float *att, float *y)
 {
     for (int i = 0; i < T; i++) {
         const float *qi = q + (int64_t)i * qs;
         float *a = att + (int64_t)i * T, *yi = y + (int64_t)i * qs;
         float mx = -INFINITY, sum = 0;
-        for (int j = 0; j <= i; j++) {
+        int j0 = attn_first_key(i, window);
+        for (int j = j0; j <= i; j++) {
             a[j] = dotf(qi, k + (int64_t)j * kvs, dh) * scale;
             mx = a[j] > mx ? a[j] : mx;
         }
-        for (int j = 0; j <= i; j++)
+        for (int j = j0; j <= i; j++)
             sum += (a[j] = expf(a[j] - mx));
         float inv = 1.0f / sum;
-        for (int j = i + 1; j < T; j++)
-            a[j] = 0;
+        for (int j = 0; j < T; j++)
+            if (j < j0 || j > i)
+                a[j] = 0;
         for (int d = 0; d < dh; d++)
             yi[d] = 0;
-        for (int j = 0; j <= i; j++) {
+        for (int j = j0; j <= i; j++) {
             a[j] *= inv;
             const float *vj = v + (int64_t)j * kvs;
             for (int d = 0; d < dh; d++)
@@ -178,8 +187,8 @@ static void attn_fwd_head(const float *q, const float *k, const float *v, int T,
     }
 }
 
-void tkd_cpu_attn_fwd(const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
-                      int dh, float *att, float *y)
+void tkd_cpu_attn_window_fwd(const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
+                             int dh, int window, float *att, float *y)
 {
     int grp = H / Hkv, qs = H * dh, kvs = Hkv * dh;
     float scale = (float)(1.0 / sqrt((double)dh));
@@ -188,9 +197,15 @@ void tkd_cpu_attn_fwd(const float *q, const float *k, const float *v, int B, int
         for (int h = 0; h < H; h++) {
             int64_t q0 = (int64_t)b * T * qs + (int64_t)h * dh;
             int64_t kv0 = (int64_t)b * T * kvs + (int64_t)(h / grp) * dh;
-            attn_fwd_head(q + q0, k + kv0, v + kv0, T, qs, kvs, dh, scale,
+            attn_fwd_head(q + q0, k + kv0, v + kv0, T, qs, kvs, dh, window, scale,
                           att + ((int64_t)b * H + h) * T * T, y + q0);
         }
+}
+
+void tkd_cpu_attn_fwd(const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
+                      int dh, float *att, float *y)
+{
+    tkd_cpu_attn_window_fwd(q, k, v, B, T, H, Hkv, dh, 0, att, y);
 }
 
 /* One (batch, query head). Two passes per row so that no dP scratch is needed: the first gets

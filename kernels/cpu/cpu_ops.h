@@ -69,6 +69,14 @@ void tkd_cpu_attn_fwd(const float *q, // (B·T, H·dh) after RoPE
                       const float *v, // (B·T, Hkv·dh)
                       int B, int T, int H, int Hkv, int dh, float *att, // (B, H, T, T)
                       float *y);                                       // (B·T, H·dh)
+/* The same with a sliding window (window ≥ 1; 0: full causal): query i attends keys
+ * i − window < j ≤ i, so the window counts the query itself (transformers' sliding_window). The
+ * masked entries of att are written 0, which is all the backward needs to know of the window. */
+void tkd_cpu_attn_window_fwd(const float *q, const float *k, const float *v, // as above
+                             int B, int T, int H, int Hkv, int dh, int window,
+                             float *att, // (B, H, T, T)
+                             float *y);  // (B·T, H·dh)
+/* Backward of either forward, from its att (zeros where masked). */
 void tkd_cpu_attn_bwd(const float *dy, // (B·T, H·dh)
                       const float *q, const float *k, const float *v,
                       const float *att, // (B, H, T, T) from the forward

@@ -113,8 +113,8 @@ void tkd_ref_rope_bwd(double *dx, int N, int T, int nh, int dh, const float *cos
     ref_rope(dx, N, T, nh, dh, cos_t, sin_t, -1.0);
 }
 
-void tkd_ref_attn_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
-                      int Hkv, int dh, double *att, double *y)
+void tkd_ref_attn_window_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
+                             int Hkv, int dh, int window, double *att, double *y)
 {
     int grp = H / Hkv;
     double scale = 1.0 / sqrt((double)dh);
@@ -126,7 +126,8 @@ void tkd_ref_attn_fwd(const double *q, const double *k, const double *v, int B, 
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j < T; j++) {
                     a[j] = 0;
-                    if (j > i)
+                    /* causal, and inside the window: i − window < j (the query counts) */
+                    if (j > i || (window > 0 && j <= i - window))
                         continue;
                     const double *kj = k + ((int64_t)(b * T + j) * Hkv + h / grp) * dh;
                     double s = 0;
@@ -135,18 +136,25 @@ void tkd_ref_attn_fwd(const double *q, const double *k, const double *v, int B, 
                     a[j] = s * scale;
                     mx = fmax(mx, a[j]);
                 }
-                for (int j = 0; j <= i; j++)
+                int j0 = window > 0 && i >= window ? i - window + 1 : 0;
+                for (int j = j0; j <= i; j++)
                     sum += (a[j] = exp(a[j] - mx));
                 double *yi = y + ((int64_t)(b * T + i) * H + h) * dh;
                 for (int d = 0; d < dh; d++)
                     yi[d] = 0;
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     a[j] /= sum;
                     const double *vj = v + ((int64_t)(b * T + j) * Hkv + h / grp) * dh;
                     for (int d = 0; d < dh; d++)
                         yi[d] += a[j] * vj[d];
                 }
             }
+}
+
+void tkd_ref_attn_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
+                      int Hkv, int dh, double *att, double *y)
+{
+    tkd_ref_attn_window_fwd(q, k, v, B, T, H, Hkv, dh, 0, att, y);
 }
 
 /* dP_ij = dy_i·v_j; dS_ij = P_ij (dP_ij − Σ_j' P_ij' dP_ij'); dq_i = scale Σ_j dS_ij k_j;

@@ -57,6 +57,12 @@ void tkd_ref_attn_fwd(const double *q, // (B·T, H·dh) after RoPE
                       const double *v, // (B·T, Hkv·dh)
                       int B, int T, int H, int Hkv, int dh, double *att, // (B, H, T, T)
                       double *y);                                       // (B·T, H·dh)
+/* With a sliding window (window ≥ 1; 0: full): query i attends keys i − window < j ≤ i. The
+ * backward below takes either forward's att (zeros where masked). */
+void tkd_ref_attn_window_fwd(const double *q, const double *k, const double *v, // as above
+                             int B, int T, int H, int Hkv, int dh, int window,
+                             double *att, // (B, H, T, T)
+                             double *y);  // (B·T, H·dh)
 void tkd_ref_attn_bwd(const double *dy, // (B·T, H·dh)
                       const double *q, const double *k, const double *v,
                       const double *att, // (B, H, T, T) from the forward

@@ -226,15 +226,25 @@ tkd_status cu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, int H, i
     return tkd_cuda_rope_fwd(static_cast<bf>(q), static_cast<bf>(k), N, T, H, Hkv, dh, cos_t, sin_t, stream_of(be));
 }
 
+/* No kernel here masks a sliding window yet (be->attn_window is 0, so the model refuses first). */
+tkd_status no_window_yet(int window, int T)
+{
+    if (window > 0 && window < T)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "attention: sliding window %d < sequence length %d is not "
+                             "implemented on the cuda backend yet", window, T);
+    return TKD_OK;
+}
+
 /* The flash kernel where it takes the head size, the simple one elsewhere (dh 16, 32, ...). */
 bool flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
 
 /* cuDNN's fused attention first (about twice our kernel's rate on an H200); where cuDNN is absent or
  * refuses the shape (a refusal is cached per shape, so asking again is free), our own kernels. */
 tkd_status cu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
-                       int dh, void *y, void *saved)
+                       int dh, int window, void *y, void *saved)
 {
     CudaImpl *c = impl(be);
+    TKD_TRY(no_window_yet(window, T));
     if (c->cudnn) {
         tkd_status st = tkd_cudnn_attn_fwd(c->cudnn, static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
                                            B, T, H, Hkv, dh, static_cast<bf>(y), static_cast<float *>(saved),
@@ -340,9 +350,10 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
  * "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all the fast ones row by row
  * to what bf16 arithmetic in a flash backward must cost, against a float64 reference. */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
-                       const void *saved, int B, int T, int H, int Hkv, int dh, void *dq, void *dk, void *dv)
+                       const void *saved, int B, int T, int H, int Hkv, int dh, int window, void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
+    TKD_TRY(no_window_yet(window, T));
     const float *lse = static_cast<const float *>(saved);
     auto wgmma = [&]() -> tkd_status { /* TKD_ERR_UNSUPPORTED (message cleared) where it cannot run */
         tkd_status st = tkd_cuda_attn_bwd_sm90_supported(dh);
@@ -401,6 +412,11 @@ tkd_status cu_swiglu_bwd(tkd_backend *be, const void *dh, const void *g, const v
 tkd_status cu_f32_to_act(tkd_backend *be, const float *src, void *dst, size_t n)
 {
     return tkd_cuda_f32_to_bf16(src, static_cast<bf>(dst), n, stream_of(be));
+}
+
+tkd_status cu_act_to_f32(tkd_backend *be, const void *src, float *dst, size_t n)
+{
+    return tkd_cuda_bf16_to_f32(static_cast<cbf>(src), dst, n, stream_of(be));
 }
 
 } // namespace
@@ -710,7 +726,7 @@ const tkd_backend_ops cuda_ops = {
     cu_attn_saved_bytes, cu_swiglu_fwd,
     cu_embedding_bwd, cu_rmsnorm_bwd, cu_linear_bwd, cu_rope_bwd, cu_attn_bwd, cu_swiglu_bwd,
     cu_lmhead_topk, cu_lmhead_chunk_rows,
-    cu_f32_to_act, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
+    cu_f32_to_act, cu_act_to_f32, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
     cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
     cu_mark, cu_mark_ms,
@@ -767,6 +783,7 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->master_lo_size = sizeof(int16_t);
     be->host_addressable = 0;
     be->data_parallel = 1;
+    be->attn_window = 0; /* no attention kernel masks a sliding window yet (no_window_yet) */
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);

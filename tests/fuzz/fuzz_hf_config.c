@@ -3,7 +3,7 @@
  *
  * The property: any text either gives a valid model config or is refused with TKD_ERR_FORMAT,
  * TKD_ERR_CONFIG or TKD_ERR_UNSUPPORTED (TKD_ERR_NOMEM) and a one-line message; a config that
- * reads writes back as a config.json that reads to the same values. */
+ * reads writes back as a config.json that reads to the same values, its sliding windows included. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,7 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (back.vocab_size != c.vocab_size || back.hidden_size != c.hidden_size || back.arch != c.arch ||
         back.num_key_value_heads != c.num_key_value_heads || back.head_dim != c.head_dim ||
         back.rope_theta != c.rope_theta || back.rope_scaling != c.rope_scaling ||
-        back.tie_word_embeddings != c.tie_word_embeddings)
+        back.tie_word_embeddings != c.tie_word_embeddings || back.sliding_window != c.sliding_window ||
+        memcmp(back.layer_sliding, c.layer_sliding, sizeof c.layer_sliding) != 0)
         abort();
     return 0;
 }
