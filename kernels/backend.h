@@ -22,8 +22,9 @@
  *                      many bytes (0: the act copy is the fp32 master itself);
  *   data_parallel    — kernels/comm/comm_nccl.h's collectives run on this backend (several processes;
  *                      before any backend opens, tkd_backend_device_data_parallel);
- *   attn_window      — attn_fwd / attn_bwd apply a sliding window shorter than the sequence (the
- *                      model refuses such a layer, naming it, on a backend without);
+ *   attn_window      — attn_fwd applies a sliding window shorter than the sequence (the model
+ *                      refuses such a layer, naming it, on a backend without);
+ *   attn_window_bwd  — attn_bwd does too (a training model with such a layer needs it);
  *   op->lmhead_chunk_rows — the LM head's chunk when the config leaves it automatic.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
@@ -135,7 +136,8 @@ typedef struct tkd_backend_ops {
      * (CPU: probabilities (B, H, T, T); CUDA: log-sum-exps (B, H, T)). window > 0: query i attends
      * only keys i − window < j ≤ i (the window counts the query itself, as transformers'
      * sliding_window); 0, or ≥ T, masks nothing beyond causality. A window shorter than T is
-     * TKD_ERR_UNSUPPORTED unless be->attn_window. */
+     * TKD_ERR_UNSUPPORTED unless be->attn_window
+     * (attn_bwd: be->attn_window_bwd). */
     tkd_status (*attn_fwd)(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T,
                            int H, int Hkv, int dh, int window, void *y, // (B·T, H·dh) act
                            void *saved);
@@ -247,8 +249,10 @@ struct tkd_backend {
     int data_parallel;          /* 1: kernels/comm/comm_nccl.h's collectives run on this backend's stream
                                  * (CUDA: data-parallel training, ZeRO-1); 0: one process only (the
                                  * CPU; a profiling wrapper, which has no stream of its own) */
-    int attn_window;            /* 1: attn_fwd / attn_bwd mask a sliding window shorter than T (the
-                                 * CPU); 0: they do not yet (CUDA), and the model refuses such a layer */
+    int attn_window;            /* 1: attn_fwd masks a sliding window shorter than T (the CPU, CUDA);
+                                 * 0: it does not, and the model refuses such a layer */
+    int attn_window_bwd;        /* 1: attn_bwd does too (the CPU); 0: not yet (CUDA), and a model
+                                 * reserved for training refuses such a layer */
     const tkd_backend_ops *op;
     void *impl;                 /* the implementation's own state */
 };

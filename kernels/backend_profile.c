@@ -230,6 +230,7 @@ tkd_status tkd_backend_profile_wrap(tkd_backend *inner, tkd_backend **out)
     be->host_addressable = inner->host_addressable;
     be->data_parallel = 0; /* the collectives need the inner backend's stream, which this one does not show */
     be->attn_window = inner->attn_window;
+    be->attn_window_bwd = inner->attn_window_bwd;
     be->op = &p->ops;
     be->impl = p;
     *out = be;

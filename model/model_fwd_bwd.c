@@ -101,19 +101,20 @@ static tkd_status alloc_grads(tkd_model *m)
     return TKD_OK;
 }
 
-/* A layer whose window is shorter than T needs a backend whose attention masks it: refused here,
- * naming the layer, rather than silently run as full attention. */
-static tkd_status check_windows(const tkd_model *m, int T)
+/* A layer whose window is shorter than T needs a backend whose attention masks it (forward, and
+ * backward when training): refused here, naming the layer, rather than silently run as full
+ * attention. */
+static tkd_status check_windows(const tkd_model *m, int T, int training)
 {
-    if (m->be->attn_window)
+    if (m->be->attn_window && (!training || m->be->attn_window_bwd))
         return TKD_OK;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         int w = tkd_model_config_window(&m->cfg, l);
         if (w > 0 && w < T)
             return tkd_error_set(TKD_ERR_UNSUPPORTED,
                                  "model: layer %d has sliding_window %d < sequence length %d, and the %s backend's "
-                                 "attention does not mask a window yet; use device: cpu or sequences of at most %d",
-                                 l, w, T, m->be->name, w);
+                                 "attention%s does not mask a window yet; use device: cpu or sequences of at most %d",
+                                 l, w, T, m->be->name, m->be->attn_window ? " backward (training)" : "", w);
     }
     return TKD_OK;
 }
@@ -139,7 +140,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "model: sequence length %d exceeds max_position_embeddings %d; use a shorter seq_len",
                              T, m->cfg.max_position_embeddings);
-    TKD_TRY(check_windows(m, T));
+    TKD_TRY(check_windows(m, T, training));
     if (training)
         TKD_TRY(alloc_grads(m));
     tkd_model_acts *a = m->acts;

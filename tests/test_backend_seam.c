@@ -28,6 +28,7 @@ static void assert_cpu_caps(const tkd_backend *be)
     assert_int_equal(be->act_size, sizeof(float));
     assert_int_equal(be->master_lo_size, 0);
     assert_int_equal(be->attn_window, 1); /* its attention masks sliding windows */
+    assert_int_equal(be->attn_window_bwd, 1);
     assert_non_null(be->op->act_to_f32);
     assert_int_equal(tkd_backend_host_f32(be), 1);
     /* a fixed 256 rows whatever the vocabulary */

@@ -2,8 +2,9 @@
  * (tests/fixtures/hf: Llama GQA untied with llama3 RoPE, Qwen2 with q/k/v bias and tied head, Qwen3
  * with per-head q/k norms; F32 and BF16 checkpoints) loaded onto the GPU, their logits against transformers' fp32 logits, their
  * final hidden states against the CPU backend's; and the backend's LM head + top-k consumer against
- * the CPU one on the same bf16-rounded hidden states; a sliding window the CUDA attention cannot mask
- * yet is refused. Exits 77 where no GPU answers.
+ * the CPU one on the same bf16-rounded hidden states; sliding windows (Qwen3, Mistral) against
+ * transformers, and training with one refused (the backward does not mask yet). Exits 77 where no
+ * GPU answers.
  *
  * Tolerances: the GPU rounds weights and every activation the GEMMs read to bf16 (8 significant
  * bits: relative error 2^-9 per rounding), accumulating in fp32, over 2 layers of width 40–80:
@@ -131,21 +132,21 @@ static void test_qwen2_bf16(void **state) { (void)state; check_fixture("qwen2_ti
 static void test_qwen3_f32(void **state) { (void)state; check_fixture("qwen3_hd32_f32"); }
 static void test_qwen3_bf16(void **state) { (void)state; check_fixture("qwen3_hd32_bf16"); }
 
-/* No CUDA attention kernel masks a sliding window yet (attn_window 0): a layer whose window is
- * shorter than the sequence is refused before anything runs, naming it; one the sequence fits in
- * runs. */
-static void test_window_refused(void **state)
+/* Sliding windows on CUDA: the forward masks them (our kernels' masked variants; cuDNN is skipped),
+ * checked against transformers on Qwen3 (window 4 on layer 1, head dim 32: the simple kernel) and
+ * Mistral (window 5 on every layer, head dim 16); the backward does not mask yet, so a model
+ * reserved for training is refused, naming the layer. */
+static void test_window_fixtures(void **state)
 {
     (void)state;
-    int32_t in[FIX_N];
-    fixture_inputs(in);
-    assert_int_equal(g_gpu->attn_window, 0);
+    assert_int_equal(g_gpu->attn_window, 1);
+    assert_int_equal(g_gpu->attn_window_bwd, 0);
+    check_fixture("qwen3_window_f32");
+    check_fixture("mistral_window_f32");
     tkd_model *g = load("qwen3_window_f32", g_gpu);
-    assert_int_equal(tkd_model_forward(g, in, FIX_B, FIX_T, 0, NULL), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_model_reserve(g, FIX_B, FIX_T, 1), TKD_ERR_UNSUPPORTED);
     tkd_test_assert_msg_has("layer 1 has sliding_window 4 < sequence length 11, and the cuda backend's attention "
-                            "does not mask a window yet");
-    assert_int_equal(tkd_model_forward(g, in, 1, 4, 0, NULL), TKD_OK);
-    assert_int_equal(g_gpu->op->sync(g_gpu), TKD_OK);
+                            "backward (training) does not mask a window yet");
     tkd_model_free(g);
 }
 #endif
@@ -255,7 +256,7 @@ int main(void)
 #ifdef TKD_HF_FIXTURES_QWEN3
         cmocka_unit_test(test_qwen3_f32),
         cmocka_unit_test(test_qwen3_bf16),
-        cmocka_unit_test(test_window_refused),
+        cmocka_unit_test(test_window_fixtures),
 #endif
         cmocka_unit_test(test_lmhead_topk_matches_cpu),
         cmocka_unit_test(test_device_oom),

@@ -350,7 +350,7 @@ static void test_sliding_window_masks(void **s)
     }
 }
 
-/* A backend whose attention has no window (be->attn_window 0, as CUDA today) is refused for a layer
+/* A backend whose attention has no window (be->attn_window 0) is refused for a layer
  * whose window is shorter than the sequence, naming it; a window the sequence fits in runs. */
 static void test_window_needs_backend(void **s)
 {
@@ -368,6 +368,13 @@ static void test_window_needs_backend(void **s)
     tkd_test_assert_msg_has("layer 1 has sliding_window 4 < sequence length 5");
     tkd_test_assert_msg_has("the cpu backend's attention does not mask a window yet");
     assert_int_equal(tkd_model_reserve(m, 1, 5, 1), TKD_ERR_UNSUPPORTED);
+    /* a backend whose forward masks but whose backward does not (CUDA today): inference runs,
+     * training is refused, naming the backward */
+    be->attn_window = 1, be->attn_window_bwd = 0;
+    assert_int_equal(tkd_model_forward(m, tok, 1, 5, 0, NULL), TKD_OK);
+    assert_int_equal(tkd_model_reserve(m, 1, 5, 1), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("layer 1 has sliding_window 4 < sequence length 5");
+    tkd_test_assert_msg_has("attention backward (training) does not mask a window yet");
     tkd_model_free(m);
     tkd_backend_close(be);
 }

@@ -506,6 +506,7 @@ tkd_status tkd_backend_cpu_open(tkd_backend **out)
     be->host_addressable = 1;
     be->data_parallel = 0;
     be->attn_window = 1;
+    be->attn_window_bwd = 1;
     be->op = &cpu_ops;
     be->impl = c;
     *out = be;

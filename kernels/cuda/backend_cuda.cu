@@ -226,17 +226,28 @@ tkd_status cu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, int H, i
     return tkd_cuda_rope_fwd(static_cast<bf>(q), static_cast<bf>(k), N, T, H, Hkv, dh, cos_t, sin_t, stream_of(be));
 }
 
-/* No kernel here masks a sliding window yet (be->attn_window is 0, so the model refuses first). */
-tkd_status no_window_yet(int window, int T)
+/* The flash kernel where it takes the head size, the simple one elsewhere (dh 16, 32, ...). */
+bool flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
+
+/* No backward kernel here masks a sliding window yet (be->attn_window_bwd is 0, so a training
+ * model refuses first). */
+tkd_status no_window_bwd_yet(int window, int T)
 {
     if (window > 0 && window < T)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "attention: sliding window %d < sequence length %d is not "
-                             "implemented on the cuda backend yet", window, T);
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "attention backward: sliding window %d < sequence length %d is "
+                             "not implemented on the cuda backend yet", window, T);
     return TKD_OK;
 }
 
-/* The flash kernel where it takes the head size, the simple one elsewhere (dh 16, 32, ...). */
-bool flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
+/* A window shorter than T: our kernels' masked forward (cuDNN's graph here has no window). */
+tkd_status attn_fwd_window(CudaImpl *c, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
+                           int dh, int window, void *y, void *saved)
+{
+    const tkd_attn_mask mask = {window, NULL};
+    auto fn = flash_takes(dh) ? tkd_cuda_attn_fwd_masked : tkd_cuda_attn_fwd_simple_masked;
+    return fn(static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v), B, T, H, Hkv, dh, &mask,
+              static_cast<bf>(y), static_cast<float *>(saved), c->stream);
+}
 
 /* cuDNN's fused attention first (about twice our kernel's rate on an H200); where cuDNN is absent or
  * refuses the shape (a refusal is cached per shape, so asking again is free), our own kernels. */
@@ -244,7 +255,8 @@ tkd_status cu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void
                        int dh, int window, void *y, void *saved)
 {
     CudaImpl *c = impl(be);
-    TKD_TRY(no_window_yet(window, T));
+    if (window > 0 && window < T)
+        return attn_fwd_window(c, q, k, v, B, T, H, Hkv, dh, window, y, saved);
     if (c->cudnn) {
         tkd_status st = tkd_cudnn_attn_fwd(c->cudnn, static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
                                            B, T, H, Hkv, dh, static_cast<bf>(y), static_cast<float *>(saved),
@@ -353,7 +365,7 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
                        const void *saved, int B, int T, int H, int Hkv, int dh, int window, void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
-    TKD_TRY(no_window_yet(window, T));
+    TKD_TRY(no_window_bwd_yet(window, T));
     const float *lse = static_cast<const float *>(saved);
     auto wgmma = [&]() -> tkd_status { /* TKD_ERR_UNSUPPORTED (message cleared) where it cannot run */
         tkd_status st = tkd_cuda_attn_bwd_sm90_supported(dh);
@@ -783,7 +795,8 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->master_lo_size = sizeof(int16_t);
     be->host_addressable = 0;
     be->data_parallel = 1;
-    be->attn_window = 0; /* no attention kernel masks a sliding window yet (no_window_yet) */
+    be->attn_window = 1;     /* attn_fwd_window */
+    be->attn_window_bwd = 0; /* no backward kernel masks a window yet (no_window_bwd_yet) */
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);
