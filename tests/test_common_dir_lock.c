@@ -92,12 +92,4 @@ static void test_missing_directory(void **state)
     assert_null(l);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_second_writer_refused_until_holder_dies),
-        cmocka_unit_test(test_parts_run_side_by_side),
-        cmocka_unit_test(test_missing_directory),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_second_writer_refused_until_holder_dies, test_parts_run_side_by_side, test_missing_directory)

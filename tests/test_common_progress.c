@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/progress.h"
+#include "tests/testutil.h"
 
 static const char *dur(double s)
 {
@@ -136,13 +137,5 @@ static void test_plain_lines_when_not_a_terminal(void **state)
     free(buf);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_duration_and_rate),
-        cmocka_unit_test(test_format_line),
-        cmocka_unit_test(test_format_rate_in_another_unit),
-        cmocka_unit_test(test_plain_lines_when_not_a_terminal),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_duration_and_rate, test_format_line, test_format_rate_in_another_unit,
+              test_plain_lines_when_not_a_terminal)

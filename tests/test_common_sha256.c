@@ -123,13 +123,4 @@ static void test_random_files_vs_sha256sum(void **state)
     free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fips_vectors),
-        cmocka_unit_test(test_streaming_pieces),
-        cmocka_unit_test(test_file),
-        cmocka_unit_test(test_random_files_vs_sha256sum),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_fips_vectors, test_streaming_pieces, test_file, test_random_files_vs_sha256sum)

@@ -103,12 +103,4 @@ static void test_first_signal_ends_a_blocking_open(void **state)
     free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_first_signal_sets_flag),
-        cmocka_unit_test(test_second_signal_kills),
-        cmocka_unit_test(test_first_signal_ends_a_blocking_open),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_first_signal_sets_flag, test_second_signal_kills, test_first_signal_ends_a_blocking_open)

@@ -129,12 +129,4 @@ static void test_real_pair_students(void **state)
     check_real_student("student-llama3.2-1b.yaml", TKD_TRAIN_ARCH_LLAMA, 128256, 2048, 16, 32, 8);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ablations_combine_with_the_demo),
-        cmocka_unit_test(test_derived_run_names),
-        cmocka_unit_test(test_real_pair_students),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_ablations_combine_with_the_demo, test_derived_run_names, test_real_pair_students)

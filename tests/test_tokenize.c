@@ -454,14 +454,6 @@ static void test_dump_from_text(void **state)
     tkd_test_assert_msg_has("data.tokenizer: ");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reader_separator), cmocka_unit_test(test_reader_large),
-        cmocka_unit_test(test_reader_jsonl),     cmocka_unit_test(test_mixed_inputs),
-        cmocka_unit_test(test_many_docs_and_shards), cmocka_unit_test(test_bos_from_template),
-        cmocka_unit_test(test_errors),           cmocka_unit_test(test_parse_args),
-        cmocka_unit_test(test_cli),              cmocka_unit_test(test_dump_from_text),
-    };
-    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
-}
+TKD_TEST_MAIN_WITH(tkd_test_group_dir_setup, tkd_test_group_dir_teardown, TKD_TEST_EACH_NONE, test_reader_separator,
+    test_reader_large, test_reader_jsonl, test_mixed_inputs, test_many_docs_and_shards,
+    test_bos_from_template, test_errors, test_parse_args, test_cli, test_dump_from_text)

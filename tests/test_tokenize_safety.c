@@ -501,13 +501,6 @@ static void test_long_document_memory(void **state)
 }
 #endif
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_output_is_input),     cmocka_unit_test(test_second_writer_refused),
-        cmocka_unit_test(test_numeric_flags),       cmocka_unit_test(test_cli_parse_int),
-        cmocka_unit_test(test_interrupted_shards),  cmocka_unit_test(test_write_error_reason),
-        cmocka_unit_test(test_long_documents_in_order), cmocka_unit_test(test_long_document_memory),
-    };
-    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
-}
+TKD_TEST_MAIN_WITH(tkd_test_group_dir_setup, tkd_test_group_dir_teardown, TKD_TEST_EACH_NONE, test_output_is_input,
+    test_second_writer_refused, test_numeric_flags, test_cli_parse_int, test_interrupted_shards,
+    test_write_error_reason, test_long_documents_in_order, test_long_document_memory)

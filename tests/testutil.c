@@ -93,6 +93,53 @@ int tkd_test_group_dir_teardown(void **state)
     return 0;
 }
 
+int tkd_test_dir_setup(void **state)
+{
+    const char *tag = *state ? (const char *)*state : "test";
+    *state = tkd_test_mkdtemp(tag);
+    return 0;
+}
+
+int tkd_test_dir_teardown(void **state)
+{
+    tkd_test_rmtree(*state);
+    free(*state);
+    *state = NULL;
+    return 0;
+}
+
+int tkd_test_main(const char *names, const tkd_test_fn *fns, size_t n, tkd_test_fixture_fn group_setup,
+                  tkd_test_fixture_fn group_teardown, int each)
+{
+    /* names arrives as the preprocessor wrote the macro's arguments: "test_a, test_b, ..." with
+     * white space folded to single spaces; one copy, cut at the commas, names every test */
+    struct CMUnitTest *tests = calloc(n, sizeof *tests);
+    char *copy = strdup(names);
+    if (!tests || !copy)
+        abort();
+    char *at = copy;
+    for (size_t i = 0; i < n; i++) {
+        at += strspn(at, " ");
+        char *end = at + strcspn(at, ",");
+        char *next = *end ? end + 1 : end;
+        while (end > at && end[-1] == ' ')
+            end--;
+        *end = '\0';
+        tests[i].name = at;
+        tests[i].test_func = fns[i];
+        if (each == TKD_TEST_EACH_DIR) {
+            tests[i].setup_func = tkd_test_dir_setup;
+            tests[i].teardown_func = tkd_test_dir_teardown;
+            tests[i].initial_state = (void *)at; /* the dir's tag */
+        }
+        at = next;
+    }
+    int failed = _cmocka_run_group_tests("tests", tests, n, group_setup, group_teardown);
+    free(copy);
+    free(tests);
+    return failed;
+}
+
 void tkd_test_assert_msg_has(const char *needle)
 {
     if (!strstr(tkd_error_msg(), needle))

@@ -30,6 +30,32 @@ extern char *tkd_test_group_dir;
 int tkd_test_group_dir_setup(void **state);
 int tkd_test_group_dir_teardown(void **state);
 
+/* The main of a test program: TKD_TEST_MAIN(test_a, test_b, ...) runs the named tests (each a
+ * `static void test_x(void **state)`) as one cmocka group "tests". TKD_TEST_MAIN_WITH also takes the
+ * group's setup and teardown (NULL for none) and `each`: TKD_TEST_EACH_DIR gives every test a fresh
+ * temp dir of its own as *state (a char *, tagged with the test's name, removed after the test
+ * whatever its outcome), TKD_TEST_EACH_NONE nothing. cmocka.h must be included before the use. */
+typedef void (*tkd_test_fn)(void **state);
+typedef int (*tkd_test_fixture_fn)(void **state);
+enum { TKD_TEST_EACH_NONE = 0, TKD_TEST_EACH_DIR = 1 };
+#define TKD_TEST_MAIN(...) TKD_TEST_MAIN_WITH(NULL, NULL, TKD_TEST_EACH_NONE, __VA_ARGS__)
+#define TKD_TEST_MAIN_WITH(group_setup, group_teardown, each, ...)                                            \
+    int main(void)                                                                                             \
+    {                                                                                                          \
+        static const tkd_test_fn fns[] = {__VA_ARGS__};                                                       \
+        return tkd_test_main(#__VA_ARGS__, fns, sizeof fns / sizeof fns[0], group_setup, group_teardown, each); \
+    }
+
+/* What TKD_TEST_MAIN_WITH runs: names is the comma-separated list of the n functions' names (the
+ * macro's arguments as written), for cmocka's report. Returns cmocka's count of failed tests. */
+int tkd_test_main(const char *names, const tkd_test_fn *fns, size_t n, tkd_test_fixture_fn group_setup,
+                  tkd_test_fixture_fn group_teardown, int each);
+
+/* The per-test fixture of TKD_TEST_EACH_DIR, for a hand-written cmocka test list: setup turns
+ * *state (a tag, or NULL) into a fresh tkd_test_mkdtemp dir; teardown removes and frees it. */
+int tkd_test_dir_setup(void **state);
+int tkd_test_dir_teardown(void **state);
+
 /* A fake environment for code that takes a getenv-like lookup: tkd_test_getenv(name) is the value
  * after name in tkd_test_env ({"NAME", "value", ..., NULL}), or NULL. */
 extern const char *const *tkd_test_env;
