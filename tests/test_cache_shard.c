@@ -136,8 +136,7 @@ static void test_tail_indices(void **state)
 
 static void test_kprime_is_first_columns(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("kprime");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char path[4200];
     snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
     tkd_cache_identity id = tkd_test_cache_identity(4, 8, 0, TKD_CACHE_DTYPE_FLOAT32);
@@ -163,14 +162,11 @@ static void test_kprime_is_first_columns(void **state)
     tkd_cache_batch_free(&full);
     tkd_cache_batch_free(&part);
     tkd_shard_close(s);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_publish_is_atomic(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("atomic");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/shard-00003.h5", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -207,8 +203,6 @@ static void test_publish_is_atomic(void **state)
     tkd_shard_writer_abort(w);
     assert_int_equal(access(path, F_OK), 0); /* the published shard is untouched */
     tkd_cache_batch_free(&b);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_dtype_names(void **state)
@@ -364,8 +358,7 @@ static void test_bytes_per_token(void **state)
 /* A shard from before the tail draws (no tail_samples attribute, no /tail group) reads with S = 0. */
 static void test_shard_without_tail_attribute(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("notail");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char path[4200];
     snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
     tkd_cache_identity id = tkd_test_cache_identity(4, 2, 0, TKD_CACHE_DTYPE_HALF);
@@ -374,8 +367,6 @@ static void test_shard_without_tail_attribute(void **state)
     assert_true(H5Adelete(f, "tail_samples") >= 0);
     H5Fclose(f);
     check_shard(path, &id, 0, 3, 2, 3, 0);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* tkd_cache_dtype_exact_below: every float below it is stored within tol (checked on a dense sweep of
@@ -417,22 +408,7 @@ static void test_exact_below(void **state)
         }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_half),
-        cmocka_unit_test(test_roundtrip_bfloat16),
-        cmocka_unit_test(test_roundtrip_float32),
-        cmocka_unit_test(test_edges_k1_one_sequence),
-        cmocka_unit_test(test_tail_indices),
-        cmocka_unit_test(test_kprime_is_first_columns),
-        cmocka_unit_test(test_publish_is_atomic),
-        cmocka_unit_test(test_dtype_names),
-        cmocka_unit_test(test_h5dump_reads_through_plugin),
-        cmocka_unit_test(test_zstd_filter_direct),
-        cmocka_unit_test(test_bytes_per_token),
-        cmocka_unit_test(test_shard_without_tail_attribute),
-        cmocka_unit_test(test_exact_below),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_roundtrip_half, test_roundtrip_bfloat16, test_roundtrip_float32,
+    test_edges_k1_one_sequence, test_tail_indices, test_kprime_is_first_columns, test_publish_is_atomic,
+    test_dtype_names, test_h5dump_reads_through_plugin, test_zstd_filter_direct, test_bytes_per_token,
+    test_shard_without_tail_attribute, test_exact_below)

@@ -245,8 +245,7 @@ static void test_train_parity(void **s)
 /* Save → load gives the same parameters: exactly in F32; in BF16 exactly the bf16 rounding. */
 static void test_save_roundtrip(void **s)
 {
-    (void)s;
-    char *dir = tkd_test_mkdtemp("model-save");
+    const char *dir = *s; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char sub[4200];
     const char *names[] = {"llama_gqa_f32", "qwen2_tied_f32"};
     for (int k = 0; k < 2; k++)
@@ -267,8 +266,6 @@ static void test_save_roundtrip(void **s)
             tkd_model_free(m);
             tkd_model_free(r);
         }
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Writes m's tensors to <dir> except `skip`, with `reshape` given shape (d0, d1); copies config. */
@@ -376,18 +373,6 @@ static void test_write_for_transformers(void **s)
     tkd_model_free(t);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fixture_shapes),
-        cmocka_unit_test(test_logits_llama_gqa_f32),
-        cmocka_unit_test(test_logits_llama_gqa_bf16),
-        cmocka_unit_test(test_logits_qwen2_tied_f32),
-        cmocka_unit_test(test_logits_qwen2_tied_bf16),
-        cmocka_unit_test(test_train_parity),
-        cmocka_unit_test(test_save_roundtrip),
-        cmocka_unit_test(test_bad_checkpoints),
-        cmocka_unit_test(test_write_for_transformers),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_fixture_shapes, test_logits_llama_gqa_f32, test_logits_llama_gqa_bf16,
+    test_logits_qwen2_tied_f32, test_logits_qwen2_tied_bf16, test_train_parity, test_save_roundtrip,
+    test_bad_checkpoints, test_write_for_transformers)

@@ -27,8 +27,7 @@ static tkd_status run_status(const char *yaml, const tkd_dump_opts *opts) { retu
 
 static void test_token_out_of_vocab(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-vocab");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     int32_t t[200];
     for (int i = 0; i < 200; i++)
         t[i] = i % 100;
@@ -42,16 +41,13 @@ static void test_token_out_of_vocab(void **state)
     assert_non_null(strstr(tkd_error_msg(), "bad.npy"));
     assert_non_null(strstr(tkd_error_msg(), "137"));
     assert_non_null(strstr(tkd_error_msg(), "vocab"));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Ctrl-C while the inputs are still being read: the message says what was being read (there is no
  * cache yet to report on) and nothing is written. */
 static void test_interrupt_while_reading_inputs(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-intr");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 3);
     char out[4200], y[8192];
     snprintf(out, sizeof out, "%s/cache", dir);
@@ -67,14 +63,11 @@ static void test_interrupt_while_reading_inputs(void **state)
      * no manifest or shard is written */
     assert_false(tkd_file_exists(tkd_test_path(out, "manifest.yaml")));
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_other_config_needs_overwrite(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-conflict");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
     char out[4200], y[8192];
     snprintf(out, sizeof out, "%s/cache", dir);
@@ -107,8 +100,6 @@ static void test_other_config_needs_overwrite(void **state)
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 3);
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&m);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* --overwrite removes only a cache teacher-dump made, and only its own files: a user's file among
@@ -117,8 +108,7 @@ static void test_other_config_needs_overwrite(void **state)
  * marker is recognised by its names and manifest. */
 static void test_overwrite_removes_only_ours(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-own");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
     char out[4200], notes[4300], y[8192];
     snprintf(out, sizeof out, "%s/cache", dir);
@@ -160,8 +150,6 @@ static void test_overwrite_removes_only_ours(void **state)
     /* nor does merge leave a lock file in a directory that holds nothing to merge */
     assert_int_equal(tkd_dump_merge(dir, NULL, NULL), TKD_ERR_NOT_FOUND);
     assert_false(tkd_file_exists(tkd_test_path(dir, ".topkd-lock")));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* One writer per cache directory: while another process holds the lock, a dump refuses at once
@@ -169,8 +157,7 @@ static void test_overwrite_removes_only_ours(void **state)
  * writer); once the holder is SIGKILLed, nothing stale is left. */
 static void test_one_writer_per_cache(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-lock");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
     char out[4200], y[8192], want[64];
     snprintf(out, sizeof out, "%s/cache", dir);
@@ -204,14 +191,11 @@ static void test_one_writer_per_cache(void **state)
     int64_t nseq = 0;
     assert_int_equal(tkd_dump_merge(out, &nseq, NULL), TKD_OK);
     assert_int_equal(nseq, 7);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_bad_settings(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-settings");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 100, 131, 3);
     char out[4200], y[8192];
     snprintf(out, sizeof out, "%s/cache", dir);
@@ -234,8 +218,6 @@ static void test_bad_settings(void **state)
     tkd_dt_small_yaml(y, sizeof y, "/nonexistent/teacher", tok, out, "");
     assert_int_not_equal(run_status(y, NULL), TKD_OK);
     assert_non_null(strstr(tkd_error_msg(), "/nonexistent/teacher"));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* ---- values the cache cannot hold ---------------------------------------------------------------- */
@@ -246,8 +228,7 @@ static void test_bad_settings(void **state)
  * and float32 (what both messages propose) holds them exactly. */
 static void test_logits_beyond_half(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-range");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char teacher[4300], tok[4300], half[4300], f32[4300], y[8192];
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "big", 1e7f, -1));
     snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 6));
@@ -289,8 +270,6 @@ static void test_logits_beyond_half(void **state)
     assert_memory_equal(got.topk_logits, want.topk_logits, nk * sizeof *got.topk_logits);
     tkd_cache_batch_free(&got);
     tkd_cache_batch_free(&want);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Logits near 45,000 are in half's range, but half's spacing there is 32: stored ±16 off, the row's
@@ -301,8 +280,7 @@ static void test_logits_beyond_half(void **state)
  * bfloat16 too: the bound is in units of τ, as exp(t/τ − lse) is. */
 static void test_logits_rounded_too_coarsely(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-round");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char teacher[4300], tok[4300], out[4300], y[8192];
     snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 6));
     snprintf(out, sizeof out, "%s/out", dir);
@@ -350,16 +328,13 @@ static void test_logits_rounded_too_coarsely(void **state)
     tkd_cache_batch_free(&got);
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: bfloat16, temperature: 8}\n");
     run_ok(y, &ow, NULL);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Logits near 1e36 at cache.temperature 0.001: the LSE (≈ 1e39) does not fit float32. The run
  * stops naming it; the proposed action (a higher temperature) works. */
 static void test_lse_beyond_float32(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-lse");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char teacher[4300], tok[4300], out[4300], y[8192];
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "huge", 1e37f, -1));
     snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 7));
@@ -379,8 +354,6 @@ static void test_lse_beyond_float32(void **state)
     for (int64_t i = 0; i < n * 16; i++)
         assert_true(isfinite(b.lse[i]) && b.lse[i] > 1e30f);
     tkd_cache_batch_free(&b);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* NaN in the teacher's output: token 9's embedding is NaN and token 9 first appears as the input at
@@ -389,8 +362,7 @@ static void test_lse_beyond_float32(void **state)
  * identity check then asks for, as the teacher's digest changed). */
 static void test_nan_in_teacher_output(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-nan");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     int32_t t[200];
     for (int i = 0; i < 200; i++)
         t[i] = (i * 13 + 5) % 64 == 9 ? 10 : (i * 13 + 5) % 64;
@@ -416,23 +388,9 @@ static void test_nan_in_teacher_output(void **state)
     tkd_cache_batch b;
     assert_int_equal(tkd_dt_read_all(out, &b, NULL), 12);
     tkd_cache_batch_free(&b);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_token_out_of_vocab),
-        cmocka_unit_test(test_interrupt_while_reading_inputs),
-        cmocka_unit_test(test_other_config_needs_overwrite),
-        cmocka_unit_test(test_overwrite_removes_only_ours),
-        cmocka_unit_test(test_one_writer_per_cache),
-        cmocka_unit_test(test_bad_settings),
-        cmocka_unit_test(test_logits_beyond_half),
-        cmocka_unit_test(test_logits_rounded_too_coarsely),
-        cmocka_unit_test(test_lse_beyond_float32),
-        cmocka_unit_test(test_nan_in_teacher_output),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_token_out_of_vocab, test_interrupt_while_reading_inputs,
+    test_other_config_needs_overwrite, test_overwrite_removes_only_ours, test_one_writer_per_cache,
+    test_bad_settings, test_logits_beyond_half, test_logits_rounded_too_coarsely, test_lse_beyond_float32,
+    test_nan_in_teacher_output)

@@ -307,8 +307,7 @@ static int count_lines(const char *text)
  * worker and its error, without resume advice (nothing was written to resume). */
 static void test_nproc_start_failure_is_one_line(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("split-nproc");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *cfg = tkd_dt_cli_config(dir, 5, "");
     char out[4400], teacher[4400], err[4400];
     snprintf(out, sizeof out, "output.dir=%s/out", dir);
@@ -329,16 +328,13 @@ static void test_nproc_start_failure_is_one_line(void **state)
     if (rc != 2 || count_lines(text) != 1 || !strstr(text, "SLURM_PROCID=1 is set without SLURM_NTASKS"))
         fail_msg("SLURM_PROCID alone: exit %d:\n%s", rc, text);
     free(text);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* student-train shares the launcher: two ranks that cannot start (here a cache that is not there,
  * and on a build without CUDA, no device for two ranks) give one line too. */
 static void test_student_nproc_start_failure_is_one_line(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("split-student");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char run_dir[4400], cache[4400], err[4400];
     snprintf(run_dir, sizeof run_dir, "run.dir=%s/runs", dir);
     snprintf(cache, sizeof cache, "data.cache=%s/no-cache", dir);
@@ -351,22 +347,9 @@ static void test_student_nproc_start_failure_is_one_line(void **state)
         !strstr(text, " failed with exit code "))
         fail_msg("exit %d, stderr not one line naming the worker and its error:\n%s", rc, text);
     free(text);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_half_set_variables_are_refused),
-        cmocka_unit_test(test_worker_of_another_count_is_refused),
-        cmocka_unit_test(test_worker_of_another_range_is_refused),
-        cmocka_unit_test(test_merged_manifest_records_the_count),
-        cmocka_unit_test(test_merge_checks_every_sha256),
-        cmocka_unit_test(test_merge_refuses_two_splits),
-        cmocka_unit_test(test_overwrite_on_every_worker_starts_a_new_split),
-        cmocka_unit_test(test_nproc_start_failure_is_one_line),
-        cmocka_unit_test(test_student_nproc_start_failure_is_one_line),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_half_set_variables_are_refused, test_worker_of_another_count_is_refused,
+    test_worker_of_another_range_is_refused, test_merged_manifest_records_the_count, test_merge_checks_every_sha256,
+    test_merge_refuses_two_splits, test_overwrite_on_every_worker_starts_a_new_split,
+    test_nproc_start_failure_is_one_line, test_student_nproc_start_failure_is_one_line)

@@ -34,11 +34,13 @@ int tkd_test_group_dir_teardown(void **state);
  * `static void test_x(void **state)`) as one cmocka group "tests". TKD_TEST_MAIN_WITH also takes the
  * group's setup and teardown (NULL for none) and `each`: TKD_TEST_EACH_DIR gives every test a fresh
  * temp dir of its own as *state (a char *, tagged with the test's name, removed after the test
- * whatever its outcome), TKD_TEST_EACH_NONE nothing. cmocka.h must be included before the use. */
+ * whatever its outcome), TKD_TEST_EACH_NONE nothing; TKD_TEST_MAIN_EACH_DIR(...) is the first
+ * with no group fixture. cmocka.h must be included before the use. */
 typedef void (*tkd_test_fn)(void **state);
 typedef int (*tkd_test_fixture_fn)(void **state);
 enum { TKD_TEST_EACH_NONE = 0, TKD_TEST_EACH_DIR = 1 };
 #define TKD_TEST_MAIN(...) TKD_TEST_MAIN_WITH(NULL, NULL, TKD_TEST_EACH_NONE, __VA_ARGS__)
+#define TKD_TEST_MAIN_EACH_DIR(...) TKD_TEST_MAIN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, __VA_ARGS__)
 #define TKD_TEST_MAIN_WITH(group_setup, group_teardown, each, ...)                                            \
     int main(void)                                                                                             \
     {                                                                                                          \
