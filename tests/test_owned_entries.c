@@ -257,32 +257,10 @@ typedef tkd_test_student_dir fixture;
 
 enum { NEW = 0, RESUME = 1, OVERWRITE = 2 }; /* tkd_test_student_train's modes */
 
-static int student_setup(void **state)
-{
-    tkd_test_teacher_opts o = {.vocab = 64, .hidden = 16, .seq_len = 8, .k = 4, .temperature = 1.0f,
-                               .num_seq = 32, .shard_seqs = 16, .seed = 5};
-    return tkd_test_student_setup(state, "own-run", &o);
-}
-
 /* A tiny student (4 steps) on the fixture's cache, run `name` in mode NEW / RESUME / OVERWRITE. */
 static tkd_status train(const fixture *f, const char *name, int mode, const char *extra, tkd_train_result *res)
 {
-    char cache_set[4300];
-    snprintf(cache_set, sizeof cache_set, "data.cache=%s", f->cache);
-    const char *sets[16] = {"model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1",
-                            "model.num_heads=2", "model.num_kv_heads=2", "model.max_position_embeddings=8",
-                            "data.val_fraction=0.125", "train.batch_size=4", "train.eval_interval=0",
-                            "train.max_steps=4", "train.log_interval=1", "device=cpu", cache_set, extra};
-    return tkd_test_student_train(f->runs, name, sets, extra ? 14 : 13, mode, res);
-}
-
-static const char *in_run(const fixture *f, const char *name, const char *file)
-{
-    static char buf[4][4400];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s/%s", f->runs, name, file);
-    return buf[k];
+    return tkd_test_tiny_student(f, NULL, name, mode, extra, res);
 }
 
 /* checkpoint.tmp-keep/: a user's copy of the checkpoint (cp -r, the marker copied along) under a
@@ -292,8 +270,8 @@ static void test_train_keeps_a_copy_of_the_checkpoint(void **state)
 {
     fixture *f = *state;
     assert_int_equal(train(f, "keep", NEW, "train.stop_after=2", NULL), TKD_OK);
-    const char *keep = in_run(f, "keep", "checkpoint.tmp-keep");
-    copy_dir(in_run(f, "keep", "checkpoint"), keep);
+    const char *keep = tkd_test_in_run(f, "keep", "checkpoint.tmp-keep");
+    copy_dir(tkd_test_in_run(f, "keep", "checkpoint"), keep);
     assert_true(tkd_file_exists(tkd_test_path(keep, TKD_BUILT_MARKER)));
     for (int mode = RESUME; mode <= OVERWRITE; mode++) {
         assert_int_equal(train(f, "keep", mode, NULL, NULL), TKD_ERR_INVALID_ARG);
@@ -302,7 +280,7 @@ static void test_train_keeps_a_copy_of_the_checkpoint(void **state)
                                 " was written into another directory: this one is a copy)");
         assert_true(tkd_file_exists(tkd_test_path(keep, "model.safetensors")));
         assert_true(tkd_file_exists(tkd_test_path(keep, "state.json")));
-        assert_true(tkd_file_exists(in_run(f, "keep", "checkpoint/state.json")));
+        assert_true(tkd_file_exists(tkd_test_in_run(f, "keep", "checkpoint/state.json")));
     }
     /* the user's directory under another name: a plain directory, not a copy */
     assert_int_equal(tkd_test_rmtree(keep), 0);
@@ -323,21 +301,21 @@ static void test_train_refuses_foreign_files_of_its_names(void **state)
 {
     fixture *f = *state;
     assert_int_equal(train(f, "files", NEW, "train.stop_after=2", NULL), TKD_OK);
-    const char *metrics = in_run(f, "files", "metrics.jsonl.tmp-Ab12Cd");
+    const char *metrics = tkd_test_in_run(f, "files", "metrics.jsonl.tmp-Ab12Cd");
     tkd_test_write_text(metrics, "step,loss\n1,2.5\n");
     assert_int_equal(train(f, "files", RESUME, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'metrics.jsonl.tmp-Ab12Cd', a file student-train did not write");
     assert_true(tkd_file_exists(metrics));
     assert_int_equal(unlink(metrics), 0);
     /* the checkpoint swapped for a link to it: --overwrite does not follow it */
-    assert_int_equal(rename(in_run(f, "files", "checkpoint"), in_run(f, "files", "../files-ckpt")), 0);
-    assert_int_equal(symlink("../files-ckpt", in_run(f, "files", "checkpoint")), 0);
+    assert_int_equal(rename(tkd_test_in_run(f, "files", "checkpoint"), tkd_test_in_run(f, "files", "../files-ckpt")), 0);
+    assert_int_equal(symlink("../files-ckpt", tkd_test_in_run(f, "files", "checkpoint")), 0);
     assert_int_equal(train(f, "files", OVERWRITE, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'checkpoint', a symbolic link");
-    assert_true(tkd_file_exists(in_run(f, "files", "../files-ckpt/state.json")));
-    assert_int_equal(unlink(in_run(f, "files", "checkpoint")), 0);
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "files", "../files-ckpt/state.json")));
+    assert_int_equal(unlink(tkd_test_in_run(f, "files", "checkpoint")), 0);
     assert_int_equal(train(f, "files", OVERWRITE, NULL, NULL), TKD_OK);
-    assert_true(tkd_file_exists(in_run(f, "files", "../files-ckpt/model.safetensors")));
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "files", "../files-ckpt/model.safetensors")));
 }
 
 /* A run directory of the version before markers (no .topkd-run, a checkpoint without .topkd-built):
@@ -348,19 +326,19 @@ static void test_train_takes_over_a_run_of_the_older_version(void **state)
     const char *names[] = {"old-resume", "old-overwrite"};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(train(f, names[i], NEW, "train.stop_after=2", NULL), TKD_OK);
-        assert_true(tkd_file_exists(in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
-        assert_int_equal(unlink(in_run(f, names[i], ".topkd-run")), 0);
-        assert_int_equal(unlink(in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)), 0);
+        assert_true(tkd_file_exists(tkd_test_in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
+        assert_int_equal(unlink(tkd_test_in_run(f, names[i], ".topkd-run")), 0);
+        assert_int_equal(unlink(tkd_test_in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)), 0);
         tkd_train_result res;
         assert_int_equal(train(f, names[i], i ? OVERWRITE : RESUME, NULL, &res), TKD_OK);
         assert_int_equal(res.steps, 4);
-        assert_true(tkd_file_exists(in_run(f, names[i], ".topkd-run")));
-        assert_true(tkd_file_exists(in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
-        assert_false(tkd_file_exists(in_run(f, names[i], "checkpoint.old")));
+        assert_true(tkd_file_exists(tkd_test_in_run(f, names[i], ".topkd-run")));
+        assert_true(tkd_file_exists(tkd_test_in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
+        assert_false(tkd_file_exists(tkd_test_in_run(f, names[i], "checkpoint.old")));
     }
     /* its staging directories must carry the marker: an unmarked one is named, not removed */
-    const char *old_tmp = in_run(f, "old-resume", "checkpoint.tmp-Ab12Cd");
-    copy_dir(in_run(f, "old-resume", "checkpoint"), old_tmp);
+    const char *old_tmp = tkd_test_in_run(f, "old-resume", "checkpoint.tmp-Ab12Cd");
+    copy_dir(tkd_test_in_run(f, "old-resume", "checkpoint"), old_tmp);
     assert_int_equal(unlink(tkd_test_path(old_tmp, TKD_BUILT_MARKER)), 0);
     assert_int_equal(train(f, "old-resume", RESUME, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'checkpoint.tmp-Ab12Cd', a directory student-train did not build");
@@ -381,5 +359,5 @@ int main(void)
         cmocka_unit_test(test_train_takes_over_a_run_of_the_older_version),
     };
     int failed = cmocka_run_group_tests(dump_tests, NULL, NULL);
-    return failed + cmocka_run_group_tests(train_tests, student_setup, tkd_test_student_teardown);
+    return failed + cmocka_run_group_tests(train_tests, tkd_test_tiny_student_setup, tkd_test_student_teardown);
 }

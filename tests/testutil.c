@@ -560,6 +560,36 @@ int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher
     return 0;
 }
 
+int tkd_test_tiny_student_setup(void **state)
+{
+    tkd_test_teacher_opts o = {.vocab = 64, .hidden = 16, .seq_len = 8, .k = 4, .temperature = 1.0f,
+                               .num_seq = 32, .shard_seqs = 16, .seed = 5};
+    return tkd_test_student_setup(state, "tiny-student", &o);
+}
+
+tkd_status tkd_test_tiny_student(const tkd_test_student_dir *s, const char *run_dir, const char *name, int resume,
+                                 const char *extra, struct tkd_train_result *res)
+{
+    char cache_set[4300];
+    snprintf(cache_set, sizeof cache_set, "data.cache=%s", s->cache);
+    const char *sets[14] = {"model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1",
+                            "model.num_heads=2", "model.num_kv_heads=2", "model.max_position_embeddings=8",
+                            "data.val_fraction=0.125", "train.batch_size=4", "train.eval_interval=0",
+                            "train.max_steps=4", "train.log_interval=1", "device=cpu", cache_set, extra};
+    return tkd_test_student_train(run_dir ? run_dir : s->runs, name, sets, extra ? 14 : 13, resume, res);
+}
+
+const char *tkd_test_in_run(const tkd_test_student_dir *s, const char *name, const char *file)
+{
+    static char buf[4][4400];
+    static int k;
+    k = (k + 1) % 4;
+    int n = snprintf(buf[k], sizeof buf[k], "%s/%s/%s", s->runs, name, file);
+    if (n < 0 || (size_t)n >= sizeof buf[k])
+        fail_msg("path %s/%s/%s is too long", s->runs, name, file);
+    return buf[k];
+}
+
 int tkd_test_student_teardown(void **state)
 {
     if (*state)

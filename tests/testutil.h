@@ -190,6 +190,20 @@ void tkd_test_student_dir_free(tkd_test_student_dir *s);
 int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher_opts *o);
 int tkd_test_student_teardown(void **state);
 
+/* The tiny fixture of the run-directory tests: tkd_test_student_setup with a cache of V 64, D 16,
+ * T 8, k 4, 32 sequences in 2 shards (seed 5). */
+int tkd_test_tiny_student_setup(void **state);
+
+/* A tiny student on that cache (D 16, one layer, 4 steps of batch 4 on the CPU, logged every step,
+ * evaluated at the end), run `name` under run_dir (NULL: s->runs) in mode resume as in
+ * tkd_test_student_train, then one more "key=value" setting extra (NULL: none). */
+struct tkd_train_result;
+tkd_status tkd_test_tiny_student(const tkd_test_student_dir *s, const char *run_dir, const char *name, int resume,
+                                 const char *extra, struct tkd_train_result *res);
+
+/* "<s->runs>/<name>/<file>" in one of 4 static buffers used in turn (a result outlives the next 3). */
+const char *tkd_test_in_run(const tkd_test_student_dir *s, const char *name, const char *file);
+
 /* Reads a whole file into a malloc'd buffer (*len bytes, NUL-terminated); NULL when it cannot. */
 char *tkd_test_read_file(const char *path, size_t *len);
 
