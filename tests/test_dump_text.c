@@ -26,22 +26,7 @@ static const char *tmp(const char *name)
  * 'Z', which is id `z_id` (200: beyond the llama fixture's 131 ids). Written to <group>/<name>. */
 static void write_tokenizer(const char *name, int z_id)
 {
-    char dir[4300], path[4400];
-    snprintf(dir, sizeof dir, "%s", tmp(name));
-    assert_int_equal(mkdir(dir, 0755), 0);
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"added_tokens\": [{\"id\": 99, \"content\": \"<|eos|>\", \"special\": true, \"normalized\": false}],"
-               " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
-               " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
-               " \"vocab\": {");
-    for (int b = 0x21; b <= 0x7E; b++)
-        fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b == 'Z' ? z_id : b - 0x21);
-    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95}, \"merges\": []}}");
-    fclose(f);
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    tkd_test_write_text(path, "{\"eos_token\": \"<|eos|>\"}");
+    tkd_test_ascii_tokenizer(tmp(name), z_id, "", "");
 }
 
 /* Entries in dir other than . and .. (-1 when it cannot be listed). */

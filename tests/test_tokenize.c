@@ -397,21 +397,8 @@ static void test_cli(void **state)
  * space 94, newline 95, "he" 96, " t" 97, " the" 98, <|eos|> 99 (its eos_token). */
 static const char *ascii_tokenizer(void)
 {
-    char cmd[4400];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmp("ascii"));
-    assert_int_equal(system(cmd), 0);
-    FILE *f = fopen(tmp("ascii/tokenizer.json"), "w");
-    assert_non_null(f);
-    fprintf(f, "{\"added_tokens\": [{\"id\": 99, \"content\": \"<|eos|>\", \"special\": true, \"normalized\": false}],"
-               " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
-               " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
-               " \"vocab\": {");
-    for (int b = 0x21; b <= 0x7E; b++)
-        fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b - 0x21);
-    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95, \"he\": 96, \"\u0120t\": 97, \"\u0120the\": 98},"
-               " \"merges\": [\"h e\", \"\u0120 t\", \"\u0120t he\"]}}");
-    fclose(f);
-    tkd_test_write_text(tmp("ascii/tokenizer_config.json"), "{\"eos_token\": \"<|eos|>\"}");
+    tkd_test_ascii_tokenizer(tmp("ascii"), -1, "\"he\": 96, \"\u0120t\": 97, \"\u0120the\": 98",
+                             "\"h e\", \"\u0120 t\", \"\u0120t he\"");
     return tmp("ascii");
 }
 

@@ -6,12 +6,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <errno.h>
 #include <hdf5.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -646,6 +648,23 @@ void tkd_test_write_text(const char *path, const char *text)
         fail_msg("cannot write %s", path);
     fputs(text, f);
     assert_int_equal(fclose(f), 0);
+}
+
+void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab, const char *merges)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        fail_msg("mkdir %s: %s", dir, strerror(errno));
+    FILE *f = fopen(tkd_test_path(dir, "tokenizer.json"), "w");
+    assert_non_null(f);
+    fprintf(f, "{\"added_tokens\": [{\"id\": 99, \"content\": \"<|eos|>\", \"special\": true, \"normalized\": false}],"
+               " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
+               " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
+               " \"vocab\": {");
+    for (int b = 0x21; b <= 0x7E; b++)
+        fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b == 'Z' && z_id >= 0 ? z_id : b - 0x21);
+    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95%s%s}, \"merges\": [%s]}}", *extra_vocab ? ", " : "", extra_vocab, merges);
+    fclose(f);
+    tkd_test_write_text(tkd_test_path(dir, "tokenizer_config.json"), "{\"eos_token\": \"<|eos|>\"}");
 }
 
 int tkd_test_files_equal(const char *a, const char *b)

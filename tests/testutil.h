@@ -214,6 +214,12 @@ char *tkd_test_slurp(const char *path, size_t *len);
 /* Writes text to path (replacing it); fails the test when it cannot. */
 void tkd_test_write_text(const char *path, const char *text);
 
+/* Writes a byte-level BPE tokenizer into the directory dir (made when missing): tokenizer.json with
+ * printable ASCII at ids 0-93 (but 'Z' at z_id when z_id >= 0), space 94, newline 95, then the vocab
+ * entries extra_vocab ("\"he\": 96" or ""), the merges (JSON strings, or ""), and <|eos|> 99 as an
+ * added special token; tokenizer_config.json names it the eos_token. Fails the test when it cannot. */
+void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab, const char *merges);
+
 /* 1 when the two files exist and have the same bytes. */
 int tkd_test_files_equal(const char *a, const char *b);
 
