@@ -242,22 +242,20 @@ static void test_logits_beyond_half(void **state)
     assert_true(fabsf(want.topk_logits[0]) > 65504.0f); /* the case under test: sequence 0, position 0 */
 
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "");
-    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
-    printf("expected error: %s\n", tkd_error_msg());
-    tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit ");
-    tkd_test_assert_msg_has("does not fit cache.logits_dtype half (largest magnitude 65504)");
-    tkd_test_assert_msg_has("set cache.logits_dtype: float32, which holds it");
+    tkd_test_expect_error(run_status(y, NULL), TKD_ERR_NUMERIC,
+                          TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit ",
+                                         "does not fit cache.logits_dtype half (largest magnitude 65504)",
+                                         "set cache.logits_dtype: float32, which holds it"));
     assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
     assert_int_equal(tkd_dt_count_suffix(half, ".tmp"), 0);
 
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "cache: {logits_dtype: bfloat16}\n");
     tkd_dump_opts ow = {.overwrite = true};
-    assert_int_equal(run_status(y, &ow), TKD_ERR_NUMERIC);
-    printf("expected error: %s\n", tkd_error_msg());
-    tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit ");
-    tkd_test_assert_msg_has("in cache.logits_dtype bfloat16");
-    tkd_test_assert_msg_has("more than 0.125 x cache.temperature");
-    tkd_test_assert_msg_has("set cache.logits_dtype: float32, which holds it");
+    tkd_test_expect_error(run_status(y, &ow), TKD_ERR_NUMERIC,
+                          TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit ",
+                                         "in cache.logits_dtype bfloat16",
+                                         "more than 0.125 x cache.temperature",
+                                         "set cache.logits_dtype: float32, which holds it"));
     assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
 
     /* the action: float32, replacing the failed (empty) cache; the same values as the first run */
@@ -298,22 +296,20 @@ static void test_logits_rounded_too_coarsely(void **state)
 
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "t45k", 45000.3f / x1, -1));
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "");
-    assert_int_equal(run_status(y, &ow), TKD_ERR_NUMERIC);
-    printf("expected error: %s\n", tkd_error_msg());
-    tkd_test_assert_msg_has("sequence 0, position 0: the teacher's logit 45000.");
-    tkd_test_assert_msg_has("(top-k column 0) would be stored as ");
-    tkd_test_assert_msg_has("in cache.logits_dtype half");
-    tkd_test_assert_msg_has("set cache.logits_dtype: float32, which holds it");
+    tkd_test_expect_error(run_status(y, &ow), TKD_ERR_NUMERIC,
+                          TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit 45000.",
+                                         "(top-k column 0) would be stored as ",
+                                         "in cache.logits_dtype half",
+                                         "set cache.logits_dtype: float32, which holds it"));
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, tail_samples: 4}\n");
     run_ok(y, &ow, NULL);
 
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "t100", 100.3f / x1, -1));
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: bfloat16}\n");
-    assert_int_equal(run_status(y, &ow), TKD_ERR_NUMERIC);
-    printf("expected error: %s\n", tkd_error_msg());
-    tkd_test_assert_msg_has("in cache.logits_dtype bfloat16");
-    tkd_test_assert_msg_has("set cache.logits_dtype: half or float32, which hold it");
+    tkd_test_expect_error(run_status(y, &ow), TKD_ERR_NUMERIC,
+                          TKD_TEST_FRAGS("in cache.logits_dtype bfloat16",
+                                         "set cache.logits_dtype: half or float32, which hold it"));
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: half}\n");
     run_ok(y, &ow, NULL);
     tkd_cache_batch got;
@@ -340,10 +336,9 @@ static void test_lse_beyond_float32(void **state)
     snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 7));
     snprintf(out, sizeof out, "%s/out", dir);
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 0.001}\n");
-    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
-    printf("expected error: %s\n", tkd_error_msg());
-    tkd_test_assert_msg_has("sequence 0, position 0: the log-sum-exp of the teacher's logits at cache.temperature 0.001 is inf");
-    tkd_test_assert_msg_has("raise cache.temperature");
+    tkd_test_expect_error(run_status(y, NULL), TKD_ERR_NUMERIC,
+                          TKD_TEST_FRAGS("sequence 0, position 0: the log-sum-exp of the teacher's logits at cache.temperature 0.001 is inf",
+                                         "raise cache.temperature"));
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
 
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 1}\n");
@@ -373,11 +368,10 @@ static void test_nan_in_teacher_output(void **state)
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "teacher", 1.0f, 9));
     snprintf(out, sizeof out, "%s/out", dir);
     tkd_dt_small_yaml(y, sizeof y, teacher, npy, out, "");
-    assert_int_equal(run_status(y, NULL), TKD_ERR_NUMERIC);
-    printf("expected error: %s\n", tkd_error_msg());
-    tkd_test_assert_msg_has("sequence 2, position 7: the teacher's logit for token 0 is "); /* nan or -nan */
-    tkd_test_assert_msg_has("nan —");
-    tkd_test_assert_msg_has("check the teacher's weights");
+    tkd_test_expect_error(run_status(y, NULL), TKD_ERR_NUMERIC,
+                          TKD_TEST_FRAGS("sequence 2, position 7: the teacher's logit for token 0 is ", /* nan or -nan */
+                                         "nan —",
+                                         "check the teacher's weights"));
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
 
     tkd_dt_odd_teacher(dir, "teacher", 1.0f, -1); /* the weights fixed */

@@ -148,6 +148,14 @@ void tkd_test_assert_msg_has(const char *needle)
         fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
 }
 
+void tkd_test_expect_error(tkd_status got, tkd_status want, const char *const *frags)
+{
+    assert_int_equal(got, want);
+    printf("expected error: %s\n", tkd_error_msg());
+    for (; *frags; frags++)
+        tkd_test_assert_msg_has(*frags);
+}
+
 int tkd_test_broken_files(const char *prefix, tkd_test_open_fn open_file)
 {
     FILE *f = fopen(tkd_test_src("data/broken/EXPECTED.tsv"), "r");

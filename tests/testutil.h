@@ -66,6 +66,12 @@ const char *tkd_test_getenv(const char *name);
 /* Fails the test unless the calling thread's error message contains needle. */
 void tkd_test_assert_msg_has(const char *needle);
 
+/* Fails the test unless got is want and the calling thread's error message holds every fragment of
+ * frags (NULL-terminated: TKD_TEST_FRAGS("a", "b")); prints the message ("expected error: ...") so
+ * that the log shows what a user would read. */
+void tkd_test_expect_error(tkd_status got, tkd_status want, const char *const *frags);
+#define TKD_TEST_FRAGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
 /* Opens one broken file: returns its status and asserts nothing was handed out on failure. */
 typedef tkd_status (*tkd_test_open_fn)(const char *path);
 
