@@ -110,6 +110,15 @@ int tkd_test_dir_teardown(void **state)
     return 0;
 }
 
+void tkd_test_require_built(const char *const *bins)
+{
+    for (const char *const *b = bins; *b; b++)
+        if (access(*b, X_OK) != 0) {
+            printf("skipped: %s not built\n", *b);
+            exit(77);
+        }
+}
+
 int tkd_test_main(const char *names, const tkd_test_fn *fns, size_t n, tkd_test_fixture_fn group_setup,
                   tkd_test_fixture_fn group_teardown, int each)
 {

@@ -35,20 +35,25 @@ int tkd_test_group_dir_teardown(void **state);
  * group's setup and teardown (NULL for none) and `each`: TKD_TEST_EACH_DIR gives every test a fresh
  * temp dir of its own as *state (a char *, tagged with the test's name, removed after the test
  * whatever its outcome), TKD_TEST_EACH_NONE nothing; TKD_TEST_MAIN_EACH_DIR(...) is the first
- * with no group fixture. cmocka.h must be included before the use. */
+ * with no group fixture. TKD_TEST_RUN_WITH is the run alone (an int expression: cmocka's count of
+ * failed tests), for a main that does more. cmocka.h must be included before the use. */
 typedef void (*tkd_test_fn)(void **state);
 typedef int (*tkd_test_fixture_fn)(void **state);
 enum { TKD_TEST_EACH_NONE = 0, TKD_TEST_EACH_DIR = 1 };
+#define TKD_TEST_RUN_WITH(group_setup, group_teardown, each, ...)                                            \
+    tkd_test_main(#__VA_ARGS__, (const tkd_test_fn[]){__VA_ARGS__},                                          \
+                  sizeof((const tkd_test_fn[]){__VA_ARGS__}) / sizeof(tkd_test_fn), group_setup, group_teardown, \
+                  each)
+#define TKD_TEST_MAIN_WITH(group_setup, group_teardown, each, ...)                                           \
+    int main(void) { return TKD_TEST_RUN_WITH(group_setup, group_teardown, each, __VA_ARGS__); }
 #define TKD_TEST_MAIN(...) TKD_TEST_MAIN_WITH(NULL, NULL, TKD_TEST_EACH_NONE, __VA_ARGS__)
 #define TKD_TEST_MAIN_EACH_DIR(...) TKD_TEST_MAIN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, __VA_ARGS__)
-#define TKD_TEST_MAIN_WITH(group_setup, group_teardown, each, ...)                                            \
-    int main(void)                                                                                             \
-    {                                                                                                          \
-        static const tkd_test_fn fns[] = {__VA_ARGS__};                                                       \
-        return tkd_test_main(#__VA_ARGS__, fns, sizeof fns / sizeof fns[0], group_setup, group_teardown, each); \
-    }
 
-/* What TKD_TEST_MAIN_WITH runs: names is the comma-separated list of the n functions' names (the
+/* Exits with 77 (ctest "skipped"), saying so, unless the programs bins (NULL-terminated) are all
+ * built: a test of the tools runs only where the build made them. */
+void tkd_test_require_built(const char *const *bins);
+
+/* What TKD_TEST_RUN_WITH runs: names is the comma-separated list of the n functions' names (the
  * macro's arguments as written), for cmocka's report. Returns cmocka's count of failed tests. */
 int tkd_test_main(const char *names, const tkd_test_fn *fns, size_t n, tkd_test_fixture_fn group_setup,
                   tkd_test_fixture_fn group_teardown, int each);
