@@ -199,13 +199,7 @@ static void test_header_byte_flips(void **state)
     assert_true(refused > 100); /* most flips break something */
 }
 
-static tkd_status open_broken(const char *path)
-{
-    tkd_st_dir *d = NULL;
-    tkd_status st = tkd_st_open(path, &d);
-    assert_null(d);
-    return st;
-}
+TKD_TEST_OPENER(open_broken, tkd_st_dir, tkd_st_open)
 
 /* A header holding only __metadata__ is a file without tensors (fuzz_safetensors found the parser
  * doing pointer arithmetic on the still-NULL tensor list: undefined behaviour UBSan stops at). */

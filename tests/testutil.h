@@ -80,6 +80,17 @@ void tkd_test_expect_error(tkd_status got, tkd_status want, const char *const *f
 /* Opens one broken file: returns its status and asserts nothing was handed out on failure. */
 typedef tkd_status (*tkd_test_open_fn)(const char *path);
 
+/* Defines such an opener, `static tkd_status name(const char *path)`, for a module whose open is
+ * open_fn(path, type **out): the status, after asserting that nothing was handed out. */
+#define TKD_TEST_OPENER(name, type, open_fn)                                                                     \
+    static tkd_status name(const char *path)                                                                   \
+    {                                                                                                          \
+        type *handle = NULL;                                                                                   \
+        tkd_status st = open_fn(path, &handle);                                                                \
+        assert_null(handle);                                                                                   \
+        return st;                                                                                             \
+    }
+
 /* For every row of tests/data/broken/EXPECTED.tsv ("file<TAB>status<TAB>message substring") whose
  * file name starts with prefix: open_file() must give that status, with a message containing the
  * substring and naming the file. Returns the number of rows checked. */
