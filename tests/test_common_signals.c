@@ -82,10 +82,7 @@ static void test_first_signal_ends_a_blocking_open(void **state)
     const char *fifo = tkd_test_path(dir, "fifo");
     assert_int_equal(mkfifo(fifo, 0600), 0);
     int sync[2];
-    assert_int_equal(pipe(sync), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = tkd_test_fork(sync);
     if (pid == 0) {
         if (tkd_signals_install() != TKD_OK || write(sync[1], "r", 1) != 1)
             _exit(2);

@@ -345,10 +345,7 @@ static void test_interrupted_shards(void **state)
 static tkd_status run_with_fsize_limit(const char *out, const char *in, int64_t shard_tokens, char *msg, size_t cap)
 {
     int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = tkd_test_fork(fds);
     if (pid == 0) {
         close(fds[0]);
         signal(SIGXFSZ, SIG_IGN);

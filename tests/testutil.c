@@ -275,6 +275,16 @@ tkd_kl_params tkd_test_kl_params(tkd_kl_variant var, double tau, double alpha, i
 
 /* ---- child processes ------------------------------------------------------------------------- */
 
+pid_t tkd_test_fork(int *fds)
+{
+    if (fds)
+        assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    return pid;
+}
+
 pid_t tkd_test_spawn(const char *bin, const char *const *args, const char *env, const char *out_path)
 {
     const char *argv[32] = {bin};
@@ -335,9 +345,7 @@ int tkd_test_signal_when(pid_t pid, const char *path, int sig)
 pid_t tkd_test_lock_holder(const char *dir, const char *name, const char *part)
 {
     int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = tkd_test_fork(fds);
     if (pid == 0) {
         /* a test that fails while the holder lives must not leave it behind */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1)

@@ -127,6 +127,11 @@ tkd_kl_params tkd_test_kl_params(tkd_kl_variant var, double tau, double alpha, i
 
 /* ---- child processes ------------------------------------------------------------------------- */
 
+/* fork() for a test: stdio flushed first (else the child would write our buffered output again)
+ * and, when fds is not NULL, a pipe made into fds[2] before; fails the test when either fails.
+ * Returns fork's pid (0 in the child). */
+pid_t tkd_test_fork(int *fds);
+
 /* Starts the program bin with arguments args (NULL-terminated, argv[0] excluded: bin is used) and,
  * when env is not NULL, one extra environment assignment "NAME=value"; its stdout and stderr go to
  * the file out_path. Returns the child's pid; fails the test when fork fails. */
