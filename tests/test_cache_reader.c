@@ -6,7 +6,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,12 +127,7 @@ static void test_manifest_roundtrip(void **state)
     assert_int_equal(r.shards[1].bytes, 12345);
     assert_string_equal(r.shards[1].sha256, e.sha256);
     /* the atomic write leaves no temp file behind */
-    DIR *d = opendir(dir);
-    int files = 0;
-    for (struct dirent *de; (de = readdir(d));)
-        files += de->d_name[0] != '.';
-    closedir(d);
-    assert_int_equal(files, 1);
+    assert_int_equal(tkd_test_count_visible(dir), 1);
     /* a shard list out of order is a format error that keeps what the list's check found, after
      * the place in the file */
     assert_int_equal(read_edited(path, "first_seq: 80", "first_seq: 75"), TKD_ERR_FORMAT);

@@ -9,24 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <dirent.h>
 
 #include "common/half.h"
 #include "common/status.h"
 #include "formats/safetensors.h"
 #include "tests/testutil.h"
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 /* Writes a, b (2-D), s (0-D scalar), z (empty) with values from seed. */
 static void write_sample(const char *path, tkd_dtype dt, float *a, float *b, float *s)
@@ -52,7 +39,7 @@ static void test_roundtrip_f32(void **state)
     const char *path = tkd_test_path(dir, "model.safetensors");
     float a[7], b[15], s[1];
     write_sample(path, TKD_DTYPE_F32, a, b, s);
-    assert_int_equal(count_entries(dir), 1); /* no temp file left behind */
+    assert_int_equal(tkd_test_count_visible(dir), 1); /* no temp file left behind */
 
     size_t n;
     uint8_t *raw = (uint8_t *)tkd_test_slurp(path, &n);

@@ -17,7 +17,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,15 +69,15 @@ static tkd_status run_opts(tkd_tokenize_opts *o, const char *out, const char **i
 }
 
 /* How many entries of dir start with prefix (hidden lock files are not outputs: skipped). */
+static long long named(const char *path, const char *name, void *prefix)
+{
+    (void)path;
+    return name[0] != '.' && strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
 static int count_named(const char *dir, const char *prefix)
 {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.' && strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    closedir(d);
-    return n;
+    return (int)tkd_test_dir_sum(dir, named, (void *)prefix);
 }
 
 /* ---- item 2: an output that is an input ------------------------------------------------------- */

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
 #include <errno.h>
 #include <hdf5.h>
 #include <math.h>
@@ -690,6 +691,30 @@ void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab
     fprintf(f, "\"\u0120\": 94, \"\u010a\": 95%s%s}, \"merges\": [%s]}}", *extra_vocab ? ", " : "", extra_vocab, merges);
     fclose(f);
     tkd_test_write_text(tkd_test_path(dir, "tokenizer_config.json"), "{\"eos_token\": \"<|eos|>\"}");
+}
+
+long long tkd_test_dir_sum(const char *dir, tkd_test_entry_fn each, void *ctx)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        fail_msg("cannot list %s: %s", dir, strerror(errno));
+    long long sum = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            sum += each(tkd_test_path(dir, e->d_name), e->d_name, ctx);
+    closedir(d);
+    return sum;
+}
+
+static long long visible(const char *path, const char *name, void *ctx)
+{
+    (void)path, (void)ctx;
+    return name[0] != '.';
+}
+
+int tkd_test_count_visible(const char *dir)
+{
+    return (int)tkd_test_dir_sum(dir, visible, NULL);
 }
 
 int tkd_test_files_equal(const char *a, const char *b)

@@ -247,6 +247,14 @@ void tkd_test_write_text(const char *path, const char *text);
  * added special token; tokenizer_config.json names it the eos_token. Fails the test when it cannot. */
 void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab, const char *merges);
 
+/* Calls each(path, name, ctx) for every entry of dir but "." and ".." (path "<dir>/<name>") and
+ * returns the sum of what the calls returned; fails the test when dir cannot be listed. */
+typedef long long (*tkd_test_entry_fn)(const char *path, const char *name, void *ctx);
+long long tkd_test_dir_sum(const char *dir, tkd_test_entry_fn each, void *ctx);
+
+/* The entries of dir whose name does not begin with '.'. */
+int tkd_test_count_visible(const char *dir);
+
 /* 1 when the two files exist and have the same bytes. */
 int tkd_test_files_equal(const char *a, const char *b);
 
