@@ -134,13 +134,20 @@ static void test_tail_indices(void **state)
     roundtrip(TKD_CACHE_DTYPE_FLOAT32, 2, 1, 1, 2, 2, 1);
 }
 
+/* A shard of 3 sequences (T 4, k columns of dt, no tail draws; chunks of 2) written to
+ * <dir>/shard-00000.h5, whose path goes to path; its identity. */
+static tkd_cache_identity three_sequences(char *path, size_t cap, const char *dir, int32_t k, tkd_cache_dtype dt)
+{
+    snprintf(path, cap, "%s/shard-00000.h5", dir);
+    tkd_cache_identity id = tkd_test_cache_identity(4, k, 0, dt);
+    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    return id;
+}
+
 static void test_kprime_is_first_columns(void **state)
 {
-    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char path[4200];
-    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
-    tkd_cache_identity id = tkd_test_cache_identity(4, 8, 0, TKD_CACHE_DTYPE_FLOAT32);
-    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    three_sequences(path, sizeof path, *state, 8, TKD_CACHE_DTYPE_FLOAT32);
     tkd_shard *s = NULL;
     assert_int_equal(tkd_shard_open(&s, path, 0), TKD_OK);
     tkd_cache_batch full, part;
@@ -358,11 +365,8 @@ static void test_bytes_per_token(void **state)
 /* A shard from before the tail draws (no tail_samples attribute, no /tail group) reads with S = 0. */
 static void test_shard_without_tail_attribute(void **state)
 {
-    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char path[4200];
-    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
-    tkd_cache_identity id = tkd_test_cache_identity(4, 2, 0, TKD_CACHE_DTYPE_HALF);
-    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    tkd_cache_identity id = three_sequences(path, sizeof path, *state, 2, TKD_CACHE_DTYPE_HALF);
     hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
     assert_true(H5Adelete(f, "tail_samples") >= 0);
     H5Fclose(f);
