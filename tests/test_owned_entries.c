@@ -60,28 +60,20 @@ static int shards_in(const char *dir)
 /* ---- teacher-dump ------------------------------------------------------------------------------ */
 
 typedef struct dump_case {
-    char *dir;          /* temp dir */
+    const char *dir;    /* the test's own temp dir (TKD_TEST_EACH_DIR) */
     char tok[4300];     /* token file: 120 tokens, 7 windows of 16, 2 shards of 4 */
     char out[4300];     /* <dir>/cache */
     char y[8192];       /* the config */
     char y_k4[8192];    /* the same with another k: a run that needs --overwrite */
 } dump_case;
 
-static void dump_begin(dump_case *c, const char *tag)
+static void dump_begin(dump_case *c, const char *dir)
 {
-    c->dir = tkd_test_mkdtemp(tag);
-    snprintf(c->tok, sizeof c->tok, "%s", tkd_dt_random_tokens(c->dir, "tok.npy", 120, 131, 2));
-    snprintf(c->out, sizeof c->out, "%s/cache", c->dir);
-    tkd_dt_small_yaml(c->y, sizeof c->y, TKD_DT_LLAMA, c->tok, c->out, "");
+    c->dir = dir;
+    snprintf(c->tok, sizeof c->tok, "%s", tkd_dt_small_case(dir, c->out, sizeof c->out, c->y, sizeof c->y, ""));
     tkd_dt_small_yaml(c->y_k4, sizeof c->y_k4, TKD_DT_LLAMA, c->tok, c->out, "cache: {k: 4}\n");
     tkd_dt_run_ok(c->y, NULL, NULL);
     assert_int_equal(shards_in(c->out), 2);
-}
-
-static void dump_end(dump_case *c)
-{
-    tkd_test_rmtree(c->dir);
-    free(c->dir);
 }
 
 /* The cache is untouched: both shards and the manifest, which still says k 8. */
@@ -99,9 +91,8 @@ static void assert_cache_kept(const dump_case *c)
  * --overwrite refuses naming each, and removes nothing at all. */
 static void test_dump_overwrite_refuses_what_it_did_not_write(void **state)
 {
-    (void)state;
     dump_case c;
-    dump_begin(&c, "own-dump-ow");
+    dump_begin(&c, *state);
     char elsewhere[4400];
     snprintf(elsewhere, sizeof elsewhere, "%s/precious.h5", c.dir);
     copy_dir(c.out, tkd_test_path(c.dir, "copy")); /* a real shard outside the cache, for the link */
@@ -144,7 +135,6 @@ static void test_dump_overwrite_refuses_what_it_did_not_write(void **state)
         assert_int_equal(i == 0 ? tkd_test_rmtree(entry) : unlink(entry), 0);
     }
     assert_true(tkd_file_exists(elsewhere));
-    dump_end(&c);
 }
 
 /* What teacher-dump did write goes, proven by content: a whole shard no manifest lists yet (the
@@ -152,9 +142,8 @@ static void test_dump_overwrite_refuses_what_it_did_not_write(void **state)
  * manifest text cut short). */
 static void test_dump_overwrite_removes_what_it_wrote(void **state)
 {
-    (void)state;
     dump_case c;
-    dump_begin(&c, "own-dump-ours");
+    dump_begin(&c, *state);
     copy_dir(c.out, tkd_test_path(c.dir, "copy"));
     assert_int_equal(rename(tkd_test_path(c.dir, "copy/shard-00001.h5"), tkd_test_path(c.out, "shard-00060.h5")), 0);
     tkd_test_write_text(tkd_test_path(c.out, "shard-00061.h5.tmp"), "");
@@ -172,7 +161,6 @@ static void test_dump_overwrite_removes_what_it_wrote(void **state)
     assert_int_equal(m.id.k, 4);
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&m);
-    dump_end(&c);
 }
 
 /* Without --overwrite: the start-up clean-up of a dead writer's temporaries, and the run that would
@@ -181,9 +169,8 @@ static void test_dump_overwrite_removes_what_it_wrote(void **state)
  * a foreign shard-00001.h5 the run would rename a new shard over. */
 static void test_dump_start_refuses_what_it_did_not_write(void **state)
 {
-    (void)state;
     dump_case c;
-    dump_begin(&c, "own-dump-start");
+    dump_begin(&c, *state);
     char precious[4400];
     snprintf(precious, sizeof precious, "%s/precious.txt", c.dir);
     tkd_test_write_text(precious, "the user's text\n");
@@ -219,18 +206,14 @@ static void test_dump_start_refuses_what_it_did_not_write(void **state)
     assert_int_equal(unlink(wtmp), 0);
     tkd_dt_run_ok(c.y, NULL, NULL); /* and with those gone, the cache resumes as it was */
     assert_cache_kept(&c);
-    dump_end(&c);
 }
 
 /* merge writes manifest.yaml: not over a user's file of that name. */
 static void test_merge_refuses_a_foreign_manifest(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("own-merge");
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char out[4300], y[8192], w[8400];
-    snprintf(out, sizeof out, "%s/cache", dir);
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    tkd_dt_small_case(dir, out, sizeof out, y, sizeof y, "");
     for (int i = 0; i < 2; i++) {
         snprintf(w, sizeof w, "%s\n---\nworkers: {index: %d, count: 2}\n", y, i);
         tkd_dt_run_ok(w, NULL, NULL);
@@ -247,8 +230,6 @@ static void test_merge_refuses_a_foreign_manifest(void **state)
     assert_int_equal(tkd_dump_merge(out, &nseq, NULL), TKD_OK);
     assert_int_equal(nseq, 7);
     assert_int_equal(tkd_dump_merge(out, &nseq, NULL), TKD_OK); /* over its own manifest.yaml */
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* ---- student-train ----------------------------------------------------------------------------- */
@@ -347,17 +328,11 @@ static void test_train_takes_over_a_run_of_the_older_version(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest dump_tests[] = {
-        cmocka_unit_test(test_dump_overwrite_refuses_what_it_did_not_write),
-        cmocka_unit_test(test_dump_overwrite_removes_what_it_wrote),
-        cmocka_unit_test(test_dump_start_refuses_what_it_did_not_write),
-        cmocka_unit_test(test_merge_refuses_a_foreign_manifest),
-    };
-    const struct CMUnitTest train_tests[] = {
-        cmocka_unit_test(test_train_keeps_a_copy_of_the_checkpoint),
-        cmocka_unit_test(test_train_refuses_foreign_files_of_its_names),
-        cmocka_unit_test(test_train_takes_over_a_run_of_the_older_version),
-    };
-    int failed = cmocka_run_group_tests(dump_tests, NULL, NULL);
-    return failed + cmocka_run_group_tests(train_tests, tkd_test_tiny_student_setup, tkd_test_student_teardown);
+    int failed = TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_dump_overwrite_refuses_what_it_did_not_write,
+                                   test_dump_overwrite_removes_what_it_wrote,
+                                   test_dump_start_refuses_what_it_did_not_write, test_merge_refuses_a_foreign_manifest);
+    return failed + TKD_TEST_RUN_WITH(tkd_test_tiny_student_setup, tkd_test_student_teardown, TKD_TEST_EACH_NONE,
+                                      test_train_keeps_a_copy_of_the_checkpoint,
+                                      test_train_refuses_foreign_files_of_its_names,
+                                      test_train_takes_over_a_run_of_the_older_version);
 }

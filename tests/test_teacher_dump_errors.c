@@ -109,10 +109,8 @@ static void test_other_config_needs_overwrite(void **state)
 static void test_overwrite_removes_only_ours(void **state)
 {
     const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
     char out[4200], notes[4300], y[8192];
-    snprintf(out, sizeof out, "%s/cache", dir);
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    const char *tok = tkd_dt_small_case(dir, out, sizeof out, y, sizeof y, "");
     run_ok(y, NULL, NULL);
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 2);
 
