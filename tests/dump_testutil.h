@@ -108,13 +108,14 @@ static inline void tkd_dt_run_ok(const char *yaml, const tkd_dump_opts *opts, tk
         fail_msg("%s", tkd_error_msg());
 }
 
-/* The small cache of the ownership tests: 120 random tokens (ids below 131, seed 2) in <dir>/tok.npy
- * (7 windows of 16: 2 shards) and the tkd_dt_small_yaml config of the llama fixture over them, then
- * extra, into y; out gets the output dir <dir>/cache. Returns the token file's path (static buffer). */
-static inline const char *tkd_dt_small_case(const char *dir, char *out, size_t out_cap, char *y, size_t y_cap,
-                                            const char *extra)
+/* The small case of the cache tests: n random tokens (ids below 131, from seed) in <dir>/tok.npy (120
+ * make 7 windows of 16: 2 shards) and the tkd_dt_small_yaml config of the llama fixture over them,
+ * then extra, into y; out gets the output dir <dir>/cache. Returns the token file's path (static
+ * buffer). */
+static inline const char *tkd_dt_small_case(const char *dir, int n, uint64_t seed, char *out, size_t out_cap, char *y,
+                                            size_t y_cap, const char *extra)
 {
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", n, 131, seed);
     snprintf(out, out_cap, "%s/cache", dir);
     tkd_dt_small_yaml(y, y_cap, TKD_DT_LLAMA, tok, out, extra);
     return tok;

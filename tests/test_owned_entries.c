@@ -70,7 +70,8 @@ typedef struct dump_case {
 static void dump_begin(dump_case *c, const char *dir)
 {
     c->dir = dir;
-    snprintf(c->tok, sizeof c->tok, "%s", tkd_dt_small_case(dir, c->out, sizeof c->out, c->y, sizeof c->y, ""));
+    const char *tok = tkd_dt_small_case(dir, 120, 2, c->out, sizeof c->out, c->y, sizeof c->y, "");
+    snprintf(c->tok, sizeof c->tok, "%s", tok);
     tkd_dt_small_yaml(c->y_k4, sizeof c->y_k4, TKD_DT_LLAMA, c->tok, c->out, "cache: {k: 4}\n");
     tkd_dt_run_ok(c->y, NULL, NULL);
     assert_int_equal(shards_in(c->out), 2);
@@ -213,7 +214,7 @@ static void test_merge_refuses_a_foreign_manifest(void **state)
 {
     const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char out[4300], y[8192], w[8400];
-    tkd_dt_small_case(dir, out, sizeof out, y, sizeof y, "");
+    tkd_dt_small_case(dir, 120, 2, out, sizeof out, y, sizeof y, "");
     for (int i = 0; i < 2; i++) {
         snprintf(w, sizeof w, "%s\n---\nworkers: {index: %d, count: 2}\n", y, i);
         tkd_dt_run_ok(w, NULL, NULL);

@@ -48,10 +48,8 @@ static void test_token_out_of_vocab(void **state)
 static void test_interrupt_while_reading_inputs(void **state)
 {
     const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 3);
     char out[4200], y[8192];
-    snprintf(out, sizeof out, "%s/cache", dir);
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    tkd_dt_small_case(dir, 120, 3, out, sizeof out, y, sizeof y, "");
     assert_int_equal(tkd_signals_install(), TKD_OK);
     raise(SIGINT);
     tkd_status st = run_status(y, NULL);
@@ -67,11 +65,8 @@ static void test_interrupt_while_reading_inputs(void **state)
 
 static void test_other_config_needs_overwrite(void **state)
 {
-    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
     char out[4200], y[8192];
-    snprintf(out, sizeof out, "%s/cache", dir);
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    const char *tok = tkd_dt_small_case(*state, 120, 2, out, sizeof out, y, sizeof y, "");
     run_ok(y, NULL, NULL);
 
     /* another k */
@@ -110,7 +105,7 @@ static void test_overwrite_removes_only_ours(void **state)
 {
     const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char out[4200], notes[4300], y[8192];
-    const char *tok = tkd_dt_small_case(dir, out, sizeof out, y, sizeof y, "");
+    const char *tok = tkd_dt_small_case(dir, 120, 2, out, sizeof out, y, sizeof y, "");
     run_ok(y, NULL, NULL);
     assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 2);
 
@@ -194,10 +189,8 @@ static void test_one_writer_per_cache(void **state)
 static void test_bad_settings(void **state)
 {
     const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 100, 131, 3);
     char out[4200], y[8192];
-    snprintf(out, sizeof out, "%s/cache", dir);
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "device: cuda\n");
+    const char *tok = tkd_dt_small_case(dir, 100, 3, out, sizeof out, y, sizeof y, "device: cuda\n");
     if (tkd_backend_cuda_devices() == 0) { /* where a GPU answers, the GPU tests run this */
         assert_int_equal(run_status(y, NULL), TKD_ERR_UNSUPPORTED);
         assert_non_null(strstr(tkd_error_msg(), "device: cuda asked for"));
@@ -220,6 +213,26 @@ static void test_bad_settings(void **state)
 
 /* ---- values the cache cannot hold ---------------------------------------------------------------- */
 
+/* A refused dump and the action its message proposes: the dump of teacher over tok into out with the
+ * YAML `refused` (options o) stops with TKD_ERR_NUMERIC, its message holding frags, and leaves no
+ * shard; then, unless action is NULL, the dump with the YAML `action` and --overwrite runs. */
+typedef struct refusal {
+    const char *teacher, *tok, *out, *refused;
+    const tkd_dump_opts *o;
+    const char *action;
+} refusal;
+
+static void expect_refusal(char *y, size_t cap, refusal r, const char *const *frags)
+{
+    tkd_dt_small_yaml(y, cap, r.teacher, r.tok, r.out, r.refused);
+    tkd_test_expect_error(run_status(y, r.o), TKD_ERR_NUMERIC, frags);
+    assert_int_equal(tkd_dt_count_suffix(r.out, ".h5"), 0);
+    if (r.action) {
+        tkd_dt_small_yaml(y, cap, r.teacher, r.tok, r.out, r.action);
+        run_ok(y, &(tkd_dump_opts){.overwrite = true}, NULL);
+    }
+}
+
 /* A teacher whose logits are about 1e6: half cannot hold them (largest 65504) and the run stops at
  * the first one, naming it, with no shard written. bfloat16 has their range but rounds them by up to
  * 2048 (8 significant bits), which would scale a stored probability by e^2048: it is refused too,
@@ -239,26 +252,22 @@ static void test_logits_beyond_half(void **state)
     int64_t n = tkd_dt_read_all(f32, &want, NULL);
     assert_true(fabsf(want.topk_logits[0]) > 65504.0f); /* the case under test: sequence 0, position 0 */
 
-    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "");
-    tkd_test_expect_error(run_status(y, NULL), TKD_ERR_NUMERIC,
-                          TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit ",
-                                         "does not fit cache.logits_dtype half (largest magnitude 65504)",
-                                         "set cache.logits_dtype: float32, which holds it"));
-    assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
+    expect_refusal(y, sizeof y, (refusal){teacher, tok, half, "", NULL, NULL},
+                   TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit ",
+                                  "does not fit cache.logits_dtype half (largest magnitude 65504)",
+                                  "set cache.logits_dtype: float32, which holds it"));
     assert_int_equal(tkd_dt_count_suffix(half, ".tmp"), 0);
 
-    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "cache: {logits_dtype: bfloat16}\n");
     tkd_dump_opts ow = {.overwrite = true};
-    tkd_test_expect_error(run_status(y, &ow), TKD_ERR_NUMERIC,
-                          TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit ",
-                                         "in cache.logits_dtype bfloat16",
-                                         "more than 0.125 x cache.temperature",
-                                         "set cache.logits_dtype: float32, which holds it"));
-    assert_int_equal(tkd_dt_count_suffix(half, ".h5"), 0);
+    expect_refusal(y, sizeof y,
+                   (refusal){teacher, tok, half, "cache: {logits_dtype: bfloat16}\n", &ow,
+                             "cache: {logits_dtype: float32}\n"},
+                   TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit ",
+                                  "in cache.logits_dtype bfloat16",
+                                  "more than 0.125 x cache.temperature",
+                                  "set cache.logits_dtype: float32, which holds it"));
 
-    /* the action: float32, replacing the failed (empty) cache; the same values as the first run */
-    tkd_dt_small_yaml(y, sizeof y, teacher, tok, half, "cache: {logits_dtype: float32}\n");
-    run_ok(y, &ow, NULL);
+    /* the action (float32, replacing the failed, empty cache) gave the same values as the first run */
     tkd_cache_batch got;
     assert_int_equal(tkd_dt_read_all(half, &got, NULL), n);
     size_t nk = (size_t)n * 16 * 8;
@@ -293,15 +302,12 @@ static void test_logits_rounded_too_coarsely(void **state)
     tkd_dump_opts ow = {.overwrite = true};
 
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "t45k", 45000.3f / x1, -1));
-    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "");
-    tkd_test_expect_error(run_status(y, &ow), TKD_ERR_NUMERIC,
-                          TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit 45000.",
-                                         "(top-k column 0) would be stored as ",
-                                         "in cache.logits_dtype half",
-                                         "set cache.logits_dtype: float32, which holds it"));
-    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
-    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, tail_samples: 4}\n");
-    run_ok(y, &ow, NULL);
+    expect_refusal(y, sizeof y,
+                   (refusal){teacher, tok, out, "", &ow, "cache: {logits_dtype: float32, tail_samples: 4}\n"},
+                   TKD_TEST_FRAGS("sequence 0, position 0: the teacher's logit 45000.",
+                                  "(top-k column 0) would be stored as ",
+                                  "in cache.logits_dtype half",
+                                  "set cache.logits_dtype: float32, which holds it"));
 
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "t100", 100.3f / x1, -1));
     tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: bfloat16}\n");
@@ -333,15 +339,11 @@ static void test_lse_beyond_float32(void **state)
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "huge", 1e37f, -1));
     snprintf(tok, sizeof tok, "%s", tkd_dt_random_tokens(dir, "tok.npy", 200, 64, 7));
     snprintf(out, sizeof out, "%s/out", dir);
-    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 0.001}\n");
-    tkd_test_expect_error(run_status(y, NULL), TKD_ERR_NUMERIC,
-                          TKD_TEST_FRAGS("sequence 0, position 0: the log-sum-exp of the teacher's logits at cache.temperature 0.001 is inf",
-                                         "raise cache.temperature"));
-    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
-
-    tkd_dt_small_yaml(y, sizeof y, teacher, tok, out, "cache: {logits_dtype: float32, temperature: 1}\n");
-    tkd_dump_opts ow = {.overwrite = true};
-    run_ok(y, &ow, NULL);
+    expect_refusal(y, sizeof y,
+                   (refusal){teacher, tok, out, "cache: {logits_dtype: float32, temperature: 0.001}\n", NULL,
+                             "cache: {logits_dtype: float32, temperature: 1}\n"},
+                   TKD_TEST_FRAGS("sequence 0, position 0: the log-sum-exp of the teacher's logits at cache.temperature 0.001 is inf",
+                                  "raise cache.temperature"));
     tkd_cache_batch b;
     int64_t n = tkd_dt_read_all(out, &b, NULL);
     for (int64_t i = 0; i < n * 16; i++)
@@ -365,12 +367,11 @@ static void test_nan_in_teacher_output(void **state)
     tkd_dt_write_npy(npy, t, 0, 200);
     snprintf(teacher, sizeof teacher, "%s", tkd_dt_odd_teacher(dir, "teacher", 1.0f, 9));
     snprintf(out, sizeof out, "%s/out", dir);
-    tkd_dt_small_yaml(y, sizeof y, teacher, npy, out, "");
-    tkd_test_expect_error(run_status(y, NULL), TKD_ERR_NUMERIC,
-                          TKD_TEST_FRAGS("sequence 2, position 7: the teacher's logit for token 0 is ", /* nan or -nan */
-                                         "nan —",
-                                         "check the teacher's weights"));
-    assert_int_equal(tkd_dt_count_suffix(out, ".h5"), 0);
+    /* the logit prints as nan or -nan */
+    expect_refusal(y, sizeof y, (refusal){teacher, npy, out, "", NULL, NULL},
+                   TKD_TEST_FRAGS("sequence 2, position 7: the teacher's logit for token 0 is ",
+                                  "nan —",
+                                  "check the teacher's weights"));
 
     tkd_dt_odd_teacher(dir, "teacher", 1.0f, -1); /* the weights fixed */
     assert_int_equal(run_status(y, NULL), TKD_ERR_MISMATCH);
