@@ -136,8 +136,7 @@ static void test_manifest_roundtrip(void **state)
                             "shard-00007.h5");
     tkd_cache_manifest_free(&m);
     tkd_cache_manifest_free(&r);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 static void test_manifest_merge(void **state)
@@ -204,8 +203,7 @@ static void test_reader_random_access(void **state)
     tkd_cache_batch_free(&p);
     tkd_cache_batch_free(&b);
     tkd_cache_reader_close(r);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 static void run_stream(tkd_cache_reader *r, const tkd_cache_identity *id, const int64_t *order,
@@ -269,8 +267,7 @@ static void test_stream_any_order(void **state)
     o.depth = 1;
     assert_int_equal(tkd_cache_stream_open(&s, r, order, 1, &o), TKD_ERR_INVALID_ARG);
     tkd_cache_reader_close(r);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 int main(void)

@@ -98,8 +98,7 @@ static void roundtrip(tkd_cache_dtype dt, int32_t T, int32_t k, int32_t S, int64
     check_shard(path, &id, 40, num_seq, k, 3, 0);       /* runs crossing chunk edges, no tail */
     if (k > 1)
         check_shard(path, &id, 40, num_seq, k - 1, 2, S > 0); /* first k' columns only */
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 static void test_roundtrip_half(void **state)
@@ -280,8 +279,7 @@ static void test_h5dump_reads_through_plugin(void **state)
     }
     assert_int_equal(count, 12); /* 2 sequences x 3 positions x 2 columns */
     tkd_cache_batch_free(&want);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* Runs the filter function the way HDF5 does, on a buffer from HDF5's allocator. */
@@ -358,8 +356,7 @@ static void test_bytes_per_token(void **state)
     /* observed 65 of 196 raw; a shard whose datasets went uncompressed would store the raw bytes plus
      * HDF5's overhead (>= 196), so 0.6 of raw leaves a margin and still catches a missing filter */
     assert_true(bpt > 0 && bpt < tkd_cache_raw_bytes_per_token(&id) * 0.6);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* A shard from before the tail draws (no tail_samples attribute, no /tail group) reads with S = 0. */

@@ -104,8 +104,7 @@ static void case_begin(rdzv_case *rc, tkd_rdzv_kind kind, double timeout_s)
 
 static void case_end(rdzv_case *rc)
 {
-    tkd_test_rmtree(rc->dir);
-    free(rc->dir);
+    tkd_test_rmdtemp(rc->dir);
 }
 
 static const char want_blob[] = "nccl-unique-id:0123456789abcdef";

@@ -96,8 +96,7 @@ static void test_first_signal_ends_a_blocking_open(void **state)
     assert_int_equal(tkd_test_wait_timeout(pid, 1.0), 0); /* within a second, and by the open's EINTR */
     close(sync[0]);
     close(sync[1]);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 TKD_TEST_MAIN(test_first_signal_sets_flag, test_second_signal_kills, test_first_signal_ends_a_blocking_open)

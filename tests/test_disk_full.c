@@ -220,8 +220,7 @@ static void test_teacher_dump_disk_full(void **state)
         tkd_dt_assert_same_cache(ref, out);
         umount_all();
     }
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- student-train checkpoints ------------------------------------------------------------------ */

@@ -50,8 +50,7 @@ static int teardown(void **state)
     fixture *f = *state;
     tkd_cache_batch_free(&f->full);
     tkd_cache_reader_close(f->cache);
-    tkd_test_rmtree(f->dir);
-    free(f->dir);
+    tkd_test_rmdtemp(f->dir);
     free(f);
     return 0;
 }

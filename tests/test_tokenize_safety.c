@@ -149,8 +149,7 @@ static void test_output_is_input(void **state)
     assert_string_equal(kept, text);
     free(kept);
     free(log), free(shard7), free(out), free(doc), free(slink), free(hard), free(dotted);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 3: one writer per output ------------------------------------------------------------ */
@@ -183,8 +182,7 @@ static void test_second_writer_refused(void **state)
     assert_int_equal(run_opts(&o, out, inputs, 1), TKD_OK);
     assert_true(count_named(dir, "out_") >= 2);
     free(log), free(doc), free(out);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 7: numeric flags -------------------------------------------------------------------- */
@@ -333,8 +331,7 @@ static void test_interrupted_shards(void **state)
     tkd_test_assert_msg_has(".bin exists — pass --overwrite");
     tkd_test_assert_msg_has("/out_0000");
     free(in), free(out), free(shard0);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 12: a failed write says why --------------------------------------------------------- */
@@ -386,8 +383,7 @@ static void test_write_error_reason(void **state)
         assert_int_equal(count_named(dir, "out"), 0); /* nothing half-written left */
     }
     free(in), free(out);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- batches around long documents ---------------------------------------------------------- */
@@ -435,8 +431,7 @@ static void test_long_documents_in_order(void **state)
     tkd_tokenizer_ctx_free(ctx);
     tkd_tokenizer_free(tok);
     free(in), free(out);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 12: a document longer than a batch ------------------------------------------------- */
@@ -486,8 +481,7 @@ static void test_long_document_memory(void **state)
      * (as before) made it 2.3x */
     assert_true(growth < 1.8);
     free(doc), free(out), free(log);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 #else
 static void test_long_document_memory(void **state)

@@ -46,6 +46,12 @@ int tkd_test_rmtree(const char *path)
     return system(cmd);
 }
 
+void tkd_test_rmdtemp(char *dir)
+{
+    tkd_test_rmtree(dir);
+    free(dir);
+}
+
 const char *tkd_test_src(const char *rel)
 {
     /* a few buffers in turn, so that one call's result survives the next ones in an argument list;
@@ -90,8 +96,7 @@ int tkd_test_group_dir_setup(void **state)
 int tkd_test_group_dir_teardown(void **state)
 {
     (void)state;
-    tkd_test_rmtree(tkd_test_group_dir);
-    free(tkd_test_group_dir);
+    tkd_test_rmdtemp(tkd_test_group_dir);
     tkd_test_group_dir = NULL;
     return 0;
 }
@@ -105,8 +110,7 @@ int tkd_test_dir_setup(void **state)
 
 int tkd_test_dir_teardown(void **state)
 {
-    tkd_test_rmtree(*state);
-    free(*state);
+    tkd_test_rmdtemp(*state);
     *state = NULL;
     return 0;
 }
@@ -572,8 +576,7 @@ tkd_status tkd_test_student_dir_make(tkd_test_student_dir *s, const char *tag, c
 void tkd_test_student_dir_free(tkd_test_student_dir *s)
 {
     if (s->dir)
-        tkd_test_rmtree(s->dir);
-    free(s->dir);
+        tkd_test_rmdtemp(s->dir);
     s->dir = NULL;
 }
 

@@ -16,6 +16,9 @@ char *tkd_test_mkdtemp(const char *tag);
 /* Removes a directory tree (rm -rf). Returns 0 on success. */
 int tkd_test_rmtree(const char *path);
 
+/* The end of a tkd_test_mkdtemp dir: removes the tree and frees the path. */
+void tkd_test_rmdtemp(char *dir);
+
 /* Path of a file under the source tree's tests/ folder (static buffer, overwritten per call). */
 const char *tkd_test_src(const char *rel);
 
