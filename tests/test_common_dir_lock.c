@@ -86,4 +86,5 @@ static void test_missing_directory(void **state)
     assert_null(l);
 }
 
-TKD_TEST_MAIN_EACH_DIR(test_second_writer_refused_until_holder_dies, test_parts_run_side_by_side, test_missing_directory)
+TKD_TEST_MAIN_EACH_DIR(test_second_writer_refused_until_holder_dies, test_parts_run_side_by_side,
+    test_missing_directory)

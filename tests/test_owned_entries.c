@@ -290,7 +290,8 @@ static void test_train_refuses_foreign_files_of_its_names(void **state)
     assert_true(tkd_file_exists(metrics));
     assert_int_equal(unlink(metrics), 0);
     /* the checkpoint swapped for a link to it: --overwrite does not follow it */
-    assert_int_equal(rename(tkd_test_in_run(f, "files", "checkpoint"), tkd_test_in_run(f, "files", "../files-ckpt")), 0);
+    assert_int_equal(rename(tkd_test_in_run(f, "files", "checkpoint"), tkd_test_in_run(f, "files", "../files-ckpt")),
+                     0);
     assert_int_equal(symlink("../files-ckpt", tkd_test_in_run(f, "files", "checkpoint")), 0);
     assert_int_equal(train(f, "files", OVERWRITE, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'checkpoint', a symbolic link");
@@ -331,7 +332,8 @@ int main(void)
 {
     int failed = TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_dump_overwrite_refuses_what_it_did_not_write,
                                    test_dump_overwrite_removes_what_it_wrote,
-                                   test_dump_start_refuses_what_it_did_not_write, test_merge_refuses_a_foreign_manifest);
+                                   test_dump_start_refuses_what_it_did_not_write,
+                                   test_merge_refuses_a_foreign_manifest);
     return failed + TKD_TEST_RUN_WITH(tkd_test_tiny_student_setup, tkd_test_student_teardown, TKD_TEST_EACH_NONE,
                                       test_train_keeps_a_copy_of_the_checkpoint,
                                       test_train_refuses_foreign_files_of_its_names,

@@ -96,7 +96,8 @@ static void test_overwrite_removes_only_ours(void **state)
     assert_int_equal(remove(tkd_test_in_run(f, "r", "notes.txt")), 0);
     assert_int_equal(remove(tkd_test_in_run(f, "r", ".topkd-run")), 0); /* as an older version left it */
     /* what a rank that died during a data-parallel checkpoint leaves is ours too */
-    assert_int_equal(tkd_built_dir_make(&tkd_checkpoint_kind, tkd_test_in_run(f, "r", "checkpoint.building-job7-12")), TKD_OK);
+    assert_int_equal(tkd_built_dir_make(&tkd_checkpoint_kind, tkd_test_in_run(f, "r", "checkpoint.building-job7-12")),
+                     TKD_OK);
     tkd_test_write_text(tkd_test_in_run(f, "r", "checkpoint.building-job7-12/optimizer-rank0-of2.safetensors"), "x");
     tkd_train_result res;
     assert_int_equal(run(f, NULL, "r", OVERWRITE, "train.max_steps=2", &res), TKD_OK);
@@ -131,12 +132,15 @@ static void test_dead_run_leftovers_cleaned(void **state)
     fixture *f = *state;
     assert_int_equal(run(f, NULL, "crash", NEW, "train.stop_after=2", NULL), TKD_OK);
     char tmp[4400];
-    assert_int_equal(tkd_built_dir_make_temp(&tkd_checkpoint_kind, tkd_test_in_run(f, "crash", "checkpoint"), tmp, sizeof tmp),
+    assert_int_equal(tkd_built_dir_make_temp(&tkd_checkpoint_kind, tkd_test_in_run(f, "crash", "checkpoint"), tmp,
+                                             sizeof tmp),
                      TKD_OK);
     tkd_test_write_text(tkd_test_path(tmp, "model.safetensors"), "half");
     /* the metrics rewritten on a resume, cut short in its second record */
-    tkd_test_write_text(tkd_test_in_run(f, "crash", "metrics.jsonl.tmp-Ab12Cd"), "{\"type\": \"train\", \"step\": 1}\n{\"type\": \"tr");
-    assert_int_equal(rename(tkd_test_in_run(f, "crash", "checkpoint"), tkd_test_in_run(f, "crash", "checkpoint.old")), 0);
+    tkd_test_write_text(tkd_test_in_run(f, "crash", "metrics.jsonl.tmp-Ab12Cd"),
+                        "{\"type\": \"train\", \"step\": 1}\n{\"type\": \"tr");
+    assert_int_equal(rename(tkd_test_in_run(f, "crash", "checkpoint"), tkd_test_in_run(f, "crash", "checkpoint.old")),
+                     0);
 
     tkd_train_result res;
     assert_int_equal(run(f, NULL, "crash", RESUME, "train.stop_after=2", &res), TKD_OK);

@@ -342,7 +342,8 @@ static void test_lse_beyond_float32(void **state)
     expect_refusal(y, sizeof y,
                    (refusal){teacher, tok, out, "cache: {logits_dtype: float32, temperature: 0.001}\n", NULL,
                              "cache: {logits_dtype: float32, temperature: 1}\n"},
-                   TKD_TEST_FRAGS("sequence 0, position 0: the log-sum-exp of the teacher's logits at cache.temperature 0.001 is inf",
+                   TKD_TEST_FRAGS("sequence 0, position 0: the log-sum-exp of the teacher's logits at "
+                                  "cache.temperature 0.001 is inf",
                                   "raise cache.temperature"));
     tkd_cache_batch b;
     int64_t n = tkd_dt_read_all(out, &b, NULL);

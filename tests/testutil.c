@@ -691,7 +691,8 @@ void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab
                " \"vocab\": {");
     for (int b = 0x21; b <= 0x7E; b++)
         fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b == 'Z' && z_id >= 0 ? z_id : b - 0x21);
-    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95%s%s}, \"merges\": [%s]}}", *extra_vocab ? ", " : "", extra_vocab, merges);
+    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95%s%s}, \"merges\": [%s]}}", *extra_vocab ? ", " : "", extra_vocab,
+            merges);
     fclose(f);
     tkd_test_write_text(tkd_test_path(dir, "tokenizer_config.json"), "{\"eos_token\": \"<|eos|>\"}");
 }
