@@ -98,5 +98,26 @@ static inline int bench_parse_shapes(const char *prog, const char *arg, run_spec
     return 0;
 }
 
+/* The runs of a bench: the list def, or the one given by "--shapes NAME:T:B,...", which is taken out
+ * of argv (*argc shrinks) so that the caller's loop sees only its own flags. Returns 1, with why on
+ * stderr, on a malformed list. */
+static inline int bench_take_shapes(const char *prog, const char *def, int *argc, char **argv, run_spec *rs, int *n)
+{
+    if (bench_parse_shapes(prog, def, rs, n))
+        return 1;
+    int kept = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (!strcmp(argv[i], "--shapes") && i + 1 < *argc) {
+            if (bench_parse_shapes(prog, argv[++i], rs, n))
+                return 1;
+        } else {
+            argv[kept++] = argv[i];
+        }
+    }
+    *argc = kept;
+    argv[kept] = NULL;
+    return 0;
+}
+
 #endif /* TKD_HAVE_CUDA */
 #endif

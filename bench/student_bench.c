@@ -405,13 +405,10 @@ int main(int argc, char **argv)
     }
     if (tkd_dist_from_env(&g_dist) != TKD_OK)
         return die("environment");
-    if (bench_parse_shapes("student_bench", "llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4", rs, &n))
+    if (bench_take_shapes("student_bench", "llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4", &argc, argv, rs, &n))
         return 2;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
-            if (bench_parse_shapes("student_bench", argv[++i], rs, &n))
-                return 2;
-        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             steps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--recompute")) { /* alone: full, as it always meant */
             int mode = i + 1 < argc ? recompute_mode(argv[i + 1]) : -1;

@@ -256,13 +256,10 @@ int main(int argc, char **argv)
     run_spec rs[BENCH_MAX_RUNS];
     int n = 0, reps = 3, batches = 16;
     const char *out = NULL;
-    if (bench_parse_shapes("teacher_bench", "llama8b:8192:1,qwen05b:2048:16,qwen05b:8192:4", rs, &n))
+    if (bench_take_shapes("teacher_bench", "llama8b:8192:1,qwen05b:2048:16,qwen05b:8192:4", &argc, argv, rs, &n))
         return 2;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
-            if (bench_parse_shapes("teacher_bench", argv[++i], rs, &n))
-                return 2;
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
             batches = atoi(argv[++i]);

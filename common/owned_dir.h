@@ -130,4 +130,19 @@ tkd_status tkd_owned_dir_tidy(const tkd_dir_kind *kind, const char *dir, const c
  * file is a (possibly empty) beginning of text — a temporary that a crash cut short. */
 bool tkd_owned_file_begins(const char *path, const char *text, size_t len, bool cut_ok);
 
+/* Defines the two proofs (tkd_owned_proof) of a file the tool writes whole and that begins with the
+ * string literal head: name(), the file, and name_tmp(), its temporary (that beginning, or a cut-short
+ * part of it: the writer died). The proof context is not used. */
+#define TKD_OWNED_HEAD_PROOFS(name, head)                                                                   \
+    static bool name(const char *path, void *ctx)                                                          \
+    {                                                                                                      \
+        (void)ctx;                                                                                         \
+        return tkd_owned_file_begins(path, head, sizeof head - 1, false);                                  \
+    }                                                                                                      \
+    static bool name##_tmp(const char *path, void *ctx)                                                    \
+    {                                                                                                      \
+        (void)ctx;                                                                                         \
+        return tkd_owned_file_begins(path, head, sizeof head - 1, true);                                   \
+    }
+
 #endif /* TKD_OWNED_DIR_H */

@@ -106,16 +106,25 @@ static int json_uint(const cJSON *j, int64_t *out)
     return 1;
 }
 
+/* arr (n elements of elem bytes in use, room for *cap) with room for one more: arr itself, or a copy
+ * twice as large (first when empty), *cap updated; NULL when out of memory, arr then untouched. */
+static void *room_for_one(void *arr, int n, int *cap, size_t elem, int first)
+{
+    if (n < *cap)
+        return arr;
+    int c = *cap ? *cap * 2 : first;
+    void *p = realloc(arr, (size_t)c * elem);
+    if (p)
+        *cap = c;
+    return p;
+}
+
 static tkd_status push_tensor(tkd_st_dir *d, tkd_st_tensor *t)
 {
-    if (d->ntensors == d->cap) {
-        int cap = d->cap ? d->cap * 2 : 64;
-        tkd_st_tensor *p = realloc(d->tensors, (size_t)cap * sizeof *p);
-        if (!p)
-            return tkd_error_set(TKD_ERR_NOMEM, "safetensors: out of memory indexing tensors");
-        d->tensors = p;
-        d->cap = cap;
-    }
+    tkd_st_tensor *p = room_for_one(d->tensors, d->ntensors, &d->cap, sizeof *p, 64);
+    if (!p)
+        return tkd_error_set(TKD_ERR_NOMEM, "safetensors: out of memory indexing tensors");
+    d->tensors = p;
     d->tensors[d->ntensors++] = *t;
     return TKD_OK;
 }
@@ -645,14 +654,10 @@ tkd_status tkd_st_writer_add(tkd_st_writer *w, const char *name, int ndim, const
             return tkd_error_set(TKD_ERR_INVALID_ARG, "safetensors writer: tensor '%s' has a negative dim", name);
         count *= (size_t)shape[i];
     }
-    if (w->n == w->cap) {
-        int cap = w->cap ? w->cap * 2 : 32;
-        st_wentry *p = realloc(w->e, (size_t)cap * sizeof *p);
-        if (!p)
-            return tkd_error_set(TKD_ERR_NOMEM, "safetensors writer: out of memory");
-        w->e = p;
-        w->cap = cap;
-    }
+    st_wentry *p = room_for_one(w->e, w->n, &w->cap, sizeof *p, 32);
+    if (!p)
+        return tkd_error_set(TKD_ERR_NOMEM, "safetensors writer: out of memory");
+    w->e = p;
     st_wentry *e = &w->e[w->n];
     if (!(e->name = strdup(name)))
         return tkd_error_set(TKD_ERR_NOMEM, "safetensors writer: out of memory");

@@ -17,17 +17,8 @@
 
 /* ---- proofs: what shows that an entry of a run directory is one student-train wrote ------------- */
 
-static bool prove_config(const char *path, void *ctx)
-{
-    (void)ctx;
-    return tkd_owned_file_begins(path, CONFIG_HEAD, strlen(CONFIG_HEAD), false);
-}
-
-static bool prove_config_tmp(const char *path, void *ctx)
-{
-    (void)ctx;
-    return tkd_owned_file_begins(path, CONFIG_HEAD, strlen(CONFIG_HEAD), true);
-}
+/* config.yaml and its temporary */
+TKD_OWNED_HEAD_PROOFS(prove_config, CONFIG_HEAD)
 
 /* metrics.jsonl (or its temporary): every line one record as student-train writes them, beginning
  * with {"type": " and ending with }; the last one may be cut short (a crash while appending). */

@@ -22,18 +22,8 @@ static const char hdf5_sig[] = "\x89HDF\r\n\x1a\n";
 
 /* ---- proofs: what shows that an entry of a cache directory is one teacher-dump wrote ------------ */
 
-static bool prove_manifest(const char *path, void *ctx)
-{
-    (void)ctx;
-    return tkd_owned_file_begins(path, MANIFEST_HEAD, strlen(MANIFEST_HEAD), false);
-}
-
-/* A manifest's temporary: its beginning, or less (created, then the writer died). */
-static bool prove_manifest_tmp(const char *path, void *ctx)
-{
-    (void)ctx;
-    return tkd_owned_file_begins(path, MANIFEST_HEAD, strlen(MANIFEST_HEAD), true);
-}
+/* A manifest, and its temporary: its beginning, or less (created, then the writer died). */
+TKD_OWNED_HEAD_PROOFS(prove_manifest, MANIFEST_HEAD)
 
 /* The shard names the directory's manifests list, sorted (the proof context of a cache). */
 typedef struct listed {

@@ -110,6 +110,19 @@ static inline void tkd_dt_run_ok(const char *yaml, const tkd_dump_opts *opts, tk
         fail_msg("%s", tkd_error_msg());
 }
 
+/* The small case of the cache tests: n random tokens (ids below 131, from seed) in <dir>/tok.npy (120
+ * make 7 windows of 16: 2 shards) and the tkd_dt_small_yaml config of the llama fixture over them,
+ * then extra, into y; out gets the output dir <dir>/cache. Returns the token file's path (static
+ * buffer). */
+static inline const char *tkd_dt_small_case(const char *dir, int n, uint64_t seed, char *out, size_t out_cap, char *y,
+                                            size_t y_cap, const char *extra)
+{
+    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", n, 131, seed);
+    snprintf(out, out_cap, "%s/cache", dir);
+    tkd_dt_small_yaml(y, y_cap, TKD_DT_LLAMA, tok, out, extra);
+    return tok;
+}
+
 /* Writes <dir>/c.yaml for teacher-dump run as a child process: the llama fixture over 300 random
  * tokens (seed tok_seed, written to <dir>/tok.npy), that is 18 windows of 16 tokens, k 8, shards of
  * 4 sequences, batches of 2, lm_head chunks of 24 rows; cache_extra adds cache keys (", seed: 7" or

@@ -225,13 +225,4 @@ static void test_cpu_marks(void **s)
     tkd_backend_close(be);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_results_and_counts),
-        cmocka_unit_test(test_errors_pass_through),
-        cmocka_unit_test(test_cpu_marks),
-        cmocka_unit_test(test_time_lands_on_its_op),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_same_results_and_counts, test_errors_pass_through, test_cpu_marks, test_time_lands_on_its_op)

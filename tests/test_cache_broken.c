@@ -49,8 +49,7 @@ static int teardown(void **state)
 {
     fixture *f = *state;
     long printed = tkd_test_stderr_end(&f->cap);
-    tkd_test_rmtree(f->dir);
-    free(f->dir);
+    tkd_test_rmdtemp(f->dir);
     free(f);
     return printed == 0 ? 0 : -1; /* HDF5 (or we) printed something: fail the test */
 }

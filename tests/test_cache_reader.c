@@ -6,7 +6,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,12 +127,7 @@ static void test_manifest_roundtrip(void **state)
     assert_int_equal(r.shards[1].bytes, 12345);
     assert_string_equal(r.shards[1].sha256, e.sha256);
     /* the atomic write leaves no temp file behind */
-    DIR *d = opendir(dir);
-    int files = 0;
-    for (struct dirent *de; (de = readdir(d));)
-        files += de->d_name[0] != '.';
-    closedir(d);
-    assert_int_equal(files, 1);
+    assert_int_equal(tkd_test_count_visible(dir), 1);
     /* a shard list out of order is a format error that keeps what the list's check found, after
      * the place in the file */
     assert_int_equal(read_edited(path, "first_seq: 80", "first_seq: 75"), TKD_ERR_FORMAT);
@@ -142,8 +136,7 @@ static void test_manifest_roundtrip(void **state)
                             "shard-00007.h5");
     tkd_cache_manifest_free(&m);
     tkd_cache_manifest_free(&r);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 static void test_manifest_merge(void **state)
@@ -210,8 +203,7 @@ static void test_reader_random_access(void **state)
     tkd_cache_batch_free(&p);
     tkd_cache_batch_free(&b);
     tkd_cache_reader_close(r);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 static void run_stream(tkd_cache_reader *r, const tkd_cache_identity *id, const int64_t *order,
@@ -275,8 +267,7 @@ static void test_stream_any_order(void **state)
     o.depth = 1;
     assert_int_equal(tkd_cache_stream_open(&s, r, order, 1, &o), TKD_ERR_INVALID_ARG);
     tkd_cache_reader_close(r);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 int main(void)

@@ -98,8 +98,7 @@ static void roundtrip(tkd_cache_dtype dt, int32_t T, int32_t k, int32_t S, int64
     check_shard(path, &id, 40, num_seq, k, 3, 0);       /* runs crossing chunk edges, no tail */
     if (k > 1)
         check_shard(path, &id, 40, num_seq, k - 1, 2, S > 0); /* first k' columns only */
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 static void test_roundtrip_half(void **state)
@@ -134,14 +133,20 @@ static void test_tail_indices(void **state)
     roundtrip(TKD_CACHE_DTYPE_FLOAT32, 2, 1, 1, 2, 2, 1);
 }
 
+/* A shard of 3 sequences (T 4, k columns of dt, no tail draws; chunks of 2) written to
+ * <dir>/shard-00000.h5, whose path goes to path; its identity. */
+static tkd_cache_identity three_sequences(char *path, size_t cap, const char *dir, int32_t k, tkd_cache_dtype dt)
+{
+    snprintf(path, cap, "%s/shard-00000.h5", dir);
+    tkd_cache_identity id = tkd_test_cache_identity(4, k, 0, dt);
+    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    return id;
+}
+
 static void test_kprime_is_first_columns(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("kprime");
     char path[4200];
-    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
-    tkd_cache_identity id = tkd_test_cache_identity(4, 8, 0, TKD_CACHE_DTYPE_FLOAT32);
-    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    three_sequences(path, sizeof path, *state, 8, TKD_CACHE_DTYPE_FLOAT32);
     tkd_shard *s = NULL;
     assert_int_equal(tkd_shard_open(&s, path, 0), TKD_OK);
     tkd_cache_batch full, part;
@@ -163,14 +168,11 @@ static void test_kprime_is_first_columns(void **state)
     tkd_cache_batch_free(&full);
     tkd_cache_batch_free(&part);
     tkd_shard_close(s);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_publish_is_atomic(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("atomic");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/shard-00003.h5", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -207,8 +209,6 @@ static void test_publish_is_atomic(void **state)
     tkd_shard_writer_abort(w);
     assert_int_equal(access(path, F_OK), 0); /* the published shard is untouched */
     tkd_cache_batch_free(&b);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_dtype_names(void **state)
@@ -279,8 +279,7 @@ static void test_h5dump_reads_through_plugin(void **state)
     }
     assert_int_equal(count, 12); /* 2 sequences x 3 positions x 2 columns */
     tkd_cache_batch_free(&want);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* Runs the filter function the way HDF5 does, on a buffer from HDF5's allocator. */
@@ -357,25 +356,18 @@ static void test_bytes_per_token(void **state)
     /* observed 65 of 196 raw; a shard whose datasets went uncompressed would store the raw bytes plus
      * HDF5's overhead (>= 196), so 0.6 of raw leaves a margin and still catches a missing filter */
     assert_true(bpt > 0 && bpt < tkd_cache_raw_bytes_per_token(&id) * 0.6);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* A shard from before the tail draws (no tail_samples attribute, no /tail group) reads with S = 0. */
 static void test_shard_without_tail_attribute(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("notail");
     char path[4200];
-    snprintf(path, sizeof path, "%s/shard-00000.h5", dir);
-    tkd_cache_identity id = tkd_test_cache_identity(4, 2, 0, TKD_CACHE_DTYPE_HALF);
-    assert_int_equal(tkd_test_cache_write_shard(path, &id, 0, 3, 3, 2, NULL), TKD_OK);
+    tkd_cache_identity id = three_sequences(path, sizeof path, *state, 2, TKD_CACHE_DTYPE_HALF);
     hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
     assert_true(H5Adelete(f, "tail_samples") >= 0);
     H5Fclose(f);
     check_shard(path, &id, 0, 3, 2, 3, 0);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* tkd_cache_dtype_exact_below: every float below it is stored within tol (checked on a dense sweep of
@@ -417,22 +409,7 @@ static void test_exact_below(void **state)
         }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_half),
-        cmocka_unit_test(test_roundtrip_bfloat16),
-        cmocka_unit_test(test_roundtrip_float32),
-        cmocka_unit_test(test_edges_k1_one_sequence),
-        cmocka_unit_test(test_tail_indices),
-        cmocka_unit_test(test_kprime_is_first_columns),
-        cmocka_unit_test(test_publish_is_atomic),
-        cmocka_unit_test(test_dtype_names),
-        cmocka_unit_test(test_h5dump_reads_through_plugin),
-        cmocka_unit_test(test_zstd_filter_direct),
-        cmocka_unit_test(test_bytes_per_token),
-        cmocka_unit_test(test_shard_without_tail_attribute),
-        cmocka_unit_test(test_exact_below),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_roundtrip_half, test_roundtrip_bfloat16, test_roundtrip_float32,
+    test_edges_k1_one_sequence, test_tail_indices, test_kprime_is_first_columns, test_publish_is_atomic,
+    test_dtype_names, test_h5dump_reads_through_plugin, test_zstd_filter_direct, test_bytes_per_token,
+    test_shard_without_tail_attribute, test_exact_below)

@@ -193,16 +193,7 @@ static void test_train_nproc_per_node(void **state)
 
 int main(void)
 {
-    if (access(DUMP, X_OK) != 0 || access(TRAIN, X_OK) != 0) {
-        printf("skipped: %s or %s not built\n", DUMP, TRAIN);
-        return 77;
-    }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mapping),
-        cmocka_unit_test(test_train_nproc_per_node),
-        cmocka_unit_test(test_signals),
-        cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_runtime_errors),
-    };
-    return cmocka_run_group_tests(tests, group_setup, tkd_test_group_dir_teardown);
+    tkd_test_require_built((const char *[]){DUMP, TRAIN, NULL});
+    return TKD_TEST_RUN_WITH(group_setup, tkd_test_group_dir_teardown, TKD_TEST_EACH_NONE, test_mapping,
+                             test_train_nproc_per_node, test_signals, test_config_errors, test_runtime_errors);
 }

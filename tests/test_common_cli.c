@@ -172,8 +172,7 @@ static void test_tools_missing_config_file(void **state)
             fail_msg("%s printed: %s", tools[i], text);
         free(text);
     }
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 int main(void)

@@ -27,8 +27,7 @@ static void assert_busy_names(tkd_status st, pid_t pid)
 
 static void test_second_writer_refused_until_holder_dies(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dirlock");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     pid_t pid = tkd_test_lock_holder(dir, ".lock", NULL);
     tkd_dir_lock *l = NULL;
     assert_busy_names(tkd_dir_lock_take(dir, ".lock", "tool", &l), pid);
@@ -49,14 +48,11 @@ static void test_second_writer_refused_until_holder_dies(void **state)
     assert_int_equal(tkd_dir_lock_take(dir, ".lock", "tool", &again), TKD_OK);
     tkd_dir_lock_release(again);
     tkd_dir_lock_release(NULL);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_parts_run_side_by_side(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dirlock-parts");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     pid_t w0 = tkd_test_lock_holder(dir, ".lock", "worker-0"), w1 = tkd_test_lock_holder(dir, ".lock", "worker-1");
     tkd_dir_lock *l = NULL;
     /* the same part again: refused naming that part's holder */
@@ -79,8 +75,6 @@ static void test_parts_run_side_by_side(void **state)
     tkd_test_kill_holder(w1);
     assert_int_equal(tkd_dir_lock_take(dir, ".lock", "tool", &l), TKD_OK);
     tkd_dir_lock_release(l);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_missing_directory(void **state)
@@ -92,12 +86,5 @@ static void test_missing_directory(void **state)
     assert_null(l);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_second_writer_refused_until_holder_dies),
-        cmocka_unit_test(test_parts_run_side_by_side),
-        cmocka_unit_test(test_missing_directory),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_second_writer_refused_until_holder_dies, test_parts_run_side_by_side,
+    test_missing_directory)

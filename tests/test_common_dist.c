@@ -104,8 +104,7 @@ static void case_begin(rdzv_case *rc, tkd_rdzv_kind kind, double timeout_s)
 
 static void case_end(rdzv_case *rc)
 {
-    tkd_test_rmtree(rc->dir);
-    free(rc->dir);
+    tkd_test_rmdtemp(rc->dir);
 }
 
 static const char want_blob[] = "nccl-unique-id:0123456789abcdef";
@@ -341,8 +340,7 @@ static void test_rdzv_config_from_env(void **state)
 
 static void test_heartbeats_name_late_ranks(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("beat");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char buf[256];
     assert_int_equal(tkd_dist_beat(dir, 0, 41), TKD_OK);
     assert_int_equal(tkd_dist_beat(dir, 0, 42), TKD_OK);
@@ -368,16 +366,13 @@ static void test_heartbeats_name_late_ranks(void **state)
     char small[8];
     tkd_dist_late_ranks(dir, 4, 60, small, sizeof small);
     assert_int_equal(strlen(small), 7);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* A heartbeat's temporary is never written through a link: a symbolic link planted under its name
  * (pointing at a user's file) makes the beat fail and leaves the file as it was. */
 static void test_heartbeat_not_through_a_link(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("beat-link");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char victim[4300];
     snprintf(victim, sizeof victim, "%s", tkd_test_path(dir, "thesis.tex"));
     tkd_test_write_text(victim, "three years of work\n");
@@ -390,26 +385,8 @@ static void test_heartbeat_not_through_a_link(void **state)
     assert_non_null(fgets(buf, sizeof buf, f));
     fclose(f);
     assert_string_equal(buf, "three years of work\n");
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_env_good),
-        cmocka_unit_test(test_env_bad),
-        cmocka_unit_test(test_file_exchange),
-        cmocka_unit_test(test_tcp_exchange),
-        cmocka_unit_test(test_file_missing_rank),
-        cmocka_unit_test(test_tcp_missing_rank),
-        cmocka_unit_test(test_file_stale_and_other_world),
-        cmocka_unit_test(test_tcp_other_world_and_job),
-        cmocka_unit_test(test_interrupt_ends_wait),
-        cmocka_unit_test(test_no_job_id),
-        cmocka_unit_test(test_rdzv_config_from_env),
-        cmocka_unit_test(test_heartbeats_name_late_ranks),
-        cmocka_unit_test(test_heartbeat_not_through_a_link),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_env_good, test_env_bad, test_file_exchange, test_tcp_exchange, test_file_missing_rank,
+    test_tcp_missing_rank, test_file_stale_and_other_world, test_tcp_other_world_and_job, test_interrupt_ends_wait,
+    test_no_job_id, test_rdzv_config_from_env, test_heartbeats_name_late_ranks, test_heartbeat_not_through_a_link)

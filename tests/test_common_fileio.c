@@ -6,7 +6,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,16 +16,15 @@
 #include "tests/testutil.h"
 
 /* Number of entries in d whose name contains ".tmp-". */
+static long long is_temp(const char *path, const char *name, void *ctx)
+{
+    (void)path, (void)ctx;
+    return strstr(name, ".tmp-") != NULL;
+}
+
 static int count_temps(const char *d)
 {
-    DIR *dp = opendir(d);
-    assert_non_null(dp);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dp)) != NULL)
-        n += strstr(e->d_name, ".tmp-") != NULL;
-    closedir(dp);
-    return n;
+    return (int)tkd_test_dir_sum(d, is_temp, NULL);
 }
 
 static const char *p(const char *name)

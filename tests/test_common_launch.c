@@ -103,8 +103,7 @@ static void test_workers_get_rank_world_and_rendezvous(void **state)
     unsetenv("MASTER_PORT");
     assert_string_equal(var_of(dir, 1, "MASTER_PORT"), "29517");
     assert_string_not_equal(var_of(dir, 1, "TKD_JOB_ID"), job);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* Rank 1 exits 5: the others are stopped, the exit code is 5 and the message names rank 1. */
@@ -121,8 +120,7 @@ static void test_failing_rank_ends_the_others(void **state)
     assert_int_equal(rc, 5);
     tkd_test_assert_msg_has("worker 1 of 3 (pid ");
     tkd_test_assert_msg_has("failed with exit code 5; the others were stopped");
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* A launcher that is one rank of another launcher's job would start a job of its own per rank. */

@@ -58,8 +58,7 @@ static const char *at(const char *dir, const char *name) { return tkd_test_path(
 
 static void test_claim(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("owned-claim");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     /* a new directory, and an empty one, get the marker */
     assert_int_equal(tkd_owned_dir_claim(&kind, at(dir, "new/deeper")), TKD_OK);
     assert_true(tkd_file_exists(at(dir, "new/deeper/.mark")));
@@ -109,8 +108,6 @@ static void test_claim(void **state)
     tkd_test_assert_msg_has("'data-7.bin', a directory");
     /* a file where the directory should be */
     assert_int_not_equal(tkd_owned_dir_claim(&kind, at(dir, "user/thesis.tex")), TKD_OK);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* A claimed directory d holding one of each entry the kind makes, all proven. */
@@ -131,8 +128,7 @@ static void assert_filled(const char *d)
 
 static void test_clear(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("owned-clear");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char d[4300]; /* at() reuses its buffers */
     snprintf(d, sizeof d, "%s", at(dir, "c"));
     assert_int_equal(tkd_owned_dir_claim(&kind, d), TKD_OK);
@@ -164,16 +160,13 @@ static void test_clear(void **state)
     assert_int_equal(tkd_owned_dir_clear(&kind, d, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'.mark'");
     assert_true(tkd_file_exists(at(d, "data-0.bin")));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Entries with the kind's names that the kind did not write: each makes a clear and a tidy refuse,
  * naming it, with nothing removed — whatever else is proven. */
 static void test_name_is_no_proof(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("owned-proof");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char d[4300], target[4300];
     snprintf(d, sizeof d, "%s", at(dir, "c"));
     snprintf(target, sizeof target, "%s", at(dir, "precious.txt"));
@@ -212,15 +205,12 @@ static void test_name_is_no_proof(void **state)
         tkd_test_rmtree(d);
     }
     assert_true(tkd_file_exists(target));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Start-up: the proven temporaries go; the other entries (foreign names included) stay. */
 static void test_tidy(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("owned-tidy");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     assert_int_equal(tkd_owned_dir_claim(&kind, dir), TKD_OK);
     fill(dir);
     tkd_test_write_text(at(dir, "index.yaml.tmp-q"), ""); /* created, then its writer died */
@@ -232,8 +222,6 @@ static void test_tidy(void **state)
     assert_true(tkd_file_exists(at(dir, "index.yaml")));
     assert_true(tkd_file_exists(at(dir, "data-0.bin")));
     assert_true(tkd_file_exists(at(dir, "notes.txt")));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void write_box(const char *dir, const char *step)
@@ -258,8 +246,7 @@ static void assert_step(const char *dir, const char *want)
  * older version's (unmarked, with its signature) is replaced; a user's folder of that name is not. */
 static void test_built_dir_rename(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("owned-built");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char final[4300], old[4300], tmp[4400];
     snprintf(final, sizeof final, "%s/box", dir);
     snprintf(old, sizeof old, "%s/box.old", dir);
@@ -311,16 +298,13 @@ static void test_built_dir_rename(void **state)
     assert_int_equal(rmdir(at(final, "sub")), 0);
     assert_int_equal(tkd_built_dir_remove(&box, final, false), TKD_OK);
     assert_false(tkd_file_exists(final));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* A crash between the two renames leaves final missing and final.old complete: recover puts it
  * back; a final.old beside final is removed — each only when proven. */
 static void test_built_dir_recover(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("owned-recover");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char final[4300], old[4300];
     snprintf(final, sizeof final, "%s/box", dir);
     snprintf(old, sizeof old, "%s/box.old", dir);
@@ -340,16 +324,13 @@ static void test_built_dir_recover(void **state)
     assert_int_equal(tkd_built_dir_recover(&box, final), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'notes.txt'");
     assert_true(tkd_file_exists(at(old, "notes.txt")));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* A built directory in an owned one: proven by its marker (or, where the kind allows, an older
  * version's signature); a user's directory of a staging name stops the tidy and the clear. */
 static void test_built_dir_in_owned(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("owned-nested");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char tmp[4400], stage[4300];
     assert_int_equal(tkd_owned_dir_claim(&kind, dir), TKD_OK);
     assert_int_equal(tkd_built_dir_make_temp(&box, at(dir, "box"), tmp, sizeof tmp), TKD_OK);
@@ -371,20 +352,7 @@ static void test_built_dir_in_owned(void **state)
     write_box(at(dir, "box"), "2");
     assert_int_equal(tkd_owned_dir_clear(&kind, dir, NULL, NULL), TKD_OK);
     assert_false(tkd_file_exists(at(dir, "box")));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_claim),
-        cmocka_unit_test(test_clear),
-        cmocka_unit_test(test_name_is_no_proof),
-        cmocka_unit_test(test_tidy),
-        cmocka_unit_test(test_built_dir_rename),
-        cmocka_unit_test(test_built_dir_recover),
-        cmocka_unit_test(test_built_dir_in_owned),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_claim, test_clear, test_name_is_no_proof, test_tidy, test_built_dir_rename,
+    test_built_dir_recover, test_built_dir_in_owned)

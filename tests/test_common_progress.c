@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/progress.h"
+#include "tests/testutil.h"
 
 static const char *dur(double s)
 {
@@ -27,33 +28,30 @@ static const char *rate(double r)
     return b;
 }
 
+/* fmt(x[i]) for each of the n values must be the i-th space-separated word of want (each checked
+ * on its own, so a failure names the value and both texts). */
+static void expect_each(const char *(*fmt)(double), const double *x, size_t n, const char *want)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strcspn(want, " ");
+        const char *got = fmt(x[i]);
+        if (strlen(got) != len || strncmp(got, want, len) != 0)
+            fail_msg("format(%g) = \"%s\", want \"%.*s\"", x[i], got, (int)len, want);
+        want += len + (want[len] == ' ');
+    }
+    assert_string_equal(want, ""); /* as many words as values */
+}
+
 static void test_duration_and_rate(void **state)
 {
     (void)state;
-    assert_string_equal(dur(0), "0:00");
-    assert_string_equal(dur(59.4), "0:59");
-    assert_string_equal(dur(59.6), "1:00");
-    assert_string_equal(dur(3599), "59:59");
-    assert_string_equal(dur(3600), "1:00:00");
-    assert_string_equal(dur(90061), "25:01:01");
-    assert_string_equal(dur(-1), "--");
-    assert_string_equal(dur(NAN), "--");
-    assert_string_equal(dur(INFINITY), "--");
-    assert_string_equal(dur(1e9), ">99d");
-    assert_string_equal(rate(0), "0.0");
-    assert_string_equal(rate(456.74), "457");
-    assert_string_equal(rate(45.67), "45.7");
-    assert_string_equal(rate(999.96), "1.0k");
-    assert_string_equal(rate(12345), "12.3k");
-    assert_string_equal(rate(4.56e6), "4.6M");
-    assert_string_equal(rate(123.4e9), "123G");
-    assert_string_equal(rate(NAN), "--");
+    const double secs[] = {0, 59.4, 59.6, 3599, 3600, 90061, -1, NAN, INFINITY, 1e9};
+    expect_each(dur, secs, sizeof secs / sizeof secs[0], "0:00 0:59 1:00 59:59 1:00:00 25:01:01 -- -- -- >99d");
+    const double rates[] = {0, 456.74, 45.67, 999.96, 12345, 4.56e6, 123.4e9, NAN};
+    expect_each(rate, rates, sizeof rates / sizeof rates[0], "0.0 457 45.7 1.0k 12.3k 4.6M 123G --");
     /* below 1/s two significant digits, never "0.0" for a rate that is not zero */
-    assert_string_equal(rate(0.042), "0.042");
-    assert_string_equal(rate(0.5), "0.5");
-    assert_string_equal(rate(0.994), "0.99");
-    assert_string_equal(rate(18234), "18.2k");
-    assert_string_equal(rate(2.5e6), "2.5M");
+    const double slow[] = {0.042, 0.5, 0.994, 18234, 2.5e6};
+    expect_each(rate, slow, sizeof slow / sizeof slow[0], "0.042 0.5 0.99 18.2k 2.5M");
 }
 
 static void test_format_line(void **state)
@@ -162,14 +160,5 @@ static void test_bytes_and_finish_text(void **state)
     free(buf);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_duration_and_rate),
-        cmocka_unit_test(test_format_line),
-        cmocka_unit_test(test_format_rate_in_another_unit),
-        cmocka_unit_test(test_plain_lines_when_not_a_terminal),
-        cmocka_unit_test(test_bytes_and_finish_text),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_duration_and_rate, test_format_line, test_format_rate_in_another_unit,
+    test_plain_lines_when_not_a_terminal, test_bytes_and_finish_text)

@@ -86,8 +86,7 @@ static void test_file(void **state)
     snprintf(path, sizeof path, "%s/missing", dir);
     assert_int_equal(tkd_sha256_file_hex(path, hex), TKD_ERR_NOT_FOUND);
     assert_non_null(strstr(tkd_error_msg(), path));
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* Random files of awkward lengths (around the 64-byte block and the 55/56-byte padding edge, and a
@@ -119,17 +118,7 @@ static void test_random_files_vs_sha256sum(void **state)
         if (strcmp(hex, want) != 0)
             fail_msg("%zu bytes: ours %s, sha256sum %s", sizes[i], hex, want);
     }
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fips_vectors),
-        cmocka_unit_test(test_streaming_pieces),
-        cmocka_unit_test(test_file),
-        cmocka_unit_test(test_random_files_vs_sha256sum),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_fips_vectors, test_streaming_pieces, test_file, test_random_files_vs_sha256sum)

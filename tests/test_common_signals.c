@@ -82,10 +82,7 @@ static void test_first_signal_ends_a_blocking_open(void **state)
     const char *fifo = tkd_test_path(dir, "fifo");
     assert_int_equal(mkfifo(fifo, 0600), 0);
     int sync[2];
-    assert_int_equal(pipe(sync), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = tkd_test_fork(sync);
     if (pid == 0) {
         if (tkd_signals_install() != TKD_OK || write(sync[1], "r", 1) != 1)
             _exit(2);
@@ -99,16 +96,7 @@ static void test_first_signal_ends_a_blocking_open(void **state)
     assert_int_equal(tkd_test_wait_timeout(pid, 1.0), 0); /* within a second, and by the open's EINTR */
     close(sync[0]);
     close(sync[1]);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_first_signal_sets_flag),
-        cmocka_unit_test(test_second_signal_kills),
-        cmocka_unit_test(test_first_signal_ends_a_blocking_open),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_first_signal_sets_flag, test_second_signal_kills, test_first_signal_ends_a_blocking_open)

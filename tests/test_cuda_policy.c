@@ -31,6 +31,19 @@ static tkd_status parse(const char *const *env, tkd_cuda_policy *p)
     return tkd_cuda_policy_from_env(p, fake_getenv);
 }
 
+/* Every knob of p, one assertion each (so a failure names the knob), against want. */
+static void expect_knobs(const tkd_cuda_policy *p, tkd_cuda_policy want)
+{
+    assert_int_equal(p->attn_bwd, want.attn_bwd);
+    assert_int_equal(p->cudnn, want.cudnn);
+    assert_int_equal(p->cudnn_bwd_nondet, want.cudnn_bwd_nondet);
+    assert_int_equal(p->kl_sm90, want.kl_sm90);
+    assert_int_equal(p->kl_fused, want.kl_fused);
+    assert_int_equal(p->kl_grad, want.kl_grad);
+    assert_int_equal(p->topk_fused, want.topk_fused);
+    assert_int_equal(p->lmhead_sched, want.lmhead_sched);
+}
+
 static void test_defaults(void **state)
 {
     (void)state;
@@ -38,14 +51,9 @@ static void test_defaults(void **state)
     const char *const none[] = {NULL};
     assert_int_equal(parse(none, &p), TKD_OK);
     assert_memory_equal(&p, &d, sizeof p);
-    assert_int_equal(p.attn_bwd, TKD_POLICY_ATTN_BWD_WGMMA);
-    assert_int_equal(p.cudnn, 1);
-    assert_int_equal(p.cudnn_bwd_nondet, 0);
-    assert_int_equal(p.kl_sm90, 1);
-    assert_int_equal(p.kl_fused, 1);
-    assert_int_equal(p.kl_grad, TKD_POLICY_KL_GRAD_AUTO);
-    assert_int_equal(p.topk_fused, 0);
-    assert_int_equal(p.lmhead_sched, TKD_POLICY_LMHEAD_SCHED_PINGPONG);
+    expect_knobs(&p, (tkd_cuda_policy){.attn_bwd = TKD_POLICY_ATTN_BWD_WGMMA, .cudnn = 1, .cudnn_bwd_nondet = 0,
+                                       .kl_sm90 = 1, .kl_fused = 1, .kl_grad = TKD_POLICY_KL_GRAD_AUTO,
+                                       .topk_fused = 0, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_PINGPONG});
     /* an empty variable is the default too (a shell's VAR= to clear it) */
     const char *const empty[] = {"TKD_ATTN_BWD", "", "TKD_KL_SM90", "", NULL};
     assert_int_equal(parse(empty, &p), TKD_OK);
@@ -61,14 +69,9 @@ static void test_every_value(void **state)
                                "TKD_KL_SM90", "0", "TKD_KL_FUSED", "off", "TKD_KL_GRAD_SM90", "both",
                                "TKD_TOPK_FUSED", "on", "TKD_LMHEAD_SM90_SCHED", "coop", NULL};
     assert_int_equal(parse(env, &p), TKD_OK);
-    assert_int_equal(p.attn_bwd, TKD_POLICY_ATTN_BWD_FLASH);
-    assert_int_equal(p.cudnn, 0);
-    assert_int_equal(p.cudnn_bwd_nondet, 1);
-    assert_int_equal(p.kl_sm90, 0);
-    assert_int_equal(p.kl_fused, 0);
-    assert_int_equal(p.kl_grad, TKD_POLICY_KL_GRAD_BOTH);
-    assert_int_equal(p.topk_fused, 1);
-    assert_int_equal(p.lmhead_sched, TKD_POLICY_LMHEAD_SCHED_COOP);
+    expect_knobs(&p, (tkd_cuda_policy){.attn_bwd = TKD_POLICY_ATTN_BWD_FLASH, .cudnn = 0, .cudnn_bwd_nondet = 1,
+                                       .kl_sm90 = 0, .kl_fused = 0, .kl_grad = TKD_POLICY_KL_GRAD_BOTH,
+                                       .topk_fused = 1, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_COOP});
     char buf[512];
     int n = tkd_cuda_policy_format(&p, buf, sizeof buf);
     assert_int_equal(n, (int)strlen(buf));

@@ -18,7 +18,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,21 +109,19 @@ static void ballast(const char *mnt, long keep_kb)
 }
 
 /* Entries of dir whose name contains ".tmp" or ends in ".old" (leftovers of an interrupted write). */
+static long long leftover(const char *path, const char *name, void *ctx)
+{
+    (void)ctx;
+    size_t len = strlen(name);
+    if (!strstr(name, ".tmp") && !(len > 4 && strcmp(name + len - 4, ".old") == 0))
+        return 0;
+    printf("# leftover %s\n", path);
+    return 1;
+}
+
 static int count_leftovers(const char *dir)
 {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        size_t len = strlen(e->d_name);
-        if (strstr(e->d_name, ".tmp") || (len > 4 && strcmp(e->d_name + len - 4, ".old") == 0)) {
-            printf("# leftover %s/%s\n", dir, e->d_name);
-            n++;
-        }
-    }
-    closedir(d);
-    return n;
+    return (int)tkd_test_dir_sum(dir, leftover, NULL);
 }
 
 /* The calling thread's message says "disk full" and names `path`. */
@@ -223,8 +220,7 @@ static void test_teacher_dump_disk_full(void **state)
         tkd_dt_assert_same_cache(ref, out);
         umount_all();
     }
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- student-train checkpoints ------------------------------------------------------------------ */
@@ -246,21 +242,16 @@ static void tiny_student(tkd_model **m, tkd_adamw **opt)
 }
 
 /* Sum of the sizes of the regular files in dir. */
+static long long file_bytes(const char *path, const char *name, void *ctx)
+{
+    (void)ctx;
+    uint64_t sz = 0;
+    return name[0] != '.' && tkd_file_size(path, &sz) == TKD_OK ? (long long)sz : 0;
+}
+
 static uint64_t dir_bytes(const char *dir)
 {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    uint64_t total = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        char p[4300];
-        uint64_t sz = 0;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] != '.' && tkd_file_size(p, &sz) == TKD_OK)
-            total += sz;
-    }
-    closedir(d);
-    return total;
+    return (uint64_t)tkd_test_dir_sum(dir, file_bytes, NULL);
 }
 
 /* Loads ckpt into a fresh student and checks it holds params / moments / step. */

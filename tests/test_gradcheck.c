@@ -306,14 +306,5 @@ static void test_model_untied_bias(void **s) { (void)s; model_gradcheck(0, 1, 0)
 static void test_model_tied(void **s) { (void)s; model_gradcheck(1, 0, 0); }
 static void test_model_qwen3_window(void **s) { (void)s; model_gradcheck(0, 0, 1); }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_embedding), cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_attention), cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_model_untied_bias), cmocka_unit_test(test_model_tied),
-        cmocka_unit_test(test_model_qwen3_window),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_rmsnorm, test_linear, test_embedding, test_rope, test_attention, test_swiglu,
+    test_model_untied_bias, test_model_tied, test_model_qwen3_window)

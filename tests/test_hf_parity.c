@@ -282,8 +282,7 @@ static void test_train_parity(void **s)
 /* Save → load gives the same parameters: exactly in F32; in BF16 exactly the bf16 rounding. */
 static void test_save_roundtrip(void **s)
 {
-    (void)s;
-    char *dir = tkd_test_mkdtemp("model-save");
+    const char *dir = *s; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char sub[4200];
 #ifdef TKD_HF_FIXTURES_QWEN3
     const char *names[] = {"llama_gqa_f32", "qwen2_tied_f32", "qwen3_hd32_f32", "qwen3_window_f32", "mistral_window_f32"};
@@ -309,8 +308,6 @@ static void test_save_roundtrip(void **s)
             tkd_model_free(m);
             tkd_model_free(r);
         }
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Writes m's tensors to <dir> except `skip`, with `reshape` given shape (d0, d1); copies config. */
@@ -432,25 +429,19 @@ static void test_write_for_transformers(void **s)
     tkd_model_free(q3);
 }
 
+/* The Qwen3 and window cases are compiled in once their fixtures are all in the tree
+ * (tests/CMakeLists.txt defines TKD_HF_FIXTURES_QWEN3). */
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fixture_shapes),
-        cmocka_unit_test(test_logits_llama_gqa_f32),
-        cmocka_unit_test(test_logits_llama_gqa_bf16),
-        cmocka_unit_test(test_logits_qwen2_tied_f32),
-        cmocka_unit_test(test_logits_qwen2_tied_bf16),
 #ifdef TKD_HF_FIXTURES_QWEN3
-        cmocka_unit_test(test_fixture_shapes_qwen3_windows),
-        cmocka_unit_test(test_logits_qwen3_hd32_f32),
-        cmocka_unit_test(test_logits_qwen3_hd32_bf16),
-        cmocka_unit_test(test_logits_qwen3_window_f32),
-        cmocka_unit_test(test_logits_mistral_window_f32),
+    return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_fixture_shapes, test_logits_llama_gqa_f32,
+        test_logits_llama_gqa_bf16, test_logits_qwen2_tied_f32, test_logits_qwen2_tied_bf16,
+        test_fixture_shapes_qwen3_windows, test_logits_qwen3_hd32_f32, test_logits_qwen3_hd32_bf16,
+        test_logits_qwen3_window_f32, test_logits_mistral_window_f32, test_train_parity, test_save_roundtrip,
+        test_bad_checkpoints, test_write_for_transformers);
+#else
+    return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_fixture_shapes, test_logits_llama_gqa_f32,
+        test_logits_llama_gqa_bf16, test_logits_qwen2_tied_f32, test_logits_qwen2_tied_bf16, test_train_parity,
+        test_save_roundtrip, test_bad_checkpoints, test_write_for_transformers);
 #endif
-        cmocka_unit_test(test_train_parity),
-        cmocka_unit_test(test_save_roundtrip),
-        cmocka_unit_test(test_bad_checkpoints),
-        cmocka_unit_test(test_write_for_transformers),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
 }

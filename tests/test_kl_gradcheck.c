@@ -161,12 +161,4 @@ static void test_gradcheck_sampled(void **state)
     check_variant(TKD_KL_VARIANT_SAMPLED, 2.0, 0.0, 2, 0); /* CE only */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gradcheck_renorm),
-        cmocka_unit_test(test_gradcheck_tail),
-        cmocka_unit_test(test_gradcheck_sampled),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_gradcheck_renorm, test_gradcheck_tail, test_gradcheck_sampled)

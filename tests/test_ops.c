@@ -340,14 +340,5 @@ static void test_swiglu(void **s)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_embedding),     cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_linear),        cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_yarn),
-        cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_window),
-        cmocka_unit_test(test_attention_large_scores), cmocka_unit_test(test_swiglu),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_embedding, test_rmsnorm, test_linear, test_rope_inv_freq, test_rope_yarn, test_rope,
+    test_attention, test_attention_window, test_attention_large_scores, test_swiglu)

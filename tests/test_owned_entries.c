@@ -60,28 +60,21 @@ static int shards_in(const char *dir)
 /* ---- teacher-dump ------------------------------------------------------------------------------ */
 
 typedef struct dump_case {
-    char *dir;          /* temp dir */
+    const char *dir;    /* the test's own temp dir (TKD_TEST_EACH_DIR) */
     char tok[4300];     /* token file: 120 tokens, 7 windows of 16, 2 shards of 4 */
     char out[4300];     /* <dir>/cache */
     char y[8192];       /* the config */
     char y_k4[8192];    /* the same with another k: a run that needs --overwrite */
 } dump_case;
 
-static void dump_begin(dump_case *c, const char *tag)
+static void dump_begin(dump_case *c, const char *dir)
 {
-    c->dir = tkd_test_mkdtemp(tag);
-    snprintf(c->tok, sizeof c->tok, "%s", tkd_dt_random_tokens(c->dir, "tok.npy", 120, 131, 2));
-    snprintf(c->out, sizeof c->out, "%s/cache", c->dir);
-    tkd_dt_small_yaml(c->y, sizeof c->y, TKD_DT_LLAMA, c->tok, c->out, "");
+    c->dir = dir;
+    const char *tok = tkd_dt_small_case(dir, 120, 2, c->out, sizeof c->out, c->y, sizeof c->y, "");
+    snprintf(c->tok, sizeof c->tok, "%s", tok);
     tkd_dt_small_yaml(c->y_k4, sizeof c->y_k4, TKD_DT_LLAMA, c->tok, c->out, "cache: {k: 4}\n");
     tkd_dt_run_ok(c->y, NULL, NULL);
     assert_int_equal(shards_in(c->out), 2);
-}
-
-static void dump_end(dump_case *c)
-{
-    tkd_test_rmtree(c->dir);
-    free(c->dir);
 }
 
 /* The cache is untouched: both shards and the manifest, which still says k 8. */
@@ -99,9 +92,8 @@ static void assert_cache_kept(const dump_case *c)
  * --overwrite refuses naming each, and removes nothing at all. */
 static void test_dump_overwrite_refuses_what_it_did_not_write(void **state)
 {
-    (void)state;
     dump_case c;
-    dump_begin(&c, "own-dump-ow");
+    dump_begin(&c, *state);
     char elsewhere[4400];
     snprintf(elsewhere, sizeof elsewhere, "%s/precious.h5", c.dir);
     copy_dir(c.out, tkd_test_path(c.dir, "copy")); /* a real shard outside the cache, for the link */
@@ -144,7 +136,6 @@ static void test_dump_overwrite_refuses_what_it_did_not_write(void **state)
         assert_int_equal(i == 0 ? tkd_test_rmtree(entry) : unlink(entry), 0);
     }
     assert_true(tkd_file_exists(elsewhere));
-    dump_end(&c);
 }
 
 /* What teacher-dump did write goes, proven by content: a whole shard no manifest lists yet (the
@@ -152,9 +143,8 @@ static void test_dump_overwrite_refuses_what_it_did_not_write(void **state)
  * manifest text cut short). */
 static void test_dump_overwrite_removes_what_it_wrote(void **state)
 {
-    (void)state;
     dump_case c;
-    dump_begin(&c, "own-dump-ours");
+    dump_begin(&c, *state);
     copy_dir(c.out, tkd_test_path(c.dir, "copy"));
     assert_int_equal(rename(tkd_test_path(c.dir, "copy/shard-00001.h5"), tkd_test_path(c.out, "shard-00060.h5")), 0);
     tkd_test_write_text(tkd_test_path(c.out, "shard-00061.h5.tmp"), "");
@@ -172,7 +162,6 @@ static void test_dump_overwrite_removes_what_it_wrote(void **state)
     assert_int_equal(m.id.k, 4);
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&m);
-    dump_end(&c);
 }
 
 /* Without --overwrite: the start-up clean-up of a dead writer's temporaries, and the run that would
@@ -181,9 +170,8 @@ static void test_dump_overwrite_removes_what_it_wrote(void **state)
  * a foreign shard-00001.h5 the run would rename a new shard over. */
 static void test_dump_start_refuses_what_it_did_not_write(void **state)
 {
-    (void)state;
     dump_case c;
-    dump_begin(&c, "own-dump-start");
+    dump_begin(&c, *state);
     char precious[4400];
     snprintf(precious, sizeof precious, "%s/precious.txt", c.dir);
     tkd_test_write_text(precious, "the user's text\n");
@@ -219,18 +207,14 @@ static void test_dump_start_refuses_what_it_did_not_write(void **state)
     assert_int_equal(unlink(wtmp), 0);
     tkd_dt_run_ok(c.y, NULL, NULL); /* and with those gone, the cache resumes as it was */
     assert_cache_kept(&c);
-    dump_end(&c);
 }
 
 /* merge writes manifest.yaml: not over a user's file of that name. */
 static void test_merge_refuses_a_foreign_manifest(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("own-merge");
-    const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 120, 131, 2);
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char out[4300], y[8192], w[8400];
-    snprintf(out, sizeof out, "%s/cache", dir);
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, tok, out, "");
+    tkd_dt_small_case(dir, 120, 2, out, sizeof out, y, sizeof y, "");
     for (int i = 0; i < 2; i++) {
         snprintf(w, sizeof w, "%s\n---\nworkers: {index: %d, count: 2}\n", y, i);
         tkd_dt_run_ok(w, NULL, NULL);
@@ -247,8 +231,6 @@ static void test_merge_refuses_a_foreign_manifest(void **state)
     assert_int_equal(tkd_dump_merge(out, &nseq, NULL), TKD_OK);
     assert_int_equal(nseq, 7);
     assert_int_equal(tkd_dump_merge(out, &nseq, NULL), TKD_OK); /* over its own manifest.yaml */
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* ---- student-train ----------------------------------------------------------------------------- */
@@ -257,32 +239,10 @@ typedef tkd_test_student_dir fixture;
 
 enum { NEW = 0, RESUME = 1, OVERWRITE = 2 }; /* tkd_test_student_train's modes */
 
-static int student_setup(void **state)
-{
-    tkd_test_teacher_opts o = {.vocab = 64, .hidden = 16, .seq_len = 8, .k = 4, .temperature = 1.0f,
-                               .num_seq = 32, .shard_seqs = 16, .seed = 5};
-    return tkd_test_student_setup(state, "own-run", &o);
-}
-
 /* A tiny student (4 steps) on the fixture's cache, run `name` in mode NEW / RESUME / OVERWRITE. */
 static tkd_status train(const fixture *f, const char *name, int mode, const char *extra, tkd_train_result *res)
 {
-    char cache_set[4300];
-    snprintf(cache_set, sizeof cache_set, "data.cache=%s", f->cache);
-    const char *sets[16] = {"model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1",
-                            "model.num_heads=2", "model.num_kv_heads=2", "model.max_position_embeddings=8",
-                            "data.val_fraction=0.125", "train.batch_size=4", "train.eval_interval=0",
-                            "train.max_steps=4", "train.log_interval=1", "device=cpu", cache_set, extra};
-    return tkd_test_student_train(f->runs, name, sets, extra ? 14 : 13, mode, res);
-}
-
-static const char *in_run(const fixture *f, const char *name, const char *file)
-{
-    static char buf[4][4400];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s/%s", f->runs, name, file);
-    return buf[k];
+    return tkd_test_tiny_student(f, NULL, name, mode, extra, res);
 }
 
 /* checkpoint.tmp-keep/: a user's copy of the checkpoint (cp -r, the marker copied along) under a
@@ -292,8 +252,8 @@ static void test_train_keeps_a_copy_of_the_checkpoint(void **state)
 {
     fixture *f = *state;
     assert_int_equal(train(f, "keep", NEW, "train.stop_after=2", NULL), TKD_OK);
-    const char *keep = in_run(f, "keep", "checkpoint.tmp-keep");
-    copy_dir(in_run(f, "keep", "checkpoint"), keep);
+    const char *keep = tkd_test_in_run(f, "keep", "checkpoint.tmp-keep");
+    copy_dir(tkd_test_in_run(f, "keep", "checkpoint"), keep);
     assert_true(tkd_file_exists(tkd_test_path(keep, TKD_BUILT_MARKER)));
     for (int mode = RESUME; mode <= OVERWRITE; mode++) {
         assert_int_equal(train(f, "keep", mode, NULL, NULL), TKD_ERR_INVALID_ARG);
@@ -302,7 +262,7 @@ static void test_train_keeps_a_copy_of_the_checkpoint(void **state)
                                 " was written into another directory: this one is a copy)");
         assert_true(tkd_file_exists(tkd_test_path(keep, "model.safetensors")));
         assert_true(tkd_file_exists(tkd_test_path(keep, "state.json")));
-        assert_true(tkd_file_exists(in_run(f, "keep", "checkpoint/state.json")));
+        assert_true(tkd_file_exists(tkd_test_in_run(f, "keep", "checkpoint/state.json")));
     }
     /* the user's directory under another name: a plain directory, not a copy */
     assert_int_equal(tkd_test_rmtree(keep), 0);
@@ -323,21 +283,22 @@ static void test_train_refuses_foreign_files_of_its_names(void **state)
 {
     fixture *f = *state;
     assert_int_equal(train(f, "files", NEW, "train.stop_after=2", NULL), TKD_OK);
-    const char *metrics = in_run(f, "files", "metrics.jsonl.tmp-Ab12Cd");
+    const char *metrics = tkd_test_in_run(f, "files", "metrics.jsonl.tmp-Ab12Cd");
     tkd_test_write_text(metrics, "step,loss\n1,2.5\n");
     assert_int_equal(train(f, "files", RESUME, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'metrics.jsonl.tmp-Ab12Cd', a file student-train did not write");
     assert_true(tkd_file_exists(metrics));
     assert_int_equal(unlink(metrics), 0);
     /* the checkpoint swapped for a link to it: --overwrite does not follow it */
-    assert_int_equal(rename(in_run(f, "files", "checkpoint"), in_run(f, "files", "../files-ckpt")), 0);
-    assert_int_equal(symlink("../files-ckpt", in_run(f, "files", "checkpoint")), 0);
+    assert_int_equal(rename(tkd_test_in_run(f, "files", "checkpoint"), tkd_test_in_run(f, "files", "../files-ckpt")),
+                     0);
+    assert_int_equal(symlink("../files-ckpt", tkd_test_in_run(f, "files", "checkpoint")), 0);
     assert_int_equal(train(f, "files", OVERWRITE, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'checkpoint', a symbolic link");
-    assert_true(tkd_file_exists(in_run(f, "files", "../files-ckpt/state.json")));
-    assert_int_equal(unlink(in_run(f, "files", "checkpoint")), 0);
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "files", "../files-ckpt/state.json")));
+    assert_int_equal(unlink(tkd_test_in_run(f, "files", "checkpoint")), 0);
     assert_int_equal(train(f, "files", OVERWRITE, NULL, NULL), TKD_OK);
-    assert_true(tkd_file_exists(in_run(f, "files", "../files-ckpt/model.safetensors")));
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "files", "../files-ckpt/model.safetensors")));
 }
 
 /* A run directory of the version before markers (no .topkd-run, a checkpoint without .topkd-built):
@@ -348,19 +309,19 @@ static void test_train_takes_over_a_run_of_the_older_version(void **state)
     const char *names[] = {"old-resume", "old-overwrite"};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(train(f, names[i], NEW, "train.stop_after=2", NULL), TKD_OK);
-        assert_true(tkd_file_exists(in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
-        assert_int_equal(unlink(in_run(f, names[i], ".topkd-run")), 0);
-        assert_int_equal(unlink(in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)), 0);
+        assert_true(tkd_file_exists(tkd_test_in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
+        assert_int_equal(unlink(tkd_test_in_run(f, names[i], ".topkd-run")), 0);
+        assert_int_equal(unlink(tkd_test_in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)), 0);
         tkd_train_result res;
         assert_int_equal(train(f, names[i], i ? OVERWRITE : RESUME, NULL, &res), TKD_OK);
         assert_int_equal(res.steps, 4);
-        assert_true(tkd_file_exists(in_run(f, names[i], ".topkd-run")));
-        assert_true(tkd_file_exists(in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
-        assert_false(tkd_file_exists(in_run(f, names[i], "checkpoint.old")));
+        assert_true(tkd_file_exists(tkd_test_in_run(f, names[i], ".topkd-run")));
+        assert_true(tkd_file_exists(tkd_test_in_run(f, names[i], "checkpoint/" TKD_BUILT_MARKER)));
+        assert_false(tkd_file_exists(tkd_test_in_run(f, names[i], "checkpoint.old")));
     }
     /* its staging directories must carry the marker: an unmarked one is named, not removed */
-    const char *old_tmp = in_run(f, "old-resume", "checkpoint.tmp-Ab12Cd");
-    copy_dir(in_run(f, "old-resume", "checkpoint"), old_tmp);
+    const char *old_tmp = tkd_test_in_run(f, "old-resume", "checkpoint.tmp-Ab12Cd");
+    copy_dir(tkd_test_in_run(f, "old-resume", "checkpoint"), old_tmp);
     assert_int_equal(unlink(tkd_test_path(old_tmp, TKD_BUILT_MARKER)), 0);
     assert_int_equal(train(f, "old-resume", RESUME, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'checkpoint.tmp-Ab12Cd', a directory student-train did not build");
@@ -369,17 +330,12 @@ static void test_train_takes_over_a_run_of_the_older_version(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest dump_tests[] = {
-        cmocka_unit_test(test_dump_overwrite_refuses_what_it_did_not_write),
-        cmocka_unit_test(test_dump_overwrite_removes_what_it_wrote),
-        cmocka_unit_test(test_dump_start_refuses_what_it_did_not_write),
-        cmocka_unit_test(test_merge_refuses_a_foreign_manifest),
-    };
-    const struct CMUnitTest train_tests[] = {
-        cmocka_unit_test(test_train_keeps_a_copy_of_the_checkpoint),
-        cmocka_unit_test(test_train_refuses_foreign_files_of_its_names),
-        cmocka_unit_test(test_train_takes_over_a_run_of_the_older_version),
-    };
-    int failed = cmocka_run_group_tests(dump_tests, NULL, NULL);
-    return failed + cmocka_run_group_tests(train_tests, student_setup, tkd_test_student_teardown);
+    int failed = TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_dump_overwrite_refuses_what_it_did_not_write,
+                                   test_dump_overwrite_removes_what_it_wrote,
+                                   test_dump_start_refuses_what_it_did_not_write,
+                                   test_merge_refuses_a_foreign_manifest);
+    return failed + TKD_TEST_RUN_WITH(tkd_test_tiny_student_setup, tkd_test_student_teardown, TKD_TEST_EACH_NONE,
+                                      test_train_keeps_a_copy_of_the_checkpoint,
+                                      test_train_refuses_foreign_files_of_its_names,
+                                      test_train_takes_over_a_run_of_the_older_version);
 }

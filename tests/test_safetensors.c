@@ -9,24 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <dirent.h>
 
 #include "common/half.h"
 #include "common/status.h"
 #include "formats/safetensors.h"
 #include "tests/testutil.h"
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 /* Writes a, b (2-D), s (0-D scalar), z (empty) with values from seed. */
 static void write_sample(const char *path, tkd_dtype dt, float *a, float *b, float *s)
@@ -48,12 +35,11 @@ static void write_sample(const char *path, tkd_dtype dt, float *a, float *b, flo
 
 static void test_roundtrip_f32(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("st");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *path = tkd_test_path(dir, "model.safetensors");
     float a[7], b[15], s[1];
     write_sample(path, TKD_DTYPE_F32, a, b, s);
-    assert_int_equal(count_entries(dir), 1); /* no temp file left behind */
+    assert_int_equal(tkd_test_count_visible(dir), 1); /* no temp file left behind */
 
     size_t n;
     uint8_t *raw = (uint8_t *)tkd_test_slurp(path, &n);
@@ -93,14 +79,11 @@ static void test_roundtrip_f32(void **state)
     assert_int_equal(tkd_st_open(path, &d), TKD_OK);
     assert_int_equal(tkd_st_count(d), 4);
     tkd_st_close(d);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 static void test_roundtrip_bf16(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("st");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *path = tkd_test_path(dir, "w.safetensors");
     float a[7], b[15], s[1];
     write_sample(path, TKD_DTYPE_BF16, a, b, s);
@@ -116,8 +99,6 @@ static void test_roundtrip_bf16(void **state)
         assert_true(got[i] == tkd_bf16_to_f32(tkd_f32_to_bf16(b[i])));
     assert_true(got[0] != b[0] || got[1] != b[1]); /* it really was rounded */
     tkd_st_close(d);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* A hand-made image: F16 and I32 tensors after an odd-length header, so the data is unaligned. */
@@ -205,13 +186,7 @@ static void test_header_byte_flips(void **state)
     assert_true(refused > 100); /* most flips break something */
 }
 
-static tkd_status open_broken(const char *path)
-{
-    tkd_st_dir *d = NULL;
-    tkd_status st = tkd_st_open(path, &d);
-    assert_null(d);
-    return st;
-}
+TKD_TEST_OPENER(open_broken, tkd_st_dir, tkd_st_open)
 
 /* A header holding only __metadata__ is a file without tensors (fuzz_safetensors found the parser
  * doing pointer arithmetic on the still-NULL tensor list: undefined behaviour UBSan stops at). */
@@ -260,8 +235,7 @@ static const char *index_json(const char *a, const char *b, const char *c)
 
 static void test_sharded(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("st");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     float x[12] = {1, 2, 3, 4, 5, 6, 7, 8, 0.5f, 1.5f, -2, 1024};
     write_shards(dir, x);
     const char *s1 = "model-00001-of-00002.safetensors", *s2 = "model-00002-of-00002.safetensors";
@@ -323,8 +297,6 @@ static void test_sharded(void **state)
 
     assert_int_equal(tkd_st_open(tkd_test_path(dir, "nope"), &d), TKD_ERR_NOT_FOUND);
     tkd_test_assert_msg_has("nope");
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Checkpoints written by transformers (tests/fixtures/hf/): every tensor opens, tied heads are
@@ -387,19 +359,6 @@ static void test_writer_refuses(void **state)
     tkd_st_close(NULL);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_f32),
-        cmocka_unit_test(test_roundtrip_bf16),
-        cmocka_unit_test(test_f16_unaligned_and_errors),
-        cmocka_unit_test(test_every_truncation_refused),
-        cmocka_unit_test(test_header_byte_flips),
-        cmocka_unit_test(test_broken_files),
-        cmocka_unit_test(test_metadata_only),
-        cmocka_unit_test(test_sharded),
-        cmocka_unit_test(test_transformers_fixtures),
-        cmocka_unit_test(test_writer_refuses),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_roundtrip_f32, test_roundtrip_bf16, test_f16_unaligned_and_errors,
+    test_every_truncation_refused, test_header_byte_flips, test_broken_files, test_metadata_only, test_sharded,
+    test_transformers_fixtures, test_writer_refuses)

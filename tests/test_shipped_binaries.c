@@ -58,8 +58,7 @@ static void test_hook_variables_ignored(void **state)
         tkd_cache_batch_free(&b);
         assert_int_equal(tkd_dt_count_suffix(out, ".tmp"), 0);
     }
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 int main(void)

@@ -8,6 +8,7 @@
 
 #include "common/half.h"
 #include "common/status.h"
+#include "tests/testutil.h"
 
 static void test_error_set_and_prefix(void **state)
 {
@@ -74,13 +75,5 @@ static void test_half_roundtrip_exhaustive(void **state)
     assert_int_equal(tkd_f32_to_f16(1e4f), 0x70e2);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_error_set_and_prefix),
-        cmocka_unit_test(test_error_hint_and_save),
-        cmocka_unit_test(test_messages_stay_one_line),
-        cmocka_unit_test(test_half_roundtrip_exhaustive),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_error_set_and_prefix, test_error_hint_and_save, test_messages_stay_one_line,
+              test_half_roundtrip_exhaustive)

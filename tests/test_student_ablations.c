@@ -178,14 +178,5 @@ static void test_real_pair_students(void **state)
     check_real_student("student-qwen3-0.6b.yaml", TKD_TRAIN_ARCH_QWEN3, 151936, 1024, 28, 16, 8, 128); /* != D/H */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ablations_combine_with_the_demo),
-        cmocka_unit_test(test_derived_run_names),
-        cmocka_unit_test(test_derived_names_with_paths),
-        cmocka_unit_test(test_long_derived_names_hashed),
-        cmocka_unit_test(test_real_pair_students),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_ablations_combine_with_the_demo, test_derived_run_names, test_derived_names_with_paths,
+    test_long_derived_names_hashed, test_real_pair_students)

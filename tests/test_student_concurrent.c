@@ -29,8 +29,7 @@ static void command(char *out, size_t cap, const char *dir, const char *name, co
 
 static void test_three_runs_share_one_cache(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("concurrent");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char path[PATH_CAP], cmd[4 * PATH_CAP], a[PATH_CAP], b[PATH_CAP];
     snprintf(path, sizeof path, "%s/cache", dir);
     tkd_test_teacher_opts o = {.vocab = 80, .hidden = 16, .seq_len = 16, .k = 8, .tail_samples = 4,
@@ -63,14 +62,6 @@ static void test_three_runs_share_one_cache(void **state)
     /* and the variants really differ (the check above compares something that can differ) */
     snprintf(b, sizeof b, "%s/runs/renorm/checkpoint/model.safetensors", dir);
     assert_false(tkd_test_files_equal(a, b));
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_three_runs_share_one_cache),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_three_runs_share_one_cache)

@@ -91,8 +91,7 @@ static int fixture_teardown(void **state)
     tkd_model_free(f->m);
     free(f->M);
     free(f->V);
-    tkd_test_rmtree(f->dir);
-    free(f->dir);
+    tkd_test_rmdtemp(f->dir);
     free(f);
     return 0;
 }

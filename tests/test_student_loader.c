@@ -23,12 +23,15 @@ typedef struct fixture {
     char *dir;
     tkd_cache_reader *cache;
     tkd_cache_batch full; /* every sequence, all k columns and tail draws, read directly */
+    int64_t every[NSEQ];  /* the split of every sequence: 0 .. NSEQ - 1 */
 } fixture;
 
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     f->dir = tkd_test_mkdtemp("loader");
+    for (int64_t g = 0; g < NSEQ; g++)
+        f->every[g] = g;
     /* 30 sequences in shards of 8 (the last of 6), chunks of 2: batches cross shard boundaries */
     tkd_test_teacher_opts o = {.vocab = V, .hidden = 16, .seq_len = T, .k = K, .tail_samples = S,
                                .temperature = 1.0f, .num_seq = NSEQ, .shard_seqs = 8, .chunk_seqs = 2, .seed = 3};
@@ -47,8 +50,7 @@ static int teardown(void **state)
     fixture *f = *state;
     tkd_cache_batch_free(&f->full);
     tkd_cache_reader_close(f->cache);
-    tkd_test_rmtree(f->dir);
-    free(f->dir);
+    tkd_test_rmdtemp(f->dir);
     free(f);
     return 0;
 }
@@ -149,14 +151,11 @@ static void test_each_sequence_once_per_epoch(void **state)
 static void test_seeds_and_epochs_select_the_order(void **state)
 {
     fixture *f = *state;
-    int64_t split[NSEQ];
-    for (int64_t g = 0; g < NSEQ; g++)
-        split[g] = g;
     tkd_loader *a = NULL, *b = NULL, *c = NULL;
     tkd_loader_opts oa = opts(5, T, 0, 0, 1234), ob = opts(5, T, 0, 0, 1234), oc = opts(5, T, 0, 0, 1235);
-    assert_int_equal(tkd_loader_open(&a, f->cache, NULL, split, NSEQ, &oa), TKD_OK);
-    assert_int_equal(tkd_loader_open(&b, f->cache, NULL, split, NSEQ, &ob), TKD_OK);
-    assert_int_equal(tkd_loader_open(&c, f->cache, NULL, split, NSEQ, &oc), TKD_OK);
+    assert_int_equal(tkd_loader_open(&a, f->cache, NULL, f->every, NSEQ, &oa), TKD_OK);
+    assert_int_equal(tkd_loader_open(&b, f->cache, NULL, f->every, NSEQ, &ob), TKD_OK);
+    assert_int_equal(tkd_loader_open(&c, f->cache, NULL, f->every, NSEQ, &oc), TKD_OK);
     int64_t sa[NSEQ], sb[NSEQ], sc[NSEQ];
     for (int e = 0; e < 3; e++) {
         assert_int_equal(read_epoch(f, a, e, sa, 5), NSEQ);
@@ -170,7 +169,7 @@ static void test_seeds_and_epochs_select_the_order(void **state)
     for (uint64_t seed = 0; seed < 20; seed++) {
         tkd_loader *d = NULL;
         tkd_loader_opts od = opts(5, T, 0, 0, seed);
-        assert_int_equal(tkd_loader_open(&d, f->cache, NULL, split, NSEQ, &od), TKD_OK);
+        assert_int_equal(tkd_loader_open(&d, f->cache, NULL, f->every, NSEQ, &od), TKD_OK);
         int64_t order[NSEQ];
         tkd_loader_epoch_order(d, 0, order);
         distinct += firsts[order[0]]++ == 0;
@@ -187,12 +186,9 @@ static void test_seeds_and_epochs_select_the_order(void **state)
 static void test_seek_resumes_mid_epoch(void **state)
 {
     fixture *f = *state;
-    int64_t split[NSEQ];
-    for (int64_t g = 0; g < NSEQ; g++)
-        split[g] = g;
     tkd_loader *l = NULL;
     tkd_loader_opts o = opts(4, T, 0, 1, 99);
-    assert_int_equal(tkd_loader_open(&l, f->cache, NULL, split, NSEQ, &o), TKD_OK);
+    assert_int_equal(tkd_loader_open(&l, f->cache, NULL, f->every, NSEQ, &o), TKD_OK);
     int64_t all[NSEQ];
     assert_int_equal(read_epoch(f, l, 2, all, 4), NSEQ);
     assert_int_equal(tkd_loader_seek(l, 2, 12), TKD_OK);
@@ -216,14 +212,11 @@ static void test_seek_resumes_mid_epoch(void **state)
 static void test_topk_and_seq_len_truncation(void **state)
 {
     fixture *f = *state;
-    int64_t split[NSEQ];
-    for (int64_t g = 0; g < NSEQ; g++)
-        split[g] = g;
     int ks[3] = {2, 1, K};
     for (int i = 0; i < 3; i++) {
         tkd_loader *l = NULL;
         tkd_loader_opts o = opts(8, 7, ks[i], 0, 5);
-        assert_int_equal(tkd_loader_open(&l, f->cache, NULL, split, NSEQ, &o), TKD_OK);
+        assert_int_equal(tkd_loader_open(&l, f->cache, NULL, f->every, NSEQ, &o), TKD_OK);
         assert_int_equal(tkd_loader_seek(l, 0, 0), TKD_OK);
         const tkd_train_batch *b = NULL;
         assert_int_equal(tkd_loader_next(l, &b), TKD_OK);
@@ -239,14 +232,14 @@ static void test_topk_and_seq_len_truncation(void **state)
     /* k = 0 asks for every column; a longer seq_len than the cache's is refused */
     tkd_loader *l = NULL;
     tkd_loader_opts o = opts(8, T, 0, 0, 5);
-    assert_int_equal(tkd_loader_open(&l, f->cache, NULL, split, NSEQ, &o), TKD_OK);
+    assert_int_equal(tkd_loader_open(&l, f->cache, NULL, f->every, NSEQ, &o), TKD_OK);
     assert_int_equal(tkd_loader_seek(l, 0, 0), TKD_OK);
     const tkd_train_batch *b = NULL;
     assert_int_equal(tkd_loader_next(l, &b), TKD_OK);
     assert_int_equal(b->k, K);
     tkd_loader_close(l);
     o.seq_len = T + 1;
-    assert_int_equal(tkd_loader_open(&l, f->cache, NULL, split, NSEQ, &o), TKD_ERR_MISMATCH);
+    assert_int_equal(tkd_loader_open(&l, f->cache, NULL, f->every, NSEQ, &o), TKD_ERR_MISMATCH);
     assert_null(l);
     assert_non_null(strstr(tkd_error_msg(), "seq_len 13"));
 }

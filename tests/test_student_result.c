@@ -57,10 +57,9 @@ static const char *result_line(const char *text)
 
 static void test_result_line(void **state)
 {
-    (void)state;
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     if (access(BIN, X_OK) != 0) /* the build makes it: missing is a broken build, not a pass */
         fail_msg("%s: not built", BIN);
-    char *dir = tkd_test_mkdtemp("result");
     char cache[4200];
     snprintf(cache, sizeof cache, "%s/cache", dir);
     tkd_test_teacher_opts o = {.vocab = 80, .hidden = 16, .seq_len = 16, .k = 8, .temperature = 1.0f,
@@ -88,14 +87,6 @@ static void test_result_line(void **state)
     assert_int_equal(steps, 6);
     assert_null(strstr(text, "no evaluation"));
     free(text);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_result_line),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_result_line)

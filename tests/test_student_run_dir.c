@@ -22,35 +22,12 @@ typedef tkd_test_student_dir fixture;
 
 enum { NEW = 0, RESUME = 1, OVERWRITE = 2 }; /* tkd_test_student_train's modes */
 
-static int setup(void **state)
-{
-    tkd_test_teacher_opts o = {.vocab = 64, .hidden = 16, .seq_len = 8, .k = 4, .temperature = 1.0f,
-                               .num_seq = 32, .shard_seqs = 16, .seed = 5};
-    return tkd_test_student_setup(state, "rundir", &o);
-}
-
 /* A tiny student on the fixture's cache (4 steps, evaluation at the end), run `name` under run_dir
  * (NULL: the fixture's runs) in mode NEW / RESUME / OVERWRITE, then extra settings. */
 static tkd_status run(const fixture *f, const char *run_dir, const char *name, int mode, const char *extra,
                       tkd_train_result *res)
 {
-    char cache_set[4300];
-    snprintf(cache_set, sizeof cache_set, "data.cache=%s", f->cache);
-    const char *sets[16] = {"model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1",
-                            "model.num_heads=2", "model.num_kv_heads=2", "model.max_position_embeddings=8",
-                            "data.val_fraction=0.125", "train.batch_size=4", "train.eval_interval=0",
-                            "train.max_steps=4", "train.log_interval=1", "device=cpu", cache_set, extra};
-    size_t n = extra ? 14 : 13;
-    return tkd_test_student_train(run_dir ? run_dir : f->runs, name, sets, n, mode, res);
-}
-
-static const char *in_run(const fixture *f, const char *name, const char *file)
-{
-    static char buf[4][4400];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s/%s", f->runs, name, file);
-    return buf[k];
+    return tkd_test_tiny_student(f, run_dir, name, mode, extra, res);
 }
 
 /* The cache is still whole: its manifest and first shard are there. */
@@ -98,36 +75,37 @@ static void test_overwrite_removes_only_ours(void **state)
 {
     fixture *f = *state;
     assert_int_equal(tkd_mkdir_p(tkd_test_path(f->runs, "photos")), TKD_OK);
-    tkd_test_write_text(in_run(f, "photos", "a.jpg"), "jpeg");
+    tkd_test_write_text(tkd_test_in_run(f, "photos", "a.jpg"), "jpeg");
     assert_int_equal(run(f, NULL, "photos", OVERWRITE, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("'a.jpg'");
-    assert_true(tkd_file_exists(in_run(f, "photos", "a.jpg")));
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "photos", "a.jpg")));
     tkd_test_teacher_opts o = {.vocab = 64, .hidden = 16, .seq_len = 8, .k = 4, .temperature = 1.0f,
                                .num_seq = 4, .shard_seqs = 4, .seed = 9};
     assert_int_equal(tkd_test_teacher_cache(tkd_test_path(f->runs, "acache"), &o), TKD_OK);
     assert_int_equal(run(f, NULL, "acache", OVERWRITE, NULL, NULL), TKD_ERR_INVALID_ARG);
-    assert_true(tkd_file_exists(in_run(f, "acache", "manifest.yaml")));
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "acache", "manifest.yaml")));
 
     assert_int_equal(run(f, NULL, "r", NEW, NULL, NULL), TKD_OK);
-    assert_true(tkd_file_exists(in_run(f, "r", ".topkd-run")));
-    tkd_test_write_text(in_run(f, "r", "notes.txt"), "mine");
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "r", ".topkd-run")));
+    tkd_test_write_text(tkd_test_in_run(f, "r", "notes.txt"), "mine");
     assert_int_equal(run(f, NULL, "r", OVERWRITE, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has(tkd_test_path(f->runs, "r"));
     tkd_test_assert_msg_has("'notes.txt'");
-    assert_true(tkd_file_exists(in_run(f, "r", "notes.txt")));
-    assert_true(tkd_file_exists(in_run(f, "r", "checkpoint/state.json")));
-    assert_int_equal(remove(in_run(f, "r", "notes.txt")), 0);
-    assert_int_equal(remove(in_run(f, "r", ".topkd-run")), 0); /* as an older version left it */
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "r", "notes.txt")));
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "r", "checkpoint/state.json")));
+    assert_int_equal(remove(tkd_test_in_run(f, "r", "notes.txt")), 0);
+    assert_int_equal(remove(tkd_test_in_run(f, "r", ".topkd-run")), 0); /* as an older version left it */
     /* what a rank that died during a data-parallel checkpoint leaves is ours too */
-    assert_int_equal(tkd_built_dir_make(&tkd_checkpoint_kind, in_run(f, "r", "checkpoint.building-job7-12")), TKD_OK);
-    tkd_test_write_text(in_run(f, "r", "checkpoint.building-job7-12/optimizer-rank0-of2.safetensors"), "x");
+    assert_int_equal(tkd_built_dir_make(&tkd_checkpoint_kind, tkd_test_in_run(f, "r", "checkpoint.building-job7-12")),
+                     TKD_OK);
+    tkd_test_write_text(tkd_test_in_run(f, "r", "checkpoint.building-job7-12/optimizer-rank0-of2.safetensors"), "x");
     tkd_train_result res;
     assert_int_equal(run(f, NULL, "r", OVERWRITE, "train.max_steps=2", &res), TKD_OK);
     assert_int_equal(res.steps, 2);
     double loss[8];
-    assert_int_equal(tkd_test_metrics(in_run(f, "r", "metrics.jsonl"), "train", "loss", loss, 8), 2);
-    assert_true(tkd_file_exists(in_run(f, "r", ".topkd-run")));
-    assert_false(tkd_file_exists(in_run(f, "r", "checkpoint.building-job7-12")));
+    assert_int_equal(tkd_test_metrics(tkd_test_in_run(f, "r", "metrics.jsonl"), "train", "loss", loss, 8), 2);
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "r", ".topkd-run")));
+    assert_false(tkd_file_exists(tkd_test_in_run(f, "r", "checkpoint.building-job7-12")));
 }
 
 /* One student-train per run directory: while another process holds its lock, a run stops at once
@@ -141,7 +119,7 @@ static void test_one_run_per_directory(void **state)
     snprintf(want, sizeof want, "another student-train (pid %ld) is writing there", (long)pid);
     assert_int_equal(run(f, NULL, "locked", OVERWRITE, NULL, NULL), TKD_ERR_BUSY);
     tkd_test_assert_msg_has(want);
-    assert_true(tkd_file_exists(in_run(f, "locked", "checkpoint/state.json")));
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "locked", "checkpoint/state.json")));
     tkd_test_kill_holder(pid);
     assert_int_equal(run(f, NULL, "locked", OVERWRITE, NULL, NULL), TKD_OK);
 }
@@ -154,20 +132,23 @@ static void test_dead_run_leftovers_cleaned(void **state)
     fixture *f = *state;
     assert_int_equal(run(f, NULL, "crash", NEW, "train.stop_after=2", NULL), TKD_OK);
     char tmp[4400];
-    assert_int_equal(tkd_built_dir_make_temp(&tkd_checkpoint_kind, in_run(f, "crash", "checkpoint"), tmp, sizeof tmp),
+    assert_int_equal(tkd_built_dir_make_temp(&tkd_checkpoint_kind, tkd_test_in_run(f, "crash", "checkpoint"), tmp,
+                                             sizeof tmp),
                      TKD_OK);
     tkd_test_write_text(tkd_test_path(tmp, "model.safetensors"), "half");
     /* the metrics rewritten on a resume, cut short in its second record */
-    tkd_test_write_text(in_run(f, "crash", "metrics.jsonl.tmp-Ab12Cd"), "{\"type\": \"train\", \"step\": 1}\n{\"type\": \"tr");
-    assert_int_equal(rename(in_run(f, "crash", "checkpoint"), in_run(f, "crash", "checkpoint.old")), 0);
+    tkd_test_write_text(tkd_test_in_run(f, "crash", "metrics.jsonl.tmp-Ab12Cd"),
+                        "{\"type\": \"train\", \"step\": 1}\n{\"type\": \"tr");
+    assert_int_equal(rename(tkd_test_in_run(f, "crash", "checkpoint"), tkd_test_in_run(f, "crash", "checkpoint.old")),
+                     0);
 
     tkd_train_result res;
     assert_int_equal(run(f, NULL, "crash", RESUME, "train.stop_after=2", &res), TKD_OK);
     assert_int_equal(res.steps, 4);
     assert_false(tkd_file_exists(tmp));
-    assert_false(tkd_file_exists(in_run(f, "crash", "metrics.jsonl.tmp-Ab12Cd")));
-    assert_false(tkd_file_exists(in_run(f, "crash", "checkpoint.old")));
-    assert_true(tkd_file_exists(in_run(f, "crash", "checkpoint/state.json")));
+    assert_false(tkd_file_exists(tkd_test_in_run(f, "crash", "metrics.jsonl.tmp-Ab12Cd")));
+    assert_false(tkd_file_exists(tkd_test_in_run(f, "crash", "checkpoint.old")));
+    assert_true(tkd_file_exists(tkd_test_in_run(f, "crash", "checkpoint/state.json")));
 }
 
 /* --resume of a finished run writes nothing (it used to append the final records again); one that
@@ -177,32 +158,32 @@ static void test_resume_finished_run_is_noop(void **state)
     fixture *f = *state;
     assert_int_equal(run(f, NULL, "done", NEW, NULL, NULL), TKD_OK);
     size_t len = 0;
-    char *before = tkd_test_slurp(in_run(f, "done", "metrics.jsonl"), &len);
-    char *cfg_before = tkd_test_slurp(in_run(f, "done", "config.yaml"), NULL);
+    char *before = tkd_test_slurp(tkd_test_in_run(f, "done", "metrics.jsonl"), &len);
+    char *cfg_before = tkd_test_slurp(tkd_test_in_run(f, "done", "config.yaml"), NULL);
     tkd_train_result res;
     assert_int_equal(run(f, NULL, "done", RESUME, NULL, &res), TKD_OK);
     assert_true(res.finished_before);
     assert_int_equal(res.steps, 4);
-    char *after = tkd_test_slurp(in_run(f, "done", "metrics.jsonl"), NULL);
+    char *after = tkd_test_slurp(tkd_test_in_run(f, "done", "metrics.jsonl"), NULL);
     assert_string_equal(after, before);
     free(after);
-    after = tkd_test_slurp(in_run(f, "done", "config.yaml"), NULL);
+    after = tkd_test_slurp(tkd_test_in_run(f, "done", "config.yaml"), NULL);
     assert_string_equal(after, cfg_before);
     free(after);
     free(cfg_before);
 
     /* without its final evaluation record the run is not finished: resuming adds exactly one */
     double v[4];
-    assert_int_equal(tkd_test_metrics(in_run(f, "done", "metrics.jsonl"), "eval", "val_ce", v, 4), 1);
+    assert_int_equal(tkd_test_metrics(tkd_test_in_run(f, "done", "metrics.jsonl"), "eval", "val_ce", v, 4), 1);
     char *last = before + len - 1;
     while (last > before && last[-1] != '\n')
         last--;
     *last = '\0';
-    tkd_test_write_text(in_run(f, "done", "metrics.jsonl"), before);
-    assert_int_equal(tkd_test_metrics(in_run(f, "done", "metrics.jsonl"), "eval", "val_ce", v, 4), 0);
+    tkd_test_write_text(tkd_test_in_run(f, "done", "metrics.jsonl"), before);
+    assert_int_equal(tkd_test_metrics(tkd_test_in_run(f, "done", "metrics.jsonl"), "eval", "val_ce", v, 4), 0);
     assert_int_equal(run(f, NULL, "done", RESUME, NULL, &res), TKD_OK);
     assert_false(res.finished_before);
-    assert_int_equal(tkd_test_metrics(in_run(f, "done", "metrics.jsonl"), "eval", "val_ce", v, 4), 1);
+    assert_int_equal(tkd_test_metrics(tkd_test_in_run(f, "done", "metrics.jsonl"), "eval", "val_ce", v, 4), 1);
     free(before);
 }
 
@@ -216,5 +197,5 @@ int main(void)
         cmocka_unit_test(test_dead_run_leftovers_cleaned),
         cmocka_unit_test(test_resume_finished_run_is_noop),
     };
-    return cmocka_run_group_tests(tests, setup, tkd_test_student_teardown);
+    return cmocka_run_group_tests(tests, tkd_test_tiny_student_setup, tkd_test_student_teardown);
 }

@@ -195,8 +195,7 @@ static const char *two_caches(const char *dir, uint64_t seed, const char *extra_
 
 static void test_resume_after_stop(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-resume");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char a[4200], b[4200], ya[8192], yb[8192];
     const char *extra = "cache: {k: 8, shard_sequences: 5, tail_samples: 3}\nrun: {batch_size: 2}\n";
     const char *tok = two_caches(dir, 1, extra, extra, a, b, ya, yb); /* 18 windows of 16 + 1 */
@@ -245,8 +244,6 @@ static void test_resume_after_stop(void **state)
     assert_non_null(strstr(sum.damaged_note, "shard-00003.h5"));
     assert_int_equal(sum.seqs_run, 3);
     tkd_dt_assert_same_cache(a, b);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* ---- repair ------------------------------------------------------------------------------------- */
@@ -296,8 +293,7 @@ static tkd_status reader_status(const char *dir, int64_t seq)
  * command completes it. */
 static void test_repair_missing_and_damaged(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-repair");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char a[4200], b[4200], ya[8192], yb[8192];
     const char *extra = "cache: {tail_samples: 2}\n";
     two_caches(dir, 12, extra, extra, a, b, ya, yb);
@@ -346,16 +342,13 @@ static void test_repair_missing_and_damaged(void **state)
     assert_int_equal(sum.seqs_run, 6);
     assert_int_equal(sum.shards_run, 2); /* 0 and 4; 1..3 were kept */
     tkd_dt_assert_same_cache(a, b);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* cache.writer_threads changes how many threads compress, never what the cache holds (not a byte); it is
  * 0 (automatic) .. TKD_SHARD_WRITER_MAX_THREADS. */
 static void test_writer_threads_same_cache(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-threads");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char a[4200], b[4200], ya[8192], yb[8192];
     const char *one = "cache: {k: 8, shard_sequences: 7, tail_samples: 2, writer_threads: 1}\nrun: {batch_size: 3}\n";
     const char *three = "cache: {k: 8, shard_sequences: 7, tail_samples: 2, writer_threads: 3}\nrun: {batch_size: 3}\n";
@@ -374,8 +367,6 @@ static void test_writer_threads_same_cache(void **state)
     assert_int_equal(tkd_config_apply_string(&tkd_dump_schema, &cfg, "t", bad, strlen(bad)), TKD_ERR_CONFIG);
     tkd_test_assert_msg_has("cache.writer_threads");
     tkd_config_free(&tkd_dump_schema, &cfg);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* Two dumps of the same data with the same settings, a second apart, write the same shard files
@@ -400,8 +391,7 @@ static void test_two_dumps_same_bytes(void **state)
 /* The padded last window keeps its real tokens; its padding labels are -100 in /tokens. */
 static void test_last_window_pad(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-pad");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     int32_t t[40];
     for (int i = 0; i < 40; i++)
         t[i] = (i * 7) % 131;
@@ -421,8 +411,6 @@ static void test_last_window_pad(void **state)
     for (int j = 0; j < 17; j++)
         assert_int_equal(last[j], j < 8 ? t[32 + j] : -100);
     tkd_cache_batch_free(&b);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* ---- merge ---------------------------------------------------------------------------------------- */
@@ -441,8 +429,7 @@ static const char *worker_yaml(const char *tok, const char *out, int i)
  * command, taken, lets merge succeed, and the merged cache equals one worker's. */
 static void test_merge_names_the_missing_worker(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("dump-merge");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *tok = tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 13);
     char ref[4200], out[4200], y[8192];
     snprintf(ref, sizeof ref, "%s/ref", dir);
@@ -480,8 +467,6 @@ static void test_merge_names_the_missing_worker(void **state)
     run_ok(worker_yaml(tok, out, 1), NULL, NULL);
     assert_int_equal(tkd_dump_merge(out, NULL, NULL), TKD_OK);
     tkd_dt_assert_same_cache(ref, out);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* ---- config and worker split ----------------------------------------------------------------------- */
@@ -628,23 +613,8 @@ static void test_raw_bytes_per_token(void **state)
     tkd_config_free(&tkd_dump_schema, &cfg);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_llama_half),
-        cmocka_unit_test(test_parity_llama_bf16_weights),
-        cmocka_unit_test(test_parity_qwen_float32),
-        cmocka_unit_test(test_parity_qwen_bf16_weights),
-        cmocka_unit_test(test_resume_after_stop),
-        cmocka_unit_test(test_repair_missing_and_damaged),
-        cmocka_unit_test(test_writer_threads_same_cache),
-        cmocka_unit_test(test_two_dumps_same_bytes),
-        cmocka_unit_test(test_last_window_pad),
-        cmocka_unit_test(test_merge_names_the_missing_worker),
-        cmocka_unit_test(test_config_workers_from_env),
-        cmocka_unit_test(test_config_shard_tokens),
-        cmocka_unit_test(test_worker_ranges_tile),
-        cmocka_unit_test(test_raw_bytes_per_token),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_parity_llama_half, test_parity_llama_bf16_weights, test_parity_qwen_float32,
+    test_parity_qwen_bf16_weights, test_resume_after_stop, test_repair_missing_and_damaged,
+    test_writer_threads_same_cache, test_two_dumps_same_bytes, test_last_window_pad,
+    test_merge_names_the_missing_worker, test_config_workers_from_env, test_config_shard_tokens,
+    test_worker_ranges_tile, test_raw_bytes_per_token)

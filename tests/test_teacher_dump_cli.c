@@ -71,7 +71,7 @@ static void assert_error_line(const char *dir, const char *tag, const char *need
  * of 2, k 8, 3 tail draws), the cache under test <dir>/out and, for the
  * tests that compare against one, the reference cache <dir>/ref. */
 typedef struct cli_case {
-    char *dir;
+    const char *dir;
     const char *cfg;
     char out[4400];                    /* "output.dir=<dir>/out" */
     char ref_dir[4300], out_dir[4300]; /* <dir>/ref, <dir>/out */
@@ -98,10 +98,11 @@ static int run_out(const cli_case *c, const char *tag, const char *env, const ch
     return tkd_test_wait(spawn_out(c, tag, env, extra));
 }
 
-/* Makes the case; with_ref: also the reference cache, one uninterrupted run into <dir>/ref. */
-static void case_begin(cli_case *c, const char *tag, int with_ref)
+/* Makes the case in dir (the test's own, TKD_TEST_EACH_DIR); with_ref: also the reference cache,
+ * one uninterrupted run into <dir>/ref. */
+static void case_begin(cli_case *c, const char *dir, int with_ref)
 {
-    c->dir = tkd_test_mkdtemp(tag);
+    c->dir = dir;
     c->cfg = tkd_dt_cli_config(c->dir, 11, ", tail_samples: 3, seed: 7");
     snprintf(c->ref_dir, sizeof c->ref_dir, "%s/ref", c->dir);
     snprintf(c->out_dir, sizeof c->out_dir, "%s/out", c->dir);
@@ -113,17 +114,17 @@ static void case_begin(cli_case *c, const char *tag, int with_ref)
     }
 }
 
-static void case_end(cli_case *c)
+/* A finished cache (run "first") with shard-00002.h5 deleted. */
+static void finished_without_shard_2(const cli_case *c)
 {
-    tkd_test_rmtree(c->dir);
-    free(c->dir);
+    assert_int_equal(run_out(c, "first", NULL, NO_ARGS), 0);
+    assert_int_equal(unlink(tkd_test_path(c->out_dir, "shard-00002.h5")), 0);
 }
 
 static void test_kill_mid_shard_then_resume(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-kill", 1);
+    case_begin(&c, *state, 1);
     /* Batch 3 is the first half of shard 1: the process dies with shard 0 listed and shard 1's
      * .tmp half written. */
     assert_int_equal(run_out(&c, "kill", "TKD_DUMP_TEST_KILL_AFTER_BATCHES=3", NO_ARGS), 1000 + SIGKILL);
@@ -133,23 +134,19 @@ static void test_kill_mid_shard_then_resume(void **state)
     assert_int_equal(run_out(&c, "resume", NULL, NO_ARGS), 0);
     assert_int_equal(tkd_dt_count_suffix(c.out_dir, ".tmp"), 0);
     tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
-    case_end(&c);
 }
 
 /* A finished cache with a shard deleted: the same command (no --overwrite) re-makes it, says so, and
  * the cache equals the uninterrupted one. */
 static void test_rerun_repairs_a_missing_shard(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-repair", 1);
-    assert_int_equal(run_out(&c, "first", NULL, NO_ARGS), 0);
-    assert_int_equal(unlink(tkd_test_path(c.out_dir, "shard-00002.h5")), 0);
+    case_begin(&c, *state, 1);
+    finished_without_shard_2(&c);
     assert_int_equal(run_out(&c, "repair", NULL, NO_ARGS), 0);
     assert_non_null(strstr(child_err(c.dir, "repair"), "re-made 1 listed shard(s) found missing or damaged; the first: "));
     assert_non_null(strstr(child_err(c.dir, "repair"), "shard-00002.h5: listed in the manifest but missing\n"));
     tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
-    case_end(&c);
 }
 
 /* A shard's temporary file left behind and still held (flock) by another program: it is a temporary
@@ -158,11 +155,9 @@ static void test_rerun_repairs_a_missing_shard(void **state)
  * test_cache_broken's test_locked_shard). */
 static void test_locked_file_message(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-locked", 1);
-    assert_int_equal(run_out(&c, "first", NULL, NO_ARGS), 0);
-    assert_int_equal(unlink(tkd_test_path(c.out_dir, "shard-00002.h5")), 0);
+    case_begin(&c, *state, 1);
+    finished_without_shard_2(&c);
     int fd = open(tkd_test_path(c.out_dir, "shard-00002.h5.tmp"), O_RDWR | O_CREAT, 0644);
     assert_true(fd >= 0);
     assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
@@ -171,14 +166,12 @@ static void test_locked_file_message(void **state)
     assert_null(strstr(child_err(c.dir, "locked"), "errno"));
     close(fd);
     tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
-    case_end(&c);
 }
 
 static void test_sigint_leaves_valid_manifest(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-sigint", 1);
+    case_begin(&c, *state, 1);
     assert_int_equal(run_out(&c, "int", "TKD_DUMP_TEST_SIGINT_AFTER_BATCHES=5", NO_ARGS), 130);
     assert_error_line(c.dir, "int", "re-run the same command to resume");
     assert_int_equal(tkd_dt_count_suffix(c.out_dir, ".tmp"), 0);
@@ -192,14 +185,12 @@ static void test_sigint_leaves_valid_manifest(void **state)
 
     assert_int_equal(run_out(&c, "resume", NULL, NO_ARGS), 0);
     tkd_dt_assert_same_cache(c.ref_dir, c.out_dir);
-    case_end(&c);
 }
 
 static void test_two_workers_and_merge(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-workers", 1);
+    case_begin(&c, *state, 1);
     const char *worker1[] = {"--set", "workers.index=1", "--set", "workers.count=2", NULL};
     const char *merge[] = {"merge", c.out_dir, NULL};
 
@@ -218,15 +209,13 @@ static void test_two_workers_and_merge(void **state)
     /* The merged cache is a finished single-worker cache: a plain re-run has nothing to do. */
     assert_int_equal(run_out(&c, "again", NULL, NO_ARGS), 0);
     assert_non_null(strstr(child_err(c.dir, "again"), "nothing to do"));
-    case_end(&c);
 }
 
 /* --nproc-per-node 2: the launcher runs both workers and the merge; the cache equals one worker's. */
 static void test_nproc_per_node(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-nproc", 1);
+    case_begin(&c, *state, 1);
     assert_int_equal(run_out(&c, "launch", NULL, (const char *[]){"--nproc-per-node", "2", NULL}), 0);
     assert_non_null(strstr(child_err(c.dir, "launch"), "started worker 1 of 2 (pid "));
     assert_non_null(strstr(child_err(c.dir, "launch"), "2 workers done; merged "));
@@ -237,7 +226,6 @@ static void test_nproc_per_node(void **state)
     assert_error_line(c.dir, "count", "workers.index/workers.count are set (0/2) with --nproc-per-node 2");
     assert_int_equal(run_out(&c, "bad-n", NULL, (const char *[]){"--nproc-per-node", "two", NULL}), 2);
     assert_error_line(c.dir, "bad-n", "--nproc-per-node: 'two' is not an integer");
-    case_end(&c);
 }
 
 /* The pids of the launcher's workers, from its "started worker i of n (pid P)" lines. */
@@ -270,9 +258,8 @@ static void assert_gone(const pid_t pids[2])
  * and names worker 1 with its pid. */
 static void test_nproc_failing_worker_stops_the_others(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-nproc-fail", 0);
+    case_begin(&c, *state, 0);
     setenv("TKD_DUMP_TEST_STALL_AFTER_BATCHES", "1", 1); /* inherited: spawn passes one variable */
     pid_t pid = spawn_out(&c, "launch", "TKD_DUMP_TEST_FAIL_RANK=1", (const char *[]){"--nproc-per-node", "2", NULL});
     unsetenv("TKD_DUMP_TEST_STALL_AFTER_BATCHES");
@@ -286,16 +273,14 @@ static void test_nproc_failing_worker_stops_the_others(void **state)
              (long)pids[1]);
     assert_error_line(c.dir, "launch", want);
     assert_gone(pids);
-    case_end(&c);
 }
 
 /* SIGTERM to the launcher reaches the workers (stalled, so only a signal ends them): all stop,
  * the launcher exits 143 with the resume hint, no worker outlives it. */
 static void test_nproc_sigterm_stops_the_workers(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-nproc-term", 0);
+    case_begin(&c, *state, 0);
     pid_t pid = spawn_out(&c, "launch", "TKD_DUMP_TEST_STALL_AFTER_BATCHES=1", (const char *[]){"--nproc-per-node", "2", NULL});
     /* both workers started (the second's line is written once it is forked) */
     const char *err_path = tkd_test_path(c.dir, "launch.err");
@@ -308,16 +293,14 @@ static void test_nproc_sigterm_stops_the_workers(void **state)
     launched_pids(c.dir, "launch", pids);
     assert_error_line(c.dir, "launch", "re-run the same command to resume");
     assert_gone(pids);
-    case_end(&c);
 }
 
 /* A second writer on a cache directory stops at once with one line naming the holder's pid (exit
  * 1), and so does merge; after the holder is SIGKILLed the same command runs. */
 static void test_second_writer_refused(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-lock", 0);
+    case_begin(&c, *state, 0);
     assert_int_equal(tkd_owned_dir_claim(&tkd_dump_dir_kind, c.out_dir), TKD_OK);
     pid_t pid = tkd_test_lock_holder(c.out_dir, ".topkd-lock", NULL);
     char want[64];
@@ -333,14 +316,12 @@ static void test_second_writer_refused(void **state)
     assert_int_equal(remove(w0), 0);
     tkd_test_kill_holder(pid);
     assert_int_equal(run_out(&c, "free", NULL, NO_ARGS), 0);
-    case_end(&c);
 }
 
 static void test_cli_errors(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-errors", 0);
+    case_begin(&c, *state, 0);
     /* an unknown key: config error, exit 2 */
     assert_int_equal(run(c.dir, "key", NULL, (const char *[]){"--config", c.cfg, "--set", "cache.kk=3", NULL}), 2);
     assert_true(strncmp(child_err(c.dir, "key"), "teacher-dump: ", 14) == 0);
@@ -361,16 +342,14 @@ static void test_cli_errors(void **state)
                      0);
     assert_non_null(strstr(child_err(c.dir, "resume-flag"), "teacher-dump: --resume is not needed"));
     assert_non_null(strstr(child_err(c.dir, "resume-flag"), "is complete"));
-    case_end(&c);
 }
 
 /* A FIFO nobody writes to, given as the token file or as the config, is refused at once with a
  * one-line error naming it (teacher-dump used to hang in open). */
 static void test_fifo_inputs_refused(void **state)
 {
-    (void)state;
     cli_case c;
-    case_begin(&c, "dumpcli-fifo", 0);
+    case_begin(&c, *state, 0);
     char fifo[4400], paths[4500];
     snprintf(fifo, sizeof fifo, "%s/tokens.fifo", c.dir);
     assert_int_equal(mkfifo(fifo, 0600), 0);
@@ -381,27 +360,14 @@ static void test_fifo_inputs_refused(void **state)
     pid = spawn(c.dir, "cfg", NULL, (const char *[]){"--config", fifo, NULL});
     assert_int_equal(tkd_test_wait_timeout(pid, 60.0), 1);
     assert_error_line(c.dir, "cfg", "tokens.fifo: config file is a FIFO (named pipe)");
-    case_end(&c);
 }
 
 int main(void)
 {
-    if (access(BIN, X_OK) != 0 || access(BIN_HOOKS, X_OK) != 0) {
-        printf("skipped: %s or %s not built\n", BIN, BIN_HOOKS);
-        return 77;
-    }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kill_mid_shard_then_resume),
-        cmocka_unit_test(test_sigint_leaves_valid_manifest),
-        cmocka_unit_test(test_locked_file_message),
-        cmocka_unit_test(test_rerun_repairs_a_missing_shard),
-        cmocka_unit_test(test_two_workers_and_merge),
-        cmocka_unit_test(test_nproc_per_node),
-        cmocka_unit_test(test_nproc_failing_worker_stops_the_others),
-        cmocka_unit_test(test_nproc_sigterm_stops_the_workers),
-        cmocka_unit_test(test_second_writer_refused),
-        cmocka_unit_test(test_cli_errors),
-        cmocka_unit_test(test_fifo_inputs_refused),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    tkd_test_require_built((const char *[]){BIN, BIN_HOOKS, NULL});
+    return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_kill_mid_shard_then_resume,
+                             test_sigint_leaves_valid_manifest, test_locked_file_message,
+                             test_rerun_repairs_a_missing_shard, test_two_workers_and_merge, test_nproc_per_node,
+                             test_nproc_failing_worker_stops_the_others, test_nproc_sigterm_stops_the_workers,
+                             test_second_writer_refused, test_cli_errors, test_fifo_inputs_refused);
 }

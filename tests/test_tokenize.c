@@ -465,21 +465,8 @@ static void test_cli_closing_line(void **state)
  * space 94, newline 95, "he" 96, " t" 97, " the" 98, <|eos|> 99 (its eos_token). */
 static const char *ascii_tokenizer(void)
 {
-    char cmd[4400];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmp("ascii"));
-    assert_int_equal(system(cmd), 0);
-    FILE *f = fopen(tmp("ascii/tokenizer.json"), "w");
-    assert_non_null(f);
-    fprintf(f, "{\"added_tokens\": [{\"id\": 99, \"content\": \"<|eos|>\", \"special\": true, \"normalized\": false}],"
-               " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
-               " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
-               " \"vocab\": {");
-    for (int b = 0x21; b <= 0x7E; b++)
-        fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b - 0x21);
-    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95, \"he\": 96, \"\u0120t\": 97, \"\u0120the\": 98},"
-               " \"merges\": [\"h e\", \"\u0120 t\", \"\u0120t he\"]}}");
-    fclose(f);
-    tkd_test_write_text(tmp("ascii/tokenizer_config.json"), "{\"eos_token\": \"<|eos|>\"}");
+    tkd_test_ascii_tokenizer(tmp("ascii"), -1, "\"he\": 96, \"\u0120t\": 97, \"\u0120the\": 98",
+                             "\"h e\", \"\u0120 t\", \"\u0120t he\"");
     return tmp("ascii");
 }
 
@@ -522,16 +509,7 @@ static void test_dump_from_text(void **state)
     tkd_test_assert_msg_has("data.tokenizer: ");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reader_separator), cmocka_unit_test(test_reader_large),
-        cmocka_unit_test(test_reader_jsonl),     cmocka_unit_test(test_mixed_inputs),
-        cmocka_unit_test(test_many_docs_and_shards), cmocka_unit_test(test_bos_from_template),
-        cmocka_unit_test(test_errors),           cmocka_unit_test(test_parse_args),
-        cmocka_unit_test(test_cli),              cmocka_unit_test(test_dump_from_text),
-        cmocka_unit_test(test_cli_output_into_new_folder), cmocka_unit_test(test_format_totals),
-        cmocka_unit_test(test_cli_closing_line),
-    };
-    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
-}
+TKD_TEST_MAIN_WITH(tkd_test_group_dir_setup, tkd_test_group_dir_teardown, TKD_TEST_EACH_NONE,
+    test_reader_separator, test_reader_large, test_reader_jsonl, test_mixed_inputs, test_many_docs_and_shards,
+    test_bos_from_template, test_errors, test_parse_args, test_cli, test_dump_from_text,
+    test_cli_output_into_new_folder, test_format_totals, test_cli_closing_line)

@@ -17,7 +17,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,15 +69,15 @@ static tkd_status run_opts(tkd_tokenize_opts *o, const char *out, const char **i
 }
 
 /* How many entries of dir start with prefix (hidden lock files are not outputs: skipped). */
+static long long named(const char *path, const char *name, void *prefix)
+{
+    (void)path;
+    return name[0] != '.' && strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
 static int count_named(const char *dir, const char *prefix)
 {
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += e->d_name[0] != '.' && strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    closedir(d);
-    return n;
+    return (int)tkd_test_dir_sum(dir, named, (void *)prefix);
 }
 
 /* ---- item 2: an output that is an input ------------------------------------------------------- */
@@ -150,8 +149,7 @@ static void test_output_is_input(void **state)
     assert_string_equal(kept, text);
     free(kept);
     free(log), free(shard7), free(out), free(doc), free(slink), free(hard), free(dotted);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 3: one writer per output ------------------------------------------------------------ */
@@ -184,8 +182,7 @@ static void test_second_writer_refused(void **state)
     assert_int_equal(run_opts(&o, out, inputs, 1), TKD_OK);
     assert_true(count_named(dir, "out_") >= 2);
     free(log), free(doc), free(out);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 7: numeric flags -------------------------------------------------------------------- */
@@ -334,8 +331,7 @@ static void test_interrupted_shards(void **state)
     tkd_test_assert_msg_has(".bin exists — pass --overwrite");
     tkd_test_assert_msg_has("/out_0000");
     free(in), free(out), free(shard0);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 12: a failed write says why --------------------------------------------------------- */
@@ -345,10 +341,7 @@ static void test_interrupted_shards(void **state)
 static tkd_status run_with_fsize_limit(const char *out, const char *in, int64_t shard_tokens, char *msg, size_t cap)
 {
     int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = tkd_test_fork(fds);
     if (pid == 0) {
         close(fds[0]);
         signal(SIGXFSZ, SIG_IGN);
@@ -390,8 +383,7 @@ static void test_write_error_reason(void **state)
         assert_int_equal(count_named(dir, "out"), 0); /* nothing half-written left */
     }
     free(in), free(out);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- batches around long documents ---------------------------------------------------------- */
@@ -439,8 +431,7 @@ static void test_long_documents_in_order(void **state)
     tkd_tokenizer_ctx_free(ctx);
     tkd_tokenizer_free(tok);
     free(in), free(out);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 
 /* ---- item 12: a document longer than a batch ------------------------------------------------- */
@@ -490,8 +481,7 @@ static void test_long_document_memory(void **state)
      * (as before) made it 2.3x */
     assert_true(growth < 1.8);
     free(doc), free(out), free(log);
-    tkd_test_rmtree(dir);
-    free(dir);
+    tkd_test_rmdtemp(dir);
 }
 #else
 static void test_long_document_memory(void **state)
@@ -501,13 +491,6 @@ static void test_long_document_memory(void **state)
 }
 #endif
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_output_is_input),     cmocka_unit_test(test_second_writer_refused),
-        cmocka_unit_test(test_numeric_flags),       cmocka_unit_test(test_cli_parse_int),
-        cmocka_unit_test(test_interrupted_shards),  cmocka_unit_test(test_write_error_reason),
-        cmocka_unit_test(test_long_documents_in_order), cmocka_unit_test(test_long_document_memory),
-    };
-    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
-}
+TKD_TEST_MAIN_WITH(tkd_test_group_dir_setup, tkd_test_group_dir_teardown, TKD_TEST_EACH_NONE, test_output_is_input,
+    test_second_writer_refused, test_numeric_flags, test_cli_parse_int, test_interrupted_shards,
+    test_write_error_reason, test_long_documents_in_order, test_long_document_memory)

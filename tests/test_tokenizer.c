@@ -798,19 +798,8 @@ static void test_long_words(void **state)
     tkd_tokenizer_free(tok);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parity_gpt2),     cmocka_unit_test(test_parity_qwen3),
-        cmocka_unit_test(test_parity_llama3),   cmocka_unit_test(test_real_specials),
-        cmocka_unit_test(test_decode_round_trip), cmocka_unit_test(test_random_round_trip),
-        cmocka_unit_test(test_nfc_stretches),   cmocka_unit_test(test_bpe_basics),
-        cmocka_unit_test(test_bpe_merge_order), cmocka_unit_test(test_lossy_utf8),
-        cmocka_unit_test(test_added_normalized), cmocka_unit_test(test_template_and_config),
-        cmocka_unit_test(test_refusals),        cmocka_unit_test(test_pattern_translation),
-        cmocka_unit_test(test_strict_json),     cmocka_unit_test(test_empty_sequences),
-        cmocka_unit_test(test_id_limits),       cmocka_unit_test(test_split_backtracking),
-        cmocka_unit_test(test_long_words),
-    };
-    return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
-}
+TKD_TEST_MAIN_WITH(tkd_test_group_dir_setup, tkd_test_group_dir_teardown, TKD_TEST_EACH_NONE, test_parity_gpt2,
+    test_parity_qwen3, test_parity_llama3, test_real_specials, test_decode_round_trip,
+    test_random_round_trip, test_nfc_stretches, test_bpe_basics, test_bpe_merge_order, test_lossy_utf8,
+    test_added_normalized, test_template_and_config, test_refusals, test_pattern_translation,
+    test_strict_json, test_empty_sequences, test_id_limits, test_split_backtracking, test_long_words)

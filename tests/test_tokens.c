@@ -646,13 +646,7 @@ static void test_read_ranges(void **state)
     tkd_tokens_free(ds);
 }
 
-static tkd_status open_broken(const char *path)
-{
-    tkd_tokens *ds = NULL;
-    tkd_status st = tkd_tokens_open(path, &ds);
-    assert_null(ds);
-    return st;
-}
+TKD_TEST_OPENER(open_broken, tkd_tokens, tkd_tokens_open)
 
 static void test_broken_files(void **state)
 {

@@ -143,13 +143,4 @@ static void test_nonfinite(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shapes),
-        cmocka_unit_test(test_const_row_picks_smallest_ids),
-        cmocka_unit_test(test_bad_args),
-        cmocka_unit_test(test_nonfinite),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN(test_shapes, test_const_row_picks_smallest_ids, test_bad_args, test_nonfinite)

@@ -70,24 +70,19 @@ static void test_half_set_variables_are_refused(void **state)
 /* ---- a worker of another split ------------------------------------------------------------------ */
 
 typedef struct split_case {
-    char *dir;
     char out[4200];
     const char *tok;
     char tok_path[4200];
 } split_case;
 
-static void split_begin(split_case *c, const char *tag)
+/* A split's files in dir (made when missing; a test's own temp dir, TKD_TEST_EACH_DIR): 300 random
+ * tokens in <dir>/tok.npy, the cache <dir>/out. */
+static void split_begin(split_case *c, const char *dir)
 {
-    c->dir = tkd_test_mkdtemp(tag);
-    snprintf(c->out, sizeof c->out, "%s/out", c->dir);
-    snprintf(c->tok_path, sizeof c->tok_path, "%s", tkd_dt_random_tokens(c->dir, "tok.npy", 300, 131, 3));
+    assert_int_equal(tkd_mkdir_p(dir), TKD_OK);
+    snprintf(c->out, sizeof c->out, "%s/out", dir);
+    snprintf(c->tok_path, sizeof c->tok_path, "%s", tkd_dt_random_tokens(dir, "tok.npy", 300, 131, 3));
     c->tok = c->tok_path;
-}
-
-static void split_end(split_case *c)
-{
-    tkd_test_rmtree(c->dir);
-    free(c->dir);
 }
 
 /* Runs worker index of count (count 1: a single run) with extra YAML; the status, message kept. */
@@ -107,6 +102,14 @@ static void run_worker_ok(const split_case *c, int index, int count)
         fail_msg("worker %d of %d: %s", index, count, tkd_error_msg());
 }
 
+/* A split in dir whose both workers of 2 have finished (not merged). */
+static void two_workers_done(split_case *c, const char *dir)
+{
+    split_begin(c, dir);
+    run_worker_ok(c, 0, 2);
+    run_worker_ok(c, 1, 2);
+}
+
 static void assert_refused(tkd_status st, const char *what)
 {
     if (st != TKD_ERR_MISMATCH)
@@ -119,9 +122,8 @@ static int exists(const char *dir, const char *name) { return access(tkd_test_pa
  * before writing anything, naming the file and both counts; the 2-worker cache then completes. */
 static void test_worker_of_another_count_is_refused(void **state)
 {
-    (void)state;
     split_case c;
-    split_begin(&c, "split-count");
+    split_begin(&c, *state);
     run_worker_ok(&c, 0, 2);
     assert_refused(run_worker(&c, 1, 3, NULL, false), "worker 1 of 3");
     tkd_test_assert_msg_has("manifest.worker-0.yaml: records worker 0 of 2, but this run is worker 1 of 3 — ");
@@ -141,21 +143,18 @@ static void test_worker_of_another_count_is_refused(void **state)
     assert_int_equal(unlink(tkd_test_path(c.out, "manifest.worker-1.yaml")), 0);
     assert_refused(run_worker(&c, 0, 3, NULL, false), "worker 0 of 3 beside markers");
     tkd_test_assert_msg_has("worker-0.done: records worker 0 of 2, but this run is worker 0 of 3");
-    split_end(&c);
 }
 
 /* Same count, another split of the sequences (data.max_sequences changed for one worker). */
 static void test_worker_of_another_range_is_refused(void **state)
 {
-    (void)state;
     split_case c;
-    split_begin(&c, "split-range");
+    split_begin(&c, *state);
     run_worker_ok(&c, 0, 2);
     assert_refused(run_worker(&c, 1, 2, "data: {max_sequences: 10}\n", false), "worker 1 of 2 over 10 sequences");
     tkd_test_assert_msg_has("manifest.worker-0.yaml: records sequences [0, 8) for worker 0 of 2, where this config "
                             "gives that worker [0, 4) — ");
     assert_false(exists(c.out, "manifest.worker-1.yaml"));
-    split_end(&c);
 }
 
 /* merge records the count; a worker of another count is refused by manifest.yaml alone; one
@@ -163,11 +162,8 @@ static void test_worker_of_another_range_is_refused(void **state)
  * worker manifests of this count is taken as merged from them. */
 static void test_merged_manifest_records_the_count(void **state)
 {
-    (void)state;
     split_case c;
-    split_begin(&c, "split-merged");
-    run_worker_ok(&c, 0, 2);
-    run_worker_ok(&c, 1, 2);
+    two_workers_done(&c, *state);
     assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
     tkd_cache_manifest m;
     assert_int_equal(tkd_cache_manifest_read(&m, tkd_test_path(c.out, "manifest.yaml")), TKD_OK);
@@ -190,14 +186,12 @@ static void test_merged_manifest_records_the_count(void **state)
     assert_refused(run_worker(&c, 2, 3, NULL, false), "worker 2 of 3 over a merge of 2");
     tkd_test_assert_msg_has("manifest.yaml: was merged from 2 workers, but this run is worker 2 of 3 — ");
     assert_false(exists(c.out, "manifest.worker-2.yaml"));
-    split_end(&c);
 
-    split_begin(&c, "split-single");
+    split_begin(&c, tkd_test_path(*state, "single")); /* a second cache beside */
     run_worker_ok(&c, 0, 1);
     assert_refused(run_worker(&c, 1, 2, NULL, false), "worker 1 of 2 over a single run's cache");
     tkd_test_assert_msg_has("manifest.yaml: was written by one worker, but this run is worker 1 of 2 — ");
     tkd_test_assert_msg_has("run it as 1 worker");
-    split_end(&c);
 }
 
 /* ---- merge ------------------------------------------------------------------------------------- */
@@ -218,11 +212,8 @@ static void flip_byte(const char *path)
 
 static void test_merge_checks_every_sha256(void **state)
 {
-    (void)state;
     split_case c;
-    split_begin(&c, "split-sha");
-    run_worker_ok(&c, 0, 2);
-    run_worker_ok(&c, 1, 2);
+    two_workers_done(&c, *state);
     /* one byte of a shard, same size */
     char shard[4300];
     snprintf(shard, sizeof shard, "%s", tkd_test_path(c.out, "shard-00003.h5"));
@@ -248,38 +239,32 @@ static void test_merge_checks_every_sha256(void **state)
     assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_ERR_CHECKSUM);
     tkd_test_assert_msg_has("shard-00001.h5: listed by worker 0 of 2 (");
     assert_false(exists(c.out, "manifest.yaml"));
-    split_end(&c);
 }
 
 /* A marker of 3 workers left beside 2 workers' parts: merge refuses the directory's two splits,
  * naming it. */
 static void test_merge_refuses_two_splits(void **state)
 {
-    (void)state;
     split_case c;
-    split_begin(&c, "split-merge2");
-    run_worker_ok(&c, 0, 2);
-    run_worker_ok(&c, 1, 2);
+    two_workers_done(&c, *state);
     tkd_test_write_text(tkd_test_path(c.out, "worker-2.done"), "worker: 2\nworkers: 3\nfirst_seq: 12\nend_seq: 18\n");
     assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_ERR_MISMATCH);
     tkd_test_assert_msg_has("worker-2.done: records worker 2 of 3, but ");
     tkd_test_assert_msg_has("manifest.worker-0.yaml records a split into 2 workers — ");
     assert_false(exists(c.out, "manifest.yaml"));
-    split_end(&c);
 }
 
 /* What the refusal advises works: every worker of a new count with --overwrite leaves nothing of
  * the old split, and merge joins the new one into the same cache. */
 static void test_overwrite_on_every_worker_starts_a_new_split(void **state)
 {
-    (void)state;
     split_case c;
-    split_begin(&c, "split-again");
+    split_begin(&c, *state);
     for (int i = 0; i < 3; i++)
         run_worker_ok(&c, i, 3);
     assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
     char ref[4300];
-    snprintf(ref, sizeof ref, "%s/ref", c.dir);
+    snprintf(ref, sizeof ref, "%s/ref", (const char *)*state);
     assert_int_equal(rename(c.out, ref), 0);
     for (int i = 0; i < 3; i++)
         run_worker_ok(&c, i, 3);
@@ -291,7 +276,6 @@ static void test_overwrite_on_every_worker_starts_a_new_split(void **state)
     assert_false(exists(c.out, "worker-2.done"));
     assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
     tkd_dt_assert_same_cache(ref, c.out);
-    split_end(&c);
 }
 
 /* A dump split over two workers and merged writes the very files one worker writes (issue 26): the
@@ -299,19 +283,17 @@ static void test_overwrite_on_every_worker_starts_a_new_split(void **state)
  * time recorded in a shard would show. */
 static void test_split_gives_the_same_files(void **state)
 {
-    (void)state;
     split_case c;
-    split_begin(&c, "split-bytes");
+    split_begin(&c, *state);
     run_worker_ok(&c, 0, 1);
     char ref[4300];
-    snprintf(ref, sizeof ref, "%s/ref", c.dir);
+    snprintf(ref, sizeof ref, "%s", tkd_test_path(*state, "ref"));
     assert_int_equal(rename(c.out, ref), 0);
     tkd_dt_next_second();
     run_worker_ok(&c, 0, 2);
     run_worker_ok(&c, 1, 2);
     assert_int_equal(tkd_dump_merge(c.out, NULL, NULL), TKD_OK);
     tkd_dt_assert_same_bytes(ref, c.out);
-    split_end(&c);
 }
 
 /* ---- the launcher's one line -------------------------------------------------------------------- */
@@ -330,8 +312,7 @@ static int count_lines(const char *text)
  * left behind. */
 static void test_nproc_start_failure_is_one_line(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("split-nproc");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     const char *cfg = tkd_dt_cli_config(dir, 5, "");
     char out[4400], teacher[4400], err[4400];
     snprintf(out, sizeof out, "output.dir=%s/out", dir);
@@ -354,16 +335,13 @@ static void test_nproc_start_failure_is_one_line(void **state)
     if (rc != 2 || count_lines(text) != 1 || !strstr(text, "SLURM_PROCID=1 is set without SLURM_NTASKS"))
         fail_msg("SLURM_PROCID alone: exit %d:\n%s", rc, text);
     free(text);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
 /* student-train shares the launcher: two ranks that cannot start (here a cache that is not there,
  * and on a build without CUDA, no device for two ranks) give one line too. */
 static void test_student_nproc_start_failure_is_one_line(void **state)
 {
-    (void)state;
-    char *dir = tkd_test_mkdtemp("split-student");
+    const char *dir = *state; /* this test's own temp dir (TKD_TEST_EACH_DIR) */
     char run_dir[4400], cache[4400], err[4400];
     snprintf(run_dir, sizeof run_dir, "run.dir=%s/runs", dir);
     snprintf(cache, sizeof cache, "data.cache=%s/no-cache", dir);
@@ -376,23 +354,10 @@ static void test_student_nproc_start_failure_is_one_line(void **state)
         !strstr(text, " failed with exit code "))
         fail_msg("exit %d, stderr not one line naming the worker and its error:\n%s", rc, text);
     free(text);
-    tkd_test_rmtree(dir);
-    free(dir);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_half_set_variables_are_refused),
-        cmocka_unit_test(test_worker_of_another_count_is_refused),
-        cmocka_unit_test(test_worker_of_another_range_is_refused),
-        cmocka_unit_test(test_merged_manifest_records_the_count),
-        cmocka_unit_test(test_merge_checks_every_sha256),
-        cmocka_unit_test(test_merge_refuses_two_splits),
-        cmocka_unit_test(test_overwrite_on_every_worker_starts_a_new_split),
-        cmocka_unit_test(test_split_gives_the_same_files),
-        cmocka_unit_test(test_nproc_start_failure_is_one_line),
-        cmocka_unit_test(test_student_nproc_start_failure_is_one_line),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+TKD_TEST_MAIN_EACH_DIR(test_half_set_variables_are_refused, test_worker_of_another_count_is_refused,
+    test_worker_of_another_range_is_refused, test_merged_manifest_records_the_count,
+    test_merge_checks_every_sha256, test_merge_refuses_two_splits,
+    test_overwrite_on_every_worker_starts_a_new_split, test_split_gives_the_same_files,
+    test_nproc_start_failure_is_one_line, test_student_nproc_start_failure_is_one_line)

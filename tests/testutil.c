@@ -6,12 +6,15 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
+#include <errno.h>
 #include <hdf5.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +44,12 @@ int tkd_test_rmtree(const char *path)
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
     return system(cmd);
+}
+
+void tkd_test_rmdtemp(char *dir)
+{
+    tkd_test_rmtree(dir);
+    free(dir);
 }
 
 const char *tkd_test_src(const char *rel)
@@ -87,16 +96,78 @@ int tkd_test_group_dir_setup(void **state)
 int tkd_test_group_dir_teardown(void **state)
 {
     (void)state;
-    tkd_test_rmtree(tkd_test_group_dir);
-    free(tkd_test_group_dir);
+    tkd_test_rmdtemp(tkd_test_group_dir);
     tkd_test_group_dir = NULL;
     return 0;
+}
+
+int tkd_test_dir_setup(void **state)
+{
+    const char *tag = *state ? (const char *)*state : "test";
+    *state = tkd_test_mkdtemp(tag);
+    return 0;
+}
+
+int tkd_test_dir_teardown(void **state)
+{
+    tkd_test_rmdtemp(*state);
+    *state = NULL;
+    return 0;
+}
+
+void tkd_test_require_built(const char *const *bins)
+{
+    for (const char *const *b = bins; *b; b++)
+        if (access(*b, X_OK) != 0) {
+            printf("skipped: %s not built\n", *b);
+            exit(77);
+        }
+}
+
+int tkd_test_main(const char *names, const tkd_test_fn *fns, size_t n, tkd_test_fixture_fn group_setup,
+                  tkd_test_fixture_fn group_teardown, int each)
+{
+    /* names arrives as the preprocessor wrote the macro's arguments: "test_a, test_b, ..." with
+     * white space folded to single spaces; one copy, cut at the commas, names every test */
+    struct CMUnitTest *tests = calloc(n, sizeof *tests);
+    char *copy = strdup(names);
+    if (!tests || !copy)
+        abort();
+    char *at = copy;
+    for (size_t i = 0; i < n; i++) {
+        at += strspn(at, " ");
+        char *end = at + strcspn(at, ",");
+        char *next = *end ? end + 1 : end;
+        while (end > at && end[-1] == ' ')
+            end--;
+        *end = '\0';
+        tests[i].name = at;
+        tests[i].test_func = fns[i];
+        if (each == TKD_TEST_EACH_DIR) {
+            tests[i].setup_func = tkd_test_dir_setup;
+            tests[i].teardown_func = tkd_test_dir_teardown;
+            tests[i].initial_state = (void *)at; /* the dir's tag */
+        }
+        at = next;
+    }
+    int failed = _cmocka_run_group_tests("tests", tests, n, group_setup, group_teardown);
+    free(copy);
+    free(tests);
+    return failed;
 }
 
 void tkd_test_assert_msg_has(const char *needle)
 {
     if (!strstr(tkd_error_msg(), needle))
         fail_msg("message \"%s\" lacks \"%s\"", tkd_error_msg(), needle);
+}
+
+void tkd_test_expect_error(tkd_status got, tkd_status want, const char *const *frags)
+{
+    assert_int_equal(got, want);
+    printf("expected error: %s\n", tkd_error_msg());
+    for (; *frags; frags++)
+        tkd_test_assert_msg_has(*frags);
 }
 
 int tkd_test_broken_files(const char *prefix, tkd_test_open_fn open_file)
@@ -209,6 +280,16 @@ tkd_kl_params tkd_test_kl_params(tkd_kl_variant var, double tau, double alpha, i
 
 /* ---- child processes ------------------------------------------------------------------------- */
 
+pid_t tkd_test_fork(int *fds)
+{
+    if (fds)
+        assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    return pid;
+}
+
 pid_t tkd_test_spawn(const char *bin, const char *const *args, const char *env, const char *out_path)
 {
     const char *argv[32] = {bin};
@@ -269,9 +350,7 @@ int tkd_test_signal_when(pid_t pid, const char *path, int sig)
 pid_t tkd_test_lock_holder(const char *dir, const char *name, const char *part)
 {
     int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = tkd_test_fork(fds);
     if (pid == 0) {
         /* a test that fails while the holder lives must not leave it behind */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1)
@@ -497,8 +576,7 @@ tkd_status tkd_test_student_dir_make(tkd_test_student_dir *s, const char *tag, c
 void tkd_test_student_dir_free(tkd_test_student_dir *s)
 {
     if (s->dir)
-        tkd_test_rmtree(s->dir);
-    free(s->dir);
+        tkd_test_rmdtemp(s->dir);
     s->dir = NULL;
 }
 
@@ -511,6 +589,36 @@ int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher
     }
     *state = s;
     return 0;
+}
+
+int tkd_test_tiny_student_setup(void **state)
+{
+    tkd_test_teacher_opts o = {.vocab = 64, .hidden = 16, .seq_len = 8, .k = 4, .temperature = 1.0f,
+                               .num_seq = 32, .shard_seqs = 16, .seed = 5};
+    return tkd_test_student_setup(state, "tiny-student", &o);
+}
+
+tkd_status tkd_test_tiny_student(const tkd_test_student_dir *s, const char *run_dir, const char *name, int resume,
+                                 const char *extra, struct tkd_train_result *res)
+{
+    char cache_set[4300];
+    snprintf(cache_set, sizeof cache_set, "data.cache=%s", s->cache);
+    const char *sets[14] = {"model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1",
+                            "model.num_heads=2", "model.num_kv_heads=2", "model.max_position_embeddings=8",
+                            "data.val_fraction=0.125", "train.batch_size=4", "train.eval_interval=0",
+                            "train.max_steps=4", "train.log_interval=1", "device=cpu", cache_set, extra};
+    return tkd_test_student_train(run_dir ? run_dir : s->runs, name, sets, extra ? 14 : 13, resume, res);
+}
+
+const char *tkd_test_in_run(const tkd_test_student_dir *s, const char *name, const char *file)
+{
+    static char buf[4][4400];
+    static int k;
+    k = (k + 1) % 4;
+    int n = snprintf(buf[k], sizeof buf[k], "%s/%s/%s", s->runs, name, file);
+    if (n < 0 || (size_t)n >= sizeof buf[k])
+        fail_msg("path %s/%s/%s is too long", s->runs, name, file);
+    return buf[k];
 }
 
 int tkd_test_student_teardown(void **state)
@@ -569,6 +677,48 @@ void tkd_test_write_text(const char *path, const char *text)
         fail_msg("cannot write %s", path);
     fputs(text, f);
     assert_int_equal(fclose(f), 0);
+}
+
+void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab, const char *merges)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        fail_msg("mkdir %s: %s", dir, strerror(errno));
+    FILE *f = fopen(tkd_test_path(dir, "tokenizer.json"), "w");
+    assert_non_null(f);
+    fprintf(f, "{\"added_tokens\": [{\"id\": 99, \"content\": \"<|eos|>\", \"special\": true, \"normalized\": false}],"
+               " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
+               " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\","
+               " \"vocab\": {");
+    for (int b = 0x21; b <= 0x7E; b++)
+        fprintf(f, "\"%s%c\": %d, ", b == '"' || b == '\\' ? "\\" : "", b, b == 'Z' && z_id >= 0 ? z_id : b - 0x21);
+    fprintf(f, "\"\u0120\": 94, \"\u010a\": 95%s%s}, \"merges\": [%s]}}", *extra_vocab ? ", " : "", extra_vocab,
+            merges);
+    fclose(f);
+    tkd_test_write_text(tkd_test_path(dir, "tokenizer_config.json"), "{\"eos_token\": \"<|eos|>\"}");
+}
+
+long long tkd_test_dir_sum(const char *dir, tkd_test_entry_fn each, void *ctx)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        fail_msg("cannot list %s: %s", dir, strerror(errno));
+    long long sum = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            sum += each(tkd_test_path(dir, e->d_name), e->d_name, ctx);
+    closedir(d);
+    return sum;
+}
+
+static long long visible(const char *path, const char *name, void *ctx)
+{
+    (void)path, (void)ctx;
+    return name[0] != '.';
+}
+
+int tkd_test_count_visible(const char *dir)
+{
+    return (int)tkd_test_dir_sum(dir, visible, NULL);
 }
 
 int tkd_test_files_equal(const char *a, const char *b)

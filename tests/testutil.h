@@ -16,6 +16,9 @@ char *tkd_test_mkdtemp(const char *tag);
 /* Removes a directory tree (rm -rf). Returns 0 on success. */
 int tkd_test_rmtree(const char *path);
 
+/* The end of a tkd_test_mkdtemp dir: removes the tree and frees the path. */
+void tkd_test_rmdtemp(char *dir);
+
 /* Path of a file under the source tree's tests/ folder (static buffer, overwritten per call). */
 const char *tkd_test_src(const char *rel);
 
@@ -30,6 +33,39 @@ extern char *tkd_test_group_dir;
 int tkd_test_group_dir_setup(void **state);
 int tkd_test_group_dir_teardown(void **state);
 
+/* The main of a test program: TKD_TEST_MAIN(test_a, test_b, ...) runs the named tests (each a
+ * `static void test_x(void **state)`) as one cmocka group "tests". TKD_TEST_MAIN_WITH also takes the
+ * group's setup and teardown (NULL for none) and `each`: TKD_TEST_EACH_DIR gives every test a fresh
+ * temp dir of its own as *state (a char *, tagged with the test's name, removed after the test
+ * whatever its outcome), TKD_TEST_EACH_NONE nothing; TKD_TEST_MAIN_EACH_DIR(...) is the first
+ * with no group fixture. TKD_TEST_RUN_WITH is the run alone (an int expression: cmocka's count of
+ * failed tests), for a main that does more. cmocka.h must be included before the use. */
+typedef void (*tkd_test_fn)(void **state);
+typedef int (*tkd_test_fixture_fn)(void **state);
+enum { TKD_TEST_EACH_NONE = 0, TKD_TEST_EACH_DIR = 1 };
+#define TKD_TEST_RUN_WITH(group_setup, group_teardown, each, ...)                                            \
+    tkd_test_main(#__VA_ARGS__, (const tkd_test_fn[]){__VA_ARGS__},                                          \
+                  sizeof((const tkd_test_fn[]){__VA_ARGS__}) / sizeof(tkd_test_fn), group_setup, group_teardown, \
+                  each)
+#define TKD_TEST_MAIN_WITH(group_setup, group_teardown, each, ...)                                           \
+    int main(void) { return TKD_TEST_RUN_WITH(group_setup, group_teardown, each, __VA_ARGS__); }
+#define TKD_TEST_MAIN(...) TKD_TEST_MAIN_WITH(NULL, NULL, TKD_TEST_EACH_NONE, __VA_ARGS__)
+#define TKD_TEST_MAIN_EACH_DIR(...) TKD_TEST_MAIN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, __VA_ARGS__)
+
+/* Exits with 77 (ctest "skipped"), saying so, unless the programs bins (NULL-terminated) are all
+ * built: a test of the tools runs only where the build made them. */
+void tkd_test_require_built(const char *const *bins);
+
+/* What TKD_TEST_RUN_WITH runs: names is the comma-separated list of the n functions' names (the
+ * macro's arguments as written), for cmocka's report. Returns cmocka's count of failed tests. */
+int tkd_test_main(const char *names, const tkd_test_fn *fns, size_t n, tkd_test_fixture_fn group_setup,
+                  tkd_test_fixture_fn group_teardown, int each);
+
+/* The per-test fixture of TKD_TEST_EACH_DIR, for a hand-written cmocka test list: setup turns
+ * *state (a tag, or NULL) into a fresh tkd_test_mkdtemp dir; teardown removes and frees it. */
+int tkd_test_dir_setup(void **state);
+int tkd_test_dir_teardown(void **state);
+
 /* A fake environment for code that takes a getenv-like lookup: tkd_test_getenv(name) is the value
  * after name in tkd_test_env ({"NAME", "value", ..., NULL}), or NULL. */
 extern const char *const *tkd_test_env;
@@ -38,8 +74,25 @@ const char *tkd_test_getenv(const char *name);
 /* Fails the test unless the calling thread's error message contains needle. */
 void tkd_test_assert_msg_has(const char *needle);
 
+/* Fails the test unless got is want and the calling thread's error message holds every fragment of
+ * frags (NULL-terminated: TKD_TEST_FRAGS("a", "b")); prints the message ("expected error: ...") so
+ * that the log shows what a user would read. */
+void tkd_test_expect_error(tkd_status got, tkd_status want, const char *const *frags);
+#define TKD_TEST_FRAGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
 /* Opens one broken file: returns its status and asserts nothing was handed out on failure. */
 typedef tkd_status (*tkd_test_open_fn)(const char *path);
+
+/* Defines such an opener, `static tkd_status name(const char *path)`, for a module whose open is
+ * open_fn(path, type **out): the status, after asserting that nothing was handed out. */
+#define TKD_TEST_OPENER(name, type, open_fn)                                                                     \
+    static tkd_status name(const char *path)                                                                   \
+    {                                                                                                          \
+        type *handle = NULL;                                                                                   \
+        tkd_status st = open_fn(path, &handle);                                                                \
+        assert_null(handle);                                                                                   \
+        return st;                                                                                             \
+    }
 
 /* For every row of tests/data/broken/EXPECTED.tsv ("file<TAB>status<TAB>message substring") whose
  * file name starts with prefix: open_file() must give that status, with a message containing the
@@ -76,6 +129,11 @@ void tkd_test_fill_logits(float *x, size_t n, tkd_test_fill f, uint64_t seed);
 tkd_kl_params tkd_test_kl_params(tkd_kl_variant var, double tau, double alpha, int k, int k_use, int s);
 
 /* ---- child processes ------------------------------------------------------------------------- */
+
+/* fork() for a test: stdio flushed first (else the child would write our buffered output again)
+ * and, when fds is not NULL, a pipe made into fds[2] before; fails the test when either fails.
+ * Returns fork's pid (0 in the child). */
+pid_t tkd_test_fork(int *fds);
 
 /* Starts the program bin with arguments args (NULL-terminated, argv[0] excluded: bin is used) and,
  * when env is not NULL, one extra environment assignment "NAME=value"; its stdout and stderr go to
@@ -162,6 +220,20 @@ void tkd_test_student_dir_free(tkd_test_student_dir *s);
 int tkd_test_student_setup(void **state, const char *tag, const tkd_test_teacher_opts *o);
 int tkd_test_student_teardown(void **state);
 
+/* The tiny fixture of the run-directory tests: tkd_test_student_setup with a cache of V 64, D 16,
+ * T 8, k 4, 32 sequences in 2 shards (seed 5). */
+int tkd_test_tiny_student_setup(void **state);
+
+/* A tiny student on that cache (D 16, one layer, 4 steps of batch 4 on the CPU, logged every step,
+ * evaluated at the end), run `name` under run_dir (NULL: s->runs) in mode resume as in
+ * tkd_test_student_train, then one more "key=value" setting extra (NULL: none). */
+struct tkd_train_result;
+tkd_status tkd_test_tiny_student(const tkd_test_student_dir *s, const char *run_dir, const char *name, int resume,
+                                 const char *extra, struct tkd_train_result *res);
+
+/* "<s->runs>/<name>/<file>" in one of 4 static buffers used in turn (a result outlives the next 3). */
+const char *tkd_test_in_run(const tkd_test_student_dir *s, const char *name, const char *file);
+
 /* Reads a whole file into a malloc'd buffer (*len bytes, NUL-terminated); NULL when it cannot. */
 char *tkd_test_read_file(const char *path, size_t *len);
 
@@ -171,6 +243,20 @@ char *tkd_test_slurp(const char *path, size_t *len);
 
 /* Writes text to path (replacing it); fails the test when it cannot. */
 void tkd_test_write_text(const char *path, const char *text);
+
+/* Writes a byte-level BPE tokenizer into the directory dir (made when missing): tokenizer.json with
+ * printable ASCII at ids 0-93 (but 'Z' at z_id when z_id >= 0), space 94, newline 95, then the vocab
+ * entries extra_vocab ("\"he\": 96" or ""), the merges (JSON strings, or ""), and <|eos|> 99 as an
+ * added special token; tokenizer_config.json names it the eos_token. Fails the test when it cannot. */
+void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab, const char *merges);
+
+/* Calls each(path, name, ctx) for every entry of dir but "." and ".." (path "<dir>/<name>") and
+ * returns the sum of what the calls returned; fails the test when dir cannot be listed. */
+typedef long long (*tkd_test_entry_fn)(const char *path, const char *name, void *ctx);
+long long tkd_test_dir_sum(const char *dir, tkd_test_entry_fn each, void *ctx);
+
+/* The entries of dir whose name does not begin with '.'. */
+int tkd_test_count_visible(const char *dir);
 
 /* 1 when the two files exist and have the same bytes. */
 int tkd_test_files_equal(const char *a, const char *b);
