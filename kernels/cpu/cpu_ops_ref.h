@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include "kernels/cpu/cpu_moe.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -67,6 +69,20 @@ void tkd_ref_attn_bwd(const double *dy, // (B·T, H·dh)
 void tkd_ref_swiglu_fwd(const double *g, const double *u, int64_t n, double *h); // (n) each
 void tkd_ref_swiglu_bwd(const double *dh, const double *g, const double *u, int64_t n,
                         double *dg, double *du); // (n) each, +=
+
+/* The mixture-of-experts layer of cpu_moe.h (p must pass tkd_moe_params_check). Unlike the ops
+ * above it reads the same fp32 tensors as the fast path (x and every weight are fp32 in the model),
+ * and computes everything in double from them: router logits, softmax, top-k (ties: lower expert
+ * index first), each chosen expert and the weighted sum. experts / weights (router order, largest
+ * weight first) may be NULL. */
+void tkd_ref_moe_fwd(const tkd_moe_params *p, const tkd_moe_weights *w,
+                     const float *x, // (N, D)
+                     int N, double *y, // (N, D)
+                     int32_t *experts, // (N, k) or NULL
+                     double *weights); // (N, k) or NULL
+/* gpt-oss's clamped SwiGLU (tkd_moe_act) in double. */
+void tkd_ref_swiglu_clamp_fwd(const double *g, const double *u, int64_t n, double limit,
+                              double alpha, double *h); // (n) each
 
 #ifdef __cplusplus
 }
