@@ -17,16 +17,22 @@
  *     halves INTERLEAVED: gate = gate_up[..., ::2], up = gate_up[..., 1::2];
  *     gate = min(gate, limit); up = clamp(up, −limit, limit); glu = gate · sigmoid(α · gate);
  *     h = (up + 1) · glu; out = h · down_proj[e] + down_proj_bias[e] with down_proj (E, I, D);
- *     α = 1.702, limit = 7.0 (config swiglu_limit). The down bias is added before the routing
- *     weight multiplies, so it is weighted too.
+ *     α = 1.702 (applied in fp32: torch multiplies an fp32 tensor by a Python float in fp32),
+ *     limit = 7.0 (GptOssExperts.limit; config swiglu_limit). The down bias is added before the
+ *     routing weight multiplies, so it is weighted too. The gate's clamp is one-sided: a very
+ *     negative gate gives a tiny glu, not a clamped one.
  *   Both: y[n] = Σ_j w[n,j] · expert_{e[n,j]}(x[n]), the products formed in fp32 and added with
  *   index_add_ into a zero row in increasing expert order (experts loop 0..E−1); this path sums in
  *   the same order.
  *
- * Ties: torch.topk does not document which of two equal values comes first. We pick the lower
- * expert index first (both the reference and the fast path): equal router logits only happen for
- * equal router rows, and this is what the CPU topk gives for small rows in practice
- * (tests/moe_reference.py prints torch's answer on a tied row for the record).
+ * Ties: torch.topk follows no index order on equal values, and CPU and CUDA disagree (torch
+ * 2.11, recorded by tests/moe_reference.py: zeros(8), k 3 gives [6, 5, 4] on the CPU and [2, 1, 0]
+ * on CUDA; [0, 1, 1, 0, 1] gives [2, 4, 1] and [4, 2, 1]). We pick the lower expert index first,
+ * in the reference and the fast path alike, so our routing is deterministic on every backend.
+ * Exact ties need equal router rows (or bias and row both tied); trained checkpoints have none,
+ * and where one occurs transformers' own answer depends on its device.
+ * Checked against transformers 5.17 (tests/fixtures/moe/, ctest test_moe_transformers): same
+ * routing, outputs within 5e-7 of the largest.
  *
  * Layout the op takes, for both families (row-major, as the dense MLP's weights of this repo):
  * per expert W_gate (I, D), W_up (I, D), W_down (D, I), stacked over experts, plus optional biases.
@@ -113,7 +119,8 @@ tkd_status tkd_cpu_moe_fwd(tkd_cpu_moe_ws *ws, const tkd_moe_weights *w,
 /* gpt-oss's expert tensors (transformers' GptOssExperts, bf16 or dequantised checkpoints alike)
  * into the op's layout: w_gate[e,i,:] = gate_up[e,:,2i], w_up[e,i,:] = gate_up[e,:,2i+1],
  * b_gate[e,i] = gate_up_bias[e,2i], b_up[e,i] = gate_up_bias[e,2i+1], w_down[e,d,i] = down[e,i,d].
- * Biases may be NULL on both sides together. The caller owns every buffer. */
+ * Biases may be NULL on both sides together; down_proj_bias (E, D) is already in the op's layout.
+ * The caller owns every buffer. */
 void tkd_moe_from_gpt_oss(int E, int D, int I,
                           const float *gate_up,      // (E, D, 2I)
                           const float *gate_up_bias, // (E, 2I) or NULL
