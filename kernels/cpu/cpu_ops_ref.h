@@ -5,7 +5,8 @@
  * path and the CUDA kernels are compared with them (tests/test_ops.c), and finite differences check
  * their backward passes in double (tests/test_gradcheck.c). Not for production: no threads, no BLAS.
  * RoPE takes the same fp32 cos/sin tables as the fast path (tkd_rope_table), so both rotate by
- * the same angles.
+ * the same angles. The MoE layer's reference reads the fast path's fp32 tensors and computes in
+ * double from them (tests/test_moe.c).
  */
 #ifndef TKD_CPU_OPS_REF_H
 #define TKD_CPU_OPS_REF_H
