@@ -1,7 +1,9 @@
 /* cpu_ops_ref.c — see cpu_ops_ref.h. Plain loops in double; clarity over speed. */
 #include "kernels/cpu/cpu_ops_ref.h"
 
+#include <assert.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void tkd_ref_embedding_fwd(const int32_t *tok, int N, const double *emb, int D, double *out)
@@ -211,4 +213,118 @@ void tkd_ref_swiglu_bwd(const double *dh, const double *g, const double *u, int6
         if (du)
             du[i] += dh[i] * g[i] * s;
     }
+}
+
+void tkd_ref_swiglu_clamp_fwd(const double *g, const double *u, int64_t n, double limit,
+                              double alpha, double *h)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double gc = g[i] < limit ? g[i] : limit;
+        double uc = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        h[i] = (uc + 1.0) * gc / (1.0 + exp(-alpha * gc));
+    }
+}
+
+/* sel[0..k): the k largest of v[0..E), largest first; among equal values the lower index first. */
+static void ref_topk(const double *v, int E, int k, int32_t *sel)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int t = 0; t < j; t++)
+                taken |= sel[t] == e;
+            if (!taken && (best < 0 || v[e] > v[best]))
+                best = e;
+        }
+        sel[j] = best;
+    }
+}
+
+static void ref_softmax(double *v, int n)
+{
+    double mx = v[0], s = 0;
+    for (int i = 1; i < n; i++)
+        mx = v[i] > mx ? v[i] : mx;
+    for (int i = 0; i < n; i++)
+        s += (v[i] = exp(v[i] - mx));
+    for (int i = 0; i < n; i++)
+        v[i] /= s;
+}
+
+/* One token's routing: sel and wts (k each) from its logits lg (E, overwritten). */
+static void ref_moe_route(const tkd_moe_params *p, double *lg, int32_t *sel, double *wts)
+{
+    if (p->router == TKD_MOE_ROUTER_SOFTMAX_TOPK) {
+        ref_softmax(lg, p->E);
+        ref_topk(lg, p->E, p->k, sel);
+        double s = 0;
+        for (int j = 0; j < p->k; j++)
+            s += (wts[j] = lg[sel[j]]);
+        for (int j = 0; p->norm_topk_prob && j < p->k; j++)
+            wts[j] /= s;
+    } else {
+        ref_topk(lg, p->E, p->k, sel);
+        for (int j = 0; j < p->k; j++)
+            wts[j] = lg[sel[j]];
+        ref_softmax(wts, p->k);
+    }
+}
+
+/* y += wt · expert_e(x) for one token row; h is scratch (I). */
+static void ref_moe_expert(const tkd_moe_params *p, const tkd_moe_weights *w, int e, const float *x,
+                           double wt, double *h, double *y)
+{
+    int D = p->D, I = p->I;
+    for (int i = 0; i < I; i++) {
+        const float *wg = w->w_gate + ((int64_t)e * I + i) * D, *wu = w->w_up + ((int64_t)e * I + i) * D;
+        double g = w->b_gate ? w->b_gate[(int64_t)e * I + i] : 0.0;
+        double u = w->b_up ? w->b_up[(int64_t)e * I + i] : 0.0;
+        for (int d = 0; d < D; d++) {
+            g += (double)x[d] * wg[d];
+            u += (double)x[d] * wu[d];
+        }
+        if (p->act == TKD_MOE_ACT_SWIGLU)
+            tkd_ref_swiglu_fwd(&g, &u, 1, &h[i]);
+        else
+            tkd_ref_swiglu_clamp_fwd(&g, &u, 1, p->limit, p->alpha, &h[i]);
+    }
+    for (int d = 0; d < D; d++) {
+        const float *wd = w->w_down + ((int64_t)e * D + d) * I;
+        double o = w->b_down ? w->b_down[(int64_t)e * D + d] : 0.0;
+        for (int i = 0; i < I; i++)
+            o += h[i] * wd[i];
+        y[d] += wt * o;
+    }
+}
+
+void tkd_ref_moe_fwd(const tkd_moe_params *p, const tkd_moe_weights *w, const float *x, int N,
+                     double *y, int32_t *experts, double *weights)
+{
+    int D = p->D, E = p->E, k = p->k;
+    double *lg = malloc(sizeof(double) * (size_t)(E + k + p->I));
+    int32_t *sel = malloc(sizeof(int32_t) * (size_t)k);
+    assert(lg && sel);
+    double *wts = lg + E, *h = wts + k;
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (int64_t)n * D;
+        for (int e = 0; e < E; e++) {
+            double s = w->router_b ? w->router_b[e] : 0.0;
+            for (int d = 0; d < D; d++)
+                s += (double)xr[d] * w->router_w[(int64_t)e * D + d];
+            lg[e] = s;
+        }
+        ref_moe_route(p, lg, sel, wts);
+        memset(y + (int64_t)n * D, 0, sizeof(double) * (size_t)D);
+        for (int j = 0; j < k; j++)
+            ref_moe_expert(p, w, sel[j], xr, wts[j], h, y + (int64_t)n * D);
+        for (int j = 0; j < k; j++) {
+            if (experts)
+                experts[(int64_t)n * k + j] = sel[j];
+            if (weights)
+                weights[(int64_t)n * k + j] = wts[j];
+        }
+    }
+    free(lg);
+    free(sel);
 }

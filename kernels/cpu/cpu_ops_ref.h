@@ -5,12 +5,15 @@
  * path and the CUDA kernels are compared with them (tests/test_ops.c), and finite differences check
  * their backward passes in double (tests/test_gradcheck.c). Not for production: no threads, no BLAS.
  * RoPE takes the same fp32 cos/sin tables as the fast path (tkd_rope_table), so both rotate by
- * the same angles.
+ * the same angles. The MoE layer's reference reads the fast path's fp32 tensors and computes in
+ * double from them (tests/test_moe.c).
  */
 #ifndef TKD_CPU_OPS_REF_H
 #define TKD_CPU_OPS_REF_H
 
 #include <stdint.h>
+
+#include "kernels/cpu/cpu_moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,6 +76,20 @@ void tkd_ref_attn_bwd(const double *dy, // (B·T, H·dh)
 void tkd_ref_swiglu_fwd(const double *g, const double *u, int64_t n, double *h); // (n) each
 void tkd_ref_swiglu_bwd(const double *dh, const double *g, const double *u, int64_t n,
                         double *dg, double *du); // (n) each, +=
+
+/* The mixture-of-experts layer of cpu_moe.h (p must pass tkd_moe_params_check). Unlike the ops
+ * above it reads the same fp32 tensors as the fast path (x and every weight are fp32 in the model),
+ * and computes everything in double from them: router logits, softmax, top-k (ties: lower expert
+ * index first), each chosen expert and the weighted sum. experts / weights (router order, largest
+ * weight first) may be NULL. */
+void tkd_ref_moe_fwd(const tkd_moe_params *p, const tkd_moe_weights *w,
+                     const float *x, // (N, D)
+                     int N, double *y, // (N, D)
+                     int32_t *experts, // (N, k) or NULL
+                     double *weights); // (N, k) or NULL
+/* gpt-oss's clamped SwiGLU (tkd_moe_act) in double. */
+void tkd_ref_swiglu_clamp_fwd(const double *g, const double *u, int64_t n, double limit,
+                              double alpha, double *h); // (n) each
 
 #ifdef __cplusplus
 }
