@@ -52,6 +52,7 @@
 #include "kernels/cpu/adamw.h"
 #include "kernels/cuda/cuda_policy.h"
 #include "kernels/loss/kl_loss.h"
+#include "kernels/moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,6 +66,23 @@ typedef struct tkd_backend_kl tkd_backend_kl;
 
 /* A backend's AdamW segment table (adamw_create). Opaque. */
 typedef struct tkd_backend_adamw tkd_backend_adamw;
+
+/* A mixture-of-experts layer's workspace on a backend (moe_create), for layers of one shape. Opaque. */
+typedef struct tkd_backend_moe tkd_backend_moe;
+
+/* One MoE layer's weights in backend memory, act dtype (fp32 on the CPU, bf16 on CUDA), in
+ * kernels/cpu/cpu_moe.h's layout (per expert W_gate (I, D), W_up (I, D), W_down (D, I), stacked
+ * over the E experts). A NULL bias is a zero bias. */
+typedef struct tkd_moe_act_weights {
+    const void *router_w; /* (E, D) */
+    const void *router_b; /* (E) or NULL */
+    const void *w_gate;   /* (E, I, D) */
+    const void *w_up;     /* (E, I, D) */
+    const void *w_down;   /* (E, D, I) */
+    const void *b_gate;   /* (E, I) or NULL */
+    const void *b_up;     /* (E, I) or NULL */
+    const void *b_down;   /* (E, D) or NULL */
+} tkd_moe_act_weights;
 
 /* The LM head + top-k consumer's arguments (teacher-dump): per row the top-k ids and raw logits
  * of hidden · Wᵀ, the log-sum-exp at tau over the full vocabulary, and S tail draws (when S > 0)
@@ -224,6 +242,17 @@ typedef struct tkd_backend_ops {
      * dw += ∂(scale·loss)/∂w. */
     tkd_status (*kl_backward)(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p,
                               const void *h, const void *w, float scale, float *dh, float *dw);
+
+    /* ---- mixture of experts (forward only: teachers; kernels/moe.h, cpu/cpu_moe.h's maths) ---- */
+    /* A workspace for layers of shape p over at most max_tokens rows per call. */
+    tkd_status (*moe_create)(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out);
+    void (*moe_free)(tkd_backend *be, tkd_backend_moe *m); /* NULL ok */
+    /* y = MoE(x) for N ≤ max_tokens rows: the router's k experts per token (ties to the lower
+     * index), each a gated MLP, their outputs summed with the routing weights in increasing
+     * expert order. */
+    tkd_status (*moe_fwd)(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_weights *w,
+                          const void *x, int N, // (N, D) act
+                          void *y);             // (N, D) act
 
     /* ---- timing marks (for kernels/backend_profile.h; never a sync per mark) ---- */
     /* Records mark i ≥ 0 after the work enqueued so far: CUDA an event recorded on the compute

@@ -67,6 +67,8 @@
     X(master_download, (, float *dst_host, const void *w, const void *lo, size_t n), (, dst_host, w, lo, n))          \
     X(grad_norm2, (, const float *g, size_t n, double *norm2), (, g, n, norm2))                                       \
     X(grad_scale, (, float *g, size_t n, float s), (, g, n, s))                                                       \
+    X(moe_create, (, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out), (, p, max_tokens, out))       \
+    X(moe_fwd, (, tkd_backend_moe *m, const tkd_moe_act_weights *w, const void *x, int N, void *y), (, m, w, x, N, y)) \
     X(kl_create,                                                                                                      \
       (, const tkd_kl_params *p, int64_t n_max, int d, int v, tkd_backend_kl **out),                                  \
       (, p, n_max, d, v, out))                                                                                        \
@@ -186,6 +188,11 @@ static void prof_kl_free(tkd_backend *be, tkd_backend_kl *kl)
     prof_of(be)->inner->op->kl_free(prof_of(be)->inner, kl);
 }
 
+static void prof_moe_free(tkd_backend *be, tkd_backend_moe *m)
+{
+    prof_of(be)->inner->op->moe_free(prof_of(be)->inner, m);
+}
+
 static tkd_status prof_mark(tkd_backend *be, int64_t i) { return prof_of(be)->inner->op->mark(prof_of(be)->inner, i); }
 
 static tkd_status prof_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
@@ -205,6 +212,7 @@ static void ops_fill(tkd_backend_ops *t, const tkd_backend_ops *in)
     t->attn_saved_bytes = in->attn_saved_bytes ? prof_attn_saved_bytes : NULL;
     t->adamw_free = in->adamw_free ? prof_adamw_free : NULL;
     t->kl_free = in->kl_free ? prof_kl_free : NULL;
+    t->moe_free = in->moe_free ? prof_moe_free : NULL;
     t->lmhead_chunk_rows = in->lmhead_chunk_rows ? prof_lmhead_chunk_rows : NULL;
     t->mark = prof_mark;
     t->mark_ms = prof_mark_ms;

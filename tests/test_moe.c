@@ -54,7 +54,7 @@ static float *rnd(size_t n, uint64_t seed, float std)
 /* Random x ~ N(0, x_std²) and weights scaled by 1/sqrt(fan-in); biases (gpt-oss) ~ N(0, 0.5²). */
 static moe_case case_make(tkd_moe_params p, int N, uint64_t seed, float x_std)
 {
-    size_t D = (size_t)p.D, I = (size_t)p.I, E = (size_t)p.E;
+    size_t D = (size_t)p.D, I = (size_t)p.inter, E = (size_t)p.E;
     moe_case c = {.p = p, .N = N};
     c.x = rnd((size_t)N * D, seed, x_std);
     c.rw = rnd(E * D, seed + 1, 1.0f / sqrtf((float)D));
@@ -178,7 +178,7 @@ static void check_case(const char *what, const moe_case *c, int *hits)
 }
 
 typedef struct shape {
-    int N, D, I, E, k;
+    int N, D, inter, E, k;
 } shape;
 
 /* N = 1, odd D and I, k = 1 and k = E, N·k not a multiple of anything; the last two put ≥ 128 rows
@@ -195,8 +195,8 @@ static void test_qwen3_shapes(void **s)
     for (size_t i = 0; i < sizeof g_shapes / sizeof *g_shapes; i++) {
         const shape *sh = &g_shapes[i];
         for (int norm = 0; norm <= 1; norm++) {
-            moe_case c = case_make(tkd_moe_params_qwen3(sh->D, sh->I, sh->E, sh->k, norm), sh->N, 100 + i, 1.0f);
-            snprintf(what, sizeof what, "qwen3 N %d D %d I %d E %d k %d norm %d", sh->N, sh->D, sh->I, sh->E,
+            moe_case c = case_make(tkd_moe_params_qwen3(sh->D, sh->inter, sh->E, sh->k, norm), sh->N, 100 + i, 1.0f);
+            snprintf(what, sizeof what, "qwen3 N %d D %d I %d E %d k %d norm %d", sh->N, sh->D, sh->inter, sh->E,
                      sh->k, norm);
             check_case(what, &c, NULL);
             case_free(&c);
@@ -208,7 +208,7 @@ static void test_qwen3_shapes(void **s)
  * over every token and every expert, so a test can show the clamp was exercised. */
 static void count_clamped(const moe_case *c, int *g_hi, int *u_lo)
 {
-    int D = c->p.D, I = c->p.I;
+    int D = c->p.D, I = c->p.inter;
     *g_hi = *u_lo = 0;
     for (int n = 0; n < c->N; n++)
         for (int r = 0; r < c->p.E * I; r++) {
@@ -231,9 +231,9 @@ static void test_gpt_oss_shapes(void **s)
         /* x_std 1 keeps the experts unclamped; 12 drives many gates and ups past ±7 */
         const float x_std[] = {1.0f, 12.0f};
         for (int j = 0; j < 2; j++) {
-            moe_case c = case_make(tkd_moe_params_gpt_oss(sh->D, sh->I, sh->E, sh->k, 7.0f), sh->N, 200 + i,
+            moe_case c = case_make(tkd_moe_params_gpt_oss(sh->D, sh->inter, sh->E, sh->k, 7.0f), sh->N, 200 + i,
                                    x_std[j]);
-            snprintf(what, sizeof what, "gpt-oss N %d D %d I %d E %d k %d x_std %g", sh->N, sh->D, sh->I,
+            snprintf(what, sizeof what, "gpt-oss N %d D %d I %d E %d k %d x_std %g", sh->N, sh->D, sh->inter,
                      sh->E, sh->k, (double)x_std[j]);
             if (j == 1 && sh->N > 1) {
                 int g_hi, u_lo;

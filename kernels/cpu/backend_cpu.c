@@ -11,6 +11,7 @@
 #include "common/progress.h"
 #include "common/signals.h"
 #include "kernels/cpu/adamw.h"
+#include "kernels/cpu/cpu_moe.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/loss/kl_loss.h"
 #include "kernels/cpu/tail_sample.h"
@@ -352,6 +353,45 @@ struct tkd_backend_kl {
     tkd_kl_batch b; /* the staged batch: the caller's host pointers, h and w set per call */
 };
 
+struct tkd_backend_moe {
+    tkd_cpu_moe_ws *ws;
+};
+
+static tkd_status cpu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out)
+{
+    (void)be;
+    *out = NULL;
+    tkd_backend_moe *m = calloc(1, sizeof *m);
+    if (!m)
+        return tkd_error_set(TKD_ERR_NOMEM, "moe: out of host memory");
+    tkd_status st = tkd_cpu_moe_ws_create(&m->ws, p, max_tokens);
+    if (st != TKD_OK) {
+        free(m);
+        return st;
+    }
+    *out = m;
+    return TKD_OK;
+}
+
+static void cpu_moe_free(tkd_backend *be, tkd_backend_moe *m)
+{
+    (void)be;
+    if (!m)
+        return;
+    tkd_cpu_moe_ws_free(m->ws);
+    free(m);
+}
+
+/* act is fp32 on the CPU: the seam's weights are the op's own. */
+static tkd_status cpu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_weights *w, const void *x, int N,
+                              void *y)
+{
+    (void)be;
+    const tkd_moe_weights fw = {w->router_w, w->router_b, w->w_gate, w->w_up, w->w_down,
+                                w->b_gate,   w->b_up,     w->b_down};
+    return tkd_cpu_moe_fwd(m->ws, &fw, x, N, y, NULL, NULL);
+}
+
 static tkd_status cpu_kl_create(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, int d, int v,
                                 tkd_backend_kl **out)
 {
@@ -481,6 +521,9 @@ static const tkd_backend_ops cpu_ops = {
     .master_download = cpu_master_download,
     .grad_norm2 = cpu_grad_norm2,
     .grad_scale = cpu_grad_scale,
+    .moe_create = cpu_moe_create,
+    .moe_free = cpu_moe_free,
+    .moe_fwd = cpu_moe_fwd,
     .kl_create = cpu_kl_create,
     .kl_free = cpu_kl_free,
     .kl_stage = cpu_kl_stage,

@@ -29,38 +29,6 @@ struct tkd_cpu_moe_ws {
     float *us;       /* (max_tokens·k, I) up */
 };
 
-tkd_moe_params tkd_moe_params_qwen3(int D, int I, int E, int k, int norm_topk_prob)
-{
-    tkd_moe_params p = {D, I, E, k, TKD_MOE_ROUTER_SOFTMAX_TOPK, norm_topk_prob != 0,
-                        TKD_MOE_ACT_SWIGLU, 0.0f, 0.0f};
-    return p;
-}
-
-tkd_moe_params tkd_moe_params_gpt_oss(int D, int I, int E, int k, float swiglu_limit)
-{
-    tkd_moe_params p = {D, I, E, k, TKD_MOE_ROUTER_TOPK_SOFTMAX, 0, TKD_MOE_ACT_SWIGLU_CLAMP,
-                        swiglu_limit, 1.702f};
-    return p;
-}
-
-tkd_status tkd_moe_params_check(const tkd_moe_params *p)
-{
-    if (p->D < 1 || p->I < 1 || p->E < 1)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: hidden %d, intermediate %d and experts %d must be >= 1",
-                             p->D, p->I, p->E);
-    if (p->k < 1 || p->k > p->E)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: experts per token %d must lie in 1..%d (the experts)",
-                             p->k, p->E);
-    if (p->router != TKD_MOE_ROUTER_SOFTMAX_TOPK && p->router != TKD_MOE_ROUTER_TOPK_SOFTMAX)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: unknown router %d", (int)p->router);
-    if (p->act != TKD_MOE_ACT_SWIGLU && p->act != TKD_MOE_ACT_SWIGLU_CLAMP)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: unknown activation %d", (int)p->act);
-    if (p->act == TKD_MOE_ACT_SWIGLU_CLAMP && !(p->limit > 0.0f && isfinite(p->limit)))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: swiglu_limit %g must be finite and > 0",
-                             (double)p->limit);
-    return TKD_OK;
-}
-
 void tkd_cpu_swiglu_clamp_fwd(const float *g, const float *u, int64_t n, float limit, float alpha,
                               float *h)
 {
@@ -92,14 +60,14 @@ tkd_status tkd_cpu_moe_ws_create(tkd_cpu_moe_ws **out, const tkd_moe_params *p, 
     ws->tok_of = malloc(sizeof(int32_t) * rows);
     ws->off = malloc(sizeof(int32_t) * ((size_t)p->E + 1));
     ws->xs = malloc(sizeof(float) * rows * (size_t)p->D);
-    ws->gs = malloc(sizeof(float) * rows * (size_t)p->I);
-    ws->us = malloc(sizeof(float) * rows * (size_t)p->I);
+    ws->gs = malloc(sizeof(float) * rows * (size_t)p->inter);
+    ws->us = malloc(sizeof(float) * rows * (size_t)p->inter);
     if (!ws->logits || !ws->sel || !ws->wts || !ws->row_of || !ws->tok_of || !ws->off || !ws->xs ||
         !ws->gs || !ws->us) {
         tkd_cpu_moe_ws_free(ws);
         return tkd_error_set(TKD_ERR_NOMEM,
                              "moe: out of memory for %d tokens x %d experts each (hidden %d, intermediate %d)",
-                             max_tokens, p->k, p->D, p->I);
+                             max_tokens, p->k, p->D, p->inter);
     }
     *out = ws;
     return TKD_OK;
@@ -202,7 +170,7 @@ static void moe_sort_by_expert(tkd_cpu_moe_ws *ws, int N)
 static void moe_expert(const tkd_cpu_moe_ws *ws, const tkd_moe_weights *w, int e, int64_t r0, int c)
 {
     const tkd_moe_params *p = &ws->p;
-    int D = p->D, I = p->I;
+    int D = p->D, I = p->inter;
     float *x = ws->xs + r0 * D, *g = ws->gs + r0 * I, *u = ws->us + r0 * I;
     size_t wi = (size_t)e * I * D;
     tkd_cpu_linear_fwd(x, w->w_gate + wi, w->b_gate ? w->b_gate + (size_t)e * I : NULL, c, D, I, 0, g);

@@ -44,35 +44,11 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/moe.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* How the router turns logits into k weights. */
-typedef enum tkd_moe_router {
-    TKD_MOE_ROUTER_SOFTMAX_TOPK = 0, /* Qwen3-MoE: softmax over E, top-k, optional renormalise */
-    TKD_MOE_ROUTER_TOPK_SOFTMAX = 1, /* gpt-oss: top-k of the logits, softmax over those k */
-} tkd_moe_router;
-
-/* The experts' gated activation h = act(g, u). */
-typedef enum tkd_moe_act {
-    TKD_MOE_ACT_SWIGLU = 0,       /* silu(g) · u */
-    TKD_MOE_ACT_SWIGLU_CLAMP = 1, /* gpt-oss: g' = min(g, limit), u' = clamp(u, ±limit),
-                                     (u' + 1) · g' · sigmoid(α g') */
-} tkd_moe_act;
-
-typedef struct tkd_moe_params {
-    int D;              /* hidden size */
-    int I;              /* one expert's intermediate size */
-    int E;              /* experts */
-    int k;              /* experts per token, 1..E */
-    tkd_moe_router router;
-    int norm_topk_prob; /* SOFTMAX_TOPK only: divide the k weights by their sum */
-    tkd_moe_act act;
-    float limit;        /* SWIGLU_CLAMP only, > 0 */
-    float alpha;        /* SWIGLU_CLAMP only */
-} tkd_moe_params;
 
 /* Borrowed pointers; shapes beside each. A NULL bias is a zero bias. */
 typedef struct tkd_moe_weights {
@@ -85,14 +61,6 @@ typedef struct tkd_moe_weights {
     const float *b_up;     /* (E, I) or NULL */
     const float *b_down;   /* (E, D) or NULL */
 } tkd_moe_weights;
-
-/* The params of Qwen3-MoE (SOFTMAX_TOPK, SWIGLU) and of gpt-oss (TOPK_SOFTMAX, SWIGLU_CLAMP with
- * α 1.702 and the given limit). */
-tkd_moe_params tkd_moe_params_qwen3(int D, int I, int E, int k, int norm_topk_prob);
-tkd_moe_params tkd_moe_params_gpt_oss(int D, int I, int E, int k, float swiglu_limit);
-
-/* TKD_ERR_INVALID_ARG naming the field when p is not a layer this op computes. */
-tkd_status tkd_moe_params_check(const tkd_moe_params *p);
 
 /* gpt-oss's clamped SwiGLU elementwise (see tkd_moe_act); h may alias g or u. */
 void tkd_cpu_swiglu_clamp_fwd(const float *g, const float *u, int64_t n, float limit, float alpha,
@@ -121,7 +89,7 @@ tkd_status tkd_cpu_moe_fwd(tkd_cpu_moe_ws *ws, const tkd_moe_weights *w,
  * b_gate[e,i] = gate_up_bias[e,2i], b_up[e,i] = gate_up_bias[e,2i+1], w_down[e,d,i] = down[e,i,d].
  * Biases may be NULL on both sides together; down_proj_bias (E, D) is already in the op's layout.
  * The caller owns every buffer. */
-void tkd_moe_from_gpt_oss(int E, int D, int I,
+void tkd_moe_from_gpt_oss(int E, int D, int inter,
                           const float *gate_up,      // (E, D, 2I)
                           const float *gate_up_bias, // (E, 2I) or NULL
                           const float *down,         // (E, I, D)

@@ -275,7 +275,7 @@ static void ref_moe_route(const tkd_moe_params *p, double *lg, int32_t *sel, dou
 static void ref_moe_expert(const tkd_moe_params *p, const tkd_moe_weights *w, int e, const float *x,
                            double wt, double *h, double *y)
 {
-    int D = p->D, I = p->I;
+    int D = p->D, I = p->inter;
     for (int i = 0; i < I; i++) {
         const float *wg = w->w_gate + ((int64_t)e * I + i) * D, *wu = w->w_up + ((int64_t)e * I + i) * D;
         double g = w->b_gate ? w->b_gate[(int64_t)e * I + i] : 0.0;
@@ -302,7 +302,7 @@ void tkd_ref_moe_fwd(const tkd_moe_params *p, const tkd_moe_weights *w, const fl
                      double *y, int32_t *experts, double *weights)
 {
     int D = p->D, E = p->E, k = p->k;
-    double *lg = malloc(sizeof(double) * (size_t)(E + k + p->I));
+    double *lg = malloc(sizeof(double) * (size_t)(E + k + p->inter));
     int32_t *sel = malloc(sizeof(int32_t) * (size_t)k);
     assert(lg && sel);
     double *wts = lg + E, *h = wts + k;

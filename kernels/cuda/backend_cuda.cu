@@ -741,6 +741,7 @@ const tkd_backend_ops cuda_ops = {
     cu_f32_to_act, cu_act_to_f32, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
     cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
+    NULL, NULL, NULL, /* moe_create, moe_free, moe_fwd: not yet on CUDA */
     cu_mark, cu_mark_ms,
 };
 

@@ -1,0 +1,37 @@
+/* moe.c — see moe.h: the layer's parameter presets and their check, for every path. */
+#include "kernels/moe.h"
+
+#include <math.h>
+
+tkd_moe_params tkd_moe_params_qwen3(int D, int inter, int E, int k, int norm_topk_prob)
+{
+    tkd_moe_params p = {D, inter, E, k, TKD_MOE_ROUTER_SOFTMAX_TOPK, norm_topk_prob != 0,
+                        TKD_MOE_ACT_SWIGLU, 0.0f, 0.0f};
+    return p;
+}
+
+tkd_moe_params tkd_moe_params_gpt_oss(int D, int inter, int E, int k, float swiglu_limit)
+{
+    tkd_moe_params p = {D, inter, E, k, TKD_MOE_ROUTER_TOPK_SOFTMAX, 0, TKD_MOE_ACT_SWIGLU_CLAMP,
+                        swiglu_limit, 1.702f};
+    return p;
+}
+
+tkd_status tkd_moe_params_check(const tkd_moe_params *p)
+{
+    if (p->D < 1 || p->inter < 1 || p->E < 1)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: hidden %d, intermediate %d and experts %d must be >= 1",
+                             p->D, p->inter, p->E);
+    if (p->k < 1 || p->k > p->E)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: experts per token %d must lie in 1..%d (the experts)",
+                             p->k, p->E);
+    if (p->router != TKD_MOE_ROUTER_SOFTMAX_TOPK && p->router != TKD_MOE_ROUTER_TOPK_SOFTMAX)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: unknown router %d", (int)p->router);
+    if (p->act != TKD_MOE_ACT_SWIGLU && p->act != TKD_MOE_ACT_SWIGLU_CLAMP)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: unknown activation %d", (int)p->act);
+    if (p->act == TKD_MOE_ACT_SWIGLU_CLAMP && !(p->limit > 0.0f && isfinite(p->limit)))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: swiglu_limit %g must be finite and > 0",
+                             (double)p->limit);
+    return TKD_OK;
+}
+

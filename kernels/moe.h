@@ -1,0 +1,51 @@
+/* moe.h — the mixture-of-experts layer's contract, shared by its CPU path (kernels/cpu/cpu_moe.h:
+ * the maths as transformers 5.x computes it, the op's weight layout, the tie order), its CUDA path
+ * (kernels/cuda/moe_cuda.h) and the backend seam (kernels/backend.h: moe_create, moe_fwd): which
+ * router, which activation, the sizes. Plain C. */
+#ifndef TKD_MOE_H
+#define TKD_MOE_H
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How the router turns logits into k weights. */
+typedef enum tkd_moe_router {
+    TKD_MOE_ROUTER_SOFTMAX_TOPK = 0, /* Qwen3-MoE: softmax over E, top-k, optional renormalise */
+    TKD_MOE_ROUTER_TOPK_SOFTMAX = 1, /* gpt-oss: top-k of the logits, softmax over those k */
+} tkd_moe_router;
+
+/* The experts' gated activation h = act(g, u). */
+typedef enum tkd_moe_act {
+    TKD_MOE_ACT_SWIGLU = 0,       /* silu(g) · u */
+    TKD_MOE_ACT_SWIGLU_CLAMP = 1, /* gpt-oss: g' = min(g, limit), u' = clamp(u, ±limit),
+                                     (u' + 1) · g' · sigmoid(α g') */
+} tkd_moe_act;
+
+typedef struct tkd_moe_params {
+    int D;              /* hidden size */
+    int inter;          /* I: one expert's intermediate size (not "I": complex.h defines it) */
+    int E;              /* experts */
+    int k;              /* experts per token, 1..E */
+    tkd_moe_router router;
+    int norm_topk_prob; /* SOFTMAX_TOPK only: divide the k weights by their sum */
+    tkd_moe_act act;
+    float limit;        /* SWIGLU_CLAMP only, > 0 */
+    float alpha;        /* SWIGLU_CLAMP only */
+} tkd_moe_params;
+
+/* The params of Qwen3-MoE (SOFTMAX_TOPK, SWIGLU) and of gpt-oss (TOPK_SOFTMAX, SWIGLU_CLAMP with
+ * α 1.702 and the given limit). */
+tkd_moe_params tkd_moe_params_qwen3(int D, int inter, int E, int k, int norm_topk_prob);
+tkd_moe_params tkd_moe_params_gpt_oss(int D, int inter, int E, int k, float swiglu_limit);
+
+/* TKD_ERR_INVALID_ARG naming the field when p is not a layer this op computes. */
+tkd_status tkd_moe_params_check(const tkd_moe_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TKD_MOE_H */
