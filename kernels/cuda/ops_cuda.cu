@@ -184,33 +184,16 @@ struct SwigluOp {
     }
 };
 
-struct F32ToBf16Op {
-    const float *src;
-    uint16_t *dst;
+/* dst = src element for element through fp32: fp32 → bf16 rounds to nearest even, bf16 → fp32 is
+ * exact. */
+template <class Src, class Dst> struct ConvertOp {
+    const Src *src;
+    Dst *dst;
     template <int W> __device__ void unit(int64_t e) const
     {
-        if (W == 8) {
-            float f[8];
-            load8_f32(src + e, f);
-            *reinterpret_cast<uint4 *>(dst + e) = pack8(f);
-        } else {
-            dst[e] = tkd_f32_to_bf16(src[e]);
-        }
-    }
-};
-
-struct Bf16ToF32Op {
-    const uint16_t *src;
-    float *dst;
-    template <int W> __device__ void unit(int64_t e) const
-    {
-        if (W == 8) {
-            float f[8];
-            unpack8(*reinterpret_cast<const uint4 *>(src + e), f);
-            store8_f32(dst + e, f);
-        } else {
-            dst[e] = bf(src[e]);
-        }
+        float f[W];
+        load_vals<W>(src + e, f);
+        store_vals<W>(dst + e, f);
     }
 };
 
@@ -270,7 +253,7 @@ extern "C" tkd_status tkd_cuda_f32_to_bf16(const float *src, uint16_t *dst, size
 {
     if (n > (size_t)INT64_MAX || (n > 0 && (!src || !dst)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "f32_to_bf16: n = %zu or a NULL pointer", n);
-    F32ToBf16Op op = {src, dst};
+    ConvertOp<float, uint16_t> op = {src, dst};
     return elementwise_run(op, (int64_t)n, aligned16(src) && aligned16(dst), stream);
 }
 
@@ -278,7 +261,7 @@ extern "C" tkd_status tkd_cuda_bf16_to_f32(const uint16_t *src, float *dst, size
 {
     if (n > (size_t)INT64_MAX || (n > 0 && (!src || !dst)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "bf16_to_f32: n = %zu or a NULL pointer", n);
-    Bf16ToF32Op op = {src, dst};
+    ConvertOp<uint16_t, float> op = {src, dst};
     return elementwise_run(op, (int64_t)n, aligned16(src) && aligned16(dst), stream);
 }
 

@@ -110,6 +110,13 @@ template <int W> __device__ inline void store_f32(float *p, const float f[W])
         p[0] = f[0];
 }
 
+/* W consecutive values of either element type as fp32 and back, chosen by the pointer's type: for
+ * code written once over both (load_bf / load_f32, store_bf / store_f32). */
+template <int W> __device__ inline void load_vals(const uint16_t *p, float f[W]) { load_bf<W>(p, f); }
+template <int W> __device__ inline void load_vals(const float *p, float f[W]) { load_f32<W>(p, f); }
+template <int W> __device__ inline void store_vals(uint16_t *p, const float f[W]) { store_bf<W>(p, f); }
+template <int W> __device__ inline void store_vals(float *p, const float f[W]) { store_f32<W>(p, f); }
+
 /* ---- block sum -------------------------------------------------------------------------------- */
 
 /* Sum over the block (blockDim.x a multiple of 32, ≤ 1024) in a fixed tree; every thread gets it.
