@@ -200,6 +200,24 @@ struct RmsBwdArgs {
     int n, d, rows_per;
 };
 
+/* f(j, e, g, xv) for each access j < J of thread t (of nt) that lies inside the row at off: e its
+ * first column ((j·nt + t)·W), g and xv dy and x at e as fp32 (W values). Both passes of the
+ * backward read the row this way. */
+template <int J, int W, class F>
+__device__ __forceinline__ void rms_row_each(const RmsBwdArgs &a, int64_t off, int nt, int t, F f)
+{
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int e = (j * nt + t) * W;
+        if (e >= a.d)
+            continue;
+        float g[W], xv[W];
+        load_bf<W>(a.dy + off + e, g);
+        load_f32<W>(a.x + off + e, xv);
+        f(j, e, g, xv);
+    }
+}
+
 /* Block b = rows [b·R, b·R + R), in order. Thread t owns the same columns as the forward (VEC:
  * chunks of 8 at (j·nt + t)·8; else columns j·nt + t) and keeps their w and its dw partial in
  * registers across the rows. Per row: pass 1 forms Σ g·x (g = dy·w) over the block (only when dx
@@ -228,28 +246,14 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
         float c = 0.0f;
         if (a.dx) {
             float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-                const int e = (j * nt + t) * W;
-                if (e >= a.d)
-                    continue;
-                float g[W], xv[W];
-                load_bf<W>(a.dy + off + e, g);
-                load_f32<W>(a.x + off + e, xv);
+            rms_row_each<J, W>(a, off, nt, t, [&](int j, int, const float *g, const float *xv) {
 #pragma unroll
                 for (int i = 0; i < W; i++)
                     s += g[i] * w[j * W + i] * xv[i];
-            }
+            });
             c = block_sum(s) * r / (float)a.d * r; /* mean(g·x̂), times r again for x̂ */
         }
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int e = (j * nt + t) * W;
-            if (e >= a.d)
-                continue;
-            float g[W], xv[W];
-            load_bf<W>(a.dy + off + e, g);
-            load_f32<W>(a.x + off + e, xv);
+        rms_row_each<J, W>(a, off, nt, t, [&](int j, int e, const float *g, const float *xv) {
             if (a.dx) {
                 float o[W];
                 load_f32<W>(a.dx + off + e, o);
@@ -263,7 +267,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
 #pragma unroll
             for (int i = 0; i < W; i++)
                 acc[j * W + i] += g[i] * (xv[i] * r);
-        }
+        });
     }
     if (a.part) {
 #pragma unroll
