@@ -442,6 +442,18 @@ tkd_status tkd_cuda_attn_bwd_prep(const uint16_t *dy, const uint16_t *y, const f
     return TKD_OK;
 }
 
+/* ws's buffers for cap padded rows (ws zeroed). */
+static tkd_status bwd_ws_setup(tkd_cuda_attn_bwd_ws *ws, int64_t cap)
+{
+    ws->cap = cap;
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->lse2, sizeof(float) * (size_t)cap, "attention backward workspace (lse)",
+                            "lower the batch size or T"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->dsum, sizeof(float) * (size_t)cap, "attention backward workspace (D)",
+                            "lower the batch size or T"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "attention backward error flag", NULL));
+    return tkd_cuda_memzero(ws->err, sizeof *ws->err);
+}
+
 extern "C" tkd_status tkd_cuda_attn_bwd_ws_create(tkd_cuda_attn_bwd_ws **out, int B, int T, int H, int dh)
 {
     *out = NULL;
@@ -452,25 +464,8 @@ extern "C" tkd_status tkd_cuda_attn_bwd_ws_create(tkd_cuda_attn_bwd_ws **out, in
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
                              "tkd_cuda_attn_bwd_ws_create: head dim %d is not supported (48, 64, 80, 96 or 128)",
                              dh);
-    tkd_cuda_attn_bwd_ws *ws = (tkd_cuda_attn_bwd_ws *)calloc(1, sizeof *ws);
-    if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "tkd_cuda_attn_bwd_ws_create: out of host memory");
-    ws->cap = padded_rows(B, T, H);
-    tkd_status st = tkd_cuda_malloc((void **)&ws->lse2, sizeof(float) * (size_t)ws->cap,
-                                    "attention backward workspace (lse)", "lower the batch size or T");
-    if (st == TKD_OK)
-        st = tkd_cuda_malloc((void **)&ws->dsum, sizeof(float) * (size_t)ws->cap,
-                             "attention backward workspace (D)", "lower the batch size or T");
-    if (st == TKD_OK)
-        st = tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "attention backward error flag", NULL);
-    if (st == TKD_OK)
-        st = tkd_cuda_memzero(ws->err, sizeof *ws->err);
-    if (st != TKD_OK) {
-        tkd_cuda_attn_bwd_ws_free(ws);
-        return st;
-    }
-    *out = ws;
-    return TKD_OK;
+    return tkd_cuda_ws_create(out, tkd_cuda_attn_bwd_ws_free, "tkd_cuda_attn_bwd_ws_create: out of host memory",
+                              [&](tkd_cuda_attn_bwd_ws *ws) { return bwd_ws_setup(ws, padded_rows(B, T, H)); });
 }
 
 extern "C" void tkd_cuda_attn_bwd_ws_free(tkd_cuda_attn_bwd_ws *ws)

@@ -416,8 +416,7 @@ struct tkd_cuda_bwd_ws {
     float *part;    /* (part_floats) partial sums */
     size_t part_floats;
     double *norm_part; /* (kNormBlocks) */
-    BwdPlan plans[kBwdPlans];
-    unsigned long long clock;
+    LtCache<BwdKey, kBwdPlans> plans;
 };
 
 /* ---- workspace -------------------------------------------------------------------------------- */
@@ -426,9 +425,7 @@ extern "C" void tkd_cuda_bwd_ws_free(tkd_cuda_bwd_ws *ws)
 {
     if (!ws)
         return;
-    for (int i = 0; i < kBwdPlans; i++)
-        if (ws->plans[i].used)
-            lt_plan_destroy(&ws->plans[i]);
+    lt_cache_destroy(&ws->plans);
     tkd_cuda_free(ws->iota);
     tkd_cuda_free(ws->sort_tmp);
     tkd_cuda_free(ws->part);
@@ -468,17 +465,11 @@ extern "C" tkd_status tkd_cuda_bwd_ws_create(int max_rows, int max_d, tkd_cuda_b
     if (max_rows < 1 || max_d < 1)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "backward workspace: max_rows = %d, max_d = %d (≥ 1)",
                              max_rows, max_d);
-    tkd_cuda_bwd_ws *ws = (tkd_cuda_bwd_ws *)calloc(1, sizeof *ws);
-    if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "backward workspace: out of host memory");
-    ws->max_rows = max_rows, ws->max_d = max_d;
-    tkd_status st = bwd_ws_init(ws);
-    if (st != TKD_OK) {
-        tkd_cuda_bwd_ws_free(ws);
-        return st;
-    }
-    *out = ws;
-    return TKD_OK;
+    return tkd_cuda_ws_create(out, tkd_cuda_bwd_ws_free, "backward workspace: out of host memory",
+                              [&](tkd_cuda_bwd_ws *ws) {
+                                  ws->max_rows = max_rows, ws->max_d = max_d;
+                                  return bwd_ws_init(ws);
+                              });
 }
 
 
@@ -610,8 +601,7 @@ static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p
 static tkd_status bwd_plan_get(tkd_cuda_bwd_ws *ws, cublasLtHandle_t lt, size_t ws_bytes, const BwdKey &key,
                                BwdPlan **out)
 {
-    return lt_plan_get(ws->plans, kBwdPlans, &ws->clock, key,
-                       [&](BwdPlan *p) { return bwd_plan_init(lt, ws_bytes, p, key); }, out);
+    return lt_cache_get(&ws->plans, key, [&](BwdPlan *p) { return bwd_plan_init(lt, ws_bytes, p, key); }, out);
 }
 
 /* C += op(A)·op(B) with the plan for (kind, N, K, M) and these pointers' alignments. */

@@ -290,17 +290,14 @@ using LinPlan = LtPlan<LinKey>;
 struct tkd_cuda_linear {
     cublasLtHandle_t lt;
     void *ws; /* (kLtWsBytes) */
-    LinPlan plans[kLinPlans];
-    unsigned long long clock;
+    LtCache<LinKey, kLinPlans> plans;
 };
 
 extern "C" void tkd_cuda_linear_free(tkd_cuda_linear *lin)
 {
     if (!lin)
         return;
-    for (int i = 0; i < kLinPlans; i++)
-        if (lin->plans[i].used)
-            lt_plan_destroy(&lin->plans[i]);
+    lt_cache_destroy(&lin->plans);
     if (lin->lt)
         (void)cublasLtDestroy(lin->lt);
     tkd_cuda_free(lin->ws);
@@ -315,17 +312,7 @@ static tkd_status linear_init(tkd_cuda_linear *lin)
 
 extern "C" tkd_status tkd_cuda_linear_create(tkd_cuda_linear **out)
 {
-    *out = NULL;
-    tkd_cuda_linear *lin = (tkd_cuda_linear *)calloc(1, sizeof *lin);
-    if (!lin)
-        return tkd_error_set(TKD_ERR_NOMEM, "linear: out of host memory");
-    tkd_status st = linear_init(lin);
-    if (st != TKD_OK) {
-        tkd_cuda_linear_free(lin);
-        return st;
-    }
-    *out = lin;
-    return TKD_OK;
+    return tkd_cuda_ws_create(out, tkd_cuda_linear_free, "linear: out of host memory", linear_init);
 }
 
 extern "C" void tkd_cuda_linear_lt(tkd_cuda_linear *lin, void **handle, void **ws, size_t *ws_bytes)
@@ -378,8 +365,7 @@ static tkd_status plan_init(tkd_cuda_linear *lin, LinPlan *p, const LinKey &key,
 /* The cached plan for key, made (replacing the least recently used) when missing. */
 static tkd_status plan_get(tkd_cuda_linear *lin, const LinKey &key, const void *b, LinPlan **out)
 {
-    return lt_plan_get(lin->plans, kLinPlans, &lin->clock, key,
-                       [&](LinPlan *p) { return plan_init(lin, p, key, b); }, out);
+    return lt_cache_get(&lin->plans, key, [&](LinPlan *p) { return plan_init(lin, p, key, b); }, out);
 }
 
 extern "C" tkd_status tkd_cuda_linear_fwd(tkd_cuda_linear *lin, const uint16_t *x, const uint16_t *w,

@@ -297,6 +297,27 @@ tkd_status lt_plan_get(LtPlan<Key> *plans, int n, unsigned long long *clock, con
     return TKD_OK;
 }
 
+/* A table of N cached plans, the least recently used replaced first; zeroed: empty. */
+template <class Key, int N> struct LtCache {
+    LtPlan<Key> plans[N];
+    unsigned long long clock; /* counts uses */
+};
+
+/* Destroys every plan in use: the cache's teardown. */
+template <class Key, int N> void lt_cache_destroy(LtCache<Key, N> *c)
+{
+    for (int i = 0; i < N; i++)
+        if (c->plans[i].used)
+            lt_plan_destroy(&c->plans[i]);
+}
+
+/* The cached plan for key, made by init(slot) when missing (lt_plan_get). */
+template <class Key, int N, class Init>
+tkd_status lt_cache_get(LtCache<Key, N> *c, const Key &key, Init init, LtPlan<Key> **out)
+{
+    return lt_plan_get(c->plans, N, &c->clock, key, init, out);
+}
+
 /* Asks the heuristic for the first algorithm for p's descriptors within ws_bytes of workspace and
  * pointers aligned to al = {A, B, C, D} bytes, then destroys pref (made by the caller). Returns the
  * first failing call's status; *found is 0 when none fits. */

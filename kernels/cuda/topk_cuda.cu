@@ -530,21 +530,6 @@ static tkd_status topk_ws_setup(tkd_topk_cuda_ws *ws)
     return TKD_OK;
 }
 
-extern "C" tkd_status tkd_topk_cuda_ws_create(tkd_topk_cuda_ws **out)
-{
-    *out = NULL;
-    tkd_topk_cuda_ws *ws = (tkd_topk_cuda_ws *)calloc(1, sizeof *ws);
-    if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "topk_cuda: cannot allocate the workspace");
-    tkd_status st = topk_ws_setup(ws);
-    if (st != TKD_OK) {
-        tkd_topk_cuda_ws_free(ws);
-        return st;
-    }
-    *out = ws;
-    return TKD_OK;
-}
-
 extern "C" void tkd_topk_cuda_ws_free(tkd_topk_cuda_ws *ws)
 {
     if (!ws)
@@ -553,6 +538,12 @@ extern "C" void tkd_topk_cuda_ws_free(tkd_topk_cuda_ws *ws)
     tkd_cuda_free_host(ws->h_flags);
     tkd_cuda_free(ws->d_paths);
     free(ws);
+}
+
+extern "C" tkd_status tkd_topk_cuda_ws_create(tkd_topk_cuda_ws **out)
+{
+    return tkd_cuda_ws_create(out, tkd_topk_cuda_ws_free, "topk_cuda: cannot allocate the workspace",
+                              topk_ws_setup);
 }
 
 extern "C" tkd_status tkd_topk_cuda(tkd_topk_cuda_ws *ws, const float *d_logits, int64_t C,
