@@ -439,12 +439,9 @@ extern "C" tkd_status tkd_cuda_attn_bwd_ws_create(tkd_cuda_attn_bwd_ws **out, in
 
 extern "C" void tkd_cuda_attn_bwd_ws_free(tkd_cuda_attn_bwd_ws *ws)
 {
-    if (!ws)
-        return;
-    tkd_cuda_free(ws->lse2);
-    tkd_cuda_free(ws->dsum);
-    tkd_cuda_free(ws->err);
-    free(ws);
+    tkd_cuda_ws_free(ws, [](tkd_cuda_attn_bwd_ws *w) {
+        tkd_cuda_free_all(w->lse2, w->dsum, w->err);
+    });
 }
 
 extern "C" tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, const uint16_t *k,

@@ -147,15 +147,14 @@ static tkd_status plan_run(tkd_cudnn_attn *a, Plan *p, const void *const ptrs_in
 
 extern "C" void tkd_cudnn_attn_free(tkd_cudnn_attn *a)
 {
-    if (!a)
-        return;
-    for (int i = 0; i < kPlans; i++)
-        if (a->plans[i].used)
-            plan_destroy(&a->plans[i]);
-    if (a->h)
-        (void)cudnnDestroy(a->h); /* teardown: not actionable */
-    tkd_cuda_free(a->ws);
-    free(a);
+    tkd_cuda_ws_free(a, [](tkd_cudnn_attn *w) {
+        for (int i = 0; i < kPlans; i++)
+            if (w->plans[i].used)
+                plan_destroy(&w->plans[i]);
+        if (w->h)
+            (void)cudnnDestroy(w->h); /* teardown: not actionable */
+        tkd_cuda_free(w->ws);
+    });
 }
 
 static tkd_status attn_init(tkd_cudnn_attn *a)

@@ -247,12 +247,9 @@ extern "C" void tkd_comm_free(tkd_comm *c)
     (void)tkd_error_restore(&keep);
     if (c->stream)
         (void)cudaStreamSynchronize(c->stream);
-    if (c->compute_done)
-        (void)cudaEventDestroy(c->compute_done);
-    if (c->comm_done)
-        (void)cudaEventDestroy(c->comm_done);
-    if (c->stream)
-        (void)cudaStreamDestroy(c->stream);
+    tkd_cuda_event_free(c->compute_done);
+    tkd_cuda_event_free(c->comm_done);
+    tkd_cuda_stream_free(c->stream);
     tkd_cuda_free(c->d_sum);
     tkd_cuda_free_host(c->h_sum);
     delete c;

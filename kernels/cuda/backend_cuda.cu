@@ -78,8 +78,7 @@ void cu_close(tkd_backend *be)
     if (c->stream)
         (void)cudaStreamSynchronize(c->stream);
     tkd_cuda_linear_free(c->lin);
-    if (c->blas)
-        (void)cublasDestroy(c->blas);
+    tkd_cublas_free(c->blas);
     tkd_cuda_free(c->blas_ws);
     tkd_topk_cuda_ws_free(c->topk);
     tkd_cudnn_attn_free(c->cudnn);

@@ -24,6 +24,12 @@ tkd_status tkd_cuda_malloc_host(void **out, size_t bytes, const char *what);
 void tkd_cuda_free(void *p);      /* NULL is a no-op; teardown errors are not actionable */
 void tkd_cuda_free_host(void *p); /* NULL is a no-op */
 
+/* Teardown of a stream, an event and a cuBLAS handle (a cudaStream_t, cudaEvent_t or
+ * cublasHandle_t): NULL is a no-op and errors are not actionable, as for tkd_cuda_free. */
+void tkd_cuda_stream_free(void *stream);
+void tkd_cuda_event_free(void *event);
+void tkd_cublas_free(void *handle);
+
 /* Synchronous copies and zero-fill of `bytes` on the legacy default stream, so they are ordered
  * with the kernels launched there. TKD_ERR_DEVICE names the failing call. */
 tkd_status tkd_cuda_to_device(void *dst, const void *src, size_t bytes); /* host -> device */
@@ -53,6 +59,22 @@ inline tkd_status tkd_cuda_ws_create(T **out, void (*destroy)(T *), const char *
     }
     *out = x;
     return TKD_OK;
+}
+
+/* tkd_cuda_free of each pointer in turn (NULL ones skipped): a workspace's device buffers. C++ only. */
+template <class... P> inline void tkd_cuda_free_all(P *...p)
+{
+    (tkd_cuda_free(p), ...);
+}
+
+/* The free function every CUDA workspace shares, the mirror of tkd_cuda_ws_create: release(ws)
+ * frees what ws holds, then ws goes; NULL is a no-op. C++ only. */
+template <class T, class Release> inline void tkd_cuda_ws_free(T *ws, Release release)
+{
+    if (!ws)
+        return;
+    release(ws);
+    free(ws);
 }
 #endif
 

@@ -161,10 +161,9 @@ struct tkd_cuda_adamw {
 
 extern "C" void tkd_cuda_adamw_free(tkd_cuda_adamw *a)
 {
-    if (!a)
-        return;
-    tkd_cuda_free(a->chunks);
-    free(a);
+    tkd_cuda_ws_free(a, [](tkd_cuda_adamw *w) {
+        tkd_cuda_free(w->chunks);
+    });
 }
 
 static int seg_cmp(const void *pa, const void *pb)

@@ -532,12 +532,11 @@ static tkd_status topk_ws_setup(tkd_topk_cuda_ws *ws)
 
 extern "C" void tkd_topk_cuda_ws_free(tkd_topk_cuda_ws *ws)
 {
-    if (!ws)
-        return;
-    tkd_cuda_free(ws->d_flags);
-    tkd_cuda_free_host(ws->h_flags);
-    tkd_cuda_free(ws->d_paths);
-    free(ws);
+    tkd_cuda_ws_free(ws, [](tkd_topk_cuda_ws *w) {
+        tkd_cuda_free(w->d_flags);
+        tkd_cuda_free_host(w->h_flags);
+        tkd_cuda_free(w->d_paths);
+    });
 }
 
 extern "C" tkd_status tkd_topk_cuda_ws_create(tkd_topk_cuda_ws **out)
