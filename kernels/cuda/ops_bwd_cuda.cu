@@ -25,9 +25,6 @@
 
 namespace {
 
-constexpr int kRowMaxThreads = 512;  /* RMSNorm: ≤ 16 warps per block ... */
-constexpr int kRowMaxChunks = 4;     /* ... each thread owning ≤ 4 × 8 columns */
-constexpr int kRowMaxD = kRowMaxThreads * kRowMaxChunks * 8; /* 16384, as the forward */
 constexpr int kMaxGroups = 512;      /* row groups of a column reduction (partials per column) */
 constexpr int kMinGroupRows = 16;    /* ... each at least this many rows */
 constexpr int kEmbChunk = 64;        /* embedding: sorted rows per chunk */
@@ -279,17 +276,6 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
     }
 }
 
-template <bool VEC>
-void rmsnorm_bwd_launch(const RmsBwdArgs &a, int G, int nt, int chunks, cudaStream_t s)
-{
-    if (chunks == 1)
-        rmsnorm_bwd_kernel<1, VEC><<<G, nt, 0, s>>>(a);
-    else if (chunks == 2)
-        rmsnorm_bwd_kernel<2, VEC><<<G, nt, 0, s>>>(a);
-    else
-        rmsnorm_bwd_kernel<kRowMaxChunks, VEC><<<G, nt, 0, s>>>(a);
-}
-
 /* ---- flat elementwise kernels: SwiGLU backward ------------------------------------------------ */
 
 /* s = σ(g) = 1 / (1 + e^−g): dg += dh·u·s·(1 + g·(1 − s)), du += dh·g·s, as kernels/cpu/cpu_ops.c. */
@@ -423,14 +409,10 @@ struct tkd_cuda_bwd_ws {
 
 extern "C" void tkd_cuda_bwd_ws_free(tkd_cuda_bwd_ws *ws)
 {
-    if (!ws)
-        return;
-    lt_cache_destroy(&ws->plans);
-    tkd_cuda_free(ws->iota);
-    tkd_cuda_free(ws->sort_tmp);
-    tkd_cuda_free(ws->part);
-    tkd_cuda_free(ws->norm_part);
-    free(ws);
+    tkd_cuda_ws_free(ws, [](tkd_cuda_bwd_ws *w) {
+        tkd_cuda_free_all(w->iota, w->sort_tmp, w->part, w->norm_part);
+        lt_cache_destroy(&w->plans);
+    });
 }
 
 static tkd_status bwd_ws_init(tkd_cuda_bwd_ws *ws)
@@ -525,15 +507,10 @@ extern "C" tkd_status tkd_cuda_rmsnorm_bwd(tkd_cuda_bwd_ws *ws, const uint16_t *
     RmsBwdArgs a = {dy, x, w, rstd, dx, dx_bf16, dw ? ws->part : NULL, N, D, rows_per};
     const bool vec = D % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && (!dx || aligned16(dx)) &&
                      (!dx_bf16 || aligned16(dx_bf16));
-    const int units = (D + 7) / 8; /* per-thread capacity is 8 values per chunk on both paths */
-    const int nt = units >= kRowMaxThreads ? kRowMaxThreads : (units + 31) / 32 * 32;
-    const int need = (units + nt - 1) / nt;
-    const int chunks = need == 1 ? 1 : need == 2 ? 2 : kRowMaxChunks;
+    int nt, chunks;
+    row_shape(D, &nt, &chunks);
     cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        rmsnorm_bwd_launch<true>(a, G, nt, chunks, s);
-    else
-        rmsnorm_bwd_launch<false>(a, G, nt, chunks, s);
+    row_dispatch(vec, chunks, [&](auto ch, auto v) { rmsnorm_bwd_kernel<ch.value, v.value><<<G, nt, 0, s>>>(a); });
     TKD_CUDA_CHECK(cudaGetLastError());
     return dw ? partials_reduce(ws->part, G, D, dw, s) : TKD_OK;
 }
@@ -563,12 +540,8 @@ extern "C" tkd_status tkd_cuda_swiglu_bwd(const uint16_t *dh, const uint16_t *g,
  * workspace size. On failure the caller destroys p. */
 static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p, const BwdKey &key)
 {
-    p->key = key;
     const bool wg = key.kind == kWgrad;
-    const cublasOperation_t ta = CUBLAS_OP_N, tb = wg ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    TKD_TRY(lt_plan_op(p, key, CUBLAS_OP_N, wg ? CUBLAS_OP_T : CUBLAS_OP_N));
     if (wg) {
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, key.k, key.n, key.k)); /* x */
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key.m, key.n, key.m)); /* dy */
@@ -578,22 +551,16 @@ static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key.m, key.n, key.m)); /* dy */
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, key.k, key.n, key.k)); /* dx */
     }
-    cublasLtMatmulPreference_t pref = NULL;
-    TKD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t wsb = ws_bytes;
     const uint32_t al[4] = {(uint32_t)key.align[0], (uint32_t)key.align[1], (uint32_t)key.align[2],
                             (uint32_t)key.align[2]};
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    const cublasStatus_t e = lt_plan_heuristic(lt, p, pref, wsb, al, &res, &found);
-    if (e == CUBLAS_STATUS_NOT_SUPPORTED || (e == CUBLAS_STATUS_SUCCESS && found == 0))
+    const cublasStatus_t e = lt_plan_algo(lt, p, ws_bytes, al);
+    if (e == CUBLAS_STATUS_NOT_SUPPORTED)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "linear_bwd: cuBLASLt has no %s algorithm for N = %d, K = %d, M = %d "
                              "(pointer alignments %s %d, dy %d, %s %d bytes)",
                              wg ? "weight-gradient" : "input-gradient", key.n, key.k, key.m,
                              wg ? "x" : "w", key.align[0], key.align[1], wg ? "dw" : "dx", key.align[2]);
     TKD_CUBLAS_CHECK(e); /* the preference or heuristic call failed otherwise */
-    p->algo = res.algo;
     return TKD_OK;
 }
 
