@@ -46,24 +46,6 @@ extern "C" void tkd_cuda_free_host(void *p)
         (void)cudaFreeHost(p);
 }
 
-extern "C" void tkd_cuda_stream_free(void *stream)
-{
-    if (stream)
-        (void)cudaStreamDestroy((cudaStream_t)stream);
-}
-
-extern "C" void tkd_cuda_event_free(void *event)
-{
-    if (event)
-        (void)cudaEventDestroy((cudaEvent_t)event);
-}
-
-extern "C" void tkd_cublas_free(void *handle)
-{
-    if (handle)
-        (void)cublasDestroy((cublasHandle_t)handle);
-}
-
 extern "C" tkd_status tkd_cuda_to_device(void *dst, const void *src, size_t bytes)
 {
     TKD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));

@@ -24,12 +24,6 @@ tkd_status tkd_cuda_malloc_host(void **out, size_t bytes, const char *what);
 void tkd_cuda_free(void *p);      /* NULL is a no-op; teardown errors are not actionable */
 void tkd_cuda_free_host(void *p); /* NULL is a no-op */
 
-/* Teardown of a stream, an event and a cuBLAS handle (a cudaStream_t, cudaEvent_t or
- * cublasHandle_t): NULL is a no-op and errors are not actionable, as for tkd_cuda_free. */
-void tkd_cuda_stream_free(void *stream);
-void tkd_cuda_event_free(void *event);
-void tkd_cublas_free(void *handle);
-
 /* Synchronous copies and zero-fill of `bytes` on the legacy default stream, so they are ordered
  * with the kernels launched there. TKD_ERR_DEVICE names the failing call. */
 tkd_status tkd_cuda_to_device(void *dst, const void *src, size_t bytes); /* host -> device */
@@ -59,6 +53,14 @@ inline tkd_status tkd_cuda_ws_create(T **out, void (*destroy)(T *), const char *
     }
     *out = x;
     return TKD_OK;
+}
+
+/* Teardown call f(x) (cudaStreamDestroy, cudaEventSynchronize, cublasDestroy, ...) when x is set:
+ * NULL is a no-op and errors are not actionable, as for tkd_cuda_free. C++ only. */
+template <class T, class R> inline void tkd_cuda_release(R (*f)(T), T x)
+{
+    if (x)
+        (void)f(x);
 }
 
 /* tkd_cuda_free of each pointer in turn (NULL ones skipped): a workspace's device buffers. C++ only. */

@@ -245,7 +245,7 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
 extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
 {
     tkd_cuda_ws_free(ws, [](tkd_kl_cuda_ws *w) {
-        tkd_cublas_free(w->blas);
+        tkd_cuda_release(cublasDestroy, w->blas);
         tkd_cuda_free_all(w->chunk_buf, w->lse_tau, w->lse_one, w->log_omq, w->row_stats, w->out, w->blas_ws);
         tkd_lmhead_sm90_ws_free(w->lm);
         tkd_cuda_free_all(w->lm_part, w->sp_list, w->sp_off, w->sp_g, w->ref, w->sigma, w->hs);
