@@ -1,7 +1,8 @@
-/* attn_cuda_common.cuh — device helpers shared by the flash-attention forward (attn_cuda.cu) and
- * backward (attn_bwd_cuda.cu): PTX wrappers for cp.async, ldmatrix and the bf16 m16n8k16 MMA, and
- * the fragment-level building blocks both passes use. Internal: included by those two .cu files
- * and by the Hopper backward (attn_bwd_sm90.cu, for pack_bf16). Every function is __forceinline__, so each file compiles its own copy.
+/* attn_cuda_common.cuh — helpers shared by the flash-attention forward (attn_cuda.cu) and backward
+ * (attn_bwd_cuda.cu): PTX wrappers for cp.async, ldmatrix and the bf16 m16n8k16 MMA, the
+ * fragment-level building blocks both passes use, and on the host their argument checks, head-dim
+ * dispatch and launch. Internal: included by those two .cu files and by the Hopper backward
+ * (attn_bwd_sm90.cu, for pack_bf16). Every function is inline, so each file compiles its own copy.
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 bf16, lane = 4·g + t): A regs {(g, 2t), (g+8, 2t),
  * (g, 2t+8), (g+8, 2t+8)} each holding 2 consecutive columns; B regs {(k = 2t, n = g),
