@@ -59,7 +59,6 @@ constexpr int kKvKeys = 16 * kWarps;  /* dkv: keys per CTA */
 constexpr int kKvQ = 64;              /* dkv: queries per step */
 constexpr int kQRows = 16 * kWarps;   /* dq: query rows per CTA */
 constexpr int kQKeys = 64;            /* dq: keys per K/V tile */
-constexpr int kMaxGridY = 65535;
 constexpr double kLog2e = 1.4426950408889634;
 
 struct BwdArgs {
@@ -336,9 +335,7 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dq_kernel
     load_rows<DH, kQRows, kThreads>(sdy, a.dy + q_off, qld, q0, a.T);
     load_floats(sl, a.lse2 + w, kQRows, 0);
     load_floats(sd, a.dsum + w, kQRows, kQRows / 4);
-    load_rows<DH, kQKeys, kThreads>(sk, gk, kvld, last * kQKeys, a.T);
-    load_rows<DH, kQKeys, kThreads>(sv, gv, kvld, last * kQKeys, a.T);
-    cp_async_commit();
+    load_tile_pair<DH, kQKeys, kThreads>(sk, sv, gk, gv, kvld, last * kQKeys, a.T);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = q0 + 16 * warp;
     uint32_t qf[DH / 16][4], dyf[DH / 16][4];
@@ -353,11 +350,9 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dq_kernel
             const int r = 16 * warp + (lane >> 2);
             l2[0] = sl[r], l2[1] = sl[r + 8], d[0] = sd[r], d[1] = sd[r + 8];
         }
-        if (j > 0) {
-            load_rows<DH, kQKeys, kThreads>(sk + (st ^ 1) * KS, gk, kvld, (j - 1) * kQKeys, a.T);
-            load_rows<DH, kQKeys, kThreads>(sv + (st ^ 1) * KS, gv, kvld, (j - 1) * kQKeys, a.T);
-            cp_async_commit();
-        }
+        if (j > 0)
+            load_tile_pair<DH, kQKeys, kThreads>(sk + (st ^ 1) * KS, sv + (st ^ 1) * KS, gk, gv, kvld,
+                                                 (j - 1) * kQKeys, a.T);
         const int k0 = j * kQKeys;
         if (k0 > row0 + 15)
             continue; /* every key of the tile is after every row of this warp */
@@ -372,27 +367,15 @@ template <int DH>
 tkd_status launch(const BwdArgs &a, int B, cudaStream_t stream)
 {
     if (a.dk || a.dv) {
-        const size_t smem = KvGeo<DH>::SMEM;
-        TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkv_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem));
         const dim3 grid((unsigned)(B * a.Hkv), (unsigned)((a.T + kKvKeys - 1) / kKvKeys));
-        attn_bwd_dkv_kernel<DH><<<grid, kThreads, smem, stream>>>(a);
-        TKD_CUDA_CHECK(cudaGetLastError());
+        TKD_TRY(launch_smem(attn_bwd_dkv_kernel<DH>, grid, kThreads, KvGeo<DH>::SMEM, stream, a));
     }
     if (a.dq) {
-        const size_t smem = QGeo<DH>::SMEM;
-        TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem));
         const dim3 grid((unsigned)(B * a.H), (unsigned)a.n_qt);
-        attn_bwd_dq_kernel<DH><<<grid, kThreads, smem, stream>>>(a);
-        TKD_CUDA_CHECK(cudaGetLastError());
+        TKD_TRY(launch_smem(attn_bwd_dq_kernel<DH>, grid, kThreads, QGeo<DH>::SMEM, stream, a));
     }
     return TKD_OK;
 }
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-bool dh_supported(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
 
 int64_t padded_rows(int64_t B, int64_t T, int64_t H) { return B * H * ((T + kPad - 1) / kPad * kPad); }
 
@@ -400,25 +383,14 @@ int64_t padded_rows(int64_t B, int64_t T, int64_t H) { return B * H * ((T + kPad
 tkd_status check_args(const uint16_t *const *bf16, int n_bf16, int B, int T, int H, int Hkv, int dh,
                       const void *ws)
 {
-    if (!dh_supported(dh))
-        return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "tkd_cuda_attn_bwd: head dim %d is not supported (48, 64, 80, 96 or 128)", dh);
-    if (B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "tkd_cuda_attn_bwd: bad shape B=%d T=%d H=%d Hkv=%d (H must be a multiple of Hkv)",
-                             B, T, H, Hkv);
+    TKD_TRY(check_shape("tkd_cuda_attn_bwd", B, T, H, Hkv, dh));
     if (!ws)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd: no workspace");
     for (int i = 0; i < n_bf16; i++)
         if (!aligned16(bf16[i]))
             return tkd_error_set(TKD_ERR_INVALID_ARG,
                                  "tkd_cuda_attn_bwd: dy, q, k, v, y, dq, dk and dv must be 16-byte aligned");
-    const int64_t tiles = ((int64_t)T + kQRows - 1) / kQRows;
-    if (tiles > kMaxGridY || (int64_t)B * H > INT32_MAX)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "tkd_cuda_attn_bwd: T=%d with B·H=%lld exceeds the launch grid (T ≤ %d, B·H < 2^31)",
-                             T, (long long)B * H, kMaxGridY * kQRows);
-    return TKD_OK;
+    return check_grid("tkd_cuda_attn_bwd", B, T, H, kQRows);
 }
 
 } // namespace
@@ -442,45 +414,34 @@ tkd_status tkd_cuda_attn_bwd_prep(const uint16_t *dy, const uint16_t *y, const f
     return TKD_OK;
 }
 
+/* ws's buffers for cap padded rows (ws zeroed). */
+static tkd_status bwd_ws_setup(tkd_cuda_attn_bwd_ws *ws, int64_t cap)
+{
+    ws->cap = cap;
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->lse2, sizeof(float) * (size_t)cap, "attention backward workspace (lse)",
+                            "lower the batch size or T"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->dsum, sizeof(float) * (size_t)cap, "attention backward workspace (D)",
+                            "lower the batch size or T"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "attention backward error flag", NULL));
+    return tkd_cuda_memzero(ws->err, sizeof *ws->err);
+}
+
 extern "C" tkd_status tkd_cuda_attn_bwd_ws_create(tkd_cuda_attn_bwd_ws **out, int B, int T, int H, int dh)
 {
     *out = NULL;
     if (B < 1 || T < 1 || H < 1)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd_ws_create: bad shape B=%d T=%d H=%d", B,
                              T, H);
-    if (!dh_supported(dh))
-        return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "tkd_cuda_attn_bwd_ws_create: head dim %d is not supported (48, 64, 80, 96 or 128)",
-                             dh);
-    tkd_cuda_attn_bwd_ws *ws = (tkd_cuda_attn_bwd_ws *)calloc(1, sizeof *ws);
-    if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "tkd_cuda_attn_bwd_ws_create: out of host memory");
-    ws->cap = padded_rows(B, T, H);
-    tkd_status st = tkd_cuda_malloc((void **)&ws->lse2, sizeof(float) * (size_t)ws->cap,
-                                    "attention backward workspace (lse)", "lower the batch size or T");
-    if (st == TKD_OK)
-        st = tkd_cuda_malloc((void **)&ws->dsum, sizeof(float) * (size_t)ws->cap,
-                             "attention backward workspace (D)", "lower the batch size or T");
-    if (st == TKD_OK)
-        st = tkd_cuda_malloc((void **)&ws->err, sizeof *ws->err, "attention backward error flag", NULL);
-    if (st == TKD_OK)
-        st = tkd_cuda_memzero(ws->err, sizeof *ws->err);
-    if (st != TKD_OK) {
-        tkd_cuda_attn_bwd_ws_free(ws);
-        return st;
-    }
-    *out = ws;
-    return TKD_OK;
+    TKD_TRY(check_dh("tkd_cuda_attn_bwd_ws_create", dh));
+    return tkd_cuda_ws_create(out, tkd_cuda_attn_bwd_ws_free, "tkd_cuda_attn_bwd_ws_create: out of host memory",
+                              [&](tkd_cuda_attn_bwd_ws *ws) { return bwd_ws_setup(ws, padded_rows(B, T, H)); });
 }
 
 extern "C" void tkd_cuda_attn_bwd_ws_free(tkd_cuda_attn_bwd_ws *ws)
 {
-    if (!ws)
-        return;
-    tkd_cuda_free(ws->lse2);
-    tkd_cuda_free(ws->dsum);
-    tkd_cuda_free(ws->err);
-    free(ws);
+    tkd_cuda_ws_free(ws, [](tkd_cuda_attn_bwd_ws *w) {
+        tkd_cuda_free_all(w->lse2, w->dsum, w->err);
+    });
 }
 
 extern "C" tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, const uint16_t *k,
@@ -506,11 +467,5 @@ extern "C" tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, c
     a.n_qt = (T + kQRows - 1) / kQRows;
     a.scale_log2 = (float)(kLog2e / sqrt((double)dh));
     a.scale = (float)(1.0 / sqrt((double)dh));
-    switch (dh) {
-    case 48: return launch<48>(a, B, s);
-    case 64: return launch<64>(a, B, s);
-    case 80: return launch<80>(a, B, s);
-    case 96: return launch<96>(a, B, s);
-    default: return launch<128>(a, B, s);
-    }
+    return with_dh(dh, [&](auto d) { return launch<decltype(d)::value>(a, B, s); });
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_fast_math.cuh"
 
 namespace {
 
@@ -24,20 +25,9 @@ struct BwdArgs {
     float scale;
 };
 
-__device__ float bf(uint16_t x) { return __uint_as_float((unsigned)x << 16); }
-
-__device__ uint16_t to_bf(float x)
-{
-    __nv_bfloat16 b = __float2bfloat16_rn(x);
-    return *reinterpret_cast<uint16_t *>(&b);
-}
-
-__device__ float warp_sum(float x)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        x += __shfl_xor_sync(kFull, x, o);
-    return x;
-}
+using tkd_cuda::bf; /* bf16 <-> fp32 and the warp sum: cuda_fast_math.cuh */
+using tkd_cuda::to_bf;
+using tkd_cuda::warp_sum;
 
 /* For one (query, key) pair: *p = exp(scale·q·k − lse), *dp = dy·v. q and dy are the query row's,
  * staged in fp32 (shared memory); k and v the key row's, bf16. The dot products run d = 0, 1, ...

@@ -52,7 +52,6 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kBr = 16 * kWarps;         /* query rows per CTA */
 constexpr int kBc = 64;                  /* keys per K/V tile */
 constexpr int kNt = kBc / 8;             /* n8 tiles of S per warp */
-constexpr int kMaxQTiles = 65535;        /* grid.y limit */
 constexpr double kLog2e = 1.4426950408889634;
 constexpr float kLn2 = 0.69314718055994531f;
 
@@ -228,9 +227,7 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
     const int first = window > 0 ? max(0, q0 - window + 1) / kBc : 0; /* row q0's first key's tile */
 
     load_rows<DH, kBr, kThreads>(sq, a.q + (int64_t)b * a.T * qld + (int64_t)h * DH, qld, q0, a.T);
-    load_rows<DH, kBc, kThreads>(sk, gk, kvld, last * kBc, a.T);
-    load_rows<DH, kBc, kThreads>(sv, gv, kvld, last * kBc, a.T);
-    cp_async_commit();
+    load_tile_pair<DH, kBc, kThreads>(sk, sv, gk, gv, kvld, last * kBc, a.T);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = q0 + warp * 16;
     uint32_t qf[DH / 16][4];
@@ -248,11 +245,9 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
         __syncthreads(); /* tile j is in stage st for all; nobody still reads stage st ^ 1 */
         if (j == last)
             load_a_frags<DH>(qf, sq + warp * 16 * LD, lane);
-        if (j > first) {
-            load_rows<DH, kBc, kThreads>(sk + (st ^ 1) * KS, gk, kvld, (j - 1) * kBc, a.T);
-            load_rows<DH, kBc, kThreads>(sv + (st ^ 1) * KS, gv, kvld, (j - 1) * kBc, a.T);
-            cp_async_commit();
-        }
+        if (j > first)
+            load_tile_pair<DH, kBc, kThreads>(sk + (st ^ 1) * KS, sv + (st ^ 1) * KS, gk, gv, kvld, (j - 1) * kBc,
+                                              a.T);
         const int k0 = j * kBc;
         if (k0 > row0 + 15)
             continue; /* every key of the tile is after every row of this warp */
@@ -268,26 +263,14 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
     store_out<DH>(a, o, m, l, sq, b, h, q0);
 }
 
-template <int DH, bool kMask>
-tkd_status launch_mask(const AttnArgs &a, int B, cudaStream_t stream)
-{
-    const size_t smem = Geo<DH>::SMEM;
-    TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<DH, kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-    const dim3 grid((unsigned)(B * a.H), (unsigned)a.n_qt);
-    attn_fwd_kernel<DH, kMask><<<grid, kThreads, smem, stream>>>(a);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
-}
-
 /* A window or sinks take the kernel built for them; plain causal attention the one without. */
 template <int DH>
 tkd_status launch(const AttnArgs &a, int B, cudaStream_t stream)
 {
-    return a.window > 0 || a.sinks ? launch_mask<DH, true>(a, B, stream) : launch_mask<DH, false>(a, B, stream);
+    const dim3 grid((unsigned)(B * a.H), (unsigned)a.n_qt);
+    return a.window > 0 || a.sinks ? launch_smem(attn_fwd_kernel<DH, true>, grid, kThreads, Geo<DH>::SMEM, stream, a)
+                                   : launch_smem(attn_fwd_kernel<DH, false>, grid, kThreads, Geo<DH>::SMEM, stream, a);
 }
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 } // namespace
 
@@ -304,35 +287,19 @@ extern "C" tkd_status tkd_cuda_attn_fwd_masked(const uint16_t *q, const uint16_t
 {
     if (mask && mask->window < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_fwd: window %d < 0", mask->window);
-    if (dh != 48 && dh != 64 && dh != 80 && dh != 96 && dh != 128)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "tkd_cuda_attn_fwd: head dim %d is not supported (48, 64, 80, 96 or 128)", dh);
-    if (B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
-        return tkd_error_set(TKD_ERR_INVALID_ARG,
-                             "tkd_cuda_attn_fwd: bad shape B=%d T=%d H=%d Hkv=%d (H must be a multiple of Hkv)",
-                             B, T, H, Hkv);
+    TKD_TRY(check_shape("tkd_cuda_attn_fwd", B, T, H, Hkv, dh));
     if (B == 0 || T == 0)
         return TKD_OK;
     if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(y))
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "tkd_cuda_attn_fwd: q, k, v and y must be 16-byte aligned device pointers");
-    const int64_t n_qt = ((int64_t)T + kBr - 1) / kBr;
-    if (n_qt > kMaxQTiles || (int64_t)B * H > INT32_MAX)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "tkd_cuda_attn_fwd: T=%d with B·H=%lld exceeds the launch grid (T ≤ %d, B·H < 2^31)",
-                             T, (long long)B * H, kMaxQTiles * kBr);
+    TKD_TRY(check_grid("tkd_cuda_attn_fwd", B, T, H, kBr));
     AttnArgs a;
     a.q = q, a.k = k, a.v = v, a.y = y, a.lse = lse;
-    a.T = T, a.H = H, a.Hkv = Hkv, a.grp = H / Hkv, a.n_qt = (int)n_qt;
+    a.T = T, a.H = H, a.Hkv = Hkv, a.grp = H / Hkv, a.n_qt = (T + kBr - 1) / kBr;
     a.scale_log2 = (float)(kLog2e / sqrt((double)dh));
     a.window = mask ? mask->window : 0;
     a.sinks = mask ? mask->sinks : NULL;
     cudaStream_t st = (cudaStream_t)stream;
-    switch (dh) {
-    case 48: return launch<48>(a, B, st);
-    case 64: return launch<64>(a, B, st);
-    case 80: return launch<80>(a, B, st);
-    case 96: return launch<96>(a, B, st);
-    default: return launch<128>(a, B, st);
-    }
+    return with_dh(dh, [&](auto d) { return launch<decltype(d)::value>(a, B, st); });
 }

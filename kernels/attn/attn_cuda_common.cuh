@@ -1,7 +1,8 @@
-/* attn_cuda_common.cuh — device helpers shared by the flash-attention forward (attn_cuda.cu) and
- * backward (attn_bwd_cuda.cu): PTX wrappers for cp.async, ldmatrix and the bf16 m16n8k16 MMA, and
- * the fragment-level building blocks both passes use. Internal: included by those two .cu files
- * and by the Hopper backward (attn_bwd_sm90.cu, for pack_bf16). Every function is __forceinline__, so each file compiles its own copy.
+/* attn_cuda_common.cuh — helpers shared by the flash-attention forward (attn_cuda.cu) and backward
+ * (attn_bwd_cuda.cu): PTX wrappers for cp.async, ldmatrix and the bf16 m16n8k16 MMA, the
+ * fragment-level building blocks both passes use, and on the host their argument checks, head-dim
+ * dispatch and launch. Internal: included by those two .cu files and by the Hopper backward
+ * (attn_bwd_sm90.cu, for pack_bf16). Every function is inline, so each file compiles its own copy.
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 bf16, lane = 4·g + t): A regs {(g, 2t), (g+8, 2t),
  * (g, 2t+8), (g+8, 2t+8)} each holding 2 consecutive columns; B regs {(k = 2t, n = g),
@@ -23,6 +24,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
+#include "common/status.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_fast_math.cuh"
 
 namespace tkd_attn {
@@ -103,6 +108,18 @@ __device__ __forceinline__ void load_rows(uint16_t *s, const uint16_t *g, int64_
     }
 }
 
+/* The same rows [r0, r0 + ROWS) of two tensors of one layout (K and V; global row stride ld) into
+ * the smem tiles s0 and s1 as load_rows, then committed as one group: a stage of the K/V double
+ * buffer. */
+template <int DH, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile_pair(uint16_t *s0, uint16_t *s1, const uint16_t *g0, const uint16_t *g1,
+                                               int64_t ld, int r0, int T)
+{
+    load_rows<DH, ROWS, THREADS>(s0, g0, ld, r0, T);
+    load_rows<DH, ROWS, THREADS>(s1, g1, ld, r0, T);
+    cp_async_commit();
+}
+
 /* Rows 0..15 of the smem tile s (16, DH; row stride DH + 8) as A fragments, one per 16-wide slice
  * of the columns: lanes 0-15 address rows 0-15 at column 16kk, lanes 16-31 the same rows at
  * column 16kk + 8. */
@@ -162,6 +179,67 @@ __device__ __forceinline__ void frag_c_to_a(uint32_t a[4], const float c[2][4])
     a[1] = pack_bf16(c[0][2], c[0][3]);
     a[2] = pack_bf16(c[1][0], c[1][1]);
     a[3] = pack_bf16(c[1][2], c[1][3]);
+}
+
+/* ---- host side: the checks and the launch of both passes ------------------------------------ */
+
+constexpr int kMaxGridY = 65535; /* grid.y limit: query or key tiles per (batch, head) */
+
+inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* The head dims the kernels are built for; who names the entry point in the message. */
+inline tkd_status check_dh(const char *who, int dh)
+{
+    if (dh != 48 && dh != 64 && dh != 80 && dh != 96 && dh != 128)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: head dim %d is not supported (48, 64, 80, 96 or 128)", who,
+                             dh);
+    return TKD_OK;
+}
+
+/* The head dim and the shape (B, T ≥ 0; H a multiple of Hkv ≥ 1). */
+inline tkd_status check_shape(const char *who, int B, int T, int H, int Hkv, int dh)
+{
+    TKD_TRY(check_dh(who, dh));
+    if (B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: bad shape B=%d T=%d H=%d Hkv=%d (H must be a multiple of Hkv)",
+                             who, B, T, H, Hkv);
+    return TKD_OK;
+}
+
+/* T's tiles of tile_rows (grid.y) and B·H (grid.x) fit the launch grid. */
+inline tkd_status check_grid(const char *who, int B, int T, int H, int tile_rows)
+{
+    const int64_t tiles = ((int64_t)T + tile_rows - 1) / tile_rows;
+    if (tiles > kMaxGridY || (int64_t)B * H > INT32_MAX)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "%s: T=%d with B·H=%lld exceeds the launch grid (T ≤ %d, B·H < 2^31)", who, T,
+                             (long long)B * H, kMaxGridY * tile_rows);
+    return TKD_OK;
+}
+
+/* f(std::integral_constant<int, DH>()) for the head dim dh (checked: 48, 64, 80, 96, else 128), so
+ * that each entry point writes its dispatch over the kernels' instances once. */
+template <class F> inline tkd_status with_dh(int dh, F f)
+{
+    switch (dh) {
+    case 48: return f(std::integral_constant<int, 48>());
+    case 64: return f(std::integral_constant<int, 64>());
+    case 80: return f(std::integral_constant<int, 80>());
+    case 96: return f(std::integral_constant<int, 96>());
+    default: return f(std::integral_constant<int, 128>());
+    }
+}
+
+/* kernel(a) over grid × threads with smem bytes of dynamic shared memory (the kernel's limit raised
+ * to that first) on stream. */
+template <class Args>
+inline tkd_status launch_smem(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                              const Args &a)
+{
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, threads, smem, stream>>>(a);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
 }
 
 } // namespace tkd_attn

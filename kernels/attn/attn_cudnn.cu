@@ -147,15 +147,14 @@ static tkd_status plan_run(tkd_cudnn_attn *a, Plan *p, const void *const ptrs_in
 
 extern "C" void tkd_cudnn_attn_free(tkd_cudnn_attn *a)
 {
-    if (!a)
-        return;
-    for (int i = 0; i < kPlans; i++)
-        if (a->plans[i].used)
-            plan_destroy(&a->plans[i]);
-    if (a->h)
-        (void)cudnnDestroy(a->h); /* teardown: not actionable */
-    tkd_cuda_free(a->ws);
-    free(a);
+    tkd_cuda_ws_free(a, [](tkd_cudnn_attn *w) {
+        for (int i = 0; i < kPlans; i++)
+            if (w->plans[i].used)
+                plan_destroy(&w->plans[i]);
+        if (w->h)
+            (void)cudnnDestroy(w->h); /* teardown: not actionable */
+        tkd_cuda_free(w->ws);
+    });
 }
 
 static tkd_status attn_init(tkd_cudnn_attn *a)
@@ -163,24 +162,14 @@ static tkd_status attn_init(tkd_cudnn_attn *a)
     const size_t ver = cudnnGetVersion();
     if (ver < 90000)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "cuDNN attention: the cuDNN loaded is %zu, 9.x needed", ver);
+    a->bwd_budget = TKD_CUDNN_ATTN_BWD_BUDGET;
     TKD_CUDNN_CHECK(cudnnCreate(&a->h));
     return TKD_OK;
 }
 
 extern "C" tkd_status tkd_cudnn_attn_create(tkd_cudnn_attn **out)
 {
-    *out = NULL;
-    tkd_cudnn_attn *a = (tkd_cudnn_attn *)calloc(1, sizeof *a);
-    if (!a)
-        return tkd_error_set(TKD_ERR_NOMEM, "cuDNN attention: out of host memory");
-    a->bwd_budget = TKD_CUDNN_ATTN_BWD_BUDGET;
-    tkd_status st = attn_init(a);
-    if (st != TKD_OK) {
-        tkd_cudnn_attn_free(a);
-        return st;
-    }
-    *out = a;
-    return TKD_OK;
+    return tkd_cuda_ws_create(out, tkd_cudnn_attn_free, "cuDNN attention: out of host memory", attn_init);
 }
 
 static int aligned16(const void *p)

@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
 
+#include <initializer_list>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,33 +64,65 @@ tkd_status keep(Plan *p, cudnnBackendDescriptorType_t t, cudnnBackendDescriptor_
     return TKD_OK;
 }
 
+/* One attribute of a descriptor to set: its name (spelt out for the error message), value type,
+ * count and values; left unset when !on (an optional operand). */
+struct Attr {
+    bool on;
+    cudnnBackendAttributeName_t name;
+    const char *what;
+    cudnnBackendAttributeType_t type;
+    int64_t n;
+    const void *val;
+};
+
+#define ATTR_IF(on, name, type, n, val) (Attr{(on), name, "cudnnBackendSetAttribute " #name, type, (n), (val)})
+#define ATTR(name, type, n, val) ATTR_IF(true, name, type, n, val)
+#define DESC_IF(on, name, d) ATTR_IF(on, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &(d))
+#define DESC(name, d) DESC_IF(true, name, d)
+
+/* *out = a new descriptor of type t owned by p, attrs set in their order, finalized: how every
+ * descriptor of the graph is made. */
+tkd_status described(Plan *p, cudnnBackendDescriptorType_t t, std::initializer_list<Attr> attrs,
+                     cudnnBackendDescriptor_t *out)
+{
+    cudnnBackendDescriptor_t d;
+    TKD_TRY(keep(p, t, &d));
+    for (const Attr &a : attrs) {
+        if (!a.on)
+            continue;
+        const cudnnStatus_t e = cudnnBackendSetAttribute(d, a.name, a.type, a.n, a.val);
+        if (e != CUDNN_STATUS_SUCCESS)
+            return tkd_cudnn_fail(e, a.what, __func__, __FILE__, __LINE__);
+    }
+    TKD_CUDNN_CHECK(cudnnBackendFinalize(d));
+    *out = d;
+    return TKD_OK;
+}
+
 /* A 4-d tensor. uid 0: virtual (an intermediate cuDNN never writes out), numbered by p. */
 tkd_status tensor(Plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4],
                   bool by_value, cudnnBackendDescriptor_t *out)
 {
-    cudnnBackendDescriptor_t t;
-    TKD_TRY(keep(p, CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
     const bool is_virtual = uid == 0, yes = true;
     const int64_t id = is_virtual ? p->next_uid++ : uid, align = 16;
-    SET(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
-    SET(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim);
-    SET(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str);
-    SET(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id);
-    SET(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    if (is_virtual)
-        SET(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes);
-    if (by_value)
-        SET(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes);
-    TKD_CUDNN_CHECK(cudnnBackendFinalize(t));
-    *out = t;
-    return TKD_OK;
+    return described(p, CUDNN_BACKEND_TENSOR_DESCRIPTOR,
+                     {ATTR(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt),
+                      ATTR(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim),
+                      ATTR(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str),
+                      ATTR(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id),
+                      ATTR(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align),
+                      ATTR_IF(is_virtual, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes),
+                      ATTR_IF(by_value, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes)},
+                     out);
 }
 
-tkd_status add_op(Plan *p, cudnnBackendDescriptor_t op)
+/* An operation of type t (its attributes attrs) appended to the graph's operations. */
+tkd_status operation(Plan *p, cudnnBackendDescriptorType_t t, std::initializer_list<Attr> attrs)
 {
+    cudnnBackendDescriptor_t op;
+    TKD_TRY(described(p, t, attrs, &op));
     if (p->nops == kOps)
         return tkd_error_set(TKD_ERR_INTERNAL, "cudnn attention: more than %d operations", kOps);
-    TKD_CUDNN_CHECK(cudnnBackendFinalize(op));
     p->ops[p->nops++] = op;
     return TKD_OK;
 }
@@ -99,57 +132,48 @@ tkd_status pointwise(Plan *p, cudnnPointwiseMode_t mode, cudnnDataType_t prec, c
                      cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
                      int64_t axis = -1)
 {
-    cudnnBackendDescriptor_t pw, op;
-    TKD_TRY(keep(p, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw));
-    SET(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    SET(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
-    if (mode == CUDNN_POINTWISE_GEN_INDEX)
-        SET(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
-    TKD_CUDNN_CHECK(cudnnBackendFinalize(pw));
-    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &op));
+    cudnnBackendDescriptor_t pw;
     const float one = 1.0f;
-    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
-    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b)
-        SET(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    if (t)
-        SET(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
-    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
-    SET(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
-    return add_op(p, op);
+    TKD_TRY(described(p, CUDNN_BACKEND_POINTWISE_DESCRIPTOR,
+                      {ATTR(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode),
+                       ATTR(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec),
+                       ATTR_IF(mode == CUDNN_POINTWISE_GEN_INDEX, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1,
+                               &axis)},
+                      &pw));
+    return operation(p, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                     {DESC(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw),
+                      DESC(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x),
+                      DESC_IF(b != NULL, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b),
+                      DESC_IF(t != NULL, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t),
+                      DESC(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y),
+                      ATTR(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one),
+                      ATTR(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one)});
 }
 
 /* y = reduce(x) over the axes where y's dimension is 1, in fp32. */
 tkd_status reduction(Plan *p, cudnnReduceTensorOp_t red, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
 {
-    cudnnBackendDescriptor_t rd, op;
+    cudnnBackendDescriptor_t rd;
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    TKD_TRY(keep(p, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, &rd));
-    SET(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red);
-    SET(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    TKD_CUDNN_CHECK(cudnnBackendFinalize(rd));
-    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, &op));
-    SET(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    SET(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    SET(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd);
-    return add_op(p, op);
+    TKD_TRY(described(p, CUDNN_BACKEND_REDUCTION_DESCRIPTOR,
+                      {ATTR(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red),
+                       ATTR(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32)},
+                      &rd));
+    return operation(p, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                     {DESC(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x), DESC(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y),
+                      DESC(CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd)});
 }
 
 /* c = a·b batched over the two leading dims (b's head dim may divide a's: GQA), fp32 accumulation. */
 tkd_status matmul(Plan *p, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c)
 {
-    cudnnBackendDescriptor_t md, op;
+    cudnnBackendDescriptor_t md;
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    TKD_TRY(keep(p, CUDNN_BACKEND_MATMUL_DESCRIPTOR, &md));
-    SET(md, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
-    TKD_CUDNN_CHECK(cudnnBackendFinalize(md));
-    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, &op));
-    SET(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
-    SET(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    SET(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
-    SET(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &md);
-    return add_op(p, op);
+    TKD_TRY(described(p, CUDNN_BACKEND_MATMUL_DESCRIPTOR,
+                      {ATTR(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32)}, &md));
+    return operation(p, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                     {DESC(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a), DESC(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b),
+                      DESC(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c), DESC(CUDNN_ATTR_OPERATION_MATMUL_DESC, md)});
 }
 
 /* The graph's non-virtual tensors and the shapes of the virtual ones, for key. Dimensions are
@@ -182,6 +206,20 @@ Shapes shapes_for(const Key &k)
     return s;
 }
 
+/* Virtual fp32 tensors of the scores' shape (B, H, T, T), made in the order given: the
+ * intermediates of the softmax and of dS. what: the step's name, for the message. */
+struct Named {
+    const char *what;
+    cudnnBackendDescriptor_t *out;
+};
+
+tkd_status score_tensors(Plan *p, const Shapes &s, std::initializer_list<Named> ts)
+{
+    for (const Named &t : ts)
+        STEP(t.what, tensor(p, 0, CUDNN_DATA_FLOAT, s.s_dim, s.s_str, false, t.out));
+    return TKD_OK;
+}
+
 /* S = scale·Q·Kᵀ with entries above the diagonal set to −inf: the masked scores *out (fp32); the
  * tensors q, kᵀ and scale made for it in *q_out, *kt_out, *scale_out when not NULL (the backward
  * reuses them). */
@@ -195,8 +233,7 @@ tkd_status graph_scores(Plan *p, const Shapes &s, cudnnBackendDescriptor_t *out,
     STEP("tensor k", tensor(p, kUidK, bf16, s.kt_dim, s.kt_str, false, &kt));
     STEP("tensor scale", tensor(p, kUidScale, f32, s.one, s.one, true, &scale));
     STEP("tensor -inf", tensor(p, kUidNegInf, f32, s.one, s.one, true, &neg_inf));
-    STEP("tensor S", tensor(p, 0, f32, s.s_dim, s.s_str, false, &sc));
-    STEP("tensor S·scale", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ss));
+    TKD_TRY(score_tensors(p, s, {{"tensor S", &sc}, {"tensor S·scale", &ss}}));
     STEP("tensor row index", tensor(p, 0, CUDNN_DATA_INT32, s.s_dim, s.s_str, false, &row));
     STEP("tensor column index", tensor(p, 0, CUDNN_DATA_INT32, s.s_dim, s.s_str, false, &col));
     STEP("tensor causal mask", tensor(p, 0, CUDNN_DATA_BOOLEAN, s.s_dim, s.s_str, false, &keep_mask));
@@ -221,8 +258,7 @@ tkd_status graph_softmax_pv(Plan *p, const Shapes &s, cudnnBackendDescriptor_t m
     cudnnBackendDescriptor_t mx, sub, ex, sum, lg, stats, prob, v, y;
     const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
     STEP("tensor max", tensor(p, 0, f32, s.r_dim, s.r_str, false, &mx));
-    STEP("tensor S - max", tensor(p, 0, f32, s.s_dim, s.s_str, false, &sub));
-    STEP("tensor exp", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ex));
+    TKD_TRY(score_tensors(p, s, {{"tensor S - max", &sub}, {"tensor exp", &ex}}));
     STEP("tensor sum", tensor(p, 0, f32, s.r_dim, s.r_str, false, &sum));
     STEP("tensor log sum", tensor(p, 0, f32, s.r_dim, s.r_str, false, &lg));
     STEP("tensor stats", tensor(p, p->key.lse ? kUidStats : 0, f32, s.r_dim, p->key.lse ? s.st_str : s.r_str,
@@ -244,11 +280,8 @@ tkd_status graph_softmax_pv(Plan *p, const Shapes &s, cudnnBackendDescriptor_t m
 /* y = x with another view (dims, strides, data type) of the same elements: cuDNN's reshape. */
 tkd_status reshape(Plan *p, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
 {
-    cudnnBackendDescriptor_t op;
-    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, &op));
-    SET(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    SET(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    return add_op(p, op);
+    return operation(p, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                     {DESC(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x), DESC(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y)});
 }
 
 /* The shapes the backward adds to Shapes: (B, H, T, T) transposed views of P and dS (keys as rows),
@@ -303,6 +336,19 @@ tkd_status matmul_gqa(Plan *p, const BwdShapes &bs, cudnnBackendDescriptor_t a, 
     return TKD_OK;
 }
 
+/* out (uid kUidDV or kUidDK: (B, Hkv, T, dh) bf16) = Σgroup xᵀ·b, x (B, H, T, T) fp32 seen
+ * transposed in bf16 through a reshape: the dV and dK steps. names: the four steps' names, for the
+ * messages. */
+tkd_status graph_grad_kv(Plan *p, const Shapes &s, const BwdShapes &bs, cudnnBackendDescriptor_t x,
+                         cudnnBackendDescriptor_t b, int64_t uid, const char *const names[4])
+{
+    cudnnBackendDescriptor_t xt, out;
+    STEP(names[0], tensor(p, 0, CUDNN_DATA_BFLOAT16, bs.st_dim, bs.st_str, false, &xt));
+    STEP(names[1], tensor(p, uid, CUDNN_DATA_BFLOAT16, s.v_dim, s.v_str, false, &out));
+    STEP(names[2], reshape(p, x, xt));
+    return matmul_gqa(p, bs, xt, b, out, names[3]);
+}
+
 /* The backward graph (cudnn-frontend's composite sdpa_backward with its deterministic choice on
  * Hopper: dQ straight from dS·K, no fp32 atomic accumulator):
  *   E = exp(masked S − stats) (P, fp32);  dV = Σgroup Pᵀ·dO;  dP = dO·Vᵀ;
@@ -311,37 +357,29 @@ tkd_status graph_backward(Plan *p, const Shapes &s)
 {
     const BwdShapes bs = bwd_shapes_for(p->key);
     const cudnnDataType_t bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t dy, ssum, masked, q, kt, scale, stats, sub, ex, pt, dv, vt, dp, dps, dpe, ds, dst, dk;
-    cudnnBackendDescriptor_t kk, dq;
+    static const char *const dv_steps[4] = {"tensor Pᵀ", "tensor dv", "reshape Pᵀ", "matmul Pᵀ·dO"};
+    static const char *const dk_steps[4] = {"tensor dSᵀ", "tensor dk", "reshape dSᵀ", "matmul dSᵀ·Q"};
+    cudnnBackendDescriptor_t dy, ssum, masked, q, kt, scale, stats, sub, ex, vt, dp, dps, dpe, ds, kk, dq;
     TKD_TRY(graph_softmax_sum(p, s, &dy, &ssum));
     TKD_TRY(graph_scores(p, s, &masked, &q, &kt, &scale));
     STEP("tensor stats", tensor(p, kUidStats, f32, s.r_dim, s.st_str, false, &stats));
-    STEP("tensor S - stats", tensor(p, 0, f32, s.s_dim, s.s_str, false, &sub));
-    STEP("tensor exp", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ex));
+    TKD_TRY(score_tensors(p, s, {{"tensor S - stats", &sub}, {"tensor exp", &ex}}));
     STEP("pointwise S - stats", pointwise(p, CUDNN_POINTWISE_SUB, f32, masked, stats, NULL, sub));
     STEP("pointwise exp", pointwise(p, CUDNN_POINTWISE_EXP, f32, sub, NULL, NULL, ex));
     /* dV */
-    STEP("tensor Pᵀ", tensor(p, 0, bf16, bs.st_dim, bs.st_str, false, &pt));
-    STEP("tensor dv", tensor(p, kUidDV, bf16, s.v_dim, s.v_str, false, &dv));
-    STEP("reshape Pᵀ", reshape(p, ex, pt));
-    TKD_TRY(matmul_gqa(p, bs, pt, dy, dv, "matmul Pᵀ·dO"));
+    TKD_TRY(graph_grad_kv(p, s, bs, ex, dy, kUidDV, dv_steps));
     /* dP, dS */
     int64_t vt_dim[4] = {s.v_dim[0], s.v_dim[1], s.v_dim[3], s.v_dim[2]};
     int64_t vt_str[4] = {s.v_str[0], s.v_str[1], s.v_str[3], s.v_str[2]};
     STEP("tensor vᵀ", tensor(p, kUidV, bf16, vt_dim, vt_str, false, &vt));
-    STEP("tensor dP", tensor(p, 0, f32, s.s_dim, s.s_str, false, &dp));
-    STEP("tensor dP - softmax_sum", tensor(p, 0, f32, s.s_dim, s.s_str, false, &dps));
-    STEP("tensor (dP - softmax_sum)·E", tensor(p, 0, f32, s.s_dim, s.s_str, false, &dpe));
-    STEP("tensor dS", tensor(p, 0, f32, s.s_dim, s.s_str, false, &ds));
+    TKD_TRY(score_tensors(p, s, {{"tensor dP", &dp}, {"tensor dP - softmax_sum", &dps},
+                                 {"tensor (dP - softmax_sum)·E", &dpe}, {"tensor dS", &ds}}));
     STEP("matmul dO·Vᵀ", matmul(p, dy, vt, dp));
     STEP("pointwise dP - softmax_sum", pointwise(p, CUDNN_POINTWISE_SUB, f32, dp, ssum, NULL, dps));
     STEP("pointwise ·E", pointwise(p, CUDNN_POINTWISE_MUL, f32, dps, ex, NULL, dpe));
     STEP("pointwise dS·scale", pointwise(p, CUDNN_POINTWISE_MUL, f32, dpe, scale, NULL, ds));
     /* dK */
-    STEP("tensor dSᵀ", tensor(p, 0, bf16, bs.st_dim, bs.st_str, false, &dst));
-    STEP("tensor dk", tensor(p, kUidDK, bf16, s.v_dim, s.v_str, false, &dk));
-    STEP("reshape dSᵀ", reshape(p, ds, dst));
-    TKD_TRY(matmul_gqa(p, bs, dst, q, dk, "matmul dSᵀ·Q"));
+    TKD_TRY(graph_grad_kv(p, s, bs, ds, q, kUidDK, dk_steps));
     /* dQ */
     STEP("tensor K", tensor(p, 0, bf16, bs.k_dim, bs.k_str, false, &kk));
     STEP("tensor dq", tensor(p, kUidDQ, bf16, s.q_dim, s.q_str, false, &dq));
@@ -365,7 +403,7 @@ tkd_status graph_backward(Plan *p, const Shapes &s)
 tkd_status graph_build(Plan *p, cudnnHandle_t h, cudnnBackendDescriptor_t *out)
 {
     const Shapes s = shapes_for(p->key);
-    cudnnBackendDescriptor_t masked, g;
+    cudnnBackendDescriptor_t masked;
     p->next_uid = kUidVirtual;
     if (p->key.bwd) {
         TKD_TRY(graph_backward(p, s));
@@ -373,14 +411,13 @@ tkd_status graph_build(Plan *p, cudnnHandle_t h, cudnnBackendDescriptor_t *out)
         TKD_TRY(graph_scores(p, s, &masked));
         TKD_TRY(graph_softmax_pv(p, s, masked));
     }
-    TKD_TRY(keep(p, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g));
-    SET(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, p->nops, p->ops);
-    /* Deprecated since cuDNN 9.8 (the device comes from the current context), still accepted, and
-     * what cudnn-frontend sets when given a handle: the path PyTorch's cuDNN attention takes. */
-    SET(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-    TKD_CUDNN_CHECK(cudnnBackendFinalize(g));
-    *out = g;
-    return TKD_OK;
+    /* The handle: deprecated since cuDNN 9.8 (the device comes from the current context), still
+     * accepted, and what cudnn-frontend sets when given a handle: the path PyTorch's cuDNN attention
+     * takes. */
+    return described(p, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
+                     {ATTR(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, p->nops, p->ops),
+                      ATTR(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h)},
+                     out);
 }
 
 namespace {
@@ -392,10 +429,10 @@ tkd_status heuristics(Plan *p, cudnnBackendDescriptor_t g, cudnnBackendHeurMode_
     for (int i = 0; i < p->ncfgs; i++)
         destroy(p->cfgs[i]);
     p->ncfgs = 0;
-    TKD_TRY(keep(p, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
-    SET(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g);
-    SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    TKD_CUDNN_CHECK(cudnnBackendFinalize(heur));
+    TKD_TRY(described(p, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR,
+                      {DESC(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g),
+                       ATTR(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)},
+                      &heur));
     int64_t avail = 0, got = 0;
     TKD_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                              0, &avail, NULL));

@@ -7,33 +7,17 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_fast_math.cuh"
 
 namespace {
 
 constexpr int kMaxDh = 256;
 constexpr int kDimsPerLane = kMaxDh / 32;
 
-__device__ float bf(uint16_t x) { return __uint_as_float((unsigned)x << 16); }
-
-__device__ uint16_t to_bf(float x)
-{
-    __nv_bfloat16 b = __float2bfloat16_rn(x);
-    return *reinterpret_cast<uint16_t *>(&b);
-}
-
-__device__ float warp_max(float x)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-__device__ float warp_sum(float x)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
+using tkd_cuda::bf; /* bf16 <-> fp32 and the warp reductions: cuda_fast_math.cuh */
+using tkd_cuda::to_bf;
+using tkd_cuda::warp_max;
+using tkd_cuda::warp_sum;
 
 /* grid (T, H, B), block 32. q row i of head h; keys/values of kv head h / (H / Hkv), rows j ≤ i
  * (and j > i − window when window > 0); sinks (H) or NULL: the sink starts the running max and sum. */

@@ -245,14 +245,10 @@ extern "C" void tkd_comm_free(tkd_comm *c)
     else if (c->comm)
         (void)ncclCommAbort(c->comm);
     (void)tkd_error_restore(&keep);
-    if (c->stream)
-        (void)cudaStreamSynchronize(c->stream);
-    if (c->compute_done)
-        (void)cudaEventDestroy(c->compute_done);
-    if (c->comm_done)
-        (void)cudaEventDestroy(c->comm_done);
-    if (c->stream)
-        (void)cudaStreamDestroy(c->stream);
+    tkd_cuda_release(cudaStreamSynchronize, c->stream);
+    tkd_cuda_release(cudaEventDestroy, c->compute_done);
+    tkd_cuda_release(cudaEventDestroy, c->comm_done);
+    tkd_cuda_release(cudaStreamDestroy, c->stream);
     tkd_cuda_free(c->d_sum);
     tkd_cuda_free_host(c->h_sum);
     delete c;

@@ -78,8 +78,7 @@ void cu_close(tkd_backend *be)
     if (c->stream)
         (void)cudaStreamSynchronize(c->stream);
     tkd_cuda_linear_free(c->lin);
-    if (c->blas)
-        (void)cublasDestroy(c->blas);
+    tkd_cuda_release(cublasDestroy, c->blas);
     tkd_cuda_free(c->blas_ws);
     tkd_topk_cuda_ws_free(c->topk);
     tkd_cudnn_attn_free(c->cudnn);
@@ -555,8 +554,7 @@ void kl_release(tkd_backend_kl *kl)
 {
     if (!kl)
         return;
-    if (kl->staged)
-        (void)cudaEventSynchronize(kl->staged);
+    tkd_cuda_release(cudaEventSynchronize, kl->staged);
     tkd_kl_cuda_ws_free(kl->ws);
     tkd_cuda_free_host(kl->h_buf);
     tkd_cuda_free(kl->d_buf);

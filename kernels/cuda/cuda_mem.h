@@ -5,6 +5,7 @@
 #define TKD_CUDA_MEM_H
 
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "common/status.h"
 
@@ -33,6 +34,49 @@ tkd_status tkd_cuda_memzero(void *p, size_t bytes);                      /* devi
 tkd_status tkd_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 #ifdef __cplusplus
+}
+
+/* The create function every CUDA workspace shares: *out = a new zeroed T that setup(T *) (returning
+ * tkd_status) makes ready; when it fails, the half-made T goes to destroy (the workspace's free
+ * function, which takes one) and *out stays NULL. nomem: the out-of-host-memory message. C++ only. */
+template <class T, class Setup>
+inline tkd_status tkd_cuda_ws_create(T **out, void (*destroy)(T *), const char *nomem, Setup setup)
+{
+    *out = NULL;
+    T *x = (T *)calloc(1, sizeof *x);
+    if (!x)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s", nomem);
+    const tkd_status st = setup(x);
+    if (st != TKD_OK) {
+        destroy(x);
+        return st;
+    }
+    *out = x;
+    return TKD_OK;
+}
+
+/* Teardown call f(x) (cudaStreamDestroy, cudaEventSynchronize, cublasDestroy, ...) when x is set:
+ * NULL is a no-op and errors are not actionable, as for tkd_cuda_free. C++ only. */
+template <class T, class R> inline void tkd_cuda_release(R (*f)(T), T x)
+{
+    if (x)
+        (void)f(x);
+}
+
+/* tkd_cuda_free of each pointer in turn (NULL ones skipped): a workspace's device buffers. C++ only. */
+template <class... P> inline void tkd_cuda_free_all(P *...p)
+{
+    (tkd_cuda_free(p), ...);
+}
+
+/* The free function every CUDA workspace shares, the mirror of tkd_cuda_ws_create: release(ws)
+ * frees what ws holds, then ws goes; NULL is a no-op. C++ only. */
+template <class T, class Release> inline void tkd_cuda_ws_free(T *ws, Release release)
+{
+    if (!ws)
+        return;
+    release(ws);
+    free(ws);
 }
 #endif
 

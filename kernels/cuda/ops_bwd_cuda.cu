@@ -25,9 +25,6 @@
 
 namespace {
 
-constexpr int kRowMaxThreads = 512;  /* RMSNorm: ≤ 16 warps per block ... */
-constexpr int kRowMaxChunks = 4;     /* ... each thread owning ≤ 4 × 8 columns */
-constexpr int kRowMaxD = kRowMaxThreads * kRowMaxChunks * 8; /* 16384, as the forward */
 constexpr int kMaxGroups = 512;      /* row groups of a column reduction (partials per column) */
 constexpr int kMinGroupRows = 16;    /* ... each at least this many rows */
 constexpr int kEmbChunk = 64;        /* embedding: sorted rows per chunk */
@@ -200,6 +197,24 @@ struct RmsBwdArgs {
     int n, d, rows_per;
 };
 
+/* f(j, e, g, xv) for each access j < J of thread t (of nt) that lies inside the row at off: e its
+ * first column ((j·nt + t)·W), g and xv dy and x at e as fp32 (W values). Both passes of the
+ * backward read the row this way. */
+template <int J, int W, class F>
+__device__ __forceinline__ void rms_row_each(const RmsBwdArgs &a, int64_t off, int nt, int t, F f)
+{
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int e = (j * nt + t) * W;
+        if (e >= a.d)
+            continue;
+        float g[W], xv[W];
+        load_bf<W>(a.dy + off + e, g);
+        load_f32<W>(a.x + off + e, xv);
+        f(j, e, g, xv);
+    }
+}
+
 /* Block b = rows [b·R, b·R + R), in order. Thread t owns the same columns as the forward (VEC:
  * chunks of 8 at (j·nt + t)·8; else columns j·nt + t) and keeps their w and its dw partial in
  * registers across the rows. Per row: pass 1 forms Σ g·x (g = dy·w) over the block (only when dx
@@ -228,28 +243,14 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
         float c = 0.0f;
         if (a.dx) {
             float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-                const int e = (j * nt + t) * W;
-                if (e >= a.d)
-                    continue;
-                float g[W], xv[W];
-                load_bf<W>(a.dy + off + e, g);
-                load_f32<W>(a.x + off + e, xv);
+            rms_row_each<J, W>(a, off, nt, t, [&](int j, int, const float *g, const float *xv) {
 #pragma unroll
                 for (int i = 0; i < W; i++)
                     s += g[i] * w[j * W + i] * xv[i];
-            }
+            });
             c = block_sum(s) * r / (float)a.d * r; /* mean(g·x̂), times r again for x̂ */
         }
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int e = (j * nt + t) * W;
-            if (e >= a.d)
-                continue;
-            float g[W], xv[W];
-            load_bf<W>(a.dy + off + e, g);
-            load_f32<W>(a.x + off + e, xv);
+        rms_row_each<J, W>(a, off, nt, t, [&](int j, int e, const float *g, const float *xv) {
             if (a.dx) {
                 float o[W];
                 load_f32<W>(a.dx + off + e, o);
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
 #pragma unroll
             for (int i = 0; i < W; i++)
                 acc[j * W + i] += g[i] * (xv[i] * r);
-        }
+        });
     }
     if (a.part) {
 #pragma unroll
@@ -273,17 +274,6 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_bwd_kernel(RmsBwdArgs 
                 store_f32<W>(a.part + (int64_t)blockIdx.x * a.d + e, acc + j * W);
         }
     }
-}
-
-template <bool VEC>
-void rmsnorm_bwd_launch(const RmsBwdArgs &a, int G, int nt, int chunks, cudaStream_t s)
-{
-    if (chunks == 1)
-        rmsnorm_bwd_kernel<1, VEC><<<G, nt, 0, s>>>(a);
-    else if (chunks == 2)
-        rmsnorm_bwd_kernel<2, VEC><<<G, nt, 0, s>>>(a);
-    else
-        rmsnorm_bwd_kernel<kRowMaxChunks, VEC><<<G, nt, 0, s>>>(a);
 }
 
 /* ---- flat elementwise kernels: SwiGLU backward ------------------------------------------------ */
@@ -412,24 +402,17 @@ struct tkd_cuda_bwd_ws {
     float *part;    /* (part_floats) partial sums */
     size_t part_floats;
     double *norm_part; /* (kNormBlocks) */
-    BwdPlan plans[kBwdPlans];
-    unsigned long long clock;
+    LtCache<BwdKey, kBwdPlans> plans;
 };
 
 /* ---- workspace -------------------------------------------------------------------------------- */
 
 extern "C" void tkd_cuda_bwd_ws_free(tkd_cuda_bwd_ws *ws)
 {
-    if (!ws)
-        return;
-    for (int i = 0; i < kBwdPlans; i++)
-        if (ws->plans[i].used)
-            lt_plan_destroy(&ws->plans[i]);
-    tkd_cuda_free(ws->iota);
-    tkd_cuda_free(ws->sort_tmp);
-    tkd_cuda_free(ws->part);
-    tkd_cuda_free(ws->norm_part);
-    free(ws);
+    tkd_cuda_ws_free(ws, [](tkd_cuda_bwd_ws *w) {
+        tkd_cuda_free_all(w->iota, w->sort_tmp, w->part, w->norm_part);
+        lt_cache_destroy(&w->plans);
+    });
 }
 
 static tkd_status bwd_ws_init(tkd_cuda_bwd_ws *ws)
@@ -464,17 +447,11 @@ extern "C" tkd_status tkd_cuda_bwd_ws_create(int max_rows, int max_d, tkd_cuda_b
     if (max_rows < 1 || max_d < 1)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "backward workspace: max_rows = %d, max_d = %d (≥ 1)",
                              max_rows, max_d);
-    tkd_cuda_bwd_ws *ws = (tkd_cuda_bwd_ws *)calloc(1, sizeof *ws);
-    if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "backward workspace: out of host memory");
-    ws->max_rows = max_rows, ws->max_d = max_d;
-    tkd_status st = bwd_ws_init(ws);
-    if (st != TKD_OK) {
-        tkd_cuda_bwd_ws_free(ws);
-        return st;
-    }
-    *out = ws;
-    return TKD_OK;
+    return tkd_cuda_ws_create(out, tkd_cuda_bwd_ws_free, "backward workspace: out of host memory",
+                              [&](tkd_cuda_bwd_ws *ws) {
+                                  ws->max_rows = max_rows, ws->max_d = max_d;
+                                  return bwd_ws_init(ws);
+                              });
 }
 
 
@@ -530,15 +507,10 @@ extern "C" tkd_status tkd_cuda_rmsnorm_bwd(tkd_cuda_bwd_ws *ws, const uint16_t *
     RmsBwdArgs a = {dy, x, w, rstd, dx, dx_bf16, dw ? ws->part : NULL, N, D, rows_per};
     const bool vec = D % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && (!dx || aligned16(dx)) &&
                      (!dx_bf16 || aligned16(dx_bf16));
-    const int units = (D + 7) / 8; /* per-thread capacity is 8 values per chunk on both paths */
-    const int nt = units >= kRowMaxThreads ? kRowMaxThreads : (units + 31) / 32 * 32;
-    const int need = (units + nt - 1) / nt;
-    const int chunks = need == 1 ? 1 : need == 2 ? 2 : kRowMaxChunks;
+    int nt, chunks;
+    row_shape(D, &nt, &chunks);
     cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        rmsnorm_bwd_launch<true>(a, G, nt, chunks, s);
-    else
-        rmsnorm_bwd_launch<false>(a, G, nt, chunks, s);
+    row_dispatch(vec, chunks, [&](auto ch, auto v) { rmsnorm_bwd_kernel<ch.value, v.value><<<G, nt, 0, s>>>(a); });
     TKD_CUDA_CHECK(cudaGetLastError());
     return dw ? partials_reduce(ws->part, G, D, dw, s) : TKD_OK;
 }
@@ -568,12 +540,8 @@ extern "C" tkd_status tkd_cuda_swiglu_bwd(const uint16_t *dh, const uint16_t *g,
  * workspace size. On failure the caller destroys p. */
 static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p, const BwdKey &key)
 {
-    p->key = key;
     const bool wg = key.kind == kWgrad;
-    const cublasOperation_t ta = CUBLAS_OP_N, tb = wg ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    TKD_TRY(lt_plan_op(p, key, CUBLAS_OP_N, wg ? CUBLAS_OP_T : CUBLAS_OP_N));
     if (wg) {
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, key.k, key.n, key.k)); /* x */
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key.m, key.n, key.m)); /* dy */
@@ -583,22 +551,16 @@ static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key.m, key.n, key.m)); /* dy */
         TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, key.k, key.n, key.k)); /* dx */
     }
-    cublasLtMatmulPreference_t pref = NULL;
-    TKD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t wsb = ws_bytes;
     const uint32_t al[4] = {(uint32_t)key.align[0], (uint32_t)key.align[1], (uint32_t)key.align[2],
                             (uint32_t)key.align[2]};
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    const cublasStatus_t e = lt_plan_heuristic(lt, p, pref, wsb, al, &res, &found);
-    if (e == CUBLAS_STATUS_NOT_SUPPORTED || (e == CUBLAS_STATUS_SUCCESS && found == 0))
+    const cublasStatus_t e = lt_plan_algo(lt, p, ws_bytes, al);
+    if (e == CUBLAS_STATUS_NOT_SUPPORTED)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "linear_bwd: cuBLASLt has no %s algorithm for N = %d, K = %d, M = %d "
                              "(pointer alignments %s %d, dy %d, %s %d bytes)",
                              wg ? "weight-gradient" : "input-gradient", key.n, key.k, key.m,
                              wg ? "x" : "w", key.align[0], key.align[1], wg ? "dw" : "dx", key.align[2]);
     TKD_CUBLAS_CHECK(e); /* the preference or heuristic call failed otherwise */
-    p->algo = res.algo;
     return TKD_OK;
 }
 
@@ -606,8 +568,7 @@ static tkd_status bwd_plan_init(cublasLtHandle_t lt, size_t ws_bytes, BwdPlan *p
 static tkd_status bwd_plan_get(tkd_cuda_bwd_ws *ws, cublasLtHandle_t lt, size_t ws_bytes, const BwdKey &key,
                                BwdPlan **out)
 {
-    return lt_plan_get(ws->plans, kBwdPlans, &ws->clock, key,
-                       [&](BwdPlan *p) { return bwd_plan_init(lt, ws_bytes, p, key); }, out);
+    return lt_cache_get(&ws->plans, key, [&](BwdPlan *p) { return bwd_plan_init(lt, ws_bytes, p, key); }, out);
 }
 
 /* C += op(A)·op(B) with the plan for (kind, N, K, M) and these pointers' alignments. */

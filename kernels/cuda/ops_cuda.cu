@@ -20,9 +20,6 @@
 
 namespace {
 
-constexpr int kRowMaxThreads = 512;    /* RMSNorm: one block per row, ≤ 16 warps */
-constexpr int kRowMaxChunks = 4;       /* ... each thread holding ≤ 4 × 8 values in registers */
-constexpr int kRowMaxD = kRowMaxThreads * kRowMaxChunks * 8; /* 16384 */
 constexpr size_t kLtWsBytes = 32u << 20; /* cuBLASLt workspace, allocated once */
 constexpr int kLinPlans = 32;          /* cached GEMM plans (a model uses ~6 shapes per pass) */
 
@@ -126,17 +123,6 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_kernel(RmsArgs a)
     }
 }
 
-template <bool VEC>
-void rmsnorm_launch(const RmsArgs &a, int N, int nt, int chunks, cudaStream_t s)
-{
-    if (chunks == 1)
-        rmsnorm_kernel<1, VEC><<<N, nt, 0, s>>>(a);
-    else if (chunks == 2)
-        rmsnorm_kernel<2, VEC><<<N, nt, 0, s>>>(a);
-    else
-        rmsnorm_kernel<kRowMaxChunks, VEC><<<N, nt, 0, s>>>(a);
-}
-
 tkd_status rmsnorm_run(const RmsArgs &a, int N, void *stream)
 {
     if (N < 0 || a.d < 1 || a.d > kRowMaxD || !a.x_in || !a.w || !a.y || (a.branch && !a.x_out))
@@ -146,15 +132,10 @@ tkd_status rmsnorm_run(const RmsArgs &a, int N, void *stream)
         return TKD_OK;
     const bool vec = a.d % 8 == 0 && aligned16(a.x_in) && aligned16(a.w) && aligned16(a.y) &&
                      (!a.branch || (aligned16(a.branch) && aligned16(a.x_out)));
-    const int units = (a.d + 7) / 8; /* per-thread capacity is 8 values per chunk on both paths */
-    const int nt = units >= kRowMaxThreads ? kRowMaxThreads : (units + 31) / 32 * 32;
-    const int need = (units + nt - 1) / nt;
-    const int chunks = need == 1 ? 1 : need == 2 ? 2 : kRowMaxChunks;
+    int nt, chunks;
+    row_shape(a.d, &nt, &chunks);
     cudaStream_t s = (cudaStream_t)stream;
-    if (vec)
-        rmsnorm_launch<true>(a, N, nt, chunks, s);
-    else
-        rmsnorm_launch<false>(a, N, nt, chunks, s);
+    row_dispatch(vec, chunks, [&](auto ch, auto v) { rmsnorm_kernel<ch.value, v.value><<<N, nt, 0, s>>>(a); });
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
@@ -184,33 +165,16 @@ struct SwigluOp {
     }
 };
 
-struct F32ToBf16Op {
-    const float *src;
-    uint16_t *dst;
+/* dst = src element for element through fp32: fp32 → bf16 rounds to nearest even, bf16 → fp32 is
+ * exact. */
+template <class Src, class Dst> struct ConvertOp {
+    const Src *src;
+    Dst *dst;
     template <int W> __device__ void unit(int64_t e) const
     {
-        if (W == 8) {
-            float f[8];
-            load8_f32(src + e, f);
-            *reinterpret_cast<uint4 *>(dst + e) = pack8(f);
-        } else {
-            dst[e] = tkd_f32_to_bf16(src[e]);
-        }
-    }
-};
-
-struct Bf16ToF32Op {
-    const uint16_t *src;
-    float *dst;
-    template <int W> __device__ void unit(int64_t e) const
-    {
-        if (W == 8) {
-            float f[8];
-            unpack8(*reinterpret_cast<const uint4 *>(src + e), f);
-            store8_f32(dst + e, f);
-        } else {
-            dst[e] = bf(src[e]);
-        }
+        float f[W];
+        load_vals<W>(src + e, f);
+        store_vals<W>(dst + e, f);
     }
 };
 
@@ -270,7 +234,7 @@ extern "C" tkd_status tkd_cuda_f32_to_bf16(const float *src, uint16_t *dst, size
 {
     if (n > (size_t)INT64_MAX || (n > 0 && (!src || !dst)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "f32_to_bf16: n = %zu or a NULL pointer", n);
-    F32ToBf16Op op = {src, dst};
+    ConvertOp<float, uint16_t> op = {src, dst};
     return elementwise_run(op, (int64_t)n, aligned16(src) && aligned16(dst), stream);
 }
 
@@ -278,7 +242,7 @@ extern "C" tkd_status tkd_cuda_bf16_to_f32(const uint16_t *src, float *dst, size
 {
     if (n > (size_t)INT64_MAX || (n > 0 && (!src || !dst)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "bf16_to_f32: n = %zu or a NULL pointer", n);
-    Bf16ToF32Op op = {src, dst};
+    ConvertOp<uint16_t, float> op = {src, dst};
     return elementwise_run(op, (int64_t)n, aligned16(src) && aligned16(dst), stream);
 }
 
@@ -307,21 +271,17 @@ using LinPlan = LtPlan<LinKey>;
 struct tkd_cuda_linear {
     cublasLtHandle_t lt;
     void *ws; /* (kLtWsBytes) */
-    LinPlan plans[kLinPlans];
-    unsigned long long clock;
+    LtCache<LinKey, kLinPlans> plans;
 };
 
 extern "C" void tkd_cuda_linear_free(tkd_cuda_linear *lin)
 {
-    if (!lin)
-        return;
-    for (int i = 0; i < kLinPlans; i++)
-        if (lin->plans[i].used)
-            lt_plan_destroy(&lin->plans[i]);
-    if (lin->lt)
-        (void)cublasLtDestroy(lin->lt);
-    tkd_cuda_free(lin->ws);
-    free(lin);
+    tkd_cuda_ws_free(lin, [](tkd_cuda_linear *w) {
+        lt_cache_destroy(&w->plans);
+        if (w->lt)
+            (void)cublasLtDestroy(w->lt);
+        tkd_cuda_free(w->ws);
+    });
 }
 
 static tkd_status linear_init(tkd_cuda_linear *lin)
@@ -332,17 +292,7 @@ static tkd_status linear_init(tkd_cuda_linear *lin)
 
 extern "C" tkd_status tkd_cuda_linear_create(tkd_cuda_linear **out)
 {
-    *out = NULL;
-    tkd_cuda_linear *lin = (tkd_cuda_linear *)calloc(1, sizeof *lin);
-    if (!lin)
-        return tkd_error_set(TKD_ERR_NOMEM, "linear: out of host memory");
-    tkd_status st = linear_init(lin);
-    if (st != TKD_OK) {
-        tkd_cuda_linear_free(lin);
-        return st;
-    }
-    *out = lin;
-    return TKD_OK;
+    return tkd_cuda_ws_create(out, tkd_cuda_linear_free, "linear: out of host memory", linear_init);
 }
 
 extern "C" void tkd_cuda_linear_lt(tkd_cuda_linear *lin, void **handle, void **ws, size_t *ws_bytes)
@@ -356,11 +306,7 @@ extern "C" void tkd_cuda_linear_lt(tkd_cuda_linear *lin, void **handle, void **w
  * the caller destroys p. b is the bias pointer the heuristic inspects (NULL without bias). */
 static tkd_status plan_init(tkd_cuda_linear *lin, LinPlan *p, const LinKey &key, const void *b)
 {
-    p->key = key;
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    TKD_TRY(lt_plan_op(p, key, CUBLAS_OP_T, CUBLAS_OP_N));
     if (key.bias) {
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         const int32_t bias_type = CUDA_R_16BF;
@@ -373,30 +319,23 @@ static tkd_status plan_init(tkd_cuda_linear *lin, LinPlan *p, const LinKey &key,
     TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, key.k, key.n, key.k)); /* x */
     TKD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, key.m, key.n, key.m)); /* y */
 
-    cublasLtMatmulPreference_t pref = NULL;
-    TKD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = kLtWsBytes;
     const uint32_t al[4] = {(uint32_t)key.align[1], (uint32_t)key.align[0], (uint32_t)key.align[2],
                             (uint32_t)key.align[2]}; /* A = W, B = x, C = D = y */
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    const cublasStatus_t e = lt_plan_heuristic(lin->lt, p, pref, ws, al, &res, &found);
-    if (e == CUBLAS_STATUS_NOT_SUPPORTED || (e == CUBLAS_STATUS_SUCCESS && found == 0))
+    const cublasStatus_t e = lt_plan_algo(lin->lt, p, kLtWsBytes, al);
+    if (e == CUBLAS_STATUS_NOT_SUPPORTED)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "linear: cuBLASLt has no bf16 algorithm for N = %d, K = %d, M = %d%s "
                              "(pointer alignments x %d, w %d, y %d, b %d bytes)",
                              key.n, key.k, key.m, key.bias ? " with bias" : "", key.align[0],
                              key.align[1], key.align[2], key.align[3]);
     TKD_CUBLAS_CHECK(e); /* the preference or heuristic call failed otherwise */
-    p->algo = res.algo;
     return TKD_OK;
 }
 
 /* The cached plan for key, made (replacing the least recently used) when missing. */
 static tkd_status plan_get(tkd_cuda_linear *lin, const LinKey &key, const void *b, LinPlan **out)
 {
-    return lt_plan_get(lin->plans, kLinPlans, &lin->clock, key,
-                       [&](LinPlan *p) { return plan_init(lin, p, key, b); }, out);
+    return lt_cache_get(&lin->plans, key, [&](LinPlan *p) { return plan_init(lin, p, key, b); }, out);
 }
 
 extern "C" tkd_status tkd_cuda_linear_fwd(tkd_cuda_linear *lin, const uint16_t *x, const uint16_t *w,

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "common/half.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_check.h"
@@ -22,6 +24,9 @@ namespace {
 
 constexpr int kEltThreads = 256;    /* elementwise kernels: block size */
 constexpr int kEltMaxBlocks = 4096; /* grid-stride beyond this (≈ 8 waves of 132 SMs × 4) */
+constexpr int kRowMaxThreads = 512; /* RMSNorm, forward and backward: ≤ 16 warps per block ... */
+constexpr int kRowMaxChunks = 4;    /* ... each thread holding ≤ 4 × 8 values in registers */
+constexpr int kRowMaxD = kRowMaxThreads * kRowMaxChunks * 8; /* 16384 */
 
 /* ---- host helpers ----------------------------------------------------------------------------- */
 
@@ -32,6 +37,36 @@ inline int elt_blocks(int64_t units)
 {
     int64_t b = (units + kEltThreads - 1) / kEltThreads;
     return (int)(b < 1 ? 1 : b > kEltMaxBlocks ? kEltMaxBlocks : b);
+}
+
+/* The RMSNorm kernels' block for rows of d values: *nt threads (a multiple of 32, ≤ kRowMaxThreads)
+ * holding *chunks (1, 2 or kRowMaxChunks) chunks of 8 values each. */
+inline void row_shape(int d, int *nt, int *chunks)
+{
+    const int units = (d + 7) / 8; /* per-thread capacity is 8 values per chunk on both paths */
+    *nt = units >= kRowMaxThreads ? kRowMaxThreads : (units + 31) / 32 * 32;
+    const int need = (units + *nt - 1) / *nt;
+    *chunks = need == 1 ? 1 : need == 2 ? 2 : kRowMaxChunks;
+}
+
+/* launch(std::integral_constant<int, CH>(), std::bool_constant<VEC>()) for the RMSNorm kernels'
+ * instance of chunks (row_shape) and vec: the dispatch over their template arguments, written once. */
+template <bool VEC, class F> void row_dispatch_chunks(int chunks, F launch)
+{
+    if (chunks == 1)
+        launch(std::integral_constant<int, 1>(), std::bool_constant<VEC>());
+    else if (chunks == 2)
+        launch(std::integral_constant<int, 2>(), std::bool_constant<VEC>());
+    else
+        launch(std::integral_constant<int, kRowMaxChunks>(), std::bool_constant<VEC>());
+}
+
+template <class F> void row_dispatch(bool vec, int chunks, F launch)
+{
+    if (vec)
+        row_dispatch_chunks<true>(chunks, launch);
+    else
+        row_dispatch_chunks<false>(chunks, launch);
 }
 
 /* ---- bf16 / fp32 loads and stores ------------------------------------------------------------- */
@@ -109,6 +144,13 @@ template <int W> __device__ inline void store_f32(float *p, const float f[W])
     else
         p[0] = f[0];
 }
+
+/* W consecutive values of either element type as fp32 and back, chosen by the pointer's type: for
+ * code written once over both (load_bf / load_f32, store_bf / store_f32). */
+template <int W> __device__ inline void load_vals(const uint16_t *p, float f[W]) { load_bf<W>(p, f); }
+template <int W> __device__ inline void load_vals(const float *p, float f[W]) { load_f32<W>(p, f); }
+template <int W> __device__ inline void store_vals(uint16_t *p, const float f[W]) { store_bf<W>(p, f); }
+template <int W> __device__ inline void store_vals(float *p, const float f[W]) { store_f32<W>(p, f); }
 
 /* ---- block sum -------------------------------------------------------------------------------- */
 
@@ -251,6 +293,17 @@ inline int ptr_align(const void *p)
     return a;
 }
 
+/* The start of every plan: its key and its matmul descriptor (fp32 compute and scale, transposes
+ * ta and tb). */
+template <class Key> tkd_status lt_plan_op(LtPlan<Key> *p, const Key &key, cublasOperation_t ta, cublasOperation_t tb)
+{
+    p->key = key;
+    TKD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    TKD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    return TKD_OK;
+}
+
 /* Destroys what a plan holds (any part may be NULL) and zeroes it: a free slot again. */
 template <class Key> void lt_plan_destroy(LtPlan<Key> *p)
 {
@@ -290,25 +343,53 @@ tkd_status lt_plan_get(LtPlan<Key> *plans, int n, unsigned long long *clock, con
     return TKD_OK;
 }
 
-/* Asks the heuristic for the first algorithm for p's descriptors within ws_bytes of workspace and
- * pointers aligned to al = {A, B, C, D} bytes, then destroys pref (made by the caller). Returns the
- * first failing call's status; *found is 0 when none fits. */
+/* A table of N cached plans, the least recently used replaced first; zeroed: empty. */
+template <class Key, int N> struct LtCache {
+    LtPlan<Key> plans[N];
+    unsigned long long clock; /* counts uses */
+};
+
+/* Destroys every plan in use: the cache's teardown. */
+template <class Key, int N> void lt_cache_destroy(LtCache<Key, N> *c)
+{
+    for (int i = 0; i < N; i++)
+        if (c->plans[i].used)
+            lt_plan_destroy(&c->plans[i]);
+}
+
+/* The cached plan for key, made by init(slot) when missing (lt_plan_get). */
+template <class Key, int N, class Init>
+tkd_status lt_cache_get(LtCache<Key, N> *c, const Key &key, Init init, LtPlan<Key> **out)
+{
+    return lt_plan_get(c->plans, N, &c->clock, key, init, out);
+}
+
+/* p->algo: the heuristic's first algorithm for p's descriptors within ws_bytes of workspace and
+ * pointers aligned to al = {A, B, C, D} bytes. Returns the first failing call's status, and
+ * CUBLAS_STATUS_NOT_SUPPORTED also when none fits (the caller says for what). */
 template <class Key>
-cublasStatus_t lt_plan_heuristic(cublasLtHandle_t lt, const LtPlan<Key> *p, cublasLtMatmulPreference_t pref,
-                                 uint64_t ws_bytes, const uint32_t al[4],
-                                 cublasLtMatmulHeuristicResult_t *res, int *found)
+cublasStatus_t lt_plan_algo(cublasLtHandle_t lt, LtPlan<Key> *p, uint64_t ws_bytes, const uint32_t al[4])
 {
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    cublasStatus_t e = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &ws_bytes, sizeof ws_bytes);
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasStatus_t e = cublasLtMatmulPreferenceCreate(&pref);
+    if (e != CUBLAS_STATUS_SUCCESS)
+        return e;
+    e = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                             sizeof ws_bytes);
     for (int i = 0; i < 4 && e == CUBLAS_STATUS_SUCCESS; i++)
         e = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
-    *found = 0;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
     if (e == CUBLAS_STATUS_SUCCESS)
-        e = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, res, found);
+        e = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
     (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (e == CUBLAS_STATUS_SUCCESS && found == 0)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (e == CUBLAS_STATUS_SUCCESS)
+        p->algo = res.algo;
     return e;
 }
 

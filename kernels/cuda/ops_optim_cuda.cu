@@ -161,10 +161,9 @@ struct tkd_cuda_adamw {
 
 extern "C" void tkd_cuda_adamw_free(tkd_cuda_adamw *a)
 {
-    if (!a)
-        return;
-    tkd_cuda_free(a->chunks);
-    free(a);
+    tkd_cuda_ws_free(a, [](tkd_cuda_adamw *w) {
+        tkd_cuda_free(w->chunks);
+    });
 }
 
 static int seg_cmp(const void *pa, const void *pb)
@@ -226,16 +225,8 @@ extern "C" tkd_status tkd_cuda_adamw_create(const tkd_cuda_param_seg *segs, int 
     *out = NULL;
     if (n_segs < 0 || (n_segs > 0 && !segs))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: %d segments or a NULL table", n_segs);
-    tkd_cuda_adamw *a = (tkd_cuda_adamw *)calloc(1, sizeof *a);
-    if (!a)
-        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory");
-    tkd_status st = adamw_init(a, segs, n_segs);
-    if (st != TKD_OK) {
-        tkd_cuda_adamw_free(a);
-        return st;
-    }
-    *out = a;
-    return TKD_OK;
+    return tkd_cuda_ws_create(out, tkd_cuda_adamw_free, "adamw: out of host memory",
+                              [&](tkd_cuda_adamw *a) { return adamw_init(a, segs, n_segs); });
 }
 
 static bool aligned8(const void *p) { return ((uintptr_t)p & 7u) == 0; }

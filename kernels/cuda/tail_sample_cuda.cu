@@ -2,6 +2,7 @@
 #include "common/status.h"
 #include "common/ctr_rng.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_fast_math.cuh"
 #include "kernels/cpu/tail_sample.h"
 #include "kernels/cuda/tail_sample_cuda.h"
 
@@ -51,24 +52,7 @@ static __device__ float tail_block_max(float m, float *red)
 /* Exclusive block scan of u64 values; *total gets the block sum (every thread). */
 static __device__ uint64_t tail_block_scan(uint64_t x, uint64_t *red, uint64_t *total)
 {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    uint64_t incl = x;
-    for (int off = 1; off < 32; off <<= 1) {
-        uint64_t t = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off)
-            incl += t;
-    }
-    if (lane == 31)
-        red[w] = incl;
-    __syncthreads();
-    uint64_t before = 0, sum = 0;
-    for (int i = 0; i < TAIL_WARPS; i++) {
-        before += i < w ? red[i] : 0;
-        sum += red[i];
-    }
-    __syncthreads();
-    *total = sum;
-    return before + incl - x;
+    return tkd_cuda::block_scan<TAIL_WARPS>(x, red, total) - x;
 }
 
 /* First index d in sorted t[0..n) with t[d] >= x. */
@@ -116,13 +100,7 @@ static __device__ float tail_pass_max(const float *row, int64_t V, const uint32_
 #pragma unroll
         for (int j = 0; j < TAIL_ITEMS / VEC; j++) {
             const int64_t v = v0 + (int64_t)j * TAIL_THREADS * VEC;
-            if (VEC == 4) {
-                const float4 f = v < V ? *reinterpret_cast<const float4 *>(row + v)
-                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                x[4 * j] = f.x, x[4 * j + 1] = f.y, x[4 * j + 2] = f.z, x[4 * j + 3] = f.w;
-            } else {
-                x[j] = v < V ? row[v] : 0.0f;
-            }
+            tkd_cuda::load_or<VEC>(row + v, v < V, 0.0f, x + VEC * j);
         }
 #pragma unroll
         for (int j = 0; j < TAIL_ITEMS / VEC; j++) {
@@ -157,13 +135,7 @@ static __device__ void tail_pass_weights(const float *row, int64_t V, const uint
 #pragma unroll
         for (int j = 0; j < TAIL_SEG_ITEMS / VEC; j++) {
             const int64_t v = v0 + (int64_t)j * 32 * VEC;
-            if (VEC == 4) {
-                const float4 f = v < V ? *reinterpret_cast<const float4 *>(row + v)
-                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                x[4 * j] = f.x, x[4 * j + 1] = f.y, x[4 * j + 2] = f.z, x[4 * j + 3] = f.w;
-            } else {
-                x[j] = v < V ? row[v] : 0.0f;
-            }
+            tkd_cuda::load_or<VEC>(row + v, v < V, 0.0f, x + VEC * j);
         }
         uint64_t sum = 0;
 #pragma unroll

@@ -1,6 +1,7 @@
 /* topk_cuda.cu — see topk_cuda.h; the selection scheme and its paths are described there. */
 #include "common/status.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_fast_math.cuh"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/cpu/topk.h"
 #include "kernels/cuda/topk_cuda.h"
@@ -59,24 +60,7 @@ typedef struct topk_smem {
 /* Inclusive block scan of one value per thread; *total gets the block sum. Barriers inside. */
 static __device__ uint32_t topk_block_scan(uint32_t x, uint32_t *warp_tot, uint32_t *total)
 {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    uint32_t incl = x;
-    for (int off = 1; off < 32; off <<= 1) {
-        const uint32_t t = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off)
-            incl += t;
-    }
-    if (lane == 31)
-        warp_tot[w] = incl;
-    __syncthreads();
-    uint32_t before = 0, sum = 0;
-    for (int i = 0; i < TOPK_WARPS; i++) {
-        before += i < w ? warp_tot[i] : 0;
-        sum += warp_tot[i];
-    }
-    __syncthreads();
-    *total = sum;
-    return before + incl;
+    return tkd_cuda::block_scan<TOPK_WARPS>(x, warp_tot, total);
 }
 
 /* Block-wide: the bin of hist (nbins, a multiple of the block) holding the want-th largest counted
@@ -178,16 +162,8 @@ static __device__ __forceinline__ int topk_load(const float *row, int64_t V, int
     const int nv = left <= 0 ? 0 : (int)min((int64_t)(TOPK_ITEMS / VEC),
                                             (left + TOPK_THREADS * VEC - 1) / (TOPK_THREADS * VEC));
 #pragma unroll
-    for (int j = 0; j < TOPK_ITEMS / VEC; j++) {
-        const float *p = row + v0 + (int64_t)j * TOPK_THREADS * VEC;
-        if (VEC == 4) {
-            const float4 f = j < nv ? *reinterpret_cast<const float4 *>(p)
-                                    : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-            x[4 * j] = f.x, x[4 * j + 1] = f.y, x[4 * j + 2] = f.z, x[4 * j + 3] = f.w;
-        } else {
-            x[j] = j < nv ? *p : -INFINITY;
-        }
-    }
+    for (int j = 0; j < TOPK_ITEMS / VEC; j++)
+        tkd_cuda::load_or<VEC>(row + v0 + (int64_t)j * TOPK_THREADS * VEC, j < nv, -INFINITY, x + VEC * j);
     return nv;
 }
 
@@ -195,6 +171,19 @@ template <int VEC>
 static __device__ __forceinline__ uint32_t topk_id(int64_t base, int i)
 {
     return (uint32_t)(base + ((int64_t)(i / VEC) * TOPK_THREADS + threadIdx.x) * VEC + i % VEC);
+}
+
+/* Puts logit x (item i of the tile at base) into the next candidate slot while there is one;
+ * returns the slot taken (≥ TOPK_CAP: dropped, the count still rises). */
+template <int VEC>
+static __device__ __forceinline__ uint32_t topk_push(topk_smem *sm, float x, int64_t base, int i)
+{
+    const uint32_t slot = atomicAdd(&sm->cnt, 1u);
+    if (slot < TOPK_CAP) {
+        sm->ckey[slot] = topk_key(x);
+        sm->cid[slot] = topk_id<VEC>(base, i);
+    }
+    return slot;
 }
 
 /* Raises pass 1's threshold to the bin holding the k-th largest key seen so far (the histogram
@@ -283,14 +272,8 @@ static __device__ topk_part topk_pass_first(const float *row, int64_t V, int k, 
         }
 #pragma unroll
         for (int i = 0; i < TOPK_ITEMS; i++) {
-            if (x[i] >= f_cand) {
-                const uint32_t slot = atomicAdd(&sm->cnt, 1u);
-                if (slot < TOPK_CAP) {
-                    sm->ckey[slot] = topk_key(x[i]);
-                    sm->cid[slot] = topk_id<VEC>(base, i);
-                }
-                over |= slot >= sm->high;
-            }
+            if (x[i] >= f_cand)
+                over |= topk_push<VEC>(sm, x[i], base, i) >= sm->high;
         }
     }
     return p;
@@ -372,13 +355,8 @@ static __device__ void topk_pass_collect(const float *row, int64_t V, float f, t
         topk_load<VEC>(row, V, base, x); /* −Inf padding is below f */
 #pragma unroll
         for (int i = 0; i < TOPK_ITEMS; i++) {
-            if (x[i] >= f) {
-                const uint32_t slot = atomicAdd(&sm->cnt, 1u);
-                if (slot < TOPK_CAP) {
-                    sm->ckey[slot] = topk_key(x[i]);
-                    sm->cid[slot] = topk_id<VEC>(base, i);
-                }
-            }
+            if (x[i] >= f)
+                topk_push<VEC>(sm, x[i], base, i);
         }
     }
 }
@@ -552,29 +530,19 @@ static tkd_status topk_ws_setup(tkd_topk_cuda_ws *ws)
     return TKD_OK;
 }
 
-extern "C" tkd_status tkd_topk_cuda_ws_create(tkd_topk_cuda_ws **out)
-{
-    *out = NULL;
-    tkd_topk_cuda_ws *ws = (tkd_topk_cuda_ws *)calloc(1, sizeof *ws);
-    if (!ws)
-        return tkd_error_set(TKD_ERR_NOMEM, "topk_cuda: cannot allocate the workspace");
-    tkd_status st = topk_ws_setup(ws);
-    if (st != TKD_OK) {
-        tkd_topk_cuda_ws_free(ws);
-        return st;
-    }
-    *out = ws;
-    return TKD_OK;
-}
-
 extern "C" void tkd_topk_cuda_ws_free(tkd_topk_cuda_ws *ws)
 {
-    if (!ws)
-        return;
-    tkd_cuda_free(ws->d_flags);
-    tkd_cuda_free_host(ws->h_flags);
-    tkd_cuda_free(ws->d_paths);
-    free(ws);
+    tkd_cuda_ws_free(ws, [](tkd_topk_cuda_ws *w) {
+        tkd_cuda_free(w->d_flags);
+        tkd_cuda_free_host(w->h_flags);
+        tkd_cuda_free(w->d_paths);
+    });
+}
+
+extern "C" tkd_status tkd_topk_cuda_ws_create(tkd_topk_cuda_ws **out)
+{
+    return tkd_cuda_ws_create(out, tkd_topk_cuda_ws_free, "topk_cuda: cannot allocate the workspace",
+                              topk_ws_setup);
 }
 
 extern "C" tkd_status tkd_topk_cuda(tkd_topk_cuda_ws *ws, const float *d_logits, int64_t C,

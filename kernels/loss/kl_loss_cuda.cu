@@ -244,26 +244,12 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
 
 extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
 {
-    if (!ws)
-        return;
-    if (ws->blas) /* teardown errors are not actionable */
-        (void)cublasDestroy(ws->blas);
-    tkd_cuda_free(ws->chunk_buf);
-    tkd_cuda_free(ws->lse_tau);
-    tkd_cuda_free(ws->lse_one);
-    tkd_cuda_free(ws->log_omq);
-    tkd_cuda_free(ws->row_stats);
-    tkd_cuda_free(ws->out);
-    tkd_cuda_free(ws->blas_ws);
-    tkd_lmhead_sm90_ws_free(ws->lm);
-    tkd_cuda_free(ws->lm_part);
-    tkd_cuda_free(ws->sp_list);
-    tkd_cuda_free(ws->sp_off);
-    tkd_cuda_free(ws->sp_g);
-    tkd_cuda_free(ws->ref);
-    tkd_cuda_free(ws->sigma);
-    tkd_cuda_free(ws->hs);
-    free(ws);
+    tkd_cuda_ws_free(ws, [](tkd_kl_cuda_ws *w) {
+        tkd_cuda_release(cublasDestroy, w->blas);
+        tkd_cuda_free_all(w->chunk_buf, w->lse_tau, w->lse_one, w->log_omq, w->row_stats, w->out, w->blas_ws);
+        tkd_lmhead_sm90_ws_free(w->lm);
+        tkd_cuda_free_all(w->lm_part, w->sp_list, w->sp_off, w->sp_g, w->ref, w->sigma, w->hs);
+    });
 }
 
 extern "C" int tkd_kl_cuda_ws_chunk_rows(const tkd_kl_cuda_ws *ws) { return ws->chunk; }
