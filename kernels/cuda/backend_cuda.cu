@@ -28,6 +28,7 @@
 #include "kernels/attn/attn_bwd_sm90.h"
 #include "kernels/attn/attn_cuda.h"
 #include "kernels/attn/attn_cudnn.h"
+#include "kernels/cuda/moe_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/loss/kl_loss_cuda.h"
@@ -728,6 +729,50 @@ tkd_status cu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
     return TKD_OK;
 }
 
+/* ---- mixture of experts (kernels/cuda/moe_cuda.h) ---- */
+
+} // namespace
+
+struct tkd_backend_moe { /* the seam's opaque type: outside the anonymous namespace */
+    tkd_cuda_moe_ws *ws;
+};
+
+namespace {
+
+tkd_status cu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out)
+{
+    *out = NULL;
+    tkd_backend_moe *m = static_cast<tkd_backend_moe *>(calloc(1, sizeof *m));
+    if (!m)
+        return tkd_error_set(TKD_ERR_NOMEM, "moe: out of host memory");
+    tkd_status st = tkd_cuda_moe_ws_create(&m->ws, p, max_tokens, stream_of(be));
+    if (st != TKD_OK) {
+        free(m);
+        return st;
+    }
+    *out = m;
+    return TKD_OK;
+}
+
+void cu_moe_free(tkd_backend *be, tkd_backend_moe *m)
+{
+    (void)be;
+    if (!m)
+        return;
+    tkd_cuda_moe_ws_free(m->ws);
+    free(m);
+}
+
+tkd_status cu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_weights *w, const void *x, int N, void *y)
+{
+    (void)be;
+    const tkd_cuda_moe_weights cw = {
+        static_cast<cbf>(w->router_w), static_cast<cbf>(w->router_b), static_cast<cbf>(w->w_gate),
+        static_cast<cbf>(w->w_up),     static_cast<cbf>(w->w_down),   static_cast<cbf>(w->b_gate),
+        static_cast<cbf>(w->b_up),     static_cast<cbf>(w->b_down)};
+    return tkd_cuda_moe_fwd(m->ws, &cw, static_cast<cbf>(x), N, static_cast<bf>(y), NULL, NULL);
+}
+
 const tkd_backend_ops cuda_ops = {
     cu_close,
     cu_alloc, cu_free, cu_host_alloc, cu_host_free, cu_upload, cu_download, cu_upload_f32, cu_download_f32,
@@ -739,7 +784,7 @@ const tkd_backend_ops cuda_ops = {
     cu_f32_to_act, cu_act_to_f32, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
     cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
-    NULL, NULL, NULL, /* moe_create, moe_free, moe_fwd: not yet on CUDA */
+    cu_moe_create, cu_moe_free, cu_moe_fwd,
     cu_mark, cu_mark_ms,
 };
 

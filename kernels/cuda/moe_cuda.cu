@@ -1,0 +1,368 @@
+/* moe_cuda.cu — see moe_cuda.h. The first CUDA MoE: cuBLAS GEMMs per expert over the rows sorted
+ * to it (issue 22 measures it against transformers; a grouped GEMM over all experts, and the
+ * MXFP4 experts dequantised inside it, are the next steps). */
+#include "kernels/cuda/moe_cuda.h"
+
+#include <cublas_v2.h>
+#include <cub/cub.cuh>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_mem.h"
+
+struct tkd_cuda_moe_ws {
+    tkd_moe_params p;
+    int max_tokens;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    float *logits;       /* (max_tokens, E) */
+    int32_t *sel;        /* (max_tokens, k) routing: experts */
+    float *wts;          /* (max_tokens, k) routing: weights */
+    int32_t *pair_iota;  /* (P) 0..P-1, the sort's values */
+    int32_t *keys_sorted; /* (P) expert of each sorted row */
+    int32_t *pair_of;    /* (P) sorted row -> pair (token·k + slot) */
+    int32_t *row_of;     /* (P) pair -> sorted row */
+    int32_t *counts;     /* (E) rows per expert, device */
+    int32_t *h_counts;   /* (E) the same on the host (pinned) */
+    void *sort_tmp;
+    size_t sort_bytes;
+    uint16_t *xs;        /* (P, D) gathered rows */
+    float *g, *u;        /* (P, I) each */
+    uint16_t *h;         /* (P, I) */
+    float *o;            /* (P, D) */
+};
+
+namespace {
+
+constexpr int kRouteWarps = 4;
+constexpr int kMaxE = 1024, kMaxK = 16;
+
+__device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((unsigned)x << 16); }
+__device__ __forceinline__ uint16_t f2bf(float x)
+{
+    __nv_bfloat16 b = __float2bfloat16_rn(x);
+    return *reinterpret_cast<uint16_t *>(&b);
+}
+
+/* The lane's best (value, index) among its entries of v (n), largest value first, the lower index
+ * on ties, then reduced over the warp the same way. */
+__device__ void warp_argmax(const float *v, int n, float &best, int &arg)
+{
+    const int lane = threadIdx.x & 31;
+    best = -INFINITY, arg = -1;
+    for (int e = lane; e < n; e += 32)
+        if (v[e] > best || arg < 0) /* lanes see increasing indices: > keeps the lower on ties */
+            best = v[e], arg = e;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+        if (oa >= 0 && (arg < 0 || ob > best || (ob == best && oa < arg)))
+            best = ob, arg = oa;
+    }
+}
+
+__device__ float warp_max(float x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+__device__ float warp_sum(float x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* One warp per token: its logits (+ bias) into shared memory, then the router of p. Taken entries
+ * become -inf (softmax probabilities are ≥ 0, logits finite). */
+__global__ void __launch_bounds__(32 * kRouteWarps) route_kernel(const float *logits, const uint16_t *bias, int N,
+                                                                 tkd_moe_params p, int32_t *sel, float *wts)
+{
+    __shared__ float sv[kRouteWarps][kMaxE];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * kRouteWarps + warp;
+    if (n >= N)
+        return;
+    float *v = sv[warp];
+    for (int e = lane; e < p.E; e += 32)
+        v[e] = logits[(int64_t)n * p.E + e] + (bias ? bf2f(bias[e]) : 0.0f);
+    __syncwarp();
+    if (p.router == TKD_MOE_ROUTER_SOFTMAX_TOPK) { /* softmax over E, as moe_softmax */
+        float mx = -INFINITY;
+        for (int e = lane; e < p.E; e += 32)
+            mx = fmaxf(mx, v[e]);
+        mx = warp_max(mx);
+        float s = 0.0f;
+        for (int e = lane; e < p.E; e += 32)
+            s += (v[e] = expf(v[e] - mx));
+        s = warp_sum(s);
+        __syncwarp();
+        for (int e = lane; e < p.E; e += 32)
+            v[e] /= s;
+        __syncwarp();
+    }
+    float w[kMaxK];
+    int id[kMaxK];
+    for (int j = 0; j < p.k; j++) {
+        warp_argmax(v, p.E, w[j], id[j]);
+        __syncwarp();
+        if (lane == 0)
+            v[id[j]] = -INFINITY;
+        __syncwarp();
+    }
+    if (lane != 0)
+        return;
+    if (p.router == TKD_MOE_ROUTER_SOFTMAX_TOPK) {
+        float s = 0.0f;
+        for (int j = 0; j < p.k; j++)
+            s += w[j];
+        if (p.norm_topk_prob)
+            for (int j = 0; j < p.k; j++)
+                w[j] /= s;
+    } else { /* softmax over the k chosen logits; w[0] is their max */
+        float s = 0.0f;
+        for (int j = 0; j < p.k; j++)
+            s += (w[j] = expf(w[j] - w[0]));
+        for (int j = 0; j < p.k; j++)
+            w[j] /= s;
+    }
+    for (int j = 0; j < p.k; j++) {
+        sel[(int64_t)n * p.k + j] = id[j];
+        wts[(int64_t)n * p.k + j] = w[j];
+    }
+}
+
+/* counts[e] = rows routed to expert e; row_of[pair] = sorted row; xs[row] = x[token of the row] */
+__global__ void count_kernel(const int32_t *sel, int64_t P, int32_t *counts)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P; i += (int64_t)gridDim.x * blockDim.x)
+        atomicAdd(&counts[sel[i]], 1); /* counts only: the order comes from the stable sort */
+}
+
+__global__ void gather_kernel(const uint16_t *x, const int32_t *pair_of, int64_t P, int k, int D, uint16_t *xs,
+                              int32_t *row_of)
+{
+    const int64_t r = blockIdx.x;
+    if (r >= P)
+        return;
+    const int32_t pair = pair_of[r];
+    if (threadIdx.x == 0)
+        row_of[pair] = (int32_t)r;
+    const uint16_t *src = x + (int64_t)(pair / k) * D;
+    uint16_t *dst = xs + r * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        dst[d] = src[d];
+}
+
+/* h = act(g + b_g, u + b_u) as bf16 for every sorted row (its expert from the sort's keys). */
+__global__ void act_kernel(const float *g, const float *u, const int32_t *expert_of, const uint16_t *bg,
+                           const uint16_t *bu, int64_t P, int I, tkd_moe_params p, uint16_t *h)
+{
+    const int64_t n = P * I;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / I;
+        const int c = (int)(i % I), e = expert_of[r];
+        float gv = g[i] + (bg ? bf2f(bg[(int64_t)e * I + c]) : 0.0f);
+        float uv = u[i] + (bu ? bf2f(bu[(int64_t)e * I + c]) : 0.0f);
+        float out;
+        if (p.act == TKD_MOE_ACT_SWIGLU) {
+            out = gv / (1.0f + expf(-gv)) * uv;
+        } else { /* gpt-oss's clamped SwiGLU, as tkd_cpu_swiglu_clamp_fwd */
+            gv = fminf(gv, p.limit);
+            uv = fminf(fmaxf(uv, -p.limit), p.limit);
+            out = (uv + 1.0f) * (gv / (1.0f + expf(-p.alpha * gv)));
+        }
+        h[i] = f2bf(out);
+    }
+}
+
+/* y[n] = Σ_j w_j (o[row_j] + b_down[e_j]) over the token's slots in increasing expert order, fp32,
+ * one block per token. */
+__global__ void combine_kernel(const float *o, const int32_t *sel, const float *wts, const int32_t *row_of,
+                               const uint16_t *bd, int k, int D, uint16_t *y)
+{
+    const int64_t n = blockIdx.x;
+    __shared__ int order[kMaxK];
+    if (threadIdx.x == 0) { /* the slots by expert (k ≤ 16: insertion sort) */
+        for (int j = 0; j < k; j++)
+            order[j] = j;
+        for (int a = 1; a < k; a++)
+            for (int b = a; b > 0 && sel[n * k + order[b]] < sel[n * k + order[b - 1]]; b--) {
+                const int t = order[b];
+                order[b] = order[b - 1], order[b - 1] = t;
+            }
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int jj = 0; jj < k; jj++) {
+            const int j = order[jj], e = sel[n * k + j];
+            const float ov = o[(int64_t)row_of[n * k + j] * D + d] + (bd ? bf2f(bd[(int64_t)e * D + d]) : 0.0f);
+            acc += wts[n * k + j] * ov;
+        }
+        y[n * D + d] = f2bf(acc);
+    }
+}
+
+__global__ void iota_kernel(int32_t *v, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        v[i] = (int32_t)i;
+}
+
+unsigned grid_for(int64_t n, int threads)
+{
+    const int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 65535 * 4 ? 65535 * 4 : b);
+}
+
+int bits_for(int E)
+{
+    int b = 1;
+    while ((1 << b) < E)
+        b++;
+    return b;
+}
+
+/* c (m, n) fp32 row-major = a (m, kd) bf16 row-major · b (n, kd) bf16 row-majorᵀ */
+tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m, int n, int kd, float *c)
+{
+    const float one = 1.0f, zero = 0.0f;
+    TKD_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, kd, &one, b, CUDA_R_16BF, kd, a, CUDA_R_16BF, kd,
+                                  &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return TKD_OK;
+}
+
+tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
+{
+    const tkd_moe_params &p = ws->p;
+    const size_t N = (size_t)ws->max_tokens, P = N * p.k;
+    TKD_CUBLAS_CHECK(cublasCreate(&ws->blas));
+    TKD_CUBLAS_CHECK(cublasSetStream(ws->blas, ws->stream));
+    const char *h = "MoE workspace: call it on fewer tokens at a time";
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->logits, N * p.E * 4, "moe: router logits", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->sel, P * 4, "moe: routing", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->wts, P * 4, "moe: routing", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->pair_iota, P * 4, "moe: sort", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->keys_sorted, P * 4, "moe: sort", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->pair_of, P * 4, "moe: sort", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->row_of, P * 4, "moe: sort", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->counts, (size_t)p.E * 4, "moe: counts", h));
+    TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_counts, (size_t)p.E * 4, "moe: counts"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->xs, P * p.D * 2, "moe: gathered rows", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->g, P * p.inter * 4, "moe: gate", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->u, P * p.inter * 4, "moe: up", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->h, P * p.inter * 2, "moe: activations", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->o, P * p.D * 4, "moe: expert outputs", h));
+    TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, ws->sort_bytes, (const int32_t *)nullptr,
+                                                   (int32_t *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
+                                                   (int64_t)P, 0, bits_for(p.E), ws->stream));
+    TKD_TRY(tkd_cuda_malloc(&ws->sort_tmp, ws->sort_bytes + 16, "moe: sort", h));
+    iota_kernel<<<grid_for((int64_t)P, 256), 256, 0, ws->stream>>>(ws->pair_iota, (int64_t)P);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
+/* Per expert with rows: G, U = X_e W_gateᵀ, X_e W_upᵀ; then h for all rows; then O = h_e W_downᵀ. */
+tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
+{
+    const tkd_moe_params &p = ws->p;
+    const int D = p.D, I = p.inter;
+    int64_t r0 = 0;
+    for (int e = 0; e < p.E; r0 += ws->h_counts[e], e++) {
+        const int c = ws->h_counts[e];
+        if (c == 0)
+            continue;
+        TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_gate + (int64_t)e * I * D, c, I, D, ws->g + r0 * I));
+        TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_up + (int64_t)e * I * D, c, I, D, ws->u + r0 * I));
+    }
+    act_kernel<<<grid_for(P * I, 256), 256, 0, ws->stream>>>(ws->g, ws->u, ws->keys_sorted, w->b_gate, w->b_up, P, I,
+                                                             p, ws->h);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    r0 = 0;
+    for (int e = 0; e < p.E; r0 += ws->h_counts[e], e++) {
+        const int c = ws->h_counts[e];
+        if (c > 0)
+            TKD_TRY(gemm_nt(ws->blas, ws->h + r0 * I, w->w_down + (int64_t)e * D * I, c, D, I, ws->o + r0 * D));
+    }
+    return TKD_OK;
+}
+
+} // namespace
+
+extern "C" void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws)
+{
+    if (!ws)
+        return;
+    if (ws->blas)
+        (void)cublasDestroy(ws->blas);
+    void *bufs[] = {ws->logits, ws->sel, ws->wts, ws->pair_iota, ws->keys_sorted, ws->pair_of, ws->row_of,
+                    ws->counts, ws->xs, ws->g, ws->u, ws->h, ws->o, ws->sort_tmp};
+    for (void *b : bufs)
+        tkd_cuda_free(b);
+    tkd_cuda_free_host(ws->h_counts);
+    free(ws);
+}
+
+extern "C" tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_moe_params *p, int max_tokens,
+                                             void *stream)
+{
+    *out = NULL;
+    TKD_TRY(tkd_moe_params_check(p));
+    if (p->E > kMaxE || p->k > kMaxK)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "moe (cuda): %d experts, %d per token: at most %d and %d", p->E, p->k,
+                             kMaxE, kMaxK);
+    if (max_tokens < 1 || (int64_t)max_tokens * p->k > INT32_MAX)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe (cuda): max_tokens %d out of range", max_tokens);
+    tkd_cuda_moe_ws *ws = (tkd_cuda_moe_ws *)calloc(1, sizeof *ws);
+    if (!ws)
+        return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
+    ws->p = *p;
+    ws->max_tokens = max_tokens;
+    ws->stream = (cudaStream_t)stream;
+    tkd_status st = ws_alloc(ws);
+    if (st != TKD_OK) {
+        tkd_cuda_moe_ws_free(ws);
+        return st;
+    }
+    *out = ws;
+    return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, const uint16_t *x, int N,
+                                       uint16_t *y, int32_t *experts, float *weights)
+{
+    const tkd_moe_params &p = ws->p;
+    if (N < 0 || N > ws->max_tokens)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe (cuda): %d tokens, the workspace holds %d", N, ws->max_tokens);
+    if (N == 0)
+        return TKD_OK;
+    const int64_t P = (int64_t)N * p.k;
+    cudaStream_t s = ws->stream;
+    TKD_TRY(gemm_nt(ws->blas, x, w->router_w, N, p.E, p.D, ws->logits));
+    route_kernel<<<(N + kRouteWarps - 1) / kRouteWarps, 32 * kRouteWarps, 0, s>>>(ws->logits, w->router_b, N, p,
+                                                                                  ws->sel, ws->wts);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    TKD_CUDA_CHECK(cudaMemsetAsync(ws->counts, 0, (size_t)p.E * 4, s));
+    count_kernel<<<grid_for(P, 256), 256, 0, s>>>(ws->sel, P, ws->counts);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    size_t bytes = ws->sort_bytes;
+    TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws->sort_tmp, bytes, ws->sel, ws->keys_sorted, ws->pair_iota,
+                                                   ws->pair_of, P, 0, bits_for(p.E), s));
+    gather_kernel<<<(unsigned)P, 128, 0, s>>>(x, ws->pair_of, P, p.k, p.D, ws->xs, ws->row_of);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    TKD_CUDA_CHECK(cudaMemcpyAsync(ws->h_counts, ws->counts, (size_t)p.E * 4, cudaMemcpyDeviceToHost, s));
+    TKD_CUDA_CHECK(cudaStreamSynchronize(s)); /* the GEMMs' shapes */
+    TKD_TRY(run_experts(ws, w, P));
+    combine_kernel<<<(unsigned)N, 256, 0, s>>>(ws->o, ws->sel, ws->wts, ws->row_of, w->b_down, p.k, p.D, y);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    if (experts)
+        TKD_CUDA_CHECK(cudaMemcpyAsync(experts, ws->sel, (size_t)P * 4, cudaMemcpyDeviceToDevice, s));
+    if (weights)
+        TKD_CUDA_CHECK(cudaMemcpyAsync(weights, ws->wts, (size_t)P * 4, cudaMemcpyDeviceToDevice, s));
+    return TKD_OK;
+}

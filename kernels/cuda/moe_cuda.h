@@ -1,0 +1,65 @@
+/* moe_cuda.h — the mixture-of-experts layer on a CUDA device, forward only (teacher-dump's Qwen3-MoE
+ * and gpt-oss teachers): the maths, layout and tie rule of kernels/cpu/cpu_moe.h (its reference is
+ * tkd_ref_moe_fwd; tests/test_gpu_moe.c holds this path to it), bf16 weights and activations,
+ * fp32 routing and accumulation.
+ *
+ * The steps, on the workspace's stream:
+ *   1. router logits (N, E) fp32 = x Wᵣᵀ (+ bᵣ) by cuBLAS;
+ *   2. routing, one warp per token: Qwen3-MoE's softmax over E then top-k (renormalised when
+ *      norm_topk_prob) or gpt-oss's top-k of the logits then softmax over those k; ties to the
+ *      lower expert index, as on the CPU;
+ *   3. the (token, slot) pairs sorted by expert (CUB's stable radix sort: deterministic), the
+ *      tokens' rows gathered in that order, and the per-expert counts copied to the host (the one
+ *      synchronisation of a call: the GEMMs' shapes);
+ *   4. per expert with rows: G and U (rows, I) fp32 = X_e W_gateᵀ, X_e W_upᵀ (cuBLAS), then
+ *      h = act(G + b_g, U + b_u) as bf16 (the dense MLP's rounding point), then
+ *      O (rows, D) fp32 = h W_downᵀ;
+ *   5. per token y = Σ_j w_j · (O_j + b_down) over its k slots in increasing expert order, fp32,
+ *      rounded once to bf16.
+ * Workspace (max_tokens · k rows): the gathered rows (D bf16), G and U (I fp32 each), h (I bf16),
+ * O (D fp32): about max_tokens · k · (6 D + 10 I) bytes; a caller with more tokens calls in chunks.
+ *
+ * Header usable from C; defined only in CUDA builds.
+ */
+#ifndef TKD_MOE_CUDA_H
+#define TKD_MOE_CUDA_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/moe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One layer's weights on the device, bf16 bit patterns, in cpu_moe.h's layout. NULL bias: zero. */
+typedef struct tkd_cuda_moe_weights {
+    const uint16_t *router_w; /* (E, D) */
+    const uint16_t *router_b; /* (E) or NULL */
+    const uint16_t *w_gate;   /* (E, I, D) */
+    const uint16_t *w_up;     /* (E, I, D) */
+    const uint16_t *w_down;   /* (E, D, I) */
+    const uint16_t *b_gate;   /* (E, I) or NULL */
+    const uint16_t *b_up;     /* (E, I) or NULL */
+    const uint16_t *b_down;   /* (E, D) or NULL */
+} tkd_cuda_moe_weights;
+
+/* A workspace for layers of shape p, up to max_tokens rows a call, running on stream (a
+ * cudaStream_t; NULL the legacy stream). E ≤ 1024 and k ≤ 16 (TKD_ERR_UNSUPPORTED otherwise). On
+ * success *out is owned by the caller (tkd_cuda_moe_ws_free). */
+typedef struct tkd_cuda_moe_ws tkd_cuda_moe_ws;
+tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_moe_params *p, int max_tokens, void *stream);
+void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws); /* NULL is a no-op */
+
+/* y (N, D) bf16 = MoE(x (N, D) bf16), 0 ≤ N ≤ max_tokens; experts, weights (N, k) on the device
+ * receive the routing when not NULL (largest weight first). y may not alias x. Returns after the
+ * counts are on the host; the rest is enqueued. */
+tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, const uint16_t *x, int N,
+                            uint16_t *y, int32_t *experts, float *weights);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TKD_MOE_CUDA_H */

@@ -1,0 +1,217 @@
+/* test_gpu_moe.c — the CUDA mixture-of-experts layer (kernels/cuda/moe_cuda.h) against the float64
+ * reference tkd_ref_moe_fwd on the same bf16-rounded inputs and weights, for both routers (Qwen3-MoE
+ * with and without norm_topk_prob; gpt-oss with biases and the clamped SwiGLU) over awkward shapes:
+ * one token, an expert no token picks, k = 1 and k = E, token counts not a multiple of anything;
+ * and the same bits from a second call (deterministic).
+ *
+ * Routing must equal the reference's wherever the reference's k-th and (k+1)-th routing scores are
+ * apart by more than ROUTE_GAP: the device computes the logits in fp32 from the same bf16 products
+ * (relative error ~1e-6), so only a near-tie may choose differently; such tokens are counted and
+ * excluded from the output check, and a case with more than 2 % of them fails (the inputs are
+ * drawn so that ties are rare).
+ *
+ * Output tolerance, per element: |Δ| ≤ 2e-2·max|y_row| + 1e-2·|ref|. The device rounds h (the
+ * expert's activation) to bf16 before the down projection (2^-9 relative per element, summed over I
+ * terms of both signs: ~2^-9·‖h‖·‖W_down row‖, a few 1e-3 of the row's scale) and y to bf16 (2^-9
+ * relative); fp32 GEMM accumulation adds ~1e-6. Over a case ‖Δ‖/‖ref‖ ≤ 1e-2.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "tests/gpu_check.h"
+#include "tests/gpu_testutil.h"
+#include "tests/testutil.h"
+
+#ifdef TKD_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cpu/cpu_moe.h"
+#include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/cuda/moe_cuda.h"
+
+#define ROUTE_GAP 1e-4
+
+/* One tensor: bf16-rounded floats on the host, their bits on the device. */
+typedef struct tensor {
+    float *f;
+    uint16_t *d;
+    size_t n;
+} tensor;
+
+static tensor tensor_make(size_t n, uint64_t seed, float std)
+{
+    tensor t = {tkd_test_xmalloc(sizeof(float) * (n ? n : 1)), NULL, n};
+    uint16_t *b = tkd_test_xmalloc(2 * (n ? n : 1));
+    tkd_test_fill_bf16(t.f, b, (int64_t)n, seed, std);
+    t.d = tkd_test_dev_alloc(2 * n);
+    tkd_test_to_dev(t.d, b, 2 * n);
+    free(b);
+    return t;
+}
+
+static void tensor_free(tensor *t)
+{
+    free(t->f);
+    cudaFree(t->d);
+}
+
+typedef struct mcase {
+    const char *what;
+    int qwen; /* 1: Qwen3-MoE's router and experts; 0: gpt-oss's */
+    int N, D, I, E, k, norm;
+    float x_std;
+} mcase;
+
+/* The routing score the reference ranks by: the softmax probability (Qwen3) or the logit (gpt-oss),
+ * in double from the same floats. */
+static void scores(const mcase *c, const float *x, const float *rw, const float *rb, int n, double *s)
+{
+    for (int e = 0; e < c->E; e++) {
+        double a = rb ? rb[e] : 0.0;
+        for (int d = 0; d < c->D; d++)
+            a += (double)x[(size_t)n * c->D + d] * rw[(size_t)e * c->D + d];
+        s[e] = a;
+    }
+}
+
+/* 1 when the k-th and (k+1)-th scores of token n are further apart than ROUTE_GAP (relative). */
+static int clear_route(const mcase *c, const double *s)
+{
+    if (c->k == c->E)
+        return 1;
+    double *v = tkd_test_xmalloc(sizeof(double) * c->E);
+    memcpy(v, s, sizeof(double) * c->E);
+    for (int a = 0; a <= c->k; a++) /* partial selection sort: the k + 1 largest first */
+        for (int b = a + 1; b < c->E; b++)
+            if (v[b] > v[a]) {
+                double t = v[a];
+                v[a] = v[b], v[b] = t;
+            }
+    const int ok = v[c->k - 1] - v[c->k] > ROUTE_GAP * fmax(1.0, fabs(v[c->k - 1]));
+    free(v);
+    return ok;
+}
+
+static void run_case(const mcase *c)
+{
+    const tkd_moe_params p = c->qwen ? tkd_moe_params_qwen3(c->D, c->I, c->E, c->k, c->norm)
+                                     : tkd_moe_params_gpt_oss(c->D, c->I, c->E, c->k, 7.0f);
+    const size_t N = (size_t)c->N, D = (size_t)c->D, I = (size_t)c->I, E = (size_t)c->E, k = (size_t)c->k;
+    const float ws = 1.0f / sqrtf((float)D), wd = 1.0f / sqrtf((float)I);
+    tensor x = tensor_make(N * D, 11, c->x_std), rw = tensor_make(E * D, 12, 2.0f * ws);
+    tensor wg = tensor_make(E * I * D, 13, ws), wu = tensor_make(E * I * D, 14, ws), wdn = tensor_make(E * D * I, 15, wd);
+    tensor rb = {0}, bg = {0}, bu = {0}, bd = {0};
+    if (!c->qwen)
+        rb = tensor_make(E, 16, 0.5f), bg = tensor_make(E * I, 17, 0.2f), bu = tensor_make(E * I, 18, 0.2f),
+        bd = tensor_make(E * D, 19, 0.2f);
+    const tkd_moe_weights fw = {rw.f, rb.f, wg.f, wu.f, wdn.f, bg.f, bu.f, bd.f};
+    double *ref = tkd_test_xmalloc(sizeof(double) * N * D);
+    int32_t *ref_e = tkd_test_xmalloc(sizeof(int32_t) * N * k);
+    tkd_ref_moe_fwd(&p, &fw, x.f, c->N, ref, ref_e, NULL);
+
+    tkd_cuda_moe_ws *ws_ = NULL;
+    assert_int_equal(tkd_cuda_moe_ws_create(&ws_, &p, c->N + 3, NULL), TKD_OK);
+    const tkd_cuda_moe_weights cw = {rw.d, rb.d, wg.d, wu.d, wdn.d, bg.d, bu.d, bd.d};
+    uint16_t *dy = tkd_test_dev_alloc(2 * N * D), *dy2 = tkd_test_dev_alloc(2 * N * D);
+    int32_t *de = tkd_test_dev_alloc(4 * N * k);
+    tkd_test_poison(dy, 2 * N * D);
+    tkd_test_poison(dy2, 2 * N * D);
+    if (tkd_cuda_moe_fwd(ws_, &cw, x.d, c->N, dy, de, NULL) != TKD_OK)
+        fail_msg("%s: %s", c->what, tkd_error_msg());
+    assert_int_equal(tkd_cuda_moe_fwd(ws_, &cw, x.d, c->N, dy2, NULL, NULL), TKD_OK);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    uint16_t *y = tkd_test_xmalloc(2 * N * D), *y2 = tkd_test_xmalloc(2 * N * D);
+    int32_t *e = tkd_test_xmalloc(4 * N * k);
+    tkd_test_to_host(y, dy, 2 * N * D, NULL);
+    tkd_test_to_host(y2, dy2, 2 * N * D, NULL);
+    tkd_test_to_host(e, de, 4 * N * k, NULL);
+    assert_memory_equal(y, y2, 2 * N * D); /* deterministic */
+
+    double *s = tkd_test_xmalloc(sizeof(double) * E);
+    int near = 0;
+    char what[160];
+    snprintf(what, sizeof what, "%s: y against the float64 reference", c->what);
+    const tkd_test_tol tol = {0.0, 1e-2, "bf16 h before the down projection and bf16 y (2^-9 each), fp32 sums"};
+    tkd_test_check chk;
+    tkd_test_check_begin(&chk, what, tol, tkd_test_where_rowcol, &D);
+    for (size_t n = 0; n < N; n++) {
+        scores(c, x.f, rw.f, rb.f, (int)n, s);
+        if (!clear_route(c, s)) {
+            near++;
+            continue;
+        }
+        if (memcmp(e + n * k, ref_e + n * k, 4 * k) != 0)
+            fail_msg("%s: token %zu routed to expert %d first, the reference to %d (not a near tie)", c->what, n,
+                     e[n * k], ref_e[n * k]);
+        double scale = 0.0;
+        for (size_t d = 0; d < D; d++)
+            scale = fmax(scale, fabs(ref[n * D + d]));
+        for (size_t d = 0; d < D; d++)
+            tkd_test_check_add(&chk, (int64_t)(n * D + d), tkd_bf16_to_f32(y[n * D + d]), ref[n * D + d],
+                               2e-2 * scale);
+    }
+    tkd_test_check_end(&chk);
+    if (!(tkd_test_check_norm(&chk) <= 1e-2))
+        fail_msg("%s: relative norm %.3g over 1e-2", what, tkd_test_check_norm(&chk));
+    if (near > (int)(0.02 * N) + 1)
+        fail_msg("%s: %d of %zu tokens are near ties of the router: the case does not test routing", c->what, near, N);
+    print_message("%-40s N %5d D %4d I %4d E %3d k %2d: worst err/tol %.3f, norm %.2e, %d near ties\n", c->what, c->N,
+                  c->D, c->I, c->E, c->k, chk.worst, tkd_test_check_norm(&chk), near);
+    free(s), free(y), free(y2), free(e), free(ref), free(ref_e);
+    cudaFree(dy), cudaFree(dy2), cudaFree(de);
+    tkd_cuda_moe_ws_free(ws_);
+    tensor *all[] = {&x, &rw, &wg, &wu, &wdn, &rb, &bg, &bu, &bd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]->f)
+            tensor_free(all[i]);
+}
+
+static const mcase kCases[] = {
+    {"qwen3: one token", 1, 1, 64, 48, 8, 2, 1, 1.0f},
+    {"qwen3: norm_topk_prob off, k 1", 1, 37, 48, 40, 6, 1, 0, 1.0f},
+    {"qwen3: k = E", 1, 61, 32, 24, 4, 4, 1, 1.0f},
+    {"qwen3: 128 experts, k 8 (30B-A3B-like)", 1, 700, 256, 96, 128, 8, 1, 1.0f},
+    {"gpt-oss: biases, clamp, k 4", 0, 301, 96, 64, 32, 4, 0, 3.0f},
+    {"gpt-oss: one token, many clamped", 0, 1, 64, 32, 8, 4, 0, 8.0f},
+};
+
+static void test_matches_reference(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
+        run_case(&kCases[i]);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    tkd_moe_params p = tkd_moe_params_qwen3(32, 16, 2048, 2, 1);
+    tkd_cuda_moe_ws *ws = NULL;
+    assert_int_equal(tkd_cuda_moe_ws_create(&ws, &p, 8, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("2048 experts");
+    p = tkd_moe_params_qwen3(32, 16, 8, 9, 1);
+    assert_int_equal(tkd_cuda_moe_ws_create(&ws, &p, 8, NULL), TKD_ERR_INVALID_ARG);
+    p = tkd_moe_params_qwen3(32, 16, 8, 2, 1);
+    assert_int_equal(tkd_cuda_moe_ws_create(&ws, &p, 8, NULL), TKD_OK);
+    const tkd_cuda_moe_weights w = {0};
+    assert_int_equal(tkd_cuda_moe_fwd(ws, &w, NULL, 9, NULL, NULL, NULL), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("9 tokens, the workspace holds 8");
+    assert_int_equal(tkd_cuda_moe_fwd(ws, &w, NULL, 0, NULL, NULL, NULL), TKD_OK); /* nothing to do */
+    tkd_cuda_moe_ws_free(ws);
+}
+
+static const struct CMUnitTest kTests[] = {
+    cmocka_unit_test(test_matches_reference),
+    cmocka_unit_test(test_errors),
+};
+#endif /* TKD_HAVE_CUDA */
+
+TKD_TEST_GPU_MAIN(kTests, NULL, NULL)
