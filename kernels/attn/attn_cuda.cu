@@ -285,8 +285,7 @@ extern "C" tkd_status tkd_cuda_attn_fwd_masked(const uint16_t *q, const uint16_t
                                                int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
                                                uint16_t *y, float *lse, void *stream)
 {
-    if (mask && mask->window < 0)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_fwd: window %d < 0", mask->window);
+    TKD_TRY(check_mask("tkd_cuda_attn_fwd", mask));
     TKD_TRY(check_shape("tkd_cuda_attn_fwd", B, T, H, Hkv, dh));
     if (B == 0 || T == 0)
         return TKD_OK;

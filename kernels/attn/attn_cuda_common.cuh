@@ -187,6 +187,14 @@ constexpr int kMaxGridY = 65535; /* grid.y limit: query or key tiles per (batch,
 
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* A tkd_attn_mask both forward kernels take (attn_cuda.h): NULL, or a window ≥ 0. */
+inline tkd_status check_mask(const char *who, const tkd_attn_mask *mask)
+{
+    if (mask && mask->window < 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: window %d < 0", who, mask->window);
+    return TKD_OK;
+}
+
 /* The head dims the kernels are built for; who names the entry point in the message. */
 inline tkd_status check_dh(const char *who, int dh)
 {

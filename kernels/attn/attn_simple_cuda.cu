@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+#include "kernels/attn/attn_cuda_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_fast_math.cuh"
 
@@ -72,8 +73,7 @@ extern "C" tkd_status tkd_cuda_attn_fwd_simple_masked(const uint16_t *q, const u
                                                       int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
                                                       uint16_t *y, float *lse, void *stream)
 {
-    if (mask && mask->window < 0)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "attn_simple: window %d < 0", mask->window);
+    TKD_TRY(tkd_attn::check_mask("attn_simple", mask));
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || dh <= 0 || dh > kMaxDh || T > 65535 * 32)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "attn_simple: B %d, T %d, H %d, Hkv %d, dh %d: need positive sizes, "
                              "H a multiple of Hkv and dh <= %d", B, T, H, Hkv, dh, kMaxDh);

@@ -353,33 +353,17 @@ struct tkd_backend_kl {
     tkd_kl_batch b; /* the staged batch: the caller's host pointers, h and w set per call */
 };
 
-struct tkd_backend_moe {
-    tkd_cpu_moe_ws *ws;
-};
-
+/* The seam's opaque tkd_backend_moe is the op's own workspace. */
 static tkd_status cpu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out)
 {
     (void)be;
-    *out = NULL;
-    tkd_backend_moe *m = calloc(1, sizeof *m);
-    if (!m)
-        return tkd_error_set(TKD_ERR_NOMEM, "moe: out of host memory");
-    tkd_status st = tkd_cpu_moe_ws_create(&m->ws, p, max_tokens);
-    if (st != TKD_OK) {
-        free(m);
-        return st;
-    }
-    *out = m;
-    return TKD_OK;
+    return tkd_cpu_moe_ws_create((tkd_cpu_moe_ws **)out, p, max_tokens);
 }
 
 static void cpu_moe_free(tkd_backend *be, tkd_backend_moe *m)
 {
     (void)be;
-    if (!m)
-        return;
-    tkd_cpu_moe_ws_free(m->ws);
-    free(m);
+    tkd_cpu_moe_ws_free((tkd_cpu_moe_ws *)m);
 }
 
 /* act is fp32 on the CPU: the seam's weights are the op's own. */
@@ -389,7 +373,7 @@ static tkd_status cpu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe
     (void)be;
     const tkd_moe_weights fw = {w->router_w, w->router_b, w->w_gate, w->w_up, w->w_down,
                                 w->b_gate,   w->b_up,     w->b_down};
-    return tkd_cpu_moe_fwd(m->ws, &fw, x, N, y, NULL, NULL);
+    return tkd_cpu_moe_fwd((tkd_cpu_moe_ws *)m, &fw, x, N, y, NULL, NULL);
 }
 
 static tkd_status cpu_kl_create(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, int d, int v,

@@ -731,36 +731,18 @@ tkd_status cu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
 
 /* ---- mixture of experts (kernels/cuda/moe_cuda.h) ---- */
 
-} // namespace
-
-struct tkd_backend_moe { /* the seam's opaque type: outside the anonymous namespace */
-    tkd_cuda_moe_ws *ws;
-};
-
-namespace {
+/* The seam's opaque tkd_backend_moe is the op's own workspace. */
+tkd_cuda_moe_ws *moe_ws(tkd_backend_moe *m) { return reinterpret_cast<tkd_cuda_moe_ws *>(m); }
 
 tkd_status cu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out)
 {
-    *out = NULL;
-    tkd_backend_moe *m = static_cast<tkd_backend_moe *>(calloc(1, sizeof *m));
-    if (!m)
-        return tkd_error_set(TKD_ERR_NOMEM, "moe: out of host memory");
-    tkd_status st = tkd_cuda_moe_ws_create(&m->ws, p, max_tokens, stream_of(be));
-    if (st != TKD_OK) {
-        free(m);
-        return st;
-    }
-    *out = m;
-    return TKD_OK;
+    return tkd_cuda_moe_ws_create(reinterpret_cast<tkd_cuda_moe_ws **>(out), p, max_tokens, stream_of(be));
 }
 
 void cu_moe_free(tkd_backend *be, tkd_backend_moe *m)
 {
     (void)be;
-    if (!m)
-        return;
-    tkd_cuda_moe_ws_free(m->ws);
-    free(m);
+    tkd_cuda_moe_ws_free(moe_ws(m));
 }
 
 tkd_status cu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_weights *w, const void *x, int N, void *y)
@@ -770,7 +752,7 @@ tkd_status cu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_wei
         static_cast<cbf>(w->router_w), static_cast<cbf>(w->router_b), static_cast<cbf>(w->w_gate),
         static_cast<cbf>(w->w_up),     static_cast<cbf>(w->w_down),   static_cast<cbf>(w->b_gate),
         static_cast<cbf>(w->b_up),     static_cast<cbf>(w->b_down)};
-    return tkd_cuda_moe_fwd(m->ws, &cw, static_cast<cbf>(x), N, static_cast<bf>(y), NULL, NULL);
+    return tkd_cuda_moe_fwd(moe_ws(m), &cw, static_cast<cbf>(x), N, static_cast<bf>(y), NULL, NULL);
 }
 
 const tkd_backend_ops cuda_ops = {

@@ -278,6 +278,19 @@ inline tkd_status bf16_tmap(CUtensorMap *tm, const uint16_t *ptr, long long rows
     return tkd_sm90::make_tmap(tm, ptr, 2, dims, strides, box_rows, who);
 }
 
+/* Calls fn(h, row) for the thread's two fragment rows (h = 0, 1: row f.row0 + 8h) that lie below
+ * n: the loop every row-wise epilogue starts with. */
+template <class Fn>
+__device__ __forceinline__ void for_frag_rows(Frag f, long long n, Fn &&fn)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const long long row = f.row0 + 8 * h;
+        if (row < n)
+            fn(h, row);
+    }
+}
+
 } // namespace tkd_lmhead
 
 #endif /* TKD_GEMM_SM90_PIPE_CUH */

@@ -88,43 +88,6 @@ __device__ inline void prefetch_out(const GParams &p, int mi, int ni)
     }
 }
 
-/* What the producer loads for output tile t: A and the B boxes that hold columns below N. dH's A
- * is one K-major box of kTileM rows; dW's A is one MN-major box per 64 of M, those wholly past M
- * skipped, as are B boxes wholly past N (the accumulators they would feed are never stored). */
-struct GradTile {
-    int mi, ni;
-    int na, nb; /* A boxes (dW) and B boxes loaded per stage */
-    uint32_t bytes;
-};
-
-template <int kKind, class S>
-__device__ __forceinline__ GradTile grad_tile(const GParams &p, long long t)
-{
-    GradTile tl;
-    coords<kKind>(t, p, tl.mi, tl.ni);
-    tl.nb = min(4, (p.n - tl.ni * kBN + 63) / 64);
-    tl.na = kKind == kDH ? 1 : min(S::kTileM / 64, (p.m - tl.mi * S::kTileM + 63) / 64);
-    tl.bytes = (kKind == kDH ? S::kBytesA : tl.na * kBox) + tl.nb * kBox;
-    return tl;
-}
-
-/* K step kt of tile tl into the stage at a (A) and b (B); dW with accumulate also prefetches the
- * tile's old values into L2 kPrefetchSteps steps before its end. */
-template <int kKind, class S>
-__device__ __forceinline__ void grad_load(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const GParams &p,
-                                          const GradTile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
-{
-    if (kKind == kDH)
-        tma_load_2d(a, tm_a, kt * kBK, tl.mi * S::kTileM, full);
-    else
-        for (int i = 0; i < tl.na; i++)
-            tma_load_2d(a + i * kBox, tm_a, tl.mi * S::kTileM + 64 * i, kt * kBK, full);
-    for (int i = 0; i < tl.nb; i++)
-        tma_load_2d(b + i * kBox, tm_b, tl.ni * kBN + 64 * i, kt * kBK, full);
-    if (kKind == kDW && p.prefetch && kt == max(0, p.ktiles - kPrefetchSteps))
-        prefetch_out<S>(p, tl.mi, tl.ni);
-}
-
 /* fp32 pair load and store that keep their program order: the compiler would otherwise sink each
  * load next to its use (to save registers), and the epilogue would wait one memory latency per pair
  * (measured: 19.7 ms instead of 7.4 for dW at 4096 x 4096 x 128256). */
@@ -146,11 +109,7 @@ __device__ inline void st_f2(float *q, float2 x)
 template <int kKind>
 __device__ __forceinline__ void store_tile(const float (&acc)[kAcc], const GParams &p, Frag f)
 {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const long long row = f.row0 + 8 * h;
-        if (row >= p.m)
-            continue;
+    for_frag_rows(f, p.m, [&](int h, long long row) {
         float *o = p.out + row * (long long)p.n;
         const float s = kKind == kDH ? p.rowscale[row] : 1.0f;
 #pragma unroll
@@ -170,24 +129,48 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kAcc], const GPara
                     st_f2(o + col, make_float2(fmaf(acc[i], s, old[j].x), fmaf(acc[i + 1], s, old[j].y)));
             }
         }
-    }
+    });
 }
 
 struct NoExtra {};
 
-/* dH or dW as a problem of the driver (gemm_sm90_pipe.cuh). */
+/* dH or dW as a problem of the driver (gemm_sm90_pipe.cuh). What the producer loads for output tile
+ * t: A and the B boxes that hold columns below N. dH's A is one K-major box of kTileM rows; dW's A
+ * is one MN-major box per 64 of M, those wholly past M skipped, as are B boxes wholly past N (the
+ * accumulators they would feed are never stored). dW with accumulate also prefetches the tile's
+ * old values into L2 kPrefetchSteps K steps before its end. */
 template <int kKind>
 struct Grad {
     using Params = GParams;
     using Extra = NoExtra;
-    using Tile = GradTile;
+    struct Tile {
+        int mi, ni;
+        int na, nb; /* A boxes (dW) and B boxes loaded per stage */
+        uint32_t bytes;
+    };
     template <class S>
-    __device__ static __forceinline__ Tile tile(const Params &p, long long t) { return grad_tile<kKind, S>(p, t); }
+    __device__ static __forceinline__ Tile tile(const Params &p, long long t)
+    {
+        Tile tl;
+        coords<kKind>(t, p, tl.mi, tl.ni);
+        tl.nb = min(4, (p.n - tl.ni * kBN + 63) / 64);
+        tl.na = kKind == kDH ? 1 : min(S::kTileM / 64, (p.m - tl.mi * S::kTileM + 63) / 64);
+        tl.bytes = (kKind == kDH ? S::kBytesA : tl.na * kBox) + tl.nb * kBox;
+        return tl;
+    }
     template <class S>
     __device__ static __forceinline__ void load(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const Params &p,
                                                 const Tile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
     {
-        grad_load<kKind, S>(tm_a, tm_b, p, tl, a, b, full, kt);
+        if (kKind == kDH)
+            tma_load_2d(a, tm_a, kt * kBK, tl.mi * S::kTileM, full);
+        else
+            for (int i = 0; i < tl.na; i++)
+                tma_load_2d(a + i * kBox, tm_a, tl.mi * S::kTileM + 64 * i, kt * kBK, full);
+        for (int i = 0; i < tl.nb; i++)
+            tma_load_2d(b + i * kBox, tm_b, tl.ni * kBN + 64 * i, kt * kBK, full);
+        if (kKind == kDW && p.prefetch && kt == max(0, p.ktiles - kPrefetchSteps))
+            prefetch_out<S>(p, tl.mi, tl.ni);
     }
     __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
     {

@@ -72,42 +72,43 @@ struct Fx {
 
 /* ---- the problem: H (n, D) row boxes and W (v, D) row boxes, both K-major ----------------------- */
 
-template <int kEpi> struct Logits;
-
-/* The part of the problem every epilogue shares: tiles of kTileM rows of H by 256 rows of W, in
- * groups of 2048 rows of H swept along V (tile_coords); a stage is one H box and one W box. */
-struct LogitsTile {
-    int mi, ni;
-    uint32_t bytes;
+/* The part of the logits GEMM every epilogue shares (the driver's contract, gemm_sm90_pipe.cuh):
+ * tiles of kTileM rows of H by 256 rows of W, in groups of 2048 rows of H swept along V
+ * (tile_coords); a stage is one H box and one W box; both operands K-major. */
+struct LogitsLoads {
+    using Params = ::Params;
+    using Extra = Fx;
+    struct Tile {
+        int mi, ni;
+        uint32_t bytes;
+    };
+    template <class S>
+    __device__ static __forceinline__ Tile tile(const Params &p, long long t)
+    {
+        Tile tl;
+        tile_coords(t, p.mtiles, p.ntiles, S::kGroupM, tl.mi, tl.ni);
+        tl.bytes = S::kStageBytes;
+        return tl;
+    }
+    template <class S>
+    __device__ static __forceinline__ void load(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const Params &,
+                                                const Tile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
+    {
+        tma_load_2d(a, tm_h, kt * kBK, tl.mi * S::kTileM, full);
+        tma_load_2d(b, tm_w, kt * kBK, tl.ni * kBN, full);
+    }
+    __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
+    {
+        kstep_mma<0, 0>(acc, a, b, first); /* H and W both K-major */
+    }
 };
-
-template <class S>
-__device__ __forceinline__ LogitsTile logits_tile(const Params &p, long long t)
-{
-    LogitsTile tl;
-    tile_coords(t, p.mtiles, p.ntiles, S::kGroupM, tl.mi, tl.ni);
-    tl.bytes = S::kStageBytes;
-    return tl;
-}
-
-template <class S>
-__device__ __forceinline__ void logits_load(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const LogitsTile &tl,
-                                            uint32_t a, uint32_t b, uint32_t full, int kt)
-{
-    tma_load_2d(a, tm_h, kt * kBK, tl.mi * S::kTileM, full);
-    tma_load_2d(b, tm_w, kt * kBK, tl.ni * kBN, full);
-}
 
 /* ---- epilogues --------------------------------------------------------------------------------- */
 
 /* Logits epilogue: the fragment to z (n, ldz), in-range elements only (ldz even: float2 stores). */
 __device__ __forceinline__ void store_logits(const float (&acc)[kAcc], const Params &p, Frag f)
 {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const long long row = f.row0 + 8 * h;
-        if (row >= p.n)
-            continue;
+    for_frag_rows(f, p.n, [&](int h, long long row) {
         float *zr = p.z + row * p.ldz;
 #pragma unroll
         for (int j = 0; j < kBN / 8; j++) {
@@ -117,7 +118,7 @@ __device__ __forceinline__ void store_logits(const float (&acc)[kAcc], const Par
             else if (col < p.v)
                 zr[col] = acc[4 * j + 2 * h];
         }
-    }
+    });
 }
 
 /* Accumulator (j, h, e) of the fragment, or -inf where its column is at or past V. */
@@ -337,22 +338,7 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[kAcc], const Params
 
 /* The logits GEMM with the epilogues kEpi (a combination of Epi bits). */
 template <int kEpi>
-struct Logits {
-    using Params = ::Params;
-    using Extra = Fx;
-    using Tile = LogitsTile;
-    template <class S>
-    __device__ static __forceinline__ Tile tile(const Params &p, long long t) { return logits_tile<S>(p, t); }
-    template <class S>
-    __device__ static __forceinline__ void load(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const Params &,
-                                                const Tile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
-    {
-        logits_load<S>(tm_h, tm_w, tl, a, b, full, kt);
-    }
-    __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
-    {
-        kstep_mma<0, 0>(acc, a, b, first); /* H and W both K-major */
-    }
+struct Logits : LogitsLoads {
     __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &x, Frag f,
                                                     int ni)
     {

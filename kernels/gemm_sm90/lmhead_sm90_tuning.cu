@@ -11,7 +11,7 @@ namespace {
 
 /* The logits GEMM with no epilogue: the accumulators go to a store guarded by p.sink, which is NULL
  * at run time; the compiler must keep every wgmma result, so the main loop is timed as it runs. */
-struct MainLoop : Logits<0> {
+struct MainLoop : LogitsLoads {
     __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &, Frag, int)
     {
         if (p.sink) {
