@@ -313,8 +313,8 @@ static tkd_status refuse_unsupported(const char *path, const cJSON *root, const 
         TKD_TRY(get_int(path, root, "", moe[i], 0, &n));
         if (n > 0)
             return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                                 "%s: %s = %d on model_type %s: mixture-of-experts is supported only as qwen3_moe "
-                                 "(Qwen3MoeForCausalLM)", path, moe[i], n, tkd_arch_name(c->arch));
+                                 "%s: %s = %d: mixture-of-experts models are not supported as model_type %s (only "
+                                 "qwen3_moe, Qwen3MoeForCausalLM)", path, moe[i], n, tkd_arch_name(c->arch));
     }
     int mlp_bias = 0, tp = 1;
     TKD_TRY(get_bool(path, root, "mlp_bias", &mlp_bias));
