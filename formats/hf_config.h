@@ -78,7 +78,8 @@ const char *tkd_arch_name(tkd_arch arch);
 /* "LlamaForCausalLM", ... (the architectures entry written to config.json). */
 const char *tkd_arch_class(tkd_arch arch);
 
-/* 1 when the architecture normalises each q and k head (RMSNorm over head_dim) before RoPE: Qwen3. */
+/* 1 when the architecture normalises each q and k head (RMSNorm over head_dim) before RoPE: Qwen3,
+ * Qwen3-MoE. */
 int tkd_arch_qk_norm(tkd_arch arch);
 
 /* 1 when layer l's MLP is the mixture-of-experts block; tkd_model_config_has_moe: any layer's. */
