@@ -376,9 +376,9 @@ static void test_bad_checkpoints(void **s)
 }
 
 /* Writes checkpoints for transformers to load (TKD_HF_VERIFY_OUT): the Llama fixture after one
- * AdamW step (BF16), a random-init Qwen2-shaped student (F32) and a random-init Qwen3 student with
- * head_dim != D/H, non-unit q/k norms and a window of 4 keys on layer 1 (F32), with our logits of
- * each. */
+ * AdamW step (BF16), a random-init Qwen2-shaped student (F32), a random-init Qwen3 student with
+ * head_dim != D/H, non-unit q/k norms and a window of 4 keys on layer 1 (F32), and a random
+ * Qwen3-MoE (dense layer 0, MoE layer 1; F32), with our logits of each. */
 static void test_write_for_transformers(void **s)
 {
     (void)s;
@@ -412,10 +412,19 @@ static void test_write_for_transformers(void **s)
             q3->w.layers[l].q_norm[j] = 1.0f + 0.05f * (float)(j % 7) - 0.1f * (float)l;
             q3->w.layers[l].k_norm[j] = 0.8f + 0.03f * (float)(j % 5);
         }
+    /* Qwen3-MoE as a teacher is saved too (the per-expert names, mlp_only_layers): layer 0 dense,
+     * layer 1 four experts, top-2, routers spread so tokens pick different experts */
+    tkd_model_config cm = c3;
+    cm.arch = TKD_ARCH_QWEN3_MOE, cm.sliding_window = 0, cm.layer_sliding[1] = 0;
+    cm.num_experts = 4, cm.num_experts_per_tok = 2, cm.moe_intermediate_size = 12, cm.norm_topk_prob = 1;
+    cm.layer_moe[1] = 1;
+    tkd_model *qm = NULL;
+    assert_int_equal(tkd_model_init_random(&cm, 44, &qm), TKD_OK);
+    tkd_test_randn(qm->w.layers[1].router, (size_t)4 * cm.hidden_size, 45, 1.0f);
     struct { tkd_model *m; const char *name; tkd_dtype dt; } ck[] = {
         {r, "ours_qwen2_random_f32", TKD_DTYPE_F32}, {t, "ours_llama_step_bf16", TKD_DTYPE_BF16},
-        {q3, "ours_qwen3_window_random_f32", TKD_DTYPE_F32}};
-    for (int k = 0; k < 3; k++) {
+        {q3, "ours_qwen3_window_random_f32", TKD_DTYPE_F32}, {qm, "ours_qwen3_moe_random_f32", TKD_DTYPE_F32}};
+    for (int k = 0; k < 4; k++) {
         snprintf(path, sizeof path, "%s/%s", out, ck[k].name);
         assert_int_equal(tkd_model_save_hf(ck[k].m, path, ck[k].dt), TKD_OK);
         float *lg = model_logits(ck[k].m, in, 0);
@@ -430,6 +439,7 @@ static void test_write_for_transformers(void **s)
     tkd_model_free(r);
     tkd_model_free(t);
     tkd_model_free(q3);
+    tkd_model_free(qm);
 }
 
 #ifdef TKD_HF_FIXTURES_QWEN3_MOE
