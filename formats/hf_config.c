@@ -256,7 +256,8 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
         return TKD_OK;
     }
     return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3_moe, mistral, or architectures "
+                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3_moe, mistral, or "
+                         "architectures "
                          "[\"LlamaForCausalLM\"])",
                          path, *m ? m : "(missing)");
 }
@@ -620,9 +621,10 @@ static void add_token(cJSON *o, const char *name, int id)
 }
 
 /* The window fields as the architecture's configuration class reads them back (read_windows):
- * Mistral's one sliding_window (Qwen3-MoE's with use_sliding_window), or Qwen2/3's use_sliding_window + sliding_window +
- * max_window_layers (the first sliding layer) with layer_types spelled out, which transformers 5
- * reads in preference (any pattern of sliding layers, not only a suffix). */
+ * Mistral's one sliding_window (Qwen3-MoE's with use_sliding_window), or Qwen2/3's
+ * use_sliding_window + sliding_window + max_window_layers (the first sliding layer) with
+ * layer_types spelled out, which transformers 5 reads in preference (any pattern of sliding
+ * layers, not only a suffix). */
 static void add_windows(cJSON *o, const tkd_model_config *c)
 {
     int L = c->num_hidden_layers, first = L;

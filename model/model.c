@@ -16,7 +16,6 @@
 
 enum { LAYER_SLOTS = 18 }; /* a block's tensor slots: see slot_count */
 
-
 static void add_param(tkd_model *m, size_t *off, const char *name, int ndim, int64_t d0, int64_t d1,
                       int decay)
 {
@@ -107,11 +106,10 @@ static void build_layout(tkd_model *m)
     m->n_params = off;
 }
 
-/* A block's tensor slots in storage order; the optional ones are the q/k/v biases (with
- * attention_bias), Qwen3's q/k norms, and the MLP: dense (gate, up, down at 11-13) or MoE (router
- * at 14, the expert stacks at 15-17, each E entries of m->info): LAYER_SLOTS, at the top. */
-
-/* How many entries of m->info slot j of block l takes (0: absent, its view NULL). */
+/* How many entries of m->info slot j of block l takes (0: absent, its view NULL). The slots in
+ * storage order; the optional ones are the q/k/v biases (with attention_bias), Qwen3's q/k norms,
+ * and the MLP: dense (gate, up, down at 11-13) or MoE (router at 14, the expert stacks at 15-17,
+ * each E entries of m->info). */
 static int slot_count(const tkd_model_config *c, int l, int j)
 {
     int moe = tkd_model_config_moe(c, l);

@@ -1,6 +1,6 @@
 /* test_hf_config.c — config.json parsing for llama / qwen2 / qwen3 / qwen3_moe / mistral, their
- * sliding windows per layer, Qwen3-MoE's sparse layers, each refusal by name, and the write -> read round trip. Sample configs live in
- * tests/data/hf/. */
+ * sliding windows per layer, Qwen3-MoE's sparse layers, each refusal by name, and the write -> read
+ * round trip. Sample configs live in tests/data/hf/. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -296,11 +296,9 @@ static void test_qwen3_moe(void **state)
 
     /* decoder_sparse_step 2: layers 1, 3 (of 4); mlp_only_layers takes layer 3 back; an index
      * past the layers is ignored, as transformers does; num_local_experts is the alias */
-    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", "\"num_hidden_layers\": 4, \"num_local_experts\": 6, "
-                                                                  "\"num_experts_per_tok\": 2, \"decoder_sparse_step\": 2, "
-                                                                  "\"mlp_only_layers\": [3, 9]"),
-                                         &c),
-                     TKD_OK);
+    const char *sparse = "\"num_hidden_layers\": 4, \"num_local_experts\": 6, \"num_experts_per_tok\": 2, "
+                         "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [3, 9]";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", sparse), &c), TKD_OK);
     assert_int_equal(c.num_experts, 6);
     assert_int_equal(c.num_experts_per_tok, 2);
     int want[4] = {0, 1, 0, 0};
@@ -313,9 +311,8 @@ static void test_qwen3_moe(void **state)
     /* windows: one for every layer, only with use_sliding_window */
     assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", "\"sliding_window\": 8"), &c), TKD_OK);
     assert_int_equal(c.sliding_window, 0);
-    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", "\"use_sliding_window\": true, \"sliding_window\": 8"),
-                                        &c),
-                     TKD_OK);
+    const char *window = "\"use_sliding_window\": true, \"sliding_window\": 8";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", window), &c), TKD_OK);
     for (int l = 0; l < 3; l++)
         assert_int_equal(tkd_model_config_window(&c, l), 8);
     /* only Qwen3-MoE has experts; a dense-layer flag elsewhere is a config no file can say */
@@ -448,8 +445,8 @@ static void test_write_read_roundtrip(void **state)
     /* Qwen3-MoE: the dense layers spelled out as mlp_only_layers, one window for all */
     roundtrip(tkd_test_src("data/hf/qwen3_30b_a3b.json"), "bfloat16");
     roundtrip(small_config("qwen3_moe", "\"num_hidden_layers\": 5, \"num_experts\": 6, \"num_experts_per_tok\": 2, "
-                                        "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [1], \"use_sliding_window\": true, "
-                                        "\"sliding_window\": 8"),
+                                        "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [1], "
+                                        "\"use_sliding_window\": true, \"sliding_window\": 8"),
               "float32");
     f = fopen(tmp_path("written.json"), "r");
     n = fread(text, 1, sizeof text - 1, f);
