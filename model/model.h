@@ -9,8 +9,9 @@
  * top-k experts, each a SwiGLU of moe_intermediate_size); its other layers keep the dense MLP. A
  * model with MoE layers refuses training (tkd_model_reserve). Qwen3 normalises each head of q and
  * k (RMSNorm over head_dim with weights q_norm, k_norm (Dh)) between the projection and RoPE: the
- * backend's row RMSNorm over (N·H, Dh) rows. A layer with a sliding window (tkd_model_config_window) attends i − W < j ≤ i. The model stops at the final hidden states (N, D), N = B·T: the LM head
- * (V, D) is applied by the caller, chunked (the fused KL loss, teacher-dump's top-K), which is why
+ * backend's row RMSNorm over (N·H, Dh) rows. A layer with a sliding window
+ * (tkd_model_config_window) attends i − W < j ≤ i. The model stops at the final hidden states
+ * (N, D), N = B·T: the LM head (V, D) is applied by the caller, chunked (the fused KL loss, teacher-dump's top-K), which is why
  * backward takes dHidden and the loss adds its LM-head gradient straight into
  * tkd_model_lm_head_grad(). Tied models share one (V, D) matrix for embedding and head, so the
  * embedding's and the head's gradients add in one buffer.
