@@ -44,6 +44,7 @@ const char *tkd_arch_name(tkd_arch arch)
     case TKD_ARCH_QWEN2: return "qwen2";
     case TKD_ARCH_MISTRAL: return "mistral";
     case TKD_ARCH_QWEN3: return "qwen3";
+    case TKD_ARCH_QWEN3_MOE: return "qwen3_moe";
     }
     return "?";
 }
@@ -55,11 +56,49 @@ const char *tkd_arch_class(tkd_arch arch)
     case TKD_ARCH_QWEN2: return "Qwen2ForCausalLM";
     case TKD_ARCH_MISTRAL: return "MistralForCausalLM";
     case TKD_ARCH_QWEN3: return "Qwen3ForCausalLM";
+    case TKD_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
     }
     return "?";
 }
 
-int tkd_arch_qk_norm(tkd_arch arch) { return arch == TKD_ARCH_QWEN3; }
+int tkd_arch_qk_norm(tkd_arch arch) { return arch == TKD_ARCH_QWEN3 || arch == TKD_ARCH_QWEN3_MOE; }
+
+int tkd_model_config_moe(const tkd_model_config *c, int l)
+{
+    return c->arch == TKD_ARCH_QWEN3_MOE && l >= 0 && l < TKD_MAX_MOE_LAYERS && c->layer_moe[l];
+}
+
+int tkd_model_config_has_moe(const tkd_model_config *c)
+{
+    for (int l = 0; l < c->num_hidden_layers && l < TKD_MAX_MOE_LAYERS; l++)
+        if (tkd_model_config_moe(c, l))
+            return 1;
+    return 0;
+}
+
+/* Architectures whose config.json says "every layer slides or none" (one sliding_window for all:
+ * Mistral's, and Qwen3-MoE's, whose model builds one mask for every layer). */
+static int windows_uniform(tkd_arch arch) { return arch == TKD_ARCH_MISTRAL || arch == TKD_ARCH_QWEN3_MOE; }
+
+/* The MoE fields where some layer is MoE: sizes the op takes (kernels/moe.h), layers within reach. */
+static tkd_status validate_moe(const tkd_model_config *c)
+{
+    for (int l = 0; l < TKD_MAX_MOE_LAYERS; l++)
+        if (c->layer_moe[l] && (c->arch != TKD_ARCH_QWEN3_MOE || l >= c->num_hidden_layers))
+            return tkd_error_set(TKD_ERR_CONFIG, "model config: layer %d is marked mixture-of-experts, which %s "
+                                 "with %d layers cannot express", l, tkd_arch_class(c->arch), c->num_hidden_layers);
+    if (!tkd_model_config_has_moe(c))
+        return TKD_OK;
+    if (c->num_hidden_layers > TKD_MAX_MOE_LAYERS)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model config: mixture-of-experts over %d layers: at most %d layers",
+                             c->num_hidden_layers, TKD_MAX_MOE_LAYERS);
+    if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
+        c->moe_intermediate_size < 1)
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: mixture-of-experts needs num_experts >= 1, 1 <= "
+                             "num_experts_per_tok <= num_experts and moe_intermediate_size >= 1 (got %d, %d, %d)",
+                             c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size);
+    return TKD_OK;
+}
 
 int tkd_model_config_window(const tkd_model_config *c, int l)
 {
@@ -86,7 +125,7 @@ tkd_status tkd_model_config_validate(const tkd_model_config *c)
         return tkd_error_set(TKD_ERR_CONFIG, "model config: initializer_range must be >= 0");
     if (c->arch == TKD_ARCH_QWEN2 && !c->attention_bias)
         return tkd_error_set(TKD_ERR_CONFIG, "model config: qwen2 always has q/k/v bias; attention_bias must be 1");
-    if ((c->arch == TKD_ARCH_MISTRAL || c->arch == TKD_ARCH_QWEN3) && c->attention_bias)
+    if ((c->arch == TKD_ARCH_MISTRAL || tkd_arch_qk_norm(c->arch)) && c->attention_bias)
         return tkd_error_set(TKD_ERR_CONFIG, "model config: %s is built without attention bias here; attention_bias "
                              "must be 0", tkd_arch_name(c->arch));
     if (c->sliding_window < 0)
@@ -98,13 +137,14 @@ tkd_status tkd_model_config_validate(const tkd_model_config *c)
     for (int l = 0; c->sliding_window > 0 && l < c->num_hidden_layers; l++) {
         /* what config.json can say: Llama has no window, Mistral's covers every layer */
         int slides = tkd_model_config_window(c, l) > 0;
-        if ((c->arch == TKD_ARCH_LLAMA && slides) || (c->arch == TKD_ARCH_MISTRAL && !slides))
+        if ((c->arch == TKD_ARCH_LLAMA && slides) || (windows_uniform(c->arch) && !slides))
             return tkd_error_set(TKD_ERR_CONFIG, "model config: layer %d %s a sliding window, which %s cannot express",
                                  l, slides ? "has" : "lacks", tkd_arch_class(c->arch));
     }
     if (c->vocab_size > 0 && (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size))
         return tkd_error_set(TKD_ERR_CONFIG, "model config: bos/eos token id (%d/%d) >= vocab_size %d",
                              c->bos_token_id, c->eos_token_id, c->vocab_size);
+    TKD_TRY(validate_moe(c));
     if (c->rope_scaling == TKD_ROPE_SCALING_LLAMA3) {
         if (!(c->rope_factor >= 1.0) || !(c->rope_low_freq_factor > 0) ||
             !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_pos <= 0)
@@ -203,7 +243,8 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
 {
     const cJSON *mt = field(root, "model_type");
     const char *m = cJSON_IsString(mt) ? mt->valuestring : "";
-    static const tkd_arch all[] = {TKD_ARCH_LLAMA, TKD_ARCH_QWEN2, TKD_ARCH_MISTRAL, TKD_ARCH_QWEN3};
+    static const tkd_arch all[] = {TKD_ARCH_LLAMA, TKD_ARCH_QWEN2, TKD_ARCH_MISTRAL, TKD_ARCH_QWEN3,
+                                   TKD_ARCH_QWEN3_MOE};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (strcmp(m, tkd_arch_name(all[i])) == 0 || (!*m && has_architecture(root, tkd_arch_class(all[i])))) {
             *arch = all[i];
@@ -215,7 +256,8 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
         return TKD_OK;
     }
     return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, qwen3, mistral, or architectures "
+                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3_moe, mistral, or "
+                         "architectures "
                          "[\"LlamaForCausalLM\"])",
                          path, *m ? m : "(missing)");
 }
@@ -267,12 +309,13 @@ static tkd_status refuse_unsupported(const char *path, const cJSON *root, const 
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: hidden_act \"%.32s\" is not supported (only silu)", path,
                              cJSON_IsString(act) ? act->valuestring : "?");
     static const char *moe[] = {"num_local_experts", "num_experts", "n_routed_experts"};
-    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0] && c->arch != TKD_ARCH_QWEN3_MOE; i++) {
         int n = 0;
         TKD_TRY(get_int(path, root, "", moe[i], 0, &n));
         if (n > 0)
             return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                                 "%s: %s = %d: mixture-of-experts models are not supported", path, moe[i], n);
+                                 "%s: %s = %d: mixture-of-experts models are not supported as model_type %s (only "
+                                 "qwen3_moe, Qwen3MoeForCausalLM)", path, moe[i], n, tkd_arch_name(c->arch));
     }
     int mlp_bias = 0, tp = 1;
     TKD_TRY(get_bool(path, root, "mlp_bias", &mlp_bias));
@@ -281,9 +324,72 @@ static tkd_status refuse_unsupported(const char *path, const cJSON *root, const 
     TKD_TRY(get_int(path, root, "", "pretraining_tp", 0, &tp));
     if (tp > 1)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: pretraining_tp = %d is not supported (only 1)", path, tp);
-    if (c->arch == TKD_ARCH_QWEN3 && c->attention_bias)
+    if (tkd_arch_qk_norm(c->arch) && c->attention_bias)
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "%s: attention_bias = true on qwen3 (biases on q/k/v and o_proj) is not supported", path);
+                             "%s: attention_bias = true on %s (biases on q/k/v and o_proj) is not supported", path,
+                             tkd_arch_name(c->arch));
+    return TKD_OK;
+}
+
+/* ---- Qwen3-MoE ----------------------------------------------------------------------------- */
+
+/* mlp_only_layers: a list of layer indices (null or absent: none) into dense[]; an index outside
+ * [0, L) names no layer, and transformers ignores it, so do we. */
+static tkd_status read_mlp_only(const char *path, const cJSON *root, int L, unsigned char *dense)
+{
+    const cJSON *a = field(root, "mlp_only_layers"), *it;
+    if (!a)
+        return TKD_OK;
+    if (!cJSON_IsArray(a))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"mlp_only_layers\" must be a list of layer indices", path);
+    int i = 0;
+    cJSON_ArrayForEach(it, a) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble))
+            return tkd_error_set(TKD_ERR_FORMAT, "%s: mlp_only_layers[%d] must be an integer layer index", path, i);
+        if (it->valuedouble >= 0 && it->valuedouble < L && it->valuedouble < TKD_MAX_MOE_LAYERS)
+            dense[(int)it->valuedouble] = 1;
+        i++;
+    }
+    return TKD_OK;
+}
+
+/* Qwen3MoeConfig's fields, with its defaults, and Qwen3MoeDecoderLayer's rule: layer l is MoE when
+ * l is not in mlp_only_layers, num_experts > 0 and (l + 1) % decoder_sparse_step == 0. The
+ * experts' count is num_experts (num_local_experts, its attribute_map alias, is read too).
+ * output_router_logits and router_aux_loss_coef only shape training's auxiliary loss: ignored. */
+static tkd_status read_moe(const char *path, const cJSON *root, tkd_model_config *c)
+{
+    int E = 128, E_alias = -1, step = 1, shared = 0, L = c->num_hidden_layers;
+    TKD_TRY(get_int(path, root, "", "num_experts", 0, &E));
+    TKD_TRY(get_int(path, root, "", "num_local_experts", 0, &E_alias));
+    if (E_alias >= 0 && field(root, "num_experts") && E_alias != E)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: num_experts = %d and num_local_experts = %d disagree", path, E,
+                             E_alias);
+    c->num_experts = E_alias >= 0 ? E_alias : E;
+    c->num_experts_per_tok = 8;
+    c->moe_intermediate_size = 768;
+    TKD_TRY(get_int(path, root, "", "num_experts_per_tok", 0, &c->num_experts_per_tok));
+    TKD_TRY(get_int(path, root, "", "moe_intermediate_size", 0, &c->moe_intermediate_size));
+    TKD_TRY(get_bool(path, root, "norm_topk_prob", &c->norm_topk_prob));
+    TKD_TRY(get_int(path, root, "", "decoder_sparse_step", 0, &step));
+    TKD_TRY(get_int(path, root, "", "shared_expert_intermediate_size", 0, &shared));
+    if (shared > 0) /* Qwen2-MoE's always-on expert: Qwen3-MoE has none, and we would drop it */
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: shared_expert_intermediate_size = %d: a shared expert "
+                             "(Qwen2-MoE) is not part of qwen3_moe and is not supported", path, shared);
+    if (c->num_experts < 0)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"num_experts\" must be >= 0 (got %d)", path, c->num_experts);
+    if (step < 1) /* transformers would divide by it */
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: field \"decoder_sparse_step\" must be >= 1 (got %d)", path, step);
+    unsigned char dense[TKD_MAX_MOE_LAYERS] = {0};
+    TKD_TRY(read_mlp_only(path, root, L, dense));
+    for (int l = 0; l < L && c->num_experts > 0; l++) {
+        if (dense[l < TKD_MAX_MOE_LAYERS ? l : 0] || (l + 1) % step != 0)
+            continue;
+        if (l >= TKD_MAX_MOE_LAYERS)
+            return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: layer %d is mixture-of-experts: at most %d layers are "
+                                 "supported", path, l, TKD_MAX_MOE_LAYERS);
+        c->layer_moe[l] = 1;
+    }
     return TKD_OK;
 }
 
@@ -340,6 +446,8 @@ static tkd_status read_window_size(const char *path, const cJSON *root, int *sw)
 /* Which layers slide, following each configuration class of transformers 5:
  *   mistral — every layer, with sliding_window (4096 when the key is absent; null: none); MistralConfig
  *             does not read layer_types (it only warns), so neither do we;
+ *   qwen3_moe — every layer alike, when use_sliding_window (Qwen3MoeConfig keeps sliding_window
+ *             only then; the model masks all layers with one mask); layer_types must agree;
  *   qwen2/3 — sliding_window counts only with use_sliding_window; layer_types when present, else the
  *             layers >= max_window_layers (default 28); a sliding layer without a window in effect is
  *             refused (transformers' mask builder raises there);
@@ -363,9 +471,19 @@ static tkd_status read_windows(const char *path, const cJSON *root, tkd_model_co
                                  path, sw);
         return TKD_OK;
     }
-    if (c->arch == TKD_ARCH_MISTRAL) {
-        for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++)
+    if (windows_uniform(c->arch)) {
+        if (c->arch == TKD_ARCH_QWEN3_MOE && !use_sw)
+            sw = 0;
+        for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++) {
+            /* Qwen3MoeModel builds one mask for all layers: a per-layer list that says otherwise
+             * would be read by a person and ignored by transformers */
+            if (c->arch == TKD_ARCH_QWEN3_MOE && has_lt && lt[l] != (sw > 0))
+                return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                                     "%s: layer_types[%d] is %s, but Qwen3MoeForCausalLM masks every layer alike "
+                                     "(use_sliding_window and sliding_window): per-layer windows are not supported",
+                                     path, l, lt[l] ? "sliding_attention" : "full_attention");
             lt[l] = (unsigned char)(sw > 0);
+        }
     } else {
         if (!use_sw)
             sw = 0;
@@ -405,7 +523,7 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
                   : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
     TKD_TRY(get_int(path, root, "", "head_dim", 0, &c->head_dim));
     c->max_position_embeddings = c->arch == TKD_ARCH_LLAMA                                 ? 2048
-                                 : c->arch == TKD_ARCH_QWEN2 || c->arch == TKD_ARCH_QWEN3 ? 32768
+                                 : c->arch == TKD_ARCH_QWEN2 || tkd_arch_qk_norm(c->arch) ? 32768
                                                                                          : 131072;
     TKD_TRY(get_int(path, root, "", "max_position_embeddings", 0, &c->max_position_embeddings));
     c->rms_norm_eps = 1e-6f;
@@ -413,7 +531,7 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     TKD_TRY(get_float(path, root, "rms_norm_eps", &c->rms_norm_eps));
     TKD_TRY(get_float(path, root, "initializer_range", &c->initializer_range));
     TKD_TRY(get_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings));
-    if (c->arch == TKD_ARCH_LLAMA || c->arch == TKD_ARCH_QWEN3)
+    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch))
         TKD_TRY(get_bool(path, root, "attention_bias", &c->attention_bias));
     else
         c->attention_bias = c->arch == TKD_ARCH_QWEN2; /* Qwen2: always; Mistral: never */
@@ -423,6 +541,8 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     TKD_TRY(get_token_id(path, root, "bos_token_id", &c->bos_token_id));
     TKD_TRY(get_token_id(path, root, "eos_token_id", &c->eos_token_id));
     TKD_TRY(refuse_unsupported(path, root, c));
+    if (c->arch == TKD_ARCH_QWEN3_MOE)
+        TKD_TRY(read_moe(path, root, c));
     return read_windows(path, root, c);
 }
 
@@ -501,9 +621,10 @@ static void add_token(cJSON *o, const char *name, int id)
 }
 
 /* The window fields as the architecture's configuration class reads them back (read_windows):
- * Mistral's one sliding_window, or Qwen2/3's use_sliding_window + sliding_window +
- * max_window_layers (the first sliding layer) with layer_types spelled out, which transformers 5
- * reads in preference (any pattern of sliding layers, not only a suffix). */
+ * Mistral's one sliding_window (Qwen3-MoE's with use_sliding_window), or Qwen2/3's
+ * use_sliding_window + sliding_window + max_window_layers (the first sliding layer) with
+ * layer_types spelled out, which transformers 5 reads in preference (any pattern of sliding
+ * layers, not only a suffix). */
 static void add_windows(cJSON *o, const tkd_model_config *c)
 {
     int L = c->num_hidden_layers, first = L;
@@ -514,7 +635,9 @@ static void add_windows(cJSON *o, const tkd_model_config *c)
         cJSON_AddNullToObject(o, "sliding_window");
     else
         cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
-    if (c->arch == TKD_ARCH_MISTRAL)
+    if (c->arch == TKD_ARCH_QWEN3_MOE)
+        cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
+    if (windows_uniform(c->arch))
         return; /* every layer slides or none (tkd_model_config_validate) */
     cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
     cJSON_AddNumberToObject(o, "max_window_layers", first);
@@ -524,6 +647,22 @@ static void add_windows(cJSON *o, const tkd_model_config *c)
     for (int l = 0; lt && l < L; l++)
         cJSON_AddItemToArray(lt, cJSON_CreateString(tkd_model_config_window(c, l) ? "sliding_attention"
                                                                                   : "full_attention"));
+}
+
+/* Qwen3-MoE's fields: which layers are dense is spelled out as mlp_only_layers with
+ * decoder_sparse_step 1, which says any pattern read_moe can read. */
+static void add_moe(cJSON *o, const tkd_model_config *c)
+{
+    cJSON_AddNumberToObject(o, "num_experts", c->num_experts);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", c->num_experts_per_tok);
+    cJSON_AddNumberToObject(o, "moe_intermediate_size", c->moe_intermediate_size);
+    cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob != 0);
+    cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
+    cJSON *dense = cJSON_AddArrayToObject(o, "mlp_only_layers");
+    for (int l = 0; dense && l < c->num_hidden_layers; l++)
+        if (!tkd_model_config_moe(c, l))
+            cJSON_AddItemToArray(dense, cJSON_CreateNumber(l));
+    cJSON_AddFalseToObject(o, "output_router_logits");
 }
 
 static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
@@ -559,8 +698,10 @@ static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
         cJSON_AddNullToObject(o, "rope_scaling");
     }
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == TKD_ARCH_LLAMA || c->arch == TKD_ARCH_QWEN3)
+    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch))
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias != 0);
+    if (c->arch == TKD_ARCH_QWEN3_MOE)
+        add_moe(o, c);
     if (c->arch == TKD_ARCH_LLAMA) {
         cJSON_AddFalseToObject(o, "mlp_bias");
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);

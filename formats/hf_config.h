@@ -1,7 +1,9 @@
 /* hf_config.h — the Llama-family architecture description, read from / written to a Hugging Face
- * config.json (cJSON). Covers model_type llama, qwen2, qwen3, mistral and look-alikes (e.g. SmolLM
- * is model_type llama), with the sliding windows Mistral and Qwen2/3 configs ask for, per layer. A
- * field that changes the maths and is not supported (MoE experts, hidden_act other than silu,
+ * config.json (cJSON). Covers model_type llama, qwen2, qwen3, qwen3_moe, mistral and look-alikes
+ * (e.g. SmolLM is model_type llama), with the sliding windows Mistral and Qwen2/3 configs ask for,
+ * per layer, and Qwen3-MoE's sparse layers (which layers are MoE: decoder_sparse_step and
+ * mlp_only_layers, as Qwen3MoeDecoderLayer decides). A field that changes the maths and is not
+ * supported (experts on another architecture, a shared expert, hidden_act other than silu,
  * unknown rope_scaling type, a layer type other than full or sliding attention) is
  * TKD_ERR_UNSUPPORTED with a message naming the field. See docs/model.md.
  */
@@ -18,11 +20,15 @@ typedef enum tkd_arch {
     TKD_ARCH_QWEN2 = 1,   /* Qwen2ForCausalLM: q/k/v bias always on */
     TKD_ARCH_MISTRAL = 2, /* MistralForCausalLM: sliding_window (default 4096) on every layer */
     TKD_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM: RMSNorm of each q and k head before RoPE, no bias */
+    TKD_ARCH_QWEN3_MOE = 4, /* Qwen3MoeForCausalLM: Qwen3's attention; MoE MLPs where layer_moe (forward only) */
 } tkd_arch;
 
 /* Layers whose sliding window a config can describe (tkd_model_config.layer_sliding). Deeper
  * models are fine as long as no layer slides. */
 #define TKD_MAX_WINDOW_LAYERS 512
+
+/* Layers whose MLP kind a config can describe (tkd_model_config.layer_moe); Qwen3-235B-A22B has 94. */
+#define TKD_MAX_MOE_LAYERS 512
 
 typedef enum tkd_rope_scaling {
     TKD_ROPE_SCALING_NONE = 0,
@@ -57,16 +63,28 @@ typedef struct tkd_model_config {
      * sliding_window_overlay). 0: no layer slides. */
     int sliding_window;
     unsigned char layer_sliding[TKD_MAX_WINDOW_LAYERS]; /* 1: layer l slides (only where sliding_window > 0) */
+    /* Qwen3-MoE (kernels/moe.h's SOFTMAX_TOPK router, SwiGLU experts without biases): layer l's MLP
+     * is the sparse block where layer_moe[l], else the dense SwiGLU of intermediate_size. */
+    int num_experts;              /* E (0: no layer is MoE) */
+    int num_experts_per_tok;      /* k, 1..E */
+    int moe_intermediate_size;    /* I: one expert's SwiGLU width */
+    int norm_topk_prob;           /* 1: the k routing weights are divided by their sum */
+    unsigned char layer_moe[TKD_MAX_MOE_LAYERS]; /* 1: layer l is MoE (only on qwen3_moe) */
 } tkd_model_config;
 
-/* "llama", "qwen2", "qwen3", "mistral" (the model_type written to config.json). */
+/* "llama", "qwen2", "qwen3", "mistral", "qwen3_moe" (the model_type written to config.json). */
 const char *tkd_arch_name(tkd_arch arch);
 
 /* "LlamaForCausalLM", ... (the architectures entry written to config.json). */
 const char *tkd_arch_class(tkd_arch arch);
 
-/* 1 when the architecture normalises each q and k head (RMSNorm over head_dim) before RoPE: Qwen3. */
+/* 1 when the architecture normalises each q and k head (RMSNorm over head_dim) before RoPE: Qwen3,
+ * Qwen3-MoE. */
 int tkd_arch_qk_norm(tkd_arch arch);
+
+/* 1 when layer l's MLP is the mixture-of-experts block; tkd_model_config_has_moe: any layer's. */
+int tkd_model_config_moe(const tkd_model_config *cfg, int l);
+int tkd_model_config_has_moe(const tkd_model_config *cfg);
 
 /* Layer l's attention window: sliding_window where layer l slides, else 0 (full causal). */
 int tkd_model_config_window(const tkd_model_config *cfg, int l);

@@ -568,28 +568,42 @@ const tkd_st_tensor *tkd_st_at(const tkd_st_dir *d, int i)
 
 /* ---- reading as fp32 ------------------------------------------------------------------------ */
 
+tkd_status tkd_st_check_shape(const tkd_st_tensor *t, int ndim, const int64_t *expect_shape)
+{
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++)
+        same = t->shape[i] == expect_shape[i];
+    if (same)
+        return TKD_OK;
+    char a[200], b[200];
+    return tkd_error_set(TKD_ERR_MISMATCH,
+                         "%s: tensor '%s' has shape %s, expected %s: the checkpoint does not match its config.json",
+                         t->file, t->name, shape_str(a, sizeof a, t->ndim, t->shape),
+                         shape_str(b, sizeof b, ndim, expect_shape));
+}
+
 tkd_status tkd_st_read_f32(const tkd_st_dir *d, const char *name, int ndim, const int64_t *expect_shape,
                            float *dst, size_t n)
 {
     const tkd_st_tensor *t = tkd_st_find(d, name);
     if (!t)
         return tkd_error_set(TKD_ERR_NOT_FOUND, "%s: tensor '%s' is missing from the checkpoint", d->where, name);
-    int same = t->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++)
-        same = t->shape[i] == expect_shape[i];
-    if (!same) {
-        char a[200], b[200];
-        return tkd_error_set(TKD_ERR_MISMATCH,
-                             "%s: tensor '%s' has shape %s, expected %s: the checkpoint does not match its "
-                             "config.json",
-                             t->file, name, shape_str(a, sizeof a, t->ndim, t->shape),
-                             shape_str(b, sizeof b, ndim, expect_shape));
-    }
+    TKD_TRY(tkd_st_check_shape(t, ndim, expect_shape));
     size_t count = t->nbytes / tkd_dtype_size(t->dtype);
     if (count != n)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: tensor '%s' has %zu elements, destination holds %zu",
                              t->file, name, count, n);
-    const uint8_t *src = t->data; /* may be unaligned: header length is arbitrary */
+    return tkd_st_slice_f32(t, 0, n, dst);
+}
+
+tkd_status tkd_st_slice_f32(const tkd_st_tensor *t, size_t first, size_t n, float *dst)
+{
+    size_t count = t->nbytes / tkd_dtype_size(t->dtype);
+    if (first > count || n > count - first)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "%s: tensor '%s' has %zu elements, asked for [%zu, %zu)", t->file,
+                             t->name, count, first, first + n);
+    const char *name = t->name;
+    const uint8_t *src = (const uint8_t *)t->data + first * tkd_dtype_size(t->dtype); /* may be unaligned */
     switch (t->dtype) {
     case TKD_DTYPE_F32:
         memcpy(dst, src, n * 4);

@@ -63,6 +63,15 @@ const tkd_st_tensor *tkd_st_at(const tkd_st_dir *d, int i);
 tkd_status tkd_st_read_f32(const tkd_st_dir *d, const char *name, int ndim, const int64_t *expect_shape,
                            float *dst, size_t n);
 
+/* TKD_ERR_MISMATCH naming the tensor, its shape and the expected one unless t's shape is
+ * expect_shape[0..ndim). */
+tkd_status tkd_st_check_shape(const tkd_st_tensor *t, int ndim, const int64_t *expect_shape);
+
+/* Elements [first, first + n) of tensor t (a float type) converted to fp32 into dst (n floats):
+ * a slice of a larger tensor, e.g. one expert of a stacked (E, ...) tensor. TKD_ERR_INVALID_ARG
+ * when the range runs past the tensor, TKD_ERR_UNSUPPORTED for a non-float dtype. */
+tkd_status tkd_st_slice_f32(const tkd_st_tensor *t, size_t first, size_t n, float *dst);
+
 /* Writer: collects (name, shape, fp32 data) and writes one file in F32 or BF16, atomically
  * (temp file + fsync + rename). On success init gives *out to the caller, who releases it with
  * tkd_st_writer_free (finish does not). add copies name and shape but borrows data: those

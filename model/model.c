@@ -14,6 +14,7 @@
 
 /* ---- parameter layout --------------------------------------------------------------------- */
 
+enum { LAYER_SLOTS = 18 }; /* a block's tensor slots: see slot_count */
 
 static void add_param(tkd_model *m, size_t *off, const char *name, int ndim, int64_t d0, int64_t d1,
                       int decay)
@@ -29,6 +30,33 @@ static void add_param(tkd_model *m, size_t *off, const char *name, int ndim, int
     *off += p->numel;
 }
 
+/* Block l's MoE MLP: the router, then every expert's gate, every expert's up, every expert's down
+ * (the checkpoints' per-expert names), so that each kind stacks into the op's (E, I, D) / (E, D, I). */
+static void add_moe_layout(tkd_model *m, size_t *off, int l)
+{
+    const tkd_model_config *c = &m->cfg;
+    int64_t D = c->hidden_size, I = c->moe_intermediate_size;
+    static const char *kind[3] = {"gate_proj", "up_proj", "down_proj"};
+    char nm[TKD_PARAM_NAME_MAX];
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.weight", l);
+    add_param(m, off, nm, 2, c->num_experts, D, 1);
+    for (int j = 0; j < 3; j++)
+        for (int e = 0; e < c->num_experts; e++) {
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, kind[j]);
+            add_param(m, off, nm, 2, j == 2 ? D : I, j == 2 ? I : D, 1);
+        }
+}
+
+/* Entries of m->info for cfg: embedding, final norm, head, and per block at most LAYER_SLOTS
+ * plus, for an MoE block, the router and 3·E expert tensors. */
+static size_t info_capacity(const tkd_model_config *c)
+{
+    size_t n = 3 + (size_t)LAYER_SLOTS * c->num_hidden_layers;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        n += tkd_model_config_moe(c, l) ? 1 + 3 * (size_t)c->num_experts : 0;
+    return n;
+}
+
 /* Fills m->info in storage order (the order HF models list their parameters). */
 static void build_layout(tkd_model *m)
 {
@@ -38,6 +66,7 @@ static void build_layout(tkd_model *m)
     char nm[TKD_PARAM_NAME_MAX];
     add_param(m, &off, "model.embed_tokens.weight", 2, V, D, 1);
     for (int l = 0; l < c->num_hidden_layers; l++) {
+        m->info_layer[l] = m->n_info;
 #define P(suffix, nd, a, b, decay)                                              \
     do {                                                                        \
         snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);               \
@@ -59,28 +88,41 @@ static void build_layout(tkd_model *m)
             P("self_attn.k_norm.weight", 1, c->head_dim, 0, 0);
         }
         P("post_attention_layernorm.weight", 1, D, 0, 0);
+        if (tkd_model_config_moe(c, l)) {
+            add_moe_layout(m, &off, l);
+            continue;
+        }
         P("mlp.gate_proj.weight", 2, F, D, 1);
         P("mlp.up_proj.weight", 2, F, D, 1);
         P("mlp.down_proj.weight", 2, D, F, 1);
 #undef P
     }
-    m->info_per_layer = c->num_hidden_layers > 0 ? (m->n_info - 1) / c->num_hidden_layers : 0;
+    m->info_layer[c->num_hidden_layers] = m->n_info;
+    m->info_per_layer = c->num_hidden_layers > 0 && !tkd_model_config_has_moe(c)
+                            ? (m->n_info - 1) / c->num_hidden_layers : 0;
     add_param(m, &off, "model.norm.weight", 1, D, 0, 0);
     if (!c->tie_word_embeddings)
         add_param(m, &off, "lm_head.weight", 2, V, D, 1);
     m->n_params = off;
 }
 
-/* A block's tensor slots in storage order; the optional ones are the q/k/v biases (with
- * attention_bias) and Qwen3's q/k norms. */
-enum { LAYER_SLOTS = 14 };
-
-static int slot_present(const tkd_model_config *c, int j)
+/* How many entries of m->info slot j of block l takes (0: absent, its view NULL). The slots in
+ * storage order; the optional ones are the q/k/v biases (with attention_bias), Qwen3's q/k norms,
+ * and the MLP: dense (gate, up, down at 11-13) or MoE (router at 14, the expert stacks at 15-17,
+ * each E entries of m->info). */
+static int slot_count(const tkd_model_config *c, int l, int j)
 {
+    int moe = tkd_model_config_moe(c, l);
     if (j == 2 || j == 4 || j == 6)
         return c->attention_bias;
     if (j == 8 || j == 9)
         return tkd_arch_qk_norm(c->arch);
+    if (j >= 11 && j <= 13)
+        return !moe;
+    if (j == 14)
+        return moe;
+    if (j >= 15)
+        return moe ? c->num_experts : 0;
     return 1;
 }
 
@@ -95,8 +137,11 @@ static int slot_present(const tkd_model_config *c, int j)
         for (int l_ = 0; l_ < c_->num_hidden_layers; l_++) {                               \
             ptr_t *f_[LAYER_SLOTS];                                                        \
             layer_fields_##ptr_t(&(w)->layers[l_], f_);                                    \
-            for (int j_ = 0; j_ < LAYER_SLOTS; j_++)                                       \
-                *f_[j_] = slot_present(c_, j_) ? (ptr_t)(b_ + (m)->info[i_++].offset * (esz)) : NULL; \
+            for (int j_ = 0; j_ < LAYER_SLOTS; j_++) {                                     \
+                int n_ = slot_count(c_, l_, j_);                                           \
+                *f_[j_] = n_ ? (ptr_t)(b_ + (m)->info[i_].offset * (esz)) : NULL;          \
+                i_ += n_;                                                                  \
+            }                                                                              \
         }                                                                                  \
         (w)->final_norm = (ptr_t)(b_ + (m)->info[i_++].offset * (esz));                   \
         (w)->lm_head = c_->tie_word_embeddings ? (w)->embed                                \
@@ -106,18 +151,20 @@ static int slot_present(const tkd_model_config *c, int j)
 typedef float *fptr;
 typedef const void *cvptr;
 
-/* A block's slots in storage order (q/k/v biases at 2, 4, 6; q/k norms at 8, 9). */
+/* A block's slots in storage order (q/k/v biases at 2, 4, 6; q/k norms at 8, 9; see slot_count). */
 static void layer_fields_fptr(tkd_layer_weights *L, fptr *f[LAYER_SLOTS])
 {
     fptr *a[LAYER_SLOTS] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
-                            &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
+                            &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd,
+                            &L->router, &L->eg, &L->eu, &L->ed};
     memcpy(f, a, sizeof a);
 }
 
 static void layer_fields_cvptr(tkd_layer_dweights *L, cvptr *f[LAYER_SLOTS])
 {
     cvptr *a[LAYER_SLOTS] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
-                             &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd};
+                             &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd,
+                             &L->router, &L->eg, &L->eu, &L->ed};
     memcpy(f, a, sizeof a);
 }
 
@@ -153,13 +200,14 @@ tkd_status tkd_model_create(const tkd_model_config *cfg, tkd_backend *be, int ow
     m->be = be;
     m->be_owned = own_be;
     int L = cfg->num_hidden_layers, half = cfg->head_dim / 2, P = cfg->max_position_embeddings;
-    m->info = calloc((size_t)(3 + LAYER_SLOTS * L), sizeof *m->info);
+    m->info = calloc(info_capacity(cfg), sizeof *m->info);
+    m->info_layer = calloc((size_t)L + 1, sizeof *m->info_layer);
     m->w.layers = calloc((size_t)L, sizeof *m->w.layers);
     m->g.layers = calloc((size_t)L, sizeof *m->g.layers);
     m->d.layers = calloc((size_t)L, sizeof *m->d.layers);
     m->rope_cos = malloc(sizeof(float) * (size_t)P * half);
     m->rope_sin = malloc(sizeof(float) * (size_t)P * half);
-    if (!m->info || !m->w.layers || !m->g.layers || !m->d.layers || !m->rope_cos || !m->rope_sin) {
+    if (!m->info || !m->info_layer || !m->w.layers || !m->g.layers || !m->d.layers || !m->rope_cos || !m->rope_sin) {
         tkd_model_free(m);
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
     }
@@ -218,6 +266,10 @@ void tkd_model_free_acts(tkd_model *m)
         return;
     m->be->op->free(m->be, a->buf);
     m->be->op->free(m->be, a->tokens);
+    if (m->moe)
+        m->be->op->moe_free(m->be, m->moe);
+    m->moe = NULL;
+    m->moe_rows = 0;
     free(a->layer);
     free(a);
     m->acts = NULL;
@@ -240,6 +292,7 @@ void tkd_model_free(tkd_model *m)
     }
     free(m->params);
     free(m->info);
+    free(m->info_layer);
     free(m->w.layers);
     free(m->g.layers);
     free(m->d.layers);

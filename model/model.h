@@ -4,10 +4,14 @@
  * Architecture (docs/model.md): token embedding; L blocks of
  *   x += o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rmsnorm(x)
  *   x += down_proj(silu(gate_proj(n2)) · up_proj(n2))                    n2 = rmsnorm(x)
- * then a final RMSNorm. Qwen3 normalises each head of q and k (RMSNorm over head_dim with weights
- * q_norm, k_norm (Dh)) between the projection and RoPE: the backend's row RMSNorm over (N·H, Dh)
- * rows. A layer with a sliding window (tkd_model_config_window) attends i − W < j ≤ i. The model stops at the final hidden states (N, D), N = B·T: the LM head
- * (V, D) is applied by the caller, chunked (the fused KL loss, teacher-dump's top-K), which is why
+ * then a final RMSNorm. Qwen3-MoE (forward only: a teacher) replaces the MLP of its sparse layers
+ * (tkd_model_config_moe) by the backend's mixture-of-experts op (kernels/moe.h: softmax router,
+ * top-k experts, each a SwiGLU of moe_intermediate_size); its other layers keep the dense MLP. A
+ * model with MoE layers refuses training (tkd_model_reserve). Qwen3 normalises each head of q and
+ * k (RMSNorm over head_dim with weights q_norm, k_norm (Dh)) between the projection and RoPE: the
+ * backend's row RMSNorm over (N·H, Dh) rows. A layer with a sliding window
+ * (tkd_model_config_window) attends i − W < j ≤ i. The model stops at the final hidden states
+ * (N, D), N = B·T: the LM head (V, D) is applied by the caller, chunked (the fused KL loss, teacher-dump's top-K), which is why
  * backward takes dHidden and the loss adds its LM-head gradient straight into
  * tkd_model_lm_head_grad(). Tied models share one (V, D) matrix for embedding and head, so the
  * embedding's and the head's gradients add in one buffer.
@@ -71,6 +75,13 @@ typedef struct tkd_layer_weights {
     float *wg;        // (F, D)
     float *wu;        // (F, D)
     float *wd;        // (D, F)
+    /* Qwen3-MoE's sparse layers (tkd_model_config_moe) instead of wg/wu/wd (NULL there): the router
+     * and the experts stacked in kernels/cpu/cpu_moe.h's layout — the per-expert tensors
+     * mlp.experts.<e>.{gate,up,down}_proj.weight lie one after another, so each stack is a view. */
+    float *router;    // (E, D) mlp.gate.weight
+    float *eg;        // (E, I, D)
+    float *eu;        // (E, I, D)
+    float *ed;        // (E, D, I)
 } tkd_layer_weights;
 
 typedef struct tkd_model_weights {
@@ -83,6 +94,7 @@ typedef struct tkd_model_weights {
 /* The same tensors as the backend sees them: views into m->dparams (act elements, backend memory). */
 typedef struct tkd_layer_dweights {
     const void *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *q_norm, *k_norm, *mlp_norm, *wg, *wu, *wd;
+    const void *router, *eg, *eu, *ed; /* MoE layers, as in tkd_layer_weights */
 } tkd_layer_dweights;
 
 typedef struct tkd_model_dweights {
@@ -119,7 +131,9 @@ typedef struct tkd_model {
     tkd_model_weights g;    /* views into grads (all NULL while grads is NULL); backend memory */
     tkd_param_info *info;   /* n_info entries, in storage order */
     int n_info;
-    int info_per_layer;     /* entries of one block (they follow the embedding's, block by block) */
+    int info_per_layer;     /* entries of one block (they follow the embedding's, block by block) when
+                             * every block is alike; a model mixing dense and MoE blocks: 0 */
+    int *info_layer;        /* (L + 1) index in info of block l's first entry; [L]: the final norm's */
     float *rope_cos;        // (max_position_embeddings, Dh/2) host
     float *rope_sin;        // (max_position_embeddings, Dh/2) host
     tkd_model_acts *acts;
@@ -130,6 +144,8 @@ typedef struct tkd_model {
     float *d_rope_cos;      /* the RoPE tables in backend memory (== rope_cos on the CPU) */
     float *d_rope_sin;
     tkd_recompute recompute; /* what training keeps of each block (tkd_model_set_recompute) */
+    tkd_backend_moe *moe;   /* the MoE layers' workspace on be (one shape for all), sized by reserve */
+    int moe_rows;           /* rows one moe_fwd call takes: the forward calls it in chunks of these */
     tkd_status (*grad_hook)(void *ctx, struct tkd_model *m, int layer); /* tkd_model_set_grad_hook */
     void *grad_hook_ctx;
 } tkd_model;

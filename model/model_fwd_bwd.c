@@ -17,11 +17,21 @@ static void *take(char *buf, size_t *off, size_t n, size_t esz)
     return p;
 }
 
+/* The dense MLP's width the buffers need: intermediate_size, or 0 when every block is MoE (the
+ * MoE op keeps its own workspace). */
+static size_t dense_width(const tkd_model_config *c)
+{
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (!tkd_model_config_moe(c, l))
+            return (size_t)c->intermediate_size;
+    return 0;
+}
+
 /* Points a's views into buf (NULL: sizing pass) and returns the bytes needed. a->layer must exist. */
 static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int T, int training)
 {
     const tkd_model_config *c = &m->cfg;
-    size_t N = (size_t)B * T, D = c->hidden_size, F = c->intermediate_size;
+    size_t N = (size_t)B * T, D = c->hidden_size, F = dense_width(c);
     size_t Q = q_dim(c), KV = kv_dim(c), A = m->be->act_size, S = sizeof(float);
     size_t att = m->be->op->attn_saved_bytes(m->be, B, T, c->num_attention_heads);
     size_t off = 0;
@@ -119,6 +129,53 @@ static tkd_status check_windows(const tkd_model *m, int T, int training)
     return TKD_OK;
 }
 
+/* Host bytes the MoE op's workspace may take; beyond them the forward calls it in chunks of rows
+ * (its workspace is about rows·k·(D + 2I) floats: 115 KB a row at Qwen3-30B-A3B's shape). */
+#define TKD_MODEL_MOE_WS_BYTES ((size_t)256 << 20)
+
+/* A model with MoE layers is a teacher here: no backward for the op, so training is refused, and
+ * a backend without the op is refused by name before any work. */
+static tkd_status check_moe(const tkd_model *m, int training)
+{
+    const tkd_model_config *c = &m->cfg;
+    if (!tkd_model_config_has_moe(c))
+        return TKD_OK;
+    if (training)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "model: %s (%s) has mixture-of-experts layers, which run forward only here (a "
+                             "teacher): training it is not supported; students are dense (model.arch llama, qwen2 "
+                             "or qwen3)", tkd_arch_class(c->arch), tkd_arch_name(c->arch));
+    if (!m->be->op->moe_create || !m->be->op->moe_fwd)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "model: the %s backend has no mixture-of-experts op yet, which %s's MoE layers need; "
+                             "use device: cpu", m->be->name, tkd_arch_class(c->arch));
+    return TKD_OK;
+}
+
+/* The MoE workspace for up to N rows a forward (one for every MoE layer: they share a shape),
+ * capped at TKD_MODEL_MOE_WS_BYTES' worth of rows; kept while it is large enough. */
+static tkd_status reserve_moe(tkd_model *m, int N)
+{
+    const tkd_model_config *c = &m->cfg;
+    if (!tkd_model_config_has_moe(c))
+        return TKD_OK;
+    size_t per_row = sizeof(float) * (size_t)c->num_experts_per_tok *
+                     ((size_t)c->hidden_size + 2 * (size_t)c->moe_intermediate_size);
+    size_t cap = TKD_MODEL_MOE_WS_BYTES / per_row;
+    int rows = cap < 1 ? 1 : cap < (size_t)N ? (int)cap : N;
+    if (m->moe && m->moe_rows >= rows)
+        return TKD_OK;
+    if (m->moe)
+        m->be->op->moe_free(m->be, m->moe);
+    m->moe = NULL;
+    m->moe_rows = 0;
+    tkd_moe_params p = tkd_moe_params_qwen3(c->hidden_size, c->moe_intermediate_size, c->num_experts,
+                                            c->num_experts_per_tok, c->norm_topk_prob);
+    TKD_TRY(m->be->op->moe_create(m->be, &p, rows, &m->moe));
+    m->moe_rows = rows;
+    return TKD_OK;
+}
+
 size_t tkd_model_activation_bytes(const tkd_model *m)
 {
     return m->acts ? m->acts->bytes : 0;
@@ -141,11 +198,12 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
                              "model: sequence length %d exceeds max_position_embeddings %d; use a shorter seq_len",
                              T, m->cfg.max_position_embeddings);
     TKD_TRY(check_windows(m, T, training));
+    TKD_TRY(check_moe(m, training));
     if (training)
         TKD_TRY(alloc_grads(m));
     tkd_model_acts *a = m->acts;
     if (a && a->cap_b >= B && a->cap_t >= T && a->training >= training)
-        return TKD_OK;
+        return reserve_moe(m, a->cap_b * a->cap_t);
     int nb = a && a->cap_b > B ? a->cap_b : B, nt = a && a->cap_t > T ? a->cap_t : T;
     int tr = training || (a && a->training);
     tkd_model_free_acts(m);
@@ -171,7 +229,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
     a->bytes = n;
     a->training = tr;
     carve(m, a, a->buf, nb, nt, tr);
-    return TKD_OK;
+    return reserve_moe(m, nb * nt);
 }
 
 /* ---- forward / backward ------------------------------------------------------------------- */
@@ -214,6 +272,20 @@ static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dwei
     return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, tkd_model_config_window(c, l), A->y, A->att);
 }
 
+/* Block l's MoE MLP, mo = MoE(n2) over N rows (N, D) act, through the backend's op in chunks of
+ * m->moe_rows rows (the rows are independent tokens). */
+static tkd_status block_moe_fwd(const tkd_model *m, int l, const void *n2, int N, void *mo)
+{
+    const tkd_layer_dweights *W = &m->d.layers[l];
+    tkd_moe_act_weights w = {.router_w = W->router, .w_gate = W->eg, .w_up = W->eu, .w_down = W->ed};
+    size_t row = (size_t)m->cfg.hidden_size * m->be->act_size;
+    for (int r = 0; r < N; r += m->moe_rows) {
+        int n = N - r < m->moe_rows ? N - r : m->moe_rows;
+        TKD_TRY(m->be->op->moe_fwd(m->be, m->moe, &w, (const char *)n2 + r * row, n, (char *)mo + r * row));
+    }
+    return TKD_OK;
+}
+
 /* A block from A->n1 = rmsnorm(A->x) up to its MLP output A->mo (everything but the residual add
  * that makes the next block's input). */
 static tkd_status block_fwd_body(const tkd_model *m, int l, const tkd_layer_dweights *W, layer_acts *A, int B,
@@ -227,6 +299,8 @@ static tkd_status block_fwd_body(const tkd_model *m, int l, const tkd_layer_dwei
     TKD_TRY(block_attn_fwd(m, l, W, A, B, T));
     TKD_TRY(op->linear_fwd(be, A->y, W->wo, NULL, N, Q, D, A->ao));
     TKD_TRY(op->add_rmsnorm_fwd(be, A->x, A->ao, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
+    if (tkd_model_config_moe(c, l))
+        return block_moe_fwd(m, l, A->n2, N, A->mo);
     TKD_TRY(op->linear_fwd(be, A->n2, W->wg, NULL, N, D, F, A->gt));
     TKD_TRY(op->linear_fwd(be, A->n2, W->wu, NULL, N, D, F, A->up));
     TKD_TRY(op->swiglu_fwd(be, A->gt, A->up, (int64_t)N * F, A->hm));
@@ -400,9 +474,8 @@ void tkd_model_set_grad_hook(tkd_model *m, tkd_status (*fn)(void *ctx, tkd_model
 
 void tkd_model_layer_range(const tkd_model *m, int l, size_t *begin, size_t *end)
 {
-    const int per = m->info_per_layer; /* the embedding is first, then block by block */
-    *begin = m->info[1 + l * per].offset;
-    *end = m->info[1 + (l + 1) * per].offset; /* the next block's first tensor, or the final norm */
+    *begin = m->info[m->info_layer[l]].offset; /* the embedding is first, then block by block */
+    *end = m->info[m->info_layer[l + 1]].offset; /* the next block's first tensor, or the final norm */
 }
 
 const float *tkd_model_lm_head(const tkd_model *m) { return m->w.lm_head; }

@@ -17,6 +17,51 @@ static int ignorable(const char *name)
     return strstr(name, "rotary_emb.inv_freq") != NULL;
 }
 
+/* Qwen3-MoE's experts come in two layouts: per expert, model.layers.<l>.mlp.experts.<e>.
+ * {gate,up,down}_proj.weight (the released checkpoints, and what transformers 5's save_pretrained
+ * writes back through its conversion mapping), or fused as transformers 5 holds them in memory,
+ * model.layers.<l>.mlp.experts.gate_up_proj (E, 2I, D) — expert e's [gate; up] rows — and
+ * model.layers.<l>.mlp.experts.down_proj (E, D, I). fused_name gives the fused tensor and the
+ * offset of the expert tensor p within it; 0 when p is not an expert tensor. */
+static int fused_expert(const tkd_model *m, const char *name, char *fused, size_t cap, size_t *first)
+{
+    static const char *kinds[3] = {"gate_proj", "up_proj", "down_proj"};
+    int l, e, n = 0;
+    char kind[16];
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%15[a-z_].weight%n", &l, &e, kind, &n) != 3 ||
+        name[n] != '\0')
+        return 0;
+    size_t ID = (size_t)m->cfg.moe_intermediate_size * m->cfg.hidden_size;
+    for (int j = 0; j < 3; j++)
+        if (!strcmp(kind, kinds[j])) {
+            snprintf(fused, cap, "model.layers.%d.mlp.experts.%s", l, j == 2 ? "down_proj" : "gate_up_proj");
+            *first = j == 2 ? (size_t)e * ID : (size_t)(2 * e + j) * ID;
+            return 1;
+        }
+    return 0;
+}
+
+/* Where tensor p's values are: its own tensor (shape checked), or a slice of the fused expert
+ * tensor that holds it (fused_expert; its 3-D shape checked) at element *first. */
+static tkd_status tensor_source(const tkd_model *m, const char *dir, const tkd_st_dir *st, const tkd_param_info *p,
+                                const tkd_st_tensor **t, size_t *first)
+{
+    char fused[TKD_PARAM_NAME_MAX];
+    *first = 0;
+    if ((*t = tkd_st_find(st, p->name)))
+        return tkd_st_check_shape(*t, p->ndim, p->shape);
+    if (fused_expert(m, p->name, fused, sizeof fused, first) && (*t = tkd_st_find(st, fused))) {
+        int64_t E = m->cfg.num_experts, I = m->cfg.moe_intermediate_size, D = m->cfg.hidden_size;
+        int64_t gate_up[3] = {E, 2 * I, D}, down[3] = {E, D, I};
+        return tkd_st_check_shape(*t, 3, strstr(fused, "down_proj") ? down : gate_up);
+    }
+    return tkd_error_set(TKD_ERR_NOT_FOUND,
+                         "%s: tensor '%s' is missing (config.json asks for it, shape (%lld%s%lld)); "
+                         "check the checkpoint matches its config",
+                         dir, p->name, (long long)p->shape[0], p->ndim == 2 ? ", " : "",
+                         p->ndim == 2 ? (long long)p->shape[1] : 0LL);
+}
+
 /* Reads every tensor the layout lists (converted to fp32, then to the backend's act type through a
  * staging buffer where the backend's memory is not the host's). */
 static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
@@ -28,16 +73,13 @@ static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
     tkd_status rc = TKD_OK;
     for (int i = 0; i < m->n_info && rc == TKD_OK; i++) {
         const tkd_param_info *p = &m->info[i];
-        if (!tkd_st_find(st, p->name)) {
-            rc = tkd_error_set(TKD_ERR_NOT_FOUND,
-                               "%s: tensor '%s' is missing (config.json asks for it, shape (%lld%s%lld)); "
-                               "check the checkpoint matches its config",
-                               dir, p->name, (long long)p->shape[0], p->ndim == 2 ? ", " : "",
-                               p->ndim == 2 ? (long long)p->shape[1] : 0LL);
+        const tkd_st_tensor *t = NULL;
+        size_t first = 0;
+        rc = tensor_source(m, dir, st, p, &t, &first);
+        if (rc != TKD_OK)
             break;
-        }
         float *x = on_host ? m->params + p->offset : stage;
-        rc = tkd_st_read_f32(st, p->name, p->ndim, p->shape, x, p->numel);
+        rc = tkd_st_slice_f32(t, first, p->numel, x);
         if (rc == TKD_OK && !on_host)
             rc = tkd_model_put_tensor(m, p, x);
     }
@@ -45,22 +87,46 @@ static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
     return rc;
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* 1 when checkpoint tensor name is one the model reads: a layout name (looked up in names, the
+ * layout's names sorted: Qwen3-30B-A3B lists 18,000), or an MoE layer's fused expert tensor. */
+static int known_tensor(const tkd_model *m, const char **names, const char *name)
+{
+    if (ignorable(name) || (m->cfg.tie_word_embeddings && !strcmp(name, "lm_head.weight")) ||
+        bsearch(&name, names, (size_t)m->n_info, sizeof *names, cmp_name))
+        return 1;
+    int l, n = 0;
+    char kind[16];
+    return sscanf(name, "model.layers.%d.mlp.experts.%15[a-z_]%n", &l, kind, &n) == 2 && name[n] == '\0' &&
+           tkd_model_config_moe(&m->cfg, l) && (!strcmp(kind, "gate_up_proj") || !strcmp(kind, "down_proj"));
+}
+
 static tkd_status load_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
 {
     TKD_TRY(read_tensors(m, dir, st));
+    const char **names = malloc((size_t)m->n_info * sizeof *names);
+    if (!names)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", dir);
+    for (int j = 0; j < m->n_info; j++)
+        names[j] = m->info[j].name;
+    qsort(names, (size_t)m->n_info, sizeof *names, cmp_name);
     /* A tensor we would silently ignore means the config and the weights disagree (e.g. q/k/v
      * biases present but attention_bias false): refuse rather than compute something else. */
     for (int i = 0; i < tkd_st_count(st); i++) {
         const tkd_st_tensor *t = tkd_st_at(st, i);
-        int known = ignorable(t->name) || (m->cfg.tie_word_embeddings && !strcmp(t->name, "lm_head.weight"));
-        for (int j = 0; j < m->n_info && !known; j++)
-            known = !strcmp(t->name, m->info[j].name);
-        if (!known)
+        if (!known_tensor(m, names, t->name)) {
+            free(names);
             return tkd_error_set(TKD_ERR_FORMAT,
                                  "%s: tensor '%s' is not part of the architecture config.json describes "
-                                 "(check num_hidden_layers, attention_bias, tie_word_embeddings)",
-                                 t->file, t->name);
+                                 "(check num_hidden_layers, attention_bias, tie_word_embeddings, "
+                                 "mlp_only_layers)", t->file, t->name);
+        }
     }
+    free(names);
     return TKD_OK;
 }
 

@@ -1,5 +1,6 @@
 /* model_internal.h — what the parts of the decoder share (model.c, model_hf.c, model_fwd_bwd.c;
- * nothing outside model/model*.c includes it): the activation buffers' layout, small shape helpers,
+ * nothing outside model/model*.c includes it but tests/test_model.c, which reads the residual
+ * stream): the activation buffers' layout, small shape helpers,
  * and the functions one part calls in another. */
 #ifndef TKD_MODEL_INTERNAL_H
 #define TKD_MODEL_INTERNAL_H

@@ -1,6 +1,6 @@
-/* test_hf_config.c — config.json parsing for llama / qwen2 / qwen3 / mistral, their sliding windows
- * per layer, each refusal by name, and the write -> read round trip. Sample configs live in
- * tests/data/hf/. */
+/* test_hf_config.c — config.json parsing for llama / qwen2 / qwen3 / qwen3_moe / mistral, their
+ * sliding windows per layer, Qwen3-MoE's sparse layers, each refusal by name, and the write -> read
+ * round trip. Sample configs live in tests/data/hf/. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -262,6 +262,102 @@ static void test_qwen3(void **state)
     assert_string_equal(tkd_arch_class(c.arch), "Qwen3ForCausalLM");
 }
 
+/* Qwen3-MoE: Qwen3MoeConfig's fields and defaults, and Qwen3MoeDecoderLayer's rule for which layers
+ * are MoE (not in mlp_only_layers, (l + 1) % decoder_sparse_step == 0, num_experts > 0). */
+static void test_qwen3_moe(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/qwen3_30b_a3b.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_QWEN3_MOE);
+    assert_string_equal(tkd_arch_class(c.arch), "Qwen3MoeForCausalLM");
+    assert_true(tkd_arch_qk_norm(c.arch));
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 768);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.sliding_window, 0);
+    for (int l = 0; l < 48; l++)
+        assert_true(tkd_model_config_moe(&c, l));
+    assert_false(tkd_model_config_moe(&c, 48));
+
+    /* defaults: 128 experts, top-8, I 768, no renormalisation; head_dim hidden / heads (the config
+     * class has no head_dim of its own, unlike Qwen3's 128); every layer MoE */
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", "\"tie_word_embeddings\": true"), &c), TKD_OK);
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 768);
+    assert_int_equal(c.norm_topk_prob, 0);
+    assert_int_equal(c.head_dim, 16);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_true(tkd_model_config_moe(&c, 0) && tkd_model_config_moe(&c, 1) && tkd_model_config_moe(&c, 2));
+
+    /* decoder_sparse_step 2: layers 1, 3 (of 4); mlp_only_layers takes layer 3 back; an index
+     * past the layers is ignored, as transformers does; num_local_experts is the alias */
+    const char *sparse = "\"num_hidden_layers\": 4, \"num_local_experts\": 6, \"num_experts_per_tok\": 2, "
+                         "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [3, 9]";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", sparse), &c), TKD_OK);
+    assert_int_equal(c.num_experts, 6);
+    assert_int_equal(c.num_experts_per_tok, 2);
+    int want[4] = {0, 1, 0, 0};
+    for (int l = 0; l < 4; l++)
+        assert_int_equal(tkd_model_config_moe(&c, l), want[l]);
+    assert_true(tkd_model_config_has_moe(&c));
+    /* num_experts 0: every layer dense */
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", "\"num_experts\": 0"), &c), TKD_OK);
+    assert_false(tkd_model_config_has_moe(&c));
+    /* windows: one for every layer, only with use_sliding_window */
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", "\"sliding_window\": 8"), &c), TKD_OK);
+    assert_int_equal(c.sliding_window, 0);
+    const char *window = "\"use_sliding_window\": true, \"sliding_window\": 8";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3_moe", window), &c), TKD_OK);
+    for (int l = 0; l < 3; l++)
+        assert_int_equal(tkd_model_config_window(&c, l), 8);
+    /* only Qwen3-MoE has experts; a dense-layer flag elsewhere is a config no file can say */
+    tkd_model_config d;
+    tkd_model_config_defaults(&d);
+    d.layer_moe[1] = 1;
+    assert_int_equal(tkd_model_config_validate(&d), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("layer 1 is marked mixture-of-experts");
+}
+
+/* Qwen3-MoE's refusals, each naming its field. */
+static void test_qwen3_moe_refusals(void **state)
+{
+    (void)state;
+    static const refusal cases[] = {
+        {"qwen3_moe", "\"shared_expert_intermediate_size\": 512", TKD_ERR_UNSUPPORTED,
+         "shared_expert_intermediate_size = 512: a shared expert (Qwen2-MoE)"},
+        {"qwen3_moe", "\"decoder_sparse_step\": 0", TKD_ERR_FORMAT, "\"decoder_sparse_step\" must be >= 1 (got 0)"},
+        {"qwen3_moe", "\"num_experts\": 4, \"num_experts_per_tok\": 5", TKD_ERR_CONFIG,
+         "1 <= num_experts_per_tok <= num_experts"},
+        {"qwen3_moe", "\"moe_intermediate_size\": 0", TKD_ERR_CONFIG, "moe_intermediate_size >= 1"},
+        {"qwen3_moe", "\"num_experts\": -2", TKD_ERR_FORMAT, "\"num_experts\" must be >= 0"},
+        {"qwen3_moe", "\"num_experts\": 8, \"num_local_experts\": 4", TKD_ERR_FORMAT,
+         "num_experts = 8 and num_local_experts = 4 disagree"},
+        {"qwen3_moe", "\"mlp_only_layers\": 1", TKD_ERR_FORMAT, "\"mlp_only_layers\" must be a list"},
+        {"qwen3_moe", "\"mlp_only_layers\": [0, \"a\"]", TKD_ERR_FORMAT, "mlp_only_layers[1] must be an integer"},
+        {"qwen3_moe", "\"norm_topk_prob\": 1", TKD_ERR_FORMAT, "\"norm_topk_prob\" must be true or false"},
+        {"qwen3_moe", "\"attention_bias\": true", TKD_ERR_UNSUPPORTED, "attention_bias = true on qwen3_moe"},
+        {"qwen3_moe", "\"use_sliding_window\": true, \"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                      "\"full_attention\", \"sliding_attention\"]",
+         TKD_ERR_UNSUPPORTED, "layer_types[1] is full_attention, but Qwen3MoeForCausalLM masks every layer alike"},
+        {"qwen3", "\"num_experts\": 8", TKD_ERR_UNSUPPORTED, "num_experts = 8: mixture-of-experts models are not "
+                                                          "supported as model_type qwen3 (only qwen3_moe"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tkd_model_config c;
+        const char *path = small_config(cases[i].model_type, cases[i].extra);
+        tkd_status st = tkd_hf_config_read(path, &c);
+        if (st != cases[i].st)
+            fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
+        tkd_test_assert_msg_has(cases[i].msg);
+        tkd_test_assert_msg_has(path);
+    }
+}
+
 static void test_missing_and_malformed(void **state)
 {
     (void)state;
@@ -346,6 +442,22 @@ static void test_write_read_roundtrip(void **state)
     assert_non_null(strstr(text, "\"use_sliding_window\":\ttrue"));
     assert_non_null(strstr(text, "\"max_window_layers\":\t0"));
     assert_non_null(strstr(text, "\"sliding_attention\", \"full_attention\", \"sliding_attention\""));
+    /* Qwen3-MoE: the dense layers spelled out as mlp_only_layers, one window for all */
+    roundtrip(tkd_test_src("data/hf/qwen3_30b_a3b.json"), "bfloat16");
+    roundtrip(small_config("qwen3_moe", "\"num_hidden_layers\": 5, \"num_experts\": 6, \"num_experts_per_tok\": 2, "
+                                        "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [1], "
+                                        "\"use_sliding_window\": true, \"sliding_window\": 8"),
+              "float32");
+    f = fopen(tmp_path("written.json"), "r");
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_non_null(strstr(text, "\"Qwen3MoeForCausalLM\""));
+    assert_non_null(strstr(text, "\"mlp_only_layers\":\t[0, 1, 2, 4]"));
+    assert_non_null(strstr(text, "\"decoder_sparse_step\":\t1"));
+    assert_non_null(strstr(text, "\"num_experts\":\t6"));
+    assert_non_null(strstr(text, "\"use_sliding_window\":\ttrue"));
+    assert_null(strstr(text, "layer_types"));
 
     /* defaults are valid and round-trip too */
     tkd_model_config d, e;
@@ -370,6 +482,8 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_sliding_windows),
         cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_qwen3_moe_refusals),
         cmocka_unit_test(test_missing_and_malformed),
         cmocka_unit_test(test_broken_files),
         cmocka_unit_test(test_write_read_roundtrip),

@@ -4,7 +4,9 @@
  * TKD_HF_FIXTURES_QWEN3 (tests/CMakeLists.txt defines it once the fixtures of
  * `make_hf_fixtures.py --only qwen3_hd32,qwen3_window,mistral_window` are in tests/fixtures/hf)
  * also Qwen3 (F32, BF16; head_dim != D/H) and sliding windows shorter than the sequence (Qwen3 on
- * one layer, Mistral on all), each fixture required.
+ * one layer, Mistral on all), each fixture required. With TKD_HF_FIXTURES_QWEN3_MOE (the fixtures of
+ * `make_hf_fixtures.py --only qwen3_moe`) also Qwen3-MoE, F32 and BF16: a dense first layer, then
+ * two MoE layers (inference only: a model with MoE layers refuses training).
  *
  * Relative error, per position n: max_v |ours − ref| / max_v |ref|; asserted ≤ 1e-4 everywhere
  * (fp32 everywhere on both sides, so only summation order differs: ~1e-6 is typical).
@@ -102,7 +104,8 @@ static void check_logits(const char *name)
     size_t n;
     float *ref = slurp(rel, &n);
     assert_int_equal(n, sizeof(float) * FIX_N * V);
-    for (int training = 0; training <= 1; training++) {
+    /* both forwards where the model trains; MoE models are teachers (forward only) */
+    for (int training = 0; training <= !tkd_model_config_has_moe(&m->cfg); training++) {
         float *lg = model_logits(m, in, training);
         double err = max_rel_err(lg, ref, FIX_N, V);
         printf("%s (training=%d): max relative error per position %.3e\n", name, training, err);
@@ -373,9 +376,9 @@ static void test_bad_checkpoints(void **s)
 }
 
 /* Writes checkpoints for transformers to load (TKD_HF_VERIFY_OUT): the Llama fixture after one
- * AdamW step (BF16), a random-init Qwen2-shaped student (F32) and a random-init Qwen3 student with
- * head_dim != D/H, non-unit q/k norms and a window of 4 keys on layer 1 (F32), with our logits of
- * each. */
+ * AdamW step (BF16), a random-init Qwen2-shaped student (F32), a random-init Qwen3 student with
+ * head_dim != D/H, non-unit q/k norms and a window of 4 keys on layer 1 (F32), and a random
+ * Qwen3-MoE (dense layer 0, MoE layer 1; F32), with our logits of each. */
 static void test_write_for_transformers(void **s)
 {
     (void)s;
@@ -409,10 +412,19 @@ static void test_write_for_transformers(void **s)
             q3->w.layers[l].q_norm[j] = 1.0f + 0.05f * (float)(j % 7) - 0.1f * (float)l;
             q3->w.layers[l].k_norm[j] = 0.8f + 0.03f * (float)(j % 5);
         }
+    /* Qwen3-MoE as a teacher is saved too (the per-expert names, mlp_only_layers): layer 0 dense,
+     * layer 1 four experts, top-2, routers spread so tokens pick different experts */
+    tkd_model_config cm = c3;
+    cm.arch = TKD_ARCH_QWEN3_MOE, cm.sliding_window = 0, cm.layer_sliding[1] = 0;
+    cm.num_experts = 4, cm.num_experts_per_tok = 2, cm.moe_intermediate_size = 12, cm.norm_topk_prob = 1;
+    cm.layer_moe[1] = 1;
+    tkd_model *qm = NULL;
+    assert_int_equal(tkd_model_init_random(&cm, 44, &qm), TKD_OK);
+    tkd_test_randn(qm->w.layers[1].router, (size_t)4 * cm.hidden_size, 45, 1.0f);
     struct { tkd_model *m; const char *name; tkd_dtype dt; } ck[] = {
         {r, "ours_qwen2_random_f32", TKD_DTYPE_F32}, {t, "ours_llama_step_bf16", TKD_DTYPE_BF16},
-        {q3, "ours_qwen3_window_random_f32", TKD_DTYPE_F32}};
-    for (int k = 0; k < 3; k++) {
+        {q3, "ours_qwen3_window_random_f32", TKD_DTYPE_F32}, {qm, "ours_qwen3_moe_random_f32", TKD_DTYPE_F32}};
+    for (int k = 0; k < 4; k++) {
         snprintf(path, sizeof path, "%s/%s", out, ck[k].name);
         assert_int_equal(tkd_model_save_hf(ck[k].m, path, ck[k].dt), TKD_OK);
         float *lg = model_logits(ck[k].m, in, 0);
@@ -427,12 +439,50 @@ static void test_write_for_transformers(void **s)
     tkd_model_free(r);
     tkd_model_free(t);
     tkd_model_free(q3);
+    tkd_model_free(qm);
 }
+
+#ifdef TKD_HF_FIXTURES_QWEN3_MOE
+static void test_logits_qwen3_moe_f32(void **s) { (void)s; check_logits("qwen3_moe_f32"); }
+static void test_logits_qwen3_moe_bf16(void **s) { (void)s; check_logits("qwen3_moe_bf16"); }
+
+/* The MoE fixtures are what their name says, as read from transformers 5's own config.json: a dense
+ * first layer (mlp_only_layers [0]) with F 64, then MoE layers of 8 experts, top-2, renormalised,
+ * I 24, beside Qwen3's q/k norms. */
+static void test_fixture_shapes_qwen3_moe(void **s)
+{
+    (void)s;
+    for (int bf = 0; bf <= 1; bf++) {
+        tkd_model *m = load_fixture(bf ? "qwen3_moe_bf16" : "qwen3_moe_f32");
+        const tkd_model_config *c = &m->cfg;
+        assert_int_equal(c->arch, TKD_ARCH_QWEN3_MOE);
+        assert_int_equal(c->num_hidden_layers, 3);
+        assert_false(tkd_model_config_moe(c, 0));
+        assert_true(tkd_model_config_moe(c, 1) && tkd_model_config_moe(c, 2));
+        assert_int_equal(c->num_experts, 8);
+        assert_int_equal(c->num_experts_per_tok, 2);
+        assert_int_equal(c->moe_intermediate_size, 24);
+        assert_int_equal(c->intermediate_size, 64);
+        assert_true(c->norm_topk_prob);
+        assert_int_equal(c->head_dim, 16);
+        assert_non_null(m->w.layers[0].wg);
+        assert_non_null(m->w.layers[2].router);
+        assert_non_null(m->w.layers[2].k_norm);
+        tkd_model_free(m);
+    }
+}
+#endif
 
 /* The Qwen3 and window cases are compiled in once their fixtures are all in the tree
  * (tests/CMakeLists.txt defines TKD_HF_FIXTURES_QWEN3). */
 int main(void)
 {
+#if defined(TKD_HF_FIXTURES_QWEN3_MOE)
+    int moe = TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_fixture_shapes_qwen3_moe,
+                                test_logits_qwen3_moe_f32, test_logits_qwen3_moe_bf16);
+    if (moe != 0)
+        return moe;
+#endif
 #ifdef TKD_HF_FIXTURES_QWEN3
     return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_fixture_shapes, test_logits_llama_gqa_f32,
         test_logits_llama_gqa_bf16, test_logits_qwen2_tied_f32, test_logits_qwen2_tied_bf16,

@@ -1,6 +1,7 @@
 /* test_model.c — the model's contracts other than numerical parity (test_hf_parity.c) and gradients
  * (test_gradcheck.c): seeded init, the parameter list, causality and batch independence, buffer reuse
- * across shapes, gradient accumulation, tied LM-head gradients, errors; and the optimizer's schedule,
+ * across shapes, gradient accumulation, tied LM-head gradients, errors; Qwen3-MoE's forward against a
+ * hand-composed reference, its layouts and its refusals; and the optimizer's schedule,
  * clipping and AdamW update against hand-computed values.
  */
 #include <setjmp.h>
@@ -14,7 +15,10 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "kernels/cpu/cpu_moe.h"
+#include "kernels/cpu/cpu_ops_ref.h"
 #include "model/model.h"
+#include "model/model_internal.h" /* the residual stream after the last block (acts->xl) */
 #include "model/optim.h"
 #include "tests/optim_testutil.h"
 #include "tests/testutil.h"
@@ -379,6 +383,209 @@ static void test_window_needs_backend(void **s)
     tkd_backend_close(be);
 }
 
+/* qwen3_cfg as Qwen3-MoE with a dense first layer and an MoE second: E 5, k 2, I 12 (!= F 28). */
+static tkd_model_config qwen3_moe_cfg(void)
+{
+    tkd_model_config c = qwen3_cfg();
+    c.arch = TKD_ARCH_QWEN3_MOE;
+    c.num_experts = 5, c.num_experts_per_tok = 2, c.moe_intermediate_size = 12, c.norm_topk_prob = 1;
+    c.layer_moe[1] = 1;
+    return c;
+}
+
+static const tkd_param_info *find_param(const tkd_model *m, const char *name)
+{
+    for (int i = 0; i < m->n_info; i++)
+        if (!strcmp(m->info[i].name, name))
+            return &m->info[i];
+    return NULL;
+}
+
+/* y = rmsnorm(x) · w over one row of D, in double. */
+static void ref_rmsnorm_row(const double *x, const float *w, int D, double eps, double *y)
+{
+    double ss = 0;
+    for (int d = 0; d < D; d++)
+        ss += x[d] * x[d];
+    double r = 1.0 / sqrt(ss / D + eps);
+    for (int d = 0; d < D; d++)
+        y[d] = x[d] * r * w[d];
+}
+
+/* The layout: layer 0 keeps the dense MLP, layer 1 has the router and per-expert tensors whose
+ * stacks are the op's views; then the forward against a reference composed by hand: a dense
+ * Qwen3 model with the same tensors and layer 1's MLP zeroed gives the residual stream x2 before
+ * layer 1's MLP (its acts->xl), and hidden = rmsnorm(x2 + MoE(rmsnorm(x2) · mlp_norm)) · final_norm
+ * with MoE from tkd_ref_moe_fwd (double). Also through the chunked op calls (moe_rows 3 of 10). */
+static void test_qwen3_moe_forward(void **s)
+{
+    (void)s;
+    enum { B = 2, T = 5, N = B * T, D = 20, E = 5, K = 2, I = 12 };
+    tkd_model_config c = qwen3_moe_cfg(), cq = qwen3_cfg();
+    tkd_model *m = NULL, *q = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 7, &m), TKD_OK);
+    assert_int_equal(tkd_model_init_random(&cq, 7, &q), TKD_OK);
+    const tkd_layer_weights *L0 = &m->w.layers[0], *L1 = &m->w.layers[1];
+    assert_non_null(L0->wg);
+    assert_null(L0->router);
+    assert_null(L1->wg);
+    assert_null(L1->wd);
+    assert_ptr_equal(L1->router, m->params + find_param(m, "model.layers.1.mlp.gate.weight")->offset);
+    assert_ptr_equal(L1->eg, m->params + find_param(m, "model.layers.1.mlp.experts.0.gate_proj.weight")->offset);
+    assert_ptr_equal(L1->eg + (size_t)4 * I * D,
+                     m->params + find_param(m, "model.layers.1.mlp.experts.4.gate_proj.weight")->offset);
+    assert_ptr_equal(L1->eu, L1->eg + (size_t)E * I * D);
+    assert_ptr_equal(L1->ed, L1->eu + (size_t)E * I * D);
+    assert_ptr_equal(L1->ed + (size_t)3 * D * I,
+                     m->params + find_param(m, "model.layers.1.mlp.experts.3.down_proj.weight")->offset);
+    assert_int_equal(find_param(m, "model.layers.1.mlp.experts.3.down_proj.weight")->shape[0], D);
+    assert_null(find_param(m, "model.layers.1.mlp.gate_proj.weight"));
+    assert_int_equal(m->info_per_layer, 0); /* blocks differ */
+    /* the router's rows spread wider than the init's 0.2, so the top-2 differ from row to row */
+    tkd_test_randn(L1->router, (size_t)E * D, 21, 1.0f);
+    tkd_test_randn(m->w.layers[1].mlp_norm, D, 22, 1.0f);
+    for (int i = 0; i < q->n_info; i++) {
+        const tkd_param_info *p = &q->info[i], *pm = find_param(m, p->name);
+        if (pm)
+            memcpy(q->params + p->offset, m->params + pm->offset, p->numel * sizeof(float));
+        else /* layer 1's dense MLP: zero, so the block adds nothing after its attention */
+            memset(q->params + p->offset, 0, p->numel * sizeof(float));
+    }
+    int32_t tok[N] = {3, 9, 1, 36, 22, 5, 5, 17, 0, 30};
+    const void *hq = NULL, *hm = NULL;
+    assert_int_equal(tkd_model_forward(q, tok, B, T, 0, &hq), TKD_OK);
+    const float *x2 = q->acts->xl; // (N, D)
+    static double x2d[N * D], n2d[N * D], y[N * D], ref[N * D];
+    static float n2[N * D];
+    for (int r = 0; r < N; r++) {
+        for (int d = 0; d < D; d++)
+            x2d[r * D + d] = x2[r * D + d];
+        ref_rmsnorm_row(x2d + r * D, L1->mlp_norm, D, c.rms_norm_eps, n2d + r * D);
+        for (int d = 0; d < D; d++)
+            n2[r * D + d] = (float)n2d[r * D + d];
+    }
+    tkd_moe_params p = tkd_moe_params_qwen3(D, I, E, K, 1);
+    tkd_moe_weights w = {.router_w = L1->router, .w_gate = L1->eg, .w_up = L1->eu, .w_down = L1->ed};
+    int32_t ex[N * K];
+    tkd_ref_moe_fwd(&p, &w, n2, N, y, ex, NULL);
+    int used[E] = {0}, distinct = 0;
+    for (int i = 0; i < N * K; i++)
+        distinct += !used[ex[i]]++;
+    assert_true(distinct >= 4); /* the routing is not degenerate */
+    for (int r = 0; r < N; r++) {
+        double h[D];
+        for (int d = 0; d < D; d++)
+            h[d] = x2d[r * D + d] + y[r * D + d];
+        ref_rmsnorm_row(h, m->w.final_norm, D, c.rms_norm_eps, ref + r * D);
+    }
+    /* fp32 sgemms and norms against double over D = 20 and I = 12 sums of O(1) terms: a few ulps
+     * of the O(1) outputs */
+    for (int chunked = 0; chunked <= 1; chunked++) {
+        if (chunked)
+            m->moe_rows = 3; /* the workspace holds more; each call takes 3 rows, the last 1 */
+        assert_int_equal(tkd_model_forward(m, tok, B, T, 0, &hm), TKD_OK);
+        const float *h = hm;
+        for (int i = 0; i < N * D; i++)
+            if (fabs(h[i] - ref[i]) > 2e-5 + 2e-5 * fabs(ref[i]))
+                fail_msg("chunked %d: hidden[%d] = %.7g, reference %.7g", chunked, i, h[i], ref[i]);
+    }
+    tkd_model_free(q);
+    tkd_model_free(m);
+}
+
+/* A model with MoE layers is a teacher: training is refused naming the architecture, and a backend
+ * without the MoE op is refused naming the backend, before any work. */
+static void test_qwen3_moe_refusals(void **s)
+{
+    (void)s;
+    tkd_model_config c = qwen3_moe_cfg();
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 3, &m), TKD_OK);
+    int32_t tok[4] = {1, 2, 3, 4};
+    const char *train[] = {"Qwen3MoeForCausalLM (qwen3_moe) has mixture-of-experts layers",
+                           "training it is not supported", "students are dense", NULL};
+    tkd_test_expect_error(tkd_model_reserve(m, 1, 4, 1), TKD_ERR_UNSUPPORTED, train);
+    tkd_test_expect_error(tkd_model_forward(m, tok, 1, 4, 1, NULL), TKD_ERR_UNSUPPORTED, train);
+    assert_null(m->grads);
+    assert_int_equal(tkd_model_forward(m, tok, 1, 4, 0, NULL), TKD_OK);
+    tkd_model_free(m);
+
+    tkd_backend *be = NULL;
+    assert_int_equal(tkd_backend_cpu_open(&be), TKD_OK);
+    tkd_backend_ops ops = *be->op; /* the CUDA backend's table until its op lands */
+    const tkd_backend_ops *saved = be->op;
+    ops.moe_fwd = NULL;
+    be->op = &ops;
+    assert_int_equal(tkd_model_init_random_on(&c, 3, be, &m), TKD_OK);
+    const char *noop[] = {"the cpu backend has no mixture-of-experts op yet", "Qwen3MoeForCausalLM",
+                          "use device: cpu", NULL};
+    tkd_test_expect_error(tkd_model_forward(m, tok, 1, 4, 0, NULL), TKD_ERR_UNSUPPORTED, noop);
+    tkd_model_free(m);
+    be->op = saved;
+    tkd_backend_close(be);
+}
+
+/* Checkpoints: a save writes the experts per expert (the released checkpoints' names, which
+ * transformers 5 loads through its conversion mapping) and loads back bit for bit; the fused layout
+ * transformers 5 holds in memory (gate_up_proj (E, 2I, D), down_proj (E, D, I)) loads to the same
+ * weights; a fused tensor of the wrong shape is refused naming it. */
+static void test_qwen3_moe_checkpoints(void **s)
+{
+    (void)s;
+    enum { D = 20, E = 5, I = 12 };
+    tkd_model_config c = qwen3_moe_cfg();
+    tkd_model *m = NULL, *r = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 5, &m), TKD_OK);
+    char *dir = tkd_test_mkdtemp("model-qwen3moe");
+    assert_int_equal(tkd_model_save_hf(m, dir, TKD_DTYPE_F32), TKD_OK);
+    if (tkd_model_load_hf(dir, &r) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    assert_int_equal(r->cfg.arch, TKD_ARCH_QWEN3_MOE);
+    assert_true(!tkd_model_config_moe(&r->cfg, 0) && tkd_model_config_moe(&r->cfg, 1));
+    assert_memory_equal(r->params, m->params, sizeof(float) * m->n_params);
+    tkd_model_free(r);
+
+    for (int bad = 0; bad <= 1; bad++) {
+        /* the same weights with layer 1's experts fused */
+        const tkd_layer_weights *L1 = &m->w.layers[1];
+        static float gate_up[E * 2 * I * D];
+        for (int e = 0; e < E; e++) {
+            memcpy(gate_up + (size_t)e * 2 * I * D, L1->eg + (size_t)e * I * D, sizeof(float) * I * D);
+            memcpy(gate_up + (size_t)(2 * e + 1) * I * D, L1->eu + (size_t)e * I * D, sizeof(float) * I * D);
+        }
+        tkd_st_writer *wr = NULL;
+        assert_int_equal(tkd_st_writer_init(&wr, TKD_DTYPE_F32), TKD_OK);
+        for (int i = 0; i < m->n_info; i++)
+            if (!strstr(m->info[i].name, ".mlp.experts."))
+                assert_int_equal(tkd_st_writer_add(wr, m->info[i].name, m->info[i].ndim, m->info[i].shape,
+                                                   m->params + m->info[i].offset), TKD_OK);
+        int64_t gu_shape[3] = {E, 2 * I, D}, down_shape[3] = {E, D, I + bad};
+        assert_int_equal(tkd_st_writer_add(wr, "model.layers.1.mlp.experts.gate_up_proj", 3, gu_shape, gate_up),
+                         TKD_OK);
+        static float down[E * D * (I + 1)];
+        memcpy(down, L1->ed, sizeof(float) * E * D * I);
+        assert_int_equal(tkd_st_writer_add(wr, "model.layers.1.mlp.experts.down_proj", 3, down_shape, down), TKD_OK);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        assert_int_equal(tkd_st_writer_finish(wr, path), TKD_OK);
+        tkd_st_writer_free(wr);
+        tkd_status st = tkd_model_load_hf(dir, &r);
+        if (bad) {
+            const char *frags[] = {"model.layers.1.mlp.experts.down_proj", "has shape", "expected", NULL};
+            tkd_test_expect_error(st, TKD_ERR_MISMATCH, frags);
+            assert_null(r);
+            continue;
+        }
+        if (st != TKD_OK)
+            fail_msg("%s", tkd_error_msg());
+        assert_memory_equal(r->params, m->params, sizeof(float) * m->n_params);
+        tkd_model_free(r);
+    }
+    tkd_test_rmtree(dir);
+    free(dir);
+    tkd_model_free(m);
+}
+
 static void test_errors(void **s)
 {
     (void)s;
@@ -542,6 +749,9 @@ int main(void)
         cmocka_unit_test(test_qwen3_params_and_save),
         cmocka_unit_test(test_sliding_window_masks),
         cmocka_unit_test(test_window_needs_backend),
+        cmocka_unit_test(test_qwen3_moe_forward),
+        cmocka_unit_test(test_qwen3_moe_refusals),
+        cmocka_unit_test(test_qwen3_moe_checkpoints),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_schedule),
         cmocka_unit_test(test_clip),

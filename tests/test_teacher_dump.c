@@ -126,14 +126,14 @@ static void check_tail(const char *model_dir, const char *npy, const tkd_cache_b
     tkd_model_free(m);
 }
 
-static void parity_case(const char *model, int V, const char *dtype)
+/* Dumps the fixture's tokens through the teacher at mpath into dir/cache and checks every row
+ * against the reference logits at lpath ((B·T, V) f32) and the tail draws against the C teacher. */
+static void parity_at(const char *dir, const char *mpath, const char *lpath, int V, const char *dtype)
 {
-    char *dir = tkd_test_mkdtemp("dump-parity");
-    char npy[4200], out[4200], yaml[16384], mpath[4200];
+    char npy[4200], out[4200], yaml[16384];
     snprintf(npy, sizeof npy, "%s/tok.npy", dir);
     snprintf(out, sizeof out, "%s/cache", dir);
     write_fixture_tokens(npy);
-    snprintf(mpath, sizeof mpath, "%s/tests/fixtures/hf/%s", TKD_SOURCE_DIR, model);
     snprintf(yaml, sizeof yaml,
              "teacher: {path: '%s'}\n"
              "data: {paths: ['%s'], seq_len: %d, stride: %d}\n"
@@ -149,8 +149,6 @@ static void parity_case(const char *model, int V, const char *dtype)
         fail_msg("%s", tkd_error_msg());
     tkd_config_free(&tkd_dump_schema, &cfg);
 
-    char lpath[4200];
-    snprintf(lpath, sizeof lpath, "%s/tests/fixtures/hf/%s.logits.f32", TKD_SOURCE_DIR, model);
     float *ref = read_f32(lpath, (size_t)FIX_B * FIX_T * (size_t)V);
     tkd_cache_batch b;
     assert_int_equal(tkd_dt_read_all(out, &b, NULL), FIX_B);
@@ -164,6 +162,15 @@ static void parity_case(const char *model, int V, const char *dtype)
     check_tail(mpath, npy, &b);
     tkd_cache_batch_free(&b);
     free(ref);
+}
+
+static void parity_case(const char *model, int V, const char *dtype)
+{
+    char *dir = tkd_test_mkdtemp("dump-parity");
+    char mpath[4200], lpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/tests/fixtures/hf/%s", TKD_SOURCE_DIR, model);
+    snprintf(lpath, sizeof lpath, "%s/tests/fixtures/hf/%s.logits.f32", TKD_SOURCE_DIR, model);
+    parity_at(dir, mpath, lpath, V, dtype);
     tkd_test_rmtree(dir);
     free(dir);
 }
@@ -172,6 +179,48 @@ static void test_parity_llama_half(void **state) { (void)state; parity_case("lla
 static void test_parity_llama_bf16_weights(void **state) { (void)state; parity_case("llama_gqa_bf16", 131, "half"); }
 static void test_parity_qwen_float32(void **state) { (void)state; parity_case("qwen2_tied_f32", 173, "float32"); }
 static void test_parity_qwen_bf16_weights(void **state) { (void)state; parity_case("qwen2_tied_bf16", 173, "half"); }
+
+/* A Qwen3-MoE teacher (a dense first layer, then two MoE layers: E 8, top-2) dumps on the CPU: its
+ * checkpoint as student-train's writer saves it (per-expert tensors), and the cache holds the top-k
+ * and LSE of the C model's own logits (the forward itself is held to transformers by test_hf_parity
+ * and to a hand-composed reference by test_model). */
+static void test_dump_qwen3_moe_teacher(void **state)
+{
+    const char *dir = *state;
+    enum { V = 149, D = 32, E = 8 };
+    tkd_model_config c;
+    tkd_model_config_defaults(&c);
+    c.arch = TKD_ARCH_QWEN3_MOE, c.vocab_size = V, c.hidden_size = D, c.intermediate_size = 64;
+    c.num_hidden_layers = 3, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
+    c.max_position_embeddings = 64, c.tie_word_embeddings = 0, c.initializer_range = 0.1f;
+    c.num_experts = E, c.num_experts_per_tok = 2, c.moe_intermediate_size = 24, c.norm_topk_prob = 1;
+    c.layer_moe[1] = c.layer_moe[2] = 1;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 11, &m), TKD_OK);
+    for (int l = 1; l <= 2; l++) /* routers wider than the init, so tokens pick different experts */
+        tkd_test_randn(m->w.layers[l].router, (size_t)E * D, 30 + l, 1.0f);
+    char mpath[4200], lpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/teacher", dir);
+    snprintf(lpath, sizeof lpath, "%s/teacher.logits.f32", dir);
+    assert_int_equal(tkd_model_save_hf(m, mpath, TKD_DTYPE_F32), TKD_OK);
+    int32_t tok[FIX_B * (FIX_T + 1)];
+    FILE *f = fopen(tkd_test_src("fixtures/hf/tokens.i32"), "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(tok, 4, FIX_B * (FIX_T + 1), f), FIX_B * (FIX_T + 1));
+    fclose(f);
+    static float logits[FIX_B * FIX_T * V];
+    for (int s = 0; s < FIX_B; s++) { /* one sequence per forward, as the dump runs it */
+        const void *hidden;
+        assert_int_equal(tkd_model_forward(m, tok + s * (FIX_T + 1), 1, FIX_T, 0, &hidden), TKD_OK);
+        assert_int_equal(tkd_model_logits(m, hidden, FIX_T, logits + (size_t)s * FIX_T * V), TKD_OK);
+    }
+    f = fopen(lpath, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(logits, sizeof logits, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    tkd_model_free(m);
+    parity_at(dir, mpath, lpath, V, "float32");
+}
 
 /* ---- resume -------------------------------------------------------------------------------------- */
 
@@ -614,7 +663,7 @@ static void test_raw_bytes_per_token(void **state)
 }
 
 TKD_TEST_MAIN_EACH_DIR(test_parity_llama_half, test_parity_llama_bf16_weights, test_parity_qwen_float32,
-    test_parity_qwen_bf16_weights, test_resume_after_stop, test_repair_missing_and_damaged,
+    test_parity_qwen_bf16_weights, test_dump_qwen3_moe_teacher, test_resume_after_stop, test_repair_missing_and_damaged,
     test_writer_threads_same_cache, test_two_dumps_same_bytes, test_last_window_pad,
     test_merge_names_the_missing_worker, test_config_workers_from_env, test_config_shard_tokens,
     test_worker_ranges_tile, test_raw_bytes_per_token)

@@ -33,7 +33,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         back.num_key_value_heads != c.num_key_value_heads || back.head_dim != c.head_dim ||
         back.rope_theta != c.rope_theta || back.rope_scaling != c.rope_scaling ||
         back.tie_word_embeddings != c.tie_word_embeddings || back.sliding_window != c.sliding_window ||
-        memcmp(back.layer_sliding, c.layer_sliding, sizeof c.layer_sliding) != 0)
+        memcmp(back.layer_sliding, c.layer_sliding, sizeof c.layer_sliding) != 0 ||
+        memcmp(back.layer_moe, c.layer_moe, sizeof c.layer_moe) != 0 ||
+        (tkd_model_config_has_moe(&c) &&
+         (back.num_experts != c.num_experts || back.num_experts_per_tok != c.num_experts_per_tok ||
+          back.moe_intermediate_size != c.moe_intermediate_size || back.norm_topk_prob != c.norm_topk_prob)))
         abort();
     return 0;
 }
