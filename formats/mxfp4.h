@@ -29,8 +29,8 @@ struct cJSON;
 #define TKD_MXFP4_BLOCK 32       /* values per block (one scale) */
 #define TKD_MXFP4_BLOCK_BYTES 16 /* bytes per block: two E2M1 codes a byte */
 
-/* The scalar reference: code (0..15) times 2^(scale − 127) by ldexpf. Any scale 0..255, so 0xFF or
- * a large code gives inf here; the decoders below refuse those. */
+/* The scalar reference: code (0..15) times 2^(scale − 127) by ldexpf, for any scale 0..255 (so it can
+ * be inf, or finite for 0xFF, where the decoders below refuse the block). */
 float tkd_mxfp4_value(unsigned code, unsigned scale);
 
 /* Dequantises blocks (rows, G, 16) with scales (rows, G) into dst (rows, G·32): fp32, or bf16 bits
