@@ -116,7 +116,7 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     save_file(sd, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
-    cj = cfg.to_dict()
+    cj = json.loads(cfg.to_json_string(use_diff=False))  # JSON-safe (dtype as a string)
     cj["architectures"] = ["GptOssForCausalLM"]
     cj["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
