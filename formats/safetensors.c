@@ -81,8 +81,7 @@ static int dtype_parse(const char *s, tkd_dtype *out)
     return 0;
 }
 
-/* Writes "[a, b, c]" into buf. */
-static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
+const char *tkd_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t n = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && n < cap; i++)
@@ -189,7 +188,7 @@ static tkd_status parse_entry(const st_file *f, const cJSON *e, const uint8_t *d
         return tkd_error_set(TKD_ERR_FORMAT,
                              "%s: tensor '%s': %s x shape %s needs %s%llu bytes but data_offsets [%lld, %lld] "
                              "span %lld",
-                             path, name, jd->valuestring, shape_str(sb, sizeof sb, nd, t->shape),
+                             path, name, jd->valuestring, tkd_st_shape_str(sb, sizeof sb, nd, t->shape),
                              overflow ? "more than " : "",
                              overflow ? (unsigned long long)UINT64_MAX : (unsigned long long)(count * esz),
                              (long long)b, (long long)en, (long long)(en - b));
@@ -578,8 +577,8 @@ tkd_status tkd_st_check_shape(const tkd_st_tensor *t, int ndim, const int64_t *e
     char a[200], b[200];
     return tkd_error_set(TKD_ERR_MISMATCH,
                          "%s: tensor '%s' has shape %s, expected %s: the checkpoint does not match its config.json",
-                         t->file, t->name, shape_str(a, sizeof a, t->ndim, t->shape),
-                         shape_str(b, sizeof b, ndim, expect_shape));
+                         t->file, t->name, tkd_st_shape_str(a, sizeof a, t->ndim, t->shape),
+                         tkd_st_shape_str(b, sizeof b, ndim, expect_shape));
 }
 
 tkd_status tkd_st_read_f32(const tkd_st_dir *d, const char *name, int ndim, const int64_t *expect_shape,

@@ -42,6 +42,9 @@ typedef struct tkd_st_dir tkd_st_dir; /* opaque: all mapped files of one checkpo
 size_t tkd_dtype_size(tkd_dtype dt);
 const char *tkd_dtype_name(tkd_dtype dt);
 
+/* Writes a shape as "[a, b, c]" into buf (cap bytes, cut short when it does not fit); returns buf. */
+const char *tkd_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
+
 /* Opens <dir>/model.safetensors, or the shards named by <dir>/model.safetensors.index.json, or
  * <dir> itself when it is a .safetensors file. On success *out is owned by the caller
  * (tkd_st_close). */
