@@ -28,7 +28,6 @@
 #include "kernels/attn/attn_bwd_sm90.h"
 #include "kernels/attn/attn_cuda.h"
 #include "kernels/attn/attn_cudnn.h"
-#include "kernels/cuda/moe_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/loss/kl_loss_cuda.h"
@@ -729,32 +728,6 @@ tkd_status cu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
     return TKD_OK;
 }
 
-/* ---- mixture of experts (kernels/cuda/moe_cuda.h) ---- */
-
-/* The seam's opaque tkd_backend_moe is the op's own workspace. */
-tkd_cuda_moe_ws *moe_ws(tkd_backend_moe *m) { return reinterpret_cast<tkd_cuda_moe_ws *>(m); }
-
-tkd_status cu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out)
-{
-    return tkd_cuda_moe_ws_create(reinterpret_cast<tkd_cuda_moe_ws **>(out), p, max_tokens, stream_of(be));
-}
-
-void cu_moe_free(tkd_backend *be, tkd_backend_moe *m)
-{
-    (void)be;
-    tkd_cuda_moe_ws_free(moe_ws(m));
-}
-
-tkd_status cu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_weights *w, const void *x, int N, void *y)
-{
-    (void)be;
-    const tkd_cuda_moe_weights cw = {
-        static_cast<cbf>(w->router_w), static_cast<cbf>(w->router_b), static_cast<cbf>(w->w_gate),
-        static_cast<cbf>(w->w_up),     static_cast<cbf>(w->w_down),   static_cast<cbf>(w->b_gate),
-        static_cast<cbf>(w->b_up),     static_cast<cbf>(w->b_down)};
-    return tkd_cuda_moe_fwd(moe_ws(m), &cw, static_cast<cbf>(x), N, static_cast<bf>(y), NULL, NULL);
-}
-
 const tkd_backend_ops cuda_ops = {
     cu_close,
     cu_alloc, cu_free, cu_host_alloc, cu_host_free, cu_upload, cu_download, cu_upload_f32, cu_download_f32,
@@ -766,7 +739,11 @@ const tkd_backend_ops cuda_ops = {
     cu_f32_to_act, cu_act_to_f32, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
     cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
-    cu_moe_create, cu_moe_free, cu_moe_fwd,
+    /* moe_create, moe_free, moe_fwd: the CUDA MoE op (kernels/cuda/moe_cuda.h) is built and tested on
+     * its own (tests/test_gpu_moe.c) but not on the seam until that test and the Qwen3-MoE parity
+     * pass on an H200 (docs/PERFORMANCE.md, "MoE on the GPU: not yet verified"); the model refuses
+     * MoE layers here, naming the backend. */
+    NULL, NULL, NULL,
     cu_mark, cu_mark_ms,
 };
 

@@ -123,10 +123,11 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_kernel(const float *lo
         if (p.norm_topk_prob)
             for (int j = 0; j < p.k; j++)
                 w[j] /= s;
-    } else { /* softmax over the k chosen logits; w[0] is their max */
+    } else { /* softmax over the k chosen logits; the first is their max (kept: w[0] is overwritten) */
+        const float mx = w[0];
         float s = 0.0f;
         for (int j = 0; j < p.k; j++)
-            s += (w[j] = expf(w[j] - w[0]));
+            s += (w[j] = expf(w[j] - mx));
         for (int j = 0; j < p.k; j++)
             w[j] /= s;
     }
