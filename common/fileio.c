@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -479,4 +480,21 @@ tkd_status tkd_path_within(const char *inner, const char *outer, bool *within)
         *within = stat(real, &s) == 0 && s.st_dev == o.st_dev && s.st_ino == o.st_ino;
     free(real);
     return TKD_OK;
+}
+
+int tkd_dir_holds_only(const char *dir, const char *const *patterns)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int only = 1;
+    for (struct dirent *e; only && (e = readdir(d)) != NULL;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        only = 0;
+        for (const char *const *p = patterns; *p && !only; p++)
+            only = fnmatch(*p, e->d_name, 0) == 0;
+    }
+    closedir(d);
+    return only;
 }

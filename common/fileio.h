@@ -44,6 +44,10 @@ tkd_status tkd_mkdir_p_made(const char *path, char *made, size_t cap);
  * with rmdir, so a folder that holds anything stays (and those above it). Nothing when made is "". */
 void tkd_rmdir_made(const char *path, const char *made);
 
+/* 1 when every entry of dir matches one of the fnmatch patterns (NULL-terminated): a directory
+ * that holds nothing but a tool's own marker and lock files. 0 when dir cannot be read. */
+int tkd_dir_holds_only(const char *dir, const char *const *patterns);
+
 /* out = a "/" b (no doubled slash; b absolute -> b). TKD_ERR_INVALID_ARG when it does not fit
  * cap bytes with the NUL. */
 tkd_status tkd_path_join(char *out, size_t cap, const char *a, const char *b);

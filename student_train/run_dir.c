@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/fileio.h"
 #include "common/owned_dir.h"
@@ -107,14 +108,16 @@ static tkd_status clean_after_crash(const char *run)
     return tkd_built_dir_recover(&tkd_checkpoint_kind, ckpt);
 }
 
-tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap,
-                            tkd_dir_lock **lock)
+tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap, char *made,
+                            size_t made_cap, tkd_dir_lock **lock)
 {
     *lock = NULL;
+    made[0] = '\0';
     TKD_TRY(tkd_run_dir_check_name(name));
     TKD_TRY(tkd_path_join(run, cap, cfg->run_dir, name));
     TKD_TRY(check_apart(run, cfg->cache, "data.cache"));
     TKD_TRY(check_apart(run, cfg->val_cache, "data.val_cache"));
+    TKD_TRY(tkd_mkdir_p_made(run, made, made_cap)); /* what the claim below would make, recorded */
     TKD_TRY(tkd_owned_dir_claim(&run_kind, run));
     TKD_TRY(tkd_dir_lock_take(run, LOCK_NAME, "student-train", lock));
     tkd_status st = clean_after_crash(run);
@@ -123,6 +126,18 @@ tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char 
         *lock = NULL;
     }
     return st;
+}
+
+void tkd_run_dir_abandon(const char *run, const char *made)
+{
+    const char *const opened[] = {run_kind.marker, LOCK_NAME, NULL};
+    if (!made[0] || !tkd_dir_holds_only(run, opened))
+        return;
+    char path[4096];
+    for (const char *const *n = opened; *n; n++) /* the lock file goes while still held */
+        if (tkd_path_join(path, sizeof path, run, *n) == TKD_OK)
+            unlink(path);
+    tkd_rmdir_made(run, made);
 }
 
 tkd_status tkd_run_dir_clear(const char *run)

@@ -18,6 +18,13 @@
 #include "common/status.h"
 #include "student_train/train_config.h"
 
+/* After a run failed before writing anything (a missing cache, a model that does not load): when
+ * this run made the directory (made from tkd_run_dir_open) and it still holds only the marker and
+ * the lock (held by the caller, released afterwards), removes them and the folders the run made,
+ * so a refused run leaves nothing behind. Anything else there keeps the directory. The failure's
+ * message is kept. */
+void tkd_run_dir_abandon(const char *run, const char *made);
+
 /* run.name must be one plain path component: not empty, ".", "..", nor holding '/'.
  * TKD_ERR_CONFIG naming the key otherwise. */
 tkd_status tkd_run_dir_check_name(const char *name);
@@ -27,8 +34,11 @@ tkd_status tkd_run_dir_check_name(const char *name);
  * (made when missing; one student-train did not make is refused); takes its lock (TKD_ERR_BUSY
  * naming the other run's pid); proves every entry of student-train's names (TKD_ERR_INVALID_ARG
  * naming the first that fails); then removes the temporaries of a dead run and puts back a
- * checkpoint a crash left renamed aside. The caller releases *lock when the run ends. */
-tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap,
+ * checkpoint a crash left renamed aside. The caller releases *lock when the run ends. made (made_cap
+ * bytes) gets the shallowest folder this call created ("" when the run directory was there), for
+ * tkd_run_dir_abandon. */
+tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap, char *made,
+                            size_t made_cap,
                             tkd_dir_lock **lock);
 
 /* --overwrite: empties the run directory of what student-train made (refusing, with nothing

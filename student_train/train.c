@@ -192,7 +192,8 @@ static tkd_status open_run_dir(trainer *tr)
 {
     const tkd_train_config *c = tr->cfg;
     if (tr->dist.rank == 0)
-        TKD_TRY(tkd_run_dir_open(c, tr->opts->run_name, tr->run, sizeof tr->run, &tr->lock));
+        TKD_TRY(tkd_run_dir_open(c, tr->opts->run_name, tr->run, sizeof tr->run, tr->run_made, sizeof tr->run_made,
+                                 &tr->lock));
     else
         TKD_TRY(tkd_path_join(tr->run, sizeof tr->run, c->run_dir, tr->opts->run_name));
     if (tr->dist.source == TKD_DIST_SINGLE)
@@ -269,6 +270,8 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     tr.metrics = NULL;
     tkd_error_saved keep;
     tkd_error_save(&keep, st);
+    if (st != TKD_OK && tr.lock) /* refused before it wrote anything: the directory it made goes */
+        tkd_run_dir_abandon(tr.run, tr.run_made);
     trainer_free(&tr);
     return tkd_error_restore(&keep);
 }

@@ -47,6 +47,7 @@ typedef struct trainer {
     int64_t total_steps;
     tkd_train_state st;
     char run[RUN_PATH_MAX], ckpt[RUN_PATH_MAX], metrics_path[RUN_PATH_MAX];
+    char run_made[RUN_PATH_MAX]; /* the shallowest folder this run made for run (tkd_run_dir_open); "" none */
     FILE *metrics;
     tkd_dir_lock *lock;   /* the run directory's, held from start to end */
     double t0;            /* when the loop started (monotonic) */

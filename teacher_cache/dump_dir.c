@@ -221,17 +221,8 @@ tkd_status tkd_dump_dir_open(const tkd_dump_config *cfg, tkd_dir_lock **lock)
 /* Holds dir nothing but what tkd_dump_dir_open and the launcher put there: the marker and lock files? */
 static bool only_open_leftovers(const char *dir)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return false;
-    bool only = true;
-    for (struct dirent *e; only && (e = readdir(d)) != NULL;) {
-        const char *n = e->d_name;
-        only = !strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, tkd_dump_dir_kind.marker) || !strcmp(n, LOCK_NAME) ||
-               fnmatch(LOCK_NAME ".worker-[0-9]*", n, 0) == 0;
-    }
-    closedir(d);
-    return only;
+    const char *const open_files[] = {tkd_dump_dir_kind.marker, LOCK_NAME, LOCK_NAME ".worker-[0-9]*", NULL};
+    return tkd_dir_holds_only(dir, open_files);
 }
 
 static void unlink_in(const char *dir, const char *name)

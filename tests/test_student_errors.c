@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "formats/cache_reader.h"
 #include "model/model.h"
@@ -111,6 +113,34 @@ static void test_other_teacher(void **state)
     expect_error(run(f, f->s.cache, "other-teacher", wrong, 1), TKD_ERR_MISMATCH, frag, 4);
     const char *right[] = {"data.expect_teacher_sha256=" TEACHER_SHA, "train.max_steps=1"};
     assert_int_equal(run(f, f->s.cache, "right-teacher", right, 2), TKD_OK);
+}
+
+static int exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* A run refused before it writes anything (a cache that is not there, another teacher) leaves no
+ * run directory behind, nor the runs folder it made; a run directory the user already had stays. */
+static void test_refused_run_leaves_no_directory(void **state)
+{
+    fixture *f = *state;
+    char missing[4300], runs[4300], made[4400], set_dir[4400];
+    snprintf(missing, sizeof missing, "%s/no-such-cache", f->s.dir);
+    const char *frag[] = {"no-such-cache"};
+    expect_error(run(f, missing, "refused", NULL, 0), TKD_ERR_NOT_FOUND, frag, 1);
+    assert_false(exists(tkd_test_path(f->s.runs, "refused")));
+    /* under a runs folder the run itself made: both go */
+    snprintf(runs, sizeof runs, "%s/new-runs/deeper", f->s.dir);
+    snprintf(set_dir, sizeof set_dir, "run.dir=%s", runs);
+    const char *wrong[] = {set_dir, "data.expect_teacher_sha256=fedcba9876543210fedcba9876543210fedcba9876543210"
+                                    "fedcba9876543210"};
+    assert_int_equal(run(f, f->s.cache, "refused2", wrong, 2), TKD_ERR_MISMATCH);
+    snprintf(made, sizeof made, "%s/new-runs", f->s.dir);
+    assert_false(exists(made));
+    /* a run directory the user made stays (its own marker and lock aside, empty as it was) */
+    snprintf(made, sizeof made, "%s/mine", f->s.runs);
+    assert_int_equal(mkdir(made, 0755), 0);
+    assert_int_equal(run(f, missing, "mine", NULL, 0), TKD_ERR_NOT_FOUND);
+    assert_true(exists(made));
+    assert_int_equal(tkd_test_count_visible(made), 0);
 }
 
 static void test_vocabulary_mismatch(void **state)
@@ -365,6 +395,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_other_teacher),
+        cmocka_unit_test(test_refused_run_leaves_no_directory),
         cmocka_unit_test(test_vocabulary_mismatch),
         cmocka_unit_test(test_sampled_needs_tail_draws),
         cmocka_unit_test(test_topk_beyond_the_cache),
