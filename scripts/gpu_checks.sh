@@ -17,8 +17,13 @@ failed=0
 export TKD_SOURCE_DIR=$PWD # the GPU tests read fixtures and the demo data from this tree
 for t in "$bin"/test_gpu_*; do
   echo "== $(basename "$t")"
-  run "$t" > "$tmp/test.log" 2>&1 || { echo "FAILED (exit $?)"; failed=1; }
-  tail -n 3 "$tmp/test.log"
+  if run "$t" > "$tmp/test.log" 2>&1; then
+    tail -n 3 "$tmp/test.log"
+  else
+    echo "FAILED (exit $?)"; failed=1
+    # what failed and why, not only the summary: every cmocka error line and its context
+    grep -n -B2 -A4 -E "^\[  (ERROR|FAILED) +\]|error: |Failure" "$tmp/test.log" | head -n 80
+  fi
 done
 
 # test_gpu_kl_loss and test_gpu_kl_loss_paths run their groups over the loss's policies themselves (our GEMM off, gradients on
