@@ -232,10 +232,16 @@ static tkd_status model_alloc_weights(tkd_model *m, int trainable)
     float inv[1024];
     if (half > (int)(sizeof inv / sizeof inv[0]))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "head_dim %d: at most 2048 is supported", cfg->head_dim);
-    tkd_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
-                      cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
-                      cfg->rope_original_max_pos, inv);
-    tkd_rope_table(inv, cfg->head_dim, P, m->rope_cos, m->rope_sin);
+    float scale = 1.0f; /* YaRN's attention factor, applied to cos and sin as transformers does */
+    if (cfg->rope_scaling == TKD_ROPE_SCALING_YARN)
+        tkd_rope_inv_freq_yarn(cfg->rope_theta, cfg->head_dim, cfg->rope_factor, cfg->rope_beta_fast,
+                               cfg->rope_beta_slow, cfg->rope_original_max_pos, cfg->rope_truncate,
+                               cfg->rope_attention_factor, inv, &scale);
+    else
+        tkd_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
+                          cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
+                          cfg->rope_original_max_pos, inv);
+    tkd_rope_table_scaled(inv, cfg->head_dim, P, scale, m->rope_cos, m->rope_sin);
     if (tkd_backend_host_f32(m->be)) {
         m->params = calloc(m->n_params, sizeof(float));
         if (!m->params)
