@@ -19,7 +19,7 @@
  * quantization_config. */
 static void gpt_oss_write_config(const char *dir, const tkd_model_config *c, int mxfp4)
 {
-    char path[4200];
+    char path[4400];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     if (!f)
@@ -107,7 +107,7 @@ static void gpt_oss_write_tensors(const tkd_model *m, const char *dir, tkd_dtype
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj", l);
         assert_int_equal(tkd_st_writer_add(w, nm, 3, dn_shape, dn), TKD_OK);
     }
-    char path[4200];
+    char path[4400];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     assert_int_equal(tkd_st_writer_finish(w, path), TKD_OK);
     free(buf);
