@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "kernels/cpu/cpu_moe.h"
 #include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/rope_table.h"
 #include "model/model.h"
 #include "model/model_internal.h" /* the residual stream after the last block (acts->xl) */
 #include "formats/mxfp4.h"
@@ -181,6 +182,37 @@ static void test_param_list(void **s)
         assert_null(tkd_model_lm_head_grad(m)); /* no gradients before a training forward */
         tkd_model_free(m);
     }
+}
+
+/* A Llama with attention_bias has an o_proj bias too (transformers' LlamaAttention): the checkpoint
+ * it writes holds it, and such a checkpoint loads back bit for bit (before, its o_proj.bias was a
+ * tensor "not part of the architecture" and the load failed); the bias is applied. */
+static void test_llama_o_proj_bias(void **s)
+{
+    (void)s;
+    tkd_model *m = make(0, 1, 4), *r = NULL;
+    tkd_test_randn(m->w.layers[0].bo, 20, 5, 0.5f);
+    char *dir = tkd_test_mkdtemp("model-obias");
+    assert_int_equal(tkd_model_save_hf(m, dir, TKD_DTYPE_F32), TKD_OK);
+    tkd_st_dir *st = NULL;
+    assert_int_equal(tkd_st_open(dir, &st), TKD_OK);
+    assert_non_null(tkd_st_find(st, "model.layers.0.self_attn.o_proj.bias"));
+    tkd_st_close(st);
+    if (tkd_model_load_hf(dir, &r) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    assert_memory_equal(r->params, m->params, sizeof(float) * m->n_params);
+    int32_t tok[3] = {1, 2, 3};
+    const void *h1 = NULL;
+    assert_int_equal(tkd_model_forward(r, tok, 1, 3, 0, &h1), TKD_OK);
+    float before[60];
+    memcpy(before, h1, sizeof before);
+    memset(r->w.layers[0].bo, 0, sizeof(float) * 20);
+    assert_int_equal(tkd_model_forward(r, tok, 1, 3, 0, &h1), TKD_OK);
+    assert_true(memcmp(before, h1, sizeof before) != 0);
+    tkd_model_free(r);
+    tkd_model_free(m);
+    tkd_test_rmtree(dir);
+    free(dir);
 }
 
 /* Row b's hidden states depend only on row b, and position t only on positions <= t: a short run on a
@@ -744,6 +776,11 @@ static void test_gpt_oss_forward(void **s)
     assert_null(L1->wg);
     /* YaRN: position 0's cos is the attention factor 0.1·ln(4) + 1 */
     assert_true(fabsf(m->rope_cos[0] - (float)(0.1 * log(4.0) + 1.0)) < 1e-6f);
+    float inv[4], af, cos_t[16 * 4], sin_t[16 * 4]; /* and the YaRN frequencies, table for table */
+    tkd_rope_inv_freq_yarn(1e4, 8, 4.0, 32.0, 1.0, 4, 0, 0.0, inv, &af);
+    tkd_rope_table_scaled(inv, 8, 16, af, cos_t, sin_t);
+    assert_memory_equal(m->rope_cos, cos_t, sizeof cos_t);
+    assert_memory_equal(m->rope_sin, sin_t, sizeof sin_t);
     gpt_oss_randomise(m, 40);
     int32_t tok[N] = {3, 9, 1, 36, 22, 5, 5, 17, 0, 30, 11, 2, 8, 8};
     static double ref[N * D];
@@ -1034,6 +1071,7 @@ int main(void)
         cmocka_unit_test(test_init_is_seeded),
         cmocka_unit_test(test_layer_ranges),
         cmocka_unit_test(test_param_list),
+        cmocka_unit_test(test_llama_o_proj_bias),
         cmocka_unit_test(test_causal_and_batch_independent),
         cmocka_unit_test(test_inference_equals_training),
         cmocka_unit_test(test_grad_accumulation_and_tied_head),
