@@ -764,10 +764,12 @@ static void add_windows(cJSON *o, const tkd_model_config *c)
         cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
     if (windows_uniform(c->arch))
         return; /* every layer slides or none (tkd_model_config_validate) */
-    cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
-    cJSON_AddNumberToObject(o, "max_window_layers", first);
-    if (first == L)
-        return;
+    if (c->arch != TKD_ARCH_GPT_OSS) { /* gpt-oss: layer_types always (absent, even layers slide) */
+        cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
+        cJSON_AddNumberToObject(o, "max_window_layers", first);
+        if (first == L)
+            return;
+    }
     cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
     for (int l = 0; lt && l < L; l++)
         cJSON_AddItemToArray(lt, cJSON_CreateString(tkd_model_config_window(c, l) ? "sliding_attention"
@@ -788,6 +790,20 @@ static void add_moe(cJSON *o, const tkd_model_config *c)
         if (!tkd_model_config_moe(c, l))
             cJSON_AddItemToArray(dense, cJSON_CreateNumber(l));
     cJSON_AddFalseToObject(o, "output_router_logits");
+}
+
+/* gpt-oss's MoE fields (every layer MoE), and its quantization_config when read with one. */
+static void add_gpt_oss(cJSON *o, const tkd_model_config *c)
+{
+    cJSON_AddNumberToObject(o, "num_local_experts", c->num_experts);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", c->num_experts_per_tok);
+    add_float(o, "swiglu_limit", c->swiglu_limit);
+    cJSON_AddFalseToObject(o, "output_router_logits");
+    if (!c->quant_mxfp4)
+        return;
+    cJSON *q = cJSON_AddObjectToObject(o, "quantization_config");
+    if (q)
+        cJSON_AddStringToObject(q, "quant_method", "mxfp4");
 }
 
 static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
@@ -831,14 +847,20 @@ static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
                 add_double(rs, "attention_factor", c->rope_attention_factor);
             cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_pos);
         }
+    } else if (c->arch == TKD_ARCH_GPT_OSS) { /* null would mean GptOssConfig's default YaRN */
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        if (rs)
+            cJSON_AddStringToObject(rs, "rope_type", "default");
     } else {
         cJSON_AddNullToObject(o, "rope_scaling");
     }
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch))
+    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch) || c->arch == TKD_ARCH_GPT_OSS)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias != 0);
     if (c->arch == TKD_ARCH_QWEN3_MOE)
         add_moe(o, c);
+    if (c->arch == TKD_ARCH_GPT_OSS)
+        add_gpt_oss(o, c);
     if (c->arch == TKD_ARCH_LLAMA) {
         cJSON_AddFalseToObject(o, "mlp_bias");
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);
@@ -861,8 +883,6 @@ tkd_status tkd_hf_config_write(const char *path, const tkd_model_config *cfg, co
     tkd_status st = tkd_model_config_validate(cfg);
     if (st != TKD_OK)
         return tkd_error_prefix(st, "%s", path);
-    if (cfg->arch == TKD_ARCH_GPT_OSS) /* a teacher only: nothing trains one, so nothing writes one */
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: writing a GptOssForCausalLM config is not supported", path);
     cJSON *o = config_json(cfg, dtype_name);
     char *text = o ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);

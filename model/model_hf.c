@@ -357,6 +357,9 @@ static tkd_status save_hf(const tkd_model *m, const float *params, const char *d
 
 tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype)
 {
+    if (m->cfg.arch == TKD_ARCH_GPT_OSS) /* its experts live in the op's layout, not transformers' */
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: saving a GptOssForCausalLM checkpoint is not supported (a "
+                             "teacher only)", dir);
     if (m->params)
         return save_hf(m, m->params, dir, dtype);
     if (!has_master(m))

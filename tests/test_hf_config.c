@@ -405,10 +405,21 @@ static void test_gpt_oss(void **state)
     assert_true(tkd_model_config_o_bias(&c));
     assert_int_equal(tkd_hf_config_read(small_config("qwen2", ""), &c), TKD_OK);
     assert_false(tkd_model_config_o_bias(&c));
-    /* a teacher only: not written back */
-    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/gpt_oss_20b.json"), &c), TKD_OK);
-    assert_int_equal(tkd_hf_config_write(tmp_path("g.json"), &c, "bfloat16"), TKD_ERR_UNSUPPORTED);
-    tkd_test_assert_msg_has("writing a GptOssForCausalLM config is not supported");
+    /* written back, each reads to the same values: the release, the custom layers above, no
+     * window at all, and plain RoPE (which must not become GptOssConfig's default YaRN) */
+    char text[3][2048];
+    snprintf(text[0], sizeof text[0], "%s", custom);
+    snprintf(text[1], sizeof text[1], "\"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\"]");
+    snprintf(text[2], sizeof text[2], "\"rope_parameters\": {\"rope_type\": \"default\"}");
+    for (int i = 0; i < 4; i++) {
+        tkd_model_config a, b;
+        assert_int_equal(tkd_hf_config_read(i ? small_config("gpt_oss", text[i - 1])
+                                              : tkd_test_src("data/hf/gpt_oss_20b.json"), &a), TKD_OK);
+        assert_int_equal(tkd_hf_config_write(tmp_path("g.json"), &a, "bfloat16"), TKD_OK);
+        if (tkd_hf_config_read(tmp_path("g.json"), &b) != TKD_OK)
+            fail_msg("case %d: %s", i, tkd_error_msg());
+        assert_memory_equal(&a, &b, sizeof a);
+    }
 }
 
 static void test_gpt_oss_refusals(void **state)

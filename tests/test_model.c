@@ -796,6 +796,8 @@ static void test_gpt_oss_forward(void **s)
             fail_msg("hidden[%d] = %.7g, reference %.7g", i, h[i], ref[i]);
     const char *train[] = {"GptOssForCausalLM (gpt_oss) has attention sinks", "training it is not supported", NULL};
     tkd_test_expect_error(tkd_model_reserve(m, 1, 4, 1), TKD_ERR_UNSUPPORTED, train);
+    const char *save[] = {"saving a GptOssForCausalLM checkpoint is not supported", NULL};
+    tkd_test_expect_error(tkd_model_save_hf(m, "/nonexistent/gptoss", TKD_DTYPE_F32), TKD_ERR_UNSUPPORTED, save);
     tkd_model_free(m);
 }
 
