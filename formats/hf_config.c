@@ -287,11 +287,14 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
                          path, *m ? m : "(missing)");
 }
 
-/* YaRN's fields as transformers' _compute_yarn_parameters reads them: factor (null: max_position /
- * original), original_max_position_embeddings (required), beta_fast / beta_slow (null or 0: 32 / 1),
+/* YaRN's fields as transformers 5 reads them (standardize_rope_params, then
+ * _compute_yarn_parameters): factor (required; null: max_position / original),
+ * original_max_position_embeddings (a top-level field of that name wins, as standardize_rope_params
+ * gives it priority; absent: max_position_embeddings), beta_fast / beta_slow (null or 0: 32 / 1),
  * truncate (default true), attention_factor (null: 0.1·ln(factor) + 1). mscale / mscale_all_dim
  * (DeepSeek's attention factor) and partial_rotary_factor change the maths: refused by name. */
-static tkd_status read_yarn(const char *path, const cJSON *rp, const char *prefix, tkd_model_config *c)
+static tkd_status read_yarn(const char *path, const cJSON *root, const cJSON *rp, const char *prefix,
+                            tkd_model_config *c)
 {
     static const char *refused[] = {"mscale", "mscale_all_dim", "partial_rotary_factor"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
@@ -302,7 +305,11 @@ static tkd_status read_yarn(const char *path, const cJSON *rp, const char *prefi
                                  refused[i], v);
     }
     c->rope_scaling = TKD_ROPE_SCALING_YARN;
-    TKD_TRY(get_int(path, rp, prefix, "original_max_position_embeddings", 1, &c->rope_original_max_pos));
+    c->rope_original_max_pos = c->max_position_embeddings;
+    TKD_TRY(get_int(path, rp, prefix, "original_max_position_embeddings", 0, &c->rope_original_max_pos));
+    TKD_TRY(get_int(path, root, "", "original_max_position_embeddings", 0, &c->rope_original_max_pos));
+    if (!cJSON_GetObjectItemCaseSensitive(rp, "factor"))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: required field \"%sfactor\" is missing", path, prefix);
     c->rope_factor = c->rope_original_max_pos > 0 ? (double)c->max_position_embeddings / c->rope_original_max_pos : 0;
     TKD_TRY(get_num(path, rp, prefix, "factor", 0, &c->rope_factor));
     c->rope_beta_fast = c->rope_beta_slow = c->rope_attention_factor = 0;
@@ -359,7 +366,7 @@ static tkd_status read_rope(const char *path, const cJSON *root, tkd_model_confi
         return TKD_OK;
     }
     if (strcmp(t, "yarn") == 0)
-        return read_yarn(path, rp, prefix, c);
+        return read_yarn(path, root, rp, prefix, c);
     if (strcmp(t, "llama3") != 0)
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
                              "%s: %srope_type \"%.32s\" is not supported (default, llama3 or yarn); it changes the "
@@ -388,6 +395,11 @@ static tkd_status refuse_unsupported(const char *path, const cJSON *root, const 
                                  "%s: %s = %d: mixture-of-experts models are not supported as model_type %s (only "
                                  "qwen3_moe and gpt_oss)", path, moe[i], n, tkd_arch_name(c->arch));
     }
+    double prf = 1.0; /* transformers moves a top-level partial_rotary_factor into every rope type */
+    TKD_TRY(get_num(path, root, "", "partial_rotary_factor", 0, &prf));
+    if (prf != 1.0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: partial_rotary_factor = %g is not supported (only 1: RoPE on "
+                             "the whole head)", path, prf);
     double alpha = 1.702;
     TKD_TRY(get_num(path, root, "", "swiglu_alpha", 0, &alpha));
     if (c->arch == TKD_ARCH_GPT_OSS && alpha != 1.702) /* GptOssExperts' alpha, fixed in kernels/moe.h */

@@ -168,8 +168,9 @@ static void test_refusals(void **state)
         {"qwen3", "\"attention_bias\": true", TKD_ERR_UNSUPPORTED, "attention_bias = true on qwen3"},
         {"llama", "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}", TKD_ERR_UNSUPPORTED,
          "rope_scaling.rope_type \"longrope\" is not supported (default, llama3 or yarn)"},
-        {"qwen3", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", TKD_ERR_FORMAT,
-         "required field \"rope_scaling.original_max_position_embeddings\" is missing"},
+        {"qwen3", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"original_max_position_embeddings\": 64}",
+         TKD_ERR_FORMAT, "required field \"rope_scaling.factor\" is missing"},
+        {"qwen2", "\"partial_rotary_factor\": 0.5", TKD_ERR_UNSUPPORTED, "partial_rotary_factor = 0.5 is not supported"},
         {"qwen3", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"mscale\": 0.7, "
                   "\"original_max_position_embeddings\": 64}",
          TKD_ERR_UNSUPPORTED, "rope_scaling.mscale = 0.7 (yarn) is not supported"},
@@ -400,6 +401,16 @@ static void test_gpt_oss(void **state)
     assert_int_equal(tkd_hf_config_read(small_config("qwen3", qyarn), &c), TKD_OK);
     assert_int_equal(c.rope_scaling, TKD_ROPE_SCALING_YARN);
     assert_true(c.rope_factor == 4.0 && c.rope_original_max_pos == 128 && c.rope_truncate == 1);
+    /* standardize_rope_params: original absent -> max_position_embeddings; a top-level one wins;
+     * factor null -> max_position / original */
+    const char *q2 = "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3", q2), &c), TKD_OK);
+    assert_int_equal(c.rope_original_max_pos, 512);
+    const char *q3 = "\"original_max_position_embeddings\": 64, \"rope_scaling\": {\"rope_type\": \"yarn\", "
+                     "\"factor\": null, \"original_max_position_embeddings\": 128}";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3", q3), &c), TKD_OK);
+    assert_int_equal(c.rope_original_max_pos, 64);
+    assert_true(c.rope_factor == 8.0);
     /* a Llama with attention_bias: o_proj has a bias too (LlamaAttention); Qwen2's is q/k/v only */
     assert_int_equal(tkd_hf_config_read(small_config("llama", "\"attention_bias\": true"), &c), TKD_OK);
     assert_true(tkd_model_config_o_bias(&c));
