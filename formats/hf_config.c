@@ -7,6 +7,7 @@
 
 #include "common/fileio.h"
 #include "formats/json_check.h"
+#include "formats/mxfp4.h"
 
 #include <cjson/cJSON.h>
 #include <float.h>
@@ -45,6 +46,7 @@ const char *tkd_arch_name(tkd_arch arch)
     case TKD_ARCH_MISTRAL: return "mistral";
     case TKD_ARCH_QWEN3: return "qwen3";
     case TKD_ARCH_QWEN3_MOE: return "qwen3_moe";
+    case TKD_ARCH_GPT_OSS: return "gpt_oss";
     }
     return "?";
 }
@@ -57,15 +59,26 @@ const char *tkd_arch_class(tkd_arch arch)
     case TKD_ARCH_MISTRAL: return "MistralForCausalLM";
     case TKD_ARCH_QWEN3: return "Qwen3ForCausalLM";
     case TKD_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
+    case TKD_ARCH_GPT_OSS: return "GptOssForCausalLM";
     }
     return "?";
 }
 
 int tkd_arch_qk_norm(tkd_arch arch) { return arch == TKD_ARCH_QWEN3 || arch == TKD_ARCH_QWEN3_MOE; }
 
+int tkd_arch_sinks(tkd_arch arch) { return arch == TKD_ARCH_GPT_OSS; }
+
+/* Architectures whose MLPs may be mixture-of-experts blocks. */
+static int arch_moe(tkd_arch arch) { return arch == TKD_ARCH_QWEN3_MOE || arch == TKD_ARCH_GPT_OSS; }
+
+int tkd_model_config_o_bias(const tkd_model_config *c)
+{
+    return c->attention_bias && (c->arch == TKD_ARCH_LLAMA || c->arch == TKD_ARCH_GPT_OSS);
+}
+
 int tkd_model_config_moe(const tkd_model_config *c, int l)
 {
-    return c->arch == TKD_ARCH_QWEN3_MOE && l >= 0 && l < TKD_MAX_MOE_LAYERS && c->layer_moe[l];
+    return arch_moe(c->arch) && l >= 0 && l < TKD_MAX_MOE_LAYERS && c->layer_moe[l];
 }
 
 int tkd_model_config_has_moe(const tkd_model_config *c)
@@ -84,11 +97,18 @@ static int windows_uniform(tkd_arch arch) { return arch == TKD_ARCH_MISTRAL || a
 static tkd_status validate_moe(const tkd_model_config *c)
 {
     for (int l = 0; l < TKD_MAX_MOE_LAYERS; l++)
-        if (c->layer_moe[l] && (c->arch != TKD_ARCH_QWEN3_MOE || l >= c->num_hidden_layers))
+        if (c->layer_moe[l] && (!arch_moe(c->arch) || l >= c->num_hidden_layers))
             return tkd_error_set(TKD_ERR_CONFIG, "model config: layer %d is marked mixture-of-experts, which %s "
                                  "with %d layers cannot express", l, tkd_arch_class(c->arch), c->num_hidden_layers);
+    if (c->arch == TKD_ARCH_GPT_OSS)
+        for (int l = 0; l < c->num_hidden_layers && l < TKD_MAX_MOE_LAYERS; l++)
+            if (!c->layer_moe[l]) /* GptOssDecoderLayer's MLP is always GptOssMLP */
+                return tkd_error_set(TKD_ERR_CONFIG, "model config: layer %d of GptOssForCausalLM is dense: every "
+                                     "gpt_oss layer is mixture-of-experts", l);
     if (!tkd_model_config_has_moe(c))
         return TKD_OK;
+    if (c->arch == TKD_ARCH_GPT_OSS && !(c->swiglu_limit > 0))
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: swiglu_limit must be > 0 (got %g)", (double)c->swiglu_limit);
     if (c->num_hidden_layers > TKD_MAX_MOE_LAYERS)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "model config: mixture-of-experts over %d layers: at most %d layers",
                              c->num_hidden_layers, TKD_MAX_MOE_LAYERS);
@@ -145,6 +165,11 @@ tkd_status tkd_model_config_validate(const tkd_model_config *c)
         return tkd_error_set(TKD_ERR_CONFIG, "model config: bos/eos token id (%d/%d) >= vocab_size %d",
                              c->bos_token_id, c->eos_token_id, c->vocab_size);
     TKD_TRY(validate_moe(c));
+    if (c->rope_scaling == TKD_ROPE_SCALING_YARN &&
+        (!(c->rope_factor > 0) || !(c->rope_beta_fast > 0) || !(c->rope_beta_slow > 0) || c->rope_original_max_pos <= 0 ||
+         !(c->rope_attention_factor >= 0)))
+        return tkd_error_set(TKD_ERR_CONFIG, "model config: yarn rope scaling needs factor > 0, beta_fast > 0, "
+                             "beta_slow > 0, original_max_position_embeddings > 0 and attention_factor >= 0");
     if (c->rope_scaling == TKD_ROPE_SCALING_LLAMA3) {
         if (!(c->rope_factor >= 1.0) || !(c->rope_low_freq_factor > 0) ||
             !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_pos <= 0)
@@ -244,7 +269,7 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
     const cJSON *mt = field(root, "model_type");
     const char *m = cJSON_IsString(mt) ? mt->valuestring : "";
     static const tkd_arch all[] = {TKD_ARCH_LLAMA, TKD_ARCH_QWEN2, TKD_ARCH_MISTRAL, TKD_ARCH_QWEN3,
-                                   TKD_ARCH_QWEN3_MOE};
+                                   TKD_ARCH_QWEN3_MOE, TKD_ARCH_GPT_OSS};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (strcmp(m, tkd_arch_name(all[i])) == 0 || (!*m && has_architecture(root, tkd_arch_class(all[i])))) {
             *arch = all[i];
@@ -256,13 +281,62 @@ static tkd_status read_arch(const char *path, const cJSON *root, tkd_arch *arch)
         return TKD_OK;
     }
     return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3_moe, mistral, or "
+                         "%s: model_type \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3_moe, gpt_oss, mistral, or "
                          "architectures "
                          "[\"LlamaForCausalLM\"])",
                          path, *m ? m : "(missing)");
 }
 
-/* rope_scaling (older transformers) or rope_parameters (newer): "default"/null or "llama3". */
+/* YaRN's fields as transformers 5 reads them (standardize_rope_params, then
+ * _compute_yarn_parameters): factor (required; null: max_position / original),
+ * original_max_position_embeddings (a top-level field of that name wins, as standardize_rope_params
+ * gives it priority; absent: max_position_embeddings), beta_fast / beta_slow (null or 0: 32 / 1),
+ * truncate (default true), attention_factor (null: 0.1·ln(factor) + 1). mscale / mscale_all_dim
+ * (DeepSeek's attention factor) and partial_rotary_factor change the maths: refused by name. */
+static tkd_status read_yarn(const char *path, const cJSON *root, const cJSON *rp, const char *prefix,
+                            tkd_model_config *c)
+{
+    static const char *refused[] = {"mscale", "mscale_all_dim", "partial_rotary_factor"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        double v = 0;
+        TKD_TRY(get_num(path, rp, prefix, refused[i], 0, &v));
+        if (v != 0 && !(strcmp(refused[i], "partial_rotary_factor") == 0 && v == 1.0))
+            return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %s%s = %g (yarn) is not supported", path, prefix,
+                                 refused[i], v);
+    }
+    c->rope_scaling = TKD_ROPE_SCALING_YARN;
+    c->rope_original_max_pos = c->max_position_embeddings;
+    TKD_TRY(get_int(path, rp, prefix, "original_max_position_embeddings", 0, &c->rope_original_max_pos));
+    TKD_TRY(get_int(path, root, "", "original_max_position_embeddings", 0, &c->rope_original_max_pos));
+    if (!cJSON_GetObjectItemCaseSensitive(rp, "factor"))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: required field \"%sfactor\" is missing", path, prefix);
+    c->rope_factor = c->rope_original_max_pos > 0 ? (double)c->max_position_embeddings / c->rope_original_max_pos : 0;
+    TKD_TRY(get_num(path, rp, prefix, "factor", 0, &c->rope_factor));
+    c->rope_beta_fast = c->rope_beta_slow = c->rope_attention_factor = 0;
+    TKD_TRY(get_num(path, rp, prefix, "beta_fast", 0, &c->rope_beta_fast));
+    TKD_TRY(get_num(path, rp, prefix, "beta_slow", 0, &c->rope_beta_slow));
+    TKD_TRY(get_num(path, rp, prefix, "attention_factor", 0, &c->rope_attention_factor));
+    if (c->rope_beta_fast == 0) /* transformers: `get("beta_fast") or 32` */
+        c->rope_beta_fast = 32.0;
+    if (c->rope_beta_slow == 0)
+        c->rope_beta_slow = 1.0;
+    c->rope_truncate = 1;
+    return get_bool(path, rp, "truncate", &c->rope_truncate);
+}
+
+/* gpt-oss without rope_scaling / rope_parameters: GptOssConfig's default YaRN. */
+static void yarn_gpt_oss_default(tkd_model_config *c)
+{
+    c->rope_scaling = TKD_ROPE_SCALING_YARN;
+    c->rope_factor = 32.0;
+    c->rope_beta_fast = 32.0;
+    c->rope_beta_slow = 1.0;
+    c->rope_truncate = 0;
+    c->rope_original_max_pos = 4096;
+    c->rope_attention_factor = 0;
+}
+
+/* rope_scaling (older transformers) or rope_parameters (newer): "default"/null, "llama3" or "yarn". */
 static tkd_status read_rope(const char *path, const cJSON *root, tkd_model_config *c)
 {
     const char *key = "rope_parameters";
@@ -272,6 +346,8 @@ static tkd_status read_rope(const char *path, const cJSON *root, tkd_model_confi
         rp = field(root, key);
     }
     TKD_TRY(get_num(path, root, "", "rope_theta", 0, &c->rope_theta));
+    if (!rp && c->arch == TKD_ARCH_GPT_OSS)
+        yarn_gpt_oss_default(c);
     if (!rp)
         return TKD_OK;
     if (!cJSON_IsObject(rp))
@@ -289,9 +365,11 @@ static tkd_status read_rope(const char *path, const cJSON *root, tkd_model_confi
         c->rope_scaling = TKD_ROPE_SCALING_NONE;
         return TKD_OK;
     }
+    if (strcmp(t, "yarn") == 0)
+        return read_yarn(path, root, rp, prefix, c);
     if (strcmp(t, "llama3") != 0)
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "%s: %srope_type \"%.32s\" is not supported (default or llama3); it changes the "
+                             "%s: %srope_type \"%.32s\" is not supported (default, llama3 or yarn); it changes the "
                              "positional encoding",
                              path, prefix, t);
     c->rope_scaling = TKD_ROPE_SCALING_LLAMA3;
@@ -309,14 +387,23 @@ static tkd_status refuse_unsupported(const char *path, const cJSON *root, const 
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: hidden_act \"%.32s\" is not supported (only silu)", path,
                              cJSON_IsString(act) ? act->valuestring : "?");
     static const char *moe[] = {"num_local_experts", "num_experts", "n_routed_experts"};
-    for (size_t i = 0; i < sizeof moe / sizeof moe[0] && c->arch != TKD_ARCH_QWEN3_MOE; i++) {
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0] && !arch_moe(c->arch); i++) {
         int n = 0;
         TKD_TRY(get_int(path, root, "", moe[i], 0, &n));
         if (n > 0)
             return tkd_error_set(TKD_ERR_UNSUPPORTED,
                                  "%s: %s = %d: mixture-of-experts models are not supported as model_type %s (only "
-                                 "qwen3_moe, Qwen3MoeForCausalLM)", path, moe[i], n, tkd_arch_name(c->arch));
+                                 "qwen3_moe and gpt_oss)", path, moe[i], n, tkd_arch_name(c->arch));
     }
+    double prf = 1.0; /* transformers moves a top-level partial_rotary_factor into every rope type */
+    TKD_TRY(get_num(path, root, "", "partial_rotary_factor", 0, &prf));
+    if (prf != 1.0)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: partial_rotary_factor = %g is not supported (only 1: RoPE on "
+                             "the whole head)", path, prf);
+    double alpha = 1.702;
+    TKD_TRY(get_num(path, root, "", "swiglu_alpha", 0, &alpha));
+    if (c->arch == TKD_ARCH_GPT_OSS && alpha != 1.702) /* GptOssExperts' alpha, fixed in kernels/moe.h */
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: swiglu_alpha = %g is not supported (only 1.702)", path, alpha);
     int mlp_bias = 0, tp = 1;
     TKD_TRY(get_bool(path, root, "mlp_bias", &mlp_bias));
     if (mlp_bias)
@@ -393,6 +480,49 @@ static tkd_status read_moe(const char *path, const cJSON *root, tkd_model_config
     return TKD_OK;
 }
 
+/* GptOssConfig's MoE fields: every layer is GptOssMLP with num_local_experts experts (num_experts,
+ * its attribute_map alias, is read too), num_experts_per_tok (default 4) and experts of
+ * intermediate_size. The original release's "experts_per_token" is not a GptOssConfig field and
+ * transformers ignores it: so do we. */
+static tkd_status read_gpt_oss_moe(const char *path, const cJSON *root, tkd_model_config *c)
+{
+    int E = 128, E_alias = -1;
+    TKD_TRY(get_int(path, root, "", "num_local_experts", 0, &E));
+    TKD_TRY(get_int(path, root, "", "num_experts", 0, &E_alias));
+    if (E_alias >= 0 && field(root, "num_local_experts") && E_alias != E)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: num_local_experts = %d and num_experts = %d disagree", path, E,
+                             E_alias);
+    c->num_experts = E_alias >= 0 ? E_alias : E;
+    c->num_experts_per_tok = 4;
+    TKD_TRY(get_int(path, root, "", "num_experts_per_tok", 0, &c->num_experts_per_tok));
+    c->moe_intermediate_size = c->intermediate_size;
+    c->swiglu_limit = 7.0f;
+    TKD_TRY(get_float(path, root, "swiglu_limit", &c->swiglu_limit));
+    if (c->num_hidden_layers > TKD_MAX_MOE_LAYERS)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %d mixture-of-experts layers: at most %d are supported", path,
+                             c->num_hidden_layers, TKD_MAX_MOE_LAYERS);
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        c->layer_moe[l] = 1;
+    return TKD_OK;
+}
+
+/* quantization_config (formats/mxfp4.h): mxfp4 on gpt-oss, whose experts then may be stored as
+ * _blocks/_scales pairs; another quant_method is refused there by name; mxfp4 elsewhere too (only
+ * gpt-oss's experts are read in that layout). modules_to_not_convert is not needed: which tensors
+ * are MXFP4 is what the checkpoint holds. */
+static tkd_status read_quant(const char *path, const cJSON *root, tkd_model_config *c)
+{
+    tkd_mxfp4_quant q;
+    memset(&q, 0, sizeof q);
+    TKD_TRY(tkd_mxfp4_quant_parse(field(root, "quantization_config"), path, &q));
+    c->quant_mxfp4 = q.mxfp4;
+    tkd_mxfp4_quant_free(&q);
+    if (c->quant_mxfp4 && c->arch != TKD_ARCH_GPT_OSS)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: quantization_config.quant_method \"mxfp4\" on %s is not "
+                             "supported (only gpt_oss's experts)", path, tkd_arch_name(c->arch));
+    return TKD_OK;
+}
+
 /* ---- sliding windows ------------------------------------------------------------------------ */
 
 /* layer_types (transformers >= 4.54 spells the per-layer choice out): flags[l] = 1 for
@@ -451,10 +581,13 @@ static tkd_status read_window_size(const char *path, const cJSON *root, int *sw)
  *   qwen2/3 — sliding_window counts only with use_sliding_window; layer_types when present, else the
  *             layers >= max_window_layers (default 28); a sliding layer without a window in effect is
  *             refused (transformers' mask builder raises there);
+ *   gpt_oss — GptOssConfig: layer_types (default: even layers sliding_attention, odd full), the window
+ *             sliding_window (default 128; null with a sliding layer is refused, as for qwen2/3);
  *   llama   — LlamaForCausalLM has no window: a window that would mask is refused, as before. */
 static tkd_status read_windows(const char *path, const cJSON *root, tkd_model_config *c)
 {
-    int sw = c->arch == TKD_ARCH_LLAMA ? 0 : 4096, use_sw = 0, mwl = 28, has_lt = 0;
+    int gpt_oss = c->arch == TKD_ARCH_GPT_OSS;
+    int sw = c->arch == TKD_ARCH_LLAMA ? 0 : gpt_oss ? 128 : 4096, use_sw = gpt_oss, mwl = 28, has_lt = 0;
     unsigned char lt[TKD_MAX_WINDOW_LAYERS] = {0};
     TKD_TRY(read_window_size(path, root, &sw));
     TKD_TRY(get_bool(path, root, "use_sliding_window", &use_sw));
@@ -487,14 +620,14 @@ static tkd_status read_windows(const char *path, const cJSON *root, tkd_model_co
     } else {
         if (!use_sw)
             sw = 0;
-        for (int l = 0; l < L && !has_lt && l < TKD_MAX_WINDOW_LAYERS; l++)
-            lt[l] = (unsigned char)(sw > 0 && l >= mwl);
+        for (int l = 0; l < L && !has_lt && l < TKD_MAX_WINDOW_LAYERS; l++) /* gpt-oss: even layers slide */
+            lt[l] = (unsigned char)(gpt_oss ? l % 2 == 0 : sw > 0 && l >= mwl);
         for (int l = 0; l < L && l < TKD_MAX_WINDOW_LAYERS; l++)
             if (lt[l] && sw == 0)
                 return tkd_error_set(TKD_ERR_FORMAT,
                                      "%s: layer_types[%d] is sliding_attention but no sliding window is in effect "
                                      "(use_sliding_window false or sliding_window null)", path, l);
-        if (sw > 0 && !has_lt && L > TKD_MAX_WINDOW_LAYERS && mwl < L)
+        if (sw > 0 && !has_lt && L > TKD_MAX_WINDOW_LAYERS && (mwl < L || gpt_oss))
             return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: sliding windows over %d layers: at most %d layers can slide",
                                  path, L, TKD_MAX_WINDOW_LAYERS);
     }
@@ -519,30 +652,34 @@ static tkd_status read_fields(const char *path, const cJSON *root, tkd_model_con
     c->num_key_value_heads = c->num_attention_heads;
     TKD_TRY(get_int(path, root, "", "num_key_value_heads", 0, &c->num_key_value_heads));
     /* Qwen3Config's head_dim is a field of its own (128), not hidden_size / heads */
-    c->head_dim = c->arch == TKD_ARCH_QWEN3 ? 128
+    c->head_dim = c->arch == TKD_ARCH_QWEN3 ? 128 : c->arch == TKD_ARCH_GPT_OSS ? 64
                   : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
     TKD_TRY(get_int(path, root, "", "head_dim", 0, &c->head_dim));
     c->max_position_embeddings = c->arch == TKD_ARCH_LLAMA                                 ? 2048
                                  : c->arch == TKD_ARCH_QWEN2 || tkd_arch_qk_norm(c->arch) ? 32768
                                                                                          : 131072;
     TKD_TRY(get_int(path, root, "", "max_position_embeddings", 0, &c->max_position_embeddings));
-    c->rms_norm_eps = 1e-6f;
+    c->rms_norm_eps = c->arch == TKD_ARCH_GPT_OSS ? 1e-5f : 1e-6f;
     c->initializer_range = 0.02f;
     TKD_TRY(get_float(path, root, "rms_norm_eps", &c->rms_norm_eps));
     TKD_TRY(get_float(path, root, "initializer_range", &c->initializer_range));
     TKD_TRY(get_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings));
-    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch))
+    c->attention_bias = c->arch == TKD_ARCH_GPT_OSS; /* GptOssConfig: true */
+    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch) || c->arch == TKD_ARCH_GPT_OSS)
         TKD_TRY(get_bool(path, root, "attention_bias", &c->attention_bias));
     else
         c->attention_bias = c->arch == TKD_ARCH_QWEN2; /* Qwen2: always; Mistral: never */
-    c->rope_theta = 10000.0;
+    c->rope_theta = c->arch == TKD_ARCH_GPT_OSS ? 150000.0 : 10000.0;
     TKD_TRY(read_rope(path, root, c));
     c->bos_token_id = c->eos_token_id = -1;
     TKD_TRY(get_token_id(path, root, "bos_token_id", &c->bos_token_id));
     TKD_TRY(get_token_id(path, root, "eos_token_id", &c->eos_token_id));
     TKD_TRY(refuse_unsupported(path, root, c));
+    TKD_TRY(read_quant(path, root, c));
     if (c->arch == TKD_ARCH_QWEN3_MOE)
         TKD_TRY(read_moe(path, root, c));
+    if (c->arch == TKD_ARCH_GPT_OSS)
+        TKD_TRY(read_gpt_oss_moe(path, root, c));
     return read_windows(path, root, c);
 }
 
@@ -639,10 +776,12 @@ static void add_windows(cJSON *o, const tkd_model_config *c)
         cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
     if (windows_uniform(c->arch))
         return; /* every layer slides or none (tkd_model_config_validate) */
-    cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
-    cJSON_AddNumberToObject(o, "max_window_layers", first);
-    if (first == L)
-        return;
+    if (c->arch != TKD_ARCH_GPT_OSS) { /* gpt-oss: layer_types always (absent, even layers slide) */
+        cJSON_AddBoolToObject(o, "use_sliding_window", first < L);
+        cJSON_AddNumberToObject(o, "max_window_layers", first);
+        if (first == L)
+            return;
+    }
     cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
     for (int l = 0; lt && l < L; l++)
         cJSON_AddItemToArray(lt, cJSON_CreateString(tkd_model_config_window(c, l) ? "sliding_attention"
@@ -663,6 +802,20 @@ static void add_moe(cJSON *o, const tkd_model_config *c)
         if (!tkd_model_config_moe(c, l))
             cJSON_AddItemToArray(dense, cJSON_CreateNumber(l));
     cJSON_AddFalseToObject(o, "output_router_logits");
+}
+
+/* gpt-oss's MoE fields (every layer MoE), and its quantization_config when read with one. */
+static void add_gpt_oss(cJSON *o, const tkd_model_config *c)
+{
+    cJSON_AddNumberToObject(o, "num_local_experts", c->num_experts);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", c->num_experts_per_tok);
+    add_float(o, "swiglu_limit", c->swiglu_limit);
+    cJSON_AddFalseToObject(o, "output_router_logits");
+    if (!c->quant_mxfp4)
+        return;
+    cJSON *q = cJSON_AddObjectToObject(o, "quantization_config");
+    if (q)
+        cJSON_AddStringToObject(q, "quant_method", "mxfp4");
 }
 
 static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
@@ -694,14 +847,32 @@ static cJSON *config_json(const tkd_model_config *c, const char *dtype_name)
             add_double(rs, "high_freq_factor", c->rope_high_freq_factor);
             cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_pos);
         }
+    } else if (c->rope_scaling == TKD_ROPE_SCALING_YARN) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        if (rs) {
+            cJSON_AddStringToObject(rs, "rope_type", "yarn");
+            add_double(rs, "factor", c->rope_factor);
+            add_double(rs, "beta_fast", c->rope_beta_fast);
+            add_double(rs, "beta_slow", c->rope_beta_slow);
+            cJSON_AddBoolToObject(rs, "truncate", c->rope_truncate != 0);
+            if (c->rope_attention_factor > 0)
+                add_double(rs, "attention_factor", c->rope_attention_factor);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max_pos);
+        }
+    } else if (c->arch == TKD_ARCH_GPT_OSS) { /* null would mean GptOssConfig's default YaRN */
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        if (rs)
+            cJSON_AddStringToObject(rs, "rope_type", "default");
     } else {
         cJSON_AddNullToObject(o, "rope_scaling");
     }
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings != 0);
-    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch))
+    if (c->arch == TKD_ARCH_LLAMA || tkd_arch_qk_norm(c->arch) || c->arch == TKD_ARCH_GPT_OSS)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias != 0);
     if (c->arch == TKD_ARCH_QWEN3_MOE)
         add_moe(o, c);
+    if (c->arch == TKD_ARCH_GPT_OSS)
+        add_gpt_oss(o, c);
     if (c->arch == TKD_ARCH_LLAMA) {
         cJSON_AddFalseToObject(o, "mlp_bias");
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);

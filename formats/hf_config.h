@@ -21,6 +21,8 @@ typedef enum tkd_arch {
     TKD_ARCH_MISTRAL = 2, /* MistralForCausalLM: sliding_window (default 4096) on every layer */
     TKD_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM: RMSNorm of each q and k head before RoPE, no bias */
     TKD_ARCH_QWEN3_MOE = 4, /* Qwen3MoeForCausalLM: Qwen3's attention; MoE MLPs where layer_moe (forward only) */
+    TKD_ARCH_GPT_OSS = 5, /* GptOssForCausalLM: q/k/v/o biases, attention sinks, per-layer windows, YaRN, MoE
+                             with a biased router and clamped-SwiGLU experts with biases (forward only) */
 } tkd_arch;
 
 /* Layers whose sliding window a config can describe (tkd_model_config.layer_sliding). Deeper
@@ -33,6 +35,7 @@ typedef enum tkd_arch {
 typedef enum tkd_rope_scaling {
     TKD_ROPE_SCALING_NONE = 0,
     TKD_ROPE_SCALING_LLAMA3 = 1,
+    TKD_ROPE_SCALING_YARN = 2,   /* kernels/rope_table.h's tkd_rope_inv_freq_yarn, cos/sin scaled */
 } tkd_rope_scaling;
 
 typedef struct tkd_model_config {
@@ -56,6 +59,11 @@ typedef struct tkd_model_config {
     double rope_low_freq_factor;
     double rope_high_freq_factor;
     int rope_original_max_pos;
+    /* YaRN (rope_type "yarn"; rope_factor and rope_original_max_pos above are shared) */
+    double rope_beta_fast;        /* default 32 */
+    double rope_beta_slow;        /* default 1 */
+    int rope_truncate;            /* default 1 (transformers' default; gpt-oss writes false) */
+    double rope_attention_factor; /* 0: derived from the factor, 0.1·ln(factor) + 1 */
     int bos_token_id;             /* -1 when absent */
     int eos_token_id;             /* -1 when absent */
     /* Sliding-window attention: query i of a sliding layer attends keys j with
@@ -69,7 +77,11 @@ typedef struct tkd_model_config {
     int num_experts_per_tok;      /* k, 1..E */
     int moe_intermediate_size;    /* I: one expert's SwiGLU width */
     int norm_topk_prob;           /* 1: the k routing weights are divided by their sum */
-    unsigned char layer_moe[TKD_MAX_MOE_LAYERS]; /* 1: layer l is MoE (only on qwen3_moe) */
+    unsigned char layer_moe[TKD_MAX_MOE_LAYERS]; /* 1: layer l is MoE (qwen3_moe; every layer on gpt_oss) */
+    /* gpt-oss: the experts' clamped SwiGLU (kernels/moe.h's SWIGLU_CLAMP, α 1.702) */
+    float swiglu_limit;
+    /* 1: quantization_config says mxfp4 (gpt-oss's experts may be stored as _blocks/_scales pairs) */
+    int quant_mxfp4;
 } tkd_model_config;
 
 /* "llama", "qwen2", "qwen3", "mistral", "qwen3_moe" (the model_type written to config.json). */
@@ -81,6 +93,13 @@ const char *tkd_arch_class(tkd_arch arch);
 /* 1 when the architecture normalises each q and k head (RMSNorm over head_dim) before RoPE: Qwen3,
  * Qwen3-MoE. */
 int tkd_arch_qk_norm(tkd_arch arch);
+
+/* 1 when each attention head has a learned sink logit in its softmax denominator: gpt-oss. */
+int tkd_arch_sinks(tkd_arch arch);
+
+/* 1 when o_proj carries a bias: attention_bias on llama and gpt-oss (their o_proj is
+ * nn.Linear(..., bias=config.attention_bias)); Qwen2's bias is on q/k/v only. */
+int tkd_model_config_o_bias(const tkd_model_config *cfg);
 
 /* 1 when layer l's MLP is the mixture-of-experts block; tkd_model_config_has_moe: any layer's. */
 int tkd_model_config_moe(const tkd_model_config *cfg, int l);

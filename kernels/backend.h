@@ -155,9 +155,14 @@ typedef struct tkd_backend_ops {
      * only keys i − window < j ≤ i (the window counts the query itself, as transformers'
      * sliding_window); 0, or ≥ T, masks nothing beyond causality. A window shorter than T is
      * TKD_ERR_UNSUPPORTED unless be->attn_window
-     * (attn_bwd: be->attn_window_bwd). */
+     * (attn_bwd: be->attn_window_bwd). sinks (gpt-oss; NULL: none): one logit per query head,
+     * in the units of the scaled scores, joining each row's softmax (its max and denominator) and
+     * then dropped, as transformers' eager_attention_forward for gpt-oss; no attn_bwd takes them
+     * (the model refuses training a model with sinks). */
     tkd_status (*attn_fwd)(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T,
-                           int H, int Hkv, int dh, int window, void *y, // (B·T, H·dh) act
+                           int H, int Hkv, int dh, int window,
+                           const void *sinks, // (H) act or NULL
+                           void *y,           // (B·T, H·dh) act
                            void *saved);
     size_t (*attn_saved_bytes)(const tkd_backend *be, int B, int T, int H);
     /* h = silu(g) · u */

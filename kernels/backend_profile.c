@@ -32,9 +32,9 @@
       (, void *q, void *k, int N, int T, int H, int Hkv, int dh, const float *c, const float *s),                     \
       (, q, k, N, T, H, Hkv, dh, c, s))                                                                               \
     X(attn_fwd,                                                                                                       \
-      (, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv, int dh, int window, void *y,      \
-       void *saved),                                                                                                  \
-      (, q, k, v, B, T, H, Hkv, dh, window, y, saved))                                                                \
+      (, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv, int dh, int window,              \
+       const void *sinks, void *y, void *saved),                                                                      \
+      (, q, k, v, B, T, H, Hkv, dh, window, sinks, y, saved))                                                         \
     X(swiglu_fwd, (, const void *g, const void *u, int64_t n, void *h), (, g, u, n, h))                               \
     X(embedding_bwd, (, const int32_t *tok, int N, const float *dx, int D, float *demb), (, tok, N, dx, D, demb))     \
     X(rmsnorm_bwd,                                                                                                    \

@@ -14,7 +14,7 @@
 
 /* ---- parameter layout --------------------------------------------------------------------- */
 
-enum { LAYER_SLOTS = 18 }; /* a block's tensor slots: see slot_count */
+enum { LAYER_SLOTS = 24 }; /* a block's tensor slots: see slot_count */
 
 static void add_param(tkd_model *m, size_t *off, const char *name, int ndim, int64_t d0, int64_t d1,
                       int decay)
@@ -45,6 +45,51 @@ static void add_moe_layout(tkd_model *m, size_t *off, int l)
             snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, kind[j]);
             add_param(m, off, nm, 2, j == 2 ? D : I, j == 2 ? I : D, 1);
         }
+}
+
+/* gpt-oss's MoE MLP: the router (mlp.router.weight, a checkpoint name), then the experts' stacks
+ * in the op's layout under internal names (the checkpoint's interleaved gate_up_proj (E, D, 2I) and
+ * down_proj (E, I, D) are converted at load: model_hf.c). Their biases follow in add_layer_tail. */
+static void add_gpt_oss_moe_layout(tkd_model *m, size_t *off, int l)
+{
+    const tkd_model_config *c = &m->cfg;
+    int64_t D = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+    char nm[TKD_PARAM_NAME_MAX];
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.router.weight", l);
+    add_param(m, off, nm, 2, E, D, 1);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.w_gate", l);
+    add_param(m, off, nm, 2, E * I, D, 1);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.w_up", l);
+    add_param(m, off, nm, 2, E * I, D, 1);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.w_down", l);
+    add_param(m, off, nm, 2, E * D, I, 1);
+}
+
+/* The optional tensors stored after the rest of block l (slots 18-23, see slot_count): o_proj's
+ * bias, the attention sinks, and gpt-oss's router and expert biases. */
+static void add_layer_tail(tkd_model *m, size_t *off, int l)
+{
+    const tkd_model_config *c = &m->cfg;
+    int64_t D = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+    char nm[TKD_PARAM_NAME_MAX];
+    if (tkd_model_config_o_bias(c)) {
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.o_proj.bias", l);
+        add_param(m, off, nm, 1, D, 0, 0);
+    }
+    if (tkd_arch_sinks(c->arch)) {
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.sinks", l);
+        add_param(m, off, nm, 1, c->num_attention_heads, 0, 0);
+    }
+    if (c->arch != TKD_ARCH_GPT_OSS || !tkd_model_config_moe(c, l))
+        return;
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.router.bias", l);
+    add_param(m, off, nm, 1, E, 0, 0);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.b_gate", l);
+    add_param(m, off, nm, 2, E, I, 0);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.b_up", l);
+    add_param(m, off, nm, 2, E, I, 0);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj_bias", l);
+    add_param(m, off, nm, 2, E, D, 0);
 }
 
 /* Entries of m->info for cfg: embedding, final norm, head, and per block at most LAYER_SLOTS
@@ -88,14 +133,17 @@ static void build_layout(tkd_model *m)
             P("self_attn.k_norm.weight", 1, c->head_dim, 0, 0);
         }
         P("post_attention_layernorm.weight", 1, D, 0, 0);
-        if (tkd_model_config_moe(c, l)) {
+        if (tkd_model_config_moe(c, l) && c->arch == TKD_ARCH_GPT_OSS) {
+            add_gpt_oss_moe_layout(m, &off, l);
+        } else if (tkd_model_config_moe(c, l)) {
             add_moe_layout(m, &off, l);
-            continue;
+        } else {
+            P("mlp.gate_proj.weight", 2, F, D, 1);
+            P("mlp.up_proj.weight", 2, F, D, 1);
+            P("mlp.down_proj.weight", 2, D, F, 1);
         }
-        P("mlp.gate_proj.weight", 2, F, D, 1);
-        P("mlp.up_proj.weight", 2, F, D, 1);
-        P("mlp.down_proj.weight", 2, D, F, 1);
 #undef P
+        add_layer_tail(m, &off, l);
     }
     m->info_layer[c->num_hidden_layers] = m->n_info;
     m->info_per_layer = c->num_hidden_layers > 0 && !tkd_model_config_has_moe(c)
@@ -108,11 +156,18 @@ static void build_layout(tkd_model *m)
 
 /* How many entries of m->info slot j of block l takes (0: absent, its view NULL). The slots in
  * storage order; the optional ones are the q/k/v biases (with attention_bias), Qwen3's q/k norms,
- * and the MLP: dense (gate, up, down at 11-13) or MoE (router at 14, the expert stacks at 15-17,
- * each E entries of m->info). */
+ * the MLP: dense (gate, up, down at 11-13) or MoE (router at 14, the expert stacks at 15-17, each
+ * E entries of m->info, or one for gpt-oss), then the tail (add_layer_tail): o_proj's bias at 18,
+ * the sinks at 19, gpt-oss's router and expert biases at 20-23. */
 static int slot_count(const tkd_model_config *c, int l, int j)
 {
-    int moe = tkd_model_config_moe(c, l);
+    int moe = tkd_model_config_moe(c, l), gpt_oss_moe = moe && c->arch == TKD_ARCH_GPT_OSS;
+    if (j == 18)
+        return tkd_model_config_o_bias(c);
+    if (j == 19)
+        return tkd_arch_sinks(c->arch);
+    if (j >= 20)
+        return gpt_oss_moe;
     if (j == 2 || j == 4 || j == 6)
         return c->attention_bias;
     if (j == 8 || j == 9)
@@ -122,7 +177,7 @@ static int slot_count(const tkd_model_config *c, int l, int j)
     if (j == 14)
         return moe;
     if (j >= 15)
-        return moe ? c->num_experts : 0;
+        return gpt_oss_moe ? 1 : moe ? c->num_experts : 0;
     return 1;
 }
 
@@ -156,7 +211,8 @@ static void layer_fields_fptr(tkd_layer_weights *L, fptr *f[LAYER_SLOTS])
 {
     fptr *a[LAYER_SLOTS] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
                             &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd,
-                            &L->router, &L->eg, &L->eu, &L->ed};
+                            &L->router, &L->eg, &L->eu, &L->ed, &L->bo, &L->sinks, &L->router_b,
+                            &L->ebg, &L->ebu, &L->ebd};
     memcpy(f, a, sizeof a);
 }
 
@@ -164,7 +220,8 @@ static void layer_fields_cvptr(tkd_layer_dweights *L, cvptr *f[LAYER_SLOTS])
 {
     cvptr *a[LAYER_SLOTS] = {&L->attn_norm, &L->wq, &L->bq, &L->wk, &L->bk, &L->wv, &L->bv,
                              &L->wo, &L->q_norm, &L->k_norm, &L->mlp_norm, &L->wg, &L->wu, &L->wd,
-                             &L->router, &L->eg, &L->eu, &L->ed};
+                             &L->router, &L->eg, &L->eu, &L->ed, &L->bo, &L->sinks, &L->router_b,
+                             &L->ebg, &L->ebu, &L->ebd};
     memcpy(f, a, sizeof a);
 }
 
@@ -232,10 +289,16 @@ static tkd_status model_alloc_weights(tkd_model *m, int trainable)
     float inv[1024];
     if (half > (int)(sizeof inv / sizeof inv[0]))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "head_dim %d: at most 2048 is supported", cfg->head_dim);
-    tkd_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
-                      cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
-                      cfg->rope_original_max_pos, inv);
-    tkd_rope_table(inv, cfg->head_dim, P, m->rope_cos, m->rope_sin);
+    float scale = 1.0f; /* YaRN's attention factor, applied to cos and sin as transformers does */
+    if (cfg->rope_scaling == TKD_ROPE_SCALING_YARN)
+        tkd_rope_inv_freq_yarn(cfg->rope_theta, cfg->head_dim, cfg->rope_factor, cfg->rope_beta_fast,
+                               cfg->rope_beta_slow, cfg->rope_original_max_pos, cfg->rope_truncate,
+                               cfg->rope_attention_factor, inv, &scale);
+    else
+        tkd_rope_inv_freq(cfg->rope_theta, cfg->head_dim, cfg->rope_scaling == TKD_ROPE_SCALING_LLAMA3,
+                          cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
+                          cfg->rope_original_max_pos, inv);
+    tkd_rope_table_scaled(inv, cfg->head_dim, P, scale, m->rope_cos, m->rope_sin);
     if (tkd_backend_host_f32(m->be)) {
         m->params = calloc(m->n_params, sizeof(float));
         if (!m->params)

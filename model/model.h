@@ -4,7 +4,11 @@
  * Architecture (docs/model.md): token embedding; L blocks of
  *   x += o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rmsnorm(x)
  *   x += down_proj(silu(gate_proj(n2)) · up_proj(n2))                    n2 = rmsnorm(x)
- * then a final RMSNorm. Qwen3-MoE (forward only: a teacher) replaces the MLP of its sparse layers
+ * then a final RMSNorm. gpt-oss (forward only: a teacher) adds biases to q/k/v/o, one attention
+ * sink logit per head (self_attn.sinks), YaRN tables, and an MoE MLP in every block (a biased
+ * router, top-k then softmax, clamped-SwiGLU experts with biases; the checkpoint's interleaved
+ * gate_up_proj (E, D, 2I), bf16 or MXFP4, converted at load into the op's layout, stored under the
+ * internal names mlp.experts.{w_gate,w_up,w_down,b_gate,b_up}). Qwen3-MoE (forward only: a teacher) replaces the MLP of its sparse layers
  * (tkd_model_config_moe) by the backend's mixture-of-experts op (kernels/moe.h: softmax router,
  * top-k experts, each a SwiGLU of moe_intermediate_size); its other layers keep the dense MLP. A
  * model with MoE layers refuses training (tkd_model_reserve). Qwen3 normalises each head of q and
@@ -82,6 +86,13 @@ typedef struct tkd_layer_weights {
     float *eg;        // (E, I, D)
     float *eu;        // (E, I, D)
     float *ed;        // (E, D, I)
+    /* The optional tensors stored after a block's others (NULL where absent) */
+    float *bo;        // (D) o_proj.bias: attention_bias on llama and gpt-oss (tkd_model_config_o_bias)
+    float *sinks;     // (H) self_attn.sinks: gpt-oss's attention sinks (tkd_arch_sinks)
+    float *router_b;  // (E) gpt-oss: mlp.router.bias
+    float *ebg;       // (E, I) gpt-oss: the experts' gate bias (gate_up_proj_bias's even columns)
+    float *ebu;       // (E, I) gpt-oss: the experts' up bias (its odd columns)
+    float *ebd;       // (E, D) gpt-oss: mlp.experts.down_proj_bias
 } tkd_layer_weights;
 
 typedef struct tkd_model_weights {
@@ -95,6 +106,7 @@ typedef struct tkd_model_weights {
 typedef struct tkd_layer_dweights {
     const void *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *q_norm, *k_norm, *mlp_norm, *wg, *wu, *wd;
     const void *router, *eg, *eu, *ed; /* MoE layers, as in tkd_layer_weights */
+    const void *bo, *sinks, *router_b, *ebg, *ebu, *ebd; /* as in tkd_layer_weights */
 } tkd_layer_dweights;
 
 typedef struct tkd_model_dweights {

@@ -138,6 +138,10 @@ static tkd_status check_windows(const tkd_model *m, int T, int training)
 static tkd_status check_moe(const tkd_model *m, int training)
 {
     const tkd_model_config *c = &m->cfg;
+    if (training && tkd_arch_sinks(c->arch)) /* attn_bwd takes no sinks */
+        return tkd_error_set(TKD_ERR_UNSUPPORTED,
+                             "model: %s (%s) has attention sinks, which run forward only here (a teacher): "
+                             "training it is not supported", tkd_arch_class(c->arch), tkd_arch_name(c->arch));
     if (!tkd_model_config_has_moe(c))
         return TKD_OK;
     if (training)
@@ -169,8 +173,11 @@ static tkd_status reserve_moe(tkd_model *m, int N)
         m->be->op->moe_free(m->be, m->moe);
     m->moe = NULL;
     m->moe_rows = 0;
-    tkd_moe_params p = tkd_moe_params_qwen3(c->hidden_size, c->moe_intermediate_size, c->num_experts,
-                                            c->num_experts_per_tok, c->norm_topk_prob);
+    tkd_moe_params p = c->arch == TKD_ARCH_GPT_OSS
+                           ? tkd_moe_params_gpt_oss(c->hidden_size, c->moe_intermediate_size, c->num_experts,
+                                                    c->num_experts_per_tok, c->swiglu_limit)
+                           : tkd_moe_params_qwen3(c->hidden_size, c->moe_intermediate_size, c->num_experts,
+                                                  c->num_experts_per_tok, c->norm_topk_prob);
     TKD_TRY(m->be->op->moe_create(m->be, &p, rows, &m->moe));
     m->moe_rows = rows;
     return TKD_OK;
@@ -269,7 +276,8 @@ static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dwei
     TKD_TRY(qk_proj(m, A->n1, W->wk, W->bk, W->k_norm, N, Hkv, A->kr, A->rstdk, A->k));
     TKD_TRY(op->linear_fwd(be, A->n1, W->wv, W->bv, N, D, KV, A->v));
     TKD_TRY(op->rope_fwd(be, A->q, A->k, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
-    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, tkd_model_config_window(c, l), A->y, A->att);
+    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, tkd_model_config_window(c, l), W->sinks, A->y,
+                        A->att);
 }
 
 /* Block l's MoE MLP, mo = MoE(n2) over N rows (N, D) act, through the backend's op in chunks of
@@ -277,7 +285,8 @@ static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dwei
 static tkd_status block_moe_fwd(const tkd_model *m, int l, const void *n2, int N, void *mo)
 {
     const tkd_layer_dweights *W = &m->d.layers[l];
-    tkd_moe_act_weights w = {.router_w = W->router, .w_gate = W->eg, .w_up = W->eu, .w_down = W->ed};
+    tkd_moe_act_weights w = {.router_w = W->router, .router_b = W->router_b, .w_gate = W->eg, .w_up = W->eu,
+                             .w_down = W->ed, .b_gate = W->ebg, .b_up = W->ebu, .b_down = W->ebd};
     size_t row = (size_t)m->cfg.hidden_size * m->be->act_size;
     for (int r = 0; r < N; r += m->moe_rows) {
         int n = N - r < m->moe_rows ? N - r : m->moe_rows;
@@ -297,7 +306,7 @@ static tkd_status block_fwd_body(const tkd_model *m, int l, const tkd_layer_dwei
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, Q = q_dim(c);
     float eps = (float)c->rms_norm_eps;
     TKD_TRY(block_attn_fwd(m, l, W, A, B, T));
-    TKD_TRY(op->linear_fwd(be, A->y, W->wo, NULL, N, Q, D, A->ao));
+    TKD_TRY(op->linear_fwd(be, A->y, W->wo, W->bo, N, Q, D, A->ao));
     TKD_TRY(op->add_rmsnorm_fwd(be, A->x, A->ao, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
     if (tkd_model_config_moe(c, l))
         return block_moe_fwd(m, l, A->n2, N, A->mo);
@@ -424,7 +433,7 @@ static tkd_status block_bwd(const tkd_model *m, int l, tkd_layer_weights *G, con
     TKD_TRY(op->rmsnorm_bwd(be, a->dn, A->x2, W->mlp_norm, A->rstd2, N, D, a->dx, G->mlp_norm,
                             residual_grad_act_out(m, a)));
     /* attention branch: x2 = x + o_proj(attn(...)) */
-    TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, NULL, 0));
+    TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, G->bo, 0));
     TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh,
                          tkd_model_config_window(c, l), a->dq, a->dk, a->dv));
     TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));

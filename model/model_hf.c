@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "formats/mxfp4.h"
+#include "kernels/cpu/cpu_moe.h"
 #include "model/model.h"
 #include "model/model_internal.h"
 
@@ -62,19 +64,137 @@ static tkd_status tensor_source(const tkd_model *m, const char *dir, const tkd_s
                          p->ndim == 2 ? (long long)p->shape[1] : 0LL);
 }
 
+/* ---- gpt-oss's experts ---------------------------------------------------------------------- */
+
+/* The layout's gpt-oss expert stacks (model.c: internal names, not checkpoint ones), in the order
+ * tkd_moe_from_gpt_oss writes them. */
+static const char *const gpt_oss_stacks[5] = {"w_gate", "w_up", "w_down", "b_gate", "b_up"};
+
+/* Which of gpt_oss_stacks p is (0..4), or -1; *l its layer. */
+static int gpt_oss_stack(const tkd_model *m, const char *name, int *l)
+{
+    char kind[16];
+    int n = 0;
+    if (m->cfg.arch != TKD_ARCH_GPT_OSS ||
+        sscanf(name, "model.layers.%d.mlp.experts.%15[a-z_]%n", l, kind, &n) != 2 || name[n] != '\0')
+        return -1;
+    for (int j = 0; j < 5; j++)
+        if (!strcmp(kind, gpt_oss_stacks[j]))
+            return j;
+    return -1;
+}
+
+/* One of a gpt-oss checkpoint's expert tensors, model.layers.<l>.mlp.experts.<kind> of shape
+ * (ndim 2 or 3), into dst (fp32): the tensor itself (bf16 / fp32: the dequantised layout), or its
+ * MXFP4 _blocks/_scales pair (the released layout, formats/mxfp4.h, decoded exactly). */
+static tkd_status read_gpt_oss_src(const char *dir, const tkd_st_dir *st, int l, const char *kind, int ndim,
+                                   const int64_t *shape, float *dst)
+{
+    char name[TKD_PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, kind);
+    size_t n = (size_t)shape[0] * (size_t)shape[1] * (size_t)(ndim == 3 ? shape[2] : 1);
+    int found = 0;
+    int64_t got[3];
+    if (ndim == 3)
+        TKD_TRY(tkd_mxfp4_probe(st, name, &found, got));
+    if (found)
+        return tkd_mxfp4_read(st, name, shape, TKD_DTYPE_F32, dst, n);
+    const tkd_st_tensor *t = tkd_st_find(st, name);
+    if (!t)
+        return tkd_error_set(TKD_ERR_NOT_FOUND,
+                             "%s: tensor '%s'%s is missing (config.json asks for gpt-oss experts of shape (%lld, "
+                             "%lld%s%lld)); check the checkpoint matches its config", dir, name,
+                             ndim == 3 ? " (or its MXFP4 _blocks/_scales pair)" : "", (long long)shape[0],
+                             (long long)shape[1], ndim == 3 ? ", " : "", ndim == 3 ? (long long)shape[2] : 0LL);
+    TKD_TRY(tkd_st_check_shape(t, ndim, shape));
+    return tkd_st_slice_f32(t, 0, n, dst);
+}
+
+/* Host scratch for one gpt-oss layer's experts, allocated once per load: the checkpoint's
+ * gate_up_proj (E, D, 2I), its bias (E, 2I), down_proj (E, I, D), and (off the host backend) the
+ * five converted stacks before they go up. */
+typedef struct gpt_oss_stage {
+    float *gate_up, *gate_up_bias, *down;
+    float *out[5]; /* w_gate, w_up (E, I, D); w_down (E, D, I); b_gate, b_up (E, I) */
+    float *buf;
+} gpt_oss_stage;
+
+static tkd_status gpt_oss_stage_alloc(const tkd_model *m, int on_host, gpt_oss_stage *s)
+{
+    size_t E = (size_t)m->cfg.num_experts, D = (size_t)m->cfg.hidden_size, I = (size_t)m->cfg.moe_intermediate_size;
+    size_t in = 3 * E * D * I + 2 * E * I, out = on_host ? 0 : 3 * E * D * I + 2 * E * I;
+    memset(s, 0, sizeof *s);
+    if (!(s->buf = malloc((in + out) * sizeof(float))))
+        return tkd_error_set(TKD_ERR_NOMEM, "model: out of host memory converting gpt-oss's experts (%zu floats)",
+                             in + out);
+    s->gate_up = s->buf;
+    s->gate_up_bias = s->gate_up + 2 * E * D * I;
+    s->down = s->gate_up_bias + 2 * E * I;
+    float *o = s->down + E * D * I;
+    size_t sizes[5] = {E * I * D, E * I * D, E * D * I, E * I, E * I};
+    for (int j = 0; j < 5 && !on_host; j++) {
+        s->out[j] = o;
+        o += sizes[j];
+    }
+    return TKD_OK;
+}
+
+/* Block l's gpt-oss experts: read (bf16, fp32 or MXFP4), converted by tkd_moe_from_gpt_oss into the
+ * layout's stacks (stacks[j]: the m->info entry of gpt_oss_stacks[j]), then put on the backend. */
+static tkd_status load_gpt_oss_experts(tkd_model *m, const char *dir, const tkd_st_dir *st, int l,
+                                       const tkd_param_info *const stacks[5], int on_host, gpt_oss_stage *s)
+{
+    int64_t E = m->cfg.num_experts, D = m->cfg.hidden_size, I = m->cfg.moe_intermediate_size;
+    int64_t gu_shape[3] = {E, D, 2 * I}, gub_shape[2] = {E, 2 * I}, down_shape[3] = {E, I, D};
+    TKD_TRY(read_gpt_oss_src(dir, st, l, "gate_up_proj", 3, gu_shape, s->gate_up));
+    TKD_TRY(read_gpt_oss_src(dir, st, l, "gate_up_proj_bias", 2, gub_shape, s->gate_up_bias));
+    TKD_TRY(read_gpt_oss_src(dir, st, l, "down_proj", 3, down_shape, s->down));
+    float *out[5];
+    for (int j = 0; j < 5; j++)
+        out[j] = on_host ? m->params + stacks[j]->offset : s->out[j];
+    tkd_moe_from_gpt_oss((int)E, (int)D, (int)I, s->gate_up, s->gate_up_bias, s->down, out[0], out[1], out[3],
+                         out[4], out[2]);
+    for (int j = 0; j < 5 && !on_host; j++)
+        TKD_TRY(tkd_model_put_tensor(m, stacks[j], out[j]));
+    return TKD_OK;
+}
+
+/* The five stacks of block l in m->info (they are all in its range). */
+static void find_gpt_oss_stacks(const tkd_model *m, int l, const tkd_param_info *stacks[5])
+{
+    for (int i = m->info_layer[l]; i < m->info_layer[l + 1]; i++) {
+        int ll, j = gpt_oss_stack(m, m->info[i].name, &ll);
+        if (j >= 0)
+            stacks[j] = &m->info[i];
+    }
+}
+
 /* Reads every tensor the layout lists (converted to fp32, then to the backend's act type through a
- * staging buffer where the backend's memory is not the host's). */
+ * staging buffer where the backend's memory is not the host's); gpt-oss's expert stacks come from
+ * the checkpoint's own tensors, a layer at a time (load_gpt_oss_experts). */
 static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *st)
 {
     int on_host = tkd_backend_host_f32(m->be); /* straight into the host weights */
     float *stage = on_host ? NULL : malloc(tkd_model_largest_tensor(m) * sizeof(float));
     if (!on_host && !stage)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of host memory for the load's staging buffer", dir);
+    gpt_oss_stage gs = {0};
     tkd_status rc = TKD_OK;
     for (int i = 0; i < m->n_info && rc == TKD_OK; i++) {
         const tkd_param_info *p = &m->info[i];
         const tkd_st_tensor *t = NULL;
         size_t first = 0;
+        int l, j = gpt_oss_stack(m, p->name, &l);
+        if (j > 0) /* converted with the layer's w_gate */
+            continue;
+        if (j == 0) {
+            const tkd_param_info *stacks[5] = {NULL};
+            find_gpt_oss_stacks(m, l, stacks);
+            rc = gs.buf ? TKD_OK : gpt_oss_stage_alloc(m, on_host, &gs);
+            if (rc == TKD_OK)
+                rc = load_gpt_oss_experts(m, dir, st, l, stacks, on_host, &gs);
+            continue;
+        }
         rc = tensor_source(m, dir, st, p, &t, &first);
         if (rc != TKD_OK)
             break;
@@ -83,6 +203,7 @@ static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
         if (rc == TKD_OK && !on_host)
             rc = tkd_model_put_tensor(m, p, x);
     }
+    free(gs.buf);
     free(stage);
     return rc;
 }
@@ -96,6 +217,16 @@ static int cmp_name(const void *a, const void *b)
  * layout's names sorted: Qwen3-30B-A3B lists 18,000), or an MoE layer's fused expert tensor. */
 static int known_tensor(const tkd_model *m, const char **names, const char *name)
 {
+    static const char *gpt_oss_src[] = {"gate_up_proj", "gate_up_proj_bias", "gate_up_proj_blocks",
+                                        "gate_up_proj_scales", "down_proj", "down_proj_blocks", "down_proj_scales"};
+    int gl, gn = 0;
+    char gkind[24];
+    if (m->cfg.arch == TKD_ARCH_GPT_OSS &&
+        sscanf(name, "model.layers.%d.mlp.experts.%23[a-z_]%n", &gl, gkind, &gn) == 2 && name[gn] == '\0' &&
+        tkd_model_config_moe(&m->cfg, gl))
+        for (size_t j = 0; j < sizeof gpt_oss_src / sizeof gpt_oss_src[0]; j++)
+            if (!strcmp(gkind, gpt_oss_src[j]))
+                return 1;
     if (ignorable(name) || (m->cfg.tie_word_embeddings && !strcmp(name, "lm_head.weight")) ||
         bsearch(&name, names, (size_t)m->n_info, sizeof *names, cmp_name))
         return 1;
@@ -226,6 +357,9 @@ static tkd_status save_hf(const tkd_model *m, const float *params, const char *d
 
 tkd_status tkd_model_save_hf(const tkd_model *m, const char *dir, tkd_dtype dtype)
 {
+    if (m->cfg.arch == TKD_ARCH_GPT_OSS) /* its experts live in the op's layout, not transformers' */
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: saving a GptOssForCausalLM checkpoint is not supported (a "
+                             "teacher only)", dir);
     if (m->params)
         return save_hf(m, m->params, dir, dtype);
     if (!has_master(m))

@@ -1,5 +1,5 @@
 /* test_hf_config.c — config.json parsing for llama / qwen2 / qwen3 / qwen3_moe / mistral, their
- * sliding windows per layer, Qwen3-MoE's sparse layers, each refusal by name, and the write -> read
+ * sliding windows per layer, Qwen3-MoE's sparse layers, gpt-oss (YaRN, sinks, MXFP4 quantization_config), each refusal by name, and the write -> read
  * round trip. Sample configs live in tests/data/hf/. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -166,8 +166,17 @@ static void test_refusals(void **state)
         {"qwen3", "\"layer_types\": \"full_attention\"", TKD_ERR_FORMAT, "\"layer_types\" must be a list of strings"},
         {"mistral", "\"sliding_window\": 0", TKD_ERR_FORMAT, "\"sliding_window\" must be a positive integer or null"},
         {"qwen3", "\"attention_bias\": true", TKD_ERR_UNSUPPORTED, "attention_bias = true on qwen3"},
-        {"llama", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", TKD_ERR_UNSUPPORTED,
-         "rope_scaling.rope_type \"yarn\" is not supported"},
+        {"llama", "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}", TKD_ERR_UNSUPPORTED,
+         "rope_scaling.rope_type \"longrope\" is not supported (default, llama3 or yarn)"},
+        {"qwen3", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"original_max_position_embeddings\": 64}",
+         TKD_ERR_FORMAT, "required field \"rope_scaling.factor\" is missing"},
+        {"qwen2", "\"partial_rotary_factor\": 0.5", TKD_ERR_UNSUPPORTED, "partial_rotary_factor = 0.5 is not supported"},
+        {"qwen3", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"mscale\": 0.7, "
+                  "\"original_max_position_embeddings\": 64}",
+         TKD_ERR_UNSUPPORTED, "rope_scaling.mscale = 0.7 (yarn) is not supported"},
+        {"llama", "\"quantization_config\": {\"quant_method\": \"mxfp4\"}", TKD_ERR_UNSUPPORTED,
+         "quant_method \"mxfp4\" on llama is not supported"},
+        {"qwen2", "\"quantization_config\": {\"quant_method\": \"gptq\"}", TKD_ERR_UNSUPPORTED, "gptq"},
         {"llama", "\"rope_parameters\": {\"type\": \"linear\", \"factor\": 2.0}", TKD_ERR_UNSUPPORTED,
          "rope_parameters.rope_type \"linear\""},
         {"llama", "\"mlp_bias\": true", TKD_ERR_UNSUPPORTED, "mlp_bias = true"},
@@ -321,6 +330,138 @@ static void test_qwen3_moe(void **state)
     d.layer_moe[1] = 1;
     assert_int_equal(tkd_model_config_validate(&d), TKD_ERR_CONFIG);
     tkd_test_assert_msg_has("layer 1 is marked mixture-of-experts");
+}
+
+/* The released gpt-oss-20b config.json (huggingface.co/openai/gpt-oss-20b), and GptOssConfig's
+ * defaults (transformers 5.17 configuration_gpt_oss.py). */
+static void test_gpt_oss(void **state)
+{
+    (void)state;
+    tkd_model_config c;
+    assert_int_equal(tkd_hf_config_read(tkd_test_src("data/hf/gpt_oss_20b.json"), &c), TKD_OK);
+    assert_int_equal(c.arch, TKD_ARCH_GPT_OSS);
+    assert_string_equal(tkd_arch_class(c.arch), "GptOssForCausalLM");
+    assert_true(tkd_arch_sinks(c.arch));
+    assert_false(tkd_arch_qk_norm(c.arch));
+    assert_int_equal(c.attention_bias, 1);
+    assert_true(tkd_model_config_o_bias(&c));
+    assert_int_equal(c.head_dim, 64); /* != 2880 / 64 */
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.vocab_size, 201088);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_true(c.rms_norm_eps == 1e-5f);
+    assert_true(c.rope_theta == 150000.0);
+    assert_int_equal(c.rope_scaling, TKD_ROPE_SCALING_YARN);
+    assert_true(c.rope_factor == 32.0 && c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0);
+    assert_int_equal(c.rope_original_max_pos, 4096);
+    assert_int_equal(c.rope_truncate, 0);
+    assert_true(c.rope_attention_factor == 0.0);
+    assert_int_equal(c.num_experts, 32);
+    assert_int_equal(c.num_experts_per_tok, 4);
+    assert_int_equal(c.moe_intermediate_size, 2880);
+    assert_true(c.swiglu_limit == 7.0f);
+    assert_int_equal(c.quant_mxfp4, 1);
+    for (int l = 0; l < 24; l++) {
+        assert_true(tkd_model_config_moe(&c, l));
+        assert_int_equal(tkd_model_config_window(&c, l), l % 2 == 0 ? 128 : 0);
+    }
+
+    /* defaults: even layers slide (128), yarn factor 32 / original 4096 / truncate false, top-4 of
+     * 128, limit 7, theta 150000, attention bias on, head_dim 64, not quantised */
+    assert_int_equal(tkd_hf_config_read(small_config("gpt_oss", "\"num_hidden_layers\": 4"), &c), TKD_OK);
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 4);
+    assert_int_equal(c.moe_intermediate_size, 96);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.quant_mxfp4, 0);
+    assert_true(c.rope_theta == 150000.0 && c.rms_norm_eps == 1e-5f && c.swiglu_limit == 7.0f);
+    assert_int_equal(c.rope_scaling, TKD_ROPE_SCALING_YARN);
+    assert_true(c.rope_factor == 32.0 && c.rope_original_max_pos == 4096 && c.rope_truncate == 0);
+    int want[4] = {128, 0, 128, 0};
+    for (int l = 0; l < 4; l++)
+        assert_int_equal(tkd_model_config_window(&c, l), want[l]);
+    /* layer_types, sliding_window, num_experts (the alias), rope_parameters spelled out */
+    const char *custom = "\"num_hidden_layers\": 3, \"sliding_window\": 4, \"num_experts\": 6, "
+                         "\"num_experts_per_tok\": 2, \"swiglu_limit\": 5.5, \"layer_types\": [\"full_attention\", "
+                         "\"sliding_attention\", \"sliding_attention\"], \"rope_parameters\": {\"rope_type\": \"yarn\", "
+                         "\"rope_theta\": 1000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 8, "
+                         "\"attention_factor\": 1.5}";
+    assert_int_equal(tkd_hf_config_read(small_config("gpt_oss", custom), &c), TKD_OK);
+    assert_int_equal(c.num_experts, 6);
+    assert_int_equal(c.num_experts_per_tok, 2);
+    assert_true(c.swiglu_limit == 5.5f && c.rope_theta == 1000.0 && c.rope_factor == 4.0);
+    assert_true(c.rope_attention_factor == 1.5 && c.rope_truncate == 1 && c.rope_beta_fast == 32.0);
+    assert_int_equal(tkd_model_config_window(&c, 0), 0);
+    assert_int_equal(tkd_model_config_window(&c, 1), 4);
+    assert_int_equal(tkd_model_config_window(&c, 2), 4);
+    /* YaRN on Qwen3 (long context) reads the same fields */
+    const char *qyarn = "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
+                        "\"original_max_position_embeddings\": 128}";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3", qyarn), &c), TKD_OK);
+    assert_int_equal(c.rope_scaling, TKD_ROPE_SCALING_YARN);
+    assert_true(c.rope_factor == 4.0 && c.rope_original_max_pos == 128 && c.rope_truncate == 1);
+    /* standardize_rope_params: original absent -> max_position_embeddings; a top-level one wins;
+     * factor null -> max_position / original */
+    const char *q2 = "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3", q2), &c), TKD_OK);
+    assert_int_equal(c.rope_original_max_pos, 512);
+    const char *q3 = "\"original_max_position_embeddings\": 64, \"rope_scaling\": {\"rope_type\": \"yarn\", "
+                     "\"factor\": null, \"original_max_position_embeddings\": 128}";
+    assert_int_equal(tkd_hf_config_read(small_config("qwen3", q3), &c), TKD_OK);
+    assert_int_equal(c.rope_original_max_pos, 64);
+    assert_true(c.rope_factor == 8.0);
+    /* a Llama with attention_bias: o_proj has a bias too (LlamaAttention); Qwen2's is q/k/v only */
+    assert_int_equal(tkd_hf_config_read(small_config("llama", "\"attention_bias\": true"), &c), TKD_OK);
+    assert_true(tkd_model_config_o_bias(&c));
+    assert_int_equal(tkd_hf_config_read(small_config("qwen2", ""), &c), TKD_OK);
+    assert_false(tkd_model_config_o_bias(&c));
+    /* written back, each reads to the same values: the release, the custom layers above, no
+     * window at all, and plain RoPE (which must not become GptOssConfig's default YaRN) */
+    char text[3][2048];
+    snprintf(text[0], sizeof text[0], "%s", custom);
+    snprintf(text[1], sizeof text[1], "\"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\"]");
+    snprintf(text[2], sizeof text[2], "\"rope_parameters\": {\"rope_type\": \"default\"}");
+    for (int i = 0; i < 4; i++) {
+        tkd_model_config a, b;
+        assert_int_equal(tkd_hf_config_read(i ? small_config("gpt_oss", text[i - 1])
+                                              : tkd_test_src("data/hf/gpt_oss_20b.json"), &a), TKD_OK);
+        assert_int_equal(tkd_hf_config_write(tmp_path("g.json"), &a, "bfloat16"), TKD_OK);
+        if (tkd_hf_config_read(tmp_path("g.json"), &b) != TKD_OK)
+            fail_msg("case %d: %s", i, tkd_error_msg());
+        assert_memory_equal(&a, &b, sizeof a);
+    }
+}
+
+static void test_gpt_oss_refusals(void **state)
+{
+    (void)state;
+    static const refusal cases[] = {
+        {"gpt_oss", "\"swiglu_alpha\": 1.5", TKD_ERR_UNSUPPORTED, "swiglu_alpha = 1.5 is not supported (only 1.702)"},
+        {"gpt_oss", "\"swiglu_limit\": 0.0", TKD_ERR_CONFIG, "swiglu_limit must be > 0"},
+        {"gpt_oss", "\"quantization_config\": {\"quant_method\": \"fp8\"}", TKD_ERR_UNSUPPORTED, "fp8"},
+        {"gpt_oss", "\"num_local_experts\": 8, \"num_experts\": 4", TKD_ERR_FORMAT,
+         "num_local_experts = 8 and num_experts = 4 disagree"},
+        {"gpt_oss", "\"num_local_experts\": 4, \"num_experts_per_tok\": 5", TKD_ERR_CONFIG,
+         "1 <= num_experts_per_tok <= num_experts"},
+        {"gpt_oss", "\"sliding_window\": null", TKD_ERR_FORMAT,
+         "layer_types[0] is sliding_attention but no sliding window is in effect"},
+        {"gpt_oss", "\"layer_types\": [\"full_attention\", \"chunked_attention\", \"full_attention\"]",
+         TKD_ERR_UNSUPPORTED, "layer_types[1] = \"chunked_attention\""},
+        {"gpt_oss", "\"hidden_act\": \"gelu\"", TKD_ERR_UNSUPPORTED, "hidden_act \"gelu\" is not supported"},
+        {"gpt_oss", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 32.0, \"partial_rotary_factor\": 0.5, "
+                    "\"original_max_position_embeddings\": 64}",
+         TKD_ERR_UNSUPPORTED, "rope_scaling.partial_rotary_factor = 0.5 (yarn) is not supported"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tkd_model_config c;
+        const char *path = small_config(cases[i].model_type, cases[i].extra);
+        tkd_status st = tkd_hf_config_read(path, &c);
+        if (st != cases[i].st)
+            fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
+        tkd_test_assert_msg_has(cases[i].msg);
+        tkd_test_assert_msg_has(path);
+    }
 }
 
 /* Qwen3-MoE's refusals, each naming its field. */
@@ -484,6 +625,8 @@ int main(void)
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_qwen3_moe_refusals),
+        cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_gpt_oss_refusals),
         cmocka_unit_test(test_missing_and_malformed),
         cmocka_unit_test(test_broken_files),
         cmocka_unit_test(test_write_read_roundtrip),

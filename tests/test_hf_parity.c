@@ -6,7 +6,10 @@
  * also Qwen3 (F32, BF16; head_dim != D/H) and sliding windows shorter than the sequence (Qwen3 on
  * one layer, Mistral on all), each fixture required. With TKD_HF_FIXTURES_QWEN3_MOE (the fixtures of
  * `make_hf_fixtures.py --only qwen3_moe`) also Qwen3-MoE, F32 and BF16: a dense first layer, then
- * two MoE layers (inference only: a model with MoE layers refuses training).
+ * two MoE layers (inference only: a model with MoE layers refuses training). With
+ * TKD_HF_FIXTURES_GPT_OSS (`make_hf_fixtures.py --only gpt_oss`) also gpt-oss, F32, BF16 and MXFP4
+ * (against transformers' dequantised load): sinks, q/k/v/o biases, a window shorter than T on layer
+ * 0, YaRN, MoE with router biases in both layers.
  *
  * Relative error, per position n: max_v |ours − ref| / max_v |ref|; asserted ≤ 1e-4 everywhere
  * (fp32 everywhere on both sides, so only summation order differs: ~1e-6 is typical).
@@ -473,6 +476,43 @@ static void test_fixture_shapes_qwen3_moe(void **s)
 }
 #endif
 
+#ifdef TKD_HF_FIXTURES_GPT_OSS
+static void test_logits_gpt_oss_f32(void **s) { (void)s; check_logits("gpt_oss_f32"); }
+static void test_logits_gpt_oss_bf16(void **s) { (void)s; check_logits("gpt_oss_bf16"); }
+static void test_logits_gpt_oss_mxfp4(void **s) { (void)s; check_logits("gpt_oss_mxfp4"); }
+
+/* The gpt-oss fixtures are what make_hf_fixtures.py says, as read from transformers 5's config.json:
+ * layer 0 slides (window 4), layer 1 full, YaRN factor 4 over 4 positions, E 4 top-2, biases and
+ * sinks present; the three checkpoints hold the same weights (MXFP4 values, exact in bf16). */
+static void test_fixture_shapes_gpt_oss(void **s)
+{
+    (void)s;
+    tkd_model *f = load_fixture("gpt_oss_f32");
+    for (int i = 0; i < 3; i++) {
+        static const char *names[3] = {"gpt_oss_f32", "gpt_oss_bf16", "gpt_oss_mxfp4"};
+        tkd_model *m = load_fixture(names[i]);
+        const tkd_model_config *c = &m->cfg;
+        assert_int_equal(c->arch, TKD_ARCH_GPT_OSS);
+        assert_int_equal(c->quant_mxfp4, i == 2);
+        assert_int_equal(tkd_model_config_window(c, 0), 4);
+        assert_int_equal(tkd_model_config_window(c, 1), 0);
+        assert_int_equal(c->rope_scaling, TKD_ROPE_SCALING_YARN);
+        assert_int_equal(c->rope_original_max_pos, 4);
+        assert_int_equal(c->num_experts, 4);
+        assert_int_equal(c->num_experts_per_tok, 2);
+        assert_int_equal(c->head_dim, 16);
+        assert_non_null(m->w.layers[1].sinks);
+        assert_non_null(m->w.layers[1].bo);
+        assert_non_null(m->w.layers[1].router_b);
+        if (i > 0) /* the experts: MXFP4 values in all three */
+            assert_memory_equal(m->w.layers[1].eg, f->w.layers[1].eg,
+                                sizeof(float) * (size_t)c->num_experts * c->moe_intermediate_size * c->hidden_size);
+        tkd_model_free(m);
+    }
+    tkd_model_free(f);
+}
+#endif
+
 /* The Qwen3 and window cases are compiled in once their fixtures are all in the tree
  * (tests/CMakeLists.txt defines TKD_HF_FIXTURES_QWEN3). */
 int main(void)
@@ -482,6 +522,12 @@ int main(void)
                                 test_logits_qwen3_moe_f32, test_logits_qwen3_moe_bf16);
     if (moe != 0)
         return moe;
+#endif
+#if defined(TKD_HF_FIXTURES_GPT_OSS)
+    int oss = TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_fixture_shapes_gpt_oss, test_logits_gpt_oss_f32,
+                                test_logits_gpt_oss_bf16, test_logits_gpt_oss_mxfp4);
+    if (oss != 0)
+        return oss;
 #endif
 #ifdef TKD_HF_FIXTURES_QWEN3
     return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_fixture_shapes, test_logits_llama_gqa_f32,

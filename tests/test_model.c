@@ -1,7 +1,8 @@
 /* test_model.c — the model's contracts other than numerical parity (test_hf_parity.c) and gradients
  * (test_gradcheck.c): seeded init, the parameter list, causality and batch independence, buffer reuse
- * across shapes, gradient accumulation, tied LM-head gradients, errors; Qwen3-MoE's forward against a
- * hand-composed reference, its layouts and its refusals; and the optimizer's schedule,
+ * across shapes, gradient accumulation, tied LM-head gradients, errors; Qwen3-MoE's and gpt-oss's
+ * forwards against hand-composed references, their layouts (gpt-oss: bf16 and MXFP4 experts) and
+ * refusals; and the optimizer's schedule,
  * clipping and AdamW update against hand-computed values.
  */
 #include <setjmp.h>
@@ -17,11 +18,51 @@
 #include "common/status.h"
 #include "kernels/cpu/cpu_moe.h"
 #include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/rope_table.h"
 #include "model/model.h"
 #include "model/model_internal.h" /* the residual stream after the last block (acts->xl) */
+#include "formats/mxfp4.h"
 #include "model/optim.h"
+#include "tests/gpt_oss_testutil.h"
 #include "tests/optim_testutil.h"
 #include "tests/testutil.h"
+
+#include <sys/stat.h>
+
+/* A safetensors file of U8 tensors written by hand (tkd_st_writer writes floats only): the MXFP4
+ * pairs of a gpt-oss checkpoint. */
+typedef struct st_hand {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    const void *data;
+    size_t nbytes;
+} st_hand;
+
+static void write_u8_st(const char *path, const st_hand *e, int n)
+{
+    char hdr[8192];
+    size_t len = (size_t)snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"format\":\"pt\"}"), off = 0;
+    for (int i = 0; i < n; i++) {
+        len += (size_t)snprintf(hdr + len, sizeof hdr - len, ",\"%s\":{\"dtype\":\"U8\",\"shape\":[", e[i].name);
+        for (int k = 0; k < e[i].ndim; k++)
+            len += (size_t)snprintf(hdr + len, sizeof hdr - len, "%s%lld", k ? "," : "", (long long)e[i].shape[k]);
+        len += (size_t)snprintf(hdr + len, sizeof hdr - len, "],\"data_offsets\":[%zu,%zu]}", off, off + e[i].nbytes);
+        off += e[i].nbytes;
+    }
+    len += (size_t)snprintf(hdr + len, sizeof hdr - len, "}");
+    assert_true(len < sizeof hdr);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    uint64_t n8 = len;
+    assert_int_equal(fwrite(&n8, 8, 1, fp), 1);
+    assert_int_equal(fwrite(hdr, 1, len, fp), len);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(fwrite(e[i].data, 1, e[i].nbytes, fp), e[i].nbytes);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static const tkd_param_info *find_param(const tkd_model *m, const char *name);
 
 static tkd_model_config small_cfg(int tied, int bias)
 {
@@ -128,15 +169,50 @@ static void test_param_list(void **s)
             nodecay += !want;
         }
         assert_int_equal(off, m->n_params);
-        /* untied has q/k/v biases: 2 norms + 3 biases per layer + final norm */
-        assert_int_equal(nodecay, tied ? 2 * 2 + 1 : 2 * 5 + 1);
+        /* untied has attention_bias: q/k/v and o_proj biases (LlamaAttention's o_proj is
+         * nn.Linear(..., bias=attention_bias)): 2 norms + 4 biases per layer + final norm */
+        assert_int_equal(nodecay, tied ? 2 * 2 + 1 : 2 * 6 + 1);
         assert_string_equal(info[0].name, "model.embed_tokens.weight");
         assert_string_equal(info[n - 1].name, tied ? "model.norm.weight" : "lm_head.weight");
-        assert_int_equal(n, 2 + !tied + 2 * (tied ? 9 : 12));
+        assert_int_equal(n, 2 + !tied + 2 * (tied ? 9 : 13));
+        if (!tied)
+            assert_ptr_equal(m->w.layers[1].bo,
+                             m->params + find_param(m, "model.layers.1.self_attn.o_proj.bias")->offset);
         assert_true((tkd_model_lm_head(m) == m->w.embed) == tied);
         assert_null(tkd_model_lm_head_grad(m)); /* no gradients before a training forward */
         tkd_model_free(m);
     }
+}
+
+/* A Llama with attention_bias has an o_proj bias too (transformers' LlamaAttention): the checkpoint
+ * it writes holds it, and such a checkpoint loads back bit for bit (before, its o_proj.bias was a
+ * tensor "not part of the architecture" and the load failed); the bias is applied. */
+static void test_llama_o_proj_bias(void **s)
+{
+    (void)s;
+    tkd_model *m = make(0, 1, 4), *r = NULL;
+    tkd_test_randn(m->w.layers[0].bo, 20, 5, 0.5f);
+    char *dir = tkd_test_mkdtemp("model-obias");
+    assert_int_equal(tkd_model_save_hf(m, dir, TKD_DTYPE_F32), TKD_OK);
+    tkd_st_dir *st = NULL;
+    assert_int_equal(tkd_st_open(dir, &st), TKD_OK);
+    assert_non_null(tkd_st_find(st, "model.layers.0.self_attn.o_proj.bias"));
+    tkd_st_close(st);
+    if (tkd_model_load_hf(dir, &r) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    assert_memory_equal(r->params, m->params, sizeof(float) * m->n_params);
+    int32_t tok[3] = {1, 2, 3};
+    const void *h1 = NULL;
+    assert_int_equal(tkd_model_forward(r, tok, 1, 3, 0, &h1), TKD_OK);
+    float before[60];
+    memcpy(before, h1, sizeof before);
+    memset(r->w.layers[0].bo, 0, sizeof(float) * 20);
+    assert_int_equal(tkd_model_forward(r, tok, 1, 3, 0, &h1), TKD_OK);
+    assert_true(memcmp(before, h1, sizeof before) != 0);
+    tkd_model_free(r);
+    tkd_model_free(m);
+    tkd_test_rmtree(dir);
+    free(dir);
 }
 
 /* Row b's hidden states depend only on row b, and position t only on positions <= t: a short run on a
@@ -586,6 +662,262 @@ static void test_qwen3_moe_checkpoints(void **s)
     tkd_model_free(m);
 }
 
+/* ---- gpt-oss ----------------------------------------------------------------------------------- */
+
+/* A tiny gpt-oss: D 20, H 4, Hkv 2, head_dim 8 != D/H, layer 0 sliding (window 3 < T), layer 1
+ * full, YaRN (factor 4 over an original 4 positions, so it matters within 16), every layer MoE
+ * (E 5, top-2, I 12) with a swiglu_limit (0.6) the activations reach. */
+static tkd_model_config gpt_oss_cfg(void)
+{
+    tkd_model_config c = small_cfg(0, 1);
+    c.arch = TKD_ARCH_GPT_OSS, c.head_dim = 8, c.intermediate_size = 12, c.moe_intermediate_size = 12;
+    c.num_experts = 5, c.num_experts_per_tok = 2, c.swiglu_limit = 0.6f;
+    c.sliding_window = 3, c.layer_sliding[0] = 1, c.layer_moe[0] = c.layer_moe[1] = 1;
+    c.rope_scaling = TKD_ROPE_SCALING_YARN, c.rope_factor = 4, c.rope_beta_fast = 32, c.rope_beta_slow = 1;
+    c.rope_original_max_pos = 4, c.rope_truncate = 0;
+    return c;
+}
+
+/* Every weight drawn again, the biases and sinks away from zero (the init leaves biases 0), the
+ * routers wide so tokens pick different experts. */
+static void gpt_oss_randomise(tkd_model *m, uint64_t seed)
+{
+    tkd_test_randn(m->params, m->n_params, seed, 0.3f);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        tkd_layer_weights *W = &m->w.layers[l];
+        tkd_test_randn(W->router, (size_t)m->cfg.num_experts * m->cfg.hidden_size, seed + 10 + l, 1.0f);
+        tkd_test_randn(W->sinks, (size_t)m->cfg.num_attention_heads, seed + 20 + l, 1.5f);
+    }
+}
+
+static double *to_double(const float *x, size_t n)
+{
+    double *d = malloc(sizeof(double) * n);
+    assert_non_null(d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+/* hidden of the gpt-oss model m, composed from the double reference ops: per block rmsnorm, q/k/v
+ * with biases, RoPE from the model's (YaRN) tables, attention with the layer's window and sinks
+ * (tkd_ref_attn_sinks_fwd), o_proj with bias, residual, rmsnorm, MoE (tkd_ref_moe_fwd with
+ * gpt-oss's params and biases), residual; the final norm. ref (N, D); routed: distinct experts. */
+static void gpt_oss_reference(const tkd_model *m, const int32_t *tok, int B, int T, double *ref, int *routed)
+{
+    const tkd_model_config *c = &m->cfg;
+    int N = B * T, D = c->hidden_size, H = c->num_attention_heads, Hkv = c->num_key_value_heads, dh = c->head_dim;
+    int Q = H * dh, KV = Hkv * dh, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
+    double *emb = to_double(m->w.embed, (size_t)c->vocab_size * D), *x = calloc((size_t)N * D, sizeof(double));
+    double *n1 = calloc((size_t)N * D, 8), *q = calloc((size_t)N * Q, 8), *k = calloc((size_t)N * KV, 8);
+    double *v = calloc((size_t)N * KV, 8), *att = calloc((size_t)B * H * T * T, 8), *y = calloc((size_t)N * Q, 8);
+    double *rstd = calloc((size_t)N, 8), *mo = calloc((size_t)N * D, 8);
+    float *n2 = calloc((size_t)N * D, 4);
+    int32_t *ex = calloc((size_t)N * K, 4);
+    int used[64] = {0};
+    *routed = 0;
+    tkd_ref_embedding_fwd(tok, N, emb, D, x);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const tkd_layer_weights *W = &m->w.layers[l];
+        double *an = to_double(W->attn_norm, D), *wq = to_double(W->wq, (size_t)Q * D), *bq = to_double(W->bq, Q);
+        double *wk = to_double(W->wk, (size_t)KV * D), *bk = to_double(W->bk, KV);
+        double *wv = to_double(W->wv, (size_t)KV * D), *bv = to_double(W->bv, KV);
+        double *wo = to_double(W->wo, (size_t)D * Q), *bo = to_double(W->bo, D), *sk = to_double(W->sinks, H);
+        double *mn = to_double(W->mlp_norm, D);
+        tkd_ref_rmsnorm_fwd(x, an, N, D, c->rms_norm_eps, n1, rstd);
+        tkd_ref_linear_fwd(n1, wq, bq, N, D, Q, 0, q);
+        tkd_ref_linear_fwd(n1, wk, bk, N, D, KV, 0, k);
+        tkd_ref_linear_fwd(n1, wv, bv, N, D, KV, 0, v);
+        tkd_ref_rope_fwd(q, N, T, H, dh, m->rope_cos, m->rope_sin);
+        tkd_ref_rope_fwd(k, N, T, Hkv, dh, m->rope_cos, m->rope_sin);
+        tkd_ref_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, tkd_model_config_window(c, l), sk, att, y);
+        tkd_ref_linear_fwd(y, wo, bo, N, Q, D, 1, x); /* x += o_proj(y) */
+        tkd_ref_rmsnorm_fwd(x, mn, N, D, c->rms_norm_eps, n1, rstd);
+        for (int i = 0; i < N * D; i++)
+            n2[i] = (float)n1[i]; /* the op reads fp32 rows, as the model's n2 */
+        tkd_moe_params p = tkd_moe_params_gpt_oss(D, I, E, K, c->swiglu_limit);
+        tkd_moe_weights w = {W->router, W->router_b, W->eg, W->eu, W->ed, W->ebg, W->ebu, W->ebd};
+        tkd_ref_moe_fwd(&p, &w, n2, N, mo, ex, NULL);
+        for (int i = 0; i < N * D; i++)
+            x[i] += mo[i];
+        for (int i = 0; i < N * K; i++)
+            *routed += !used[l * E + ex[i]]++;
+        free(an), free(wq), free(bq), free(wk), free(bk), free(wv), free(bv), free(wo), free(bo), free(sk), free(mn);
+    }
+    double *fn = to_double(m->w.final_norm, D);
+    tkd_ref_rmsnorm_fwd(x, fn, N, D, c->rms_norm_eps, ref, rstd);
+    free(fn), free(emb), free(x), free(n1), free(q), free(k), free(v), free(att), free(y), free(rstd), free(mo);
+    free(n2), free(ex);
+}
+
+/* The gpt-oss block: its layout (o_proj and q/k/v biases, sinks (H), the router with its bias, the
+ * experts' stacks in the op's layout with their biases; no q/k norm, no dense MLP), the YaRN tables
+ * scaled by the attention factor, and the forward against gpt_oss_reference (window 3 < T 7 on
+ * layer 0, sinks, biases, clamped experts). Training is refused naming the sinks. */
+static void test_gpt_oss_forward(void **s)
+{
+    (void)s;
+    enum { B = 2, T = 7, N = B * T, D = 20 };
+    tkd_model_config c = gpt_oss_cfg();
+    tkd_model *m = NULL;
+    if (tkd_model_init_random(&c, 9, &m) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    const tkd_layer_weights *L1 = &m->w.layers[1];
+    assert_ptr_equal(L1->sinks, m->params + find_param(m, "model.layers.1.self_attn.sinks")->offset);
+    assert_int_equal(find_param(m, "model.layers.1.self_attn.sinks")->shape[0], 4);
+    assert_ptr_equal(L1->bo, m->params + find_param(m, "model.layers.1.self_attn.o_proj.bias")->offset);
+    assert_ptr_equal(L1->router, m->params + find_param(m, "model.layers.1.mlp.router.weight")->offset);
+    assert_ptr_equal(L1->router_b, m->params + find_param(m, "model.layers.1.mlp.router.bias")->offset);
+    assert_ptr_equal(L1->ebd, m->params + find_param(m, "model.layers.1.mlp.experts.down_proj_bias")->offset);
+    assert_non_null(L1->bq);
+    assert_non_null(L1->ebg);
+    assert_non_null(L1->ebu);
+    assert_null(L1->q_norm);
+    assert_null(L1->wg);
+    /* YaRN: position 0's cos is the attention factor 0.1·ln(4) + 1 */
+    assert_true(fabsf(m->rope_cos[0] - (float)(0.1 * log(4.0) + 1.0)) < 1e-6f);
+    float inv[4], af, cos_t[16 * 4], sin_t[16 * 4]; /* and the YaRN frequencies, table for table */
+    tkd_rope_inv_freq_yarn(1e4, 8, 4.0, 32.0, 1.0, 4, 0, 0.0, inv, &af);
+    tkd_rope_table_scaled(inv, 8, 16, af, cos_t, sin_t);
+    assert_memory_equal(m->rope_cos, cos_t, sizeof cos_t);
+    assert_memory_equal(m->rope_sin, sin_t, sizeof sin_t);
+    gpt_oss_randomise(m, 40);
+    int32_t tok[N] = {3, 9, 1, 36, 22, 5, 5, 17, 0, 30, 11, 2, 8, 8};
+    static double ref[N * D];
+    int routed = 0;
+    gpt_oss_reference(m, tok, B, T, ref, &routed);
+    assert_true(routed >= 8); /* of 10 experts over the two layers: the routing is not degenerate */
+    const void *hm = NULL;
+    assert_int_equal(tkd_model_forward(m, tok, B, T, 0, &hm), TKD_OK);
+    const float *h = hm;
+    /* fp32 against double over two blocks of O(1) values: sums of at most 20 terms, a few ulps */
+    for (int i = 0; i < N * D; i++)
+        if (fabs(h[i] - ref[i]) > 5e-5 + 5e-5 * fabs(ref[i]))
+            fail_msg("hidden[%d] = %.7g, reference %.7g", i, h[i], ref[i]);
+    const char *train[] = {"GptOssForCausalLM (gpt_oss) has attention sinks", "training it is not supported", NULL};
+    tkd_test_expect_error(tkd_model_reserve(m, 1, 4, 1), TKD_ERR_UNSUPPORTED, train);
+    const char *save[] = {"saving a GptOssForCausalLM checkpoint is not supported", NULL};
+    tkd_test_expect_error(tkd_model_save_hf(m, "/nonexistent/gptoss", TKD_DTYPE_F32), TKD_ERR_UNSUPPORTED, save);
+    tkd_model_free(m);
+}
+
+/* The experts of a gpt-oss checkpoint in both layouts load to the same weights: the dequantised one
+ * (gate_up_proj (E, D, 2I) interleaved, down_proj (E, I, D): what the model was made from) and the
+ * released MXFP4 one (_blocks/_scales pairs whose values are exactly those weights, in a second
+ * shard). D = I = 32: one MXFP4 block per row. */
+static void test_gpt_oss_checkpoints(void **s)
+{
+    (void)s;
+    enum { D = 32, I = 32, E = 3, G = 1 };
+    tkd_model_config c = gpt_oss_cfg();
+    c.hidden_size = D, c.intermediate_size = I, c.moe_intermediate_size = I, c.num_experts = E;
+    tkd_model *m = NULL, *r = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 12, &m), TKD_OK);
+    gpt_oss_randomise(m, 50);
+    /* MXFP4 pairs per layer (random codes, scales 2^-3..2^0), decoded into the model's experts */
+    static uint8_t gu_blk[2][E * 2 * I * G * 16], gu_sc[2][E * 2 * I * G], dn_blk[2][E * D * G * 16], dn_sc[2][E * D * G];
+    static float gu_rows[E * 2 * I * D], gu[E * D * 2 * I], gub[E * 2 * I], dn_rows[E * D * I], dn[E * I * D];
+    uint64_t st = 77;
+    for (int l = 0; l < 2; l++) {
+        for (size_t i = 0; i < sizeof gu_blk[l]; i++)
+            gu_blk[l][i] = (uint8_t)((st = st * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+        for (size_t i = 0; i < sizeof dn_blk[l]; i++)
+            dn_blk[l][i] = (uint8_t)((st = st * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+        for (size_t i = 0; i < sizeof gu_sc[l]; i++)
+            gu_sc[l][i] = (uint8_t)(124 + i % 4);
+        for (size_t i = 0; i < sizeof dn_sc[l]; i++)
+            dn_sc[l][i] = (uint8_t)(124 + i % 4);
+        assert_int_equal(tkd_mxfp4_decode_f32(gu_blk[l], gu_sc[l], E * 2 * I, G, gu_rows, "gu"), TKD_OK);
+        assert_int_equal(tkd_mxfp4_decode_f32(dn_blk[l], dn_sc[l], E * D, G, dn_rows, "dn"), TKD_OK);
+        /* transformers: the dequantised (E, R, G·32) transposed in its last two dims */
+        for (int e = 0; e < E; e++) {
+            for (int rr = 0; rr < 2 * I; rr++)
+                for (int d = 0; d < D; d++)
+                    gu[((size_t)e * D + d) * 2 * I + rr] = gu_rows[((size_t)e * 2 * I + rr) * D + d];
+            for (int rr = 0; rr < D; rr++)
+                for (int i = 0; i < I; i++)
+                    dn[((size_t)e * I + i) * D + rr] = dn_rows[((size_t)e * D + rr) * I + i];
+        }
+        tkd_layer_weights *W = &m->w.layers[l];
+        for (int e = 0; e < E; e++)
+            for (int i = 0; i < I; i++) {
+                gub[e * 2 * I + 2 * i] = W->ebg[e * I + i];
+                gub[e * 2 * I + 2 * i + 1] = W->ebu[e * I + i];
+            }
+        tkd_moe_from_gpt_oss(E, D, I, gu, gub, dn, W->eg, W->eu, W->ebg, W->ebu, W->ed);
+    }
+    char *dir = tkd_test_mkdtemp("model-gptoss");
+    char bdir[4200], qdir[4200];
+    snprintf(bdir, sizeof bdir, "%s/bf16", dir);
+    snprintf(qdir, sizeof qdir, "%s/mxfp4", dir);
+    gpt_oss_save(m, bdir, TKD_DTYPE_BF16); /* the MXFP4 values and the rest: are they all bf16? */
+    if (tkd_model_load_hf(bdir, &r) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    assert_int_equal(r->cfg.arch, TKD_ARCH_GPT_OSS);
+    for (int l = 0; l < 2; l++) /* the experts are exact in bf16 (MXFP4 values) */
+        assert_memory_equal(r->w.layers[l].eg, m->w.layers[l].eg, sizeof(float) * (size_t)E * I * D * 3);
+    tkd_model_free(r);
+
+    /* MXFP4: shard 1 every other tensor (F32), shard 2 the U8 pairs; the index maps both */
+    assert_int_equal(mkdir(qdir, 0755), 0);
+    gpt_oss_write_config(qdir, &m->cfg, 1);
+    tkd_st_writer *w = NULL;
+    assert_int_equal(tkd_st_writer_init(&w, TKD_DTYPE_F32), TKD_OK);
+    char p1[4300], p2[4300], idx[4300];
+    snprintf(p1, sizeof p1, "%s/model-00001-of-00002.safetensors", qdir);
+    snprintf(p2, sizeof p2, "%s/model-00002-of-00002.safetensors", qdir);
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", qdir);
+    gpt_oss_write_tensors(m, qdir, TKD_DTYPE_F32, 1, w);
+    tkd_st_writer_free(w);
+    char from[4300];
+    snprintf(from, sizeof from, "%s/model.safetensors", qdir);
+    assert_int_equal(rename(from, p1), 0);
+    FILE *f = fopen(idx, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"weight_map\": {");
+    for (int i = 0; i < m->n_info; i++)
+        if (!gpt_oss_internal_name(m->info[i].name))
+            fprintf(f, "\"%s\": \"model-00001-of-00002.safetensors\", ", m->info[i].name);
+    static char names[2][4][96];
+    st_hand e[8];
+    for (int l = 0; l < 2; l++) {
+        fprintf(f, "\"model.layers.%d.mlp.experts.gate_up_proj_bias\": \"model-00001-of-00002.safetensors\", ", l);
+        const char *kinds[4] = {"gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"};
+        for (int j = 0; j < 4; j++) {
+            snprintf(names[l][j], sizeof names[l][j], "model.layers.%d.mlp.experts.%s", l, kinds[j]);
+            fprintf(f, "\"%s\": \"model-00002-of-00002.safetensors\"%s", names[l][j], l == 1 && j == 3 ? "" : ", ");
+        }
+        e[4 * l + 0] = (st_hand){names[l][0], 4, {E, 2 * I, G, 16}, gu_blk[l], sizeof gu_blk[l]};
+        e[4 * l + 1] = (st_hand){names[l][1], 3, {E, 2 * I, G}, gu_sc[l], sizeof gu_sc[l]};
+        e[4 * l + 2] = (st_hand){names[l][2], 4, {E, D, G, 16}, dn_blk[l], sizeof dn_blk[l]};
+        e[4 * l + 3] = (st_hand){names[l][3], 3, {E, D, G}, dn_sc[l], sizeof dn_sc[l]};
+    }
+    fprintf(f, "}}\n");
+    fclose(f);
+    write_u8_st(p2, e, 8);
+    if (tkd_model_load_hf(qdir, &r) != TKD_OK)
+        fail_msg("%s", tkd_error_msg());
+    assert_int_equal(r->cfg.quant_mxfp4, 1);
+    assert_memory_equal(r->params, m->params, sizeof(float) * m->n_params);
+    tkd_model_free(r);
+    /* a missing expert tensor is named, with its MXFP4 alternative */
+    remove(p2);
+    f = fopen(idx, "w");
+    fprintf(f, "{\"weight_map\": {");
+    for (int i = 0; i < m->n_info; i++)
+        if (!gpt_oss_internal_name(m->info[i].name))
+            fprintf(f, "\"%s\": \"model-00001-of-00002.safetensors\", ", m->info[i].name);
+    fprintf(f, "\"model.layers.0.mlp.experts.gate_up_proj_bias\": \"model-00001-of-00002.safetensors\", "
+               "\"model.layers.1.mlp.experts.gate_up_proj_bias\": \"model-00001-of-00002.safetensors\"}}\n");
+    fclose(f);
+    const char *missing[] = {"model.layers.0.mlp.experts.gate_up_proj", "or its MXFP4 _blocks/_scales pair",
+                             "is missing", NULL};
+    tkd_test_expect_error(tkd_model_load_hf(qdir, &r), TKD_ERR_NOT_FOUND, missing);
+    tkd_test_rmtree(dir);
+    free(dir);
+    tkd_model_free(m);
+}
+
 static void test_errors(void **s)
 {
     (void)s;
@@ -741,6 +1073,7 @@ int main(void)
         cmocka_unit_test(test_init_is_seeded),
         cmocka_unit_test(test_layer_ranges),
         cmocka_unit_test(test_param_list),
+        cmocka_unit_test(test_llama_o_proj_bias),
         cmocka_unit_test(test_causal_and_batch_independent),
         cmocka_unit_test(test_inference_equals_training),
         cmocka_unit_test(test_grad_accumulation_and_tied_head),
@@ -752,6 +1085,8 @@ int main(void)
         cmocka_unit_test(test_qwen3_moe_forward),
         cmocka_unit_test(test_qwen3_moe_refusals),
         cmocka_unit_test(test_qwen3_moe_checkpoints),
+        cmocka_unit_test(test_gpt_oss_forward),
+        cmocka_unit_test(test_gpt_oss_checkpoints),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_schedule),
         cmocka_unit_test(test_clip),

@@ -305,6 +305,75 @@ static void test_attention_window(void **s)
     }
 }
 
+/* y_i of head h written out in double from its definition (transformers' eager_attention_forward
+ * for gpt-oss): combined = [s_ij for the keys i attends, sink_h], minus its max, exp, normalised,
+ * sink dropped. Independent of the reference op. */
+static double direct_sink_y(const double *q, const double *k, const double *v, int T, int H, int Hkv, int dh,
+                            int W, double sink, int b, int h, int i, int d)
+{
+    int grp = H / Hkv, j0 = W > 0 && i >= W ? i - W + 1 : 0;
+    double s[64], mx = sink, z = 0, y = 0;
+    for (int j = j0; j <= i; j++) {
+        double dot = 0;
+        for (int e = 0; e < dh; e++)
+            dot += q[((size_t)(b * T + i) * H + h) * dh + e] * k[((size_t)(b * T + j) * Hkv + h / grp) * dh + e];
+        s[j] = dot / sqrt((double)dh);
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    z = exp(sink - mx);
+    for (int j = j0; j <= i; j++)
+        z += exp(s[j] - mx);
+    for (int j = j0; j <= i; j++)
+        y += exp(s[j] - mx) / z * v[((size_t)(b * T + j) * Hkv + h / grp) * dh + d];
+    return y;
+}
+
+/* Attention sinks (gpt-oss), with and without a window: the fast path against the double
+ * reference and against the definition written out above; a row's weights sum to
+ * 1 − exp(sink − m)/Z < 1; a sink of −1e30 changes nothing (bit for bit against no sinks). */
+static void test_attention_sinks(void **s)
+{
+    (void)s;
+    int cases[][6] = {{2, 9, 4, 2, 5, 3}, {1, 11, 4, 1, 16, 4}, {3, 6, 2, 2, 3, 0}, {2, 37, 8, 2, 10, 16}};
+    for (int c = 0; c < 4; c++) {
+        int B = cases[c][0], T = cases[c][1], H = cases[c][2], Hkv = cases[c][3], dh = cases[c][4], W = cases[c][5];
+        size_t N = (size_t)B * T, nq = N * H * dh, nkv = N * Hkv * dh, na = (size_t)B * H * T * T;
+        uint64_t sd = 9100 + 100 * c;
+        pair q = mk(nq, sd + 1, 1.5f), k = mk(nkv, sd + 2, 1.5f), v = mk(nkv, sd + 3, 1), sk = mk((size_t)H, sd + 4, 2);
+        pair att = mk(na, 0, 0), y = mk(nq, 0, 0);
+        tkd_cpu_attn_sinks_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, sk.f, att.f, y.f);
+        tkd_ref_attn_sinks_fwd(q.d, k.d, v.d, B, T, H, Hkv, dh, W, sk.d, att.d, y.d);
+        expect_close(&att, "sink attn probabilities");
+        expect_close(&y, "sink attn y");
+        double worst = 0;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < T; i++)
+                for (int h = 0; h < H; h++)
+                    for (int d = 0; d < dh; d++) {
+                        double want = direct_sink_y(q.d, k.d, v.d, T, H, Hkv, dh, W, sk.d[h], b, h, i, d);
+                        double got = y.f[((size_t)(b * T + i) * H + h) * dh + d];
+                        worst = fmax(worst, fabs(got - want));
+                    }
+        if (worst > 2e-6) /* fp32 softmax and sums over at most 37 keys of |v| ~ 1 */
+            fail_msg("case %d: y differs from the definition by %g", c, worst);
+        for (size_t r = 0; r < (size_t)B * H * T; r++) {
+            double sum = 0;
+            for (int j = 0; j < T; j++)
+                sum += att.f[r * T + j];
+            assert_true(sum < 1.0 && sum > 0.0);
+        }
+        /* no sink at all: −1e30 leaves the window op's bits */
+        float *yf = malloc(sizeof(float) * nq), *af = malloc(sizeof(float) * na), none[8];
+        for (int h = 0; h < H; h++)
+            none[h] = -1e30f;
+        tkd_cpu_attn_window_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, af, yf);
+        tkd_cpu_attn_sinks_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, none, att.f, y.f);
+        assert_memory_equal(yf, y.f, sizeof(float) * nq);
+        free(yf), free(af);
+        drop(&q), drop(&k), drop(&v), drop(&sk), drop(&att), drop(&y);
+    }
+}
+
 /* Large scores must not overflow: softmax subtracts the row max. */
 static void test_attention_large_scores(void **s)
 {
@@ -341,4 +410,4 @@ static void test_swiglu(void **s)
 }
 
 TKD_TEST_MAIN(test_embedding, test_rmsnorm, test_linear, test_rope_inv_freq, test_rope_yarn, test_rope,
-    test_attention, test_attention_window, test_attention_large_scores, test_swiglu)
+    test_attention, test_attention_window, test_attention_sinks, test_attention_large_scores, test_swiglu)

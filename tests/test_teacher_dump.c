@@ -23,6 +23,7 @@
 #include "kernels/loss/kl_loss.h"
 #include "model/model.h"
 #include "teacher_cache/dump_merge.h"
+#include "tests/gpt_oss_testutil.h"
 #include "teacher_cache/dump_dir.h"
 #include "tests/dump_testutil.h"
 
@@ -180,6 +181,34 @@ static void test_parity_llama_bf16_weights(void **state) { (void)state; parity_c
 static void test_parity_qwen_float32(void **state) { (void)state; parity_case("qwen2_tied_f32", 173, "float32"); }
 static void test_parity_qwen_bf16_weights(void **state) { (void)state; parity_case("qwen2_tied_bf16", 173, "half"); }
 
+/* The dump of the checkpoint at mpath (the model m, saved there) against m's own logits over the
+ * fixture tokens, one sequence per forward as the dump runs it: the cache holds their top-k and LSE.
+ * Frees m. */
+static void dump_matches_model(const char *dir, tkd_model *m, const char *mpath, int V)
+{
+    char lpath[4200];
+    snprintf(lpath, sizeof lpath, "%s/teacher.logits.f32", dir);
+    int32_t tok[FIX_B * (FIX_T + 1)];
+    FILE *f = fopen(tkd_test_src("fixtures/hf/tokens.i32"), "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(tok, 4, FIX_B * (FIX_T + 1), f), FIX_B * (FIX_T + 1));
+    fclose(f);
+    float *logits = malloc(sizeof(float) * FIX_B * FIX_T * (size_t)V);
+    assert_non_null(logits);
+    for (int s = 0; s < FIX_B; s++) {
+        const void *hidden;
+        assert_int_equal(tkd_model_forward(m, tok + s * (FIX_T + 1), 1, FIX_T, 0, &hidden), TKD_OK);
+        assert_int_equal(tkd_model_logits(m, hidden, FIX_T, logits + (size_t)s * FIX_T * V), TKD_OK);
+    }
+    f = fopen(lpath, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(logits, sizeof(float) * FIX_B * FIX_T * (size_t)V, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    free(logits);
+    tkd_model_free(m);
+    parity_at(dir, mpath, lpath, V, "float32");
+}
+
 /* A Qwen3-MoE teacher (a dense first layer, then two MoE layers: E 8, top-2) dumps on the CPU: its
  * checkpoint as student-train's writer saves it (per-expert tensors), and the cache holds the top-k
  * and LSE of the C model's own logits (the forward itself is held to transformers by test_hf_parity
@@ -199,27 +228,39 @@ static void test_dump_qwen3_moe_teacher(void **state)
     assert_int_equal(tkd_model_init_random(&c, 11, &m), TKD_OK);
     for (int l = 1; l <= 2; l++) /* routers wider than the init, so tokens pick different experts */
         tkd_test_randn(m->w.layers[l].router, (size_t)E * D, 30 + l, 1.0f);
-    char mpath[4200], lpath[4200];
+    char mpath[4200];
     snprintf(mpath, sizeof mpath, "%s/teacher", dir);
-    snprintf(lpath, sizeof lpath, "%s/teacher.logits.f32", dir);
     assert_int_equal(tkd_model_save_hf(m, mpath, TKD_DTYPE_F32), TKD_OK);
-    int32_t tok[FIX_B * (FIX_T + 1)];
-    FILE *f = fopen(tkd_test_src("fixtures/hf/tokens.i32"), "rb");
-    assert_non_null(f);
-    assert_int_equal(fread(tok, 4, FIX_B * (FIX_T + 1), f), FIX_B * (FIX_T + 1));
-    fclose(f);
-    static float logits[FIX_B * FIX_T * V];
-    for (int s = 0; s < FIX_B; s++) { /* one sequence per forward, as the dump runs it */
-        const void *hidden;
-        assert_int_equal(tkd_model_forward(m, tok + s * (FIX_T + 1), 1, FIX_T, 0, &hidden), TKD_OK);
-        assert_int_equal(tkd_model_logits(m, hidden, FIX_T, logits + (size_t)s * FIX_T * V), TKD_OK);
+    dump_matches_model(dir, m, mpath, V);
+}
+
+/* A gpt-oss teacher (sinks, biases, layer 0 sliding with window 4 < T 11, layer 1 full, YaRN, E 4
+ * top-2 MoE in both layers) dumps on the CPU from a checkpoint in transformers' layout
+ * (tests/gpt_oss_testutil.h); its forward is held to a hand-composed reference by test_model. */
+static void test_dump_gpt_oss_teacher(void **state)
+{
+    const char *dir = *state;
+    enum { V = 149, D = 32, E = 4 };
+    tkd_model_config c;
+    tkd_model_config_defaults(&c);
+    c.arch = TKD_ARCH_GPT_OSS, c.vocab_size = V, c.hidden_size = D, c.intermediate_size = 24;
+    c.num_hidden_layers = 2, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 16;
+    c.max_position_embeddings = 64, c.tie_word_embeddings = 0, c.initializer_range = 0.1f, c.attention_bias = 1;
+    c.num_experts = E, c.num_experts_per_tok = 2, c.moe_intermediate_size = 24, c.swiglu_limit = 7.0f;
+    c.layer_moe[0] = c.layer_moe[1] = 1, c.sliding_window = 4, c.layer_sliding[0] = 1;
+    c.rope_scaling = TKD_ROPE_SCALING_YARN, c.rope_factor = 4, c.rope_beta_fast = 32, c.rope_beta_slow = 1;
+    c.rope_original_max_pos = 8, c.rope_truncate = 0, c.rope_theta = 1e4;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 13, &m), TKD_OK);
+    for (int l = 0; l < 2; l++) { /* routers wide, sinks and router biases away from zero */
+        tkd_test_randn(m->w.layers[l].router, (size_t)E * D, 40 + l, 1.0f);
+        tkd_test_randn(m->w.layers[l].router_b, E, 50 + l, 0.5f);
+        tkd_test_randn(m->w.layers[l].sinks, 4, 60 + l, 1.0f);
     }
-    f = fopen(lpath, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(logits, sizeof logits, 1, f), 1);
-    assert_int_equal(fclose(f), 0);
-    tkd_model_free(m);
-    parity_at(dir, mpath, lpath, V, "float32");
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/teacher", dir);
+    gpt_oss_save(m, mpath, TKD_DTYPE_F32);
+    dump_matches_model(dir, m, mpath, V);
 }
 
 /* ---- resume -------------------------------------------------------------------------------------- */
@@ -663,7 +704,7 @@ static void test_raw_bytes_per_token(void **state)
 }
 
 TKD_TEST_MAIN_EACH_DIR(test_parity_llama_half, test_parity_llama_bf16_weights, test_parity_qwen_float32,
-    test_parity_qwen_bf16_weights, test_dump_qwen3_moe_teacher, test_resume_after_stop, test_repair_missing_and_damaged,
+    test_parity_qwen_bf16_weights, test_dump_qwen3_moe_teacher, test_dump_gpt_oss_teacher, test_resume_after_stop, test_repair_missing_and_damaged,
     test_writer_threads_same_cache, test_two_dumps_same_bytes, test_last_window_pad,
     test_merge_names_the_missing_worker, test_config_workers_from_env, test_config_shard_tokens,
     test_worker_ranges_tile, test_raw_bytes_per_token)

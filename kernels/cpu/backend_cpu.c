@@ -127,10 +127,10 @@ static tkd_status cpu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, 
 }
 
 static tkd_status cpu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H,
-                               int Hkv, int dh, int window, void *y, void *saved)
+                               int Hkv, int dh, int window, const void *sinks, void *y, void *saved)
 {
     (void)be;
-    tkd_cpu_attn_window_fwd(q, k, v, B, T, H, Hkv, dh, window, saved, y);
+    tkd_cpu_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, sinks, saved, y);
     return TKD_OK;
 }
 

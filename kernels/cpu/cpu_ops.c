@@ -159,7 +159,7 @@ static inline int attn_first_key(int i, int window)
 
 /* One (batch, head): rows are independent, row i touches keys j0..i only (j0 = 0: causal). */
 static void attn_fwd_head(const float *q, const float *k, const float *v, int T, int qs, int kvs,
-                          int dh, int window, float scale, float *att, float *y)
+                          int dh, int window, float scale, const float *sink, float *att, float *y)
 {
     for (int i = 0; i < T; i++) {
         const float *qi = q + (int64_t)i * qs;
@@ -169,6 +169,10 @@ static void attn_fwd_head(const float *q, const float *k, const float *v, int T,
         for (int j = j0; j <= i; j++) {
             a[j] = dotf(qi, k + (int64_t)j * kvs, dh) * scale;
             mx = a[j] > mx ? a[j] : mx;
+        }
+        if (sink) { /* transformers: cat(scores, sink), minus the max, softmax, sink column dropped */
+            mx = *sink > mx ? *sink : mx;
+            sum = expf(*sink - mx);
         }
         for (int j = j0; j <= i; j++)
             sum += (a[j] = expf(a[j] - mx));
@@ -190,6 +194,12 @@ static void attn_fwd_head(const float *q, const float *k, const float *v, int T,
 void tkd_cpu_attn_window_fwd(const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
                              int dh, int window, float *att, float *y)
 {
+    tkd_cpu_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, NULL, att, y);
+}
+
+void tkd_cpu_attn_sinks_fwd(const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
+                            int dh, int window, const float *sinks, float *att, float *y)
+{
     int grp = H / Hkv, qs = H * dh, kvs = Hkv * dh;
     float scale = (float)(1.0 / sqrt((double)dh));
 #pragma omp parallel for schedule(dynamic) collapse(2) if ((int64_t)B * H * T * T * dh >= TKD_OMP_MIN_WORK)
@@ -197,7 +207,7 @@ void tkd_cpu_attn_window_fwd(const float *q, const float *k, const float *v, int
         for (int h = 0; h < H; h++) {
             int64_t q0 = (int64_t)b * T * qs + (int64_t)h * dh;
             int64_t kv0 = (int64_t)b * T * kvs + (int64_t)(h / grp) * dh;
-            attn_fwd_head(q + q0, k + kv0, v + kv0, T, qs, kvs, dh, window, scale,
+            attn_fwd_head(q + q0, k + kv0, v + kv0, T, qs, kvs, dh, window, scale, sinks ? sinks + h : NULL,
                           att + ((int64_t)b * H + h) * T * T, y + q0);
         }
 }

@@ -76,7 +76,15 @@ void tkd_cpu_attn_window_fwd(const float *q, const float *k, const float *v, // 
                              int B, int T, int H, int Hkv, int dh, int window,
                              float *att, // (B, H, T, T)
                              float *y);  // (B·T, H·dh)
-/* Backward of either forward, from its att (zeros where masked). */
+/* The same with attention sinks (gpt-oss; sinks NULL: none): head h's softmax runs over its scores
+ * and the logit sinks[h] (in the max and the denominator), whose column is then dropped, so a
+ * row of att sums to less than 1. Forward only: no backward takes sinks (teachers only). */
+void tkd_cpu_attn_sinks_fwd(const float *q, const float *k, const float *v, // as above
+                            int B, int T, int H, int Hkv, int dh, int window,
+                            const float *sinks, // (H) or NULL
+                            float *att,         // (B, H, T, T)
+                            float *y);          // (B·T, H·dh)
+/* Backward of the forwards without sinks, from its att (zeros where masked). */
 void tkd_cpu_attn_bwd(const float *dy, // (B·T, H·dh)
                       const float *q, const float *k, const float *v,
                       const float *att, // (B, H, T, T) from the forward

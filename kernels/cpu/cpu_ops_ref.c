@@ -118,6 +118,12 @@ void tkd_ref_rope_bwd(double *dx, int N, int T, int nh, int dh, const float *cos
 void tkd_ref_attn_window_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
                              int Hkv, int dh, int window, double *att, double *y)
 {
+    tkd_ref_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, NULL, att, y);
+}
+
+void tkd_ref_attn_sinks_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
+                            int Hkv, int dh, int window, const double *sinks, double *att, double *y)
+{
     int grp = H / Hkv;
     double scale = 1.0 / sqrt((double)dh);
     for (int b = 0; b < B; b++)
@@ -139,6 +145,10 @@ void tkd_ref_attn_window_fwd(const double *q, const double *k, const double *v, 
                     mx = fmax(mx, a[j]);
                 }
                 int j0 = window > 0 && i >= window ? i - window + 1 : 0;
+                if (sinks) { /* the sink joins the max and the denominator, and is then dropped */
+                    mx = fmax(mx, sinks[h]);
+                    sum = exp(sinks[h] - mx);
+                }
                 for (int j = j0; j <= i; j++)
                     sum += (a[j] = exp(a[j] - mx));
                 double *yi = y + ((int64_t)(b * T + i) * H + h) * dh;

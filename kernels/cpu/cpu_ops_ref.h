@@ -66,6 +66,14 @@ void tkd_ref_attn_window_fwd(const double *q, const double *k, const double *v, 
                              int B, int T, int H, int Hkv, int dh, int window,
                              double *att, // (B, H, T, T)
                              double *y);  // (B·T, H·dh)
+/* With attention sinks too (gpt-oss; sinks NULL: none): head h's row softmax runs over its scores
+ * and one more logit sinks[h], whose column is then dropped, so a row's weights sum to less than 1.
+ * Forward only (no backward with sinks). */
+void tkd_ref_attn_sinks_fwd(const double *q, const double *k, const double *v, // as above
+                            int B, int T, int H, int Hkv, int dh, int window,
+                            const double *sinks, // (H) or NULL
+                            double *att,         // (B, H, T, T)
+                            double *y);          // (B·T, H·dh)
 void tkd_ref_attn_bwd(const double *dy, // (B·T, H·dh)
                       const double *q, const double *k, const double *v,
                       const double *att, // (B, H, T, T) from the forward

@@ -90,7 +90,7 @@ void cu_close(tkd_backend *be)
     tkd_cuda_free_host(c->h_wait_err);
     tkd_lmhead_sm90_ws_free(c->lm);
     for (Grow *g : {&c->logits, &c->idx, &c->val, &c->lse, &c->tail, &c->seq, &c->pos, &c->attn_delta,
-                    &c->lm_scratch, &c->lm_flags})
+                    &c->lm_scratch, &c->lm_flags, &c->sinks32})
         tkd_cuda_free(g->p);
     for (GrowHost *g : {&c->h_idx, &c->h_val, &c->h_lse, &c->h_tail})
         tkd_cuda_free_host(g->p);
@@ -238,11 +238,18 @@ tkd_status no_window_bwd_yet(int window, int T)
     return TKD_OK;
 }
 
-/* A window shorter than T: our kernels' masked forward (cuDNN's graph here has no window). */
+/* A window shorter than T, or sinks: our kernels' masked forward (cuDNN's graph here has neither).
+ * The masked kernels take fp32 sinks (H): the act (bf16) sinks are widened, exactly, into a small
+ * buffer of the backend on the stream, once per call (H floats: nothing beside the attention). */
 tkd_status attn_fwd_window(CudaImpl *c, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
-                           int dh, int window, void *y, void *saved)
+                           int dh, int window, const void *sinks, void *y, void *saved)
 {
-    const tkd_attn_mask mask = {window, NULL};
+    if (sinks) {
+        TKD_TRY(grow(&c->sinks32, (size_t)H * sizeof(float), "attention sinks (fp32)", nullptr));
+        TKD_TRY(tkd_cuda_bf16_to_f32(static_cast<cbf>(sinks), static_cast<float *>(c->sinks32.p), (size_t)H,
+                                     c->stream));
+    }
+    const tkd_attn_mask mask = {window, sinks ? static_cast<const float *>(c->sinks32.p) : nullptr};
     auto fn = flash_takes(dh) ? tkd_cuda_attn_fwd_masked : tkd_cuda_attn_fwd_simple_masked;
     return fn(static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v), B, T, H, Hkv, dh, &mask,
               static_cast<bf>(y), static_cast<float *>(saved), c->stream);
@@ -251,11 +258,11 @@ tkd_status attn_fwd_window(CudaImpl *c, const void *q, const void *k, const void
 /* cuDNN's fused attention first (about twice our kernel's rate on an H200); where cuDNN is absent or
  * refuses the shape (a refusal is cached per shape, so asking again is free), our own kernels. */
 tkd_status cu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
-                       int dh, int window, void *y, void *saved)
+                       int dh, int window, const void *sinks, void *y, void *saved)
 {
     CudaImpl *c = impl(be);
-    if (window > 0 && window < T)
-        return attn_fwd_window(c, q, k, v, B, T, H, Hkv, dh, window, y, saved);
+    if ((window > 0 && window < T) || sinks)
+        return attn_fwd_window(c, q, k, v, B, T, H, Hkv, dh, window, sinks, y, saved);
     if (c->cudnn) {
         tkd_status st = tkd_cudnn_attn_fwd(c->cudnn, static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
                                            B, T, H, Hkv, dh, static_cast<bf>(y), static_cast<float *>(saved),

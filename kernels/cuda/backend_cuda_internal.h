@@ -55,6 +55,7 @@ struct CudaImpl {
     tkd_cuda_bwd_ws *bwd = nullptr; /* backward workspace for up to bwd_rows rows of width bwd_d */
     int bwd_rows = 0, bwd_d = 0;
     Grow attn_delta;               // (B, H, T) f32: attention backward's δ
+    Grow sinks32;                  // (H) f32: attn_fwd's bf16 sinks converted for the masked kernels
     double *norm2 = nullptr;       // (1) device: the gradient norm's sum of squares
     double *h_norm2 = nullptr;     // (1) pinned: its copy
     unsigned *h_wait_err = nullptr; // (1) pinned: the wgmma attention backward's wait flag, read with the norm
