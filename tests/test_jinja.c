@@ -273,7 +273,7 @@ static void test_real_templates_match_reference(void **state)
     cJSON *corpus = cJSON_ParseWithLength(text, n);
     assert_non_null(corpus);
     const cJSON *tmpls = cJSON_GetObjectItem(corpus, "templates"), *convs = cJSON_GetObjectItem(corpus, "conversations");
-    assert_int_equal(cJSON_GetArraySize(tmpls), 7);
+    assert_int_equal(cJSON_GetArraySize(tmpls), 8);
     const cJSON *tmpl;
     cJSON_ArrayForEach(tmpl, tmpls)
     {
