@@ -311,6 +311,9 @@ static tkd_status tkd_jrange(tkd_jrender *r, const tkd_jnode *at, const tkd_jarg
         return tkd_jinja_fail(r, TKD_ERR_FORMAT, at, "range() step must not be zero");
     if (!(*out = tkd_jv_new(r->a, TKD_JV_LIST)))
         return tkd_jnomem();
+    long long count = v[2] > 0 ? (v[1] - v[0] + v[2] - 1) / v[2] : (v[0] - v[1] - v[2] - 1) / -v[2];
+    if (count > (1 << 20)) /* a chat template counts messages, not millions */
+        return tkd_jinja_fail(r, TKD_ERR_UNSUPPORTED, at, "unsupported: range() of %lld items", count);
     for (long long i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
         tkd_jv *x = tkd_jv_int(r->a, i);
         if (!x)

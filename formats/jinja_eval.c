@@ -10,7 +10,11 @@
 
 #include "formats/jinja_internal.h"
 
-enum { TKD_JINJA_MAX_DEPTH = 64 }; /* nested macro calls: a runaway recursion is an error, not a crash */
+/* Bounds that turn a runaway template into an error instead of a crash or a hang: nested macro
+ * calls, statements run (a chat template runs thousands), bytes of output. */
+enum { TKD_JINJA_MAX_DEPTH = 64 };
+#define TKD_JINJA_MAX_STEPS 20000000LL
+#define TKD_JINJA_MAX_OUTPUT ((size_t)1 << 28)
 
 tkd_status tkd_jinja_fail(tkd_jrender *r, tkd_status st, const tkd_jnode *n, const char *fmt, ...)
 {
@@ -604,6 +608,9 @@ static tkd_status tkd_jexec_for(tkd_jrender *r, tkd_jscope *sc, const tkd_jnode 
 
 static tkd_status tkd_jexec(tkd_jrender *r, tkd_jscope *sc, const tkd_jnode *n)
 {
+    if (++r->steps > TKD_JINJA_MAX_STEPS || r->out->n > TKD_JINJA_MAX_OUTPUT)
+        return tkd_jinja_fail(r, TKD_ERR_UNSUPPORTED, n, "unsupported: the template runs past %lld statements or %zu "
+                              "bytes of output", TKD_JINJA_MAX_STEPS, TKD_JINJA_MAX_OUTPUT);
     switch (n->kind) {
     case TKD_JN_TEXT: return tkd_jbuf_put(r->out, n->s, n->n);
     case TKD_JN_OUTPUT: {

@@ -206,6 +206,7 @@ typedef struct tkd_jrender {
     long long now;
     int ctl;   /* a pending break / continue */
     int depth; /* macro call depth, bounded against runaway recursion */
+    long long steps; /* statements run, bounded so that a runaway template stops with an error */
 } tkd_jrender;
 
 /* An error at node n of the template being rendered. */

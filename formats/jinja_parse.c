@@ -12,7 +12,10 @@ typedef struct tkd_jparser {
     tkd_jinja_template *t;
     const tkd_jtok *tok;
     size_t n, i;
+    int depth; /* nesting of expressions and blocks, bounded so that no input overflows the stack */
 } tkd_jparser;
+
+enum { TKD_JINJA_MAX_NESTING = 200 };
 
 static const tkd_jtok *tkd_jp_peek(const tkd_jparser *P)
 {
@@ -96,6 +99,8 @@ static tkd_status tkd_jp_push(tkd_jparser *P, tkd_jnodes *l, tkd_jnode *n)
 static tkd_status tkd_jp_expr(tkd_jparser *P, tkd_jnode **out);
 static tkd_status tkd_jp_or(tkd_jparser *P, tkd_jnode **out);
 static tkd_status tkd_jp_any(tkd_jparser *P, tkd_jnodes *into);
+static tkd_status tkd_jp_not(tkd_jparser *P, tkd_jnode **out);
+static tkd_status tkd_jp_unary_sign(tkd_jparser *P, tkd_jnode **out);
 
 /* a, b, c: one expression, or a tuple when commas follow (primary: plain names, for targets). */
 static tkd_status tkd_jp_sequence(tkd_jparser *P, int primary, tkd_jnode **out);
@@ -280,7 +285,7 @@ static tkd_status tkd_jp_call_member(tkd_jparser *P, tkd_jnode **out)
     return TKD_OK;
 }
 
-static tkd_status tkd_jp_unary_sign(tkd_jparser *P, tkd_jnode **out)
+static tkd_status tkd_jp_unary_sign_in(tkd_jparser *P, tkd_jnode **out)
 {
     const tkd_jtok *at = tkd_jp_peek(P);
     if ((at->type == TKD_JTOK_UNARY || at->type == TKD_JTOK_ADD) && (!strcmp(at->s, "-") || !strcmp(at->s, "+"))) {
@@ -290,6 +295,17 @@ static tkd_status tkd_jp_unary_sign(tkd_jparser *P, tkd_jnode **out)
         return tkd_jp_unary_sign(P, &(*out)->a);
     }
     return tkd_jp_call_member(P, out);
+}
+
+static tkd_status tkd_jp_unary_sign(tkd_jparser *P, tkd_jnode **out)
+{
+    if (P->depth >= TKD_JINJA_MAX_NESTING)
+        return tkd_jp_err(P, TKD_ERR_UNSUPPORTED, tkd_jp_peek(P), "unsupported construct: nesting deeper than %s levels",
+                          "200");
+    P->depth++;
+    tkd_status st = tkd_jp_unary_sign_in(P, out);
+    P->depth--;
+    return st;
 }
 
 static tkd_status tkd_jp_filter(tkd_jparser *P, tkd_jnode **out)
@@ -412,13 +428,24 @@ static tkd_status tkd_jp_compare(tkd_jparser *P, tkd_jnode **out)
     }
 }
 
-static tkd_status tkd_jp_not(tkd_jparser *P, tkd_jnode **out)
+static tkd_status tkd_jp_not_in(tkd_jparser *P, tkd_jnode **out)
 {
     if (!tkd_jp_ident(P, "not"))
         return tkd_jp_compare(P, out);
     TKD_TRY(tkd_jp_node(P, TKD_JN_UNARY, &P->tok[P->i++], out));
     (*out)->op = TKD_JOP_NOT;
     return tkd_jp_not(P, &(*out)->a);
+}
+
+static tkd_status tkd_jp_not(tkd_jparser *P, tkd_jnode **out)
+{
+    if (P->depth >= TKD_JINJA_MAX_NESTING)
+        return tkd_jp_err(P, TKD_ERR_UNSUPPORTED, tkd_jp_peek(P), "unsupported construct: nesting deeper than %s levels",
+                          "200");
+    P->depth++;
+    tkd_status st = tkd_jp_not_in(P, out);
+    P->depth--;
+    return st;
 }
 
 static tkd_status tkd_jp_and(tkd_jparser *P, tkd_jnode **out)
@@ -445,7 +472,7 @@ static tkd_status tkd_jp_or(tkd_jparser *P, tkd_jnode **out)
     return TKD_OK;
 }
 
-static tkd_status tkd_jp_expr(tkd_jparser *P, tkd_jnode **out)
+static tkd_status tkd_jp_expr_in(tkd_jparser *P, tkd_jnode **out)
 {
     TKD_TRY(tkd_jp_or(P, out));
     if (!tkd_jp_ident(P, "if"))
@@ -466,6 +493,17 @@ static tkd_status tkd_jp_expr(tkd_jparser *P, tkd_jnode **out)
     }
     *out = n;
     return TKD_OK;
+}
+
+static tkd_status tkd_jp_expr(tkd_jparser *P, tkd_jnode **out)
+{
+    if (P->depth >= TKD_JINJA_MAX_NESTING)
+        return tkd_jp_err(P, TKD_ERR_UNSUPPORTED, tkd_jp_peek(P), "unsupported construct: nesting deeper than %s levels",
+                          "200");
+    P->depth++;
+    tkd_status st = tkd_jp_expr_in(P, out);
+    P->depth--;
+    return st;
 }
 
 static tkd_status tkd_jp_sequence(tkd_jparser *P, int primary, tkd_jnode **out)
@@ -623,7 +661,7 @@ static tkd_status tkd_jp_statement(tkd_jparser *P, tkd_jnode **out)
     return tkd_jp_err(P, TKD_ERR_UNSUPPORTED, kw, "unsupported statement '%s'", kw->s);
 }
 
-static tkd_status tkd_jp_any(tkd_jparser *P, tkd_jnodes *into)
+static tkd_status tkd_jp_any_in(tkd_jparser *P, tkd_jnodes *into)
 {
     const tkd_jtok *k = tkd_jp_peek(P);
     tkd_jnode *n = NULL;
@@ -645,6 +683,17 @@ static tkd_status tkd_jp_any(tkd_jparser *P, tkd_jnodes *into)
     default: return tkd_jp_err(P, TKD_ERR_FORMAT, k, "unexpected '%s' outside a tag", tkd_jp_tok_text(k));
     }
     return tkd_jp_push(P, into, n);
+}
+
+static tkd_status tkd_jp_any(tkd_jparser *P, tkd_jnodes *into)
+{
+    if (P->depth >= TKD_JINJA_MAX_NESTING)
+        return tkd_jp_err(P, TKD_ERR_UNSUPPORTED, tkd_jp_peek(P), "unsupported construct: nesting deeper than %s levels",
+                          "200");
+    P->depth++;
+    tkd_status st = tkd_jp_any_in(P, into);
+    P->depth--;
+    return st;
 }
 
 tkd_status tkd_jinja_parse_tokens(tkd_jinja_template *t, const tkd_jtok *toks, size_t ntok)

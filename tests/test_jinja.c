@@ -185,6 +185,11 @@ static void test_errors_name_place(void **state)
     tkd_test_refuses("{{ x }}", "[1]", TKD_ERR_FORMAT, "must be a JSON object");
     tkd_test_refuses("{{ x }}", "{bad", TKD_ERR_FORMAT, "invalid JSON");
     tkd_test_refuses("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "{}", TKD_ERR_FORMAT, "nested deeper");
+    tkd_test_refuses("{% for i in range(10000000) %}{% endfor %}", "{}", TKD_ERR_UNSUPPORTED, "range() of 10000000 items");
+    char deep[1200] = "{{ ";
+    for (int i = 0; i < 300; i++)
+        strcat(deep, "(");
+    tkd_test_refuses(deep, "{}", TKD_ERR_UNSUPPORTED, "nesting deeper than 200 levels");
 }
 
 /* ---- the real templates ---- */
