@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <utf8proc.h>
 
 #include "formats/jinja_internal.h"
 
@@ -86,27 +87,37 @@ static tkd_status tkd_jret_buf(tkd_jrender *r, tkd_jbuf *b, tkd_status st, tkd_j
     return st;
 }
 
-/* Case mapping of ASCII letters; other bytes are copied (JavaScript maps all of Unicode: a
- * difference only for non-ASCII letters, which no supported template upper- or lower-cases). */
+/* upper / lower map every code point (utf8proc's simple case mapping: JavaScript also expands a few,
+ * like ß to SS); title upper-cases an ASCII letter after a non-word character, as the reference's
+ * /\b\w/ does; capitalize upper-cases the first code point only. */
 static tkd_status tkd_jcase(tkd_jrender *r, const tkd_jv *s, int mode, tkd_jv **out)
 {
-    char *p = tkd_jarena_strndup(r->a, s->u.s.p, s->u.s.n);
-    if (!p)
-        return tkd_jnomem();
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        int word_start = i == 0 || !(isalnum((unsigned char)p[i - 1]) || p[i - 1] == '_');
-        if (mode == 'U' || (mode == 'T' && word_start) || (mode == 'C' && i == 0))
-            p[i] = (char)toupper((unsigned char)p[i]);
+    tkd_jbuf b = {0};
+    tkd_status st = tkd_jbuf_put(&b, "", 0);
+    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s->u.s.p;
+    utf8proc_ssize_t n = (utf8proc_ssize_t)s->u.s.n, i = 0;
+    int prev_word = 0;
+    while (st == TKD_OK && i < n) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t len = utf8proc_iterate(p + i, n - i, &cp);
+        if (len <= 0) { /* not UTF-8: the byte is copied */
+            st = tkd_jbuf_putc(&b, (char)p[i++]);
+            prev_word = 0;
+            continue;
+        }
+        int word = cp < 128 && (isalnum(cp) || cp == '_');
+        if (mode == 'U' || (mode == 'C' && i == 0))
+            cp = utf8proc_toupper(cp);
         else if (mode == 'L')
-            p[i] = (char)tolower((unsigned char)p[i]);
+            cp = utf8proc_tolower(cp);
+        else if (mode == 'T' && word && !prev_word)
+            cp = toupper(cp);
+        utf8proc_uint8_t enc[4];
+        st = tkd_jbuf_put(&b, (const char *)enc, (size_t)utf8proc_encode_char(cp, enc));
+        prev_word = word;
+        i += len;
     }
-    tkd_jv *v = tkd_jv_new(r->a, TKD_JV_STR);
-    if (!v)
-        return tkd_jnomem();
-    v->u.s.p = p;
-    v->u.s.n = s->u.s.n;
-    *out = v;
-    return TKD_OK;
+    return tkd_jret_buf(r, &b, st, out);
 }
 
 static tkd_status tkd_jtrim(tkd_jrender *r, const tkd_jv *s, int left, int right, tkd_jv **out)

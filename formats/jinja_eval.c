@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <time.h>
 
 #include "formats/jinja_internal.h"
@@ -99,9 +100,9 @@ tkd_status tkd_jinja_eval_args(tkd_jrender *r, tkd_jscope *sc, const tkd_jnodes 
 static tkd_status tkd_jeval_concat(tkd_jrender *r, const tkd_jv *x, const tkd_jv *y, tkd_jv **out)
 {
     tkd_jbuf b = {0};
-    tkd_status st = tkd_jv_to_string(&b, x);
+    tkd_status st = tkd_jv_to_raw_string(&b, x);
     if (st == TKD_OK)
-        st = tkd_jv_to_string(&b, y);
+        st = tkd_jv_to_raw_string(&b, y);
     if (st == TKD_OK && !(*out = tkd_jv_str(r->a, b.p ? b.p : "", b.n)))
         st = tkd_jnomem();
     free(b.p);
@@ -154,7 +155,16 @@ static tkd_status tkd_jeval_arith(tkd_jrender *r, const tkd_jnode *n, const tkd_
     case TKD_JOP_GT: cmp = a > b; break;
     case TKD_JOP_LE: cmp = a <= b; break;
     case TKD_JOP_GE: cmp = a >= b; break;
-    default: return tkd_jinja_fail(r, TKD_ERR_UNSUPPORTED, n, "unsupported construct '**' (power)");
+    case TKD_JOP_POW:
+        if (a == 0 && b < 0)
+            return tkd_jinja_fail(r, TKD_ERR_FORMAT, n, "0.0 cannot be raised to a negative power");
+        f = pow(a, b);
+        if (!isfinite(f))
+            return tkd_jinja_fail(r, TKD_ERR_FORMAT, n, "a power that is not a finite number");
+        fl = fl || b < 0;
+        i = (long long)f;
+        break;
+    default: return tkd_jinja_fail(r, TKD_ERR_INTERNAL, n, "unknown arithmetic operator %d", op);
     }
     if (cmp >= 0)
         *out = tkd_jv_bool(r->a, cmp);

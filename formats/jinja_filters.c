@@ -2,6 +2,7 @@
  * @huggingface/jinja's behaviour: tojson as transformers configures it (no ASCII escaping unless
  * asked, `indent`, `separators`, `sort_keys`), selectattr/rejectattr with a test, map(attribute=),
  * join, trim, length, items, ... A filter or test outside this set is refused by name. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,7 +151,7 @@ static tkd_status tkd_jfilter_join(tkd_jfilter_call *c, tkd_jv **out)
             st = tkd_jbuf_put(&b, sep->u.s.p, sep->u.s.n);
         const tkd_jv *x = c->v->u.l.v[i];
         if (st == TKD_OK && x->t != TKD_JV_NULL && x->t != TKD_JV_UNDEF) /* JavaScript's join writes "" for both */
-            st = tkd_jv_to_string(&b, x);
+            st = tkd_jv_to_raw_string(&b, x);
     }
     if (st == TKD_OK && !(*out = tkd_jv_str(c->r->a, b.p, b.n)))
         st = tkd_jnomem();
@@ -345,6 +346,58 @@ static tkd_status tkd_jfilter_dict(tkd_jfilter_call *c, const char *method, tkd_
     return tkd_jinja_call_builtin(c->r, c->n, fn, &c->a, out);
 }
 
+/* int, float, abs: numbers from numbers, booleans and numeric strings (the default when not). */
+static tkd_status tkd_jfilter_number(tkd_jfilter_call *c, tkd_jv **out)
+{
+    const char *f = c->n->s;
+    const tkd_jv *v = c->v;
+    int want_float = f[0] == 'f';
+    if (!strcmp(f, "abs")) {
+        if (v->t != TKD_JV_INT && v->t != TKD_JV_FLOAT)
+            return tkd_jfilter_type(c);
+        if (!(*out = tkd_jv_new(c->r->a, v->t)))
+            return tkd_jnomem();
+        if (v->t == TKD_JV_INT)
+            (*out)->u.i = v->u.i < 0 ? -v->u.i : v->u.i;
+        else
+            (*out)->u.f = fabs(v->u.f);
+        return TKD_OK;
+    }
+    double d;
+    if (v->t == TKD_JV_INT || v->t == TKD_JV_FLOAT || v->t == TKD_JV_BOOL) {
+        d = v->t == TKD_JV_INT ? (double)v->u.i : v->t == TKD_JV_FLOAT ? v->u.f : v->u.b;
+        if (c->n->op && v->t != TKD_JV_BOOL) { /* called form: numbers pass through unchanged */
+            *out = c->v;
+            return TKD_OK;
+        }
+    } else if (v->t == TKD_JV_STR) {
+        char *end;
+        char *tmp = strndup(v->u.s.p, v->u.s.n);
+        if (!tmp)
+            return tkd_jnomem();
+        d = want_float ? strtod(tmp, &end) : (double)strtoll(tmp, &end, 10);
+        int none = end == tmp;
+        free(tmp);
+        if (none) {
+            tkd_jv *dflt = tkd_jarg(c, 0, "default");
+            if (dflt) {
+                *out = dflt;
+                return TKD_OK;
+            }
+            d = 0;
+        }
+    } else {
+        return tkd_jfilter_type(c);
+    }
+    if (want_float) {
+        if (!(*out = tkd_jv_new(c->r->a, TKD_JV_FLOAT)))
+            return tkd_jnomem();
+        (*out)->u.f = d;
+        return TKD_OK;
+    }
+    return (*out = tkd_jv_int(c->r->a, (long long)floor(d))) ? TKD_OK : tkd_jnomem();
+}
+
 tkd_status tkd_jinja_apply_filter(tkd_jrender *r, tkd_jscope *sc, const tkd_jnode *n, tkd_jv *operand, tkd_jv **out)
 {
     tkd_jfilter_call c = {.r = r, .sc = sc, .n = n, .v = operand};
@@ -379,5 +432,7 @@ tkd_status tkd_jinja_apply_filter(tkd_jrender *r, tkd_jscope *sc, const tkd_jnod
         return tkd_jfilter_str_method(&c, f, out);
     if (!strcmp(f, "items"))
         return tkd_jfilter_dict(&c, "items", out);
+    if (!strcmp(f, "int") || !strcmp(f, "float") || !strcmp(f, "abs"))
+        return tkd_jfilter_number(&c, out);
     return tkd_jinja_fail(r, TKD_ERR_UNSUPPORTED, n, "unsupported filter '%s'", f);
 }

@@ -180,6 +180,9 @@ typedef struct tkd_jjson_opts {
 tkd_status tkd_jv_to_json(tkd_jbuf *b, const tkd_jv *v, const tkd_jjson_opts *o, int depth);
 /* Appends str(v) (JavaScript's String() as the reference prints values). */
 tkd_status tkd_jv_to_string(tkd_jbuf *b, const tkd_jv *v);
+/* Appends String() of the JavaScript value underneath v, which `~`, `+` on strings and `join` use:
+ * 2.0 is "2" there (but "2.0" printed), a list "[object Object],...", a dict "[object Map]". */
+tkd_status tkd_jv_to_raw_string(tkd_jbuf *b, const tkd_jv *v);
 /* JavaScript's loose == between two values (the reference compares .value with ==). */
 int tkd_jv_loose_eq(const tkd_jv *x, const tkd_jv *y);
 /* JavaScript's === on the values (equalto test, `in` over a list). */

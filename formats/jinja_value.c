@@ -526,3 +526,18 @@ tkd_status tkd_jv_to_string(tkd_jbuf *b, const tkd_jv *v)
     }
     }
 }
+
+tkd_status tkd_jv_to_raw_string(tkd_jbuf *b, const tkd_jv *v)
+{
+    char num[64];
+    switch (v->t) {
+    case TKD_JV_FLOAT: tkd_jnum_js(v->u.f, num, sizeof num); return tkd_jbuf_put(b, num, strlen(num));
+    case TKD_JV_LIST:
+        for (size_t i = 0; i < v->u.l.n; i++)
+            TKD_TRY(tkd_jbuf_put(b, i ? ",[object Object]" : "[object Object]", i ? 16 : 15));
+        return TKD_OK;
+    case TKD_JV_DICT: return tkd_jbuf_put(b, "[object Map]", 12);
+    case TKD_JV_NS: return tkd_jbuf_put(b, "[object Object]", 15);
+    default: return tkd_jv_to_string(b, v);
+    }
+}

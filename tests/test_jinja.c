@@ -164,6 +164,17 @@ static void test_strings_and_filters(void **state)
     tkd_test_renders("{{ strftime_now('%Y-%m-%d %d %b %Y') }}", ctx, "2024-07-26 26 Jul 2024");
 }
 
+/* Where the reference's JavaScript shows through: ~ and join write a float's raw JavaScript value. */
+static void test_numbers_and_case(void **state)
+{
+    (void)state;
+    const char *ctx = "{\"f\": 2.5, \"n\": 5, \"u\": \"héllo 👋\"}";
+    tkd_test_renders("{{ 'abc'[1:] ~ 5 ~ 2.0 ~ true }}|{{ [1.0, 'a', none] | join(',') }}|{{ 2.0 }}", ctx, "bc52true|1,a,|2.0");
+    tkd_test_renders("{{ f | int }}{{ '42' | int }}{{ n | float }}{{ (7 / 2) | int }}{{ -3 | abs }}", ctx, "2425.033");
+    tkd_test_renders("{{ n ** 2 }} {{ 2 ** -1 }} {{ 0.1 + 0.2 }} {{ 10 / 4 }}", ctx, "25 0.5 0.30000000000000004 2.5");
+    tkd_test_renders("{{ u | upper }}{{ u | length }}{{ u[::-1] }}{{ 'éa b'.title() }}", ctx, "HÉLLO 👋8👋 olléhéA B");
+}
+
 static void test_errors_name_place(void **state)
 {
     (void)state;
@@ -289,4 +300,4 @@ static void test_real_templates_match_reference(void **state)
 }
 
 TKD_TEST_MAIN(test_text_and_output, test_whitespace_control, test_if_for_loop, test_set_namespace_macro,
-              test_expressions, test_strings_and_filters, test_errors_name_place, test_real_templates_match_reference)
+              test_expressions, test_strings_and_filters, test_numbers_and_case, test_errors_name_place, test_real_templates_match_reference)
