@@ -51,7 +51,7 @@ runs_of() {
     safetensors) echo 300000 ;; hf_config) echo 60000 ;; manifest) echo 100000 ;;
     tokens) echo 30000 ;; megatron) echo 100000 ;; yaml_config) echo 1500 ;; shard) echo 1000 ;;
     jsonl) echo 400000 ;;
-    tokenizer_json) echo 3000 ;; tokenizer_config) echo 3000 ;; jinja) echo 100000 ;;
+    tokenizer_json) echo 3000 ;; tokenizer_config) echo 3000 ;; jinja) echo 10000 ;;
   esac
 }
 
