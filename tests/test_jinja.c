@@ -299,5 +299,28 @@ static void test_real_templates_match_reference(void **state)
     free(text);
 }
 
+/* A real template's branch the interpreter lacks is refused by name and place, never skipped:
+ * Llama 3.1 with builtin_tools reaches `reject` (which @huggingface/jinja lacks too). */
+static void test_real_template_refusal_names_construct(void **state)
+{
+    (void)state;
+    size_t n;
+    char *src = tkd_test_data("data/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja", &n);
+    tkd_jinja_template *t = NULL;
+    assert_int_equal(tkd_jinja_parse(src, n, "llama31.jinja", &t), TKD_OK);
+    const char *ctx = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [],"
+                      " \"builtin_tools\": [\"brave_search\", \"code_interpreter\"]}";
+    char *out = NULL;
+    size_t out_n;
+    tkd_jinja_render_opts o = {.now = tkd_test_now};
+    assert_int_equal(tkd_jinja_render(t, ctx, strlen(ctx), &o, &out, &out_n), TKD_ERR_UNSUPPORTED);
+    assert_null(out);
+    tkd_test_assert_msg_has("llama31.jinja:29:");
+    tkd_test_assert_msg_has("unsupported filter 'reject'");
+    tkd_jinja_free(t);
+    free(src);
+}
+
 TKD_TEST_MAIN(test_text_and_output, test_whitespace_control, test_if_for_loop, test_set_namespace_macro,
-              test_expressions, test_strings_and_filters, test_numbers_and_case, test_errors_name_place, test_real_templates_match_reference)
+              test_expressions, test_strings_and_filters, test_numbers_and_case, test_errors_name_place, test_real_templates_match_reference,
+              test_real_template_refusal_names_construct)
