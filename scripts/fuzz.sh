@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 cc=${CC_FUZZ:-clang}
 out=build-fuzz
 jobs=$(nproc 2>/dev/null || echo 2)
-targets=(safetensors yaml_config hf_config tokens megatron manifest shard jsonl tokenizer_json tokenizer_config)
+targets=(safetensors yaml_config hf_config tokens megatron manifest shard jsonl tokenizer_json tokenizer_config jinja)
 if [ $# -gt 0 ]; then
   targets=("$1")
   shift
@@ -51,7 +51,7 @@ runs_of() {
     safetensors) echo 300000 ;; hf_config) echo 60000 ;; manifest) echo 100000 ;;
     tokens) echo 30000 ;; megatron) echo 100000 ;; yaml_config) echo 1500 ;; shard) echo 1000 ;;
     jsonl) echo 400000 ;;
-    tokenizer_json) echo 3000 ;; tokenizer_config) echo 3000 ;;
+    tokenizer_json) echo 3000 ;; tokenizer_config) echo 3000 ;; jinja) echo 10000 ;;
   esac
 }
 
@@ -68,6 +68,7 @@ seeds() {
     jsonl) ls tests/fuzz/corpus/jsonl/* ;;
     tokenizer_json) ls tests/fuzz/corpus/tokenizer/*.json ;;
     tokenizer_config) ls tests/fuzz/corpus/tokenizer_config/*.json ;;
+    jinja) ls tests/data/chat_templates/*.jinja ;;
   esac
 }
 
