@@ -90,6 +90,10 @@ const char *tkd_arch_name(tkd_arch arch);
 /* "LlamaForCausalLM", ... (the architectures entry written to config.json). */
 const char *tkd_arch_class(tkd_arch arch);
 
+/* 1 when the architecture masks every layer with one window (Mistral, Qwen3-MoE): config.json
+ * has one sliding_window and no per-layer list. */
+int tkd_arch_windows_uniform(tkd_arch arch);
+
 /* 1 when the architecture normalises each q and k head (RMSNorm over head_dim) before RoPE: Qwen3,
  * Qwen3-MoE. */
 int tkd_arch_qk_norm(tkd_arch arch);
