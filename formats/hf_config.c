@@ -440,19 +440,29 @@ static tkd_status read_mlp_only(const char *path, const cJSON *root, int L, unsi
     return TKD_OK;
 }
 
+/* The experts' count under its field name or its transformers attribute_map alias (Qwen3-MoE:
+ * num_experts / num_local_experts; gpt-oss the other way round): the alias wins when only it is
+ * given; both given and different is refused. dflt when neither is. */
+static tkd_status read_expert_count(const char *path, const cJSON *root, const char *name, const char *alias,
+                                    int dflt, int *out)
+{
+    int n = dflt, a = -1;
+    TKD_TRY(get_int(path, root, "", name, 0, &n));
+    TKD_TRY(get_int(path, root, "", alias, 0, &a));
+    if (a >= 0 && field(root, name) && a != n)
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: %s = %d and %s = %d disagree", path, name, n, alias, a);
+    *out = a >= 0 ? a : n;
+    return TKD_OK;
+}
+
 /* Qwen3MoeConfig's fields, with its defaults, and Qwen3MoeDecoderLayer's rule: layer l is MoE when
  * l is not in mlp_only_layers, num_experts > 0 and (l + 1) % decoder_sparse_step == 0. The
  * experts' count is num_experts (num_local_experts, its attribute_map alias, is read too).
  * output_router_logits and router_aux_loss_coef only shape training's auxiliary loss: ignored. */
 static tkd_status read_moe(const char *path, const cJSON *root, tkd_model_config *c)
 {
-    int E = 128, E_alias = -1, step = 1, shared = 0, L = c->num_hidden_layers;
-    TKD_TRY(get_int(path, root, "", "num_experts", 0, &E));
-    TKD_TRY(get_int(path, root, "", "num_local_experts", 0, &E_alias));
-    if (E_alias >= 0 && field(root, "num_experts") && E_alias != E)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: num_experts = %d and num_local_experts = %d disagree", path, E,
-                             E_alias);
-    c->num_experts = E_alias >= 0 ? E_alias : E;
+    int step = 1, shared = 0, L = c->num_hidden_layers;
+    TKD_TRY(read_expert_count(path, root, "num_experts", "num_local_experts", 128, &c->num_experts));
     c->num_experts_per_tok = 8;
     c->moe_intermediate_size = 768;
     TKD_TRY(get_int(path, root, "", "num_experts_per_tok", 0, &c->num_experts_per_tok));
@@ -486,13 +496,7 @@ static tkd_status read_moe(const char *path, const cJSON *root, tkd_model_config
  * transformers ignores it: so do we. */
 static tkd_status read_gpt_oss_moe(const char *path, const cJSON *root, tkd_model_config *c)
 {
-    int E = 128, E_alias = -1;
-    TKD_TRY(get_int(path, root, "", "num_local_experts", 0, &E));
-    TKD_TRY(get_int(path, root, "", "num_experts", 0, &E_alias));
-    if (E_alias >= 0 && field(root, "num_local_experts") && E_alias != E)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: num_local_experts = %d and num_experts = %d disagree", path, E,
-                             E_alias);
-    c->num_experts = E_alias >= 0 ? E_alias : E;
+    TKD_TRY(read_expert_count(path, root, "num_local_experts", "num_experts", 128, &c->num_experts));
     c->num_experts_per_tok = 4;
     TKD_TRY(get_int(path, root, "", "num_experts_per_tok", 0, &c->num_experts_per_tok));
     c->moe_intermediate_size = c->intermediate_size;

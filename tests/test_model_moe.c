@@ -440,7 +440,7 @@ static void test_gpt_oss_checkpoints(void **s)
         if (!gpt_oss_internal_name(m->info[i].name))
             fprintf(f, "\"%s\": \"model-00001-of-00002.safetensors\", ", m->info[i].name);
     static char names[2][4][96];
-    st_hand e[8];
+    tkd_test_st_entry e[8];
     for (int l = 0; l < 2; l++) {
         fprintf(f, "\"model.layers.%d.mlp.experts.gate_up_proj_bias\": \"model-00001-of-00002.safetensors\", ", l);
         const char *kinds[4] = {"gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"};
@@ -448,14 +448,14 @@ static void test_gpt_oss_checkpoints(void **s)
             snprintf(names[l][j], sizeof names[l][j], "model.layers.%d.mlp.experts.%s", l, kinds[j]);
             fprintf(f, "\"%s\": \"model-00002-of-00002.safetensors\"%s", names[l][j], l == 1 && j == 3 ? "" : ", ");
         }
-        e[4 * l + 0] = (st_hand){names[l][0], 4, {E, 2 * I, G, 16}, gu_blk[l], sizeof gu_blk[l]};
-        e[4 * l + 1] = (st_hand){names[l][1], 3, {E, 2 * I, G}, gu_sc[l], sizeof gu_sc[l]};
-        e[4 * l + 2] = (st_hand){names[l][2], 4, {E, D, G, 16}, dn_blk[l], sizeof dn_blk[l]};
-        e[4 * l + 3] = (st_hand){names[l][3], 3, {E, D, G}, dn_sc[l], sizeof dn_sc[l]};
+        e[4 * l + 0] = (tkd_test_st_entry){names[l][0], "U8", 4, {E, 2 * I, G, 16}, gu_blk[l], sizeof gu_blk[l]};
+        e[4 * l + 1] = (tkd_test_st_entry){names[l][1], "U8", 3, {E, 2 * I, G}, gu_sc[l], sizeof gu_sc[l]};
+        e[4 * l + 2] = (tkd_test_st_entry){names[l][2], "U8", 4, {E, D, G, 16}, dn_blk[l], sizeof dn_blk[l]};
+        e[4 * l + 3] = (tkd_test_st_entry){names[l][3], "U8", 3, {E, D, G}, dn_sc[l], sizeof dn_sc[l]};
     }
     fprintf(f, "}}\n");
     fclose(f);
-    write_u8_st(p2, e, 8);
+    tkd_test_write_st(p2, e, 8);
     if (tkd_model_load_hf(qdir, &r) != TKD_OK)
         fail_msg("%s", tkd_error_msg());
     assert_int_equal(r->cfg.quant_mxfp4, 1);

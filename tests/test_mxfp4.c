@@ -194,48 +194,12 @@ static void test_refused_blocks(void **state)
 
 /* ---- a safetensors image with U8 tensors, written by hand ------------------------------------- */
 
-typedef struct st_entry {
-    const char *name, *dtype; /* dtype: "U8", "F32", ... */
-    int ndim;
-    int64_t shape[4];
-    const void *data;
-    size_t nbytes;
-} st_entry;
-
-/* Writes a safetensors file of the n entries to path. */
-static void write_st(const char *path, const st_entry *e, int n)
-{
-    char hdr[4096];
-    size_t len = (size_t)snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"format\":\"pt\"}");
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        len += (size_t)snprintf(hdr + len, sizeof hdr - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", e[i].name,
-                                e[i].dtype);
-        for (int k = 0; k < e[i].ndim; k++)
-            len += (size_t)snprintf(hdr + len, sizeof hdr - len, "%s%lld", k ? "," : "", (long long)e[i].shape[k]);
-        len += (size_t)snprintf(hdr + len, sizeof hdr - len, "],\"data_offsets\":[%zu,%zu]}", off,
-                                off + e[i].nbytes);
-        off += e[i].nbytes;
-    }
-    len += (size_t)snprintf(hdr + len, sizeof hdr - len, "}");
-    assert_true(len < sizeof hdr);
-    FILE *fp = fopen(path, "wb");
-    assert_non_null(fp);
-    uint64_t n8 = len;
-    assert_int_equal(fwrite(&n8, 8, 1, fp), 1);
-    assert_int_equal(fwrite(hdr, 1, len, fp), len);
-    for (int i = 0; i < n; i++)
-        if (e[i].nbytes)
-            assert_int_equal(fwrite(e[i].data, 1, e[i].nbytes, fp), e[i].nbytes);
-    assert_int_equal(fclose(fp), 0);
-}
-
 /* An MXFP4 pair <name>_blocks (E, R, G, 16) / <name>_scales (E, R, G) as two entries. */
-static void pair_entries(st_entry out[2], const char *blocks_name, const char *scales_name, int64_t E, int64_t R,
+static void pair_entries(tkd_test_st_entry out[2], const char *blocks_name, const char *scales_name, int64_t E, int64_t R,
                          int64_t G, const uint8_t *blocks, const uint8_t *scales)
 {
-    out[0] = (st_entry){blocks_name, "U8", 4, {E, R, G, 16}, blocks, (size_t)(E * R * G * 16)};
-    out[1] = (st_entry){scales_name, "U8", 3, {E, R, G}, scales, (size_t)(E * R * G)};
+    out[0] = (tkd_test_st_entry){blocks_name, "U8", 4, {E, R, G, 16}, blocks, (size_t)(E * R * G * 16)};
+    out[1] = (tkd_test_st_entry){scales_name, "U8", 3, {E, R, G}, scales, (size_t)(E * R * G)};
 }
 
 static tkd_st_dir *open_st(const char *path)
@@ -254,9 +218,9 @@ static void test_transposed_by_hand(void **state)
     uint8_t blocks[2 * 16] = {0}, scales[2] = {127, 128};
     memset(blocks, 0x21, 16);
     blocks[16] = 0x77;
-    st_entry e[2];
+    tkd_test_st_entry e[2];
     pair_entries(e, "w_blocks", "w_scales", 1, 2, 1, blocks, scales);
-    write_st(path, e, 2);
+    tkd_test_write_st(path, e, 2);
     tkd_st_dir *d = open_st(path);
     int found = 0;
     int64_t shape[3];
@@ -318,13 +282,13 @@ static void test_gpt_oss_layout(void **state)
     random_blocks(gu_b, gu_s, sizeof gu_s, 110, 30, 1);
     random_blocks(dn_b, dn_s, sizeof dn_s, 0, 20, 2); /* small scales: subnormal results */
     float bias[E * 2 * I] = {0};
-    st_entry e[5];
+    tkd_test_st_entry e[5];
     pair_entries(e, "model.layers.0.mlp.experts.gate_up_proj_blocks", "model.layers.0.mlp.experts.gate_up_proj_scales",
                  E, 2 * I, D / 32, gu_b, gu_s);
     pair_entries(e + 2, "model.layers.0.mlp.experts.down_proj_blocks", "model.layers.0.mlp.experts.down_proj_scales",
                  E, 37, I / 32, dn_b, dn_s);
-    e[4] = (st_entry){"model.layers.0.mlp.experts.gate_up_proj_bias", "F32", 2, {E, 2 * I}, bias, sizeof bias};
-    write_st(path, e, 5);
+    e[4] = (tkd_test_st_entry){"model.layers.0.mlp.experts.gate_up_proj_bias", "F32", 2, {E, 2 * I}, bias, sizeof bias};
+    tkd_test_write_st(path, e, 5);
     tkd_st_dir *d = open_st(path);
     check_layout(d, "model.layers.0.mlp.experts.gate_up_proj", E, 2 * I, D / 32, gu_b, gu_s);
     check_layout(d, "model.layers.0.mlp.experts.down_proj", E, 37, I / 32, dn_b, dn_s);
@@ -338,11 +302,11 @@ static void test_gpt_oss_layout(void **state)
 /* ---- broken pairs ------------------------------------------------------------------------------ */
 
 /* Writes entries to a fresh file and expects probe and read of "w" to fail with want and frags. */
-static void expect_pair_error(const char *dir, const st_entry *e, int n, tkd_status want,
+static void expect_pair_error(const char *dir, const tkd_test_st_entry *e, int n, tkd_status want,
                               const char *const *frags)
 {
     const char *path = tkd_test_path(dir, "bad.safetensors");
-    write_st(path, e, n);
+    tkd_test_write_st(path, e, n);
     tkd_st_dir *d = open_st(path);
     int found = 0;
     int64_t shape[3] = {2, 64, 3};
@@ -356,13 +320,13 @@ static void test_broken_pairs(void **state)
 {
     const char *dir = *state;
     uint8_t b[2 * 3 * 2 * 17] = {0}, s[2 * 3 * 3] = {0};
-    st_entry e[2];
+    tkd_test_st_entry e[2];
     pair_entries(e, "w_blocks", "w_scales", 2, 3, 2, b, s);
     expect_pair_error(dir, e, 1, TKD_ERR_FORMAT,
                       TKD_TEST_FRAGS("bad.safetensors", "'w_blocks' has no partner 'w_scales'"));
     expect_pair_error(dir, e + 1, 1, TKD_ERR_FORMAT, TKD_TEST_FRAGS("'w_scales' has no partner 'w_blocks'"));
 
-    st_entry x[2];
+    tkd_test_st_entry x[2];
     memcpy(x, e, sizeof x);
     x[0].dtype = "I32", x[0].shape[3] = 4; /* the same bytes as I32 (2, 3, 2, 4) */
     expect_pair_error(dir, x, 2, TKD_ERR_FORMAT, TKD_TEST_FRAGS("'w_blocks' is I32, but MXFP4 blocks are U8"));
@@ -390,9 +354,9 @@ static void test_read_errors(void **state)
     uint8_t b[2 * 3 * 2 * 16] = {0}, s[2 * 3 * 2];
     memset(s, 127, sizeof s);
     s[(1 * 3 + 2) * 2 + 0] = 0xFF; /* expert 1, row 2, group 0 */
-    st_entry e[2];
+    tkd_test_st_entry e[2];
     pair_entries(e, "w_blocks", "w_scales", 2, 3, 2, b, s);
-    write_st(path, e, 2);
+    tkd_test_write_st(path, e, 2);
     tkd_st_dir *d = open_st(path);
     float f[2 * 64 * 3];
     int64_t good[3] = {2, 64, 3}, bad[3] = {2, 3, 64};

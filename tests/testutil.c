@@ -817,3 +817,30 @@ char *tkd_test_metrics_without_time(const char *path)
     }
     return text;
 }
+
+void tkd_test_write_st(const char *path, const tkd_test_st_entry *e, int n)
+{
+    char hdr[8192];
+    size_t len = (size_t)snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"format\":\"pt\"}");
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        len += (size_t)snprintf(hdr + len, sizeof hdr - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", e[i].name,
+                                e[i].dtype);
+        for (int k = 0; k < e[i].ndim; k++)
+            len += (size_t)snprintf(hdr + len, sizeof hdr - len, "%s%lld", k ? "," : "", (long long)e[i].shape[k]);
+        len += (size_t)snprintf(hdr + len, sizeof hdr - len, "],\"data_offsets\":[%zu,%zu]}", off,
+                                off + e[i].nbytes);
+        off += e[i].nbytes;
+    }
+    len += (size_t)snprintf(hdr + len, sizeof hdr - len, "}");
+    assert_true(len < sizeof hdr);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    uint64_t n8 = len;
+    assert_int_equal(fwrite(&n8, 8, 1, fp), 1);
+    assert_int_equal(fwrite(hdr, 1, len, fp), len);
+    for (int i = 0; i < n; i++)
+        if (e[i].nbytes)
+            assert_int_equal(fwrite(e[i].data, 1, e[i].nbytes, fp), e[i].nbytes);
+    assert_int_equal(fclose(fp), 0);
+}

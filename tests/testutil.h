@@ -255,6 +255,20 @@ void tkd_test_ascii_tokenizer(const char *dir, int z_id, const char *extra_vocab
 typedef long long (*tkd_test_entry_fn)(const char *path, const char *name, void *ctx);
 long long tkd_test_dir_sum(const char *dir, tkd_test_entry_fn each, void *ctx);
 
+/* One tensor of a safetensors file written byte for byte (tkd_st_writer writes floats only; tests
+ * need U8 MXFP4 pairs, wrong dtypes, mixed files). */
+typedef struct tkd_test_st_entry {
+    const char *name, *dtype; /* dtype as safetensors spells it: "U8", "F32", ... */
+    int ndim;
+    int64_t shape[4];
+    const void *data;
+    size_t nbytes;
+} tkd_test_st_entry;
+
+/* Writes the n entries to path as one safetensors file (metadata format "pt"); fails the test when
+ * it cannot. */
+void tkd_test_write_st(const char *path, const tkd_test_st_entry *e, int n);
+
 /* The entries of dir whose name does not begin with '.'. */
 int tkd_test_count_visible(const char *dir);
 
