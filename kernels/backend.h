@@ -25,6 +25,8 @@
  *   attn_window      — attn_fwd applies a sliding window shorter than the sequence (the model
  *                      refuses such a layer, naming it, on a backend without);
  *   attn_window_bwd  — attn_bwd does too (a training model with such a layer needs it);
+ *   attn_docs        — attn_fwd confines each query to its document (packed documents, doc != NULL);
+ *   attn_docs_bwd    — attn_bwd does too (training on packed documents needs it);
  *   op->lmhead_chunk_rows — the LM head's chunk when the config leaves it automatic.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
@@ -158,10 +160,14 @@ typedef struct tkd_backend_ops {
      * (attn_bwd: be->attn_window_bwd). sinks (gpt-oss; NULL: none): one logit per query head,
      * in the units of the scaled scores, joining each row's softmax (its max and denominator) and
      * then dropped, as transformers' eager_attention_forward for gpt-oss; no attn_bwd takes them
-     * (the model refuses training a model with sinks). */
+     * (the model refuses training a model with sinks). doc (NULL: one document per sequence;
+     * be->attn_docs, attn_bwd: be->attn_docs_bwd): doc[b·T + i] is the position in sequence b
+     * where query i's document starts; the query attends no key before it (packed documents: a
+     * block-diagonal causal mask). */
     tkd_status (*attn_fwd)(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T,
                            int H, int Hkv, int dh, int window,
-                           const void *sinks, // (H) act or NULL
+                           const int32_t *doc, // (B·T) or NULL
+                           const void *sinks,  // (H) act or NULL
                            void *y,           // (B·T, H·dh) act
                            void *saved);
     size_t (*attn_saved_bytes)(const tkd_backend *be, int B, int T, int H);
@@ -184,7 +190,7 @@ typedef struct tkd_backend_ops {
                            const float *cos_t, const float *sin_t);
     tkd_status (*attn_bwd)(tkd_backend *be, const void *dy, const void *q, const void *k,
                            const void *v, const void *y, const void *saved, int B, int T, int H,
-                           int Hkv, int dh, int window, // the forward's
+                           int Hkv, int dh, int window, const int32_t *doc, // the forward's
                            void *dq, void *dk, void *dv); // overwritten
     tkd_status (*swiglu_bwd)(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n,
                              void *dg, void *du, int acc); // acc 1: +=; 0: overwritten
@@ -287,6 +293,8 @@ struct tkd_backend {
                                  * 0: it does not, and the model refuses such a layer */
     int attn_window_bwd;        /* 1: attn_bwd does too (the CPU); 0: not yet (CUDA), and a model
                                  * reserved for training refuses such a layer */
+    int attn_docs;              /* 1: attn_fwd takes doc (packed documents; the CPU, CUDA) */
+    int attn_docs_bwd;          /* 1: attn_bwd does too (the CPU); 0: not yet (CUDA) */
     const tkd_backend_ops *op;
     void *impl;                 /* the implementation's own state */
 };

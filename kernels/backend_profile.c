@@ -33,8 +33,8 @@
       (, q, k, N, T, H, Hkv, dh, c, s))                                                                               \
     X(attn_fwd,                                                                                                       \
       (, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv, int dh, int window,              \
-       const void *sinks, void *y, void *saved),                                                                      \
-      (, q, k, v, B, T, H, Hkv, dh, window, sinks, y, saved))                                                         \
+       const int32_t *doc, const void *sinks, void *y, void *saved),                                                  \
+      (, q, k, v, B, T, H, Hkv, dh, window, doc, sinks, y, saved))                                                         \
     X(swiglu_fwd, (, const void *g, const void *u, int64_t n, void *h), (, g, u, n, h))                               \
     X(embedding_bwd, (, const int32_t *tok, int N, const float *dx, int D, float *demb), (, tok, N, dx, D, demb))     \
     X(rmsnorm_bwd,                                                                                                    \
@@ -50,8 +50,8 @@
       (, dq, dk, N, T, H, Hkv, dh, c, s))                                                                             \
     X(attn_bwd,                                                                                                       \
       (, const void *dy, const void *q, const void *k, const void *v, const void *y, const void *saved, int B,       \
-       int T, int H, int Hkv, int dh, int window, void *dq, void *dk, void *dv),                                      \
-      (, dy, q, k, v, y, saved, B, T, H, Hkv, dh, window, dq, dk, dv))                                                \
+       int T, int H, int Hkv, int dh, int window, const int32_t *doc, void *dq, void *dk, void *dv),                  \
+      (, dy, q, k, v, y, saved, B, T, H, Hkv, dh, window, doc, dq, dk, dv))                                                \
     X(swiglu_bwd,                                                                                                     \
       (, const void *dh, const void *g, const void *u, int64_t n, void *dg, void *du, int acc),                       \
       (, dh, g, u, n, dg, du, acc))                                                                                   \
@@ -239,6 +239,8 @@ tkd_status tkd_backend_profile_wrap(tkd_backend *inner, tkd_backend **out)
     be->data_parallel = 0; /* the collectives need the inner backend's stream, which this one does not show */
     be->attn_window = inner->attn_window;
     be->attn_window_bwd = inner->attn_window_bwd;
+    be->attn_docs = inner->attn_docs;
+    be->attn_docs_bwd = inner->attn_docs_bwd;
     be->op = &p->ops;
     be->impl = p;
     *out = be;

@@ -329,6 +329,9 @@ void tkd_model_free_acts(tkd_model *m)
         return;
     m->be->op->free(m->be, a->buf);
     m->be->op->free(m->be, a->tokens);
+    m->be->op->free(m->be, a->doc);
+    m->be->op->free(m->be, a->rope_tok);
+    free(a->rope_host);
     if (m->moe)
         m->be->op->moe_free(m->be, m->moe);
     m->moe = NULL;
@@ -465,6 +468,11 @@ static tkd_status init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd
 tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be, tkd_model **out)
 {
     return init_random_on(cfg, seed, be, 0, out);
+}
+
+tkd_status tkd_model_create_unset(const tkd_model_config *cfg, tkd_backend *be, tkd_model **out)
+{
+    return tkd_model_create(cfg, be, 0, 0, out);
 }
 
 tkd_status tkd_model_init_random_for_training(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be,

@@ -178,6 +178,11 @@ tkd_status tkd_model_init_random_on(const tkd_model_config *cfg, uint64_t seed, 
 tkd_status tkd_model_init_random_for_training(const tkd_model_config *cfg, uint64_t seed, tkd_backend *be,
                                               tkd_model **out);
 
+/* An inference model of cfg on a caller's backend (borrowed) whose weights are left as allocated
+ * (unset): for benchmarks that fill m->dparams themselves (teacher_bench draws a 30B MoE's weights on
+ * the device in a second, where the seeded host draws above take minutes). */
+tkd_status tkd_model_create_unset(const tkd_model_config *cfg, tkd_backend *be, tkd_model **out);
+
 /* Loads <dir>/config.json and the safetensors weights (F32/F16/BF16, converted to fp32). A missing
  * tensor is TKD_ERR_NOT_FOUND and a wrong shape TKD_ERR_FORMAT, each naming the tensor and the file.
  * lm_head.weight is required unless tie_word_embeddings. *out owned by the caller. */
@@ -234,6 +239,15 @@ size_t tkd_model_activation_bytes(const tkd_model *m);
  * training = 1 keeps them for tkd_model_backward. */
 tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, int training,
                              const void **hidden);
+
+/* The same over sequences of packed documents (data.packing: documents): doc (host (B, T) int32;
+ * NULL: one document per sequence, tkd_model_forward) gives for each position where its document
+ * starts in its sequence (0 ≤ doc[b·T + i] ≤ i, non-decreasing in i, doc[b·T + i] = i at a start).
+ * Each document is computed as if alone: attention never reaches an earlier document, and RoPE
+ * positions restart at 0 at each start. The backward of a training forward keeps the documents.
+ * A backend without be->attn_docs (training: attn_docs_bwd) is TKD_ERR_UNSUPPORTED naming it. */
+tkd_status tkd_model_forward_docs(tkd_model *m, const int32_t *tokens, const int32_t *doc, int B, int T,
+                                  int training, const void **hidden);
 
 /* Backward of the last training forward, given dHidden = ∂loss/∂hidden (B·T, D) fp32 in backend
  * memory (what the backend's loss writes). ADDS into m->grads (so gradient accumulation over

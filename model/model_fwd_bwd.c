@@ -129,9 +129,10 @@ static tkd_status check_windows(const tkd_model *m, int T, int training)
     return TKD_OK;
 }
 
-/* Host bytes the MoE op's workspace may take; beyond them the forward calls it in chunks of rows
- * (its workspace is about rows·k·(D + 2I) floats: 115 KB a row at Qwen3-30B-A3B's shape). */
-#define TKD_MODEL_MOE_WS_BYTES ((size_t)256 << 20)
+/* Bytes the MoE op's workspace may take; beyond them the forward calls it in chunks of rows (its
+ * workspace is about rows·k·(D + 2I) floats: 115 KB a row at Qwen3-30B-A3B's shape, so 2 GiB holds
+ * 18,000 rows: a T 8192 batch in one call, one host sync and full expert GEMMs per layer on CUDA). */
+#define TKD_MODEL_MOE_WS_BYTES ((size_t)2 << 30)
 
 /* A model with MoE layers is a teacher here: no backward for the op, so training is refused, and
  * a backend without the op is refused by name before any work. */
@@ -261,6 +262,23 @@ static tkd_status qk_proj(const tkd_model *m, const void *n1, const void *w, con
     return op->rmsnorm_fwd(be, raw, norm, N * heads, Dh, (float)c->rms_norm_eps, out, rstd);
 }
 
+/* The RoPE tables the last forward rotates by, (rows, Dh/2) f32 each in backend memory; the op
+ * rotates row n by table row n mod rows. Plain sequences: the model's tables by position, rows = T.
+ * Packed documents: one row per token at its position within its document, rows = B·T. */
+static void rope_rows(const tkd_model *m, int T, const float **cs, const float **sn, int *rows)
+{
+    const tkd_model_acts *a = m->acts;
+    if (a->docs) {
+        *rows = a->b * a->t;
+        *cs = a->rope_tok;
+        *sn = a->rope_tok + (size_t)*rows * (m->cfg.head_dim / 2);
+        return;
+    }
+    *rows = T;
+    *cs = m->d_rope_cos;
+    *sn = m->d_rope_sin;
+}
+
 /* Block l's attention from A->n1 = rmsnorm(A->x): q, k (normed per head for Qwen3, then RoPE), v,
  * the attention output A->y over the layer's window, and its saved state (what the attention
  * side's backward reads). */
@@ -275,9 +293,13 @@ static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dwei
     TKD_TRY(qk_proj(m, A->n1, W->wq, W->bq, W->q_norm, N, H, A->qr, A->rstdq, A->q));
     TKD_TRY(qk_proj(m, A->n1, W->wk, W->bk, W->k_norm, N, Hkv, A->kr, A->rstdk, A->k));
     TKD_TRY(op->linear_fwd(be, A->n1, W->wv, W->bv, N, D, KV, A->v));
-    TKD_TRY(op->rope_fwd(be, A->q, A->k, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
-    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, tkd_model_config_window(c, l), W->sinks, A->y,
-                        A->att);
+    const tkd_model_acts *a = m->acts;
+    const float *cs, *sn;
+    int rows;
+    rope_rows(m, T, &cs, &sn, &rows);
+    TKD_TRY(op->rope_fwd(be, A->q, A->k, N, rows, H, Hkv, Dh, cs, sn));
+    return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, tkd_model_config_window(c, l),
+                        a->docs ? a->doc : NULL, W->sinks, A->y, A->att);
 }
 
 /* Block l's MoE MLP, mo = MoE(n2) over N rows (N, D) act, through the backend's op in chunks of
@@ -348,15 +370,82 @@ static tkd_status check_tokens(const tkd_model *m, const int32_t *tokens, int64_
     return TKD_OK;
 }
 
+/* doc (host (B, T)) as tkd_model_forward_docs asks: 0 ≤ doc[i] ≤ i within a sequence, equal to i or
+ * to the previous position's. */
+static tkd_status check_docs(const int32_t *doc, int B, int T)
+{
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < T; i++) {
+            int32_t d = doc[(int64_t)b * T + i];
+            if (d != i && (i == 0 || d != doc[(int64_t)b * T + i - 1]))
+                return tkd_error_set(TKD_ERR_INVALID_ARG,
+                                     "model: document start %d at batch row %d, position %d: it must be the position "
+                                     "itself (a new document) or the previous position's start", d, b, i);
+        }
+    return TKD_OK;
+}
+
+/* The packed documents' buffers of a (the first forward with documents), then doc and the per-token
+ * RoPE tables (each position's row at its offset in its document) in backend memory. */
+static tkd_status stage_docs(tkd_model *m, const int32_t *doc, int B, int T)
+{
+    tkd_model_acts *a = m->acts;
+    const tkd_backend_ops *op = m->be->op;
+    const size_t cap = (size_t)a->cap_b * a->cap_t, half = (size_t)m->cfg.head_dim / 2, N = (size_t)B * T;
+    if (!a->doc) {
+        TKD_TRY(op->alloc(m->be, sizeof(int32_t) * cap, "model: document starts", (void **)&a->doc));
+        TKD_TRY(op->alloc(m->be, 2 * sizeof(float) * cap * half, "model: RoPE tables per token",
+                          (void **)&a->rope_tok));
+        a->rope_host = malloc(2 * sizeof(float) * cap * half);
+        if (!a->rope_host)
+            return tkd_error_set(TKD_ERR_NOMEM, "model: out of host memory for the RoPE tables per token");
+    }
+    for (size_t n = 0; n < N; n++) { /* cos rows, then sin rows */
+        const size_t pos = n % (size_t)T - (size_t)doc[n];
+        memcpy(a->rope_host + n * half, m->rope_cos + pos * half, sizeof(float) * half);
+        memcpy(a->rope_host + (N + n) * half, m->rope_sin + pos * half, sizeof(float) * half);
+    }
+    TKD_TRY(op->upload(m->be, a->doc, doc, sizeof(int32_t) * N));
+    return op->upload(m->be, a->rope_tok, a->rope_host, 2 * sizeof(float) * N * half);
+}
+
+/* A backend that cannot confine attention to documents is refused by name (training: its
+ * backward too), rather than run across them. */
+static tkd_status check_docs_backend(const tkd_model *m, int training)
+{
+    if (m->be->attn_docs && (!training || m->be->attn_docs_bwd))
+        return TKD_OK;
+    return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: the %s backend's attention%s does not confine queries to "
+                         "packed documents yet (data.packing: documents); use device: cpu", m->be->name,
+                         m->be->attn_docs ? " backward (training)" : "");
+}
+
 tkd_status tkd_model_forward(tkd_model *m, const int32_t *tokens, int B, int T, int training,
                              const void **hidden)
+{
+    return tkd_model_forward_docs(m, tokens, NULL, B, T, training, hidden);
+}
+
+tkd_status tkd_model_forward_docs(tkd_model *m, const int32_t *tokens, const int32_t *doc, int B, int T,
+                                  int training, const void **hidden)
 {
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
     int64_t N = (int64_t)B * T;
     TKD_TRY(check_tokens(m, tokens, N, T));
+    if (doc) {
+        TKD_TRY(check_docs(doc, B, T));
+        TKD_TRY(check_docs_backend(m, training));
+    }
     TKD_TRY(tkd_model_reserve(m, B, T, training));
     tkd_model_acts *a = m->acts;
+    a->docs = 0;
+    a->b = B; /* rope_rows reads the shape */
+    a->t = T;
+    if (doc) {
+        TKD_TRY(stage_docs(m, doc, B, T));
+        a->docs = 1;
+    }
     int L = c->num_hidden_layers, D = c->hidden_size;
     float eps = (float)c->rms_norm_eps;
     TKD_TRY(op->upload(m->be, a->tokens, tokens, sizeof(int32_t) * (size_t)N));
@@ -435,8 +524,11 @@ static tkd_status block_bwd(const tkd_model *m, int l, tkd_layer_weights *G, con
     /* attention branch: x2 = x + o_proj(attn(...)) */
     TKD_TRY(op->linear_bwd(be, dres, A->y, W->wo, N, Q, D, a->dy, G->wo, G->bo, 0));
     TKD_TRY(op->attn_bwd(be, a->dy, A->q, A->k, A->v, A->y, A->att, B, T, H, Hkv, Dh,
-                         tkd_model_config_window(c, l), a->dq, a->dk, a->dv));
-    TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, T, H, Hkv, Dh, m->d_rope_cos, m->d_rope_sin));
+                         tkd_model_config_window(c, l), a->docs ? a->doc : NULL, a->dq, a->dk, a->dv));
+    const float *cs, *sn;
+    int rows;
+    rope_rows(m, T, &cs, &sn, &rows);
+    TKD_TRY(op->rope_bwd(be, a->dq, a->dk, N, rows, H, Hkv, Dh, cs, sn));
     TKD_TRY(qk_norm_bwd(m, a, a->dq, A->qr, W->q_norm, A->rstdq, N, H, G->q_norm));
     TKD_TRY(qk_norm_bwd(m, a, a->dk, A->kr, W->k_norm, A->rstdk, N, Hkv, G->k_norm));
     TKD_TRY(op->linear_bwd(be, a->dq, A->n1, W->wq, N, D, Q, a->dn, G->wq, G->bq, 0));

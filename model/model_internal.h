@@ -48,6 +48,11 @@ struct tkd_model_acts {
     float *dx;                  // (N, D) f32
     void *dn, *dq, *dk, *dv, *dy, *dg, *du, *dh;
     float *dqk;                 // (N, H·Dh) f32 the q/k norms' input gradient (Qwen3), q's then k's
+    /* packed documents (tkd_model_forward_docs; allocated at the first such forward) */
+    int32_t *doc;               // (cap_b·cap_t) backend copy of the last forward's document starts
+    float *rope_tok;            // (2, cap_b·cap_t, Dh/2) f32 RoPE cos then sin per token (position i − doc)
+    float *rope_host;           // host staging of rope_tok
+    int docs;                   /* 1: the last forward ran packed documents (its backward reads doc) */
     int b, t;                   /* shape of the last forward */
     int have_train_fwd;         /* a training forward happened since the last backward */
 };

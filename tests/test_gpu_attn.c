@@ -199,7 +199,7 @@ static void inputs_free(inputs *in)
 
 static tkd_status impl_fwd(const impl *m, const inputs *in, const acase *c, uint16_t *y, float *lse)
 {
-    const tkd_attn_mask mask = {c->window, in->dsinks};
+    const tkd_attn_mask mask = {c->window, in->dsinks, NULL};
     const int masked = c->window || in->dsinks;
     switch (m->bit) {
     case FLASH: /* the plain entry point on unmasked cases: it is the one the product calls there */
@@ -482,6 +482,88 @@ static void check_lse_all(const inputs *in, const acase *c, const float *lse)
  * lse, then the first ones again after their eviction), and one shape run into other output
  * buffers and back, which must give the same bits (the same plan; a pack still pointing at the
  * old buffers would leave the new ones NaN). */
+/* Packed documents (tkd_attn_mask.doc): each document's rows of a packed batch equal that document
+ * run alone under the same window and sinks, for the flash kernel (dh 64, 128) and the simple one
+ * (dh 32), documents of 1 to 200 tokens across tile boundaries. The two runs multiply the same bf16
+ * numbers but in tiles aligned differently: y within 2^-7 of the row's largest |v| (bf16 output
+ * rounding plus fp32 order), lse within 1e-4. */
+static void run_documents(int dh, int window, int with_sinks)
+{
+    enum { B = 2, T = 333, H = 4, Hkv = 2 };
+    static const int starts[B][5] = {{0, 1, 100, 229, -1}, {0, 200, -1}};
+    int32_t doc[B * T];
+    for (int b = 0; b < B; b++)
+        for (int i = 0, d = 0; i < T; i++) {
+            if (starts[b][d + 1] == i)
+                d++;
+            doc[b * T + i] = starts[b][d];
+        }
+    const int64_t nq = (int64_t)B * T * H * dh, nkv = (int64_t)B * T * Hkv * dh;
+    float *f = tkd_test_xmalloc(sizeof(float) * nq), sk[H];
+    uint16_t *qb = tkd_test_xmalloc(2 * nq), *kb = tkd_test_xmalloc(2 * nkv), *vb = tkd_test_xmalloc(2 * nkv), skb[H];
+    tkd_test_fill_bf16(f, qb, nq, 501 + dh, 1.5f);
+    tkd_test_fill_bf16(f, kb, nkv, 502 + dh, 1.5f);
+    tkd_test_fill_bf16(f, vb, nkv, 503 + dh, 1.0f);
+    tkd_test_fill_bf16(sk, skb, H, 504, 2.0f);
+    uint16_t *dq = tkd_test_dev_alloc(2 * nq), *dk = tkd_test_dev_alloc(2 * nkv), *dv = tkd_test_dev_alloc(2 * nkv);
+    uint16_t *dy = tkd_test_dev_alloc(2 * nq), *dya = tkd_test_dev_alloc(2 * nq);
+    float *dl = tkd_test_dev_alloc(sizeof(float) * B * H * T), *dla = tkd_test_dev_alloc(sizeof(float) * B * H * T);
+    float *dsk = tkd_test_dev_alloc(sizeof(float) * H);
+    int32_t *ddoc = tkd_test_dev_alloc(sizeof(doc));
+    tkd_test_to_dev(dq, qb, 2 * nq), tkd_test_to_dev(dk, kb, 2 * nkv), tkd_test_to_dev(dv, vb, 2 * nkv);
+    tkd_test_to_dev(dsk, sk, sizeof(sk)), tkd_test_to_dev(ddoc, doc, sizeof(doc));
+    const int flash = dh != 32;
+    tkd_status (*fn)(const uint16_t *, const uint16_t *, const uint16_t *, int, int, int, int, int,
+                     const tkd_attn_mask *, uint16_t *, float *, void *) =
+        flash ? tkd_cuda_attn_fwd_masked : tkd_cuda_attn_fwd_simple_masked;
+    const tkd_attn_mask packed = {window, with_sinks ? dsk : NULL, ddoc}, alone = {window, packed.sinks, NULL};
+    assert_int_equal(fn(dq, dk, dv, B, T, H, Hkv, dh, &packed, dy, dl, NULL), TKD_OK);
+    for (int b = 0; b < B; b++)
+        for (int d = 0; starts[b][d] >= 0; d++) { /* each document alone, written where it sits packed */
+            int s0 = starts[b][d], n = (starts[b][d + 1] >= 0 ? starts[b][d + 1] : T) - s0;
+            const int64_t r0 = (int64_t)b * T + s0;
+            uint16_t *yo = tkd_test_dev_alloc(2 * (size_t)n * H * dh);
+            float *lo = tkd_test_dev_alloc(sizeof(float) * H * n), *lh = tkd_test_xmalloc(sizeof(float) * H * n);
+            assert_int_equal(fn(dq + r0 * H * dh, dk + r0 * Hkv * dh, dv + r0 * Hkv * dh, 1, n, H, Hkv, dh, &alone, yo,
+                                lo, NULL),
+                             TKD_OK);
+            assert_int_equal(cudaMemcpy(dya + r0 * H * dh, yo, 2 * (size_t)n * H * dh, cudaMemcpyDeviceToDevice),
+                             cudaSuccess);
+            tkd_test_to_host(lh, lo, sizeof(float) * H * n, NULL);
+            for (int h = 0; h < H; h++) /* lse (B, H, T): the document's stretch of row (b, h) */
+                assert_int_equal(cudaMemcpy(dla + ((int64_t)b * H + h) * T + s0, lh + (int64_t)h * n,
+                                            sizeof(float) * n, cudaMemcpyHostToDevice),
+                                 cudaSuccess);
+            cudaFree(yo), cudaFree(lo), free(lh);
+        }
+    uint16_t *y = tkd_test_xmalloc(2 * nq), *ya = tkd_test_xmalloc(2 * nq);
+    float *l = tkd_test_xmalloc(sizeof(float) * B * H * T), *la = tkd_test_xmalloc(sizeof(float) * B * H * T);
+    tkd_test_to_host(y, dy, 2 * nq, NULL), tkd_test_to_host(ya, dya, 2 * nq, NULL);
+    tkd_test_to_host(l, dl, sizeof(float) * B * H * T, NULL), tkd_test_to_host(la, dla, sizeof(float) * B * H * T, NULL);
+    double worst = 0, worst_l = 0;
+    for (int64_t i = 0; i < nq; i++)
+        worst = fmax(worst, fabs((double)tkd_bf16_to_f32(y[i]) - tkd_bf16_to_f32(ya[i])));
+    for (int64_t i = 0; i < (int64_t)B * H * T; i++)
+        worst_l = fmax(worst_l, fabs((double)l[i] - la[i]));
+    print_message("documents, %s dh %3d window %2d sinks %d: packed vs alone max |dy| %.3g, |dlse| %.3g\n",
+                  flash ? "flash " : "simple", dh, window, with_sinks, worst, worst_l);
+    if (!(worst <= 1.0 / 128) || !(worst_l <= 1e-4))
+        fail_msg("dh %d window %d sinks %d: packed documents differ from each alone: |dy| %g, |dlse| %g", dh, window,
+                 with_sinks, worst, worst_l);
+    free(f), free(qb), free(kb), free(vb), free(y), free(ya), free(l), free(la);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dy), cudaFree(dya), cudaFree(dl), cudaFree(dla);
+    cudaFree(dsk), cudaFree(ddoc);
+}
+
+static void test_documents(void **state)
+{
+    (void)state;
+    static const int dhs[] = {32, 64, 128};
+    for (int i = 0; i < 3; i++)
+        for (int c = 0; c < 3; c++) /* plain, a window of 50, sinks */
+            run_documents(dhs[i], c == 1 ? 50 : 0, c == 2);
+}
+
 static void test_plan_cache(void **state)
 {
     (void)state;
@@ -536,7 +618,7 @@ static void test_errors(void **state)
     assert_int_equal(tkd_cuda_attn_fwd(d, d, d, 1, -1, 2, 1, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_attn_fwd(d + 1, d, d, 1, 4, 2, 1, 64, d, l, NULL), TKD_ERR_INVALID_ARG);
     assert_int_equal(tkd_cuda_attn_fwd(d, d, d, 0, 4, 2, 1, 64, d, l, NULL), TKD_OK); /* empty batch */
-    const tkd_attn_mask neg = {-1, NULL};
+    const tkd_attn_mask neg = {-1, NULL, NULL};
     assert_int_equal(tkd_cuda_attn_fwd_masked(d, d, d, 1, 4, 2, 1, 64, &neg, d, l, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("window -1");
     assert_int_equal(tkd_cuda_attn_fwd_simple_masked(d, d, d, 1, 4, 2, 1, 64, &neg, d, l, NULL), TKD_ERR_INVALID_ARG);
@@ -595,7 +677,7 @@ static int group_teardown(void **state)
 static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_errors),       cmocka_unit_test(test_cudnn_errors), cmocka_unit_test(test_small),
     cmocka_unit_test(test_plan_cache),   cmocka_unit_test(test_large_scores), cmocka_unit_test(test_long),
-    cmocka_unit_test(test_simple),       cmocka_unit_test(test_masked),
+    cmocka_unit_test(test_simple),       cmocka_unit_test(test_masked),       cmocka_unit_test(test_documents),
 };
 #endif /* TKD_HAVE_CUDA */
 

@@ -3,7 +3,8 @@
  * with per-head q/k norms; F32 and BF16 checkpoints) loaded onto the GPU, their logits against transformers' fp32 logits, their
  * final hidden states against the CPU backend's; and the backend's LM head + top-k consumer against
  * the CPU one on the same bf16-rounded hidden states; sliding windows (Qwen3, Mistral) against
- * transformers, and training with one refused (the backward does not mask yet). Exits 77 where no
+ * transformers, and training with one refused (the backward does not mask yet); the MoE teachers
+ * (Qwen3-MoE, gpt-oss with sinks, YaRN and MXFP4 experts). Exits 77 where no
  * GPU answers.
  *
  * Tolerances: the GPU rounds weights and every activation the GEMMs read to bf16 (8 significant
@@ -152,22 +153,59 @@ static void test_window_fixtures(void **state)
 #endif
 
 #ifdef TKD_HF_FIXTURES_QWEN3_MOE
-/* Qwen3-MoE on CUDA: the backend has no MoE op on the seam yet (kernels/cuda/backend_cuda.cu says
- * why), so the model refuses the MoE layers before anything runs, naming the backend and the way
- * out, instead of running them some other way. */
-static void test_qwen3_moe_refused(void **state)
+/* Qwen3-MoE on CUDA (kernels/cuda/moe_cuda.h through the seam): softmax router, top-k with
+ * norm_topk_prob, a dense first layer (mlp_only_layers). The fixture's routing keeps a margin of
+ * 0.05 logits between each token's k-th and (k+1)-th expert, so bf16 activations choose as
+ * transformers does. */
+static void test_qwen3_moe_f32(void **state) { (void)state; check_fixture("qwen3_moe_f32"); }
+static void test_qwen3_moe_bf16(void **state) { (void)state; check_fixture("qwen3_moe_bf16"); }
+#endif
+
+#ifdef TKD_HF_FIXTURES_GPT_OSS
+/* gpt-oss on CUDA: q/k/v/o biases, sinks, a sliding and a full layer, YaRN, the biased router with
+ * softmax over the top-k and the clamped SwiGLU experts; F32, BF16 and MXFP4 checkpoints (the
+ * MXFP4 experts decoded exactly at load, then bf16 on the device as every weight). */
+static void test_gpt_oss_f32(void **state) { (void)state; check_fixture("gpt_oss_f32"); }
+static void test_gpt_oss_bf16(void **state) { (void)state; check_fixture("gpt_oss_bf16"); }
+static void test_gpt_oss_mxfp4(void **state) { (void)state; check_fixture("gpt_oss_mxfp4"); }
+#endif
+
+/* Packed documents on CUDA (tkd_model_forward_docs): the fixture's two sequences cut into
+ * documents, the GPU's hidden states against the CPU's under the same documents; training such a
+ * batch is refused (the backward does not confine attention to documents yet), naming the option. */
+static void test_documents(void **state)
 {
     (void)state;
-    int32_t in[FIX_N];
+    int32_t in[FIX_N], doc[FIX_N];
     fixture_inputs(in);
-    assert_null(g_gpu->op->moe_fwd);
-    tkd_model *g = load("qwen3_moe_f32", g_gpu);
-    assert_int_equal(tkd_model_forward(g, in, FIX_B, FIX_T, 0, NULL), TKD_ERR_UNSUPPORTED);
-    tkd_test_assert_msg_has("the cuda backend has no mixture-of-experts op yet, which Qwen3MoeForCausalLM's MoE "
-                            "layers need; use device: cpu");
+    for (int n = 0; n < FIX_N; n++) { /* sequence 0: documents at 0, 4, 5; sequence 1: at 0, 7 */
+        int b = n / FIX_T, i = n % FIX_T;
+        doc[n] = b == 0 ? (i >= 5 ? 5 : i >= 4 ? 4 : 0) : (i >= 7 ? 7 : 0);
+    }
+    assert_int_equal(g_gpu->attn_docs, 1);
+    assert_int_equal(g_gpu->attn_docs_bwd, 0);
+    tkd_model *c = load("llama_gqa_f32", NULL), *g = load("llama_gqa_f32", g_gpu);
+    const void *hc = NULL, *hg = NULL;
+    assert_int_equal(tkd_model_forward_docs(c, in, doc, FIX_B, FIX_T, 0, &hc), TKD_OK);
+    if (tkd_model_forward_docs(g, in, doc, FIX_B, FIX_T, 0, &hg) != TKD_OK)
+        fail_msg("cuda forward with documents: %s", tkd_error_msg());
+    size_t n = (size_t)FIX_N * g->cfg.hidden_size;
+    float *h = malloc(n * sizeof(float));
+    assert_int_equal(g_gpu->op->download_f32(g_gpu, h, hg, n), TKD_OK);
+    double e = check_rows("llama_gqa_f32 with documents: cuda hidden against cpu", h, hc, FIX_N, g->cfg.hidden_size,
+                          HIDDEN_RTOL);
+    printf("llama_gqa_f32 with packed documents on cuda: hidden vs cpu %.3e\n", e);
+    free(h);
     tkd_model_free(g);
+    tkd_model *t = NULL;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s%s", tkd_test_src("fixtures/hf/"), "llama_gqa_f32");
+    assert_int_equal(tkd_model_load_hf_for_training(dir, g_gpu, &t), TKD_OK);
+    assert_int_equal(tkd_model_forward_docs(t, in, doc, FIX_B, FIX_T, 1, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("backward (training) does not confine queries to packed documents yet");
+    tkd_model_free(t);
+    tkd_model_free(c);
 }
-#endif
 
 /* One consumer run on backend be over host fp32 hidden (rows, D) and head W (V, D). */
 static void lmhead_on(tkd_backend *be, const float *h, const float *w, int64_t rows, int D, int64_t V, int k,
@@ -277,8 +315,15 @@ int main(void)
         cmocka_unit_test(test_window_fixtures),
 #endif
 #ifdef TKD_HF_FIXTURES_QWEN3_MOE
-        cmocka_unit_test(test_qwen3_moe_refused),
+        cmocka_unit_test(test_qwen3_moe_f32),
+        cmocka_unit_test(test_qwen3_moe_bf16),
 #endif
+#ifdef TKD_HF_FIXTURES_GPT_OSS
+        cmocka_unit_test(test_gpt_oss_f32),
+        cmocka_unit_test(test_gpt_oss_bf16),
+        cmocka_unit_test(test_gpt_oss_mxfp4),
+#endif
+        cmocka_unit_test(test_documents),
         cmocka_unit_test(test_lmhead_topk_matches_cpu),
         cmocka_unit_test(test_device_oom),
     };

@@ -341,8 +341,8 @@ static void test_attention_sinks(void **s)
         uint64_t sd = 9100 + 100 * c;
         pair q = mk(nq, sd + 1, 1.5f), k = mk(nkv, sd + 2, 1.5f), v = mk(nkv, sd + 3, 1), sk = mk((size_t)H, sd + 4, 2);
         pair att = mk(na, 0, 0), y = mk(nq, 0, 0);
-        tkd_cpu_attn_sinks_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, sk.f, att.f, y.f);
-        tkd_ref_attn_sinks_fwd(q.d, k.d, v.d, B, T, H, Hkv, dh, W, sk.d, att.d, y.d);
+        tkd_cpu_attn_sinks_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, NULL, sk.f, att.f, y.f);
+        tkd_ref_attn_sinks_fwd(q.d, k.d, v.d, B, T, H, Hkv, dh, W, NULL, sk.d, att.d, y.d);
         expect_close(&att, "sink attn probabilities");
         expect_close(&y, "sink attn y");
         double worst = 0;
@@ -367,11 +367,59 @@ static void test_attention_sinks(void **s)
         for (int h = 0; h < H; h++)
             none[h] = -1e30f;
         tkd_cpu_attn_window_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, af, yf);
-        tkd_cpu_attn_sinks_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, none, att.f, y.f);
+        tkd_cpu_attn_sinks_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, NULL, none, att.f, y.f);
         assert_memory_equal(yf, y.f, sizeof(float) * nq);
         free(yf), free(af);
         drop(&q), drop(&k), drop(&v), drop(&sk), drop(&att), drop(&y);
     }
+}
+
+/* Packed documents (data.packing: documents): with doc, the fast path equals the double reference,
+ * and each document's rows are bit for bit those of the document run alone (same keys, same order
+ * of operations), with and without a window and sinks. */
+static void test_attention_documents(void **s)
+{
+    (void)s;
+    enum { B = 2, T = 13, H = 4, Hkv = 2, dh = 6 };
+    static const int starts[B][5] = {{0, 1, 5, 9, -1}, {0, 6, -1}}; /* a one-token document, a long one */
+    int32_t doc[B * T];
+    for (int b = 0; b < B; b++)
+        for (int i = 0, d = 0; i < T; i++) {
+            if (starts[b][d + 1] == i)
+                d++;
+            doc[b * T + i] = starts[b][d];
+        }
+    size_t N = (size_t)B * T, nq = N * H * dh, nkv = N * Hkv * dh, na = (size_t)B * H * T * T;
+    pair q = mk(nq, 7701, 1.5f), k = mk(nkv, 7702, 1.5f), v = mk(nkv, 7703, 1), sk = mk(H, 7704, 2);
+    for (int c = 0; c < 4; c++) {
+        int W = c & 1 ? 3 : 0;
+        const float *sf = c & 2 ? sk.f : NULL;
+        pair att = mk(na, 0, 0), y = mk(nq, 0, 0);
+        tkd_cpu_attn_sinks_fwd(q.f, k.f, v.f, B, T, H, Hkv, dh, W, doc, sf, att.f, y.f);
+        tkd_ref_attn_sinks_fwd(q.d, k.d, v.d, B, T, H, Hkv, dh, W, doc, c & 2 ? sk.d : NULL, att.d, y.d);
+        expect_close(&att, "documents: attn probabilities");
+        expect_close(&y, "documents: attn y");
+        for (int b = 0; b < B; b++)
+            for (int d = 0; starts[b][d] >= 0; d++) {
+                int s0 = starts[b][d], s1 = starts[b][d + 1] >= 0 ? starts[b][d + 1] : T, n = s1 - s0;
+                size_t r0 = (size_t)b * T + s0;
+                float *ya = malloc(sizeof(float) * n * H * dh), *aa = malloc(sizeof(float) * H * n * n);
+                assert_true(ya && aa);
+                tkd_cpu_attn_sinks_fwd(q.f + r0 * H * dh, k.f + r0 * Hkv * dh, v.f + r0 * Hkv * dh, 1, n, H, Hkv, dh, W,
+                                       NULL, sf, aa, ya);
+                if (memcmp(ya, y.f + r0 * H * dh, sizeof(float) * n * H * dh) != 0)
+                    fail_msg("case %d: sequence %d, document at %d (%d tokens): packed rows differ from it alone", c, b,
+                             s0, n);
+                for (int h = 0; h < H; h++) /* no weight on a key outside the document */
+                    for (int i = s0; i < s1; i++)
+                        for (int j = 0; j < T; j++)
+                            if (j < s0 || j > i)
+                                assert_true(att.f[(((size_t)b * H + h) * T + i) * T + j] == 0.0f);
+                free(ya), free(aa);
+            }
+        drop(&att), drop(&y);
+    }
+    drop(&q), drop(&k), drop(&v), drop(&sk);
 }
 
 /* Large scores must not overflow: softmax subtracts the row max. */
@@ -410,4 +458,4 @@ static void test_swiglu(void **s)
 }
 
 TKD_TEST_MAIN(test_embedding, test_rmsnorm, test_linear, test_rope_inv_freq, test_rope_yarn, test_rope,
-    test_attention, test_attention_window, test_attention_sinks, test_attention_large_scores, test_swiglu)
+    test_attention, test_attention_window, test_attention_sinks, test_attention_documents, test_attention_large_scores, test_swiglu)

@@ -74,6 +74,7 @@ struct AttnArgs {
     float scale_log2;   /* log2(e) / sqrt(dh) */
     int window;         /* tkd_attn_mask: 0 or the sliding window */
     const float *sinks; /* (H) or NULL */
+    const int32_t *doc; /* (B·T) or NULL: each query's document start */
 };
 
 /* ---- tile stages --------------------------------------------------------------------------- */
@@ -101,10 +102,18 @@ __device__ __forceinline__ void qk_tile(float s[kNt][4], const uint32_t qf[DH / 
         }
 }
 
+/* The first key query row i sees: i − window + 1 with a window, its document's start with doc
+ * (rows ≥ T, zero-filled, take the last row's); both are non-decreasing in i. */
+__device__ __forceinline__ int first_key(int i, int T, int window, const int32_t *doc)
+{
+    const int w = window > 0 ? max(0, i - window + 1) : 0;
+    return doc ? max(w, doc[min(i, T - 1)]) : w;
+}
+
 /* Sets to −inf the scores of keys after their query row (causal), of keys ≥ T (zero-filled rows)
- * and, with a window, of keys at or before row − window. k0: the tile's first key; row0: the
- * warp's first query row. */
-__device__ __forceinline__ void mask_tile(float s[kNt][4], int k0, int row0, int T, int window, int lane)
+ * and of keys before the row's first key (lo[0] for the lane's row, lo[1] for the row 8 below:
+ * first_key). k0: the tile's first key; row0: the warp's first query row. */
+__device__ __forceinline__ void mask_tile(float s[kNt][4], int k0, int row0, int T, const int lo[2], int lane)
 {
     const int row = row0 + (lane >> 2), key = k0 + (lane & 3) * 2;
 #pragma unroll
@@ -112,7 +121,7 @@ __device__ __forceinline__ void mask_tile(float s[kNt][4], int k0, int row0, int
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int kj = key + nt * 8 + (e & 1), qi = row + (e >> 1) * 8;
-            if (kj > qi || kj >= T || (window > 0 && kj <= qi - window))
+            if (kj > qi || kj >= T || kj < lo[e >> 1])
                 s[nt][e] = -INFINITY;
         }
 }
@@ -224,12 +233,17 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
     const uint16_t *gk = a.k + kv_off, *gv = a.v + kv_off;
     const int last = (min(q0 + kBr, a.T) - 1) / kBc; /* key tiles first .. last */
     const int window = kMask ? a.window : 0; /* kMask false: plain causal, no register spent on it */
-    const int first = window > 0 ? max(0, q0 - window + 1) / kBc : 0; /* row q0's first key's tile */
+    const int32_t *doc = kMask && a.doc ? a.doc + (int64_t)b * a.T : nullptr;
+    const int first = first_key(q0, a.T, window, doc) / kBc; /* row q0's first key's tile: the CTA's lowest */
 
     load_rows<DH, kBr, kThreads>(sq, a.q + (int64_t)b * a.T * qld + (int64_t)h * DH, qld, q0, a.T);
     load_tile_pair<DH, kBc, kThreads>(sk, sv, gk, gv, kvld, last * kBc, a.T);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = q0 + warp * 16;
+    /* the warp's lowest and highest first keys, and the lane's two rows' */
+    const int wlo = first_key(row0, a.T, window, doc), whi = first_key(row0 + 15, a.T, window, doc);
+    const int lo[2] = {first_key(row0 + (lane >> 2), a.T, window, doc),
+                       first_key(row0 + (lane >> 2) + 8, a.T, window, doc)};
     uint32_t qf[DH / 16][4];
     float o[DH / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     if (kMask && a.sinks) { /* the sink as a key of score sinks[h] and no value: a start of the running max
@@ -251,12 +265,12 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_fwd_kernel(co
         const int k0 = j * kBc;
         if (k0 > row0 + 15)
             continue; /* every key of the tile is after every row of this warp */
-        if (window > 0 && k0 + kBc - 1 <= row0 - window)
-            continue; /* every key of the tile is before every row's window */
+        if (k0 + kBc - 1 < wlo)
+            continue; /* every key of the tile is before every row's first key */
         float s[kNt][4];
         qk_tile<DH>(s, qf, sk + st * KS, lane);
-        if (k0 + kBc - 1 > row0 || k0 + kBc > a.T || (window > 0 && k0 <= row0 + 15 - window))
-            mask_tile(s, k0, row0, a.T, window, lane);
+        if (k0 + kBc - 1 > row0 || k0 + kBc > a.T || k0 < whi)
+            mask_tile(s, k0, row0, a.T, lo, lane);
         softmax_update<DH>(s, m, l, o, a.scale_log2);
         pv_tile<DH>(o, s, sv + st * KS, lane);
     }
@@ -268,7 +282,7 @@ template <int DH>
 tkd_status launch(const AttnArgs &a, int B, cudaStream_t stream)
 {
     const dim3 grid((unsigned)(B * a.H), (unsigned)a.n_qt);
-    return a.window > 0 || a.sinks ? launch_smem(attn_fwd_kernel<DH, true>, grid, kThreads, Geo<DH>::SMEM, stream, a)
+    return a.window > 0 || a.sinks || a.doc ? launch_smem(attn_fwd_kernel<DH, true>, grid, kThreads, Geo<DH>::SMEM, stream, a)
                                    : launch_smem(attn_fwd_kernel<DH, false>, grid, kThreads, Geo<DH>::SMEM, stream, a);
 }
 
@@ -299,6 +313,7 @@ extern "C" tkd_status tkd_cuda_attn_fwd_masked(const uint16_t *q, const uint16_t
     a.scale_log2 = (float)(kLog2e / sqrt((double)dh));
     a.window = mask ? mask->window : 0;
     a.sinks = mask ? mask->sinks : NULL;
+    a.doc = mask ? mask->doc : NULL;
     cudaStream_t st = (cudaStream_t)stream;
     return with_dh(dh, [&](auto d) { return launch<decltype(d)::value>(a, B, st); });
 }

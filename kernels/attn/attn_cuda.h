@@ -27,7 +27,8 @@ extern "C" {
 tkd_status tkd_cuda_attn_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
                              int H, int Hkv, int dh, uint16_t *y, float *lse, void *stream);
 
-/* What changes a query row's softmax beyond causality (issue 22's teachers), both optional:
+/* What changes a query row's softmax beyond causality (issue 22's teachers; issue 23's packed
+ * documents), each optional:
  *   window: a sliding window of `window` keys ending at the query's own: query i sees key j when
  *           i − window < j ≤ i (transformers' sliding_window; Mistral, Qwen2/3 with windows,
  *           gpt-oss's sliding layers). 0: every key j ≤ i.
@@ -35,10 +36,15 @@ tkd_status tkd_cuda_attn_fwd(const uint16_t *q, const uint16_t *k, const uint16_
  *           in the units of the scaled scores (gpt-oss's attention sinks):
  *           p_ij = exp(s_ij) / (exp(sink_h) + Σ_j' exp(s_ij')). The sink has no value (it only
  *           takes weight away from the keys), and lse includes it: log(exp(sink_h) + Σ_j exp(s_ij)).
- *           NULL: none. */
+ *           NULL: none.
+ *   doc:    (B·T) int32 on the device: doc[b·T + i] is where query i's document starts in sequence
+ *           b (≤ i, non-decreasing in i): the query sees no key before it (packed documents, a
+ *           block-diagonal causal mask). NULL: one document per sequence. */
 typedef struct tkd_attn_mask {
-    int window;
-    const float *sinks;
+    int window;         /* 0 or the sliding window (keys i − window < j ≤ i) */
+    const float *sinks; /* (H) fp32 or NULL */
+    const int32_t *doc; /* (B·T) or NULL: where each query's document starts in its sequence (packed
+                         * documents: no key before it; non-decreasing within a sequence, ≤ i) */
 } tkd_attn_mask;
 
 /* tkd_cuda_attn_fwd / tkd_cuda_attn_fwd_simple under mask (NULL: plain causal, the same bits as

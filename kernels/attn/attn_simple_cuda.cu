@@ -21,9 +21,10 @@ using tkd_cuda::warp_max;
 using tkd_cuda::warp_sum;
 
 /* grid (T, H, B), block 32. q row i of head h; keys/values of kv head h / (H / Hkv), rows j ≤ i
- * (and j > i − window when window > 0); sinks (H) or NULL: the sink starts the running max and sum. */
+ * (and j > i − window when window > 0, j ≥ doc[b·T + i] with doc); sinks (H) or NULL: the sink starts
+ * the running max and sum. */
 __global__ void attn_row(const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H, int Hkv, int dh,
-                         float scale, int window, const float *sinks, uint16_t *y, float *lse)
+                         float scale, int window, const int32_t *doc, const float *sinks, uint16_t *y, float *lse)
 {
     int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
     int64_t qs = (int64_t)H * dh, kvs = (int64_t)Hkv * dh;
@@ -31,7 +32,8 @@ __global__ void attn_row(const uint16_t *q, const uint16_t *k, const uint16_t *v
     const uint16_t *kb = k + (int64_t)b * T * kvs + (int64_t)(h / (H / Hkv)) * dh;
     const uint16_t *vb = v + (int64_t)b * T * kvs + (int64_t)(h / (H / Hkv)) * dh;
     float m = sinks ? sinks[h] : -INFINITY, l = sinks ? 1.0f : 0.0f, acc[kDimsPerLane] = {0};
-    for (int j0 = window > 0 ? max(0, i - window + 1) : 0; j0 <= i; j0 += 32) {
+    const int first = max(window > 0 ? max(0, i - window + 1) : 0, doc ? doc[(int64_t)b * T + i] : 0);
+    for (int j0 = first; j0 <= i; j0 += 32) {
         int j = j0 + lane;
         float s = -INFINITY;
         if (j <= i) {
@@ -79,7 +81,8 @@ extern "C" tkd_status tkd_cuda_attn_fwd_simple_masked(const uint16_t *q, const u
                              "H a multiple of Hkv and dh <= %d", B, T, H, Hkv, dh, kMaxDh);
     dim3 grid((unsigned)T, (unsigned)H, (unsigned)B);
     attn_row<<<grid, 32, 0, (cudaStream_t)stream>>>(q, k, v, T, H, Hkv, dh, (float)(1.0 / sqrt((double)dh)),
-                                                     mask ? mask->window : 0, mask ? mask->sinks : NULL, y, lse);
+                                                     mask ? mask->window : 0, mask ? mask->doc : NULL,
+                                                     mask ? mask->sinks : NULL, y, lse);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }

@@ -127,10 +127,11 @@ static tkd_status cpu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, 
 }
 
 static tkd_status cpu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H,
-                               int Hkv, int dh, int window, const void *sinks, void *y, void *saved)
+                               int Hkv, int dh, int window, const int32_t *doc, const void *sinks, void *y,
+                               void *saved)
 {
     (void)be;
-    tkd_cpu_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, sinks, saved, y);
+    tkd_cpu_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, doc, sinks, saved, y);
     return TKD_OK;
 }
 
@@ -189,11 +190,12 @@ static tkd_status cpu_rope_bwd(tkd_backend *be, void *dq, void *dk, int N, int T
 
 static tkd_status cpu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v,
                                const void *y, const void *saved, int B, int T, int H, int Hkv, int dh, int window,
-                               void *dq, void *dk, void *dv)
+                               const int32_t *doc, void *dq, void *dk, void *dv)
 {
     (void)be;
     (void)y;
-    (void)window; /* the saved probabilities are zero outside the window */
+    (void)window; /* the saved probabilities are zero outside the window and the document */
+    (void)doc;
     memset(dq, 0, sizeof(float) * (size_t)B * T * H * dh); /* the CPU kernel adds; the op overwrites */
     memset(dk, 0, sizeof(float) * (size_t)B * T * Hkv * dh);
     memset(dv, 0, sizeof(float) * (size_t)B * T * Hkv * dh);
@@ -534,6 +536,8 @@ tkd_status tkd_backend_cpu_open(tkd_backend **out)
     be->data_parallel = 0;
     be->attn_window = 1;
     be->attn_window_bwd = 1;
+    be->attn_docs = 1;
+    be->attn_docs_bwd = 1;
     be->op = &cpu_ops;
     be->impl = c;
     *out = be;

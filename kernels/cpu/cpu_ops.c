@@ -151,21 +151,24 @@ static float dotf(const float *a, const float *b, int n)
 }
 
 /* The first key query i attends: i - window + 1 (the window counts the query itself), or 0 when
- * window is 0 (full causal) or reaches back past the start. */
-static inline int attn_first_key(int i, int window)
+ * window is 0 (full causal) or reaches back past the start; never before its document's first
+ * position doc0 (0: one document). */
+static inline int attn_first_key(int i, int window, int doc0)
 {
-    return window > 0 && i >= window ? i - window + 1 : 0;
+    int j0 = window > 0 && i >= window ? i - window + 1 : 0;
+    return doc0 > j0 ? doc0 : j0;
 }
 
 /* One (batch, head): rows are independent, row i touches keys j0..i only (j0 = 0: causal). */
 static void attn_fwd_head(const float *q, const float *k, const float *v, int T, int qs, int kvs,
-                          int dh, int window, float scale, const float *sink, float *att, float *y)
+                          int dh, int window, const int32_t *doc, float scale, const float *sink, float *att,
+                          float *y)
 {
     for (int i = 0; i < T; i++) {
         const float *qi = q + (int64_t)i * qs;
         float *a = att + (int64_t)i * T, *yi = y + (int64_t)i * qs;
         float mx = -INFINITY, sum = 0;
-        int j0 = attn_first_key(i, window);
+        int j0 = attn_first_key(i, window, doc ? doc[i] : 0);
         for (int j = j0; j <= i; j++) {
             a[j] = dotf(qi, k + (int64_t)j * kvs, dh) * scale;
             mx = a[j] > mx ? a[j] : mx;
@@ -194,11 +197,11 @@ static void attn_fwd_head(const float *q, const float *k, const float *v, int T,
 void tkd_cpu_attn_window_fwd(const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
                              int dh, int window, float *att, float *y)
 {
-    tkd_cpu_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, NULL, att, y);
+    tkd_cpu_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, NULL, NULL, att, y);
 }
 
 void tkd_cpu_attn_sinks_fwd(const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
-                            int dh, int window, const float *sinks, float *att, float *y)
+                            int dh, int window, const int32_t *doc, const float *sinks, float *att, float *y)
 {
     int grp = H / Hkv, qs = H * dh, kvs = Hkv * dh;
     float scale = (float)(1.0 / sqrt((double)dh));
@@ -207,7 +210,8 @@ void tkd_cpu_attn_sinks_fwd(const float *q, const float *k, const float *v, int 
         for (int h = 0; h < H; h++) {
             int64_t q0 = (int64_t)b * T * qs + (int64_t)h * dh;
             int64_t kv0 = (int64_t)b * T * kvs + (int64_t)(h / grp) * dh;
-            attn_fwd_head(q + q0, k + kv0, v + kv0, T, qs, kvs, dh, window, scale, sinks ? sinks + h : NULL,
+            attn_fwd_head(q + q0, k + kv0, v + kv0, T, qs, kvs, dh, window, doc ? doc + (int64_t)b * T : NULL, scale,
+                          sinks ? sinks + h : NULL,
                           att + ((int64_t)b * H + h) * T * T, y + q0);
         }
 }

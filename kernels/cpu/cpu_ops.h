@@ -76,11 +76,15 @@ void tkd_cpu_attn_window_fwd(const float *q, const float *k, const float *v, // 
                              int B, int T, int H, int Hkv, int dh, int window,
                              float *att, // (B, H, T, T)
                              float *y);  // (B·T, H·dh)
-/* The same with attention sinks (gpt-oss; sinks NULL: none): head h's softmax runs over its scores
- * and the logit sinks[h] (in the max and the denominator), whose column is then dropped, so a
- * row of att sums to less than 1. Forward only: no backward takes sinks (teachers only). */
+/* The same with documents and attention sinks. doc (NULL: one document per sequence): doc[b·T + i]
+ * is the position in sequence b where query i's document starts (data.packing: documents), and
+ * query i attends no key before it (a block-diagonal causal mask; att is 0 there, which is all the
+ * backward needs). Sinks (gpt-oss; NULL: none): head h's softmax runs over its scores and the logit
+ * sinks[h] (in the max and the denominator), whose column is then dropped, so a row of att sums
+ * to less than 1. No backward takes sinks (teachers only). */
 void tkd_cpu_attn_sinks_fwd(const float *q, const float *k, const float *v, // as above
                             int B, int T, int H, int Hkv, int dh, int window,
+                            const int32_t *doc, // (B·T) or NULL
                             const float *sinks, // (H) or NULL
                             float *att,         // (B, H, T, T)
                             float *y);          // (B·T, H·dh)

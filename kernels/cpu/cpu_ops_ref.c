@@ -118,11 +118,12 @@ void tkd_ref_rope_bwd(double *dx, int N, int T, int nh, int dh, const float *cos
 void tkd_ref_attn_window_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
                              int Hkv, int dh, int window, double *att, double *y)
 {
-    tkd_ref_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, NULL, att, y);
+    tkd_ref_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, window, NULL, NULL, att, y);
 }
 
 void tkd_ref_attn_sinks_fwd(const double *q, const double *k, const double *v, int B, int T, int H,
-                            int Hkv, int dh, int window, const double *sinks, double *att, double *y)
+                            int Hkv, int dh, int window, const int32_t *doc, const double *sinks, double *att,
+                            double *y)
 {
     int grp = H / Hkv;
     double scale = 1.0 / sqrt((double)dh);
@@ -132,10 +133,11 @@ void tkd_ref_attn_sinks_fwd(const double *q, const double *k, const double *v, i
                 const double *qi = q + ((int64_t)(b * T + i) * H + h) * dh;
                 double *a = att + (((int64_t)b * H + h) * T + i) * T;
                 double mx = -INFINITY, sum = 0;
+                const int d0 = doc ? doc[(int64_t)b * T + i] : 0; /* the document's first position */
                 for (int j = 0; j < T; j++) {
                     a[j] = 0;
-                    /* causal, and inside the window: i − window < j (the query counts) */
-                    if (j > i || (window > 0 && j <= i - window))
+                    /* causal, inside the window (i − window < j: the query counts) and the document */
+                    if (j > i || (window > 0 && j <= i - window) || j < d0)
                         continue;
                     const double *kj = k + ((int64_t)(b * T + j) * Hkv + h / grp) * dh;
                     double s = 0;
@@ -145,6 +147,7 @@ void tkd_ref_attn_sinks_fwd(const double *q, const double *k, const double *v, i
                     mx = fmax(mx, a[j]);
                 }
                 int j0 = window > 0 && i >= window ? i - window + 1 : 0;
+                j0 = j0 > d0 ? j0 : d0;
                 if (sinks) { /* the sink joins the max and the denominator, and is then dropped */
                     mx = fmax(mx, sinks[h]);
                     sum = exp(sinks[h] - mx);

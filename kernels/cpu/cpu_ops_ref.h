@@ -71,6 +71,7 @@ void tkd_ref_attn_window_fwd(const double *q, const double *k, const double *v, 
  * Forward only (no backward with sinks). */
 void tkd_ref_attn_sinks_fwd(const double *q, const double *k, const double *v, // as above
                             int B, int T, int H, int Hkv, int dh, int window,
+                            const int32_t *doc,  // (B·T) or NULL: tkd_cpu_attn_sinks_fwd's documents
                             const double *sinks, // (H) or NULL
                             double *att,         // (B, H, T, T)
                             double *y);          // (B·T, H·dh)

@@ -34,6 +34,7 @@
 #include "kernels/gemm_sm90/lmhead_sm90.h"
 #include "kernels/cuda/ops_bwd_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/moe_cuda.h"
 #include "kernels/cuda/topk_cuda.h"
 
 using namespace tkd_cub;
@@ -228,28 +229,32 @@ tkd_status cu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, int H, i
 /* The flash kernel where it takes the head size, the simple one elsewhere (dh 16, 32, ...). */
 bool flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
 
-/* No backward kernel here masks a sliding window yet (be->attn_window_bwd is 0, so a training
- * model refuses first). */
-tkd_status no_window_bwd_yet(int window, int T)
+/* No backward kernel here masks a sliding window or documents yet (be->attn_window_bwd and
+ * attn_docs_bwd are 0, so a training model refuses first). */
+tkd_status no_mask_bwd_yet(int window, int T, const int32_t *doc)
 {
     if (window > 0 && window < T)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "attention backward: sliding window %d < sequence length %d is "
                              "not implemented on the cuda backend yet", window, T);
+    if (doc)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "attention backward: packed documents (data.packing: documents) "
+                             "are not implemented on the cuda backend yet");
     return TKD_OK;
 }
 
-/* A window shorter than T, or sinks: our kernels' masked forward (cuDNN's graph here has neither).
+/* A window shorter than T, documents or sinks: our kernels' masked forward (cuDNN's graph here has
+ * none of them).
  * The masked kernels take fp32 sinks (H): the act (bf16) sinks are widened, exactly, into a small
  * buffer of the backend on the stream, once per call (H floats: nothing beside the attention). */
 tkd_status attn_fwd_window(CudaImpl *c, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
-                           int dh, int window, const void *sinks, void *y, void *saved)
+                           int dh, int window, const int32_t *doc, const void *sinks, void *y, void *saved)
 {
     if (sinks) {
         TKD_TRY(grow(&c->sinks32, (size_t)H * sizeof(float), "attention sinks (fp32)", nullptr));
         TKD_TRY(tkd_cuda_bf16_to_f32(static_cast<cbf>(sinks), static_cast<float *>(c->sinks32.p), (size_t)H,
                                      c->stream));
     }
-    const tkd_attn_mask mask = {window, sinks ? static_cast<const float *>(c->sinks32.p) : nullptr};
+    const tkd_attn_mask mask = {window, sinks ? static_cast<const float *>(c->sinks32.p) : nullptr, doc};
     auto fn = flash_takes(dh) ? tkd_cuda_attn_fwd_masked : tkd_cuda_attn_fwd_simple_masked;
     return fn(static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v), B, T, H, Hkv, dh, &mask,
               static_cast<bf>(y), static_cast<float *>(saved), c->stream);
@@ -258,11 +263,11 @@ tkd_status attn_fwd_window(CudaImpl *c, const void *q, const void *k, const void
 /* cuDNN's fused attention first (about twice our kernel's rate on an H200); where cuDNN is absent or
  * refuses the shape (a refusal is cached per shape, so asking again is free), our own kernels. */
 tkd_status cu_attn_fwd(tkd_backend *be, const void *q, const void *k, const void *v, int B, int T, int H, int Hkv,
-                       int dh, int window, const void *sinks, void *y, void *saved)
+                       int dh, int window, const int32_t *doc, const void *sinks, void *y, void *saved)
 {
     CudaImpl *c = impl(be);
-    if ((window > 0 && window < T) || sinks)
-        return attn_fwd_window(c, q, k, v, B, T, H, Hkv, dh, window, sinks, y, saved);
+    if ((window > 0 && window < T) || sinks || doc)
+        return attn_fwd_window(c, q, k, v, B, T, H, Hkv, dh, window, doc, sinks, y, saved);
     if (c->cudnn) {
         tkd_status st = tkd_cudnn_attn_fwd(c->cudnn, static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
                                            B, T, H, Hkv, dh, static_cast<bf>(y), static_cast<float *>(saved),
@@ -286,6 +291,31 @@ size_t cu_attn_saved_bytes(const tkd_backend *be, int B, int T, int H)
 tkd_status cu_swiglu_fwd(tkd_backend *be, const void *g, const void *u, int64_t n, void *h)
 {
     return tkd_cuda_swiglu_fwd(static_cast<cbf>(g), static_cast<cbf>(u), n, static_cast<bf>(h), stream_of(be));
+}
+
+/* ---- mixture of experts: the seam's opaque tkd_backend_moe is the op's own workspace, on the
+ * compute stream ---- */
+
+tkd_status cu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out)
+{
+    return tkd_cuda_moe_ws_create(reinterpret_cast<tkd_cuda_moe_ws **>(out), p, max_tokens, stream_of(be));
+}
+
+void cu_moe_free(tkd_backend *be, tkd_backend_moe *m)
+{
+    (void)be;
+    tkd_cuda_moe_ws_free(reinterpret_cast<tkd_cuda_moe_ws *>(m));
+}
+
+tkd_status cu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_weights *w, const void *x, int N, void *y)
+{
+    (void)be;
+    const tkd_cuda_moe_weights cw = {static_cast<cbf>(w->router_w), static_cast<cbf>(w->router_b),
+                                     static_cast<cbf>(w->w_gate),   static_cast<cbf>(w->w_up),
+                                     static_cast<cbf>(w->w_down),   static_cast<cbf>(w->b_gate),
+                                     static_cast<cbf>(w->b_up),     static_cast<cbf>(w->b_down)};
+    return tkd_cuda_moe_fwd(reinterpret_cast<tkd_cuda_moe_ws *>(m), &cw, static_cast<cbf>(x), N, static_cast<bf>(y),
+                            nullptr, nullptr);
 }
 
 /* ---- backward ---- */
@@ -368,10 +398,11 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
  * "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all the fast ones row by row
  * to what bf16 arithmetic in a flash backward must cost, against a float64 reference. */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
-                       const void *saved, int B, int T, int H, int Hkv, int dh, int window, void *dq, void *dk, void *dv)
+                       const void *saved, int B, int T, int H, int Hkv, int dh, int window, const int32_t *doc,
+                       void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
-    TKD_TRY(no_window_bwd_yet(window, T));
+    TKD_TRY(no_mask_bwd_yet(window, T, doc));
     const float *lse = static_cast<const float *>(saved);
     auto wgmma = [&]() -> tkd_status { /* TKD_ERR_UNSUPPORTED (message cleared) where it cannot run */
         tkd_status st = tkd_cuda_attn_bwd_sm90_supported(dh);
@@ -746,11 +777,7 @@ const tkd_backend_ops cuda_ops = {
     cu_f32_to_act, cu_act_to_f32, cu_adamw_create, cu_adamw_free, cu_adamw_step, cu_master_upload, cu_master_download,
     cu_grad_norm2, cu_grad_scale,
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
-    /* moe_create, moe_free, moe_fwd: the CUDA MoE op (kernels/cuda/moe_cuda.h) is built and tested on
-     * its own (tests/test_gpu_moe.c) but not on the seam until that test and the Qwen3-MoE parity
-     * pass on an H200 (docs/PERFORMANCE.md, "MoE on the GPU: not yet verified"); the model refuses
-     * MoE layers here, naming the backend. */
-    NULL, NULL, NULL,
+    cu_moe_create, cu_moe_free, cu_moe_fwd,
     cu_mark, cu_mark_ms,
 };
 
@@ -806,7 +833,9 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->host_addressable = 0;
     be->data_parallel = 1;
     be->attn_window = 1;     /* attn_fwd_window */
-    be->attn_window_bwd = 0; /* no backward kernel masks a window yet (no_window_bwd_yet) */
+    be->attn_window_bwd = 0; /* no backward kernel masks a window yet (no_mask_bwd_yet) */
+    be->attn_docs = 1;       /* attn_fwd_window */
+    be->attn_docs_bwd = 0;   /* nor documents (no_mask_bwd_yet) */
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);
