@@ -19,13 +19,53 @@ typedef struct shape_def {
     const char *name;
     int arch, V, D, F, L, H, Hkv, tied, bias;
     double theta;
+    void (*more)(tkd_model_config *c); /* what a family adds (head dim, experts, windows, YaRN), or NULL */
 } shape_def;
 
+/* Qwen3-30B-A3B's config.json: head dim 128 (≠ D/H), 128 experts of width 768, 8 a token, every
+ * layer sparse. */
+static inline void bench_more_qwen3_30b_a3b(tkd_model_config *c)
+{
+    c->head_dim = 128;
+    c->num_experts = 128;
+    c->num_experts_per_tok = 8;
+    c->moe_intermediate_size = 768;
+    c->norm_topk_prob = 1;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        c->layer_moe[l] = 1;
+}
+
+/* gpt-oss-20b's config.json: head dim 64, sinks (the arch's), even layers sliding over 128 tokens,
+ * YaRN (factor 32 over 4096, β 32/1, not truncated), 32 experts of width 2880, 4 a token, biases,
+ * the clamped SwiGLU (limit 7). */
+static inline void bench_more_gpt_oss_20b(tkd_model_config *c)
+{
+    c->head_dim = 64;
+    c->sliding_window = 128;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        c->layer_sliding[l] = l % 2 == 0, c->layer_moe[l] = 1;
+    c->rope_scaling = TKD_ROPE_SCALING_YARN;
+    c->rope_factor = 32.0;
+    c->rope_beta_fast = 32.0;
+    c->rope_beta_slow = 1.0;
+    c->rope_truncate = 0;
+    c->rope_original_max_pos = 4096;
+    c->num_experts = 32;
+    c->num_experts_per_tok = 4;
+    c->moe_intermediate_size = 2880;
+    c->swiglu_limit = 7.0f;
+    c->rms_norm_eps = 1e-5f;
+    c->max_position_embeddings = 131072;
+}
+
 static const shape_def kShapes[] = {
-    {"llama8b", TKD_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 0, 0, 500000.0},
-    {"llama3b", TKD_ARCH_LLAMA, 128256, 3072, 8192, 28, 24, 8, 1, 0, 500000.0},
-    {"llama1b", TKD_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 1, 0, 500000.0},
-    {"qwen05b", TKD_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 1, 1, 1000000.0},
+    {"llama8b", TKD_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 0, 0, 500000.0, NULL},
+    {"llama3b", TKD_ARCH_LLAMA, 128256, 3072, 8192, 28, 24, 8, 1, 0, 500000.0, NULL},
+    {"llama1b", TKD_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 1, 0, 500000.0, NULL},
+    {"qwen05b", TKD_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 1, 1, 1000000.0, NULL},
+    {"qwen3-8b", TKD_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8, 0, 0, 1000000.0, NULL},
+    {"qwen3-30b-a3b", TKD_ARCH_QWEN3_MOE, 151936, 2048, 6144, 48, 32, 4, 0, 0, 1000000.0, bench_more_qwen3_30b_a3b},
+    {"gpt-oss-20b", TKD_ARCH_GPT_OSS, 201088, 2880, 2880, 24, 64, 8, 0, 1, 150000.0, bench_more_gpt_oss_20b},
 };
 
 typedef struct run_spec { const shape_def *s; int T, B; } run_spec;
@@ -72,6 +112,8 @@ static inline void bench_config_of(const shape_def *s, int T, tkd_model_config *
     c->tie_word_embeddings = s->tied;
     c->attention_bias = s->bias;
     c->initializer_range = 0.02f;
+    if (s->more)
+        s->more(c);
 }
 
 /* Parses "NAME:T:B,..." into rs[0..*n) (at most BENCH_MAX_RUNS); prints why to stderr, prefixed
@@ -91,7 +133,7 @@ static inline int bench_parse_shapes(const char *prog, const char *arg, run_spec
             if (!strcmp(kShapes[i].name, name))
                 s = &kShapes[i];
         if (!s)
-            return fprintf(stderr, "%s: unknown shape %s (llama8b, llama3b, llama1b, qwen05b)\n", prog,
+            return fprintf(stderr, "%s: unknown shape %s (llama8b, llama3b, llama1b, qwen05b, qwen3-8b, qwen3-30b-a3b, gpt-oss-20b)\n", prog,
                            name), 1;
         rs[(*n)++] = (run_spec){s, T, B};
     }

@@ -1,7 +1,7 @@
 /* teacher_bench.c — teacher-dump's GPU speed at real shapes (a program, not a test).
  *
- * For each shape (random weights from the model's own seeded init, no checkpoint file) on the
- * CUDA backend, with B sequences of T random tokens:
+ * For each shape (random weights drawn on the device, teacher_bench_cuda.cu; no checkpoint file) on
+ * the CUDA backend, with B sequences of T random tokens:
  *   fwd       the model forward alone (to the final hidden states), median of --reps;
  *   fwd+topk  forward + the LM head with top-k 100 + LSE copied to the host (what a dump computes);
  *   dump      the whole teacher-dump (tkd_dump_run with the model in memory): --batches batches
@@ -11,7 +11,9 @@
  *             and the LM head into fp32), measured in the same run: the GEMM rate and our ratio to it;
  *             the LM head's GEMM alone is reported too, and fwd+head = the forward with its logits
  *             GEMM (what transformers' forward computes) = fwd + that GEMM's time.
- * MFU = (2·N_params + 4·L·T·D) · tokens/s ÷ 989 TFLOP/s (dense bf16 peak of an H100/H200 SXM).
+ * MFU = (2·N_params + 4·L·T·D) · tokens/s ÷ 989 TFLOP/s (dense bf16 peak of an H100/H200 SXM), with
+ * N_params the parameters a token uses (an MoE layer's k experts of E). Shapes: llama8b, llama3b,
+ * llama1b, qwen05b, and issue 22's teachers qwen3-8b, qwen3-30b-a3b, gpt-oss-20b (bench_util.h).
  * Memory: device bytes in use after the run minus before the model (nothing is freed in between,
  * so it is the peak of our allocations; cuBLAS's own workspaces included).
  *
@@ -41,6 +43,8 @@
 
 #define PEAK_FLOPS 989e12
 #define TOPK 100
+
+int bench_fill_weights_cuda(tkd_model *m, uint64_t seed); /* teacher_bench_cuda.cu */
 
 static int die(const char *what)
 {
@@ -74,18 +78,33 @@ static int gemm(cublasHandle_t h, const void *x, const void *w, void *y, int N, 
            CUBLAS_STATUS_SUCCESS;
 }
 
+/* Layer l's MLP GEMMs on scratch buffers: the dense SwiGLU's three, or an MoE layer's router and its
+ * experts' three as if the N·k rows routed to them were one GEMM each (the grouped GEMM's floor). */
+static int mlp_gemms(cublasHandle_t h, const tkd_model_config *c, int l, void *x, void *w, void *y, int N)
+{
+    int D = c->hidden_size, F = c->intermediate_size;
+    if (!tkd_model_config_moe(c, l))
+        return gemm(h, x, w, y, N, D, F, 0) | gemm(h, x, w, y, N, D, F, 0) | gemm(h, x, w, y, N, F, D, 0);
+    int P = N * c->num_experts_per_tok, I = c->moe_intermediate_size;
+    return gemm(h, x, w, y, N, D, c->num_experts, 0) | gemm(h, x, w, y, P, D, I, 0) | gemm(h, x, w, y, P, D, I, 0) |
+           gemm(h, x, w, y, P, I, D, 0);
+}
+
 /* The forward's GEMMs on scratch buffers: ms of one pass (median of reps), and in *head_ms the LM
  * head's N x D x V GEMM into fp32 alone (the part of a forward that makes the logits). */
 static double gemm_floor(const tkd_model_config *c, int N, int reps, double *head_ms)
 {
-    size_t D = c->hidden_size, F = c->intermediate_size, Q = (size_t)c->num_attention_heads * c->head_dim;
+    size_t D = c->hidden_size, Q = (size_t)c->num_attention_heads * c->head_dim;
+    size_t F = tkd_model_config_has_moe(c) && (size_t)c->moe_intermediate_size > (size_t)c->intermediate_size
+                   ? (size_t)c->moe_intermediate_size : (size_t)c->intermediate_size;
+    size_t rows = (size_t)N * (tkd_model_config_has_moe(c) ? c->num_experts_per_tok : 1);
     size_t KV = (size_t)c->num_key_value_heads * c->head_dim, V = c->vocab_size;
-    size_t wmax = F * D > V * D ? F * D : V * D, amax = (size_t)N * (F > Q ? F : Q);
+    size_t wmax = F * D > V * D ? F * D : V * D, amax = rows * (F > Q ? F : Q > D ? Q : D);
     void *x = NULL, *w = NULL, *y = NULL;
     cublasHandle_t h = NULL;
     double t[16], th[16], ms = -1;
-    if (cudaMalloc(&x, amax * 2) || cudaMalloc(&w, wmax * 2) || cudaMalloc(&y, (size_t)N * V * 4) ||
-        cublasCreate(&h))
+    size_t ybytes = (size_t)N * V * 4 > rows * (F > D ? F : D) * 4 ? (size_t)N * V * 4 : rows * (F > D ? F : D) * 4;
+    if (cudaMalloc(&x, amax * 2) || cudaMalloc(&w, wmax * 2) || cudaMalloc(&y, ybytes) || cublasCreate(&h))
         goto out;
     cudaMemset(x, 0, amax * 2);
     cudaMemset(w, 0, wmax * 2);
@@ -95,8 +114,7 @@ static double gemm_floor(const tkd_model_config *c, int N, int reps, double *hea
         int bad = 0;
         for (int l = 0; l < c->num_hidden_layers; l++) {
             bad |= gemm(h, x, w, y, N, D, Q, 0) | gemm(h, x, w, y, N, D, KV, 0) | gemm(h, x, w, y, N, D, KV, 0);
-            bad |= gemm(h, x, w, y, N, Q, D, 0) | gemm(h, x, w, y, N, D, F, 0) | gemm(h, x, w, y, N, D, F, 0);
-            bad |= gemm(h, x, w, y, N, F, D, 0);
+            bad |= gemm(h, x, w, y, N, Q, D, 0) | mlp_gemms(h, c, l, x, w, y, N);
         }
         cudaDeviceSynchronize();
         double t1 = bench_now_s();
@@ -175,17 +193,29 @@ static tkd_status whole_dump(tkd_model *m, const run_spec *r, int batches, const
     return st;
 }
 
-/* Weights the per-layer GEMMs multiply by (no embedding, norms or LM head). */
+/* Weights a token's per-layer GEMMs multiply by (no embedding, norms or LM head); an MoE layer
+ * counts its router and the k experts a token uses. */
 static double gemm_params(const tkd_model_config *c)
 {
     double D = c->hidden_size, F = c->intermediate_size, Q = (double)c->num_attention_heads * c->head_dim;
-    double KV = (double)c->num_key_value_heads * c->head_dim;
-    return c->num_hidden_layers * (D * Q + 2 * D * KV + Q * D + 3 * D * F);
+    double KV = (double)c->num_key_value_heads * c->head_dim, n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        n += D * Q + 2 * D * KV + Q * D +
+             (tkd_model_config_moe(c, l) ? D * c->num_experts + 3.0 * D * c->moe_intermediate_size * c->num_experts_per_tok
+                                        : 3 * D * F);
+    return n;
 }
 
+/* Parameters a token uses (MFU's N): all of a dense model's; an MoE model's without the experts
+ * its router did not pick (E − k of each MoE layer's). */
 static double params_of(const tkd_model *m)
 {
-    return (double)m->n_params;
+    const tkd_model_config *c = &m->cfg;
+    double unused = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (tkd_model_config_moe(c, l))
+            unused += 3.0 * c->hidden_size * c->moe_intermediate_size * (c->num_experts - c->num_experts_per_tok);
+    return (double)m->n_params - unused;
 }
 
 static int run_one(const run_spec *r, int reps, int batches, const char *out)
@@ -198,8 +228,10 @@ static int run_one(const run_spec *r, int reps, int batches, const char *out)
     if (tkd_backend_open(TKD_DEVICE_CUDA, 0, &be) != TKD_OK)
         return die("backend");
     double t0 = bench_now_s();
-    if (tkd_model_init_random_on(&c, 1, be, &m) != TKD_OK)
-        return die("init");
+    if (tkd_model_create_unset(&c, be, &m) != TKD_OK)
+        return die("model");
+    if (bench_fill_weights_cuda(m, 1))
+        return fprintf(stderr, "teacher_bench: filling the weights on the device failed\n"), 1;
     double init_s = bench_now_s() - t0;
     int N = r->B * r->T;
     int32_t *tok = malloc(sizeof(int32_t) * N);
