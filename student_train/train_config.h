@@ -50,6 +50,9 @@ typedef struct tkd_train_config {
     int64_t max_sequences; /* 0 = all; limits the training split (quick runs) */
     /* kd */
     int kd_variant;        /* renorm | tail | sampled (tkd_kl_variant) */
+    int kd_divergence;     /* fkl | rkl | jsd | skl | srkl | tvd (tkd_kl_divergence) */
+    double kd_jsd_beta;    /* jsd's β in [0, 1] */
+    double kd_skew_alpha;  /* skl / srkl's α in [0, 1) */
     double kd_temperature;
     double kd_alpha;       /* KD weight; CE weight is 1 - alpha */
     int kd_topk;           /* k' <= cache k; 0 = all stored columns */

@@ -31,6 +31,25 @@ static void holdout(int64_t n, double frac, int64_t max_train, int64_t *n_train,
         *n_train = max_train;
 }
 
+/* kd.divergence with kd.variant and the cache's tail draws, as the loss will see them (its one
+ * check, tkd_kl_params_check): a bad combination is a config error (exit 2) before anything is built. */
+static tkd_status check_divergence(const tkd_train_config *c, const tkd_cache_manifest *m)
+{
+    tkd_kl_params kp;
+    tkd_kl_params_defaults(&kp, m->id.k);
+    kp.variant = (tkd_kl_variant)c->kd_variant;
+    kp.divergence = (tkd_kl_divergence)c->kd_divergence;
+    kp.jsd_beta = (float)c->kd_jsd_beta;
+    kp.skew_alpha = (float)c->kd_skew_alpha;
+    kp.s = kp.variant == TKD_KL_VARIANT_SAMPLED ? m->id.tail_samples : 0;
+    if (tkd_kl_params_check(&kp, (int)m->id.vocab_size) == TKD_OK)
+        return TKD_OK;
+    char msg[TKD_ERROR_MSG_MAX];
+    const char *e = tkd_error_msg(), *lib = "kl_loss: ";
+    snprintf(msg, sizeof msg, "%s", strncmp(e, lib, strlen(lib)) == 0 ? e + strlen(lib) : e);
+    return tkd_error_set(TKD_ERR_CONFIG, "%s", msg);
+}
+
 static tkd_status check_cache_against_config(trainer *tr, const tkd_cache_manifest *m)
 {
     const tkd_train_config *c = tr->cfg;
@@ -54,7 +73,7 @@ static tkd_status check_cache_against_config(trainer *tr, const tkd_cache_manife
                              "kd.variant = %s needs kd.temperature = the cache's temperature %g (got %g)",
                              tkd_kl_variant_name((tkd_kl_variant)c->kd_variant), (double)m->id.temperature,
                              c->kd_temperature);
-    return TKD_OK;
+    return check_divergence(c, m);
 }
 
 static tkd_status open_cache_sources(trainer *tr, int64_t **tsplit, int64_t *nt, int64_t **vsplit, int64_t *nv)
@@ -230,8 +249,11 @@ tkd_status tkd_train_build_loss(trainer *tr)
 {
     const tkd_train_config *c = tr->cfg;
     tkd_kl_params_defaults(&tr->kp, tr->k_use);
-    /* Without a cache the loss is plain CE (alpha = 0, no teacher columns) whatever the variant. */
+    /* Without a cache the loss is plain CE (alpha = 0, no teacher columns) whatever the variant and divergence. */
     tr->kp.variant = tr->cache ? (tkd_kl_variant)c->kd_variant : TKD_KL_VARIANT_RENORM;
+    tr->kp.divergence = tr->cache ? (tkd_kl_divergence)c->kd_divergence : TKD_KL_DIVERGENCE_FKL;
+    tr->kp.jsd_beta = (float)c->kd_jsd_beta;
+    tr->kp.skew_alpha = (float)c->kd_skew_alpha;
     tr->kp.temperature = (float)c->kd_temperature;
     tr->kp.alpha = (float)c->kd_alpha;
     tr->kp.k = tr->k_use;

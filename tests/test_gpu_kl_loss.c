@@ -285,6 +285,28 @@ static void test_bad_teacher_data(void **state)
     case_free(c);
 }
 
+/* kd.divergence other than fkl is the CPU's alone for now: the workspace and every call refuse it
+ * with one message naming the key and the device, before touching the device. */
+static void test_divergence_refused(void **state)
+{
+    (void)state;
+    gcase *c = case_make(6, 8, 100, 3, 0, 1.0, 5, 0.5f);
+    tkd_kl_params p;
+    params_set(&p, 3, TKD_KL_VARIANT_TAIL, 1.0f, 0.5f, 3, 0, 4, 0);
+    gpu_ctx x = {0};
+    ctx_init(&x, c, &p); /* fkl: made */
+    p.divergence = TKD_KL_DIVERGENCE_JSD;
+    tkd_kl_result g;
+    tkd_test_expect_error(tkd_kl_cuda_forward(x.ws, &p, &x.db, &g, NULL, NULL), TKD_ERR_UNSUPPORTED,
+                          TKD_TEST_FRAGS("kd.divergence = jsd", "CUDA device", "device: cpu"));
+    tkd_kl_cuda_ws *ws = NULL;
+    tkd_test_expect_error(tkd_kl_cuda_ws_create(&ws, &p, &g_pol, 6, 8, 100), TKD_ERR_UNSUPPORTED,
+                          TKD_TEST_FRAGS("kd.divergence = jsd", "CUDA device"));
+    assert_null(ws);
+    ctx_free(&x);
+    case_free(c);
+}
+
 /* The CUDA path against the chunked CPU path (tkd_kl_cpu_*) on the same bf16-representable inputs,
  * both modes, every variant, different chunkings on the two sides. */
 static void test_against_cpu_path(void **state)
@@ -340,6 +362,7 @@ static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_all_masked),
     cmocka_unit_test(test_bad_teacher_data),
     cmocka_unit_test(test_against_cpu_path),
+    cmocka_unit_test(test_divergence_refused),
 };
 #endif /* TKD_HAVE_CUDA */
 

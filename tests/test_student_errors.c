@@ -202,6 +202,45 @@ static void test_topk_beyond_the_cache(void **state)
     assert_int_equal(run(f, f->s.cache, "topk6", ok, 2), TKD_OK);
 }
 
+/* kd.divergence beside kd.variant: a combination that is not defined is a config error naming both
+ * keys, found once the cache says whether it has tail draws; the others train, and the KD they report
+ * (val_kd, metrics.jsonl's kd) is the divergence's value: on the same initial student (eval_only) the
+ * CE is the same and the KD differs, TVD's staying within τ² = 1. */
+static void test_divergence_with_variant(void **state)
+{
+    fixture *f = *state;
+    const char *rkl[] = {"kd.variant=sampled", "kd.divergence=rkl"};
+    const char *frag[] = {"kd.divergence = rkl", "kd.variant = sampled", "kd.variant = tail"};
+    expect_error(run(f, f->s.cache, "sampled-rkl", rkl, 2), TKD_ERR_CONFIG, frag, 3);
+    const char *skew1[] = {"kd.divergence=skl", "kd.skew_alpha=1"};
+    const char *frag1[] = {"kd.skew_alpha = 1", "[0, 1)"};
+    expect_error(run(f, f->s.cache, "skl-alpha1", skew1, 2), TKD_ERR_CONFIG, frag1, 2);
+    const char *beta[] = {"kd.divergence=jsd", "kd.jsd_beta=1.5"}; /* the schema's range */
+    const char *frag2[] = {"kd.jsd_beta"};
+    expect_error(run(f, f->s.cache, "jsd-beta", beta, 2), TKD_ERR_CONFIG, frag2, 1);
+    const char *ok[] = {"kd.variant=sampled", "kd.divergence=jsd", "kd.jsd_beta=0.3", "train.max_steps=2"};
+    assert_int_equal(run(f, f->s.cache, "sampled-jsd", ok, 4), TKD_OK);
+    double kd[3], ce[3];
+    const char *divs[] = {"kd.divergence=fkl", "kd.divergence=rkl", "kd.divergence=tvd"};
+    for (int i = 0; i < 3; i++) {
+        const char *sets[] = {"model.hidden_size=16", "model.intermediate_size=32", "model.num_layers=1",
+                              "model.num_heads=2", "model.num_kv_heads=2", "model.max_position_embeddings=8",
+                              "data.val_fraction=0.125", "train.batch_size=4", "device=cpu", "train.eval_only=true",
+                              "kd.variant=tail", divs[i], NULL};
+        char cache_set[4300], name[32];
+        snprintf(cache_set, sizeof cache_set, "data.cache=%s", f->s.cache);
+        sets[12] = cache_set;
+        snprintf(name, sizeof name, "eval-div%d", i);
+        tkd_train_result res;
+        if (tkd_test_student_train(f->s.runs, name, sets, 13, 0, &res) != TKD_OK)
+            fail_msg("%s: %s", divs[i], tkd_error_msg());
+        kd[i] = res.val_kd, ce[i] = res.val_ce;
+    }
+    assert_true(ce[1] == ce[0] && ce[2] == ce[0]);
+    assert_true(kd[0] > 0 && kd[1] > 0 && kd[2] > 0 && kd[2] <= 1.0);
+    assert_true(fabs(kd[1] - kd[0]) > 1e-3 * kd[0] && fabs(kd[2] - kd[0]) > 1e-3 * kd[0]);
+}
+
 /* A config error found once the cache is open is still a config error (exit 2), not a mismatch. */
 static void test_seq_len_beyond_the_cache(void **state)
 {
@@ -399,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_vocabulary_mismatch),
         cmocka_unit_test(test_sampled_needs_tail_draws),
         cmocka_unit_test(test_topk_beyond_the_cache),
+        cmocka_unit_test(test_divergence_with_variant),
         cmocka_unit_test(test_seq_len_beyond_the_cache),
         cmocka_unit_test(test_temperature_of_the_cache),
         cmocka_unit_test(test_validation_cache),

@@ -23,10 +23,30 @@ const char *tkd_kl_variant_name(tkd_kl_variant v)
     return (unsigned)v <= TKD_KL_VARIANT_SAMPLED ? tkd_kl_variant_names[v] : "unknown";
 }
 
+const char *const tkd_kl_divergence_names[] = {"fkl", "rkl", "jsd", "skl", "srkl", "tvd", NULL};
+
+int tkd_kl_divergence_parse(const char *name)
+{
+    if (!name)
+        return -1;
+    for (int i = 0; tkd_kl_divergence_names[i]; i++)
+        if (strcmp(name, tkd_kl_divergence_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *tkd_kl_divergence_name(tkd_kl_divergence d)
+{
+    return (unsigned)d <= TKD_KL_DIVERGENCE_TVD ? tkd_kl_divergence_names[d] : "unknown";
+}
+
 void tkd_kl_params_defaults(tkd_kl_params *p, int k)
 {
     memset(p, 0, sizeof *p);
     p->variant = TKD_KL_VARIANT_RENORM;
+    p->divergence = TKD_KL_DIVERGENCE_FKL;
+    p->jsd_beta = 0.5f;
+    p->skew_alpha = 0.1f; /* DistiLLM's default */
     p->temperature = 1.0f;
     p->alpha = 1.0f;
     p->k = k;
@@ -36,6 +56,39 @@ void tkd_kl_params_defaults(tkd_kl_params *p, int k)
     p->grad_in_forward = 0;
     p->ignore_index = -100;
     p->grad_scale = 1.0f;
+}
+
+/* The divergence's parameters, and whether it is defined with the variant. sampled's target is 0
+ * on every tail token no draw hit, where reverse KL's q·log(q/0) is infinite; jsd at β = 1 and srkl
+ * at α = 0 are reverse KL. Without draws sampled's target drops the tail mass r: not a
+ * distribution, which only fkl (linear in the target) tolerates. */
+static tkd_status check_divergence(const tkd_kl_params *p)
+{
+    const tkd_kl_divergence dv = p->divergence;
+    if ((unsigned)dv > TKD_KL_DIVERGENCE_TVD)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: kd.divergence %d is not one of fkl, rkl, jsd, skl, "
+                             "srkl, tvd", (int)dv);
+    if (!(p->jsd_beta >= 0.0f && p->jsd_beta <= 1.0f))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: kd.jsd_beta = %g must lie in [0, 1]",
+                             (double)p->jsd_beta);
+    if (!(p->skew_alpha >= 0.0f && p->skew_alpha < 1.0f))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: kd.skew_alpha = %g must lie in [0, 1) (at 1 the "
+                             "skewed divergence is 0 whatever the student)", (double)p->skew_alpha);
+    if (p->variant != TKD_KL_VARIANT_SAMPLED || dv == TKD_KL_DIVERGENCE_FKL)
+        return TKD_OK;
+    const char *name = tkd_kl_divergence_name(dv);
+    if (dv == TKD_KL_DIVERGENCE_RKL || (dv == TKD_KL_DIVERGENCE_JSD && p->jsd_beta == 1.0f) ||
+        (dv == TKD_KL_DIVERGENCE_SRKL && p->skew_alpha == 0.0f))
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "kl_loss: kd.divergence = %s%s is not defined with kd.variant = sampled: reverse KL "
+                             "is infinite on the tail tokens no draw hit; use kd.variant = tail",
+                             name, dv == TKD_KL_DIVERGENCE_JSD ? " with kd.jsd_beta = 1"
+                                   : dv == TKD_KL_DIVERGENCE_SRKL ? " with kd.skew_alpha = 0" : "");
+    if (p->s == 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "kl_loss: kd.divergence = %s with kd.variant = sampled needs tail draws (s = 0): "
+                             "without them the target drops the tail mass and is not a distribution", name);
+    return TKD_OK;
 }
 
 tkd_status tkd_kl_params_check(const tkd_kl_params *p, int v)
@@ -71,6 +124,8 @@ tkd_status tkd_kl_params_check(const tkd_kl_params *p, int v)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: %s needs k_use >= 1 (only sampled allows 0)",
                              tkd_kl_variant_name(p->variant));
     }
+    if (!ce_only)
+        TKD_TRY(check_divergence(p));
     if (p->chunk_rows < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: chunk_rows %d must be >= 0 (0 = auto)",
                              p->chunk_rows);

@@ -37,8 +37,36 @@ extern const char *const tkd_kl_variant_names[];
 int tkd_kl_variant_parse(const char *name);
 const char *tkd_kl_variant_name(tkd_kl_variant v);
 
+/* The divergence KD takes between the teacher's distribution p (formed by the variant) and the
+ * student's q over the same buckets (docs/loss.md, "Divergences"). fkl is the loss as it always was;
+ * the others are taken over the variant's buckets: renorm's k' tokens (q restricted to them and
+ * renormalised), tail's k' tokens plus the tail bucket, sampled's target over V. */
+typedef enum tkd_kl_divergence {
+    TKD_KL_DIVERGENCE_FKL = 0,  /* forward KL(p ‖ q) */
+    TKD_KL_DIVERGENCE_RKL = 1,  /* reverse KL(q ‖ p) */
+    TKD_KL_DIVERGENCE_JSD = 2,  /* generalised JSD (TRL's GKD): β KL(p‖m) + (1−β) KL(q‖m), m = βp + (1−β)q */
+    TKD_KL_DIVERGENCE_SKL = 3,  /* skew forward KL(p ‖ αp + (1 − α)q) (DistiLLM) */
+    TKD_KL_DIVERGENCE_SRKL = 4, /* skew reverse KL(q ‖ αq + (1 − α)p) (DistiLLM) */
+    TKD_KL_DIVERGENCE_TVD = 5,  /* total variation ½ Σ |p − q| */
+} tkd_kl_divergence;
+
+/* NULL-terminated, indexed by tkd_kl_divergence (kd.divergence's allowed values). */
+extern const char *const tkd_kl_divergence_names[];
+
+/* Parses "fkl" | "rkl" | "jsd" | "skl" | "srkl" | "tvd"; -1 when unknown. And the reverse. */
+int tkd_kl_divergence_parse(const char *name);
+const char *tkd_kl_divergence_name(tkd_kl_divergence d);
+
+/* The teacher's tail bucket under `tail` for every divergence but fkl is max(r, this): r = 1 − Σp
+ * is known only to the fp32 LSE's rounding (~1e-6 for |lse| ~ 20) and is 0 when rounding pushes Σp
+ * past 1, where reverse KL's q·log(q/r) would be infinite for any student tail. fkl keeps r as is. */
+#define TKD_KL_TAIL_MASS_MIN 1e-6
+
 typedef struct tkd_kl_params {
     tkd_kl_variant variant;
+    tkd_kl_divergence divergence; /* fkl (default) | rkl | jsd | skl | srkl | tvd */
+    float jsd_beta;      /* jsd's β in [0, 1]: 0 is forward KL, 1 reverse KL (TRL's endpoints); default 0.5 */
+    float skew_alpha;    /* skl / srkl's α in [0, 1): 0 is forward / reverse KL; default 0.1 */
     float temperature;   /* τ > 0; tail and sampled require τ == the cache's temperature */
     float alpha;         /* KD weight in [0, 1]; CE weight is 1 − alpha */
     int k;               /* stored top-k columns per row (row stride of topk_idx / topk_logit) */
@@ -55,8 +83,8 @@ typedef struct tkd_kl_params {
                           * leaves dw as it was. 0 (default): dW += */
 } tkd_kl_params;
 
-/* Sets the defaults: renorm, τ = 1, alpha = 1, k_use = k, s = 0, chunk auto, recompute mode,
- * ignore_index = -100, grad_scale = 1. */
+/* Sets the defaults: renorm, fkl (jsd_beta 0.5, skew_alpha 0.1), τ = 1, alpha = 1, k_use = k, s = 0,
+ * chunk auto, recompute mode, ignore_index = -100, grad_scale = 1. */
 void tkd_kl_params_defaults(tkd_kl_params *p, int k);
 
 /* One batch of rows, host pointers (fp32). */
@@ -75,14 +103,17 @@ typedef struct tkd_kl_batch {
 
 typedef struct tkd_kl_result {
     double loss;     /* mean over kept rows of alpha·KD + (1 − alpha)·CE */
-    double kd;       /* mean KD over kept rows */
+    double kd;       /* mean KD over kept rows: the divergence's value, τ²-scaled */
     double ce;       /* mean CE over kept rows */
     int64_t n_kept;  /* rows with label != ignore_index */
 } tkd_kl_result;
 
 /* Checks the parameters alone (τ > 0 finite, alpha in [0, 1], 0 ≤ k_use ≤ min(k, V), k_use ≥ 1
- * except for sampled, sampled needs k_use + s ≥ 1, chunk_rows ≥ 0, grad_scale finite).
- * TKD_ERR_INVALID_ARG names the field. Every implementation calls it on entry. */
+ * except for sampled, sampled needs k_use + s ≥ 1, chunk_rows ≥ 0, grad_scale finite, jsd_beta in
+ * [0, 1], skew_alpha in [0, 1), and a divergence defined with the variant: with sampled, rkl (and
+ * jsd at β = 1, srkl at α = 0, which are rkl) is refused, the target being 0 on the undrawn tail, and
+ * every divergence but fkl needs s ≥ 1). TKD_ERR_INVALID_ARG names the field (the kd.* key for the
+ * divergence's). Every implementation calls it on entry. */
 tkd_status tkd_kl_params_check(const tkd_kl_params *p, int v);
 
 /* Checks that a batch has the pointers its variant needs (h, w, labels; top-k when k_use > 0;

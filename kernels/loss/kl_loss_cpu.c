@@ -20,9 +20,10 @@ typedef struct row_stat {
 
 struct tkd_kl_cpu_ws {
     int64_t n_max;
-    int d, v, chunk, k_cap;
+    int d, v, chunk, k_cap, s_cap;
     float *buf;      /* (chunk, V) logits, then ∂loss/∂s in place */
     float *s_top;    /* (chunk, k_cap) logits at the row's first k' teacher tokens */
+    float *s_dr;     /* (chunk, s_cap) logits at the row's tail draws (sampled with a divergence but fkl) */
     row_stat *stat;  /* (n_max) */
     uint8_t *seen;   /* (V/8 + 1) zeroed scratch for tkd_kl_cpu_validate */
     int64_t last_n;  /* rows of the last forward; -1 before any */
@@ -48,12 +49,14 @@ tkd_status tkd_kl_cpu_ws_create(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int
         return tkd_error_set(TKD_ERR_NOMEM, "kl_loss cpu: out of memory");
     ws->n_max = n_max, ws->d = d, ws->v = v, ws->chunk = (int)chunk;
     ws->k_cap = p->k > 0 ? p->k : 1;
+    ws->s_cap = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
     ws->last_n = -1;
     ws->buf = malloc(sizeof(float) * (size_t)chunk * (size_t)v);
     ws->s_top = malloc(sizeof(float) * (size_t)chunk * (size_t)ws->k_cap);
+    ws->s_dr = malloc(sizeof(float) * (size_t)chunk * (size_t)(ws->s_cap > 0 ? ws->s_cap : 1));
     ws->stat = malloc(sizeof(row_stat) * (size_t)n_max);
     ws->seen = calloc((size_t)v / 8 + 1, 1);
-    if (!ws->buf || !ws->s_top || !ws->stat || !ws->seen) {
+    if (!ws->buf || !ws->s_top || !ws->s_dr || !ws->stat || !ws->seen) {
         tkd_kl_cpu_ws_free(ws);
         return tkd_error_set(TKD_ERR_NOMEM, "kl_loss cpu: out of memory for a chunk of %lld x %d logits",
                              (long long)chunk, v);
@@ -68,6 +71,7 @@ void tkd_kl_cpu_ws_free(tkd_kl_cpu_ws *ws)
         return;
     free(ws->buf);
     free(ws->s_top);
+    free(ws->s_dr);
     free(ws->stat);
     free(ws->seen);
     free(ws);
@@ -193,23 +197,195 @@ static int draw_count(const int32_t *dr, int s, int d)
     return c;
 }
 
+/* ---- divergences other than fkl (docs/loss.md, "Divergences") ----------------------------- */
+
+/* 1 when the row's KD is a divergence other than forward KL: one is chosen and there is a teacher
+ * (CE-only calls read none). */
+static int div_on(const tkd_kl_params *p)
+{
+    return p->divergence != TKD_KL_DIVERGENCE_FKL &&
+           (p->k_use > 0 || (p->variant == TKD_KL_VARIANT_SAMPLED && p->s > 0));
+}
+
+/* The divergence as computed: jsd at β = 0 and 1 is forward and reverse KL (TRL's endpoints, the
+ * limits of JSD_β/β and JSD_β/(1 − β)); the skews at α = 0 are forward and reverse KL. */
+static tkd_kl_divergence div_kind(const tkd_kl_params *p)
+{
+    switch (p->divergence) {
+    case TKD_KL_DIVERGENCE_JSD:
+        return p->jsd_beta == 0.0f ? TKD_KL_DIVERGENCE_FKL
+               : p->jsd_beta == 1.0f ? TKD_KL_DIVERGENCE_RKL : TKD_KL_DIVERGENCE_JSD;
+    case TKD_KL_DIVERGENCE_SKL:
+        return p->skew_alpha == 0.0f ? TKD_KL_DIVERGENCE_FKL : TKD_KL_DIVERGENCE_SKL;
+    case TKD_KL_DIVERGENCE_SRKL:
+        return p->skew_alpha == 0.0f ? TKD_KL_DIVERGENCE_RKL : TKD_KL_DIVERGENCE_SRKL;
+    default:
+        return p->divergence;
+    }
+}
+
+/* One bucket: the teacher's mass a and the student's c of the tempered distributions, with their
+ * logs taken in the log domain (la = −inf exactly when a = 0, the same for c). */
+typedef struct div_bucket {
+    double a, la, c, lc;
+} div_bucket;
+
+/* w·x with 0·x = 0 (x may be ±inf where w = 0). */
+static double xmul(double w, double x)
+{
+    return w == 0.0 ? 0.0 : w * x;
+}
+
+/* The bucket's term F(a, c) of the divergence; *cg = c·∂F/∂c, finite even where c → 0 (so that
+ * ∂D/∂z_v = (q_v/c)·(cg − c·Σ cg) needs no division). The mixture's log is a logaddexp. */
+static double div_term(tkd_kl_divergence kind, const tkd_kl_params *p, div_bucket k, double *cg)
+{
+    *cg = 0.0;
+    if (k.a == 0.0 && k.c == 0.0)
+        return 0.0;
+    switch (kind) {
+    case TKD_KL_DIVERGENCE_FKL: /* a log(a/c) */
+        *cg = -k.a;
+        return xmul(k.a, k.la - k.lc);
+    case TKD_KL_DIVERGENCE_RKL: /* c log(c/a) */
+        *cg = xmul(k.c, k.lc - k.la + 1.0);
+        return xmul(k.c, k.lc - k.la);
+    case TKD_KL_DIVERGENCE_JSD: { /* β a log(a/m) + (1 − β) c log(c/m), m = βa + (1 − β)c */
+        const double b = p->jsd_beta, lm = logaddexp(log(b) + k.la, log1p(-b) + k.lc);
+        *cg = (1.0 - b) * xmul(k.c, k.lc - lm);
+        return b * xmul(k.a, k.la - lm) + (1.0 - b) * xmul(k.c, k.lc - lm);
+    }
+    case TKD_KL_DIVERGENCE_SKL: { /* a log(a/m), m = αa + (1 − α)c */
+        const double al = p->skew_alpha, lm = logaddexp(log(al) + k.la, log1p(-al) + k.lc);
+        *cg = -k.a * (1.0 - al) * exp(k.lc - lm);
+        return xmul(k.a, k.la - lm);
+    }
+    case TKD_KL_DIVERGENCE_SRKL: { /* c log(c/m), m = αc + (1 − α)a */
+        const double al = p->skew_alpha, lm = logaddexp(log(al) + k.lc, log1p(-al) + k.la);
+        *cg = xmul(k.c, k.lc - lm + 1.0 - al * exp(k.lc - lm));
+        return xmul(k.c, k.lc - lm);
+    }
+    case TKD_KL_DIVERGENCE_TVD: /* ½|a − c|; the subgradient 0 at a tie */
+        *cg = 0.5 * k.c * (k.c > k.a ? 1.0 : k.c < k.a ? -1.0 : 0.0);
+        return 0.5 * fabs(k.a - k.c);
+    }
+    return 0.0;
+}
+
+/* 1/τ as the row statistics took it (fp32): log q_v = s_v·this − LSE(z) then sums to 1 to double
+ * precision, where the exact 1/τ would leave |s|·2^-25 (1e-4 at |s| = 2e4) that reverse KL's
+ * c·log(c/a) multiplies by |log a|. */
+static double student_inv_tau(const tkd_kl_params *p)
+{
+    return (double)(1.0f / p->temperature);
+}
+
+static div_bucket bucket_of_logs(double la, double lc)
+{
+    div_bucket k = {exp(la), la, exp(lc), lc};
+    return k;
+}
+
+/* Top-k' column j: the teacher's p_j (p̃_j for renorm) and the student's q at I_j (q̃ for renorm:
+ * ls is then the LSE over the k' tokens, else LSE(z)). */
+static div_bucket top_bucket(const tkd_kl_params *p, const teacher_row *tr, const float *s_top, int j, double ls)
+{
+    return bucket_of_logs(tr->t[j] * (1.0 / p->temperature) - tr->norm, s_top[j] * student_inv_tau(p) - ls);
+}
+
+/* Tail draw d of a sampled row as a bucket of its own (weight r·count/S); 0 for a repeat of an
+ * earlier draw, whose bucket that one already is. */
+static int draw_bucket(const tkd_kl_params *p, const teacher_row *tr, const float *s_dr, int d, double lse_z,
+                       div_bucket *k)
+{
+    for (int e = 0; e < d; e++)
+        if (tr->dr[e] == tr->dr[d])
+            return 0;
+    const double la = tr->r > 0.0 ? log(tr->r * draw_count(tr->dr, p->s, d) / p->s) : -INFINITY;
+    *k = bucket_of_logs(la, s_dr[d] * student_inv_tau(p) - lse_z);
+    return 1;
+}
+
+/* A row's divergence over its buckets and what its gradient needs beyond the per-bucket terms. */
+typedef struct div_sums {
+    double d;     /* D_z = Σ_b F(a_b, c_b) */
+    double gbar;  /* Σ_b cg_b: ∂D/∂z_v = (q_v/c_b)·(cg_b − c_b·gbar) */
+    double ls;    /* the student's normaliser of top_bucket: renorm's LSE over the k' tokens, else LSE(z) */
+    double omq;   /* 1 − Q (tail, sampled; 0 without a tail) */
+    double tail_cg; /* tail: the tail bucket's cg */
+    double rest_g;  /* sampled: ∂F/∂c of the undrawn tail (a = 0: a constant, F is linear there) */
+} div_sums;
+
+static div_sums div_row_sums(const tkd_kl_params *p, const teacher_row *tr, const float *s_top, const float *s_dr,
+                             const row_stat *st, int v)
+{
+    const tkd_kl_divergence kind = div_kind(p);
+    const int kk = p->k_use;
+    div_sums ds = {.ls = st->lse_z};
+    double cg;
+    if (p->variant == TKD_KL_VARIANT_RENORM) { /* in double with top_bucket's 1/τ: q̃ sums to 1 */
+        const double inv_tau = student_inv_tau(p);
+        double mk = -INFINITY, sum = 0.0;
+        for (int j = 0; j < kk; j++)
+            mk = fmax(mk, s_top[j] * inv_tau);
+        for (int j = 0; j < kk; j++)
+            sum += exp(s_top[j] * inv_tau - mk);
+        ds.ls = mk + log(sum);
+    }
+    for (int j = 0; j < kk; j++) {
+        ds.d += div_term(kind, p, top_bucket(p, tr, s_top, j, ds.ls), &cg);
+        ds.gbar += cg;
+    }
+    if (p->variant == TKD_KL_VARIANT_RENORM || kk == v)
+        return ds; /* no tail bucket */
+    const double log_omq = st->lse_tail - st->lse_z;
+    ds.omq = exp(log_omq);
+    if (p->variant == TKD_KL_VARIANT_TAIL) {
+        const double r = tr->r > TKD_KL_TAIL_MASS_MIN ? tr->r : TKD_KL_TAIL_MASS_MIN;
+        div_bucket k = {r, log(r), ds.omq, log_omq};
+        ds.d += div_term(kind, p, k, &ds.tail_cg);
+        ds.gbar += ds.tail_cg;
+        return ds;
+    }
+    double rest = ds.omq; /* sampled: the tail less the drawn tokens */
+    div_bucket k;
+    for (int d = 0; d < p->s; d++)
+        if (draw_bucket(p, tr, s_dr, d, st->lse_z, &k)) {
+            ds.d += div_term(kind, p, k, &cg);
+            ds.gbar += cg;
+            rest -= k.c;
+        }
+    rest = rest > 0.0 ? rest : 0.0;
+    div_bucket kr = {0.0, -INFINITY, rest, log(rest)};
+    ds.d += div_term(kind, p, kr, &cg);
+    ds.gbar += cg;
+    ds.rest_g = rest > 0.0 ? cg / rest : 0.0;
+    return ds;
+}
+
+/* ---- one row's loss and gradient ------------------------------------------------------------ */
+
 /* The row's KD (τ²-scaled) and CE, in double. x is the masked row (draws are never masked). */
-static void row_loss(const tkd_kl_params *p, const teacher_row *tr, const float *x, const float *s_top,
-                     const row_stat *st, int32_t y, double *kd_out, double *ce_out)
+static void row_loss(const tkd_kl_params *p, const teacher_row *tr, const float *x, int v, const float *s_top,
+                     const float *s_dr, const row_stat *st, int32_t y, double *kd_out, double *ce_out)
 {
     const double inv_tau = 1.0 / p->temperature;
     double kd = 0.0;
-    for (int j = 0; j < p->k_use; j++) {
-        double lp = tr->t[j] * inv_tau - tr->norm, lq = s_top[j] * inv_tau - st->lse_z;
-        kd += exp(lp) * (lp - lq);
-    }
-    if (p->variant == TKD_KL_VARIANT_TAIL && tr->r > 0.0)
-        kd += tr->r * (log(tr->r) - (st->lse_tail - st->lse_z));
-    if (tr->dr && tr->r > 0.0)
-        for (int d = 0; d < p->s; d++) { /* one term per draw instance, each of weight r/S */
-            double lt = log(tr->r * draw_count(tr->dr, p->s, d) / p->s);
-            kd += tr->r / p->s * (lt - (x[tr->dr[d]] * inv_tau - st->lse_z));
+    if (div_on(p)) {
+        kd = div_row_sums(p, tr, s_top, s_dr, st, v).d;
+    } else {
+        for (int j = 0; j < p->k_use; j++) {
+            double lp = tr->t[j] * inv_tau - tr->norm, lq = s_top[j] * inv_tau - st->lse_z;
+            kd += exp(lp) * (lp - lq);
         }
+        if (p->variant == TKD_KL_VARIANT_TAIL && tr->r > 0.0)
+            kd += tr->r * (log(tr->r) - (st->lse_tail - st->lse_z));
+        if (tr->dr && tr->r > 0.0)
+            for (int d = 0; d < p->s; d++) { /* one term per draw instance, each of weight r/S */
+                double lt = log(tr->r * draw_count(tr->dr, p->s, d) / p->s);
+                kd += tr->r / p->s * (lt - (x[tr->dr[d]] * inv_tau - st->lse_z));
+            }
+    }
     *kd_out = (double)p->temperature * p->temperature * kd;
     double sy = x[y] == -INFINITY ? 0.0 : x[y]; /* a label among the masked top-k: read it back */
     if (x[y] == -INFINITY)
@@ -219,34 +395,77 @@ static void row_loss(const tkd_kl_params *p, const teacher_row *tr, const float 
     *ce_out = st->lse_s - sy;
 }
 
-/* Turns the masked row x (V) into coef·∂(row loss)/∂s in place. */
-static void row_grad(const tkd_kl_params *p, const teacher_row *tr, float *x, int v, const float *s_top,
-                     const row_stat *st, int32_t y, double coef)
+/* The dense part of a row's gradient over the whole masked row x (V), in place: fb·q¹_v plus the KD
+ * part, ce·q_v/(1 − Q) around the tail's own max (tail_form: exact however small 1 − Q is) or
+ * fa·q_v. The teacher's tokens (masked) come out 0 and are written afterwards. */
+static void row_dense(float *x, int v, const row_stat *st, float inv_tau, int tail_form, float ce, float fa, float fb)
 {
-    const float inv_tau = 1.0f / p->temperature;
-    const double a = coef * p->alpha * p->temperature, b1 = coef * (1.0 - p->alpha);
-    const float fa_mass = (float)(a * tr->mass), fb = (float)b1;
     const float cz = (float)(st->lse_z - (double)st->m * inv_tau), cs = (float)(st->lse_s - st->m);
     const float m = st->m;
-    if (p->variant == TKD_KL_VARIANT_TAIL && tr->r > 0.0) {
-        /* e_v = q_v/(1 − Q) around the tail's own max, so that it is exact however small 1 − Q is;
-         * q_v = e_v·(1 − Q). g = a·(mass·(1 − Q) − r)·e_v + b1·q1_v. */
+    if (tail_form) {
         const float mt = st->m_tail, ct = (float)(st->lse_tail - (double)mt * inv_tau);
-        const float ce = (float)(a * (tr->mass * exp(st->lse_tail - st->lse_z) - tr->r));
         for (int j = 0; j < v; j++) {
             float e = expf((x[j] - mt) * inv_tau - ct), q1 = expf((x[j] - m) - cs);
             x[j] = ce * e + fb * q1;
         }
     } else if (inv_tau == 1.0f) {
-        const float c = fa_mass + fb;
+        const float c = fa + fb;
         for (int j = 0; j < v; j++)
             x[j] = c * expf((x[j] - m) - cz);
     } else {
         for (int j = 0; j < v; j++) {
             float dd = x[j] - m;
-            x[j] = fa_mass * expf(dd * inv_tau - cz) + fb * expf(dd - cs);
+            x[j] = fa * expf(dd * inv_tau - cz) + fb * expf(dd - cs);
         }
     }
+}
+
+/* A divergence's gradient: the dense part's KD weight is the tail bucket's (tail), the undrawn
+ * tail's (sampled) or 0 (renorm: q̃ does not depend on the logits outside I); then each special
+ * bucket's exact value. a = coef·α·τ, b1 = coef·(1 − α). */
+static void row_grad_div(const tkd_kl_params *p, const teacher_row *tr, float *x, int v, const float *s_top,
+                         const float *s_dr, const row_stat *st, double a, double b1)
+{
+    const tkd_kl_divergence kind = div_kind(p);
+    const float inv_tau = 1.0f / p->temperature;
+    const div_sums ds = div_row_sums(p, tr, s_top, s_dr, st, v);
+    const int tail_form = ds.omq > 0.0 && st->m_tail != -INFINITY;
+    double ce = 0.0;
+    if (tail_form && p->variant == TKD_KL_VARIANT_TAIL)
+        ce = a * (ds.tail_cg - ds.omq * ds.gbar);
+    else if (tail_form)
+        ce = a * ds.omq * (ds.rest_g - ds.gbar);
+    row_dense(x, v, st, inv_tau, tail_form, (float)ce, 0.0f, (float)b1);
+    double cg;
+    for (int j = 0; j < p->k_use; j++) {
+        div_bucket k = top_bucket(p, tr, s_top, j, ds.ls);
+        div_term(kind, p, k, &cg);
+        x[tr->idx[j]] = (float)(a * (cg - k.c * ds.gbar) + b1 * exp(s_top[j] - st->lse_s));
+    }
+    div_bucket k;
+    for (int d = 0; tr->dr && d < p->s; d++) /* the dense part gave q_d·(rest_g − gbar) */
+        if (draw_bucket(p, tr, s_dr, d, st->lse_z, &k)) {
+            div_term(kind, p, k, &cg);
+            x[tr->dr[d]] += (float)(a * (cg - k.c * ds.rest_g));
+        }
+}
+
+/* Turns the masked row x (V) into coef·∂(row loss)/∂s in place. */
+static void row_grad(const tkd_kl_params *p, const teacher_row *tr, float *x, int v, const float *s_top,
+                     const float *s_dr, const row_stat *st, int32_t y, double coef)
+{
+    const float inv_tau = 1.0f / p->temperature;
+    const double a = coef * p->alpha * p->temperature, b1 = coef * (1.0 - p->alpha);
+    const float fb = (float)b1;
+    if (div_on(p)) {
+        row_grad_div(p, tr, x, v, s_top, s_dr, st, a, b1);
+        x[y] -= fb;
+        return;
+    }
+    /* tail: g = a·(mass·(1 − Q) − r)·q_v/(1 − Q) + b1·q1_v */
+    const int tail_form = p->variant == TKD_KL_VARIANT_TAIL && tr->r > 0.0;
+    const float ce = tail_form ? (float)(a * (tr->mass * exp(st->lse_tail - st->lse_z) - tr->r)) : 0.0f;
+    row_dense(x, v, st, inv_tau, tail_form, ce, (float)(a * tr->mass), fb);
     for (int j = 0; j < p->k_use; j++) { /* the teacher's tokens (masked above: 0 so far) */
         double lq = s_top[j] * (double)inv_tau - st->lse_z, lq1 = s_top[j] - st->lse_s;
         double pj = exp(tr->t[j] * (double)inv_tau - tr->norm);
@@ -312,15 +531,19 @@ static int64_t chunk_rows_pass(const chunk_job *job, double *kd_sum, double *ce_
         }
         teacher_row tr = teacher_of(p, b, i);
         row_gather_mask(x, tr.idx, p->k_use, s_top);
+        float *s_dr = ws->s_dr + r * ws->s_cap;
+        if (tr.dr && div_on(p)) /* the draws' logits outlive the dense gradient pass */
+            for (int d = 0; d < p->s; d++)
+                s_dr[d] = x[tr.dr[d]];
         if (job->mode != 2) {
             double kd, ce;
             row_stats(x, v, s_top, p->k_use, p->temperature, &ws->stat[i]);
-            row_loss(p, &tr, x, s_top, &ws->stat[i], y, &kd, &ce);
+            row_loss(p, &tr, x, v, s_top, s_dr, &ws->stat[i], y, &kd, &ce);
             kd_acc += kd;
             ce_acc += ce;
         }
         if (job->mode != 0)
-            row_grad(p, &tr, x, v, s_top, &ws->stat[i], y, job->coef);
+            row_grad(p, &tr, x, v, s_top, s_dr, &ws->stat[i], y, job->coef);
     }
     *kd_sum += kd_acc;
     *ce_sum += ce_acc;
@@ -360,6 +583,10 @@ static tkd_status check_ws(const tkd_kl_cpu_ws *ws, const tkd_kl_params *p, cons
     if (!ws)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss cpu: workspace is NULL");
     TKD_TRY(tkd_kl_batch_check(p, b));
+    if (p->variant == TKD_KL_VARIANT_SAMPLED && div_on(p) && p->s > ws->s_cap)
+        return tkd_error_set(TKD_ERR_INVALID_ARG,
+                             "kl_loss cpu: %d tail draws per row, the workspace was made for %d (kd.divergence = %s "
+                             "keeps the draws' logits)", p->s, ws->s_cap, tkd_kl_divergence_name(p->divergence));
     if (b->n > ws->n_max || b->d != ws->d || b->v != ws->v || p->k_use > ws->k_cap)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "kl_loss cpu: batch N=%lld D=%d V=%d k'=%d does not fit the workspace made for "

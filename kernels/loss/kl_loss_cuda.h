@@ -77,7 +77,8 @@ int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v);
 /* Allocates a workspace on the current device for batches of up to n_max rows of (D, V).
  * p->chunk_rows (0 = default) fixes the chunk; the rest of p is read per call. pol (NULL: the
  * defaults) picks the paths: kl_sm90, kl_fused, kl_grad, lmhead_sched (cuda_policy.h). On success *out is
- * owned by the caller (tkd_kl_cuda_ws_free). TKD_ERR_DEVICE_OOM when the device is too full. */
+ * owned by the caller (tkd_kl_cuda_ws_free). TKD_ERR_DEVICE_OOM when the device is too full;
+ * TKD_ERR_UNSUPPORTED for p->divergence other than fkl (the CPU path has the others), as every call. */
 tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p, const tkd_cuda_policy *pol,
                                int64_t n_max, int d, int v);
 void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws); /* NULL is a no-op */
