@@ -291,7 +291,7 @@ static void gpt_oss_reference(const tkd_model *m, const int32_t *tok, int B, int
         tkd_ref_linear_fwd(n1, wv, bv, N, D, KV, 0, v);
         tkd_ref_rope_fwd(q, N, T, H, dh, m->rope_cos, m->rope_sin);
         tkd_ref_rope_fwd(k, N, T, Hkv, dh, m->rope_cos, m->rope_sin);
-        tkd_ref_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, tkd_model_config_window(c, l), sk, att, y);
+        tkd_ref_attn_sinks_fwd(q, k, v, B, T, H, Hkv, dh, tkd_model_config_window(c, l), NULL, sk, att, y);
         tkd_ref_linear_fwd(y, wo, bo, N, Q, D, 1, x); /* x += o_proj(y) */
         tkd_ref_rmsnorm_fwd(x, mn, N, D, c->rms_norm_eps, n1, rstd);
         for (int i = 0; i < N * D; i++)
