@@ -71,6 +71,8 @@ typedef struct tkd_cache_identity {
     float temperature;    /* the temperature the logits were taken at */
     tkd_cache_dtype logits_dtype;
     int32_t tail_samples; /* S tail draws per position; 0 = no /tail/indices */
+    int32_t packed;       /* 1: sequences of packed documents (data.packing: documents, formats/doc_pack.h):
+                           * /doc_start holds each position's document start; 0: windows of the stream */
     char teacher_sha256[TKD_CACHE_SHA256_HEX];
     char dataset_sha256[TKD_CACHE_SHA256_HEX];
 } tkd_cache_identity;
@@ -108,6 +110,8 @@ typedef struct tkd_cache_batch {
     float *lse;             // (capacity, seq_len)
     int64_t *seq_index;     // (capacity) position of each sequence in the dataset
     uint32_t *tail_indices; // (capacity, seq_len, S) or NULL when S == 0
+    int32_t *doc_start;     // (capacity, seq_len) or NULL: packed caches' document starts
+                            // (tkd_cache_batch_alloc_doc_start; a reader fills it when not NULL)
     int64_t *cache_seq;     // (capacity) global position in the cache (reader fills; may be NULL)
 } tkd_cache_batch;
 
@@ -115,6 +119,9 @@ typedef struct tkd_cache_batch {
  * the shape fields; num_seq = 0. On failure nothing stays allocated. */
 tkd_status tkd_cache_batch_alloc(tkd_cache_batch *b, int64_t capacity, int32_t seq_len, int32_t k,
                                  int32_t tail_samples);
+
+/* Adds the doc_start buffer (capacity, seq_len) to an allocated batch (a packed cache's reader). */
+tkd_status tkd_cache_batch_alloc_doc_start(tkd_cache_batch *b);
 
 /* Frees what tkd_cache_batch_alloc allocated and zeroes the struct. NULL-safe. */
 void tkd_cache_batch_free(tkd_cache_batch *b);

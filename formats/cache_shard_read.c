@@ -60,6 +60,21 @@ static tkd_status attrs_check(const tkd_shard *s, const attr_got *got, size_t n,
 }
 
 /* Reads the root attributes; missing ones are a format error naming the attribute. */
+/* The optional root attribute packing ("documents": formats/doc_pack.h; absent: windows). */
+static tkd_status read_packing(tkd_shard *s, tkd_cache_identity *id)
+{
+    id->packed = 0;
+    if (H5Aexists(s->file, "packing") <= 0) {
+        tkd_shard_h5_forget();
+        return TKD_OK;
+    }
+    char v[32];
+    if (tkd_shard_attr_read_str(s->file, "packing", v, sizeof v) < 0 || strcmp(v, "documents") != 0)
+        return tkd_shard_h5_fail(TKD_ERR_FORMAT, "%s: root attribute 'packing' is not \"documents\"", s->path);
+    id->packed = 1;
+    return TKD_OK;
+}
+
 static tkd_status shard_read_attrs(tkd_shard *s)
 {
     char fmt[64] = "", dtype[32] = "";
@@ -103,6 +118,7 @@ static tkd_status shard_read_attrs(tkd_shard *s)
     id->k = (int32_t)k;
     id->seq_len = (int32_t)seq_len;
     id->tail_samples = (int32_t)S;
+    TKD_TRY(read_packing(s, id));
     if (tkd_cache_dtype_parse(dtype, &id->logits_dtype) != TKD_OK)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute logits_dtype '%s' is not half, bfloat16 or float32",
                              s->path, dtype);
@@ -233,7 +249,7 @@ tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes)
     if (st == TKD_OK)
         s->info.chunk_seqs = shard_chunk_seqs(s->file);
     for (int d = 0; st == TKD_OK && d < DS_COUNT; d++)
-        if (d != DS_TAIL || s->info.id.tail_samples > 0)
+        if ((d != DS_TAIL || s->info.id.tail_samples > 0) && (d != DS_DOC_START || s->info.id.packed))
             st = shard_open_dataset(s, d, cache_bytes);
     if (st != TKD_OK) {
         tkd_shard_close(s);
@@ -282,7 +298,8 @@ tkd_status tkd_shard_read(tkd_shard *s, int64_t first, int64_t count, tkd_cache_
     int raw16 = id->logits_dtype != TKD_CACHE_DTYPE_FLOAT32;
     void *bufs[DS_COUNT] = {b->tokens + sl * (T + 1), b->topk_indices + sl * T * kp, logits,
                             b->lse + sl * T, b->seq_index + sl,
-                            b->tail_indices ? b->tail_indices + sl * T * (size_t)b->tail_samples : NULL};
+                            b->tail_indices ? b->tail_indices + sl * T * (size_t)b->tail_samples : NULL,
+                            b->doc_start ? b->doc_start + sl * T : NULL};
     for (int d = 0; d < DS_COUNT; d++) {
         if (!bufs[d] || s->ds[d] < 0)
             continue;

@@ -16,6 +16,7 @@
 
 #include "common/signals.h"
 #include "common/status.h"
+#include "formats/doc_pack.h"
 #include "formats/tokens.h"
 #include "tests/testutil.h"
 
@@ -690,6 +691,58 @@ static void test_interrupt_ends_the_read(void **state)
 }
 
 
+/* data.packing: documents (formats/doc_pack.h) on a Megatron dataset whose documents are 3, 1, 7, 2
+ * and 12 tokens, at T 5: pieces 3 | 1 | 5+2 | 2 | 5+5+2 packed greedily into 6 sequences, labels
+ * never crossing a document, the pieces of a long document keeping their last label, padding and
+ * the document starts; a file that records no documents is refused naming it. */
+static void test_doc_pack(void **state)
+{
+    (void)state;
+    static const int sizes[5] = {3, 1, 7, 2, 12};
+    static const int64_t docs[6] = {0, 1, 2, 3, 4, 5};
+    int64_t t[25];
+    seq(t, 25, 100, 1); /* token g is 100 + g: a label names its source position */
+    const char *prefix = write_megatron("packed", 4, t, sizes, 5, docs, 6);
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(prefix, &ds), TKD_OK);
+    tkd_doc_pack *p = NULL;
+    assert_int_equal(tkd_doc_pack_build(ds, 5, &p), TKD_OK);
+    assert_int_equal(tkd_doc_pack_count(p), 6);
+    assert_int_equal(tkd_doc_pack_docs(p), 5);
+    assert_int_equal(tkd_doc_pack_labels(p), 2 + 0 + 6 + 1 + 11); /* n − 1 per document */
+    enum { X = TKD_TOKENS_IGNORE_LABEL };
+    static const int32_t want_tok[6][6] = {
+        {100, 101, 102, 103, 0, X}, {104, 105, 106, 107, 108, 109}, {109, 110, 111, 112, 0, X},
+        {113, 114, 115, 116, 117, 118}, {118, 119, 120, 121, 122, 123}, {123, 124, 0, 0, 0, X}};
+    static const int32_t want_lab[6][5] = {
+        {101, 102, X, X, X}, {105, 106, 107, 108, 109}, {110, X, 112, X, X},
+        {114, 115, 116, 117, 118}, {119, 120, 121, 122, 123}, {124, X, X, X, X}};
+    static const int32_t want_doc[6][5] = {
+        {0, 0, 0, 3, 4}, {0, 0, 0, 0, 0}, {0, 0, 2, 2, 4}, {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0}, {0, 0, 2, 2, 2}};
+    static const int want_valid[6] = {2, 5, 2, 5, 5, 1};
+    for (int i = 0; i < 6; i++) {
+        int32_t tok[6], lab[5], doc[5];
+        int nv = -1;
+        assert_int_equal(tkd_doc_pack_read(p, i, tok, lab, doc, &nv), TKD_OK);
+        assert_memory_equal(tok, want_tok[i], sizeof tok);
+        assert_memory_equal(lab, want_lab[i], sizeof lab);
+        assert_memory_equal(doc, want_doc[i], sizeof doc);
+        assert_int_equal(nv, want_valid[i]);
+    }
+    int32_t tok[6];
+    assert_int_equal(tkd_doc_pack_read(p, 6, tok, NULL, NULL, NULL), TKD_ERR_INVALID_ARG);
+    tkd_doc_pack_free(p);
+    tkd_tokens_free(ds);
+    /* an llm.c file records no documents */
+    const char *bin = write_bin("nodocs.bin", TKD_TOKENS_MAGIC_U16, t, 10);
+    assert_int_equal(tkd_tokens_open(bin, &ds), TKD_OK);
+    assert_int_equal(tkd_doc_pack_build(ds, 5, &p), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("data.packing: documents: ");
+    tkd_test_assert_msg_has("nodocs.bin records no document boundaries");
+    assert_null(p);
+    tkd_tokens_free(ds);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -707,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_windows),
         cmocka_unit_test(test_sha256_identity),
         cmocka_unit_test(test_broken_files),
+        cmocka_unit_test(test_doc_pack),
     };
     return cmocka_run_group_tests(tests, tkd_test_group_dir_setup, tkd_test_group_dir_teardown);
 }
