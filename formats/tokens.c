@@ -260,8 +260,8 @@ static tkd_status load_spec(tkd_tokens *ds, const char *spec)
     char *skip = calloc(g.gl_pathc, 1);
     tkd_status st = skip ? mark_idx_with_bin(g.gl_pathv, g.gl_pathc, skip)
                          : tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", spec);
-    for (size_t i = 0; i < g.gl_pathc && st == TKD_OK; i++)
-        if (!skip[i])
+    for (size_t i = 0; i < g.gl_pathc && st == TKD_OK; i++) /* a sidecar is read with its token file */
+        if (!skip[i] && !tkd_tokens_has_suffix(g.gl_pathv[i], ".flags.npy"))
             st = load_path(ds, g.gl_pathv[i]);
     free(skip);
     globfree(&g);

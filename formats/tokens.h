@@ -33,7 +33,8 @@
  * NumPy 1-D uint8 array of one byte per token of F. Bit 0 (TKD_TOKENS_FLAG_TRAINED): the token is a
  * trained target, i.e. the label of the position before it; bit 1 (TKD_TOKENS_FLAG_DOC_START): the
  * token starts a document; bits 2-7 are reserved and refused. Every file of a list has one or none
- * does; a sidecar's length must equal its file's token count. When flags exist, their document
+ * does; a sidecar's length must equal its file's token count. A glob's matches named *.flags.npy
+ * are sidecars, never token files of their own ("data_*.npy" takes data_0.npy with its sidecar). When flags exist, their document
  * starts are the dataset's documents (tkd_tokens_num_docs / tkd_tokens_doc_start), and windows label
  * only the trained targets (below). `teacher-dump tokenize --chat` writes them.
  *

@@ -345,6 +345,246 @@ static void test_template_found_beside_tokenizer(void **state)
     tkd_tokenizer_free(tok);
 }
 
-TKD_TEST_MAIN_EACH_DIR(test_qwen25_multiturn_system, test_token_straddling_the_edge, test_llama31, test_qwen3,
-                       test_prompt_completion, test_generation_blocks, test_bad_records,
-                       test_template_found_beside_tokenizer)
+/* `teacher-dump tokenize --chat` over the corpus: the token file and its sidecar, read back as a
+ * dataset (one document per record, windows labelling only the trained targets). */
+static tkd_tokenize_opts chat_opts(const char *out, const char **inputs, int n)
+{
+    return (tkd_tokenize_opts){.tokenizer = tkd_test_src("data/chat/tokenizer"), .inputs = inputs, .ninputs = n,
+                               .output = out, .field = "text", .threads = 2, .chat = true,
+                               .chat_template = tkd_test_src(QWEN25)};
+}
+
+static void test_tokenize_run_chat(void **state)
+{
+    const char *dir = *state, *in[1] = {tkd_test_src("data/chat/conversations.jsonl")};
+    const char *out = tkd_test_path(dir, "sub/chat.bin");
+    tkd_tokenize_opts o = chat_opts(out, in, 1);
+    tkd_tokenize_summary sum;
+    assert_int_equal(tkd_tokenize_run(&o, &sum), TKD_OK);
+    assert_int_equal(sum.docs, 7);
+    assert_int_equal(sum.nprefix + sum.nsuffix, 0);
+    assert_int_equal(sum.eos_id, -1);
+    assert_non_null(strstr(sum.chat_source, "Qwen-Qwen2.5-7B-Instruct.jinja (trained: assistant turns by prefix)"));
+    assert_true(tkd_file_exists(tkd_test_path(dir, "sub/chat.bin.flags.npy")));
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(out, &ds), TKD_OK);
+    assert_true(tkd_tokens_has_flags(ds));
+    assert_int_equal(tkd_tokens_count(ds), sum.tokens);
+    assert_int_equal(tkd_tokens_num_trained(ds), sum.trained);
+    assert_true(sum.trained > 0 && sum.trained < sum.tokens / 2);
+    assert_int_equal(tkd_tokens_num_docs(ds), 7);
+    /* each document is one record's encoding: the second one's ids and flags, exactly */
+    fixture f;
+    fx_open(&f, QWEN25, NULL);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(tkd_read_file(in[0], (void **)&text, &len), TKD_OK);
+    const char *rec2 = strchr(text, '\n') + 1;
+    assert_int_equal(tkd_chat_encode(f.chat, f.ctx, in[0], 2, rec2, (size_t)(strchr(rec2, '\n') - rec2), &f.ids,
+                                     &f.flags), TKD_OK);
+    int64_t d1 = tkd_tokens_doc_start(ds, 1), n = (int64_t)f.ids.n;
+    assert_int_equal(tkd_tokens_doc_start(ds, 2) - d1, n);
+    int32_t *tok = malloc((size_t)n * 4);
+    uint8_t *fl = malloc((size_t)n);
+    assert_int_equal(tkd_tokens_read(ds, d1, n, tok), TKD_OK);
+    assert_int_equal(tkd_tokens_read_flags(ds, d1, n, fl), TKD_OK);
+    for (int64_t k = 0; k < n; k++) {
+        assert_int_equal(tok[k], (int32_t)f.ids.ids[k]);
+        assert_int_equal(fl[k], f.flags.v[k]);
+    }
+    /* a window over it: labels are the trained targets, -100 elsewhere */
+    int32_t win[33], lab[32];
+    int valid;
+    int64_t w = d1 / 32;
+    assert_int_equal(tkd_tokens_window(ds, 32, 32, 1, w, win, lab, &valid), TKD_OK);
+    uint8_t wf[33];
+    int64_t m = tkd_tokens_count(ds) - w * 32 < 33 ? tkd_tokens_count(ds) - w * 32 : 33;
+    assert_int_equal(tkd_tokens_read_flags(ds, w * 32, m, wf), TKD_OK);
+    for (int j = 0; j + 1 < m; j++)
+        assert_int_equal(lab[j], (wf[j + 1] & TKD_TOKENS_FLAG_TRAINED) ? win[j + 1] : -100);
+    free(tok);
+    free(fl);
+    free(text);
+    fx_close(&f);
+    tkd_tokens_free(ds);
+}
+
+/* Shards: every shard has its sidecar, cut at the same token; the list reads back whole. */
+static void test_tokenize_chat_shards(void **state)
+{
+    const char *dir = *state, *in[1] = {tkd_test_src("data/chat/conversations.jsonl")};
+    tkd_tokenize_opts o = chat_opts(tkd_test_path(dir, "s.npy"), in, 1);
+    o.shard_tokens = 100;
+    tkd_tokenize_summary sum;
+    assert_int_equal(tkd_tokenize_run(&o, &sum), TKD_OK);
+    assert_true(sum.files >= 3);
+    assert_true(tkd_file_exists(tkd_test_path(dir, "s_000001.npy.flags.npy")));
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(tkd_test_path(dir, "s_*.npy"), &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_num_files(ds), sum.files);
+    assert_int_equal(tkd_tokens_num_trained(ds), sum.trained);
+    assert_int_equal(tkd_tokens_num_docs(ds), 7);
+    tkd_tokens_free(ds);
+}
+
+/* A bad record stops the run naming its file:line; nothing is left, neither tokens nor flags. A
+ * plain run with --overwrite over a chat output removes the old sidecar with the old tokens. */
+static void test_tokenize_chat_failure_and_overwrite(void **state)
+{
+    const char *dir = *state;
+    const char *bad = tkd_test_path(dir, "bad.jsonl"), *in[1] = {bad};
+    FILE *fp = fopen(bad, "w");
+    fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": "
+          "\"b\"}]}\n\n{\"messages\": 3}\n", fp);
+    fclose(fp);
+    const char *out = tkd_test_path(dir, "o/bad.bin");
+    tkd_tokenize_opts o = chat_opts(out, in, 1);
+    tkd_tokenize_summary sum;
+    tkd_test_expect_error(tkd_tokenize_run(&o, &sum), TKD_ERR_FORMAT,
+                          TKD_TEST_FRAGS("bad.jsonl:3: \"messages\" is not a list of messages"));
+    assert_false(tkd_file_exists(out));
+    assert_false(tkd_file_exists(tkd_test_path(dir, "o")));
+
+    const char *good[1] = {tkd_test_src("data/chat/conversations.jsonl")};
+    out = tkd_test_path(dir, "t.bin");
+    o = chat_opts(out, good, 1);
+    assert_int_equal(tkd_tokenize_run(&o, &sum), TKD_OK);
+    tkd_test_expect_error(tkd_tokenize_run(&o, &sum), TKD_ERR_INVALID_ARG, TKD_TEST_FRAGS("t.bin exists"));
+    o.chat = false, o.chat_template = NULL, o.kind = TKD_TEXT_PLAIN, o.eos = "none", o.overwrite = true;
+    good[0] = tkd_test_src("data/chat/tokenizer/tokenizer_config.json"); /* any text */
+    assert_int_equal(tkd_tokenize_run(&o, &sum), TKD_OK);
+    assert_false(tkd_file_exists(tkd_test_path(dir, "t.bin.flags.npy")));
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(out, &ds), TKD_OK);
+    assert_false(tkd_tokens_has_flags(ds));
+    tkd_tokens_free(ds);
+    /* a sidecar without its token file is an output name too */
+    fp = fopen(tkd_test_path(dir, "u.bin.flags.npy"), "w");
+    fclose(fp);
+    o.output = tkd_test_path(dir, "u.bin"), o.overwrite = false;
+    tkd_test_expect_error(tkd_tokenize_run(&o, &sum), TKD_ERR_INVALID_ARG, TKD_TEST_FRAGS("u.bin.flags.npy exists"));
+}
+
+static void test_tokenize_chat_flags_parse(void **state)
+{
+    (void)state;
+    tkd_tokenize_opts o;
+    bool help;
+    int v;
+    char *ok[] = {"tokenize", "--chat", "--chat-template", "t.jinja", "--chat-kwargs={\"enable_thinking\": false}",
+                  "--tokenizer", "tok", "-o", "o.bin", "in.jsonl"};
+    assert_int_equal(tkd_tokenize_parse_args(10, ok, &o, &help, &v), TKD_OK);
+    assert_true(o.chat);
+    assert_string_equal(o.chat_template, "t.jinja");
+    assert_string_equal(o.chat_kwargs, "{\"enable_thinking\": false}");
+    tkd_tokenize_opts_free(&o);
+    char *eos[] = {"tokenize", "--chat", "--eos", "x", "--tokenizer", "tok", "-o", "o.bin", "in.jsonl"};
+    tkd_test_expect_error(tkd_tokenize_parse_args(9, eos, &o, &help, &v), TKD_ERR_INVALID_ARG,
+                          TKD_TEST_FRAGS("--chat does not take --eos"));
+    tkd_tokenize_opts_free(&o);
+    char *lone[] = {"tokenize", "--chat-template", "t.jinja", "--tokenizer", "tok", "-o", "o.bin", "in.jsonl"};
+    tkd_test_expect_error(tkd_tokenize_parse_args(8, lone, &o, &help, &v), TKD_ERR_INVALID_ARG,
+                          TKD_TEST_FRAGS("--chat-template needs --chat"));
+    tkd_tokenize_opts_free(&o);
+}
+
+/* ---- against transformers (tests/fixtures/chat/, made by tests/chat_mask_reference.py) ---- */
+
+/* The next "<line> <kind> <values...>" of fp: its values into v (at most cap), the message of an
+ * error line into msg. Returns the kind ("ids", "mask", "error") or NULL at the end. */
+static const char *fixture_line(FILE *fp, int *line, uint32_t *v, size_t cap, size_t *n, char *msg, size_t mcap)
+{
+    static char buf[1 << 16], kind[16];
+    if (!fgets(buf, sizeof buf, fp))
+        return NULL;
+    int used = 0;
+    assert_int_equal(sscanf(buf, "%d %15s %n", line, kind, &used), 2);
+    *n = 0;
+    if (strcmp(kind, "error") == 0) {
+        snprintf(msg, mcap, "%s", buf + used);
+        return kind;
+    }
+    for (char *p = buf + used, *e; *p && *p != '\n'; p = e) {
+        unsigned long x = strtoul(p, &e, 10);
+        if (e == p)
+            break;
+        assert_true(*n < cap);
+        v[(*n)++] = (uint32_t)x;
+    }
+    return kind;
+}
+
+/* Every record of the corpus through one case of cases.tsv, against the fixture's ids and mask (an
+ * error there must be an error here). */
+static void check_case(const char *name, const char *tmpl, const char *kwargs)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "fixtures/chat/%s.txt", name);
+    FILE *fp = fopen(tkd_test_src(path), "r");
+    if (!fp)
+        fail_msg("%s: missing (run tests/chat_mask_reference.py)", tkd_test_src(path));
+    fixture f;
+    fx_open(&f, tmpl, strcmp(kwargs, "{}") ? kwargs : NULL);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(tkd_read_file(tkd_test_src("data/chat/conversations.jsonl"), (void **)&text, &len), TKD_OK);
+    static uint32_t v[1 << 14];
+    char msg[1024];
+    size_t n;
+    int line, checked = 0;
+    for (const char *kind; (kind = fixture_line(fp, &line, v, 1 << 14, &n, msg, sizeof msg)) != NULL;) {
+        const char *rec = text;
+        for (int l = 1; l < line; l++)
+            rec = strchr(rec, '\n') + 1;
+        tkd_status st = tkd_chat_encode(f.chat, f.ctx, "conversations.jsonl", line, rec,
+                                        (size_t)(strchr(rec, '\n') - rec), &f.ids, &f.flags);
+        if (strcmp(kind, "error") == 0) {
+            if (st == TKD_OK)
+                fail_msg("%s line %d: transformers raised (%s) but topkd encoded it", name, line, msg);
+            continue;
+        }
+        if (st != TKD_OK)
+            fail_msg("%s line %d: %s", name, line, tkd_error_msg());
+        assert_int_equal(f.ids.n, n);
+        for (size_t k = 0; k < n; k++) {
+            uint32_t got = strcmp(kind, "ids") == 0 ? f.ids.ids[k] : (f.flags.v[k] & TKD_TOKENS_FLAG_TRAINED);
+            if (got != v[k])
+                fail_msg("%s line %d: %s[%zu] = %u, transformers %u", name, line, kind, k, got, v[k]);
+        }
+        checked++;
+    }
+    assert_true(checked > 0);
+    fclose(fp);
+    free(text);
+    fx_close(&f);
+}
+
+static void test_transformers_fixtures(void **state)
+{
+    (void)state;
+    FILE *fp = fopen(tkd_test_src("data/chat/cases.tsv"), "r");
+    assert_non_null(fp);
+    char row[1024];
+    int cases = 0;
+    while (fgets(row, sizeof row, fp)) {
+        row[strcspn(row, "\n")] = '\0';
+        char *t1 = strchr(row, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
+        assert_non_null(t2);
+        *t1 = *t2 = '\0';
+        check_case(row, t1 + 1, t2 + 1);
+        cases++;
+    }
+    fclose(fp);
+    assert_int_equal(cases, 5);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "fixtures") == 0)
+        return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_NONE, test_transformers_fixtures);
+    return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_qwen25_multiturn_system,
+                             test_token_straddling_the_edge, test_llama31, test_qwen3, test_prompt_completion,
+                             test_generation_blocks, test_bad_records, test_template_found_beside_tokenizer,
+                             test_tokenize_run_chat, test_tokenize_chat_shards,
+                             test_tokenize_chat_failure_and_overwrite, test_tokenize_chat_flags_parse);
+}

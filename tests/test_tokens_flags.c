@@ -143,6 +143,20 @@ static void test_flags_megatron(void **state)
     tkd_tokens_free(ds);
 }
 
+/* A glob that matches a sidecar too ("g_*" takes g_x.bin.flags.npy) reads it as the sidecar only. */
+static void test_glob_skips_sidecars(void **state)
+{
+    (void)state;
+    int64_t t[4] = {1, 2, 3, 4};
+    const uint8_t f[4] = {D, T, 0, T};
+    write_flags(write_bin("g_x.bin", TKD_TOKENS_MAGIC_U16, t, 4), f, 4);
+    tkd_tokens *ds = NULL;
+    assert_int_equal(tkd_tokens_open(tmp_path("g_*"), &ds), TKD_OK);
+    assert_int_equal(tkd_tokens_num_files(ds), 1);
+    assert_int_equal(tkd_tokens_num_trained(ds), 2);
+    tkd_tokens_free(ds);
+}
+
 /* Without a sidecar nothing changes: no flags, labels are every next token. */
 static void test_no_flags_unchanged(void **state)
 {
@@ -213,4 +227,4 @@ static void test_flags_refused(void **state)
 
 TKD_TEST_MAIN_WITH(tkd_test_group_dir_setup, tkd_test_group_dir_teardown, TKD_TEST_EACH_NONE,
                    test_flags_read_and_documents, test_flags_mask_window_labels, test_flags_megatron,
-                   test_no_flags_unchanged, test_flags_refused)
+                   test_glob_skips_sidecars, test_no_flags_unchanged, test_flags_refused)
