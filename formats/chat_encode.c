@@ -108,7 +108,9 @@ static tkd_status read_conv(const char *path, int64_t line, json_t *obj, conv *c
 static tkd_status render(const tkd_chat *c, const conv *cv, size_t n, bool gen_prompt, tkd_jinja_spans *g,
                          const char *path, int64_t line, char **out, size_t *len)
 {
-    json_t *ctx = json_copy(c->base), *msgs = json_array();
+    /* a deep copy: other threads render from c->base too, and a shallow copy would change the
+     * reference counts of its values */
+    json_t *ctx = json_deep_copy(c->base), *msgs = json_array();
     for (size_t i = 0; msgs && i < n; i++)
         json_array_append(msgs, json_array_get(cv->msgs, i));
     char *js = NULL;
@@ -216,7 +218,8 @@ static tkd_status flags_reserve(tkd_chat_flags *f, size_t n)
 static tkd_status lay_flags(const tkd_chat *c, const char *full, size_t nfull, tkd_jinja_spans *sp,
                             const tkd_token_ids *ids, tkd_chat_flags *flags, const char *path, int64_t line)
 {
-    qsort(sp->v, sp->n, sizeof *sp->v, span_cmp);
+    if (sp->n > 1) /* qsort of a NULL array, even empty, is undefined */
+        qsort(sp->v, sp->n, sizeof *sp->v, span_cmp);
     TKD_TRY(flags_reserve(flags, ids->n));
     size_t off = 0, s = 0;
     for (size_t k = 0; k < ids->n; k++) {

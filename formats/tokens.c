@@ -276,6 +276,7 @@ tkd_status tkd_tokens_open_list(const char *const *specs, int nspecs, tkd_tokens
     tkd_tokens *ds = calloc(1, sizeof *ds);
     if (!ds)
         return tkd_error_set(TKD_ERR_NOMEM, "token dataset: out of memory");
+    ds->ntrained = -1; /* no flags until tkd_tokens_flags_check_list has seen every file */
     tkd_status st = TKD_OK;
     for (int i = 0; i < nspecs && st == TKD_OK; i++)
         st = load_spec(ds, specs[i]);

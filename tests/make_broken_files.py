@@ -316,6 +316,10 @@ def fuzz_seed():
         f.write(npy("{'descr': '<i8', 'fortran_order': False, 'shape': (3, 4), }", struct.pack("<12q", *range(12))))
     with open(os.path.join(d, "valid_tokens.bin"), "wb") as f:
         f.write(tok_bin(20240520, 1, 6, struct.pack("<6H", 5, 4, 3, 2, 1, 0)))
+    # a flags sidecar for fuzz_flags (its token file has 64 tokens): two documents, some trained
+    with open(os.path.join(d, "valid_flags.npy"), "wb") as f:
+        f.write(npy("{'descr': '|u1', 'fortran_order': False, 'shape': (64,), }",
+                    bytes([2] + [0] * 9 + [1] * 22 + [2] + [0] * 7 + [1] * 24)))
     # recipes for fuzz_shard (see its header): untouched shards of each dtype, with and without
     # tail draws; one with a root attribute rewritten; one with a byte flipped in the first chunk
     recipes = {
