@@ -69,7 +69,7 @@ seeds() {
     jsonl) ls tests/fuzz/corpus/jsonl/* ;;
     tokenizer_json) ls tests/fuzz/corpus/tokenizer/*.json ;;
     tokenizer_config) ls tests/fuzz/corpus/tokenizer_config/*.json ;;
-    jinja) ls tests/data/chat_templates/*.jinja ;;
+    jinja) ls tests/data/chat_templates/*.jinja tests/data/chat/*.jinja ;;
   esac
 }
 
