@@ -18,7 +18,11 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* F: an llm.c GPT-2 file of tokens 100..163, written once beside where the sidecar goes. */
+static char tok_file_[4096];
+static void remove_tokens_(void) { unlink(tok_file_); }
+
+/* F: an llm.c GPT-2 file of tokens 100..163, written once beside where the sidecar goes (removed
+ * at exit, as fuzz_util.h removes the sidecar). */
 static void write_tokens(const char *flags_path, char *tok_path, size_t cap)
 {
     size_t n = strlen(flags_path) - strlen(".flags.npy");
@@ -36,6 +40,8 @@ static void write_tokens(const char *flags_path, char *tok_path, size_t cap)
     FILE *f = fopen(tok_path, "wb");
     if (!f || fwrite(h, sizeof h, 1, f) != 1 || fwrite(t, sizeof t, 1, f) != 1 || fclose(f) != 0)
         abort();
+    snprintf(tok_file_, sizeof tok_file_, "%s", tok_path);
+    atexit(remove_tokens_);
     done = 1;
 }
 
