@@ -488,6 +488,37 @@ static void test_tokenize_chat_flags_parse(void **state)
     tkd_tokenize_opts_free(&o);
 }
 
+/* The binary: it names the template and the fraction trained at the end; a bad record is exit 1
+ * and one line naming file:line, nothing written. */
+static void test_tokenize_chat_cli(void **state)
+{
+    const char *dir = *state, *bin = TKD_BINARY_DIR "/bin/teacher-dump";
+    const char *const need[] = {bin, NULL};
+    tkd_test_require_built(need);
+    const char *log = tkd_test_path(dir, "cli.log"), *out = tkd_test_path(dir, "c.npy");
+    const char *args[] = {"tokenize", "--chat", "--chat-template", tkd_test_src(QWEN25), "--tokenizer",
+                          tkd_test_src("data/chat/tokenizer"), "--output", out,
+                          tkd_test_src("data/chat/conversations.jsonl"), NULL};
+    assert_int_equal(tkd_test_run(bin, args, NULL, log), 0);
+    char *msg = tkd_test_slurp(log, NULL);
+    if (!strstr(msg, "teacher-dump tokenize: chat template ") || !strstr(msg, "Qwen-Qwen2.5-7B-Instruct.jinja (trained: "
+                                                                                "assistant turns by prefix); ") ||
+        !strstr(msg, " tokens are trained targets (") || !strstr(msg, "c.npy.flags.npy"))
+        fail_msg("the summary lacks the template or the fraction trained: %s", msg);
+    free(msg);
+    const char *bad = tkd_test_path(dir, "bad.jsonl");
+    tkd_test_write_text(bad, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n{\"prompt\": 1}\n");
+    const char *bargs[] = {"tokenize", "--chat", "--chat-template", tkd_test_src(QWEN25), "--tokenizer",
+                           tkd_test_src("data/chat/tokenizer"), "--output", tkd_test_path(dir, "b.bin"), bad, NULL};
+    assert_int_equal(tkd_test_run(bin, bargs, NULL, log), 1);
+    msg = tkd_test_slurp(log, NULL);
+    if (!strstr(msg, "bad.jsonl:2: no \"messages\" list, and no \"prompt\" with a \"completion\""))
+        fail_msg("no file:line in: %s", msg);
+    free(msg);
+    assert_false(tkd_file_exists(tkd_test_path(dir, "b.bin")));
+    assert_false(tkd_file_exists(tkd_test_path(dir, "b.bin.flags.npy")));
+}
+
 /* ---- against transformers (tests/fixtures/chat/, made by tests/chat_mask_reference.py) ---- */
 
 /* The next "<line> <kind> <values...>" of fp: its values into v (at most cap), the message of an
@@ -586,5 +617,6 @@ int main(int argc, char **argv)
                              test_token_straddling_the_edge, test_llama31, test_qwen3, test_prompt_completion,
                              test_generation_blocks, test_bad_records, test_template_found_beside_tokenizer,
                              test_tokenize_run_chat, test_tokenize_chat_shards,
-                             test_tokenize_chat_failure_and_overwrite, test_tokenize_chat_flags_parse);
+                             test_tokenize_chat_failure_and_overwrite, test_tokenize_chat_flags_parse,
+                             test_tokenize_chat_cli);
 }
