@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/dist.h"
 #include "formats/cache_shard.h"
 #include "formats/text_docs.h"
@@ -130,7 +132,14 @@ static tkd_status check_data_format(const tkd_dump_config *cfg)
     if (!chat && (set(cfg->data_chat_template) || set(cfg->data_chat_kwargs)))
         return tkd_error_set(TKD_ERR_CONFIG, "%s: set, but data.format is not chat",
                              set(cfg->data_chat_template) ? "data.chat_template" : "data.chat_kwargs");
-    return TKD_OK;
+    if (!set(cfg->data_chat_kwargs)) /* checked here, before a teacher is loaded; tokenizing reads it again */
+        return TKD_OK;
+    cJSON *k = cJSON_Parse(cfg->data_chat_kwargs);
+    bool object = cJSON_IsObject(k);
+    cJSON_Delete(k);
+    return object ? TKD_OK
+                  : tkd_error_set(TKD_ERR_CONFIG, "data.chat_kwargs: '%.200s' is not a JSON object (e.g. "
+                                  "'{\"enable_thinking\": false}', quoted in YAML)", cfg->data_chat_kwargs);
 }
 
 tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *))

@@ -166,6 +166,12 @@ static void test_chat_format(void **state)
     tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
                           TKD_TEST_FRAGS("data.chat_kwargs: set, but data.format is not chat"));
     tkd_config_free(&tkd_dump_schema, &cfg);
+    snprintf(extra, sizeof extra, "data: {tokenizer: '%s', format: chat, chat_kwargs: '[1]'}\n", tmp("tok-ok"));
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
+    tkd_dt_config_parse_only(&cfg, y);
+    tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
+                          TKD_TEST_FRAGS("data.chat_kwargs: '[1]' is not a JSON object"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
 }
 
 int main(void)
