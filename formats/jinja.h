@@ -31,11 +31,30 @@ tkd_status tkd_jinja_parse(const char *src, size_t len, const char *name, tkd_ji
 /* Frees a template; NULL is a no-op. */
 void tkd_jinja_free(tkd_jinja_template *t);
 
+/* Byte spans [start, end) of a render's output. A zeroed tkd_jinja_spans is empty; the caller frees
+ * it with tkd_jinja_spans_free. */
+typedef struct tkd_jinja_span {
+    size_t start, end;
+} tkd_jinja_span;
+typedef struct tkd_jinja_spans {
+    tkd_jinja_span *v; // (n,)
+    size_t n, cap;
+} tkd_jinja_spans;
+void tkd_jinja_spans_free(tkd_jinja_spans *s);
+
 typedef struct tkd_jinja_render_opts {
     /* The clock of strftime_now, in seconds since the epoch (UTC); a negative value reads the
      * system clock. Pinned in tests so that outputs are reproducible. */
     long long now;
+    /* NULL, or where a render puts the spans of the output that `{% generation %}` blocks wrote, in
+     * order (emptied first): transformers' return_assistant_tokens_mask spans. A block rendered into
+     * a `{% set %}` capture or a macro's result is not recorded (transformers' tracker sees only
+     * the template's top-level output too). */
+    tkd_jinja_spans *generation;
 } tkd_jinja_render_opts;
+
+/* Whether t holds a `{% generation %}` block (the blocks' text is rendered as if they were not there). */
+int tkd_jinja_has_generation(const tkd_jinja_template *t);
 
 /* Renders t with the context, a JSON object (ctx_len bytes) whose members become the template's
  * variables. opts may be NULL (system clock). On success *out is a malloc'd NUL-terminated string

@@ -616,6 +616,26 @@ static tkd_status tkd_jexec_for(tkd_jrender *r, tkd_jscope *sc, const tkd_jnode 
     return ran ? TKD_OK : tkd_jinja_exec_block(r, ls, &n->alt);
 }
 
+/* The block's body, and where its text landed in the render's output: transformers' AssistantTracker
+ * records (start, end) of what a generation block writes at the top level of the output. */
+static tkd_status tkd_jexec_generation(tkd_jrender *r, tkd_jscope *sc, const tkd_jnode *n)
+{
+    size_t start = r->out->n;
+    TKD_TRY(tkd_jinja_exec_block(r, sc, &n->body));
+    tkd_jinja_spans *g = r->generation;
+    if (!g || r->out != r->root)
+        return TKD_OK;
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 8;
+        tkd_jinja_span *v = realloc(g->v, cap * sizeof *v);
+        if (!v)
+            return tkd_jnomem();
+        g->v = v, g->cap = cap;
+    }
+    g->v[g->n++] = (tkd_jinja_span){start, r->out->n};
+    return TKD_OK;
+}
+
 static tkd_status tkd_jexec(tkd_jrender *r, tkd_jscope *sc, const tkd_jnode *n)
 {
     if (++r->steps > TKD_JINJA_MAX_STEPS || r->out->n > TKD_JINJA_MAX_OUTPUT)
@@ -637,6 +657,7 @@ static tkd_status tkd_jexec(tkd_jrender *r, tkd_jscope *sc, const tkd_jnode *n)
     }
     case TKD_JN_FOR: return tkd_jexec_for(r, sc, n);
     case TKD_JN_SET: return tkd_jexec_set(r, sc, n);
+    case TKD_JN_GENERATION: return tkd_jexec_generation(r, sc, n);
     case TKD_JN_MACRO: {
         tkd_jv *fn = tkd_jv_new(r->a, TKD_JV_FUNC);
         if (!fn)
@@ -686,6 +707,14 @@ tkd_status tkd_jinja_parse(const char *src, size_t len, const char *name, tkd_ji
     return TKD_OK;
 }
 
+int tkd_jinja_has_generation(const tkd_jinja_template *t) { return t->has_generation; }
+
+void tkd_jinja_spans_free(tkd_jinja_spans *s)
+{
+    free(s->v);
+    *s = (tkd_jinja_spans){0};
+}
+
 void tkd_jinja_free(tkd_jinja_template *t)
 {
     if (!t)
@@ -701,7 +730,10 @@ tkd_status tkd_jinja_render(const tkd_jinja_template *t, const char *ctx_json, s
     *out_len = 0;
     tkd_jarena arena = {0};
     tkd_jbuf buf = {0};
-    tkd_jrender r = {.t = t, .a = &arena, .out = &buf, .now = opts && opts->now >= 0 ? opts->now : (long long)time(NULL)};
+    tkd_jrender r = {.t = t, .a = &arena, .out = &buf, .root = &buf, .generation = opts ? opts->generation : NULL,
+                     .now = opts && opts->now >= 0 ? opts->now : (long long)time(NULL)};
+    if (r.generation)
+        r.generation->n = 0;
     tkd_jscope *root = NULL;
     tkd_jv *ctx = NULL;
     tkd_status st = tkd_jv_from_json(&arena, ctx_json, ctx_len, &ctx);

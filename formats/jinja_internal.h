@@ -65,8 +65,8 @@ typedef struct tkd_jtok {
     size_t pos; /* byte offset in the original source (for line:col) */
 } tkd_jtok;
 
-/* The token list of src, after transformers' preprocessing (trim_blocks, lstrip_blocks,
- * {% generation %} markers dropped) and whitespace control; the last token is TKD_JTOK_EOF. */
+/* The token list of src, after transformers' preprocessing (trim_blocks, lstrip_blocks) and
+ * whitespace control; the last token is TKD_JTOK_EOF. */
 tkd_status tkd_jinja_lex(const char *src, size_t len, const char *name, tkd_jarena *a, tkd_jtok **toks,
                          size_t *ntok);
 
@@ -85,6 +85,7 @@ typedef enum tkd_jnode_kind {
     TKD_JN_MACRO,    /* s: name, args: params (ident or kwarg with default), body */
     TKD_JN_BREAK,
     TKD_JN_CONTINUE,
+    TKD_JN_GENERATION, /* body: a {% generation %} block (transformers' assistant-mask marker) */
     /* expressions */
     TKD_JN_STR,     /* s, n */
     TKD_JN_INT,     /* i */
@@ -134,6 +135,7 @@ struct tkd_jinja_template {
     char *src; /* the original text, for line:col */
     size_t len;
     tkd_jnodes body;
+    int has_generation; /* the template holds a {% generation %} block */
 };
 
 tkd_status tkd_jinja_parse_tokens(tkd_jinja_template *t, const tkd_jtok *toks, size_t ntok);
@@ -210,6 +212,8 @@ typedef struct tkd_jrender {
     int ctl;   /* a pending break / continue */
     int depth; /* macro call depth, bounded against runaway recursion */
     long long steps; /* statements run, bounded so that a runaway template stops with an error */
+    tkd_jbuf *root;  /* the render's output; a {% set %} block or macro call writes elsewhere */
+    tkd_jinja_spans *generation; /* where {% generation %} spans go, or NULL */
 } tkd_jrender;
 
 /* An error at node n of the template being rendered. */

@@ -3,8 +3,7 @@
  *   1. one trailing newline of the template is dropped;
  *   2. lstrip_blocks: spaces and tabs before a `{%`, `{#` (or `{-`) that starts a line are dropped;
  *   3. trim_blocks: the newline right after `%}`, `#}` (or `-}`) is dropped;
- *   4. `{% generation %}` / `{% endgeneration %}` markers are removed (transformers' assistant masks);
- *   5. `{%-`, `{{-`, `{#-` strip the whitespace before them, `-%}`, `-}}`, `-#}` the whitespace after.
+ *   4. `{%-`, `{{-`, `{#-` strip the whitespace before them, `-%}`, `-}}`, `-#}` the whitespace after.
  * Each preprocessing pass keeps, for every byte it writes, its offset in the original text, so
  * that errors name the line and column the author sees. */
 #include <ctype.h>
@@ -103,48 +102,6 @@ static void tkd_jlex_trim(const tkd_jsrc *s, tkd_jsrc *d)
     }
 }
 
-/* Length of a `{%-? (end)?generation -?%}` marker at i (0 when none); *l, *r: its '-' flags. */
-static size_t tkd_jlex_generation(const tkd_jsrc *s, size_t i, int *l, int *r)
-{
-    size_t j = i;
-    if (j + 1 >= s->n || s->p[j] != '{' || s->p[j + 1] != '%')
-        return 0;
-    j += 2;
-    *l = j < s->n && s->p[j] == '-';
-    j += (size_t)*l;
-    while (j < s->n && tkd_jlex_space(s->p[j]))
-        j++;
-    if (j + 3 <= s->n && !memcmp(s->p + j, "end", 3))
-        j += 3;
-    if (j + 10 > s->n || memcmp(s->p + j, "generation", 10))
-        return 0;
-    j += 10;
-    while (j < s->n && tkd_jlex_space(s->p[j]))
-        j++;
-    *r = j < s->n && s->p[j] == '-';
-    j += (size_t)*r;
-    if (j + 2 > s->n || s->p[j] != '%' || s->p[j + 1] != '}')
-        return 0;
-    return j + 2 - i;
-}
-
-static void tkd_jlex_drop_generation(const tkd_jsrc *s, tkd_jsrc *d)
-{
-    for (size_t i = 0; i < s->n;) {
-        int l = 0, r = 0;
-        size_t m = tkd_jlex_generation(s, i, &l, &r);
-        if (!m) {
-            tkd_jsrc_push(d, s, i++);
-            continue;
-        }
-        while (l && d->n > 0 && tkd_jlex_space(d->p[d->n - 1]))
-            d->n--;
-        i += m;
-        while (r && i < s->n && tkd_jlex_space(s->p[i]))
-            i++;
-    }
-}
-
 static tkd_status tkd_jlex_preprocess(const char *src, size_t len, tkd_jsrc *out)
 {
     tkd_jsrc a, b;
@@ -163,12 +120,10 @@ static tkd_status tkd_jlex_preprocess(const char *src, size_t len, tkd_jsrc *out
     tkd_jlex_lstrip(&a, &b);
     a.n = 0;
     tkd_jlex_trim(&b, &a);
-    b.n = 0;
-    tkd_jlex_drop_generation(&a, &b);
-    tkd_jsrc_free(&a);
-    b.p[b.n] = 0;
-    b.at[b.n] = len;
-    *out = b;
+    tkd_jsrc_free(&b);
+    a.p[a.n] = 0;
+    a.at[a.n] = len;
+    *out = a;
     return TKD_OK;
 }
 

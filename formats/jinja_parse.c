@@ -635,6 +635,17 @@ static tkd_status tkd_jp_macro(tkd_jparser *P, const tkd_jtok *kw, tkd_jnode **o
     return tkd_jp_close(P, "endmacro");
 }
 
+/* {% generation %}...{% endgeneration %}: transformers' block marking what the assistant writes. */
+static tkd_status tkd_jp_generation(tkd_jparser *P, const tkd_jtok *kw, tkd_jnode **out)
+{
+    static const char *const end[] = {"endgeneration", NULL};
+    TKD_TRY(tkd_jp_node(P, TKD_JN_GENERATION, kw, out));
+    TKD_TRY(tkd_jp_expect(P, TKD_JTOK_CLOSE_STMT, "'%}'"));
+    TKD_TRY(tkd_jp_body(P, kw, end, &(*out)->body));
+    P->t->has_generation = 1;
+    return tkd_jp_close(P, "endgeneration");
+}
+
 static tkd_status tkd_jp_statement(tkd_jparser *P, tkd_jnode **out)
 {
     P->i++; /* {% */
@@ -650,11 +661,14 @@ static tkd_status tkd_jp_statement(tkd_jparser *P, tkd_jnode **out)
         return tkd_jp_set(P, kw, out);
     if (!strcmp(kw->s, "macro"))
         return tkd_jp_macro(P, kw, out);
+    if (!strcmp(kw->s, "generation"))
+        return tkd_jp_generation(P, kw, out);
     if (!strcmp(kw->s, "break") || !strcmp(kw->s, "continue")) {
         TKD_TRY(tkd_jp_node(P, kw->s[0] == 'b' ? TKD_JN_BREAK : TKD_JN_CONTINUE, kw, out));
         return tkd_jp_expect(P, TKD_JTOK_CLOSE_STMT, "'%}'");
     }
-    static const char *const closers[] = {"endif", "endfor", "endset", "endmacro", "elif", "else", NULL};
+    static const char *const closers[] = {"endif",  "endfor", "endset",        "endmacro",
+                                          "elif",   "else",   "endgeneration", NULL};
     for (const char *const *c = closers; *c; c++)
         if (!strcmp(kw->s, *c))
             return tkd_jp_err(P, TKD_ERR_FORMAT, kw, "unexpected '%s' (nothing open to close)", kw->s);

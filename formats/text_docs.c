@@ -276,6 +276,11 @@ static tkd_status parse_record(const char *path, int64_t line, const char *rec, 
     return st;
 }
 
+tkd_status tkd_text_jsonl_parse(const char *path, int64_t line, const char *rec, size_t len, json_t **out)
+{
+    return parse_record(path, line, rec, len, out);
+}
+
 tkd_status tkd_text_jsonl_field(const char *path, int64_t line, const char *rec, size_t len, const char *field,
                                 char **text, size_t *tlen)
 {

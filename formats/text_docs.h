@@ -56,6 +56,12 @@ uint64_t tkd_text_reader_offset(const tkd_text_reader *r);
 tkd_status tkd_text_jsonl_field(const char *path, int64_t line, const char *rec, size_t len, const char *field,
                                 char **text, size_t *tlen);
 
+/* The JSON value of one JSON Lines record rec[0, len) of path (starting at line), read as strictly as
+ * tkd_text_jsonl_field reads it (same messages). *out is a Jansson json_t the caller releases with
+ * json_decref (declared here without Jansson's header: struct json_t). Thread-safe. */
+struct json_t;
+tkd_status tkd_text_jsonl_parse(const char *path, int64_t line, const char *rec, size_t len, struct json_t **out);
+
 /* The one escape rule of a document separator, for both tokenize's --doc-separator and the dump's
  * data.doc_separator (so that one text gives one dataset): s with \n, \t, \r and \\ replaced by
  * newline, tab, CR and a backslash -> *out (malloc'd; the caller frees it). Any other backslash

@@ -114,18 +114,44 @@ tkd_status tkd_tokens_map_path(const char *path, const char *what, void **map, s
     return st;
 }
 
+void tkd_tokens_unmap(void *map, size_t len)
+{
+    if (map)
+        munmap(map, len);
+}
+
 void tkd_tokens_release_file(tok_file *f)
 {
-    if (f->map)
-        munmap(f->map, f->map_len);
-    if (f->idx_map)
-        munmap(f->idx_map, f->idx_len);
+    tkd_tokens_unmap(f->map, f->map_len);
+    tkd_tokens_unmap(f->idx_map, f->idx_len);
+    tkd_tokens_flags_release(f);
     free(f->path);
 }
 
-/* Appends f (its tokens mapped and checked) to ds as path; on failure f is released. */
-tkd_status tkd_tokens_add_file(tkd_tokens *ds, tok_file *f, const char *path)
+/* flags_base + ".flags.npy" (malloc'd): the name of the flags sidecar of a token file. */
+static tkd_status flags_name(const char *flags_base, char **out)
 {
+    size_t n = strlen(flags_base);
+    if (!(*out = malloc(n + sizeof ".flags.npy")))
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", flags_base);
+    memcpy(*out, flags_base, n);
+    memcpy(*out + n, ".flags.npy", sizeof ".flags.npy");
+    return TKD_OK;
+}
+
+/* Appends f (its tokens mapped and checked) to ds as path, with its flags sidecar
+ * flags_base.flags.npy when that exists; on failure f is released. */
+tkd_status tkd_tokens_add_file(tkd_tokens *ds, tok_file *f, const char *path, const char *flags_base)
+{
+    char *fp = NULL;
+    tkd_status st = flags_name(flags_base, &fp);
+    if (st == TKD_OK)
+        st = tkd_tokens_flags_attach(f, path, fp);
+    free(fp);
+    if (st != TKD_OK) {
+        tkd_tokens_release_file(f);
+        return st;
+    }
     tok_file *files = realloc(ds->files, (size_t)(ds->nfiles + 1) * sizeof *files);
     if (files)
         ds->files = files;
@@ -137,7 +163,7 @@ tkd_status tkd_tokens_add_file(tkd_tokens *ds, tok_file *f, const char *path)
     f->doc0 = ds->ndocs;
     ds->files[ds->nfiles++] = *f;
     ds->count += f->count;
-    ds->ndocs += f->mm.doc_idx ? f->mm.num_documents : 0;
+    ds->ndocs += tkd_tokens_file_ndocs(f);
     return TKD_OK;
 }
 
@@ -174,7 +200,7 @@ static tkd_status load_file(tkd_tokens *ds, const char *path)
         tkd_tokens_release_file(&f);
         return st;
     }
-    return tkd_tokens_add_file(ds, &f, path);
+    return tkd_tokens_add_file(ds, &f, path, path);
 }
 
 static tkd_status load_path(tkd_tokens *ds, const char *path)
@@ -234,8 +260,8 @@ static tkd_status load_spec(tkd_tokens *ds, const char *spec)
     char *skip = calloc(g.gl_pathc, 1);
     tkd_status st = skip ? mark_idx_with_bin(g.gl_pathv, g.gl_pathc, skip)
                          : tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", spec);
-    for (size_t i = 0; i < g.gl_pathc && st == TKD_OK; i++)
-        if (!skip[i])
+    for (size_t i = 0; i < g.gl_pathc && st == TKD_OK; i++) /* a sidecar is read with its token file */
+        if (!skip[i] && !tkd_tokens_has_suffix(g.gl_pathv[i], ".flags.npy"))
             st = load_path(ds, g.gl_pathv[i]);
     free(skip);
     globfree(&g);
@@ -250,11 +276,14 @@ tkd_status tkd_tokens_open_list(const char *const *specs, int nspecs, tkd_tokens
     tkd_tokens *ds = calloc(1, sizeof *ds);
     if (!ds)
         return tkd_error_set(TKD_ERR_NOMEM, "token dataset: out of memory");
+    ds->ntrained = -1; /* no flags until tkd_tokens_flags_check_list has seen every file */
     tkd_status st = TKD_OK;
     for (int i = 0; i < nspecs && st == TKD_OK; i++)
         st = load_spec(ds, specs[i]);
     if (st == TKD_OK && ds->count == 0)
         st = tkd_error_set(TKD_ERR_FORMAT, "%s%s: the dataset holds no tokens", specs[0], nspecs > 1 ? " ..." : "");
+    if (st == TKD_OK)
+        st = tkd_tokens_flags_check_list(ds);
     if (st != TKD_OK) {
         tkd_tokens_free(ds);
         return st;
@@ -306,13 +335,13 @@ static int last_file_from(const tkd_tokens *ds, int64_t v, int by_doc)
 }
 
 /* The file holding global offset g in [0, count). */
-static int file_at(const tkd_tokens *ds, int64_t g) { return last_file_from(ds, g, 0); }
+int tkd_tokens_file_at(const tkd_tokens *ds, int64_t g) { return last_file_from(ds, g, 0); }
 
 const char *tkd_tokens_locate(const tkd_tokens *ds, int64_t global, int64_t *local)
 {
     if (global < 0 || global >= ds->count)
         return NULL;
-    const tok_file *f = &ds->files[file_at(ds, global)];
+    const tok_file *f = &ds->files[tkd_tokens_file_at(ds, global)];
     if (local)
         *local = global - f->first;
     return f->path;
@@ -323,7 +352,7 @@ tkd_status tkd_tokens_read(const tkd_tokens *ds, int64_t first, int64_t n, int32
     if (first < 0 || n < 0 || first > ds->count - n)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tokens [%lld, %lld + %lld) are not inside the stream of %lld",
                              (long long)first, (long long)first, (long long)n, (long long)ds->count);
-    for (int i = n > 0 ? file_at(ds, first) : ds->nfiles; n > 0; i++) {
+    for (int i = n > 0 ? tkd_tokens_file_at(ds, first) : ds->nfiles; n > 0; i++) {
         const tok_file *f = &ds->files[i];
         int64_t local = first - f->first, m = f->count - local < n ? f->count - local : n;
         if (m <= 0)
@@ -354,17 +383,17 @@ int64_t tkd_tokens_doc_start(const tkd_tokens *ds, int64_t d)
     if (d < 0 || d >= ds->ndocs)
         return -1;
     const tok_file *f = &ds->files[last_file_from(ds, d, 1)];
-    return f->first + tkd_tokens_mm_doc_start(&f->mm, d - f->doc0);
+    return f->first + tkd_tokens_file_doc_start(f, d - f->doc0);
 }
 
 /* The document of f holding token local (f records documents): the last one starting at or before
  * it, which skips the empty documents starting at the same place. */
 static int64_t doc_of(const tok_file *f, int64_t local)
 {
-    int64_t lo = 0, hi = f->mm.num_documents - 1;
+    int64_t lo = 0, hi = tkd_tokens_file_ndocs(f) - 1;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo + 1) / 2;
-        if (tkd_tokens_mm_doc_start(&f->mm, mid) <= local)
+        if (tkd_tokens_file_doc_start(f, mid) <= local)
             lo = mid;
         else
             hi = mid - 1;
@@ -375,7 +404,7 @@ static int64_t doc_of(const tok_file *f, int64_t local)
 static tkd_status vocab_error(const tok_file *f, int64_t local, int32_t t, int vocab)
 {
     char doc[48] = "";
-    if (f->mm.doc_idx && f->mm.num_documents > 0)
+    if (tkd_tokens_file_ndocs(f) > 0 && tkd_tokens_file_doc_start(f, 0) <= local)
         snprintf(doc, sizeof doc, " (document %lld)", (long long)doc_of(f, local));
     return tkd_error_set(TKD_ERR_MISMATCH,
                          "%s: token offset %lld%s: id %d is outside the vocabulary [0, %d): the data was tokenized "
@@ -459,6 +488,8 @@ tkd_status tkd_tokens_window(const tkd_tokens *ds, int seq_len, int stride, int 
         if (labels)
             labels[j] = real ? tokens[j + 1] : TKD_TOKENS_IGNORE_LABEL;
     }
+    if (tkd_tokens_has_flags(ds)) /* only the trained targets are labels: label j is token start + j + 1 */
+        valid = (int)tkd_tokens_mask_labels(ds, start + 1, valid, labels);
     if (n_valid)
         *n_valid = valid;
     return TKD_OK;

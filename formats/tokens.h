@@ -26,22 +26,35 @@
  * Documents: the stream is the concatenation of all tokens, and windows cut across document
  * boundaries for every format (as llm.c and Megatron's GPT dataset do): documents are told apart
  * inside the stream by the BOS/EOS token the tokenizer wrote. A Megatron index also records where
- * each document starts; those boundaries are kept (tkd_tokens_num_docs / tkd_tokens_doc_start)
- * and a message about a token names its document.
+ * each document starts, and so do flags sidecars (below); those boundaries are kept
+ * (tkd_tokens_num_docs / tkd_tokens_doc_start) and a message about a token names its document.
+ *
+ * Flags: a token file F may have a sidecar F.flags.npy (a Megatron dataset PREFIX.flags.npy): a
+ * NumPy 1-D uint8 array of one byte per token of F. Bit 0 (TKD_TOKENS_FLAG_TRAINED): the token is a
+ * trained target, i.e. the label of the position before it; bit 1 (TKD_TOKENS_FLAG_DOC_START): the
+ * token starts a document; bits 2-7 are reserved and refused. Every file of a list has one or none
+ * does; a sidecar's length must equal its file's token count. A glob's matches named *.flags.npy
+ * are sidecars, never token files of their own ("data_*.npy" takes data_0.npy with its sidecar). When flags exist, their document
+ * starts are the dataset's documents (tkd_tokens_num_docs / tkd_tokens_doc_start), and windows label
+ * only the trained targets (below). `teacher-dump tokenize --chat` writes them.
  *
  * Windows: window i covers tokens [i*stride, i*stride + seq_len + 1): inputs are its first seq_len
  * tokens, labels the last seq_len. The last partial window is either dropped or padded with token 0
- * whose labels are TKD_TOKENS_IGNORE_LABEL (-100).
+ * whose labels are TKD_TOKENS_IGNORE_LABEL (-100). With flags, a label whose token is not a trained
+ * target is -100 too.
  */
 #ifndef TKD_TOKENS_H
 #define TKD_TOKENS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
 
 #define TKD_TOKENS_IGNORE_LABEL (-100)
+#define TKD_TOKENS_FLAG_TRAINED 1u   /* flags bit 0: the token is a trained target */
+#define TKD_TOKENS_FLAG_DOC_START 2u /* flags bit 1: the token starts a document */
 #define TKD_TOKENS_MAGIC_U16 20240520
 #define TKD_TOKENS_MAGIC_U32 20240801
 #define TKD_TOKENS_VERSION_U16 1 /* llm.c's GPT-2 header */
@@ -77,8 +90,23 @@ const char *tkd_tokens_file(const tkd_tokens *ds, int i, int64_t *first, int64_t
 /* Maps a global token offset to (file path, offset within that file); NULL when out of range. */
 const char *tkd_tokens_locate(const tkd_tokens *ds, int64_t global, int64_t *local);
 
-/* Documents the files record (today: Megatron indexes; llm.c and .npy files record none), in
- * stream order. Document d starts at global token offset tkd_tokens_doc_start(ds, d) and ends where
+/* Whether the files have flags sidecars (all of them do, or none). */
+bool tkd_tokens_has_flags(const tkd_tokens *ds);
+
+/* Copies the flags of tokens [first, first + n) of the stream into out. TKD_ERR_INVALID_ARG when the
+ * dataset has no flags or the range is not inside the stream. */
+tkd_status tkd_tokens_read_flags(const tkd_tokens *ds, int64_t first, int64_t n, uint8_t *out /* (n) */);
+
+/* The number of tokens whose flag bit 0 (trained) is set, counted when the dataset opened; -1 without
+ * flags. Divided by tkd_tokens_count: the fraction of positions trained. */
+int64_t tkd_tokens_num_trained(const tkd_tokens *ds);
+
+/* "flags: 1234 of 5678 tokens are trained targets (21.7 %), 12 documents" into buf (what the tools
+ * print once at start); returns 0 and writes nothing when the dataset has no flags. */
+size_t tkd_tokens_trained_summary(const tkd_tokens *ds, char *buf, size_t cap);
+
+/* Documents the files record (flags sidecars' bit 1 when the files have them; else Megatron
+ * indexes; llm.c and .npy files without flags record none), in stream order. Document d starts at global token offset tkd_tokens_doc_start(ds, d) and ends where
  * the next one starts, or at the end of its file; an empty document starts where the next one does.
  * doc_start returns -1 when d is not in [0, num_docs). */
 int64_t tkd_tokens_num_docs(const tkd_tokens *ds);
@@ -94,8 +122,9 @@ tkd_status tkd_tokens_check_vocab(const tkd_tokens *ds, int vocab);
 int64_t tkd_tokens_num_windows(const tkd_tokens *ds, int seq_len, int stride, int pad_tail);
 
 /* Fills window i: tokens (seq_len + 1) and labels (seq_len, labels[j] = tokens[j + 1], or -100
- * where that position is padding). Padding tokens are 0. labels may be NULL. Returns the number of
- * real labels through *n_valid when non-NULL. TKD_ERR_INVALID_ARG when i is out of range. */
+ * where that position is padding or, with flags, where tokens[j + 1] is not a trained target).
+ * Padding tokens are 0. labels may be NULL. Returns the number of labels that are not -100 through
+ * *n_valid when non-NULL. TKD_ERR_INVALID_ARG when i is out of range. */
 tkd_status tkd_tokens_window(const tkd_tokens *ds, int seq_len, int stride, int pad_tail, int64_t i,
                              int32_t *tokens /* (seq_len + 1) */, int32_t *labels /* (seq_len) */, int *n_valid);
 

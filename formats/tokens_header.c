@@ -143,7 +143,18 @@ static tkd_status npy_parse_dict(const char *path, const char *h, npy_dict *d)
     return *p ? npy_bad_dict(path, h, p, "text after the closing '}'") : TKD_OK;
 }
 
-static tkd_status npy_dtype(const char *path, const char *p, tok_kind *kind)
+/* One dtype a reader takes: its descr as numpy writes it, and the kind it reads as. */
+typedef struct npy_descr {
+    const char *descr;
+    tok_kind kind;
+} npy_descr;
+
+static const npy_descr NPY_TOKENS[] = {{"<i4", TOK_I32}, {"<u2", TOK_U16}, {"<u4", TOK_U32}, {"<i8", TOK_I64}};
+static const npy_descr NPY_FLAGS[] = {{"|u1", TOK_U8}, {"<u1", TOK_U8}}; /* numpy writes '|u1' for uint8 */
+
+/* The 'descr' value p among ok[0, nok); what names them in the message. */
+static tkd_status npy_dtype(const char *path, const char *p, const npy_descr *ok, size_t nok, const char *what,
+                            tok_kind *kind)
 {
     if (!p)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has no 'descr' entry", path);
@@ -153,18 +164,13 @@ static tkd_status npy_dtype(const char *path, const char *p, tok_kind *kind)
         if (e && e - p - 1 < (ptrdiff_t)sizeof d)
             memcpy(d, p + 1, (size_t)(e - p - 1));
     }
-    static const struct { const char *descr; tok_kind kind; } ok[] = {
-        {"<i4", TOK_I32}, {"<u2", TOK_U16}, {"<u4", TOK_U32}, {"<i8", TOK_I64},
-    };
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+    for (size_t i = 0; i < nok; i++)
         if (strcmp(d, ok[i].descr) == 0) {
             *kind = ok[i].kind;
             return TKD_OK;
         }
-    return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                         "%s: npy dtype '%s' is not supported for tokens (int32 <i4, uint16 <u2, uint32 <u4, "
-                         "int64 <i8)",
-                         path, *d ? d : "(structured or unreadable)");
+    return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: npy dtype '%s' is not supported for %s", path,
+                         *d ? d : "(structured or unreadable)", what);
 }
 
 static tkd_status npy_fortran(const char *path, const char *p)
@@ -179,8 +185,8 @@ static tkd_status npy_fortran(const char *path, const char *p)
     return tkd_error_set(TKD_ERR_FORMAT, "%s: npy 'fortran_order' is neither True nor False", path);
 }
 
-/* p: the 'shape' value, a tuple whose end npy_value_end has checked. */
-static tkd_status npy_shape(const char *path, const char *p, int64_t *count)
+/* p: the 'shape' value, a tuple whose end npy_value_end has checked, of 1 to max_nd dimensions. */
+static tkd_status npy_shape(const char *path, const char *p, int max_nd, int64_t *count)
 {
     if (!p || *p != '(')
         return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header has no 'shape' tuple", path);
@@ -203,24 +209,39 @@ static tkd_status npy_shape(const char *path, const char *p, int64_t *count)
         nd++;
         p = e;
     }
-    if (nd < 1 || nd > 2)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: npy array has %d dimensions; tokens must be 1-D or 2-D",
-                             path, nd);
+    if (nd < 1 || nd > max_nd)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: npy array has %d dimensions; %s", path, nd,
+                             max_nd == 1 ? "a flags sidecar is 1-D" : "tokens must be 1-D or 2-D");
     *count = n;
     return TKD_OK;
 }
 
-/* The dict text h of an .npy header: the token kind and count it describes. */
-static tkd_status npy_parse_header(const char *path, const char *h, tok_kind *kind, int64_t *count)
+/* What an .npy header must say for one kind of array: its dtypes and its dimensions. */
+typedef struct npy_want {
+    const npy_descr *ok;
+    size_t nok;
+    const char *what; /* "tokens (int32 <i4, ...)" */
+    int max_nd;
+} npy_want;
+
+static const npy_want WANT_TOKENS = {NPY_TOKENS, 4, "tokens (int32 <i4, uint16 <u2, uint32 <u4, int64 <i8)", 2};
+static const npy_want WANT_FLAGS = {NPY_FLAGS, 2, "a flags sidecar (uint8 |u1)", 1};
+
+/* The dict text h of an .npy header: the kind and count it describes. */
+static tkd_status npy_parse_header(const char *path, const char *h, const npy_want *w, tok_kind *kind,
+                                   int64_t *count)
 {
     npy_dict d;
     TKD_TRY(npy_parse_dict(path, h, &d));
-    TKD_TRY(npy_dtype(path, d.descr, kind));
+    TKD_TRY(npy_dtype(path, d.descr, w->ok, w->nok, w->what, kind));
     TKD_TRY(npy_fortran(path, d.fortran_order));
-    return npy_shape(path, d.shape, count);
+    return npy_shape(path, d.shape, w->max_nd, count);
 }
 
-tkd_status tkd_tokens_npy_header(FILE *fp, const char *path, uint64_t size, tok_kind *kind, int64_t *count)
+/* Reads and checks the header of the .npy file fp (size bytes): *start is where its data begins,
+ * which holds exactly *count elements. */
+static tkd_status npy_header(FILE *fp, const char *path, uint64_t size, const npy_want *w, tok_kind *kind,
+                             int64_t *count, uint64_t *start)
 {
     uint8_t pre[12];
     size_t got = fread(pre, 1, sizeof pre, fp);
@@ -236,8 +257,8 @@ tkd_status tkd_tokens_npy_header(FILE *fp, const char *path, uint64_t size, tok_
     uint64_t hl = pre[8] | (uint64_t)pre[9] << 8;
     if (lensz == 4)
         hl |= (uint64_t)pre[10] << 16 | (uint64_t)pre[11] << 24;
-    uint64_t start = 8 + lensz + hl;
-    if (start > size || hl > NPY_MAX_HEADER)
+    *start = 8 + lensz + hl;
+    if (*start > size || hl > NPY_MAX_HEADER)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: npy header runs past the end of the file (%llu header bytes)",
                              path, (unsigned long long)hl);
     char *h = malloc(hl + 1);
@@ -248,10 +269,20 @@ tkd_status tkd_tokens_npy_header(FILE *fp, const char *path, uint64_t size, tok_
         return tkd_error_set(TKD_ERR_IO, "%s: cannot read the npy header", path);
     }
     h[hl] = '\0';
-    tkd_status st = npy_parse_header(path, h, kind, count);
+    tkd_status st = npy_parse_header(path, h, w, kind, count);
     free(h);
     TKD_TRY(st);
-    return tkd_tokens_check_payload(path, *count, tkd_tokens_kind_size(*kind), size - start);
+    return tkd_tokens_check_payload(path, *count, tkd_tokens_kind_size(*kind), size - *start);
 }
 
-/* Appends one llm.c or .npy file to ds, mapped; it is recorded in ds->files only when whole. */
+tkd_status tkd_tokens_npy_header(FILE *fp, const char *path, uint64_t size, tok_kind *kind, int64_t *count)
+{
+    uint64_t start;
+    return npy_header(fp, path, size, &WANT_TOKENS, kind, count, &start);
+}
+
+tkd_status tkd_tokens_npy_flags_header(FILE *fp, const char *path, uint64_t size, int64_t *count, uint64_t *start)
+{
+    tok_kind kind;
+    return npy_header(fp, path, size, &WANT_FLAGS, &kind, count, start);
+}

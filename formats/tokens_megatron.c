@@ -182,7 +182,7 @@ tkd_status tkd_tokens_load_megatron(tkd_tokens *ds, const char *prefix)
         st = tkd_tokens_check_fit(&f, bp);
     }
     if (st == TKD_OK)
-        st = tkd_tokens_add_file(ds, &f, bp);
+        st = tkd_tokens_add_file(ds, &f, bp, prefix);
     else
         tkd_tokens_release_file(&f);
     free(ip);

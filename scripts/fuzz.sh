@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 cc=${CC_FUZZ:-clang}
 out=build-fuzz
 jobs=$(nproc 2>/dev/null || echo 2)
-targets=(safetensors yaml_config hf_config tokens megatron manifest shard jsonl tokenizer_json tokenizer_config jinja)
+targets=(safetensors yaml_config hf_config tokens flags megatron manifest shard jsonl tokenizer_json tokenizer_config jinja)
 if [ $# -gt 0 ]; then
   targets=("$1")
   shift
@@ -49,7 +49,7 @@ while [ "$(jobs -pr | wc -l)" -gt 0 ]; do wait -n; done
 runs_of() {
   case $1 in
     safetensors) echo 300000 ;; hf_config) echo 60000 ;; manifest) echo 100000 ;;
-    tokens) echo 30000 ;; megatron) echo 100000 ;; yaml_config) echo 1500 ;; shard) echo 1000 ;;
+    tokens) echo 30000 ;; flags) echo 30000 ;; megatron) echo 100000 ;; yaml_config) echo 1500 ;; shard) echo 1000 ;;
     jsonl) echo 400000 ;;
     tokenizer_json) echo 3000 ;; tokenizer_config) echo 3000 ;; jinja) echo 10000 ;;
   esac
@@ -62,13 +62,14 @@ seeds() {
     yaml_config) ls configs/*.yaml configs/ablations/*.yaml tests/data/broken/cfg_* ;;
     hf_config) ls tests/data/hf/*.json tests/fixtures/hf/*/config.json tests/data/broken/hf_* ;;
     tokens) ls tests/fuzz/corpus/valid_tokens.* tests/data/broken/tok_* ;;
+    flags) ls tests/fuzz/corpus/valid_flags.npy tests/data/broken/tok_flags_*.flags.npy ;;
     megatron) ls tests/data/broken/tok_mm_*.idx ;;
     manifest) ls tests/fuzz/corpus/manifest.yaml tests/data/broken/man_* ;;
     shard) ls tests/fuzz/corpus/*.recipe ;;
     jsonl) ls tests/fuzz/corpus/jsonl/* ;;
     tokenizer_json) ls tests/fuzz/corpus/tokenizer/*.json ;;
     tokenizer_config) ls tests/fuzz/corpus/tokenizer_config/*.json ;;
-    jinja) ls tests/data/chat_templates/*.jinja ;;
+    jinja) ls tests/data/chat_templates/*.jinja tests/data/chat/*.jinja ;;
   esac
 }
 

@@ -125,6 +125,9 @@ static tkd_status open_token_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
     tr->k_use = 0;
     tr->S = 0;
     TKD_TRY(tkd_tokens_open_list((const char *const *)c->tokens.items, (int)c->tokens.n, &tr->tokens));
+    char trained[160];
+    if (tkd_tokens_trained_summary(tr->tokens, trained, sizeof trained))
+        tkd_log_info("data.tokens: %s", trained);
     int64_t n = tkd_tokens_num_windows(tr->tokens, tr->T, tr->T, 1);
     if (c->val_tokens.n > 0) {
         TKD_TRY(tkd_tokens_open_list((const char *const *)c->val_tokens.items, (int)c->val_tokens.n,

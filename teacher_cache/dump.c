@@ -242,7 +242,9 @@ static tkd_status buffers_alloc(dump_buffers *b, int B, int T)
     return TKD_OK;
 }
 
-/* Windows [s, s + nb) into the batch's /tokens (padding labels become -100) and the inputs. */
+/* Windows [s, s + nb) into the batch's /tokens (padding becomes -100) and the inputs. buf->labels
+ * holds the window's labels, -100 also where a flags sidecar says the target is not trained; the
+ * /tokens keep those tokens, since they are the next position's input. */
 static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, int64_t s, int nb,
                               tkd_cache_batch *b, dump_buffers *buf)
 {
@@ -252,9 +254,9 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
         TKD_TRY(tkd_tokens_window(ds, T, cfg->stride, cfg->last_window == TKD_DUMP_LAST_WINDOW_PAD, s + j,
                                   tok, buf->labels, NULL));
         memcpy(buf->inputs + (size_t)j * (size_t)T, tok, (size_t)T * sizeof *tok);
-        for (int t = 0; t < T; t++)
-            if (buf->labels[t] == TKD_TOKENS_IGNORE_LABEL)
-                tok[t + 1] = TKD_TOKENS_IGNORE_LABEL;
+        int64_t left = tkd_tokens_count(ds) - (s + j) * cfg->stride - 1; /* labels before the padding */
+        for (int t = left > 0 ? (int)(left < T ? left : T) : 0; t < T; t++)
+            tok[t + 1] = TKD_TOKENS_IGNORE_LABEL;
         b->seq_index[j] = s + j;
     }
     b->num_seq = nb;
@@ -457,6 +459,9 @@ static tkd_status load_inputs(dump_ctx *c)
     }
     TKD_TRY(check_compute_args(c));
     TKD_TRY(tkd_dump_open_dataset(cfg, c->model->cfg.vocab_size, &c->ds));
+    char trained[160];
+    if (tkd_tokens_trained_summary(c->ds, trained, sizeof trained))
+        tkd_log_info("teacher-dump: data: %s", trained);
     st = tkd_tokens_check_vocab(c->ds, c->model->cfg.vocab_size);
     if (st != TKD_OK)
         return tkd_error_hint(st, "use the tokenizer of teacher %s (vocab %d)", cfg->teacher_path,

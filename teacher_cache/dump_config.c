@@ -2,15 +2,19 @@
 #include "teacher_cache/dump_config.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "common/dist.h"
 #include "formats/cache_shard.h"
 #include "formats/text_docs.h"
 
 static const char *const last_window_names[] = {"drop", "pad", NULL};
+static const char *const data_format_names[] = {"auto", "text", "jsonl", "chat", NULL}; /* tkd_dump_data_format */
 /* Same order as tkd_cache_dtype, so the enum index is the dtype. */
 static const char *const dtype_names[] = {"half", "bfloat16", "float32", NULL};
 
@@ -29,6 +33,15 @@ static const tkd_config_field dump_fields[] = {
     TKD_CFG_STRING(C, data_doc_separator, "data.doc_separator", "",
                    "with data.tokenizer: text files are cut into documents at this string (\\n, \\t, \\r, \\\\ read as "
                    "tokenize --doc-separator reads them); empty = one per file."),
+    TKD_CFG_ENUM(C, data_format, "data.format", "auto", data_format_names,
+                 "with data.tokenizer: auto (.jsonl/.ndjson are JSON Lines, other files text), text, jsonl, or "
+                 "chat (JSON Lines conversations through the chat template, only assistant tokens trained; "
+                 "as tokenize --chat)."),
+    TKD_CFG_STRING(C, data_chat_template, "data.chat_template", "",
+                   "with data.format: chat: this Jinja file instead of the tokenizer's chat template."),
+    TKD_CFG_STRING(C, data_chat_kwargs, "data.chat_kwargs", "",
+                   "with data.format: chat: a JSON object added to the template's variables, e.g. "
+                   "{\"enable_thinking\": false}."),
     TKD_CFG_INT(C, seq_len, "data.seq_len", "256", 1, 1 << 20,
                 "positions per sequence; a window holds seq_len + 1 tokens (inputs + next-token labels)."),
     TKD_CFG_INT(C, stride, "data.stride", "0", 0, 1 << 30,
@@ -107,6 +120,28 @@ static tkd_status resolve_shard_sequences(tkd_dump_config *cfg)
     return TKD_OK;
 }
 
+static bool set(const char *s) { return s && *s; }
+
+/* data.format and the chat keys only mean something when data.tokenizer tokenizes data.paths. */
+static tkd_status check_data_format(const tkd_dump_config *cfg)
+{
+    bool chat = cfg->data_format == TKD_DUMP_DATA_FORMAT_CHAT;
+    if (!set(cfg->data_tokenizer) && cfg->data_format != TKD_DUMP_DATA_FORMAT_AUTO)
+        return tkd_error_set(TKD_ERR_CONFIG, "data.format: %s needs data.tokenizer (data.paths are token files "
+                             "without it)", data_format_names[cfg->data_format]);
+    if (!chat && (set(cfg->data_chat_template) || set(cfg->data_chat_kwargs)))
+        return tkd_error_set(TKD_ERR_CONFIG, "%s: set, but data.format is not chat",
+                             set(cfg->data_chat_template) ? "data.chat_template" : "data.chat_kwargs");
+    if (!set(cfg->data_chat_kwargs)) /* checked here, before a teacher is loaded; tokenizing reads it again */
+        return TKD_OK;
+    cJSON *k = cJSON_Parse(cfg->data_chat_kwargs);
+    bool object = cJSON_IsObject(k);
+    cJSON_Delete(k);
+    return object ? TKD_OK
+                  : tkd_error_set(TKD_ERR_CONFIG, "data.chat_kwargs: '%.200s' is not a JSON object (e.g. "
+                                  "'{\"enable_thinking\": false}', quoted in YAML)", cfg->data_chat_kwargs);
+}
+
 tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *))
 {
     if (!getenv_fn)
@@ -133,6 +168,7 @@ tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_f
         return tkd_error_set(TKD_ERR_CONFIG,
                              "workers.index: %d is not below workers.count %d — indices run 0..count-1",
                              cfg->worker_index, cfg->worker_count);
+    TKD_TRY(check_data_format(cfg));
     char *sep = NULL; /* checked here, before a teacher is loaded; the dataset reads it again */
     tkd_status st = tkd_dump_doc_separator(cfg, &sep);
     free(sep);

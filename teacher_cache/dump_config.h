@@ -24,12 +24,23 @@ typedef enum tkd_dump_last_window {
     TKD_DUMP_LAST_WINDOW_PAD = 1,  /* ... or padded (its padding labels are -100 in /tokens) */
 } tkd_dump_last_window;
 
+/* data.format: how data.tokenizer reads data.paths (tokenize's --format, and --chat). */
+typedef enum tkd_dump_data_format {
+    TKD_DUMP_DATA_FORMAT_AUTO = 0,  /* .jsonl / .ndjson are JSON Lines, other files text */
+    TKD_DUMP_DATA_FORMAT_TEXT = 1,
+    TKD_DUMP_DATA_FORMAT_JSONL = 2,
+    TKD_DUMP_DATA_FORMAT_CHAT = 3,  /* JSON Lines conversations through the chat template, with flags */
+} tkd_dump_data_format;
+
 typedef struct tkd_dump_config {
     char *teacher_path;        /* teacher.path: HF checkpoint directory */
     tkd_strlist data_paths;    /* data.paths: files or globs, concatenated in order */
     char *data_tokenizer;      /* data.tokenizer: "" = data_paths are token files; else they are text */
     char *data_text_field;     /* data.text_field: the JSON Lines field holding the text */
     char *data_doc_separator;  /* data.doc_separator: "" = one document per text file */
+    int data_format;           /* data.format: tkd_dump_data_format */
+    char *data_chat_template;  /* data.chat_template: "" = the tokenizer's own */
+    char *data_chat_kwargs;    /* data.chat_kwargs: "" or a JSON object for the template */
     int seq_len;               /* data.seq_len */
     int stride;                /* data.stride; 0 = seq_len (resolved by tkd_dump_config_finalize) */
     int last_window;           /* data.last_window: tkd_dump_last_window */
@@ -66,7 +77,9 @@ extern const tkd_config_schema tkd_dump_schema;
  *   printed config loads back the same); with shard_sequences also set it is an error naming both;
  *   shard_sequences 0 without it becomes 1024;
  * - required keys (teacher.path, data.paths, output.dir) are set; index < count;
- * - data.doc_separator's escapes are ones tokenize's --doc-separator knows (tkd_dump_doc_separator).
+ * - data.doc_separator's escapes are ones tokenize's --doc-separator knows (tkd_dump_doc_separator);
+ * - data.format (other than auto), data.chat_template and data.chat_kwargs need data.tokenizer, and
+ *   the chat keys need data.format: chat.
  * TKD_ERR_CONFIG with "key: what — what to do". getenv_fn NULL means getenv (tests pass their own). */
 tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_fn)(const char *));
 

@@ -42,7 +42,15 @@ static tkd_status tokenize_to(const tkd_dump_config *cfg, int64_t vocab, const c
         .vocab_limit = vocab,
         .no_lock = true, /* a directory of its own (mkdtemp), removed after: no lock file to leave there */
         .field = cfg->data_text_field && *cfg->data_text_field ? cfg->data_text_field : "text",
+        .chat = cfg->data_format == TKD_DUMP_DATA_FORMAT_CHAT,
+        .chat_template = cfg->data_chat_template && *cfg->data_chat_template ? cfg->data_chat_template : NULL,
+        .chat_kwargs = cfg->data_chat_kwargs && *cfg->data_chat_kwargs ? cfg->data_chat_kwargs : NULL,
     };
+    static const tkd_text_kind kinds[] = {[TKD_DUMP_DATA_FORMAT_AUTO] = TKD_TEXT_AUTO,
+                                          [TKD_DUMP_DATA_FORMAT_TEXT] = TKD_TEXT_PLAIN,
+                                          [TKD_DUMP_DATA_FORMAT_JSONL] = TKD_TEXT_JSONL,
+                                          [TKD_DUMP_DATA_FORMAT_CHAT] = TKD_TEXT_JSONL};
+    o.kind = kinds[cfg->data_format];
     TKD_TRY(tkd_dump_doc_separator(cfg, &o.separator)); /* its escapes read as --doc-separator's */
     tkd_status st = expand(&cfg->data_paths, &g, &o.inputs, &o.ninputs);
     tkd_tokenize_summary sum;
@@ -51,6 +59,8 @@ static tkd_status tokenize_to(const tkd_dump_config *cfg, int64_t vocab, const c
     if (st == TKD_OK)
         tkd_log_info("teacher-dump: data.tokenizer: %lld documents, %.1f MB of text -> %lld tokens in %.1f s",
                      (long long)sum.docs, (double)sum.bytes / 1e6, (long long)sum.tokens, sum.seconds);
+    if (st == TKD_OK && o.chat)
+        tkd_log_info("teacher-dump: data.format chat: template %s", sum.chat_source);
     free(o.inputs);
     free(o.separator);
     globfree(&g);
@@ -72,9 +82,11 @@ tkd_status tkd_dump_open_dataset(const tkd_dump_config *cfg, int64_t vocab, tkd_
     snprintf(path, sizeof path, "%s/tokens.npy", dir);
     tkd_status st = tokenize_to(cfg, vocab, path);
     if (st == TKD_OK)
-        st = tkd_tokens_open(path, out);
+        st = tkd_tokens_open(path, out); /* with data.format chat, its flags sidecar too */
     tkd_error_saved saved;
     tkd_error_save(&saved, st);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokens.npy.flags.npy", dir);
     unlink(path);
     rmdir(dir);
     return tkd_error_restore(&saved);

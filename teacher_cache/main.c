@@ -208,6 +208,11 @@ static void print_tokenize_summary(const tkd_tokenize_summary *s)
 {
     tkd_log_info("teacher-dump tokenize: wrote %s%s; each document: %d id(s) before, %d after%s", s->first,
                  s->files > 1 ? ", ..." : "", s->nprefix, s->nsuffix, s->eos_id >= 0 ? " + the EOS" : "");
+    if (s->chat_source[0])
+        tkd_log_info("teacher-dump tokenize: chat template %s; %lld of %lld tokens are trained targets (%.1f %%), "
+                     "flags in %s.flags.npy%s", s->chat_source, (long long)s->trained, (long long)s->tokens,
+                     s->tokens > 0 ? 100.0 * (double)s->trained / (double)s->tokens : 0.0, s->first,
+                     s->files > 1 ? ", ..." : "");
     if (s->stale[0])
         tkd_log_warn("teacher-dump tokenize: %s is from an earlier run and was not rewritten; remove it before reading "
                      "these shards with a glob", s->stale);

@@ -5,7 +5,6 @@
  * them get their final names only once the whole run has succeeded. */
 #include "teacher_cache/tokenize.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -20,12 +19,13 @@
 #include "common/fileio.h"
 #include "common/progress.h"
 #include "common/signals.h"
+#include "formats/chat.h"
 #include "formats/tokenizer.h"
+#include "formats/tokens.h"
+#include "teacher_cache/tokenize_internal.h"
 
 #define BATCH_BYTES (16u << 20)
 #define BATCH_RECORDS 4096
-#define LLMC_MAGIC_U32 20240801
-#define LLMC_HEADER_INTS 256
 #define MAX_THREADS 4096
 
 const char tkd_tokenize_usage[] =
@@ -41,6 +41,13 @@ const char tkd_tokenize_usage[] =
     "  --doc-separator STR    text: documents are separated by STR (\\n, \\t, \\r, \\\\ understood); default:\n"
     "                         one document per file\n"
     "  --eos TOKEN|none       the token written after each document (default: the tokenizer's eos_token)\n"
+    "  --chat                 JSON Lines conversations ({\"messages\": [...]} or {\"prompt\", \"completion\"}),\n"
+    "                         rendered with the tokenizer's chat template; writes OUT.bin.flags.npy beside\n"
+    "                         each token file: which tokens are trained (the assistant's) and where each\n"
+    "                         conversation starts (docs/data-formats.md)\n"
+    "  --chat-template FILE   --chat: this Jinja template instead of the tokenizer's\n"
+    "  --chat-kwargs JSON     --chat: a JSON object added to the template's variables, e.g.\n"
+    "                         '{\"enable_thinking\": false}'\n"
     "  --shard-tokens N       at most N tokens per output file (default: one file; a .bin file holds at\n"
     "                         most 2147483647, llm.c's int32 count)\n"
     "  --threads N            tokenizing threads, 1 to 4096 (default: OMP_NUM_THREADS, else all CPUs)\n"
@@ -79,6 +86,10 @@ static tkd_status parse_flag(tkd_tokenize_opts *o, const char *name, const char 
         o->field = v;
     else if (strcmp(name, "--eos") == 0)
         o->eos = v;
+    else if (strcmp(name, "--chat-template") == 0)
+        o->chat_template = v;
+    else if (strcmp(name, "--chat-kwargs") == 0)
+        o->chat_kwargs = v;
     else if (strcmp(name, "--doc-separator") == 0) {
         free(o->separator);
         o->separator = NULL;
@@ -119,6 +130,8 @@ static tkd_status parse_one(tkd_tokenize_opts *o, int argc, char **argv, int *i,
         *help = true;
     else if (strcmp(a, "--overwrite") == 0)
         o->overwrite = true;
+    else if (strcmp(a, "--chat") == 0)
+        o->chat = true;
     else if (a[0] == '-' && a[1] != '-' && a[1] && strcmp(a, "-o") != 0)
         return parse_short(a, help, verbosity);
     else if (a[0] == '-' && a[1]) {
@@ -137,12 +150,6 @@ static tkd_status parse_one(tkd_tokenize_opts *o, int argc, char **argv, int *i,
     return TKD_OK;
 }
 
-static bool is_npy(const tkd_tokenize_opts *o)
-{
-    size_t n = strlen(o->output);
-    return n > 4 && strcmp(o->output + n - 4, ".npy") == 0;
-}
-
 /* What the output's format can hold: llm.c's header counts a file's tokens in an int32, so one .bin
  * file (a shard, or the whole output) holds at most INT32_MAX tokens; a .npy has no such limit. */
 static tkd_status check_limits(const tkd_tokenize_opts *o)
@@ -150,10 +157,19 @@ static tkd_status check_limits(const tkd_tokenize_opts *o)
     if (o->shard_tokens < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --shard-tokens %lld is negative (0: one file)",
                              (long long)o->shard_tokens);
-    if (!is_npy(o) && o->shard_tokens > INT32_MAX) {
+    if (!tkd_tokenize_is_npy(o) && o->shard_tokens > INT32_MAX) {
         tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --shard-tokens %lld is more than one llm.c .bin file holds "
                       "(%d tokens: its header counts them in an int32)", (long long)o->shard_tokens, INT32_MAX);
         return tkd_error_hint(TKD_ERR_INVALID_ARG, "give at most %d, or an --output named .npy", INT32_MAX);
+    }
+    if (!o->chat && (o->chat_template || o->chat_kwargs))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --%s needs --chat",
+                             o->chat_template ? "chat-template" : "chat-kwargs");
+    if (o->chat && (o->eos || o->kind == TKD_TEXT_PLAIN || o->separator)) {
+        tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --chat does not take %s",
+                      o->eos ? "--eos: the chat template ends each conversation itself"
+                             : "text input: its records are JSON Lines conversations");
+        return tkd_error_hint(TKD_ERR_INVALID_ARG, "leave out --eos, --format text and --doc-separator");
     }
     if (o->threads < 0 || o->threads > MAX_THREADS)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %d threads is out of range; it must be in [1, %d]",
@@ -181,261 +197,6 @@ tkd_status tkd_tokenize_parse_args(int argc, char **argv, tkd_tokenize_opts *o, 
     return check_limits(o);
 }
 
-/* ---- output: llm.c .bin files, maybe sharded ------------------------------------------------------ */
-
-/* A file this run reads (an input, the tokenizer's files): no output may be the same file. */
-typedef struct file_id {
-    dev_t dev;
-    ino_t ino;
-    const char *path;
-    const char *role; /* "input", "tokenizer file" */
-} file_id;
-
-/* A finished output file under its temporary name, renamed to its final name by out_publish. */
-typedef struct staged {
-    char *tmp, *path;
-} staged;
-
-typedef struct out_writer {
-    const tkd_tokenize_opts *o;
-    tkd_atomic_file af;
-    bool open;
-    int shard;          /* files opened so far */
-    int64_t in_file;    /* tokens in the open file */
-    char path[4096];    /* the open file */
-    staged *done;       // (ndone,) finished, not yet renamed; tmp NULL once renamed
-    int ndone, cap_done;
-    file_id *reads;     // (nreads,) the files this run reads
-    int nreads;
-} out_writer;
-
-/* The directory of path ("." when none) into dir; *base = its last component. */
-static void split_path(const char *path, char *dir, size_t cap, const char **base)
-{
-    const char *slash = strrchr(path, '/');
-    *base = slash ? slash + 1 : path;
-    if (!slash)
-        snprintf(dir, cap, ".");
-    else
-        snprintf(dir, cap, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-}
-
-/* OUT.bin (or OUT.npy) itself, or OUT_%06d.bin for shard i (the extension kept). */
-static tkd_status shard_path(const tkd_tokenize_opts *o, int i, char *out, size_t cap)
-{
-    size_t n = strlen(o->output);
-    const char *ext = is_npy(o) ? ".npy" : ".bin";
-    if (n > 4 && strcmp(o->output + n - 4, ext) == 0)
-        n -= 4;
-    int w = o->shard_tokens > 0 ? snprintf(out, cap, "%.*s_%06d%s", (int)n, o->output, i, ext)
-                                : snprintf(out, cap, "%s", o->output);
-    if (w < 0 || (size_t)w >= cap)
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: --output '%s' is too long", o->output);
-    return TKD_OK;
-}
-
-/* Refuses path when it is (stat: symlinks followed, hard links seen) one of the files being read. */
-static tkd_status check_not_read(const out_writer *w, const char *path)
-{
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return TKD_OK;
-    for (int i = 0; i < w->nreads; i++)
-        if (w->reads[i].dev == sb.st_dev && w->reads[i].ino == sb.st_ino) {
-            tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: the output %s is the %s %s (the same file)", path,
-                          w->reads[i].role, w->reads[i].path);
-            return tkd_error_hint(TKD_ERR_INVALID_ARG, "choose another --output; writing it would replace a file "
-                                  "this run reads");
-        }
-    return TKD_OK;
-}
-
-/* An output file that is already there: one of the inputs never; else only with --overwrite. */
-static tkd_status check_existing(const out_writer *w, const char *path)
-{
-    TKD_TRY(check_not_read(w, path));
-    if (!w->o->overwrite) {
-        tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %s exists", path);
-        return tkd_error_hint(TKD_ERR_INVALID_ARG, "pass --overwrite to replace it, or choose another --output");
-    }
-    return TKD_OK;
-}
-
-/* Is name ("train_000012.bin") "<stem><6 or more digits><ext>", a shard name of this output? */
-static bool is_shard_name(const char *name, const char *stem, size_t stem_len, const char *ext)
-{
-    size_t n = strlen(name), e = strlen(ext);
-    if (n < stem_len + 6 + e || strncmp(name, stem, stem_len) != 0 || strcmp(name + n - e, ext) != 0)
-        return false;
-    return strspn(name + stem_len, "0123456789") == n - stem_len - e;
-}
-
-/* Before anything is written: each output name already there (the one file, or every shard name
- * OUT_<digits>.ext in its directory, whatever the count) is checked by check_existing, so an input
- * that is an old shard is refused up front and a run without --overwrite stops at once. */
-static tkd_status check_outputs(const out_writer *w)
-{
-    char first[4096], dir[4096], path[8192];
-    const char *base;
-    TKD_TRY(shard_path(w->o, 0, first, sizeof first));
-    if (w->o->shard_tokens == 0)
-        return tkd_file_exists(first) ? check_existing(w, first) : TKD_OK;
-    split_path(first, dir, sizeof dir, &base);
-    size_t stem_len = strlen(base) - strlen("000000.bin"); /* base is "<stem>000000.bin" (or .npy) */
-    DIR *d = opendir(dir);
-    if (!d)
-        return TKD_OK; /* no directory yet: the temporary file's creation names the problem */
-    tkd_status st = TKD_OK;
-    for (struct dirent *e; st == TKD_OK && (e = readdir(d)) != NULL;)
-        if (is_shard_name(e->d_name, base, stem_len, base + strlen(base) - 4)) {
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            st = check_existing(w, strchr(first, '/') ? path : e->d_name);
-        }
-    closedir(d);
-    return st;
-}
-
-/* llm.c: 256 int32 {magic, version, count, 0...}. NumPy (an output named .npy): format 1.0, a
- * 1-D '<u4' array, the header padded to NPY_HEADER bytes so that the count fits when it is known. */
-#define NPY_HEADER 128
-
-/* A failed write, flush, fsync or close of the open file: errno's reason in the message (ENOSPC /
- * EDQUOT: TKD_ERR_NOSPACE, "disk full"). */
-static tkd_status write_failed(const out_writer *w, const char *what, int err)
-{
-    if (err == 0)
-        err = EIO;
-    if (err == ENOSPC || err == EDQUOT) {
-        tkd_error_set(TKD_ERR_NOSPACE, "%s: disk full while %s (%s)", w->path, what, strerror(err));
-        return tkd_error_hint(TKD_ERR_NOSPACE, "free space and re-run");
-    }
-    return tkd_error_set(TKD_ERR_IO, "%s: %s failed: %s", w->path, what, strerror(err));
-}
-
-static tkd_status write_header(out_writer *w, int64_t ntok)
-{
-    size_t ok;
-    errno = 0;
-    if (is_npy(w->o)) {
-        char h[NPY_HEADER + 1];
-        int n = snprintf(h + 10, sizeof h - 10, "{'descr': '<u4', 'fortran_order': False, 'shape': (%lld,), }",
-                         (long long)ntok);
-        memcpy(h, "\x93NUMPY\x01\x00", 8);
-        h[8] = (char)(NPY_HEADER - 10), h[9] = 0;
-        memset(h + 10 + n, ' ', (size_t)(NPY_HEADER - 10 - n));
-        h[NPY_HEADER - 1] = '\n';
-        ok = fwrite(h, NPY_HEADER, 1, w->af.fp);
-    } else {
-        int32_t h[LLMC_HEADER_INTS] = {LLMC_MAGIC_U32, TKD_TOKENIZE_VERSION, (int32_t)ntok};
-        ok = fwrite(h, sizeof h, 1, w->af.fp);
-    }
-    return ok == 1 ? TKD_OK : write_failed(w, "writing the header", errno);
-}
-
-static tkd_status open_file(out_writer *w)
-{
-    TKD_TRY(shard_path(w->o, w->shard, w->path, sizeof w->path));
-    if (tkd_file_exists(w->path)) /* checked up front too; this sees a name made since */
-        TKD_TRY(check_existing(w, w->path));
-    TKD_TRY(tkd_atomic_file_open(&w->af, w->path));
-    w->open = true;
-    w->shard++;
-    w->in_file = 0;
-    return write_header(w, 0);
-}
-
-/* The header gets the count, then the file is flushed, fsynced and closed under its temporary name
- * and joins w->done; out_publish renames it. */
-static tkd_status finish_file(out_writer *w)
-{
-    w->open = false;
-    tkd_status st = TKD_OK;
-    errno = 0;
-    if (fflush(w->af.fp) != 0 || fseek(w->af.fp, 0, SEEK_SET) != 0)
-        st = write_failed(w, "writing", errno);
-    if (st == TKD_OK)
-        st = write_header(w, w->in_file);
-    errno = 0;
-    if (st == TKD_OK && (fflush(w->af.fp) != 0 || ferror(w->af.fp)))
-        st = write_failed(w, "writing", errno);
-    if (st == TKD_OK && fsync(fileno(w->af.fp)) != 0)
-        st = write_failed(w, "fsync", errno);
-    if (st == TKD_OK && w->ndone == w->cap_done) {
-        int cap = w->cap_done ? 2 * w->cap_done : 16;
-        staged *p = realloc(w->done, (size_t)cap * sizeof *p);
-        if (!p)
-            st = tkd_error_set(TKD_ERR_NOMEM, "out of memory");
-        else
-            w->done = p, w->cap_done = cap;
-    }
-    if (st != TKD_OK) {
-        tkd_atomic_file_abort(&w->af);
-        return st;
-    }
-    int rc = fclose(w->af.fp), err = errno;
-    w->done[w->ndone++] = (staged){w->af.tmp, w->af.path}; /* taken over: tkd_atomic_file holds nothing now */
-    w->af = (tkd_atomic_file){0};
-    return rc == 0 ? TKD_OK : write_failed(w, "closing", err);
-}
-
-/* The end of a successful run: every staged file gets its final name, in order, then the
- * directory is fsynced. Until here an interrupted run left no output name behind. */
-static tkd_status out_publish(out_writer *w)
-{
-    char dir[4096];
-    const char *base;
-    for (int i = 0; i < w->ndone; i++) {
-        if (rename(w->done[i].tmp, w->done[i].path) != 0)
-            return tkd_error_set(TKD_ERR_IO, "%s: renaming the finished file %s to it failed: %s", w->done[i].path,
-                                 w->done[i].tmp, strerror(errno));
-        free(w->done[i].tmp);
-        w->done[i].tmp = NULL;
-    }
-    if (w->ndone == 0)
-        return TKD_OK;
-    split_path(w->done[0].path, dir, sizeof dir, &base);
-    return tkd_fsync_dir(dir);
-}
-
-/* Removes what an unsuccessful run staged (the open file and the finished ones not renamed). */
-static void out_free(out_writer *w)
-{
-    if (w->open)
-        tkd_atomic_file_abort(&w->af);
-    for (int i = 0; i < w->ndone; i++) {
-        if (w->done[i].tmp)
-            unlink(w->done[i].tmp);
-        free(w->done[i].tmp);
-        free(w->done[i].path);
-    }
-    free(w->done);
-    free(w->reads);
-}
-
-/* llm.c's header holds the count as int32, so one llm.c file holds at most INT32_MAX tokens. */
-static tkd_status writer_put(out_writer *w, const uint32_t *ids, size_t n)
-{
-    int64_t limit = is_npy(w->o) ? INT64_MAX : INT32_MAX;
-    while (n > 0) {
-        if (!w->open)
-            TKD_TRY(open_file(w));
-        int64_t room = w->o->shard_tokens > 0 ? w->o->shard_tokens - w->in_file : limit - w->in_file;
-        if (room == 0 && w->o->shard_tokens == 0) {
-            tkd_error_set(TKD_ERR_INVALID_ARG, "tokenize: %s would hold more than %d tokens (llm.c's limit)", w->path,
-                          INT32_MAX);
-            return tkd_error_hint(TKD_ERR_INVALID_ARG, "split the output with --shard-tokens");
-        }
-        size_t take = (size_t)room < n ? (size_t)room : n;
-        errno = 0;
-        if (fwrite(ids, sizeof *ids, take, w->af.fp) != take)
-            return write_failed(w, "writing", errno);
-        w->in_file += (int64_t)take, ids += take, n -= take;
-        if (w->o->shard_tokens > 0 && w->in_file == w->o->shard_tokens)
-            TKD_TRY(finish_file(w));
-    }
-    return TKD_OK;
-}
-
 /* ---- batches -------------------------------------------------------------------------------------- */
 
 typedef struct record {
@@ -451,6 +212,7 @@ typedef struct batch {
     size_t used;
     record rec[BATCH_RECORDS];
     tkd_token_ids ids[BATCH_RECORDS];
+    tkd_chat_flags flags[BATCH_RECORDS]; /* --chat: each record's flags, as long as its ids */
     tkd_status st[BATCH_RECORDS];
     char *msg[BATCH_RECORDS]; /* a failed record's message (strdup) */
     int n;
@@ -464,6 +226,7 @@ typedef struct run_state {
     tkd_tokenizer_ctx **ctx; // (threads,)
     int threads;
     int64_t eos;             /* appended after a document, -1 for none */
+    tkd_chat *chat;          /* --chat: the template, else NULL */
     tkd_text_reader *reader;
     int file;                /* the input being read */
     uint64_t bytes_before;   /* sizes of the inputs finished */
@@ -517,7 +280,7 @@ static tkd_status batch_fill(run_state *s, batch *b, bool *more)
                 *more = false;
                 return TKD_OK;
             }
-            tkd_text_opts to = {.kind = s->o->kind, .separator = s->o->separator};
+            tkd_text_opts to = {.kind = s->chat ? TKD_TEXT_JSONL : s->o->kind, .separator = s->o->separator};
             TKD_TRY(tkd_text_reader_open(s->o->inputs[s->file], &to, &s->reader));
         }
         const char *rec;
@@ -554,10 +317,15 @@ static tkd_status check_vocab(const run_state *s, const record *r, const tkd_tok
     return TKD_OK;
 }
 
-/* One record -> prefix + ids + suffix (+ EOS), on the calling thread's context. */
+/* One record -> prefix + ids + suffix (+ EOS), on the calling thread's context; --chat: the
+ * conversation's ids and flags (formats/chat.h). */
 static tkd_status encode_record(const run_state *s, tkd_tokenizer_ctx *ctx, const record *r, const char *text,
-                                tkd_token_ids *out)
+                                tkd_token_ids *out, tkd_chat_flags *flags)
 {
+    if (s->chat) {
+        tkd_status st = tkd_chat_encode(s->chat, ctx, s->o->inputs[r->file], r->line, text, r->len, out, flags);
+        return st == TKD_OK ? check_vocab(s, r, out) : st;
+    }
     const uint32_t *pre, *suf;
     int npre = tkd_tokenizer_prefix(s->tok, &pre), nsuf = tkd_tokenizer_suffix(s->tok, &suf);
     char *field = NULL;
@@ -583,7 +351,8 @@ static void batch_encode(run_state *s, batch *b)
 {
 #pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1)
     for (int i = 0; i < b->n; i++) {
-        b->st[i] = encode_record(s, s->ctx[omp_get_thread_num()], &b->rec[i], rec_text(b, i), &b->ids[i]);
+        b->st[i] = encode_record(s, s->ctx[omp_get_thread_num()], &b->rec[i], rec_text(b, i), &b->ids[i],
+                                 &b->flags[i]);
         b->msg[i] = b->st[i] != TKD_OK ? strdup(tkd_error_msg()) : NULL;
     }
 }
@@ -601,9 +370,13 @@ static tkd_status batch_write(run_state *s, batch *b, tkd_tokenize_summary *sum)
         b->msg[i] = NULL;
         if (st != TKD_OK)
             continue;
-        st = writer_put(&s->out, b->ids[i].ids, b->ids[i].n);
+        st = tkd_tokout_put(&s->out, b->ids[i].ids, s->chat ? b->flags[i].v : NULL, b->ids[i].n);
         sum->docs++;
         sum->tokens += (int64_t)b->ids[i].n;
+        for (size_t k = 0; s->chat && k < b->flags[i].n; k++)
+            sum->trained += b->flags[i].v[k] & TKD_TOKENS_FLAG_TRAINED;
+        if (b->flags[i].cap > BATCH_BYTES / 4)
+            tkd_chat_flags_free(&b->flags[i]);
         if (b->ids[i].cap > BATCH_BYTES / 4) /* a long document's ids are not kept for the rest of the run */
             tkd_token_ids_free(&b->ids[i]);
     }
@@ -650,25 +423,11 @@ static tkd_status resolve_eos(run_state *s)
     return tkd_error_hint(TKD_ERR_INVALID_ARG, "pass --eos TOKEN (e.g. --eos '<|endoftext|>'), or --eos none");
 }
 
-/* Remembers path (device and inode, symlinks followed) as a file this run reads; missing is fine. */
-static tkd_status add_read(out_writer *w, const char *path, const char *role)
-{
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return TKD_OK;
-    file_id *p = realloc(w->reads, (size_t)(w->nreads + 1) * sizeof *p);
-    if (!p)
-        return tkd_error_set(TKD_ERR_NOMEM, "out of memory");
-    w->reads = p;
-    w->reads[w->nreads++] = (file_id){sb.st_dev, sb.st_ino, path, role};
-    return TKD_OK;
-}
-
 /* The output's directory and the name of its lock file, ".<output's name>.topkd-lock". */
 static void lock_name(const run_state *s, char *dir, size_t cap, char *name, size_t name_cap)
 {
     const char *base;
-    split_path(s->o->output, dir, cap, &base);
+    tkd_tokenize_split_path(s->o->output, dir, cap, &base);
     snprintf(name, name_cap, ".%s.topkd-lock", base);
 }
 
@@ -708,18 +467,26 @@ static tkd_status setup(run_state *s, char *tok_config, size_t cap)
     for (int i = 0; i < s->o->ninputs; i++) {
         uint64_t size;
         TKD_TRY(tkd_file_size(s->o->inputs[i], &size));
-        TKD_TRY(add_read(&s->out, s->o->inputs[i], "input"));
+        TKD_TRY(tkd_tokout_add_read(&s->out, s->o->inputs[i], "input"));
         s->bytes_total += size;
     }
     TKD_TRY(tkd_tokenizer_load(s->o->tokenizer, &s->tok));
     char dir[4096];
     const char *base;
-    split_path(tkd_tokenizer_path(s->tok), dir, sizeof dir, &base);
+    tkd_tokenize_split_path(tkd_tokenizer_path(s->tok), dir, sizeof dir, &base);
     snprintf(tok_config, cap, "%s/tokenizer_config.json", dir);
-    TKD_TRY(add_read(&s->out, tkd_tokenizer_path(s->tok), "tokenizer file"));
-    TKD_TRY(add_read(&s->out, tok_config, "tokenizer file"));
-    TKD_TRY(check_outputs(&s->out));
-    TKD_TRY(resolve_eos(s));
+    TKD_TRY(tkd_tokout_add_read(&s->out, tkd_tokenizer_path(s->tok), "tokenizer file"));
+    TKD_TRY(tkd_tokout_add_read(&s->out, tok_config, "tokenizer file"));
+    if (s->o->chat_template)
+        TKD_TRY(tkd_tokout_add_read(&s->out, s->o->chat_template, "chat template"));
+    TKD_TRY(tkd_tokout_check_outputs(&s->out));
+    if (s->o->chat) { /* the template ends each conversation: no EOS between documents */
+        s->eos = -1;
+        tkd_chat_opts co = {s->o->chat_template, s->o->chat_kwargs, s->o->chat_now > 0 ? s->o->chat_now : -1};
+        TKD_TRY(tkd_chat_open(s->tok, &co, &s->chat));
+    } else {
+        TKD_TRY(resolve_eos(s));
+    }
     s->threads = s->o->threads > 0 ? s->o->threads : omp_get_max_threads();
     s->ctx = calloc((size_t)s->threads, sizeof *s->ctx);
     if (!s->ctx)
@@ -758,17 +525,17 @@ static tkd_status run_batches(run_state *s, batch *b, tkd_tokenize_summary *sum)
                                  (long long)sum->docs, s->out.shard);
     }
     if (!s->out.open && s->out.shard == 0) /* no documents: still a (valid, empty) token file */
-        TKD_TRY(open_file(&s->out));
+        TKD_TRY(tkd_tokout_open_file(&s->out));
     if (s->out.open)
-        TKD_TRY(finish_file(&s->out));
-    TKD_TRY(out_publish(&s->out));
+        TKD_TRY(tkd_tokout_finish_file(&s->out));
+    TKD_TRY(tkd_tokout_publish(&s->out));
     sum->seconds = tkd_progress_now() - t0;
     return TKD_OK;
 }
 
 static void teardown(run_state *s, batch *b, bool failed)
 {
-    out_free(&s->out);
+    tkd_tokout_free(&s->out);
     if (failed)
         unmake_output_dir(s);
     tkd_dir_lock_release(s->lock);
@@ -776,10 +543,12 @@ static void teardown(run_state *s, batch *b, bool failed)
     for (int i = 0; s->ctx && i < s->threads; i++)
         tkd_tokenizer_ctx_free(s->ctx[i]);
     free(s->ctx);
+    tkd_chat_free(s->chat);
     tkd_tokenizer_free(s->tok);
     if (b) {
         for (int i = 0; i < BATCH_RECORDS; i++) {
             tkd_token_ids_free(&b->ids[i]);
+            tkd_chat_flags_free(&b->flags[i]);
             free(b->msg[i]);
         }
         free(b->text);
@@ -806,10 +575,13 @@ tkd_status tkd_tokenize_run(const tkd_tokenize_opts *o, tkd_tokenize_summary *su
         sum->files = s.out.shard;
         sum->eos_id = s.eos;
         const uint32_t *ids;
-        sum->nprefix = tkd_tokenizer_prefix(s.tok, &ids);
-        sum->nsuffix = tkd_tokenizer_suffix(s.tok, &ids);
-        shard_path(o, 0, sum->first, sizeof sum->first);
-        if (o->shard_tokens > 0 && shard_path(o, s.out.shard, sum->stale, sizeof sum->stale) == TKD_OK &&
+        sum->nprefix = s.chat ? 0 : tkd_tokenizer_prefix(s.tok, &ids); /* --chat: the template's own tokens */
+        sum->nsuffix = s.chat ? 0 : tkd_tokenizer_suffix(s.tok, &ids);
+        if (s.chat)
+            snprintf(sum->chat_source, sizeof sum->chat_source, "%s (trained: %s)", tkd_chat_source(s.chat),
+                     tkd_chat_rule(s.chat));
+        tkd_tokenize_shard_path(o, 0, sum->first, sizeof sum->first);
+        if (o->shard_tokens > 0 && tkd_tokenize_shard_path(o, s.out.shard, sum->stale, sizeof sum->stale) == TKD_OK &&
             !tkd_file_exists(sum->stale))
             sum->stale[0] = '\0';
     }

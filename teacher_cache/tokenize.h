@@ -6,6 +6,11 @@
  * token unless the suffix already ends with it (or --eos none), so document boundaries are in the
  * token stream, as llm.c's own writers keep them. Documents are written in input order.
  *
+ * --chat: each JSON Lines record is a conversation, rendered with the chat template and tokenized
+ * as formats/chat.h says (exactly apply_chat_template's ids: no prefix, suffix or EOS added), and
+ * every token file F gets its flags sidecar F.flags.npy (formats/tokens.h: trained targets, document
+ * starts), staged and renamed with it.
+ *
  * Output: llm.c's .bin layout as its dev/data/data_common.py writes Llama 3 tokens: a header of
  * 256 little-endian int32 {20240801, 7, number of tokens, 0, ...}, then the tokens as
  * little-endian uint32; or, for an output named *.npy, a NumPy 1-D '<u4' array. One file, or shards
@@ -54,6 +59,11 @@ typedef struct tkd_tokenize_opts {
     int64_t vocab_limit;     /* > 0: an id >= this stops the run naming the file and line (teacher-dump's
                                 data.tokenizer passes the teacher's vocabulary); 0: no limit */
     bool no_lock;            /* no lock file: the caller made the output's directory and is its only writer */
+    bool chat;               /* --chat: JSON Lines conversations through the chat template (formats/chat.h),
+                                each file written with its flags sidecar F.flags.npy */
+    const char *chat_template; /* --chat-template FILE; NULL: the tokenizer's own */
+    const char *chat_kwargs;   /* --chat-kwargs JSON object; NULL: none */
+    long long chat_now;        /* strftime_now's clock for tests; 0 or less: the system's */
     void (*progress)(const tkd_tokenize_progress *p, void *user); /* after each batch; may be NULL */
     void *progress_user;
 } tkd_tokenize_opts;
@@ -67,6 +77,8 @@ typedef struct tkd_tokenize_summary {
     int nprefix, nsuffix;    /* ids added before / after each document by the tokenizer's config */
     char first[4096];        /* the first output file */
     char stale[4096];        /* an older shard beyond the last one written ("" when none) */
+    int64_t trained;         /* --chat: tokens flagged as trained targets */
+    char chat_source[4400];  /* --chat: where the template came from, and its rule for trained tokens */
 } tkd_tokenize_summary;
 
 /* Parses the arguments after "tokenize" (argv[0] is "tokenize") into o (defaults first). *help is

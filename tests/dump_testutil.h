@@ -60,8 +60,8 @@ static inline const char *tkd_dt_random_tokens(const char *dir, const char *name
     return path;
 }
 
-/* A finalized config: defaults, then the YAML text (parts split by "---" lines, in order). */
-static inline void tkd_dt_config(tkd_dump_config *cfg, const char *yaml)
+/* Defaults, then the YAML text (parts split by "---" lines, in order), not finalized. */
+static inline void tkd_dt_config_parse_only(tkd_dump_config *cfg, const char *yaml)
 {
     memset(cfg, 0, sizeof *cfg);
     assert_int_equal(tkd_config_defaults(&tkd_dump_schema, cfg), TKD_OK);
@@ -74,6 +74,12 @@ static inline void tkd_dt_config(tkd_dump_config *cfg, const char *yaml)
             fail_msg("%s", tkd_error_msg());
         p = sep ? sep + 5 : NULL;
     }
+}
+
+/* A finalized config: tkd_dt_config_parse_only, then tkd_dump_config_finalize. */
+static inline void tkd_dt_config(tkd_dump_config *cfg, const char *yaml)
+{
+    tkd_dt_config_parse_only(cfg, yaml);
     assert_int_equal(tkd_dump_config_finalize(cfg, NULL), TKD_OK);
 }
 

@@ -273,6 +273,29 @@ def megatron_cases():
        nbin=None)
 
 
+def flags(name, sidecar, status, substring, ntok=4):
+    """tok_flags_<name>.bin (the row): a good llm.c file of ntok uint16 tokens, with a broken flags
+    sidecar tok_flags_<name>.bin.flags.npy beside it."""
+    with open(os.path.join(OUT, "tok_flags_%s.bin.flags.npy" % name), "wb") as f:
+        f.write(sidecar)
+    put("tok_flags_%s.bin" % name, tok_bin(20240520, 1, ntok, struct.pack("<%dH" % ntok, *range(ntok))), status,
+        substring)
+
+
+def flags_cases():
+    """Flags sidecars (docs/data-formats.md), one defect each."""
+    u1 = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }"
+    flags("short", npy(u1 % 3, b"\x03\x01\x00"), "TKD_ERR_MISMATCH", "3 flags, but its token file")
+    flags("long", npy(u1 % 5, b"\x03\x01\x00\x01\x00"), "TKD_ERR_MISMATCH", "holds 4 tokens")
+    flags("bits", npy(u1 % 4, b"\x03\x01\x80\x01"), F, "byte 2 is 0x80: bits 2-7 are reserved")
+    flags("dtype", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (4,), }", b"\0" * 16),
+          "TKD_ERR_UNSUPPORTED", "dtype '<i4' is not supported for a flags sidecar")
+    flags("2d", npy("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 2), }", b"\0" * 4),
+          "TKD_ERR_UNSUPPORTED", "a flags sidecar is 1-D")
+    flags("truncated", npy(u1 % 4, b"\x01\x01"), F, "truncated: the header promises 4 tokens")
+    flags("not_npy", b"flags", F, "npy header runs past the end of the file")
+
+
 def fuzz_seed():
     """Small valid files to seed tests/fuzz/: a safetensors file (F32, BF16, F16, I64, U8, an empty
     tensor), two token files and recipes for fuzz_shard. (corpus/manifest.yaml comes from
@@ -293,6 +316,10 @@ def fuzz_seed():
         f.write(npy("{'descr': '<i8', 'fortran_order': False, 'shape': (3, 4), }", struct.pack("<12q", *range(12))))
     with open(os.path.join(d, "valid_tokens.bin"), "wb") as f:
         f.write(tok_bin(20240520, 1, 6, struct.pack("<6H", 5, 4, 3, 2, 1, 0)))
+    # a flags sidecar for fuzz_flags (its token file has 64 tokens): two documents, some trained
+    with open(os.path.join(d, "valid_flags.npy"), "wb") as f:
+        f.write(npy("{'descr': '|u1', 'fortran_order': False, 'shape': (64,), }",
+                    bytes([2] + [0] * 9 + [1] * 22 + [2] + [0] * 7 + [1] * 24)))
     # recipes for fuzz_shard (see its header): untouched shards of each dtype, with and without
     # tail draws; one with a root attribute rewritten; one with a byte flipped in the first chunk
     recipes = {
@@ -317,6 +344,7 @@ def main():
     yaml_config_cases()
     llmc_cases()
     megatron_cases()
+    flags_cases()
     with open(os.path.join(OUT, "EXPECTED.tsv"), "w") as f:
         f.write("# file\tstatus\tmessage substring (written by tests/make_broken_files.py)\n")
         for r in rows:

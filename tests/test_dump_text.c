@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "teacher_cache/dump.h"
+#include "teacher_cache/dump_config.h"
 #include "tests/dump_testutil.h"
 #include "tests/testutil.h"
 
@@ -122,11 +123,63 @@ static void test_failed_first_run_leaves_nothing(void **state)
     assert_int_equal(count_entries(out), before);
 }
 
+/* data.format: chat: the conversations are rendered (here by a small template with generation
+ * blocks, over the ASCII tokenizer), the flags mark the assistant's tokens, and the cache's /tokens
+ * still hold every real token (an untrained target is the next position's input, not padding); the
+ * temporary tokens and their sidecar are gone after the run. */
+static void test_chat_format(void **state)
+{
+    (void)state;
+    tkd_test_write_text(tmp("chat.jinja"), "{% for m in messages %}{{ m.role }}: {% if m.role == 'assistant' %}"
+                                           "{% generation %}{{ m.content }}.{% endgeneration %}{% else %}"
+                                           "{{ m.content }}{% endif %}\n{% endfor %}");
+    char text[4096] = "";
+    for (int i = 0; i < 12; i++)
+        strcat(text, "{\"messages\": [{\"role\": \"user\", \"content\": \"the cat\"}, {\"role\": \"assistant\", "
+                     "\"content\": \"sat on the mat\"}]}\n");
+    tkd_test_write_text(tmp("chat.jsonl"), text);
+    char y[9000], out[4300], extra[9000];
+    snprintf(out, sizeof out, "%s", tmp("cache-chat"));
+    snprintf(extra, sizeof extra, "data: {paths: ['%s'], tokenizer: '%s', format: chat, chat_template: '%s'}\n",
+             tmp("chat.jsonl"), tmp("tok-ok"), tmp("chat.jinja"));
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
+    tkd_dt_run_ok(y, NULL, NULL);
+    assert_int_equal(count_entries(tmp("tmpdir")), 0);
+    tkd_cache_batch b = {0};
+    int64_t n = tkd_dt_read_all(out, &b, NULL);
+    assert_true(n >= 10); /* 12 x 39 tokens in windows of 17 */
+    for (int64_t i = 0; i < n * 17; i++)
+        assert_true(b.tokens[i] >= 0 && b.tokens[i] < 96);
+    tkd_cache_batch_free(&b);
+
+    /* data.format and the chat keys are refused where they mean nothing */
+    tkd_dump_config cfg;
+    snprintf(extra, sizeof extra, "data: {format: chat}\n");
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
+    tkd_dt_config_parse_only(&cfg, y);
+    tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
+                          TKD_TEST_FRAGS("data.format: chat needs data.tokenizer"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    snprintf(extra, sizeof extra, "data: {tokenizer: '%s', chat_kwargs: '{}'}\n", tmp("tok-ok"));
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
+    tkd_dt_config_parse_only(&cfg, y);
+    tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
+                          TKD_TEST_FRAGS("data.chat_kwargs: set, but data.format is not chat"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+    snprintf(extra, sizeof extra, "data: {tokenizer: '%s', format: chat, chat_kwargs: '[1]'}\n", tmp("tok-ok"));
+    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
+    tkd_dt_config_parse_only(&cfg, y);
+    tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
+                          TKD_TEST_FRAGS("data.chat_kwargs: '[1]' is not a JSON object"));
+    tkd_config_free(&tkd_dump_schema, &cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_id_beyond_vocab_names_the_text),
         cmocka_unit_test(test_failed_first_run_leaves_nothing),
+        cmocka_unit_test(test_chat_format),
     };
     return cmocka_run_group_tests(tests, setup, tkd_test_group_dir_teardown);
 }

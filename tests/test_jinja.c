@@ -84,6 +84,38 @@ static void test_whitespace_control(void **state)
     tkd_test_renders("{% generation %}gen{% endgeneration %}", "{}", "gen");
 }
 
+/* The spans {% generation %} blocks write, as transformers' AssistantTracker records them: byte
+ * offsets of the top-level output, whitespace control applied; blocks in a set capture not recorded. */
+static void test_generation_spans(void **state)
+{
+    (void)state;
+    const char *src = "{% for m in ms %}<{{ m.r }}>{%- generation -%}  {{ m.c }}|{% endgeneration %}\n{% endfor %}"
+                      "{% set x %}{% generation %}no{% endgeneration %}{% endset %}{{ x }}";
+    const char *ctx = "{\"ms\": [{\"r\": \"u\", \"c\": \"hi\"}, {\"r\": \"a\", \"c\": \"\u00e9t\u00e9\"}]}";
+    tkd_jinja_template *t = NULL;
+    assert_int_equal(tkd_jinja_parse(src, strlen(src), "gen.jinja", &t), TKD_OK);
+    assert_true(tkd_jinja_has_generation(t));
+    tkd_jinja_spans g = {0};
+    tkd_jinja_render_opts o = {.now = 0, .generation = &g};
+    char *out = NULL;
+    size_t n = 0;
+    assert_int_equal(tkd_jinja_render(t, ctx, strlen(ctx), &o, &out, &n), TKD_OK);
+    assert_string_equal(out, "<u>hi|<a>\xc3\xa9t\xc3\xa9|no"); /* trim_blocks took the newlines */
+    assert_int_equal(g.n, 2);
+    assert_int_equal(g.v[0].start, 3);
+    assert_int_equal(g.v[0].end, 6);
+    assert_int_equal(g.v[1].start, 9);
+    assert_int_equal(g.v[1].end, 15);
+    free(out);
+    tkd_jinja_spans_free(&g);
+    tkd_jinja_free(t);
+    assert_int_equal(tkd_jinja_parse("a", 1, "plain", &t), TKD_OK);
+    assert_false(tkd_jinja_has_generation(t));
+    tkd_jinja_free(t);
+    tkd_test_refuses("{% generation %}x", "{}", TKD_ERR_FORMAT, "'generation' is never closed");
+    tkd_test_refuses("x{% endgeneration %}", "{}", TKD_ERR_FORMAT, "unexpected 'endgeneration'");
+}
+
 static void test_if_for_loop(void **state)
 {
     (void)state;
@@ -321,6 +353,6 @@ static void test_real_template_refusal_names_construct(void **state)
     free(src);
 }
 
-TKD_TEST_MAIN(test_text_and_output, test_whitespace_control, test_if_for_loop, test_set_namespace_macro,
+TKD_TEST_MAIN(test_text_and_output, test_whitespace_control, test_generation_spans, test_if_for_loop, test_set_namespace_macro,
               test_expressions, test_strings_and_filters, test_numbers_and_case, test_errors_name_place, test_real_templates_match_reference,
               test_real_template_refusal_names_construct)

@@ -296,6 +296,57 @@ static void test_token_windows_once_per_epoch(void **state)
     tkd_tokens_free(tok);
 }
 
+/* The same token file with a flags sidecar that trains every third token: student-train's batches
+ * keep every input, and label only the trained targets (the rest -100, left out of CE and KD). */
+static void test_token_windows_with_flags(void **state)
+{
+    fixture *f = *state;
+    char path[4200], side[4300];
+    snprintf(path, sizeof path, "%s/flagged.bin", f->dir);
+    snprintf(side, sizeof side, "%s.flags.npy", path);
+    FILE *fp = fopen(path, "wb");
+    int32_t header[256] = {20240520, 1, 100};
+    fwrite(header, sizeof header, 1, fp);
+    for (int i = 0; i < 100; i++) {
+        uint16_t t = (uint16_t)(1000 + i);
+        fwrite(&t, sizeof t, 1, fp);
+    }
+    fclose(fp);
+    fp = fopen(side, "wb"); /* numpy format 1.0, '|u1', header padded to 128 bytes */
+    char h[128];
+    memcpy(h, "\x93NUMPY\x01\x00\x76\x00", 10); /* magic, version 1.0, 118 header bytes follow */
+    int n = 10 + snprintf(h + 10, sizeof h - 10, "{'descr': '|u1', 'fortran_order': False, 'shape': (100,), }");
+    memset(h + n, ' ', sizeof h - (size_t)n);
+    h[127] = '\n';
+    fwrite(h, sizeof h, 1, fp);
+    for (int i = 0; i < 100; i++)
+        fputc(i % 3 == 0 ? TKD_TOKENS_FLAG_TRAINED : 0, fp);
+    fclose(fp);
+    tkd_tokens *tok = NULL;
+    assert_int_equal(tkd_tokens_open(path, &tok), TKD_OK);
+    int64_t nw = tkd_tokens_num_windows(tok, 9, 9, 1), split[16];
+    for (int64_t i = 0; i < nw; i++)
+        split[i] = i;
+    tkd_loader *l = NULL;
+    tkd_loader_opts o = opts(3, 9, 0, 0, 8);
+    assert_int_equal(tkd_loader_open(&l, NULL, tok, split, nw, &o), TKD_OK);
+    assert_int_equal(tkd_loader_seek(l, 0, 0), TKD_OK);
+    const tkd_train_batch *b = NULL;
+    int labelled = 0;
+    for (assert_int_equal(tkd_loader_next(l, &b), TKD_OK); b; assert_int_equal(tkd_loader_next(l, &b), TKD_OK))
+        for (int j = 0; j < b->b; j++)
+            for (int p = 0; p < 9; p++) {
+                int64_t tpos = b->seq[j] * 9 + p;
+                assert_int_equal(b->inputs[j * 9 + p], tpos < 100 ? 1000 + tpos : 0);
+                bool trained = tpos + 1 < 100 && (tpos + 1) % 3 == 0;
+                assert_int_equal(b->labels[j * 9 + p], trained ? 1000 + tpos + 1 : -100);
+                labelled += trained;
+            }
+    assert_int_equal(labelled, 33); /* tokens 3, 6, ..., 99 */
+    tkd_loader_close(l);
+    tkd_tokens_free(tok);
+}
+
 /* Tail draws asked of a cache without them: a clear error, nothing leaked. */
 static void test_tail_needs_a_cache_with_draws(void **state)
 {
@@ -324,6 +375,7 @@ int main(void)
         cmocka_unit_test(test_seek_resumes_mid_epoch),
         cmocka_unit_test(test_topk_and_seq_len_truncation),
         cmocka_unit_test(test_token_windows_once_per_epoch),
+        cmocka_unit_test(test_token_windows_with_flags),
         cmocka_unit_test(test_tail_needs_a_cache_with_draws),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
