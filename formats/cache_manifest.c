@@ -272,6 +272,8 @@ static void em_body(emit *em, const tkd_cache_manifest *m)
     em_int(em, "tokens", m->dataset_tokens);
     em_int(em, "seq_len", m->id.seq_len);
     em_int(em, "stride", m->stride);
+    if (m->id.packed) /* absent: windows of the stream, as every cache before packing */
+        em_plain(em, "packing", "documents");
     em_map_end(em);
     em_int(em, "k", m->id.k);
     em_plain(em, "logits_dtype", tkd_cache_dtype_name(m->id.logits_dtype));
@@ -507,6 +509,10 @@ static tkd_status read_identity(yreader *y, yaml_node_t *root, tkd_cache_manifes
     TKD_TRY(y_int(y, dataset, "tokens", 0, 0, INT64_MAX, &m->dataset_tokens));
     TKD_TRY(y_int(y, dataset, "seq_len", 1, 1, INT32_MAX, &T));
     TKD_TRY(y_int(y, dataset, "stride", 0, 0, INT64_MAX, &m->stride));
+    TKD_TRY(y_scalar(y, dataset, "packing", 0, &s, &n)); /* absent: windows (caches before packing) */
+    if (s && strcmp(s, "documents") != 0 && strcmp(s, "stream") != 0)
+        return y_err(y, n, "dataset.packing '%s' is not stream or documents", s);
+    m->id.packed = s && !strcmp(s, "documents");
     TKD_TRY(y_int(y, root, "k", 1, 1, 65535, &k));
     TKD_TRY(y_int(y, root, "tail_samples", 0, 0, 65535, &S));
     TKD_TRY(y_u64(y, root, "tail_seed", &m->tail_seed));

@@ -348,8 +348,12 @@ static tkd_status stream_alloc(tkd_cache_stream *s, const tkd_cache_stream_opts 
     if (!s->ring || !s->state || !s->status)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory for the stream ring", s->r->dir);
     for (int i = 0; i < s->depth; i++)
+    {
         TKD_TRY(tkd_cache_batch_alloc(&s->ring[i], s->batch_seq, id->seq_len, o->k ? o->k : id->k,
                                       o->with_tail ? id->tail_samples : 0));
+        if (id->packed) /* the consumer checks its own packing against the cache's */
+            TKD_TRY(tkd_cache_batch_alloc_doc_start(&s->ring[i]));
+    }
     return pool_init(&s->pool, s->r);
 }
 

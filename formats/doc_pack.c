@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+const char *const tkd_packing_names[] = {"stream", "documents", NULL};
+
 typedef struct piece {
     int64_t start; /* global token offset */
     int32_t len;   /* tokens, 1..T */
@@ -18,6 +20,7 @@ struct tkd_doc_pack {
     int64_t *seq0;    /* (n_seq + 1) first piece of each sequence */
     int64_t n_seq, cap_seq;
     int64_t n_docs, n_labels;
+    uint8_t *flags;   /* (T + 1) scratch for the flags sidecar's trained bits, when the dataset has one */
 };
 
 static tkd_status grow(void **p, int64_t *cap, int64_t need, size_t elem)
@@ -110,7 +113,9 @@ tkd_status tkd_doc_pack_build(const tkd_tokens *ds, int seq_len, tkd_doc_pack **
         return tkd_error_set(TKD_ERR_NOMEM, "data.packing: out of memory");
     p->ds = ds;
     p->T = seq_len;
-    tkd_status st = build(p);
+    p->flags = tkd_tokens_has_flags(ds) ? malloc((size_t)seq_len + 1) : NULL;
+    tkd_status st = tkd_tokens_has_flags(ds) && !p->flags ? tkd_error_set(TKD_ERR_NOMEM, "data.packing: out of memory")
+                                                          : build(p);
     if (st != TKD_OK) {
         tkd_doc_pack_free(p);
         return st;
@@ -125,6 +130,7 @@ void tkd_doc_pack_free(tkd_doc_pack *p)
         return;
     free(p->pc);
     free(p->seq0);
+    free(p->flags);
     free(p);
 }
 
@@ -145,8 +151,11 @@ tkd_status tkd_doc_pack_read(const tkd_doc_pack *p, int64_t i, int32_t *tokens, 
         int n = pc->len + pc->cont; /* a continuing piece reads its last label too */
         int32_t *dst = tokens + pos; /* n ≤ T + 1 − pos: a continuing piece fills a whole sequence */
         TKD_TRY(tkd_tokens_read(p->ds, pc->start, n, dst));
+        if (p->flags)
+            TKD_TRY(tkd_tokens_read_flags(p->ds, pc->start, n, p->flags));
         for (int j = 0; j < pc->len; j++) {
-            int has = j + 1 < pc->len || pc->cont;
+            /* a next token in the document, trained by the flags sidecar when there is one */
+            int has = (j + 1 < pc->len || pc->cont) && (!p->flags || (p->flags[j + 1] & TKD_TOKENS_FLAG_TRAINED));
             if (labels)
                 labels[pos + j] = has ? dst[j + 1] : TKD_TOKENS_IGNORE_LABEL;
             if (doc)
@@ -158,7 +167,7 @@ tkd_status tkd_doc_pack_read(const tkd_doc_pack *p, int64_t i, int32_t *tokens, 
             tokens[pos] = TKD_TOKENS_IGNORE_LABEL; /* the next piece overwrites it; else no label */
     }
     for (int j = pos; j < T; j++) { /* padding: one more piece */
-        tokens[j] = 0;
+        tokens[j] = TKD_TOKENS_IGNORE_LABEL;
         if (labels)
             labels[j] = TKD_TOKENS_IGNORE_LABEL;
         if (doc)

@@ -13,8 +13,10 @@
  *     where the document ends (its last token predicts nothing: the next token is another
  *     document's) and on padding; a piece cut from a longer document keeps the label of its last
  *     position (the document's next token);
+ *   - with a flags sidecar (tokens.h), a label whose token is not marked trained is −100 too;
  *   - doc[i] is the position in the sequence where position i's piece starts (what
- *     tkd_model_forward_docs takes); padding is one more piece of token 0.
+ *     tkd_model_forward_docs takes); padding is one more piece, its tokens −100 (as the cache's
+ *     /tokens marks padding: a model input reads them as token 0).
  *
  * Memory: 16 bytes a piece (pieces ≤ documents + tokens / T), built once when the dataset opens.
  */
@@ -25,6 +27,13 @@
 
 #include "common/status.h"
 #include "formats/tokens.h"
+
+/* data.packing's values, indexed by tkd_packing (NULL-terminated: the configs' enum list). */
+typedef enum tkd_packing {
+    TKD_PACKING_STREAM = 0,    /* windows of the token stream, across documents (tokens.h) */
+    TKD_PACKING_DOCUMENTS = 1, /* whole documents, this file */
+} tkd_packing;
+extern const char *const tkd_packing_names[];
 
 typedef struct tkd_doc_pack tkd_doc_pack;
 
@@ -39,7 +48,8 @@ int64_t tkd_doc_pack_count(const tkd_doc_pack *p);
 int64_t tkd_doc_pack_docs(const tkd_doc_pack *p);
 int64_t tkd_doc_pack_labels(const tkd_doc_pack *p);
 
-/* Sequence i: tokens (seq_len + 1) — the inputs, then the last position's label (−100 when it has
+/* Sequence i (one reader at a time per pack: it reads the flags through a scratch buffer): tokens
+ * (seq_len + 1) — the inputs, then the last position's label (−100 when it has
  * none) — labels (seq_len) and doc (seq_len), as the file comment says; labels and doc may be NULL.
  * *n_valid (optional): labels that are not −100. TKD_ERR_INVALID_ARG when i is out of range. */
 tkd_status tkd_doc_pack_read(const tkd_doc_pack *p, int64_t i, int32_t *tokens, int32_t *labels, int32_t *doc,

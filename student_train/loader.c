@@ -24,7 +24,7 @@ struct tkd_loader {
     int renorm;      /* the loss renormalises over the top-k' (tkd_loader_fit_vocab) */
     /* the batch handed out (repacked to seq_len and int32 ids) */
     tkd_train_batch out;
-    int32_t *inputs, *labels, *topk_idx, *tail_idx;
+    int32_t *inputs, *labels, *topk_idx, *tail_idx, *doc;
     float *topk_logit, *lse;
     int64_t *seq;
     int32_t *window; // (seq_len + 1) scratch for token windows
@@ -49,6 +49,10 @@ static tkd_status alloc_buffers(tkd_loader *l)
     l->labels = malloc(bt * sizeof(int32_t));
     l->seq = malloc((size_t)l->o.batch_size * sizeof(int64_t));
     l->window = malloc(((size_t)l->o.seq_len + 1) * sizeof(int32_t));
+    int packed = l->cache ? tkd_cache_reader_manifest(l->cache)->id.packed : l->o.pack != NULL;
+    if (packed && !(l->doc = malloc(bt * sizeof(int32_t))))
+        return tkd_error_set(TKD_ERR_NOMEM, "loader: out of memory for a batch of %d x %d", l->o.batch_size,
+                             l->o.seq_len);
     if (k > 0) {
         l->topk_idx = malloc(bt * (size_t)k * sizeof(int32_t));
         l->topk_logit = malloc(bt * (size_t)k * sizeof(float));
@@ -70,6 +74,7 @@ static tkd_status alloc_buffers(tkd_loader *l)
     l->out.teacher_lse = l->lse;
     l->out.tail_idx = l->tail_idx;
     l->out.seq = l->seq;
+    l->out.doc = l->doc;
     return TKD_OK;
 }
 
@@ -136,6 +141,7 @@ void tkd_loader_close(tkd_loader *l)
     free(l->mine);
     free(l->inputs);
     free(l->labels);
+    free(l->doc);
     free(l->topk_idx);
     free(l->topk_logit);
     free(l->lse);
@@ -281,10 +287,15 @@ static void pack_cache_seq(tkd_loader *l, const tkd_cache_batch *cb, int64_t i, 
 {
     int t = l->o.seq_len, k = l->out.k, s = l->out.s, src_t = cb->seq_len;
     const int32_t *tok = cb->tokens + i * (src_t + 1);
+    /* a packed cache: no label across a document start (the next token is another document's) */
+    const int32_t *ds = cb->doc_start ? cb->doc_start + i * src_t : NULL;
     for (int p = 0; p < t; p++) {
+        int cross = ds && p + 1 < src_t && ds[p + 1] == p + 1;
         l->inputs[(size_t)j * t + p] = tok[p] < 0 ? 0 : tok[p];
-        l->labels[(size_t)j * t + p] = tok[p + 1] < 0 ? -100 : tok[p + 1];
+        l->labels[(size_t)j * t + p] = tok[p + 1] < 0 || cross ? -100 : tok[p + 1];
     }
+    if (ds)
+        memcpy(l->doc + (size_t)j * t, ds, (size_t)t * sizeof(int32_t));
     size_t dst = (size_t)j * t, src = (size_t)i * src_t;
     /* uint32 ids < 2^31 (checked by the kernel's validation) reinterpret as int32 unchanged */
     memcpy(l->topk_idx + dst * k, cb->topk_indices + src * cb->k, (size_t)t * k * sizeof(int32_t));
@@ -330,7 +341,14 @@ static tkd_status next_from_tokens(tkd_loader *l, const tkd_train_batch **batch)
     rank_share(l, l->offset, &first, &nb);
     for (int64_t j = 0; j < nb; j++) {
         int64_t w = l->order[first + j];
-        TKD_TRY(tkd_tokens_window(l->tokens, t, t, 1, w, l->window, l->labels + (size_t)j * t, NULL));
+        if (l->o.pack) {
+            TKD_TRY(tkd_doc_pack_read(l->o.pack, w, l->window, l->labels + (size_t)j * t, l->doc + (size_t)j * t,
+                                      NULL));
+            for (int p = 0; p < t; p++) /* padding (−100) reads as token 0 */
+                l->window[p] = l->window[p] < 0 ? 0 : l->window[p];
+        } else {
+            TKD_TRY(tkd_tokens_window(l->tokens, t, t, 1, w, l->window, l->labels + (size_t)j * t, NULL));
+        }
         memcpy(l->inputs + (size_t)j * t, l->window, (size_t)t * sizeof(int32_t));
         l->seq[j] = w;
     }

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "formats/cache_reader.h"
+#include "formats/doc_pack.h"
 #include "formats/tokens.h"
 
 /* A batch ready for the model and the loss; buffers owned by the loader, valid until the next
@@ -29,6 +30,7 @@ typedef struct tkd_train_batch {
     const float *teacher_lse;  // (b·t)
     const int32_t *tail_idx;   // (b·t, s)
     const int64_t *seq;        // (b) sequence ids within the source
+    const int32_t *doc;        // (b, t) packed documents' starts (tkd_model_forward_docs), or NULL
     int64_t beyond_vocab;      /* teacher entries (top-k' columns and tail draws) of this batch that
                                 * were beyond the student's vocabulary (tkd_loader_fit_vocab) */
 } tkd_train_batch;
@@ -49,6 +51,10 @@ typedef struct tkd_loader_opts {
      * world·batch_size. The position (offset) counts global batches' sequences, the same on every
      * rank. A rank whose part of an epoch's short last batch is empty gets a batch with b = 0. */
     int rank, world;
+    /* A token source cut into packed documents (data.packing: documents; formats/doc_pack.h): the
+     * split indexes its sequences instead of windows. NULL: windows. A cache source says itself
+     * (its identity's packed) and ignores this. */
+    const tkd_doc_pack *pack;
 } tkd_loader_opts;
 
 /* A loader over the sequences split[0..n) of a cache (cache != NULL) or of the windows of a token

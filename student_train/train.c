@@ -108,6 +108,8 @@ static void trainer_free(trainer *tr)
     tkd_loader_close(tr->val);
     tkd_cache_reader_close(tr->cache);
     tkd_cache_reader_close(tr->val_cache);
+    tkd_doc_pack_free(tr->pack);
+    tkd_doc_pack_free(tr->val_pack);
     tkd_tokens_free(tr->tokens);
     tkd_tokens_free(tr->val_tokens);
     tkd_zero_close(tr->zero);

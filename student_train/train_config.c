@@ -2,6 +2,7 @@
 #include "student_train/train_config.h"
 
 #include "common/device.h"
+#include "formats/doc_pack.h"
 #include "kernels/loss/kl_loss.h"
 #include "model/model.h"
 
@@ -42,6 +43,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT(T, seq_len, "data.seq_len", "0", 0, 1 << 20, "Positions per sequence; 0 = the cache's seq_len (a shorter value uses each sequence's first positions)"),
     TKD_CFG_INT(T, prefetch, "data.prefetch", "4", 1, 64, "Batches the loader thread reads ahead"),
     TKD_CFG_STRING(T, expect_teacher_sha256, "data.expect_teacher_sha256", "", "When set, the cache's teacher sha256 must equal it (guards against a cache from another teacher)"),
+    TKD_CFG_ENUM(T, packing, "data.packing", "stream", tkd_packing_names, "With data.tokens (CE only): stream = windows of the token stream, across documents; documents = whole documents, packed with attention kept inside each (needs recorded documents). A cache was packed by teacher-dump and says so itself"),
     TKD_CFG_INT64(T, max_sequences, "data.max_sequences", "0", 0, 1e15, "Use at most this many training sequences; 0 = all"),
 
     TKD_CFG_ENUM(T, kd_variant, "kd.variant", "renorm", tkd_kl_variant_names, "Loss variant: renorm (softmax over the top-k'), tail (exact top-k' + tail mass), sampled (top-k' + tail draws, unbiased; needs a cache with tail draws)"),

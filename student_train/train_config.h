@@ -45,6 +45,7 @@ typedef struct tkd_train_config {
     tkd_strlist val_tokens;/* separate validation token files for CE-only runs */
     double val_fraction;
     int seq_len;           /* 0 = the cache's seq_len; may be shorter (first positions are used) */
+    int packing;           /* data.packing (tkd_packing) for data.tokens; a cache says its own */
     int prefetch;          /* batches read ahead by the loader thread */
     char *expect_teacher_sha256; /* "" = any; else the cache's teacher identity must equal it */
     int64_t max_sequences; /* 0 = all; limits the training split (quick runs) */

@@ -11,6 +11,7 @@
 #include "common/dist.h"
 #include "common/progress.h"
 #include "formats/cache_reader.h"
+#include "formats/doc_pack.h"
 #include "formats/tokens.h"
 #include "kernels/backend.h"
 #include "kernels/loss/kl_loss.h"
@@ -32,6 +33,7 @@ typedef struct trainer {
     char *config_yaml;    /* opts->config_yaml plus the CUDA kernel choices, as config.yaml and checkpoints record it */
     tkd_cache_reader *cache, *val_cache;
     tkd_tokens *tokens, *val_tokens;
+    tkd_doc_pack *pack, *val_pack; /* data.packing: documents over data.tokens / data.val_tokens, else NULL */
     tkd_loader *train, *val;
     tkd_backend *be; /* where the student, its loss and its optimizer run */
     tkd_model *m;

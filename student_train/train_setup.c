@@ -84,6 +84,9 @@ static tkd_status open_cache_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
     TKD_TRY(check_cache_against_config(tr, m));
     tr->V = (int)m->id.vocab_size;
     tr->T = c->seq_len > 0 ? c->seq_len : m->id.seq_len;
+    if (m->id.packed)
+        tkd_log_info("%s: sequences of packed documents (teacher-dump's data.packing: documents): attention stays "
+                     "inside each document", c->cache);
     if (tr->T < m->id.seq_len)
         tkd_log_info("data.seq_len = %d: training on the first %d of each sequence's %d cached positions "
                      "(0 takes them all)", tr->T, tr->T, m->id.seq_len);
@@ -94,10 +97,11 @@ static tkd_status open_cache_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
         TKD_TRY(tkd_cache_reader_open(&tr->val_cache, c->val_cache, NULL));
         const tkd_cache_manifest *vm = tkd_cache_reader_manifest(tr->val_cache);
         if (vm->id.vocab_size != m->id.vocab_size || strcmp(vm->id.teacher_sha256, m->id.teacher_sha256) != 0 ||
-            vm->id.k < tr->k_use || vm->id.seq_len < tr->T || vm->id.tail_samples < tr->S)
+            vm->id.k < tr->k_use || vm->id.seq_len < tr->T || vm->id.tail_samples < tr->S ||
+            vm->id.packed != m->id.packed)
             return tkd_error_set(TKD_ERR_MISMATCH,
-                                 "%s: the validation cache does not match %s (teacher, vocabulary, k, seq_len "
-                                 "or tail draws differ)", c->val_cache, c->cache);
+                                 "%s: the validation cache does not match %s (teacher, vocabulary, k, seq_len, "
+                                 "tail draws or packing differ)", c->val_cache, c->cache);
         *nt = c->max_sequences > 0 && c->max_sequences < n ? c->max_sequences : n;
         *nv = tkd_cache_reader_num_seq(tr->val_cache);
         *tsplit = range_split(0, *nt);
@@ -108,6 +112,21 @@ static tkd_status open_cache_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
         *vsplit = range_split(n - *nv, *nv);
     }
     return *tsplit && *vsplit ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
+}
+
+/* The sequences of a token source: windows every T tokens (the last padded), or with data.packing:
+ * documents its documents packed (*pack made here, owned by the trainer). */
+static tkd_status token_sequences(trainer *tr, const tkd_tokens *ds, tkd_doc_pack **pack, int64_t *n)
+{
+    if (tr->cfg->packing != TKD_PACKING_DOCUMENTS) {
+        *n = tkd_tokens_num_windows(ds, tr->T, tr->T, 1);
+        return TKD_OK;
+    }
+    TKD_TRY(tkd_doc_pack_build(ds, tr->T, pack));
+    *n = tkd_doc_pack_count(*pack);
+    tkd_log_info("data.packing: documents: %lld documents in %lld sequences of %d positions",
+                 (long long)tkd_doc_pack_docs(*pack), (long long)*n, tr->T);
+    return TKD_OK;
 }
 
 static tkd_status open_token_sources(trainer *tr, int64_t **tsplit, int64_t *nt, int64_t **vsplit, int64_t *nv)
@@ -128,12 +147,13 @@ static tkd_status open_token_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
     char trained[160];
     if (tkd_tokens_trained_summary(tr->tokens, trained, sizeof trained))
         tkd_log_info("data.tokens: %s", trained);
-    int64_t n = tkd_tokens_num_windows(tr->tokens, tr->T, tr->T, 1);
+    int64_t n;
+    TKD_TRY(token_sequences(tr, tr->tokens, &tr->pack, &n));
     if (c->val_tokens.n > 0) {
         TKD_TRY(tkd_tokens_open_list((const char *const *)c->val_tokens.items, (int)c->val_tokens.n,
                                      &tr->val_tokens));
         *nt = c->max_sequences > 0 && c->max_sequences < n ? c->max_sequences : n;
-        *nv = tkd_tokens_num_windows(tr->val_tokens, tr->T, tr->T, 1);
+        TKD_TRY(token_sequences(tr, tr->val_tokens, &tr->val_pack, nv));
         *tsplit = range_split(0, *nt);
         *vsplit = range_split(0, *nv);
     } else {
@@ -154,12 +174,14 @@ tkd_status tkd_train_open_data(trainer *tr)
     tkd_loader_opts lo = {.batch_size = tr->B, .seq_len = tr->T, .k = tr->k_use, .with_tail = tr->S > 0,
                           .prefetch = c->prefetch, .seed = (uint64_t)c->seed, .shuffle = 1,
                           .rank = tr->dist.rank, .world = tr->dist.world};
+    lo.pack = tr->pack;
     if (st == TKD_OK)
         st = tkd_loader_open(&tr->train, tr->cache, tr->cache ? NULL : tr->tokens, ts, nt, &lo);
     lo.shuffle = 0;
     if (st == TKD_OK && nv > 0) {
         tkd_cache_reader *vc = tr->val_cache ? tr->val_cache : tr->cache;
         const tkd_tokens *vt = tr->val_tokens ? tr->val_tokens : tr->tokens;
+        lo.pack = tr->val_tokens ? tr->val_pack : tr->pack;
         st = tkd_loader_open(&tr->val, vc, vc ? NULL : vt, vs, nv, &lo);
     }
     free(ts);

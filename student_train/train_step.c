@@ -84,7 +84,7 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, int last, st
         return TKD_OK;
     tr->kp.grad_scale = scale;
     const void *hidden = NULL;
-    TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 1, &hidden));
+    TKD_TRY(tkd_model_forward_docs(tr->m, b->inputs, b->doc, b->b, b->t, 1, &hidden));
     tkd_kl_batch kb;
     kl_batch_of(tr, b, &kb);
     TKD_TRY(op->kl_stage(tr->be, tr->kl, &tr->kp, &kb));
@@ -252,7 +252,7 @@ tkd_status tkd_train_evaluate(trainer *tr, eval_stats *es)
         kl_batch_of(tr, b, &kb);
         TKD_TRY(tr->be->op->kl_stage(tr->be, tr->kl, &kp, &kb));
         const void *hidden = NULL;
-        TKD_TRY(tkd_model_forward(tr->m, b->inputs, b->b, b->t, 0, &hidden));
+        TKD_TRY(tkd_model_forward_docs(tr->m, b->inputs, b->doc, b->b, b->t, 0, &hidden));
         tkd_kl_result r;
         TKD_TRY(tr->be->op->kl_forward(tr->be, tr->kl, &kp, hidden, tkd_model_lm_head_dev(tr->m), &r, NULL, NULL));
         es->loss += r.loss * (double)r.n_kept;

@@ -15,6 +15,7 @@
 #include "common/sha256.h"
 #include "common/signals.h"
 #include "formats/cache_manifest.h"
+#include "formats/doc_pack.h"
 #include "formats/tokens.h"
 #include "kernels/backend.h"
 #include "kernels/loss/kl_loss.h"
@@ -107,6 +108,7 @@ static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cf
     memcpy(m->id.dataset_sha256, dataset_hex, 65);
     m->dataset_tokens = tkd_tokens_count(ds);
     m->stride = cfg->stride;
+    m->id.packed = cfg->packing == TKD_PACKING_DOCUMENTS;
     m->tail_seed = cfg->tail_samples > 0 ? (uint64_t)cfg->seed : 0;
     char *paths = join_paths(&cfg->data_paths);
     tkd_status st = paths ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
@@ -217,6 +219,7 @@ typedef struct dump_buffers {
     int32_t *labels;   // (T)
     int64_t *row_seq;  // (B·T) sequence index of each row (tail draws)
     int32_t *row_pos;  // (B·T) its position
+    const tkd_doc_pack *pack; /* data.packing: documents (the run's), else NULL */
 } dump_buffers;
 
 static void buffers_free(dump_buffers *b)
@@ -245,10 +248,28 @@ static tkd_status buffers_alloc(dump_buffers *b, int B, int T)
 /* Windows [s, s + nb) into the batch's /tokens (padding becomes -100) and the inputs. buf->labels
  * holds the window's labels, -100 also where a flags sidecar says the target is not trained; the
  * /tokens keep those tokens, since they are the next position's input. */
+/* Packed documents: sequences [s, s + nb) of pack into the batch's /tokens (padding −100) and
+ * /doc_start, the inputs (padding as token 0) and the documents the forward confines attention to. */
+static tkd_status fill_packed(const tkd_doc_pack *pack, int T, int64_t s, int nb, tkd_cache_batch *b,
+                              dump_buffers *buf)
+{
+    for (int j = 0; j < nb; j++) {
+        int32_t *tok = b->tokens + (size_t)j * (size_t)(T + 1), *in = buf->inputs + (size_t)j * (size_t)T;
+        TKD_TRY(tkd_doc_pack_read(pack, s + j, tok, NULL, b->doc_start + (size_t)j * (size_t)T, NULL));
+        for (int t = 0; t < T; t++)
+            in[t] = tok[t] == TKD_TOKENS_IGNORE_LABEL ? 0 : tok[t];
+        b->seq_index[j] = s + j;
+    }
+    b->num_seq = nb;
+    return TKD_OK;
+}
+
 static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, int64_t s, int nb,
                               tkd_cache_batch *b, dump_buffers *buf)
 {
     int T = cfg->seq_len;
+    if (buf->pack)
+        return fill_packed(buf->pack, T, s, nb, b, buf);
     for (int j = 0; j < nb; j++) {
         int32_t *tok = b->tokens + (size_t)j * (size_t)(T + 1);
         TKD_TRY(tkd_tokens_window(ds, T, cfg->stride, cfg->last_window == TKD_DUMP_LAST_WINDOW_PAD, s + j,
@@ -392,11 +413,24 @@ typedef struct dump_ctx {
     tkd_backend *be;           /* where the teacher runs (device:) */
     tkd_model *model;
     tkd_tokens *ds;
+    tkd_doc_pack *pack;        /* data.packing: documents: the dataset's sequences, else NULL */
     tkd_cache_manifest tmpl;   /* identity + the shards kept from an earlier run (sorted) */
     int64_t kept_seqs;         /* sequences in those shards */
     int64_t windows;           /* sequences of the whole dump, all workers' */
     char manifest_path[4096];
 } dump_ctx;
+
+/* data.packing: documents: the dataset's documents packed into sequences of data.seq_len, and what
+ * that made, logged once. */
+static tkd_status open_pack(dump_ctx *c)
+{
+    TKD_TRY(tkd_doc_pack_build(c->ds, c->cfg->seq_len, &c->pack));
+    int64_t n = tkd_doc_pack_count(c->pack), T = c->cfg->seq_len;
+    tkd_log_info("teacher-dump: data.packing: documents: %lld documents in %lld sequences of %lld positions, "
+                 "%.1f %% of them labelled", (long long)tkd_doc_pack_docs(c->pack), (long long)n, (long long)T,
+                 n ? 100.0 * (double)tkd_doc_pack_labels(c->pack) / ((double)n * (double)T) : 0.0);
+    return TKD_OK;
+}
 
 static tkd_status check_compute_args(const dump_ctx *c)
 {
@@ -653,7 +687,8 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
         TKD_TRY(tkd_dump_writer_acquire(w, &b));
         TKD_TRY(fill_tokens(c->ds, cfg, s, nb, b, buf));
         const void *hidden;
-        TKD_TRY(tkd_model_forward(c->model, buf->inputs, nb, (int)T, 0, &hidden));
+        TKD_TRY(tkd_model_forward_docs(c->model, buf->inputs, buf->pack ? b->doc_start : NULL, nb, (int)T, 0,
+                                       &hidden));
         TKD_TRY(lm_head_topk(cfg, c->model, hidden, (int64_t)nb * T, s, b, buf));
         TKD_TRY(check_storable(cfg, b));
         TKD_TRY(tkd_dump_writer_submit(w, b, s));
@@ -673,6 +708,7 @@ static tkd_status run_compute(dump_ctx *c)
     dump_buffers buf = {0};
     TKD_TRY(tkd_model_reserve(c->model, cfg->batch_size, cfg->seq_len, 0));
     TKD_TRY(buffers_alloc(&buf, cfg->batch_size, cfg->seq_len));
+    buf.pack = c->pack;
     tkd_dump_writer_opts wo = {
         .dir = cfg->output_dir,
         .manifest_path = c->manifest_path,
@@ -761,9 +797,12 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
         st = tkd_dump_dir_open(cfg, &lock);
     if (st == TKD_OK)
         st = load_inputs(&c);
+    if (st == TKD_OK && cfg->packing == TKD_PACKING_DOCUMENTS)
+        st = open_pack(&c);
     if (st == TKD_OK) {
-        int64_t nw = tkd_tokens_num_windows(c.ds, cfg->seq_len, cfg->stride,
-                                            cfg->last_window == TKD_DUMP_LAST_WINDOW_PAD);
+        int64_t nw = c.pack ? tkd_doc_pack_count(c.pack)
+                            : tkd_tokens_num_windows(c.ds, cfg->seq_len, cfg->stride,
+                                                     cfg->last_window == TKD_DUMP_LAST_WINDOW_PAD);
         if (cfg->max_sequences > 0 && cfg->max_sequences < nw)
             nw = cfg->max_sequences;
         if (nw == 0)
@@ -789,6 +828,7 @@ tkd_status tkd_dump_run(const tkd_dump_config *cfg, const tkd_dump_opts *opts, t
         tkd_error_restore(&saved);
     }
     tkd_cache_manifest_free(&c.tmpl);
+    tkd_doc_pack_free(c.pack);
     tkd_tokens_free(c.ds);
     if (!c.opts->teacher)
         tkd_model_free(c.model);

@@ -11,6 +11,7 @@
 
 #include "common/dist.h"
 #include "formats/cache_shard.h"
+#include "formats/doc_pack.h"
 #include "formats/text_docs.h"
 
 static const char *const last_window_names[] = {"drop", "pad", NULL};
@@ -48,6 +49,9 @@ static const tkd_config_field dump_fields[] = {
                 "tokens between window starts; 0 = seq_len (windows share one boundary token)."),
     TKD_CFG_ENUM(C, last_window, "data.last_window", "drop", last_window_names,
                  "the last partial window: drop it, or pad it (padding labels are -100 in /tokens)."),
+    TKD_CFG_ENUM(C, packing, "data.packing", "stream", tkd_packing_names,
+                 "stream: windows of the token stream, across documents; documents: whole documents (cut at "
+                 "seq_len), packed with attention kept inside each (needs recorded documents)."),
     TKD_CFG_INT64(C, max_sequences, "data.max_sequences", "0", 0, 1e15,
                   "dump at most this many windows (the first ones); 0 = all."),
     TKD_CFG_INT(C, k, "cache.k", "100", 1, 128, "top-k teacher logits kept per position."),
@@ -169,6 +173,10 @@ tkd_status tkd_dump_config_finalize(tkd_dump_config *cfg, const char *(*getenv_f
                              "workers.index: %d is not below workers.count %d — indices run 0..count-1",
                              cfg->worker_index, cfg->worker_count);
     TKD_TRY(check_data_format(cfg));
+    if (cfg->packing == TKD_PACKING_DOCUMENTS && cfg->stride != cfg->seq_len)
+        return tkd_error_set(TKD_ERR_CONFIG, "data.stride: %d with data.packing: documents, whose sequences are "
+                             "whole documents, not windows every stride tokens: leave data.stride unset",
+                             cfg->stride);
     char *sep = NULL; /* checked here, before a teacher is loaded; the dataset reads it again */
     tkd_status st = tkd_dump_doc_separator(cfg, &sep);
     free(sep);

@@ -44,6 +44,7 @@ typedef struct tkd_dump_config {
     int seq_len;               /* data.seq_len */
     int stride;                /* data.stride; 0 = seq_len (resolved by tkd_dump_config_finalize) */
     int last_window;           /* data.last_window: tkd_dump_last_window */
+    int packing;               /* data.packing: tkd_packing (formats/doc_pack.h) */
     int64_t max_sequences;     /* data.max_sequences; 0 = every window */
     int k;                     /* cache.k */
     int logits_dtype;          /* cache.logits_dtype: tkd_cache_dtype (same order) */

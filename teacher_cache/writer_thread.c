@@ -166,6 +166,8 @@ tkd_status tkd_dump_writer_start(tkd_dump_writer **out, const tkd_dump_writer_op
     const tkd_cache_identity *id = &o->manifest->id;
     for (int i = 0; st == TKD_OK && i < NBUF; i++) {
         st = tkd_cache_batch_alloc(&w->bufs[i], o->batch_capacity, id->seq_len, id->k, id->tail_samples);
+        if (st == TKD_OK && id->packed)
+            st = tkd_cache_batch_alloc_doc_start(&w->bufs[i]);
         w->free_list[w->nfree++] = i;
     }
     if (st == TKD_OK) {

@@ -20,15 +20,17 @@
 #define TKD_DT_LLAMA TKD_SOURCE_DIR "/tests/fixtures/hf/llama_gqa_f32" /* V = 131 */
 #define TKD_DT_QWEN TKD_SOURCE_DIR "/tests/fixtures/hf/qwen2_tied_f32"  /* V = 173 */
 
-/* Writes an int32 .npy of shape (rows, cols) (rows = 0: 1-D of cols). */
-static inline void tkd_dt_write_npy(const char *path, const int32_t *data, int rows, int cols)
+/* Writes a .npy of element type descr ('<i4', '|u1') and elem bytes, shape (rows, cols) (rows = 0:
+ * 1-D of cols), from data. */
+static inline void tkd_dt_write_npy_as(const char *path, const char *descr, const void *data, size_t elem, int rows,
+                                       int cols)
 {
     char shape[64], hdr[128];
     if (rows > 0)
         snprintf(shape, sizeof shape, "(%d, %d)", rows, cols);
     else
         snprintf(shape, sizeof shape, "(%d,)", cols);
-    int n = snprintf(hdr, sizeof hdr, "{'descr': '<i4', 'fortran_order': False, 'shape': %s, }", shape);
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
     int total = 10 + n + 1, pad = (64 - total % 64) % 64; /* header padded to 64 bytes, ends in \n */
     memset(hdr + n, ' ', (size_t)pad);
     hdr[n + pad] = '\n';
@@ -39,8 +41,14 @@ static inline void tkd_dt_write_npy(const char *path, const int32_t *data, int r
     fwrite(&hlen, 2, 1, f);
     fwrite(hdr, 1, hlen, f);
     size_t cnt = (size_t)(rows > 0 ? rows : 1) * (size_t)cols;
-    assert_int_equal(fwrite(data, 4, cnt, f), cnt);
+    assert_int_equal(fwrite(data, elem, cnt, f), cnt);
     assert_int_equal(fclose(f), 0);
+}
+
+/* Writes an int32 .npy of shape (rows, cols) (rows = 0: 1-D of cols). */
+static inline void tkd_dt_write_npy(const char *path, const int32_t *data, int rows, int cols)
+{
+    tkd_dt_write_npy_as(path, "<i4", data, 4, rows, cols);
 }
 
 /* n pseudo-random tokens in [0, vocab) written to <dir>/<name>; returns the path (static buffer). */
@@ -161,6 +169,8 @@ static inline int64_t tkd_dt_read_all(const char *dir, tkd_cache_batch *b, tkd_c
     const tkd_cache_manifest *rm = tkd_cache_reader_manifest(r);
     int64_t n = tkd_cache_reader_num_seq(r);
     assert_int_equal(tkd_cache_batch_alloc(b, n, rm->id.seq_len, rm->id.k, rm->id.tail_samples), TKD_OK);
+    if (rm->id.packed)
+        assert_int_equal(tkd_cache_batch_alloc_doc_start(b), TKD_OK);
     st = tkd_cache_reader_read(r, 0, n, b, 0);
     if (st != TKD_OK)
         fail_msg("%s", tkd_error_msg());
@@ -190,6 +200,8 @@ static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b
     assert_memory_equal(a.seq_index, b.seq_index, n * sizeof *a.seq_index);
     if (S)
         assert_memory_equal(a.tail_indices, b.tail_indices, n * T * S * sizeof *a.tail_indices);
+    if (a.doc_start)
+        assert_memory_equal(a.doc_start, b.doc_start, n * T * sizeof *a.doc_start);
     tkd_cache_batch_free(&a);
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&ma);

@@ -347,6 +347,73 @@ static void test_token_windows_with_flags(void **state)
     tkd_tokens_free(tok);
 }
 
+/* data.packing: documents over a token file whose flags sidecar records documents of 5, 1, 13 and
+ * 11 tokens and leaves token 3 untrained: at seq_len 8 the loader hands out 5 sequences (5+1 | 8 |
+ * 5 | 8 | 3), labels never across a document nor on an untrained token, and each position's
+ * document start for the forward. */
+static void test_packed_documents(void **state)
+{
+    fixture *f = *state;
+    enum { N = 30, T = 8, X = -100 };
+    char path[4200], side[4300];
+    snprintf(path, sizeof path, "%s/docs.bin", f->dir);
+    snprintf(side, sizeof side, "%s.flags.npy", path);
+    FILE *fp = fopen(path, "wb");
+    int32_t header[256] = {20240520, 1, N};
+    fwrite(header, sizeof header, 1, fp);
+    for (int i = 0; i < N; i++) {
+        uint16_t t = (uint16_t)(1000 + i);
+        fwrite(&t, sizeof t, 1, fp);
+    }
+    fclose(fp);
+    fp = fopen(side, "wb");
+    char h[128];
+    memcpy(h, "\x93NUMPY\x01\x00\x76\x00", 10);
+    int n = 10 + snprintf(h + 10, sizeof h - 10, "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }", N);
+    memset(h + n, ' ', sizeof h - (size_t)n);
+    h[127] = '\n';
+    fwrite(h, sizeof h, 1, fp);
+    for (int i = 0; i < N; i++)
+        fputc((i == 3 ? 0 : TKD_TOKENS_FLAG_TRAINED) | (i == 0 || i == 5 || i == 6 || i == 19 ? TKD_TOKENS_FLAG_DOC_START : 0),
+              fp);
+    fclose(fp);
+    tkd_tokens *tok = NULL;
+    assert_int_equal(tkd_tokens_open(path, &tok), TKD_OK);
+    tkd_doc_pack *pack = NULL;
+    assert_int_equal(tkd_doc_pack_build(tok, T, &pack), TKD_OK);
+    assert_int_equal(tkd_doc_pack_count(pack), 5);
+    int64_t split[5] = {0, 1, 2, 3, 4};
+    tkd_loader *l = NULL;
+    tkd_loader_opts o = opts(5, T, 0, 0, 8);
+    o.shuffle = 0;
+    o.pack = pack;
+    assert_int_equal(tkd_loader_open(&l, NULL, tok, split, 5, &o), TKD_OK);
+    assert_int_equal(tkd_loader_seek(l, 0, 0), TKD_OK);
+    const tkd_train_batch *b = NULL;
+    assert_int_equal(tkd_loader_next(l, &b), TKD_OK);
+    assert_int_equal(b->b, 5);
+    static const int32_t in[5][T] = {{1000, 1001, 1002, 1003, 1004, 1005, 0, 0},
+                                     {1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013},
+                                     {1014, 1015, 1016, 1017, 1018, 0, 0, 0},
+                                     {1019, 1020, 1021, 1022, 1023, 1024, 1025, 1026},
+                                     {1027, 1028, 1029, 0, 0, 0, 0, 0}};
+    static const int32_t lab[5][T] = {{1001, 1002, X, 1004, X, X, X, X},
+                                      {1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014},
+                                      {1015, 1016, 1017, 1018, X, X, X, X},
+                                      {1020, 1021, 1022, 1023, 1024, 1025, 1026, 1027},
+                                      {1028, 1029, X, X, X, X, X, X}};
+    static const int32_t doc[5][T] = {{0, 0, 0, 0, 0, 5, 6, 6}, {0}, {0, 0, 0, 0, 0, 5, 5, 5}, {0}, {0, 0, 0, 3, 3, 3, 3, 3}};
+    assert_non_null(b->doc);
+    for (int j = 0; j < 5; j++) {
+        assert_memory_equal(b->inputs + j * T, in[j], sizeof in[j]);
+        assert_memory_equal(b->labels + j * T, lab[j], sizeof lab[j]);
+        assert_memory_equal(b->doc + j * T, doc[j], sizeof doc[j]);
+    }
+    tkd_loader_close(l);
+    tkd_doc_pack_free(pack);
+    tkd_tokens_free(tok);
+}
+
 /* Tail draws asked of a cache without them: a clear error, nothing leaked. */
 static void test_tail_needs_a_cache_with_draws(void **state)
 {
@@ -376,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_topk_and_seq_len_truncation),
         cmocka_unit_test(test_token_windows_once_per_epoch),
         cmocka_unit_test(test_token_windows_with_flags),
+        cmocka_unit_test(test_packed_documents),
         cmocka_unit_test(test_tail_needs_a_cache_with_draws),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

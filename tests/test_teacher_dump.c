@@ -25,7 +25,10 @@
 #include "teacher_cache/dump_merge.h"
 #include "tests/gpt_oss_testutil.h"
 #include "teacher_cache/dump_dir.h"
+#include "student_train/loader.h"
 #include "tests/dump_testutil.h"
+#include "tests/model_testutil.h"
+#include "formats/tokens.h"
 
 /* ---- parity with transformers -------------------------------------------------------------------- */
 
@@ -690,6 +693,103 @@ static void test_worker_ranges_tile(void **state)
     assert_int_equal(b, 18);
 }
 
+/* data.packing: documents (issue 23): a dataset whose flags sidecar records documents of 7, 1, 12
+ * and 20 tokens, at seq_len 16, packs into 4 sequences (7+1 | 12 | 16 | 4), and every cached row
+ * holds the top-k and LSE of its document run alone through the teacher (float32 cache: the
+ * forward's own rounding only); /doc_start and the manifest say how they were packed, and a file
+ * without documents is refused naming data.packing. */
+static void test_packed_documents(void **state)
+{
+    const char *dir = *state;
+    enum { N = 40, T = 16, K = 8 };
+    static const int starts[] = {0, 7, 8, 20, N};
+    tkd_model_config c = small_cfg(0, 1);
+    c.vocab_size = 53, c.max_position_embeddings = 32;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 3, &m), TKD_OK);
+    int32_t tok[N];
+    uint8_t fl[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 17 + 5) % c.vocab_size, fl[i] = TKD_TOKENS_FLAG_TRAINED;
+    for (int d = 0; d < 4; d++)
+        fl[starts[d]] |= TKD_TOKENS_FLAG_DOC_START;
+    char npy[4200], flags[4200], out[4200], yaml[16384];
+    snprintf(npy, sizeof npy, "%s/docs.npy", dir);
+    snprintf(flags, sizeof flags, "%s/docs.npy.flags.npy", dir);
+    snprintf(out, sizeof out, "%s/cache", dir);
+    tkd_dt_write_npy(npy, tok, 0, N);
+    tkd_dt_write_npy_as(flags, "|u1", fl, 1, 0, N);
+    snprintf(yaml, sizeof yaml,
+             "teacher: {path: 'random:small'}\ndata: {paths: ['%s'], seq_len: %d, packing: documents}\n"
+             "cache: {k: %d, logits_dtype: float32, shard_sequences: 2}\nrun: {batch_size: 3}\n"
+             "lm_head: {chunk_rows: 7}\noutput: {dir: '%s'}\n", npy, T, K, out);
+    tkd_dump_opts o = {.teacher = m, .teacher_seed = 3};
+    tkd_dt_run_ok(yaml, &o, NULL);
+    tkd_cache_batch b;
+    tkd_cache_manifest man;
+    assert_int_equal(tkd_dt_read_all(out, &b, &man), 4);
+    assert_int_equal(man.id.packed, 1);
+    assert_non_null(b.doc_start);
+    /* the pieces: (sequence, position, dataset start, length) */
+    static const int pieces[5][4] = {{0, 0, 0, 7}, {0, 7, 7, 1}, {1, 0, 8, 12}, {2, 0, 20, 16}, {3, 0, 36, 4}};
+    float *lg = malloc(sizeof(float) * T * (size_t)c.vocab_size);
+    assert_non_null(lg);
+    for (int p = 0; p < 5; p++) {
+        const int sq = pieces[p][0], at = pieces[p][1], n = pieces[p][3];
+        const void *h = NULL;
+        assert_int_equal(tkd_model_forward(m, tok + pieces[p][2], 1, n, 0, &h), TKD_OK);
+        assert_int_equal(tkd_model_logits(m, h, n, lg), TKD_OK);
+        for (int j = 0; j < n; j++) {
+            size_t r = (size_t)sq * T + at + j;
+            check_row(lg + (size_t)j * c.vocab_size, c.vocab_size, K, b.topk_indices + r * K, b.topk_logits + r * K,
+                      b.lse[r], 0, (int)r);
+            assert_int_equal(b.doc_start[r], at);
+            assert_int_equal(b.tokens[(size_t)sq * (T + 1) + at + j], tok[pieces[p][2] + j]);
+        }
+    }
+    /* padding after the last piece: −100 in /tokens, one more document */
+    for (int t = 4; t < T; t++) {
+        assert_int_equal(b.tokens[3 * (T + 1) + t], TKD_TOKENS_IGNORE_LABEL);
+        assert_int_equal(b.doc_start[3 * T + t], 4);
+    }
+    assert_int_equal(b.tokens[2 * (T + 1) + T], tok[36]); /* the cut document's next token */
+    /* student-train's loader over this cache: no label across a document start, the starts kept */
+    tkd_cache_reader *r = NULL;
+    assert_int_equal(tkd_cache_reader_open(&r, out, NULL), TKD_OK);
+    int64_t split[4] = {0, 1, 2, 3};
+    tkd_loader_opts lo = {.batch_size = 4, .seq_len = T, .k = K, .prefetch = 2};
+    tkd_loader *l = NULL;
+    assert_int_equal(tkd_loader_open(&l, r, NULL, split, 4, &lo), TKD_OK);
+    assert_int_equal(tkd_loader_seek(l, 0, 0), TKD_OK);
+    const tkd_train_batch *tb = NULL;
+    assert_int_equal(tkd_loader_next(l, &tb), TKD_OK);
+    assert_int_equal(tb->b, 4);
+    assert_non_null(tb->doc);
+    assert_memory_equal(tb->doc, b.doc_start, sizeof(int32_t) * 4 * T);
+    assert_int_equal(tb->labels[6], TKD_TOKENS_IGNORE_LABEL);    /* the 7-token document's last */
+    assert_int_equal(tb->labels[7], TKD_TOKENS_IGNORE_LABEL);    /* the 1-token document's */
+    assert_int_equal(tb->labels[5], tok[6]);
+    assert_int_equal(tb->labels[2 * T + T - 1], tok[36]);        /* the cut document goes on */
+    assert_int_equal(tb->labels[3 * T + 3], TKD_TOKENS_IGNORE_LABEL);
+    assert_int_equal(tb->inputs[3 * T + 5], 0);                  /* padding reads as token 0 */
+    tkd_loader_close(l);
+    tkd_cache_reader_close(r);
+    free(lg);
+    tkd_cache_batch_free(&b);
+    tkd_cache_manifest_free(&man);
+    /* a token file that records no documents */
+    char bare[4200];
+    snprintf(bare, sizeof bare, "%s/bare.npy", dir);
+    tkd_dt_write_npy(bare, tok, 0, N);
+    snprintf(yaml, sizeof yaml,
+             "teacher: {path: 'random:small'}\ndata: {paths: ['%s'], seq_len: %d, packing: documents}\n"
+             "cache: {k: %d}\noutput: {dir: '%s/c2'}\n", bare, T, K, dir);
+    assert_int_equal(tkd_dt_run(yaml, &o, NULL), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("data.packing: documents: ");
+    tkd_test_assert_msg_has("bare.npy records no document boundaries");
+    tkd_model_free(m);
+}
+
 static void test_raw_bytes_per_token(void **state)
 {
     (void)state;
@@ -703,7 +803,7 @@ static void test_raw_bytes_per_token(void **state)
     tkd_config_free(&tkd_dump_schema, &cfg);
 }
 
-TKD_TEST_MAIN_EACH_DIR(test_parity_llama_half, test_parity_llama_bf16_weights, test_parity_qwen_float32,
+TKD_TEST_MAIN_EACH_DIR(test_packed_documents, test_parity_llama_half, test_parity_llama_bf16_weights, test_parity_qwen_float32,
     test_parity_qwen_bf16_weights, test_dump_qwen3_moe_teacher, test_dump_gpt_oss_teacher, test_resume_after_stop, test_repair_missing_and_damaged,
     test_writer_threads_same_cache, test_two_dumps_same_bytes, test_last_window_pad,
     test_merge_names_the_missing_worker, test_config_workers_from_env, test_config_shard_tokens,
