@@ -500,8 +500,12 @@ static tkd_status read_gpt_oss_moe(const char *path, const cJSON *root, tkd_mode
     c->num_experts_per_tok = 4;
     TKD_TRY(get_int(path, root, "", "num_experts_per_tok", 0, &c->num_experts_per_tok));
     c->moe_intermediate_size = c->intermediate_size;
+    /* transformers 5.17's GptOssExperts clamps at a fixed 7.0 whatever swiglu_limit says (every released
+     * gpt-oss config says 7.0): the field is read for its type only, and the layer computes what
+     * transformers computes (docs/model.md) */
+    float limit = 7.0f;
+    TKD_TRY(get_float(path, root, "swiglu_limit", &limit));
     c->swiglu_limit = 7.0f;
-    TKD_TRY(get_float(path, root, "swiglu_limit", &c->swiglu_limit));
     if (c->num_hidden_layers > TKD_MAX_MOE_LAYERS)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "%s: %d mixture-of-experts layers: at most %d are supported", path,
                              c->num_hidden_layers, TKD_MAX_MOE_LAYERS);

@@ -485,8 +485,8 @@ static void check_lse_all(const inputs *in, const acase *c, const float *lse)
 /* Packed documents (tkd_attn_mask.doc): each document's rows of a packed batch equal that document
  * run alone under the same window and sinks, for the flash kernel (dh 64, 128) and the simple one
  * (dh 32), documents of 1 to 200 tokens across tile boundaries. The two runs multiply the same bf16
- * numbers but in tiles aligned differently: y within 2^-7 of the row's largest |v| (bf16 output
- * rounding plus fp32 order), lse within 1e-4. */
+ * numbers but in tiles aligned differently, so their fp32 sums differ in the last bits and the
+ * bf16 output may round the other way: y within one bf16 step (2^-7·max(|y|, 1)), lse within 1e-4. */
 static void run_documents(int dh, int window, int with_sinks)
 {
     enum { B = 2, T = 333, H = 4, Hkv = 2 };
@@ -540,15 +540,17 @@ static void run_documents(int dh, int window, int with_sinks)
     float *l = tkd_test_xmalloc(sizeof(float) * B * H * T), *la = tkd_test_xmalloc(sizeof(float) * B * H * T);
     tkd_test_to_host(y, dy, 2 * nq, NULL), tkd_test_to_host(ya, dya, 2 * nq, NULL);
     tkd_test_to_host(l, dl, sizeof(float) * B * H * T, NULL), tkd_test_to_host(la, dla, sizeof(float) * B * H * T, NULL);
-    double worst = 0, worst_l = 0;
-    for (int64_t i = 0; i < nq; i++)
-        worst = fmax(worst, fabs((double)tkd_bf16_to_f32(y[i]) - tkd_bf16_to_f32(ya[i])));
+    double worst = 0, worst_l = 0; /* worst: |dy| in units of its bf16 spacing bound 2^-7·max(|y|, 1) */
+    for (int64_t i = 0; i < nq; i++) {
+        double a = tkd_bf16_to_f32(y[i]), c = tkd_bf16_to_f32(ya[i]);
+        worst = fmax(worst, fabs(a - c) / (0x1p-7 * fmax(fmax(fabs(a), fabs(c)), 1.0)));
+    }
     for (int64_t i = 0; i < (int64_t)B * H * T; i++)
         worst_l = fmax(worst_l, fabs((double)l[i] - la[i]));
-    print_message("documents, %s dh %3d window %2d sinks %d: packed vs alone max |dy| %.3g, |dlse| %.3g\n",
+    print_message("documents, %s dh %3d window %2d sinks %d: packed vs alone max |dy| %.3g bf16 steps, |dlse| %.3g\n",
                   flash ? "flash " : "simple", dh, window, with_sinks, worst, worst_l);
-    if (!(worst <= 1.0 / 128) || !(worst_l <= 1e-4))
-        fail_msg("dh %d window %d sinks %d: packed documents differ from each alone: |dy| %g, |dlse| %g", dh, window,
+    if (!(worst <= 1.0) || !(worst_l <= 1e-4))
+        fail_msg("dh %d window %d sinks %d: packed documents differ from each alone: |dy| %g bf16 steps, |dlse| %g", dh, window,
                  with_sinks, worst, worst_l);
     free(f), free(qb), free(kb), free(vb), free(y), free(ya), free(l), free(la);
     cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dy), cudaFree(dya), cudaFree(dl), cudaFree(dla);
