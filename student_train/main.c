@@ -10,6 +10,7 @@
 #include "common/launch.h"
 #include "common/log.h"
 #include "common/signals.h"
+#include "common/test_hooks.h"
 #include "student_train/train.h"
 #include "student_train/train_config.h"
 
@@ -37,7 +38,12 @@ static void print_result_line(const tkd_train_result *r)
         printf(" val_kd=%.6f", r->val_kd);
     if (!isnan(r->top1_agree))
         printf(" top1=%.6f", r->top1_agree);
-    printf(" steps=%lld tokens=%lld seconds=%.2f\n", (long long)r->steps, (long long)r->tokens, r->seconds);
+    printf(" steps=%lld tokens=%lld seconds=%.2f", (long long)r->steps, (long long)r->tokens, r->seconds);
+    if (r->best_step >= 0) /* added last: scripts that read the fields before keep working */
+        printf(" best_step=%lld best_%s=%.6f", (long long)r->best_step, r->best_metric, r->best_value);
+    if (r->early_stopped)
+        printf(" early_stop=1");
+    printf("\n");
 }
 
 static void print_summary(const tkd_train_result *r)
@@ -53,6 +59,9 @@ static void print_summary(const tkd_train_result *r)
         printf("val KD    %.4f\n", r->val_kd);
     if (!isnan(r->top1_agree))
         printf("top-1     %.4f agreement with the teacher\n", r->top1_agree);
+    if (r->best_step >= 0)
+        printf("best      step %lld: %s %.4f%s\n", (long long)r->best_step, r->best_metric, r->best_value,
+               r->early_stopped ? " (stopped early: train.early_stop_patience)" : "");
     print_result_line(r);
 }
 
@@ -117,6 +126,9 @@ int main(int argc, char **argv)
         tkd_signals_install();
         tkd_train_opts o = {.cfg = &cfg, .run_name = name, .config_yaml = yaml, .resume = cli.resume,
                             .overwrite = cli.overwrite};
+#ifdef TKD_TEST_HOOKS
+        o.kill_after_steps = tkd_test_hook_env("TKD_TRAIN_TEST_KILL_AFTER_STEPS");
+#endif
         tkd_train_result res;
         st = tkd_train_run(&o, &res);
         if (st == TKD_OK && res.finished_before)
