@@ -11,6 +11,7 @@
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/owned_dir.h"
+#include "common/signals.h"
 #include "student_train/sweep_plot.h"
 #include "student_train/train.h"
 #include "student_train/train_config.h"
@@ -323,14 +324,21 @@ static tkd_status write_table_file(const char *dir, const char *name,
 static tkd_status write_svg(const char *dir, const sweep_row *rows, size_t n)
 {
     tkd_plot_series *s = calloc(n ? n : 1, sizeof *s);
-    if (!s)
+    char (*label)[160] = calloc(n ? n : 1, sizeof *label);
+    if (!s || !label) {
+        free(s);
+        free(label);
         return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the plot");
-    for (size_t i = 0; i < n; i++)
-        s[i] = (tkd_plot_series){.name = rows[i].name, .x = rows[i].x, .y = rows[i].y, .n = rows[i].ok ? rows[i].n : 0};
+    }
+    for (size_t i = 0; i < n; i++) { /* a failed run stays in the legend, said so, without a curve */
+        snprintf(label[i], sizeof label[i], "%s%s", rows[i].name, rows[i].ok ? "" : " (failed)");
+        s[i] = (tkd_plot_series){.name = label[i], .x = rows[i].x, .y = rows[i].y, .n = rows[i].ok ? rows[i].n : 0};
+    }
     char *svg = NULL, path[PATH_MAX_];
     tkd_status st = tkd_plot_svg(SVG_HEAD, "student-train sweep: validation CE", "step", "validation CE (nats/token)",
                                  s, (int)n, &svg);
     free(s);
+    free(label);
     if (st == TKD_OK)
         st = tkd_path_join(path, sizeof path, dir, "sweep.svg");
     if (st == TKD_OK)
@@ -387,7 +395,11 @@ tkd_status tkd_sweep_run(const tkd_sweep_opts *o, FILE *out, tkd_sweep_summary *
         sweep_row *r = &rows[done];
         r->val_ce = r->val_ppl = r->val_kd = r->top1 = r->tokens_per_s = NAN;
         r->best_step = r->steps = -1;
-        st = run_one(o, done, old_csv, r);
+        if (tkd_interrupted()) /* a signal between two runs: the next one does not start */
+            st = tkd_error_set(TKD_ERR_INTERRUPTED, "sweep interrupted before %s — run the same command again to "
+                               "continue", r->name);
+        if (st == TKD_OK)
+            st = run_one(o, done, old_csv, r);
         sum->failed += st == TKD_OK && !r->ok;
         if (st == TKD_OK) /* the table so far: a killed sweep keeps the rows (and tokens/s) it made */
             st = write_outputs(o->dir, rows, done + 1);

@@ -29,8 +29,9 @@ int tkd_plot_ticks(double lo, double hi, int max_ticks, double *ticks, int cap, 
             break;
         }
     int n = 0;
-    for (double t = ceil(lo / s - 1e-9) * s; t <= hi + s * 1e-9 && n < cap; t += s)
-        ticks[n++] = fabs(t) < s * 1e-9 ? 0.0 : t;
+    double k0 = ceil(lo / s - 1e-9); /* each tick a multiple of s, not a sum of them (no drift) */
+    for (double t = k0 * s; t <= hi + s * 1e-9 && n < cap; t = (k0 + n) * s)
+        ticks[n++] = t == 0 ? 0.0 : t; /* -0 prints as "-0" */
     *step = s;
     return n;
 }

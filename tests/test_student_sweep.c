@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "student_train/sweep.h"
+#include "student_train/sweep_plot.h"
 #include "tests/testutil.h"
 
 #define BIN TKD_BINARY_DIR "/bin/student-train-testhooks"
@@ -149,7 +151,7 @@ static void test_sweep_table(void **state)
     assert_int_equal(count(svg, "<polyline"), 3); /* a and c with points; b's legend entry only */
     assert_int_equal(count(svg, "points=\"\""), 1);
     assert_non_null(strstr(svg, ">a</text>"));
-    assert_non_null(strstr(svg, ">b</text>"));
+    assert_non_null(strstr(svg, ">b (failed)</text>"));
     assert_non_null(strstr(svg, ">c</text>"));
     assert_non_null(strstr(svg, "</svg>\n"));
     free(out);
@@ -244,4 +246,29 @@ static void test_sweep_refusals(void **state)
     free(md);
 }
 
-TKD_TEST_MAIN_EACH_DIR(test_sweep_table, test_sweep_resumes_after_kill, test_sweep_refusals)
+/* The plot's ticks: 1, 2 or 5 times a power of ten, inside the range, at most the count asked; and
+ * the run names the files give. */
+static void test_ticks_and_names(void **state)
+{
+    (void)state;
+    double t[16], step;
+    assert_int_equal(tkd_plot_ticks(0.5, 6.3, 7, t, 16, &step), 6);
+    assert_true(step == 1 && t[0] == 1 && t[5] == 6);
+    int n = tkd_plot_ticks(4.1, 4.3, 7, t, 16, &step);
+    assert_int_equal(n, 5); /* 4.1, 4.15, ..., 4.3: the end is kept despite rounding */
+    assert_true(tkd_test_close(step, 0.05, 1e-15, 0) && tkd_test_close(t[0], 4.1, 1e-12, 0) &&
+                tkd_test_close(t[4], 4.3, 1e-12, 0));
+    n = tkd_plot_ticks(0, 1000, 7, t, 16, &step);
+    assert_true(step == 200 && n == 6 && t[0] == 0 && t[5] == 1000);
+    n = tkd_plot_ticks(-0.3, 0.3, 7, t, 16, &step);
+    assert_true(step == 0.1 && n == 7 && t[3] == 0.0); /* zero exactly, not 5.55e-17 */
+    char name[64];
+    tkd_sweep_name(name, sizeof name, "configs/ablations/alpha-0.9.yaml");
+    assert_string_equal(name, "alpha-0.9");
+    tkd_sweep_name(name, sizeof name, "/x/my ablation$.yml");
+    assert_string_equal(name, "my-ablation-");
+    tkd_sweep_name(name, sizeof name, "noext");
+    assert_string_equal(name, "noext");
+}
+
+TKD_TEST_MAIN_EACH_DIR(test_sweep_table, test_sweep_resumes_after_kill, test_sweep_refusals, test_ticks_and_names)
