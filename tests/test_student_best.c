@@ -231,6 +231,24 @@ static void test_best_refusals(void **state)
                           TKD_TEST_FRAGS("train.early_stop_patience needs a validation split", "data.val_fraction"));
     assert_int_equal(access(tkd_test_path(runs, "kd0"), F_OK), -1); /* refused runs leave no directory */
     assert_int_equal(access(tkd_test_path(runs, "noval"), F_OK), -1);
+
+    /* a checkpoint whose best_value is not a number is refused on --resume, naming file and key */
+    const char *ok[] = {set_cache, "data.val_fraction=0.25", "train.keep_best=true", "train.max_steps=2",
+                        "train.eval_interval=1", "train.batch_size=4", "model.hidden_size=16",
+                        "model.intermediate_size=32", "model.num_heads=2", "model.num_kv_heads=2",
+                        "model.max_position_embeddings=8", "device=cpu"};
+    assert_int_equal(tkd_test_student_train(runs, "bad", ok, 12, 0, NULL), TKD_OK);
+    char state_path[4600];
+    snprintf(state_path, sizeof state_path, "%s/bad/checkpoint/state.json", runs);
+    char *text = tkd_test_slurp(state_path, NULL);
+    char *v = strstr(text, "\"best_value\":\t\"");
+    assert_non_null(v);
+    v += strlen("\"best_value\":\t\"");
+    memset(v, 'x', strcspn(v, "\""));
+    tkd_test_write_text(state_path, text);
+    free(text);
+    tkd_test_expect_error(tkd_test_student_train(runs, "bad", ok, 12, 1, NULL), TKD_ERR_FORMAT,
+                          TKD_TEST_FRAGS("bad/checkpoint/state.json", "\"best_value\" missing or not a finite number"));
 }
 
 TKD_TEST_MAIN_EACH_DIR(test_best_checkpoint_survives_a_kill, test_early_stop, test_best_refusals)
