@@ -101,7 +101,13 @@ static tkd_status load_config(const tkd_sweep_opts *o, size_t i, const char *nam
     TKD_TRY(tkd_config_apply_file(&tkd_train_schema, cfg, o->files[i]));
     for (size_t k = 0; k < o->nsets; k++)
         TKD_TRY(tkd_config_apply_set(&tkd_train_schema, cfg, o->sets[k]));
-    snprintf(set, sizeof set, "run.dir='%s'", o->dir);
+    size_t n = (size_t)snprintf(set, sizeof set, "run.dir='");
+    for (const char *c = o->dir; *c && n + 3 < sizeof set; c++) { /* a YAML single-quoted scalar: ' as '' */
+        if (*c == '\'')
+            set[n++] = '\'';
+        set[n++] = *c;
+    }
+    snprintf(set + n, sizeof set - n, "'");
     TKD_TRY(tkd_config_apply_set(&tkd_train_schema, cfg, set));
     snprintf(set, sizeof set, "run.name=%s", name);
     return tkd_config_apply_set(&tkd_train_schema, cfg, set);
