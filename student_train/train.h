@@ -51,7 +51,7 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res);
  * demo.yaml with kd.variant=sampled, data.cache=/caches/top20/, run.dir=/tmp/runs ->
  * "demo__kd.variant-sampled__data.cache-top20": a path value by its last component, the output
  * locations (run.dir, run.name, dist.dir) and the settings that never change what is trained
- * (train.stop_after, the log and checkpoint intervals, data.prefetch, dist.*) left out, only
+ * (train.stop_after, the log and checkpoint intervals, train.keep_best, data.prefetch, dist.*) left out, only
  * [A-Za-z0-9._-] kept. A name longer than 96 characters keeps its first 87 and "-" plus 8 hex digits
  * of the whole name's sha256. The full overrides are in the run's config.yaml. Truncated to cap. */
 void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets,
