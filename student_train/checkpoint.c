@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <glob.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,17 @@ static tkd_status add_u64(cJSON *o, const char *key, uint64_t v)
     return cJSON_AddStringToObject(o, key, buf) ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
 }
 
+/* The best evaluation so far; its value as %.17g, which reads back to the same double. */
+static tkd_status add_best(cJSON *o, const tkd_train_state *s)
+{
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", s->best_value);
+    TKD_TRY(add_u64(o, "best_step", (uint64_t)s->best_step));
+    TKD_TRY(add_u64(o, "bad_evals", (uint64_t)s->bad_evals));
+    return cJSON_AddStringToObject(o, "best_value", buf) ? TKD_OK
+                                                         : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
+}
+
 /* state.json: the trainer's state, the optimizer's step and size, and the world its moments were
  * sharded over (1 = optimizer.safetensors). */
 static tkd_status write_state(const char *dir, int64_t adamw_step, size_t n, int world, const tkd_train_state *s)
@@ -121,6 +133,8 @@ static tkd_status write_state(const char *dir, int64_t adamw_step, size_t n, int
         snprintf(key, sizeof key, "rng%d", i);
         st = add_u64(o, key, s->rng.s[i]);
     }
+    if (st == TKD_OK && s->best_step >= 0)
+        st = add_best(o, s);
     char *text = st == TKD_OK ? cJSON_Print(o) : NULL;
     if (st == TKD_OK && !text)
         st = tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
@@ -174,6 +188,21 @@ static tkd_status get_u64(const cJSON *o, const char *key, const char *path, uin
     return TKD_OK;
 }
 
+/* The best evaluation of a state.json that has one (written by add_best). */
+static tkd_status get_best(const cJSON *o, const char *path, tkd_train_state *s)
+{
+    uint64_t step, bad;
+    TKD_TRY(get_u64(o, "best_step", path, &step));
+    TKD_TRY(get_u64(o, "bad_evals", path, &bad));
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "best_value");
+    char *end = NULL;
+    double v = cJSON_IsString(it) ? strtod(it->valuestring, &end) : NAN;
+    if (!end || end == it->valuestring || *end || !isfinite(v))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: key \"best_value\" missing or not a finite number", path);
+    s->best_step = (int64_t)step, s->bad_evals = (int64_t)bad, s->best_value = v;
+    return TKD_OK;
+}
+
 /* The state.json of dir into *s; *adamw_step and the optimizer's *world (1 when the key is absent:
  * a checkpoint from before data-parallel training). Its n must equal the model's. */
 static tkd_status read_state(const char *dir, size_t n, int64_t *adamw_step, int *world, tkd_train_state *s)
@@ -200,6 +229,9 @@ static tkd_status read_state(const char *dir, size_t n, int64_t *adamw_step, int
         st = get_u64(o, keys[i], path, &v[i]);
     if (st == TKD_OK && cJSON_GetObjectItemCaseSensitive(o, keys[10]))
         st = get_u64(o, keys[10], path, &v[10]);
+    s->best_step = -1, s->best_value = 0, s->bad_evals = 0;
+    if (st == TKD_OK && cJSON_GetObjectItemCaseSensitive(o, "best_step"))
+        st = get_best(o, path, s);
     cJSON_Delete(o);
     TKD_TRY(st);
     if (v[5] != n)

@@ -5,7 +5,8 @@
  * <dir>/optimizer-rank<r>-of<W>.safetensors  instead, with W data-parallel ranks: rank r's moments
  *                                        of [begin, end) = tkd_zero_range(n, W, r), (end - begin,) F32
  * <dir>/state.json                       step, loader position (epoch, offset), tokens seen, RNG,
- *                                        AdamW step, n and the optimizer's world W
+ *                                        AdamW step, n and the optimizer's world W, the best
+ *                                        evaluation so far (best_step, best_value, bad_evals)
  * <dir>/config.yaml                      the effective student-train config
  * <dir>/.topkd-built                     the marker: student-train built it (common/owned_dir.h)
  * The directory is built under a temporary name and renamed into place (common/owned_dir.h), so a
@@ -35,6 +36,10 @@ typedef struct tkd_train_state {
     int64_t offset;      /* ... and the offset of the next batch in that epoch's order */
     int64_t tokens_seen; /* training tokens consumed (labels counted, padding excluded) */
     tkd_rng_state rng;   /* the trainer's generator (reserved for stochastic features) */
+    /* the best evaluation so far (train.best_metric), so that a resumed run keeps improving on it */
+    int64_t best_step;   /* -1: none yet (also a checkpoint from before these keys) */
+    double best_value;   /* its train.best_metric (stored as a decimal string that reads back exactly) */
+    int64_t bad_evals;   /* evaluations since the best one (train.early_stop_patience counts these) */
 } tkd_train_state;
 
 /* Writes the checkpoint to dir (replacing an older one atomically). config_yaml may be NULL. */

@@ -43,7 +43,7 @@ static bool prove_metrics(const char *path, void *ctx)
 }
 
 /* Every entry student-train ever makes in a run directory (the marker aside), with its proof:
- * checkpoint.tmp-* and checkpoint.old come from tkd_built_dir_rename, checkpoint.building-* from a
+ * checkpoint.tmp-* and checkpoint.old come from tkd_built_dir_rename (checkpoint-best.* alike, train.keep_best), checkpoint.building-* from a
  * data-parallel checkpoint that a dead rank left unfinished (checkpoint.h), the other temporaries
  * from tkd_file_write_atomic. Only checkpoint/ itself may be one of an older version without the
  * marker (it is what --resume reads); the others must carry it. */
@@ -56,6 +56,10 @@ static const tkd_owned_name run_names[] = {
     {"checkpoint.tmp-*", NULL, NULL, &tkd_checkpoint_kind, false},
     {"checkpoint.old", NULL, NULL, &tkd_checkpoint_kind, false},
     {"checkpoint.building-*", NULL, NULL, &tkd_checkpoint_kind, false},
+    {"checkpoint-best", NULL, NULL, &tkd_checkpoint_kind, false}, /* train.keep_best: always marked */
+    {"checkpoint-best.tmp-*", NULL, NULL, &tkd_checkpoint_kind, false},
+    {"checkpoint-best.old", NULL, NULL, &tkd_checkpoint_kind, false},
+    {"checkpoint-best.building-*", NULL, NULL, &tkd_checkpoint_kind, false},
     {LOCK_NAME, tkd_dir_lock_file_proof, "it holds something other than a pid", NULL, false},
     {NULL, NULL, NULL, NULL, false},
 };
@@ -101,11 +105,16 @@ static tkd_status check_apart(const char *run, const char *cache, const char *ke
  * proven first: one it did not write stops the run, with nothing removed. */
 static tkd_status clean_after_crash(const char *run)
 {
-    static const char *const temps[] = {"checkpoint.tmp-*", "config.yaml.tmp-*", "metrics.jsonl.tmp-*", NULL};
+    static const char *const temps[] = {"checkpoint.tmp-*", "checkpoint-best.tmp-*", "config.yaml.tmp-*",
+                                        "metrics.jsonl.tmp-*", NULL};
+    static const char *const built[] = {"checkpoint", "checkpoint-best", NULL};
     char ckpt[4096];
     TKD_TRY(tkd_owned_dir_tidy(&run_kind, run, temps));
-    TKD_TRY(tkd_path_join(ckpt, sizeof ckpt, run, "checkpoint"));
-    return tkd_built_dir_recover(&tkd_checkpoint_kind, ckpt);
+    for (const char *const *b = built; *b; b++) {
+        TKD_TRY(tkd_path_join(ckpt, sizeof ckpt, run, *b));
+        TKD_TRY(tkd_built_dir_recover(&tkd_checkpoint_kind, ckpt));
+    }
+    return TKD_OK;
 }
 
 tkd_status tkd_run_dir_open(const tkd_train_config *cfg, const char *name, char *run, size_t cap, char *made,

@@ -2,7 +2,7 @@
  * its one writer, and what a dead run left behind.
  *
  * Ownership (common/owned_dir.h): the directory carries the marker ".topkd-run"; student-train makes
- * only config.yaml, metrics.jsonl, checkpoint/ and their temporaries there, and removes one only
+ * only config.yaml, metrics.jsonl, checkpoint/, checkpoint-best/ (train.keep_best) and their temporaries there, and removes one only
  * when it proves that it wrote it (config.yaml by its first line, metrics by its records, a
  * checkpoint directory by its .topkd-built marker, checkpoint.h). --overwrite refuses a directory
  * that holds anything else; every run refuses one holding an entry of those names that fails its

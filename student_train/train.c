@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,11 +30,87 @@ static void progress_line(trainer *tr, const step_stats *ss)
     tkd_progress_update_rate(&tr->progress, tr->st.step - tr->step0, tr->st.tokens_seen - tr->tokens0, extra);
 }
 
+/* What the run reports of its last evaluation es (NaN where there was none), and its best. */
+static void set_eval_result(const trainer *tr, const eval_stats *es, tkd_train_result *res)
+{
+    res->val_loss = es->rows ? es->loss : NAN;
+    res->val_kd = es->rows && tr->kp.alpha > 0 ? es->kd : NAN;
+    res->val_ce = es->rows ? es->ce : NAN;
+    res->val_ppl = es->rows ? exp(es->ce) : NAN;
+    res->top1_agree = es->rows ? es->top1 : NAN;
+}
+
+/* Test builds: a SIGKILL once this process has taken opts->kill_after_steps steps (counted over
+ * every run of the process, so a sweep dies inside whichever ablation reaches the count), after
+ * that step's evaluation and checkpoint: the crash a --resume (or a sweep re-run) recovers from. */
+static void test_kill(const trainer *tr)
+{
+#ifdef TKD_TEST_HOOKS
+    static int64_t steps;
+    if (tr->opts->kill_after_steps > 0 && ++steps == tr->opts->kill_after_steps)
+        raise(SIGKILL);
+#else
+    (void)tr;
+#endif
+}
+
+static const char *best_name(const tkd_train_config *c)
+{
+    return c->best_metric == TKD_TRAIN_BEST_VAL_KD ? "val_kd" : "val_ce";
+}
+
+/* Whether this evaluation is the best so far by train.best_metric (lower is better; a NaN never
+ * is), counting those that are not for train.early_stop_patience. Every rank sees the same
+ * all-reduced values, so every rank agrees. */
+static bool note_best(trainer *tr, const eval_stats *es)
+{
+    double v = tr->cfg->best_metric == TKD_TRAIN_BEST_VAL_KD ? es->kd : es->ce;
+    tkd_train_state *s = &tr->st;
+    if (isnan(v) || (s->best_step >= 0 && !(v < s->best_value))) {
+        s->bad_evals++;
+        return false;
+    }
+    s->best_step = s->step, s->best_value = v, s->bad_evals = 0;
+    return true;
+}
+
+/* An evaluation, its record (with the best so far) and, when it is a new best, checkpoint-best/
+ * (train.keep_best). The state the next checkpoint saves holds the best, so a resumed run goes on
+ * comparing with it. */
 static tkd_status eval_and_log(trainer *tr, eval_stats *es)
 {
     TKD_TRY(tkd_train_evaluate(tr, es));
-    if (es->rows > 0 && tr->dist.rank == 0)
+    if (es->rows == 0)
+        return TKD_OK;
+    bool best = note_best(tr, es);
+    if (tr->dist.rank == 0)
         TKD_TRY(tkd_train_log_eval(tr, es));
+    if (best && tr->cfg->keep_best && tr->total_steps > 0)
+        TKD_TRY(tkd_train_save_best(tr));
+    return TKD_OK;
+}
+
+/* train.early_stop_patience evaluations in a row without a new best: the run ends here as a
+ * finished one (a checkpoint, the evaluation just made as its last; --resume has nothing to do). */
+static bool patience_spent(const trainer *tr)
+{
+    int p = tr->cfg->early_stop_patience;
+    return p > 0 && tr->st.bad_evals >= p;
+}
+
+static tkd_status stop_no_progress(trainer *tr, const eval_stats *es, tkd_train_result *res)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (c->checkpoint_interval <= 0 || tr->st.step % c->checkpoint_interval != 0)
+        TKD_TRY(tkd_train_save(tr));
+    if (tr->dist.rank == 0) {
+        tkd_progress_finish(&tr->progress, NULL);
+        tkd_log_info("early stop after step %" PRId64 " of %" PRId64 ": no better %s in %d evaluations "
+                     "(train.early_stop_patience); best step %" PRId64 " (%s %.6f)", tr->st.step, tr->total_steps,
+                     best_name(c), c->early_stop_patience, tr->st.best_step, best_name(c), tr->st.best_value);
+    }
+    res->early_stopped = true;
+    set_eval_result(tr, es, res);
     return TKD_OK;
 }
 
@@ -69,10 +146,14 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
             TKD_TRY(tkd_train_log_train(tr, &ss));
         if (tr->dist.rank == 0)
             progress_line(tr, &ss);
-        if (c->eval_interval > 0 && tr->st.step % c->eval_interval == 0 && tr->st.step < tr->total_steps)
+        bool evaluated = c->eval_interval > 0 && tr->st.step % c->eval_interval == 0 && tr->st.step < tr->total_steps;
+        if (evaluated)
             TKD_TRY(eval_and_log(tr, &es));
         if (c->checkpoint_interval > 0 && tr->st.step % c->checkpoint_interval == 0)
             TKD_TRY(tkd_train_save(tr));
+        if (evaluated && patience_spent(tr))
+            return stop_no_progress(tr, &es, res);
+        test_kill(tr);
         /* == (not >=): a run resumed with the same overrides goes on */
         if (c->stop_after > 0 && tr->st.step == c->stop_after && tr->st.step < tr->total_steps)
             return stop_early(tr, res);
@@ -91,11 +172,7 @@ static tkd_status loop(trainer *tr, tkd_train_result *res)
     TKD_TRY(eval_and_log(tr, &es));
     if (tr->total_steps > 0)
         TKD_TRY(tkd_train_save(tr));
-    res->val_loss = es.rows ? es.loss : NAN;
-    res->val_kd = es.rows && tr->kp.alpha > 0 ? es.kd : NAN;
-    res->val_ce = es.rows ? es.ce : NAN;
-    res->val_ppl = es.rows ? exp(es.ce) : NAN;
-    res->top1_agree = es.rows ? es.top1 : NAN;
+    set_eval_result(tr, &es, res);
     return TKD_OK;
 }
 
@@ -231,7 +308,7 @@ static tkd_status open_zero(trainer *tr)
 
 tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
 {
-    trainer tr = {.cfg = o->cfg, .opts = o};
+    trainer tr = {.cfg = o->cfg, .opts = o, .st.best_step = -1};
     memset(res, 0, sizeof *res);
     tkd_device dev = TKD_DEVICE_CPU;
     tkd_status st = pick_device(o->cfg, &dev);
@@ -262,7 +339,11 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     }
     res->steps = tr.st.step;
     res->tokens = tr.st.tokens_seen;
+    res->best_step = tr.st.best_step;
+    res->best_value = tr.st.best_step >= 0 ? tr.st.best_value : NAN;
+    res->best_metric = best_name(o->cfg);
     res->seconds = tr.t0 > 0 ? tkd_progress_now() - tr.t0 : 0;
+    res->tokens_run = tr.st.tokens_seen - tr.tokens0;
     snprintf(res->run_path, sizeof res->run_path, "%s", tr.run);
     /* keep the message of the first failure while the buffers are released */
     /* every line was flushed and checked; a failing close can still lose the last ones (NFS) */
@@ -287,7 +368,7 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
 static const char *const unnamed_keys[] = {
     "run.dir", "run.name", "dist.dir",                                               /* locations */
     "dist.rendezvous", "dist.timeout_s", "data.prefetch", "train.stop_after", "train.log_interval",
-    "train.checkpoint_interval", NULL,
+    "train.checkpoint_interval", "train.keep_best", NULL,
 };
 
 /* A derived name longer than this keeps its first characters and a hash of the whole name. */

@@ -16,6 +16,7 @@ typedef struct tkd_train_opts {
     const char *config_yaml; /* the effective config as YAML, saved with every output */
     bool resume;             /* continue from <run>/checkpoint */
     bool overwrite;          /* empty an existing run directory first (only what student-train made there) */
+    int64_t kill_after_steps; /* test builds only (TKD_TEST_HOOKS): SIGKILL after this many steps of the process */
 } tkd_train_opts;
 
 /* What a finished run measured last (the demo prints these). NaN where not applicable. */
@@ -28,7 +29,12 @@ typedef struct tkd_train_result {
     double val_ce;       /* nats per token on the true next tokens */
     double val_ppl;
     double top1_agree;   /* fraction of positions where the student's argmax is the teacher's top-1 */
-    double seconds;
+    double seconds;      /* wall-clock time of this process's training loop */
+    int64_t tokens_run;  /* training tokens of this process (tokens less those before a --resume) */
+    int64_t best_step;   /* the best evaluation's step (train.best_metric), -1 when none */
+    double best_value;   /* its train.best_metric */
+    const char *best_metric; /* "val_ce" or "val_kd" */
+    bool early_stopped;  /* train.early_stop_patience ended the run */
     bool finished_before; /* --resume found the run finished: nothing was done or written */
     char run_path[4096];
 } tkd_train_result;
@@ -45,7 +51,7 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res);
  * demo.yaml with kd.variant=sampled, data.cache=/caches/top20/, run.dir=/tmp/runs ->
  * "demo__kd.variant-sampled__data.cache-top20": a path value by its last component, the output
  * locations (run.dir, run.name, dist.dir) and the settings that never change what is trained
- * (train.stop_after, the log and checkpoint intervals, data.prefetch, dist.*) left out, only
+ * (train.stop_after, the log and checkpoint intervals, train.keep_best, data.prefetch, dist.*) left out, only
  * [A-Za-z0-9._-] kept. A name longer than 96 characters keeps its first 87 and "-" plus 8 hex digits
  * of the whole name's sha256. The full overrides are in the run's config.yaml. Truncated to cap. */
 void tkd_train_derive_name(char *out, size_t cap, const char *config_path, const char *const *sets,

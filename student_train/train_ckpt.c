@@ -58,6 +58,11 @@ tkd_status tkd_train_log_eval(trainer *tr, const eval_stats *es)
     json_num(tr->metrics, "val_ce", es->ce);
     json_num(tr->metrics, "val_ppl", exp(es->ce));
     json_num(tr->metrics, "top1_agree", es->top1);
+    if (tr->st.best_step >= 0) { /* the best evaluation so far, this one included */
+        fprintf(tr->metrics, ", \"best_step\": %" PRId64, tr->st.best_step);
+        json_num(tr->metrics, tr->cfg->best_metric == TKD_TRAIN_BEST_VAL_KD ? "best_val_kd" : "best_val_ce",
+                 tr->st.best_value);
+    }
     fprintf(tr->metrics, "}\n");
     TKD_TRY(metrics_flush(tr));
     tkd_log_info("eval  step %" PRId64 ": val CE %.4f (ppl %.2f)%s", tr->st.step, es->ce, exp(es->ce), "");
@@ -109,11 +114,16 @@ static tkd_status trim_metrics(const char *path, int64_t step)
 }
 
 /* The checkpoint is at the last step and the final evaluation is in the metrics (or there is no
- * validation split): a resume has nothing left to do. An evaluation at the last step is only ever
+ * validation split), or the run stopped early: a resume has nothing left to do. An evaluation at the last step is only ever
  * the final one (eval_interval skips that step). */
 static bool run_finished(const trainer *tr)
 {
-    if (tr->total_steps <= 0 || tr->st.step < tr->total_steps)
+    if (tr->total_steps <= 0)
+        return false;
+    /* stopped early (train.early_stop_patience): the checkpoint was written after that evaluation */
+    if (tr->cfg->early_stop_patience > 0 && tr->st.bad_evals >= tr->cfg->early_stop_patience)
+        return true;
+    if (tr->st.step < tr->total_steps)
         return false;
     if (!tr->val)
         return true;
@@ -166,6 +176,10 @@ static tkd_status resume(trainer *tr)
     TKD_TRY(trim_metrics(tr->metrics_path, tr->st.step));
     tkd_log_info("resumed %s at step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 ")", tr->ckpt, tr->st.step,
                  tr->st.epoch, tr->st.offset);
+    if (tr->st.best_step >= 0)
+        tkd_log_info("best evaluation so far: step %" PRId64 " (%s %.6f), %" PRId64 " evaluation%s since", tr->st.best_step,
+                     tr->cfg->best_metric == TKD_TRAIN_BEST_VAL_KD ? "val_kd" : "val_ce", tr->st.best_value,
+                     tr->st.bad_evals, tr->st.bad_evals == 1 ? "" : "s");
     const char *why = NULL;
     if (tr->be->policy && !tkd_cuda_policy_deterministic(tr->be->policy, &why))
         tkd_log_warn("%s is on: from here the run is not bit-identical to one that was never stopped (unset it "
@@ -186,6 +200,7 @@ tkd_status tkd_train_prepare_run_dir(trainer *tr)
     const tkd_train_opts *o = tr->opts;
     TKD_TRY(tkd_path_join(tr->ckpt, sizeof tr->ckpt, tr->run, "checkpoint"));
     TKD_TRY(tkd_path_join(tr->metrics_path, sizeof tr->metrics_path, tr->run, "metrics.jsonl"));
+    TKD_TRY(tkd_path_join(tr->best_ckpt, sizeof tr->best_ckpt, tr->run, "checkpoint-best"));
     if (tr->dist.rank > 0) /* the other ranks only read a checkpoint to resume from */
         return o->resume ? follow_resume(tr) : tkd_loader_seek(tr->train, 0, 0);
     if (o->overwrite)
@@ -215,7 +230,7 @@ tkd_status tkd_train_prepare_run_dir(trainer *tr)
 /* Data parallel (checkpoint.h's protocol): every rank writes its shard of the AdamW moments into
  * the checkpoint being built, rank 0 the weights (the master made whole first) and the state, and
  * commits once every shard is there; all ranks then learn whether the checkpoint counts. */
-static tkd_status save_sharded(trainer *tr)
+static tkd_status save_sharded(trainer *tr, const char *dir)
 {
     TKD_TRY(tkd_zero_gather_master(tr->zero));
     size_t n = tr->opt->n;
@@ -225,12 +240,12 @@ static tkd_status save_sharded(trainer *tr)
     if (st == TKD_OK && n)
         st = tkd_adamw_moments_get(tr->opt, mm, vv);
     if (st == TKD_OK)
-        st = tkd_checkpoint_save_shard(tr->ckpt, tr->job_id, tr->st.step, tr->dist.rank, tr->dist.world,
+        st = tkd_checkpoint_save_shard(dir, tr->job_id, tr->st.step, tr->dist.rank, tr->dist.world,
                                        tr->m->n_params, mm, vv);
     free(mm);
     free(vv);
     if (st == TKD_OK && tr->dist.rank == 0)
-        st = tkd_checkpoint_commit(tr->ckpt, tr->job_id, tr->st.step, tr->m, tr->opt->step, tr->dist.world, &tr->st,
+        st = tkd_checkpoint_commit(dir, tr->job_id, tr->st.step, tr->m, tr->opt->step, tr->dist.world, &tr->st,
                                    tr->config_yaml, tr->dist_timeout_s);
     /* a rank that failed says so to the others, so none goes on believing the checkpoint counts */
     double failed = st != TKD_OK;
@@ -242,17 +257,27 @@ static tkd_status save_sharded(trainer *tr)
         return agree;
     if (st == TKD_OK && failed > 0)
         return tkd_error_set(TKD_ERR_IO, "checkpoint %s at step %" PRId64 ": another rank failed to write its part "
-                             "(its log says why); the previous checkpoint stays valid", tr->ckpt, tr->st.step);
+                             "(its log says why); the previous checkpoint stays valid", dir, tr->st.step);
     return st;
+}
+
+static tkd_status save_to(trainer *tr, const char *dir)
+{
+    if (tr->zero)
+        TKD_TRY(save_sharded(tr, dir));
+    else
+        TKD_TRY(tkd_checkpoint_save(dir, tr->m, tr->opt, &tr->st, tr->config_yaml));
+    if (tr->dist.rank == 0)
+        tkd_log_info("checkpoint: %s (step %" PRId64 ")", dir, tr->st.step);
+    return TKD_OK;
 }
 
 tkd_status tkd_train_save(trainer *tr)
 {
-    if (tr->zero)
-        TKD_TRY(save_sharded(tr));
-    else
-        TKD_TRY(tkd_checkpoint_save(tr->ckpt, tr->m, tr->opt, &tr->st, tr->config_yaml));
-    if (tr->dist.rank == 0)
-        tkd_log_info("checkpoint: %s (step %" PRId64 ")", tr->ckpt, tr->st.step);
-    return TKD_OK;
+    return save_to(tr, tr->ckpt);
+}
+
+tkd_status tkd_train_save_best(trainer *tr)
+{
+    return save_to(tr, tr->best_ckpt);
 }

@@ -14,6 +14,7 @@ static const char *const init_names[] = {"random", "hf", NULL};
 static const char *const recompute_names[] = TKD_RECOMPUTE_NAMES; /* tkd_recompute's values */
 static const char *const arch_names[] = {"llama", "qwen2", "qwen3", NULL}; /* TKD_TRAIN_ARCH_* */
 static const char *const rdzv_names[] = {"auto", "file", "tcp", NULL};
+static const char *const best_names[] = {"val_ce", "val_kd", NULL}; /* TKD_TRAIN_BEST_* */
 
 static const tkd_config_field fields[] = {
     TKD_CFG_STRING(T, run_name, "run.name", "", "Run name: outputs go to <run.dir>/<name>/; empty = derived from the config file and --set overrides"),
@@ -79,6 +80,9 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT(T, checkpoint_interval, "train.checkpoint_interval", "0", 0, 1 << 30, "Checkpoint every N steps (and at the end); 0 = only at the end"),
     TKD_CFG_INT(T, log_interval, "train.log_interval", "10", 1, 1 << 30, "Steps between metrics.jsonl training records"),
     TKD_CFG_BOOL(T, eval_only, "train.eval_only", "false", "Only evaluate the initial student on the validation split (e.g. a teacher loaded with model.init = hf)"),
+    TKD_CFG_BOOL(T, keep_best, "train.keep_best", "false", "Also keep checkpoint-best/: the checkpoint of the evaluation with the lowest train.best_metric so far, beside the last one in checkpoint/"),
+    TKD_CFG_ENUM(T, best_metric, "train.best_metric", "val_ce", best_names, "What the best evaluation is (lower is better): val_ce (validation cross-entropy) or val_kd (validation KD; needs kd.alpha > 0); for train.keep_best, train.early_stop_patience and the best step reported"),
+    TKD_CFG_INT(T, early_stop_patience, "train.early_stop_patience", "0", 0, 1 << 30, "Stop (with a checkpoint, as a finished run) after this many evaluations in a row without a new best train.best_metric; 0 = off"),
     TKD_CFG_ENUM(T, device, "device", "auto", tkd_device_names, "auto | cpu | cuda: where the student trains (cuda: bf16 compute, fp32 master weights and optimizer state on GPU 0); auto takes the GPU when this build has CUDA and one answers, else the CPU"),
 
     TKD_CFG_ENUM(T, dist_rendezvous, "dist.rendezvous", "auto", rdzv_names, "With several processes (--nproc-per-node, srun): how rank 0 hands the NCCL id to the others. file: through dist.dir; tcp: a connection to MASTER_ADDR:MASTER_PORT; auto: tcp when both are set in the environment (--nproc-per-node sets them), else file. Unused with one process"),

@@ -13,6 +13,7 @@
 enum { TKD_TRAIN_INIT_RANDOM = 0, TKD_TRAIN_INIT_HF = 1 };
 enum { TKD_TRAIN_ARCH_LLAMA = 0, TKD_TRAIN_ARCH_QWEN2 = 1, TKD_TRAIN_ARCH_QWEN3 = 2 };
 enum { TKD_TRAIN_RDZV_AUTO = 0, TKD_TRAIN_RDZV_FILE = 1, TKD_TRAIN_RDZV_TCP = 2 };
+enum { TKD_TRAIN_BEST_VAL_CE = 0, TKD_TRAIN_BEST_VAL_KD = 1 }; /* train.best_metric */
 
 /* dist.rendezvous as the kind argument of tkd_rdzv_config_from_env (common/dist.h): -1 auto, else
  * TKD_RDZV_FILE / TKD_RDZV_TCP. */
@@ -82,6 +83,9 @@ typedef struct tkd_train_config {
     int checkpoint_interval; /* steps; 0 = only at the end */
     int log_interval;
     bool eval_only;        /* evaluate the initial student and stop (e.g. a teacher's val CE) */
+    bool keep_best;        /* keep checkpoint-best/: the checkpoint of the best evaluation so far */
+    int best_metric;       /* val_ce | val_kd (TKD_TRAIN_BEST_*): what "best" means, lower is better */
+    int early_stop_patience; /* stop after this many evaluations without improvement; 0 = off */
     int device;            /* auto | cpu | cuda */
     /* dist: only read when the world (common/dist.h) is larger than 1 */
     int dist_rendezvous;   /* auto | file | tcp (TKD_TRAIN_RDZV_*) */

@@ -49,6 +49,7 @@ typedef struct trainer {
     int64_t total_steps;
     tkd_train_state st;
     char run[RUN_PATH_MAX], ckpt[RUN_PATH_MAX], metrics_path[RUN_PATH_MAX];
+    char best_ckpt[RUN_PATH_MAX]; /* <run>/checkpoint-best (train.keep_best) */
     char run_made[RUN_PATH_MAX]; /* the shallowest folder this run made for run (tkd_run_dir_open); "" none */
     FILE *metrics;
     tkd_dir_lock *lock;   /* the run directory's, held from start to end */
@@ -91,5 +92,7 @@ tkd_status tkd_train_log_train(trainer *tr, const step_stats *ss);
 tkd_status tkd_train_log_eval(trainer *tr, const eval_stats *es);
 tkd_status tkd_train_prepare_run_dir(trainer *tr);
 tkd_status tkd_train_save(trainer *tr);
+/* train.keep_best: the same checkpoint, into checkpoint-best/ (after an evaluation that improved) */
+tkd_status tkd_train_save_best(trainer *tr);
 
 #endif

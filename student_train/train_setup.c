@@ -164,6 +164,21 @@ static tkd_status open_token_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
     return *tsplit && *vsplit ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
 }
 
+/* train.keep_best and train.early_stop_patience compare evaluations: they need a validation split,
+ * and val_kd needs a KD term. */
+static tkd_status check_best(const trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    const char *key = c->keep_best ? "train.keep_best" : "train.early_stop_patience";
+    if (c->best_metric == TKD_TRAIN_BEST_VAL_KD && c->kd_alpha <= 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "train.best_metric = val_kd needs kd.alpha > 0 (with kd.alpha = 0 there "
+                             "is no KD to compare); use val_ce");
+    if ((c->keep_best || c->early_stop_patience > 0) && !tr->val)
+        return tkd_error_set(TKD_ERR_CONFIG, "%s needs a validation split to compare evaluations, but it is empty — "
+                             "set data.val_fraction > 0 or a separate validation set", key);
+    return TKD_OK;
+}
+
 tkd_status tkd_train_open_data(trainer *tr)
 {
     const tkd_train_config *c = tr->cfg;
@@ -186,6 +201,8 @@ tkd_status tkd_train_open_data(trainer *tr)
     }
     free(ts);
     free(vs);
+    if (st == TKD_OK)
+        st = check_best(tr);
     if (st == TKD_OK)
         tkd_log_info("data: %" PRId64 " training and %" PRId64 " validation sequences of %d tokens%s", nt, nv, tr->T,
                      tr->cache ? "" : " (CE only, no teacher)");
