@@ -29,7 +29,9 @@
  * 32768 (the teachers), Llama 3.2 1B (32/8/64, T 8192), the ~3B student (24/8/128, T 8192) and
  * Qwen2.5 0.5B (B 4, T 4096, 14/2/64) (issue 11's students), or those given with --shapes.
  *
- *   attn_bench [--reps 10] [--shapes BxTxHxHkvxDH,...]
+ * With --docs L,...: a third table, packed documents (bench_docs).
+ *
+ *   attn_bench [--reps 10] [--shapes BxTxHxHkvxDH,...] [--docs L,...]
  */
 #include <math.h>
 #include <stdint.h>
@@ -94,10 +96,11 @@ typedef struct bufs {
     uint16_t *q, *k, *v, *y, *dy, *dq, *dk, *dv; /* q, y, dy, dq (B·T, H·dh); the rest (B·T, Hkv·dh) */
     float *lse;                                  /* (B, H, T) */
     tkd_cuda_attn_bwd_ws *ws;
+    int32_t *doc;                                /* (B·T) packed documents' starts (--docs), else NULL */
 } bufs;
 
 /* What one timed call does. */
-typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_CUDNN_ONE, BWD_WGMMA } what;
+typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_CUDNN_ONE, BWD_WGMMA, FWD_DOCS } what;
 
 /* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, our backward
  * (cudnn ignored) or cuDNN's (it overwrites dq, dk, dv) from the y and lse in b. */
@@ -114,6 +117,10 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
     if (w == BWD)
         return tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                  b->dq, b->dk, b->dv, b->ws, NULL);
+    if (w == FWD_DOCS) {
+        const tkd_attn_mask m = {0, NULL, b->doc};
+        return tkd_cuda_attn_fwd_masked(b->q, b->k, b->v, s->b, s->t, s->h, s->hkv, s->dh, &m, b->y, b->lse, NULL);
+    }
     float *lse = w == FWD_LSE ? b->lse : NULL;
     if (!cudnn)
         return tkd_cuda_attn_fwd(b->q, b->k, b->v, s->b, s->t, s->h, s->hkv, s->dh, b->y, lse, NULL);
@@ -125,6 +132,7 @@ static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
     return w == BWD_WGMMA ? "tkd_cuda_attn_bwd_sm90"
            : w == BWD_CUDNN || w == BWD_CUDNN_ONE ? "tkd_cudnn_attn_bwd"
            : w == BWD     ? "tkd_cuda_attn_bwd"
+           : w == FWD_DOCS ? "tkd_cuda_attn_fwd_masked (documents)"
            : cudnn        ? "tkd_cudnn_attn_fwd"
                           : "tkd_cuda_attn_fwd";
 }
@@ -258,6 +266,7 @@ static void bufs_alloc(bufs *b, const shape *s)
     CUDA(cudaMalloc((void **)&b->dk, nkv * 2));
     CUDA(cudaMalloc((void **)&b->dv, nkv * 2));
     CUDA(cudaMalloc((void **)&b->lse, sizeof(float) * (size_t)s->b * s->h * s->t));
+    b->doc = NULL;
     if (tkd_cuda_attn_bwd_ws_create(&b->ws, s->b, s->t, s->h, s->dh) != TKD_OK)
         die("tkd_cuda_attn_bwd_ws_create", tkd_error_msg());
     fill_dev(b->q, nq, 1), fill_dev(b->k, nkv, 2), fill_dev(b->v, nkv, 3), fill_dev(b->dy, nq, 4);
@@ -333,6 +342,41 @@ static void bench_shape(tkd_cudnn_attn *cudnn, tkd_cudnn_attn *cudnn_nd, const s
     bufs_free(&b);
 }
 
+/* Packed documents (--docs L): the forward with lse over B·T tokens cut into documents of L tokens
+ * (tkd_attn_mask.doc), against the plain causal forward over the same B×T (the same tokens as one
+ * document each) and over the documents run alone (B·T/L sequences of L: the work a packed batch
+ * must do at least). */
+static void bench_docs(const shape *s, int L, int reps)
+{
+    if (L < 1 || s->t % L != 0) {
+        fprintf(stderr, "attn_bench: --docs %d does not divide T %d: skipped\n", L, s->t);
+        return;
+    }
+    bufs b;
+    bufs_alloc(&b, s);
+    const size_t n = (size_t)s->b * s->t;
+    int32_t *h = malloc(n * sizeof *h);
+    if (!h)
+        die("malloc", "out of host memory");
+    for (size_t i = 0; i < n; i++)
+        h[i] = (int32_t)((i % (size_t)s->t) / (size_t)L * (size_t)L);
+    CUDA(cudaMalloc((void **)&b.doc, n * sizeof *h));
+    CUDA(cudaMemcpy(b.doc, h, n * sizeof *h, cudaMemcpyHostToDevice));
+    free(h);
+    double first;
+    const shape alone = {(int)(n / (size_t)L), L, s->h, s->hkv, s->dh, s->name};
+    const double plain = time_call(NULL, s, &b, FWD_LSE, reps, &first);
+    const double packed = time_call(NULL, s, &b, FWD_DOCS, reps, &first);
+    const double one = time_call(NULL, &alone, &b, FWD_LSE, reps, &first);
+    const double flop = 4.0 * alone.b * s->h * (double)L * L * s->dh / 2; /* the documents' causal work */
+    printf("| %-12s | %d | %6d | %3d | %3d | %3d | %6d | %8.3f | %8.3f | %7.1f | %8.3f | %7.1f | %.3f |\n", s->name,
+           s->b, s->t, s->h, s->hkv, s->dh, L, plain, packed, flop / (packed * 1e9), one, flop / (one * 1e9),
+           packed / one);
+    CUDA(cudaFree(b.doc));
+    b.doc = NULL;
+    bufs_free(&b);
+}
+
 static void print_bwd_row(const shape *s, const bwd_row *r)
 {
     double flop = 4.0 * s->b * s->h * (double)s->t * s->t * s->dh / 2.0;
@@ -362,10 +406,13 @@ int main(int argc, char **argv)
         {1, 8192, 32, 8, 64, "llama3.2-1b"}, {1, 8192, 24, 8, 128, "student-3b"},
         {4, 4096, 14, 2, 64, "qwen2.5-0.5b"},
     };
-    int n = 7, reps = 10;
+    int n = 7, reps = 10, ndocs = 0, docs[8];
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--docs") == 0 && i + 1 < argc) {
+            for (char *tok = strtok(argv[++i], ","); tok && ndocs < 8; tok = strtok(NULL, ","))
+                docs[ndocs++] = atoi(tok);
         } else if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
             n = 0;
             for (char *tok = strtok(argv[++i], ","); tok && n < 16; tok = strtok(NULL, ",")) {
@@ -376,7 +423,7 @@ int main(int argc, char **argv)
                 n++;
             }
         } else {
-            fprintf(stderr, "usage: attn_bench [--reps 10] [--shapes BxTxHxHkvxDH,...]\n");
+            fprintf(stderr, "usage: attn_bench [--reps 10] [--shapes BxTxHxHkvxDH,...] [--docs L,...]\n");
             return 2;
         }
     }
@@ -411,6 +458,16 @@ int main(int argc, char **argv)
            "---|---|---|---|---|\n");
     for (int i = 0; i < n; i++)
         print_bwd_row(&shapes[i], &rows[i]);
+    if (ndocs > 0) {
+        printf("\npacked documents (forward with lse, ours): the B×T tokens as documents of L tokens, against the "
+               "plain causal forward over B×T and the documents run alone as B·T/L sequences; TFLOP/s over the "
+               "documents' causal work\n\n");
+        printf("| shape        | B |      T |   H | Hkv |  dh |      L | plain ms | packed ms | TFLOP/s | alone ms "
+               "| TFLOP/s | packed / alone |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < ndocs; d++)
+                bench_docs(&shapes[i], docs[d], reps);
+    }
     tkd_cudnn_attn_free(cudnn);
     tkd_cudnn_attn_free(cudnn_nd);
     return 0;
