@@ -49,10 +49,24 @@ ce=$(run "$bin/student-train" --config configs/student-demo.yaml -q --set run.di
   --set data.val_cache= --set kd.alpha=0 --set "data.tokens=[data/brown-val.bin]" \
   --set "data.val_tokens=[data/brown-val.bin]" --set data.seq_len=64 --set train.batch_size=4 --set train.eval_batches=1 |
   sed -n 's/^RESULT val_ce=\([^ ]*\).*/\1/p')
+# a Qwen3 student (q/k norms, head_dim 32 ≠ D/H 16) made by student-train on the GPU: transformers must
+# load it as Qwen3ForCausalLM and measure the same validation CE
+run "$bin/student-train" --config configs/student-demo.yaml -q --set run.dir="$tmp/runs" --set run.name=q3 \
+  --set device=cuda --set model.arch=qwen3 --set model.head_dim=32 --set model.vocab_size=4096 --set data.cache= \
+  --set data.val_cache= --set kd.alpha=0 --set "data.tokens=[data/brown-train.bin]" \
+  --set "data.val_tokens=[data/brown-val.bin]" --set data.seq_len=64 --set train.max_steps=16 \
+  --set train.eval_batches=1 > /dev/null
+q3ce=$(run "$bin/student-train" --config configs/student-demo.yaml -q --set run.dir="$tmp/runs" --set run.name=q3e \
+  --set device=cpu --set model.init=hf --set model.path="$tmp/runs/q3/checkpoint" --set train.eval_only=true \
+  --set data.cache= --set data.val_cache= --set kd.alpha=0 --set "data.tokens=[data/brown-val.bin]" \
+  --set "data.val_tokens=[data/brown-val.bin]" --set data.seq_len=64 --set train.batch_size=4 --set train.eval_batches=1 |
+  sed -n 's/^RESULT val_ce=\([^ ]*\).*/\1/p')
 # h5dump needs our libraries, python must not see them (torch brings its own)
 mkdir -p "$tmp/path"
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libs" "$bin/h5dump" > "$tmp/path/h5dump"
 chmod +x "$tmp/path/h5dump"
 PATH="$tmp/path:$PATH" HDF5_PLUGIN_PATH="$bin/plugins" \
-  python3 scripts/gpu_check.py "$tmp/cache/shard-00000.h5" "$ckpt" data/brown-val.bin 4 64 "$ce"
+  python3 scripts/gpu_check.py "$tmp/cache/shard-00000.h5" "$ckpt" data/brown-val.bin 4 64 "$ce" || failed=1
+PATH="$tmp/path:$PATH" HDF5_PLUGIN_PATH="$bin/plugins" \
+  python3 scripts/gpu_check.py "$tmp/cache/shard-00000.h5" "$tmp/runs/q3/checkpoint" data/brown-val.bin 4 64 "$q3ce"
 exit $failed
