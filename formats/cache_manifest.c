@@ -274,6 +274,8 @@ static void em_body(emit *em, const tkd_cache_manifest *m)
     em_int(em, "stride", m->stride);
     if (m->id.packed) /* absent: windows of the stream, as every cache before packing */
         em_plain(em, "packing", "documents");
+    if (m->id.trained_only) /* absent: every position's teacher data */
+        em_plain(em, "positions", "trained");
     em_map_end(em);
     em_int(em, "k", m->id.k);
     em_plain(em, "logits_dtype", tkd_cache_dtype_name(m->id.logits_dtype));
@@ -513,6 +515,10 @@ static tkd_status read_identity(yreader *y, yaml_node_t *root, tkd_cache_manifes
     if (s && strcmp(s, "documents") != 0 && strcmp(s, "stream") != 0)
         return y_err(y, n, "dataset.packing '%s' is not stream or documents", s);
     m->id.packed = s && !strcmp(s, "documents");
+    TKD_TRY(y_scalar(y, dataset, "positions", 0, &s, &n)); /* absent: every position */
+    if (s && strcmp(s, "trained") != 0 && strcmp(s, "all") != 0)
+        return y_err(y, n, "dataset.positions '%s' is not all or trained", s);
+    m->id.trained_only = s && !strcmp(s, "trained");
     TKD_TRY(y_int(y, root, "k", 1, 1, 65535, &k));
     TKD_TRY(y_int(y, root, "tail_samples", 0, 0, 65535, &S));
     TKD_TRY(y_u64(y, root, "tail_seed", &m->tail_seed));

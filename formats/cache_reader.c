@@ -351,8 +351,10 @@ static tkd_status stream_alloc(tkd_cache_stream *s, const tkd_cache_stream_opts 
     {
         TKD_TRY(tkd_cache_batch_alloc(&s->ring[i], s->batch_seq, id->seq_len, o->k ? o->k : id->k,
                                       o->with_tail ? id->tail_samples : 0));
-        if (id->packed) /* the consumer checks its own packing against the cache's */
+        if (id->packed) /* the documents' starts, for the forward */
             TKD_TRY(tkd_cache_batch_alloc_doc_start(&s->ring[i]));
+        if (id->trained_only) /* the labels: −100 where the dataset trains no target */
+            TKD_TRY(tkd_cache_batch_alloc_labels(&s->ring[i]));
     }
     return pool_init(&s->pool, s->r);
 }

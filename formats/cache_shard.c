@@ -115,8 +115,9 @@ tkd_status tkd_cache_identity_check(const tkd_cache_identity *id, const char *wh
                              (double)id->temperature);
     if ((unsigned)id->logits_dtype > TKD_CACHE_DTYPE_FLOAT32)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: unknown logits dtype %d", what, (int)id->logits_dtype);
-    if (id->packed != 0 && id->packed != 1)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: packed %d is neither 0 nor 1", what, id->packed);
+    if ((id->packed != 0 && id->packed != 1) || (id->trained_only != 0 && id->trained_only != 1))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: packed %d / trained_only %d is neither 0 nor 1", what, id->packed,
+                             id->trained_only);
     if (id->tail_samples < 0 || id->tail_samples > 65535)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: tail_samples %d out of range [0, 65535]", what,
                              id->tail_samples);
@@ -139,6 +140,7 @@ tkd_status tkd_cache_identity_compare(const tkd_cache_identity *a, const char *a
     TKD_CMP_INT(seq_len)
     TKD_CMP_INT(tail_samples)
     TKD_CMP_INT(packed)
+    TKD_CMP_INT(trained_only)
 #undef TKD_CMP_INT
     if (a->temperature != b->temperature)
         return tkd_error_set(TKD_ERR_MISMATCH, "%s vs %s: temperature differs (%.9g vs %.9g)",
@@ -170,13 +172,24 @@ double tkd_cache_bytes_per_token(uint64_t file_bytes, int64_t num_seq, int32_t s
 
 /* ---- batches -------------------------------------------------------------------------------- */
 
+/* One optional (capacity, seq_len) int32 buffer of a batch. */
+static tkd_status alloc_positions(const tkd_cache_batch *b, int32_t **buf, const char *what)
+{
+    free(*buf);
+    *buf = malloc((size_t)b->capacity * (size_t)b->seq_len * sizeof **buf);
+    return *buf ? TKD_OK
+                : tkd_error_set(TKD_ERR_NOMEM, "out of memory for the %s of %lld sequences", what,
+                                (long long)b->capacity);
+}
+
 tkd_status tkd_cache_batch_alloc_doc_start(tkd_cache_batch *b)
 {
-    free(b->doc_start);
-    b->doc_start = malloc((size_t)b->capacity * (size_t)b->seq_len * sizeof *b->doc_start);
-    return b->doc_start ? TKD_OK
-                        : tkd_error_set(TKD_ERR_NOMEM, "out of memory for the document starts of %lld sequences",
-                                        (long long)b->capacity);
+    return alloc_positions(b, &b->doc_start, "document starts");
+}
+
+tkd_status tkd_cache_batch_alloc_labels(tkd_cache_batch *b)
+{
+    return alloc_positions(b, &b->labels, "labels");
 }
 
 tkd_status tkd_cache_batch_alloc(tkd_cache_batch *b, int64_t capacity, int32_t seq_len, int32_t k,
@@ -219,6 +232,7 @@ void tkd_cache_batch_free(tkd_cache_batch *b)
     free(b->lse);
     free(b->seq_index);
     free(b->doc_start);
+    free(b->labels);
     free(b->tail_indices);
     free(b->cache_seq);
     memset(b, 0, sizeof *b);
@@ -425,7 +439,8 @@ tkd_status tkd_shard_writer_open(tkd_shard_writer **out, const char *path,
     }
     int level = o.zstd_level ? o.zstd_level : TKD_H5ZSTD_DEFAULT_LEVEL;
     for (int d = 0; d < DS_COUNT; d++) {
-        if ((d == DS_TAIL && id->tail_samples == 0) || (d == DS_DOC_START && !id->packed))
+        if ((d == DS_TAIL && id->tail_samples == 0) || (d == DS_DOC_START && !id->packed) ||
+            (d == DS_LABELS && !id->trained_only))
             continue;
         w->ds[d] = writer_create_dataset(w, d, level);
         if (w->ds[d] < 0) {
@@ -521,7 +536,7 @@ tkd_status tkd_shard_writer_append(tkd_shard_writer *w, const tkd_cache_batch *b
     tkd_shard_h5_quiet();
     if (b->num_seq < 0 || b->seq_len != w->id.seq_len || b->k != w->id.k ||
         b->tail_samples != w->id.tail_samples || (w->id.tail_samples > 0 && !b->tail_indices) ||
-        (w->id.packed && !b->doc_start) ||
+        (w->id.packed && !b->doc_start) || (w->id.trained_only && !b->labels) ||
         !b->tokens || !b->topk_indices || !b->topk_logits || !b->lse || !b->seq_index)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "%s: batch shape (T %d, k %d, S %d) does not match the shard (T %d, k %d, S %d) or a buffer is NULL",
@@ -532,7 +547,7 @@ tkd_status tkd_shard_writer_append(tkd_shard_writer *w, const tkd_cache_batch *b
     const void *logits = NULL;
     TKD_TRY(writer_logits(w, b, &logits));
     const void *bufs[DS_COUNT] = {b->tokens, b->topk_indices, logits, b->lse, b->seq_index,
-                                  b->tail_indices, b->doc_start};
+                                  b->tail_indices, b->doc_start, b->labels};
     if (w->chunks) {
         TKD_TRY(writer_put_chunks(w, b->num_seq, bufs));
         w->num_seq += b->num_seq;

@@ -73,6 +73,9 @@ typedef struct tkd_cache_identity {
     int32_t tail_samples; /* S tail draws per position; 0 = no /tail/indices */
     int32_t packed;       /* 1: sequences of packed documents (data.packing: documents, formats/doc_pack.h):
                            * /doc_start holds each position's document start; 0: windows of the stream */
+    int32_t trained_only; /* 1: the dataset marked its trained positions (a flags sidecar): /labels holds
+                           * each position's label, −100 where it is not trained, and those positions'
+                           * top-k, LSE and tail data are zeros (compressed to almost nothing) */
     char teacher_sha256[TKD_CACHE_SHA256_HEX];
     char dataset_sha256[TKD_CACHE_SHA256_HEX];
 } tkd_cache_identity;
@@ -112,6 +115,8 @@ typedef struct tkd_cache_batch {
     uint32_t *tail_indices; // (capacity, seq_len, S) or NULL when S == 0
     int32_t *doc_start;     // (capacity, seq_len) or NULL: packed caches' document starts
                             // (tkd_cache_batch_alloc_doc_start; a reader fills it when not NULL)
+    int32_t *labels;        // (capacity, seq_len) or NULL: trained_only caches' labels
+                            // (tkd_cache_batch_alloc_labels; a reader fills it when not NULL)
     int64_t *cache_seq;     // (capacity) global position in the cache (reader fills; may be NULL)
 } tkd_cache_batch;
 
@@ -122,6 +127,8 @@ tkd_status tkd_cache_batch_alloc(tkd_cache_batch *b, int64_t capacity, int32_t s
 
 /* Adds the doc_start buffer (capacity, seq_len) to an allocated batch (a packed cache's reader). */
 tkd_status tkd_cache_batch_alloc_doc_start(tkd_cache_batch *b);
+/* Adds the labels buffer (capacity, seq_len) (a trained_only cache's reader). */
+tkd_status tkd_cache_batch_alloc_labels(tkd_cache_batch *b);
 
 /* Frees what tkd_cache_batch_alloc allocated and zeroes the struct. NULL-safe. */
 void tkd_cache_batch_free(tkd_cache_batch *b);

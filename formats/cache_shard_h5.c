@@ -13,7 +13,7 @@
 #include "common/status.h"
 
 const char *const tkd_shard_ds_names[DS_COUNT] = {
-    "/tokens", "/topk/indices", "/topk/logits", "/lse", "/seq_index", "/tail/indices", "/doc_start",
+    "/tokens", "/topk/indices", "/topk/logits", "/lse", "/seq_index", "/tail/indices", "/doc_start", "/labels",
 };
 
 /* ---- HDF5 errors -> one-line tkd_status ----------------------------------------------------- */
@@ -177,7 +177,8 @@ tkd_shard_ds_shape tkd_shard_shape_of(int d, const tkd_cache_identity *id)
     case DS_LSE: s = (tkd_shard_ds_shape){2, {t, 0}}; break;
     case DS_SEQ_INDEX: break;
     case DS_TAIL: s = (tkd_shard_ds_shape){3, {t, (hsize_t)id->tail_samples}}; break;
-    case DS_DOC_START: s = (tkd_shard_ds_shape){2, {t, 0}}; break;
+    case DS_DOC_START:
+    case DS_LABELS: s = (tkd_shard_ds_shape){2, {t, 0}}; break;
     }
     return s;
 }
@@ -186,7 +187,8 @@ hid_t tkd_shard_file_type_of(int d, tkd_cache_dtype dt)
 {
     switch (d) {
     case DS_TOKENS:
-    case DS_DOC_START: return H5Tcopy(H5T_STD_I32LE);
+    case DS_DOC_START:
+    case DS_LABELS: return H5Tcopy(H5T_STD_I32LE);
     case DS_INDICES:
     case DS_TAIL: return H5Tcopy(H5T_STD_U32LE);
     case DS_LOGITS: return tkd_shard_logits_file_type(dt);
@@ -205,7 +207,8 @@ hid_t tkd_shard_mem_type_of(int d)
 {
     switch (d) {
     case DS_TOKENS:
-    case DS_DOC_START: return H5T_NATIVE_INT32;
+    case DS_DOC_START:
+    case DS_LABELS: return H5T_NATIVE_INT32;
     case DS_INDICES:
     case DS_TAIL: return H5T_NATIVE_UINT32;
     case DS_LOGITS:
@@ -350,6 +353,8 @@ herr_t tkd_shard_write_root_attrs(hid_t f, const tkd_cache_identity *id, int64_t
         r |= attr_write(f, "tail_seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &tail_seed);
     if (id->packed) /* absent: windows of the stream (every cache before packing existed) */
         r |= attr_write_str(f, "packing", "documents");
+    if (id->trained_only) /* absent: every position holds its teacher data */
+        r |= attr_write_str(f, "positions", "trained");
     return r < 0 ? -1 : 0;
 }
 

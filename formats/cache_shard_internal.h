@@ -20,6 +20,7 @@ enum {
     DS_SEQ_INDEX,
     DS_TAIL,
     DS_DOC_START, /* packed caches only */
+    DS_LABELS,    /* trained_only caches only */
     DS_COUNT,
 };
 extern const char *const tkd_shard_ds_names[DS_COUNT];

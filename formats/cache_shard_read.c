@@ -60,19 +60,27 @@ static tkd_status attrs_check(const tkd_shard *s, const attr_got *got, size_t n,
 }
 
 /* Reads the root attributes; missing ones are a format error naming the attribute. */
-/* The optional root attribute packing ("documents": formats/doc_pack.h; absent: windows). */
-static tkd_status read_packing(tkd_shard *s, tkd_cache_identity *id)
+/* An optional root attribute that may only say `value`: *flag 1 when present, 0 when absent. */
+static tkd_status read_flag_attr(tkd_shard *s, const char *name, const char *value, int32_t *flag)
 {
-    id->packed = 0;
-    if (H5Aexists(s->file, "packing") <= 0) {
+    *flag = 0;
+    if (H5Aexists(s->file, name) <= 0) {
         tkd_shard_h5_forget();
         return TKD_OK;
     }
     char v[32];
-    if (tkd_shard_attr_read_str(s->file, "packing", v, sizeof v) < 0 || strcmp(v, "documents") != 0)
-        return tkd_shard_h5_fail(TKD_ERR_FORMAT, "%s: root attribute 'packing' is not \"documents\"", s->path);
-    id->packed = 1;
+    if (tkd_shard_attr_read_str(s->file, name, v, sizeof v) < 0 || strcmp(v, value) != 0)
+        return tkd_shard_h5_fail(TKD_ERR_FORMAT, "%s: root attribute '%s' is not \"%s\"", s->path, name, value);
+    *flag = 1;
     return TKD_OK;
+}
+
+/* The optional root attributes packing ("documents": formats/doc_pack.h; absent: windows) and
+ * positions ("trained": /labels, untrained positions' data zeros; absent: every position). */
+static tkd_status read_packing(tkd_shard *s, tkd_cache_identity *id)
+{
+    TKD_TRY(read_flag_attr(s, "packing", "documents", &id->packed));
+    return read_flag_attr(s, "positions", "trained", &id->trained_only);
 }
 
 static tkd_status shard_read_attrs(tkd_shard *s)
@@ -249,7 +257,8 @@ tkd_status tkd_shard_open(tkd_shard **out, const char *path, size_t cache_bytes)
     if (st == TKD_OK)
         s->info.chunk_seqs = shard_chunk_seqs(s->file);
     for (int d = 0; st == TKD_OK && d < DS_COUNT; d++)
-        if ((d != DS_TAIL || s->info.id.tail_samples > 0) && (d != DS_DOC_START || s->info.id.packed))
+        if ((d != DS_TAIL || s->info.id.tail_samples > 0) && (d != DS_DOC_START || s->info.id.packed) &&
+            (d != DS_LABELS || s->info.id.trained_only))
             st = shard_open_dataset(s, d, cache_bytes);
     if (st != TKD_OK) {
         tkd_shard_close(s);
@@ -299,7 +308,7 @@ tkd_status tkd_shard_read(tkd_shard *s, int64_t first, int64_t count, tkd_cache_
     void *bufs[DS_COUNT] = {b->tokens + sl * (T + 1), b->topk_indices + sl * T * kp, logits,
                             b->lse + sl * T, b->seq_index + sl,
                             b->tail_indices ? b->tail_indices + sl * T * (size_t)b->tail_samples : NULL,
-                            b->doc_start ? b->doc_start + sl * T : NULL};
+                            b->doc_start ? b->doc_start + sl * T : NULL, b->labels ? b->labels + sl * T : NULL};
     for (int d = 0; d < DS_COUNT; d++) {
         if (!bufs[d] || s->ds[d] < 0)
             continue;

@@ -502,12 +502,28 @@ static tkd_status sha256_chunk(void *ctx, const tok_file *f, int64_t off, const 
     return TKD_OK;
 }
 
+/* The flags sidecars' bytes after a marker (so no token stream hashes like tokens + flags). */
+static tkd_status sha256_flags(const tkd_tokens *ds, tkd_sha256 *c)
+{
+    static const char marker[] = "topkd flags sidecar";
+    tkd_sha256_update(c, marker, sizeof marker);
+    uint8_t buf[1 << 16];
+    for (int64_t off = 0; off < ds->count; off += (int64_t)sizeof buf) {
+        int64_t m = ds->count - off < (int64_t)sizeof buf ? ds->count - off : (int64_t)sizeof buf;
+        TKD_TRY(tkd_tokens_read_flags(ds, off, m, buf));
+        tkd_sha256_update(c, buf, (size_t)m);
+    }
+    return TKD_OK;
+}
+
 tkd_status tkd_tokens_sha256(const tkd_tokens *ds, char hex[65])
 {
     tkd_sha256 c;
     tkd_sha256_init(&c);
     for (int i = 0; i < ds->nfiles; i++)
         TKD_TRY(each_chunk(&ds->files[i], sha256_chunk, &c));
+    if (tkd_tokens_has_flags(ds)) /* which targets are trained and where documents start are data too */
+        TKD_TRY(sha256_flags(ds, &c));
     uint8_t digest[TKD_SHA256_BYTES];
     tkd_sha256_final(&c, digest);
     tkd_sha256_hex(digest, hex);

@@ -129,7 +129,9 @@ tkd_status tkd_tokens_window(const tkd_tokens *ds, int seq_len, int stride, int 
                              int32_t *tokens /* (seq_len + 1) */, int32_t *labels /* (seq_len) */, int *n_valid);
 
 /* SHA-256 of the token stream as little-endian int32 — the dataset's identity, independent of the
- * files' formats and how the stream is split into files. hex: 64 lowercase digits + NUL. */
+ * files' formats and how the stream is split into files — followed, when the dataset has flags
+ * sidecars, by a marker and the flags' bytes (a different trained mask is a different dataset).
+ * hex: 64 lowercase digits + NUL. */
 tkd_status tkd_tokens_sha256(const tkd_tokens *ds, char hex[65]); /* TKD_ERR_INTERRUPTED on a signal */
 
 /* ---- Megatron-LM index (.idx), parsed from memory (the loader and the fuzz target use it) ---- */

@@ -292,7 +292,8 @@ static void pack_cache_seq(tkd_loader *l, const tkd_cache_batch *cb, int64_t i, 
     for (int p = 0; p < t; p++) {
         int cross = ds && p + 1 < src_t && ds[p + 1] == p + 1;
         l->inputs[(size_t)j * t + p] = tok[p] < 0 ? 0 : tok[p];
-        l->labels[(size_t)j * t + p] = tok[p + 1] < 0 || cross ? -100 : tok[p + 1];
+        l->labels[(size_t)j * t + p] = cb->labels ? cb->labels[i * src_t + p] /* trained_only: as stored */
+                                       : tok[p + 1] < 0 || cross ? -100 : tok[p + 1];
     }
     if (ds)
         memcpy(l->doc + (size_t)j * t, ds, (size_t)t * sizeof(int32_t));

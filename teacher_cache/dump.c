@@ -109,6 +109,7 @@ static tkd_status make_template(tkd_cache_manifest *m, const tkd_dump_config *cf
     m->dataset_tokens = tkd_tokens_count(ds);
     m->stride = cfg->stride;
     m->id.packed = cfg->packing == TKD_PACKING_DOCUMENTS;
+    m->id.trained_only = tkd_tokens_has_flags(ds); /* the dataset marks its trained positions */
     m->tail_seed = cfg->tail_samples > 0 ? (uint64_t)cfg->seed : 0;
     char *paths = join_paths(&cfg->data_paths);
     tkd_status st = paths ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "out of memory");
@@ -255,7 +256,8 @@ static tkd_status fill_packed(const tkd_doc_pack *pack, int T, int64_t s, int nb
 {
     for (int j = 0; j < nb; j++) {
         int32_t *tok = b->tokens + (size_t)j * (size_t)(T + 1), *in = buf->inputs + (size_t)j * (size_t)T;
-        TKD_TRY(tkd_doc_pack_read(pack, s + j, tok, NULL, b->doc_start + (size_t)j * (size_t)T, NULL));
+        TKD_TRY(tkd_doc_pack_read(pack, s + j, tok, b->labels ? b->labels + (size_t)j * (size_t)T : NULL,
+                                  b->doc_start + (size_t)j * (size_t)T, NULL));
         for (int t = 0; t < T; t++)
             in[t] = tok[t] == TKD_TOKENS_IGNORE_LABEL ? 0 : tok[t];
         b->seq_index[j] = s + j;
@@ -275,6 +277,8 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
         TKD_TRY(tkd_tokens_window(ds, T, cfg->stride, cfg->last_window == TKD_DUMP_LAST_WINDOW_PAD, s + j,
                                   tok, buf->labels, NULL));
         memcpy(buf->inputs + (size_t)j * (size_t)T, tok, (size_t)T * sizeof *tok);
+        if (b->labels) /* trained_only: the flags' labels (−100 where not trained) */
+            memcpy(b->labels + (size_t)j * (size_t)T, buf->labels, (size_t)T * sizeof *buf->labels);
         int64_t left = tkd_tokens_count(ds) - (s + j) * cfg->stride - 1; /* labels before the padding */
         for (int t = left > 0 ? (int)(left < T ? left : T) : 0; t < T; t++)
             tok[t + 1] = TKD_TOKENS_IGNORE_LABEL;
@@ -282,6 +286,23 @@ static tkd_status fill_tokens(const tkd_tokens *ds, const tkd_dump_config *cfg, 
     }
     b->num_seq = nb;
     return TKD_OK;
+}
+
+/* trained_only caches: the positions whose label is −100 keep no teacher data (zeros, which the
+ * shards' zstd stores in almost no bytes). The teacher still ran over them: they are context. */
+static void zero_untrained(tkd_cache_batch *b, int64_t rows)
+{
+    if (!b->labels)
+        return;
+    const size_t k = (size_t)b->k, S = (size_t)b->tail_samples;
+    for (int64_t r = 0; r < rows; r++)
+        if (b->labels[r] == TKD_TOKENS_IGNORE_LABEL) {
+            memset(b->topk_indices + (size_t)r * k, 0, k * sizeof *b->topk_indices);
+            memset(b->topk_logits + (size_t)r * k, 0, k * sizeof *b->topk_logits);
+            b->lse[r] = 0.0f;
+            if (S)
+                memset(b->tail_indices + (size_t)r * S, 0, S * sizeof *b->tail_indices);
+        }
 }
 
 /* lm_head.chunk_rows, or the backend's automatic value (kernels/backend.h: 256 rows on the CPU,
@@ -690,6 +711,7 @@ static tkd_status compute_loop(dump_ctx *c, tkd_dump_writer *w, dump_buffers *bu
         TKD_TRY(tkd_model_forward_docs(c->model, buf->inputs, buf->pack ? b->doc_start : NULL, nb, (int)T, 0,
                                        &hidden));
         TKD_TRY(lm_head_topk(cfg, c->model, hidden, (int64_t)nb * T, s, b, buf));
+        zero_untrained(b, (int64_t)nb * T);
         TKD_TRY(check_storable(cfg, b));
         TKD_TRY(tkd_dump_writer_submit(w, b, s));
         s += nb;

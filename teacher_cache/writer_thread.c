@@ -168,6 +168,8 @@ tkd_status tkd_dump_writer_start(tkd_dump_writer **out, const tkd_dump_writer_op
         st = tkd_cache_batch_alloc(&w->bufs[i], o->batch_capacity, id->seq_len, id->k, id->tail_samples);
         if (st == TKD_OK && id->packed)
             st = tkd_cache_batch_alloc_doc_start(&w->bufs[i]);
+        if (st == TKD_OK && id->trained_only)
+            st = tkd_cache_batch_alloc_labels(&w->bufs[i]);
         w->free_list[w->nfree++] = i;
     }
     if (st == TKD_OK) {

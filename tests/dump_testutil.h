@@ -171,6 +171,8 @@ static inline int64_t tkd_dt_read_all(const char *dir, tkd_cache_batch *b, tkd_c
     assert_int_equal(tkd_cache_batch_alloc(b, n, rm->id.seq_len, rm->id.k, rm->id.tail_samples), TKD_OK);
     if (rm->id.packed)
         assert_int_equal(tkd_cache_batch_alloc_doc_start(b), TKD_OK);
+    if (rm->id.trained_only)
+        assert_int_equal(tkd_cache_batch_alloc_labels(b), TKD_OK);
     st = tkd_cache_reader_read(r, 0, n, b, 0);
     if (st != TKD_OK)
         fail_msg("%s", tkd_error_msg());
@@ -202,6 +204,8 @@ static inline void tkd_dt_assert_same_cache(const char *dir_a, const char *dir_b
         assert_memory_equal(a.tail_indices, b.tail_indices, n * T * S * sizeof *a.tail_indices);
     if (a.doc_start)
         assert_memory_equal(a.doc_start, b.doc_start, n * T * sizeof *a.doc_start);
+    if (a.labels)
+        assert_memory_equal(a.labels, b.labels, n * T * sizeof *a.labels);
     tkd_cache_batch_free(&a);
     tkd_cache_batch_free(&b);
     tkd_cache_manifest_free(&ma);

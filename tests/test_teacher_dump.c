@@ -729,7 +729,9 @@ static void test_packed_documents(void **state)
     tkd_cache_manifest man;
     assert_int_equal(tkd_dt_read_all(out, &b, &man), 4);
     assert_int_equal(man.id.packed, 1);
+    assert_int_equal(man.id.trained_only, 1);
     assert_non_null(b.doc_start);
+    assert_non_null(b.labels);
     /* the pieces: (sequence, position, dataset start, length) */
     static const int pieces[5][4] = {{0, 0, 0, 7}, {0, 7, 7, 1}, {1, 0, 8, 12}, {2, 0, 20, 16}, {3, 0, 36, 4}};
     float *lg = malloc(sizeof(float) * T * (size_t)c.vocab_size);
@@ -741,8 +743,15 @@ static void test_packed_documents(void **state)
         assert_int_equal(tkd_model_logits(m, h, n, lg), TKD_OK);
         for (int j = 0; j < n; j++) {
             size_t r = (size_t)sq * T + at + j;
-            check_row(lg + (size_t)j * c.vocab_size, c.vocab_size, K, b.topk_indices + r * K, b.topk_logits + r * K,
-                      b.lse[r], 0, (int)r);
+            /* the flags make the cache trained_only: a document's last position has no target and keeps
+             * no teacher data; the others hold their document's own */
+            int last = j + 1 == n && !(p == 3);
+            assert_int_equal(b.labels[r], last ? TKD_TOKENS_IGNORE_LABEL : tok[pieces[p][2] + j + 1]);
+            if (last)
+                assert_true(b.lse[r] == 0.0f && b.topk_logits[r * K] == 0.0f && b.topk_indices[r * K] == 0);
+            else
+                check_row(lg + (size_t)j * c.vocab_size, c.vocab_size, K, b.topk_indices + r * K,
+                          b.topk_logits + r * K, b.lse[r], 0, (int)r);
             assert_int_equal(b.doc_start[r], at);
             assert_int_equal(b.tokens[(size_t)sq * (T + 1) + at + j], tok[pieces[p][2] + j]);
         }
@@ -790,6 +799,84 @@ static void test_packed_documents(void **state)
     tkd_model_free(m);
 }
 
+/* Bytes of the shards shard-00000.h5 .. of a cache directory. */
+static long long shard_bytes(const char *dir, int n)
+{
+    long long total = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4300];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/shard-%05d.h5", dir, i);
+        assert_int_equal(stat(path, &sb), 0);
+        total += (long long)sb.st_size;
+    }
+    return total;
+}
+
+/* A dataset whose flags sidecar trains 40 % of the targets (runs of 10: a prompt of 15 tokens, an
+ * answer of 10) makes a trained_only cache: /labels −100 on the other positions, which keep no
+ * teacher data, and the trained positions' data equal to the cache without flags; its shards take
+ * well under half the bytes (issue 23: ~40 % of today's). */
+static void test_trained_only_cache(void **state)
+{
+    const char *dir = *state;
+    enum { N = 8193, T = 64, K = 32 };
+    tkd_model_config c = small_cfg(0, 0);
+    c.vocab_size = 97, c.max_position_embeddings = 64;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&c, 5, &m), TKD_OK);
+    int32_t tok[N];
+    uint8_t fl[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 31 + 7) % c.vocab_size, fl[i] = i % 25 >= 15 ? TKD_TOKENS_FLAG_TRAINED : 0;
+    char all[4200], part[4200], flags[4300], out_a[4200], out_b[4200], yaml[16384];
+    snprintf(all, sizeof all, "%s/all.npy", dir);
+    snprintf(part, sizeof part, "%s/part.npy", dir);
+    snprintf(flags, sizeof flags, "%s.flags.npy", part);
+    snprintf(out_a, sizeof out_a, "%s/cache-all", dir);
+    snprintf(out_b, sizeof out_b, "%s/cache-part", dir);
+    tkd_dt_write_npy(all, tok, 0, N);
+    tkd_dt_write_npy(part, tok, 0, N);
+    tkd_dt_write_npy_as(flags, "|u1", fl, 1, 0, N);
+    tkd_dump_opts o = {.teacher = m, .teacher_seed = 5};
+    const char *fmt = "teacher: {path: 'random:small'}\ndata: {paths: ['%s'], seq_len: %d}\n"
+                      "cache: {k: %d, shard_sequences: 64}\nrun: {batch_size: 16}\noutput: {dir: '%s'}\n";
+    snprintf(yaml, sizeof yaml, fmt, all, T, K, out_a);
+    tkd_dt_run_ok(yaml, &o, NULL);
+    snprintf(yaml, sizeof yaml, fmt, part, T, K, out_b);
+    tkd_dt_run_ok(yaml, &o, NULL);
+    tkd_cache_batch a, b;
+    tkd_cache_manifest ma, mb;
+    const int64_t n = tkd_dt_read_all(out_a, &a, &ma);
+    assert_int_equal(tkd_dt_read_all(out_b, &b, &mb), n);
+    assert_int_equal(ma.id.trained_only, 0);
+    assert_int_equal(mb.id.trained_only, 1);
+    assert_null(a.labels);
+    assert_non_null(b.labels);
+    assert_string_not_equal(ma.id.dataset_sha256, mb.id.dataset_sha256); /* the flags are data */
+    int64_t trained = 0;
+    for (int64_t r = 0; r < n * T; r++) {
+        const int64_t g = r / T * T + r % T + 1; /* the label's token in the stream (stride = T) */
+        if (fl[g] & TKD_TOKENS_FLAG_TRAINED) {
+            trained++;
+            assert_int_equal(b.labels[r], tok[g]);
+            assert_memory_equal(b.topk_indices + r * K, a.topk_indices + r * K, K * sizeof *a.topk_indices);
+            assert_memory_equal(b.topk_logits + r * K, a.topk_logits + r * K, K * sizeof *a.topk_logits);
+            assert_true(b.lse[r] == a.lse[r]);
+        } else {
+            assert_int_equal(b.labels[r], TKD_TOKENS_IGNORE_LABEL);
+            assert_true(b.lse[r] == 0.0f && b.topk_indices[r * K] == 0 && b.topk_logits[r * K] == 0.0f);
+        }
+    }
+    const long long ba = shard_bytes(out_a, (int)ma.num_shards), bb = shard_bytes(out_b, (int)mb.num_shards);
+    print_message("trained_only: %lld of %lld positions trained; shards %lld bytes vs %lld without flags (%.2f)\n",
+                  (long long)trained, (long long)(n * T), bb, ba, (double)bb / (double)ba);
+    assert_true((double)bb < 0.5 * (double)ba);
+    tkd_cache_batch_free(&a), tkd_cache_batch_free(&b);
+    tkd_cache_manifest_free(&ma), tkd_cache_manifest_free(&mb);
+    tkd_model_free(m);
+}
+
 static void test_raw_bytes_per_token(void **state)
 {
     (void)state;
@@ -803,7 +890,7 @@ static void test_raw_bytes_per_token(void **state)
     tkd_config_free(&tkd_dump_schema, &cfg);
 }
 
-TKD_TEST_MAIN_EACH_DIR(test_packed_documents, test_parity_llama_half, test_parity_llama_bf16_weights, test_parity_qwen_float32,
+TKD_TEST_MAIN_EACH_DIR(test_packed_documents, test_trained_only_cache, test_parity_llama_half, test_parity_llama_bf16_weights, test_parity_qwen_float32,
     test_parity_qwen_bf16_weights, test_dump_qwen3_moe_teacher, test_dump_gpt_oss_teacher, test_resume_after_stop, test_repair_missing_and_damaged,
     test_writer_threads_same_cache, test_two_dumps_same_bytes, test_last_window_pad,
     test_merge_names_the_missing_worker, test_config_workers_from_env, test_config_shard_tokens,
