@@ -44,12 +44,7 @@ static inline void bench_more_gpt_oss_20b(tkd_model_config *c)
     c->sliding_window = 128;
     for (int l = 0; l < c->num_hidden_layers; l++)
         c->layer_sliding[l] = l % 2 == 0, c->layer_moe[l] = 1;
-    c->rope_scaling = TKD_ROPE_SCALING_YARN;
-    c->rope_factor = 32.0;
-    c->rope_beta_fast = 32.0;
-    c->rope_beta_slow = 1.0;
-    c->rope_truncate = 0;
-    c->rope_original_max_pos = 4096;
+    tkd_model_config_gpt_oss_yarn(c);
     c->num_experts = 32;
     c->num_experts_per_tok = 4;
     c->moe_intermediate_size = 2880;

@@ -324,8 +324,7 @@ static tkd_status read_yarn(const char *path, const cJSON *root, const cJSON *rp
     return get_bool(path, rp, "truncate", &c->rope_truncate);
 }
 
-/* gpt-oss without rope_scaling / rope_parameters: GptOssConfig's default YaRN. */
-static void yarn_gpt_oss_default(tkd_model_config *c)
+void tkd_model_config_gpt_oss_yarn(tkd_model_config *c)
 {
     c->rope_scaling = TKD_ROPE_SCALING_YARN;
     c->rope_factor = 32.0;
@@ -347,7 +346,7 @@ static tkd_status read_rope(const char *path, const cJSON *root, tkd_model_confi
     }
     TKD_TRY(get_num(path, root, "", "rope_theta", 0, &c->rope_theta));
     if (!rp && c->arch == TKD_ARCH_GPT_OSS)
-        yarn_gpt_oss_default(c);
+        tkd_model_config_gpt_oss_yarn(c);
     if (!rp)
         return TKD_OK;
     if (!cJSON_IsObject(rp))

@@ -112,6 +112,10 @@ int tkd_model_config_has_moe(const tkd_model_config *cfg);
 /* Layer l's attention window: sliding_window where layer l slides, else 0 (full causal). */
 int tkd_model_config_window(const tkd_model_config *cfg, int l);
 
+/* gpt-oss's YaRN as GptOssConfig defaults it (factor 32 over 4096, β 32/1, not truncated): what a
+ * gpt-oss config.json without rope_scaling / rope_parameters means (benchmarks use it too). */
+void tkd_model_config_gpt_oss_yarn(tkd_model_config *cfg);
+
 /* Fills cfg with defaults for a small llama (used before overriding fields from YAML). */
 void tkd_model_config_defaults(tkd_model_config *cfg);
 

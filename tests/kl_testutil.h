@@ -100,38 +100,14 @@ static inline void round_bf16(float *x, size_t n)
         x[i] = tkd_bf16_to_f32(tkd_f32_to_bf16(x[i]));
 }
 
-/* One row's teacher columns: the k largest of t (V), sorted, and lse at τ_cache. */
+static inline int gcase_rand(void *c, int n) { return rand_below(c, n); }
+
+/* One row's teacher columns: the k largest of t (V), sorted, lse at τ_cache, and the draws (draw 1
+ * repeats draw 0). */
 static inline void cut_row(gcase *c, int64_t i, const float *t, double tau_cache)
 {
-    int32_t *idx = c->idx + i * c->k;
-    for (int j = 0; j < c->k; j++) {
-        int best = -1;
-        for (int u = 0; u < c->v; u++) {
-            int taken = 0;
-            for (int q = 0; q < j && !taken; q++)
-                taken = idx[q] == u;
-            if (!taken && (best < 0 || t[u] > t[best]))
-                best = u;
-        }
-        idx[j] = best;
-        c->tl[i * c->k + j] = t[best];
-    }
-    double m = -INFINITY, sum = 0.0;
-    for (int u = 0; u < c->v; u++)
-        m = fmax(m, t[u] / tau_cache);
-    for (int u = 0; u < c->v; u++)
-        sum += exp(t[u] / tau_cache - m);
-    c->lse[i] = (float)(m + log(sum));
-    for (int j = 0; j < c->s; j++) {
-        int u, clash;
-        do {
-            u = rand_below(c, c->v);
-            clash = 0;
-            for (int q = 0; q < c->k; q++)
-                clash |= idx[q] == u;
-        } while (clash);
-        c->draws[i * c->s + j] = (j == 1) ? c->draws[i * c->s] : u; /* a repeated draw */
-    }
+    tkd_test_cut_row(t, c->v, c->k, tau_cache, c->s, 1, gcase_rand, c, c->idx + i * c->k, c->tl + i * c->k,
+                     c->lse + i, c->draws + i * c->s);
 }
 
 static inline gcase *case_make(int64_t n, int d, int v, int k, int s, double tau_cache, uint64_t seed,

@@ -492,12 +492,7 @@ static void run_documents(int dh, int window, int with_sinks)
     enum { B = 2, T = 333, H = 4, Hkv = 2 };
     static const int starts[B][5] = {{0, 1, 100, 229, -1}, {0, 200, -1}};
     int32_t doc[B * T];
-    for (int b = 0; b < B; b++)
-        for (int i = 0, d = 0; i < T; i++) {
-            if (starts[b][d + 1] == i)
-                d++;
-            doc[b * T + i] = starts[b][d];
-        }
+    tkd_test_doc_starts(&starts[0][0], 5, B, T, doc);
     const int64_t nq = (int64_t)B * T * H * dh, nkv = (int64_t)B * T * Hkv * dh;
     float *f = tkd_test_xmalloc(sizeof(float) * nq), sk[H];
     uint16_t *qb = tkd_test_xmalloc(2 * nq), *kb = tkd_test_xmalloc(2 * nkv), *vb = tkd_test_xmalloc(2 * nkv), skb[H];

@@ -37,41 +37,14 @@ static int rand_below(dcase *c, int n)
     return (int)((c->rng >> 11) % (uint64_t)n);
 }
 
+static int dcase_rand(void *c, int n) { return rand_below(c, n); }
+
 /* The cache columns of every row from c->tfull (top-k by selection, LSE at τ_cache, draws). */
 static void dcase_cut(dcase *c, double tau_cache)
 {
-    for (int64_t i = 0; i < c->n; i++) {
-        const float *t = c->tfull + i * c->v;
-        int32_t *idx = c->idx + i * c->k;
-        for (int j = 0; j < c->k; j++) {
-            int best = -1;
-            for (int u = 0; u < c->v; u++) {
-                int taken = 0;
-                for (int q = 0; q < j; q++)
-                    taken |= idx[q] == u;
-                if (!taken && (best < 0 || t[u] > t[best]))
-                    best = u;
-            }
-            idx[j] = best;
-            c->tl[i * c->k + j] = t[best];
-        }
-        double m = -INFINITY, sum = 0.0;
-        for (int u = 0; u < c->v; u++)
-            m = fmax(m, t[u] / tau_cache);
-        for (int u = 0; u < c->v; u++)
-            sum += exp(t[u] / tau_cache - m);
-        c->lse[i] = (float)(m + log(sum));
-        for (int e = 0; e < c->s; e++) {
-            int u, clash;
-            do {
-                u = rand_below(c, c->v);
-                clash = 0;
-                for (int q = 0; q < c->k; q++)
-                    clash |= idx[q] == u;
-            } while (clash);
-            c->draws[i * c->s + e] = e == 2 ? c->draws[i * c->s] : u;
-        }
-    }
+    for (int64_t i = 0; i < c->n; i++)
+        tkd_test_cut_row(c->tfull + i * c->v, c->v, c->k, tau_cache, c->s, 2, dcase_rand, c, c->idx + i * c->k,
+                         c->tl + i * c->k, c->lse + i, c->draws + i * c->s);
 }
 
 static dcase dcase_make(int64_t n, int d, int v, int k, int s, double tau_cache, uint64_t seed)

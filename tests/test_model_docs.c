@@ -29,12 +29,7 @@ static const int kStarts[B][5] = {{0, 1, 6, 11, -1}, {0, 9, -1}};
 
 static void doc_array(int32_t *doc)
 {
-    for (int b = 0; b < B; b++)
-        for (int i = 0, d = 0; i < T; i++) {
-            if (kStarts[b][d + 1] == i)
-                d++;
-            doc[b * T + i] = kStarts[b][d];
-        }
+    tkd_test_doc_starts(&kStarts[0][0], 5, B, T, doc);
 }
 
 static tkd_model *make(const tkd_model_config *c)

@@ -383,12 +383,7 @@ static void test_attention_documents(void **s)
     enum { B = 2, T = 13, H = 4, Hkv = 2, dh = 6 };
     static const int starts[B][5] = {{0, 1, 5, 9, -1}, {0, 6, -1}}; /* a one-token document, a long one */
     int32_t doc[B * T];
-    for (int b = 0; b < B; b++)
-        for (int i = 0, d = 0; i < T; i++) {
-            if (starts[b][d + 1] == i)
-                d++;
-            doc[b * T + i] = starts[b][d];
-        }
+    tkd_test_doc_starts(&starts[0][0], 5, B, T, doc);
     size_t N = (size_t)B * T, nq = N * H * dh, nkv = N * Hkv * dh, na = (size_t)B * H * T * T;
     pair q = mk(nq, 7701, 1.5f), k = mk(nkv, 7702, 1.5f), v = mk(nkv, 7703, 1), sk = mk(H, 7704, 2);
     for (int c = 0; c < 4; c++) {

@@ -296,32 +296,43 @@ static void test_token_windows_once_per_epoch(void **state)
     tkd_tokens_free(tok);
 }
 
+/* An llm.c GPT-2 file at path of n tokens 1000, 1001, ... and its flags sidecar path.flags.npy
+ * (numpy format 1.0, '|u1', header padded to 128 bytes) holding flags (n). */
+static void write_flagged(const char *path, const uint8_t *flags, int n)
+{
+    char side[4300], h[128];
+    snprintf(side, sizeof side, "%s.flags.npy", path);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    int32_t header[256] = {20240520, 1, n};
+    fwrite(header, sizeof header, 1, fp);
+    for (int i = 0; i < n; i++) {
+        uint16_t t = (uint16_t)(1000 + i);
+        fwrite(&t, sizeof t, 1, fp);
+    }
+    fclose(fp);
+    fp = fopen(side, "wb");
+    assert_non_null(fp);
+    memcpy(h, "\x93NUMPY\x01\x00\x76\x00", 10); /* magic, version 1.0, 118 header bytes follow */
+    int m = 10 + snprintf(h + 10, sizeof h - 10, "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }", n);
+    memset(h + m, ' ', sizeof h - (size_t)m);
+    h[127] = '\n';
+    fwrite(h, sizeof h, 1, fp);
+    fwrite(flags, 1, (size_t)n, fp);
+    fclose(fp);
+}
+
 /* The same token file with a flags sidecar that trains every third token: student-train's batches
  * keep every input, and label only the trained targets (the rest -100, left out of CE and KD). */
 static void test_token_windows_with_flags(void **state)
 {
     fixture *f = *state;
-    char path[4200], side[4300];
+    char path[4200];
     snprintf(path, sizeof path, "%s/flagged.bin", f->dir);
-    snprintf(side, sizeof side, "%s.flags.npy", path);
-    FILE *fp = fopen(path, "wb");
-    int32_t header[256] = {20240520, 1, 100};
-    fwrite(header, sizeof header, 1, fp);
-    for (int i = 0; i < 100; i++) {
-        uint16_t t = (uint16_t)(1000 + i);
-        fwrite(&t, sizeof t, 1, fp);
-    }
-    fclose(fp);
-    fp = fopen(side, "wb"); /* numpy format 1.0, '|u1', header padded to 128 bytes */
-    char h[128];
-    memcpy(h, "\x93NUMPY\x01\x00\x76\x00", 10); /* magic, version 1.0, 118 header bytes follow */
-    int n = 10 + snprintf(h + 10, sizeof h - 10, "{'descr': '|u1', 'fortran_order': False, 'shape': (100,), }");
-    memset(h + n, ' ', sizeof h - (size_t)n);
-    h[127] = '\n';
-    fwrite(h, sizeof h, 1, fp);
+    uint8_t fl[100];
     for (int i = 0; i < 100; i++)
-        fputc(i % 3 == 0 ? TKD_TOKENS_FLAG_TRAINED : 0, fp);
-    fclose(fp);
+        fl[i] = i % 3 == 0 ? TKD_TOKENS_FLAG_TRAINED : 0;
+    write_flagged(path, fl, 100);
     tkd_tokens *tok = NULL;
     assert_int_equal(tkd_tokens_open(path, &tok), TKD_OK);
     int64_t nw = tkd_tokens_num_windows(tok, 9, 9, 1), split[16];
@@ -355,28 +366,13 @@ static void test_packed_documents(void **state)
 {
     fixture *f = *state;
     enum { N = 30, T = 8, X = -100 };
-    char path[4200], side[4300];
+    char path[4200];
     snprintf(path, sizeof path, "%s/docs.bin", f->dir);
-    snprintf(side, sizeof side, "%s.flags.npy", path);
-    FILE *fp = fopen(path, "wb");
-    int32_t header[256] = {20240520, 1, N};
-    fwrite(header, sizeof header, 1, fp);
-    for (int i = 0; i < N; i++) {
-        uint16_t t = (uint16_t)(1000 + i);
-        fwrite(&t, sizeof t, 1, fp);
-    }
-    fclose(fp);
-    fp = fopen(side, "wb");
-    char h[128];
-    memcpy(h, "\x93NUMPY\x01\x00\x76\x00", 10);
-    int n = 10 + snprintf(h + 10, sizeof h - 10, "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }", N);
-    memset(h + n, ' ', sizeof h - (size_t)n);
-    h[127] = '\n';
-    fwrite(h, sizeof h, 1, fp);
+    uint8_t fl[N];
     for (int i = 0; i < N; i++)
-        fputc((i == 3 ? 0 : TKD_TOKENS_FLAG_TRAINED) | (i == 0 || i == 5 || i == 6 || i == 19 ? TKD_TOKENS_FLAG_DOC_START : 0),
-              fp);
-    fclose(fp);
+        fl[i] = (i == 3 ? 0 : TKD_TOKENS_FLAG_TRAINED) |
+                (i == 0 || i == 5 || i == 6 || i == 19 ? TKD_TOKENS_FLAG_DOC_START : 0);
+    write_flagged(path, fl, N);
     tkd_tokens *tok = NULL;
     assert_int_equal(tkd_tokens_open(path, &tok), TKD_OK);
     tkd_doc_pack *pack = NULL;

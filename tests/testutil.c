@@ -844,3 +844,49 @@ void tkd_test_write_st(const char *path, const tkd_test_st_entry *e, int n)
             assert_int_equal(fwrite(e[i].data, 1, e[i].nbytes, fp), e[i].nbytes);
     assert_int_equal(fclose(fp), 0);
 }
+
+void tkd_test_cut_row(const float *t, int v, int k, double tau_cache, int s, int repeat,
+                      int (*rand_below)(void *ctx, int n), void *ctx, int32_t *idx, float *tl, float *lse,
+                      int32_t *draws)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int u = 0; u < v; u++) {
+            int taken = 0;
+            for (int q = 0; q < j && !taken; q++)
+                taken = idx[q] == u;
+            if (!taken && (best < 0 || t[u] > t[best]))
+                best = u;
+        }
+        idx[j] = best;
+        tl[j] = t[best];
+    }
+    double m = -INFINITY, sum = 0.0;
+    for (int u = 0; u < v; u++)
+        m = fmax(m, t[u] / tau_cache);
+    for (int u = 0; u < v; u++)
+        sum += exp(t[u] / tau_cache - m);
+    *lse = (float)(m + log(sum));
+    for (int e = 0; e < s; e++) {
+        int u, clash;
+        do {
+            u = rand_below(ctx, v);
+            clash = 0;
+            for (int q = 0; q < k; q++)
+                clash |= idx[q] == u;
+        } while (clash);
+        draws[e] = e == repeat ? draws[0] : u;
+    }
+}
+
+void tkd_test_doc_starts(const int *starts, int stride, int B, int T, int32_t *doc)
+{
+    for (int b = 0; b < B; b++) {
+        const int *st = starts + (size_t)b * (size_t)stride;
+        for (int i = 0, d = 0; i < T; i++) {
+            if (d + 1 < stride && st[d + 1] == i)
+                d++;
+            doc[(size_t)b * T + i] = st[d];
+        }
+    }
+}

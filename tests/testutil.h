@@ -113,6 +113,19 @@ int tkd_test_close(double a, double b, double atol, double rtol);
 /* Fills x[0..n) with a deterministic pseudo-random normal(0, std) sequence from seed. */
 void tkd_test_randn(float *x, size_t n, uint64_t seed, float std);
 
+/* Packed documents' starts (tkd_model_forward_docs' doc, tkd_attn_mask.doc) of B sequences of T
+ * positions from each sequence's list of document starts (starts[b*stride ..], 0 first, ended by
+ * -1 or T): doc[b·T + i] = the last start ≤ i. */
+void tkd_test_doc_starts(const int *starts, int stride, int B, int T, int32_t *doc);
+
+/* One teacher row's cache columns cut from its full logits t (v): the k largest, largest first
+ * (ties to the lower id) into idx and tl (k), *lse = log Σ exp(t / tau_cache), and s draws outside
+ * the top-k from rand_below(ctx, v) into draws (s), draw `repeat` (≥ 1; beyond s: none) a copy of
+ * draw 0 (a repeated draw). The loss tests' batches are made of such rows. */
+void tkd_test_cut_row(const float *t, int v, int k, double tau_cache, int s, int repeat,
+                      int (*rand_below)(void *ctx, int n), void *ctx, int32_t *idx, float *tl, float *lse,
+                      int32_t *draws);
+
 /* Logit contents that stress a top-k's order, for the CPU and CUDA top-k tests. */
 typedef enum tkd_test_fill {
     TKD_TEST_FILL_RANDN,        /* normal(0, 3) */
