@@ -152,6 +152,8 @@ static tkd_status open_token_sources(trainer *tr, int64_t **tsplit, int64_t *nt,
     if (c->val_tokens.n > 0) {
         TKD_TRY(tkd_tokens_open_list((const char *const *)c->val_tokens.items, (int)c->val_tokens.n,
                                      &tr->val_tokens));
+        if (tkd_tokens_trained_summary(tr->val_tokens, trained, sizeof trained))
+            tkd_log_info("data.val_tokens: %s", trained);
         *nt = c->max_sequences > 0 && c->max_sequences < n ? c->max_sequences : n;
         TKD_TRY(token_sequences(tr, tr->val_tokens, &tr->val_pack, nv));
         *tsplit = range_split(0, *nt);
