@@ -9,113 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* E2M1 code -> value: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0; transformers'
- * FP4_VALUES. */
-static const float E2M1[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
-                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-float tkd_mxfp4_value(unsigned code, unsigned scale)
-{
-    return ldexpf(E2M1[code & 15u], (int)(scale & 255u) - 127);
-}
-
-/* ---- decoding ----------------------------------------------------------------------------------- */
-
-/* byte -> its two values at scale 1: [0] from the low nibble (the earlier element), [1] the high. */
-typedef struct byte_lut {
-    float v[256][2];
-} byte_lut;
-
-static void lut_init(byte_lut *t)
-{
-    for (int b = 0; b < 256; b++) {
-        t->v[b][0] = E2M1[b & 15];
-        t->v[b][1] = E2M1[b >> 4];
-    }
-}
-
-/* 2^(s − 127) from its bits: s ≥ 1 is the normal number with exponent field s, s = 0 the subnormal
- * 2^−127 (mantissa bit 22). Multiplying an E2M1 value by it is exact (mxfp4.h), so this equals
- * ldexpf. s = 255 would be inf: callers refuse it first. */
-static float pow2_scale(unsigned s)
-{
-    return tkd_bits_f32(s ? (uint32_t)s << 23 : 0x00400000u);
-}
-
-enum { BLOCK_OK = 0, BLOCK_NAN_SCALE, BLOCK_OVERFLOW };
-
-/* One block: 16 bytes b with scale s into out[32]. */
-static int decode_block(const byte_lut *t, const uint8_t *b, unsigned s, float *out)
-{
-    if (s == 0xFFu)
-        return BLOCK_NAN_SCALE;
-    float f = pow2_scale(s);
-    int inf = 0;
-    for (int i = 0; i < TKD_MXFP4_BLOCK_BYTES; i++) {
-        float lo = t->v[b[i]][0] * f, hi = t->v[b[i]][1] * f;
-        out[2 * i] = lo;
-        out[2 * i + 1] = hi;
-        inf |= isinf(lo) | isinf(hi);
-    }
-    return inf ? BLOCK_OVERFLOW : BLOCK_OK;
-}
-
-/* The message of a refused block; at is its index ("[e, r, g]" or "[r, g]"). */
-static tkd_status block_error(int why, const char *what, const char *at, unsigned s)
-{
-    if (why == BLOCK_NAN_SCALE)
-        return tkd_error_set(TKD_ERR_FORMAT, "%s: block %s has scale 0xFF, E8M0's NaN: the checkpoint is corrupt",
-                             what, at);
-    return tkd_error_set(TKD_ERR_FORMAT,
-                         "%s: block %s (scale %u = 2^%d) holds a value >= 2^128, beyond fp32 and bf16: the "
-                         "checkpoint is corrupt",
-                         what, at, s, (int)s - 127);
-}
-
-/* Rows [0, rows) of blocks (rows, G, 16) / scales (rows, G) into f32 (rows, G·32) or, when f32 is
- * NULL, bf16 (rows, G·32). Messages number the rows from r_base, inside expert e when e ≥ 0. */
-static tkd_status decode_rows(const byte_lut *t, const uint8_t *blocks, const uint8_t *scales, int64_t rows,
-                              int64_t groups, float *f32, uint16_t *bf16, const char *what, int64_t e,
-                              int64_t r_base)
-{
-    float tmp[TKD_MXFP4_BLOCK];
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t g = 0; g < groups; g++) {
-            int64_t i = r * groups + g;
-            float *o = f32 ? f32 + i * TKD_MXFP4_BLOCK : tmp;
-            int why = decode_block(t, blocks + i * TKD_MXFP4_BLOCK_BYTES, scales[i], o);
-            if (why != BLOCK_OK) {
-                char at[96];
-                if (e >= 0)
-                    snprintf(at, sizeof at, "[%lld, %lld, %lld]", (long long)e, (long long)(r_base + r),
-                             (long long)g);
-                else
-                    snprintf(at, sizeof at, "[%lld, %lld]", (long long)(r_base + r), (long long)g);
-                return block_error(why, what, at, scales[i]);
-            }
-            if (!f32) /* exact: the value has <= 2 significant bits within bf16's range (mxfp4.h) */
-                for (int j = 0; j < TKD_MXFP4_BLOCK; j++)
-                    bf16[i * TKD_MXFP4_BLOCK + j] = (uint16_t)(tkd_f32_bits(tmp[j]) >> 16);
-        }
-    return TKD_OK;
-}
-
-tkd_status tkd_mxfp4_decode_f32(const uint8_t *blocks, const uint8_t *scales, int64_t rows, int64_t groups,
-                                float *dst, const char *what)
-{
-    byte_lut t;
-    lut_init(&t);
-    return decode_rows(&t, blocks, scales, rows, groups, dst, NULL, what, -1, 0);
-}
-
-tkd_status tkd_mxfp4_decode_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t rows, int64_t groups,
-                                 uint16_t *dst, const char *what)
-{
-    byte_lut t;
-    lut_init(&t);
-    return decode_rows(&t, blocks, scales, rows, groups, NULL, dst, what, -1, 0);
-}
-
 /* ---- a checkpoint's pair ------------------------------------------------------------------------ */
 
 /* "<name>_blocks" and "<name>_scales" */
@@ -212,7 +105,7 @@ tkd_status tkd_mxfp4_probe(const tkd_st_dir *d, const char *name, int *found, in
 #define TILE_ROWS 32
 
 /* Expert e of the pair into out (K, R), one tile of rows at a time through scratch (TILE_ROWS, K). */
-static tkd_status read_expert(const byte_lut *t, const tkd_st_tensor *b, const tkd_st_tensor *s, int64_t e,
+static tkd_status read_expert(const tkd_mxfp4_lut *t, const tkd_st_tensor *b, const tkd_st_tensor *s, int64_t e,
                               float *scratch, float *out32, uint16_t *out16, const char *what)
 {
     int64_t R = b->shape[1], G = b->shape[2], K = G * TKD_MXFP4_BLOCK;
@@ -220,7 +113,7 @@ static tkd_status read_expert(const byte_lut *t, const tkd_st_tensor *b, const t
     const uint8_t *scales = (const uint8_t *)s->data + e * R * G;
     for (int64_t r0 = 0; r0 < R; r0 += TILE_ROWS) {
         int64_t nr = R - r0 < TILE_ROWS ? R - r0 : TILE_ROWS;
-        TKD_TRY(decode_rows(t, blocks + r0 * G * TKD_MXFP4_BLOCK_BYTES, scales + r0 * G, nr, G, scratch, NULL,
+        TKD_TRY(tkd_mxfp4_decode_rows(t, blocks + r0 * G * TKD_MXFP4_BLOCK_BYTES, scales + r0 * G, nr, G, scratch, NULL,
                             what, e, r0));
         for (int64_t k = 0; k < K; k++)
             for (int64_t r = 0; r < nr; r++) {
@@ -270,13 +163,13 @@ tkd_status tkd_mxfp4_read(const tkd_st_dir *d, const char *name, const int64_t e
     if (E == 0 || R == 0 || K == 0)
         return TKD_OK;
     float *scratch = malloc(sizeof(float) * TILE_ROWS * (size_t)K);
-    byte_lut *t = malloc(sizeof *t);
+    tkd_mxfp4_lut *t = malloc(sizeof *t);
     if (!scratch || !t) {
         free(scratch);
         free(t);
         return tkd_error_set(TKD_ERR_NOMEM, "mxfp4: out of memory reading '%s'", p.blocks);
     }
-    lut_init(t);
+    tkd_mxfp4_lut_init(t);
     char what[1280]; /* file + both names (512 each) */
     snprintf(what, sizeof what, "%s: tensors '%s'/'%s'", b->file, p.blocks, p.scales);
     tkd_status st = TKD_OK;

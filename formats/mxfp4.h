@@ -22,25 +22,10 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "common/mxfp4_codec.h" /* the format itself: values, blocks, decoding */
 #include "formats/safetensors.h"
 
 struct cJSON;
-
-#define TKD_MXFP4_BLOCK 32       /* values per block (one scale) */
-#define TKD_MXFP4_BLOCK_BYTES 16 /* bytes per block: two E2M1 codes a byte */
-
-/* The scalar reference: code (0..15) times 2^(scale − 127) by ldexpf, for any scale 0..255 (so it can
- * be inf, or finite for 0xFF, where the decoders below refuse the block). */
-float tkd_mxfp4_value(unsigned code, unsigned scale);
-
-/* Dequantises blocks (rows, G, 16) with scales (rows, G) into dst (rows, G·32): fp32, or bf16 bits
- * (exactly the fp32 value's upper half: see above). Table-driven (one 256-entry byte → two values
- * table), equal bit for bit to tkd_mxfp4_value. A refused block (scale 0xFF, a value ≥ 2^128) is
- * TKD_ERR_FORMAT "<what>: block [r, g] ..." and dst is then partly written. */
-tkd_status tkd_mxfp4_decode_f32(const uint8_t *blocks, const uint8_t *scales, int64_t rows, int64_t groups,
-                                float *dst, const char *what);
-tkd_status tkd_mxfp4_decode_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t rows, int64_t groups,
-                                 uint16_t *dst, const char *what);
 
 /* ---- a checkpoint's pair --------------------------------------------------------------------- */
 

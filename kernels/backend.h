@@ -27,6 +27,7 @@
  *   attn_window_bwd  — attn_bwd does too (a training model with such a layer needs it);
  *   attn_docs        — attn_fwd confines each query to its document (packed documents, doc != NULL);
  *   attn_docs_bwd    — attn_bwd does too (training on packed documents needs it);
+ *   moe_mxfp4        — moe_fwd takes gpt-oss's experts as MXFP4 (kernels/moe.h's tkd_moe_mxfp4);
  *   op->lmhead_chunk_rows — the LM head's chunk when the config leaves it automatic.
  *
  * Memory: every pointer an op takes is backend memory (host memory on the CPU, device memory on
@@ -84,6 +85,7 @@ typedef struct tkd_moe_act_weights {
     const void *b_gate;   /* (E, I) or NULL */
     const void *b_up;     /* (E, I) or NULL */
     const void *b_down;   /* (E, D) or NULL */
+    tkd_moe_mxfp4 q;      /* be->moe_mxfp4 and params.mxfp4: the experts as MXFP4 (w_gate/w_up/w_down NULL) */
 } tkd_moe_act_weights;
 
 /* The LM head + top-k consumer's arguments (teacher-dump): per row the top-k ids and raw logits
@@ -295,6 +297,8 @@ struct tkd_backend {
                                  * reserved for training refuses such a layer */
     int attn_docs;              /* 1: attn_fwd takes doc (packed documents; the CPU, CUDA) */
     int attn_docs_bwd;          /* 1: attn_bwd does too (the CPU); 0: not yet (CUDA) */
+    int moe_mxfp4;              /* 1: moe_fwd takes MXFP4 experts (the CPU); 0: the model gives it act
+                                 * stacks, decoding MXFP4 checkpoints at load (CUDA, for now) */
     const tkd_backend_ops *op;
     void *impl;                 /* the implementation's own state */
 };

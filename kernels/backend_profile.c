@@ -241,6 +241,7 @@ tkd_status tkd_backend_profile_wrap(tkd_backend *inner, tkd_backend **out)
     be->attn_window_bwd = inner->attn_window_bwd;
     be->attn_docs = inner->attn_docs;
     be->attn_docs_bwd = inner->attn_docs_bwd;
+    be->moe_mxfp4 = inner->moe_mxfp4;
     be->op = &p->ops;
     be->impl = p;
     *out = be;

@@ -6,14 +6,14 @@
 tkd_moe_params tkd_moe_params_qwen3(int D, int inter, int E, int k, int norm_topk_prob)
 {
     tkd_moe_params p = {D, inter, E, k, TKD_MOE_ROUTER_SOFTMAX_TOPK, norm_topk_prob != 0,
-                        TKD_MOE_ACT_SWIGLU, 0.0f, 0.0f};
+                        TKD_MOE_ACT_SWIGLU, 0.0f, 0.0f, 0};
     return p;
 }
 
 tkd_moe_params tkd_moe_params_gpt_oss(int D, int inter, int E, int k, float swiglu_limit)
 {
     tkd_moe_params p = {D, inter, E, k, TKD_MOE_ROUTER_TOPK_SOFTMAX, 0, TKD_MOE_ACT_SWIGLU_CLAMP,
-                        swiglu_limit, 1.702f};
+                        swiglu_limit, 1.702f, 0};
     return p;
 }
 
@@ -32,6 +32,9 @@ tkd_status tkd_moe_params_check(const tkd_moe_params *p)
     if (p->act == TKD_MOE_ACT_SWIGLU_CLAMP && !(p->limit > 0.0f && isfinite(p->limit)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: swiglu_limit %g must be finite and > 0",
                              (double)p->limit);
+    if (p->mxfp4 && (p->D % 32 != 0 || p->inter % 32 != 0))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe: MXFP4 experts need hidden %d and intermediate %d to be "
+                             "multiples of 32 (one scale a block of 32)", p->D, p->inter);
     return TKD_OK;
 }
 

@@ -5,6 +5,8 @@
 #ifndef TKD_MOE_H
 #define TKD_MOE_H
 
+#include <stdint.h>
+
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -34,12 +36,22 @@ typedef struct tkd_moe_params {
     tkd_moe_act act;
     float limit;        /* SWIGLU_CLAMP only, > 0 */
     float alpha;        /* SWIGLU_CLAMP only */
+    int mxfp4;          /* 1: the experts' W_gate, W_up, W_down come as MXFP4 stacks (the weights' q_*),
+                         * decoded an expert at a time; D and I multiples of 32. 0: act stacks */
 } tkd_moe_params;
 
 /* The params of Qwen3-MoE (SOFTMAX_TOPK, SWIGLU) and of gpt-oss (TOPK_SOFTMAX, SWIGLU_CLAMP with
  * α 1.702 and the given limit). */
 tkd_moe_params tkd_moe_params_qwen3(int D, int inter, int E, int k, int norm_topk_prob);
 tkd_moe_params tkd_moe_params_gpt_oss(int D, int inter, int E, int k, float swiglu_limit);
+
+/* The MXFP4 stacks of a layer's experts, as the op takes them (kernels/cpu/cpu_moe.h's layout; blocks
+ * and scales as common/mxfp4_codec.h): kind j = 0 W_gate, 1 W_up (E, I, D), 2 W_down (E, D, I), each
+ * blocks (E, rows, cols/32, 16) and scales (E, rows, cols/32), backend memory. */
+typedef struct tkd_moe_mxfp4 {
+    const uint8_t *blocks[3];
+    const uint8_t *scales[3];
+} tkd_moe_mxfp4;
 
 /* TKD_ERR_INVALID_ARG naming the field when p is not a layer this op computes. */
 tkd_status tkd_moe_params_check(const tkd_moe_params *p);

@@ -112,7 +112,7 @@ static void run_case(const mcase *c)
     if (!c->qwen)
         rb = tensor_make(E, 16, 0.5f), bg = tensor_make(E * I, 17, 0.2f), bu = tensor_make(E * I, 18, 0.2f),
         bd = tensor_make(E * D, 19, 0.2f);
-    const tkd_moe_weights fw = {rw.f, rb.f, wg.f, wu.f, wdn.f, bg.f, bu.f, bd.f};
+    const tkd_moe_weights fw = {rw.f, rb.f, wg.f, wu.f, wdn.f, bg.f, bu.f, bd.f, {{NULL}, {NULL}}};
     double *ref = tkd_test_xmalloc(sizeof(double) * N * D);
     int32_t *ref_e = tkd_test_xmalloc(sizeof(int32_t) * N * k);
     tkd_ref_moe_fwd(&p, &fw, x.f, c->N, ref, ref_e, NULL);

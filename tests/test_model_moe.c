@@ -297,7 +297,7 @@ static void gpt_oss_reference(const tkd_model *m, const int32_t *tok, int B, int
         for (int i = 0; i < N * D; i++)
             n2[i] = (float)n1[i]; /* the op reads fp32 rows, as the model's n2 */
         tkd_moe_params p = tkd_moe_params_gpt_oss(D, I, E, K, c->swiglu_limit);
-        tkd_moe_weights w = {W->router, W->router_b, W->eg, W->eu, W->ed, W->ebg, W->ebu, W->ebd};
+        tkd_moe_weights w = {W->router, W->router_b, W->eg, W->eu, W->ed, W->ebg, W->ebu, W->ebd, {{NULL}, {NULL}}};
         tkd_ref_moe_fwd(&p, &w, n2, N, mo, ex, NULL);
         for (int i = 0; i < N * D; i++)
             x[i] += mo[i];

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/mxfp4_codec.h"
 #include "kernels/cpu/cpu_moe.h"
 #include "kernels/cpu/cpu_ops_ref.h"
 #include "tests/testutil.h"
@@ -79,7 +80,7 @@ static void case_free(moe_case *c)
 
 static tkd_moe_weights case_weights(const moe_case *c)
 {
-    tkd_moe_weights w = {c->rw, c->rb, c->wg, c->wu, c->wd, c->bg, c->bu, c->bd};
+    tkd_moe_weights w = {c->rw, c->rb, c->wg, c->wu, c->wd, c->bg, c->bu, c->bd, {{NULL}, {NULL}}};
     return w;
 }
 
@@ -459,6 +460,62 @@ static void test_gpt_oss_converter_semantics(void **s)
     case_free(&c);
 }
 
+/* MXFP4 experts (params.mxfp4, the stacks' q): the op decodes an expert's matrices as it runs them
+ * and gives the bits of the same op on the decoded fp32 stacks (decoding is exact), with the experts
+ * run one per thread (few rows) and one after another (many); D or I not a multiple of 32 is refused. */
+static void test_mxfp4_experts(void **s)
+{
+    (void)s;
+    enum { D = 64, I = 96, E = 6, K = 2 };
+    const int rows[3] = {E * I, E * I, E * D}, groups[3] = {D / 32, D / 32, I / 32};
+    uint8_t *blocks[3], *scales[3];
+    float *deq[3];
+    uint64_t r = 12345;
+    for (int j = 0; j < 3; j++) {
+        size_t nb = (size_t)rows[j] * groups[j];
+        blocks[j] = malloc(nb * 16), scales[j] = malloc(nb), deq[j] = malloc(sizeof(float) * nb * 32);
+        assert_true(blocks[j] && scales[j] && deq[j]);
+        for (size_t i = 0; i < nb * 16; i++)
+            blocks[j][i] = (uint8_t)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+        for (size_t i = 0; i < nb; i++) /* 2^-6 .. 2^-3: values up to 0.75 */
+            scales[j][i] = (uint8_t)(121 + ((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 62));
+        assert_int_equal(tkd_mxfp4_decode_f32(blocks[j], scales[j], rows[j], groups[j], deq[j], "test"), TKD_OK);
+    }
+    const int Ns[2] = {53, 800}; /* 53·2 < 6·128: experts in parallel; 800·2: one after another */
+    for (int t = 0; t < 2; t++) {
+        moe_case c = case_make(tkd_moe_params_gpt_oss(D, I, E, K, 7.0f), Ns[t], 900 + t, 1.0f);
+        tkd_moe_weights w = case_weights(&c);
+        w.w_gate = deq[0], w.w_up = deq[1], w.w_down = deq[2];
+        tkd_moe_params pq = c.p;
+        pq.mxfp4 = 1;
+        tkd_moe_weights wq = w;
+        wq.w_gate = wq.w_up = wq.w_down = NULL;
+        for (int j = 0; j < 3; j++)
+            wq.q.blocks[j] = blocks[j], wq.q.scales[j] = scales[j];
+        float *y = malloc(sizeof(float) * (size_t)Ns[t] * D), *yq = malloc(sizeof(float) * (size_t)Ns[t] * D);
+        tkd_cpu_moe_ws *ws = NULL, *wsq = NULL;
+        assert_int_equal(tkd_cpu_moe_ws_create(&ws, &c.p, Ns[t]), TKD_OK);
+        assert_int_equal(tkd_cpu_moe_ws_create(&wsq, &pq, Ns[t]), TKD_OK);
+        assert_int_equal(tkd_cpu_moe_fwd(ws, &w, c.x, Ns[t], y, NULL, NULL), TKD_OK);
+        assert_int_equal(tkd_cpu_moe_fwd(wsq, &wq, c.x, Ns[t], yq, NULL, NULL), TKD_OK);
+        assert_memory_equal(y, yq, sizeof(float) * (size_t)Ns[t] * D);
+        double mx = 0;
+        for (int i = 0; i < Ns[t] * D; i++)
+            mx = fmax(mx, fabs(y[i]));
+        assert_true(mx > 0.1); /* the experts did something */
+        tkd_cpu_moe_ws_free(ws), tkd_cpu_moe_ws_free(wsq);
+        free(y), free(yq);
+        case_free(&c);
+    }
+    tkd_moe_params bad = tkd_moe_params_gpt_oss(48, I, E, K, 7.0f);
+    bad.mxfp4 = 1;
+    tkd_cpu_moe_ws *ws = NULL;
+    assert_int_equal(tkd_cpu_moe_ws_create(&ws, &bad, 4), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("MXFP4 experts need hidden 48 and intermediate 96 to be multiples of 32");
+    for (int j = 0; j < 3; j++)
+        free(blocks[j]), free(scales[j]), free(deq[j]);
+}
+
 static void test_errors(void **s)
 {
     (void)s;
@@ -626,6 +683,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_swiglu_clamp),
         cmocka_unit_test(test_gpt_oss_converter_layout),
         cmocka_unit_test(test_gpt_oss_converter_semantics),
+        cmocka_unit_test(test_mxfp4_experts),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

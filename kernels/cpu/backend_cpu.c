@@ -374,7 +374,7 @@ static tkd_status cpu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe
 {
     (void)be;
     const tkd_moe_weights fw = {w->router_w, w->router_b, w->w_gate, w->w_up, w->w_down,
-                                w->b_gate,   w->b_up,     w->b_down};
+                                w->b_gate,   w->b_up,     w->b_down, w->q};
     return tkd_cpu_moe_fwd((tkd_cpu_moe_ws *)m, &fw, x, N, y, NULL, NULL);
 }
 
@@ -538,6 +538,7 @@ tkd_status tkd_backend_cpu_open(tkd_backend **out)
     be->attn_window_bwd = 1;
     be->attn_docs = 1;
     be->attn_docs_bwd = 1;
+    be->moe_mxfp4 = 1;
     be->op = &cpu_ops;
     be->impl = c;
     *out = be;

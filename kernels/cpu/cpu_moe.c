@@ -7,7 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mxfp4_codec.h"
 #include "kernels/cpu/cpu_ops.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* As cpu_ops.c: below this many element-operations a parallel region costs more than it saves. */
 #define TKD_MOE_OMP_MIN_WORK 32768
@@ -27,6 +32,10 @@ struct tkd_cpu_moe_ws {
     float *xs;       /* (max_tokens·k, D) gathered inputs, then the experts' outputs */
     float *gs;       /* (max_tokens·k, I) gate, then the activation */
     float *us;       /* (max_tokens·k, I) up */
+    /* MXFP4 experts (p.mxfp4): one decoded matrix (I·D floats) per thread, and the byte table */
+    float *deq;
+    int n_deq;
+    tkd_mxfp4_lut *lut;
 };
 
 void tkd_cpu_swiglu_clamp_fwd(const float *g, const float *u, int64_t n, float limit, float alpha,
@@ -62,8 +71,19 @@ tkd_status tkd_cpu_moe_ws_create(tkd_cpu_moe_ws **out, const tkd_moe_params *p, 
     ws->xs = malloc(sizeof(float) * rows * (size_t)p->D);
     ws->gs = malloc(sizeof(float) * rows * (size_t)p->inter);
     ws->us = malloc(sizeof(float) * rows * (size_t)p->inter);
+    if (p->mxfp4) { /* a decoded matrix per thread: the experts may run one per thread */
+#ifdef _OPENMP
+        ws->n_deq = omp_get_max_threads();
+#else
+        ws->n_deq = 1;
+#endif
+        ws->deq = malloc(sizeof(float) * (size_t)ws->n_deq * (size_t)p->inter * (size_t)p->D);
+        ws->lut = malloc(sizeof *ws->lut);
+        if (ws->lut)
+            tkd_mxfp4_lut_init(ws->lut);
+    }
     if (!ws->logits || !ws->sel || !ws->wts || !ws->row_of || !ws->tok_of || !ws->off || !ws->xs ||
-        !ws->gs || !ws->us) {
+        !ws->gs || !ws->us || (p->mxfp4 && (!ws->deq || !ws->lut))) {
         tkd_cpu_moe_ws_free(ws);
         return tkd_error_set(TKD_ERR_NOMEM,
                              "moe: out of memory for %d tokens x %d experts each (hidden %d, intermediate %d)",
@@ -86,6 +106,8 @@ void tkd_cpu_moe_ws_free(tkd_cpu_moe_ws *ws)
     free(ws->xs);
     free(ws->gs);
     free(ws->us);
+    free(ws->deq);
+    free(ws->lut);
     free(ws);
 }
 
@@ -166,21 +188,43 @@ static void moe_sort_by_expert(tkd_cpu_moe_ws *ws, int N)
     off[0] = 0;
 }
 
+/* Expert e's matrix of kind j (0 W_gate, 1 W_up, 2 W_down): the act stack's slice, or with MXFP4
+ * stacks the slice decoded into this thread's buffer (exact: common/mxfp4_codec.h; the blocks were
+ * checked when the model loaded them, so decoding cannot fail here). */
+static const float *expert_matrix(const tkd_cpu_moe_ws *ws, const tkd_moe_weights *w, int e, int j)
+{
+    const tkd_moe_params *p = &ws->p;
+    const size_t n = (size_t)p->inter * (size_t)p->D;
+    if (!p->mxfp4) {
+        const float *s[3] = {w->w_gate, w->w_up, w->w_down};
+        return s[j] + (size_t)e * n;
+    }
+    int t = 0;
+#ifdef _OPENMP
+    t = omp_get_thread_num() % ws->n_deq;
+#endif
+    float *dst = ws->deq + (size_t)t * n;
+    const int64_t rows = j == 2 ? p->D : p->inter, groups = (j == 2 ? p->inter : p->D) / 32;
+    const size_t eb = (size_t)e * (size_t)rows * (size_t)groups;
+    (void)tkd_mxfp4_decode_rows(ws->lut, w->q.blocks[j] + eb * 16, w->q.scales[j] + eb, rows, groups, dst, NULL,
+                                "moe", e, 0);
+    return dst;
+}
+
 /* Expert e over its c sorted rows at r0: xs rows in, its output rows out in the same place. */
 static void moe_expert(const tkd_cpu_moe_ws *ws, const tkd_moe_weights *w, int e, int64_t r0, int c)
 {
     const tkd_moe_params *p = &ws->p;
     int D = p->D, I = p->inter;
     float *x = ws->xs + r0 * D, *g = ws->gs + r0 * I, *u = ws->us + r0 * I;
-    size_t wi = (size_t)e * I * D;
-    tkd_cpu_linear_fwd(x, w->w_gate + wi, w->b_gate ? w->b_gate + (size_t)e * I : NULL, c, D, I, 0, g);
-    tkd_cpu_linear_fwd(x, w->w_up + wi, w->b_up ? w->b_up + (size_t)e * I : NULL, c, D, I, 0, u);
+    tkd_cpu_linear_fwd(x, expert_matrix(ws, w, e, 0), w->b_gate ? w->b_gate + (size_t)e * I : NULL, c, D, I, 0, g);
+    tkd_cpu_linear_fwd(x, expert_matrix(ws, w, e, 1), w->b_up ? w->b_up + (size_t)e * I : NULL, c, D, I, 0, u);
     if (p->act == TKD_MOE_ACT_SWIGLU)
         tkd_cpu_swiglu_fwd(g, u, (int64_t)c * I, g);
     else
         tkd_cpu_swiglu_clamp_fwd(g, u, (int64_t)c * I, p->limit, p->alpha, g);
     /* the inputs are spent: the output takes their rows */
-    tkd_cpu_linear_fwd(g, w->w_down + wi, w->b_down ? w->b_down + (size_t)e * D : NULL, c, I, D, 0, x);
+    tkd_cpu_linear_fwd(g, expert_matrix(ws, w, e, 2), w->b_down ? w->b_down + (size_t)e * D : NULL, c, I, D, 0, x);
 }
 
 static void moe_run_experts(const tkd_cpu_moe_ws *ws, const tkd_moe_weights *w, int N)

@@ -60,6 +60,7 @@ typedef struct tkd_moe_weights {
     const float *b_gate;   /* (E, I) or NULL */
     const float *b_up;     /* (E, I) or NULL */
     const float *b_down;   /* (E, D) or NULL */
+    tkd_moe_mxfp4 q;       /* with params.mxfp4: the three stacks as MXFP4 (w_gate/w_up/w_down unused) */
 } tkd_moe_weights;
 
 /* gpt-oss's clamped SwiGLU elementwise (see tkd_moe_act); h may alias g or u. */
