@@ -82,6 +82,9 @@ typedef struct tkd_model_config {
     float swiglu_limit;
     /* 1: quantization_config says mxfp4 (gpt-oss's experts may be stored as _blocks/_scales pairs) */
     int quant_mxfp4;
+    /* Set by the model, never by config.json: 1 when it keeps gpt-oss's experts as MXFP4 (quant_mxfp4,
+     * an inference model on a backend whose MoE op takes them: model/model_mxfp4.c) */
+    int experts_mxfp4;
 } tkd_model_config;
 
 /* "llama", "qwen2", "qwen3", "mistral", "qwen3_moe" (the model_type written to config.json). */

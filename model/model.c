@@ -57,6 +57,8 @@ static void add_gpt_oss_moe_layout(tkd_model *m, size_t *off, int l)
     char nm[TKD_PARAM_NAME_MAX];
     snprintf(nm, sizeof nm, "model.layers.%d.mlp.router.weight", l);
     add_param(m, off, nm, 2, E, D, 1);
+    if (c->experts_mxfp4) /* kept as MXFP4 outside the layout (model_mxfp4.c) */
+        return;
     snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.w_gate", l);
     add_param(m, off, nm, 2, E * I, D, 1);
     snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.w_up", l);
@@ -177,7 +179,7 @@ static int slot_count(const tkd_model_config *c, int l, int j)
     if (j == 14)
         return moe;
     if (j >= 15)
-        return gpt_oss_moe ? 1 : moe ? c->num_experts : 0;
+        return gpt_oss_moe ? !c->experts_mxfp4 : moe ? c->num_experts : 0;
     return 1;
 }
 
@@ -254,6 +256,8 @@ tkd_status tkd_model_create(const tkd_model_config *cfg, tkd_backend *be, int ow
         return st != TKD_OK ? st : tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
     }
     m->cfg = *cfg;
+    /* gpt-oss's MXFP4 experts stay MXFP4 where the MoE op takes them (an inference model) */
+    m->cfg.experts_mxfp4 = cfg->arch == TKD_ARCH_GPT_OSS && cfg->quant_mxfp4 && be->moe_mxfp4 && !trainable;
     m->be = be;
     m->be_owned = own_be;
     int L = cfg->num_hidden_layers, half = cfg->head_dim / 2, P = cfg->max_position_embeddings;
@@ -319,7 +323,7 @@ static tkd_status model_alloc_weights(tkd_model *m, int trainable)
         TKD_TRY(op->upload(m->be, m->d_rope_sin, m->rope_sin, rope_n * sizeof(float)));
     }
     set_dviews(m);
-    return TKD_OK;
+    return tkd_model_alloc_mxfp4(m);
 }
 
 void tkd_model_free_acts(tkd_model *m)
@@ -353,6 +357,7 @@ void tkd_model_free(tkd_model *m)
             m->be->op->free(m->be, m->dparams);
         if (m->d_rope_cos != m->rope_cos)
             m->be->op->free(m->be, m->d_rope_cos);
+        m->be->op->free(m->be, m->qexp);
         if (m->be_owned)
             tkd_backend_close(m->be);
     }
@@ -364,6 +369,7 @@ void tkd_model_free(tkd_model *m)
     free(m->d.layers);
     free(m->rope_cos);
     free(m->rope_sin);
+    free(m->qlayer);
     free(m);
 }
 

@@ -157,6 +157,8 @@ typedef struct tkd_model {
     float *d_rope_sin;
     tkd_recompute recompute; /* what training keeps of each block (tkd_model_set_recompute) */
     tkd_backend_moe *moe;   /* the MoE layers' workspace on be (one shape for all), sized by reserve */
+    void *qexp;             /* cfg.experts_mxfp4: every MoE layer's MXFP4 experts, backend memory */
+    tkd_moe_mxfp4 *qlayer;  /* (L) views into qexp (model/model_mxfp4.c) */
     int moe_rows;           /* rows one moe_fwd call takes: the forward calls it in chunks of these */
     tkd_status (*grad_hook)(void *ctx, struct tkd_model *m, int layer); /* tkd_model_set_grad_hook */
     void *grad_hook_ctx;

@@ -179,6 +179,7 @@ static tkd_status reserve_moe(tkd_model *m, int N)
                                                     c->num_experts_per_tok, c->swiglu_limit)
                            : tkd_moe_params_qwen3(c->hidden_size, c->moe_intermediate_size, c->num_experts,
                                                   c->num_experts_per_tok, c->norm_topk_prob);
+    p.mxfp4 = c->experts_mxfp4;
     TKD_TRY(m->be->op->moe_create(m->be, &p, rows, &m->moe));
     m->moe_rows = rows;
     return TKD_OK;
@@ -307,7 +308,8 @@ static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dwei
 static tkd_status block_moe_fwd(const tkd_model *m, int l, const void *n2, int N, void *mo)
 {
     const tkd_layer_dweights *W = &m->d.layers[l];
-    tkd_moe_act_weights w = {.router_w = W->router, .router_b = W->router_b, .w_gate = W->eg, .w_up = W->eu,
+    tkd_moe_act_weights w = {.q = m->qlayer ? m->qlayer[l] : (tkd_moe_mxfp4){{NULL}, {NULL}},
+                             .router_w = W->router, .router_b = W->router_b, .w_gate = W->eg, .w_up = W->eu,
                              .w_down = W->ed, .b_gate = W->ebg, .b_up = W->ebu, .b_down = W->ebd};
     size_t row = (size_t)m->cfg.hidden_size * m->be->act_size;
     for (int r = 0; r < N; r += m->moe_rows) {

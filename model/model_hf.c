@@ -159,6 +159,27 @@ static tkd_status load_gpt_oss_experts(tkd_model *m, const char *dir, const tkd_
     return TKD_OK;
 }
 
+/* Block l's gpt-oss experts kept as MXFP4 (cfg.experts_mxfp4): the biases (gate_up_proj_bias's
+ * interleaved halves into stacks[3] b_gate and stacks[4] b_up), then the weights' pairs as they are
+ * stored (model_mxfp4.c). */
+static tkd_status load_gpt_oss_packed(tkd_model *m, const char *dir, const tkd_st_dir *st, int l,
+                                      const tkd_param_info *const stacks[5])
+{
+    const int64_t E = m->cfg.num_experts, I = m->cfg.moe_intermediate_size, gub_shape[2] = {E, 2 * I};
+    float *gub = malloc(sizeof(float) * 4 * (size_t)(E * I)), *bg = gub + 2 * E * I, *bu = bg + E * I;
+    if (!gub)
+        return tkd_error_set(TKD_ERR_NOMEM, "%s: out of host memory for layer %d's expert biases", dir, l);
+    tkd_status rc = read_gpt_oss_src(dir, st, l, "gate_up_proj_bias", 2, gub_shape, gub);
+    for (int64_t i = 0; rc == TKD_OK && i < E * I; i++)
+        bg[i] = gub[2 * i], bu[i] = gub[2 * i + 1];
+    if (rc == TKD_OK)
+        rc = tkd_model_put_tensor(m, stacks[3], bg);
+    if (rc == TKD_OK)
+        rc = tkd_model_put_tensor(m, stacks[4], bu);
+    free(gub);
+    return rc == TKD_OK ? tkd_model_load_mxfp4_layer(m, dir, st, l) : rc;
+}
+
 /* The five stacks of block l in m->info (they are all in its range). */
 static void find_gpt_oss_stacks(const tkd_model *m, int l, const tkd_param_info *stacks[5])
 {
@@ -184,12 +205,17 @@ static tkd_status read_tensors(tkd_model *m, const char *dir, const tkd_st_dir *
         const tkd_param_info *p = &m->info[i];
         const tkd_st_tensor *t = NULL;
         size_t first = 0;
-        int l, j = gpt_oss_stack(m, p->name, &l);
-        if (j > 0) /* converted with the layer's w_gate */
+        /* a layer's experts are read at its first stack: w_gate, or b_gate when the weights stay MXFP4 */
+        int l, j = gpt_oss_stack(m, p->name, &l), at = m->cfg.experts_mxfp4 ? 3 : 0;
+        if (j > at)
             continue;
-        if (j == 0) {
+        if (j == at) {
             const tkd_param_info *stacks[5] = {NULL};
             find_gpt_oss_stacks(m, l, stacks);
+            if (m->cfg.experts_mxfp4) {
+                rc = load_gpt_oss_packed(m, dir, st, l, stacks);
+                continue;
+            }
             rc = gs.buf ? TKD_OK : gpt_oss_stage_alloc(m, on_host, &gs);
             if (rc == TKD_OK)
                 rc = load_gpt_oss_experts(m, dir, st, l, stacks, on_host, &gs);

@@ -70,6 +70,11 @@ tkd_status tkd_model_create(const tkd_model_config *cfg, tkd_backend *be, int ow
                             tkd_model **out);
 void tkd_model_free_acts(tkd_model *m);
 size_t tkd_model_largest_tensor(const tkd_model *m);
+
+/* model_mxfp4.c: gpt-oss's experts kept as MXFP4 (cfg.experts_mxfp4): the storage (no-op otherwise)
+ * and one layer's experts from the checkpoint's pairs. */
+tkd_status tkd_model_alloc_mxfp4(tkd_model *m);
+tkd_status tkd_model_load_mxfp4_layer(tkd_model *m, const char *dir, const tkd_st_dir *st, int l);
 tkd_status tkd_model_put_tensor(tkd_model *m, const tkd_param_info *p, const float *x);
 
 #endif

@@ -33,6 +33,7 @@
 #include "model/model.h"
 #include "model/optim.h"
 #include "tests/optim_testutil.h"
+#include "common/mxfp4_codec.h"
 #include "tests/testutil.h"
 
 #define FIX_B 2  /* tokens.i32 is (B, T + 1); see tests/fixtures/hf/README.md */
@@ -504,9 +505,20 @@ static void test_fixture_shapes_gpt_oss(void **s)
         assert_non_null(m->w.layers[1].sinks);
         assert_non_null(m->w.layers[1].bo);
         assert_non_null(m->w.layers[1].router_b);
-        if (i > 0) /* the experts: MXFP4 values in all three */
-            assert_memory_equal(m->w.layers[1].eg, f->w.layers[1].eg,
-                                sizeof(float) * (size_t)c->num_experts * c->moe_intermediate_size * c->hidden_size);
+        const size_t n = (size_t)c->num_experts * c->moe_intermediate_size * c->hidden_size;
+        if (i == 1) /* the experts: MXFP4 values in all three */
+            assert_memory_equal(m->w.layers[1].eg, f->w.layers[1].eg, sizeof(float) * n);
+        if (i == 2) { /* kept as MXFP4 on the CPU: W_gate decodes to the same values */
+            assert_int_equal(c->experts_mxfp4, 1);
+            assert_null(m->w.layers[1].eg);
+            float *eg = malloc(sizeof(float) * n);
+            assert_non_null(eg);
+            assert_int_equal(tkd_mxfp4_decode_f32(m->qlayer[1].blocks[0], m->qlayer[1].scales[0],
+                                                  (int64_t)c->num_experts * c->moe_intermediate_size,
+                                                  c->hidden_size / 32, eg, "test"), TKD_OK);
+            assert_memory_equal(eg, f->w.layers[1].eg, sizeof(float) * n);
+            free(eg);
+        }
         tkd_model_free(m);
     }
     tkd_model_free(f);

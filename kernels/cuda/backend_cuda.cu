@@ -836,6 +836,7 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->attn_window_bwd = 0; /* no backward kernel masks a window yet (no_mask_bwd_yet) */
     be->attn_docs = 1;       /* attn_fwd_window */
     be->attn_docs_bwd = 0;   /* nor documents (no_mask_bwd_yet) */
+    be->moe_mxfp4 = 0;       /* its MoE op takes bf16 experts: the model decodes MXFP4 ones at load */
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);
