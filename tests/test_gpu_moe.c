@@ -33,6 +33,7 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "common/mxfp4_codec.h"
 #include "kernels/cpu/cpu_moe.h"
 #include "kernels/cpu/cpu_ops_ref.h"
 #include "kernels/cuda/moe_cuda.h"
@@ -119,7 +120,7 @@ static void run_case(const mcase *c)
 
     tkd_cuda_moe_ws *ws_ = NULL;
     assert_int_equal(tkd_cuda_moe_ws_create(&ws_, &p, c->N + 3, NULL), TKD_OK);
-    const tkd_cuda_moe_weights cw = {rw.d, rb.d, wg.d, wu.d, wdn.d, bg.d, bu.d, bd.d};
+    const tkd_cuda_moe_weights cw = {rw.d, rb.d, wg.d, wu.d, wdn.d, bg.d, bu.d, bd.d, {{NULL}, {NULL}}};
     uint16_t *dy = tkd_test_dev_alloc(2 * N * D), *dy2 = tkd_test_dev_alloc(2 * N * D);
     int32_t *de = tkd_test_dev_alloc(4 * N * k);
     tkd_test_poison(dy, 2 * N * D);
@@ -190,6 +191,68 @@ static void test_matches_reference(void **state)
         run_case(&kCases[i]);
 }
 
+/* MXFP4 experts (params.mxfp4): the op decodes the layer's experts to bf16 on the device and runs
+ * the same GEMMs, so its output has the bits of the op on the bf16 stacks decoded on the host
+ * (common/mxfp4_codec.h: exact); random codes, scales 2^-6 .. 2^-3, gpt-oss's router and clamp. */
+static void test_mxfp4_experts(void **state)
+{
+    (void)state;
+    enum { N = 257, D = 64, I = 96, E = 8, K = 2 };
+    const int64_t rows[3] = {E * I, E * I, E * D}, groups[3] = {D / 32, D / 32, I / 32};
+    uint64_t r = 4242;
+    tkd_cuda_moe_weights wb = {0}, wq = {0};
+    void *owned[16];
+    int n_owned = 0;
+    for (int j = 0; j < 3; j++) {
+        const size_t nb = (size_t)(rows[j] * groups[j]);
+        uint8_t *blk = tkd_test_xmalloc(nb * 16), *sc = tkd_test_xmalloc(nb);
+        uint16_t *deq = tkd_test_xmalloc(nb * 32 * 2);
+        for (size_t i = 0; i < nb * 16; i++)
+            blk[i] = (uint8_t)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+        for (size_t i = 0; i < nb; i++)
+            sc[i] = (uint8_t)(121 + ((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 62));
+        assert_int_equal(tkd_mxfp4_decode_bf16(blk, sc, rows[j], groups[j], deq, "test"), TKD_OK);
+        uint8_t *dblk = tkd_test_dev_alloc(nb * 16), *dsc = tkd_test_dev_alloc(nb);
+        uint16_t *ddeq = tkd_test_dev_alloc(nb * 32 * 2);
+        tkd_test_to_dev(dblk, blk, nb * 16), tkd_test_to_dev(dsc, sc, nb), tkd_test_to_dev(ddeq, deq, nb * 64);
+        wq.q.blocks[j] = dblk, wq.q.scales[j] = dsc;
+        const uint16_t **to = j == 0 ? &wb.w_gate : j == 1 ? &wb.w_up : &wb.w_down;
+        *to = ddeq;
+        owned[n_owned++] = dblk, owned[n_owned++] = dsc, owned[n_owned++] = ddeq;
+        free(blk), free(sc), free(deq);
+    }
+    tensor x = tensor_make((size_t)N * D, 31, 1.0f), rw = tensor_make((size_t)E * D, 32, 0.25f);
+    tensor rb = tensor_make(E, 33, 0.5f), bg = tensor_make((size_t)E * I, 34, 0.2f);
+    tensor bu = tensor_make((size_t)E * I, 35, 0.2f), bd = tensor_make((size_t)E * D, 36, 0.2f);
+    wb.router_w = wq.router_w = rw.d, wb.router_b = wq.router_b = rb.d;
+    wb.b_gate = wq.b_gate = bg.d, wb.b_up = wq.b_up = bu.d, wb.b_down = wq.b_down = bd.d;
+    tkd_moe_params pb = tkd_moe_params_gpt_oss(D, I, E, K, 7.0f), pq = pb;
+    pq.mxfp4 = 1;
+    tkd_cuda_moe_ws *wsb = NULL, *wsq = NULL;
+    assert_int_equal(tkd_cuda_moe_ws_create(&wsb, &pb, N, NULL), TKD_OK);
+    assert_int_equal(tkd_cuda_moe_ws_create(&wsq, &pq, N, NULL), TKD_OK);
+    uint16_t *yb = tkd_test_dev_alloc(2 * (size_t)N * D), *yq = tkd_test_dev_alloc(2 * (size_t)N * D);
+    assert_int_equal(tkd_cuda_moe_fwd(wsb, &wb, x.d, N, yb, NULL, NULL), TKD_OK);
+    assert_int_equal(tkd_cuda_moe_fwd(wsq, &wq, x.d, N, yq, NULL, NULL), TKD_OK);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    uint16_t *hb = tkd_test_xmalloc(2 * (size_t)N * D), *hq = tkd_test_xmalloc(2 * (size_t)N * D);
+    tkd_test_to_host(hb, yb, 2 * (size_t)N * D, NULL);
+    tkd_test_to_host(hq, yq, 2 * (size_t)N * D, NULL);
+    assert_memory_equal(hb, hq, 2 * (size_t)N * D);
+    int nonzero = 0;
+    for (int i = 0; i < N * D; i++)
+        nonzero += (hb[i] & 0x7fff) != 0;
+    assert_true(nonzero > N * D / 2);
+    free(hb), free(hq);
+    cudaFree(yb), cudaFree(yq);
+    tkd_cuda_moe_ws_free(wsb), tkd_cuda_moe_ws_free(wsq);
+    tensor *all[] = {&x, &rw, &rb, &bg, &bu, &bd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tensor_free(all[i]);
+    for (int i = 0; i < n_owned; i++)
+        cudaFree(owned[i]);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -210,6 +273,7 @@ static void test_errors(void **state)
 
 static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_matches_reference),
+    cmocka_unit_test(test_mxfp4_experts),
     cmocka_unit_test(test_errors),
 };
 #endif /* TKD_HAVE_CUDA */

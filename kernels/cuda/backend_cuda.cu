@@ -313,7 +313,8 @@ tkd_status cu_moe_fwd(tkd_backend *be, tkd_backend_moe *m, const tkd_moe_act_wei
     const tkd_cuda_moe_weights cw = {static_cast<cbf>(w->router_w), static_cast<cbf>(w->router_b),
                                      static_cast<cbf>(w->w_gate),   static_cast<cbf>(w->w_up),
                                      static_cast<cbf>(w->w_down),   static_cast<cbf>(w->b_gate),
-                                     static_cast<cbf>(w->b_up),     static_cast<cbf>(w->b_down)};
+                                     static_cast<cbf>(w->b_up),     static_cast<cbf>(w->b_down),
+                                     w->q};
     return tkd_cuda_moe_fwd(reinterpret_cast<tkd_cuda_moe_ws *>(m), &cw, static_cast<cbf>(x), N, static_cast<bf>(y),
                             nullptr, nullptr);
 }

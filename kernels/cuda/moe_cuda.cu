@@ -32,6 +32,7 @@ struct tkd_cuda_moe_ws {
     float *g, *u;        /* (P, I) each */
     uint16_t *h;         /* (P, I) */
     float *o;            /* (P, D) */
+    uint16_t *deq;       /* p.mxfp4: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I) W_down decoded to bf16 */
 };
 
 namespace {
@@ -209,6 +210,21 @@ __global__ void combine_kernel(const float *o, const int32_t *sel, const float *
     }
 }
 
+/* MXFP4 blocks (n_bytes bytes: two E2M1 codes each, the low nibble first) with one E8M0 scale per 16
+ * bytes into bf16: value · 2^(s − 127), exact in bf16 (common/mxfp4_codec.h), computed as fp32 and
+ * truncated (exact values: truncation is the identity). One thread per byte. */
+__global__ void mxfp4_to_bf16_kernel(const uint8_t *blocks, const uint8_t *scales, int64_t n_bytes, uint16_t *out)
+{
+    const float lut[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_bytes; i += (int64_t)gridDim.x * blockDim.x) {
+        const unsigned s = scales[i / 16], b = blocks[i];
+        const float f = __uint_as_float(s ? s << 23 : 0x00400000u); /* 2^(s − 127), s = 0 subnormal */
+        out[2 * i] = (uint16_t)(__float_as_uint(lut[b & 15u] * f) >> 16);
+        out[2 * i + 1] = (uint16_t)(__float_as_uint(lut[b >> 4] * f) >> 16);
+    }
+}
+
 __global__ void iota_kernel(int32_t *v, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -259,6 +275,9 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc((void **)&ws->u, P * p.inter * 4, "moe: up", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->h, P * p.inter * 2, "moe: activations", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->o, P * p.D * 4, "moe: expert outputs", h));
+    if (p.mxfp4)
+        TKD_TRY(tkd_cuda_malloc((void **)&ws->deq, (size_t)3 * p.E * p.inter * p.D * 2, "moe: one layer's MXFP4 "
+                                "experts decoded to bf16", "the experts of one layer must fit in bf16 beside the model"));
     TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, ws->sort_bytes, (const int32_t *)nullptr,
                                                    (int32_t *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
                                                    (int64_t)P, 0, bits_for(p.E), ws->stream));
@@ -302,7 +321,7 @@ extern "C" void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws)
     if (ws->blas)
         (void)cublasDestroy(ws->blas);
     void *bufs[] = {ws->logits, ws->sel, ws->wts, ws->pair_iota, ws->keys_sorted, ws->pair_of, ws->row_of,
-                    ws->counts, ws->xs, ws->g, ws->u, ws->h, ws->o, ws->sort_tmp};
+                    ws->counts, ws->xs, ws->g, ws->u, ws->h, ws->o, ws->sort_tmp, ws->deq};
     for (void *b : bufs)
         tkd_cuda_free(b);
     tkd_cuda_free_host(ws->h_counts);
@@ -358,7 +377,20 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
     TKD_CUDA_CHECK(cudaGetLastError());
     TKD_CUDA_CHECK(cudaMemcpyAsync(ws->h_counts, ws->counts, (size_t)p.E * 4, cudaMemcpyDeviceToHost, s));
     TKD_CUDA_CHECK(cudaStreamSynchronize(s)); /* the GEMMs' shapes */
-    TKD_TRY(run_experts(ws, w, P));
+    tkd_cuda_moe_weights wd = *w;
+    if (p.mxfp4) { /* the layer's experts in bf16, then the same GEMMs as bf16 experts */
+        const size_t n[3] = {(size_t)p.E * p.inter * p.D, (size_t)p.E * p.inter * p.D, (size_t)p.E * p.D * p.inter};
+        uint16_t *dst = ws->deq;
+        const uint16_t **to[3] = {&wd.w_gate, &wd.w_up, &wd.w_down};
+        for (int j = 0; j < 3; j++) {
+            mxfp4_to_bf16_kernel<<<grid_for((int64_t)n[j] / 2, 256), 256, 0, s>>>(w->q.blocks[j], w->q.scales[j],
+                                                                                (int64_t)n[j] / 2, dst);
+            TKD_CUDA_CHECK(cudaGetLastError());
+            *to[j] = dst;
+            dst += n[j];
+        }
+    }
+    TKD_TRY(run_experts(ws, &wd, P));
     combine_kernel<<<(unsigned)N, 256, 0, s>>>(ws->o, ws->sel, ws->wts, ws->row_of, w->b_down, p.k, p.D, y);
     TKD_CUDA_CHECK(cudaGetLastError());
     if (experts)

@@ -18,6 +18,10 @@
  *      rounded once to bf16.
  * Workspace (max_tokens · k rows): the gathered rows (D bf16), G and U (I fp32 each), h (I bf16),
  * O (D fp32): about max_tokens · k · (6 D + 10 I) bytes; a caller with more tokens calls in chunks.
+ * With params.mxfp4 also one layer's experts decoded to bf16, 6·E·I·D bytes (6.4 GB at
+ * gpt-oss-120b's shape), so a model keeps its experts in MXFP4 and only one layer in bf16. Not yet
+ * offered on the seam (the CUDA backend's moe_mxfp4 is 0) until an H200 run verifies it
+ * (tests/test_gpu_moe.c: test_mxfp4_experts).
  *
  * Header usable from C; defined only in CUDA builds.
  */
@@ -43,6 +47,9 @@ typedef struct tkd_cuda_moe_weights {
     const uint16_t *b_gate;   /* (E, I) or NULL */
     const uint16_t *b_up;     /* (E, I) or NULL */
     const uint16_t *b_down;   /* (E, D) or NULL */
+    tkd_moe_mxfp4 q;          /* params.mxfp4: the experts as MXFP4 (w_gate/w_up/w_down unused), decoded
+                               * into a bf16 copy of the layer's experts before its GEMMs (exact: an
+                               * MXFP4 value is exact in bf16) */
 } tkd_cuda_moe_weights;
 
 /* A workspace for layers of shape p, up to max_tokens rows a call, running on stream (a
