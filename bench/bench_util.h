@@ -53,6 +53,15 @@ static inline void bench_more_gpt_oss_20b(tkd_model_config *c)
     c->max_position_embeddings = 131072;
 }
 
+/* gpt-oss-120b: gpt-oss-20b's layer with 128 experts over 36 layers, the experts MXFP4 as released
+ * (kept so where the MoE op takes them: be->moe_mxfp4; else they would need ~230 GB of bf16). */
+static inline void bench_more_gpt_oss_120b(tkd_model_config *c)
+{
+    bench_more_gpt_oss_20b(c);
+    c->num_experts = 128;
+    c->quant_mxfp4 = 1;
+}
+
 static const shape_def kShapes[] = {
     {"llama8b", TKD_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 0, 0, 500000.0, NULL},
     {"llama3b", TKD_ARCH_LLAMA, 128256, 3072, 8192, 28, 24, 8, 1, 0, 500000.0, NULL},
@@ -61,6 +70,7 @@ static const shape_def kShapes[] = {
     {"qwen3-8b", TKD_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8, 0, 0, 1000000.0, NULL},
     {"qwen3-30b-a3b", TKD_ARCH_QWEN3_MOE, 151936, 2048, 6144, 48, 32, 4, 0, 0, 1000000.0, bench_more_qwen3_30b_a3b},
     {"gpt-oss-20b", TKD_ARCH_GPT_OSS, 201088, 2880, 2880, 24, 64, 8, 0, 1, 150000.0, bench_more_gpt_oss_20b},
+    {"gpt-oss-120b", TKD_ARCH_GPT_OSS, 201088, 2880, 2880, 36, 64, 8, 0, 1, 150000.0, bench_more_gpt_oss_120b},
 };
 
 typedef struct run_spec { const shape_def *s; int T, B; } run_spec;
@@ -128,7 +138,7 @@ static inline int bench_parse_shapes(const char *prog, const char *arg, run_spec
             if (!strcmp(kShapes[i].name, name))
                 s = &kShapes[i];
         if (!s)
-            return fprintf(stderr, "%s: unknown shape %s (llama8b, llama3b, llama1b, qwen05b, qwen3-8b, qwen3-30b-a3b, gpt-oss-20b)\n", prog,
+            return fprintf(stderr, "%s: unknown shape %s (llama8b, llama3b, llama1b, qwen05b, qwen3-8b, qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b)\n", prog,
                            name), 1;
         rs[(*n)++] = (run_spec){s, T, B};
     }

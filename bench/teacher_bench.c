@@ -13,7 +13,8 @@
  *             GEMM (what transformers' forward computes) = fwd + that GEMM's time.
  * MFU = (2·N_params + 4·L·T·D) · tokens/s ÷ 989 TFLOP/s (dense bf16 peak of an H100/H200 SXM), with
  * N_params the parameters a token uses (an MoE layer's k experts of E). Shapes: llama8b, llama3b,
- * llama1b, qwen05b, and issue 22's teachers qwen3-8b, qwen3-30b-a3b, gpt-oss-20b (bench_util.h).
+ * llama1b, qwen05b, and issue 22's teachers qwen3-8b, qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b (MXFP4
+ * experts; fits one H200 only once the CUDA MoE op keeps them MXFP4) (bench_util.h).
  * Memory: device bytes in use after the run minus before the model (nothing is freed in between,
  * so it is the peak of our allocations; cuBLAS's own workspaces included).
  *
@@ -211,11 +212,13 @@ static double gemm_params(const tkd_model_config *c)
 static double params_of(const tkd_model *m)
 {
     const tkd_model_config *c = &m->cfg;
-    double unused = 0;
+    double unused = 0, kept = 0; /* kept: MXFP4 experts, outside the layout's n_params */
     for (int l = 0; l < c->num_hidden_layers; l++)
-        if (tkd_model_config_moe(c, l))
+        if (tkd_model_config_moe(c, l)) {
             unused += 3.0 * c->hidden_size * c->moe_intermediate_size * (c->num_experts - c->num_experts_per_tok);
-    return (double)m->n_params - unused;
+            kept += c->experts_mxfp4 ? 3.0 * c->hidden_size * c->moe_intermediate_size * c->num_experts : 0.0;
+        }
+    return (double)m->n_params + kept - unused;
 }
 
 static int run_one(const run_spec *r, int reps, int batches, const char *out)

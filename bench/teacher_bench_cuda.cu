@@ -1,7 +1,7 @@
 /* teacher_bench_cuda.cu — teacher_bench's random weights drawn on the device: a benchmark of a
  * 30B-parameter MoE cannot spend minutes on the seeded host draws (model.h), and its speed does not
  * depend on which normal draws the weights are. Norm weights 1, biases 0, the rest N(0, std²) from a
- * counter hash (Box–Muller), bf16. */
+ * counter hash (Box–Muller), bf16; MXFP4 experts (m->qlayer) random codes at scale 2^-7. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -33,6 +33,12 @@ __global__ void fill_kernel(__nv_bfloat16 *p, size_t n, int kind, float std, uin
     }
 }
 
+__global__ void fill_bytes_kernel(uint8_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint8_t)(mix(seed + 0x9e3779b97f4a7c15ull * (i + 1)) >> 56);
+}
+
 } // namespace
 
 /* Fills every tensor of m (a CUDA model: bf16 m->dparams); 0 on success. */
@@ -44,5 +50,12 @@ extern "C" int bench_fill_weights_cuda(tkd_model *m, uint64_t seed)
         const int kind = strstr(p->name, "norm.weight") ? 1 : strstr(p->name, ".bias") ? 2 : 0;
         fill_kernel<<<1024, 256>>>(base + p->offset, p->numel, kind, m->cfg.initializer_range, seed + 7919ull * i);
     }
+    for (int l = 0; m->qlayer && l < m->cfg.num_hidden_layers; l++) /* MXFP4 experts: random codes, */
+        for (int j = 0; j < 3; j++) {                                   /* scales 2^-7 (values ≤ 0.05) */
+            const size_t rows = (size_t)m->cfg.num_experts * (j == 2 ? m->cfg.hidden_size : m->cfg.moe_intermediate_size);
+            const size_t groups = (size_t)(j == 2 ? m->cfg.moe_intermediate_size : m->cfg.hidden_size) / 32;
+            fill_bytes_kernel<<<1024, 256>>>((uint8_t *)m->qlayer[l].blocks[j], rows * groups * 16, seed + 31ull * l + j);
+            cudaMemset((void *)m->qlayer[l].scales[j], 120, rows * groups);
+        }
     return cudaDeviceSynchronize() != cudaSuccess;
 }
