@@ -147,8 +147,9 @@ static inline void case_free(gcase *c)
 
 static inline tkd_kl_batch case_batch(const gcase *c)
 {
-    tkd_kl_batch b = {c->n, c->d, c->v, c->h, c->w, c->idx, c->tl, c->lse,
-                      c->s > 0 ? c->draws : NULL, c->labels};
+    tkd_kl_batch b = {.n = c->n, .d = c->d, .v = c->v, .h = c->h, .w = c->w, .topk_idx = c->idx,
+                      .topk_logit = c->tl, .teacher_lse = c->lse, .tail_idx = c->s > 0 ? c->draws : NULL,
+                      .labels = c->labels};
     return b;
 }
 

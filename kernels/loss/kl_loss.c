@@ -110,6 +110,10 @@ tkd_status tkd_kl_params_check(const tkd_kl_params *p, int v)
     if (p->k_use > v)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: k_use %d exceeds the vocabulary size %d",
                              p->k_use, v);
+    if (p->dense && (p->variant != TKD_KL_VARIANT_RENORM || p->k != v || p->k_use != v))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: dense (the teacher online) takes the teacher's whole "
+                             "distribution: variant renorm and k = k_use = V = %d (got %s, k %d, k_use %d)", v,
+                             tkd_kl_variant_name(p->variant), p->k, p->k_use);
     /* alpha = 0 with no teacher columns is plain cross-entropy: CE-only training (e.g. a teacher
      * trained from scratch) runs through the same fused kernel and never reads teacher arrays. */
     const int ce_only = p->alpha == 0.0f && p->k_use == 0 && p->s == 0;
@@ -141,6 +145,11 @@ static tkd_status check_pointers(const tkd_kl_params *p, const tkd_kl_batch *b)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: batch is NULL or has N < 0 or V < 1");
     if (!b->labels && b->n > 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: batch has no labels");
+    if (p->dense)
+        return b->n > 0 && (!b->teacher_h || !b->teacher_w || b->teacher_d < 1)
+                   ? tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: dense: the batch has no teacher hidden states or "
+                                   "LM head")
+                   : TKD_OK;
     if (p->k_use > 0 && b->n > 0 && (!b->topk_idx || !b->topk_logit))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss: batch has no top-k indices or logits");
     if (p->variant != TKD_KL_VARIANT_RENORM && (p->k_use > 0 || p->s > 0) && b->n > 0 && !b->teacher_lse)
@@ -270,7 +279,8 @@ tkd_status tkd_kl_validate_scratch(const tkd_kl_params *p, const tkd_kl_batch *b
                                (long long)i, (int)y, b->v, p->ignore_index);
             break;
         }
-        st = validate_row(p, b, i, seen);
+        if (!p->dense) /* dense: no stored columns to check */
+            st = validate_row(p, b, i, seen);
     }
     return st;
 }

@@ -81,6 +81,11 @@ typedef struct tkd_kl_params {
                           * call that makes the gradients writes dW instead of adding to it (its
                           * first chunk does not read dw: V·D·4 bytes less); a call with no rows
                           * leaves dw as it was. 0 (default): dW += */
+    int dense;           /* 1: online distillation from the teacher itself (issue 24's dense reference):
+                          * the batch's teacher_h / teacher_w give the teacher's full distribution,
+                          * its logits made chunk by chunk beside the student's (never the whole
+                          * N × V); variant renorm and k = k_use = V (every token is a column);
+                          * topk_* and teacher_lse unused. The CPU path only. 0 (default): a cache */
 } tkd_kl_params;
 
 /* Sets the defaults: renorm, fkl (jsd_beta 0.5, skew_alpha 0.1), τ = 1, alpha = 1, k_use = k, s = 0,
@@ -99,6 +104,9 @@ typedef struct tkd_kl_batch {
     const float *teacher_lse;  /* (N) teacher log-sum-exp over the full vocabulary */
     const int32_t *tail_idx;   /* (N, s) tail draws (sampled), or NULL */
     const int32_t *labels;     /* (N) next-token ids; ignore_index excludes the row */
+    const float *teacher_h;    /* params.dense: (N, Dt) the teacher's final hidden states */
+    const float *teacher_w;    /* params.dense: (V, Dt) the teacher's LM head */
+    int teacher_d;             /* params.dense: Dt */
 } tkd_kl_batch;
 
 typedef struct tkd_kl_result {

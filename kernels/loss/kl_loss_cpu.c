@@ -26,6 +26,8 @@ struct tkd_kl_cpu_ws {
     float *s_dr;     /* (chunk, s_cap) logits at the row's tail draws (sampled with a divergence but fkl) */
     row_stat *stat;  /* (n_max) */
     uint8_t *seen;   /* (V/8 + 1) zeroed scratch for tkd_kl_cpu_validate */
+    float *tbuf;     /* dense: (chunk, V) the teacher's logits of the chunk */
+    int32_t *iota;   /* dense: (V) 0, 1, ..., V − 1: every token is a teacher column */
     int64_t last_n;  /* rows of the last forward; -1 before any */
     int64_t n_kept;
 };
@@ -56,7 +58,13 @@ tkd_status tkd_kl_cpu_ws_create(tkd_kl_cpu_ws **out, const tkd_kl_params *p, int
     ws->s_dr = malloc(sizeof(float) * (size_t)chunk * (size_t)(ws->s_cap > 0 ? ws->s_cap : 1));
     ws->stat = malloc(sizeof(row_stat) * (size_t)n_max);
     ws->seen = calloc((size_t)v / 8 + 1, 1);
-    if (!ws->buf || !ws->s_top || !ws->s_dr || !ws->stat || !ws->seen) {
+    if (p->dense) {
+        ws->tbuf = malloc(sizeof(float) * (size_t)chunk * (size_t)v);
+        if ((ws->iota = malloc(sizeof(int32_t) * (size_t)v)))
+            for (int j = 0; j < v; j++)
+                ws->iota[j] = j;
+    }
+    if (!ws->buf || !ws->s_top || !ws->s_dr || !ws->stat || !ws->seen || (p->dense && (!ws->tbuf || !ws->iota))) {
         tkd_kl_cpu_ws_free(ws);
         return tkd_error_set(TKD_ERR_NOMEM, "kl_loss cpu: out of memory for a chunk of %lld x %d logits",
                              (long long)chunk, v);
@@ -74,6 +82,8 @@ void tkd_kl_cpu_ws_free(tkd_kl_cpu_ws *ws)
     free(ws->s_dr);
     free(ws->stat);
     free(ws->seen);
+    free(ws->tbuf);
+    free(ws->iota);
     free(ws);
 }
 
@@ -96,12 +106,15 @@ typedef struct teacher_row {
     double mass;        /* Σ of the target: 1 (renorm), Σp + r (tail), Σp + r·[S > 0] (sampled) */
 } teacher_row;
 
-static teacher_row teacher_of(const tkd_kl_params *p, const tkd_kl_batch *b, int64_t i)
+/* Row i's teacher: the cache's columns, or with params.dense its whole distribution (t: the row of
+ * the chunk's teacher logits, idx: every token), renorm over all V being the exact softmax. */
+static teacher_row teacher_of(const tkd_kl_params *p, const tkd_kl_batch *b, const tkd_kl_cpu_ws *ws, int64_t i,
+                              int64_t r)
 {
     const int kk = p->k_use;
     const double inv_tau = 1.0 / p->temperature;
-    teacher_row tr = {.idx = b->topk_idx ? b->topk_idx + i * p->k : NULL,
-                      .t = b->topk_logit ? b->topk_logit + i * p->k : NULL,
+    teacher_row tr = {.idx = p->dense ? ws->iota : b->topk_idx ? b->topk_idx + i * p->k : NULL,
+                      .t = p->dense ? ws->tbuf + r * b->v : b->topk_logit ? b->topk_logit + i * p->k : NULL,
                       .dr = p->variant == TKD_KL_VARIANT_SAMPLED && p->s > 0 ? b->tail_idx + i * p->s : NULL};
     if (kk == 0 && (p->variant != TKD_KL_VARIANT_SAMPLED || p->s == 0)) {
         tr.mass = 1.0; /* CE only (alpha = 0): no teacher to read */
@@ -485,6 +498,8 @@ static int row_indices_ok(const tkd_kl_params *p, const tkd_kl_batch *b, int64_t
     const int v = b->v;
     if (b->labels[i] < 0 || b->labels[i] >= v)
         return 0;
+    if (p->dense) /* the teacher's columns are every token */
+        return 1;
     for (int j = 0; j < p->k_use; j++)
         if ((unsigned)b->topk_idx[i * p->k + j] >= (unsigned)v)
             return 0;
@@ -529,7 +544,7 @@ static int64_t chunk_rows_pass(const chunk_job *job, double *kd_sum, double *ce_
                 bad = i;
             continue;
         }
-        teacher_row tr = teacher_of(p, b, i);
+        teacher_row tr = teacher_of(p, b, ws, i, r);
         row_gather_mask(x, tr.idx, p->k_use, s_top);
         float *s_dr = ws->s_dr + r * ws->s_cap;
         if (tr.dr && div_on(p)) /* the draws' logits outlive the dense gradient pass */
@@ -560,6 +575,10 @@ static tkd_status run_chunks(chunk_job job, float *dh, float *dw, double *kd_sum
         const float *hc = b->h + r0 * d;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, v, d, 1.0f, hc, d, b->w, d, 0.0f,
                     job.ws->buf, v);
+        if (job.p->dense) /* the teacher's chunk beside the student's (made again in a backward) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, v, b->teacher_d, 1.0f,
+                        b->teacher_h + r0 * b->teacher_d, b->teacher_d, b->teacher_w, b->teacher_d, 0.0f,
+                        job.ws->tbuf, v);
         job.r0 = r0, job.rows = rows;
         int64_t bad = chunk_rows_pass(&job, kd_sum, ce_sum);
         if (bad >= 0)

@@ -208,6 +208,9 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws, const tkd_cuda_policy *pol)
 /* The row kernels compute forward KL only (docs/loss.md, "Divergences": the CPU has the others). */
 static tkd_status check_divergence(const tkd_kl_params *p)
 {
+    if (p->dense)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: dense distillation from the teacher online "
+                             "(kd.teacher) is not implemented on the CUDA device; train with device: cpu");
     if (p->divergence == TKD_KL_DIVERGENCE_FKL)
         return TKD_OK;
     return tkd_error_set(TKD_ERR_UNSUPPORTED,
