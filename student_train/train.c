@@ -196,6 +196,7 @@ static void trainer_free(trainer *tr)
     }
     tkd_adamw_free(tr->opt);
     tkd_model_free(tr->m);
+    tkd_model_free(tr->teacher);
     tkd_backend_close(tr->be);
     free(tr->logits);
     free(tr->top1);

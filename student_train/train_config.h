@@ -26,6 +26,7 @@ typedef struct tkd_train_config {
     /* model */
     int model_init;        /* random | hf */
     char *model_path;      /* HF checkpoint dir when init = hf */
+    char *kd_teacher;      /* kd.teacher: an HF checkpoint distilled from online, densely ("" = a cache) */
     int model_arch;        /* llama | qwen2 | qwen3 (random init) */
     int vocab_size;        /* 0 = the cache's vocabulary */
     int hidden_size;

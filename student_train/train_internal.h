@@ -37,6 +37,7 @@ typedef struct trainer {
     tkd_loader *train, *val;
     tkd_backend *be; /* where the student, its loss and its optimizer run */
     tkd_model *m;
+    tkd_model *teacher;   /* kd.teacher: run on each batch, its full distribution the target (dense) */
     tkd_adamw *opt;
     tkd_optim_config ocfg;
     tkd_kl_params kp;

@@ -132,10 +132,11 @@ static tkd_status token_sequences(trainer *tr, const tkd_tokens *ds, tkd_doc_pac
 static tkd_status open_token_sources(trainer *tr, int64_t **tsplit, int64_t *nt, int64_t **vsplit, int64_t *nv)
 {
     const tkd_train_config *c = tr->cfg;
-    if (c->kd_alpha > 0)
+    if (c->kd_alpha > 0 && !*c->kd_teacher)
         return tkd_error_set(TKD_ERR_CONFIG,
-                             "kd.alpha = %g needs a teacher: set data.cache (a teacher-dump output), or kd.alpha = 0 "
-                             "for CE-only training on data.tokens", c->kd_alpha);
+                             "kd.alpha = %g needs a teacher: set data.cache (a teacher-dump output) or kd.teacher (a "
+                             "checkpoint run online), or kd.alpha = 0 for CE-only training on data.tokens",
+                             c->kd_alpha);
     if (c->tokens.n == 0)
         return tkd_error_set(TKD_ERR_CONFIG, "no data: set data.cache (a teacher cache) or data.tokens (token files)");
     if (c->seq_len <= 0)
@@ -248,6 +249,32 @@ static tkd_status fit_vocab(trainer *tr, int mv)
     return TKD_OK;
 }
 
+/* kd.teacher: the checkpoint distilled from online, on the student's backend, its vocabulary the
+ * student's; its forward runs on every batch (tkd_train_teacher_side). */
+static tkd_status open_teacher(trainer *tr)
+{
+    const tkd_train_config *c = tr->cfg;
+    if (!*c->kd_teacher)
+        return TKD_OK;
+    if (*c->cache)
+        return tkd_error_set(TKD_ERR_CONFIG, "kd.teacher and data.cache are two teachers: distil from the cache, or "
+                             "set data.cache empty and give data.tokens to distil from kd.teacher online");
+    if (c->kd_variant != TKD_KL_VARIANT_RENORM)
+        return tkd_error_set(TKD_ERR_CONFIG, "kd.teacher gives the teacher's whole distribution: kd.variant must be "
+                             "renorm (%s is for a cache's top-k)", tkd_kl_variant_name((tkd_kl_variant)c->kd_variant));
+    tkd_status st = tkd_model_load_hf_on(c->kd_teacher, tr->be, &tr->teacher);
+    if (st != TKD_OK)
+        return tkd_error_prefix(st, "kd.teacher");
+    if (tr->teacher->cfg.vocab_size != tr->V)
+        return tkd_error_set(TKD_ERR_MISMATCH, "kd.teacher %s has %d tokens, the student %d: they must share the "
+                             "tokenizer", c->kd_teacher, tr->teacher->cfg.vocab_size, tr->V);
+    tr->k_use = tr->V; /* every token is a teacher column */
+    if (tr->dist.rank == 0)
+        tkd_log_info("kd.teacher: %s (%s, %zu parameters) run online, its full distribution the target",
+                     c->kd_teacher, tkd_arch_class(tr->teacher->cfg.arch), tr->teacher->n_params);
+    return tkd_model_reserve(tr->teacher, tr->B, tr->T, 0);
+}
+
 tkd_status tkd_train_build_model(trainer *tr)
 {
     const tkd_train_config *c = tr->cfg;
@@ -286,7 +313,8 @@ tkd_status tkd_train_build_model(trainer *tr)
     if (tr->val_tokens)
         TKD_TRY(tkd_tokens_check_vocab(tr->val_tokens, mv));
     tkd_model_set_recompute(tr->m, tr->cfg->recompute);
-    return tkd_model_reserve(tr->m, tr->B, tr->T, 1);
+    TKD_TRY(tkd_model_reserve(tr->m, tr->B, tr->T, 1));
+    return open_teacher(tr);
 }
 
 tkd_status tkd_train_build_loss(trainer *tr)
@@ -294,8 +322,10 @@ tkd_status tkd_train_build_loss(trainer *tr)
     const tkd_train_config *c = tr->cfg;
     tkd_kl_params_defaults(&tr->kp, tr->k_use);
     /* Without a cache the loss is plain CE (alpha = 0, no teacher columns) whatever the variant and divergence. */
+    const int teacher = tr->cache || tr->teacher;
     tr->kp.variant = tr->cache ? (tkd_kl_variant)c->kd_variant : TKD_KL_VARIANT_RENORM;
-    tr->kp.divergence = tr->cache ? (tkd_kl_divergence)c->kd_divergence : TKD_KL_DIVERGENCE_FKL;
+    tr->kp.divergence = teacher ? (tkd_kl_divergence)c->kd_divergence : TKD_KL_DIVERGENCE_FKL;
+    tr->kp.dense = tr->teacher != NULL;
     tr->kp.jsd_beta = (float)c->kd_jsd_beta;
     tr->kp.skew_alpha = (float)c->kd_skew_alpha;
     tr->kp.temperature = (float)c->kd_temperature;

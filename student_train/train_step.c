@@ -27,6 +27,20 @@ static void kl_batch_of(const trainer *tr, const tkd_train_batch *b, tkd_kl_batc
     kb->labels = b->labels;
 }
 
+/* kd.teacher: the teacher's forward on the batch (its own activations; documents as the student's),
+ * its hidden states and LM head the dense loss's teacher side (tkd_kl_params.dense). */
+static tkd_status teacher_side(const trainer *tr, const tkd_train_batch *b, tkd_kl_batch *kb)
+{
+    if (!tr->teacher)
+        return TKD_OK;
+    const void *th = NULL;
+    TKD_TRY(tkd_model_forward_docs(tr->teacher, b->inputs, b->doc, b->b, b->t, 0, &th));
+    kb->teacher_h = th;
+    kb->teacher_w = tkd_model_lm_head(tr->teacher);
+    kb->teacher_d = tr->teacher->cfg.hidden_size;
+    return TKD_OK;
+}
+
 /* The next training batch, moving to the next epoch when this one is used up. */
 static tkd_status next_batch(trainer *tr, const tkd_train_batch **b)
 {
@@ -87,6 +101,7 @@ static tkd_status micro_step(trainer *tr, const tkd_train_batch *b, int last, st
     TKD_TRY(tkd_model_forward_docs(tr->m, b->inputs, b->doc, b->b, b->t, 1, &hidden));
     tkd_kl_batch kb;
     kl_batch_of(tr, b, &kb);
+    TKD_TRY(teacher_side(tr, b, &kb));
     TKD_TRY(op->kl_stage(tr->be, tr->kl, &tr->kp, &kb));
     ss->beyond += b->beyond_vocab;
     tkd_kl_result r;
@@ -250,6 +265,7 @@ tkd_status tkd_train_evaluate(trainer *tr, eval_stats *es)
             continue;
         tkd_kl_batch kb;
         kl_batch_of(tr, b, &kb);
+        TKD_TRY(teacher_side(tr, b, &kb));
         TKD_TRY(tr->be->op->kl_stage(tr->be, tr->kl, &kp, &kb));
         const void *hidden = NULL;
         TKD_TRY(tkd_model_forward_docs(tr->m, b->inputs, b->doc, b->b, b->t, 0, &hidden));
