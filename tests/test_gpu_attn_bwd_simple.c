@@ -88,9 +88,45 @@ static void check(const char *what, const uint16_t *got, const double *ref, size
     tkd_test_check_end(&k);
 }
 
+/* lse (B, H, T) of the scaled scores over the keys each query sees (window, documents), in double
+ * rounded to fp32: what the masked forward saves. */
+static float *masked_lse(const double *q, const double *k, int B, int T, int H, int Hkv, int dh, int window,
+                         const int32_t *doc)
+{
+    float *lse = tkd_test_xmalloc(sizeof *lse * (size_t)B * H * T);
+    const double scale = 1.0 / sqrt((double)dh);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                int lo = window > 0 && i >= window ? i - window + 1 : 0;
+                lo = doc && doc[b * T + i] > lo ? doc[b * T + i] : lo;
+                double m = -INFINITY, sum = 0.0, s[512];
+                for (int j = lo; j <= i; j++) {
+                    double dot = 0.0;
+                    for (int d = 0; d < dh; d++)
+                        dot += q[((size_t)(b * T + i) * H + h) * dh + d] * k[((size_t)(b * T + j) * Hkv + h / (H / Hkv)) * dh + d];
+                    s[j - lo] = dot * scale;
+                    m = fmax(m, s[j - lo]);
+                }
+                for (int j = lo; j <= i; j++)
+                    sum += exp(s[j - lo] - m);
+                lse[((size_t)b * H + h) * T + i] = (float)(m + log(sum));
+            }
+    return lse;
+}
+
+static void run_case_mask(int B, int T, int H, int Hkv, int dh, uint64_t seed, int window, const int32_t *doc);
+
 static void run_case(int B, int T, int H, int Hkv, int dh, uint64_t seed)
 {
-    printf("  B %d, T %d, H %d, Hkv %d, dh %d\n", B, T, H, Hkv, dh);
+    run_case_mask(B, T, H, Hkv, dh, seed, 0, NULL);
+}
+
+/* The case under a window and documents (0 / NULL: plain causal, through the unmasked entry point). */
+static void run_case_mask(int B, int T, int H, int Hkv, int dh, uint64_t seed, int window, const int32_t *doc)
+{
+    printf("  B %d, T %d, H %d, Hkv %d, dh %d, window %d%s\n", B, T, H, Hkv, dh, window, doc ? ", documents" : "");
+    const int masked = window > 0 || doc;
     size_t nq = (size_t)B * T * H * dh, nk = (size_t)B * T * Hkv * dh;
     uint16_t *q = tkd_test_rand_bf16(nq, seed, 1.0f), *k = tkd_test_rand_bf16(nk, seed + 1, 1.0f);
     uint16_t *v = tkd_test_rand_bf16(nk, seed + 2, 1.0f);
@@ -102,9 +138,11 @@ static void run_case(int B, int T, int H, int Hkv, int dh, uint64_t seed)
     double *att = malloc(sizeof *att * (size_t)B * H * T * T), *y = malloc(sizeof *y * nq);
     assert_non_null(att);
     assert_non_null(y);
-    tkd_ref_attn_fwd(Q, K, Vv, B, T, H, Hkv, dh, att, y);
+    tkd_ref_attn_sinks_fwd(Q, K, Vv, B, T, H, Hkv, dh, window, doc, NULL, att, y);
     tkd_ref_attn_bwd(DY, Q, K, Vv, att, B, T, H, Hkv, dh, DQ, DK, DV);
-    float *lse = host_lse(Q, K, Vv, B, T, H, Hkv, dh);
+    float *lse = masked ? masked_lse(Q, K, B, T, H, Hkv, dh, window, doc) : host_lse(Q, K, Vv, B, T, H, Hkv, dh);
+    int32_t *d_doc = doc ? dev_copy(doc, sizeof *doc * (size_t)B * T) : NULL;
+    const tkd_attn_mask mask = {window, NULL, d_doc};
 
     uint16_t *d_q = dev_copy(q, nq * 2), *d_k = dev_copy(k, nk * 2), *d_v = dev_copy(v, nk * 2);
     uint16_t *d_dy = dev_copy(dy, nq * 2);
@@ -113,8 +151,10 @@ static void run_case(int B, int T, int H, int Hkv, int dh, uint64_t seed)
     uint16_t *out[2][3];
     for (int run = 0; run < 2; run++) {
         uint16_t *d_dq = dev_copy(dq0, nq * 2), *d_dk = dev_copy(dk0, nk * 2), *d_dv = dev_copy(dv0, nk * 2);
-        tkd_status st = tkd_cuda_attn_bwd_simple(d_dy, d_q, d_k, d_v, NULL, d_lse, B, T, H, Hkv, dh, d_dq, d_dk, d_dv,
-                                                 d_delta, g_stream);
+        tkd_status st = masked ? tkd_cuda_attn_bwd_simple_masked(d_dy, d_q, d_k, d_v, NULL, d_lse, B, T, H, Hkv, dh,
+                                                                 &mask, d_dq, d_dk, d_dv, d_delta, g_stream)
+                               : tkd_cuda_attn_bwd_simple(d_dy, d_q, d_k, d_v, NULL, d_lse, B, T, H, Hkv, dh, d_dq,
+                                                          d_dk, d_dv, d_delta, g_stream);
         if (st != TKD_OK)
             fail_msg("attn_bwd_simple: %s", tkd_error_msg());
         for (int t = 0; t < 3; t++)
@@ -143,6 +183,7 @@ static void run_case(int B, int T, int H, int Hkv, int dh, uint64_t seed)
     cudaFree(d_dy);
     cudaFree(d_lse);
     cudaFree(d_delta);
+    cudaFree(d_doc);
     free(q), free(k), free(v), free(dy), free(dq0), free(dk0), free(dv0);
     free(Q), free(K), free(Vv), free(DY), free(DQ), free(DK), free(DV);
     free(att), free(y), free(lse);
@@ -153,6 +194,20 @@ static void test_gqa6_two_chunks(void **state) { (void)state; run_case(1, 70, 6,
 static void test_one_position(void **state) { (void)state; run_case(3, 1, 2, 2, 8, 30); }
 static void test_dh80(void **state) { (void)state; run_case(1, 33, 2, 1, 80, 40); }
 static void test_dh256(void **state) { (void)state; run_case(1, 5, 1, 1, 256, 50); }
+
+/* A sliding window and packed documents (documents of 1, 12 and 24 tokens; then 37), alone and
+ * together, against the float64 reference under the same mask. */
+static void test_window_and_documents(void **state)
+{
+    (void)state;
+    enum { B = 2, T = 37 };
+    static const int starts[B][4] = {{0, 1, 13, -1}, {0, -1}};
+    int32_t doc[B * T];
+    tkd_test_doc_starts(&starts[0][0], 4, B, T, doc);
+    run_case_mask(B, T, 4, 2, 16, 60, 5, NULL);
+    run_case_mask(B, T, 4, 2, 16, 61, 0, doc);
+    run_case_mask(B, T, 6, 2, 32, 62, 7, doc);
+}
 
 static void test_refuses_bad_shapes(void **state)
 {
@@ -180,7 +235,8 @@ static int teardown(void **state)
 
 static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_demo_shape), cmocka_unit_test(test_gqa6_two_chunks), cmocka_unit_test(test_one_position),
-    cmocka_unit_test(test_dh80),       cmocka_unit_test(test_dh256),          cmocka_unit_test(test_refuses_bad_shapes),
+    cmocka_unit_test(test_dh80),       cmocka_unit_test(test_dh256),
+    cmocka_unit_test(test_window_and_documents),          cmocka_unit_test(test_refuses_bad_shapes),
 };
 #endif
 

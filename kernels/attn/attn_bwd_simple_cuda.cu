@@ -23,7 +23,16 @@ struct BwdArgs {
     float *delta;                   /* (B, H, T) */
     int T, H, Hkv, dh;
     float scale;
+    int window;         /* tkd_attn_mask's: 0 or the sliding window */
+    const int32_t *doc; /* (B·T) or NULL: each query's document start */
 };
+
+/* The first key query i of sequence b sees (window and document; 0: causal only). */
+__device__ __forceinline__ int first_key(const BwdArgs &a, int b, int i)
+{
+    const int w = a.window > 0 ? max(0, i - a.window + 1) : 0;
+    return a.doc ? max(w, a.doc[(int64_t)b * a.T + i]) : w;
+}
 
 using tkd_cuda::bf; /* bf16 <-> fp32 and the warp sum: cuda_fast_math.cuh */
 using tkd_cuda::to_bf;
@@ -74,7 +83,8 @@ __global__ void attn_bwd_dq(BwdArgs a)
     const int64_t stat = ((int64_t)b * a.H + h) * a.T + i;
     const float lse = a.lse[stat];
     float p, dp, delta = 0.0f;
-    for (int j = lane; j <= i; j += 32) {
+    const int lo = first_key(a, b, i);
+    for (int j = lo + lane; j <= i; j += 32) {
         pair_terms(sq, sdy, a.k + kv0 + j * kvs, a.v + kv0 + j * kvs, a.dh, a.scale, lse, &p, &dp);
         delta += p * dp;
     }
@@ -82,7 +92,7 @@ __global__ void attn_bwd_dq(BwdArgs a)
     if (lane == 0)
         a.delta[stat] = delta;
     float acc[kDimsPerLane] = {0};
-    for (int j0 = 0; j0 <= i; j0 += 32) {
+    for (int j0 = lo; j0 <= i; j0 += 32) {
         float ds = 0.0f;
         if (j0 + lane <= i) {
             pair_terms(sq, sdy, a.k + kv0 + (j0 + lane) * kvs, a.v + kv0 + (j0 + lane) * kvs, a.dh, a.scale, lse,
@@ -118,10 +128,11 @@ __global__ void attn_bwd_dkv(BwdArgs a)
     float ak[kDimsPerLane] = {0}, av[kDimsPerLane] = {0};
     for (int h = g * G; h < (g + 1) * G; h++) {
         const int64_t q0 = (int64_t)b * a.T * qs + (int64_t)h * a.dh, s0 = ((int64_t)b * a.H + h) * a.T;
-        for (int i0 = j; i0 < a.T; i0 += 32) {
+        /* the queries that see key j: i ≥ j while first_key(i) ≤ j (non-decreasing in i) */
+        for (int i0 = j; i0 < a.T && first_key(a, b, i0) <= j; i0 += 32) {
             const int i = i0 + lane;
             float p = 0.0f, ds = 0.0f, dp;
-            if (i < a.T) {
+            if (i < a.T && first_key(a, b, i) <= j) {
                 pair_terms_kv(a.q + q0 + i * qs, a.dy + q0 + i * qs, sk, sv, a.dh, a.scale, a.lse[s0 + i], &p, &dp);
                 ds = p * (dp - a.delta[s0 + i]);
             }
@@ -154,14 +165,27 @@ extern "C" tkd_status tkd_cuda_attn_bwd_simple(const uint16_t *dy, const uint16_
                                                int H, int Hkv, int dh, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                                                float *delta, void *stream)
 {
+    return tkd_cuda_attn_bwd_simple_masked(dy, q, k, v, y, lse, B, T, H, Hkv, dh, NULL, dq, dk, dv, delta, stream);
+}
+
+extern "C" tkd_status tkd_cuda_attn_bwd_simple_masked(const uint16_t *dy, const uint16_t *q, const uint16_t *k,
+                                                      const uint16_t *v, const uint16_t *y, const float *lse, int B,
+                                                      int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
+                                                      uint16_t *dq, uint16_t *dk, uint16_t *dv, float *delta,
+                                                      void *stream)
+{
     (void)y;
+    if (mask && (mask->window < 0 || mask->sinks))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "attn_bwd_simple: %s", mask->sinks ? "no backward takes attention "
+                             "sinks (teachers only)" : "a negative window");
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0 || dh <= 0 || dh > kMaxDh || B > 65535 ||
         H > 65535)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "attn_bwd_simple: B %d, T %d, H %d, Hkv %d, dh %d: need positive "
                              "sizes, H a multiple of Hkv, dh <= %d, B and H <= 65535", B, T, H, Hkv, dh, kMaxDh);
     if (!dy || !q || !k || !v || !lse || !dq || !dk || !dv || !delta)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "attn_bwd_simple: a NULL tensor or scratch");
-    BwdArgs a = {dy, q, k, v, lse, dq, dk, dv, delta, T, H, Hkv, dh, (float)(1.0 / sqrt((double)dh))};
+    BwdArgs a = {dy, q, k, v, lse, dq, dk, dv, delta, T, H, Hkv, dh, (float)(1.0 / sqrt((double)dh)),
+                 mask ? mask->window : 0, mask ? mask->doc : NULL};
     cudaStream_t s = (cudaStream_t)stream;
     attn_bwd_dq<<<dim3((unsigned)T, (unsigned)H, (unsigned)B), 32, 0, s>>>(a);
     TKD_CUDA_CHECK(cudaGetLastError());
