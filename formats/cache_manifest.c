@@ -257,7 +257,7 @@ static void em_body(emit *em, const tkd_cache_manifest *m)
     char temp[32];
     em_map_begin(em);
     em_plain(em, "format", TKD_CACHE_FORMAT_NAME);
-    em_int(em, "version", m->version);
+    em_int(em, "version", tkd_cache_format_version(&m->id)); /* what the identity asks, whatever was read */
     em_scalar(em, "teacher", YAML_PLAIN_SCALAR_STYLE);
     em_map_begin(em);
     em_str(em, "path", m->teacher_path);
@@ -483,13 +483,13 @@ static tkd_status read_header(yreader *y, yaml_node_t *root, tkd_cache_manifest 
         return y_err(y, n, "format is '%s', expected 'topkd-cache' — not a topkd cache manifest", fmt);
     int64_t version = 0;
     TKD_TRY(y_int(y, root, "version", 1, 0, INT32_MAX, &version));
-    if (version != TKD_CACHE_FORMAT_VERSION) {
+    if (version < TKD_CACHE_FORMAT_VERSION || version > TKD_CACHE_FORMAT_VERSION_LAYOUTS) {
         n = y_get(y, root, "version");
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "%s:%lu:%lu: cache format version %lld, this build reads version %d — use a matching topkd or re-create the cache",
+                             "%s:%lu:%lu: cache format version %lld, this build reads versions %d and %d — use a matching topkd or re-create the cache",
                              y->path, (unsigned long)n->start_mark.line + 1,
                              (unsigned long)n->start_mark.column + 1, (long long)version,
-                             TKD_CACHE_FORMAT_VERSION);
+                             TKD_CACHE_FORMAT_VERSION, TKD_CACHE_FORMAT_VERSION_LAYOUTS);
     }
     m->version = (int32_t)version;
     return TKD_OK;
@@ -519,6 +519,9 @@ static tkd_status read_identity(yreader *y, yaml_node_t *root, tkd_cache_manifes
     if (s && strcmp(s, "trained") != 0 && strcmp(s, "all") != 0)
         return y_err(y, n, "dataset.positions '%s' is not all or trained", s);
     m->id.trained_only = s && !strcmp(s, "trained");
+    if (m->version != tkd_cache_format_version(&m->id))
+        return y_err(y, y_get(y, root, "version"), "version %d does not match dataset.packing / dataset.positions "
+                     "(version %d)", m->version, tkd_cache_format_version(&m->id));
     TKD_TRY(y_int(y, root, "k", 1, 1, 65535, &k));
     TKD_TRY(y_int(y, root, "tail_samples", 0, 0, 65535, &S));
     TKD_TRY(y_u64(y, root, "tail_seed", &m->tail_seed));

@@ -128,6 +128,11 @@ tkd_status tkd_cache_identity_check(const tkd_cache_identity *id, const char *wh
     return TKD_OK;
 }
 
+int tkd_cache_format_version(const tkd_cache_identity *id)
+{
+    return id->packed || id->trained_only ? TKD_CACHE_FORMAT_VERSION_LAYOUTS : TKD_CACHE_FORMAT_VERSION;
+}
+
 tkd_status tkd_cache_identity_compare(const tkd_cache_identity *a, const char *a_name,
                                       const tkd_cache_identity *b, const char *b_name)
 {

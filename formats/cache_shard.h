@@ -20,7 +20,11 @@
 #include "common/status.h"
 
 #define TKD_CACHE_FORMAT_NAME "topkd-cache"
-#define TKD_CACHE_FORMAT_VERSION 1
+#define TKD_CACHE_FORMAT_VERSION 1 /* windows of the token stream, every position's teacher data */
+/* Packed documents or trained positions only: /tokens' labels and /topk's rows mean something a
+ * version-1 reader would misread (a label across a document, zeros as a teacher), so such a cache
+ * says version 2 and those readers refuse it. */
+#define TKD_CACHE_FORMAT_VERSION_LAYOUTS 2
 #define TKD_CACHE_SHA256_HEX TKD_SHA256_HEX_LEN /* 64 hex digits + NUL */
 #define TKD_CACHE_FILE_MAX 256  /* shard file names inside a cache directory */
 
@@ -79,6 +83,9 @@ typedef struct tkd_cache_identity {
     char teacher_sha256[TKD_CACHE_SHA256_HEX];
     char dataset_sha256[TKD_CACHE_SHA256_HEX];
 } tkd_cache_identity;
+
+/* The format version a cache of this identity is written with (1, or 2 when packed or trained_only). */
+int tkd_cache_format_version(const tkd_cache_identity *id);
 
 /* Checks that the identity is usable (positive sizes, finite temperature > 0, hex digests).
  * `what` names the source in the message (a file path or "config"). */

@@ -339,7 +339,7 @@ herr_t tkd_shard_write_root_attrs(hid_t f, const tkd_cache_identity *id, int64_t
 {
     herr_t r = 0;
     r |= attr_write_str(f, "format", TKD_CACHE_FORMAT_NAME);
-    r |= attr_write_i32(f, "version", TKD_CACHE_FORMAT_VERSION);
+    r |= attr_write_i32(f, "version", tkd_cache_format_version(id));
     r |= tkd_shard_attr_write_i64(f, "vocab_size", id->vocab_size);
     r |= attr_write_i32(f, "k", id->k);
     r |= attr_write_i32(f, "seq_len", id->seq_len);

@@ -97,10 +97,10 @@ static tkd_status shard_read_attrs(tkd_shard *s)
     if (strcmp(fmt, TKD_CACHE_FORMAT_NAME) != 0)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: format is '%s', expected '%s'", s->path, fmt,
                              TKD_CACHE_FORMAT_NAME);
-    if (version != TKD_CACHE_FORMAT_VERSION)
+    if (version < TKD_CACHE_FORMAT_VERSION || version > TKD_CACHE_FORMAT_VERSION_LAYOUTS)
         return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                             "%s: cache format version %lld, this build reads version %d — use a matching topkd or re-create the cache",
-                             s->path, (long long)version, TKD_CACHE_FORMAT_VERSION);
+                             "%s: cache format version %lld, this build reads versions %d and %d — use a matching topkd or re-create the cache",
+                             s->path, (long long)version, TKD_CACHE_FORMAT_VERSION, TKD_CACHE_FORMAT_VERSION_LAYOUTS);
     in->version = (int32_t)version;
     attr_got rest[] = {
         {"vocab_size", tkd_shard_attr_read(s->file, "vocab_size", H5T_NATIVE_INT64, &vocab)},
@@ -127,6 +127,9 @@ static tkd_status shard_read_attrs(tkd_shard *s)
     id->seq_len = (int32_t)seq_len;
     id->tail_samples = (int32_t)S;
     TKD_TRY(read_packing(s, id));
+    if (version != tkd_cache_format_version(id))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: format version %lld does not match its attributes (packing, "
+                             "positions: version %d)", s->path, (long long)version, tkd_cache_format_version(id));
     if (tkd_cache_dtype_parse(dtype, &id->logits_dtype) != TKD_OK)
         return tkd_error_set(TKD_ERR_FORMAT, "%s: root attribute logits_dtype '%s' is not half, bfloat16 or float32",
                              s->path, dtype);

@@ -126,9 +126,14 @@ static void set_int_attr(const char *path, const char *name, int64_t v)
 static void test_wrong_format_version(void **state)
 {
     fixture *f = *state;
-    set_int_attr(f->shard0, "version", 2);
+    set_int_attr(f->shard0, "version", 3);
     tkd_shard *s = NULL;
-    expect_error(tkd_shard_open(&s, f->shard0, 0), TKD_ERR_UNSUPPORTED, "shard-00000.h5: cache format version 2");
+    expect_error(tkd_shard_open(&s, f->shard0, 0), TKD_ERR_UNSUPPORTED,
+                 "shard-00000.h5: cache format version 3, this build reads versions 1 and 2");
+    /* version 2 is for packed or trained-only caches: a plain shard claiming it is inconsistent */
+    set_int_attr(f->shard0, "version", 2);
+    expect_error(tkd_shard_open(&s, f->shard0, 0), TKD_ERR_FORMAT,
+                 "shard-00000.h5: format version 2 does not match its attributes (packing, positions: version 1)");
     tkd_test_write_text(f->manifest, "format: topkd-cache\nversion: 3\n");
     expect_error(open_reader(f), TKD_ERR_UNSUPPORTED, "manifest.yaml:2:10: cache format version 3");
     tkd_test_write_text(f->manifest, "format: something-else\nversion: 1\n");

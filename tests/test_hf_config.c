@@ -149,6 +149,21 @@ typedef struct refusal {
     const char *msg;
 } refusal;
 
+/* Each case's config.json read: the status it wants, its message fragment, and the file's name in
+ * the message (every refusal names the file). */
+static void expect_refusals(const refusal *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        tkd_model_config c;
+        const char *path = small_config(cases[i].model_type, cases[i].extra);
+        tkd_status st = tkd_hf_config_read(path, &c);
+        if (st != cases[i].st)
+            fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
+        tkd_test_assert_msg_has(cases[i].msg);
+        tkd_test_assert_msg_has(path);
+    }
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -191,15 +206,7 @@ static void test_refusals(void **state)
         {"llama", "\"head_dim\": 15", TKD_ERR_CONFIG, "head_dim (15) must be even"},
         {"llama", "\"eos_token_id\": 100", TKD_ERR_CONFIG, ">= vocab_size 100"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        tkd_model_config c;
-        const char *path = small_config(cases[i].model_type, cases[i].extra);
-        tkd_status st = tkd_hf_config_read(path, &c);
-        if (st != cases[i].st)
-            fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
-        tkd_test_assert_msg_has(cases[i].msg);
-        tkd_test_assert_msg_has(path); /* every message names the file */
-    }
+    expect_refusals(cases, sizeof cases / sizeof cases[0]);
 }
 
 /* Which layers slide (tkd_model_config_window), per architecture, as transformers 5's config classes
@@ -454,15 +461,7 @@ static void test_gpt_oss_refusals(void **state)
                     "\"original_max_position_embeddings\": 64}",
          TKD_ERR_UNSUPPORTED, "rope_scaling.partial_rotary_factor = 0.5 (yarn) is not supported"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        tkd_model_config c;
-        const char *path = small_config(cases[i].model_type, cases[i].extra);
-        tkd_status st = tkd_hf_config_read(path, &c);
-        if (st != cases[i].st)
-            fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
-        tkd_test_assert_msg_has(cases[i].msg);
-        tkd_test_assert_msg_has(path);
-    }
+    expect_refusals(cases, sizeof cases / sizeof cases[0]);
 }
 
 /* Qwen3-MoE's refusals, each naming its field. */
@@ -489,15 +488,7 @@ static void test_qwen3_moe_refusals(void **state)
         {"qwen3", "\"num_experts\": 8", TKD_ERR_UNSUPPORTED, "num_experts = 8: mixture-of-experts models are not "
                                                           "supported as model_type qwen3 (only qwen3_moe"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        tkd_model_config c;
-        const char *path = small_config(cases[i].model_type, cases[i].extra);
-        tkd_status st = tkd_hf_config_read(path, &c);
-        if (st != cases[i].st)
-            fail_msg("case %zu (%s): got %s: %s", i, cases[i].extra, tkd_status_name(st), tkd_error_msg());
-        tkd_test_assert_msg_has(cases[i].msg);
-        tkd_test_assert_msg_has(path);
-    }
+    expect_refusals(cases, sizeof cases / sizeof cases[0]);
 }
 
 static void test_missing_and_malformed(void **state)

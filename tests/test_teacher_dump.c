@@ -730,6 +730,7 @@ static void test_packed_documents(void **state)
     assert_int_equal(tkd_dt_read_all(out, &b, &man), 4);
     assert_int_equal(man.id.packed, 1);
     assert_int_equal(man.id.trained_only, 1);
+    assert_int_equal(man.version, 2); /* a version-1 reader would misread it: it must refuse it */
     assert_non_null(b.doc_start);
     assert_non_null(b.labels);
     /* the pieces: (sequence, position, dataset start, length) */
@@ -851,6 +852,8 @@ static void test_trained_only_cache(void **state)
     assert_int_equal(tkd_dt_read_all(out_b, &b, &mb), n);
     assert_int_equal(ma.id.trained_only, 0);
     assert_int_equal(mb.id.trained_only, 1);
+    assert_int_equal(ma.version, 1);
+    assert_int_equal(mb.version, 2);
     assert_null(a.labels);
     assert_non_null(b.labels);
     assert_string_not_equal(ma.id.dataset_sha256, mb.id.dataset_sha256); /* the flags are data */
