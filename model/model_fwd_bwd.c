@@ -464,8 +464,6 @@ tkd_status tkd_model_forward_docs(tkd_model *m, const int32_t *tokens, const int
                           last ? m->d.final_norm : m->d.layers[l + 1].attn_norm, last ? a->hidden : nx->n1,
                           last ? a->rstdf : nx->rstd1, B, T));
     }
-    a->b = B;
-    a->t = T;
     a->have_train_fwd = training;
     if (hidden)
         *hidden = a->hidden;

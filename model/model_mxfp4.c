@@ -54,8 +54,8 @@ tkd_status tkd_model_alloc_mxfp4(tkd_model *m)
 
 /* The pair <name>_blocks / _scales of layer l, checked to be what config.json implies (the
  * dequantised shape (E, D, 2I) or (E, I, D)); its tensors in *b, *s. */
-static tkd_status find_pair(const tkd_model *m, const char *dir, const tkd_st_dir *st, int l, const char *kind,
-                            const int64_t want[3], const tkd_st_tensor **b, const tkd_st_tensor **s)
+static tkd_status find_pair(const char *dir, const tkd_st_dir *st, int l, const char *kind, const int64_t want[3],
+                            const tkd_st_tensor **b, const tkd_st_tensor **s)
 {
     char name[TKD_PARAM_NAME_MAX], nb[TKD_PARAM_NAME_MAX + 8], ns[TKD_PARAM_NAME_MAX + 8];
     snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, kind);
@@ -71,7 +71,6 @@ static tkd_status find_pair(const tkd_model *m, const char *dir, const tkd_st_di
         return tkd_error_set(TKD_ERR_MISMATCH, "%s: '%s_blocks' decodes to (%lld, %lld, %lld); config.json implies "
                              "(%lld, %lld, %lld)", dir, name, (long long)got[0], (long long)got[1],
                              (long long)got[2], (long long)want[0], (long long)want[1], (long long)want[2]);
-    (void)m;
     snprintf(nb, sizeof nb, "%s_blocks", name);
     snprintf(ns, sizeof ns, "%s_scales", name);
     *b = tkd_st_find(st, nb);
@@ -106,8 +105,8 @@ tkd_status tkd_model_load_mxfp4_layer(tkd_model *m, const char *dir, const tkd_s
     const int64_t E = c->num_experts, D = c->hidden_size, I = c->moe_intermediate_size;
     const int64_t gu_want[3] = {E, D, 2 * I}, dn_want[3] = {E, I, D};
     const tkd_st_tensor *gb, *gs, *db, *ds;
-    TKD_TRY(find_pair(m, dir, st, l, "gate_up_proj", gu_want, &gb, &gs));
-    TKD_TRY(find_pair(m, dir, st, l, "down_proj", dn_want, &db, &ds));
+    TKD_TRY(find_pair(dir, st, l, "gate_up_proj", gu_want, &gb, &gs));
+    TKD_TRY(find_pair(dir, st, l, "down_proj", dn_want, &db, &ds));
     size_t cap = 0, b, s;
     for (int j = 0; j < 3; j++) {
         kind_bytes(c, j, &b, &s);
