@@ -46,6 +46,7 @@
 #ifdef TKD_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/attn/attn_bwd_simple_cuda.h"
 #include "kernels/attn/attn_bwd_sm90.h"
 #include "kernels/attn/attn_cuda.h"
 #include "kernels/attn/attn_cudnn.h"
@@ -97,10 +98,11 @@ typedef struct bufs {
     float *lse;                                  /* (B, H, T) */
     tkd_cuda_attn_bwd_ws *ws;
     int32_t *doc;                                /* (B·T) packed documents' starts (--docs), else NULL */
+    float *delta;                                /* (B, H, T) the masked backward's scratch (--docs) */
 } bufs;
 
 /* What one timed call does. */
-typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_CUDNN_ONE, BWD_WGMMA, FWD_DOCS } what;
+typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_CUDNN_ONE, BWD_WGMMA, FWD_DOCS, BWD_DOCS } what;
 
 /* One call: the forward (ours when cudnn is NULL, else cuDNN's) with or without lse, our backward
  * (cudnn ignored) or cuDNN's (it overwrites dq, dk, dv) from the y and lse in b. */
@@ -117,6 +119,15 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
     if (w == BWD)
         return tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                  b->dq, b->dk, b->dv, b->ws, NULL);
+    if (w == BWD_DOCS) { /* the masked backward adds into dq, dk, dv: as the backend, zero them first */
+        const tkd_attn_mask m = {0, NULL, b->doc};
+        size_t nq = (size_t)s->b * s->t * s->h * s->dh * 2, nkv = (size_t)s->b * s->t * s->hkv * s->dh * 2;
+        CUDA(cudaMemsetAsync(b->dq, 0, nq, 0));
+        CUDA(cudaMemsetAsync(b->dk, 0, nkv, 0));
+        CUDA(cudaMemsetAsync(b->dv, 0, nkv, 0));
+        return tkd_cuda_attn_bwd_simple_masked(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv,
+                                               s->dh, &m, b->dq, b->dk, b->dv, b->delta, NULL);
+    }
     if (w == FWD_DOCS) {
         const tkd_attn_mask m = {0, NULL, b->doc};
         return tkd_cuda_attn_fwd_masked(b->q, b->k, b->v, s->b, s->t, s->h, s->hkv, s->dh, &m, b->y, b->lse, NULL);
@@ -133,6 +144,7 @@ static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
            : w == BWD_CUDNN || w == BWD_CUDNN_ONE ? "tkd_cudnn_attn_bwd"
            : w == BWD     ? "tkd_cuda_attn_bwd"
            : w == FWD_DOCS ? "tkd_cuda_attn_fwd_masked (documents)"
+           : w == BWD_DOCS ? "tkd_cuda_attn_bwd_simple_masked (documents)"
            : cudnn        ? "tkd_cudnn_attn_fwd"
                           : "tkd_cuda_attn_fwd";
 }
@@ -267,6 +279,7 @@ static void bufs_alloc(bufs *b, const shape *s)
     CUDA(cudaMalloc((void **)&b->dv, nkv * 2));
     CUDA(cudaMalloc((void **)&b->lse, sizeof(float) * (size_t)s->b * s->h * s->t));
     b->doc = NULL;
+    b->delta = NULL;
     if (tkd_cuda_attn_bwd_ws_create(&b->ws, s->b, s->t, s->h, s->dh) != TKD_OK)
         die("tkd_cuda_attn_bwd_ws_create", tkd_error_msg());
     fill_dev(b->q, nq, 1), fill_dev(b->k, nkv, 2), fill_dev(b->v, nkv, 3), fill_dev(b->dy, nq, 4);
@@ -345,7 +358,9 @@ static void bench_shape(tkd_cudnn_attn *cudnn, tkd_cudnn_attn *cudnn_nd, const s
 /* Packed documents (--docs L): the forward with lse over B·T tokens cut into documents of L tokens
  * (tkd_attn_mask.doc), against the plain causal forward over the same B×T (the same tokens as one
  * document each) and over the documents run alone (B·T/L sequences of L: the work a packed batch
- * must do at least). */
+ * must do at least); then the backward training takes on packed documents (the CUDA backend's
+ * only masked one, tkd_cuda_attn_bwd_simple_masked) against the documents alone under the
+ * backward training takes without documents (our Hopper wgmma one, else our flash one). */
 static void bench_docs(const shape *s, int L, int reps)
 {
     if (L < 1 || s->t % L != 0) {
@@ -363,16 +378,28 @@ static void bench_docs(const shape *s, int L, int reps)
     CUDA(cudaMalloc((void **)&b.doc, n * sizeof *h));
     CUDA(cudaMemcpy(b.doc, h, n * sizeof *h, cudaMemcpyHostToDevice));
     free(h);
+    CUDA(cudaMalloc((void **)&b.delta, tkd_cuda_attn_bwd_simple_ws_bytes(s->b, s->t, s->h)));
     double first;
     const shape alone = {(int)(n / (size_t)L), L, s->h, s->hkv, s->dh, s->name};
     const double plain = time_call(NULL, s, &b, FWD_LSE, reps, &first);
-    const double packed = time_call(NULL, s, &b, FWD_DOCS, reps, &first);
     const double one = time_call(NULL, &alone, &b, FWD_LSE, reps, &first);
+    const double packed = time_call(NULL, s, &b, FWD_DOCS, reps, &first); /* leaves the masked lse in b */
+    const double bwd_packed = time_call(NULL, s, &b, BWD_DOCS, reps, &first);
+    if (call(NULL, &alone, &b, FWD_LSE) != TKD_OK)
+        die("tkd_cuda_attn_fwd", tkd_error_msg());
+    double bwd_one = time_call(NULL, &alone, &b, BWD_WGMMA, reps, &first);
+    const char *bwd_kind = "wgmma";
+    if (bwd_one < 0) {
+        bwd_one = time_call(NULL, &alone, &b, BWD, reps, &first);
+        bwd_kind = "flash";
+    }
     const double flop = 4.0 * alone.b * s->h * (double)L * L * s->dh / 2; /* the documents' causal work */
-    printf("| %-12s | %d | %6d | %3d | %3d | %3d | %6d | %8.3f | %8.3f | %7.1f | %8.3f | %7.1f | %.3f |\n", s->name,
-           s->b, s->t, s->h, s->hkv, s->dh, L, plain, packed, flop / (packed * 1e9), one, flop / (one * 1e9),
-           packed / one);
+    printf("| %-12s | %d | %6d | %3d | %3d | %3d | %6d | %8.3f | %8.3f | %7.1f | %8.3f | %7.1f | %.3f "
+           "| %9.3f | %7.1f | %9.3f (%s) | %7.1f | %.2f |\n", s->name, s->b, s->t, s->h, s->hkv, s->dh, L, plain,
+           packed, flop / (packed * 1e9), one, flop / (one * 1e9), packed / one, bwd_packed,
+           2.5 * flop / (bwd_packed * 1e9), bwd_one, bwd_kind, 2.5 * flop / (bwd_one * 1e9), bwd_packed / bwd_one);
     CUDA(cudaFree(b.doc));
+    CUDA(cudaFree(b.delta));
     b.doc = NULL;
     bufs_free(&b);
 }
@@ -461,9 +488,11 @@ int main(int argc, char **argv)
     if (ndocs > 0) {
         printf("\npacked documents (forward with lse, ours): the B×T tokens as documents of L tokens, against the "
                "plain causal forward over B×T and the documents run alone as B·T/L sequences; TFLOP/s over the "
-               "documents' causal work\n\n");
+               "documents' causal work; then the masked backward (tkd_cuda_attn_bwd_simple_masked) against the "
+               "documents alone under our unmasked backward\n\n");
         printf("| shape        | B |      T |   H | Hkv |  dh |      L | plain ms | packed ms | TFLOP/s | alone ms "
-               "| TFLOP/s | packed / alone |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "| TFLOP/s | packed / alone | bwd packed ms | TFLOP/s | bwd alone ms | TFLOP/s | bwd packed / alone |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (int i = 0; i < n; i++)
             for (int d = 0; d < ndocs; d++)
                 bench_docs(&shapes[i], docs[d], reps);

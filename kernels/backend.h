@@ -293,12 +293,12 @@ struct tkd_backend {
                                  * CPU; a profiling wrapper, which has no stream of its own) */
     int attn_window;            /* 1: attn_fwd masks a sliding window shorter than T (the CPU, CUDA);
                                  * 0: it does not, and the model refuses such a layer */
-    int attn_window_bwd;        /* 1: attn_bwd does too (the CPU); 0: not yet (CUDA), and a model
-                                 * reserved for training refuses such a layer */
+    int attn_window_bwd;        /* 1: attn_bwd does too (the CPU, CUDA); 0: it does not, and a
+                                 * model reserved for training refuses such a layer */
     int attn_docs;              /* 1: attn_fwd takes doc (packed documents; the CPU, CUDA) */
-    int attn_docs_bwd;          /* 1: attn_bwd does too (the CPU); 0: not yet (CUDA) */
-    int moe_mxfp4;              /* 1: moe_fwd takes MXFP4 experts (the CPU); 0: the model gives it act
-                                 * stacks, decoding MXFP4 checkpoints at load (CUDA, for now) */
+    int attn_docs_bwd;          /* 1: attn_bwd does too (the CPU, CUDA) */
+    int moe_mxfp4;              /* 1: moe_fwd takes MXFP4 experts (the CPU, CUDA); 0: the model gives
+                                 * it act stacks, decoding MXFP4 checkpoints at load */
     const tkd_backend_ops *op;
     void *impl;                 /* the implementation's own state */
 };

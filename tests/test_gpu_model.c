@@ -135,20 +135,14 @@ static void test_qwen3_bf16(void **state) { (void)state; check_fixture("qwen3_hd
 
 /* Sliding windows on CUDA: the forward masks them (our kernels' masked variants; cuDNN is skipped),
  * checked against transformers on Qwen3 (window 4 on layer 1, head dim 32: the simple kernel) and
- * Mistral (window 5 on every layer, head dim 16); the backward does not mask yet, so a model
- * reserved for training is refused, naming the layer. */
+ * Mistral (window 5 on every layer, head dim 16). Training such a model (the masked backward) is
+ * test_gpu_train's test_step_qwen3_window. */
 static void test_window_fixtures(void **state)
 {
     (void)state;
     assert_int_equal(g_gpu->attn_window, 1);
-    assert_int_equal(g_gpu->attn_window_bwd, 0);
     check_fixture("qwen3_window_f32");
     check_fixture("mistral_window_f32");
-    tkd_model *g = load("qwen3_window_f32", g_gpu);
-    assert_int_equal(tkd_model_reserve(g, FIX_B, FIX_T, 1), TKD_ERR_UNSUPPORTED);
-    tkd_test_assert_msg_has("layer 1 has sliding_window 4 < sequence length 11, and the cuda backend's attention "
-                            "backward (training) does not mask a window yet");
-    tkd_model_free(g);
 }
 #endif
 
@@ -164,15 +158,24 @@ static void test_qwen3_moe_bf16(void **state) { (void)state; check_fixture("qwen
 #ifdef TKD_HF_FIXTURES_GPT_OSS
 /* gpt-oss on CUDA: q/k/v/o biases, sinks, a sliding and a full layer, YaRN, the biased router with
  * softmax over the top-k and the clamped SwiGLU experts; F32, BF16 and MXFP4 checkpoints (the
- * MXFP4 experts decoded exactly at load, then bf16 on the device as every weight). */
+ * MXFP4 experts kept as MXFP4 on the device, be->moe_mxfp4, and decoded a layer at a time by the
+ * MoE op). */
 static void test_gpt_oss_f32(void **state) { (void)state; check_fixture("gpt_oss_f32"); }
 static void test_gpt_oss_bf16(void **state) { (void)state; check_fixture("gpt_oss_bf16"); }
-static void test_gpt_oss_mxfp4(void **state) { (void)state; check_fixture("gpt_oss_mxfp4"); }
+static void test_gpt_oss_mxfp4(void **state)
+{
+    (void)state;
+    assert_int_equal(g_gpu->moe_mxfp4, 1);
+    tkd_model *g = load("gpt_oss_mxfp4", g_gpu);
+    assert_true(g->cfg.experts_mxfp4 && g->qexp); /* the experts stayed MXFP4 on the device */
+    tkd_model_free(g);
+    check_fixture("gpt_oss_mxfp4");
+}
 #endif
 
 /* Packed documents on CUDA (tkd_model_forward_docs): the fixture's two sequences cut into
- * documents, the GPU's hidden states against the CPU's under the same documents; training such a
- * batch is refused (the backward does not confine attention to documents yet), naming the option. */
+ * documents, the GPU's hidden states against the CPU's under the same documents (training on them:
+ * test_gpu_train's test_step_llama_documents). */
 static void test_documents(void **state)
 {
     (void)state;
@@ -183,7 +186,6 @@ static void test_documents(void **state)
         doc[n] = b == 0 ? (i >= 5 ? 5 : i >= 4 ? 4 : 0) : (i >= 7 ? 7 : 0);
     }
     assert_int_equal(g_gpu->attn_docs, 1);
-    assert_int_equal(g_gpu->attn_docs_bwd, 0);
     tkd_model *c = load("llama_gqa_f32", NULL), *g = load("llama_gqa_f32", g_gpu);
     const void *hc = NULL, *hg = NULL;
     assert_int_equal(tkd_model_forward_docs(c, in, doc, FIX_B, FIX_T, 0, &hc), TKD_OK);
@@ -197,13 +199,6 @@ static void test_documents(void **state)
     printf("llama_gqa_f32 with packed documents on cuda: hidden vs cpu %.3e\n", e);
     free(h);
     tkd_model_free(g);
-    tkd_model *t = NULL;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s%s", tkd_test_src("fixtures/hf/"), "llama_gqa_f32");
-    assert_int_equal(tkd_model_load_hf_for_training(dir, g_gpu, &t), TKD_OK);
-    assert_int_equal(tkd_model_forward_docs(t, in, doc, FIX_B, FIX_T, 1, NULL), TKD_ERR_UNSUPPORTED);
-    tkd_test_assert_msg_has("backward (training) does not confine queries to packed documents yet");
-    tkd_model_free(t);
     tkd_model_free(c);
 }
 

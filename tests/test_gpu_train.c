@@ -169,15 +169,19 @@ static void side_close(side *s)
     tkd_model_free(s->m);
 }
 
-/* zero_grad, forward, the loss (recompute mode), backward: returns the loss, gradients in m->grads. */
-static double side_step_grads(side *s, const tkd_kl_params *kp, const fix_batch *fb)
+/* zero_grad, forward (over packed documents where doc is not NULL), the loss (recompute mode),
+ * backward: returns the loss, gradients in m->grads. */
+static double side_step_grads_docs(side *s, const tkd_kl_params *kp, const fix_batch *fb, const int32_t *doc)
 {
     const tkd_backend_ops *op = s->be->op;
     tkd_kl_batch kb = kl_batch(fb, s->m->cfg.hidden_size);
     ok(tkd_model_zero_grad(s->m), "zero_grad");
     ok(op->kl_stage(s->be, s->kl, kp, &kb), "kl_stage");
     const void *hidden = NULL;
-    ok(tkd_model_forward(s->m, fb->inputs, FIX_B, FIX_T, 1, &hidden), "forward");
+    if (doc)
+        ok(tkd_model_forward_docs(s->m, fb->inputs, doc, FIX_B, FIX_T, 1, &hidden), "forward_docs");
+    else
+        ok(tkd_model_forward(s->m, fb->inputs, FIX_B, FIX_T, 1, &hidden), "forward");
     tkd_kl_result r;
     const void *w = tkd_model_lm_head_dev(s->m);
     float *dw = tkd_model_lm_head_grad(s->m);
@@ -186,6 +190,11 @@ static double side_step_grads(side *s, const tkd_kl_params *kp, const fix_batch 
     ok(tkd_model_backward(s->m, s->dh), "backward");
     ok(op->sync(s->be), "sync");
     return r.loss;
+}
+
+static double side_step_grads(side *s, const tkd_kl_params *kp, const fix_batch *fb)
+{
+    return side_step_grads_docs(s, kp, fb, NULL);
 }
 
 static float *side_grads(const side *s)
@@ -236,7 +245,8 @@ static void check_grads(const char *what, const tkd_model *m, const float *gg, c
 
 /* ---- 1. one step on the fixtures ------------------------------------------------------------------ */
 
-static void one_step(const char *fixture, tkd_kl_variant var, double alpha)
+/* One step on both backends (doc: packed documents, or NULL): loss and every gradient. */
+static void one_step_docs(const char *fixture, tkd_kl_variant var, double alpha, const int32_t *doc)
 {
     tkd_kl_params kp = tkd_test_kl_params(var, 1.0, alpha, FIX_K, FIX_K, 0);
     side c, g;
@@ -244,9 +254,10 @@ static void one_step(const char *fixture, tkd_kl_variant var, double alpha)
     side_open(&g, g_gpu, fixture, &kp);
     fix_batch fb;
     make_batch(&fb, c.m->cfg.vocab_size);
-    double lc = side_step_grads(&c, &kp, &fb), lg = side_step_grads(&g, &kp, &fb);
-    char what[128];
-    snprintf(what, sizeof what, "%s %s alpha %.1f", fixture, tkd_kl_variant_name(var), alpha);
+    double lc = side_step_grads_docs(&c, &kp, &fb, doc), lg = side_step_grads_docs(&g, &kp, &fb, doc);
+    char what[160];
+    snprintf(what, sizeof what, "%s %s alpha %.1f%s", fixture, tkd_kl_variant_name(var), alpha,
+             doc ? " packed documents" : "");
     printf("  %s: loss cpu %.6f cuda %.6f (relative %.2e, tolerance %.0e)\n", what, lc, lg, fabs(lg - lc) / fabs(lc),
            LOSS_RTOL);
     if (!tkd_test_close(lg, lc, 0, LOSS_RTOL))
@@ -259,6 +270,37 @@ static void one_step(const char *fixture, tkd_kl_variant var, double alpha)
     side_close(&g);
     side_close(&c);
 }
+
+static void one_step(const char *fixture, tkd_kl_variant var, double alpha)
+{
+    one_step_docs(fixture, var, alpha, NULL);
+}
+
+/* Training on packed documents (the masked attention backward): sequence 0 cut at 4 and 5 (a
+ * one-token document), sequence 1 at 7. The CPU computes the same documents, so a GPU backward
+ * that let a query see past its document's start would differ from it in every attention weight. */
+static void test_step_llama_documents(void **state)
+{
+    (void)state;
+    int32_t doc[FIX_N];
+    for (int n = 0; n < FIX_N; n++) {
+        int b = n / FIX_T, i = n % FIX_T;
+        doc[n] = b == 0 ? (i >= 5 ? 5 : i >= 4 ? 4 : 0) : (i >= 7 ? 7 : 0);
+    }
+    assert_int_equal(g_gpu->attn_docs_bwd, 1);
+    one_step_docs("llama_gqa_f32", TKD_KL_VARIANT_RENORM, 0.5, doc);
+}
+
+#ifdef TKD_HF_FIXTURES_QWEN3
+/* Training a model with a sliding window shorter than T (Qwen3 fixture: window 4 on layer 1,
+ * head dim 32; T 11): the masked attention backward against the CPU's. */
+static void test_step_qwen3_window(void **state)
+{
+    (void)state;
+    assert_int_equal(g_gpu->attn_window_bwd, 1);
+    one_step("qwen3_window_f32", TKD_KL_VARIANT_TAIL, 0.7);
+}
+#endif
 
 static void test_step_llama_renorm(void **state) { (void)state; one_step("llama_gqa_f32", TKD_KL_VARIANT_RENORM, 0.5); }
 static void test_step_llama_tail(void **state) { (void)state; one_step("llama_gqa_f32", TKD_KL_VARIANT_TAIL, 0.7); }
@@ -639,6 +681,10 @@ int main(void)
         cmocka_unit_test(test_step_llama_tail),
         cmocka_unit_test(test_step_qwen2_renorm),
         cmocka_unit_test(test_step_qwen2_bf16_tail),
+        cmocka_unit_test(test_step_llama_documents),
+#ifdef TKD_HF_FIXTURES_QWEN3
+        cmocka_unit_test(test_step_qwen3_window),
+#endif
         cmocka_unit_test(test_five_steps_llama),
         cmocka_unit_test(test_five_steps_qwen2),
         cmocka_unit_test(test_optimizer_ops_match_cpu),

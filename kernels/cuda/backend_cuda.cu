@@ -229,19 +229,6 @@ tkd_status cu_rope_fwd(tkd_backend *be, void *q, void *k, int N, int T, int H, i
 /* The flash kernel where it takes the head size, the simple one elsewhere (dh 16, 32, ...). */
 bool flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
 
-/* No backward kernel here masks a sliding window or documents yet (be->attn_window_bwd and
- * attn_docs_bwd are 0, so a training model refuses first). */
-tkd_status no_mask_bwd_yet(int window, int T, const int32_t *doc)
-{
-    if (window > 0 && window < T)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "attention backward: sliding window %d < sequence length %d is "
-                             "not implemented on the cuda backend yet", window, T);
-    if (doc)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "attention backward: packed documents (data.packing: documents) "
-                             "are not implemented on the cuda backend yet");
-    return TKD_OK;
-}
-
 /* A window shorter than T, documents or sinks: our kernels' masked forward (cuDNN's graph here has
  * none of them).
  * The masked kernels take fp32 sinks (H): the act (bf16) sinks are widened, exactly, into a small
@@ -397,13 +384,15 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
  * our flash backward (deterministic, mma.sync) where it takes the head size, the simple
  * deterministic kernels elsewhere. A choice that is absent or refuses the shape passes to the next;
  * "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all the fast ones row by row
- * to what bf16 arithmetic in a flash backward must cost, against a float64 reference. */
+ * to what bf16 arithmetic in a flash backward must cost, against a float64 reference.
+ * A window shorter than T or packed documents go straight to the simple kernels' masked variant
+ * (tests/test_gpu_attn_bwd_simple.c): none of the fast ones masks yet. */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
                        const void *saved, int B, int T, int H, int Hkv, int dh, int window, const int32_t *doc,
                        void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
-    TKD_TRY(no_mask_bwd_yet(window, T, doc));
+    const bool masked = (window > 0 && window < T) || doc; /* only the simple kernels mask, for now */
     const float *lse = static_cast<const float *>(saved);
     auto wgmma = [&]() -> tkd_status { /* TKD_ERR_UNSUPPORTED (message cleared) where it cannot run */
         tkd_status st = tkd_cuda_attn_bwd_sm90_supported(dh);
@@ -419,9 +408,9 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
         return st;
     };
     tkd_status st = TKD_ERR_UNSUPPORTED;
-    if (c->pol.attn_bwd == TKD_POLICY_ATTN_BWD_WGMMA && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
+    if (!masked && c->pol.attn_bwd == TKD_POLICY_ATTN_BWD_WGMMA && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
         return st;
-    if (c->cudnn && c->pol.attn_bwd != TKD_POLICY_ATTN_BWD_FLASH) { /* writes dq/dk/dv, as the op's contract asks */
+    if (!masked && c->cudnn && c->pol.attn_bwd != TKD_POLICY_ATTN_BWD_FLASH) { /* writes dq/dk/dv, as the op's contract asks */
         st = tkd_cudnn_attn_bwd(c->cudnn, static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
                                 static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh, static_cast<bf>(dq),
                                 static_cast<bf>(dk), static_cast<bf>(dv), c->stream);
@@ -429,14 +418,14 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
             return st;
         tkd_error_clear();
     }
-    if (c->pol.attn_bwd == TKD_POLICY_ATTN_BWD_CUDNN && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
+    if (!masked && c->pol.attn_bwd == TKD_POLICY_ATTN_BWD_CUDNN && (st = wgmma()) != TKD_ERR_UNSUPPORTED)
         return st;
     /* our other kernels add into dq/dk/dv: zero them first (the op overwrites) */
     size_t nq = (size_t)B * T * H * dh * 2, nkv = (size_t)B * T * Hkv * dh * 2;
     TKD_CUDA_CHECK(cudaMemsetAsync(dq, 0, nq, c->stream));
     TKD_CUDA_CHECK(cudaMemsetAsync(dk, 0, nkv, c->stream));
     TKD_CUDA_CHECK(cudaMemsetAsync(dv, 0, nkv, c->stream));
-    if (flash_takes(dh)) {
+    if (!masked && flash_takes(dh)) {
         TKD_TRY(attn_bwd_ws_fit(c, B, T, H, dh));
         return tkd_cuda_attn_bwd(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
                                  static_cast<cbf>(y), lse, B, T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk),
@@ -444,10 +433,11 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
     }
     TKD_TRY(grow(&c->attn_delta, tkd_cuda_attn_bwd_simple_ws_bytes(B, T, H), "attention backward scratch",
                  "lower train.batch_size or data.seq_len"));
-    return tkd_cuda_attn_bwd_simple(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
-                                    static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh,
-                                    static_cast<bf>(dq), static_cast<bf>(dk), static_cast<bf>(dv),
-                                    static_cast<float *>(c->attn_delta.p), c->stream);
+    const tkd_attn_mask mask = {window, nullptr, doc};
+    return tkd_cuda_attn_bwd_simple_masked(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
+                                           static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh,
+                                           masked ? &mask : nullptr, static_cast<bf>(dq), static_cast<bf>(dk),
+                                           static_cast<bf>(dv), static_cast<float *>(c->attn_delta.p), c->stream);
 }
 
 tkd_status cu_swiglu_bwd(tkd_backend *be, const void *dh, const void *g, const void *u, int64_t n, void *dg,
@@ -834,10 +824,10 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->host_addressable = 0;
     be->data_parallel = 1;
     be->attn_window = 1;     /* attn_fwd_window */
-    be->attn_window_bwd = 0; /* no backward kernel masks a window yet (no_mask_bwd_yet) */
+    be->attn_window_bwd = 1; /* cu_attn_bwd: the simple kernels' masked variant */
     be->attn_docs = 1;       /* attn_fwd_window */
-    be->attn_docs_bwd = 0;   /* nor documents (no_mask_bwd_yet) */
-    be->moe_mxfp4 = 0;       /* its MoE op takes bf16 experts: the model decodes MXFP4 ones at load */
+    be->attn_docs_bwd = 1;   /* the same */
+    be->moe_mxfp4 = 1;       /* moe_cuda.h decodes one layer's MXFP4 experts into bf16 scratch per call */
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);

@@ -19,9 +19,8 @@
  * Workspace (max_tokens · k rows): the gathered rows (D bf16), G and U (I fp32 each), h (I bf16),
  * O (D fp32): about max_tokens · k · (6 D + 10 I) bytes; a caller with more tokens calls in chunks.
  * With params.mxfp4 also one layer's experts decoded to bf16, 6·E·I·D bytes (6.4 GB at
- * gpt-oss-120b's shape), so a model keeps its experts in MXFP4 and only one layer in bf16. Not yet
- * offered on the seam (the CUDA backend's moe_mxfp4 is 0) until an H200 run verifies it
- * (tests/test_gpu_moe.c: test_mxfp4_experts).
+ * gpt-oss-120b's shape), so a model keeps its experts in MXFP4 and only one layer in bf16
+ * (tests/test_gpu_moe.c: test_mxfp4_experts holds it bit for bit to the bf16 op).
  *
  * Header usable from C; defined only in CUDA builds.
  */
