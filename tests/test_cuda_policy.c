@@ -42,6 +42,7 @@ static void expect_knobs(const tkd_cuda_policy *p, tkd_cuda_policy want)
     assert_int_equal(p->kl_grad, want.kl_grad);
     assert_int_equal(p->topk_fused, want.topk_fused);
     assert_int_equal(p->lmhead_sched, want.lmhead_sched);
+    assert_int_equal(p->moe_gemm, want.moe_gemm);
 }
 
 static void test_defaults(void **state)
@@ -53,7 +54,8 @@ static void test_defaults(void **state)
     assert_memory_equal(&p, &d, sizeof p);
     expect_knobs(&p, (tkd_cuda_policy){.attn_bwd = TKD_POLICY_ATTN_BWD_WGMMA, .cudnn = 1, .cudnn_bwd_nondet = 0,
                                        .kl_sm90 = 1, .kl_fused = 1, .kl_grad = TKD_POLICY_KL_GRAD_AUTO,
-                                       .topk_fused = 0, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_PINGPONG});
+                                       .topk_fused = 0, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_PINGPONG,
+                                       .moe_gemm = TKD_POLICY_MOE_GEMM_GROUPED});
     /* an empty variable is the default too (a shell's VAR= to clear it) */
     const char *const empty[] = {"TKD_ATTN_BWD", "", "TKD_KL_SM90", "", NULL};
     assert_int_equal(parse(empty, &p), TKD_OK);
@@ -67,16 +69,18 @@ static void test_every_value(void **state)
     tkd_cuda_policy p;
     const char *const env[] = {"TKD_ATTN_BWD", "flash", "TKD_CUDNN", "off", "TKD_CUDNN_BWD_NONDET", "1",
                                "TKD_KL_SM90", "0", "TKD_KL_FUSED", "off", "TKD_KL_GRAD_SM90", "both",
-                               "TKD_TOPK_FUSED", "on", "TKD_LMHEAD_SM90_SCHED", "coop", NULL};
+                               "TKD_TOPK_FUSED", "on", "TKD_LMHEAD_SM90_SCHED", "coop", "TKD_MOE_GEMM", "loop", NULL};
     assert_int_equal(parse(env, &p), TKD_OK);
     expect_knobs(&p, (tkd_cuda_policy){.attn_bwd = TKD_POLICY_ATTN_BWD_FLASH, .cudnn = 0, .cudnn_bwd_nondet = 1,
                                        .kl_sm90 = 0, .kl_fused = 0, .kl_grad = TKD_POLICY_KL_GRAD_BOTH,
-                                       .topk_fused = 1, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_COOP});
+                                       .topk_fused = 1, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_COOP,
+                                       .moe_gemm = TKD_POLICY_MOE_GEMM_LOOP});
     char buf[512];
     int n = tkd_cuda_policy_format(&p, buf, sizeof buf);
     assert_int_equal(n, (int)strlen(buf));
     assert_string_equal(buf, "TKD_ATTN_BWD=flash TKD_CUDNN=off TKD_CUDNN_BWD_NONDET=on TKD_KL_SM90=off "
-                             "TKD_KL_FUSED=off TKD_KL_GRAD_SM90=both TKD_TOPK_FUSED=on TKD_LMHEAD_SM90_SCHED=coop");
+                             "TKD_KL_FUSED=off TKD_KL_GRAD_SM90=both TKD_TOPK_FUSED=on TKD_LMHEAD_SM90_SCHED=coop "
+                             "TKD_MOE_GEMM=loop");
     /* truncation: the length it would have, a terminated prefix */
     char small[16];
     assert_int_equal(tkd_cuda_policy_format(&p, small, sizeof small), n);
@@ -138,7 +142,8 @@ static void test_append_note(void **state)
     assert_int_equal(tkd_cuda_policy_append_note(&p, &text), TKD_OK);
     assert_string_equal(text, "kd:\n  alpha: 1\n# CUDA kernel choices (docs/config.md): TKD_ATTN_BWD=wgmma "
                               "TKD_CUDNN=on TKD_CUDNN_BWD_NONDET=off TKD_KL_SM90=on TKD_KL_FUSED=on "
-                              "TKD_KL_GRAD_SM90=auto TKD_TOPK_FUSED=off TKD_LMHEAD_SM90_SCHED=pingpong\n");
+                              "TKD_KL_GRAD_SM90=auto TKD_TOPK_FUSED=off TKD_LMHEAD_SM90_SCHED=pingpong "
+                              "TKD_MOE_GEMM=grouped\n");
     free(text);
     text = NULL;
     assert_int_equal(tkd_cuda_policy_append_note(&p, &text), TKD_OK);
@@ -157,7 +162,7 @@ static void test_knob_table(void **state)
         assert_true(strlen(k->help) > 10);
         nondet += k->nondeterministic;
     }
-    assert_int_equal(n, 8);
+    assert_int_equal(n, 9);
     assert_int_equal(nondet, 1);
     assert_null(tkd_cuda_policy_knob(-1));
 }

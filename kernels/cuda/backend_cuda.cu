@@ -285,7 +285,11 @@ tkd_status cu_swiglu_fwd(tkd_backend *be, const void *g, const void *u, int64_t 
 
 tkd_status cu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_tokens, tkd_backend_moe **out)
 {
-    return tkd_cuda_moe_ws_create(reinterpret_cast<tkd_cuda_moe_ws **>(out), p, max_tokens, stream_of(be));
+    tkd_cuda_moe_ws *ws = nullptr;
+    TKD_TRY(tkd_cuda_moe_ws_create(&ws, p, max_tokens, stream_of(be)));
+    tkd_cuda_moe_ws_set_grouped(ws, impl(be)->pol.moe_gemm == TKD_POLICY_MOE_GEMM_GROUPED);
+    *out = reinterpret_cast<tkd_backend_moe *>(ws);
+    return TKD_OK;
 }
 
 void cu_moe_free(tkd_backend *be, tkd_backend_moe *m)

@@ -44,6 +44,12 @@ typedef enum tkd_policy_lmhead_sched {
     TKD_POLICY_LMHEAD_SCHED_COOP = 1,     /* both groups on one 128-row tile */
 } tkd_policy_lmhead_sched;
 
+/* How the MoE op runs its experts' GEMMs (TKD_MOE_GEMM). */
+typedef enum tkd_policy_moe_gemm {
+    TKD_POLICY_MOE_GEMM_GROUPED = 0, /* two grouped cuBLAS calls per layer (default) */
+    TKD_POLICY_MOE_GEMM_LOOP = 1,    /* one cuBLAS GEMM per expert and projection */
+} tkd_policy_moe_gemm;
+
 typedef struct tkd_cuda_policy {
     int attn_bwd;          /* tkd_policy_attn_bwd */
     int cudnn;             /* 1: cuDNN's attention where it takes the shape (default); 0: never */
@@ -53,6 +59,7 @@ typedef struct tkd_cuda_policy {
     int kl_grad;           /* tkd_policy_kl_grad */
     int topk_fused;        /* 1: the teacher's top-k in our GEMM's epilogue (slower today); 0 (default) */
     int lmhead_sched;      /* tkd_policy_lmhead_sched */
+    int moe_gemm;          /* tkd_policy_moe_gemm */
 } tkd_cuda_policy;
 
 /* The defaults: what runs when no variable is set. */

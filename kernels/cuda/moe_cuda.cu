@@ -1,6 +1,7 @@
-/* moe_cuda.cu — see moe_cuda.h. The first CUDA MoE: cuBLAS GEMMs per expert over the rows sorted
- * to it (issue 22 measures it against transformers; a grouped GEMM over all experts, and the
- * MXFP4 experts dequantised inside it, are the next steps). */
+/* moe_cuda.cu — see moe_cuda.h. cuBLAS GEMMs over the rows sorted to each expert: by default one
+ * grouped call (cublasGemmGroupedBatchedEx) for every expert's gate and up projections and one for
+ * the down projections, else (TKD_MOE_GEMM=loop, or a cuBLAS that refuses the grouped call) one
+ * GEMM per expert and projection. The MXFP4 experts dequantised inside the GEMM are the next step. */
 #include "kernels/cuda/moe_cuda.h"
 
 #include <cublas_v2.h>
@@ -11,6 +12,15 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
+
+static constexpr int kMoeMaxE = 1024; /* experts a layer may have (the router kernel's shared row) */
+
+/* cublasGemmGroupedBatchedEx's host arrays, one entry per group (an expert with rows). */
+struct tkd_cuda_moe_group_args {
+    cublasOperation_t ta[kMoeMaxE], tb[kMoeMaxE];
+    int m[kMoeMaxE], n[kMoeMaxE], k[kMoeMaxE], lda[kMoeMaxE], ldb[kMoeMaxE], ldc[kMoeMaxE], size[kMoeMaxE];
+    float alpha[kMoeMaxE], beta[kMoeMaxE];
+};
 
 struct tkd_cuda_moe_ws {
     tkd_moe_params p;
@@ -33,12 +43,19 @@ struct tkd_cuda_moe_ws {
     uint16_t *h;         /* (P, I) */
     float *o;            /* (P, D) */
     uint16_t *deq;       /* p.mxfp4: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I) W_down decoded to bf16 */
+    int grouped;         /* 1: the grouped calls (default); 0: a GEMM per expert */
+    /* The grouped calls' problem list, a layer at a time: 9·E pointers (A, B, C of 2 problems per
+     * expert for gate/up, then A, B, C of one per expert for down), staged in pinned host memory
+     * and copied to the device (cuBLAS reads them there); the per-group sizes stay on the host. */
+    const void **h_ptrs, **d_ptrs;
+    int *h_rows;         /* (E) rows of each group */
+    tkd_cuda_moe_group_args ga; /* the per-group arguments cuBLAS reads on the host */
 };
 
 namespace {
 
 constexpr int kRouteWarps = 4;
-constexpr int kMaxE = 1024, kMaxK = 16;
+constexpr int kMaxE = kMoeMaxE, kMaxK = 16;
 
 __device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((unsigned)x << 16); }
 __device__ __forceinline__ uint16_t f2bf(float x)
@@ -270,6 +287,10 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc((void **)&ws->row_of, P * 4, "moe: sort", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->counts, (size_t)p.E * 4, "moe: counts", h));
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_counts, (size_t)p.E * 4, "moe: counts"));
+    TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->d_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems", h));
+    if (!(ws->h_rows = (int *)malloc(sizeof(int) * (size_t)p.E)))
+        return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
     TKD_TRY(tkd_cuda_malloc((void **)&ws->xs, P * p.D * 2, "moe: gathered rows", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->g, P * p.inter * 4, "moe: gate", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->u, P * p.inter * 4, "moe: up", h));
@@ -288,7 +309,7 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
 }
 
 /* Per expert with rows: G, U = X_e W_gateᵀ, X_e W_upᵀ; then h for all rows; then O = h_e W_downᵀ. */
-tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
+tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
     const tkd_moe_params &p = ws->p;
     const int D = p.D, I = p.inter;
@@ -312,6 +333,75 @@ tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64
     return TKD_OK;
 }
 
+/* One grouped call over G groups of gs problems each (gs 1 or 2; group g's problems share its
+ * row count rows[g]): per problem, row-major C (rows, m) fp32 = B (rows, kd) bf16 · A (m, kd)
+ * bf16ᵀ, as gemm_nt. ptrs (device): the problems' A, then their B, then their C, G·gs each. */
+cublasStatus_t grouped_nt(tkd_cuda_moe_ws *ws, int G, int gs, const int *rows, int m, int kd, const void *const *ptrs)
+{
+    tkd_cuda_moe_group_args &a = ws->ga;
+    for (int g = 0; g < G; g++) {
+        a.ta[g] = CUBLAS_OP_T, a.tb[g] = CUBLAS_OP_N;
+        a.m[g] = m, a.n[g] = rows[g], a.k[g] = kd;
+        a.lda[g] = kd, a.ldb[g] = kd, a.ldc[g] = m;
+        a.size[g] = gs;
+        a.alpha[g] = 1.0f, a.beta[g] = 0.0f;
+    }
+    const int np = G * gs;
+    return cublasGemmGroupedBatchedEx(ws->blas, a.ta, a.tb, a.m, a.n, a.k, a.alpha, ptrs, CUDA_R_16BF, a.lda,
+                                      ptrs + np, CUDA_R_16BF, a.ldb, a.beta, (void *const *)(ptrs + 2 * np),
+                                      CUDA_R_32F, a.ldc, G, a.size, CUBLAS_COMPUTE_32F);
+}
+
+/* The experts' GEMMs as two grouped calls (gate and up together, then down), the activation
+ * between them. CUBLAS_STATUS_NOT_SUPPORTED from the first call (a cuBLAS without bf16 grouped
+ * GEMMs) leaves nothing written: the caller falls back to the loop. */
+tkd_status run_experts_grouped(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P, bool *refused)
+{
+    const tkd_moe_params &p = ws->p;
+    const int D = p.D, I = p.inter;
+    *refused = false;
+    int G = 0;
+    for (int e = 0; e < p.E; e++)
+        G += ws->h_counts[e] > 0;
+    const void **gu = ws->h_ptrs;            /* 6 G: A (gate, up per expert), then B, then C */
+    const void **dn = gu + 6 * G;            /* 3 G: A, B, C of the down projections */
+    int64_t r0 = 0;
+    for (int g = 0, e = 0; e < p.E; r0 += ws->h_counts[e], e++) {
+        if (ws->h_counts[e] == 0)
+            continue;
+        gu[2 * g] = w->w_gate + (int64_t)e * I * D, gu[2 * g + 1] = w->w_up + (int64_t)e * I * D;
+        gu[2 * G + 2 * g] = gu[2 * G + 2 * g + 1] = ws->xs + r0 * D;
+        gu[4 * G + 2 * g] = ws->g + r0 * I, gu[4 * G + 2 * g + 1] = ws->u + r0 * I;
+        dn[g] = w->w_down + (int64_t)e * D * I, dn[G + g] = ws->h + r0 * I, dn[2 * G + g] = ws->o + r0 * D;
+        ws->h_rows[g++] = ws->h_counts[e];
+    }
+    TKD_CUDA_CHECK(cudaMemcpyAsync(ws->d_ptrs, ws->h_ptrs, sizeof(void *) * 9 * (size_t)G, cudaMemcpyHostToDevice,
+                                   ws->stream));
+    cublasStatus_t st = grouped_nt(ws, G, 2, ws->h_rows, I, D, ws->d_ptrs);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+        *refused = true;
+        return TKD_OK;
+    }
+    TKD_CUBLAS_CHECK(st);
+    act_kernel<<<grid_for(P * I, 256), 256, 0, ws->stream>>>(ws->g, ws->u, ws->keys_sorted, w->b_gate, w->b_up, P, I,
+                                                             p, ws->h);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    TKD_CUBLAS_CHECK(grouped_nt(ws, G, 1, ws->h_rows, D, I, ws->d_ptrs + 6 * G));
+    return TKD_OK;
+}
+
+tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
+{
+    if (ws->grouped) {
+        bool refused = false;
+        TKD_TRY(run_experts_grouped(ws, w, P, &refused));
+        if (!refused)
+            return TKD_OK;
+        ws->grouped = 0; /* this cuBLAS has no bf16 grouped GEMM: the loop from now on */
+    }
+    return run_experts_loop(ws, w, P);
+}
+
 } // namespace
 
 extern "C" void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws)
@@ -321,10 +411,12 @@ extern "C" void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws)
     if (ws->blas)
         (void)cublasDestroy(ws->blas);
     void *bufs[] = {ws->logits, ws->sel, ws->wts, ws->pair_iota, ws->keys_sorted, ws->pair_of, ws->row_of,
-                    ws->counts, ws->xs, ws->g, ws->u, ws->h, ws->o, ws->sort_tmp, ws->deq};
+                    ws->counts, ws->xs, ws->g, ws->u, ws->h, ws->o, ws->sort_tmp, ws->deq, (void *)ws->d_ptrs};
     for (void *b : bufs)
         tkd_cuda_free(b);
     tkd_cuda_free_host(ws->h_counts);
+    tkd_cuda_free_host(ws->h_ptrs);
+    free(ws->h_rows);
     free(ws);
 }
 
@@ -343,6 +435,7 @@ extern "C" tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_mo
         return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
     ws->p = *p;
     ws->max_tokens = max_tokens;
+    ws->grouped = 1;
     ws->stream = (cudaStream_t)stream;
     tkd_status st = ws_alloc(ws);
     if (st != TKD_OK) {
@@ -352,6 +445,10 @@ extern "C" tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_mo
     *out = ws;
     return TKD_OK;
 }
+
+extern "C" void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped) { ws->grouped = grouped != 0; }
+
+extern "C" int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws) { return ws->grouped; }
 
 extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, const uint16_t *x, int N,
                                        uint16_t *y, int32_t *experts, float *weights)

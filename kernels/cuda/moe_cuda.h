@@ -58,6 +58,13 @@ typedef struct tkd_cuda_moe_ws tkd_cuda_moe_ws;
 tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_moe_params *p, int max_tokens, void *stream);
 void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws); /* NULL is a no-op */
 
+/* How the experts' GEMMs run (cuda_policy.h's TKD_MOE_GEMM): 1 (the default) two grouped cuBLAS
+ * calls a layer, 0 one GEMM per expert and projection. tkd_cuda_moe_ws_grouped says which runs: a
+ * cuBLAS that refuses the grouped call (CUBLAS_STATUS_NOT_SUPPORTED) turns it to 0 at the first
+ * call. Both give results within the op's tolerance, not the same bits (cuBLAS picks its kernels). */
+void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped);
+int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws);
+
 /* y (N, D) bf16 = MoE(x (N, D) bf16), 0 ≤ N ≤ max_tokens; experts, weights (N, k) on the device
  * receive the routing when not NULL (largest weight first). y may not alias x. Returns after the
  * counts are on the host; the rest is enqueued. */
