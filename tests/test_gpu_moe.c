@@ -145,7 +145,7 @@ static void run_case(const mcase *c, int grouped)
     int near = 0;
     char what[160];
     snprintf(what, sizeof what, "%s: y against the float64 reference", c->what);
-    const tkd_test_tol tol = {0.0, 1e-2, "bf16 h before the down projection and bf16 y (2^-9 each), fp32 sums"};
+    const tkd_test_tol tol = {0.0, 1e-2, "bf16 G, U, h, O and y (2^-9 each), fp32 accumulation"};
     tkd_test_check chk;
     tkd_test_check_begin(&chk, what, tol, tkd_test_where_rowcol, &D);
     for (size_t n = 0; n < N; n++) {

@@ -39,9 +39,9 @@ struct tkd_cuda_moe_ws {
     void *sort_tmp;
     size_t sort_bytes;
     uint16_t *xs;        /* (P, D) gathered rows */
-    float *g, *u;        /* (P, I) each */
+    uint16_t *g, *u;     /* (P, I) bf16 each */
     uint16_t *h;         /* (P, I) */
-    float *o;            /* (P, D) */
+    uint16_t *o;         /* (P, D) bf16 */
     uint16_t *deq;       /* p.mxfp4: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I) W_down decoded to bf16 */
     int grouped;         /* 1: the grouped calls (default); 0: a GEMM per expert */
     /* The grouped calls' problem list, a layer at a time: 9·E pointers (A, B, C of 2 problems per
@@ -178,15 +178,15 @@ __global__ void gather_kernel(const uint16_t *x, const int32_t *pair_of, int64_t
 }
 
 /* h = act(g + b_g, u + b_u) as bf16 for every sorted row (its expert from the sort's keys). */
-__global__ void act_kernel(const float *g, const float *u, const int32_t *expert_of, const uint16_t *bg,
+__global__ void act_kernel(const uint16_t *g, const uint16_t *u, const int32_t *expert_of, const uint16_t *bg,
                            const uint16_t *bu, int64_t P, int I, tkd_moe_params p, uint16_t *h)
 {
     const int64_t n = P * I;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / I;
         const int c = (int)(i % I), e = expert_of[r];
-        float gv = g[i] + (bg ? bf2f(bg[(int64_t)e * I + c]) : 0.0f);
-        float uv = u[i] + (bu ? bf2f(bu[(int64_t)e * I + c]) : 0.0f);
+        float gv = bf2f(g[i]) + (bg ? bf2f(bg[(int64_t)e * I + c]) : 0.0f);
+        float uv = bf2f(u[i]) + (bu ? bf2f(bu[(int64_t)e * I + c]) : 0.0f);
         float out;
         if (p.act == TKD_MOE_ACT_SWIGLU) {
             out = gv / (1.0f + expf(-gv)) * uv;
@@ -201,7 +201,7 @@ __global__ void act_kernel(const float *g, const float *u, const int32_t *expert
 
 /* y[n] = Σ_j w_j (o[row_j] + b_down[e_j]) over the token's slots in increasing expert order, fp32,
  * one block per token. */
-__global__ void combine_kernel(const float *o, const int32_t *sel, const float *wts, const int32_t *row_of,
+__global__ void combine_kernel(const uint16_t *o, const int32_t *sel, const float *wts, const int32_t *row_of,
                                const uint16_t *bd, int k, int D, uint16_t *y)
 {
     const int64_t n = blockIdx.x;
@@ -220,7 +220,7 @@ __global__ void combine_kernel(const float *o, const int32_t *sel, const float *
         float acc = 0.0f;
         for (int jj = 0; jj < k; jj++) {
             const int j = order[jj], e = sel[n * k + j];
-            const float ov = o[(int64_t)row_of[n * k + j] * D + d] + (bd ? bf2f(bd[(int64_t)e * D + d]) : 0.0f);
+            const float ov = bf2f(o[(int64_t)row_of[n * k + j] * D + d]) + (bd ? bf2f(bd[(int64_t)e * D + d]) : 0.0f);
             acc += wts[n * k + j] * ov;
         }
         y[n * D + d] = f2bf(acc);
@@ -262,12 +262,14 @@ int bits_for(int E)
     return b;
 }
 
-/* c (m, n) fp32 row-major = a (m, kd) bf16 row-major · b (n, kd) bf16 row-majorᵀ */
-tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m, int n, int kd, float *c)
+/* c (m, n) row-major, of type ct (fp32 or bf16) = a (m, kd) bf16 row-major · b (n, kd) bf16 row-majorᵀ,
+ * fp32 accumulation */
+tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m, int n, int kd, void *c,
+                   cudaDataType_t ct)
 {
     const float one = 1.0f, zero = 0.0f;
     TKD_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, kd, &one, b, CUDA_R_16BF, kd, a, CUDA_R_16BF, kd,
-                                  &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                  &zero, c, ct, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return TKD_OK;
 }
 
@@ -292,10 +294,10 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     if (!(ws->h_rows = (int *)malloc(sizeof(int) * (size_t)p.E)))
         return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
     TKD_TRY(tkd_cuda_malloc((void **)&ws->xs, P * p.D * 2, "moe: gathered rows", h));
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->g, P * p.inter * 4, "moe: gate", h));
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->u, P * p.inter * 4, "moe: up", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->g, P * p.inter * 2, "moe: gate", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->u, P * p.inter * 2, "moe: up", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->h, P * p.inter * 2, "moe: activations", h));
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->o, P * p.D * 4, "moe: expert outputs", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->o, P * p.D * 2, "moe: expert outputs", h));
     if (p.mxfp4)
         TKD_TRY(tkd_cuda_malloc((void **)&ws->deq, (size_t)3 * p.E * p.inter * p.D * 2, "moe: one layer's MXFP4 "
                                 "experts decoded to bf16", "the experts of one layer must fit in bf16 beside the model"));
@@ -318,8 +320,10 @@ tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
         const int c = ws->h_counts[e];
         if (c == 0)
             continue;
-        TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_gate + (int64_t)e * I * D, c, I, D, ws->g + r0 * I));
-        TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_up + (int64_t)e * I * D, c, I, D, ws->u + r0 * I));
+        TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_gate + (int64_t)e * I * D, c, I, D, ws->g + r0 * I,
+                        CUDA_R_16BF));
+        TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_up + (int64_t)e * I * D, c, I, D, ws->u + r0 * I,
+                        CUDA_R_16BF));
     }
     act_kernel<<<grid_for(P * I, 256), 256, 0, ws->stream>>>(ws->g, ws->u, ws->keys_sorted, w->b_gate, w->b_up, P, I,
                                                              p, ws->h);
@@ -328,14 +332,15 @@ tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
     for (int e = 0; e < p.E; r0 += ws->h_counts[e], e++) {
         const int c = ws->h_counts[e];
         if (c > 0)
-            TKD_TRY(gemm_nt(ws->blas, ws->h + r0 * I, w->w_down + (int64_t)e * D * I, c, D, I, ws->o + r0 * D));
+            TKD_TRY(gemm_nt(ws->blas, ws->h + r0 * I, w->w_down + (int64_t)e * D * I, c, D, I, ws->o + r0 * D,
+                            CUDA_R_16BF));
     }
     return TKD_OK;
 }
 
 /* One grouped call over G groups of gs problems each (gs 1 or 2; group g's problems share its
- * row count rows[g]): per problem, row-major C (rows, m) fp32 = B (rows, kd) bf16 · A (m, kd)
- * bf16ᵀ, as gemm_nt. ptrs (device): the problems' A, then their B, then their C, G·gs each. */
+ * row count rows[g]): per problem, row-major C (rows, m) bf16 = B (rows, kd) bf16 · A (m, kd)
+ * bf16ᵀ, as gemm_nt (cuBLAS 13.0 takes bf16 in and out, not bf16 in and fp32 out). ptrs (device): the problems' A, then their B, then their C, G·gs each. */
 cublasStatus_t grouped_nt(tkd_cuda_moe_ws *ws, int G, int gs, const int *rows, int m, int kd, const void *const *ptrs)
 {
     tkd_cuda_moe_group_args &a = ws->ga;
@@ -349,7 +354,7 @@ cublasStatus_t grouped_nt(tkd_cuda_moe_ws *ws, int G, int gs, const int *rows, i
     const int np = G * gs;
     return cublasGemmGroupedBatchedEx(ws->blas, a.ta, a.tb, a.m, a.n, a.k, a.alpha, ptrs, CUDA_R_16BF, a.lda,
                                       ptrs + np, CUDA_R_16BF, a.ldb, a.beta, (void *const *)(ptrs + 2 * np),
-                                      CUDA_R_32F, a.ldc, G, a.size, CUBLAS_COMPUTE_32F);
+                                      CUDA_R_16BF, a.ldc, G, a.size, CUBLAS_COMPUTE_32F);
 }
 
 /* The experts' GEMMs as two grouped calls (gate and up together, then down), the activation
@@ -460,7 +465,7 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
         return TKD_OK;
     const int64_t P = (int64_t)N * p.k;
     cudaStream_t s = ws->stream;
-    TKD_TRY(gemm_nt(ws->blas, x, w->router_w, N, p.E, p.D, ws->logits));
+    TKD_TRY(gemm_nt(ws->blas, x, w->router_w, N, p.E, p.D, ws->logits, CUDA_R_32F));
     route_kernel<<<(N + kRouteWarps - 1) / kRouteWarps, 32 * kRouteWarps, 0, s>>>(ws->logits, w->router_b, N, p,
                                                                                   ws->sel, ws->wts);
     TKD_CUDA_CHECK(cudaGetLastError());

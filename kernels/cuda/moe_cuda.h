@@ -11,13 +11,14 @@
  *   3. the (token, slot) pairs sorted by expert (CUB's stable radix sort: deterministic), the
  *      tokens' rows gathered in that order, and the per-expert counts copied to the host (the one
  *      synchronisation of a call: the GEMMs' shapes);
- *   4. per expert with rows: G and U (rows, I) fp32 = X_e W_gateᵀ, X_e W_upᵀ (cuBLAS), then
- *      h = act(G + b_g, U + b_u) as bf16 (the dense MLP's rounding point), then
- *      O (rows, D) fp32 = h W_downᵀ;
+ *   4. per expert with rows: G and U (rows, I) bf16 = X_e W_gateᵀ, X_e W_upᵀ (fp32 accumulation,
+ *      rounded once, as a bf16 linear layer in transformers), then h = act(G + b_g, U + b_u) in
+ *      fp32, rounded to bf16, then O (rows, D) bf16 = h W_downᵀ. All experts' gate and up
+ *      products are one grouped cuBLAS call, their down products another (see below);
  *   5. per token y = Σ_j w_j · (O_j + b_down) over its k slots in increasing expert order, fp32,
  *      rounded once to bf16.
- * Workspace (max_tokens · k rows): the gathered rows (D bf16), G and U (I fp32 each), h (I bf16),
- * O (D fp32): about max_tokens · k · (6 D + 10 I) bytes; a caller with more tokens calls in chunks.
+ * Workspace (max_tokens · k rows): the gathered rows (D bf16), G, U and h (I bf16 each), O (D bf16):
+ * about max_tokens · k · (4 D + 6 I) bytes; a caller with more tokens calls in chunks.
  * With params.mxfp4 also one layer's experts decoded to bf16, 6·E·I·D bytes (6.4 GB at
  * gpt-oss-120b's shape), so a model keeps its experts in MXFP4 and only one layer in bf16
  * (tests/test_gpu_moe.c: test_mxfp4_experts holds it bit for bit to the bf16 op).
@@ -61,9 +62,11 @@ void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws); /* NULL is a no-op */
 /* How the experts' GEMMs run (cuda_policy.h's TKD_MOE_GEMM): 1 (the default) two grouped cuBLAS
  * calls a layer, 0 one GEMM per expert and projection. tkd_cuda_moe_ws_grouped says which runs: a
  * cuBLAS that refuses the grouped call (CUBLAS_STATUS_NOT_SUPPORTED) turns it to 0 at the first
- * call. Both give results within the op's tolerance, not the same bits (cuBLAS picks its kernels). */
+ * call. Both give results within the op's tolerance, not necessarily the same bits (cuBLAS picks
+ * its kernels). */
 void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped);
 int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws);
+
 
 /* y (N, D) bf16 = MoE(x (N, D) bf16), 0 ≤ N ≤ max_tokens; experts, weights (N, k) on the device
  * receive the routing when not NULL (largest weight first). y may not alias x. Returns after the

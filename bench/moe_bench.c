@@ -1,0 +1,178 @@
+/* moe_bench.c — the CUDA MoE op (kernels/cuda/moe_cuda.h) at a real layer's shape, against the
+ * plain cuBLAS GEMMs of the same FLOPs (a program, not a test; CUDA builds only).
+ *
+ * The floor: the gate and up projections of all N·k routed rows as one GEMM (N·k, D)·(2I, D)ᵀ,
+ * and the down projection as one (N·k, I)·(D, I)ᵀ, bf16 in, fp32 out: the work of a perfectly
+ * balanced grouped GEMM. Each mode: the median wall time of --reps calls (each call ends with a
+ * stream sync; the op itself syncs once for the routing counts), after 2 untimed ones:
+ *   same   the same input every call (identical routing: every GEMM shape seen before);
+ *   fresh  one of 4 inputs in turn (the routing, so each expert's row count, changes every call, as
+ *          it does from layer to layer and batch to batch in a dump).
+ * Rows: the grouped calls (the default, where this cuBLAS takes them) and the loop of per-expert
+ * GEMMs (TKD_MOE_GEMM=loop). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
+ * 15 = CUBLAS_STATUS_NOT_SUPPORTED).
+ *
+ *   moe_bench [--shape D:I:E:k:N] [--reps 10]     (default 2048:768:128:8:8192, Qwen3-30B-A3B)
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "common/status.h"
+#include "kernels/cuda/moe_cuda.h"
+
+int moe_bench_randn(uint16_t *p, size_t n, float std, uint64_t seed);
+int moe_bench_gemm(void *blas, const uint16_t *a, const uint16_t *b, int m, int n, int kd, float *c);
+int moe_bench_grouped_probe(void *blas, int ab, int c);
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "moe_bench: %s: %s\n", what, msg);
+    exit(1);
+}
+
+static void *dev(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess)
+        die("cudaMalloc", "out of device memory");
+    return p;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct setup {
+    tkd_moe_params p;
+    int N, reps;
+    tkd_cuda_moe_weights w;
+    uint16_t *x[4], *y;
+} setup;
+
+/* Median ms of reps calls (fresh: the inputs in turn), or -1 when the mode did not run as asked. */
+static double time_op(const setup *s, int grouped, int fresh)
+{
+    tkd_cuda_moe_ws *ws = NULL;
+    if (tkd_cuda_moe_ws_create(&ws, &s->p, s->N, NULL) != TKD_OK)
+        die("tkd_cuda_moe_ws_create", tkd_error_msg());
+    tkd_cuda_moe_ws_set_grouped(ws, grouped);
+    double *ms = malloc(sizeof(double) * (size_t)s->reps);
+    for (int i = -2; i < s->reps; i++) {
+        const double t0 = now_ms();
+        if (tkd_cuda_moe_fwd(ws, &s->w, s->x[fresh ? (i + 2) % 4 : 0], s->N, s->y, NULL, NULL) != TKD_OK)
+            die("tkd_cuda_moe_fwd", tkd_error_msg());
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            die("cudaDeviceSynchronize", "failed");
+        if (i >= 0)
+            ms[i] = now_ms() - t0;
+    }
+    const int ran = tkd_cuda_moe_ws_grouped(ws) == grouped;
+    tkd_cuda_moe_ws_free(ws);
+    qsort(ms, (size_t)s->reps, sizeof(double), cmp_double);
+    const double med = ms[s->reps / 2];
+    free(ms);
+    return ran ? med : -1.0;
+}
+
+/* Median ms of the floor's two GEMMs over the N·k routed rows. */
+static double time_floor(const setup *s, void *blas)
+{
+    const int P = s->N * s->p.k, D = s->p.D, I = s->p.inter;
+    uint16_t *xs = dev((size_t)P * (D > I ? D : I) * 2);
+    float *c = dev((size_t)P * (2 * I > D ? 2 * I : D) * 4);
+    if (moe_bench_randn(xs, (size_t)P * (D > I ? D : I), 1.0f, 99))
+        die("randn", "failed");
+    double *ms = malloc(sizeof(double) * (size_t)s->reps);
+    for (int i = -2; i < s->reps; i++) {
+        cudaDeviceSynchronize();
+        const double t0 = now_ms();
+        /* w_gate and w_up lie back to back for expert 0 onward: (2I, D) rows of the same stack */
+        if (moe_bench_gemm(blas, xs, s->w.w_gate, P, 2 * I, D, c) || moe_bench_gemm(blas, xs, s->w.w_down, P, D, I, c))
+            die("cublasGemmEx", "failed");
+        cudaDeviceSynchronize();
+        if (i >= 0)
+            ms[i] = now_ms() - t0;
+    }
+    qsort(ms, (size_t)s->reps, sizeof(double), cmp_double);
+    const double med = ms[s->reps / 2];
+    free(ms);
+    cudaFree(xs);
+    cudaFree(c);
+    return med;
+}
+
+int main(int argc, char **argv)
+{
+    int D = 2048, I = 768, E = 128, k = 8, N = 8192, reps = 10;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d:%d:%d:%d:%d", &D, &I, &E, &k, &N) != 5)
+                die("--shape", "expected D:I:E:k:N");
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: moe_bench [--shape D:I:E:k:N] [--reps 10]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || D < 1 || I < 1 || E < 2 || k < 1 || k > E || N < 1)
+        die("arguments", "need reps, D, I, N ≥ 1, E ≥ 2, 1 ≤ k ≤ E");
+    cublasHandle_t blas;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS)
+        die("cublasCreate", "failed");
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("moe_bench: %s; D %d, I %d, E %d, k %d, N %d; median of %d calls (wall, each synced)\n\n", prop.name, D, I,
+           E, k, N, reps);
+    static const char *const kType[3] = {"bf16", "fp16", "fp32"};
+    printf("cublasGemmGroupedBatchedEx status (0 ok, 15 not supported), compute 32F:");
+    for (int ab = 0; ab < 3; ab++)
+        for (int c = 0; c < 3; c++)
+            if (c >= ab || c == 2)
+                printf(" %s->%s %d;", kType[ab], kType[c], moe_bench_grouped_probe(blas, ab, c));
+    printf("\n\n");
+
+    setup s = {.p = tkd_moe_params_qwen3(D, I, E, k, 1), .N = N, .reps = reps};
+    const size_t nw = (size_t)E * I * D;
+    uint16_t *w = dev(3 * nw * 2), *router = dev((size_t)E * D * 2);
+    if (moe_bench_randn(w, 3 * nw, 0.02f, 1) || moe_bench_randn(router, (size_t)E * D, 0.02f, 2))
+        die("randn", "failed");
+    s.w = (tkd_cuda_moe_weights){.router_w = router, .w_gate = w, .w_up = w + nw, .w_down = w + 2 * nw};
+    for (int i = 0; i < 4; i++) {
+        s.x[i] = dev((size_t)N * D * 2);
+        if (moe_bench_randn(s.x[i], (size_t)N * D, 1.0f, 10 + (uint64_t)i))
+            die("randn", "failed");
+    }
+    s.y = dev((size_t)N * D * 2);
+    const double fl = time_floor(&s, blas);
+    const double flop = 2.0 * N * k * 3.0 * I * D;
+    printf("| GEMMs | same ms | fresh ms | fresh / floor | TFLOP/s (fresh) |\n|---|---:|---:|---:|---:|\n");
+    printf("| floor: 2 plain GEMMs over N·k rows | %.3f | - | 1.00 | %.0f |\n", fl, flop / (fl * 1e9));
+    for (int grouped = 1; grouped >= 0; grouped--) {
+        const char *name = grouped ? "grouped (2 cuBLAS calls)" : "loop (3·E cuBLAS calls)";
+        const double same = time_op(&s, grouped, 0);
+        if (same < 0) {
+            printf("| %s | refused by this cuBLAS | | | |\n", name);
+            continue;
+        }
+        const double fresh = time_op(&s, grouped, 1);
+        printf("| %s | %.3f | %.3f | %.2f | %.0f |\n", name, same, fresh, fresh / fl, flop / (fresh * 1e9));
+    }
+    cublasDestroy(blas);
+    return 0;
+}
