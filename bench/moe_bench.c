@@ -6,10 +6,11 @@
  * balanced grouped GEMM. Each mode: the median wall time of --reps calls (each call ends with a
  * stream sync; the op itself syncs once for the routing counts), after 2 untimed ones:
  *   same   the same input every call (identical routing: every GEMM shape seen before);
- *   fresh  one of 4 inputs in turn (the routing, so each expert's row count, changes every call, as
- *          it does from layer to layer and batch to batch in a dump).
- * Rows: the grouped calls (the default, where this cuBLAS takes them) and the loop of per-expert
- * GEMMs (TKD_MOE_GEMM=loop). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
+ *   fresh  a new random input before each call (untimed): the routing, so each expert's row count,
+ *          is new every call, as from layer to layer and batch to batch in a dump.
+ * Rows: the grouped calls (where this cuBLAS takes them) and the loop of per-expert GEMMs, with
+ * exact row counts and with each rounded up to 128 (tkd_cuda_moe_ws_set_pad), and auto (the
+ * backend's default: per call, from the counts). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
  * 15 = CUBLAS_STATUS_NOT_SUPPORTED).
  *
  *   moe_bench [--shape D:I:E:k:N] [--reps 10]     (default 2048:768:128:8:8192, Qwen3-30B-A3B)
@@ -61,27 +62,31 @@ typedef struct setup {
     tkd_moe_params p;
     int N, reps;
     tkd_cuda_moe_weights w;
-    uint16_t *x[4], *y;
+    uint16_t *x[2], *y; /* x[0] the same input every call; x[1] drawn anew before each */
 } setup;
 
 /* Median ms of reps calls (fresh: the inputs in turn), or -1 when the mode did not run as asked. */
-static double time_op(const setup *s, int grouped, int fresh)
+static double time_op(const setup *s, int grouped, int pad, int fresh)
 {
     tkd_cuda_moe_ws *ws = NULL;
     if (tkd_cuda_moe_ws_create(&ws, &s->p, s->N, NULL) != TKD_OK)
         die("tkd_cuda_moe_ws_create", tkd_error_msg());
     tkd_cuda_moe_ws_set_grouped(ws, grouped);
+    if (tkd_cuda_moe_ws_set_pad(ws, pad) != TKD_OK)
+        die("tkd_cuda_moe_ws_set_pad", tkd_error_msg());
     double *ms = malloc(sizeof(double) * (size_t)s->reps);
     for (int i = -2; i < s->reps; i++) {
+        if (fresh && moe_bench_randn(s->x[1], (size_t)s->N * s->p.D, 1.0f, 1000 + (uint64_t)i)) /* untimed */
+            die("randn", "failed");
         const double t0 = now_ms();
-        if (tkd_cuda_moe_fwd(ws, &s->w, s->x[fresh ? (i + 2) % 4 : 0], s->N, s->y, NULL, NULL) != TKD_OK)
+        if (tkd_cuda_moe_fwd(ws, &s->w, s->x[fresh], s->N, s->y, NULL, NULL) != TKD_OK)
             die("tkd_cuda_moe_fwd", tkd_error_msg());
         if (cudaDeviceSynchronize() != cudaSuccess)
             die("cudaDeviceSynchronize", "failed");
         if (i >= 0)
             ms[i] = now_ms() - t0;
     }
-    const int ran = tkd_cuda_moe_ws_grouped(ws) == grouped;
+    const int ran = grouped < 0 || tkd_cuda_moe_ws_grouped(ws) == grouped;
     tkd_cuda_moe_ws_free(ws);
     qsort(ms, (size_t)s->reps, sizeof(double), cmp_double);
     const double med = ms[s->reps / 2];
@@ -153,7 +158,7 @@ int main(int argc, char **argv)
     if (moe_bench_randn(w, 3 * nw, 0.02f, 1) || moe_bench_randn(router, (size_t)E * D, 0.02f, 2))
         die("randn", "failed");
     s.w = (tkd_cuda_moe_weights){.router_w = router, .w_gate = w, .w_up = w + nw, .w_down = w + 2 * nw};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 2; i++) {
         s.x[i] = dev((size_t)N * D * 2);
         if (moe_bench_randn(s.x[i], (size_t)N * D, 1.0f, 10 + (uint64_t)i))
             die("randn", "failed");
@@ -163,15 +168,17 @@ int main(int argc, char **argv)
     const double flop = 2.0 * N * k * 3.0 * I * D;
     printf("| GEMMs | same ms | fresh ms | fresh / floor | TFLOP/s (fresh) |\n|---|---:|---:|---:|---:|\n");
     printf("| floor: 2 plain GEMMs over N·k rows | %.3f | - | 1.00 | %.0f |\n", fl, flop / (fl * 1e9));
-    for (int grouped = 1; grouped >= 0; grouped--) {
-        const char *name = grouped ? "grouped (2 cuBLAS calls)" : "loop (3·E cuBLAS calls)";
-        const double same = time_op(&s, grouped, 0);
+    static const struct { int grouped, pad; const char *name; } kModes[] = {
+        {1, 1, "grouped (2 cuBLAS calls)"}, {0, 1, "loop (3·E calls), exact rows"}, {0, 128, "loop, rows to 128"},
+        {-1, 128, "auto (the default)"}};
+    for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++) {
+        const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, 0);
         if (same < 0) {
-            printf("| %s | refused by this cuBLAS | | | |\n", name);
+            printf("| %s | refused by this cuBLAS | | | |\n", kModes[m].name);
             continue;
         }
-        const double fresh = time_op(&s, grouped, 1);
-        printf("| %s | %.3f | %.3f | %.2f | %.0f |\n", name, same, fresh, fresh / fl, flop / (fresh * 1e9));
+        const double fresh = time_op(&s, kModes[m].grouped, kModes[m].pad, 1);
+        printf("| %s | %.3f | %.3f | %.2f | %.0f |\n", kModes[m].name, same, fresh, fresh / fl, flop / (fresh * 1e9));
     }
     cublasDestroy(blas);
     return 0;

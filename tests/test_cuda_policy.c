@@ -55,7 +55,7 @@ static void test_defaults(void **state)
     expect_knobs(&p, (tkd_cuda_policy){.attn_bwd = TKD_POLICY_ATTN_BWD_WGMMA, .cudnn = 1, .cudnn_bwd_nondet = 0,
                                        .kl_sm90 = 1, .kl_fused = 1, .kl_grad = TKD_POLICY_KL_GRAD_AUTO,
                                        .topk_fused = 0, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_PINGPONG,
-                                       .moe_gemm = TKD_POLICY_MOE_GEMM_GROUPED});
+                                       .moe_gemm = TKD_POLICY_MOE_GEMM_AUTO});
     /* an empty variable is the default too (a shell's VAR= to clear it) */
     const char *const empty[] = {"TKD_ATTN_BWD", "", "TKD_KL_SM90", "", NULL};
     assert_int_equal(parse(empty, &p), TKD_OK);
@@ -143,7 +143,7 @@ static void test_append_note(void **state)
     assert_string_equal(text, "kd:\n  alpha: 1\n# CUDA kernel choices (docs/config.md): TKD_ATTN_BWD=wgmma "
                               "TKD_CUDNN=on TKD_CUDNN_BWD_NONDET=off TKD_KL_SM90=on TKD_KL_FUSED=on "
                               "TKD_KL_GRAD_SM90=auto TKD_TOPK_FUSED=off TKD_LMHEAD_SM90_SCHED=pingpong "
-                              "TKD_MOE_GEMM=grouped\n");
+                              "TKD_MOE_GEMM=auto\n");
     free(text);
     text = NULL;
     assert_int_equal(tkd_cuda_policy_append_note(&p, &text), TKD_OK);

@@ -101,8 +101,11 @@ static int clear_route(const mcase *c, const double *s)
     return ok;
 }
 
-/* One case with the experts' GEMMs grouped (two cuBLAS calls a layer) or in a loop per expert. */
-static void run_case(const mcase *c, int grouped)
+/* One case with the experts' GEMMs grouped (two cuBLAS calls a layer), in a loop per expert or
+ * auto (grouped -1),
+ * each expert's rows rounded up to a multiple of pad (the spill into the next expert's rows must
+ * not show). */
+static void run_case(const mcase *c, int grouped, int pad)
 {
     const tkd_moe_params p = c->qwen ? tkd_moe_params_qwen3(c->D, c->I, c->E, c->k, c->norm)
                                      : tkd_moe_params_gpt_oss(c->D, c->I, c->E, c->k, 7.0f);
@@ -122,6 +125,7 @@ static void run_case(const mcase *c, int grouped)
     tkd_cuda_moe_ws *ws_ = NULL;
     assert_int_equal(tkd_cuda_moe_ws_create(&ws_, &p, c->N + 3, NULL), TKD_OK);
     tkd_cuda_moe_ws_set_grouped(ws_, grouped);
+    assert_int_equal(tkd_cuda_moe_ws_set_pad(ws_, pad), TKD_OK);
     const tkd_cuda_moe_weights cw = {rw.d, rb.d, wg.d, wu.d, wdn.d, bg.d, bu.d, bd.d, {{NULL}, {NULL}}};
     uint16_t *dy = tkd_test_dev_alloc(2 * N * D), *dy2 = tkd_test_dev_alloc(2 * N * D);
     int32_t *de = tkd_test_dev_alloc(4 * N * k);
@@ -131,9 +135,10 @@ static void run_case(const mcase *c, int grouped)
         fail_msg("%s: %s", c->what, tkd_error_msg());
     assert_int_equal(tkd_cuda_moe_fwd(ws_, &cw, x.d, c->N, dy2, NULL, NULL), TKD_OK);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    if (tkd_cuda_moe_ws_grouped(ws_) != grouped) /* cuBLAS refused the grouped call: it fell back */
-        fail_msg("%s: asked for %s GEMMs, ran %s", c->what, grouped ? "grouped" : "looped",
-                 grouped ? "a loop (this cuBLAS has no bf16 grouped GEMM)" : "grouped");
+    const int want = grouped < 0 ? 1 : grouped; /* auto: these cases' experts are tiny, so grouped */
+    if (tkd_cuda_moe_ws_grouped(ws_) != want) /* e.g. cuBLAS refused the grouped call and fell back */
+        fail_msg("%s: asked for %s GEMMs, ran %s", c->what, grouped < 0 ? "auto" : grouped ? "grouped" : "looped",
+                 tkd_cuda_moe_ws_grouped(ws_) ? "grouped" : "a loop");
     uint16_t *y = tkd_test_xmalloc(2 * N * D), *y2 = tkd_test_xmalloc(2 * N * D);
     int32_t *e = tkd_test_xmalloc(4 * N * k);
     tkd_test_to_host(y, dy, 2 * N * D, NULL);
@@ -169,8 +174,8 @@ static void run_case(const mcase *c, int grouped)
         fail_msg("%s: relative norm %.3g over 1e-2", what, tkd_test_check_norm(&chk));
     if (near > (int)(0.02 * N) + 1)
         fail_msg("%s: %d of %zu tokens are near ties of the router: the case does not test routing", c->what, near, N);
-    print_message("%-40s %-7s N %5d D %4d I %4d E %3d k %2d: worst err/tol %.3f, norm %.2e, %d near ties\n",
-                  c->what, grouped ? "grouped" : "loop", c->N, c->D, c->I, c->E, c->k, chk.worst,
+    print_message("%-40s %-7s pad %3d N %5d D %4d I %4d E %3d k %2d: worst err/tol %.3f, norm %.2e, %d near ties\n",
+                  c->what, grouped < 0 ? "auto" : grouped ? "grouped" : "loop", pad, c->N, c->D, c->I, c->E, c->k, chk.worst,
                   tkd_test_check_norm(&chk), near);
     free(s), free(y), free(y2), free(e), free(ref), free(ref_e);
     cudaFree(dy), cudaFree(dy2), cudaFree(de);
@@ -193,9 +198,10 @@ static const mcase kCases[] = {
 static void test_matches_reference(void **state)
 {
     (void)state;
-    for (int grouped = 1; grouped >= 0; grouped--)
+    static const int kModes[][2] = {{1, 1}, {0, 1}, {0, 128}, {-1, 128}}; /* grouped, pad */
+    for (size_t m = 0; m < 4; m++)
         for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
-            run_case(&kCases[i], grouped);
+            run_case(&kCases[i], kModes[m][0], kModes[m][1]);
 }
 
 /* MXFP4 experts (params.mxfp4): the op decodes the layer's experts to bf16 on the device and runs
@@ -275,6 +281,9 @@ static void test_errors(void **state)
     assert_int_equal(tkd_cuda_moe_fwd(ws, &w, NULL, 9, NULL, NULL, NULL), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("9 tokens, the workspace holds 8");
     assert_int_equal(tkd_cuda_moe_fwd(ws, &w, NULL, 0, NULL, NULL, NULL), TKD_OK); /* nothing to do */
+    assert_int_equal(tkd_cuda_moe_ws_set_pad(ws, 0), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_moe_ws_set_pad(ws, 257), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("pad 257 rows: 1 to 256");
     tkd_cuda_moe_ws_free(ws);
 }
 

@@ -46,8 +46,9 @@ typedef enum tkd_policy_lmhead_sched {
 
 /* How the MoE op runs its experts' GEMMs (TKD_MOE_GEMM). */
 typedef enum tkd_policy_moe_gemm {
-    TKD_POLICY_MOE_GEMM_GROUPED = 0, /* two grouped cuBLAS calls per layer (default) */
-    TKD_POLICY_MOE_GEMM_LOOP = 1,    /* one cuBLAS GEMM per expert and projection */
+    TKD_POLICY_MOE_GEMM_AUTO = 0,    /* per call from the routing (kernels/cuda/moe_cuda.h; default) */
+    TKD_POLICY_MOE_GEMM_GROUPED = 1, /* two grouped cuBLAS calls per layer */
+    TKD_POLICY_MOE_GEMM_LOOP = 2,    /* one cuBLAS GEMM per expert and projection */
 } tkd_policy_moe_gemm;
 
 typedef struct tkd_cuda_policy {

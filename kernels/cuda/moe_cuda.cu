@@ -1,7 +1,8 @@
-/* moe_cuda.cu — see moe_cuda.h. cuBLAS GEMMs over the rows sorted to each expert: by default one
- * grouped call (cublasGemmGroupedBatchedEx) for every expert's gate and up projections and one for
- * the down projections, else (TKD_MOE_GEMM=loop, or a cuBLAS that refuses the grouped call) one
- * GEMM per expert and projection. The MXFP4 experts dequantised inside the GEMM are the next step. */
+/* moe_cuda.cu — see moe_cuda.h. cuBLAS GEMMs over the rows sorted to each expert: one grouped call
+ * (cublasGemmGroupedBatchedEx) for every expert's gate and up projections and one for the down
+ * projections, or one GEMM per expert and projection, chosen per call (auto_grouped) unless
+ * TKD_MOE_GEMM fixes it. Our own grouped GEMM, with the MXFP4 experts dequantised inside it, is
+ * the next step (docs/PERFORMANCE.md). */
 #include "kernels/cuda/moe_cuda.h"
 
 #include <cublas_v2.h>
@@ -43,7 +44,10 @@ struct tkd_cuda_moe_ws {
     uint16_t *h;         /* (P, I) */
     uint16_t *o;         /* (P, D) bf16 */
     uint16_t *deq;       /* p.mxfp4: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I) W_down decoded to bf16 */
-    int grouped;         /* 1: the grouped calls (default); 0: a GEMM per expert */
+    int grouped;         /* 1: the grouped calls; 0: a GEMM per expert; -1 (default): auto_grouped() */
+    int ran_grouped;     /* what the last call ran */
+    int no_grouped;      /* this cuBLAS refused the grouped call once: never again */
+    int pad;             /* the loop's row counts rounded up to a multiple of this (tkd_cuda_moe_ws_set_pad) */
     /* The grouped calls' problem list, a layer at a time: 9·E pointers (A, B, C of 2 problems per
      * expert for gate/up, then A, B, C of one per expert for down), staged in pinned host memory
      * and copied to the device (cuBLAS reads them there); the per-group sizes stay on the host. */
@@ -56,6 +60,8 @@ namespace {
 
 constexpr int kRouteWarps = 4;
 constexpr int kMaxE = kMoeMaxE, kMaxK = 16;
+constexpr double kGroupedMaxFlop = 3e9; /* auto_grouped() */
+constexpr int kMaxPad = 256; /* the slack rows of xs, g, u, h and o (padded) */
 
 __device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((unsigned)x << 16); }
 __device__ __forceinline__ uint16_t f2bf(float x)
@@ -276,7 +282,7 @@ tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m
 tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
 {
     const tkd_moe_params &p = ws->p;
-    const size_t N = (size_t)ws->max_tokens, P = N * p.k;
+    const size_t N = (size_t)ws->max_tokens, P = N * p.k, Ps = P + kMaxPad; /* Ps: with padded()'s slack */
     TKD_CUBLAS_CHECK(cublasCreate(&ws->blas));
     TKD_CUBLAS_CHECK(cublasSetStream(ws->blas, ws->stream));
     const char *h = "MoE workspace: call it on fewer tokens at a time";
@@ -293,11 +299,11 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc((void **)&ws->d_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems", h));
     if (!(ws->h_rows = (int *)malloc(sizeof(int) * (size_t)p.E)))
         return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->xs, P * p.D * 2, "moe: gathered rows", h));
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->g, P * p.inter * 2, "moe: gate", h));
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->u, P * p.inter * 2, "moe: up", h));
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->h, P * p.inter * 2, "moe: activations", h));
-    TKD_TRY(tkd_cuda_malloc((void **)&ws->o, P * p.D * 2, "moe: expert outputs", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->xs, Ps * p.D * 2, "moe: gathered rows", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->g, Ps * p.inter * 2, "moe: gate", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->u, Ps * p.inter * 2, "moe: up", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->h, Ps * p.inter * 2, "moe: activations", h));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->o, Ps * p.D * 2, "moe: expert outputs", h));
     if (p.mxfp4)
         TKD_TRY(tkd_cuda_malloc((void **)&ws->deq, (size_t)3 * p.E * p.inter * p.D * 2, "moe: one layer's MXFP4 "
                                 "experts decoded to bf16", "the experts of one layer must fit in bf16 beside the model"));
@@ -310,6 +316,17 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     return TKD_OK;
 }
 
+/* A loop GEMM's row count for an expert with c rows: c rounded up to a multiple of ws->pad, so
+ * that cuBLAS sees few distinct shapes. Its per-shape heuristics are cached, and the counts change
+ * every layer and batch of a dump, so exact counts miss that cache on almost every GEMM. The
+ * extra rows read the next expert's rows (or the buffers' kMaxPad slack rows) and write into the
+ * next expert's outputs, which that expert's own GEMM overwrites later on the same stream. Only
+ * the last expert's spill reaches the slack, and nothing reads it. */
+int padded(const tkd_cuda_moe_ws *ws, int c)
+{
+    return c == 0 ? 0 : (c + ws->pad - 1) / ws->pad * ws->pad;
+}
+
 /* Per expert with rows: G, U = X_e W_gateᵀ, X_e W_upᵀ; then h for all rows; then O = h_e W_downᵀ. */
 tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
@@ -317,7 +334,7 @@ tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
     const int D = p.D, I = p.inter;
     int64_t r0 = 0;
     for (int e = 0; e < p.E; r0 += ws->h_counts[e], e++) {
-        const int c = ws->h_counts[e];
+        const int c = padded(ws, ws->h_counts[e]);
         if (c == 0)
             continue;
         TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_gate + (int64_t)e * I * D, c, I, D, ws->g + r0 * I,
@@ -330,7 +347,7 @@ tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
     TKD_CUDA_CHECK(cudaGetLastError());
     r0 = 0;
     for (int e = 0; e < p.E; r0 += ws->h_counts[e], e++) {
-        const int c = ws->h_counts[e];
+        const int c = padded(ws, ws->h_counts[e]);
         if (c > 0)
             TKD_TRY(gemm_nt(ws->blas, ws->h + r0 * I, w->w_down + (int64_t)e * D * I, c, D, I, ws->o + r0 * D,
                             CUDA_R_16BF));
@@ -395,14 +412,29 @@ tkd_status run_experts_grouped(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *
     return TKD_OK;
 }
 
+/* auto's choice for this call's counts: grouped when the average expert with rows has a gate
+ * product under kGroupedMaxFlop. cuBLAS 13.0's grouped GEMM beats one GEMM per expert only on
+ * many small problems: on an H200 with balanced routing, 2.9 ms against 5.5 at Qwen3-30B-A3B's
+ * layer (512 rows an expert, I 768, D 2048: 1.6 GFLOP each), but 6.3 against 3.6 at gpt-oss-20b's
+ * (17 GFLOP) and 7.2 against 5.5 at gpt-oss-120b's (4.2 GFLOP) (moe_bench, docs/PERFORMANCE.md). */
+bool auto_grouped(const tkd_cuda_moe_ws *ws, int64_t P)
+{
+    int G = 0;
+    for (int e = 0; e < ws->p.E; e++)
+        G += ws->h_counts[e] > 0;
+    return G > 0 && 2.0 * ((double)P / G) * ws->p.inter * ws->p.D < kGroupedMaxFlop;
+}
+
 tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
-    if (ws->grouped) {
+    ws->ran_grouped = ws->grouped > 0 || (ws->grouped < 0 && !ws->no_grouped && auto_grouped(ws, P));
+    if (ws->ran_grouped) {
         bool refused = false;
         TKD_TRY(run_experts_grouped(ws, w, P, &refused));
         if (!refused)
             return TKD_OK;
-        ws->grouped = 0; /* this cuBLAS has no bf16 grouped GEMM: the loop from now on */
+        ws->no_grouped = 1; /* this cuBLAS has no bf16 grouped GEMM: the loop from now on */
+        ws->ran_grouped = 0;
     }
     return run_experts_loop(ws, w, P);
 }
@@ -440,7 +472,8 @@ extern "C" tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_mo
         return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
     ws->p = *p;
     ws->max_tokens = max_tokens;
-    ws->grouped = 1;
+    ws->grouped = -1;
+    ws->pad = 1;
     ws->stream = (cudaStream_t)stream;
     tkd_status st = ws_alloc(ws);
     if (st != TKD_OK) {
@@ -451,9 +484,20 @@ extern "C" tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_mo
     return TKD_OK;
 }
 
-extern "C" void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped) { ws->grouped = grouped != 0; }
+extern "C" void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped)
+{
+    ws->grouped = grouped < 0 ? -1 : grouped != 0;
+}
 
-extern "C" int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws) { return ws->grouped; }
+extern "C" int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws) { return ws->ran_grouped; }
+
+extern "C" tkd_status tkd_cuda_moe_ws_set_pad(tkd_cuda_moe_ws *ws, int rows)
+{
+    if (rows < 1 || rows > kMaxPad)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe (cuda): pad %d rows: 1 to %d", rows, kMaxPad);
+    ws->pad = rows;
+    return TKD_OK;
+}
 
 extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, const uint16_t *x, int N,
                                        uint16_t *y, int32_t *experts, float *weights)

@@ -59,13 +59,21 @@ typedef struct tkd_cuda_moe_ws tkd_cuda_moe_ws;
 tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_moe_params *p, int max_tokens, void *stream);
 void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws); /* NULL is a no-op */
 
-/* How the experts' GEMMs run (cuda_policy.h's TKD_MOE_GEMM): 1 (the default) two grouped cuBLAS
- * calls a layer, 0 one GEMM per expert and projection. tkd_cuda_moe_ws_grouped says which runs: a
- * cuBLAS that refuses the grouped call (CUBLAS_STATUS_NOT_SUPPORTED) turns it to 0 at the first
- * call. Both give results within the op's tolerance, not necessarily the same bits (cuBLAS picks
- * its kernels). */
+/* How the experts' GEMMs run (cuda_policy.h's TKD_MOE_GEMM): 1 two grouped cuBLAS calls a layer,
+ * 0 one GEMM per expert and projection, -1 (the default) chosen per call from the routing's counts:
+ * grouped where the average expert's product is small (many small GEMMs), else the loop
+ * (moe_cuda.cu's auto_grouped says where the line is and why). tkd_cuda_moe_ws_grouped says what
+ * the last call ran: a cuBLAS that refuses the grouped call (CUBLAS_STATUS_NOT_SUPPORTED) runs the
+ * loop from then on. Both give results within the op's tolerance, not necessarily the same bits
+ * (cuBLAS picks its kernels). */
 void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped);
 int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws);
+
+/* The loop's GEMMs over each expert's rows rounded up to a multiple of rows (1, the default:
+ * exact counts; at most 256): few distinct shapes for cuBLAS's per-shape heuristics, for a little
+ * extra work. The extra rows are overwritten or never read, so y is the same up to the kernels
+ * cuBLAS picks for the larger shapes. TKD_ERR_INVALID_ARG outside 1..256. */
+tkd_status tkd_cuda_moe_ws_set_pad(tkd_cuda_moe_ws *ws, int rows);
 
 
 /* y (N, D) bf16 = MoE(x (N, D) bf16), 0 ≤ N ≤ max_tokens; experts, weights (N, k) on the device
