@@ -695,6 +695,7 @@ static void backend_case(tkd_backend *be, const bcase *c, int window, const int 
     gpu_backward(&d, &in, c, ws, &zero, 7, &want);
     tkd_test_poison(d.dq, 2 * (in.nq + GUARD)), tkd_test_poison(d.dk, 2 * (in.nkv + GUARD));
     tkd_test_poison(d.dv, 2 * (in.nkv + GUARD));
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* the backend's stream may not wait for the memsets */
     tkd_test_ok(be->op->attn_bwd(be, d.dy, d.q, d.k, d.v, d.y, d.lse, c->B, c->T, c->H, c->Hkv, c->dh, window, d.doc,
                                  d.dq, d.dk, d.dv),
                 "backend attn_bwd");
