@@ -369,7 +369,8 @@ static void bench_shape(tkd_cudnn_attn *cudnn, tkd_cudnn_attn *cudnn_nd, const s
  * must do at least); then the backward training takes on packed documents (the CUDA backend's
  * masked one: tkd_cuda_attn_bwd_masked where it takes dh, else tkd_cuda_attn_bwd_simple_masked)
  * against the documents alone under the backward training takes without documents (our Hopper
- * wgmma one, else our flash one). */
+ * wgmma one, else our flash one), and under our flash backward (the same kernels unmasked: what
+ * the mask costs them; "-" where flash does not take dh). */
 static void bench_docs(const shape *s, int L, int reps)
 {
     if (L < 1 || s->t % L != 0) {
@@ -402,11 +403,17 @@ static void bench_docs(const shape *s, int L, int reps)
         bwd_one = time_call(NULL, &alone, &b, BWD, reps, &first);
         bwd_kind = "flash";
     }
+    const double flash_one = bwd_kind[0] == 'f' ? bwd_one
+                             : flash_takes(s->dh) ? time_call(NULL, &alone, &b, BWD, reps, &first) : -1.0;
     const double flop = 4.0 * alone.b * s->h * (double)L * L * s->dh / 2; /* the documents' causal work */
     printf("| %-12s | %d | %6d | %3d | %3d | %3d | %6d | %8.3f | %8.3f | %7.1f | %8.3f | %7.1f | %.3f "
-           "| %9.3f | %7.1f | %9.3f (%s) | %7.1f | %.2f |\n", s->name, s->b, s->t, s->h, s->hkv, s->dh, L, plain,
+           "| %9.3f | %7.1f | %9.3f (%s) | %7.1f | %.2f ", s->name, s->b, s->t, s->h, s->hkv, s->dh, L, plain,
            packed, flop / (packed * 1e9), one, flop / (one * 1e9), packed / one, bwd_packed,
            2.5 * flop / (bwd_packed * 1e9), bwd_one, bwd_kind, 2.5 * flop / (bwd_one * 1e9), bwd_packed / bwd_one);
+    if (flash_one < 0)
+        printf("| - | - |\n");
+    else
+        printf("| %9.3f | %.2f |\n", flash_one, bwd_packed / flash_one);
     CUDA(cudaFree(b.doc));
     CUDA(cudaFree(b.delta));
     b.doc = NULL;
@@ -499,10 +506,11 @@ int main(int argc, char **argv)
                "plain causal forward over B×T and the documents run alone as B·T/L sequences; TFLOP/s over the "
                "documents' causal work; then the masked backward (tkd_cuda_attn_bwd_masked; "
                "tkd_cuda_attn_bwd_simple_masked where dh is not 48, 64, 80, 96 or 128) against the documents alone "
-               "under our unmasked backward (wgmma, else flash)\n\n");
+               "under our unmasked backward (wgmma, else flash), and under our flash backward\n\n");
         printf("| shape        | B |      T |   H | Hkv |  dh |      L | plain ms | packed ms | TFLOP/s | alone ms "
-               "| TFLOP/s | packed / alone | bwd packed ms | TFLOP/s | bwd alone ms | TFLOP/s | bwd packed / alone |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "| TFLOP/s | packed / alone | bwd packed ms | TFLOP/s | bwd alone ms | TFLOP/s | bwd packed / alone "
+               "| bwd alone flash ms | bwd packed / flash alone |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (int i = 0; i < n; i++)
             for (int d = 0; d < ndocs; d++)
                 bench_docs(&shapes[i], docs[d], reps);
