@@ -101,6 +101,10 @@ typedef struct bufs {
     float *delta;                                /* (B, H, T) the masked backward's scratch (--docs) */
 } bufs;
 
+/* The head sizes tkd_cuda_attn_bwd_masked takes (the backend's flash_takes): elsewhere the masked
+ * backward the backend runs is tkd_cuda_attn_bwd_simple_masked. */
+static int flash_takes(int dh) { return dh == 48 || dh == 64 || dh == 80 || dh == 96 || dh == 128; }
+
 /* What one timed call does. */
 typedef enum what { FWD_LSE, FWD_NO_LSE, BWD, BWD_CUDNN, BWD_CUDNN_ONE, BWD_WGMMA, FWD_DOCS, BWD_DOCS } what;
 
@@ -119,12 +123,15 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
     if (w == BWD)
         return tkd_cuda_attn_bwd(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
                                  b->dq, b->dk, b->dv, b->ws, NULL);
-    if (w == BWD_DOCS) { /* the masked backward adds into dq, dk, dv: as the backend, zero them first */
+    if (w == BWD_DOCS) { /* the masked backwards add into dq, dk, dv: as the backend, zero them first */
         const tkd_attn_mask m = {0, NULL, b->doc};
         size_t nq = (size_t)s->b * s->t * s->h * s->dh * 2, nkv = (size_t)s->b * s->t * s->hkv * s->dh * 2;
         CUDA(cudaMemsetAsync(b->dq, 0, nq, 0));
         CUDA(cudaMemsetAsync(b->dk, 0, nkv, 0));
         CUDA(cudaMemsetAsync(b->dv, 0, nkv, 0));
+        if (flash_takes(s->dh))
+            return tkd_cuda_attn_bwd_masked(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv, s->dh,
+                                            &m, b->dq, b->dk, b->dv, b->ws, NULL);
         return tkd_cuda_attn_bwd_simple_masked(b->dy, b->q, b->k, b->v, b->y, b->lse, s->b, s->t, s->h, s->hkv,
                                                s->dh, &m, b->dq, b->dk, b->dv, b->delta, NULL);
     }
@@ -138,13 +145,14 @@ static tkd_status call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w)
     return tkd_cudnn_attn_fwd(cudnn, b->q, b->k, b->v, s->b, s->t, s->h, s->hkv, s->dh, b->y, lse, NULL);
 }
 
-static const char *call_name(const tkd_cudnn_attn *cudnn, what w)
+static const char *call_name(const tkd_cudnn_attn *cudnn, const shape *s, what w)
 {
     return w == BWD_WGMMA ? "tkd_cuda_attn_bwd_sm90"
            : w == BWD_CUDNN || w == BWD_CUDNN_ONE ? "tkd_cudnn_attn_bwd"
            : w == BWD     ? "tkd_cuda_attn_bwd"
            : w == FWD_DOCS ? "tkd_cuda_attn_fwd_masked (documents)"
-           : w == BWD_DOCS ? "tkd_cuda_attn_bwd_simple_masked (documents)"
+           : w == BWD_DOCS ? (flash_takes(s->dh) ? "tkd_cuda_attn_bwd_masked (documents)"
+                                                  : "tkd_cuda_attn_bwd_simple_masked (documents)")
            : cudnn        ? "tkd_cudnn_attn_fwd"
                           : "tkd_cuda_attn_fwd";
 }
@@ -169,13 +177,13 @@ static double time_call(tkd_cudnn_attn *cudnn, const shape *s, bufs *b, what w, 
         return -1.0;
     }
     if (st != TKD_OK)
-        die(call_name(cudnn, w), tkd_error_msg());
+        die(call_name(cudnn, s, w), tkd_error_msg());
     CUDA(cudaEventCreate(&e0));
     CUDA(cudaEventCreate(&e1));
     for (int i = -1; i < reps; i++) {
         CUDA(cudaEventRecord(e0, 0));
         if ((st = call(cudnn, s, b, w)) != TKD_OK)
-            die(call_name(cudnn, w), tkd_error_msg());
+            die(call_name(cudnn, s, w), tkd_error_msg());
         CUDA(cudaEventRecord(e1, 0));
         CUDA(cudaEventSynchronize(e1));
         if (i >= 0)
@@ -233,7 +241,7 @@ static double wgmma_vs_ours(const shape *s, bufs *b)
         if (st == TKD_OK && run)
             st = tkd_cuda_attn_bwd_sm90_check(b->ws);
         if (st != TKD_OK)
-            die(call_name(NULL, run ? BWD_WGMMA : BWD), tkd_error_msg());
+            die(call_name(NULL, s, run ? BWD_WGMMA : BWD), tkd_error_msg());
         for (int x = 0; x < 3; x++) {
             if (!(h[x][run] = malloc(n[x] * 2)))
                 die("malloc", "out of host memory");
@@ -359,8 +367,10 @@ static void bench_shape(tkd_cudnn_attn *cudnn, tkd_cudnn_attn *cudnn_nd, const s
  * (tkd_attn_mask.doc), against the plain causal forward over the same B×T (the same tokens as one
  * document each) and over the documents run alone (B·T/L sequences of L: the work a packed batch
  * must do at least); then the backward training takes on packed documents (the CUDA backend's
- * only masked one, tkd_cuda_attn_bwd_simple_masked) against the documents alone under the
- * backward training takes without documents (our Hopper wgmma one, else our flash one). */
+ * masked one: tkd_cuda_attn_bwd_masked where it takes dh, else tkd_cuda_attn_bwd_simple_masked)
+ * against the documents alone under the backward training takes without documents (our Hopper
+ * wgmma one, else our flash one), and under our flash backward (the same kernels unmasked: what
+ * the mask costs them; "-" where flash does not take dh). */
 static void bench_docs(const shape *s, int L, int reps)
 {
     if (L < 1 || s->t % L != 0) {
@@ -393,11 +403,17 @@ static void bench_docs(const shape *s, int L, int reps)
         bwd_one = time_call(NULL, &alone, &b, BWD, reps, &first);
         bwd_kind = "flash";
     }
+    const double flash_one = bwd_kind[0] == 'f' ? bwd_one
+                             : flash_takes(s->dh) ? time_call(NULL, &alone, &b, BWD, reps, &first) : -1.0;
     const double flop = 4.0 * alone.b * s->h * (double)L * L * s->dh / 2; /* the documents' causal work */
     printf("| %-12s | %d | %6d | %3d | %3d | %3d | %6d | %8.3f | %8.3f | %7.1f | %8.3f | %7.1f | %.3f "
-           "| %9.3f | %7.1f | %9.3f (%s) | %7.1f | %.2f |\n", s->name, s->b, s->t, s->h, s->hkv, s->dh, L, plain,
+           "| %9.3f | %7.1f | %9.3f (%s) | %7.1f | %.2f ", s->name, s->b, s->t, s->h, s->hkv, s->dh, L, plain,
            packed, flop / (packed * 1e9), one, flop / (one * 1e9), packed / one, bwd_packed,
            2.5 * flop / (bwd_packed * 1e9), bwd_one, bwd_kind, 2.5 * flop / (bwd_one * 1e9), bwd_packed / bwd_one);
+    if (flash_one < 0)
+        printf("| - | - |\n");
+    else
+        printf("| %9.3f | %.2f |\n", flash_one, bwd_packed / flash_one);
     CUDA(cudaFree(b.doc));
     CUDA(cudaFree(b.delta));
     b.doc = NULL;
@@ -488,11 +504,13 @@ int main(int argc, char **argv)
     if (ndocs > 0) {
         printf("\npacked documents (forward with lse, ours): the B×T tokens as documents of L tokens, against the "
                "plain causal forward over B×T and the documents run alone as B·T/L sequences; TFLOP/s over the "
-               "documents' causal work; then the masked backward (tkd_cuda_attn_bwd_simple_masked) against the "
-               "documents alone under our unmasked backward\n\n");
+               "documents' causal work; then the masked backward (tkd_cuda_attn_bwd_masked; "
+               "tkd_cuda_attn_bwd_simple_masked where dh is not 48, 64, 80, 96 or 128) against the documents alone "
+               "under our unmasked backward (wgmma, else flash), and under our flash backward\n\n");
         printf("| shape        | B |      T |   H | Hkv |  dh |      L | plain ms | packed ms | TFLOP/s | alone ms "
-               "| TFLOP/s | packed / alone | bwd packed ms | TFLOP/s | bwd alone ms | TFLOP/s | bwd packed / alone |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "| TFLOP/s | packed / alone | bwd packed ms | TFLOP/s | bwd alone ms | TFLOP/s | bwd packed / alone "
+               "| bwd alone flash ms | bwd packed / flash alone |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (int i = 0; i < n; i++)
             for (int d = 0; d < ndocs; d++)
                 bench_docs(&shapes[i], docs[d], reps);

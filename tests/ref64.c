@@ -30,10 +30,19 @@ const float *tkd_ref64_row(const float *x, int T, int heads, int dh, int b, int 
     return x + (((int64_t)b * T + t) * heads + h) * dh;
 }
 
-double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *y, double *sc)
+int tkd_ref64_first_key(int window, const int32_t *doc, int T, int b, int t)
+{
+    int j0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+    if (doc && doc[(int64_t)b * T + t] > j0)
+        j0 = doc[(int64_t)b * T + t];
+    return j0;
+}
+
+double tkd_ref64_attn_doc_row(const tkd_ref64_attn *a, const int32_t *doc, int b, int h, int t, double *y,
+                              double *sc)
 {
     const int g = h / (a->H / a->Hkv), dh = a->dh;
-    const int j0 = a->window > 0 && t - a->window + 1 > 0 ? t - a->window + 1 : 0;
+    const int j0 = tkd_ref64_first_key(a->window, doc, a->T, b, t);
     const float *qi = tkd_ref64_row(a->q, a->T, a->H, dh, b, t, h);
     const double scale = 1.0 / sqrt((double)dh);
     double m = a->sinks ? a->sinks[h] : -INFINITY, sum = 0.0;
@@ -55,6 +64,11 @@ double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *
     for (int d = 0; d < dh; d++)
         y[d] /= sum;
     return m + log(sum);
+}
+
+double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *y, double *sc)
+{
+    return tkd_ref64_attn_doc_row(a, NULL, b, h, t, y, sc);
 }
 
 double tkd_ref64_attn_window_row(const tkd_ref64_attn *a, int window, int b, int h, int t, double *y, double *sc)

@@ -34,6 +34,15 @@ double tkd_ref64_attn_row(const tkd_ref64_attn *a, int b, int h, int t, double *
  * only (the window counts the query itself), sc holding the scores at [j0, t], j0 = max(0, t − window + 1). */
 double tkd_ref64_attn_window_row(const tkd_ref64_attn *a, int window, int b, int h, int t, double *y, double *sc);
 
+/* The first key query t of sequence b sees: t − window + 1 with a window (≥ 1; 0: none), and no
+ * earlier than its document's start doc[b·T + t] (doc (B·T) or NULL: tkd_attn_mask's documents). */
+int tkd_ref64_first_key(int window, const int32_t *doc, int T, int b, int t);
+
+/* tkd_ref64_attn_row under a's window and packed documents doc (B·T, or NULL: the same row): over
+ * the keys tkd_ref64_first_key(...) ≤ j ≤ t, sc holding their scores at [j0, t]. */
+double tkd_ref64_attn_doc_row(const tkd_ref64_attn *a, const int32_t *doc, int b, int h, int t, double *y,
+                              double *sc);
+
 /* RoPE of one bf16 tensor x (N, nh·dh), position n % T, cos/sin tables c, s (T, dh/2): *ref (the
  * rotation, backward = the inverse one), and *bound, per element bound·(|x_i| + |x_partner|) (the
  * fp32 x·c − y·s error). The caller frees both. */

@@ -13,6 +13,15 @@
  *      and A's rounding happened once): |B − (init + A)| ≤ 2^-8·(1 + 2^-8)·(|A| + |B|);
  *   C: B again: bit-identical to B (the backward is deterministic: no atomics);
  *   D: (one case) dq alone, then dk and dv alone (the others NULL): bit-identical to B.
+ * Unmasked cases also run tkd_cuda_attn_bwd_masked under masks that hide nothing (NULL, window 0,
+ * window T, window 2T) from B's init: bit-identical to B (the unmasked kernels).
+ *
+ * Masked cases (test_masked: tkd_cuda_attn_bwd_masked under a window and packed documents, y and
+ * lse from tkd_cuda_attn_fwd_masked under the same mask) run A to D the same way, the references
+ * summing over the visible pairs only (query i sees key j iff first_key(i) ≤ j ≤ i, ref64.h; the
+ * CPU's through tkd_cpu_attn_sinks_fwd's masked probabilities), and check that the mask matters:
+ * the unmasked backward on the same inputs differs from the masked one by more than MASK_MIN_DIFF
+ * (relative L2, each gradient), so a kernel that ignored the mask could not pass.
  *
  * Tolerances. The GPU computes S = Q Kᵀ and dP = dY Vᵀ in fp32 from exact bf16 products, P from
  * the forward's fp32 lse, and rounds to bf16: P before dV += Pᵀ dY, dS before dK += dSᵀ Q and
@@ -54,6 +63,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/attn/attn_cuda.h"
+#include "kernels/backend.h"
 
 #define ATOL 2e-2
 #define RTOL 1e-2
@@ -62,6 +72,7 @@
 #define INIT_STD 0.5f     /* B's initial dq, dk, dv */
 #define GUARD 4096        /* NaN elements after dq, dk, dv that must stay untouched */
 #define FULL_ROWS_MAX 1024 /* up to this T the float64 reference checks every row */
+#define MASK_MIN_DIFF 0.1  /* masked vs unmasked gradients, relative L2: ≥ 10 × NORM_TOL apart */
 
 typedef struct bcase {
     const char *what;
@@ -71,13 +82,26 @@ typedef struct bcase {
     uint64_t seed;
 } bcase;
 
+/* A case's mask on the host: window (0: none) and doc (B·T document starts, NULL: one document per
+ * sequence), tkd_attn_mask's meaning. A case run with no hmask at all takes tkd_cuda_attn_bwd. */
+typedef struct hmask {
+    int window;
+    const int32_t *doc;
+} hmask;
+
 /* The inputs as bf16-rounded floats and their bits; the shapes' element counts. */
 typedef tkd_test_attn_in inputs;
 
-/* Device buffers of one case; dq, dk, dv carry GUARD extra elements. */
+/* Device buffers of one case; dq, dk, dv carry GUARD extra elements. masked: the backward runs
+ * through tkd_cuda_attn_bwd_masked under mp (NULL, or &mask: the case's, its doc on the device),
+ * else through tkd_cuda_attn_bwd. */
 typedef struct dev {
     uint16_t *q, *k, *v, *dy, *y, *dq, *dk, *dv;
     float *lse;
+    int32_t *doc;
+    int masked;
+    tkd_attn_mask mask;
+    const tkd_attn_mask *mp;
 } dev;
 
 /* One backward's gradients, copied back (nq, nkv, nkv bf16). */
@@ -86,10 +110,12 @@ typedef struct grads {
 } grads;
 
 /* float64 row statistics of every (b, h, t): lse, D = Σ_j P dP, ‖dy ⊙ y‖₂; mean squares of the
- * rows of q, dy (B·T·H) and k (B·T·Hkv). */
+ * rows of q, dy (B·T·H) and k (B·T·Hkv); the mask they were made under (window 0, doc NULL: none). */
 typedef struct stats {
     double *lse, *D, *Dn;
     double *msq, *msdy, *msk;
+    int window;
+    const int32_t *doc;
 } stats;
 
 /* Where an element of dq (B·T, H·dh) or dk, dv (B·T, Hkv·dh) is, for the checker's worst element. */
@@ -110,8 +136,8 @@ static void inputs_make(inputs *in, const bcase *c)
 
 static void inputs_free(inputs *in) { tkd_test_attn_in_free(in); }
 
-/* Uploads the inputs and runs the GPU forward for y and lse. */
-static void dev_make(dev *d, const inputs *in, const bcase *c)
+/* Uploads the inputs and runs the GPU forward for y and lse (under m's mask when m is not NULL). */
+static void dev_make(dev *d, const inputs *in, const bcase *c, const hmask *m)
 {
     d->q = tkd_test_dev_alloc(2 * in->nq), d->dy = tkd_test_dev_alloc(2 * in->nq),
     d->y = tkd_test_dev_alloc(2 * in->nq);
@@ -121,7 +147,16 @@ static void dev_make(dev *d, const inputs *in, const bcase *c)
     d->lse = tkd_test_dev_alloc(sizeof(float) * in->nl);
     tkd_test_to_dev(d->q, in->qb, 2 * in->nq), tkd_test_to_dev(d->dy, in->dyb, 2 * in->nq);
     tkd_test_to_dev(d->k, in->kb, 2 * in->nkv), tkd_test_to_dev(d->v, in->vb, 2 * in->nkv);
-    tkd_status st = tkd_cuda_attn_fwd(d->q, d->k, d->v, c->B, c->T, c->H, c->Hkv, c->dh, d->y, d->lse, NULL);
+    d->doc = NULL;
+    if (m && m->doc) {
+        d->doc = tkd_test_dev_alloc(sizeof(int32_t) * (size_t)c->B * c->T);
+        tkd_test_to_dev(d->doc, m->doc, sizeof(int32_t) * (size_t)c->B * c->T);
+    }
+    d->masked = m != NULL;
+    d->mask = (tkd_attn_mask){m ? m->window : 0, NULL, d->doc};
+    d->mp = m ? &d->mask : NULL;
+    tkd_status st = tkd_cuda_attn_fwd_masked(d->q, d->k, d->v, c->B, c->T, c->H, c->Hkv, c->dh, d->mp, d->y,
+                                             d->lse, NULL);
     if (st != TKD_OK)
         fail_msg("%s: attention forward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
 }
@@ -129,7 +164,7 @@ static void dev_make(dev *d, const inputs *in, const bcase *c)
 static void dev_free(dev *d)
 {
     cudaFree(d->q), cudaFree(d->k), cudaFree(d->v), cudaFree(d->dy), cudaFree(d->y);
-    cudaFree(d->dq), cudaFree(d->dk), cudaFree(d->dv), cudaFree(d->lse);
+    cudaFree(d->dq), cudaFree(d->dk), cudaFree(d->dv), cudaFree(d->lse), cudaFree(d->doc);
 }
 
 static void grads_alloc(grads *g, const inputs *in)
@@ -170,9 +205,11 @@ static void gpu_backward(const dev *d, const inputs *in, const bcase *c, tkd_cud
     grad_init(d->dq, init->dq, in->nq);
     grad_init(d->dk, init->dk, in->nkv);
     grad_init(d->dv, init->dv, in->nkv);
-    tkd_status st = tkd_cuda_attn_bwd(d->dy, d->q, d->k, d->v, d->y, d->lse, c->B, c->T, c->H, c->Hkv, c->dh,
-                                      (which & 1) ? d->dq : NULL, (which & 2) ? d->dk : NULL,
-                                      (which & 4) ? d->dv : NULL, ws, NULL);
+    uint16_t *dq = (which & 1) ? d->dq : NULL, *dk = (which & 2) ? d->dk : NULL, *dv = (which & 4) ? d->dv : NULL;
+    tkd_status st = d->masked ? tkd_cuda_attn_bwd_masked(d->dy, d->q, d->k, d->v, d->y, d->lse, c->B, c->T, c->H,
+                                                         c->Hkv, c->dh, d->mp, dq, dk, dv, ws, NULL)
+                              : tkd_cuda_attn_bwd(d->dy, d->q, d->k, d->v, d->y, d->lse, c->B, c->T, c->H, c->Hkv,
+                                                  c->dh, dq, dk, dv, ws, NULL);
     if (st != TKD_OK)
         fail_msg("%s: attention backward: %s: %s", c->what, tkd_status_name(st), tkd_error_msg());
     cudaError_t ce = cudaDeviceSynchronize();
@@ -191,14 +228,14 @@ static const float *row_of(const float *x, const bcase *c, int heads, int b, int
     return tkd_ref64_row(x, c->T, heads, c->dh, b, t, h);
 }
 
-/* lse, D = Σ_j P_ij dP_ij = dy_i · y_i and ‖dy ⊙ y‖ of query row i of head h in batch b (float64);
- * sc: T doubles of scratch, y: dh doubles. */
+/* lse, D = Σ_j P_ij dP_ij = dy_i · y_i and ‖dy ⊙ y‖ of query row i of head h in batch b (float64,
+ * under s's mask); sc: T doubles of scratch, y: dh doubles. */
 static void stats_row(const stats *s, const inputs *in, const bcase *c, int b, int h, int i, double *sc,
                       double *y)
 {
-    const tkd_ref64_attn a = {c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v, 0, NULL};
+    const tkd_ref64_attn a = {c->B, c->T, c->H, c->Hkv, c->dh, in->q, in->k, in->v, s->window, NULL};
     const float *dyi = row_of(in->dy, c, c->H, b, i, h);
-    const double lse = tkd_ref64_attn_row(&a, b, h, i, y, sc);
+    const double lse = tkd_ref64_attn_doc_row(&a, s->doc, b, h, i, y, sc);
     double D = 0.0, dn = 0.0;
     for (int d = 0; d < c->dh; d++)
         D += dyi[d] * y[d], dn += (dyi[d] * y[d]) * (dyi[d] * y[d]);
@@ -211,9 +248,11 @@ static double mean_sq(const float *x, int n)
     return tkd_ref64_dot(x, x, n) / n;
 }
 
-static void stats_make(stats *s, const inputs *in, const bcase *c)
+static void stats_make(stats *s, const inputs *in, const bcase *c, const hmask *m)
 {
     const int64_t nl = in->nl, nkr = (int64_t)c->B * c->T * c->Hkv;
+    s->window = m ? m->window : 0;
+    s->doc = m ? m->doc : NULL;
     s->lse = tkd_test_xmalloc(sizeof(double) * nl), s->D = tkd_test_xmalloc(sizeof(double) * nl);
     s->Dn = tkd_test_xmalloc(sizeof(double) * nl);
     s->msq = tkd_test_xmalloc(sizeof(double) * nl), s->msdy = tkd_test_xmalloc(sizeof(double) * nl);
@@ -233,6 +272,12 @@ static void stats_make(stats *s, const inputs *in, const bcase *c)
 static void stats_free(stats *s)
 {
     free(s->lse), free(s->D), free(s->Dn), free(s->msq), free(s->msdy), free(s->msk);
+}
+
+/* Whether query i of sequence b sees key j under s's mask (causal, window, documents). */
+static int sees(const stats *s, const bcase *c, int b, int i, int j)
+{
+    return j <= i && j >= tkd_ref64_first_key(s->window, s->doc, c->T, b, i);
 }
 
 /* P_ij, dP_ij and the weight P·(|dP| + |D_i| + ‖dy_i ⊙ y_i‖) of one (query i, key j) pair. */
@@ -256,7 +301,7 @@ static double ref_dq(const stats *s, const inputs *in, const bcase *c, int b, in
     double w2 = 0.0;
     for (int d = 0; d < c->dh; d++)
         dq[d] = 0.0;
-    for (int j = 0; j <= i; j++) {
+    for (int j = tkd_ref64_first_key(s->window, s->doc, c->T, b, i); j <= i; j++) {
         double p, dp, w;
         pair(s, in, c, b, h, i, j, &p, &dp, &w);
         const float *kj = row_of(in->k, c, c->Hkv, b, j, g);
@@ -280,6 +325,8 @@ static void ref_dkv(const stats *s, const inputs *in, const bcase *c, int b, int
     for (int h = g * grp; h < (g + 1) * grp; h++)
         for (int i = j; i < c->T; i++) {
             double p, dp, w;
+            if (!sees(s, c, b, i, j))
+                continue;
             pair(s, in, c, b, h, i, j, &p, &dp, &w);
             const int64_t r = ((int64_t)b * c->T + i) * c->H + h; /* row of (B·T, H) */
             const double ds = p * (dp - s->D[((int64_t)b * c->H + h) * c->T + i]);
@@ -352,15 +399,20 @@ static void check_refs(const grads *A, const stats *s, const inputs *in, const b
     free(r0), free(r1), free(f);
 }
 
-/* tkd_cpu_attn_fwd + tkd_cpu_attn_bwd on the same inputs: fp32 dq, dk, dv (caller frees). */
-static void cpu_grads(const inputs *in, const bcase *c, float *out[3])
+/* tkd_cpu_attn_fwd (tkd_cpu_attn_sinks_fwd under m's mask) + tkd_cpu_attn_bwd on the same inputs:
+ * fp32 dq, dk, dv (caller frees). */
+static void cpu_grads(const inputs *in, const bcase *c, const hmask *m, float *out[3])
 {
     float *att = tkd_test_xmalloc(sizeof(float) * (size_t)c->B * c->H * c->T * c->T);
     float *y = tkd_test_xmalloc(sizeof(float) * in->nq);
     out[0] = calloc((size_t)in->nq, sizeof(float));
     out[1] = calloc((size_t)in->nkv, sizeof(float)), out[2] = calloc((size_t)in->nkv, sizeof(float));
     assert_true(out[0] && out[1] && out[2]);
-    tkd_cpu_attn_fwd(in->q, in->k, in->v, c->B, c->T, c->H, c->Hkv, c->dh, att, y);
+    if (m)
+        tkd_cpu_attn_sinks_fwd(in->q, in->k, in->v, c->B, c->T, c->H, c->Hkv, c->dh, m->window, m->doc, NULL, att,
+                               y);
+    else
+        tkd_cpu_attn_fwd(in->q, in->k, in->v, c->B, c->T, c->H, c->Hkv, c->dh, att, y);
     tkd_cpu_attn_bwd(in->dy, in->q, in->k, in->v, att, c->B, c->T, c->H, c->Hkv, c->dh, out[0], out[1], out[2]);
     free(att), free(y);
 }
@@ -417,15 +469,58 @@ static void report(const bcase *c, const tkd_test_check e64[3], const tkd_test_c
         }
 }
 
-/* Runs A, B, C (and D when `subsets`) and every check of the file comment. */
-static void run_case(const bcase *c, tkd_cuda_attn_bwd_ws *ws, int subsets)
+/* Unmasked cases: tkd_cuda_attn_bwd_masked under masks that hide nothing (NULL, window 0, window T,
+ * window 2T) gives B's bits from the same init. */
+static void check_noop_masks(dev *d, const inputs *in, const bcase *c, tkd_cuda_attn_bwd_ws *ws, const grads *init,
+                             const grads *Bg, grads *out)
+{
+    static const char *const names[4] = {"NULL mask", "window 0", "window T", "window 2T"};
+    for (int i = 0; i < 4; i++) {
+        d->masked = 1, d->mask = (tkd_attn_mask){i == 2 ? c->T : i == 3 ? 2 * c->T : 0, NULL, NULL};
+        d->mp = i == 0 ? NULL : &d->mask;
+        gpu_backward(d, in, c, ws, init, 7, out);
+        check_same_bits(Bg->dq, out->dq, in->nq, "dq", names[i], c);
+        check_same_bits(Bg->dk, out->dk, in->nkv, "dk", names[i], c);
+        check_same_bits(Bg->dv, out->dv, in->nkv, "dv", names[i], c);
+    }
+    d->masked = 0, d->mp = NULL;
+}
+
+/* Masked cases: the unmasked forward and backward on the same inputs (overwriting y and lse) into
+ * zeroed gradients, each of which must differ from the masked A by more than MASK_MIN_DIFF. */
+static void check_mask_matters(dev *d, const inputs *in, const bcase *c, tkd_cuda_attn_bwd_ws *ws, const grads *A,
+                               grads *U)
+{
+    const grads zero = {NULL, NULL, NULL};
+    tkd_test_ok(tkd_cuda_attn_fwd(d->q, d->k, d->v, c->B, c->T, c->H, c->Hkv, c->dh, d->y, d->lse, NULL),
+                "unmasked attention forward");
+    d->masked = 0;
+    gpu_backward(d, in, c, ws, &zero, 7, U);
+    const uint16_t *a[3] = {A->dq, A->dk, A->dv}, *u[3] = {U->dq, U->dk, U->dv};
+    for (int x = 0; x < 3; x++) {
+        double d2 = 0.0, u2 = 0.0;
+        for (int64_t i = 0, n = x ? in->nkv : in->nq; i < n; i++) {
+            const double av = tkd_bf16_to_f32(a[x][i]), uv = tkd_bf16_to_f32(u[x][i]);
+            d2 += (av - uv) * (av - uv), u2 += uv * uv;
+        }
+        const double rel = sqrt(d2 / (u2 > 0 ? u2 : 1.0));
+        print_message("%s: %s masked vs unmasked: relative L2 difference %.3g\n", c->what, kNames[x], rel);
+        if (!(rel > MASK_MIN_DIFF))
+            fail_msg("%s: %s under the mask is within %.3g of the unmasked backward's (need > %g): the mask "
+                     "changed nothing", c->what, kNames[x], rel, MASK_MIN_DIFF);
+    }
+}
+
+/* Runs A, B, C (and D when `subsets`) and every check of the file comment; m: the case's mask (NULL:
+ * unmasked, through tkd_cuda_attn_bwd). */
+static void run_case(const bcase *c, const hmask *m, tkd_cuda_attn_bwd_ws *ws, int subsets)
 {
     inputs in;
     dev d;
     stats s;
     grads zero = {NULL, NULL, NULL}, init, A, Bg, C;
     inputs_make(&in, c);
-    dev_make(&d, &in, c);
+    dev_make(&d, &in, c, m);
     grads_alloc(&init, &in), grads_alloc(&A, &in), grads_alloc(&Bg, &in), grads_alloc(&C, &in);
     float *tmp = tkd_test_xmalloc(sizeof(float) * (in.nq > in.nkv ? in.nq : in.nkv));
     tkd_test_fill_bf16(tmp, init.dq, in.nq, c->seed * 5 + 5, INIT_STD);
@@ -452,6 +547,10 @@ static void run_case(const bcase *c, tkd_cuda_attn_bwd_ws *ws, int subsets)
         check_same_bits(Bg.dv, C.dv, in.nkv, "dv", "dk and dv alone vs all three", c);
         check_same_bits(C.dq, init.dq, in.nq, "dq", "dq = NULL left it alone", c);
     }
+    if (m)
+        check_mask_matters(&d, &in, c, ws, &A, &C);
+    else
+        check_noop_masks(&d, &in, c, ws, &init, &Bg, &C);
     dev_free(&d);
 
     tkd_test_check e64[3], ecpu[3];
@@ -466,8 +565,8 @@ static void run_case(const bcase *c, tkd_cuda_attn_bwd_ws *ws, int subsets)
     float *cpu[3] = {NULL, NULL, NULL};
     const int with_cpu = c->cpu_ref && c->T <= FULL_ROWS_MAX;
     if (with_cpu)
-        cpu_grads(&in, c, cpu);
-    stats_make(&s, &in, c);
+        cpu_grads(&in, c, m, cpu);
+    stats_make(&s, &in, c, m);
     check_refs(&A, &s, &in, c, with_cpu ? cpu : NULL, e64, ecpu);
     report(c, e64, ecpu, with_cpu);
     stats_free(&s);
@@ -476,8 +575,9 @@ static void run_case(const bcase *c, tkd_cuda_attn_bwd_ws *ws, int subsets)
     inputs_free(&in);
 }
 
-/* Runs cases through one workspace sized for the largest of them (smaller calls reuse it). */
-static void run_cases(const bcase *cases, size_t n, int subsets_first)
+/* Runs cases through one workspace sized for the largest of them (smaller calls reuse it); masks
+ * (NULL: every case unmasked) holds case i's mask at i. */
+static void run_cases(const bcase *cases, const hmask *masks, size_t n, int subsets_first)
 {
     int B = 1, T = 1, H = 1;
     for (size_t i = 0; i < n; i++) {
@@ -489,7 +589,7 @@ static void run_cases(const bcase *cases, size_t n, int subsets_first)
     if (st != TKD_OK)
         fail_msg("workspace: %s: %s", tkd_status_name(st), tkd_error_msg());
     for (size_t i = 0; i < n; i++)
-        run_case(&cases[i], ws, subsets_first && i == 0);
+        run_case(&cases[i], masks ? &masks[i] : NULL, ws, subsets_first && i == 0);
     tkd_cuda_attn_bwd_ws_free(ws);
 }
 
@@ -510,7 +610,7 @@ static void test_small(void **state)
         {"T = 300, peaked softmax (std 3)", 1, 300, 2, 1, 64, 3.0f, 1, 9},
     };
     (void)state;
-    run_cases(cases, sizeof cases / sizeof cases[0], 1);
+    run_cases(cases, NULL, sizeof cases / sizeof cases[0], 1);
 }
 
 /* T 4097: the float64 reference on sampled rows (the CPU's (T, T) scratch would be 2 GB). */
@@ -521,7 +621,113 @@ static void test_long(void **state)
         {"T = 4097, B = 2, GQA 2, dh 64", 2, 4097, 2, 1, 64, 1.0f, 0, 12},
     };
     (void)state;
-    run_cases(cases, sizeof cases / sizeof cases[0], 0);
+    run_cases(cases, NULL, sizeof cases / sizeof cases[0], 0);
+}
+
+/* A masked case: the shape, the window (0: none) and, when docs, each sequence's document starts (0
+ * first, ended by -1; tkd_test_doc_starts). */
+typedef struct mcase {
+    bcase c;
+    int window, docs;
+    int starts[2][12];
+} mcase;
+
+/* tkd_cuda_attn_bwd_masked on every row against float64 and the CPU's masked fp32 backward: T not a
+ * multiple of the 64/128-row tiles, GQA 4, dh 48 to 128, documents of one token (first rows, a
+ * tile's last and next-first rows, the last row), documents across 64- and 128-row tile edges and
+ * starting exactly on them, different cuts per sequence, a window of 1 (only the diagonal), windows
+ * across tiles, window and documents together, and whole key and query tiles skipped (T 1000). The
+ * first case also runs dq alone and dk, dv alone (D). */
+static void test_masked(void **state)
+{
+    static const mcase cases[] = {
+        {{"docs: B 2, cuts differ, GQA 4, dh 64", 2, 300, 8, 2, 64, 1.5f, 1, 21}, 0, 1,
+         {{0, 1, 2, 60, 61, 127, 128, 129, 200, 299, -1}, {0, 150, 151, -1}}},
+        {{"window 1, GQA 4, dh 128", 1, 200, 4, 1, 128, 1.5f, 1, 22}, 1, 0, {{-1}, {-1}}},
+        {{"window 37 + docs on tile edges, dh 128", 2, 333, 8, 2, 128, 1.5f, 1, 23}, 37, 1,
+         {{0, 5, 140, 141, 270, -1}, {0, 64, 192, 256, -1}}},
+        {{"docs of 16 and 1, dh 96", 1, 129, 4, 1, 96, 1.5f, 1, 24}, 0, 1,
+         {{0, 16, 32, 33, 48, 64, 80, 96, 112, 128, -1}, {-1}}},
+        {{"window 130, B 2, GQA 4, dh 48", 2, 270, 8, 2, 48, 1.5f, 1, 25}, 130, 0, {{-1}, {-1}}},
+        {{"window 80, GQA 2, dh 80", 1, 257, 4, 2, 80, 1.5f, 1, 27}, 80, 0, {{-1}, {-1}}},
+        {{"window 200 + docs, T 1000, dh 64", 1, 1000, 4, 1, 64, 1.0f, 1, 26}, 200, 1,
+         {{0, 300, 301, 700, -1}, {-1}}},
+    };
+    enum { N = sizeof cases / sizeof cases[0] };
+    bcase shapes[N];
+    hmask masks[N];
+    int32_t *docs[N];
+    (void)state;
+    for (int i = 0; i < N; i++) {
+        const bcase *c = &cases[i].c;
+        shapes[i] = *c;
+        docs[i] = NULL;
+        if (cases[i].docs) {
+            docs[i] = tkd_test_xmalloc(sizeof(int32_t) * (size_t)c->B * c->T);
+            tkd_test_doc_starts(&cases[i].starts[0][0], 12, c->B, c->T, docs[i]);
+        }
+        masks[i] = (hmask){cases[i].window, docs[i]};
+    }
+    run_cases(shapes, masks, N, 1);
+    for (int i = 0; i < N; i++)
+        free(docs[i]);
+}
+
+/* One case of test_backend_masked: the CUDA backend's attn_bwd (which overwrites dq, dk, dv) from
+ * NaN-filled gradients against tkd_cuda_attn_bwd_masked from zeroed ones, bit for bit. starts: B
+ * lists of 8 document starts (tkd_test_doc_starts), or NULL. */
+static void backend_case(tkd_backend *be, const bcase *c, int window, const int *starts)
+{
+    inputs in;
+    dev d;
+    grads zero = {NULL, NULL, NULL}, want, got;
+    int32_t *doc = NULL;
+    if (starts) {
+        doc = tkd_test_xmalloc(sizeof(int32_t) * (size_t)c->B * c->T);
+        tkd_test_doc_starts(starts, 8, c->B, c->T, doc);
+    }
+    const hmask m = {window, doc};
+    tkd_cuda_attn_bwd_ws *ws = NULL;
+    tkd_test_ok(tkd_cuda_attn_bwd_ws_create(&ws, c->B, c->T, c->H, c->dh), "flash backward workspace");
+    inputs_make(&in, c);
+    dev_make(&d, &in, c, &m);
+    grads_alloc(&want, &in), grads_alloc(&got, &in);
+    gpu_backward(&d, &in, c, ws, &zero, 7, &want);
+    tkd_test_poison(d.dq, 2 * (in.nq + GUARD)), tkd_test_poison(d.dk, 2 * (in.nkv + GUARD));
+    tkd_test_poison(d.dv, 2 * (in.nkv + GUARD));
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* the backend's stream may not wait for the memsets */
+    tkd_test_ok(be->op->attn_bwd(be, d.dy, d.q, d.k, d.v, d.y, d.lse, c->B, c->T, c->H, c->Hkv, c->dh, window, d.doc,
+                                 d.dq, d.dk, d.dv),
+                "backend attn_bwd");
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    grad_fetch(got.dq, d.dq, in.nq, "dq", c), grad_fetch(got.dk, d.dk, in.nkv, "dk", c);
+    grad_fetch(got.dv, d.dv, in.nkv, "dv", c);
+    check_same_bits(want.dq, got.dq, in.nq, "dq", "backend vs tkd_cuda_attn_bwd_masked", c);
+    check_same_bits(want.dk, got.dk, in.nkv, "dk", "backend vs tkd_cuda_attn_bwd_masked", c);
+    check_same_bits(want.dv, got.dv, in.nkv, "dv", "backend vs tkd_cuda_attn_bwd_masked", c);
+    dev_free(&d);
+    grads_free(&want), grads_free(&got);
+    inputs_free(&in);
+    tkd_cuda_attn_bwd_ws_free(ws);
+    free(doc);
+}
+
+/* The CUDA backend routes a window shorter than T or packed documents to tkd_cuda_attn_bwd_masked
+ * where it takes the head size (not the simple kernel, whose bits differ), and keeps its op's
+ * contract: the gradients are overwritten (NaN before the call would survive an add). */
+static void test_backend_masked(void **state)
+{
+    static const int starts[2][8] = {{0, 3, 70, 71, 130, -1}, {0, 128, -1}};
+    static const bcase docs = {"backend: window 50 + docs, dh 64", 2, 200, 4, 1, 64, 1.5f, 0, 31};
+    static const bcase window = {"backend: window 9, dh 128", 1, 150, 4, 2, 128, 1.5f, 0, 32};
+    tkd_backend *be = NULL;
+    (void)state;
+    tkd_test_ok(tkd_backend_open(TKD_DEVICE_CUDA, 0, &be), "CUDA backend");
+    assert_int_equal(be->attn_docs_bwd, 1);
+    assert_int_equal(be->attn_window_bwd, 1);
+    backend_case(be, &docs, 50, &starts[0][0]);
+    backend_case(be, &window, 9, NULL);
+    tkd_backend_close(be);
 }
 
 static void test_errors(void **state)
@@ -549,6 +755,18 @@ static void test_errors(void **state)
     tkd_test_assert_msg_has("workspace too small");
     assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 0, 4, 2, 1, 64, d, d, d, ws, NULL), TKD_OK);
     assert_int_equal(tkd_cuda_attn_bwd(d, d, d, d, d, l, 1, 4, 2, 1, 64, NULL, NULL, NULL, ws, NULL), TKD_OK);
+    const tkd_attn_mask sinks = {0, l, NULL}, negative = {-1, NULL, NULL};
+    assert_int_equal(tkd_cuda_attn_bwd_masked(d, d, d, d, d, l, 1, 4, 2, 1, 64, &sinks, d, d, d, ws, NULL),
+                     TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("tkd_cuda_attn_bwd_masked: attention sinks are not supported");
+    assert_int_equal(tkd_cuda_attn_bwd_masked(d, d, d, d, d, l, 1, 4, 2, 1, 64, &negative, d, d, d, ws, NULL),
+                     TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("tkd_cuda_attn_bwd_masked: window -1 < 0");
+    assert_int_equal(tkd_cuda_attn_bwd_masked(d, d, d, d, d, l, 1, 4, 2, 1, 32, &negative, d, d, d, ws, NULL),
+                     TKD_ERR_INVALID_ARG); /* the mask is checked first */
+    assert_int_equal(tkd_cuda_attn_bwd_masked(d, d, d, d, d, l, 1, 4, 2, 1, 32, NULL, d, d, d, ws, NULL),
+                     TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("head dim 32");
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     tkd_cuda_attn_bwd_ws_free(ws);
     tkd_cuda_attn_bwd_ws_free(NULL);
@@ -559,6 +777,8 @@ static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_errors),
     cmocka_unit_test(test_small),
     cmocka_unit_test(test_long),
+    cmocka_unit_test(test_masked),
+    cmocka_unit_test(test_backend_masked),
 };
 #endif /* TKD_HAVE_CUDA */
 

@@ -34,6 +34,16 @@
  * elementwise when both start together, and taken whole otherwise. Keys ≥ T (zero-filled) are
  * after every real query, so only padded queries (P = 0 by lse2 = +inf) meet them unmasked.
  *
+ * Window and documents (tkd_cuda_attn_bwd_masked; both kernels built a second time, kMask): query
+ * i sees key j iff first_key(i) ≤ j ≤ i, equivalently j ≤ i < query_end(j) (attn_cuda_common.cuh;
+ * both bounds non-decreasing). The dq CTA stages first_key of its 128 rows in smem and walks key
+ * tiles only down to its first row's first key; a warp skips a tile or chunk wholly before its
+ * first row's first key, and masks one elementwise when it reaches below its last row's. The dkv
+ * CTA stages query_end of its 128 keys (a bisection over doc per key) and walks query tiles only up
+ * to its last key's; a warp skips a chunk of queries all at or past its last key's end, and masks
+ * one elementwise when it reaches past its first key's. Masking sets P (so dS) to 0: a masked
+ * score above the row's lse cannot leak an inf. Rows are never wholly masked (i sees itself).
+ *
  * Fragment layouts and smem padding: attn_cuda_common.cuh.
  */
 #include "kernels/attn/attn_cuda.h"
@@ -72,20 +82,26 @@ struct BwdArgs {
     int n_qt;                /* dq kernel's query tiles: ceil(T / kQRows) */
     float scale_log2;        /* log2(e) / sqrt(dh) */
     float scale;             /* 1 / sqrt(dh) */
+    int window;              /* the kMask kernels': 0 or the sliding window (< T) */
+    const int32_t *doc;      /* the kMask kernels': (B·T) document starts, or NULL */
 };
 
-/* Shared memory of the dkv kernel: K, V (128, LD) once; Q[2], dY[2] (64, LD); lse2[2], D[2] (64). */
-template <int DH> struct KvGeo {
+/* Shared memory of the dkv kernel: K, V (128, LD) once; Q[2], dY[2] (64, LD); lse2[2], D[2] (64);
+ * with kMask the keys' query_end (128 ints). */
+template <int DH, bool kMask> struct KvGeo {
     static constexpr int LD = DH + 8;
     static constexpr int QS = kKvQ * LD; /* one Q or dY stage, elements */
-    static constexpr size_t SMEM = (size_t)(2 * kKvKeys * LD + 4 * QS) * 2 + 4 * kKvQ * sizeof(float);
+    static constexpr size_t SMEM = (size_t)(2 * kKvKeys * LD + 4 * QS) * 2 + 4 * kKvQ * sizeof(float) +
+                                   (kMask ? kKvKeys * sizeof(int) : 0);
 };
 
-/* Shared memory of the dq kernel: Q, dY (128, LD) once; K[2], V[2] (64, LD); lse2, D (128). */
-template <int DH> struct QGeo {
+/* Shared memory of the dq kernel: Q, dY (128, LD) once; K[2], V[2] (64, LD); lse2, D (128); with
+ * kMask the rows' first_key (128 ints). */
+template <int DH, bool kMask> struct QGeo {
     static constexpr int LD = DH + 8;
     static constexpr int KS = kQKeys * LD; /* one K or V stage, elements */
-    static constexpr size_t SMEM = (size_t)(2 * kQRows * LD + 4 * KS) * 2 + 2 * kQRows * sizeof(float);
+    static constexpr size_t SMEM = (size_t)(2 * kQRows * LD + 4 * KS) * 2 + 2 * kQRows * sizeof(float) +
+                                   (kMask ? kQRows * sizeof(int) : 0);
 };
 
 /* ---- prep ---------------------------------------------------------------------------------- */
@@ -135,23 +151,38 @@ __device__ __forceinline__ void load_floats(float *s, const float *g, int n, int
 }
 
 /* P and dS in place for one 16 × 16 chunk of C fragments: p = 2^(s·scale_log2 − l2), ds =
- * p·(dp − d). l2 and d are per element ([nt][e]); causal: when `diag` (the chunk's rows and
- * columns start at the same position), elements whose key is after their query get p = 0;
- * key_after(nt, e) says which. */
-template <typename KeyAfter>
+ * p·(dp − d). l2 and d are per element ([nt][e]); when `part` (the chunk is partly masked: causal,
+ * its rows and columns start at the same position; or the window or a document cuts it), elements
+ * hidden(nt, e) get p = 0. */
+template <typename Hidden>
 __device__ __forceinline__ void p_ds(float s[2][4], float dp[2][4], const float l2[2][4], const float d[2][4],
-                                     float scale_log2, bool diag, KeyAfter key_after)
+                                     float scale_log2, bool part, Hidden hidden)
 {
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float p = fast_exp2(fmaf(s[nt][e], scale_log2, -l2[nt][e]));
-            if (diag && key_after(nt, e))
+            if (part && hidden(nt, e))
                 p = 0.f;
             s[nt][e] = p;
             dp[nt][e] = p * (dp[nt][e] - d[nt][e]);
         }
+}
+
+/* The kMask kernels' element mask of one partly masked chunk, as bit 4nt + e for C fragment element
+ * [nt][e] (hidden(nt, e)): computed before the chunk's products, so that one register, not the
+ * positions and bounds, is live beside S and dP. */
+template <typename Hidden>
+__device__ __forceinline__ unsigned hidden_bits(Hidden hidden)
+{
+    unsigned m = 0;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            m |= hidden(nt, e) ? 1u << (4 * nt + e) : 0u;
+    return m;
 }
 
 /* g (rows, ld) += acc·mul as bf16 for a warp's 16 rows starting at global row r0 (C fragments,
@@ -203,12 +234,13 @@ __device__ __forceinline__ void dkv_load_step(const BwdArgs &a, uint16_t *sq, ui
 
 /* One warp, one step: its 16 keys kw.. against the 64 queries q0.. staged in sq, sdy (64, LD),
  * sl, sd (64). dv += Pᵀ dY, dk += dSᵀ Q (unscaled), chunk by chunk of 16 queries. Sᵀ C fragments:
- * element [nt][e] is key kw + g + 8(e >> 1), query qc + 8nt + 2t + (e & 1) (lane = 4g + t). */
-template <int DH>
+ * element [nt][e] is key kw + g + 8(e >> 1), query qc + 8nt + 2t + (e & 1) (lane = 4g + t).
+ * kMask: qend (16) is query_end of the warp's keys (smem). */
+template <int DH, bool kMask>
 __device__ __forceinline__ void dkv_step(float dk[DH / 8][4], float dv[DH / 8][4], const uint32_t kf[DH / 16][4],
                                          const uint32_t vf[DH / 16][4], const uint16_t *sq, const uint16_t *sdy,
-                                         const float *sl, const float *sd, int kw, int q0, int lane,
-                                         float scale_log2)
+                                         const float *sl, const float *sd, const int *qend, int kw, int q0,
+                                         int lane, float scale_log2)
 {
     constexpr int LD = DH + 8;
     const int g = lane >> 2, t = lane & 3;
@@ -217,6 +249,18 @@ __device__ __forceinline__ void dkv_step(float dk[DH / 8][4], float dv[DH / 8][4
         const int qc = q0 + 16 * c;
         if (kw > qc)
             continue; /* every key of the warp is after every query of the chunk */
+        if (kMask && qc >= qend[15])
+            continue; /* every query of the chunk is past every key's window or document */
+        /* partly masked: the diagonal, or a query past the first key's end */
+        const bool part = kw == qc || (kMask && qc + 15 >= qend[0]);
+        unsigned hide = 0;
+        if (kMask && part) {
+            const int ke[2] = {qend[g], qend[g + 8]}; /* query_end of the lane's keys g, g + 8 */
+            hide = hidden_bits([&](int nt, int e) {
+                const int key = kw + g + 8 * (e >> 1), qry = qc + 8 * nt + 2 * t + (e & 1);
+                return key > qry || qry >= ke[e >> 1];
+            });
+        }
         float s[2][4], dp[2][4], l2[2][4], d[2][4];
         mma_abt_16<DH>(s, kf, sq + 16 * c * LD, lane);   /* Sᵀ = K Qᵀ */
         mma_abt_16<DH>(dp, vf, sdy + 16 * c * LD, lane); /* dPᵀ = V dYᵀ */
@@ -226,8 +270,11 @@ __device__ __forceinline__ void dkv_step(float dk[DH / 8][4], float dv[DH / 8][4
             l2[nt][0] = l2[nt][2] = sl[col], l2[nt][1] = l2[nt][3] = sl[col + 1];
             d[nt][0] = d[nt][2] = sd[col], d[nt][1] = d[nt][3] = sd[col + 1];
         }
-        p_ds(s, dp, l2, d, scale_log2, kw == qc,
-             [&](int nt, int e) { return g + 8 * (e >> 1) > 8 * nt + 2 * t + (e & 1); });
+        p_ds(s, dp, l2, d, scale_log2, kMask ? part : kw == qc, [&](int nt, int e) {
+            if constexpr (kMask)
+                return ((hide >> (4 * nt + e)) & 1u) != 0;
+            return g + 8 * (e >> 1) > 8 * nt + 2 * t + (e & 1); /* the diagonal chunk: key after query */
+        });
         uint32_t pa[4], dsa[4];
         frag_c_to_a(pa, s);
         frag_c_to_a(dsa, dp);
@@ -237,23 +284,34 @@ __device__ __forceinline__ void dkv_step(float dk[DH / 8][4], float dv[DH / 8][4
 }
 
 /* One CTA: keys [k0, k0 + 128) of kv head g in batch b against every query q ≥ k0 of the query
- * heads g·grp .. g·grp + grp − 1. Steps, pipeline and layouts: see the file comment. */
-template <int DH>
+ * heads g·grp .. g·grp + grp − 1 (kMask: up to the last key's query_end). Steps, pipeline and
+ * layouts: see the file comment. */
+template <int DH, bool kMask>
 __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dkv_kernel(const BwdArgs a)
 {
     extern __shared__ __align__(16) uint16_t smem[];
-    constexpr int LD = KvGeo<DH>::LD, QS = KvGeo<DH>::QS;
+    constexpr int LD = KvGeo<DH, kMask>::LD, QS = KvGeo<DH, kMask>::QS;
     uint16_t *sk = smem, *sv = sk + kKvKeys * LD, *sq = sv + kKvKeys * LD, *sdy = sq + 2 * QS;
     float *sl = reinterpret_cast<float *>(sdy + 2 * QS), *sd = sl + 2 * kKvQ; /* [2][64] each */
+    int *sqend = reinterpret_cast<int *>(sd + 2 * kKvQ);                      /* kMask: (128) */
     const int b = blockIdx.x / a.Hkv, g = blockIdx.x % a.Hkv, k0 = blockIdx.y * kKvKeys;
     const int64_t kvld = (int64_t)a.Hkv * DH, kv_off = (int64_t)b * a.T * kvld + (int64_t)g * DH;
-    const int qt0 = k0 / kKvQ, n_q = (a.T + kKvQ - 1) / kKvQ - qt0, n_steps = a.grp * n_q;
+    const int qt0 = k0 / kKvQ; /* the CTA's queries: tiles qt0 .. qt0 + n_q − 1 */
+    int n_q = (a.T + kKvQ - 1) / kKvQ - qt0, n_steps = a.grp * n_q;
 
     load_rows<DH, kKvKeys, kThreads>(sk, a.k + kv_off, kvld, k0, a.T);
     load_rows<DH, kKvKeys, kThreads>(sv, a.v + kv_off, kvld, k0, a.T);
     dkv_load_step<DH>(a, sq, sdy, sl, sd, b, g * a.grp, qt0 * kKvQ);
     cp_async_commit();
 
+    if (kMask) { /* query_end of each key (keys ≥ T take the last one's: T), while the tiles load */
+        const int32_t *doc = a.doc ? a.doc + (int64_t)b * a.T : nullptr;
+        if (threadIdx.x < kKvKeys)
+            sqend[threadIdx.x] = query_end(min(k0 + (int)threadIdx.x, a.T - 1), a.T, a.window, doc);
+        __syncthreads();
+        /* the queries [k0, the last key's query_end): query_end is non-decreasing */
+        n_q = (sqend[kKvKeys - 1] + kKvQ - 1) / kKvQ - qt0, n_steps = a.grp * n_q;
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = k0 + 16 * warp;
     uint32_t kf[DH / 16][4], vf[DH / 16][4];
     float dk[DH / 8][4], dv[DH / 8][4];
@@ -273,8 +331,8 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dkv_kerne
             cp_async_commit();
         }
         const int q0 = (qt0 + s % n_q) * kKvQ;
-        dkv_step<DH>(dk, dv, kf, vf, sq + st * QS, sdy + st * QS, sl + st * kKvQ, sd + st * kKvQ, kw, q0,
-                     lane, a.scale_log2);
+        dkv_step<DH, kMask>(dk, dv, kf, vf, sq + st * QS, sdy + st * QS, sl + st * kKvQ, sd + st * kKvQ,
+                            sqend + 16 * warp, kw, q0, lane, a.scale_log2);
     }
     if (a.dk)
         add_rows_bf16<DH>(a.dk + kv_off, kvld, dk, a.scale, kw, a.T, lane);
@@ -286,12 +344,13 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dkv_kerne
 
 /* One warp, one K/V tile: its 16 rows row0.. against keys k0 .. k0 + 63 staged in sk, sv (64, LD);
  * dq += dS K (unscaled), chunk by chunk of 16 keys. S C fragments: element [nt][e] is row
- * row0 + g + 8(e >> 1), key kc + 8nt + 2t + (e & 1). l2, d: the lse2 and D of rows g, g + 8. */
-template <int DH>
+ * row0 + g + 8(e >> 1), key kc + 8nt + 2t + (e & 1). l2, d: the lse2 and D of rows g, g + 8.
+ * kMask: lo (16) is first_key of the warp's rows (smem). */
+template <int DH, bool kMask>
 __device__ __forceinline__ void dq_tile(float dq[DH / 8][4], const uint32_t qf[DH / 16][4],
                                         const uint32_t dyf[DH / 16][4], const float l2r[2], const float dr[2],
-                                        const uint16_t *sk, const uint16_t *sv, int k0, int row0, int lane,
-                                        float scale_log2)
+                                        const uint16_t *sk, const uint16_t *sv, const int *lo, int k0, int row0,
+                                        int lane, float scale_log2)
 {
     constexpr int LD = DH + 8;
     const int g = lane >> 2, t = lane & 3;
@@ -302,11 +361,26 @@ __device__ __forceinline__ void dq_tile(float dq[DH / 8][4], const uint32_t qf[D
         const int kc = k0 + 16 * c;
         if (kc > row0)
             continue; /* every key of the chunk is after every row of the warp */
+        if (kMask && kc + 15 < lo[0])
+            continue; /* every key of the chunk is before every row's first key */
+        /* partly masked: the diagonal, or a key before the last row's first key */
+        const bool part = kc == row0 || (kMask && kc < lo[15]);
+        unsigned hide = 0;
+        if (kMask && part) {
+            const int rl[2] = {lo[g], lo[g + 8]}; /* first_key of the lane's rows g, g + 8 */
+            hide = hidden_bits([&](int nt, int e) {
+                const int key = kc + 8 * nt + 2 * t + (e & 1), row = row0 + g + 8 * (e >> 1);
+                return key > row || key < rl[e >> 1];
+            });
+        }
         float s[2][4], dp[2][4];
         mma_abt_16<DH>(s, qf, sk + 16 * c * LD, lane);   /* S = Q Kᵀ */
         mma_abt_16<DH>(dp, dyf, sv + 16 * c * LD, lane); /* dP = dY Vᵀ */
-        p_ds(s, dp, l2, d, scale_log2, kc == row0,
-             [&](int nt, int e) { return 8 * nt + 2 * t + (e & 1) > g + 8 * (e >> 1); });
+        p_ds(s, dp, l2, d, scale_log2, kMask ? part : kc == row0, [&](int nt, int e) {
+            if constexpr (kMask)
+                return ((hide >> (4 * nt + e)) & 1u) != 0;
+            return 8 * nt + 2 * t + (e & 1) > g + 8 * (e >> 1); /* the diagonal chunk: key after row */
+        });
         uint32_t dsa[4];
         frag_c_to_a(dsa, dp);
         mma_ab_acc<DH>(dq, dsa, sk + 16 * c * LD, lane); /* dQ += dS K */
@@ -314,14 +388,16 @@ __device__ __forceinline__ void dq_tile(float dq[DH / 8][4], const uint32_t qf[D
 }
 
 /* One CTA: query rows [q0, q0 + 128) of head h in batch b against keys [0, min(q0 + 128, T)),
- * key tiles from the last down to 0 (the forward's order and pipeline). */
-template <int DH>
+ * key tiles from the last down to 0 (kMask: down to row q0's first key's), the forward's order and
+ * pipeline. */
+template <int DH, bool kMask>
 __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dq_kernel(const BwdArgs a)
 {
     extern __shared__ __align__(16) uint16_t smem[];
-    constexpr int LD = QGeo<DH>::LD, KS = QGeo<DH>::KS;
+    constexpr int LD = QGeo<DH, kMask>::LD, KS = QGeo<DH, kMask>::KS;
     uint16_t *sq = smem, *sdy = sq + kQRows * LD, *sk = sdy + kQRows * LD, *sv = sk + 2 * KS;
     float *sl = reinterpret_cast<float *>(sv + 2 * KS), *sd = sl + kQRows;
+    int *slo = reinterpret_cast<int *>(sd + kQRows); /* kMask: first_key of the CTA's rows (128) */
     const int b = blockIdx.x / a.H, h = blockIdx.x % a.H;
     const int q0 = (a.n_qt - 1 - (int)blockIdx.y) * kQRows; /* heavy (late) tiles first */
     const int64_t qld = (int64_t)a.H * DH, kvld = (int64_t)a.Hkv * DH;
@@ -337,11 +413,18 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dq_kernel
     load_floats(sd, a.dsum + w, kQRows, kQRows / 4);
     load_tile_pair<DH, kQKeys, kThreads>(sk, sv, gk, gv, kvld, last * kQKeys, a.T);
 
+    int first = 0; /* key tiles first .. last */
+    if (kMask) {   /* the rows' first keys, read after the loop's first barrier */
+        const int32_t *doc = a.doc ? a.doc + (int64_t)b * a.T : nullptr;
+        if (threadIdx.x < kQRows)
+            slo[threadIdx.x] = first_key(q0 + (int)threadIdx.x, a.T, a.window, doc);
+        first = first_key(q0, a.T, a.window, doc) / kQKeys; /* row q0's: the CTA's lowest */
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = q0 + 16 * warp;
     uint32_t qf[DH / 16][4], dyf[DH / 16][4];
     float l2[2], d[2], dq[DH / 8][4];
     zero_acc<DH>(dq);
-    for (int j = last, st = 0; j >= 0; j--, st ^= 1) {
+    for (int j = last, st = 0; j >= first; j--, st ^= 1) {
         cp_async_wait_all();
         __syncthreads(); /* tile j is in stage st for all; nobody still reads stage st ^ 1 */
         if (j == last) {
@@ -350,29 +433,32 @@ __global__ void __launch_bounds__(kThreads, DH <= 64 ? 2 : 1) attn_bwd_dq_kernel
             const int r = 16 * warp + (lane >> 2);
             l2[0] = sl[r], l2[1] = sl[r + 8], d[0] = sd[r], d[1] = sd[r + 8];
         }
-        if (j > 0)
+        if (j > first)
             load_tile_pair<DH, kQKeys, kThreads>(sk + (st ^ 1) * KS, sv + (st ^ 1) * KS, gk, gv, kvld,
                                                  (j - 1) * kQKeys, a.T);
         const int k0 = j * kQKeys;
         if (k0 > row0 + 15)
             continue; /* every key of the tile is after every row of this warp */
-        dq_tile<DH>(dq, qf, dyf, l2, d, sk + st * KS, sv + st * KS, k0, row0, lane, a.scale_log2);
+        if (kMask && k0 + kQKeys - 1 < slo[16 * warp])
+            continue; /* every key of the tile is before every row's first key */
+        dq_tile<DH, kMask>(dq, qf, dyf, l2, d, sk + st * KS, sv + st * KS, slo + 16 * warp, k0, row0, lane,
+                           a.scale_log2);
     }
     add_rows_bf16<DH>(a.dq + q_off, qld, dq, a.scale, row0, a.T, lane);
 }
 
 /* ---- launch -------------------------------------------------------------------------------- */
 
-template <int DH>
+template <int DH, bool kMask>
 tkd_status launch(const BwdArgs &a, int B, cudaStream_t stream)
 {
     if (a.dk || a.dv) {
         const dim3 grid((unsigned)(B * a.Hkv), (unsigned)((a.T + kKvKeys - 1) / kKvKeys));
-        TKD_TRY(launch_smem(attn_bwd_dkv_kernel<DH>, grid, kThreads, KvGeo<DH>::SMEM, stream, a));
+        TKD_TRY(launch_smem(attn_bwd_dkv_kernel<DH, kMask>, grid, kThreads, KvGeo<DH, kMask>::SMEM, stream, a));
     }
     if (a.dq) {
         const dim3 grid((unsigned)(B * a.H), (unsigned)a.n_qt);
-        TKD_TRY(launch_smem(attn_bwd_dq_kernel<DH>, grid, kThreads, QGeo<DH>::SMEM, stream, a));
+        TKD_TRY(launch_smem(attn_bwd_dq_kernel<DH, kMask>, grid, kThreads, QGeo<DH, kMask>::SMEM, stream, a));
     }
     return TKD_OK;
 }
@@ -449,6 +535,19 @@ extern "C" tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, c
                                         int H, int Hkv, int dh, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                                         tkd_cuda_attn_bwd_ws *ws, void *stream)
 {
+    return tkd_cuda_attn_bwd_masked(dy, q, k, v, y, lse, B, T, H, Hkv, dh, NULL, dq, dk, dv, ws, stream);
+}
+
+extern "C" tkd_status tkd_cuda_attn_bwd_masked(const uint16_t *dy, const uint16_t *q, const uint16_t *k,
+                                               const uint16_t *v, const uint16_t *y, const float *lse, int B,
+                                               int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
+                                               uint16_t *dq, uint16_t *dk, uint16_t *dv, tkd_cuda_attn_bwd_ws *ws,
+                                               void *stream)
+{
+    TKD_TRY(check_mask("tkd_cuda_attn_bwd_masked", mask));
+    if (mask && mask->sinks)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "tkd_cuda_attn_bwd_masked: attention sinks are not supported "
+                                                  "(no backward takes sinks: teachers only)");
     const uint16_t *const ptrs[] = {dy, q, k, v, y, dq, dk, dv};
     tkd_status st = check_args(ptrs, 8, B, T, H, Hkv, dh, ws);
     if (st != TKD_OK)
@@ -467,5 +566,12 @@ extern "C" tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, c
     a.n_qt = (T + kQRows - 1) / kQRows;
     a.scale_log2 = (float)(kLog2e / sqrt((double)dh));
     a.scale = (float)(1.0 / sqrt((double)dh));
-    return with_dh(dh, [&](auto d) { return launch<decltype(d)::value>(a, B, s); });
+    /* a window of T or more hides nothing (and would overflow j + window in query_end) */
+    a.window = mask && mask->window < T ? mask->window : 0;
+    a.doc = mask ? mask->doc : NULL;
+    const bool masked = a.window > 0 || a.doc;
+    return with_dh(dh, [&](auto d) {
+        constexpr int DH = decltype(d)::value;
+        return masked ? launch<DH, true>(a, B, s) : launch<DH, false>(a, B, s);
+    });
 }

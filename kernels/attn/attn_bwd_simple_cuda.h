@@ -50,8 +50,9 @@ tkd_status tkd_cuda_attn_bwd_simple(const uint16_t *dy,                    // (B
 /* The same under a window and packed documents (kernels/attn/attn_cuda.h's tkd_attn_mask; sinks
  * refused: no backward takes them), from the masked forward's lse: query i's sums run over the keys
  * it saw, key j's over the queries that saw it. NULL: plain causal (the bits of the function above).
- * The CUDA backend's only masked backward so far (attn_window_bwd / attn_docs_bwd); checked by
- * tests/test_gpu_attn_bwd_simple.c's masked cases against float64. */
+ * The CUDA backend's masked backward for head sizes tkd_cuda_attn_bwd_masked (attn_cuda.h) does not
+ * take, and a second GPU reference for it; checked by tests/test_gpu_attn_bwd_simple.c's masked
+ * cases against float64. */
 tkd_status tkd_cuda_attn_bwd_simple_masked(const uint16_t *dy, const uint16_t *q, const uint16_t *k,
                                            const uint16_t *v, const uint16_t *y, const float *lse, int B, int T,
                                            int H, int Hkv, int dh, const tkd_attn_mask *mask, uint16_t *dq,

@@ -102,17 +102,9 @@ __device__ __forceinline__ void qk_tile(float s[kNt][4], const uint32_t qf[DH / 
         }
 }
 
-/* The first key query row i sees: i − window + 1 with a window, its document's start with doc
- * (rows ≥ T, zero-filled, take the last row's); both are non-decreasing in i. */
-__device__ __forceinline__ int first_key(int i, int T, int window, const int32_t *doc)
-{
-    const int w = window > 0 ? max(0, i - window + 1) : 0;
-    return doc ? max(w, doc[min(i, T - 1)]) : w;
-}
-
 /* Sets to −inf the scores of keys after their query row (causal), of keys ≥ T (zero-filled rows)
  * and of keys before the row's first key (lo[0] for the lane's row, lo[1] for the row 8 below:
- * first_key). k0: the tile's first key; row0: the warp's first query row. */
+ * first_key, attn_cuda_common.cuh). k0: the tile's first key; row0: the warp's first query row. */
 __device__ __forceinline__ void mask_tile(float s[kNt][4], int k0, int row0, int T, const int lo[2], int lane)
 {
     const int row = row0 + (lane >> 2), key = k0 + (lane & 3) * 2;

@@ -94,6 +94,21 @@ tkd_status tkd_cuda_attn_bwd(const uint16_t *dy, const uint16_t *q, const uint16
                              int H, int Hkv, int dh, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                              tkd_cuda_attn_bwd_ws *ws, void *stream);
 
+/* tkd_cuda_attn_bwd under mask's window and documents: the gradients of tkd_cuda_attn_fwd_masked
+ * (y and lse are what it wrote under the same mask), added to dq, dk, dv as there. The same kernels
+ * built a second time with the mask: a 16 × 16 block of (query, key) pairs that the mask hides
+ * wholly is skipped, one it hides in part is masked element by element, and key tiles before a query
+ * tile's first visible key (query tiles past a key tile's last visible query) are never loaded, so
+ * the work follows the visible pairs. Deterministic as the unmasked backward. mask NULL, or a window
+ * of 0 or ≥ T with doc NULL: the unmasked kernels, bit for bit tkd_cuda_attn_bwd. Sinks:
+ * TKD_ERR_UNSUPPORTED (no backward takes them: teachers only); window < 0: TKD_ERR_INVALID_ARG.
+ * doc's starts must follow tkd_attn_mask's rule (≤ i, non-decreasing within a sequence). */
+tkd_status tkd_cuda_attn_bwd_masked(const uint16_t *dy, const uint16_t *q, const uint16_t *k,
+                                    const uint16_t *v, const uint16_t *y, const float *lse, int B,
+                                    int T, int H, int Hkv, int dh, const tkd_attn_mask *mask,
+                                    uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                    tkd_cuda_attn_bwd_ws *ws, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -181,6 +181,36 @@ __device__ __forceinline__ void frag_c_to_a(uint32_t a[4], const float c[2][4])
     a[3] = pack_bf16(c[1][2], c[1][3]);
 }
 
+/* ---- the mask (tkd_attn_mask's window and documents) ---------------------------------------- */
+
+/* The first key query row i sees: i − window + 1 with a window, its document's start with doc
+ * (doc: the sequence's (T) starts; rows ≥ T, zero-filled, take the last row's); both are
+ * non-decreasing in i. window 0 and doc NULL: 0. */
+__device__ __forceinline__ int first_key(int i, int T, int window, const int32_t *doc)
+{
+    const int w = window > 0 ? max(0, i - window + 1) : 0;
+    return doc ? max(w, doc[min(i, T - 1)]) : w;
+}
+
+/* One past the last query row that sees key j (0 ≤ j < T; window < T, so no overflow): the rows
+ * i ≥ j with i − j < window, and with doc those before the first row i > j whose document starts
+ * after j (doc is non-decreasing, so "starts after j" is false, then true: a bisection). Rows j ..
+ * query_end(j) − 1 are exactly those whose first_key is ≤ j; query_end is non-decreasing in j. */
+__device__ __forceinline__ int query_end(int j, int T, int window, const int32_t *doc)
+{
+    int lo = j + 1, hi = window > 0 ? min(T, j + window) : T;
+    if (!doc)
+        return hi;
+    while (lo < hi) { /* the answer lies in [lo, hi] */
+        const int mid = lo + (hi - lo) / 2;
+        if (doc[mid] > j)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 /* ---- host side: the checks and the launch of both passes ------------------------------------ */
 
 constexpr int kMaxGridY = 65535; /* grid.y limit: query or key tiles per (batch, head) */

@@ -391,14 +391,15 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
  * deterministic kernels elsewhere. A choice that is absent or refuses the shape passes to the next;
  * "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all the fast ones row by row
  * to what bf16 arithmetic in a flash backward must cost, against a float64 reference.
- * A window shorter than T or packed documents go straight to the simple kernels' masked variant
- * (tests/test_gpu_attn_bwd_simple.c): none of the fast ones masks yet. */
+ * A window shorter than T or packed documents skip wgmma and cuDNN (neither masks here) and go to our
+ * flash backward's masked variant (tkd_cuda_attn_bwd_masked, tests/test_gpu_attn_bwd.c) where it
+ * takes the head size, else to the simple kernels' masked variant (tests/test_gpu_attn_bwd_simple.c). */
 tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const void *k, const void *v, const void *y,
                        const void *saved, int B, int T, int H, int Hkv, int dh, int window, const int32_t *doc,
                        void *dq, void *dk, void *dv)
 {
     CudaImpl *c = impl(be);
-    const bool masked = (window > 0 && window < T) || doc; /* only the simple kernels mask, for now */
+    const bool masked = (window > 0 && window < T) || doc; /* only our flash and simple kernels mask */
     const float *lse = static_cast<const float *>(saved);
     auto wgmma = [&]() -> tkd_status { /* TKD_ERR_UNSUPPORTED (message cleared) where it cannot run */
         tkd_status st = tkd_cuda_attn_bwd_sm90_supported(dh);
@@ -431,15 +432,16 @@ tkd_status cu_attn_bwd(tkd_backend *be, const void *dy, const void *q, const voi
     TKD_CUDA_CHECK(cudaMemsetAsync(dq, 0, nq, c->stream));
     TKD_CUDA_CHECK(cudaMemsetAsync(dk, 0, nkv, c->stream));
     TKD_CUDA_CHECK(cudaMemsetAsync(dv, 0, nkv, c->stream));
-    if (!masked && flash_takes(dh)) {
+    const tkd_attn_mask mask = {window, nullptr, doc};
+    if (flash_takes(dh)) {
         TKD_TRY(attn_bwd_ws_fit(c, B, T, H, dh));
-        return tkd_cuda_attn_bwd(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k), static_cast<cbf>(v),
-                                 static_cast<cbf>(y), lse, B, T, H, Hkv, dh, static_cast<bf>(dq), static_cast<bf>(dk),
-                                 static_cast<bf>(dv), c->attn_bwd_ws, c->stream);
+        return tkd_cuda_attn_bwd_masked(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
+                                        static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh,
+                                        masked ? &mask : nullptr, static_cast<bf>(dq), static_cast<bf>(dk),
+                                        static_cast<bf>(dv), c->attn_bwd_ws, c->stream);
     }
     TKD_TRY(grow(&c->attn_delta, tkd_cuda_attn_bwd_simple_ws_bytes(B, T, H), "attention backward scratch",
                  "lower train.batch_size or data.seq_len"));
-    const tkd_attn_mask mask = {window, nullptr, doc};
     return tkd_cuda_attn_bwd_simple_masked(static_cast<cbf>(dy), static_cast<cbf>(q), static_cast<cbf>(k),
                                            static_cast<cbf>(v), static_cast<cbf>(y), lse, B, T, H, Hkv, dh,
                                            masked ? &mask : nullptr, static_cast<bf>(dq), static_cast<bf>(dk),
@@ -830,7 +832,7 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->host_addressable = 0;
     be->data_parallel = 1;
     be->attn_window = 1;     /* attn_fwd_window */
-    be->attn_window_bwd = 1; /* cu_attn_bwd: the simple kernels' masked variant */
+    be->attn_window_bwd = 1; /* cu_attn_bwd: our flash (or simple) backward's masked variant */
     be->attn_docs = 1;       /* attn_fwd_window */
     be->attn_docs_bwd = 1;   /* the same */
     be->moe_mxfp4 = 1;       /* moe_cuda.h decodes one layer's MXFP4 experts into bf16 scratch per call */
