@@ -8,7 +8,8 @@
  * tile — else the fp32 logits it writes), with TKD_KL_SM90=0 (cuBLAS + the row kernel's own
  * statistics pass: the fallback) and with the gradient GEMMs' other choices. The tests written before
  * the sm90 path are unchanged, so the variant grid runs the fused path wherever it applies;
- * test_extreme_logits checks that the fused path's slow rows run and are right. Which path each
+ * test_extreme_logits checks that the fused path's slow rows run and are right;
+ * test_divergence_grid and test_against_cpu_path run every kd.divergence. Which path each
  * group ran, determinism and the paths' agreement are test_gpu_kl_loss_paths.c's.
  */
 #include <setjmp.h>

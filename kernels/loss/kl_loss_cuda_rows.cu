@@ -19,7 +19,8 @@
  * with c_v = M = Σ target; `tail` adds −τ·α·r·q_v/(1 − Q) = −τ·α·r·exp(z_v − LSE_{v∉I}(z)) off
  * the top-k' (an exp that cannot overflow, however small 1 − Q). The dense pass writes the
  * off-top-k' value for every v; a fix-up then rewrites the few special positions (top-k', tail
- * draws, label) exactly.
+ * draws, label) exactly. Another kd.divergence (row_div_warp, the kernels' DIV instantiations)
+ * changes only the row's coefficients and the special positions' values: the same two passes.
  */
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -469,9 +470,11 @@ __device__ DivRow div_row(const RowArgs &a, RowSmem m, const RowShared &sh)
  * `tail` form, grad_tail_term), i.e. tail: (cg_tail − (1 − Q)·gbar)·q_v/(1 − Q), sampled:
  * (rest_g − gbar)·q_v, renorm: 0 (q̃ does not depend on the logits off I). Every special token's KD
  * gradient is exact instead: with grad, tgt_i / tgt_t get −(cg − c·gbar) and *c_in is 0, so
- * grad_special's c_in·q − c_tgt·tgt is that value. */
-__device__ __noinline__ double row_div_warp(const RowArgs &a, RowSmem m, const RowShared &sh, bool grad, double *c_off,
-                               double *c_in, double *c_x)
+ * grad_special's c_in·q − c_tgt·tgt is that value. Out of line: its float64 terms need more than
+ * the kernel's 64 registers; inlined, the DIV kernels spilled ~1 KB (ptxas -v), out of line the
+ * spills stay in this function (once per row, warp 0) and the kernels spill as fkl's (≤ 48 B). */
+__device__ __noinline__ double row_div_warp(const RowArgs &a, RowSmem m, const RowShared &sh, bool grad,
+                                            double *c_off, double *c_in, double *c_x)
 {
     const int lane = threadIdx.x % 32, kk = a.k_use;
     const DivRow d = div_row(a, m, sh);
