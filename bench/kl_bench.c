@@ -16,7 +16,10 @@
  * nothing is freed in between, so that is the peak).
  *
  *   kl_bench [--shapes 4096x4096x128256,...] [--reps 5] [--chunk 0] [--rows THREADSxVEC]
- *            [--profile] [--no-naive]
+ *            [--profile] [--no-naive] [--divergence fkl|rkl|jsd|skl|srkl|tvd]
+ * --divergence times the loss with another kd.divergence (default fkl; jsd_beta 0.5, skew_alpha 0.1):
+ * over renorm at α = 1 the dense KD gradient is 0, so on the fused path every row rescales its E
+ * tile (kl_loss_cuda_rows.cu, kMinDenseShare) — the divergences' slowest case.
  * --profile adds, per shape and path, the device time of each stage (summed over chunks) and, on
  * the paths whose row kernels read the fp32 logits, their effective bandwidth (stats: reads N·V·4
  * bytes; grad: reads N·V·4, writes N·V·2; grad_in_forward rows: reads twice, writes once; the fused
@@ -68,6 +71,7 @@ typedef struct bench_opts {
     int n_shapes, reps, chunk, profile, naive;
     int row_threads, row_vec; /* --rows; 0, 0: the product's launch shape */
     int lmhead;               /* --lmhead: the logits pass alone (bench_lmhead) */
+    int divergence;           /* --divergence: tkd_kl_divergence (fkl by default) */
     float tau;                /* --tau, for --lmhead */
 } bench_opts;
 
@@ -281,6 +285,7 @@ static void bench_chunked(const shape *s, const bench_opts *o, int chunk, int n_
     c.x = &x;
     tkd_kl_params_defaults(&c.p, BENCH_K);
     c.p.chunk_rows = chunk;
+    c.p.divergence = (tkd_kl_divergence)o->divergence;
     c.p.dw_overwrite = 1; /* as student-train's first micro-batch of a step calls it (and PyTorch
                            * writes its dW): every timed run then makes the same dW */
     tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, &g_policy, s->n, s->d, s->v);
@@ -522,9 +527,15 @@ int main(int argc, char **argv)
             o.lmhead = 1;
         } else if (strcmp(argv[i], "--tau") == 0 && i + 1 < argc) {
             o.tau = (float)atof(argv[++i]);
+        } else if (strcmp(argv[i], "--divergence") == 0 && i + 1 < argc) {
+            if ((o.divergence = tkd_kl_divergence_parse(argv[++i])) < 0) {
+                fprintf(stderr, "kl_bench: --divergence wants fkl, rkl, jsd, skl, srkl or tvd, got %s\n", argv[i]);
+                return 2;
+            }
         } else {
             fprintf(stderr, "usage: kl_bench [--shapes NxDxV,...] [--reps R] [--chunk C] "
-                            "[--rows THREADSxVEC] [--profile] [--no-naive] | --lmhead [--tau T]\n");
+                            "[--rows THREADSxVEC] [--profile] [--no-naive] [--divergence D] | --lmhead "
+                            "[--tau T]\n");
             return 2;
         }
     }
@@ -539,8 +550,9 @@ int main(int argc, char **argv)
         printf("kl_bench: no CUDA device answers\n");
         return 1;
     }
-    printf("device: %s, %d SMs; reps %d (median), bf16 H/W, renorm, k = %d; dH and dW fp32\n",
-           prop.name, prop.multiProcessorCount, o.reps, BENCH_K);
+    printf("device: %s, %d SMs; reps %d (median), bf16 H/W, renorm, k = %d, kd.divergence %s; dH and dW fp32\n",
+           prop.name, prop.multiProcessorCount, o.reps, BENCH_K,
+           tkd_kl_divergence_name((tkd_kl_divergence)o.divergence));
     if (o.lmhead) {
         printf("LM-head logits pass alone, tau %g, chunks of rows as the loss (TFLOP/s = 2NDV / time; "
                "ratio = time / cuBLAS logits)\n", (double)o.tau);

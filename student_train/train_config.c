@@ -48,7 +48,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_INT64(T, max_sequences, "data.max_sequences", "0", 0, 1e15, "Use at most this many training sequences; 0 = all"),
 
     TKD_CFG_ENUM(T, kd_variant, "kd.variant", "renorm", tkd_kl_variant_names, "Loss variant: renorm (softmax over the top-k'), tail (exact top-k' + tail mass), sampled (top-k' + tail draws, unbiased; needs a cache with tail draws)"),
-    TKD_CFG_ENUM(T, kd_divergence, "kd.divergence", "fkl", tkd_kl_divergence_names, "Divergence between the teacher's and the student's distributions over the variant's buckets: fkl (forward KL), rkl (reverse KL; not with sampled), jsd (generalised JSD, kd.jsd_beta), skl / srkl (skew forward / reverse KL, kd.skew_alpha), tvd (total variation); all but fkl run on the CPU only"),
+    TKD_CFG_ENUM(T, kd_divergence, "kd.divergence", "fkl", tkd_kl_divergence_names, "Divergence between the teacher's and the student's distributions over the variant's buckets: fkl (forward KL), rkl (reverse KL; not with sampled), jsd (generalised JSD, kd.jsd_beta), skl / srkl (skew forward / reverse KL, kd.skew_alpha), tvd (total variation)"),
     TKD_CFG_FLOAT(T, kd_jsd_beta, "kd.jsd_beta", "0.5", 0, 1, "jsd's beta: beta*KL(p||m) + (1-beta)*KL(q||m), m = beta*p + (1-beta)*q (TRL's GKD); 0 is forward KL, 1 reverse KL"),
     TKD_CFG_FLOAT(T, kd_skew_alpha, "kd.skew_alpha", "0.1", 0, 1, "skl / srkl's alpha, below 1: KL(p || alpha*p + (1-alpha)*q) and KL(q || alpha*q + (1-alpha)*p) (DistiLLM); 0 is forward / reverse KL"),
     TKD_CFG_FLOAT(T, kd_temperature, "kd.temperature", "1", 0.01, 100, "Distillation temperature; tail and sampled need the cache's temperature"),

@@ -8,7 +8,8 @@
  * tile — else the fp32 logits it writes), with TKD_KL_SM90=0 (cuBLAS + the row kernel's own
  * statistics pass: the fallback) and with the gradient GEMMs' other choices. The tests written before
  * the sm90 path are unchanged, so the variant grid runs the fused path wherever it applies;
- * test_extreme_logits checks that the fused path's slow rows run and are right. Which path each
+ * test_extreme_logits checks that the fused path's slow rows run and are right;
+ * test_divergence_grid and test_against_cpu_path run every kd.divergence. Which path each
  * group ran, determinism and the paths' agreement are test_gpu_kl_loss_paths.c's.
  */
 #include <setjmp.h>
@@ -133,19 +134,23 @@ static void test_row_block_sizes(void **state)
     case_free(c);
 }
 
-/* Student logits of size ~1e4: no NaN, the loss and gradients still match. */
+/* Student logits of size ~1e4: no NaN, the loss and gradients still match; forward KL and the
+ * symmetric JSD (whose renorm rows at α = 1 would also rescale E: here α = 0.5). */
 static void test_extreme_logits(void **state)
 {
     (void)state;
     gcase *c = case_make(23, 16, 777, 5, 4, 1.0, 77, 28.0f); /* |s| ~ 28² · 4 · 3 ≈ 1e4 */
-    for (int var = 0; var < 3; var++) {
+    for (int run = 0; run < 6; run++) {
+        const int var = run % 3;
         tkd_kl_params p;
         params_set(&p, 5, (tkd_kl_variant)var, 1.0f, 0.5f, 5, 4, 8, 0);
+        p.divergence = run < 3 ? TKD_KL_DIVERGENCE_FKL : TKD_KL_DIVERGENCE_JSD;
         gpu_ctx x = {0};
         ctx_init(&x, c, &p);
         errs e = check_params(&x, c, &p, 1.0f);
-        printf("extreme %s: loss %.2e dH %.2e dW %.2e (rows made again on the fused path: %llu)\n",
-               tkd_kl_variant_name((tkd_kl_variant)var), e.loss, e.dh, e.dw, x.ws->slow_rows);
+        printf("extreme %s %s: loss %.2e dH %.2e dW %.2e (rows made again on the fused path: %llu)\n",
+               tkd_kl_divergence_name(p.divergence), tkd_kl_variant_name((tkd_kl_variant)var), e.loss, e.dh,
+               e.dw, x.ws->slow_rows);
         /* |s| ~ 1e4: the logit at a row's first special column is far below its max, so the
          * fused path must take its slow path (and be right) */
         if (tkd_kl_cuda_fused_grad_on(x.ws, &p) && x.ws->slow_rows == 0)
@@ -285,30 +290,104 @@ static void test_bad_teacher_data(void **state)
     case_free(c);
 }
 
-/* kd.divergence other than fkl is the CPU's alone for now: the workspace and every call refuse it
- * with one message naming the key and the device, before touching the device. */
-static void test_divergence_refused(void **state)
+/* ---- kd.divergence (docs/loss.md, "Divergences") -------------------------------------------- */
+
+/* The divergences the tests run, each with its parameters: every kd.divergence but fkl (the tests
+ * above), jsd also at its endpoints (β = 0 and 1 are forward and reverse KL over the buckets: not
+ * fkl's renorm) and the skews at a second α. */
+typedef struct div_case {
+    tkd_kl_divergence div;
+    float beta, skew;
+} div_case;
+
+static const div_case kDivs[] = {
+    {TKD_KL_DIVERGENCE_RKL, 0.5f, 0.1f},  {TKD_KL_DIVERGENCE_JSD, 0.5f, 0.1f},
+    {TKD_KL_DIVERGENCE_JSD, 0.0f, 0.1f},  {TKD_KL_DIVERGENCE_JSD, 1.0f, 0.1f},
+    {TKD_KL_DIVERGENCE_SKL, 0.5f, 0.1f},  {TKD_KL_DIVERGENCE_SKL, 0.5f, 0.6f},
+    {TKD_KL_DIVERGENCE_SRKL, 0.5f, 0.1f}, {TKD_KL_DIVERGENCE_SRKL, 0.5f, 0.6f},
+    {TKD_KL_DIVERGENCE_TVD, 0.5f, 0.1f},
+};
+#define N_DIVS (int)(sizeof kDivs / sizeof kDivs[0])
+
+static void div_set(tkd_kl_params *p, const div_case *dc)
+{
+    p->divergence = dc->div;
+    p->jsd_beta = dc->beta;
+    p->skew_alpha = dc->skew;
+}
+
+/* Reverse KL with sampled (rkl, jsd at β = 1) is not defined (the undrawn tail has target 0): the
+ * CUDA path refuses it with the library's message naming both keys, as the CPU does. */
+static int div_refused(gpu_ctx *x, const tkd_kl_params *p)
+{
+    if (tkd_kl_params_check(p, x->db.v) == TKD_OK)
+        return 0;
+    assert_int_equal(p->variant, TKD_KL_VARIANT_SAMPLED);
+    assert_true(p->divergence == TKD_KL_DIVERGENCE_RKL || (p->divergence == TKD_KL_DIVERGENCE_JSD &&
+                                                           p->jsd_beta == 1.0f));
+    tkd_kl_result g;
+    tkd_test_expect_error(tkd_kl_cuda_forward(x->ws, p, &x->db, &g, NULL, NULL), TKD_ERR_INVALID_ARG,
+                          TKD_TEST_FRAGS("kd.divergence = ", "kd.variant = sampled", "use kd.variant = tail"));
+    return 1;
+}
+
+/* Every divergence × variant (where defined) × τ ∈ {1, 2} × α ∈ {1, 0.5} × k' ∈ {k, 3} (sampled with
+ * S = 6 draws, one repeated), both modes (check_params: recompute, and grad_in_forward with dW
+ * written), against the float64 reference: N = 37 in chunks of 16, V = 1003, masked rows. The
+ * paths it crosses on the default policy: τ = 1 or α = 1 is the fused path's bf16 gradient tile
+ * (renorm at α = 1 has no dense KD gradient at all: its rows take the rescaled E), τ = 2 with α = 0.5
+ * the sm90 fp32 logits, tail always cuBLAS and the row kernel's own statistics. Tolerances: fkl's. */
+static void test_divergence_grid(void **state)
 {
     (void)state;
-    gcase *c = case_make(6, 8, 100, 3, 0, 1.0, 5, 0.5f);
-    tkd_kl_params p;
-    params_set(&p, 3, TKD_KL_VARIANT_TAIL, 1.0f, 0.5f, 3, 0, 4, 0);
-    gpu_ctx x = {0};
-    ctx_init(&x, c, &p); /* fkl: made */
-    p.divergence = TKD_KL_DIVERGENCE_JSD;
-    tkd_kl_result g;
-    tkd_test_expect_error(tkd_kl_cuda_forward(x.ws, &p, &x.db, &g, NULL, NULL), TKD_ERR_UNSUPPORTED,
-                          TKD_TEST_FRAGS("kd.divergence = jsd", "CUDA device", "device: cpu"));
-    tkd_kl_cuda_ws *ws = NULL;
-    tkd_test_expect_error(tkd_kl_cuda_ws_create(&ws, &p, &g_pol, 6, 8, 100), TKD_ERR_UNSUPPORTED,
-                          TKD_TEST_FRAGS("kd.divergence = jsd", "CUDA device"));
-    assert_null(ws);
-    ctx_free(&x);
-    case_free(c);
+    const int n = 37, d = 40, v = 1003, k = 8, s = 6;
+    const float taus[] = {1.0f, 2.0f}, alphas[] = {1.0f, 0.5f};
+    const int kus[] = {k, 3};
+    int ran = 0, refused = 0;
+    for (int ti = 0; ti < 2; ti++) {
+        gcase *c = case_make(n, d, v, k, s, taus[ti], 61 + ti, 0.35f);
+        tkd_kl_params p;
+        params_set(&p, k, TKD_KL_VARIANT_SAMPLED, taus[ti], 1.0f, k, s, 16, 0);
+        gpu_ctx x = {0};
+        ctx_init(&x, c, &p);
+        for (int di = 0; di < N_DIVS; di++)
+            for (int var = 0; var < 3; var++) {
+                errs worst = {0, 0, 0};
+                for (int ai = 0; ai < 2; ai++)
+                    for (int ki = 0; ki < 2; ki++) {
+                        params_set(&p, k, (tkd_kl_variant)var, taus[ti], alphas[ai], kus[ki], s, 16, 0);
+                        div_set(&p, &kDivs[di]);
+                        if (div_refused(&x, &p)) {
+                            refused++;
+                            continue;
+                        }
+                        errs e = check_params(&x, c, &p, 1.0f);
+                        char what[160];
+                        snprintf(what, sizeof what, "%s (beta %g, skew alpha %g) %s tau %g alpha %g k' %d",
+                                 tkd_kl_divergence_name(p.divergence), (double)p.jsd_beta, (double)p.skew_alpha,
+                                 tkd_kl_variant_name(p.variant), taus[ti], alphas[ai], kus[ki]);
+                        expect_within(e, LOSS_TOL, GRAD_TOL, what);
+                        worst.loss = fmax(worst.loss, e.loss);
+                        worst.dh = fmax(worst.dh, e.dh);
+                        worst.dw = fmax(worst.dw, e.dw);
+                        ran++;
+                    }
+                printf("divergence tau %.0f %-4s beta %.1f skew %.1f %-7s worst: loss %.2e  dH %.2e  dW %.2e\n",
+                       taus[ti], tkd_kl_divergence_name(kDivs[di].div), (double)kDivs[di].beta,
+                       (double)kDivs[di].skew, tkd_kl_variant_name((tkd_kl_variant)var), worst.loss, worst.dh,
+                       worst.dw);
+            }
+        ctx_free(&x);
+        case_free(c);
+    }
+    /* rkl and jsd at β = 1 with sampled, 2 τ × 2 α × 2 k' each; everything else ran */
+    assert_int_equal(refused, 2 * 2 * 2 * 2);
+    assert_int_equal(ran, 2 * N_DIVS * 3 * 2 * 2 - refused);
 }
 
 /* The CUDA path against the chunked CPU path (tkd_kl_cpu_*) on the same bf16-representable inputs,
- * both modes, every variant, different chunkings on the two sides. */
+ * both modes, every variant and divergence (where defined), α 0.6 (τ = 2: the fp32 logits' gradient)
+ * and 1 (the fused path's tile), different chunkings on the two sides. */
 static void test_against_cpu_path(void **state)
 {
     (void)state;
@@ -318,36 +397,44 @@ static void test_against_cpu_path(void **state)
     double *rdh = malloc(nh * 8), *rdw = malloc(nw * 8);
     assert_true(cdh && cdw && rdh && rdw);
     tkd_kl_batch hb = case_batch(c);
-    for (int var = 0; var < 3; var++)
-        for (int gif = 0; gif < 2; gif++) {
-            tkd_kl_params p;
-            params_set(&p, 7, (tkd_kl_variant)var, 2.0f, 0.6f, 6, 5, 0, gif);
-            p.chunk_rows = 10;
-            tkd_kl_cpu_ws *cws = NULL;
-            assert_int_equal(tkd_kl_cpu_ws_create(&cws, &p, c->n, c->d, c->v), TKD_OK);
-            tkd_kl_result cr;
-            memset(cdw, 0, nw * 4);
-            assert_int_equal(tkd_kl_cpu_forward(cws, &p, &hb, &cr, cdh, cdw), TKD_OK);
-            if (!gif)
-                assert_int_equal(tkd_kl_cpu_backward(cws, &p, &hb, 1.0f, cdh, cdw), TKD_OK);
-            tkd_kl_cpu_ws_free(cws);
-            p.chunk_rows = 16;
-            gpu_ctx x = {0};
-            ctx_init(&x, c, &p);
-            tkd_kl_result g;
-            gpu_run(&x, c, &p, 1.0f, &g);
-            for (size_t i = 0; i < nh; i++)
-                rdh[i] = cdh[i];
-            for (size_t i = 0; i < nw; i++)
-                rdw[i] = cdw[i];
-            refout r = {cr, rdh, rdw};
-            errs e = compare(&x, c, &g, &r, 1.0);
-            printf("cuda vs cpu %s %s: loss %.2e dH %.2e dW %.2e\n",
-                   tkd_kl_variant_name((tkd_kl_variant)var), gif ? "grad_in_forward" : "recompute",
-                   e.loss, e.dh, e.dw);
-            expect_within(e, LOSS_TOL, GRAD_TOL, "cuda vs cpu");
-            ctx_free(&x);
-        }
+    const float alphas[] = {0.6f, 1.0f};
+    for (int run = 0; run < (N_DIVS + 1) * 2 * 3 * 2; run++) { /* divergence (fkl, kDivs) × α × variant × mode */
+        const int di = run / 12 - 1, ai = run / 6 % 2, var = run / 2 % 3, gif = run % 2;
+        tkd_kl_params p;
+        params_set(&p, 7, (tkd_kl_variant)var, 2.0f, alphas[ai], 6, 5, 0, gif);
+        if (di >= 0)
+            div_set(&p, &kDivs[di]);
+        if (tkd_kl_params_check(&p, c->v) != TKD_OK) /* reverse KL with sampled: test_divergence_grid */
+            continue;
+        p.chunk_rows = 10;
+        tkd_kl_cpu_ws *cws = NULL;
+        assert_int_equal(tkd_kl_cpu_ws_create(&cws, &p, c->n, c->d, c->v), TKD_OK);
+        tkd_kl_result cr;
+        memset(cdw, 0, nw * 4);
+        assert_int_equal(tkd_kl_cpu_forward(cws, &p, &hb, &cr, cdh, cdw), TKD_OK);
+        if (!gif)
+            assert_int_equal(tkd_kl_cpu_backward(cws, &p, &hb, 1.0f, cdh, cdw), TKD_OK);
+        tkd_kl_cpu_ws_free(cws);
+        p.chunk_rows = 16;
+        gpu_ctx x = {0};
+        ctx_init(&x, c, &p);
+        tkd_kl_result g;
+        gpu_run(&x, c, &p, 1.0f, &g);
+        for (size_t i = 0; i < nh; i++)
+            rdh[i] = cdh[i];
+        for (size_t i = 0; i < nw; i++)
+            rdw[i] = cdw[i];
+        refout r = {cr, rdh, rdw};
+        errs e = compare(&x, c, &g, &r, 1.0);
+        char what[160];
+        snprintf(what, sizeof what, "cuda vs cpu %s (beta %g, skew alpha %g) %s alpha %g %s",
+                 tkd_kl_divergence_name(p.divergence), (double)p.jsd_beta, (double)p.skew_alpha,
+                 tkd_kl_variant_name((tkd_kl_variant)var), (double)alphas[ai],
+                 gif ? "grad_in_forward" : "recompute");
+        printf("%s: loss %.2e dH %.2e dW %.2e\n", what, e.loss, e.dh, e.dw);
+        expect_within(e, LOSS_TOL, GRAD_TOL, what);
+        ctx_free(&x);
+    }
     free(cdh), free(cdw), free(rdh), free(rdw);
     case_free(c);
 }
@@ -362,7 +449,7 @@ static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_all_masked),
     cmocka_unit_test(test_bad_teacher_data),
     cmocka_unit_test(test_against_cpu_path),
-    cmocka_unit_test(test_divergence_refused),
+    cmocka_unit_test(test_divergence_grid),
 };
 #endif /* TKD_HAVE_CUDA */
 

@@ -2,6 +2,7 @@
  * the logits, OpenMP over rows for the softmax statistics, the loss and ∂/∂s in place, then two
  * sgemms for dH and dW. Never holds more than one chunk of logits. Maths: docs/loss.md. */
 #include "kernels/loss/kl_loss.h"
+#include "kernels/loss/kl_divergence.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -173,15 +174,6 @@ static void lse_pass(const float *x, int64_t n, float m, float inv_tau, double *
     *ls = m + log(ss);
 }
 
-static double logaddexp(double a, double b)
-{
-    if (a == -INFINITY)
-        return b;
-    if (b == -INFINITY)
-        return a;
-    return a > b ? a + log1p(exp(b - a)) : b + log1p(exp(a - b));
-}
-
 /* Row statistics from a masked row x (V) and its saved top logits. */
 static void row_stats(const float *x, int v, const float *s_top, int kk, float tau, row_stat *st)
 {
@@ -195,95 +187,13 @@ static void row_stats(const float *x, int v, const float *s_top, int kk, float t
     lse_pass(x, v, mt, inv_tau, &tz, &ts);
     lse_pass(s_top, kk, mk, inv_tau, &kz, &ks);
     st->lse_tail = tz;
-    st->lse_z = logaddexp(tz, kz);
-    st->lse_s = logaddexp(ts, ks);
+    st->lse_z = tkd_kl_logaddexp(tz, kz);
+    st->lse_s = tkd_kl_logaddexp(ts, ks);
     st->m = mt > mk ? mt : mk;
     st->m_tail = mt;
 }
 
-/* How many of the row's S draws equal draw d (repeats add up: weight r·count/S). */
-static int draw_count(const int32_t *dr, int s, int d)
-{
-    int c = 0;
-    for (int e = 0; e < s; e++)
-        c += dr[e] == dr[d];
-    return c;
-}
-
 /* ---- divergences other than fkl (docs/loss.md, "Divergences") ----------------------------- */
-
-/* 1 when the row's KD is a divergence other than forward KL: one is chosen and there is a teacher
- * (CE-only calls read none). */
-static int div_on(const tkd_kl_params *p)
-{
-    return p->divergence != TKD_KL_DIVERGENCE_FKL &&
-           (p->k_use > 0 || (p->variant == TKD_KL_VARIANT_SAMPLED && p->s > 0));
-}
-
-/* The divergence as computed: jsd at β = 0 and 1 is forward and reverse KL (TRL's endpoints, the
- * limits of JSD_β/β and JSD_β/(1 − β)); the skews at α = 0 are forward and reverse KL. */
-static tkd_kl_divergence div_kind(const tkd_kl_params *p)
-{
-    switch (p->divergence) {
-    case TKD_KL_DIVERGENCE_JSD:
-        return p->jsd_beta == 0.0f ? TKD_KL_DIVERGENCE_FKL
-               : p->jsd_beta == 1.0f ? TKD_KL_DIVERGENCE_RKL : TKD_KL_DIVERGENCE_JSD;
-    case TKD_KL_DIVERGENCE_SKL:
-        return p->skew_alpha == 0.0f ? TKD_KL_DIVERGENCE_FKL : TKD_KL_DIVERGENCE_SKL;
-    case TKD_KL_DIVERGENCE_SRKL:
-        return p->skew_alpha == 0.0f ? TKD_KL_DIVERGENCE_RKL : TKD_KL_DIVERGENCE_SRKL;
-    default:
-        return p->divergence;
-    }
-}
-
-/* One bucket: the teacher's mass a and the student's c of the tempered distributions, with their
- * logs taken in the log domain (la = −inf exactly when a = 0, the same for c). */
-typedef struct div_bucket {
-    double a, la, c, lc;
-} div_bucket;
-
-/* w·x with 0·x = 0 (x may be ±inf where w = 0). */
-static double xmul(double w, double x)
-{
-    return w == 0.0 ? 0.0 : w * x;
-}
-
-/* The bucket's term F(a, c) of the divergence; *cg = c·∂F/∂c, finite even where c → 0 (so that
- * ∂D/∂z_v = (q_v/c)·(cg − c·Σ cg) needs no division). The mixture's log is a logaddexp. */
-static double div_term(tkd_kl_divergence kind, const tkd_kl_params *p, div_bucket k, double *cg)
-{
-    *cg = 0.0;
-    if (k.a == 0.0 && k.c == 0.0)
-        return 0.0;
-    switch (kind) {
-    case TKD_KL_DIVERGENCE_FKL: /* a log(a/c) */
-        *cg = -k.a;
-        return xmul(k.a, k.la - k.lc);
-    case TKD_KL_DIVERGENCE_RKL: /* c log(c/a) */
-        *cg = xmul(k.c, k.lc - k.la + 1.0);
-        return xmul(k.c, k.lc - k.la);
-    case TKD_KL_DIVERGENCE_JSD: { /* β a log(a/m) + (1 − β) c log(c/m), m = βa + (1 − β)c */
-        const double b = p->jsd_beta, lm = logaddexp(log(b) + k.la, log1p(-b) + k.lc);
-        *cg = (1.0 - b) * xmul(k.c, k.lc - lm);
-        return b * xmul(k.a, k.la - lm) + (1.0 - b) * xmul(k.c, k.lc - lm);
-    }
-    case TKD_KL_DIVERGENCE_SKL: { /* a log(a/m), m = αa + (1 − α)c */
-        const double al = p->skew_alpha, lm = logaddexp(log(al) + k.la, log1p(-al) + k.lc);
-        *cg = -k.a * (1.0 - al) * exp(k.lc - lm);
-        return xmul(k.a, k.la - lm);
-    }
-    case TKD_KL_DIVERGENCE_SRKL: { /* c log(c/m), m = αc + (1 − α)a */
-        const double al = p->skew_alpha, lm = logaddexp(log(al) + k.lc, log1p(-al) + k.la);
-        *cg = xmul(k.c, k.lc - lm + 1.0 - al * exp(k.lc - lm));
-        return xmul(k.c, k.lc - lm);
-    }
-    case TKD_KL_DIVERGENCE_TVD: /* ½|a − c|; the subgradient 0 at a tie */
-        *cg = 0.5 * k.c * (k.c > k.a ? 1.0 : k.c < k.a ? -1.0 : 0.0);
-        return 0.5 * fabs(k.a - k.c);
-    }
-    return 0.0;
-}
 
 /* 1/τ as the row statistics took it (fp32): log q_v = s_v·this − LSE(z) then sums to 1 to double
  * precision, where the exact 1/τ would leave |s|·2^-25 (1e-4 at |s| = 2e4) that reverse KL's
@@ -293,29 +203,35 @@ static double student_inv_tau(const tkd_kl_params *p)
     return (double)(1.0f / p->temperature);
 }
 
-static div_bucket bucket_of_logs(double la, double lc)
+/* The divergence as computed (tkd_kl_div_kind) and one bucket's term with the params' β and α. */
+static int div_kind(const tkd_kl_params *p)
 {
-    div_bucket k = {exp(la), la, exp(lc), lc};
-    return k;
+    return tkd_kl_div_kind(p->divergence, p->jsd_beta, p->skew_alpha);
+}
+
+static double div_term(int kind, const tkd_kl_params *p, tkd_kl_div_bucket k, double *cg)
+{
+    return tkd_kl_div_term(kind, p->jsd_beta, p->skew_alpha, k, cg);
 }
 
 /* Top-k' column j: the teacher's p_j (p̃_j for renorm) and the student's q at I_j (q̃ for renorm:
  * ls is then the LSE over the k' tokens, else LSE(z)). */
-static div_bucket top_bucket(const tkd_kl_params *p, const teacher_row *tr, const float *s_top, int j, double ls)
+static tkd_kl_div_bucket top_bucket(const tkd_kl_params *p, const teacher_row *tr, const float *s_top, int j,
+                                    double ls)
 {
-    return bucket_of_logs(tr->t[j] * (1.0 / p->temperature) - tr->norm, s_top[j] * student_inv_tau(p) - ls);
+    return tkd_kl_div_bucket_of_logs(tr->t[j] * (1.0 / p->temperature) - tr->norm,
+                                     s_top[j] * student_inv_tau(p) - ls);
 }
 
 /* Tail draw d of a sampled row as a bucket of its own (weight r·count/S); 0 for a repeat of an
  * earlier draw, whose bucket that one already is. */
 static int draw_bucket(const tkd_kl_params *p, const teacher_row *tr, const float *s_dr, int d, double lse_z,
-                       div_bucket *k)
+                       tkd_kl_div_bucket *k)
 {
-    for (int e = 0; e < d; e++)
-        if (tr->dr[e] == tr->dr[d])
-            return 0;
-    const double la = tr->r > 0.0 ? log(tr->r * draw_count(tr->dr, p->s, d) / p->s) : -INFINITY;
-    *k = bucket_of_logs(la, s_dr[d] * student_inv_tau(p) - lse_z);
+    double la;
+    if (!tkd_kl_div_draw_log_mass(tr->dr, p->s, d, tr->r, &la))
+        return 0;
+    *k = tkd_kl_div_bucket_of_logs(la, s_dr[d] * student_inv_tau(p) - lse_z);
     return 1;
 }
 
@@ -332,7 +248,7 @@ typedef struct div_sums {
 static div_sums div_row_sums(const tkd_kl_params *p, const teacher_row *tr, const float *s_top, const float *s_dr,
                              const row_stat *st, int v)
 {
-    const tkd_kl_divergence kind = div_kind(p);
+    const int kind = div_kind(p);
     const int kk = p->k_use;
     div_sums ds = {.ls = st->lse_z};
     double cg;
@@ -354,25 +270,20 @@ static div_sums div_row_sums(const tkd_kl_params *p, const teacher_row *tr, cons
     const double log_omq = st->lse_tail - st->lse_z;
     ds.omq = exp(log_omq);
     if (p->variant == TKD_KL_VARIANT_TAIL) {
-        const double r = tr->r > TKD_KL_TAIL_MASS_MIN ? tr->r : TKD_KL_TAIL_MASS_MIN;
-        div_bucket k = {r, log(r), ds.omq, log_omq};
-        ds.d += div_term(kind, p, k, &ds.tail_cg);
+        ds.d += div_term(kind, p, tkd_kl_div_tail_bucket(tr->r, log_omq), &ds.tail_cg);
         ds.gbar += ds.tail_cg;
         return ds;
     }
     double rest = ds.omq; /* sampled: the tail less the drawn tokens */
-    div_bucket k;
+    tkd_kl_div_bucket k;
     for (int d = 0; d < p->s; d++)
         if (draw_bucket(p, tr, s_dr, d, st->lse_z, &k)) {
             ds.d += div_term(kind, p, k, &cg);
             ds.gbar += cg;
             rest -= k.c;
         }
-    rest = rest > 0.0 ? rest : 0.0;
-    div_bucket kr = {0.0, -INFINITY, rest, log(rest)};
-    ds.d += div_term(kind, p, kr, &cg);
+    ds.d += tkd_kl_div_rest_term(kind, p->jsd_beta, p->skew_alpha, rest, &cg, &ds.rest_g);
     ds.gbar += cg;
-    ds.rest_g = rest > 0.0 ? cg / rest : 0.0;
     return ds;
 }
 
@@ -384,7 +295,7 @@ static void row_loss(const tkd_kl_params *p, const teacher_row *tr, const float 
 {
     const double inv_tau = 1.0 / p->temperature;
     double kd = 0.0;
-    if (div_on(p)) {
+    if (tkd_kl_div_on(p)) {
         kd = div_row_sums(p, tr, s_top, s_dr, st, v).d;
     } else {
         for (int j = 0; j < p->k_use; j++) {
@@ -395,7 +306,8 @@ static void row_loss(const tkd_kl_params *p, const teacher_row *tr, const float 
             kd += tr->r * (log(tr->r) - (st->lse_tail - st->lse_z));
         if (tr->dr && tr->r > 0.0)
             for (int d = 0; d < p->s; d++) { /* one term per draw instance, each of weight r/S */
-                double lt = log(tr->r * draw_count(tr->dr, p->s, d) / p->s);
+                double lt;
+                tkd_kl_div_draw_log_mass(tr->dr, p->s, d, tr->r, &lt);
                 kd += tr->r / p->s * (lt - (x[tr->dr[d]] * inv_tau - st->lse_z));
             }
     }
@@ -439,7 +351,7 @@ static void row_dense(float *x, int v, const row_stat *st, float inv_tau, int ta
 static void row_grad_div(const tkd_kl_params *p, const teacher_row *tr, float *x, int v, const float *s_top,
                          const float *s_dr, const row_stat *st, double a, double b1)
 {
-    const tkd_kl_divergence kind = div_kind(p);
+    const int kind = div_kind(p);
     const float inv_tau = 1.0f / p->temperature;
     const div_sums ds = div_row_sums(p, tr, s_top, s_dr, st, v);
     const int tail_form = ds.omq > 0.0 && st->m_tail != -INFINITY;
@@ -451,11 +363,11 @@ static void row_grad_div(const tkd_kl_params *p, const teacher_row *tr, float *x
     row_dense(x, v, st, inv_tau, tail_form, (float)ce, 0.0f, (float)b1);
     double cg;
     for (int j = 0; j < p->k_use; j++) {
-        div_bucket k = top_bucket(p, tr, s_top, j, ds.ls);
+        tkd_kl_div_bucket k = top_bucket(p, tr, s_top, j, ds.ls);
         div_term(kind, p, k, &cg);
         x[tr->idx[j]] = (float)(a * (cg - k.c * ds.gbar) + b1 * exp(s_top[j] - st->lse_s));
     }
-    div_bucket k;
+    tkd_kl_div_bucket k;
     for (int d = 0; tr->dr && d < p->s; d++) /* the dense part gave q_d·(rest_g − gbar) */
         if (draw_bucket(p, tr, s_dr, d, st->lse_z, &k)) {
             div_term(kind, p, k, &cg);
@@ -470,7 +382,7 @@ static void row_grad(const tkd_kl_params *p, const teacher_row *tr, float *x, in
     const float inv_tau = 1.0f / p->temperature;
     const double a = coef * p->alpha * p->temperature, b1 = coef * (1.0 - p->alpha);
     const float fb = (float)b1;
-    if (div_on(p)) {
+    if (tkd_kl_div_on(p)) {
         row_grad_div(p, tr, x, v, s_top, s_dr, st, a, b1);
         x[y] -= fb;
         return;
@@ -547,7 +459,7 @@ static int64_t chunk_rows_pass(const chunk_job *job, double *kd_sum, double *ce_
         teacher_row tr = teacher_of(p, b, ws, i, r);
         row_gather_mask(x, tr.idx, p->k_use, s_top);
         float *s_dr = ws->s_dr + r * ws->s_cap;
-        if (tr.dr && div_on(p)) /* the draws' logits outlive the dense gradient pass */
+        if (tr.dr && tkd_kl_div_on(p)) /* the draws' logits outlive the dense gradient pass */
             for (int d = 0; d < p->s; d++)
                 s_dr[d] = x[tr.dr[d]];
         if (job->mode != 2) {
@@ -602,7 +514,7 @@ static tkd_status check_ws(const tkd_kl_cpu_ws *ws, const tkd_kl_params *p, cons
     if (!ws)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss cpu: workspace is NULL");
     TKD_TRY(tkd_kl_batch_check(p, b));
-    if (p->variant == TKD_KL_VARIANT_SAMPLED && div_on(p) && p->s > ws->s_cap)
+    if (p->variant == TKD_KL_VARIANT_SAMPLED && tkd_kl_div_on(p) && p->s > ws->s_cap)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
                              "kl_loss cpu: %d tail draws per row, the workspace was made for %d (kd.divergence = %s "
                              "keeps the draws' logits)", p->s, ws->s_cap, tkd_kl_divergence_name(p->divergence));

@@ -205,25 +205,20 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws, const tkd_cuda_policy *pol)
     return TKD_OK;
 }
 
-/* The row kernels compute forward KL only (docs/loss.md, "Divergences": the CPU has the others). */
-static tkd_status check_divergence(const tkd_kl_params *p)
+/* Every kd.divergence runs here (the row kernel's row_div_warp); the teacher online does not. */
+static tkd_status check_dense(const tkd_kl_params *p)
 {
     if (p->dense)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: dense distillation from the teacher online "
                              "(kd.teacher) is not implemented on the CUDA device; train with device: cpu");
-    if (p->divergence == TKD_KL_DIVERGENCE_FKL)
-        return TKD_OK;
-    return tkd_error_set(TKD_ERR_UNSUPPORTED,
-                         "kl_loss_cuda: kd.divergence = %s is not implemented on the CUDA device (only fkl is); "
-                         "train with device: cpu, or kd.divergence: fkl",
-                         tkd_kl_divergence_name(p->divergence));
+    return TKD_OK;
 }
 
 extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p,
                                           const tkd_cuda_policy *pol, int64_t n_max, int d, int v)
 {
     *out = NULL;
-    TKD_TRY(check_divergence(p));
+    TKD_TRY(check_dense(p));
     const tkd_cuda_policy defaults = tkd_cuda_policy_default();
     if (n_max <= 0 || d <= 0 || v <= 0 || p->chunk_rows < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
@@ -336,7 +331,7 @@ extern "C" tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd
                              "(N max %lld, D %d, V %d); make a workspace for this shape",
                              (long long)b->n, b->d, b->v, (long long)ws->n_max, ws->d, ws->v);
     TKD_TRY(tkd_kl_params_check(p, b->v));
-    TKD_TRY(check_divergence(p));
+    TKD_TRY(check_dense(p));
     if (p->k_use > TKD_KL_CUDA_MAX_K)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: k_use %d exceeds the row kernel's "
                              "limit %d; use fewer teacher columns", p->k_use, TKD_KL_CUDA_MAX_K);

@@ -1,6 +1,7 @@
 /* kl_loss_cuda.h — the fused chunked LM-head + top-K distillation loss on a CUDA device.
  *
- * Same maths and structs as kernels/loss/kl_loss.h (docs/loss.md); this is the H200 path. H (N, D) and
+ * Same maths and structs as kernels/loss/kl_loss.h (docs/loss.md), every kd.divergence (the per-bucket
+ * terms are kl_divergence.h's, shared with the CPU path); this is the H200 path. H (N, D) and
  * W (V, D) live on the device as bf16; per chunk of C rows the logits H_c Wᵀ come from a cuBLAS bf16
  * GEMM with fp32 accumulation into ONE fp32 chunk buffer (C, V) held by the workspace; row kernels
  * compute the log-sum-exps at τ and at 1 in one online pass, gather the k' teacher columns, write
@@ -78,7 +79,8 @@ int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v);
  * p->chunk_rows (0 = default) fixes the chunk; the rest of p is read per call. pol (NULL: the
  * defaults) picks the paths: kl_sm90, kl_fused, kl_grad, lmhead_sched (cuda_policy.h). On success *out is
  * owned by the caller (tkd_kl_cuda_ws_free). TKD_ERR_DEVICE_OOM when the device is too full;
- * TKD_ERR_UNSUPPORTED for p->divergence other than fkl (the CPU path has the others), as every call. */
+ * TKD_ERR_UNSUPPORTED for p->dense (the teacher online is the CPU path's), as every call. Every
+ * p->divergence runs (docs/loss.md, "Divergences"). */
 tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p, const tkd_cuda_policy *pol,
                                int64_t n_max, int d, int v);
 void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws); /* NULL is a no-op */

@@ -19,7 +19,8 @@
  * with c_v = M = Σ target; `tail` adds −τ·α·r·q_v/(1 − Q) = −τ·α·r·exp(z_v − LSE_{v∉I}(z)) off
  * the top-k' (an exp that cannot overflow, however small 1 − Q). The dense pass writes the
  * off-top-k' value for every v; a fix-up then rewrites the few special positions (top-k', tail
- * draws, label) exactly.
+ * draws, label) exactly. Another kd.divergence (row_div_warp, the kernels' DIV instantiations)
+ * changes only the row's coefficients and the special positions' values: the same two passes.
  */
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -32,6 +33,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_fast_math.cuh"
 #include "kernels/cuda/cuda_mem.h"
+#include "kernels/loss/kl_divergence.h"
 #include "kernels/loss/kl_loss.h"
 #include "kernels/loss/kl_loss_cuda_internal.h"
 #include "kernels/loss/kl_loss_cuda_rows.cuh"
@@ -388,7 +390,145 @@ __device__ double row_kd_warp(const RowArgs &a, RowSmem m, RowShared &sh, double
     return kd;
 }
 
-template <int MODE>
+/* ---- a divergence other than fkl (docs/loss.md, "Divergences"; each bucket's maths is
+ * kl_divergence.h's, the CPU path's own text) ---------------------------------------------------- */
+
+/* log Σ_j exp(x_j·scale) over n values, in double, on every lane of the warp. */
+__device__ inline double warp_lse(const float *x, int n, double scale)
+{
+    const int lane = threadIdx.x % 32;
+    double mx = -INFINITY;
+    for (int j = lane; j < n; j += 32)
+        mx = fmax(mx, x[j] * scale);
+    mx = warp_max(mx);
+    double sum = 0.0;
+    for (int j = lane; j < n; j += 32)
+        sum += exp(x[j] * scale - mx);
+    return mx + log(warp_sum(sum));
+}
+
+/* What a row's buckets are formed from, as the CPU path forms them (kl_loss_cpu.c: teacher_of,
+ * top_bucket, draw_bucket). */
+struct DivRow {
+    int kind;                /* tkd_kl_div_kind */
+    double beta, skew;       /* kd.jsd_beta, kd.skew_alpha */
+    double inv_tau_t;        /* the teacher's 1/τ, in double */
+    double inv_tau_s;        /* the student's: fp32's 1/τ, as the row statistics took it */
+    double norm;             /* log p_j = t_j/τ − norm: renorm's LSE over t/τ, else the cache's LSE */
+    double ls;               /* log c_j = s_j/τ − ls: renorm's LSE over the k' logits, else LSE(z) */
+    double lz;               /* LSE(z) */
+    double r;                /* the teacher's tail mass (tail, sampled; 0 without a tail) */
+};
+
+__device__ inline tkd_kl_div_bucket div_top(const DivRow &d, RowSmem m, int j)
+{
+    return tkd_kl_div_bucket_of_logs(m.t_i[j] * d.inv_tau_t - d.norm, m.s_i[j] * d.inv_tau_s - d.ls);
+}
+
+/* Draw j of a sampled row: its bucket (teacher mass r·count/S); returns 0 for a repeat. */
+__device__ inline int div_draw(const DivRow &d, const RowArgs &a, RowSmem m, int j, tkd_kl_div_bucket *k)
+{
+    double la;
+    const int first = tkd_kl_div_draw_log_mass(m.idx_t, a.s, j, d.r, &la);
+    *k = tkd_kl_div_bucket_of_logs(la, m.s_t[j] * d.inv_tau_s - d.lz);
+    return first;
+}
+
+__device__ inline double div_term(const DivRow &d, tkd_kl_div_bucket k, double *cg)
+{
+    return tkd_kl_div_term(d.kind, d.beta, d.skew, k, cg);
+}
+
+__device__ DivRow div_row(const RowArgs &a, RowSmem m, const RowShared &sh)
+{
+    const int lane = threadIdx.x % 32;
+    DivRow d;
+    d.kind = a.div_kind;
+    d.beta = a.jsd_beta;
+    d.skew = a.skew_alpha;
+    d.inv_tau_t = 1.0 / (double)a.tau;
+    d.inv_tau_s = (double)(1.0f / a.tau);
+    d.lz = sh.lse_tau;
+    d.ls = d.lz;
+    d.r = 0.0;
+    if (a.variant == TKD_KL_VARIANT_RENORM) { /* q̃ over the k' tokens, in double: it sums to 1 */
+        d.norm = warp_lse(m.t_i, a.k_use, d.inv_tau_t);
+        d.ls = warp_lse(m.s_i, a.k_use, d.inv_tau_s);
+        return d;
+    }
+    d.norm = sh.teacher_lse;
+    double sp = 0.0;
+    for (int j = lane; j < a.k_use; j += 32)
+        sp += exp(m.t_i[j] * d.inv_tau_t - d.norm);
+    sp = warp_sum(sp);
+    d.r = a.k_use < a.v && sp < 1.0 ? 1.0 - sp : 0.0; /* k' = V: no tail; rounding may pass 1 */
+    return d;
+}
+
+/* The divergence's KD_z (every lane) and gradient (CPU: div_row_sums, row_grad_div). The dense
+ * part's KD weight, per unit of the row's KD weight: *c_off on q_v and *c_x on q_v / (1 − Q) (the
+ * `tail` form, grad_tail_term), i.e. tail: (cg_tail − (1 − Q)·gbar)·q_v/(1 − Q), sampled:
+ * (rest_g − gbar)·q_v, renorm: 0 (q̃ does not depend on the logits off I). Every special token's KD
+ * gradient is exact instead: with grad, tgt_i / tgt_t get −(cg − c·gbar) and *c_in is 0, so
+ * grad_special's c_in·q − c_tgt·tgt is that value. Out of line: its float64 terms need more than
+ * the kernel's 64 registers; inlined, the DIV kernels spilled ~1 KB (ptxas -v), out of line the
+ * spills stay in this function (once per row, warp 0) and the kernels spill as fkl's (≤ 48 B). */
+__device__ __noinline__ double row_div_warp(const RowArgs &a, RowSmem m, const RowShared &sh, bool grad,
+                                            double *c_off, double *c_in, double *c_x)
+{
+    const int lane = threadIdx.x % 32, kk = a.k_use;
+    const DivRow d = div_row(a, m, sh);
+    const bool tail = a.variant == TKD_KL_VARIANT_TAIL && kk < a.v;
+    const bool sampled = a.variant == TKD_KL_VARIANT_SAMPLED && kk < a.v;
+    double kd = 0.0, gbar = 0.0, q_in = 0.0, cg;
+    tkd_kl_div_bucket k;
+    for (int j = lane; j < kk; j += 32) {
+        k = div_top(d, m, j);
+        kd += div_term(d, k, &cg);
+        gbar += cg;
+        q_in += k.c;
+    }
+    for (int j = lane; j < a.s; j += 32) /* a.s is 0 unless `sampled` */
+        if (div_draw(d, a, m, j, &k)) {
+            kd += div_term(d, k, &cg);
+            gbar += cg;
+            q_in += k.c;
+        }
+    kd = warp_sum(kd);
+    gbar = warp_sum(gbar);
+    q_in = warp_sum(q_in);
+    double omq = 0.0, tail_cg = 0.0, rest_g = 0.0;
+    if (tail) {
+        omq = exp((double)sh.log_omq);
+        kd += div_term(d, tkd_kl_div_tail_bucket(d.r, sh.log_omq), &tail_cg);
+        gbar += tail_cg;
+    } else if (sampled) {
+        /* The undrawn tail 1 − Q − Σ drawn c, by subtraction: the fused statistics hold no sum
+         * outside the top-k'. It enters linearly (F(0, c) = c·F(0, 1), rest_g a constant), so its
+         * absolute error, the fp32 LSE's (~1e-7·|LSE|), is what reaches the loss. */
+        kd += tkd_kl_div_rest_term(d.kind, d.beta, d.skew, 1.0 - q_in, &cg, &rest_g);
+        gbar += cg;
+    }
+    *c_in = 0.0;
+    *c_off = tail && omq > 0.0 ? -gbar : sampled ? rest_g - gbar : 0.0;
+    *c_x = tail && omq > 0.0 ? -tail_cg : 0.0;
+    if (!grad)
+        return kd;
+    for (int j = lane; j < kk; j += 32) {
+        k = div_top(d, m, j);
+        div_term(d, k, &cg);
+        m.tgt_i[j] = (float)-tkd_kl_div_bucket_grad(cg, k, gbar);
+    }
+    for (int j = lane; j < a.s; j += 32) { /* repeats of a draw get its value again */
+        div_draw(d, a, m, j, &k);
+        div_term(d, k, &cg);
+        m.tgt_t[j] = (float)-tkd_kl_div_bucket_grad(cg, k, gbar);
+    }
+    return kd;
+}
+
+/* DIV: a divergence other than fkl (RowArgs::div_on); fkl's instantiations are its code as it was. */
+template <int MODE, bool DIV>
 __device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared &sh)
 {
     if (threadIdx.x >= 32)
@@ -396,7 +536,8 @@ __device__ void row_finalize(const RowArgs &a, long long r, RowSmem m, RowShared
     const int ok = sh.kept && !sh.bad;
     double kd = 0.0, ce = 0.0, c_off = 0.0, c_in = 0.0, c_x = 0.0;
     if (ok) {
-        kd = row_kd_warp(a, m, sh, &c_off, &c_in, &c_x) * (double)a.tau * a.tau;
+        kd = (DIV ? row_div_warp(a, m, sh, MODE != kModeStats, &c_off, &c_in, &c_x)
+                  : row_kd_warp(a, m, sh, &c_off, &c_in, &c_x)) * (double)a.tau * a.tau;
         ce = (double)sh.lse_one - sh.s_label;
     }
     if (threadIdx.x != 0)
@@ -452,7 +593,9 @@ __device__ inline uint2 grad4(float4 x, const GradCoef &c, bool zero)
                       grad_dense(x.w, c));
 }
 
-/* Exact gradient at a special position v (a top-k' column, a tail draw or the label). */
+/* Exact gradient at a special position v (a top-k' column, a tail draw or the label). A draw's
+ * KD part: fkl's c_off·q − target (c_in = c_off there), a divergence's the exact −tgt (c_in = 0). */
+template <bool DIV>
 __device__ float grad_special(const RowArgs &a, RowSmem m, const RowShared &sh, const GradCoef &c,
                               int v, float s)
 {
@@ -466,8 +609,11 @@ __device__ float grad_special(const RowArgs &a, RowSmem m, const RowShared &sh, 
         }
     if (a.variant == TKD_KL_VARIANT_SAMPLED)
         for (int j = 0; j < a.s; j++)
-            if (m.idx_t[j] == v)
+            if (m.idx_t[j] == v) {
                 tgt = m.tgt_t[j];
+                if (DIV)
+                    cq = sh.c_in;
+            }
     float q = fast_exp2(fmaf(s, c.zs, -c.zb));
     float q1 = fast_exp2(fmaf(s, c.os, -c.ob));
     float g = cq * q - sh.c_tgt * tgt + sh.c_ce * (q1 - (v == sh.label ? 1.0f : 0.0f));
@@ -492,6 +638,7 @@ __device__ inline GradCoef grad_coef(const RowArgs &a, const RowShared &sh)
 
 /* out[pos] = bf16(dS · mul) at the row's special positions (top-k', draws, label). Writers of one
  * position (repeated draws, label inside the top-k') store equal values. */
+template <bool DIV>
 __device__ void write_specials(const RowArgs &a, RowSmem m, const RowShared &sh, const GradCoef &c,
                                __nv_bfloat16 *out, float mul)
 {
@@ -509,11 +656,11 @@ __device__ void write_specials(const RowArgs &a, RowSmem m, const RowShared &sh,
             pos = sh.label;
             s = sh.s_label;
         }
-        out[pos] = __float2bfloat16_rn(grad_special(a, m, sh, c, pos, s) * mul);
+        out[pos] = __float2bfloat16_rn(grad_special<DIV>(a, m, sh, c, pos, s) * mul);
     }
 }
 
-template <int VEC>
+template <int VEC, bool DIV>
 __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const RowShared &sh)
 {
     const int v = a.v, tid = threadIdx.x;
@@ -539,7 +686,7 @@ __device__ void row_grad_inplace(const RowArgs &a, float *row, RowSmem m, const 
     }
     __syncthreads();
     if (!zero)
-        write_specials(a, m, sh, c, ds, 1.0f);
+        write_specials<DIV>(a, m, sh, c, ds, 1.0f);
 }
 
 /* ---- dS on the fused path: the dense part is E from the GEMM's epilogue ------------------------ */
@@ -566,14 +713,47 @@ __device__ void row_exp_remake(const RowArgs &a, long long r, __nv_bfloat16 *er,
     }
 }
 
+/* A divergence's dense coefficient may be 0 (renorm at α = 1: only the k' tokens get a KD
+ * gradient) or small, of either sign (sampled: rest_g − gbar); sigma = c_dense·2^−x would then make
+ * the special positions' dS / sigma huge next to E (dH's fp32 sums lose E) or infinite. Below this
+ * share of the row's gradient scale (|KD weight| + |CE weight|), sigma takes that scale instead and
+ * the row's E is multiplied by c_dense / scale in place: one bf16 pass over the row, those rows only.
+ * At the bound the specials' E is at most ~16× the dense sum's (times their own size): far inside
+ * fp32's sums. fkl's c_dense (Σ target, plus CE's) never takes this path. */
+constexpr float kMinDenseShare = 1.0f / 16.0f;
+
+/* er[0, v) *= f, bf16 in place, by the whole block (8 values per 16-byte access; the row starts
+ * 32-byte aligned: lde is a multiple of 16). */
+__device__ void row_exp_scale(__nv_bfloat16 *er, int v, float f)
+{
+    uint4 *p = reinterpret_cast<uint4 *>(er);
+    for (int i = threadIdx.x; i < v / 8; i += blockDim.x) {
+        uint4 u = p[i];
+        __nv_bfloat162 *h2 = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float2 x = __bfloat1622float2(h2[q]);
+            h2[q] = __floats2bfloat162_rn(x.x * f, x.y * f);
+        }
+        p[i] = u;
+    }
+    for (int i = v / 8 * 8 + threadIdx.x; i < v; i += blockDim.x)
+        er[i] = __float2bfloat16_rn(__bfloat162float(er[i]) * f);
+}
+
 /* The fused path's gradient pass of one row: sigma, the slow path where needed, then each special
- * position's exact dS / sigma over E's value there (as row_grad_inplace writes dS). */
+ * position's exact dS / sigma over E's value there (as row_grad_inplace writes dS). DIV: a
+ * divergence other than fkl, whose dense coefficient may be small (kMinDenseShare). */
+template <bool DIV>
 __device__ void row_grad_fused(const RowArgs &a, long long r, RowSmem m, RowShared &sh)
 {
     const bool zero = !sh.kept || sh.bad;
     const float lse_k = a.k_one ? sh.lse_one : sh.lse_tau;
     const float x = lse_k * kLog2e - a.ref[r] * a.ref_scale; /* the epilogue's rb, bit for bit */
     const float c_dense = sh.c_off + sh.c_ce; /* one of the two is 0 unless τ = 1 (host checks) */
+    const float c_row = fabsf(sh.c_tgt) + fabsf(sh.c_ce);
+    const bool rescale = DIV && fabsf(c_dense) < kMinDenseShare * c_row;
+    const float c_sig = rescale ? c_row : c_dense;
     __nv_bfloat16 *er = a.e + r * a.lde;
     const bool slow = !(x <= kMaxLog2SumE);
     if (slow) {
@@ -581,18 +761,26 @@ __device__ void row_grad_fused(const RowArgs &a, long long r, RowSmem m, RowShar
         if (threadIdx.x == 0)
             atomicAdd(&a.out->slow_rows, 1ull);
     }
-    const float sigma = zero ? 0.0f : slow ? c_dense : c_dense * fast_exp2(-x);
+    const float sigma = zero ? 0.0f : slow ? c_sig : c_sig * fast_exp2(-x);
     if (threadIdx.x == 0)
         a.sigma[r] = sigma;
     __syncthreads(); /* the slow path's E is written before the special positions */
     if (zero)
         return; /* sigma 0: E is finite (x bounded or remade as zeros) and contributes nothing */
-    /* each special position holds its exact dS over sigma, so that sigma · E is dS there too */
-    write_specials(a, m, sh, grad_coef(a, sh), er, sigma > 0.0f ? 1.0f / sigma : 0.0f);
+    if (rescale) { /* E finite: x bounded, or remade */
+        row_exp_scale(er, a.v, c_dense / c_row);
+        __syncthreads();
+    }
+    /* each special position holds its exact dS over sigma, so that sigma · E is dS there too (a
+     * divergence's sigma may be negative) */
+    if (DIV)
+        write_specials<DIV>(a, m, sh, grad_coef(a, sh), er, sigma != 0.0f ? 1.0f / sigma : 0.0f);
+    else
+        write_specials<DIV>(a, m, sh, grad_coef(a, sh), er, sigma > 0.0f ? 1.0f / sigma : 0.0f);
 }
 
-/* One block per row of the chunk. */
-template <int MODE, int VEC>
+/* One block per row of the chunk; DIV: RowArgs::div_on (fkl's kernels are DIV = false). */
+template <int MODE, int VEC, bool DIV>
 __global__ void __launch_bounds__(VEC == 4 ? 512 : 256, VEC == 4 ? 2 : 3) kl_row_kernel(RowArgs a)
 {
     extern __shared__ unsigned char dyn_smem[];
@@ -618,13 +806,13 @@ __global__ void __launch_bounds__(VEC == 4 ? 512 : 256, VEC == 4 ? 2 : 3) kl_row
                 a.log_omq[r] = sh.log_omq;
         }
     }
-    row_finalize<MODE>(a, r, m, sh);
+    row_finalize<MODE, DIV>(a, r, m, sh);
     __syncthreads();
     if (MODE != kModeStats) {
         if (a.e)
-            row_grad_fused(a, r, m, sh);
+            row_grad_fused<DIV>(a, r, m, sh);
         else
-            row_grad_inplace<VEC>(a, row, m, sh);
+            row_grad_inplace<VEC, DIV>(a, row, m, sh);
     }
 }
 
@@ -648,6 +836,10 @@ RowArgs row_args(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_b
     a.grad_scale = grad_scale;
     a.ignore_index = p->ignore_index;
     a.lse_given = 0;
+    a.div_on = tkd_kl_div_on(p);
+    a.div_kind = tkd_kl_div_kind(p->divergence, p->jsd_beta, p->skew_alpha);
+    a.jsd_beta = p->jsd_beta;
+    a.skew_alpha = p->skew_alpha;
     a.topk_idx = a.k_use > 0 ? b->topk_idx + row0 * p->k : NULL;
     a.topk_logit = a.k_use > 0 ? b->topk_logit + row0 * p->k : NULL;
     a.teacher_lse = b->teacher_lse ? b->teacher_lse + row0 : NULL;
@@ -667,9 +859,12 @@ template <int VEC>
 static tkd_status launch_rows_vec(int mode, int rows, int threads, const RowArgs &a)
 {
     size_t smem = row_smem_bytes(a.k_use, a.s, a.v, mode != kModeGrad);
-    void (*kern)(RowArgs) = mode == kModeStats  ? kl_row_kernel<kModeStats, VEC>
-                            : mode == kModeGrad ? kl_row_kernel<kModeGrad, VEC>
-                                                : kl_row_kernel<kModeStatsGrad, VEC>;
+    void (*kern)(RowArgs) = mode == kModeStats  ? a.div_on ? kl_row_kernel<kModeStats, VEC, true>
+                                                           : kl_row_kernel<kModeStats, VEC, false>
+                            : mode == kModeGrad ? a.div_on ? kl_row_kernel<kModeGrad, VEC, true>
+                                                           : kl_row_kernel<kModeGrad, VEC, false>
+                            : a.div_on          ? kl_row_kernel<kModeStatsGrad, VEC, true>
+                                                : kl_row_kernel<kModeStatsGrad, VEC, false>;
     if (smem > 48 * 1024) /* beyond the default limit: ask for it (the bitmap at large V) */
         TKD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem));

@@ -82,6 +82,10 @@ struct RowArgs {
     float *sigma;             /* (rows) out: dS = sigma · E off the special columns */
     const uint16_t *h, *w;    /* the batch's H (row0 is this chunk's first row) and W: the slow path */
     int d;
+    /* kd.divergence other than fkl (tkd_kl_div_on; else 0 and fkl's own code runs): div_kind is
+     * tkd_kl_div_kind's, with kd.jsd_beta and kd.skew_alpha */
+    int div_on, div_kind;
+    float jsd_beta, skew_alpha;
 };
 
 
