@@ -18,7 +18,7 @@
  * (model backward), opt (zero grads + norm + AdamW with the clip inside); and the loss of the last step.
  *
  *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
- *                 [--recompute [none|attention|full]] [--kd-recompute] [--profile]
+ *                 [--recompute [none|attention|full]] [--kd-recompute] [--profile] [--memory]
  *
  * --recompute MODE: activation recomputation as train.recompute (model/model.h's tkd_recompute):
  * full keeps only each block's input and backward recomputes the rest (memory down, about one
@@ -32,6 +32,8 @@
  * and after the main table one table per shape: per op name its group, calls, total ms, ms per step
  * and % of the step's wall time (host clock around the step, which ends with a device sync), most
  * time first; then the ops' sum and the rest of the step (host work between ops, launch gaps).
+ * --memory: after the main table, per shape the device memory by allocation name (the ledger of
+ * kernels/cuda/cuda_mem.h after the timed steps) and what the device uses beyond it.
  * --nproc-per-node N: N processes, one per GPU (common/launch.h), training data parallel as
  * student-train does with several ranks (student_train/zero.h: gradients reduced per block during
  * the backward, AdamW on each rank's ZeRO-1 shard, the bf16 weights all-gathered; NCCL, TCP
@@ -58,6 +60,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/backend_profile.h"
+#include "kernels/cuda/cuda_mem.h"
 #include "kernels/loss/kl_loss.h"
 #include "bench/bench_util.h"
 #include "model/model.h"
@@ -251,6 +254,36 @@ static int recompute_mode(const char *name)
 
 static int g_kd_recompute; /* the loss in recompute mode (kd.grad_in_forward: false) */
 static FILE *g_prof;     /* --profile: the per-shape tables, printed after the main one */
+static FILE *g_mem;      /* --memory: the per-shape ledgers, printed after the main one */
+static char *g_mem_buf;
+static size_t g_mem_len;
+
+/* --memory: where the device memory of one shape's step goes, from kernels/cuda/cuda_mem.h's
+ * ledger after the timed steps (every topkd allocation by its name; nothing is freed in between,
+ * so live = the step's peak of our allocations), against the device's own count. */
+static void memory_table(const char *shape, size_t used_bytes)
+{
+    enum { CAP = 256 };
+    static tkd_cuda_mem_use u[CAP];
+    const int n = tkd_cuda_mem_ledger(u, CAP);
+    const double MiB = 1048576.0;
+    size_t sum = 0, small = 0;
+    fprintf(g_mem, "\nmemory of %s after the timed steps (kernels/cuda/cuda_mem.h's ledger, most first)\n\n"
+                   "| allocation | live MiB | allocations |\n|---|---:|---:|\n", shape);
+    for (int i = 0; i < n && i < CAP; i++) {
+        sum += u[i].live;
+        if (u[i].live >= (size_t)(16 * MiB))
+            fprintf(g_mem, "| %s | %.0f | %d |\n", u[i].what, u[i].live / MiB, u[i].count);
+        else
+            small += u[i].live;
+    }
+    fprintf(g_mem, "| (the other names, each under 16 MiB) | %.0f | |\n", small / MiB);
+    fprintf(g_mem, "| **sum of the ledger** | **%.0f** | |\n", sum / MiB);
+    fprintf(g_mem, "| device in use beyond the ledger (CUDA context, cuBLAS/cuDNN internals, allocator) | %.0f | |\n",
+            used_bytes > sum ? (used_bytes - sum) / MiB : 0.0);
+    fprintf(g_mem, "| **device in use** (cudaMemGetInfo, minus before the backend opened: the GiB column) | **%.0f** | |\n",
+            used_bytes / MiB);
+}
 static char *g_prof_buf;
 static size_t g_prof_len;
 
@@ -361,6 +394,8 @@ static int run_one(const run_spec *r, int steps)
             return die("timed step");
     double step_ms = (bench_now_s() - ts) * 1e3 / steps;
     double mem = (double)(bench_used_bytes() - base) / 1073741824.0;
+    if (g_mem && g_dist.rank == 0)
+        memory_table(r->s->name, bench_used_bytes() - base);
     if (step_once(&c, 1, &sp) != TKD_OK)
         return die("split step");
     if (g_prof && g_dist.world == 1 && profile_step(&c, r->s->name) != TKD_OK)
@@ -417,12 +452,15 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "-q")) { /* what the launcher gives ranks above 0 */
         } else if (!strcmp(argv[i], "--kd-recompute")) {
             g_kd_recompute = 1;
+        } else if (!strcmp(argv[i], "--memory")) {
+            if (!g_mem && !(g_mem = open_memstream(&g_mem_buf, &g_mem_len)))
+                return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else if (!strcmp(argv[i], "--profile")) {
             if (!g_prof && !(g_prof = open_memstream(&g_prof_buf, &g_prof_len)))
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
             fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] "
-                            "[--recompute [none|attention|full]] [--kd-recompute] [--profile] "
+                            "[--recompute [none|attention|full]] [--kd-recompute] [--profile] [--memory] "
                             "[--nproc-per-node N]\n");
             return 2;
         }
@@ -436,6 +474,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         if (run_one(&rs[i], steps))
             return 1;
+    if (g_mem) {
+        fclose(g_mem);
+        fputs(g_mem_buf, stdout);
+        free(g_mem_buf);
+    }
     if (g_prof) {
         fclose(g_prof);
         fputs(g_prof_buf, stdout);

@@ -43,6 +43,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/cuda/cuda_mem.h"
 #include "kernels/cuda/ops_cuda.h"
 
 #define BF16_REL 0.00390625       /* 2^-8: one round-to-nearest into bf16 (see the top) */
@@ -455,6 +456,45 @@ static void test_linear(void **state)
     tkd_cuda_linear_free(NULL);
 }
 
+/* The ledger of device memory by name (cuda_mem.h): an allocation counts under its name while it
+ * lives, its peak stays after the free, and two allocations of one name add up. */
+static const tkd_cuda_mem_use *find_use(tkd_cuda_mem_use *u, int n, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(u[i].what, what))
+            return &u[i];
+    return NULL;
+}
+
+static void test_memory_ledger(void **state)
+{
+    (void)state;
+    enum { CAP = 512 };
+    static tkd_cuda_mem_use u[CAP];
+    const size_t before = tkd_cuda_mem_live();
+    void *a = NULL, *b = NULL;
+    assert_int_equal(tkd_cuda_malloc(&a, 3 << 20, "test_gpu_ops: ledger", NULL), TKD_OK);
+    assert_int_equal(tkd_cuda_malloc(&b, 1 << 20, "test_gpu_ops: ledger", NULL), TKD_OK);
+    int n = tkd_cuda_mem_ledger(u, CAP);
+    assert_true(n <= CAP);
+    const tkd_cuda_mem_use *x = find_use(u, n, "test_gpu_ops: ledger");
+    assert_non_null(x);
+    assert_int_equal(x->live, 4 << 20);
+    assert_int_equal(x->count, 2);
+    assert_int_equal(tkd_cuda_mem_live(), before + (4 << 20));
+    for (int i = 1; i < n; i++) /* most live first */
+        assert_true(u[i - 1].live >= u[i].live);
+    tkd_cuda_free(a);
+    tkd_cuda_free(b);
+    n = tkd_cuda_mem_ledger(u, CAP);
+    x = find_use(u, n, "test_gpu_ops: ledger");
+    assert_non_null(x);
+    assert_int_equal(x->live, 0);
+    assert_int_equal(x->count, 0);
+    assert_int_equal(x->peak, 4 << 20);
+    assert_int_equal(tkd_cuda_mem_live(), before);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -472,6 +512,7 @@ static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_convert),   cmocka_unit_test(test_embedding),
     cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
     cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_linear),
+    cmocka_unit_test(test_memory_ledger),
 };
 #endif /* TKD_HAVE_CUDA */
 

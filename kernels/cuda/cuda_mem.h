@@ -33,6 +33,24 @@ tkd_status tkd_cuda_memzero(void *p, size_t bytes);                      /* devi
 /* Free and total memory of the current device (cudaMemGetInfo). */
 tkd_status tkd_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
+/* The ledger of live device memory by the `what` of tkd_cuda_malloc (every device allocation of
+ * topkd goes through it): bytes live now and at most since the process started, and the live
+ * allocations, per name; what the device uses beyond their sum is the CUDA context, cuBLAS's and
+ * cuDNN's own workspaces and allocator rounding (bench/student_bench.c --memory prints it).
+ * Process-wide and thread-safe; all devices together. */
+typedef struct tkd_cuda_mem_use {
+    const char *what; /* the name (owned by the ledger) */
+    size_t live;      /* bytes allocated under it and not freed */
+    size_t peak;      /* the most live at once */
+    int count;        /* live allocations */
+} tkd_cuda_mem_use;
+
+/* Up to cap names into out, most live bytes first; returns how many names the ledger holds. */
+int tkd_cuda_mem_ledger(tkd_cuda_mem_use *out, int cap);
+
+/* The sum of live bytes over every name. */
+size_t tkd_cuda_mem_live(void);
+
 #ifdef __cplusplus
 }
 
