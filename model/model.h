@@ -121,12 +121,15 @@ typedef enum tkd_recompute {
     TKD_RECOMPUTE_NONE = 0,      /* every block keeps all its activations */
     TKD_RECOMPUTE_FULL = 1,      /* only each block's input is kept */
     TKD_RECOMPUTE_ATTENTION = 2, /* the input and the MLP's activations are kept */
+    TKD_RECOMPUTE_FULL_KEEP_ATTENTION = 3, /* the input, the attention's output and its saved
+                                            * statistics are kept: full recompute without the
+                                            * attention itself (long context, where it dominates) */
 } tkd_recompute;
 
 /* tkd_recompute's names, indexed by value (the config's train.recompute, student_bench's
  * --recompute). A macro so that the config schema builds without the model library (the config
  * fuzzer compiles the schema alone). */
-#define TKD_RECOMPUTE_NAMES {"none", "full", "attention", NULL}
+#define TKD_RECOMPUTE_NAMES {"none", "full", "attention", "full_keep_attention", NULL}
 
 typedef struct tkd_model_acts tkd_model_acts; /* private: activation buffers */
 

@@ -50,6 +50,11 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
         t->x = take(buf, &off, N * D, S);
         if (shared && m->recompute == TKD_RECOMPUTE_FULL)
             continue;
+        if (shared && m->recompute == TKD_RECOMPUTE_FULL_KEEP_ATTENTION) {
+            t->att = take(buf, &off, att, 1); /* the attention's output and statistics stay the block's */
+            t->y = take(buf, &off, N * Q, A);
+            continue;
+        }
         if (!shared) {
             t->n1 = take(buf, &off, N * D, A);
             t->rstd1 = take(buf, &off, N, S);
@@ -283,8 +288,10 @@ static void rope_rows(const tkd_model *m, int T, const float **cs, const float *
 /* Block l's attention from A->n1 = rmsnorm(A->x): q, k (normed per head for Qwen3, then RoPE), v,
  * the attention output A->y over the layer's window, and its saved state (what the attention
  * side's backward reads). */
+/* Block l's attention side from A->n1: q, k, v (with their norms and RoPE), then the attention
+ * itself into A->y and A->att unless core is 0 (a recompute that kept them). */
 static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dweights *W, layer_acts *A, int B,
-                                 int T)
+                                 int T, int core)
 {
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
@@ -299,6 +306,8 @@ static tkd_status block_attn_fwd(const tkd_model *m, int l, const tkd_layer_dwei
     int rows;
     rope_rows(m, T, &cs, &sn, &rows);
     TKD_TRY(op->rope_fwd(be, A->q, A->k, N, rows, H, Hkv, Dh, cs, sn));
+    if (!core)
+        return TKD_OK;
     return op->attn_fwd(be, A->q, A->k, A->v, B, T, H, Hkv, Dh, tkd_model_config_window(c, l),
                         a->docs ? a->doc : NULL, W->sinks, A->y, A->att);
 }
@@ -320,16 +329,16 @@ static tkd_status block_moe_fwd(const tkd_model *m, int l, const void *n2, int N
 }
 
 /* A block from A->n1 = rmsnorm(A->x) up to its MLP output A->mo (everything but the residual add
- * that makes the next block's input). */
+ * that makes the next block's input); core 0: the attention's output A->y is already there. */
 static tkd_status block_fwd_body(const tkd_model *m, int l, const tkd_layer_dweights *W, layer_acts *A, int B,
-                                 int T)
+                                 int T, int core)
 {
     const tkd_model_config *c = &m->cfg;
     const tkd_backend_ops *op = m->be->op;
     tkd_backend *be = m->be;
     int N = B * T, D = c->hidden_size, F = c->intermediate_size, Q = q_dim(c);
     float eps = (float)c->rms_norm_eps;
-    TKD_TRY(block_attn_fwd(m, l, W, A, B, T));
+    TKD_TRY(block_attn_fwd(m, l, W, A, B, T, core));
     TKD_TRY(op->linear_fwd(be, A->y, W->wo, W->bo, N, Q, D, A->ao));
     TKD_TRY(op->add_rmsnorm_fwd(be, A->x, A->ao, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
     if (tkd_model_config_moe(c, l))
@@ -343,23 +352,23 @@ static tkd_status block_fwd_body(const tkd_model *m, int l, const tkd_layer_dwei
 static tkd_status block_fwd(const tkd_model *m, int l, layer_acts *A, float *xnext, const void *next_norm,
                             void *n_next, float *rstd_next, int B, int T)
 {
-    TKD_TRY(block_fwd_body(m, l, &m->d.layers[l], A, B, T));
+    TKD_TRY(block_fwd_body(m, l, &m->d.layers[l], A, B, T, 1));
     int N = B * T, D = m->cfg.hidden_size;
     return m->be->op->add_rmsnorm_fwd(m->be, A->x2, A->mo, xnext, next_norm, N, D, (float)m->cfg.rms_norm_eps, n_next,
                                       rstd_next);
 }
 
 /* Recompute: what block l did not keep, again from its kept input (same ops, same order: the same
- * values), into the one shared set, just before its backward: the attention side (attention mode)
- * or the whole block (full). */
+ * values), into the one shared set, just before its backward: the attention side (attention mode),
+ * the whole block (full) or the whole block but the attention itself (full_keep_attention). */
 static tkd_status block_recompute(const tkd_model *m, int l, layer_acts *A, int B, int T)
 {
     int N = B * T, D = m->cfg.hidden_size;
     const tkd_layer_dweights *W = &m->d.layers[l];
     TKD_TRY(m->be->op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, (float)m->cfg.rms_norm_eps, A->n1, A->rstd1));
     if (m->recompute == TKD_RECOMPUTE_ATTENTION)
-        return block_attn_fwd(m, l, W, A, B, T);
-    return block_fwd_body(m, l, W, A, B, T);
+        return block_attn_fwd(m, l, W, A, B, T, 1);
+    return block_fwd_body(m, l, W, A, B, T, m->recompute != TKD_RECOMPUTE_FULL_KEEP_ATTENTION);
 }
 
 static tkd_status check_tokens(const tkd_model *m, const int32_t *tokens, int64_t N, int T)

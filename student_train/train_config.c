@@ -68,7 +68,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_FLOAT(T, grad_clip, "optim.grad_clip", "1.0", 0, 1e9, "Global gradient-norm clip; 0 = off"),
     TKD_CFG_INT(T, grad_accum, "optim.grad_accum", "1", 1, 1 << 20, "Micro-batches per optimizer step"),
     TKD_CFG_ENUM(T, recompute, "train.recompute", "none", recompute_names,
-                 "none | attention | full: attention keeps each layer's input and MLP activations and recomputes the attention side (norm, q/k/v, RoPE, attention) in backward; full keeps only each layer's input and recomputes the rest (least memory, ~1/3 more compute); gradients identical in every mode"),
+                 "none | attention | full | full_keep_attention: attention keeps each layer's input and MLP activations and recomputes the attention side (norm, q/k/v, RoPE, attention) in backward; full keeps only each layer's input and recomputes the rest (least memory, ~1/3 more compute); full_keep_attention is full that also keeps each layer's attention output and its statistics, so the attention itself is not run again (long context); gradients identical in every mode"),
 
     TKD_CFG_INT(T, batch_size, "train.batch_size", "8", 1, 1 << 20, "Sequences per micro-batch"),
     TKD_CFG_INT64(T, max_steps, "train.max_steps", "200", 0, 1e15, "Optimizer steps; 0 = until train.max_tokens or train.epochs"),

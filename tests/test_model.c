@@ -238,7 +238,7 @@ static void test_grad_accumulation_and_tied_head(void **s)
     tkd_model_free(m);
 }
 
-/* train.recompute: full and attention: the same hidden states and bit-identical gradients as
+/* train.recompute: full, attention and full_keep_attention: the same hidden states and bit-identical gradients as
  * keeping every activation (the same ops in the same order), over three layers (the first and a
  * middle one recomputed, the last kept), and smaller activation buffers, full the smallest;
  * switching back gives the first layout again. */
@@ -259,9 +259,9 @@ static void recompute_same_gradients(tkd_model_config cfg)
     memcpy(h0, h, sizeof dh);
     assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
     memcpy(g0, m->grads, sizeof(float) * m->n_params);
-    size_t all = tkd_model_activation_bytes(m), kept[3] = {all, 0, 0};
-    const tkd_recompute modes[2] = {TKD_RECOMPUTE_FULL, TKD_RECOMPUTE_ATTENTION};
-    for (int i = 0; i < 2; i++) {
+    size_t all = tkd_model_activation_bytes(m), kept[4] = {all, 0, 0, 0};
+    const tkd_recompute modes[3] = {TKD_RECOMPUTE_FULL, TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL_KEEP_ATTENTION};
+    for (int i = 0; i < 3; i++) {
         assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
         tkd_model_set_recompute(m, modes[i]);
         assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
@@ -273,9 +273,12 @@ static void recompute_same_gradients(tkd_model_config cfg)
                 fail_msg("recompute %d: gradient %zu is %.9g, %.9g keeping everything", (int)modes[i], j, m->grads[j],
                          g0[j]);
     }
-    printf("activations: %zu bytes kept without recompute, %zu with attention, %zu with full\n", all,
-           kept[TKD_RECOMPUTE_ATTENTION], kept[TKD_RECOMPUTE_FULL]);
+    printf("activations: %zu bytes kept without recompute, %zu with attention, %zu with full_keep_attention, %zu "
+           "with full\n", all, kept[TKD_RECOMPUTE_ATTENTION], kept[TKD_RECOMPUTE_FULL_KEEP_ATTENTION],
+           kept[TKD_RECOMPUTE_FULL]);
     assert_true(kept[TKD_RECOMPUTE_FULL] < kept[TKD_RECOMPUTE_ATTENTION] && kept[TKD_RECOMPUTE_ATTENTION] < all);
+    assert_true(kept[TKD_RECOMPUTE_FULL] < kept[TKD_RECOMPUTE_FULL_KEEP_ATTENTION] &&
+                kept[TKD_RECOMPUTE_FULL_KEEP_ATTENTION] < all);
     tkd_model_set_recompute(m, TKD_RECOMPUTE_NONE);
     assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, NULL), TKD_OK);
     assert_int_equal(tkd_model_activation_bytes(m), all);
