@@ -38,6 +38,19 @@
  * TFLOP/s (2·N·D·V) and the ratio to cuBLAS alone.
  * It then checks our fused pass's LSEs against the row kernel's and our logits against cuBLAS's
  * (4 rows).
+ *
+ *   kl_bench --dense [--teacher-d 4096] [--tau 2] [--divergence D] [--shapes ...] [--reps 5]
+ *            [--chunk 0] [--profile]
+ * times the dense mode (tkd_kl_params.dense, kd.teacher: the teacher online, its full distribution
+ * the target; kernels/loss/kl_loss_cuda_dense.cu) at alpha 0.5 with a teacher of hidden size Dt
+ * (default shapes 4096 and 8192 x 2048 x 151552, Dt 4096): forward alone (the loss, as evaluation
+ * runs it), forward + backward in recompute mode, and forward with grad_in_forward (dW written),
+ * each beside its floor, the plain cuBLAS GEMMs it must do in the same chunks
+ * (tkd_kl_bench_dense_floor): forward the two LM-head GEMMs Zs = H_c Wᵀ and Zt = Ht_c Wtᵀ;
+ * recompute those twice plus dH = dS W and dW = dSᵀ H_c; grad_in_forward those once plus dH and dW.
+ * TFLOP/s count 2·N·V·(D + Dt) per logits pair and 4·N·V·D for dH + dW. --profile adds the stage
+ * times and the dense row kernel's bandwidth (stats: reads both fp32 rows, 8 bytes per element, and
+ * again for a divergence other than fkl; grad: reads 8, writes 2).
  */
 #include <math.h>
 #include <stdint.h>
@@ -72,7 +85,9 @@ typedef struct bench_opts {
     int row_threads, row_vec; /* --rows; 0, 0: the product's launch shape */
     int lmhead;               /* --lmhead: the logits pass alone (bench_lmhead) */
     int divergence;           /* --divergence: tkd_kl_divergence (fkl by default) */
-    float tau;                /* --tau, for --lmhead */
+    float tau;                /* --tau, for --lmhead and --dense */
+    int dense;                /* --dense: the teacher online (bench_dense) */
+    int teacher_d;            /* --teacher-d: Dt for --dense */
 } bench_opts;
 
 typedef struct bench_data {
@@ -168,6 +183,8 @@ static int cmp_double(const void *a, const void *b)
 typedef enum run_kind {
     RUN_RECOMPUTE, RUN_GIF, RUN_RECOMPUTE_CUBLAS, RUN_GIF_CUBLAS, RUN_RECOMPUTE_F32, RUN_GIF_F32,
     RUN_FLOOR4, RUN_FLOOR3,
+    RUN_FORWARD, /* forward alone, no gradients (--dense) */
+    RUN_DENSE_FLOOR_FWD, RUN_DENSE_FLOOR_GIF, RUN_DENSE_FLOOR_REC, /* tkd_kl_bench_dense_floor's kinds */
     RUN_LM_FIRST, /* RUN_LM_FIRST + TKD_KL_BENCH_LM_*: tkd_kl_bench_lmhead of that kind */
 } run_kind;
 
@@ -206,6 +223,17 @@ static void run_once(run_ctx *c, run_kind kind)
         p.grad_in_forward = 1;
         CHECK(tkd_kl_cuda_forward(c->ws, &p, &c->x->b, &res, c->x->dh, c->x->dw));
         c->loss = res.loss;
+        break;
+    case RUN_FORWARD:
+        p.grad_in_forward = 0;
+        CHECK(tkd_kl_cuda_forward(c->ws, &p, &c->x->b, &res, NULL, NULL));
+        c->loss = res.loss;
+        break;
+    case RUN_DENSE_FLOOR_FWD:
+    case RUN_DENSE_FLOOR_GIF:
+    case RUN_DENSE_FLOOR_REC:
+        CHECK(tkd_kl_bench_dense_floor(c->ws, &c->x->b, (int)kind - RUN_DENSE_FLOOR_FWD, c->ds, c->x->dh,
+                                       c->x->dw, c->p.dw_overwrite));
         break;
     case RUN_FLOOR4:
     case RUN_FLOOR3:
@@ -471,6 +499,130 @@ static void bench_lmhead(const shape *s, const bench_opts *o)
     fflush(stdout);
 }
 
+/* ---- --dense: the teacher online ---------------------------------------------------------------- */
+
+/* A dense batch on the device: H (N, D), W (V, D), the teacher's Ht (N, Dt), Wt (V, Dt), bf16 with
+ * logits of std ~2 on both sides; labels with 3% ignored. */
+static void dense_data_init(bench_data *x, const shape *s, int dt)
+{
+    memset(x, 0, sizeof *x);
+    x->b.n = s->n, x->b.d = s->d, x->b.v = s->v, x->b.teacher_d = dt;
+    const size_t nh = (size_t)s->n * s->d, nw = (size_t)s->v * s->d;
+    const size_t nth = (size_t)s->n * dt, ntw = (size_t)s->v * dt;
+    CHECK(tkd_cuda_malloc((void **)&x->b.h, nh * 2, "H", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.w, nw * 2, "W", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.teacher_h, nth * 2, "teacher H", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x->b.teacher_w, ntw * 2, "teacher W", NULL));
+    CHECK(tkd_kl_bench_fill_bf16((uint16_t *)x->b.h, nh, 1, 1.0f));
+    CHECK(tkd_kl_bench_fill_bf16((uint16_t *)x->b.w, nw, 2, 2.0f / sqrtf((float)s->d)));
+    CHECK(tkd_kl_bench_fill_bf16((uint16_t *)x->b.teacher_h, nth, 4, 1.0f));
+    CHECK(tkd_kl_bench_fill_bf16((uint16_t *)x->b.teacher_w, ntw, 5, 2.0f / sqrtf((float)dt)));
+    int32_t *labels = malloc((size_t)s->n * 4);
+    if (!labels) {
+        fprintf(stderr, "kl_bench: host out of memory\n");
+        exit(1);
+    }
+    uint64_t rng = 4321;
+    for (int64_t i = 0; i < s->n; i++) {
+        uint64_t u = splitmix(&rng);
+        labels[i] = (u % 100) < 3 ? -100 : (int32_t)((u >> 8) % (uint64_t)s->v);
+    }
+    CHECK(tkd_cuda_malloc((void **)&x->b.labels, (size_t)s->n * 4, "labels", NULL));
+    CHECK(tkd_cuda_to_device((void *)x->b.labels, labels, (size_t)s->n * 4));
+    free(labels);
+}
+
+/* Stage times of one recompute forward + backward and one grad_in_forward forward (ms summed over
+ * chunks; the logits stage is both GEMMs) and the row kernel's effective bandwidth. */
+static void print_dense_profile(const shape *s, int chunk, int div, const double *ms)
+{
+    const double nv = (double)s->n * s->v, stats = 8.0 * (1 + div);
+    printf("  profile %lldx%dx%d chunk %d (ms): recompute: logits pair %.2f, stats rows %.2f (%.0f GB/s), logits "
+           "pair %.2f, grad rows %.2f (%.0f GB/s), dH %.2f, dW %.2f | grad_in_forward: logits pair %.2f, rows "
+           "%.2f (%.0f GB/s), dH %.2f, dW %.2f\n",
+           (long long)s->n, s->d, s->v, chunk, ms[0], ms[1], nv * stats / (ms[1] * 1e6), ms[2], ms[3],
+           nv * 10.0 / (ms[3] * 1e6), ms[4], ms[5], ms[6], ms[7], nv * (stats + 10.0) / (ms[7] * 1e6), ms[8],
+           ms[9]);
+}
+
+static void print_dense_row(const shape *s, int dt, const char *mode, int chunk, double ms, double floor_ms,
+                            double flops, double peak, double loss)
+{
+    char sh[48];
+    snprintf(sh, sizeof sh, "%lldx%dx%d", (long long)s->n, s->d, s->v);
+    printf("| %-18s | %5d | %-16s | %6d | %9.2f | %7.1f | %9.2f | %6.3f | %9.0f | loss %.4f%s\n", sh, dt, mode,
+           chunk, ms, flops / (ms * 1e-3) / 1e12, floor_ms, ms / floor_ms, peak, loss,
+           ms / floor_ms <= 1.15 ? "" : " (above 1.15x)");
+}
+
+/* --dense, one shape: forward, recompute and grad_in_forward beside their GEMM floors, alternating
+ * rep by rep. */
+static void bench_dense(const shape *s, const bench_opts *o)
+{
+    bench_data x;
+    dense_data_init(&x, s, o->teacher_d);
+    size_t f0 = free_bytes();
+    CHECK(tkd_cuda_malloc((void **)&x.dh, (size_t)s->n * s->d * 4, "dH", NULL));
+    CHECK(tkd_cuda_malloc((void **)&x.dw, (size_t)s->v * s->d * 4, "dW", NULL));
+    run_ctx c = {0};
+    c.x = &x;
+    tkd_kl_params_defaults(&c.p, s->v);
+    c.p.dense = 1;
+    c.p.temperature = o->tau;
+    c.p.alpha = 0.5f;
+    c.p.divergence = (tkd_kl_divergence)o->divergence;
+    c.p.chunk_rows = o->chunk;
+    c.p.dw_overwrite = 1; /* as student-train's first micro-batch of a step */
+    tkd_status st = tkd_kl_cuda_ws_create(&c.ws, &c.p, &g_policy, s->n, s->d, s->v);
+    if (st == TKD_ERR_DEVICE_OOM) {
+        printf("| %lldx%dx%d | %5d | does not fit: %s\n", (long long)s->n, s->d, s->v, o->teacher_d, tkd_error_msg());
+        tkd_cuda_free(x.dh), tkd_cuda_free(x.dw);
+        data_free(&x);
+        return;
+    }
+    CHECK(st);
+    const int chunk = tkd_kl_cuda_ws_chunk_rows(c.ws);
+    enum { M = 3 };
+    const run_kind method[M] = {RUN_FORWARD, RUN_RECOMPUTE, RUN_GIF};
+    const run_kind floor[M] = {RUN_DENSE_FLOOR_FWD, RUN_DENSE_FLOOR_REC, RUN_DENSE_FLOOR_GIF};
+    double loss[M];
+    for (int m = 0; m < M; m++) { /* warm-up: handles, kernels, cuBLAS heuristics */
+        run_once(&c, method[m]);
+        loss[m] = c.loss;
+    }
+    const double peak = (double)(f0 - free_bytes()) / MIB; /* nothing was freed: this is the peak */
+    void *ds = NULL;
+    size_t nds = tkd_kl_bench_ds_elems(c.ws);
+    CHECK(tkd_cuda_malloc(&ds, nds * 2, "dS stand-in", NULL));
+    CHECK(tkd_kl_bench_fill_bf16((uint16_t *)ds, nds, 3, 1e-6f));
+    c.ds = (const uint16_t *)ds;
+    for (int m = 0; m < M; m++)
+        run_once(&c, floor[m]);
+    if (o->profile) {
+        double ms[TKD_KL_BENCH_PROF_STAGES];
+        CHECK(tkd_kl_bench_profile(c.ws, &c.p, &x.b, x.dh, x.dw, ms));
+        print_dense_profile(s, chunk, c.p.divergence != TKD_KL_DIVERGENCE_FKL, ms);
+    }
+    double t[2 * M][MAX_REPS];
+    const int reps = o->reps < MAX_REPS ? o->reps : MAX_REPS;
+    for (int r = 0; r < reps; r++)
+        for (int m = 0; m < M; m++) {
+            t[2 * m][r] = time_once(&c, method[m]);
+            t[2 * m + 1][r] = time_once(&c, floor[m]);
+        }
+    const double nv = (double)s->n * s->v, pair = 2.0 * nv * (s->d + o->teacher_d), grads = 4.0 * nv * s->d;
+    const double flops[M] = {pair, 2.0 * pair + grads, pair + grads};
+    const char *name[M] = {"forward (loss)", "recompute", "grad_in_forward"};
+    for (int m = 0; m < M; m++)
+        print_dense_row(s, o->teacher_d, name[m], chunk, median(t[2 * m], reps), median(t[2 * m + 1], reps),
+                        flops[m], peak, loss[m]);
+    fflush(stdout);
+    tkd_cuda_free(ds);
+    tkd_kl_cuda_ws_free(c.ws);
+    tkd_cuda_free(x.dh), tkd_cuda_free(x.dw);
+    data_free(&x);
+}
+
 static int parse_shapes(const char *arg, bench_opts *o)
 {
     o->n_shapes = 0;
@@ -492,7 +644,8 @@ static int parse_shapes(const char *arg, bench_opts *o)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {.n_shapes = 4, .reps = 5, .chunk = 0, .profile = 0, .naive = 1, .tau = 2.0f};
+    bench_opts o = {.n_shapes = 4, .reps = 5, .chunk = 0, .profile = 0, .naive = 1, .tau = 2.0f, .teacher_d = 4096};
+    int shapes_given = 0;
     o.shapes[0] = (shape){4096, 4096, 128256};
     o.shapes[1] = (shape){8192, 2048, 151552};
     o.shapes[2] = (shape){32768, 2880, 201088};
@@ -507,6 +660,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "kl_bench: --shapes wants NxDxV[,NxDxV...], got %s\n", argv[i]);
                 return 2;
             }
+            shapes_given = 1;
         } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             o.reps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--chunk") == 0 && i + 1 < argc) {
@@ -525,6 +679,13 @@ int main(int argc, char **argv)
             o.naive = 0;
         } else if (strcmp(argv[i], "--lmhead") == 0) {
             o.lmhead = 1;
+        } else if (strcmp(argv[i], "--dense") == 0) {
+            o.dense = 1;
+        } else if (strcmp(argv[i], "--teacher-d") == 0 && i + 1 < argc) {
+            if ((o.teacher_d = atoi(argv[++i])) < 1) {
+                fprintf(stderr, "kl_bench: --teacher-d wants the teacher's hidden size >= 1, got %s\n", argv[i]);
+                return 2;
+            }
         } else if (strcmp(argv[i], "--tau") == 0 && i + 1 < argc) {
             o.tau = (float)atof(argv[++i]);
         } else if (strcmp(argv[i], "--divergence") == 0 && i + 1 < argc) {
@@ -535,7 +696,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: kl_bench [--shapes NxDxV,...] [--reps R] [--chunk C] "
                             "[--rows THREADSxVEC] [--profile] [--no-naive] [--divergence D] | --lmhead "
-                            "[--tau T]\n");
+                            "[--tau T] | --dense [--teacher-d DT] [--tau T] [--divergence D] [--profile]\n");
             return 2;
         }
     }
@@ -553,6 +714,22 @@ int main(int argc, char **argv)
     printf("device: %s, %d SMs; reps %d (median), bf16 H/W, renorm, k = %d, kd.divergence %s; dH and dW fp32\n",
            prop.name, prop.multiProcessorCount, o.reps, BENCH_K,
            tkd_kl_divergence_name((tkd_kl_divergence)o.divergence));
+    if (o.dense) {
+        if (!shapes_given) {
+            o.n_shapes = 2;
+            o.shapes[0] = (shape){4096, 2048, 151552};
+            o.shapes[1] = (shape){8192, 2048, 151552};
+        }
+        printf("dense (the teacher online): teacher hidden size Dt %d, tau %g, alpha 0.5, over all V; GEMM floor = the "
+               "plain cuBLAS GEMMs in the same chunks: forward Zs + Zt (two LM-head GEMMs), recompute 2 (Zs + Zt) + dH + "
+               "dW, grad_in_forward Zs + Zt + dH + dW; ratio = ms / GEMM ms; peak MiB as below\n",
+               o.teacher_d, (double)o.tau);
+        printf("| %-18s | %5s | %-16s | %6s | %9s | %7s | %9s | %6s | %9s |\n", "N x D x V", "Dt", "mode", "chunk",
+               "ms", "TFLOP/s", "GEMM ms", "ratio", "peak MiB");
+        for (int i = 0; i < o.n_shapes; i++)
+            bench_dense(&o.shapes[i], &o);
+        return 0;
+    }
     if (o.lmhead) {
         printf("LM-head logits pass alone, tau %g, chunks of rows as the loss (TFLOP/s = 2NDV / time; "
                "ratio = time / cuBLAS logits)\n", (double)o.tau);

@@ -146,6 +146,24 @@ extern "C" tkd_status tkd_kl_bench_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_c
     return TKD_OK;
 }
 
+extern "C" tkd_status tkd_kl_bench_dense_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int kind,
+                                               const uint16_t *ds, float *dh, float *dw, int overwrite)
+{
+    const int passes = kind == TKD_KL_BENCH_DENSE_RECOMPUTE ? 2 : 1;
+    for (int pass = 0; pass < passes; pass++)
+        for (long long row0 = 0; row0 < b->n; row0 += ws->chunk) {
+            const int rows = chunk_len(ws, b, row0);
+            TKD_TRY(tkd_kl_cuda_chunk_logits(ws, b, row0, rows));
+            TKD_TRY(tkd_kl_cuda_chunk_teacher_logits(ws, b, row0, rows));
+            if (kind != TKD_KL_BENCH_DENSE_LOGITS && pass == passes - 1) {
+                TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ds, dh));
+                TKD_TRY(tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ds, dw, !(overwrite && row0 == 0)));
+            }
+        }
+    TKD_CUDA_CHECK(cudaDeviceSynchronize());
+    return TKD_OK;
+}
+
 extern "C" size_t tkd_kl_bench_ds_elems(const tkd_kl_cuda_ws *ws)
 {
     return (size_t)ws->chunk * 2 * ws->ldl;

@@ -30,6 +30,14 @@ tkd_status tkd_kl_bench_gemm_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *
                                    const uint16_t *ds, float *dh, float *dw, int overwrite);
 size_t tkd_kl_bench_ds_elems(const tkd_kl_cuda_ws *ws);
 
+/* The dense mode's (the teacher online) plain GEMMs in its chunks (ws made with dense): per chunk
+ * the two logits GEMMs H_c Wᵀ and Ht_c Wtᵀ (kind LOGITS: that is all, forward's floor; RECOMPUTE:
+ * twice, forward and backward), then with GIF and RECOMPUTE dS·W and dSᵀ·H_c from the stand-in
+ * ds as tkd_kl_bench_gemm_floor. Synchronises at the end. */
+enum { TKD_KL_BENCH_DENSE_LOGITS = 0, TKD_KL_BENCH_DENSE_GIF = 1, TKD_KL_BENCH_DENSE_RECOMPUTE = 2 };
+tkd_status tkd_kl_bench_dense_floor(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int kind, const uint16_t *ds,
+                                    float *dh, float *dw, int overwrite);
+
 /* Per-stage device time (ms, summed over chunks) of one recompute forward + backward and one
  * grad_in_forward forward (gradients of 1·loss), on the path ws takes (the logits stages are the
  * sm90 GEMM with its fused statistics + their combine where tkd_kl_cuda_sm90_on; on the fused path

@@ -238,7 +238,8 @@ typedef struct tkd_backend_ops {
                             tkd_backend_kl **out);
     void (*kl_free)(tkd_backend *be, tkd_backend_kl *kl); /* NULL ok */
     /* Takes the teacher side of a host batch (top-k, LSE, tail draws, labels; hb->h and hb->w are
-     * ignored) for the next kl_forward: the CPU keeps the pointers (the caller keeps the batch alive
+     * ignored; with p->dense, labels and hb->teacher_h (N, Dt) / teacher_w (V, Dt), which are act
+     * tensors in this backend's memory, the teacher model's, passed through) for the next kl_forward: the CPU keeps the pointers (the caller keeps the batch alive
      * until kl_backward); CUDA copies it to pinned memory (after waiting for the last batch's
      * copy out of it) and sends it to the device on a copy stream. Call it after the model's
      * forward is enqueued and before kl_forward: on CUDA the host copy and the transfer then run

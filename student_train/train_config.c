@@ -53,7 +53,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_FLOAT(T, kd_skew_alpha, "kd.skew_alpha", "0.1", 0, 1, "skl / srkl's alpha, below 1: KL(p || alpha*p + (1-alpha)*q) and KL(q || alpha*q + (1-alpha)*p) (DistiLLM); 0 is forward / reverse KL"),
     TKD_CFG_FLOAT(T, kd_temperature, "kd.temperature", "1", 0.01, 100, "Distillation temperature; tail and sampled need the cache's temperature"),
     TKD_CFG_FLOAT(T, kd_alpha, "kd.alpha", "0.5", 0, 1, "KD weight: loss = alpha*KD + (1-alpha)*CE; 0 = CE only"),
-    TKD_CFG_STRING(T, kd_teacher, "kd.teacher", "", "A Hugging Face checkpoint: distil from it online, from its full distribution made chunk by chunk beside the student's (the dense reference a cache is judged against; data.tokens, kd.variant renorm, device: cpu so far)"),
+    TKD_CFG_STRING(T, kd_teacher, "kd.teacher", "", "A Hugging Face checkpoint: distil from it online, from its full distribution made chunk by chunk beside the student's (the dense reference a cache is judged against; data.tokens, kd.variant renorm; on the CPU and the GPU)"),
     TKD_CFG_INT(T, kd_topk, "kd.topk", "0", 0, 65535, "Use the first k' stored teacher tokens; 0 = all k"),
     TKD_CFG_INT(T, kd_chunk_size, "kd.chunk_size", "0", 0, 1 << 24, "Rows per chunk of the fused LM-head + loss; 0 = automatic"),
     TKD_CFG_BOOL(T, kd_grad_in_forward, "kd.grad_in_forward", "true", "Make the LM-head gradients in the loss's forward pass (3 GEMMs per chunk); false makes the logits again in backward (4)"),

@@ -36,7 +36,7 @@ static tkd_status teacher_side(const trainer *tr, const tkd_train_batch *b, tkd_
     const void *th = NULL;
     TKD_TRY(tkd_model_forward_docs(tr->teacher, b->inputs, b->doc, b->b, b->t, 0, &th));
     kb->teacher_h = th;
-    kb->teacher_w = tkd_model_lm_head(tr->teacher);
+    kb->teacher_w = tkd_model_lm_head_dev(tr->teacher); /* backend memory, as th (CUDA: bf16) */
     kb->teacher_d = tr->teacher->cfg.hidden_size;
     return TKD_OK;
 }

@@ -188,15 +188,14 @@ typedef struct gpu_ctx {
     float *poison;        /* host NaNs, (N, D) */
 } gpu_ctx;
 
-static inline void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
+/* The device side of a run on host batch hb (uploaded with up's k, s and dense) and a workspace
+ * for p; dH, dW and their host copies. */
+static inline void ctx_init_batch(gpu_ctx *x, const tkd_kl_batch *hb, const tkd_kl_params *up,
+                                  const tkd_kl_params *p)
 {
-    tkd_kl_batch hb = case_batch(c);
-    tkd_kl_params up = *p; /* upload every stored column and draw, whatever p uses */
-    up.k = c->k;
-    up.s = c->s;
-    assert_int_equal(tkd_kl_cuda_batch_upload(&x->db, &up, &hb), TKD_OK);
-    assert_int_equal(tkd_kl_cuda_ws_create(&x->ws, p, &g_pol, c->n, c->d, c->v), TKD_OK);
-    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    assert_int_equal(tkd_kl_cuda_batch_upload(&x->db, up, hb), TKD_OK);
+    assert_int_equal(tkd_kl_cuda_ws_create(&x->ws, p, &g_pol, hb->n, hb->d, hb->v), TKD_OK);
+    size_t nh = (size_t)(hb->n * hb->d), nw = (size_t)hb->v * hb->d;
     assert_int_equal(tkd_cuda_malloc((void **)&x->dh, nh * 4, "dH", NULL), TKD_OK);
     assert_int_equal(tkd_cuda_malloc((void **)&x->dw, nw * 4, "dW", NULL), TKD_OK);
     x->h_dh = malloc(nh * 4 + 4);
@@ -205,6 +204,15 @@ static inline void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
     assert_true(x->h_dh && x->h_dw && x->poison);
     for (size_t i = 0; i < nh; i++)
         x->poison[i] = NAN;
+}
+
+static inline void ctx_init(gpu_ctx *x, const gcase *c, const tkd_kl_params *p)
+{
+    tkd_kl_batch hb = case_batch(c);
+    tkd_kl_params up = *p; /* upload every stored column and draw, whatever p uses */
+    up.k = c->k;
+    up.s = c->s;
+    ctx_init_batch(x, &hb, &up, p);
 }
 
 static inline void ctx_free(gpu_ctx *x)

@@ -439,6 +439,277 @@ static void test_against_cpu_path(void **state)
     case_free(c);
 }
 
+
+/* ---- the teacher online (tkd_kl_params.dense, kl_loss_cuda_dense.cu) ------------------------- */
+
+/* A dense batch: the student's H (N, D), W (V, D) and the teacher's Ht (N, Dt), Wt (V, Dt), all
+ * bf16-representable (the GPU's operands exactly: CPU and GPU then differ only in arithmetic), every
+ * 5th row masked. */
+typedef struct dcase {
+    int64_t n;
+    int d, dt, v;
+    float *h, *w, *th, *tw;
+    int32_t *labels;
+} dcase;
+
+static float *randn_bf16(size_t n, uint64_t seed, float std)
+{
+    float *x = malloc(sizeof(float) * n + 4);
+    assert_non_null(x);
+    tkd_test_randn(x, n, seed, std);
+    round_bf16(x, n);
+    return x;
+}
+
+static dcase *dcase_make(int64_t n, int d, int dt, int v, uint64_t seed)
+{
+    dcase *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    c->n = n, c->d = d, c->dt = dt, c->v = v;
+    c->h = randn_bf16((size_t)(n * d), seed + 1, 0.4f);
+    c->w = randn_bf16((size_t)v * d, seed + 2, 0.4f);
+    c->th = randn_bf16((size_t)(n * dt), seed + 3, 1.0f);
+    c->tw = randn_bf16((size_t)v * dt, seed + 4, 0.6f); /* teacher logits of std ~3: a peaked target */
+    c->labels = malloc(sizeof(int32_t) * (size_t)n);
+    assert_non_null(c->labels);
+    for (int64_t i = 0; i < n; i++)
+        c->labels[i] = i % 5 == 3 ? -100 : (int32_t)((i * 37 + (int64_t)seed) % v);
+    return c;
+}
+
+static void dcase_free(dcase *c)
+{
+    free(c->h), free(c->w), free(c->th), free(c->tw), free(c->labels), free(c);
+}
+
+static tkd_kl_batch dcase_batch(const dcase *c)
+{
+    tkd_kl_batch b = {.n = c->n, .d = c->d, .v = c->v, .h = c->h, .w = c->w, .labels = c->labels,
+                      .teacher_h = c->th, .teacher_w = c->tw, .teacher_d = c->dt};
+    return b;
+}
+
+/* The shape gpu_run and compare read (n, d, v). */
+static gcase dcase_shape(const dcase *c)
+{
+    gcase g;
+    memset(&g, 0, sizeof g);
+    g.n = c->n, g.d = c->d, g.v = c->v;
+    return g;
+}
+
+static void dense_params(tkd_kl_params *p, int v, const div_case *dc, float tau, float alpha)
+{
+    tkd_kl_params_defaults(p, v);
+    p->dense = 1;
+    p->temperature = tau;
+    p->alpha = alpha;
+    p->chunk_rows = 16; /* N = 37: chunks of 16, 16 and 5 */
+    if (dc)
+        div_set(p, dc);
+}
+
+static void dense_ctx(gpu_ctx *x, const dcase *c, const tkd_kl_params *p)
+{
+    tkd_kl_batch hb = dcase_batch(c);
+    memset(x, 0, sizeof *x);
+    ctx_init_batch(x, &hb, p, p);
+}
+
+/* The chunked CPU path's dense loss and gradients (recompute, scale 1) as the reference r. */
+static void dense_cpu(const dcase *c, const tkd_kl_params *p0, refout *r)
+{
+    tkd_kl_params p = *p0;
+    p.grad_in_forward = 0;
+    p.dw_overwrite = 0;
+    p.chunk_rows = 10; /* another chunking than the GPU's */
+    const tkd_kl_batch hb = dcase_batch(c);
+    size_t nh = (size_t)(c->n * c->d), nw = (size_t)c->v * c->d;
+    float *dh = malloc(nh * 4 + 4), *dw = calloc(nw, 4);
+    r->dh = malloc(nh * 8 + 8);
+    r->dw = malloc(nw * 8 + 8);
+    assert_true(dh && dw && r->dh && r->dw);
+    tkd_kl_cpu_ws *ws = NULL;
+    assert_int_equal(tkd_kl_cpu_ws_create(&ws, &p, c->n, c->d, c->v), TKD_OK);
+    if (tkd_kl_cpu_forward(ws, &p, &hb, &r->res, NULL, NULL) != TKD_OK ||
+        tkd_kl_cpu_backward(ws, &p, &hb, 1.0f, dh, dw) != TKD_OK)
+        fail_msg("cpu dense: %s", tkd_error_msg());
+    tkd_kl_cpu_ws_free(ws);
+    for (size_t i = 0; i < nh; i++)
+        r->dh[i] = dh[i];
+    for (size_t i = 0; i < nw; i++)
+        r->dw[i] = dw[i];
+    free(dh), free(dw);
+}
+
+/* Every divergence (fkl and kDivs) × τ {1, 2} × α {0.5, 1} × both modes (recompute with backward's
+ * scale 0.25, grad_in_forward with grad_scale 0.5 and dW written) on V = 257 and 1000 (not
+ * multiples of 4 or of the row kernel's tiles), D = 40, Dt = 24 ≠ D, N = 37 in chunks of 16 with
+ * masked rows, against the chunked CPU path's dense mode on the same bf16-representable operands.
+ * Tolerances: the fixture's (kl_testutil.h): the logits are fp32 sums of exact products on both
+ * sides, dS is bf16 on the GPU. */
+static void test_dense_against_cpu_path(void **state)
+{
+    (void)state;
+    const int vs[] = {257, 1000};
+    const float taus[] = {1.0f, 2.0f}, alphas[] = {0.5f, 1.0f};
+    int ran = 0;
+    for (int vi = 0; vi < 2; vi++) {
+        dcase *c = dcase_make(37, 40, 24, vs[vi], 71 + vi);
+        gcase shape = dcase_shape(c);
+        tkd_kl_params p;
+        dense_params(&p, c->v, NULL, 1.0f, 1.0f);
+        gpu_ctx x;
+        dense_ctx(&x, c, &p);
+        for (int di = -1; di < N_DIVS; di++)
+            for (int ti = 0; ti < 2; ti++)
+                for (int ai = 0; ai < 2; ai++) {
+                    dense_params(&p, c->v, di >= 0 ? &kDivs[di] : NULL, taus[ti], alphas[ai]);
+                    refout r;
+                    dense_cpu(c, &p, &r);
+                    assert_int_equal(r.res.n_kept, 30); /* 37 rows, 7 masked */
+                    for (int gif = 0; gif < 2; gif++) {
+                        const float scale = gif ? 0.5f : 0.25f;
+                        p.grad_in_forward = gif;
+                        p.dw_overwrite = gif;
+                        tkd_kl_result g;
+                        gpu_run(&x, &shape, &p, scale, &g);
+                        errs e = compare(&x, &shape, &g, &r, scale);
+                        char what[192];
+                        snprintf(what, sizeof what, "dense V %d %s (beta %g, skew alpha %g) tau %g alpha %g %s",
+                                 c->v, tkd_kl_divergence_name(p.divergence), (double)p.jsd_beta,
+                                 (double)p.skew_alpha, (double)taus[ti], (double)alphas[ai],
+                                 gif ? "grad_in_forward" : "recompute");
+                        printf("%s: loss %.2e dH %.2e dW %.2e\n", what, e.loss, e.dh, e.dw);
+                        expect_within(e, LOSS_TOL, GRAD_TOL, what);
+                        assert_true(g.kd > 0.0);
+                        ran++;
+                    }
+                    ref_free(&r);
+                }
+        ctx_free(&x);
+        dcase_free(c);
+    }
+    assert_int_equal(ran, 2 * (N_DIVS + 1) * 2 * 2 * 2);
+}
+
+/* Issue 24's check on the device: the dense loss equals the cached path's on a cache holding every
+ * token (k = V, the columns sorted and the LSE cut from the same teacher logits, made on the host
+ * in double from the same bf16 operands), every divergence, τ 1 and 2, α 0.5 and 1, both modes.
+ * They differ in how the teacher's logits are summed and in the paths' bf16 dS: the fixture's
+ * tolerances. */
+static void test_dense_equals_cache_of_every_token(void **state)
+{
+    (void)state;
+    const int vs[] = {257, 1000};
+    for (int vi = 0; vi < 2; vi++) {
+        dcase *c = dcase_make(37, 40, 24, vs[vi], 91 + vi);
+        gcase shape = dcase_shape(c);
+        const int v = c->v;
+        float *t = malloc(sizeof(float) * (size_t)v), *tl = malloc(sizeof(float) * (size_t)(c->n * v));
+        float *lse = malloc(sizeof(float) * (size_t)c->n);
+        int32_t *idx = malloc(sizeof(int32_t) * (size_t)(c->n * v));
+        double *gdh = malloc(sizeof(double) * (size_t)(c->n * c->d)), *gdw = malloc(sizeof(double) * (size_t)v * c->d);
+        assert_true(t && tl && lse && idx && gdh && gdw);
+        for (int ti = 0; ti < 2; ti++) {
+            const float tau = ti ? 2.0f : 1.0f;
+            for (int64_t i = 0; i < c->n; i++) {
+                for (int j = 0; j < v; j++) {
+                    double acc = 0.0;
+                    for (int e = 0; e < c->dt; e++)
+                        acc += (double)c->th[i * c->dt + e] * c->tw[(size_t)j * c->dt + e];
+                    t[j] = (float)acc;
+                }
+                tkd_test_cut_row(t, v, v, tau, 0, 1, NULL, NULL, idx + i * v, tl + i * v, lse + i, NULL);
+            }
+            const tkd_kl_batch cb = {.n = c->n, .d = c->d, .v = v, .h = c->h, .w = c->w, .topk_idx = idx,
+                                     .topk_logit = tl, .teacher_lse = lse, .labels = c->labels};
+            tkd_kl_params cp = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, tau, 1.0, v, v, 0), dp;
+            cp.chunk_rows = 16;
+            gpu_ctx xc, xd;
+            memset(&xc, 0, sizeof xc);
+            ctx_init_batch(&xc, &cb, &cp, &cp);
+            dense_params(&dp, v, NULL, tau, 1.0f);
+            dense_ctx(&xd, c, &dp);
+            for (int di = -1; di < N_DIVS; di++)
+                for (int ai = 0; ai < 2; ai++)
+                    for (int gif = 0; gif < 2; gif++) {
+                        dense_params(&dp, v, di >= 0 ? &kDivs[di] : NULL, tau, ai ? 1.0f : 0.5f);
+                        cp.divergence = dp.divergence, cp.jsd_beta = dp.jsd_beta, cp.skew_alpha = dp.skew_alpha;
+                        cp.alpha = dp.alpha;
+                        cp.grad_in_forward = dp.grad_in_forward = gif;
+                        tkd_kl_result gc, gd;
+                        gpu_run(&xc, &shape, &cp, 1.0f, &gc);
+                        for (size_t i = 0; i < (size_t)(c->n * c->d); i++)
+                            gdh[i] = xc.h_dh[i];
+                        for (size_t i = 0; i < (size_t)v * c->d; i++)
+                            gdw[i] = xc.h_dw[i];
+                        gpu_run(&xd, &shape, &dp, 1.0f, &gd);
+                        refout r = {gc, gdh, gdw};
+                        errs e = compare(&xd, &shape, &gd, &r, 1.0);
+                        char what[160];
+                        snprintf(what, sizeof what, "dense vs k = V cache, V %d %s tau %g alpha %g %s", v,
+                                 tkd_kl_divergence_name(dp.divergence), (double)tau, (double)dp.alpha,
+                                 gif ? "grad_in_forward" : "recompute");
+                        printf("%s: loss %.2e dH %.2e dW %.2e\n", what, e.loss, e.dh, e.dw);
+                        expect_within(e, LOSS_TOL, GRAD_TOL, what);
+                    }
+            ctx_free(&xc);
+            ctx_free(&xd);
+        }
+        free(t), free(tl), free(lse), free(idx), free(gdh), free(gdw);
+        dcase_free(c);
+    }
+}
+
+/* Every row masked: loss 0, gradients exactly 0. A label outside [0, V) and a non-finite teacher
+ * are errors naming the row; a dense call on a workspace made for a cache is refused by name. */
+static void test_dense_masked_and_errors(void **state)
+{
+    (void)state;
+    dcase *c = dcase_make(9, 8, 12, 300, 5);
+    gcase shape = dcase_shape(c);
+    tkd_kl_params p;
+    dense_params(&p, c->v, NULL, 2.0f, 0.5f);
+    p.chunk_rows = 4;
+    for (int i = 0; i < 9; i++)
+        c->labels[i] = -100;
+    gpu_ctx x;
+    dense_ctx(&x, c, &p);
+    tkd_kl_result g;
+    for (int gif = 0; gif < 2; gif++) {
+        p.grad_in_forward = gif;
+        gpu_run(&x, &shape, &p, 1.0f, &g);
+        assert_int_equal(g.n_kept, 0);
+        assert_true(g.loss == 0.0 && g.kd == 0.0 && g.ce == 0.0);
+        for (int i = 0; i < 9 * 8; i++)
+            assert_true(x.h_dh[i] == 0.0f);
+        for (int i = 0; i < 300 * 8; i++)
+            assert_true(x.h_dw[i] == 0.0f);
+    }
+    ctx_free(&x);
+    c->labels[2] = 7, c->labels[6] = 300; /* row 6: outside the vocabulary */
+    p.grad_in_forward = 0;
+    dense_ctx(&x, c, &p);
+    tkd_test_expect_error(tkd_kl_cuda_forward(x.ws, &p, &x.db, &g, NULL, NULL), TKD_ERR_FORMAT,
+                          TKD_TEST_FRAGS("row 6", "a label is outside [0, V)"));
+    ctx_free(&x);
+    c->labels[6] = 1;
+    c->tw[5 * c->dt] = INFINITY; /* every row's teacher logit at token 5 */
+    dense_ctx(&x, c, &p);
+    tkd_test_expect_error(tkd_kl_cuda_forward(x.ws, &p, &x.db, &g, NULL, NULL), TKD_ERR_FORMAT,
+                          TKD_TEST_FRAGS("row 2", "a teacher logit or log-sum-exp is not finite"));
+    tkd_kl_cuda_ws *cache_ws = NULL; /* a workspace made for a cache */
+    tkd_kl_params q = tkd_test_kl_params(TKD_KL_VARIANT_RENORM, 1.0, 1.0, 4, 4, 0);
+    assert_int_equal(tkd_kl_cuda_ws_create(&cache_ws, &q, &g_pol, c->n, c->d, c->v), TKD_OK);
+    tkd_test_expect_error(tkd_kl_cuda_forward(cache_ws, &p, &x.db, &g, NULL, NULL), TKD_ERR_INVALID_ARG,
+                          TKD_TEST_FRAGS("a dense call (the teacher online) on a workspace made without "
+                                         "tkd_kl_params.dense"));
+    tkd_kl_cuda_ws_free(cache_ws);
+    ctx_free(&x);
+    dcase_free(c);
+}
+
 static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_variant_grid),
     cmocka_unit_test(test_awkward_shapes),
@@ -450,6 +721,9 @@ static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_bad_teacher_data),
     cmocka_unit_test(test_against_cpu_path),
     cmocka_unit_test(test_divergence_grid),
+    cmocka_unit_test(test_dense_against_cpu_path),
+    cmocka_unit_test(test_dense_equals_cache_of_every_token),
+    cmocka_unit_test(test_dense_masked_and_errors),
 };
 #endif /* TKD_HAVE_CUDA */
 

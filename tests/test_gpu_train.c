@@ -14,7 +14,8 @@
  *   5. student-train device=cuda against device=cpu, the demo student (configs/student-demo.yaml's
  *      model, optimizer and batch) for 64 steps: CE only on the Brown token files (as
  *      scripts/make_demo_teacher.sh trains), and KD (renorm, alpha 0.5) on a synthetic teacher cache;
- *      then a shorter run with sampled, gradient accumulation and grad_in_forward.
+ *      then a shorter run with sampled, gradient accumulation and grad_in_forward; and kd.teacher
+ *      (the teacher online: the dense loss), in both gradient modes.
  *   6. Resume on the GPU: 24 steps straight against 10 steps (train.stop_after) + --resume:
  *      checkpoint files and metrics bit for bit (every GPU kernel in the step is deterministic).
  * Exits 77 where no GPU answers.
@@ -589,6 +590,35 @@ static void test_sampled_accum_gif_cpu_vs_cuda(void **state)
     cpu_vs_cuda(*state, "sampled-accum-gif", extra, 6, 16);
 }
 
+/* kd.teacher (the teacher online, dense): a random 1-layer Llama teacher (D 48 ≠ the student's 64,
+ * vocabulary 4096 as the demo-ce student's) saved as a checkpoint, distilled from on the Brown token
+ * files; recompute at alpha 0.5 and τ 2, then grad_in_forward with reverse KL. The teacher's forward
+ * runs in bf16 on the GPU, as the student's: the same tolerances. */
+static void test_dense_teacher_cpu_vs_cuda(void **state)
+{
+    const tkd_test_student_dir *f = *state;
+    char teacher[4300], tok[4200], val[4200], tset[4400];
+    snprintf(teacher, sizeof teacher, "%s/dense-teacher", f->dir);
+    tkd_model_config c;
+    tkd_model_config_defaults(&c);
+    c.vocab_size = 4096, c.hidden_size = 48, c.intermediate_size = 96, c.num_hidden_layers = 1;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 12, c.max_position_embeddings = 256;
+    c.initializer_range = 0.3f;
+    tkd_model *m = NULL;
+    ok(tkd_model_init_random(&c, 17, &m), "random teacher");
+    ok(tkd_model_save_hf(m, teacher, TKD_DTYPE_F32), "save the teacher");
+    tkd_model_free(m);
+    snprintf(tok, sizeof tok, "data.tokens=[%s]", tkd_test_src("../data/brown-train.bin"));
+    snprintf(val, sizeof val, "data.val_tokens=[%s]", tkd_test_src("../data/brown-val.bin"));
+    snprintf(tset, sizeof tset, "kd.teacher=%s", teacher);
+    const char *rec[] = {tok, val, tset, "kd.alpha=0.5", "kd.temperature=2.0", "model.vocab_size=4096",
+                         "train.max_steps=16"};
+    cpu_vs_cuda(f, "dense-teacher", rec, sizeof rec / sizeof rec[0], 16);
+    const char *gif[] = {tok, val, tset, "kd.alpha=1.0", "kd.divergence=rkl", "kd.grad_in_forward=true",
+                         "model.vocab_size=4096", "train.max_steps=16"};
+    cpu_vs_cuda(f, "dense-teacher-rkl-gif", gif, sizeof gif / sizeof gif[0], 16);
+}
+
 /* ---- 6. resume on the GPU --------------------------------------------------------------------------- */
 
 /* The first line where two texts differ, for the failure message. */
@@ -692,6 +722,7 @@ int main(void)
         cmocka_unit_test(test_demo_ce_only_cpu_vs_cuda),
         cmocka_unit_test(test_demo_kd_cpu_vs_cuda),
         cmocka_unit_test(test_sampled_accum_gif_cpu_vs_cuda),
+        cmocka_unit_test(test_dense_teacher_cpu_vs_cuda),
         cmocka_unit_test(test_resume_on_gpu_is_bit_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

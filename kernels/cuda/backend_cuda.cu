@@ -569,7 +569,9 @@ tkd_status cu_grad_scale(tkd_backend *be, float *g, size_t n, float s)
 /* ---- the fused KL loss ---- */
 
 /* The teacher side of one batch: five sections of n_max rows (widths k, k, 1, s, 1; 4-byte
- * elements), in pinned host memory (hb's pointers, for validation) and on the device (dev's). */
+ * elements), in pinned host memory (hb's pointers, for validation) and on the device (dev's). Dense
+ * mode (the teacher online) stages only the labels (k = s = 0 here): its teacher_h / teacher_w are
+ * backend memory already (the teacher model runs on this backend: device bf16), passed through. */
 struct tkd_backend_kl {
     tkd_kl_cuda_ws *ws = nullptr;
     int64_t n_max = 0;
@@ -586,6 +588,13 @@ struct tkd_backend_kl {
 };
 
 namespace {
+
+/* The cache columns per row a call stages: none in dense mode (the teacher's logits are made on
+ * the device from its hidden states). */
+int staged_k(const tkd_kl_params *p)
+{
+    return p->dense ? 0 : p->k;
+}
 
 void kl_release(tkd_backend_kl *kl)
 {
@@ -628,7 +637,7 @@ tkd_status cu_kl_create(tkd_backend *be, const tkd_kl_params *p, int64_t n_max, 
     if (!kl)
         return tkd_error_set(TKD_ERR_NOMEM, "loss: out of host memory");
     kl->n_max = n_max;
-    kl->k = p->k;
+    kl->k = staged_k(p);
     kl->s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
     kl->v = v;
     tkd_status st = n_max > 0 && d > 0 && v > 0 && p->k >= 0 && p->s >= 0
@@ -671,10 +680,10 @@ tkd_status kl_stage_section(CudaImpl *c, tkd_backend_kl *kl, int i, const E *src
 tkd_status cu_kl_stage(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params *p, const tkd_kl_batch *hb)
 {
     CudaImpl *c = impl(be);
-    if (hb->n < 0 || hb->n > kl->n_max || hb->v != kl->v || p->k != kl->k)
-        return tkd_error_set(TKD_ERR_MISMATCH, "loss: batch of %lld rows, V %d, k %d does not fit the loss state "
-                             "(%lld rows, V %d, k %d)", (long long)hb->n, hb->v, p->k, (long long)kl->n_max, kl->v,
-                             kl->k);
+    if (hb->n < 0 || hb->n > kl->n_max || hb->v != kl->v || staged_k(p) != kl->k)
+        return tkd_error_set(TKD_ERR_MISMATCH, "loss: batch of %lld rows, V %d, k %d%s does not fit the loss state "
+                             "(%lld rows, V %d, k %d)", (long long)hb->n, hb->v, staged_k(p),
+                             p->dense ? " (dense)" : "", (long long)kl->n_max, kl->v, kl->k);
     int s = p->variant == TKD_KL_VARIANT_SAMPLED ? p->s : 0;
     if (s > kl->s)
         return tkd_error_set(TKD_ERR_MISMATCH, "loss: %d tail draws per row, the loss state holds %d", s, kl->s);
@@ -684,6 +693,11 @@ tkd_status cu_kl_stage(tkd_backend *be, tkd_backend_kl *kl, const tkd_kl_params 
     kl->hb.w = nullptr;
     kl->dev = tkd_kl_cuda_batch{};
     kl->dev.n = hb->n, kl->dev.d = hb->d, kl->dev.v = hb->v;
+    if (p->dense) { /* device bf16 already; validation reads only the labels (tkd_kl_validate_scratch) */
+        kl->dev.teacher_h = reinterpret_cast<cbf>(hb->teacher_h);
+        kl->dev.teacher_w = reinterpret_cast<cbf>(hb->teacher_w);
+        kl->dev.teacher_d = hb->teacher_d;
+    }
     const int64_t n = hb->n;
     TKD_TRY(kl_stage_section(c, kl, 0, hb->topk_idx, n, kl->k, &kl->hb.topk_idx, &kl->dev.topk_idx));
     TKD_TRY(kl_stage_section(c, kl, 1, hb->topk_logit, n, kl->k, &kl->hb.topk_logit, &kl->dev.topk_logit));

@@ -85,7 +85,8 @@ typedef struct tkd_kl_params {
                           * the batch's teacher_h / teacher_w give the teacher's full distribution,
                           * its logits made chunk by chunk beside the student's (never the whole
                           * N × V); variant renorm and k = k_use = V (every token is a column);
-                          * topk_* and teacher_lse unused. The CPU path only. 0 (default): a cache */
+                          * topk_* and teacher_lse unused. The CPU path and the CUDA one
+                          * (kl_loss_cuda_dense.cu). 0 (default): a cache */
 } tkd_kl_params;
 
 /* Sets the defaults: renorm, fkl (jsd_beta 0.5, skew_alpha 0.1), τ = 1, alpha = 1, k_use = k, s = 0,
@@ -104,6 +105,8 @@ typedef struct tkd_kl_batch {
     const float *teacher_lse;  /* (N) teacher log-sum-exp over the full vocabulary */
     const int32_t *tail_idx;   /* (N, s) tail draws (sampled), or NULL */
     const int32_t *labels;     /* (N) next-token ids; ignore_index excludes the row */
+    /* params.dense: through a backend's kl_stage these are backend act memory like kl_forward's h
+     * and w (device bf16 on CUDA; validation never reads them) */
     const float *teacher_h;    /* params.dense: (N, Dt) the teacher's final hidden states */
     const float *teacher_w;    /* params.dense: (V, Dt) the teacher's LM head */
     int teacher_d;             /* params.dense: Dt */

@@ -205,12 +205,16 @@ static tkd_status sm90_setup(tkd_kl_cuda_ws *ws, const tkd_cuda_policy *pol)
     return TKD_OK;
 }
 
-/* Every kd.divergence runs here (the row kernel's row_div_warp); the teacher online does not. */
-static tkd_status check_dense(const tkd_kl_params *p)
+/* Dense mode (the teacher online, kl_loss_cuda_dense.cu): the teacher's logits chunk and the row
+ * statistics backward reads. Its chunks run cuBLAS and the dense row kernel only, so the sm90
+ * GEMM's buffers (sized by k + s, V + 1 slots per row here) are not made. */
+static tkd_status dense_setup(tkd_kl_cuda_ws *ws)
 {
-    if (p->dense)
-        return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: dense distillation from the teacher online "
-                             "(kd.teacher) is not implemented on the CUDA device; train with device: cpu");
+    const char *hint = "lower kd.chunk_size (rows per chunk)";
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->tchunk_buf, (size_t)ws->chunk * ws->ldl * sizeof(float),
+                            "teacher chunk buffer (fp32 logits)", hint));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->dense_stats, 4 * (size_t)ws->n_max * sizeof(double), "row statistics",
+                            NULL));
     return TKD_OK;
 }
 
@@ -218,7 +222,6 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
                                           const tkd_cuda_policy *pol, int64_t n_max, int d, int v)
 {
     *out = NULL;
-    TKD_TRY(check_dense(p));
     const tkd_cuda_policy defaults = tkd_cuda_policy_default();
     if (n_max <= 0 || d <= 0 || v <= 0 || p->chunk_rows < 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG,
@@ -232,7 +235,8 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
     ws->d = d;
     ws->v = v;
     ws->ldl = ((long long)v + 15) / 16 * 16;
-    ws->chunk = p->chunk_rows > 0 ? p->chunk_rows : tkd_kl_cuda_default_chunk_rows(n_max, v);
+    /* dense: two fp32 chunk buffers (the student's and the teacher's) share the one target */
+    ws->chunk = p->chunk_rows > 0 ? p->chunk_rows : tkd_kl_cuda_default_chunk_rows(n_max, p->dense ? 2 * v : v);
     if (ws->chunk > n_max)
         ws->chunk = (int)n_max;
     ws->chunk_e = ws->chunk;
@@ -242,7 +246,7 @@ extern "C" tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_p
     const int chunk = ws->chunk;
     tkd_status st = ws_setup(ws);
     if (st == TKD_OK)
-        st = sm90_setup(ws, pol ? pol : &defaults);
+        st = p->dense ? dense_setup(ws) : sm90_setup(ws, pol ? pol : &defaults);
     if (st != TKD_OK) {
         tkd_kl_cuda_ws_free(ws);
         return tkd_error_prefix(st, "kl_loss_cuda: workspace for %lld rows x V %d, chunk %d",
@@ -259,6 +263,7 @@ extern "C" void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws)
         tkd_cuda_free_all(w->chunk_buf, w->lse_tau, w->lse_one, w->log_omq, w->row_stats, w->out, w->blas_ws);
         tkd_lmhead_sm90_ws_free(w->lm);
         tkd_cuda_free_all(w->lm_part, w->sp_list, w->sp_off, w->sp_g, w->ref, w->sigma, w->hs);
+        tkd_cuda_free_all(w->tchunk_buf, w->dense_stats);
     });
 }
 
@@ -321,6 +326,21 @@ extern "C" tkd_status tkd_kl_cuda_sm90_check(tkd_kl_cuda_ws *ws)
     return ws->lm ? tkd_lmhead_sm90_sync(ws->lm) : TKD_OK;
 }
 
+/* tkd_kl_cuda_check_call's checks of a dense call (the batch's shape is checked already). */
+static tkd_status check_dense_call(const tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int need_grads,
+                                   const float *dh, const float *dw)
+{
+    if (!ws->tchunk_buf)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: a dense call (the teacher online) on a "
+                             "workspace made without tkd_kl_params.dense; make it with dense set");
+    if (!b->h || !b->w || !b->labels || !b->teacher_h || !b->teacher_w || b->teacher_d < 1)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: dense: the batch lacks h, w, labels or the "
+                             "teacher's hidden states and LM head (teacher_d %d)", b->teacher_d);
+    if (need_grads && (!dh || !dw))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "kl_loss_cuda: dh and dw are required here");
+    return TKD_OK;
+}
+
 extern "C" tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                              const tkd_kl_cuda_batch *b, int need_grads,
                                              const float *dh, const float *dw)
@@ -331,7 +351,8 @@ extern "C" tkd_status tkd_kl_cuda_check_call(const tkd_kl_cuda_ws *ws, const tkd
                              "(N max %lld, D %d, V %d); make a workspace for this shape",
                              (long long)b->n, b->d, b->v, (long long)ws->n_max, ws->d, ws->v);
     TKD_TRY(tkd_kl_params_check(p, b->v));
-    TKD_TRY(check_dense(p));
+    if (p->dense)
+        return check_dense_call(ws, b, need_grads, dh, dw);
     if (p->k_use > TKD_KL_CUDA_MAX_K)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "kl_loss_cuda: k_use %d exceeds the row kernel's "
                              "limit %d; use fewer teacher columns", p->k_use, TKD_KL_CUDA_MAX_K);
@@ -385,6 +406,12 @@ extern "C" tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_par
                                             float *dw, tkd_kl_cuda_mark_fn mk, void *mk_ctx)
 {
     const int grad = mode != TKD_KL_CUDA_ROWS_STATS;
+    if (p->dense) {
+        if (rows < 0 || rows > ws->chunk)
+            return tkd_error_set(TKD_ERR_INTERNAL, "kl_loss_cuda: a dense chunk of %d rows, whose buffers hold %d",
+                                 rows, ws->chunk);
+        return dense_chunk(ws, p, b, (int)mode, row0, rows, grad_scale, dh, dw, mk, mk_ctx);
+    }
     const int fused = grad ? tkd_kl_cuda_fused_grad_on(ws, p) : tkd_kl_cuda_fused_on(ws, p);
     const int cap = fused ? ws->chunk_e : ws->chunk; /* the rows chunk_buf holds on this path */
     if (rows < 0 || rows > cap) /* callers cut with tkd_kl_cuda_chunk_for, which decides the same way */
@@ -406,14 +433,15 @@ static const char *err_reason(unsigned bits)
     return "a tail draw repeats one of the row's top-k' tokens";
 }
 
-static tkd_status check_dev_out(const DevOut &o, const char *what)
+static tkd_status check_dev_out(const DevOut &o, const char *what, int dense)
 {
     if (o.err_bits == 0)
         return TKD_OK;
     return tkd_error_set(TKD_ERR_FORMAT,
-                         "kl_loss_cuda: %s: row %lld (first bad row): %s (error bits 0x%x); "
-                         "check the teacher cache with tkd_kl_validate",
-                         what, o.err_row, err_reason(o.err_bits), o.err_bits);
+                         "kl_loss_cuda: %s: row %lld (first bad row): %s (error bits 0x%x); %s",
+                         what, o.err_row, err_reason(o.err_bits), o.err_bits,
+                         dense ? "the teacher online (dense): its logits overflowed, or a label lies outside the vocabulary"
+                               : "check the teacher cache with tkd_kl_validate");
 }
 
 extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
@@ -437,7 +465,7 @@ extern "C" tkd_status tkd_kl_cuda_forward(tkd_kl_cuda_ws *ws, const tkd_kl_param
     TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
     ws->slow_rows = o.slow_rows;
     TKD_TRY(tkd_kl_cuda_sm90_check(ws));
-    TKD_TRY(check_dev_out(o, "forward"));
+    TKD_TRY(check_dev_out(o, "forward", p->dense));
     res->loss = o.loss;
     res->kd = o.kd;
     res->ce = o.ce;
@@ -468,7 +496,7 @@ extern "C" tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_para
     TKD_CUDA_CHECK(cudaMemcpy(&o, ws->out, sizeof o, cudaMemcpyDeviceToHost));
     ws->slow_rows = o.slow_rows;
     TKD_TRY(tkd_kl_cuda_sm90_check(ws));
-    return check_dev_out(o, "backward");
+    return check_dev_out(o, "backward", p->dense);
 }
 
 /* ---- batch upload ---------------------------------------------------------------------------- */
@@ -505,6 +533,12 @@ static tkd_status batch_upload(tkd_kl_cuda_batch *o, const tkd_kl_params *p,
     size_t n = (size_t)hb->n;
     TKD_TRY(upload_bf16(&o->h, hb->h, n * hb->d));
     TKD_TRY(upload_bf16(&o->w, hb->w, (size_t)hb->v * hb->d));
+    if (p->dense) { /* the teacher's hidden states and LM head instead of cache columns */
+        o->teacher_d = hb->teacher_d;
+        TKD_TRY(upload_bf16(&o->teacher_h, hb->teacher_h, n * hb->teacher_d));
+        TKD_TRY(upload_bf16(&o->teacher_w, hb->teacher_w, (size_t)hb->v * hb->teacher_d));
+        return upload_raw(&o->labels, hb->labels, n);
+    }
     TKD_TRY(upload_raw(&o->topk_idx, hb->topk_idx, n * p->k));
     TKD_TRY(upload_raw(&o->topk_logit, hb->topk_logit, n * p->k));
     TKD_TRY(upload_raw(&o->teacher_lse, hb->teacher_lse, n));
@@ -538,6 +572,8 @@ extern "C" void tkd_kl_cuda_batch_free(tkd_kl_cuda_batch *b)
     tkd_cuda_free((void *)b->teacher_lse);
     tkd_cuda_free((void *)b->tail_idx);
     tkd_cuda_free((void *)b->labels);
+    tkd_cuda_free((void *)b->teacher_h);
+    tkd_cuda_free((void *)b->teacher_w);
     memset(b, 0, sizeof *b);
 }
 

@@ -26,6 +26,12 @@
  * teacher index / label / non-finite teacher value found on the device is TKD_ERR_FORMAT naming
  * the first bad row.
  *
+ * Dense mode (tkd_kl_params.dense, kd.teacher; kl_loss_cuda_dense.cu): the batch carries the
+ * teacher's bf16 hidden states and LM head instead of cache columns; per chunk the teacher's logits
+ * Ht_c Wtᵀ come from a second cuBLAS GEMM into a second fp32 chunk buffer, and a row kernel takes
+ * every divergence against the teacher's full distribution (the CPU path's k = V renorm), its
+ * gradient written in place as bf16 dS as above.
+ *
  * The row kernels run one fixed launch shape, the measured best (kernels/loss/kl_loss_cuda_internal.h
  * says which and why; the benchmark's per-stage timings and GEMM floor live in bench/).
  *
@@ -63,6 +69,9 @@ typedef struct tkd_kl_cuda_batch {
     const float *teacher_lse;  /* (N) log Σ_v exp(t_v / τ_cache) over the full vocabulary */
     const int32_t *tail_idx;   /* (N, s) tail draws (sampled), or NULL */
     const int32_t *labels;     /* (N) next-token ids; ignore_index excludes the row */
+    const uint16_t *teacher_h; /* params.dense: (N, Dt) bf16 the teacher's final hidden states */
+    const uint16_t *teacher_w; /* params.dense: (V, Dt) bf16 the teacher's LM head */
+    int teacher_d;             /* params.dense: Dt */
 } tkd_kl_cuda_batch;
 
 /* Workspace: the cuBLAS handle and its workspace, the chunk buffer, per-row statistics (N max),
@@ -78,9 +87,12 @@ int tkd_kl_cuda_default_chunk_rows(int64_t n_max, int v);
 /* Allocates a workspace on the current device for batches of up to n_max rows of (D, V).
  * p->chunk_rows (0 = default) fixes the chunk; the rest of p is read per call. pol (NULL: the
  * defaults) picks the paths: kl_sm90, kl_fused, kl_grad, lmhead_sched (cuda_policy.h). On success *out is
- * owned by the caller (tkd_kl_cuda_ws_free). TKD_ERR_DEVICE_OOM when the device is too full;
- * TKD_ERR_UNSUPPORTED for p->dense (the teacher online is the CPU path's), as every call. Every
- * p->divergence runs (docs/loss.md, "Divergences"). */
+ * owned by the caller (tkd_kl_cuda_ws_free). TKD_ERR_DEVICE_OOM when the device is too full.
+ * Every p->divergence runs (docs/loss.md, "Divergences"). With p->dense (the teacher online) the
+ * workspace also holds the teacher's fp32 logits chunk, the default chunk sized so that both chunk
+ * buffers share the 1 GiB target, and dense calls run cuBLAS and kl_loss_cuda_dense.cu's row
+ * kernel (batches with teacher_h / teacher_w); a dense call on a workspace made without it is
+ * TKD_ERR_INVALID_ARG. */
 tkd_status tkd_kl_cuda_ws_create(tkd_kl_cuda_ws **out, const tkd_kl_params *p, const tkd_cuda_policy *pol,
                                int64_t n_max, int d, int v);
 void tkd_kl_cuda_ws_free(tkd_kl_cuda_ws *ws); /* NULL is a no-op */
@@ -107,8 +119,9 @@ tkd_status tkd_kl_cuda_backward(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
 
 /* ---- a host batch on the device -------------------------------------------------------------- */
 
-/* Copies a host batch to the device: h and w rounded to bf16 (round to nearest even, as
- * common/half.h), the rest as is. On success out owns device memory (tkd_kl_cuda_batch_free). */
+/* Copies a host batch to the device: h and w (with p->dense also teacher_h and teacher_w, and then
+ * no cache columns) rounded to bf16 (round to nearest even, as common/half.h), the rest as is. On
+ * success out owns device memory (tkd_kl_cuda_batch_free). */
 tkd_status tkd_kl_cuda_batch_upload(tkd_kl_cuda_batch *out, const tkd_kl_params *p,
                                     const tkd_kl_batch *hb);
 void tkd_kl_cuda_batch_free(tkd_kl_cuda_batch *b); /* frees what batch_upload allocated */

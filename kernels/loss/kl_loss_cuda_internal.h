@@ -69,6 +69,10 @@ struct tkd_kl_cuda_ws {
     uint16_t *hs;              /* (chunk_e, D) bf16 sigma_i · h_i, dW's operand */
     unsigned long long slow_rows; /* rows the last forward (+ backward) made E again: the student's
                                    * logit at the row's first special column was far below its max */
+    /* Dense mode (made for tkd_kl_params.dense, else NULL): the teacher's logits chunk beside
+     * chunk_buf, and the row statistics recompute's backward reads (kl_loss_cuda_dense.cu). */
+    float *tchunk_buf;         /* (chunk, ldl) fp32 teacher logits */
+    double *dense_stats;       /* (4, n_max): LSE(zt/τ), LSE(zs/τ), LSE(zs), gbar per row */
     float *lse_tau, *lse_one, *log_omq; /* (n_max) per-row statistics */
     double *row_stats;         /* (3, n_max): loss, kd, ce per row */
     tkd_kl_cuda_dev_out *out;
@@ -100,6 +104,11 @@ tkd_status tkd_kl_cuda_count_kept(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
  * fallback, the reference and the floor's GEMM). */
 tkd_status tkd_kl_cuda_chunk_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
                                     int rows);
+
+/* Dense mode: the teacher's logits (rows, ldl) fp32 into ws->tchunk_buf = Ht_c Wtᵀ (cuBLAS; bf16
+ * b->teacher_h (N, Dt), b->teacher_w (V, Dt)). */
+tkd_status tkd_kl_cuda_chunk_teacher_logits(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, int64_t row0,
+                                            int rows);
 
 /* 1 when calls with p on ws run the sm90 path: ws->use_sm90 and a variant other than `tail`. */
 int tkd_kl_cuda_sm90_on(const tkd_kl_cuda_ws *ws, const tkd_kl_params *p);

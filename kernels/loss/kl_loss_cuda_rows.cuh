@@ -1,7 +1,8 @@
 /* kl_loss_cuda_rows.cuh — what the fused KL loss's three CUDA files share, and nothing else includes:
  * kl_loss_cuda.cu (the workspace, the per-chunk GEMM stages, forward / backward), kl_loss_cuda_rows.cu
  * (the row kernel: statistics, per-row loss, dS in place) and kl_loss_cuda_fused.cu (the fused path:
- * the special columns, the GEMM with the loss epilogue, sigma and the scaled dH / dW), and the tuning
+ * the special columns, the GEMM with the loss epilogue, sigma and the scaled dH / dW), kl_loss_cuda_dense.cu
+ * (the teacher online: its own row kernel beside the teacher's logits chunk), and the tuning
  * hooks' kl_loss_cuda_tuning.cu (the row shapes it may set). Kernels stay
  * static in their files; these are the launchers and the argument blocks they take.
  */
@@ -106,6 +107,12 @@ tkd_status gemm_dw(tkd_kl_cuda_ws *ws, const tkd_kl_cuda_batch *b, const uint16_
 
 /* One chunk on the fused path (kl_loss_cuda_fused.cu); arguments as tkd_kl_cuda_run_chunk's. */
 tkd_status fused_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_batch *b, int mode,
+                       int64_t row0, int rows, float grad_scale, float *dh, float *dw, tkd_kl_cuda_mark_fn mk,
+                       void *mk_ctx);
+
+/* One chunk of the dense mode (kl_loss_cuda_dense.cu: the teacher online, tkd_kl_params.dense);
+ * arguments as tkd_kl_cuda_run_chunk's. */
+tkd_status dense_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_batch *b, int mode,
                        int64_t row0, int rows, float grad_scale, float *dh, float *dw, tkd_kl_cuda_mark_fn mk,
                        void *mk_ctx);
 
