@@ -200,6 +200,7 @@ static void trainer_free(trainer *tr)
     tkd_backend_close(tr->be);
     free(tr->logits);
     free(tr->top1);
+    free(tr->top1_teacher);
     free(tr->top1_val);
     free(tr->top1_lse);
     tkd_dir_lock_release(tr->lock);

@@ -44,7 +44,8 @@ typedef struct trainer {
     tkd_backend_kl *kl;
     float *dh;      // (B·T, D) f32, backend memory: the loss's ∂/∂hidden
     float *logits;  // (EVAL_CHUNK_ROWS, V) host, CPU evaluation only
-    uint32_t *top1; // (B·T) host: the student's argmax per row (evaluation on a device)
+    uint32_t *top1; // (B·T) host: the student's argmax per row (evaluation)
+    uint32_t *top1_teacher; // (B·T) host: kd.teacher's argmax per row (evaluation with a dense teacher)
     float *top1_val, *top1_lse; // (B·T) host: the consumer's other outputs (unused)
     int B, T, V, k_use, S; /* B: sequences per micro-batch on this rank (train.batch_size / world) */
     int64_t total_steps;

@@ -340,15 +340,18 @@ tkd_status tkd_train_build_loss(trainer *tr)
     int d = tr->m->cfg.hidden_size;
     TKD_TRY(tr->be->op->kl_create(tr->be, &tr->kp, n_max, d, tr->V, &tr->kl));
     TKD_TRY(tr->be->op->alloc(tr->be, (size_t)n_max * (size_t)d * sizeof(float), "loss: dHidden", (void **)&tr->dh));
+    tr->top1 = malloc((size_t)n_max * sizeof *tr->top1);
+    tr->top1_teacher = tr->teacher ? malloc((size_t)n_max * sizeof *tr->top1_teacher) : NULL;
+    if (!tr->top1 || (tr->teacher && !tr->top1_teacher))
+        return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the evaluation's top-1 buffers");
     if (tkd_backend_host_f32(tr->be)) { /* hidden states read in place: full logits on the host */
         tr->logits = malloc((size_t)EVAL_CHUNK_ROWS * (size_t)tr->V * sizeof(float));
         if (!tr->logits)
             return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the evaluation's logits");
     } else {
-        tr->top1 = malloc((size_t)n_max * sizeof *tr->top1);
         tr->top1_val = malloc((size_t)n_max * sizeof *tr->top1_val);
         tr->top1_lse = malloc((size_t)n_max * sizeof *tr->top1_lse);
-        if (!tr->top1 || !tr->top1_val || !tr->top1_lse)
+        if (!tr->top1_val || !tr->top1_lse)
             return tkd_error_set(TKD_ERR_NOMEM, "out of memory for the evaluation's top-1 buffers");
     }
     return TKD_OK;

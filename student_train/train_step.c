@@ -205,45 +205,49 @@ tkd_status tkd_train_step(trainer *tr, step_stats *ss)
 
 /* ---- evaluation -------------------------------------------------------------------------------- */
 
-/* Positions (label kept) where the student's argmax equals the teacher's top-1, on a device: the
- * backend's LM-head consumer with k = 1 (ties to the smaller id, as the host's first maximum). */
-static tkd_status top1_hits_dev(trainer *tr, const tkd_train_batch *b, const void *hidden, int64_t *hits)
+/* Each of n rows' argmax over m's logits of hidden into idx (ties to the smaller id). On a device:
+ * the backend's LM-head consumer with k = 1; where hidden states and head are host fp32
+ * (tkd_backend_host_f32, the CPU): full logits EVAL_CHUNK_ROWS at a time. */
+static tkd_status argmax_rows(trainer *tr, const tkd_model *m, const void *hidden, int64_t n, uint32_t *idx)
 {
-    int64_t n = (int64_t)b->b * b->t;
-    size_t chunk = EVAL_CHUNK_BYTES / (sizeof(float) * (size_t)tr->V);
-    tkd_lmhead_topk_args a = {.hidden = hidden, .w = tkd_model_lm_head_dev(tr->m), .rows = n,
-                              .d = tr->m->cfg.hidden_size, .v = tr->V, .k = 1, .tau = 1.0f,
-                              .chunk_rows = chunk < 1 ? 1 : chunk > (size_t)n ? (int)n : (int)chunk,
-                              .idx = tr->top1, .val = tr->top1_val, .lse = tr->top1_lse};
-    TKD_TRY(tr->be->op->lmhead_topk(tr->be, &a));
-    *hits = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (b->labels[i] != -100)
-            *hits += (int32_t)tr->top1[i] == b->topk_idx[i * b->k];
+    const int d = m->cfg.hidden_size;
+    if (!tkd_backend_host_f32(tr->be)) {
+        size_t chunk = EVAL_CHUNK_BYTES / (sizeof(float) * (size_t)tr->V);
+        tkd_lmhead_topk_args a = {.hidden = hidden, .w = tkd_model_lm_head_dev(m), .rows = n, .d = d, .v = tr->V,
+                                  .k = 1, .tau = 1.0f,
+                                  .chunk_rows = chunk < 1 ? 1 : chunk > (size_t)n ? (int)n : (int)chunk,
+                                  .idx = idx, .val = tr->top1_val, .lse = tr->top1_lse};
+        return tr->be->op->lmhead_topk(tr->be, &a);
+    }
+    const float *h = hidden;
+    for (int64_t r0 = 0; r0 < n; r0 += EVAL_CHUNK_ROWS) {
+        int64_t rows = n - r0 < EVAL_CHUNK_ROWS ? n - r0 : EVAL_CHUNK_ROWS;
+        TKD_TRY(tkd_model_logits(m, h + r0 * d, rows, tr->logits));
+        for (int64_t i = 0; i < rows; i++) {
+            const float *row = tr->logits + i * tr->V;
+            uint32_t best = 0;
+            for (int v = 1; v < tr->V; v++)
+                if (row[v] > row[best])
+                    best = (uint32_t)v;
+            idx[r0 + i] = best;
+        }
+    }
     return TKD_OK;
 }
 
-/* The same where hidden states and head are host fp32 (tkd_backend_host_f32, the CPU): full logits
- * EVAL_CHUNK_ROWS at a time. */
-static tkd_status top1_hits(trainer *tr, const tkd_train_batch *b, const float *hidden, int64_t *out)
+/* Positions (label kept) where the student's argmax equals the teacher's top-1: the cache's first
+ * column, or with kd.teacher the teacher's own argmax over its logits of kb->teacher_h. */
+static tkd_status top1_hits(trainer *tr, const tkd_train_batch *b, const tkd_kl_batch *kb, const void *hidden,
+                            int64_t *hits)
 {
-    int64_t n = (int64_t)b->b * b->t, hits = 0;
-    int d = tr->m->cfg.hidden_size;
-    for (int64_t r0 = 0; r0 < n; r0 += EVAL_CHUNK_ROWS) {
-        int64_t rows = n - r0 < EVAL_CHUNK_ROWS ? n - r0 : EVAL_CHUNK_ROWS;
-        TKD_TRY(tkd_model_logits(tr->m, hidden + r0 * d, rows, tr->logits));
-        for (int64_t i = 0; i < rows; i++) {
-            if (b->labels[r0 + i] == -100)
-                continue;
-            const float *row = tr->logits + i * tr->V;
-            int best = 0;
-            for (int v = 1; v < tr->V; v++)
-                if (row[v] > row[best])
-                    best = v;
-            hits += best == b->topk_idx[(r0 + i) * b->k];
-        }
-    }
-    *out = hits;
+    const int64_t n = (int64_t)b->b * b->t;
+    TKD_TRY(argmax_rows(tr, tr->m, hidden, n, tr->top1));
+    if (tr->teacher)
+        TKD_TRY(argmax_rows(tr, tr->teacher, kb->teacher_h, n, tr->top1_teacher));
+    *hits = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (b->labels[i] != -100)
+            *hits += tr->top1[i] == (tr->teacher ? tr->top1_teacher[i] : (uint32_t)b->topk_idx[i * b->k]);
     return TKD_OK;
 }
 
@@ -276,10 +280,8 @@ tkd_status tkd_train_evaluate(trainer *tr, eval_stats *es)
         es->ce += r.ce * (double)r.n_kept;
         es->rows += r.n_kept;
         int64_t h = 0;
-        if (b->k > 0 && tkd_backend_host_f32(tr->be))
-            TKD_TRY(top1_hits(tr, b, hidden, &h));
-        else if (b->k > 0)
-            TKD_TRY(top1_hits_dev(tr, b, hidden, &h));
+        if (b->k > 0 || tr->teacher)
+            TKD_TRY(top1_hits(tr, b, &kb, hidden, &h));
         hits += h;
     }
     if (tr->zero) {
