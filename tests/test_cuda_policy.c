@@ -92,6 +92,13 @@ static void test_every_value(void **state)
     assert_int_equal(parse(kl, &p), TKD_OK);
     assert_int_equal(p.kl_grad, TKD_POLICY_KL_GRAD_CUBLAS);
     assert_int_equal(p.attn_bwd, TKD_POLICY_ATTN_BWD_CUDNN);
+    /* ours: the last value, so the earlier values keep their numbers (a manifest's record of them) */
+    const char *const moe[] = {"TKD_MOE_GEMM", "ours", NULL};
+    assert_int_equal(parse(moe, &p), TKD_OK);
+    assert_int_equal(p.moe_gemm, TKD_POLICY_MOE_GEMM_OURS);
+    assert_int_equal(TKD_POLICY_MOE_GEMM_OURS, 3);
+    tkd_cuda_policy_format(&p, buf, sizeof buf);
+    assert_non_null(strstr(buf, " TKD_MOE_GEMM=ours"));
 }
 
 /* One rule: a value the knob does not list is an error naming the variable, the value and the
@@ -107,6 +114,7 @@ static void test_typos_refused(void **state)
         {"TKD_KL_GRAD_SM90", "1", "expected one of auto|cublas|dh|dw|both"},
         {"TKD_ATTN_BWD", "CUDNN", "expected one of wgmma|cudnn|flash"},
         {"TKD_CUDNN_BWD_NONDET", "true", "TKD_CUDNN_BWD_NONDET=true"},
+        {"TKD_MOE_GEMM", "our", "expected one of auto|grouped|loop|ours"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *const env[] = {cases[i][0], cases[i][1], NULL};

@@ -10,7 +10,7 @@ static const char *const kSwitch[] = {"off", "on", NULL};
 static const char *const kAttnBwd[] = {"wgmma", "cudnn", "flash", NULL};
 static const char *const kKlGrad[] = {"auto", "cublas", "dh", "dw", "both", NULL};
 static const char *const kSched[] = {"pingpong", "coop", NULL};
-static const char *const kMoeGemm[] = {"auto", "grouped", "loop", NULL};
+static const char *const kMoeGemm[] = {"auto", "grouped", "loop", "ours", NULL};
 
 typedef struct knob {
     tkd_cuda_knob_info info;
@@ -43,9 +43,9 @@ static const knob kKnobs[] = {
      kSwitch, 0, FIELD(topk_fused)},
     {{"TKD_LMHEAD_SM90_SCHED", "pingpong|coop", "the persistent schedule of our Hopper LM-head GEMM", false},
      kSched, TKD_POLICY_LMHEAD_SCHED_PINGPONG, FIELD(lmhead_sched)},
-    {{"TKD_MOE_GEMM", "auto|grouped|loop",
+    {{"TKD_MOE_GEMM", "auto|grouped|loop|ours",
       "the MoE experts' GEMMs: two grouped cuBLAS calls a layer or one GEMM per expert and projection; auto: "
-      "grouped where the experts' products are small", false},
+      "grouped where the experts' products are small; ours: our grouped GEMM (not yet verified on a GPU)", false},
      kMoeGemm, TKD_POLICY_MOE_GEMM_AUTO, FIELD(moe_gemm)},
 };
 #undef FIELD

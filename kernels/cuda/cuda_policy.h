@@ -49,6 +49,7 @@ typedef enum tkd_policy_moe_gemm {
     TKD_POLICY_MOE_GEMM_AUTO = 0,    /* per call from the routing (kernels/cuda/moe_cuda.h; default) */
     TKD_POLICY_MOE_GEMM_GROUPED = 1, /* two grouped cuBLAS calls per layer */
     TKD_POLICY_MOE_GEMM_LOOP = 2,    /* one cuBLAS GEMM per expert and projection */
+    TKD_POLICY_MOE_GEMM_OURS = 3,    /* our grouped GEMM, two launches a layer (not yet verified on a GPU) */
 } tkd_policy_moe_gemm;
 
 typedef struct tkd_cuda_policy {
