@@ -9,8 +9,9 @@
  *   fresh  a new random input before each call (untimed): the routing, so each expert's row count,
  *          is new every call, as from layer to layer and batch to batch in a dump.
  * Rows: the grouped calls (where this cuBLAS takes them) and the loop of per-expert GEMMs, with
- * exact row counts and with each rounded up to 128 (tkd_cuda_moe_ws_set_pad), and auto (the
- * backend's default: per call, from the counts). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
+ * exact row counts and with each rounded up to 128 (tkd_cuda_moe_ws_set_pad), auto (the
+ * backend's default: per call, from the counts), and our grouped GEMM (moe_gemm_cuda.h: one
+ * launch for every expert's gate and up products, one for the down products). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
  * 15 = CUBLAS_STATUS_NOT_SUPPORTED).
  *
  *   moe_bench [--shape D:I:E:k:N] [--reps 10]     (default 2048:768:128:8:8192, Qwen3-30B-A3B)
@@ -65,7 +66,8 @@ typedef struct setup {
     uint16_t *x[2], *y; /* x[0] the same input every call; x[1] drawn anew before each */
 } setup;
 
-/* Median ms of reps calls (fresh: the inputs in turn), or -1 when the mode did not run as asked. */
+/* Median ms of reps calls (fresh: the inputs in turn), or -1 when the mode did not run as asked
+ * (cuBLAS refused the grouped call). grouped: a TKD_CUDA_MOE_GEMM_* mode. */
 static double time_op(const setup *s, int grouped, int pad, int fresh)
 {
     tkd_cuda_moe_ws *ws = NULL;
@@ -86,7 +88,7 @@ static double time_op(const setup *s, int grouped, int pad, int fresh)
         if (i >= 0)
             ms[i] = now_ms() - t0;
     }
-    const int ran = grouped < 0 || tkd_cuda_moe_ws_grouped(ws) == grouped;
+    const int ran = grouped < 0 || tkd_cuda_moe_ws_ran(ws) == grouped;
     tkd_cuda_moe_ws_free(ws);
     qsort(ms, (size_t)s->reps, sizeof(double), cmp_double);
     const double med = ms[s->reps / 2];
@@ -169,8 +171,11 @@ int main(int argc, char **argv)
     printf("| GEMMs | same ms | fresh ms | fresh / floor | TFLOP/s (fresh) |\n|---|---:|---:|---:|---:|\n");
     printf("| floor: 2 plain GEMMs over N·k rows | %.3f | - | 1.00 | %.0f |\n", fl, flop / (fl * 1e9));
     static const struct { int grouped, pad; const char *name; } kModes[] = {
-        {1, 1, "grouped (2 cuBLAS calls)"}, {0, 1, "loop (3·E calls), exact rows"}, {0, 128, "loop, rows to 128"},
-        {-1, 128, "auto (the default)"}};
+        {TKD_CUDA_MOE_GEMM_GROUPED, 1, "grouped (2 cuBLAS calls)"},
+        {TKD_CUDA_MOE_GEMM_LOOP, 1, "loop (3·E calls), exact rows"},
+        {TKD_CUDA_MOE_GEMM_LOOP, 128, "loop, rows to 128"},
+        {TKD_CUDA_MOE_GEMM_AUTO, 128, "auto (the default)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, "ours (2 launches of moe_gemm_cuda)"}};
     for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++) {
         const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, 0);
         if (same < 0) {

@@ -2,7 +2,9 @@
  * reference tkd_ref_moe_fwd on the same bf16-rounded inputs and weights, for both routers (Qwen3-MoE
  * with and without norm_topk_prob; gpt-oss with biases and the clamped SwiGLU) over awkward shapes:
  * one token, an expert no token picks, k = 1 and k = E, token counts not a multiple of anything;
- * and the same bits from a second call (deterministic).
+ * and the same bits from a second call (deterministic); every case with each way of running the
+ * experts' GEMMs, our own grouped GEMM included. Then our grouped GEMM alone (test_grouped_gemm)
+ * against a float64 GEMM, its tolerance derived beside it.
  *
  * Routing must equal the reference's wherever the reference's k-th and (k+1)-th routing scores are
  * apart by more than ROUTE_GAP: the device computes the logits in fp32 from the same bf16 products
@@ -37,6 +39,7 @@
 #include "kernels/cpu/cpu_moe.h"
 #include "kernels/cpu/cpu_ops_ref.h"
 #include "kernels/cuda/moe_cuda.h"
+#include "kernels/cuda/moe_gemm_cuda.h"
 
 #define ROUTE_GAP 1e-4
 
@@ -101,10 +104,14 @@ static int clear_route(const mcase *c, const double *s)
     return ok;
 }
 
-/* One case with the experts' GEMMs grouped (two cuBLAS calls a layer), in a loop per expert or
- * auto (grouped -1),
- * each expert's rows rounded up to a multiple of pad (the spill into the next expert's rows must
- * not show). */
+static const char *mode_name(int mode)
+{
+    return mode < 0 ? "auto" : mode == TKD_CUDA_MOE_GEMM_OURS ? "ours" : mode ? "grouped" : "loop";
+}
+
+/* One case with the experts' GEMMs grouped (two cuBLAS calls a layer), in a loop per expert, auto
+ * (grouped -1) or ours (moe_gemm_cuda.h), each expert's rows rounded up to a multiple of pad for
+ * the loop (the spill into the next expert's rows must not show). */
 static void run_case(const mcase *c, int grouped, int pad)
 {
     const tkd_moe_params p = c->qwen ? tkd_moe_params_qwen3(c->D, c->I, c->E, c->k, c->norm)
@@ -135,10 +142,11 @@ static void run_case(const mcase *c, int grouped, int pad)
         fail_msg("%s: %s", c->what, tkd_error_msg());
     assert_int_equal(tkd_cuda_moe_fwd(ws_, &cw, x.d, c->N, dy2, NULL, NULL), TKD_OK);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    const int want = grouped < 0 ? 1 : grouped; /* auto: these cases' experts are tiny, so grouped */
-    if (tkd_cuda_moe_ws_grouped(ws_) != want) /* e.g. cuBLAS refused the grouped call and fell back */
-        fail_msg("%s: asked for %s GEMMs, ran %s", c->what, grouped < 0 ? "auto" : grouped ? "grouped" : "looped",
-                 tkd_cuda_moe_ws_grouped(ws_) ? "grouped" : "a loop");
+    /* auto: these cases' experts are tiny, so grouped; a mismatch: e.g. cuBLAS refused the grouped
+     * call and fell back to the loop */
+    const int want = grouped < 0 ? TKD_CUDA_MOE_GEMM_GROUPED : grouped, ran = tkd_cuda_moe_ws_ran(ws_);
+    if (ran != want || tkd_cuda_moe_ws_grouped(ws_) != (ran == TKD_CUDA_MOE_GEMM_GROUPED))
+        fail_msg("%s: asked for %s GEMMs, ran %s", c->what, mode_name(grouped), mode_name(ran));
     uint16_t *y = tkd_test_xmalloc(2 * N * D), *y2 = tkd_test_xmalloc(2 * N * D);
     int32_t *e = tkd_test_xmalloc(4 * N * k);
     tkd_test_to_host(y, dy, 2 * N * D, NULL);
@@ -175,7 +183,7 @@ static void run_case(const mcase *c, int grouped, int pad)
     if (near > (int)(0.02 * N) + 1)
         fail_msg("%s: %d of %zu tokens are near ties of the router: the case does not test routing", c->what, near, N);
     print_message("%-40s %-7s pad %3d N %5d D %4d I %4d E %3d k %2d: worst err/tol %.3f, norm %.2e, %d near ties\n",
-                  c->what, grouped < 0 ? "auto" : grouped ? "grouped" : "loop", pad, c->N, c->D, c->I, c->E, c->k, chk.worst,
+                  c->what, mode_name(grouped), pad, c->N, c->D, c->I, c->E, c->k, chk.worst,
                   tkd_test_check_norm(&chk), near);
     free(s), free(y), free(y2), free(e), free(ref), free(ref_e);
     cudaFree(dy), cudaFree(dy2), cudaFree(de);
@@ -198,8 +206,10 @@ static const mcase kCases[] = {
 static void test_matches_reference(void **state)
 {
     (void)state;
-    static const int kModes[][2] = {{1, 1}, {0, 1}, {0, 128}, {-1, 128}}; /* grouped, pad */
-    for (size_t m = 0; m < 4; m++)
+    static const int kModes[][2] = {{TKD_CUDA_MOE_GEMM_GROUPED, 1}, {TKD_CUDA_MOE_GEMM_LOOP, 1},
+                                    {TKD_CUDA_MOE_GEMM_LOOP, 128},  {TKD_CUDA_MOE_GEMM_AUTO, 128},
+                                    {TKD_CUDA_MOE_GEMM_OURS, 1}}; /* mode, pad */
+    for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++)
         for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
             run_case(&kCases[i], kModes[m][0], kModes[m][1]);
 }
@@ -266,6 +276,151 @@ static void test_mxfp4_experts(void **state)
         cudaFree(owned[i]);
 }
 
+/* ---- our grouped GEMM alone (moe_gemm_cuda.h) against a host float64 GEMM ----------------------
+ *
+ * Tolerance per element: |got − ref| ≤ 2^-8·|ref| + 2·k·2^-23·Σ_d |x_d w_d|. The products of two
+ * bf16 values are exact in fp32; a sum of k of them in fp32, in whatever order the MMAs add, is
+ * within k·u·Σ|x_d w_d| of the exact sum, with u = 2^-24 for rounded additions and 2^-23 taken
+ * here because the tensor cores may truncate inside an MMA's additions. Rounding that sum v once
+ * to bf16 (8 significant bits, round to nearest even) moves it by at most 2^-8·|v|, and
+ * 2^-8·|v| ≤ 2^-8·|ref| + 2^-8·k·2^-23·Σ|x w|, so (1 + 2^-8)·k·2^-23·Σ|x w| ≤ the second term. */
+
+/* Expert e's rows start after e + 1 runs of kGap unlisted rows (poisoned: never written), and the
+ * last expert's last kPast rows lie past m (neither read nor written). Tiles of 1, 127, 128, 129
+ * (128 + 1), 300 (128 + 128 + 44) rows, an expert with none. */
+static const int32_t kGemmCounts[] = {1, 127, 0, 128, 129, 300, 7};
+enum { kGemmE = 7, kGap = 3, kPast = 2 };
+
+typedef struct gemm_case {
+    int n, k, two; /* two: gate and up in one launch (w1, c1) */
+} gemm_case;
+
+/* The tile list of kGemmCounts laid out with the gaps, uploaded; *rows_out the rows of x and c
+ * (the last kPast of them past m). */
+static int32_t *gemm_tiles(int *n_tiles, int *rows_out, int32_t *first)
+{
+    int32_t h[3 * (kGemmE + 8)];
+    const int nt = tkd_cuda_moe_gemm_tiles(kGemmCounts, kGemmE, h);
+    assert_int_equal(nt, 1 + 1 + 0 + 1 + 2 + 3 + 1);
+    assert_true(nt <= kGemmE + 8);
+    int32_t r = kGap;
+    for (int e = 0; e < kGemmE; r += kGemmCounts[e] + kGap, e++)
+        first[e] = r;
+    for (int t = 0; t < nt; t++) { /* packed rows → the layout with gaps */
+        int32_t packed = 0;
+        for (int e = 0; e < h[3 * t]; e++)
+            packed += kGemmCounts[e];
+        assert_true(h[3 * t + 2] >= 1 && h[3 * t + 2] <= TKD_MOE_GEMM_TILE_M);
+        h[3 * t + 1] += first[h[3 * t]] - packed;
+    }
+    assert_int_equal(h[3 * 4 + 0], 4), assert_int_equal(h[3 * 4 + 2], 1); /* 129 = 128 + 1 */
+    *rows_out = r - kGap; /* the end of the last expert's rows; m = rows_out − kPast, inside its tile */
+    *n_tiles = nt;
+    int32_t *d = tkd_test_dev_alloc(sizeof h);
+    tkd_test_to_dev(d, h, sizeof(int32_t) * 3 * (size_t)nt);
+    return d;
+}
+
+/* c (rows, n) from the device against x·W_eᵀ in float64 over the listed rows below m; every other
+ * row still poisoned. */
+static void check_gemm_out(const char *what, const uint16_t *c, const float *x, const float *w, const int32_t *first,
+                           int m, int rows, int n, int k)
+{
+    const tkd_test_tol tol = {0.0, 1.0 / 256, "bf16 output rounded once (2^-8) from an fp32 sum (k·2^-23·Σ|x w|)"};
+    tkd_test_check chk;
+    const size_t cols = (size_t)n;
+    tkd_test_check_begin(&chk, what, tol, tkd_test_where_rowcol, &cols);
+    char *listed = calloc((size_t)rows, 1);
+    for (int e = 0; e < kGemmE; e++)
+        for (int i = 0; i < kGemmCounts[e] && first[e] + i < m; i++) {
+            const int r = first[e] + i;
+            listed[r] = 1;
+            for (int j = 0; j < n; j++) {
+                double s = 0.0, sa = 0.0;
+                for (int d = 0; d < k; d++) {
+                    const double p = (double)x[(size_t)r * k + d] * w[((size_t)e * n + j) * k + d];
+                    s += p, sa += fabs(p);
+                }
+                tkd_test_check_add(&chk, (int64_t)r * n + j, tkd_bf16_to_f32(c[(size_t)r * n + j]), s,
+                                   2.0 * k * ldexp(sa, -23));
+            }
+        }
+    tkd_test_check_end(&chk);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n && !listed[r]; j++)
+            if (c[(size_t)r * n + j] != 0xffff)
+                fail_msg("%s: row %d (not in a tile, or past m %d) written at column %d", what, r, m, j);
+    free(listed);
+}
+
+static void run_gemm_case(const gemm_case *g)
+{
+    int nt = 0, rows = 0;
+    int32_t first[kGemmE];
+    int32_t *tiles = gemm_tiles(&nt, &rows, first);
+    const int m = rows - kPast, nz = g->two ? 2 : 1;
+    const size_t nx = (size_t)rows * g->k, nw = (size_t)kGemmE * g->n * g->k, nc = (size_t)rows * g->n;
+    tensor x = tensor_make(nx, 41, 1.0f), w[2] = {tensor_make(nw, 42, 1.0f), tensor_make(nw, 43, 1.0f)};
+    uint16_t *c[2][2], *h = tkd_test_xmalloc(2 * nc), *h2 = tkd_test_xmalloc(2 * nc);
+    for (int run = 0; run < 2; run++)
+        for (int z = 0; z < 2; z++)
+            tkd_test_poison(c[run][z] = tkd_test_dev_alloc(2 * nc), 2 * nc);
+    for (int run = 0; run < 2; run++)
+        tkd_test_ok(tkd_cuda_moe_gemm(x.d, w[0].d, g->two ? w[1].d : NULL, tiles, nt, m, g->n, g->k, c[run][0],
+                                      g->two ? c[run][1] : NULL, NULL), "tkd_cuda_moe_gemm");
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    for (int z = 0; z < nz; z++) {
+        char what[96];
+        snprintf(what, sizeof what, "moe grouped GEMM n %d k %d: c%d", g->n, g->k, z);
+        tkd_test_to_host(h, c[0][z], 2 * nc, NULL);
+        tkd_test_to_host(h2, c[1][z], 2 * nc, NULL);
+        assert_memory_equal(h, h2, 2 * nc); /* deterministic */
+        check_gemm_out(what, h, x.f, w[z].f, first, m, rows, g->n, g->k);
+    }
+    if (!g->two) { /* one product: c1 untouched (the second buffer is still all poison) */
+        tkd_test_to_host(h, c[0][1], 2 * nc, NULL);
+        for (size_t i = 0; i < nc; i++)
+            assert_int_equal(h[i], 0xffff);
+    }
+    print_message("moe grouped GEMM: %d tiles, m %d, n %4d, k %4d, %s\n", nt, m, g->n, g->k,
+                  g->two ? "gate and up in one launch" : "one product");
+    free(h), free(h2);
+    for (int run = 0; run < 2; run++)
+        cudaFree(c[run][0]), cudaFree(c[run][1]);
+    tensor_free(&x), tensor_free(&w[0]), tensor_free(&w[1]);
+    cudaFree(tiles);
+}
+
+/* n not a multiple of the 128-column block (8, 40, 136, 2880 as gpt-oss), k short, not a multiple
+ * of the 32-wide k step (40, 1032) and long (2048). */
+static void test_grouped_gemm(void **state)
+{
+    (void)state;
+    static const gemm_case kGemmCases[] = {{8, 8, 1},    {40, 40, 1},    {136, 2048, 1},
+                                           {2880, 40, 1}, {2880, 1032, 0}, {8, 2048, 0}};
+    for (size_t i = 0; i < sizeof kGemmCases / sizeof kGemmCases[0]; i++)
+        run_gemm_case(&kGemmCases[i]);
+}
+
+/* Shapes and pointers the kernel cannot take are refused, naming them, before anything runs. */
+static void test_grouped_gemm_refusals(void **state)
+{
+    (void)state;
+    uint16_t *b = tkd_test_dev_alloc(4096);
+    const int32_t *t = (const int32_t *)b;
+    assert_int_equal(tkd_cuda_moe_gemm(b, b, NULL, t, 1, 4, 16, 12, b, NULL, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("(4, 12) · (16, 12)ᵀ: needs k and n multiples of 8");
+    assert_int_equal(tkd_cuda_moe_gemm(b, b, NULL, t, 1, 4, 20, 16, b, NULL, NULL), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_cuda_moe_gemm(b + 1, b, NULL, t, 1, 4, 16, 16, b, NULL, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("16-byte aligned");
+    assert_int_equal(tkd_cuda_moe_gemm(b, b, b, t, 1, 4, 16, 16, b, b + 4, NULL), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_cuda_moe_gemm(b, b, NULL, t, 70000, 4, 16, 16, b, NULL, NULL), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("70000 tiles");
+    assert_int_equal(tkd_cuda_moe_gemm(b, b, b, t, 1, 4, 16, 16, b, NULL, NULL), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_cuda_moe_gemm(b, b, NULL, t, 0, 4, 16, 16, b, NULL, NULL), TKD_OK); /* nothing to do */
+    cudaFree(b);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -285,12 +440,21 @@ static void test_errors(void **state)
     assert_int_equal(tkd_cuda_moe_ws_set_pad(ws, 257), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("pad 257 rows: 1 to 256");
     tkd_cuda_moe_ws_free(ws);
+    /* ours needs D and I multiples of 8: refused before anything is enqueued */
+    p = tkd_moe_params_qwen3(36, 16, 8, 2, 1);
+    assert_int_equal(tkd_cuda_moe_ws_create(&ws, &p, 8, NULL), TKD_OK);
+    tkd_cuda_moe_ws_set_grouped(ws, TKD_CUDA_MOE_GEMM_OURS);
+    assert_int_equal(tkd_cuda_moe_fwd(ws, &w, NULL, 1, NULL, NULL, NULL), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("D 36, I 16: our grouped GEMM needs both multiples of 8");
+    tkd_cuda_moe_ws_free(ws);
 }
 
 static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_matches_reference),
     cmocka_unit_test(test_mxfp4_experts),
     cmocka_unit_test(test_errors),
+    cmocka_unit_test(test_grouped_gemm),
+    cmocka_unit_test(test_grouped_gemm_refusals),
 };
 #endif /* TKD_HAVE_CUDA */
 

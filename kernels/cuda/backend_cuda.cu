@@ -288,7 +288,10 @@ tkd_status cu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_token
     tkd_cuda_moe_ws *ws = nullptr;
     TKD_TRY(tkd_cuda_moe_ws_create(&ws, p, max_tokens, stream_of(be)));
     const int choice = impl(be)->pol.moe_gemm;
-    tkd_cuda_moe_ws_set_grouped(ws, choice == TKD_POLICY_MOE_GEMM_AUTO ? -1 : choice == TKD_POLICY_MOE_GEMM_GROUPED);
+    tkd_cuda_moe_ws_set_grouped(ws, choice == TKD_POLICY_MOE_GEMM_AUTO      ? TKD_CUDA_MOE_GEMM_AUTO
+                                    : choice == TKD_POLICY_MOE_GEMM_GROUPED ? TKD_CUDA_MOE_GEMM_GROUPED
+                                    : choice == TKD_POLICY_MOE_GEMM_OURS    ? TKD_CUDA_MOE_GEMM_OURS
+                                                                            : TKD_CUDA_MOE_GEMM_LOOP);
     (void)tkd_cuda_moe_ws_set_pad(ws, 128); /* the loop: few shapes for cuBLAS's heuristics (moe_cuda.h); in range */
     *out = reinterpret_cast<tkd_backend_moe *>(ws);
     return TKD_OK;

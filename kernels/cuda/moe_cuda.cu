@@ -1,8 +1,10 @@
 /* moe_cuda.cu — see moe_cuda.h. cuBLAS GEMMs over the rows sorted to each expert: one grouped call
  * (cublasGemmGroupedBatchedEx) for every expert's gate and up projections and one for the down
  * projections, or one GEMM per expert and projection, chosen per call (auto_grouped) unless
- * TKD_MOE_GEMM fixes it. Our own grouped GEMM, with the MXFP4 experts dequantised inside it, is
- * the next step (docs/PERFORMANCE.md). */
+ * TKD_MOE_GEMM fixes it; or our own grouped GEMM (moe_gemm_cuda.h: one launch for every expert's gate
+ * and up products, one for the down products, over a tile list built from the counts), only when
+ * asked for (TKD_MOE_GEMM=ours: not yet verified on a GPU). Dequantising the MXFP4 experts inside
+ * our GEMM is the next step (docs/PERFORMANCE.md). */
 #include "kernels/cuda/moe_cuda.h"
 
 #include <cublas_v2.h>
@@ -13,6 +15,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
+#include "kernels/cuda/moe_gemm_cuda.h"
 
 static constexpr int kMoeMaxE = 1024; /* experts a layer may have (the router kernel's shared row) */
 
@@ -44,8 +47,8 @@ struct tkd_cuda_moe_ws {
     uint16_t *h;         /* (P, I) */
     uint16_t *o;         /* (P, D) bf16 */
     uint16_t *deq;       /* p.mxfp4: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I) W_down decoded to bf16 */
-    int grouped;         /* 1: the grouped calls; 0: a GEMM per expert; -1 (default): auto_grouped() */
-    int ran_grouped;     /* what the last call ran */
+    int grouped;         /* tkd_cuda_moe_gemm_mode: -1 (default) auto_grouped(), 0 loop, 1 grouped, 2 ours */
+    int ran;             /* the mode the last call ran (0, 1 or 2) */
     int no_grouped;      /* this cuBLAS refused the grouped call once: never again */
     int pad;             /* the loop's row counts rounded up to a multiple of this (tkd_cuda_moe_ws_set_pad) */
     /* The grouped calls' problem list, a layer at a time: 9·E pointers (A, B, C of 2 problems per
@@ -54,6 +57,9 @@ struct tkd_cuda_moe_ws {
     const void **h_ptrs, **d_ptrs;
     int *h_rows;         /* (E) rows of each group */
     tkd_cuda_moe_group_args ga; /* the per-group arguments cuBLAS reads on the host */
+    /* Our GEMM's M-tiles (moe_gemm_cuda.h), built on the host from h_counts each call and copied
+     * from pinned memory: (max_tiles, TKD_MOE_GEMM_TILE_INTS) int32 each. */
+    int32_t *h_tiles, *d_tiles;
 };
 
 namespace {
@@ -279,6 +285,13 @@ tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m
     return TKD_OK;
 }
 
+/* The most M-tiles tkd_cuda_moe_gemm_tiles makes from max_tokens · k rows over E experts. */
+size_t max_tiles(const tkd_cuda_moe_ws *ws)
+{
+    const size_t P = (size_t)ws->max_tokens * ws->p.k;
+    return (P + TKD_MOE_GEMM_TILE_M - 1) / TKD_MOE_GEMM_TILE_M + (size_t)ws->p.E;
+}
+
 tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
 {
     const tkd_moe_params &p = ws->p;
@@ -297,6 +310,9 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_counts, (size_t)p.E * 4, "moe: counts"));
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems"));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->d_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems", h));
+    const size_t tile_bytes = sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * max_tiles(ws);
+    TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_tiles, tile_bytes, "moe: our GEMM's tiles"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->d_tiles, tile_bytes, "moe: our GEMM's tiles", h));
     if (!(ws->h_rows = (int *)malloc(sizeof(int) * (size_t)p.E)))
         return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
     TKD_TRY(tkd_cuda_malloc((void **)&ws->xs, Ps * p.D * 2, "moe: gathered rows", h));
@@ -327,6 +343,16 @@ int padded(const tkd_cuda_moe_ws *ws, int c)
     return c == 0 ? 0 : (c + ws->pad - 1) / ws->pad * ws->pad;
 }
 
+/* h (P, I) = act(G + b_g, U + b_u) for every sorted row, each with its expert's biases. */
+tkd_status run_act(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
+{
+    const int I = ws->p.inter;
+    act_kernel<<<grid_for(P * I, 256), 256, 0, ws->stream>>>(ws->g, ws->u, ws->keys_sorted, w->b_gate, w->b_up, P, I,
+                                                             ws->p, ws->h);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
+}
+
 /* Per expert with rows: G, U = X_e W_gateᵀ, X_e W_upᵀ; then h for all rows; then O = h_e W_downᵀ. */
 tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
@@ -342,9 +368,7 @@ tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
         TKD_TRY(gemm_nt(ws->blas, ws->xs + r0 * D, w->w_up + (int64_t)e * I * D, c, I, D, ws->u + r0 * I,
                         CUDA_R_16BF));
     }
-    act_kernel<<<grid_for(P * I, 256), 256, 0, ws->stream>>>(ws->g, ws->u, ws->keys_sorted, w->b_gate, w->b_up, P, I,
-                                                             p, ws->h);
-    TKD_CUDA_CHECK(cudaGetLastError());
+    TKD_TRY(run_act(ws, w, P));
     r0 = 0;
     for (int e = 0; e < p.E; r0 += ws->h_counts[e], e++) {
         const int c = padded(ws, ws->h_counts[e]);
@@ -405,9 +429,7 @@ tkd_status run_experts_grouped(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *
         return TKD_OK;
     }
     TKD_CUBLAS_CHECK(st);
-    act_kernel<<<grid_for(P * I, 256), 256, 0, ws->stream>>>(ws->g, ws->u, ws->keys_sorted, w->b_gate, w->b_up, P, I,
-                                                             p, ws->h);
-    TKD_CUDA_CHECK(cudaGetLastError());
+    TKD_TRY(run_act(ws, w, P));
     TKD_CUBLAS_CHECK(grouped_nt(ws, G, 1, ws->h_rows, D, I, ws->d_ptrs + 6 * G));
     return TKD_OK;
 }
@@ -425,16 +447,36 @@ bool auto_grouped(const tkd_cuda_moe_ws *ws, int64_t P)
     return G > 0 && 2.0 * ((double)P / G) * ws->p.inter * ws->p.D < kGroupedMaxFlop;
 }
 
+/* Our grouped GEMM: the tile list from this call's counts (the previous call's copy from h_tiles
+ * finished before this call's counts sync), then gate and up in one launch, the activation, and
+ * down in another. */
+tkd_status run_experts_ours(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
+{
+    const tkd_moe_params &p = ws->p;
+    const int nt = tkd_cuda_moe_gemm_tiles(ws->h_counts, p.E, ws->h_tiles);
+    TKD_CUDA_CHECK(cudaMemcpyAsync(ws->d_tiles, ws->h_tiles, sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * (size_t)nt,
+                                   cudaMemcpyHostToDevice, ws->stream));
+    TKD_TRY(tkd_cuda_moe_gemm(ws->xs, w->w_gate, w->w_up, ws->d_tiles, nt, (int)P, p.inter, p.D, ws->g, ws->u,
+                              ws->stream));
+    TKD_TRY(run_act(ws, w, P));
+    return tkd_cuda_moe_gemm(ws->h, w->w_down, NULL, ws->d_tiles, nt, (int)P, p.D, p.inter, ws->o, NULL, ws->stream);
+}
+
 tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
-    ws->ran_grouped = ws->grouped > 0 || (ws->grouped < 0 && !ws->no_grouped && auto_grouped(ws, P));
-    if (ws->ran_grouped) {
+    if (ws->grouped == TKD_CUDA_MOE_GEMM_OURS) {
+        ws->ran = TKD_CUDA_MOE_GEMM_OURS;
+        return run_experts_ours(ws, w, P);
+    }
+    const bool grouped = ws->grouped > 0 || (ws->grouped < 0 && !ws->no_grouped && auto_grouped(ws, P));
+    ws->ran = grouped ? TKD_CUDA_MOE_GEMM_GROUPED : TKD_CUDA_MOE_GEMM_LOOP;
+    if (grouped) {
         bool refused = false;
         TKD_TRY(run_experts_grouped(ws, w, P, &refused));
         if (!refused)
             return TKD_OK;
         ws->no_grouped = 1; /* this cuBLAS has no bf16 grouped GEMM: the loop from now on */
-        ws->ran_grouped = 0;
+        ws->ran = TKD_CUDA_MOE_GEMM_LOOP;
     }
     return run_experts_loop(ws, w, P);
 }
@@ -453,6 +495,8 @@ extern "C" void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws)
         tkd_cuda_free(b);
     tkd_cuda_free_host(ws->h_counts);
     tkd_cuda_free_host(ws->h_ptrs);
+    tkd_cuda_free_host(ws->h_tiles);
+    tkd_cuda_free(ws->d_tiles);
     free(ws->h_rows);
     free(ws);
 }
@@ -486,10 +530,14 @@ extern "C" tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_mo
 
 extern "C" void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped)
 {
-    ws->grouped = grouped < 0 ? -1 : grouped != 0;
+    ws->grouped = grouped < 0 ? TKD_CUDA_MOE_GEMM_AUTO
+                  : grouped == TKD_CUDA_MOE_GEMM_OURS ? TKD_CUDA_MOE_GEMM_OURS
+                                                      : grouped != 0 ? TKD_CUDA_MOE_GEMM_GROUPED : TKD_CUDA_MOE_GEMM_LOOP;
 }
 
-extern "C" int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws) { return ws->ran_grouped; }
+extern "C" int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws) { return ws->ran == TKD_CUDA_MOE_GEMM_GROUPED; }
+
+extern "C" int tkd_cuda_moe_ws_ran(const tkd_cuda_moe_ws *ws) { return ws->ran; }
 
 extern "C" tkd_status tkd_cuda_moe_ws_set_pad(tkd_cuda_moe_ws *ws, int rows)
 {
@@ -505,6 +553,9 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
     const tkd_moe_params &p = ws->p;
     if (N < 0 || N > ws->max_tokens)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "moe (cuda): %d tokens, the workspace holds %d", N, ws->max_tokens);
+    if (ws->grouped == TKD_CUDA_MOE_GEMM_OURS && (p.D % 8 || p.inter % 8))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "moe (cuda): D %d, I %d: our grouped GEMM needs both multiples of 8 "
+                             "(TKD_MOE_GEMM=ours; the other modes take any)", p.D, p.inter);
     if (N == 0)
         return TKD_OK;
     const int64_t P = (int64_t)N * p.k;
