@@ -19,7 +19,8 @@
  *   5. per token y = Σ_j w_j · (O_j + b_down) over its k slots in increasing expert order, fp32,
  *      rounded once to bf16.
  * Workspace (max_tokens · k rows): the gathered rows (D bf16), G, U and h (I bf16 each), O (D bf16):
- * about max_tokens · k · (4 D + 6 I) bytes; a caller with more tokens calls in chunks.
+ * about max_tokens · k · (4 D + 6 I) bytes; a caller with more tokens calls in chunks. Our
+ * grouped GEMM's tile list adds 12 bytes per 128 rows and per expert, on the host and the device.
  * With params.mxfp4 also one layer's experts decoded to bf16, 6·E·I·D bytes (6.4 GB at
  * gpt-oss-120b's shape), so a model keeps its experts in MXFP4 and only one layer in bf16
  * (tests/test_gpu_moe.c: test_mxfp4_experts holds it bit for bit to the bf16 op).
