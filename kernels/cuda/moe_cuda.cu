@@ -47,7 +47,7 @@ struct tkd_cuda_moe_ws {
     uint16_t *h;         /* (P, I) */
     uint16_t *o;         /* (P, D) bf16 */
     uint16_t *deq;       /* p.mxfp4: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I) W_down decoded to bf16 */
-    int grouped;         /* tkd_cuda_moe_gemm_mode: -1 (default) auto_grouped(), 0 loop, 1 grouped, 2 ours */
+    int grouped;         /* TKD_CUDA_MOE_GEMM_*: -1 (default) auto_grouped(), 0 loop, 1 grouped, 2 ours */
     int ran;             /* the mode the last call ran (0, 1 or 2) */
     int no_grouped;      /* this cuBLAS refused the grouped call once: never again */
     int pad;             /* the loop's row counts rounded up to a multiple of this (tkd_cuda_moe_ws_set_pad) */
