@@ -17,8 +17,7 @@
  * (cp.async's zero fill, reading nothing) and never stored; k % 8 == 0, so a 16-byte chunk is
  * wholly inside k or wholly past it (zeros: they add nothing).
  *
- * The PTX wrappers are this file's own (kernels/README.md's layering: cuda/ does not include attn/'s
- * attn_cuda_common.cuh, which has the same four).
+ * The PTX wrappers are kernels/cuda/mma_sync.cuh's, shared with the flash attention kernels.
  */
 #include "kernels/cuda/moe_gemm_cuda.h"
 
@@ -27,6 +26,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma_sync.cuh"
 
 namespace {
 
@@ -35,40 +35,12 @@ constexpr int kTileElems = kBM * kBK; /* one operand's tile in one stage (kBM ==
 constexpr int kSmemBytes = kStages * 2 * kTileElems * 2;
 static_assert(kBM == kBN, "A and B tiles share the load and the layout");
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global → shared through L2; src_bytes 0 writes 16 zero bytes and reads nothing. */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-/* Waits until at most N committed groups are still in flight. */
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-/* Four 8 × 8 bf16 matrices; lanes 8i .. 8i+7 address matrix i's rows, r[i] receives its (row
- * lane / 4, columns 2 (lane % 4), +1). */
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* c (16 × 8 fp32) += a (16 × 16 bf16, row) · b (16 × 8 bf16, col). */
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using tkd_cuda::cp_async16; /* the PTX wrappers: kernels/cuda/mma_sync.cuh */
+using tkd_cuda::cp_async_commit;
+using tkd_cuda::cp_async_wait;
+using tkd_cuda::ldsm_x4;
+using tkd_cuda::mma_bf16;
+using tkd_cuda::smem_addr;
 
 /* The element offset of (row, col) in a stage's tile (kBK columns; col a multiple of 8): the
  * swizzle of the file's comment. */

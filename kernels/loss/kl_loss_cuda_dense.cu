@@ -290,6 +290,21 @@ __device__ inline uint2 pack4_bf16(const float g[4])
     return u;
 }
 
+/* A thread's kVec float4 loads of both rows at tile base (every load issued before any is used),
+ * none where skip or past v (rows start 16-byte aligned and are padded to whole float4s). */
+__device__ __forceinline__ void load_tiles(const float *zs, const float *zt, int base, int v, bool skip,
+                                           float4 xs[kVec], float4 xt[kVec])
+{
+#pragma unroll
+    for (int j = 0; j < kVec; j++) {
+        const int e = base + j * 4 * blockDim.x + threadIdx.x * 4;
+        if (e < v && !skip) {
+            xs[j] = *reinterpret_cast<const float4 *>(zs + e);
+            xt[j] = *reinterpret_cast<const float4 *>(zt + e);
+        }
+    }
+}
+
 /* Pass 2 (a divergence other than forward KL): this thread's share of D and gbar over the row. */
 __device__ void div_sums(const DenseArgs &a, const float *zs, const float *zt, const DenseCoef &c, double *d,
                          double *gb)
@@ -298,14 +313,7 @@ __device__ void div_sums(const DenseArgs &a, const float *zs, const float *zt, c
     const int nt = blockDim.x;
     for (int base = 0; base < a.v; base += kVec * 4 * nt) {
         float4 xs[kVec], xt[kVec];
-#pragma unroll
-        for (int j = 0; j < kVec; j++) {
-            const int e = base + j * 4 * nt + threadIdx.x * 4;
-            if (e < a.v) {
-                xs[j] = *reinterpret_cast<const float4 *>(zs + e);
-                xt[j] = *reinterpret_cast<const float4 *>(zt + e);
-            }
-        }
+        load_tiles(zs, zt, base, a.v, false, xs, xt);
         for (int j = 0; j < kVec; j++) {
             const int e = base + j * 4 * nt + threadIdx.x * 4;
             const float sv[4] = {xs[j].x, xs[j].y, xs[j].z, xs[j].w}, tv[4] = {xt[j].x, xt[j].y, xt[j].z, xt[j].w};
@@ -331,14 +339,7 @@ __device__ void grad_sweep(const DenseArgs &a, float *zs, const float *zt, const
     const int nt = blockDim.x;
     for (int base = 0; base < a.v; base += kVec * 4 * nt) {
         float4 xs[kVec], xt[kVec];
-#pragma unroll
-        for (int j = 0; j < kVec; j++) {
-            const int e = base + j * 4 * nt + threadIdx.x * 4;
-            if (e < a.v && !zero) {
-                xs[j] = *reinterpret_cast<const float4 *>(zs + e);
-                xt[j] = *reinterpret_cast<const float4 *>(zt + e);
-            }
-        }
+        load_tiles(zs, zt, base, a.v, zero, xs, xt);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < kVec; j++) {
