@@ -111,6 +111,11 @@ static const char *SYSTEM_MULTITURN =
     "{\"role\": \"assistant\", \"content\": \"Hello!\"}, {\"role\": \"user\", \"content\": \"Count.\"}, "
     "{\"role\": \"assistant\", \"content\": \"1, 2, 3.\"}]}";
 
+/* SYSTEM_MULTITURN through Qwen2.5's template (with or without its {% generation %} blocks) */
+static const char *SYSTEM_MULTITURN_QWEN =
+    "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    "Hello!<|im_end|>\n<|im_start|>user\nCount.<|im_end|>\n<|im_start|>assistant\n1, 2, 3.<|im_end|>\n";
+
 static void test_qwen25_multiturn_system(void **state)
 {
     (void)state;
@@ -118,8 +123,7 @@ static void test_qwen25_multiturn_system(void **state)
     fx_open(&f, QWEN25, NULL);
     assert_string_equal(tkd_chat_rule(f.chat), "assistant turns by prefix");
     expect_encoding(&f, SYSTEM_MULTITURN,
-                    "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-                    "Hello!<|im_end|>\n<|im_start|>user\nCount.<|im_end|>\n<|im_start|>assistant\n1, 2, 3.<|im_end|>\n",
+                    SYSTEM_MULTITURN_QWEN,
                     "Hello!<|im_end|>\n1, 2, 3.<|im_end|>\n");
     /* empty assistant content: its end-of-turn is still a target; unicode: bytes of one character
      * may be split over tokens, all of them trained */
@@ -238,8 +242,7 @@ static void test_generation_blocks(void **state)
     fx_open(&f, QWEN25_GEN, NULL);
     assert_string_equal(tkd_chat_rule(f.chat), "{% generation %} blocks");
     expect_encoding(&f, SYSTEM_MULTITURN,
-                    "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-                    "Hello!<|im_end|>\n<|im_start|>user\nCount.<|im_end|>\n<|im_start|>assistant\n1, 2, 3.<|im_end|>\n",
+                    SYSTEM_MULTITURN_QWEN,
                     "Hello!<|im_end|>1, 2, 3.<|im_end|>");
     fx_close(&f);
 }

@@ -153,25 +153,22 @@ static void test_chat_format(void **state)
     tkd_cache_batch_free(&b);
 
     /* data.format and the chat keys are refused where they mean nothing */
-    tkd_dump_config cfg;
-    snprintf(extra, sizeof extra, "data: {format: chat}\n");
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
-    tkd_dt_config_parse_only(&cfg, y);
-    tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
-                          TKD_TEST_FRAGS("data.format: chat needs data.tokenizer"));
-    tkd_config_free(&tkd_dump_schema, &cfg);
-    snprintf(extra, sizeof extra, "data: {tokenizer: '%s', chat_kwargs: '{}'}\n", tmp("tok-ok"));
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
-    tkd_dt_config_parse_only(&cfg, y);
-    tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
-                          TKD_TEST_FRAGS("data.chat_kwargs: set, but data.format is not chat"));
-    tkd_config_free(&tkd_dump_schema, &cfg);
-    snprintf(extra, sizeof extra, "data: {tokenizer: '%s', format: chat, chat_kwargs: '[1]'}\n", tmp("tok-ok"));
-    tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
-    tkd_dt_config_parse_only(&cfg, y);
-    tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
-                          TKD_TEST_FRAGS("data.chat_kwargs: '[1]' is not a JSON object"));
-    tkd_config_free(&tkd_dump_schema, &cfg);
+    static const struct { const char *data, *frag; } kRefused[] = {
+        {"format: chat", "data.format: chat needs data.tokenizer"},
+        {"tokenizer: '%s', chat_kwargs: '{}'", "data.chat_kwargs: set, but data.format is not chat"},
+        {"tokenizer: '%s', format: chat, chat_kwargs: '[1]'", "data.chat_kwargs: '[1]' is not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof kRefused / sizeof kRefused[0]; i++) {
+        char data[1024];
+        snprintf(data, sizeof data, kRefused[i].data, tmp("tok-ok"));
+        snprintf(extra, sizeof extra, "data: {%s}\n", data);
+        tkd_dump_config cfg;
+        tkd_dt_small_yaml(y, sizeof y, TKD_DT_LLAMA, "unused", out, extra);
+        tkd_dt_config_parse_only(&cfg, y);
+        tkd_test_expect_error(tkd_dump_config_finalize(&cfg, tkd_test_getenv), TKD_ERR_CONFIG,
+                              TKD_TEST_FRAGS(kRefused[i].frag));
+        tkd_config_free(&tkd_dump_schema, &cfg);
+    }
 }
 
 int main(void)
