@@ -394,10 +394,7 @@ static tkd_status logits_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,
                                    grad_scale));
     if (mode == kModeStats)
         return TKD_OK;
-    TKD_TRY(mark(mk, mk_ctx, 2));
-    TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ws->chunk_buf, dh));
-    TKD_TRY(mark(mk, mk_ctx, 3));
-    return tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw, !(p->dw_overwrite && row0 == 0));
+    return chunk_grads(ws, p, b, row0, rows, dh, dw, mk, mk_ctx);
 }
 
 extern "C" tkd_status tkd_kl_cuda_run_chunk(tkd_kl_cuda_ws *ws, const tkd_kl_params *p,

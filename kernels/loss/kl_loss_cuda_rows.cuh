@@ -146,6 +146,18 @@ inline tkd_status mark(tkd_kl_cuda_mark_fn fn, void *ctx, int stage)
     return fn ? fn(ctx, stage) : TKD_OK;
 }
 
+/* A chunk's gradient GEMMs from the dS the row kernel left in ws->chunk_buf (marks 2 and 3): dH
+ * over the chunk's rows, dW added (written by the first chunk with dw_overwrite). Every chunk
+ * path that makes dS in the chunk buffer ends with it. */
+inline tkd_status chunk_grads(tkd_kl_cuda_ws *ws, const tkd_kl_params *p, const tkd_kl_cuda_batch *b, int64_t row0,
+                              int rows, float *dh, float *dw, tkd_kl_cuda_mark_fn mk, void *mk_ctx)
+{
+    TKD_TRY(mark(mk, mk_ctx, 2));
+    TKD_TRY(tkd_kl_cuda_chunk_dh(ws, b, row0, rows, ws->chunk_buf, dh));
+    TKD_TRY(mark(mk, mk_ctx, 3));
+    return tkd_kl_cuda_chunk_dw(ws, b, row0, rows, ws->chunk_buf, dw, !(p->dw_overwrite && row0 == 0));
+}
+
 } // namespace tkd_klc
 
 #endif /* TKD_KL_LOSS_CUDA_ROWS_CUH */
