@@ -18,7 +18,7 @@
  * (model backward), opt (zero grads + norm + AdamW with the clip inside); and the loss of the last step.
  *
  *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
- *                 [--recompute [none|attention|full]] [--kd-recompute] [--profile] [--memory]
+ *                 [--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads] [--profile] [--memory]
  *
  * --recompute MODE: activation recomputation as train.recompute (model/model.h's tkd_recompute):
  * full keeps only each block's input and backward recomputes the rest (memory down, about one
@@ -26,6 +26,8 @@
  * attention side. --recompute without a mode is full.
  * --kd-recompute: the loss as kd.grad_in_forward: false does it (the logits chunk made again in
  * kl_backward: 4 GEMMs instead of 3).
+ * --no-lend-grads: the activations in their own buffer only (student-train lends them the gradient
+ * buffer without accumulation, model.h's tkd_model_set_lend_grads: the memory it saves).
  * --profile: after the split step, two more steps through kernels/backend_profile.h's wrapper (CUDA
  * events around every backend op on the compute stream, read back after the step: no sync per op;
  * the first step makes the marks' storage, the second is reported),
@@ -252,6 +254,7 @@ static int recompute_mode(const char *name)
     return -1;
 }
 
+static int g_lend_grads = 1; /* --no-lend-grads: activations in their own buffer only */
 static int g_kd_recompute; /* the loss in recompute mode (kd.grad_in_forward: false) */
 static FILE *g_prof;     /* --profile: the per-shape tables, printed after the main one */
 static FILE *g_mem;      /* --memory: the per-shape ledgers, printed after the main one */
@@ -371,6 +374,7 @@ static int run_one(const run_spec *r, int steps)
     if (tkd_model_init_random_for_training(&cfg, 1, c.be, &c.m) != TKD_OK)
         return die("init");
     tkd_model_set_recompute(c.m, g_recompute);
+    tkd_model_set_lend_grads(c.m, g_lend_grads); /* as student-train does without accumulation */
     if (tkd_model_reserve(c.m, c.B, c.T, 1) != TKD_OK)
         return die("reserve");
     tkd_optim_config_defaults(&c.ocfg);
@@ -450,6 +454,8 @@ int main(int argc, char **argv)
             g_recompute = mode < 0 ? TKD_RECOMPUTE_FULL : (tkd_recompute)mode;
             i += mode >= 0;
         } else if (!strcmp(argv[i], "-q")) { /* what the launcher gives ranks above 0 */
+        } else if (!strcmp(argv[i], "--no-lend-grads")) {
+            g_lend_grads = 0;
         } else if (!strcmp(argv[i], "--kd-recompute")) {
             g_kd_recompute = 1;
         } else if (!strcmp(argv[i], "--memory")) {
@@ -460,7 +466,7 @@ int main(int argc, char **argv)
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
             fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] "
-                            "[--recompute [none|attention|full]] [--kd-recompute] [--profile] [--memory] "
+                            "[--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads] [--profile] [--memory] "
                             "[--nproc-per-node N]\n");
             return 2;
         }

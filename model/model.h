@@ -159,6 +159,8 @@ typedef struct tkd_model {
     float *d_rope_cos;      /* the RoPE tables in backend memory (== rope_cos on the CPU) */
     float *d_rope_sin;
     tkd_recompute recompute; /* what training keeps of each block (tkd_model_set_recompute) */
+    int lend_grads;         /* the gradient buffer holds activations until each block's backward
+                             * (tkd_model_set_lend_grads) */
     tkd_backend_moe *moe;   /* the MoE layers' workspace on be (one shape for all), sized by reserve */
     void *qexp;             /* cfg.experts_mxfp4: every MoE layer's MXFP4 experts, backend memory */
     tkd_moe_mxfp4 *qlayer;  /* (L) views into qexp (model/model_mxfp4.c) */
@@ -223,16 +225,29 @@ const tkd_param_info *tkd_model_params(const tkd_model *m, int *n);
 tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
 
 /* Sets the recomputation mode. Per token and layer a training forward keeps (A = act bytes, Q and
- * KV the q and k/v widths): none (8 + 4A)·D + 2A·(Q + KV) + 3A·F bytes; attention (8 + A)·D +
- * 3A·F (the input and the MLP's activations: the residual after attention, its norm, gate, up and
- * their product), backward recomputing the attention side — input norm, q/k/v projections, RoPE,
- * the attention forward — (by FLOPs about a third of the blocks' forward at the 1B and 3B shapes
- * at T 8192, more at longer T); full 4·D (the input), backward recomputing the whole block (about
- * one more forward). The recomputing modes add one shared set of what they do not keep. The ops run
- * again in the same order on the same inputs, so the gradients are bit-identical in every mode;
- * the last block is never recomputed (the shared set still holds its activations). Drops the
- * activation buffers; the next forward sizes them for the new layout. */
+ * KV the q and k/v widths, F the MLP's): none 8·D + A·(2Q + 2·KV) + 2A·F bytes (the input, q, k, v,
+ * the attention's output and statistics, the residual after attention, gate and up); attention
+ * 8·D + 2A·F (the input, the residual after attention, gate, up), backward recomputing the
+ * attention side — input norm, q/k/v projections, RoPE, the attention forward — (by FLOPs about a
+ * third of the blocks' forward at the 1B and 3B shapes at T 8192, more at longer T); full 4·D (the
+ * input), backward recomputing the whole block (about one more forward); full_keep_attention
+ * 4·D + A·Q. Every mode remakes the two norms' outputs and the SwiGLU product before a block's
+ * backward (a norm and an elementwise pass), and all share one set of what they do not keep. The
+ * ops run again in the same order on the same inputs, so the gradients are bit-identical in every
+ * mode; the last block is never recomputed (the shared set still holds its activations). Drops
+ * the activation buffers; the next forward sizes them for the new layout. */
 void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode);
+
+/* Lends the gradient buffer to the activations (on: 1): block l's kept activations go first into
+ * the gradients of block l − 1 (block 0's into the embedding's when the head is untied), which
+ * its backward does not write until after block l's, and the rest into the activations' own
+ * buffer. The backward zeroes each lent range just before writing it, so the gradients of one
+ * forward/backward are bit-identical to lending off, but a backward no longer adds to what the
+ * lent ranges held: only for one forward and backward per zeroing (gradient accumulation over
+ * micro-batches needs it off), and an inference forward between a backward and the optimizer step
+ * may overwrite the embedding's gradient. Saves min(activations, gradients) of each block: ~10 GiB
+ * for a ~3B student at T 8192. Drops the activation buffers, as tkd_model_set_recompute does. */
+void tkd_model_set_lend_grads(tkd_model *m, int on);
 
 /* Bytes of the activation buffers sized now (0 before the first forward or reserve). */
 size_t tkd_model_activation_bytes(const tkd_model *m);

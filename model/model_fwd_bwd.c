@@ -27,77 +27,158 @@ static size_t dense_width(const tkd_model_config *c)
     return 0;
 }
 
-/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed. a->layer must exist. */
+/* Where carve hands out memory: the activations' own buffer, and (lend_grads) the part of the
+ * gradient buffer a block may borrow until its backward. A tensor goes to the loan while it fits
+ * (first fit), else to own. base NULL: a sizing pass (only offsets move). */
+typedef struct region {
+    char *base;
+    size_t off, cap; /* own: cap unused */
+} region;
+
+static void *take_in(region *own, region *loan, size_t n, size_t esz)
+{
+    size_t bytes = (n * esz + 63) / 64 * 64;
+    if (loan && loan->off + bytes <= loan->cap) {
+        void *p = loan->base + loan->off;
+        loan->off += bytes;
+        return p;
+    }
+    return take(own->base, &own->off, n, esz);
+}
+
+/* The loan block l's activations take (lend_grads): the gradients of the tensors whose backward
+ * runs after block l's — block l − 1's, and for block 0 the embedding's when it is not the LM
+ * head's (the loss writes that one during the forward). Cap 0: no loan. The start is rounded up
+ * to 64 bytes from the real address, the same in the sizing pass. */
+static region grad_loan(const tkd_model *m, int l)
+{
+    region r = {NULL, 0, 0};
+    if (!m->lend_grads || !m->grads || (l == 0 && m->cfg.tie_word_embeddings))
+        return r;
+    size_t b, e;
+    if (l == 0)
+        b = m->info[0].offset, e = b + m->info[0].numel; /* the embedding is the first tensor */
+    else
+        tkd_model_layer_range(m, l - 1, &b, &e);
+    uintptr_t lo = ((uintptr_t)(m->grads + b) + 63) / 64 * 64, hi = (uintptr_t)(m->grads + e);
+    if (hi > lo)
+        r.base = (char *)lo, r.cap = hi - lo;
+    return r;
+}
+
+/* What a training block keeps for its backward, by recompute mode: groups of layer_acts' views.
+ * The input x is always kept; everything else is one shared set, remade before the backward reads
+ * it (block_remake): the norms' outputs n1, n2 and their rstd, and the SwiGLU product hm, always
+ * (a norm and an elementwise pass from kept inputs); ao and mo are read only by the forward's
+ * residual adds. */
+enum { KEEP_QKV = 1, KEEP_ATT = 2, KEEP_MLP = 4 };
+
+static int kept_groups(tkd_recompute r)
+{
+    switch (r) {
+    case TKD_RECOMPUTE_NONE: return KEEP_QKV | KEEP_ATT | KEEP_MLP;
+    case TKD_RECOMPUTE_ATTENTION: return KEEP_MLP;
+    case TKD_RECOMPUTE_FULL_KEEP_ATTENTION: return KEEP_ATT;
+    default: return 0;
+    }
+}
+
+/* The q/k/v group of one set: q, k (Qwen3: their f32 inputs to the per-head norms and rstd), v. */
+static void carve_qkv(const tkd_model *m, layer_acts *t, region *own, region *loan, size_t N)
+{
+    const tkd_model_config *c = &m->cfg;
+    size_t Q = q_dim(c), KV = kv_dim(c), A = m->be->act_size, S = sizeof(float);
+    t->q = take_in(own, loan, N * Q, A);
+    t->k = take_in(own, loan, N * KV, A);
+    if (has_qk_norm(c)) {
+        t->qr = take_in(own, loan, N * Q, S);
+        t->kr = take_in(own, loan, N * KV, S);
+        t->rstdq = take_in(own, loan, N * c->num_attention_heads, S);
+        t->rstdk = take_in(own, loan, N * c->num_key_value_heads, S);
+    }
+    t->v = take_in(own, loan, N * KV, A);
+}
+
+/* The groups in mask of one set; the att group is the attention's output and saved state. */
+static void carve_groups(const tkd_model *m, layer_acts *t, int mask, region *own, region *loan, size_t N,
+                         size_t att)
+{
+    size_t D = m->cfg.hidden_size, F = dense_width(&m->cfg), Q = q_dim(&m->cfg), A = m->be->act_size;
+    if (mask & KEEP_QKV)
+        carve_qkv(m, t, own, loan, N);
+    if (mask & KEEP_ATT) {
+        t->att = take_in(own, loan, att, 1);
+        t->y = take_in(own, loan, N * Q, A);
+    }
+    if (mask & KEEP_MLP) {
+        t->x2 = take_in(own, loan, N * D, sizeof(float));
+        t->gt = take_in(own, loan, N * F, A);
+        t->up = take_in(own, loan, N * F, A);
+    }
+}
+
+/* The one set every block uses in inference (the residual stream updated in place), or the
+ * shared set of training: what no block keeps, and the remade n1, n2, rstd1, rstd2, hm, ao, mo. */
+static void carve_shared(const tkd_model *m, layer_acts *t, region *own, size_t N, size_t att, int training)
+{
+    size_t D = m->cfg.hidden_size, F = dense_width(&m->cfg), A = m->be->act_size, S = sizeof(float);
+    int kept = training ? kept_groups(m->recompute) : 0;
+    if (!training)
+        t->x = take(own->base, &own->off, N * D, S);
+    t->n1 = take(own->base, &own->off, N * D, A);
+    t->rstd1 = take(own->base, &own->off, N, S);
+    carve_groups(m, t, (KEEP_QKV | KEEP_ATT | KEEP_MLP) & ~kept & ~(training ? 0 : KEEP_MLP), own, NULL, N, att);
+    t->ao = take(own->base, &own->off, N * D, A);
+    t->n2 = training ? take(own->base, &own->off, N * D, A) : t->n1;
+    t->rstd2 = take(own->base, &own->off, N, S);
+    if (!training) { /* inference: x2 is x (in place), and the MLP's buffers are the one set's */
+        t->x2 = t->x;
+        t->gt = take(own->base, &own->off, N * F, A);
+        t->up = take(own->base, &own->off, N * F, A);
+    }
+    t->hm = take(own->base, &own->off, N * F, A);
+    t->mo = training ? take(own->base, &own->off, N * D, A) : t->ao;
+}
+
+/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed. a->layer must exist.
+ * Training: the shared set first, then each block's kept groups (in its gradient loan while they
+ * fit, lend_grads); inference: one set for every block. */
 static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int T, int training)
 {
     const tkd_model_config *c = &m->cfg;
     size_t N = (size_t)B * T, D = c->hidden_size, F = dense_width(c);
     size_t Q = q_dim(c), KV = kv_dim(c), A = m->be->act_size, S = sizeof(float);
     size_t att = m->be->op->attn_saved_bytes(m->be, B, T, c->num_attention_heads);
-    size_t off = 0;
+    region own = {buf, 0, 0};
+    layer_acts shared = {0};
+    carve_shared(m, &shared, &own, N, att, training);
+    int kept = kept_groups(m->recompute);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *t = &a->layer[l];
-        if (!training && l > 0) {
-            *t = a->layer[0]; /* inference: every block reuses one set */
+        *t = shared;
+        if (!training)
             continue;
-        }
-        /* recompute: each block's input is kept (attention: and its MLP's activations); the rest
-         * is one set (block 0's), remade per block in backward. ao and mo are read only by the
-         * forward's residual adds, so sharing them needs no recompute. */
-        int shared = m->recompute != TKD_RECOMPUTE_NONE && l > 0;
-        if (shared)
-            *t = a->layer[0];
-        t->x = take(buf, &off, N * D, S);
-        if (shared && m->recompute == TKD_RECOMPUTE_FULL)
-            continue;
-        if (shared && m->recompute == TKD_RECOMPUTE_FULL_KEEP_ATTENTION) {
-            t->att = take(buf, &off, att, 1); /* the attention's output and statistics stay the block's */
-            t->y = take(buf, &off, N * Q, A);
-            continue;
-        }
-        if (!shared) {
-            t->n1 = take(buf, &off, N * D, A);
-            t->rstd1 = take(buf, &off, N, S);
-            t->q = take(buf, &off, N * Q, A);
-            t->k = take(buf, &off, N * KV, A);
-            if (has_qk_norm(c)) {
-                t->qr = take(buf, &off, N * Q, S);
-                t->kr = take(buf, &off, N * KV, S);
-                t->rstdq = take(buf, &off, N * c->num_attention_heads, S);
-                t->rstdk = take(buf, &off, N * c->num_key_value_heads, S);
-            }
-            t->v = take(buf, &off, N * KV, A);
-            t->att = take(buf, &off, att, 1);
-            t->y = take(buf, &off, N * Q, A);
-            t->ao = take(buf, &off, N * D, A);
-        }
-        /* inference: the residual stream is updated in place */
-        t->x2 = training ? take(buf, &off, N * D, S) : t->x;
-        t->n2 = training ? take(buf, &off, N * D, A) : t->n1;
-        t->rstd2 = take(buf, &off, N, S);
-        t->gt = take(buf, &off, N * F, A);
-        t->up = take(buf, &off, N * F, A);
-        t->hm = take(buf, &off, N * F, A);
-        if (!shared)
-            t->mo = training ? take(buf, &off, N * D, A) : t->ao;
+        region loan = grad_loan(m, l);
+        t->x = take_in(&own, &loan, N * D, S);
+        carve_groups(m, t, kept, &own, &loan, N, att);
     }
-    a->xl = training ? take(buf, &off, N * D, S) : a->layer[0].x;
-    a->hidden = take(buf, &off, N * D, A);
-    a->rstdf = take(buf, &off, N, S);
+    a->xl = training ? take(buf, &own.off, N * D, S) : a->layer[0].x;
+    a->hidden = take(buf, &own.off, N * D, A);
+    a->rstdf = take(buf, &own.off, N, S);
     if (training) {
-        a->dx = take(buf, &off, N * D, S);
-        a->dn = take(buf, &off, N * D, A);
-        a->dq = take(buf, &off, N * Q, A);
-        a->dy = take(buf, &off, N * Q, A);
-        a->dk = take(buf, &off, N * KV, A);
-        a->dv = take(buf, &off, N * KV, A);
-        a->dg = take(buf, &off, N * F, A);
-        a->du = take(buf, &off, N * F, A);
-        a->dh = take(buf, &off, N * F, A);
+        a->dx = take(buf, &own.off, N * D, S);
+        a->dn = take(buf, &own.off, N * D, A);
+        a->dq = take(buf, &own.off, N * Q, A);
+        a->dy = take(buf, &own.off, N * Q, A);
+        a->dk = take(buf, &own.off, N * KV, A);
+        a->dv = take(buf, &own.off, N * KV, A);
+        a->dg = take(buf, &own.off, N * F, A);
+        a->du = take(buf, &own.off, N * F, A);
+        a->dh = take(buf, &own.off, N * F, A);
         if (has_qk_norm(c))
-            a->dqk = take(buf, &off, N * Q, S);
+            a->dqk = take(buf, &own.off, N * Q, S);
     }
-    return off;
+    return own.off;
 }
 
 /* The gradients: one backend allocation (host memory on the CPU), zeroed, laid out as params. */
@@ -201,6 +282,14 @@ void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode)
         return;
     m->recompute = mode;
     tkd_model_free_acts(m); /* the next reserve carves for the new layout */
+}
+
+void tkd_model_set_lend_grads(tkd_model *m, int on)
+{
+    if (m->lend_grads == !!on)
+        return;
+    m->lend_grads = !!on;
+    tkd_model_free_acts(m);
 }
 
 tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
@@ -358,17 +447,33 @@ static tkd_status block_fwd(const tkd_model *m, int l, layer_acts *A, float *xne
                                       rstd_next);
 }
 
-/* Recompute: what block l did not keep, again from its kept input (same ops, same order: the same
- * values), into the one shared set, just before its backward: the attention side (attention mode),
- * the whole block (full) or the whole block but the attention itself (full_keep_attention). */
+/* Recompute: what block l did not keep, again from its kept inputs (same ops, same order: the same
+ * values; rmsnorm_fwd is add_rmsnorm_fwd's kernel without the add), into the one shared set, just
+ * before its backward: the norms' outputs and the SwiGLU product (none), the attention side too
+ * (attention), the whole block (full) or the whole block but the attention itself
+ * (full_keep_attention). */
 static tkd_status block_recompute(const tkd_model *m, int l, layer_acts *A, int B, int T)
 {
+    const tkd_backend_ops *op = m->be->op;
     int N = B * T, D = m->cfg.hidden_size;
+    float eps = (float)m->cfg.rms_norm_eps;
     const tkd_layer_dweights *W = &m->d.layers[l];
-    TKD_TRY(m->be->op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, (float)m->cfg.rms_norm_eps, A->n1, A->rstd1));
+    TKD_TRY(op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, eps, A->n1, A->rstd1));
+    if (m->recompute == TKD_RECOMPUTE_FULL || m->recompute == TKD_RECOMPUTE_FULL_KEEP_ATTENTION)
+        return block_fwd_body(m, l, W, A, B, T, m->recompute == TKD_RECOMPUTE_FULL);
     if (m->recompute == TKD_RECOMPUTE_ATTENTION)
-        return block_attn_fwd(m, l, W, A, B, T, 1);
-    return block_fwd_body(m, l, W, A, B, T, m->recompute != TKD_RECOMPUTE_FULL_KEEP_ATTENTION);
+        TKD_TRY(block_attn_fwd(m, l, W, A, B, T, 1));
+    TKD_TRY(op->rmsnorm_fwd(m->be, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
+    return op->swiglu_fwd(m->be, A->gt, A->up, (int64_t)N * m->cfg.intermediate_size, A->hm);
+}
+
+/* lend_grads: zeroes the gradient range [b, e) (floats) before a backward writes it, when it held
+ * a block's activations (grad_loan). */
+static tkd_status zero_lent(const tkd_model *m, size_t b, size_t e)
+{
+    if (!m->lend_grads)
+        return TKD_OK;
+    return m->be->op->memset0(m->be, m->grads + b, sizeof(float) * (e - b));
 }
 
 static tkd_status check_tokens(const tkd_model *m, const int32_t *tokens, int64_t N, int T)
@@ -565,12 +670,17 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
                             residual_grad_act_out(m, a)));
     for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
         /* the last block's activations are still in the shared set: the forward ended with it */
-        if (m->recompute != TKD_RECOMPUTE_NONE && l + 1 < c->num_hidden_layers)
+        if (l + 1 < c->num_hidden_layers)
             TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
+        size_t gb, ge;
+        tkd_model_layer_range(m, l, &gb, &ge);
+        TKD_TRY(zero_lent(m, gb, ge)); /* block l + 1's activations, consumed */
         TKD_TRY(block_bwd(m, l, &m->g.layers[l], &a->layer[l], a, B, T, l > 0));
         if (m->grad_hook)
             TKD_TRY(m->grad_hook(m->grad_hook_ctx, m, l));
     }
+    if (!c->tie_word_embeddings) /* block 0's activations (grad_loan) */
+        TKD_TRY(zero_lent(m, m->info[0].offset, m->info[0].offset + m->info[0].numel));
     TKD_TRY(op->embedding_bwd(m->be, a->tokens, N, a->dx, D, m->g.embed));
     a->have_train_fwd = 0; /* activations are consumed: a second backward would double-count */
     return m->grad_hook ? m->grad_hook(m->grad_hook_ctx, m, -1) : TKD_OK;

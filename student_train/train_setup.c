@@ -313,6 +313,9 @@ tkd_status tkd_train_build_model(trainer *tr)
     if (tr->val_tokens)
         TKD_TRY(tkd_tokens_check_vocab(tr->val_tokens, mv));
     tkd_model_set_recompute(tr->m, tr->cfg->recompute);
+    /* one forward and backward per zeroing of the gradients: they can hold the activations until
+     * each block's backward (the same bits, min(activations, gradients) less memory) */
+    tkd_model_set_lend_grads(tr->m, tr->cfg->grad_accum == 1);
     TKD_TRY(tkd_model_reserve(tr->m, tr->B, tr->T, 1));
     return open_teacher(tr);
 }

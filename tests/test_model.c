@@ -303,6 +303,65 @@ static void test_recompute_qwen3_window(void **s)
     recompute_same_gradients(c);
 }
 
+/* tkd_model_set_lend_grads: each block's kept activations in the gradient buffer give the same
+ * hidden states and bit-identical gradients in every recompute mode, over two steps (the second
+ * overwrites what the first left lent), in a smaller own buffer; tied heads lend nothing to block
+ * 0 (the loss writes the embedding's gradient during the forward). */
+static void lend_same_gradients(tkd_model_config cfg)
+{
+    cfg.num_hidden_layers = 3;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&cfg, 11, &m), TKD_OK);
+    enum { N = 3 * 9, D = 20 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 7 + 5) % 37;
+    float dh[N * D];
+    tkd_test_randn(dh, N * D, 6, 1);
+    float *h0 = malloc(sizeof dh), *g0 = malloc(sizeof(float) * m->n_params);
+    const tkd_recompute modes[4] = {TKD_RECOMPUTE_NONE, TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL,
+                                    TKD_RECOMPUTE_FULL_KEEP_ATTENTION};
+    for (int i = 0; i < 4; i++) {
+        const void *h = NULL;
+        tkd_model_set_recompute(m, modes[i]);
+        tkd_model_set_lend_grads(m, 0);
+        assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
+        assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
+        memcpy(h0, h, sizeof dh);
+        assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
+        memcpy(g0, m->grads, sizeof(float) * m->n_params);
+        size_t own = tkd_model_activation_bytes(m);
+        tkd_model_set_lend_grads(m, 1);
+        for (int step = 0; step < 2; step++) {
+            assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
+            assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
+            assert_memory_equal(h, h0, sizeof dh);
+            assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
+            for (size_t j = 0; j < m->n_params; j++)
+                if (memcmp(&m->grads[j], &g0[j], sizeof(float)) != 0)
+                    fail_msg("recompute %d, step %d: lent gradient %zu is %.9g, %.9g in own memory", (int)modes[i],
+                             step, j, m->grads[j], g0[j]);
+        }
+        size_t lent = tkd_model_activation_bytes(m);
+        printf("recompute %d: %zu activation bytes of their own, %zu lending the gradients (tied %d)\n",
+               (int)modes[i], own, lent, cfg.tie_word_embeddings);
+        assert_true(lent < own);
+    }
+    free(h0);
+    free(g0);
+    tkd_model_free(m);
+}
+
+static void test_lend_grads(void **s)
+{
+    (void)s;
+    lend_same_gradients(small_cfg(0, 1));
+    lend_same_gradients(small_cfg(1, 0));
+    tkd_model_config c = qwen3_cfg();
+    c.sliding_window = 3, c.layer_sliding[1] = 1;
+    lend_same_gradients(c);
+}
+
 /* Qwen3's q_norm / k_norm: (head_dim) each, after o_proj as transformers lists them, no decay,
  * initialised to 1; its config and tensors survive a save and load (the logits too). */
 static void test_qwen3_params_and_save(void **s)
@@ -571,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_grad_accumulation_and_tied_head),
         cmocka_unit_test(test_recompute_same_gradients),
         cmocka_unit_test(test_recompute_qwen3_window),
+        cmocka_unit_test(test_lend_grads),
         cmocka_unit_test(test_qwen3_params_and_save),
         cmocka_unit_test(test_sliding_window_masks),
         cmocka_unit_test(test_window_needs_backend),
