@@ -425,8 +425,8 @@ static void test_optimizer_ops_match_cpu(void **state)
         const float s = step == 2 ? 0.37f : 1.0f;
         memcpy(gs, g, N * 4);
         ok(g_cpu->op->grad_scale(g_cpu, gs, N, s), "grad_scale cpu");
-        ok(g_cpu->op->adamw_step(g_cpu, tc, p, NULL, gs, m, v, &h, step, 1.0f), "adamw_step cpu");
-        ok(g_gpu->op->adamw_step(g_gpu, tg, dact, dlo, dg, dm, dv, &h, step, s), "adamw_step cuda");
+        ok(g_cpu->op->adamw_step(g_cpu, tc, p, NULL, gs, m, v, TKD_ADAMW_DTYPE_F32, &h, step, 1.0f), "adamw_step cpu");
+        ok(g_gpu->op->adamw_step(g_gpu, tg, dact, dlo, dg, dm, dv, TKD_ADAMW_DTYPE_F32, &h, step, s), "adamw_step cuda");
     }
     master_to_host(dact, dlo, back, N);
     check_bits("adamw master weights", back, p, N);
