@@ -18,7 +18,8 @@
  * (model backward), opt (zero grads + norm + AdamW with the clip inside); and the loss of the last step.
  *
  *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
- *                 [--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads] [--profile] [--memory]
+ *                 [--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads]
+ *                 [--state-dtype f32|bf16] [--profile] [--memory]
  *
  * --recompute MODE: activation recomputation as train.recompute (model/model.h's tkd_recompute):
  * full keeps only each block's input and backward recomputes the rest (memory down, about one
@@ -28,6 +29,8 @@
  * kl_backward: 4 GEMMs instead of 3).
  * --no-lend-grads: the activations in their own buffer only (student-train lends them the gradient
  * buffer without accumulation, model.h's tkd_model_set_lend_grads: the memory it saves).
+ * --state-dtype: the AdamW moments as optim.state_dtype keeps them (bf16: half the bytes; the
+ * ledger of --memory shows it as "AdamW moments").
  * --profile: after the split step, two more steps through kernels/backend_profile.h's wrapper (CUDA
  * events around every backend op on the compute stream, read back after the step: no sync per op;
  * the first step makes the marks' storage, the second is reported),
@@ -256,6 +259,7 @@ static int recompute_mode(const char *name)
 
 static int g_lend_grads = 1; /* --no-lend-grads: activations in their own buffer only */
 static int g_kd_recompute; /* the loss in recompute mode (kd.grad_in_forward: false) */
+static tkd_adamw_dtype g_state_dtype = TKD_ADAMW_DTYPE_F32; /* --state-dtype */
 static FILE *g_prof;     /* --profile: the per-shape tables, printed after the main one */
 static FILE *g_mem;      /* --memory: the per-shape ledgers, printed after the main one */
 static char *g_mem_buf;
@@ -380,6 +384,7 @@ static int run_one(const run_spec *r, int steps)
     tkd_optim_config_defaults(&c.ocfg);
     c.ocfg.clip_norm = 1.0;
     c.ocfg.total_steps = WARMUP + steps + 1;
+    c.ocfg.state_dtype = g_state_dtype;
     if (g_dist.world > 1 ? open_zero(&c) != TKD_OK : tkd_adamw_init_on(&c.ocfg, c.m, &c.opt) != TKD_OK)
         return die("optimizer");
     if (c.be->op->kl_create(c.be, &c.kp, N, cfg.hidden_size, cfg.vocab_size, &c.kl) != TKD_OK)
@@ -458,6 +463,9 @@ int main(int argc, char **argv)
             g_lend_grads = 0;
         } else if (!strcmp(argv[i], "--kd-recompute")) {
             g_kd_recompute = 1;
+        } else if (!strcmp(argv[i], "--state-dtype") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16"))) {
+            g_state_dtype = strcmp(argv[++i], "bf16") ? TKD_ADAMW_DTYPE_F32 : TKD_ADAMW_DTYPE_BF16;
         } else if (!strcmp(argv[i], "--memory")) {
             if (!g_mem && !(g_mem = open_memstream(&g_mem_buf, &g_mem_len)))
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
@@ -466,8 +474,8 @@ int main(int argc, char **argv)
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
             fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] "
-                            "[--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads] [--profile] [--memory] "
-                            "[--nproc-per-node N]\n");
+                            "[--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads] "
+                            "[--state-dtype f32|bf16] [--profile] [--memory] [--nproc-per-node N]\n");
             return 2;
         }
     }

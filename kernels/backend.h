@@ -217,10 +217,12 @@ typedef struct tkd_backend_ops {
     /* tkd_adamw_update over the table's segments with g scaled by grad_scale first (the clip
      * coefficient, 1: none), bit-identical on both backends. The fp32 master weights are w (the
      * act compute copy) with lo (be->master_lo_size bytes per element; NULL on the CPU, where w is
-     * fp32 and IS the master): both are read and rewritten. A sub-range [b, e) of the flat arrays:
-     * a table of the segments cut to it and shifted by −b, every pointer advanced by b. */
+     * fp32 and IS the master): both are read and rewritten. The moments m, v are kept as mdt
+     * (bf16: loaded to fp32, stored rounded to nearest even; the same bits on both backends). A
+     * sub-range [b, e) of the flat arrays: a table of the segments cut to it and shifted by −b,
+     * every pointer advanced by b. */
     tkd_status (*adamw_step)(tkd_backend *be, const tkd_backend_adamw *a, void *w, void *lo, // (n) act, lo
-                             const float *grads, float *m, float *v,                        // (n) f32 each
+                             const float *grads, void *m, void *v, tkd_adamw_dtype mdt, // (n) f32; (n) mdt each
                              const tkd_adamw_hparams *h, int64_t step, float grad_scale);
     /* Master weights from host fp32 (n) into (w, lo), and back, exactly (the CPU: a copy into w;
      * CUDA: tkd_f32_split_bf16 / tkd_bf16_join_f32 through the staging buffer). Upload is ordered

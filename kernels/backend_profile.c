@@ -60,9 +60,9 @@
     X(act_to_f32, (, const void *src, float *dst, size_t n), (, src, dst, n))                                         \
     X(adamw_create, (, const tkd_adamw_seg *segs, int n_segs, tkd_backend_adamw **out), (, segs, n_segs, out))        \
     X(adamw_step,                                                                                                     \
-      (, const tkd_backend_adamw *a, void *w, void *lo, const float *grads, float *m, float *v,                       \
+      (, const tkd_backend_adamw *a, void *w, void *lo, const float *grads, void *m, void *v, tkd_adamw_dtype mdt,    \
        const tkd_adamw_hparams *h, int64_t step, float grad_scale),                                                   \
-      (, a, w, lo, grads, m, v, h, step, grad_scale))                                                                 \
+      (, a, w, lo, grads, m, v, mdt, h, step, grad_scale))                                                            \
     X(master_upload, (, void *w, void *lo, const float *src_host, size_t n), (, w, lo, src_host, n))                  \
     X(master_download, (, float *dst_host, const void *w, const void *lo, size_t n), (, dst_host, w, lo, n))          \
     X(grad_norm2, (, const float *g, size_t n, double *norm2), (, g, n, norm2))                                       \

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "kernels/grad_clip.h"
 
 void tkd_optim_config_defaults(tkd_optim_config *c)
@@ -18,6 +19,7 @@ void tkd_optim_config_defaults(tkd_optim_config *c)
     c->eps = 1e-8;
     c->weight_decay = 0.1;
     c->clip_norm = 1.0;
+    c->state_dtype = TKD_ADAMW_DTYPE_F32;
 }
 
 double tkd_optim_lr(const tkd_optim_config *c, int64_t s)
@@ -30,11 +32,50 @@ double tkd_optim_lr(const tkd_optim_config *c, int64_t s)
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * p));
 }
 
+/* Elements per moment in the one allocation of m and v, n ≤ cap. fp32: n (as before; at least 1, no
+ * 0-byte allocation). bf16: n rounded up to 8, so v starts 16 bytes aligned like m (the CUDA
+ * kernel's 4-wide path needs 8). */
+static size_t moments_cap(tkd_adamw_dtype d, size_t n)
+{
+    if (d == TKD_ADAMW_DTYPE_BF16)
+        return (n + 7) / 8 * 8 + (n == 0) * 8;
+    return n > 0 ? n : 1;
+}
+
+/* Points o's moment pair of its dtype into mv (2·cap values: m, then v). */
+static void moments_place(tkd_adamw *o, void *mv, size_t cap)
+{
+    if (o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16)
+        o->m_bf16 = mv, o->v_bf16 = o->m_bf16 + cap;
+    else
+        o->m = mv, o->v = o->m + cap;
+}
+
+/* The one allocation holding both moments (NULL when none yet). */
+static void *moments_mem(const tkd_adamw *o) { return o->m ? (void *)o->m : (void *)o->m_bf16; }
+
+static void *moment_ptr(const tkd_adamw *o, int second)
+{
+    if (o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16)
+        return second ? (void *)o->v_bf16 : (void *)o->m_bf16;
+    return second ? (void *)o->v : (void *)o->m;
+}
+
+static tkd_status check_dtype(tkd_adamw_dtype d)
+{
+    return d == TKD_ADAMW_DTYPE_F32 || d == TKD_ADAMW_DTYPE_BF16
+               ? TKD_OK
+               : tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: state dtype %d is neither f32 nor bf16", (int)d);
+}
+
 tkd_status tkd_adamw_init(const tkd_optim_config *c, size_t n, tkd_adamw **out)
 {
     *out = NULL;
+    TKD_TRY(check_dtype(c->state_dtype));
+    size_t cap = c->state_dtype == TKD_ADAMW_DTYPE_BF16 ? moments_cap(c->state_dtype, n) : n;
     tkd_adamw *o = calloc(1, sizeof *o);
-    float *mv = calloc(2 * n + 1, sizeof(float)); /* m and v in one allocation */
+    /* m and v in one allocation (fp32: one spare float, as before, so n = 0 allocates something) */
+    void *mv = calloc(2 * cap + 1, tkd_adamw_dtype_size(c->state_dtype));
     if (!o || !mv) {
         free(o);
         free(mv);
@@ -42,8 +83,7 @@ tkd_status tkd_adamw_init(const tkd_optim_config *c, size_t n, tkd_adamw **out)
     }
     o->cfg = *c;
     o->n = n;
-    o->m = mv;
-    o->v = mv + n;
+    moments_place(o, mv, cap);
     *out = o;
     return TKD_OK;
 }
@@ -62,9 +102,9 @@ void tkd_adamw_free(tkd_adamw *o)
         return;
     if (o->be) {
         o->be->op->adamw_free(o->be, o->table);
-        o->be->op->free(o->be, o->m);
+        o->be->op->free(o->be, moments_mem(o));
     } else {
-        free(o->m);
+        free(moments_mem(o));
     }
     free(o);
 }
@@ -98,6 +138,7 @@ tkd_status tkd_adamw_init_shard(const tkd_optim_config *c, const tkd_model *m, s
 {
     *out = NULL;
     tkd_backend *be = m->be;
+    TKD_TRY(check_dtype(c->state_dtype));
     if (!be->op->adamw_step)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "adamw: the %s backend has no optimizer", be->name);
     if (begin > end || end > m->n_params)
@@ -110,11 +151,12 @@ tkd_status tkd_adamw_init_shard(const tkd_optim_config *c, const tkd_model *m, s
     o->n = end - begin;
     o->begin = begin;
     o->be = be;
-    /* an empty shard (the last ranks of a tiny model) still gets a pair of floats: no 0-byte alloc */
-    size_t cap = o->n > 0 ? o->n : 1;
-    tkd_status st = be->op->alloc(be, 2 * cap * sizeof(float), "AdamW moments", (void **)&o->m);
+    /* an empty shard (the last ranks of a tiny model) still gets a pair of values: no 0-byte alloc */
+    size_t cap = moments_cap(c->state_dtype, o->n);
+    void *mv = NULL;
+    tkd_status st = be->op->alloc(be, 2 * cap * tkd_adamw_dtype_size(c->state_dtype), "AdamW moments", &mv);
     if (st == TKD_OK) {
-        o->v = o->m + cap; /* m and v in one allocation */
+        moments_place(o, mv, cap); /* m and v in one allocation */
         st = adamw_table(m, begin, end, &o->table);
     }
     if (st != TKD_OK) {
@@ -138,8 +180,8 @@ tkd_status tkd_adamw_step_model_scaled(tkd_adamw *o, tkd_model *m, double lr, fl
     size_t b = o->begin; /* a ZeRO-1 shard [b, b + n): every array advanced by b (backend.h) */
     void *w = (char *)m->dparams + b * m->be->act_size;
     void *lo = m->master_lo ? (char *)m->master_lo + b * m->be->master_lo_size : NULL;
-    tkd_status st = m->be->op->adamw_step(m->be, o->table, w, lo, m->grads + b, o->m, o->v, &h, o->step + 1,
-                                          grad_scale);
+    tkd_status st = m->be->op->adamw_step(m->be, o->table, w, lo, m->grads + b, moment_ptr(o, 0), moment_ptr(o, 1),
+                                          o->cfg.state_dtype, &h, o->step + 1, grad_scale);
     if (st == TKD_OK)
         o->step++;
     return st;
@@ -171,24 +213,87 @@ tkd_status tkd_adamw_clip_step_model(tkd_adamw *o, tkd_model *m, double lr, doub
     return tkd_adamw_step_model_scaled(o, m, lr, coef);
 }
 
+/* bf16 moments <-> host fp32: exact widening, nearest-even narrowing (common/half.h). */
+static void widen(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = tkd_bf16_to_f32(src[i]);
+}
+
+static void narrow(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = tkd_f32_to_bf16(src[i]);
+}
+
+/* bf16 moments in backend memory to host fp32, through one host buffer of n bf16 values. */
+static tkd_status download_bf16(const tkd_adamw *o, float *m, float *v)
+{
+    uint16_t *tmp = malloc(o->n * sizeof *tmp + 1);
+    if (!tmp)
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory for the moments");
+    tkd_status st = TKD_OK;
+    for (int k = 0; k < 2 && st == TKD_OK; k++) {
+        st = o->be->op->download(o->be, tmp, moment_ptr(o, k), o->n * sizeof *tmp);
+        if (st == TKD_OK)
+            widen(k ? v : m, tmp, o->n);
+    }
+    free(tmp);
+    return st;
+}
+
+/* Host fp32 to bf16 moments in backend memory; both halves staged at once, since an upload may
+ * still read its source until the sync. */
+static tkd_status upload_bf16(tkd_adamw *o, const float *m, const float *v)
+{
+    uint16_t *tmp = malloc(2 * o->n * sizeof *tmp + 1);
+    if (!tmp)
+        return tkd_error_set(TKD_ERR_NOMEM, "adamw: out of host memory for the moments");
+    narrow(tmp, m, o->n);
+    narrow(tmp + o->n, v, o->n);
+    tkd_status st = o->be->op->upload(o->be, o->m_bf16, tmp, o->n * sizeof *tmp);
+    if (st == TKD_OK)
+        st = o->be->op->upload(o->be, o->v_bf16, tmp + o->n, o->n * sizeof *tmp);
+    if (st == TKD_OK)
+        st = o->be->op->sync(o->be);
+    free(tmp);
+    return st;
+}
+
 tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v)
 {
+    const int bf16 = o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16;
+    if (!o->be && bf16) {
+        widen(m, o->m_bf16, o->n);
+        widen(v, o->v_bf16, o->n);
+        return TKD_OK;
+    }
     if (!o->be) {
         memcpy(m, o->m, o->n * sizeof(float));
         memcpy(v, o->v, o->n * sizeof(float));
         return TKD_OK;
     }
+    if (bf16)
+        return download_bf16(o, m, v);
     TKD_TRY(o->be->op->download(o->be, m, o->m, o->n * sizeof(float)));
     return o->be->op->download(o->be, v, o->v, o->n * sizeof(float));
 }
 
 tkd_status tkd_adamw_moments_set(tkd_adamw *o, const float *m, const float *v)
 {
+    const int bf16 = o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16;
+    if (!o->be && bf16) {
+        narrow(o->m_bf16, m, o->n);
+        narrow(o->v_bf16, v, o->n);
+        return TKD_OK;
+    }
     if (!o->be) {
         memcpy(o->m, m, o->n * sizeof(float));
         memcpy(o->v, v, o->n * sizeof(float));
         return TKD_OK;
     }
+    if (bf16)
+        return upload_bf16(o, m, v);
     TKD_TRY(o->be->op->upload(o->be, o->m, m, o->n * sizeof(float)));
     TKD_TRY(o->be->op->upload(o->be, o->v, v, o->n * sizeof(float)));
     return o->be->op->sync(o->be); /* the caller's host arrays may go once this returns */

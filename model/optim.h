@@ -9,6 +9,11 @@
  * tkd_adamw_step_model and tkd_optim_clip_model, which run on the model's backend (the CPU: the same
  * loops, kernels/cpu/adamw.h; CUDA: one fused multi-tensor kernel over the master weights held as the
  * bf16 compute copy plus an int16 residual, model/model.h). Both give the same bits on the CPU.
+ *
+ * The moments are fp32 (8 bytes a parameter) or, with state_dtype TKD_ADAMW_DTYPE_BF16
+ * (optim.state_dtype: bf16), bf16 (4 bytes a parameter): each update then loads them to fp32, takes
+ * the same fp32 update and stores them back rounded to nearest even bf16 (kernels/cpu/adamw.h), so
+ * the run is no longer torch's fp32 AdamW bit for bit. Both backends give the same bits either way.
  */
 #ifndef TKD_OPTIM_H
 #define TKD_OPTIM_H
@@ -17,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/cpu/adamw.h"
 #include "model/model.h"
 
 typedef struct tkd_optim_config {
@@ -27,16 +33,20 @@ typedef struct tkd_optim_config {
     double beta1, beta2, eps;
     double weight_decay; /* decoupled: p ← p·(1 − lr·wd), only on tensors with decay = 1 */
     double clip_norm;    /* global L2 norm cap; <= 0 disables clipping */
+    tkd_adamw_dtype state_dtype; /* how the moments are kept: fp32 (default) or bf16 */
 } tkd_optim_config;
 
 /* AdamW state: the moments share one allocation laid out like the parameters. Public so that
- * checkpoints can save and restore it (m, v: n floats each, read and written on the host through
- * tkd_adamw_moments_get / _set; step: updates taken so far). */
+ * checkpoints can save and restore it (m, v: n values each, kept as cfg.state_dtype, read and
+ * written on the host as fp32 through tkd_adamw_moments_get / _set; step: updates taken so far).
+ * Exactly one pair of moment pointers is set: m, v with fp32 state, m_bf16, v_bf16 with bf16. */
 typedef struct tkd_adamw {
     tkd_optim_config cfg;
     size_t n;
-    float *m; // (n) first moment (host, or backend memory with tkd_adamw_init_on)
+    float *m; // (n) first moment, fp32 state (host, or backend memory with tkd_adamw_init_on); else NULL
     float *v; // (n) second moment
+    uint16_t *m_bf16; // (n) first moment as bf16 bits, bf16 state (where m would be); else NULL
+    uint16_t *v_bf16; // (n) second moment
     int64_t step;
     size_t begin;              /* the first parameter the state covers (tkd_adamw_init_shard; else 0):
                                 * m and v hold parameters [begin, begin + n) */
@@ -45,7 +55,7 @@ typedef struct tkd_adamw {
 } tkd_adamw;
 
 /* Fills the defaults: lr 3e-4, min_lr 3e-5, no warmup, 1000 steps, betas (0.9, 0.95), eps 1e-8,
- * weight decay 0.1, clip 1.0. */
+ * weight decay 0.1, clip 1.0, fp32 moments. */
 void tkd_optim_config_defaults(tkd_optim_config *c);
 
 /* Learning rate of step s (0-based): lr·(s+1)/warmup during warmup, then
@@ -90,7 +100,9 @@ tkd_status tkd_optim_clip_model(tkd_model *m, double max_norm, double *norm_out)
  * the gradients stay readable after the step. */
 tkd_status tkd_adamw_clip_step_model(tkd_adamw *o, tkd_model *m, double lr, double max_norm, double *norm_out);
 
-/* The moments as host arrays m and v (o->n floats each), and back (checkpoints). */
+/* The moments as host fp32 arrays m and v (o->n floats each), and back (checkpoints). bf16 state is
+ * widened on the way out (exact) and rounded to nearest even on the way in, so values that came out
+ * go back in unchanged. */
 tkd_status tkd_adamw_moments_get(const tkd_adamw *o, float *m, float *v);
 tkd_status tkd_adamw_moments_set(tkd_adamw *o, const float *m, const float *v);
 

@@ -46,10 +46,17 @@ static void drop_staging(const char *stage)
     tkd_error_restore(&keep);
 }
 
-/* 1 when the optimizer's moments are host memory (tkd_adamw_init, or a host-addressable backend). */
+/* 1 when the optimizer's moments are host fp32 arrays (tkd_adamw_init, or a host-addressable
+ * backend; bf16 ones go through tkd_adamw_moments_get / _set, which convert). */
 static int moments_on_host(const tkd_adamw *opt)
 {
-    return !opt->be || opt->be->host_addressable;
+    return (!opt->be || opt->be->host_addressable) && opt->cfg.state_dtype == TKD_ADAMW_DTYPE_F32;
+}
+
+/* The safetensors dtype the moments are stored in: the one they are kept in, so resume is exact. */
+static tkd_dtype file_dtype(tkd_adamw_dtype d)
+{
+    return d == TKD_ADAMW_DTYPE_BF16 ? TKD_DTYPE_BF16 : TKD_DTYPE_F32;
 }
 
 /* Host arrays of 2·n floats for moments kept in device memory. */
@@ -59,12 +66,12 @@ static tkd_status host_pair(const tkd_adamw *opt, float **out)
     return *out ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of host memory for the optimizer state");
 }
 
-/* path: a safetensors file of the moments adamw.m and adamw.v, n floats each (written whole or not
- * at all). */
-static tkd_status write_moments(const char *path, size_t n, const float *m, const float *v)
+/* path: a safetensors file of the moments adamw.m and adamw.v, n values each, as F32 or BF16 (kept
+ * as dt: bf16 values round to themselves; written whole or not at all). */
+static tkd_status write_moments(const char *path, size_t n, tkd_adamw_dtype dt, const float *m, const float *v)
 {
     tkd_st_writer *w = NULL;
-    tkd_status st = tkd_st_writer_init(&w, TKD_DTYPE_F32);
+    tkd_status st = tkd_st_writer_init(&w, file_dtype(dt));
     int64_t shape[1] = {(int64_t)n};
     if (st == TKD_OK)
         st = tkd_st_writer_add(w, "adamw.m", 1, shape, m);
@@ -91,7 +98,7 @@ static tkd_status write_optimizer(const char *dir, const tkd_adamw *opt)
         }
         m = tmp, v = tmp + opt->n;
     }
-    tkd_status st = write_moments(path, opt->n, m, v);
+    tkd_status st = write_moments(path, opt->n, opt->cfg.state_dtype, m, v);
     free(tmp);
     return st;
 }
@@ -115,9 +122,10 @@ static tkd_status add_best(cJSON *o, const tkd_train_state *s)
                                                          : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
 }
 
-/* state.json: the trainer's state, the optimizer's step and size, and the world its moments were
- * sharded over (1 = optimizer.safetensors). */
-static tkd_status write_state(const char *dir, int64_t adamw_step, size_t n, int world, const tkd_train_state *s)
+/* state.json: the trainer's state, the optimizer's step and size, the world its moments were
+ * sharded over (1 = optimizer.safetensors) and the dtype they are kept in. */
+static tkd_status write_state(const char *dir, int64_t adamw_step, size_t n, int world, tkd_adamw_dtype dt,
+                              const tkd_train_state *s)
 {
     cJSON *o = cJSON_CreateObject();
     tkd_status st = o ? TKD_OK : tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
@@ -128,6 +136,8 @@ static tkd_status write_state(const char *dir, int64_t adamw_step, size_t n, int
     if (st == TKD_OK) st = add_u64(o, "adamw_step", (uint64_t)adamw_step);
     if (st == TKD_OK) st = add_u64(o, "adamw_n", (uint64_t)n);
     if (st == TKD_OK) st = add_u64(o, "optimizer_world", (uint64_t)world);
+    if (st == TKD_OK && !cJSON_AddStringToObject(o, "optimizer_state_dtype", tkd_adamw_dtype_name(dt)))
+        st = tkd_error_set(TKD_ERR_NOMEM, "checkpoint: out of memory");
     for (int i = 0; i < 4 && st == TKD_OK; i++) {
         char key[16];
         snprintf(key, sizeof key, "rng%d", i);
@@ -164,7 +174,7 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
     if (st == TKD_OK)
         st = write_optimizer(tmp, opt);
     if (st == TKD_OK)
-        st = write_state(tmp, opt->step, opt->n, 1, s);
+        st = write_state(tmp, opt->step, opt->n, 1, opt->cfg.state_dtype, s);
     if (st == TKD_OK && config_yaml)
         st = write_text(tmp, "config.yaml", config_yaml);
     if (st == TKD_OK)
@@ -203,9 +213,26 @@ static tkd_status get_best(const cJSON *o, const char *path, tkd_train_state *s)
     return TKD_OK;
 }
 
+/* The moments' dtype of state.json o (f32 when the key is absent: a checkpoint from before
+ * optim.state_dtype), which must be the run's `want`: moments are not converted on resume, so a
+ * resumed run takes the same steps as one never stopped. */
+static tkd_status check_state_dtype(const cJSON *o, const char *path, const char *dir, tkd_adamw_dtype want)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "optimizer_state_dtype");
+    const char *have = it ? cJSON_GetStringValue(it) : "f32";
+    if (!have || (strcmp(have, "f32") != 0 && strcmp(have, "bf16") != 0))
+        return tkd_error_set(TKD_ERR_FORMAT, "%s: key \"optimizer_state_dtype\" is not \"f32\" or \"bf16\"", path);
+    if (strcmp(have, tkd_adamw_dtype_name(want)) != 0)
+        return tkd_error_set(TKD_ERR_CONFIG, "checkpoint %s keeps the AdamW moments as %s, but optim.state_dtype is "
+                             "%s: resume with optim.state_dtype: %s", dir, have, tkd_adamw_dtype_name(want), have);
+    return TKD_OK;
+}
+
 /* The state.json of dir into *s; *adamw_step and the optimizer's *world (1 when the key is absent:
- * a checkpoint from before data-parallel training). Its n must equal the model's. */
-static tkd_status read_state(const char *dir, size_t n, int64_t *adamw_step, int *world, tkd_train_state *s)
+ * a checkpoint from before data-parallel training). Its n must equal the model's, its moments'
+ * dtype the run's dt. */
+static tkd_status read_state(const char *dir, size_t n, tkd_adamw_dtype dt, int64_t *adamw_step, int *world,
+                             tkd_train_state *s)
 {
     char path[CKPT_PATH_MAX];
     void *text = NULL;
@@ -232,6 +259,8 @@ static tkd_status read_state(const char *dir, size_t n, int64_t *adamw_step, int
     s->best_step = -1, s->best_value = 0, s->bad_evals = 0;
     if (st == TKD_OK && cJSON_GetObjectItemCaseSensitive(o, "best_step"))
         st = get_best(o, path, s);
+    if (st == TKD_OK)
+        st = check_state_dtype(o, path, dir, dt);
     cJSON_Delete(o);
     TKD_TRY(st);
     if (v[5] != n)
@@ -259,10 +288,10 @@ static void shard_name(char *buf, size_t cap, int rank, int world)
         snprintf(buf, cap, "optimizer-rank%d-of%d.safetensors", rank, world);
 }
 
-/* Copies [lo, hi) of the moments held by rank r of world (its file covers [b, e)) into
- * out_m/out_v, which start at parameter `base`. */
-static tkd_status read_overlap(const char *dir, int r, int world, size_t b, size_t e, size_t lo, size_t hi,
-                               size_t base, float *out_m, float *out_v)
+/* Copies [lo, hi) of the moments held by rank r of world (its file covers [b, e), in dt) into
+ * out_m/out_v (fp32), which start at parameter `base`. */
+static tkd_status read_overlap(const char *dir, int r, int world, tkd_adamw_dtype dt, size_t b, size_t e, size_t lo,
+                               size_t hi, size_t base, float *out_m, float *out_v)
 {
     char name[64], path[CKPT_PATH_MAX];
     shard_name(name, sizeof name, r, world);
@@ -276,11 +305,11 @@ static tkd_status read_overlap(const char *dir, int r, int world, size_t b, size
     for (int k = 0; k < 2 && st == TKD_OK; k++) {
         const char *tn = k ? "adamw.v" : "adamw.m";
         const tkd_st_tensor *t = tkd_st_find(d, tn);
-        if (!t || t->dtype != TKD_DTYPE_F32 || t->ndim != 1 || (size_t)t->shape[0] != e - b)
-            st = tkd_error_set(TKD_ERR_FORMAT, "%s: tensor '%s' missing or not F32 (%zu,) — the range [%zu, %zu) of "
-                               "rank %d of %d", path, tn, e - b, b, e, r, world);
-        else
-            memcpy((k ? out_v : out_m) + (lo - base), (const float *)t->data + (lo - b), (hi - lo) * sizeof(float));
+        if (!t || t->dtype != file_dtype(dt) || t->ndim != 1 || (size_t)t->shape[0] != e - b)
+            st = tkd_error_set(TKD_ERR_FORMAT, "%s: tensor '%s' missing or not %s (%zu,) — the range [%zu, %zu) of "
+                               "rank %d of %d", path, tn, tkd_dtype_name(file_dtype(dt)), e - b, b, e, r, world);
+        else /* F32: a copy; BF16: widened, exactly */
+            st = tkd_st_slice_f32(t, lo - b, hi - lo, (k ? out_v : out_m) + (lo - base));
     }
     tkd_st_close(d);
     return st;
@@ -288,8 +317,8 @@ static tkd_status read_overlap(const char *dir, int r, int world, size_t b, size
 
 /* Moments of [begin, end) from a checkpoint whose optimizer was sharded over `world` ranks (1: one
  * file): every old shard that overlaps the range gives its part (re-sharding when worlds differ). */
-static tkd_status read_moments(const char *dir, size_t n, int world, size_t begin, size_t end, float *out_m,
-                               float *out_v)
+static tkd_status read_moments(const char *dir, size_t n, int world, tkd_adamw_dtype dt, size_t begin, size_t end,
+                               float *out_m, float *out_v)
 {
     for (int r = 0; r < world; r++) {
         size_t b = 0, e = n, chunk;
@@ -297,7 +326,7 @@ static tkd_status read_moments(const char *dir, size_t n, int world, size_t begi
             tkd_zero_range(n, world, r, &b, &e, &chunk);
         size_t lo = b > begin ? b : begin, hi = e < end ? e : end;
         if (lo < hi)
-            TKD_TRY(read_overlap(dir, r, world, b, e, lo, hi, begin, out_m, out_v));
+            TKD_TRY(read_overlap(dir, r, world, dt, b, e, lo, hi, begin, out_m, out_v));
     }
     return TKD_OK;
 }
@@ -309,7 +338,7 @@ static tkd_status read_optimizer(const char *dir, int world, tkd_adamw *opt)
         TKD_TRY(host_pair(opt, &tmp));
         m = tmp, v = tmp + opt->n;
     }
-    tkd_status st = read_moments(dir, opt->n, world, 0, opt->n, m, v);
+    tkd_status st = read_moments(dir, opt->n, world, opt->cfg.state_dtype, 0, opt->n, m, v);
     if (st == TKD_OK && tmp)
         st = tkd_adamw_moments_set(opt, m, v);
     free(tmp);
@@ -349,23 +378,23 @@ tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tk
     int world = 1;
     tkd_train_state st;
     int64_t adamw_step;
-    TKD_TRY(read_state(dir, opt->n, &adamw_step, &world, &st));
+    TKD_TRY(read_state(dir, opt->n, opt->cfg.state_dtype, &adamw_step, &world, &st));
     TKD_TRY(read_optimizer(dir, world, opt));
     opt->step = adamw_step;
     *s = st;
     return TKD_OK;
 }
 
-tkd_status tkd_checkpoint_load_shard(const char *dir, tkd_model *m, int rank, int world, float *mom_m,
-                                     float *mom_v, int64_t *adamw_step, tkd_train_state *s)
+tkd_status tkd_checkpoint_load_shard(const char *dir, tkd_model *m, int rank, int world, tkd_adamw_dtype dt,
+                                     float *mom_m, float *mom_v, int64_t *adamw_step, tkd_train_state *s)
 {
     size_t n = (size_t)m->n_params, begin, end, chunk;
     tkd_zero_range(n, world, rank, &begin, &end, &chunk);
     TKD_TRY(load_weights(dir, m));
     int saved_world = 1;
     tkd_train_state st;
-    TKD_TRY(read_state(dir, n, adamw_step, &saved_world, &st));
-    TKD_TRY(read_moments(dir, n, saved_world, begin, end, mom_m, mom_v));
+    TKD_TRY(read_state(dir, n, dt, adamw_step, &saved_world, &st));
+    TKD_TRY(read_moments(dir, n, saved_world, dt, begin, end, mom_m, mom_v));
     *s = st;
     return TKD_OK;
 }
@@ -382,7 +411,7 @@ static tkd_status staging_dir(char *out, size_t cap, const char *dir, const char
 }
 
 tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_t step, int rank, int world,
-                                     size_t n, const float *m, const float *v)
+                                     tkd_adamw_dtype dt, size_t n, const float *m, const float *v)
 {
     char stage[CKPT_PATH_MAX], name[64], path[CKPT_PATH_MAX];
     size_t b, e, chunk;
@@ -392,7 +421,7 @@ tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_
     TKD_TRY(tkd_built_dir_make(&tkd_checkpoint_kind, stage));
     shard_name(name, sizeof name, rank, world);
     TKD_TRY(tkd_path_join(path, sizeof path, stage, name));
-    tkd_status st = write_moments(path, e - b, m ? m : none, v ? v : none);
+    tkd_status st = write_moments(path, e - b, dt, m ? m : none, v ? v : none);
     return st == TKD_OK ? TKD_OK : tkd_error_prefix(st, "checkpoint %s: rank %d's optimizer shard", dir, rank);
 }
 
@@ -440,7 +469,7 @@ static void remove_other_staging(const char *dir, const char *keep)
 }
 
 tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t step, const tkd_model *m,
-                                 int64_t adamw_step, int world, const tkd_train_state *s,
+                                 int64_t adamw_step, int world, tkd_adamw_dtype dt, const tkd_train_state *s,
                                  const char *config_yaml, double timeout_s)
 {
     char stage[CKPT_PATH_MAX];
@@ -449,7 +478,7 @@ tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t st
     if (st == TKD_OK)
         st = tkd_model_save_hf(m, stage, TKD_DTYPE_F32);
     if (st == TKD_OK)
-        st = write_state(stage, adamw_step, m->n_params, world, s);
+        st = write_state(stage, adamw_step, m->n_params, world, dt, s);
     if (st == TKD_OK && config_yaml)
         st = write_text(stage, "config.yaml", config_yaml);
     if (st == TKD_OK)

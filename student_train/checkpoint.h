@@ -1,12 +1,15 @@
 /* checkpoint.h — a training checkpoint directory, written whole or not at all.
  *
  * <dir>/config.json + model.safetensors  the student in Hugging Face form (F32: resume is exact)
- * <dir>/optimizer.safetensors            AdamW moments "adamw.m", "adamw.v" (n,) F32 (one process)
+ * <dir>/optimizer.safetensors            AdamW moments "adamw.m", "adamw.v" (n,) F32, or BF16 when
+ *                                        optim.state_dtype is bf16 (the dtype they are kept in, so
+ *                                        resume is exact; one process)
  * <dir>/optimizer-rank<r>-of<W>.safetensors  instead, with W data-parallel ranks: rank r's moments
- *                                        of [begin, end) = tkd_zero_range(n, W, r), (end - begin,) F32
+ *                                        of [begin, end) = tkd_zero_range(n, W, r), (end - begin,)
  * <dir>/state.json                       step, loader position (epoch, offset), tokens seen, RNG,
- *                                        AdamW step, n and the optimizer's world W, the best
- *                                        evaluation so far (best_step, best_value, bad_evals)
+ *                                        AdamW step, n, the optimizer's world W and its moments'
+ *                                        dtype (optimizer_state_dtype "f32" | "bf16"; absent: f32),
+ *                                        the best evaluation so far (best_step, best_value, bad_evals)
  * <dir>/config.yaml                      the effective student-train config
  * <dir>/.topkd-built                     the marker: student-train built it (common/owned_dir.h)
  * The directory is built under a temporary name and renamed into place (common/owned_dir.h), so a
@@ -47,8 +50,9 @@ tkd_status tkd_checkpoint_save(const char *dir, const tkd_model *m, const tkd_ad
                                const tkd_train_state *st, const char *config_yaml);
 
 /* Restores m's parameters, opt's moments and step, and *st from dir. The checkpoint's
- * architecture must equal m's: otherwise TKD_ERR_CONFIG (m was built from a config other than the
- * run's, a usage error), naming the directory. */
+ * architecture must equal m's, and its moments' dtype opt's (opt->cfg.state_dtype: moments are not
+ * converted): otherwise TKD_ERR_CONFIG (m or opt was built from a config other than the run's, a
+ * usage error), naming the directory (and both dtypes). */
 tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tkd_train_state *st);
 
 /* ---- data-parallel checkpoints (world > 1, ZeRO-1) ----------------------------------------------
@@ -69,15 +73,16 @@ tkd_status tkd_checkpoint_load(const char *dir, tkd_model *m, tkd_adamw *opt, tk
  * Moments are host arrays: a GPU caller copies its shard to the host first. */
 
 /* Writes rank's moments m, v (end - begin floats each, [begin, end) = tkd_zero_range(n, world,
- * rank); may be NULL when empty) for the checkpoint `dir` of `step`. */
+ * rank); may be NULL when empty), kept as dt, for the checkpoint `dir` of `step`. */
 tkd_status tkd_checkpoint_save_shard(const char *dir, const char *job_id, int64_t step, int rank, int world,
-                                     size_t n, const float *m, const float *v);
+                                     tkd_adamw_dtype dt, size_t n, const float *m, const float *v);
 
 /* Rank 0: writes the model (its full parameters, e.g. all-gathered), the state (adamw_step is the
- * optimizer's step count; the optimizer's world is recorded) and config_yaml (may be NULL), waits
- * up to timeout_s for the world's shards, then makes the checkpoint count as above. */
+ * optimizer's step count; the optimizer's world and its moments' dtype dt are recorded) and
+ * config_yaml (may be NULL), waits up to timeout_s for the world's shards, then makes the
+ * checkpoint count as above. */
 tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t step, const tkd_model *m,
-                                 int64_t adamw_step, int world, const tkd_train_state *st,
+                                 int64_t adamw_step, int world, tkd_adamw_dtype dt, const tkd_train_state *st,
                                  const char *config_yaml, double timeout_s);
 
 /* Every rank on resume: restores m's parameters (all of them) and *st as tkd_checkpoint_load does,
@@ -85,8 +90,8 @@ tkd_status tkd_checkpoint_commit(const char *dir, const char *job_id, int64_t st
  * mom_m, mom_v (end - begin floats each). The checkpoint may come from any world: the same (each
  * rank reads its own shard), another (the range is assembled from the old shards that overlap it)
  * or a one-process optimizer.safetensors (read as world 1). A missing shard is TKD_ERR_NOT_FOUND
- * naming the file. */
-tkd_status tkd_checkpoint_load_shard(const char *dir, tkd_model *m, int rank, int world, float *mom_m,
-                                     float *mom_v, int64_t *adamw_step, tkd_train_state *st);
+ * naming the file; moments kept as another dtype than dt TKD_ERR_CONFIG naming both. */
+tkd_status tkd_checkpoint_load_shard(const char *dir, tkd_model *m, int rank, int world, tkd_adamw_dtype dt,
+                                     float *mom_m, float *mom_v, int64_t *adamw_step, tkd_train_state *st);
 
 #endif /* TKD_CHECKPOINT_H */

@@ -154,7 +154,8 @@ static tkd_status load_sharded(trainer *tr)
     tkd_status st = n && (!mm || !vv) ? tkd_error_set(TKD_ERR_NOMEM, "out of host memory for the optimizer shard")
                                       : TKD_OK;
     if (st == TKD_OK)
-        st = tkd_checkpoint_load_shard(tr->ckpt, tr->m, tr->dist.rank, tr->dist.world, mm, vv, &adamw_step, &tr->st);
+        st = tkd_checkpoint_load_shard(tr->ckpt, tr->m, tr->dist.rank, tr->dist.world, tr->opt->cfg.state_dtype, mm,
+                                       vv, &adamw_step, &tr->st);
     if (st == TKD_OK && n)
         st = tkd_adamw_moments_set(tr->opt, mm, vv);
     if (st == TKD_OK)
@@ -241,12 +242,12 @@ static tkd_status save_sharded(trainer *tr, const char *dir)
         st = tkd_adamw_moments_get(tr->opt, mm, vv);
     if (st == TKD_OK)
         st = tkd_checkpoint_save_shard(dir, tr->job_id, tr->st.step, tr->dist.rank, tr->dist.world,
-                                       tr->m->n_params, mm, vv);
+                                       tr->opt->cfg.state_dtype, tr->m->n_params, mm, vv);
     free(mm);
     free(vv);
     if (st == TKD_OK && tr->dist.rank == 0)
-        st = tkd_checkpoint_commit(dir, tr->job_id, tr->st.step, tr->m, tr->opt->step, tr->dist.world, &tr->st,
-                                   tr->config_yaml, tr->dist_timeout_s);
+        st = tkd_checkpoint_commit(dir, tr->job_id, tr->st.step, tr->m, tr->opt->step, tr->dist.world,
+                                   tr->opt->cfg.state_dtype, &tr->st, tr->config_yaml, tr->dist_timeout_s);
     /* a rank that failed says so to the others, so none goes on believing the checkpoint counts */
     double failed = st != TKD_OK;
     tkd_error_saved keep;

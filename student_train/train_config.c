@@ -3,6 +3,7 @@
 
 #include "common/device.h"
 #include "formats/doc_pack.h"
+#include "kernels/cpu/adamw.h"
 #include "kernels/loss/kl_loss.h"
 #include "model/model.h"
 
@@ -15,6 +16,7 @@ static const char *const recompute_names[] = TKD_RECOMPUTE_NAMES; /* tkd_recompu
 static const char *const arch_names[] = {"llama", "qwen2", "qwen3", NULL}; /* TKD_TRAIN_ARCH_* */
 static const char *const rdzv_names[] = {"auto", "file", "tcp", NULL};
 static const char *const best_names[] = {"val_ce", "val_kd", NULL}; /* TKD_TRAIN_BEST_* */
+static const char *const state_dtype_names[] = TKD_ADAMW_DTYPE_NAMES; /* tkd_adamw_dtype's values */
 
 static const tkd_config_field fields[] = {
     TKD_CFG_STRING(T, run_name, "run.name", "", "Run name: outputs go to <run.dir>/<name>/; empty = derived from the config file and --set overrides"),
@@ -67,6 +69,7 @@ static const tkd_config_field fields[] = {
     TKD_CFG_FLOAT(T, eps, "optim.eps", "1e-8", 0, 1, "AdamW epsilon"),
     TKD_CFG_FLOAT(T, grad_clip, "optim.grad_clip", "1.0", 0, 1e9, "Global gradient-norm clip; 0 = off"),
     TKD_CFG_INT(T, grad_accum, "optim.grad_accum", "1", 1, 1 << 20, "Micro-batches per optimizer step"),
+    TKD_CFG_ENUM(T, state_dtype, "optim.state_dtype", "f32", state_dtype_names, "How the AdamW moments m and v are kept: f32 (8 bytes a parameter; the update is torch's fp32 AdamW bit for bit) or bf16 (4 bytes a parameter: each update runs in fp32 and stores m and v rounded to nearest-even bf16, so it is no longer fp32-exact). A checkpoint resumes only with the dtype it was written with"),
     TKD_CFG_ENUM(T, recompute, "train.recompute", "none", recompute_names,
                  "none | attention | full | full_keep_attention: attention keeps each layer's input and MLP activations and recomputes the attention side (norm, q/k/v, RoPE, attention) in backward; full keeps only each layer's input and recomputes the rest (least memory, ~1/3 more compute); full_keep_attention is full that also keeps each layer's attention output and its statistics, so the attention itself is not run again (long context); gradients identical in every mode"),
 

@@ -71,6 +71,7 @@ typedef struct tkd_train_config {
     double eps;
     double grad_clip;      /* 0 = no clipping */
     int grad_accum;
+    int state_dtype;       /* optim.state_dtype: a tkd_adamw_dtype (kernels/cpu/adamw.h): 0 f32, 1 bf16 */
     int recompute;         /* train.recompute: a tkd_recompute (model/model.h): 0 none, 1 full, 2 attention */
     /* train */
     int batch_size;        /* sequences per micro-batch */

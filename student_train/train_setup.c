@@ -393,6 +393,7 @@ tkd_status tkd_train_build_optimizer(trainer *tr)
     tr->ocfg.eps = c->eps;
     tr->ocfg.weight_decay = c->weight_decay;
     tr->ocfg.clip_norm = c->grad_clip;
+    tr->ocfg.state_dtype = (tkd_adamw_dtype)c->state_dtype;
     if (!tr->zero)
         return tkd_adamw_init_on(&tr->ocfg, tr->m, &tr->opt);
     size_t b, e;

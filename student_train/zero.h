@@ -14,7 +14,7 @@
  * Memory per parameter per rank: bf16 compute weights 2 B, fp32 gradients 4 B (the backward
  * accumulates whole tensors), the int16 residual that makes the compute copy the exact fp32 master
  * 2 B (the model's buffer is whole: only the shard is kept current, and tkd_zero_gather_master
- * makes it whole before a save), AdamW moments 8 B / world.
+ * makes it whole before a save), AdamW moments 8 B / world (4 B / world with optim.state_dtype bf16).
  */
 #ifndef TKD_ZERO_H
 #define TKD_ZERO_H

@@ -15,7 +15,10 @@ void tkd_adamw_step(tkd_adamw *o, float *params, const float *grads, const tkd_p
                                  .weight_decay = o->cfg.weight_decay};
     for (int i = 0; i < n_info; i++) {
         tkd_adamw_seg seg = {.offset = info[i].offset, .numel = info[i].numel, .decay = info[i].decay};
-        tkd_adamw_update(params, grads, 1.0f, o->m, o->v, &seg, 1, &h, o->step);
+        if (o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16)
+            tkd_adamw_update_bf16(params, grads, 1.0f, o->m_bf16, o->v_bf16, &seg, 1, &h, o->step);
+        else
+            tkd_adamw_update(params, grads, 1.0f, o->m, o->v, &seg, 1, &h, o->step);
     }
 }
 

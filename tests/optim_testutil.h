@@ -11,7 +11,8 @@
 #include "model/optim.h"
 
 /* One update of params (n) from grads (n) at learning rate lr, tensor by tensor from info (weight
- * decay where info[i].decay). Increments o->step first (bias correction uses the new count). */
+ * decay where info[i].decay), with o's moments as they are kept (fp32 or bf16). Increments o->step
+ * first (bias correction uses the new count). */
 void tkd_adamw_step(tkd_adamw *o, float *params, const float *grads, const tkd_param_info *info,
                     int n_info, double lr);
 

@@ -6,7 +6,7 @@
  *      path, the demo student on a synthetic teacher cache for 8 steps: every logged loss and
  *      grad_norm, the checkpoint's model.safetensors and its AdamW moments (the one-process file
  *      against the one rank's shard file, which a world of 1 also names optimizer.safetensors),
- *      BIT-IDENTICAL.
+ *      BIT-IDENTICAL; again with bf16 AdamW moments (optim.state_dtype).
  *      Why exact: with one rank every collective is an identity (a reduce into itself, a broadcast
  *      from itself, a sum of doubles over one rank), the loss scale n_r / N is exactly 1, the shard
  *      is the whole array with the same AdamW segment table, and the norm is the same sum.
@@ -93,10 +93,10 @@ static int count_gpus(void)
         "optim.grad_clip=1.0", "train.batch_size=16", "train.eval_interval=0", "train.eval_batches=4",        \
         "train.log_interval=1", "train.seed=42", "device=cuda", "kd.variant=renorm", "kd.alpha=0.5"
 
-/* One student-train run in a child: rank/world < 0 runs without a launcher's environment. Exits 0
- * on success, else prints the error and exits 1. */
+/* One student-train run in a child: rank/world < 0 runs without a launcher's environment; dtype is
+ * optim.state_dtype. Exits 0 on success, else prints the error and exits 1. */
 static pid_t spawn_train(const tkd_test_student_dir *f, const char *name, int rank, int world, const char *job,
-                         int steps)
+                         int steps, const char *dtype)
 {
     pid_t pid = fork();
     if (pid != 0)
@@ -105,10 +105,11 @@ static pid_t spawn_train(const tkd_test_student_dir *f, const char *name, int ra
         set_rank_env(rank, world, job);
     else
         clear_rank_env();
-    char cache[4300], max[64];
+    char cache[4300], max[64], state[64];
     snprintf(cache, sizeof cache, "data.cache=%s", f->cache);
     snprintf(max, sizeof max, "train.max_steps=%d", steps);
-    const char *sets[] = {DEMO_SETS, cache, max};
+    snprintf(state, sizeof state, "optim.state_dtype=%s", dtype);
+    const char *sets[] = {DEMO_SETS, cache, max, state};
     tkd_train_result res;
     tkd_status st = tkd_test_student_train(f->runs, name, sets, sizeof sets / sizeof sets[0], 0, &res);
     if (st != TKD_OK)
@@ -116,9 +117,9 @@ static pid_t spawn_train(const tkd_test_student_dir *f, const char *name, int ra
     _exit(st == TKD_OK ? 0 : 1);
 }
 
-static void run_ok(const tkd_test_student_dir *f, const char *name, int rank, int world, int steps)
+static void run_ok(const tkd_test_student_dir *f, const char *name, int rank, int world, int steps, const char *dtype)
 {
-    int rc = wait_child(spawn_train(f, name, rank, world, "job-single", steps));
+    int rc = wait_child(spawn_train(f, name, rank, world, "job-single", steps, dtype));
     if (rc != 0)
         fail_msg("run %s (rank %d of %d) exited with %d (its error is printed above)", name, rank, world, rc);
 }
@@ -162,23 +163,32 @@ static void same_moments(const tkd_test_student_dir *f, const char *a, const cha
 
 /* ---- 1. one rank over NCCL == the plain path ------------------------------------------------------- */
 
-static void test_one_rank_nccl_is_bit_identical(void **state)
+/* plain and nccl1 are the runs' names, dtype their optim.state_dtype. */
+static void one_rank_nccl(tkd_test_student_dir *f, const char *plain, const char *nccl1, const char *dtype)
 {
-    tkd_test_student_dir *f = *state;
-    run_ok(f, "plain", -1, 0, STEPS_EXACT);
-    run_ok(f, "nccl1", 0, 1, STEPS_EXACT);
+    run_ok(f, plain, -1, 0, STEPS_EXACT, dtype);
+    run_ok(f, nccl1, 0, 1, STEPS_EXACT, dtype);
     const char *keys[] = {"loss", "grad_norm", "kd", "ce"};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         double a[STEPS_EXACT], b[STEPS_EXACT];
-        tkd_test_train_metrics(f, "plain", keys[k], a, STEPS_EXACT);
-        tkd_test_train_metrics(f, "nccl1", keys[k], b, STEPS_EXACT);
+        tkd_test_train_metrics(f, plain, keys[k], a, STEPS_EXACT);
+        tkd_test_train_metrics(f, nccl1, keys[k], b, STEPS_EXACT);
         for (int s = 0; s < STEPS_EXACT; s++)
             if (memcmp(&a[s], &b[s], sizeof a[s]) != 0)
-                fail_msg("step %d: %s plain %.9g, one-rank NCCL %.9g (must be the same bits)", s + 1, keys[k], a[s],
-                         b[s]);
+                fail_msg("step %d (%s moments): %s plain %.9g, one-rank NCCL %.9g (must be the same bits)", s + 1,
+                         dtype, keys[k], a[s], b[s]);
     }
-    same_file(f, "plain", "nccl1", "model.safetensors");
-    same_moments(f, "plain", "optimizer.safetensors", "nccl1", "optimizer.safetensors");
+    same_file(f, plain, nccl1, "model.safetensors");
+    same_moments(f, plain, "optimizer.safetensors", nccl1, "optimizer.safetensors");
+}
+
+static void test_one_rank_nccl_is_bit_identical(void **state) { one_rank_nccl(*state, "plain", "nccl1", "f32"); }
+
+/* The same with optim.state_dtype bf16: the ZeRO-1 shard of bf16 moments (here the whole array) on
+ * the GPU, stored BF16, equal to the plain path's. */
+static void test_one_rank_nccl_bf16_state_is_bit_identical(void **state)
+{
+    one_rank_nccl(*state, "plain-bf16", "nccl1-bf16", "bf16");
 }
 
 /* ---- 2. two ranks follow one GPU ------------------------------------------------------------------- */
@@ -197,10 +207,11 @@ static void test_two_ranks_follow_one_gpu(void **state)
     if (!need_two())
         skip();
     tkd_test_student_dir *f = *state;
-    run_ok(f, "one-gpu", -1, 0, STEPS_CURVE);
+    run_ok(f, "one-gpu", -1, 0, STEPS_CURVE, "f32");
     char job[64];
     snprintf(job, sizeof job, "curve-%ld", (long)getpid());
-    pid_t p0 = spawn_train(f, "two-gpu", 0, 2, job, STEPS_CURVE), p1 = spawn_train(f, "two-gpu", 1, 2, job, STEPS_CURVE);
+    pid_t p0 = spawn_train(f, "two-gpu", 0, 2, job, STEPS_CURVE, "f32"),
+          p1 = spawn_train(f, "two-gpu", 1, 2, job, STEPS_CURVE, "f32");
     int r0 = wait_child(p0), r1 = wait_child(p1);
     if (r0 != 0 || r1 != 0)
         fail_msg("two ranks exited with %d and %d (errors printed above)", r0, r1);
@@ -320,6 +331,7 @@ int main(void)
     printf("%d GPU%s answer%s\n", g_gpus, g_gpus == 1 ? "" : "s", g_gpus == 1 ? "s" : "");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_rank_nccl_is_bit_identical),
+        cmocka_unit_test(test_one_rank_nccl_bf16_state_is_bit_identical),
         cmocka_unit_test(test_two_ranks_follow_one_gpu),
         cmocka_unit_test(test_killed_rank_is_named),
     };

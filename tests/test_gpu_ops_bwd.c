@@ -31,7 +31,8 @@
  *     gets one more 2^-8 of Σ|products| at every shape.
  *   AdamW: bit-identical to tkd_adamw_step (IEEE-rounded fp32 operations in the same order on both
  *     sides, no fused multiply-adds; ADAMW_MAX_ULP = 0) after the host's tkd_optim_scale, the master
- *     weights joined from bf16 + residual, the bf16 half equal to the host's split.
+ *     weights joined from bf16 + residual, the bf16 half equal to the host's split; with bf16
+ *     moments (optim.state_dtype) the stored m, v too (both round with common/half.h).
  *   grad norm² (double): all terms positive, ≤ ~90 double roundings in the longest chain: held to
  *     1e-13 relative to a long-double pairwise reference. scale: bit-identical to tkd_optim_scale.
  */
@@ -659,12 +660,25 @@ static void master_from_dev(const uint16_t *d_hi, const int16_t *d_lo, size_t n,
     free(lo);
 }
 
+/* Moments the device kept as bf16 (n) against the host's, bit for bit. */
+static void check_bf16_moments(const char *what, int step, const uint16_t *d, const uint16_t *want, size_t n)
+{
+    uint16_t *got = tkd_test_xmalloc(n * 2);
+    tkd_test_to_host(got, d, n * 2, g_stream);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("adamw (bf16 moments) step %d: %s [%zu] = 0x%04x, host 0x%04x", step, what, i, got[i], want[i]);
+    free(got);
+}
+
 /* 5 steps of the device AdamW against tkd_adamw_step from the same start, the master weights held
  * on the device as bf16 + int16 residual (split on the host here, joined on the host to compare),
  * steps 2 and 4 with a clip scale (the host scales a copy of g first, as tkd_optim_clip does);
- * off: elements every device array sits past 16-byte alignment (scalar path). Dropping or
+ * off: elements every device array sits past 16-byte alignment (scalar path); bf16: the moments
+ * kept as bf16 on both sides (optim.state_dtype bf16: tkd_cuda_adamw_step_bf16 against
+ * kernels/cpu/adamw.c's tkd_adamw_update_bf16), equal to the bit like everything else. Dropping or
  * misplacing the residual would leave the master at bf16 precision: the random start has low bits. */
-static void adamw_run(int off)
+static void adamw_run(int off, int bf16)
 {
     const int ns = (int)(sizeof k_segs / sizeof *k_segs);
     const size_t n = ADAMW_N, o = (size_t)off;
@@ -674,6 +688,8 @@ static void adamw_run(int off)
         info[i].offset = k_segs[i].offset, info[i].numel = k_segs[i].numel, info[i].decay = k_segs[i].decay;
     tkd_optim_config cfg;
     tkd_optim_config_defaults(&cfg);
+    cfg.state_dtype = bf16 ? TKD_ADAMW_DTYPE_BF16 : TKD_ADAMW_DTYPE_F32;
+    const size_t msz = bf16 ? 2 : 4; /* bytes per moment value */
     tkd_adamw *cpu = NULL;
     tkd_test_ok(tkd_adamw_init(&cfg, n, &cpu), "adamw_init");
     tkd_cuda_adamw *gpu = NULL;
@@ -689,14 +705,14 @@ static void adamw_run(int off)
         with_lo += lo[i] != 0;
     }
     assert_true(with_lo > n / 2); /* the test means something only if the residuals carry bits */
-    float *d_g = tkd_test_dev_alloc((n + o) * 4), *d_m = tkd_test_dev_alloc((n + o) * 4),
-          *d_v = tkd_test_dev_alloc((n + o) * 4);
+    float *d_g = tkd_test_dev_alloc((n + o) * 4);
+    char *d_m = tkd_test_dev_alloc((n + o) * msz), *d_v = tkd_test_dev_alloc((n + o) * msz);
     uint16_t *d_hi = tkd_test_dev_alloc((n + o) * 2);
     int16_t *d_lo = tkd_test_dev_alloc((n + o) * 2);
     tkd_test_to_dev(d_hi + o, hi, n * 2);
     tkd_test_to_dev(d_lo + o, lo, n * 2);
-    assert_int_equal(cudaMemset(d_m, 0, (n + o) * 4), cudaSuccess);
-    assert_int_equal(cudaMemset(d_v, 0, (n + o) * 4), cudaSuccess);
+    assert_int_equal(cudaMemset(d_m, 0, (n + o) * msz), cudaSuccess);
+    assert_int_equal(cudaMemset(d_v, 0, (n + o) * msz), cudaSuccess);
     float *gp = tkd_test_xmalloc(n * 4), *gm = tkd_test_xmalloc(n * 4), *gv = tkd_test_xmalloc(n * 4);
     for (int s = 0; s < 5; s++) {
         float *g = rand_f32(n, 2100 + s, s == 2 ? 1e3f : 0.01f); /* step 3: large gradients */
@@ -707,15 +723,26 @@ static void adamw_run(int off)
         tkd_test_to_dev(d_g + o, g, n * 4);
         tkd_optim_scale(g, n, scale);
         tkd_adamw_step(cpu, p, g, info, ns, lr);
-        tkd_test_ok(tkd_cuda_adamw_step(gpu, d_hi + o, d_lo + o, d_g + o, d_m + o, d_v + o, lr, cfg.beta1, cfg.beta2,
-                                        cfg.eps, cfg.weight_decay, s + 1, scale, g_stream),
-                    "adamw_step");
+        void *dm = d_m + o * msz, *dv = d_v + o * msz;
+        if (bf16)
+            tkd_test_ok(tkd_cuda_adamw_step_bf16(gpu, d_hi + o, d_lo + o, d_g + o, dm, dv, lr, cfg.beta1, cfg.beta2,
+                                                 cfg.eps, cfg.weight_decay, s + 1, scale, g_stream),
+                        "adamw_step_bf16");
+        else
+            tkd_test_ok(tkd_cuda_adamw_step(gpu, d_hi + o, d_lo + o, d_g + o, dm, dv, lr, cfg.beta1, cfg.beta2,
+                                            cfg.eps, cfg.weight_decay, s + 1, scale, g_stream),
+                        "adamw_step");
         master_from_dev(d_hi + o, d_lo + o, n, gp, hi);
-        tkd_test_to_host(gm, d_m + o, n * 4, g_stream);
-        tkd_test_to_host(gv, d_v + o, n * 4, g_stream);
         check_ulps("master weights", s + 1, gp, p, n);
-        check_ulps("m", s + 1, gm, cpu->m, n);
-        check_ulps("v", s + 1, gv, cpu->v, n);
+        if (bf16) {
+            check_bf16_moments("m", s + 1, dm, cpu->m_bf16, n);
+            check_bf16_moments("v", s + 1, dv, cpu->v_bf16, n);
+        } else {
+            tkd_test_to_host(gm, dm, n * 4, g_stream);
+            tkd_test_to_host(gv, dv, n * 4, g_stream);
+            check_ulps("m", s + 1, gm, cpu->m, n);
+            check_ulps("v", s + 1, gv, cpu->v, n);
+        }
         for (size_t i = 0; i < n; i++) {
             const int gap = (i >= 3123 && i < 3128) || i >= 139569;
             int16_t r;
@@ -770,13 +797,18 @@ static void test_master_split_join(void **state)
 static void test_adamw(void **state)
 {
     (void)state;
-    adamw_run(0);
-    adamw_run(1); /* scalar path */
+    adamw_run(0, 0);
+    adamw_run(1, 0); /* scalar path */
+    adamw_run(0, 1); /* bf16 moments, 4-wide */
+    adamw_run(1, 1); /* bf16 moments, scalar path */
     tkd_cuda_adamw *a = NULL;
     const tkd_cuda_param_seg overlap[] = {{0, 10, 1}, {9, 5, 0}};
     assert_int_equal(tkd_cuda_adamw_create(overlap, 2, &a), TKD_ERR_INVALID_ARG);
     assert_null(a);
     tkd_test_ok(tkd_cuda_adamw_create(NULL, 0, &a), "adamw_create empty");
+    assert_int_equal(tkd_cuda_adamw_step_bf16(a, NULL, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0, 1.0f,
+                                              g_stream),
+                     TKD_ERR_INVALID_ARG); /* the bf16 sibling checks its arguments alike */
     assert_int_equal(tkd_cuda_adamw_step(a, NULL, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f,
                                          g_stream),
                      TKD_OK);

@@ -9,15 +9,18 @@
  *      bf16 compute weights must equal the bf16 half of its fp32 master weights' split exactly.
  *   3. The backend's AdamW step (master weights as bf16 + int16 residual on the GPU, one step with
  *      a clip scale), gradient norm and scale: bit-identical to the CPU backend's on the same
- *      arrays (segments with and without decay, a gap no segment covers).
+ *      arrays (segments with and without decay, a gap no segment covers); the same with bf16
+ *      moments (optim.state_dtype), and their fp32 get / set in GPU memory.
  *   4. Determinism: one step twice from the same state gives the same gradient bits on the GPU.
  *   5. student-train device=cuda against device=cpu, the demo student (configs/student-demo.yaml's
  *      model, optimizer and batch) for 64 steps: CE only on the Brown token files (as
  *      scripts/make_demo_teacher.sh trains), and KD (renorm, alpha 0.5) on a synthetic teacher cache;
+ *      KD again with bf16 AdamW moments (optim.state_dtype) on both devices;
  *      then a shorter run with sampled, gradient accumulation and grad_in_forward; and kd.teacher
  *      (the teacher online: the dense loss), in both gradient modes.
  *   6. Resume on the GPU: 24 steps straight against 10 steps (train.stop_after) + --resume:
- *      checkpoint files and metrics bit for bit (every GPU kernel in the step is deterministic).
+ *      checkpoint files and metrics bit for bit (every GPU kernel in the step is deterministic),
+ *      with fp32 and with bf16 AdamW moments.
  * Exits 77 where no GPU answers.
  *
  * Tolerances. The GPU rounds weights and every activation to bf16 (relative 2^-9 per rounding) and
@@ -425,8 +428,8 @@ static void test_optimizer_ops_match_cpu(void **state)
         const float s = step == 2 ? 0.37f : 1.0f;
         memcpy(gs, g, N * 4);
         ok(g_cpu->op->grad_scale(g_cpu, gs, N, s), "grad_scale cpu");
-        ok(g_cpu->op->adamw_step(g_cpu, tc, p, NULL, gs, m, v, &h, step, 1.0f), "adamw_step cpu");
-        ok(g_gpu->op->adamw_step(g_gpu, tg, dact, dlo, dg, dm, dv, &h, step, s), "adamw_step cuda");
+        ok(g_cpu->op->adamw_step(g_cpu, tc, p, NULL, gs, m, v, TKD_ADAMW_DTYPE_F32, &h, step, 1.0f), "adamw_step cpu");
+        ok(g_gpu->op->adamw_step(g_gpu, tg, dact, dlo, dg, dm, dv, TKD_ADAMW_DTYPE_F32, &h, step, s), "adamw_step cuda");
     }
     master_to_host(dact, dlo, back, N);
     check_bits("adamw master weights", back, p, N);
@@ -460,6 +463,86 @@ static void test_optimizer_ops_match_cpu(void **state)
     for (int i = 0; i < 5; i++)
         g_gpu->op->free(g_gpu, bufs[i]);
     free(p), free(g), free(m), free(v), free(back), free(act), free(gs);
+}
+
+/* optim.state_dtype bf16 through the backends' adamw_step (TKD_ADAMW_DTYPE_BF16): three steps, the
+ * second with a clip scale, from bf16 moments; the master weights and the stored bf16 moments equal
+ * the CPU backend's bit for bit. Then the optimizer of a model in GPU memory with bf16 state: its
+ * moments set from fp32 come back rounded to nearest even as on the host (the staged conversions
+ * of model/optim.c), and back in unchanged. */
+static void test_optimizer_bf16_state_matches_cpu(void **state)
+{
+    (void)state;
+    enum { N = 70001 };
+    const tkd_adamw_seg segs[3] = {{0, 30000, 1}, {30000, 7, 0}, {30011, N - 30011, 1}}; /* gap [30007, 30011) */
+    float *p = xmalloc(N * 4), *g = xmalloc(N * 4), *gs = xmalloc(N * 4), *back = xmalloc(N * 4);
+    uint16_t *m = xmalloc(N * 2), *v = xmalloc(N * 2), *mb = xmalloc(N * 2);
+    tkd_test_randn(p, N, 1, 0.5f);
+    tkd_test_randn(g, N, 2, 0.01f);
+    tkd_test_randn(back, N, 3, 0.001f);
+    for (int i = 0; i < N; i++)
+        m[i] = tkd_f32_to_bf16(back[i]);
+    tkd_test_randn(back, N, 4, 1e-2f);
+    for (int i = 0; i < N; i++)
+        v[i] = tkd_f32_to_bf16(back[i] * back[i]);
+    tkd_adamw_hparams h = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    void *dg = to_backend(g_gpu, g, N * 4), *dm = to_backend(g_gpu, m, N * 2), *dv = to_backend(g_gpu, v, N * 2);
+    void *dact = NULL, *dlo = NULL;
+    ok(g_gpu->op->alloc(g_gpu, N * g_gpu->act_size, "bf16 copy", &dact), "alloc");
+    ok(g_gpu->op->alloc(g_gpu, N * g_gpu->master_lo_size, "residuals", &dlo), "alloc");
+    ok(g_gpu->op->master_upload(g_gpu, dact, dlo, p, N), "master_upload");
+    tkd_backend_adamw *tc = NULL, *tg = NULL;
+    ok(g_cpu->op->adamw_create(g_cpu, segs, 3, &tc), "adamw_create cpu");
+    ok(g_gpu->op->adamw_create(g_gpu, segs, 3, &tg), "adamw_create cuda");
+    for (int64_t step = 1; step <= 3; step++) {
+        const float s = step == 2 ? 0.37f : 1.0f;
+        memcpy(gs, g, N * 4);
+        ok(g_cpu->op->grad_scale(g_cpu, gs, N, s), "grad_scale cpu");
+        ok(g_cpu->op->adamw_step(g_cpu, tc, p, NULL, gs, m, v, TKD_ADAMW_DTYPE_BF16, &h, step, 1.0f), "adamw_step cpu");
+        ok(g_gpu->op->adamw_step(g_gpu, tg, dact, dlo, dg, dm, dv, TKD_ADAMW_DTYPE_BF16, &h, step, s),
+           "adamw_step cuda");
+    }
+    master_to_host(dact, dlo, back, N);
+    check_bits("adamw (bf16 moments) master weights", back, p, N);
+    for (int k = 0; k < 2; k++) {
+        ok(g_gpu->op->download(g_gpu, mb, k ? dv : dm, N * 2), "download");
+        for (int i = 0; i < N; i++)
+            if (mb[i] != (k ? v : m)[i])
+                fail_msg("adamw bf16 %s [%d]: cuda 0x%04x, cpu 0x%04x", k ? "v" : "m", i, mb[i], (k ? v : m)[i]);
+    }
+    g_cpu->op->adamw_free(g_cpu, tc);
+    g_gpu->op->adamw_free(g_gpu, tg);
+    void *bufs[5] = {dg, dm, dv, dact, dlo};
+    for (int i = 0; i < 5; i++)
+        g_gpu->op->free(g_gpu, bufs[i]);
+
+    tkd_model *mg = NULL;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s%s", tkd_test_src("fixtures/hf/"), "llama_gqa_f32");
+    ok(tkd_model_load_hf_for_training(dir, g_gpu, &mg), "llama_gqa_f32");
+    tkd_optim_config oc;
+    tkd_optim_config_defaults(&oc);
+    oc.state_dtype = TKD_ADAMW_DTYPE_BF16;
+    tkd_adamw *o = NULL;
+    ok(tkd_adamw_init_on(&oc, mg, &o), "adamw_init_on bf16");
+    const size_t n = o->n;
+    float *hm = xmalloc(n * 4), *hv = xmalloc(n * 4), *gm = xmalloc(n * 4), *gv = xmalloc(n * 4);
+    tkd_test_randn(hm, n, 5, 1.0f);
+    tkd_test_randn(hv, n, 6, 1e-3f);
+    ok(tkd_adamw_moments_set(o, hm, hv), "moments_set");
+    ok(tkd_adamw_moments_get(o, gm, gv), "moments_get");
+    for (size_t i = 0; i < n; i++) {
+        const float wm = tkd_bf16_to_f32(tkd_f32_to_bf16(hm[i])), wv = tkd_bf16_to_f32(tkd_f32_to_bf16(hv[i]));
+        if (memcmp(&gm[i], &wm, 4) != 0 || memcmp(&gv[i], &wv, 4) != 0)
+            fail_msg("bf16 moments in GPU memory [%zu]: got %.9g, %.9g, want %.9g, %.9g", i, gm[i], gv[i], wm, wv);
+    }
+    ok(tkd_adamw_moments_set(o, gm, gv), "moments_set again");
+    ok(tkd_adamw_moments_get(o, hm, hv), "moments_get again");
+    check_bits("bf16 moments set back", hm, gm, n);
+    check_bits("bf16 moments set back", hv, gv, n);
+    tkd_adamw_free(o);
+    tkd_model_free(mg);
+    free(p), free(g), free(gs), free(back), free(m), free(v), free(mb), free(hm), free(hv), free(gm), free(gv);
 }
 
 /* ---- 4. determinism -------------------------------------------------------------------------------- */
@@ -581,6 +664,16 @@ static void test_demo_kd_cpu_vs_cuda(void **state)
     cpu_vs_cuda(*state, "demo-kd", extra, 4, CURVE_STEPS);
 }
 
+/* The same with optim.state_dtype bf16 on both devices (the moments rounded alike by both backends'
+ * AdamW; the curves differ only as the f32 runs' do). */
+static void test_demo_kd_bf16_state_cpu_vs_cuda(void **state)
+{
+    char cache[4300];
+    cache_run_sets(*state, cache, sizeof cache);
+    const char *extra[] = {cache, "kd.variant=renorm", "kd.alpha=0.5", "train.max_steps=64", "optim.state_dtype=bf16"};
+    cpu_vs_cuda(*state, "demo-kd-bf16-state", extra, 5, CURVE_STEPS);
+}
+
 static void test_sampled_accum_gif_cpu_vs_cuda(void **state)
 {
     char cache[4300];
@@ -638,47 +731,59 @@ static void first_diff_line(const char *a, const char *b, char *out, size_t cap)
              (int)strcspn(lb, "\n"), lb);
 }
 
-static void test_resume_on_gpu_is_bit_exact(void **state)
+/* tag names the runs; state_dtype is the optim.state_dtype setting. */
+static void resume_on_gpu(tkd_test_student_dir *f, const char *tag, const char *state_dtype)
 {
-    tkd_test_student_dir *f = *state;
-    char cache[4300];
+    char cache[4300], straight[64], split[64];
     cache_run_sets(f, cache, sizeof cache);
-    const char *common[8] = {cache, "kd.variant=sampled", "kd.alpha=0.7", "optim.grad_accum=2",
-                             "train.max_steps=24", "train.eval_interval=8", "train.eval_batches=1"};
+    snprintf(straight, sizeof straight, "%s-straight", tag);
+    snprintf(split, sizeof split, "%s-split", tag);
+    const char *common[9] = {cache, "kd.variant=sampled", "kd.alpha=0.7", "optim.grad_accum=2",
+                             "train.max_steps=24", "train.eval_interval=8", "train.eval_batches=1", state_dtype};
     tkd_train_result ra, rb;
-    assert_int_equal(train(f, "gpu-straight", "cuda", common, 7, 0, &ra), TKD_OK);
-    common[7] = "train.stop_after=10";
-    assert_int_equal(train(f, "gpu-split", "cuda", common, 8, 0, &rb), TKD_OK);
+    assert_int_equal(train(f, straight, "cuda", common, 8, 0, &ra), TKD_OK);
+    common[8] = "train.stop_after=10";
+    assert_int_equal(train(f, split, "cuda", common, 9, 0, &rb), TKD_OK);
     assert_int_equal(rb.steps, 10);
-    assert_int_equal(train(f, "gpu-split", "cuda", common, 8, 1, &rb), TKD_OK);
+    assert_int_equal(train(f, split, "cuda", common, 9, 1, &rb), TKD_OK);
     assert_int_equal(rb.steps, 24);
     const char *files[] = {"checkpoint/model.safetensors", "checkpoint/optimizer.safetensors",
                            "checkpoint/state.json"};
     char a[4400], b[4400];
     int differ = 0;
     for (int i = 0; i < 3; i++) {
-        snprintf(a, sizeof a, "%s/gpu-straight/%s", f->runs, files[i]);
-        snprintf(b, sizeof b, "%s/gpu-split/%s", f->runs, files[i]);
+        snprintf(a, sizeof a, "%s/%s/%s", f->runs, straight, files[i]);
+        snprintf(b, sizeof b, "%s/%s/%s", f->runs, split, files[i]);
         if (!tkd_test_files_equal(a, b)) {
-            printf("  resume on cuda: %s differs between the straight and the resumed run\n", files[i]);
+            printf("  resume on cuda (%s): %s differs between the straight and the resumed run\n", state_dtype,
+                   files[i]);
             differ++;
         }
     }
-    snprintf(a, sizeof a, "%s/gpu-straight/metrics.jsonl", f->runs);
-    snprintf(b, sizeof b, "%s/gpu-split/metrics.jsonl", f->runs);
+    snprintf(a, sizeof a, "%s/%s/metrics.jsonl", f->runs, straight);
+    snprintf(b, sizeof b, "%s/%s/metrics.jsonl", f->runs, split);
     char *ma = tkd_test_metrics_without_time(a), *mb = tkd_test_metrics_without_time(b);
     if (strcmp(ma, mb) != 0) {
         char where[1024];
         first_diff_line(ma, mb, where, sizeof where);
-        printf("  resume on cuda: metrics differ at %s\n", where);
+        printf("  resume on cuda (%s): metrics differ at %s\n", state_dtype, where);
         differ++;
     }
     free(ma);
     free(mb);
     if (differ)
-        fail_msg("resume on cuda is not bit-exact (%d of 4 outputs differ; printed above)", differ);
+        fail_msg("resume on cuda (%s) is not bit-exact (%d of 4 outputs differ; printed above)", state_dtype, differ);
     assert_true(ra.train_loss == rb.train_loss);
-    printf("  resume on cuda: weights, AdamW moments, state and every metrics record equal after 24 steps\n");
+    printf("  resume on cuda (%s): weights, AdamW moments, state and every metrics record equal after 24 steps\n",
+           state_dtype);
+}
+
+static void test_resume_on_gpu_is_bit_exact(void **state) { resume_on_gpu(*state, "gpu", "optim.state_dtype=f32"); }
+
+/* optim.state_dtype bf16: the moments checkpointed as BF16 and resumed exactly on the GPU too. */
+static void test_resume_bf16_state_on_gpu_is_bit_exact(void **state)
+{
+    resume_on_gpu(*state, "gpu-bf16", "optim.state_dtype=bf16");
 }
 
 /* ---- setup -------------------------------------------------------------------------------------------- */
@@ -718,12 +823,15 @@ int main(void)
         cmocka_unit_test(test_five_steps_llama),
         cmocka_unit_test(test_five_steps_qwen2),
         cmocka_unit_test(test_optimizer_ops_match_cpu),
+        cmocka_unit_test(test_optimizer_bf16_state_matches_cpu),
         cmocka_unit_test(test_step_is_deterministic),
         cmocka_unit_test(test_demo_ce_only_cpu_vs_cuda),
         cmocka_unit_test(test_demo_kd_cpu_vs_cuda),
+        cmocka_unit_test(test_demo_kd_bf16_state_cpu_vs_cuda),
         cmocka_unit_test(test_sampled_accum_gif_cpu_vs_cuda),
         cmocka_unit_test(test_dense_teacher_cpu_vs_cuda),
         cmocka_unit_test(test_resume_on_gpu_is_bit_exact),
+        cmocka_unit_test(test_resume_bf16_state_on_gpu_is_bit_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,7 +1,8 @@
 /* test_student_dist.c — student-train's CPU side of data-parallel training: the dist.* config keys,
  * and checkpoints whose AdamW moments are sharded over ranks (student_train/checkpoint.h): saved by
  * 3 or 20 ranks and loaded back by 1, 2, 3, 5 or 64, bit for bit; a one-process checkpoint read by
- * several ranks; a missing shard keeps the previous checkpoint and is named when loading. */
+ * several ranks; a missing shard keeps the previous checkpoint and is named when loading; bf16
+ * moments (optim.state_dtype) stored as BF16 and re-sharded the same way, a dtype mismatch refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,8 @@
 
 #include "common/dist.h"
 #include "common/fileio.h"
+#include "common/half.h"
+#include "formats/safetensors.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "student_train/checkpoint.h"
@@ -61,6 +64,7 @@ typedef struct ckpt_fixture {
     tkd_model *m;       /* a tiny student (n not a multiple of 64) */
     size_t n;
     float *M, *V;       /* (n) the moments every save starts from */
+    tkd_adamw_dtype dt; /* how they are kept (f32 unless a test says bf16) */
     tkd_train_state st;
 } ckpt_fixture;
 
@@ -103,12 +107,12 @@ static tkd_status save_world(ckpt_fixture *f, const char *job, int64_t step, int
         size_t b, e, chunk;
         tkd_zero_range(f->n, world, r, &b, &e, &chunk);
         if (r != skip_rank)
-            assert_int_equal(tkd_checkpoint_save_shard(f->ckpt, job, step, r, world, f->n, f->M + b, f->V + b),
+            assert_int_equal(tkd_checkpoint_save_shard(f->ckpt, job, step, r, world, f->dt, f->n, f->M + b, f->V + b),
                              TKD_OK);
     }
     tkd_train_state st = f->st;
     st.step = step;
-    return tkd_checkpoint_commit(f->ckpt, job, step, f->m, step - 3, world, &st, "train: {}\n", timeout);
+    return tkd_checkpoint_commit(f->ckpt, job, step, f->m, step - 3, world, f->dt, &st, "train: {}\n", timeout);
 }
 
 /* Every rank of world loads its range: the moments equal M, V there exactly, the state is step's. */
@@ -122,7 +126,7 @@ static void assert_loads_as(ckpt_fixture *f, int world, int64_t step)
         memset(v, 0xff, f->n * sizeof(float));
         int64_t adamw_step = -1;
         tkd_train_state st;
-        tkd_status s = tkd_checkpoint_load_shard(f->ckpt, f->m, r, world, m, v, &adamw_step, &st);
+        tkd_status s = tkd_checkpoint_load_shard(f->ckpt, f->m, r, world, f->dt, m, v, &adamw_step, &st);
         if (s != TKD_OK)
             fail_msg("world %d rank %d: %s", world, r, tkd_error_msg());
         assert_memory_equal(m, f->M + b, (e - b) * sizeof(float));
@@ -203,7 +207,7 @@ static void test_missing_shard(void **state)
     /* the shard of another job's staging is never taken: jobC waits for its own */
     size_t b, e, chunk;
     tkd_zero_range(f->n, 2, 1, &b, &e, &chunk);
-    assert_int_equal(tkd_checkpoint_save_shard(f->ckpt, "jobD", 16, 1, 2, f->n, f->M + b, f->V + b), TKD_OK);
+    assert_int_equal(tkd_checkpoint_save_shard(f->ckpt, "jobD", 16, 1, 2, f->dt, f->n, f->M + b, f->V + b), TKD_OK);
     assert_int_equal(save_world(f, "jobC", 16, 2, 1, 0.3), TKD_ERR_IO);
     tkd_test_assert_msg_has("missing: optimizer-rank1-of2.safetensors");
 
@@ -211,10 +215,71 @@ static void test_missing_shard(void **state)
     float *m = malloc(f->n * sizeof(float)), *v = malloc(f->n * sizeof(float));
     int64_t as;
     tkd_train_state st;
-    assert_int_equal(tkd_checkpoint_load_shard(f->ckpt, f->m, 0, 1, m, v, &as, &st), TKD_ERR_NOT_FOUND);
+    assert_int_equal(tkd_checkpoint_load_shard(f->ckpt, f->m, 0, 1, f->dt, m, v, &as, &st), TKD_ERR_NOT_FOUND);
     tkd_test_assert_msg_has("optimizer-rank1-of3.safetensors: missing");
     /* a rank whose new range lies within the shards still there loads fine */
-    assert_int_equal(tkd_checkpoint_load_shard(f->ckpt, f->m, 0, 3, m, v, &as, &st), TKD_OK);
+    assert_int_equal(tkd_checkpoint_load_shard(f->ckpt, f->m, 0, 3, f->dt, m, v, &as, &st), TKD_OK);
+    free(m);
+    free(v);
+}
+
+/* optim.state_dtype bf16: the shards are BF16 safetensors (half the bytes) and re-shard bit for
+ * bit like F32 ones (M, V made bf16 values first: the moments of a bf16 run are); a one-process
+ * bf16 checkpoint loads into a bf16 optimizer exactly; an f32 run refuses a bf16 checkpoint, naming
+ * it and both dtypes, and a bf16 run an f32 one. */
+static void test_reshard_bf16(void **state)
+{
+    ckpt_fixture *f = *state;
+    f->dt = TKD_ADAMW_DTYPE_BF16;
+    for (size_t i = 0; i < f->n; i++) {
+        f->M[i] = tkd_bf16_to_f32(tkd_f32_to_bf16(f->M[i]));
+        f->V[i] = tkd_bf16_to_f32(tkd_f32_to_bf16(f->V[i]));
+    }
+    assert_int_equal(save_world(f, "jobE", 10, 3, -1, 5.0), TKD_OK);
+    tkd_st_dir *d = NULL;
+    assert_int_equal(tkd_st_open(tkd_test_path(f->ckpt, "optimizer-rank1-of3.safetensors"), &d), TKD_OK);
+    const tkd_st_tensor *t = tkd_st_find(d, "adamw.v");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, TKD_DTYPE_BF16);
+    tkd_st_close(d);
+    int worlds[] = {1, 2, 5};
+    for (int i = 0; i < 3; i++)
+        assert_loads_as(f, worlds[i], 10);
+
+    tkd_optim_config oc;
+    tkd_optim_config_defaults(&oc);
+    oc.state_dtype = TKD_ADAMW_DTYPE_BF16;
+    tkd_adamw *opt = NULL;
+    assert_int_equal(tkd_adamw_init(&oc, f->n, &opt), TKD_OK);
+    assert_null(opt->m);
+    tkd_train_state st;
+    assert_int_equal(tkd_checkpoint_load(f->ckpt, f->m, opt, &st), TKD_OK);
+    float *m = malloc(f->n * sizeof(float)), *v = malloc(f->n * sizeof(float));
+    assert_int_equal(tkd_adamw_moments_get(opt, m, v), TKD_OK);
+    assert_memory_equal(m, f->M, f->n * sizeof(float));
+    assert_memory_equal(v, f->V, f->n * sizeof(float));
+    tkd_train_state one = f->st;
+    one.step = 30;
+    opt->step = 27;
+    assert_int_equal(tkd_checkpoint_save(f->ckpt, f->m, opt, &one, NULL), TKD_OK);
+    for (int i = 0; i < 3; i++)
+        assert_loads_as(f, worlds[i], 30);
+
+    int64_t as;
+    assert_int_equal(tkd_checkpoint_load_shard(f->ckpt, f->m, 0, 2, TKD_ADAMW_DTYPE_F32, m, v, &as, &st),
+                     TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has(f->ckpt);
+    tkd_test_assert_msg_has("keeps the AdamW moments as bf16, but optim.state_dtype is f32");
+    tkd_adamw_free(opt);
+    oc.state_dtype = TKD_ADAMW_DTYPE_F32;
+    assert_int_equal(tkd_adamw_init(&oc, f->n, &opt), TKD_OK);
+    assert_int_equal(tkd_checkpoint_load(f->ckpt, f->m, opt, &st), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("resume with optim.state_dtype: bf16");
+    assert_int_equal(tkd_checkpoint_save(f->ckpt, f->m, opt, &one, NULL), TKD_OK); /* an f32 checkpoint */
+    assert_int_equal(tkd_checkpoint_load_shard(f->ckpt, f->m, 0, 2, TKD_ADAMW_DTYPE_BF16, m, v, &as, &st),
+                     TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("keeps the AdamW moments as f32, but optim.state_dtype is bf16");
+    tkd_adamw_free(opt);
     free(m);
     free(v);
 }
@@ -225,6 +290,7 @@ int main(void)
         cmocka_unit_test(test_dist_config_keys),
         cmocka_unit_test_setup_teardown(test_reshard_any_world, fixture_setup, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_missing_shard, fixture_setup, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_reshard_bf16, fixture_setup, fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,7 @@
  * kd.variant = sampled on a cache without tail draws, kd.topk > k, data.seq_len longer than the
  * cache's, a temperature the cache was not written at, a corrupt chunk in the 2nd shard met in the
  * middle of training, an infinite teacher logit (refused by validation) and a bogus LSE that makes
- * the loss infinite. */
+ * the loss infinite; an optim.state_dtype that is neither f32 nor bf16. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -200,6 +200,19 @@ static void test_topk_beyond_the_cache(void **state)
     expect_error(run(f, f->s.cache, "topk7", extra, 1), TKD_ERR_CONFIG, frag, 3);
     const char *ok[] = {"kd.topk=6", "train.max_steps=1"};
     assert_int_equal(run(f, f->s.cache, "topk6", ok, 2), TKD_OK);
+}
+
+/* optim.state_dtype takes f32 or bf16: anything else is a config error naming the key, the value
+ * and the accepted values, before any training; bf16 trains. */
+static void test_state_dtype_values(void **state)
+{
+    fixture *f = *state;
+    const char *bad[] = {"optim.state_dtype=fp16"};
+    const char *frag[] = {"optim.state_dtype", "'fp16'", "is not one of: f32, bf16"};
+    expect_error(run(f, f->s.cache, "state-fp16", bad, 1), TKD_ERR_CONFIG, frag, 3);
+    assert_false(exists(tkd_test_path(f->s.runs, "state-fp16")));
+    const char *ok[] = {"optim.state_dtype=bf16", "train.max_steps=1"};
+    assert_int_equal(run(f, f->s.cache, "state-bf16", ok, 2), TKD_OK);
 }
 
 /* kd.divergence beside kd.variant: a combination that is not defined is a config error naming both
@@ -438,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_vocabulary_mismatch),
         cmocka_unit_test(test_sampled_needs_tail_draws),
         cmocka_unit_test(test_topk_beyond_the_cache),
+        cmocka_unit_test(test_state_dtype_values),
         cmocka_unit_test(test_divergence_with_variant),
         cmocka_unit_test(test_seq_len_beyond_the_cache),
         cmocka_unit_test(test_temperature_of_the_cache),

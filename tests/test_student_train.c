@@ -1,8 +1,8 @@
 /* test_student_train.c — student-train end to end on a tiny synthetic teacher cache (a fixed random
  * teacher's top-k, LSE and tail draws over random tokens, tests/testutil.c): the KD loss falls for
  * every variant, KD with alpha = 1 raises the student's top-1 agreement with the teacher, a run
- * stopped and resumed equals an uninterrupted one bit for bit, and the checkpoint is a loadable
- * Hugging Face directory with the optimizer state beside it. */
+ * stopped and resumed equals an uninterrupted one bit for bit (with fp32 and with bf16 AdamW
+ * moments), and the checkpoint is a loadable Hugging Face directory with the optimizer state beside it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +15,7 @@
 
 #include "model/model.h"
 #include "model/optim.h"
+#include "formats/safetensors.h"
 #include "student_train/checkpoint.h"
 #include "student_train/train.h"
 #include "tests/testutil.h"
@@ -176,6 +177,66 @@ static void test_resume_is_bit_exact(void **state)
     }
 }
 
+/* optim.state_dtype bf16: 9 steps straight vs 4 (train.stop_after) + --resume give the same
+ * weights, BF16 moments, state and metrics bit for bit; the checkpoint records the dtype and keeps
+ * the moments as BF16 tensors; the run is not the f32 one (the rounding shows in the weights); and
+ * resuming it with the default f32 state is refused, naming the checkpoint and both dtypes. */
+static void test_resume_bf16_state_is_bit_exact(void **state)
+{
+    fixture *f = *state;
+    const char *common[] = {"optim.state_dtype=bf16", "kd.alpha=0.5", "train.max_steps=9", "train.eval_interval=4",
+                            "train.eval_batches=1", "train.stop_after=0"};
+    char a[4400], b[4400];
+    tkd_train_result ra, rb, rf;
+    assert_int_equal(run(f, "bf16-straight", common, 6, 0, &ra), TKD_OK);
+    const char *first_half[6];
+    memcpy(first_half, common, sizeof common);
+    first_half[5] = "train.stop_after=4";
+    assert_int_equal(run(f, "bf16-split", first_half, 6, 0, &rb), TKD_OK);
+    assert_int_equal(rb.steps, 4);
+    assert_int_equal(run(f, "bf16-split", first_half, 6, 1, &rb), TKD_OK);
+    assert_int_equal(rb.steps, 9);
+    const char *files[] = {"checkpoint/model.safetensors", "checkpoint/optimizer.safetensors",
+                           "checkpoint/state.json"};
+    for (int i = 0; i < 3; i++) {
+        run_path(a, sizeof a, f, "bf16-straight", files[i]);
+        run_path(b, sizeof b, f, "bf16-split", files[i]);
+        if (!tkd_test_files_equal(a, b))
+            fail_msg("%s differs between the straight and the resumed bf16-state run", files[i]);
+    }
+    run_path(a, sizeof a, f, "bf16-straight", "metrics.jsonl");
+    run_path(b, sizeof b, f, "bf16-split", "metrics.jsonl");
+    char *ma = tkd_test_metrics_without_time(a), *mb = tkd_test_metrics_without_time(b);
+    assert_string_equal(ma, mb);
+    free(ma);
+    free(mb);
+    assert_true(ra.train_loss == rb.train_loss && ra.val_loss == rb.val_loss);
+
+    run_path(b, sizeof b, f, "bf16-split", "checkpoint/state.json");
+    char *state_json = tkd_test_read_file(b, NULL);
+    assert_non_null(strstr(state_json, "\"optimizer_state_dtype\":\t\"bf16\""));
+    free(state_json);
+    run_path(b, sizeof b, f, "bf16-split", "checkpoint/optimizer.safetensors");
+    tkd_st_dir *d = NULL;
+    assert_int_equal(tkd_st_open(b, &d), TKD_OK);
+    const tkd_st_tensor *t = tkd_st_find(d, "adamw.m");
+    assert_true(t && t->dtype == TKD_DTYPE_BF16);
+    tkd_st_close(d);
+
+    const char *as_f32[] = {"kd.alpha=0.5", "train.max_steps=9", "train.eval_interval=4", "train.eval_batches=1"};
+    assert_int_equal(run(f, "f32-straight", as_f32, 4, 0, &rf), TKD_OK);
+    run_path(a, sizeof a, f, "f32-straight", "checkpoint/model.safetensors");
+    run_path(b, sizeof b, f, "bf16-straight", "checkpoint/model.safetensors");
+    assert_false(tkd_test_files_equal(a, b));
+    /* close, though: 9 steps of rounded moments move the validation CE by far less than training does */
+    printf("  val CE after 9 steps: f32 state %.6f, bf16 state %.6f\n", rf.val_ce, ra.val_ce);
+    assert_true(fabs(rf.val_ce - ra.val_ce) < 0.02);
+
+    const char *more[] = {"kd.alpha=0.5", "train.max_steps=12", "train.eval_interval=4", "train.eval_batches=1"};
+    assert_int_equal(run(f, "bf16-split", more, 4, 1, &rb), TKD_ERR_CONFIG);
+    tkd_test_assert_msg_has("bf16-split/checkpoint keeps the AdamW moments as bf16, but optim.state_dtype is f32");
+}
+
 /* The checkpoint: an HF directory tkd_model_load_hf reads, the optimizer moments and the state,
  * and tkd_checkpoint_load puts exactly those values into a freshly built student. */
 static void test_checkpoint_loads_back(void **state)
@@ -325,6 +386,7 @@ int main(void)
         cmocka_unit_test(test_kd_falls_sampled),
         cmocka_unit_test(test_top1_agreement_rises),
         cmocka_unit_test(test_resume_is_bit_exact),
+        cmocka_unit_test(test_resume_bf16_state_is_bit_exact),
         cmocka_unit_test(test_checkpoint_loads_back),
         cmocka_unit_test(test_qwen3_student),
         cmocka_unit_test(test_existing_run_is_kept),

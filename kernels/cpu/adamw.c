@@ -1,25 +1,63 @@
-/* adamw.c — see adamw.h. The loops are model/optim.c's former bodies, unchanged, so a run on the
- * CPU gives the same bits before and after they moved here. */
+/* adamw.c — see adamw.h. The per-element maths is model/optim.c's former loop body, operation for
+ * operation, so a run on the CPU gives the same bits before and after it moved here. */
 #include "kernels/cpu/adamw.h"
 
 #include <math.h>
 
-/* torch's _single_tensor_adamw in fp32, same operation order, after the clip's g *= s (its own
- * statement, rounded to fp32 before use: the same bits as scaling the gradients in place first;
- * s = 1 leaves g exactly as it is):
+#include "common/half.h"
+
+const char *tkd_adamw_dtype_name(tkd_adamw_dtype d) { return d == TKD_ADAMW_DTYPE_BF16 ? "bf16" : "f32"; }
+
+size_t tkd_adamw_dtype_size(tkd_adamw_dtype d) { return d == TKD_ADAMW_DTYPE_BF16 ? 2 : 4; }
+
+/* One segment's scalars, each formed in double and rounded once, as Python floats reach torch's
+ * kernels. */
+typedef struct span_scalars {
+    float s; /* the clip coefficient (1: none) */
+    float keep, one_m_b1, b2, one_m_b2, eps, step_size, bc2_sqrt;
+} span_scalars;
+
+static span_scalars scalars(const tkd_adamw_hparams *h, int decay, double bc1, double bc2, float grad_scale)
+{
+    double wd = decay ? h->weight_decay : 0.0;
+    return (span_scalars){.s = grad_scale, .keep = (float)(1.0 - h->lr * wd), .one_m_b1 = (float)(1.0 - h->beta1),
+                          .b2 = (float)h->beta2, .one_m_b2 = (float)(1.0 - h->beta2), .eps = (float)h->eps,
+                          .step_size = (float)(h->lr / bc1), .bc2_sqrt = (float)sqrt(bc2)};
+}
+
+/* torch's _single_tensor_adamw for one element in fp32, same operation order, after the clip's
+ * g *= s (its own statement, rounded to fp32 before use: the same bits as scaling the gradients in
+ * place first; s = 1 leaves g exactly as it is):
  * p *= 1 − lr·wd; m = lerp(m, g, 1 − β1); v = β2·v + (1 − β2)·g²;
- * p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps). */
-static void adamw_span(float *p, const float *g, float s, float *m, float *v, size_t n, float keep, float one_m_b1,
-                       float b2, float one_m_b2, float eps, float step_size, float bc2_sqrt)
+ * p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps).
+ * Both moment layouts run exactly this (C11 contracts no multiply-adds: -std=c11 is
+ * -ffp-contract=off), so the bf16 state differs from the fp32 one only by the stores' rounding. */
+static inline void adamw_elem(float *p, float g, float *m, float *v, const span_scalars *k)
+{
+    const float gi = g * k->s;
+    *p *= k->keep;
+    *m += k->one_m_b1 * (gi - *m);
+    *v = *v * k->b2 + k->one_m_b2 * gi * gi;
+    float denom = sqrtf(*v) / k->bc2_sqrt + k->eps;
+    *p -= k->step_size * (*m / denom);
+}
+
+static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, span_scalars k)
+{
+#pragma omp parallel for schedule(static) if (n >= 32768)
+    for (size_t i = 0; i < n; i++)
+        adamw_elem(&p[i], g[i], &m[i], &v[i], &k);
+}
+
+/* The moments widened to fp32 (exact), updated, stored back to nearest even bf16. */
+static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, size_t n, span_scalars k)
 {
 #pragma omp parallel for schedule(static) if (n >= 32768)
     for (size_t i = 0; i < n; i++) {
-        const float gi = g[i] * s;
-        p[i] *= keep;
-        m[i] += one_m_b1 * (gi - m[i]);
-        v[i] = v[i] * b2 + one_m_b2 * gi * gi;
-        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * (m[i] / denom);
+        float mi = tkd_bf16_to_f32(m[i]), vi = tkd_bf16_to_f32(v[i]);
+        adamw_elem(&p[i], g[i], &mi, &vi, &k);
+        m[i] = tkd_f32_to_bf16(mi);
+        v[i] = tkd_f32_to_bf16(vi);
     }
 }
 
@@ -29,11 +67,19 @@ void tkd_adamw_update(float *params, const float *grads, float grad_scale, float
     double bc1 = 1.0 - pow(h->beta1, (double)step), bc2 = 1.0 - pow(h->beta2, (double)step);
     for (int i = 0; i < n_segs; i++) {
         size_t off = segs[i].offset;
-        /* scalars formed in double and rounded once, as Python floats reach torch's kernels */
-        double wd = segs[i].decay ? h->weight_decay : 0.0;
-        adamw_span(params + off, grads + off, grad_scale, m + off, v + off, segs[i].numel, (float)(1.0 - h->lr * wd),
-                   (float)(1.0 - h->beta1), (float)h->beta2, (float)(1.0 - h->beta2), (float)h->eps,
-                   (float)(h->lr / bc1), (float)sqrt(bc2));
+        adamw_span(params + off, grads + off, m + off, v + off, segs[i].numel,
+                   scalars(h, segs[i].decay, bc1, bc2, grad_scale));
+    }
+}
+
+void tkd_adamw_update_bf16(float *params, const float *grads, float grad_scale, uint16_t *m, uint16_t *v,
+                           const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step)
+{
+    double bc1 = 1.0 - pow(h->beta1, (double)step), bc2 = 1.0 - pow(h->beta2, (double)step);
+    for (int i = 0; i < n_segs; i++) {
+        size_t off = segs[i].offset;
+        adamw_span_bf16(params + off, grads + off, m + off, v + off, segs[i].numel,
+                        scalars(h, segs[i].decay, bc1, bc2, grad_scale));
     }
 }
 

@@ -7,6 +7,10 @@
  * scalars formed in double and rounded once as Python floats reach torch's kernels; the CUDA
  * kernel (kernels/cuda/ops_bwd_cuda.h, tkd_cuda_adamw_step) forms the same scalars and matches it bit
  * for bit. Loops use OpenMP above 32768 elements.
+ *
+ * The moments m and v are fp32 or, to halve their memory (optim.state_dtype: bf16), bf16: each
+ * update then loads them to fp32, takes exactly the fp32 update, and stores them back rounded to
+ * the nearest bf16, ties to even (common/half.h, the rounding the CUDA kernel uses too).
  */
 #ifndef TKD_ADAMW_H
 #define TKD_ADAMW_H
@@ -19,6 +23,17 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* How the moments are kept. The values index TKD_ADAMW_DTYPE_NAMES (the config's spelling). */
+typedef enum tkd_adamw_dtype {
+    TKD_ADAMW_DTYPE_F32 = 0,  /* 4 bytes each: the update is torch's, bit for bit */
+    TKD_ADAMW_DTYPE_BF16 = 1, /* 2 bytes each: rounded to bf16 after every update */
+} tkd_adamw_dtype;
+#define TKD_ADAMW_DTYPE_NAMES {"f32", "bf16", NULL}
+
+/* The name of d ("f32", "bf16"), and its bytes per moment value. */
+const char *tkd_adamw_dtype_name(tkd_adamw_dtype d);
+size_t tkd_adamw_dtype_size(tkd_adamw_dtype d);
 
 /* One parameter tensor inside the flat arrays: elements [offset, offset + numel), weight decay
  * when decay != 0 (model/model.h's tkd_param_info: not norms, not biases). */
@@ -42,6 +57,12 @@ typedef struct tkd_adamw_hparams {
  * Elements outside every segment are not touched. */
 void tkd_adamw_update(float *params, const float *grads, float grad_scale, float *m, float *v,
                       const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step);
+
+/* The same update with the moments kept as bf16 bits (n each): per element m and v are widened to
+ * fp32 (exactly), updated and used by the step as above in fp32, then stored rounded to nearest
+ * even bf16; params stay fp32. */
+void tkd_adamw_update_bf16(float *params, const float *grads, float grad_scale, uint16_t *m, uint16_t *v,
+                           const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step);
 
 /* Σ g² over g (n), accumulated in double (OpenMP reduction above 32768 elements). */
 double tkd_grad_norm2(const float *g, size_t n);

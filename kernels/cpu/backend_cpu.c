@@ -314,11 +314,15 @@ static void cpu_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
 
 /* The compute weights are the fp32 master weights themselves (w; no low part). */
 static tkd_status cpu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, void *w, void *lo, const float *grads,
-                                 float *m, float *v, const tkd_adamw_hparams *h, int64_t step, float grad_scale)
+                                 void *m, void *v, tkd_adamw_dtype mdt, const tkd_adamw_hparams *h, int64_t step,
+                                 float grad_scale)
 {
     (void)be;
     (void)lo;
-    tkd_adamw_update(w, grads, grad_scale, m, v, a->segs, a->n, h, step);
+    if (mdt == TKD_ADAMW_DTYPE_BF16)
+        tkd_adamw_update_bf16(w, grads, grad_scale, m, v, a->segs, a->n, h, step);
+    else
+        tkd_adamw_update(w, grads, grad_scale, m, v, a->segs, a->n, h, step);
     return TKD_OK;
 }
 

@@ -510,11 +510,16 @@ void cu_adamw_free(tkd_backend *be, tkd_backend_adamw *a)
     delete a;
 }
 
-tkd_status cu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, void *w, void *lo, const float *grads, float *m,
-                         float *v, const tkd_adamw_hparams *h, int64_t step, float grad_scale)
+tkd_status cu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, void *w, void *lo, const float *grads, void *m,
+                         void *v, tkd_adamw_dtype mdt, const tkd_adamw_hparams *h, int64_t step, float grad_scale)
 {
-    return tkd_cuda_adamw_step(a->dev, static_cast<bf>(w), static_cast<int16_t *>(lo), grads, m, v, h->lr, h->beta1,
-                               h->beta2, h->eps, h->weight_decay, step, grad_scale, stream_of(be));
+    if (mdt == TKD_ADAMW_DTYPE_BF16)
+        return tkd_cuda_adamw_step_bf16(a->dev, static_cast<bf>(w), static_cast<int16_t *>(lo), grads,
+                                        static_cast<uint16_t *>(m), static_cast<uint16_t *>(v), h->lr, h->beta1,
+                                        h->beta2, h->eps, h->weight_decay, step, grad_scale, stream_of(be));
+    return tkd_cuda_adamw_step(a->dev, static_cast<bf>(w), static_cast<int16_t *>(lo), grads, static_cast<float *>(m),
+                               static_cast<float *>(v), h->lr, h->beta1, h->beta2, h->eps, h->weight_decay, step,
+                               grad_scale, stream_of(be));
 }
 
 /* Master weights host fp32 <-> (bf16, int16 residual) through the fp32 staging buffer, as

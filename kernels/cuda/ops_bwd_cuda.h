@@ -133,6 +133,17 @@ tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a,
                                double lr, double beta1, double beta2, double eps,
                                double weight_decay, int64_t step, float grad_scale, void *stream);
 
+/* The same update with the moments kept as bf16 bits (optim.state_dtype bf16): per element m and v
+ * are widened to fp32, the fp32 update above runs unchanged, and they are stored back rounded to
+ * nearest even (common/half.h's tkd_f32_to_bf16) — kernels/cpu/adamw.h's tkd_adamw_update_bf16 bit
+ * for bit. The 4-wide path needs m and v 8-byte aligned. Bytes per element and step: 20 (28 − 8). */
+tkd_status tkd_cuda_adamw_step_bf16(const tkd_cuda_adamw *a,
+                                    uint16_t *w_hi, int16_t *w_lo,   // (n) bf16, (n) int16: the master
+                                    const float *grads,              // (n) f32
+                                    uint16_t *m, uint16_t *v,        // (n) bf16 each
+                                    double lr, double beta1, double beta2, double eps,
+                                    double weight_decay, int64_t step, float grad_scale, void *stream);
+
 /* The exact split of fp32 src into the master's two halves, and the join back (loading and
  * saving the master weights; common/half.h's tkd_f32_split_bf16 / tkd_bf16_join_f32). */
 tkd_status tkd_cuda_master_split(const float *src, uint16_t *w_hi, int16_t *w_lo, size_t n, void *stream);

@@ -1,5 +1,5 @@
 /* ops_optim_cuda.cu — see ops_bwd_cuda.h (its optimizer half): the fused multi-tensor AdamW over
- * the flat master weights (bf16 + int16 residual), the exact split of fp32 masters into those two
+ * the flat master weights (bf16 + int16 residual; moments fp32 or bf16), the exact split of fp32 masters into those two
  * halves and the join back, and the gradient scale. Split from ops_bwd_cuda.cu, which keeps the
  * backward ops and the gradient norm (it sums into the backward workspace's partials). Every bf16
  * rounding is common/half.h's, as on the host; purely elementwise, so any grid gives the same bits.
@@ -73,21 +73,53 @@ struct AdamChunk {
     int32_t decay;
 };
 
-struct AdamArgs {
+/* M: how the moments are kept, float or uint16_t (bf16 bits: optim.state_dtype bf16). */
+template <typename M> struct AdamArgs {
     const AdamChunk *chunks;
     int n_chunks;
-    bool vec; /* g, m, v 16-byte and hi, lo 8-byte aligned: 4-wide where the offset allows */
+    bool vec; /* g 16-byte, m, v 16-byte (float) or 8-byte (bf16), hi, lo 8-byte aligned: 4-wide where
+               * the offset allows */
     uint16_t *hi;  /* the master weights: bf16 compute copy ... */
     int16_t *lo;   /* ... and int16 residuals (common/half.h's split) */
     const float *g;
-    float *m, *v;
+    M *m, *v;
     float gscale, keep_decay, one_m_b1, b2, one_m_b2, eps, step_size, bc2_sqrt;
 };
 
+/* The moments in and out of fp32: a float as it is; bf16 widened exactly, stored rounded to nearest
+ * even by common/half.h, as kernels/cpu/adamw.c does. One element at i, or four from i (a multiple
+ * of 4: one 16-byte or 8-byte access). */
+__device__ inline float mom_load(const float *p, int64_t i) { return p[i]; }
+__device__ inline float mom_load(const uint16_t *p, int64_t i) { return tkd_bf16_to_f32(p[i]); }
+__device__ inline void mom_store(float *p, int64_t i, float x) { p[i] = x; }
+__device__ inline void mom_store(uint16_t *p, int64_t i, float x) { p[i] = tkd_f32_to_bf16(x); }
+
+__device__ inline void mom_load4(const float *p, int64_t i, float out[4])
+{
+    const float4 q = *reinterpret_cast<const float4 *>(p + i);
+    out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
+}
+__device__ inline void mom_load4(const uint16_t *p, int64_t i, float out[4])
+{
+    const uint2 q = *reinterpret_cast<const uint2 *>(p + i);
+    out[0] = tkd_bf16_to_f32((uint16_t)q.x), out[1] = tkd_bf16_to_f32((uint16_t)(q.x >> 16));
+    out[2] = tkd_bf16_to_f32((uint16_t)q.y), out[3] = tkd_bf16_to_f32((uint16_t)(q.y >> 16));
+}
+__device__ inline void mom_store4(float *p, int64_t i, const float x[4])
+{
+    *reinterpret_cast<float4 *>(p + i) = make_float4(x[0], x[1], x[2], x[3]);
+}
+__device__ inline void mom_store4(uint16_t *p, int64_t i, const float x[4])
+{
+    const uint32_t b[4] = {tkd_f32_to_bf16(x[0]), tkd_f32_to_bf16(x[1]), tkd_f32_to_bf16(x[2]), tkd_f32_to_bf16(x[3])};
+    *reinterpret_cast<uint2 *>(p + i) = make_uint2(b[0] | b[1] << 16, b[2] | b[3] << 16);
+}
+
 /* model/optim.c's adamw_span for one element after the clip's g *= s, every operation IEEE-rounded
  * (the _rn intrinsics keep nvcc from fusing multiply-adds, which the host's fp32 code does not do
- * either). g·1 is g exactly, so s = 1 is no scaling. */
-__device__ inline void adamw_update(float &p, float g, float &m, float &v, float keep, const AdamArgs &a)
+ * either). g·1 is g exactly, so s = 1 is no scaling. The same fp32 maths whatever M is. */
+template <typename M>
+__device__ inline void adamw_update(float &p, float g, float &m, float &v, float keep, const AdamArgs<M> &a)
 {
     g = __fmul_rn(g, a.gscale);
     p = __fmul_rn(p, keep);
@@ -98,22 +130,24 @@ __device__ inline void adamw_update(float &p, float g, float &m, float &v, float
 }
 
 /* Per element: the exact fp32 master from (hi, lo), the update, both halves written back. */
-__device__ inline void adamw_one(const AdamArgs &a, int64_t i, float keep)
+template <typename M> __device__ inline void adamw_one(const AdamArgs<M> &a, int64_t i, float keep)
 {
-    float p = tkd_bf16_join_f32(a.hi[i], a.lo[i]), m = a.m[i], v = a.v[i];
+    float p = tkd_bf16_join_f32(a.hi[i], a.lo[i]), m = mom_load(a.m, i), v = mom_load(a.v, i);
     adamw_update(p, a.g[i], m, v, keep, a);
-    a.m[i] = m, a.v[i] = v;
+    mom_store(a.m, i, m), mom_store(a.v, i, v);
     a.hi[i] = tkd_f32_split_bf16(p, &a.lo[i]);
 }
 
-/* Four elements from i (a multiple of 4): 8-byte loads of hi and lo, 16-byte ones of g, m, v. */
-__device__ inline void adamw_four(const AdamArgs &a, int64_t i, float keep)
+/* Four elements from i (a multiple of 4): 8-byte loads of hi and lo, 16-byte ones of g, and of m, v
+ * (8-byte when bf16). */
+template <typename M> __device__ inline void adamw_four(const AdamArgs<M> &a, int64_t i, float keep)
 {
     const uint2 h = *reinterpret_cast<const uint2 *>(a.hi + i), l = *reinterpret_cast<const uint2 *>(a.lo + i);
     const uint32_t hw[2] = {h.x, h.y}, lw[2] = {l.x, l.y};
-    float4 m = *reinterpret_cast<const float4 *>(a.m + i), v = *reinterpret_cast<const float4 *>(a.v + i);
+    float p[4], mm[4], vv[4];
+    mom_load4(a.m, i, mm);
+    mom_load4(a.v, i, vv);
     const float4 g = *reinterpret_cast<const float4 *>(a.g + i);
-    float p[4], mm[4] = {m.x, m.y, m.z, m.w}, vv[4] = {v.x, v.y, v.z, v.w};
     const float gg[4] = {g.x, g.y, g.z, g.w};
     uint32_t ho[2] = {0, 0}, lo[2] = {0, 0};
 #pragma unroll
@@ -125,8 +159,8 @@ __device__ inline void adamw_four(const AdamArgs &a, int64_t i, float keep)
         ho[j / 2] |= (uint32_t)tkd_f32_split_bf16(p[j], &r) << sh;
         lo[j / 2] |= (uint32_t)(uint16_t)r << sh;
     }
-    *reinterpret_cast<float4 *>(a.m + i) = make_float4(mm[0], mm[1], mm[2], mm[3]);
-    *reinterpret_cast<float4 *>(a.v + i) = make_float4(vv[0], vv[1], vv[2], vv[3]);
+    mom_store4(a.m, i, mm);
+    mom_store4(a.v, i, vv);
     *reinterpret_cast<uint2 *>(a.hi + i) = make_uint2(ho[0], ho[1]);
     *reinterpret_cast<uint2 *>(a.lo + i) = make_uint2(lo[0], lo[1]);
 }
@@ -134,7 +168,7 @@ __device__ inline void adamw_four(const AdamArgs &a, int64_t i, float keep)
 /* Blocks walk the chunk table (grid-stride). In a chunk: scalar elements up to the first 16-byte
  * boundary, 4-wide units, a scalar tail; without `vec`, all scalar. Purely elementwise, so any grid
  * gives the same result. */
-__global__ void __launch_bounds__(kAdamThreads) adamw_kernel(AdamArgs a)
+template <typename M> __global__ void __launch_bounds__(kAdamThreads) adamw_kernel(AdamArgs<M> a)
 {
     for (int c = blockIdx.x; c < a.n_chunks; c += gridDim.x) {
         const AdamChunk ch = a.chunks[c];
@@ -231,9 +265,15 @@ extern "C" tkd_status tkd_cuda_adamw_create(const tkd_cuda_param_seg *segs, int 
 
 static bool aligned8(const void *p) { return ((uintptr_t)p & 7u) == 0; }
 
-extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, uint16_t *w_hi, int16_t *w_lo, const float *grads,
-                                          float *m, float *v, double lr, double beta1, double beta2, double eps,
-                                          double weight_decay, int64_t step, float grad_scale, void *stream)
+/* 4-wide moment accesses: float4 for fp32 moments, uint2 for bf16 ones. */
+static bool mom_aligned(const float *p) { return aligned16(p); }
+static bool mom_aligned(const uint16_t *p) { return aligned8(p); }
+
+/* tkd_cuda_adamw_step and its bf16-moment sibling: one launch of adamw_kernel<M>. */
+template <typename M>
+static tkd_status adamw_launch(const tkd_cuda_adamw *a, uint16_t *w_hi, int16_t *w_lo, const float *grads, M *m, M *v,
+                               double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                               float grad_scale, void *stream)
 {
     if (!a || step < 1 || (a->n_chunks > 0 && (!w_hi || !w_lo || !grads || !m || !v)))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "adamw: step = %lld or a NULL tensor", (long long)step);
@@ -241,18 +281,33 @@ extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, uint16_t *w_h
         return TKD_OK;
     /* the scalars exactly as model/optim.c's tkd_adamw_step forms them */
     const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-    AdamArgs k;
+    AdamArgs<M> k;
     k.chunks = a->chunks, k.n_chunks = a->n_chunks;
-    k.vec = aligned16(grads) && aligned16(m) && aligned16(v) && aligned8(w_hi) && aligned8(w_lo);
+    k.vec = aligned16(grads) && mom_aligned(m) && mom_aligned(v) && aligned8(w_hi) && aligned8(w_lo);
     k.hi = w_hi, k.lo = w_lo, k.g = grads, k.m = m, k.v = v;
     k.gscale = grad_scale;
     k.keep_decay = (float)(1.0 - lr * weight_decay);
     k.one_m_b1 = (float)(1.0 - beta1), k.b2 = (float)beta2, k.one_m_b2 = (float)(1.0 - beta2);
     k.eps = (float)eps, k.step_size = (float)(lr / bc1), k.bc2_sqrt = (float)sqrt(bc2);
     const int blocks = a->n_chunks < kEltMaxBlocks ? a->n_chunks : kEltMaxBlocks;
-    adamw_kernel<<<blocks, kAdamThreads, 0, (cudaStream_t)stream>>>(k);
+    adamw_kernel<M><<<blocks, kAdamThreads, 0, (cudaStream_t)stream>>>(k);
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
+}
+
+extern "C" tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a, uint16_t *w_hi, int16_t *w_lo, const float *grads,
+                                          float *m, float *v, double lr, double beta1, double beta2, double eps,
+                                          double weight_decay, int64_t step, float grad_scale, void *stream)
+{
+    return adamw_launch(a, w_hi, w_lo, grads, m, v, lr, beta1, beta2, eps, weight_decay, step, grad_scale, stream);
+}
+
+extern "C" tkd_status tkd_cuda_adamw_step_bf16(const tkd_cuda_adamw *a, uint16_t *w_hi, int16_t *w_lo,
+                                               const float *grads, uint16_t *m, uint16_t *v, double lr, double beta1,
+                                               double beta2, double eps, double weight_decay, int64_t step,
+                                               float grad_scale, void *stream)
+{
+    return adamw_launch(a, w_hi, w_lo, grads, m, v, lr, beta1, beta2, eps, weight_decay, step, grad_scale, stream);
 }
 
 extern "C" tkd_status tkd_cuda_master_split(const float *src, uint16_t *w_hi, int16_t *w_lo, size_t n, void *stream)
