@@ -23,10 +23,15 @@
 typedef struct tkd_cache_reader tkd_cache_reader;
 
 typedef struct tkd_cache_reader_opts {
-    int max_open_shards;  /* shard files kept open per reader / stream (LRU); 0 = 8 */
+    int max_open_shards;  /* shard files kept open per reader / stream (LRU); 0 = every shard, up to
+                           * TKD_CACHE_MAX_OPEN_SHARDS */
     int verify_sha256;    /* 1: hash every shard at open and compare with the manifest (reads all) */
     const char *manifest; /* manifest file name inside dir; NULL = "manifest.yaml" */
 } tkd_cache_reader_opts;
+
+/* The default bound on open shard files per reader / stream (one file descriptor each: student-train's
+ * two caches, each a reader and a stream, stay under the usual limit of 1024). */
+#define TKD_CACHE_MAX_OPEN_SHARDS 128
 
 /* Opens the cache in `dir` (opts may be NULL). On success *out is the caller's, released with
  * tkd_cache_reader_close. Errors name the file: TKD_ERR_NOT_FOUND (no manifest, missing shard),
