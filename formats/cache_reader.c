@@ -23,6 +23,7 @@ typedef struct shard_pool {
     int n;
     shard_slot *slots;
     uint64_t tick;
+    int64_t opens; /* shard files opened so far (tkd_cache_stream_shard_opens) */
 } shard_pool;
 
 struct tkd_cache_reader {
@@ -40,6 +41,7 @@ static tkd_status pool_init(shard_pool *p, const tkd_cache_reader *r)
     p->r = r;
     p->n = r->max_open;
     p->tick = 0;
+    p->opens = 0;
     p->slots = calloc((size_t)p->n, sizeof *p->slots);
     if (!p->slots)
         return tkd_error_set(TKD_ERR_NOMEM, "%s: out of memory", r->dir);
@@ -90,6 +92,7 @@ static tkd_status pool_get(shard_pool *p, int64_t i, tkd_shard **out)
     victim->shard = -1;
     tkd_shard *s = NULL;
     TKD_TRY(tkd_shard_open(&s, p->r->paths[i], 0));
+    p->opens++;
     tkd_status st = reader_check_shard(p->r, i, s);
     if (st != TKD_OK) {
         tkd_shard_close(s);
@@ -445,4 +448,12 @@ void tkd_cache_stream_close(tkd_cache_stream *s)
     if (s->thread_started)
         pthread_join(s->thread, NULL);
     stream_free(s);
+}
+
+int64_t tkd_cache_stream_shard_opens(tkd_cache_stream *s)
+{
+    pthread_mutex_lock(&s->mu); /* the stream's thread counts; its batches were handed out under mu */
+    int64_t n = s->pool.opens;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }

@@ -83,4 +83,9 @@ tkd_status tkd_cache_stream_next(tkd_cache_stream *s, const tkd_cache_batch **ba
  * NULL-safe. */
 void tkd_cache_stream_close(tkd_cache_stream *s);
 
+/* Shard files the stream's thread has opened so far (a diagnostic: with every shard kept open, at
+ * most one per shard; each reopen after an eviction counts again). Exact once the stream is at its
+ * end; while it reads ahead, at least what the batches handed out needed. */
+int64_t tkd_cache_stream_shard_opens(tkd_cache_stream *s);
+
 #endif /* TKD_CACHE_READER_H */

@@ -229,6 +229,42 @@ static void run_stream(tkd_cache_reader *r, const tkd_cache_identity *id, const 
     tkd_cache_stream_close(s);
 }
 
+/* A shuffled epoch over a cache of more shards than the old default of 8 open opens each shard once
+ * by default (it reopened one on about every other read before: 10x slower, docs/PERFORMANCE.md),
+ * and an explicit max_open_shards still bounds them (so evicts and reopens). */
+static int64_t epoch_opens(tkd_cache_reader *r, const int64_t *order, int64_t n)
+{
+    tkd_cache_stream *s = NULL;
+    tkd_cache_stream_opts o = {3, 0, 0, 2};
+    assert_int_equal(tkd_cache_stream_open(&s, r, order, n, &o), TKD_OK);
+    const tkd_cache_batch *b;
+    while (tkd_cache_stream_next(s, &b) == TKD_OK && b)
+        ;
+    int64_t opens = tkd_cache_stream_shard_opens(s);
+    tkd_cache_stream_close(s);
+    return opens;
+}
+
+static void test_stream_keeps_shards_open(void **state)
+{
+    (void)state;
+    char *dir = tkd_test_mkdtemp("shards");
+    tkd_cache_identity id = tkd_test_cache_identity(2, 2, 0, TKD_CACHE_DTYPE_HALF);
+    assert_int_equal(tkd_test_cache_make(dir, &id, 12, 2, 2, 1), TKD_OK); /* 12 shards of 2 */
+    int64_t order[24];
+    for (int64_t i = 0; i < 24; i++)
+        order[i] = (i * 7) % 24; /* 7 is prime to 24: every sequence once, shards interleaved */
+    tkd_cache_reader *r = NULL;
+    assert_int_equal(tkd_cache_reader_open(&r, dir, NULL), TKD_OK);
+    assert_int_equal(epoch_opens(r, order, 24), 12);
+    tkd_cache_reader_close(r);
+    tkd_cache_reader_opts few = {4, 0, NULL};
+    assert_int_equal(tkd_cache_reader_open(&r, dir, &few), TKD_OK);
+    assert_true(epoch_opens(r, order, 24) > 12);
+    tkd_cache_reader_close(r);
+    tkd_test_rmdtemp(dir);
+}
+
 static void test_stream_any_order(void **state)
 {
     (void)state;
@@ -278,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_manifest_merge),
         cmocka_unit_test(test_reader_random_access),
         cmocka_unit_test(test_stream_any_order),
+        cmocka_unit_test(test_stream_keeps_shards_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
