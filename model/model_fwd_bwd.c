@@ -83,38 +83,56 @@ static int kept_groups(tkd_recompute r)
     }
 }
 
-/* The q/k/v group of one set: q, k (Qwen3: their f32 inputs to the per-head norms and rstd), v. */
-static void carve_qkv(const tkd_model *m, layer_acts *t, region *own, region *loan, size_t N)
+/* The tensors of the groups a set may hold, in layer_acts' order (the att group: the attention's
+ * saved state and output; Qwen3's qk group: q and k's f32 inputs to the per-head norms and rstd). */
+enum { W_X, W_Q, W_K, W_QR, W_KR, W_RSTDQ, W_RSTDK, W_V, W_ATT, W_Y, W_X2, W_GT, W_UP, W_COUNT };
+
+static void **want_field(layer_acts *t, int w)
 {
-    const tkd_model_config *c = &m->cfg;
-    size_t Q = q_dim(c), KV = kv_dim(c), A = m->be->act_size, S = sizeof(float);
-    t->q = take_in(own, loan, N * Q, A);
-    t->k = take_in(own, loan, N * KV, A);
-    if (has_qk_norm(c)) {
-        t->qr = take_in(own, loan, N * Q, S);
-        t->kr = take_in(own, loan, N * KV, S);
-        t->rstdq = take_in(own, loan, N * c->num_attention_heads, S);
-        t->rstdk = take_in(own, loan, N * c->num_key_value_heads, S);
-    }
-    t->v = take_in(own, loan, N * KV, A);
+    void **f[W_COUNT] = {(void **)&t->x,  &t->q,   &t->k, (void **)&t->qr, (void **)&t->kr,
+                         (void **)&t->rstdq, (void **)&t->rstdk, &t->v, &t->att, &t->y,
+                         (void **)&t->x2, &t->gt, &t->up};
+    return f[w];
 }
 
-/* The groups in mask of one set; the att group is the attention's output and saved state. */
-static void carve_groups(const tkd_model *m, layer_acts *t, int mask, region *own, region *loan, size_t N,
-                         size_t att)
+/* Bytes of each tensor of the groups in mask (0: not wanted), and x's when with_x. */
+static void want_sizes(const tkd_model *m, int mask, int with_x, size_t N, size_t att, size_t *sz)
 {
-    size_t D = m->cfg.hidden_size, F = dense_width(&m->cfg), Q = q_dim(&m->cfg), A = m->be->act_size;
+    const tkd_model_config *c = &m->cfg;
+    size_t D = c->hidden_size, F = dense_width(c), Q = q_dim(c), KV = kv_dim(c), A = m->be->act_size;
+    size_t S = sizeof(float);
+    int qk = has_qk_norm(c) && (mask & KEEP_QKV);
+    memset(sz, 0, sizeof(size_t) * W_COUNT);
+    sz[W_X] = with_x ? N * D * S : 0;
     if (mask & KEEP_QKV)
-        carve_qkv(m, t, own, loan, N);
-    if (mask & KEEP_ATT) {
-        t->att = take_in(own, loan, att, 1);
-        t->y = take_in(own, loan, N * Q, A);
+        sz[W_Q] = N * Q * A, sz[W_K] = N * KV * A, sz[W_V] = N * KV * A;
+    if (qk) {
+        sz[W_QR] = N * Q * S, sz[W_KR] = N * KV * S;
+        sz[W_RSTDQ] = N * c->num_attention_heads * S, sz[W_RSTDK] = N * c->num_key_value_heads * S;
     }
-    if (mask & KEEP_MLP) {
-        t->x2 = take_in(own, loan, N * D, sizeof(float));
-        t->gt = take_in(own, loan, N * F, A);
-        t->up = take_in(own, loan, N * F, A);
+    if (mask & KEEP_ATT)
+        sz[W_ATT] = att, sz[W_Y] = N * Q * A;
+    if (mask & KEEP_MLP)
+        sz[W_X2] = N * D * S, sz[W_GT] = N * F * A, sz[W_UP] = N * F * A;
+}
+
+/* Points t's wanted tensors into memory: with a loan, largest first (first fit then packs the
+ * loan fuller: at the ~3B shape gate, up, x, k and v fill a layer's 403 MB where layer order left
+ * 67 MB of it unused), else in layer_acts' order. */
+static void carve_wanted(layer_acts *t, const size_t *sz, region *own, region *loan)
+{
+    int order[W_COUNT];
+    for (int w = 0; w < W_COUNT; w++) {
+        int j = w; /* insertion sort, stable: sizes descending with a loan */
+        while (loan && j > 0 && sz[order[j - 1]] < sz[w]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = w;
     }
+    for (int i = 0; i < W_COUNT; i++)
+        if (sz[order[i]])
+            *want_field(t, order[i]) = take_in(own, loan, sz[order[i]], 1);
 }
 
 /* The one set every block uses in inference (the residual stream updated in place), or the
@@ -127,7 +145,9 @@ static void carve_shared(const tkd_model *m, layer_acts *t, region *own, size_t 
         t->x = take(own->base, &own->off, N * D, S);
     t->n1 = take(own->base, &own->off, N * D, A);
     t->rstd1 = take(own->base, &own->off, N, S);
-    carve_groups(m, t, (KEEP_QKV | KEEP_ATT | KEEP_MLP) & ~kept & ~(training ? 0 : KEEP_MLP), own, NULL, N, att);
+    size_t sz[W_COUNT];
+    want_sizes(m, (KEEP_QKV | KEEP_ATT | KEEP_MLP) & ~kept & ~(training ? 0 : KEEP_MLP), 0, N, att, sz);
+    carve_wanted(t, sz, own, NULL);
     t->ao = take(own->base, &own->off, N * D, A);
     t->n2 = training ? take(own->base, &own->off, N * D, A) : t->n1;
     t->rstd2 = take(own->base, &own->off, N, S);
@@ -159,8 +179,9 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
         if (!training)
             continue;
         region loan = grad_loan(m, l);
-        t->x = take_in(&own, &loan, N * D, S);
-        carve_groups(m, t, kept, &own, &loan, N, att);
+        size_t sz[W_COUNT];
+        want_sizes(m, kept, 1, N, att, sz);
+        carve_wanted(t, sz, &own, &loan);
     }
     a->xl = training ? take(buf, &own.off, N * D, S) : a->layer[0].x;
     a->hidden = take(buf, &own.off, N * D, A);
