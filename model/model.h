@@ -252,6 +252,10 @@ void tkd_model_set_lend_grads(tkd_model *m, int on);
 /* Bytes of the activation buffers sized now (0 before the first forward or reserve). */
 size_t tkd_model_activation_bytes(const tkd_model *m);
 
+/* Bytes of kept activations placed in the gradient buffer (tkd_model_set_lend_grads; 0 without):
+ * with the activation bytes, what the activations would take without the loan. */
+size_t tkd_model_activation_lent_bytes(const tkd_model *m);
+
 /* Forward over host tokens (B, T) int32 (each in [0, V), else TKD_ERR_INVALID_ARG naming the
  * position). *hidden (optional) receives a view of the final hidden states (B·T, D) after the final
  * RMSNorm, in backend memory as act elements (a const float * on the CPU backend), owned by the

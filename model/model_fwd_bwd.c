@@ -173,6 +173,7 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
     layer_acts shared = {0};
     carve_shared(m, &shared, &own, N, att, training);
     int kept = kept_groups(m->recompute);
+    a->lent = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *t = &a->layer[l];
         *t = shared;
@@ -182,6 +183,7 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
         size_t sz[W_COUNT];
         want_sizes(m, kept, 1, N, att, sz);
         carve_wanted(t, sz, &own, &loan);
+        a->lent += loan.off;
     }
     a->xl = training ? take(buf, &own.off, N * D, S) : a->layer[0].x;
     a->hidden = take(buf, &own.off, N * D, A);
@@ -295,6 +297,11 @@ static tkd_status reserve_moe(tkd_model *m, int N)
 size_t tkd_model_activation_bytes(const tkd_model *m)
 {
     return m->acts ? m->acts->bytes : 0;
+}
+
+size_t tkd_model_activation_lent_bytes(const tkd_model *m)
+{
+    return m->acts ? m->acts->lent : 0;
 }
 
 void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode)

@@ -38,6 +38,7 @@ typedef struct layer_acts {
 struct tkd_model_acts {
     int cap_b, cap_t, training; /* what the buffers are sized for */
     size_t bytes;               /* of buf */
+    size_t lent;                /* kept activations placed in the gradient buffer (lend_grads) */
     void *buf;                  /* the one backend allocation every view below points into */
     int32_t *tokens;            // (cap_b·cap_t) backend copy of the last forward's tokens
     layer_acts *layer;          // (L) host array of views

@@ -307,6 +307,33 @@ static tkd_status open_zero(trainer *tr)
                      e, tr->m->n_params);
     return TKD_OK;
 }
+/* bytes as "12.3 GiB" or "45.6 MiB" into buf. */
+static const char *mem_str(char *buf, size_t n, double bytes)
+{
+    double mib = bytes / (1024.0 * 1024.0);
+    if (mib >= 1024.0)
+        snprintf(buf, n, "%.1f GiB", mib / 1024.0);
+    else
+        snprintf(buf, n, "%.1f MiB", mib);
+    return buf;
+}
+
+/* What the run holds in backend memory, once at the start: the state per parameter (weights and
+ * the exact fp32 master, the fp32 gradients, the AdamW moments: 16 bytes, 12 with bf16 moments;
+ * data parallel: the moments of this rank's shard only, so an upper bound) and the activations,
+ * with the part that lives in the gradient buffer until each layer's backward (docs/student-train.md). */
+static void log_memory(const trainer *tr, const tkd_train_config *c)
+{
+    size_t per = 8 + (c->state_dtype == TKD_ADAMW_DTYPE_BF16 ? 4 : 8);
+    size_t lent = tkd_model_activation_lent_bytes(tr->m);
+    char a[32], b[32], l[32], more[96] = "";
+    if (lent)
+        snprintf(more, sizeof more, ", and %s more in the gradient buffer", mem_str(l, sizeof l, (double)lent));
+    tkd_log_info("memory: %s of weights, gradients and AdamW state (%zu bytes a parameter); activations %s%s",
+                 mem_str(a, sizeof a, (double)tr->m->n_params * (double)per), per,
+                 mem_str(b, sizeof b, (double)tkd_model_activation_bytes(tr->m)), more);
+}
+
 
 tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
 {
@@ -337,6 +364,8 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
             tkd_log_info("student: %zu parameters, %d layers, D=%d, V=%d; %" PRId64 " steps of %d x %d x %d tokens",
                      tr.m->n_params, tr.m->cfg.num_hidden_layers, tr.m->cfg.hidden_size, tr.V, tr.total_steps,
                      o->cfg->batch_size, o->cfg->grad_accum, tr.T);
+        if (tr.dist.rank == 0)
+            log_memory(&tr, o->cfg);
         st = loop(&tr, res);
     }
     res->steps = tr.st.step;

@@ -327,6 +327,7 @@ static void lend_same_gradients(tkd_model_config cfg)
         tkd_model_set_lend_grads(m, 0);
         assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
         assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
+        assert_int_equal(tkd_model_activation_lent_bytes(m), 0);
         memcpy(h0, h, sizeof dh);
         assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
         memcpy(g0, m->grads, sizeof(float) * m->n_params);
@@ -342,10 +343,11 @@ static void lend_same_gradients(tkd_model_config cfg)
                     fail_msg("recompute %d, step %d: lent gradient %zu is %.9g, %.9g in own memory", (int)modes[i],
                              step, j, m->grads[j], g0[j]);
         }
-        size_t lent = tkd_model_activation_bytes(m);
-        printf("recompute %d: %zu activation bytes of their own, %zu lending the gradients (tied %d)\n",
-               (int)modes[i], own, lent, cfg.tie_word_embeddings);
-        assert_true(lent < own);
+        size_t left = tkd_model_activation_bytes(m), lent = tkd_model_activation_lent_bytes(m);
+        printf("recompute %d: %zu activation bytes of their own, %zu lending the gradients (%zu lent; tied %d)\n",
+               (int)modes[i], own, left, lent, cfg.tie_word_embeddings);
+        assert_true(left < own && lent > 0);
+        assert_int_equal(left + lent, own); /* every tensor is somewhere, the same size */
     }
     free(h0);
     free(g0);
