@@ -113,6 +113,34 @@ static void test_top1_agreement_rises(void **state)
     assert_true(r1.val_kd < r0.val_kd);
 }
 
+/* optim.grad_accum = 2 of 2 sequences is one batch of 4 (the same sequences per step, each
+ * micro-batch's mean scaled by 1/2): the gradient norms and losses of 4 steps agree to float
+ * rounding. Guards that accumulation keeps the gradients of every micro-batch: the gradient buffer
+ * is lent to the activations only without it (a loan would leave the last micro-batch's alone,
+ * 0.545 against 0.663 at step 1 here). */
+static void test_grad_accum_equals_one_batch(void **state)
+{
+    fixture *f = *state;
+    const char *one[] = {"kd.alpha=0.5", "train.max_steps=4"};
+    const char *two[] = {"kd.alpha=0.5", "train.max_steps=4", "train.batch_size=2", "optim.grad_accum=2"};
+    tkd_train_result ra, rb;
+    assert_int_equal(run(f, "accum-1x4", one, 2, 0, &ra), TKD_OK);
+    assert_int_equal(run(f, "accum-2x2", two, 4, 0, &rb), TKD_OK);
+    char a[4400], b[4400];
+    run_path(a, sizeof a, f, "accum-1x4", "metrics.jsonl");
+    run_path(b, sizeof b, f, "accum-2x2", "metrics.jsonl");
+    const char *keys[] = {"grad_norm", "loss"};
+    for (int k = 0; k < 2; k++) {
+        double x[8], y[8];
+        assert_int_equal(tkd_test_metrics(a, "train", keys[k], x, 8), 4);
+        assert_int_equal(tkd_test_metrics(b, "train", keys[k], y, 8), 4);
+        for (int i = 0; i < 4; i++) {
+            printf("  step %d %-9s one batch %.9g, two micro-batches %.9g\n", i + 1, keys[k], x[i], y[i]);
+            assert_true(tkd_test_close(x[i], y[i], 0, 1e-5));
+        }
+    }
+}
+
 /* 12 steps straight vs 5 steps (train.stop_after) + --resume: with grad_accum = 2 and 11 batches
  * per epoch, the epoch boundary falls inside step 6, just after the stop. The weights, the AdamW
  * moments and every metrics record (to the printed digit) must be equal. */
@@ -385,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_kd_falls_tail),
         cmocka_unit_test(test_kd_falls_sampled),
         cmocka_unit_test(test_top1_agreement_rises),
+        cmocka_unit_test(test_grad_accum_equals_one_batch),
         cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_resume_bf16_state_is_bit_exact),
         cmocka_unit_test(test_checkpoint_loads_back),
