@@ -87,12 +87,24 @@ static int kept_groups(tkd_recompute r)
  * saved state and output; Qwen3's qk group: q and k's f32 inputs to the per-head norms and rstd). */
 enum { W_X, W_Q, W_K, W_QR, W_KR, W_RSTDQ, W_RSTDK, W_V, W_ATT, W_Y, W_X2, W_GT, W_UP, W_COUNT };
 
-static void **want_field(layer_acts *t, int w)
+/* Points tensor w of t at p (a switch: the views have their own pointer types). */
+static void set_field(layer_acts *t, int w, void *p)
 {
-    void **f[W_COUNT] = {(void **)&t->x,  &t->q,   &t->k, (void **)&t->qr, (void **)&t->kr,
-                         (void **)&t->rstdq, (void **)&t->rstdk, &t->v, &t->att, &t->y,
-                         (void **)&t->x2, &t->gt, &t->up};
-    return f[w];
+    switch (w) {
+    case W_X: t->x = p; break;
+    case W_Q: t->q = p; break;
+    case W_K: t->k = p; break;
+    case W_QR: t->qr = p; break;
+    case W_KR: t->kr = p; break;
+    case W_RSTDQ: t->rstdq = p; break;
+    case W_RSTDK: t->rstdk = p; break;
+    case W_V: t->v = p; break;
+    case W_ATT: t->att = p; break;
+    case W_Y: t->y = p; break;
+    case W_X2: t->x2 = p; break;
+    case W_GT: t->gt = p; break;
+    default: t->up = p; break;
+    }
 }
 
 /* Bytes of each tensor of the groups in mask (0: not wanted), and x's when with_x. */
@@ -132,7 +144,7 @@ static void carve_wanted(layer_acts *t, const size_t *sz, region *own, region *l
     }
     for (int i = 0; i < W_COUNT; i++)
         if (sz[order[i]])
-            *want_field(t, order[i]) = take_in(own, loan, sz[order[i]], 1);
+            set_field(t, order[i], take_in(own, loan, sz[order[i]], 1));
 }
 
 /* The one set every block uses in inference (the residual stream updated in place), or the
