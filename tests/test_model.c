@@ -238,21 +238,31 @@ static void test_grad_accumulation_and_tied_head(void **s)
     tkd_model_free(m);
 }
 
+/* The recompute and lend tests' model: cfg with three layers (the first and a middle one
+ * recomputed, the last kept), a (3, 9) token batch into tok and a loss gradient dh (N3, D3). */
+enum { N3 = 3 * 9, D3 = 20 };
+
+static tkd_model *three_layers(tkd_model_config cfg, int32_t *tok, float *dh)
+{
+    cfg.num_hidden_layers = 3;
+    tkd_model *m = NULL;
+    assert_int_equal(tkd_model_init_random(&cfg, 7, &m), TKD_OK);
+    assert_int_equal(m->cfg.hidden_size, D3);
+    for (int i = 0; i < N3; i++)
+        tok[i] = (i * 11 + 3) % 37;
+    tkd_test_randn(dh, N3 * D3, 5, 1);
+    return m;
+}
+
 /* train.recompute: full, attention and full_keep_attention: the same hidden states and bit-identical gradients as
  * keeping every activation (the same ops in the same order), over three layers (the first and a
  * middle one recomputed, the last kept), and smaller activation buffers, full the smallest;
  * switching back gives the first layout again. */
 static void recompute_same_gradients(tkd_model_config cfg)
 {
-    cfg.num_hidden_layers = 3;
-    tkd_model *m = NULL;
-    assert_int_equal(tkd_model_init_random(&cfg, 7, &m), TKD_OK);
-    enum { N = 3 * 9, D = 20 };
-    int32_t tok[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = (i * 11 + 3) % 37;
-    float dh[N * D];
-    tkd_test_randn(dh, N * D, 5, 1);
+    int32_t tok[N3];
+    float dh[N3 * D3];
+    tkd_model *m = three_layers(cfg, tok, dh);
     const void *h = NULL;
     float *h0 = malloc(sizeof dh), *g0 = malloc(sizeof(float) * m->n_params);
     assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
@@ -309,15 +319,9 @@ static void test_recompute_qwen3_window(void **s)
  * 0 (the loss writes the embedding's gradient during the forward). */
 static void lend_same_gradients(tkd_model_config cfg)
 {
-    cfg.num_hidden_layers = 3;
-    tkd_model *m = NULL;
-    assert_int_equal(tkd_model_init_random(&cfg, 11, &m), TKD_OK);
-    enum { N = 3 * 9, D = 20 };
-    int32_t tok[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = (i * 7 + 5) % 37;
-    float dh[N * D];
-    tkd_test_randn(dh, N * D, 6, 1);
+    int32_t tok[N3];
+    float dh[N3 * D3];
+    tkd_model *m = three_layers(cfg, tok, dh);
     float *h0 = malloc(sizeof dh), *g0 = malloc(sizeof(float) * m->n_params);
     const tkd_recompute modes[4] = {TKD_RECOMPUTE_NONE, TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL,
                                     TKD_RECOMPUTE_FULL_KEEP_ATTENTION};

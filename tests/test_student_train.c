@@ -113,6 +113,27 @@ static void test_top1_agreement_rises(void **state)
     assert_true(r1.val_kd < r0.val_kd);
 }
 
+/* Runs x and y ended with the same checkpoint (weights, moments, state) byte for byte and the same
+ * metrics records but for their times. */
+static void assert_same_run(const fixture *f, const char *x, const char *y)
+{
+    char a[4400], b[4400];
+    const char *files[] = {"checkpoint/model.safetensors", "checkpoint/optimizer.safetensors",
+                           "checkpoint/state.json"};
+    for (int i = 0; i < 3; i++) {
+        run_path(a, sizeof a, f, x, files[i]);
+        run_path(b, sizeof b, f, y, files[i]);
+        if (!tkd_test_files_equal(a, b))
+            fail_msg("%s differs between runs %s and %s", files[i], x, y);
+    }
+    run_path(a, sizeof a, f, x, "metrics.jsonl");
+    run_path(b, sizeof b, f, y, "metrics.jsonl");
+    char *ma = tkd_test_metrics_without_time(a), *mb = tkd_test_metrics_without_time(b);
+    assert_string_equal(ma, mb);
+    free(ma);
+    free(mb);
+}
+
 /* optim.grad_accum = 2 of 2 sequences is one batch of 4 (the same sequences per step, each
  * micro-batch's mean scaled by 1/2): the gradient norms and losses of 4 steps agree to float
  * rounding. Guards that accumulation keeps the gradients of every micro-batch: the gradient buffer
@@ -149,7 +170,7 @@ static void test_resume_is_bit_exact(void **state)
     fixture *f = *state;
     const char *common[] = {"kd.variant=sampled", "kd.alpha=0.7", "optim.grad_accum=2", "train.max_steps=12",
                             "train.eval_interval=4", "train.eval_batches=1"};
-    char a[4400], b[4400];
+    char b[4400];
     tkd_train_result ra, rb;
     assert_int_equal(run(f, "straight", common, 6, 0, &ra), TKD_OK);
 
@@ -168,20 +189,8 @@ static void test_resume_is_bit_exact(void **state)
     assert_int_equal(run(f, "split", first_half, 7, 1, &rb), TKD_OK);
     assert_int_equal(rb.steps, 12);
 
-    const char *files[] = {"checkpoint/model.safetensors", "checkpoint/optimizer.safetensors",
-                           "checkpoint/state.json"};
-    for (int i = 0; i < 3; i++) {
-        run_path(a, sizeof a, f, "straight", files[i]);
-        run_path(b, sizeof b, f, "split", files[i]);
-        if (!tkd_test_files_equal(a, b))
-            fail_msg("%s differs between the straight and the resumed run", files[i]);
-    }
-    run_path(a, sizeof a, f, "straight", "metrics.jsonl");
+    assert_same_run(f, "straight", "split");
     run_path(b, sizeof b, f, "split", "metrics.jsonl");
-    char *ma = tkd_test_metrics_without_time(a), *mb = tkd_test_metrics_without_time(b);
-    assert_string_equal(ma, mb);
-    free(ma);
-    free(mb);
     assert_true(ra.train_loss == rb.train_loss); /* the doubles themselves, not their print */
     assert_true(ra.val_loss == rb.val_loss);
     double losses[16], kds[16], ces[16], ppl[16];
@@ -224,20 +233,7 @@ static void test_resume_bf16_state_is_bit_exact(void **state)
     assert_int_equal(rb.steps, 4);
     assert_int_equal(run(f, "bf16-split", first_half, 6, 1, &rb), TKD_OK);
     assert_int_equal(rb.steps, 9);
-    const char *files[] = {"checkpoint/model.safetensors", "checkpoint/optimizer.safetensors",
-                           "checkpoint/state.json"};
-    for (int i = 0; i < 3; i++) {
-        run_path(a, sizeof a, f, "bf16-straight", files[i]);
-        run_path(b, sizeof b, f, "bf16-split", files[i]);
-        if (!tkd_test_files_equal(a, b))
-            fail_msg("%s differs between the straight and the resumed bf16-state run", files[i]);
-    }
-    run_path(a, sizeof a, f, "bf16-straight", "metrics.jsonl");
-    run_path(b, sizeof b, f, "bf16-split", "metrics.jsonl");
-    char *ma = tkd_test_metrics_without_time(a), *mb = tkd_test_metrics_without_time(b);
-    assert_string_equal(ma, mb);
-    free(ma);
-    free(mb);
+    assert_same_run(f, "bf16-straight", "bf16-split");
     assert_true(ra.train_loss == rb.train_loss && ra.val_loss == rb.val_loss);
 
     run_path(b, sizeof b, f, "bf16-split", "checkpoint/state.json");
