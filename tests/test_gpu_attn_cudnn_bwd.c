@@ -564,7 +564,7 @@ static void test_small(void **state)
         {"T = 333, GQA 2, dh 128", 1, 333, 8, 4, 128, 1.0f, 6},
         {"T = 300, peaked softmax (std 3)", 1, 300, 2, 1, 64, 3.0f, 7},
         {"T = 256 (two whole tiles), B = 2, GQA 4", 2, 256, 8, 2, 64, 1.0f, 8},
-        {"T = 257 (3 tiles: the middle pair alone), GQA 4, dh 128", 1, 257, 4, 1, 128, 1.5f, 9},
+        {"T = 257 (3 key tiles, the last of one key), GQA 4, dh 128", 1, 257, 4, 1, 128, 1.5f, 9},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
@@ -577,6 +577,10 @@ static void test_long(void **state)
         {"T = 1000, B = 2, GQA 1", 2, 1000, 2, 2, 64, 1.0f, 12},
         {"T = 2049, GQA 4, dh 128", 1, 2049, 4, 1, 128, 1.0f, 13},
         {"T = 1000, GQA 7, dh 64 (Qwen's group)", 1, 1000, 7, 1, 64, 1.5f, 14},
+        /* 9 key tiles × 32 (b, kv head) = 288 wgmma CTAs, more than an H200 holds at once: CTAs wait on
+         * dQ counters of CTAs launched before them, never after */
+        {"T = 1100, B = 8, GQA 1: more CTAs than SMs", 8, 1100, 4, 4, 64, 1.0f, 15},
+        {"T = 700, B = 6, GQA 2, dh 128: more CTAs than SMs", 6, 700, 12, 6, 128, 1.0f, 16},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }

@@ -54,6 +54,7 @@
 
 #include "common/status.h"
 #include "kernels/attn/attn_bwd_cuda_internal.h"
+#include "kernels/attn/attn_bwd_sm90.h"
 #include "kernels/attn/attn_cuda_common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
@@ -501,8 +502,24 @@ tkd_status tkd_cuda_attn_bwd_prep(const uint16_t *dy, const uint16_t *y, const f
 }
 
 /* ws's buffers for cap padded rows (ws zeroed). */
-static tkd_status bwd_ws_setup(tkd_cuda_attn_bwd_ws *ws, int64_t cap)
+/* The Hopper backward's dQ accumulators and counters (attn_bwd_sm90.cu), where it can run. */
+static tkd_status bwd_ws_setup_dq(tkd_cuda_attn_bwd_ws *ws, int64_t cap, int dh)
 {
+    if (tkd_cuda_attn_bwd_sm90_supported(dh) != TKD_OK) {
+        tkd_error_clear(); /* another backward runs: nothing to make */
+        return TKD_OK;
+    }
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->dq_acc, sizeof(float) * (size_t)cap * (size_t)dh,
+                            "attention backward workspace (dQ accumulators)", "lower the batch size or T"));
+    TKD_TRY(tkd_cuda_malloc((void **)&ws->dq_cnt, sizeof(unsigned) * (size_t)(cap / 64),
+                            "attention backward workspace (dQ counters)", NULL));
+    ws->dq_dh = dh;
+    return TKD_OK;
+}
+
+static tkd_status bwd_ws_setup(tkd_cuda_attn_bwd_ws *ws, int64_t cap, int dh)
+{
+    TKD_TRY(bwd_ws_setup_dq(ws, cap, dh));
     ws->cap = cap;
     TKD_TRY(tkd_cuda_malloc((void **)&ws->lse2, sizeof(float) * (size_t)cap, "attention backward workspace (lse)",
                             "lower the batch size or T"));
@@ -520,13 +537,13 @@ extern "C" tkd_status tkd_cuda_attn_bwd_ws_create(tkd_cuda_attn_bwd_ws **out, in
                              T, H);
     TKD_TRY(check_dh("tkd_cuda_attn_bwd_ws_create", dh));
     return tkd_cuda_ws_create(out, tkd_cuda_attn_bwd_ws_free, "tkd_cuda_attn_bwd_ws_create: out of host memory",
-                              [&](tkd_cuda_attn_bwd_ws *ws) { return bwd_ws_setup(ws, padded_rows(B, T, H)); });
+                              [&](tkd_cuda_attn_bwd_ws *ws) { return bwd_ws_setup(ws, padded_rows(B, T, H), dh); });
 }
 
 extern "C" void tkd_cuda_attn_bwd_ws_free(tkd_cuda_attn_bwd_ws *ws)
 {
     tkd_cuda_ws_free(ws, [](tkd_cuda_attn_bwd_ws *w) {
-        tkd_cuda_free_all(w->lse2, w->dsum, w->err);
+        tkd_cuda_free_all(w->lse2, w->dsum, w->err, w->dq_acc, w->dq_cnt);
     });
 }
 

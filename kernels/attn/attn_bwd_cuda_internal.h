@@ -20,6 +20,11 @@ struct tkd_cuda_attn_bwd_ws {
     float *dsum;   /* (B, H, Tp) D = Σ_d dy·y, 0 on padded rows */
     unsigned *err; /* (1) non-zero after a bounded pipeline wait of attn_bwd_sm90.cu timed out */
     int64_t cap;   /* floats in lse2 and dsum each: B·H·Tp at creation */
+    /* attn_bwd_sm90.cu's dQ accumulation, made only where it can run (compute capability 9.0, dh 64
+     * or 128), else NULL and dq_dh 0: */
+    float *dq_acc;     /* cap·dq_dh floats: (B, H, Tp / 64) tiles of 64 × dh */
+    unsigned *dq_cnt;  /* cap / 64 counters: partials added per tile */
+    int dq_dh;         /* the head dim dq_acc was made for */
 };
 
 /* Fills ws->lse2 and ws->dsum for (B, T, H) from dy, y (B·T, H·dh) and lse (B, H, T) on stream;

@@ -7,39 +7,41 @@
  *   dv_j = Σ_i P_ij dy_i, dk_j = c Σ_i dS_ij q_i, dq_i = c Σ_j dS_ij k_j,
  * dk and dv of a kv head summed over its group of query heads.
  *
- * Two kernels of the same shape, one CTA of three warpgroups each:
- *  - warpgroup 0, the producer: one thread issues the TMA loads. A "resident" tile of 128 rows
- *    (two operands, one 64-column box per 64 of dh, 128-byte swizzle) is loaded once per pass and
- *    "streamed" tiles of 64 rows (two operands, plus the rows' lse2 and D by plain bulk copies in
- *    the dK/dV kernel) go through a ring of kStages stages, each completing on its `full` mbarrier;
- *  - warpgroups 1 and 2, the consumers: each owns 64 rows of the resident tile (wgmma M = 64),
- *    computes per streamed tile the two 64 × 64 score blocks by wgmma from shared memory, P and dS
- *    in registers, and accumulates the gradient(s) of its 64 rows by wgmma with P or dS as the A
- *    operand from registers (the accumulator layout of a 64 × 16 block is the A fragment layout)
- *    and the streamed tile as an MN-major B operand (the same swizzled bytes, transpose flag set);
- *    it releases a stage (one arrival per warp) when its wgmmas are done.
- *  dK/dV kernel: resident K, V (128 keys of kv head g), streamed Q, dY (64 queries) of every query
- *    head of the group, from the tile holding the first key to T: Sᵀ = K Qᵀ, dPᵀ = V dYᵀ,
- *    dV += Pᵀ dY, dK += dSᵀ Q (scaled by c at the end). The GQA sum happens in the fp32
- *    accumulators, in a fixed order.
- *  dQ kernel: resident Q, dY (128 queries of one head), their lse2 and D; streamed K, V (64 keys)
- *    from the diagonal tile down to key 0: S = Q Kᵀ, dP = dY Vᵀ, dQ += dS K.
- * Every gradient row is written by one consumer warpgroup, once (no atomics, no partial sums in
- * memory): bit-identical results run to run, no workspace beyond prep's B·H·Tp floats twice. The
- * price is the dQ kernel's recomputation of the two score blocks: 7 matrix products per (query,
- * key) block instead of the 5 of an atomic dQ (1.4× the FLOPs counted as 2.5× the forward's).
+ * One kernel, one CTA per (128-key tile j, kv head g, batch b), three warpgroups:
+ *  - warpgroup 0: thread 0 issues the TMA loads: the resident K and V tile (128 keys of kv head g,
+ *    one 64-column box per 64 of dh, 128-byte swizzle) once, then "streamed" steps of 64 queries
+ *    (Q, dY and the rows' lse2 and D) through a ring of kStages stages, each completing on its
+ *    `full` mbarrier. Thread 32 is the dQ writer (below).
+ *  - warpgroups 1 and 2, the consumers: each owns 64 of the resident keys (wgmma M = 64). Per step:
+ *    Sᵀ = K Qᵀ and dPᵀ = V dYᵀ by wgmma from shared memory, P and dS in registers, dV += Pᵀ dY and
+ *    dK += dSᵀ Q by wgmma with P or dS as the A operand from registers (the accumulator layout of a
+ *    64 × 16 block is the A fragment layout) and the streamed tile as an MN-major B operand. Each also
+ *    stores its dSᵀ (bf16, swizzled) to shared memory; after a named barrier both read the whole
+ *    128-key dS as an MN-major A operand for this step's dQ partial, dQ_t = dS K (64 queries × dh),
+ *    each warpgroup half of its columns, and stage it (fp32) for the writer.
+ *  - the dQ writer adds each step's partial into an fp32 accumulator tile in the workspace with one
+ *    bulk reduce-add (TMA), in a fixed order: the partial of key tile j goes in only after those of
+ *    key tiles 0 .. j−1, counted by a per-(b, h, query tile) counter it waits on (the first, j = 0,
+ *    is a plain bulk store: no zeroing pass). A small kernel then scales the tile by c and rounds
+ *    it to bf16 into dq.
+ * So every gradient element is the same sum in the same order on every run: bit-identical results,
+ * with 5 matrix products per (query, key) block (the split design before this one recomputed S and
+ * dP in a dQ kernel: 7). The workspace: the prep's B·H·Tp floats twice, the accumulators (B·H·Tp·dh
+ * floats) and the counters (B·H·Tp/64).
  *
- * Causal balance: a CTA takes a pair of resident tiles, i and n − 1 − i (n = ceil(T / 128); the
- * middle one alone when n is odd), one after the other, so every CTA walks about n + 1 streamed
- * tiles per head: the grid (pairs, heads, B) is one even wave-set even when there are only 2 kv
- * heads (Qwen2.5-0.5B: 4 × 2 × 16 = 128 dK/dV CTAs on 132 SMs).
+ * Order and progress: the grid is (Hkv·B, key tiles), launched with x fastest, so key tile j − 1 of
+ * a (b, g) is launched before key tile j: a CTA only ever waits on CTAs launched before it, which
+ * never wait on it (no deadlock however few CTAs are resident), and the long CTAs (small j: every
+ * query tile after them) start first. Each CTA walks its query tiles from the last down to its
+ * diagonal, the heads of the group inside a tile: all CTAs of a (b, g) meet the same (tile, head)
+ * at the same step, so a CTA trails the one before it by about one add's latency, not by steps.
  *
- * Causal mask: tile starts are multiples of 64, so a consumer's 64 rows against a 64-row streamed
- * tile are either wholly visible (skip nothing), on the diagonal (same start: elementwise key >
- * query → P = 0), or wholly masked (the warpgroup skips the step but still releases the stage).
- * Ragged T: the tensor maps are 3-D (columns, T, B), so rows ≥ T of a box are zero-filled within
- * the batch; their lse2 is +inf and D 0 (prep pads to Tp), so P = 0 and they contribute nothing;
- * gradient rows ≥ T are not stored.
+ * Causal mask: tile starts are multiples of 64, so a consumer's 64 keys against a 64-query step are
+ * either wholly visible, on the diagonal (same start: elementwise key > query → P = 0), or wholly
+ * masked (only warpgroup 2 on the CTA's first query tile, or on every tile where its keys are all
+ * ≥ T: it skips its products and stores a zero dS block for the dQ product). Ragged T: the tensor maps are 3-D (columns, T, B),
+ * so rows ≥ T of a box are zero-filled within the batch; their lse2 is +inf and D 0 (prep pads to
+ * Tp), so P = 0 and they contribute nothing; gradient rows ≥ T are not stored.
  *
  * Fragments (wgmma m64nN, fp32): in warp w of a warpgroup, lane l holds rows 16w + l/4 + 8h and
  * columns 8j + 2(l%4) + e at register 4j + 2h + e. The A fragment of k-block c (columns 16c ..
@@ -71,48 +73,61 @@ constexpr int kStr = 64;                 /* streamed tile rows per step */
 constexpr int kStages = 3; /* a step is ~1 µs of wgmma: two loads in flight cover TMA latency */
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr double kLog2e = 1.4426950408889634;
-static_assert(kRes == TKD_ATTN_BWD_PAD, "the dQ kernel reads 128 lse2/D values per tile from the padded workspace");
+static_assert(TKD_ATTN_BWD_PAD % kStr == 0, "a step's 64 lse2/D values and dQ tile lie inside the padded rows");
 
-/* Shared memory, byte offsets from a 1024-aligned base: the resident tiles, the ring's stages (two
- * streamed tiles each), the lse2/D vectors (dK/dV: 64 + 64 floats per stage; dQ: 128 + 128 for the
- * resident rows), the mbarriers. Each 64-column box of a tile is rows × 128 bytes. */
+/* Shared memory, byte offsets from a 1024-aligned base: the resident K and V tiles, the ring's stages
+ * (Q and dY tiles each), the two warpgroups' dSᵀ blocks twice (by step parity: a warpgroup writes
+ * step s + 1's while the other may still read step s's), the staged fp32 dQ partial (64 × DH), the
+ * stages' lse2/D vectors (64 + 64 floats each), the mbarriers. Each 64-column box of a tile is
+ * rows × 128 bytes. DH 128: 232,008 bytes of the 232,448 an H200 CTA may have. */
 template <int DH>
 struct Smem {
     static constexpr uint32_t kResBox = kRes * 128, kStrBox = kStr * 128;
     static constexpr uint32_t kResTile = kResBox * (DH / 64), kStrTile = kStrBox * (DH / 64);
     static constexpr uint32_t kStage0 = 2 * kResTile;
-    static constexpr uint32_t kVec = kStage0 + 2 * kStages * kStrTile;
-    static constexpr uint32_t kVecStage = kStages * 2 * kStr * 4, kVecRes = 2 * kRes * 4;
-    static constexpr uint32_t kVecBytes = kVecStage > kVecRes ? kVecStage : kVecRes;
-    static constexpr uint32_t kBar = kVec + kVecBytes;
-    static constexpr size_t kBytes = 1024 + kBar + 8 * (2 * kStages + 2);
-    static_assert(kResBox % 1024 == 0 && kStrBox % 1024 == 0, "swizzled boxes need 1024-byte alignment");
+    static constexpr uint32_t kDsHalf = kRows * 128; /* one warpgroup's 64 keys × 64 queries, bf16 */
+    static constexpr uint32_t kDs = kStage0 + 2 * kStages * kStrTile;
+    static constexpr uint32_t kDq = kDs + 2 * kConsumers * kDsHalf;
+    static constexpr uint32_t kDqBytes = kStr * DH * 4;
+    static constexpr uint32_t kVec = kDq + kDqBytes;
+    static constexpr uint32_t kBar = kVec + kStages * 2 * kStr * 4;
+    static constexpr int kNumBars = 2 * kStages + 3;
+    static constexpr size_t kBytes = 1024 + kBar + 8 * kNumBars;
+    static_assert(kResBox % 1024 == 0 && kStrBox % 1024 == 0 && kDs % 1024 == 0,
+                  "swizzled boxes need 1024-byte alignment");
+    static_assert(kBytes <= 232448, "more shared memory than a Hopper CTA may have");
 };
 
 __device__ inline uint32_t full_bar(uint32_t bar0, int s) { return bar0 + 8 * s; }
 __device__ inline uint32_t empty_bar(uint32_t bar0, int s) { return bar0 + 8 * (kStages + s); }
 __device__ inline uint32_t res_full_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages); }
-__device__ inline uint32_t res_empty_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages + 1); }
+__device__ inline uint32_t dq_full_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages + 1); }  /* partial staged */
+__device__ inline uint32_t dq_empty_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages + 2); } /* staging read */
 
 struct Params {
-    uint16_t *g0, *g1;        /* dK/dV kernel: dk, dv (B·T, Hkv·dh); dQ kernel: dq (B·T, H·dh) */
+    uint16_t *dk, *dv;        /* (B·T, Hkv·dh) */
     const float *lse2, *dsum; /* (B, H, Tp) */
+    float *dq_acc;            /* (B, H, Tp / 64) tiles of 64 × dh fp32, in the staging layout (store_dq) */
+    unsigned *dq_cnt;         /* (B, H, Tp / 64) partials added so far; zero at launch */
     int T, Tp, H, Hkv, grp;   /* grp = H / Hkv */
-    int ntiles;               /* resident tiles: ceil(T / 128) */
     float scale_log2;         /* log2(e) / √dh */
     float scale;              /* 1 / √dh */
     unsigned *err;
 };
 
-/* The CTA's passes: resident tiles blockIdx.x and ntiles − 1 − blockIdx.x (one pass when equal). */
-__device__ inline int n_passes(int ntiles) { return 2 * (int)blockIdx.x + 1 == ntiles ? 1 : 2; }
-__device__ inline int pass_tile(int pass, int ntiles)
-{
-    return pass == 0 ? (int)blockIdx.x : ntiles - 1 - (int)blockIdx.x;
-}
-
-/* dQ kernel: the last 64-key tile that query rows [q0, q0 + 128) see. */
-__device__ inline int last_key_tile(int q0, int T) { return (min(q0 + kRes, T) - 1) / kStr; }
+/* The CTA's place (batch b, kv head g, key tile j starting at key k0) and its walk: `steps` steps
+ * over the query tiles from the last (nq − 1) down to the one holding key k0, the group's heads
+ * inside each tile. Producer, consumers and writer walk it alike. */
+struct Walk {
+    int b, g, j, k0, nq, grp, steps;
+    __device__ explicit Walk(const Params &p)
+        : b((int)blockIdx.x / p.Hkv), g((int)blockIdx.x % p.Hkv), j((int)blockIdx.y), k0(j * kRes),
+          nq((p.T + kStr - 1) / kStr), grp(p.grp), steps((nq - k0 / kStr) * p.grp)
+    {
+    }
+    __device__ int qtile(int s) const { return nq - 1 - s / grp; }
+    __device__ int head(int s) const { return g * grp + s % grp; }
+};
 
 /* ---- fragments ----------------------------------------------------------------------------------- */
 
@@ -214,27 +229,6 @@ __device__ __forceinline__ void p_ds_keys(float (&s)[32], float (&dp)[32], const
     }
 }
 
-/* dQ kernel, P and dS in place (rows: the warpgroup's 64 queries, this thread's two with lse2
- * l2[h] and D d[h]; columns: the step's 64 keys). On the diagonal keys after the query get P = 0. */
-__device__ __forceinline__ void p_ds_queries(float (&s)[32], float (&dp)[32], const float (&l2)[2],
-                                             const float (&d)[2], float scale_log2, bool diag)
-{
-    const int lane = threadIdx.x & 31, row = 16 * ((threadIdx.x / 32) & 3) + lane / 4;
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int i = 4 * j + 2 * h + e;
-                float p = fast_exp2(fmaf(s[i], scale_log2, -l2[h]));
-                if (diag && 8 * j + 2 * (lane & 3) + e > row + 8 * h)
-                    p = 0.f;
-                s[i] = p;
-                dp[i] = p * (dp[i] - d[h]);
-            }
-}
-
 /* Rows row0 + 16w + l/4 (+8) of a 64 × DH fp32 fragment, times mul, to g (row r at g + r·ld) as
  * bf16 (one rounding); rows ≥ T skipped. Writes, never reads, g. */
 template <int DH>
@@ -276,63 +270,69 @@ __device__ inline uint32_t stage_acquire(Ring<kStages> &r, uint32_t bar0, uint32
     return full;
 }
 
-/* dK/dV kernel's producer (one thread): per pass the K and V tile of kv head g, then for each
- * query head of the group and each 64-query tile from the resident tile's first key to T, the Q
- * and dY tiles and their lse2 and D. */
+/* The producer (one thread): the K and V tile of kv head g, then per step the Q and dY tiles of its
+ * query tile and head with their lse2 and D. */
 template <int DH>
-__device__ void dkv_produce(const CUtensorMap *tk, const CUtensorMap *tv, const CUtensorMap *tq,
-                            const CUtensorMap *tdy, const Params &p, uint32_t base, int g, int b)
+__device__ void produce(const CUtensorMap *tk, const CUtensorMap *tv, const CUtensorMap *tq, const CUtensorMap *tdy,
+                        const Params &p, uint32_t base)
 {
     using S = Smem<DH>;
     const uint32_t bar0 = base + S::kBar;
-    const int nq = (p.T + kStr - 1) / kStr;
+    const Walk w(p);
     Ring<kStages> r;
-    for (int pass = 0; pass < n_passes(p.ntiles); pass++) {
-        const int k0 = pass_tile(pass, p.ntiles) * kRes, per_h = nq - k0 / kStr;
-        mbar_wait(res_empty_bar(bar0), (pass & 1) ^ 1u, r.failed, p.err);
-        mbar_arrive_expect_tx(res_full_bar(bar0), 2 * S::kResTile);
-        load_tile<DH>(base, tk, S::kResBox, g * DH, k0, b, res_full_bar(bar0));
-        load_tile<DH>(base + S::kResTile, tv, S::kResBox, g * DH, k0, b, res_full_bar(bar0));
-        for (int s = 0; s < p.grp * per_h; s++) {
-            const int h = g * p.grp + s / per_h, q0 = k0 + (s % per_h) * kStr;
-            const uint32_t full = stage_acquire(r, bar0, 2 * S::kStrTile + 2 * kStr * 4, p.err);
-            const uint32_t st = base + S::kStage0 + 2 * r.stage * S::kStrTile;
-            const uint32_t vec = base + S::kVec + r.stage * 2 * kStr * 4;
-            load_tile<DH>(st, tq, S::kStrBox, h * DH, q0, b, full);
-            load_tile<DH>(st + S::kStrTile, tdy, S::kStrBox, h * DH, q0, b, full);
-            const int64_t w = ((int64_t)b * p.H + h) * p.Tp + q0; /* q0 + 64 ≤ Tp: prep padded */
-            bulk_load(vec, p.lse2 + w, kStr * 4, full);
-            bulk_load(vec + kStr * 4, p.dsum + w, kStr * 4, full);
-            r.next();
-        }
+    mbar_arrive_expect_tx(res_full_bar(bar0), 2 * S::kResTile);
+    load_tile<DH>(base, tk, S::kResBox, w.g * DH, w.k0, w.b, res_full_bar(bar0));
+    load_tile<DH>(base + S::kResTile, tv, S::kResBox, w.g * DH, w.k0, w.b, res_full_bar(bar0));
+    for (int s = 0; s < w.steps; s++) {
+        const int h = w.head(s), q0 = w.qtile(s) * kStr;
+        const uint32_t full = stage_acquire(r, bar0, 2 * S::kStrTile + 2 * kStr * 4, p.err);
+        const uint32_t st = base + S::kStage0 + 2 * r.stage * S::kStrTile;
+        const uint32_t vec = base + S::kVec + r.stage * 2 * kStr * 4;
+        load_tile<DH>(st, tq, S::kStrBox, h * DH, q0, w.b, full);
+        load_tile<DH>(st + S::kStrTile, tdy, S::kStrBox, h * DH, q0, w.b, full);
+        const int64_t row = ((int64_t)w.b * p.H + h) * p.Tp + q0; /* q0 + 64 ≤ Tp: prep padded */
+        bulk_load(vec, p.lse2 + row, kStr * 4, full);
+        bulk_load(vec + kStr * 4, p.dsum + row, kStr * 4, full);
+        r.next();
     }
 }
 
-/* dQ kernel's producer (one thread): per pass the Q and dY tile of query head h with their lse2 and
- * D, then the K and V tiles of its kv head from the last one the tile sees down to key 0. */
+/* The accumulator tile of (b, h, query tile qt) and its counter. */
+__device__ inline int64_t dq_tile(const Params &p, int b, int h, int qt)
+{
+    return ((int64_t)b * p.H + h) * (p.Tp / kStr) + qt;
+}
+
+/* The dQ writer (one thread): per step, once both consumers staged the partial, waits until key
+ * tiles 0 .. j−1 added theirs to the tile (its counter reads j), adds it (key tile 0: stores it) with
+ * one bulk copy, frees the staging buffer as soon as the copy has read it, and counts the partial in
+ * once its writes are done. */
 template <int DH>
-__device__ void dq_produce(const CUtensorMap *tq, const CUtensorMap *tdy, const CUtensorMap *tk,
-                           const CUtensorMap *tv, const Params &p, uint32_t base, int h, int b)
+__device__ void dq_write(const Params &p, uint32_t base)
 {
     using S = Smem<DH>;
-    const uint32_t bar0 = base + S::kBar, g = h / p.grp;
-    Ring<kStages> r;
-    for (int pass = 0; pass < n_passes(p.ntiles); pass++) {
-        const int q0 = pass_tile(pass, p.ntiles) * kRes, last = last_key_tile(q0, p.T);
-        const uint32_t res = res_full_bar(bar0);
-        mbar_wait(res_empty_bar(bar0), (pass & 1) ^ 1u, r.failed, p.err);
-        mbar_arrive_expect_tx(res, 2 * S::kResTile + 2 * kRes * 4);
-        load_tile<DH>(base, tq, S::kResBox, h * DH, q0, b, res);
-        load_tile<DH>(base + S::kResTile, tdy, S::kResBox, h * DH, q0, b, res);
-        const int64_t w = ((int64_t)b * p.H + h) * p.Tp + q0; /* q0 + 128 ≤ Tp */
-        bulk_load(base + S::kVec, p.lse2 + w, kRes * 4, res);
-        bulk_load(base + S::kVec + kRes * 4, p.dsum + w, kRes * 4, res);
-        for (int j = last; j >= 0; j--) {
-            const uint32_t full = stage_acquire(r, bar0, 2 * S::kStrTile, p.err);
-            const uint32_t st = base + S::kStage0 + 2 * r.stage * S::kStrTile;
-            load_tile<DH>(st, tk, S::kStrBox, g * DH, j * kStr, b, full);
-            load_tile<DH>(st + S::kStrTile, tv, S::kStrBox, g * DH, j * kStr, b, full);
-            r.next();
+    const uint32_t bar0 = base + S::kBar, src = base + S::kDq;
+    const Walk w(p);
+    bool failed = false;
+    for (int s = 0; s < w.steps; s++) {
+        mbar_wait(dq_full_bar(bar0), s & 1, failed, p.err);
+        const int64_t t = dq_tile(p, w.b, w.head(s), w.qtile(s));
+        counter_wait(p.dq_cnt + t, (unsigned)w.j, failed, p.err); /* no wait for j = 0: reads 0 */
+        if (!failed) {
+            fence_async_global(); /* the earlier partials' writes, seen by the acquire, before this copy */
+            float *dst = p.dq_acc + t * kStr * DH;
+            if (w.j == 0)
+                bulk_store(dst, src, S::kDqBytes);
+            else
+                bulk_reduce_add_f32(dst, src, S::kDqBytes);
+            bulk_commit();
+            bulk_wait_read();
+        }
+        mbar_arrive(dq_empty_bar(bar0)); /* also when failed: the consumers must not hang */
+        if (!failed) {
+            bulk_wait_all();
+            fence_async_global();
+            red_release_add(p.dq_cnt + t, 1u);
         }
     }
 }
@@ -350,130 +350,164 @@ __device__ inline void consumer_wait(uint32_t bar, uint32_t parity, Ring<kStages
 /* Releases a barrier phase: one arrival per consumer warp. */
 __device__ inline void consumer_release(uint32_t bar)
 {
+    __syncwarp();
     if ((threadIdx.x & 31) == 0)
         mbar_arrive(bar);
 }
 
-/* dK/dV kernel, one step of consumer warpgroup cw: the streamed Q and dY tile in stage `stage`. */
+/* The two consumer warpgroups meet (named barrier 1; barrier 0 is __syncthreads). */
+__device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory"); }
+
+/* This thread's part of dSᵀ (the A fragments dsa: rows = the warpgroup's 64 keys, columns = the
+ * step's 64 queries) into the 64 × 128-byte block at ds, 128-byte swizzled like a TMA box: a[c][i]
+ * holds row 16w + l/4 + 8(i % 2), columns 16c + 8(i / 2) + 2(l % 4) + {0, 1}, i.e. 16-byte chunk
+ * 2c + i/2 of its row at byte 4(l % 4). Conflict-free: a warp's 8 rows hit 8 distinct chunks. */
+__device__ inline void store_ds(uint32_t ds, const uint32_t (&a)[4][4])
+{
+    const int lane = threadIdx.x & 31, r8 = lane / 4;
+    const uint32_t row0 = ds + (16 * ((threadIdx.x / 32) & 3) + r8) * 128 + 4 * (lane & 3);
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t at = row0 + 8 * 128 * (i & 1) + (((2 * c + i / 2) ^ r8) << 4);
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(a[c][i]) : "memory");
+        }
+}
+
+/* dq (64 queries × this warpgroup's DH/2 columns) = dS K over the 128 keys of the resident tile:
+ * A = dSᵀ from shared memory (MN-major: rows are keys), B = K (MN-major: rows are keys; DH 128: box
+ * cw, N 64; DH 64: columns 32·cw .. of the one box, N 32). Issued only. */
 template <int DH>
-__device__ __forceinline__ void dkv_step(float (&dk)[DH / 2], float (&dv)[DH / 2], const Params &p, uint32_t base,
-                                         const unsigned char *sp, int stage, int cw, bool diag)
+__device__ __forceinline__ void dq_mma(float (&dq)[DH / 4], uint32_t ds, uint32_t kres, int cw)
+{
+    const uint32_t b0 = DH == 128 ? kres + cw * Smem<DH>::kResBox : kres + cw * 64;
+#pragma unroll
+    for (int c = 0; c < kRes / 16; c++) {
+        const uint64_t da = smem_desc_mn(ds + (c / 4) * Smem<DH>::kDsHalf + (c % 4) * 2048, 0);
+        const uint64_t db = smem_desc_mn(b0 + c * 2048, 0);
+        if constexpr (DH == 128)
+            wgmma_ss_n64_t<1, 1>(dq, da, db, c > 0);
+        else
+            wgmma_ss_n32_t<1, 1>(dq, da, db, c > 0);
+    }
+}
+
+/* Float4 chunk i of thread t's dq registers sits at chunk (i + rot(t)) % n of its row of the staging
+ * tile (n = DH/16 chunks): rotating by the lane keeps 8 lanes' stores on distinct banks. */
+template <int DH>
+__device__ inline int dq_chunk(int i, int t)
+{
+    constexpr int n = DH / 16;
+    return (i + t * n / 8) % n;
+}
+
+/* This warpgroup's dq partial (64 × DH/2 fp32) into the staging tile: thread t of warpgroup cw owns
+ * the DH/4 floats from (128·cw + t)·DH/4, its registers in float4 chunks rotated by dq_chunk. */
+template <int DH>
+__device__ inline void store_dq(unsigned char *stage, const float (&dq)[DH / 4], int cw)
+{
+    const int t = threadIdx.x & 127;
+    float4 *row = reinterpret_cast<float4 *>(stage) + (128 * cw + t) * (DH / 16);
+#pragma unroll
+    for (int i = 0; i < DH / 16; i++)
+        row[dq_chunk<DH>(i, t)] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+}
+
+/* One step of consumer warpgroup cw: the streamed Q and dY tile of queries q0 .. in stage `stage`,
+ * dSᵀ blocks of parity `par`. Leaves this step's dQ partial in dq. The visible and the masked case
+ * are two straight paths, each with its own wgmma fence and wait (a wgmma under a branch inside one
+ * sequence makes the compiler serialise them all). */
+template <int DH>
+__device__ __forceinline__ void step(float (&dk)[DH / 2], float (&dv)[DH / 2], float (&dq)[DH / 4], const Params &p,
+                                     uint32_t base, const unsigned char *sp, int stage, int cw, int q0, int k0,
+                                     int par)
 {
     using S = Smem<DH>;
     const uint32_t sq = base + S::kStage0 + 2 * stage * S::kStrTile, sdy = sq + S::kStrTile;
-    const uint32_t mine = cw * kRows * 128; /* the warpgroup's 64 rows of a resident box */
-    const float *l2 = reinterpret_cast<const float *>(sp + S::kVec + stage * 2 * kStr * 4);
-    float s[32], dp[32];
-    scores<DH>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sq, sdy, S::kStrBox); /* Sᵀ, dPᵀ */
-    p_ds_keys(s, dp, l2, l2 + kStr, p.scale_log2, diag);
-    uint32_t pa[4][4], dsa[4][4];
-    to_a_frags(pa, s);
-    to_a_frags(dsa, dp);
-    fence_regs(dv);
-    fence_regs(dk);
-    wgmma_fence();
-    mma_rs<DH>(dv, pa, sdy, S::kStrBox); /* dV += Pᵀ dY */
-    mma_rs<DH>(dk, dsa, sq, S::kStrBox); /* dK += dSᵀ Q */
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dv);
-    fence_regs(dk);
-    fence_frags(pa);
-    fence_frags(dsa);
-}
-
-/* dK/dV kernel, consumer warpgroup cw: keys k0 + 64·cw .. of each pass against every streamed step;
- * steps wholly before its keys are skipped (the stage is still released). */
-template <int DH>
-__device__ void dkv_consume(const Params &p, uint32_t base, const unsigned char *sp, int cw, int g, int b)
-{
-    const uint32_t bar0 = base + Smem<DH>::kBar;
-    const int nq = (p.T + kStr - 1) / kStr;
-    const int64_t ld = (int64_t)p.Hkv * DH, off = (int64_t)b * p.T * ld + (int64_t)g * DH;
-    Ring<kStages> r;
-    float dk[DH / 2], dv[DH / 2];
-    for (int pass = 0; pass < n_passes(p.ntiles); pass++) {
-        const int k0 = pass_tile(pass, p.ntiles) * kRes, kw = k0 + cw * kRows, per_h = nq - k0 / kStr;
-        zero_regs(dk);
-        zero_regs(dv);
-        consumer_wait(res_full_bar(bar0), pass & 1, r, p.err);
-        for (int s = 0; s < p.grp * per_h; s++) {
-            const int q0 = k0 + (s % per_h) * kStr;
-            consumer_wait(full_bar(bar0, r.stage), r.phase, r, p.err);
-            if (q0 >= kw)
-                dkv_step<DH>(dk, dv, p, base, sp, r.stage, cw, q0 == kw);
-            consumer_release(empty_bar(bar0, r.stage));
-            r.next();
-        }
-        consumer_release(res_empty_bar(bar0)); /* every wgmma reading K and V has completed */
-        store_rows<DH>(p.g0 + off, ld, dk, p.scale, kw, p.T);
-        store_rows<DH>(p.g1 + off, ld, dv, 1.f, kw, p.T);
+    const uint32_t ds = base + S::kDs + par * kConsumers * S::kDsHalf;
+    const int kw = k0 + cw * kRows;
+    zero_regs(dq); /* overwritten by the first dQ wgmma; this keeps them defined */
+    if (q0 >= kw) {
+        const uint32_t mine = cw * kRows * 128; /* the warpgroup's 64 rows of a resident box */
+        const float *l2 = reinterpret_cast<const float *>(sp + S::kVec + stage * 2 * kStr * 4);
+        float s[32], dp[32];
+        scores<DH>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sq, sdy, S::kStrBox); /* Sᵀ, dPᵀ */
+        p_ds_keys(s, dp, l2, l2 + kStr, p.scale_log2, q0 == kw);
+        uint32_t pa[4][4], dsa[4][4];
+        to_a_frags(pa, s);
+        to_a_frags(dsa, dp);
+        store_ds(ds + cw * S::kDsHalf, dsa);
+        fence_async_shared(); /* the generic stores before the wgmmas that read them */
+        consumers_sync();
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_regs(dq);
+        wgmma_fence();
+        mma_rs<DH>(dv, pa, sdy, S::kStrBox); /* dV += Pᵀ dY */
+        mma_rs<DH>(dk, dsa, sq, S::kStrBox); /* dK += dSᵀ Q */
+        dq_mma<DH>(dq, ds, base, cw); /* dQ_t = dS K */
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_regs(dq);
+        fence_frags(pa);
+        fence_frags(dsa);
+    } else { /* wholly masked: a zero dS block, so the dQ product runs over all 128 keys alike */
+        const uint32_t zero[4][4] = {};
+        store_ds(ds + cw * S::kDsHalf, zero);
+        fence_async_shared();
+        consumers_sync();
+        fence_regs(dq);
+        wgmma_fence();
+        dq_mma<DH>(dq, ds, base, cw); /* dQ_t = dS K */
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dq);
     }
 }
 
-/* dQ kernel, one step of consumer warpgroup cw: the streamed K and V tile in stage `stage`. */
+/* Consumer warpgroup cw: keys k0 + 64·cw .. against every step; its dq partial goes to the staging
+ * tile once the writer has read the previous one. dK and dV are stored at the end. */
 template <int DH>
-__device__ __forceinline__ void dq_step(float (&dq)[DH / 2], const float (&l2)[2], const float (&d)[2],
-                                        const Params &p, uint32_t base, int stage, int cw, bool diag)
+__device__ void consume(const Params &p, uint32_t base, unsigned char *sp, int cw)
 {
     using S = Smem<DH>;
-    const uint32_t sk = base + S::kStage0 + 2 * stage * S::kStrTile, sv = sk + S::kStrTile;
-    const uint32_t mine = cw * kRows * 128;
-    float s[32], dp[32];
-    scores<DH>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sk, sv, S::kStrBox); /* S, dP */
-    p_ds_queries(s, dp, l2, d, p.scale_log2, diag);
-    uint32_t dsa[4][4];
-    to_a_frags(dsa, dp);
-    fence_regs(dq);
-    wgmma_fence();
-    mma_rs<DH>(dq, dsa, sk, S::kStrBox); /* dQ += dS K */
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dq);
-    fence_frags(dsa);
-}
-
-/* dQ kernel, consumer warpgroup cw: query rows q0 + 64·cw .. of each pass against the key tiles
- * the producer streams (last down to 0); tiles wholly after its rows are skipped. */
-template <int DH>
-__device__ void dq_consume(const Params &p, uint32_t base, const unsigned char *sp, int cw, int h, int b)
-{
-    const uint32_t bar0 = base + Smem<DH>::kBar;
-    const int64_t ld = (int64_t)p.H * DH, off = (int64_t)b * p.T * ld + (int64_t)h * DH;
-    const float *vl = reinterpret_cast<const float *>(sp + Smem<DH>::kVec), *vd = vl + kRes;
-    const int mine = cw * kRows + 16 * ((threadIdx.x / 32) & 3) + (threadIdx.x & 31) / 4;
+    const uint32_t bar0 = base + S::kBar;
+    const Walk w(p);
+    const int64_t ld = (int64_t)p.Hkv * DH, off = (int64_t)w.b * p.T * ld + (int64_t)w.g * DH;
     Ring<kStages> r;
-    float dq[DH / 2];
-    for (int pass = 0; pass < n_passes(p.ntiles); pass++) {
-        const int q0 = pass_tile(pass, p.ntiles) * kRes, r0 = q0 + cw * kRows;
-        zero_regs(dq);
-        consumer_wait(res_full_bar(bar0), pass & 1, r, p.err);
-        const float l2[2] = {vl[mine], vl[mine + 8]}, d[2] = {vd[mine], vd[mine + 8]};
-        for (int j = last_key_tile(q0, p.T); j >= 0; j--) {
-            consumer_wait(full_bar(bar0, r.stage), r.phase, r, p.err);
-            if (j * kStr <= r0)
-                dq_step<DH>(dq, l2, d, p, base, r.stage, cw, j * kStr == r0);
-            consumer_release(empty_bar(bar0, r.stage));
-            r.next();
-        }
-        consumer_release(res_empty_bar(bar0)); /* Q, dY read; lse2 and D in registers */
-        store_rows<DH>(p.g0 + off, ld, dq, p.scale, r0, p.T);
+    float dk[DH / 2], dv[DH / 2], dq[DH / 4];
+    zero_regs(dk);
+    zero_regs(dv);
+    consumer_wait(res_full_bar(bar0), 0, r, p.err);
+    for (int s = 0; s < w.steps; s++) {
+        consumer_wait(full_bar(bar0, r.stage), r.phase, r, p.err);
+        step<DH>(dk, dv, dq, p, base, sp, r.stage, cw, w.qtile(s) * kStr, w.k0, s & 1);
+        consumer_release(empty_bar(bar0, r.stage));
+        consumer_wait(dq_empty_bar(bar0), (s & 1) ^ 1, r, p.err); /* the writer read step s − 1's */
+        store_dq<DH>(sp + S::kDq, dq, cw);
+        fence_async_shared(); /* before the writer's bulk copy reads it */
+        consumer_release(dq_full_bar(bar0));
+        r.next();
     }
+    store_rows<DH>(p.dk + off, ld, dk, p.scale, w.k0 + cw * kRows, p.T);
+    store_rows<DH>(p.dv + off, ld, dv, 1.f, w.k0 + cw * kRows, p.T);
 }
 
 /* ---- the kernels -------------------------------------------------------------------------------- */
 
-/* kDQ false: the dK/dV kernel, grid (pairs of 128-key tiles, Hkv, B), maps t0, t1 = K, V (boxes of
- * 128 rows) and t2, t3 = Q, dY (64 rows). kDQ true: the dQ kernel, grid (pairs of 128-query tiles, H,
- * B), t0, t1 = Q, dY (128 rows), t2, t3 = K, V (64 rows). 384 threads, Smem<DH>::kBytes dynamic. */
-template <int DH, bool kDQ>
+/* Grid (Hkv·B, key tiles): maps tk, tv = K, V (boxes of 128 rows), tq, tdy = Q, dY (64 rows). 384
+ * threads, Smem<DH>::kBytes dynamic. */
+template <int DH>
 __global__ void __launch_bounds__(kThreads, 1)
-attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap t0, const __grid_constant__ CUtensorMap t1,
-                     const __grid_constant__ CUtensorMap t2, const __grid_constant__ CUtensorMap t3, const Params p)
+attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdy, const Params p)
 {
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
-    const unsigned char *sp = smem_raw + (base - raw);
+    unsigned char *sp = smem_raw + (base - raw);
     const uint32_t bar0 = base + Smem<DH>::kBar;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; s++) {
@@ -481,25 +515,51 @@ attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap t0, const __grid_consta
             mbar_init(empty_bar(bar0, s), 4 * kConsumers); /* one arrival per consumer warp */
         }
         mbar_init(res_full_bar(bar0), 1);
-        mbar_init(res_empty_bar(bar0), 4 * kConsumers);
+        mbar_init(dq_full_bar(bar0), 4 * kConsumers);
+        mbar_init(dq_empty_bar(bar0), 1); /* the writer */
         mbar_init_fence();
     }
     __syncthreads();
-    const int head = blockIdx.y, b = blockIdx.z;
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x == 0) {
-            if constexpr (kDQ)
-                dq_produce<DH>(&t0, &t1, &t2, &t3, p, base, head, b);
-            else
-                dkv_produce<DH>(&t0, &t1, &t2, &t3, p, base, head, b);
-        }
+        if (threadIdx.x == 0)
+            produce<DH>(&tk, &tv, &tq, &tdy, p, base);
+        else if (threadIdx.x == 32)
+            dq_write<DH>(p, base);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        if constexpr (kDQ)
-            dq_consume<DH>(p, base, sp, threadIdx.x / 128 - 1, head, b);
-        else
-            dkv_consume<DH>(p, base, sp, threadIdx.x / 128 - 1, head, b);
+        consume<DH>(p, base, sp, threadIdx.x / 128 - 1);
+    }
+}
+
+/* dq (B·T, H·dh) bf16 = c × the accumulator tiles: grid (Tp / 64, H, B), 256 threads, thread
+ * 128·cw + t reading what consumer thread t of warpgroup cw staged (store_dq) and writing its rows
+ * and columns of the fragment layout (file comment). */
+template <int DH>
+__global__ void __launch_bounds__(256) dq_finish_kernel(const float *__restrict__ acc, uint16_t *__restrict__ dq,
+                                                        int T, int H, float scale)
+{
+    const int qt = (int)blockIdx.x, h = (int)blockIdx.y, b = (int)blockIdx.z;
+    const int cw = (int)threadIdx.x / 128, t = (int)threadIdx.x & 127, lane = t & 31;
+    const int64_t tile = ((int64_t)b * H + h) * gridDim.x + qt;
+    const float4 *src = reinterpret_cast<const float4 *>(acc + tile * kStr * DH) + (128 * cw + t) * (DH / 16);
+    float x[DH / 4];
+#pragma unroll
+    for (int i = 0; i < DH / 16; i++) {
+        const float4 v = src[dq_chunk<DH>(i, t)];
+        x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+    const int64_t ld = (int64_t)H * DH;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int row = qt * kStr + 16 * (t / 32) + lane / 4 + 8 * hh;
+        if (row >= T)
+            continue;
+        uint32_t *out = reinterpret_cast<uint32_t *>(dq + ((int64_t)b * T + row) * ld + h * DH + cw * (DH / 2) +
+                                                     2 * (lane & 3));
+#pragma unroll
+        for (int j = 0; j < DH / 16; j++)
+            out[4 * j] = pack_bf16(x[4 * j + 2 * hh] * scale, x[4 * j + 2 * hh + 1] * scale);
     }
 }
 
@@ -567,43 +627,35 @@ tkd_status tmap_of(CUtensorMap *tm, const uint16_t *x, int B, int T, int heads, 
     return make_tmap(tm, x, 3, dims, strides, rows, "tkd_cuda_attn_bwd_sm90");
 }
 
-template <int DH, bool kDQ>
-tkd_status launch_one(const CUtensorMap (&tm)[4], const Params &p, int heads, int B, cudaStream_t stream)
-{
-    const size_t smem = Smem<DH>::kBytes;
-    TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90_kernel<DH, kDQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-    const dim3 grid((unsigned)((p.ntiles + 1) / 2), (unsigned)heads, (unsigned)B);
-    attn_bwd_sm90_kernel<DH, kDQ><<<grid, kThreads, smem, stream>>>(tm[0], tm[1], tm[2], tm[3], p);
-    TKD_CUDA_CHECK(cudaGetLastError());
-    return TKD_OK;
-}
-
 struct Tensors {
     const uint16_t *dy, *q, *k, *v;
     int B, T, H, Hkv;
 };
 
-/* The dK/dV kernel, then the dQ kernel, on stream. */
+/* The counters to zero, the fused kernel, then dq from the accumulators, on stream. */
 template <int DH>
-tkd_status launch(const Tensors &x, Params p, uint16_t *dq, uint16_t *dk, uint16_t *dv, cudaStream_t stream)
+tkd_status launch(const Tensors &x, const Params &p, uint16_t *dq, cudaStream_t stream)
 {
-    CUtensorMap res[4], str[4]; /* q, dy, k, v with boxes of 128 rows, and of 64 */
-    const uint16_t *src[4] = {x.q, x.dy, x.k, x.v};
-    for (int i = 0; i < 4; i++) {
-        const int heads = i < 2 ? x.H : x.Hkv;
-        TKD_TRY(tmap_of(&res[i], src[i], x.B, x.T, heads, DH, kRes));
-        TKD_TRY(tmap_of(&str[i], src[i], x.B, x.T, heads, DH, kStr));
-    }
-    p.g0 = dk, p.g1 = dv;
-    const CUtensorMap dkv_maps[4] = {res[2], res[3], str[0], str[1]};
-    TKD_TRY((launch_one<DH, false>(dkv_maps, p, x.Hkv, x.B, stream)));
-    p.g0 = dq, p.g1 = NULL;
-    const CUtensorMap dq_maps[4] = {res[0], res[1], str[2], str[3]};
-    return launch_one<DH, true>(dq_maps, p, x.H, x.B, stream);
+    CUtensorMap tk, tv, tq, tdy; /* K, V with boxes of 128 rows; Q, dY of 64 */
+    TKD_TRY(tmap_of(&tk, x.k, x.B, x.T, x.Hkv, DH, kRes));
+    TKD_TRY(tmap_of(&tv, x.v, x.B, x.T, x.Hkv, DH, kRes));
+    TKD_TRY(tmap_of(&tq, x.q, x.B, x.T, x.H, DH, kStr));
+    TKD_TRY(tmap_of(&tdy, x.dy, x.B, x.T, x.H, DH, kStr));
+    const int qtiles = p.Tp / kStr;
+    TKD_CUDA_CHECK(cudaMemsetAsync(p.dq_cnt, 0, sizeof(unsigned) * (size_t)x.B * x.H * qtiles, stream));
+    const size_t smem = Smem<DH>::kBytes;
+    TKD_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+    const dim3 grid((unsigned)(x.Hkv * x.B), (unsigned)((x.T + kRes - 1) / kRes));
+    attn_bwd_sm90_kernel<DH><<<grid, kThreads, smem, stream>>>(tk, tv, tq, tdy, p);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    dq_finish_kernel<DH><<<dim3((unsigned)qtiles, (unsigned)x.H, (unsigned)x.B), 256, 0, stream>>>(
+        p.dq_acc, dq, x.T, x.H, p.scale);
+    TKD_CUDA_CHECK(cudaGetLastError());
+    return TKD_OK;
 }
 
-tkd_status check_args(const uint16_t *const *ptrs, int n, const float *lse, int B, int T, int H, int Hkv,
+tkd_status check_args(const uint16_t *const *ptrs, int n, const float *lse, int B, int T, int H, int Hkv, int dh,
                       const tkd_cuda_attn_bwd_ws *ws)
 {
     if (B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv != 0 || B > 65535 || H > 65535)
@@ -617,6 +669,12 @@ tkd_status check_args(const uint16_t *const *ptrs, int n, const float *lse, int 
                                  "required and must be 16-byte aligned");
     if (!lse)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd_sm90: lse is required");
+    if ((T + kRes - 1) / kRes > 65535)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "tkd_cuda_attn_bwd_sm90: T=%d is more than 65535 key tiles of %d",
+                             T, kRes);
+    if (!ws->dq_acc || ws->dq_dh < dh)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "tkd_cuda_attn_bwd_sm90: the workspace has no dQ accumulators for "
+                             "head dim %d (made on another device, or for a smaller dh)", dh);
     return TKD_OK;
 }
 
@@ -637,7 +695,7 @@ extern "C" tkd_status tkd_cuda_attn_bwd_sm90(const uint16_t *dy, const uint16_t 
 {
     TKD_TRY(tkd_cuda_attn_bwd_sm90_supported(dh));
     const uint16_t *const ptrs[] = {dy, q, k, v, y, dq, dk, dv};
-    TKD_TRY(check_args(ptrs, 8, lse, B, T, H, Hkv, ws));
+    TKD_TRY(check_args(ptrs, 8, lse, B, T, H, Hkv, dh, ws));
     if (B == 0 || T == 0)
         return TKD_OK;
     cudaStream_t s = (cudaStream_t)stream;
@@ -645,11 +703,11 @@ extern "C" tkd_status tkd_cuda_attn_bwd_sm90(const uint16_t *dy, const uint16_t 
     TKD_TRY(tkd_cuda_attn_bwd_prep(dy, y, lse, B, T, H, dh, ws, &p.Tp, s));
     p.lse2 = ws->lse2, p.dsum = ws->dsum, p.err = ws->err;
     p.T = T, p.H = H, p.Hkv = Hkv, p.grp = H / Hkv;
-    p.ntiles = (T + kRes - 1) / kRes;
     p.scale_log2 = (float)(kLog2e / sqrt((double)dh));
     p.scale = (float)(1.0 / sqrt((double)dh));
     const Tensors x = {dy, q, k, v, B, T, H, Hkv};
-    return dh == 64 ? launch<64>(x, p, dq, dk, dv, s) : launch<128>(x, p, dq, dk, dv, s);
+    p.dk = dk, p.dv = dv, p.dq_acc = ws->dq_acc, p.dq_cnt = ws->dq_cnt;
+    return dh == 64 ? launch<64>(x, p, dq, s) : launch<128>(x, p, dq, s);
 }
 
 extern "C" tkd_status tkd_cuda_attn_bwd_sm90_probe(const uint16_t *a, const uint16_t *b, int dh, float *c1,

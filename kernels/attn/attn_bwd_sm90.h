@@ -1,23 +1,26 @@
 /* attn_bwd_sm90.h — the causal GQA attention backward on Hopper (sm_90a): wgmma tensor cores fed by
- * TMA, deterministic (no atomics, every gradient element written by one CTA in a fixed order), no
- * workspace beyond the flash backward's (D and lse, B·H·T fp32 each). kernels/attn/attn_bwd_sm90.cu says
- * how; the maths and layouts are tkd_cuda_attn_bwd's (kernels/attn/attn_cuda.h).
+ * TMA, one fused kernel for dK, dV and dQ, deterministic (dQ's per-key-tile partials are added in a
+ * fixed order, so every gradient element is the same sum in the same order on every run).
+ * kernels/attn/attn_bwd_sm90.cu says how; the maths and layouts are tkd_cuda_attn_bwd's
+ * (kernels/attn/attn_cuda.h). Workspace: the flash backward's (D and lse, B·H·T fp32 each) plus
+ * fp32 dQ accumulators (B·H·T·dh) and per-64-row counters, which tkd_cuda_attn_bwd_ws_create makes
+ * where this backward can run.
  *
  * dy, y, q (B·T, H·dh) and k, v (B·T, Hkv·dh) bf16, lse (B, H, T) the forward's natural-log
  * log-sum-exp of the scaled scores (what tkd_cuda_attn_fwd and tkd_cudnn_attn_fwd write); dq
  * (B·T, H·dh), dk, dv (B·T, Hkv·dh) bf16 are WRITTEN (overwritten, like tkd_cudnn_attn_bwd), all
  * three required. Roundings, those of tkd_cuda_attn_bwd: P = 2^(s·log2e/√dh − lse·log2e) in fp32,
  * dS = P·(dP − D) with D = Σ dy·y in fp32, P and dS rounded to bf16 as tensor-core operands, fp32
- * accumulation (the GQA group summed in fp32 inside a CTA), dq and dk scaled by 1/√dh in fp32 and
- * each gradient rounded to bf16 once.
+ * accumulation (the GQA group summed in fp32 inside a CTA; dq's partials of 128 keys each summed in
+ * fp32 in key order), dq and dk scaled by 1/√dh in fp32 and each gradient rounded to bf16 once.
  *
  * Limits: compute capability 9.0 (elsewhere TKD_ERR_UNSUPPORTED: fall back to tkd_cuda_attn_bwd);
  * dh 64 or 128 (others TKD_ERR_UNSUPPORTED); H a multiple of Hkv; B, T ≥ 0 (0: nothing to do);
- * B and H each < 65536; all pointers 16-byte aligned; ws from
- * tkd_cuda_attn_bwd_ws_create for at least (B, T, H). Asynchronous on `stream`. A pipeline wait
- * that never completes (a bug, never by design) does not hang: it gives up after seconds, sets the
- * workspace's error flag and lets the kernel end with garbage; tkd_cuda_attn_bwd_sm90_check reports
- * it. Header usable from C; defined only in CUDA builds.
+ * B and H each < 65536, T < 2^23; all pointers 16-byte aligned; ws from
+ * tkd_cuda_attn_bwd_ws_create for at least (B, T, H) and this dh, on this device. Asynchronous on
+ * `stream`. A pipeline wait that never completes (a bug, never by design) does not hang: it gives
+ * up after seconds, sets the workspace's error flag and lets the kernel end with garbage;
+ * tkd_cuda_attn_bwd_sm90_check reports it. Header usable from C; defined only in CUDA builds.
  */
 #ifndef TKD_ATTN_BWD_SM90_H
 #define TKD_ATTN_BWD_SM90_H

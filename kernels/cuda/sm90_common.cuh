@@ -115,6 +115,61 @@ __device__ inline void bulk_load(uint32_t dst, const void *src, uint32_t bytes, 
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+/* bytes (a multiple of 16; both 16-byte aligned) from shared src to global dst: a plain bulk copy
+ * (bulk_store) or an element-wise fp32 add into dst (bulk_reduce_add_f32), in this thread's bulk
+ * group; bulk_commit closes the group, bulk_wait_read waits until its shared reads are done (src may
+ * be reused), bulk_wait_all until its global writes are. */
+__device__ inline void bulk_store(void *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ inline void bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
+                 "r"(bytes) : "memory");
+}
+__device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+/* Orders this thread's generic-proxy accesses of shared (resp. global) memory with async-proxy ones
+ * (wgmma and bulk copies read shared memory through the async proxy). */
+__device__ inline void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ inline void fence_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+/* GPU-scope acquire load and release add of a counter in global memory. */
+__device__ inline unsigned ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ inline void red_release_add(unsigned *p, unsigned v)
+{
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* Waits until *p == want (another CTA's release_add). Bounded like mbar_wait: after kWaitLimitNs it
+ * sets *err and marks this thread failed. */
+__device__ inline void counter_wait(const unsigned *p, unsigned want, bool &failed, unsigned *err)
+{
+    if (failed)
+        return;
+    for (int spin = 0; spin < 256; spin++)
+        if (ld_acquire(p) == want)
+            return;
+    const unsigned long long t0 = globaltimer_ns();
+    while (ld_acquire(p) != want) {
+        __nanosleep(64);
+        if (globaltimer_ns() - t0 > kWaitLimitNs) {
+            failed = true;
+            atomicOr(err, 1u);
+            return;
+        }
+    }
+}
+
 /* A position in a ring of kStages shared-memory stages: the stage and the parity of its current
  * phase; `failed` once a wait of this thread timed out (mbar_wait). Producer and consumers walk the
  * same sequence of loads, so their rings stay in step. */
@@ -206,6 +261,29 @@ __device__ inline void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t de
                  "p, 1, 1, 0, 0;\n}\n"
                  : TKD_WG_ACC32(0)
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* d (64 x 64, fp32 fragment) (+)= A (64 x 16) · B (16 x 64), both in shared memory, K-major unless
+ * kTransA / kTransB (then MN-major: smem_desc_mn); accumulate = 0 overwrites d. */
+template <int kTransA, int kTransB>
+__device__ inline void wgmma_ss_n64_t(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TKD_WG_D32_0 "}, %32, %33, "
+                 "p, 1, 1, %35, %36;\n}\n"
+                 : TKD_WG_ACC32(0)
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+}
+
+/* The same with N 32 (d 64 x 32). */
+template <int kTransA, int kTransB>
+__device__ inline void wgmma_ss_n32_t(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+                 "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+                 : TKD_WG_ACC8(0), TKD_WG_ACC8(8)
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
 }
 
 /* d (64 x 64, fp32 fragment) += A (64 x 16, bf16 pairs in registers: the accumulator layout of a 64 x 16
