@@ -11,19 +11,21 @@
  *  - warpgroup 0: thread 0 issues the TMA loads: the resident K and V tile (128 keys of kv head g,
  *    one 64-column box per 64 of dh, 128-byte swizzle) once, then "streamed" steps of 64 queries
  *    (Q, dY and the rows' lse2 and D) through a ring of kStages stages, each completing on its
- *    `full` mbarrier. Thread 32 is the dQ writer (below).
+ *    `full` mbarrier. Lane 0 of warp 1 (and of warp 2 at dh 64) is a dQ writer (below).
  *  - warpgroups 1 and 2, the consumers: each owns 64 of the resident keys (wgmma M = 64). Per step:
- *    Sᵀ = K Qᵀ and dPᵀ = V dYᵀ by wgmma from shared memory, P and dS in registers, dV += Pᵀ dY and
- *    dK += dSᵀ Q by wgmma with P or dS as the A operand from registers (the accumulator layout of a
- *    64 × 16 block is the A fragment layout) and the streamed tile as an MN-major B operand. Each also
- *    stores its dSᵀ (bf16, swizzled) to shared memory; after a named barrier both read the whole
- *    128-key dS as an MN-major A operand for this step's dQ partial, dQ_t = dS K (64 queries × dh),
- *    each warpgroup half of its columns, and stage it (fp32) for the writer.
- *  - the dQ writer adds each step's partial into an fp32 accumulator tile in the workspace with one
- *    bulk reduce-add (TMA), in a fixed order: the partial of key tile j goes in only after those of
- *    key tiles 0 .. j−1, counted by a per-(b, h, query tile) counter it waits on (the first, j = 0,
- *    is a plain bulk store: no zeroing pass). A small kernel then scales the tile by c and rounds
- *    it to bf16 into dq.
+ *    Sᵀ = K Qᵀ and dPᵀ = V dYᵀ by wgmma from shared memory (P is computed while dPᵀ's products run),
+ *    P and dS in registers, dV += Pᵀ dY and dK += dSᵀ Q by wgmma with P or dS as the A operand from
+ *    registers (the accumulator layout of a 64 × 16 block is the A fragment layout) and the streamed
+ *    tile as an MN-major B operand. While those run, each stores its dSᵀ (bf16, swizzled) to shared
+ *    memory; after a named barrier both read the whole 128-key dS as an MN-major A operand for this
+ *    step's dQ partial, dQ_t = dS K (64 queries × dh), each warpgroup half of its columns, and
+ *    stage it (fp32) for a writer.
+ *  - the dQ writers (one staging buffer each: two at dh 64, whose steps are short, one at dh 128,
+ *    where shared memory has room for one) add each step's partial into an fp32 accumulator tile in
+ *    the workspace with one bulk reduce-add (TMA), in a fixed order: the partial of key tile j goes
+ *    in only after those of key tiles 0 .. j−1, counted by a per-(b, h, query tile) counter the
+ *    writer waits on (the first, j = 0, is a plain bulk store: no zeroing pass). A small kernel then
+ *    scales each tile by c and rounds it to bf16 into dq.
  * So every gradient element is the same sum in the same order on every run: bit-identical results,
  * with 5 matrix products per (query, key) block (the split design before this one recomputed S and
  * dP in a dQ kernel: 7). The workspace: the prep's B·H·Tp floats twice, the accumulators (B·H·Tp·dh
@@ -89,9 +91,12 @@ struct Smem {
     static constexpr uint32_t kDs = kStage0 + 2 * kStages * kStrTile;
     static constexpr uint32_t kDq = kDs + 2 * kConsumers * kDsHalf;
     static constexpr uint32_t kDqBytes = kStr * DH * 4;
-    static constexpr uint32_t kVec = kDq + kDqBytes;
+    /* Staging buffers, each with its own writer thread: at DH 64 a step is short enough that one
+     * writer's copy, wait and count would pace the CTA; at DH 128 there is room for one only. */
+    static constexpr int kDqBufs = DH == 64 ? 2 : 1;
+    static constexpr uint32_t kVec = kDq + kDqBufs * kDqBytes;
     static constexpr uint32_t kBar = kVec + kStages * 2 * kStr * 4;
-    static constexpr int kNumBars = 2 * kStages + 3;
+    static constexpr int kNumBars = 2 * kStages + 1 + 2 * kDqBufs;
     static constexpr size_t kBytes = 1024 + kBar + 8 * kNumBars;
     static_assert(kResBox % 1024 == 0 && kStrBox % 1024 == 0 && kDs % 1024 == 0,
                   "swizzled boxes need 1024-byte alignment");
@@ -101,8 +106,9 @@ struct Smem {
 __device__ inline uint32_t full_bar(uint32_t bar0, int s) { return bar0 + 8 * s; }
 __device__ inline uint32_t empty_bar(uint32_t bar0, int s) { return bar0 + 8 * (kStages + s); }
 __device__ inline uint32_t res_full_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages); }
-__device__ inline uint32_t dq_full_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages + 1); }  /* partial staged */
-__device__ inline uint32_t dq_empty_bar(uint32_t bar0) { return bar0 + 8 * (2 * kStages + 2); } /* staging read */
+/* Staging buffer i: its partial staged (both consumers), and read by its writer's copy. */
+__device__ inline uint32_t dq_full_bar(uint32_t bar0, int i) { return bar0 + 8 * (2 * kStages + 1 + 2 * i); }
+__device__ inline uint32_t dq_empty_bar(uint32_t bar0, int i) { return bar0 + 8 * (2 * kStages + 2 + 2 * i); }
 
 struct Params {
     uint16_t *dk, *dv;        /* (B·T, Hkv·dh) */
@@ -161,9 +167,10 @@ __device__ inline void to_a_frags(uint32_t (&a)[4][4], const float (&x)[32])
 
 /* ---- the consumers' matrix products ---------------------------------------------------------- */
 
-/* s = A0 · B0ᵀ and dp = A1 · B1ᵀ (64 × 64 fp32 fragments, K = DH), waited for: A0, A1 64 rows at
- * a0, a1 whose 64-column boxes are abox bytes apart, B0, B1 64 rows at b0, b1 (boxes bbox apart),
- * all K-major and 128-byte swizzled. */
+/* Issues s = A0 · B0ᵀ and dp = A1 · B1ᵀ (64 × 64 fp32 fragments, K = DH) as two commit groups, s's
+ * first, so the caller can work on s while dp's products run (wgmma_wait<1>, then <0>): A0, A1 64
+ * rows at a0, a1 whose 64-column boxes are abox bytes apart, B0, B1 64 rows at b0, b1 (boxes bbox
+ * apart), all K-major and 128-byte swizzled. */
 template <int DH>
 __device__ __forceinline__ void scores(float (&s)[32], float (&dp)[32], uint32_t a0, uint32_t a1, uint32_t abox,
                                        uint32_t b0, uint32_t b1, uint32_t bbox)
@@ -177,14 +184,12 @@ __device__ __forceinline__ void scores(float (&s)[32], float (&dp)[32], uint32_t
     for (int kk = 0; kk < DH / 16; kk++) /* 16 columns = 32 bytes of a box */
         wgmma_ss_n64(s, smem_desc(a0 + (kk / 4) * abox + (kk % 4) * 32),
                      smem_desc(b0 + (kk / 4) * bbox + (kk % 4) * 32), kk > 0);
+    wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < DH / 16; kk++)
         wgmma_ss_n64(dp, smem_desc(a1 + (kk / 4) * abox + (kk % 4) * 32),
                      smem_desc(b1 + (kk / 4) * bbox + (kk % 4) * 32), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-    fence_regs(dp);
 }
 
 /* acc (64 × DH) += A · B, A (64 × 64) as four k16 fragments, B the 64 × DH tile at b (rows = K,
@@ -203,18 +208,16 @@ __device__ __forceinline__ void mma_rs(float (&acc)[DH / 2], const uint32_t (&a)
     }
 }
 
-/* dK/dV kernel, P and dS in place on the transposed blocks (rows: the warpgroup's 64 keys;
- * columns: the step's 64 queries, whose lse2 and D are l2[col], dd[col] in shared memory). On the
- * diagonal (both start together) keys after their query get P = 0. */
-__device__ __forceinline__ void p_ds_keys(float (&s)[32], float (&dp)[32], const float *l2, const float *dd,
-                                          float scale_log2, bool diag)
+/* P in place on the transposed score block s (rows: the warpgroup's 64 keys; columns: the step's
+ * 64 queries, whose lse2 is l2[col] in shared memory). On the diagonal (both start together) keys
+ * after their query get P = 0. */
+__device__ __forceinline__ void p_keys(float (&s)[32], const float *l2, float scale_log2, bool diag)
 {
     const int lane = threadIdx.x & 31, row = 16 * ((threadIdx.x / 32) & 3) + lane / 4;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int col = 8 * j + 2 * (lane & 3);
         const float2 l = *reinterpret_cast<const float2 *>(l2 + col);
-        const float2 d = *reinterpret_cast<const float2 *>(dd + col);
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -224,8 +227,20 @@ __device__ __forceinline__ void p_ds_keys(float (&s)[32], float (&dp)[32], const
                 if (diag && row + 8 * h > col + e)
                     p = 0.f;
                 s[i] = p;
-                dp[i] = p * (dp[i] - (e ? d.y : d.x));
             }
+    }
+}
+
+/* dS = P (dP − D) in place on dp (the same layout; the queries' D is dd[col]). */
+__device__ __forceinline__ void ds_keys(const float (&p)[32], float (&dp)[32], const float *dd)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float2 d = *reinterpret_cast<const float2 *>(dd + 8 * j + 2 * (lane & 3));
+#pragma unroll
+        for (int i = 4 * j; i < 4 * j + 4; i++)
+            dp[i] = p[i] * (dp[i] - ((i & 1) ? d.y : d.x));
     }
 }
 
@@ -303,19 +318,20 @@ __device__ inline int64_t dq_tile(const Params &p, int b, int h, int qt)
     return ((int64_t)b * p.H + h) * (p.Tp / kStr) + qt;
 }
 
-/* The dQ writer (one thread): per step, once both consumers staged the partial, waits until key
- * tiles 0 .. j−1 added theirs to the tile (its counter reads j), adds it (key tile 0: stores it) with
- * one bulk copy, frees the staging buffer as soon as the copy has read it, and counts the partial in
- * once its writes are done. */
+/* dQ writer `wr` (one thread, of Smem<DH>::kDqBufs): steps wr, wr + kDqBufs, .. through staging
+ * buffer wr. Per step, once both consumers staged the partial, it waits until key tiles 0 .. j−1
+ * added theirs to the tile (its counter reads j), adds it (key tile 0: stores it) with one bulk
+ * copy, frees the buffer as soon as the copy has read it, and counts the partial in once its writes
+ * are done. */
 template <int DH>
-__device__ void dq_write(const Params &p, uint32_t base)
+__device__ void dq_write(const Params &p, uint32_t base, int wr)
 {
     using S = Smem<DH>;
-    const uint32_t bar0 = base + S::kBar, src = base + S::kDq;
+    const uint32_t bar0 = base + S::kBar, src = base + S::kDq + wr * S::kDqBytes;
     const Walk w(p);
     bool failed = false;
-    for (int s = 0; s < w.steps; s++) {
-        mbar_wait(dq_full_bar(bar0), s & 1, failed, p.err);
+    for (int s = wr, n = 0; s < w.steps; s += S::kDqBufs, n++) {
+        mbar_wait(dq_full_bar(bar0, wr), n & 1, failed, p.err);
         const int64_t t = dq_tile(p, w.b, w.head(s), w.qtile(s));
         counter_wait(p.dq_cnt + t, (unsigned)w.j, failed, p.err); /* no wait for j = 0: reads 0 */
         if (!failed) {
@@ -328,7 +344,7 @@ __device__ void dq_write(const Params &p, uint32_t base)
             bulk_commit();
             bulk_wait_read();
         }
-        mbar_arrive(dq_empty_bar(bar0)); /* also when failed: the consumers must not hang */
+        mbar_arrive(dq_empty_bar(bar0, wr)); /* also when failed: the consumers must not hang */
         if (!failed) {
             bulk_wait_all();
             fence_async_global();
@@ -433,19 +449,27 @@ __device__ __forceinline__ void step(float (&dk)[DH / 2], float (&dv)[DH / 2], f
         const float *l2 = reinterpret_cast<const float *>(sp + S::kVec + stage * 2 * kStr * 4);
         float s[32], dp[32];
         scores<DH>(s, dp, base + mine, base + S::kResTile + mine, S::kResBox, sq, sdy, S::kStrBox); /* Sᵀ, dPᵀ */
-        p_ds_keys(s, dp, l2, l2 + kStr, p.scale_log2, q0 == kw);
+        wgmma_wait<1>();
+        fence_regs(s);
+        p_keys(s, l2, p.scale_log2, q0 == kw); /* while dPᵀ's products run */
+        fence_regs(s);
+        wgmma_wait<0>();
+        fence_regs(dp);
+        ds_keys(s, dp, l2 + kStr);
         uint32_t pa[4][4], dsa[4][4];
         to_a_frags(pa, s);
         to_a_frags(dsa, dp);
-        store_ds(ds + cw * S::kDsHalf, dsa);
-        fence_async_shared(); /* the generic stores before the wgmmas that read them */
-        consumers_sync();
         fence_regs(dv);
         fence_regs(dk);
-        fence_regs(dq);
         wgmma_fence();
         mma_rs<DH>(dv, pa, sdy, S::kStrBox); /* dV += Pᵀ dY */
         mma_rs<DH>(dk, dsa, sq, S::kStrBox); /* dK += dSᵀ Q */
+        wgmma_commit();
+        store_ds(ds + cw * S::kDsHalf, dsa); /* while dV's and dK's products run */
+        fence_async_shared();                /* the generic stores before the wgmmas that read them */
+        consumers_sync();
+        fence_regs(dq);
+        wgmma_fence();
         dq_mma<DH>(dq, ds, base, cw); /* dQ_t = dS K */
         wgmma_commit();
         wgmma_wait<0>();
@@ -486,10 +510,11 @@ __device__ void consume(const Params &p, uint32_t base, unsigned char *sp, int c
         consumer_wait(full_bar(bar0, r.stage), r.phase, r, p.err);
         step<DH>(dk, dv, dq, p, base, sp, r.stage, cw, w.qtile(s) * kStr, w.k0, s & 1);
         consumer_release(empty_bar(bar0, r.stage));
-        consumer_wait(dq_empty_bar(bar0), (s & 1) ^ 1, r, p.err); /* the writer read step s − 1's */
-        store_dq<DH>(sp + S::kDq, dq, cw);
+        const int buf = s % S::kDqBufs, use = s / S::kDqBufs; /* the buffer, and its use count */
+        consumer_wait(dq_empty_bar(bar0, buf), (use & 1) ^ 1, r, p.err); /* its previous partial read */
+        store_dq<DH>(sp + S::kDq + buf * S::kDqBytes, dq, cw);
         fence_async_shared(); /* before the writer's bulk copy reads it */
-        consumer_release(dq_full_bar(bar0));
+        consumer_release(dq_full_bar(bar0, buf));
         r.next();
     }
     store_rows<DH>(p.dk + off, ld, dk, p.scale, w.k0 + cw * kRows, p.T);
@@ -515,8 +540,10 @@ attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tk, const __grid_consta
             mbar_init(empty_bar(bar0, s), 4 * kConsumers); /* one arrival per consumer warp */
         }
         mbar_init(res_full_bar(bar0), 1);
-        mbar_init(dq_full_bar(bar0), 4 * kConsumers);
-        mbar_init(dq_empty_bar(bar0), 1); /* the writer */
+        for (int i = 0; i < Smem<DH>::kDqBufs; i++) {
+            mbar_init(dq_full_bar(bar0, i), 4 * kConsumers);
+            mbar_init(dq_empty_bar(bar0, i), 1); /* its writer */
+        }
         mbar_init_fence();
     }
     __syncthreads();
@@ -524,8 +551,8 @@ attn_bwd_sm90_kernel(const __grid_constant__ CUtensorMap tk, const __grid_consta
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 0)
             produce<DH>(&tk, &tv, &tq, &tdy, p, base);
-        else if (threadIdx.x == 32)
-            dq_write<DH>(p, base);
+        else if (threadIdx.x % 32 == 0 && threadIdx.x / 32 <= Smem<DH>::kDqBufs)
+            dq_write<DH>(p, base, threadIdx.x / 32 - 1); /* lane 0 of warps 1 (and 2) */
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         consume<DH>(p, base, sp, threadIdx.x / 128 - 1);
@@ -602,6 +629,9 @@ attn_bwd_sm90_probe_kernel(const __grid_constant__ CUtensorMap ta, const __grid_
     consumer_wait(bar, 0, r, err);
     float s[32], s2[32], acc[DH / 2];
     scores<DH>(s, s2, base, base, kBox, base + kTile, base + kTile, kBox);
+    wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(s2);
     store_frag_f32<64>(c1, 64, s);
     uint32_t a[4][4];
     to_a_frags(a, s);
