@@ -79,9 +79,9 @@ static_assert(TKD_ATTN_BWD_PAD % kStr == 0, "a step's 64 lse2/D values and dQ ti
 
 /* Shared memory, byte offsets from a 1024-aligned base: the resident K and V tiles, the ring's stages
  * (Q and dY tiles each), the two warpgroups' dSᵀ blocks twice (by step parity: a warpgroup writes
- * step s + 1's while the other may still read step s's), the staged fp32 dQ partial (64 × DH), the
- * stages' lse2/D vectors (64 + 64 floats each), the mbarriers. Each 64-column box of a tile is
- * rows × 128 bytes. DH 128: 232,008 bytes of the 232,448 an H200 CTA may have. */
+ * step s + 1's while the other may still read step s's), the staging buffers of the fp32 dQ partial
+ * (64 × DH each), the stages' lse2/D vectors (64 + 64 floats each), the mbarriers. Each 64-column
+ * box of a tile is rows × 128 bytes. DH 128: 232,008 bytes of the 232,448 an H200 CTA may have. */
 template <int DH>
 struct Smem {
     static constexpr uint32_t kResBox = kRes * 128, kStrBox = kStr * 128;
