@@ -1,6 +1,7 @@
 /* sm90_common.cuh — Hopper (sm_90a) plumbing shared by the *_sm90.cu kernels (lmhead_sm90.cu,
  * lmhead_grad_sm90.cu, attn_bwd_sm90.cu): shared-memory addresses, mbarriers with bounded waits, TMA
- * tile loads, wgmma shared-memory descriptors and fences, and the host side of tensor maps.
+ * tile loads, bulk stores and fp32 reduce-adds to global memory, GPU-scope counters with bounded
+ * waits, proxy fences, wgmma shared-memory descriptors and fences, and the host side of tensor maps.
  * Internal: included by *_sm90.cu files (built for sm_90a alone, kernels/CMakeLists.txt) and the
  * internal headers only they include (gemm_sm90_pipe.cuh). Everything is inline, so each file
  * compiles its own copy.
