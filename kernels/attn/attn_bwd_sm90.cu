@@ -34,7 +34,10 @@
  * Order and progress: the grid is (Hkv·B, key tiles), launched with x fastest, so key tile j − 1 of
  * a (b, g) is launched before key tile j: a CTA only ever waits on CTAs launched before it, which
  * never wait on it (no deadlock however few CTAs are resident), and the long CTAs (small j: every
- * query tile after them) start first. Each CTA walks its query tiles from the last down to its
+ * query tile after them) start first. This rests on the GPU starting a grid's CTAs in increasing
+ * linear index, which CUDA does not document but every GPU does; tests/test_gpu_attn_cudnn_bwd.c
+ * runs grids larger than the GPU holds. (Handing out the indices from a global ticket counter at
+ * CTA start would not rest on it.) Each CTA walks its query tiles from the last down to its
  * diagonal, the heads of the group inside a tile: all CTAs of a (b, g) meet the same (tile, head)
  * at the same step, so a CTA trails the one before it by about one add's latency, not by steps.
  *
