@@ -191,7 +191,7 @@ static tkd_status reader_check_shards(tkd_cache_reader *r, int verify)
 
 /* How many shards a pool keeps open. Shuffled batches touch every shard: a pool smaller than the
  * cache reopens a shard (HDF5 file, datasets, attributes checked again) on about every read, which
- * made reading 16 × 64 tokens from a 16-shard cache take ~40 ms on one core (3.6 ms with every shard
+ * made reading 16 × 64 tokens from a 16-shard cache take ~33 ms on one core (3.3 ms with every shard
  * open). So by default every shard stays open, up to TKD_CACHE_MAX_OPEN_SHARDS. */
 static void open_limits(tkd_cache_reader *r, const tkd_cache_reader_opts *o)
 {

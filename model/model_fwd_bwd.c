@@ -710,11 +710,12 @@ tkd_status tkd_model_backward(tkd_model *m, const float *dhidden)
                             residual_grad_act_out(m, a)));
     for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
         /* the last block's activations are still in the shared set: the forward ended with it */
-        if (l + 1 < c->num_hidden_layers)
+        if (l + 1 < c->num_hidden_layers) {
             TKD_TRY(block_recompute(m, l, &a->layer[l], B, T));
-        size_t gb, ge;
-        tkd_model_layer_range(m, l, &gb, &ge);
-        TKD_TRY(zero_lent(m, gb, ge)); /* block l + 1's activations, consumed */
+            size_t gb, ge; /* block l + 1's activations, consumed (the last block's range lent nothing) */
+            tkd_model_layer_range(m, l, &gb, &ge);
+            TKD_TRY(zero_lent(m, gb, ge));
+        }
         TKD_TRY(block_bwd(m, l, &m->g.layers[l], &a->layer[l], a, B, T, l > 0));
         if (m->grad_hook)
             TKD_TRY(m->grad_hook(m->grad_hook_ctx, m, l));

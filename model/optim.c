@@ -32,9 +32,9 @@ double tkd_optim_lr(const tkd_optim_config *c, int64_t s)
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * p));
 }
 
-/* Elements per moment in the one allocation of m and v, n ≤ cap. fp32: n (as before; at least 1, no
- * 0-byte allocation). bf16: n rounded up to 8, so v starts 16 bytes aligned like m (the CUDA
- * kernel's 4-wide path needs 8). */
+/* Elements per moment in the one allocation of m and v, n ≤ cap. fp32: n, at least 1 (no 0-byte
+ * allocation). bf16: n rounded up to 8, and 8 when n is 0, so v starts 16 bytes aligned like m (the
+ * CUDA kernel's 4-wide path needs 8). */
 static size_t moments_cap(tkd_adamw_dtype d, size_t n)
 {
     if (d == TKD_ADAMW_DTYPE_BF16)
@@ -51,9 +51,7 @@ static void moments_place(tkd_adamw *o, void *mv, size_t cap)
         o->m = mv, o->v = o->m + cap;
 }
 
-/* The one allocation holding both moments (NULL when none yet). */
-static void *moments_mem(const tkd_adamw *o) { return o->m ? (void *)o->m : (void *)o->m_bf16; }
-
+/* The first (second = 0) or second moment; the first is also the start of their one allocation. */
 static void *moment_ptr(const tkd_adamw *o, int second)
 {
     if (o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16)
@@ -72,10 +70,9 @@ tkd_status tkd_adamw_init(const tkd_optim_config *c, size_t n, tkd_adamw **out)
 {
     *out = NULL;
     TKD_TRY(check_dtype(c->state_dtype));
-    size_t cap = c->state_dtype == TKD_ADAMW_DTYPE_BF16 ? moments_cap(c->state_dtype, n) : n;
+    const size_t cap = moments_cap(c->state_dtype, n);
     tkd_adamw *o = calloc(1, sizeof *o);
-    /* m and v in one allocation (fp32: one spare float, as before, so n = 0 allocates something) */
-    void *mv = calloc(2 * cap + 1, tkd_adamw_dtype_size(c->state_dtype));
+    void *mv = calloc(2 * cap, tkd_adamw_dtype_size(c->state_dtype)); /* m and v in one allocation */
     if (!o || !mv) {
         free(o);
         free(mv);
@@ -102,9 +99,9 @@ void tkd_adamw_free(tkd_adamw *o)
         return;
     if (o->be) {
         o->be->op->adamw_free(o->be, o->table);
-        o->be->op->free(o->be, moments_mem(o));
+        o->be->op->free(o->be, moment_ptr(o, 0));
     } else {
-        free(moments_mem(o));
+        free(moment_ptr(o, 0));
     }
     free(o);
 }

@@ -307,6 +307,7 @@ static tkd_status open_zero(trainer *tr)
                      e, tr->m->n_params);
     return TKD_OK;
 }
+
 /* bytes as "12.3 GiB" or "45.6 MiB" into buf. */
 static const char *mem_str(char *buf, size_t n, double bytes)
 {
@@ -333,7 +334,6 @@ static void log_memory(const trainer *tr, const tkd_train_config *c)
                  mem_str(a, sizeof a, (double)tr->m->n_params * (double)per), per,
                  mem_str(b, sizeof b, (double)tkd_model_activation_bytes(tr->m)), more);
 }
-
 
 tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
 {

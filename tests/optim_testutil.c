@@ -15,10 +15,9 @@ void tkd_adamw_step(tkd_adamw *o, float *params, const float *grads, const tkd_p
                                  .weight_decay = o->cfg.weight_decay};
     for (int i = 0; i < n_info; i++) {
         tkd_adamw_seg seg = {.offset = info[i].offset, .numel = info[i].numel, .decay = info[i].decay};
-        if (o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16)
-            tkd_adamw_update_bf16(params, grads, 1.0f, o->m_bf16, o->v_bf16, &seg, 1, &h, o->step);
-        else
-            tkd_adamw_update(params, grads, 1.0f, o->m, o->v, &seg, 1, &h, o->step);
+        const int bf16 = o->cfg.state_dtype == TKD_ADAMW_DTYPE_BF16;
+        tkd_adamw_update(params, grads, 1.0f, bf16 ? (void *)o->m_bf16 : o->m, bf16 ? (void *)o->v_bf16 : o->v,
+                         o->cfg.state_dtype, &seg, 1, &h, o->step);
     }
 }
 

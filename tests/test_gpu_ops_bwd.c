@@ -676,7 +676,7 @@ static void check_bf16_moments(const char *what, int step, const uint16_t *d, co
  * steps 2 and 4 with a clip scale (the host scales a copy of g first, as tkd_optim_clip does);
  * off: elements every device array sits past 16-byte alignment (scalar path); bf16: the moments
  * kept as bf16 on both sides (optim.state_dtype bf16: tkd_cuda_adamw_step_bf16 against
- * kernels/cpu/adamw.c's tkd_adamw_update_bf16), equal to the bit like everything else. Dropping or
+ * kernels/cpu/adamw.c's tkd_adamw_update with bf16 moments), equal to the bit like everything else. Dropping or
  * misplacing the residual would leave the master at bf16 precision: the random start has low bits. */
 static void adamw_run(int off, int bf16)
 {

@@ -1,6 +1,6 @@
 /* test_optim_state.c — optim.state_dtype bf16 (AdamW moments kept as bf16, model/optim.h):
- * kernels/cpu/adamw.h's tkd_adamw_update_bf16 against a scalar reference written here (fp32 maths
- * on moments widened from bf16, rounded back to nearest even by a rounding of its own, not
+ * kernels/cpu/adamw.h's tkd_adamw_update with bf16 moments against a scalar reference written here
+ * (fp32 maths on moments widened from bf16, rounded back to nearest even by a rounding of its own, not
  * common/half.h's) over awkward sizes, with and without weight-decay segments and gaps, with a
  * clip scale; the optimizer on a model's CPU backend (whole and as ZeRO-1 shards) against the host
  * one; the moments' fp32 get / set; the f32 default. */
@@ -130,9 +130,9 @@ static void test_update_bf16_matches_reference(void **state)
                 const float s = step == 2 ? 0.37f : step == 4 ? 1.7f : 1.0f;
                 tkd_adamw_hparams h = h0;
                 h.lr = h0.lr * (double)step / 4.0;
-                tkd_adamw_update_bf16(p, g, s, m, v, segs, ns, &h, step);
+                tkd_adamw_update(p, g, s, m, v, TKD_ADAMW_DTYPE_BF16, segs, ns, &h, step);
                 ref_update(q, g, s, rm, rv, segs, ns, &h, step);
-                tkd_adamw_update(pf, g, s, mf, vf, segs, ns, &h, step);
+                tkd_adamw_update(pf, g, s, mf, vf, TKD_ADAMW_DTYPE_F32, segs, ns, &h, step);
                 assert_bits("weights", p, q, n, 4, n);
                 assert_bits("m", m, rm, n, 2, n);
                 assert_bits("v", v, rv, n, 2, n);

@@ -61,25 +61,17 @@ static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, 
     }
 }
 
-void tkd_adamw_update(float *params, const float *grads, float grad_scale, float *m, float *v,
+void tkd_adamw_update(float *params, const float *grads, float grad_scale, void *m, void *v, tkd_adamw_dtype mdt,
                       const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step)
 {
     double bc1 = 1.0 - pow(h->beta1, (double)step), bc2 = 1.0 - pow(h->beta2, (double)step);
     for (int i = 0; i < n_segs; i++) {
-        size_t off = segs[i].offset;
-        adamw_span(params + off, grads + off, m + off, v + off, segs[i].numel,
-                   scalars(h, segs[i].decay, bc1, bc2, grad_scale));
-    }
-}
-
-void tkd_adamw_update_bf16(float *params, const float *grads, float grad_scale, uint16_t *m, uint16_t *v,
-                           const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step)
-{
-    double bc1 = 1.0 - pow(h->beta1, (double)step), bc2 = 1.0 - pow(h->beta2, (double)step);
-    for (int i = 0; i < n_segs; i++) {
-        size_t off = segs[i].offset;
-        adamw_span_bf16(params + off, grads + off, m + off, v + off, segs[i].numel,
-                        scalars(h, segs[i].decay, bc1, bc2, grad_scale));
+        const size_t off = segs[i].offset;
+        const span_scalars k = scalars(h, segs[i].decay, bc1, bc2, grad_scale);
+        if (mdt == TKD_ADAMW_DTYPE_BF16)
+            adamw_span_bf16(params + off, grads + off, (uint16_t *)m + off, (uint16_t *)v + off, segs[i].numel, k);
+        else
+            adamw_span(params + off, grads + off, (float *)m + off, (float *)v + off, segs[i].numel, k);
     }
 }
 

@@ -50,19 +50,15 @@ typedef struct tkd_adamw_hparams {
 
 /* One AdamW update of the elements of every segment of params (n) from grads · grad_scale (the
  * clip coefficient applied on the fly, fp32-rounded before use: the bits of tkd_grad_scale first;
- * 1 = unscaled; grads are not written), with moments m and v (same layout); step is the 1-based
- * count of this update (bias correction):
+ * 1 = unscaled; grads are not written), with moments m and v (same layout, n values of mdt each);
+ * step is the 1-based count of this update (bias correction):
  *   p *= 1 − lr·wd (decay segments); m += (1 − β1)(g − m); v = β2·v + (1 − β2)·g²;
  *   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps),  bc_i = 1 − β_i^step.
- * Elements outside every segment are not touched. */
-void tkd_adamw_update(float *params, const float *grads, float grad_scale, float *m, float *v,
+ * bf16 moments (uint16_t bits) are widened to fp32 exactly, updated and used as above in fp32, and
+ * stored back rounded to nearest even; params stay fp32. Elements outside every segment are not
+ * touched. */
+void tkd_adamw_update(float *params, const float *grads, float grad_scale, void *m, void *v, tkd_adamw_dtype mdt,
                       const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step);
-
-/* The same update with the moments kept as bf16 bits (n each): per element m and v are widened to
- * fp32 (exactly), updated and used by the step as above in fp32, then stored rounded to nearest
- * even bf16; params stay fp32. */
-void tkd_adamw_update_bf16(float *params, const float *grads, float grad_scale, uint16_t *m, uint16_t *v,
-                           const tkd_adamw_seg *segs, int n_segs, const tkd_adamw_hparams *h, int64_t step);
 
 /* Σ g² over g (n), accumulated in double (OpenMP reduction above 32768 elements). */
 double tkd_grad_norm2(const float *g, size_t n);

@@ -319,10 +319,7 @@ static tkd_status cpu_adamw_step(tkd_backend *be, const tkd_backend_adamw *a, vo
 {
     (void)be;
     (void)lo;
-    if (mdt == TKD_ADAMW_DTYPE_BF16)
-        tkd_adamw_update_bf16(w, grads, grad_scale, m, v, a->segs, a->n, h, step);
-    else
-        tkd_adamw_update(w, grads, grad_scale, m, v, a->segs, a->n, h, step);
+    tkd_adamw_update(w, grads, grad_scale, m, v, mdt, a->segs, a->n, h, step);
     return TKD_OK;
 }
 

@@ -388,8 +388,9 @@ tkd_status attn_bwd_ws_fit(CudaImpl *c, int B, int T, int H, int dh)
 
 /* The attention backward, first choice c->attn_bwd (TKD_ATTN_BWD; default wgmma), then down the list:
  * our Hopper wgmma kernel (attn_bwd_sm90.h: compute capability 9.0, dh 64 or 128, deterministic,
- * fp32 dQ accumulators in its workspace), cuDNN's fused backward (deterministic engines only, TKD_CUDNN_BWD_NONDET=1 allows
- * the others and a resumed run is then not bit-exact; its workspace bounded by calls over groups),
+ * fp32 dQ accumulators in its workspace), cuDNN's fused backward (deterministic engines only,
+ * TKD_CUDNN_BWD_NONDET=1 allows the others and a resumed run is then not bit-exact; its workspace
+ * bounded by calls over groups),
  * our flash backward (deterministic, mma.sync) where it takes the head size, the simple
  * deterministic kernels elsewhere. A choice that is absent or refuses the shape passes to the next;
  * "flash" skips cuDNN and wgmma. tests/test_gpu_attn_cudnn_bwd.c holds all the fast ones row by row

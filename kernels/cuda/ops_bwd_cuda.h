@@ -135,8 +135,8 @@ tkd_status tkd_cuda_adamw_step(const tkd_cuda_adamw *a,
 
 /* The same update with the moments kept as bf16 bits (optim.state_dtype bf16): per element m and v
  * are widened to fp32, the fp32 update above runs unchanged, and they are stored back rounded to
- * nearest even (common/half.h's tkd_f32_to_bf16) — kernels/cpu/adamw.h's tkd_adamw_update_bf16 bit
- * for bit. The 4-wide path needs m and v 8-byte aligned. Bytes per element and step: 20 (28 − 8). */
+ * nearest even (common/half.h's tkd_f32_to_bf16) — kernels/cpu/adamw.h's tkd_adamw_update with bf16
+ * moments, bit for bit. The 4-wide path needs m and v 8-byte aligned. Bytes per element and step: 20 (28 − 8). */
 tkd_status tkd_cuda_adamw_step_bf16(const tkd_cuda_adamw *a,
                                     uint16_t *w_hi, int16_t *w_lo,   // (n) bf16, (n) int16: the master
                                     const float *grads,              // (n) f32

@@ -1,6 +1,6 @@
 /* ops_optim_cuda.cu — see ops_bwd_cuda.h (its optimizer half): the fused multi-tensor AdamW over
- * the flat master weights (bf16 + int16 residual; moments fp32 or bf16), the exact split of fp32 masters into those two
- * halves and the join back, and the gradient scale. Split from ops_bwd_cuda.cu, which keeps the
+ * the flat master weights (bf16 + int16 residual; moments fp32 or bf16), the exact split of fp32
+ * masters into those two halves and the join back, and the gradient scale. Split from ops_bwd_cuda.cu, which keeps the
  * backward ops and the gradient norm (it sums into the backward workspace's partials). Every bf16
  * rounding is common/half.h's, as on the host; purely elementwise, so any grid gives the same bits.
  */
