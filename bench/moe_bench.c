@@ -10,8 +10,9 @@
  *          is new every call, as from layer to layer and batch to batch in a dump.
  * Rows: the grouped calls (where this cuBLAS takes them) and the loop of per-expert GEMMs, with
  * exact row counts and with each rounded up to 128 (tkd_cuda_moe_ws_set_pad), auto (the
- * backend's default: per call, from the counts), and our grouped GEMM (moe_gemm_cuda.h: one
- * launch for every expert's gate and up products, one for the down products). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
+ * backend's default), and our grouped GEMMs: mma.sync (moe_gemm_cuda.h: one launch for every
+ * expert's gate and up products, the act kernel, one launch for the down products) and Hopper's on
+ * each schedule (gemm_sm90/moe_gemm_sm90.h: the activation in the first launch's epilogue). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
  * 15 = CUBLAS_STATUS_NOT_SUPPORTED).
  *
  *   moe_bench [--shape D:I:E:k:N] [--reps 10]     (default 2048:768:128:8:8192, Qwen3-30B-A3B)
@@ -27,6 +28,8 @@
 
 #include "common/status.h"
 #include "kernels/cuda/moe_cuda.h"
+#include "kernels/cuda/moe_gemm_cuda.h"
+#include "kernels/gemm_sm90/moe_gemm_sm90.h"
 
 int moe_bench_randn(uint16_t *p, size_t n, float std, uint64_t seed);
 int moe_bench_gemm(void *blas, const uint16_t *a, const uint16_t *b, int m, int n, int kd, float *c);
@@ -67,13 +70,20 @@ typedef struct setup {
 } setup;
 
 /* Median ms of reps calls (fresh: the inputs in turn), or -1 when the mode did not run as asked
- * (cuBLAS refused the grouped call). grouped: a TKD_CUDA_MOE_GEMM_* mode. */
-static double time_op(const setup *s, int grouped, int pad, int fresh)
+ * (cuBLAS refused the grouped call, or the device has no Hopper kernel). grouped: a
+ * TKD_CUDA_MOE_GEMM_* mode; ours: a TKD_CUDA_MOE_OURS_* kernel. */
+static double time_op(const setup *s, int grouped, int pad, int ours, int fresh)
 {
     tkd_cuda_moe_ws *ws = NULL;
     if (tkd_cuda_moe_ws_create(&ws, &s->p, s->N, NULL) != TKD_OK)
         die("tkd_cuda_moe_ws_create", tkd_error_msg());
     tkd_cuda_moe_ws_set_grouped(ws, grouped);
+    if (tkd_cuda_moe_ws_set_ours_kernel(ws, ours) != TKD_OK)
+        die("tkd_cuda_moe_ws_set_ours_kernel", tkd_error_msg());
+    if (ours >= TKD_CUDA_MOE_OURS_SM90_COOP && !tkd_cuda_moe_ws_ours_sm90(ws)) { /* not a Hopper device */
+        tkd_cuda_moe_ws_free(ws);
+        return -1.0;
+    }
     if (tkd_cuda_moe_ws_set_pad(ws, pad) != TKD_OK)
         die("tkd_cuda_moe_ws_set_pad", tkd_error_msg());
     double *ms = malloc(sizeof(double) * (size_t)s->reps);
@@ -94,6 +104,42 @@ static double time_op(const setup *s, int grouped, int pad, int fresh)
     const double med = ms[s->reps / 2];
     free(ms);
     return ran ? med : -1.0;
+}
+
+/* Our Hopper GEMMs alone on schedule sched (gate/up with the activation, then down), the op's
+ * routing, sort, gather, host sync and combine left out: every expert N·k / E rows (the remainder to
+ * the first ones). Median ms of reps pairs of launches, each pair synced; -1 on a device without
+ * the kernel. What the op spends beyond this is the rest of the layer. */
+static double time_sm90_gemms(const setup *s, int sched)
+{
+    tkd_lmhead_sm90_ws *ws = NULL;
+    if (tkd_lmhead_sm90_ws_create(&ws, sched) != TKD_OK)
+        return -1.0;
+    const int E = s->p.E, D = s->p.D, I = s->p.inter, P = s->N * s->p.k;
+    int32_t *counts = malloc(sizeof(int32_t) * (size_t)E), *h_tiles = malloc(sizeof(int32_t) * 3 * (size_t)(P / 64 + E));
+    for (int e = 0; e < E; e++)
+        counts[e] = P / E + (e < P % E);
+    const int nt = tkd_cuda_moe_gemm_tiles(counts, E, tkd_moe_gemm_sm90_tile_rows(ws), h_tiles);
+    int32_t *tiles = dev(sizeof(int32_t) * 3 * (size_t)nt);
+    uint16_t *xs = dev((size_t)P * D * 2), *h = dev((size_t)P * I * 2), *o = dev((size_t)P * D * 2);
+    if (cudaMemcpy(tiles, h_tiles, sizeof(int32_t) * 3 * (size_t)nt, cudaMemcpyHostToDevice) != cudaSuccess ||
+        moe_bench_randn(xs, (size_t)P * D, 1.0f, 77))
+        die("setup", "failed");
+    double *ms = malloc(sizeof(double) * (size_t)s->reps);
+    for (int i = -2; i < s->reps; i++) {
+        const double t0 = now_ms();
+        if (tkd_moe_gemm_sm90_gate_up(ws, xs, s->w.w_gate, s->w.w_up, NULL, NULL, &s->p, tiles, nt, P, I, D, h) ||
+            tkd_moe_gemm_sm90_down(ws, h, s->w.w_down, E, tiles, nt, P, D, I, o) || tkd_lmhead_sm90_sync(ws))
+            die("moe_gemm_sm90", tkd_error_msg());
+        if (i >= 0)
+            ms[i] = now_ms() - t0;
+    }
+    qsort(ms, (size_t)s->reps, sizeof(double), cmp_double);
+    const double med = ms[s->reps / 2];
+    free(ms), free(counts), free(h_tiles);
+    cudaFree(tiles), cudaFree(xs), cudaFree(h), cudaFree(o);
+    tkd_lmhead_sm90_ws_free(ws);
+    return med;
 }
 
 /* Median ms of the floor's two GEMMs over the N·k routed rows. */
@@ -170,20 +216,31 @@ int main(int argc, char **argv)
     const double flop = 2.0 * N * k * 3.0 * I * D;
     printf("| GEMMs | same ms | fresh ms | fresh / floor | TFLOP/s (fresh) |\n|---|---:|---:|---:|---:|\n");
     printf("| floor: 2 plain GEMMs over N·k rows | %.3f | - | 1.00 | %.0f |\n", fl, flop / (fl * 1e9));
-    static const struct { int grouped, pad; const char *name; } kModes[] = {
-        {TKD_CUDA_MOE_GEMM_GROUPED, 1, "grouped (2 cuBLAS calls)"},
-        {TKD_CUDA_MOE_GEMM_LOOP, 1, "loop (3·E calls), exact rows"},
-        {TKD_CUDA_MOE_GEMM_LOOP, 128, "loop, rows to 128"},
-        {TKD_CUDA_MOE_GEMM_AUTO, 128, "auto (the default)"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, "ours (2 launches of moe_gemm_cuda)"}};
+    static const struct { int grouped, pad, ours; const char *name; } kModes[] = {
+        {TKD_CUDA_MOE_GEMM_GROUPED, 1, 0, "grouped (2 cuBLAS calls)"},
+        {TKD_CUDA_MOE_GEMM_LOOP, 1, 0, "loop (3·E calls), exact rows"},
+        {TKD_CUDA_MOE_GEMM_LOOP, 128, 0, "loop, rows to 128"},
+        {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT, "auto (the default)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_MMA_SYNC, "ours, mma.sync (moe_gemm_cuda, + act kernel)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP, "ours, Hopper cooperative (moe_gemm_sm90)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, "ours, Hopper ping-pong (moe_gemm_sm90)"}};
     for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++) {
-        const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, 0);
+        const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 0);
         if (same < 0) {
-            printf("| %s | refused by this cuBLAS | | | |\n", kModes[m].name);
+            printf("| %s | refused (this cuBLAS, or not a Hopper device) | | | |\n", kModes[m].name);
             continue;
         }
-        const double fresh = time_op(&s, kModes[m].grouped, kModes[m].pad, 1);
+        const double fresh = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 1);
         printf("| %s | %.3f | %.3f | %.2f | %.0f |\n", kModes[m].name, same, fresh, fresh / fl, flop / (fresh * 1e9));
+    }
+    printf("\nour Hopper GEMMs alone (balanced routing: N·k / E rows an expert; no routing, sort, gather, sync, "
+           "combine):\n\n| schedule | ms | / floor | TFLOP/s |\n|---|---:|---:|---:|\n");
+    for (int sc = 0; sc < 2; sc++) {
+        const double g = time_sm90_gemms(&s, sc ? TKD_LMHEAD_SM90_SCHED_PINGPONG : TKD_LMHEAD_SM90_SCHED_COOP);
+        if (g < 0)
+            printf("| %s | not a Hopper device | | |\n", sc ? "ping-pong" : "cooperative");
+        else
+            printf("| %s | %.3f | %.2f | %.0f |\n", sc ? "ping-pong" : "cooperative", g, g / fl, flop / (g * 1e9));
     }
     cublasDestroy(blas);
     return 0;

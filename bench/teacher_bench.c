@@ -18,7 +18,12 @@
  * Memory: device bytes in use after the run minus before the model (nothing is freed in between,
  * so it is the peak of our allocations; cuBLAS's own workspaces included).
  *
+ * --profile: after the timed runs, two more forward + top-k passes through kernels/backend_profile.h's
+ * wrapper, the second measured: a table per shape of where the forward's time goes, op by op
+ * (printed after the main table).
+ *
  *   teacher_bench [--shapes llama8b:8192:1,qwen05b:2048:16] [--reps 3] [--batches 16] [--out DIR]
+ *                 [--profile]
  */
 #include <math.h>
 #include <stdint.h>
@@ -37,6 +42,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
+#include "kernels/backend_profile.h"
 #include "bench/bench_util.h"
 #include "model/model.h"
 #include "teacher_cache/dump.h"
@@ -46,6 +52,10 @@
 #define TOPK 100
 
 int bench_fill_weights_cuda(tkd_model *m, uint64_t seed); /* teacher_bench_cuda.cu */
+
+static FILE *g_prof; /* --profile: the per-shape tables, printed after the main one */
+static char *g_prof_buf;
+static size_t g_prof_len;
 
 static int die(const char *what)
 {
@@ -135,6 +145,39 @@ out:
     cudaFree(w);
     cudaFree(y);
     return ms;
+}
+
+/* Two forward + top-k passes with the model's backend wrapped by the profiler, the first to make
+ * the wrapper's mark storage, the second measured: its table into g_prof. */
+static tkd_status profile_fwd(tkd_model *m, const int32_t *tok, const run_spec *r, host_out *o)
+{
+    tkd_backend *bare = m->be, *prof = NULL;
+    TKD_TRY(tkd_backend_profile_wrap(bare, &prof));
+    m->be = prof;
+    tkd_status st = fwd_once(m, tok, r->B, r->T, o, 1);
+    tkd_backend_profile_reset(prof);
+    const double t0 = bench_now_s();
+    if (st == TKD_OK)
+        st = fwd_once(m, tok, r->B, r->T, o, 1);
+    const double ms = (bench_now_s() - t0) * 1e3;
+    m->be = bare;
+    tkd_profile_row rows[TKD_PROFILE_OPS];
+    int n = 0;
+    if (st == TKD_OK)
+        st = tkd_backend_profile_report(prof, rows, &n);
+    tkd_backend_close(prof);
+    TKD_TRY(st);
+    double sum = 0.0;
+    fprintf(g_prof, "\nProfile of one %s forward + top-k, T %d x B %d (%.1f ms wall):\n\n"
+                    "| op | calls | ms | %% of the pass |\n|---|---:|---:|---:|\n", r->s->name, r->T, r->B, ms);
+    for (int i = 0; i < n; i++) {
+        sum += rows[i].ms;
+        fprintf(g_prof, "| %s | %lld | %.2f | %.1f |\n", rows[i].op, (long long)rows[i].calls, rows[i].ms,
+                100.0 * rows[i].ms / ms);
+    }
+    fprintf(g_prof, "| (all ops) | | %.2f | %.1f |\n| (outside ops: host, gaps) | | %.2f | %.1f |\n", sum,
+            100.0 * sum / ms, ms - sum, 100.0 * (ms - sum) / ms);
+    return TKD_OK;
 }
 
 static tkd_status write_npy_tokens(const char *path, int64_t n, int V)
@@ -260,6 +303,8 @@ static int run_one(const run_spec *r, int reps, int batches, const char *out)
     }
     tm.fwd = bench_median(tf + 1, reps);
     tm.topk = bench_median(tt + 1, reps);
+    if (g_prof && profile_fwd(m, tok, r, &o) != TKD_OK)
+        return die("profiled forward");
     if (out && whole_dump(m, r, batches, out, &tm) != TKD_OK)
         return die("dump");
     double mem = (bench_used_bytes() - base) / 1073741824.0;
@@ -300,8 +345,12 @@ int main(int argc, char **argv)
             batches = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
+        } else if (!strcmp(argv[i], "--profile")) {
+            if (!g_prof && !(g_prof = open_memstream(&g_prof_buf, &g_prof_len)))
+                return fprintf(stderr, "teacher_bench: --profile: out of memory\n"), 2;
         } else {
-            fprintf(stderr, "usage: teacher_bench [--shapes NAME:T:B,...] [--reps 3] [--batches 16] [--out DIR]\n");
+            fprintf(stderr, "usage: teacher_bench [--shapes NAME:T:B,...] [--reps 3] [--batches 16] [--out DIR] "
+                            "[--profile]\n");
             return 2;
         }
     }
@@ -313,6 +362,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         if (run_one(&rs[i], reps, batches, out))
             return 1;
+    if (g_prof) {
+        fclose(g_prof);
+        fwrite(g_prof_buf, 1, g_prof_len, stdout);
+        free(g_prof_buf);
+    }
     return 0;
 }
 

@@ -3,8 +3,9 @@
  * with and without norm_topk_prob; gpt-oss with biases and the clamped SwiGLU) over awkward shapes:
  * one token, an expert no token picks, k = 1 and k = E, token counts not a multiple of anything;
  * and the same bits from a second call (deterministic); every case with each way of running the
- * experts' GEMMs, our own grouped GEMM included. Then our grouped GEMM alone (test_grouped_gemm)
- * against a float64 GEMM, its tolerance derived beside it.
+ * experts' GEMMs, our own grouped GEMMs included (mma.sync, and Hopper's on both schedules). Then our
+ * grouped GEMMs alone (test_grouped_gemm, test_grouped_gemm_sm90) against a float64 GEMM, their
+ * tolerances derived beside them.
  *
  * Routing must equal the reference's wherever the reference's k-th and (k+1)-th routing scores are
  * apart by more than ROUTE_GAP: the device computes the logits in fp32 from the same bf16 products
@@ -40,6 +41,8 @@
 #include "kernels/cpu/cpu_ops_ref.h"
 #include "kernels/cuda/moe_cuda.h"
 #include "kernels/cuda/moe_gemm_cuda.h"
+#include "kernels/gemm_sm90/lmhead_sm90.h"
+#include "kernels/gemm_sm90/moe_gemm_sm90.h"
 
 #define ROUTE_GAP 1e-4
 
@@ -109,10 +112,17 @@ static const char *mode_name(int mode)
     return mode < 0 ? "auto" : mode == TKD_CUDA_MOE_GEMM_OURS ? "ours" : mode ? "grouped" : "loop";
 }
 
+static const char *ours_name(int kernel)
+{
+    return kernel == TKD_CUDA_MOE_OURS_MMA_SYNC ? "mma.sync" : kernel == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? "sm90 pp"
+                                                                                                       : "default";
+}
+
 /* One case with the experts' GEMMs grouped (two cuBLAS calls a layer), in a loop per expert, auto
- * (grouped -1) or ours (moe_gemm_cuda.h), each expert's rows rounded up to a multiple of pad for
- * the loop (the spill into the next expert's rows must not show). */
-static void run_case(const mcase *c, int grouped, int pad)
+ * (grouped -1) or ours (moe_gemm_cuda.h, or gemm_sm90/moe_gemm_sm90.h on Hopper; ours_kernel picks
+ * which), each expert's rows rounded up to a multiple of pad for the loop (the spill into the next
+ * expert's rows must not show). */
+static void run_case(const mcase *c, int grouped, int pad, int ours_kernel)
 {
     const tkd_moe_params p = c->qwen ? tkd_moe_params_qwen3(c->D, c->I, c->E, c->k, c->norm)
                                      : tkd_moe_params_gpt_oss(c->D, c->I, c->E, c->k, 7.0f);
@@ -133,6 +143,9 @@ static void run_case(const mcase *c, int grouped, int pad)
     assert_int_equal(tkd_cuda_moe_ws_create(&ws_, &p, c->N + 3, NULL), TKD_OK);
     tkd_cuda_moe_ws_set_grouped(ws_, grouped);
     assert_int_equal(tkd_cuda_moe_ws_set_pad(ws_, pad), TKD_OK);
+    assert_int_equal(tkd_cuda_moe_ws_set_ours_kernel(ws_, ours_kernel), TKD_OK);
+    if (ours_kernel == TKD_CUDA_MOE_OURS_MMA_SYNC && tkd_cuda_moe_ws_ours_sm90(ws_))
+        fail_msg("%s: asked for the mma.sync kernel, the workspace holds the Hopper one", c->what);
     const tkd_cuda_moe_weights cw = {rw.d, rb.d, wg.d, wu.d, wdn.d, bg.d, bu.d, bd.d, {{NULL}, {NULL}}};
     uint16_t *dy = tkd_test_dev_alloc(2 * N * D), *dy2 = tkd_test_dev_alloc(2 * N * D);
     int32_t *de = tkd_test_dev_alloc(4 * N * k);
@@ -142,9 +155,12 @@ static void run_case(const mcase *c, int grouped, int pad)
         fail_msg("%s: %s", c->what, tkd_error_msg());
     assert_int_equal(tkd_cuda_moe_fwd(ws_, &cw, x.d, c->N, dy2, NULL, NULL), TKD_OK);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    /* auto: these cases' experts are tiny, so grouped; a mismatch: e.g. cuBLAS refused the grouped
-     * call and fell back to the loop */
-    const int want = grouped < 0 ? TKD_CUDA_MOE_GEMM_GROUPED : grouped, ran = tkd_cuda_moe_ws_ran(ws_);
+    /* auto: ours where the Hopper kernel runs (D and I multiples of 8), else these cases' experts
+     * are tiny, so grouped; a mismatch: e.g. cuBLAS refused the grouped call and fell back to the
+     * loop */
+    const int auto_ours = tkd_cuda_moe_ws_ours_sm90(ws_) && c->D % 8 == 0 && c->I % 8 == 0;
+    const int want = grouped < 0 ? (auto_ours ? TKD_CUDA_MOE_GEMM_OURS : TKD_CUDA_MOE_GEMM_GROUPED) : grouped;
+    const int ran = tkd_cuda_moe_ws_ran(ws_);
     if (ran != want || tkd_cuda_moe_ws_grouped(ws_) != (ran == TKD_CUDA_MOE_GEMM_GROUPED))
         fail_msg("%s: asked for %s GEMMs, ran %s", c->what, mode_name(grouped), mode_name(ran));
     uint16_t *y = tkd_test_xmalloc(2 * N * D), *y2 = tkd_test_xmalloc(2 * N * D);
@@ -182,9 +198,9 @@ static void run_case(const mcase *c, int grouped, int pad)
         fail_msg("%s: relative norm %.3g over 1e-2", what, tkd_test_check_norm(&chk));
     if (near > (int)(0.02 * N) + 1)
         fail_msg("%s: %d of %zu tokens are near ties of the router: the case does not test routing", c->what, near, N);
-    print_message("%-40s %-7s pad %3d N %5d D %4d I %4d E %3d k %2d: worst err/tol %.3f, norm %.2e, %d near ties\n",
-                  c->what, mode_name(grouped), pad, c->N, c->D, c->I, c->E, c->k, chk.worst,
-                  tkd_test_check_norm(&chk), near);
+    print_message("%-40s %-7s %-8s pad %3d N %5d D %4d I %4d E %3d k %2d: worst err/tol %.3f, norm %.2e, "
+                  "%d near ties\n", c->what, mode_name(ran),
+                  ran == TKD_CUDA_MOE_GEMM_OURS ? ours_name(ours_kernel) : "", pad, c->N, c->D, c->I, c->E, c->k, chk.worst, tkd_test_check_norm(&chk), near);
     free(s), free(y), free(y2), free(e), free(ref), free(ref_e);
     cudaFree(dy), cudaFree(dy2), cudaFree(de);
     tkd_cuda_moe_ws_free(ws_);
@@ -198,6 +214,7 @@ static const mcase kCases[] = {
     {"qwen3: one token", 1, 1, 64, 48, 8, 2, 1, 1.0f},
     {"qwen3: norm_topk_prob off, k 1", 1, 37, 48, 40, 6, 1, 0, 1.0f},
     {"qwen3: k = E", 1, 61, 32, 24, 4, 4, 1, 1.0f},
+    {"qwen3: D 36, I 20 (rows not 16-byte)", 1, 29, 36, 20, 6, 2, 1, 1.0f},
     {"qwen3: 128 experts, k 8 (30B-A3B-like)", 1, 700, 256, 96, 128, 8, 1, 1.0f},
     {"gpt-oss: biases, clamp, k 4", 0, 301, 96, 64, 32, 4, 0, 3.0f},
     {"gpt-oss: one token, many clamped", 0, 1, 64, 32, 8, 4, 0, 8.0f},
@@ -206,12 +223,16 @@ static const mcase kCases[] = {
 static void test_matches_reference(void **state)
 {
     (void)state;
-    static const int kModes[][2] = {{TKD_CUDA_MOE_GEMM_GROUPED, 1}, {TKD_CUDA_MOE_GEMM_LOOP, 1},
-                                    {TKD_CUDA_MOE_GEMM_LOOP, 128},  {TKD_CUDA_MOE_GEMM_AUTO, 128},
-                                    {TKD_CUDA_MOE_GEMM_OURS, 1}}; /* mode, pad */
+    static const int kModes[][3] = {
+        {TKD_CUDA_MOE_GEMM_GROUPED, 1, 0}, {TKD_CUDA_MOE_GEMM_LOOP, 1, 0},
+        {TKD_CUDA_MOE_GEMM_LOOP, 128, 0},  {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT},
+        {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_MMA_SYNC},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_DEFAULT}, {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_MMA_SYNC},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG}}; /* mode, pad, our kernel */
     for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++)
         for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
-            run_case(&kCases[i], kModes[m][0], kModes[m][1]);
+            if (kModes[m][0] != TKD_CUDA_MOE_GEMM_OURS || (kCases[i].D % 8 == 0 && kCases[i].I % 8 == 0))
+                run_case(&kCases[i], kModes[m][0], kModes[m][1], kModes[m][2]); /* else refused: test_errors */
 }
 
 /* MXFP4 experts (params.mxfp4): the op decodes the layer's experts to bf16 on the device and runs
@@ -295,14 +316,17 @@ typedef struct gemm_case {
     int n, k, two; /* two: gate and up in one launch (w1, c1) */
 } gemm_case;
 
-/* The tile list of kGemmCounts laid out with the gaps, uploaded; *rows_out the rows of x and c
- * (the last kPast of them past m). */
-static int32_t *gemm_tiles(int *n_tiles, int *rows_out, int32_t *first)
+/* The tile list of kGemmCounts with tile_m rows a tile, laid out with the gaps, uploaded; *rows_out
+ * the rows of x and c (the last kPast of them past m). */
+static int32_t *gemm_tiles(int tile_m, int *n_tiles, int *rows_out, int32_t *first)
 {
-    int32_t h[3 * (kGemmE + 8)];
-    const int nt = tkd_cuda_moe_gemm_tiles(kGemmCounts, kGemmE, h);
-    assert_int_equal(nt, 1 + 1 + 0 + 1 + 2 + 3 + 1);
-    assert_true(nt <= kGemmE + 8);
+    int32_t h[3 * (kGemmE + 16)];
+    const int nt = tkd_cuda_moe_gemm_tiles(kGemmCounts, kGemmE, tile_m, h);
+    int want = 0;
+    for (int e = 0; e < kGemmE; e++)
+        want += (kGemmCounts[e] + tile_m - 1) / tile_m;
+    assert_int_equal(nt, want);
+    assert_true(nt <= kGemmE + 16);
     int32_t r = kGap;
     for (int e = 0; e < kGemmE; r += kGemmCounts[e] + kGap, e++)
         first[e] = r;
@@ -310,10 +334,11 @@ static int32_t *gemm_tiles(int *n_tiles, int *rows_out, int32_t *first)
         int32_t packed = 0;
         for (int e = 0; e < h[3 * t]; e++)
             packed += kGemmCounts[e];
-        assert_true(h[3 * t + 2] >= 1 && h[3 * t + 2] <= TKD_MOE_GEMM_TILE_M);
+        assert_true(h[3 * t + 2] >= 1 && h[3 * t + 2] <= tile_m);
         h[3 * t + 1] += first[h[3 * t]] - packed;
     }
-    assert_int_equal(h[3 * 4 + 0], 4), assert_int_equal(h[3 * 4 + 2], 1); /* 129 = 128 + 1 */
+    if (tile_m == 128)
+        assert_int_equal(h[3 * 4 + 0], 4), assert_int_equal(h[3 * 4 + 2], 1); /* 129 = 128 + 1 */
     *rows_out = r - kGap; /* the end of the last expert's rows; m = rows_out − kPast, inside its tile */
     *n_tiles = nt;
     int32_t *d = tkd_test_dev_alloc(sizeof h);
@@ -357,7 +382,7 @@ static void run_gemm_case(const gemm_case *g)
 {
     int nt = 0, rows = 0;
     int32_t first[kGemmE];
-    int32_t *tiles = gemm_tiles(&nt, &rows, first);
+    int32_t *tiles = gemm_tiles(TKD_MOE_GEMM_TILE_M, &nt, &rows, first);
     const int m = rows - kPast, nz = g->two ? 2 : 1;
     const size_t nx = (size_t)rows * g->k, nw = (size_t)kGemmE * g->n * g->k, nc = (size_t)rows * g->n;
     tensor x = tensor_make(nx, 41, 1.0f), w[2] = {tensor_make(nw, 42, 1.0f), tensor_make(nw, 43, 1.0f)};
@@ -400,6 +425,168 @@ static void test_grouped_gemm(void **state)
                                            {2880, 40, 1}, {2880, 1032, 0}, {8, 2048, 0}};
     for (size_t i = 0; i < sizeof kGemmCases / sizeof kGemmCases[0]; i++)
         run_gemm_case(&kGemmCases[i]);
+}
+
+/* ---- our Hopper grouped GEMM alone (gemm_sm90/moe_gemm_sm90.h) --------------------------------
+ *
+ * down: check_gemm_out's bound. gate_up: h = act(bf16(g) + b_g, bf16(u) + b_u) against act(g + b_g,
+ * u + b_u) of the float64 sums, each element allowed 2^-8·|h| (h rounded once to bf16) plus
+ *   1.1·(|u| + δu + 1)·δg + (|g| + δg)·δu,
+ * where g and u include the biases, δg = 2^-8·|g| + 2k·2^-23·Σ|x w_g| + 2^-23·(|g| + |b_g|) bounds
+ * the device's g against the exact one (the fp32 sum as check_gemm_out bounds it, rounded to bf16,
+ * the bias added in fp32), likewise δu; 1.1 bounds the slope of g·σ(αg) for any α (its largest is
+ * 1.0998), |g·σ(αg)| ≤ |g|, and the clamps are 1-Lipschitz, so the mean value theorem gives the
+ * sum. */
+
+typedef struct sm90_case {
+    int fused, clamp, bias; /* gate/up with the activation (SwiGLU or gpt-oss's clamped one), biases */
+    int n, k;
+} sm90_case;
+
+static double act_ref(int clamp, double g, double u)
+{
+    if (!clamp)
+        return g / (1.0 + exp(-g)) * u;
+    const double lim = 7.0, alpha = 1.702;
+    g = fmin(g, lim);
+    u = fmin(fmax(u, -lim), lim);
+    return (u + 1.0) * (g / (1.0 + exp(-alpha * g)));
+}
+
+static void check_gate_up(const char *what, const uint16_t *h, const float *x, const float *wg, const float *wu,
+                          const float *bg, const float *bu, const int32_t *first, int m, int rows, const sm90_case *c)
+{
+    const tkd_test_tol tol = {0.0, 1.0 / 256, "h rounded once (2^-8) from act of bf16 g, u (the bound above)"};
+    const int n = c->n, k = c->k;
+    tkd_test_check chk;
+    const size_t cols = (size_t)n;
+    tkd_test_check_begin(&chk, what, tol, tkd_test_where_rowcol, &cols);
+    char *listed = calloc((size_t)rows, 1);
+    for (int e = 0; e < kGemmE; e++)
+        for (int i = 0; i < kGemmCounts[e] && first[e] + i < m; i++) {
+            const int r = first[e] + i;
+            listed[r] = 1;
+            for (int j = 0; j < n; j++) {
+                double g = 0.0, u = 0.0, sg = 0.0, su = 0.0;
+                const size_t wrow = ((size_t)e * n + j) * k;
+                for (int d = 0; d < k; d++) {
+                    const double pg = (double)x[(size_t)r * k + d] * wg[wrow + d];
+                    const double pu = (double)x[(size_t)r * k + d] * wu[wrow + d];
+                    g += pg, sg += fabs(pg), u += pu, su += fabs(pu);
+                }
+                const double b_g = bg ? bg[(size_t)e * n + j] : 0.0, b_u = bu ? bu[(size_t)e * n + j] : 0.0;
+                const double dg = ldexp(fabs(g), -8) + 2.0 * k * ldexp(sg, -23) + ldexp(fabs(g) + fabs(b_g), -23);
+                const double du = ldexp(fabs(u), -8) + 2.0 * k * ldexp(su, -23) + ldexp(fabs(u) + fabs(b_u), -23);
+                g += b_g, u += b_u;
+                const double extra = 1.1 * (fabs(u) + du + 1.0) * dg + (fabs(g) + dg) * du;
+                tkd_test_check_add(&chk, (int64_t)r * n + j, tkd_bf16_to_f32(h[(size_t)r * n + j]),
+                                   act_ref(c->clamp, g, u), extra);
+            }
+        }
+    tkd_test_check_end(&chk);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n && !listed[r]; j++)
+            if (h[(size_t)r * n + j] != 0xffff)
+                fail_msg("%s: row %d (not in a tile, or past m %d) written at column %d", what, r, m, j);
+    free(listed);
+    print_message("%s: worst err/tol %.3f over %lld elements\n", what, chk.worst, (long long)chk.n);
+}
+
+/* One case on both schedules, each run twice: the same bits every run and on both schedules (each
+ * element is the same fp32 sum in the same order; only the tile rows differ). */
+static void run_sm90_case(const sm90_case *c, tkd_lmhead_sm90_ws *const ws[2])
+{
+    const int n = c->n, k = c->k;
+    const tkd_moe_params p = c->clamp ? tkd_moe_params_gpt_oss(k, n, kGemmE, 2, 7.0f)
+                                      : tkd_moe_params_qwen3(k, n, kGemmE, 2, 1);
+    const size_t nw = (size_t)kGemmE * n * k;
+    tensor x = {0}, w[2] = {tensor_make(nw, 52, 1.0f), tensor_make(nw, 53, 1.0f)}, b[2] = {{0}, {0}};
+    if (c->bias)
+        b[0] = tensor_make((size_t)kGemmE * n, 54, 0.5f), b[1] = tensor_make((size_t)kGemmE * n, 55, 0.5f);
+    uint16_t *ref_bits = NULL;
+    for (int sc = 0; sc < 2; sc++) {
+        int nt = 0, rows = 0;
+        int32_t first[kGemmE];
+        int32_t *tiles = gemm_tiles(tkd_moe_gemm_sm90_tile_rows(ws[sc]), &nt, &rows, first);
+        const int m = rows - kPast;
+        const size_t nc = (size_t)rows * n;
+        if (!x.f)
+            x = tensor_make((size_t)rows * k, 51, c->clamp ? 0.1f : 1.0f); /* clamp: g both sides of the limit */
+        uint16_t *d[2], *h[2];
+        for (int run = 0; run < 2; run++) {
+            tkd_test_poison(d[run] = tkd_test_dev_alloc(2 * nc), 2 * nc);
+            h[run] = tkd_test_xmalloc(2 * nc);
+            if (c->fused)
+                tkd_test_ok(tkd_moe_gemm_sm90_gate_up(ws[sc], x.d, w[0].d, w[1].d, b[0].d, b[1].d, &p, tiles, nt, m,
+                                                      n, k, d[run]), "tkd_moe_gemm_sm90_gate_up");
+            else
+                tkd_test_ok(tkd_moe_gemm_sm90_down(ws[sc], x.d, w[0].d, kGemmE, tiles, nt, m, n, k, d[run]),
+                            "tkd_moe_gemm_sm90_down");
+        }
+        tkd_test_ok(tkd_lmhead_sm90_sync(ws[sc]), "tkd_lmhead_sm90_sync");
+        for (int run = 0; run < 2; run++)
+            tkd_test_to_host(h[run], d[run], 2 * nc, NULL);
+        assert_memory_equal(h[0], h[1], 2 * nc); /* deterministic */
+        char what[128];
+        snprintf(what, sizeof what, "moe_gemm_sm90 %s %s%s n %d k %d, %d-row tiles", sc ? "ping-pong" : "coop",
+                 c->fused ? (c->clamp ? "gate/up clamped" : "gate/up SwiGLU") : "down", c->bias ? " +bias" : "", n,
+                 k, tkd_moe_gemm_sm90_tile_rows(ws[sc]));
+        if (c->fused)
+            check_gate_up(what, h[0], x.f, w[0].f, w[1].f, b[0].f, b[1].f, first, m, rows, c);
+        else
+            check_gemm_out(what, h[0], x.f, w[0].f, first, m, rows, n, k);
+        if (!ref_bits)
+            ref_bits = h[0], h[0] = NULL;
+        else if (memcmp(ref_bits, h[0], 2 * nc) != 0)
+            fail_msg("%s: bits differ from the cooperative schedule's", what);
+        free(h[0]), free(h[1]);
+        cudaFree(d[0]), cudaFree(d[1]), cudaFree(tiles);
+    }
+    free(ref_bits);
+    tensor_free(&x), tensor_free(&w[0]), tensor_free(&w[1]);
+    if (c->bias)
+        tensor_free(&b[0]), tensor_free(&b[1]);
+}
+
+/* n below one tile (40: 128 columns fused, 256 down), not a multiple of it (136, 264, 2880 as
+ * gpt-oss), k below one K step of 64 (40), not a multiple of it (1032) and long (2048); tile lists
+ * of 1, 63, 64, 65, 127, 128, 129 and 300 rows, an expert with none, rows past m. On a device other
+ * than compute capability 9.0 the kernel must refuse. */
+static void test_grouped_gemm_sm90(void **state)
+{
+    (void)state;
+    tkd_lmhead_sm90_ws *ws[2] = {NULL, NULL};
+    const tkd_status st = tkd_lmhead_sm90_ws_create(&ws[0], TKD_LMHEAD_SM90_SCHED_COOP);
+    if (st == TKD_ERR_UNSUPPORTED) {
+        tkd_test_assert_msg_has("compute capability");
+        print_message("moe_gemm_sm90: not compute capability 9.0: refused, as it must be\n");
+        return;
+    }
+    tkd_test_ok(st, "tkd_lmhead_sm90_ws_create");
+    tkd_test_ok(tkd_lmhead_sm90_ws_create(&ws[1], TKD_LMHEAD_SM90_SCHED_PINGPONG), "tkd_lmhead_sm90_ws_create");
+    assert_int_equal(tkd_moe_gemm_sm90_tile_rows(ws[0]), 128);
+    assert_int_equal(tkd_moe_gemm_sm90_tile_rows(ws[1]), 64);
+    static const sm90_case kCases[] = {
+        {1, 0, 0, 40, 40},    {1, 0, 0, 136, 2048}, {1, 1, 1, 2880, 1032}, {1, 0, 1, 264, 72},
+        {0, 0, 0, 40, 40},    {0, 0, 0, 264, 2048}, {0, 0, 0, 2880, 1032},
+    };
+    for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
+        run_sm90_case(&kCases[i], ws);
+    /* refusals, naming the shape, before anything runs */
+    uint16_t *b = tkd_test_dev_alloc(4096);
+    const int32_t *t = (const int32_t *)b;
+    assert_int_equal(tkd_moe_gemm_sm90_down(ws[0], b, b, 2, t, 1, 4, 16, 12, b), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("(4, 12) · (16, 12)ᵀ needs n and k multiples of 8");
+    assert_int_equal(tkd_moe_gemm_sm90_down(ws[0], b + 1, b, 2, t, 1, 4, 16, 16, b), TKD_ERR_UNSUPPORTED);
+    assert_int_equal(tkd_moe_gemm_sm90_down(ws[0], b, b, 0, t, 1, 4, 16, 16, b), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_moe_gemm_sm90_down(ws[0], b, b, 2, NULL, 1, 4, 16, 16, b), TKD_ERR_INVALID_ARG);
+    assert_int_equal(tkd_moe_gemm_sm90_gate_up(ws[0], b, b, b, NULL, NULL, NULL, t, 1, 4, 16, 16, b),
+                     TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("activation");
+    assert_int_equal(tkd_moe_gemm_sm90_down(ws[0], b, b, 2, t, 0, 4, 16, 16, b), TKD_OK); /* nothing to do */
+    tkd_test_ok(tkd_lmhead_sm90_sync(ws[0]), "tkd_lmhead_sm90_sync");
+    cudaFree(b);
+    tkd_lmhead_sm90_ws_free(ws[0]), tkd_lmhead_sm90_ws_free(ws[1]);
 }
 
 /* Shapes and pointers the kernel cannot take are refused, naming them, before anything runs. */
@@ -446,6 +633,8 @@ static void test_errors(void **state)
     tkd_cuda_moe_ws_set_grouped(ws, TKD_CUDA_MOE_GEMM_OURS);
     assert_int_equal(tkd_cuda_moe_fwd(ws, &w, NULL, 1, NULL, NULL, NULL), TKD_ERR_UNSUPPORTED);
     tkd_test_assert_msg_has("D 36, I 16: our grouped GEMM needs both multiples of 8");
+    assert_int_equal(tkd_cuda_moe_ws_set_ours_kernel(ws, 7), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("our GEMM's kernel 7");
     tkd_cuda_moe_ws_free(ws);
 }
 
@@ -455,6 +644,7 @@ static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_errors),
     cmocka_unit_test(test_grouped_gemm),
     cmocka_unit_test(test_grouped_gemm_refusals),
+    cmocka_unit_test(test_grouped_gemm_sm90),
 };
 #endif /* TKD_HAVE_CUDA */
 

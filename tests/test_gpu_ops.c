@@ -205,6 +205,13 @@ static void test_rmsnorm(void **state)
         rmsnorm_all(17, big[j]);
     }
     rmsnorm_case(17, 896, 0, 0, 0); /* rstd NULL on the plain path too */
+    /* short rows (plain, D ≤ 256: G = 4, 8, 16, 32 lanes a row, 256 / G rows a block), N not a
+     * multiple of the rows a block takes; 264 and 1001: the one-block-a-row kernel again */
+    const int sn[] = {1, 33, 4099}, sd[] = {8, 24, 128, 136, 256, 264};
+    for (size_t i = 0; i < sizeof sn / sizeof *sn; i++)
+        for (size_t j = 0; j < sizeof sd / sizeof *sd; j++)
+            rmsnorm_case(sn[i], sd[j], 0, 0, 1);
+    rmsnorm_case(4099, 128, 0, 0, 0);
     float *d = tkd_test_dev_alloc(64);
     uint16_t *h = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rmsnorm_fwd(d, h, 1, 16385, 1e-6f, h, NULL, g_stream), TKD_ERR_INVALID_ARG);

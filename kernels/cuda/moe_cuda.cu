@@ -1,10 +1,14 @@
-/* moe_cuda.cu — see moe_cuda.h. cuBLAS GEMMs over the rows sorted to each expert: one grouped call
- * (cublasGemmGroupedBatchedEx) for every expert's gate and up projections and one for the down
- * projections, or one GEMM per expert and projection, chosen per call (auto_grouped) unless
- * TKD_MOE_GEMM fixes it; or our own grouped GEMM (moe_gemm_cuda.h: one launch for every expert's gate
- * and up products, one for the down products, over a tile list built from the counts), only when
- * asked for (TKD_MOE_GEMM=ours: not yet verified on a GPU). Dequantising the MXFP4 experts inside
- * our GEMM is the next step (docs/PERFORMANCE.md). */
+/* moe_cuda.cu — see moe_cuda.h. The experts' GEMMs over the rows sorted to each expert, one of:
+ *  - ours on Hopper (gemm_sm90/moe_gemm_sm90.h): one persistent wgmma launch for every expert's gate
+ *    and up products with the activation in its epilogue, one for the down products, over a tile
+ *    list built from the counts;
+ *  - ours elsewhere (moe_gemm_cuda.h, mma.sync): the same two products, G and U through memory and
+ *    the act kernel between;
+ *  - cuBLAS: one grouped call (cublasGemmGroupedBatchedEx) for every expert's gate and up
+ *    projections and one for the down projections, or one GEMM per expert and projection.
+ * auto (the default) takes ours where the device has the Hopper kernel, else chooses between the
+ * two cuBLAS ways per call (auto_grouped); TKD_MOE_GEMM fixes one. Dequantising the MXFP4 experts
+ * inside our GEMM is the next step (docs/PERFORMANCE.md). */
 #include "kernels/cuda/moe_cuda.h"
 
 #include <cublas_v2.h>
@@ -16,6 +20,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/cuda/moe_gemm_cuda.h"
+#include "kernels/gemm_sm90/moe_gemm_sm90.h"
 
 static constexpr int kMoeMaxE = 1024; /* experts a layer may have (the router kernel's shared row) */
 
@@ -60,6 +65,13 @@ struct tkd_cuda_moe_ws {
     /* Our GEMM's M-tiles (moe_gemm_cuda.h), built on the host from h_counts each call and copied
      * from pinned memory: (max_tiles, TKD_MOE_GEMM_TILE_INTS) int32 each. */
     int32_t *h_tiles, *d_tiles;
+    /* Our Hopper GEMM (gemm_sm90/moe_gemm_sm90.h): its workspace (schedule, error flag, stream),
+     * NULL where the device is not compute capability 9.0 or ours_kernel asks for mma.sync; the
+     * error flag copied to the host with each call's counts (a stall in the previous call's GEMMs
+     * is reported by the next call). */
+    tkd_lmhead_sm90_ws *sm90;
+    int ours_kernel; /* TKD_CUDA_MOE_OURS_* */
+    unsigned *h_err;
 };
 
 namespace {
@@ -174,6 +186,9 @@ __global__ void count_kernel(const int32_t *sel, int64_t P, int32_t *counts)
         atomicAdd(&counts[sel[i]], 1); /* counts only: the order comes from the stable sort */
 }
 
+/* One block per sorted row; W = 8: 16-byte copies (D a multiple of 8, x and xs 16-byte aligned),
+ * W = 1: one element at a time. */
+template <int W>
 __global__ void gather_kernel(const uint16_t *x, const int32_t *pair_of, int64_t P, int k, int D, uint16_t *xs,
                               int32_t *row_of)
 {
@@ -185,8 +200,11 @@ __global__ void gather_kernel(const uint16_t *x, const int32_t *pair_of, int64_t
         row_of[pair] = (int32_t)r;
     const uint16_t *src = x + (int64_t)(pair / k) * D;
     uint16_t *dst = xs + r * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x)
-        dst[d] = src[d];
+    for (int d = threadIdx.x * W; d < D; d += blockDim.x * W)
+        if (W == 8)
+            *reinterpret_cast<uint4 *>(dst + d) = *reinterpret_cast<const uint4 *>(src + d);
+        else
+            dst[d] = src[d];
 }
 
 /* h = act(g + b_g, u + b_u) as bf16 for every sorted row (its expert from the sort's keys). */
@@ -211,14 +229,33 @@ __global__ void act_kernel(const uint16_t *g, const uint16_t *u, const int32_t *
     }
 }
 
+/* W consecutive bf16 as fp32 (W = 8: one 16-byte load). */
+template <int W>
+__device__ __forceinline__ void load_w(const uint16_t *q, float (&f)[W])
+{
+    if (W == 8) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(q);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+        f[0] = bf2f(q[0]);
+    }
+}
+
 /* y[n] = Σ_j w_j (o[row_j] + b_down[e_j]) over the token's slots in increasing expert order, fp32,
- * one block per token. */
+ * one block per token, each thread W consecutive columns (W = 8: D a multiple of 8, o, b_down and y
+ * 16-byte aligned); every element the same sum in the same order for either W. */
+template <int W>
 __global__ void combine_kernel(const uint16_t *o, const int32_t *sel, const float *wts, const int32_t *row_of,
                                const uint16_t *bd, int k, int D, uint16_t *y)
 {
     const int64_t n = blockIdx.x;
-    __shared__ int order[kMaxK];
+    __shared__ int64_t s_row[kMaxK], s_bias[kMaxK]; /* in expert order: o's row offset, b_down's */
+    __shared__ float s_w[kMaxK];
     if (threadIdx.x == 0) { /* the slots by expert (k ≤ 16: insertion sort) */
+        int order[kMaxK];
         for (int j = 0; j < k; j++)
             order[j] = j;
         for (int a = 1; a < k; a++)
@@ -226,16 +263,30 @@ __global__ void combine_kernel(const uint16_t *o, const int32_t *sel, const floa
                 const int t = order[b];
                 order[b] = order[b - 1], order[b - 1] = t;
             }
+        for (int jj = 0; jj < k; jj++) {
+            const int j = order[jj];
+            s_row[jj] = (int64_t)row_of[n * k + j] * D, s_bias[jj] = (int64_t)sel[n * k + j] * D;
+            s_w[jj] = wts[n * k + j];
+        }
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
+    for (int d = threadIdx.x * W; d < D; d += blockDim.x * W) {
+        float acc[W];
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            acc[i] = 0.0f;
         for (int jj = 0; jj < k; jj++) {
-            const int j = order[jj], e = sel[n * k + j];
-            const float ov = bf2f(o[(int64_t)row_of[n * k + j] * D + d]) + (bd ? bf2f(bd[(int64_t)e * D + d]) : 0.0f);
-            acc += wts[n * k + j] * ov;
+            float ov[W], bv[W];
+            load_w<W>(o + s_row[jj] + d, ov);
+            if (bd)
+                load_w<W>(bd + s_bias[jj] + d, bv);
+#pragma unroll
+            for (int i = 0; i < W; i++)
+                acc[i] += s_w[jj] * (ov[i] + (bd ? bv[i] : 0.0f));
         }
-        y[n * D + d] = f2bf(acc);
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            y[n * D + d + i] = f2bf(acc[i]);
     }
 }
 
@@ -266,6 +317,8 @@ unsigned grid_for(int64_t n, int threads)
     return (unsigned)(b < 1 ? 1 : b > 65535 * 4 ? 65535 * 4 : b);
 }
 
+bool aligned16(const void *q) { return ((uintptr_t)q & 15u) == 0; }
+
 int bits_for(int E)
 {
     int b = 1;
@@ -285,11 +338,34 @@ tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m
     return TKD_OK;
 }
 
-/* The most M-tiles tkd_cuda_moe_gemm_tiles makes from max_tokens · k rows over E experts. */
+/* The most M-tiles tkd_cuda_moe_gemm_tiles makes from max_tokens · k rows over E experts, with the
+ * smallest tile rows used (ping-pong's 64). */
+constexpr int kMinTileRows = 64;
 size_t max_tiles(const tkd_cuda_moe_ws *ws)
 {
     const size_t P = (size_t)ws->max_tokens * ws->p.k;
-    return (P + TKD_MOE_GEMM_TILE_M - 1) / TKD_MOE_GEMM_TILE_M + (size_t)ws->p.E;
+    return (P + kMinTileRows - 1) / kMinTileRows + (size_t)ws->p.E;
+}
+
+/* ws->sm90 for ours_kernel: the Hopper GEMM's workspace on the wanted schedule, or none (mma.sync
+ * asked for, or a device without it: TKD_ERR_UNSUPPORTED from the create is not an error here). */
+tkd_status sm90_setup(tkd_cuda_moe_ws *ws)
+{
+    tkd_lmhead_sm90_ws_free(ws->sm90);
+    ws->sm90 = NULL;
+    if (ws->ours_kernel == TKD_CUDA_MOE_OURS_MMA_SYNC)
+        return TKD_OK;
+    const int sched = ws->ours_kernel == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? TKD_LMHEAD_SM90_SCHED_PINGPONG
+                                                                          : TKD_LMHEAD_SM90_SCHED_COOP;
+    const tkd_status st = tkd_lmhead_sm90_ws_create(&ws->sm90, sched);
+    if (st == TKD_ERR_UNSUPPORTED) {
+        tkd_error_clear();
+        ws->sm90 = NULL;
+        return TKD_OK;
+    }
+    TKD_TRY(st);
+    tkd_lmhead_sm90_ws_set_stream(ws->sm90, ws->stream);
+    return TKD_OK;
 }
 
 tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
@@ -312,6 +388,9 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc((void **)&ws->d_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems", h));
     const size_t tile_bytes = sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * max_tiles(ws);
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_tiles, tile_bytes, "moe: our GEMM's tiles"));
+    TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_err, sizeof *ws->h_err, "moe: our GEMM's error flag"));
+    *ws->h_err = 0;
+    TKD_TRY(sm90_setup(ws));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->d_tiles, tile_bytes, "moe: our GEMM's tiles", h));
     if (!(ws->h_rows = (int *)malloc(sizeof(int) * (size_t)p.E)))
         return tkd_error_set(TKD_ERR_NOMEM, "moe (cuda): out of host memory");
@@ -381,7 +460,8 @@ tkd_status run_experts_loop(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
 
 /* One grouped call over G groups of gs problems each (gs 1 or 2; group g's problems share its
  * row count rows[g]): per problem, row-major C (rows, m) bf16 = B (rows, kd) bf16 · A (m, kd)
- * bf16ᵀ, as gemm_nt (cuBLAS 13.0 takes bf16 in and out, not bf16 in and fp32 out). ptrs (device): the problems' A, then their B, then their C, G·gs each. */
+ * bf16ᵀ, as gemm_nt (cuBLAS 13.0 takes bf16 in and out, not bf16 in and fp32 out). ptrs (device):
+ * the problems' A, then their B, then their C, G·gs each. */
 cublasStatus_t grouped_nt(tkd_cuda_moe_ws *ws, int G, int gs, const int *rows, int m, int kd, const void *const *ptrs)
 {
     tkd_cuda_moe_group_args &a = ws->ga;
@@ -448,23 +528,36 @@ bool auto_grouped(const tkd_cuda_moe_ws *ws, int64_t P)
 }
 
 /* Our grouped GEMM: the tile list from this call's counts (the previous call's copy from h_tiles
- * finished before this call's counts sync), then gate and up in one launch, the activation, and
- * down in another. */
+ * finished before this call's counts sync), then on Hopper gate and up with the activation in one
+ * launch and down in another; elsewhere gate and up in one launch, the activation, and down. */
 tkd_status run_experts_ours(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
     const tkd_moe_params &p = ws->p;
-    const int nt = tkd_cuda_moe_gemm_tiles(ws->h_counts, p.E, ws->h_tiles);
+    const int tile_m = ws->sm90 ? tkd_moe_gemm_sm90_tile_rows(ws->sm90) : TKD_MOE_GEMM_TILE_M;
+    const int nt = tkd_cuda_moe_gemm_tiles(ws->h_counts, p.E, tile_m, ws->h_tiles);
     TKD_CUDA_CHECK(cudaMemcpyAsync(ws->d_tiles, ws->h_tiles, sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * (size_t)nt,
                                    cudaMemcpyHostToDevice, ws->stream));
+    if (ws->sm90) {
+        TKD_TRY(tkd_moe_gemm_sm90_gate_up(ws->sm90, ws->xs, w->w_gate, w->w_up, w->b_gate, w->b_up, &p, ws->d_tiles,
+                                          nt, (int)P, p.inter, p.D, ws->h));
+        return tkd_moe_gemm_sm90_down(ws->sm90, ws->h, w->w_down, p.E, ws->d_tiles, nt, (int)P, p.D, p.inter, ws->o);
+    }
     TKD_TRY(tkd_cuda_moe_gemm(ws->xs, w->w_gate, w->w_up, ws->d_tiles, nt, (int)P, p.inter, p.D, ws->g, ws->u,
                               ws->stream));
     TKD_TRY(run_act(ws, w, P));
     return tkd_cuda_moe_gemm(ws->h, w->w_down, NULL, ws->d_tiles, nt, (int)P, p.D, p.inter, ws->o, NULL, ws->stream);
 }
 
+/* Whether this call runs our GEMM: asked for, or auto where the Hopper kernel takes the shape. */
+bool use_ours(const tkd_cuda_moe_ws *ws)
+{
+    return ws->grouped == TKD_CUDA_MOE_GEMM_OURS ||
+           (ws->grouped < 0 && ws->sm90 && ws->p.D % 8 == 0 && ws->p.inter % 8 == 0);
+}
+
 tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
-    if (ws->grouped == TKD_CUDA_MOE_GEMM_OURS) {
+    if (use_ours(ws)) {
         ws->ran = TKD_CUDA_MOE_GEMM_OURS;
         return run_experts_ours(ws, w, P);
     }
@@ -496,7 +589,9 @@ extern "C" void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws)
     tkd_cuda_free_host(ws->h_counts);
     tkd_cuda_free_host(ws->h_ptrs);
     tkd_cuda_free_host(ws->h_tiles);
+    tkd_cuda_free_host(ws->h_err);
     tkd_cuda_free(ws->d_tiles);
+    tkd_lmhead_sm90_ws_free(ws->sm90);
     free(ws->h_rows);
     free(ws);
 }
@@ -518,6 +613,7 @@ extern "C" tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_mo
     ws->max_tokens = max_tokens;
     ws->grouped = -1;
     ws->pad = 1;
+    ws->ours_kernel = TKD_CUDA_MOE_OURS_DEFAULT;
     ws->stream = (cudaStream_t)stream;
     tkd_status st = ws_alloc(ws);
     if (st != TKD_OK) {
@@ -534,6 +630,17 @@ extern "C" void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped)
                   : grouped == TKD_CUDA_MOE_GEMM_OURS ? TKD_CUDA_MOE_GEMM_OURS
                                                       : grouped != 0 ? TKD_CUDA_MOE_GEMM_GROUPED : TKD_CUDA_MOE_GEMM_LOOP;
 }
+
+extern "C" tkd_status tkd_cuda_moe_ws_set_ours_kernel(tkd_cuda_moe_ws *ws, int kernel)
+{
+    if (kernel < TKD_CUDA_MOE_OURS_DEFAULT || kernel > TKD_CUDA_MOE_OURS_SM90_PINGPONG)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe (cuda): our GEMM's kernel %d: expected %d..%d", kernel,
+                             TKD_CUDA_MOE_OURS_DEFAULT, TKD_CUDA_MOE_OURS_SM90_PINGPONG);
+    ws->ours_kernel = kernel;
+    return sm90_setup(ws);
+}
+
+extern "C" int tkd_cuda_moe_ws_ours_sm90(const tkd_cuda_moe_ws *ws) { return ws->sm90 != NULL; }
 
 extern "C" int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws) { return ws->ran == TKD_CUDA_MOE_GEMM_GROUPED; }
 
@@ -570,10 +677,20 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
     size_t bytes = ws->sort_bytes;
     TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws->sort_tmp, bytes, ws->sel, ws->keys_sorted, ws->pair_iota,
                                                    ws->pair_of, P, 0, bits_for(p.E), s));
-    gather_kernel<<<(unsigned)P, 128, 0, s>>>(x, ws->pair_of, P, p.k, p.D, ws->xs, ws->row_of);
+    const bool vec = p.D % 8 == 0 && aligned16(x) && aligned16(y) && (!w->b_down || aligned16(w->b_down));
+    if (vec)
+        gather_kernel<8><<<(unsigned)P, 128, 0, s>>>(x, ws->pair_of, P, p.k, p.D, ws->xs, ws->row_of);
+    else
+        gather_kernel<1><<<(unsigned)P, 128, 0, s>>>(x, ws->pair_of, P, p.k, p.D, ws->xs, ws->row_of);
     TKD_CUDA_CHECK(cudaGetLastError());
     TKD_CUDA_CHECK(cudaMemcpyAsync(ws->h_counts, ws->counts, (size_t)p.E * 4, cudaMemcpyDeviceToHost, s));
+    if (ws->sm90)
+        TKD_CUDA_CHECK(cudaMemcpyAsync(ws->h_err, tkd_lmhead_sm90_ws_error_flag(ws->sm90), sizeof *ws->h_err,
+                                       cudaMemcpyDeviceToHost, s));
     TKD_CUDA_CHECK(cudaStreamSynchronize(s)); /* the GEMMs' shapes */
+    if (*ws->h_err)
+        return tkd_error_set(TKD_ERR_INTERNAL, "moe (cuda): a pipeline wait of the previous call's Hopper GEMM "
+                             "timed out; its output is garbage");
     tkd_cuda_moe_weights wd = *w;
     if (p.mxfp4) { /* the layer's experts in bf16, then the same GEMMs as bf16 experts */
         const size_t n[3] = {(size_t)p.E * p.inter * p.D, (size_t)p.E * p.inter * p.D, (size_t)p.E * p.D * p.inter};
@@ -588,7 +705,10 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
         }
     }
     TKD_TRY(run_experts(ws, &wd, P));
-    combine_kernel<<<(unsigned)N, 256, 0, s>>>(ws->o, ws->sel, ws->wts, ws->row_of, w->b_down, p.k, p.D, y);
+    if (vec)
+        combine_kernel<8><<<(unsigned)N, 256, 0, s>>>(ws->o, ws->sel, ws->wts, ws->row_of, w->b_down, p.k, p.D, y);
+    else
+        combine_kernel<1><<<(unsigned)N, 256, 0, s>>>(ws->o, ws->sel, ws->wts, ws->row_of, w->b_down, p.k, p.D, y);
     TKD_CUDA_CHECK(cudaGetLastError());
     if (experts)
         TKD_CUDA_CHECK(cudaMemcpyAsync(experts, ws->sel, (size_t)P * 4, cudaMemcpyDeviceToDevice, s));

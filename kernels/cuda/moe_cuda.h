@@ -13,9 +13,9 @@
  *      synchronisation of a call: the GEMMs' shapes);
  *   4. per expert with rows: G and U (rows, I) bf16 = X_e W_gateᵀ, X_e W_upᵀ (fp32 accumulation,
  *      rounded once, as a bf16 linear layer in transformers), then h = act(G + b_g, U + b_u) in
- *      fp32, rounded to bf16, then O (rows, D) bf16 = h W_downᵀ. All experts' gate and up
- *      products are one grouped cuBLAS call, their down products another, or our grouped GEMM
- *      does both in two launches (see below);
+ *      fp32, rounded to bf16, then O (rows, D) bf16 = h W_downᵀ. Our grouped GEMM does this in
+ *      two launches (on Hopper the activation inside the first: G and U never reach memory), or
+ *      cuBLAS in two grouped calls or a loop (see below);
  *   5. per token y = Σ_j w_j · (O_j + b_down) over its k slots in increasing expert order, fp32,
  *      rounded once to bf16.
  * Workspace (max_tokens · k rows): the gathered rows (D bf16), G, U and h (I bf16 each), O (D bf16):
@@ -62,16 +62,18 @@ tkd_status tkd_cuda_moe_ws_create(tkd_cuda_moe_ws **out, const tkd_moe_params *p
 void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws); /* NULL is a no-op */
 
 /* How the experts' GEMMs run (cuda_policy.h's TKD_MOE_GEMM), tkd_cuda_moe_ws_set_grouped's argument:
- * GROUPED two grouped cuBLAS calls a layer; LOOP one GEMM per expert and projection; AUTO (the
- * default) chosen per call from the routing's counts: grouped where the average expert's product is
- * small (many small GEMMs), else the loop (moe_cuda.cu's auto_grouped says where the line is and
- * why); OURS our grouped GEMM (moe_gemm_cuda.h: two launches a layer; D and I multiples of 8, else
- * tkd_cuda_moe_fwd returns its TKD_ERR_UNSUPPORTED), never chosen by AUTO: not yet verified on a GPU.
- * Other positive values mean GROUPED, other negative ones AUTO. tkd_cuda_moe_ws_ran says which mode
- * the last call ran (LOOP, GROUPED or OURS), tkd_cuda_moe_ws_grouped whether it was GROUPED (1) or
- * not (0): a cuBLAS that refuses the grouped call (CUBLAS_STATUS_NOT_SUPPORTED) runs the loop from
- * then on. All give results within the op's tolerance, not necessarily the same bits (cuBLAS picks
- * its kernels; ours is deterministic). */
+ * GROUPED two grouped cuBLAS calls a layer; LOOP one GEMM per expert and projection; OURS our grouped
+ * GEMM, two launches a layer (D and I multiples of 8, else tkd_cuda_moe_fwd returns its
+ * TKD_ERR_UNSUPPORTED): on compute capability 9.0 the Hopper kernel with the activation in its
+ * epilogue (gemm_sm90/moe_gemm_sm90.h), elsewhere the mma.sync one (moe_gemm_cuda.h); AUTO (the
+ * default) ours where the Hopper kernel runs and D and I are multiples of 8, else chosen per call
+ * from the routing's counts: cuBLAS grouped where the average expert's product is small (many small
+ * GEMMs), else the loop (moe_cuda.cu's auto_grouped says where the line is and why). Other positive
+ * values mean GROUPED, other negative ones AUTO. tkd_cuda_moe_ws_ran says which mode the last call
+ * ran (LOOP, GROUPED or OURS), tkd_cuda_moe_ws_grouped whether it was GROUPED (1) or not (0): a
+ * cuBLAS that refuses the grouped call (CUBLAS_STATUS_NOT_SUPPORTED) runs the loop from then on.
+ * All give results within the op's tolerance, not necessarily the same bits (cuBLAS picks its
+ * kernels; ours is deterministic). */
 enum {
     TKD_CUDA_MOE_GEMM_AUTO = -1,
     TKD_CUDA_MOE_GEMM_LOOP = 0,
@@ -81,6 +83,21 @@ enum {
 void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped);
 int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws);
 int tkd_cuda_moe_ws_ran(const tkd_cuda_moe_ws *ws);
+
+/* Which of our kernels OURS (and AUTO) run, tkd_cuda_moe_ws_set_ours_kernel's argument: DEFAULT the
+ * Hopper kernel on its default schedule where the device has it, else mma.sync; MMA_SYNC always the
+ * mma.sync kernel (AUTO then chooses between the cuBLAS ways); SM90_COOP and SM90_PINGPONG the
+ * Hopper kernel on that schedule where the device has it (benchmarks and tests compare them).
+ * TKD_ERR_INVALID_ARG for another value. tkd_cuda_moe_ws_ours_sm90: 1 when ours runs the Hopper
+ * kernel. */
+enum {
+    TKD_CUDA_MOE_OURS_DEFAULT = 0,
+    TKD_CUDA_MOE_OURS_MMA_SYNC = 1,
+    TKD_CUDA_MOE_OURS_SM90_COOP = 2,
+    TKD_CUDA_MOE_OURS_SM90_PINGPONG = 3,
+};
+tkd_status tkd_cuda_moe_ws_set_ours_kernel(tkd_cuda_moe_ws *ws, int kernel);
+int tkd_cuda_moe_ws_ours_sm90(const tkd_cuda_moe_ws *ws);
 
 /* The loop's GEMMs over each expert's rows rounded up to a multiple of rows (1, the default:
  * exact counts; at most 256): few distinct shapes for cuBLAS's per-shape heuristics, for a little

@@ -173,14 +173,14 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 } // namespace
 
-extern "C" int tkd_cuda_moe_gemm_tiles(const int32_t *counts, int E, int32_t *tiles)
+extern "C" int tkd_cuda_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles)
 {
     int nt = 0;
     int32_t r0 = 0;
     for (int e = 0; e < E; r0 += counts[e], e++)
-        for (int32_t r = 0; r < counts[e]; r += kBM, nt++) {
+        for (int32_t r = 0; r < counts[e]; r += tile_m, nt++) {
             int32_t *t = tiles + (int64_t)nt * TKD_MOE_GEMM_TILE_INTS;
-            t[0] = e, t[1] = r0 + r, t[2] = counts[e] - r < kBM ? counts[e] - r : kBM;
+            t[0] = e, t[1] = r0 + r, t[2] = counts[e] - r < tile_m ? counts[e] - r : tile_m;
         }
     return nt;
 }

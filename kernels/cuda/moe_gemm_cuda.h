@@ -27,9 +27,10 @@ extern "C" {
 
 /* Fills tiles (host, TKD_MOE_GEMM_TILE_INTS ints each) with the M-tiles of E experts whose rows lie
  * back to back from row 0 in expert order, counts[e] rows each: expert e's rows cut into runs of
- * TKD_MOE_GEMM_TILE_M (the last one shorter). Returns the number of tiles, at most
- * ceil(Σ counts / TILE_M) + E (size tiles for that). */
-int tkd_cuda_moe_gemm_tiles(const int32_t *counts, int E, int32_t *tiles);
+ * tile_m (1..TKD_MOE_GEMM_TILE_M: TKD_MOE_GEMM_TILE_M for tkd_cuda_moe_gemm, the schedule's tile rows
+ * for gemm_sm90/moe_gemm_sm90.h), the last one shorter. Returns the number of tiles, at most
+ * ceil(Σ counts / tile_m) + E (size tiles for that). */
+int tkd_cuda_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles);
 
 /* For each listed tile {e, r, rows}, z in 0..nz−1 (nz = 2 when w1 and c1 are given, else 1):
  *   c_z[r + i, j] = bf16( Σ_{d<k} x[r + i, d] · w_z[e, j, d] )   for 0 ≤ i < rows, r + i < m, 0 ≤ j < n

@@ -123,6 +123,61 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_kernel(RmsArgs a)
     }
 }
 
+/* Short rows (plain RMSNorm, VEC, D ≤ 8·G): G lanes a row, each lane one chunk of 8 columns, 256 / G
+ * rows a block. rmsnorm_kernel would give each such row a block of one warp with lanes 8·G.. idle
+ * (a Qwen3 q/k norm: 262,144 rows of 128 at T 8192, so one 32-thread block per row). The sum of
+ * squares is reduced by xor shuffles over the G lanes, which adds the same values in the same order
+ * as block_sum over that one warp (its other lanes hold zeros), so the bits are rmsnorm_kernel's. */
+template <int G>
+__global__ void __launch_bounds__(256) rmsnorm_rows_kernel(RmsArgs a, int N)
+{
+    const int lane = threadIdx.x % G;
+    const int64_t row = (int64_t)blockIdx.x * (256 / G) + threadIdx.x / G;
+    if (row >= N) /* whole groups leave together: the shuffles below stay within live groups */
+        return;
+    const int64_t off = row * a.d;
+    const int e = lane * 8;
+    float v[8];
+    float ss = 0.0f;
+    if (e < a.d) {
+        load8_f32(a.x_in + off + e, v);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            ss += v[i] * v[i];
+    }
+    const unsigned group = (G == 32 ? 0xffffffffu : ((1u << G) - 1u) << (threadIdx.x % 32 / G * G));
+#pragma unroll
+    for (int o = G / 2; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(group, ss, o, G);
+    const float r = 1.0f / sqrtf(ss / (float)a.d + a.eps);
+    if (lane == 0 && a.rstd)
+        a.rstd[row] = r;
+    if (e < a.d) {
+        float w[8], o[8];
+        unpack8(*reinterpret_cast<const uint4 *>(a.w + e), w);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            o[i] = w[i] * (v[i] * r);
+        *reinterpret_cast<uint4 *>(a.y + off + e) = pack8(o);
+    }
+}
+
+/* The short-row kernel for G lanes a row, G the power of two ≥ D / 8 (at most 32). */
+void rmsnorm_rows_launch(const RmsArgs &a, int N, cudaStream_t s)
+{
+    const int units = a.d / 8;
+    const int G = units <= 4 ? 4 : units <= 8 ? 8 : units <= 16 ? 16 : 32;
+    const unsigned blocks = (unsigned)((N + 256 / G - 1) / (256 / G));
+    if (G == 4)
+        rmsnorm_rows_kernel<4><<<blocks, 256, 0, s>>>(a, N);
+    else if (G == 8)
+        rmsnorm_rows_kernel<8><<<blocks, 256, 0, s>>>(a, N);
+    else if (G == 16)
+        rmsnorm_rows_kernel<16><<<blocks, 256, 0, s>>>(a, N);
+    else
+        rmsnorm_rows_kernel<32><<<blocks, 256, 0, s>>>(a, N);
+}
+
 tkd_status rmsnorm_run(const RmsArgs &a, int N, void *stream)
 {
     if (N < 0 || a.d < 1 || a.d > kRowMaxD || !a.x_in || !a.w || !a.y || (a.branch && !a.x_out))
@@ -135,7 +190,10 @@ tkd_status rmsnorm_run(const RmsArgs &a, int N, void *stream)
     int nt, chunks;
     row_shape(a.d, &nt, &chunks);
     cudaStream_t s = (cudaStream_t)stream;
-    row_dispatch(vec, chunks, [&](auto ch, auto v) { rmsnorm_kernel<ch.value, v.value><<<N, nt, 0, s>>>(a); });
+    if (vec && !a.branch && a.d <= 256)
+        rmsnorm_rows_launch(a, N, s);
+    else
+        row_dispatch(vec, chunks, [&](auto ch, auto v) { rmsnorm_kernel<ch.value, v.value><<<N, nt, 0, s>>>(a); });
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }

@@ -124,17 +124,18 @@ __device__ inline Frag frag_of(int mi, int ni, int a_row)
  *   P::Tile     what the producer and consumers need to know of one output tile: mi, ni (its M-
  *               and N-tile) and bytes (what one stage of it loads, zero-filled bytes included);
  *   template <class S> static Tile tile(const Params &, long long t): the CTA-independent tile t;
- *   template <class S> static void load(tm_a, tm_b, p, tile, a, b, full, kt): the TMA loads of K
- *               step kt into a stage (A at shared address a, B at b), completing on `full`;
+ *   template <class S> static void load(tm_a, tm_b, p, x, tile, a, b, full, kt): the TMA loads of K
+ *               step kt into a stage (A at shared address a, B at b), completing on `full` (x for
+ *               a problem with more operands than two, e.g. a second tensor map);
  *   static void mma(acc, a, b, bool first): one K step's four wgmma m64n256k16 reading the
  *               warpgroup's 64 rows of A at a and B at b, overwriting acc when first;
- *   static void epilogue(acc, p, x, Frag, int ni): the tile's output from the 128 accumulators. */
+ *   static void epilogue(acc, p, x, Frag, tile): the tile's output from the 128 accumulators. */
 
 /* The producer thread: for every tile of this CTA and every K step, waits for a free stage and
  * has P load it. */
 template <class P, class S>
 __device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorMap *tm_b,
-                                        const typename P::Params &p, uint32_t base)
+                                        const typename P::Params &p, const typename P::Extra &x, uint32_t base)
 {
     Ring<S::kStages> r;
     for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
@@ -143,7 +144,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorM
             tkd_sm90::mbar_wait(empty_bar<S>(base, r.stage), r.phase ^ 1u, r.failed, p.err);
             const uint32_t full = full_bar<S>(base, r.stage);
             tkd_sm90::mbar_arrive_expect_tx(full, tl.bytes); /* zero-filled bytes count too */
-            P::template load<S>(tm_a, tm_b, p, tl, stage_a<S>(base, r.stage), stage_b<S>(base, r.stage),
+            P::template load<S>(tm_a, tm_b, p, x, tl, stage_a<S>(base, r.stage), stage_b<S>(base, r.stage),
                                 full, kt);
             r.next();
         }
@@ -205,7 +206,7 @@ __device__ __forceinline__ void consume(const typename P::Params &p, const typen
             tkd_sm90::mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1),
                                 r.failed, p.err);
         mma_tile<P, S>(acc, p, base, cw, a_row, r);
-        P::epilogue(acc, p, x, frag_of<S>(tl.mi, tl.ni, a_row), tl.ni);
+        P::epilogue(acc, p, x, frag_of<S>(tl.mi, tl.ni, a_row), tl);
     }
 }
 
@@ -225,7 +226,7 @@ gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CU
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 0)
-            produce<P, S>(&tm_a, &tm_b, p, base);
+            produce<P, S>(&tm_a, &tm_b, p, x, base);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         consume<P, S>(p, x, base, threadIdx.x / 128 - 1);

@@ -160,7 +160,8 @@ struct Grad {
     }
     template <class S>
     __device__ static __forceinline__ void load(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const Params &p,
-                                                const Tile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
+                                                const Extra &, const Tile &tl, uint32_t a, uint32_t b,
+                                                uint32_t full, int kt)
     {
         if (kKind == kDH)
             tma_load_2d(a, tm_a, kt * kBK, tl.mi * S::kTileM, full);
@@ -176,7 +177,8 @@ struct Grad {
     {
         kstep_mma<kKind == kDW, 1>(acc, a, b, first); /* A: E K-major (dH) or Eᵀ MN-major (dW); B MN-major */
     }
-    __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Extra &, Frag f, int)
+    __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Extra &, Frag f,
+                                                    const Tile &)
     {
         store_tile<kKind>(acc, p, f);
     }

@@ -353,6 +353,8 @@ extern "C" void tkd_lmhead_sm90_ws_set_stream(tkd_lmhead_sm90_ws *ws, void *stre
     ws->stream = static_cast<cudaStream_t>(stream);
 }
 
+extern "C" const unsigned *tkd_lmhead_sm90_ws_error_flag(const tkd_lmhead_sm90_ws *ws) { return ws->err; }
+
 extern "C" size_t tkd_lmhead_sm90_topk_bytes(int64_t n, int v, int cap)
 {
     return tkd_lmhead_sm90_part_floats(n, v) * 4 + (size_t)n * (3 * 4 + (size_t)cap * 8) + 2 * 4 + 64;

@@ -120,6 +120,10 @@ tkd_status tkd_lmhead_sm90_lse(const float *part, int64_t n, int v, float tau, f
 /* The stream of later launches on ws (a cudaStream_t; NULL: the legacy default stream, as made). */
 void tkd_lmhead_sm90_ws_set_stream(tkd_lmhead_sm90_ws *ws, void *stream);
 
+/* The workspace's error flag on the device (one unsigned, non-zero after a pipeline wait timed
+ * out): for a caller that reads it asynchronously instead of through tkd_lmhead_sm90_sync. */
+const unsigned *tkd_lmhead_sm90_ws_error_flag(const tkd_lmhead_sm90_ws *ws);
+
 /* Teacher-dump's LM head without its logits (issue 13): per row the top k of z = h wᵀ as
  * (id, raw logit), sorted by logit, ties by the smaller id (kernels/cpu/topk.h's order), and
  * lse = log Σ exp(z/τ). Two passes of the GEMM: the statistics epilogue (the LSE, and each 256-column

@@ -92,7 +92,8 @@ struct LogitsLoads {
     }
     template <class S>
     __device__ static __forceinline__ void load(const CUtensorMap *tm_h, const CUtensorMap *tm_w, const Params &,
-                                                const Tile &tl, uint32_t a, uint32_t b, uint32_t full, int kt)
+                                                const Extra &, const Tile &tl, uint32_t a, uint32_t b,
+                                                uint32_t full, int kt)
     {
         tma_load_2d(a, tm_h, kt * kBK, tl.mi * S::kTileM, full);
         tma_load_2d(b, tm_w, kt * kBK, tl.ni * kBN, full);
@@ -340,9 +341,9 @@ __device__ __forceinline__ void logits_epilogue(float (&acc)[kAcc], const Params
 template <int kEpi>
 struct Logits : LogitsLoads {
     __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &x, Frag f,
-                                                    int ni)
+                                                    const Tile &tl)
     {
-        logits_epilogue<kEpi>(acc, p, x, f, ni);
+        logits_epilogue<kEpi>(acc, p, x, f, tl.ni);
     }
 };
 

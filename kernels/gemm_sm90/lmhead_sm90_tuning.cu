@@ -12,7 +12,8 @@ namespace {
 /* The logits GEMM with no epilogue: the accumulators go to a store guarded by p.sink, which is NULL
  * at run time; the compiler must keep every wgmma result, so the main loop is timed as it runs. */
 struct MainLoop : LogitsLoads {
-    __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &, Frag, int)
+    __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Fx &, Frag,
+                                                    const Tile &)
     {
         if (p.sink) {
             float s = 0.0f;
