@@ -12,7 +12,8 @@
  * exact row counts and with each rounded up to 128 (tkd_cuda_moe_ws_set_pad), auto (the
  * backend's default), and our grouped GEMMs: mma.sync (moe_gemm_cuda.h: one launch for every
  * expert's gate and up products, the act kernel, one launch for the down products) and Hopper's on
- * each schedule (gemm_sm90/moe_gemm_sm90.h: the activation in the first launch's epilogue). First a probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
+ * each schedule (gemm_sm90/moe_gemm_sm90.h: the activation in the first launch's epilogue). First a
+ * probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
  * 15 = CUBLAS_STATUS_NOT_SUPPORTED).
  *
  *   moe_bench [--shape D:I:E:k:N] [--reps 10]     (default 2048:768:128:8:8192, Qwen3-30B-A3B)
@@ -106,30 +107,35 @@ static double time_op(const setup *s, int grouped, int pad, int ours, int fresh)
     return ran ? med : -1.0;
 }
 
-/* Our Hopper GEMMs alone on schedule sched (gate/up with the activation, then down), the op's
- * routing, sort, gather, host sync and combine left out: every expert N·k / E rows (the remainder to
- * the first ones). Median ms of reps pairs of launches, each pair synced; -1 on a device without
- * the kernel. What the op spends beyond this is the rest of the layer. */
-static double time_sm90_gemms(const setup *s, int sched)
+/* Our Hopper GEMMs alone on schedule sched (which: 0 gate/up with the activation, then down; 1
+ * gate/up alone; 2 down alone), the op's routing, sort, gather, host sync and combine left out:
+ * every expert N·k / E rows (the remainder to the first ones). Median ms of reps launches (or
+ * pairs), each synced; -1 on a device without the kernel. What the op spends beyond the pair is the
+ * rest of the layer. */
+static double time_sm90_gemms(const setup *s, int sched, int which)
 {
     tkd_lmhead_sm90_ws *ws = NULL;
     if (tkd_lmhead_sm90_ws_create(&ws, sched) != TKD_OK)
         return -1.0;
     const int E = s->p.E, D = s->p.D, I = s->p.inter, P = s->N * s->p.k;
-    int32_t *counts = malloc(sizeof(int32_t) * (size_t)E), *h_tiles = malloc(sizeof(int32_t) * 3 * (size_t)(P / 64 + E));
+    const size_t ti = TKD_MOE_GEMM_TILE_INTS;
+    int32_t *counts = malloc(sizeof(int32_t) * (size_t)E);
+    int32_t *h_tiles = malloc(sizeof(int32_t) * ti * (size_t)(P / 64 + E));
     for (int e = 0; e < E; e++)
         counts[e] = P / E + (e < P % E);
     const int nt = tkd_cuda_moe_gemm_tiles(counts, E, tkd_moe_gemm_sm90_tile_rows(ws), h_tiles);
-    int32_t *tiles = dev(sizeof(int32_t) * 3 * (size_t)nt);
+    int32_t *tiles = dev(sizeof(int32_t) * ti * (size_t)nt);
     uint16_t *xs = dev((size_t)P * D * 2), *h = dev((size_t)P * I * 2), *o = dev((size_t)P * D * 2);
-    if (cudaMemcpy(tiles, h_tiles, sizeof(int32_t) * 3 * (size_t)nt, cudaMemcpyHostToDevice) != cudaSuccess ||
+    if (cudaMemcpy(tiles, h_tiles, sizeof(int32_t) * ti * (size_t)nt, cudaMemcpyHostToDevice) != cudaSuccess ||
         moe_bench_randn(xs, (size_t)P * D, 1.0f, 77))
         die("setup", "failed");
     double *ms = malloc(sizeof(double) * (size_t)s->reps);
     for (int i = -2; i < s->reps; i++) {
         const double t0 = now_ms();
-        if (tkd_moe_gemm_sm90_gate_up(ws, xs, s->w.w_gate, s->w.w_up, NULL, NULL, &s->p, tiles, nt, P, I, D, h) ||
-            tkd_moe_gemm_sm90_down(ws, h, s->w.w_down, E, tiles, nt, P, D, I, o) || tkd_lmhead_sm90_sync(ws))
+        if ((which != 2 &&
+             tkd_moe_gemm_sm90_gate_up(ws, xs, s->w.w_gate, s->w.w_up, NULL, NULL, &s->p, tiles, nt, P, I, D, h)) ||
+            (which != 1 && tkd_moe_gemm_sm90_down(ws, h, s->w.w_down, E, tiles, nt, P, D, I, o)) ||
+            tkd_lmhead_sm90_sync(ws))
             die("moe_gemm_sm90", tkd_error_msg());
         if (i >= 0)
             ms[i] = now_ms() - t0;
@@ -223,7 +229,8 @@ int main(int argc, char **argv)
         {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT, "auto (the default)"},
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_MMA_SYNC, "ours, mma.sync (moe_gemm_cuda, + act kernel)"},
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP, "ours, Hopper cooperative (moe_gemm_sm90)"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, "ours, Hopper ping-pong (moe_gemm_sm90)"}};
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, "ours, Hopper ping-pong (moe_gemm_sm90)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_MIXED, "ours, Hopper, gate/up coop, down ping-pong"}};
     for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++) {
         const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 0);
         if (same < 0) {
@@ -234,13 +241,19 @@ int main(int argc, char **argv)
         printf("| %s | %.3f | %.3f | %.2f | %.0f |\n", kModes[m].name, same, fresh, fresh / fl, flop / (fresh * 1e9));
     }
     printf("\nour Hopper GEMMs alone (balanced routing: N·k / E rows an expert; no routing, sort, gather, sync, "
-           "combine):\n\n| schedule | ms | / floor | TFLOP/s |\n|---|---:|---:|---:|\n");
+           "combine; TFLOP/s of gate/up and down each over their own FLOPs, 2/3 and 1/3 of the pair's):\n\n"
+           "| schedule | pair ms | / floor | TFLOP/s | gate/up ms | TFLOP/s | down ms | TFLOP/s |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int sc = 0; sc < 2; sc++) {
-        const double g = time_sm90_gemms(&s, sc ? TKD_LMHEAD_SM90_SCHED_PINGPONG : TKD_LMHEAD_SM90_SCHED_COOP);
-        if (g < 0)
-            printf("| %s | not a Hopper device | | |\n", sc ? "ping-pong" : "cooperative");
-        else
-            printf("| %s | %.3f | %.2f | %.0f |\n", sc ? "ping-pong" : "cooperative", g, g / fl, flop / (g * 1e9));
+        const int sched = sc ? TKD_LMHEAD_SM90_SCHED_PINGPONG : TKD_LMHEAD_SM90_SCHED_COOP;
+        const double g = time_sm90_gemms(&s, sched, 0);
+        if (g < 0) {
+            printf("| %s | not a Hopper device | | | | | | |\n", sc ? "ping-pong" : "cooperative");
+            continue;
+        }
+        const double gu = time_sm90_gemms(&s, sched, 1), dn = time_sm90_gemms(&s, sched, 2);
+        printf("| %s | %.3f | %.2f | %.0f | %.3f | %.0f | %.3f | %.0f |\n", sc ? "ping-pong" : "cooperative", g,
+               g / fl, flop / (g * 1e9), gu, flop * 2 / 3 / (gu * 1e9), dn, flop / 3 / (dn * 1e9));
     }
     cublasDestroy(blas);
     return 0;

@@ -146,6 +146,12 @@ typedef struct tkd_backend_ops {
                                   float *x_out,                       // (N, D) f32
                                   const void *w, int N, int D, float eps, // (D) act
                                   void *y, float *rstd);                  // (N, D) act, (N) f32
+    /* rmsnorm_fwd of an act input (its values as f32, exactly), the bits of act_to_f32 then
+     * rmsnorm_fwd without the f32 copy: Qwen3's q/k norm when no backward needs that copy; y may
+     * equal x */
+    tkd_status (*rmsnorm_act_fwd)(tkd_backend *be, const void *x, // (N, D) act
+                                  const void *w, int N, int D, float eps, // (D) act
+                                  void *y, float *rstd);                  // (N, D) act, (N) f32 or NULL
     /* y = x Wᵀ + b; b may be NULL */
     tkd_status (*linear_fwd)(tkd_backend *be, const void *x, // (N, K) act
                              const void *w, const void *b,    // (M, K) act, (M) act

@@ -25,6 +25,9 @@
       (, const float *x_in, const void *branch, float *x_out, const void *w, int N, int D, float eps, void *y,        \
        float *rstd),                                                                                                  \
       (, x_in, branch, x_out, w, N, D, eps, y, rstd))                                                                 \
+    X(rmsnorm_act_fwd,                                                                                                \
+      (, const void *x, const void *w, int N, int D, float eps, void *y, float *rstd),                                \
+      (, x, w, N, D, eps, y, rstd))                                                                                   \
     X(linear_fwd,                                                                                                     \
       (, const void *x, const void *w, const void *b, int N, int K, int M, void *y),                                  \
       (, x, w, b, N, K, M, y))                                                                                        \

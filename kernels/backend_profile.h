@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* Rows a report can have: one per timed op of backend.h's table. */
-#define TKD_PROFILE_OPS 36
+#define TKD_PROFILE_OPS 37
 
 /* One op's totals since the wrap or the last reset. */
 typedef struct tkd_profile_row {

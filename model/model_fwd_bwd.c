@@ -378,8 +378,9 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
 /* ---- forward / backward ------------------------------------------------------------------- */
 
 /* One projection of n1 into q or k, then (Qwen3) each head's RMSNorm: the row RMSNorm over
- * (N·heads, Dh) rows, from its f32 copy raw (saved for backward) into out. Without the norm the
- * projection writes out itself. */
+ * (N·heads, Dh) rows, from its f32 copy raw (saved for backward) into out; without a backward to
+ * come (no training activations) straight from the act projection in place, the same bits without
+ * the copy. Without the norm the projection writes out itself. */
 static tkd_status qk_proj(const tkd_model *m, const void *n1, const void *w, const void *b, const void *norm,
                           int N, int heads, float *raw, float *rstd, void *out) // raw (N, heads·Dh) f32
 {
@@ -392,6 +393,8 @@ static tkd_status qk_proj(const tkd_model *m, const void *n1, const void *w, con
     /* fp32 act (the CPU): the projection is already the f32 input the norm reads */
     int f32_act = be->act_size == sizeof(float);
     TKD_TRY(op->linear_fwd(be, n1, w, b, N, D, M, f32_act ? (void *)raw : out));
+    if (!f32_act && !m->acts->training)
+        return op->rmsnorm_act_fwd(be, out, norm, N * heads, Dh, (float)c->rms_norm_eps, out, rstd);
     if (!f32_act)
         TKD_TRY(op->act_to_f32(be, out, raw, (size_t)N * M));
     return op->rmsnorm_fwd(be, raw, norm, N * heads, Dh, (float)c->rms_norm_eps, out, rstd);

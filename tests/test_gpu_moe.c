@@ -114,8 +114,10 @@ static const char *mode_name(int mode)
 
 static const char *ours_name(int kernel)
 {
-    return kernel == TKD_CUDA_MOE_OURS_MMA_SYNC ? "mma.sync" : kernel == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? "sm90 pp"
-                                                                                                       : "default";
+    return kernel == TKD_CUDA_MOE_OURS_MMA_SYNC         ? "mma.sync"
+           : kernel == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? "sm90 pp"
+           : kernel == TKD_CUDA_MOE_OURS_SM90_COOP     ? "sm90 co"
+                                                       : "default";
 }
 
 /* One case with the experts' GEMMs grouped (two cuBLAS calls a layer), in a loop per expert, auto
@@ -200,7 +202,8 @@ static void run_case(const mcase *c, int grouped, int pad, int ours_kernel)
         fail_msg("%s: %d of %zu tokens are near ties of the router: the case does not test routing", c->what, near, N);
     print_message("%-40s %-7s %-8s pad %3d N %5d D %4d I %4d E %3d k %2d: worst err/tol %.3f, norm %.2e, "
                   "%d near ties\n", c->what, mode_name(ran),
-                  ran == TKD_CUDA_MOE_GEMM_OURS ? ours_name(ours_kernel) : "", pad, c->N, c->D, c->I, c->E, c->k, chk.worst, tkd_test_check_norm(&chk), near);
+                  ran == TKD_CUDA_MOE_GEMM_OURS ? ours_name(ours_kernel) : "", pad, c->N, c->D, c->I, c->E, c->k,
+                  chk.worst, tkd_test_check_norm(&chk), near);
     free(s), free(y), free(y2), free(e), free(ref), free(ref_e);
     cudaFree(dy), cudaFree(dy2), cudaFree(de);
     tkd_cuda_moe_ws_free(ws_);
@@ -228,7 +231,8 @@ static void test_matches_reference(void **state)
         {TKD_CUDA_MOE_GEMM_LOOP, 128, 0},  {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT},
         {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_MMA_SYNC},
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_DEFAULT}, {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_MMA_SYNC},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG}}; /* mode, pad, our kernel */
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP}}; /* mode, pad, our kernel */
     for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++)
         for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
             if (kModes[m][0] != TKD_CUDA_MOE_GEMM_OURS || (kCases[i].D % 8 == 0 && kCases[i].I % 8 == 0))
@@ -308,9 +312,10 @@ static void test_mxfp4_experts(void **state)
 
 /* Expert e's rows start after e + 1 runs of kGap unlisted rows (poisoned: never written), and the
  * last expert's last kPast rows lie past m (neither read nor written). Tiles of 1, 127, 128, 129
- * (128 + 1), 300 (128 + 128 + 44) rows, an expert with none. */
-static const int32_t kGemmCounts[] = {1, 127, 0, 128, 129, 300, 7};
-enum { kGemmE = 7, kGap = 3, kPast = 2 };
+ * (128 + 1), 300 (128 + 128 + 44) rows, an expert with none, and one of 1030 rows: 17 tiles of 64,
+ * so two groups (16 + 1, moe_gemm_cuda.h). */
+static const int32_t kGemmCounts[] = {1, 127, 0, 128, 129, 300, 7, 1030};
+enum { kGemmE = 8, kGap = 3, kPast = 2 };
 
 typedef struct gemm_case {
     int n, k, two; /* two: gate and up in one launch (w1, c1) */
@@ -320,29 +325,35 @@ typedef struct gemm_case {
  * the rows of x and c (the last kPast of them past m). */
 static int32_t *gemm_tiles(int tile_m, int *n_tiles, int *rows_out, int32_t *first)
 {
-    int32_t h[3 * (kGemmE + 16)];
+    enum { I = TKD_MOE_GEMM_TILE_INTS };
+    int32_t h[I * 64];
     const int nt = tkd_cuda_moe_gemm_tiles(kGemmCounts, kGemmE, tile_m, h);
     int want = 0;
     for (int e = 0; e < kGemmE; e++)
         want += (kGemmCounts[e] + tile_m - 1) / tile_m;
     assert_int_equal(nt, want);
-    assert_true(nt <= kGemmE + 16);
+    assert_true(nt <= 64);
     int32_t r = kGap;
     for (int e = 0; e < kGemmE; r += kGemmCounts[e] + kGap, e++)
         first[e] = r;
     for (int t = 0; t < nt; t++) { /* packed rows → the layout with gaps */
         int32_t packed = 0;
-        for (int e = 0; e < h[3 * t]; e++)
+        for (int e = 0; e < h[I * t]; e++)
             packed += kGemmCounts[e];
-        assert_true(h[3 * t + 2] >= 1 && h[3 * t + 2] <= tile_m);
-        h[3 * t + 1] += first[h[3 * t]] - packed;
+        assert_true(h[I * t + 2] >= 1 && h[I * t + 2] <= tile_m);
+        /* its group: consecutive tiles of its expert, at most TKD_MOE_GEMM_GROUP_TILES, holding it */
+        const int g0 = h[I * t + 3], c = h[I * t + 4];
+        assert_true(c >= 1 && c <= TKD_MOE_GEMM_GROUP_TILES && g0 <= t && t < g0 + c && g0 + c <= nt);
+        assert_int_equal(h[I * g0], h[I * t]), assert_int_equal(h[I * (g0 + c - 1)], h[I * t]);
+        assert_true(g0 == 0 || h[I * (g0 - 1)] != h[I * t] || h[I * (g0 - 1) + 4] == TKD_MOE_GEMM_GROUP_TILES);
+        h[I * t + 1] += first[h[I * t]] - packed;
     }
     if (tile_m == 128)
-        assert_int_equal(h[3 * 4 + 0], 4), assert_int_equal(h[3 * 4 + 2], 1); /* 129 = 128 + 1 */
+        assert_int_equal(h[I * 4 + 0], 4), assert_int_equal(h[I * 4 + 2], 1); /* 129 = 128 + 1 */
     *rows_out = r - kGap; /* the end of the last expert's rows; m = rows_out − kPast, inside its tile */
     *n_tiles = nt;
     int32_t *d = tkd_test_dev_alloc(sizeof h);
-    tkd_test_to_dev(d, h, sizeof(int32_t) * 3 * (size_t)nt);
+    tkd_test_to_dev(d, h, sizeof(int32_t) * I * (size_t)nt);
     return d;
 }
 
@@ -549,8 +560,8 @@ static void run_sm90_case(const sm90_case *c, tkd_lmhead_sm90_ws *const ws[2])
 }
 
 /* n below one tile (40: 128 columns fused, 256 down), not a multiple of it (136, 264, 2880 as
- * gpt-oss), k below one K step of 64 (40), not a multiple of it (1032) and long (2048); tile lists
- * of 1, 63, 64, 65, 127, 128, 129 and 300 rows, an expert with none, rows past m. On a device other
+ * gpt-oss), k below one K step of 64 (40), not a multiple of it (72, 264) and long (2048); the rows
+ * of kGemmCounts (an expert with none, one split into two groups, rows past m). On a device other
  * than compute capability 9.0 the kernel must refuse. */
 static void test_grouped_gemm_sm90(void **state)
 {
@@ -567,8 +578,8 @@ static void test_grouped_gemm_sm90(void **state)
     assert_int_equal(tkd_moe_gemm_sm90_tile_rows(ws[0]), 128);
     assert_int_equal(tkd_moe_gemm_sm90_tile_rows(ws[1]), 64);
     static const sm90_case kCases[] = {
-        {1, 0, 0, 40, 40},    {1, 0, 0, 136, 2048}, {1, 1, 1, 2880, 1032}, {1, 0, 1, 264, 72},
-        {0, 0, 0, 40, 40},    {0, 0, 0, 264, 2048}, {0, 0, 0, 2880, 1032},
+        {1, 0, 0, 40, 40},   {1, 0, 0, 136, 2048}, {1, 1, 1, 2880, 264}, {1, 0, 1, 264, 72},
+        {0, 0, 0, 40, 40},   {0, 0, 0, 264, 2048}, {0, 0, 0, 2880, 264},
     };
     for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
         run_sm90_case(&kCases[i], ws);

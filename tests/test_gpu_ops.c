@@ -183,6 +183,40 @@ static void rmsnorm_case(int N, int D, int fused, int inplace, int with_rstd)
     free(y), free(r);
 }
 
+/* RMSNorm of bf16 input (tkd_cuda_rmsnorm_bf16_fwd), in place: the bits of tkd_cuda_rmsnorm_fwd on
+ * the exact f32 copy, y and rstd both (rmsnorm_case holds that one to the float64 reference). */
+static void rmsnorm_bf16_case(int N, int D)
+{
+    const size_t nd = (size_t)N * D;
+    char what[96];
+    snprintf(what, sizeof what, "rmsnorm from bf16, in place, N %d D %d", N, D);
+    uint16_t *xb = tkd_test_rand_bf16(nd, 400 + D, 1.5f), *w = tkd_test_rand_bf16((size_t)D, 500 + D, 0.5f);
+    float *xf = tkd_test_xmalloc(nd * 4);
+    for (size_t i = 0; i < nd; i++)
+        xf[i] = tkd_bf16_to_f32(xb[i]);
+    float *d_xf = tkd_test_dev_alloc(nd * 4), *d_r1 = tkd_test_dev_alloc((size_t)N * 4),
+          *d_r2 = tkd_test_dev_alloc((size_t)N * 4);
+    uint16_t *d_xb = tkd_test_dev_alloc(nd * 2), *d_w = tkd_test_dev_alloc((size_t)D * 2),
+             *d_y = tkd_test_dev_alloc(nd * 2);
+    tkd_test_to_dev(d_xf, xf, nd * 4);
+    tkd_test_to_dev(d_xb, xb, nd * 2);
+    tkd_test_to_dev(d_w, w, (size_t)D * 2);
+    tkd_test_ok(tkd_cuda_rmsnorm_fwd(d_xf, d_w, N, D, 1e-6f, d_y, d_r1, g_stream), what);
+    tkd_test_ok(tkd_cuda_rmsnorm_bf16_fwd(d_xb, d_w, N, D, 1e-6f, d_xb, d_r2, g_stream), what);
+    uint16_t *y1 = tkd_test_xmalloc(nd * 2), *y2 = tkd_test_xmalloc(nd * 2);
+    float *r1 = tkd_test_xmalloc((size_t)N * 4), *r2 = tkd_test_xmalloc((size_t)N * 4);
+    tkd_test_to_host(y1, d_y, nd * 2, g_stream);
+    tkd_test_to_host(y2, d_xb, nd * 2, g_stream);
+    tkd_test_to_host(r1, d_r1, (size_t)N * 4, g_stream);
+    tkd_test_to_host(r2, d_r2, (size_t)N * 4, g_stream);
+    for (size_t i = 0; i < nd; i++)
+        if (y1[i] != y2[i])
+            fail_msg("%s: y[%zu] = 0x%04x, from the f32 copy 0x%04x", what, i, y2[i], y1[i]);
+    assert_memory_equal(r1, r2, (size_t)N * 4);
+    cudaFree(d_xf), cudaFree(d_r1), cudaFree(d_r2), cudaFree(d_xb), cudaFree(d_w), cudaFree(d_y);
+    free(xb), free(w), free(xf), free(y1), free(y2), free(r1), free(r2);
+}
+
 static void rmsnorm_all(int N, int D)
 {
     rmsnorm_case(N, D, 0, 0, 1);
@@ -212,6 +246,12 @@ static void test_rmsnorm(void **state)
         for (size_t j = 0; j < sizeof sd / sizeof *sd; j++)
             rmsnorm_case(sn[i], sd[j], 0, 0, 1);
     rmsnorm_case(4099, 128, 0, 0, 0);
+    /* bf16 input: short rows, one block a row (4096), the scalar path (1000, 7) */
+    const int bd[] = {64, 128, 136, 4096, 1000, 7};
+    for (size_t j = 0; j < sizeof bd / sizeof *bd; j++) {
+        rmsnorm_bf16_case(1, bd[j]);
+        rmsnorm_bf16_case(1000, bd[j]);
+    }
     float *d = tkd_test_dev_alloc(64);
     uint16_t *h = tkd_test_dev_alloc(64);
     assert_int_equal(tkd_cuda_rmsnorm_fwd(d, h, 1, 16385, 1e-6f, h, NULL, g_stream), TKD_ERR_INVALID_ARG);

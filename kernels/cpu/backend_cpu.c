@@ -98,6 +98,13 @@ static tkd_status cpu_rmsnorm_fwd(tkd_backend *be, const float *x, const void *w
     return TKD_OK;
 }
 
+/* act is f32 here: the plain norm (in place is fine: a row's sum is taken before it is written) */
+static tkd_status cpu_rmsnorm_act_fwd(tkd_backend *be, const void *x, const void *w, int N, int D, float eps,
+                                      void *y, float *rstd)
+{
+    return cpu_rmsnorm_fwd(be, x, w, N, D, eps, y, rstd);
+}
+
 static tkd_status cpu_add_rmsnorm_fwd(tkd_backend *be, const float *x_in, const void *branch, float *x_out,
                                       const void *w, int N, int D, float eps, void *y, float *rstd)
 {
@@ -486,6 +493,7 @@ static const tkd_backend_ops cpu_ops = {
     .embedding_fwd = cpu_embedding_fwd,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
+    .rmsnorm_act_fwd = cpu_rmsnorm_act_fwd,
     .linear_fwd = cpu_linear_fwd,
     .rope_fwd = cpu_rope_fwd,
     .attn_fwd = cpu_attn_fwd,

@@ -207,6 +207,13 @@ tkd_status cu_rmsnorm_fwd(tkd_backend *be, const float *x, const void *w, int N,
     return tkd_cuda_rmsnorm_fwd(x, static_cast<cbf>(w), N, D, eps, static_cast<bf>(y), rstd, stream_of(be));
 }
 
+tkd_status cu_rmsnorm_act_fwd(tkd_backend *be, const void *x, const void *w, int N, int D, float eps, void *y,
+                              float *rstd)
+{
+    return tkd_cuda_rmsnorm_bf16_fwd(static_cast<cbf>(x), static_cast<cbf>(w), N, D, eps, static_cast<bf>(y), rstd,
+                                     stream_of(be));
+}
+
 tkd_status cu_add_rmsnorm_fwd(tkd_backend *be, const float *x_in, const void *branch, float *x_out, const void *w,
                               int N, int D, float eps, void *y, float *rstd)
 {
@@ -792,7 +799,7 @@ const tkd_backend_ops cuda_ops = {
     cu_close,
     cu_alloc, cu_free, cu_host_alloc, cu_host_free, cu_upload, cu_download, cu_upload_f32, cu_download_f32,
     cu_memset0, cu_sync,
-    cu_embedding_fwd, cu_rmsnorm_fwd, cu_add_rmsnorm_fwd, cu_linear_fwd, cu_rope_fwd, cu_attn_fwd,
+    cu_embedding_fwd, cu_rmsnorm_fwd, cu_add_rmsnorm_fwd, cu_rmsnorm_act_fwd, cu_linear_fwd, cu_rope_fwd, cu_attn_fwd,
     cu_attn_saved_bytes, cu_swiglu_fwd,
     cu_embedding_bwd, cu_rmsnorm_bwd, cu_linear_bwd, cu_rope_bwd, cu_attn_bwd, cu_swiglu_bwd,
     cu_lmhead_topk, cu_lmhead_chunk_rows,

@@ -65,13 +65,15 @@ struct tkd_cuda_moe_ws {
     /* Our GEMM's M-tiles (moe_gemm_cuda.h), built on the host from h_counts each call and copied
      * from pinned memory: (max_tiles, TKD_MOE_GEMM_TILE_INTS) int32 each. */
     int32_t *h_tiles, *d_tiles;
-    /* Our Hopper GEMM (gemm_sm90/moe_gemm_sm90.h): its workspace (schedule, error flag, stream),
-     * NULL where the device is not compute capability 9.0 or ours_kernel asks for mma.sync; the
-     * error flag copied to the host with each call's counts (a stall in the previous call's GEMMs
-     * is reported by the next call). */
-    tkd_lmhead_sm90_ws *sm90;
+    /* Our Hopper GEMM (gemm_sm90/moe_gemm_sm90.h): a workspace (schedule, error flag, stream) for
+     * the gate/up launch and one for the down launch, each on its own schedule; NULL where the
+     * device is not compute capability 9.0 or ours_kernel asks for mma.sync. The error flags are
+     * copied to the host with each call's counts (a stall in the previous call's GEMMs is reported
+     * by the next call). With two tile sizes, h_tiles and d_tiles hold the down launch's list after
+     * the gate/up one's. */
+    tkd_lmhead_sm90_ws *sm90, *sm90_dn;
     int ours_kernel; /* TKD_CUDA_MOE_OURS_* */
-    unsigned *h_err;
+    unsigned *h_err; /* (2) */
 };
 
 namespace {
@@ -341,30 +343,46 @@ tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m
 /* The most M-tiles tkd_cuda_moe_gemm_tiles makes from max_tokens · k rows over E experts, with the
  * smallest tile rows used (ping-pong's 64). */
 constexpr int kMinTileRows = 64;
+
+/* The Hopper schedules ours runs by default, gate/up and down (TKD_CUDA_MOE_OURS_DEFAULT). */
+constexpr int kDefaultGateUp = TKD_LMHEAD_SM90_SCHED_COOP, kDefaultDown = TKD_LMHEAD_SM90_SCHED_COOP;
 size_t max_tiles(const tkd_cuda_moe_ws *ws)
 {
     const size_t P = (size_t)ws->max_tokens * ws->p.k;
     return (P + kMinTileRows - 1) / kMinTileRows + (size_t)ws->p.E;
 }
 
-/* ws->sm90 for ours_kernel: the Hopper GEMM's workspace on the wanted schedule, or none (mma.sync
- * asked for, or a device without it: TKD_ERR_UNSUPPORTED from the create is not an error here). */
-tkd_status sm90_setup(tkd_cuda_moe_ws *ws)
+/* One Hopper GEMM workspace on schedule sched and ws's stream into *out; NULL and TKD_OK on a device
+ * without the kernel (TKD_ERR_UNSUPPORTED from the create is not an error here). */
+tkd_status sm90_ws(const tkd_cuda_moe_ws *ws, int sched, tkd_lmhead_sm90_ws **out)
 {
-    tkd_lmhead_sm90_ws_free(ws->sm90);
-    ws->sm90 = NULL;
-    if (ws->ours_kernel == TKD_CUDA_MOE_OURS_MMA_SYNC)
-        return TKD_OK;
-    const int sched = ws->ours_kernel == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? TKD_LMHEAD_SM90_SCHED_PINGPONG
-                                                                          : TKD_LMHEAD_SM90_SCHED_COOP;
-    const tkd_status st = tkd_lmhead_sm90_ws_create(&ws->sm90, sched);
+    const tkd_status st = tkd_lmhead_sm90_ws_create(out, sched);
     if (st == TKD_ERR_UNSUPPORTED) {
         tkd_error_clear();
-        ws->sm90 = NULL;
+        *out = NULL;
         return TKD_OK;
     }
     TKD_TRY(st);
-    tkd_lmhead_sm90_ws_set_stream(ws->sm90, ws->stream);
+    tkd_lmhead_sm90_ws_set_stream(*out, ws->stream);
+    return TKD_OK;
+}
+
+/* ws->sm90 and ws->sm90_dn for ours_kernel: the schedules it names (DEFAULT: kDefaultGateUp and
+ * kDefaultDown), or none (mma.sync asked for, or a device without the Hopper kernel). */
+tkd_status sm90_setup(tkd_cuda_moe_ws *ws)
+{
+    tkd_lmhead_sm90_ws_free(ws->sm90);
+    tkd_lmhead_sm90_ws_free(ws->sm90_dn);
+    ws->sm90 = ws->sm90_dn = NULL;
+    const int k = ws->ours_kernel;
+    if (k == TKD_CUDA_MOE_OURS_MMA_SYNC)
+        return TKD_OK;
+    const int pp = TKD_LMHEAD_SM90_SCHED_PINGPONG, coop = TKD_LMHEAD_SM90_SCHED_COOP;
+    const int gu = k == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? pp : k == TKD_CUDA_MOE_OURS_DEFAULT ? kDefaultGateUp : coop;
+    const int dn = k == TKD_CUDA_MOE_OURS_SM90_COOP ? coop : k == TKD_CUDA_MOE_OURS_DEFAULT ? kDefaultDown : pp;
+    TKD_TRY(sm90_ws(ws, gu, &ws->sm90));
+    if (ws->sm90)
+        TKD_TRY(sm90_ws(ws, dn, &ws->sm90_dn));
     return TKD_OK;
 }
 
@@ -386,10 +404,10 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_counts, (size_t)p.E * 4, "moe: counts"));
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems"));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->d_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems", h));
-    const size_t tile_bytes = sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * max_tiles(ws);
+    const size_t tile_bytes = sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * 2 * max_tiles(ws); /* two lists */
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_tiles, tile_bytes, "moe: our GEMM's tiles"));
-    TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_err, sizeof *ws->h_err, "moe: our GEMM's error flag"));
-    *ws->h_err = 0;
+    TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_err, 2 * sizeof *ws->h_err, "moe: our GEMM's error flags"));
+    ws->h_err[0] = ws->h_err[1] = 0;
     TKD_TRY(sm90_setup(ws));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->d_tiles, tile_bytes, "moe: our GEMM's tiles", h));
     if (!(ws->h_rows = (int *)malloc(sizeof(int) * (size_t)p.E)))
@@ -535,12 +553,18 @@ tkd_status run_experts_ours(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
     const tkd_moe_params &p = ws->p;
     const int tile_m = ws->sm90 ? tkd_moe_gemm_sm90_tile_rows(ws->sm90) : TKD_MOE_GEMM_TILE_M;
     const int nt = tkd_cuda_moe_gemm_tiles(ws->h_counts, p.E, tile_m, ws->h_tiles);
-    TKD_CUDA_CHECK(cudaMemcpyAsync(ws->d_tiles, ws->h_tiles, sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * (size_t)nt,
+    const int tile_dn = ws->sm90 ? tkd_moe_gemm_sm90_tile_rows(ws->sm90_dn) : tile_m;
+    int32_t *h_dn = ws->h_tiles + (size_t)TKD_MOE_GEMM_TILE_INTS * nt;
+    const int nt_dn = tile_dn == tile_m ? 0 : tkd_cuda_moe_gemm_tiles(ws->h_counts, p.E, tile_dn, h_dn);
+    TKD_CUDA_CHECK(cudaMemcpyAsync(ws->d_tiles, ws->h_tiles,
+                                   sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * (size_t)(nt + nt_dn),
                                    cudaMemcpyHostToDevice, ws->stream));
     if (ws->sm90) {
+        const int32_t *d_dn = nt_dn ? ws->d_tiles + (size_t)TKD_MOE_GEMM_TILE_INTS * nt : ws->d_tiles;
         TKD_TRY(tkd_moe_gemm_sm90_gate_up(ws->sm90, ws->xs, w->w_gate, w->w_up, w->b_gate, w->b_up, &p, ws->d_tiles,
                                           nt, (int)P, p.inter, p.D, ws->h));
-        return tkd_moe_gemm_sm90_down(ws->sm90, ws->h, w->w_down, p.E, ws->d_tiles, nt, (int)P, p.D, p.inter, ws->o);
+        return tkd_moe_gemm_sm90_down(ws->sm90_dn, ws->h, w->w_down, p.E, d_dn, nt_dn ? nt_dn : nt, (int)P, p.D,
+                                      p.inter, ws->o);
     }
     TKD_TRY(tkd_cuda_moe_gemm(ws->xs, w->w_gate, w->w_up, ws->d_tiles, nt, (int)P, p.inter, p.D, ws->g, ws->u,
                               ws->stream));
@@ -592,6 +616,7 @@ extern "C" void tkd_cuda_moe_ws_free(tkd_cuda_moe_ws *ws)
     tkd_cuda_free_host(ws->h_err);
     tkd_cuda_free(ws->d_tiles);
     tkd_lmhead_sm90_ws_free(ws->sm90);
+    tkd_lmhead_sm90_ws_free(ws->sm90_dn);
     free(ws->h_rows);
     free(ws);
 }
@@ -633,9 +658,9 @@ extern "C" void tkd_cuda_moe_ws_set_grouped(tkd_cuda_moe_ws *ws, int grouped)
 
 extern "C" tkd_status tkd_cuda_moe_ws_set_ours_kernel(tkd_cuda_moe_ws *ws, int kernel)
 {
-    if (kernel < TKD_CUDA_MOE_OURS_DEFAULT || kernel > TKD_CUDA_MOE_OURS_SM90_PINGPONG)
+    if (kernel < TKD_CUDA_MOE_OURS_DEFAULT || kernel > TKD_CUDA_MOE_OURS_SM90_MIXED)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "moe (cuda): our GEMM's kernel %d: expected %d..%d", kernel,
-                             TKD_CUDA_MOE_OURS_DEFAULT, TKD_CUDA_MOE_OURS_SM90_PINGPONG);
+                             TKD_CUDA_MOE_OURS_DEFAULT, TKD_CUDA_MOE_OURS_SM90_MIXED);
     ws->ours_kernel = kernel;
     return sm90_setup(ws);
 }
@@ -684,11 +709,14 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
         gather_kernel<1><<<(unsigned)P, 128, 0, s>>>(x, ws->pair_of, P, p.k, p.D, ws->xs, ws->row_of);
     TKD_CUDA_CHECK(cudaGetLastError());
     TKD_CUDA_CHECK(cudaMemcpyAsync(ws->h_counts, ws->counts, (size_t)p.E * 4, cudaMemcpyDeviceToHost, s));
-    if (ws->sm90)
+    if (ws->sm90) {
         TKD_CUDA_CHECK(cudaMemcpyAsync(ws->h_err, tkd_lmhead_sm90_ws_error_flag(ws->sm90), sizeof *ws->h_err,
                                        cudaMemcpyDeviceToHost, s));
+        TKD_CUDA_CHECK(cudaMemcpyAsync(ws->h_err + 1, tkd_lmhead_sm90_ws_error_flag(ws->sm90_dn),
+                                       sizeof *ws->h_err, cudaMemcpyDeviceToHost, s));
+    }
     TKD_CUDA_CHECK(cudaStreamSynchronize(s)); /* the GEMMs' shapes */
-    if (*ws->h_err)
+    if (ws->h_err[0] || ws->h_err[1])
         return tkd_error_set(TKD_ERR_INTERNAL, "moe (cuda): a pipeline wait of the previous call's Hopper GEMM "
                              "timed out; its output is garbage");
     tkd_cuda_moe_weights wd = *w;

@@ -85,16 +85,18 @@ int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws);
 int tkd_cuda_moe_ws_ran(const tkd_cuda_moe_ws *ws);
 
 /* Which of our kernels OURS (and AUTO) run, tkd_cuda_moe_ws_set_ours_kernel's argument: DEFAULT the
- * Hopper kernel on its default schedule where the device has it, else mma.sync; MMA_SYNC always the
- * mma.sync kernel (AUTO then chooses between the cuBLAS ways); SM90_COOP and SM90_PINGPONG the
- * Hopper kernel on that schedule where the device has it (benchmarks and tests compare them).
- * TKD_ERR_INVALID_ARG for another value. tkd_cuda_moe_ws_ours_sm90: 1 when ours runs the Hopper
- * kernel. */
+ * Hopper kernel on its default schedules (moe_cuda.cu's kDefaultGateUp, kDefaultDown) where the
+ * device has it, else mma.sync; MMA_SYNC always the mma.sync kernel (AUTO then chooses between the
+ * cuBLAS ways); SM90_COOP and SM90_PINGPONG the Hopper kernel on that schedule for both launches,
+ * SM90_MIXED cooperative for gate/up and ping-pong for down, where the device has it (benchmarks
+ * and tests compare them). TKD_ERR_INVALID_ARG for another value. tkd_cuda_moe_ws_ours_sm90: 1 when
+ * ours runs the Hopper kernel. */
 enum {
     TKD_CUDA_MOE_OURS_DEFAULT = 0,
     TKD_CUDA_MOE_OURS_MMA_SYNC = 1,
     TKD_CUDA_MOE_OURS_SM90_COOP = 2,
     TKD_CUDA_MOE_OURS_SM90_PINGPONG = 3,
+    TKD_CUDA_MOE_OURS_SM90_MIXED = 4,
 };
 tkd_status tkd_cuda_moe_ws_set_ours_kernel(tkd_cuda_moe_ws *ws, int kernel);
 int tkd_cuda_moe_ws_ours_sm90(const tkd_cuda_moe_ws *ws);

@@ -23,12 +23,18 @@ extern "C" {
 #endif
 
 #define TKD_MOE_GEMM_TILE_M 128 /* rows of one M-tile at most */
-#define TKD_MOE_GEMM_TILE_INTS 3 /* a tile in the list: {expert, first row, rows (1..TILE_M)} */
+/* A tile in the list: {expert, first row, rows (1..tile rows), first, count}: the tile belongs to a
+ * group of `count` consecutive tiles of its expert (at most TKD_MOE_GEMM_GROUP_TILES) starting at
+ * list index `first`; moe_gemm_sm90 sweeps a group's tiles together along N (the mma.sync kernel
+ * reads only the first three). */
+#define TKD_MOE_GEMM_TILE_INTS 5
+#define TKD_MOE_GEMM_GROUP_TILES 16
 
 /* Fills tiles (host, TKD_MOE_GEMM_TILE_INTS ints each) with the M-tiles of E experts whose rows lie
  * back to back from row 0 in expert order, counts[e] rows each: expert e's rows cut into runs of
  * tile_m (1..TKD_MOE_GEMM_TILE_M: TKD_MOE_GEMM_TILE_M for tkd_cuda_moe_gemm, the schedule's tile rows
- * for gemm_sm90/moe_gemm_sm90.h), the last one shorter. Returns the number of tiles, at most
+ * for gemm_sm90/moe_gemm_sm90.h), the last one shorter, and an expert's tiles into groups of
+ * TKD_MOE_GEMM_GROUP_TILES (the last one smaller). Returns the number of tiles, at most
  * ceil(Σ counts / tile_m) + E (size tiles for that). */
 int tkd_cuda_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles);
 

@@ -48,7 +48,8 @@ __global__ void embedding_kernel(const int32_t *tok, int64_t N, const uint16_t *
 /* ---- RMSNorm, alone and after the residual add ------------------------------------------------ */
 
 struct RmsArgs {
-    const float *x_in;      /* (N, D) */
+    const float *x_in;      /* (N, D), or NULL: */
+    const uint16_t *x_bf;   /* (N, D) bf16 the input instead (plain RMSNorm only; y may equal it) */
     const uint16_t *branch; /* (N, D) bf16, or NULL: plain RMSNorm */
     float *x_out;           /* (N, D), written when branch != NULL (may equal x_in) */
     const uint16_t *w;      /* (D) bf16 */
@@ -63,7 +64,24 @@ struct RmsArgs {
  * Pass 1 forms x (adding the branch and storing x_out when fusing) and the fp32 sum of squares;
  * pass 2 writes y = bf16(w · (x · rstd)). Each thread reads back only what it wrote itself, so
  * x_out may alias x_in. */
-template <int CH, bool VEC>
+/* 8 (VEC) or 1 input values from flat index i, out of x_in or (BF) x_bf. */
+template <bool VEC, bool BF>
+__device__ __forceinline__ void load_in(const RmsArgs &a, int64_t i, float *v)
+{
+    if (BF) {
+        if (VEC)
+            unpack8(*reinterpret_cast<const uint4 *>(a.x_bf + i), v);
+        else
+            v[0] = bf(a.x_bf[i]);
+    } else {
+        if (VEC)
+            load8_f32(a.x_in + i, v);
+        else
+            v[0] = a.x_in[i];
+    }
+}
+
+template <int CH, bool VEC, bool BF>
 __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_kernel(RmsArgs a)
 {
     const int64_t off = (int64_t)blockIdx.x * a.d;
@@ -76,11 +94,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_kernel(RmsArgs a)
         if (e >= a.d)
             continue;
         float *vj = v + (VEC ? j * 8 : j);
-        if (VEC) {
-            load8_f32(a.x_in + off + e, vj);
-        } else {
-            vj[0] = a.x_in[off + e];
-        }
+        load_in<VEC, BF>(a, off + e, vj);
         if (a.branch) {
             float b[8];
             if (VEC) {
@@ -128,7 +142,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) rmsnorm_kernel(RmsArgs a)
  * (a Qwen3 q/k norm: 262,144 rows of 128 at T 8192, so one 32-thread block per row). The sum of
  * squares is reduced by xor shuffles over the G lanes, which adds the same values in the same order
  * as block_sum over that one warp (its other lanes hold zeros), so the bits are rmsnorm_kernel's. */
-template <int G>
+template <int G, bool BF>
 __global__ void __launch_bounds__(256) rmsnorm_rows_kernel(RmsArgs a, int N)
 {
     const int lane = threadIdx.x % G;
@@ -140,7 +154,7 @@ __global__ void __launch_bounds__(256) rmsnorm_rows_kernel(RmsArgs a, int N)
     float v[8];
     float ss = 0.0f;
     if (e < a.d) {
-        load8_f32(a.x_in + off + e, v);
+        load_in<true, BF>(a, off + e, v);
 #pragma unroll
         for (int i = 0; i < 8; i++)
             ss += v[i] * v[i];
@@ -163,37 +177,48 @@ __global__ void __launch_bounds__(256) rmsnorm_rows_kernel(RmsArgs a, int N)
 }
 
 /* The short-row kernel for G lanes a row, G the power of two ≥ D / 8 (at most 32). */
+template <bool BF>
 void rmsnorm_rows_launch(const RmsArgs &a, int N, cudaStream_t s)
 {
     const int units = a.d / 8;
     const int G = units <= 4 ? 4 : units <= 8 ? 8 : units <= 16 ? 16 : 32;
     const unsigned blocks = (unsigned)((N + 256 / G - 1) / (256 / G));
     if (G == 4)
-        rmsnorm_rows_kernel<4><<<blocks, 256, 0, s>>>(a, N);
+        rmsnorm_rows_kernel<4, BF><<<blocks, 256, 0, s>>>(a, N);
     else if (G == 8)
-        rmsnorm_rows_kernel<8><<<blocks, 256, 0, s>>>(a, N);
+        rmsnorm_rows_kernel<8, BF><<<blocks, 256, 0, s>>>(a, N);
     else if (G == 16)
-        rmsnorm_rows_kernel<16><<<blocks, 256, 0, s>>>(a, N);
+        rmsnorm_rows_kernel<16, BF><<<blocks, 256, 0, s>>>(a, N);
     else
-        rmsnorm_rows_kernel<32><<<blocks, 256, 0, s>>>(a, N);
+        rmsnorm_rows_kernel<32, BF><<<blocks, 256, 0, s>>>(a, N);
 }
 
 tkd_status rmsnorm_run(const RmsArgs &a, int N, void *stream)
 {
-    if (N < 0 || a.d < 1 || a.d > kRowMaxD || !a.x_in || !a.w || !a.y || (a.branch && !a.x_out))
+    if (N < 0 || a.d < 1 || a.d > kRowMaxD || (!a.x_in && !a.x_bf) || !a.w || !a.y || (a.branch && !a.x_out))
         return tkd_error_set(TKD_ERR_INVALID_ARG, "rmsnorm: N = %d, D = %d (1..%d) or a NULL tensor",
                              N, a.d, kRowMaxD);
     if (N == 0)
         return TKD_OK;
-    const bool vec = a.d % 8 == 0 && aligned16(a.x_in) && aligned16(a.w) && aligned16(a.y) &&
+    const bool vec = a.d % 8 == 0 && aligned16(a.x_bf ? (const void *)a.x_bf : a.x_in) && aligned16(a.w) &&
+                     aligned16(a.y) &&
                      (!a.branch || (aligned16(a.branch) && aligned16(a.x_out)));
     int nt, chunks;
     row_shape(a.d, &nt, &chunks);
     cudaStream_t s = (cudaStream_t)stream;
-    if (vec && !a.branch && a.d <= 256)
-        rmsnorm_rows_launch(a, N, s);
-    else
-        row_dispatch(vec, chunks, [&](auto ch, auto v) { rmsnorm_kernel<ch.value, v.value><<<N, nt, 0, s>>>(a); });
+    if (vec && !a.branch && a.d <= 256) {
+        if (a.x_bf)
+            rmsnorm_rows_launch<true>(a, N, s);
+        else
+            rmsnorm_rows_launch<false>(a, N, s);
+    } else {
+        row_dispatch(vec, chunks, [&](auto ch, auto v) {
+            if (a.x_bf)
+                rmsnorm_kernel<ch.value, v.value, true><<<N, nt, 0, s>>>(a);
+            else
+                rmsnorm_kernel<ch.value, v.value, false><<<N, nt, 0, s>>>(a);
+        });
+    }
     TKD_CUDA_CHECK(cudaGetLastError());
     return TKD_OK;
 }
@@ -259,7 +284,14 @@ extern "C" tkd_status tkd_cuda_embedding_fwd(const int32_t *tok, int N, const ui
 extern "C" tkd_status tkd_cuda_rmsnorm_fwd(const float *x, const uint16_t *w, int N, int D, float eps,
                                            uint16_t *y, float *rstd, void *stream)
 {
-    RmsArgs a = {x, NULL, NULL, w, y, rstd, D, eps};
+    RmsArgs a = {x, NULL, NULL, NULL, w, y, rstd, D, eps};
+    return rmsnorm_run(a, N, stream);
+}
+
+extern "C" tkd_status tkd_cuda_rmsnorm_bf16_fwd(const uint16_t *x, const uint16_t *w, int N, int D, float eps,
+                                                uint16_t *y, float *rstd, void *stream)
+{
+    RmsArgs a = {NULL, x, NULL, NULL, w, y, rstd, D, eps};
     return rmsnorm_run(a, N, stream);
 }
 
@@ -269,7 +301,7 @@ extern "C" tkd_status tkd_cuda_add_rmsnorm_fwd(const float *x_in, const uint16_t
 {
     if (!branch)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "add_rmsnorm: branch is NULL");
-    RmsArgs a = {x_in, branch, x_out, w, y, rstd, D, eps};
+    RmsArgs a = {x_in, NULL, branch, x_out, w, y, rstd, D, eps};
     return rmsnorm_run(a, N, stream);
 }
 

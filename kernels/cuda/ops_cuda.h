@@ -34,6 +34,13 @@ tkd_status tkd_cuda_rmsnorm_fwd(const float *x,                  // (N, D) f32
                                 float eps, uint16_t *y,          // (N, D) bf16
                                 float *rstd, void *stream);      // (N) f32 or NULL
 
+/* The same from bf16 x (read as fp32, exactly: the bits of tkd_cuda_rmsnorm_fwd on that copy); y may
+ * equal x. */
+tkd_status tkd_cuda_rmsnorm_bf16_fwd(const uint16_t *x,               // (N, D) bf16
+                                     const uint16_t *w, int N, int D, // (D) bf16
+                                     float eps, uint16_t *y,          // (N, D) bf16
+                                     float *rstd, void *stream);      // (N) f32 or NULL
+
 /* x_out = x_in + float(branch) (x_out may equal x_in), then y = rmsnorm(x_out) as above. */
 tkd_status tkd_cuda_add_rmsnorm_fwd(const float *x_in,           // (N, D) f32
                                     const uint16_t *branch,      // (N, D) bf16

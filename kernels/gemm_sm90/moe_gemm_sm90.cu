@@ -1,10 +1,14 @@
 /* moe_gemm_sm90.cu — see moe_gemm_sm90.h. Built for sm_90a only (kernels/CMakeLists.txt).
  *
- * Both GEMMs are one problem of the driver (gemm_sm90_pipe.cuh), Moe<kFused>. Output tile t is
- * (M-tile li of the list, N-tile nj) with t = li · ntiles + nj: the N-tiles of an M-tile are
- * neighbours, so a wave of 132 CTAs covers ~22 M-tiles (five or six experts) whose rows of x and
- * whose expert weights stay in L2 while the wave reads them (each x tile once from DRAM, each
- * expert's weights once for all of its M-tiles). Per K step the producer loads x's rows of the tile
+ * Both GEMMs are one problem of the driver (gemm_sm90_pipe.cuh), Moe<kFused>. Output tiles go group
+ * by group of the list (up to 16 M-tiles of one expert: moe_gemm_cuda.h), and within a group N-tile
+ * by N-tile with the group's M-tiles innermost: a group of c M-tiles starting at list index g0
+ * owns the tiles g0 · ntiles .. (g0 + c) · ntiles − 1, tile g0 · ntiles + nj · c + i being (M-tile
+ * g0 + i, N-tile nj). So a wave of 132 CTAs reads a few groups' rows of x and a slice of their
+ * experts' weights, which stay in L2 while the wave reads them: each x row and each weight row
+ * comes from DRAM about once, even for an expert whose weights exceed the L2 (gpt-oss's 33 MB of
+ * gate and up weights; with the N-tiles of one M-tile innermost instead, each wave streamed all of
+ * them again). Per K step the producer loads x's rows of the tile
  * (one K-major box of tile-rows x 64 at (k0, r)) and two 128-row boxes of weights into the stage's
  * 256-row B (the same 128-byte-swizzled layout as one 256-row box): W_gate then W_up at the same
  * rows (fused), or the tile's 256 rows of W in two halves (down). Weight rows past the expert's n
@@ -22,6 +26,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe_gemm_cuda.h"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/gemm_sm90/gemm_sm90_pipe.cuh"
 
@@ -38,7 +43,7 @@ struct MParams {
     long long tiles; /* list tiles x ntiles */
     int ktiles;
     unsigned *err;
-    const int32_t *list; /* (n_tiles, 3): {expert, first row, rows} */
+    const int32_t *list; /* (n_tiles, TKD_MOE_GEMM_TILE_INTS): moe_gemm_cuda.h's tiles */
     int ntiles;          /* N-tiles per M-tile: ceil(n / 128) fused, ceil(n / 256) down */
     int m;               /* rows of x and the output: tile rows at or past m are neither stored */
     int n;               /* output columns, and each expert's weight rows */
@@ -66,6 +71,27 @@ __device__ __forceinline__ float bias_of(const uint16_t *b, long long i)
     return b ? __uint_as_float((unsigned)b[i] << 16) : 0.0f;
 }
 
+/* A quad's (4 lanes: one fragment row) packed bf16 pairs p[jj] of four consecutive 8-column groups
+ * j0 + jj — lane q holding columns 8(j0 + jj) + 2q and + 1 — transposed so that lane q holds all 8
+ * columns of group j0 + q, in order, for one 16-byte store: lane q takes pair i from lane i, which
+ * sends at shuffle s the pair its receiver (q = i − s) needs. Every lane of the warp must call it. */
+__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&p)[4])
+{
+    const int q = threadIdx.x & 3, base = (threadIdx.x & 31) & ~3;
+    uint32_t o[4] = {p[0], p[1], p[2], p[3]}; /* o[q] = p[q] already (s = 0); the others come from lanes i ≠ q */
+#pragma unroll
+    for (int s = 1; s < 4; s++) {
+        const int want = (q - s) & 3, from = (q + s) & 3;
+        const uint32_t send = want == 0 ? p[0] : want == 1 ? p[1] : want == 2 ? p[2] : p[3];
+        const uint32_t got = __shfl_sync(0xffffffffu, send, base + from);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (i == from)
+                o[i] = got;
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 /* h = act(g, u) in fp32, the expressions of moe_cuda.cu's act_kernel (and the CPU reference's). */
 __device__ __forceinline__ float act_of(const MExtra &x, float g, float u)
 {
@@ -90,10 +116,12 @@ struct Moe {
     __device__ static __forceinline__ Tile tile(const Params &p, long long t)
     {
         Tile tl;
-        const long long li = t / p.ntiles;
-        const int32_t *q = p.list + 3 * li;
+        const int32_t *g = p.list + TKD_MOE_GEMM_TILE_INTS * (t / p.ntiles); /* a tile of t's group */
+        const int g0 = g[3], c = g[4];
+        const long long local = t - (long long)g0 * p.ntiles;
+        const int32_t *q = p.list + TKD_MOE_GEMM_TILE_INTS * (g0 + local % c);
         tl.mi = tl.ni = 0;
-        tl.nj = (int)(t - li * p.ntiles);
+        tl.nj = (int)(local / c);
         tl.e = q[0], tl.r = q[1], tl.rows = q[2];
         tl.bytes = S::kStageBytes; /* every box is whole: zero-filled bytes count */
         return tl;
@@ -112,35 +140,41 @@ struct Moe {
     {
         kstep_mma<0, 0>(acc, a, b, first); /* x and W both K-major */
     }
+    /* Each group of four 8-column groups is transposed within the quad (quad_transpose) into one
+     * 16-byte store per lane; n is a multiple of 8, so a group is wholly in or out. The shuffles run
+     * on every lane, the stores only on rows inside the tile and m. */
     __device__ static __forceinline__ void epilogue(float (&acc)[kAcc], const Params &p, const Extra &x, Frag f,
                                                     const Tile &tl)
     {
+        const int q = threadIdx.x & 3, cbase = tl.nj * (kFused ? kHalfB : kBN);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int local = (int)f.row0 + 8 * h;
-            if (local >= tl.rows || tl.r + local >= p.m)
-                continue;
+            const bool live = local < tl.rows && tl.r + local < p.m;
             uint16_t *o = p.out + (long long)(tl.r + local) * p.n;
-            if (kFused) {
-                const long long bias0 = (long long)tl.e * p.n;
+            const long long bias0 = (long long)tl.e * p.n;
 #pragma unroll
-                for (int j = 0; j < kBN / 16; j++) {
-                    const int col = tl.nj * kHalfB + f.col0 + 8 * j, ig = 4 * j + 2 * h, iu = ig + kAcc / 2;
-                    if (col >= p.n)
-                        continue;
-                    const float g0 = bf16_round(acc[ig]) + bias_of(x.b_gate, bias0 + col);
-                    const float g1 = bf16_round(acc[ig + 1]) + bias_of(x.b_gate, bias0 + col + 1);
-                    const float u0 = bf16_round(acc[iu]) + bias_of(x.b_up, bias0 + col);
-                    const float u1 = bf16_round(acc[iu + 1]) + bias_of(x.b_up, bias0 + col + 1);
-                    *reinterpret_cast<uint32_t *>(o + col) = pack_bf16(act_of(x, g0, u0), act_of(x, g1, u1));
-                }
-            } else {
+            for (int j0 = 0; j0 < (kFused ? kBN / 16 : kBN / 8); j0 += 4) {
+                uint32_t pr[4];
 #pragma unroll
-                for (int j = 0; j < kBN / 8; j++) {
-                    const int col = tl.nj * kBN + f.col0 + 8 * j, i = 4 * j + 2 * h;
-                    if (col < p.n)
-                        *reinterpret_cast<uint32_t *>(o + col) = pack_bf16(acc[i], acc[i + 1]);
+                for (int jj = 0; jj < 4; jj++) {
+                    const int j = j0 + jj, col = cbase + f.col0 + 8 * j, i = 4 * j + 2 * h;
+                    if (kFused) {
+                        const int iu = i + kAcc / 2;
+                        const bool in = col < p.n;
+                        const float g0 = bf16_round(acc[i]) + (in ? bias_of(x.b_gate, bias0 + col) : 0.0f);
+                        const float g1 = bf16_round(acc[i + 1]) + (in ? bias_of(x.b_gate, bias0 + col + 1) : 0.0f);
+                        const float u0 = bf16_round(acc[iu]) + (in ? bias_of(x.b_up, bias0 + col) : 0.0f);
+                        const float u1 = bf16_round(acc[iu + 1]) + (in ? bias_of(x.b_up, bias0 + col + 1) : 0.0f);
+                        pr[jj] = pack_bf16(act_of(x, g0, u0), act_of(x, g1, u1));
+                    } else {
+                        pr[jj] = pack_bf16(acc[i], acc[i + 1]);
+                    }
                 }
+                const uint4 v = quad_transpose(pr);
+                const int col = cbase + 8 * (j0 + q);
+                if (live && col < p.n)
+                    *reinterpret_cast<uint4 *>(o + col) = v;
             }
         }
     }
@@ -156,9 +190,9 @@ tkd_status check_args(const uint16_t *x, const uint16_t *w0, const uint16_t *w1,
     if (!x || !w0 || !w1 || !out || (n_tiles > 0 && !tiles) || n_tiles < 0 || m < 0 || n < 0 || k < 1)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "moe_gemm_sm90: %s: bad shape or pointer (%d tiles, m %d, n %d, "
                              "k %d)", what, n_tiles, m, n, k);
-    if (n % 8 || k % 8 || !aligned16(x) || !aligned16(w0) || !aligned16(w1) || ((uintptr_t)out & 3u))
+    if (n % 8 || k % 8 || !aligned16(x) || !aligned16(w0) || !aligned16(w1) || !aligned16(out))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "moe_gemm_sm90: %s: (%d, %d) · (%d, %d)ᵀ needs n and k multiples "
-                             "of 8, x and w 16-byte aligned, the output 4-byte aligned", what, m, k, n, k);
+                             "of 8 and x, w and the output 16-byte aligned", what, m, k, n, k);
     return tkd_lmhead_sm90_supported();
 }
 
