@@ -118,12 +118,12 @@ static double time_sm90_gemms(const setup *s, int sched, int which)
     if (tkd_lmhead_sm90_ws_create(&ws, sched) != TKD_OK)
         return -1.0;
     const int E = s->p.E, D = s->p.D, I = s->p.inter, P = s->N * s->p.k;
-    const size_t ti = TKD_MOE_GEMM_TILE_INTS;
+    const size_t ti = TKD_MOE_TILE_INTS;
     int32_t *counts = malloc(sizeof(int32_t) * (size_t)E);
     int32_t *h_tiles = malloc(sizeof(int32_t) * ti * (size_t)(P / 64 + E));
     for (int e = 0; e < E; e++)
         counts[e] = P / E + (e < P % E);
-    const int nt = tkd_cuda_moe_gemm_tiles(counts, E, tkd_moe_gemm_sm90_tile_rows(ws), h_tiles);
+    const int nt = tkd_moe_gemm_tiles(counts, E, tkd_moe_gemm_sm90_tile_rows(ws), h_tiles);
     int32_t *tiles = dev(sizeof(int32_t) * ti * (size_t)nt);
     uint16_t *xs = dev((size_t)P * D * 2), *h = dev((size_t)P * I * 2), *o = dev((size_t)P * D * 2);
     if (cudaMemcpy(tiles, h_tiles, sizeof(int32_t) * ti * (size_t)nt, cudaMemcpyHostToDevice) != cudaSuccess ||

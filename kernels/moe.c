@@ -38,3 +38,19 @@ tkd_status tkd_moe_params_check(const tkd_moe_params *p)
     return TKD_OK;
 }
 
+int tkd_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles)
+{
+    int nt = 0;
+    int32_t r0 = 0;
+    for (int e = 0; e < E; r0 += counts[e], e++) {
+        const int n_e = (counts[e] + tile_m - 1) / tile_m, first = nt;
+        for (int32_t r = 0; r < counts[e]; r += tile_m, nt++) {
+            int32_t *t = tiles + (int64_t)nt * TKD_MOE_TILE_INTS;
+            const int g = (nt - first) / TKD_MOE_GROUP_TILES * TKD_MOE_GROUP_TILES; /* within e */
+            t[0] = e, t[1] = r0 + r, t[2] = counts[e] - r < tile_m ? counts[e] - r : tile_m;
+            t[3] = first + g;
+            t[4] = n_e - g < TKD_MOE_GROUP_TILES ? n_e - g : TKD_MOE_GROUP_TILES;
+        }
+    }
+    return nt;
+}

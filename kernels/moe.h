@@ -56,6 +56,22 @@ typedef struct tkd_moe_mxfp4 {
 /* TKD_ERR_INVALID_ARG naming the field when p is not a layer this op computes. */
 tkd_status tkd_moe_params_check(const tkd_moe_params *p);
 
+/* The M-tiles of a grouped GEMM over rows sorted by expert (the CUDA op's own GEMMs: moe_gemm_cuda.h,
+ * gemm_sm90/moe_gemm_sm90.h), TKD_MOE_TILE_INTS ints each: {expert, first row, rows, first, count},
+ * rows 1..the tile rows; the tile belongs to a group of `count` consecutive tiles of its expert (at
+ * most TKD_MOE_GROUP_TILES) starting at list index `first`, which moe_gemm_sm90 sweeps together along
+ * N (the mma.sync kernel reads only the first three ints). */
+#define TKD_MOE_TILE_INTS 5
+#define TKD_MOE_GROUP_TILES 16
+#define TKD_MOE_TILE_M_MAX 128 /* the largest tile rows a GEMM takes */
+
+/* Fills tiles (TKD_MOE_TILE_INTS ints each) with the M-tiles of E experts whose rows lie back to
+ * back from row 0 in expert order, counts[e] rows each: expert e's rows cut into runs of tile_m
+ * (1..TKD_MOE_TILE_M_MAX), the last one shorter, and an expert's tiles into groups of
+ * TKD_MOE_GROUP_TILES (the last one smaller). Returns the number of tiles, at most
+ * ceil(Σ counts / tile_m) + E (size tiles for that). */
+int tkd_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles);
+
 #ifdef __cplusplus
 }
 #endif

@@ -313,7 +313,7 @@ static void test_mxfp4_experts(void **state)
 /* Expert e's rows start after e + 1 runs of kGap unlisted rows (poisoned: never written), and the
  * last expert's last kPast rows lie past m (neither read nor written). Tiles of 1, 127, 128, 129
  * (128 + 1), 300 (128 + 128 + 44) rows, an expert with none, and one of 1030 rows: 17 tiles of 64,
- * so two groups (16 + 1, moe_gemm_cuda.h). */
+ * so two groups (16 + 1, kernels/moe.h). */
 static const int32_t kGemmCounts[] = {1, 127, 0, 128, 129, 300, 7, 1030};
 enum { kGemmE = 8, kGap = 3, kPast = 2 };
 
@@ -325,9 +325,9 @@ typedef struct gemm_case {
  * the rows of x and c (the last kPast of them past m). */
 static int32_t *gemm_tiles(int tile_m, int *n_tiles, int *rows_out, int32_t *first)
 {
-    enum { I = TKD_MOE_GEMM_TILE_INTS };
+    enum { I = TKD_MOE_TILE_INTS };
     int32_t h[I * 64];
-    const int nt = tkd_cuda_moe_gemm_tiles(kGemmCounts, kGemmE, tile_m, h);
+    const int nt = tkd_moe_gemm_tiles(kGemmCounts, kGemmE, tile_m, h);
     int want = 0;
     for (int e = 0; e < kGemmE; e++)
         want += (kGemmCounts[e] + tile_m - 1) / tile_m;
@@ -341,11 +341,11 @@ static int32_t *gemm_tiles(int tile_m, int *n_tiles, int *rows_out, int32_t *fir
         for (int e = 0; e < h[I * t]; e++)
             packed += kGemmCounts[e];
         assert_true(h[I * t + 2] >= 1 && h[I * t + 2] <= tile_m);
-        /* its group: consecutive tiles of its expert, at most TKD_MOE_GEMM_GROUP_TILES, holding it */
+        /* its group: consecutive tiles of its expert, at most TKD_MOE_GROUP_TILES, holding it */
         const int g0 = h[I * t + 3], c = h[I * t + 4];
-        assert_true(c >= 1 && c <= TKD_MOE_GEMM_GROUP_TILES && g0 <= t && t < g0 + c && g0 + c <= nt);
+        assert_true(c >= 1 && c <= TKD_MOE_GROUP_TILES && g0 <= t && t < g0 + c && g0 + c <= nt);
         assert_int_equal(h[I * g0], h[I * t]), assert_int_equal(h[I * (g0 + c - 1)], h[I * t]);
-        assert_true(g0 == 0 || h[I * (g0 - 1)] != h[I * t] || h[I * (g0 - 1) + 4] == TKD_MOE_GEMM_GROUP_TILES);
+        assert_true(g0 == 0 || h[I * (g0 - 1)] != h[I * t] || h[I * (g0 - 1) + 4] == TKD_MOE_GROUP_TILES);
         h[I * t + 1] += first[h[I * t]] - packed;
     }
     if (tile_m == 128)

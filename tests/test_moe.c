@@ -30,6 +30,7 @@
 #include "common/mxfp4_codec.h"
 #include "kernels/cpu/cpu_moe.h"
 #include "kernels/cpu/cpu_ops_ref.h"
+#include "kernels/moe.h"
 #include "tests/testutil.h"
 
 #define W_ATOL 1e-6
@@ -664,6 +665,46 @@ static void test_transformers_gpt_oss(void **s)
     check_fixture("gpt_oss");
 }
 
+/* The grouped GEMMs' tile list (kernels/moe.h): every row of every expert in exactly one tile, in
+ * order, tiles of at most tile_m rows; groups of consecutive tiles of one expert, 16 except an
+ * expert's last, each tile naming its own; no more tiles than the bound the callers size for. */
+static void test_gemm_tiles(void **s)
+{
+    (void)s;
+    static const int32_t counts[] = {0, 1, 64, 65, 1030, 2049, 0, 7};
+    enum { E = 8, I = TKD_MOE_TILE_INTS };
+    const int tms[] = {64, 128, 1, 100};
+    int32_t total = 0;
+    for (int e = 0; e < E; e++)
+        total += counts[e];
+    for (size_t m = 0; m < sizeof tms / sizeof *tms; m++) {
+        const int tm = tms[m];
+        int32_t *t = malloc(sizeof(int32_t) * I * (size_t)(total / tm + E + 1));
+        assert_non_null(t);
+        const int nt = tkd_moe_gemm_tiles(counts, E, tm, t);
+        assert_true(nt <= (total + tm - 1) / tm + E);
+        int i = 0;
+        int32_t row = 0;
+        for (int e = 0; e < E; e++) {
+            const int first = i;
+            for (int32_t r = 0; r < counts[e]; i++) {
+                const int32_t *q = t + (size_t)I * i;
+                assert_true(i < nt);
+                assert_int_equal(q[0], e), assert_int_equal(q[1], row + r);
+                assert_true(q[2] >= 1 && q[2] <= tm && q[2] == (counts[e] - r < tm ? counts[e] - r : tm));
+                const int pos = i - first, n_e = (counts[e] + tm - 1) / tm;
+                const int g = pos / TKD_MOE_GROUP_TILES * TKD_MOE_GROUP_TILES;
+                assert_int_equal(q[3], first + g);
+                assert_int_equal(q[4], n_e - g < TKD_MOE_GROUP_TILES ? n_e - g : TKD_MOE_GROUP_TILES);
+                r += q[2];
+            }
+            row += counts[e];
+        }
+        assert_int_equal(i, nt);
+        free(t);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "fixtures") == 0) {
@@ -685,6 +726,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gpt_oss_converter_semantics),
         cmocka_unit_test(test_mxfp4_experts),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_gemm_tiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

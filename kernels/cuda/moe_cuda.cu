@@ -63,7 +63,7 @@ struct tkd_cuda_moe_ws {
     int *h_rows;         /* (E) rows of each group */
     tkd_cuda_moe_group_args ga; /* the per-group arguments cuBLAS reads on the host */
     /* Our GEMM's M-tiles (moe_gemm_cuda.h), built on the host from h_counts each call and copied
-     * from pinned memory: (max_tiles, TKD_MOE_GEMM_TILE_INTS) int32 each. */
+     * from pinned memory: (max_tiles, TKD_MOE_TILE_INTS) int32 each. */
     int32_t *h_tiles, *d_tiles;
     /* Our Hopper GEMM (gemm_sm90/moe_gemm_sm90.h): a workspace (schedule, error flag, stream) for
      * the gate/up launch and one for the down launch, each on its own schedule; NULL where the
@@ -340,7 +340,7 @@ tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m
     return TKD_OK;
 }
 
-/* The most M-tiles tkd_cuda_moe_gemm_tiles makes from max_tokens · k rows over E experts, with the
+/* The most M-tiles tkd_moe_gemm_tiles makes from max_tokens · k rows over E experts, with the
  * smallest tile rows used (ping-pong's 64). */
 constexpr int kMinTileRows = 64;
 
@@ -404,7 +404,7 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_counts, (size_t)p.E * 4, "moe: counts"));
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems"));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->d_ptrs, sizeof(void *) * 9 * (size_t)p.E, "moe: grouped GEMM problems", h));
-    const size_t tile_bytes = sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * 2 * max_tiles(ws); /* two lists */
+    const size_t tile_bytes = sizeof(int32_t) * TKD_MOE_TILE_INTS * 2 * max_tiles(ws); /* two lists */
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_tiles, tile_bytes, "moe: our GEMM's tiles"));
     TKD_TRY(tkd_cuda_malloc_host((void **)&ws->h_err, 2 * sizeof *ws->h_err, "moe: our GEMM's error flags"));
     ws->h_err[0] = ws->h_err[1] = 0;
@@ -552,15 +552,15 @@ tkd_status run_experts_ours(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
 {
     const tkd_moe_params &p = ws->p;
     const int tile_m = ws->sm90 ? tkd_moe_gemm_sm90_tile_rows(ws->sm90) : TKD_MOE_GEMM_TILE_M;
-    const int nt = tkd_cuda_moe_gemm_tiles(ws->h_counts, p.E, tile_m, ws->h_tiles);
+    const int nt = tkd_moe_gemm_tiles(ws->h_counts, p.E, tile_m, ws->h_tiles);
     const int tile_dn = ws->sm90 ? tkd_moe_gemm_sm90_tile_rows(ws->sm90_dn) : tile_m;
-    int32_t *h_dn = ws->h_tiles + (size_t)TKD_MOE_GEMM_TILE_INTS * nt;
-    const int nt_dn = tile_dn == tile_m ? 0 : tkd_cuda_moe_gemm_tiles(ws->h_counts, p.E, tile_dn, h_dn);
+    int32_t *h_dn = ws->h_tiles + (size_t)TKD_MOE_TILE_INTS * nt;
+    const int nt_dn = tile_dn == tile_m ? 0 : tkd_moe_gemm_tiles(ws->h_counts, p.E, tile_dn, h_dn);
     TKD_CUDA_CHECK(cudaMemcpyAsync(ws->d_tiles, ws->h_tiles,
-                                   sizeof(int32_t) * TKD_MOE_GEMM_TILE_INTS * (size_t)(nt + nt_dn),
+                                   sizeof(int32_t) * TKD_MOE_TILE_INTS * (size_t)(nt + nt_dn),
                                    cudaMemcpyHostToDevice, ws->stream));
     if (ws->sm90) {
-        const int32_t *d_dn = nt_dn ? ws->d_tiles + (size_t)TKD_MOE_GEMM_TILE_INTS * nt : ws->d_tiles;
+        const int32_t *d_dn = nt_dn ? ws->d_tiles + (size_t)TKD_MOE_TILE_INTS * nt : ws->d_tiles;
         TKD_TRY(tkd_moe_gemm_sm90_gate_up(ws->sm90, ws->xs, w->w_gate, w->w_up, w->b_gate, w->b_up, &p, ws->d_tiles,
                                           nt, (int)P, p.inter, p.D, ws->h));
         return tkd_moe_gemm_sm90_down(ws->sm90_dn, ws->h, w->w_down, p.E, d_dn, nt_dn ? nt_dn : nt, (int)P, p.D,

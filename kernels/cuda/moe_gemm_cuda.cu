@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 {
     extern __shared__ __align__(128) uint16_t smem[]; /* kStages × (A tile, B tile) */
     const int z = (int)blockIdx.x % nz, col0 = (int)blockIdx.x / nz * kBN;
-    const int32_t *tile = tiles + (int64_t)blockIdx.y * TKD_MOE_GEMM_TILE_INTS;
+    const int32_t *tile = tiles + (int64_t)blockIdx.y * TKD_MOE_TILE_INTS;
     const int e = tile[0], r0 = tile[1];
     const int valid_m = min(tile[2], m - r0), valid_n = min(kBN, n - col0);
     if (valid_m <= 0)
@@ -172,23 +172,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 } // namespace
-
-extern "C" int tkd_cuda_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles)
-{
-    int nt = 0;
-    int32_t r0 = 0;
-    for (int e = 0; e < E; r0 += counts[e], e++) {
-        const int n_e = (counts[e] + tile_m - 1) / tile_m, first = nt;
-        for (int32_t r = 0; r < counts[e]; r += tile_m, nt++) {
-            int32_t *t = tiles + (int64_t)nt * TKD_MOE_GEMM_TILE_INTS;
-            const int g = (nt - first) / TKD_MOE_GEMM_GROUP_TILES * TKD_MOE_GEMM_GROUP_TILES; /* within e */
-            t[0] = e, t[1] = r0 + r, t[2] = counts[e] - r < tile_m ? counts[e] - r : tile_m;
-            t[3] = first + g;
-            t[4] = n_e - g < TKD_MOE_GEMM_GROUP_TILES ? n_e - g : TKD_MOE_GEMM_GROUP_TILES;
-        }
-    }
-    return nt;
-}
 
 extern "C" tkd_status tkd_cuda_moe_gemm(const uint16_t *x, const uint16_t *w0, const uint16_t *w1,
                                         const int32_t *tiles, int n_tiles, int m, int n, int k, uint16_t *c0,

@@ -6,8 +6,8 @@
  *
  * The work is a list of M-tiles, each a run of at most TKD_MOE_GEMM_TILE_M consecutive rows that
  * belong to one expert; the op builds it on the host from the routing's per-expert counts
- * (tkd_cuda_moe_gemm_tiles) and uploads it each call. Rows not in any tile are neither read nor
- * written.
+ * (kernels/moe.h's tkd_moe_gemm_tiles) and uploads it each call. Rows not in any tile are neither
+ * read nor written.
  *
  * Header usable from C; defined only in CUDA builds.
  */
@@ -17,31 +17,18 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/moe.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define TKD_MOE_GEMM_TILE_M 128 /* rows of one M-tile at most */
-/* A tile in the list: {expert, first row, rows (1..tile rows), first, count}: the tile belongs to a
- * group of `count` consecutive tiles of its expert (at most TKD_MOE_GEMM_GROUP_TILES) starting at
- * list index `first`; moe_gemm_sm90 sweeps a group's tiles together along N (the mma.sync kernel
- * reads only the first three). */
-#define TKD_MOE_GEMM_TILE_INTS 5
-#define TKD_MOE_GEMM_GROUP_TILES 16
-
-/* Fills tiles (host, TKD_MOE_GEMM_TILE_INTS ints each) with the M-tiles of E experts whose rows lie
- * back to back from row 0 in expert order, counts[e] rows each: expert e's rows cut into runs of
- * tile_m (1..TKD_MOE_GEMM_TILE_M: TKD_MOE_GEMM_TILE_M for tkd_cuda_moe_gemm, the schedule's tile rows
- * for gemm_sm90/moe_gemm_sm90.h), the last one shorter, and an expert's tiles into groups of
- * TKD_MOE_GEMM_GROUP_TILES (the last one smaller). Returns the number of tiles, at most
- * ceil(Σ counts / tile_m) + E (size tiles for that). */
-int tkd_cuda_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles);
+#define TKD_MOE_GEMM_TILE_M TKD_MOE_TILE_M_MAX /* rows of one M-tile (the list's tile_m) */
 
 /* For each listed tile {e, r, rows}, z in 0..nz−1 (nz = 2 when w1 and c1 are given, else 1):
  *   c_z[r + i, j] = bf16( Σ_{d<k} x[r + i, d] · w_z[e, j, d] )   for 0 ≤ i < rows, r + i < m, 0 ≤ j < n
  * x (m, k) bf16 row-major; w0, w1 (E, n, k) bf16 row-major stacks (expert e's matrix at e·n·k);
- * c0, c1 (m, n) bf16 row-major; tiles (n_tiles, 3) int32 on the device, each expert index valid
+ * c0, c1 (m, n) bf16 row-major; tiles (n_tiles, TKD_MOE_TILE_INTS) int32 on the device, each expert index valid
  * for the stacks (not checked: the list is the caller's). Enqueued on stream (a cudaStream_t; NULL
  * the legacy stream). Gate and up in one launch: w0, w1 = W_gate, W_up; c0, c1 = G, U.
  * TKD_ERR_UNSUPPORTED naming the shape unless k and n are multiples of 8 and every pointer is

@@ -1,7 +1,7 @@
 /* moe_gemm_sm90.cu — see moe_gemm_sm90.h. Built for sm_90a only (kernels/CMakeLists.txt).
  *
  * Both GEMMs are one problem of the driver (gemm_sm90_pipe.cuh), Moe<kFused>. Output tiles go group
- * by group of the list (up to 16 M-tiles of one expert: moe_gemm_cuda.h), and within a group N-tile
+ * by group of the list (up to 16 M-tiles of one expert: kernels/moe.h), and within a group N-tile
  * by N-tile with the group's M-tiles innermost: a group of c M-tiles starting at list index g0
  * owns the tiles g0 · ntiles .. (g0 + c) · ntiles − 1, tile g0 · ntiles + nj · c + i being (M-tile
  * g0 + i, N-tile nj). So a wave of 132 CTAs reads a few groups' rows of x and a slice of their
@@ -26,9 +26,9 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/moe_gemm_cuda.h"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/gemm_sm90/gemm_sm90_pipe.cuh"
+#include "kernels/moe.h"
 
 namespace {
 
@@ -43,7 +43,7 @@ struct MParams {
     long long tiles; /* list tiles x ntiles */
     int ktiles;
     unsigned *err;
-    const int32_t *list; /* (n_tiles, TKD_MOE_GEMM_TILE_INTS): moe_gemm_cuda.h's tiles */
+    const int32_t *list; /* (n_tiles, TKD_MOE_TILE_INTS): kernels/moe.h's tile list */
     int ntiles;          /* N-tiles per M-tile: ceil(n / 128) fused, ceil(n / 256) down */
     int m;               /* rows of x and the output: tile rows at or past m are neither stored */
     int n;               /* output columns, and each expert's weight rows */
@@ -116,10 +116,10 @@ struct Moe {
     __device__ static __forceinline__ Tile tile(const Params &p, long long t)
     {
         Tile tl;
-        const int32_t *g = p.list + TKD_MOE_GEMM_TILE_INTS * (t / p.ntiles); /* a tile of t's group */
+        const int32_t *g = p.list + TKD_MOE_TILE_INTS * (t / p.ntiles); /* a tile of t's group */
         const int g0 = g[3], c = g[4];
         const long long local = t - (long long)g0 * p.ntiles;
-        const int32_t *q = p.list + TKD_MOE_GEMM_TILE_INTS * (g0 + local % c);
+        const int32_t *q = p.list + TKD_MOE_TILE_INTS * (g0 + local % c);
         tl.mi = tl.ni = 0;
         tl.nj = (int)(local / c);
         tl.e = q[0], tl.r = q[1], tl.rows = q[2];

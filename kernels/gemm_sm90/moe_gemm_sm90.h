@@ -1,8 +1,8 @@
 /* moe_gemm_sm90.h — the mixture-of-experts layer's expert GEMMs on Hopper (sm_90a), for moe_cuda.h:
  * every expert's product in one persistent launch of gemm_sm90/'s driver (gemm_sm90_pipe.cuh: TMA
  * producer, two consumer warpgroups running wgmma m64n256k16, cooperative or ping-pong), over rows
- * already sorted by expert and a list of M-tiles in moe_gemm_cuda.h's format (expert, first row,
- * rows, group), built by tkd_cuda_moe_gemm_tiles with tkd_moe_gemm_sm90_tile_rows(ws) rows a tile. Two
+ * already sorted by expert and a list of M-tiles in kernels/moe.h's format (expert, first row,
+ * rows, group), built by tkd_moe_gemm_tiles with tkd_moe_gemm_sm90_tile_rows(ws) rows a tile. Two
  * problems:
  *   gate_up: h (m, n) bf16 = act(bf16(x W_gate[e]ᵀ) + b_gate[e], bf16(x W_up[e]ᵀ) + b_up[e])
  *            with the activation in the epilogue, so G and U never reach memory: one output tile's
