@@ -701,6 +701,21 @@ static void test_gemm_tiles(void **s)
             row += counts[e];
         }
         assert_int_equal(i, nt);
+        /* the device's order over them: every (M-tile, N-tile) once, a group's tiles together */
+        for (int ntl = 1; ntl <= 23; ntl += 11) {
+            char *seen = calloc((size_t)nt * ntl, 1);
+            assert_non_null(seen);
+            for (long long o = 0; o < (long long)nt * ntl; o++) {
+                int li = -1, nj = -1;
+                tkd_moe_tile_of(t, ntl, o, &li, &nj);
+                assert_true(li >= 0 && li < nt && nj >= 0 && nj < ntl);
+                assert_false(seen[(size_t)li * ntl + nj]);
+                seen[(size_t)li * ntl + nj] = 1;
+                const int32_t *q = t + (size_t)I * li; /* inside its group's span of the order */
+                assert_true(o >= (long long)q[3] * ntl && o < (long long)(q[3] + q[4]) * ntl);
+            }
+            free(seen);
+        }
         free(t);
     }
 }

@@ -116,12 +116,10 @@ struct Moe {
     __device__ static __forceinline__ Tile tile(const Params &p, long long t)
     {
         Tile tl;
-        const int32_t *g = p.list + TKD_MOE_TILE_INTS * (t / p.ntiles); /* a tile of t's group */
-        const int g0 = g[3], c = g[4];
-        const long long local = t - (long long)g0 * p.ntiles;
-        const int32_t *q = p.list + TKD_MOE_TILE_INTS * (g0 + local % c);
+        int li;
+        tkd_moe_tile_of(p.list, p.ntiles, t, &li, &tl.nj);
+        const int32_t *q = p.list + TKD_MOE_TILE_INTS * li;
         tl.mi = tl.ni = 0;
-        tl.nj = (int)(local / c);
         tl.e = q[0], tl.r = q[1], tl.rows = q[2];
         tl.bytes = S::kStageBytes; /* every box is whole: zero-filled bytes count */
         return tl;
