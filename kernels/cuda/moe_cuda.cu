@@ -345,7 +345,7 @@ tkd_status gemm_nt(cublasHandle_t h, const uint16_t *a, const uint16_t *b, int m
 constexpr int kMinTileRows = 64;
 
 /* The Hopper schedules ours runs by default, gate/up and down (TKD_CUDA_MOE_OURS_DEFAULT). */
-constexpr int kDefaultGateUp = TKD_LMHEAD_SM90_SCHED_COOP, kDefaultDown = TKD_LMHEAD_SM90_SCHED_COOP;
+constexpr int kDefaultGateUp = TKD_LMHEAD_SM90_SCHED_PINGPONG, kDefaultDown = TKD_LMHEAD_SM90_SCHED_PINGPONG;
 size_t max_tiles(const tkd_cuda_moe_ws *ws)
 {
     const size_t P = (size_t)ws->max_tokens * ws->p.k;
