@@ -17,7 +17,7 @@ if [ $# -gt 0 ]; then
   for b in "$@"; do cp "$build/bin/$b" "$out/"; done
 else
   cp "$build"/bin/test_gpu_* "$build"/bin/teacher-dump "$build"/bin/student-train "$out/"
-  for b in kl_bench grad_bench teacher_bench attn_bench topk_bench shard_bench student_bench; do [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/"; done
+  for b in kl_bench grad_bench teacher_bench attn_bench topk_bench shard_bench student_bench moe_bench; do [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/"; done
 fi
 cp "$build/plugins/libh5zstd.so" "$out/plugins/"
 cp /usr/bin/h5dump "$out/"
