@@ -1,6 +1,6 @@
 /* bench_util.h — what student_bench.c and teacher_bench.c share: the table of real model shapes,
- * --shapes NAME:T:B parsing, the model config of a shape, the wall clock, device bytes in use and
- * a median. Static inline, benchmark programs only (CUDA builds). */
+ * --shapes NAME:T:B parsing, the model config of a shape, the wall clock, device bytes in use, a
+ * median, and the tail of --profile. Static inline, benchmark programs only (CUDA builds). */
 #ifndef TKD_BENCH_UTIL_H
 #define TKD_BENCH_UTIL_H
 
@@ -11,9 +11,21 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/backend_profile.h"
 #include "model/model.h"
 
 #define BENCH_MAX_RUNS 16 /* --shapes entries at most */
+
+/* --profile's tail: after a measured pass that returned st, the profiler prof's rows since its last
+ * reset into rows (*n of them, TKD_PROFILE_OPS at most), then the wrapper closed (inner stays). */
+static inline tkd_status bench_profile_take(tkd_backend *prof, tkd_status st, tkd_profile_row *rows, int *n)
+{
+    *n = 0;
+    if (st == TKD_OK)
+        st = tkd_backend_profile_report(prof, rows, n);
+    tkd_backend_close(prof);
+    return st;
+}
 
 typedef struct shape_def {
     const char *name;

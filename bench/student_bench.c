@@ -326,10 +326,7 @@ static tkd_status profile_step(bench_ctx *c, const char *shape)
     c->be = c->m->be = c->opt->be = bare;
     tkd_profile_row rows[TKD_PROFILE_OPS];
     int n = 0;
-    if (st == TKD_OK)
-        st = tkd_backend_profile_report(prof, rows, &n);
-    tkd_backend_close(prof);
-    TKD_TRY(st);
+    TKD_TRY(bench_profile_take(prof, st, rows, &n));
     fprintf(g_prof, "\nProfile of one %s step (%.1f ms wall):\n\n"
                     "| op | group | calls | total ms | ms per step | %% of step |\n|---|---|---:|---:|---:|---:|\n",
             shape, step_ms);

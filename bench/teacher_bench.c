@@ -42,7 +42,6 @@
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
-#include "kernels/backend_profile.h"
 #include "bench/bench_util.h"
 #include "model/model.h"
 #include "teacher_cache/dump.h"
@@ -163,10 +162,7 @@ static tkd_status profile_fwd(tkd_model *m, const int32_t *tok, const run_spec *
     m->be = bare;
     tkd_profile_row rows[TKD_PROFILE_OPS];
     int n = 0;
-    if (st == TKD_OK)
-        st = tkd_backend_profile_report(prof, rows, &n);
-    tkd_backend_close(prof);
-    TKD_TRY(st);
+    TKD_TRY(bench_profile_take(prof, st, rows, &n));
     double sum = 0.0;
     fprintf(g_prof, "\nProfile of one %s forward + top-k, T %d x B %d (%.1f ms wall):\n\n"
                     "| op | calls | ms | %% of the pass |\n|---|---:|---:|---:|\n", r->s->name, r->T, r->B, ms);

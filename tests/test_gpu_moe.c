@@ -357,6 +357,17 @@ static int32_t *gemm_tiles(int tile_m, int *n_tiles, int *rows_out, int32_t *fir
     return d;
 }
 
+/* Every row of c (rows, n) that listed[] does not mark (not in a tile, or past m) still holds the
+ * poison; frees listed. */
+static void check_unlisted(const char *what, const uint16_t *c, char *listed, int rows, int n, int m)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n && !listed[r]; j++)
+            if (c[(size_t)r * n + j] != 0xffff)
+                fail_msg("%s: row %d (not in a tile, or past m %d) written at column %d", what, r, m, j);
+    free(listed);
+}
+
 /* c (rows, n) from the device against x·W_eᵀ in float64 over the listed rows below m; every other
  * row still poisoned. */
 static void check_gemm_out(const char *what, const uint16_t *c, const float *x, const float *w, const int32_t *first,
@@ -382,11 +393,7 @@ static void check_gemm_out(const char *what, const uint16_t *c, const float *x, 
             }
         }
     tkd_test_check_end(&chk);
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < n && !listed[r]; j++)
-            if (c[(size_t)r * n + j] != 0xffff)
-                fail_msg("%s: row %d (not in a tile, or past m %d) written at column %d", what, r, m, j);
-    free(listed);
+    check_unlisted(what, c, listed, rows, n, m);
 }
 
 static void run_gemm_case(const gemm_case *g)
@@ -495,11 +502,7 @@ static void check_gate_up(const char *what, const uint16_t *h, const float *x, c
             }
         }
     tkd_test_check_end(&chk);
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < n && !listed[r]; j++)
-            if (h[(size_t)r * n + j] != 0xffff)
-                fail_msg("%s: row %d (not in a tile, or past m %d) written at column %d", what, r, m, j);
-    free(listed);
+    check_unlisted(what, h, listed, rows, n, m);
     print_message("%s: worst err/tol %.3f over %lld elements\n", what, chk.worst, (long long)chk.n);
 }
 
