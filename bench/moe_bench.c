@@ -14,9 +14,12 @@
  * expert's gate and up products, the act kernel, one launch for the down products) and Hopper's on
  * each schedule (gemm_sm90/moe_gemm_sm90.h: the activation in the first launch's epilogue). First a
  * probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
- * 15 = CUBLAS_STATUS_NOT_SUPPORTED).
+ * 15 = CUBLAS_STATUS_NOT_SUPPORTED). With --mxfp4 also the op on the same layer's experts as
+ * MXFP4 (random codes, scales 2^-9 .. 2^-6, gpt-oss's checkpoints' range): decoded inside our
+ * Hopper GEMM on each schedule, and a layer at a time before the bf16 GEMM (the way of every
+ * other device); and our Hopper MXFP4 GEMMs alone beside the bf16 ones.
  *
- *   moe_bench [--shape D:I:E:k:N] [--reps 10]     (default 2048:768:128:8:8192, Qwen3-30B-A3B)
+ *   moe_bench [--shape D:I:E:k:N] [--reps 10] [--mxfp4]   (default 2048:768:128:8:8192, Qwen3-30B-A3B)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +38,7 @@
 int moe_bench_randn(uint16_t *p, size_t n, float std, uint64_t seed);
 int moe_bench_gemm(void *blas, const uint16_t *a, const uint16_t *b, int m, int n, int kd, float *c);
 int moe_bench_grouped_probe(void *blas, int ab, int c);
+int moe_bench_bytes(uint8_t *p, size_t n, unsigned lo, unsigned span, uint64_t seed);
 
 static void die(const char *what, const char *msg)
 {
@@ -66,19 +70,23 @@ static int cmp_double(const void *a, const void *b)
 typedef struct setup {
     tkd_moe_params p;
     int N, reps;
-    tkd_cuda_moe_weights w;
+    tkd_cuda_moe_weights w; /* bf16 experts, and with --mxfp4 also q: the MXFP4 ones */
     uint16_t *x[2], *y; /* x[0] the same input every call; x[1] drawn anew before each */
 } setup;
 
 /* Median ms of reps calls (fresh: the inputs in turn), or -1 when the mode did not run as asked
  * (cuBLAS refused the grouped call, or the device has no Hopper kernel). grouped: a
- * TKD_CUDA_MOE_GEMM_* mode; ours: a TKD_CUDA_MOE_OURS_* kernel. */
-static double time_op(const setup *s, int grouped, int pad, int ours, int fresh)
+ * TKD_CUDA_MOE_GEMM_* mode; ours: a TKD_CUDA_MOE_OURS_* kernel; mx: 0 bf16 experts, 1 MXFP4
+ * decoded where the op chooses, 2 MXFP4 decoded a layer at a time. */
+static double time_op(const setup *s, int grouped, int pad, int ours, int fresh, int mx)
 {
     tkd_cuda_moe_ws *ws = NULL;
-    if (tkd_cuda_moe_ws_create(&ws, &s->p, s->N, NULL) != TKD_OK)
+    tkd_moe_params p = s->p;
+    p.mxfp4 = mx > 0;
+    if (tkd_cuda_moe_ws_create(&ws, &p, s->N, NULL) != TKD_OK)
         die("tkd_cuda_moe_ws_create", tkd_error_msg());
     tkd_cuda_moe_ws_set_grouped(ws, grouped);
+    tkd_cuda_moe_ws_set_mxfp4_layer(ws, mx == 2);
     if (tkd_cuda_moe_ws_set_ours_kernel(ws, ours) != TKD_OK)
         die("tkd_cuda_moe_ws_set_ours_kernel", tkd_error_msg());
     if (ours >= TKD_CUDA_MOE_OURS_SM90_COOP && !tkd_cuda_moe_ws_ours_sm90(ws)) { /* not a Hopper device */
@@ -99,7 +107,8 @@ static double time_op(const setup *s, int grouped, int pad, int ours, int fresh)
         if (i >= 0)
             ms[i] = now_ms() - t0;
     }
-    const int ran = grouped < 0 || tkd_cuda_moe_ws_ran(ws) == grouped;
+    const int ran = (grouped < 0 || tkd_cuda_moe_ws_ran(ws) == grouped) &&
+                    (mx != 1 || tkd_cuda_moe_ws_mxfp4_in_gemm(ws));
     tkd_cuda_moe_ws_free(ws);
     qsort(ms, (size_t)s->reps, sizeof(double), cmp_double);
     const double med = ms[s->reps / 2];
@@ -109,10 +118,10 @@ static double time_op(const setup *s, int grouped, int pad, int ours, int fresh)
 
 /* Our Hopper GEMMs alone on schedule sched (which: 0 gate/up with the activation, then down; 1
  * gate/up alone; 2 down alone), the op's routing, sort, gather, host sync and combine left out:
- * every expert N·k / E rows (the remainder to the first ones). Median ms of reps launches (or
- * pairs), each synced; -1 on a device without the kernel. What the op spends beyond the pair is the
- * rest of the layer. */
-static double time_sm90_gemms(const setup *s, int sched, int which)
+ * every expert N·k / E rows (the remainder to the first ones); mx: the MXFP4 launches. Median ms
+ * of reps launches (or pairs), each synced; -1 on a device without the kernel. What the op spends
+ * beyond the pair is the rest of the layer. */
+static double time_sm90_gemms(const setup *s, int sched, int which, int mx)
 {
     tkd_lmhead_sm90_ws *ws = NULL;
     if (tkd_lmhead_sm90_ws_create(&ws, sched) != TKD_OK)
@@ -132,10 +141,15 @@ static double time_sm90_gemms(const setup *s, int sched, int which)
     double *ms = malloc(sizeof(double) * (size_t)s->reps);
     for (int i = -2; i < s->reps; i++) {
         const double t0 = now_ms();
-        if ((which != 2 &&
-             tkd_moe_gemm_sm90_gate_up(ws, xs, s->w.w_gate, s->w.w_up, NULL, NULL, &s->p, tiles, nt, P, I, D, h)) ||
-            (which != 1 && tkd_moe_gemm_sm90_down(ws, h, s->w.w_down, E, tiles, nt, P, D, I, o)) ||
-            tkd_lmhead_sm90_sync(ws))
+        const tkd_status gu = which == 2 ? TKD_OK
+                              : mx ? tkd_moe_gemm_sm90_gate_up_mxfp4(ws, xs, &s->w.q, NULL, NULL, &s->p, tiles, nt, P, I,
+                                                                     D, h)
+                                   : tkd_moe_gemm_sm90_gate_up(ws, xs, s->w.w_gate, s->w.w_up, NULL, NULL, &s->p, tiles,
+                                                               nt, P, I, D, h);
+        const tkd_status dn = which == 1 || gu ? gu
+                              : mx ? tkd_moe_gemm_sm90_down_mxfp4(ws, h, &s->w.q, E, tiles, nt, P, D, I, o)
+                                   : tkd_moe_gemm_sm90_down(ws, h, s->w.w_down, E, tiles, nt, P, D, I, o);
+        if (dn || tkd_lmhead_sm90_sync(ws))
             die("moe_gemm_sm90", tkd_error_msg());
         if (i >= 0)
             ms[i] = now_ms() - t0;
@@ -177,20 +191,24 @@ static double time_floor(const setup *s, void *blas)
 
 int main(int argc, char **argv)
 {
-    int D = 2048, I = 768, E = 128, k = 8, N = 8192, reps = 10;
+    int D = 2048, I = 768, E = 128, k = 8, N = 8192, reps = 10, mxfp4 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d:%d:%d:%d:%d", &D, &I, &E, &k, &N) != 5)
                 die("--shape", "expected D:I:E:k:N");
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--mxfp4")) {
+            mxfp4 = 1;
         } else {
-            fprintf(stderr, "usage: moe_bench [--shape D:I:E:k:N] [--reps 10]\n");
+            fprintf(stderr, "usage: moe_bench [--shape D:I:E:k:N] [--reps 10] [--mxfp4]\n");
             return 2;
         }
     }
     if (reps < 1 || D < 1 || I < 1 || E < 2 || k < 1 || k > E || N < 1)
         die("arguments", "need reps, D, I, N ≥ 1, E ≥ 2, 1 ≤ k ≤ E");
+    if (mxfp4 && (D % 32 || I % 32))
+        die("--mxfp4", "needs D and I multiples of 32");
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS)
         die("cublasCreate", "failed");
@@ -212,6 +230,14 @@ int main(int argc, char **argv)
     if (moe_bench_randn(w, 3 * nw, 0.02f, 1) || moe_bench_randn(router, (size_t)E * D, 0.02f, 2))
         die("randn", "failed");
     s.w = (tkd_cuda_moe_weights){.router_w = router, .w_gate = w, .w_up = w + nw, .w_down = w + 2 * nw};
+    uint8_t *codes = NULL, *scales = NULL;
+    if (mxfp4) { /* the three stacks back to back: (E, I, D/2) twice, (E, D, I/2) */
+        codes = dev(3 * nw / 2), scales = dev(3 * nw / 32);
+        if (moe_bench_bytes(codes, 3 * nw / 2, 0, 256, 3) || moe_bench_bytes(scales, 3 * nw / 32, 118, 4, 4))
+            die("random bytes", "failed");
+        for (int j = 0; j < 3; j++)
+            s.w.q.blocks[j] = codes + (size_t)j * nw / 2, s.w.q.scales[j] = scales + (size_t)j * nw / 32;
+    }
     for (int i = 0; i < 2; i++) {
         s.x[i] = dev((size_t)N * D * 2);
         if (moe_bench_randn(s.x[i], (size_t)N * D, 1.0f, 10 + (uint64_t)i))
@@ -222,38 +248,47 @@ int main(int argc, char **argv)
     const double flop = 2.0 * N * k * 3.0 * I * D;
     printf("| GEMMs | same ms | fresh ms | fresh / floor | TFLOP/s (fresh) |\n|---|---:|---:|---:|---:|\n");
     printf("| floor: 2 plain GEMMs over N·k rows | %.3f | - | 1.00 | %.0f |\n", fl, flop / (fl * 1e9));
-    static const struct { int grouped, pad, ours; const char *name; } kModes[] = {
-        {TKD_CUDA_MOE_GEMM_GROUPED, 1, 0, "grouped (2 cuBLAS calls)"},
-        {TKD_CUDA_MOE_GEMM_LOOP, 1, 0, "loop (3·E calls), exact rows"},
-        {TKD_CUDA_MOE_GEMM_LOOP, 128, 0, "loop, rows to 128"},
-        {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT, "auto (the default)"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_MMA_SYNC, "ours, mma.sync (moe_gemm_cuda, + act kernel)"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP, "ours, Hopper cooperative (moe_gemm_sm90)"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, "ours, Hopper ping-pong (moe_gemm_sm90)"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_MIXED, "ours, Hopper, gate/up coop, down ping-pong"}};
+    static const struct { int grouped, pad, ours, mx; const char *name; } kModes[] = {
+        {TKD_CUDA_MOE_GEMM_GROUPED, 1, 0, 0, "grouped (2 cuBLAS calls)"},
+        {TKD_CUDA_MOE_GEMM_LOOP, 1, 0, 0, "loop (3·E calls), exact rows"},
+        {TKD_CUDA_MOE_GEMM_LOOP, 128, 0, 0, "loop, rows to 128"},
+        {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT, 0, "auto (the default)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_MMA_SYNC, 0, "ours, mma.sync (moe_gemm_cuda, + act kernel)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP, 0, "ours, Hopper cooperative (moe_gemm_sm90)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, 0, "ours, Hopper ping-pong (moe_gemm_sm90)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_MIXED, 0, "ours, Hopper, gate/up coop, down ping-pong"},
+        {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT, 1, "MXFP4, auto (the default)"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP, 1, "MXFP4 in our Hopper GEMM, cooperative"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, 1, "MXFP4 in our Hopper GEMM, ping-pong"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_MIXED, 1, "MXFP4 in our Hopper GEMM, coop + ping-pong"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_DEFAULT, 2, "MXFP4 a layer at a time, then ours"}};
     for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++) {
-        const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 0);
+        if (kModes[m].mx && !mxfp4)
+            continue;
+        const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 0, kModes[m].mx);
         if (same < 0) {
             printf("| %s | refused (this cuBLAS, or not a Hopper device) | | | |\n", kModes[m].name);
             continue;
         }
-        const double fresh = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 1);
+        const double fresh = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 1, kModes[m].mx);
         printf("| %s | %.3f | %.3f | %.2f | %.0f |\n", kModes[m].name, same, fresh, fresh / fl, flop / (fresh * 1e9));
     }
     printf("\nour Hopper GEMMs alone (balanced routing: N·k / E rows an expert; no routing, sort, gather, sync, "
            "combine; TFLOP/s of gate/up and down each over their own FLOPs, 2/3 and 1/3 of the pair's):\n\n"
            "| schedule | pair ms | / floor | TFLOP/s | gate/up ms | TFLOP/s | down ms | TFLOP/s |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (int sc = 0; sc < 2; sc++) {
-        const int sched = sc ? TKD_LMHEAD_SM90_SCHED_PINGPONG : TKD_LMHEAD_SM90_SCHED_COOP;
-        const double g = time_sm90_gemms(&s, sched, 0);
+    for (int sc = 0; sc < (mxfp4 ? 4 : 2); sc++) {
+        const int sched = sc % 2 ? TKD_LMHEAD_SM90_SCHED_PINGPONG : TKD_LMHEAD_SM90_SCHED_COOP, mx = sc >= 2;
+        const char *name = sc == 0 ? "cooperative" : sc == 1 ? "ping-pong" : sc == 2 ? "MXFP4, cooperative"
+                                                                                     : "MXFP4, ping-pong";
+        const double g = time_sm90_gemms(&s, sched, 0, mx);
         if (g < 0) {
-            printf("| %s | not a Hopper device | | | | | | |\n", sc ? "ping-pong" : "cooperative");
+            printf("| %s | not a Hopper device | | | | | | |\n", name);
             continue;
         }
-        const double gu = time_sm90_gemms(&s, sched, 1), dn = time_sm90_gemms(&s, sched, 2);
-        printf("| %s | %.3f | %.2f | %.0f | %.3f | %.0f | %.3f | %.0f |\n", sc ? "ping-pong" : "cooperative", g,
-               g / fl, flop / (g * 1e9), gu, flop * 2 / 3 / (gu * 1e9), dn, flop / 3 / (dn * 1e9));
+        const double gu = time_sm90_gemms(&s, sched, 1, mx), dn = time_sm90_gemms(&s, sched, 2, mx);
+        printf("| %s | %.3f | %.2f | %.0f | %.3f | %.0f | %.3f | %.0f |\n", name, g, g / fl, flop / (g * 1e9), gu,
+               flop * 2 / 3 / (gu * 1e9), dn, flop / 3 / (dn * 1e9));
     }
     cublasDestroy(blas);
     return 0;

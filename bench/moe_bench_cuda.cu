@@ -1,5 +1,5 @@
-/* moe_bench_cuda.cu — moe_bench's device side: random bf16 tensors drawn on the device (a counter
- * hash, Box–Muller), the plain cuBLAS GEMMs of the floor, and a probe of which type combinations
+/* moe_bench_cuda.cu — moe_bench's device side: random bf16 tensors and bytes (MXFP4 codes and
+ * scales) drawn on the device (a counter hash, Box–Muller), the plain cuBLAS GEMMs of the floor, and a probe of which type combinations
  * this cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx) takes. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -25,7 +25,20 @@ __global__ void randn_kernel(__nv_bfloat16 *p, size_t n, float std, uint64_t see
     }
 }
 
+__global__ void bytes_kernel(uint8_t *p, size_t n, unsigned lo, unsigned span, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint8_t)(lo + mix(seed + 0x9e3779b97f4a7c15ull * (i + 1)) % span);
+}
+
 } // namespace
+
+/* n bytes lo + (a uniform draw mod span) at p (device); 0 on success. */
+extern "C" int moe_bench_bytes(uint8_t *p, size_t n, unsigned lo, unsigned span, uint64_t seed)
+{
+    bytes_kernel<<<1024, 256>>>(p, n, lo, span, seed);
+    return cudaDeviceSynchronize() != cudaSuccess;
+}
 
 /* n bf16 values N(0, std²) at p (device); 0 on success. */
 extern "C" int moe_bench_randn(uint16_t *p, size_t n, float std, uint64_t seed)

@@ -239,35 +239,47 @@ static void test_matches_reference(void **state)
                 run_case(&kCases[i], kModes[m][0], kModes[m][1], kModes[m][2]); /* else refused: test_errors */
 }
 
-/* MXFP4 experts (params.mxfp4): the op decodes the layer's experts to bf16 on the device and runs
- * the same GEMMs, so its output has the bits of the op on the bf16 stacks decoded on the host
- * (common/mxfp4_codec.h: exact); random codes, scales 2^-6 .. 2^-3, gpt-oss's router and clamp. */
-static void test_mxfp4_experts(void **state)
+/* A random MXFP4 stack of rows x groups blocks on the device (*blk codes, *sc scales) and its exact
+ * bf16 decoding (common/mxfp4_codec.h) on the device (*deq): every code; scales 2^-6 .. 2^-3, but
+ * every 7th block one of the scales the Hopper decoder takes another way (0, 1: values below
+ * 2^-126; 129, 130: ≥ 4) or that bound its fast way (2, 128). */
+static void mx_stack(int64_t rows, int64_t groups, uint64_t seed, uint8_t **blk, uint8_t **sc, uint16_t **deq)
 {
-    (void)state;
-    enum { N = 257, D = 64, I = 96, E = 8, K = 2 };
-    const int64_t rows[3] = {E * I, E * I, E * D}, groups[3] = {D / 32, D / 32, I / 32};
-    uint64_t r = 4242;
+    static const uint8_t kEdge[] = {0, 1, 2, 128, 129, 130};
+    const size_t nb = (size_t)(rows * groups);
+    uint8_t *hb = tkd_test_xmalloc(nb * 16), *hs = tkd_test_xmalloc(nb);
+    uint16_t *hd = tkd_test_xmalloc(nb * 32 * 2);
+    uint64_t r = seed;
+    for (size_t i = 0; i < nb * 16; i++)
+        hb[i] = (uint8_t)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+    for (size_t i = 0; i < nb; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        hs[i] = i % 7 == 3 ? kEdge[(r >> 33) % sizeof kEdge] : (uint8_t)(121 + (r >> 62));
+    }
+    assert_int_equal(tkd_mxfp4_decode_bf16(hb, hs, rows, groups, hd, "test"), TKD_OK);
+    *blk = tkd_test_dev_alloc(nb * 16), *sc = tkd_test_dev_alloc(nb), *deq = tkd_test_dev_alloc(nb * 64);
+    tkd_test_to_dev(*blk, hb, nb * 16), tkd_test_to_dev(*sc, hs, nb), tkd_test_to_dev(*deq, hd, nb * 64);
+    free(hb), free(hs), free(hd);
+}
+
+/* MXFP4 experts (params.mxfp4) against the op on the bf16 stacks decoded on the host (exact), bit
+ * for bit, gpt-oss's router and clamp: D 128, I 192 decoded inside the Hopper GEMM (where the
+ * device has it) and a layer at a time (tkd_cuda_moe_ws_set_mxfp4_layer); D 64, I 96 (I not a
+ * multiple of 64) always a layer at a time. */
+static void run_mxfp4_case(int D, int I, int layer)
+{
+    enum { N = 257, E = 8, K = 2 };
+    const int64_t rows[3] = {(int64_t)E * I, (int64_t)E * I, (int64_t)E * D};
+    const int64_t groups[3] = {D / 32, D / 32, I / 32};
     tkd_cuda_moe_weights wb = {0}, wq = {0};
-    void *owned[16];
-    int n_owned = 0;
+    void *owned[9];
     for (int j = 0; j < 3; j++) {
-        const size_t nb = (size_t)(rows[j] * groups[j]);
-        uint8_t *blk = tkd_test_xmalloc(nb * 16), *sc = tkd_test_xmalloc(nb);
-        uint16_t *deq = tkd_test_xmalloc(nb * 32 * 2);
-        for (size_t i = 0; i < nb * 16; i++)
-            blk[i] = (uint8_t)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 56);
-        for (size_t i = 0; i < nb; i++)
-            sc[i] = (uint8_t)(121 + ((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 62));
-        assert_int_equal(tkd_mxfp4_decode_bf16(blk, sc, rows[j], groups[j], deq, "test"), TKD_OK);
-        uint8_t *dblk = tkd_test_dev_alloc(nb * 16), *dsc = tkd_test_dev_alloc(nb);
-        uint16_t *ddeq = tkd_test_dev_alloc(nb * 32 * 2);
-        tkd_test_to_dev(dblk, blk, nb * 16), tkd_test_to_dev(dsc, sc, nb), tkd_test_to_dev(ddeq, deq, nb * 64);
-        wq.q.blocks[j] = dblk, wq.q.scales[j] = dsc;
-        const uint16_t **to = j == 0 ? &wb.w_gate : j == 1 ? &wb.w_up : &wb.w_down;
-        *to = ddeq;
-        owned[n_owned++] = dblk, owned[n_owned++] = dsc, owned[n_owned++] = ddeq;
-        free(blk), free(sc), free(deq);
+        uint8_t *blk, *sc;
+        uint16_t *deq;
+        mx_stack(rows[j], groups[j], 4242 + (uint64_t)j, &blk, &sc, &deq);
+        wq.q.blocks[j] = blk, wq.q.scales[j] = sc;
+        *(j == 0 ? &wb.w_gate : j == 1 ? &wb.w_up : &wb.w_down) = deq;
+        owned[3 * j] = blk, owned[3 * j + 1] = sc, owned[3 * j + 2] = deq;
     }
     tensor x = tensor_make((size_t)N * D, 31, 1.0f), rw = tensor_make((size_t)E * D, 32, 0.25f);
     tensor rb = tensor_make(E, 33, 0.5f), bg = tensor_make((size_t)E * I, 34, 0.2f);
@@ -279,10 +291,16 @@ static void test_mxfp4_experts(void **state)
     tkd_cuda_moe_ws *wsb = NULL, *wsq = NULL;
     assert_int_equal(tkd_cuda_moe_ws_create(&wsb, &pb, N, NULL), TKD_OK);
     assert_int_equal(tkd_cuda_moe_ws_create(&wsq, &pq, N, NULL), TKD_OK);
+    tkd_cuda_moe_ws_set_mxfp4_layer(wsq, layer);
     uint16_t *yb = tkd_test_dev_alloc(2 * (size_t)N * D), *yq = tkd_test_dev_alloc(2 * (size_t)N * D);
     assert_int_equal(tkd_cuda_moe_fwd(wsb, &wb, x.d, N, yb, NULL, NULL), TKD_OK);
-    assert_int_equal(tkd_cuda_moe_fwd(wsq, &wq, x.d, N, yq, NULL, NULL), TKD_OK);
+    if (tkd_cuda_moe_fwd(wsq, &wq, x.d, N, yq, NULL, NULL) != TKD_OK)
+        fail_msg("MXFP4 D %d I %d: %s", D, I, tkd_error_msg());
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    const int in_gemm = tkd_cuda_moe_ws_ours_sm90(wsq) && !layer && D % 64 == 0 && I % 64 == 0;
+    if (tkd_cuda_moe_ws_mxfp4_in_gemm(wsq) != in_gemm)
+        fail_msg("MXFP4 D %d I %d layer %d: decoded %s the GEMM, expected %s", D, I, layer,
+                 in_gemm ? "before" : "inside", in_gemm ? "inside" : "before");
     uint16_t *hb = tkd_test_xmalloc(2 * (size_t)N * D), *hq = tkd_test_xmalloc(2 * (size_t)N * D);
     tkd_test_to_host(hb, yb, 2 * (size_t)N * D, NULL);
     tkd_test_to_host(hq, yq, 2 * (size_t)N * D, NULL);
@@ -291,14 +309,24 @@ static void test_mxfp4_experts(void **state)
     for (int i = 0; i < N * D; i++)
         nonzero += (hb[i] & 0x7fff) != 0;
     assert_true(nonzero > N * D / 2);
+    print_message("MXFP4 experts D %d I %d: decoded %s the GEMM, the bf16 op's bits\n", D, I,
+                  in_gemm ? "inside" : "before");
     free(hb), free(hq);
     cudaFree(yb), cudaFree(yq);
     tkd_cuda_moe_ws_free(wsb), tkd_cuda_moe_ws_free(wsq);
     tensor *all[] = {&x, &rw, &rb, &bg, &bu, &bd};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         tensor_free(all[i]);
-    for (int i = 0; i < n_owned; i++)
+    for (int i = 0; i < 9; i++)
         cudaFree(owned[i]);
+}
+
+static void test_mxfp4_experts(void **state)
+{
+    (void)state;
+    run_mxfp4_case(128, 192, 0);
+    run_mxfp4_case(128, 192, 1);
+    run_mxfp4_case(64, 96, 0);
 }
 
 /* ---- our grouped GEMM alone (moe_gemm_cuda.h) against a host float64 GEMM ----------------------
@@ -603,6 +631,115 @@ static void test_grouped_gemm_sm90(void **state)
     tkd_lmhead_sm90_ws_free(ws[0]), tkd_lmhead_sm90_ws_free(ws[1]);
 }
 
+/* The MXFP4 launches against the bf16 ones over the decoded stacks (mx_stack: every code, scales on
+ * both of the decoder's ways), bit for bit on both schedules: so they inherit test_grouped_gemm_sm90's
+ * float64 checks, and leave the same rows unwritten. n below a tile, not a multiple of it, and
+ * gpt-oss's 2880; k one K step, several (2880 = 45). */
+static void run_sm90_mx_case(const sm90_case *c, tkd_lmhead_sm90_ws *const ws[2])
+{
+    const int n = c->n, k = c->k;
+    const tkd_moe_params p = c->clamp ? tkd_moe_params_gpt_oss(k, n, kGemmE, 2, 7.0f)
+                                      : tkd_moe_params_qwen3(k, n, kGemmE, 2, 1);
+    tkd_moe_mxfp4 q = {{NULL}, {NULL}};
+    uint16_t *deq[2];
+    for (int j = 0; j < 2; j++) {
+        uint8_t *blk, *sc;
+        mx_stack((int64_t)kGemmE * n, k / 32, 77 + (uint64_t)j, &blk, &sc, &deq[j]);
+        q.blocks[c->fused ? j : 2] = blk, q.scales[c->fused ? j : 2] = sc;
+        if (!c->fused)
+            break;
+    }
+    tensor b[2] = {{0}, {0}};
+    if (c->bias)
+        b[0] = tensor_make((size_t)kGemmE * n, 54, 0.5f), b[1] = tensor_make((size_t)kGemmE * n, 55, 0.5f);
+    tensor x = {0};
+    for (int sc = 0; sc < 2; sc++) {
+        int nt = 0, rows = 0;
+        int32_t first[kGemmE];
+        int32_t *tiles = gemm_tiles(tkd_moe_gemm_sm90_tile_rows(ws[sc]), &nt, &rows, first);
+        const int m = rows - kPast;
+        const size_t nc = (size_t)rows * n;
+        if (!x.f)
+            x = tensor_make((size_t)rows * k, 51, 1.0f);
+        uint16_t *d[2], *h[2];
+        for (int z = 0; z < 2; z++) {
+            tkd_test_poison(d[z] = tkd_test_dev_alloc(2 * nc), 2 * nc);
+            h[z] = tkd_test_xmalloc(2 * nc);
+        }
+        if (c->fused) {
+            tkd_test_ok(tkd_moe_gemm_sm90_gate_up(ws[sc], x.d, deq[0], deq[1], b[0].d, b[1].d, &p, tiles, nt, m, n, k,
+                                                  d[0]), "tkd_moe_gemm_sm90_gate_up");
+            tkd_test_ok(tkd_moe_gemm_sm90_gate_up_mxfp4(ws[sc], x.d, &q, b[0].d, b[1].d, &p, tiles, nt, m, n, k,
+                                                        d[1]), "tkd_moe_gemm_sm90_gate_up_mxfp4");
+        } else {
+            tkd_test_ok(tkd_moe_gemm_sm90_down(ws[sc], x.d, deq[0], kGemmE, tiles, nt, m, n, k, d[0]),
+                        "tkd_moe_gemm_sm90_down");
+            tkd_test_ok(tkd_moe_gemm_sm90_down_mxfp4(ws[sc], x.d, &q, kGemmE, tiles, nt, m, n, k, d[1]),
+                        "tkd_moe_gemm_sm90_down_mxfp4");
+        }
+        tkd_test_ok(tkd_lmhead_sm90_sync(ws[sc]), "tkd_lmhead_sm90_sync");
+        for (int z = 0; z < 2; z++)
+            tkd_test_to_host(h[z], d[z], 2 * nc, NULL);
+        size_t diff = 0, written = 0;
+        for (size_t i = 0; i < nc; i++)
+            diff += h[0][i] != h[1][i], written += h[0][i] != 0xffff;
+        if (diff)
+            fail_msg("moe_gemm_sm90 MXFP4 %s %s n %d k %d: %zu of %zu elements differ from the bf16 launch's",
+                     sc ? "ping-pong" : "coop", c->fused ? "gate/up" : "down", n, k, diff, nc);
+        assert_true(written > nc / 2);
+        print_message("moe_gemm_sm90 MXFP4 %s %s n %d k %d: the bf16 launch's bits (%zu elements written)\n",
+                      sc ? "ping-pong" : "coop", c->fused ? (c->clamp ? "gate/up clamped" : "gate/up SwiGLU") : "down",
+                      n, k, written);
+        free(h[0]), free(h[1]);
+        cudaFree(d[0]), cudaFree(d[1]), cudaFree(tiles);
+    }
+    tensor_free(&x);
+    if (c->bias)
+        tensor_free(&b[0]), tensor_free(&b[1]);
+    for (int j = 0; j < 3; j++)
+        cudaFree((void *)q.blocks[j]), cudaFree((void *)q.scales[j]);
+    cudaFree(deq[0]);
+    if (c->fused)
+        cudaFree(deq[1]);
+}
+
+static void test_grouped_gemm_sm90_mxfp4(void **state)
+{
+    (void)state;
+    tkd_lmhead_sm90_ws *ws[2] = {NULL, NULL};
+    const tkd_status st = tkd_lmhead_sm90_ws_create(&ws[0], TKD_LMHEAD_SM90_SCHED_COOP);
+    if (st == TKD_ERR_UNSUPPORTED) {
+        tkd_test_assert_msg_has("compute capability");
+        print_message("moe_gemm_sm90 MXFP4: not compute capability 9.0: refused, as it must be\n");
+        return;
+    }
+    tkd_test_ok(st, "tkd_lmhead_sm90_ws_create");
+    tkd_test_ok(tkd_lmhead_sm90_ws_create(&ws[1], TKD_LMHEAD_SM90_SCHED_PINGPONG), "tkd_lmhead_sm90_ws_create");
+    static const sm90_case kCases[] = {
+        {1, 1, 1, 264, 128}, {1, 0, 0, 40, 64}, {1, 1, 1, 2880, 2880}, {0, 0, 0, 40, 64}, {0, 0, 0, 136, 2880},
+        {0, 0, 0, 2880, 192},
+    };
+    for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
+        run_sm90_mx_case(&kCases[i], ws);
+    /* refusals, naming what, before anything runs */
+    uint16_t *b = tkd_test_dev_alloc(4096);
+    const int32_t *t = (const int32_t *)b;
+    tkd_moe_mxfp4 q = {{(const uint8_t *)b, (const uint8_t *)b, (const uint8_t *)b},
+                       {(const uint8_t *)b, (const uint8_t *)b, (const uint8_t *)b}};
+    assert_int_equal(tkd_moe_gemm_sm90_down_mxfp4(ws[0], b, &q, 2, t, 1, 4, 16, 96, b), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("k 96 must be a multiple of 64");
+    q.scales[2] = (const uint8_t *)b + 2;
+    assert_int_equal(tkd_moe_gemm_sm90_down_mxfp4(ws[0], b, &q, 2, t, 1, 4, 16, 64, b), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("scales 4-byte aligned");
+    q.scales[1] = NULL;
+    const tkd_moe_params p = tkd_moe_params_qwen3(64, 16, 2, 1, 1);
+    assert_int_equal(tkd_moe_gemm_sm90_gate_up_mxfp4(ws[0], b, &q, NULL, NULL, &p, t, 1, 4, 16, 64, b),
+                     TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("no codes or scales");
+    cudaFree(b);
+    tkd_lmhead_sm90_ws_free(ws[0]), tkd_lmhead_sm90_ws_free(ws[1]);
+}
+
 /* Shapes and pointers the kernel cannot take are refused, naming them, before anything runs. */
 static void test_grouped_gemm_refusals(void **state)
 {
@@ -659,6 +796,7 @@ static const struct CMUnitTest kTests[] = {
     cmocka_unit_test(test_grouped_gemm),
     cmocka_unit_test(test_grouped_gemm_refusals),
     cmocka_unit_test(test_grouped_gemm_sm90),
+    cmocka_unit_test(test_grouped_gemm_sm90_mxfp4),
 };
 #endif /* TKD_HAVE_CUDA */
 

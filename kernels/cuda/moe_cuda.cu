@@ -7,8 +7,9 @@
  *  - cuBLAS: one grouped call (cublasGemmGroupedBatchedEx) for every expert's gate and up
  *    projections and one for the down projections, or one GEMM per expert and projection.
  * auto (the default) takes ours where the device has the Hopper kernel, else chooses between the
- * two cuBLAS ways per call (auto_grouped); TKD_MOE_GEMM fixes one. Dequantising the MXFP4 experts
- * inside our GEMM is the next step (docs/PERFORMANCE.md). */
+ * two cuBLAS ways per call (auto_grouped); TKD_MOE_GEMM fixes one. MXFP4 experts: ours on Hopper
+ * decodes them inside its GEMMs; every other way runs over a bf16 copy of the layer's experts,
+ * decoded first (mxfp4_to_bf16_kernel). */
 #include "kernels/cuda/moe_cuda.h"
 
 #include <cublas_v2.h>
@@ -20,6 +21,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/cuda/moe_gemm_cuda.h"
+#include "kernels/cuda/mxfp4_cuda.cuh"
 #include "kernels/gemm_sm90/moe_gemm_sm90.h"
 
 static constexpr int kMoeMaxE = 1024; /* experts a layer may have (the router kernel's shared row) */
@@ -51,7 +53,10 @@ struct tkd_cuda_moe_ws {
     uint16_t *g, *u;     /* (P, I) bf16 each */
     uint16_t *h;         /* (P, I) */
     uint16_t *o;         /* (P, D) bf16 */
-    uint16_t *deq;       /* p.mxfp4: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I) W_down decoded to bf16 */
+    uint16_t *deq;       /* p.mxfp4 decoded a layer at a time: (E, I, D) W_gate, (E, I, D) W_up, (E, D, I)
+                          * W_down in bf16, allocated on the first call that needs it */
+    int mx_layer;        /* tkd_cuda_moe_ws_set_mxfp4_layer */
+    int mx_in_gemm;      /* the last call decoded the MXFP4 experts inside our Hopper GEMM */
     int grouped;         /* TKD_CUDA_MOE_GEMM_*: -1 (default) auto_grouped(), 0 loop, 1 grouped, 2 ours */
     int ran;             /* the mode the last call ran (0, 1 or 2) */
     int no_grouped;      /* this cuBLAS refused the grouped call once: never again */
@@ -292,18 +297,35 @@ __global__ void combine_kernel(const uint16_t *o, const int32_t *sel, const floa
     }
 }
 
-/* MXFP4 blocks (n_bytes bytes: two E2M1 codes each, the low nibble first) with one E8M0 scale per 16
- * bytes into bf16: value · 2^(s − 127), exact in bf16 (common/mxfp4_codec.h), computed as fp32 and
- * truncated (exact values: truncation is the identity). One thread per byte. */
-__global__ void mxfp4_to_bf16_kernel(const uint8_t *blocks, const uint8_t *scales, int64_t n_bytes, uint16_t *out)
+/* MXFP4 blocks (n_blocks of 16 bytes: 32 E2M1 codes each) with one E8M0 scale each into bf16:
+ * value · 2^(s − 127), exact (mxfp4_cuda.cuh); one thread a block, 16 bytes in and 64 out when
+ * blocks and out are 16-byte aligned (vec), else byte by byte. */
+template <bool kVec>
+__global__ void mxfp4_to_bf16_kernel(const uint8_t *blocks, const uint8_t *scales, int64_t n_blocks, uint16_t *out)
 {
-    const float lut[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_bytes; i += (int64_t)gridDim.x * blockDim.x) {
-        const unsigned s = scales[i / 16], b = blocks[i];
-        const float f = __uint_as_float(s ? s << 23 : 0x00400000u); /* 2^(s − 127), s = 0 subnormal */
-        out[2 * i] = (uint16_t)(__float_as_uint(lut[b & 15u] * f) >> 16);
-        out[2 * i + 1] = (uint16_t)(__float_as_uint(lut[b >> 4] * f) >> 16);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_blocks; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t w[4];
+        if (kVec) {
+            const uint4 q = reinterpret_cast<const uint4 *>(blocks)[i];
+            w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
+        } else {
+            for (int j = 0; j < 4; j++)
+                w[j] = (uint32_t)blocks[16 * i + 4 * j] | (uint32_t)blocks[16 * i + 4 * j + 1] << 8 |
+                       (uint32_t)blocks[16 * i + 4 * j + 2] << 16 | (uint32_t)blocks[16 * i + 4 * j + 3] << 24;
+        }
+        const unsigned s = scales[i];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t r[4];
+            tkd_mx::e2m1x8_bits(w[j], r);
+            tkd_mx::scale_f32(r, s);
+            if (kVec) {
+                reinterpret_cast<uint4 *>(out)[4 * i + j] = make_uint4(r[0], r[1], r[2], r[3]);
+            } else {
+                for (int e = 0; e < 4; e++)
+                    out[32 * i + 8 * j + 2 * e] = (uint16_t)r[e], out[32 * i + 8 * j + 2 * e + 1] = (uint16_t)(r[e] >> 16);
+            }
+        }
     }
 }
 
@@ -349,6 +371,10 @@ constexpr int kMinTileRows = 64;
  * moe_bench: 1.44 against 1.63 ms cooperative at Qwen3-30B-A3B's layer, 3.04 against 3.28 at
  * gpt-oss-20b's, 3.58 against 4.28 at gpt-oss-120b's; docs/PERFORMANCE.md). */
 constexpr int kDefaultGateUp = TKD_LMHEAD_SM90_SCHED_PINGPONG, kDefaultDown = TKD_LMHEAD_SM90_SCHED_PINGPONG;
+/* With MXFP4 experts both cooperative: the producer's warps decode B once per tile, so 128-row
+ * tiles decode half as much as ping-pong's 64 (H200, moe_bench --mxfp4 at gpt-oss-120b's layer:
+ * 7.1 against 11.3 ms for the GEMMs; docs/PERFORMANCE.md). */
+constexpr int kDefaultMx = TKD_LMHEAD_SM90_SCHED_COOP;
 size_t max_tiles(const tkd_cuda_moe_ws *ws)
 {
     const size_t P = (size_t)ws->max_tokens * ws->p.k;
@@ -371,7 +397,7 @@ tkd_status sm90_ws(const tkd_cuda_moe_ws *ws, int sched, tkd_lmhead_sm90_ws **ou
 }
 
 /* ws->sm90 and ws->sm90_dn for ours_kernel: the schedules it names (DEFAULT: kDefaultGateUp and
- * kDefaultDown), or none (mma.sync asked for, or a device without the Hopper kernel). */
+ * kDefaultDown, with MXFP4 experts kDefaultMx), or none (mma.sync asked for, or a device without the Hopper kernel). */
 tkd_status sm90_setup(tkd_cuda_moe_ws *ws)
 {
     tkd_lmhead_sm90_ws_free(ws->sm90);
@@ -381,8 +407,11 @@ tkd_status sm90_setup(tkd_cuda_moe_ws *ws)
     if (k == TKD_CUDA_MOE_OURS_MMA_SYNC)
         return TKD_OK;
     const int pp = TKD_LMHEAD_SM90_SCHED_PINGPONG, coop = TKD_LMHEAD_SM90_SCHED_COOP;
-    const int gu = k == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? pp : k == TKD_CUDA_MOE_OURS_DEFAULT ? kDefaultGateUp : coop;
-    const int dn = k == TKD_CUDA_MOE_OURS_SM90_COOP ? coop : k == TKD_CUDA_MOE_OURS_DEFAULT ? kDefaultDown : pp;
+    const bool mx = ws->p.mxfp4;
+    const int gu = k == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? pp
+                   : k == TKD_CUDA_MOE_OURS_DEFAULT     ? (mx ? kDefaultMx : kDefaultGateUp)
+                                                        : coop;
+    const int dn = k == TKD_CUDA_MOE_OURS_SM90_COOP ? coop : k == TKD_CUDA_MOE_OURS_DEFAULT ? (mx ? kDefaultMx : kDefaultDown) : pp;
     TKD_TRY(sm90_ws(ws, gu, &ws->sm90));
     if (ws->sm90)
         TKD_TRY(sm90_ws(ws, dn, &ws->sm90_dn));
@@ -420,9 +449,6 @@ tkd_status ws_alloc(tkd_cuda_moe_ws *ws)
     TKD_TRY(tkd_cuda_malloc((void **)&ws->u, Ps * p.inter * 2, "moe: up", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->h, Ps * p.inter * 2, "moe: activations", h));
     TKD_TRY(tkd_cuda_malloc((void **)&ws->o, Ps * p.D * 2, "moe: expert outputs", h));
-    if (p.mxfp4)
-        TKD_TRY(tkd_cuda_malloc((void **)&ws->deq, (size_t)3 * p.E * p.inter * p.D * 2, "moe: one layer's MXFP4 "
-                                "experts decoded to bf16", "the experts of one layer must fit in bf16 beside the model"));
     TKD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, ws->sort_bytes, (const int32_t *)nullptr,
                                                    (int32_t *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
                                                    (int64_t)P, 0, bits_for(p.E), ws->stream));
@@ -551,7 +577,7 @@ bool auto_grouped(const tkd_cuda_moe_ws *ws, int64_t P)
 /* Our grouped GEMM: the tile list from this call's counts (the previous call's copy from h_tiles
  * finished before this call's counts sync), then on Hopper gate and up with the activation in one
  * launch and down in another; elsewhere gate and up in one launch, the activation, and down. */
-tkd_status run_experts_ours(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
+tkd_status run_experts_ours(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P, bool mx)
 {
     const tkd_moe_params &p = ws->p;
     const int tile_m = ws->sm90 ? tkd_moe_gemm_sm90_tile_rows(ws->sm90) : TKD_MOE_GEMM_TILE_M;
@@ -564,6 +590,12 @@ tkd_status run_experts_ours(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, 
                                    cudaMemcpyHostToDevice, ws->stream));
     if (ws->sm90) {
         const int32_t *d_dn = nt_dn ? ws->d_tiles + (size_t)TKD_MOE_TILE_INTS * nt : ws->d_tiles;
+        if (mx) {
+            TKD_TRY(tkd_moe_gemm_sm90_gate_up_mxfp4(ws->sm90, ws->xs, &w->q, w->b_gate, w->b_up, &p, ws->d_tiles, nt,
+                                                    (int)P, p.inter, p.D, ws->h));
+            return tkd_moe_gemm_sm90_down_mxfp4(ws->sm90_dn, ws->h, &w->q, p.E, d_dn, nt_dn ? nt_dn : nt, (int)P,
+                                                p.D, p.inter, ws->o);
+        }
         TKD_TRY(tkd_moe_gemm_sm90_gate_up(ws->sm90, ws->xs, w->w_gate, w->w_up, w->b_gate, w->b_up, &p, ws->d_tiles,
                                           nt, (int)P, p.inter, p.D, ws->h));
         return tkd_moe_gemm_sm90_down(ws->sm90_dn, ws->h, w->w_down, p.E, d_dn, nt_dn ? nt_dn : nt, (int)P, p.D,
@@ -582,11 +614,52 @@ bool use_ours(const tkd_cuda_moe_ws *ws)
            (ws->grouped < 0 && ws->sm90 && ws->p.D % 8 == 0 && ws->p.inter % 8 == 0);
 }
 
+/* Whether this call decodes its MXFP4 experts inside our Hopper GEMM: the layout that GEMM takes
+ * (moe_gemm_sm90.h: K steps of whole blocks, aligned codes and scales). */
+bool mx_in_gemm(const tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w)
+{
+    const tkd_moe_params &p = ws->p;
+    if (!p.mxfp4 || ws->mx_layer || !ws->sm90 || !use_ours(ws) || p.D % 64 || p.inter % 64)
+        return false;
+    for (int j = 0; j < 3; j++)
+        if (!aligned16(w->q.blocks[j]) || ((uintptr_t)w->q.scales[j] & 3u))
+            return false;
+    return true;
+}
+
+/* The MXFP4 experts of w as a bf16 copy in ws->deq (allocated on first use), pointed to by *wd. */
+tkd_status decode_layer(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, tkd_cuda_moe_weights *wd)
+{
+    const tkd_moe_params &p = ws->p;
+    const size_t n[3] = {(size_t)p.E * p.inter * p.D, (size_t)p.E * p.inter * p.D, (size_t)p.E * p.D * p.inter};
+    if (!ws->deq)
+        TKD_TRY(tkd_cuda_malloc((void **)&ws->deq, (n[0] + n[1] + n[2]) * 2, "moe: one layer's MXFP4 experts decoded "
+                                "to bf16", "the experts of one layer must fit in bf16 beside the model"));
+    uint16_t *dst = ws->deq;
+    const uint16_t **to[3] = {&wd->w_gate, &wd->w_up, &wd->w_down};
+    for (int j = 0; j < 3; j++) {
+        const int64_t nb = (int64_t)n[j] / 32;
+        if (aligned16(w->q.blocks[j]) && aligned16(dst))
+            mxfp4_to_bf16_kernel<true><<<grid_for(nb, 256), 256, 0, ws->stream>>>(w->q.blocks[j], w->q.scales[j], nb, dst);
+        else
+            mxfp4_to_bf16_kernel<false><<<grid_for(nb, 256), 256, 0, ws->stream>>>(w->q.blocks[j], w->q.scales[j], nb, dst);
+        TKD_CUDA_CHECK(cudaGetLastError());
+        *to[j] = dst;
+        dst += n[j];
+    }
+    return TKD_OK;
+}
+
 tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
+    ws->mx_in_gemm = mx_in_gemm(ws, w);
+    tkd_cuda_moe_weights wd = *w;
+    if (ws->p.mxfp4 && !ws->mx_in_gemm) /* the layer's experts in bf16, then the same GEMMs as bf16 experts */
+        TKD_TRY(decode_layer(ws, w, &wd));
+    w = &wd;
     if (use_ours(ws)) {
         ws->ran = TKD_CUDA_MOE_GEMM_OURS;
-        return run_experts_ours(ws, w, P);
+        return run_experts_ours(ws, w, P, ws->mx_in_gemm);
     }
     const bool grouped = ws->grouped > 0 || (ws->grouped < 0 && !ws->no_grouped && auto_grouped(ws, P));
     ws->ran = grouped ? TKD_CUDA_MOE_GEMM_GROUPED : TKD_CUDA_MOE_GEMM_LOOP;
@@ -668,6 +741,10 @@ extern "C" tkd_status tkd_cuda_moe_ws_set_ours_kernel(tkd_cuda_moe_ws *ws, int k
     return sm90_setup(ws);
 }
 
+extern "C" void tkd_cuda_moe_ws_set_mxfp4_layer(tkd_cuda_moe_ws *ws, int on) { ws->mx_layer = on != 0; }
+
+extern "C" int tkd_cuda_moe_ws_mxfp4_in_gemm(const tkd_cuda_moe_ws *ws) { return ws->mx_in_gemm; }
+
 extern "C" int tkd_cuda_moe_ws_ours_sm90(const tkd_cuda_moe_ws *ws) { return ws->sm90 != NULL; }
 
 extern "C" int tkd_cuda_moe_ws_grouped(const tkd_cuda_moe_ws *ws) { return ws->ran == TKD_CUDA_MOE_GEMM_GROUPED; }
@@ -722,20 +799,7 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
     if (ws->h_err[0] || ws->h_err[1])
         return tkd_error_set(TKD_ERR_INTERNAL, "moe (cuda): a pipeline wait of the previous call's Hopper GEMM "
                              "timed out; its output is garbage");
-    tkd_cuda_moe_weights wd = *w;
-    if (p.mxfp4) { /* the layer's experts in bf16, then the same GEMMs as bf16 experts */
-        const size_t n[3] = {(size_t)p.E * p.inter * p.D, (size_t)p.E * p.inter * p.D, (size_t)p.E * p.D * p.inter};
-        uint16_t *dst = ws->deq;
-        const uint16_t **to[3] = {&wd.w_gate, &wd.w_up, &wd.w_down};
-        for (int j = 0; j < 3; j++) {
-            mxfp4_to_bf16_kernel<<<grid_for((int64_t)n[j] / 2, 256), 256, 0, s>>>(w->q.blocks[j], w->q.scales[j],
-                                                                                (int64_t)n[j] / 2, dst);
-            TKD_CUDA_CHECK(cudaGetLastError());
-            *to[j] = dst;
-            dst += n[j];
-        }
-    }
-    TKD_TRY(run_experts(ws, &wd, P));
+    TKD_TRY(run_experts(ws, w, P));
     if (vec)
         combine_kernel<8><<<(unsigned)N, 256, 0, s>>>(ws->o, ws->sel, ws->wts, ws->row_of, w->b_down, p.k, p.D, y);
     else

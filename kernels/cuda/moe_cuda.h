@@ -21,9 +21,12 @@
  * Workspace (max_tokens · k rows): the gathered rows (D bf16), G, U and h (I bf16 each), O (D bf16):
  * about max_tokens · k · (4 D + 6 I) bytes; a caller with more tokens calls in chunks. Our
  * grouped GEMM's tile list adds 12 bytes per 128 rows and per expert, on the host and the device.
- * With params.mxfp4 also one layer's experts decoded to bf16, 6·E·I·D bytes (6.4 GB at
- * gpt-oss-120b's shape), so a model keeps its experts in MXFP4 and only one layer in bf16
- * (tests/test_gpu_moe.c: test_mxfp4_experts holds it bit for bit to the bf16 op).
+ * With params.mxfp4 the experts stay MXFP4: where the Hopper kernel runs them (AUTO or OURS on
+ * compute capability 9.0, D and I multiples of 64) it decodes them inside the GEMM, tile by tile;
+ * elsewhere (or with tkd_cuda_moe_ws_set_mxfp4_layer) the op first decodes the layer's experts to a
+ * bf16 copy, 6·E·I·D bytes (6.4 GB at gpt-oss-120b's shape) allocated on the first such call.
+ * Either way the values are exact (an MXFP4 value is exact in bf16), so y is bit for bit the bf16
+ * op's over the decoded experts (tests/test_gpu_moe.c: test_mxfp4_experts).
  *
  * Header usable from C; defined only in CUDA builds.
  */
@@ -50,8 +53,7 @@ typedef struct tkd_cuda_moe_weights {
     const uint16_t *b_up;     /* (E, I) or NULL */
     const uint16_t *b_down;   /* (E, D) or NULL */
     tkd_moe_mxfp4 q;          /* params.mxfp4: the experts as MXFP4 (w_gate/w_up/w_down unused), decoded
-                               * into a bf16 copy of the layer's experts before its GEMMs (exact: an
-                               * MXFP4 value is exact in bf16) */
+                               * exactly inside the GEMM or a layer at a time (above) */
 } tkd_cuda_moe_weights;
 
 /* A workspace for layers of shape p, up to max_tokens rows a call, running on stream (a
@@ -107,6 +109,12 @@ int tkd_cuda_moe_ws_ours_sm90(const tkd_cuda_moe_ws *ws);
  * cuBLAS picks for the larger shapes. TKD_ERR_INVALID_ARG outside 1..256. */
 tkd_status tkd_cuda_moe_ws_set_pad(tkd_cuda_moe_ws *ws, int rows);
 
+
+/* params.mxfp4: on (1), always decode the layer's experts to bf16 before the GEMMs, as on devices
+ * without the Hopper kernel (benchmarks and tests compare the two); off (0, the default), inside
+ * the GEMM where it can. tkd_cuda_moe_ws_mxfp4_in_gemm: 1 when the last call decoded inside it. */
+void tkd_cuda_moe_ws_set_mxfp4_layer(tkd_cuda_moe_ws *ws, int on);
+int tkd_cuda_moe_ws_mxfp4_in_gemm(const tkd_cuda_moe_ws *ws);
 
 /* y (N, D) bf16 = MoE(x (N, D) bf16), 0 ≤ N ≤ max_tokens; experts, weights (N, k) on the device
  * receive the routing when not NULL (largest weight first). y may not alias x. Returns after the

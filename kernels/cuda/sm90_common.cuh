@@ -116,6 +116,37 @@ __device__ inline void bulk_load(uint32_t dst, const void *src, uint32_t bytes, 
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+/* 4 bytes from global src (4-byte aligned) to shared dst (4-byte aligned), an asynchronous copy of
+ * this thread; src_bytes 0 writes zeros instead (src is then not read). cp_async_arrive_noinc has
+ * `bar` receive one arrival (counted in its init) once this thread's earlier copies are done. */
+__device__ inline void cp_async_4(uint32_t dst, const void *src, uint32_t src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ inline void cp_async_arrive_noinc(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+/* Plain shared-memory accesses at a shared address (16-byte ones 16-byte aligned). */
+__device__ inline uint4 lds_v4(uint32_t a)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ inline unsigned lds_u8(uint32_t a)
+{
+    unsigned v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ inline void sts_v4(uint32_t a, uint4 v)
+{
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 /* bytes (a multiple of 16; both 16-byte aligned) from shared src to global dst: a plain bulk copy
  * (bulk_store) or an element-wise fp32 add into dst (bulk_reduce_add_f32), in this thread's bulk
  * group; bulk_commit closes the group, bulk_wait_read waits until its shared reads are done (src may
@@ -355,6 +386,27 @@ inline tkd_status make_tmap(CUtensorMap *tm, const uint16_t *ptr, int rank, cons
         return tkd_error_set(TKD_ERR_DEVICE, "%s: cuTensorMapEncodeTiled (%llu x %llu, box %d rows) failed: "
                              "CUresult %d", who, (unsigned long long)dims[1], (unsigned long long)dims[0],
                              box_rows, (int)r);
+    return TKD_OK;
+}
+
+/* A row-major (rows, cols) byte matrix with leading dimension ld (a multiple of 16) as a tensor map:
+ * unswizzled boxes of box_cols bytes (a multiple of 16) x box_rows rows, zero fill out of range. */
+inline tkd_status make_tmap_u8(CUtensorMap *tm, const uint8_t *ptr, long long rows, long long cols, long long ld,
+                               int box_cols, int box_rows, const char *who)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+    if (!encode)
+        return tkd_error_set(TKD_ERR_DEVICE, "%s: the driver has no cuTensorMapEncodeTiled", who);
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows};
+    const cuuint32_t elem[2] = {1, 1};
+    CUresult r = encode(tm, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)ptr, dims, strides, box, elem,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return tkd_error_set(TKD_ERR_DEVICE, "%s: cuTensorMapEncodeTiled (%lld x %lld bytes, box %d x %d) failed: "
+                             "CUresult %d", who, rows, cols, box_rows, box_cols, (int)r);
     return TKD_OK;
 }
 

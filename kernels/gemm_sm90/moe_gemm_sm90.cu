@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mxfp4_cuda.cuh"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/gemm_sm90/gemm_sm90_pipe.cuh"
 #include "kernels/moe.h"
@@ -50,13 +51,58 @@ struct MParams {
     uint16_t *out;       /* (m, n) bf16 */
 };
 
-/* What only the fused GEMM reads: W_up's map (down: W's again), the biases, the activation. */
+/* What only some launches read: the second B map (W_up's; down: W's again), the biases and the
+ * activation (fused), and the MXFP4 weights' scales. */
 struct MExtra {
     CUtensorMap tm_b2;
     const uint16_t *b_gate, *b_up; /* (E, n) or NULL */
     int act;                       /* tkd_moe_act */
     float limit, alpha;
+    const uint8_t *sc0, *sc1; /* MXFP4: (E · n, k / 32) E8M0 scales of the two B halves' stacks */
+    long long stack_rows;     /* MXFP4: E · n (rows past it are zero-filled) */
+    int groups;               /* MXFP4: k / 32 */
 };
+
+/* MXFP4 weights (kMx): per K step (64) a weight row is 32 bytes of E2M1 codes (two MXFP4 blocks)
+ * and two scales. The stage after B holds the 256 rows' codes (two TMA boxes of 128 rows x 32
+ * bytes, unswizzled) and each row's 4-byte aligned word holding its two scales (cp.async; G = k / 32
+ * even, so the pair never straddles a word). */
+constexpr uint32_t kPackedBytes = kBN * 32, kScaleBytes = kBN * 4;
+
+/* Shared address a as a pointer into the kernel's dynamic shared memory, so the compiler sees
+ * shared loads and stores it may schedule (the driver's stage addresses are 32-bit ones). */
+__device__ __forceinline__ unsigned char *smem_ptr(uint32_t a)
+{
+    extern __shared__ unsigned char smem_raw[];
+    return smem_raw + (a - smem_u32(smem_raw));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* 8 codes (a word) times 2^(s − 127) as 8 bf16, in order: the values of moe_cuda's decoder and
+ * common/mxfp4_codec.h, bit for bit. For 2 ≤ s ≤ 128 one bf16 multiply a pair by 2^(s − 1) (a
+ * normal bf16) is exact: its products are normal (≥ 2^−126) multiples of the codes' values. Other
+ * scales (none in a trained checkpoint: values ≥ 4 or below 2^−126) take that decoder's fp32
+ * product (tkd_mx::scale_f32). */
+__device__ __forceinline__ uint4 e2m1x8_scaled(uint32_t w, unsigned s)
+{
+    uint32_t r[4];
+    tkd_mx::e2m1x8_bits(w, r);
+    if (s >= 2 && s <= 128) {
+        const uint32_t mm = ((s + 126u) << 7) * 0x10001u; /* 2^(s − 1) in both halves */
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            r[j] = bf16x2_mul(r[j], mm);
+    } else {
+        tkd_mx::scale_f32(r, s);
+    }
+    return make_uint4(r[0], r[1], r[2], r[3]);
+}
 
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
@@ -102,10 +148,14 @@ __device__ __forceinline__ float act_of(const MExtra &x, float g, float u)
     return (u + 1.0f) * (g / (1.0f + expf(-x.alpha * g)));
 }
 
-template <bool kFused>
+template <bool kFused, bool kMx>
 struct Moe {
     using Params = MParams;
     using Extra = MExtra;
+    /* the pipeline's options (gemm_sm90_pipe.cuh's Traits): MXFP4 weights are decoded into B by
+     * the producer's other warps, from codes and scales the producer warp loads into the stage */
+    static constexpr bool kTransform = kMx, kWarpLoad = kMx;
+    static constexpr uint32_t kExtraBytes = kMx ? kPackedBytes + kScaleBytes : 0;
     struct Tile {
         int mi, ni;    /* 0, 0: the epilogue's fragment is relative to the tile */
         uint32_t bytes;
@@ -121,18 +171,81 @@ struct Moe {
         const int32_t *q = p.list + TKD_MOE_TILE_INTS * li;
         tl.mi = tl.ni = 0;
         tl.e = q[0], tl.r = q[1], tl.rows = q[2];
-        tl.bytes = S::kStageBytes; /* every box is whole: zero-filled bytes count */
+        tl.bytes = kMx ? S::kBytesA + kPackedBytes : S::kStageBytes; /* every box is whole: zero-filled bytes count */
         return tl;
+    }
+    /* The stack row of B row i (< 256) of the tile: fused, rows i and i + 128 are row i of W_gate
+     * and of W_up. */
+    __device__ static __forceinline__ long long b_row(const Params &p, const Tile &tl, int i)
+    {
+        return (long long)tl.e * p.n + tl.nj * (kFused ? kHalfB : kBN) + (kFused ? (i & (kHalfB - 1)) : i);
     }
     template <class S>
     __device__ static __forceinline__ void load(const CUtensorMap *tm_a, const CUtensorMap *tm_b, const Params &p,
                                                 const Extra &x, const Tile &tl, uint32_t a, uint32_t b,
                                                 uint32_t full, int kt)
     {
-        tma_load_2d(a, tm_a, kt * kBK, tl.r, full);
         const int w0 = tl.e * p.n + tl.nj * (kFused ? kHalfB : kBN);
-        tma_load_2d(b, tm_b, kt * kBK, w0, full);
-        tma_load_2d(b + kHalfBBytes, &x.tm_b2, kt * kBK, kFused ? w0 : w0 + kHalfB, full);
+        if (!kMx) {
+            tma_load_2d(a, tm_a, kt * kBK, tl.r, full);
+            tma_load_2d(b, tm_b, kt * kBK, w0, full);
+            tma_load_2d(b + kHalfBBytes, &x.tm_b2, kt * kBK, kFused ? w0 : w0 + kHalfB, full);
+            return;
+        }
+        const int lane = threadIdx.x & 31; /* the whole producer warp */
+        const uint32_t pk = b + kBytesB, sc = pk + kPackedBytes;
+        if (lane == 0) {
+            tma_load_2d(a, tm_a, kt * kBK, tl.r, full);
+            tma_load_2d(pk, tm_b, kt * (kBK / 2), w0, full);
+            tma_load_2d(pk + kPackedBytes / 2, &x.tm_b2, kt * (kBK / 2), kFused ? w0 : w0 + kHalfB, full);
+        }
+#pragma unroll
+        for (int i = lane; i < kBN; i += 32) {
+            const long long row = b_row(p, tl, i);
+            const uint8_t *stack = i < kHalfB ? x.sc0 : x.sc1;
+            const bool in = row < x.stack_rows;
+            cp_async_4(sc + 4 * i, in ? stack + ((row * x.groups + 2 * kt) & ~3ll) : stack, in ? 4 : 0);
+        }
+        cp_async_arrive_noinc(full);
+    }
+    /* Transform thread d's blocks of K step kt: block u (< 512) is B row u / 2's codes of K half
+     * u % 2 (16 bytes), decoded into that row's four 16-byte chunks 4·(u % 2) + j, each XOR-ed by
+     * row % 8 as a 128-byte swizzled TMA box lands. A warp's 16-byte loads and stores each cover
+     * 512 contiguous resp. 8-row-distinct chunk positions: no bank conflicts. All of the thread's
+     * (up to kUnits) blocks and scales are loaded before any is decoded: a transform warp is alone
+     * on its scheduler, so only loads in flight together hide their latency. */
+    static constexpr int kUnits = (2 * kBN + kTransformThreads - 1) / kTransformThreads;
+    template <class S>
+    __device__ static __forceinline__ void transform(const Params &p, const Extra &x, const Tile &tl, uint32_t b,
+                                                     int kt, int d)
+    {
+        const uint4 *__restrict__ codes = reinterpret_cast<const uint4 *>(smem_ptr(b + kBytesB));
+        const unsigned char *__restrict__ scales = smem_ptr(b + kBytesB + kPackedBytes);
+        unsigned char *__restrict__ out = smem_ptr(b);
+        const uint32_t w0 = (uint32_t)b_row(p, tl, 0), g = (uint32_t)x.groups;
+        uint4 q[kUnits];
+        unsigned sc[kUnits];
+#pragma unroll
+        for (int t = 0; t < kUnits; t++) {
+            const int u = d + t * kTransformThreads, i = u >> 1;
+            if (u < 2 * kBN) {
+                /* the row's scale pair sits at (row·G + 2kt) mod 4 in its word; mod 4 is enough */
+                const uint32_t at = (w0 + (uint32_t)(kFused ? (i & (kHalfB - 1)) : i)) * g + 2u * kt;
+                q[t] = codes[u];
+                sc[t] = scales[4 * i + (at & 3u) + (u & 1)];
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < kUnits; t++) {
+            const int u = d + t * kTransformThreads, i = u >> 1, h = u & 1, sw = i & 7;
+            if (u < 2 * kBN) {
+                uint4 *row = reinterpret_cast<uint4 *>(out + 128 * i);
+                row[(4 * h + 0) ^ sw] = e2m1x8_scaled(q[t].x, sc[t]);
+                row[(4 * h + 1) ^ sw] = e2m1x8_scaled(q[t].y, sc[t]);
+                row[(4 * h + 2) ^ sw] = e2m1x8_scaled(q[t].z, sc[t]);
+                row[(4 * h + 3) ^ sw] = e2m1x8_scaled(q[t].w, sc[t]);
+            }
+        }
     }
     __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
     {
@@ -194,20 +307,35 @@ tkd_status check_args(const uint16_t *x, const uint16_t *w0, const uint16_t *w1,
     return tkd_lmhead_sm90_supported();
 }
 
-/* One launch of Moe<kFused> on ws's schedule over E experts' stacks w0, w1 (E · n rows each). */
-template <bool kFused>
-tkd_status run(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const uint16_t *w0, const uint16_t *w1, int E,
-               const int32_t *tiles, int n_tiles, int m, int n, int k, uint16_t *out, MExtra &ex)
+/* The B stacks of one launch: bf16 w0, w1 (E · n rows of k each), or MXFP4 codes c0, c1 (E · n rows
+ * of k / 2 bytes) with their scales (Extra's sc0, sc1). */
+struct Stacks {
+    const uint16_t *w0, *w1;
+    const uint8_t *c0, *c1;
+};
+
+/* One launch of Moe<kFused, kMx> on ws's schedule over E experts' stacks. */
+template <bool kFused, bool kMx>
+tkd_status run(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const Stacks &st, int E, const int32_t *tiles, int n_tiles,
+               int m, int n, int k, uint16_t *out, MExtra &ex)
 {
     if (E < 1 || (long long)E * n > INT32_MAX)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "moe_gemm_sm90: %d experts of %d rows", E, n);
     if (n_tiles == 0 || m == 0 || n == 0)
         return TKD_OK;
     const bool pp = ws->sched == TKD_LMHEAD_SM90_SCHED_PINGPONG;
+    const long long rows = (long long)E * n;
     CUtensorMap tm_x, tm_w;
     TKD_TRY(bf16_tmap(&tm_x, x, m, k, k, pp ? PingPong::kTileM : Coop::kTileM, "moe_gemm_sm90: x"));
-    TKD_TRY(bf16_tmap(&tm_w, w0, (long long)E * n, k, k, kHalfB, "moe_gemm_sm90: w"));
-    TKD_TRY(bf16_tmap(&ex.tm_b2, w1, (long long)E * n, k, k, kHalfB, "moe_gemm_sm90: w"));
+    if (kMx) {
+        TKD_TRY(make_tmap_u8(&tm_w, st.c0, rows, k / 2, k / 2, kBK / 2, kHalfB, "moe_gemm_sm90: w (MXFP4)"));
+        TKD_TRY(make_tmap_u8(&ex.tm_b2, st.c1, rows, k / 2, k / 2, kBK / 2, kHalfB, "moe_gemm_sm90: w (MXFP4)"));
+        ex.stack_rows = rows;
+        ex.groups = k / 32;
+    } else {
+        TKD_TRY(bf16_tmap(&tm_w, st.w0, rows, k, k, kHalfB, "moe_gemm_sm90: w"));
+        TKD_TRY(bf16_tmap(&ex.tm_b2, st.w1, rows, k, k, kHalfB, "moe_gemm_sm90: w"));
+    }
     MParams p = {};
     p.ntiles = (n + (kFused ? kHalfB : kBN) - 1) / (kFused ? kHalfB : kBN);
     p.tiles = (long long)n_tiles * p.ntiles;
@@ -217,8 +345,21 @@ tkd_status run(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const uint16_t *w0, co
     p.m = m;
     p.n = n;
     p.out = out;
-    return pp ? gemm_launch<Moe<kFused>, true>(ws, tm_x, tm_w, p, ex)
-              : gemm_launch<Moe<kFused>, false>(ws, tm_x, tm_w, p, ex);
+    return pp ? gemm_launch<Moe<kFused, kMx>, true>(ws, tm_x, tm_w, p, ex)
+              : gemm_launch<Moe<kFused, kMx>, false>(ws, tm_x, tm_w, p, ex);
+}
+
+/* The MXFP4 launches' extra limits: k a multiple of 64 (a K step is two whole blocks, so a row's
+ * scale pair sits in one aligned word), codes 16-byte and scales 4-byte aligned. */
+tkd_status check_mx(const tkd_moe_mxfp4 *q, int j0, int j1, int k, const char *what)
+{
+    if (!q || !q->blocks[j0] || !q->blocks[j1] || !q->scales[j0] || !q->scales[j1])
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe_gemm_sm90: %s (MXFP4): no codes or scales", what);
+    if (k % 64 || !aligned16(q->blocks[j0]) || !aligned16(q->blocks[j1]) || ((uintptr_t)q->scales[j0] & 3u) ||
+        ((uintptr_t)q->scales[j1] & 3u))
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "moe_gemm_sm90: %s (MXFP4): k %d must be a multiple of 64, the codes "
+                             "16-byte and the scales 4-byte aligned", what, k);
+    return TKD_OK;
 }
 
 } // namespace
@@ -228,18 +369,27 @@ extern "C" int tkd_moe_gemm_sm90_tile_rows(const tkd_lmhead_sm90_ws *ws)
     return ws->sched == TKD_LMHEAD_SM90_SCHED_PINGPONG ? PingPong::kTileM : Coop::kTileM;
 }
 
+/* The fused launch's activation and biases. */
+static tkd_status gate_up_extra(const tkd_moe_params *p, const uint16_t *b_gate, const uint16_t *b_up, MExtra *ex)
+{
+    if (!p || (p->act != TKD_MOE_ACT_SWIGLU && p->act != TKD_MOE_ACT_SWIGLU_CLAMP))
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe_gemm_sm90: gate/up: no or unknown activation");
+    *ex = MExtra{};
+    ex->b_gate = b_gate, ex->b_up = b_up;
+    ex->act = p->act, ex->limit = p->limit, ex->alpha = p->alpha;
+    return TKD_OK;
+}
+
 extern "C" tkd_status tkd_moe_gemm_sm90_gate_up(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const uint16_t *w_gate,
                                                 const uint16_t *w_up, const uint16_t *b_gate, const uint16_t *b_up,
                                                 const tkd_moe_params *p, const int32_t *tiles, int n_tiles, int m,
                                                 int n, int k, uint16_t *h)
 {
     TKD_TRY(check_args(x, w_gate, w_up, tiles, n_tiles, m, n, k, h, "gate/up"));
-    if (!p || (p->act != TKD_MOE_ACT_SWIGLU && p->act != TKD_MOE_ACT_SWIGLU_CLAMP))
-        return tkd_error_set(TKD_ERR_INVALID_ARG, "moe_gemm_sm90: gate/up: no or unknown activation");
-    MExtra ex = {};
-    ex.b_gate = b_gate, ex.b_up = b_up;
-    ex.act = p->act, ex.limit = p->limit, ex.alpha = p->alpha;
-    return run<true>(ws, x, w_gate, w_up, p->E, tiles, n_tiles, m, n, k, h, ex);
+    MExtra ex;
+    TKD_TRY(gate_up_extra(p, b_gate, b_up, &ex));
+    const Stacks st = {w_gate, w_up, NULL, NULL};
+    return run<true, false>(ws, x, st, p->E, tiles, n_tiles, m, n, k, h, ex);
 }
 
 extern "C" tkd_status tkd_moe_gemm_sm90_down(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const uint16_t *w, int E,
@@ -247,5 +397,33 @@ extern "C" tkd_status tkd_moe_gemm_sm90_down(tkd_lmhead_sm90_ws *ws, const uint1
 {
     TKD_TRY(check_args(x, w, w, tiles, n_tiles, m, n, k, o, "down"));
     MExtra ex = {};
-    return run<false>(ws, x, w, w, E, tiles, n_tiles, m, n, k, o, ex);
+    const Stacks st = {w, w, NULL, NULL};
+    return run<false, false>(ws, x, st, E, tiles, n_tiles, m, n, k, o, ex);
+}
+
+extern "C" tkd_status tkd_moe_gemm_sm90_gate_up_mxfp4(tkd_lmhead_sm90_ws *ws, const uint16_t *x,
+                                                      const tkd_moe_mxfp4 *q, const uint16_t *b_gate,
+                                                      const uint16_t *b_up, const tkd_moe_params *p,
+                                                      const int32_t *tiles, int n_tiles, int m, int n, int k,
+                                                      uint16_t *h)
+{
+    TKD_TRY(check_mx(q, 0, 1, k, "gate/up"));
+    TKD_TRY(check_args(x, x, x, tiles, n_tiles, m, n, k, h, "gate/up"));
+    MExtra ex;
+    TKD_TRY(gate_up_extra(p, b_gate, b_up, &ex));
+    ex.sc0 = q->scales[0], ex.sc1 = q->scales[1];
+    const Stacks st = {NULL, NULL, q->blocks[0], q->blocks[1]};
+    return run<true, true>(ws, x, st, p->E, tiles, n_tiles, m, n, k, h, ex);
+}
+
+extern "C" tkd_status tkd_moe_gemm_sm90_down_mxfp4(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const tkd_moe_mxfp4 *q,
+                                                   int E, const int32_t *tiles, int n_tiles, int m, int n, int k,
+                                                   uint16_t *o)
+{
+    TKD_TRY(check_mx(q, 2, 2, k, "down"));
+    TKD_TRY(check_args(x, x, x, tiles, n_tiles, m, n, k, o, "down"));
+    MExtra ex = {};
+    ex.sc0 = ex.sc1 = q->scales[2];
+    const Stacks st = {NULL, NULL, q->blocks[2], q->blocks[2]};
+    return run<false, true>(ws, x, st, E, tiles, n_tiles, m, n, k, o, ex);
 }
