@@ -19,7 +19,8 @@
  * Hopper GEMM on each schedule, and a layer at a time before the bf16 GEMM (the way of every
  * other device); and our Hopper MXFP4 GEMMs alone beside the bf16 ones.
  *
- *   moe_bench [--shape D:I:E:k:N] [--reps 10] [--mxfp4]   (default 2048:768:128:8:8192, Qwen3-30B-A3B)
+ *   moe_bench [--shape D:I:E:k:N] [--reps 10] [--mxfp4] [--gemms-only]
+ *             (default 2048:768:128:8:8192, Qwen3-30B-A3B; --gemms-only: the floor and our GEMMs alone)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -191,7 +192,7 @@ static double time_floor(const setup *s, void *blas)
 
 int main(int argc, char **argv)
 {
-    int D = 2048, I = 768, E = 128, k = 8, N = 8192, reps = 10, mxfp4 = 0;
+    int D = 2048, I = 768, E = 128, k = 8, N = 8192, reps = 10, mxfp4 = 0, gemms_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d:%d:%d:%d:%d", &D, &I, &E, &k, &N) != 5)
@@ -200,8 +201,10 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--mxfp4")) {
             mxfp4 = 1;
+        } else if (!strcmp(argv[i], "--gemms-only")) {
+            gemms_only = 1;
         } else {
-            fprintf(stderr, "usage: moe_bench [--shape D:I:E:k:N] [--reps 10] [--mxfp4]\n");
+            fprintf(stderr, "usage: moe_bench [--shape D:I:E:k:N] [--reps 10] [--mxfp4] [--gemms-only]\n");
             return 2;
         }
     }
@@ -262,7 +265,7 @@ int main(int argc, char **argv)
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, 1, "MXFP4 in our Hopper GEMM, ping-pong"},
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_MIXED, 1, "MXFP4 in our Hopper GEMM, coop + ping-pong"},
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_DEFAULT, 2, "MXFP4 a layer at a time, then ours"}};
-    for (size_t m = 0; m < sizeof kModes / sizeof kModes[0]; m++) {
+    for (size_t m = 0; m < sizeof kModes / sizeof kModes[0] && !gemms_only; m++) {
         if (kModes[m].mx && !mxfp4)
             continue;
         const double same = time_op(&s, kModes[m].grouped, kModes[m].pad, kModes[m].ours, 0, kModes[m].mx);

@@ -43,6 +43,7 @@ static void expect_knobs(const tkd_cuda_policy *p, tkd_cuda_policy want)
     assert_int_equal(p->topk_fused, want.topk_fused);
     assert_int_equal(p->lmhead_sched, want.lmhead_sched);
     assert_int_equal(p->moe_gemm, want.moe_gemm);
+    assert_int_equal(p->moe_mxfp4, want.moe_mxfp4);
 }
 
 static void test_defaults(void **state)
@@ -55,7 +56,7 @@ static void test_defaults(void **state)
     expect_knobs(&p, (tkd_cuda_policy){.attn_bwd = TKD_POLICY_ATTN_BWD_WGMMA, .cudnn = 1, .cudnn_bwd_nondet = 0,
                                        .kl_sm90 = 1, .kl_fused = 1, .kl_grad = TKD_POLICY_KL_GRAD_AUTO,
                                        .topk_fused = 0, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_PINGPONG,
-                                       .moe_gemm = TKD_POLICY_MOE_GEMM_AUTO});
+                                       .moe_gemm = TKD_POLICY_MOE_GEMM_AUTO, .moe_mxfp4 = TKD_POLICY_MOE_MXFP4_GEMM});
     /* an empty variable is the default too (a shell's VAR= to clear it) */
     const char *const empty[] = {"TKD_ATTN_BWD", "", "TKD_KL_SM90", "", NULL};
     assert_int_equal(parse(empty, &p), TKD_OK);
@@ -69,18 +70,19 @@ static void test_every_value(void **state)
     tkd_cuda_policy p;
     const char *const env[] = {"TKD_ATTN_BWD", "flash", "TKD_CUDNN", "off", "TKD_CUDNN_BWD_NONDET", "1",
                                "TKD_KL_SM90", "0", "TKD_KL_FUSED", "off", "TKD_KL_GRAD_SM90", "both",
-                               "TKD_TOPK_FUSED", "on", "TKD_LMHEAD_SM90_SCHED", "coop", "TKD_MOE_GEMM", "loop", NULL};
+                               "TKD_TOPK_FUSED", "on", "TKD_LMHEAD_SM90_SCHED", "coop", "TKD_MOE_GEMM", "loop",
+                               "TKD_MOE_MXFP4", "layer", NULL};
     assert_int_equal(parse(env, &p), TKD_OK);
     expect_knobs(&p, (tkd_cuda_policy){.attn_bwd = TKD_POLICY_ATTN_BWD_FLASH, .cudnn = 0, .cudnn_bwd_nondet = 1,
                                        .kl_sm90 = 0, .kl_fused = 0, .kl_grad = TKD_POLICY_KL_GRAD_BOTH,
                                        .topk_fused = 1, .lmhead_sched = TKD_POLICY_LMHEAD_SCHED_COOP,
-                                       .moe_gemm = TKD_POLICY_MOE_GEMM_LOOP});
+                                       .moe_gemm = TKD_POLICY_MOE_GEMM_LOOP, .moe_mxfp4 = TKD_POLICY_MOE_MXFP4_LAYER});
     char buf[512];
     int n = tkd_cuda_policy_format(&p, buf, sizeof buf);
     assert_int_equal(n, (int)strlen(buf));
     assert_string_equal(buf, "TKD_ATTN_BWD=flash TKD_CUDNN=off TKD_CUDNN_BWD_NONDET=on TKD_KL_SM90=off "
                              "TKD_KL_FUSED=off TKD_KL_GRAD_SM90=both TKD_TOPK_FUSED=on TKD_LMHEAD_SM90_SCHED=coop "
-                             "TKD_MOE_GEMM=loop");
+                             "TKD_MOE_GEMM=loop TKD_MOE_MXFP4=layer");
     /* truncation: the length it would have, a terminated prefix */
     char small[16];
     assert_int_equal(tkd_cuda_policy_format(&p, small, sizeof small), n);
@@ -115,6 +117,7 @@ static void test_typos_refused(void **state)
         {"TKD_ATTN_BWD", "CUDNN", "expected one of wgmma|cudnn|flash"},
         {"TKD_CUDNN_BWD_NONDET", "true", "TKD_CUDNN_BWD_NONDET=true"},
         {"TKD_MOE_GEMM", "our", "expected one of auto|grouped|loop|ours"},
+        {"TKD_MOE_MXFP4", "bf16", "expected one of gemm|layer"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *const env[] = {cases[i][0], cases[i][1], NULL};
@@ -151,7 +154,7 @@ static void test_append_note(void **state)
     assert_string_equal(text, "kd:\n  alpha: 1\n# CUDA kernel choices (docs/config.md): TKD_ATTN_BWD=wgmma "
                               "TKD_CUDNN=on TKD_CUDNN_BWD_NONDET=off TKD_KL_SM90=on TKD_KL_FUSED=on "
                               "TKD_KL_GRAD_SM90=auto TKD_TOPK_FUSED=off TKD_LMHEAD_SM90_SCHED=pingpong "
-                              "TKD_MOE_GEMM=auto\n");
+                              "TKD_MOE_GEMM=auto TKD_MOE_MXFP4=gemm\n");
     free(text);
     text = NULL;
     assert_int_equal(tkd_cuda_policy_append_note(&p, &text), TKD_OK);
@@ -170,7 +173,7 @@ static void test_knob_table(void **state)
         assert_true(strlen(k->help) > 10);
         nondet += k->nondeterministic;
     }
-    assert_int_equal(n, 9);
+    assert_int_equal(n, 10);
     assert_int_equal(nondet, 1);
     assert_null(tkd_cuda_policy_knob(-1));
 }

@@ -299,6 +299,7 @@ tkd_status cu_moe_create(tkd_backend *be, const tkd_moe_params *p, int max_token
                                     : choice == TKD_POLICY_MOE_GEMM_GROUPED ? TKD_CUDA_MOE_GEMM_GROUPED
                                     : choice == TKD_POLICY_MOE_GEMM_OURS    ? TKD_CUDA_MOE_GEMM_OURS
                                                                             : TKD_CUDA_MOE_GEMM_LOOP);
+    tkd_cuda_moe_ws_set_mxfp4_layer(ws, impl(be)->pol.moe_mxfp4 == TKD_POLICY_MOE_MXFP4_LAYER);
     (void)tkd_cuda_moe_ws_set_pad(ws, 128); /* the loop: few shapes for cuBLAS's heuristics (moe_cuda.h); in range */
     *out = reinterpret_cast<tkd_backend_moe *>(ws);
     return TKD_OK;
@@ -865,7 +866,7 @@ extern "C" tkd_status tkd_backend_cuda_open(int gpu, const tkd_cuda_policy *pol,
     be->attn_window_bwd = 1; /* cu_attn_bwd: our flash (or simple) backward's masked variant */
     be->attn_docs = 1;       /* attn_fwd_window */
     be->attn_docs_bwd = 1;   /* the same */
-    be->moe_mxfp4 = 1;       /* moe_cuda.h decodes one layer's MXFP4 experts into bf16 scratch per call */
+    be->moe_mxfp4 = 1;       /* moe_cuda.h decodes MXFP4 experts inside its Hopper GEMM, else a layer at a time */
     be->op = &cuda_ops;
     be->impl = c;
     tkd_status st = cuda_setup(c);

@@ -11,6 +11,7 @@ static const char *const kAttnBwd[] = {"wgmma", "cudnn", "flash", NULL};
 static const char *const kKlGrad[] = {"auto", "cublas", "dh", "dw", "both", NULL};
 static const char *const kSched[] = {"pingpong", "coop", NULL};
 static const char *const kMoeGemm[] = {"auto", "grouped", "loop", "ours", NULL};
+static const char *const kMoeMx[] = {"gemm", "layer", NULL};
 
 typedef struct knob {
     tkd_cuda_knob_info info;
@@ -44,9 +45,13 @@ static const knob kKnobs[] = {
     {{"TKD_LMHEAD_SM90_SCHED", "pingpong|coop", "the persistent schedule of our Hopper LM-head GEMM", false},
      kSched, TKD_POLICY_LMHEAD_SCHED_PINGPONG, FIELD(lmhead_sched)},
     {{"TKD_MOE_GEMM", "auto|grouped|loop|ours",
-      "the MoE experts' GEMMs: two grouped cuBLAS calls a layer or one GEMM per expert and projection; auto: "
-      "grouped where the experts' products are small; ours: our grouped GEMM (not yet verified on a GPU)", false},
+      "the MoE experts' GEMMs: ours (our grouped GEMM), two grouped cuBLAS calls a layer, or one GEMM per expert "
+      "and projection; auto: ours on Hopper, else grouped where the experts' products are small", false},
      kMoeGemm, TKD_POLICY_MOE_GEMM_AUTO, FIELD(moe_gemm)},
+    {{"TKD_MOE_MXFP4", "gemm|layer",
+      "MXFP4 experts: decoded inside our Hopper GEMM where it runs, or a layer at a time into a bf16 copy "
+      "(layer: every other way's, 6 bytes a weight of one layer more memory)", false},
+     kMoeMx, TKD_POLICY_MOE_MXFP4_GEMM, FIELD(moe_mxfp4)},
 };
 #undef FIELD
 enum { kNumKnobs = (int)(sizeof kKnobs / sizeof kKnobs[0]) };

@@ -49,8 +49,14 @@ typedef enum tkd_policy_moe_gemm {
     TKD_POLICY_MOE_GEMM_AUTO = 0,    /* per call from the routing (kernels/cuda/moe_cuda.h; default) */
     TKD_POLICY_MOE_GEMM_GROUPED = 1, /* two grouped cuBLAS calls per layer */
     TKD_POLICY_MOE_GEMM_LOOP = 2,    /* one cuBLAS GEMM per expert and projection */
-    TKD_POLICY_MOE_GEMM_OURS = 3,    /* our grouped GEMM, two launches a layer (not yet verified on a GPU) */
+    TKD_POLICY_MOE_GEMM_OURS = 3,    /* our grouped GEMM, two launches a layer */
 } tkd_policy_moe_gemm;
+
+/* Where the MoE op decodes MXFP4 experts (TKD_MOE_MXFP4). */
+typedef enum tkd_policy_moe_mxfp4 {
+    TKD_POLICY_MOE_MXFP4_GEMM = 0,  /* inside our Hopper GEMM where it runs (default), else a layer at a time */
+    TKD_POLICY_MOE_MXFP4_LAYER = 1, /* always a layer at a time into a bf16 copy */
+} tkd_policy_moe_mxfp4;
 
 typedef struct tkd_cuda_policy {
     int attn_bwd;          /* tkd_policy_attn_bwd */
@@ -62,6 +68,7 @@ typedef struct tkd_cuda_policy {
     int topk_fused;        /* 1: the teacher's top-k in our GEMM's epilogue (slower today); 0 (default) */
     int lmhead_sched;      /* tkd_policy_lmhead_sched */
     int moe_gemm;          /* tkd_policy_moe_gemm */
+    int moe_mxfp4;         /* tkd_policy_moe_mxfp4 */
 } tkd_cuda_policy;
 
 /* The defaults: what runs when no variable is set. */
