@@ -632,8 +632,8 @@ static void test_grouped_gemm_sm90(void **state)
 }
 
 /* The MXFP4 launches against the bf16 ones over the decoded stacks (mx_stack: every code, scales on
- * both of the decoder's ways), bit for bit on both schedules: so they inherit test_grouped_gemm_sm90's
- * float64 checks, and leave the same rows unwritten. n below a tile, not a multiple of it, and
+ * both of the decoder's ways), bit for bit on the cooperative schedule (ping-pong refuses, naming
+ * it): so they inherit test_grouped_gemm_sm90's float64 checks, and leave the same rows unwritten. n below a tile, not a multiple of it, and
  * gpt-oss's 2880; k one K step, several (2880 = 45). */
 static void run_sm90_mx_case(const sm90_case *c, tkd_lmhead_sm90_ws *const ws[2])
 {
@@ -665,6 +665,17 @@ static void run_sm90_mx_case(const sm90_case *c, tkd_lmhead_sm90_ws *const ws[2]
         for (int z = 0; z < 2; z++) {
             tkd_test_poison(d[z] = tkd_test_dev_alloc(2 * nc), 2 * nc);
             h[z] = tkd_test_xmalloc(2 * nc);
+        }
+        if (sc == 1) { /* ping-pong */
+            const tkd_status st = c->fused ? tkd_moe_gemm_sm90_gate_up_mxfp4(ws[sc], x.d, &q, b[0].d, b[1].d, &p, tiles,
+                                                                             nt, m, n, k, d[1])
+                                           : tkd_moe_gemm_sm90_down_mxfp4(ws[sc], x.d, &q, kGemmE, tiles, nt, m, n, k,
+                                                                          d[1]);
+            assert_int_equal(st, TKD_ERR_UNSUPPORTED);
+            tkd_test_assert_msg_has("cooperative schedule only");
+            free(h[0]), free(h[1]);
+            cudaFree(d[0]), cudaFree(d[1]), cudaFree(tiles);
+            continue;
         }
         if (c->fused) {
             tkd_test_ok(tkd_moe_gemm_sm90_gate_up(ws[sc], x.d, deq[0], deq[1], b[0].d, b[1].d, &p, tiles, nt, m, n, k,

@@ -371,9 +371,8 @@ constexpr int kMinTileRows = 64;
  * moe_bench: 1.44 against 1.63 ms cooperative at Qwen3-30B-A3B's layer, 3.04 against 3.28 at
  * gpt-oss-20b's, 3.58 against 4.28 at gpt-oss-120b's; docs/PERFORMANCE.md). */
 constexpr int kDefaultGateUp = TKD_LMHEAD_SM90_SCHED_PINGPONG, kDefaultDown = TKD_LMHEAD_SM90_SCHED_PINGPONG;
-/* With MXFP4 experts both cooperative: the producer's warps decode B once per tile, so 128-row
- * tiles decode half as much as ping-pong's 64 (H200, moe_bench --mxfp4 at gpt-oss-120b's layer:
- * 7.1 against 11.3 ms for the GEMMs; docs/PERFORMANCE.md). */
+/* With MXFP4 experts both cooperative, the one schedule that decodes them inside the GEMM (its two
+ * consumer warpgroups decode each K step's weights together: moe_gemm_sm90.h). */
 constexpr int kDefaultMx = TKD_LMHEAD_SM90_SCHED_COOP;
 size_t max_tiles(const tkd_cuda_moe_ws *ws)
 {
@@ -619,8 +618,9 @@ bool use_ours(const tkd_cuda_moe_ws *ws)
 bool mx_in_gemm(const tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w)
 {
     const tkd_moe_params &p = ws->p;
-    if (!p.mxfp4 || ws->mx_layer || !ws->sm90 || !use_ours(ws) || p.D % 64 || p.inter % 64)
-        return false;
+    if (!p.mxfp4 || ws->mx_layer || !ws->sm90 || !use_ours(ws) || p.D % 64 || p.inter % 64 ||
+        tkd_moe_gemm_sm90_tile_rows(ws->sm90) != 128 || tkd_moe_gemm_sm90_tile_rows(ws->sm90_dn) != 128)
+        return false; /* ... and both launches cooperative, the schedule it runs on */
     for (int j = 0; j < 3; j++)
         if (!aligned16(w->q.blocks[j]) || ((uintptr_t)w->q.scales[j] & 3u))
             return false;

@@ -44,50 +44,47 @@ static_assert(kBK * 2 == 128, "a K step is one 128-byte swizzle span");
 
 /* What a problem may add to the pipeline; a problem that declares none of it (every one but
  * moe_gemm_sm90's MXFP4 GEMMs) gets the defaults, nothing:
- *   kExtraBytes  shared memory a stage holds after B (a multiple of 1024) for the problem's load;
+ *   kExtraBytes  shared memory a stage holds for the problem's load (a multiple of 1024);
  *   kWarpLoad    its load runs on every lane of the producer warp, each lane adding one arrival on
  *                the stage's full mbarrier (cp.async's mbarrier arrive) besides lane 0's expect_tx;
  *                else on lane 0 alone;
- *   kTransform   producer warps 1..3 (kTransformThreads) run P::transform on every stage once it is
- *                full, e.g. decoding packed weights into B, and the consumers wait for that too (the
- *                stage's ready mbarrier, one arrival per transform warp). */
-constexpr int kTransformThreads = 96;
-#ifndef TKD_SM90_XFORM_REGS
-#define TKD_SM90_XFORM_REGS 104
-#endif
+ *   kTransform   the consumers write B themselves from what the load put in the stage (e.g.
+ *                decoding packed weights): a stage then holds A and the extra bytes but no B, and B
+ *                lives in kBBufs buffers of its own, written one K step ahead of the wgmma that
+ *                reads it (mma_tile). Cooperative schedule only. */
 template <class P, class = void>
 struct Traits {
     static constexpr uint32_t kExtraBytes = 0;
     static constexpr bool kWarpLoad = false, kTransform = false;
-    static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 };
 template <class P>
 struct Traits<P, std::void_t<decltype(P::kTransform)>> {
     static constexpr uint32_t kExtraBytes = P::kExtraBytes;
     static constexpr bool kWarpLoad = P::kWarpLoad, kTransform = P::kTransform;
-    /* setmaxnreg's split of the 64K registers: a transform needs more than the producer's 40 */
-    static constexpr int kProducerRegs = P::kTransform ? TKD_SM90_XFORM_REGS : 40;
-    static constexpr int kConsumerRegs = P::kTransform ? (512 - TKD_SM90_XFORM_REGS) / 2 / 8 * 8 : 232;
 };
-
+constexpr int kBBufs = 3; /* a transform's B buffers: written at K step q + 1, read at q, free at q + 2 */
+constexpr int kBarTransform = 1; /* the named barrier of the two consumer warpgroups (0 is __syncthreads) */
 
 /* What a schedule fixes (lmhead_sm90.cu's header): tile rows, ring depth, shared memory, the
  * arrivals that free a stage (one per consuming warp). kExtra: the problem's kExtraBytes a stage;
  * the ring then has as many stages as fit, up to the schedule's own depth. */
-template <bool kPingPong, uint32_t kExtra = 0>
+template <bool kPingPong, uint32_t kExtra = 0, bool kXform = false>
 struct Sched {
     static constexpr bool kPP = kPingPong;
     static constexpr int kTileM = kPP ? 64 : TKD_LMHEAD_SM90_BM;
     static constexpr uint32_t kBytesA = kTileM * kBK * 2;
-    static constexpr uint32_t kStageBytes = kBytesA + kBytesB + kExtra; /* 40 KB resp. 48 KB plain */
-    static constexpr int kDepth = kPP ? 5 : 4;
-    static constexpr int kFit = (int)((227 * 1024 - 1024 - 8 * (3 * kDepth + 2)) / kStageBytes);
+    /* 40 KB resp. 48 KB plain; a transform's stage holds no B */
+    static constexpr uint32_t kStageBytes = kBytesA + (kXform ? 0 : kBytesB) + kExtra;
+    static constexpr uint32_t kBBufBytes = kXform ? kBBufs * kBytesB : 0;
+    static constexpr int kDepth = kXform ? 8 : kPP ? 5 : 4;
+    static constexpr int kFit = (int)((227 * 1024 - 1024 - kBBufBytes - 8 * (2 * kDepth + 2)) / kStageBytes);
     static constexpr int kStages = kFit < kDepth ? kFit : kDepth;
-    /* the stages, then the full, empty, (ping-pong) turn and (transform) ready mbarriers */
-    static constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + (3 * kStages + 2) * 8;
+    /* the stages, a transform's B buffers, then the full, empty and (ping-pong) turn mbarriers */
+    static constexpr size_t kSmemBytes = 1024 + (size_t)kStages * kStageBytes + kBBufBytes + (2 * kStages + 2) * 8;
     static constexpr int kGroupM = kGroupRows / kTileM;
     static constexpr unsigned kEmptyArrivals = kPP ? 4 : 4 * kConsumers;
     static_assert(kBytesA % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+    static_assert(!(kXform && kPP), "a transform runs on the cooperative schedule");
     static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024,
                   "the ring must fit the 227 KB of shared memory a CTA may have");
 };
@@ -97,12 +94,12 @@ using PingPong = Sched<true>;
 /* Shared memory from `base` (1024-aligned): the stages, then the full, empty and turn mbarriers. */
 template <class S> __device__ inline uint32_t stage_a(uint32_t base, int s) { return base + s * S::kStageBytes; }
 template <class S> __device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a<S>(base, s) + S::kBytesA; }
-template <class S> __device__ inline uint32_t full_bar(uint32_t base, int s) { return base + S::kStages * S::kStageBytes + 8 * s; }
+/* A transform's B buffer j (in the plain layout: where the stage's B would be). */
+template <class S> __device__ inline uint32_t b_buf(uint32_t base, int j) { return base + S::kStages * S::kStageBytes + j * kBytesB; }
+template <class S> __device__ inline uint32_t full_bar(uint32_t base, int s) { return base + S::kStages * S::kStageBytes + S::kBBufBytes + 8 * s; }
 template <class S> __device__ inline uint32_t empty_bar(uint32_t base, int s) { return full_bar<S>(base, S::kStages + s); }
 /* Ping-pong: consumer c may start its next main loop once turn_bar(c) completed a phase. */
 template <class S> __device__ inline uint32_t turn_bar(uint32_t base, int c) { return full_bar<S>(base, 2 * S::kStages + c); }
-/* A transform problem: stage s's B is written (P::transform done) once ready_bar(s) completed. */
-template <class S> __device__ inline uint32_t ready_bar(uint32_t base, int s) { return full_bar<S>(base, 2 * S::kStages + 2 + s); }
 
 /* Thread 0 initialises the ring's mbarriers; the caller then __syncthreads(). */
 template <class P, class S>
@@ -112,7 +109,6 @@ __device__ inline void init_bars(uint32_t base)
         /* the producer's expect_tx, and with a warp-wide load one arrival per lane */
         tkd_sm90::mbar_init(full_bar<S>(base, s), Traits<P>::kWarpLoad ? 33 : 1);
         tkd_sm90::mbar_init(empty_bar<S>(base, s), S::kEmptyArrivals); /* one arrival per consuming warp */
-        tkd_sm90::mbar_init(ready_bar<S>(base, s), kTransformThreads / 32); /* one per transform warp */
     }
     for (int c = 0; c < kConsumers; c++)
         tkd_sm90::mbar_init(turn_bar<S>(base, c), 1); /* one thread of the other consumer */
@@ -170,9 +166,10 @@ __device__ inline Frag frag_of(int mi, int ni, int a_row)
  *               warpgroup's 64 rows of A at a and B at b, overwriting acc when first;
  *   static void epilogue(acc, p, x, Frag, tile): the tile's output from the 128 accumulators;
  * and, with Traits' kTransform (above),
- *   template <class S> static void transform(p, x, tile, b, kt, d): thread d (< kTransformThreads)
- *               of the transform warps' share of writing K step kt's B at shared address b, from
- *               what load put in the stage (its kExtraBytes after B) and read once full. */
+ *   template <class S> static void transform(p, x, tile, e, b, kt, d): consumer thread d's (< 256)
+ *               share of writing K step kt's B at shared address b (the plain layout) from what
+ *               load put at e (the stage's kExtraBytes), the stage full.
+ * A stage's operands are at a (A) and b (B; a transform's stage has none: its extra bytes are at b). */
 
 /* The producer thread: for every tile of this CTA and every K step, waits for a free stage and
  * has P load it. */
@@ -188,31 +185,7 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorM
             const uint32_t full = full_bar<S>(base, r.stage);
             if (threadIdx.x == 0) /* a warp-wide load: its lanes' arrivals come from their copies */
                 tkd_sm90::mbar_arrive_expect_tx(full, tl.bytes); /* zero-filled bytes count too */
-            P::template load<S>(tm_a, tm_b, p, x, tl, stage_a<S>(base, r.stage), stage_b<S>(base, r.stage),
-                                full, kt);
-            r.next();
-        }
-    }
-}
-
-/* Transform thread d (< kTransformThreads, producer warps 1..3): for every tile of this CTA and
- * every K step, waits until the stage is full, has P write its B, then makes those generic-proxy
- * writes visible to wgmma (the async proxy) and arrives, one lane per warp, on its ready mbarrier.
- * The stage's B is free: the producer refilled the stage only once the consumers released it. */
-template <class P, class S>
-__device__ __forceinline__ void transform(const typename P::Params &p, const typename P::Extra &x, uint32_t base,
-                                          int d)
-{
-    Ring<S::kStages> r;
-    for (long long t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        const typename P::Tile tl = P::template tile<S>(p, t);
-        for (int kt = 0; kt < p.ktiles; kt++) {
-            tkd_sm90::mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
-            P::template transform<S>(p, x, tl, stage_b<S>(base, r.stage), kt, d);
-            tkd_sm90::fence_async_shared();
-            __syncwarp();
-            if ((threadIdx.x & 31) == 0)
-                tkd_sm90::mbar_arrive(ready_bar<S>(base, r.stage));
+            P::template load<S>(tm_a, tm_b, p, x, tl, stage_a<S>(base, r.stage), stage_b<S>(base, r.stage), full, kt);
             r.next();
         }
     }
@@ -229,8 +202,6 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const typename P::P
     int prev = -1;
     for (int kt = 0; kt < p.ktiles; kt++) {
         tkd_sm90::mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
-        if constexpr (Traits<P>::kTransform)
-            tkd_sm90::mbar_wait(ready_bar<S>(base, r.stage), r.phase, r.failed, p.err);
         __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
         tkd_sm90::wgmma_fence();
         P::mma(acc, stage_a<S>(base, r.stage) + a_row * 128, stage_b<S>(base, r.stage), kt == 0);
@@ -245,6 +216,53 @@ __device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const typename P::P
     }
     if (S::kPP && (threadIdx.x & 127) == 0)
         tkd_sm90::mbar_arrive(turn_bar<S>(base, 1 - cw));
+    tkd_sm90::wgmma_wait<0>();
+    tkd_sm90::fence_regs(acc);
+    if ((threadIdx.x & 31) == 0)
+        tkd_sm90::mbar_arrive(empty_bar<S>(base, prev));
+}
+
+/* Both consumers' B for ring position q (the stage r points at, full once waited for): each thread
+ * its share (P::transform), the writes made visible to wgmma (the async proxy), then both warpgroups
+ * meet, so B is whole before either reads it. */
+template <class P, class S>
+__device__ __forceinline__ void transform_b(const typename P::Params &p, const typename P::Extra &x,
+                                            const typename P::Tile &tl, uint32_t base, Ring<S::kStages> &r,
+                                            long long q, int kt)
+{
+    tkd_sm90::mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
+    P::template transform<S>(p, x, tl, stage_a<S>(base, r.stage) + S::kBytesA, b_buf<S>(base, (int)(q % kBBufs)), kt,
+                             (int)threadIdx.x - 128);
+    tkd_sm90::fence_async_shared();
+    asm volatile("bar.sync %0, 256;" ::"n"(kBarTransform) : "memory");
+}
+
+/* mma_tile for a transform problem (cooperative): K step kt's B is written into buffer
+ * (q0 + kt) mod kBBufs (q0 the tile's first ring position) while step kt − 1's wgmma runs. That
+ * buffer was last read by step kt − 3's wgmma, which both warpgroups had waited for (wgmma_wait<1>
+ * after issuing step kt − 2) before they met after writing step kt − 1's B. */
+template <class P, class S>
+__device__ __forceinline__ void mma_tile_xform(float (&acc)[kAcc], const typename P::Params &p,
+                                               const typename P::Extra &x, const typename P::Tile &tl, uint32_t base,
+                                               int a_row, Ring<S::kStages> &r, long long q0)
+{
+    transform_b<P, S>(p, x, tl, base, r, q0, 0);
+    int prev = -1;
+    for (int kt = 0; kt < p.ktiles; kt++) {
+        __syncwarp();
+        tkd_sm90::wgmma_fence();
+        P::mma(acc, stage_a<S>(base, r.stage) + a_row * 128, b_buf<S>(base, (int)((q0 + kt) % kBBufs)), kt == 0);
+        tkd_sm90::wgmma_commit();
+        if (prev >= 0) {
+            tkd_sm90::wgmma_wait<1>();
+            if ((threadIdx.x & 31) == 0)
+                tkd_sm90::mbar_arrive(empty_bar<S>(base, prev));
+        }
+        prev = r.stage;
+        r.next();
+        if (kt + 1 < p.ktiles)
+            transform_b<P, S>(p, x, tl, base, r, q0 + kt + 1, kt + 1);
+    }
     tkd_sm90::wgmma_wait<0>();
     tkd_sm90::fence_regs(acc);
     if ((threadIdx.x & 31) == 0)
@@ -274,7 +292,10 @@ __device__ __forceinline__ void consume(const typename P::Params &p, const typen
         if (S::kPP && (cw == 1 || mine > 0))
             tkd_sm90::mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1),
                                 r.failed, p.err);
-        mma_tile<P, S>(acc, p, base, cw, a_row, r);
+        if constexpr (Traits<P>::kTransform)
+            mma_tile_xform<P, S>(acc, p, x, tl, base, a_row, r, j * p.ktiles);
+        else
+            mma_tile<P, S>(acc, p, base, cw, a_row, r);
         P::epilogue(acc, p, x, frag_of<S>(tl.mi, tl.ni, a_row), tl);
     }
 }
@@ -286,22 +307,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
             const typename P::Params p, const __grid_constant__ typename P::Extra x)
 {
-    using S = Sched<kPP, Traits<P>::kExtraBytes>;
+    using S = Sched<kPP, Traits<P>::kExtraBytes, Traits<P>::kTransform>;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (tkd_sm90::smem_u32(smem_raw) + 1023u) & ~1023u;
     if (threadIdx.x == 0)
         init_bars<P, S>(base);
     __syncthreads();
     if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Traits<P>::kProducerRegs));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x < (Traits<P>::kWarpLoad ? 32 : 1))
             produce<P, S>(&tm_a, &tm_b, p, x, base);
-        else if constexpr (Traits<P>::kTransform) {
-            if (threadIdx.x >= 32)
-                transform<P, S>(p, x, base, threadIdx.x - 32);
-        }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Traits<P>::kConsumerRegs));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         consume<P, S>(p, x, base, threadIdx.x / 128 - 1);
     }
 }
@@ -328,7 +345,7 @@ template <class P, bool kPP>
 tkd_status gemm_launch(const tkd_lmhead_sm90_ws *ws, const CUtensorMap &tm_a, const CUtensorMap &tm_b,
                        const typename P::Params &p, const typename P::Extra &x)
 {
-    using S = Sched<kPP, Traits<P>::kExtraBytes>;
+    using S = Sched<kPP, Traits<P>::kExtraBytes, Traits<P>::kTransform>;
     int dev = 0, sms = 0;
     TKD_CUDA_CHECK(cudaGetDevice(&dev));
     TKD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -156,6 +156,7 @@ struct Moe {
      * the producer's other warps, from codes and scales the producer warp loads into the stage */
     static constexpr bool kTransform = kMx, kWarpLoad = kMx;
     static constexpr uint32_t kExtraBytes = kMx ? kPackedBytes + kScaleBytes : 0;
+    static_assert(2 * kBN % 256 == 0, "the consumers' 256 threads share a stage's 512 blocks evenly");
     struct Tile {
         int mi, ni;    /* 0, 0: the epilogue's fragment is relative to the tile */
         uint32_t bytes;
@@ -192,8 +193,8 @@ struct Moe {
             tma_load_2d(b + kHalfBBytes, &x.tm_b2, kt * kBK, kFused ? w0 : w0 + kHalfB, full);
             return;
         }
-        const int lane = threadIdx.x & 31; /* the whole producer warp */
-        const uint32_t pk = b + kBytesB, sc = pk + kPackedBytes;
+        const int lane = threadIdx.x & 31; /* the whole producer warp; b: the stage's extra bytes */
+        const uint32_t pk = b, sc = pk + kPackedBytes;
         if (lane == 0) {
             tma_load_2d(a, tm_a, kt * kBK, tl.r, full);
             tma_load_2d(pk, tm_b, kt * (kBK / 2), w0, full);
@@ -208,43 +209,38 @@ struct Moe {
         }
         cp_async_arrive_noinc(full);
     }
-    /* Transform thread d's blocks of K step kt: block u (< 512) is B row u / 2's codes of K half
-     * u % 2 (16 bytes), decoded into that row's four 16-byte chunks 4·(u % 2) + j, each XOR-ed by
-     * row % 8 as a 128-byte swizzled TMA box lands. A warp's 16-byte loads and stores each cover
-     * 512 contiguous resp. 8-row-distinct chunk positions: no bank conflicts. All of the thread's
-     * (up to kUnits) blocks and scales are loaded before any is decoded: a transform warp is alone
-     * on its scheduler, so only loads in flight together hide their latency. */
-    static constexpr int kUnits = (2 * kBN + kTransformThreads - 1) / kTransformThreads;
+    /* Consumer thread d's (< 256) blocks of K step kt, from the codes and scales at e into B at b:
+     * block u (< 512) is B row u / 2's codes of K half u % 2 (16 bytes), decoded into that row's
+     * four 16-byte chunks 4·(u % 2) + j, each XOR-ed by row % 8 as a 128-byte swizzled TMA box
+     * lands. A warp's 16-byte loads and stores each cover 512 contiguous resp. 8-row-distinct chunk
+     * positions: no bank conflicts. Both blocks are loaded before either is decoded. */
+    static constexpr int kUnits = 2 * kBN / 256;
     template <class S>
-    __device__ static __forceinline__ void transform(const Params &p, const Extra &x, const Tile &tl, uint32_t b,
-                                                     int kt, int d)
+    __device__ static __forceinline__ void transform(const Params &p, const Extra &x, const Tile &tl, uint32_t e,
+                                                     uint32_t b, int kt, int d)
     {
-        const uint4 *__restrict__ codes = reinterpret_cast<const uint4 *>(smem_ptr(b + kBytesB));
-        const unsigned char *__restrict__ scales = smem_ptr(b + kBytesB + kPackedBytes);
+        const uint4 *__restrict__ codes = reinterpret_cast<const uint4 *>(smem_ptr(e));
+        const unsigned char *__restrict__ scales = smem_ptr(e + kPackedBytes);
         unsigned char *__restrict__ out = smem_ptr(b);
         const uint32_t w0 = (uint32_t)b_row(p, tl, 0), g = (uint32_t)x.groups;
         uint4 q[kUnits];
         unsigned sc[kUnits];
 #pragma unroll
         for (int t = 0; t < kUnits; t++) {
-            const int u = d + t * kTransformThreads, i = u >> 1;
-            if (u < 2 * kBN) {
-                /* the row's scale pair sits at (row·G + 2kt) mod 4 in its word; mod 4 is enough */
-                const uint32_t at = (w0 + (uint32_t)(kFused ? (i & (kHalfB - 1)) : i)) * g + 2u * kt;
-                q[t] = codes[u];
-                sc[t] = scales[4 * i + (at & 3u) + (u & 1)];
-            }
+            const int u = d + 256 * t, i = u >> 1;
+            /* the row's scale pair sits at (row·G + 2kt) mod 4 in its word; mod 4 is enough */
+            const uint32_t at = (w0 + (uint32_t)(kFused ? (i & (kHalfB - 1)) : i)) * g + 2u * kt;
+            q[t] = codes[u];
+            sc[t] = scales[4 * i + (at & 3u) + (u & 1)];
         }
 #pragma unroll
         for (int t = 0; t < kUnits; t++) {
-            const int u = d + t * kTransformThreads, i = u >> 1, h = u & 1, sw = i & 7;
-            if (u < 2 * kBN) {
-                uint4 *row = reinterpret_cast<uint4 *>(out + 128 * i);
-                row[(4 * h + 0) ^ sw] = e2m1x8_scaled(q[t].x, sc[t]);
-                row[(4 * h + 1) ^ sw] = e2m1x8_scaled(q[t].y, sc[t]);
-                row[(4 * h + 2) ^ sw] = e2m1x8_scaled(q[t].z, sc[t]);
-                row[(4 * h + 3) ^ sw] = e2m1x8_scaled(q[t].w, sc[t]);
-            }
+            const int u = d + 256 * t, i = u >> 1, h = u & 1, sw = i & 7;
+            uint4 *row = reinterpret_cast<uint4 *>(out + 128 * i);
+            row[(4 * h + 0) ^ sw] = e2m1x8_scaled(q[t].x, sc[t]);
+            row[(4 * h + 1) ^ sw] = e2m1x8_scaled(q[t].y, sc[t]);
+            row[(4 * h + 2) ^ sw] = e2m1x8_scaled(q[t].z, sc[t]);
+            row[(4 * h + 3) ^ sw] = e2m1x8_scaled(q[t].w, sc[t]);
         }
     }
     __device__ static __forceinline__ void mma(float (&acc)[kAcc], uint32_t a, uint32_t b, bool first)
@@ -345,14 +341,20 @@ tkd_status run(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const Stacks &st, int 
     p.m = m;
     p.n = n;
     p.out = out;
-    return pp ? gemm_launch<Moe<kFused, kMx>, true>(ws, tm_x, tm_w, p, ex)
-              : gemm_launch<Moe<kFused, kMx>, false>(ws, tm_x, tm_w, p, ex);
+    if constexpr (kMx) /* the consumers decode: cooperative only (check_mx refuses ping-pong) */
+        return gemm_launch<Moe<kFused, kMx>, false>(ws, tm_x, tm_w, p, ex);
+    else
+        return pp ? gemm_launch<Moe<kFused, kMx>, true>(ws, tm_x, tm_w, p, ex)
+                  : gemm_launch<Moe<kFused, kMx>, false>(ws, tm_x, tm_w, p, ex);
 }
 
-/* The MXFP4 launches' extra limits: k a multiple of 64 (a K step is two whole blocks, so a row's
+/* The MXFP4 launches' extra limits: the cooperative schedule, k a multiple of 64 (a K step is two whole blocks, so a row's
  * scale pair sits in one aligned word), codes 16-byte and scales 4-byte aligned. */
-tkd_status check_mx(const tkd_moe_mxfp4 *q, int j0, int j1, int k, const char *what)
+tkd_status check_mx(const tkd_lmhead_sm90_ws *ws, const tkd_moe_mxfp4 *q, int j0, int j1, int k, const char *what)
 {
+    if (ws->sched != TKD_LMHEAD_SM90_SCHED_COOP)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "moe_gemm_sm90: %s (MXFP4): runs on the cooperative schedule only "
+                             "(its two consumer warpgroups decode each K step's weights together)", what);
     if (!q || !q->blocks[j0] || !q->blocks[j1] || !q->scales[j0] || !q->scales[j1])
         return tkd_error_set(TKD_ERR_INVALID_ARG, "moe_gemm_sm90: %s (MXFP4): no codes or scales", what);
     if (k % 64 || !aligned16(q->blocks[j0]) || !aligned16(q->blocks[j1]) || ((uintptr_t)q->scales[j0] & 3u) ||
@@ -407,7 +409,7 @@ extern "C" tkd_status tkd_moe_gemm_sm90_gate_up_mxfp4(tkd_lmhead_sm90_ws *ws, co
                                                       const int32_t *tiles, int n_tiles, int m, int n, int k,
                                                       uint16_t *h)
 {
-    TKD_TRY(check_mx(q, 0, 1, k, "gate/up"));
+    TKD_TRY(check_mx(ws, q, 0, 1, k, "gate/up"));
     TKD_TRY(check_args(x, x, x, tiles, n_tiles, m, n, k, h, "gate/up"));
     MExtra ex;
     TKD_TRY(gate_up_extra(p, b_gate, b_up, &ex));
@@ -420,7 +422,7 @@ extern "C" tkd_status tkd_moe_gemm_sm90_down_mxfp4(tkd_lmhead_sm90_ws *ws, const
                                                    int E, const int32_t *tiles, int n_tiles, int m, int n, int k,
                                                    uint16_t *o)
 {
-    TKD_TRY(check_mx(q, 2, 2, k, "down"));
+    TKD_TRY(check_mx(ws, q, 2, 2, k, "down"));
     TKD_TRY(check_args(x, x, x, tiles, n_tiles, m, n, k, o, "down"));
     MExtra ex = {};
     ex.sc0 = ex.sc1 = q->scales[2];

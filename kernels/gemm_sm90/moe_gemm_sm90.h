@@ -56,10 +56,11 @@ tkd_status tkd_moe_gemm_sm90_down(tkd_lmhead_sm90_ws *ws, const uint16_t *x, con
 /* The same two products with the experts' weights as MXFP4 (kernels/moe.h's tkd_moe_mxfp4: kinds 0
  * W_gate and 1 W_up (E, n, k) for gate_up, 2 W_down (E, n, k) for down; codes (E, n, k / 2) bytes,
  * scales (E, n, k / 32)), decoded inside the GEMM: per K step the producer warp loads the tile's
- * codes (TMA) and scales (cp.async) and the producer warpgroup's other three warps decode them into
- * the stage's bf16 B, exactly the values common/mxfp4_codec.h gives, so the output is bit for bit
- * that of the bf16 launches over the decoded stacks. Also needs k a multiple of 64, the codes
- * 16-byte and the scales 4-byte aligned (TKD_ERR_UNSUPPORTED otherwise). */
+ * codes (TMA) and scales (cp.async) into the stage, and the two consumer warpgroups decode them
+ * into a bf16 B buffer one K step ahead of the wgmma that reads it, exactly the values
+ * common/mxfp4_codec.h gives, so the output is bit for bit that of the bf16 launches over the
+ * decoded stacks. Cooperative schedule only; also needs k a multiple of 64, the codes 16-byte and
+ * the scales 4-byte aligned (TKD_ERR_UNSUPPORTED otherwise). */
 tkd_status tkd_moe_gemm_sm90_gate_up_mxfp4(tkd_lmhead_sm90_ws *ws, const uint16_t *x, const tkd_moe_mxfp4 *q,
                                            const uint16_t *b_gate, const uint16_t *b_up, const tkd_moe_params *p,
                                            const int32_t *tiles, int n_tiles, int m, int n, int k, uint16_t *h);
