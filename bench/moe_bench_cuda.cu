@@ -1,6 +1,7 @@
 /* moe_bench_cuda.cu — moe_bench's device side: random bf16 tensors and bytes (MXFP4 codes and
- * scales) drawn on the device (a counter hash, Box–Muller), the plain cuBLAS GEMMs of the floor, and a probe of which type combinations
- * this cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx) takes. */
+ * scales) drawn on the device (a counter hash, Box–Muller), the plain cuBLAS GEMMs of the floor,
+ * and a probe of which type combinations this cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx)
+ * takes. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

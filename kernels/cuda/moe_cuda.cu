@@ -303,7 +303,8 @@ __global__ void combine_kernel(const uint16_t *o, const int32_t *sel, const floa
 template <bool kVec>
 __global__ void mxfp4_to_bf16_kernel(const uint8_t *blocks, const uint8_t *scales, int64_t n_blocks, uint16_t *out)
 {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_blocks; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_blocks; i += stride) {
         uint32_t w[4];
         if (kVec) {
             const uint4 q = reinterpret_cast<const uint4 *>(blocks)[i];
@@ -407,10 +408,9 @@ tkd_status sm90_setup(tkd_cuda_moe_ws *ws)
         return TKD_OK;
     const int pp = TKD_LMHEAD_SM90_SCHED_PINGPONG, coop = TKD_LMHEAD_SM90_SCHED_COOP;
     const bool mx = ws->p.mxfp4;
-    const int gu = k == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? pp
-                   : k == TKD_CUDA_MOE_OURS_DEFAULT     ? (mx ? kDefaultMx : kDefaultGateUp)
-                                                        : coop;
-    const int dn = k == TKD_CUDA_MOE_OURS_SM90_COOP ? coop : k == TKD_CUDA_MOE_OURS_DEFAULT ? (mx ? kDefaultMx : kDefaultDown) : pp;
+    const int def_gu = mx ? kDefaultMx : kDefaultGateUp, def_dn = mx ? kDefaultMx : kDefaultDown;
+    const int gu = k == TKD_CUDA_MOE_OURS_SM90_PINGPONG ? pp : k == TKD_CUDA_MOE_OURS_DEFAULT ? def_gu : coop;
+    const int dn = k == TKD_CUDA_MOE_OURS_SM90_COOP ? coop : k == TKD_CUDA_MOE_OURS_DEFAULT ? def_dn : pp;
     TKD_TRY(sm90_ws(ws, gu, &ws->sm90));
     if (ws->sm90)
         TKD_TRY(sm90_ws(ws, dn, &ws->sm90_dn));

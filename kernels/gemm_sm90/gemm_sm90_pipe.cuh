@@ -5,8 +5,9 @@
  * geometry, the mbarriers, the tile order, where an accumulator fragment sits, and the pipeline
  * itself (producer, consumer main loop, consumer tile loop, kernel, launch), written once; a GEMM
  * supplies only its problem: how a tile's operands are loaded, how one K step's wgmma read them,
- * and its epilogue (the contract is at "the driver" below). lmhead_sm90.cu's header comment
- * describes the pipeline. Internal to gemm_sm90/ (built for sm_90a alone).
+ * and its epilogue (the contract is at "the driver" below), and optionally what Traits adds (extra
+ * stage bytes, a warp-wide load, B written by the consumers: the MXFP4 MoE GEMMs). lmhead_sm90.cu's
+ * header comment describes the pipeline. Internal to gemm_sm90/ (built for sm_90a alone).
  */
 #ifndef TKD_GEMM_SM90_PIPE_CUH
 #define TKD_GEMM_SM90_PIPE_CUH

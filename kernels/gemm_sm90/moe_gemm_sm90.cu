@@ -1,6 +1,6 @@
 /* moe_gemm_sm90.cu — see moe_gemm_sm90.h. Built for sm_90a only (kernels/CMakeLists.txt).
  *
- * Both GEMMs are one problem of the driver (gemm_sm90_pipe.cuh), Moe<kFused>. Output tiles go group
+ * Both GEMMs are one problem of the driver (gemm_sm90_pipe.cuh), Moe<kFused, kMx>. Output tiles go group
  * by group of the list (up to 16 M-tiles of one expert: kernels/moe.h), and within a group N-tile
  * by N-tile with the group's M-tiles innermost: a group of c M-tiles starting at list index g0
  * owns the tiles g0 · ntiles .. (g0 + c) · ntiles − 1, tile g0 · ntiles + nj · c + i being (M-tile
@@ -14,6 +14,11 @@
  * rows (fused), or the tile's 256 rows of W in two halves (down). Weight rows past the expert's n
  * rows belong to the next expert (or lie past the stack, zero-filled): they feed accumulators that
  * are never stored, as do x rows past the tile's rows.
+ *
+ * MXFP4 weights (kMx, cooperative only): the stage holds x's box and, in place of B, the 256 rows'
+ * codes and scales (the producer warp's TMA and cp.async); the consumers decode B into the driver's
+ * B buffers one K step ahead of the wgmma (Moe::transform, the driver's transform), the same bytes
+ * TMA would have landed from the decoded stacks.
  *
  * The epilogue's fragment (gemm_sm90_pipe.cuh's Frag, with the tile's own origin): rows row0 + 8h,
  * accumulator columns col0 + 8j + e (j < 32) in acc[4j + 2h + e]. Fused, columns j < 16 are gate
