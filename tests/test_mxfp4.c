@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "common/mxfp4_bits.h"
 #include "common/status.h"
 #include "formats/mxfp4.h"
 #include "formats/safetensors.h"
@@ -96,6 +97,52 @@ static void test_all_codes_all_scales(void **state)
     int big254 = 8, big253 = 4;
     assert_int_equal(refused, (256 - (16 - big254) * (16 - big254)) + (256 - (16 - big253) * (16 - big253)));
     assert_true(subnormal > 0); /* s = 0 and 1 reach fp32's subnormals */
+}
+
+/* common/mxfp4_bits.h, the decode the CUDA MoE op runs (the layer decoder and the one inside our
+ * Hopper GEMM), on the host: every byte in every position of a word, at every scale the codec
+ * takes, against tkd_mxfp4_value's bf16 (its fp32 value's upper half). Both ways: the fp32 product
+ * (any scale) and, where tkd_mxfp4_fast_scale says so, the bf16 multiply by
+ * tkd_mxfp4_fast_multiplier: its two bf16 operands' exact product must be a bf16 (so a correctly
+ * rounded multiply returns it unrounded) equal to the reference. The device runs the same source
+ * but for its byte permute, whose unread bytes differ; test_gpu_moe holds the kernels to the codec
+ * bit for bit. */
+static void test_device_bits(void **state)
+{
+    (void)state;
+    int fast = 0;
+    for (unsigned s = 0; s < 255; s++)
+        for (unsigned byte = 0; byte < 256; byte++)
+            for (int at = 0; at < 4; at++) {
+                /* byte at position at; the others a different pattern, so pairs cannot mix */
+                const uint32_t w = (0x5A3C96E1u & ~(0xFFu << (8 * at))) | (uint32_t)byte << (8 * at);
+                uint32_t r[4], q[4];
+                tkd_mxfp4_e2m1x8_bits(w, r);
+                memcpy(q, r, sizeof q);
+                tkd_mxfp4_scale_f32(q, s);
+                for (int j = 0; j < 8; j++) {
+                    const unsigned code = (w >> (4 * j)) & 15u;
+                    const float want = tkd_mxfp4_value(code, s);
+                    if (!isfinite(want))
+                        continue; /* refused by the codec (a value ≥ 2^128) */
+                    const uint16_t got = (uint16_t)(q[j / 2] >> (16 * (j % 2)));
+                    if (got != (uint16_t)(bits_of(want) >> 16))
+                        fail_msg("scale %u, code %u: fp32 way 0x%04x, the codec 0x%04x", s, code, got,
+                                 bits_of(want) >> 16);
+                    if (!tkd_mxfp4_fast_scale(s))
+                        continue;
+                    const uint16_t a = (uint16_t)(r[j / 2] >> (16 * (j % 2)));
+                    const uint16_t m = (uint16_t)(tkd_mxfp4_fast_multiplier(s) >> (16 * (j % 2)));
+                    assert_int_equal(m, (uint16_t)(tkd_mxfp4_fast_multiplier(s) & 0xFFFFu)); /* both halves */
+                    const double prod = (double)tkd_bf16_to_f32(a) * (double)tkd_bf16_to_f32(m);
+                    const float pf = (float)prod;
+                    if ((double)pf != prod || (bits_of(pf) & 0xFFFFu) != 0 || bits_of(pf) != bits_of(want))
+                        fail_msg("scale %u, code %u: the bf16 multiply's exact product %a is not the codec's %a "
+                                 "as a bf16", s, code, prod, (double)want);
+                    fast++;
+                }
+            }
+    assert_int_equal(fast, 127 * 256 * 4 * 8); /* scales 2..128, every code of every word */
 }
 
 static void test_spot_values(void **state)
@@ -512,7 +559,7 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "fixtures") == 0)
         return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_NONE, test_transformers_fixture);
-    return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_all_codes_all_scales, test_spot_values,
+    return TKD_TEST_RUN_WITH(NULL, NULL, TKD_TEST_EACH_DIR, test_all_codes_all_scales, test_device_bits, test_spot_values,
                              test_nibble_order, test_random_rows, test_refused_blocks, test_transposed_by_hand,
                              test_gpt_oss_layout, test_broken_pairs, test_read_errors, test_quant_config);
 }

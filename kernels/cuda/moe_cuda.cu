@@ -21,7 +21,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
 #include "kernels/cuda/moe_gemm_cuda.h"
-#include "kernels/cuda/mxfp4_cuda.cuh"
+#include "common/mxfp4_bits.h"
 #include "kernels/gemm_sm90/moe_gemm_sm90.h"
 
 static constexpr int kMoeMaxE = 1024; /* experts a layer may have (the router kernel's shared row) */
@@ -298,7 +298,7 @@ __global__ void combine_kernel(const uint16_t *o, const int32_t *sel, const floa
 }
 
 /* MXFP4 blocks (n_blocks of 16 bytes: 32 E2M1 codes each) with one E8M0 scale each into bf16:
- * value · 2^(s − 127), exact (mxfp4_cuda.cuh); one thread a block, 16 bytes in and 64 out when
+ * value · 2^(s − 127), exact (common/mxfp4_bits.h); one thread a block, 16 bytes in and 64 out when
  * blocks and out are 16-byte aligned (vec), else byte by byte. */
 template <bool kVec>
 __global__ void mxfp4_to_bf16_kernel(const uint8_t *blocks, const uint8_t *scales, int64_t n_blocks, uint16_t *out)
@@ -318,8 +318,8 @@ __global__ void mxfp4_to_bf16_kernel(const uint8_t *blocks, const uint8_t *scale
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             uint32_t r[4];
-            tkd_mx::e2m1x8_bits(w[j], r);
-            tkd_mx::scale_f32(r, s);
+            tkd_mxfp4_e2m1x8_bits(w[j], r);
+            tkd_mxfp4_scale_f32(r, s);
             if (kVec) {
                 reinterpret_cast<uint4 *>(out)[4 * i + j] = make_uint4(r[0], r[1], r[2], r[3]);
             } else {

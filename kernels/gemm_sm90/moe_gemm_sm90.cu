@@ -31,7 +31,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/mxfp4_cuda.cuh"
+#include "common/mxfp4_bits.h"
 #include "kernels/cuda/sm90_common.cuh"
 #include "kernels/gemm_sm90/gemm_sm90_pipe.cuh"
 #include "kernels/moe.h"
@@ -93,18 +93,18 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b)
  * common/mxfp4_codec.h, bit for bit. For 2 ≤ s ≤ 128 one bf16 multiply a pair by 2^(s − 1) (a
  * normal bf16) is exact: its products are normal (≥ 2^−126) multiples of the codes' values. Other
  * scales (none in a trained checkpoint: values ≥ 4 or below 2^−126) take that decoder's fp32
- * product (tkd_mx::scale_f32). */
+ * product (common/mxfp4_bits.h, which the CPU tests hold to the codec for every code and scale). */
 __device__ __forceinline__ uint4 e2m1x8_scaled(uint32_t w, unsigned s)
 {
     uint32_t r[4];
-    tkd_mx::e2m1x8_bits(w, r);
-    if (s >= 2 && s <= 128) {
-        const uint32_t mm = ((s + 126u) << 7) * 0x10001u; /* 2^(s − 1) in both halves */
+    tkd_mxfp4_e2m1x8_bits(w, r);
+    if (tkd_mxfp4_fast_scale(s)) {
+        const uint32_t mm = tkd_mxfp4_fast_multiplier(s); /* 2^(s − 1) in both halves */
 #pragma unroll
         for (int j = 0; j < 4; j++)
             r[j] = bf16x2_mul(r[j], mm);
     } else {
-        tkd_mx::scale_f32(r, s);
+        tkd_mxfp4_scale_f32(r, s);
     }
     return make_uint4(r[0], r[1], r[2], r[3]);
 }
@@ -219,7 +219,6 @@ struct Moe {
      * four 16-byte chunks 4·(u % 2) + j, each XOR-ed by row % 8 as a 128-byte swizzled TMA box
      * lands. A warp's 16-byte loads and stores each cover 512 contiguous resp. 8-row-distinct chunk
      * positions: no bank conflicts. Both blocks are loaded before either is decoded. */
-    static constexpr int kUnits = 2 * kBN / 256;
     template <class S>
     __device__ static __forceinline__ void transform(const Params &p, const Extra &x, const Tile &tl, uint32_t e,
                                                      uint32_t b, int kt, int d)
@@ -227,6 +226,7 @@ struct Moe {
         const uint4 *__restrict__ codes = reinterpret_cast<const uint4 *>(smem_ptr(e));
         const unsigned char *__restrict__ scales = smem_ptr(e + kPackedBytes);
         unsigned char *__restrict__ out = smem_ptr(b);
+        constexpr int kUnits = 2 * kBN / 256;
         const uint32_t w0 = (uint32_t)b_row(p, tl, 0), g = (uint32_t)x.groups;
         uint4 q[kUnits];
         unsigned sc[kUnits];
