@@ -63,7 +63,9 @@ struct Traits<P, std::void_t<decltype(P::kTransform)>> {
     static constexpr uint32_t kExtraBytes = P::kExtraBytes;
     static constexpr bool kWarpLoad = P::kWarpLoad, kTransform = P::kTransform;
 };
-constexpr int kBBufs = 3; /* a transform's B buffers: written at K step q + 1, read at q, free at q + 2 */
+/* a transform's B buffers: step q's is written while step q − 1's wgmma runs, read by step q's, and
+ * written again for step q + 3 */
+constexpr int kBBufs = 3;
 constexpr int kBarTransform = 1; /* the named barrier of the two consumer warpgroups (0 is __syncthreads) */
 
 /* What a schedule fixes (lmhead_sm90.cu's header): tile rows, ring depth, shared memory, the
@@ -92,7 +94,8 @@ struct Sched {
 using Coop = Sched<false>;
 using PingPong = Sched<true>;
 
-/* Shared memory from `base` (1024-aligned): the stages, then the full, empty and turn mbarriers. */
+/* Shared memory from `base` (1024-aligned): the stages, a transform's B buffers, then the full,
+ * empty and turn mbarriers. */
 template <class S> __device__ inline uint32_t stage_a(uint32_t base, int s) { return base + s * S::kStageBytes; }
 template <class S> __device__ inline uint32_t stage_b(uint32_t base, int s) { return stage_a<S>(base, s) + S::kBytesA; }
 /* A transform's B buffer j (in the plain layout: where the stage's B would be). */
