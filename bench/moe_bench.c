@@ -16,8 +16,8 @@
  * probe: the status cublasGemmGroupedBatchedEx returns per type combination (0 = success,
  * 15 = CUBLAS_STATUS_NOT_SUPPORTED). With --mxfp4 also the op on the same layer's experts as
  * MXFP4 (random codes, scales 2^-9 .. 2^-6, gpt-oss's checkpoints' range): decoded inside our
- * Hopper GEMM on each schedule, and a layer at a time before the bf16 GEMM (the way of every
- * other device); and our Hopper MXFP4 GEMMs alone beside the bf16 ones.
+ * Hopper GEMM (cooperative, its one schedule), and a layer at a time before the bf16 GEMM (the way
+ * of every other device); and our Hopper MXFP4 GEMMs alone beside the bf16 ones.
  *
  *   moe_bench [--shape D:I:E:k:N] [--reps 10] [--mxfp4] [--gemms-only]
  *             (default 2048:768:128:8:8192, Qwen3-30B-A3B; --gemms-only: the floor and our GEMMs alone)
@@ -150,12 +150,6 @@ static double time_sm90_gemms(const setup *s, int sched, int which, int mx)
         const tkd_status dn = which == 1 || gu ? gu
                               : mx ? tkd_moe_gemm_sm90_down_mxfp4(ws, h, &s->w.q, E, tiles, nt, P, D, I, o)
                                    : tkd_moe_gemm_sm90_down(ws, h, s->w.w_down, E, tiles, nt, P, D, I, o);
-        if (dn == TKD_ERR_UNSUPPORTED && mx) { /* MXFP4 runs on the cooperative schedule only */
-            free(ms), free(counts), free(h_tiles);
-            cudaFree(tiles), cudaFree(xs), cudaFree(h), cudaFree(o);
-            tkd_lmhead_sm90_ws_free(ws);
-            return -1.0;
-        }
         if (dn || tkd_lmhead_sm90_sync(ws))
             die("moe_gemm_sm90", tkd_error_msg());
         if (i >= 0)
@@ -267,9 +261,7 @@ int main(int argc, char **argv)
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, 0, "ours, Hopper ping-pong (moe_gemm_sm90)"},
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_MIXED, 0, "ours, Hopper, gate/up coop, down ping-pong"},
         {TKD_CUDA_MOE_GEMM_AUTO, 128, TKD_CUDA_MOE_OURS_DEFAULT, 1, "MXFP4, auto (the default)"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP, 1, "MXFP4 in our Hopper GEMM, cooperative"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_PINGPONG, 1, "MXFP4 in our Hopper GEMM, ping-pong"},
-        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_MIXED, 1, "MXFP4 in our Hopper GEMM, coop + ping-pong"},
+        {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_SM90_COOP, 1, "MXFP4 in our Hopper GEMM (cooperative only)"},
         {TKD_CUDA_MOE_GEMM_OURS, 1, TKD_CUDA_MOE_OURS_DEFAULT, 2, "MXFP4 a layer at a time, then ours"}};
     for (size_t m = 0; m < sizeof kModes / sizeof kModes[0] && !gemms_only; m++) {
         if (kModes[m].mx && !mxfp4)
@@ -286,13 +278,12 @@ int main(int argc, char **argv)
            "combine; TFLOP/s of gate/up and down each over their own FLOPs, 2/3 and 1/3 of the pair's):\n\n"
            "| schedule | pair ms | / floor | TFLOP/s | gate/up ms | TFLOP/s | down ms | TFLOP/s |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (int sc = 0; sc < (mxfp4 ? 4 : 2); sc++) {
-        const int sched = sc % 2 ? TKD_LMHEAD_SM90_SCHED_PINGPONG : TKD_LMHEAD_SM90_SCHED_COOP, mx = sc >= 2;
-        const char *name = sc == 0 ? "cooperative" : sc == 1 ? "ping-pong" : sc == 2 ? "MXFP4, cooperative"
-                                                                                     : "MXFP4, ping-pong";
+    for (int sc = 0; sc < (mxfp4 ? 3 : 2); sc++) { /* MXFP4 runs on the cooperative schedule only */
+        const int sched = sc == 1 ? TKD_LMHEAD_SM90_SCHED_PINGPONG : TKD_LMHEAD_SM90_SCHED_COOP, mx = sc == 2;
+        const char *name = sc == 0 ? "cooperative" : sc == 1 ? "ping-pong" : "MXFP4, cooperative";
         const double g = time_sm90_gemms(&s, sched, 0, mx);
         if (g < 0) {
-            printf("| %s | not a Hopper device (or MXFP4 on ping-pong) | | | | | | |\n", name);
+            printf("| %s | not a Hopper device | | | | | | |\n", name);
             continue;
         }
         const double gu = time_sm90_gemms(&s, sched, 1, mx), dn = time_sm90_gemms(&s, sched, 2, mx);

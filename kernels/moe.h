@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "common/half.h" /* TKD_HD: tkd_moe_tile_of runs on the host and the device */
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -72,18 +73,12 @@ tkd_status tkd_moe_params_check(const tkd_moe_params *p);
  * ceil(Σ counts / tile_m) + E (size tiles for that). */
 int tkd_moe_gemm_tiles(const int32_t *counts, int E, int tile_m, int32_t *tiles);
 
-#ifdef __CUDACC__
-#define TKD_MOE_HD __host__ __device__
-#else
-#define TKD_MOE_HD
-#endif
-
 /* Output tile t (0 ≤ t < tiles · ntiles) of a grouped GEMM with ntiles N-tiles, in the order
  * moe_gemm_sm90 runs them: group by group, N-tile by N-tile with the group's M-tiles innermost. A
  * group of c M-tiles at list index g0 owns tiles g0·ntiles .. (g0 + c)·ntiles − 1, so t / ntiles is
  * an M-tile of t's own group. *li the M-tile's list index, *nj the N-tile. (The device's code; the
  * CPU tests hold it to be a bijection.) */
-static inline TKD_MOE_HD void tkd_moe_tile_of(const int32_t *tiles, int ntiles, long long t, int *li, int *nj)
+static inline TKD_HD void tkd_moe_tile_of(const int32_t *tiles, int ntiles, long long t, int *li, int *nj)
 {
     const int32_t *g = tiles + TKD_MOE_TILE_INTS * (t / ntiles);
     const int g0 = g[3], c = g[4];

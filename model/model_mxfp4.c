@@ -27,6 +27,10 @@ static void kind_bytes(const tkd_model_config *c, int j, size_t *blocks, size_t 
     *blocks = *scales * TKD_MXFP4_BLOCK_BYTES;
 }
 
+/* Each kind's scales padded to 16 bytes in the allocation, so every stack's codes and scales start
+ * 16-byte aligned, as the CUDA op requires (kernels/cuda/moe_cuda.h). */
+static size_t pad16(size_t n) { return (n + 15) / 16 * 16; }
+
 tkd_status tkd_model_alloc_mxfp4(tkd_model *m)
 {
     const tkd_model_config *c = &m->cfg;
@@ -35,7 +39,7 @@ tkd_status tkd_model_alloc_mxfp4(tkd_model *m)
     size_t layer = 0, b, s;
     for (int j = 0; j < 3; j++) {
         kind_bytes(c, j, &b, &s);
-        layer += b + s;
+        layer += b + pad16(s);
     }
     m->qlayer = calloc((size_t)c->num_hidden_layers, sizeof *m->qlayer);
     if (!m->qlayer)
@@ -47,7 +51,7 @@ tkd_status tkd_model_alloc_mxfp4(tkd_model *m)
             kind_bytes(c, j, &b, &s);
             m->qlayer[l].blocks[j] = p;
             m->qlayer[l].scales[j] = p + b;
-            p += b + s;
+            p += b + pad16(s);
         }
     return TKD_OK;
 }

@@ -594,18 +594,27 @@ static void run_sm90_case(const sm90_case *c, tkd_lmhead_sm90_ws *const ws[2])
  * gpt-oss), k below one K step of 64 (40), not a multiple of it (72, 264) and long (2048); the rows
  * of kGemmCounts (an expert with none, one split into two groups, rows past m). On a device other
  * than compute capability 9.0 the kernel must refuse. */
+/* A cooperative (ws[0]) and a ping-pong (ws[1]) Hopper workspace; 0 on a device other than
+ * compute capability 9.0, where creating one must be refused, naming it. */
+static int sm90_pair(tkd_lmhead_sm90_ws *ws[2], const char *what)
+{
+    const tkd_status st = tkd_lmhead_sm90_ws_create(&ws[0], TKD_LMHEAD_SM90_SCHED_COOP);
+    if (st == TKD_ERR_UNSUPPORTED) {
+        tkd_test_assert_msg_has("compute capability");
+        print_message("%s: not compute capability 9.0: refused, as it must be\n", what);
+        return 0;
+    }
+    tkd_test_ok(st, "tkd_lmhead_sm90_ws_create");
+    tkd_test_ok(tkd_lmhead_sm90_ws_create(&ws[1], TKD_LMHEAD_SM90_SCHED_PINGPONG), "tkd_lmhead_sm90_ws_create");
+    return 1;
+}
+
 static void test_grouped_gemm_sm90(void **state)
 {
     (void)state;
     tkd_lmhead_sm90_ws *ws[2] = {NULL, NULL};
-    const tkd_status st = tkd_lmhead_sm90_ws_create(&ws[0], TKD_LMHEAD_SM90_SCHED_COOP);
-    if (st == TKD_ERR_UNSUPPORTED) {
-        tkd_test_assert_msg_has("compute capability");
-        print_message("moe_gemm_sm90: not compute capability 9.0: refused, as it must be\n");
+    if (!sm90_pair(ws, "moe_gemm_sm90"))
         return;
-    }
-    tkd_test_ok(st, "tkd_lmhead_sm90_ws_create");
-    tkd_test_ok(tkd_lmhead_sm90_ws_create(&ws[1], TKD_LMHEAD_SM90_SCHED_PINGPONG), "tkd_lmhead_sm90_ws_create");
     assert_int_equal(tkd_moe_gemm_sm90_tile_rows(ws[0]), 128);
     assert_int_equal(tkd_moe_gemm_sm90_tile_rows(ws[1]), 64);
     static const sm90_case kCases[] = {
@@ -632,111 +641,90 @@ static void test_grouped_gemm_sm90(void **state)
 }
 
 /* The MXFP4 launches against the bf16 ones over the decoded stacks (mx_stack: every code, scales on
- * both of the decoder's ways), bit for bit on the cooperative schedule (ping-pong refuses, naming
- * it): so they inherit test_grouped_gemm_sm90's float64 checks, and leave the same rows unwritten. n below a tile, not a multiple of it, and
- * gpt-oss's 2880; k one K step, several (2880 = 45). */
-static void run_sm90_mx_case(const sm90_case *c, tkd_lmhead_sm90_ws *const ws[2])
+ * both of the decoder's ways), bit for bit on the cooperative schedule, their one: so they inherit
+ * test_grouped_gemm_sm90's float64 checks, and leave the same rows unwritten. n below a tile, not
+ * a multiple of it, and gpt-oss's 2880; k one K step, several (2880 = 45). */
+static void run_sm90_mx_case(const sm90_case *c, tkd_lmhead_sm90_ws *coop)
 {
     const int n = c->n, k = c->k;
     const tkd_moe_params p = c->clamp ? tkd_moe_params_gpt_oss(k, n, kGemmE, 2, 7.0f)
                                       : tkd_moe_params_qwen3(k, n, kGemmE, 2, 1);
+    const int nstacks = c->fused ? 2 : 1;
     tkd_moe_mxfp4 q = {{NULL}, {NULL}};
-    uint16_t *deq[2];
-    for (int j = 0; j < 2; j++) {
+    uint16_t *deq[2] = {NULL, NULL};
+    for (int j = 0; j < nstacks; j++) {
         uint8_t *blk, *sc;
         mx_stack((int64_t)kGemmE * n, k / 32, 77 + (uint64_t)j, &blk, &sc, &deq[j]);
         q.blocks[c->fused ? j : 2] = blk, q.scales[c->fused ? j : 2] = sc;
-        if (!c->fused)
-            break;
     }
     tensor b[2] = {{0}, {0}};
     if (c->bias)
         b[0] = tensor_make((size_t)kGemmE * n, 54, 0.5f), b[1] = tensor_make((size_t)kGemmE * n, 55, 0.5f);
-    tensor x = {0};
-    for (int sc = 0; sc < 2; sc++) {
-        int nt = 0, rows = 0;
-        int32_t first[kGemmE];
-        int32_t *tiles = gemm_tiles(tkd_moe_gemm_sm90_tile_rows(ws[sc]), &nt, &rows, first);
-        const int m = rows - kPast;
-        const size_t nc = (size_t)rows * n;
-        if (!x.f)
-            x = tensor_make((size_t)rows * k, 51, 1.0f);
-        uint16_t *d[2], *h[2];
-        for (int z = 0; z < 2; z++) {
-            tkd_test_poison(d[z] = tkd_test_dev_alloc(2 * nc), 2 * nc);
-            h[z] = tkd_test_xmalloc(2 * nc);
-        }
-        if (sc == 1) { /* ping-pong */
-            const tkd_status st = c->fused ? tkd_moe_gemm_sm90_gate_up_mxfp4(ws[sc], x.d, &q, b[0].d, b[1].d, &p, tiles,
-                                                                             nt, m, n, k, d[1])
-                                           : tkd_moe_gemm_sm90_down_mxfp4(ws[sc], x.d, &q, kGemmE, tiles, nt, m, n, k,
-                                                                          d[1]);
-            assert_int_equal(st, TKD_ERR_UNSUPPORTED);
-            tkd_test_assert_msg_has("cooperative schedule only");
-            free(h[0]), free(h[1]);
-            cudaFree(d[0]), cudaFree(d[1]), cudaFree(tiles);
-            continue;
-        }
-        if (c->fused) {
-            tkd_test_ok(tkd_moe_gemm_sm90_gate_up(ws[sc], x.d, deq[0], deq[1], b[0].d, b[1].d, &p, tiles, nt, m, n, k,
-                                                  d[0]), "tkd_moe_gemm_sm90_gate_up");
-            tkd_test_ok(tkd_moe_gemm_sm90_gate_up_mxfp4(ws[sc], x.d, &q, b[0].d, b[1].d, &p, tiles, nt, m, n, k,
-                                                        d[1]), "tkd_moe_gemm_sm90_gate_up_mxfp4");
-        } else {
-            tkd_test_ok(tkd_moe_gemm_sm90_down(ws[sc], x.d, deq[0], kGemmE, tiles, nt, m, n, k, d[0]),
-                        "tkd_moe_gemm_sm90_down");
-            tkd_test_ok(tkd_moe_gemm_sm90_down_mxfp4(ws[sc], x.d, &q, kGemmE, tiles, nt, m, n, k, d[1]),
-                        "tkd_moe_gemm_sm90_down_mxfp4");
-        }
-        tkd_test_ok(tkd_lmhead_sm90_sync(ws[sc]), "tkd_lmhead_sm90_sync");
-        for (int z = 0; z < 2; z++)
-            tkd_test_to_host(h[z], d[z], 2 * nc, NULL);
-        size_t diff = 0, written = 0;
-        for (size_t i = 0; i < nc; i++)
-            diff += h[0][i] != h[1][i], written += h[0][i] != 0xffff;
-        if (diff)
-            fail_msg("moe_gemm_sm90 MXFP4 %s %s n %d k %d: %zu of %zu elements differ from the bf16 launch's",
-                     sc ? "ping-pong" : "coop", c->fused ? "gate/up" : "down", n, k, diff, nc);
-        assert_true(written > nc / 2);
-        print_message("moe_gemm_sm90 MXFP4 %s %s n %d k %d: the bf16 launch's bits (%zu elements written)\n",
-                      sc ? "ping-pong" : "coop", c->fused ? (c->clamp ? "gate/up clamped" : "gate/up SwiGLU") : "down",
-                      n, k, written);
-        free(h[0]), free(h[1]);
-        cudaFree(d[0]), cudaFree(d[1]), cudaFree(tiles);
+    int nt = 0, rows = 0;
+    int32_t first[kGemmE];
+    int32_t *tiles = gemm_tiles(tkd_moe_gemm_sm90_tile_rows(coop), &nt, &rows, first);
+    const int m = rows - kPast;
+    const size_t nc = (size_t)rows * n;
+    tensor x = tensor_make((size_t)rows * k, 51, 1.0f);
+    uint16_t *d[2], *h[2];
+    for (int z = 0; z < 2; z++) {
+        tkd_test_poison(d[z] = tkd_test_dev_alloc(2 * nc), 2 * nc);
+        h[z] = tkd_test_xmalloc(2 * nc);
     }
+    if (c->fused) {
+        tkd_test_ok(tkd_moe_gemm_sm90_gate_up(coop, x.d, deq[0], deq[1], b[0].d, b[1].d, &p, tiles, nt, m, n, k, d[0]),
+                    "tkd_moe_gemm_sm90_gate_up");
+        tkd_test_ok(tkd_moe_gemm_sm90_gate_up_mxfp4(coop, x.d, &q, b[0].d, b[1].d, &p, tiles, nt, m, n, k, d[1]),
+                    "tkd_moe_gemm_sm90_gate_up_mxfp4");
+    } else {
+        tkd_test_ok(tkd_moe_gemm_sm90_down(coop, x.d, deq[0], kGemmE, tiles, nt, m, n, k, d[0]),
+                    "tkd_moe_gemm_sm90_down");
+        tkd_test_ok(tkd_moe_gemm_sm90_down_mxfp4(coop, x.d, &q, kGemmE, tiles, nt, m, n, k, d[1]),
+                    "tkd_moe_gemm_sm90_down_mxfp4");
+    }
+    tkd_test_ok(tkd_lmhead_sm90_sync(coop), "tkd_lmhead_sm90_sync");
+    for (int z = 0; z < 2; z++)
+        tkd_test_to_host(h[z], d[z], 2 * nc, NULL);
+    size_t diff = 0, written = 0;
+    for (size_t i = 0; i < nc; i++)
+        diff += h[0][i] != h[1][i], written += h[0][i] != 0xffff;
+    if (diff)
+        fail_msg("moe_gemm_sm90 MXFP4 %s n %d k %d: %zu of %zu elements differ from the bf16 launch's",
+                 c->fused ? "gate/up" : "down", n, k, diff, nc);
+    assert_true(written > nc / 2);
+    print_message("moe_gemm_sm90 MXFP4 %s n %d k %d: the bf16 launch's bits (%zu elements written)\n",
+                  c->fused ? (c->clamp ? "gate/up clamped" : "gate/up SwiGLU") : "down", n, k, written);
+    for (int z = 0; z < 2; z++)
+        free(h[z]), cudaFree(d[z]);
+    cudaFree(tiles);
     tensor_free(&x);
     if (c->bias)
         tensor_free(&b[0]), tensor_free(&b[1]);
     for (int j = 0; j < 3; j++)
         cudaFree((void *)q.blocks[j]), cudaFree((void *)q.scales[j]);
-    cudaFree(deq[0]);
-    if (c->fused)
-        cudaFree(deq[1]);
+    for (int j = 0; j < nstacks; j++)
+        cudaFree(deq[j]);
 }
 
 static void test_grouped_gemm_sm90_mxfp4(void **state)
 {
     (void)state;
     tkd_lmhead_sm90_ws *ws[2] = {NULL, NULL};
-    const tkd_status st = tkd_lmhead_sm90_ws_create(&ws[0], TKD_LMHEAD_SM90_SCHED_COOP);
-    if (st == TKD_ERR_UNSUPPORTED) {
-        tkd_test_assert_msg_has("compute capability");
-        print_message("moe_gemm_sm90 MXFP4: not compute capability 9.0: refused, as it must be\n");
+    if (!sm90_pair(ws, "moe_gemm_sm90 MXFP4"))
         return;
-    }
-    tkd_test_ok(st, "tkd_lmhead_sm90_ws_create");
-    tkd_test_ok(tkd_lmhead_sm90_ws_create(&ws[1], TKD_LMHEAD_SM90_SCHED_PINGPONG), "tkd_lmhead_sm90_ws_create");
     static const sm90_case kCases[] = {
         {1, 1, 1, 264, 128}, {1, 0, 0, 40, 64}, {1, 1, 1, 2880, 2880}, {0, 0, 0, 40, 64}, {0, 0, 0, 136, 2880},
         {0, 0, 0, 2880, 192},
     };
     for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
-        run_sm90_mx_case(&kCases[i], ws);
+        run_sm90_mx_case(&kCases[i], ws[0]);
     /* refusals, naming what, before anything runs */
     uint16_t *b = tkd_test_dev_alloc(4096);
     const int32_t *t = (const int32_t *)b;
     tkd_moe_mxfp4 q = {{(const uint8_t *)b, (const uint8_t *)b, (const uint8_t *)b},
                        {(const uint8_t *)b, (const uint8_t *)b, (const uint8_t *)b}};
+    assert_int_equal(tkd_moe_gemm_sm90_down_mxfp4(ws[1], b, &q, 2, t, 1, 4, 16, 64, b), TKD_ERR_UNSUPPORTED);
+    tkd_test_assert_msg_has("cooperative schedule only");
     assert_int_equal(tkd_moe_gemm_sm90_down_mxfp4(ws[0], b, &q, 2, t, 1, 4, 16, 96, b), TKD_ERR_UNSUPPORTED);
     tkd_test_assert_msg_has("k 96 must be a multiple of 64");
     q.scales[2] = (const uint8_t *)b + 2;
@@ -797,6 +785,22 @@ static void test_errors(void **state)
     tkd_test_assert_msg_has("D 36, I 16: our grouped GEMM needs both multiples of 8");
     assert_int_equal(tkd_cuda_moe_ws_set_ours_kernel(ws, 7), TKD_ERR_INVALID_ARG);
     tkd_test_assert_msg_has("our GEMM's kernel 7");
+    tkd_cuda_moe_ws_free(ws);
+    /* MXFP4 stacks off their alignment: refused naming the stack, before anything is enqueued */
+    p = tkd_moe_params_gpt_oss(64, 64, 8, 2, 7.0f);
+    p.mxfp4 = 1;
+    assert_int_equal(tkd_cuda_moe_ws_create(&ws, &p, 8, NULL), TKD_OK);
+    uint8_t *buf = tkd_test_dev_alloc(4096);
+    tkd_cuda_moe_weights wq = {0};
+    for (int j = 0; j < 3; j++)
+        wq.q.blocks[j] = buf, wq.q.scales[j] = buf + 2048;
+    wq.q.blocks[1] = buf + 8;
+    assert_int_equal(tkd_cuda_moe_fwd(ws, &wq, NULL, 1, NULL, NULL, NULL), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("MXFP4 W_up: codes must be 16-byte and scales 4-byte aligned");
+    wq.q.blocks[1] = buf, wq.q.scales[2] = buf + 2050;
+    assert_int_equal(tkd_cuda_moe_fwd(ws, &wq, NULL, 1, NULL, NULL, NULL), TKD_ERR_INVALID_ARG);
+    tkd_test_assert_msg_has("MXFP4 W_down");
+    cudaFree(buf);
     tkd_cuda_moe_ws_free(ws);
 }
 

@@ -20,8 +20,8 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_mem.h"
-#include "kernels/cuda/moe_gemm_cuda.h"
 #include "common/mxfp4_bits.h"
+#include "kernels/cuda/moe_gemm_cuda.h"
 #include "kernels/gemm_sm90/moe_gemm_sm90.h"
 
 static constexpr int kMoeMaxE = 1024; /* experts a layer may have (the router kernel's shared row) */
@@ -297,35 +297,22 @@ __global__ void combine_kernel(const uint16_t *o, const int32_t *sel, const floa
     }
 }
 
-/* MXFP4 blocks (n_blocks of 16 bytes: 32 E2M1 codes each) with one E8M0 scale each into bf16:
- * value · 2^(s − 127), exact (common/mxfp4_bits.h); one thread a block, 16 bytes in and 64 out when
- * blocks and out are 16-byte aligned (vec), else byte by byte. */
-template <bool kVec>
+/* MXFP4 blocks (n_blocks of 16 bytes: 32 E2M1 codes each, 16-byte aligned) with one E8M0 scale
+ * each into bf16 (64 bytes a block, 16-byte aligned): value · 2^(s − 127), exact
+ * (common/mxfp4_bits.h); one thread a block. */
 __global__ void mxfp4_to_bf16_kernel(const uint8_t *blocks, const uint8_t *scales, int64_t n_blocks, uint16_t *out)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_blocks; i += stride) {
-        uint32_t w[4];
-        if (kVec) {
-            const uint4 q = reinterpret_cast<const uint4 *>(blocks)[i];
-            w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
-        } else {
-            for (int j = 0; j < 4; j++)
-                w[j] = (uint32_t)blocks[16 * i + 4 * j] | (uint32_t)blocks[16 * i + 4 * j + 1] << 8 |
-                       (uint32_t)blocks[16 * i + 4 * j + 2] << 16 | (uint32_t)blocks[16 * i + 4 * j + 3] << 24;
-        }
+        const uint4 q = reinterpret_cast<const uint4 *>(blocks)[i];
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
         const unsigned s = scales[i];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             uint32_t r[4];
             tkd_mxfp4_e2m1x8_bits(w[j], r);
             tkd_mxfp4_scale_f32(r, s);
-            if (kVec) {
-                reinterpret_cast<uint4 *>(out)[4 * i + j] = make_uint4(r[0], r[1], r[2], r[3]);
-            } else {
-                for (int e = 0; e < 4; e++)
-                    out[32 * i + 8 * j + 2 * e] = (uint16_t)r[e], out[32 * i + 8 * j + 2 * e + 1] = (uint16_t)(r[e] >> 16);
-            }
+            reinterpret_cast<uint4 *>(out)[4 * i + j] = make_uint4(r[0], r[1], r[2], r[3]);
         }
     }
 }
@@ -613,18 +600,14 @@ bool use_ours(const tkd_cuda_moe_ws *ws)
            (ws->grouped < 0 && ws->sm90 && ws->p.D % 8 == 0 && ws->p.inter % 8 == 0);
 }
 
-/* Whether this call decodes its MXFP4 experts inside our Hopper GEMM: the layout that GEMM takes
- * (moe_gemm_sm90.h: K steps of whole blocks, aligned codes and scales). */
-bool mx_in_gemm(const tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w)
+/* Whether this call decodes its MXFP4 experts inside our Hopper GEMM: the shapes that GEMM takes
+ * (moe_gemm_sm90.h: K steps of whole blocks; the alignment tkd_cuda_moe_fwd checked) and both
+ * launches cooperative, the schedule it runs on. */
+bool mx_in_gemm(const tkd_cuda_moe_ws *ws)
 {
     const tkd_moe_params &p = ws->p;
-    if (!p.mxfp4 || ws->mx_layer || !ws->sm90 || !use_ours(ws) || p.D % 64 || p.inter % 64 ||
-        tkd_moe_gemm_sm90_tile_rows(ws->sm90) != 128 || tkd_moe_gemm_sm90_tile_rows(ws->sm90_dn) != 128)
-        return false; /* ... and both launches cooperative, the schedule it runs on */
-    for (int j = 0; j < 3; j++)
-        if (!aligned16(w->q.blocks[j]) || ((uintptr_t)w->q.scales[j] & 3u))
-            return false;
-    return true;
+    return p.mxfp4 && !ws->mx_layer && ws->sm90 && use_ours(ws) && p.D % 64 == 0 && p.inter % 64 == 0 &&
+           tkd_moe_gemm_sm90_tile_rows(ws->sm90) == 128 && tkd_moe_gemm_sm90_tile_rows(ws->sm90_dn) == 128;
 }
 
 /* The MXFP4 experts of w as a bf16 copy in ws->deq (allocated on first use), pointed to by *wd. */
@@ -638,11 +621,8 @@ tkd_status decode_layer(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, tkd_
     uint16_t *dst = ws->deq;
     const uint16_t **to[3] = {&wd->w_gate, &wd->w_up, &wd->w_down};
     for (int j = 0; j < 3; j++) {
-        const int64_t nb = (int64_t)n[j] / 32;
-        if (aligned16(w->q.blocks[j]) && aligned16(dst))
-            mxfp4_to_bf16_kernel<true><<<grid_for(nb, 256), 256, 0, ws->stream>>>(w->q.blocks[j], w->q.scales[j], nb, dst);
-        else
-            mxfp4_to_bf16_kernel<false><<<grid_for(nb, 256), 256, 0, ws->stream>>>(w->q.blocks[j], w->q.scales[j], nb, dst);
+        const int64_t nb = (int64_t)n[j] / 32; /* dst stays 16-byte aligned: each stack is 64·nb bytes */
+        mxfp4_to_bf16_kernel<<<grid_for(nb, 256), 256, 0, ws->stream>>>(w->q.blocks[j], w->q.scales[j], nb, dst);
         TKD_CUDA_CHECK(cudaGetLastError());
         *to[j] = dst;
         dst += n[j];
@@ -652,7 +632,7 @@ tkd_status decode_layer(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, tkd_
 
 tkd_status run_experts(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_weights *w, int64_t P)
 {
-    ws->mx_in_gemm = mx_in_gemm(ws, w);
+    ws->mx_in_gemm = mx_in_gemm(ws);
     tkd_cuda_moe_weights wd = *w;
     if (ws->p.mxfp4 && !ws->mx_in_gemm) /* the layer's experts in bf16, then the same GEMMs as bf16 experts */
         TKD_TRY(decode_layer(ws, w, &wd));
@@ -768,6 +748,10 @@ extern "C" tkd_status tkd_cuda_moe_fwd(tkd_cuda_moe_ws *ws, const tkd_cuda_moe_w
     if (ws->grouped == TKD_CUDA_MOE_GEMM_OURS && (p.D % 8 || p.inter % 8))
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "moe (cuda): D %d, I %d: our grouped GEMM needs both multiples of 8 "
                              "(TKD_MOE_GEMM=ours; the other modes take any)", p.D, p.inter);
+    for (int j = 0; p.mxfp4 && j < 3; j++)
+        if (!aligned16(w->q.blocks[j]) || ((uintptr_t)w->q.scales[j] & 3u))
+            return tkd_error_set(TKD_ERR_INVALID_ARG, "moe (cuda): MXFP4 %s: codes must be 16-byte and scales 4-byte "
+                                 "aligned", j == 0 ? "W_gate" : j == 1 ? "W_up" : "W_down");
     if (N == 0)
         return TKD_OK;
     const int64_t P = (int64_t)N * p.k;

@@ -22,7 +22,8 @@
  * about max_tokens · k · (4 D + 6 I) bytes; a caller with more tokens calls in chunks. Our
  * grouped GEMM's tile list adds 12 bytes per 128 rows and per expert, on the host and the device.
  * With params.mxfp4 the experts stay MXFP4: where the Hopper kernel runs them (AUTO or OURS on
- * compute capability 9.0, D and I multiples of 64) it decodes them inside the GEMM, tile by tile;
+ * compute capability 9.0, D and I multiples of 64, on the cooperative schedule: the default with
+ * MXFP4 experts) it decodes them inside the GEMM, tile by tile;
  * elsewhere (or with tkd_cuda_moe_ws_set_mxfp4_layer) the op first decodes the layer's experts to a
  * bf16 copy, 6·E·I·D bytes (6.4 GB at gpt-oss-120b's shape) allocated on the first such call.
  * Either way the values are exact (an MXFP4 value is exact in bf16), so y is bit for bit the bf16
@@ -53,7 +54,8 @@ typedef struct tkd_cuda_moe_weights {
     const uint16_t *b_up;     /* (E, I) or NULL */
     const uint16_t *b_down;   /* (E, D) or NULL */
     tkd_moe_mxfp4 q;          /* params.mxfp4: the experts as MXFP4 (w_gate/w_up/w_down unused), decoded
-                               * exactly inside the GEMM or a layer at a time (above) */
+                               * exactly inside the GEMM or a layer at a time (above); each stack's codes
+                               * 16-byte and scales 4-byte aligned (TKD_ERR_INVALID_ARG otherwise) */
 } tkd_cuda_moe_weights;
 
 /* A workspace for layers of shape p, up to max_tokens rows a call, running on stream (a

@@ -128,25 +128,6 @@ __device__ inline void cp_async_arrive_noinc(uint32_t bar)
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
-/* Plain shared-memory accesses at a shared address (16-byte ones 16-byte aligned). */
-__device__ inline uint4 lds_v4(uint32_t a)
-{
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-    return v;
-}
-__device__ inline unsigned lds_u8(uint32_t a)
-{
-    unsigned v;
-    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a));
-    return v;
-}
-__device__ inline void sts_v4(uint32_t a, uint4 v)
-{
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
 /* bytes (a multiple of 16; both 16-byte aligned) from shared src to global dst: a plain bulk copy
  * (bulk_store) or an element-wise fp32 add into dst (bulk_reduce_add_f32), in this thread's bulk
  * group; bulk_commit closes the group, bulk_wait_read waits until its shared reads are done (src may

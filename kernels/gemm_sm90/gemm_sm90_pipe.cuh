@@ -195,37 +195,6 @@ __device__ __forceinline__ void produce(const CUtensorMap *tm_a, const CUtensorM
     }
 }
 
-/* One consumer warpgroup (cw = 0, 1) over all K steps of a tile: acc (64 x 256) = rows a_row.. of
- * the stage's A tile · B_tileᵀ. One K step of wgmma stays in flight; a stage is released (one
- * arrival per warp) once the wgmma that read it has completed. Ping-pong: once every stage of the
- * tile has been waited for, the other consumer gets its turn. */
-template <class P, class S>
-__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const typename P::Params &p, uint32_t base,
-                                         int cw, int a_row, Ring<S::kStages> &r)
-{
-    int prev = -1;
-    for (int kt = 0; kt < p.ktiles; kt++) {
-        tkd_sm90::mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
-        __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
-        tkd_sm90::wgmma_fence();
-        P::mma(acc, stage_a<S>(base, r.stage) + a_row * 128, stage_b<S>(base, r.stage), kt == 0);
-        tkd_sm90::wgmma_commit();
-        if (prev >= 0) {
-            tkd_sm90::wgmma_wait<1>();
-            if ((threadIdx.x & 31) == 0)
-                tkd_sm90::mbar_arrive(empty_bar<S>(base, prev));
-        }
-        prev = r.stage;
-        r.next();
-    }
-    if (S::kPP && (threadIdx.x & 127) == 0)
-        tkd_sm90::mbar_arrive(turn_bar<S>(base, 1 - cw));
-    tkd_sm90::wgmma_wait<0>();
-    tkd_sm90::fence_regs(acc);
-    if ((threadIdx.x & 31) == 0)
-        tkd_sm90::mbar_arrive(empty_bar<S>(base, prev));
-}
-
 /* Both consumers' B for ring position q (the stage r points at, full once waited for): each thread
  * its share (P::transform), the writes made visible to wgmma (the async proxy), then both warpgroups
  * meet, so B is whole before either reads it. */
@@ -241,21 +210,30 @@ __device__ __forceinline__ void transform_b(const typename P::Params &p, const t
     asm volatile("bar.sync %0, 256;" ::"n"(kBarTransform) : "memory");
 }
 
-/* mma_tile for a transform problem (cooperative): K step kt's B is written into buffer
- * (q0 + kt) mod kBBufs (q0 the tile's first ring position) while step kt − 1's wgmma runs. That
- * buffer was last read by step kt − 3's wgmma, which both warpgroups had waited for (wgmma_wait<1>
- * after issuing step kt − 2) before they met after writing step kt − 1's B. */
+/* One consumer warpgroup (cw = 0, 1) over all K steps of a tile: acc (64 x 256) = rows a_row.. of
+ * the stage's A tile · B_tileᵀ. One K step of wgmma stays in flight; a stage is released (one
+ * arrival per warp) once the wgmma that read it has completed. Ping-pong: once every stage of the
+ * tile has been waited for, the other consumer gets its turn.
+ * A transform problem (cooperative) reads B from buffer (q0 + kt) mod kBBufs (q0 the tile's first
+ * ring position), written by both warpgroups while step kt − 1's wgmma runs. That buffer was last
+ * read by step kt − 3's wgmma, which both had waited for (wgmma_wait<1> after issuing step kt − 2)
+ * before they met after writing step kt − 1's B. */
 template <class P, class S>
-__device__ __forceinline__ void mma_tile_xform(float (&acc)[kAcc], const typename P::Params &p,
-                                               const typename P::Extra &x, const typename P::Tile &tl, uint32_t base,
-                                               int a_row, Ring<S::kStages> &r, long long q0)
+__device__ __forceinline__ void mma_tile(float (&acc)[kAcc], const typename P::Params &p, const typename P::Extra &x,
+                                         const typename P::Tile &tl, uint32_t base, int cw, int a_row,
+                                         Ring<S::kStages> &r, long long q0)
 {
-    transform_b<P, S>(p, x, tl, base, r, q0, 0);
+    constexpr bool kXform = Traits<P>::kTransform;
+    if constexpr (kXform)
+        transform_b<P, S>(p, x, tl, base, r, q0, 0);
     int prev = -1;
     for (int kt = 0; kt < p.ktiles; kt++) {
-        __syncwarp();
+        if constexpr (!kXform) /* a transform waited for the stage when it wrote B */
+            tkd_sm90::mbar_wait(full_bar<S>(base, r.stage), r.phase, r.failed, p.err);
+        __syncwarp(); /* lanes may leave the wait's loop apart; wgmma wants the warp converged */
         tkd_sm90::wgmma_fence();
-        P::mma(acc, stage_a<S>(base, r.stage) + a_row * 128, b_buf<S>(base, (int)((q0 + kt) % kBBufs)), kt == 0);
+        const uint32_t b = kXform ? b_buf<S>(base, (int)((q0 + kt) % kBBufs)) : stage_b<S>(base, r.stage);
+        P::mma(acc, stage_a<S>(base, r.stage) + a_row * 128, b, kt == 0);
         tkd_sm90::wgmma_commit();
         if (prev >= 0) {
             tkd_sm90::wgmma_wait<1>();
@@ -264,9 +242,12 @@ __device__ __forceinline__ void mma_tile_xform(float (&acc)[kAcc], const typenam
         }
         prev = r.stage;
         r.next();
-        if (kt + 1 < p.ktiles)
-            transform_b<P, S>(p, x, tl, base, r, q0 + kt + 1, kt + 1);
+        if constexpr (kXform)
+            if (kt + 1 < p.ktiles)
+                transform_b<P, S>(p, x, tl, base, r, q0 + kt + 1, kt + 1);
     }
+    if (S::kPP && (threadIdx.x & 127) == 0)
+        tkd_sm90::mbar_arrive(turn_bar<S>(base, 1 - cw));
     tkd_sm90::wgmma_wait<0>();
     tkd_sm90::fence_regs(acc);
     if ((threadIdx.x & 31) == 0)
@@ -296,10 +277,7 @@ __device__ __forceinline__ void consume(const typename P::Params &p, const typen
         if (S::kPP && (cw == 1 || mine > 0))
             tkd_sm90::mbar_wait(turn_bar<S>(base, cw), (uint32_t)((cw == 1 ? mine : mine - 1) & 1),
                                 r.failed, p.err);
-        if constexpr (Traits<P>::kTransform)
-            mma_tile_xform<P, S>(acc, p, x, tl, base, a_row, r, j * p.ktiles);
-        else
-            mma_tile<P, S>(acc, p, base, cw, a_row, r);
+        mma_tile<P, S>(acc, p, x, tl, base, cw, a_row, r, j * p.ktiles);
         P::epilogue(acc, p, x, frag_of<S>(tl.mi, tl.ni, a_row), tl);
     }
 }
