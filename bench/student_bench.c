@@ -18,13 +18,15 @@
  * (model backward), opt (zero grads + norm + AdamW with the clip inside); and the loss of the last step.
  *
  *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
- *                 [--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads]
+ *                 [--recompute [none|attention|full|full_keep_attention|auto]] [--kd-recompute] [--no-lend-grads]
  *                 [--state-dtype f32|bf16] [--profile] [--memory]
  *
  * --recompute MODE: activation recomputation as train.recompute (model/model.h's tkd_recompute):
  * full keeps only each block's input and backward recomputes the rest (memory down, about one
  * forward more of compute); attention also keeps the MLP's activations and recomputes only the
- * attention side. --recompute without a mode is full.
+ * attention side; full_keep_attention is full that keeps the attention's output and statistics; auto
+ * picks as student-train's default does, once the rest is allocated (tkd_model_fit_recompute), and
+ * prints its pick. --recompute without a mode is full.
  * --kd-recompute: the loss as kd.grad_in_forward: false does it (the logits chunk made again in
  * kl_backward: 4 GEMMs instead of 3).
  * --no-lend-grads: the activations in their own buffer only (student-train lends them the gradient
@@ -374,7 +376,7 @@ static int run_one(const run_spec *r, int steps)
     double t0 = bench_now_s();
     if (tkd_model_init_random_for_training(&cfg, 1, c.be, &c.m) != TKD_OK)
         return die("init");
-    tkd_model_set_recompute(c.m, g_recompute);
+    tkd_model_set_recompute(c.m, g_recompute == TKD_RECOMPUTE_AUTO ? TKD_RECOMPUTE_FULL : g_recompute);
     tkd_model_set_lend_grads(c.m, g_lend_grads); /* as student-train does without accumulation */
     if (tkd_model_reserve(c.m, c.B, c.T, 1) != TKD_OK)
         return die("reserve");
@@ -388,6 +390,16 @@ static int run_one(const run_spec *r, int steps)
         return die("loss");
     if (c.be->op->alloc(c.be, (size_t)N * cfg.hidden_size * sizeof(float), "bench: dHidden", (void **)&c.dh) != TKD_OK)
         return die("dHidden");
+    if (g_recompute == TKD_RECOMPUTE_AUTO) { /* as student-train: once the rest is allocated */
+        static const char *const names[] = TKD_RECOMPUTE_NAMES;
+        tkd_recompute mode;
+        size_t need, budget;
+        if (tkd_model_fit_recompute(c.m, c.B, c.T, 0, &mode, &need, &budget) != TKD_OK)
+            return die("recompute auto");
+        if (g_dist.rank == 0)
+            printf("%s: --recompute auto picked %s (activations %.2f GiB of %.2f GiB left for them)\n", r->s->name,
+                   names[mode], need / 1073741824.0, budget / 1073741824.0);
+    }
     double init_s = bench_now_s() - t0;
 
     split_ms sp = {0};
@@ -471,7 +483,7 @@ int main(int argc, char **argv)
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
             fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] "
-                            "[--recompute [none|attention|full]] [--kd-recompute] [--no-lend-grads] "
+                            "[--recompute [none|attention|full|full_keep_attention|auto]] [--kd-recompute] [--no-lend-grads] "
                             "[--state-dtype f32|bf16] [--profile] [--memory] [--nproc-per-node N]\n");
             return 2;
         }

@@ -283,6 +283,11 @@ typedef struct tkd_backend_ops {
     tkd_status (*mark)(tkd_backend *be, int64_t i);
     /* *ms (host) = time from mark a to mark b, both recorded; waits for mark b. */
     tkd_status (*mark_ms)(tkd_backend *be, int64_t a, int64_t b, double *ms);
+
+    /* ---- memory, asked ---- */
+    /* *free_bytes: what the backend could still allocate (CUDA: the device's free memory; the CPU:
+     * the kernel's MemAvailable), *total_bytes: its size (the device's; the host's RAM). */
+    tkd_status (*mem_info)(tkd_backend *be, size_t *free_bytes, size_t *total_bytes);
 } tkd_backend_ops;
 
 struct tkd_backend {

@@ -203,6 +203,11 @@ static tkd_status prof_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms
     return prof_of(be)->inner->op->mark_ms(prof_of(be)->inner, a, b, ms);
 }
 
+static tkd_status prof_mem_info(tkd_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    return prof_of(be)->inner->op->mem_info(prof_of(be)->inner, free_bytes, total_bytes);
+}
+
 /* The wrapper's table: every entry forwarding, NULL where inner's is NULL (the model checks some). */
 static void ops_fill(tkd_backend_ops *t, const tkd_backend_ops *in)
 {
@@ -217,6 +222,7 @@ static void ops_fill(tkd_backend_ops *t, const tkd_backend_ops *in)
     t->kl_free = in->kl_free ? prof_kl_free : NULL;
     t->moe_free = in->moe_free ? prof_moe_free : NULL;
     t->lmhead_chunk_rows = in->lmhead_chunk_rows ? prof_lmhead_chunk_rows : NULL;
+    t->mem_info = in->mem_info ? prof_mem_info : NULL;
     t->mark = prof_mark;
     t->mark_ms = prof_mark_ms;
 }

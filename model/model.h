@@ -124,12 +124,15 @@ typedef enum tkd_recompute {
     TKD_RECOMPUTE_FULL_KEEP_ATTENTION = 3, /* the input, the attention's output and its saved
                                             * statistics are kept: full recompute without the
                                             * attention itself (long context, where it dominates) */
+    TKD_RECOMPUTE_AUTO = 4, /* a caller's choice, never a model's mode: pick one of the above with
+                             * tkd_model_pick_recompute (student-train does); a model given it keeps
+                             * what full keeps */
 } tkd_recompute;
 
 /* tkd_recompute's names, indexed by value (the config's train.recompute, student_bench's
  * --recompute). A macro so that the config schema builds without the model library (the config
  * fuzzer compiles the schema alone). */
-#define TKD_RECOMPUTE_NAMES {"none", "full", "attention", "full_keep_attention", NULL}
+#define TKD_RECOMPUTE_NAMES {"none", "full", "attention", "full_keep_attention", "auto", NULL}
 
 typedef struct tkd_model_acts tkd_model_acts; /* private: activation buffers */
 
@@ -237,6 +240,27 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
  * mode; the last block is never recomputed (the shared set still holds its activations). Drops
  * the activation buffers; the next forward sizes them for the new layout. */
 void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode);
+
+/* *bytes = the activation buffer a training reserve of batch (B, T) would allocate in recompute
+ * mode `mode` (not AUTO), with the gradient loans of the current lend setting (which needs the
+ * gradient buffer: allocated here if it is not yet). Allocates nothing else. */
+tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int B, int T, size_t *bytes);
+
+/* train.recompute: auto. *mode = among none, attention, full_keep_attention and full, those whose
+ * activations (tkd_model_recompute_bytes) fit in budget bytes, the one that runs the fewest FLOPs
+ * again in backward: none when it fits; then attention at short T and full_keep_attention at long
+ * T, where the attention forward costs more than the block's GEMMs. *bytes = its activation bytes.
+ * When none of them fits: full, with *bytes > budget for the caller to report. */
+tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute *mode, size_t *bytes);
+
+/* train.recompute: auto, once everything else a run holds is allocated. The budget is the
+ * backend's free memory (its mem_info) plus the activations reserved now, less a margin for what
+ * the first step allocates on demand (512 MiB, 1/32 of the device, the attention backward's fp32 dQ
+ * accumulators); budget_override > 0 replaces it (tests). Picks with tkd_model_pick_recompute, sets
+ * the mode and reserves a training batch (B, T). *mode, *need: the pick and its activation bytes
+ * (over *budget when nothing fits: full, and the reserve may then fail). */
+tkd_status tkd_model_fit_recompute(tkd_model *m, int B, int T, size_t budget_override, tkd_recompute *mode,
+                                   size_t *need, size_t *budget);
 
 /* Lends the gradient buffer to the activations (on: 1): block l's kept activations go first into
  * the gradients of block l − 1 (block 0's into the embedding's when the head is untied), which

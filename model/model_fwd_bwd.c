@@ -149,10 +149,11 @@ static void carve_wanted(layer_acts *t, const size_t *sz, region *own, region *l
 
 /* The one set every block uses in inference (the residual stream updated in place), or the
  * shared set of training: what no block keeps, and the remade n1, n2, rstd1, rstd2, hm, ao, mo. */
-static void carve_shared(const tkd_model *m, layer_acts *t, region *own, size_t N, size_t att, int training)
+static void carve_shared(const tkd_model *m, int kept, layer_acts *t, region *own, size_t N, size_t att,
+                         int training)
 {
     size_t D = m->cfg.hidden_size, F = dense_width(&m->cfg), A = m->be->act_size, S = sizeof(float);
-    int kept = training ? kept_groups(m->recompute) : 0;
+    kept = training ? kept : 0;
     if (!training)
         t->x = take(own->base, &own->off, N * D, S);
     t->n1 = take(own->base, &own->off, N * D, A);
@@ -172,10 +173,10 @@ static void carve_shared(const tkd_model *m, layer_acts *t, region *own, size_t 
     t->mo = training ? take(own->base, &own->off, N * D, A) : t->ao;
 }
 
-/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed. a->layer must exist.
- * Training: the shared set first, then each block's kept groups (in its gradient loan while they
- * fit, lend_grads); inference: one set for every block. */
-static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int T, int training)
+/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed for recompute mode r.
+ * a->layer must exist. Training: the shared set first, then each block's kept groups (in its
+ * gradient loan while they fit, lend_grads); inference: one set for every block. */
+static size_t carve(const tkd_model *m, tkd_recompute r, tkd_model_acts *a, char *buf, int B, int T, int training)
 {
     const tkd_model_config *c = &m->cfg;
     size_t N = (size_t)B * T, D = c->hidden_size, F = dense_width(c);
@@ -183,8 +184,8 @@ static size_t carve(const tkd_model *m, tkd_model_acts *a, char *buf, int B, int
     size_t att = m->be->op->attn_saved_bytes(m->be, B, T, c->num_attention_heads);
     region own = {buf, 0, 0};
     layer_acts shared = {0};
-    carve_shared(m, &shared, &own, N, att, training);
-    int kept = kept_groups(m->recompute);
+    int kept = kept_groups(r);
+    carve_shared(m, kept, &shared, &own, N, att, training);
     a->lent = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *t = &a->layer[l];
@@ -324,6 +325,80 @@ void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode)
     tkd_model_free_acts(m); /* the next reserve carves for the new layout */
 }
 
+/* The FLOPs per token one block runs again in backward under mode r: an estimate that ranks the
+ * modes, not a timing. The q/k/v projections, the other GEMMs (o_proj and the MLP's three), and
+ * the causal attention forward (QKᵀ and PV over T/2 keys on average; a sliding window makes it
+ * smaller than this says). */
+static double recompute_flops(const tkd_model *m, tkd_recompute r, int T)
+{
+    const tkd_model_config *c = &m->cfg;
+    double D = c->hidden_size, F = dense_width(c), Q = q_dim(c), KV = kv_dim(c);
+    double qkv = 2 * D * (Q + 2 * KV), rest = 2 * (Q * D + 3 * D * F), att = 2 * Q * (double)T;
+    switch (r) {
+    case TKD_RECOMPUTE_NONE: return 0;
+    case TKD_RECOMPUTE_ATTENTION: return qkv + att;
+    case TKD_RECOMPUTE_FULL_KEEP_ATTENTION: return qkv + rest;
+    default: return qkv + rest + att;
+    }
+}
+
+tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int B, int T, size_t *bytes)
+{
+    *bytes = 0;
+    if (B <= 0 || T <= 0)
+        return tkd_error_set(TKD_ERR_INVALID_ARG, "model: batch shape (%d, %d) must be positive", B, T);
+    if (m->lend_grads)
+        TKD_TRY(alloc_grads(m)); /* the loans are ranges of the gradient buffer */
+    tkd_model_acts a = {0};
+    if (!(a.layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a.layer)))
+        return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
+    *bytes = carve(m, mode, &a, NULL, B, T, 1);
+    free(a.layer);
+    return TKD_OK;
+}
+
+tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute *mode, size_t *bytes)
+{
+    static const tkd_recompute modes[] = {TKD_RECOMPUTE_NONE, TKD_RECOMPUTE_ATTENTION,
+                                          TKD_RECOMPUTE_FULL_KEEP_ATTENTION, TKD_RECOMPUTE_FULL};
+    int best = -1;
+    double best_flops = 0;
+    for (int i = 0; i < 4; i++) {
+        size_t n;
+        TKD_TRY(tkd_model_recompute_bytes(m, modes[i], B, T, &n));
+        double f = recompute_flops(m, modes[i], T);
+        if (n <= budget && (best < 0 || f < best_flops))
+            best = i, best_flops = f, *bytes = n;
+        if (i == 3 && best < 0) /* nothing fits: the least memory, for the caller to report */
+            best = i, *bytes = n;
+    }
+    *mode = modes[best];
+    return TKD_OK;
+}
+
+/* What the first training step allocates on demand beside the activations: the attention
+ * backward's fp32 dQ accumulators (CUDA), library workspaces, allocator rounding. A margin: 512 MiB
+ * and 1/32 of the device's memory, plus the accumulators. */
+static size_t fit_margin(const tkd_model *m, int B, int T, size_t total)
+{
+    size_t dq = sizeof(float) * (size_t)B * (size_t)T * (size_t)q_dim(&m->cfg);
+    return ((size_t)512 << 20) + total / 32 + dq;
+}
+
+tkd_status tkd_model_fit_recompute(tkd_model *m, int B, int T, size_t budget_override, tkd_recompute *mode,
+                                   size_t *need, size_t *budget)
+{
+    size_t free_b = 0, total = 0;
+    if (!m->be->op->mem_info)
+        return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: the %s backend cannot say its free memory", m->be->name);
+    TKD_TRY(m->be->op->mem_info(m->be, &free_b, &total));
+    size_t held = tkd_model_activation_bytes(m), margin = fit_margin(m, B, T, total);
+    *budget = budget_override ? budget_override : free_b + held > margin ? free_b + held - margin : 0;
+    TKD_TRY(tkd_model_pick_recompute(m, B, T, *budget, mode, need));
+    tkd_model_set_recompute(m, *mode); /* drops the activations held unless the mode stays */
+    return tkd_model_reserve(m, B, T, 1);
+}
+
 void tkd_model_set_lend_grads(tkd_model *m, int on)
 {
     if (m->lend_grads == !!on)
@@ -356,7 +431,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
     }
     m->acts = a;
-    size_t n = carve(m, a, NULL, nb, nt, tr);
+    size_t n = carve(m, m->recompute, a, NULL, nb, nt, tr);
     char what[128];
     snprintf(what, sizeof what, "model: activations of batch (%d, %d)", nb, nt);
     tkd_status st = m->be->op->alloc(m->be, n, what, &a->buf);
@@ -371,7 +446,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
     a->cap_t = nt;
     a->bytes = n;
     a->training = tr;
-    carve(m, a, a->buf, nb, nt, tr);
+    carve(m, m->recompute, a, a->buf, nb, nt, tr);
     return reserve_moe(m, nb * nt);
 }
 

@@ -308,17 +308,6 @@ static tkd_status open_zero(trainer *tr)
     return TKD_OK;
 }
 
-/* bytes as "12.3 GiB" or "45.6 MiB" into buf. */
-static const char *mem_str(char *buf, size_t n, double bytes)
-{
-    double mib = bytes / (1024.0 * 1024.0);
-    if (mib >= 1024.0)
-        snprintf(buf, n, "%.1f GiB", mib / 1024.0);
-    else
-        snprintf(buf, n, "%.1f MiB", mib);
-    return buf;
-}
-
 /* What the run holds in backend memory, once at the start: the state per parameter (weights and
  * the exact fp32 master, the fp32 gradients, the AdamW moments: 16 bytes, 12 with bf16 moments;
  * data parallel: the moments of this rank's shard only, so an upper bound) and the activations,
@@ -329,10 +318,11 @@ static void log_memory(const trainer *tr, const tkd_train_config *c)
     size_t lent = tkd_model_activation_lent_bytes(tr->m);
     char a[32], b[32], l[32], more[96] = "";
     if (lent)
-        snprintf(more, sizeof more, ", and %s more in the gradient buffer", mem_str(l, sizeof l, (double)lent));
+        snprintf(more, sizeof more, ", and %s more in the gradient buffer",
+                 tkd_train_mem_str(l, sizeof l, (double)lent));
     tkd_log_info("memory: %s of weights, gradients and AdamW state (%zu bytes a parameter); activations %s%s",
-                 mem_str(a, sizeof a, (double)tr->m->n_params * (double)per), per,
-                 mem_str(b, sizeof b, (double)tkd_model_activation_bytes(tr->m)), more);
+                 tkd_train_mem_str(a, sizeof a, (double)tr->m->n_params * (double)per), per,
+                 tkd_train_mem_str(b, sizeof b, (double)tkd_model_activation_bytes(tr->m)), more);
 }
 
 tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
@@ -350,6 +340,7 @@ tkd_status tkd_train_run(const tkd_train_opts *o, tkd_train_result *res)
     if (st == TKD_OK) st = open_zero(&tr);
     if (st == TKD_OK) st = tkd_train_build_loss(&tr);
     if (st == TKD_OK) st = tkd_train_build_optimizer(&tr);
+    if (st == TKD_OK) st = tkd_train_fit_recompute(&tr);
     if (st == TKD_OK) st = tkd_train_prepare_run_dir(&tr);
     res->finished_before = tr.finished_before;
     res->val_loss = res->val_kd = res->val_ce = res->val_ppl = res->top1_agree = NAN;

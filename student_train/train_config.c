@@ -70,8 +70,8 @@ static const tkd_config_field fields[] = {
     TKD_CFG_FLOAT(T, grad_clip, "optim.grad_clip", "1.0", 0, 1e9, "Global gradient-norm clip; 0 = off"),
     TKD_CFG_INT(T, grad_accum, "optim.grad_accum", "1", 1, 1 << 20, "Micro-batches per optimizer step"),
     TKD_CFG_ENUM(T, state_dtype, "optim.state_dtype", "f32", state_dtype_names, "How the AdamW moments m and v are kept: f32 (8 bytes a parameter; the update is torch's fp32 AdamW bit for bit) or bf16 (4 bytes a parameter: each update runs in fp32 and stores m and v rounded to nearest-even bf16, so it is no longer fp32-exact). A checkpoint resumes only with the dtype it was written with"),
-    TKD_CFG_ENUM(T, recompute, "train.recompute", "none", recompute_names,
-                 "none | attention | full | full_keep_attention: attention keeps each layer's input and MLP activations and recomputes the attention side (norm, q/k/v, RoPE, attention) in backward; full keeps only each layer's input and recomputes the rest (least memory, ~1/3 more compute); full_keep_attention is full that also keeps each layer's attention output and its statistics, so the attention itself is not run again (long context); gradients identical in every mode"),
+    TKD_CFG_ENUM(T, recompute, "train.recompute", "auto", recompute_names,
+                 "auto | none | attention | full | full_keep_attention: auto picks, once everything else is allocated, the mode that recomputes least among those whose activations fit in the memory left (none when it fits); attention keeps each layer's input and MLP activations and recomputes the attention side (norm, q/k/v, RoPE, attention) in backward; full keeps only each layer's input and recomputes the rest (least memory, ~1/3 more compute); full_keep_attention is full that also keeps each layer's attention output and its statistics, so the attention itself is not run again (long context); gradients identical in every mode"),
 
     TKD_CFG_INT(T, batch_size, "train.batch_size", "8", 1, 1 << 20, "Sequences per micro-batch"),
     TKD_CFG_INT64(T, max_steps, "train.max_steps", "200", 0, 1e15, "Optimizer steps; 0 = until train.max_tokens or train.epochs"),

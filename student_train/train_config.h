@@ -72,7 +72,7 @@ typedef struct tkd_train_config {
     double grad_clip;      /* 0 = no clipping */
     int grad_accum;
     int state_dtype;       /* optim.state_dtype: a tkd_adamw_dtype (kernels/cpu/adamw.h): 0 f32, 1 bf16 */
-    int recompute;         /* train.recompute: a tkd_recompute (model/model.h): 0 none, 1 full, 2 attention */
+    int recompute;         /* train.recompute: a tkd_recompute (model/model.h), AUTO resolved by tkd_train_fit_recompute */
     /* train */
     int batch_size;        /* sequences per micro-batch */
     int64_t max_steps;     /* 0 = until max_tokens / epochs */

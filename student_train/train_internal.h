@@ -86,6 +86,8 @@ tkd_status tkd_train_open_data(trainer *tr);
 tkd_status tkd_train_build_model(trainer *tr);
 tkd_status tkd_train_build_loss(trainer *tr);
 tkd_status tkd_train_build_optimizer(trainer *tr);
+tkd_status tkd_train_fit_recompute(trainer *tr);
+const char *tkd_train_mem_str(char *buf, size_t n, double bytes); /* "12.3 MiB", "1.2 GiB" */
 /* train_step.c: one optimizer step (its micro-batches), and one pass over the held-out split */
 tkd_status tkd_train_step(trainer *tr, step_stats *ss);
 tkd_status tkd_train_evaluate(trainer *tr, eval_stats *es);

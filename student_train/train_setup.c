@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/test_hooks.h"
 #include "student_train/train_internal.h"
 
 /* ---- data ------------------------------------------------------------------------------------ */
@@ -312,7 +313,9 @@ tkd_status tkd_train_build_model(trainer *tr)
         TKD_TRY(tkd_tokens_check_vocab(tr->tokens, mv));
     if (tr->val_tokens)
         TKD_TRY(tkd_tokens_check_vocab(tr->val_tokens, mv));
-    tkd_model_set_recompute(tr->m, tr->cfg->recompute);
+    /* auto: the least activations until the rest is allocated (tkd_train_fit_recompute) */
+    int auto_mode = tr->cfg->recompute == TKD_RECOMPUTE_AUTO;
+    tkd_model_set_recompute(tr->m, auto_mode ? TKD_RECOMPUTE_FULL : (tkd_recompute)tr->cfg->recompute);
     /* one forward and backward per zeroing of the gradients: they can hold the activations until
      * each block's backward (the same bits, min(activations, gradients) less memory) */
     tkd_model_set_lend_grads(tr->m, tr->cfg->grad_accum == 1);
@@ -399,4 +402,43 @@ tkd_status tkd_train_build_optimizer(trainer *tr)
     size_t b, e;
     tkd_zero_shard(tr->zero, &b, &e);
     return tkd_adamw_init_shard(&tr->ocfg, tr->m, b, e, &tr->opt);
+}
+
+/* bytes as "12.3 MiB" or "1.2 GiB" into buf (n bytes); returns buf. */
+const char *tkd_train_mem_str(char *buf, size_t n, double bytes)
+{
+    double mib = bytes / (1024.0 * 1024.0);
+    if (mib >= 1024.0)
+        snprintf(buf, n, "%.1f GiB", mib / 1024.0);
+    else
+        snprintf(buf, n, "%.1f MiB", mib);
+    return buf;
+}
+
+/* train.recompute: auto. Once the weights, gradients, AdamW state, the loss's workspace and any
+ * teacher are allocated, the mode that recomputes least among those whose activations fit in what
+ * is left, and its activations reserved (tkd_model_fit_recompute). Until now the model held full's,
+ * the least; the gradients are the same bits in every mode. */
+tkd_status tkd_train_fit_recompute(trainer *tr)
+{
+    if (tr->cfg->recompute != TKD_RECOMPUTE_AUTO)
+        return TKD_OK;
+    size_t budget = 0, need = 0;
+#ifdef TKD_TEST_HOOKS
+    long hook = tkd_test_hook_env("TKD_TRAIN_TEST_ACT_BUDGET"); /* bytes; the tests' stand-in for free memory */
+    if (hook > 0)
+        budget = (size_t)hook;
+#endif
+    tkd_recompute mode;
+    TKD_TRY(tkd_model_fit_recompute(tr->m, tr->B, tr->T, budget, &mode, &need, &budget));
+    static const char *const names[] = TKD_RECOMPUTE_NAMES;
+    char a[32], b[32];
+    tkd_train_mem_str(a, sizeof a, (double)need);
+    tkd_train_mem_str(b, sizeof b, (double)budget);
+    if (need > budget)
+        tkd_log_warn("train.recompute auto: %s, whose activations (%s) still exceed the %s left for them — if "
+                     "the run runs out of memory, lower train.batch_size or data.seq_len", names[mode], a, b);
+    else if (tr->dist.rank == 0)
+        tkd_log_info("train.recompute auto: %s (activations %s of the %s left for them)", names[mode], a, b);
+    return TKD_OK;
 }

@@ -313,6 +313,67 @@ static void test_recompute_qwen3_window(void **s)
     recompute_same_gradients(c);
 }
 
+/* train.recompute: auto's choice (tkd_model_pick_recompute). Each mode's planned bytes are what a
+ * training reserve then allocates, with and without the gradient loans. For every budget at a
+ * mode's bytes (and one byte under): the choice fits when any mode does, and no mode that fits
+ * recomputes less: by FLOPs none < attention < full_keep_attention < full at T 9, and
+ * full_keep_attention before attention at T 128, where the attention forward (48·T FLOPs a token
+ * here) costs more than the block's 4320 of GEMMs. Nothing fits: full, its bytes over the budget. */
+static void pick_checks(tkd_model *m, int T, int lend)
+{
+    const tkd_recompute order[4] = {TKD_RECOMPUTE_NONE, TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL_KEEP_ATTENTION,
+                                    TKD_RECOMPUTE_FULL};
+    const int rank_short[4] = {0, 1, 2, 3}, rank_long[4] = {0, 2, 1, 3}; /* cost rank, by order's index */
+    const int *rank = T < 90 ? rank_short : rank_long;
+    size_t b[4], need;
+    tkd_recompute got;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(tkd_model_recompute_bytes(m, order[i], 3, T, &b[i]), TKD_OK);
+        tkd_model_set_recompute(m, order[i]);
+        assert_int_equal(tkd_model_reserve(m, 3, T, 1), TKD_OK);
+        assert_int_equal(tkd_model_activation_bytes(m), b[i]);
+    }
+    printf("T %d, lend %d: activation bytes none %zu, attention %zu, full_keep_attention %zu, full %zu\n", T, lend,
+           b[0], b[1], b[2], b[3]);
+    for (int j = 0; j < 9; j++) {
+        size_t budget = j == 8 ? SIZE_MAX : b[j / 2] - (size_t)(j % 2);
+        assert_int_equal(tkd_model_pick_recompute(m, 3, T, budget, &got, &need), TKD_OK);
+        int g = 0;
+        while (order[g] != got)
+            g++;
+        assert_int_equal(need, b[g]);
+        int best = -1;
+        for (int i = 0; i < 4; i++)
+            if (b[i] <= budget && (best < 0 || rank[i] < rank[best]))
+                best = i;
+        assert_int_equal(g, best < 0 ? 3 : best);
+        if (best < 0)
+            assert_true(need > budget);
+    }
+    /* both fit: the cheaper of the two by T (the CPU keeps the attention's probabilities, so at T
+     * 128 full_keep_attention's bytes are the larger) */
+    size_t both = b[1] > b[2] ? b[1] : b[2];
+    assert_int_equal(tkd_model_pick_recompute(m, 3, T, both, &got, &need), TKD_OK);
+    assert_int_equal(got, T < 90 ? TKD_RECOMPUTE_ATTENTION : TKD_RECOMPUTE_FULL_KEEP_ATTENTION);
+    assert_int_equal(tkd_model_recompute_bytes(m, TKD_RECOMPUTE_NONE, 0, T, &need), TKD_ERR_INVALID_ARG);
+}
+
+static void test_pick_recompute(void **s)
+{
+    (void)s;
+    tkd_model_config c = small_cfg(0, 1);
+    c.max_position_embeddings = 128;
+    int32_t tok[N3];
+    float dh[N3 * D3];
+    tkd_model *m = three_layers(c, tok, dh);
+    for (int lend = 0; lend < 2; lend++) {
+        tkd_model_set_lend_grads(m, lend);
+        pick_checks(m, 9, lend);
+        pick_checks(m, 128, lend);
+    }
+    tkd_model_free(m);
+}
+
 /* tkd_model_set_lend_grads: each block's kept activations in the gradient buffer give the same
  * hidden states and bit-identical gradients in every recompute mode, over two steps (the second
  * overwrites what the first left lent), in a smaller own buffer; tied heads lend nothing to block
@@ -637,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_recompute_same_gradients),
         cmocka_unit_test(test_recompute_qwen3_window),
         cmocka_unit_test(test_lend_grads),
+        cmocka_unit_test(test_pick_recompute),
         cmocka_unit_test(test_qwen3_params_and_save),
         cmocka_unit_test(test_sliding_window_masks),
         cmocka_unit_test(test_window_needs_backend),

@@ -5,8 +5,10 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/progress.h"
 #include "common/signals.h"
@@ -48,6 +50,38 @@ static tkd_status cpu_alloc(tkd_backend *be, size_t bytes, const char *what, voi
 }
 
 static void cpu_free(tkd_backend *be, void *p) { (void)be; free(p); }
+
+/* The value in bytes of /proc/meminfo's line `key` (kB there), or 0 when it cannot be read. */
+static size_t meminfo_bytes(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    size_t n = strlen(key), kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, n) == 0 && line[n] == ':') {
+            kb = strtoull(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb * 1024;
+}
+
+/* MemAvailable, not MemFree: the page cache the kernel would give back counts as free. Where
+ * /proc/meminfo is missing, the free and total physical pages. */
+static tkd_status cpu_mem_info(tkd_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)be;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    *free_bytes = meminfo_bytes("MemAvailable");
+    *total_bytes = meminfo_bytes("MemTotal");
+    if (!*free_bytes)
+        *free_bytes = (size_t)sysconf(_SC_AVPHYS_PAGES) * page;
+    if (!*total_bytes)
+        *total_bytes = (size_t)sysconf(_SC_PHYS_PAGES) * page;
+    return TKD_OK;
+}
 
 static tkd_status cpu_host_alloc(tkd_backend *be, size_t bytes, void **out)
 {
@@ -490,6 +524,7 @@ static const tkd_backend_ops cpu_ops = {
     .download_f32 = cpu_download_f32,
     .memset0 = cpu_memset0,
     .sync = cpu_sync,
+    .mem_info = cpu_mem_info,
     .embedding_fwd = cpu_embedding_fwd,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,

@@ -796,6 +796,12 @@ tkd_status cu_mark_ms(tkd_backend *be, int64_t a, int64_t b, double *ms)
     return TKD_OK;
 }
 
+static tkd_status cu_mem_info(tkd_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)be; /* the backend's device is the current one */
+    return tkd_cuda_mem_info(free_bytes, total_bytes);
+}
+
 const tkd_backend_ops cuda_ops = {
     cu_close,
     cu_alloc, cu_free, cu_host_alloc, cu_host_free, cu_upload, cu_download, cu_upload_f32, cu_download_f32,
@@ -809,6 +815,7 @@ const tkd_backend_ops cuda_ops = {
     cu_kl_create, cu_kl_free, cu_kl_stage, cu_kl_forward, cu_kl_backward,
     cu_moe_create, cu_moe_free, cu_moe_fwd,
     cu_mark, cu_mark_ms,
+    cu_mem_info,
 };
 
 tkd_status cuda_setup(CudaImpl *c)
