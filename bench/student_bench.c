@@ -18,7 +18,8 @@
  * (model backward), opt (zero grads + norm + AdamW with the clip inside); and the loss of the last step.
  *
  *   student_bench [--shapes llama1b:8192:1,llama3b:8192:1,qwen05b:4096:4] [--steps 5]
- *                 [--recompute [none|attention|full|full_keep_attention|auto]] [--kd-recompute] [--no-lend-grads]
+ *                 [--recompute [none|attention|full|full_keep_attention|auto]] [--act-budget GIB] [--kd-recompute]
+ *                 [--no-lend-grads]
  *                 [--state-dtype f32|bf16] [--profile] [--memory]
  *
  * --recompute MODE: activation recomputation as train.recompute (model/model.h's tkd_recompute):
@@ -26,7 +27,8 @@
  * forward more of compute); attention also keeps the MLP's activations and recomputes only the
  * attention side; full_keep_attention is full that keeps the attention's output and statistics; auto
  * picks as student-train's default does, once the rest is allocated (tkd_model_fit_recompute), and
- * prints its pick. --recompute without a mode is full.
+ * prints its pick; --act-budget GIB gives auto that many GiB for the activations instead of the free
+ * memory (what it would pick on a smaller GPU). --recompute without a mode is full.
  * --kd-recompute: the loss as kd.grad_in_forward: false does it (the logits chunk made again in
  * kl_backward: 4 GEMMs instead of 3).
  * --no-lend-grads: the activations in their own buffer only (student-train lends them the gradient
@@ -260,6 +262,7 @@ static int recompute_mode(const char *name)
 }
 
 static int g_lend_grads = 1; /* --no-lend-grads: activations in their own buffer only */
+static double g_act_budget_gib; /* --act-budget: auto's budget for the activations (0: the free memory) */
 static int g_kd_recompute; /* the loss in recompute mode (kd.grad_in_forward: false) */
 static tkd_adamw_dtype g_state_dtype = TKD_ADAMW_DTYPE_F32; /* --state-dtype */
 static FILE *g_prof;     /* --profile: the per-shape tables, printed after the main one */
@@ -392,13 +395,13 @@ static int run_one(const run_spec *r, int steps)
         return die("dHidden");
     if (g_recompute == TKD_RECOMPUTE_AUTO) { /* as student-train: once the rest is allocated */
         static const char *const names[] = TKD_RECOMPUTE_NAMES;
-        tkd_recompute mode;
-        size_t need, budget;
-        if (tkd_model_fit_recompute(c.m, c.B, c.T, 0, &mode, &need, &budget) != TKD_OK)
+        tkd_recompute_fit f;
+        if (tkd_model_fit_recompute(c.m, c.B, c.T, (size_t)(g_act_budget_gib * 1073741824.0), &f) != TKD_OK)
             return die("recompute auto");
         if (g_dist.rank == 0)
-            printf("%s: --recompute auto picked %s (activations %.2f GiB of %.2f GiB left for them)\n", r->s->name,
-                   names[mode], need / 1073741824.0, budget / 1073741824.0);
+            printf("%s: --recompute auto picked %s, the last %d of %d layers whole (activations %.2f GiB of %.2f "
+                   "GiB left for them)\n", r->s->name, names[f.mode], f.whole, cfg.num_hidden_layers,
+                   f.need / 1073741824.0, f.budget / 1073741824.0);
     }
     double init_s = bench_now_s() - t0;
 
@@ -472,6 +475,8 @@ int main(int argc, char **argv)
             g_lend_grads = 0;
         } else if (!strcmp(argv[i], "--kd-recompute")) {
             g_kd_recompute = 1;
+        } else if (!strcmp(argv[i], "--act-budget") && i + 1 < argc && atof(argv[i + 1]) > 0) {
+            g_act_budget_gib = atof(argv[++i]);
         } else if (!strcmp(argv[i], "--state-dtype") && i + 1 < argc &&
                    (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16"))) {
             g_state_dtype = strcmp(argv[++i], "bf16") ? TKD_ADAMW_DTYPE_F32 : TKD_ADAMW_DTYPE_BF16;
@@ -483,8 +488,8 @@ int main(int argc, char **argv)
                 return fprintf(stderr, "student_bench: out of memory\n"), 1;
         } else {
             fprintf(stderr, "usage: student_bench [--shapes NAME:T:B,...] [--steps 5] "
-                            "[--recompute [none|attention|full|full_keep_attention|auto]] [--kd-recompute] [--no-lend-grads] "
-                            "[--state-dtype f32|bf16] [--profile] [--memory] [--nproc-per-node N]\n");
+                            "[--recompute [none|attention|full|full_keep_attention|auto]] [--act-budget GIB] [--kd-recompute] "
+                            "[--no-lend-grads] [--state-dtype f32|bf16] [--profile] [--memory] [--nproc-per-node N]\n");
             return 2;
         }
     }

@@ -162,6 +162,8 @@ typedef struct tkd_model {
     float *d_rope_cos;      /* the RoPE tables in backend memory (== rope_cos on the CPU) */
     float *d_rope_sin;
     tkd_recompute recompute; /* what training keeps of each block (tkd_model_set_recompute) */
+    int recompute_whole;     /* the last blocks that keep everything whatever recompute says
+                              * (tkd_model_set_recompute_whole) */
     int lend_grads;         /* the gradient buffer holds activations until each block's backward
                              * (tkd_model_set_lend_grads) */
     tkd_backend_moe *moe;   /* the MoE layers' workspace on be (one shape for all), sized by reserve */
@@ -241,26 +243,42 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training);
  * the activation buffers; the next forward sizes them for the new layout. */
 void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode);
 
-/* *bytes = the activation buffer a training reserve of batch (B, T) would allocate in recompute
- * mode `mode` (not AUTO), with the gradient loans of the current lend setting (which needs the
- * gradient buffer: allocated here if it is not yet). Allocates nothing else. */
-tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int B, int T, size_t *bytes);
+/* Keeps everything (as none) in the last `whole` blocks (clamped to [0, L]) and recomputes the
+ * others as tkd_model_set_recompute says: train.recompute: auto's partial step between two modes,
+ * one block's activations at a time. The gradients stay the same bits. Drops the activation
+ * buffers when it changes, as tkd_model_set_recompute does. */
+void tkd_model_set_recompute_whole(tkd_model *m, int whole);
 
-/* train.recompute: auto. *mode = among none, attention, full_keep_attention and full, those whose
- * activations (tkd_model_recompute_bytes) fit in budget bytes, the one that runs the fewest FLOPs
- * again in backward: none when it fits; then attention at short T and full_keep_attention at long
- * T, where the attention forward costs more than the block's GEMMs. *bytes = its activation bytes.
- * When none of them fits: full, with *bytes > budget for the caller to report. */
-tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute *mode, size_t *bytes);
+/* *bytes = the activation buffer a training reserve of batch (B, T) would allocate in recompute
+ * mode `mode` (not AUTO) with the last `whole` blocks whole, with the gradient loans of the current
+ * lend setting (which needs the gradient buffer: allocated here if it is not yet). Allocates
+ * nothing else. */
+tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int whole, int B, int T, size_t *bytes);
+
+/* train.recompute: auto's answer. */
+typedef struct tkd_recompute_fit {
+    tkd_recompute mode; /* of every block but the last `whole` */
+    int whole;          /* blocks that keep everything (0 with mode none) */
+    size_t need;        /* the activation bytes of that plan */
+    size_t budget;      /* the bytes there were for them */
+} tkd_recompute_fit;
+
+/* The plan that recomputes the fewest FLOPs in backward among those whose activations
+ * (tkd_model_recompute_bytes) fit in budget bytes: none when it fits; else, for each of attention,
+ * full_keep_attention and full, the most blocks kept whole that fit, ranked by (blocks recomputed) ×
+ * (the mode's FLOPs per block: attention's are the q/k/v GEMMs and the causal attention forward,
+ * the others' every GEMM of the block, full's both), so attention wins at short T and
+ * full_keep_attention at long T. When nothing fits: full, with need > budget for the caller to
+ * report. */
+tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute_fit *out);
 
 /* train.recompute: auto, once everything else a run holds is allocated. The budget is the
  * backend's free memory (its mem_info) plus the activations reserved now, less a margin for what
  * the first step allocates on demand (512 MiB, 1/32 of the device, the attention backward's fp32 dQ
- * accumulators); budget_override > 0 replaces it (tests). Picks with tkd_model_pick_recompute, sets
- * the mode and reserves a training batch (B, T). *mode, *need: the pick and its activation bytes
- * (over *budget when nothing fits: full, and the reserve may then fail). */
-tkd_status tkd_model_fit_recompute(tkd_model *m, int B, int T, size_t budget_override, tkd_recompute *mode,
-                                   size_t *need, size_t *budget);
+ * accumulators); budget_override > 0 replaces it (tests, student_bench --act-budget). Picks with
+ * tkd_model_pick_recompute, sets the plan and reserves a training batch (B, T); the reserve may
+ * fail when nothing fits. */
+tkd_status tkd_model_fit_recompute(tkd_model *m, int B, int T, size_t budget_override, tkd_recompute_fit *out);
 
 /* Lends the gradient buffer to the activations (on: 1): block l's kept activations go first into
  * the gradients of block l − 1 (block 0's into the embedding's when the head is untied), which

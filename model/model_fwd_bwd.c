@@ -173,10 +173,18 @@ static void carve_shared(const tkd_model *m, int kept, layer_acts *t, region *ow
     t->mo = training ? take(own->base, &own->off, N * D, A) : t->ao;
 }
 
-/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed for recompute mode r.
- * a->layer must exist. Training: the shared set first, then each block's kept groups (in its
- * gradient loan while they fit, lend_grads); inference: one set for every block. */
-static size_t carve(const tkd_model *m, tkd_recompute r, tkd_model_acts *a, char *buf, int B, int T, int training)
+/* Block l's mode: r, or none for the last `whole` blocks (tkd_model_set_recompute_whole). */
+static tkd_recompute layer_mode(const tkd_model *m, tkd_recompute r, int whole, int l)
+{
+    return l >= m->cfg.num_hidden_layers - whole ? TKD_RECOMPUTE_NONE : r;
+}
+
+/* Points a's views into buf (NULL: sizing pass) and returns the bytes needed for recompute mode r
+ * with the last `whole` blocks keeping everything. a->layer must exist. Training: the shared set
+ * first (what r does not keep), then each block's kept groups (in its gradient loan while they fit,
+ * lend_grads); inference: one set for every block. */
+static size_t carve(const tkd_model *m, tkd_recompute r, int whole, tkd_model_acts *a, char *buf, int B, int T,
+                    int training)
 {
     const tkd_model_config *c = &m->cfg;
     size_t N = (size_t)B * T, D = c->hidden_size, F = dense_width(c);
@@ -194,7 +202,7 @@ static size_t carve(const tkd_model *m, tkd_recompute r, tkd_model_acts *a, char
             continue;
         region loan = grad_loan(m, l);
         size_t sz[W_COUNT];
-        want_sizes(m, kept, 1, N, att, sz);
+        want_sizes(m, kept_groups(layer_mode(m, r, whole, l)), 1, N, att, sz);
         carve_wanted(t, sz, &own, &loan);
         a->lent += loan.off;
     }
@@ -325,6 +333,16 @@ void tkd_model_set_recompute(tkd_model *m, tkd_recompute mode)
     tkd_model_free_acts(m); /* the next reserve carves for the new layout */
 }
 
+void tkd_model_set_recompute_whole(tkd_model *m, int whole)
+{
+    int L = m->cfg.num_hidden_layers;
+    whole = whole < 0 ? 0 : whole > L ? L : whole;
+    if (m->recompute_whole == whole)
+        return;
+    m->recompute_whole = whole;
+    tkd_model_free_acts(m);
+}
+
 /* The FLOPs per token one block runs again in backward under mode r: an estimate that ranks the
  * modes, not a timing. The q/k/v projections, the other GEMMs (o_proj and the MLP's three), and
  * the causal attention forward (QKᵀ and PV over T/2 keys on average; a sliding window makes it
@@ -342,7 +360,7 @@ static double recompute_flops(const tkd_model *m, tkd_recompute r, int T)
     }
 }
 
-tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int B, int T, size_t *bytes)
+tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int whole, int B, int T, size_t *bytes)
 {
     *bytes = 0;
     if (B <= 0 || T <= 0)
@@ -352,27 +370,42 @@ tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int B, in
     tkd_model_acts a = {0};
     if (!(a.layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a.layer)))
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
-    *bytes = carve(m, mode, &a, NULL, B, T, 1);
+    *bytes = carve(m, mode, whole, &a, NULL, B, T, 1);
     free(a.layer);
     return TKD_OK;
 }
 
-tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute *mode, size_t *bytes)
+/* For each mode, the most blocks kept whole that fit (the FLOPs fall as they grow): the last
+ * block is never recomputed, so a plan recomputes L − max(whole, 1) blocks, and whole = 1 (which
+ * only moves the last block's activations out of the shared set) is never picked. */
+tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute_fit *out)
 {
-    static const tkd_recompute modes[] = {TKD_RECOMPUTE_NONE, TKD_RECOMPUTE_ATTENTION,
-                                          TKD_RECOMPUTE_FULL_KEEP_ATTENTION, TKD_RECOMPUTE_FULL};
-    int best = -1;
-    double best_flops = 0;
-    for (int i = 0; i < 4; i++) {
-        size_t n;
-        TKD_TRY(tkd_model_recompute_bytes(m, modes[i], B, T, &n));
-        double f = recompute_flops(m, modes[i], T);
-        if (n <= budget && (best < 0 || f < best_flops))
-            best = i, best_flops = f, *bytes = n;
-        if (i == 3 && best < 0) /* nothing fits: the least memory, for the caller to report */
-            best = i, *bytes = n;
+    static const tkd_recompute modes[] = {TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL_KEEP_ATTENTION,
+                                          TKD_RECOMPUTE_FULL};
+    int L = m->cfg.num_hidden_layers;
+    size_t n;
+    *out = (tkd_recompute_fit){.mode = TKD_RECOMPUTE_NONE, .budget = budget};
+    TKD_TRY(tkd_model_recompute_bytes(m, TKD_RECOMPUTE_NONE, 0, B, T, &n));
+    out->need = n;
+    if (n <= budget)
+        return TKD_OK;
+    double best = -1;
+    for (int i = 0; i < 3; i++)
+        for (int w = L - 1; w >= 0; w--) {
+            if (w == 1)
+                continue; /* the last block alone: it is never recomputed, so this buys nothing */
+            TKD_TRY(tkd_model_recompute_bytes(m, modes[i], w, B, T, &n));
+            if (n > budget)
+                continue;
+            double f = (double)(L - (w > 1 ? w : 1)) * recompute_flops(m, modes[i], T);
+            if (best < 0 || f < best)
+                best = f, out->mode = modes[i], out->whole = w, out->need = n;
+            break; /* fewer blocks whole recompute more */
+        }
+    if (best < 0) { /* nothing fits: the least memory, its bytes over the budget for the caller */
+        TKD_TRY(tkd_model_recompute_bytes(m, TKD_RECOMPUTE_FULL, 0, B, T, &n));
+        out->mode = TKD_RECOMPUTE_FULL, out->whole = 0, out->need = n;
     }
-    *mode = modes[best];
     return TKD_OK;
 }
 
@@ -385,17 +418,17 @@ static size_t fit_margin(const tkd_model *m, int B, int T, size_t total)
     return ((size_t)512 << 20) + total / 32 + dq;
 }
 
-tkd_status tkd_model_fit_recompute(tkd_model *m, int B, int T, size_t budget_override, tkd_recompute *mode,
-                                   size_t *need, size_t *budget)
+tkd_status tkd_model_fit_recompute(tkd_model *m, int B, int T, size_t budget_override, tkd_recompute_fit *out)
 {
     size_t free_b = 0, total = 0;
     if (!m->be->op->mem_info)
         return tkd_error_set(TKD_ERR_UNSUPPORTED, "model: the %s backend cannot say its free memory", m->be->name);
     TKD_TRY(m->be->op->mem_info(m->be, &free_b, &total));
     size_t held = tkd_model_activation_bytes(m), margin = fit_margin(m, B, T, total);
-    *budget = budget_override ? budget_override : free_b + held > margin ? free_b + held - margin : 0;
-    TKD_TRY(tkd_model_pick_recompute(m, B, T, *budget, mode, need));
-    tkd_model_set_recompute(m, *mode); /* drops the activations held unless the mode stays */
+    size_t budget = budget_override ? budget_override : free_b + held > margin ? free_b + held - margin : 0;
+    TKD_TRY(tkd_model_pick_recompute(m, B, T, budget, out));
+    tkd_model_set_recompute(m, out->mode); /* each drops the activations held unless it stays */
+    tkd_model_set_recompute_whole(m, out->whole);
     return tkd_model_reserve(m, B, T, 1);
 }
 
@@ -431,7 +464,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
     }
     m->acts = a;
-    size_t n = carve(m, m->recompute, a, NULL, nb, nt, tr);
+    size_t n = carve(m, m->recompute, m->recompute_whole, a, NULL, nb, nt, tr);
     char what[128];
     snprintf(what, sizeof what, "model: activations of batch (%d, %d)", nb, nt);
     tkd_status st = m->be->op->alloc(m->be, n, what, &a->buf);
@@ -446,7 +479,7 @@ tkd_status tkd_model_reserve(tkd_model *m, int B, int T, int training)
     a->cap_t = nt;
     a->bytes = n;
     a->training = tr;
-    carve(m, m->recompute, a, a->buf, nb, nt, tr);
+    carve(m, m->recompute, m->recompute_whole, a, a->buf, nb, nt, tr);
     return reserve_moe(m, nb * nt);
 }
 
@@ -576,10 +609,12 @@ static tkd_status block_recompute(const tkd_model *m, int l, layer_acts *A, int 
     int N = B * T, D = m->cfg.hidden_size;
     float eps = (float)m->cfg.rms_norm_eps;
     const tkd_layer_dweights *W = &m->d.layers[l];
+    tkd_recompute r = layer_mode(m, m->recompute, m->recompute_whole, l);
+    r = r == TKD_RECOMPUTE_AUTO ? TKD_RECOMPUTE_FULL : r; /* what kept_groups keeps of it */
     TKD_TRY(op->rmsnorm_fwd(m->be, A->x, W->attn_norm, N, D, eps, A->n1, A->rstd1));
-    if (m->recompute == TKD_RECOMPUTE_FULL || m->recompute == TKD_RECOMPUTE_FULL_KEEP_ATTENTION)
-        return block_fwd_body(m, l, W, A, B, T, m->recompute == TKD_RECOMPUTE_FULL);
-    if (m->recompute == TKD_RECOMPUTE_ATTENTION)
+    if (r == TKD_RECOMPUTE_FULL || r == TKD_RECOMPUTE_FULL_KEEP_ATTENTION)
+        return block_fwd_body(m, l, W, A, B, T, r == TKD_RECOMPUTE_FULL);
+    if (r == TKD_RECOMPUTE_ATTENTION)
         TKD_TRY(block_attn_fwd(m, l, W, A, B, T, 1));
     TKD_TRY(op->rmsnorm_fwd(m->be, A->x2, W->mlp_norm, N, D, eps, A->n2, A->rstd2));
     return op->swiglu_fwd(m->be, A->gt, A->up, (int64_t)N * m->cfg.intermediate_size, A->hm);

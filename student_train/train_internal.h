@@ -88,6 +88,7 @@ tkd_status tkd_train_build_loss(trainer *tr);
 tkd_status tkd_train_build_optimizer(trainer *tr);
 tkd_status tkd_train_fit_recompute(trainer *tr);
 const char *tkd_train_mem_str(char *buf, size_t n, double bytes); /* "12.3 MiB", "1.2 GiB" */
+const char *tkd_train_recompute_plan(char *buf, size_t n, const tkd_recompute_fit *f, int layers);
 /* train_step.c: one optimizer step (its micro-batches), and one pass over the held-out split */
 tkd_status tkd_train_step(trainer *tr, step_stats *ss);
 tkd_status tkd_train_evaluate(trainer *tr, eval_stats *es);

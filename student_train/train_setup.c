@@ -416,29 +416,45 @@ const char *tkd_train_mem_str(char *buf, size_t n, double bytes)
 }
 
 /* train.recompute: auto. Once the weights, gradients, AdamW state, the loss's workspace and any
- * teacher are allocated, the mode that recomputes least among those whose activations fit in what
+ * teacher are allocated, the plan that recomputes least among those whose activations fit in what
  * is left, and its activations reserved (tkd_model_fit_recompute). Until now the model held full's,
- * the least; the gradients are the same bits in every mode. */
+ * the least; the gradients are the same bits in every plan. */
 tkd_status tkd_train_fit_recompute(trainer *tr)
 {
     if (tr->cfg->recompute != TKD_RECOMPUTE_AUTO)
         return TKD_OK;
-    size_t budget = 0, need = 0;
+    size_t budget = 0;
 #ifdef TKD_TEST_HOOKS
     long hook = tkd_test_hook_env("TKD_TRAIN_TEST_ACT_BUDGET"); /* bytes; the tests' stand-in for free memory */
     if (hook > 0)
         budget = (size_t)hook;
 #endif
-    tkd_recompute mode;
-    TKD_TRY(tkd_model_fit_recompute(tr->m, tr->B, tr->T, budget, &mode, &need, &budget));
-    static const char *const names[] = TKD_RECOMPUTE_NAMES;
-    char a[32], b[32];
-    tkd_train_mem_str(a, sizeof a, (double)need);
-    tkd_train_mem_str(b, sizeof b, (double)budget);
-    if (need > budget)
-        tkd_log_warn("train.recompute auto: %s, whose activations (%s) still exceed the %s left for them — if "
-                     "the run runs out of memory, lower train.batch_size or data.seq_len", names[mode], a, b);
+    tkd_recompute_fit f;
+    TKD_TRY(tkd_model_fit_recompute(tr->m, tr->B, tr->T, budget, &f));
+    char plan[160];
+    tkd_train_recompute_plan(plan, sizeof plan, &f, tr->m->cfg.num_hidden_layers);
+    if (f.need > f.budget)
+        tkd_log_warn("train.recompute auto: %s — if the run runs out of memory, lower train.batch_size or "
+                     "data.seq_len", plan);
     else if (tr->dist.rank == 0)
-        tkd_log_info("train.recompute auto: %s (activations %s of the %s left for them)", names[mode], a, b);
+        tkd_log_info("train.recompute auto: %s", plan);
     return TKD_OK;
+}
+
+/* auto's plan in words into buf: "none (activations 10.1 GiB of the 131.1 GiB left for them)",
+ * "full_keep_attention, the last 9 of 28 layers keeping everything (...)", or when nothing fits
+ * "full, whose activations (...) exceed the ... left for them". */
+const char *tkd_train_recompute_plan(char *buf, size_t n, const tkd_recompute_fit *f, int layers)
+{
+    static const char *const names[] = TKD_RECOMPUTE_NAMES;
+    char need[32], budget[32], whole[64] = "";
+    tkd_train_mem_str(need, sizeof need, (double)f->need);
+    tkd_train_mem_str(budget, sizeof budget, (double)f->budget);
+    if (f->whole > 0)
+        snprintf(whole, sizeof whole, ", the last %d of %d layers keeping everything", f->whole, layers);
+    if (f->need > f->budget)
+        snprintf(buf, n, "%s%s, whose activations (%s) exceed the %s left for them", names[f->mode], whole, need, budget);
+    else
+        snprintf(buf, n, "%s%s (activations %s of the %s left for them)", names[f->mode], whole, need, budget);
+    return buf;
 }

@@ -256,8 +256,9 @@ static tkd_model *three_layers(tkd_model_config cfg, int32_t *tok, float *dh)
 
 /* train.recompute: full, attention and full_keep_attention: the same hidden states and bit-identical gradients as
  * keeping every activation (the same ops in the same order), over three layers (the first and a
- * middle one recomputed, the last kept), and smaller activation buffers, full the smallest;
- * switching back gives the first layout again. */
+ * middle one recomputed, the last kept), and smaller activation buffers, full the smallest; the
+ * same with the middle block kept whole (tkd_model_set_recompute_whole); switching back gives the
+ * first layout again. */
 static void recompute_same_gradients(tkd_model_config cfg)
 {
     int32_t tok[N3];
@@ -271,18 +272,25 @@ static void recompute_same_gradients(tkd_model_config cfg)
     memcpy(g0, m->grads, sizeof(float) * m->n_params);
     size_t all = tkd_model_activation_bytes(m), kept[4] = {all, 0, 0, 0};
     const tkd_recompute modes[3] = {TKD_RECOMPUTE_FULL, TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL_KEEP_ATTENTION};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 6; i++) { /* each mode, then with the middle block whole (auto's partial plans) */
+        tkd_recompute r = modes[i % 3];
+        int whole = i < 3 ? 0 : 2;
         assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
-        tkd_model_set_recompute(m, modes[i]);
+        tkd_model_set_recompute(m, r);
+        tkd_model_set_recompute_whole(m, whole);
         assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
-        kept[modes[i]] = tkd_model_activation_bytes(m);
+        if (!whole)
+            kept[r] = tkd_model_activation_bytes(m);
+        else /* between the mode's and keeping everything */
+            assert_true(tkd_model_activation_bytes(m) > kept[r] && tkd_model_activation_bytes(m) <= all);
         assert_memory_equal(h, h0, sizeof dh);
         assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
         for (size_t j = 0; j < m->n_params; j++)
             if (memcmp(&m->grads[j], &g0[j], sizeof(float)) != 0)
-                fail_msg("recompute %d: gradient %zu is %.9g, %.9g keeping everything", (int)modes[i], j, m->grads[j],
-                         g0[j]);
+                fail_msg("recompute %d, %d blocks whole: gradient %zu is %.9g, %.9g keeping everything", (int)r, whole,
+                         j, m->grads[j], g0[j]);
     }
+    tkd_model_set_recompute_whole(m, 0);
     printf("activations: %zu bytes kept without recompute, %zu with attention, %zu with full_keep_attention, %zu "
            "with full\n", all, kept[TKD_RECOMPUTE_ATTENTION], kept[TKD_RECOMPUTE_FULL_KEEP_ATTENTION],
            kept[TKD_RECOMPUTE_FULL]);
@@ -313,49 +321,74 @@ static void test_recompute_qwen3_window(void **s)
     recompute_same_gradients(c);
 }
 
-/* train.recompute: auto's choice (tkd_model_pick_recompute). Each mode's planned bytes are what a
- * training reserve then allocates, with and without the gradient loans. For every budget at a
- * mode's bytes (and one byte under): the choice fits when any mode does, and no mode that fits
- * recomputes less: by FLOPs none < attention < full_keep_attention < full at T 9, and
- * full_keep_attention before attention at T 128, where the attention forward (48·T FLOPs a token
- * here) costs more than the block's 4320 of GEMMs. Nothing fits: full, its bytes over the budget. */
+/* train.recompute: auto's choice (tkd_model_pick_recompute) over every plan of the three-layer
+ * model: none, or attention / full_keep_attention / full with the last w ∈ {0, 1, 2} blocks whole.
+ * Each plan's planned bytes are what a training reserve then allocates (with and without the
+ * gradient loans). For every budget at a plan's bytes (and one byte under): the pick fits when any
+ * plan does and no plan that fits recomputes fewer FLOPs, by model.h's measure written out here:
+ * (3 − max(w, 1)) blocks × the mode's FLOPs a token, attention 1920 + 48·T (q/k/v and the causal
+ * attention forward), full_keep_attention 6240 (every GEMM), full both. So attention wins at T 9
+ * and full_keep_attention at T 128. Nothing fits: full, its bytes over the budget. */
+enum { PLANS = 10 }; /* none, then 3 modes × w 0..2 */
+
+static double plan_cost(tkd_recompute r, int w, int T)
+{
+    double att = 1920 + 48.0 * T, fka = 6240;
+    double f = r == TKD_RECOMPUTE_NONE ? 0 : r == TKD_RECOMPUTE_ATTENTION ? att
+                                         : r == TKD_RECOMPUTE_FULL_KEEP_ATTENTION ? fka : fka + 48.0 * T;
+    return (3 - (w > 1 ? w : 1)) * f;
+}
+
 static void pick_checks(tkd_model *m, int T, int lend)
 {
-    const tkd_recompute order[4] = {TKD_RECOMPUTE_NONE, TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL_KEEP_ATTENTION,
-                                    TKD_RECOMPUTE_FULL};
-    const int rank_short[4] = {0, 1, 2, 3}, rank_long[4] = {0, 2, 1, 3}; /* cost rank, by order's index */
-    const int *rank = T < 90 ? rank_short : rank_long;
-    size_t b[4], need;
-    tkd_recompute got;
-    for (int i = 0; i < 4; i++) {
-        assert_int_equal(tkd_model_recompute_bytes(m, order[i], 3, T, &b[i]), TKD_OK);
-        tkd_model_set_recompute(m, order[i]);
+    const tkd_recompute modes[3] = {TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL_KEEP_ATTENTION, TKD_RECOMPUTE_FULL};
+    tkd_recompute pm[PLANS] = {TKD_RECOMPUTE_NONE};
+    int pw[PLANS] = {0};
+    size_t b[PLANS];
+    for (int i = 1; i < PLANS; i++)
+        pm[i] = modes[(i - 1) / 3], pw[i] = (i - 1) % 3;
+    for (int i = 0; i < PLANS; i++) {
+        assert_int_equal(tkd_model_recompute_bytes(m, pm[i], pw[i], 3, T, &b[i]), TKD_OK);
+        tkd_model_set_recompute(m, pm[i]);
+        tkd_model_set_recompute_whole(m, pw[i]);
         assert_int_equal(tkd_model_reserve(m, 3, T, 1), TKD_OK);
         assert_int_equal(tkd_model_activation_bytes(m), b[i]);
     }
-    printf("T %d, lend %d: activation bytes none %zu, attention %zu, full_keep_attention %zu, full %zu\n", T, lend,
-           b[0], b[1], b[2], b[3]);
-    for (int j = 0; j < 9; j++) {
-        size_t budget = j == 8 ? SIZE_MAX : b[j / 2] - (size_t)(j % 2);
-        assert_int_equal(tkd_model_pick_recompute(m, 3, T, budget, &got, &need), TKD_OK);
-        int g = 0;
-        while (order[g] != got)
-            g++;
-        assert_int_equal(need, b[g]);
-        int best = -1;
-        for (int i = 0; i < 4; i++)
-            if (b[i] <= budget && (best < 0 || rank[i] < rank[best]))
-                best = i;
-        assert_int_equal(g, best < 0 ? 3 : best);
-        if (best < 0)
-            assert_true(need > budget);
+    printf("T %d, lend %d: none %zu bytes; attention %zu %zu %zu, full_keep_attention %zu %zu %zu, full %zu %zu %zu "
+           "(0, 1, 2 blocks whole)\n", T, lend, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9]);
+    for (int j = 0; j <= 2 * PLANS; j++) {
+        size_t budget = j == 2 * PLANS ? SIZE_MAX : b[j / 2] - (size_t)(j % 2);
+        tkd_recompute_fit f;
+        assert_int_equal(tkd_model_pick_recompute(m, 3, T, budget, &f), TKD_OK);
+        assert_true(f.budget == budget);
+        size_t planned;
+        assert_int_equal(tkd_model_recompute_bytes(m, f.mode, f.whole, 3, T, &planned), TKD_OK);
+        assert_int_equal(f.need, planned);
+        assert_int_not_equal(f.whole, 1); /* the last block alone is never recomputed: no gain */
+        int fits = 0;
+        for (int i = 0; i < PLANS; i++)
+            if (b[i] <= budget) {
+                fits = 1;
+                if (plan_cost(f.mode, f.whole, T) > plan_cost(pm[i], pw[i], T))
+                    fail_msg("T %d budget %zu: picked mode %d with %d whole, but mode %d with %d whole fits and "
+                             "recomputes less", T, budget, (int)f.mode, f.whole, (int)pm[i], pw[i]);
+            }
+        if (fits)
+            assert_true(f.need <= budget);
+        else
+            assert_true(f.mode == TKD_RECOMPUTE_FULL && f.whole == 0 && f.need > budget);
     }
-    /* both fit: the cheaper of the two by T (the CPU keeps the attention's probabilities, so at T
-     * 128 full_keep_attention's bytes are the larger) */
-    size_t both = b[1] > b[2] ? b[1] : b[2];
-    assert_int_equal(tkd_model_pick_recompute(m, 3, T, both, &got, &need), TKD_OK);
-    assert_int_equal(got, T < 90 ? TKD_RECOMPUTE_ATTENTION : TKD_RECOMPUTE_FULL_KEEP_ATTENTION);
-    assert_int_equal(tkd_model_recompute_bytes(m, TKD_RECOMPUTE_NONE, 0, T, &need), TKD_ERR_INVALID_ARG);
+    /* attention and full_keep_attention both fit, no block whole: the cheaper by T (the CPU keeps
+     * the attention's probabilities, so at T 128 full_keep_attention's bytes are the larger) */
+    size_t both = b[1] > b[4] ? b[1] : b[4];
+    if (both < b[2] && both < b[5]) { /* and neither fits with a block whole */
+        tkd_recompute_fit f;
+        assert_int_equal(tkd_model_pick_recompute(m, 3, T, both, &f), TKD_OK);
+        assert_int_equal(f.mode, T < 90 ? TKD_RECOMPUTE_ATTENTION : TKD_RECOMPUTE_FULL_KEEP_ATTENTION);
+    }
+    size_t need;
+    assert_int_equal(tkd_model_recompute_bytes(m, TKD_RECOMPUTE_NONE, 0, 0, T, &need), TKD_ERR_INVALID_ARG);
+    tkd_model_set_recompute_whole(m, 0);
 }
 
 static void test_pick_recompute(void **s)
@@ -386,9 +419,11 @@ static void lend_same_gradients(tkd_model_config cfg)
     float *h0 = malloc(sizeof dh), *g0 = malloc(sizeof(float) * m->n_params);
     const tkd_recompute modes[4] = {TKD_RECOMPUTE_NONE, TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL,
                                     TKD_RECOMPUTE_FULL_KEEP_ATTENTION};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 7; i++) { /* every mode, then the three that recompute with the middle block whole */
         const void *h = NULL;
-        tkd_model_set_recompute(m, modes[i]);
+        tkd_recompute r = modes[i < 4 ? i : i - 3];
+        tkd_model_set_recompute(m, r);
+        tkd_model_set_recompute_whole(m, i < 4 ? 0 : 2);
         tkd_model_set_lend_grads(m, 0);
         assert_int_equal(tkd_model_zero_grad(m), TKD_OK);
         assert_int_equal(tkd_model_forward(m, tok, 3, 9, 1, &h), TKD_OK);
@@ -405,12 +440,12 @@ static void lend_same_gradients(tkd_model_config cfg)
             assert_int_equal(tkd_model_backward(m, dh), TKD_OK);
             for (size_t j = 0; j < m->n_params; j++)
                 if (memcmp(&m->grads[j], &g0[j], sizeof(float)) != 0)
-                    fail_msg("recompute %d, step %d: lent gradient %zu is %.9g, %.9g in own memory", (int)modes[i],
-                             step, j, m->grads[j], g0[j]);
+                    fail_msg("recompute %d (%d whole), step %d: lent gradient %zu is %.9g, %.9g in own memory",
+                             (int)r, m->recompute_whole, step, j, m->grads[j], g0[j]);
         }
         size_t left = tkd_model_activation_bytes(m), lent = tkd_model_activation_lent_bytes(m);
-        printf("recompute %d: %zu activation bytes of their own, %zu lending the gradients (%zu lent; tied %d)\n",
-               (int)modes[i], own, left, lent, cfg.tie_word_embeddings);
+        printf("recompute %d (%d whole): %zu activation bytes of their own, %zu lending the gradients (%zu lent; tied "
+               "%d)\n", (int)r, m->recompute_whole, own, left, lent, cfg.tie_word_embeddings);
         assert_true(left < own && lent > 0);
         assert_int_equal(left + lent, own); /* every tensor is somewhere, the same size */
     }
