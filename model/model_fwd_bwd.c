@@ -360,41 +360,45 @@ static double recompute_flops(const tkd_model *m, tkd_recompute r, int T)
     }
 }
 
-tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int whole, int B, int T, size_t *bytes)
+/* The checks and the gradient buffer a sizing pass needs, and a layer array for it in a (a->layer,
+ * freed by the caller). */
+static tkd_status plan_begin(tkd_model *m, int B, int T, tkd_model_acts *a)
 {
-    *bytes = 0;
+    *a = (tkd_model_acts){0};
     if (B <= 0 || T <= 0)
         return tkd_error_set(TKD_ERR_INVALID_ARG, "model: batch shape (%d, %d) must be positive", B, T);
     if (m->lend_grads)
         TKD_TRY(alloc_grads(m)); /* the loans are ranges of the gradient buffer */
-    tkd_model_acts a = {0};
-    if (!(a.layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a.layer)))
+    if (!(a->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a->layer)))
         return tkd_error_set(TKD_ERR_NOMEM, "model: out of memory");
+    return TKD_OK;
+}
+
+tkd_status tkd_model_recompute_bytes(tkd_model *m, tkd_recompute mode, int whole, int B, int T, size_t *bytes)
+{
+    tkd_model_acts a;
+    *bytes = 0;
+    TKD_TRY(plan_begin(m, B, T, &a));
     *bytes = carve(m, mode, whole, &a, NULL, B, T, 1);
     free(a.layer);
     return TKD_OK;
 }
 
-/* For each mode, the most blocks kept whole that fit (the FLOPs fall as they grow): the last
- * block is never recomputed, so a plan recomputes L − max(whole, 1) blocks, and whole = 1 (which
- * only moves the last block's activations out of the shared set) is never picked. */
-tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute_fit *out)
+/* For each mode, the most blocks kept whole that fit in budget (the FLOPs fall as they grow) into
+ * *out when it recomputes less than what *out holds; the last block is never recomputed, so a plan
+ * recomputes L − max(whole, 1) blocks, and whole = 1 (which only moves the last block's activations
+ * out of the shared set) is never taken. Returns whether any plan fits. a: a sizing pass's layers. */
+static int pick_partial(const tkd_model *m, tkd_model_acts *a, int B, int T, size_t budget, tkd_recompute_fit *out)
 {
     static const tkd_recompute modes[] = {TKD_RECOMPUTE_ATTENTION, TKD_RECOMPUTE_FULL_KEEP_ATTENTION,
                                           TKD_RECOMPUTE_FULL};
     int L = m->cfg.num_hidden_layers;
-    size_t n;
-    *out = (tkd_recompute_fit){.mode = TKD_RECOMPUTE_NONE, .budget = budget};
-    TKD_TRY(tkd_model_recompute_bytes(m, TKD_RECOMPUTE_NONE, 0, B, T, &n));
-    out->need = n;
-    if (n <= budget)
-        return TKD_OK;
     double best = -1;
     for (int i = 0; i < 3; i++)
         for (int w = L - 1; w >= 0; w--) {
             if (w == 1)
-                continue; /* the last block alone: it is never recomputed, so this buys nothing */
-            TKD_TRY(tkd_model_recompute_bytes(m, modes[i], w, B, T, &n));
+                continue;
+            size_t n = carve(m, modes[i], w, a, NULL, B, T, 1);
             if (n > budget)
                 continue;
             double f = (double)(L - (w > 1 ? w : 1)) * recompute_flops(m, modes[i], T);
@@ -402,10 +406,18 @@ tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, t
                 best = f, out->mode = modes[i], out->whole = w, out->need = n;
             break; /* fewer blocks whole recompute more */
         }
-    if (best < 0) { /* nothing fits: the least memory, its bytes over the budget for the caller */
-        TKD_TRY(tkd_model_recompute_bytes(m, TKD_RECOMPUTE_FULL, 0, B, T, &n));
-        out->mode = TKD_RECOMPUTE_FULL, out->whole = 0, out->need = n;
-    }
+    return best >= 0;
+}
+
+tkd_status tkd_model_pick_recompute(tkd_model *m, int B, int T, size_t budget, tkd_recompute_fit *out)
+{
+    tkd_model_acts a;
+    *out = (tkd_recompute_fit){.mode = TKD_RECOMPUTE_NONE, .budget = budget};
+    TKD_TRY(plan_begin(m, B, T, &a));
+    out->need = carve(m, TKD_RECOMPUTE_NONE, 0, &a, NULL, B, T, 1);
+    if (out->need > budget && !pick_partial(m, &a, B, T, budget, out)) /* the least memory, over the budget */
+        out->mode = TKD_RECOMPUTE_FULL, out->whole = 0, out->need = carve(m, TKD_RECOMPUTE_FULL, 0, &a, NULL, B, T, 1);
+    free(a.layer);
     return TKD_OK;
 }
 
